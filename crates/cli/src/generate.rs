@@ -1,0 +1,113 @@
+//! `qdrift generate`.
+
+use std::error::Error;
+use std::io::Write;
+use std::path::PathBuf;
+
+use burn::tensor::DType;
+use clap::Args;
+use qdrift_generate::{BackendChoice, GenerationConfig, generate, select_device};
+use qdrift_model::LlamaConfig;
+
+/// Arguments of `qdrift generate`.
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// Model checkpoint: a llama2.c legacy checkpoint (`.bin`).
+    #[arg(long)]
+    model: PathBuf,
+    /// Tokenizer file; default: `tokenizer.bin` beside the model, else the only `tok*.bin` there.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// A prompt; repeat for several (they run in one batch).
+    #[arg(long, required = true)]
+    prompt: Vec<String>,
+    /// New tokens per prompt (exactly this many unless --stop-at-eos).
+    #[arg(long)]
+    max_new_tokens: usize,
+    /// Compute precision: f32, or f16 (weights rounded to f16; norms and softmax in f32).
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    dtype: DType,
+    /// auto: wgpu on a hardware GPU, else the CPU; wgpu: wgpu even on a software adapter; cpu.
+    #[arg(long, default_value = "auto")]
+    backend: BackendChoice,
+    /// Prompts per batch (default: all in one).
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// Stop a prompt once it generates the end-of-sequence token.
+    #[arg(long)]
+    stop_at_eos: bool,
+    /// One JSON object per prompt per line instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Parses `--dtype`.
+pub fn parse_dtype(s: &str) -> Result<DType, String> {
+    match s {
+        "f32" => Ok(DType::F32),
+        "f16" => Ok(DType::F16),
+        other => Err(format!("unknown dtype \"{other}\"; known: f32, f16")),
+    }
+}
+
+/// The name `--dtype` takes for `dtype`.
+pub fn dtype_name(dtype: DType) -> &'static str {
+    if dtype == DType::F16 { "f16" } else { "f32" }
+}
+
+/// Runs `qdrift generate`.
+pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
+    for (i, p) in args.prompt.iter().enumerate() {
+        if p.is_empty() {
+            return Err(format!("prompt {} is empty: give at least one character", i + 1).into());
+        }
+    }
+    let loaded = qdrift_load::open_model(&args.model, args.tokenizer.as_deref())?;
+    let device = select_device(args.backend)?;
+    eprintln!("qdrift: backend {} on {} ({})", device.backend, device.adapter, device.reason);
+    if args.dtype == DType::F16 && !device.supports_f16 {
+        return Err(format!("{} does not support f16 compute; use --dtype f32", device.adapter).into());
+    }
+    let arch = &loaded.model.arch;
+    let prompts: Vec<Vec<u32>> = args.prompt.iter().map(|p| loaded.tokenizer.encode(p)).collect();
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    if longest.saturating_add(args.max_new_tokens) > arch.max_seq_len {
+        eprintln!(
+            "qdrift: warning: {} positions exceed the {} the model was trained for; RoPE extrapolates beyond them",
+            longest.saturating_add(args.max_new_tokens),
+            arch.max_seq_len
+        );
+    }
+    let config = GenerationConfig {
+        max_new_tokens: args.max_new_tokens,
+        batch_size: args.batch_size.unwrap_or(prompts.len()),
+        stop_at_eos: if args.stop_at_eos { loaded.tokenizer.eos_id() } else { None },
+    };
+    // Refuse impossible requests before uploading weights.
+    let model_config = LlamaConfig::from_arch(arch);
+    qdrift_generate::check_request(&model_config, args.dtype, &device, &prompts, &config)?;
+    let model = model_config.init_from_host(&loaded.model, args.dtype, &device.device)?;
+    let generated = generate(&model, &device, &prompts, &config, |_| {})?;
+
+    let mut out = std::io::stdout().lock();
+    for ((text, prompt_tokens), new_tokens) in args.prompt.iter().zip(&prompts).zip(&generated) {
+        let all: Vec<u32> = prompt_tokens.iter().chain(new_tokens).copied().collect();
+        let full = loaded.tokenizer.decode(&all);
+        if args.json {
+            let line = serde_json::json!({
+                "prompt": text,
+                "prompt_tokens": prompt_tokens,
+                "generated_tokens": new_tokens,
+                "text": full,
+                "continuation": loaded.tokenizer.decode(new_tokens),
+                "backend": device.backend,
+                "adapter": device.adapter,
+                "dtype": dtype_name(args.dtype),
+            });
+            writeln!(out, "{line}")?;
+        } else {
+            writeln!(out, "{full}")?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! The `qdrift` binary end to end: output format and bad input (one clear error line, non-zero
+//! exit, no panic).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn stories() -> PathBuf {
+    std::env::var_os("QDRIFT_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+        .join("models/stories260K")
+}
+
+fn qdrift(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_qdrift")).args(args).output().expect("qdrift runs")
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// Asserts a failed run that printed exactly one error line and did not panic.
+fn assert_one_line_error(out: &Output, expected: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "should fail: {stderr}");
+    assert!(!stderr.contains("panicked"), "panicked: {stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("qdrift: error:")).collect();
+    assert_eq!(errors.len(), 1, "one error line expected, got: {stderr}");
+    assert!(errors[0].contains(expected), "error {:?} should mention {expected:?}", errors[0]);
+}
+
+#[test]
+fn json_output_has_one_object_per_prompt() {
+    let dir = stories();
+    let out = qdrift(&[
+        "generate", "--model", path(&dir.join("stories260K.bin")), "--tokenizer", path(&dir.join("tok512.bin")),
+        "--prompt", "Once upon a time", "--prompt", "Lily wanted to", "--max-new-tokens", "12",
+        "--backend", "cpu", "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("backend cpu on flex (CPU)"), "stderr should name the backend: {stderr}");
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["prompt"], "Once upon a time");
+    assert_eq!(lines[0]["prompt_tokens"], serde_json::json!([1, 403, 407, 261, 378]));
+    // llama2.c's golden continuation of this prompt starts with these tokens.
+    assert_eq!(lines[0]["generated_tokens"].as_array().map(Vec::len), Some(12));
+    let generated = lines[0]["generated_tokens"].as_array().expect("array");
+    assert_eq!(generated[..3], [432, 383, 286]);
+    assert!(lines[0]["text"].as_str().unwrap().starts_with("Once upon a time, there was"));
+    assert_eq!(lines[1]["backend"], "cpu");
+    assert_eq!(lines[1]["adapter"], "flex (CPU)");
+}
+
+#[test]
+fn tokenizer_is_found_beside_the_model() {
+    let dir = stories();
+    let out = qdrift(&[
+        "generate", "--model", path(&dir.join("stories260K.bin")), "--prompt", "Tom", "--max-new-tokens", "3",
+        "--backend", "cpu",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn truncated_checkpoint_is_one_clear_error() {
+    let dir = stories();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let bytes = std::fs::read(dir.join("stories260K.bin")).expect("model");
+    let cut = tmp.path().join("cut.bin");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).expect("write");
+    let out = qdrift(&[
+        "generate", "--model", path(&cut), "--tokenizer", path(&dir.join("tok512.bin")), "--prompt", "Hi",
+        "--max-new-tokens", "4", "--backend", "cpu",
+    ]);
+    assert_one_line_error(&out, "cut.bin: truncated");
+}
+
+#[test]
+fn wrong_size_tokenizer_is_one_clear_error() {
+    let dir = stories();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    // tok512.bin plus one more token: 513 tokens for a 512-token model.
+    let mut bytes = std::fs::read(dir.join("tok512.bin")).expect("tokenizer");
+    bytes.extend(0f32.to_le_bytes());
+    bytes.extend(3i32.to_le_bytes());
+    bytes.extend(b"xyz");
+    let tok = tmp.path().join("tok513.bin");
+    std::fs::write(&tok, &bytes).expect("write");
+    let out = qdrift(&[
+        "generate", "--model", path(&dir.join("stories260K.bin")), "--tokenizer", path(&tok), "--prompt", "Hi",
+        "--max-new-tokens", "4", "--backend", "cpu",
+    ]);
+    assert_one_line_error(&out, "tok513.bin has 513 tokens but model");
+}
+
+#[test]
+fn empty_prompt_is_one_clear_error() {
+    let dir = stories();
+    let out = qdrift(&[
+        "generate", "--model", path(&dir.join("stories260K.bin")), "--prompt", "Hi", "--prompt", "",
+        "--max-new-tokens", "4", "--backend", "cpu",
+    ]);
+    assert_one_line_error(&out, "prompt 2 is empty");
+}
+
+#[test]
+fn too_many_new_tokens_is_one_clear_error() {
+    let dir = stories();
+    for backend in ["cpu", "wgpu"] {
+        let out = qdrift(&[
+            "generate", "--model", path(&dir.join("stories260K.bin")), "--prompt", "Hi",
+            "--max-new-tokens", "1000000000000", "--backend", backend,
+        ]);
+        assert_one_line_error(&out, "new tokens need");
+    }
+}
+
+#[test]
+fn missing_model_and_bad_options_are_errors() {
+    let out = qdrift(&["generate", "--model", "/nonexistent/m.bin", "--prompt", "Hi", "--max-new-tokens", "4"]);
+    assert_one_line_error(&out, "/nonexistent/m.bin: cannot read");
+    let dir = stories();
+    let out = qdrift(&[
+        "generate", "--model", path(&dir.join("stories260K.bin")), "--prompt", "Hi", "--max-new-tokens", "4",
+        "--dtype", "f8",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown dtype \"f8\""));
+}

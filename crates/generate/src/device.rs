@@ -1,0 +1,183 @@
+//! Choosing where the model runs: wgpu on a GPU adapter, or Burn's pure-Rust CPU backend (flex).
+
+use std::sync::{Mutex, OnceLock};
+
+use burn::tensor::wgpu::{WgpuBackend, wgpu};
+use burn::tensor::{Device, DeviceKind};
+
+/// What the user asked for with `--backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// wgpu on a hardware GPU adapter (discrete or integrated) if there is one, else the CPU.
+    Auto,
+    /// wgpu on the best adapter there is, even a software one (Mesa's lavapipe).
+    Wgpu,
+    /// Burn's flex CPU backend.
+    Cpu,
+}
+
+impl std::str::FromStr for BackendChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "wgpu" => Ok(Self::Wgpu),
+            "cpu" => Ok(Self::Cpu),
+            other => Err(format!("unknown backend \"{other}\"; known: auto, wgpu, cpu")),
+        }
+    }
+}
+
+/// A device ready for tensors, and what a report needs to say about it.
+#[derive(Debug, Clone)]
+pub struct ComputeDevice {
+    /// The Burn device.
+    pub device: Device,
+    /// `"wgpu"` or `"cpu"`.
+    pub backend: &'static str,
+    /// Adapter name (`"llvmpipe (LLVM 15.0.6, 256 bits)"`, `"NVIDIA H200"`, `"flex (CPU)"`).
+    pub adapter: String,
+    /// Graphics API and adapter type for wgpu (`"Vulkan, Cpu"`), empty for the CPU backend.
+    pub adapter_detail: String,
+    /// Why this device was chosen, for stderr.
+    pub reason: String,
+    /// Largest single buffer the device accepts, in bytes (`None`: no limit of its own).
+    pub max_buffer_bytes: Option<u64>,
+    /// Whether the device computes in f16.
+    pub supports_f16: bool,
+    /// Whether the device's memory is the host's (CPU backend, software adapters), so that host
+    /// memory bounds what it can allocate.
+    pub uses_host_memory: bool,
+}
+
+/// Errors choosing or starting a device.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// wgpu found no adapter on an API with compute shaders and f16 (Vulkan, Metal, DX12).
+    #[error(
+        "no wgpu adapter found on Vulkan, Metal or DX12; on Debian, `apt-get install mesa-vulkan-drivers libvulkan1` provides a software Vulkan driver (lavapipe), or use --backend cpu"
+    )]
+    NoAdapter,
+    /// wgpu failed to start on the chosen adapter.
+    #[error("cannot start wgpu on {adapter}: {message}")]
+    Init {
+        /// The adapter.
+        adapter: String,
+        /// wgpu's or Burn's error.
+        message: String,
+    },
+}
+
+/// Picks and starts the device for `choice`.
+///
+/// A process starts each device once; later calls with the same choice return the same device.
+pub fn select_device(choice: BackendChoice) -> Result<ComputeDevice, DeviceError> {
+    static CHOSEN: OnceLock<Mutex<Vec<(BackendChoice, ComputeDevice)>>> = OnceLock::new();
+    let chosen = CHOSEN.get_or_init(|| Mutex::new(Vec::new()));
+    let mut chosen = chosen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, d)) = chosen.iter().find(|(c, _)| *c == choice) {
+        return Ok(d.clone());
+    }
+    let device = match choice {
+        BackendChoice::Cpu => cpu("--backend cpu".to_string()),
+        BackendChoice::Wgpu => {
+            let adapters = adapters();
+            let best = best_adapter(&adapters, true).ok_or(DeviceError::NoAdapter)?;
+            // A device already started for `auto` on the same adapter is reused.
+            if let Some((_, d)) = chosen.iter().find(|(_, d)| d.backend == "wgpu" && d.adapter == best.name) {
+                d.clone()
+            } else {
+                start_wgpu(best, "--backend wgpu".to_string())?
+            }
+        }
+        BackendChoice::Auto => {
+            let adapters = adapters();
+            match best_adapter(&adapters, false) {
+                Some(a) => start_wgpu(a, format!("--backend auto: hardware GPU adapter {}", a.name))?,
+                None => {
+                    let seen = if adapters.is_empty() {
+                        "no wgpu adapter".to_string()
+                    } else {
+                        adapters.iter().map(describe).collect::<Vec<_>>().join("; ")
+                    };
+                    cpu(format!("--backend auto: no hardware GPU adapter ({seen}); using the CPU backend"))
+                }
+            }
+        }
+    };
+    chosen.push((choice, device.clone()));
+    Ok(device)
+}
+
+fn cpu(reason: String) -> ComputeDevice {
+    ComputeDevice {
+        device: Device::flex(),
+        backend: "cpu",
+        adapter: "flex (CPU)".to_string(),
+        adapter_detail: String::new(),
+        reason,
+        max_buffer_bytes: None,
+        supports_f16: true,
+        uses_host_memory: true,
+    }
+}
+
+fn adapters() -> Vec<wgpu::AdapterInfo> {
+    // Only APIs that Burn's wgpu runtime computes on with f16: OpenGL (wgpu's fallback when no
+    // Vulkan driver is installed) has no f16 and is not offered.
+    let backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor { backends, ..wgpu::InstanceDescriptor::new_without_display_handle() });
+    futures_lite::future::block_on(instance.enumerate_adapters(backends)).iter().map(wgpu::Adapter::get_info).collect()
+}
+
+fn describe(a: &wgpu::AdapterInfo) -> String {
+    format!("{} ({:?}, {:?})", a.name, a.backend, a.device_type)
+}
+
+
+/// Discrete before integrated before (when allowed) virtual and CPU adapters.
+fn best_adapter(adapters: &[wgpu::AdapterInfo], allow_software: bool) -> Option<&wgpu::AdapterInfo> {
+    use wgpu::DeviceType as T;
+    let rank = |t: T| match t {
+        T::DiscreteGpu => Some(0),
+        T::IntegratedGpu => Some(1),
+        T::VirtualGpu if allow_software => Some(2),
+        T::Cpu if allow_software => Some(3),
+        T::Other if allow_software => Some(4),
+        _ => None,
+    };
+    adapters.iter().filter_map(|a| rank(a.device_type).map(|r| (r, a))).min_by_key(|(r, _)| *r).map(|(_, a)| a)
+}
+
+fn start_wgpu(info: &wgpu::AdapterInfo, reason: String) -> Result<ComputeDevice, DeviceError> {
+    use wgpu::DeviceType as T;
+    let api = match info.backend {
+        wgpu::Backend::Metal => WgpuBackend::Metal,
+        wgpu::Backend::Dx12 => WgpuBackend::Dx12,
+        _ => WgpuBackend::Vulkan,
+    };
+    // DeviceKind indices count adapters of one type on the chosen API, in enumeration order.
+    let kind = match info.device_type {
+        T::DiscreteGpu => DeviceKind::DiscreteGpu(0),
+        T::IntegratedGpu => DeviceKind::IntegratedGpu(0),
+        T::VirtualGpu => DeviceKind::VirtualGpu(0),
+        T::Cpu | T::Other => DeviceKind::Cpu,
+    };
+    let (device, setup) = Device::wgpu_options()
+        .device_kind(kind)
+        .graphics_api(api)
+        .init_with_setup()
+        .map_err(|e| DeviceError::Init { adapter: describe(info), message: e.to_string() })?;
+    let actual = setup.adapter.get_info();
+    let limits = setup.adapter.limits();
+    Ok(ComputeDevice {
+        device,
+        backend: "wgpu",
+        adapter: actual.name.clone(),
+        adapter_detail: format!("{:?}, {:?}, driver {} {}", actual.backend, actual.device_type, actual.driver, actual.driver_info),
+        reason,
+        max_buffer_bytes: Some(limits.max_storage_buffer_binding_size.min(limits.max_buffer_size)),
+        supports_f16: setup.adapter.features().contains(wgpu::Features::SHADER_F16),
+        uses_host_memory: matches!(actual.device_type, T::Cpu),
+    })
+}

@@ -1,0 +1,219 @@
+//! Batched greedy decoding.
+
+use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::DType;
+use qdrift_model::{Llama, LlamaConfig, Positions};
+
+use crate::ComputeDevice;
+
+/// How to generate.
+#[derive(Debug, Clone)]
+pub struct GenerationConfig {
+    /// New tokens per prompt (exactly this many unless `stop_at_eos`).
+    pub max_new_tokens: usize,
+    /// Prompts per batch; prompts are processed in this order, `batch_size` at a time.
+    pub batch_size: usize,
+    /// Stop a prompt at this token (included in its output) when set.
+    pub stop_at_eos: Option<u32>,
+}
+
+/// The logits of one decoding step of one batch, handed to the caller's observer.
+pub struct StepLogits<'a> {
+    /// Index (in the caller's prompt list) of the batch's first prompt.
+    pub first_prompt: usize,
+    /// Generated-token index this step predicts (0 = the first new token).
+    pub step: usize,
+    /// `[batch, vocab]`, f32, on the model's device.
+    pub logits: &'a Tensor<2>,
+}
+
+/// Why generation could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    /// A prompt with no tokens.
+    #[error("prompt {index} is empty: give at least one token (one character of text)")]
+    EmptyPrompt {
+        /// Its index (0-based).
+        index: usize,
+    },
+    /// A token id outside the model's vocabulary.
+    #[error("prompt {index} has token {token}, outside the model's vocabulary of {vocab}")]
+    TokenOutOfRange {
+        /// Prompt index.
+        index: usize,
+        /// The token.
+        token: u32,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+    /// The request does not fit the device.
+    #[error("{0}")]
+    TooLarge(String),
+    /// `batch_size` of zero.
+    #[error("batch size must be at least 1")]
+    ZeroBatch,
+    /// Reading results back from the device failed.
+    #[error("reading results from the device failed: {0}")]
+    Readback(String),
+}
+
+/// Generates greedily (argmax at every step) for every prompt.
+///
+/// Prompts of a batch are left-padded to the same length ([`Positions`]); each prompt's tokens do
+/// not depend on the other prompts of its batch. `observe` sees the logits of every step of every
+/// batch. Returns, per prompt, only the new tokens.
+///
+/// Memory is checked before anything is allocated: the key-value cache of a batch, the attention
+/// scores of the prompt pass and the logits must fit the device's largest buffer and, for devices
+/// that use host memory, the memory the host has available.
+pub fn generate(
+    model: &Llama,
+    device: &ComputeDevice,
+    prompts: &[Vec<u32>],
+    config: &GenerationConfig,
+    mut observe: impl FnMut(StepLogits<'_>),
+) -> Result<Vec<Vec<u32>>, GenerateError> {
+    check_request(&model.config, model.dtype(), device, prompts, config)?;
+    let vocab = model.config.vocab_size;
+    let mut out = Vec::with_capacity(prompts.len());
+    for (b, batch) in prompts.chunks(config.batch_size).enumerate() {
+        out.extend(generate_batch(model, batch, b * config.batch_size, vocab, config, &mut observe)?);
+    }
+    Ok(out)
+}
+
+fn generate_batch(
+    model: &Llama,
+    prompts: &[Vec<u32>],
+    first_prompt: usize,
+    vocab: usize,
+    config: &GenerationConfig,
+    observe: &mut impl FnMut(StepLogits<'_>),
+) -> Result<Vec<Vec<u32>>, GenerateError> {
+    let n = config.max_new_tokens;
+    let lengths: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    let batch = prompts.len();
+    if n == 0 {
+        return Ok(vec![Vec::new(); batch]);
+    }
+    let positions = Positions::left_padded(&lengths);
+    let device = model.device();
+    // Padding columns hold token 0; they are masked out of every real token's attention.
+    let mut ids = Vec::with_capacity(batch * longest);
+    for (p, &pad) in prompts.iter().zip(&positions.pad) {
+        ids.extend(std::iter::repeat_n(0i32, pad));
+        ids.extend(p.iter().map(|&t| t as i32));
+    }
+    let mut caches = model.new_caches(batch, longest + n);
+    let mut input: Tensor<2, Int> = Tensor::from_data(TensorData::new(ids, [batch, longest]), &device);
+    let mut steps: Vec<Tensor<2, Int>> = Vec::with_capacity(n);
+    let mut finished = vec![false; batch];
+    for step in 0..n {
+        let logits = model.forward(input, &positions, &mut caches, false).reshape([batch, vocab]);
+        observe(StepLogits { first_prompt, step, logits: &logits });
+        let next = logits.argmax(1); // [batch, 1]
+        steps.push(next.clone());
+        if let Some(eos) = config.stop_at_eos {
+            let ids = read_ids(next.clone())?;
+            for (f, &t) in finished.iter_mut().zip(&ids) {
+                *f |= t == eos;
+            }
+            if finished.iter().all(|&f| f) {
+                break;
+            }
+        }
+        input = next;
+    }
+    let all = read_ids(Tensor::cat(steps, 1))?;
+    let produced = all.len() / batch;
+    let mut rows: Vec<Vec<u32>> = all.chunks(produced).map(<[u32]>::to_vec).collect();
+    if let Some(eos) = config.stop_at_eos {
+        for row in &mut rows {
+            if let Some(at) = row.iter().position(|&t| t == eos) {
+                row.truncate(at + 1);
+            }
+        }
+    }
+    Ok(rows)
+}
+
+fn read_ids(t: Tensor<2, Int>) -> Result<Vec<u32>, GenerateError> {
+    let data = t.into_data();
+    let ids = data.convert::<i64>().try_into_vec::<i64>().map_err(|e| GenerateError::Readback(format!("{e:?}")))?;
+    Ok(ids.into_iter().map(|v| v as u32).collect())
+}
+
+/// Checks a request before anything is allocated: prompts must be non-empty and in the
+/// vocabulary, and each batch's key-value cache, prompt-pass attention scores and logits must fit
+/// the device's largest buffer and, for devices that use host memory, the memory the host has
+/// available.
+pub fn check_request(
+    model: &LlamaConfig,
+    dtype: DType,
+    device: &ComputeDevice,
+    prompts: &[Vec<u32>],
+    config: &GenerationConfig,
+) -> Result<(), GenerateError> {
+    if config.batch_size == 0 {
+        return Err(GenerateError::ZeroBatch);
+    }
+    let vocab = model.vocab_size;
+    for (index, p) in prompts.iter().enumerate() {
+        if p.is_empty() {
+            return Err(GenerateError::EmptyPrompt { index });
+        }
+        if let Some(&token) = p.iter().find(|&&t| t as usize >= vocab) {
+            return Err(GenerateError::TokenOutOfRange { index, token, vocab });
+        }
+    }
+    for batch in prompts.chunks(config.batch_size) {
+        check_memory(model, dtype, device, batch, config.max_new_tokens)?;
+    }
+    Ok(())
+}
+
+fn check_memory(
+    model: &LlamaConfig,
+    dtype: DType,
+    device: &ComputeDevice,
+    prompts: &[Vec<u32>],
+    max_new_tokens: usize,
+) -> Result<(), GenerateError> {
+    // u128: a request of any usize size is measured without overflow.
+    let batch = prompts.len() as u128;
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) as u128;
+    let capacity = longest + max_new_tokens as u128;
+    let elem = dtype.size() as u128;
+    let cache_tensor = batch * model.n_kv_heads as u128 * capacity * model.head_dim() as u128 * elem;
+    let cache_total = 2 * model.n_layers as u128 * cache_tensor;
+    let scores = batch * model.n_heads as u128 * longest * longest * 4;
+    let logits = batch * model.vocab_size as u128 * 4;
+    let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
+    let what = format!("{} prompt(s) of up to {longest} tokens + {max_new_tokens} new tokens", prompts.len());
+    if let Some(limit) = device.max_buffer_bytes {
+        let largest = cache_tensor.max(scores).max(logits);
+        if largest > limit as u128 {
+            return Err(GenerateError::TooLarge(format!(
+                "{what} need a {:.2} GiB buffer, more than the {:.2} GiB that {} allows in one buffer; use fewer new tokens, shorter prompts or a smaller --batch-size",
+                gib(largest),
+                gib(limit as u128),
+                device.adapter
+            )));
+        }
+    }
+    if device.uses_host_memory {
+        let mut sys = sysinfo::System::new();
+        sys.refresh_memory();
+        let available = sys.available_memory() as u128;
+        let needed = cache_total + scores + logits;
+        if needed > available {
+            return Err(GenerateError::TooLarge(format!(
+                "{what} need {:.2} GiB of key-value cache and activations, more than the {:.2} GiB of memory available; use fewer new tokens or a smaller --batch-size",
+                gib(needed),
+                gib(available)
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,60 @@
+use std::path::PathBuf;
+
+/// Everything that can go wrong while reading a model or a tokenizer.
+///
+/// Every variant names the file it is about, so the CLI can print one line that tells the user
+/// what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be opened or read.
+    #[error("{path}: cannot read: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The file ended before the structure it declares.
+    #[error("{path}: truncated: {what}")]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+        /// What was being read, and how much was expected versus present.
+        what: String,
+    },
+    /// The file is readable but its content contradicts itself or the format.
+    #[error("{path}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A model and a tokenizer that do not belong together.
+    #[error("tokenizer {tokenizer} has {tokenizer_vocab} tokens but model {model} has a vocabulary of {model_vocab}")]
+    VocabMismatch {
+        /// The tokenizer file.
+        tokenizer: PathBuf,
+        /// Its token count.
+        tokenizer_vocab: usize,
+        /// The model file.
+        model: PathBuf,
+        /// The model's vocabulary size.
+        model_vocab: usize,
+    },
+    /// Text that cannot be tokenized (for example an empty prompt).
+    #[error("{0}")]
+    BadText(String),
+}
+
+impl LoadError {
+    pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Self {
+        LoadError::Io { path: path.to_path_buf(), source }
+    }
+    pub(crate) fn invalid(path: &std::path::Path, message: impl Into<String>) -> Self {
+        LoadError::Invalid { path: path.to_path_buf(), message: message.into() }
+    }
+    pub(crate) fn truncated(path: &std::path::Path, what: impl Into<String>) -> Self {
+        LoadError::Truncated { path: path.to_path_buf(), what: what.into() }
+    }
+}

@@ -1,0 +1,243 @@
+//! llama2.c "legacy" checkpoints (`run.c`'s `read_checkpoint`).
+//!
+//! Layout (all little-endian): seven `i32` header fields `dim, hidden_dim, n_layers, n_heads,
+//! n_kv_heads, vocab_size, seq_len` — a negative `vocab_size` means the classifier is not tied to
+//! the embedding — then `f32` tensors in this order: token embedding `[vocab, dim]`, attention
+//! RMSNorm weights `[layers, dim]`, `wq [layers, dim, dim]`, `wk [layers, kv_dim, dim]`,
+//! `wv [layers, kv_dim, dim]`, `wo [layers, dim, dim]`, FFN RMSNorm weights `[layers, dim]`,
+//! `w1 [layers, hidden, dim]`, `w2 [layers, dim, hidden]`, `w3 [layers, hidden, dim]`, final
+//! RMSNorm `[dim]`, two unused RoPE tables of `seq_len * head_dim / 2` floats each, and, when
+//! untied, the classifier `[vocab, dim]`. Linear weights are `[out, in]` row-major and q/k use the
+//! interleaved RoPE layout, which is exactly [`HostModel`]'s convention.
+
+use std::path::Path;
+
+use crate::{HostModel, HostTensor, LayerWeights, LlamaArch, LoadError};
+
+const HEADER_BYTES: usize = 7 * 4;
+
+/// Reads a llama2.c legacy checkpoint.
+///
+/// The file size must match the header exactly; a shorter file is reported as truncated, a
+/// longer one as inconsistent with its header.
+pub fn read_llama2c_checkpoint(path: &Path) -> Result<HostModel, LoadError> {
+    let bytes = std::fs::read(path).map_err(|e| LoadError::io(path, e))?;
+    parse_llama2c(path, &bytes)
+}
+
+fn parse_llama2c(path: &Path, bytes: &[u8]) -> Result<HostModel, LoadError> {
+    if bytes.len() < HEADER_BYTES {
+        return Err(LoadError::truncated(
+            path,
+            format!("header needs {HEADER_BYTES} bytes, file has {}", bytes.len()),
+        ));
+    }
+    let field = |i: usize| i32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]);
+    let names = ["dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"];
+    let mut header = [0usize; 7];
+    for (i, name) in names.iter().enumerate() {
+        let v = field(i);
+        let v = if i == 5 { v.checked_abs().unwrap_or(0) } else { v };
+        if v <= 0 {
+            return Err(LoadError::invalid(
+                path,
+                format!("not a llama2.c checkpoint: header field {name} is {}", field(i)),
+            ));
+        }
+        header[i] = v as usize;
+    }
+    let [dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len] = header;
+    let arch = LlamaArch {
+        architecture: "llama2.c".to_string(),
+        dim,
+        hidden_dim,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        vocab_size,
+        max_seq_len: seq_len,
+        norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        tied_embeddings: field(5) > 0,
+    };
+    arch.validate().map_err(|m| LoadError::invalid(path, format!("inconsistent header: {m}")))?;
+
+    let (head_dim, kv_dim) = (arch.head_dim(), arch.kv_dim());
+    // Element counts in file order; checked arithmetic so that an absurd header cannot overflow.
+    let mul = |a: usize, b: usize| a.checked_mul(b);
+    let overflow = || LoadError::invalid(path, "header describes a model too large to address");
+    let sizes = [
+        ("token_embedding", mul(vocab_size, dim)),
+        ("rms_att_weight", mul(n_layers, dim)),
+        ("wq", mul(n_layers, dim).and_then(|x| mul(x, dim))),
+        ("wk", mul(n_layers, kv_dim).and_then(|x| mul(x, dim))),
+        ("wv", mul(n_layers, kv_dim).and_then(|x| mul(x, dim))),
+        ("wo", mul(n_layers, dim).and_then(|x| mul(x, dim))),
+        ("rms_ffn_weight", mul(n_layers, dim)),
+        ("w1", mul(n_layers, hidden_dim).and_then(|x| mul(x, dim))),
+        ("w2", mul(n_layers, dim).and_then(|x| mul(x, hidden_dim))),
+        ("w3", mul(n_layers, hidden_dim).and_then(|x| mul(x, dim))),
+        ("rms_final_weight", Some(dim)),
+        ("freq_cis", mul(seq_len, head_dim)),
+        ("wcls", if arch.tied_embeddings { Some(0) } else { mul(vocab_size, dim) }),
+    ];
+    let mut total = 0usize;
+    for (_, n) in &sizes {
+        total = n.and_then(|n| total.checked_add(n)).ok_or_else(overflow)?;
+    }
+    let expected = total.checked_mul(4).and_then(|t| t.checked_add(HEADER_BYTES)).ok_or_else(overflow)?;
+    if bytes.len() < expected {
+        return Err(LoadError::truncated(
+            path,
+            format!(
+                "header (dim {dim}, hidden {hidden_dim}, {n_layers} layers, {n_heads} heads, {n_kv_heads} kv heads, vocab {vocab_size}, seq_len {seq_len}) needs {expected} bytes, file has {}",
+                bytes.len()
+            ),
+        ));
+    }
+    if bytes.len() > expected {
+        return Err(LoadError::invalid(
+            path,
+            format!(
+                "header inconsistent with file size: header needs {expected} bytes, file has {} ({} extra)",
+                bytes.len(),
+                bytes.len() - expected
+            ),
+        ));
+    }
+
+    let mut floats = bytes[HEADER_BYTES..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+    let mut take = |n: usize| -> Vec<f32> { floats.by_ref().take(n).collect() };
+    let t = |shape: Vec<usize>, data: Vec<f32>| HostTensor { shape, data };
+
+    let token_embedding = t(vec![vocab_size, dim], take(vocab_size * dim));
+    let rms_att = take(n_layers * dim);
+    let wq = take(n_layers * dim * dim);
+    let wk = take(n_layers * kv_dim * dim);
+    let wv = take(n_layers * kv_dim * dim);
+    let wo = take(n_layers * dim * dim);
+    let rms_ffn = take(n_layers * dim);
+    let w1 = take(n_layers * hidden_dim * dim);
+    let w2 = take(n_layers * dim * hidden_dim);
+    let w3 = take(n_layers * hidden_dim * dim);
+    let final_norm = t(vec![dim], take(dim));
+    let _freq_cis = take(seq_len * head_dim);
+    let output = (!arch.tied_embeddings).then(|| t(vec![vocab_size, dim], take(vocab_size * dim)));
+
+    let layer = |all: &[f32], l: usize, rows: usize, cols: usize| {
+        let n = rows * cols;
+        HostTensor { shape: if cols == 1 { vec![rows] } else { vec![rows, cols] }, data: all[l * n..(l + 1) * n].to_vec() }
+    };
+    let layers = (0..n_layers)
+        .map(|l| LayerWeights {
+            attn_norm: layer(&rms_att, l, dim, 1),
+            wq: layer(&wq, l, dim, dim),
+            wk: layer(&wk, l, kv_dim, dim),
+            wv: layer(&wv, l, kv_dim, dim),
+            wo: layer(&wo, l, dim, dim),
+            ffn_norm: layer(&rms_ffn, l, dim, 1),
+            w_gate: layer(&w1, l, hidden_dim, dim),
+            w_down: layer(&w2, l, dim, hidden_dim),
+            w_up: layer(&w3, l, hidden_dim, dim),
+        })
+        .collect();
+
+    let model = HostModel { arch, token_embedding, layers, final_norm, output };
+    check_finite(path, &model)?;
+    Ok(model)
+}
+
+fn check_finite(path: &Path, model: &HostModel) -> Result<(), LoadError> {
+    let mut named: Vec<(String, &HostTensor)> = vec![("token_embedding".into(), &model.token_embedding)];
+    for (i, l) in model.layers.iter().enumerate() {
+        named.push((format!("layers.{i}.attn_norm"), &l.attn_norm));
+        named.push((format!("layers.{i}.ffn_norm"), &l.ffn_norm));
+        for (name, w) in l.linears() {
+            named.push((format!("layers.{i}.{name}"), w));
+        }
+    }
+    named.push(("final_norm".into(), &model.final_norm));
+    if let Some(o) = &model.output {
+        named.push(("output".into(), o));
+    }
+    for (name, t) in named {
+        if let Some(i) = t.data.iter().position(|v| !v.is_finite()) {
+            return Err(LoadError::invalid(path, format!("tensor {name} has a non-finite value at index {i}")));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(fields: [i32; 7]) -> Vec<u8> {
+        fields.iter().flat_map(|f| f.to_le_bytes()).collect()
+    }
+
+    /// A tiny valid checkpoint: dim 4, hidden 6, 1 layer, 2 heads, 1 kv head, vocab 5, seq 3.
+    fn tiny(tied: bool) -> Vec<u8> {
+        let vocab = if tied { 5 } else { -5 };
+        let mut b = header([4, 6, 1, 2, 1, vocab, 3]);
+        let kv = 2;
+        let n = 5 * 4 + 4 + 16 + kv * 4 * 2 + 16 + 4 + 3 * 24 + 4 + 3 * 2 + if tied { 0 } else { 20 };
+        b.extend((0..n).flat_map(|i| (i as f32 * 0.01f32).to_le_bytes()));
+        b
+    }
+
+    #[test]
+    fn reads_a_tiny_checkpoint_in_file_order() {
+        let m = parse_llama2c(Path::new("t.bin"), &tiny(true)).expect("valid");
+        assert_eq!(m.arch.kv_dim(), 2);
+        assert!(m.output.is_none());
+        assert_eq!(m.token_embedding.data[0], 0.0);
+        // attention norm follows the 20 embedding floats.
+        assert_eq!(m.layers[0].attn_norm.data[0], 20.0 * 0.01);
+        assert_eq!(m.layers[0].wq.shape, vec![4, 4]);
+        assert_eq!(m.layers[0].wk.shape, vec![2, 4]);
+        assert_eq!(m.layers[0].w_down.shape, vec![4, 6]);
+        let u = parse_llama2c(Path::new("t.bin"), &tiny(false)).expect("valid");
+        assert_eq!(u.output.as_ref().map(|o| o.shape.clone()), Some(vec![5, 4]));
+    }
+
+    #[test]
+    fn truncated_and_oversized_files_are_errors() {
+        let b = tiny(true);
+        let e = parse_llama2c(Path::new("t.bin"), &b[..b.len() - 4]).unwrap_err().to_string();
+        assert!(e.contains("t.bin: truncated"), "{e}");
+        let e = parse_llama2c(Path::new("t.bin"), &b[..10]).unwrap_err().to_string();
+        assert!(e.contains("header needs 28 bytes"), "{e}");
+        let mut longer = b.clone();
+        longer.extend([0u8; 8]);
+        let e = parse_llama2c(Path::new("t.bin"), &longer).unwrap_err().to_string();
+        assert!(e.contains("inconsistent with file size"), "{e}");
+    }
+
+    #[test]
+    fn absurd_headers_are_errors_not_panics() {
+        for fields in [
+            [0, 6, 1, 2, 1, 5, 3],
+            [4, 6, 1, 3, 1, 5, 3],
+            [4, 6, 1, 2, 3, 5, 3],
+            [i32::MAX, i32::MAX, i32::MAX, 1, 1, i32::MIN, i32::MAX],
+            [4, 6, -1, 2, 1, 5, 3],
+        ] {
+            let mut b = header(fields);
+            b.extend([0u8; 64]);
+            let e = parse_llama2c(Path::new("x.bin"), &b).unwrap_err().to_string();
+            assert!(e.starts_with("x.bin"), "{e}");
+        }
+    }
+
+    #[test]
+    fn non_finite_weights_are_named() {
+        let mut b = tiny(true);
+        let at = HEADER_BYTES + 4 * 21; // second attention-norm weight
+        b[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+        let e = parse_llama2c(Path::new("t.bin"), &b).unwrap_err().to_string();
+        assert!(e.contains("layers.0.attn_norm"), "{e}");
+    }
+}

@@ -1,0 +1,256 @@
+//! Tokenizers. [`Llama2cTokenizer`] reads llama2.c's `tokenizer.bin` and encodes exactly as
+//! llama2.c's `run.c` (`encode`/`decode`) does.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::LoadError;
+
+/// What the generation and scoring stages need from a tokenizer.
+pub trait Tokenizer: Send + Sync {
+    /// Number of tokens in the vocabulary.
+    fn vocab_size(&self) -> usize;
+    /// Beginning-of-sequence token, if the tokenizer prepends one.
+    fn bos_id(&self) -> Option<u32>;
+    /// End-of-sequence token, if any.
+    fn eos_id(&self) -> Option<u32>;
+    /// The tokens a model is fed for `text`, BOS first where the tokenizer adds one.
+    fn encode(&self, text: &str) -> Vec<u32>;
+    /// The text of `tokens` (prompt and continuation alike), invalid UTF-8 replaced.
+    fn decode(&self, tokens: &[u32]) -> String;
+}
+
+/// llama2.c's SentencePiece-derived tokenizer: pieces with merge scores and byte fallback.
+///
+/// File layout (`tokenizer.bin`, little-endian): `i32 max_token_length`, then for every token
+/// `f32 score, i32 length, length bytes`. The file does not store the token count (llama2.c takes
+/// it from the model), so the reader takes every token up to the end of the file and the caller
+/// compares the count with the model's vocabulary.
+#[derive(Debug, Clone)]
+pub struct Llama2cTokenizer {
+    pieces: Vec<Vec<u8>>,
+    scores: Vec<f32>,
+    lookup: HashMap<Vec<u8>, u32>,
+}
+
+/// BOS and EOS ids of llama2.c's tokenizers (SentencePiece's defaults).
+const BOS: u32 = 1;
+const EOS: u32 = 2;
+/// Byte-fallback pieces `<0x00>`..`<0xFF>` start at this id.
+const BYTE_OFFSET: u32 = 3;
+
+impl Llama2cTokenizer {
+    /// Reads a llama2.c `tokenizer.bin`.
+    pub fn read(path: &Path) -> Result<Self, LoadError> {
+        let bytes = std::fs::read(path).map_err(|e| LoadError::io(path, e))?;
+        Self::parse(path, &bytes)
+    }
+
+    fn parse(path: &Path, bytes: &[u8]) -> Result<Self, LoadError> {
+        let mut at = 0usize;
+        let read4 = |what: &str, at: &mut usize| -> Result<[u8; 4], LoadError> {
+            let b = bytes.get(*at..*at + 4).ok_or_else(|| {
+                LoadError::truncated(path, format!("{what} at byte {} runs past the end ({} bytes)", *at, bytes.len()))
+            })?;
+            *at += 4;
+            Ok([b[0], b[1], b[2], b[3]])
+        };
+        let max_len = i32::from_le_bytes(read4("max_token_length", &mut at)?);
+        if max_len <= 0 {
+            return Err(LoadError::invalid(path, format!("not a llama2.c tokenizer: max_token_length is {max_len}")));
+        }
+        let mut pieces = Vec::new();
+        let mut scores = Vec::new();
+        while at < bytes.len() {
+            let i = pieces.len();
+            let score = f32::from_le_bytes(read4(&format!("score of token {i}"), &mut at)?);
+            let len = i32::from_le_bytes(read4(&format!("length of token {i}"), &mut at)?);
+            if len < 0 || len > max_len {
+                return Err(LoadError::invalid(
+                    path,
+                    format!("token {i} has length {len}, outside 0..={max_len} (max_token_length)"),
+                ));
+            }
+            let piece = bytes.get(at..at + len as usize).ok_or_else(|| {
+                LoadError::truncated(path, format!("token {i} needs {len} bytes at byte {at}, file has {}", bytes.len()))
+            })?;
+            at += len as usize;
+            if !score.is_finite() {
+                return Err(LoadError::invalid(path, format!("token {i} has a non-finite score")));
+            }
+            pieces.push(piece.to_vec());
+            scores.push(score);
+        }
+        let vocab_size = pieces.len();
+        if vocab_size < (BYTE_OFFSET + 256) as usize {
+            return Err(LoadError::invalid(
+                path,
+                format!("tokenizer has {vocab_size} tokens, fewer than the 259 that byte fallback needs"),
+            ));
+        }
+        // llama2.c looks pieces up by binary search in a sorted copy; with duplicate pieces the
+        // first id is kept here (the pieces of llama2.c's tokenizers are unique).
+        let mut lookup = HashMap::with_capacity(vocab_size);
+        for (id, p) in pieces.iter().enumerate() {
+            lookup.entry(p.clone()).or_insert(id as u32);
+        }
+        Ok(Self { pieces, scores, lookup })
+    }
+
+    fn id_of(&self, piece: &[u8]) -> Option<u32> {
+        self.lookup.get(piece).copied()
+    }
+
+    /// The bytes token `token` stands for after `prev`, as llama2.c's `decode` prints them.
+    fn piece_bytes(&self, prev: Option<u32>, token: u32) -> Vec<u8> {
+        let Some(piece) = self.pieces.get(token as usize) else {
+            return Vec::new();
+        };
+        let mut piece = piece.as_slice();
+        // After BOS, SentencePiece strips the leading space of the first piece.
+        if prev == Some(BOS) && piece.first() == Some(&b' ') {
+            piece = &piece[1..];
+        }
+        // Byte-fallback pieces are literally "<0xNN>".
+        if piece.len() == 6 && piece.starts_with(b"<0x") && piece.ends_with(b">") {
+            if let Some(b) = std::str::from_utf8(&piece[3..5]).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                return vec![b];
+            }
+        }
+        piece.to_vec()
+    }
+}
+
+impl Tokenizer for Llama2cTokenizer {
+    fn vocab_size(&self) -> usize {
+        self.pieces.len()
+    }
+
+    fn bos_id(&self) -> Option<u32> {
+        Some(BOS)
+    }
+
+    fn eos_id(&self) -> Option<u32> {
+        Some(EOS)
+    }
+
+    fn encode(&self, text: &str) -> Vec<u32> {
+        let mut tokens = vec![BOS];
+        if text.is_empty() {
+            return tokens;
+        }
+        // SentencePiece's "dummy prefix": the text is encoded as if it started with a space.
+        if let Some(space) = self.id_of(b" ") {
+            tokens.push(space);
+        }
+        // One token per UTF-8 character where the vocabulary has it, else one per byte.
+        for ch in text.chars() {
+            let mut buf = [0u8; 4];
+            let bytes = ch.encode_utf8(&mut buf).as_bytes();
+            match self.id_of(bytes) {
+                Some(id) => tokens.push(id),
+                None => tokens.extend(bytes.iter().map(|&b| b as u32 + BYTE_OFFSET)),
+            }
+        }
+        // Greedy merges: repeatedly merge the adjacent pair whose concatenation is the
+        // highest-scoring piece (the first such pair on ties, as `run.c` uses a strict `>`).
+        let mut pair = Vec::new();
+        loop {
+            let mut best: Option<(f32, usize, u32)> = None;
+            for i in 1..tokens.len() - 1 {
+                pair.clear();
+                pair.extend_from_slice(&self.pieces[tokens[i] as usize]);
+                pair.extend_from_slice(&self.pieces[tokens[i + 1] as usize]);
+                if let Some(id) = self.id_of(&pair) {
+                    let score = self.scores[id as usize];
+                    if best.is_none_or(|(s, _, _)| score > s) {
+                        best = Some((score, i, id));
+                    }
+                }
+            }
+            let Some((_, i, id)) = best else { break };
+            tokens[i] = id;
+            tokens.remove(i + 1);
+        }
+        tokens
+    }
+
+    fn decode(&self, tokens: &[u32]) -> String {
+        let mut out = Vec::new();
+        let mut prev = None;
+        // As llama2.c prints a sequence: the leading BOS is not shown, a BOS generated later is
+        // shown as its piece.
+        for (i, &t) in tokens.iter().enumerate() {
+            if !(i == 0 && t == BOS) {
+                out.extend(self.piece_bytes(prev, t));
+            }
+            prev = Some(t);
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A vocabulary: <unk>, <s>, </s>, 256 byte pieces, then " ", "a", "b", " a", "ab", " ab".
+    fn tiny_file(extra: &[(&str, f32)]) -> Vec<u8> {
+        let mut b = 8i32.to_le_bytes().to_vec();
+        let mut push = |piece: &[u8], score: f32| {
+            b.extend(score.to_le_bytes());
+            b.extend((piece.len() as i32).to_le_bytes());
+            b.extend(piece);
+        };
+        push(b"<unk>", 0.0);
+        push(b"<s>", 0.0);
+        push(b"</s>", 0.0);
+        for byte in 0..=255u8 {
+            push(format!("<0x{byte:02X}>").as_bytes(), 0.0);
+        }
+        for (p, s) in extra {
+            push(p.as_bytes(), *s);
+        }
+        b
+    }
+
+    fn tiny() -> (Llama2cTokenizer, usize) {
+        let extra = [(" ", -1.0), ("a", -2.0), ("b", -3.0), (" a", -4.0), ("ab", -0.5), (" ab", -5.0)];
+        let n = 259 + extra.len();
+        (Llama2cTokenizer::parse(Path::new("tok.bin"), &tiny_file(&extra)).expect("valid"), n)
+    }
+
+    #[test]
+    fn merges_by_score_with_dummy_prefix_and_byte_fallback() {
+        let (t, _) = tiny();
+        // " " "a" "b" -> "ab" (score -0.5) beats " a" (-4.0); then " " + "ab" -> " ab".
+        assert_eq!(t.encode("ab"), vec![1, 264]);
+        // "é" is not in the vocabulary: two byte-fallback tokens (0xC3, 0xA9) + 3.
+        assert_eq!(t.encode("é"), vec![1, 259, 0xC3 + 3, 0xA9 + 3]);
+        assert_eq!(t.encode(""), vec![1]);
+        assert_eq!(t.decode(&t.encode("ab é")), "ab é");
+    }
+
+    #[test]
+    fn truncation_and_bad_lengths_are_errors() {
+        let (t, n) = tiny();
+        assert_eq!(t.vocab_size(), n);
+        let file = tiny_file(&[(" ", -1.0), ("a", -2.0), ("b", -3.0), (" a", -4.0), ("ab", -0.5), (" ab", -5.0)]);
+        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &file[..file.len() - 1]).unwrap_err().to_string();
+        assert!(e.starts_with("tok.bin: truncated"), "{e}");
+        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &[1, 0]).unwrap_err().to_string();
+        assert!(e.starts_with("tok.bin: truncated"), "{e}");
+        let mut three = 8i32.to_le_bytes().to_vec();
+        for piece in [&b"<unk>"[..], b"<s>", b"</s>"] {
+            three.extend(0f32.to_le_bytes());
+            three.extend((piece.len() as i32).to_le_bytes());
+            three.extend(piece);
+        }
+        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &three).unwrap_err().to_string();
+        assert!(e.contains("fewer than the 259"), "{e}");
+        let mut bad = file.clone();
+        bad[8..12].copy_from_slice(&(-3i32).to_le_bytes());
+        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &bad).unwrap_err().to_string();
+        assert!(e.contains("length -3"), "{e}");
+    }
+}

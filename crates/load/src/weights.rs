@@ -1,0 +1,207 @@
+//! The in-memory form every loader produces: an architecture and its f32 weights.
+
+use serde::Serialize;
+
+/// Hyper-parameters of a Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LlamaArch {
+    /// Architecture name as reported to users (`llama2.c`, `LlamaForCausalLM`, ...).
+    pub architecture: String,
+    /// Model (residual stream) width.
+    pub dim: usize,
+    /// Width of the SwiGLU feed-forward layer.
+    pub hidden_dim: usize,
+    /// Number of transformer blocks.
+    pub n_layers: usize,
+    /// Number of query heads.
+    pub n_heads: usize,
+    /// Number of key/value heads (grouped-query attention when smaller than `n_heads`).
+    pub n_kv_heads: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Context length the model was trained for.
+    pub max_seq_len: usize,
+    /// RMSNorm epsilon.
+    pub norm_eps: f32,
+    /// RoPE base frequency (theta).
+    pub rope_theta: f32,
+    /// Whether the output layer shares the token-embedding matrix.
+    pub tied_embeddings: bool,
+}
+
+impl LlamaArch {
+    /// Width of one attention head.
+    pub fn head_dim(&self) -> usize {
+        self.dim / self.n_heads
+    }
+
+    /// Total width of the key (or value) projection.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim()
+    }
+
+    /// Checks the relations between the fields that the model relies on.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("dim", self.dim),
+            ("hidden_dim", self.hidden_dim),
+            ("n_layers", self.n_layers),
+            ("n_heads", self.n_heads),
+            ("n_kv_heads", self.n_kv_heads),
+            ("vocab_size", self.vocab_size),
+            ("max_seq_len", self.max_seq_len),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("{name} must be positive"));
+        }
+        if self.dim % self.n_heads != 0 {
+            return Err(format!("dim {} is not a multiple of n_heads {}", self.dim, self.n_heads));
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return Err(format!(
+                "n_heads {} is not a multiple of n_kv_heads {}",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if self.head_dim() % 2 != 0 {
+            return Err(format!("head dimension {} is odd; RoPE needs pairs", self.head_dim()));
+        }
+        if !(self.norm_eps > 0.0 && self.norm_eps.is_finite()) {
+            return Err(format!("norm_eps {} must be positive", self.norm_eps));
+        }
+        if !(self.rope_theta > 0.0 && self.rope_theta.is_finite()) {
+            return Err(format!("rope_theta {} must be positive", self.rope_theta));
+        }
+        Ok(())
+    }
+
+    /// Number of weights, counting a tied embedding once.
+    pub fn parameter_count(&self) -> usize {
+        let (d, h, kv) = (self.dim, self.hidden_dim, self.kv_dim());
+        let per_layer = 2 * d + d * d * 2 + 2 * d * kv + 3 * d * h;
+        let head = if self.tied_embeddings { 0 } else { self.vocab_size * d };
+        self.vocab_size * d + self.n_layers * per_layer + d + head
+    }
+}
+
+/// A dense f32 tensor in host memory, row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostTensor {
+    /// Dimensions, outermost first.
+    pub shape: Vec<usize>,
+    /// `shape.iter().product()` values, row-major.
+    pub data: Vec<f32>,
+}
+
+impl HostTensor {
+    /// Wraps `data` with `shape`; `None` when the sizes disagree.
+    pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Option<Self> {
+        (shape.iter().product::<usize>() == data.len()).then_some(Self { shape, data })
+    }
+}
+
+/// Weights of one transformer block.
+///
+/// Linear weights are in PyTorch's `[out_features, in_features]` layout. The query and key
+/// projections use the *interleaved* RoPE layout (llama2.c, GGUF: rotation pairs are adjacent
+/// elements `(2i, 2i+1)` of a head); loaders of checkpoints that use the rotate-half layout
+/// (Hugging Face) un-permute them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerWeights {
+    /// RMSNorm weight before attention, `[dim]`.
+    pub attn_norm: HostTensor,
+    /// Query projection, `[n_heads * head_dim, dim]`.
+    pub wq: HostTensor,
+    /// Key projection, `[n_kv_heads * head_dim, dim]`.
+    pub wk: HostTensor,
+    /// Value projection, `[n_kv_heads * head_dim, dim]`.
+    pub wv: HostTensor,
+    /// Attention output projection, `[dim, n_heads * head_dim]`.
+    pub wo: HostTensor,
+    /// RMSNorm weight before the feed-forward layer, `[dim]`.
+    pub ffn_norm: HostTensor,
+    /// SwiGLU gate projection, `[hidden_dim, dim]`.
+    pub w_gate: HostTensor,
+    /// SwiGLU up projection, `[hidden_dim, dim]`.
+    pub w_up: HostTensor,
+    /// SwiGLU down projection, `[dim, hidden_dim]`.
+    pub w_down: HostTensor,
+}
+
+impl LayerWeights {
+    /// The seven linear weights with their Hugging Face short names, in a fixed order.
+    pub fn linears(&self) -> [(&'static str, &HostTensor); 7] {
+        [
+            ("self_attn.q_proj", &self.wq),
+            ("self_attn.k_proj", &self.wk),
+            ("self_attn.v_proj", &self.wv),
+            ("self_attn.o_proj", &self.wo),
+            ("mlp.gate_proj", &self.w_gate),
+            ("mlp.up_proj", &self.w_up),
+            ("mlp.down_proj", &self.w_down),
+        ]
+    }
+
+    /// Mutable access to the seven linear weights, same order as [`LayerWeights::linears`].
+    pub fn linears_mut(&mut self) -> [(&'static str, &mut HostTensor); 7] {
+        [
+            ("self_attn.q_proj", &mut self.wq),
+            ("self_attn.k_proj", &mut self.wk),
+            ("self_attn.v_proj", &mut self.wv),
+            ("self_attn.o_proj", &mut self.wo),
+            ("mlp.gate_proj", &mut self.w_gate),
+            ("mlp.up_proj", &mut self.w_up),
+            ("mlp.down_proj", &mut self.w_down),
+        ]
+    }
+}
+
+/// A whole model in host memory: what every loader returns and every later stage consumes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostModel {
+    /// Architecture.
+    pub arch: LlamaArch,
+    /// Token embedding, `[vocab_size, dim]`.
+    pub token_embedding: HostTensor,
+    /// The blocks, first to last.
+    pub layers: Vec<LayerWeights>,
+    /// Final RMSNorm weight, `[dim]`.
+    pub final_norm: HostTensor,
+    /// Output layer `[vocab_size, dim]`; `None` when tied to the token embedding.
+    pub output: Option<HostTensor>,
+}
+
+impl HostModel {
+    /// The output layer's weight, `[vocab_size, dim]` (the embedding when tied).
+    pub fn output_weight(&self) -> &HostTensor {
+        self.output.as_ref().unwrap_or(&self.token_embedding)
+    }
+
+    /// Rounds every weight to IEEE half precision (round-to-nearest-even) in place.
+    ///
+    /// qdrift's reference model is the checkpoint at FP16 weights; a llama2.c checkpoint stores
+    /// f32, so it is rounded once here.
+    pub fn round_to_f16(&mut self) {
+        let round = |t: &mut HostTensor| {
+            for v in &mut t.data {
+                *v = half::f16::from_f32(*v).to_f32();
+            }
+        };
+        self.for_each_tensor_mut(round);
+    }
+
+    fn for_each_tensor_mut(&mut self, mut f: impl FnMut(&mut HostTensor)) {
+        f(&mut self.token_embedding);
+        for layer in &mut self.layers {
+            f(&mut layer.attn_norm);
+            f(&mut layer.ffn_norm);
+            for (_, w) in layer.linears_mut() {
+                f(w);
+            }
+        }
+        f(&mut self.final_norm);
+        if let Some(o) = &mut self.output {
+            f(o);
+        }
+    }
+}

@@ -1,0 +1,30 @@
+//! A Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU, tied or untied output
+//! layer) as Burn `Config`/`Module` pairs, and its key-value cache.
+//!
+//! Burn 0.22 carries the backend in the runtime [`Device`](burn::tensor::Device), not in a type
+//! parameter: one [`Llama`] runs on wgpu, on the CPU (flex) and in tests, chosen when it is built.
+//! The model computes in the float dtype its weights were uploaded in (f32 or f16); RMSNorm and
+//! the attention softmax always run in f32, as Hugging Face's Llama does for half-precision.
+
+mod attention;
+mod cache;
+mod llama;
+mod norm;
+mod rope;
+
+pub use cache::KvCache;
+pub use llama::{Llama, LlamaConfig, ModelError, Positions};
+pub use rope::Rope;
+
+use burn::tensor::{DType, Device, Tensor, TensorData};
+
+/// Uploads host f32 values as a tensor of `dtype` (f32, f16 or bf16), converting on the host so
+/// that only the target precision crosses to the device.
+pub(crate) fn upload<const D: usize>(data: &[f32], shape: [usize; D], dtype: DType, device: &Device) -> Tensor<D> {
+    let data = match dtype {
+        DType::F16 => TensorData::new(data.iter().map(|&v| half::f16::from_f32(v)).collect::<Vec<_>>(), shape),
+        DType::BF16 => TensorData::new(data.iter().map(|&v| half::bf16::from_f32(v)).collect::<Vec<_>>(), shape),
+        _ => TensorData::new(data.to_vec(), shape),
+    };
+    Tensor::from_data(data, (device, dtype))
+}

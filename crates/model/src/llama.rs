@@ -1,0 +1,318 @@
+use burn::config::Config;
+use burn::module::{Module, Param};
+use burn::nn::Linear;
+use burn::tensor::activation::silu;
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use qdrift_load::{HostModel, HostTensor};
+
+use crate::attention::Attention;
+use crate::norm::RmsNorm;
+use crate::{KvCache, Rope, upload};
+
+/// Errors building a model on a device.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A host tensor does not have the shape the architecture implies.
+    #[error("tensor {name} has shape {actual:?}, expected {expected:?}")]
+    Shape {
+        /// Tensor name (Hugging Face naming).
+        name: String,
+        /// Its shape.
+        actual: Vec<usize>,
+        /// The shape the architecture implies.
+        expected: Vec<usize>,
+    },
+    /// The architecture is inconsistent.
+    #[error("invalid architecture: {0}")]
+    Arch(String),
+    /// The compute dtype is not one the model supports.
+    #[error("unsupported compute dtype {0:?}; use f32 or f16")]
+    DType(DType),
+}
+
+/// Hyper-parameters of a Llama-family decoder.
+#[derive(Config, Debug)]
+pub struct LlamaConfig {
+    /// Residual stream width.
+    pub dim: usize,
+    /// SwiGLU hidden width.
+    pub hidden_dim: usize,
+    /// Number of blocks.
+    pub n_layers: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads.
+    pub n_kv_heads: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// RMSNorm epsilon.
+    #[config(default = 1e-5)]
+    pub norm_eps: f64,
+    /// RoPE base.
+    #[config(default = 10000.0)]
+    pub rope_theta: f64,
+}
+
+impl LlamaConfig {
+    /// The configuration of a loaded model's architecture.
+    pub fn from_arch(arch: &qdrift_load::LlamaArch) -> Self {
+        Self::new(arch.dim, arch.hidden_dim, arch.n_layers, arch.n_heads, arch.n_kv_heads, arch.vocab_size)
+            .with_norm_eps(arch.norm_eps as f64)
+            .with_rope_theta(arch.rope_theta as f64)
+    }
+
+    /// Width of one attention head.
+    pub fn head_dim(&self) -> usize {
+        self.dim / self.n_heads
+    }
+
+    /// Builds the model on `device` from host weights, uploading them in `dtype` (f32 or f16).
+    ///
+    /// Weights are converted to `dtype` on the host (round-to-nearest-even), so an f16 model on
+    /// the device holds exactly the f16 rounding of the host values.
+    pub fn init_from_host(&self, host: &HostModel, dtype: DType, device: &Device) -> Result<Llama, ModelError> {
+        if !matches!(dtype, DType::F32 | DType::F16) {
+            return Err(ModelError::DType(dtype));
+        }
+        host.arch.validate().map_err(ModelError::Arch)?;
+        let (d, hid, hd) = (self.dim, self.hidden_dim, self.head_dim());
+        let (q_out, kv_out) = (self.n_heads * hd, self.n_kv_heads * hd);
+
+        let vector = |name: String, t: &HostTensor, n: usize| -> Result<Param<Tensor<1>>, ModelError> {
+            check(&name, t, &[n])?;
+            Ok(Param::from_tensor(upload(&t.data, [n], dtype, device)))
+        };
+        // Host linear weights are [out, in]; Burn's Linear multiplies by a [in, out] weight.
+        let linear = |name: String, t: &HostTensor, out: usize, inp: usize| -> Result<Linear, ModelError> {
+            check(&name, t, &[out, inp])?;
+            let transposed = transpose(&t.data, out, inp);
+            Ok(Linear { weight: Param::from_tensor(upload(&transposed, [inp, out], dtype, device)), bias: None })
+        };
+
+        check("model.embed_tokens.weight", &host.token_embedding, &[self.vocab_size, d])?;
+        let embedding = Param::from_tensor(upload(&host.token_embedding.data, [self.vocab_size, d], dtype, device));
+        if host.layers.len() != self.n_layers {
+            return Err(ModelError::Arch(format!("{} layers given, {} expected", host.layers.len(), self.n_layers)));
+        }
+        let mut layers = Vec::with_capacity(self.n_layers);
+        for (i, l) in host.layers.iter().enumerate() {
+            let p = |s: &str| format!("model.layers.{i}.{s}.weight");
+            layers.push(Block {
+                attn_norm: RmsNorm { weight: vector(p("input_layernorm"), &l.attn_norm, d)?, eps: self.norm_eps },
+                attn: Attention {
+                    wq: linear(p("self_attn.q_proj"), &l.wq, q_out, d)?,
+                    wk: linear(p("self_attn.k_proj"), &l.wk, kv_out, d)?,
+                    wv: linear(p("self_attn.v_proj"), &l.wv, kv_out, d)?,
+                    wo: linear(p("self_attn.o_proj"), &l.wo, d, q_out)?,
+                    heads: self.n_heads,
+                    kv_heads: self.n_kv_heads,
+                    head_dim: hd,
+                },
+                ffn_norm: RmsNorm { weight: vector(p("post_attention_layernorm"), &l.ffn_norm, d)?, eps: self.norm_eps },
+                ffn: FeedForward {
+                    gate: linear(p("mlp.gate_proj"), &l.w_gate, hid, d)?,
+                    up: linear(p("mlp.up_proj"), &l.w_up, hid, d)?,
+                    down: linear(p("mlp.down_proj"), &l.w_down, d, hid)?,
+                },
+            });
+        }
+        let norm = RmsNorm { weight: vector("model.norm.weight".into(), &host.final_norm, d)?, eps: self.norm_eps };
+        // A tied output layer gets its own transposed copy of the embedding: the lookup wants
+        // [vocab, dim] rows, the projection a [dim, vocab] matrix.
+        let output = linear("lm_head.weight".into(), host.output_weight(), self.vocab_size, d)?;
+        Ok(Llama {
+            embedding,
+            layers,
+            norm,
+            output,
+            rope: Rope::new(hd, self.rope_theta as f32),
+            config: self.clone(),
+            dtype,
+        })
+    }
+}
+
+fn check(name: &str, t: &HostTensor, expected: &[usize]) -> Result<(), ModelError> {
+    if t.shape != expected || t.data.len() != expected.iter().product::<usize>() {
+        return Err(ModelError::Shape { name: name.to_string(), actual: t.shape.clone(), expected: expected.to_vec() });
+    }
+    Ok(())
+}
+
+fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; data.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = data[r * cols + c];
+        }
+    }
+    out
+}
+
+/// SwiGLU feed-forward layer (Shazeer 2020): `down(silu(gate(x)) · up(x))`.
+#[derive(Module, Debug)]
+pub struct FeedForward {
+    /// Gate projection, weight `[dim, hidden]`.
+    pub gate: Linear,
+    /// Up projection, weight `[dim, hidden]`.
+    pub up: Linear,
+    /// Down projection, weight `[hidden, dim]`.
+    pub down: Linear,
+}
+
+impl FeedForward {
+    /// # Shapes
+    /// - `x`: `[batch, seq, dim]` → `[batch, seq, dim]`
+    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        self.down.forward(silu(self.gate.forward(x.clone())) * self.up.forward(x))
+    }
+}
+
+/// One pre-norm transformer block.
+#[derive(Module, Debug)]
+pub struct Block {
+    /// Norm before attention.
+    pub attn_norm: RmsNorm,
+    /// Self-attention.
+    pub attn: Attention,
+    /// Norm before the feed-forward layer.
+    pub ffn_norm: RmsNorm,
+    /// Feed-forward layer.
+    pub ffn: FeedForward,
+}
+
+impl Block {
+    /// # Shapes
+    /// - `x`: `[batch, new, dim]` → `[batch, new, dim]` (see [`Attention::forward`] for the rest)
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        rope: &Rope,
+        cos: &Tensor<5>,
+        sin: &Tensor<5>,
+        mask: &Tensor<5>,
+        cache: &mut KvCache,
+    ) -> Tensor<3> {
+        let h = x.clone() + self.attn.forward(self.attn_norm.forward(x), rope, cos, sin, mask, cache);
+        h.clone() + self.ffn.forward(self.ffn_norm.forward(h))
+    }
+}
+
+/// Where each row of a batch starts: prompts of different lengths are left-padded so that they
+/// all end in the same column, and every row counts its positions from its own first token.
+///
+/// Column `c` of row `b` holds position `c - pad[b]`; columns before `pad[b]` are padding, never
+/// attended to by the row's real tokens, so a row's results do not depend on its neighbours.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Positions {
+    /// Left padding of each row.
+    pub pad: Vec<usize>,
+}
+
+impl Positions {
+    /// The layout for prompts of these lengths, padded to the longest.
+    pub fn left_padded(lengths: &[usize]) -> Self {
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        Self { pad: lengths.iter().map(|l| longest - l).collect() }
+    }
+
+    /// Rotary positions of columns `start..start + len`, one row per batch row.
+    fn rows(&self, start: usize, len: usize) -> Vec<Vec<usize>> {
+        self.pad.iter().map(|&p| (start..start + len).map(|c| c.saturating_sub(p)).collect()).collect()
+    }
+
+    /// The additive attention mask for queries in columns `start..start + len` over keys in
+    /// columns `0..start + len`: 0 where visible (causal and not padding), −∞ elsewhere. A padding
+    /// query sees itself only, which keeps its softmax finite; its output is never used.
+    ///
+    /// # Shapes
+    /// - returns `[batch, 1, 1, len, start + len]`, f32
+    fn mask(&self, start: usize, len: usize, device: &Device) -> Tensor<5> {
+        let keys = start + len;
+        let mut m = Vec::with_capacity(self.pad.len() * len * keys);
+        for &p in &self.pad {
+            for q in start..start + len {
+                for k in 0..keys {
+                    let visible = (k >= p && k <= q) || k == q;
+                    m.push(if visible { 0.0f32 } else { f32::NEG_INFINITY });
+                }
+            }
+        }
+        Tensor::from_data(TensorData::new(m, [self.pad.len(), 1, 1, len, keys]), (device, DType::F32))
+    }
+}
+
+/// A Llama-family decoder on a device.
+#[derive(Module, Debug)]
+pub struct Llama {
+    /// Token embedding, `[vocab, dim]`.
+    pub embedding: Param<Tensor<2>>,
+    /// The blocks.
+    pub layers: Vec<Block>,
+    /// Final norm.
+    pub norm: RmsNorm,
+    /// Output layer, weight `[dim, vocab]`.
+    pub output: Linear,
+    /// Rotary embedding tables.
+    #[module(skip)]
+    pub rope: Rope,
+    /// The hyper-parameters the model was built from.
+    #[module(skip)]
+    pub config: LlamaConfig,
+    /// Compute dtype: the dtype the weights were uploaded in.
+    #[module(skip)]
+    pub dtype: DType,
+}
+
+impl Llama {
+    /// The dtype the model computes in.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> Device {
+        self.embedding.val().device()
+    }
+
+    /// One empty key-value cache per layer for `batch` rows and `capacity` positions.
+    pub fn new_caches(&self, batch: usize, capacity: usize) -> Vec<KvCache> {
+        let device = self.device();
+        (0..self.layers.len())
+            .map(|_| KvCache::new(batch, self.config.n_kv_heads, capacity, self.config.head_dim(), self.dtype, &device))
+            .collect()
+    }
+
+    /// Runs new token columns through the model, appending them to the caches.
+    ///
+    /// The caches all hold `start` columns; `tokens` are columns `start..start + new` of the
+    /// batch laid out by `positions`. With `all_logits` the logits of every new column are
+    /// returned, else only those of the last one (what generation needs).
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, new]`
+    /// - returns `[batch, new, vocab]` (or `[batch, 1, vocab]`), always f32
+    pub fn forward(
+        &self,
+        tokens: Tensor<2, Int>,
+        positions: &Positions,
+        caches: &mut [KvCache],
+        all_logits: bool,
+    ) -> Tensor<3> {
+        let [b, t] = tokens.dims();
+        let start = caches.first().map_or(0, KvCache::len);
+        let device = tokens.device();
+        let (cos, sin) = self.rope.tables(&positions.rows(start, t), self.dtype, &device);
+        let mask = positions.mask(start, t, &device);
+
+        let dim = self.embedding.val().dims()[1];
+        let mut x = self.embedding.val().select(0, tokens.reshape([b * t])).reshape([b, t, dim]);
+        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+            x = layer.forward(x, &self.rope, &cos, &sin, &mask, cache);
+        }
+        if !all_logits {
+            x = x.slice([0..b, t - 1..t, 0..dim]);
+        }
+        self.output.forward(self.norm.forward(x)).cast(DType::F32)
+    }
+}

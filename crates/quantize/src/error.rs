@@ -1,0 +1,119 @@
+//! The one error type of the crate: every failure names what was wrong and where.
+
+use crate::scheme::GgmlType;
+
+/// Why a quantization, a scheme name or a block buffer was rejected.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum QuantizeError {
+    /// The weight slice does not hold `rows * cols` values.
+    #[error("weights hold {len} values but the matrix is {rows} x {cols} = {expected}")]
+    LengthMismatch {
+        /// Number of values passed.
+        len: usize,
+        /// Declared output channels.
+        rows: usize,
+        /// Declared input features.
+        cols: usize,
+        /// `rows * cols`.
+        expected: usize,
+    },
+
+    /// `rows * cols` does not fit in `usize`.
+    #[error("a {rows} x {cols} matrix has more elements than usize can count")]
+    ShapeOverflow {
+        /// Declared output channels.
+        rows: usize,
+        /// Declared input features.
+        cols: usize,
+    },
+
+    /// A scheme name that [`crate::Scheme`]'s [`FromStr`](std::str::FromStr) does not know.
+    #[error("unknown scheme \"{name}\"; known: {known}")]
+    UnknownScheme {
+        /// The name as given.
+        name: String,
+        /// Comma-separated list of the known names.
+        known: String,
+    },
+
+    /// A weight is NaN or infinite; no scale can represent it.
+    #[error("weight {index} (row {row}, col {col}) is {value}; quantization needs finite weights")]
+    NonFinite {
+        /// Flat row-major index of the value.
+        index: usize,
+        /// Its row (output channel).
+        row: usize,
+        /// Its column (input feature).
+        col: usize,
+        /// The offending value.
+        value: f32,
+    },
+
+    /// A group or block size of zero in a hand-built [`crate::Scheme`].
+    #[error("scheme {scheme} needs a group size of at least 1")]
+    ZeroGroup {
+        /// The scheme's name.
+        scheme: String,
+    },
+
+    /// An FP16 group scale overflowed to infinity (weights above ~4.5e5 in magnitude).
+    #[error(
+        "row {row}, group {group}: scale {scale} does not fit in FP16 (max 65504); \
+         the weights are too large for {scheme}"
+    )]
+    ScaleOverflow {
+        /// The scheme's name.
+        scheme: String,
+        /// Row of the group.
+        row: usize,
+        /// Index of the group within its row.
+        group: usize,
+        /// The f32 scale before rounding to FP16.
+        scale: f32,
+    },
+
+    /// A GGML buffer whose element count is not a whole number of blocks.
+    #[error("{ty} stores blocks of {block} elements; {n_elements} elements is not a multiple")]
+    PartialBlock {
+        /// The block format.
+        ty: GgmlType,
+        /// Elements per block.
+        block: usize,
+        /// Elements requested.
+        n_elements: usize,
+    },
+
+    /// A GGML buffer of the wrong byte length.
+    #[error("{ty} data for {n_elements} elements must be {expected} bytes, got {actual}")]
+    BlockBytes {
+        /// The block format.
+        ty: GgmlType,
+        /// Elements requested.
+        n_elements: usize,
+        /// `n_elements / block * type_size`.
+        expected: usize,
+        /// Bytes given.
+        actual: usize,
+    },
+
+    /// A model tensor that should be a matrix is not: its shape is not 2-D or its data does not
+    /// hold the elements its shape names.
+    #[error("{tensor}: shape {shape:?} with {len} values is not a 2-D weight matrix")]
+    NotAMatrix {
+        /// Hugging Face name of the tensor.
+        tensor: String,
+        /// Its shape as stored.
+        shape: Vec<usize>,
+        /// Number of values it holds.
+        len: usize,
+    },
+
+    /// Quantizing one tensor of a model failed; `source` says why.
+    #[error("{tensor}: {source}")]
+    InTensor {
+        /// Hugging Face name of the tensor.
+        tensor: String,
+        /// The codec's error.
+        source: Box<QuantizeError>,
+    },
+}

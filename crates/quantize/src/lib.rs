@@ -1,0 +1,270 @@
+//! Exact weight quantization codecs for qdrift.
+//!
+//! What goes in: a row-major f32 weight matrix in PyTorch `Linear` layout, `[rows, cols]` =
+//! `[out_features, in_features]`, and a [`Scheme`]. What comes out: a [`QuantizedMatrix`] holding
+//! the real packed storage (codes, scales, zero points or GGML blocks as bytes), which can be
+//! dequantized back to f32, measured ([`QuantizedMatrix::bits_per_weight`]) and written out
+//! ([`QuantizedMatrix::parts`]). Groups and blocks always run along a row, over consecutive
+//! input features.
+//!
+//! On top of the codecs, [`quantize_model`] applies a scheme to a whole
+//! [`qdrift_load::HostModel`] (weight-only: the blocks' linear layers, optionally the embedding
+//! and head) and [`write_safetensors`] writes the result as a Hugging Face Llama checkpoint,
+//! dequantized (F32) or packed.
+//!
+//! **Architecture invariant:** this crate knows no tensor library; the codecs and
+//! [`quantize_model`] are pure functions of host data, and `safetensors_out.rs` is the one
+//! module that does I/O. Each format family lives in one file whose module doc cites its spec:
+//!
+//! | file | contents |
+//! |---|---|
+//! | `float.rs` | `fp16`, `bf16` |
+//! | `int.rs` | `int8`, `int4-g*`, `int4-g*-asym` |
+//! | `fp8.rs` | `fp8-e4m3`, `fp8-e5m2` (+ `-tensor`), with the OFP8 codec |
+//! | `nf4.rs` | `nf4-g64` |
+//! | `ggml/*.rs` | `q8_0`, `q4_0`, `q4_1`, `q4_k`, `q6_k`, `mxfp4` |
+//! | `stats.rs` | [`error_stats`] |
+//! | `model.rs` | [`quantize_model`]: a whole model, per-tensor [`TensorReport`]s, [`QuantSummary`] |
+//! | `safetensors_out.rs` | [`write_safetensors`]: HF names, rotate-half q/k, F32 or packed parts |
+
+mod error;
+mod float;
+mod fp8;
+mod ggml;
+mod int;
+mod model;
+mod nf4;
+mod safetensors_out;
+mod scheme;
+mod stats;
+
+pub use error::QuantizeError;
+pub use fp8::{fp8_decode, fp8_encode};
+pub use ggml::dequantize_ggml_blocks;
+pub use model::{
+    QuantSummary, QuantizeOptions, QuantizedModel, QuantizedTensor, TensorReport, WeightSlot,
+    quantize_model,
+};
+pub use nf4::NF4_CODE;
+pub use safetensors_out::{WriteError, rotate_half_row_order, write_safetensors};
+pub use scheme::{Fp8Format, GgmlType, Scheme};
+pub use stats::{ErrorStats, error_stats, try_error_stats};
+
+/// Element type of one [`PackedPart`], named as safetensors names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PackedDtype {
+    /// Unsigned bytes (packed nibbles, FP8/GGML raw bytes).
+    U8,
+    /// Signed bytes.
+    I8,
+    /// IEEE binary16, little-endian.
+    F16,
+    /// bfloat16, little-endian.
+    BF16,
+    /// IEEE binary32, little-endian.
+    F32,
+    /// OCP FP8 E4M3 (safetensors `F8_E4M3`).
+    F8E4M3,
+    /// OCP FP8 E5M2 (safetensors `F8_E5M2`).
+    F8E5M2,
+}
+
+impl PackedDtype {
+    /// The safetensors dtype string.
+    pub fn safetensors_name(self) -> &'static str {
+        match self {
+            PackedDtype::U8 => "U8",
+            PackedDtype::I8 => "I8",
+            PackedDtype::F16 => "F16",
+            PackedDtype::BF16 => "BF16",
+            PackedDtype::F32 => "F32",
+            PackedDtype::F8E4M3 => "F8_E4M3",
+            PackedDtype::F8E5M2 => "F8_E5M2",
+        }
+    }
+}
+
+/// One stored array of a quantized matrix, ready to be written as a safetensors tensor named
+/// `<weight name>.<name>`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackedPart {
+    /// Suffix naming the part: `values`, `codes`, `scales`, `zeros` or `blocks`.
+    pub name: &'static str,
+    /// Element type of `bytes`.
+    pub dtype: PackedDtype,
+    /// Shape in elements of `dtype` (row-major).
+    pub shape: Vec<usize>,
+    /// Little-endian contents.
+    pub bytes: Vec<u8>,
+}
+
+/// Operations every packed format provides; [`QuantizedMatrix`] dispatches to them.
+trait Packed {
+    /// `rows * cols` f32 values, row-major.
+    fn dequantize(&self, rows: usize, cols: usize) -> Vec<f32>;
+    /// Bytes of codes, scales and zero points as stored.
+    fn storage_bytes(&self) -> usize;
+    /// The stored arrays.
+    fn parts(&self, rows: usize, cols: usize) -> Vec<PackedPart>;
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Storage {
+    Float(float::HalfPacked),
+    Int8(int::Int8Packed),
+    Int4(int::Int4Packed),
+    Fp8(fp8::Fp8Packed),
+    Nf4(nf4::Nf4Packed),
+    Ggml(ggml::GgmlPacked),
+}
+
+impl Storage {
+    fn packed(&self) -> &dyn Packed {
+        match self {
+            Storage::Float(p) => p,
+            Storage::Int8(p) => p,
+            Storage::Int4(p) => p,
+            Storage::Fp8(p) => p,
+            Storage::Nf4(p) => p,
+            Storage::Ggml(p) => p,
+        }
+    }
+}
+
+/// A weight matrix in the packed storage of its [`Scheme`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantizedMatrix {
+    scheme: Scheme,
+    rows: usize,
+    cols: usize,
+    storage: Storage,
+}
+
+impl QuantizedMatrix {
+    /// The scheme it was quantized with.
+    pub fn scheme(&self) -> Scheme {
+        self.scheme
+    }
+
+    /// Output channels.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Back to f32: code × scale (minus zero point), computed in f32 as each format specifies.
+    ///
+    /// # Shapes
+    /// - returns: `[rows, cols]`, row-major.
+    pub fn dequantize(&self) -> Vec<f32> {
+        self.storage.packed().dequantize(self.rows, self.cols)
+    }
+
+    /// Exact bytes of codes, scales and zero points as stored (no padding beyond what the
+    /// layout itself has, such as the unused nibble that ends an odd-length int4 or NF4 row).
+    pub fn storage_bytes(&self) -> usize {
+        self.storage.packed().storage_bytes()
+    }
+
+    /// `storage_bytes * 8 / (rows * cols)`; 0 for an empty matrix.
+    pub fn bits_per_weight(&self) -> f64 {
+        let n = self.rows * self.cols;
+        if n == 0 {
+            0.0
+        } else {
+            self.storage_bytes() as f64 * 8.0 / n as f64
+        }
+    }
+
+    /// True when a GGML format could not block the rows (`cols` not a multiple of the block
+    /// size) and the matrix is kept as an f32 copy, as llama.cpp falls back for such tensors.
+    pub fn fell_back(&self) -> bool {
+        matches!(&self.storage, Storage::Ggml(p) if p.fell_back())
+    }
+
+    /// The stored arrays, for writing a packed safetensors file.
+    pub fn parts(&self) -> Vec<PackedPart> {
+        self.storage.packed().parts(self.rows, self.cols)
+    }
+}
+
+/// Quantizes a weight matrix.
+///
+/// # Shapes
+/// - `weights`: `[rows, cols]` row-major, `rows` = output channels, `cols` = input features.
+///
+/// # Errors
+/// Length mismatch, a non-finite weight (named by index), a zero group size in a hand-built
+/// scheme, or an int4 group scale that overflows FP16.
+pub fn quantize(
+    scheme: &Scheme,
+    weights: &[f32],
+    rows: usize,
+    cols: usize,
+) -> Result<QuantizedMatrix, QuantizeError> {
+    let expected = rows
+        .checked_mul(cols)
+        .ok_or(QuantizeError::ShapeOverflow { rows, cols })?;
+    if weights.len() != expected {
+        return Err(QuantizeError::LengthMismatch {
+            len: weights.len(),
+            rows,
+            cols,
+            expected,
+        });
+    }
+    if let Some(index) = weights.iter().position(|w| !w.is_finite()) {
+        return Err(QuantizeError::NonFinite {
+            index,
+            row: index / cols,
+            col: index % cols,
+            value: weights[index],
+        });
+    }
+    let storage = match *scheme {
+        Scheme::Fp16 => Storage::Float(float::HalfPacked::quantize(float::Half::F16, weights)),
+        Scheme::Bf16 => Storage::Float(float::HalfPacked::quantize(float::Half::BF16, weights)),
+        Scheme::Int8 => Storage::Int8(int::Int8Packed::quantize(weights, rows, cols)),
+        Scheme::Int4 { group, asym } => {
+            if group == 0 {
+                return Err(QuantizeError::ZeroGroup {
+                    scheme: scheme.to_string(),
+                });
+            }
+            Storage::Int4(int::Int4Packed::quantize(weights, rows, cols, group, asym)?)
+        }
+        Scheme::Fp8 { format, per_tensor } => Storage::Fp8(fp8::Fp8Packed::quantize(
+            weights, rows, cols, format, per_tensor,
+        )),
+        Scheme::Nf4 { block } => {
+            if block == 0 {
+                return Err(QuantizeError::ZeroGroup {
+                    scheme: scheme.to_string(),
+                });
+            }
+            Storage::Nf4(nf4::Nf4Packed::quantize(weights, rows, cols, block))
+        }
+        Scheme::Ggml(ty) => Storage::Ggml(ggml::GgmlPacked::quantize(ty, weights, rows, cols)),
+    };
+    Ok(QuantizedMatrix {
+        scheme: *scheme,
+        rows,
+        cols,
+        storage,
+    })
+}
+
+/// Little-endian bytes of a slice of f32.
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Splits `len` elements into consecutive groups of `group` (the last one possibly shorter)
+/// and returns `(start, end)` of each.
+fn groups(len: usize, group: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..len.div_ceil(group)).map(move |g| (g * group, ((g + 1) * group).min(len)))
+}

@@ -1,0 +1,472 @@
+//! Writes a [`QuantizedModel`] as a Hugging Face Llama safetensors file.
+//!
+//! The only module of this crate that does I/O. Tensor names are those of `transformers`'
+//! `LlamaForCausalLM`:
+//!
+//! | tensor | name |
+//! |---|---|
+//! | token embedding | `model.embed_tokens.weight` |
+//! | attention RMSNorm | `model.layers.{i}.input_layernorm.weight` |
+//! | q, k, v, o | `model.layers.{i}.self_attn.{q,k,v,o}_proj.weight` |
+//! | FFN RMSNorm | `model.layers.{i}.post_attention_layernorm.weight` |
+//! | SwiGLU | `model.layers.{i}.mlp.{gate,up,down}_proj.weight` |
+//! | final RMSNorm | `model.norm.weight` |
+//! | output head | `lm_head.weight` (only when untied) |
+//!
+//! **RoPE layout.** [`HostModel`] keeps q/k rows in the interleaved layout (llama2.c, GGUF:
+//! rotation pairs are rows `(2i, 2i+1)` of a head); Hugging Face checkpoints use the rotate-half
+//! layout (pairs are rows `i` and `i + head_dim/2`). The writer permutes q/k rows to rotate-half,
+//! the inverse of llama.cpp's `convert_hf_to_gguf.py` `permute`, and records
+//! `qdrift.rope_layout = rotate_half`.
+//!
+//! **Packed files.** With `packed`, a quantized tensor `X.weight` is written as its
+//! [`crate::PackedPart`]s `X.codes`, `X.scales`, ... (see each format's module for the layout).
+//! Every part of every format is either row-major with the matrix's rows as its first dimension
+//! or a single per-tensor value, and every format quantizes rows independently (groups and
+//! blocks never straddle rows; a per-tensor scale is a max over all rows), so permuting the
+//! rows of the parts is exactly quantizing the permuted matrix.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use qdrift_load::HostTensor;
+use safetensors::{Dtype, View};
+
+use crate::model::{QuantizedModel, WeightSlot};
+use crate::{PackedDtype, PackedPart};
+
+/// Why a safetensors file could not be written. Every variant names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// Creating, writing or renaming the file failed.
+    #[error("{path}: cannot write: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The safetensors library refused the tensors or failed to write them.
+    #[error("{path}: cannot write safetensors: {source}")]
+    Safetensors {
+        /// The file.
+        path: PathBuf,
+        /// The library's error.
+        source: safetensors::SafeTensorError,
+    },
+    /// A tensor of the model does not have the shape its architecture implies.
+    #[error("{path}: {tensor}: {message}")]
+    Layout {
+        /// The file.
+        path: PathBuf,
+        /// Hugging Face name of the tensor.
+        tensor: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An extra metadata key that qdrift already sets, or that is given twice.
+    #[error("{path}: metadata key \"{key}\" is set twice")]
+    MetadataKey {
+        /// The file.
+        path: PathBuf,
+        /// The key.
+        key: String,
+    },
+}
+
+/// For a q or k projection of `n_heads` heads with `head_dim` rows each, in the interleaved
+/// RoPE layout, the interleaved row that each rotate-half row comes from:
+/// `order[h·head_dim + a·head_dim/2 + i] = h·head_dim + 2i + a` for `a ∈ {0, 1}`.
+///
+/// Rotate-half row `r` of the written matrix is interleaved row `order[r]`; to read a
+/// rotate-half matrix back into the interleaved layout, put its row `r` at row `order[r]`.
+/// `head_dim` must be even (RoPE rotates pairs).
+pub fn rotate_half_row_order(n_heads: usize, head_dim: usize) -> Vec<usize> {
+    let half = head_dim / 2;
+    (0..n_heads)
+        .flat_map(|h| (0..2).flat_map(move |a| (0..half).map(move |i| h * head_dim + 2 * i + a)))
+        .collect()
+}
+
+/// Writes every tensor of `model` to `path` under Hugging Face Llama names.
+///
+/// - `packed = false`: every tensor as F32; quantized tensors hold their dequantized values.
+/// - `packed = true`: each quantized tensor as its packed parts (`….codes`, `….scales`, ...,
+///   in their own dtypes); the other tensors as F32.
+///
+/// Metadata (`__metadata__`): `format = pt`, `qdrift.scheme` (CLI name), `qdrift.packed`,
+/// `qdrift.quantize_embeddings`, `qdrift.quantize_head` (`true`/`false`),
+/// `qdrift.rope_layout = rotate_half`, then `extra_metadata`.
+///
+/// The write is atomic: the file is written as `path` with extension `safetensors.tmp` in the
+/// same folder and renamed over `path`; on failure the temporary file is removed and `path` is
+/// left as it was.
+///
+/// # Shapes
+/// q/k rows are permuted from the interleaved to the rotate-half RoPE layout (see
+/// [`rotate_half_row_order`]); every other tensor is written in [`qdrift_load::HostModel`]'s
+/// layout (`[out, in]` linears, `[vocab, dim]` embedding and head, `[dim]` norms).
+///
+/// # Errors
+/// [`WriteError::Layout`] when a tensor's shape contradicts the architecture,
+/// [`WriteError::MetadataKey`] when `extra_metadata` repeats a key, and the I/O or library error
+/// otherwise.
+pub fn write_safetensors(
+    path: &Path,
+    model: &QuantizedModel,
+    packed: bool,
+    extra_metadata: &[(String, String)],
+) -> Result<(), WriteError> {
+    let metadata = metadata(path, model, packed, extra_metadata)?;
+    let tensors = Collector {
+        path,
+        model,
+        packed,
+        out: Vec::new(),
+    }
+    .collect()?;
+    let tmp = temp_path(path);
+    let written = safetensors::serialize_to_file(tensors, Some(metadata), &tmp)
+        .map_err(|source| WriteError::Safetensors {
+            path: path.to_path_buf(),
+            source,
+        })
+        .and_then(|()| {
+            std::fs::rename(&tmp, path).map_err(|source| WriteError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        });
+    if written.is_err() {
+        // Nothing to report if it was never created.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// `path` with extension `safetensors.tmp`, in the same folder (`./` for a bare file name).
+fn temp_path(path: &Path) -> PathBuf {
+    let tmp = path.with_extension("safetensors.tmp");
+    match tmp.parent() {
+        Some(parent) if parent.as_os_str().is_empty() => Path::new(".").join(tmp),
+        _ => tmp,
+    }
+}
+
+fn metadata(
+    path: &Path,
+    model: &QuantizedModel,
+    packed: bool,
+    extra: &[(String, String)],
+) -> Result<HashMap<String, String>, WriteError> {
+    let mut map: HashMap<String, String> = [
+        ("format", "pt".to_owned()),
+        ("qdrift.scheme", model.scheme.to_string()),
+        ("qdrift.packed", packed.to_string()),
+        (
+            "qdrift.quantize_embeddings",
+            model.options.quantize_embeddings.to_string(),
+        ),
+        (
+            "qdrift.quantize_head",
+            model.options.quantize_head.to_string(),
+        ),
+        ("qdrift.rope_layout", "rotate_half".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    for (key, value) in extra {
+        if map.insert(key.clone(), value.clone()).is_some() {
+            return Err(WriteError::MetadataKey {
+                path: path.to_path_buf(),
+                key: key.clone(),
+            });
+        }
+    }
+    Ok(map)
+}
+
+/// A tensor to write: f32 values of the model (bytes made when the writer asks for them, so the
+/// whole file is never held in memory twice) or a packed part.
+enum OutTensor<'a> {
+    F32 {
+        shape: Vec<usize>,
+        values: &'a [f32],
+        /// Source row of each written row (q/k), validated against `shape`.
+        row_order: Option<Vec<usize>>,
+    },
+    Part {
+        dtype: Dtype,
+        shape: Vec<usize>,
+        bytes: Vec<u8>,
+    },
+}
+
+impl View for OutTensor<'_> {
+    fn dtype(&self) -> Dtype {
+        match self {
+            OutTensor::F32 { .. } => Dtype::F32,
+            OutTensor::Part { dtype, .. } => *dtype,
+        }
+    }
+
+    fn shape(&self) -> &[usize] {
+        match self {
+            OutTensor::F32 { shape, .. } | OutTensor::Part { shape, .. } => shape,
+        }
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        match self {
+            OutTensor::F32 {
+                values,
+                row_order: None,
+                ..
+            } => Cow::Owned(crate::f32_bytes(values)),
+            OutTensor::F32 {
+                values,
+                row_order: Some(order),
+                ..
+            } => {
+                let cols = values.len().checked_div(order.len()).unwrap_or(0);
+                Cow::Owned(
+                    order
+                        .iter()
+                        .flat_map(|&r| &values[r * cols..(r + 1) * cols])
+                        .flat_map(|v| v.to_le_bytes())
+                        .collect(),
+                )
+            }
+            OutTensor::Part { bytes, .. } => Cow::Borrowed(bytes),
+        }
+    }
+
+    fn data_len(&self) -> usize {
+        match self {
+            OutTensor::F32 { values, .. } => 4 * values.len(),
+            OutTensor::Part { bytes, .. } => bytes.len(),
+        }
+    }
+}
+
+fn safetensors_dtype(dtype: PackedDtype) -> Dtype {
+    match dtype {
+        PackedDtype::U8 => Dtype::U8,
+        PackedDtype::I8 => Dtype::I8,
+        PackedDtype::F16 => Dtype::F16,
+        PackedDtype::BF16 => Dtype::BF16,
+        PackedDtype::F32 => Dtype::F32,
+        PackedDtype::F8E4M3 => Dtype::F8_E4M3,
+        PackedDtype::F8E5M2 => Dtype::F8_E5M2,
+    }
+}
+
+/// Gathers the named tensors of one file.
+struct Collector<'a> {
+    path: &'a Path,
+    model: &'a QuantizedModel,
+    packed: bool,
+    out: Vec<(String, OutTensor<'a>)>,
+}
+
+/// How q/k rows are permuted: `(n_heads, head_dim)`.
+type Rope = Option<(usize, usize)>;
+
+impl<'a> Collector<'a> {
+    fn collect(mut self) -> Result<Vec<(String, OutTensor<'a>)>, WriteError> {
+        let m = &self.model.dequantized;
+        let arch = &m.arch;
+        if arch.n_heads == 0 || arch.n_kv_heads == 0 || !arch.dim.is_multiple_of(arch.n_heads) {
+            return Err(self.layout(
+                "model.layers.*.self_attn",
+                format!(
+                    "dim {} is not split evenly into {} query heads ({} kv heads)",
+                    arch.dim, arch.n_heads, arch.n_kv_heads
+                ),
+            ));
+        }
+        let head_dim = arch.head_dim();
+        self.weight(WeightSlot::TokenEmbedding, &m.token_embedding, None)?;
+        for (i, layer) in m.layers.iter().enumerate() {
+            self.dense(
+                format!("model.layers.{i}.input_layernorm.weight"),
+                &layer.attn_norm,
+            )?;
+            self.dense(
+                format!("model.layers.{i}.post_attention_layernorm.weight"),
+                &layer.ffn_norm,
+            )?;
+            for (short_name, w) in layer.linears() {
+                let rope = match short_name {
+                    "self_attn.q_proj" => Some((arch.n_heads, head_dim)),
+                    "self_attn.k_proj" => Some((arch.n_kv_heads, head_dim)),
+                    _ => None,
+                };
+                self.weight(
+                    WeightSlot::Linear {
+                        layer: i,
+                        short_name,
+                    },
+                    w,
+                    rope,
+                )?;
+            }
+        }
+        self.dense("model.norm.weight".to_owned(), &m.final_norm)?;
+        if let Some(head) = &m.output {
+            self.weight(WeightSlot::OutputHead, head, None)?;
+        }
+        Ok(self.out)
+    }
+
+    fn layout(&self, tensor: &str, message: String) -> WriteError {
+        WriteError::Layout {
+            path: self.path.to_path_buf(),
+            tensor: tensor.to_owned(),
+            message,
+        }
+    }
+
+    /// A tensor written as F32 whatever the mode (norms).
+    fn dense(&mut self, name: String, t: &'a HostTensor) -> Result<(), WriteError> {
+        if t.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) != Some(t.data.len()) {
+            return Err(self.layout(
+                &name,
+                format!("shape {:?} does not hold {} values", t.shape, t.data.len()),
+            ));
+        }
+        self.out.push((
+            name,
+            OutTensor::F32 {
+                shape: t.shape.clone(),
+                values: &t.data,
+                row_order: None,
+            },
+        ));
+        Ok(())
+    }
+
+    /// A weight matrix: packed parts when packing and quantized, F32 otherwise; q/k rows
+    /// permuted to rotate-half.
+    fn weight(
+        &mut self,
+        slot: WeightSlot,
+        t: &'a HostTensor,
+        rope: Rope,
+    ) -> Result<(), WriteError> {
+        let name = slot.hf_name();
+        let [rows, _] = crate::model::matrix_shape(&name, t).map_err(|e| WriteError::Layout {
+            path: self.path.to_path_buf(),
+            tensor: name.clone(),
+            message: e.to_string(),
+        })?;
+        let row_order = match rope {
+            None => None,
+            Some((heads, head_dim)) => {
+                if !head_dim.is_multiple_of(2) || heads.checked_mul(head_dim) != Some(rows) {
+                    return Err(self.layout(
+                        &name,
+                        format!(
+                            "{rows} rows are not {heads} heads of an even head dimension {head_dim}"
+                        ),
+                    ));
+                }
+                Some(rotate_half_row_order(heads, head_dim))
+            }
+        };
+        let quantized = if self.packed {
+            self.model.tensor(slot)
+        } else {
+            None
+        };
+        let Some(q) = quantized else {
+            self.out.push((
+                name,
+                OutTensor::F32 {
+                    shape: t.shape.clone(),
+                    values: &t.data,
+                    row_order,
+                },
+            ));
+            return Ok(());
+        };
+        let base = name.strip_suffix(".weight").unwrap_or(&name).to_owned();
+        for part in q.matrix.parts() {
+            let part_name = format!("{base}.{}", part.name);
+            let part = match &row_order {
+                None => part,
+                Some(order) => {
+                    permute_part_rows(part, rows, order).map_err(|m| self.layout(&part_name, m))?
+                }
+            };
+            self.out.push((
+                part_name,
+                OutTensor::Part {
+                    dtype: safetensors_dtype(part.dtype),
+                    shape: part.shape,
+                    bytes: part.bytes,
+                },
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Reorders the rows of a packed part: written row `r` is row `order[r]`. A part of one element
+/// (a per-tensor scale) is left as is.
+///
+/// # Shapes
+/// - `part.shape`: `[rows, ...]` or one element in all; `order`: `rows` indices.
+fn permute_part_rows(part: PackedPart, rows: usize, order: &[usize]) -> Result<PackedPart, String> {
+    if part.shape.first() != Some(&rows) {
+        return if part.shape.iter().product::<usize>() == 1 {
+            Ok(part)
+        } else {
+            Err(format!(
+                "packed part of shape {:?} is neither per row ({rows} rows) nor per tensor",
+                part.shape
+            ))
+        };
+    }
+    let row_bytes = part.bytes.len().checked_div(rows).unwrap_or(0);
+    if rows == 0 || row_bytes * rows != part.bytes.len() || order.len() != rows {
+        return Err(format!(
+            "{} bytes do not split into {rows} rows",
+            part.bytes.len()
+        ));
+    }
+    let bytes = order
+        .iter()
+        .flat_map(|&r| &part.bytes[r * row_bytes..(r + 1) * row_bytes])
+        .copied()
+        .collect();
+    Ok(PackedPart { bytes, ..part })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rotate_half_row_order;
+
+    #[test]
+    fn row_order_is_the_inverse_of_llama_cpp_permute() {
+        // One head of 4: interleaved pairs (0,1), (2,3) -> rotate-half pairs (0,2), (1,3).
+        assert_eq!(rotate_half_row_order(1, 4), [0, 2, 1, 3]);
+        // convert_hf_to_gguf.py permute (HF -> interleaved):
+        // w.reshape(n_head, 2, hd/2, ...).swapaxes(1, 2): interleaved row h·hd + 2i + a is
+        // HF row h·hd + a·hd/2 + i.
+        let (heads, hd) = (3, 8);
+        let order = rotate_half_row_order(heads, hd);
+        for h in 0..heads {
+            for i in 0..hd / 2 {
+                for a in 0..2 {
+                    assert_eq!(order[h * hd + a * hd / 2 + i], h * hd + 2 * i + a);
+                }
+            }
+        }
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..heads * hd).collect::<Vec<_>>());
+    }
+}

@@ -1,0 +1,256 @@
+//! Quantization schemes and their CLI names.
+//!
+//! A [`Scheme`] names a format and its parameters; [`crate::quantize`] applies it. The CLI name
+//! of every scheme round-trips through [`std::fmt::Display`] and [`std::str::FromStr`].
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::QuantizeError;
+
+/// The two OCP 8-bit floating point formats (OFP8 rev 1.0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fp8Format {
+    /// 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities; max normal 448.
+    E4M3,
+    /// 1 sign, 5 exponent (bias 15), 2 mantissa bits; IEEE-like inf/NaN; max normal 57344.
+    E5M2,
+}
+
+impl Fp8Format {
+    /// Largest finite magnitude of the format.
+    pub fn max_finite(self) -> f32 {
+        match self {
+            Fp8Format::E4M3 => 448.0,
+            Fp8Format::E5M2 => 57344.0,
+        }
+    }
+
+    fn cli(self) -> &'static str {
+        match self {
+            Fp8Format::E4M3 => "e4m3",
+            Fp8Format::E5M2 => "e5m2",
+        }
+    }
+}
+
+/// GGML block formats, laid out as in `ggml/src/ggml-common.h`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GgmlType {
+    /// `block_q8_0`: f16 scale + 32 int8 (34 bytes per 32).
+    Q8_0,
+    /// `block_q4_0`: f16 scale + 32 nibbles (18 bytes per 32).
+    Q4_0,
+    /// `block_q4_1`: f16 scale, f16 min + 32 nibbles (20 bytes per 32).
+    Q4_1,
+    /// `block_q4_K`: super-block of 256 with 6-bit sub-scales and mins (144 bytes).
+    Q4K,
+    /// `block_q6_K`: super-block of 256 with 8-bit sub-scales (210 bytes).
+    Q6K,
+    /// `block_mxfp4`: E8M0 scale + 32 E2M1 nibbles (17 bytes per 32).
+    Mxfp4,
+}
+
+impl GgmlType {
+    /// Every GGML type this crate implements, in CLI order.
+    pub const ALL: [GgmlType; 6] = [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+        GgmlType::Mxfp4,
+    ];
+
+    /// Elements per block (`QK8_0`, `QK4_0`, `QK4_1`, `QK_K`, `QK_MXFP4`).
+    pub fn block_size(self) -> usize {
+        match self {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Mxfp4 => 32,
+            GgmlType::Q4K | GgmlType::Q6K => 256,
+        }
+    }
+
+    /// Bytes per block (`sizeof(block_*)`).
+    pub fn type_size(self) -> usize {
+        match self {
+            GgmlType::Q8_0 => 34,
+            GgmlType::Q4_0 => 18,
+            GgmlType::Q4_1 => 20,
+            GgmlType::Q4K => 144,
+            GgmlType::Q6K => 210,
+            GgmlType::Mxfp4 => 17,
+        }
+    }
+
+    /// The GGML / CLI name (`q8_0`, `q4_k`, `mxfp4`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            GgmlType::Q8_0 => "q8_0",
+            GgmlType::Q4_0 => "q4_0",
+            GgmlType::Q4_1 => "q4_1",
+            GgmlType::Q4K => "q4_k",
+            GgmlType::Q6K => "q6_k",
+            GgmlType::Mxfp4 => "mxfp4",
+        }
+    }
+}
+
+impl fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A weight quantization scheme. See [`Scheme::describe`] for each one in a sentence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scheme {
+    /// Round each weight to IEEE binary16.
+    Fp16,
+    /// Round each weight to bfloat16.
+    Bf16,
+    /// Symmetric int8, one f32 scale per output channel.
+    Int8,
+    /// 4-bit integers with one FP16 scale per `group` consecutive inputs of a row.
+    Int4 {
+        /// Elements per group along a row.
+        group: usize,
+        /// Asymmetric (scale + 4-bit zero point) instead of symmetric.
+        asym: bool,
+    },
+    /// OCP FP8 with an f32 scale per output channel, or per tensor.
+    Fp8 {
+        /// E4M3 or E5M2.
+        format: Fp8Format,
+        /// One scale for the whole tensor instead of one per row.
+        per_tensor: bool,
+    },
+    /// QLoRA NormalFloat4 with an f32 absmax per block of `block` inputs of a row.
+    Nf4 {
+        /// Elements per absmax block along a row (64 in QLoRA).
+        block: usize,
+    },
+    /// A GGML block format, bit-exact with ggml's reference quantizer.
+    Ggml(GgmlType),
+}
+
+impl Scheme {
+    /// Every scheme with a CLI name, in the order `--help` lists them.
+    pub fn all() -> Vec<Scheme> {
+        let mut all = vec![Scheme::Fp16, Scheme::Bf16, Scheme::Int8];
+        for asym in [false, true] {
+            for group in [32, 64, 128] {
+                all.push(Scheme::Int4 { group, asym });
+            }
+        }
+        for per_tensor in [false, true] {
+            for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+                all.push(Scheme::Fp8 { format, per_tensor });
+            }
+        }
+        all.push(Scheme::Nf4 { block: 64 });
+        all.extend(GgmlType::ALL.map(Scheme::Ggml));
+        all
+    }
+
+    /// One sentence for `--help`.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Scheme::Fp16 => {
+                "IEEE half precision, each weight rounded to nearest even (16 bits/weight)."
+            }
+            Scheme::Bf16 => "bfloat16, each weight rounded to nearest even (16 bits/weight).",
+            Scheme::Int8 => {
+                "Symmetric int8 per output channel, scale = absmax/127 in f32 (8 + 32/cols bits/weight)."
+            }
+            Scheme::Int4 { asym: false, .. } => {
+                "Symmetric 4-bit integers in [-8, 7] with one FP16 scale = absmax/7 per group of a row."
+            }
+            Scheme::Int4 { asym: true, .. } => {
+                "Asymmetric 4-bit integers in [0, 15] with an FP16 scale and a 4-bit zero point per group of a row."
+            }
+            Scheme::Fp8 {
+                format: Fp8Format::E4M3,
+                per_tensor: false,
+            } => "OCP FP8 E4M3 (max 448) with one f32 scale per output channel.",
+            Scheme::Fp8 {
+                format: Fp8Format::E5M2,
+                per_tensor: false,
+            } => "OCP FP8 E5M2 (max 57344) with one f32 scale per output channel.",
+            Scheme::Fp8 {
+                format: Fp8Format::E4M3,
+                per_tensor: true,
+            } => "OCP FP8 E4M3 (max 448) with a single f32 scale for the whole tensor.",
+            Scheme::Fp8 {
+                format: Fp8Format::E5M2,
+                per_tensor: true,
+            } => "OCP FP8 E5M2 (max 57344) with a single f32 scale for the whole tensor.",
+            Scheme::Nf4 { .. } => {
+                "QLoRA NormalFloat4: 16 normal-quantile levels scaled by an f32 absmax per block of 64 (4.5 bits/weight)."
+            }
+            Scheme::Ggml(GgmlType::Q8_0) => {
+                "llama.cpp Q8_0: int8 with an FP16 scale per block of 32 (8.5 bits/weight)."
+            }
+            Scheme::Ggml(GgmlType::Q4_0) => {
+                "llama.cpp Q4_0: 4-bit with an FP16 scale per block of 32 (4.5 bits/weight)."
+            }
+            Scheme::Ggml(GgmlType::Q4_1) => {
+                "llama.cpp Q4_1: 4-bit with an FP16 scale and FP16 minimum per block of 32 (5 bits/weight)."
+            }
+            Scheme::Ggml(GgmlType::Q4K) => {
+                "llama.cpp Q4_K: 4-bit super-blocks of 256 with searched 6-bit sub-block scales and mins (4.5 bits/weight)."
+            }
+            Scheme::Ggml(GgmlType::Q6K) => {
+                "llama.cpp Q6_K: 6-bit super-blocks of 256 with searched 8-bit sub-block scales (6.5625 bits/weight)."
+            }
+            Scheme::Ggml(GgmlType::Mxfp4) => {
+                "OCP MXFP4 as in llama.cpp: E2M1 values with a power-of-two E8M0 scale per block of 32 (4.25 bits/weight)."
+            }
+        }
+    }
+
+    fn known_names() -> String {
+        Scheme::all()
+            .iter()
+            .map(Scheme::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+impl fmt::Display for Scheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scheme::Fp16 => f.write_str("fp16"),
+            Scheme::Bf16 => f.write_str("bf16"),
+            Scheme::Int8 => f.write_str("int8"),
+            Scheme::Int4 { group, asym } => {
+                write!(f, "int4-g{group}{}", if *asym { "-asym" } else { "" })
+            }
+            Scheme::Fp8 { format, per_tensor } => {
+                write!(
+                    f,
+                    "fp8-{}{}",
+                    format.cli(),
+                    if *per_tensor { "-tensor" } else { "" }
+                )
+            }
+            Scheme::Nf4 { block } => write!(f, "nf4-g{block}"),
+            Scheme::Ggml(ty) => f.write_str(ty.name()),
+        }
+    }
+}
+
+impl FromStr for Scheme {
+    type Err = QuantizeError;
+
+    /// Parses a CLI name (exactly as [`Scheme::all`] prints them).
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Scheme::all()
+            .into_iter()
+            .find(|scheme| scheme.to_string() == name)
+            .ok_or_else(|| QuantizeError::UnknownScheme {
+                name: name.to_owned(),
+                known: Scheme::known_names(),
+            })
+    }
+}

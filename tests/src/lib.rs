@@ -1,0 +1,101 @@
+//! Helpers shared by qdrift's end-to-end tests.
+
+use std::path::PathBuf;
+
+use burn::tensor::DType;
+use qdrift_generate::{BackendChoice, ComputeDevice, GenerationConfig, generate, select_device};
+use qdrift_load::LoadedModel;
+use qdrift_model::LlamaConfig;
+
+/// `../shared` beside the repository (override with `QDRIFT_SHARED`): models and golden outputs
+/// from independent implementations, read in place.
+pub fn shared_dir() -> PathBuf {
+    std::env::var_os("QDRIFT_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"))
+}
+
+/// The stories260K model folder.
+pub fn stories_dir() -> PathBuf {
+    shared_dir().join("models/stories260K")
+}
+
+/// stories260K with its tokenizer.
+pub fn load_stories() -> LoadedModel {
+    let dir = stories_dir();
+    qdrift_load::open_model(&dir.join("stories260K.bin"), Some(&dir.join("tok512.bin")))
+        .unwrap_or_else(|e| panic!("stories260K must load from {}: {e}", dir.display()))
+}
+
+/// One case of `golden_greedy_fp32.json`.
+pub struct GoldenCase {
+    /// Prompt text.
+    pub prompt: String,
+    /// Tokens llama2.c fed the model (BOS first).
+    pub prompt_tokens: Vec<u32>,
+    /// llama2.c's greedy continuation.
+    pub greedy_tokens: Vec<u32>,
+    /// Logits at the last prompt position.
+    pub next_token_logits: Vec<f32>,
+    /// What llama2.c printed.
+    pub text: String,
+}
+
+/// The golden cases for stories260K, produced by llama2.c's `run.c` in f32.
+pub fn golden_cases() -> Vec<GoldenCase> {
+    let path = stories_dir().join("golden_greedy_fp32.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let json: serde_json::Value = serde_json::from_str(&text).expect("golden file is JSON");
+    let u32s = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array().expect("array").iter().map(|x| x.as_u64().expect("token id") as u32).collect()
+    };
+    json["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| GoldenCase {
+            prompt: c["prompt"].as_str().expect("prompt").to_string(),
+            prompt_tokens: u32s(&c["prompt_tokens"]),
+            greedy_tokens: u32s(&c["greedy_tokens"]),
+            next_token_logits: c["next_token_logits"]
+                .as_array()
+                .expect("logits")
+                .iter()
+                .map(|x| x.as_f64().expect("logit") as f32)
+                .collect(),
+            text: c["text"].as_str().expect("text").to_string(),
+        })
+        .collect()
+}
+
+/// The device for a backend; wgpu must be there (CI installs Mesa's lavapipe).
+pub fn device(choice: BackendChoice) -> ComputeDevice {
+    select_device(choice).unwrap_or_else(|e| panic!("{choice:?} device: {e}"))
+}
+
+/// Greedy tokens for `prompts` in batches of `batch_size`, and the first step's logits per prompt.
+pub fn run_greedy(
+    loaded: &LoadedModel,
+    device: &ComputeDevice,
+    dtype: DType,
+    prompts: &[Vec<u32>],
+    max_new_tokens: usize,
+    batch_size: usize,
+) -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
+    let model = LlamaConfig::from_arch(&loaded.model.arch)
+        .init_from_host(&loaded.model, dtype, &device.device)
+        .expect("model builds");
+    let mut first_logits = vec![Vec::new(); prompts.len()];
+    let config = GenerationConfig { max_new_tokens, batch_size, stop_at_eos: None };
+    let tokens = generate(&model, device, prompts, &config, |s| {
+        if s.step == 0 {
+            let [b, v] = s.logits.dims();
+            let data = s.logits.to_data().try_into_vec::<f32>().expect("f32 logits");
+            for i in 0..b {
+                first_logits[s.first_prompt + i] = data[i * v..(i + 1) * v].to_vec();
+            }
+        }
+    })
+    .expect("generation runs");
+    (tokens, first_logits)
+}

@@ -1,0 +1,97 @@
+//! stories260K against llama2.c's reference C implementation (`golden_greedy_fp32.json`):
+//! tokenization, next-token logits, greedy continuations, batch invariance and f16 agreement,
+//! on the CPU backend and on wgpu (Mesa's lavapipe where there is no GPU).
+
+use burn::tensor::DType;
+use qdrift_generate::BackendChoice;
+use qdrift_tests::{device, golden_cases, load_stories, run_greedy};
+
+#[test]
+fn tokenization_matches_llama2c() {
+    let loaded = load_stories();
+    for case in golden_cases() {
+        assert_eq!(loaded.tokenizer.encode(&case.prompt), case.prompt_tokens, "prompt {:?}", case.prompt);
+        let all: Vec<u32> = case.prompt_tokens.iter().chain(&case.greedy_tokens).copied().collect();
+        assert_eq!(loaded.tokenizer.decode(&all), case.text, "decoded text of {:?}", case.prompt);
+    }
+}
+
+fn golden_f32(choice: BackendChoice) {
+    let loaded = load_stories();
+    let dev = device(choice);
+    let cases = golden_cases();
+    let prompts: Vec<Vec<u32>> = cases.iter().map(|c| c.prompt_tokens.clone()).collect();
+    let n = cases.iter().map(|c| c.greedy_tokens.len()).max().unwrap_or(0);
+    let (tokens, logits) = run_greedy(&loaded, &dev, DType::F32, &prompts, n, prompts.len());
+    for (i, case) in cases.iter().enumerate() {
+        let max_abs = logits[i]
+            .iter()
+            .zip(&case.next_token_logits)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        println!("{} {:?}: next-token logits max |Δ| = {max_abs:.2e}", dev.adapter, case.prompt);
+        assert!(max_abs <= 1e-4, "{:?}: logits differ by {max_abs}", case.prompt);
+        let got = &tokens[i][..case.greedy_tokens.len()];
+        let first_diff = got.iter().zip(&case.greedy_tokens).position(|(a, b)| a != b);
+        assert_eq!(first_diff, None, "{:?}: greedy tokens diverge at {first_diff:?}", case.prompt);
+    }
+}
+
+#[test]
+fn golden_f32_cpu() {
+    golden_f32(BackendChoice::Cpu);
+}
+
+#[test]
+fn golden_f32_wgpu() {
+    golden_f32(BackendChoice::Wgpu);
+}
+
+fn batch_invariance(choice: BackendChoice) {
+    let loaded = load_stories();
+    let dev = device(choice);
+    let prompts: Vec<Vec<u32>> = golden_cases().into_iter().map(|c| c.prompt_tokens).collect();
+    let n = 128;
+    let (batched, _) = run_greedy(&loaded, &dev, DType::F32, &prompts, n, prompts.len());
+    for (i, p) in prompts.iter().enumerate() {
+        let (alone, _) = run_greedy(&loaded, &dev, DType::F32, std::slice::from_ref(p), n, 1);
+        assert_eq!(alone[0], batched[i], "prompt {i} alone vs in a batch of {}", prompts.len());
+    }
+}
+
+#[test]
+fn batch_invariance_cpu() {
+    batch_invariance(BackendChoice::Cpu);
+}
+
+#[test]
+fn batch_invariance_wgpu() {
+    batch_invariance(BackendChoice::Wgpu);
+}
+
+fn f16_agreement(choice: BackendChoice) {
+    let loaded = load_stories();
+    let dev = device(choice);
+    let cases = golden_cases();
+    let prompts: Vec<Vec<u32>> = cases.iter().map(|c| c.prompt_tokens.clone()).collect();
+    let (tokens, _) = run_greedy(&loaded, &dev, DType::F16, &prompts, 100, prompts.len());
+    for (i, case) in cases.iter().enumerate() {
+        let same = tokens[i].iter().zip(&case.greedy_tokens).filter(|(a, b)| a == b).count();
+        let prefix = tokens[i].iter().zip(&case.greedy_tokens).take_while(|(a, b)| a == b).count();
+        println!(
+            "f16 on {}: {:?}: {same}/100 of the first 100 tokens match the f32 golden (identical prefix {prefix})",
+            dev.adapter, case.prompt
+        );
+        assert!(prefix >= 10, "{:?}: f16 diverges from the f32 golden at token {prefix}", case.prompt);
+    }
+}
+
+#[test]
+fn f16_agreement_cpu() {
+    f16_agreement(BackendChoice::Cpu);
+}
+
+#[test]
+fn f16_agreement_wgpu() {
+    f16_agreement(BackendChoice::Wgpu);
+}
