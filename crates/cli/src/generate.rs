@@ -39,6 +39,9 @@ pub struct GenerateArgs {
     /// One JSON object per prompt per line instead of text.
     #[arg(long)]
     json: bool,
+    /// Run a quantized variant of the FP16 reference instead of the checkpoint as it is.
+    #[command(flatten)]
+    variant: crate::quantize::SchemeArgs,
 }
 
 /// Parses `--dtype`.
@@ -86,7 +89,8 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
     // Refuse impossible requests before uploading weights.
     let model_config = LlamaConfig::from_arch(arch);
     qdrift_generate::check_request(&model_config, args.dtype, &device, &prompts, &config)?;
-    let model = model_config.init_from_host(&loaded.model, args.dtype, &device.device)?;
+    let (weights, _) = args.variant.apply(loaded.model.clone())?;
+    let model = model_config.init_from_host(&weights, args.dtype, &device.device)?;
     let generated = generate(&model, &device, &prompts, &config, |_| {})?;
 
     let mut out = std::io::stdout().lock();
@@ -103,6 +107,7 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
                 "backend": device.backend,
                 "adapter": device.adapter,
                 "dtype": dtype_name(args.dtype),
+                "scheme": args.variant.scheme.as_ref().map(ToString::to_string),
             });
             writeln!(out, "{line}")?;
         } else {

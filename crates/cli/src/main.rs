@@ -4,6 +4,7 @@
 //! errors into one line on stderr and a non-zero exit code.
 
 mod generate;
+mod quantize;
 
 use std::process::ExitCode;
 
@@ -21,12 +22,16 @@ struct Cli {
 enum Command {
     /// Greedy generation from a model, for one or more prompts in one batch.
     Generate(generate::GenerateArgs),
+    /// Quantize a model's weights with one scheme, print per-tensor error statistics, and write
+    /// the result as safetensors.
+    Quantize(quantize::QuantizeArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
+        Command::Quantize(args) => quantize::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

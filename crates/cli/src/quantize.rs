@@ -1,0 +1,106 @@
+//! `qdrift quantize`, and the `--scheme` options shared with `generate`.
+
+use std::error::Error;
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::Args;
+use qdrift_load::HostModel;
+use qdrift_quantize::{QuantizeOptions, QuantizedModel, Scheme, quantize_model, write_safetensors};
+
+/// Which variant of the reference to build.
+#[derive(Args, Clone)]
+pub struct SchemeArgs {
+    /// Quantization scheme applied to the FP16 reference's linear layers (q, k, v, o, gate, up,
+    /// down). Known: fp16, bf16, int8, int4-g{32,64,128}[-asym], fp8-e4m3, fp8-e5m2,
+    /// fp8-e4m3-tensor, fp8-e5m2-tensor, nf4-g64, q8_0, q4_0, q4_1, q4_k, q6_k, mxfp4.
+    #[arg(long, value_parser = parse_scheme)]
+    pub scheme: Option<Scheme>,
+    /// Also quantize the token embedding (and a head tied to it).
+    #[arg(long)]
+    pub quantize_embeddings: bool,
+    /// Also quantize an untied output layer.
+    #[arg(long)]
+    pub quantize_head: bool,
+}
+
+fn parse_scheme(s: &str) -> Result<Scheme, String> {
+    s.parse::<Scheme>().map_err(|e| e.to_string())
+}
+
+impl SchemeArgs {
+    fn options(&self) -> QuantizeOptions {
+        QuantizeOptions { quantize_embeddings: self.quantize_embeddings, quantize_head: self.quantize_head }
+    }
+
+    /// The model to run: the checkpoint as it is without `--scheme`; with it, the scheme applied
+    /// to the FP16 reference (the checkpoint's weights rounded to f16).
+    pub fn apply(&self, mut model: HostModel) -> Result<(HostModel, Option<QuantizedModel>), Box<dyn Error>> {
+        let Some(scheme) = &self.scheme else { return Ok((model, None)) };
+        model.round_to_f16();
+        let q = quantize_model(&model, scheme, &self.options())?;
+        Ok((q.dequantized.clone(), Some(q)))
+    }
+}
+
+/// Arguments of `qdrift quantize`.
+#[derive(Args)]
+pub struct QuantizeArgs {
+    /// Model checkpoint (llama2.c `.bin`).
+    #[arg(long)]
+    model: PathBuf,
+    /// Scheme and what it applies to.
+    #[command(flatten)]
+    scheme: SchemeArgs,
+    /// Output file (`.safetensors`), Hugging Face Llama tensor names.
+    #[arg(long)]
+    out: PathBuf,
+    /// Write the packed codes and scales instead of dequantized F32 values.
+    #[arg(long)]
+    packed: bool,
+    /// Print the statistics as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `qdrift quantize`.
+pub fn run(args: QuantizeArgs) -> Result<(), Box<dyn Error>> {
+    let Some(scheme) = args.scheme.scheme.clone() else {
+        return Err("--scheme is required; known: see `qdrift quantize --help`".into());
+    };
+    let model = qdrift_load::read_llama2c_checkpoint(&args.model)?;
+    let (_, q) = args.scheme.apply(model)?;
+    let q = q.ok_or("no scheme applied")?;
+    let source = args.model.display().to_string();
+    write_safetensors(&args.out, &q, args.packed, &[("qdrift.source".to_string(), source)])?;
+
+    let summary = q.summary();
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let v = serde_json::json!({ "scheme": scheme.to_string(), "summary": summary, "tensors": q.reports() });
+        writeln!(out, "{v}")?;
+        return Ok(());
+    }
+    writeln!(out, "scheme {scheme}: {}", scheme.describe())?;
+    writeln!(out, "{:<42} {:>10} {:>12} {:>10} {:>8} {:>10}", "tensor", "SQNR dB", "rel. Frob.", "cosine", "bits/w", "bytes")?;
+    for r in q.reports() {
+        let sqnr = r.sqnr_db.map_or("exact".to_string(), |v| format!("{v:.3}"));
+        let note = if r.fell_back { "  (kept at reference precision: row length not a multiple of the block)" } else { "" };
+        writeln!(
+            out,
+            "{:<42} {:>10} {:>12.4e} {:>10.6} {:>8.4} {:>10}{note}",
+            r.tensor, sqnr, r.rel_frobenius, r.cosine, r.bits_per_weight, r.storage_bytes
+        )?;
+    }
+    let total = summary.sqnr_db.map_or("exact".to_string(), |v| format!("{v:.3}"));
+    writeln!(
+        out,
+        "total: {} tensors, {} weights, {} bytes, {:.4} bits/weight, SQNR {total} dB",
+        summary.quantized_tensors, summary.quantized_weights, summary.storage_bytes, summary.bits_per_weight
+    )?;
+    if !summary.fell_back.is_empty() {
+        writeln!(out, "kept at reference precision: {}", summary.fell_back.join(", "))?;
+    }
+    writeln!(out, "wrote {}", args.out.display())?;
+    Ok(())
+}
