@@ -1,19 +1,11 @@
 //! The `qdrift` binary end to end: output format and bad input (one clear error line, non-zero
 //! exit, no panic).
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Output;
 
-fn stories() -> PathBuf {
-    std::env::var_os("QDRIFT_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-        .join("models/stories260K")
-}
-
-fn qdrift(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_qdrift")).args(args).output().expect("qdrift runs")
-}
+mod common;
+use common::{qdrift, stories};
 
 fn path(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")

@@ -1,19 +1,10 @@
 //! `qdrift quantize` and `qdrift generate --scheme` on stories260K.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
 
-fn stories() -> PathBuf {
-    std::env::var_os("QDRIFT_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-        .join("models/stories260K")
-}
-
-fn qdrift(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_qdrift")).args(args).output().expect("qdrift runs")
-}
+mod common;
+use common::{qdrift, stories};
 
 const SCHEMES: &[&str] = &[
     "fp16", "bf16", "int8", "int4-g32", "int4-g64", "int4-g128", "int4-g32-asym", "int4-g64-asym", "int4-g128-asym",

@@ -1,0 +1,17 @@
+//! Helpers shared by the CLI tests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The stories260K folder in `../shared` beside the repository (override with `QDRIFT_SHARED`).
+pub fn stories() -> PathBuf {
+    std::env::var_os("QDRIFT_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+        .join("models/stories260K")
+}
+
+/// Runs the `qdrift` binary under test.
+pub fn qdrift(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_qdrift")).args(args).output().expect("qdrift runs")
+}
