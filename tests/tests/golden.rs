@@ -95,3 +95,60 @@ fn f16_agreement_cpu() {
 fn f16_agreement_wgpu() {
     f16_agreement(BackendChoice::Wgpu);
 }
+
+/// Teacher forcing the golden continuation (one pass, in chunks) gives the same logits as
+/// decoding it step by step, and its argmax reproduces llama2.c's greedy tokens.
+fn teacher_forcing_matches_decoding(choice: BackendChoice) {
+    use qdrift_generate::{GenerationConfig, generate, teacher_forced};
+    let loaded = load_stories();
+    let dev = device(choice);
+    let n = 40;
+    let cases = golden_cases();
+    let model = qdrift_model::LlamaConfig::from_arch(&loaded.model.arch)
+        .init_from_host(&loaded.model, DType::F32, &dev.device)
+        .expect("model builds");
+    let prompts: Vec<Vec<u32>> = cases.iter().map(|c| c.prompt_tokens.clone()).collect();
+    let mut stepwise = vec![vec![Vec::new(); n]; prompts.len()];
+    let config = GenerationConfig { max_new_tokens: n, batch_size: prompts.len(), stop_at_eos: None };
+    generate(&model, &dev, &prompts, &config, |s| {
+        let v = s.logits.dims()[1];
+        let data = s.logits.to_data().try_into_vec::<f32>().expect("f32");
+        for (b, row) in data.chunks(v).enumerate() {
+            stepwise[s.first_prompt + b][s.step] = row.to_vec();
+        }
+    })
+    .expect("generation");
+    let sequences: Vec<(Vec<u32>, Vec<u32>)> =
+        cases.iter().map(|c| (c.prompt_tokens.clone(), c.greedy_tokens[..n].to_vec())).collect();
+    let mut worst = 0.0f32;
+    let mut seen = 0;
+    teacher_forced(&model, &dev, &sequences, 2, 7, |f| {
+        let [b, t, v] = f.logits.dims();
+        let data = f.logits.to_data().try_into_vec::<f32>().expect("f32");
+        for i in 0..b {
+            for j in 0..t {
+                let row = &data[(i * t + j) * v..(i * t + j + 1) * v];
+                let (p, pos) = (f.first_prompt + i, f.start + j);
+                let argmax = row.iter().enumerate().fold(0, |m, (k, x)| if *x > row[m] { k } else { m });
+                assert_eq!(argmax as u32, cases[p].greedy_tokens[pos], "prompt {p} position {pos}");
+                let d = row.iter().zip(&stepwise[p][pos]).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+                worst = worst.max(d);
+                seen += 1;
+            }
+        }
+    })
+    .expect("teacher forcing");
+    println!("{}: teacher-forced vs step-by-step logits, max |Δ| = {worst:.2e}", dev.adapter);
+    assert_eq!(seen, cases.len() * n);
+    assert!(worst <= 1e-4, "teacher-forced logits differ by {worst}");
+}
+
+#[test]
+fn teacher_forcing_matches_decoding_cpu() {
+    teacher_forcing_matches_decoding(BackendChoice::Cpu);
+}
+
+#[test]
+fn teacher_forcing_matches_decoding_wgpu() {
+    teacher_forcing_matches_decoding(BackendChoice::Wgpu);
+}

@@ -109,6 +109,8 @@ fn run_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), Str
 
 fn ci() -> Result<(), String> {
     setup()?;
+    // The GGUF tests read the real SmolLM2 file when models/ has it.
+    fetch_models()?;
     // One profile (release) for the binary and the tests: Burn is unusably slow unoptimised, and
     // a second profile would build it twice.
     cargo(&["build", "--release", "--workspace", "--all-targets"])?;
@@ -121,7 +123,14 @@ fn test_and_count(args: &[&str]) -> Result<(), String> {
     use std::io::{BufRead, BufReader};
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     println!("xtask: cargo {}", args.join(" "));
-    let mut child = Command::new(&cargo)
+    let mut command = Command::new(&cargo);
+    // wgpu's Vulkan loader complains on every start without a runtime folder (CI has none).
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        let xdg = std::env::temp_dir().join("qdrift-xdg-runtime");
+        std::fs::create_dir_all(&xdg).map_err(|e| format!("{}: {e}", xdg.display()))?;
+        command.env("XDG_RUNTIME_DIR", xdg);
+    }
+    let mut child = command
         .args(args)
         .current_dir(root())
         .env("CARGO_TARGET_DIR", target_dir())

@@ -6,7 +6,9 @@
 //! observer so that the scoring stage can reduce them where they are computed.
 
 mod device;
+mod forced;
 mod greedy;
 
 pub use device::{BackendChoice, ComputeDevice, DeviceError, select_device};
+pub use forced::{ForcedLogits, teacher_forced};
 pub use greedy::{GenerateError, GenerationConfig, StepLogits, check_request, generate};

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::{HostModel, Llama2cTokenizer, LoadError, Tokenizer, read_llama2c_checkpoint};
+use crate::{HostModel, Llama2cTokenizer, LoadError, Tokenizer, read_gguf, read_llama2c_checkpoint};
 
 /// A model and its tokenizer, ready for the later stages.
 pub struct LoadedModel {
@@ -22,11 +22,18 @@ pub struct LoadedModel {
 ///
 /// Formats: llama2.c legacy checkpoints (`.bin`) with llama2.c's `tokenizer.bin`. Without an
 /// explicit tokenizer, `tokenizer.bin` in the model's folder is used, else the only `tok*.bin`
-/// file there.
+/// file there. A `.gguf` file is read and checked ([`read_gguf`]), then refused: its embedded
+/// tokenizer (`tokenizer.ggml.model`) is not implemented yet, and pairing it with another
+/// tokenizer would silently mis-tokenize.
 pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, LoadError> {
     let meta = std::fs::metadata(path).map_err(|e| LoadError::io(path, e))?;
     if meta.is_dir() {
         return Err(LoadError::invalid(path, "is a folder; give a llama2.c checkpoint file (.bin)"));
+    }
+    if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+        let gguf = read_gguf(path)?;
+        let kind = gguf.tokenizer.model.as_deref().unwrap_or("(none)");
+        return Err(LoadError::invalid(path, format!("GGUF tokenizer type {kind} is not supported yet")));
     }
     let model = read_llama2c_checkpoint(path)?;
     let tokenizer_path = match tokenizer {

@@ -22,7 +22,7 @@
 //! | `int.rs` | `int8`, `int4-g*`, `int4-g*-asym` |
 //! | `fp8.rs` | `fp8-e4m3`, `fp8-e5m2` (+ `-tensor`), with the OFP8 codec |
 //! | `nf4.rs` | `nf4-g64` |
-//! | `ggml/*.rs` | `q8_0`, `q4_0`, `q4_1`, `q4_k`, `q6_k`, `mxfp4` |
+//! | `ggml.rs` | `q8_0`, `q4_0`, `q4_1`, `q4_k`, `q6_k`, `mxfp4` (codecs in `qdrift-ggml`) |
 //! | `stats.rs` | [`error_stats`] |
 //! | `model.rs` | [`quantize_model`]: a whole model, per-tensor [`TensorReport`]s, [`QuantSummary`] |
 //! | `safetensors_out.rs` | [`write_safetensors`]: HF names, rotate-half q/k, F32 or packed parts |

@@ -6,6 +6,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+pub use qdrift_ggml::GgmlType;
+
 use crate::error::QuantizeError;
 
 /// The two OCP 8-bit floating point formats (OFP8 rev 1.0).
@@ -31,73 +33,6 @@ impl Fp8Format {
             Fp8Format::E4M3 => "e4m3",
             Fp8Format::E5M2 => "e5m2",
         }
-    }
-}
-
-/// GGML block formats, laid out as in `ggml/src/ggml-common.h`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum GgmlType {
-    /// `block_q8_0`: f16 scale + 32 int8 (34 bytes per 32).
-    Q8_0,
-    /// `block_q4_0`: f16 scale + 32 nibbles (18 bytes per 32).
-    Q4_0,
-    /// `block_q4_1`: f16 scale, f16 min + 32 nibbles (20 bytes per 32).
-    Q4_1,
-    /// `block_q4_K`: super-block of 256 with 6-bit sub-scales and mins (144 bytes).
-    Q4K,
-    /// `block_q6_K`: super-block of 256 with 8-bit sub-scales (210 bytes).
-    Q6K,
-    /// `block_mxfp4`: E8M0 scale + 32 E2M1 nibbles (17 bytes per 32).
-    Mxfp4,
-}
-
-impl GgmlType {
-    /// Every GGML type this crate implements, in CLI order.
-    pub const ALL: [GgmlType; 6] = [
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q4K,
-        GgmlType::Q6K,
-        GgmlType::Mxfp4,
-    ];
-
-    /// Elements per block (`QK8_0`, `QK4_0`, `QK4_1`, `QK_K`, `QK_MXFP4`).
-    pub fn block_size(self) -> usize {
-        match self {
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Mxfp4 => 32,
-            GgmlType::Q4K | GgmlType::Q6K => 256,
-        }
-    }
-
-    /// Bytes per block (`sizeof(block_*)`).
-    pub fn type_size(self) -> usize {
-        match self {
-            GgmlType::Q8_0 => 34,
-            GgmlType::Q4_0 => 18,
-            GgmlType::Q4_1 => 20,
-            GgmlType::Q4K => 144,
-            GgmlType::Q6K => 210,
-            GgmlType::Mxfp4 => 17,
-        }
-    }
-
-    /// The GGML / CLI name (`q8_0`, `q4_k`, `mxfp4`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            GgmlType::Q8_0 => "q8_0",
-            GgmlType::Q4_0 => "q4_0",
-            GgmlType::Q4_1 => "q4_1",
-            GgmlType::Q4K => "q4_k",
-            GgmlType::Q6K => "q6_k",
-            GgmlType::Mxfp4 => "mxfp4",
-        }
-    }
-}
-
-impl fmt::Display for GgmlType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
     }
 }
 

@@ -1,5 +1,9 @@
 //! GGML block formats, bit-exact with ggml's reference quantizers.
 //!
+//! What goes in: f32 values (a whole number of blocks) or the bytes of consecutive GGML blocks, as
+//! a GGUF file stores them. What comes out: the blocks' bytes, or the f32 values ggml's
+//! `dequantize_row_*` computes. [`GgmlType`] names each format with its block size and byte size.
+//!
 //! Spec: the llama.cpp sources, `ggml/src/ggml-common.h` (block layouts),
 //! `ggml/src/ggml-quants.c` (`quantize_row_*_ref`, `dequantize_row_*` and their helpers) and
 //! `ggml/src/ggml-impl.h` (`ggml_compute_fp32_to_fp16`, `ggml_e8m0_to_fp32_half`). Each format's
@@ -7,11 +11,22 @@
 //! conversions (Rust never fuses `a * b + c` into an FMA, which matches ISO C without
 //! `-ffp-contract=fast`).
 //!
-//! Rows are quantized one by one; since a row of `cols` (a multiple of the block size) is a whole
-//! number of blocks, the bytes are exactly those of `quantize_row_*_ref` over the flat tensor,
-//! i.e. what a GGUF file stores. When `cols` is not a multiple of the block size the matrix is kept
-//! as an f32 copy and [`crate::QuantizedMatrix::fell_back`] is true, as llama.cpp keeps such
-//! tensors unquantized.
+//! A row of `cols` (a multiple of the block size) is a whole number of blocks, so quantizing a
+//! `[rows, cols]` matrix as one flat slice gives exactly the bytes of `quantize_row_*_ref` run row
+//! by row, i.e. what a GGUF file stores.
+//!
+//! **Architecture invariant:** a leaf crate (no qdrift dependencies, no I/O): pure functions of
+//! host slices, bit-exact with the cited reference C. `qdrift-load` uses it to read GGUF files,
+//! `qdrift-quantize` to build its `Scheme::Ggml` variants.
+//!
+//! | file | format |
+//! |---|---|
+//! | `q8_0.rs` | `block_q8_0` |
+//! | `q4_0.rs` | `block_q4_0` |
+//! | `q4_1.rs` | `block_q4_1` |
+//! | `q4_k.rs` | `block_q4_K` |
+//! | `q6_k.rs` | `block_q6_K` |
+//! | `mxfp4.rs` | `block_mxfp4` |
 
 mod mxfp4;
 mod q4_0;
@@ -20,11 +35,125 @@ mod q4_k;
 mod q6_k;
 mod q8_0;
 
+use std::fmt;
+
 use half::f16;
 
-use crate::error::QuantizeError;
-use crate::scheme::GgmlType;
-use crate::{Packed, PackedDtype, PackedPart, f32_bytes};
+/// GGML block formats, laid out as in `ggml/src/ggml-common.h`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GgmlType {
+    /// `block_q8_0`: f16 scale + 32 int8 (34 bytes per 32).
+    Q8_0,
+    /// `block_q4_0`: f16 scale + 32 nibbles (18 bytes per 32).
+    Q4_0,
+    /// `block_q4_1`: f16 scale, f16 min + 32 nibbles (20 bytes per 32).
+    Q4_1,
+    /// `block_q4_K`: super-block of 256 with 6-bit sub-scales and mins (144 bytes).
+    Q4K,
+    /// `block_q6_K`: super-block of 256 with 8-bit sub-scales (210 bytes).
+    Q6K,
+    /// `block_mxfp4`: E8M0 scale + 32 E2M1 nibbles (17 bytes per 32).
+    Mxfp4,
+}
+
+impl GgmlType {
+    /// Every GGML type this crate implements, in CLI order.
+    pub const ALL: [GgmlType; 6] = [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+        GgmlType::Mxfp4,
+    ];
+
+    /// Elements per block (`QK8_0`, `QK4_0`, `QK4_1`, `QK_K`, `QK_MXFP4`).
+    pub fn block_size(self) -> usize {
+        match self {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Mxfp4 => 32,
+            GgmlType::Q4K | GgmlType::Q6K => 256,
+        }
+    }
+
+    /// Bytes per block (`sizeof(block_*)`).
+    pub fn type_size(self) -> usize {
+        match self {
+            GgmlType::Q8_0 => 34,
+            GgmlType::Q4_0 => 18,
+            GgmlType::Q4_1 => 20,
+            GgmlType::Q4K => 144,
+            GgmlType::Q6K => 210,
+            GgmlType::Mxfp4 => 17,
+        }
+    }
+
+    /// The GGML / CLI name (`q8_0`, `q4_k`, `mxfp4`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            GgmlType::Q8_0 => "q8_0",
+            GgmlType::Q4_0 => "q4_0",
+            GgmlType::Q4_1 => "q4_1",
+            GgmlType::Q4K => "q4_k",
+            GgmlType::Q6K => "q6_k",
+            GgmlType::Mxfp4 => "mxfp4",
+        }
+    }
+}
+
+impl fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+
+impl GgmlType {
+    /// The `ggml_type` id a GGUF tensor info stores for this format (`GGML_TYPE_*` in
+    /// `ggml/include/ggml.h`, `GGMLQuantizationType` in llama.cpp's `gguf-py/gguf/constants.py`).
+    pub fn gguf_id(self) -> u32 {
+        match self {
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
+            GgmlType::Q8_0 => 8,
+            GgmlType::Q4K => 12,
+            GgmlType::Q6K => 14,
+            GgmlType::Mxfp4 => 39,
+        }
+    }
+
+    /// The block format with `ggml_type` id `id`, if this crate implements it.
+    pub fn from_gguf_id(id: u32) -> Option<GgmlType> {
+        GgmlType::ALL.into_iter().find(|t| t.gguf_id() == id)
+    }
+}
+
+/// Why a block buffer was rejected.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GgmlError {
+    /// An element count that is not a whole number of blocks.
+    #[error("{ty} stores blocks of {block} elements; {n_elements} elements is not a multiple")]
+    PartialBlock {
+        /// The block format.
+        ty: GgmlType,
+        /// Elements per block.
+        block: usize,
+        /// Elements requested.
+        n_elements: usize,
+    },
+
+    /// A block buffer of the wrong byte length.
+    #[error("{ty} data for {n_elements} elements must be {expected} bytes, got {actual}")]
+    BlockBytes {
+        /// The block format.
+        ty: GgmlType,
+        /// Elements requested.
+        n_elements: usize,
+        /// `n_elements / block * type_size`.
+        expected: usize,
+        /// Bytes given.
+        actual: usize,
+    },
+}
 
 /// ggml's `nearest_int` (`ggml-quants.c`): adding 1.5·2^23 puts the rounded integer in the low
 /// mantissa bits, so it rounds half to even for |x| < 2^22. Kept bit for bit, including what it
@@ -92,6 +221,25 @@ fn dequantize_blocks(ty: GgmlType, bytes: &[u8], out: &mut Vec<f32>) {
     }
 }
 
+/// Quantizes `x` exactly as `quantize_row_*_ref` does.
+///
+/// # Shapes
+/// - `x`: a whole number of blocks (`x.len()` a multiple of [`GgmlType::block_size`]); blocks
+///   never straddle the rows of a matrix whose row length is a multiple of the block size.
+/// - returns: `x.len() / block_size * type_size` bytes of consecutive blocks.
+///
+/// # Errors
+/// [`GgmlError::PartialBlock`] when `x.len()` is not a multiple of the block size.
+pub fn quantize_ggml_blocks(ty: GgmlType, x: &[f32]) -> Result<Vec<u8>, GgmlError> {
+    let block = ty.block_size();
+    if !x.len().is_multiple_of(block) {
+        return Err(GgmlError::PartialBlock { ty, block, n_elements: x.len() });
+    }
+    let mut out = Vec::with_capacity(x.len() / block * ty.type_size());
+    quantize_blocks(ty, x, &mut out);
+    Ok(out)
+}
+
 /// Dequantizes a buffer of GGML blocks exactly as `dequantize_row_*` does (for GGUF loading).
 ///
 /// # Shapes
@@ -99,109 +247,20 @@ fn dequantize_blocks(ty: GgmlType, bytes: &[u8], out: &mut Vec<f32>) {
 /// - returns: `n_elements` f32 values.
 ///
 /// # Errors
-/// [`QuantizeError::PartialBlock`] when `n_elements` is not a multiple of the block size,
-/// [`QuantizeError::BlockBytes`] when `bytes` has the wrong length.
-pub fn dequantize_ggml_blocks(
-    ty: GgmlType,
-    bytes: &[u8],
-    n_elements: usize,
-) -> Result<Vec<f32>, QuantizeError> {
+/// [`GgmlError::PartialBlock`] when `n_elements` is not a multiple of the block size,
+/// [`GgmlError::BlockBytes`] when `bytes` has the wrong length.
+pub fn dequantize_ggml_blocks(ty: GgmlType, bytes: &[u8], n_elements: usize) -> Result<Vec<f32>, GgmlError> {
     let block = ty.block_size();
     if !n_elements.is_multiple_of(block) {
-        return Err(QuantizeError::PartialBlock {
-            ty,
-            block,
-            n_elements,
-        });
+        return Err(GgmlError::PartialBlock { ty, block, n_elements });
     }
     let expected = n_elements / block * ty.type_size();
     if bytes.len() != expected {
-        return Err(QuantizeError::BlockBytes {
-            ty,
-            n_elements,
-            expected,
-            actual: bytes.len(),
-        });
+        return Err(GgmlError::BlockBytes { ty, n_elements, expected, actual: bytes.len() });
     }
     let mut out = Vec::with_capacity(n_elements);
     dequantize_blocks(ty, bytes, &mut out);
     Ok(out)
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum Data {
-    /// `[rows, cols / block_size * type_size]` bytes.
-    Blocks(Vec<u8>),
-    /// `cols` is not a multiple of the block size: the weights as given.
-    Fallback(Vec<f32>),
-}
-
-/// A matrix in one GGML block format (or its f32 fallback).
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct GgmlPacked {
-    ty: GgmlType,
-    data: Data,
-}
-
-impl GgmlPacked {
-    /// # Shapes
-    /// - `weights`: `[rows, cols]` row-major; blocks run along each row.
-    pub(crate) fn quantize(ty: GgmlType, weights: &[f32], rows: usize, cols: usize) -> Self {
-        if !cols.is_multiple_of(ty.block_size()) {
-            return GgmlPacked {
-                ty,
-                data: Data::Fallback(weights.to_vec()),
-            };
-        }
-        let mut bytes = Vec::with_capacity(rows * cols / ty.block_size() * ty.type_size());
-        // Blocks never straddle rows, so one pass over the flat slice equals a pass per row.
-        quantize_blocks(ty, weights, &mut bytes);
-        GgmlPacked {
-            ty,
-            data: Data::Blocks(bytes),
-        }
-    }
-
-    pub(crate) fn fell_back(&self) -> bool {
-        matches!(self.data, Data::Fallback(_))
-    }
-}
-
-impl Packed for GgmlPacked {
-    fn dequantize(&self, rows: usize, cols: usize) -> Vec<f32> {
-        match &self.data {
-            Data::Blocks(bytes) => {
-                let mut out = Vec::with_capacity(rows * cols);
-                dequantize_blocks(self.ty, bytes, &mut out);
-                out
-            }
-            Data::Fallback(values) => values.clone(),
-        }
-    }
-
-    fn storage_bytes(&self) -> usize {
-        match &self.data {
-            Data::Blocks(bytes) => bytes.len(),
-            Data::Fallback(values) => 4 * values.len(),
-        }
-    }
-
-    fn parts(&self, rows: usize, cols: usize) -> Vec<PackedPart> {
-        match &self.data {
-            Data::Blocks(bytes) => vec![PackedPart {
-                name: "blocks",
-                dtype: PackedDtype::U8,
-                shape: vec![rows, cols / self.ty.block_size() * self.ty.type_size()],
-                bytes: bytes.clone(),
-            }],
-            Data::Fallback(values) => vec![PackedPart {
-                name: "values",
-                dtype: PackedDtype::F32,
-                shape: vec![rows, cols],
-                bytes: f32_bytes(values),
-            }],
-        }
-    }
 }
 
 #[cfg(test)]

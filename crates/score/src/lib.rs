@@ -1,0 +1,38 @@
+//! The score stage: drift metrics between a reference model and a quantized variant, and the
+//! statistics that put confidence intervals on them.
+//!
+//! Inputs are host slices (`f32` logits of one position, token sequences, per-prompt values);
+//! everything is computed in `f64`. One metric or statistic per module:
+//!
+//! - [`logprob`]: log-softmax, KL divergence, entropy, top-1 and [`PositionMetrics`] from the
+//!   full-vocabulary logits of one position (the reference the GPU reductions are tested against).
+//! - [`freerun`]: free-running comparison of two generated token sequences.
+//! - [`survival`]: Kaplan–Meier estimate of the share of prompts still identical after `t` tokens.
+//! - [`bootstrap`]: percentile bootstrap over prompts (means, paired differences, any statistic).
+//! - [`wilson`]: Wilson score interval for a proportion.
+//! - [`quantiles`]: type-7 quantiles and the mean/median/p90/p99/max summary.
+//! - [`strata`]: metrics stratified by the reference's entropy quartiles.
+//! - [`ppl`]: perplexity and perplexity ratios.
+//!
+//! **Invariant: prompts are the unit of resampling, never tokens; same seed → identical numbers;
+//! no I/O.** Nothing here panics on bad input: every public function returns [`ScoreError`].
+
+pub mod bootstrap;
+mod error;
+pub mod freerun;
+pub mod logprob;
+pub mod ppl;
+pub mod quantiles;
+pub mod strata;
+pub mod survival;
+pub mod wilson;
+
+pub use bootstrap::{Interval, bootstrap_ci, bootstrap_mean_ci, paired_difference_ci};
+pub use error::ScoreError;
+pub use freerun::{Divergence, exact_match, first_divergence, token_match_rate};
+pub use logprob::{PositionMetrics, entropy, kl_divergence, log_softmax, position_metrics, top1};
+pub use ppl::{PromptLogProbs, perplexity, pooled_ppl_ratio, ppl_ratio, ppl_ratio_ci};
+pub use quantiles::{Summary, quantile, quantile_sorted, summarize};
+pub use strata::{Stratum, entropy_quartiles};
+pub use survival::{Observation, SurvivalStep, kaplan_meier, median_survival, survival_at};
+pub use wilson::wilson_interval;
