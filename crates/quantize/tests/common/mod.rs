@@ -59,12 +59,3 @@ pub fn fnv1a_f32(values: &[f32]) -> u64 {
             .collect::<Vec<u8>>(),
     )
 }
-
-/// Decodes a hex string (whitespace ignored).
-pub fn hex(s: &str) -> Vec<u8> {
-    let digits: Vec<u8> = s.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
-    digits
-        .chunks_exact(2)
-        .map(|p| u8::from_str_radix(std::str::from_utf8(p).expect("ascii"), 16).expect("hex digit"))
-        .collect()
-}
