@@ -107,13 +107,18 @@ fn run_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), Str
     if status.success() { Ok(()) } else { Err(format!("{program} {} failed ({status})", args.join(" "))) }
 }
 
+/// The one build every task uses: release profile for binary and tests (Burn is unusably slow
+/// unoptimised, and a second profile would build it twice), whole workspace with all targets
+/// (a single-package build resolves Burn's dependency features differently and rebuilds it).
+fn build() -> Result<(), String> {
+    cargo(&["build", "--release", "--workspace", "--all-targets"])
+}
+
 fn ci() -> Result<(), String> {
     setup()?;
     // The GGUF tests read the real SmolLM2 file when models/ has it.
     fetch_models()?;
-    // One profile (release) for the binary and the tests: Burn is unusably slow unoptimised, and
-    // a second profile would build it twice.
-    cargo(&["build", "--release", "--workspace", "--all-targets"])?;
+    build()?;
     test_and_count(&["test", "--release", "--workspace", "--no-fail-fast"])
 }
 
@@ -165,7 +170,7 @@ fn demo() -> Result<(), String> {
     if !model.is_file() {
         return Err(format!("{} not found: the demo model lives in ../shared beside the checkout", model.display()));
     }
-    cargo(&["build", "--release", "--package", "qdrift-cli"])?;
+    build()?;
     let qdrift = target_dir().join("release/qdrift");
     let (m, t) = (model.to_string_lossy().into_owned(), tokenizer.to_string_lossy().into_owned());
     run(

@@ -124,3 +124,17 @@ fn missing_model_and_bad_options_are_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown dtype \"f8\""));
 }
+
+#[test]
+fn auto_backend_says_what_it_chose_and_why() {
+    let dir = stories();
+    let out = qdrift(&["generate", "--model", path(&dir.join("stories260K.bin")), "--prompt", "Hi", "--max-new-tokens", "2"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let line = stderr.lines().find(|l| l.starts_with("qdrift: backend ")).expect("a backend line");
+    // Either a hardware adapter was found, or the CPU was chosen and the adapters seen are named.
+    assert!(
+        line.contains("(--backend auto: hardware GPU adapter") || line.contains("no hardware GPU adapter"),
+        "{line}"
+    );
+}
