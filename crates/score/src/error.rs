@@ -43,6 +43,10 @@ pub enum ScoreError {
     /// A count that must be positive (resamples, horizon) is zero.
     #[error("{what} must be at least 1")]
     Zero { what: &'static str },
+
+    /// Reading device results back to the host failed.
+    #[error("reading {what} from the device failed: {message}")]
+    Device { what: &'static str, message: String },
 }
 
 pub(crate) type Result<T> = std::result::Result<T, ScoreError>;

@@ -13,11 +13,15 @@
 //! - [`quantiles`]: type-7 quantiles and the mean/median/p90/p99/max summary.
 //! - [`strata`]: metrics stratified by the reference's entropy quartiles.
 //! - [`ppl`]: perplexity and perplexity ratios.
+//! - [`device`]: the per-position metrics of [`logprob`] computed on the device for whole
+//!   `[batch, positions, vocab]` chunks of logits, so that only `[batch, positions]` values come
+//!   back to the host (full-vocabulary log-probabilities are never held for a whole run).
 //!
 //! **Invariant: prompts are the unit of resampling, never tokens; same seed → identical numbers;
-//! no I/O.** Nothing here panics on bad input: every public function returns [`ScoreError`].
+//! no I/O; every device reduction is tested against its host definition.** Nothing here panics on bad input: every public function returns [`ScoreError`].
 
 pub mod bootstrap;
+pub mod device;
 mod error;
 pub mod freerun;
 pub mod logprob;
@@ -28,6 +32,7 @@ pub mod survival;
 pub mod wilson;
 
 pub use bootstrap::{Interval, bootstrap_ci, bootstrap_mean_ci, paired_difference_ci};
+pub use device::{DevicePositionMetrics, position_metrics_on_device};
 pub use error::ScoreError;
 pub use freerun::{Divergence, exact_match, first_divergence, token_match_rate};
 pub use logprob::{PositionMetrics, entropy, kl_divergence, log_softmax, position_metrics, top1};
