@@ -72,29 +72,9 @@ pub enum QuantizeError {
         scale: f32,
     },
 
-    /// A GGML buffer whose element count is not a whole number of blocks.
-    #[error("{ty} stores blocks of {block} elements; {n_elements} elements is not a multiple")]
-    PartialBlock {
-        /// The block format.
-        ty: GgmlType,
-        /// Elements per block.
-        block: usize,
-        /// Elements requested.
-        n_elements: usize,
-    },
-
-    /// A GGML buffer of the wrong byte length.
-    #[error("{ty} data for {n_elements} elements must be {expected} bytes, got {actual}")]
-    BlockBytes {
-        /// The block format.
-        ty: GgmlType,
-        /// Elements requested.
-        n_elements: usize,
-        /// `n_elements / block * type_size`.
-        expected: usize,
-        /// Bytes given.
-        actual: usize,
-    },
+    /// A GGML buffer that is not a whole number of blocks, or of the wrong byte length.
+    #[error(transparent)]
+    Ggml(#[from] qdrift_ggml::GgmlError),
 
     /// A model tensor that should be a matrix is not: its shape is not 2-D or its data does not
     /// hold the elements its shape names.

@@ -6,7 +6,7 @@
 //! of the block size the matrix is kept as an f32 copy and [`crate::QuantizedMatrix::fell_back`]
 //! is true, as llama.cpp keeps such tensors unquantized.
 
-use qdrift_ggml::{GgmlError, GgmlType, quantize_ggml_blocks};
+use qdrift_ggml::{GgmlType, quantize_ggml_blocks};
 
 use crate::error::QuantizeError;
 use crate::{Packed, PackedDtype, PackedPart, f32_bytes};
@@ -19,41 +19,14 @@ use crate::{Packed, PackedDtype, PackedPart, f32_bytes};
 /// - returns: `n_elements` f32 values.
 ///
 /// # Errors
-/// [`QuantizeError::PartialBlock`] when `n_elements` is not a multiple of the block size,
-/// [`QuantizeError::BlockBytes`] when `bytes` has the wrong length.
+/// [`QuantizeError::Ggml`] when `n_elements` is not a multiple of the block size or `bytes` has
+/// the wrong length.
 pub fn dequantize_ggml_blocks(
     ty: GgmlType,
     bytes: &[u8],
     n_elements: usize,
 ) -> Result<Vec<f32>, QuantizeError> {
     qdrift_ggml::dequantize_ggml_blocks(ty, bytes, n_elements).map_err(QuantizeError::from)
-}
-
-impl From<GgmlError> for QuantizeError {
-    fn from(e: GgmlError) -> Self {
-        match e {
-            GgmlError::PartialBlock {
-                ty,
-                block,
-                n_elements,
-            } => QuantizeError::PartialBlock {
-                ty,
-                block,
-                n_elements,
-            },
-            GgmlError::BlockBytes {
-                ty,
-                n_elements,
-                expected,
-                actual,
-            } => QuantizeError::BlockBytes {
-                ty,
-                n_elements,
-                expected,
-                actual,
-            },
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -41,6 +41,7 @@ mod stats;
 pub use error::QuantizeError;
 pub use fp8::{fp8_decode, fp8_encode};
 pub use ggml::dequantize_ggml_blocks;
+pub use qdrift_ggml::GgmlError;
 pub use model::{
     QuantSummary, QuantizeOptions, QuantizedModel, QuantizedTensor, TensorReport, WeightSlot,
     quantize_model,

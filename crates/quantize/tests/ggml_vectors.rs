@@ -5,7 +5,7 @@
 mod common;
 
 use common::{fnv1a_f32, matrix};
-use qdrift_quantize::{GgmlType, QuantizeError, Scheme, dequantize_ggml_blocks, quantize};
+use qdrift_quantize::{GgmlError, GgmlType, QuantizeError, Scheme, dequantize_ggml_blocks, quantize};
 
 #[test]
 fn wrapper_stores_exactly_the_codec_blocks() {
@@ -33,20 +33,20 @@ fn wrapper_stores_exactly_the_codec_blocks() {
 fn dequantize_ggml_blocks_validates_lengths() {
     assert_eq!(
         dequantize_ggml_blocks(GgmlType::Q4K, &[0; 144], 255),
-        Err(QuantizeError::PartialBlock {
+        Err(QuantizeError::Ggml(GgmlError::PartialBlock {
             ty: GgmlType::Q4K,
             block: 256,
             n_elements: 255
-        })
+        }))
     );
     assert_eq!(
         dequantize_ggml_blocks(GgmlType::Q8_0, &[0; 33], 32),
-        Err(QuantizeError::BlockBytes {
+        Err(QuantizeError::Ggml(GgmlError::BlockBytes {
             ty: GgmlType::Q8_0,
             n_elements: 32,
             expected: 34,
             actual: 33
-        })
+        }))
     );
     assert_eq!(dequantize_ggml_blocks(GgmlType::Q6K, &[], 0), Ok(vec![]));
     let text = dequantize_ggml_blocks(GgmlType::Mxfp4, &[0; 16], 32)
