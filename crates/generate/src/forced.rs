@@ -2,8 +2,9 @@
 //! prompt + continuation (chunked over positions so that memory stays bounded).
 
 use burn::tensor::{Int, Tensor, TensorData};
-use qdrift_model::{Llama, Positions};
+use qdrift_model::Llama;
 
+use crate::greedy::{PromptBatch, prompt_batch};
 use crate::{ComputeDevice, GenerateError, GenerationConfig, check_request};
 
 /// The logits of a chunk of continuation positions of one batch.
@@ -34,10 +35,7 @@ pub fn teacher_forced(
 ) -> Result<(), GenerateError> {
     let n = sequences.first().map_or(0, |(_, c)| c.len());
     if let Some(i) = sequences.iter().position(|(_, c)| c.len() != n) {
-        return Err(GenerateError::TooLarge(format!(
-            "continuation {i} has {} tokens, the first has {n}: teacher forcing needs equal lengths",
-            sequences[i].1.len()
-        )));
+        return Err(GenerateError::UnequalContinuations { index: i, len: sequences[i].1.len(), expected: n });
     }
     let prompts: Vec<Vec<u32>> = sequences.iter().map(|(p, _)| p.clone()).collect();
     let config = GenerationConfig { max_new_tokens: n, batch_size, stop_at_eos: None };
@@ -65,17 +63,8 @@ fn forced_batch(
         return;
     }
     let rows = batch.len();
-    let lengths: Vec<usize> = batch.iter().map(|(p, _)| p.len()).collect();
-    let longest = lengths.iter().copied().max().unwrap_or(0);
-    let positions = Positions::left_padded(&lengths);
     let device = model.device();
-    let mut ids = Vec::with_capacity(rows * longest);
-    for ((p, _), &pad) in batch.iter().zip(&positions.pad) {
-        ids.extend(std::iter::repeat_n(0i32, pad));
-        ids.extend(p.iter().map(|&t| t as i32));
-    }
-    let mut caches = model.new_caches(rows, longest + n);
-    let prompt: Tensor<2, Int> = Tensor::from_data(TensorData::new(ids, [rows, longest]), &device);
+    let PromptBatch { positions, mut caches, tokens: prompt } = prompt_batch(model, batch.iter().map(|(p, _)| p.as_slice()), n);
     // The last prompt column predicts continuation token 0.
     let logits = model.forward(prompt, &positions, &mut caches, false);
     observe(ForcedLogits { first_prompt, start: 0, logits: &logits });

@@ -2,7 +2,7 @@
 
 use burn::tensor::{Int, Tensor, TensorData};
 use burn::tensor::DType;
-use qdrift_model::{Llama, LlamaConfig, Positions};
+use qdrift_model::{KvCache, Llama, LlamaConfig, Positions};
 
 use crate::ComputeDevice;
 
@@ -49,6 +49,16 @@ pub enum GenerateError {
     /// The request does not fit the device.
     #[error("{0}")]
     TooLarge(String),
+    /// Teacher forcing got continuations of different lengths.
+    #[error("continuation {index} has {len} tokens, the first has {expected}: teacher forcing needs equal lengths")]
+    UnequalContinuations {
+        /// Index of the first continuation that differs.
+        index: usize,
+        /// Its length.
+        len: usize,
+        /// The first continuation's length.
+        expected: usize,
+    },
     /// `batch_size` of zero.
     #[error("batch size must be at least 1")]
     ZeroBatch,
@@ -91,22 +101,11 @@ fn generate_batch(
     observe: &mut impl FnMut(StepLogits<'_>),
 ) -> Result<Vec<Vec<u32>>, GenerateError> {
     let n = config.max_new_tokens;
-    let lengths: Vec<usize> = prompts.iter().map(Vec::len).collect();
-    let longest = lengths.iter().copied().max().unwrap_or(0);
     let batch = prompts.len();
     if n == 0 {
         return Ok(vec![Vec::new(); batch]);
     }
-    let positions = Positions::left_padded(&lengths);
-    let device = model.device();
-    // Padding columns hold token 0; they are masked out of every real token's attention.
-    let mut ids = Vec::with_capacity(batch * longest);
-    for (p, &pad) in prompts.iter().zip(&positions.pad) {
-        ids.extend(std::iter::repeat_n(0i32, pad));
-        ids.extend(p.iter().map(|&t| t as i32));
-    }
-    let mut caches = model.new_caches(batch, longest + n);
-    let mut input: Tensor<2, Int> = Tensor::from_data(TensorData::new(ids, [batch, longest]), &device);
+    let PromptBatch { positions, mut caches, tokens: mut input } = prompt_batch(model, prompts.iter().map(Vec::as_slice), n);
     let mut steps: Vec<Tensor<2, Int>> = Vec::with_capacity(n);
     let mut finished = vec![false; batch];
     for step in 0..n {
@@ -136,6 +135,30 @@ fn generate_batch(
         }
     }
     Ok(rows)
+}
+
+/// A batch of prompts laid out for the model: left-padded token columns, their [`Positions`],
+/// and empty caches with room for the prompts plus `extra` positions.
+pub(crate) struct PromptBatch {
+    pub positions: Positions,
+    pub caches: Vec<KvCache>,
+    /// `[batch, longest prompt]`; padding columns hold token 0, masked out of every real token's
+    /// attention.
+    pub tokens: Tensor<2, Int>,
+}
+
+pub(crate) fn prompt_batch<'a>(model: &Llama, prompts: impl Iterator<Item = &'a [u32]> + Clone, extra: usize) -> PromptBatch {
+    let lengths: Vec<usize> = prompts.clone().map(<[u32]>::len).collect();
+    let (rows, longest) = (lengths.len(), lengths.iter().copied().max().unwrap_or(0));
+    let positions = Positions::left_padded(&lengths);
+    let mut ids = Vec::with_capacity(rows * longest);
+    for (p, &pad) in prompts.zip(&positions.pad) {
+        ids.extend(std::iter::repeat_n(0i32, pad));
+        ids.extend(p.iter().map(|&t| t as i32));
+    }
+    let caches = model.new_caches(rows, longest + extra);
+    let tokens = Tensor::from_data(TensorData::new(ids, [rows, longest]), &model.device());
+    PromptBatch { positions, caches, tokens }
 }
 
 fn read_ids(t: Tensor<2, Int>) -> Result<Vec<u32>, GenerateError> {
