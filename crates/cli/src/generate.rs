@@ -89,7 +89,7 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
     // Refuse impossible requests before uploading weights.
     let model_config = LlamaConfig::from_arch(arch);
     qdrift_generate::check_request(&model_config, args.dtype, &device, &prompts, &config)?;
-    let (weights, _) = args.variant.apply(loaded.model.clone())?;
+    let (weights, _) = args.variant.apply(loaded.model)?;
     let model = model_config.init_from_host(&weights, args.dtype, &device.device)?;
     let generated = generate(&model, &device, &prompts, &config, |_| {})?;
 
