@@ -34,4 +34,7 @@ pub enum ReportError {
     /// A report holds a value outside its range (NaN, infinite, a rate outside [0, 1], …).
     #[error("invalid report: {0}")]
     Invalid(String),
+    /// A chart could not be drawn.
+    #[error("chart {0}")]
+    Chart(String),
 }

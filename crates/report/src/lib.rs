@@ -10,9 +10,18 @@
 //! deterministic (fields in declaration order, no timestamps, no hash maps).**
 
 mod atomic;
+mod charts;
+mod document;
 mod error;
+mod format;
+mod html;
+mod markdown;
 mod schema;
+#[doc(hidden)]
+pub mod testing;
 
 pub use atomic::write_atomic;
 pub use error::ReportError;
+pub use html::render_html;
+pub use markdown::{render_markdown, render_summary};
 pub use schema::*;

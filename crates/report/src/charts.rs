@@ -1,0 +1,426 @@
+//! Inline SVG charts, drawn with plotters' SVG backend.
+//!
+//! plotters writes one SVG element per drawing call and offers no way to group them, so the
+//! backend is wrapped in [`Tagged`], which notes for every element it forwards which data series
+//! (if any) was being drawn. Afterwards every element of series `NAME` gets
+//! `class="series" data-series="NAME"`: a test (or a reader's script) finds a series' line as
+//! `polyline[data-series="NAME"]` and counts its points in the `points` attribute, and the
+//! markers of the PPL chart as `circle[data-series="NAME"]`. The legend's swatches are drawn
+//! outside any series and carry no tag.
+//!
+//! No font is loaded: without plotters' `ttf` feature text sizes are estimated and the SVG says
+//! `font-family="sans-serif"`, which the browser lays out. The `xmlns` attribute is dropped (an
+//! `<svg>` inside HTML needs none), so the page holds no URL at all.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters_backend::{BackendColor, BackendCoord, BackendTextStyle, DrawingErrorKind};
+// `BackendStyle` is named by path only: in scope, its `stroke_width` would clash with `Color`'s.
+
+use crate::ReportError;
+use crate::html::escape;
+
+/// Series colours (Tableau 10), in variant order; they repeat after ten variants.
+const PALETTE: [RGBColor; 10] = [
+    RGBColor(0x4E, 0x79, 0xA7),
+    RGBColor(0xF2, 0x8E, 0x2B),
+    RGBColor(0xE1, 0x57, 0x59),
+    RGBColor(0x59, 0xA1, 0x4F),
+    RGBColor(0xB0, 0x7A, 0xA1),
+    RGBColor(0x76, 0xB7, 0xB2),
+    RGBColor(0xED, 0xC9, 0x48),
+    RGBColor(0xFF, 0x9D, 0xA7),
+    RGBColor(0x9C, 0x75, 0x5F),
+    RGBColor(0xBA, 0xB0, 0xAC),
+];
+
+pub(crate) fn color(i: usize) -> RGBColor {
+    PALETTE[i % PALETTE.len()]
+}
+
+/// Chart size in pixels.
+const SIZE: (u32, u32) = (900, 420);
+
+/// Which series each emitted element belongs to, in emission order.
+#[derive(Default)]
+struct Log {
+    current: Option<usize>,
+    elements: Vec<Option<usize>>,
+}
+
+/// plotters' SVG backend, noting the current series of every element it writes.
+struct Tagged<'a> {
+    inner: SVGBackend<'a>,
+    log: Rc<RefCell<Log>>,
+}
+
+impl Tagged<'_> {
+    /// Notes one element unless the inner backend skips it (it writes nothing for a fully
+    /// transparent colour).
+    fn note(&self, color: BackendColor) {
+        if color.alpha != 0.0 {
+            let mut log = self.log.borrow_mut();
+            let current = log.current;
+            log.elements.push(current);
+        }
+    }
+}
+
+type Result2<E> = Result<(), DrawingErrorKind<E>>;
+
+impl DrawingBackend for Tagged<'_> {
+    type ErrorType = std::io::Error;
+
+    fn get_size(&self) -> (u32, u32) {
+        self.inner.get_size()
+    }
+    fn ensure_prepared(&mut self) -> Result2<Self::ErrorType> {
+        self.inner.ensure_prepared()
+    }
+    fn present(&mut self) -> Result2<Self::ErrorType> {
+        self.inner.present()
+    }
+    fn draw_pixel(&mut self, point: BackendCoord, color: BackendColor) -> Result2<Self::ErrorType> {
+        self.note(color);
+        self.inner.draw_pixel(point, color)
+    }
+    fn draw_line<S: plotters_backend::BackendStyle>(
+        &mut self,
+        from: BackendCoord,
+        to: BackendCoord,
+        style: &S,
+    ) -> Result2<Self::ErrorType> {
+        self.note(style.color());
+        self.inner.draw_line(from, to, style)
+    }
+    fn draw_rect<S: plotters_backend::BackendStyle>(
+        &mut self,
+        upper_left: BackendCoord,
+        bottom_right: BackendCoord,
+        style: &S,
+        fill: bool,
+    ) -> Result2<Self::ErrorType> {
+        self.note(style.color());
+        self.inner.draw_rect(upper_left, bottom_right, style, fill)
+    }
+    fn draw_path<S: plotters_backend::BackendStyle, I: IntoIterator<Item = BackendCoord>>(
+        &mut self,
+        path: I,
+        style: &S,
+    ) -> Result2<Self::ErrorType> {
+        self.note(style.color());
+        self.inner.draw_path(path, style)
+    }
+    fn draw_circle<S: plotters_backend::BackendStyle>(
+        &mut self,
+        center: BackendCoord,
+        radius: u32,
+        style: &S,
+        fill: bool,
+    ) -> Result2<Self::ErrorType> {
+        self.note(style.color());
+        self.inner.draw_circle(center, radius, style, fill)
+    }
+    fn fill_polygon<S: plotters_backend::BackendStyle, I: IntoIterator<Item = BackendCoord>>(
+        &mut self,
+        vert: I,
+        style: &S,
+    ) -> Result2<Self::ErrorType> {
+        self.note(style.color());
+        self.inner.fill_polygon(vert, style)
+    }
+    fn draw_text<S: BackendTextStyle>(
+        &mut self,
+        text: &str,
+        style: &S,
+        pos: BackendCoord,
+    ) -> Result2<Self::ErrorType> {
+        self.note(style.color());
+        self.inner.draw_text(text, style, pos)
+    }
+    fn estimate_text_size<S: BackendTextStyle>(
+        &self,
+        text: &str,
+        style: &S,
+    ) -> Result<(u32, u32), DrawingErrorKind<Self::ErrorType>> {
+        self.inner.estimate_text_size(text, style)
+    }
+}
+
+/// One data series: a name (the variant) and its points.
+pub(crate) struct Series<'a> {
+    pub name: &'a str,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A point estimate with its interval, at `x`.
+pub(crate) struct Interval {
+    pub x: f64,
+    pub mean: f64,
+    pub lo: f64,
+    pub hi: f64,
+}
+
+/// Where the legend goes.
+#[derive(Clone, Copy)]
+pub(crate) enum Legend {
+    UpperLeft,
+    UpperRight,
+    LowerLeft,
+}
+
+impl Legend {
+    fn position(self) -> SeriesLabelPosition {
+        match self {
+            Legend::UpperLeft => SeriesLabelPosition::UpperLeft,
+            Legend::UpperRight => SeriesLabelPosition::UpperRight,
+            Legend::LowerLeft => SeriesLabelPosition::LowerLeft,
+        }
+    }
+}
+
+/// Axes, labels and title of a chart; every chart has a log-scaled x axis.
+pub(crate) struct Spec<'a> {
+    /// The chart's `id` in the page.
+    pub id: &'a str,
+    pub title: &'a str,
+    pub x_label: &'a str,
+    pub y_label: &'a str,
+    pub x_range: (f64, f64),
+    pub y_range: (f64, f64),
+    pub y_format: fn(f64) -> String,
+    pub legend: Legend,
+}
+
+fn chart_error<E: std::error::Error>(title: &str, e: E) -> ReportError {
+    ReportError::Chart(format!("{title}: {e}"))
+}
+
+/// Draws with `draw` on a fresh tagged SVG backend and returns the tagged SVG.
+fn render(
+    spec: &Spec,
+    names: &[&str],
+    draw: impl FnOnce(&DrawingArea<Tagged, Shift>, &Rc<RefCell<Log>>) -> Result<(), ReportError>,
+) -> Result<String, ReportError> {
+    let log = Rc::new(RefCell::new(Log::default()));
+    let mut svg = String::new();
+    {
+        let backend = Tagged {
+            inner: SVGBackend::with_string(&mut svg, SIZE),
+            log: Rc::clone(&log),
+        };
+        let area = backend.into_drawing_area();
+        area.fill(&WHITE).map_err(|e| chart_error(spec.title, e))?;
+        draw(&area, &log)?;
+        area.present().map_err(|e| chart_error(spec.title, e))?;
+    }
+    let log = log.borrow();
+    tag(&svg, &log.elements, names, spec)
+}
+
+/// Adds `class="series" data-series="NAME"` to the elements drawn for a series, drops the
+/// `xmlns` URL and labels the `<svg>` for screen readers.
+fn tag(
+    svg: &str,
+    elements: &[Option<usize>],
+    names: &[&str],
+    spec: &Spec,
+) -> Result<String, ReportError> {
+    let mut out = String::with_capacity(svg.len() + elements.len() * 32);
+    let mut next = elements.iter();
+    for line in svg.lines() {
+        if line.starts_with("<svg ") {
+            let line = line.replace(" xmlns=\"http://www.w3.org/2000/svg\"", "");
+            out.push_str(&line.replacen(
+                "<svg ",
+                &format!(
+                    "<svg id=\"{}\" class=\"chart\" role=\"img\" aria-label=\"{}\" ",
+                    escape(spec.id),
+                    escape(spec.title)
+                ),
+                1,
+            ));
+        } else if line.starts_with('<') && !line.starts_with("</") {
+            let Some(series) = next.next() else {
+                return Err(ReportError::Chart(format!(
+                    "{}: more SVG elements than drawing calls",
+                    spec.title
+                )));
+            };
+            match (series, line.find(' ')) {
+                (Some(i), Some(at)) => {
+                    let name = names.get(*i).copied().unwrap_or("");
+                    out.push_str(&line[..at]);
+                    out.push_str(&format!(
+                        " class=\"series\" data-series=\"{}\"",
+                        escape(name)
+                    ));
+                    out.push_str(&line[at..]);
+                }
+                _ => out.push_str(line),
+            }
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    if next.next().is_some() {
+        return Err(ReportError::Chart(format!(
+            "{}: fewer SVG elements than drawing calls",
+            spec.title
+        )));
+    }
+    Ok(out)
+}
+
+/// Runs `f` with the log's current series set to `i`.
+fn in_series<T>(log: &Rc<RefCell<Log>>, i: usize, f: impl FnOnce() -> T) -> T {
+    log.borrow_mut().current = Some(i);
+    let out = f();
+    log.borrow_mut().current = None;
+    out
+}
+
+/// Keeps the legend's text free of control characters (plotters escapes the rest).
+fn legend_name(name: &str) -> String {
+    crate::format::plain(name)
+}
+
+fn ranges(spec: &Spec) -> (std::ops::Range<f64>, std::ops::Range<f64>) {
+    let (x0, x1) = spec.x_range;
+    let x0 = if x0 > 0.0 { x0 } else { 1.0 };
+    let x1 = if x1 > x0 { x1 } else { x0 * 10.0 };
+    let (y0, y1) = spec.y_range;
+    let y1 = if y1 > y0 { y1 } else { y0 + 1.0 };
+    (x0..x1, y0..y1)
+}
+
+/// One polyline per series against a log-scaled x axis.
+pub(crate) fn line_chart(spec: &Spec, series: &[Series]) -> Result<String, ReportError> {
+    let names: Vec<&str> = series.iter().map(|s| s.name).collect();
+    render(spec, &names, |area, log| {
+        let err = |e| chart_error(spec.title, e);
+        let (xr, yr) = ranges(spec);
+        let mut chart = ChartBuilder::on(area)
+            .caption(spec.title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(48)
+            .y_label_area_size(72)
+            .build_cartesian_2d(xr.log_scale(), yr)
+            .map_err(err)?;
+        let y_format = spec.y_format;
+        chart
+            .configure_mesh()
+            .x_desc(spec.x_label)
+            .y_desc(spec.y_label)
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| y_format(*y))
+            .light_line_style(BLACK.mix(0.05))
+            .draw()
+            .map_err(err)?;
+        for (i, s) in series.iter().enumerate() {
+            let c = color(i);
+            let points = s.points.clone();
+            in_series(log, i, || {
+                chart
+                    .draw_series(LineSeries::new(points, c.stroke_width(2)))
+                    .map(|a| {
+                        a.label(legend_name(s.name)).legend(move |(x, y)| {
+                            Rectangle::new([(x, y - 5), (x + 16, y + 5)], c.filled())
+                        });
+                    })
+            })
+            .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .position(spec.legend.position())
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.4))
+            .label_font(("sans-serif", 15))
+            .draw()
+            .map_err(err)?;
+        Ok(())
+    })
+}
+
+/// Per series, a marker at each mean with its interval as an error bar, joined by a thin line;
+/// the series are offset a little along x so their bars do not overlap.
+pub(crate) fn interval_chart(
+    spec: &Spec,
+    series: &[(&str, Vec<Interval>)],
+) -> Result<String, ReportError> {
+    let names: Vec<&str> = series.iter().map(|s| s.0).collect();
+    render(spec, &names, |area, log| {
+        let err = |e| chart_error(spec.title, e);
+        let (xr, yr) = ranges(spec);
+        let mut chart = ChartBuilder::on(area)
+            .caption(spec.title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(48)
+            .y_label_area_size(72)
+            .build_cartesian_2d(xr.log_scale(), yr)
+            .map_err(err)?;
+        let y_format = spec.y_format;
+        chart
+            .configure_mesh()
+            .x_desc(spec.x_label)
+            .y_desc(spec.y_label)
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| y_format(*y))
+            .light_line_style(BLACK.mix(0.05))
+            .draw()
+            .map_err(err)?;
+        let n = series.len().max(1) as f64;
+        for (i, (name, intervals)) in series.iter().enumerate() {
+            let c = color(i);
+            // Spread the series over ±6% of x (a constant width on the log axis).
+            let shift = 1.0 + 0.12 * ((i as f64 + 0.5) / n - 0.5);
+            let at: Vec<(f64, &Interval)> = intervals.iter().map(|iv| (iv.x * shift, iv)).collect();
+            in_series(log, i, || -> Result<(), ReportError> {
+                let line: Vec<(f64, f64)> = at.iter().map(|(x, iv)| (*x, iv.mean)).collect();
+                chart
+                    .draw_series(LineSeries::new(line, c.mix(0.5).stroke_width(1)))
+                    .map_err(err)?
+                    .label(legend_name(name))
+                    .legend(move |(x, y)| {
+                        Rectangle::new([(x, y - 5), (x + 16, y + 5)], c.filled())
+                    });
+                chart
+                    .draw_series(at.iter().flat_map(|&(x, iv)| {
+                        let cap = |y| {
+                            PathElement::new(
+                                vec![(x / 1.012, y), (x * 1.012, y)],
+                                c.stroke_width(2),
+                            )
+                        };
+                        [
+                            PathElement::new(vec![(x, iv.lo), (x, iv.hi)], c.stroke_width(2)),
+                            cap(iv.lo),
+                            cap(iv.hi),
+                        ]
+                    }))
+                    .map_err(err)?;
+                chart
+                    .draw_series(
+                        at.iter()
+                            .map(|&(x, iv)| Circle::new((x, iv.mean), 4, c.filled())),
+                    )
+                    .map_err(err)?;
+                Ok(())
+            })?;
+        }
+        chart
+            .configure_series_labels()
+            .position(spec.legend.position())
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.4))
+            .label_font(("sans-serif", 15))
+            .draw()
+            .map_err(err)?;
+        Ok(())
+    })
+}
