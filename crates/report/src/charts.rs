@@ -319,6 +319,8 @@ pub(crate) fn line_chart(spec: &Spec, series: &[Series]) -> Result<String, Repor
             .x_label_formatter(&|x| format!("{x:.0}"))
             .y_label_formatter(&|y| y_format(*y))
             .light_line_style(BLACK.mix(0.05))
+            .label_style(("sans-serif", 14))
+            .axis_desc_style(("sans-serif", 15))
             .draw()
             .map_err(err)?;
         for (i, s) in series.iter().enumerate() {
@@ -372,6 +374,8 @@ pub(crate) fn interval_chart(
             .x_label_formatter(&|x| format!("{x:.0}"))
             .y_label_formatter(&|y| y_format(*y))
             .light_line_style(BLACK.mix(0.05))
+            .label_style(("sans-serif", 14))
+            .axis_desc_style(("sans-serif", 15))
             .draw()
             .map_err(err)?;
         let n = series.len().max(1) as f64;

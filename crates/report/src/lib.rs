@@ -14,7 +14,9 @@ mod charts;
 mod document;
 mod error;
 mod format;
+mod gate;
 mod html;
+mod junit;
 mod markdown;
 mod schema;
 #[doc(hidden)]
@@ -22,6 +24,11 @@ pub mod testing;
 
 pub use atomic::write_atomic;
 pub use error::ReportError;
+pub use gate::{
+    Bound, Check, CheckResult, GateError, GateOutcome, GateRun, Side, Thresholds, WILDCARD,
+    exit_code, gate, run_gate,
+};
 pub use html::render_html;
+pub use junit::{junit_error_xml, junit_xml};
 pub use markdown::{render_markdown, render_summary};
 pub use schema::*;

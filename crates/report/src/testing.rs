@@ -132,7 +132,9 @@ struct Curves {
 
 /// A deterministic wobble in [-1, 1] (no random numbers: same input → same report).
 fn wobble(i: usize, salt: f64) -> f64 {
-    ((i as f64 + 1.0) * 12.9898 + salt * 78.233).sin()
+    // The classic shader hash: the fractional part of a large multiple of a sine.
+    let x = ((i as f64 + 1.0) * 12.9898 + salt * 78.233).sin() * 43758.5453;
+    2.0 * (x - x.floor()) - 1.0
 }
 
 impl Curves {

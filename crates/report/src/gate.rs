@@ -1,0 +1,626 @@
+//! `qdrift gate`: checks a report against a thresholds file, for CI.
+//!
+//! A thresholds file (TOML):
+//!
+//! ```toml
+//! [defaults]
+//! bound = "ci"            # "ci": the 95% interval's bound must clear the threshold; "point": the mean must
+//! [variant."int4-g128"]
+//! "token_match_rate@100" = { min = 0.80 }
+//! "kld@1000" = { max = 0.05 }
+//! "ppl_drift_of_generated_text@1000" = { max = 1.10, bound = "point" }   # per-check override
+//! [variant."*"]
+//! "top1_agreement@10" = { min = 0.95 }
+//! ```
+//!
+//! Keys are `METRIC@HORIZON` with a metric of [`GATE_METRICS`] and a horizon of the report.
+//! With `bound = "ci"`, `min` is compared with the interval's **lower** bound and `max` with its
+//! **upper** bound (the metric must clear the threshold with 95% confidence); with `"point"` the
+//! mean is compared. A check may have both `min` and `max`: each side is one outcome.
+//!
+//! `variant."*"` applies to every variant of the report **except the noise floor** (kind
+//! `noise_floor`): the noise floor is the yardstick, not a candidate, and has no
+//! `excess_*` metrics; it can still be checked by naming it. A variant named explicitly and
+//! matched by `"*"` gets both sets of checks.
+//!
+//! Exit codes ([`exit_code`]): 0 every check passed, 1 some check failed, 2 the input is unusable
+//! ([`GateError`]: a missing or unreadable file, a TOML error or unknown key, an unknown metric,
+//! horizon or variant, an `excess_*` metric on the noise floor, another schema version, a check
+//! with neither `min` nor `max`, an unknown bound, or a file that checks nothing).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::format::plain;
+use crate::{GATE_METRICS, Report, ReportError, VariantKind, write_atomic};
+
+/// The section that applies to every variant but the noise floor.
+pub const WILDCARD: &str = "*";
+
+/// What a threshold is compared with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bound {
+    /// The 95% interval's bound on the threshold's side (lower for `min`, upper for `max`).
+    Ci,
+    /// The point estimate (mean).
+    Point,
+}
+
+impl Bound {
+    fn parse(s: &str) -> Option<Bound> {
+        match s {
+            "ci" => Some(Bound::Ci),
+            "point" => Some(Bound::Point),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Bound {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(match self {
+            Bound::Ci => "ci",
+            Bound::Point => "point",
+        })
+    }
+}
+
+/// Which side of the threshold the metric must stay on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// The value must be ≥ the threshold.
+    Min,
+    /// The value must be ≤ the threshold.
+    Max,
+}
+
+/// One check of a thresholds file, as written.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Check {
+    /// The variant's name, or [`WILDCARD`].
+    pub variant: String,
+    /// A name of [`GATE_METRICS`].
+    pub metric: String,
+    /// The horizon in tokens.
+    pub horizon: usize,
+    /// The smallest acceptable value.
+    pub min: Option<f64>,
+    /// The largest acceptable value.
+    pub max: Option<f64>,
+    /// The file's default bound unless the check overrides it.
+    pub bound: Bound,
+}
+
+/// A parsed thresholds file. Checks are sorted by variant section, then metric in
+/// [`GATE_METRICS`] order, then horizon (TOML tables have no order to keep).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Thresholds {
+    /// `[defaults] bound` (`ci` when absent).
+    pub default_bound: Bound,
+    /// Every check of every `[variant."NAME"]` section.
+    pub checks: Vec<Check>,
+}
+
+/// Why a gate could not run: exit code 2. Every message is one line.
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    /// The report could not be read (missing, not JSON, another schema version, invalid).
+    #[error("{0}")]
+    Report(#[from] ReportError),
+    /// The thresholds file could not be read.
+    #[error("{path}: cannot read the thresholds file: {source}")]
+    ThresholdsIo {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The thresholds file is not valid TOML or has a key the format does not know.
+    #[error("{origin}:{line}:{column}: {message}")]
+    Toml {
+        /// The file, or `thresholds` for text parsed from memory.
+        origin: String,
+        /// 1-based line of the error.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// The TOML parser's message (one line).
+        message: String,
+    },
+    /// A `bound` that is neither `ci` nor `point`.
+    #[error("{at}: bound = \"{value}\": expected \"ci\" or \"point\"")]
+    UnknownBound {
+        /// `[defaults]` or `variant."NAME" "KEY"`.
+        at: String,
+        /// The value given.
+        value: String,
+    },
+    /// A check key that is not `METRIC@HORIZON`.
+    #[error("{at}: a check is written \"METRIC@HORIZON\" (e.g. \"kld@100\")")]
+    BadKey {
+        /// `variant."NAME" "KEY"`.
+        at: String,
+    },
+    /// A metric name `qdrift gate` does not know.
+    #[error("{at}: unknown metric \"{metric}\"; known metrics: {}", GATE_METRICS.join(", "))]
+    UnknownMetric {
+        /// `variant."NAME" "KEY"`.
+        at: String,
+        /// The name given.
+        metric: String,
+    },
+    /// A check with neither `min` nor `max`.
+    #[error("{at}: a check needs `min`, `max` or both")]
+    NoLimit {
+        /// `variant."NAME" "KEY"`.
+        at: String,
+    },
+    /// A threshold that is NaN or infinite, or `min > max`.
+    #[error("{at}: {why}")]
+    BadLimit {
+        /// `variant."NAME" "KEY"`.
+        at: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A horizon the report does not have.
+    #[error(
+        "{at}: the report has no horizon {horizon}; its horizons: {}",
+        list(known)
+    )]
+    UnknownHorizon {
+        /// `variant."NAME" "KEY"`.
+        at: String,
+        /// The horizon given.
+        horizon: usize,
+        /// The report's horizons.
+        known: Vec<usize>,
+    },
+    /// A variant the report does not have.
+    #[error(
+        "variant.\"{name}\": the report has no such variant; its variants: {}",
+        list(known)
+    )]
+    UnknownVariant {
+        /// The name given.
+        name: String,
+        /// The report's variants.
+        known: Vec<String>,
+    },
+    /// An `excess_*` metric on the noise floor, which has none.
+    #[error(
+        "{at}: {variant} is the noise floor; excess over the noise floor is not defined for it"
+    )]
+    ExcessOnNoiseFloor {
+        /// `variant."NAME" "KEY"`.
+        at: String,
+        /// The noise floor's name.
+        variant: String,
+    },
+    /// No check applies to the report: a gate that checks nothing would pass anything.
+    #[error(
+        "the thresholds file checks nothing in this report (no [variant.\"NAME\"] checks, or only \
+         [variant.\"*\"] checks and no variant but the noise floor)"
+    )]
+    NoChecks,
+}
+
+fn list<T: fmt::Display>(xs: &[T]) -> String {
+    if xs.is_empty() {
+        return "none".into();
+    }
+    xs.iter()
+        .map(|x| plain(&x.to_string()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn at(variant: &str, key: &str) -> String {
+    format!("variant.\"{}\" \"{}\"", plain(variant), plain(key))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    defaults: Defaults,
+    #[serde(default)]
+    variant: BTreeMap<String, BTreeMap<String, CheckFile>>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Defaults {
+    bound: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckFile {
+    min: Option<f64>,
+    max: Option<f64>,
+    bound: Option<String>,
+}
+
+/// 1-based line and column of byte `offset` in `text`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset.min(text.len())).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+impl Thresholds {
+    /// Parses a thresholds file's text; `origin` names it in errors.
+    pub fn parse_named(text: &str, origin: &str) -> Result<Thresholds, GateError> {
+        let file: File = toml::from_str(text).map_err(|e| {
+            let (line, column) = e.span().map_or((1, 1), |s| line_column(text, s.start));
+            let message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
+            GateError::Toml {
+                origin: origin.to_string(),
+                line,
+                column,
+                message,
+            }
+        })?;
+        let default_bound = match &file.defaults.bound {
+            None => Bound::Ci,
+            Some(b) => Bound::parse(b).ok_or_else(|| GateError::UnknownBound {
+                at: "[defaults]".into(),
+                value: plain(b),
+            })?,
+        };
+        let mut checks = Vec::new();
+        for (variant, entries) in &file.variant {
+            for (key, c) in entries {
+                let at = at(variant, key);
+                let (metric, horizon) = key
+                    .rsplit_once('@')
+                    .ok_or_else(|| GateError::BadKey { at: at.clone() })?;
+                if !GATE_METRICS.contains(&metric) {
+                    return Err(GateError::UnknownMetric {
+                        at,
+                        metric: plain(metric),
+                    });
+                }
+                let horizon: usize = horizon
+                    .parse()
+                    .map_err(|_| GateError::BadKey { at: at.clone() })?;
+                let bound = match &c.bound {
+                    None => default_bound,
+                    Some(b) => Bound::parse(b).ok_or_else(|| GateError::UnknownBound {
+                        at: at.clone(),
+                        value: plain(b),
+                    })?,
+                };
+                if c.min.is_none() && c.max.is_none() {
+                    return Err(GateError::NoLimit { at });
+                }
+                for (side, x) in [("min", c.min), ("max", c.max)] {
+                    if let Some(x) = x
+                        && !x.is_finite()
+                    {
+                        return Err(GateError::BadLimit {
+                            at,
+                            why: format!("{side} = {x} is not a finite number"),
+                        });
+                    }
+                }
+                if let (Some(lo), Some(hi)) = (c.min, c.max)
+                    && lo > hi
+                {
+                    return Err(GateError::BadLimit {
+                        at,
+                        why: format!("min = {lo} > max = {hi}: no value passes"),
+                    });
+                }
+                checks.push(Check {
+                    variant: variant.clone(),
+                    metric: metric.to_string(),
+                    horizon,
+                    min: c.min,
+                    max: c.max,
+                    bound,
+                });
+            }
+        }
+        let metric_rank = |m: &str| {
+            GATE_METRICS
+                .iter()
+                .position(|&g| g == m)
+                .unwrap_or(usize::MAX)
+        };
+        checks.sort_by(|a, b| {
+            (
+                a.variant == WILDCARD,
+                &a.variant,
+                metric_rank(&a.metric),
+                a.horizon,
+            )
+                .cmp(&(
+                    b.variant == WILDCARD,
+                    &b.variant,
+                    metric_rank(&b.metric),
+                    b.horizon,
+                ))
+        });
+        Ok(Thresholds {
+            default_bound,
+            checks,
+        })
+    }
+
+    /// Parses a thresholds file's text.
+    pub fn parse(text: &str) -> Result<Thresholds, GateError> {
+        Thresholds::parse_named(text, "thresholds")
+    }
+
+    /// Reads and parses a thresholds file.
+    pub fn read(path: &Path) -> Result<Thresholds, GateError> {
+        let text = std::fs::read_to_string(path).map_err(|source| GateError::ThresholdsIo {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Thresholds::parse_named(&text, &path.display().to_string())
+    }
+}
+
+/// The outcome of one side of one check on one variant.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckResult {
+    /// The variant checked.
+    pub variant: String,
+    /// The section of the thresholds file the check came from (the variant's name or `*`).
+    pub section: String,
+    /// The metric's gate name.
+    pub metric: String,
+    /// The horizon in tokens.
+    pub horizon: usize,
+    /// What was compared.
+    pub bound: Bound,
+    /// Which side: `min` (value ≥ threshold) or `max` (value ≤ threshold).
+    pub side: Side,
+    /// The threshold.
+    pub threshold: f64,
+    /// The value compared: the lower or upper interval bound, or the mean.
+    pub value: f64,
+    /// Whether the value is on the right side of the threshold (equal passes).
+    pub passed: bool,
+    /// Whether the check also has the other side (then the JUnit name says which side).
+    pub two_sided: bool,
+}
+
+impl CheckResult {
+    /// `lower CI bound`, `upper CI bound` or `mean`.
+    pub fn value_kind(&self) -> &'static str {
+        match (self.bound, self.side) {
+            (Bound::Point, _) => "mean",
+            (Bound::Ci, Side::Min) => "lower CI bound",
+            (Bound::Ci, Side::Max) => "upper CI bound",
+        }
+    }
+
+    /// `min ≥ 0.8` or `max ≤ 0.05`.
+    pub fn threshold_text(&self) -> String {
+        match self.side {
+            Side::Min => format!("min ≥ {}", self.threshold),
+            Side::Max => format!("max ≤ {}", self.threshold),
+        }
+    }
+
+    /// `METRIC@H`, plus ` (min)`/` (max)` for one side of a two-sided check.
+    pub fn name(&self) -> String {
+        let side = match (self.two_sided, self.side) {
+            (false, _) => "",
+            (true, Side::Min) => " (min)",
+            (true, Side::Max) => " (max)",
+        };
+        format!("{}@{}{side}", self.metric, self.horizon)
+    }
+
+    /// The outcome line:
+    /// `PASS|FAIL VARIANT METRIC@H bound=ci|point value=X (WHICH) threshold=min ≥ T|max ≤ T`.
+    /// Values are printed exactly (shortest round-trip form).
+    pub fn line(&self) -> String {
+        format!(
+            "{} {} {}@{} bound={} value={} ({}) threshold={}",
+            if self.passed { "PASS" } else { "FAIL" },
+            plain(&self.variant),
+            self.metric,
+            self.horizon,
+            self.bound,
+            self.value,
+            self.value_kind(),
+            self.threshold_text()
+        )
+    }
+}
+
+/// Every check's outcome, in the report's variant order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GateOutcome {
+    /// One entry per side of each check per variant it applies to.
+    pub results: Vec<CheckResult>,
+}
+
+impl GateOutcome {
+    /// Whether every check passed.
+    pub fn passed(&self) -> bool {
+        self.results.iter().all(|r| r.passed)
+    }
+
+    /// The checks that failed.
+    pub fn failures(&self) -> impl Iterator<Item = &CheckResult> {
+        self.results.iter().filter(|r| !r.passed)
+    }
+
+    /// One outcome line per check, then a total line, each ending in a newline.
+    pub fn lines(&self) -> String {
+        let mut out = String::new();
+        for r in &self.results {
+            out.push_str(&r.line());
+            out.push('\n');
+        }
+        let failed = self.failures().count();
+        out.push_str(&format!(
+            "gate: {} checks, {} passed, {failed} failed: {}\n",
+            self.results.len(),
+            self.results.len() - failed,
+            if failed == 0 { "PASS" } else { "FAIL" }
+        ));
+        out
+    }
+}
+
+/// Checks `report` against `thresholds`. Every check is resolved against the report before any
+/// is evaluated, so an unusable thresholds file is an error, never a partial outcome.
+pub fn gate(report: &Report, thresholds: &Thresholds) -> Result<GateOutcome, GateError> {
+    report.validate()?;
+    let known_variants = || {
+        report
+            .variants
+            .iter()
+            .map(|v| v.name.clone())
+            .collect::<Vec<_>>()
+    };
+    for c in &thresholds.checks {
+        if c.variant != WILDCARD && report.variant(&c.variant).is_none() {
+            return Err(GateError::UnknownVariant {
+                name: plain(&c.variant),
+                known: known_variants(),
+            });
+        }
+        if !report.workload.horizons.contains(&c.horizon) {
+            return Err(GateError::UnknownHorizon {
+                at: at(&c.variant, &format!("{}@{}", c.metric, c.horizon)),
+                horizon: c.horizon,
+                known: report.workload.horizons.clone(),
+            });
+        }
+    }
+    let mut results = Vec::new();
+    for v in &report.variants {
+        let is_floor = v.kind == VariantKind::NoiseFloor;
+        let applies = thresholds
+            .checks
+            .iter()
+            .filter(|c| c.variant == v.name)
+            .chain(
+                thresholds
+                    .checks
+                    .iter()
+                    .filter(|c| c.variant == WILDCARD && !is_floor),
+            );
+        for c in applies {
+            let key = format!("{}@{}", c.metric, c.horizon);
+            if is_floor && c.metric.starts_with("excess_") {
+                return Err(GateError::ExcessOnNoiseFloor {
+                    at: at(&c.variant, &key),
+                    variant: plain(&v.name),
+                });
+            }
+            let horizon = v
+                .horizon(c.horizon)
+                .ok_or_else(|| GateError::UnknownHorizon {
+                    at: at(&c.variant, &key),
+                    horizon: c.horizon,
+                    known: v.horizons.iter().map(|h| h.tokens).collect(),
+                })?;
+            let Some(m) = horizon.metric(&c.metric) else {
+                // A known metric without a value: an `excess_*` metric missing from a variant
+                // that is not the noise floor.
+                return Err(GateError::Report(ReportError::Invalid(format!(
+                    "variant {}: no {key} (excess_over_noise_floor is missing)",
+                    plain(&v.name)
+                ))));
+            };
+            let two_sided = c.min.is_some() && c.max.is_some();
+            let sides = [(Side::Min, c.min), (Side::Max, c.max)];
+            for (side, threshold) in sides.into_iter().filter_map(|(s, t)| t.map(|t| (s, t))) {
+                let value = match (c.bound, side) {
+                    (Bound::Point, _) => m.mean,
+                    (Bound::Ci, Side::Min) => m.ci95[0],
+                    (Bound::Ci, Side::Max) => m.ci95[1],
+                };
+                let passed = match side {
+                    Side::Min => value >= threshold,
+                    Side::Max => value <= threshold,
+                };
+                results.push(CheckResult {
+                    variant: v.name.clone(),
+                    section: c.variant.clone(),
+                    metric: c.metric.clone(),
+                    horizon: c.horizon,
+                    bound: c.bound,
+                    side,
+                    threshold,
+                    value,
+                    passed,
+                    two_sided,
+                });
+            }
+        }
+    }
+    if results.is_empty() {
+        return Err(GateError::NoChecks);
+    }
+    Ok(GateOutcome { results })
+}
+
+/// The process exit code of a gate: 0 every check passed, 1 a check failed, 2 unusable input.
+pub fn exit_code(outcome: &Result<GateOutcome, GateError>) -> u8 {
+    match outcome {
+        Ok(o) if o.passed() => 0,
+        Ok(_) => 1,
+        Err(_) => 2,
+    }
+}
+
+/// What `qdrift gate` prints and returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GateRun {
+    /// The process exit code ([`exit_code`]; 2 also when the JUnit file cannot be written).
+    pub exit_code: u8,
+    /// For standard output: the outcome lines and the total line.
+    pub stdout: String,
+    /// For standard error: the one-line error, if any.
+    pub stderr: String,
+}
+
+/// The whole `qdrift gate REPORT THRESHOLDS [--junit FILE]` command, so the CLI is a thin
+/// wrapper: print `stdout` and `stderr`, exit with `exit_code`. With `junit`, the JUnit XML is
+/// written atomically, also when the input is unusable (then it holds one error test case), so
+/// a CI job never reads a stale file.
+pub fn run_gate(report_path: &Path, thresholds_path: &Path, junit: Option<&Path>) -> GateRun {
+    let outcome = Report::read(report_path)
+        .map_err(GateError::from)
+        .and_then(|report| Thresholds::read(thresholds_path).and_then(|t| gate(&report, &t)));
+    let mut run = GateRun {
+        exit_code: exit_code(&outcome),
+        stdout: String::new(),
+        stderr: String::new(),
+    };
+    let xml = match &outcome {
+        Ok(o) => {
+            run.stdout = o.lines();
+            crate::junit::junit_xml(o)
+        }
+        Err(e) => {
+            run.stderr = format!("qdrift gate: {}\n", plain(&e.to_string()));
+            crate::junit::junit_error_xml(e)
+        }
+    };
+    if let Some(path) = junit
+        && let Err(e) = write_atomic(path, xml.as_bytes())
+    {
+        run.stderr.push_str(&format!(
+            "qdrift gate: cannot write the JUnit file: {}\n",
+            plain(&e.to_string())
+        ));
+        run.exit_code = 2;
+    }
+    run
+}
