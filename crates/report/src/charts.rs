@@ -3,9 +3,11 @@
 //! plotters writes one SVG element per drawing call and offers no way to group them, so the
 //! backend is wrapped in [`Tagged`], which notes for every element it forwards which data series
 //! (if any) was being drawn. Afterwards every element of series `NAME` gets
-//! `class="series" data-series="NAME"`: a test (or a reader's script) finds a series' line as
-//! `polyline[data-series="NAME"]` and counts its points in the `points` attribute, and the
-//! markers of the PPL chart as `circle[data-series="NAME"]`. The legend's swatches are drawn
+//! `class="series" data-series="NAME" data-part="PART"`: a test (or a reader's script) finds a
+//! series' line as `polyline[data-series="NAME"][data-part="line"]` and counts its points in the
+//! `points` attribute; the PPL chart adds its markers (`circle[data-part="mean"]`, one per
+//! horizon) and error bars (`polyline[data-part="interval"]`, three per horizon: the bar and
+//! its two caps). The legend's swatches are drawn
 //! outside any series and carry no tag.
 //!
 //! No font is loaded: without plotters' `ttf` feature text sizes are estimated and the SVG says
@@ -47,8 +49,8 @@ const SIZE: (u32, u32) = (900, 420);
 /// Which series each emitted element belongs to, in emission order.
 #[derive(Default)]
 struct Log {
-    current: Option<usize>,
-    elements: Vec<Option<usize>>,
+    current: Option<(usize, &'static str)>,
+    elements: Vec<Option<(usize, &'static str)>>,
 }
 
 /// plotters' SVG backend, noting the current series of every element it writes.
@@ -132,12 +134,7 @@ impl DrawingBackend for Tagged<'_> {
         self.note(style.color());
         self.inner.fill_polygon(vert, style)
     }
-    fn draw_text<S: BackendTextStyle>(
-        &mut self,
-        text: &str,
-        style: &S,
-        pos: BackendCoord,
-    ) -> Result2<Self::ErrorType> {
+    fn draw_text<S: BackendTextStyle>(&mut self, text: &str, style: &S, pos: BackendCoord) -> Result2<Self::ErrorType> {
         self.note(style.color());
         self.inner.draw_text(text, style, pos)
     }
@@ -208,10 +205,7 @@ fn render(
     let log = Rc::new(RefCell::new(Log::default()));
     let mut svg = String::new();
     {
-        let backend = Tagged {
-            inner: SVGBackend::with_string(&mut svg, SIZE),
-            log: Rc::clone(&log),
-        };
+        let backend = Tagged { inner: SVGBackend::with_string(&mut svg, SIZE), log: Rc::clone(&log) };
         let area = backend.into_drawing_area();
         area.fill(&WHITE).map_err(|e| chart_error(spec.title, e))?;
         draw(&area, &log)?;
@@ -221,11 +215,11 @@ fn render(
     tag(&svg, &log.elements, names, spec)
 }
 
-/// Adds `class="series" data-series="NAME"` to the elements drawn for a series, drops the
+/// Adds `class="series" data-series="NAME" data-part="PART"` to the elements drawn for a series, drops the
 /// `xmlns` URL and labels the `<svg>` for screen readers.
 fn tag(
     svg: &str,
-    elements: &[Option<usize>],
+    elements: &[Option<(usize, &'static str)>],
     names: &[&str],
     spec: &Spec,
 ) -> Result<String, ReportError> {
@@ -245,19 +239,13 @@ fn tag(
             ));
         } else if line.starts_with('<') && !line.starts_with("</") {
             let Some(series) = next.next() else {
-                return Err(ReportError::Chart(format!(
-                    "{}: more SVG elements than drawing calls",
-                    spec.title
-                )));
+                return Err(ReportError::Chart(format!("{}: more SVG elements than drawing calls", spec.title)));
             };
             match (series, line.find(' ')) {
-                (Some(i), Some(at)) => {
+                (Some((i, part)), Some(at)) => {
                     let name = names.get(*i).copied().unwrap_or("");
                     out.push_str(&line[..at]);
-                    out.push_str(&format!(
-                        " class=\"series\" data-series=\"{}\"",
-                        escape(name)
-                    ));
+                    out.push_str(&format!(" class=\"series\" data-series=\"{}\" data-part=\"{part}\"", escape(name)));
                     out.push_str(&line[at..]);
                 }
                 _ => out.push_str(line),
@@ -268,17 +256,15 @@ fn tag(
         out.push('\n');
     }
     if next.next().is_some() {
-        return Err(ReportError::Chart(format!(
-            "{}: fewer SVG elements than drawing calls",
-            spec.title
-        )));
+        return Err(ReportError::Chart(format!("{}: fewer SVG elements than drawing calls", spec.title)));
     }
     Ok(out)
 }
 
-/// Runs `f` with the log's current series set to `i`.
-fn in_series<T>(log: &Rc<RefCell<Log>>, i: usize, f: impl FnOnce() -> T) -> T {
-    log.borrow_mut().current = Some(i);
+/// Runs `f` with the log's current series set to `i`, drawing its `part` (`line`, `interval`
+/// or `mean`).
+fn in_series<T>(log: &Rc<RefCell<Log>>, i: usize, part: &'static str, f: impl FnOnce() -> T) -> T {
+    log.borrow_mut().current = Some((i, part));
     let out = f();
     log.borrow_mut().current = None;
     out
@@ -326,14 +312,11 @@ pub(crate) fn line_chart(spec: &Spec, series: &[Series]) -> Result<String, Repor
         for (i, s) in series.iter().enumerate() {
             let c = color(i);
             let points = s.points.clone();
-            in_series(log, i, || {
-                chart
-                    .draw_series(LineSeries::new(points, c.stroke_width(2)))
-                    .map(|a| {
-                        a.label(legend_name(s.name)).legend(move |(x, y)| {
-                            Rectangle::new([(x, y - 5), (x + 16, y + 5)], c.filled())
-                        });
-                    })
+            in_series(log, i, "line", || {
+                chart.draw_series(LineSeries::new(points, c.stroke_width(2))).map(|a| {
+                    a.label(legend_name(s.name))
+                        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], c.filled()));
+                })
             })
             .map_err(err)?;
         }
@@ -351,10 +334,7 @@ pub(crate) fn line_chart(spec: &Spec, series: &[Series]) -> Result<String, Repor
 
 /// Per series, a marker at each mean with its interval as an error bar, joined by a thin line;
 /// the series are offset a little along x so their bars do not overlap.
-pub(crate) fn interval_chart(
-    spec: &Spec,
-    series: &[(&str, Vec<Interval>)],
-) -> Result<String, ReportError> {
+pub(crate) fn interval_chart(spec: &Spec, series: &[(&str, Vec<Interval>)]) -> Result<String, ReportError> {
     let names: Vec<&str> = series.iter().map(|s| s.0).collect();
     render(spec, &names, |area, log| {
         let err = |e| chart_error(spec.title, e);
@@ -384,38 +364,22 @@ pub(crate) fn interval_chart(
             // Spread the series over ±6% of x (a constant width on the log axis).
             let shift = 1.0 + 0.12 * ((i as f64 + 0.5) / n - 0.5);
             let at: Vec<(f64, &Interval)> = intervals.iter().map(|iv| (iv.x * shift, iv)).collect();
-            in_series(log, i, || -> Result<(), ReportError> {
-                let line: Vec<(f64, f64)> = at.iter().map(|(x, iv)| (*x, iv.mean)).collect();
-                chart
-                    .draw_series(LineSeries::new(line, c.mix(0.5).stroke_width(1)))
-                    .map_err(err)?
-                    .label(legend_name(name))
-                    .legend(move |(x, y)| {
-                        Rectangle::new([(x, y - 5), (x + 16, y + 5)], c.filled())
-                    });
-                chart
-                    .draw_series(at.iter().flat_map(|&(x, iv)| {
-                        let cap = |y| {
-                            PathElement::new(
-                                vec![(x / 1.012, y), (x * 1.012, y)],
-                                c.stroke_width(2),
-                            )
-                        };
-                        [
-                            PathElement::new(vec![(x, iv.lo), (x, iv.hi)], c.stroke_width(2)),
-                            cap(iv.lo),
-                            cap(iv.hi),
-                        ]
-                    }))
-                    .map_err(err)?;
-                chart
-                    .draw_series(
-                        at.iter()
-                            .map(|&(x, iv)| Circle::new((x, iv.mean), 4, c.filled())),
-                    )
-                    .map_err(err)?;
-                Ok(())
-            })?;
+            let line: Vec<(f64, f64)> = at.iter().map(|(x, iv)| (*x, iv.mean)).collect();
+            in_series(log, i, "line", || {
+                chart.draw_series(LineSeries::new(line, c.mix(0.5).stroke_width(1))).map(|a| {
+                    a.label(legend_name(name))
+                        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], c.filled()));
+                })
+            })
+            .map_err(err)?;
+            // A vertical bar from lo to hi with a cap at each end.
+            let bars = at.iter().flat_map(|&(x, iv)| {
+                let cap = |y| PathElement::new(vec![(x / 1.012, y), (x * 1.012, y)], c.stroke_width(2));
+                [PathElement::new(vec![(x, iv.lo), (x, iv.hi)], c.stroke_width(2)), cap(iv.lo), cap(iv.hi)]
+            });
+            in_series(log, i, "interval", || chart.draw_series(bars)).map_err(err)?;
+            let means = at.iter().map(|&(x, iv)| Circle::new((x, iv.mean), 4, c.filled()));
+            in_series(log, i, "mean", || chart.draw_series(means)).map_err(err)?;
         }
         chart
             .configure_series_labels()

@@ -120,11 +120,7 @@ pub(crate) fn workload_line(report: &Report) -> Vec<Inline> {
 /// The whole document.
 pub(crate) fn document(report: &Report) -> Vec<Block> {
     let mut doc = vec![
-        Block::Heading {
-            level: 1,
-            id: "qdrift-report".into(),
-            text: "qdrift report".into(),
-        },
+        Block::Heading { level: 1, id: "qdrift-report".into(), text: "qdrift report".into() },
         Block::Paragraph(workload_line(report)),
     ];
     let r = &report.reference;
@@ -132,31 +128,17 @@ pub(crate) fn document(report: &Report) -> Vec<Block> {
         Inline::Strong("Reference:".into()),
         text(" "),
         Inline::Name(r.name.clone()),
-        text(format!(
-            " weights ({}), computing in ",
-            bytes(r.weight_bytes)
-        )),
+        text(format!(" weights ({}), computing in ", bytes(r.weight_bytes))),
         Inline::Name(r.compute_dtype.clone()),
     ];
     if !r.self_perplexity.is_empty() {
-        let ppl: Vec<String> = r
-            .self_perplexity
-            .iter()
-            .map(|(h, p)| format!("{} @{h}", rate(*p)))
-            .collect();
-        reference.push(text(format!(
-            "; perplexity of its own continuations {}",
-            ppl.join(", ")
-        )));
+        let ppl: Vec<String> = r.self_perplexity.iter().map(|(h, p)| format!("{} @{h}", rate(*p))).collect();
+        reference.push(text(format!("; perplexity of its own continuations {}", ppl.join(", "))));
     }
     reference.push(text("."));
     doc.push(Block::Paragraph(reference));
 
-    doc.push(Block::Heading {
-        level: 2,
-        id: "variants".into(),
-        text: "Variants".into(),
-    });
+    doc.push(Block::Heading { level: 2, id: "variants".into(), text: "Variants".into() });
     doc.push(Block::Table {
         columns: vec![
             col("Variant", false),
@@ -184,11 +166,7 @@ pub(crate) fn document(report: &Report) -> Vec<Block> {
     doc.push(Block::Charts);
 
     for &h in &report.workload.horizons {
-        doc.push(Block::Heading {
-            level: 2,
-            id: format!("horizon-{h}"),
-            text: format!("First {h} generated tokens"),
-        });
+        doc.push(Block::Heading { level: 2, id: format!("horizon-{h}"), text: format!("First {h} generated tokens") });
         doc.push(Block::Paragraph(vec![text(
             "Means over prompts with their 95% intervals [lo, hi]. Token match and exact match are \
              free-running; KLD (nats), top-1 and PPL ratio are teacher-forced on the reference's \
@@ -199,15 +177,9 @@ pub(crate) fn document(report: &Report) -> Vec<Block> {
             .iter()
             .filter_map(|v| v.horizon(h).map(|m| (v, m)))
             .map(|(v, m)| {
-                let kld_ci = crate::MeanCi {
-                    mean: m.kld.mean,
-                    ci95: m.kld.ci95,
-                };
+                let kld_ci = crate::MeanCi { mean: m.kld.mean, ci95: m.kld.ci95 };
                 let (excess_tm, excess_kld) = match &m.excess_over_noise_floor {
-                    Some(e) => (
-                        with_ci(&e.token_match_rate, signed_rate),
-                        with_ci(&e.kld, signed_kld),
-                    ),
+                    Some(e) => (with_ci(&e.token_match_rate, signed_rate), with_ci(&e.kld, signed_kld)),
                     None => ("—".to_string(), "—".to_string()),
                 };
                 vec![
@@ -242,21 +214,13 @@ pub(crate) fn document(report: &Report) -> Vec<Block> {
     }
 
     let longest = report.workload.horizons.last().copied().unwrap_or(0);
-    doc.push(Block::Heading {
-        level: 2,
-        id: "first-divergence".into(),
-        text: "First divergence".into(),
-    });
+    doc.push(Block::Heading { level: 2, id: "first-divergence".into(), text: "First divergence".into() });
     doc.push(Block::Paragraph(vec![text(format!(
         "The position where a prompt's free-running continuation first differs from the reference's \
          (Kaplan–Meier median); censored prompts never diverged within {longest} tokens."
     ))]));
     doc.push(Block::Table {
-        columns: vec![
-            col("Variant", false),
-            col("Median position", true),
-            col("Censored", true),
-        ],
+        columns: vec![col("Variant", false), col("Median position", true), col("Censored", true)],
         rows: report
             .variants
             .iter()
@@ -266,25 +230,13 @@ pub(crate) fn document(report: &Report) -> Vec<Block> {
                     Some(t) => t.to_string(),
                     None => format!("> {longest} (not reached)"),
                 };
-                let of = if fd.positions.is_empty() {
-                    report.workload.prompts
-                } else {
-                    fd.positions.len()
-                };
-                vec![
-                    name_cell(&v.name),
-                    cell(median),
-                    cell(format!("{} of {of}", fd.censored)),
-                ]
+                let of = if fd.positions.is_empty() { report.workload.prompts } else { fd.positions.len() };
+                vec![name_cell(&v.name), cell(median), cell(format!("{} of {of}", fd.censored))]
             })
             .collect(),
     });
 
-    doc.push(Block::Heading {
-        level: 2,
-        id: "entropy-strata".into(),
-        text: "Entropy strata".into(),
-    });
+    doc.push(Block::Heading { level: 2, id: "entropy-strata".into(), text: "Entropy strata".into() });
     doc.push(Block::Paragraph(vec![text(format!(
         "Teacher-forced KLD and top-1 agreement by quartile of the reference's entropy, over all \
          positions of the first {longest} tokens."
@@ -314,17 +266,9 @@ pub(crate) fn document(report: &Report) -> Vec<Block> {
             .collect(),
     });
 
-    doc.push(Block::Heading {
-        level: 2,
-        id: "per-tensor-error".into(),
-        text: "Per-tensor error".into(),
-    });
-    let without: Vec<&str> = report
-        .variants
-        .iter()
-        .filter(|v| v.per_tensor_error.is_empty())
-        .map(|v| v.name.as_str())
-        .collect();
+    doc.push(Block::Heading { level: 2, id: "per-tensor-error".into(), text: "Per-tensor error".into() });
+    let without: Vec<&str> =
+        report.variants.iter().filter(|v| v.per_tensor_error.is_empty()).map(|v| v.name.as_str()).collect();
     let mut note = vec![text(
         "Signal-to-quantization-noise ratio of each quantized weight tensor (\"exact\": reconstructed \
          exactly), relative Frobenius error and cosine similarity against the reference.",

@@ -8,12 +8,7 @@ use crate::MeanCi;
 /// Removes a minus sign from a number that rounded to zero (`-0.0000` → `0.0000`).
 fn unsign_zero(s: String) -> String {
     match s.strip_prefix('-') {
-        Some(rest)
-            if rest
-                .split('e')
-                .next()
-                .is_some_and(|m| m.chars().all(|c| c == '0' || c == '.')) =>
-        {
+        Some(rest) if rest.split('e').next().is_some_and(|m| m.chars().all(|c| c == '0' || c == '.')) => {
             rest.to_string()
         }
         _ => s,
@@ -28,30 +23,18 @@ pub(crate) fn rate(x: f64) -> String {
 /// A signed difference of rates: `+0.0123`.
 pub(crate) fn signed_rate(x: f64) -> String {
     let s = rate(x);
-    if s.starts_with('-') || !x.is_finite() {
-        s
-    } else {
-        format!("+{s}")
-    }
+    if s.starts_with('-') || !x.is_finite() { s } else { format!("+{s}") }
 }
 
 /// A KL divergence in nats: scientific below 0.01, four decimals above.
 pub(crate) fn kld(x: f64) -> String {
-    if x != 0.0 && x.abs() < 0.01 {
-        unsign_zero(format!("{x:.2e}"))
-    } else {
-        rate(x)
-    }
+    if x != 0.0 && x.abs() < 0.01 { unsign_zero(format!("{x:.2e}")) } else { rate(x) }
 }
 
 /// A signed KL divergence difference.
 pub(crate) fn signed_kld(x: f64) -> String {
     let s = kld(x);
-    if s.starts_with('-') || !x.is_finite() {
-        s
-    } else {
-        format!("+{s}")
-    }
+    if s.starts_with('-') || !x.is_finite() { s } else { format!("+{s}") }
 }
 
 /// `mean [lo, hi]` with `f` for each number.
@@ -90,15 +73,7 @@ pub(crate) fn bytes(n: u64) -> String {
 /// A string from a report made safe for a terminal or a one-line message: control characters
 /// (escape sequences, newlines) are shown escaped instead of being interpreted.
 pub(crate) fn plain(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            if c.is_control() {
-                c.escape_default().collect::<Vec<_>>()
-            } else {
-                vec![c]
-            }
-        })
-        .collect()
+    s.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect()
 }
 
 #[cfg(test)]
@@ -118,10 +93,7 @@ mod tests {
         assert_eq!(count(134_515_008), "134.5M");
         assert_eq!(bytes(269_030_016), "256.6 MiB");
         assert_eq!(plain("a\u{1b}[31mb\n"), "a\\u{1b}[31mb\\n");
-        let m = MeanCi {
-            mean: 0.5,
-            ci95: [0.25, 0.75],
-        };
+        let m = MeanCi { mean: 0.5, ci95: [0.25, 0.75] };
         assert_eq!(with_ci(&m, rate), "0.5000 [0.2500, 0.7500]");
     }
 }

@@ -167,10 +167,7 @@ pub enum GateError {
         why: String,
     },
     /// A horizon the report does not have.
-    #[error(
-        "{at}: the report has no horizon {horizon}; its horizons: {}",
-        list(known)
-    )]
+    #[error("{at}: the report has no horizon {horizon}; its horizons: {}", list(known))]
     UnknownHorizon {
         /// `variant."NAME" "KEY"`.
         at: String,
@@ -180,10 +177,7 @@ pub enum GateError {
         known: Vec<usize>,
     },
     /// A variant the report does not have.
-    #[error(
-        "variant.\"{name}\": the report has no such variant; its variants: {}",
-        list(known)
-    )]
+    #[error("variant.\"{name}\": the report has no such variant; its variants: {}", list(known))]
     UnknownVariant {
         /// The name given.
         name: String,
@@ -191,9 +185,7 @@ pub enum GateError {
         known: Vec<String>,
     },
     /// An `excess_*` metric on the noise floor, which has none.
-    #[error(
-        "{at}: {variant} is the noise floor; excess over the noise floor is not defined for it"
-    )]
+    #[error("{at}: {variant} is the noise floor; excess over the noise floor is not defined for it")]
     ExcessOnNoiseFloor {
         /// `variant."NAME" "KEY"`.
         at: String,
@@ -212,10 +204,7 @@ fn list<T: fmt::Display>(xs: &[T]) -> String {
     if xs.is_empty() {
         return "none".into();
     }
-    xs.iter()
-        .map(|x| plain(&x.to_string()))
-        .collect::<Vec<_>>()
-        .join(", ")
+    xs.iter().map(|x| plain(&x.to_string())).collect::<Vec<_>>().join(", ")
 }
 
 fn at(variant: &str, key: &str) -> String {
@@ -259,42 +248,28 @@ impl Thresholds {
         let file: File = toml::from_str(text).map_err(|e| {
             let (line, column) = e.span().map_or((1, 1), |s| line_column(text, s.start));
             let message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
-            GateError::Toml {
-                origin: origin.to_string(),
-                line,
-                column,
-                message,
-            }
+            GateError::Toml { origin: origin.to_string(), line, column, message }
         })?;
         let default_bound = match &file.defaults.bound {
             None => Bound::Ci,
-            Some(b) => Bound::parse(b).ok_or_else(|| GateError::UnknownBound {
-                at: "[defaults]".into(),
-                value: plain(b),
-            })?,
+            Some(b) => {
+                Bound::parse(b).ok_or_else(|| GateError::UnknownBound { at: "[defaults]".into(), value: plain(b) })?
+            }
         };
         let mut checks = Vec::new();
         for (variant, entries) in &file.variant {
             for (key, c) in entries {
                 let at = at(variant, key);
-                let (metric, horizon) = key
-                    .rsplit_once('@')
-                    .ok_or_else(|| GateError::BadKey { at: at.clone() })?;
+                let (metric, horizon) = key.rsplit_once('@').ok_or_else(|| GateError::BadKey { at: at.clone() })?;
                 if !GATE_METRICS.contains(&metric) {
-                    return Err(GateError::UnknownMetric {
-                        at,
-                        metric: plain(metric),
-                    });
+                    return Err(GateError::UnknownMetric { at, metric: plain(metric) });
                 }
-                let horizon: usize = horizon
-                    .parse()
-                    .map_err(|_| GateError::BadKey { at: at.clone() })?;
+                let horizon: usize = horizon.parse().map_err(|_| GateError::BadKey { at: at.clone() })?;
                 let bound = match &c.bound {
                     None => default_bound,
-                    Some(b) => Bound::parse(b).ok_or_else(|| GateError::UnknownBound {
-                        at: at.clone(),
-                        value: plain(b),
-                    })?,
+                    Some(b) => {
+                        Bound::parse(b).ok_or_else(|| GateError::UnknownBound { at: at.clone(), value: plain(b) })?
+                    }
                 };
                 if c.min.is_none() && c.max.is_none() {
                     return Err(GateError::NoLimit { at });
@@ -303,19 +278,13 @@ impl Thresholds {
                     if let Some(x) = x
                         && !x.is_finite()
                     {
-                        return Err(GateError::BadLimit {
-                            at,
-                            why: format!("{side} = {x} is not a finite number"),
-                        });
+                        return Err(GateError::BadLimit { at, why: format!("{side} = {x} is not a finite number") });
                     }
                 }
                 if let (Some(lo), Some(hi)) = (c.min, c.max)
                     && lo > hi
                 {
-                    return Err(GateError::BadLimit {
-                        at,
-                        why: format!("min = {lo} > max = {hi}: no value passes"),
-                    });
+                    return Err(GateError::BadLimit { at, why: format!("min = {lo} > max = {hi}: no value passes") });
                 }
                 checks.push(Check {
                     variant: variant.clone(),
@@ -327,30 +296,16 @@ impl Thresholds {
                 });
             }
         }
-        let metric_rank = |m: &str| {
-            GATE_METRICS
-                .iter()
-                .position(|&g| g == m)
-                .unwrap_or(usize::MAX)
-        };
+        let metric_rank = |m: &str| GATE_METRICS.iter().position(|&g| g == m).unwrap_or(usize::MAX);
         checks.sort_by(|a, b| {
-            (
-                a.variant == WILDCARD,
-                &a.variant,
-                metric_rank(&a.metric),
-                a.horizon,
-            )
-                .cmp(&(
-                    b.variant == WILDCARD,
-                    &b.variant,
-                    metric_rank(&b.metric),
-                    b.horizon,
-                ))
+            (a.variant == WILDCARD, &a.variant, metric_rank(&a.metric), a.horizon).cmp(&(
+                b.variant == WILDCARD,
+                &b.variant,
+                metric_rank(&b.metric),
+                b.horizon,
+            ))
         });
-        Ok(Thresholds {
-            default_bound,
-            checks,
-        })
+        Ok(Thresholds { default_bound, checks })
     }
 
     /// Parses a thresholds file's text.
@@ -360,10 +315,8 @@ impl Thresholds {
 
     /// Reads and parses a thresholds file.
     pub fn read(path: &Path) -> Result<Thresholds, GateError> {
-        let text = std::fs::read_to_string(path).map_err(|source| GateError::ThresholdsIo {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| GateError::ThresholdsIo { path: path.to_path_buf(), source })?;
         Thresholds::parse_named(&text, &path.display().to_string())
     }
 }
@@ -479,19 +432,10 @@ impl GateOutcome {
 /// is evaluated, so an unusable thresholds file is an error, never a partial outcome.
 pub fn gate(report: &Report, thresholds: &Thresholds) -> Result<GateOutcome, GateError> {
     report.validate()?;
-    let known_variants = || {
-        report
-            .variants
-            .iter()
-            .map(|v| v.name.clone())
-            .collect::<Vec<_>>()
-    };
+    let known_variants = || report.variants.iter().map(|v| v.name.clone()).collect::<Vec<_>>();
     for c in &thresholds.checks {
         if c.variant != WILDCARD && report.variant(&c.variant).is_none() {
-            return Err(GateError::UnknownVariant {
-                name: plain(&c.variant),
-                known: known_variants(),
-            });
+            return Err(GateError::UnknownVariant { name: plain(&c.variant), known: known_variants() });
         }
         if !report.workload.horizons.contains(&c.horizon) {
             return Err(GateError::UnknownHorizon {
@@ -508,27 +452,17 @@ pub fn gate(report: &Report, thresholds: &Thresholds) -> Result<GateOutcome, Gat
             .checks
             .iter()
             .filter(|c| c.variant == v.name)
-            .chain(
-                thresholds
-                    .checks
-                    .iter()
-                    .filter(|c| c.variant == WILDCARD && !is_floor),
-            );
+            .chain(thresholds.checks.iter().filter(|c| c.variant == WILDCARD && !is_floor));
         for c in applies {
             let key = format!("{}@{}", c.metric, c.horizon);
             if is_floor && c.metric.starts_with("excess_") {
-                return Err(GateError::ExcessOnNoiseFloor {
-                    at: at(&c.variant, &key),
-                    variant: plain(&v.name),
-                });
+                return Err(GateError::ExcessOnNoiseFloor { at: at(&c.variant, &key), variant: plain(&v.name) });
             }
-            let horizon = v
-                .horizon(c.horizon)
-                .ok_or_else(|| GateError::UnknownHorizon {
-                    at: at(&c.variant, &key),
-                    horizon: c.horizon,
-                    known: v.horizons.iter().map(|h| h.tokens).collect(),
-                })?;
+            let horizon = v.horizon(c.horizon).ok_or_else(|| GateError::UnknownHorizon {
+                at: at(&c.variant, &key),
+                horizon: c.horizon,
+                known: v.horizons.iter().map(|h| h.tokens).collect(),
+            })?;
             let Some(m) = horizon.metric(&c.metric) else {
                 // A known metric without a value: an `excess_*` metric missing from a variant
                 // that is not the noise floor.
@@ -598,11 +532,7 @@ pub fn run_gate(report_path: &Path, thresholds_path: &Path, junit: Option<&Path>
     let outcome = Report::read(report_path)
         .map_err(GateError::from)
         .and_then(|report| Thresholds::read(thresholds_path).and_then(|t| gate(&report, &t)));
-    let mut run = GateRun {
-        exit_code: exit_code(&outcome),
-        stdout: String::new(),
-        stderr: String::new(),
-    };
+    let mut run = GateRun { exit_code: exit_code(&outcome), stdout: String::new(), stderr: String::new() };
     let xml = match &outcome {
         Ok(o) => {
             run.stdout = o.lines();
@@ -616,10 +546,7 @@ pub fn run_gate(report_path: &Path, thresholds_path: &Path, junit: Option<&Path>
     if let Some(path) = junit
         && let Err(e) = write_atomic(path, xml.as_bytes())
     {
-        run.stderr.push_str(&format!(
-            "qdrift gate: cannot write the JUnit file: {}\n",
-            plain(&e.to_string())
-        ));
+        run.stderr.push_str(&format!("qdrift gate: cannot write the JUnit file: {}\n", plain(&e.to_string())));
         run.exit_code = 2;
     }
     run

@@ -83,13 +83,7 @@ fn charts(report: &Report) -> Result<String, ReportError> {
         .iter()
         .map(|v| Series {
             name: &v.name,
-            points: v
-                .per_position
-                .token_match
-                .iter()
-                .enumerate()
-                .map(|(t, &y)| ((t + 1) as f64, y))
-                .collect(),
+            points: v.per_position.token_match.iter().enumerate().map(|(t, &y)| ((t + 1) as f64, y)).collect(),
         })
         .collect();
     let spec = Spec {
@@ -126,10 +120,7 @@ fn charts(report: &Report) -> Result<String, ReportError> {
             {
                 points.push((h_max, s));
             }
-            Series {
-                name: &v.name,
-                points,
-            }
+            Series { name: &v.name, points }
         })
         .collect();
     let spec = Spec {
@@ -149,23 +140,13 @@ fn charts(report: &Report) -> Result<String, ReportError> {
          horizon. t = 0 is drawn at 1.",
     );
 
-    let kld_max = report
-        .variants
-        .iter()
-        .flat_map(|v| v.per_position.kld.iter().copied())
-        .fold(0.0, f64::max);
+    let kld_max = report.variants.iter().flat_map(|v| v.per_position.kld.iter().copied()).fold(0.0, f64::max);
     let kld_series: Vec<Series> = report
         .variants
         .iter()
         .map(|v| Series {
             name: &v.name,
-            points: v
-                .per_position
-                .kld
-                .iter()
-                .enumerate()
-                .map(|(t, &y)| ((t + 1) as f64, y))
-                .collect(),
+            points: v.per_position.kld.iter().enumerate().map(|(t, &y)| ((t + 1) as f64, y)).collect(),
         })
         .collect();
     let spec = Spec {
@@ -192,29 +173,16 @@ fn charts(report: &Report) -> Result<String, ReportError> {
                 .iter()
                 .map(|h| {
                     let m = &h.ppl_drift_of_generated_text;
-                    Interval {
-                        x: h.tokens as f64,
-                        mean: m.mean,
-                        lo: m.ci95[0],
-                        hi: m.ci95[1],
-                    }
+                    Interval { x: h.tokens as f64, mean: m.mean, lo: m.ci95[0], hi: m.ci95[1] }
                 })
                 .collect();
             (v.name.as_str(), intervals)
         })
         .collect();
     let all = ppl.iter().flat_map(|(_, ivs)| ivs.iter());
-    let (lo, hi) = all.fold((1.0f64, 1.0f64), |(lo, hi), iv| {
-        (lo.min(iv.lo), hi.max(iv.hi))
-    });
+    let (lo, hi) = all.fold((1.0f64, 1.0f64), |(lo, hi), iv| (lo.min(iv.lo), hi.max(iv.hi)));
     let pad = (hi - lo).max(0.01) * 0.08;
-    let h_min = report
-        .workload
-        .horizons
-        .first()
-        .copied()
-        .unwrap_or(1)
-        .max(1) as f64;
+    let h_min = report.workload.horizons.first().copied().unwrap_or(1).max(1) as f64;
     let spec = Spec {
         id: "chart-ppl-drift",
         title: "PPL drift of generated text by horizon (95% CI)",
@@ -248,11 +216,7 @@ pub fn render_html(report: &Report) -> Result<String, ReportError> {
     for block in document(report) {
         match block {
             Block::Heading { level, id, text } => {
-                body.push_str(&format!(
-                    "<h{level} id=\"{}\">{}</h{level}>\n",
-                    escape(&id),
-                    escape(&text)
-                ));
+                body.push_str(&format!("<h{level} id=\"{}\">{}</h{level}>\n", escape(&id), escape(&text)));
             }
             Block::Paragraph(runs) => {
                 body.push_str("<p>");

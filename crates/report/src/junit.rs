@@ -39,14 +39,8 @@ pub fn junit_xml(outcome: &GateOutcome) -> String {
     let tests = outcome.results.len();
     let failures = outcome.failures().count();
     let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-    let _ = writeln!(
-        out,
-        "<testsuites tests=\"{tests}\" failures=\"{failures}\" errors=\"0\">"
-    );
-    let _ = writeln!(
-        out,
-        "  <testsuite name=\"qdrift gate\" tests=\"{tests}\" failures=\"{failures}\" errors=\"0\">"
-    );
+    let _ = writeln!(out, "<testsuites tests=\"{tests}\" failures=\"{failures}\" errors=\"0\">");
+    let _ = writeln!(out, "  <testsuite name=\"qdrift gate\" tests=\"{tests}\" failures=\"{failures}\" errors=\"0\">");
     for r in &outcome.results {
         let line = xml_escape(&r.line());
         let _ = writeln!(
@@ -58,10 +52,7 @@ pub fn junit_xml(outcome: &GateOutcome) -> String {
         if r.passed {
             let _ = writeln!(out, "      <system-out>{line}</system-out>");
         } else {
-            let _ = writeln!(
-                out,
-                "      <failure message=\"{line}\" type=\"threshold\">{line}</failure>"
-            );
+            let _ = writeln!(out, "      <failure message=\"{line}\" type=\"threshold\">{line}</failure>");
         }
         out.push_str("    </testcase>\n");
     }

@@ -25,8 +25,7 @@ pub mod testing;
 pub use atomic::write_atomic;
 pub use error::ReportError;
 pub use gate::{
-    Bound, Check, CheckResult, GateError, GateOutcome, GateRun, Side, Thresholds, WILDCARD,
-    exit_code, gate, run_gate,
+    Bound, Check, CheckResult, GateError, GateOutcome, GateRun, Side, Thresholds, WILDCARD, exit_code, gate, run_gate,
 };
 pub use html::render_html;
 pub use junit::{junit_error_xml, junit_xml};

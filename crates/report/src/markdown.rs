@@ -24,10 +24,7 @@ fn escape(s: &str) -> String {
 /// A code span holding `s` verbatim: the fence is one backtick longer than the longest run of
 /// backticks in `s`.
 fn code_span(s: &str) -> String {
-    let s: String = s
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
+    let s: String = s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
     let mut longest = 0;
     let mut run = 0;
     for c in s.chars() {
@@ -35,11 +32,7 @@ fn code_span(s: &str) -> String {
         longest = longest.max(run);
     }
     let fence = "`".repeat(longest + 1);
-    let pad = if s.starts_with('`') || s.ends_with('`') {
-        " "
-    } else {
-        ""
-    };
+    let pad = if s.starts_with('`') || s.ends_with('`') { " " } else { "" };
     format!("{fence}{pad}{s}{pad}{fence}")
 }
 
@@ -116,14 +109,7 @@ pub fn render_markdown(report: &Report) -> String {
 /// match, exact match, KLD mean, top-1 agreement and PPL drift of generated text, each as
 /// `mean [lo, hi]`. Names are shown with control characters escaped.
 pub fn render_summary(report: &Report) -> String {
-    const HEADER: [&str; 6] = [
-        "variant",
-        "token match",
-        "exact match",
-        "KLD mean",
-        "top-1",
-        "PPL drift",
-    ];
+    const HEADER: [&str; 6] = ["variant", "token match", "exact match", "KLD mean", "top-1", "PPL drift"];
     let m = &report.model;
     let w = &report.workload;
     let mut out = format!(
@@ -140,10 +126,7 @@ pub fn render_summary(report: &Report) -> String {
         let mut rows: Vec<[String; 6]> = vec![HEADER.map(String::from)];
         for v in &report.variants {
             let Some(hm) = v.horizon(h) else { continue };
-            let kld_ci = crate::MeanCi {
-                mean: hm.kld.mean,
-                ci95: hm.kld.ci95,
-            };
+            let kld_ci = crate::MeanCi { mean: hm.kld.mean, ci95: hm.kld.ci95 };
             rows.push([
                 plain(&v.name),
                 with_ci(&hm.token_match_rate, rate),

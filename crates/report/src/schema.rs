@@ -293,10 +293,7 @@ impl HorizonMetrics {
     /// A metric by its gate name: the point estimate and the 95% interval. `None` for an unknown
     /// name, or an `excess_*` metric on the noise floor.
     pub fn metric(&self, name: &str) -> Option<MeanCi> {
-        let kld = MeanCi {
-            mean: self.kld.mean,
-            ci95: self.kld.ci95,
-        };
+        let kld = MeanCi { mean: self.kld.mean, ci95: self.kld.ci95 };
         Some(match name {
             "token_match_rate" => self.token_match_rate,
             "exact_match_fraction" => self.exact_match_fraction,
@@ -328,39 +325,21 @@ impl Report {
     /// Reads and validates a report; a report of another schema version is
     /// [`ReportError::SchemaVersion`].
     pub fn read(path: &Path) -> Result<Report, ReportError> {
-        let bytes = std::fs::read(path).map_err(|source| ReportError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let bytes = std::fs::read(path).map_err(|source| ReportError::Io { path: path.to_path_buf(), source })?;
         let value: serde_json::Value =
-            serde_json::from_slice(&bytes).map_err(|source| ReportError::Parse {
-                path: path.to_path_buf(),
-                source,
-            })?;
-        let version = value
-            .get("schema_version")
-            .and_then(serde_json::Value::as_u64);
+            serde_json::from_slice(&bytes).map_err(|source| ReportError::Parse { path: path.to_path_buf(), source })?;
+        let version = value.get("schema_version").and_then(serde_json::Value::as_u64);
         match version {
             Some(v) if v == u64::from(SCHEMA_VERSION) => {}
             Some(found) => {
-                return Err(ReportError::SchemaVersion {
-                    path: path.to_path_buf(),
-                    found,
-                    expected: SCHEMA_VERSION,
-                });
+                return Err(ReportError::SchemaVersion { path: path.to_path_buf(), found, expected: SCHEMA_VERSION });
             }
             None => {
-                return Err(ReportError::Invalid(format!(
-                    "{}: no integer schema_version",
-                    path.display()
-                )));
+                return Err(ReportError::Invalid(format!("{}: no integer schema_version", path.display())));
             }
         }
         let report: Report =
-            serde_json::from_value(value).map_err(|source| ReportError::Parse {
-                path: path.to_path_buf(),
-                source,
-            })?;
+            serde_json::from_value(value).map_err(|source| ReportError::Parse { path: path.to_path_buf(), source })?;
         report.validate()?;
         Ok(report)
     }
@@ -385,13 +364,8 @@ impl Report {
         if self.schema_version != SCHEMA_VERSION {
             return bad(format!("schema_version {}", self.schema_version));
         }
-        if self.workload.horizons.is_empty()
-            || !self.workload.horizons.windows(2).all(|w| w[0] < w[1])
-        {
-            return bad(format!(
-                "horizons {:?} are not ascending",
-                self.workload.horizons
-            ));
+        if self.workload.horizons.is_empty() || !self.workload.horizons.windows(2).all(|w| w[0] < w[1]) {
+            return bad(format!("horizons {:?} are not ascending", self.workload.horizons));
         }
         let mut names = std::collections::BTreeSet::new();
         for v in &self.variants {
@@ -400,17 +374,10 @@ impl Report {
             }
             let hs: Vec<usize> = v.horizons.iter().map(|h| h.tokens).collect();
             if hs != self.workload.horizons {
-                return bad(format!(
-                    "variant {}: horizons {hs:?} ≠ workload {:?}",
-                    v.name, self.workload.horizons
-                ));
+                return bad(format!("variant {}: horizons {hs:?} ≠ workload {:?}", v.name, self.workload.horizons));
             }
             let finite = |what: &str, x: f64| -> Result<(), ReportError> {
-                if x.is_finite() {
-                    Ok(())
-                } else {
-                    bad(format!("variant {}: {what} = {x}", v.name))
-                }
+                if x.is_finite() { Ok(()) } else { bad(format!("variant {}: {what} = {x}", v.name)) }
             };
             let unit = |what: &str, x: f64| -> Result<(), ReportError> {
                 finite(what, x)?;
@@ -422,17 +389,10 @@ impl Report {
             };
             let ci = |what: &str, m: &MeanCi, in_unit: bool| -> Result<(), ReportError> {
                 for x in [m.mean, m.ci95[0], m.ci95[1]] {
-                    if in_unit {
-                        unit(what, x)?
-                    } else {
-                        finite(what, x)?
-                    }
+                    if in_unit { unit(what, x)? } else { finite(what, x)? }
                 }
                 if m.ci95[0] > m.ci95[1] {
-                    return bad(format!(
-                        "variant {}: {what} interval {:?} is reversed",
-                        v.name, m.ci95
-                    ));
+                    return bad(format!("variant {}: {what} interval {:?} is reversed", v.name, m.ci95));
                 }
                 Ok(())
             };
@@ -443,16 +403,8 @@ impl Report {
                 ci(&at("exact_match_fraction"), &h.exact_match_fraction, true)?;
                 ci(&at("top1_agreement"), &h.top1_agreement, true)?;
                 ci(&at("rms_delta_p"), &h.rms_delta_p, true)?;
-                ci(
-                    &at("ppl_ratio_on_reference_text"),
-                    &h.ppl_ratio_on_reference_text,
-                    false,
-                )?;
-                ci(
-                    &at("ppl_drift_of_generated_text"),
-                    &h.ppl_drift_of_generated_text,
-                    false,
-                )?;
+                ci(&at("ppl_ratio_on_reference_text"), &h.ppl_ratio_on_reference_text, false)?;
+                ci(&at("ppl_drift_of_generated_text"), &h.ppl_drift_of_generated_text, false)?;
                 let k = &h.kld;
                 for x in [k.mean, k.median, k.p90, k.p99, k.max, k.ci95[0], k.ci95[1]] {
                     finite(&at("kld"), x)?;
@@ -467,10 +419,7 @@ impl Report {
             }
             for (what, xs) in [
                 ("per_position.token_match", &v.per_position.token_match),
-                (
-                    "per_position.top1_agreement",
-                    &v.per_position.top1_agreement,
-                ),
+                ("per_position.top1_agreement", &v.per_position.top1_agreement),
             ] {
                 for &x in xs {
                     unit(what, x)?;

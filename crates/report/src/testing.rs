@@ -7,9 +7,8 @@
 //! median), so renderers and the gate see the shapes real reports have.
 
 use crate::{
-    EntropyStratum, EvalSetInfo, Excess, FirstDivergence, HorizonMetrics, KldSummary, MeanCi,
-    ModelInfo, ModelShape, PerPosition, Reference, Report, SCHEMA_VERSION, TensorError, Variant,
-    VariantKind, Workload,
+    EntropyStratum, EvalSetInfo, Excess, FirstDivergence, HorizonMetrics, KldSummary, MeanCi, ModelInfo, ModelShape,
+    PerPosition, Reference, Report, SCHEMA_VERSION, TensorError, Variant, VariantKind, Workload,
 };
 
 const PROMPTS: usize = 72;
@@ -67,15 +66,8 @@ const PROFILES: [Profile; 3] = [
 /// `scheme`), 72 prompts, horizons 10/100/1000, per-position curves of length 1000.
 pub fn sample_report() -> Report {
     let horizon_max = HORIZONS[HORIZONS.len() - 1];
-    let curves: Vec<Curves> = PROFILES
-        .iter()
-        .map(|p| Curves::new(p, horizon_max))
-        .collect();
-    let variants = PROFILES
-        .iter()
-        .zip(&curves)
-        .map(|(p, c)| variant(p, c, &curves[0]))
-        .collect();
+    let curves: Vec<Curves> = PROFILES.iter().map(|p| Curves::new(p, horizon_max)).collect();
+    let variants = PROFILES.iter().zip(&curves).map(|(p, c)| variant(p, c, &curves[0])).collect();
     Report {
         schema_version: SCHEMA_VERSION,
         model: ModelInfo {
@@ -85,14 +77,7 @@ pub fn sample_report() -> Report {
             parameters: 134_515_008,
             synthetic: false,
             format: "safetensors".into(),
-            shape: ModelShape {
-                layers: 30,
-                dim: 576,
-                hidden_dim: 1536,
-                heads: 9,
-                kv_heads: 3,
-                vocab_size: 49152,
-            },
+            shape: ModelShape { layers: 30, dim: 576, hidden_dim: 1536, heads: 9, kv_heads: 3, vocab_size: 49152 },
         },
         workload: Workload {
             backend: "wgpu".into(),
@@ -145,11 +130,7 @@ impl Curves {
             .map(|i| {
                 let u = (i as f64 + 0.5) / PROMPTS as f64;
                 let t = (-p.tau * u.ln()).floor();
-                if t >= horizon_max as f64 {
-                    horizon_max
-                } else {
-                    t as usize
-                }
+                if t >= horizon_max as f64 { horizon_max } else { t as usize }
             })
             .collect();
         let n = PROMPTS as f64;
@@ -162,37 +143,20 @@ impl Curves {
             })
             .collect();
         let kld: Vec<f64> = (0..horizon_max)
-            .map(|t| {
-                p.kld * (1.0 + 0.6 * (-(t as f64) / 40.0).exp()) * (1.0 + 0.25 * wobble(t, p.tau))
-            })
+            .map(|t| p.kld * (1.0 + 0.6 * (-(t as f64) / 40.0).exp()) * (1.0 + 0.25 * wobble(t, p.tau)))
             .collect();
-        let top1 = kld
-            .iter()
-            .map(|&k| (1.0 - 0.9 * k.sqrt()).clamp(0.0, 1.0))
-            .collect();
-        Curves {
-            first_divergence,
-            token_match,
-            kld,
-            top1,
-        }
+        let top1 = kld.iter().map(|&k| (1.0 - 0.9 * k.sqrt()).clamp(0.0, 1.0)).collect();
+        Curves { first_divergence, token_match, kld, top1 }
     }
 }
 
 fn mean(xs: &[f64]) -> f64 {
-    if xs.is_empty() {
-        0.0
-    } else {
-        xs.iter().sum::<f64>() / xs.len() as f64
-    }
+    if xs.is_empty() { 0.0 } else { xs.iter().sum::<f64>() / xs.len() as f64 }
 }
 
 /// A mean with a symmetric interval of half-width `half`, clipped to `[lo, hi]`.
 fn ci(m: f64, half: f64, lo: f64, hi: f64) -> MeanCi {
-    MeanCi {
-        mean: m,
-        ci95: [(m - half).max(lo), (m + half).min(hi)],
-    }
+    MeanCi { mean: m, ci95: [(m - half).max(lo), (m + half).min(hi)] }
 }
 
 /// The `q` quantile of sorted `xs` (nearest rank).
@@ -245,50 +209,31 @@ fn horizon(h: usize, c: &Curves, floor: &Curves, is_floor: bool) -> HorizonMetri
 /// The Kaplan–Meier curve of uncensored-before-`horizon_max` first-divergence positions.
 fn first_divergence(c: &Curves, horizon_max: usize) -> FirstDivergence {
     let n = c.first_divergence.len() as f64;
-    let mut events: Vec<usize> = c
-        .first_divergence
-        .iter()
-        .copied()
-        .filter(|&d| d < horizon_max)
-        .collect();
+    let mut events: Vec<usize> = c.first_divergence.iter().copied().filter(|&d| d < horizon_max).collect();
     events.sort_unstable();
     events.dedup();
     let still = |t: usize| c.first_divergence.iter().filter(|&&d| d > t).count() as f64 / n;
     let mut survival = vec![(0, still(0))];
     survival.extend(events.iter().filter(|&&t| t > 0).map(|&t| (t, still(t))));
     let median = survival.iter().find(|&&(_, s)| s <= 0.5).map(|&(t, _)| t);
-    let censored = c
-        .first_divergence
-        .iter()
-        .filter(|&&d| d >= horizon_max)
-        .count();
-    FirstDivergence {
-        median,
-        survival,
-        censored,
-        positions: c.first_divergence.clone(),
-    }
+    let censored = c.first_divergence.iter().filter(|&&d| d >= horizon_max).count();
+    FirstDivergence { median, survival, censored, positions: c.first_divergence.clone() }
 }
 
 fn variant(p: &Profile, c: &Curves, floor: &Curves) -> Variant {
     let horizon_max = HORIZONS[HORIZONS.len() - 1];
     let is_floor = p.kind == VariantKind::NoiseFloor;
     let k = p.kld;
-    let entropy_strata = [
-        (0.0, 0.45, 0.2),
-        (0.45, 1.38, 0.7),
-        (1.38, 2.61, 1.4),
-        (2.61, 7.93, 2.9),
-    ]
-    .iter()
-    .map(|&(lo, hi, scale)| EntropyStratum {
-        entropy_lo: lo,
-        entropy_hi: hi,
-        positions: PROMPTS * horizon_max / 4,
-        kld_mean: Some(k * scale),
-        top1_agreement: Some((1.0 - 2.5 * (k * scale).sqrt()).clamp(0.0, 1.0)),
-    })
-    .collect();
+    let entropy_strata = [(0.0, 0.45, 0.2), (0.45, 1.38, 0.7), (1.38, 2.61, 1.4), (2.61, 7.93, 2.9)]
+        .iter()
+        .map(|&(lo, hi, scale)| EntropyStratum {
+            entropy_lo: lo,
+            entropy_hi: hi,
+            positions: PROMPTS * horizon_max / 4,
+            kld_mean: Some(k * scale),
+            top1_agreement: Some((1.0 - 2.5 * (k * scale).sqrt()).clamp(0.0, 1.0)),
+        })
+        .collect();
     let per_tensor_error = match p.sqnr_db {
         None => Vec::new(),
         Some(sqnr) => [
@@ -326,10 +271,7 @@ fn variant(p: &Profile, c: &Curves, floor: &Curves) -> Variant {
         compute_dtype: p.compute_dtype.into(),
         bits_per_weight: p.bits_per_weight,
         weight_bytes: (134_515_008.0 * p.bits_per_weight / 8.0) as u64,
-        horizons: HORIZONS
-            .iter()
-            .map(|&h| horizon(h, c, floor, is_floor))
-            .collect(),
+        horizons: HORIZONS.iter().map(|&h| horizon(h, c, floor, is_floor)).collect(),
         first_divergence: first_divergence(c, horizon_max),
         per_position: PerPosition {
             token_match: c.token_match.clone(),

@@ -7,8 +7,7 @@ use std::path::Path;
 use common::{mean_ci, temp_dir};
 use qdrift_report::testing::sample_report;
 use qdrift_report::{
-    Bound, GateError, GateOutcome, Report, Thresholds, exit_code, gate, junit_error_xml, junit_xml,
-    run_gate,
+    Bound, GateError, GateOutcome, Report, Thresholds, exit_code, gate, junit_error_xml, junit_xml, run_gate,
 };
 
 fn run(report: &Report, toml: &str) -> Result<GateOutcome, GateError> {
@@ -49,32 +48,14 @@ fn a_report_within_every_threshold_passes_with_exit_code_0() {
     assert!(outcome.passed());
     let l = lines(&outcome);
     assert!(l.iter().all(|l| l.starts_with("PASS ")), "{l:#?}");
-    assert!(
-        outcome
-            .lines()
-            .ends_with("gate: 5 checks, 5 passed, 0 failed: PASS\n"),
-        "{}",
-        outcome.lines()
-    );
+    assert!(outcome.lines().ends_with("gate: 5 checks, 5 passed, 0 failed: PASS\n"), "{}", outcome.lines());
 }
 
 #[test]
 fn a_report_outside_a_threshold_fails_with_exit_code_1_and_says_which_value() {
     let r = sample_report();
-    let upper = r
-        .variant("int4-g128")
-        .unwrap()
-        .horizon(1000)
-        .unwrap()
-        .kld
-        .ci95[1];
-    let lower = r
-        .variant("int4-g128")
-        .unwrap()
-        .horizon(100)
-        .unwrap()
-        .token_match_rate
-        .ci95[0];
+    let upper = r.variant("int4-g128").unwrap().horizon(1000).unwrap().kld.ci95[1];
+    let lower = r.variant("int4-g128").unwrap().horizon(100).unwrap().token_match_rate.ci95[0];
     let toml = r#"
         [variant."int4-g128"]
         "token_match_rate@100" = { min = 0.80 }
@@ -88,12 +69,8 @@ fn a_report_outside_a_threshold_fails_with_exit_code_1_and_says_which_value() {
         lines(&outcome),
         // In GATE_METRICS order, not the file's.
         [
-            format!(
-                "FAIL int4-g128 token_match_rate@100 bound=ci value={lower} (lower CI bound) threshold=min ≥ 0.8"
-            ),
-            format!(
-                "PASS int4-g128 kld@1000 bound=ci value={upper} (upper CI bound) threshold=max ≤ 0.05"
-            ),
+            format!("FAIL int4-g128 token_match_rate@100 bound=ci value={lower} (lower CI bound) threshold=min ≥ 0.8"),
+            format!("PASS int4-g128 kld@1000 bound=ci value={upper} (upper CI bound) threshold=max ≤ 0.05"),
         ]
     );
 }
@@ -101,34 +78,16 @@ fn a_report_outside_a_threshold_fails_with_exit_code_1_and_says_which_value() {
 #[test]
 fn point_and_ci_semantics_differ_when_the_mean_clears_and_the_bound_does_not() {
     let r = point_passes_ci_fails();
-    let ci = run(
-        &r,
-        "[variant.int8]\n\"token_match_rate@100\" = { min = 0.80 }\n",
-    )
-    .unwrap();
-    assert_eq!(
-        lines(&ci),
-        ["FAIL int8 token_match_rate@100 bound=ci value=0.78 (lower CI bound) threshold=min ≥ 0.8"]
-    );
-    let point = run(&r, "[defaults]\nbound = \"point\"\n[variant.int8]\n\"token_match_rate@100\" = { min = 0.80 }\n")
-        .unwrap();
-    assert_eq!(
-        lines(&point),
-        ["PASS int8 token_match_rate@100 bound=point value=0.85 (mean) threshold=min ≥ 0.8"]
-    );
+    let ci = run(&r, "[variant.int8]\n\"token_match_rate@100\" = { min = 0.80 }\n").unwrap();
+    assert_eq!(lines(&ci), ["FAIL int8 token_match_rate@100 bound=ci value=0.78 (lower CI bound) threshold=min ≥ 0.8"]);
+    let point =
+        run(&r, "[defaults]\nbound = \"point\"\n[variant.int8]\n\"token_match_rate@100\" = { min = 0.80 }\n").unwrap();
+    assert_eq!(lines(&point), ["PASS int8 token_match_rate@100 bound=point value=0.85 (mean) threshold=min ≥ 0.8"]);
     // max: the upper bound 0.90 is above 0.88, the mean 0.85 below.
-    let max_ci = run(
-        &r,
-        "[variant.int8]\n\"token_match_rate@100\" = { max = 0.88 }\n",
-    )
-    .unwrap();
+    let max_ci = run(&r, "[variant.int8]\n\"token_match_rate@100\" = { max = 0.88 }\n").unwrap();
     assert!(!max_ci.passed());
     assert_eq!(max_ci.results[0].value, 0.90);
-    let max_point = run(
-        &r,
-        "[variant.int8]\n\"token_match_rate@100\" = { max = 0.88, bound = \"point\" }\n",
-    )
-    .unwrap();
+    let max_point = run(&r, "[variant.int8]\n\"token_match_rate@100\" = { max = 0.88, bound = \"point\" }\n").unwrap();
     assert!(max_point.passed());
 }
 
@@ -143,37 +102,24 @@ fn a_check_can_override_the_default_bound() {
         "exact_match_fraction@100" = { min = 0.0 }
     "#;
     let outcome = run(&r, toml).unwrap();
-    let bounds: Vec<(String, Bound)> = outcome
-        .results
-        .iter()
-        .map(|c| (c.metric.clone(), c.bound))
-        .collect();
+    let bounds: Vec<(String, Bound)> = outcome.results.iter().map(|c| (c.metric.clone(), c.bound)).collect();
     assert_eq!(
         bounds,
-        [
-            ("token_match_rate".to_string(), Bound::Point),
-            ("exact_match_fraction".to_string(), Bound::Ci)
-        ]
+        [("token_match_rate".to_string(), Bound::Point), ("exact_match_fraction".to_string(), Bound::Ci)]
     );
     assert!(outcome.passed());
     // And the other way round: a point default, one check on the interval.
-    let toml = "[defaults]\nbound = \"point\"\n[variant.int8]\n\"token_match_rate@100\" = { min = 0.80, bound = \"ci\" }\n";
+    let toml =
+        "[defaults]\nbound = \"point\"\n[variant.int8]\n\"token_match_rate@100\" = { min = 0.80, bound = \"ci\" }\n";
     assert_eq!(exit_code(&run(&r, toml)), 1);
 }
 
 #[test]
 fn a_check_with_min_and_max_is_two_outcomes() {
     let r = point_passes_ci_fails();
-    let outcome = run(
-        &r,
-        "[variant.int8]\n\"token_match_rate@100\" = { min = 0.5, max = 0.95 }\n",
-    )
-    .unwrap();
+    let outcome = run(&r, "[variant.int8]\n\"token_match_rate@100\" = { min = 0.5, max = 0.95 }\n").unwrap();
     let names: Vec<String> = outcome.results.iter().map(|c| c.name()).collect();
-    assert_eq!(
-        names,
-        ["token_match_rate@100 (min)", "token_match_rate@100 (max)"]
-    );
+    assert_eq!(names, ["token_match_rate@100 (min)", "token_match_rate@100 (max)"]);
     assert_eq!(outcome.results[0].value, 0.78);
     assert_eq!(outcome.results[1].value, 0.90);
     assert!(outcome.passed());
@@ -181,20 +127,12 @@ fn a_check_with_min_and_max_is_two_outcomes() {
 
 #[test]
 fn the_wildcard_applies_to_every_variant_but_the_noise_floor() {
-    let outcome = run(
-        &sample_report(),
-        "[variant.\"*\"]\n\"top1_agreement@10\" = { min = 0.0 }\n",
-    )
-    .unwrap();
+    let outcome = run(&sample_report(), "[variant.\"*\"]\n\"top1_agreement@10\" = { min = 0.0 }\n").unwrap();
     let variants: Vec<&str> = outcome.results.iter().map(|c| c.variant.as_str()).collect();
     assert_eq!(variants, ["int8", "int4-g128"]);
     assert!(outcome.results.iter().all(|c| c.section == "*"));
     // An excess metric under "*" is fine: the noise floor is not among the variants it checks.
-    let outcome = run(
-        &sample_report(),
-        "[variant.\"*\"]\n\"excess_kld@100\" = { max = 1.0 }\n",
-    )
-    .unwrap();
+    let outcome = run(&sample_report(), "[variant.\"*\"]\n\"excess_kld@100\" = { max = 1.0 }\n").unwrap();
     assert_eq!(outcome.results.len(), 2);
 }
 
@@ -208,21 +146,15 @@ fn an_explicit_entry_and_the_wildcard_both_apply() {
         "kld@10" = { max = 1.0 }
     "#;
     let outcome = run(&sample_report(), toml).unwrap();
-    let got: Vec<(String, String, String)> = outcome
-        .results
-        .iter()
-        .map(|c| (c.variant.clone(), c.section.clone(), c.name()))
-        .collect();
+    let got: Vec<(String, String, String)> =
+        outcome.results.iter().map(|c| (c.variant.clone(), c.section.clone(), c.name())).collect();
     let want = [
         ("int8", "int8", "kld@10"),
         ("int8", "int8", "top1_agreement@10"),
         ("int8", "*", "top1_agreement@10"),
         ("int4-g128", "*", "top1_agreement@10"),
     ];
-    assert_eq!(
-        got,
-        want.map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
-    );
+    assert_eq!(got, want.map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string())));
     // The explicit, stricter check fails; the wildcard one passes.
     assert_eq!(outcome.failures().count(), 1);
     assert_eq!(outcome.failures().next().unwrap().section, "int8");
@@ -230,21 +162,14 @@ fn an_explicit_entry_and_the_wildcard_both_apply() {
 
 #[test]
 fn the_noise_floor_can_be_checked_by_name() {
-    let outcome = run(
-        &sample_report(),
-        "[variant.\"noise-floor-f32\"]\n\"kld@1000\" = { max = 0.001 }\n",
-    )
-    .unwrap();
+    let outcome = run(&sample_report(), "[variant.\"noise-floor-f32\"]\n\"kld@1000\" = { max = 0.001 }\n").unwrap();
     assert_eq!(lines(&outcome).len(), 1);
     assert!(outcome.passed());
 }
 
 #[test]
 fn integer_thresholds_are_numbers() {
-    let outcome = run(
-        &sample_report(),
-        "[variant.int8]\n\"ppl_ratio_on_reference_text@10\" = { min = 1, max = 2 }\n",
-    );
+    let outcome = run(&sample_report(), "[variant.int8]\n\"ppl_ratio_on_reference_text@10\" = { min = 1, max = 2 }\n");
     assert_eq!(exit_code(&outcome), 0, "{outcome:?}");
 }
 
@@ -267,11 +192,7 @@ fn exit_2_a_missing_thresholds_file() {
     let run = run_gate(&report, &missing, None);
     assert_eq!(run.exit_code, 2);
     assert_eq!(run.stdout, "");
-    assert!(
-        run.stderr.contains("thresholds.toml") && run.stderr.contains("cannot read"),
-        "{}",
-        run.stderr
-    );
+    assert!(run.stderr.contains("thresholds.toml") && run.stderr.contains("cannot read"), "{}", run.stderr);
     assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
 }
 
@@ -289,19 +210,14 @@ fn exit_2_a_missing_report_file() {
 #[test]
 fn exit_2_a_toml_syntax_error_names_the_line() {
     let e = unusable(&sample_report(), "[variant.int8]\n\"kld@10\" = { max = }\n");
-    let GateError::Toml { line, .. } = &e else {
-        panic!("{e:?}")
-    };
+    let GateError::Toml { line, .. } = &e else { panic!("{e:?}") };
     assert_eq!(*line, 2, "{e}");
     assert!(e.to_string().starts_with("thresholds:2:"), "{e}");
 }
 
 #[test]
 fn exit_2_an_unknown_key() {
-    let e = unusable(
-        &sample_report(),
-        "[variant.int8]\n\"kld@10\" = { mxa = 0.1 }\n",
-    );
+    let e = unusable(&sample_report(), "[variant.int8]\n\"kld@10\" = { mxa = 0.1 }\n");
     assert!(matches!(e, GateError::Toml { .. }), "{e:?}");
     assert!(e.to_string().contains("mxa"), "{e}");
     let e = unusable(&sample_report(), "[default]\nbound = \"ci\"\n");
@@ -312,75 +228,41 @@ fn exit_2_an_unknown_key() {
 
 #[test]
 fn exit_2_an_unknown_metric_lists_the_known_ones() {
-    let e = unusable(
-        &sample_report(),
-        "[variant.int8]\n\"kl_divergence@10\" = { max = 0.1 }\n",
-    );
+    let e = unusable(&sample_report(), "[variant.int8]\n\"kl_divergence@10\" = { max = 0.1 }\n");
     assert!(matches!(e, GateError::UnknownMetric { .. }), "{e:?}");
     let msg = e.to_string();
-    assert!(
-        msg.contains("kl_divergence")
-            && msg.contains("token_match_rate, exact_match_fraction, kld"),
-        "{msg}"
-    );
+    assert!(msg.contains("kl_divergence") && msg.contains("token_match_rate, exact_match_fraction, kld"), "{msg}");
 }
 
 #[test]
 fn exit_2_a_key_without_a_horizon() {
-    let e = unusable(
-        &sample_report(),
-        "[variant.int8]\n\"kld\" = { max = 0.1 }\n",
-    );
+    let e = unusable(&sample_report(), "[variant.int8]\n\"kld\" = { max = 0.1 }\n");
     assert!(matches!(e, GateError::BadKey { .. }), "{e:?}");
-    let e = unusable(
-        &sample_report(),
-        "[variant.int8]\n\"kld@ten\" = { max = 0.1 }\n",
-    );
+    let e = unusable(&sample_report(), "[variant.int8]\n\"kld@ten\" = { max = 0.1 }\n");
     assert!(matches!(e, GateError::BadKey { .. }), "{e:?}");
 }
 
 #[test]
 fn exit_2_an_unknown_horizon_lists_the_reports() {
-    let e = unusable(
-        &sample_report(),
-        "[variant.int8]\n\"kld@50\" = { max = 0.1 }\n",
-    );
-    assert!(
-        matches!(e, GateError::UnknownHorizon { horizon: 50, .. }),
-        "{e:?}"
-    );
+    let e = unusable(&sample_report(), "[variant.int8]\n\"kld@50\" = { max = 0.1 }\n");
+    assert!(matches!(e, GateError::UnknownHorizon { horizon: 50, .. }), "{e:?}");
     assert!(e.to_string().contains("its horizons: 10, 100, 1000"), "{e}");
     // Also under the wildcard.
-    let e = unusable(
-        &sample_report(),
-        "[variant.\"*\"]\n\"kld@2000\" = { max = 0.1 }\n",
-    );
-    assert!(
-        matches!(e, GateError::UnknownHorizon { horizon: 2000, .. }),
-        "{e:?}"
-    );
+    let e = unusable(&sample_report(), "[variant.\"*\"]\n\"kld@2000\" = { max = 0.1 }\n");
+    assert!(matches!(e, GateError::UnknownHorizon { horizon: 2000, .. }), "{e:?}");
 }
 
 #[test]
 fn exit_2_an_unknown_variant_lists_the_reports() {
-    let e = unusable(
-        &sample_report(),
-        "[variant.int3]\n\"kld@10\" = { max = 0.1 }\n",
-    );
+    let e = unusable(&sample_report(), "[variant.int3]\n\"kld@10\" = { max = 0.1 }\n");
     assert!(matches!(e, GateError::UnknownVariant { .. }), "{e:?}");
-    assert!(
-        e.to_string()
-            .contains("its variants: noise-floor-f32, int8, int4-g128"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("its variants: noise-floor-f32, int8, int4-g128"), "{e}");
 }
 
 #[test]
 fn exit_2_an_excess_metric_on_the_noise_floor() {
-    let e = unusable(
-        &sample_report(),
-        "[variant.\"noise-floor-f32\"]\n\"excess_token_match_rate@10\" = { min = -0.1 }\n",
-    );
+    let e =
+        unusable(&sample_report(), "[variant.\"noise-floor-f32\"]\n\"excess_token_match_rate@10\" = { min = -0.1 }\n");
     assert!(matches!(e, GateError::ExcessOnNoiseFloor { .. }), "{e:?}");
     assert!(e.to_string().contains("noise floor"), "{e}");
 }
@@ -389,11 +271,7 @@ fn exit_2_an_excess_metric_on_the_noise_floor() {
 fn exit_2_a_report_of_another_schema_version() {
     let dir = temp_dir("schema-version");
     let report = dir.join("report.json");
-    let json = sample_report().to_json().unwrap().replacen(
-        "\"schema_version\": 1",
-        "\"schema_version\": 2",
-        1,
-    );
+    let json = sample_report().to_json().unwrap().replacen("\"schema_version\": 1", "\"schema_version\": 2", 1);
     std::fs::write(&report, json).unwrap();
     let thresholds = dir.join("thresholds.toml");
     std::fs::write(&thresholds, "[variant.int8]\n\"kld@10\" = { max = 1 }\n").unwrap();
@@ -404,10 +282,7 @@ fn exit_2_a_report_of_another_schema_version() {
 
 #[test]
 fn exit_2_a_check_with_neither_min_nor_max() {
-    let e = unusable(
-        &sample_report(),
-        "[variant.int8]\n\"kld@10\" = { bound = \"ci\" }\n",
-    );
+    let e = unusable(&sample_report(), "[variant.int8]\n\"kld@10\" = { bound = \"ci\" }\n");
     assert!(matches!(e, GateError::NoLimit { .. }), "{e:?}");
     let e = unusable(&sample_report(), "[variant.int8]\n\"kld@10\" = {}\n");
     assert!(matches!(e, GateError::NoLimit { .. }), "{e:?}");
@@ -415,16 +290,10 @@ fn exit_2_a_check_with_neither_min_nor_max() {
 
 #[test]
 fn exit_2_an_unknown_bound() {
-    let e = unusable(
-        &sample_report(),
-        "[defaults]\nbound = \"mean\"\n[variant.int8]\n\"kld@10\" = { max = 1 }\n",
-    );
+    let e = unusable(&sample_report(), "[defaults]\nbound = \"mean\"\n[variant.int8]\n\"kld@10\" = { max = 1 }\n");
     assert!(matches!(e, GateError::UnknownBound { .. }), "{e:?}");
     assert!(e.to_string().contains("[defaults]"), "{e}");
-    let e = unusable(
-        &sample_report(),
-        "[variant.int8]\n\"kld@10\" = { max = 1, bound = \"CI\" }\n",
-    );
+    let e = unusable(&sample_report(), "[variant.int8]\n\"kld@10\" = { max = 1, bound = \"CI\" }\n");
     assert!(matches!(e, GateError::UnknownBound { .. }), "{e:?}");
 }
 
@@ -440,15 +309,9 @@ fn exit_2_thresholds_that_check_nothing() {
 
 #[test]
 fn exit_2_a_threshold_that_no_value_can_meet() {
-    let e = unusable(
-        &sample_report(),
-        "[variant.int8]\n\"kld@10\" = { max = nan }\n",
-    );
+    let e = unusable(&sample_report(), "[variant.int8]\n\"kld@10\" = { max = nan }\n");
     assert!(matches!(e, GateError::BadLimit { .. }), "{e:?}");
-    let e = unusable(
-        &sample_report(),
-        "[variant.int8]\n\"kld@10\" = { min = 0.2, max = 0.1 }\n",
-    );
+    let e = unusable(&sample_report(), "[variant.int8]\n\"kld@10\" = { min = 0.2, max = 0.1 }\n");
     assert!(matches!(e, GateError::BadLimit { .. }), "{e:?}");
 }
 
@@ -459,8 +322,7 @@ fn parse_junit(xml: &str) -> roxmltree::Document<'_> {
 }
 
 fn attr<'a>(node: roxmltree::Node<'a, '_>, name: &str) -> &'a str {
-    node.attribute(name)
-        .unwrap_or_else(|| panic!("<{}> has no {name}", node.tag_name().name()))
+    node.attribute(name).unwrap_or_else(|| panic!("<{}> has no {name}", node.tag_name().name()))
 }
 
 #[test]
@@ -478,20 +340,14 @@ fn junit_has_one_testcase_per_check_and_a_failure_per_failed_check() {
     let doc = parse_junit(&xml);
     let root = doc.root_element();
     assert_eq!(root.tag_name().name(), "testsuites");
-    let suites: Vec<_> = root
-        .children()
-        .filter(|n| n.has_tag_name("testsuite"))
-        .collect();
+    let suites: Vec<_> = root.children().filter(|n| n.has_tag_name("testsuite")).collect();
     assert_eq!(suites.len(), 1);
     let suite = suites[0];
     assert_eq!(attr(suite, "name"), "qdrift gate");
     assert_eq!(attr(suite, "tests"), "5");
     assert_eq!(attr(suite, "failures"), "2");
     assert_eq!(attr(suite, "errors"), "0");
-    let cases: Vec<_> = suite
-        .children()
-        .filter(|n| n.has_tag_name("testcase"))
-        .collect();
+    let cases: Vec<_> = suite.children().filter(|n| n.has_tag_name("testcase")).collect();
     assert_eq!(cases.len(), 5);
     let failed: Vec<(&str, &str)> = cases
         .iter()
@@ -505,14 +361,8 @@ fn junit_has_one_testcase_per_check_and_a_failure_per_failed_check() {
             ("qdrift.gate.int4-g128", "ppl_drift_of_generated_text@1000")
         ]
     );
-    let failure = cases[1]
-        .children()
-        .find(|n| n.has_tag_name("failure"))
-        .unwrap();
-    assert!(
-        attr(failure, "message").starts_with("FAIL int4-g128 token_match_rate@100 bound=ci"),
-        "{xml}"
-    );
+    let failure = cases[1].children().find(|n| n.has_tag_name("failure")).unwrap();
+    assert!(attr(failure, "message").starts_with("FAIL int4-g128 token_match_rate@100 bound=ci"), "{xml}");
     assert_eq!(failure.text().unwrap(), attr(failure, "message"));
 }
 
@@ -520,25 +370,13 @@ fn junit_has_one_testcase_per_check_and_a_failure_per_failed_check() {
 fn junit_escapes_names() {
     let mut r = sample_report();
     r.variants[1].name = "int8 <\"&'>".into();
-    let outcome = run(
-        &r,
-        "[variant.\"int8 <\\\"&'>\"]\n\"kld@10\" = { max = 0.0 }\n",
-    )
-    .unwrap();
+    let outcome = run(&r, "[variant.\"int8 <\\\"&'>\"]\n\"kld@10\" = { max = 0.0 }\n").unwrap();
     let xml = junit_xml(&outcome);
     let doc = parse_junit(&xml);
-    let case = doc
-        .descendants()
-        .find(|n| n.has_tag_name("testcase"))
-        .unwrap();
+    let case = doc.descendants().find(|n| n.has_tag_name("testcase")).unwrap();
     assert_eq!(attr(case, "classname"), "qdrift.gate.int8 <\"&'>");
     let failure = case.children().find(|n| n.has_tag_name("failure")).unwrap();
-    assert!(
-        failure
-            .text()
-            .unwrap()
-            .starts_with("FAIL int8 <\"&'> kld@10")
-    );
+    assert!(failure.text().unwrap().starts_with("FAIL int8 <\"&'> kld@10"));
 }
 
 #[test]
@@ -547,11 +385,7 @@ fn run_gate_writes_junit_atomically_and_prints_the_outcome() {
     let report = dir.join("report.json");
     sample_report().write(&report).unwrap();
     let thresholds = dir.join("thresholds.toml");
-    std::fs::write(
-        &thresholds,
-        "[variant.\"int4-g128\"]\n\"token_match_rate@100\" = { min = 0.80 }\n",
-    )
-    .unwrap();
+    std::fs::write(&thresholds, "[variant.\"int4-g128\"]\n\"token_match_rate@100\" = { min = 0.80 }\n").unwrap();
     let junit = dir.join("junit.xml");
     std::fs::write(&junit, "stale").unwrap();
     let run = run_gate(&report, &thresholds, Some(&junit));
@@ -559,24 +393,12 @@ fn run_gate_writes_junit_atomically_and_prints_the_outcome() {
     assert_eq!(run.stderr, "");
     let out: Vec<&str> = run.stdout.lines().collect();
     assert_eq!(out.len(), 2, "{}", run.stdout);
-    assert!(
-        out[0].starts_with("FAIL int4-g128 token_match_rate@100 bound=ci value="),
-        "{}",
-        out[0]
-    );
+    assert!(out[0].starts_with("FAIL int4-g128 token_match_rate@100 bound=ci value="), "{}", out[0]);
     assert_eq!(out[1], "gate: 1 checks, 0 passed, 1 failed: FAIL");
     let xml = std::fs::read_to_string(&junit).unwrap();
     let doc = parse_junit(&xml);
-    assert_eq!(
-        doc.descendants()
-            .filter(|n| n.has_tag_name("failure"))
-            .count(),
-        1
-    );
-    let names: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
+    assert_eq!(doc.descendants().filter(|n| n.has_tag_name("failure")).count(), 1);
+    let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names.len(), 3, "stray temporary files: {names:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -593,10 +415,7 @@ fn run_gate_on_unusable_input_writes_a_junit_error() {
     assert_eq!(run.exit_code, 2);
     let xml = std::fs::read_to_string(&junit).unwrap();
     let doc = parse_junit(&xml);
-    let suite = doc
-        .descendants()
-        .find(|n| n.has_tag_name("testsuite"))
-        .unwrap();
+    let suite = doc.descendants().find(|n| n.has_tag_name("testsuite")).unwrap();
     assert_eq!(attr(suite, "errors"), "1");
     let error = doc.descendants().find(|n| n.has_tag_name("error")).unwrap();
     assert!(attr(error, "message").contains("int3"));
@@ -609,11 +428,7 @@ fn run_gate_on_unusable_input_writes_a_junit_error() {
     );
     // An unwritable JUnit path makes an otherwise passing gate unusable.
     std::fs::write(&thresholds, "[variant.int8]\n\"kld@10\" = { max = 1 }\n").unwrap();
-    let run = run_gate(
-        &report,
-        &thresholds,
-        Some(Path::new("/nonexistent-qdrift-dir/junit.xml")),
-    );
+    let run = run_gate(&report, &thresholds, Some(Path::new("/nonexistent-qdrift-dir/junit.xml")));
     assert_eq!(run.exit_code, 2);
     assert!(run.stdout.starts_with("PASS "), "{}", run.stdout);
     assert!(run.stderr.contains("JUnit"), "{}", run.stderr);
@@ -626,9 +441,6 @@ fn thresholds_read_names_the_file_in_toml_errors() {
     let path = dir.join("gate.toml");
     std::fs::write(&path, "[variant.int8\n").unwrap();
     let e = Thresholds::read(&path).unwrap_err();
-    assert!(
-        e.to_string().starts_with(&format!("{}:1:", path.display())),
-        "{e}"
-    );
+    assert!(e.to_string().starts_with(&format!("{}:1:", path.display())), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -16,8 +16,5 @@ pub fn temp_dir(test: &str) -> PathBuf {
 
 /// A mean with its interval.
 pub fn mean_ci(mean: f64, lo: f64, hi: f64) -> MeanCi {
-    MeanCi {
-        mean,
-        ci95: [lo, hi],
-    }
+    MeanCi { mean, ci95: [lo, hi] }
 }

@@ -1,0 +1,63 @@
+//! `report.json`: write, read back, and refuse what this build cannot read.
+
+mod common;
+
+use common::temp_dir;
+use qdrift_report::testing::sample_report;
+use qdrift_report::{Report, ReportError, SCHEMA_VERSION};
+
+#[test]
+fn a_written_report_reads_back_equal() {
+    let dir = temp_dir("round-trip");
+    let path = dir.join("report.json");
+    let r = sample_report();
+    r.write(&path).unwrap();
+    assert_eq!(Report::read(&path).unwrap(), r);
+    // Same report, same bytes.
+    let first = std::fs::read(&path).unwrap();
+    r.write(&path).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), first);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_report_of_schema_version_2_is_a_schema_version_error() {
+    let dir = temp_dir("schema-2");
+    let path = dir.join("report.json");
+    let json = sample_report().to_json().unwrap();
+    let v2 = json.replacen("\"schema_version\": 1,", "\"schema_version\": 2,", 1);
+    assert_ne!(v2, json);
+    std::fs::write(&path, v2).unwrap();
+    match Report::read(&path) {
+        Err(ReportError::SchemaVersion { found: 2, expected, .. }) => assert_eq!(expected, SCHEMA_VERSION),
+        other => panic!("{other:?}"),
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn truncated_json_is_a_parse_error_naming_the_file() {
+    let dir = temp_dir("truncated");
+    let path = dir.join("report.json");
+    let json = sample_report().to_json().unwrap();
+    std::fs::write(&path, &json[..json.len() / 2]).unwrap();
+    let e = Report::read(&path).unwrap_err();
+    assert!(matches!(e, ReportError::Parse { .. }), "{e:?}");
+    assert!(e.to_string().contains("report.json"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_sample_report_is_valid_and_consistent() {
+    let r = sample_report();
+    r.validate().unwrap();
+    assert_eq!(r.variants.len(), 3);
+    for v in &r.variants {
+        assert_eq!(v.per_position.token_match.len(), 1000);
+        let h100 = v.horizon(100).unwrap();
+        let mean: f64 = v.per_position.token_match[..100].iter().sum::<f64>() / 100.0;
+        assert!((h100.token_match_rate.mean - mean).abs() < 1e-12);
+        assert_eq!(v.first_divergence.survival[0].0, 0);
+        assert!(v.first_divergence.survival.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 >= w[1].1));
+    }
+}
