@@ -1,0 +1,140 @@
+//! The HTML report in a real browser: headless Chromium loads the sample report, logs no console
+//! message, no script error and no failed load, renders the four charts with their data, and
+//! takes a screenshot.
+//!
+//! Needs a `chromium` (or `chromium-browser`) binary on `PATH` (Debian: `apt-get install
+//! chromium`). Without one the test prints a skip notice and passes, unless
+//! `QDRIFT_REQUIRE_CHROMIUM=1` (CI), where it fails. The screenshot goes to
+//! `$QDRIFT_SCREENSHOT` if set, else into a temporary folder.
+
+mod common;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use qdrift_report::render_html;
+use qdrift_report::testing::sample_report;
+
+/// The first Chromium binary on `PATH`.
+fn chromium() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|dir| ["chromium", "chromium-browser"].map(|name| dir.join(name)))
+        .find(|p| p.is_file())
+}
+
+/// Runs `cmd` to completion or kills it after `limit`; returns (success, stdout, stderr).
+fn run_with_timeout(mut cmd: Command, limit: Duration) -> (bool, String, String) {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start chromium: {e}"));
+    // Drain both pipes on threads so a chatty browser cannot block on a full pipe.
+    let mut out = child.stdout.take().expect("piped stdout");
+    let mut err = child.stderr.take().expect("piped stderr");
+    let out_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for chromium") {
+            break status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("chromium did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (status.success(), out_thread.join().unwrap_or_default(), err_thread.join().unwrap_or_default())
+}
+
+fn browser(binary: &Path, profile: &Path) -> Command {
+    let mut cmd = Command::new(binary);
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=2000",
+        "--no-first-run",
+        "--hide-scrollbars",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()));
+    cmd
+}
+
+/// Lines of Chromium's log that mean the page did something wrong: a console message (the page
+/// has no script, so any is unexpected), an uncaught error, or a failed load.
+fn page_problems(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| {
+            l.contains(":CONSOLE") || l.contains("CONSOLE(") || l.contains("Uncaught") || l.contains("net::ERR_")
+        })
+        .collect()
+}
+
+#[test]
+fn headless_chromium_renders_the_report_without_errors() {
+    let Some(binary) = chromium() else {
+        if std::env::var("QDRIFT_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1") {
+            panic!("chromium is not on PATH: install chromium: cargo xtask setup");
+        }
+        eprintln!("skipped: chromium is not on PATH (install chromium: cargo xtask setup)");
+        return;
+    };
+    let dir = common::temp_dir("chromium");
+    let page = dir.join("report.html");
+    let r = sample_report();
+    std::fs::write(&page, render_html(&r).unwrap()).unwrap();
+    let url = format!("file://{}", page.display());
+
+    let mut dump = browser(&binary, &dir.join("profile-dom"));
+    dump.args(["--dump-dom", &url]);
+    let (ok, dom, log) = run_with_timeout(dump, Duration::from_secs(120));
+    assert!(ok, "chromium --dump-dom failed:\n{log}");
+    let problems = page_problems(&log);
+    assert!(problems.is_empty(), "the page logged:\n{}", problems.join("\n"));
+    // The browser parsed the charts: four inline SVGs, each series' line with its points.
+    assert_eq!(dom.matches("<svg").count(), 4, "{dom}");
+    for v in &r.variants {
+        let lines = dom.matches(&format!("data-series=\"{}\" data-part=\"line\"", v.name)).count();
+        assert_eq!(lines, 4, "{}: one line per chart", v.name);
+    }
+    let longest = dom
+        .lines()
+        .filter(|l| l.contains("data-part=\"line\""))
+        .filter_map(|l| l.split("points=\"").nth(1)?.split('"').next())
+        .map(|p| p.split_whitespace().count())
+        .max()
+        .unwrap_or(0);
+    assert_eq!(longest, 1000, "the per-position series lost points");
+
+    let shot = std::env::var_os("QDRIFT_SCREENSHOT").map(PathBuf::from).unwrap_or_else(|| dir.join("report.png"));
+    let _ = std::fs::remove_file(&shot);
+    let mut screenshot = browser(&binary, &dir.join("profile-shot"));
+    screenshot.arg(format!("--screenshot={}", shot.display())).args(["--window-size=1200,2400", &url]);
+    let (ok, _, log) = run_with_timeout(screenshot, Duration::from_secs(120));
+    assert!(ok, "chromium --screenshot failed:\n{log}");
+    let problems = page_problems(&log);
+    assert!(problems.is_empty(), "the page logged:\n{}", problems.join("\n"));
+    let png = std::fs::read(&shot).unwrap_or_else(|e| panic!("no screenshot at {}: {e}", shot.display()));
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+    // 1200 × 2400 of text, tables and charts: far more than a blank page's few kilobytes.
+    assert!(png.len() > 50_000, "screenshot of {} bytes looks blank", png.len());
+    eprintln!("screenshot: {}", shot.display());
+}
