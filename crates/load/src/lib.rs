@@ -11,14 +11,21 @@
 
 mod error;
 mod gguf;
+mod gguf_tokenizer;
+mod hf;
+mod hf_tokenizer;
 mod llama2c;
 mod open;
+mod synthetic;
 mod tokenizer;
 mod weights;
 
 pub use error::LoadError;
 pub use gguf::{GgufModel, GgufTokenizerMetadata, GgufValue, read_gguf};
+pub use gguf_tokenizer::gguf_tokenizer;
+pub use hf::read_hf_folder;
+pub use hf_tokenizer::HfTokenizer;
 pub use llama2c::read_llama2c_checkpoint;
 pub use open::{LoadedModel, open_model};
-pub use tokenizer::{Llama2cTokenizer, Tokenizer};
+pub use tokenizer::{Llama2cTokenizer, SpecialIds, Tokenizer};
 pub use weights::{HostModel, HostTensor, LayerWeights, LlamaArch};

@@ -54,17 +54,23 @@ impl LlamaArch {
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("{name} must be positive"));
         }
-        if self.dim % self.n_heads != 0 {
-            return Err(format!("dim {} is not a multiple of n_heads {}", self.dim, self.n_heads));
+        if !self.dim.is_multiple_of(self.n_heads) {
+            return Err(format!(
+                "dim {} is not a multiple of n_heads {}",
+                self.dim, self.n_heads
+            ));
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(format!(
                 "n_heads {} is not a multiple of n_kv_heads {}",
                 self.n_heads, self.n_kv_heads
             ));
         }
-        if self.head_dim() % 2 != 0 {
-            return Err(format!("head dimension {} is odd; RoPE needs pairs", self.head_dim()));
+        if !self.head_dim().is_multiple_of(2) {
+            return Err(format!(
+                "head dimension {} is odd; RoPE needs pairs",
+                self.head_dim()
+            ));
         }
         if !(self.norm_eps > 0.0 && self.norm_eps.is_finite()) {
             return Err(format!("norm_eps {} must be positive", self.norm_eps));
@@ -79,7 +85,11 @@ impl LlamaArch {
     pub fn parameter_count(&self) -> usize {
         let (d, h, kv) = (self.dim, self.hidden_dim, self.kv_dim());
         let per_layer = 2 * d + d * d * 2 + 2 * d * kv + 3 * d * h;
-        let head = if self.tied_embeddings { 0 } else { self.vocab_size * d };
+        let head = if self.tied_embeddings {
+            0
+        } else {
+            self.vocab_size * d
+        };
         self.vocab_size * d + self.n_layers * per_layer + d + head
     }
 }
