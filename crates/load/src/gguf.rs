@@ -690,6 +690,7 @@ fn build_llama(
         norm_eps: float("llama.attention.layer_norm_rms_epsilon", None)?,
         rope_theta: float("llama.rope.freq_base", Some(10000.0))?,
         tied_embeddings: output.is_none(),
+        rope_scaling: None,
     };
     arch.validate().map_err(|e| {
         LoadError::invalid(path, format!("inconsistent llama hyper-parameters: {e}"))
@@ -743,6 +744,9 @@ fn build_llama(
             w_gate: t("ffn_gate", &[hidden, dim])?,
             w_up: t("ffn_up", &[hidden, dim])?,
             w_down: t("ffn_down", &[dim, hidden])?,
+            bq: None,
+            bk: None,
+            bv: None,
         });
     }
     let final_norm = tensor("output_norm.weight", &[dim])?;

@@ -227,7 +227,6 @@ pub(crate) fn gguf_byte_level_bpe(
     HfTokenizer::new(path, inner, bos, eos, add_bos)
 }
 
-#[allow(dead_code)] // used by the folder reader (next commit)
 /// Reads a Hugging Face `tokenizer.json` (the `tokenizers` serialization).
 pub(crate) fn read_tokenizer_json(path: &Path) -> Result<tokenizers::Tokenizer, LoadError> {
     let bytes = std::fs::read(path).map_err(|e| LoadError::io(path, e))?;

@@ -19,6 +19,7 @@ mod open;
 mod synthetic;
 mod tokenizer;
 mod weights;
+pub mod write;
 
 pub use error::LoadError;
 pub use gguf::{GgufModel, GgufTokenizerMetadata, GgufValue, read_gguf};
@@ -28,4 +29,4 @@ pub use hf_tokenizer::HfTokenizer;
 pub use llama2c::read_llama2c_checkpoint;
 pub use open::{LoadedModel, open_model};
 pub use tokenizer::{Llama2cTokenizer, SpecialIds, Tokenizer};
-pub use weights::{HostModel, HostTensor, LayerWeights, LlamaArch};
+pub use weights::{HostModel, HostTensor, LayerWeights, LlamaArch, RopeScaling};

@@ -92,6 +92,7 @@ fn parse_llama2c(path: &Path, bytes: &[u8]) -> Result<HostModel, LoadError> {
         norm_eps: 1e-5,
         rope_theta: 10000.0,
         tied_embeddings: field(5) > 0,
+        rope_scaling: None,
     };
     arch.validate()
         .map_err(|m| LoadError::invalid(path, format!("inconsistent header: {m}")))?;
@@ -191,6 +192,9 @@ fn parse_llama2c(path: &Path, bytes: &[u8]) -> Result<HostModel, LoadError> {
             ffn_norm: layer(&rms_ffn, l, dim, 1),
             w_gate: layer(&w1, l, hidden_dim, dim),
             w_down: layer(&w2, l, dim, hidden_dim),
+            bq: None,
+            bk: None,
+            bv: None,
             w_up: layer(&w3, l, hidden_dim, dim),
         })
         .collect();

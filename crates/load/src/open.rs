@@ -38,7 +38,9 @@ pub struct LoadedModel {
 /// - `synthetic:NAME` (or `synthetic:NAME:SEED`): seeded random weights of a preset shape
 ///   ([`crate::synthetic_model`]); `tokenizer` must be `None`.
 /// - a folder: a Hugging Face checkpoint ([`read_hf_folder`]: `config.json`, safetensors,
-///   `tokenizer.json`); `tokenizer` may name another `tokenizer.json`.
+///   `tokenizer.json`); `tokenizer` may name another `tokenizer.json`. Refused when the model
+///   needs what `qdrift-model` does not apply yet ([`HostModel::unapplied_features`]: Qwen2's
+///   biases, Llama 3.1's RoPE scaling).
 /// - `*.gguf`: GGUF ([`read_gguf`]) with its embedded tokenizer ([`gguf_tokenizer`]); an explicit
 ///   `tokenizer` is refused, as pairing a GGUF model with another tokenizer would silently
 ///   mis-tokenize.
@@ -60,7 +62,19 @@ pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, 
     }
     let meta = std::fs::metadata(path).map_err(|e| LoadError::io(path, e))?;
     if meta.is_dir() {
-        return read_hf_folder(path, tokenizer);
+        let loaded = read_hf_folder(path, tokenizer)?;
+        let unapplied = loaded.model.unapplied_features();
+        if !unapplied.is_empty() {
+            return Err(LoadError::invalid(
+                path,
+                format!(
+                    "{} uses {}, which qdrift's model does not apply yet; its numbers would be wrong",
+                    loaded.model.arch.architecture,
+                    unapplied.join(" and ")
+                ),
+            ));
+        }
+        return Ok(loaded);
     }
     if path
         .extension()

@@ -32,8 +32,8 @@ pub trait Tokenizer: Send + Sync {
 /// ids, whether BOS is prepended and the byte-fallback ids come from the file's metadata.
 #[derive(Debug, Clone)]
 pub struct Llama2cTokenizer {
-    pieces: Vec<Vec<u8>>,
-    scores: Vec<f32>,
+    pub(crate) pieces: Vec<Vec<u8>>,
+    pub(crate) scores: Vec<f32>,
     lookup: HashMap<Vec<u8>, u32>,
     bos: u32,
     eos: u32,
