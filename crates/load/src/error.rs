@@ -44,6 +44,21 @@ pub enum LoadError {
         /// The model's vocabulary size.
         model_vocab: usize,
     },
+    /// A model whose weights would not fit in the memory available to this process; refused
+    /// before allocating.
+    #[error(
+        "{what}: needs {needed_bytes} bytes ({:.1} GiB) of f32 weights but only {available_bytes} bytes ({:.1} GiB) are available",
+        *needed_bytes as f64 / 1073741824.0,
+        *available_bytes as f64 / 1073741824.0
+    )]
+    TooLarge {
+        /// The model.
+        what: PathBuf,
+        /// Bytes the weights need.
+        needed_bytes: u64,
+        /// Bytes available.
+        available_bytes: u64,
+    },
     /// Text that cannot be tokenized (for example an empty prompt).
     #[error("{0}")]
     BadText(String),
