@@ -494,8 +494,56 @@ pub(crate) fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<(usize, Met
             ),
         ));
     }
-    SafeTensors::read_metadata(bytes)
-        .map_err(|e| LoadError::invalid(path, describe(&e, bytes.len())))
+    SafeTensors::read_metadata(bytes).map_err(|e| {
+        let header = &bytes[8..8 + n as usize];
+        let detail = diagnose_header(header, rest - n).unwrap_or_else(|| describe(&e, bytes.len()));
+        LoadError::invalid(path, detail)
+    })
+}
+
+/// Names the tensor whose byte range contradicts its dtype and shape, or the byte counts of a
+/// truncated buffer; `None` when the header is not readable JSON or nothing specific is found.
+fn diagnose_header(header: &[u8], buffer_len: u64) -> Option<String> {
+    let v: Value = serde_json::from_slice(header).ok()?;
+    let mut end_max = 0u64;
+    for (name, t) in v.as_object()? {
+        if name == "__metadata__" {
+            continue;
+        }
+        let dtype = t.get("dtype")?.as_str()?;
+        let size: u64 = match dtype {
+            "F64" | "I64" | "U64" => 8,
+            "F32" | "I32" | "U32" => 4,
+            "F16" | "BF16" | "I16" | "U16" => 2,
+            "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" => 1,
+            _ => return None,
+        };
+        let shape: Vec<u64> = t
+            .get("shape")?
+            .as_array()?
+            .iter()
+            .map(Value::as_u64)
+            .collect::<Option<_>>()?;
+        let offsets = t.get("data_offsets")?.as_array()?;
+        let (begin, end) = (offsets.first()?.as_u64()?, offsets.get(1)?.as_u64()?);
+        let want = shape.iter().try_fold(size, |n, &d| n.checked_mul(d))?;
+        if end < begin || end - begin != want {
+            return Some(format!(
+                "tensor {name}: data_offsets [{begin}, {end}] hold {} bytes but dtype {dtype} and shape {shape:?} need {want}",
+                end.wrapping_sub(begin)
+            ));
+        }
+        if end > buffer_len {
+            return Some(format!(
+                "tensor {name}: data_offsets [{begin}, {end}] run past the end of the data buffer ({buffer_len} bytes; \
+                 truncated file?)"
+            ));
+        }
+        end_max = end_max.max(end);
+    }
+    (end_max != buffer_len).then(|| {
+        format!("the tensors' data ends at byte {end_max} of the data buffer but the buffer has {buffer_len} bytes")
+    })
 }
 
 fn describe(e: &SafeTensorError, file_len: usize) -> String {
