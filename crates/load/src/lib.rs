@@ -14,6 +14,7 @@ mod gguf;
 mod gguf_tokenizer;
 mod hf;
 mod hf_tokenizer;
+pub mod inspect;
 mod llama2c;
 mod open;
 mod synthetic;
