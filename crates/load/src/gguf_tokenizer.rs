@@ -6,7 +6,7 @@
 //!
 //! | `tokenizer.ggml.model` | tokenizer | BOS prepended by default |
 //! |---|---|---|
-//! | `gpt2` | byte-level BPE from `tokens` + `merges`, pre-tokenizer from `tokenizer.ggml.pre` ([`HfTokenizer`]) | no |
+//! | `gpt2` | byte-level BPE from `tokens` + `merges`, pre-tokenizer from `tokenizer.ggml.pre` ([`crate::HfTokenizer`]) | no (yes for the Llama 3 pre-tokenizers) |
 //! | `llama` | SentencePiece pieces + `scores`, llama2.c's greedy merges with `<0xNN>` byte fallback ([`Llama2cTokenizer::from_pieces`]) | yes |
 //!
 //! `add_bos_token`, when present, overrides the default (as in llama.cpp).
@@ -58,7 +58,12 @@ pub fn gguf_tokenizer(
                         .into(),
                 ));
             }
-            let add_bos = meta.add_bos_token.unwrap_or(false);
+            // llama.cpp's default: BOS for the Llama 3 pre-tokenizers, none for other BPE.
+            let llama3 = matches!(
+                meta.pre.as_deref(),
+                Some("llama3" | "llama-v3" | "llama-bpe")
+            );
+            let add_bos = meta.add_bos_token.unwrap_or(llama3);
             let tok = gguf_byte_level_bpe(
                 path,
                 &meta.tokens,

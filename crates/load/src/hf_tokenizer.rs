@@ -4,12 +4,14 @@
 use std::path::Path;
 
 use tokenizers::AddedToken;
+use tokenizers::SplitDelimiterBehavior;
 use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::bpe::{BPE, Vocab};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 
 use crate::{LoadError, Tokenizer};
 
@@ -139,7 +141,12 @@ impl Tokenizer for HfTokenizer {
     }
 }
 
-/// The pre-tokenizer of a GGUF `tokenizer.ggml.pre` value, for byte-level BPE.
+/// Llama 3's pre-tokenizer regex, as its `tokenizer.json` writes it (llama.cpp's
+/// `LLAMA_VOCAB_PRE_TYPE_LLAMA3` uses an equivalent spelled without `(?i:...)`).
+const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// How GGUF's `tokenizer.ggml.pre` value pre-tokenizes byte-level BPE: the pre-tokenizer and
+/// whether a pre-token found whole in the vocabulary skips the merges (`ignore_merges`).
 ///
 /// Source: llama.cpp `src/llama-vocab.cpp` (`llm_tokenizer_bpe` constructor, `regex_exprs` per
 /// `LLAMA_VOCAB_PRE_TYPE_*`, and the `tokenizer_pre ==` mapping in `llama_vocab::impl::load`):
@@ -148,22 +155,42 @@ impl Tokenizer for HfTokenizer {
 ///   `ByteLevel { use_regex: true }` splits with;
 /// - `smollm`, `starcoder`, `refact`, `codeshell`: first `\p{N}` (every digit alone), then the
 ///   GPT-2 regex — Hugging Face's SmolLM2 `tokenizer.json` writes the same as
-///   `Sequence[Digits(individual_digits), ByteLevel(add_prefix_space = false)]`.
+///   `Sequence[Digits(individual_digits), ByteLevel(add_prefix_space = false)]`;
+/// - `llama3`, `llama-v3`, `llama-bpe`: [`LLAMA3_REGEX`] (digits in runs of at most three), with
+///   `ignore_merges` (llama.cpp sets `tokenizer_ignore_merges`; Llama 3's `tokenizer.json` has
+///   `"ignore_merges": true`).
 ///
-/// Other values (llama3/`llama-bpe`, qwen2, deepseek, ...) use other regexes and are refused
-/// rather than tokenized wrongly.
-fn byte_level_pre_tokenizer(pre: Option<&str>) -> Result<PreTokenizerWrapper, String> {
+/// Other values (qwen2, deepseek, ...) use other regexes and are refused rather than tokenized
+/// wrongly.
+fn byte_level_pre_tokenizer(pre: Option<&str>) -> Result<(PreTokenizerWrapper, bool), String> {
     let byte_level = ByteLevel::new(false, true, true);
     match pre.unwrap_or("default") {
-        "default" | "gpt2" => Ok(PreTokenizerWrapper::ByteLevel(byte_level)),
-        "smollm" | "starcoder" | "refact" | "codeshell" => {
-            Ok(PreTokenizerWrapper::Sequence(Sequence::new(vec![
+        "default" | "gpt2" => Ok((PreTokenizerWrapper::ByteLevel(byte_level), false)),
+        "smollm" | "starcoder" | "refact" | "codeshell" => Ok((
+            PreTokenizerWrapper::Sequence(Sequence::new(vec![
                 PreTokenizerWrapper::Digits(Digits::new(true)),
                 PreTokenizerWrapper::ByteLevel(byte_level),
-            ])))
+            ])),
+            false,
+        )),
+        "llama3" | "llama-v3" | "llama-bpe" => {
+            let split = Split::new(
+                SplitPattern::Regex(LLAMA3_REGEX.to_string()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(|e| format!("the Llama 3 regex does not compile: {e}"))?;
+            Ok((
+                PreTokenizerWrapper::Sequence(Sequence::new(vec![
+                    PreTokenizerWrapper::Split(split),
+                    PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)),
+                ])),
+                true,
+            ))
         }
         other => Err(format!(
-            "tokenizer.ggml.pre = {other} is not supported; supported: default, gpt2, smollm, starcoder, refact, codeshell"
+            "tokenizer.ggml.pre = {other} is not supported; supported: default, gpt2, smollm, starcoder, refact, \
+             codeshell, llama3, llama-v3, llama-bpe"
         )),
     }
 }
@@ -205,11 +232,12 @@ pub(crate) fn gguf_byte_level_bpe(
         };
         pairs.push((a.to_string(), b.to_string()));
     }
+    let (pre, ignore_merges) = byte_level_pre_tokenizer(pre).map_err(bad)?;
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, pairs)
+        .ignore_merges(ignore_merges)
         .build()
         .map_err(|e| bad(format!("tokenizer.ggml.merges: {e}")))?;
-    let pre = byte_level_pre_tokenizer(pre).map_err(bad)?;
     let mut inner = tokenizers::Tokenizer::new(bpe);
     inner.with_pre_tokenizer(Some(pre));
     inner.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::new(

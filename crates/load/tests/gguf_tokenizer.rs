@@ -159,7 +159,7 @@ fn gguf_tokenizer_unsupported_kinds_are_errors() {
     );
     let meta = GgufTokenizerMetadata {
         model: Some("gpt2".into()),
-        pre: Some("llama-bpe".into()),
+        pre: Some("qwen2".into()),
         merges: vec!["a b".into()],
         ..llama_meta()
     };
@@ -168,7 +168,7 @@ fn gguf_tokenizer_unsupported_kinds_are_errors() {
         .expect("refused")
         .to_string();
     assert!(
-        e.contains("tokenizer.ggml.pre = llama-bpe is not supported"),
+        e.contains("tokenizer.ggml.pre = qwen2 is not supported"),
         "{e}"
     );
     let meta = GgufTokenizerMetadata {
@@ -180,4 +180,48 @@ fn gguf_tokenizer_unsupported_kinds_are_errors() {
         .expect("refused")
         .to_string();
     assert!(e.contains("tokenizer.ggml.scores is missing"), "{e}");
+}
+
+/// A byte-level BPE vocabulary (ASCII only, so GPT-2's byte-to-unicode map is the identity but
+/// for the space, `Ġ`) with one merge, `H e`, whose whole words only `ignore_merges` reaches.
+fn bpe_meta(pre: &str) -> GgufTokenizerMetadata {
+    let mut tokens: Vec<String> = vec!["<|begin_of_text|>".into(), "<|end_of_text|>".into()];
+    tokens.extend("Helowrd123456'sĠ".chars().map(String::from));
+    tokens.extend(["He", "Hello", "Ġworld", "123", "456", "'s"].map(String::from));
+    let mut token_type = vec![3, 3];
+    token_type.resize(tokens.len(), 1);
+    GgufTokenizerMetadata {
+        model: Some("gpt2".into()),
+        pre: Some(pre.into()),
+        merges: vec!["H e".into()],
+        token_type: Some(token_type),
+        bos_token_id: Some(0),
+        eos_token_id: Some(1),
+        tokens,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn gguf_llama3_pre_tokenizer_splits_digits_in_threes_and_ignores_merges_for_whole_words() {
+    let tokens = bpe_meta("gpt2").tokens;
+    let id = |t: &str| tokens.iter().position(|x| x == t).expect("token") as u32;
+    let chars = |s: &str| s.chars().map(|c| id(&c.to_string())).collect::<Vec<_>>();
+    let text = "Hello world123456's";
+    let encode = |pre: &str| {
+        let meta = bpe_meta(pre);
+        let tok = gguf_tokenizer(Path::new("m.gguf"), &meta, meta.tokens.len()).expect("valid");
+        let ids = tok.encode(text);
+        assert_eq!(tok.decode(&ids), text, "{pre}");
+        ids
+    };
+    // Llama 3: "Hello" " world" "123" "456" "'s", each whole in the vocabulary; BOS by default.
+    assert_eq!(
+        encode("llama-bpe"),
+        vec![0, id("Hello"), id("Ġworld"), id("123"), id("456"), id("'s")]
+    );
+    // GPT-2: "Hello" " world" "123456" "'s", merged with the one merge "H e"; no BOS by default.
+    let mut want = vec![id("He")];
+    want.extend(chars("lloĠworld123456's"));
+    assert_eq!(encode("gpt2"), want);
 }
