@@ -9,9 +9,10 @@
 //! transform of ChaCha8 output: tensor `k` (in [`HostModel`] order: embedding, then per layer
 //! attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down, then final norm, output) uses ChaCha8
 //! seeded with `seed` on stream `k`; value pair `j` uses the stream's 32-bit words `2j`, `2j+1` as
-//! `u1, u2 = (word + 0.5) / 2³²` and yields `r·cos(2πu2), r·sin(2πu2)` with
-//! `r = 0.02·√(−2 ln u1)`. Generation is split over threads by seeking the stream, so the values
-//! depend on the seed only.
+//! `u1, u2 = (word + 0.5) / 2³²` (rounded to f32) and yields `r·cos(2πu2), r·sin(2πu2)` with
+//! `r = 0.02·√(−2 ln u1)`, in f32 arithmetic. Generation is split over threads by seeking the
+//! stream, so the values depend on the seed only (and the platform's `ln`/`sin_cos`, to the
+//! last bit). Measured on 2 cores: `smollm2-135m` 2.9 s, `llama-1b` 31 s.
 //!
 //! Tokenizer: byte level. Ids 0, 1, 2 are `<unk>`, `<s>` (BOS, prepended), `</s>` (EOS); id
 //! `3 + b` is byte `b`; the remaining ids up to the vocabulary size are `<extra_N>` pieces that
@@ -276,14 +277,15 @@ fn fill_normal(out: &mut [f32], seed: u64, stream: u64, first_value: u128) {
     rng.set_stream(stream);
     // Value pair j uses words 2j and 2j+1: value i starts at word i (i even).
     rng.set_word_pos(first_value);
-    let unit = |w: u32| (f64::from(w) + 0.5) / 4_294_967_296.0;
+    // u1 ≥ 2⁻³³ (> 0, so ln is finite) and r ≤ 0.02·√(66 ln 2) ≈ 0.136.
+    let unit = |w: u32| ((f64::from(w) + 0.5) / 4_294_967_296.0) as f32;
     for pair in out.chunks_mut(2) {
         let (u1, u2) = (unit(rng.next_u32()), unit(rng.next_u32()));
-        let r = f64::from(SYNTHETIC_STD) * (-2.0 * u1.ln()).sqrt();
-        let angle = std::f64::consts::TAU * u2;
-        pair[0] = (r * angle.cos()) as f32;
+        let r = SYNTHETIC_STD * (-2.0 * u1.ln()).sqrt();
+        let (sin, cos) = (std::f32::consts::TAU * u2).sin_cos();
+        pair[0] = r * cos;
         if let Some(second) = pair.get_mut(1) {
-            *second = (r * angle.sin()) as f32;
+            *second = r * sin;
         }
     }
 }
