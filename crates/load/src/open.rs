@@ -38,7 +38,8 @@ pub struct LoadedModel {
 /// - `synthetic:NAME` (or `synthetic:NAME:SEED`): seeded random weights of a preset shape
 ///   ([`crate::synthetic_model`]); `tokenizer` must be `None`.
 /// - a folder: a Hugging Face checkpoint ([`read_hf_folder`]: `config.json`, safetensors,
-///   `tokenizer.json`); `tokenizer` may name another `tokenizer.json`. Refused when the model
+///   `tokenizer.json`), also when `path` is its `config.json`, a `.safetensors` file or the
+///   shard index; `tokenizer` may name another `tokenizer.json`. Refused when the model
 ///   needs what `qdrift-model` does not apply yet ([`HostModel::unapplied_features`]: Qwen2's
 ///   biases, Llama 3.1's RoPE scaling).
 /// - `*.gguf`: GGUF ([`read_gguf`]) with its embedded tokenizer ([`gguf_tokenizer`]); an explicit
@@ -61,6 +62,16 @@ pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, 
         return synthetic::open_synthetic(spec);
     }
     let meta = std::fs::metadata(path).map_err(|e| LoadError::io(path, e))?;
+    // A file of a Hugging Face folder stands for the folder.
+    let hf_file = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("safetensors"))
+        || path
+            .file_name()
+            .is_some_and(|n| n == "config.json" || n == "model.safetensors.index.json");
+    if hf_file && let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        return open_model(dir, tokenizer);
+    }
     if meta.is_dir() {
         let loaded = read_hf_folder(path, tokenizer)?;
         let unapplied = loaded.model.unapplied_features();

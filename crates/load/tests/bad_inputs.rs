@@ -114,6 +114,11 @@ fn fixture_reads_back() {
     let back = open_model(dir.path(), None).expect("valid folder");
     assert_eq!(back.model.token_embedding, m.model.token_embedding);
     assert_eq!(back.model.layers, m.model.layers);
+    // The folder's files stand for the folder.
+    for file in ["model.safetensors", "config.json"] {
+        let again = open_model(&dir.path().join(file), None).expect("via a file of the folder");
+        assert_eq!(again.path, dir.path());
+    }
 }
 
 #[test]
