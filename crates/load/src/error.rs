@@ -31,7 +31,9 @@ pub enum LoadError {
         message: String,
     },
     /// A model and a tokenizer that do not belong together.
-    #[error("tokenizer {tokenizer} has {tokenizer_vocab} tokens but model {model} has a vocabulary of {model_vocab}")]
+    #[error(
+        "tokenizer {tokenizer} has {tokenizer_vocab} tokens but model {model} has a vocabulary of {model_vocab}"
+    )]
     VocabMismatch {
         /// The tokenizer file.
         tokenizer: PathBuf,
@@ -42,6 +44,21 @@ pub enum LoadError {
         /// The model's vocabulary size.
         model_vocab: usize,
     },
+    /// A model whose weights would not fit in the memory available to this process; refused
+    /// before allocating.
+    #[error(
+        "{what}: needs {needed_bytes} bytes ({:.1} GiB) of f32 weights but only {available_bytes} bytes ({:.1} GiB) are available",
+        *needed_bytes as f64 / 1073741824.0,
+        *available_bytes as f64 / 1073741824.0
+    )]
+    TooLarge {
+        /// The model.
+        what: PathBuf,
+        /// Bytes the weights need.
+        needed_bytes: u64,
+        /// Bytes available.
+        available_bytes: u64,
+    },
     /// Text that cannot be tokenized (for example an empty prompt).
     #[error("{0}")]
     BadText(String),
@@ -49,12 +66,21 @@ pub enum LoadError {
 
 impl LoadError {
     pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Self {
-        LoadError::Io { path: path.to_path_buf(), source }
+        LoadError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     }
     pub(crate) fn invalid(path: &std::path::Path, message: impl Into<String>) -> Self {
-        LoadError::Invalid { path: path.to_path_buf(), message: message.into() }
+        LoadError::Invalid {
+            path: path.to_path_buf(),
+            message: message.into(),
+        }
     }
     pub(crate) fn truncated(path: &std::path::Path, what: impl Into<String>) -> Self {
-        LoadError::Truncated { path: path.to_path_buf(), what: what.into() }
+        LoadError::Truncated {
+            path: path.to_path_buf(),
+            what: what.into(),
+        }
     }
 }

@@ -18,9 +18,8 @@
 //! is. q/k are kept as stored: llama.cpp's converter already permutes them into the interleaved
 //! RoPE layout qdrift uses.
 //!
-//! The tokenizer is **not** implemented here (GGUF's `gpt2` byte-level BPE and `llama`
-//! SentencePiece need their own encoders); [`GgufModel::tokenizer`] keeps the metadata a future
-//! tokenizer needs, and [`GgufModel::metadata`] has every key.
+//! The embedded tokenizer's metadata is kept in [`GgufModel::tokenizer`];
+//! [`crate::gguf_tokenizer`] builds the tokenizer from it. [`GgufModel::metadata`] has every key.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -121,12 +120,16 @@ impl GgufValue {
     }
 }
 
-/// The tokenizer metadata of a GGUF file (`tokenizer.ggml.*`, `tokenizer.chat_template`), kept for
-/// a tokenizer that qdrift does not implement yet. Absent keys are `None` or empty.
+/// The tokenizer metadata of a GGUF file (`tokenizer.ggml.*`, `tokenizer.chat_template`), from
+/// which [`crate::gguf_tokenizer`] builds the tokenizer. Absent keys are `None` or empty.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GgufTokenizerMetadata {
     /// `tokenizer.ggml.model`: `gpt2` (byte-level BPE), `llama` (SentencePiece), ...
     pub model: Option<String>,
+    /// `tokenizer.ggml.pre`: the pre-tokenizer variant of a BPE tokenizer (`smollm`, `llama-bpe`).
+    pub pre: Option<String>,
+    /// `tokenizer.ggml.unknown_token_id`.
+    pub unknown_token_id: Option<u32>,
     /// `tokenizer.ggml.tokens`, indexed by token id.
     pub tokens: Vec<String>,
     /// `tokenizer.ggml.scores` (SentencePiece), one per token.
@@ -154,7 +157,7 @@ pub struct GgufModel {
     pub version: u32,
     /// Every metadata key/value pair.
     pub metadata: BTreeMap<String, GgufValue>,
-    /// Tokenizer metadata (the tokenizer itself is not implemented).
+    /// Tokenizer metadata ([`crate::gguf_tokenizer`] builds the tokenizer from it).
     pub tokenizer: GgufTokenizerMetadata,
     /// Every tensor's name and type name (`F32`, `Q4_1`, ...) in file order.
     pub tensor_types: Vec<(String, &'static str)>,
@@ -273,7 +276,12 @@ impl<'a> Reader<'a> {
         if n > self.remaining() as u64 {
             return Err(LoadError::truncated(
                 self.path,
-                format!("{} needs {n} bytes at offset {}, the file has {} left", what(), self.pos, self.remaining()),
+                format!(
+                    "{} needs {n} bytes at offset {}, the file has {} left",
+                    what(),
+                    self.pos,
+                    self.remaining()
+                ),
             ));
         }
         let n = n as usize;
@@ -303,8 +311,16 @@ impl<'a> Reader<'a> {
     }
 
     /// Errors unless `count` items of at least `min_size` bytes each fit in what is left.
-    fn check_count(&self, count: u64, min_size: u64, what: &dyn Fn() -> String) -> Result<(), LoadError> {
-        if count.checked_mul(min_size).is_none_or(|n| n > self.remaining() as u64) {
+    fn check_count(
+        &self,
+        count: u64,
+        min_size: u64,
+        what: &dyn Fn() -> String,
+    ) -> Result<(), LoadError> {
+        if count
+            .checked_mul(min_size)
+            .is_none_or(|n| n > self.remaining() as u64)
+        {
             return Err(LoadError::invalid(
                 self.path,
                 format!(
@@ -318,7 +334,12 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    fn value(&mut self, ty: u32, depth: u32, what: &dyn Fn() -> String) -> Result<GgufValue, LoadError> {
+    fn value(
+        &mut self,
+        ty: u32,
+        depth: u32,
+        what: &dyn Fn() -> String,
+    ) -> Result<GgufValue, LoadError> {
         Ok(match ty {
             0 => GgufValue::U8(self.array::<1>(what)?[0]),
             1 => GgufValue::I8(self.array::<1>(what)?[0] as i8),
@@ -330,7 +351,12 @@ impl<'a> Reader<'a> {
             7 => match self.array::<1>(what)?[0] {
                 0 => GgufValue::Bool(false),
                 1 => GgufValue::Bool(true),
-                b => return Err(LoadError::invalid(self.path, format!("{}: bool byte {b} is neither 0 nor 1", what()))),
+                b => {
+                    return Err(LoadError::invalid(
+                        self.path,
+                        format!("{}: bool byte {b} is neither 0 nor 1", what()),
+                    ));
+                }
             },
             8 => GgufValue::String(self.string(what)?),
             9 => {
@@ -343,7 +369,10 @@ impl<'a> Reader<'a> {
                 let elem = self.u32(what)?;
                 let count = self.u64(what)?;
                 let min = min_value_size(elem).ok_or_else(|| {
-                    LoadError::invalid(self.path, format!("{}: unknown array element type {elem}", what()))
+                    LoadError::invalid(
+                        self.path,
+                        format!("{}: unknown array element type {elem}", what()),
+                    )
                 })?;
                 self.check_count(count, min, what)?;
                 let mut out = Vec::with_capacity(count as usize);
@@ -356,7 +385,10 @@ impl<'a> Reader<'a> {
             11 => GgufValue::I64(i64::from_le_bytes(self.array(what)?)),
             12 => GgufValue::F64(f64::from_le_bytes(self.array(what)?)),
             other => {
-                return Err(LoadError::invalid(self.path, format!("{}: unknown value type {other}", what())));
+                return Err(LoadError::invalid(
+                    self.path,
+                    format!("{}: unknown value type {other}", what()),
+                ));
             }
         })
     }
@@ -376,7 +408,11 @@ fn min_value_size(ty: u32) -> Option<u64> {
 }
 
 fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
-    let mut r = Reader { path, bytes, pos: 0 };
+    let mut r = Reader {
+        path,
+        bytes,
+        pos: 0,
+    };
     let magic = r.array::<4>(&|| "the magic".to_string())?;
     if &magic != MAGIC {
         return Err(LoadError::invalid(
@@ -386,15 +422,24 @@ fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
     }
     let version = r.u32(&|| "the version".to_string())?;
     if version != 2 && version != 3 {
-        let hint = if version.swap_bytes() <= 3 { " (a big-endian GGUF file? only little-endian is supported)" } else { "" };
-        return Err(LoadError::invalid(path, format!("GGUF version {version} is not supported; supported: 2, 3{hint}")));
+        let hint = if version.swap_bytes() <= 3 {
+            " (a big-endian GGUF file? only little-endian is supported)"
+        } else {
+            ""
+        };
+        return Err(LoadError::invalid(
+            path,
+            format!("GGUF version {version} is not supported; supported: 2, 3{hint}"),
+        ));
     }
     let tensor_count = r.u64(&|| "the tensor count".to_string())?;
     let kv_count = r.u64(&|| "the metadata count".to_string())?;
     // A key/value pair takes at least 8 (key length) + 4 (type) + 1 bytes; a tensor info at least
     // 8 (name length) + 4 (n_dims) + 4 (type) + 8 (offset).
     r.check_count(kv_count, 13, &|| "the header's metadata count".to_string())?;
-    r.check_count(tensor_count, 24, &|| "the header's tensor count".to_string())?;
+    r.check_count(tensor_count, 24, &|| {
+        "the header's tensor count".to_string()
+    })?;
 
     let mut metadata = BTreeMap::new();
     for i in 0..kv_count {
@@ -411,7 +456,10 @@ fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
         let what = || format!("tensor info of {name}");
         let n_dims = r.u32(&what)?;
         if n_dims > MAX_DIMS {
-            return Err(LoadError::invalid(path, format!("tensor {name}: {n_dims} dimensions; GGUF allows at most {MAX_DIMS}")));
+            return Err(LoadError::invalid(
+                path,
+                format!("tensor {name}: {n_dims} dimensions; GGUF allows at most {MAX_DIMS}"),
+            ));
         }
         let mut dims = Vec::with_capacity(n_dims as usize);
         for _ in 0..n_dims {
@@ -435,14 +483,22 @@ fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
         None => DEFAULT_ALIGNMENT,
         Some(v) => match v.as_u64() {
             Some(a) if a > 0 && a.is_power_of_two() => a,
-            _ => return Err(LoadError::invalid(path, format!("general.alignment {v:?} is not a power of two"))),
+            _ => {
+                return Err(LoadError::invalid(
+                    path,
+                    format!("general.alignment {v:?} is not a power of two"),
+                ));
+            }
         },
     };
     let data_start = (r.pos as u64).div_ceil(alignment).saturating_mul(alignment);
     if data_start > bytes.len() as u64 {
         return Err(LoadError::truncated(
             path,
-            format!("the data section starts at byte {data_start}, the file has {} bytes", bytes.len()),
+            format!(
+                "the data section starts at byte {data_start}, the file has {} bytes",
+                bytes.len()
+            ),
         ));
     }
     let data_len = bytes.len() as u64 - data_start;
@@ -481,10 +537,19 @@ fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
         });
     }
 
-    let tensor_types = infos.iter().map(|t| (t.name.clone(), t.ty.name())).collect();
+    let tensor_types = infos
+        .iter()
+        .map(|t| (t.name.clone(), t.ty.name()))
+        .collect();
     let tokenizer = tokenizer_metadata(&metadata);
     let model = build_llama(path, bytes, &metadata, &infos, &tokenizer)?;
-    Ok(GgufModel { model, version, metadata, tokenizer, tensor_types })
+    Ok(GgufModel {
+        model,
+        version,
+        metadata,
+        tokenizer,
+        tensor_types,
+    })
 }
 
 fn tokenizer_metadata(m: &BTreeMap<String, GgufValue>) -> GgufTokenizerMetadata {
@@ -492,24 +557,48 @@ fn tokenizer_metadata(m: &BTreeMap<String, GgufValue>) -> GgufTokenizerMetadata 
     let strings = |k: &str| -> Vec<String> {
         get(k)
             .and_then(GgufValue::as_array)
-            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
             .unwrap_or_default()
     };
-    let id = |k: &str| get(k).and_then(GgufValue::as_u64).and_then(|v| u32::try_from(v).ok());
+    let id = |k: &str| {
+        get(k)
+            .and_then(GgufValue::as_u64)
+            .and_then(|v| u32::try_from(v).ok())
+    };
     GgufTokenizerMetadata {
-        model: get("tokenizer.ggml.model").and_then(GgufValue::as_str).map(str::to_string),
+        model: get("tokenizer.ggml.model")
+            .and_then(GgufValue::as_str)
+            .map(str::to_string),
+        pre: get("tokenizer.ggml.pre")
+            .and_then(GgufValue::as_str)
+            .map(str::to_string),
+        unknown_token_id: id("tokenizer.ggml.unknown_token_id"),
         tokens: strings("tokenizer.ggml.tokens"),
         scores: get("tokenizer.ggml.scores")
             .and_then(GgufValue::as_array)
-            .map(|a| a.iter().filter_map(|v| v.as_f64().map(|f| f as f32)).collect()),
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_f64().map(|f| f as f32))
+                    .collect()
+            }),
         merges: strings("tokenizer.ggml.merges"),
-        token_type: get("tokenizer.ggml.token_type").and_then(GgufValue::as_array).map(|a| {
-            a.iter().filter_map(|v| v.as_f64().map(|f| f as i32)).collect()
-        }),
+        token_type: get("tokenizer.ggml.token_type")
+            .and_then(GgufValue::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_f64().map(|f| f as i32))
+                    .collect()
+            }),
         bos_token_id: id("tokenizer.ggml.bos_token_id"),
         eos_token_id: id("tokenizer.ggml.eos_token_id"),
         add_bos_token: get("tokenizer.ggml.add_bos_token").and_then(GgufValue::as_bool),
-        chat_template: get("tokenizer.chat_template").and_then(GgufValue::as_str).map(str::to_string),
+        chat_template: get("tokenizer.chat_template")
+            .and_then(GgufValue::as_str)
+            .map(str::to_string),
     }
 }
 
@@ -522,24 +611,37 @@ fn build_llama(
 ) -> Result<HostModel, LoadError> {
     let arch_name = match meta.get("general.architecture") {
         Some(GgufValue::String(s)) => s.as_str(),
-        Some(other) => return Err(LoadError::invalid(path, format!("general.architecture is {other:?}, not a string"))),
+        Some(other) => {
+            return Err(LoadError::invalid(
+                path,
+                format!("general.architecture is {other:?}, not a string"),
+            ));
+        }
         None => return Err(LoadError::invalid(path, "general.architecture is missing")),
     };
     if arch_name != "llama" {
-        return Err(LoadError::invalid(path, format!("unsupported architecture {arch_name}; supported: llama")));
+        return Err(LoadError::invalid(
+            path,
+            format!("unsupported architecture {arch_name}; supported: llama"),
+        ));
     }
     let int = |key: &str, default: Option<usize>| -> Result<usize, LoadError> {
         match meta.get(key) {
             Some(v) => v
                 .as_u64()
                 .and_then(|v| usize::try_from(v).ok())
-                .ok_or_else(|| LoadError::invalid(path, format!("{key} is {v:?}, not a non-negative integer"))),
+                .ok_or_else(|| {
+                    LoadError::invalid(path, format!("{key} is {v:?}, not a non-negative integer"))
+                }),
             None => default.ok_or_else(|| LoadError::invalid(path, format!("{key} is missing"))),
         }
     };
     let float = |key: &str, default: Option<f32>| -> Result<f32, LoadError> {
         match meta.get(key) {
-            Some(v) => v.as_f64().map(|f| f as f32).ok_or_else(|| LoadError::invalid(path, format!("{key} is {v:?}, not a number"))),
+            Some(v) => v
+                .as_f64()
+                .map(|f| f as f32)
+                .ok_or_else(|| LoadError::invalid(path, format!("{key} is {v:?}, not a number"))),
             None => default.ok_or_else(|| LoadError::invalid(path, format!("{key} is missing"))),
         }
     };
@@ -547,21 +649,32 @@ fn build_llama(
     let n_heads = int("llama.attention.head_count", None)?;
 
     let find = |name: &str| infos.iter().find(|t| t.name == name);
-    let embd = find("token_embd.weight")
-        .ok_or_else(|| LoadError::invalid(path, format!("tensor token_embd.weight is missing; expected dims [{dim}, vocab] (ne0 first)")))?;
+    let embd = find("token_embd.weight").ok_or_else(|| {
+        LoadError::invalid(
+            path,
+            format!(
+                "tensor token_embd.weight is missing; expected dims [{dim}, vocab] (ne0 first)"
+            ),
+        )
+    })?;
     let vocab_size = match embd.dims.as_slice() {
         [d, v] if *d == dim as u64 => *v as usize,
         other => {
             return Err(LoadError::invalid(
                 path,
-                format!("tensor token_embd.weight has dims {other:?}; expected [{dim}, vocab] (ne0 first)"),
+                format!(
+                    "tensor token_embd.weight has dims {other:?}; expected [{dim}, vocab] (ne0 first)"
+                ),
             ));
         }
     };
     if tokenizer.tokens.len() > vocab_size {
         return Err(LoadError::invalid(
             path,
-            format!("tokenizer.ggml.tokens has {} tokens but token_embd.weight only {vocab_size} rows", tokenizer.tokens.len()),
+            format!(
+                "tokenizer.ggml.tokens has {} tokens but token_embd.weight only {vocab_size} rows",
+                tokenizer.tokens.len()
+            ),
         ));
     }
     let output = find("output.weight");
@@ -577,25 +690,42 @@ fn build_llama(
         norm_eps: float("llama.attention.layer_norm_rms_epsilon", None)?,
         rope_theta: float("llama.rope.freq_base", Some(10000.0))?,
         tied_embeddings: output.is_none(),
+        rope_scaling: None,
     };
-    arch.validate().map_err(|e| LoadError::invalid(path, format!("inconsistent llama hyper-parameters: {e}")))?;
+    arch.validate().map_err(|e| {
+        LoadError::invalid(path, format!("inconsistent llama hyper-parameters: {e}"))
+    })?;
 
     // `shape` is HostModel's (outermost first); GGUF lists the same dims innermost first.
     let tensor = |name: &str, shape: &[usize]| -> Result<HostTensor, LoadError> {
         let gguf_dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
         let info = find(name).ok_or_else(|| {
-            LoadError::invalid(path, format!("tensor {name} is missing; expected dims {gguf_dims:?} (ne0 first)"))
+            LoadError::invalid(
+                path,
+                format!("tensor {name} is missing; expected dims {gguf_dims:?} (ne0 first)"),
+            )
         })?;
         if info.dims != gguf_dims {
             return Err(LoadError::invalid(
                 path,
-                format!("tensor {name} has dims {:?}; expected {gguf_dims:?} (ne0 first)", info.dims),
+                format!(
+                    "tensor {name} has dims {:?}; expected {gguf_dims:?} (ne0 first)",
+                    info.dims
+                ),
             ));
         }
-        let data = decode(info.ty, &bytes[info.start..info.end], shape.iter().product())
-            .map_err(|e| LoadError::invalid(path, format!("tensor {name}: {e}")))?;
-        HostTensor::new(shape.to_vec(), data)
-            .ok_or_else(|| LoadError::invalid(path, format!("tensor {name}: element count does not match {shape:?}")))
+        let data = decode(
+            info.ty,
+            &bytes[info.start..info.end],
+            shape.iter().product(),
+        )
+        .map_err(|e| LoadError::invalid(path, format!("tensor {name}: {e}")))?;
+        HostTensor::new(shape.to_vec(), data).ok_or_else(|| {
+            LoadError::invalid(
+                path,
+                format!("tensor {name}: element count does not match {shape:?}"),
+            )
+        })
     };
 
     let (kv_dim, hidden) = (arch.kv_dim(), arch.hidden_dim);
@@ -614,6 +744,9 @@ fn build_llama(
             w_gate: t("ffn_gate", &[hidden, dim])?,
             w_up: t("ffn_up", &[hidden, dim])?,
             w_down: t("ffn_down", &[dim, hidden])?,
+            bq: None,
+            bk: None,
+            bv: None,
         });
     }
     let final_norm = tensor("output_norm.weight", &[dim])?;
@@ -621,19 +754,42 @@ fn build_llama(
         Some(_) => Some(tensor("output.weight", &[vocab_size, dim])?),
         None => None,
     };
-    Ok(HostModel { arch, token_embedding, layers, final_norm, output })
+    Ok(HostModel {
+        arch,
+        token_embedding,
+        layers,
+        final_norm,
+        output,
+    })
 }
 
 /// Dequantizes one tensor's bytes (whose length the caller checked) to `n` f32 values.
 fn decode(ty: TensorType, bytes: &[u8], n: usize) -> Result<Vec<f32>, String> {
     let halves = || bytes.chunks_exact(2).map(|c| [c[0], c[1]]);
     let out: Vec<f32> = match ty {
-        TensorType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-        TensorType::F16 => halves().map(|b| half::f16::from_le_bytes(b).to_f32()).collect(),
-        TensorType::BF16 => halves().map(|b| half::bf16::from_le_bytes(b).to_f32()).collect(),
-        TensorType::Block(t) => return qdrift_ggml::dequantize_ggml_blocks(t, bytes, n).map_err(|e| e.to_string()),
+        TensorType::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        TensorType::F16 => halves()
+            .map(|b| half::f16::from_le_bytes(b).to_f32())
+            .collect(),
+        TensorType::BF16 => halves()
+            .map(|b| half::bf16::from_le_bytes(b).to_f32())
+            .collect(),
+        TensorType::Block(t) => {
+            return qdrift_ggml::dequantize_ggml_blocks(t, bytes, n).map_err(|e| e.to_string());
+        }
     };
-    if out.len() == n { Ok(out) } else { Err(format!("{} bytes hold {} values, expected {n}", bytes.len(), out.len())) }
+    if out.len() == n {
+        Ok(out)
+    } else {
+        Err(format!(
+            "{} bytes hold {} values, expected {n}",
+            bytes.len(),
+            out.len()
+        ))
+    }
 }
 
 #[cfg(test)]

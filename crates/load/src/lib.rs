@@ -5,20 +5,51 @@
 //! weights in a fixed, documented layout) and a [`Tokenizer`]. It does no tensor computation and
 //! depends on no tensor library, so the quantizers and the tests can use it cheaply.
 //!
-//! Formats: llama2.c legacy checkpoints and tokenizers, and GGUF v2/v3 `llama` models
-//! ([`read_gguf`], dequantized with `qdrift-ggml`; GGUF's embedded tokenizer is not implemented
-//! yet, its metadata is kept in [`GgufModel::tokenizer`]).
+//! [`open_model`] picks the format from the path:
+//!
+//! | path | format | reader | tokenizer |
+//! |---|---|---|---|
+//! | `*.bin` | llama2.c legacy checkpoint | [`read_llama2c_checkpoint`] | llama2.c `tokenizer.bin` ([`Llama2cTokenizer`]) |
+//! | `*.gguf` | GGUF v2/v3 `llama`, dequantized with `qdrift-ggml` | [`read_gguf`] | embedded: `gpt2` byte-level BPE or `llama` SentencePiece ([`gguf_tokenizer`]) |
+//! | a folder | Hugging Face `config.json` + safetensors (F32/F16/BF16, sharded or not): Llama, Mistral, Qwen2 | [`read_hf_folder`] | `tokenizer.json` via the `tokenizers` crate ([`HfTokenizer`]) |
+//! | `synthetic:NAME[:SEED]` | seeded random weights of a real shape | [`synthetic_model`] | byte level ([`byte_tokenizer`]) |
+//!
+//! Every reader checks the file against its spec (cited in each module) before allocating, and
+//! every bad input is a [`LoadError`] naming the file and, where it applies, the tensor and its
+//! expected shape. [`LoadedModel`] also carries the source dtypes, the chat template and a
+//! `synthetic` flag for reports.
+//!
+//! Beside the readers: [`write`](mod@write) writes a model as a Hugging Face folder or a GGUF file (fixtures
+//! for round-trip tests), and [`inspect`] accounts parameters, weight memory per storage scheme,
+//! KV-cache memory and FLOPs per token.
+//!
+//! **Architecture invariant:** weights leave this crate as f32 in [`HostModel`]'s layout
+//! (`[out, in]` linears, q/k rows in the interleaved RoPE layout) whatever the source format;
+//! features the model stage does not apply yet (q/k/v biases, RoPE scaling) are carried in
+//! [`HostModel`] but refused by [`open_model`] ([`HostModel::unapplied_features`]).
 
 mod error;
 mod gguf;
+mod gguf_tokenizer;
+mod hf;
+mod hf_tokenizer;
+pub mod inspect;
 mod llama2c;
 mod open;
+mod synthetic;
 mod tokenizer;
 mod weights;
+pub mod write;
 
 pub use error::LoadError;
 pub use gguf::{GgufModel, GgufTokenizerMetadata, GgufValue, read_gguf};
+pub use gguf_tokenizer::gguf_tokenizer;
+pub use hf::read_hf_folder;
+pub use hf_tokenizer::HfTokenizer;
 pub use llama2c::read_llama2c_checkpoint;
 pub use open::{LoadedModel, open_model};
-pub use tokenizer::{Llama2cTokenizer, Tokenizer};
-pub use weights::{HostModel, HostTensor, LayerWeights, LlamaArch};
+pub use synthetic::{
+    SYNTHETIC_PRESETS, SYNTHETIC_STD, byte_tokenizer, synthetic_arch, synthetic_model,
+};
+pub use tokenizer::{Llama2cTokenizer, SpecialIds, Tokenizer};
+pub use weights::{HostModel, HostTensor, LayerWeights, LlamaArch, RopeScaling};

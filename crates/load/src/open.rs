@@ -2,7 +2,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::{HostModel, Llama2cTokenizer, LoadError, Tokenizer, read_gguf, read_llama2c_checkpoint};
+use crate::{
+    HostModel, Llama2cTokenizer, LoadError, Tokenizer, gguf_tokenizer, read_gguf, read_hf_folder,
+    read_llama2c_checkpoint, synthetic,
+};
 
 /// A model and its tokenizer, ready for the later stages.
 pub struct LoadedModel {
@@ -10,30 +13,109 @@ pub struct LoadedModel {
     pub model: HostModel,
     /// The tokenizer that goes with it.
     pub tokenizer: Box<dyn Tokenizer>,
-    /// The checkpoint file.
+    /// The checkpoint file (the folder for a Hugging Face model, `synthetic:NAME` for a
+    /// synthetic one).
     pub path: PathBuf,
-    /// The tokenizer file.
+    /// The tokenizer file (the checkpoint itself for GGUF's embedded tokenizer).
     pub tokenizer_path: PathBuf,
-    /// Format name (`"llama2.c"`).
+    /// Format name: `"llama2.c"`, `"gguf"`, `"hf-safetensors"` or `"synthetic"`.
     pub format: &'static str,
+    /// Every tensor of the source file with its stored dtype (`F32`, `BF16`, `Q4_1`, ...), in
+    /// file order; for reports ([`crate::inspect`]). The weights in [`LoadedModel::model`] are
+    /// f32 whatever the source dtype.
+    pub source_dtypes: Vec<(String, String)>,
+    /// True for seeded random weights ([`crate::synthetic_model`]): numbers measured on such a
+    /// model say nothing about a trained one, and reports must say so.
+    pub synthetic: bool,
+    /// The chat template (Jinja) the checkpoint ships, if any (GGUF `tokenizer.chat_template`,
+    /// `tokenizer_config.json` `chat_template`).
+    pub chat_template: Option<String>,
 }
 
 /// Opens the model at `path` with the tokenizer at `tokenizer` (or the one found beside it).
 ///
-/// Formats: llama2.c legacy checkpoints (`.bin`) with llama2.c's `tokenizer.bin`. Without an
-/// explicit tokenizer, `tokenizer.bin` in the model's folder is used, else the only `tok*.bin`
-/// file there. A `.gguf` file is read and checked ([`read_gguf`]), then refused: its embedded
-/// tokenizer (`tokenizer.ggml.model`) is not implemented yet, and pairing it with another
-/// tokenizer would silently mis-tokenize.
+/// Formats, chosen by the path:
+/// - `synthetic:NAME` (or `synthetic:NAME:SEED`): seeded random weights of a preset shape
+///   ([`crate::synthetic_model`]); `tokenizer` must be `None`.
+/// - a folder: a Hugging Face checkpoint ([`read_hf_folder`]: `config.json`, safetensors,
+///   `tokenizer.json`), also when `path` is its `config.json`, a `.safetensors` file or the
+///   shard index; `tokenizer` may name another `tokenizer.json`. Refused when the model
+///   needs what `qdrift-model` does not apply yet ([`HostModel::unapplied_features`]: Qwen2's
+///   biases, Llama 3.1's RoPE scaling).
+/// - `*.gguf`: GGUF ([`read_gguf`]) with its embedded tokenizer ([`gguf_tokenizer`]); an explicit
+///   `tokenizer` is refused, as pairing a GGUF model with another tokenizer would silently
+///   mis-tokenize.
+/// - anything else: a llama2.c legacy checkpoint (`.bin`) with llama2.c's `tokenizer.bin`.
+///   Without an explicit tokenizer, `tokenizer.bin` in the model's folder is used, else the
+///   only `tok*.bin` file there.
+///
+/// # Errors
+/// The reader's [`LoadError`]; [`LoadError::VocabMismatch`] when tokenizer and model disagree.
 pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, LoadError> {
-    let meta = std::fs::metadata(path).map_err(|e| LoadError::io(path, e))?;
-    if meta.is_dir() {
-        return Err(LoadError::invalid(path, "is a folder; give a llama2.c checkpoint file (.bin)"));
+    if let Some(spec) = path.to_str().and_then(|p| p.strip_prefix("synthetic:")) {
+        if let Some(t) = tokenizer {
+            return Err(LoadError::invalid(
+                t,
+                "a synthetic model has its own tokenizer; do not pass --tokenizer",
+            ));
+        }
+        return synthetic::open_synthetic(spec);
     }
-    if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+    let meta = std::fs::metadata(path).map_err(|e| LoadError::io(path, e))?;
+    // A file of a Hugging Face folder stands for the folder.
+    let hf_file = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("safetensors"))
+        || path
+            .file_name()
+            .is_some_and(|n| n == "config.json" || n == "model.safetensors.index.json");
+    if hf_file && let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        return open_model(dir, tokenizer);
+    }
+    if meta.is_dir() {
+        let loaded = read_hf_folder(path, tokenizer)?;
+        let unapplied = loaded.model.unapplied_features();
+        if !unapplied.is_empty() {
+            return Err(LoadError::invalid(
+                path,
+                format!(
+                    "{} uses {}, which qdrift's model does not apply yet; its numbers would be wrong",
+                    loaded.model.arch.architecture,
+                    unapplied.join(" and ")
+                ),
+            ));
+        }
+        return Ok(loaded);
+    }
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        if let Some(t) = tokenizer {
+            return Err(LoadError::invalid(
+                t,
+                format!(
+                    "{} is GGUF and carries its own tokenizer; do not pass --tokenizer",
+                    path.display()
+                ),
+            ));
+        }
         let gguf = read_gguf(path)?;
-        let kind = gguf.tokenizer.model.as_deref().unwrap_or("(none)");
-        return Err(LoadError::invalid(path, format!("GGUF tokenizer type {kind} is not supported yet")));
+        let tok = gguf_tokenizer(path, &gguf.tokenizer, gguf.model.arch.vocab_size)?;
+        return Ok(LoadedModel {
+            model: gguf.model,
+            tokenizer: tok,
+            path: path.to_path_buf(),
+            tokenizer_path: path.to_path_buf(),
+            format: "gguf",
+            source_dtypes: gguf
+                .tensor_types
+                .into_iter()
+                .map(|(n, t)| (n, t.to_string()))
+                .collect(),
+            synthetic: false,
+            chat_template: gguf.tokenizer.chat_template,
+        });
     }
     let model = read_llama2c_checkpoint(path)?;
     let tokenizer_path = match tokenizer {
@@ -41,19 +123,71 @@ pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, 
         None => find_llama2c_tokenizer(path)?,
     };
     let tok = Llama2cTokenizer::read(&tokenizer_path)?;
+    check_vocab(&tok, &tokenizer_path, &model, path)?;
+    let source_dtypes = llama2c_tensor_names(&model)
+        .into_iter()
+        .map(|n| (n, "F32".to_string()))
+        .collect();
+    Ok(LoadedModel {
+        model,
+        tokenizer: Box::new(tok),
+        path: path.to_path_buf(),
+        tokenizer_path,
+        format: "llama2.c",
+        source_dtypes,
+        synthetic: false,
+        chat_template: None,
+    })
+}
+
+/// [`LoadError::VocabMismatch`] unless the tokenizer has exactly the model's vocabulary size.
+pub(crate) fn check_vocab(
+    tok: &dyn Tokenizer,
+    tokenizer_path: &Path,
+    model: &HostModel,
+    model_path: &Path,
+) -> Result<(), LoadError> {
     if tok.vocab_size() != model.arch.vocab_size {
         return Err(LoadError::VocabMismatch {
-            tokenizer: tokenizer_path,
+            tokenizer: tokenizer_path.to_path_buf(),
             tokenizer_vocab: tok.vocab_size(),
-            model: path.to_path_buf(),
+            model: model_path.to_path_buf(),
             model_vocab: model.arch.vocab_size,
         });
     }
-    Ok(LoadedModel { model, tokenizer: Box::new(tok), path: path.to_path_buf(), tokenizer_path, format: "llama2.c" })
+    Ok(())
+}
+
+/// Names for the tensors of a llama2.c checkpoint (which has none): llama2.c's field names.
+fn llama2c_tensor_names(model: &HostModel) -> Vec<String> {
+    let mut names = vec!["token_embedding_table".to_string()];
+    for i in 0..model.layers.len() {
+        for n in [
+            "rms_att_weight",
+            "wq",
+            "wk",
+            "wv",
+            "wo",
+            "rms_ffn_weight",
+            "w1",
+            "w3",
+            "w2",
+        ] {
+            names.push(format!("layers.{i}.{n}"));
+        }
+    }
+    names.push("rms_final_weight".to_string());
+    if model.output.is_some() {
+        names.push("wcls".to_string());
+    }
+    names
 }
 
 fn find_llama2c_tokenizer(model: &Path) -> Result<PathBuf, LoadError> {
-    let dir = model.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = model
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let standard = dir.join("tokenizer.bin");
     if standard.is_file() {
         return Ok(standard);
@@ -63,7 +197,9 @@ fn find_llama2c_tokenizer(model: &Path) -> Result<PathBuf, LoadError> {
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("tok") && n.ends_with(".bin"))
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("tok") && n.ends_with(".bin"))
         })
         .collect();
     candidates.sort();
@@ -71,12 +207,21 @@ fn find_llama2c_tokenizer(model: &Path) -> Result<PathBuf, LoadError> {
         [one] => Ok(one.clone()),
         [] => Err(LoadError::invalid(
             model,
-            format!("no tokenizer given and no tokenizer.bin or tok*.bin beside it in {}; pass --tokenizer", dir.display()),
+            format!(
+                "no tokenizer given and no tokenizer.bin or tok*.bin beside it in {}; pass --tokenizer",
+                dir.display()
+            ),
         )),
         many => Err(LoadError::invalid(
             model,
-            format!("no tokenizer given and {} candidates beside it ({}); pass --tokenizer", many.len(),
-                many.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")),
+            format!(
+                "no tokenizer given and {} candidates beside it ({}); pass --tokenizer",
+                many.len(),
+                many.iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         )),
     }
 }

@@ -26,11 +26,20 @@ pub trait Tokenizer: Send + Sync {
 /// `f32 score, i32 length, length bytes`. The file does not store the token count (llama2.c takes
 /// it from the model), so the reader takes every token up to the end of the file and the caller
 /// compares the count with the model's vocabulary.
+///
+/// The same algorithm also encodes GGUF's `llama` (SentencePiece) tokenizers
+/// ([`Llama2cTokenizer::from_pieces`]): there, a space is stored as `▁` (U+2581) and the BOS/EOS
+/// ids, whether BOS is prepended and the byte-fallback ids come from the file's metadata.
 #[derive(Debug, Clone)]
 pub struct Llama2cTokenizer {
-    pieces: Vec<Vec<u8>>,
-    scores: Vec<f32>,
+    pub(crate) pieces: Vec<Vec<u8>>,
+    pub(crate) scores: Vec<f32>,
     lookup: HashMap<Vec<u8>, u32>,
+    bos: u32,
+    eos: u32,
+    add_bos: bool,
+    /// The id of the byte-fallback piece `<0xNN>` of every byte (the unknown token if absent).
+    byte_ids: Vec<u32>,
 }
 
 /// BOS and EOS ids of llama2.c's tokenizers (SentencePiece's defaults).
@@ -38,6 +47,20 @@ const BOS: u32 = 1;
 const EOS: u32 = 2;
 /// Byte-fallback pieces `<0x00>`..`<0xFF>` start at this id.
 const BYTE_OFFSET: u32 = 3;
+
+/// Special ids and options of a SentencePiece-style vocabulary (see
+/// [`Llama2cTokenizer::from_pieces`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpecialIds {
+    /// Beginning-of-sequence id.
+    pub bos: u32,
+    /// End-of-sequence id.
+    pub eos: u32,
+    /// Unknown-token id, used for a byte whose `<0xNN>` piece is missing.
+    pub unk: u32,
+    /// Whether [`Tokenizer::encode`] prepends BOS.
+    pub add_bos: bool,
+}
 
 impl Llama2cTokenizer {
     /// Reads a llama2.c `tokenizer.bin`.
@@ -50,14 +73,24 @@ impl Llama2cTokenizer {
         let mut at = 0usize;
         let read4 = |what: &str, at: &mut usize| -> Result<[u8; 4], LoadError> {
             let b = bytes.get(*at..*at + 4).ok_or_else(|| {
-                LoadError::truncated(path, format!("{what} at byte {} runs past the end ({} bytes)", *at, bytes.len()))
+                LoadError::truncated(
+                    path,
+                    format!(
+                        "{what} at byte {} runs past the end ({} bytes)",
+                        *at,
+                        bytes.len()
+                    ),
+                )
             })?;
             *at += 4;
             Ok([b[0], b[1], b[2], b[3]])
         };
         let max_len = i32::from_le_bytes(read4("max_token_length", &mut at)?);
         if max_len <= 0 {
-            return Err(LoadError::invalid(path, format!("not a llama2.c tokenizer: max_token_length is {max_len}")));
+            return Err(LoadError::invalid(
+                path,
+                format!("not a llama2.c tokenizer: max_token_length is {max_len}"),
+            ));
         }
         let mut pieces = Vec::new();
         let mut scores = Vec::new();
@@ -72,11 +105,20 @@ impl Llama2cTokenizer {
                 ));
             }
             let piece = bytes.get(at..at + len as usize).ok_or_else(|| {
-                LoadError::truncated(path, format!("token {i} needs {len} bytes at byte {at}, file has {}", bytes.len()))
+                LoadError::truncated(
+                    path,
+                    format!(
+                        "token {i} needs {len} bytes at byte {at}, file has {}",
+                        bytes.len()
+                    ),
+                )
             })?;
             at += len as usize;
             if !score.is_finite() {
-                return Err(LoadError::invalid(path, format!("token {i} has a non-finite score")));
+                return Err(LoadError::invalid(
+                    path,
+                    format!("token {i} has a non-finite score"),
+                ));
             }
             pieces.push(piece.to_vec());
             scores.push(score);
@@ -85,16 +127,108 @@ impl Llama2cTokenizer {
         if vocab_size < (BYTE_OFFSET + 256) as usize {
             return Err(LoadError::invalid(
                 path,
-                format!("tokenizer has {vocab_size} tokens, fewer than the 259 that byte fallback needs"),
+                format!(
+                    "tokenizer has {vocab_size} tokens, fewer than the 259 that byte fallback needs"
+                ),
             ));
         }
+        let byte_ids = (0..256).map(|b| b + BYTE_OFFSET).collect();
+        Ok(Self::build(
+            pieces,
+            scores,
+            SpecialIds {
+                bos: BOS,
+                eos: EOS,
+                unk: 0,
+                add_bos: true,
+            },
+            Some(byte_ids),
+        ))
+    }
+
+    /// A tokenizer from SentencePiece pieces (spaces as `▁` or as ` `) and their merge scores,
+    /// encoding with llama2.c's algorithm. Byte-fallback ids are those of the pieces `<0x00>` ..
+    /// `<0xFF>`; a byte without one encodes as `special.unk`.
+    ///
+    /// Used for GGUF `tokenizer.ggml.model = llama`. llama.cpp's `llm_tokenizer_spm` merges the
+    /// same way (highest-scoring adjacent pair first, via a priority queue); the two can differ
+    /// only in the order of equal-score merges.
+    ///
+    /// # Errors
+    /// A message when the lengths of `pieces` and `scores` differ or a special id is out of range.
+    pub fn from_pieces(
+        pieces: &[String],
+        scores: &[f32],
+        special: SpecialIds,
+    ) -> Result<Self, String> {
+        if pieces.len() != scores.len() {
+            return Err(format!(
+                "{} tokens but {} scores",
+                pieces.len(),
+                scores.len()
+            ));
+        }
+        for (name, id) in [
+            ("BOS", special.bos),
+            ("EOS", special.eos),
+            ("unknown", special.unk),
+        ] {
+            if id as usize >= pieces.len() {
+                return Err(format!(
+                    "{name} id {id} is outside the vocabulary of {}",
+                    pieces.len()
+                ));
+            }
+        }
+        if let Some(i) = scores.iter().position(|s| !s.is_finite()) {
+            return Err(format!("token {i} has a non-finite score"));
+        }
+        let pieces: Vec<Vec<u8>> = pieces
+            .iter()
+            .map(|p| p.replace('\u{2581}', " ").into_bytes())
+            .collect();
+        Ok(Self::build(pieces, scores.to_vec(), special, None))
+    }
+
+    fn build(
+        pieces: Vec<Vec<u8>>,
+        scores: Vec<f32>,
+        special: SpecialIds,
+        byte_ids: Option<Vec<u32>>,
+    ) -> Self {
         // llama2.c looks pieces up by binary search in a sorted copy; with duplicate pieces the
         // first id is kept here (the pieces of llama2.c's tokenizers are unique).
-        let mut lookup = HashMap::with_capacity(vocab_size);
+        let mut lookup = HashMap::with_capacity(pieces.len());
         for (id, p) in pieces.iter().enumerate() {
             lookup.entry(p.clone()).or_insert(id as u32);
         }
-        Ok(Self { pieces, scores, lookup })
+        let byte_ids = byte_ids.unwrap_or_else(|| {
+            (0..=255u8)
+                .map(|b| {
+                    lookup
+                        .get(format!("<0x{b:02X}>").as_bytes())
+                        .copied()
+                        .unwrap_or(special.unk)
+                })
+                .collect()
+        });
+        Self {
+            pieces,
+            scores,
+            lookup,
+            bos: special.bos,
+            eos: special.eos,
+            add_bos: special.add_bos,
+            byte_ids,
+        }
+    }
+
+    /// The pieces (spaces as ` `) and their scores, indexed by token id.
+    pub fn pieces(&self) -> impl Iterator<Item = (&[u8], f32)> {
+        self.pieces
+            .iter()
+            .map(Vec::as_slice)
+            .zip(self.scores.iter().copied())
     }
 
     fn id_of(&self, piece: &[u8]) -> Option<u32> {
@@ -107,15 +241,20 @@ impl Llama2cTokenizer {
             return Vec::new();
         };
         let mut piece = piece.as_slice();
-        // After BOS, SentencePiece strips the leading space of the first piece.
-        if prev == Some(BOS) && piece.first() == Some(&b' ') {
+        // At the start (after BOS), SentencePiece strips the leading space of the first piece.
+        let at_start = prev == Some(self.bos) || (prev.is_none() && !self.add_bos);
+        if at_start && piece.first() == Some(&b' ') {
             piece = &piece[1..];
         }
         // Byte-fallback pieces are literally "<0xNN>".
-        if piece.len() == 6 && piece.starts_with(b"<0x") && piece.ends_with(b">") {
-            if let Some(b) = std::str::from_utf8(&piece[3..5]).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                return vec![b];
-            }
+        if piece.len() == 6
+            && piece.starts_with(b"<0x")
+            && piece.ends_with(b">")
+            && let Some(b) = std::str::from_utf8(&piece[3..5])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            return vec![b];
         }
         piece.to_vec()
     }
@@ -127,15 +266,20 @@ impl Tokenizer for Llama2cTokenizer {
     }
 
     fn bos_id(&self) -> Option<u32> {
-        Some(BOS)
+        Some(self.bos)
     }
 
     fn eos_id(&self) -> Option<u32> {
-        Some(EOS)
+        Some(self.eos)
     }
 
     fn encode(&self, text: &str) -> Vec<u32> {
-        let mut tokens = vec![BOS];
+        let mut tokens = if self.add_bos {
+            vec![self.bos]
+        } else {
+            Vec::new()
+        };
+        let first = tokens.len();
         if text.is_empty() {
             return tokens;
         }
@@ -149,7 +293,7 @@ impl Tokenizer for Llama2cTokenizer {
             let bytes = ch.encode_utf8(&mut buf).as_bytes();
             match self.id_of(bytes) {
                 Some(id) => tokens.push(id),
-                None => tokens.extend(bytes.iter().map(|&b| b as u32 + BYTE_OFFSET)),
+                None => tokens.extend(bytes.iter().map(|&b| self.byte_ids[b as usize])),
             }
         }
         // Greedy merges: repeatedly merge the adjacent pair whose concatenation is the
@@ -157,7 +301,7 @@ impl Tokenizer for Llama2cTokenizer {
         let mut pair = Vec::new();
         loop {
             let mut best: Option<(f32, usize, u32)> = None;
-            for i in 1..tokens.len() - 1 {
+            for i in first..tokens.len().saturating_sub(1) {
                 pair.clear();
                 pair.extend_from_slice(&self.pieces[tokens[i] as usize]);
                 pair.extend_from_slice(&self.pieces[tokens[i + 1] as usize]);
@@ -181,7 +325,7 @@ impl Tokenizer for Llama2cTokenizer {
         // As llama2.c prints a sequence: the leading BOS is not shown, a BOS generated later is
         // shown as its piece.
         for (i, &t) in tokens.iter().enumerate() {
-            if !(i == 0 && t == BOS) {
+            if !(i == 0 && t == self.bos) {
                 out.extend(self.piece_bytes(prev, t));
             }
             prev = Some(t);
@@ -215,9 +359,19 @@ mod tests {
     }
 
     fn tiny() -> (Llama2cTokenizer, usize) {
-        let extra = [(" ", -1.0), ("a", -2.0), ("b", -3.0), (" a", -4.0), ("ab", -0.5), (" ab", -5.0)];
+        let extra = [
+            (" ", -1.0),
+            ("a", -2.0),
+            ("b", -3.0),
+            (" a", -4.0),
+            ("ab", -0.5),
+            (" ab", -5.0),
+        ];
         let n = 259 + extra.len();
-        (Llama2cTokenizer::parse(Path::new("tok.bin"), &tiny_file(&extra)).expect("valid"), n)
+        (
+            Llama2cTokenizer::parse(Path::new("tok.bin"), &tiny_file(&extra)).expect("valid"),
+            n,
+        )
     }
 
     #[test]
@@ -235,10 +389,21 @@ mod tests {
     fn truncation_and_bad_lengths_are_errors() {
         let (t, n) = tiny();
         assert_eq!(t.vocab_size(), n);
-        let file = tiny_file(&[(" ", -1.0), ("a", -2.0), ("b", -3.0), (" a", -4.0), ("ab", -0.5), (" ab", -5.0)]);
-        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &file[..file.len() - 1]).unwrap_err().to_string();
+        let file = tiny_file(&[
+            (" ", -1.0),
+            ("a", -2.0),
+            ("b", -3.0),
+            (" a", -4.0),
+            ("ab", -0.5),
+            (" ab", -5.0),
+        ]);
+        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &file[..file.len() - 1])
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("tok.bin: truncated"), "{e}");
-        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &[1, 0]).unwrap_err().to_string();
+        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &[1, 0])
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("tok.bin: truncated"), "{e}");
         let mut three = 8i32.to_le_bytes().to_vec();
         for piece in [&b"<unk>"[..], b"<s>", b"</s>"] {
@@ -246,11 +411,15 @@ mod tests {
             three.extend((piece.len() as i32).to_le_bytes());
             three.extend(piece);
         }
-        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &three).unwrap_err().to_string();
+        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &three)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("fewer than the 259"), "{e}");
         let mut bad = file.clone();
         bad[8..12].copy_from_slice(&(-3i32).to_le_bytes());
-        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &bad).unwrap_err().to_string();
+        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &bad)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("length -3"), "{e}");
     }
 }

@@ -27,6 +27,31 @@ pub struct LlamaArch {
     pub rope_theta: f32,
     /// Whether the output layer shares the token-embedding matrix.
     pub tied_embeddings: bool,
+    /// RoPE frequency scaling (Llama 3.1+), `None` for plain RoPE. `qdrift-model` does not apply
+    /// it yet; [`crate::open_model`] refuses models that have it ([`HostModel::unapplied_features`]).
+    pub rope_scaling: Option<RopeScaling>,
+}
+
+/// `rope_scaling` of a Hugging Face `config.json` with `rope_type = "llama3"`.
+///
+/// Spec: `transformers` `modeling_rope_utils.py` `_compute_llama3_parameters`: with
+/// `wavelen = 2π / inv_freq`, `low = original_max_position_embeddings / low_freq_factor`,
+/// `high = original_max_position_embeddings / high_freq_factor`: frequencies with
+/// `wavelen > low` are divided by `factor`, those with `wavelen < high` kept, and those between
+/// interpolated with `smooth = (original_max_position_embeddings / wavelen - low_freq_factor) /
+/// (high_freq_factor - low_freq_factor)`: `(1 - smooth) · inv_freq / factor + smooth · inv_freq`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RopeScaling {
+    /// `rope_type` (only `llama3`).
+    pub rope_type: String,
+    /// `factor`.
+    pub factor: f32,
+    /// `low_freq_factor`.
+    pub low_freq_factor: f32,
+    /// `high_freq_factor`.
+    pub high_freq_factor: f32,
+    /// `original_max_position_embeddings`.
+    pub original_max_position_embeddings: usize,
 }
 
 impl LlamaArch {
@@ -54,17 +79,23 @@ impl LlamaArch {
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("{name} must be positive"));
         }
-        if self.dim % self.n_heads != 0 {
-            return Err(format!("dim {} is not a multiple of n_heads {}", self.dim, self.n_heads));
+        if !self.dim.is_multiple_of(self.n_heads) {
+            return Err(format!(
+                "dim {} is not a multiple of n_heads {}",
+                self.dim, self.n_heads
+            ));
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(format!(
                 "n_heads {} is not a multiple of n_kv_heads {}",
                 self.n_heads, self.n_kv_heads
             ));
         }
-        if self.head_dim() % 2 != 0 {
-            return Err(format!("head dimension {} is odd; RoPE needs pairs", self.head_dim()));
+        if !self.head_dim().is_multiple_of(2) {
+            return Err(format!(
+                "head dimension {} is odd; RoPE needs pairs",
+                self.head_dim()
+            ));
         }
         if !(self.norm_eps > 0.0 && self.norm_eps.is_finite()) {
             return Err(format!("norm_eps {} must be positive", self.norm_eps));
@@ -79,7 +110,11 @@ impl LlamaArch {
     pub fn parameter_count(&self) -> usize {
         let (d, h, kv) = (self.dim, self.hidden_dim, self.kv_dim());
         let per_layer = 2 * d + d * d * 2 + 2 * d * kv + 3 * d * h;
-        let head = if self.tied_embeddings { 0 } else { self.vocab_size * d };
+        let head = if self.tied_embeddings {
+            0
+        } else {
+            self.vocab_size * d
+        };
         self.vocab_size * d + self.n_layers * per_layer + d + head
     }
 }
@@ -126,6 +161,14 @@ pub struct LayerWeights {
     pub w_up: HostTensor,
     /// SwiGLU down projection, `[dim, hidden_dim]`.
     pub w_down: HostTensor,
+    /// Query bias `[n_heads * head_dim]` (Qwen2), in the same interleaved row order as `wq`;
+    /// `None` for Llama. `qdrift-model` does not apply biases yet: see
+    /// [`HostModel::unapplied_features`].
+    pub bq: Option<HostTensor>,
+    /// Key bias `[n_kv_heads * head_dim]` (Qwen2), in `wk`'s row order.
+    pub bk: Option<HostTensor>,
+    /// Value bias `[n_kv_heads * head_dim]` (Qwen2).
+    pub bv: Option<HostTensor>,
 }
 
 impl LayerWeights {
@@ -190,11 +233,37 @@ impl HostModel {
         self.for_each_tensor_mut(round);
     }
 
+    /// Features of this model that `qdrift-model` does not apply yet (q/k/v biases, RoPE
+    /// scaling), each as a sentence; empty when the model runs exactly.
+    pub fn unapplied_features(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self
+            .layers
+            .iter()
+            .any(|l| l.bq.is_some() || l.bk.is_some() || l.bv.is_some())
+        {
+            out.push("q/k/v projection biases (Qwen2)".to_string());
+        }
+        if let Some(r) = &self.arch.rope_scaling {
+            out.push(format!(
+                "rope_scaling type {} (factor {})",
+                r.rope_type, r.factor
+            ));
+        }
+        out
+    }
+
     fn for_each_tensor_mut(&mut self, mut f: impl FnMut(&mut HostTensor)) {
         f(&mut self.token_embedding);
         for layer in &mut self.layers {
             f(&mut layer.attn_norm);
             f(&mut layer.ffn_norm);
+            for b in [&mut layer.bq, &mut layer.bk, &mut layer.bv]
+                .into_iter()
+                .flatten()
+            {
+                f(b);
+            }
             for (_, w) in layer.linears_mut() {
                 f(w);
             }

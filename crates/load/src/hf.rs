@@ -1,0 +1,678 @@
+//! Hugging Face model folders: `config.json`, safetensors weights, `tokenizer.json`.
+//!
+//! Specs followed:
+//! - safetensors: <https://github.com/huggingface/safetensors> (README "Format": `u64` little-endian
+//!   header length N, N bytes of JSON `{name: {dtype, shape, data_offsets: [begin, end]}}` with an
+//!   optional `__metadata__`, then the byte buffer; offsets are relative to the buffer), parsed
+//!   with the `safetensors` crate over a memory map.
+//! - sharding: `transformers`' `model.safetensors.index.json` (`weight_map: {tensor: shard file}`).
+//! - `config.json`: `transformers`' `LlamaConfig`, `MistralConfig`, `Qwen2Config` (field names and
+//!   their defaults: `rms_norm_eps` 1e-6, `rope_theta` 10000, `max_position_embeddings` 2048,
+//!   `num_key_value_heads` = `num_attention_heads`, `tie_word_embeddings` false).
+//! - tensor names: `transformers`' `modeling_llama.py` (`LlamaForCausalLM`), shared by Mistral and
+//!   Qwen2:
+//!
+//! | [`HostModel`] field | Hugging Face name | shape |
+//! |---|---|---|
+//! | `token_embedding` | `model.embed_tokens.weight` | `[vocab, dim]` |
+//! | `attn_norm` | `model.layers.{i}.input_layernorm.weight` | `[dim]` |
+//! | `wq`, `wk`, `wv`, `wo` | `model.layers.{i}.self_attn.{q,k,v,o}_proj.weight` | `[out, in]` |
+//! | `bq`, `bk`, `bv` (Qwen2) | `model.layers.{i}.self_attn.{q,k,v}_proj.bias` | `[out]` |
+//! | `ffn_norm` | `model.layers.{i}.post_attention_layernorm.weight` | `[dim]` |
+//! | `w_gate`, `w_up`, `w_down` | `model.layers.{i}.mlp.{gate,up,down}_proj.weight` | `[out, in]` |
+//! | `final_norm` | `model.norm.weight` | `[dim]` |
+//! | `output` | `lm_head.weight` (absent or ignored when tied) | `[vocab, dim]` |
+//!
+//! **RoPE layout.** Hugging Face stores q/k rows in the rotate-half layout (rotation pairs are
+//! rows `i` and `i + head_dim/2` of a head); [`HostModel`] uses the interleaved layout (pairs are
+//! rows `2i`, `2i+1`). The reader un-permutes q/k weights and biases: the inverse of
+//! `qdrift-quantize`'s `rotate_half_row_order`, i.e. llama.cpp `convert_hf_to_gguf.py`'s
+//! `LlamaModel.permute`.
+//!
+//! **Architectures.** `LlamaForCausalLM` (Llama 2/3, SmolLM, TinyLlama), `MistralForCausalLM`
+//! and `Qwen2ForCausalLM`. Mistral's `sliding_window` (when set and smaller than
+//! `max_position_embeddings`) caps [`LlamaArch::max_seq_len`]: within the window, sliding-window
+//! attention is full causal attention, so the model is exact for every length it accepts.
+//! Qwen2's q/k/v biases go to [`crate::LayerWeights::bq`] etc.; Llama 3.1+'s `rope_scaling`
+//! (`rope_type = llama3`) to [`LlamaArch::rope_scaling`]. `qdrift-model` applies neither yet, so
+//! [`crate::open_model`] refuses such models ([`HostModel::unapplied_features`]);
+//! [`read_hf_folder`] returns them as read.
+//! Refused with a message: other architectures, `head_dim` ≠ `hidden_size / num_attention_heads`,
+//! `hidden_act` other than `silu`, `attention_bias`/`mlp_bias` on Llama, other `rope_scaling`
+//! types, tensor dtypes other than F32/F16/BF16.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Metadata, TensorInfo};
+use safetensors::{Dtype, SafeTensorError, SafeTensors};
+use serde_json::Value;
+
+use crate::hf_tokenizer::read_tokenizer_json;
+use crate::open::check_vocab;
+use crate::{
+    HfTokenizer, HostModel, HostTensor, LayerWeights, LlamaArch, LoadError, LoadedModel,
+    RopeScaling,
+};
+
+/// Architectures [`read_hf_folder`] reads, as `config.json` names them.
+pub const SUPPORTED_ARCHITECTURES: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM";
+
+/// Reads a Hugging Face model folder: `config.json`, `model.safetensors` or the shards listed in
+/// `model.safetensors.index.json`, and `tokenizer.json` (or `tokenizer`, if given) with
+/// `tokenizer_config.json` and `generation_config.json` when present.
+///
+/// Weights are converted to f32 (F32, F16, BF16 sources), q/k un-permuted to the interleaved
+/// RoPE layout. Special tokens: BOS is `tokenizer_config.json`'s `bos_token` (else
+/// `config.json`'s `bos_token_id`); EOS the first of `generation_config.json`'s `eos_token_id`,
+/// else `tokenizer_config.json`'s `eos_token`, else `config.json`'s `eos_token_id`. Whether BOS
+/// is prepended is `tokenizer.json`'s post-processor (as `transformers`' fast tokenizers do),
+/// plus BOS when `tokenizer_config.json` says `add_bos_token: true` and the post-processor does
+/// not add it.
+///
+/// # Errors
+/// [`LoadError`] naming the file and, for tensors, the tensor and its expected shape: a missing
+/// `config.json`/`tokenizer.json`/weights file, an unsupported architecture or option, a corrupt
+/// safetensors file, a missing or misshapen tensor, an unsupported dtype,
+/// [`LoadError::VocabMismatch`] when the tokenizer's vocabulary differs from the model's.
+pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, LoadError> {
+    let config_path = dir.join("config.json");
+    if !config_path.is_file() {
+        return Err(LoadError::invalid(
+            dir,
+            "is a folder without config.json; a Hugging Face model folder needs config.json, \
+             model.safetensors (or its shards) and tokenizer.json",
+        ));
+    }
+    let config = read_json(&config_path)?;
+    let arch = parse_config(&config_path, &config)?;
+    let shards = Shards::open(dir)?;
+    let model = build_model(&shards, arch)?;
+
+    let tokenizer_path = tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);
+    if !tokenizer_path.is_file() {
+        return Err(LoadError::invalid(
+            &tokenizer_path,
+            "not found; a Hugging Face model folder needs tokenizer.json",
+        ));
+    }
+    let inner = read_tokenizer_json(&tokenizer_path)?;
+    let tok_config = optional_json(&dir.join("tokenizer_config.json"))?;
+    let gen_config = optional_json(&dir.join("generation_config.json"))?;
+    let token_id = |v: Option<&Value>| v.and_then(token_content).and_then(|t| inner.token_to_id(t));
+    let bos = token_id(tok_config.as_ref().and_then(|c| c.get("bos_token")))
+        .or_else(|| first_id(config.get("bos_token_id")));
+    let eos = gen_config
+        .as_ref()
+        .and_then(|g| first_id(g.get("eos_token_id")))
+        .or_else(|| token_id(tok_config.as_ref().and_then(|c| c.get("eos_token"))))
+        .or_else(|| first_id(config.get("eos_token_id")));
+    let wants_bos = tok_config
+        .as_ref()
+        .and_then(|c| c.get("add_bos_token"))
+        .and_then(Value::as_bool)
+        == Some(true);
+    let pipeline_adds_bos = bos.is_some()
+        && inner
+            .encode("a", true)
+            .ok()
+            .and_then(|e| e.get_ids().first().copied())
+            == bos;
+    let tok = HfTokenizer::new(
+        &tokenizer_path,
+        inner,
+        bos,
+        eos,
+        wants_bos && !pipeline_adds_bos,
+    )?;
+    check_vocab(&tok, &tokenizer_path, &model, dir)?;
+    let chat_template = tok_config
+        .as_ref()
+        .and_then(|c| c.get("chat_template"))
+        .and_then(chat_template);
+
+    Ok(LoadedModel {
+        model,
+        tokenizer: Box::new(tok),
+        path: dir.to_path_buf(),
+        tokenizer_path,
+        format: "hf-safetensors",
+        source_dtypes: shards.dtypes(),
+        synthetic: false,
+        chat_template,
+    })
+}
+
+fn read_json(path: &Path) -> Result<Value, LoadError> {
+    let bytes = std::fs::read(path).map_err(|e| LoadError::io(path, e))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| LoadError::invalid(path, format!("not valid JSON: {e}")))
+}
+
+fn optional_json(path: &Path) -> Result<Option<Value>, LoadError> {
+    if path.is_file() {
+        read_json(path).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+/// A special token in `tokenizer_config.json`: a string or `{"content": ...}` (`AddedToken`).
+fn token_content(v: &Value) -> Option<&str> {
+    v.as_str()
+        .or_else(|| v.get("content").and_then(Value::as_str))
+}
+
+/// An id or the first of a list of ids.
+fn first_id(v: Option<&Value>) -> Option<u32> {
+    let v = v?;
+    let v = v.as_array().and_then(|a| a.first()).unwrap_or(v);
+    v.as_u64().and_then(|i| u32::try_from(i).ok())
+}
+
+/// A string, or the `default` entry of a list of `{name, template}`.
+fn chat_template(v: &Value) -> Option<String> {
+    if let Some(s) = v.as_str() {
+        return Some(s.to_string());
+    }
+    v.as_array()?
+        .iter()
+        .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+        .and_then(|t| t.get("template"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
+
+/// The hyper-parameters of `config.json`.
+fn parse_config(path: &Path, c: &Value) -> Result<LlamaArch, LoadError> {
+    let bad = |m: String| LoadError::invalid(path, m);
+    let architecture = c
+        .get("architectures")
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or_else(|| {
+            c.get("model_type").and_then(Value::as_str).and_then(|t| match t {
+                "llama" => Some("LlamaForCausalLM".to_string()),
+                "mistral" => Some("MistralForCausalLM".to_string()),
+                "qwen2" => Some("Qwen2ForCausalLM".to_string()),
+                _ => None,
+            })
+        })
+        .ok_or_else(|| {
+            let t = c.get("model_type").and_then(Value::as_str).unwrap_or("(none)");
+            bad(format!("unsupported architecture: no architectures[0] and model_type {t}; supported: {SUPPORTED_ARCHITECTURES}"))
+        })?;
+    if !matches!(
+        architecture.as_str(),
+        "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM"
+    ) {
+        return Err(bad(format!(
+            "unsupported architecture {architecture}; supported: {SUPPORTED_ARCHITECTURES}"
+        )));
+    }
+    let int = |key: &str, default: Option<usize>| -> Result<usize, LoadError> {
+        match c.get(key) {
+            Some(Value::Null) | None => default.ok_or_else(|| bad(format!("{key} is missing"))),
+            Some(v) => v
+                .as_u64()
+                .and_then(|v| usize::try_from(v).ok())
+                .ok_or_else(|| bad(format!("{key} is {v}, not a non-negative integer"))),
+        }
+    };
+    let float = |key: &str, default: f32| -> Result<f32, LoadError> {
+        match c.get(key) {
+            Some(Value::Null) | None => Ok(default),
+            Some(v) => v
+                .as_f64()
+                .map(|f| f as f32)
+                .ok_or_else(|| bad(format!("{key} is {v}, not a number"))),
+        }
+    };
+    let flag = |key: &str| c.get(key).and_then(Value::as_bool) == Some(true);
+
+    let dim = int("hidden_size", None)?;
+    let n_heads = int("num_attention_heads", None)?;
+    if let Some(act) = c.get("hidden_act").and_then(Value::as_str)
+        && act != "silu"
+    {
+        return Err(bad(format!(
+            "hidden_act {act} is not supported; supported: silu (SwiGLU)"
+        )));
+    }
+    if architecture == "LlamaForCausalLM" && (flag("attention_bias") || flag("mlp_bias")) {
+        return Err(bad(
+            "attention_bias/mlp_bias = true is not supported for LlamaForCausalLM".into(),
+        ));
+    }
+    let mut max_seq_len = int("max_position_embeddings", Some(2048))?;
+    // Mistral: full attention equals sliding-window attention for contexts within the window.
+    let sliding = match architecture.as_str() {
+        "MistralForCausalLM" => true,
+        "Qwen2ForCausalLM" => flag("use_sliding_window"),
+        _ => false,
+    };
+    if sliding
+        && let Some(w) = c
+            .get("sliding_window")
+            .and_then(Value::as_u64)
+            .and_then(|w| usize::try_from(w).ok())
+    {
+        max_seq_len = max_seq_len.min(w);
+    }
+    let rope_scaling = match c.get("rope_scaling") {
+        None | Some(Value::Null) => None,
+        Some(r) => Some(parse_rope_scaling(r).map_err(|m| bad(format!("rope_scaling: {m}")))?),
+    };
+    let arch = LlamaArch {
+        architecture,
+        dim,
+        hidden_dim: int("intermediate_size", None)?,
+        n_layers: int("num_hidden_layers", None)?,
+        n_heads,
+        n_kv_heads: int("num_key_value_heads", Some(n_heads))?,
+        vocab_size: int("vocab_size", None)?,
+        max_seq_len,
+        norm_eps: float("rms_norm_eps", 1e-6)?,
+        rope_theta: float("rope_theta", 10000.0)?,
+        tied_embeddings: flag("tie_word_embeddings"),
+        rope_scaling,
+    };
+    if let Some(default_head_dim) = dim.checked_div(n_heads) {
+        let head_dim = int("head_dim", Some(default_head_dim))?;
+        if head_dim * n_heads != dim {
+            return Err(bad(format!(
+                "head_dim {head_dim} × num_attention_heads {n_heads} ≠ hidden_size {dim}; \
+                 qdrift supports head_dim = hidden_size / num_attention_heads only"
+            )));
+        }
+    }
+    arch.validate()
+        .map_err(|e| bad(format!("inconsistent hyper-parameters: {e}")))?;
+    Ok(arch)
+}
+
+/// `rope_scaling` of `transformers`' `modeling_rope_utils.py`; only `rope_type = "llama3"`.
+fn parse_rope_scaling(r: &Value) -> Result<RopeScaling, String> {
+    let kind = r
+        .get("rope_type")
+        .or_else(|| r.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("(none)");
+    if kind != "llama3" {
+        return Err(format!("type {kind} is not supported; supported: llama3"));
+    }
+    let num = |k: &str| {
+        r.get(k)
+            .and_then(Value::as_f64)
+            .ok_or_else(|| format!("{k} is missing or not a number"))
+    };
+    Ok(RopeScaling {
+        rope_type: kind.to_string(),
+        factor: num("factor")? as f32,
+        low_freq_factor: num("low_freq_factor")? as f32,
+        high_freq_factor: num("high_freq_factor")? as f32,
+        original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
+    })
+}
+
+/// The memory-mapped safetensors files of a folder and which holds each tensor.
+struct Shards {
+    files: Vec<ShardFile>,
+    /// Tensor name → index in `files`.
+    index: HashMap<String, usize>,
+}
+
+/// One safetensors file, mapped, with its header parsed once.
+struct ShardFile {
+    path: PathBuf,
+    map: memmap2::Mmap,
+    /// Where the byte buffer starts (8 + header length).
+    data_start: usize,
+    /// Tensors in file order.
+    tensors: Vec<(String, TensorInfo)>,
+}
+
+impl Shards {
+    fn open(dir: &Path) -> Result<Self, LoadError> {
+        let single = dir.join("model.safetensors");
+        let index_path = dir.join("model.safetensors.index.json");
+        let names: Vec<PathBuf> = if single.is_file() {
+            vec![single]
+        } else if index_path.is_file() {
+            let index = read_json(&index_path)?;
+            let map = index
+                .get("weight_map")
+                .and_then(Value::as_object)
+                .ok_or_else(|| LoadError::invalid(&index_path, "has no weight_map object"))?;
+            let mut files: Vec<&str> = Vec::new();
+            for (tensor, file) in map {
+                let file = file
+                    .as_str()
+                    .filter(|f| {
+                        !f.contains('/') && !f.contains('\\') && *f != ".." && !f.is_empty()
+                    })
+                    .ok_or_else(|| {
+                        LoadError::invalid(
+                            &index_path,
+                            format!("weight_map[{tensor}] = {file} is not a file name"),
+                        )
+                    })?;
+                if !files.contains(&file) {
+                    files.push(file);
+                }
+            }
+            files.sort_unstable();
+            files.into_iter().map(|f| dir.join(f)).collect()
+        } else {
+            return Err(LoadError::invalid(
+                dir,
+                "has neither model.safetensors nor model.safetensors.index.json (only safetensors weights are read)",
+            ));
+        };
+        let mut files = Vec::with_capacity(names.len());
+        let mut index = HashMap::new();
+        for (i, path) in names.into_iter().enumerate() {
+            let file = std::fs::File::open(&path).map_err(|e| LoadError::io(&path, e))?;
+            // SAFETY: the map is read-only and private; as for every memory-mapped reader, a file
+            // truncated by another process while mapped may fault. Model files are not rewritten
+            // in place by the tools that produce them (they write and rename).
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LoadError::io(&path, e))?;
+            let (header_len, meta) = parse_safetensors(&path, &map)?;
+            let data_start = 8 + header_len;
+            let mut tensors: Vec<(String, TensorInfo)> = meta
+                .tensors()
+                .into_iter()
+                .map(|(n, t)| (n, t.clone()))
+                .collect();
+            tensors.sort_by_key(|(_, t)| t.data_offsets);
+            for (name, _) in &tensors {
+                if let Some(prev) = index.insert(name.clone(), i) {
+                    let p: &ShardFile = &files[prev];
+                    return Err(LoadError::invalid(
+                        &path,
+                        format!("tensor {name} is also in {}", p.path.display()),
+                    ));
+                }
+            }
+            files.push(ShardFile {
+                path,
+                map,
+                data_start,
+                tensors,
+            });
+        }
+        Ok(Self { files, index })
+    }
+
+    fn dtypes(&self) -> Vec<(String, String)> {
+        self.files
+            .iter()
+            .flat_map(|f| {
+                f.tensors
+                    .iter()
+                    .map(|(n, t)| (n.clone(), format!("{:?}", t.dtype)))
+            })
+            .collect()
+    }
+
+    /// The tensor `name` as f32 of `shape`, or `None` when no file has it.
+    fn get(&self, name: &str, shape: &[usize]) -> Result<Option<HostTensor>, LoadError> {
+        let Some(&i) = self.index.get(name) else {
+            return Ok(None);
+        };
+        let f = &self.files[i];
+        let Some((_, info)) = f.tensors.iter().find(|(n, _)| n == name) else {
+            return Ok(None);
+        };
+        if info.shape != shape {
+            return Err(LoadError::invalid(
+                &f.path,
+                format!(
+                    "tensor {name} has shape {:?}; expected {shape:?}",
+                    info.shape
+                ),
+            ));
+        }
+        // `parse_safetensors` validated every range against the file.
+        let (begin, end) = info.data_offsets;
+        let bytes = &f.map[f.data_start + begin..f.data_start + end];
+        let data = to_f32(info.dtype, bytes)
+            .map_err(|m| LoadError::invalid(&f.path, format!("tensor {name}: {m}")))?;
+        HostTensor::new(shape.to_vec(), data)
+            .map(Some)
+            .ok_or_else(|| {
+                LoadError::invalid(
+                    &f.path,
+                    format!("tensor {name}: byte count does not match shape {shape:?}"),
+                )
+            })
+    }
+
+    fn require(&self, name: &str, shape: &[usize]) -> Result<HostTensor, LoadError> {
+        self.get(name, shape)?.ok_or_else(|| {
+            let files: Vec<String> = self
+                .files
+                .iter()
+                .map(|f| f.path.display().to_string())
+                .collect();
+            LoadError::invalid(
+                self.files
+                    .first()
+                    .map_or(Path::new("."), |f| f.path.as_path()),
+                format!(
+                    "tensor {name} is missing; expected shape {shape:?} (searched {})",
+                    files.join(", ")
+                ),
+            )
+        })
+    }
+}
+
+/// Parses a safetensors buffer, turning the library's terse errors into messages for people.
+/// Returns the header length and the parsed header; every tensor's range is validated.
+pub(crate) fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<(usize, Metadata), LoadError> {
+    let Some(len) = bytes.get(..8) else {
+        return Err(LoadError::truncated(
+            path,
+            format!(
+                "the 8-byte header length, the file has {} bytes (not a safetensors file?)",
+                bytes.len()
+            ),
+        ));
+    };
+    let mut n = [0u8; 8];
+    n.copy_from_slice(len);
+    let n = u64::from_le_bytes(n);
+    let rest = (bytes.len() - 8) as u64;
+    if n > rest {
+        return Err(LoadError::truncated(
+            path,
+            format!(
+                "the header declares {n} bytes of JSON but only {rest} bytes follow the length (corrupt or not safetensors)"
+            ),
+        ));
+    }
+    SafeTensors::read_metadata(bytes).map_err(|e| {
+        let header = &bytes[8..8 + n as usize];
+        let detail = diagnose_header(header, rest - n).unwrap_or_else(|| describe(&e, bytes.len()));
+        LoadError::invalid(path, detail)
+    })
+}
+
+/// Names the tensor whose byte range contradicts its dtype and shape, or the byte counts of a
+/// truncated buffer; `None` when the header is not readable JSON or nothing specific is found.
+fn diagnose_header(header: &[u8], buffer_len: u64) -> Option<String> {
+    let v: Value = serde_json::from_slice(header).ok()?;
+    let mut end_max = 0u64;
+    for (name, t) in v.as_object()? {
+        if name == "__metadata__" {
+            continue;
+        }
+        let dtype = t.get("dtype")?.as_str()?;
+        let size: u64 = match dtype {
+            "F64" | "I64" | "U64" => 8,
+            "F32" | "I32" | "U32" => 4,
+            "F16" | "BF16" | "I16" | "U16" => 2,
+            "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" => 1,
+            _ => return None,
+        };
+        let shape: Vec<u64> = t
+            .get("shape")?
+            .as_array()?
+            .iter()
+            .map(Value::as_u64)
+            .collect::<Option<_>>()?;
+        let offsets = t.get("data_offsets")?.as_array()?;
+        let (begin, end) = (offsets.first()?.as_u64()?, offsets.get(1)?.as_u64()?);
+        let want = shape.iter().try_fold(size, |n, &d| n.checked_mul(d))?;
+        if end < begin || end - begin != want {
+            return Some(format!(
+                "tensor {name}: data_offsets [{begin}, {end}] hold {} bytes but dtype {dtype} and shape {shape:?} need {want}",
+                end.wrapping_sub(begin)
+            ));
+        }
+        if end > buffer_len {
+            return Some(format!(
+                "tensor {name}: data_offsets [{begin}, {end}] run past the end of the data buffer ({buffer_len} bytes; \
+                 truncated file?)"
+            ));
+        }
+        end_max = end_max.max(end);
+    }
+    (end_max != buffer_len).then(|| {
+        format!("the tensors' data ends at byte {end_max} of the data buffer but the buffer has {buffer_len} bytes")
+    })
+}
+
+fn describe(e: &SafeTensorError, file_len: usize) -> String {
+    match e {
+        SafeTensorError::MetadataIncompleteBuffer => format!(
+            "the tensors' data offsets do not end at the end of the file ({file_len} bytes): truncated, or bytes past the last tensor"
+        ),
+        SafeTensorError::InvalidOffset(name) => {
+            format!("tensor {name}: data_offsets are out of range or overlap another tensor")
+        }
+        SafeTensorError::TensorInvalidInfo => {
+            "a tensor's data_offsets do not match its dtype and shape".to_string()
+        }
+        SafeTensorError::InvalidHeaderDeserialization(j) => {
+            format!("the header is not valid safetensors JSON: {j}")
+        }
+        SafeTensorError::InvalidHeader(u) => format!("the header is not UTF-8: {u}"),
+        SafeTensorError::HeaderTooLarge => {
+            "the header is larger than the 100 MB safetensors allows".to_string()
+        }
+        SafeTensorError::ValidationOverflow => "a tensor's shape overflows".to_string(),
+        other => format!("not a valid safetensors file: {other}"),
+    }
+}
+
+/// Little-endian F32/F16/BF16 bytes to f32.
+pub(crate) fn to_f32(dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, String> {
+    let halves = || bytes.chunks_exact(2).map(|c| [c[0], c[1]]);
+    Ok(match dtype {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::F16 => halves()
+            .map(|b| half::f16::from_le_bytes(b).to_f32())
+            .collect(),
+        Dtype::BF16 => halves()
+            .map(|b| half::bf16::from_le_bytes(b).to_f32())
+            .collect(),
+        other => {
+            return Err(format!(
+                "dtype {other:?} is not supported; supported: F32, F16, BF16"
+            ));
+        }
+    })
+}
+
+/// For a q or k projection of `n_heads` heads in the interleaved RoPE layout, the interleaved row
+/// of each rotate-half row: `order[h·head_dim + a·head_dim/2 + i] = h·head_dim + 2i + a`
+/// (`a ∈ {0, 1}`), as `qdrift-quantize`'s `rotate_half_row_order`.
+pub(crate) fn rotate_half_row_order(n_heads: usize, head_dim: usize) -> Vec<usize> {
+    let half = head_dim / 2;
+    (0..n_heads)
+        .flat_map(|h| (0..2).flat_map(move |a| (0..half).map(move |i| h * head_dim + 2 * i + a)))
+        .collect()
+}
+
+/// Rows of `t` (`[rows, cols]` or `[rows]`) permuted: `to_interleaved` puts rotate-half row `r`
+/// at `order[r]`; otherwise interleaved row `order[r]` goes to row `r`.
+pub(crate) fn permute_rows(t: &HostTensor, n_heads: usize, to_interleaved: bool) -> HostTensor {
+    let rows = t.shape[0];
+    let cols = t.data.len() / rows.max(1);
+    let order = rotate_half_row_order(n_heads, rows / n_heads.max(1));
+    let mut data = vec![0.0; t.data.len()];
+    for (r, &o) in order.iter().enumerate() {
+        let (dst, src) = if to_interleaved { (o, r) } else { (r, o) };
+        data[dst * cols..(dst + 1) * cols].copy_from_slice(&t.data[src * cols..(src + 1) * cols]);
+    }
+    HostTensor {
+        shape: t.shape.clone(),
+        data,
+    }
+}
+
+fn build_model(shards: &Shards, mut arch: LlamaArch) -> Result<HostModel, LoadError> {
+    let (dim, hidden, vocab) = (arch.dim, arch.hidden_dim, arch.vocab_size);
+    let (q_dim, kv_dim) = (arch.n_heads * arch.head_dim(), arch.kv_dim());
+    let qwen = arch.architecture == "Qwen2ForCausalLM";
+    let token_embedding = shards.require("model.embed_tokens.weight", &[vocab, dim])?;
+    let mut layers = Vec::with_capacity(arch.n_layers);
+    for i in 0..arch.n_layers {
+        let p = format!("model.layers.{i}");
+        let t = |name: &str, shape: &[usize]| shards.require(&format!("{p}.{name}"), shape);
+        let bias = |name: &str, n: usize, heads: usize| -> Result<Option<HostTensor>, LoadError> {
+            let b = if qwen { Some(t(name, &[n])?) } else { None };
+            Ok(b.map(|b| {
+                if heads > 0 {
+                    permute_rows(&b, heads, true)
+                } else {
+                    b
+                }
+            }))
+        };
+        layers.push(LayerWeights {
+            attn_norm: t("input_layernorm.weight", &[dim])?,
+            wq: permute_rows(
+                &t("self_attn.q_proj.weight", &[q_dim, dim])?,
+                arch.n_heads,
+                true,
+            ),
+            wk: permute_rows(
+                &t("self_attn.k_proj.weight", &[kv_dim, dim])?,
+                arch.n_kv_heads,
+                true,
+            ),
+            wv: t("self_attn.v_proj.weight", &[kv_dim, dim])?,
+            wo: t("self_attn.o_proj.weight", &[dim, q_dim])?,
+            ffn_norm: t("post_attention_layernorm.weight", &[dim])?,
+            w_gate: t("mlp.gate_proj.weight", &[hidden, dim])?,
+            w_up: t("mlp.up_proj.weight", &[hidden, dim])?,
+            w_down: t("mlp.down_proj.weight", &[dim, hidden])?,
+            bq: bias("self_attn.q_proj.bias", q_dim, arch.n_heads)?,
+            bk: bias("self_attn.k_proj.bias", kv_dim, arch.n_kv_heads)?,
+            bv: bias("self_attn.v_proj.bias", kv_dim, 0)?,
+        });
+    }
+    let final_norm = shards.require("model.norm.weight", &[dim])?;
+    let output = if arch.tied_embeddings {
+        None
+    } else {
+        shards.get("lm_head.weight", &[vocab, dim])?
+    };
+    // A checkpoint without lm_head ties it to the embedding whatever config.json says.
+    arch.tied_embeddings = output.is_none();
+    Ok(HostModel {
+        arch,
+        token_embedding,
+        layers,
+        final_norm,
+        output,
+    })
+}

@@ -1,0 +1,431 @@
+//! Synthetic models: real architectures' shapes with seeded random weights.
+//!
+//! For measuring speed and memory at sizes whose checkpoints are not at hand, and for tests.
+//! Numbers *about model quality* measured on them mean nothing: [`LoadedModel::synthetic`] is set
+//! so reports can say so.
+//!
+//! Weights: every linear and embedding value is drawn from N(0, 0.02²) (the initializer range of
+//! `transformers`' Llama), every RMSNorm weight is 1.0. Normal samples come from the Box–Muller
+//! transform of ChaCha8 output: tensor `k` (in [`HostModel`] order: embedding, then per layer
+//! attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down, then final norm, output) uses ChaCha8
+//! seeded with `seed` on stream `k`; value pair `j` uses the stream's 32-bit words `2j`, `2j+1` as
+//! `u1, u2 = (word + 0.5) / 2³²` (rounded to f32) and yields `r·cos(2πu2), r·sin(2πu2)` with
+//! `r = 0.02·√(−2 ln u1)`, in f32 arithmetic. Generation is split over threads by seeking the
+//! stream, so the values depend on the seed only (and the platform's `ln`/`sin_cos`, to the
+//! last bit). Measured on 2 cores: `smollm2-135m` 2.9 s, `llama-1b` 31 s.
+//!
+//! Tokenizer: byte level. Ids 0, 1, 2 are `<unk>`, `<s>` (BOS, prepended), `</s>` (EOS); id
+//! `3 + b` is byte `b`; the remaining ids up to the vocabulary size are `<extra_N>` pieces that
+//! text never encodes to. It is [`Llama2cTokenizer`] with that vocabulary (no merges).
+//!
+//! Memory: the weights are materialized as f32 (`4 × parameters` bytes; `llama-8b` is 32 GB).
+//! Before allocating, the size is compared with the memory available to this process (Linux:
+//! `MemAvailable` of `/proc/meminfo` and the cgroup v2 `memory.max`); a model that does not fit is
+//! [`LoadError::TooLarge`]. Use [`synthetic_arch`] for shape-only work (`qdrift inspect`).
+
+use std::path::{Path, PathBuf};
+
+use rand_chacha::ChaCha8Rng;
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+
+use crate::{
+    HostModel, HostTensor, LayerWeights, Llama2cTokenizer, LlamaArch, LoadError, LoadedModel,
+    SpecialIds,
+};
+
+/// Names accepted by [`synthetic_model`], with what they imitate.
+pub const SYNTHETIC_PRESETS: &[(&str, &str)] = &[
+    ("tiny", "2 layers, dim 32, 4/2 heads, vocab 320 (tests)"),
+    (
+        "smollm2-135m",
+        "SmolLM2-135M: 30 layers, dim 576, hidden 1536, 9/3 heads, vocab 49152, tied",
+    ),
+    (
+        "llama-1b",
+        "Llama-3.2-1B shape: 16 layers, dim 2048, hidden 8192, 32/8 heads, vocab 128256, tied",
+    ),
+    (
+        "llama-8b",
+        "Llama-3.1-8B shape: 32 layers, dim 4096, hidden 14336, 32/8 heads, vocab 128256, untied",
+    ),
+];
+
+/// Standard deviation of the random weights.
+pub const SYNTHETIC_STD: f32 = 0.02;
+
+/// The architecture of a preset, without allocating weights.
+///
+/// Llama 3.x's `rope_scaling` is left out (`None`): a synthetic model has no trained long-context
+/// behaviour to preserve, and `qdrift-model` does not apply it.
+pub fn synthetic_arch(name: &str) -> Option<LlamaArch> {
+    // (dim, hidden, layers, heads, kv_heads, vocab, max_seq_len, eps, theta, tied)
+    let (dim, hidden, layers, heads, kv, vocab, ctx, eps, theta, tied) = match name {
+        "tiny" => (32, 64, 2, 4, 2, 320, 256, 1e-5, 10000.0, true),
+        "smollm2-135m" => (576, 1536, 30, 9, 3, 49152, 8192, 1e-5, 100000.0, true),
+        "llama-1b" => (2048, 8192, 16, 32, 8, 128256, 131072, 1e-5, 500000.0, true),
+        "llama-8b" => (
+            4096, 14336, 32, 32, 8, 128256, 131072, 1e-5, 500000.0, false,
+        ),
+        _ => return None,
+    };
+    Some(LlamaArch {
+        architecture: format!("synthetic:{name}"),
+        dim,
+        hidden_dim: hidden,
+        n_layers: layers,
+        n_heads: heads,
+        n_kv_heads: kv,
+        vocab_size: vocab,
+        max_seq_len: ctx,
+        norm_eps: eps,
+        rope_theta: theta,
+        tied_embeddings: tied,
+        rope_scaling: None,
+    })
+}
+
+fn preset_list() -> String {
+    SYNTHETIC_PRESETS
+        .iter()
+        .map(|(n, _)| *n)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `synthetic:NAME` or `synthetic:NAME:SEED` (the part after `synthetic:`) for [`crate::open_model`].
+pub(crate) fn open_synthetic(spec: &str) -> Result<LoadedModel, LoadError> {
+    let (name, seed) = match spec.split_once(':') {
+        Some((n, s)) => {
+            let seed = s.parse::<u64>().map_err(|_| {
+                LoadError::invalid(
+                    Path::new(&format!("synthetic:{spec}")),
+                    format!("seed {s:?} is not an unsigned integer"),
+                )
+            })?;
+            (n, seed)
+        }
+        None => (spec, 0),
+    };
+    synthetic_model(name, seed)
+}
+
+/// A synthetic model of preset `name` (see [`SYNTHETIC_PRESETS`]) with weights from `seed`.
+///
+/// # Errors
+/// [`LoadError::Invalid`] for an unknown preset; [`LoadError::TooLarge`] when its f32 weights do
+/// not fit in available memory.
+pub fn synthetic_model(name: &str, seed: u64) -> Result<LoadedModel, LoadError> {
+    let path = PathBuf::from(format!("synthetic:{name}"));
+    let arch = synthetic_arch(name).ok_or_else(|| {
+        LoadError::invalid(
+            &path,
+            format!("unknown synthetic model {name}; presets: {}", preset_list()),
+        )
+    })?;
+    check_fits(&path, arch.parameter_count() as u64 * 4, available_memory())?;
+    let model = random_model(arch, seed);
+    let tokenizer =
+        byte_tokenizer(model.arch.vocab_size).map_err(|e| LoadError::invalid(&path, e))?;
+    let mut source_dtypes = vec![("token_embedding".to_string(), "F32".to_string())];
+    for i in 0..model.layers.len() {
+        for n in [
+            "attn_norm",
+            "wq",
+            "wk",
+            "wv",
+            "wo",
+            "ffn_norm",
+            "w_gate",
+            "w_up",
+            "w_down",
+        ] {
+            source_dtypes.push((format!("layers.{i}.{n}"), "F32".to_string()));
+        }
+    }
+    source_dtypes.push(("final_norm".to_string(), "F32".to_string()));
+    if model.output.is_some() {
+        source_dtypes.push(("output".to_string(), "F32".to_string()));
+    }
+    Ok(LoadedModel {
+        model,
+        tokenizer: Box::new(tokenizer),
+        path: path.clone(),
+        tokenizer_path: path,
+        format: "synthetic",
+        source_dtypes,
+        synthetic: true,
+        chat_template: None,
+    })
+}
+
+/// The byte-level tokenizer of the synthetic models (see the module docs).
+pub fn byte_tokenizer(vocab_size: usize) -> Result<Llama2cTokenizer, String> {
+    if vocab_size < 259 {
+        return Err(format!(
+            "a byte-level vocabulary needs at least 259 tokens, not {vocab_size}"
+        ));
+    }
+    let mut pieces = vec!["<unk>".to_string(), "<s>".to_string(), "</s>".to_string()];
+    pieces.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
+    pieces.extend((259..vocab_size).map(|i| format!("<extra_{i}>")));
+    let scores = vec![0.0; vocab_size];
+    Llama2cTokenizer::from_pieces(
+        &pieces,
+        &scores,
+        SpecialIds {
+            bos: 1,
+            eos: 2,
+            unk: 0,
+            add_bos: true,
+        },
+    )
+}
+
+/// [`LoadError::TooLarge`] when `needed` bytes exceed `available` (unknown: assume they fit).
+fn check_fits(what: &Path, needed: u64, available: Option<u64>) -> Result<(), LoadError> {
+    match available {
+        Some(available) if needed > available => Err(LoadError::TooLarge {
+            what: what.to_path_buf(),
+            needed_bytes: needed,
+            available_bytes: available,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Bytes this process may still allocate, if known.
+fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    });
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    let used = std::fs::read_to_string("/sys/fs/cgroup/memory.current")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    let cgroup_left = cgroup.map(|max| max.saturating_sub(used.unwrap_or(0)));
+    match (meminfo, cgroup_left) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn random_model(arch: LlamaArch, seed: u64) -> HostModel {
+    let (d, h, v) = (arch.dim, arch.hidden_dim, arch.vocab_size);
+    let (q, kv) = (arch.n_heads * arch.head_dim(), arch.kv_dim());
+    // Stream k is the k-th tensor in HostModel order (norms included, though they are ones).
+    let rand = |shape: &[usize], k: usize| random_tensor(shape, seed, k as u64);
+    let ones = |n: usize| HostTensor {
+        shape: vec![n],
+        data: vec![1.0; n],
+    };
+    let token_embedding = rand(&[v, d], 0);
+    let layers = (0..arch.n_layers)
+        .map(|i| {
+            let k = 1 + 9 * i;
+            LayerWeights {
+                attn_norm: ones(d),
+                wq: rand(&[q, d], k + 1),
+                wk: rand(&[kv, d], k + 2),
+                wv: rand(&[kv, d], k + 3),
+                wo: rand(&[d, q], k + 4),
+                ffn_norm: ones(d),
+                w_gate: rand(&[h, d], k + 6),
+                w_up: rand(&[h, d], k + 7),
+                w_down: rand(&[d, h], k + 8),
+                bq: None,
+                bk: None,
+                bv: None,
+            }
+        })
+        .collect();
+    let output = (!arch.tied_embeddings).then(|| rand(&[v, d], 2 + 9 * arch.n_layers));
+    HostModel {
+        arch,
+        token_embedding,
+        layers,
+        final_norm: ones(d),
+        output,
+    }
+}
+
+/// N(0, SYNTHETIC_STD²) values of ChaCha8 stream `stream` (see the module docs), generated on all
+/// cores.
+fn random_tensor(shape: &[usize], seed: u64, stream: u64) -> HostTensor {
+    let n: usize = shape.iter().product();
+    let mut data = vec![0.0f32; n];
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    // Chunks of an even length, so that each starts on a value pair.
+    let chunk = n.div_ceil(threads).next_multiple_of(2).max(2);
+    std::thread::scope(|s| {
+        for (c, out) in data.chunks_mut(chunk).enumerate() {
+            s.spawn(move || fill_normal(out, seed, stream, (c * chunk) as u128));
+        }
+    });
+    HostTensor {
+        shape: shape.to_vec(),
+        data,
+    }
+}
+
+fn fill_normal(out: &mut [f32], seed: u64, stream: u64, first_value: u128) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(stream);
+    // Value pair j uses words 2j and 2j+1: value i starts at word i (i even).
+    rng.set_word_pos(first_value);
+    // u1 ≥ 2⁻³³ (> 0, so ln is finite) and r ≤ 0.02·√(66 ln 2) ≈ 0.136.
+    let unit = |w: u32| ((f64::from(w) + 0.5) / 4_294_967_296.0) as f32;
+    for pair in out.chunks_mut(2) {
+        let (u1, u2) = (unit(rng.next_u32()), unit(rng.next_u32()));
+        let r = SYNTHETIC_STD * (-2.0 * u1.ln()).sqrt();
+        let (sin, cos) = (std::f32::consts::TAU * u2).sin_cos();
+        pair[0] = r * cos;
+        if let Some(second) = pair.get_mut(1) {
+            *second = r * sin;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_do_not_depend_on_the_split_over_threads() {
+        let whole = random_tensor(&[1001], 7, 3);
+        let mut parts = vec![0.0f32; 1001];
+        let (a, b) = parts.split_at_mut(500);
+        fill_normal(a, 7, 3, 0);
+        fill_normal(b, 7, 3, 500);
+        assert_eq!(whole.data, parts);
+        assert_ne!(
+            random_tensor(&[8], 7, 4).data,
+            random_tensor(&[8], 7, 3).data
+        );
+        assert_ne!(
+            random_tensor(&[8], 8, 3).data,
+            random_tensor(&[8], 7, 3).data
+        );
+    }
+
+    #[test]
+    fn weights_have_the_documented_mean_and_std() {
+        let t = random_tensor(&[200_000], 1, 0);
+        let n = t.data.len() as f64;
+        let mean = t.data.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+        let var = t
+            .data
+            .iter()
+            .map(|&v| (f64::from(v) - mean).powi(2))
+            .sum::<f64>()
+            / n;
+        // Standard errors: 0.02/√n ≈ 4.5e-5 for the mean, ≈ 0.2% relative for the std.
+        assert!(mean.abs() < 3e-4, "{mean}");
+        assert!((var.sqrt() - 0.02).abs() < 0.02 * 0.01, "{}", var.sqrt());
+    }
+
+    #[test]
+    fn tiny_preset_is_seeded_marked_and_byte_tokenized() {
+        let a = synthetic_model("tiny", 1).expect("tiny");
+        let b =
+            crate::open_model(Path::new("synthetic:tiny:1"), None).expect("tiny via open_model");
+        assert!(a.synthetic && b.synthetic);
+        assert_eq!(a.format, "synthetic");
+        assert_eq!(a.model, b.model);
+        assert_ne!(a.model, synthetic_model("tiny", 2).expect("tiny").model);
+        assert_eq!(a.model.arch.validate(), Ok(()));
+        assert!(a.model.layers[0].attn_norm.data.iter().all(|&v| v == 1.0));
+        assert_eq!(a.tokenizer.vocab_size(), 320);
+        assert_eq!(
+            a.tokenizer.encode("Hi é"),
+            vec![
+                1,
+                3 + b'H' as u32,
+                3 + b'i' as u32,
+                3 + b' ' as u32,
+                3 + 0xC3,
+                3 + 0xA9
+            ]
+        );
+        assert_eq!(a.tokenizer.decode(&a.tokenizer.encode("Hi é")), "Hi é");
+    }
+
+    #[test]
+    fn a_model_larger_than_memory_is_refused_before_allocating() {
+        let arch = synthetic_arch("llama-8b").expect("preset");
+        let needed = arch.parameter_count() as u64 * 4;
+        let e = check_fits(Path::new("synthetic:llama-8b"), needed, Some(24 << 30)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                LoadError::TooLarge {
+                    needed_bytes: 32_121_044_992,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "synthetic:llama-8b: needs 32121044992 bytes (29.9 GiB) of f32 weights but only 25769803776 bytes \
+             (24.0 GiB) are available"
+        );
+        assert!(check_fits(Path::new("x"), needed, None).is_ok());
+        // On this machine (or any with less than 30 GiB free) the preset itself is refused.
+        if available_memory().is_some_and(|a| a < needed) {
+            let e = synthetic_model("llama-8b", 0).err().expect("too large");
+            assert!(matches!(e, LoadError::TooLarge { .. }), "{e}");
+        }
+    }
+
+    /// Timing of the larger presets: `cargo test --release -p qdrift-load -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "allocates 0.5 and 5 GB"]
+    fn synthetic_generation_time() {
+        for name in ["smollm2-135m", "llama-1b"] {
+            let t = std::time::Instant::now();
+            let m = synthetic_model(name, 0).expect("fits");
+            println!(
+                "{name}: {} parameters in {:.2} s",
+                m.model.arch.parameter_count(),
+                t.elapsed().as_secs_f64()
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_presets_and_seeds_are_errors() {
+        let e = crate::open_model(Path::new("synthetic:gpt-5"), None)
+            .err()
+            .expect("unknown")
+            .to_string();
+        assert!(
+            e.contains(
+                "unknown synthetic model gpt-5; presets: tiny, smollm2-135m, llama-1b, llama-8b"
+            ),
+            "{e}"
+        );
+        let e = crate::open_model(Path::new("synthetic:tiny:x"), None)
+            .err()
+            .expect("bad seed")
+            .to_string();
+        assert!(e.contains("seed \"x\" is not an unsigned integer"), "{e}");
+    }
+
+    #[test]
+    fn preset_shapes_match_the_models_they_imitate() {
+        let s = synthetic_arch("smollm2-135m").expect("preset");
+        // SmolLM2-135M: 134,515,008 parameters (tied).
+        assert_eq!(s.parameter_count(), 134_515_008);
+        let l = synthetic_arch("llama-1b").expect("preset");
+        // Llama-3.2-1B: 1,235,814,400 parameters (tied).
+        assert_eq!(l.parameter_count(), 1_235_814_400);
+        let l = synthetic_arch("llama-8b").expect("preset");
+        // Llama-3.1-8B: 8,030,261,248 parameters.
+        assert_eq!(l.parameter_count(), 8_030_261_248);
+    }
+}

@@ -1,0 +1,505 @@
+//! Writers for round-trip fixtures: a [`HostModel`] with a SentencePiece-style
+//! [`Llama2cTokenizer`] as a Hugging Face folder or as a GGUF file, readable by
+//! [`crate::open_model`] (and by `transformers` / llama.cpp).
+//!
+//! Both writers exist so that the readers can be tested against a known model (stories260K)
+//! without downloading checkpoints; they are not meant as a conversion tool.
+
+use std::borrow::Cow;
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::hf::permute_rows;
+use crate::{HostModel, HostTensor, Llama2cTokenizer, LoadError, Tokenizer};
+
+/// Element type of the written weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteDtype {
+    /// IEEE single precision (bit-exact round trip).
+    F32,
+    /// IEEE half precision, round-to-nearest-even.
+    F16,
+    /// bfloat16, round-to-nearest-even (Hugging Face only; GGUF refuses it here).
+    BF16,
+}
+
+impl WriteDtype {
+    /// `x` rounded to this dtype and back, as the readers will return it.
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            WriteDtype::F32 => x,
+            WriteDtype::F16 => half::f16::from_f32(x).to_f32(),
+            WriteDtype::BF16 => half::bf16::from_f32(x).to_f32(),
+        }
+    }
+
+    fn bytes(self, t: &HostTensor) -> Vec<u8> {
+        match self {
+            WriteDtype::F32 => t.data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            WriteDtype::F16 => t
+                .data
+                .iter()
+                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect(),
+            WriteDtype::BF16 => t
+                .data
+                .iter()
+                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+                .collect(),
+        }
+    }
+
+    fn torch_name(self) -> &'static str {
+        match self {
+            WriteDtype::F32 => "float32",
+            WriteDtype::F16 => "float16",
+            WriteDtype::BF16 => "bfloat16",
+        }
+    }
+}
+
+/// An f32 as the shortest decimal that reads back as the same f32 (`1e-5`, not
+/// `9.999999747378752e-6`), for JSON.
+fn json_f32(x: f32) -> Value {
+    format!("{x}")
+        .parse::<f64>()
+        .ok()
+        .and_then(serde_json::Number::from_f64)
+        .map_or(Value::Null, Value::Number)
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
+    std::fs::write(path, bytes).map_err(|e| LoadError::io(path, e))
+}
+
+fn write_json(path: &Path, v: &Value) -> Result<(), LoadError> {
+    let s = serde_json::to_string_pretty(v)
+        .map_err(|e| LoadError::invalid(path, format!("cannot serialize: {e}")))?;
+    write_file(path, s.as_bytes())
+}
+
+/// A tensor ready for `safetensors::serialize`.
+struct Bytes {
+    dtype: safetensors::Dtype,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+impl safetensors::View for &Bytes {
+    fn dtype(&self) -> safetensors::Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// Writes `model` and `tokenizer` as a Hugging Face `LlamaForCausalLM` folder: `config.json`,
+/// `model.safetensors` (every tensor in `dtype`, HF names, q/k rows permuted to the rotate-half
+/// layout — see [`crate::read_hf_folder`]'s table), `tokenizer.json`, `tokenizer_config.json`.
+///
+/// The `tokenizer.json` is a `tokenizers` BPE model equivalent to llama2.c's encoder (as
+/// Hugging Face's Llama 2 `tokenizer.json` is to SentencePiece):
+/// - normalizer: prepend `▁` (SentencePiece's dummy prefix), replace spaces with `▁`;
+/// - model: BPE with `byte_fallback` (`<0xNN>` pieces), `unk = <unk>`; its merges are, for every
+///   piece `p` and every split `p = a + b` with `a`, `b` pieces, the pair `(a, b)`, ranked by
+///   `p`'s score (highest first) — the greedy "merge the best-scoring adjacent pair" of llama2.c.
+///   Only equal scores could order differently (llama2.c takes the leftmost pair);
+/// - post-processor: `<s> $A` (BOS); decoder: `▁` → space, byte fallback, fuse, strip one leading
+///   space;
+/// - `<unk>`, `<s>`, `</s>` (ids 0, 1, 2) as special added tokens.
+///
+/// # Errors
+/// [`LoadError`] naming the file that could not be written, or the model when its shape
+/// contradicts its architecture.
+pub fn write_hf_folder(
+    dir: &Path,
+    model: &HostModel,
+    tokenizer: &Llama2cTokenizer,
+    dtype: WriteDtype,
+) -> Result<(), LoadError> {
+    std::fs::create_dir_all(dir).map_err(|e| LoadError::io(dir, e))?;
+    let a = &model.arch;
+    let config = json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": a.dim,
+        "intermediate_size": a.hidden_dim,
+        "num_hidden_layers": a.n_layers,
+        "num_attention_heads": a.n_heads,
+        "num_key_value_heads": a.n_kv_heads,
+        "vocab_size": a.vocab_size,
+        "max_position_embeddings": a.max_seq_len,
+        "rms_norm_eps": json_f32(a.norm_eps),
+        "rope_theta": json_f32(a.rope_theta),
+        "tie_word_embeddings": a.tied_embeddings,
+        "hidden_act": "silu",
+        "bos_token_id": tokenizer.bos_id(),
+        "eos_token_id": tokenizer.eos_id(),
+        "torch_dtype": dtype.torch_name(),
+    });
+    write_json(&dir.join("config.json"), &config)?;
+
+    let st_dtype = match dtype {
+        WriteDtype::F32 => safetensors::Dtype::F32,
+        WriteDtype::F16 => safetensors::Dtype::F16,
+        WriteDtype::BF16 => safetensors::Dtype::BF16,
+    };
+    let mut tensors: Vec<(String, Bytes)> = Vec::new();
+    let mut push = |name: String, t: &HostTensor| {
+        tensors.push((
+            name,
+            Bytes {
+                dtype: st_dtype,
+                shape: t.shape.clone(),
+                data: dtype.bytes(t),
+            },
+        ));
+    };
+    push("model.embed_tokens.weight".into(), &model.token_embedding);
+    for (i, l) in model.layers.iter().enumerate() {
+        let p = format!("model.layers.{i}");
+        push(format!("{p}.input_layernorm.weight"), &l.attn_norm);
+        push(
+            format!("{p}.self_attn.q_proj.weight"),
+            &permute_rows(&l.wq, a.n_heads, false),
+        );
+        push(
+            format!("{p}.self_attn.k_proj.weight"),
+            &permute_rows(&l.wk, a.n_kv_heads, false),
+        );
+        push(format!("{p}.self_attn.v_proj.weight"), &l.wv);
+        push(format!("{p}.self_attn.o_proj.weight"), &l.wo);
+        push(format!("{p}.post_attention_layernorm.weight"), &l.ffn_norm);
+        push(format!("{p}.mlp.gate_proj.weight"), &l.w_gate);
+        push(format!("{p}.mlp.up_proj.weight"), &l.w_up);
+        push(format!("{p}.mlp.down_proj.weight"), &l.w_down);
+        if let Some(b) = &l.bq {
+            push(
+                format!("{p}.self_attn.q_proj.bias"),
+                &permute_rows(b, a.n_heads, false),
+            );
+        }
+        if let Some(b) = &l.bk {
+            push(
+                format!("{p}.self_attn.k_proj.bias"),
+                &permute_rows(b, a.n_kv_heads, false),
+            );
+        }
+        if let Some(b) = &l.bv {
+            push(format!("{p}.self_attn.v_proj.bias"), b);
+        }
+    }
+    push("model.norm.weight".into(), &model.final_norm);
+    if let Some(o) = &model.output {
+        push("lm_head.weight".into(), o);
+    }
+    let st_path = dir.join("model.safetensors");
+    let views = tensors.iter().map(|(n, b)| (n.clone(), b));
+    let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::serialize_to_file(views, Some(meta), &st_path)
+        .map_err(|e| LoadError::invalid(&st_path, format!("cannot write safetensors: {e}")))?;
+
+    write_json(&dir.join("tokenizer.json"), &tokenizer_json(tokenizer))?;
+    let piece = |id: Option<u32>| {
+        id.and_then(|i| tokenizer.pieces.get(i as usize))
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+    };
+    let tok_config = json!({
+        "tokenizer_class": "LlamaTokenizer",
+        "bos_token": piece(tokenizer.bos_id()),
+        "eos_token": piece(tokenizer.eos_id()),
+        "unk_token": piece(Some(0)),
+        "add_bos_token": true,
+        "add_eos_token": false,
+        "model_max_length": a.max_seq_len,
+    });
+    write_json(&dir.join("tokenizer_config.json"), &tok_config)
+}
+
+/// Is `p` a byte-fallback piece `<0xNN>`?
+fn is_byte_piece(p: &[u8]) -> bool {
+    p.len() == 6 && p.starts_with(b"<0x") && p.ends_with(b">")
+}
+
+/// The pieces with `▁` for spaces, as SentencePiece and GGUF store them.
+fn sp_pieces(tok: &Llama2cTokenizer) -> Vec<String> {
+    tok.pieces
+        .iter()
+        .map(|p| String::from_utf8_lossy(p).replace(' ', "\u{2581}"))
+        .collect()
+}
+
+/// The `tokenizers` JSON equivalent to `tok` (see [`write_hf_folder`]).
+fn tokenizer_json(tok: &Llama2cTokenizer) -> Value {
+    let pieces = sp_pieces(tok);
+    let special: Vec<u32> = [Some(0), tok.bos_id(), tok.eos_id()]
+        .into_iter()
+        .flatten()
+        .collect();
+    let mergeable = |id: u32| !special.contains(&id) && !is_byte_piece(&tok.pieces[id as usize]);
+    let mut vocab = serde_json::Map::new();
+    let mut ids = std::collections::HashMap::new();
+    for (i, p) in pieces.iter().enumerate() {
+        // Duplicate pieces keep their first id, as the encoder does.
+        if !vocab.contains_key(p) {
+            vocab.insert(p.clone(), json!(i));
+            ids.insert(p.as_str(), i as u32);
+        }
+    }
+    // (score of the merged piece, its id, left, right); highest score first, then id.
+    let mut merges: Vec<(f32, u32, &str, &str)> = Vec::new();
+    for (i, p) in pieces.iter().enumerate() {
+        let id = i as u32;
+        if !mergeable(id) || ids.get(p.as_str()) != Some(&id) {
+            continue;
+        }
+        for (k, _) in p.char_indices().skip(1) {
+            let (l, r) = p.split_at(k);
+            if let (Some(&li), Some(&ri)) = (ids.get(l), ids.get(r))
+                && mergeable(li)
+                && mergeable(ri)
+            {
+                merges.push((tok.scores[i], id, l, r));
+            }
+        }
+    }
+    merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let merges: Vec<Value> = merges.iter().map(|(_, _, l, r)| json!([l, r])).collect();
+    let added: Vec<Value> = special
+        .iter()
+        .map(|&id| {
+            json!({"id": id, "content": pieces[id as usize], "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    let bos = tok
+        .bos_id()
+        .map(|b| pieces[b as usize].clone())
+        .unwrap_or_default();
+    json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u{2581}"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}
+        ]},
+        "pre_tokenizer": null,
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": pieces[0], "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+            "vocab": vocab, "merges": merges
+        },
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {bos.clone(): {"id": bos, "ids": [tok.bos_id()], "tokens": [bos]}}
+        },
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}
+        ]}
+    })
+}
+
+/// GGUF metadata value types (`gguf.md` `gguf_metadata_value_type`).
+const GGUF_U32: u32 = 4;
+const GGUF_I32: u32 = 5;
+const GGUF_F32: u32 = 6;
+const GGUF_BOOL: u32 = 7;
+const GGUF_STRING: u32 = 8;
+const GGUF_ARRAY: u32 = 9;
+const ALIGNMENT: usize = 32;
+
+/// GGUF metadata being written: `(count, bytes)`.
+#[derive(Default)]
+struct Kv(u64, Vec<u8>);
+
+impl Kv {
+    fn str_raw(out: &mut Vec<u8>, s: &str) {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    }
+    fn key(&mut self, k: &str, ty: u32) -> &mut Vec<u8> {
+        self.0 += 1;
+        Self::str_raw(&mut self.1, k);
+        self.1.extend(ty.to_le_bytes());
+        &mut self.1
+    }
+    fn u32(&mut self, k: &str, v: u32) {
+        self.key(k, GGUF_U32).extend(v.to_le_bytes());
+    }
+    fn f32(&mut self, k: &str, v: f32) {
+        self.key(k, GGUF_F32).extend(v.to_le_bytes());
+    }
+    fn bool(&mut self, k: &str, v: bool) {
+        self.key(k, GGUF_BOOL).push(u8::from(v));
+    }
+    fn string(&mut self, k: &str, v: &str) {
+        Self::str_raw(self.key(k, GGUF_STRING), v);
+    }
+    fn array(&mut self, k: &str, elem: u32, n: usize, body: Vec<u8>) {
+        let out = self.key(k, GGUF_ARRAY);
+        out.extend(elem.to_le_bytes());
+        out.extend((n as u64).to_le_bytes());
+        out.extend(body);
+    }
+}
+
+/// Writes `model` and `tokenizer` as a GGUF v3 file with the `llama` architecture.
+///
+/// Spec: ggml `docs/gguf.md` (layout as [`crate::read_gguf`] describes it; alignment 32).
+/// Metadata: `general.architecture = llama`, `general.alignment`, `llama.context_length`,
+/// `llama.embedding_length`, `llama.block_count`, `llama.feed_forward_length`,
+/// `llama.attention.head_count`, `llama.attention.head_count_kv`,
+/// `llama.attention.layer_norm_rms_epsilon`, `llama.rope.freq_base`, `llama.rope.dimension_count`,
+/// `llama.vocab_size`; tokenizer `tokenizer.ggml.model = llama` with `tokens` (`▁` for spaces),
+/// `scores`, `token_type` (2 unknown for id 0, 3 control for BOS/EOS, 6 byte for `<0xNN>`,
+/// 1 otherwise), `bos_token_id`, `eos_token_id`, `unknown_token_id = 0`, `add_bos_token = true`.
+/// Tensors use llama.cpp's names (`token_embd`, `blk.N.attn_q`, ...); matrices are stored in
+/// `dtype`, 1-D norms always as F32 (as llama.cpp's converter does). q/k stay interleaved (GGUF's
+/// layout).
+///
+/// # Errors
+/// [`LoadError::Invalid`] for `dtype = BF16` (not offered here) or a piece that is not UTF-8, and
+/// the I/O error otherwise.
+pub fn write_gguf(
+    path: &Path,
+    model: &HostModel,
+    tokenizer: &Llama2cTokenizer,
+    dtype: WriteDtype,
+) -> Result<(), LoadError> {
+    if dtype == WriteDtype::BF16 {
+        return Err(LoadError::invalid(
+            path,
+            "write_gguf writes F32 or F16 only",
+        ));
+    }
+    let a = &model.arch;
+    let mut kv = Kv::default();
+    kv.string("general.architecture", "llama");
+    kv.string("general.name", &a.architecture);
+    kv.u32("general.alignment", ALIGNMENT as u32);
+    let u = |x: usize| {
+        u32::try_from(x).map_err(|_| LoadError::invalid(path, format!("{x} does not fit a u32")))
+    };
+    kv.u32("llama.context_length", u(a.max_seq_len)?);
+    kv.u32("llama.embedding_length", u(a.dim)?);
+    kv.u32("llama.block_count", u(a.n_layers)?);
+    kv.u32("llama.feed_forward_length", u(a.hidden_dim)?);
+    kv.u32("llama.attention.head_count", u(a.n_heads)?);
+    kv.u32("llama.attention.head_count_kv", u(a.n_kv_heads)?);
+    kv.f32("llama.attention.layer_norm_rms_epsilon", a.norm_eps);
+    kv.f32("llama.rope.freq_base", a.rope_theta);
+    kv.u32("llama.rope.dimension_count", u(a.head_dim())?);
+    kv.u32("llama.vocab_size", u(a.vocab_size)?);
+
+    kv.string("tokenizer.ggml.model", "llama");
+    let mut body = Vec::new();
+    for (i, p) in tokenizer.pieces.iter().enumerate() {
+        let s = std::str::from_utf8(p).map_err(|_| {
+            LoadError::invalid(
+                path,
+                format!("token {i} is not UTF-8; GGUF strings must be"),
+            )
+        })?;
+        Kv::str_raw(&mut body, &s.replace(' ', "\u{2581}"));
+    }
+    let n = tokenizer.pieces.len();
+    kv.array("tokenizer.ggml.tokens", GGUF_STRING, n, body);
+    kv.array(
+        "tokenizer.ggml.scores",
+        GGUF_F32,
+        n,
+        tokenizer
+            .scores
+            .iter()
+            .flat_map(|s| s.to_le_bytes())
+            .collect(),
+    );
+    let types: Vec<u8> = (0..n)
+        .flat_map(|i| {
+            let id = Some(i as u32);
+            let t: i32 = if i == 0 {
+                2
+            } else if id == tokenizer.bos_id() || id == tokenizer.eos_id() {
+                3
+            } else if is_byte_piece(&tokenizer.pieces[i]) {
+                6
+            } else {
+                1
+            };
+            t.to_le_bytes()
+        })
+        .collect();
+    kv.array("tokenizer.ggml.token_type", GGUF_I32, n, types);
+    if let Some(b) = tokenizer.bos_id() {
+        kv.u32("tokenizer.ggml.bos_token_id", b);
+    }
+    if let Some(e) = tokenizer.eos_id() {
+        kv.u32("tokenizer.ggml.eos_token_id", e);
+    }
+    kv.u32("tokenizer.ggml.unknown_token_id", 0);
+    kv.bool("tokenizer.ggml.add_bos_token", true);
+
+    // (name, tensor, stored as F32?)
+    let mut tensors: Vec<(String, &HostTensor, bool)> =
+        vec![("token_embd.weight".into(), &model.token_embedding, false)];
+    for (i, l) in model.layers.iter().enumerate() {
+        let b = format!("blk.{i}");
+        tensors.push((format!("{b}.attn_norm.weight"), &l.attn_norm, true));
+        tensors.push((format!("{b}.attn_q.weight"), &l.wq, false));
+        tensors.push((format!("{b}.attn_k.weight"), &l.wk, false));
+        tensors.push((format!("{b}.attn_v.weight"), &l.wv, false));
+        tensors.push((format!("{b}.attn_output.weight"), &l.wo, false));
+        tensors.push((format!("{b}.ffn_norm.weight"), &l.ffn_norm, true));
+        tensors.push((format!("{b}.ffn_gate.weight"), &l.w_gate, false));
+        tensors.push((format!("{b}.ffn_up.weight"), &l.w_up, false));
+        tensors.push((format!("{b}.ffn_down.weight"), &l.w_down, false));
+    }
+    tensors.push(("output_norm.weight".into(), &model.final_norm, true));
+    if let Some(o) = &model.output {
+        tensors.push(("output.weight".into(), o, false));
+    }
+
+    let mut infos = Vec::new();
+    let mut data = Vec::new();
+    for (name, t, norm) in &tensors {
+        let (ty, bytes) = if *norm || dtype == WriteDtype::F32 {
+            (0u32, WriteDtype::F32.bytes(t))
+        } else {
+            (1u32, WriteDtype::F16.bytes(t))
+        };
+        data.resize(data.len().next_multiple_of(ALIGNMENT), 0);
+        Kv::str_raw(&mut infos, name);
+        infos.extend((t.shape.len() as u32).to_le_bytes());
+        for d in t.shape.iter().rev() {
+            infos.extend((*d as u64).to_le_bytes());
+        }
+        infos.extend(ty.to_le_bytes());
+        infos.extend((data.len() as u64).to_le_bytes());
+        data.extend(bytes);
+    }
+    let mut out = b"GGUF".to_vec();
+    out.extend(3u32.to_le_bytes());
+    out.extend((tensors.len() as u64).to_le_bytes());
+    out.extend(kv.0.to_le_bytes());
+    out.extend(&kv.1);
+    out.extend(&infos);
+    out.resize(out.len().next_multiple_of(ALIGNMENT), 0);
+    out.extend(data);
+    write_file(path, &out)
+}

@@ -1,0 +1,186 @@
+//! stories260K written as a Hugging Face folder (F32/F16/BF16) and as GGUF (F32/F16) by
+//! `qdrift_load::write`, read back by `open_model`: weights equal to the llama2.c weights rounded
+//! to the written dtype (bit-exact for F32), same architecture, same token ids as tok512.
+
+use std::path::PathBuf;
+
+use qdrift_load::write::{WriteDtype, write_gguf, write_hf_folder};
+use qdrift_load::{HostModel, HostTensor, Llama2cTokenizer, LoadedModel, Tokenizer, open_model};
+
+/// `../shared` beside the repository (override with `QDRIFT_SHARED`), as `qdrift-tests` finds it.
+fn stories_dir() -> Option<PathBuf> {
+    let shared = std::env::var_os("QDRIFT_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
+    let dir = shared.join("models/stories260K");
+    if dir.join("stories260K.bin").is_file() {
+        Some(dir)
+    } else {
+        println!("skipped: {} is absent", dir.display());
+        None
+    }
+}
+
+fn stories() -> Option<(LoadedModel, Llama2cTokenizer, Vec<String>)> {
+    let dir = stories_dir()?;
+    let loaded = open_model(&dir.join("stories260K.bin"), Some(&dir.join("tok512.bin")))
+        .expect("stories260K");
+    let tok = Llama2cTokenizer::read(&dir.join("tok512.bin")).expect("tok512");
+    let golden: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.join("golden_greedy_fp32.json")).expect("golden"),
+    )
+    .expect("json");
+    let mut texts: Vec<String> = golden["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| c["prompt"].as_str().expect("prompt").to_string())
+        .collect();
+    texts.extend(
+        [
+            "",
+            " ",
+            "a",
+            "Hello, world!",
+            "  two  spaces  ",
+            "Tom said: \"Don't go!\"\nThen he ran.",
+            "naïve café 東京 🙂",
+            "1234567890 = 3.14",
+            "The END.",
+        ]
+        .map(str::to_string),
+    );
+    Some((loaded, tok, texts))
+}
+
+fn rounded(t: &HostTensor, dtype: WriteDtype) -> HostTensor {
+    HostTensor {
+        shape: t.shape.clone(),
+        data: t.data.iter().map(|&v| dtype.round(v)).collect(),
+    }
+}
+
+/// Asserts `got` equals `reference` with every tensor rounded (norms by `norm_dtype`).
+fn assert_weights(
+    got: &HostModel,
+    reference: &HostModel,
+    dtype: WriteDtype,
+    norm_dtype: WriteDtype,
+) {
+    assert_eq!(got.arch, reference.arch);
+    let eq = |a: &HostTensor, b: &HostTensor, d: WriteDtype, what: &str| {
+        let want = rounded(b, d);
+        assert_eq!(a.shape, want.shape, "{what}");
+        let same = a
+            .data
+            .iter()
+            .zip(&want.data)
+            .all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "{what} differs from the reference rounded to {d:?}");
+    };
+    eq(
+        &got.token_embedding,
+        &reference.token_embedding,
+        dtype,
+        "token_embedding",
+    );
+    for (i, (g, r)) in got.layers.iter().zip(&reference.layers).enumerate() {
+        eq(
+            &g.attn_norm,
+            &r.attn_norm,
+            norm_dtype,
+            &format!("layer {i} attn_norm"),
+        );
+        eq(
+            &g.ffn_norm,
+            &r.ffn_norm,
+            norm_dtype,
+            &format!("layer {i} ffn_norm"),
+        );
+        for ((name, a), (_, b)) in g.linears().into_iter().zip(r.linears()) {
+            eq(a, b, dtype, &format!("layer {i} {name}"));
+        }
+        assert!(g.bq.is_none() && g.bk.is_none() && g.bv.is_none());
+    }
+    eq(
+        &got.final_norm,
+        &reference.final_norm,
+        norm_dtype,
+        "final_norm",
+    );
+    assert_eq!(got.output.is_some(), reference.output.is_some());
+    assert_eq!(got.layers.len(), reference.layers.len());
+}
+
+fn assert_same_ids(got: &dyn Tokenizer, want: &dyn Tokenizer, texts: &[String]) {
+    assert_eq!(got.vocab_size(), want.vocab_size());
+    assert_eq!(got.bos_id(), want.bos_id());
+    assert_eq!(got.eos_id(), want.eos_id());
+    for t in texts {
+        let ids = want.encode(t);
+        assert_eq!(got.encode(t), ids, "encode {t:?}");
+        assert_eq!(got.decode(&ids), want.decode(&ids), "decode {t:?}");
+    }
+}
+
+#[test]
+fn stories260k_hf_folder_round_trips_in_f32_f16_bf16() {
+    let Some((loaded, tok, texts)) = stories() else {
+        return;
+    };
+    for dtype in [WriteDtype::F32, WriteDtype::F16, WriteDtype::BF16] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write_hf_folder(dir.path(), &loaded.model, &tok, dtype).expect("written");
+        let back = open_model(dir.path(), None).expect("read back");
+        assert_eq!(back.format, "hf-safetensors");
+        let mut reference = loaded.model.clone();
+        reference.arch.architecture = "LlamaForCausalLM".to_string();
+        assert_weights(&back.model, &reference, dtype, dtype);
+        assert_same_ids(back.tokenizer.as_ref(), &tok, &texts);
+        let want = match dtype {
+            WriteDtype::F32 => "F32",
+            WriteDtype::F16 => "F16",
+            WriteDtype::BF16 => "BF16",
+        };
+        assert!(
+            back.source_dtypes.iter().all(|(_, d)| d == want),
+            "{:?}",
+            back.source_dtypes
+        );
+    }
+}
+
+#[test]
+fn stories260k_gguf_round_trips_in_f32_f16() {
+    let Some((loaded, tok, texts)) = stories() else {
+        return;
+    };
+    for dtype in [WriteDtype::F32, WriteDtype::F16] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("stories260K.gguf");
+        write_gguf(&path, &loaded.model, &tok, dtype).expect("written");
+        let back = open_model(&path, None).expect("read back");
+        let mut reference = loaded.model.clone();
+        reference.arch.architecture = "llama".to_string();
+        // Norms are stored as F32 whatever the matrices' dtype, as llama.cpp's converter does.
+        assert_weights(&back.model, &reference, dtype, WriteDtype::F32);
+        assert_same_ids(back.tokenizer.as_ref(), &tok, &texts);
+    }
+}
+
+#[test]
+fn write_gguf_refuses_bf16() {
+    let Some((loaded, tok, _)) = stories() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = write_gguf(
+        &dir.path().join("m.gguf"),
+        &loaded.model,
+        &tok,
+        WriteDtype::BF16,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("F32 or F16 only"), "{e}");
+}
