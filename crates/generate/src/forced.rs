@@ -33,41 +33,93 @@ pub fn teacher_forced(
     chunk: usize,
     mut observe: impl FnMut(ForcedLogits<'_>),
 ) -> Result<(), GenerateError> {
+    teacher_forced_lockstep(&[model], device, sequences, batch_size, chunk, |first_prompt, start, logits| {
+        observe(ForcedLogits { first_prompt, start, logits: &logits[0] })
+    })
+}
+
+/// The logits several models assign to the same positions, for comparing them there.
+pub struct PairedLogits<'a> {
+    /// Index (in the caller's list) of the batch's first sequence.
+    pub first_prompt: usize,
+    /// Index of the first continuation token these logits predict.
+    pub start: usize,
+    /// `[batch, chunk, vocab]` of the first model (the reference), as in [`ForcedLogits`].
+    pub reference: &'a Tensor<3>,
+    /// `[batch, chunk, vocab]` of the second model (the variant), for the same positions.
+    pub variant: &'a Tensor<3>,
+}
+
+/// [`teacher_forced`] for two models in lockstep: both score the same sequences, batched the same
+/// way, and `observe` gets both models' logits of each chunk at once, so that per-position
+/// comparisons (KL divergence, top-1 agreement) can be reduced on the device without holding a
+/// whole run's full-vocabulary logits. Both models must share a device and a vocabulary.
+pub fn teacher_forced_pair(
+    reference: &Llama,
+    variant: &Llama,
+    device: &ComputeDevice,
+    sequences: &[(Vec<u32>, Vec<u32>)],
+    batch_size: usize,
+    chunk: usize,
+    mut observe: impl FnMut(PairedLogits<'_>),
+) -> Result<(), GenerateError> {
+    if reference.config.vocab_size != variant.config.vocab_size {
+        return Err(GenerateError::VocabMismatch { reference: reference.config.vocab_size, variant: variant.config.vocab_size });
+    }
+    teacher_forced_lockstep(&[reference, variant], device, sequences, batch_size, chunk, |first_prompt, start, logits| {
+        observe(PairedLogits { first_prompt, start, reference: &logits[0], variant: &logits[1] })
+    })
+}
+
+fn teacher_forced_lockstep(
+    models: &[&Llama],
+    device: &ComputeDevice,
+    sequences: &[(Vec<u32>, Vec<u32>)],
+    batch_size: usize,
+    chunk: usize,
+    mut observe: impl FnMut(usize, usize, &[Tensor<3>]),
+) -> Result<(), GenerateError> {
     let n = sequences.first().map_or(0, |(_, c)| c.len());
     if let Some(i) = sequences.iter().position(|(_, c)| c.len() != n) {
         return Err(GenerateError::UnequalContinuations { index: i, len: sequences[i].1.len(), expected: n });
     }
     let prompts: Vec<Vec<u32>> = sequences.iter().map(|(p, _)| p.clone()).collect();
     let config = GenerationConfig { max_new_tokens: n, batch_size, stop_at_eos: None };
-    check_request(&model.config, model.dtype(), device, &prompts, &config)?;
-    let vocab = model.config.vocab_size;
-    if let Some((i, &t)) = sequences.iter().enumerate().find_map(|(i, (_, c))| c.iter().find(|&&t| t as usize >= vocab).map(|t| (i, t))) {
-        return Err(GenerateError::TokenOutOfRange { index: i, token: t, vocab });
+    for model in models {
+        check_request(&model.config, model.dtype(), device, &prompts, &config)?;
+        let vocab = model.config.vocab_size;
+        if let Some((i, &t)) = sequences.iter().enumerate().find_map(|(i, (_, c))| c.iter().find(|&&t| t as usize >= vocab).map(|t| (i, t))) {
+            return Err(GenerateError::TokenOutOfRange { index: i, token: t, vocab });
+        }
     }
     let chunk = chunk.max(1);
     for (b, batch) in sequences.chunks(batch_size).enumerate() {
-        forced_batch(model, batch, b * batch_size, n, chunk, &mut observe);
+        forced_batch(models, batch, b * batch_size, n, chunk, &mut observe);
     }
     Ok(())
 }
 
 fn forced_batch(
-    model: &Llama,
+    models: &[&Llama],
     batch: &[(Vec<u32>, Vec<u32>)],
     first_prompt: usize,
     n: usize,
     chunk: usize,
-    observe: &mut impl FnMut(ForcedLogits<'_>),
+    observe: &mut impl FnMut(usize, usize, &[Tensor<3>]),
 ) {
     if n == 0 {
         return;
     }
     let rows = batch.len();
-    let device = model.device();
-    let PromptBatch { positions, mut caches, tokens: prompt } = prompt_batch(model, batch.iter().map(|(p, _)| p.as_slice()), n);
+    let mut states: Vec<PromptBatch> =
+        models.iter().map(|m| prompt_batch(m, batch.iter().map(|(p, _)| p.as_slice()), n)).collect();
     // The last prompt column predicts continuation token 0.
-    let logits = model.forward(prompt, &positions, &mut caches, false);
-    observe(ForcedLogits { first_prompt, start: 0, logits: &logits });
+    let logits: Vec<Tensor<3>> = models
+        .iter()
+        .zip(&mut states)
+        .map(|(m, s)| m.forward(s.tokens.clone(), &s.positions, &mut s.caches, false))
+        .collect();
+    observe(first_prompt, 0, &logits);
     // Continuation tokens 0..n-1 predict tokens 1..n.
     let mut start = 0;
     while start + 1 < n {
@@ -76,9 +128,15 @@ fn forced_batch(
         for (_, c) in batch {
             cols.extend(c[start..start + len].iter().map(|&t| t as i32));
         }
-        let input: Tensor<2, Int> = Tensor::from_data(TensorData::new(cols, [rows, len]), &device);
-        let logits = model.forward(input, &positions, &mut caches, true);
-        observe(ForcedLogits { first_prompt, start: start + 1, logits: &logits });
+        let logits: Vec<Tensor<3>> = models
+            .iter()
+            .zip(&mut states)
+            .map(|(m, s)| {
+                let input: Tensor<2, Int> = Tensor::from_data(TensorData::new(cols.clone(), [rows, len]), &m.device());
+                m.forward(input, &s.positions, &mut s.caches, true)
+            })
+            .collect();
+        observe(first_prompt, start + 1, &logits);
         start += len;
     }
 }

@@ -59,6 +59,14 @@ pub enum GenerateError {
         /// The first continuation's length.
         expected: usize,
     },
+    /// Two models to be compared have different vocabularies.
+    #[error("the reference has a vocabulary of {reference} tokens, the variant {variant}: they cannot be compared position by position")]
+    VocabMismatch {
+        /// The reference's vocabulary size.
+        reference: usize,
+        /// The variant's vocabulary size.
+        variant: usize,
+    },
     /// `batch_size` of zero.
     #[error("batch size must be at least 1")]
     ZeroBatch,

@@ -10,5 +10,5 @@ mod forced;
 mod greedy;
 
 pub use device::{BackendChoice, ComputeDevice, DeviceError, select_device};
-pub use forced::{ForcedLogits, teacher_forced};
+pub use forced::{ForcedLogits, PairedLogits, teacher_forced, teacher_forced_pair};
 pub use greedy::{GenerateError, GenerationConfig, StepLogits, check_request, generate};

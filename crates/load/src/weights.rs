@@ -253,7 +253,8 @@ impl HostModel {
         out
     }
 
-    fn for_each_tensor_mut(&mut self, mut f: impl FnMut(&mut HostTensor)) {
+    /// Applies `f` to every weight tensor (embedding, every layer's tensors, norm, head).
+    pub fn for_each_tensor_mut(&mut self, mut f: impl FnMut(&mut HostTensor)) {
         f(&mut self.token_embedding);
         for layer in &mut self.layers {
             f(&mut layer.attn_norm);

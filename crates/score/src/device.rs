@@ -85,3 +85,28 @@ pub fn position_metrics_on_device(
         ref_entropy: read("reference entropy", entropy)?,
     })
 }
+
+/// `ln p(token)` at every position: the log-softmax of `logits` (in f32, stable) gathered at the
+/// scored tokens, for scoring one model on a given text (e.g. the reference on a variant's
+/// continuation).
+///
+/// # Shapes
+/// - `logits`: `[batch, positions, vocab]` (any float dtype; computed in f32)
+/// - `tokens`: `batch * positions` token ids, row-major
+/// - returns `batch * positions` values, row-major
+pub fn token_logprobs_on_device(logits: Tensor<3>, tokens: &[u32]) -> Result<Vec<f32>, ScoreError> {
+    let [b, t, v] = logits.dims();
+    if tokens.len() != b * t {
+        return Err(ScoreError::LengthMismatch { what: "tokens and logit positions", left: tokens.len(), right: b * t });
+    }
+    if let Some(i) = tokens.iter().position(|&tok| tok as usize >= v) {
+        return Err(ScoreError::OutOfRange { what: "token", index: tokens[i] as usize, limit: v });
+    }
+    let ids: Vec<i64> = tokens.iter().map(|&tok| i64::from(tok)).collect();
+    let index: Tensor<3, Int> = Tensor::from_data(TensorData::new(ids, [b, t, 1]), &logits.device());
+    let lp = log_softmax(logits.cast(DType::F32), 2).gather(2, index);
+    lp.into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .map_err(|e| ScoreError::Device { what: "log-probabilities", message: format!("{e:?}") })
+}

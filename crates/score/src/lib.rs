@@ -32,7 +32,7 @@ pub mod survival;
 pub mod wilson;
 
 pub use bootstrap::{Interval, bootstrap_ci, bootstrap_mean_ci, paired_difference_ci};
-pub use device::{DevicePositionMetrics, position_metrics_on_device};
+pub use device::{DevicePositionMetrics, position_metrics_on_device, token_logprobs_on_device};
 pub use error::ScoreError;
 pub use freerun::{Divergence, exact_match, first_divergence, token_match_rate};
 pub use logprob::{PositionMetrics, entropy, kl_divergence, log_softmax, position_metrics, top1};

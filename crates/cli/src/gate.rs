@@ -1,0 +1,35 @@
+//! `qdrift gate`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+
+/// Arguments of `qdrift gate`.
+#[derive(Args)]
+pub struct GateArgs {
+    /// The report.json written by `qdrift eval`.
+    #[arg(long)]
+    report: PathBuf,
+    /// Thresholds (TOML): `[variant."NAME"]` tables of `"metric@horizon" = { min = x }` or
+    /// `{ max = x }`; `[defaults] bound = "ci"` (the 95% CI bound must clear the threshold) or
+    /// `"point"` (the mean must).
+    #[arg(long)]
+    thresholds: PathBuf,
+    /// Also write the checks as JUnit XML (one testcase per check).
+    #[arg(long)]
+    junit: Option<PathBuf>,
+}
+
+/// Runs `qdrift gate`: exit 0 when every check passes, 1 when any fails, 2 on unusable input.
+pub fn run(args: &GateArgs) -> ExitCode {
+    run_paths(&args.report, &args.thresholds, args.junit.as_deref())
+}
+
+/// The gate on files: prints one line per check and returns the gate's exit code.
+pub fn run_paths(report: &std::path::Path, thresholds: &std::path::Path, junit: Option<&std::path::Path>) -> ExitCode {
+    let run = qdrift_report::run_gate(report, thresholds, junit);
+    print!("{}", run.stdout);
+    eprint!("{}", run.stderr);
+    ExitCode::from(run.exit_code)
+}

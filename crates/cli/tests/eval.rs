@@ -1,0 +1,154 @@
+//! `qdrift eval` end to end on stories260K (CPU backend): the identity test, an independent
+//! recomputation of the metrics from dumped log-probabilities, and bad input.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+mod common;
+use common::{qdrift, stories};
+
+fn run_eval(out: &Path, extra: &[&str]) -> Value {
+    let dir = stories();
+    let model = dir.join("stories260K.bin");
+    let mut args = vec!["eval", "--model", model.to_str().expect("utf-8"), "--backend", "cpu"];
+    args.extend_from_slice(&["--out", out.to_str().expect("utf-8")]);
+    args.extend_from_slice(extra);
+    let o = qdrift(&args);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "qdrift eval failed: {stderr}");
+    let text = std::fs::read_to_string(out.join("report.json")).expect("report.json written");
+    serde_json::from_str(&text).expect("report.json is JSON")
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+fn variant<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["variants"].as_array().expect("variants").iter().find(|v| v["name"] == name).unwrap_or_else(|| panic!("no variant {name}"))
+}
+
+/// The `fp16` scheme on the FP16 reference is the reference: every divergence is exactly zero,
+/// whatever the batch composition.
+#[test]
+fn fp16_scheme_is_identical_to_the_reference() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let report = run_eval(
+        out.path(),
+        &["--schemes", "fp16", "--prompts", "6", "--batch-size", "4", "--horizons", "10,40", "--resamples", "200"],
+    );
+    assert_eq!(report["schema_version"], 1);
+    let v = variant(&report, "fp16");
+    assert_eq!(v["kind"], "scheme");
+    for h in v["horizons"].as_array().expect("horizons") {
+        assert_eq!(f(&h["token_match_rate"]["mean"]), 1.0, "{h}");
+        assert_eq!(f(&h["exact_match_fraction"]["mean"]), 1.0);
+        assert_eq!(f(&h["kld"]["mean"]), 0.0);
+        assert_eq!(f(&h["kld"]["max"]), 0.0);
+        assert_eq!(f(&h["top1_agreement"]["mean"]), 1.0);
+        assert_eq!(f(&h["rms_delta_p"]["mean"]), 0.0);
+        assert_eq!(f(&h["ppl_ratio_on_reference_text"]["mean"]), 1.0);
+        assert_eq!(f(&h["ppl_drift_of_generated_text"]["mean"]), 1.0);
+        assert_eq!(h["token_match_rate"]["ci95"], serde_json::json!([1.0, 1.0]));
+    }
+    assert_eq!(v["first_divergence"]["censored"], 6);
+    assert!(v["first_divergence"]["median"].is_null());
+    // The noise floor is reported, first.
+    assert_eq!(report["variants"][0]["kind"], "noise_floor");
+    assert_eq!(report["variants"][0]["name"], "noise-floor-f32");
+}
+
+/// KLD, top-1 agreement and the PPL ratio on the reference text, recomputed from the dumped
+/// full-vocabulary log-probabilities by the textbook formulas, agree with the report within 1e-6.
+#[test]
+fn report_metrics_match_an_independent_recomputation() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let dump = out.path().join("logprobs.jsonl");
+    let horizons = [5usize, 20];
+    let report = run_eval(
+        out.path(),
+        &[
+            "--schemes", "int4-g32,fp8-e4m3", "--prompts", "5", "--batch-size", "3", "--horizons", "5,20",
+            "--resamples", "100", "--dtype", "f32", "--dump-logprobs", dump.to_str().expect("utf-8"),
+        ],
+    );
+    // variant → prompt → position → (kld, top1 agree, ln p_ref(token), ln p_var(token))
+    let mut rows: std::collections::BTreeMap<(String, usize, usize), (f64, bool, f64, f64)> = Default::default();
+    let text = std::fs::read_to_string(&dump).expect("dump written");
+    for line in text.lines() {
+        let v: Value = serde_json::from_str(line).expect("dump line is JSON");
+        let lr: Vec<f64> = v["ref_logprobs"].as_array().expect("ref").iter().map(f).collect();
+        let lq: Vec<f64> = v["var_logprobs"].as_array().expect("var").iter().map(f).collect();
+        let token = v["token"].as_u64().expect("token") as usize;
+        let kld: f64 = lr.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum();
+        let argmax = |x: &[f64]| x.iter().enumerate().fold(0, |best, (i, &y)| if y > x[best] { i } else { best });
+        let key = (v["variant"].as_str().expect("variant").to_string(), v["prompt"].as_u64().expect("p") as usize, v["position"].as_u64().expect("t") as usize);
+        rows.insert(key, (kld, argmax(&lr) == argmax(&lq), lr[token], lq[token]));
+    }
+    let mut checked = 0;
+    for name in ["noise-floor-f16", "int4-g32", "fp8-e4m3"] {
+        let v = variant(&report, name);
+        for (hi, &h) in horizons.iter().enumerate() {
+            let m = &v["horizons"][hi];
+            assert_eq!(m["tokens"], h);
+            let (mut kld, mut top1, mut sum_r, mut sum_q) = (0.0, 0.0, 0.0, 0.0);
+            for p in 0..5 {
+                let (mut k, mut a) = (0.0, 0.0);
+                for t in 0..h {
+                    let (kl, agree, r, q) = rows[&(name.to_string(), p, t)];
+                    k += kl.max(0.0);
+                    a += f64::from(u8::from(agree));
+                    sum_r += r;
+                    sum_q += q;
+                }
+                kld += k / h as f64 / 5.0;
+                top1 += a / h as f64 / 5.0;
+            }
+            let ppl = ((sum_r - sum_q) / (5 * h) as f64).exp();
+            for (what, got, want) in [
+                ("kld", f(&m["kld"]["mean"]), kld),
+                ("top1", f(&m["top1_agreement"]["mean"]), top1),
+                ("ppl", f(&m["ppl_ratio_on_reference_text"]["mean"]), ppl),
+            ] {
+                assert!((got - want).abs() <= 1e-6, "{name}@{h} {what}: report {got}, recomputed {want}");
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 18);
+}
+
+/// Same inputs and seed → byte-identical report.
+#[test]
+fn reports_are_deterministic() {
+    let (a, b) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+    let args = ["--schemes", "int8", "--prompts", "3", "--horizons", "8", "--resamples", "50", "--seed", "9"];
+    run_eval(a.path(), &args);
+    run_eval(b.path(), &args);
+    let read = |d: &Path| std::fs::read(d.join("report.json")).expect("report");
+    assert_eq!(read(a.path()), read(b.path()));
+}
+
+fn assert_fails(args: &[&str], expected: &str) {
+    let out = tempfile::tempdir().expect("tempdir");
+    let dir = stories();
+    let model = dir.join("stories260K.bin");
+    let mut all = vec!["eval", "--model", model.to_str().expect("utf-8"), "--backend", "cpu", "--out", out.path().to_str().expect("utf-8")];
+    all.extend_from_slice(args);
+    let o = qdrift(&all);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "should fail: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.contains(expected), "{stderr:?} should mention {expected:?}");
+    assert!(!out.path().join("report.json").exists(), "no report on failure");
+}
+
+#[test]
+fn bad_eval_input_is_one_clear_error() {
+    assert_fails(&["--schemes", "int3"], "unknown scheme \"int3\"");
+    assert_fails(&["--eval-set", "/nonexistent/set.jsonl"], "/nonexistent/set.jsonl");
+    assert_fails(&["--prompts", "1000", "--horizons", "5"], "has 72 prompts");
+    assert_fails(&["--horizons", "0"], "horizon");
+    assert_fails(&["--variant", "/nonexistent/model.bin", "--horizons", "5", "--prompts", "2"], "/nonexistent/model.bin");
+}

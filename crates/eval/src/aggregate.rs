@@ -1,0 +1,314 @@
+//! Per-prompt traces → the statistics of `report.json`.
+//!
+//! Everything here is host arithmetic in f64 on [`Trace`]s; prompts are the unit of every
+//! interval (bootstrap over prompts, Wilson over prompts), never tokens.
+
+use qdrift_report::{
+    EntropyStratum, Excess, FirstDivergence, HorizonMetrics, KldSummary, MeanCi, PerPosition,
+};
+use qdrift_score::{
+    Interval, PositionMetrics, PromptLogProbs, bootstrap_mean_ci, entropy_quartiles, first_divergence, kaplan_meier,
+    median_survival, paired_difference_ci, ppl_ratio_ci, summarize, wilson_interval,
+};
+
+use crate::EvalError;
+
+/// Confidence level of every interval.
+pub const LEVEL: f64 = 0.95;
+
+/// What one prompt yields for one variant, over `H = max(horizons)` generated positions.
+///
+/// Teacher-forced fields are on the *reference's* continuation (`ref_tokens`), except
+/// `logp_ref_on_var_text`, which is the reference scoring the variant's own continuation.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Trace {
+    /// The reference's greedy continuation, `[H]`.
+    pub ref_tokens: Vec<u32>,
+    /// The variant's greedy continuation, `[H]`.
+    pub var_tokens: Vec<u32>,
+    /// KL(P_ref ‖ P_var) per position, nats, `[H]`.
+    pub kld: Vec<f32>,
+    /// Top-1 agreement per position, `[H]`.
+    pub top1: Vec<bool>,
+    /// `ln p_ref(ref token)`, `[H]`.
+    pub logp_ref: Vec<f32>,
+    /// `ln p_var(ref token)`, `[H]`.
+    pub logp_var: Vec<f32>,
+    /// Entropy of P_ref, nats, `[H]`.
+    pub ref_entropy: Vec<f32>,
+    /// `ln p_ref(var token)` on the variant's continuation, `[H]`.
+    pub logp_ref_on_var_text: Vec<f32>,
+}
+
+impl Trace {
+    /// An empty trace for `h` positions.
+    pub fn new(ref_tokens: Vec<u32>, var_tokens: Vec<u32>) -> Trace {
+        let h = ref_tokens.len();
+        Trace {
+            ref_tokens,
+            var_tokens,
+            kld: vec![0.0; h],
+            top1: vec![false; h],
+            logp_ref: vec![0.0; h],
+            logp_var: vec![0.0; h],
+            ref_entropy: vec![0.0; h],
+            logp_ref_on_var_text: vec![0.0; h],
+        }
+    }
+
+    /// Token-match rate over the first `h` positions.
+    pub fn token_match_rate(&self, h: usize) -> f64 {
+        qdrift_score::token_match_rate(&self.ref_tokens, &self.var_tokens, h).unwrap_or(f64::NAN)
+    }
+
+    /// KL divergence at position `t`, in f64. KL is ≥ 0; a negative f32 value is rounding of two
+    /// nearly identical distributions and counts as 0.
+    pub fn kld_at(&self, t: usize) -> f64 {
+        f64::from(self.kld[t]).max(0.0)
+    }
+
+    /// Mean KL divergence over the first `h` positions.
+    pub fn mean_kld(&self, h: usize) -> f64 {
+        (0..h).map(|t| self.kld_at(t)).sum::<f64>() / h as f64
+    }
+
+    /// Share of the first `h` positions whose top-1 agrees.
+    pub fn top1_agreement(&self, h: usize) -> f64 {
+        self.top1[..h].iter().filter(|&&a| a).count() as f64 / h as f64
+    }
+
+    /// Root mean square of `p_var(ref token) − p_ref(ref token)` over the first `h` positions.
+    pub fn rms_delta_p(&self, h: usize) -> f64 {
+        let ss: f64 = (0..h)
+            .map(|t| {
+                let d = f64::from(self.logp_var[t]).exp() - f64::from(self.logp_ref[t]).exp();
+                d * d
+            })
+            .sum();
+        (ss / h as f64).sqrt()
+    }
+
+    fn sum(v: &[f32], h: usize) -> f64 {
+        v[..h].iter().map(|&x| f64::from(x)).sum()
+    }
+
+    /// The reference text's log-probabilities under both models, first `h` positions.
+    pub fn ppl_on_reference_text(&self, h: usize) -> PromptLogProbs {
+        PromptLogProbs { tokens: h, sum_ref: Self::sum(&self.logp_ref, h), sum_var: Self::sum(&self.logp_var, h) }
+    }
+
+    /// The reference's log-probabilities of its own text (`sum_ref`) and of the variant's
+    /// (`sum_var`), first `h` positions: their pooled ratio is the PPL drift of generated text.
+    pub fn ppl_of_generated_text(&self, h: usize) -> PromptLogProbs {
+        PromptLogProbs {
+            tokens: h,
+            sum_ref: Self::sum(&self.logp_ref, h),
+            sum_var: Self::sum(&self.logp_ref_on_var_text, h),
+        }
+    }
+}
+
+fn mean_ci(i: Interval) -> MeanCi {
+    MeanCi { mean: i.estimate, ci95: [i.lo, i.hi] }
+}
+
+/// Bootstrap settings.
+#[derive(Clone, Copy, Debug)]
+pub struct Stats {
+    /// Resamples per interval.
+    pub resamples: usize,
+    /// Seed of every resampling (the same seed for every metric, so that all intervals of a
+    /// report resample the same prompt sets).
+    pub seed: u64,
+}
+
+impl Stats {
+    fn mean(&self, values: &[f64]) -> Result<MeanCi, EvalError> {
+        Ok(mean_ci(bootstrap_mean_ci(values, self.resamples, self.seed, LEVEL)?))
+    }
+}
+
+/// The metrics of one variant at every horizon. `noise_floor`: the noise floor's traces for the
+/// same prompts (`None` for the noise floor itself).
+///
+/// # Shapes
+/// `traces: [prompts]`, each with `max(horizons)` positions; `noise_floor` likewise.
+pub fn horizon_metrics(
+    traces: &[Trace],
+    noise_floor: Option<&[Trace]>,
+    horizons: &[usize],
+    stats: Stats,
+) -> Result<Vec<HorizonMetrics>, EvalError> {
+    let n = traces.len();
+    let mut out = Vec::with_capacity(horizons.len());
+    for &h in horizons {
+        let per = |f: &dyn Fn(&Trace) -> f64| -> Vec<f64> { traces.iter().map(f).collect() };
+        let tmr = per(&|t| t.token_match_rate(h));
+        let kld = per(&|t| t.mean_kld(h));
+        let exact = traces.iter().filter(|t| t.ref_tokens[..h] == t.var_tokens[..h]).count();
+        let wilson = wilson_interval(exact, n, LEVEL)?;
+        let pooled: Vec<f64> = traces.iter().flat_map(|t| (0..h).map(|i| t.kld_at(i))).collect();
+        let s = summarize(&pooled)?;
+        let kld_ci = stats.mean(&kld)?;
+        let on_ref: Vec<PromptLogProbs> = traces.iter().map(|t| t.ppl_on_reference_text(h)).collect();
+        let generated: Vec<PromptLogProbs> = traces.iter().map(|t| t.ppl_of_generated_text(h)).collect();
+        let excess = match noise_floor {
+            None => None,
+            Some(nf) => {
+                let nf_tmr: Vec<f64> = nf.iter().map(|t| t.token_match_rate(h)).collect();
+                let nf_kld: Vec<f64> = nf.iter().map(|t| t.mean_kld(h)).collect();
+                Some(Excess {
+                    token_match_rate: mean_ci(paired_difference_ci(&tmr, &nf_tmr, stats.resamples, stats.seed, LEVEL)?),
+                    kld: mean_ci(paired_difference_ci(&kld, &nf_kld, stats.resamples, stats.seed, LEVEL)?),
+                })
+            }
+        };
+        out.push(HorizonMetrics {
+            tokens: h,
+            token_match_rate: stats.mean(&tmr)?,
+            exact_match_fraction: MeanCi { mean: exact as f64 / n as f64, ci95: [wilson.lo, wilson.hi] },
+            kld: KldSummary { mean: kld_ci.mean, median: s.median, p90: s.p90, p99: s.p99, max: s.max, ci95: kld_ci.ci95 },
+            top1_agreement: stats.mean(&per(&|t| t.top1_agreement(h)))?,
+            rms_delta_p: stats.mean(&per(&|t| t.rms_delta_p(h)))?,
+            ppl_ratio_on_reference_text: mean_ci(ppl_ratio_ci(&on_ref, stats.resamples, stats.seed, LEVEL)?),
+            ppl_drift_of_generated_text: mean_ci(ppl_ratio_ci(&generated, stats.resamples, stats.seed, LEVEL)?),
+            excess_over_noise_floor: excess,
+        });
+    }
+    Ok(out)
+}
+
+/// First-divergence positions over the whole run and their Kaplan–Meier curve.
+pub fn first_divergence_summary(traces: &[Trace], horizon: usize) -> Result<FirstDivergence, EvalError> {
+    let mut observations = Vec::with_capacity(traces.len());
+    let mut positions = Vec::with_capacity(traces.len());
+    for t in traces {
+        let d = first_divergence(&t.ref_tokens, &t.var_tokens, horizon)?;
+        positions.push(d.position);
+        observations.push(d.observation());
+    }
+    let steps = kaplan_meier(&observations)?;
+    let mut survival = vec![(0, 1.0)];
+    survival.extend(steps.iter().map(|s| (s.t, s.survival)));
+    Ok(FirstDivergence {
+        median: median_survival(&steps),
+        survival,
+        censored: observations.iter().filter(|o| o.censored).count(),
+        positions,
+    })
+}
+
+/// Means over prompts at every position.
+pub fn per_position(traces: &[Trace], horizon: usize) -> PerPosition {
+    let n = traces.len().max(1) as f64;
+    let mean = |f: &dyn Fn(&Trace, usize) -> f64| -> Vec<f64> {
+        (0..horizon).map(|t| traces.iter().map(|tr| f(tr, t)).sum::<f64>() / n).collect()
+    };
+    PerPosition {
+        token_match: mean(&|tr, t| f64::from(u8::from(tr.ref_tokens[t] == tr.var_tokens[t]))),
+        kld: mean(&|tr, t| tr.kld_at(t)),
+        top1_agreement: mean(&|tr, t| f64::from(u8::from(tr.top1[t]))),
+    }
+}
+
+/// KLD and top-1 agreement by quartile of the reference's entropy, over every position.
+pub fn entropy_strata(traces: &[Trace], horizon: usize) -> Result<Vec<EntropyStratum>, EvalError> {
+    let positions: Vec<PositionMetrics> = traces
+        .iter()
+        .flat_map(|tr| {
+            (0..horizon).map(move |t| {
+                let (lr, lv) = (f64::from(tr.logp_ref[t]), f64::from(tr.logp_var[t]));
+                PositionMetrics {
+                    kld: tr.kld_at(t),
+                    top1_agree: tr.top1[t],
+                    p_ref_token_ref: lr.exp(),
+                    p_ref_token_var: lv.exp(),
+                    delta_p: lv.exp() - lr.exp(),
+                    ref_entropy: f64::from(tr.ref_entropy[t]).max(0.0),
+                    logp_ref_of_token: lr,
+                    logp_var_of_token: lv,
+                }
+            })
+        })
+        .collect();
+    Ok(entropy_quartiles(&positions)?
+        .iter()
+        .map(|s| EntropyStratum {
+            entropy_lo: s.lower,
+            entropy_hi: s.upper,
+            positions: s.count,
+            kld_mean: s.mean_kld,
+            top1_agreement: s.top1_agreement,
+        })
+        .collect())
+}
+
+/// The reference's pooled perplexity of its own continuations over their first `h` tokens.
+pub fn self_perplexity(traces: &[Trace], h: usize) -> f64 {
+    let (sum, n): (f64, usize) = traces.iter().fold((0.0, 0), |(s, n), t| (s + Trace::sum(&t.logp_ref, h), n + h));
+    (-sum / n.max(1) as f64).exp()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trace(ref_tokens: &[u32], var_tokens: &[u32], kld: f32) -> Trace {
+        let mut t = Trace::new(ref_tokens.to_vec(), var_tokens.to_vec());
+        let h = ref_tokens.len();
+        t.kld = vec![kld; h];
+        t.top1 = ref_tokens.iter().zip(var_tokens).map(|(a, b)| a == b).collect();
+        t.logp_ref = vec![-1.0; h];
+        t.logp_var = vec![-1.5; h];
+        t.logp_ref_on_var_text = vec![-2.0; h];
+        t.ref_entropy = (0..h).map(|i| i as f32).collect();
+        t
+    }
+
+    const STATS: Stats = Stats { resamples: 500, seed: 7 };
+
+    #[test]
+    fn hand_computed_metrics() {
+        let a = trace(&[1, 2, 3, 4], &[1, 2, 9, 4], 0.5);
+        let b = trace(&[1, 2, 3, 4], &[1, 2, 3, 4], 0.0);
+        let m = horizon_metrics(&[a.clone(), b.clone()], None, &[2, 4], STATS).unwrap();
+        // h=2: both prompts match fully.
+        assert_eq!(m[0].token_match_rate.mean, 1.0);
+        assert_eq!(m[0].exact_match_fraction.mean, 1.0);
+        // h=4: prompt a matches 3/4, prompt b 4/4.
+        assert_eq!(m[1].token_match_rate.mean, 0.875);
+        assert_eq!(m[1].exact_match_fraction.mean, 0.5);
+        assert_eq!(m[1].kld.mean, 0.25);
+        assert_eq!(m[1].kld.max, 0.5);
+        assert_eq!(m[1].top1_agreement.mean, 0.875);
+        // PPL_var/PPL_ref = exp(1.5 − 1) on reference text; PPL_ref(var)/PPL_ref(ref) = exp(2 − 1).
+        assert!((m[1].ppl_ratio_on_reference_text.mean - 0.5f64.exp()).abs() < 1e-12);
+        assert!((m[1].ppl_drift_of_generated_text.mean - 1f64.exp()).abs() < 1e-12);
+        let dp = (-1.5f64).exp() - (-1f64).exp();
+        assert!((m[1].rms_delta_p.mean - dp.abs()).abs() < 1e-12);
+        assert!(m[1].excess_over_noise_floor.is_none());
+        let lo_hi = m[1].token_match_rate.ci95;
+        assert!(lo_hi[0] >= 0.75 && lo_hi[1] <= 1.0 && lo_hi[0] <= 0.875 && 0.875 <= lo_hi[1], "{lo_hi:?}");
+
+        let with_nf = horizon_metrics(&[a.clone(), b.clone()], Some(&[b.clone(), b.clone()]), &[4], STATS).unwrap();
+        let e = with_nf[0].excess_over_noise_floor.unwrap();
+        assert_eq!(e.token_match_rate.mean, -0.125);
+        assert_eq!(e.kld.mean, 0.25);
+
+        let fd = first_divergence_summary(&[a.clone(), b.clone()], 4).unwrap();
+        assert_eq!(fd.positions, vec![2, 4]);
+        assert_eq!(fd.censored, 1);
+        assert_eq!(fd.survival, vec![(0, 1.0), (2, 0.5)]);
+        assert_eq!(fd.median, Some(2));
+
+        let pp = per_position(&[a, b], 4);
+        assert_eq!(pp.token_match, vec![1.0, 1.0, 0.5, 1.0]);
+        assert_eq!(pp.kld, vec![0.25; 4]);
+    }
+
+    #[test]
+    fn negative_rounding_of_kl_counts_as_zero() {
+        let t = trace(&[1, 2], &[1, 2], -1e-9);
+        assert_eq!(t.mean_kld(2), 0.0);
+    }
+}
