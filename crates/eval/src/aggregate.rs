@@ -187,11 +187,14 @@ pub fn first_divergence_summary(traces: &[Trace], horizon: usize) -> Result<Firs
         positions.push(d.position);
         observations.push(d.observation());
     }
+    // Kaplan–Meier over "tokens still identical": S(t) is the share of prompts whose first t
+    // tokens all match (a divergence at 0-based position p is an event at t = p + 1).
     let steps = kaplan_meier(&observations)?;
-    let mut survival = vec![(0, 1.0)];
-    survival.extend(steps.iter().map(|s| (s.t, s.survival)));
+    let survival = steps.iter().map(|s| (s.t, s.survival)).collect();
     Ok(FirstDivergence {
-        median: median_survival(&steps),
+        // The median first-divergence position: the event time where S first drops to ≤ 0.5,
+        // as a 0-based position.
+        median: median_survival(&steps).map(|t| t.saturating_sub(1)),
         survival,
         censored: observations.iter().filter(|o| o.censored).count(),
         positions,
@@ -298,7 +301,7 @@ mod tests {
         let fd = first_divergence_summary(&[a.clone(), b.clone()], 4).unwrap();
         assert_eq!(fd.positions, vec![2, 4]);
         assert_eq!(fd.censored, 1);
-        assert_eq!(fd.survival, vec![(0, 1.0), (2, 0.5)]);
+        assert_eq!(fd.survival, vec![(0, 1.0), (3, 0.5)]);
         assert_eq!(fd.median, Some(2));
 
         let pp = per_position(&[a, b], 4);

@@ -225,11 +225,13 @@ pub struct Excess {
 /// First-divergence positions and their Kaplan–Meier survival curve.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FirstDivergence {
-    /// Median first-divergence position (smallest `t` with `S(t) ≤ 0.5`); `None` when more than
-    /// half the prompts never diverge within the longest horizon.
+    /// Median first-divergence position, 0-based (the Kaplan–Meier median: `t − 1` for the
+    /// smallest `t` with `S(t) ≤ 0.5`); `None` when more than half the prompts never diverge
+    /// within the longest horizon.
     pub median: Option<usize>,
-    /// `[t, S(t)]` at `t = 0` and at every event time: the share of prompts still identical after
-    /// `t` tokens.
+    /// `[t, S(t)]` at `t = 0` and at every event time: the share of prompts whose first `t`
+    /// generated tokens all match the reference's (a divergence at position `p` is an event at
+    /// `t = p + 1`).
     pub survival: Vec<(usize, f64)>,
     /// Prompts that never diverged within the longest horizon (censored observations).
     pub censored: usize,
