@@ -765,18 +765,11 @@ fn build_llama(
 
 /// Dequantizes one tensor's bytes (whose length the caller checked) to `n` f32 values.
 fn decode(ty: TensorType, bytes: &[u8], n: usize) -> Result<Vec<f32>, String> {
-    let halves = || bytes.chunks_exact(2).map(|c| [c[0], c[1]]);
+    use crate::weights::{LeFloat, le_floats};
     let out: Vec<f32> = match ty {
-        TensorType::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        TensorType::F16 => halves()
-            .map(|b| half::f16::from_le_bytes(b).to_f32())
-            .collect(),
-        TensorType::BF16 => halves()
-            .map(|b| half::bf16::from_le_bytes(b).to_f32())
-            .collect(),
+        TensorType::F32 => le_floats(LeFloat::F32, bytes),
+        TensorType::F16 => le_floats(LeFloat::F16, bytes),
+        TensorType::BF16 => le_floats(LeFloat::BF16, bytes),
         TensorType::Block(t) => {
             return qdrift_ggml::dequantize_ggml_blocks(t, bytes, n).map_err(|e| e.to_string());
         }

@@ -571,18 +571,11 @@ fn describe(e: &SafeTensorError, file_len: usize) -> String {
 
 /// Little-endian F32/F16/BF16 bytes to f32.
 pub(crate) fn to_f32(dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, String> {
-    let halves = || bytes.chunks_exact(2).map(|c| [c[0], c[1]]);
+    use crate::weights::{LeFloat, le_floats};
     Ok(match dtype {
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        Dtype::F16 => halves()
-            .map(|b| half::f16::from_le_bytes(b).to_f32())
-            .collect(),
-        Dtype::BF16 => halves()
-            .map(|b| half::bf16::from_le_bytes(b).to_f32())
-            .collect(),
+        Dtype::F32 => le_floats(LeFloat::F32, bytes),
+        Dtype::F16 => le_floats(LeFloat::F16, bytes),
+        Dtype::BF16 => le_floats(LeFloat::BF16, bytes),
         other => {
             return Err(format!(
                 "dtype {other:?} is not supported; supported: F32, F16, BF16"

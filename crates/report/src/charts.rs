@@ -284,31 +284,53 @@ fn ranges(spec: &Spec) -> (std::ops::Range<f64>, std::ops::Range<f64>) {
     (x0..x1, y0..y1)
 }
 
+/// A chart with a log-scaled x axis on `area`.
+type LogChart<'a, 'b> = ChartContext<'a, Tagged<'b>, Cartesian2d<LogCoord<f64>, plotters::coord::types::RangedCoordf64>>;
+
+/// The caption, log-x and linear-y axes, grid and axis labels every chart shares.
+fn axes<'a, 'b>(area: &'a DrawingArea<Tagged<'b>, Shift>, spec: &Spec) -> Result<LogChart<'a, 'b>, ReportError> {
+    let err = |e| chart_error(spec.title, e);
+    let (xr, yr) = ranges(spec);
+    let mut chart = ChartBuilder::on(area)
+        .caption(spec.title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(48)
+        .y_label_area_size(72)
+        .build_cartesian_2d(xr.log_scale(), yr)
+        .map_err(err)?;
+    let y_format = spec.y_format;
+    chart
+        .configure_mesh()
+        .x_desc(spec.x_label)
+        .y_desc(spec.y_label)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| y_format(*y))
+        .light_line_style(BLACK.mix(0.05))
+        .label_style(("sans-serif", 14))
+        .axis_desc_style(("sans-serif", 15))
+        .draw()
+        .map_err(err)?;
+    Ok(chart)
+}
+
+/// The legend box every chart shares.
+fn legend<'a, 'b: 'a>(chart: &mut LogChart<'a, 'b>, spec: &Spec) -> Result<(), ReportError> {
+    chart
+        .configure_series_labels()
+        .position(spec.legend.position())
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.4))
+        .label_font(("sans-serif", 15))
+        .draw()
+        .map_err(|e| chart_error(spec.title, e))
+}
+
 /// One polyline per series against a log-scaled x axis.
 pub(crate) fn line_chart(spec: &Spec, series: &[Series]) -> Result<String, ReportError> {
     let names: Vec<&str> = series.iter().map(|s| s.name).collect();
     render(spec, &names, |area, log| {
         let err = |e| chart_error(spec.title, e);
-        let (xr, yr) = ranges(spec);
-        let mut chart = ChartBuilder::on(area)
-            .caption(spec.title, ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(48)
-            .y_label_area_size(72)
-            .build_cartesian_2d(xr.log_scale(), yr)
-            .map_err(err)?;
-        let y_format = spec.y_format;
-        chart
-            .configure_mesh()
-            .x_desc(spec.x_label)
-            .y_desc(spec.y_label)
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| y_format(*y))
-            .light_line_style(BLACK.mix(0.05))
-            .label_style(("sans-serif", 14))
-            .axis_desc_style(("sans-serif", 15))
-            .draw()
-            .map_err(err)?;
+        let mut chart = axes(area, spec)?;
         for (i, s) in series.iter().enumerate() {
             let c = color(i);
             let points = s.points.clone();
@@ -320,15 +342,7 @@ pub(crate) fn line_chart(spec: &Spec, series: &[Series]) -> Result<String, Repor
             })
             .map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .position(spec.legend.position())
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.4))
-            .label_font(("sans-serif", 15))
-            .draw()
-            .map_err(err)?;
-        Ok(())
+        legend(&mut chart, spec)
     })
 }
 
@@ -338,26 +352,7 @@ pub(crate) fn interval_chart(spec: &Spec, series: &[(&str, Vec<Interval>)]) -> R
     let names: Vec<&str> = series.iter().map(|s| s.0).collect();
     render(spec, &names, |area, log| {
         let err = |e| chart_error(spec.title, e);
-        let (xr, yr) = ranges(spec);
-        let mut chart = ChartBuilder::on(area)
-            .caption(spec.title, ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(48)
-            .y_label_area_size(72)
-            .build_cartesian_2d(xr.log_scale(), yr)
-            .map_err(err)?;
-        let y_format = spec.y_format;
-        chart
-            .configure_mesh()
-            .x_desc(spec.x_label)
-            .y_desc(spec.y_label)
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| y_format(*y))
-            .light_line_style(BLACK.mix(0.05))
-            .label_style(("sans-serif", 14))
-            .axis_desc_style(("sans-serif", 15))
-            .draw()
-            .map_err(err)?;
+        let mut chart = axes(area, spec)?;
         let n = series.len().max(1) as f64;
         for (i, (name, intervals)) in series.iter().enumerate() {
             let c = color(i);
@@ -381,14 +376,6 @@ pub(crate) fn interval_chart(spec: &Spec, series: &[(&str, Vec<Interval>)]) -> R
             let means = at.iter().map(|&(x, iv)| Circle::new((x, iv.mean), 4, c.filled()));
             in_series(log, i, "mean", || chart.draw_series(means)).map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .position(spec.legend.position())
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.4))
-            .label_font(("sans-serif", 15))
-            .draw()
-            .map_err(err)?;
-        Ok(())
+        legend(&mut chart, spec)
     })
 }
