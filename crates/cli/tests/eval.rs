@@ -152,3 +152,70 @@ fn bad_eval_input_is_one_clear_error() {
     assert_fails(&["--horizons", "0"], "horizon");
     assert_fails(&["--variant", "/nonexistent/model.bin", "--horizons", "5", "--prompts", "2"], "/nonexistent/model.bin");
 }
+
+/// A synthetic model's report says so, in report.json and in the Markdown.
+#[test]
+fn synthetic_runs_are_marked() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let o = qdrift(&[
+        "eval", "--model", "synthetic:tiny", "--backend", "cpu", "--prompts", "3", "--horizons", "4",
+        "--schemes", "int8", "--resamples", "50", "--out", out.path().to_str().expect("utf-8"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).expect("report"))
+        .expect("JSON");
+    assert_eq!(report["model"]["synthetic"], true);
+    assert_eq!(report["model"]["format"], "synthetic");
+    let md = std::fs::read_to_string(out.path().join("report.md")).expect("report.md");
+    assert!(md.contains("synthetic weights"), "{md}");
+    assert!(std::fs::read_to_string(out.path().join("report.html")).expect("report.html").contains("<svg"));
+}
+
+/// `qdrift eval --gate` and `qdrift gate` exit 0 on pass, 1 on fail, 2 on unusable input.
+#[test]
+fn gate_exit_codes_through_the_binary() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let dir = out.path();
+    let pass = dir.join("pass.toml");
+    std::fs::write(&pass, "[variant.\"fp16\"]\n\"token_match_rate@5\" = { min = 1.0 }\n\"kld@5\" = { max = 0.0 }\n")
+        .expect("write");
+    let fail = dir.join("fail.toml");
+    std::fs::write(&fail, "[defaults]\nbound = \"point\"\n[variant.\"*\"]\n\"top1_agreement@5\" = { min = 1.01 }\n")
+        .expect("write");
+    let junit = dir.join("gate.xml");
+    let model = stories().join("stories260K.bin");
+    let o = qdrift(&[
+        "eval", "--model", model.to_str().expect("utf-8"), "--backend", "cpu", "--prompts", "3", "--horizons", "5",
+        "--schemes", "fp16", "--resamples", "50", "--out", dir.to_str().expect("utf-8"),
+        "--gate", pass.to_str().expect("utf-8"), "--junit", junit.to_str().expect("utf-8"),
+    ]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.contains("PASS fp16 token_match_rate@5"), "{stdout}");
+    assert!(std::fs::read_to_string(&junit).expect("junit").contains("<testsuite"));
+    let report = dir.join("report.json");
+    let gate = |t: &std::path::Path| qdrift(&["gate", "--report", report.to_str().expect("utf-8"), "--thresholds", t.to_str().expect("utf-8")]);
+    let o = gate(&fail);
+    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stdout));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("FAIL fp16 top1_agreement@5"));
+    let o = gate(&dir.join("missing.toml"));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("missing.toml"));
+}
+
+/// `qdrift inspect` on a synthetic 8B shape needs no weights (it would need 32 GB) and counts
+/// its parameters as the Llama-3-8B shape implies.
+#[test]
+fn inspect_llama_8b_shape_without_weights() {
+    let o = qdrift(&["inspect", "--model", "synthetic:llama-8b", "--seq-len", "8192", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    // 128256·4096 embedding + head (untied) + 32 layers × (2·4096 + 4096² ·2 + 2·4096·1024 + 3·4096·14336) + 4096.
+    let per_layer: u64 = 2 * 4096 + 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336;
+    let total = 2 * 128_256 * 4096 + 32 * per_layer + 4096;
+    assert_eq!(total, 8_030_261_248);
+    assert_eq!(v["params"]["total"], total, "{v}");
+    // f16 KV cache at 8192 positions: 2 · 32 layers · 8 kv heads · 128 · 2 bytes · 8192.
+    assert_eq!(v["kv_cache"]["f16_bytes"], 2u64 * 32 * 8 * 128 * 2 * 8192);
+    assert_eq!(v["synthetic"], true);
+}
