@@ -213,7 +213,23 @@ fn reports() -> Result<(), String> {
     qdrift(&[
         "eval", "--model", &smollm2.to_string_lossy(), "--eval-set", "chat", "--prompts", "8", "--horizons", "10,100",
         "--schemes", "int8,fp8-e4m3,int4-g128", "--out", &out.join("smollm2-135m").to_string_lossy(),
-    ])
+    ])?;
+    screenshot(&out.join("stories260K/report.html"), &out.join("stories260K/report.png"))
+}
+
+/// A PNG of an HTML report, rendered by headless Chromium (installed by `setup`).
+fn screenshot(html: &Path, png: &Path) -> Result<(), String> {
+    let profile = std::env::temp_dir().join("qdrift-chromium-profile");
+    let _ = std::fs::remove_dir_all(&profile);
+    run(
+        "chromium",
+        &[
+            "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1200,2400",
+            &format!("--user-data-dir={}", profile.display()),
+            &format!("--screenshot={}", png.display()),
+            &format!("file://{}", html.canonicalize().map_err(|e| format!("{}: {e}", html.display()))?.display()),
+        ],
+    )
 }
 
 /// Wall time and peak resident memory of `qdrift` runs, with the conditions a claim needs.
