@@ -117,6 +117,7 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
             bar.set_prefix(model.to_string());
             bar.set_message("scoring");
         }
+        Progress::Warning { message } => bar.suspend(|| eprintln!("qdrift: warning: {message}")),
         Progress::Done { .. } => {}
     });
     bar.finish_and_clear();

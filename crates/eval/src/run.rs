@@ -108,6 +108,11 @@ pub enum Progress<'a> {
         /// The variant.
         model: &'a str,
     },
+    /// Something the user should know that does not stop the run.
+    Warning {
+        /// One sentence.
+        message: &'a str,
+    },
     /// A variant is finished.
     Done {
         /// The variant.
@@ -212,6 +217,14 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut dyn FnMut(Progress<'_>)) -> Res
     let gen_cfg = GenerationConfig { max_new_tokens: longest, batch_size, stop_at_eos: None };
     for dtype in [DType::F16, DType::F32] {
         check_request(&model_config, dtype, &device, &prompts, &gen_cfg)?;
+    }
+    let positions = prompts.iter().map(Vec::len).max().unwrap_or(0) + longest;
+    if positions > arch.max_seq_len {
+        let message = format!(
+            "{positions} positions exceed the {} the model was trained for; beyond them RoPE extrapolates and divergence reflects that too",
+            arch.max_seq_len
+        );
+        progress(Progress::Warning { message: &message });
     }
     let stats = Stats { resamples: cfg.resamples, seed: cfg.seed };
     let parameters = arch.parameter_count() as u64;

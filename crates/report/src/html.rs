@@ -9,8 +9,9 @@ use crate::document::{Block, Inline, document};
 use crate::format::kld;
 use crate::{Report, ReportError};
 
-/// Escapes text or an attribute value for HTML; control characters other than tab and newline
-/// become U+FFFD.
+/// Escapes text or an attribute value for HTML and XML 1.0 alike; control characters other than
+/// tab, newline and carriage return, and the noncharacters U+FFFE/U+FFFF (which XML 1.0 cannot
+/// hold) become U+FFFD.
 pub(crate) fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
@@ -20,8 +21,8 @@ pub(crate) fn escape(s: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
-            '\t' | '\n' => out.push(c),
-            c if c.is_control() => out.push('\u{FFFD}'),
+            '\t' | '\n' | '\r' => out.push(c),
+            c if c.is_control() || c == '\u{FFFE}' || c == '\u{FFFF}' => out.push('\u{FFFD}'),
             c => out.push(c),
         }
     }

@@ -13,23 +13,10 @@ use std::fmt::Write as _;
 use crate::format::plain;
 use crate::gate::{GateError, GateOutcome};
 
-/// Escapes text or an attribute value for XML 1.0; characters XML 1.0 cannot hold (control
-/// characters other than tab, newline and carriage return) become U+FFFD.
+/// Escapes text or an attribute value for XML 1.0: the HTML escaping (numeric `&#39;` is XML
+/// too), which also replaces every character XML 1.0 cannot hold with U+FFFD.
 pub(crate) fn xml_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            '\t' | '\n' | '\r' => out.push(c),
-            c if c.is_control() || c == '\u{FFFE}' || c == '\u{FFFF}' => out.push('\u{FFFD}'),
-            c => out.push(c),
-        }
-    }
-    out
+    crate::html::escape(s)
 }
 
 /// The gate's outcome as JUnit XML: suite `qdrift gate`, one `<testcase>` per check with
