@@ -174,7 +174,7 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut dyn FnMut(Progress<'_>)) -> Res
         }
     }
 
-    let loaded = open_model(&cfg.model, cfg.tokenizer.as_deref())?;
+    let mut loaded = open_model(&cfg.model, cfg.tokenizer.as_deref())?;
     let set = match &cfg.eval_set {
         Some(p) => EvalSet::read(p)?,
         None => EvalSet::built_in(default_eval_set(&loaded))?,
@@ -184,8 +184,8 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut dyn FnMut(Progress<'_>)) -> Res
         return input(format!("--prompts {n}: the eval set {} has {} prompts", set.path, set.prompts.len()));
     }
     let chosen = &set.prompts[..n];
-    let template = loaded.chat_template.as_deref().filter(|_| is_chat_set(&set));
-    let prompts: Vec<Vec<u32>> = match template {
+    let template = loaded.chat_template.clone().filter(|_| is_chat_set(&set));
+    let prompts: Vec<Vec<u32>> = match template.as_deref() {
         None => chosen.iter().map(|p| loaded.tokenizer.encode(&p.prompt)).collect(),
         Some(t) => {
             let piece = |id: Option<u32>| id.map(|i| loaded.tokenizer.decode(&[i])).unwrap_or_default();
@@ -229,9 +229,16 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut dyn FnMut(Progress<'_>)) -> Res
     let stats = Stats { resamples: cfg.resamples, seed: cfg.seed };
     let parameters = arch.parameter_count() as u64;
 
-    let mut reference_host = loaded.model.clone();
-    reference_host.round_to_f16();
-    let reference = model_config.init_from_host(&reference_host, cfg.dtype, &device.device)?;
+    // The reference is the checkpoint's weights rounded to FP16, in place: a model's host copy
+    // is its largest allocation, so the evaluation holds as few as it can (this one, plus at
+    // most one variant's).
+    loaded.model.round_to_f16();
+    let reference_host = &loaded.model;
+    let reference = model_config.init_from_host(reference_host, cfg.dtype, &device.device)?;
+    // Teacher-forced chunks hold several [batch, chunk, vocab] f32 tensors (logits of both
+    // models, their log-softmax, probabilities): keep one under 64 MiB so that large
+    // vocabularies do not multiply the peak memory.
+    let chunk = cfg.chunk.min((64usize << 20) / (batch_size * arch.vocab_size * 4).max(1)).max(1);
     let ref_tokens = run_generation(&reference, &device, &prompts, &gen_cfg, REFERENCE_NAME, progress)?;
 
     let mut dump = match &cfg.dump_logprobs {
@@ -245,7 +252,7 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut dyn FnMut(Progress<'_>)) -> Res
     let mut self_ppl = Vec::new();
     let specs: Vec<Option<&VariantSpec>> = std::iter::once(None).chain(cfg.variants.iter().map(Some)).collect();
     for spec in specs {
-        let built = build_variant(spec, &reference_host, &loaded, &prompts, cfg, nf_dtype, &nf_name)?;
+        let built = build_variant(spec, reference_host, &loaded, &prompts, cfg, nf_dtype, &nf_name)?;
         if variants.iter().any(|v: &Variant| v.name == built.name) {
             return input(format!("two variants are named {}; give each once", built.name));
         }
@@ -254,7 +261,7 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut dyn FnMut(Progress<'_>)) -> Res
         progress(Progress::Scoring { model: &built.name });
         let mut traces: Vec<Trace> =
             ref_tokens.iter().zip(&var_tokens).map(|(r, v)| Trace::new(r.clone(), v.clone())).collect();
-        score(&reference, &model, &device, &prompts, &mut traces, batch_size, cfg.chunk, &built.name, &mut dump)?;
+        score(&reference, &model, &device, &prompts, &mut traces, batch_size, chunk, &built.name, &mut dump)?;
         drop(model);
         if self_ppl.is_empty() {
             self_ppl = horizons.iter().map(|&h| (h, aggregate::self_perplexity(&traces, h))).collect();
@@ -337,27 +344,28 @@ fn model_config_for(host: &HostModel) -> Result<LlamaConfig, EvalError> {
 }
 
 /// A variant ready to run.
-struct BuiltVariant {
+struct BuiltVariant<'a> {
     name: String,
     scheme: Option<String>,
     path: Option<String>,
     kind: VariantKind,
     dtype: DType,
-    host: HostModel,
+    /// The noise floor borrows the reference's weights; other variants own theirs.
+    host: std::borrow::Cow<'a, HostModel>,
     bits_per_weight: f64,
     weight_bytes: u64,
     per_tensor_error: Vec<TensorError>,
 }
 
-fn build_variant(
+fn build_variant<'a>(
     spec: Option<&VariantSpec>,
-    reference: &HostModel,
+    reference: &'a HostModel,
     loaded: &LoadedModel,
     prompts: &[Vec<u32>],
     cfg: &EvalConfig,
     nf_dtype: DType,
     nf_name: &str,
-) -> Result<BuiltVariant, EvalError> {
+) -> Result<BuiltVariant<'a>, EvalError> {
     let params = reference.arch.parameter_count() as u64;
     match spec {
         None => Ok(BuiltVariant {
@@ -366,7 +374,7 @@ fn build_variant(
             path: None,
             kind: VariantKind::NoiseFloor,
             dtype: nf_dtype,
-            host: reference.clone(),
+            host: std::borrow::Cow::Borrowed(reference),
             bits_per_weight: 16.0,
             weight_bytes: params * 2,
             per_tensor_error: Vec::new(),
@@ -387,7 +395,7 @@ fn build_variant(
                 path: None,
                 kind: VariantKind::Scheme,
                 dtype: cfg.dtype,
-                host: q.dequantized,
+                host: std::borrow::Cow::Owned(q.dequantized),
                 bits_per_weight: s.bits_per_weight,
                 weight_bytes: s.storage_bytes as u64 + rest,
                 per_tensor_error,
@@ -408,7 +416,7 @@ fn build_variant(
                 path: Some(path.display().to_string()),
                 kind: VariantKind::Checkpoint,
                 dtype: cfg.dtype,
-                host: other.model,
+                host: std::borrow::Cow::Owned(other.model),
                 bits_per_weight: bytes as f64 * 8.0 / params.max(1) as f64,
                 weight_bytes: bytes,
                 per_tensor_error: Vec::new(),
