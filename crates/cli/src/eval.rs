@@ -26,7 +26,7 @@ pub struct EvalArgs {
     #[arg(long)]
     eval_set: Option<PathBuf>,
     /// Quantization schemes applied to the reference's weights, comma-separated.
-    #[arg(long, value_delimiter = ',', value_parser = parse_scheme, default_value = "int8,fp8-e4m3,int4-g128")]
+    #[arg(long, value_delimiter = ',', value_parser = crate::quantize::parse_scheme, default_value = "int8,fp8-e4m3,int4-g128")]
     schemes: Vec<Scheme>,
     /// Another checkpoint of the same architecture and tokenizer to compare (repeatable).
     #[arg(long)]
@@ -71,10 +71,6 @@ pub struct EvalArgs {
     /// With --gate: also write the checks as JUnit XML.
     #[arg(long, requires = "gate")]
     junit: Option<PathBuf>,
-}
-
-fn parse_scheme(s: &str) -> Result<Scheme, String> {
-    s.parse::<Scheme>().map_err(|e| e.to_string())
 }
 
 /// Runs `qdrift eval`; with `--gate`, returns the gate's exit code.

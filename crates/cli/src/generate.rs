@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use burn::tensor::DType;
 use clap::Args;
+use qdrift_eval::dtype_name;
 use qdrift_generate::{BackendChoice, GenerationConfig, generate, select_device};
 use qdrift_model::LlamaConfig;
 
@@ -51,11 +52,6 @@ pub fn parse_dtype(s: &str) -> Result<DType, String> {
         "f16" => Ok(DType::F16),
         other => Err(format!("unknown dtype \"{other}\"; known: f32, f16")),
     }
-}
-
-/// The name `--dtype` takes for `dtype`.
-pub fn dtype_name(dtype: DType) -> &'static str {
-    if dtype == DType::F16 { "f16" } else { "f32" }
 }
 
 /// Runs `qdrift generate`.

@@ -24,7 +24,8 @@ pub struct SchemeArgs {
     pub quantize_head: bool,
 }
 
-fn parse_scheme(s: &str) -> Result<Scheme, String> {
+/// Parses a `--scheme`/`--schemes` entry.
+pub fn parse_scheme(s: &str) -> Result<Scheme, String> {
     s.parse::<Scheme>().map_err(|e| e.to_string())
 }
 

@@ -25,7 +25,7 @@ mod run;
 pub use aggregate::{Stats, Trace};
 pub use chat::apply_chat_template;
 pub use evalset::{EvalPrompt, EvalSet, built_in_names, sha256_file, sha256_hex};
-pub use run::{EvalConfig, Progress, VariantSpec, evaluate};
+pub use run::{EvalConfig, Progress, VariantSpec, dtype_name, evaluate};
 
 /// Why an evaluation could not run.
 #[derive(Debug, thiserror::Error)]

@@ -142,7 +142,8 @@ fn is_chat_set(set: &EvalSet) -> bool {
     name.starts_with("chat")
 }
 
-fn dtype_name(d: DType) -> &'static str {
+/// The name `--dtype` takes and reports use for a compute dtype: `f16`, else `f32`.
+pub fn dtype_name(d: DType) -> &'static str {
     if d == DType::F16 { "f16" } else { "f32" }
 }
 
@@ -256,7 +257,7 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut dyn FnMut(Progress<'_>)) -> Res
         if variants.iter().any(|v: &Variant| v.name == built.name) {
             return input(format!("two variants are named {}; give each once", built.name));
         }
-        let model = model_config_for(&built.host)?.init_from_host(&built.host, built.dtype, &device.device)?;
+        let model = LlamaConfig::from_arch(&built.host.arch).init_from_host(&built.host, built.dtype, &device.device)?;
         let var_tokens = run_generation(&model, &device, &prompts, &gen_cfg, &built.name, progress)?;
         progress(Progress::Scoring { model: &built.name });
         let mut traces: Vec<Trace> =
@@ -337,10 +338,6 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut dyn FnMut(Progress<'_>)) -> Res
     };
     report.validate()?;
     Ok(report)
-}
-
-fn model_config_for(host: &HostModel) -> Result<LlamaConfig, EvalError> {
-    Ok(LlamaConfig::from_arch(&host.arch))
 }
 
 /// A variant ready to run.

@@ -2,6 +2,9 @@
 //! crate (whose own tests check them byte for byte against ggml's reference C), ggml's
 //! fall-back for rows that are not a whole number of blocks, and the error mapping.
 
+// The deterministic matrices the GGML reference vectors were recorded from: one generator for
+// both crates' tests.
+#[path = "../../ggml/tests/common/mod.rs"]
 mod common;
 
 use common::{fnv1a_f32, matrix};

@@ -10,6 +10,9 @@
 //! seen on random data), and `q4_1` / `q4_k` (their FP16 d and min are re-derived from rounded
 //! values; they happen to be stable on random data, but nothing in the algorithm guarantees it).
 
+// The deterministic matrices the GGML reference vectors were recorded from: one generator for
+// both crates' tests.
+#[path = "../../ggml/tests/common/mod.rs"]
 mod common;
 
 use common::matrix;

@@ -1,5 +1,8 @@
 //! Scheme names, errors, storage accounting and the packed parts of every scheme.
 
+// The deterministic matrices the GGML reference vectors were recorded from: one generator for
+// both crates' tests.
+#[path = "../../ggml/tests/common/mod.rs"]
 mod common;
 
 use common::matrix;
