@@ -46,7 +46,7 @@ pub struct EvalArgs {
     /// Seed of the bootstrap resampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Prompts per batch (default: all, at most 16).
+    /// Prompts per batch (default: the prompts split evenly over the CPU's cores on the CPU backend, all in one on a GPU; at most 16)
     #[arg(long)]
     batch_size: Option<usize>,
     /// Bootstrap resamples per interval.

@@ -52,7 +52,8 @@ pub struct EvalConfig {
     pub prompts: Option<usize>,
     /// Seed of the bootstrap resampling.
     pub seed: u64,
-    /// Prompts per batch (default: all prompts, at most 16).
+    /// Prompts per batch (default: the prompts split evenly over the batches the device runs at
+    /// once, at most 16 per batch).
     pub batch_size: Option<usize>,
     /// Bootstrap resamples per interval.
     pub resamples: usize,
@@ -152,7 +153,7 @@ fn other(d: DType) -> DType {
 }
 
 /// Runs the whole evaluation and returns the report (not yet written).
-pub fn evaluate(cfg: &EvalConfig, progress: &mut dyn FnMut(Progress<'_>)) -> Result<Report, EvalError> {
+pub fn evaluate(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send)) -> Result<Report, EvalError> {
     let input = |m: String| Err(EvalError::Input(m));
     let mut horizons = cfg.horizons.clone();
     horizons.sort_unstable();
@@ -201,12 +202,19 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut dyn FnMut(Progress<'_>)) -> Res
     if let Some(i) = prompts.iter().position(Vec::is_empty) {
         return input(format!("prompt {} encodes to no tokens", chosen[i].id));
     }
-    let batch_size = cfg.batch_size.unwrap_or(n.min(16));
-    if batch_size == 0 {
+    if cfg.batch_size == Some(0) {
         return input("--batch-size must be at least 1".into());
     }
 
-    let device = select_device(cfg.backend)?;
+    let mut device = select_device(cfg.backend)?;
+    if cfg.dump_logprobs.is_some() {
+        // Batches side by side would interleave the dump's lines; one at a time keeps them in
+        // prompt order. (The report is the same either way.)
+        device.parallel_batches = 1;
+    }
+    // By default the prompts are split evenly over the batches the device runs side by side
+    // (the CPU's cores), at most 16 per batch.
+    let batch_size = cfg.batch_size.unwrap_or(n.div_ceil(device.parallel_batches.max(1)).min(16));
     if !device.supports_f16 {
         return input(format!(
             "{} does not support f16 compute, which the reference or the noise floor needs",
@@ -241,6 +249,7 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut dyn FnMut(Progress<'_>)) -> Res
     // vocabularies do not multiply the peak memory.
     let chunk = cfg.chunk.min((64usize << 20) / (batch_size * arch.vocab_size * 4).max(1)).max(1);
     let ref_tokens = run_generation(&reference, &device, &prompts, &gen_cfg, REFERENCE_NAME, progress)?;
+    let kept = reference_logits(&reference, &device, &on_reference_text(&prompts, &ref_tokens), batch_size, chunk)?;
 
     let mut dump = match &cfg.dump_logprobs {
         Some(p) => Some(Dump::create(p)?),
@@ -262,7 +271,7 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut dyn FnMut(Progress<'_>)) -> Res
         progress(Progress::Scoring { model: &built.name });
         let mut traces: Vec<Trace> =
             ref_tokens.iter().zip(&var_tokens).map(|(r, v)| Trace::new(r.clone(), v.clone())).collect();
-        score(&reference, &model, &device, &prompts, &mut traces, batch_size, chunk, &built.name, &mut dump)?;
+        score(&reference, &model, kept.as_ref(), &device, &prompts, &mut traces, batch_size, chunk, &built.name, &mut dump)?;
         drop(model);
         if self_ppl.is_empty() {
             self_ppl = horizons.iter().map(|&h| (h, aggregate::self_perplexity(&traces, h))).collect();
@@ -461,7 +470,7 @@ fn run_generation(
     prompts: &[Vec<u32>],
     gen_cfg: &GenerationConfig,
     name: &str,
-    progress: &mut dyn FnMut(Progress<'_>),
+    progress: &mut (dyn FnMut(Progress<'_>) + Send),
 ) -> Result<Vec<Vec<u32>>, EvalError> {
     progress(Progress::Generating { model: name, tokens: (prompts.len() * gen_cfg.max_new_tokens) as u64 });
     let tokens = generate(model, device, prompts, gen_cfg, |s| {
@@ -478,12 +487,50 @@ fn run_generation(
     Ok(tokens)
 }
 
-/// Teacher-forces both models on the reference's text and the reference on the variant's,
-/// filling every trace's per-position fields.
+/// Largest reference logits [`reference_logits`] keeps across variants.
+const REFERENCE_LOGITS_BUDGET: u128 = 256 << 20;
+
+/// The reference's teacher-forced logits on its own continuation, `[batch, chunk, vocab]` f32
+/// per chunk, keyed by (first prompt of the batch, first position of the chunk) as
+/// `teacher_forced` hands them out. Every variant is compared with the same logits; keeping them
+/// saves one forward pass of the reference per variant.
+struct ReferenceLogits(std::collections::HashMap<(usize, usize), Tensor<3>>);
+
+/// Runs the reference on its own continuation once and keeps its logits, when they fit
+/// [`REFERENCE_LOGITS_BUDGET`] (stories260K, 32 prompts × 1000 positions × 512: 66 MB); else
+/// `None`, and each variant runs in lockstep with the reference instead (SmolLM2, 16 prompts ×
+/// 1000 × 49,152: 3.1 GB). Both paths batch and chunk the reference identically, so they give the
+/// same numbers.
+fn reference_logits(
+    reference: &Llama,
+    device: &ComputeDevice,
+    on_ref: &[(Vec<u32>, Vec<u32>)],
+    batch_size: usize,
+    chunk: usize,
+) -> Result<Option<ReferenceLogits>, EvalError> {
+    let positions: u128 = on_ref.iter().map(|(_, c)| c.len() as u128).sum();
+    if positions * reference.config.vocab_size as u128 * 4 > REFERENCE_LOGITS_BUDGET {
+        return Ok(None);
+    }
+    let mut kept = std::collections::HashMap::new();
+    teacher_forced(reference, device, on_ref, batch_size, chunk, |f| {
+        kept.insert((f.first_prompt, f.start), f.logits.clone());
+    })?;
+    Ok(Some(ReferenceLogits(kept)))
+}
+
+/// The (prompt, continuation) pairs of the reference's text.
+fn on_reference_text(prompts: &[Vec<u32>], ref_tokens: &[Vec<u32>]) -> Vec<(Vec<u32>, Vec<u32>)> {
+    prompts.iter().zip(ref_tokens).map(|(p, t)| (p.clone(), t.clone())).collect()
+}
+
+/// Teacher-forces both models on the reference's text (the reference's logits from `kept` when
+/// given) and the reference on the variant's, filling every trace's per-position fields.
 #[allow(clippy::too_many_arguments)]
 fn score(
     reference: &Llama,
     variant: &Llama,
+    kept: Option<&ReferenceLogits>,
     device: &ComputeDevice,
     prompts: &[Vec<u32>],
     traces: &mut [Trace],
@@ -492,40 +539,48 @@ fn score(
     name: &str,
     dump: &mut Option<Dump>,
 ) -> Result<(), EvalError> {
-    let on_ref: Vec<(Vec<u32>, Vec<u32>)> =
-        prompts.iter().zip(traces.iter()).map(|(p, t)| (p.clone(), t.ref_tokens.clone())).collect();
-    let mut failure: Option<EvalError> = None;
-    teacher_forced_pair(reference, variant, device, &on_ref, batch_size, chunk, |p| {
-        if failure.is_some() {
-            return;
-        }
-        let [b, c, _] = p.reference.dims();
-        let tokens: Vec<u32> = (0..b)
-            .flat_map(|i| on_ref[p.first_prompt + i].1[p.start..p.start + c].iter().copied())
-            .collect();
+    let on_ref = on_reference_text(prompts, &traces.iter().map(|t| t.ref_tokens.clone()).collect::<Vec<_>>());
+    let mut record = |first_prompt: usize, start: usize, r: &Tensor<3>, v: &Tensor<3>| -> Result<(), EvalError> {
+        let [b, c, _] = r.dims();
+        let tokens: Vec<u32> =
+            (0..b).flat_map(|i| on_ref[first_prompt + i].1[start..start + c].iter().copied()).collect();
         if let Some(d) = dump.as_mut() {
-            if let Err(e) = d.write_chunk(name, p.first_prompt, p.start, p.reference, p.variant, &tokens) {
-                failure = Some(e);
-                return;
+            d.write_chunk(name, first_prompt, start, r, v, &tokens)?;
+        }
+        let m = position_metrics_on_device(r.clone(), v.clone(), &tokens)?;
+        for i in 0..b {
+            let tr = &mut traces[first_prompt + i];
+            for j in 0..c {
+                let (k, t) = (i * c + j, start + j);
+                tr.kld[t] = m.kld[k];
+                tr.top1[t] = m.top1_agree[k];
+                tr.logp_ref[t] = m.logp_ref_of_token[k];
+                tr.logp_var[t] = m.logp_var_of_token[k];
+                tr.ref_entropy[t] = m.ref_entropy[k];
             }
         }
-        match position_metrics_on_device(p.reference.clone(), p.variant.clone(), &tokens) {
-            Ok(m) => {
-                for i in 0..b {
-                    let tr = &mut traces[p.first_prompt + i];
-                    for j in 0..c {
-                        let (k, t) = (i * c + j, p.start + j);
-                        tr.kld[t] = m.kld[k];
-                        tr.top1[t] = m.top1_agree[k];
-                        tr.logp_ref[t] = m.logp_ref_of_token[k];
-                        tr.logp_var[t] = m.logp_var_of_token[k];
-                        tr.ref_entropy[t] = m.ref_entropy[k];
-                    }
-                }
+        Ok(())
+    };
+    let mut failure: Option<EvalError> = None;
+    match kept {
+        Some(kept) => teacher_forced(variant, device, &on_ref, batch_size, chunk, |f| {
+            if failure.is_none() {
+                let result = match kept.0.get(&(f.first_prompt, f.start)) {
+                    Some(r) => record(f.first_prompt, f.start, r, f.logits),
+                    None => Err(EvalError::Input(format!(
+                        "internal error: no reference logits kept for prompt {} position {}",
+                        f.first_prompt, f.start
+                    ))),
+                };
+                failure = result.err();
             }
-            Err(e) => failure = Some(e.into()),
-        }
-    })?;
+        })?,
+        None => teacher_forced_pair(reference, variant, device, &on_ref, batch_size, chunk, |p| {
+            if failure.is_none() {
+                failure = record(p.first_prompt, p.start, p.reference, p.variant).err();
+            }
+        })?,
+    }
     if let Some(e) = failure {
         return Err(e);
     }

@@ -48,6 +48,9 @@ pub struct ComputeDevice {
     /// Whether the device's memory is the host's (CPU backend, software adapters), so that host
     /// memory bounds what it can allocate.
     pub uses_host_memory: bool,
+    /// Batches of prompts run at once, one per thread: the CPU's cores for the CPU backend, 1 for
+    /// wgpu (one queue). Results do not depend on it; set it to 1 for callbacks in batch order.
+    pub parallel_batches: usize,
 }
 
 /// Errors choosing or starting a device.
@@ -119,6 +122,7 @@ fn cpu(reason: String) -> ComputeDevice {
         max_buffer_bytes: None,
         supports_f16: true,
         uses_host_memory: true,
+        parallel_batches: std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
     }
 }
 
@@ -179,5 +183,6 @@ fn start_wgpu(info: &wgpu::AdapterInfo, reason: String) -> Result<ComputeDevice,
         max_buffer_bytes: Some(limits.max_storage_buffer_binding_size.min(limits.max_buffer_size)),
         supports_f16: setup.adapter.features().contains(wgpu::Features::SHADER_F16),
         uses_host_memory: matches!(actual.device_type, T::Cpu),
+        parallel_batches: 1,
     })
 }

@@ -5,6 +5,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use qdrift_model::Llama;
 
 use crate::greedy::{PromptBatch, prompt_batch};
+use crate::parallel::{lock, run_batches};
 use crate::{ComputeDevice, GenerateError, GenerationConfig, check_request};
 
 /// The logits of a chunk of continuation positions of one batch.
@@ -31,7 +32,7 @@ pub fn teacher_forced(
     sequences: &[(Vec<u32>, Vec<u32>)],
     batch_size: usize,
     chunk: usize,
-    mut observe: impl FnMut(ForcedLogits<'_>),
+    mut observe: impl FnMut(ForcedLogits<'_>) + Send,
 ) -> Result<(), GenerateError> {
     teacher_forced_lockstep(&[model], device, sequences, batch_size, chunk, |first_prompt, start, logits| {
         observe(ForcedLogits { first_prompt, start, logits: &logits[0] })
@@ -61,7 +62,7 @@ pub fn teacher_forced_pair(
     sequences: &[(Vec<u32>, Vec<u32>)],
     batch_size: usize,
     chunk: usize,
-    mut observe: impl FnMut(PairedLogits<'_>),
+    mut observe: impl FnMut(PairedLogits<'_>) + Send,
 ) -> Result<(), GenerateError> {
     if reference.config.vocab_size != variant.config.vocab_size {
         return Err(GenerateError::VocabMismatch { reference: reference.config.vocab_size, variant: variant.config.vocab_size });
@@ -77,7 +78,7 @@ fn teacher_forced_lockstep(
     sequences: &[(Vec<u32>, Vec<u32>)],
     batch_size: usize,
     chunk: usize,
-    mut observe: impl FnMut(usize, usize, &[Tensor<3>]),
+    observe: impl FnMut(usize, usize, &[Tensor<3>]) + Send,
 ) -> Result<(), GenerateError> {
     let n = sequences.first().map_or(0, |(_, c)| c.len());
     if let Some(i) = sequences.iter().position(|(_, c)| c.len() != n) {
@@ -93,9 +94,11 @@ fn teacher_forced_lockstep(
         }
     }
     let chunk = chunk.max(1);
-    for (b, batch) in sequences.chunks(batch_size).enumerate() {
-        forced_batch(models, batch, b * batch_size, n, chunk, &mut observe);
-    }
+    let batches: Vec<&[(Vec<u32>, Vec<u32>)]> = sequences.chunks(batch_size).collect();
+    let observe = std::sync::Mutex::new(observe);
+    run_batches(batches.len(), device.parallel_batches, |b| {
+        forced_batch(models, batches[b], b * batch_size, n, chunk, &mut |p, s, l| (*lock(&observe))(p, s, l));
+    });
     Ok(())
 }
 
@@ -105,7 +108,7 @@ fn forced_batch(
     first_prompt: usize,
     n: usize,
     chunk: usize,
-    observe: &mut impl FnMut(usize, usize, &[Tensor<3>]),
+    observe: &mut dyn FnMut(usize, usize, &[Tensor<3>]),
 ) {
     if n == 0 {
         return;

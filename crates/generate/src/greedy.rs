@@ -5,6 +5,7 @@ use burn::tensor::DType;
 use qdrift_model::{KvCache, Llama, LlamaConfig, Positions};
 
 use crate::ComputeDevice;
+use crate::parallel::{lock, run_batches};
 
 /// How to generate.
 #[derive(Debug, Clone)]
@@ -79,7 +80,9 @@ pub enum GenerateError {
 ///
 /// Prompts of a batch are left-padded to the same length ([`Positions`]); each prompt's tokens do
 /// not depend on the other prompts of its batch. `observe` sees the logits of every step of every
-/// batch. Returns, per prompt, only the new tokens.
+/// batch; with [`ComputeDevice::parallel_batches`] above 1, batches run side by side and their
+/// steps reach `observe` interleaved (one call at a time). Returns, per prompt, only the new
+/// tokens, in prompt order.
 ///
 /// Memory is checked before anything is allocated: the key-value cache of a batch, the attention
 /// scores of the prompt pass and the logits must fit the device's largest buffer and, for devices
@@ -89,13 +92,18 @@ pub fn generate(
     device: &ComputeDevice,
     prompts: &[Vec<u32>],
     config: &GenerationConfig,
-    mut observe: impl FnMut(StepLogits<'_>),
+    observe: impl FnMut(StepLogits<'_>) + Send,
 ) -> Result<Vec<Vec<u32>>, GenerateError> {
     check_request(&model.config, model.dtype(), device, prompts, config)?;
     let vocab = model.config.vocab_size;
+    let batches: Vec<&[Vec<u32>]> = prompts.chunks(config.batch_size).collect();
+    let observe = std::sync::Mutex::new(observe);
+    let results = run_batches(batches.len(), device.parallel_batches, |b| {
+        generate_batch(model, batches[b], b * config.batch_size, vocab, config, &mut |s| (*lock(&observe))(s))
+    });
     let mut out = Vec::with_capacity(prompts.len());
-    for (b, batch) in prompts.chunks(config.batch_size).enumerate() {
-        out.extend(generate_batch(model, batch, b * config.batch_size, vocab, config, &mut observe)?);
+    for rows in results {
+        out.extend(rows?);
     }
     Ok(out)
 }
@@ -106,7 +114,7 @@ fn generate_batch(
     first_prompt: usize,
     vocab: usize,
     config: &GenerationConfig,
-    observe: &mut impl FnMut(StepLogits<'_>),
+    observe: &mut dyn FnMut(StepLogits<'_>),
 ) -> Result<Vec<Vec<u32>>, GenerateError> {
     let n = config.max_new_tokens;
     let batch = prompts.len();
@@ -198,8 +206,10 @@ pub fn check_request(
             return Err(GenerateError::TokenOutOfRange { index, token, vocab });
         }
     }
+    // Batches running side by side hold their caches at once: the largest ones together must fit.
+    let concurrent = device.parallel_batches.max(1);
     for batch in prompts.chunks(config.batch_size) {
-        check_memory(model, dtype, device, batch, config.max_new_tokens)?;
+        check_memory(model, dtype, device, batch, config.max_new_tokens, concurrent.min(prompts.len().div_ceil(config.batch_size)))?;
     }
     Ok(())
 }
@@ -210,6 +220,7 @@ fn check_memory(
     device: &ComputeDevice,
     prompts: &[Vec<u32>],
     max_new_tokens: usize,
+    concurrent: usize,
 ) -> Result<(), GenerateError> {
     // u128: a request of any usize size is measured without overflow.
     let batch = prompts.len() as u128;
@@ -237,7 +248,7 @@ fn check_memory(
         let mut sys = sysinfo::System::new();
         sys.refresh_memory();
         let available = sys.available_memory() as u128;
-        let needed = cache_total + scores + logits;
+        let needed = (cache_total + scores + logits) * concurrent as u128;
         if needed > available {
             return Err(GenerateError::TooLarge(format!(
                 "{what} need {:.2} GiB of key-value cache and activations, more than the {:.2} GiB of memory available; use fewer new tokens or a smaller --batch-size",

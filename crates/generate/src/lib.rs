@@ -8,6 +8,7 @@
 mod device;
 mod forced;
 mod greedy;
+mod parallel;
 
 pub use device::{BackendChoice, ComputeDevice, DeviceError, select_device};
 pub use forced::{ForcedLogits, PairedLogits, teacher_forced, teacher_forced_pair};
