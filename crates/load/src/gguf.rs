@@ -1,4 +1,4 @@
-//! GGUF files (versions 2 and 3) with the `llama` architecture.
+//! GGUF files (versions 2 and 3) with the `llama` or `qwen2` architecture.
 //!
 //! Spec: ggml's `docs/gguf.md`; type ids from `ggml/include/ggml.h` (`ggml_type`) and llama.cpp's
 //! `gguf-py/gguf/constants.py` (`GGUFValueType`, `GGMLQuantizationType`, `Keys`). Layout, all
@@ -15,8 +15,20 @@
 //! Tensors are dequantized to f32 ([`HostModel`]'s form): F32, F16, BF16 and the GGML block formats
 //! of `qdrift-ggml` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, MXFP4). A GGUF matrix with dims
 //! `[ne0 = in, ne1 = out]` is `[out, in]` row-major, which is [`HostModel`]'s linear layout as
-//! is. q/k are kept as stored: llama.cpp's converter already permutes them into the interleaved
-//! RoPE layout qdrift uses.
+//! is. For `llama`, q/k are kept as stored: llama.cpp's converter already permutes them into the
+//! interleaved RoPE layout qdrift uses (llama.cpp's `LLAMA_ROPE_TYPE_NORM`). `qwen2` files keep
+//! Hugging Face's rotate-half layout (llama.cpp runs them with `LLAMA_ROPE_TYPE_NEOX`), so their
+//! q/k weights and biases are un-permuted as [`crate::read_hf_folder`] does.
+//!
+//! Hyper-parameters are read from `{arch}.*` keys (`llama.embedding_length`,
+//! `qwen2.embedding_length`, ...). Biases: `blk.N.attn_{q,k,v}.bias` (required for `qwen2`,
+//! optional for `llama`, as in llama.cpp); any other `.bias` tensor is refused. RoPE, as llama.cpp
+//! `llama_model::load_hparams` reads it: `{arch}.rope.dimension_count` must equal the head
+//! dimension (partial rotary embeddings are refused); the per-pair divisors of
+//! `rope_freqs.weight` (`[head_dim / 2]`, Llama 3.1's scaling as llama.cpp's converter writes it)
+//! and the linear factor `{arch}.rope.scaling.factor` (older files: `{arch}.rope.scale_linear`;
+//! applied when `{arch}.rope.scaling.type` is `linear` or absent, ignored for `none`) become
+//! [`RopeScaling::FreqFactors`]; other scaling types (`yarn`, `longrope`) are refused.
 //!
 //! The embedded tokenizer's metadata is kept in [`GgufModel::tokenizer`];
 //! [`crate::gguf_tokenizer`] builds the tokenizer from it. [`GgufModel::metadata`] has every key.
@@ -26,7 +38,8 @@ use std::path::Path;
 
 use qdrift_ggml::GgmlType;
 
-use crate::{HostModel, HostTensor, LayerWeights, LlamaArch, LoadError};
+use crate::hf::permute_rows;
+use crate::{HostModel, HostTensor, LayerWeights, LlamaArch, LoadError, RopeScaling};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -249,7 +262,10 @@ struct TensorInfo {
     end: usize,
 }
 
-/// Reads a GGUF file with the `llama` architecture, dequantizing every tensor to f32.
+/// Architectures [`read_gguf`] reads, as `general.architecture` names them.
+pub const SUPPORTED_GGUF_ARCHITECTURES: &str = "llama, qwen2";
+
+/// Reads a GGUF file with the `llama` or `qwen2` architecture, dequantizing every tensor to f32.
 ///
 /// # Errors
 /// [`LoadError`] naming the file and, where it applies, the tensor, its expected dims and what is
@@ -619,12 +635,20 @@ fn build_llama(
         }
         None => return Err(LoadError::invalid(path, "general.architecture is missing")),
     };
-    if arch_name != "llama" {
-        return Err(LoadError::invalid(
-            path,
-            format!("unsupported architecture {arch_name}; supported: llama"),
-        ));
-    }
+    // qwen2 keeps Hugging Face's rotate-half q/k rows and always has q/k/v biases.
+    let qwen2 = match arch_name {
+        "llama" => false,
+        "qwen2" => true,
+        other => {
+            return Err(LoadError::invalid(
+                path,
+                format!(
+                    "unsupported architecture {other}; supported: {SUPPORTED_GGUF_ARCHITECTURES}"
+                ),
+            ));
+        }
+    };
+    let key = |k: &str| format!("{arch_name}.{k}");
     let int = |key: &str, default: Option<usize>| -> Result<usize, LoadError> {
         match meta.get(key) {
             Some(v) => v
@@ -645,8 +669,8 @@ fn build_llama(
             None => default.ok_or_else(|| LoadError::invalid(path, format!("{key} is missing"))),
         }
     };
-    let dim = int("llama.embedding_length", None)?;
-    let n_heads = int("llama.attention.head_count", None)?;
+    let dim = int(&key("embedding_length"), None)?;
+    let n_heads = int(&key("attention.head_count"), None)?;
 
     let find = |name: &str| infos.iter().find(|t| t.name == name);
     let embd = find("token_embd.weight").ok_or_else(|| {
@@ -678,23 +702,50 @@ fn build_llama(
         ));
     }
     let output = find("output.weight");
-    let arch = LlamaArch {
-        architecture: "llama".to_string(),
+    let mut arch = LlamaArch {
+        architecture: arch_name.to_string(),
         dim,
-        hidden_dim: int("llama.feed_forward_length", None)?,
-        n_layers: int("llama.block_count", None)?,
+        hidden_dim: int(&key("feed_forward_length"), None)?,
+        n_layers: int(&key("block_count"), None)?,
         n_heads,
-        n_kv_heads: int("llama.attention.head_count_kv", Some(n_heads))?,
+        n_kv_heads: int(&key("attention.head_count_kv"), Some(n_heads))?,
         vocab_size,
-        max_seq_len: int("llama.context_length", None)?,
-        norm_eps: float("llama.attention.layer_norm_rms_epsilon", None)?,
-        rope_theta: float("llama.rope.freq_base", Some(10000.0))?,
+        max_seq_len: int(&key("context_length"), None)?,
+        norm_eps: float(&key("attention.layer_norm_rms_epsilon"), None)?,
+        rope_theta: float(&key("rope.freq_base"), Some(10000.0))?,
         tied_embeddings: output.is_none(),
         rope_scaling: None,
     };
     arch.validate().map_err(|e| {
-        LoadError::invalid(path, format!("inconsistent llama hyper-parameters: {e}"))
+        LoadError::invalid(
+            path,
+            format!("inconsistent {arch_name} hyper-parameters: {e}"),
+        )
     })?;
+    let head_dim = arch.head_dim();
+    let rope_dims = int(&key("rope.dimension_count"), Some(head_dim))?;
+    if rope_dims != head_dim {
+        return Err(LoadError::invalid(
+            path,
+            format!(
+                "{} is {rope_dims} but the head dimension is {head_dim}: partial rotary \
+                 embeddings are not supported",
+                key("rope.dimension_count")
+            ),
+        ));
+    }
+    if let Some(t) = infos
+        .iter()
+        .find(|t| t.name.ends_with(".bias") && !is_qkv_bias(&t.name))
+    {
+        return Err(LoadError::invalid(
+            path,
+            format!(
+                "tensor {}: biases other than blk.N.attn_q/attn_k/attn_v.bias are not supported",
+                t.name
+            ),
+        ));
+    }
 
     // `shape` is HostModel's (outermost first); GGUF lists the same dims innermost first.
     let tensor = |name: &str, shape: &[usize]| -> Result<HostTensor, LoadError> {
@@ -728,25 +779,58 @@ fn build_llama(
         })
     };
 
+    let linear = rope_linear_factor(path, meta, arch_name)?;
+    let freqs = match find("rope_freqs.weight") {
+        Some(_) => Some(tensor("rope_freqs.weight", &[head_dim / 2])?.data),
+        None => None,
+    };
+    if freqs.is_some() || linear.is_some() {
+        let mut factors = freqs.unwrap_or_else(|| vec![1.0; head_dim / 2]);
+        if let Some(l) = linear {
+            factors.iter_mut().for_each(|f| *f *= l);
+        }
+        let scaling = RopeScaling::FreqFactors { factors };
+        scaling
+            .validate(head_dim)
+            .map_err(|e| LoadError::invalid(path, format!("tensor rope_freqs.weight: {e}")))?;
+        arch.rope_scaling = Some(scaling);
+    }
+
     let (kv_dim, hidden) = (arch.kv_dim(), arch.hidden_dim);
-    let q_dim = arch.n_heads * arch.head_dim();
+    let q_dim = arch.n_heads * head_dim;
+    // Rows of a qwen2 q/k weight or bias, rotate-half → interleaved.
+    let rope_rows = |t: HostTensor, heads: usize| {
+        if qwen2 {
+            permute_rows(&t, heads, true)
+        } else {
+            t
+        }
+    };
     let token_embedding = tensor("token_embd.weight", &[vocab_size, dim])?;
     let mut layers = Vec::with_capacity(arch.n_layers.min(infos.len()));
     for i in 0..arch.n_layers {
         let t = |suffix: &str, shape: &[usize]| tensor(&format!("blk.{i}.{suffix}.weight"), shape);
+        let bias = |suffix: &str, n: usize| -> Result<Option<HostTensor>, LoadError> {
+            let name = format!("blk.{i}.{suffix}.bias");
+            if qwen2 || find(&name).is_some() {
+                tensor(&name, &[n]).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
         layers.push(LayerWeights {
             attn_norm: t("attn_norm", &[dim])?,
-            wq: t("attn_q", &[q_dim, dim])?,
-            wk: t("attn_k", &[kv_dim, dim])?,
+            wq: rope_rows(t("attn_q", &[q_dim, dim])?, arch.n_heads),
+            wk: rope_rows(t("attn_k", &[kv_dim, dim])?, arch.n_kv_heads),
             wv: t("attn_v", &[kv_dim, dim])?,
             wo: t("attn_output", &[dim, q_dim])?,
             ffn_norm: t("ffn_norm", &[dim])?,
             w_gate: t("ffn_gate", &[hidden, dim])?,
             w_up: t("ffn_up", &[hidden, dim])?,
             w_down: t("ffn_down", &[dim, hidden])?,
-            bq: None,
-            bk: None,
-            bv: None,
+            bq: bias("attn_q", q_dim)?.map(|b| rope_rows(b, arch.n_heads)),
+            bk: bias("attn_k", kv_dim)?.map(|b| rope_rows(b, arch.n_kv_heads)),
+            bv: bias("attn_v", kv_dim)?,
         });
     }
     let final_norm = tensor("output_norm.weight", &[dim])?;
@@ -761,6 +845,78 @@ fn build_llama(
         final_norm,
         output,
     })
+}
+
+/// `blk.N.attn_q.bias`, `blk.N.attn_k.bias` or `blk.N.attn_v.bias`.
+fn is_qkv_bias(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("blk.") else {
+        return false;
+    };
+    let Some((layer, suffix)) = rest.split_once('.') else {
+        return false;
+    };
+    !layer.is_empty()
+        && layer.bytes().all(|b| b.is_ascii_digit())
+        && matches!(suffix, "attn_q.bias" | "attn_k.bias" | "attn_v.bias")
+}
+
+/// llama.cpp's linear RoPE scaling as a divisor of every frequency (`rope_freq_scale_train` is its
+/// inverse): `{arch}.rope.scaling.factor`, else the older `{arch}.rope.scale_linear`, applied when
+/// `{arch}.rope.scaling.type` is `linear` (llama.cpp's default when the key is absent) and ignored
+/// for `none`. `None` when it is absent, 0 (llama.cpp's "unset") or 1.
+fn rope_linear_factor(
+    path: &Path,
+    meta: &BTreeMap<String, GgufValue>,
+    arch: &str,
+) -> Result<Option<f32>, LoadError> {
+    let type_key = format!("{arch}.rope.scaling.type");
+    let kind = match meta.get(&type_key) {
+        None => "linear",
+        Some(GgufValue::String(s)) => s.as_str(),
+        Some(other) => {
+            return Err(LoadError::invalid(
+                path,
+                format!("{type_key} is {other:?}, not a string"),
+            ));
+        }
+    };
+    match kind {
+        "none" => return Ok(None),
+        "linear" => {}
+        other => {
+            return Err(LoadError::invalid(
+                path,
+                format!(
+                    "{type_key} = {other} is not supported; supported: none, linear \
+                     (and per-pair factors in rope_freqs.weight)"
+                ),
+            ));
+        }
+    }
+    let factor_key = [
+        format!("{arch}.rope.scaling.factor"),
+        format!("{arch}.rope.scale_linear"),
+    ]
+    .into_iter()
+    .find(|k| meta.contains_key(k));
+    let Some(k) = factor_key else {
+        return Ok(None);
+    };
+    let v = &meta[&k];
+    let factor = v
+        .as_f64()
+        .ok_or_else(|| LoadError::invalid(path, format!("{k} is {v:?}, not a number")))?
+        as f32;
+    if factor == 0.0 || factor == 1.0 {
+        return Ok(None);
+    }
+    if !(factor > 0.0 && factor.is_finite()) {
+        return Err(LoadError::invalid(
+            path,
+            format!("{k} is {factor}; a RoPE scaling factor must be positive"),
+        ));
+    }
+    Ok(Some(factor))
 }
 
 /// Dequantizes one tensor's bytes (whose length the caller checked) to `n` f32 values.

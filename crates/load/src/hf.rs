@@ -34,12 +34,11 @@
 //! `max_position_embeddings`) caps [`LlamaArch::max_seq_len`]: within the window, sliding-window
 //! attention is full causal attention, so the model is exact for every length it accepts.
 //! Qwen2's q/k/v biases go to [`crate::LayerWeights::bq`] etc.; Llama 3.1+'s `rope_scaling`
-//! (`rope_type = llama3`) to [`LlamaArch::rope_scaling`]. `qdrift-model` applies neither yet, so
-//! [`crate::open_model`] refuses such models ([`HostModel::unapplied_features`]);
-//! [`read_hf_folder`] returns them as read.
+//! (`rope_type = llama3`) to [`LlamaArch::rope_scaling`], as does `rope_parameters` (the form
+//! `transformers` ≥ 5 writes, which also carries `rope_theta`). `qdrift-model` applies both.
 //! Refused with a message: other architectures, `head_dim` ≠ `hidden_size / num_attention_heads`,
-//! `hidden_act` other than `silu`, `attention_bias`/`mlp_bias` on Llama, other `rope_scaling`
-//! types, tensor dtypes other than F32/F16/BF16.
+//! `hidden_act` other than `silu`, `attention_bias`/`mlp_bias` on Llama, `rope_scaling` types
+//! other than `llama3` and `default`, tensor dtypes other than F32/F16/BF16.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -261,9 +260,27 @@ fn parse_config(path: &Path, c: &Value) -> Result<LlamaArch, LoadError> {
     {
         max_seq_len = max_seq_len.min(w);
     }
-    let rope_scaling = match c.get("rope_scaling") {
-        None | Some(Value::Null) => None,
-        Some(r) => Some(parse_rope_scaling(r).map_err(|m| bad(format!("rope_scaling: {m}")))?),
+    // transformers ≥ 5 writes `rope_parameters` ({rope_type, rope_theta, ...}) in place of
+    // `rope_theta` and `rope_scaling`; earlier versions write those two.
+    let rope_parameters = c.get("rope_parameters").filter(|v| !v.is_null());
+    let rope_scaling = match c.get("rope_scaling").filter(|v| !v.is_null()) {
+        Some(r) => parse_rope_scaling(r).map_err(|m| bad(format!("rope_scaling: {m}")))?,
+        None => match rope_parameters {
+            Some(r) => parse_rope_scaling(r).map_err(|m| bad(format!("rope_parameters: {m}")))?,
+            None => None,
+        },
+    };
+    let theta = c
+        .get("rope_theta")
+        .filter(|v| !v.is_null())
+        .or_else(|| rope_parameters.and_then(|r| r.get("rope_theta")))
+        .filter(|v| !v.is_null());
+    let rope_theta = match theta {
+        Some(v) => v
+            .as_f64()
+            .map(|f| f as f32)
+            .ok_or_else(|| bad(format!("rope_theta is {v}, not a number")))?,
+        None => 10000.0,
     };
     let arch = LlamaArch {
         architecture,
@@ -275,7 +292,7 @@ fn parse_config(path: &Path, c: &Value) -> Result<LlamaArch, LoadError> {
         vocab_size: int("vocab_size", None)?,
         max_seq_len,
         norm_eps: float("rms_norm_eps", 1e-6)?,
-        rope_theta: float("rope_theta", 10000.0)?,
+        rope_theta,
         tied_embeddings: flag("tie_word_embeddings"),
         rope_scaling,
     };
@@ -293,28 +310,39 @@ fn parse_config(path: &Path, c: &Value) -> Result<LlamaArch, LoadError> {
     Ok(arch)
 }
 
-/// `rope_scaling` of `transformers`' `modeling_rope_utils.py`; only `rope_type = "llama3"`.
-fn parse_rope_scaling(r: &Value) -> Result<RopeScaling, String> {
+/// `rope_scaling` (or `rope_parameters`) of `transformers`' `modeling_rope_utils.py`:
+/// `rope_type = "llama3"`, or `"default"` (plain RoPE, `None`).
+fn parse_rope_scaling(r: &Value) -> Result<Option<RopeScaling>, String> {
     let kind = r
         .get("rope_type")
         .or_else(|| r.get("type"))
         .and_then(Value::as_str)
         .unwrap_or("(none)");
-    if kind != "llama3" {
-        return Err(format!("type {kind} is not supported; supported: llama3"));
+    match kind {
+        "default" => return Ok(None),
+        "llama3" => {}
+        _ => {
+            return Err(format!(
+                "type {kind} is not supported; supported: default, llama3"
+            ));
+        }
     }
     let num = |k: &str| {
         r.get(k)
             .and_then(Value::as_f64)
             .ok_or_else(|| format!("{k} is missing or not a number"))
     };
-    Ok(RopeScaling {
-        rope_type: kind.to_string(),
+    let original = r
+        .get("original_max_position_embeddings")
+        .and_then(Value::as_u64)
+        .and_then(|v| usize::try_from(v).ok())
+        .ok_or("original_max_position_embeddings is missing or not a non-negative integer")?;
+    Ok(Some(RopeScaling::Llama3 {
         factor: num("factor")? as f32,
         low_freq_factor: num("low_freq_factor")? as f32,
         high_freq_factor: num("high_freq_factor")? as f32,
-        original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
-    })
+        original_max_position_embeddings: original,
+    }))
 }
 
 /// The memory-mapped safetensors files of a folder and which holds each tensor.

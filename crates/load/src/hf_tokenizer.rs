@@ -145,6 +145,11 @@ impl Tokenizer for HfTokenizer {
 /// `LLAMA_VOCAB_PRE_TYPE_LLAMA3` uses an equivalent spelled without `(?i:...)`).
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// Qwen2's pre-tokenizer regex, as its `tokenizer.json` writes it (llama.cpp's
+/// `LLAMA_VOCAB_PRE_TYPE_QWEN2` uses an equivalent spelled without `(?i:...)`): Llama 3's but
+/// with every digit alone (`\p{N}`, not `\p{N}{1,3}`).
+const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// How GGUF's `tokenizer.ggml.pre` value pre-tokenizes byte-level BPE: the pre-tokenizer and
 /// whether a pre-token found whole in the vocabulary skips the merges (`ignore_merges`).
 ///
@@ -158,10 +163,10 @@ const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 ///   `Sequence[Digits(individual_digits), ByteLevel(add_prefix_space = false)]`;
 /// - `llama3`, `llama-v3`, `llama-bpe`: [`LLAMA3_REGEX`] (digits in runs of at most three), with
 ///   `ignore_merges` (llama.cpp sets `tokenizer_ignore_merges`; Llama 3's `tokenizer.json` has
-///   `"ignore_merges": true`).
+///   `"ignore_merges": true`);
+/// - `qwen2`: [`QWEN2_REGEX`], without `ignore_merges` (llama.cpp sets it for Llama 3 only).
 ///
-/// Other values (qwen2, deepseek, ...) use other regexes and are refused rather than tokenized
-/// wrongly.
+/// Other values (deepseek, ...) use other regexes and are refused rather than tokenized wrongly.
 fn byte_level_pre_tokenizer(pre: Option<&str>) -> Result<(PreTokenizerWrapper, bool), String> {
     let byte_level = ByteLevel::new(false, true, true);
     match pre.unwrap_or("default") {
@@ -173,26 +178,27 @@ fn byte_level_pre_tokenizer(pre: Option<&str>) -> Result<(PreTokenizerWrapper, b
             ])),
             false,
         )),
-        "llama3" | "llama-v3" | "llama-bpe" => {
-            let split = Split::new(
-                SplitPattern::Regex(LLAMA3_REGEX.to_string()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map_err(|e| format!("the Llama 3 regex does not compile: {e}"))?;
-            Ok((
-                PreTokenizerWrapper::Sequence(Sequence::new(vec![
-                    PreTokenizerWrapper::Split(split),
-                    PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)),
-                ])),
-                true,
-            ))
-        }
+        "llama3" | "llama-v3" | "llama-bpe" => Ok((regex_then_byte_level(LLAMA3_REGEX)?, true)),
+        "qwen2" => Ok((regex_then_byte_level(QWEN2_REGEX)?, false)),
         other => Err(format!(
             "tokenizer.ggml.pre = {other} is not supported; supported: default, gpt2, smollm, starcoder, refact, \
-             codeshell, llama3, llama-v3, llama-bpe"
+             codeshell, llama3, llama-v3, llama-bpe, qwen2"
         )),
     }
+}
+
+/// A split on `regex` (matches isolated), then the byte-to-unicode map without GPT-2's regex.
+fn regex_then_byte_level(regex: &str) -> Result<PreTokenizerWrapper, String> {
+    let split = Split::new(
+        SplitPattern::Regex(regex.to_string()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(|e| format!("the pre-tokenizer regex does not compile: {e}"))?;
+    Ok(PreTokenizerWrapper::Sequence(Sequence::new(vec![
+        PreTokenizerWrapper::Split(split),
+        PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)),
+    ])))
 }
 
 /// Builds GGUF's byte-level BPE (`tokenizer.ggml.model = gpt2`) from its metadata.

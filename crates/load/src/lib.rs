@@ -10,7 +10,7 @@
 //! | path | format | reader | tokenizer |
 //! |---|---|---|---|
 //! | `*.bin` | llama2.c legacy checkpoint | [`read_llama2c_checkpoint`] | llama2.c `tokenizer.bin` ([`Llama2cTokenizer`]) |
-//! | `*.gguf` | GGUF v2/v3 `llama`, dequantized with `qdrift-ggml` | [`read_gguf`] | embedded: `gpt2` byte-level BPE or `llama` SentencePiece ([`gguf_tokenizer`]) |
+//! | `*.gguf` | GGUF v2/v3 `llama` or `qwen2`, dequantized with `qdrift-ggml` | [`read_gguf`] | embedded: `gpt2` byte-level BPE or `llama` SentencePiece ([`gguf_tokenizer`]) |
 //! | a folder | Hugging Face `config.json` + safetensors (F32/F16/BF16, sharded or not): Llama, Mistral, Qwen2 | [`read_hf_folder`] | `tokenizer.json` via the `tokenizers` crate ([`HfTokenizer`]) |
 //! | `synthetic:NAME[:SEED]` | seeded random weights of a real shape | [`synthetic_model`] | byte level ([`byte_tokenizer`]) |
 //!
@@ -24,9 +24,9 @@
 //! KV-cache memory and FLOPs per token.
 //!
 //! **Architecture invariant:** weights leave this crate as f32 in [`HostModel`]'s layout
-//! (`[out, in]` linears, q/k rows in the interleaved RoPE layout) whatever the source format;
-//! features the model stage does not apply yet (q/k/v biases, RoPE scaling) are carried in
-//! [`HostModel`] but refused by [`open_model`] ([`HostModel::unapplied_features`]).
+//! (`[out, in]` linears, q/k rows and biases in the interleaved RoPE layout) whatever the source
+//! format; a checkpoint feature that [`HostModel`] cannot carry (another RoPE scaling, other
+//! biases, partial rotary dimensions) is refused by its reader, never dropped.
 
 mod error;
 mod gguf;

@@ -39,9 +39,7 @@ pub struct LoadedModel {
 ///   ([`crate::synthetic_model`]); `tokenizer` must be `None`.
 /// - a folder: a Hugging Face checkpoint ([`read_hf_folder`]: `config.json`, safetensors,
 ///   `tokenizer.json`), also when `path` is its `config.json`, a `.safetensors` file or the
-///   shard index; `tokenizer` may name another `tokenizer.json`. Refused when the model
-///   needs what `qdrift-model` does not apply yet ([`HostModel::unapplied_features`]: Qwen2's
-///   biases, Llama 3.1's RoPE scaling).
+///   shard index; `tokenizer` may name another `tokenizer.json`.
 /// - `*.gguf`: GGUF ([`read_gguf`]) with its embedded tokenizer ([`gguf_tokenizer`]); an explicit
 ///   `tokenizer` is refused, as pairing a GGUF model with another tokenizer would silently
 ///   mis-tokenize.
@@ -73,19 +71,7 @@ pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, 
         return open_model(dir, tokenizer);
     }
     if meta.is_dir() {
-        let loaded = read_hf_folder(path, tokenizer)?;
-        let unapplied = loaded.model.unapplied_features();
-        if !unapplied.is_empty() {
-            return Err(LoadError::invalid(
-                path,
-                format!(
-                    "{} uses {}, which qdrift's model does not apply yet; its numbers would be wrong",
-                    loaded.model.arch.architecture,
-                    unapplied.join(" and ")
-                ),
-            ));
-        }
-        return Ok(loaded);
+        return read_hf_folder(path, tokenizer);
     }
     if path
         .extension()

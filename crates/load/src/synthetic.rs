@@ -56,7 +56,7 @@ pub const SYNTHETIC_STD: f32 = 0.02;
 /// The architecture of a preset, without allocating weights.
 ///
 /// Llama 3.x's `rope_scaling` is left out (`None`): a synthetic model has no trained long-context
-/// behaviour to preserve, and `qdrift-model` does not apply it.
+/// behaviour to preserve, and plain RoPE costs the same.
 pub fn synthetic_arch(name: &str) -> Option<LlamaArch> {
     // (dim, hidden, layers, heads, kv_heads, vocab, max_seq_len, eps, theta, tied)
     let (dim, hidden, layers, heads, kv, vocab, ctx, eps, theta, tied) = match name {

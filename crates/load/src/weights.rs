@@ -1,6 +1,6 @@
 //! The in-memory form every loader produces: an architecture and its f32 weights.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Hyper-parameters of a Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -27,31 +27,93 @@ pub struct LlamaArch {
     pub rope_theta: f32,
     /// Whether the output layer shares the token-embedding matrix.
     pub tied_embeddings: bool,
-    /// RoPE frequency scaling (Llama 3.1+), `None` for plain RoPE. `qdrift-model` does not apply
-    /// it yet; [`crate::open_model`] refuses models that have it ([`HostModel::unapplied_features`]).
+    /// How RoPE's inverse frequencies depart from `theta^(-2i/head_dim)`: Llama 3.1+'s scaling
+    /// from a Hugging Face config, or per-pair divisors from a GGUF file; `None` for plain RoPE.
     pub rope_scaling: Option<RopeScaling>,
 }
 
-/// `rope_scaling` of a Hugging Face `config.json` with `rope_type = "llama3"`.
-///
-/// Spec: `transformers` `modeling_rope_utils.py` `_compute_llama3_parameters`: with
-/// `wavelen = 2π / inv_freq`, `low = original_max_position_embeddings / low_freq_factor`,
-/// `high = original_max_position_embeddings / high_freq_factor`: frequencies with
-/// `wavelen > low` are divided by `factor`, those with `wavelen < high` kept, and those between
-/// interpolated with `smooth = (original_max_position_embeddings / wavelen - low_freq_factor) /
-/// (high_freq_factor - low_freq_factor)`: `(1 - smooth) · inv_freq / factor + smooth · inv_freq`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct RopeScaling {
-    /// `rope_type` (only `llama3`).
-    pub rope_type: String,
-    /// `factor`.
-    pub factor: f32,
-    /// `low_freq_factor`.
-    pub low_freq_factor: f32,
-    /// `high_freq_factor`.
-    pub high_freq_factor: f32,
-    /// `original_max_position_embeddings`.
-    pub original_max_position_embeddings: usize,
+/// RoPE frequency scaling, applied by `qdrift-model`'s `Rope` to the inverse frequencies
+/// `inv_freq[i] = theta^(-2i/head_dim)` of the rotation pairs `i < head_dim / 2`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "rope_type", rename_all = "snake_case")]
+pub enum RopeScaling {
+    /// `rope_scaling` of a Hugging Face `config.json` with `rope_type = "llama3"` (Llama 3.1+).
+    ///
+    /// Spec: `transformers` `modeling_rope_utils.py` `_compute_llama3_parameters`: with
+    /// `wavelen = 2π / inv_freq`, `low = original_max_position_embeddings / low_freq_factor`,
+    /// `high = original_max_position_embeddings / high_freq_factor`: frequencies with
+    /// `wavelen > low` are divided by `factor`, those with `wavelen < high` kept, and those between
+    /// interpolated with `smooth = (original_max_position_embeddings / wavelen - low_freq_factor) /
+    /// (high_freq_factor - low_freq_factor)`: `(1 - smooth) · inv_freq / factor + smooth · inv_freq`.
+    Llama3 {
+        /// `factor`.
+        factor: f32,
+        /// `low_freq_factor`.
+        low_freq_factor: f32,
+        /// `high_freq_factor`.
+        high_freq_factor: f32,
+        /// `original_max_position_embeddings`.
+        original_max_position_embeddings: usize,
+    },
+    /// One divisor per rotation pair: `inv_freq[i] / factors[i]`. llama.cpp's `freq_factors`
+    /// (`ggml_rope_ext`: the angle of pair `i` is `pos · theta^(-2i/n_rot) / freq_factors[i]`),
+    /// stored in GGUF as the tensor `rope_freqs.weight` (`[head_dim / 2]`; llama.cpp's converter
+    /// writes Llama 3.1's scaling this way); GGUF's linear scaling (`rope.scaling.factor`) is
+    /// folded in as a common divisor.
+    FreqFactors {
+        /// `head_dim / 2` positive divisors.
+        factors: Vec<f32>,
+    },
+}
+
+impl RopeScaling {
+    /// Checks the parameters for a head of width `head_dim`.
+    pub fn validate(&self, head_dim: usize) -> Result<(), String> {
+        let positive = |name: &str, v: f32| {
+            if v > 0.0 && v.is_finite() {
+                Ok(())
+            } else {
+                Err(format!("rope scaling {name} {v} must be positive"))
+            }
+        };
+        match self {
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                positive("factor", *factor)?;
+                positive("low_freq_factor", *low_freq_factor)?;
+                positive("high_freq_factor", *high_freq_factor)?;
+                if high_freq_factor <= low_freq_factor {
+                    return Err(format!(
+                        "rope scaling high_freq_factor {high_freq_factor} must be greater than low_freq_factor \
+                         {low_freq_factor}"
+                    ));
+                }
+                if *original_max_position_embeddings == 0 {
+                    return Err(
+                        "rope scaling original_max_position_embeddings must be positive"
+                            .to_string(),
+                    );
+                }
+                Ok(())
+            }
+            RopeScaling::FreqFactors { factors } => {
+                if factors.len() != head_dim / 2 {
+                    return Err(format!(
+                        "{} RoPE frequency factors for a head dimension of {head_dim}; expected {}",
+                        factors.len(),
+                        head_dim / 2
+                    ));
+                }
+                factors
+                    .iter()
+                    .try_for_each(|&f| positive("frequency factor", f))
+            }
+        }
+    }
 }
 
 impl LlamaArch {
@@ -102,6 +164,9 @@ impl LlamaArch {
         }
         if !(self.rope_theta > 0.0 && self.rope_theta.is_finite()) {
             return Err(format!("rope_theta {} must be positive", self.rope_theta));
+        }
+        if let Some(s) = &self.rope_scaling {
+            s.validate(self.head_dim())?;
         }
         Ok(())
     }
@@ -162,8 +227,7 @@ pub struct LayerWeights {
     /// SwiGLU down projection, `[dim, hidden_dim]`.
     pub w_down: HostTensor,
     /// Query bias `[n_heads * head_dim]` (Qwen2), in the same interleaved row order as `wq`;
-    /// `None` for Llama. `qdrift-model` does not apply biases yet: see
-    /// [`HostModel::unapplied_features`].
+    /// `None` for Llama.
     pub bq: Option<HostTensor>,
     /// Key bias `[n_kv_heads * head_dim]` (Qwen2), in `wk`'s row order.
     pub bk: Option<HostTensor>,
@@ -231,26 +295,6 @@ impl HostModel {
             }
         };
         self.for_each_tensor_mut(round);
-    }
-
-    /// Features of this model that `qdrift-model` does not apply yet (q/k/v biases, RoPE
-    /// scaling), each as a sentence; empty when the model runs exactly.
-    pub fn unapplied_features(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        if self
-            .layers
-            .iter()
-            .any(|l| l.bq.is_some() || l.bk.is_some() || l.bv.is_some())
-        {
-            out.push("q/k/v projection biases (Qwen2)".to_string());
-        }
-        if let Some(r) = &self.arch.rope_scaling {
-            out.push(format!(
-                "rope_scaling type {} (factor {})",
-                r.rope_type, r.factor
-            ));
-        }
-        out
     }
 
     /// Applies `f` to every weight tensor (embedding, every layer's tensors, norm, head).

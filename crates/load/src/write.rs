@@ -11,7 +11,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use crate::hf::permute_rows;
-use crate::{HostModel, HostTensor, Llama2cTokenizer, LoadError, Tokenizer};
+use crate::{HostModel, HostTensor, Llama2cTokenizer, LoadError, RopeScaling, Tokenizer};
 
 /// Element type of the written weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,9 +101,14 @@ impl safetensors::View for &Bytes {
     }
 }
 
-/// Writes `model` and `tokenizer` as a Hugging Face `LlamaForCausalLM` folder: `config.json`,
-/// `model.safetensors` (every tensor in `dtype`, HF names, q/k rows permuted to the rotate-half
-/// layout — see [`crate::read_hf_folder`]'s table), `tokenizer.json`, `tokenizer_config.json`.
+/// Writes `model` and `tokenizer` as a Hugging Face folder: `config.json`, `model.safetensors`
+/// (every tensor in `dtype`, HF names, q/k rows permuted to the rotate-half layout — see
+/// [`crate::read_hf_folder`]'s table), `tokenizer.json`, `tokenizer_config.json`.
+///
+/// The architecture is `Qwen2ForCausalLM` when the layers have q/k/v biases (all three in every
+/// layer, as Qwen2 has them), else `LlamaForCausalLM`; [`RopeScaling::Llama3`] is written as
+/// `rope_scaling` (`rope_type = llama3`). [`RopeScaling::FreqFactors`] has no `config.json` form
+/// and is refused.
 ///
 /// The `tokenizer.json` is a `tokenizers` BPE model equivalent to llama2.c's encoder (as
 /// Hugging Face's Llama 2 `tokenizer.json` is to SentencePiece):
@@ -118,18 +123,46 @@ impl safetensors::View for &Bytes {
 ///
 /// # Errors
 /// [`LoadError`] naming the file that could not be written, or the model when its shape
-/// contradicts its architecture.
+/// contradicts its architecture, some layers have biases and others not, or its RoPE scaling has
+/// no `config.json` form.
 pub fn write_hf_folder(
     dir: &Path,
     model: &HostModel,
     tokenizer: &Llama2cTokenizer,
     dtype: WriteDtype,
 ) -> Result<(), LoadError> {
-    std::fs::create_dir_all(dir).map_err(|e| LoadError::io(dir, e))?;
     let a = &model.arch;
+    let qwen2 = has_qkv_biases(dir, model)?;
+    let rope_scaling = match &a.rope_scaling {
+        None => Value::Null,
+        Some(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        }) => json!({
+            "rope_type": "llama3",
+            "factor": json_f32(*factor),
+            "low_freq_factor": json_f32(*low_freq_factor),
+            "high_freq_factor": json_f32(*high_freq_factor),
+            "original_max_position_embeddings": original_max_position_embeddings,
+        }),
+        Some(RopeScaling::FreqFactors { .. }) => {
+            return Err(LoadError::invalid(
+                dir,
+                "RoPE frequency factors (GGUF rope_freqs.weight) have no config.json form",
+            ));
+        }
+    };
+    std::fs::create_dir_all(dir).map_err(|e| LoadError::io(dir, e))?;
+    let (architecture, model_type) = if qwen2 {
+        ("Qwen2ForCausalLM", "qwen2")
+    } else {
+        ("LlamaForCausalLM", "llama")
+    };
     let config = json!({
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [architecture],
+        "model_type": model_type,
         "hidden_size": a.dim,
         "intermediate_size": a.hidden_dim,
         "num_hidden_layers": a.n_layers,
@@ -139,6 +172,7 @@ pub fn write_hf_folder(
         "max_position_embeddings": a.max_seq_len,
         "rms_norm_eps": json_f32(a.norm_eps),
         "rope_theta": json_f32(a.rope_theta),
+        "rope_scaling": rope_scaling,
         "tie_word_embeddings": a.tied_embeddings,
         "hidden_act": "silu",
         "bos_token_id": tokenizer.bos_id(),
@@ -222,6 +256,58 @@ pub fn write_hf_folder(
         "model_max_length": a.max_seq_len,
     });
     write_json(&dir.join("tokenizer_config.json"), &tok_config)
+}
+
+/// Whether every layer has q, k and v biases (Qwen2); `false` when none has any.
+fn has_qkv_biases(path: &Path, model: &HostModel) -> Result<bool, LoadError> {
+    let count =
+        |l: &crate::LayerWeights| [&l.bq, &l.bk, &l.bv].iter().filter(|b| b.is_some()).count();
+    let counts: Vec<usize> = model.layers.iter().map(count).collect();
+    if counts.iter().all(|&c| c == 0) {
+        Ok(false)
+    } else if counts.iter().all(|&c| c == 3) {
+        Ok(true)
+    } else {
+        Err(LoadError::invalid(
+            path,
+            "some q/k/v biases are missing; only models with all three biases in every layer \
+             (Qwen2) or none are written",
+        ))
+    }
+}
+
+/// llama.cpp's converter (`convert_hf_to_gguf.py`, `LlamaModel.generate_extra_tensors`) turns
+/// Llama 3.1's `rope_scaling` into the per-pair divisors of `rope_freqs.weight`: 1 where
+/// `wavelen < high`, `factor` where `wavelen > low`, `1 / ((1 - smooth) / factor + smooth)`
+/// between (see [`RopeScaling::Llama3`]), computed in f32 from the f32 inverse frequencies.
+fn llama3_freq_factors(scaling: &RopeScaling, head_dim: usize, theta: f32) -> Option<Vec<f32>> {
+    let RopeScaling::Llama3 {
+        factor,
+        low_freq_factor,
+        high_freq_factor,
+        original_max_position_embeddings,
+    } = *scaling
+    else {
+        return None;
+    };
+    let old = original_max_position_embeddings as f32;
+    let (low, high) = (old / low_freq_factor, old / high_freq_factor);
+    let factors = (0..head_dim / 2)
+        .map(|i| {
+            let freq = 1.0 / theta.powf((2 * i) as f32 / head_dim as f32);
+            let wavelen = 2.0 * std::f32::consts::PI / freq;
+            if wavelen < high {
+                1.0
+            } else if wavelen > low {
+                factor
+            } else {
+                let smooth =
+                    (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            }
+        })
+        .collect();
+    Some(factors)
 }
 
 /// Is `p` a byte-fallback piece `<0xNN>`?
@@ -359,23 +445,27 @@ impl Kv {
     }
 }
 
-/// Writes `model` and `tokenizer` as a GGUF v3 file with the `llama` architecture.
+/// Writes `model` and `tokenizer` as a GGUF v3 file with the `llama` architecture, or `qwen2`
+/// when the layers have q/k/v biases (all three in every layer).
 ///
 /// Spec: ggml `docs/gguf.md` (layout as [`crate::read_gguf`] describes it; alignment 32).
-/// Metadata: `general.architecture = llama`, `general.alignment`, `llama.context_length`,
-/// `llama.embedding_length`, `llama.block_count`, `llama.feed_forward_length`,
-/// `llama.attention.head_count`, `llama.attention.head_count_kv`,
-/// `llama.attention.layer_norm_rms_epsilon`, `llama.rope.freq_base`, `llama.rope.dimension_count`,
-/// `llama.vocab_size`; tokenizer `tokenizer.ggml.model = llama` with `tokens` (`▁` for spaces),
+/// Metadata: `general.architecture` (`ARCH` = `llama` or `qwen2`), `general.alignment`,
+/// `ARCH.context_length`, `ARCH.embedding_length`, `ARCH.block_count`, `ARCH.feed_forward_length`,
+/// `ARCH.attention.head_count`, `ARCH.attention.head_count_kv`,
+/// `ARCH.attention.layer_norm_rms_epsilon`, `ARCH.rope.freq_base`, `ARCH.rope.dimension_count`,
+/// `ARCH.vocab_size`; tokenizer `tokenizer.ggml.model = llama` with `tokens` (`▁` for spaces),
 /// `scores`, `token_type` (2 unknown for id 0, 3 control for BOS/EOS, 6 byte for `<0xNN>`,
 /// 1 otherwise), `bos_token_id`, `eos_token_id`, `unknown_token_id = 0`, `add_bos_token = true`.
-/// Tensors use llama.cpp's names (`token_embd`, `blk.N.attn_q`, ...); matrices are stored in
-/// `dtype`, 1-D norms always as F32 (as llama.cpp's converter does). q/k stay interleaved (GGUF's
-/// layout).
+/// Tensors use llama.cpp's names (`token_embd`, `blk.N.attn_q`, `blk.N.attn_q.bias`, ...);
+/// matrices are stored in `dtype`, 1-D norms, biases and `rope_freqs.weight` always as F32 (as
+/// llama.cpp's converter does). `llama` q/k stay interleaved (GGUF's layout); `qwen2` q/k weights
+/// and biases are written in Hugging Face's rotate-half layout, as llama.cpp's converter leaves
+/// them. RoPE scaling becomes `rope_freqs.weight`: [`RopeScaling::FreqFactors`] as is,
+/// [`RopeScaling::Llama3`] as llama.cpp's converter computes it.
 ///
 /// # Errors
-/// [`LoadError::Invalid`] for `dtype = BF16` (not offered here) or a piece that is not UTF-8, and
-/// the I/O error otherwise.
+/// [`LoadError::Invalid`] for `dtype = BF16` (not offered here), a piece that is not UTF-8 or
+/// biases in some layers only, and the I/O error otherwise.
 pub fn write_gguf(
     path: &Path,
     model: &HostModel,
@@ -389,23 +479,26 @@ pub fn write_gguf(
         ));
     }
     let a = &model.arch;
+    let qwen2 = has_qkv_biases(path, model)?;
+    let arch = if qwen2 { "qwen2" } else { "llama" };
     let mut kv = Kv::default();
-    kv.string("general.architecture", "llama");
+    kv.string("general.architecture", arch);
     kv.string("general.name", &a.architecture);
     kv.u32("general.alignment", ALIGNMENT as u32);
     let u = |x: usize| {
         u32::try_from(x).map_err(|_| LoadError::invalid(path, format!("{x} does not fit a u32")))
     };
-    kv.u32("llama.context_length", u(a.max_seq_len)?);
-    kv.u32("llama.embedding_length", u(a.dim)?);
-    kv.u32("llama.block_count", u(a.n_layers)?);
-    kv.u32("llama.feed_forward_length", u(a.hidden_dim)?);
-    kv.u32("llama.attention.head_count", u(a.n_heads)?);
-    kv.u32("llama.attention.head_count_kv", u(a.n_kv_heads)?);
-    kv.f32("llama.attention.layer_norm_rms_epsilon", a.norm_eps);
-    kv.f32("llama.rope.freq_base", a.rope_theta);
-    kv.u32("llama.rope.dimension_count", u(a.head_dim())?);
-    kv.u32("llama.vocab_size", u(a.vocab_size)?);
+    let k = |key: &str| format!("{arch}.{key}");
+    kv.u32(&k("context_length"), u(a.max_seq_len)?);
+    kv.u32(&k("embedding_length"), u(a.dim)?);
+    kv.u32(&k("block_count"), u(a.n_layers)?);
+    kv.u32(&k("feed_forward_length"), u(a.hidden_dim)?);
+    kv.u32(&k("attention.head_count"), u(a.n_heads)?);
+    kv.u32(&k("attention.head_count_kv"), u(a.n_kv_heads)?);
+    kv.f32(&k("attention.layer_norm_rms_epsilon"), a.norm_eps);
+    kv.f32(&k("rope.freq_base"), a.rope_theta);
+    kv.u32(&k("rope.dimension_count"), u(a.head_dim())?);
+    kv.u32(&k("vocab_size"), u(a.vocab_size)?);
 
     kv.string("tokenizer.ggml.model", "llama");
     let mut body = Vec::new();
@@ -455,30 +548,97 @@ pub fn write_gguf(
     kv.u32("tokenizer.ggml.unknown_token_id", 0);
     kv.bool("tokenizer.ggml.add_bos_token", true);
 
+    // Rows of a qwen2 q/k weight or bias, interleaved → rotate-half.
+    let rope_rows = |t: &HostTensor, heads: usize| -> HostTensor {
+        if qwen2 {
+            permute_rows(t, heads, false)
+        } else {
+            t.clone()
+        }
+    };
     // (name, tensor, stored as F32?)
-    let mut tensors: Vec<(String, &HostTensor, bool)> =
-        vec![("token_embd.weight".into(), &model.token_embedding, false)];
+    let mut tensors: Vec<(String, Cow<'_, HostTensor>, bool)> = vec![(
+        "token_embd.weight".into(),
+        Cow::Borrowed(&model.token_embedding),
+        false,
+    )];
+    if let Some(s) = &a.rope_scaling {
+        let factors = match s {
+            RopeScaling::FreqFactors { factors } => factors.clone(),
+            RopeScaling::Llama3 { .. } => {
+                llama3_freq_factors(s, a.head_dim(), a.rope_theta).unwrap_or_default()
+            }
+        };
+        let t = HostTensor::new(vec![factors.len()], factors)
+            .ok_or_else(|| LoadError::invalid(path, "RoPE frequency factors"))?;
+        tensors.push(("rope_freqs.weight".into(), Cow::Owned(t), true));
+    }
     for (i, l) in model.layers.iter().enumerate() {
         let b = format!("blk.{i}");
-        tensors.push((format!("{b}.attn_norm.weight"), &l.attn_norm, true));
-        tensors.push((format!("{b}.attn_q.weight"), &l.wq, false));
-        tensors.push((format!("{b}.attn_k.weight"), &l.wk, false));
-        tensors.push((format!("{b}.attn_v.weight"), &l.wv, false));
-        tensors.push((format!("{b}.attn_output.weight"), &l.wo, false));
-        tensors.push((format!("{b}.ffn_norm.weight"), &l.ffn_norm, true));
-        tensors.push((format!("{b}.ffn_gate.weight"), &l.w_gate, false));
-        tensors.push((format!("{b}.ffn_up.weight"), &l.w_up, false));
-        tensors.push((format!("{b}.ffn_down.weight"), &l.w_down, false));
+        tensors.push((
+            format!("{b}.attn_norm.weight"),
+            Cow::Borrowed(&l.attn_norm),
+            true,
+        ));
+        tensors.push((
+            format!("{b}.attn_q.weight"),
+            Cow::Owned(rope_rows(&l.wq, a.n_heads)),
+            false,
+        ));
+        tensors.push((
+            format!("{b}.attn_k.weight"),
+            Cow::Owned(rope_rows(&l.wk, a.n_kv_heads)),
+            false,
+        ));
+        tensors.push((format!("{b}.attn_v.weight"), Cow::Borrowed(&l.wv), false));
+        if let (Some(bq), Some(bk), Some(bv)) = (&l.bq, &l.bk, &l.bv) {
+            tensors.push((
+                format!("{b}.attn_q.bias"),
+                Cow::Owned(rope_rows(bq, a.n_heads)),
+                true,
+            ));
+            tensors.push((
+                format!("{b}.attn_k.bias"),
+                Cow::Owned(rope_rows(bk, a.n_kv_heads)),
+                true,
+            ));
+            tensors.push((format!("{b}.attn_v.bias"), Cow::Borrowed(bv), true));
+        }
+        tensors.push((
+            format!("{b}.attn_output.weight"),
+            Cow::Borrowed(&l.wo),
+            false,
+        ));
+        tensors.push((
+            format!("{b}.ffn_norm.weight"),
+            Cow::Borrowed(&l.ffn_norm),
+            true,
+        ));
+        tensors.push((
+            format!("{b}.ffn_gate.weight"),
+            Cow::Borrowed(&l.w_gate),
+            false,
+        ));
+        tensors.push((format!("{b}.ffn_up.weight"), Cow::Borrowed(&l.w_up), false));
+        tensors.push((
+            format!("{b}.ffn_down.weight"),
+            Cow::Borrowed(&l.w_down),
+            false,
+        ));
     }
-    tensors.push(("output_norm.weight".into(), &model.final_norm, true));
+    tensors.push((
+        "output_norm.weight".into(),
+        Cow::Borrowed(&model.final_norm),
+        true,
+    ));
     if let Some(o) = &model.output {
-        tensors.push(("output.weight".into(), o, false));
+        tensors.push(("output.weight".into(), Cow::Borrowed(o), false));
     }
 
     let mut infos = Vec::new();
     let mut data = Vec::new();
-    for (name, t, norm) in &tensors {
-        let (ty, bytes) = if *norm || dtype == WriteDtype::F32 {
+    for (name, t, f32_always) in &tensors {
+        let (ty, bytes) = if *f32_always || dtype == WriteDtype::F32 {
             (0u32, WriteDtype::F32.bytes(t))
         } else {
             (1u32, WriteDtype::F16.bytes(t))

@@ -1,7 +1,7 @@
 //! One test per way a model folder or file can be wrong: each asserts the specific error
 //! (naming the file, the tensor and the expected shape where they apply), never a panic.
 //! Also the Hugging Face options that change how a folder reads (sharding, Qwen2 biases,
-//! Mistral's sliding window, Llama 3's RoPE scaling).
+//! Mistral's sliding window, Llama 3's RoPE scaling, transformers 5's `rope_parameters`).
 //!
 //! Fixtures: the synthetic `tiny` model (vocab 320, dim 32, hidden 64, 2 layers, 4/2 heads,
 //! tied) written by `qdrift_load::write`, then edited.
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use qdrift_load::write::{WriteDtype, write_gguf, write_hf_folder};
 use qdrift_load::{
-    LoadError, LoadedModel, byte_tokenizer, open_model, read_hf_folder, synthetic_model,
+    LoadError, LoadedModel, RopeScaling, byte_tokenizer, open_model, synthetic_model,
 };
 use safetensors::Dtype;
 use serde_json::Value;
@@ -380,7 +380,7 @@ fn sharded_folder_reads_like_a_single_file() {
 }
 
 #[test]
-fn qwen2_biases_are_read_unpermuted_and_refused_by_open_model() {
+fn qwen2_biases_are_read_unpermuted() {
     let (dir, m) = folder();
     edit_config(dir.path(), |c| {
         c["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]);
@@ -397,9 +397,8 @@ fn qwen2_biases_are_read_unpermuted_and_refused_by_open_model() {
         all.push((format!("{p}.v_proj.bias"), Dtype::F32, vec![kv], rows(kv)));
     }
     write_tensors(&st_path(dir.path()), &all);
-    let e = err(dir.path());
-    assert!(e.contains("Qwen2ForCausalLM uses q/k/v projection biases (Qwen2), which qdrift's model does not apply yet"), "{e}");
-    let read = read_hf_folder(dir.path(), None).expect("read_hf_folder returns it");
+    let read = open_model(dir.path(), None).expect("a Qwen2 folder opens");
+    assert_eq!(read.model.arch.architecture, "Qwen2ForCausalLM");
     let l = &read.model.layers[0];
     // head_dim 8: rotate-half row h·8 + a·4 + i is interleaved row h·8 + 2i + a.
     let bq = &l.bq.as_ref().expect("bq").data;
@@ -409,6 +408,15 @@ fn qwen2_biases_are_read_unpermuted_and_refused_by_open_model() {
         (0..16).map(|r| r as f32).collect::<Vec<_>>()
     );
     assert_eq!(l.wq, m.model.layers[0].wq);
+
+    // Qwen2 without its biases is a missing tensor, named with its expected shape.
+    all.retain(|t| t.0 != "model.layers.1.self_attn.k_proj.bias");
+    write_tensors(&st_path(dir.path()), &all);
+    let e = err(dir.path());
+    assert!(
+        e.contains("tensor model.layers.1.self_attn.k_proj.bias is missing; expected shape [16]"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -425,7 +433,7 @@ fn mistral_sliding_window_caps_the_context() {
 }
 
 #[test]
-fn llama3_rope_scaling_is_recorded_and_refused_by_open_model() {
+fn llama3_rope_scaling_is_read() {
     let (dir, _) = folder();
     edit_config(dir.path(), |c| {
         c.insert(
@@ -434,25 +442,77 @@ fn llama3_rope_scaling_is_recorded_and_refused_by_open_model() {
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
         );
     });
-    let e = err(dir.path());
-    assert!(e.contains("rope_scaling type llama3 (factor 32)"), "{e}");
-    let r = read_hf_folder(dir.path(), None).expect("read");
-    let s = r.model.arch.rope_scaling.expect("recorded");
+    let r = open_model(dir.path(), None).expect("opens");
     assert_eq!(
-        (
-            s.factor,
-            s.low_freq_factor,
-            s.high_freq_factor,
-            s.original_max_position_embeddings
-        ),
-        (32.0, 1.0, 4.0, 8192)
+        r.model.arch.rope_scaling,
+        Some(RopeScaling::Llama3 {
+            factor: 32.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192
+        })
+    );
+    // `rope_type: default` is plain RoPE.
+    edit_config(dir.path(), |c| {
+        c["rope_scaling"] = serde_json::json!({"rope_type": "default"})
+    });
+    assert_eq!(
+        open_model(dir.path(), None)
+            .expect("opens")
+            .model
+            .arch
+            .rope_scaling,
+        None
     );
     edit_config(dir.path(), |c| {
         c["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0})
     });
     let e = err(dir.path());
     assert!(
-        e.contains("rope_scaling: type yarn is not supported; supported: llama3"),
+        e.contains("rope_scaling: type yarn is not supported; supported: default, llama3"),
+        "{e}"
+    );
+    // high_freq_factor must exceed low_freq_factor (the interpolation divides by their gap).
+    edit_config(dir.path(), |c| {
+        c["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0,
+            "low_freq_factor": 4.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    });
+    let e = err(dir.path());
+    assert!(
+        e.contains("high_freq_factor 4 must be greater than low_freq_factor 4"),
+        "{e}"
+    );
+}
+
+#[test]
+fn transformers_5_rope_parameters_are_read() {
+    let (dir, _) = folder();
+    edit_config(dir.path(), |c| {
+        c.remove("rope_theta");
+        c.insert(
+            "rope_parameters".into(),
+            serde_json::json!({"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}),
+        );
+    });
+    let a = open_model(dir.path(), None).expect("opens").model.arch;
+    assert_eq!(a.rope_theta, 500000.0);
+    assert!(matches!(
+        a.rope_scaling,
+        Some(RopeScaling::Llama3 { factor: 8.0, .. })
+    ));
+    edit_config(dir.path(), |c| {
+        c["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": 100000.0})
+    });
+    let a = open_model(dir.path(), None).expect("opens").model.arch;
+    assert_eq!((a.rope_theta, a.rope_scaling), (100000.0, None));
+    edit_config(dir.path(), |c| {
+        c["rope_parameters"] = serde_json::json!({"rope_type": "dynamic", "rope_theta": 1e4})
+    });
+    let e = err(dir.path());
+    assert!(
+        e.contains("rope_parameters: type dynamic is not supported; supported: default, llama3"),
         "{e}"
     );
 }

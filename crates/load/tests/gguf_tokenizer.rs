@@ -159,7 +159,7 @@ fn gguf_tokenizer_unsupported_kinds_are_errors() {
     );
     let meta = GgufTokenizerMetadata {
         model: Some("gpt2".into()),
-        pre: Some("qwen2".into()),
+        pre: Some("deepseek-llm".into()),
         merges: vec!["a b".into()],
         ..llama_meta()
     };
@@ -168,7 +168,7 @@ fn gguf_tokenizer_unsupported_kinds_are_errors() {
         .expect("refused")
         .to_string();
     assert!(
-        e.contains("tokenizer.ggml.pre = qwen2 is not supported"),
+        e.contains("tokenizer.ggml.pre = deepseek-llm is not supported"),
         "{e}"
     );
     let meta = GgufTokenizerMetadata {
@@ -203,7 +203,7 @@ fn bpe_meta(pre: &str) -> GgufTokenizerMetadata {
 }
 
 #[test]
-fn gguf_llama3_pre_tokenizer_splits_digits_in_threes_and_ignores_merges_for_whole_words() {
+fn gguf_llama3_and_qwen2_pre_tokenizers_split_digits_and_merge_as_llama_cpp() {
     let tokens = bpe_meta("gpt2").tokens;
     let id = |t: &str| tokens.iter().position(|x| x == t).expect("token") as u32;
     let chars = |s: &str| s.chars().map(|c| id(&c.to_string())).collect::<Vec<_>>();
@@ -224,4 +224,25 @@ fn gguf_llama3_pre_tokenizer_splits_digits_in_threes_and_ignores_merges_for_whol
     let mut want = vec![id("He")];
     want.extend(chars("lloĠworld123456's"));
     assert_eq!(encode("gpt2"), want);
+    // Qwen2 (llama.cpp's regex): every digit alone, merges applied (no ignore_merges), no BOS.
+    // With merges that build "123" from its digits, only a pre-tokenizer that keeps the digits
+    // together (GPT-2's) reaches it.
+    let mut meta = bpe_meta("qwen2");
+    meta.tokens.push("12".into());
+    meta.token_type.as_mut().expect("types").push(1);
+    meta.merges.extend(["1 2".to_string(), "12 3".to_string()]);
+    let encode = |meta: &GgufTokenizerMetadata| {
+        let tok = gguf_tokenizer(Path::new("m.gguf"), meta, meta.tokens.len()).expect("valid");
+        let ids = tok.encode("Hello world123");
+        assert_eq!(tok.decode(&ids), "Hello world123");
+        ids
+    };
+    let mut want = vec![id("He")];
+    want.extend(chars("lloĠworld123"));
+    assert_eq!(encode(&meta), want);
+    meta.pre = Some("gpt2".into());
+    let mut want = vec![id("He")];
+    want.extend(chars("lloĠworld"));
+    want.push(id("123"));
+    assert_eq!(encode(&meta), want);
 }

@@ -5,7 +5,9 @@
 use std::path::PathBuf;
 
 use qdrift_load::write::{WriteDtype, write_gguf, write_hf_folder};
-use qdrift_load::{HostModel, HostTensor, Llama2cTokenizer, LoadedModel, Tokenizer, open_model};
+use qdrift_load::{
+    HostModel, HostTensor, Llama2cTokenizer, LoadedModel, RopeScaling, Tokenizer, open_model,
+};
 
 /// `../shared` beside the repository (override with `QDRIFT_SHARED`), as `qdrift-tests` finds it.
 fn stories_dir() -> Option<PathBuf> {
@@ -183,4 +185,119 @@ fn write_gguf_refuses_bf16() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("F32 or F16 only"), "{e}");
+}
+
+/// The synthetic `tiny` model (head_dim 8, theta 10000) with seeded q/k/v biases whose values
+/// differ from row to row, so that a permutation error would show.
+fn tiny_with_biases() -> (HostModel, Llama2cTokenizer) {
+    let mut m = qdrift_load::synthetic_model("tiny", 5).expect("tiny").model;
+    for (i, l) in m.layers.iter_mut().enumerate() {
+        let b = |k: usize, n: usize| {
+            let data = (0..n)
+                .map(|r| (100 * i + 10 * k + r) as f32 / 64.0 - 1.0)
+                .collect();
+            Some(HostTensor::new(vec![n], data).expect("shape"))
+        };
+        (l.bq, l.bk, l.bv) = (b(1, 32), b(2, 16), b(3, 16));
+    }
+    (m, qdrift_load::byte_tokenizer(320).expect("tok"))
+}
+
+/// Llama 3.1-style scaling for head_dim 8 and theta 10000 (wavelengths 6.3, 63, 628, 6283):
+/// pair 0 kept, pair 1 interpolated, pairs 2 and 3 divided by the factor.
+fn tiny_llama3() -> RopeScaling {
+    RopeScaling::Llama3 {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 8.0,
+        original_max_position_embeddings: 256,
+    }
+}
+
+#[test]
+fn biases_round_trip_as_qwen2_through_hf_and_gguf() {
+    let (m, tok) = tiny_with_biases();
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_hf_folder(dir.path(), &m, &tok, WriteDtype::F32).expect("written");
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("config.json")).expect("config"))
+            .expect("json");
+    assert_eq!(config["architectures"][0], "Qwen2ForCausalLM");
+    assert_eq!(config["model_type"], "qwen2");
+    let hf = open_model(dir.path(), None).expect("Qwen2 folder opens");
+    assert_eq!(hf.model.arch.architecture, "Qwen2ForCausalLM");
+    assert_eq!(
+        hf.model.layers, m.layers,
+        "biases and weights bit-exact, q/k order restored"
+    );
+
+    let path = dir.path().join("tiny-qwen2.gguf");
+    write_gguf(&path, &m, &tok, WriteDtype::F32).expect("written");
+    let gguf = open_model(&path, None).expect("qwen2 GGUF opens");
+    assert_eq!(gguf.model.arch.architecture, "qwen2");
+    assert_eq!(
+        gguf.model.layers, m.layers,
+        "qwen2's rotate-half q/k rows un-permuted"
+    );
+    assert!(
+        gguf.source_dtypes
+            .iter()
+            .any(|(n, d)| n == "blk.1.attn_k.bias" && d == "F32"),
+        "{:?}",
+        gguf.source_dtypes
+    );
+
+    // Some layers biased and others not cannot be written as either architecture.
+    let mut partial = m.clone();
+    partial.layers[1].bv = None;
+    let e = write_hf_folder(&dir.path().join("partial"), &partial, &tok, WriteDtype::F32)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("some q/k/v biases are missing"), "{e}");
+}
+
+#[test]
+fn llama3_rope_scaling_round_trips_through_hf_and_becomes_rope_freqs_in_gguf() {
+    let (mut m, tok) = tiny_with_biases();
+    for l in &mut m.layers {
+        (l.bq, l.bk, l.bv) = (None, None, None);
+    }
+    m.arch.rope_scaling = Some(tiny_llama3());
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_hf_folder(dir.path(), &m, &tok, WriteDtype::F32).expect("written");
+    let hf = open_model(dir.path(), None).expect("Llama 3.1-style folder opens");
+    assert_eq!(hf.model.arch.architecture, "LlamaForCausalLM");
+    assert_eq!(hf.model.arch.rope_scaling, Some(tiny_llama3()));
+
+    let path = dir.path().join("tiny-llama31.gguf");
+    write_gguf(&path, &m, &tok, WriteDtype::F16).expect("written");
+    let gguf = open_model(&path, None).expect("GGUF with rope_freqs.weight opens");
+    let Some(RopeScaling::FreqFactors { factors }) = &gguf.model.arch.rope_scaling else {
+        panic!(
+            "rope_freqs.weight not read: {:?}",
+            gguf.model.arch.rope_scaling
+        );
+    };
+    // convert_hf_to_gguf.py: 1 below the high band, factor above the low band, and
+    // 1 / ((1 - smooth) / factor + smooth) for pair 1 (wavelength 20π between 32 and 256).
+    let smooth = (256.0 / (20.0 * std::f64::consts::PI) - 1.0) / 7.0;
+    let middle = 1.0 / ((1.0 - smooth) / 8.0 + smooth);
+    assert_eq!(factors.len(), 4);
+    assert_eq!((factors[0], factors[2], factors[3]), (1.0, 8.0, 8.0));
+    assert!(
+        (f64::from(factors[1]) - middle).abs() < 1e-5 * middle,
+        "{} vs {middle}",
+        factors[1]
+    );
+    assert!(
+        gguf.source_dtypes
+            .iter()
+            .any(|(n, d)| n == "rope_freqs.weight" && d == "F32")
+    );
+
+    // Per-pair divisors from a GGUF file have no config.json form.
+    let e = write_hf_folder(&dir.path().join("back"), &gguf.model, &tok, WriteDtype::F32)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no config.json form"), "{e}");
 }

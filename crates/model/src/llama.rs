@@ -3,7 +3,7 @@ use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::activation::silu;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
-use qdrift_load::{HostModel, HostTensor};
+use qdrift_load::{HostModel, HostTensor, RopeScaling};
 
 use crate::attention::Attention;
 use crate::norm::RmsNorm;
@@ -51,6 +51,8 @@ pub struct LlamaConfig {
     /// RoPE base.
     #[config(default = 10000.0)]
     pub rope_theta: f64,
+    /// RoPE frequency scaling (Llama 3.1's, or GGUF's per-pair divisors); `None` for plain RoPE.
+    pub rope_scaling: Option<RopeScaling>,
 }
 
 impl LlamaConfig {
@@ -59,6 +61,7 @@ impl LlamaConfig {
         Self::new(arch.dim, arch.hidden_dim, arch.n_layers, arch.n_heads, arch.n_kv_heads, arch.vocab_size)
             .with_norm_eps(arch.norm_eps as f64)
             .with_rope_theta(arch.rope_theta as f64)
+            .with_rope_scaling(arch.rope_scaling.clone())
     }
 
     /// Width of one attention head.
@@ -69,13 +72,15 @@ impl LlamaConfig {
     /// Builds the model on `device` from host weights, uploading them in `dtype` (f32 or f16).
     ///
     /// Weights are converted to `dtype` on the host (round-to-nearest-even), so an f16 model on
-    /// the device holds exactly the f16 rounding of the host values.
+    /// the device holds exactly the f16 rounding of the host values. The q/k/v projections get
+    /// the layer's biases when it has them (Qwen2), in the row order of their weights.
     pub fn init_from_host(&self, host: &HostModel, dtype: DType, device: &Device) -> Result<Llama, ModelError> {
         if !matches!(dtype, DType::F32 | DType::F16) {
             return Err(ModelError::DType(dtype));
         }
         host.arch.validate().map_err(ModelError::Arch)?;
         let (d, hid, hd) = (self.dim, self.hidden_dim, self.head_dim());
+        let rope = Rope::scaled(hd, self.rope_theta as f32, self.rope_scaling.as_ref()).map_err(ModelError::Arch)?;
         let (q_out, kv_out) = (self.n_heads * hd, self.n_kv_heads * hd);
 
         let vector = |name: String, t: &HostTensor, n: usize| -> Result<Param<Tensor<1>>, ModelError> {
@@ -88,6 +93,14 @@ impl LlamaConfig {
             let transposed = transpose(&t.data, out, inp);
             Ok(Linear { weight: Param::from_tensor(upload(&transposed, [inp, out], dtype, device)), bias: None })
         };
+        // `name` without its `.weight`: the bias is `{name}.bias`.
+        let biased = |name: &str, t: &HostTensor, b: Option<&HostTensor>, out: usize| -> Result<Linear, ModelError> {
+            let mut l = linear(format!("{name}.weight"), t, out, d)?;
+            if let Some(b) = b {
+                l.bias = Some(vector(format!("{name}.bias"), b, out)?);
+            }
+            Ok(l)
+        };
 
         check("model.embed_tokens.weight", &host.token_embedding, &[self.vocab_size, d])?;
         let embedding = Param::from_tensor(upload(&host.token_embedding.data, [self.vocab_size, d], dtype, device));
@@ -97,18 +110,22 @@ impl LlamaConfig {
         let mut layers = Vec::with_capacity(self.n_layers);
         for (i, l) in host.layers.iter().enumerate() {
             let p = |s: &str| format!("model.layers.{i}.{s}.weight");
+            let attn = |s: &str| format!("model.layers.{i}.self_attn.{s}");
             layers.push(Block {
                 attn_norm: RmsNorm { weight: vector(p("input_layernorm"), &l.attn_norm, d)?, eps: self.norm_eps },
                 attn: Attention {
-                    wq: linear(p("self_attn.q_proj"), &l.wq, q_out, d)?,
-                    wk: linear(p("self_attn.k_proj"), &l.wk, kv_out, d)?,
-                    wv: linear(p("self_attn.v_proj"), &l.wv, kv_out, d)?,
+                    wq: biased(&attn("q_proj"), &l.wq, l.bq.as_ref(), q_out)?,
+                    wk: biased(&attn("k_proj"), &l.wk, l.bk.as_ref(), kv_out)?,
+                    wv: biased(&attn("v_proj"), &l.wv, l.bv.as_ref(), kv_out)?,
                     wo: linear(p("self_attn.o_proj"), &l.wo, d, q_out)?,
                     heads: self.n_heads,
                     kv_heads: self.n_kv_heads,
                     head_dim: hd,
                 },
-                ffn_norm: RmsNorm { weight: vector(p("post_attention_layernorm"), &l.ffn_norm, d)?, eps: self.norm_eps },
+                ffn_norm: RmsNorm {
+                    weight: vector(p("post_attention_layernorm"), &l.ffn_norm, d)?,
+                    eps: self.norm_eps,
+                },
                 ffn: FeedForward {
                     gate: linear(p("mlp.gate_proj"), &l.w_gate, hid, d)?,
                     up: linear(p("mlp.up_proj"), &l.w_up, hid, d)?,
@@ -120,15 +137,7 @@ impl LlamaConfig {
         // A tied output layer gets its own transposed copy of the embedding: the lookup wants
         // [vocab, dim] rows, the projection a [dim, vocab] matrix.
         let output = linear("lm_head.weight".into(), host.output_weight(), self.vocab_size, d)?;
-        Ok(Llama {
-            embedding,
-            layers,
-            norm,
-            output,
-            rope: Rope::new(hd, self.rope_theta as f32),
-            config: self.clone(),
-            dtype,
-        })
+        Ok(Llama { embedding, layers, norm, output, rope, config: self.clone(), dtype })
     }
 }
 

@@ -1,8 +1,9 @@
 use burn::tensor::{DType, Device, Tensor};
+use qdrift_load::RopeScaling;
 
 /// Rotary position embedding (Su et al. 2021, "RoFormer") in the *interleaved* layout of
 /// llama2.c and GGUF: within a head, elements `(2i, 2i+1)` form one rotation pair with inverse
-/// frequency `theta^(-2i/head_dim)`.
+/// frequency `theta^(-2i/head_dim)`, optionally rescaled ([`RopeScaling`]).
 ///
 /// Angles are computed on the host in f32 exactly as llama2.c's `run.c` does
 /// (`pos * (1 / powf(theta, 2i / head_dim))`, then `cosf`/`sinf`), so f32 runs reproduce its
@@ -13,12 +14,34 @@ pub struct Rope {
 }
 
 impl Rope {
-    /// Inverse frequencies for a head of width `head_dim` and base `theta`.
+    /// Plain RoPE: inverse frequencies `1 / theta^(2i / head_dim)` for a head of width `head_dim`.
     pub fn new(head_dim: usize, theta: f32) -> Self {
-        let inv_freq = (0..head_dim / 2)
-            .map(|i| 1.0f32 / theta.powf((2 * i) as f32 / head_dim as f32))
-            .collect();
+        let inv_freq = (0..head_dim / 2).map(|i| 1.0f32 / theta.powf((2 * i) as f32 / head_dim as f32)).collect();
         Self { inv_freq }
+    }
+
+    /// RoPE with the inverse frequencies of [`Rope::new`] rescaled by `scaling`:
+    /// [`llama3_inv_freq`] for Llama 3.1's scaling, `inv_freq[i] / factors[i]` for per-pair
+    /// divisors (llama.cpp's `freq_factors`).
+    ///
+    /// # Errors
+    /// The reason when the parameters are invalid for `head_dim` ([`RopeScaling::validate`]).
+    pub fn scaled(head_dim: usize, theta: f32, scaling: Option<&RopeScaling>) -> Result<Self, String> {
+        let plain = Self::new(head_dim, theta);
+        let Some(scaling) = scaling else {
+            return Ok(plain);
+        };
+        scaling.validate(head_dim)?;
+        let inv_freq = match scaling {
+            RopeScaling::Llama3 { .. } => llama3_inv_freq(&plain.inv_freq, scaling),
+            RopeScaling::FreqFactors { factors } => plain.inv_freq.iter().zip(factors).map(|(f, d)| f / d).collect(),
+        };
+        Ok(Self { inv_freq })
+    }
+
+    /// The inverse frequency of each rotation pair, radians per position.
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
     }
 
     /// Number of rotation pairs per head.
@@ -63,5 +86,172 @@ impl Rope {
         let r0 = x0.clone() * cos.clone() - x1.clone() * sin.clone();
         let r1 = x0 * sin.clone() + x1 * cos.clone();
         Tensor::cat(vec![r0, r1], 4).reshape([b, s, h, d])
+    }
+}
+
+/// Llama 3.1's rescaled inverse frequencies ([`RopeScaling::Llama3`]), operation for operation as
+/// `transformers`' `_compute_llama3_parameters` computes them on float32 tensors, so that the
+/// result is HF's to the bit (up to `powf` in the plain frequencies):
+///
+/// ```text
+/// wavelen   = 2π / inv_freq                      # torch: inv_freq.reciprocal() * f32(2π)
+/// inv_llama = where(wavelen > low, inv_freq / factor, inv_freq)
+/// smooth    = (old / wavelen - low_ff) / (high_ff - low_ff)    # old / wavelen likewise
+/// smoothed  = (1 - smooth) * inv_llama / factor + smooth * inv_llama
+/// result    = where(high <= wavelen <= low, smoothed, inv_llama)
+/// ```
+///
+/// with `old = original_max_position_embeddings`, `low = old / low_ff`, `high = old / high_ff`
+/// (Python floats, compared as f32). Returns `inv_freq` unchanged for other scalings.
+pub fn llama3_inv_freq(inv_freq: &[f32], scaling: &RopeScaling) -> Vec<f32> {
+    let RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } = *scaling
+    else {
+        return inv_freq.to_vec();
+    };
+    let old = original_max_position_embeddings as f64;
+    // Python computes these in f64; torch compares the f32 tensor with them cast to f32.
+    let low_wavelen = (old / f64::from(low_freq_factor)) as f32;
+    let high_wavelen = (old / f64::from(high_freq_factor)) as f32;
+    let two_pi = (2.0 * std::f64::consts::PI) as f32;
+    let ff_span = (f64::from(high_freq_factor) - f64::from(low_freq_factor)) as f32;
+    let old = old as f32;
+    inv_freq
+        .iter()
+        .map(|&inv| {
+            // torch's `scalar / tensor` is `tensor.reciprocal() * scalar`.
+            let wavelen = (1.0 / inv) * two_pi;
+            let inv_llama = if wavelen > low_wavelen { inv / factor } else { inv };
+            if (high_wavelen..=low_wavelen).contains(&wavelen) {
+                let smooth = ((1.0 / wavelen) * old - low_freq_factor) / ff_span;
+                (1.0 - smooth) * inv_llama / factor + smooth * inv_llama
+            } else {
+                inv_llama
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Llama 3.1 8B's `config.json`: head_dim 4096 / 32 = 128, `rope_theta` 500000,
+    /// `rope_scaling = {factor: 8, low_freq_factor: 1, high_freq_factor: 4,
+    /// original_max_position_embeddings: 8192, rope_type: llama3}`.
+    fn llama31() -> RopeScaling {
+        RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        }
+    }
+
+    /// The formula of `_compute_llama3_parameters` written the obvious way, in f64.
+    fn llama3_f64(head_dim: usize, theta: f64, factor: f64, low_ff: f64, high_ff: f64, old: f64) -> Vec<f64> {
+        (0..head_dim / 2)
+            .map(|i| {
+                let inv = 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
+                let wavelen = 2.0 * std::f64::consts::PI / inv;
+                if wavelen < old / high_ff {
+                    inv
+                } else if wavelen > old / low_ff {
+                    inv / factor
+                } else {
+                    let smooth = (old / wavelen - low_ff) / (high_ff - low_ff);
+                    (1.0 - smooth) * inv / factor + smooth * inv
+                }
+            })
+            .collect()
+    }
+
+    fn rel(a: f64, b: f64) -> f64 {
+        (a - b).abs() / b.abs()
+    }
+
+    #[test]
+    fn llama31_8b_matches_an_f64_implementation_of_the_formula() {
+        let rope = Rope::scaled(128, 500000.0, Some(&llama31())).expect("valid");
+        let want = llama3_f64(128, 500000.0, 8.0, 1.0, 4.0, 8192.0);
+        assert_eq!(rope.pairs(), 64);
+        let plain = Rope::new(128, 500000.0);
+        let mut bands = [0usize; 3]; // kept, interpolated, divided by factor
+        for (i, (&got, &want)) in rope.inv_freq().iter().zip(&want).enumerate() {
+            assert!(rel(f64::from(got), want) < 1e-6, "pair {i}: {got} vs {want}");
+            let ratio = f64::from(plain.inv_freq()[i]) / f64::from(got);
+            bands[if ratio == 1.0 {
+                0
+            } else if (ratio - 8.0).abs() < 1e-6 {
+                2
+            } else {
+                1
+            }] += 1;
+        }
+        // wavelen < 2048 for pairs 0..=28, > 8192 for pairs 35..=63, interpolated between.
+        assert_eq!(bands, [29, 6, 29]);
+    }
+
+    #[test]
+    fn llama31_8b_matches_transformers_values() {
+        // Computed with numpy 2.4 (float32 arrays, the operations of transformers'
+        // `_compute_default_rope_parameters` and `_compute_llama3_parameters` in their order,
+        // `scalar / tensor` as `reciprocal() * scalar` as torch does):
+        //   inv = 1 / np.power(f32(500000), np.arange(0, 128, 2).astype(f32) / f32(128))
+        //   wavelen = (1 / inv) * f32(2π); inv_l = where(wavelen > 8192, inv / 8, inv)
+        //   smooth = ((1 / wavelen) * 8192 - 1) / 3
+        //   out = where(2048 <= wavelen <= 8192, (1 - smooth) * inv_l / 8 + smooth * inv_l, inv_l)
+        // The same formula in float64 agrees with these to 3.3e-7 (relative).
+        let expected: [(usize, f32); 9] = [
+            (0, 1.0),
+            (1, 8.146172e-1),
+            (20, 1.656044e-2),
+            (28, 3.211446e-3),
+            (29, 2.1665706e-3), // first interpolated pair
+            (31, 8.5675146e-4),
+            (34, 1.7850779e-4), // last interpolated pair
+            (35, 9.556212e-5),
+            (63, 3.068926e-7),
+        ];
+        let rope = Rope::scaled(128, 500000.0, Some(&llama31())).expect("valid");
+        for (i, want) in expected {
+            let got = rope.inv_freq()[i];
+            // Two ulps: `powf` may round differently from numpy's; the rest is IEEE arithmetic.
+            assert!(rel(f64::from(got), f64::from(want)) < 2.5e-7, "pair {i}: {got:e} vs {want:e}");
+        }
+    }
+
+    #[test]
+    fn plain_rope_is_llama2c_and_unscaled() {
+        let plain = Rope::new(8, 10000.0);
+        for (&got, want) in plain.inv_freq().iter().zip([1.0, 0.1, 0.01, 0.001]) {
+            assert!(rel(f64::from(got), want) < 1e-7, "{got} vs {want}");
+        }
+        assert_eq!(Rope::scaled(8, 10000.0, None).expect("plain").inv_freq(), plain.inv_freq());
+    }
+
+    #[test]
+    fn frequency_factors_divide_each_pair() {
+        let factors = vec![1.0, 2.0, 4.0, 8.0];
+        let rope = Rope::scaled(8, 10000.0, Some(&RopeScaling::FreqFactors { factors })).expect("valid");
+        let plain = Rope::new(8, 10000.0);
+        let want: Vec<f32> = plain.inv_freq().iter().zip([1.0, 2.0, 4.0, 8.0]).map(|(f, d)| f / d).collect();
+        assert_eq!(rope.inv_freq(), &want[..]);
+    }
+
+    #[test]
+    fn invalid_scaling_is_an_error() {
+        let short = RopeScaling::FreqFactors { factors: vec![1.0; 3] };
+        assert_eq!(
+            Rope::scaled(8, 10000.0, Some(&short)).unwrap_err(),
+            "3 RoPE frequency factors for a head dimension of 8; expected 4"
+        );
+        let inverted = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 4.0,
+            high_freq_factor: 1.0,
+            original_max_position_embeddings: 8192,
+        };
+        let e = Rope::scaled(8, 10000.0, Some(&inverted)).unwrap_err();
+        assert!(e.contains("high_freq_factor 1 must be greater than low_freq_factor 4"), "{e}");
     }
 }

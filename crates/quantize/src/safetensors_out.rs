@@ -8,6 +8,7 @@
 //! | token embedding | `model.embed_tokens.weight` |
 //! | attention RMSNorm | `model.layers.{i}.input_layernorm.weight` |
 //! | q, k, v, o | `model.layers.{i}.self_attn.{q,k,v,o}_proj.weight` |
+//! | q, k, v biases (Qwen2) | `model.layers.{i}.self_attn.{q,k,v}_proj.bias` |
 //! | FFN RMSNorm | `model.layers.{i}.post_attention_layernorm.weight` |
 //! | SwiGLU | `model.layers.{i}.mlp.{gate,up,down}_proj.weight` |
 //! | final RMSNorm | `model.norm.weight` |
@@ -17,7 +18,7 @@
 //! rotation pairs are rows `(2i, 2i+1)` of a head); Hugging Face checkpoints use the rotate-half
 //! layout (pairs are rows `i` and `i + head_dim/2`). The writer permutes q/k rows to rotate-half,
 //! the inverse of llama.cpp's `convert_hf_to_gguf.py` `permute`, and records
-//! `qdrift.rope_layout = rotate_half`.
+//! `qdrift.rope_layout = rotate_half`. q/k biases, which are never quantized, are permuted alike.
 //!
 //! **Packed files.** With `packed`, a quantized tensor `X.weight` is written as its
 //! [`crate::PackedPart`]s `X.codes`, `X.scales`, ... (see each format's module for the layout).
@@ -313,6 +314,17 @@ impl<'a> Collector<'a> {
                     rope,
                 )?;
             }
+            let biases = [
+                ("q_proj", &layer.bq, Some(arch.n_heads)),
+                ("k_proj", &layer.bk, Some(arch.n_kv_heads)),
+                ("v_proj", &layer.bv, None),
+            ];
+            for (short_name, bias, heads) in biases {
+                if let Some(b) = bias {
+                    let name = format!("model.layers.{i}.self_attn.{short_name}.bias");
+                    self.bias(name, b, heads.map(|h| (h, head_dim)))?;
+                }
+            }
         }
         self.dense("model.norm.weight".to_owned(), &m.final_norm)?;
         if let Some(head) = &m.output {
@@ -343,6 +355,40 @@ impl<'a> Collector<'a> {
                 shape: t.shape.clone(),
                 values: &t.data,
                 row_order: None,
+            },
+        ));
+        Ok(())
+    }
+
+    /// A q/k/v bias, F32; q/k rows permuted to rotate-half as their weights are.
+    fn bias(&mut self, name: String, t: &'a HostTensor, rope: Rope) -> Result<(), WriteError> {
+        let n = t.data.len();
+        if t.shape != [n] {
+            return Err(self.layout(
+                &name,
+                format!("shape {:?} is not a vector of {n} values", t.shape),
+            ));
+        }
+        let row_order = match rope {
+            None => None,
+            Some((heads, head_dim)) => {
+                if !head_dim.is_multiple_of(2) || heads.checked_mul(head_dim) != Some(n) {
+                    return Err(self.layout(
+                        &name,
+                        format!(
+                            "{n} values are not {heads} heads of an even head dimension {head_dim}"
+                        ),
+                    ));
+                }
+                Some(rotate_half_row_order(heads, head_dim))
+            }
+        };
+        self.out.push((
+            name,
+            OutTensor::F32 {
+                shape: t.shape.clone(),
+                values: &t.data,
+                row_order,
             },
         ));
         Ok(())

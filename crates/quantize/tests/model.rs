@@ -725,3 +725,55 @@ fn malformed_models_are_named_errors() {
         "{err}"
     );
 }
+
+#[test]
+fn qwen2_biases_are_written_as_f32_with_q_k_in_rotate_half_order() {
+    // stories260K given biases whose value is their row index: 8 query heads and 4 kv heads of
+    // width 8.
+    let mut model = reference();
+    for layer in &mut model.layers {
+        let rows = |n: usize| {
+            Some(HostTensor::new(vec![n], (0..n).map(|r| r as f32).collect()).expect("shape"))
+        };
+        (layer.bq, layer.bk, layer.bv) = (rows(64), rows(32), rows(32));
+    }
+    let q = quantize_model(&model, &Scheme::Int8, &QuantizeOptions::default()).expect("q");
+    assert_eq!(
+        q.dequantized.layers[4].bq, model.layers[4].bq,
+        "biases are not quantized"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    for packed in [false, true] {
+        let path = dir.path().join(format!("biased-{packed}.safetensors"));
+        write_safetensors(&path, &q, packed, &extra()).expect("written");
+        let bytes = read(&path);
+        let st = SafeTensors::deserialize(&bytes).expect("valid safetensors");
+        for i in 0..LAYERS {
+            let get = |short: &str| {
+                let view = st
+                    .tensor(&format!("model.layers.{i}.self_attn.{short}.bias"))
+                    .expect("bias written");
+                assert_eq!(view.dtype(), Dtype::F32);
+                f32s(view.data())
+            };
+            // Rotate-half row h·8 + a·4 + j holds interleaved row h·8 + 2j + a.
+            let head: Vec<f32> = [0, 2, 4, 6, 1, 3, 5, 7].map(|r| r as f32).to_vec();
+            let (bq, bk, bv) = (get("q_proj"), get("k_proj"), get("v_proj"));
+            assert_eq!((bq.len(), bk.len()), (64, 32));
+            assert_eq!(bq[..8], head[..], "layer {i} q bias");
+            assert_eq!(
+                bq[56..],
+                head.iter().map(|r| r + 56.0).collect::<Vec<_>>()[..]
+            );
+            assert_eq!(
+                bk[8..16],
+                head.iter().map(|r| r + 8.0).collect::<Vec<_>>()[..]
+            );
+            assert_eq!(
+                bv,
+                (0..32).map(|r| r as f32).collect::<Vec<_>>(),
+                "v is not permuted"
+            );
+        }
+    }
+}

@@ -6,7 +6,7 @@ use std::path::Path;
 use qdrift_ggml::{GgmlType, dequantize_ggml_blocks, quantize_ggml_blocks};
 
 use super::{GgufValue, parse_gguf, read_gguf};
-use crate::{HostModel, HostTensor, LoadError};
+use crate::{HostModel, HostTensor, LoadError, RopeScaling};
 
 const F32: u32 = 0;
 const F16: u32 = 1;
@@ -436,10 +436,182 @@ fn wrong_shape() {
 #[test]
 fn unsupported_architecture() {
     let mut w = Writer::new();
-    w.string("general.architecture", "qwen2");
+    w.string("general.architecture", "gpt2");
     assert_eq!(
         error(&w.build()),
-        "tiny.gguf: unsupported architecture qwen2; supported: llama"
+        "tiny.gguf: unsupported architecture gpt2; supported: llama, qwen2"
+    );
+}
+
+fn factors(w: &Writer) -> Option<Vec<f32>> {
+    match parse(&w.build())
+        .expect("valid file")
+        .model
+        .arch
+        .rope_scaling
+    {
+        None => None,
+        Some(RopeScaling::FreqFactors { factors }) => Some(factors),
+        Some(other) => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn rope_freqs_weight_becomes_per_pair_divisors() {
+    // head_dim 4: two rotation pairs.
+    let mut w = tiny();
+    assert_eq!(factors(&w), None);
+    w.tensor("rope_freqs.weight", &[2], F32, &[1.0, 4.0]);
+    assert_eq!(factors(&w), Some(vec![1.0, 4.0]));
+    w.tensors.last_mut().unwrap().1 = vec![3];
+    w.tensors.last_mut().unwrap().3.extend(1f32.to_le_bytes());
+    assert_eq!(
+        error(&w.build()),
+        "tiny.gguf: tensor rope_freqs.weight has dims [3]; expected [2] (ne0 first)"
+    );
+    let mut w = tiny();
+    w.tensor("rope_freqs.weight", &[2], F32, &[1.0, -4.0]);
+    assert_eq!(
+        error(&w.build()),
+        "tiny.gguf: tensor rope_freqs.weight: rope scaling frequency factor -4 must be positive"
+    );
+}
+
+#[test]
+fn linear_rope_scaling_follows_llama_cpp() {
+    // No type key: llama.cpp's default is linear, so the factor applies.
+    let mut w = tiny();
+    w.f32("llama.rope.scaling.factor", 2.0);
+    assert_eq!(factors(&w), Some(vec![2.0, 2.0]));
+    // The older key, combined with rope_freqs.weight.
+    let mut w = tiny();
+    w.f32("llama.rope.scale_linear", 4.0)
+        .tensor("rope_freqs.weight", &[2], F32, &[1.0, 3.0]);
+    assert_eq!(factors(&w), Some(vec![4.0, 12.0]));
+    // `none` ignores the factor, as llama.cpp does.
+    let mut w = tiny();
+    w.string("llama.rope.scaling.type", "none")
+        .f32("llama.rope.scaling.factor", 2.0);
+    assert_eq!(factors(&w), None);
+    let mut w = tiny();
+    w.string("llama.rope.scaling.type", "linear")
+        .f32("llama.rope.scaling.factor", 1.0);
+    assert_eq!(factors(&w), None);
+    let mut w = tiny();
+    w.string("llama.rope.scaling.type", "yarn")
+        .f32("llama.rope.scaling.factor", 4.0);
+    assert_eq!(
+        error(&w.build()),
+        "tiny.gguf: llama.rope.scaling.type = yarn is not supported; supported: none, linear \
+         (and per-pair factors in rope_freqs.weight)"
+    );
+}
+
+#[test]
+fn partial_rotary_dimensions_are_refused() {
+    let mut w = tiny();
+    w.u32("llama.rope.dimension_count", 2);
+    assert_eq!(
+        error(&w.build()),
+        "tiny.gguf: llama.rope.dimension_count is 2 but the head dimension is 4: partial rotary \
+         embeddings are not supported"
+    );
+    let mut w = tiny();
+    w.u32("llama.rope.dimension_count", 4);
+    parse(&w.build()).expect("equal to the head dimension");
+}
+
+#[test]
+fn biases_other_than_qkv_are_refused_and_llama_qkv_biases_are_read_as_stored() {
+    let mut w = tiny();
+    w.tensor("blk.0.attn_q.bias", &[DIM], F32, &values(20, DIM));
+    let l = parse(&w.build()).expect("valid").model.layers[0].clone();
+    // llama: q/k are stored interleaved already; biases optional, one by one.
+    assert_eq!(l.bq, Some(t(&[DIM], 20)));
+    assert_eq!((l.bk, l.bv), (None, None));
+    w.tensor("blk.0.attn_output.bias", &[DIM], F32, &values(21, DIM));
+    assert_eq!(
+        error(&w.build()),
+        "tiny.gguf: tensor blk.0.attn_output.bias: biases other than blk.N.attn_q/attn_k/attn_v.bias \
+         are not supported"
+    );
+}
+
+/// `tiny()` as a `qwen2` file: `qwen2.*` keys and q/k/v biases.
+fn tiny_qwen2() -> Writer {
+    let mut w = tiny();
+    let mut kv = Writer::new();
+    kv.string("general.architecture", "qwen2");
+    let llama = tiny();
+    // Re-key the hyper-parameters: rebuild the metadata with `qwen2.` in place of `llama.`.
+    let g = parse(&llama.build()).expect("valid");
+    for (k, v) in &g.metadata {
+        if k == "general.architecture" {
+            continue;
+        }
+        let key = k
+            .strip_prefix("llama.")
+            .map_or(k.clone(), |r| format!("qwen2.{r}"));
+        match v {
+            GgufValue::U32(x) => {
+                kv.u32(&key, *x);
+            }
+            GgufValue::F32(x) => {
+                kv.f32(&key, *x);
+            }
+            GgufValue::String(x) => {
+                kv.string(&key, x);
+            }
+            GgufValue::Bool(b) => {
+                kv.kv_raw(&key, 7, &[u8::from(*b)]);
+            }
+            GgufValue::Array(a) => {
+                let strs: Vec<&str> = a.iter().filter_map(GgufValue::as_str).collect();
+                kv.strings(&key, &strs);
+            }
+            other => panic!("{k}: {other:?}"),
+        }
+    }
+    w.kv = kv.kv;
+    w.n_kv = kv.n_kv;
+    let rows = |n: usize| (0..n).map(|r| r as f32).collect::<Vec<_>>();
+    w.tensor("blk.0.attn_q.bias", &[DIM], F32, &rows(DIM))
+        .tensor("blk.0.attn_k.bias", &[KV_DIM], F32, &rows(KV_DIM))
+        .tensor("blk.0.attn_v.bias", &[KV_DIM], F32, &rows(KV_DIM));
+    w
+}
+
+#[test]
+fn qwen2_reads_biases_and_unpermutes_rotate_half_rows() {
+    let g = parse(&tiny_qwen2().build()).expect("valid qwen2 file");
+    let m = &g.model;
+    assert_eq!(m.arch.architecture, "qwen2");
+    assert_eq!((m.arch.dim, m.arch.n_heads, m.arch.n_kv_heads), (DIM, 2, 1));
+    let l = &m.layers[0];
+    // head_dim 4: stored (rotate-half) row h·4 + a·2 + i is interleaved row h·4 + 2i + a, so the
+    // interleaved rows are stored rows 0, 2, 1, 3 of each head.
+    let order = [0usize, 2, 1, 3, 4, 6, 5, 7];
+    assert_eq!(
+        l.bq.as_ref().expect("bq").data,
+        order.map(|r| r as f32).to_vec()
+    );
+    assert_eq!(l.bk.as_ref().expect("bk").data, [0.0, 2.0, 1.0, 3.0]);
+    assert_eq!(l.bv.as_ref().expect("bv").data, [0.0, 1.0, 2.0, 3.0]);
+    let stored = t(&[DIM, DIM], 2);
+    for (row, &src) in order.iter().enumerate() {
+        assert_eq!(
+            l.wq.data[row * DIM..][..DIM],
+            stored.data[src * DIM..][..DIM],
+            "wq row {row}"
+        );
+    }
+    assert_eq!(l.wv, t(&[KV_DIM, DIM], 4), "v is not rotated");
+
+    let mut w = tiny_qwen2();
+    w.tensors.retain(|t| t.0 != "blk.0.attn_v.bias");
+    assert_eq!(
+        error(&w.build()),
+        "tiny.gguf: tensor blk.0.attn_v.bias is missing; expected dims [4] (ne0 first)"
     );
 }
 
