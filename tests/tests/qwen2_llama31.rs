@@ -56,6 +56,9 @@ fn qwen2_biases_load_from_hf_and_gguf_and_generate() {
         let b = |k: u64, n: usize| Some(HostTensor::new(vec![n], uniform(10 * i as u64 + k, n, 0.5)).expect("shape"));
         (l.bq, l.bk, l.bv) = (b(1, q), b(2, kv), b(3, kv));
     }
+    // Reports count the biases: stories260K has 5 layers, q 64 and kv 32 wide.
+    assert_eq!(biased.parameter_count(), reference.model.parameter_count() + 5 * (64 + 2 * 32));
+    assert_eq!(reference.model.parameter_count(), reference.model.arch.parameter_count());
     let prompts = prompts();
     let (plain_tokens, plain_logits) = greedy(reference.model.clone(), &prompts);
     let (want_tokens, want_logits) = greedy(biased.clone(), &prompts);

@@ -65,6 +65,10 @@ pub struct EvalConfig {
     /// reference's text) to this JSONL file, for independent checks. Large: prompts × horizon ×
     /// vocabulary × 2 numbers per variant.
     pub dump_logprobs: Option<PathBuf>,
+    /// Largest size, in bytes, of the reference's logits on its own text that is kept across
+    /// variants (each variant then costs one pass on that text instead of two); above it the
+    /// reference runs again in lockstep with each variant. Same numbers either way.
+    pub reference_logits_budget: u64,
 }
 
 impl EvalConfig {
@@ -85,6 +89,7 @@ impl EvalConfig {
             chunk: 64,
             quantize: QuantizeOptions::default(),
             dump_logprobs: None,
+            reference_logits_budget: 256 << 20,
         }
     }
 }
@@ -236,7 +241,7 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send
         progress(Progress::Warning { message: &message });
     }
     let stats = Stats { resamples: cfg.resamples, seed: cfg.seed };
-    let parameters = arch.parameter_count() as u64;
+    let parameters = loaded.model.parameter_count() as u64;
 
     // The reference is the checkpoint's weights rounded to FP16, in place: a model's host copy
     // is its largest allocation, so the evaluation holds as few as it can (this one, plus at
@@ -249,7 +254,7 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send
     // vocabularies do not multiply the peak memory.
     let chunk = cfg.chunk.min((64usize << 20) / (batch_size * arch.vocab_size * 4).max(1)).max(1);
     let ref_tokens = run_generation(&reference, &device, &prompts, &gen_cfg, REFERENCE_NAME, progress)?;
-    let kept = reference_logits(&reference, &device, &on_reference_text(&prompts, &ref_tokens), batch_size, chunk)?;
+    let kept = reference_logits(&reference, &device, &on_reference_text(&prompts, &ref_tokens), batch_size, chunk, cfg.reference_logits_budget)?;
 
     let mut dump = match &cfg.dump_logprobs {
         Some(p) => Some(Dump::create(p)?),
@@ -372,7 +377,7 @@ fn build_variant<'a>(
     nf_dtype: DType,
     nf_name: &str,
 ) -> Result<BuiltVariant<'a>, EvalError> {
-    let params = reference.arch.parameter_count() as u64;
+    let params = reference.parameter_count() as u64;
     match spec {
         None => Ok(BuiltVariant {
             name: nf_name.to_string(),
@@ -487,9 +492,6 @@ fn run_generation(
     Ok(tokens)
 }
 
-/// Largest reference logits [`reference_logits`] keeps across variants.
-const REFERENCE_LOGITS_BUDGET: u128 = 256 << 20;
-
 /// The reference's teacher-forced logits on its own continuation, `[batch, chunk, vocab]` f32
 /// per chunk, keyed by (first prompt of the batch, first position of the chunk) as
 /// `teacher_forced` hands them out. Every variant is compared with the same logits; keeping them
@@ -497,7 +499,7 @@ const REFERENCE_LOGITS_BUDGET: u128 = 256 << 20;
 struct ReferenceLogits(std::collections::HashMap<(usize, usize), Tensor<3>>);
 
 /// Runs the reference on its own continuation once and keeps its logits, when they fit
-/// [`REFERENCE_LOGITS_BUDGET`] (stories260K, 32 prompts × 1000 positions × 512: 66 MB); else
+/// `budget` bytes (default 256 MiB; stories260K, 32 prompts × 1000 positions × 512: 66 MB); else
 /// `None`, and each variant runs in lockstep with the reference instead (SmolLM2, 16 prompts ×
 /// 1000 × 49,152: 3.1 GB). Both paths batch and chunk the reference identically, so they give the
 /// same numbers.
@@ -507,9 +509,10 @@ fn reference_logits(
     on_ref: &[(Vec<u32>, Vec<u32>)],
     batch_size: usize,
     chunk: usize,
+    budget: u64,
 ) -> Result<Option<ReferenceLogits>, EvalError> {
     let positions: u128 = on_ref.iter().map(|(_, c)| c.len() as u128).sum();
-    if positions * reference.config.vocab_size as u128 * 4 > REFERENCE_LOGITS_BUDGET {
+    if positions * reference.config.vocab_size as u128 * 4 > u128::from(budget) {
         return Ok(None);
     }
     let mut kept = std::collections::HashMap::new();

@@ -279,6 +279,18 @@ pub struct HostModel {
 }
 
 impl HostModel {
+    /// Parameters actually held: [`LlamaArch::parameter_count`] plus the q/k/v biases, if any
+    /// (Qwen2).
+    pub fn parameter_count(&self) -> usize {
+        let biases: usize = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.bq, &l.bk, &l.bv])
+            .map(|b| b.as_ref().map_or(0, |t| t.data.len()))
+            .sum();
+        self.arch.parameter_count() + biases
+    }
+
     /// The output layer's weight, `[vocab_size, dim]` (the embedding when tied).
     pub fn output_weight(&self) -> &HostTensor {
         self.output.as_ref().unwrap_or(&self.token_embedding)

@@ -1,0 +1,85 @@
+//! The two ways the evaluation saves time must not change a single number:
+//! - batches run side by side on the CPU backend (`ComputeDevice::parallel_batches`): generation
+//!   and teacher forcing give bit-identical tokens and logits with 1, 2 or 3 batches at once;
+//! - the reference's logits on its own text, kept across variants, give the same report as
+//!   running the reference again in lockstep with every variant.
+
+use burn::tensor::{DType, Tensor};
+use qdrift_eval::{EvalConfig, VariantSpec, evaluate};
+use qdrift_generate::{BackendChoice, ComputeDevice, GenerationConfig, generate, teacher_forced_pair};
+use qdrift_model::LlamaConfig;
+use qdrift_tests::{device, golden_cases, load_stories, stories_dir};
+
+fn host(t: &Tensor<3>) -> Vec<f32> {
+    t.to_data().convert::<f32>().try_into_vec::<f32>().expect("f32 logits")
+}
+
+/// Tokens and every step's logits of greedy generation, plus every teacher-forced chunk's logits
+/// of a pair of models, keyed by (first prompt, position) so that the order of the observer's
+/// calls does not matter.
+type Run = (Vec<Vec<u32>>, Vec<((usize, usize), Vec<f32>)>, Vec<((usize, usize), Vec<f32>, Vec<f32>)>);
+
+fn run(device: &ComputeDevice, dtype: DType) -> Run {
+    let loaded = load_stories();
+    let config = LlamaConfig::from_arch(&loaded.model.arch);
+    let model = config.init_from_host(&loaded.model, dtype, &device.device).expect("model builds");
+    let other = config.init_from_host(&loaded.model, DType::F32, &device.device).expect("model builds");
+    // Six prompts (the golden ones, cycled; the repeats cut shorter) in batches of two: three
+    // batches, with left padding.
+    let golden: Vec<Vec<u32>> = golden_cases().into_iter().map(|c| c.prompt_tokens).collect();
+    let prompts: Vec<Vec<u32>> = (0..6)
+        .map(|i| {
+            let p = &golden[i % golden.len()];
+            p[..p.len() - (i / golden.len()).min(p.len() - 1)].to_vec()
+        })
+        .collect();
+    let config_gen = GenerationConfig { max_new_tokens: 40, batch_size: 2, stop_at_eos: None };
+    let mut steps = Vec::new();
+    let tokens = generate(&model, device, &prompts, &config_gen, |s| {
+        steps.push(((s.first_prompt, s.step), host(&s.logits.clone().unsqueeze())));
+    })
+    .expect("generation runs");
+    let sequences: Vec<(Vec<u32>, Vec<u32>)> = prompts.iter().cloned().zip(tokens.iter().cloned()).collect();
+    let mut chunks = Vec::new();
+    teacher_forced_pair(&model, &other, device, &sequences, 2, 16, |p| {
+        chunks.push(((p.first_prompt, p.start), host(p.reference), host(p.variant)));
+    })
+    .expect("teacher forcing runs");
+    steps.sort_by_key(|(k, _)| *k);
+    chunks.sort_by_key(|(k, _, _)| *k);
+    (tokens, steps, chunks)
+}
+
+#[test]
+fn batches_side_by_side_change_nothing() {
+    let base = device(BackendChoice::Cpu);
+    for dtype in [DType::F32, DType::F16] {
+        let one = run(&ComputeDevice { parallel_batches: 1, ..base.clone() }, dtype);
+        assert_eq!(one.1.len(), 3 * 40, "one logits row per batch and step");
+        for threads in [2, 3] {
+            let many = run(&ComputeDevice { parallel_batches: threads, ..base.clone() }, dtype);
+            assert!(one == many, "{dtype:?}: {threads} batches at once differ from one at a time");
+        }
+    }
+}
+
+#[test]
+fn kept_reference_logits_give_the_lockstep_report() {
+    let dir = stories_dir();
+    let mut cfg = EvalConfig::new(dir.join("stories260K.bin"));
+    cfg.tokenizer = Some(dir.join("tok512.bin"));
+    cfg.prompts = Some(6);
+    cfg.horizons = vec![5, 30];
+    cfg.batch_size = Some(4);
+    cfg.chunk = 8;
+    cfg.resamples = 200;
+    cfg.backend = BackendChoice::Cpu;
+    cfg.variants = vec![VariantSpec::Scheme("int8".parse().expect("scheme")), VariantSpec::Scheme("int4-g32".parse().expect("scheme"))];
+    let kept = evaluate(&cfg, &mut |_| {}).expect("evaluation with kept reference logits");
+    cfg.reference_logits_budget = 0;
+    let lockstep = evaluate(&cfg, &mut |_| {}).expect("evaluation in lockstep");
+    assert_eq!(kept.variants.len(), 3);
+    assert!(kept.variants.iter().any(|v| v.horizons[1].kld.mean > 0.0), "the schemes must diverge");
+    let json = |r: &qdrift_report::Report| serde_json::to_string(&r.variants).expect("serializes");
+    assert_eq!(json(&kept), json(&lockstep));
+}
