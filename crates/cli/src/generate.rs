@@ -31,7 +31,7 @@ pub struct GenerateArgs {
     /// auto: wgpu on a hardware GPU, else the CPU; wgpu: wgpu even on a software adapter; cpu.
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
-    /// Prompts per batch (default: all in one).
+    /// Prompts per batch (default: split evenly over the CPU's cores on the CPU backend, all in one on a GPU).
     #[arg(long)]
     batch_size: Option<usize>,
     /// Stop a prompt once it generates the end-of-sequence token.
@@ -79,7 +79,7 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
     }
     let config = GenerationConfig {
         max_new_tokens: args.max_new_tokens,
-        batch_size: args.batch_size.unwrap_or(prompts.len()),
+        batch_size: args.batch_size.unwrap_or(prompts.len().div_ceil(device.parallel_batches.max(1)).max(1)),
         stop_at_eos: if args.stop_at_eos { loaded.tokenizer.eos_id() } else { None },
     };
     // Refuse impossible requests before uploading weights.
