@@ -35,6 +35,21 @@ fn agreement(a: &[Vec<u32>], b: &[Vec<u32>]) -> usize {
     a.iter().zip(b).map(|(x, y)| x.iter().zip(y).take_while(|(p, q)| p == q).count()).sum()
 }
 
+/// The greedy run of `changed`, after checking that its first-step logits differ from the
+/// unchanged stories260K's by more than 0.1 (`what` changed, for the messages).
+fn changed_run(plain: &HostModel, changed: &HostModel, prompts: &[Vec<u32>], what: &str) -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
+    let (plain_tokens, plain_logits) = greedy(plain.clone(), prompts);
+    let (tokens, logits) = greedy(changed.clone(), prompts);
+    let moved = max_abs_diff(&logits, &plain_logits);
+    println!(
+        "{what}: first-step logits move by up to {moved:.3}; {}/{} greedy tokens before the first difference",
+        agreement(&tokens, &plain_tokens),
+        TOKENS * prompts.len()
+    );
+    assert!(moved > 0.1, "{what} barely change(s) the logits ({moved})");
+    (tokens, logits)
+}
+
 /// Uniform values in `[-amplitude, amplitude)` from a 64-bit LCG (Knuth's MMIX constants).
 fn uniform(seed: u64, n: usize, amplitude: f32) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -60,15 +75,7 @@ fn qwen2_biases_load_from_hf_and_gguf_and_generate() {
     assert_eq!(biased.parameter_count(), reference.model.parameter_count() + 5 * (64 + 2 * 32));
     assert_eq!(reference.model.parameter_count(), reference.model.arch.parameter_count());
     let prompts = prompts();
-    let (plain_tokens, plain_logits) = greedy(reference.model.clone(), &prompts);
-    let (want_tokens, want_logits) = greedy(biased.clone(), &prompts);
-    let moved = max_abs_diff(&want_logits, &plain_logits);
-    println!(
-        "biases: first-step logits move by up to {moved:.3}; {}/{} greedy tokens before the first difference",
-        agreement(&want_tokens, &plain_tokens),
-        TOKENS * prompts.len()
-    );
-    assert!(moved > 0.1, "the biases barely change the logits ({moved})");
+    let (want_tokens, want_logits) = changed_run(&reference.model, &biased, &prompts, "biases");
 
     let dir = tempfile::tempdir().expect("tempdir");
     let hf = dir.path().join("qwen2");
@@ -102,15 +109,7 @@ fn llama31_rope_scaling_loads_from_hf_and_gguf_and_generates() {
     assert_eq!((scaled.arch.head_dim(), scaled.arch.rope_theta), (8, 10000.0));
     scaled.arch.rope_scaling = Some(scaling.clone());
     let prompts = prompts();
-    let (plain_tokens, plain_logits) = greedy(reference.model.clone(), &prompts);
-    let (want_tokens, want_logits) = greedy(scaled.clone(), &prompts);
-    let moved = max_abs_diff(&want_logits, &plain_logits);
-    println!(
-        "llama3 scaling: first-step logits move by up to {moved:.3}; {}/{} greedy tokens before the first difference",
-        agreement(&want_tokens, &plain_tokens),
-        TOKENS * prompts.len()
-    );
-    assert!(moved > 0.1, "the scaling barely changes the logits ({moved})");
+    let (want_tokens, want_logits) = changed_run(&reference.model, &scaled, &prompts, "llama3 scaling");
 
     let dir = tempfile::tempdir().expect("tempdir");
     let hf = dir.path().join("llama31");

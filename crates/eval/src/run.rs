@@ -254,7 +254,9 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send
     // vocabularies do not multiply the peak memory.
     let chunk = cfg.chunk.min((64usize << 20) / (batch_size * arch.vocab_size * 4).max(1)).max(1);
     let ref_tokens = run_generation(&reference, &device, &prompts, &gen_cfg, REFERENCE_NAME, progress)?;
-    let kept = reference_logits(&reference, &device, &on_reference_text(&prompts, &ref_tokens), batch_size, chunk, cfg.reference_logits_budget)?;
+    // (prompt, continuation) pairs of the reference's text, which every variant is scored on.
+    let on_ref: Vec<(Vec<u32>, Vec<u32>)> = prompts.iter().cloned().zip(ref_tokens.iter().cloned()).collect();
+    let kept = reference_logits(&reference, &device, &on_ref, batch_size, chunk, cfg.reference_logits_budget)?;
 
     let mut dump = match &cfg.dump_logprobs {
         Some(p) => Some(Dump::create(p)?),
@@ -276,7 +278,7 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send
         progress(Progress::Scoring { model: &built.name });
         let mut traces: Vec<Trace> =
             ref_tokens.iter().zip(&var_tokens).map(|(r, v)| Trace::new(r.clone(), v.clone())).collect();
-        score(&reference, &model, kept.as_ref(), &device, &prompts, &mut traces, batch_size, chunk, &built.name, &mut dump)?;
+        score(&reference, &model, kept.as_ref(), &device, &on_ref, &mut traces, batch_size, chunk, &built.name, &mut dump)?;
         drop(model);
         if self_ppl.is_empty() {
             self_ppl = horizons.iter().map(|&h| (h, aggregate::self_perplexity(&traces, h))).collect();
@@ -522,27 +524,22 @@ fn reference_logits(
     Ok(Some(ReferenceLogits(kept)))
 }
 
-/// The (prompt, continuation) pairs of the reference's text.
-fn on_reference_text(prompts: &[Vec<u32>], ref_tokens: &[Vec<u32>]) -> Vec<(Vec<u32>, Vec<u32>)> {
-    prompts.iter().zip(ref_tokens).map(|(p, t)| (p.clone(), t.clone())).collect()
-}
-
-/// Teacher-forces both models on the reference's text (the reference's logits from `kept` when
-/// given) and the reference on the variant's, filling every trace's per-position fields.
+/// Teacher-forces both models on the reference's text `on_ref` (the reference's logits from
+/// `kept` when given) and the reference on the variant's, filling every trace's per-position
+/// fields.
 #[allow(clippy::too_many_arguments)]
 fn score(
     reference: &Llama,
     variant: &Llama,
     kept: Option<&ReferenceLogits>,
     device: &ComputeDevice,
-    prompts: &[Vec<u32>],
+    on_ref: &[(Vec<u32>, Vec<u32>)],
     traces: &mut [Trace],
     batch_size: usize,
     chunk: usize,
     name: &str,
     dump: &mut Option<Dump>,
 ) -> Result<(), EvalError> {
-    let on_ref = on_reference_text(prompts, &traces.iter().map(|t| t.ref_tokens.clone()).collect::<Vec<_>>());
     let mut record = |first_prompt: usize, start: usize, r: &Tensor<3>, v: &Tensor<3>| -> Result<(), EvalError> {
         let [b, c, _] = r.dims();
         let tokens: Vec<u32> =
@@ -566,7 +563,7 @@ fn score(
     };
     let mut failure: Option<EvalError> = None;
     match kept {
-        Some(kept) => teacher_forced(variant, device, &on_ref, batch_size, chunk, |f| {
+        Some(kept) => teacher_forced(variant, device, on_ref, batch_size, chunk, |f| {
             if failure.is_none() {
                 let result = match kept.0.get(&(f.first_prompt, f.start)) {
                     Some(r) => record(f.first_prompt, f.start, r, f.logits),
@@ -578,7 +575,7 @@ fn score(
                 failure = result.err();
             }
         })?,
-        None => teacher_forced_pair(reference, variant, device, &on_ref, batch_size, chunk, |p| {
+        None => teacher_forced_pair(reference, variant, device, on_ref, batch_size, chunk, |p| {
             if failure.is_none() {
                 failure = record(p.first_prompt, p.start, p.reference, p.variant).err();
             }
@@ -588,7 +585,7 @@ fn score(
         return Err(e);
     }
     let on_var: Vec<(Vec<u32>, Vec<u32>)> =
-        prompts.iter().zip(traces.iter()).map(|(p, t)| (p.clone(), t.var_tokens.clone())).collect();
+        on_ref.iter().zip(traces.iter()).map(|((p, _), t)| (p.clone(), t.var_tokens.clone())).collect();
     let mut failure: Option<EvalError> = None;
     teacher_forced(reference, device, &on_var, batch_size, chunk, |f| {
         if failure.is_some() {

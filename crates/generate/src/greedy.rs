@@ -207,9 +207,9 @@ pub fn check_request(
         }
     }
     // Batches running side by side hold their caches at once: the largest ones together must fit.
-    let concurrent = device.parallel_batches.max(1);
+    let concurrent = device.parallel_batches.clamp(1, prompts.len().div_ceil(config.batch_size).max(1));
     for batch in prompts.chunks(config.batch_size) {
-        check_memory(model, dtype, device, batch, config.max_new_tokens, concurrent.min(prompts.len().div_ceil(config.batch_size)))?;
+        check_memory(model, dtype, device, batch, config.max_new_tokens, concurrent)?;
     }
     Ok(())
 }

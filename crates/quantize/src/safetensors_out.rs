@@ -360,6 +360,21 @@ impl<'a> Collector<'a> {
         Ok(())
     }
 
+    /// The rotate-half permutation of `count` rows (`what`: "rows" or "values", for the error)
+    /// that are `rope`'s heads of an even head dimension; `None` when `rope` is.
+    fn row_order(&self, name: &str, rope: Rope, count: usize, what: &str) -> Result<Option<Vec<usize>>, WriteError> {
+        let Some((heads, head_dim)) = rope else {
+            return Ok(None);
+        };
+        if !head_dim.is_multiple_of(2) || heads.checked_mul(head_dim) != Some(count) {
+            return Err(self.layout(
+                name,
+                format!("{count} {what} are not {heads} heads of an even head dimension {head_dim}"),
+            ));
+        }
+        Ok(Some(rotate_half_row_order(heads, head_dim)))
+    }
+
     /// A q/k/v bias, F32; q/k rows permuted to rotate-half as their weights are.
     fn bias(&mut self, name: String, t: &'a HostTensor, rope: Rope) -> Result<(), WriteError> {
         let n = t.data.len();
@@ -369,20 +384,7 @@ impl<'a> Collector<'a> {
                 format!("shape {:?} is not a vector of {n} values", t.shape),
             ));
         }
-        let row_order = match rope {
-            None => None,
-            Some((heads, head_dim)) => {
-                if !head_dim.is_multiple_of(2) || heads.checked_mul(head_dim) != Some(n) {
-                    return Err(self.layout(
-                        &name,
-                        format!(
-                            "{n} values are not {heads} heads of an even head dimension {head_dim}"
-                        ),
-                    ));
-                }
-                Some(rotate_half_row_order(heads, head_dim))
-            }
-        };
+        let row_order = self.row_order(&name, rope, n, "values")?;
         self.out.push((
             name,
             OutTensor::F32 {
@@ -408,20 +410,7 @@ impl<'a> Collector<'a> {
             tensor: name.clone(),
             message: e.to_string(),
         })?;
-        let row_order = match rope {
-            None => None,
-            Some((heads, head_dim)) => {
-                if !head_dim.is_multiple_of(2) || heads.checked_mul(head_dim) != Some(rows) {
-                    return Err(self.layout(
-                        &name,
-                        format!(
-                            "{rows} rows are not {heads} heads of an even head dimension {head_dim}"
-                        ),
-                    ));
-                }
-                Some(rotate_half_row_order(heads, head_dim))
-            }
-        };
+        let row_order = self.row_order(&name, rope, rows, "rows")?;
         let quantized = if self.packed {
             self.model.tensor(slot)
         } else {
