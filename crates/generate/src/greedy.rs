@@ -2,7 +2,7 @@
 
 use burn::tensor::{Int, Tensor, TensorData};
 use burn::tensor::DType;
-use qdrift_model::{KvCache, Llama, LlamaConfig, Positions};
+use qdrift_model::{AttentionKernel, KvCache, Llama, LlamaConfig, Positions};
 
 use crate::ComputeDevice;
 use crate::parallel::{lock, run_batches};
@@ -229,7 +229,12 @@ fn check_memory(
     let elem = dtype.size() as u128;
     let cache_tensor = batch * model.n_kv_heads as u128 * capacity * model.head_dim() as u128 * elem;
     let cache_total = 2 * model.n_layers as u128 * cache_tensor;
-    let scores = batch * model.n_heads as u128 * longest * longest * 4;
+    // Burn's composed attention materialises the prompt's f32 scores; the host kernel holds one
+    // query's scores at a time.
+    let scores = match AttentionKernel::for_device(&device.device) {
+        AttentionKernel::Composed => batch * model.n_heads as u128 * longest * longest * 4,
+        AttentionKernel::Host => 0,
+    };
     let logits = batch * model.vocab_size as u128 * 4;
     let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
     let what = format!("{} prompt(s) of up to {longest} tokens + {max_new_tokens} new tokens", prompts.len());

@@ -1,9 +1,22 @@
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::activation::softmax;
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{DType, Tensor, TensorData};
 
-use crate::{KvCache, Rope};
+use crate::{KvCache, Rope, upload};
+
+/// What every layer's attention needs to know about the new columns of a forward pass.
+#[derive(Debug)]
+pub(crate) struct Columns<'a> {
+    /// RoPE tables, `[batch, new, 1, head_dim / 2, 1]` each (from [`Rope::tables`]).
+    pub cos: Tensor<5>,
+    pub sin: Tensor<5>,
+    /// `[batch, 1, 1, new, cached + new]`, f32, 0 where a key is visible and −∞ where not; built
+    /// only for device caches (the host kernel reads `pad`).
+    pub mask: Option<Tensor<5>>,
+    /// Left padding of each row ([`crate::Positions`]).
+    pub pad: &'a [usize],
+}
 
 /// Multi-head self-attention with grouped key/value heads (Ainslie et al. 2023, "GQA"): query
 /// head `h` attends with key/value head `h / (heads / kv_heads)`, as in llama2.c.
@@ -26,30 +39,33 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// Attends from the new positions `x` to everything in `cache` plus themselves.
+    /// Attends from the new positions `x` to everything in `cache` plus themselves, with Burn's
+    /// composed attention or the host kernel, as the cache says ([`crate::AttentionKernel`]).
     ///
     /// # Shapes
     /// - `x`: `[batch, new, dim]` → `[batch, new, dim]`
-    /// - `cos`, `sin`: `[batch, new, 1, head_dim / 2, 1]` (from [`Rope::tables`])
-    /// - `mask`: `[batch, 1, 1, new, cached + new]`, f32, 0 where a key is visible and −∞ where not
-    pub fn forward(
-        &self,
-        x: Tensor<3>,
-        rope: &Rope,
-        cos: &Tensor<5>,
-        sin: &Tensor<5>,
-        mask: &Tensor<5>,
-        cache: &mut KvCache,
-    ) -> Tensor<3> {
+    ///
+    /// # Panics
+    /// If `columns` has no mask for a device cache.
+    pub(crate) fn forward(&self, x: Tensor<3>, rope: &Rope, columns: &Columns, cache: &mut KvCache) -> Tensor<3> {
         let [b, t, _] = x.dims();
         let (h, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
         let rep = h / kvh;
         let dtype = x.dtype();
+        let (cos, sin) = (&columns.cos, &columns.sin);
 
         let q = rope.apply(self.wq.forward(x.clone()).reshape([b, t, h, hd]), cos, sin);
         let k = rope.apply(self.wk.forward(x.clone()).reshape([b, t, kvh, hd]), cos, sin);
         let v = self.wv.forward(x).reshape([b, t, kvh, hd]);
 
+        if let Some((host, start)) = cache.host() {
+            let device = q.device();
+            host.write(&host_f32(k), &host_f32(v), start, t);
+            let out = host.attend(&host_f32(q), h, columns.pad, start, t);
+            cache.advance(t);
+            return self.wo.forward(upload(&out, [b, t, h * hd], dtype, &device));
+        }
+        let mask = columns.mask.as_ref().expect("a device cache needs the attention mask");
         let (k, v) = cache.forward(k.swap_dims(1, 2), v.swap_dims(1, 2));
         let s = k.dims()[2];
 
@@ -63,4 +79,11 @@ impl Attention {
         let out = out.reshape([b, h, t, hd]).swap_dims(1, 2).reshape([b, t, h * hd]);
         self.wo.forward(out)
     }
+}
+
+/// A tensor's values in row-major order as f32 (exact for f16 and f32 tensors).
+fn host_f32<const D: usize>(x: Tensor<D>) -> Vec<f32> {
+    let data: TensorData = x.into_data().convert::<f32>();
+    // Burn's flex backend reads back its own tensors; a failure here is a bug, not bad input.
+    data.try_into_vec::<f32>().expect("a float tensor reads back as f32")
 }

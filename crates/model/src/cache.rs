@@ -1,28 +1,74 @@
 use burn::tensor::{DType, Device, Tensor};
 
+use crate::host_attention::{HostKv, Precision};
+
+/// Where a cache keeps its keys and values, and so which attention implementation reads them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// Tensors on the model's device, read by Burn's composed attention (matmul, mask, softmax,
+    /// matmul). Runs on every backend.
+    Composed,
+    /// Host memory, read by qdrift's fused CPU kernel (`host_attention`). The default on the CPU
+    /// backend, where it is several times faster.
+    Host,
+}
+
+impl AttentionKernel {
+    /// The kernel a device runs best: [`AttentionKernel::Host`] on the CPU (flex) backend,
+    /// [`AttentionKernel::Composed`] elsewhere.
+    pub fn for_device(device: &Device) -> Self {
+        if *device == Device::flex() { Self::Host } else { Self::Composed }
+    }
+}
+
+#[derive(Debug)]
+enum Store {
+    /// `[batch, kv_heads, capacity, head_dim]` each.
+    Device { keys: Tensor<4>, values: Tensor<4> },
+    Host(HostKv),
+}
+
 /// Keys and values of one attention layer for a batch, preallocated for the whole run.
 ///
 /// Every forward pass writes its new columns in place at the current length; nothing is
 /// reallocated while generating.
 #[derive(Debug)]
 pub struct KvCache {
-    /// `[batch, kv_heads, capacity, head_dim]`.
-    keys: Tensor<4>,
-    /// `[batch, kv_heads, capacity, head_dim]`.
-    values: Tensor<4>,
+    store: Store,
     len: usize,
     capacity: usize,
 }
 
 impl KvCache {
-    /// An empty cache for `capacity` positions.
-    pub fn new(batch: usize, kv_heads: usize, capacity: usize, head_dim: usize, dtype: DType, device: &Device) -> Self {
-        let shape = [batch, kv_heads, capacity, head_dim];
-        Self {
-            keys: Tensor::zeros(shape, (device, dtype)),
-            values: Tensor::zeros(shape, (device, dtype)),
-            len: 0,
-            capacity,
+    /// An empty cache for `capacity` positions, on `device` or in host memory as `kernel` needs.
+    /// Host caches store f16 values as f16 and everything else as f32.
+    pub fn new(
+        batch: usize,
+        kv_heads: usize,
+        capacity: usize,
+        head_dim: usize,
+        dtype: DType,
+        device: &Device,
+        kernel: AttentionKernel,
+    ) -> Self {
+        let store = match kernel {
+            AttentionKernel::Composed => {
+                let shape = [batch, kv_heads, capacity, head_dim];
+                Store::Device { keys: Tensor::zeros(shape, (device, dtype)), values: Tensor::zeros(shape, (device, dtype)) }
+            }
+            AttentionKernel::Host => {
+                let precision = if dtype == DType::F16 { Precision::F16 } else { Precision::F32 };
+                Store::Host(HostKv::new(batch, kv_heads, capacity, head_dim, precision))
+            }
+        };
+        Self { store, len: 0, capacity }
+    }
+
+    /// Which attention implementation reads this cache.
+    pub fn kernel(&self) -> AttentionKernel {
+        match self.store {
+            Store::Device { .. } => AttentionKernel::Composed,
+            Store::Host(_) => AttentionKernel::Host,
         }
     }
 
@@ -46,6 +92,21 @@ impl KvCache {
         self.len = 0;
     }
 
+    /// The host store, when this cache is one ([`AttentionKernel::Host`]).
+    pub(crate) fn host(&mut self) -> Option<(&mut HostKv, usize)> {
+        match &mut self.store {
+            Store::Host(kv) => Some((kv, self.len)),
+            Store::Device { .. } => None,
+        }
+    }
+
+    /// Marks `new` more columns as written (by the host kernel).
+    pub(crate) fn advance(&mut self, new: usize) {
+        let end = self.len + new;
+        assert!(end <= self.capacity, "key-value cache overflow: {end} > {}", self.capacity);
+        self.len = end;
+    }
+
     /// Appends `k` and `v` and returns all cached keys and values so far.
     ///
     /// # Shapes
@@ -53,16 +114,20 @@ impl KvCache {
     /// - returns `([batch, kv_heads, len + new, head_dim], same)`
     ///
     /// # Panics
-    /// If the cache would overflow its capacity; callers size it from the request.
+    /// If the cache would overflow its capacity (callers size it from the request), or if it is a
+    /// host cache.
     pub fn forward(&mut self, k: Tensor<4>, v: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
         let [b, h, new, d] = k.dims();
         let end = self.len + new;
         assert!(end <= self.capacity, "key-value cache overflow: {end} > {}", self.capacity);
+        let Store::Device { keys, values } = &mut self.store else {
+            panic!("KvCache::forward on a host cache; the host kernel writes it");
+        };
         let write = [0..b, 0..h, self.len..end, 0..d];
-        self.keys.inplace(|t| t.slice_assign(write.clone(), k));
-        self.values.inplace(|t| t.slice_assign(write, v));
+        keys.inplace(|t| t.slice_assign(write.clone(), k));
+        values.inplace(|t| t.slice_assign(write, v));
         self.len = end;
         let read = [0..b, 0..h, 0..end, 0..d];
-        (self.keys.clone().slice(read.clone()), self.values.clone().slice(read))
+        (keys.clone().slice(read.clone()), values.clone().slice(read))
     }
 }

@@ -8,11 +8,12 @@
 
 mod attention;
 mod cache;
+mod host_attention;
 mod llama;
 mod norm;
 mod rope;
 
-pub use cache::KvCache;
+pub use cache::{AttentionKernel, KvCache};
 pub use llama::{Llama, LlamaConfig, ModelError, Positions};
 pub use rope::Rope;
 

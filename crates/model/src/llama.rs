@@ -5,9 +5,9 @@ use burn::tensor::activation::silu;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use qdrift_load::{HostModel, HostTensor, RopeScaling};
 
-use crate::attention::Attention;
+use crate::attention::{Attention, Columns};
 use crate::norm::RmsNorm;
-use crate::{KvCache, Rope, upload};
+use crate::{AttentionKernel, KvCache, Rope, upload};
 
 /// Errors building a model on a device.
 #[derive(Debug, thiserror::Error)]
@@ -192,17 +192,9 @@ pub struct Block {
 
 impl Block {
     /// # Shapes
-    /// - `x`: `[batch, new, dim]` → `[batch, new, dim]` (see [`Attention::forward`] for the rest)
-    pub fn forward(
-        &self,
-        x: Tensor<3>,
-        rope: &Rope,
-        cos: &Tensor<5>,
-        sin: &Tensor<5>,
-        mask: &Tensor<5>,
-        cache: &mut KvCache,
-    ) -> Tensor<3> {
-        let h = x.clone() + self.attn.forward(self.attn_norm.forward(x), rope, cos, sin, mask, cache);
+    /// - `x`: `[batch, new, dim]` → `[batch, new, dim]`
+    fn forward(&self, x: Tensor<3>, rope: &Rope, columns: &Columns, cache: &mut KvCache) -> Tensor<3> {
+        let h = x.clone() + self.attn.forward(self.attn_norm.forward(x), rope, columns, cache);
         h.clone() + self.ffn.forward(self.ffn_norm.forward(h))
     }
 }
@@ -284,12 +276,17 @@ impl Llama {
         self.embedding.val().device()
     }
 
-    /// One empty key-value cache per layer for `batch` rows and `capacity` positions.
+    /// One empty key-value cache per layer for `batch` rows and `capacity` positions, for the
+    /// attention kernel the model's device runs best ([`AttentionKernel::for_device`]).
     pub fn new_caches(&self, batch: usize, capacity: usize) -> Vec<KvCache> {
+        self.new_caches_for(batch, capacity, AttentionKernel::for_device(&self.device()))
+    }
+
+    /// [`Llama::new_caches`] for a given attention kernel.
+    pub fn new_caches_for(&self, batch: usize, capacity: usize, kernel: AttentionKernel) -> Vec<KvCache> {
         let device = self.device();
-        (0..self.layers.len())
-            .map(|_| KvCache::new(batch, self.config.n_kv_heads, capacity, self.config.head_dim(), self.dtype, &device))
-            .collect()
+        let (kvh, hd) = (self.config.n_kv_heads, self.config.head_dim());
+        (0..self.layers.len()).map(|_| KvCache::new(batch, kvh, capacity, hd, self.dtype, &device, kernel)).collect()
     }
 
     /// Runs new token columns through the model, appending them to the caches.
@@ -312,12 +309,14 @@ impl Llama {
         let start = caches.first().map_or(0, KvCache::len);
         let device = tokens.device();
         let (cos, sin) = self.rope.tables(&positions.rows(start, t), self.dtype, &device);
-        let mask = positions.mask(start, t, &device);
+        let composed = caches.iter().any(|c| c.kernel() == AttentionKernel::Composed);
+        let mask = composed.then(|| positions.mask(start, t, &device));
+        let columns = Columns { cos, sin, mask, pad: &positions.pad };
 
         let dim = self.embedding.val().dims()[1];
         let mut x = self.embedding.val().select(0, tokens.reshape([b * t])).reshape([b, t, dim]);
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            x = layer.forward(x, &self.rope, &cos, &sin, &mask, cache);
+            x = layer.forward(x, &self.rope, &columns, cache);
         }
         if !all_logits {
             x = x.slice([0..b, t - 1..t, 0..dim]);

@@ -8,7 +8,7 @@
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use qdrift_load::{HostModel, HostTensor, RopeScaling, synthetic_model};
-use qdrift_model::{KvCache, Llama, LlamaConfig, ModelError, Positions};
+use qdrift_model::{AttentionKernel, KvCache, Llama, LlamaConfig, ModelError, Positions};
 
 const TOKENS: [u32; 9] = [1, 75, 104, 3, 319, 200, 42, 42, 7];
 
@@ -172,10 +172,15 @@ fn rows(logits: Tensor<3>) -> Vec<Vec<f32>> {
 }
 
 /// Logits of every position: one pass over `split` tokens, then the rest one at a time through
-/// the key-value cache, as generation runs.
+/// the key-value cache, as generation runs, with the device's default attention kernel (the host
+/// kernel on flex).
 fn burn_logits(model: &Llama, tokens: &[u32], split: usize) -> Vec<Vec<f32>> {
+    burn_logits_with(model, tokens, split, AttentionKernel::for_device(&Device::flex()))
+}
+
+fn burn_logits_with(model: &Llama, tokens: &[u32], split: usize, kernel: AttentionKernel) -> Vec<Vec<f32>> {
     let positions = Positions::left_padded(&[tokens.len()]);
-    let mut caches: Vec<KvCache> = model.new_caches(1, tokens.len());
+    let mut caches: Vec<KvCache> = model.new_caches_for(1, tokens.len(), kernel);
     let mut out = rows(model.forward(ids(&tokens[..split]), &positions, &mut caches, true));
     for &t in &tokens[split..] {
         out.extend(rows(model.forward(ids(&[t]), &positions, &mut caches, true)));
@@ -192,15 +197,20 @@ fn relative_error(got: &[Vec<f32>], want: &[Vec<f64>]) -> f64 {
     err / scale
 }
 
+/// Checks both attention kernels against the naive pass; returns the host kernel's logits.
 fn check_against_naive(m: &HostModel, what: &str) -> Vec<Vec<f32>> {
     let want = naive_logits(m, &TOKENS);
-    let got = burn_logits(&build(m), &TOKENS, 6);
-    let rel = relative_error(&got, &want);
-    println!(
-        "{what}: max relative error {rel:.2e} (logit scale {:.3})",
-        want.iter().flatten().fold(0.0f64, |a, v| a.max(v.abs()))
-    );
-    assert!(rel < 1e-5, "{what}: relative error {rel:e}");
+    let model = build(m);
+    let mut got = Vec::new();
+    for kernel in [AttentionKernel::Composed, AttentionKernel::Host] {
+        got = burn_logits_with(&model, &TOKENS, 6, kernel);
+        let rel = relative_error(&got, &want);
+        println!(
+            "{what}, {kernel:?} attention: max relative error {rel:.2e} (logit scale {:.3})",
+            want.iter().flatten().fold(0.0f64, |a, v| a.max(v.abs()))
+        );
+        assert!(rel < 1e-5, "{what}, {kernel:?} attention: relative error {rel:e}");
+    }
     got
 }
 
@@ -266,8 +276,10 @@ fn f16_model_with_biases_and_scaling_stays_close() {
     let m = tiny(true, Some(scaling));
     let want = naive_logits(&m, &TOKENS);
     let model = LlamaConfig::from_arch(&m.arch).init_from_host(&m, DType::F16, &Device::flex()).expect("f16 builds");
-    let got = burn_logits(&model, &TOKENS, 6);
-    let rel = relative_error(&got, &want);
-    println!("f16: max relative error {rel:.2e}");
-    assert!(rel < 2e-2, "f16 relative error {rel:e}");
+    for kernel in [AttentionKernel::Composed, AttentionKernel::Host] {
+        let got = burn_logits_with(&model, &TOKENS, 6, kernel);
+        let rel = relative_error(&got, &want);
+        println!("f16, {kernel:?} attention: max relative error {rel:.2e}");
+        assert!(rel < 2e-2, "f16, {kernel:?} attention: relative error {rel:e}");
+    }
 }
