@@ -5,6 +5,8 @@
 //! parameter: one [`Llama`] runs on wgpu, on the CPU (flex) and in tests, chosen when it is built.
 //! The model computes in the float dtype its weights were uploaded in (f32 or f16); RMSNorm and
 //! the attention softmax always run in f32, as Hugging Face's Llama does for half-precision.
+//! Attention runs as Burn's composed ops on a device cache, or as a fused CPU kernel over a
+//! host-memory cache ([`AttentionKernel`]; the default on the CPU backend).
 
 mod attention;
 mod cache;
