@@ -3,7 +3,7 @@ use burn::nn::Linear;
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Tensor, TensorData};
 
-use crate::{KvCache, Rope, upload};
+use crate::{KvCache, Positions, Rope, upload};
 
 /// What every layer's attention needs to know about the new columns of a forward pass.
 #[derive(Debug)]
@@ -12,10 +12,10 @@ pub(crate) struct Columns<'a> {
     pub cos: Tensor<5>,
     pub sin: Tensor<5>,
     /// `[batch, 1, 1, new, cached + new]`, f32, 0 where a key is visible and −∞ where not; built
-    /// only for device caches (the host kernel reads `pad`).
+    /// only for device caches (the host kernel asks `positions`).
     pub mask: Option<Tensor<5>>,
-    /// Left padding of each row ([`crate::Positions`]).
-    pub pad: &'a [usize],
+    /// The batch's layout: which keys each query sees.
+    pub positions: &'a Positions,
 }
 
 /// Multi-head self-attention with grouped key/value heads (Ainslie et al. 2023, "GQA"): query
@@ -58,11 +58,10 @@ impl Attention {
         let k = rope.apply(self.wk.forward(x.clone()).reshape([b, t, kvh, hd]), cos, sin);
         let v = self.wv.forward(x).reshape([b, t, kvh, hd]);
 
-        if let Some((host, start)) = cache.host() {
+        if let Some((host, start)) = cache.claim_host(t) {
             let device = q.device();
             host.write(&host_f32(k), &host_f32(v), start, t);
-            let out = host.attend(&host_f32(q), h, columns.pad, start, t);
-            cache.advance(t);
+            let out = host.attend(&host_f32(q), h, columns.positions, start, t);
             return self.wo.forward(upload(&out, [b, t, h * hd], dtype, &device));
         }
         let mask = columns.mask.as_ref().expect("a device cache needs the attention mask");

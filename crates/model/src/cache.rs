@@ -92,19 +92,16 @@ impl KvCache {
         self.len = 0;
     }
 
-    /// The host store, when this cache is one ([`AttentionKernel::Host`]).
-    pub(crate) fn host(&mut self) -> Option<(&mut HostKv, usize)> {
-        match &mut self.store {
-            Store::Host(kv) => Some((kv, self.len)),
-            Store::Device { .. } => None,
-        }
-    }
-
-    /// Marks `new` more columns as written (by the host kernel).
-    pub(crate) fn advance(&mut self, new: usize) {
-        let end = self.len + new;
-        assert!(end <= self.capacity, "key-value cache overflow: {end} > {}", self.capacity);
-        self.len = end;
+    /// For a host cache ([`AttentionKernel::Host`]): claims `new` columns and returns the store
+    /// with the first of them, for the host kernel to write and read. `None` for a device cache.
+    ///
+    /// # Panics
+    /// If the cache would overflow its capacity; callers size it from the request.
+    pub(crate) fn claim_host(&mut self, new: usize) -> Option<(&mut HostKv, usize)> {
+        let Self { store: Store::Host(kv), len, capacity } = self else {
+            return None;
+        };
+        Some((kv, claim(len, *capacity, new)))
     }
 
     /// Appends `k` and `v` and returns all cached keys and values so far.
@@ -118,16 +115,26 @@ impl KvCache {
     /// host cache.
     pub fn forward(&mut self, k: Tensor<4>, v: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
         let [b, h, new, d] = k.dims();
-        let end = self.len + new;
-        assert!(end <= self.capacity, "key-value cache overflow: {end} > {}", self.capacity);
-        let Store::Device { keys, values } = &mut self.store else {
+        let Self { store: Store::Device { keys, values }, len, capacity } = self else {
             panic!("KvCache::forward on a host cache; the host kernel writes it");
         };
-        let write = [0..b, 0..h, self.len..end, 0..d];
+        let start = claim(len, *capacity, new);
+        let end = start + new;
+        let write = [0..b, 0..h, start..end, 0..d];
         keys.inplace(|t| t.slice_assign(write.clone(), k));
         values.inplace(|t| t.slice_assign(write, v));
-        self.len = end;
         let read = [0..b, 0..h, 0..end, 0..d];
         (keys.clone().slice(read.clone()), values.clone().slice(read))
     }
+}
+
+/// Claims columns `len..len + new` of a cache for a forward pass and returns `len`.
+///
+/// # Panics
+/// If the cache would overflow its capacity.
+fn claim(len: &mut usize, capacity: usize, new: usize) -> usize {
+    let (start, end) = (*len, *len + new);
+    assert!(end <= capacity, "key-value cache overflow: {end} > {capacity}");
+    *len = end;
+    start
 }

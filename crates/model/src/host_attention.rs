@@ -22,6 +22,8 @@
 
 use half::f16;
 
+use crate::Positions;
+
 /// The dtype the model computes in, as far as attention's roundings are concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Precision {
@@ -113,7 +115,6 @@ impl HostKv {
         let sh = self.shape;
         assert_eq!(k.len(), sh.batch * new * sh.kv_heads * sh.head_dim, "keys do not match the cache's shape");
         assert_eq!(v.len(), k.len(), "values do not match the keys");
-        assert!(start + new <= sh.capacity, "key-value cache overflow: {} > {}", start + new, sh.capacity);
         match &mut self.stores {
             Stores::F32(st) => write(st, sh, k, v, start, new),
             Stores::F16(st) => write(st, sh, k, v, start, new),
@@ -121,19 +122,17 @@ impl HostKv {
     }
 
     /// Attention of the queries in columns `start..start + new` over the columns written so far
-    /// (`0..start + new`). Row `b`'s query in column `c` sees columns `pad[b]..=c`, or only itself
-    /// when it is padding (`c < pad[b]`; its output is never used).
+    /// (`0..start + new`), each over the keys [`Positions::visible`] gives it.
     ///
     /// # Shapes
     /// - `q`: `[batch, new, heads, head_dim]`, row-major; query head `h` uses key/value head
     ///   `h / (heads / kv_heads)`
     /// - returns `[batch, new, heads * head_dim]`, rounded to the compute dtype
-    pub(crate) fn attend(&mut self, q: &[f32], heads: usize, pad: &[usize], start: usize, new: usize) -> Vec<f32> {
+    pub(crate) fn attend(&mut self, q: &[f32], heads: usize, positions: &Positions, start: usize, new: usize) -> Vec<f32> {
         let sh = self.shape;
-        assert!(start + new <= sh.capacity, "key-value cache overflow: {} > {}", start + new, sh.capacity);
         assert_eq!(q.len(), sh.batch * new * heads * sh.head_dim, "queries do not match the cache's shape");
-        assert_eq!(pad.len(), sh.batch, "one padding width per row");
-        let columns = Columns { heads, pad, start, new };
+        assert_eq!(positions.pad.len(), sh.batch, "one padding width per row");
+        let columns = Columns { heads, positions, start, new };
         match &self.stores {
             Stores::F32(st) => attend(st, sh, q, &columns, &mut self.scores),
             Stores::F16(st) => attend(st, sh, q, &columns, &mut self.scores),
@@ -160,7 +159,7 @@ fn write<T: Elem>(st: &mut Store<T>, sh: Shape, k: &[f32], v: &[f32], start: usi
 /// The new columns of a forward pass.
 struct Columns<'a> {
     heads: usize,
-    pad: &'a [usize],
+    positions: &'a Positions,
     start: usize,
     new: usize,
 }
@@ -170,7 +169,6 @@ fn attend<T: Elem>(st: &Store<T>, sh: Shape, q: &[f32], cols: &Columns, scores: 
     let (heads, new) = (cols.heads, cols.new);
     let rep = heads / kvh;
     let scale = 1.0 / (hd as f32).sqrt();
-    let precision = if T::F16 { Precision::F16 } else { Precision::F32 };
     let mut out = vec![0.0f32; q.len()];
     for b in 0..sh.batch {
         for g in 0..kvh {
@@ -178,13 +176,13 @@ fn attend<T: Elem>(st: &Store<T>, sh: Shape, q: &[f32], cols: &Columns, scores: 
             let keys = &st.keys[block * hd * cap..(block + 1) * hd * cap];
             let values = &st.values[block * cap * hd..(block + 1) * cap * hd];
             for i in 0..new {
-                let c = cols.start + i;
-                let lo = if c >= cols.pad[b] { cols.pad[b] } else { c };
+                let visible = cols.positions.visible(b, cols.start + i);
                 for r in 0..rep {
                     let h = g * rep + r;
                     let at = ((b * new + i) * heads + h) * hd;
-                    let job = Query { q: &q[at..at + hd], keys, kstride: cap, values, lo, hi: c + 1, scale };
-                    attend_one(&job, precision, scores, &mut out[at..at + hd]);
+                    let (lo, hi) = (visible.start, visible.end);
+                    let job = Query { q: &q[at..at + hd], keys, kstride: cap, values, lo, hi, scale };
+                    attend_one(&job, scores, &mut out[at..at + hd]);
                 }
             }
         }
@@ -208,27 +206,28 @@ struct Query<'a, T> {
     scale: f32,
 }
 
-/// Computes one query's attention output into `out` (`[head_dim]`).
-fn attend_one<T: Elem>(job: &Query<T>, precision: Precision, scores: &mut Vec<f32>, out: &mut [f32]) {
+/// Computes one query's attention output into `out` (`[head_dim]`), rounding probabilities and
+/// output to f16 when the keys and values are f16.
+fn attend_one<T: Elem>(job: &Query<T>, scores: &mut Vec<f32>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
         // SAFETY: the CPU supports AVX2 and F16C, checked just above.
-        unsafe { attend_one_avx2(job, precision, scores, out) };
+        unsafe { attend_one_avx2(job, scores, out) };
         return;
     }
-    attend_one_impl::<false, T>(job, precision, scores, out);
+    attend_one_impl::<false, T>(job, scores, out);
 }
 
 /// [`attend_one_impl`] with its two dot-product loops in AVX2 intrinsics and the rest compiled
 /// for AVX2. Same operations in the same order, same results as the portable build.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn attend_one_avx2<T: Elem>(job: &Query<T>, precision: Precision, scores: &mut Vec<f32>, out: &mut [f32]) {
-    attend_one_impl::<true, T>(job, precision, scores, out);
+unsafe fn attend_one_avx2<T: Elem>(job: &Query<T>, scores: &mut Vec<f32>, out: &mut [f32]) {
+    attend_one_impl::<true, T>(job, scores, out);
 }
 
 #[inline(always)]
-fn attend_one_impl<const AVX2: bool, T: Elem>(job: &Query<T>, precision: Precision, scores: &mut Vec<f32>, out: &mut [f32]) {
+fn attend_one_impl<const AVX2: bool, T: Elem>(job: &Query<T>, scores: &mut Vec<f32>, out: &mut [f32]) {
     let hd = job.q.len();
     let n = job.hi - job.lo;
     scores.clear();
@@ -249,9 +248,10 @@ fn attend_one_impl<const AVX2: bool, T: Elem>(job: &Query<T>, precision: Precisi
         *sj = exp(*sj * job.scale - max);
     }
     let inv_sum = 1.0 / lanes_sum(s);
-    match precision {
-        Precision::F32 => s.iter_mut().for_each(|w| *w *= inv_sum),
-        Precision::F16 => s.iter_mut().for_each(|w| *w = round_to_f16(*w * inv_sum)),
+    if T::F16 {
+        s.iter_mut().for_each(|w| *w = round_to_f16(*w * inv_sum));
+    } else {
+        s.iter_mut().for_each(|w| *w *= inv_sum);
     }
     // out[d] = Σ_j w[j] · v[j, d] (in the order of `dot8`), 8 dimensions at a time.
     let values = &job.values[job.lo * hd..job.hi * hd];
@@ -262,7 +262,7 @@ fn attend_one_impl<const AVX2: bool, T: Elem>(job: &Query<T>, precision: Precisi
     for (d, o) in out.iter_mut().enumerate().skip(full) {
         *o = dot1(s, &values[d..], hd);
     }
-    if precision == Precision::F16 {
+    if T::F16 {
         out.iter_mut().for_each(|o| *o = round_to_f16(*o));
     }
 }
@@ -316,16 +316,11 @@ fn dot8<const AVX2: bool, T: Elem>(x: &[f32], m: &[T], stride: usize) -> [f32; 8
         }
         return out;
     }
-    let mut acc = [[0.0f32; 8]; 4];
-    for (i, &xi) in x.iter().enumerate() {
-        for (a, &v) in acc[i & 3].iter_mut().zip(&m[i * stride..i * stride + 8]) {
-            *a += xi * v.widen();
-        }
-    }
-    std::array::from_fn(|l| (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]))
+    std::array::from_fn(|l| dot1(x, &m[l..], stride))
 }
 
-/// The scalar counterpart of one lane of [`dot8`]: `Σ_i x[i] · m[i · stride]`, same order.
+/// One lane of [`dot8`]: `Σ_i x[i] · m[i · stride]`, in the same order (the portable build of
+/// `dot8` is eight of these).
 #[inline(always)]
 fn dot1<T: Elem>(x: &[f32], m: &[T], stride: usize) -> f32 {
     let mut acc = [0.0f32; 4];
@@ -488,6 +483,7 @@ mod tests {
             let v = quantise(values(2, b * cols * kvh * hd, 1.0));
             let q = quantise(values(3, b * cols * h * hd, 3.0));
             let pad = [0, 3];
+            let positions = Positions { pad: pad.to_vec() };
             let mut kv = HostKv::new(b, kvh, cols, hd, precision);
             let mut got = vec![0.0; b * cols * h * hd];
             for (start, new) in [(0, 16), (16, 3)] {
@@ -495,7 +491,7 @@ mod tests {
                     (0..b).flat_map(|r| x[(r * cols + start) * heads * hd..(r * cols + start + new) * heads * hd].to_vec()).collect()
                 };
                 kv.write(&rows(&k, kvh), &rows(&v, kvh), start, new);
-                let out = kv.attend(&rows(&q, h), h, &pad, start, new);
+                let out = kv.attend(&rows(&q, h), h, &positions, start, new);
                 for r in 0..b {
                     let dst = (r * cols + start) * h * hd;
                     got[dst..dst + new * h * hd].copy_from_slice(&out[r * new * h * hd..(r + 1) * new * h * hd]);
@@ -535,15 +531,15 @@ mod tests {
             for lo in [0, 1, n - 1] {
                 let job = Query { q: &q, keys: &keys, kstride: n, values: &vals, lo, hi: n, scale: 0.25 };
                 let (mut a, mut b) = (vec![0.0; hd], vec![0.0; hd]);
-                attend_one(&job, Precision::F32, &mut Vec::new(), &mut a);
-                attend_one_impl::<false, f32>(&job, Precision::F32, &mut Vec::new(), &mut b);
+                attend_one(&job, &mut Vec::new(), &mut a);
+                attend_one_impl::<false, f32>(&job, &mut Vec::new(), &mut b);
                 assert_eq!(bits(&a), bits(&b), "f32 head_dim {hd} keys {lo}..{n}");
 
                 let keys: Vec<f16> = keys.iter().map(|&x| f16::from_f32(x)).collect();
                 let vals: Vec<f16> = vals.iter().map(|&x| f16::from_f32(x)).collect();
                 let job = Query { q: &q, keys: &keys, kstride: n, values: &vals, lo, hi: n, scale: 0.25 };
-                attend_one(&job, Precision::F16, &mut Vec::new(), &mut a);
-                attend_one_impl::<false, f16>(&job, Precision::F16, &mut Vec::new(), &mut b);
+                attend_one(&job, &mut Vec::new(), &mut a);
+                attend_one_impl::<false, f16>(&job, &mut Vec::new(), &mut b);
                 assert_eq!(bits(&a), bits(&b), "f16 head_dim {hd} keys {lo}..{n}");
             }
         }

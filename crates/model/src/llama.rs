@@ -222,21 +222,26 @@ impl Positions {
         self.pad.iter().map(|&p| (start..start + len).map(|c| c.saturating_sub(p)).collect()).collect()
     }
 
+    /// The key columns the query in column `column` of row `row` attends to: its row's real
+    /// tokens up to itself (causal, not padding). A padding query sees itself only, which keeps
+    /// its softmax finite; its output is never used.
+    pub(crate) fn visible(&self, row: usize, column: usize) -> std::ops::Range<usize> {
+        let p = self.pad[row];
+        if column >= p { p..column + 1 } else { column..column + 1 }
+    }
+
     /// The additive attention mask for queries in columns `start..start + len` over keys in
-    /// columns `0..start + len`: 0 where visible (causal and not padding), −∞ elsewhere. A padding
-    /// query sees itself only, which keeps its softmax finite; its output is never used.
+    /// columns `0..start + len`: 0 where [`Positions::visible`], −∞ elsewhere.
     ///
     /// # Shapes
     /// - returns `[batch, 1, 1, len, start + len]`, f32
     fn mask(&self, start: usize, len: usize, device: &Device) -> Tensor<5> {
         let keys = start + len;
         let mut m = Vec::with_capacity(self.pad.len() * len * keys);
-        for &p in &self.pad {
+        for row in 0..self.pad.len() {
             for q in start..start + len {
-                for k in 0..keys {
-                    let visible = (k >= p && k <= q) || k == q;
-                    m.push(if visible { 0.0f32 } else { f32::NEG_INFINITY });
-                }
+                let visible = self.visible(row, q);
+                m.extend((0..keys).map(|k| if visible.contains(&k) { 0.0f32 } else { f32::NEG_INFINITY }));
             }
         }
         Tensor::from_data(TensorData::new(m, [self.pad.len(), 1, 1, len, keys]), (device, DType::F32))
@@ -311,7 +316,7 @@ impl Llama {
         let (cos, sin) = self.rope.tables(&positions.rows(start, t), self.dtype, &device);
         let composed = caches.iter().any(|c| c.kernel() == AttentionKernel::Composed);
         let mask = composed.then(|| positions.mask(start, t, &device));
-        let columns = Columns { cos, sin, mask, pad: &positions.pad };
+        let columns = Columns { cos, sin, mask, positions };
 
         let dim = self.embedding.val().dims()[1];
         let mut x = self.embedding.val().select(0, tokens.reshape([b * t])).reshape([b, t, dim]);
