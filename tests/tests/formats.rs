@@ -46,7 +46,12 @@ fn every_format_generates_what_the_llama2c_checkpoint_generates() {
             let encoded: Vec<Vec<u32>> = cases.iter().map(|c| loaded.tokenizer.encode(&c.prompt)).collect();
             assert_eq!(encoded, prompts, "{}: tokenizer", file.display());
             let got = greedy(&loaded, &prompts);
-            assert_eq!(got, expected, "{}: tokens differ from the llama2.c weights rounded to {dtype:?}", file.display());
+            assert_eq!(
+                got,
+                expected,
+                "{}: tokens differ from the llama2.c weights rounded to {dtype:?}",
+                file.display()
+            );
             let agree: usize =
                 got.iter().zip(&f32_tokens).map(|(a, b)| a.iter().zip(b).take_while(|(x, y)| x == y).count()).sum();
             println!(

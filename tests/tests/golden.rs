@@ -24,11 +24,7 @@ fn golden_f32(choice: BackendChoice) {
     let n = cases.iter().map(|c| c.greedy_tokens.len()).max().unwrap_or(0);
     let (tokens, logits) = run_greedy(&loaded, &dev, DType::F32, &prompts, n, prompts.len());
     for (i, case) in cases.iter().enumerate() {
-        let max_abs = logits[i]
-            .iter()
-            .zip(&case.next_token_logits)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
+        let max_abs = logits[i].iter().zip(&case.next_token_logits).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
         println!("{} {:?}: next-token logits max |Δ| = {max_abs:.2e}", dev.adapter, case.prompt);
         assert!(max_abs <= 1e-4, "{:?}: logits differ by {max_abs}", case.prompt);
         let got = &tokens[i][..case.greedy_tokens.len()];

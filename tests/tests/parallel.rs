@@ -74,7 +74,10 @@ fn kept_reference_logits_give_the_lockstep_report() {
     cfg.chunk = 8;
     cfg.resamples = 200;
     cfg.backend = BackendChoice::Cpu;
-    cfg.variants = vec![VariantSpec::Scheme("int8".parse().expect("scheme")), VariantSpec::Scheme("int4-g32".parse().expect("scheme"))];
+    cfg.variants = vec![
+        VariantSpec::Scheme("int8".parse().expect("scheme")),
+        VariantSpec::Scheme("int4-g32".parse().expect("scheme")),
+    ];
     let kept = evaluate(&cfg, &mut |_| {}).expect("evaluation with kept reference logits");
     cfg.reference_logits_budget = 0;
     let lockstep = evaluate(&cfg, &mut |_| {}).expect("evaluation in lockstep");

@@ -37,7 +37,12 @@ fn agreement(a: &[Vec<u32>], b: &[Vec<u32>]) -> usize {
 
 /// The greedy run of `changed`, after checking that its first-step logits differ from the
 /// unchanged stories260K's by more than 0.1 (`what` changed, for the messages).
-fn changed_run(plain: &HostModel, changed: &HostModel, prompts: &[Vec<u32>], what: &str) -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
+fn changed_run(
+    plain: &HostModel,
+    changed: &HostModel,
+    prompts: &[Vec<u32>],
+    what: &str,
+) -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
     let (plain_tokens, plain_logits) = greedy(plain.clone(), prompts);
     let (tokens, logits) = greedy(changed.clone(), prompts);
     let moved = max_abs_diff(&logits, &plain_logits);

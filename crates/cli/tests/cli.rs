@@ -25,9 +25,20 @@ fn assert_one_line_error(out: &Output, expected: &str) {
 fn json_output_has_one_object_per_prompt() {
     let dir = stories();
     let out = qdrift(&[
-        "generate", "--model", path(&dir.join("stories260K.bin")), "--tokenizer", path(&dir.join("tok512.bin")),
-        "--prompt", "Once upon a time", "--prompt", "Lily wanted to", "--max-new-tokens", "12",
-        "--backend", "cpu", "--json",
+        "generate",
+        "--model",
+        path(&dir.join("stories260K.bin")),
+        "--tokenizer",
+        path(&dir.join("tok512.bin")),
+        "--prompt",
+        "Once upon a time",
+        "--prompt",
+        "Lily wanted to",
+        "--max-new-tokens",
+        "12",
+        "--backend",
+        "cpu",
+        "--json",
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
@@ -52,8 +63,15 @@ fn json_output_has_one_object_per_prompt() {
 fn tokenizer_is_found_beside_the_model() {
     let dir = stories();
     let out = qdrift(&[
-        "generate", "--model", path(&dir.join("stories260K.bin")), "--prompt", "Tom", "--max-new-tokens", "3",
-        "--backend", "cpu",
+        "generate",
+        "--model",
+        path(&dir.join("stories260K.bin")),
+        "--prompt",
+        "Tom",
+        "--max-new-tokens",
+        "3",
+        "--backend",
+        "cpu",
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
@@ -66,8 +84,17 @@ fn truncated_checkpoint_is_one_clear_error() {
     let cut = tmp.path().join("cut.bin");
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).expect("write");
     let out = qdrift(&[
-        "generate", "--model", path(&cut), "--tokenizer", path(&dir.join("tok512.bin")), "--prompt", "Hi",
-        "--max-new-tokens", "4", "--backend", "cpu",
+        "generate",
+        "--model",
+        path(&cut),
+        "--tokenizer",
+        path(&dir.join("tok512.bin")),
+        "--prompt",
+        "Hi",
+        "--max-new-tokens",
+        "4",
+        "--backend",
+        "cpu",
     ]);
     assert_one_line_error(&out, "cut.bin: truncated");
 }
@@ -84,8 +111,17 @@ fn wrong_size_tokenizer_is_one_clear_error() {
     let tok = tmp.path().join("tok513.bin");
     std::fs::write(&tok, &bytes).expect("write");
     let out = qdrift(&[
-        "generate", "--model", path(&dir.join("stories260K.bin")), "--tokenizer", path(&tok), "--prompt", "Hi",
-        "--max-new-tokens", "4", "--backend", "cpu",
+        "generate",
+        "--model",
+        path(&dir.join("stories260K.bin")),
+        "--tokenizer",
+        path(&tok),
+        "--prompt",
+        "Hi",
+        "--max-new-tokens",
+        "4",
+        "--backend",
+        "cpu",
     ]);
     assert_one_line_error(&out, "tok513.bin has 513 tokens but model");
 }
@@ -94,8 +130,17 @@ fn wrong_size_tokenizer_is_one_clear_error() {
 fn empty_prompt_is_one_clear_error() {
     let dir = stories();
     let out = qdrift(&[
-        "generate", "--model", path(&dir.join("stories260K.bin")), "--prompt", "Hi", "--prompt", "",
-        "--max-new-tokens", "4", "--backend", "cpu",
+        "generate",
+        "--model",
+        path(&dir.join("stories260K.bin")),
+        "--prompt",
+        "Hi",
+        "--prompt",
+        "",
+        "--max-new-tokens",
+        "4",
+        "--backend",
+        "cpu",
     ]);
     assert_one_line_error(&out, "prompt 2 is empty");
 }
@@ -105,8 +150,15 @@ fn too_many_new_tokens_is_one_clear_error() {
     let dir = stories();
     for backend in ["cpu", "wgpu"] {
         let out = qdrift(&[
-            "generate", "--model", path(&dir.join("stories260K.bin")), "--prompt", "Hi",
-            "--max-new-tokens", "1000000000000", "--backend", backend,
+            "generate",
+            "--model",
+            path(&dir.join("stories260K.bin")),
+            "--prompt",
+            "Hi",
+            "--max-new-tokens",
+            "1000000000000",
+            "--backend",
+            backend,
         ]);
         assert_one_line_error(&out, "new tokens need");
     }
@@ -118,8 +170,15 @@ fn missing_model_and_bad_options_are_errors() {
     assert_one_line_error(&out, "/nonexistent/m.bin: cannot read");
     let dir = stories();
     let out = qdrift(&[
-        "generate", "--model", path(&dir.join("stories260K.bin")), "--prompt", "Hi", "--max-new-tokens", "4",
-        "--dtype", "f8",
+        "generate",
+        "--model",
+        path(&dir.join("stories260K.bin")),
+        "--prompt",
+        "Hi",
+        "--max-new-tokens",
+        "4",
+        "--dtype",
+        "f8",
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown dtype \"f8\""));
@@ -128,7 +187,8 @@ fn missing_model_and_bad_options_are_errors() {
 #[test]
 fn auto_backend_says_what_it_chose_and_why() {
     let dir = stories();
-    let out = qdrift(&["generate", "--model", path(&dir.join("stories260K.bin")), "--prompt", "Hi", "--max-new-tokens", "2"]);
+    let out =
+        qdrift(&["generate", "--model", path(&dir.join("stories260K.bin")), "--prompt", "Hi", "--max-new-tokens", "2"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let line = stderr.lines().find(|l| l.starts_with("qdrift: backend ")).expect("a backend line");

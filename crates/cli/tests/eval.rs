@@ -26,7 +26,12 @@ fn f(v: &Value) -> f64 {
 }
 
 fn variant<'a>(report: &'a Value, name: &str) -> &'a Value {
-    report["variants"].as_array().expect("variants").iter().find(|v| v["name"] == name).unwrap_or_else(|| panic!("no variant {name}"))
+    report["variants"]
+        .as_array()
+        .expect("variants")
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no variant {name}"))
 }
 
 /// The `fp16` scheme on the FP16 reference is the reference: every divergence is exactly zero,
@@ -69,8 +74,20 @@ fn report_metrics_match_an_independent_recomputation() {
     let report = run_eval(
         out.path(),
         &[
-            "--schemes", "int4-g32,fp8-e4m3", "--prompts", "5", "--batch-size", "3", "--horizons", "5,20",
-            "--resamples", "100", "--dtype", "f32", "--dump-logprobs", dump.to_str().expect("utf-8"),
+            "--schemes",
+            "int4-g32,fp8-e4m3",
+            "--prompts",
+            "5",
+            "--batch-size",
+            "3",
+            "--horizons",
+            "5,20",
+            "--resamples",
+            "100",
+            "--dtype",
+            "f32",
+            "--dump-logprobs",
+            dump.to_str().expect("utf-8"),
         ],
     );
     // variant → prompt → position → (kld, top1 agree, ln p_ref(token), ln p_var(token))
@@ -83,7 +100,11 @@ fn report_metrics_match_an_independent_recomputation() {
         let token = v["token"].as_u64().expect("token") as usize;
         let kld: f64 = lr.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum();
         let argmax = |x: &[f64]| x.iter().enumerate().fold(0, |best, (i, &y)| if y > x[best] { i } else { best });
-        let key = (v["variant"].as_str().expect("variant").to_string(), v["prompt"].as_u64().expect("p") as usize, v["position"].as_u64().expect("t") as usize);
+        let key = (
+            v["variant"].as_str().expect("variant").to_string(),
+            v["prompt"].as_u64().expect("p") as usize,
+            v["position"].as_u64().expect("t") as usize,
+        );
         rows.insert(key, (kld, argmax(&lr) == argmax(&lq), lr[token], lq[token]));
     }
     let mut checked = 0;
@@ -134,7 +155,15 @@ fn assert_fails(args: &[&str], expected: &str) {
     let out = tempfile::tempdir().expect("tempdir");
     let dir = stories();
     let model = dir.join("stories260K.bin");
-    let mut all = vec!["eval", "--model", model.to_str().expect("utf-8"), "--backend", "cpu", "--out", out.path().to_str().expect("utf-8")];
+    let mut all = vec![
+        "eval",
+        "--model",
+        model.to_str().expect("utf-8"),
+        "--backend",
+        "cpu",
+        "--out",
+        out.path().to_str().expect("utf-8"),
+    ];
     all.extend_from_slice(args);
     let o = qdrift(&all);
     let stderr = String::from_utf8_lossy(&o.stderr);
@@ -150,7 +179,10 @@ fn bad_eval_input_is_one_clear_error() {
     assert_fails(&["--eval-set", "/nonexistent/set.jsonl"], "/nonexistent/set.jsonl");
     assert_fails(&["--prompts", "1000", "--horizons", "5"], "has 72 prompts");
     assert_fails(&["--horizons", "0"], "horizon");
-    assert_fails(&["--variant", "/nonexistent/model.bin", "--horizons", "5", "--prompts", "2"], "/nonexistent/model.bin");
+    assert_fails(
+        &["--variant", "/nonexistent/model.bin", "--horizons", "5", "--prompts", "2"],
+        "/nonexistent/model.bin",
+    );
 }
 
 /// A synthetic model's report says so, in report.json and in the Markdown.
@@ -158,12 +190,25 @@ fn bad_eval_input_is_one_clear_error() {
 fn synthetic_runs_are_marked() {
     let out = tempfile::tempdir().expect("tempdir");
     let o = qdrift(&[
-        "eval", "--model", "synthetic:tiny", "--backend", "cpu", "--prompts", "3", "--horizons", "4",
-        "--schemes", "int8", "--resamples", "50", "--out", out.path().to_str().expect("utf-8"),
+        "eval",
+        "--model",
+        "synthetic:tiny",
+        "--backend",
+        "cpu",
+        "--prompts",
+        "3",
+        "--horizons",
+        "4",
+        "--schemes",
+        "int8",
+        "--resamples",
+        "50",
+        "--out",
+        out.path().to_str().expect("utf-8"),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).expect("report"))
-        .expect("JSON");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).expect("report")).expect("JSON");
     assert_eq!(report["model"]["synthetic"], true);
     assert_eq!(report["model"]["format"], "synthetic");
     let md = std::fs::read_to_string(out.path().join("report.md")).expect("report.md");
@@ -185,16 +230,34 @@ fn gate_exit_codes_through_the_binary() {
     let junit = dir.join("gate.xml");
     let model = stories().join("stories260K.bin");
     let o = qdrift(&[
-        "eval", "--model", model.to_str().expect("utf-8"), "--backend", "cpu", "--prompts", "3", "--horizons", "5",
-        "--schemes", "fp16", "--resamples", "50", "--out", dir.to_str().expect("utf-8"),
-        "--gate", pass.to_str().expect("utf-8"), "--junit", junit.to_str().expect("utf-8"),
+        "eval",
+        "--model",
+        model.to_str().expect("utf-8"),
+        "--backend",
+        "cpu",
+        "--prompts",
+        "3",
+        "--horizons",
+        "5",
+        "--schemes",
+        "fp16",
+        "--resamples",
+        "50",
+        "--out",
+        dir.to_str().expect("utf-8"),
+        "--gate",
+        pass.to_str().expect("utf-8"),
+        "--junit",
+        junit.to_str().expect("utf-8"),
     ]);
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
     assert!(stdout.contains("PASS fp16 token_match_rate@5"), "{stdout}");
     assert!(std::fs::read_to_string(&junit).expect("junit").contains("<testsuite"));
     let report = dir.join("report.json");
-    let gate = |t: &std::path::Path| qdrift(&["gate", "--report", report.to_str().expect("utf-8"), "--thresholds", t.to_str().expect("utf-8")]);
+    let gate = |t: &std::path::Path| {
+        qdrift(&["gate", "--report", report.to_str().expect("utf-8"), "--thresholds", t.to_str().expect("utf-8")])
+    };
     let o = gate(&fail);
     assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stdout));
     assert!(String::from_utf8_lossy(&o.stdout).contains("FAIL fp16 top1_agreement@5"));

@@ -7,8 +7,25 @@ mod common;
 use common::{qdrift, stories};
 
 const SCHEMES: &[&str] = &[
-    "fp16", "bf16", "int8", "int4-g32", "int4-g64", "int4-g128", "int4-g32-asym", "int4-g64-asym", "int4-g128-asym",
-    "fp8-e4m3", "fp8-e5m2", "fp8-e4m3-tensor", "fp8-e5m2-tensor", "nf4-g64", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k",
+    "fp16",
+    "bf16",
+    "int8",
+    "int4-g32",
+    "int4-g64",
+    "int4-g128",
+    "int4-g32-asym",
+    "int4-g64-asym",
+    "int4-g128-asym",
+    "fp8-e4m3",
+    "fp8-e5m2",
+    "fp8-e4m3-tensor",
+    "fp8-e5m2-tensor",
+    "nf4-g64",
+    "q8_0",
+    "q4_0",
+    "q4_1",
+    "q4_k",
+    "q6_k",
     "mxfp4",
 ];
 
@@ -17,7 +34,14 @@ fn sqnr(scheme: &str, dir: &Path) -> HashMap<String, f64> {
     let model = stories().join("stories260K.bin");
     let out_file = dir.join(format!("{scheme}.safetensors"));
     let out = qdrift(&[
-        "quantize", "--model", model.to_str().unwrap(), "--scheme", scheme, "--out", out_file.to_str().unwrap(), "--json",
+        "quantize",
+        "--model",
+        model.to_str().unwrap(),
+        "--scheme",
+        scheme,
+        "--out",
+        out_file.to_str().unwrap(),
+        "--json",
     ]);
     assert!(out.status.success(), "{scheme}: {}", String::from_utf8_lossy(&out.stderr));
     assert!(out_file.is_file(), "{scheme}: no output file");
@@ -54,7 +78,15 @@ fn table_output_names_fallbacks_and_bits() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let model = stories().join("stories260K.bin");
     let out_file = tmp.path().join("q.safetensors");
-    let out = qdrift(&["quantize", "--model", model.to_str().unwrap(), "--scheme", "q8_0", "--out", out_file.to_str().unwrap()]);
+    let out = qdrift(&[
+        "quantize",
+        "--model",
+        model.to_str().unwrap(),
+        "--scheme",
+        "q8_0",
+        "--out",
+        out_file.to_str().unwrap(),
+    ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("model.layers.0.self_attn.q_proj.weight"), "{stdout}");
@@ -65,7 +97,15 @@ fn table_output_names_fallbacks_and_bits() {
 #[test]
 fn unknown_scheme_lists_the_known_ones() {
     let model = stories().join("stories260K.bin");
-    let out = qdrift(&["quantize", "--model", model.to_str().unwrap(), "--scheme", "int3", "--out", "/tmp/never.safetensors"]);
+    let out = qdrift(&[
+        "quantize",
+        "--model",
+        model.to_str().unwrap(),
+        "--scheme",
+        "int3",
+        "--out",
+        "/tmp/never.safetensors",
+    ]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("unknown scheme \"int3\"; known: fp16, bf16, int8"), "{stderr}");
@@ -77,8 +117,20 @@ fn generate_runs_a_quantized_variant() {
     let model = stories().join("stories260K.bin");
     let run = |scheme: &str| {
         let out = qdrift(&[
-            "generate", "--model", model.to_str().unwrap(), "--prompt", "Once upon a time", "--max-new-tokens", "40",
-            "--backend", "cpu", "--dtype", "f16", "--scheme", scheme, "--json",
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            "Once upon a time",
+            "--max-new-tokens",
+            "40",
+            "--backend",
+            "cpu",
+            "--dtype",
+            "f16",
+            "--scheme",
+            scheme,
+            "--json",
         ]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
@@ -88,8 +140,18 @@ fn generate_runs_a_quantized_variant() {
     let fp16 = run("fp16");
     // Same FP16 reference weights with and without the identity scheme: identical tokens.
     let plain = qdrift(&[
-        "generate", "--model", model.to_str().unwrap(), "--prompt", "Once upon a time", "--max-new-tokens", "40",
-        "--backend", "cpu", "--dtype", "f16", "--json",
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        "Once upon a time",
+        "--max-new-tokens",
+        "40",
+        "--backend",
+        "cpu",
+        "--dtype",
+        "f16",
+        "--json",
     ]);
     let plain: serde_json::Value = serde_json::from_slice(&plain.stdout).expect("JSON");
     assert_eq!(plain["generated_tokens"], fp16);

@@ -3,9 +3,7 @@
 //! Everything here is host arithmetic in f64 on [`Trace`]s; prompts are the unit of every
 //! interval (bootstrap over prompts, Wilson over prompts), never tokens.
 
-use qdrift_report::{
-    EntropyStratum, Excess, FirstDivergence, HorizonMetrics, KldSummary, MeanCi, PerPosition,
-};
+use qdrift_report::{EntropyStratum, Excess, FirstDivergence, HorizonMetrics, KldSummary, MeanCi, PerPosition};
 use qdrift_score::{
     Interval, PositionMetrics, PromptLogProbs, bootstrap_mean_ci, entropy_quartiles, first_divergence, kaplan_meier,
     median_survival, paired_difference_ci, ppl_ratio_ci, summarize, wilson_interval,
@@ -167,7 +165,14 @@ pub fn horizon_metrics(
             tokens: h,
             token_match_rate: stats.mean(&tmr)?,
             exact_match_fraction: MeanCi { mean: exact as f64 / n as f64, ci95: [wilson.lo, wilson.hi] },
-            kld: KldSummary { mean: kld_ci.mean, median: s.median, p90: s.p90, p99: s.p99, max: s.max, ci95: kld_ci.ci95 },
+            kld: KldSummary {
+                mean: kld_ci.mean,
+                median: s.median,
+                p90: s.p90,
+                p99: s.p99,
+                max: s.max,
+                ci95: kld_ci.ci95,
+            },
             top1_agreement: stats.mean(&per(&|t| t.top1_agreement(h)))?,
             rms_delta_p: stats.mean(&per(&|t| t.rms_delta_p(h)))?,
             ppl_ratio_on_reference_text: mean_ci(ppl_ratio_ci(&on_ref, stats.resamples, stats.seed, LEVEL)?),

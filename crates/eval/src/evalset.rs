@@ -128,7 +128,8 @@ mod tests {
 
     #[test]
     fn bad_lines_are_named() {
-        let e = EvalSet::parse("x.jsonl", b"{\"id\":\"a\",\"prompt\":\"p\"}\n{\"id\":\"a\",\"prompt\":\"q\"}\n").unwrap_err();
+        let e = EvalSet::parse("x.jsonl", b"{\"id\":\"a\",\"prompt\":\"p\"}\n{\"id\":\"a\",\"prompt\":\"q\"}\n")
+            .unwrap_err();
         assert!(e.to_string().contains("x.jsonl:2: duplicate id \"a\""), "{e}");
         let e = EvalSet::parse("x.jsonl", b"{\"id\":\"a\"}\n").unwrap_err();
         assert!(e.to_string().starts_with("x.jsonl:1: expected"), "{e}");

@@ -12,14 +12,13 @@ use qdrift_load::{HostModel, LoadedModel, open_model};
 use qdrift_model::{Llama, LlamaConfig};
 use qdrift_quantize::{QuantizeOptions, Scheme, quantize_model};
 use qdrift_report::{
-    EvalSetInfo, ModelInfo, ModelShape, Reference, Report, SCHEMA_VERSION, TensorError, Variant, VariantKind,
-    Workload,
+    EvalSetInfo, ModelInfo, ModelShape, Reference, Report, SCHEMA_VERSION, TensorError, Variant, VariantKind, Workload,
 };
 use qdrift_score::{position_metrics_on_device, token_logprobs_on_device};
 
+use crate::EvalError;
 use crate::aggregate::{self, Stats, Trace};
 use crate::evalset::{EvalSet, model_identity_file, sha256_file};
-use crate::EvalError;
 
 /// A variant to compare with the reference (the noise floor is always added).
 #[derive(Clone, Debug, PartialEq)]
@@ -273,12 +272,24 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send
         if variants.iter().any(|v: &Variant| v.name == built.name) {
             return input(format!("two variants are named {}; give each once", built.name));
         }
-        let model = LlamaConfig::from_arch(&built.host.arch).init_from_host(&built.host, built.dtype, &device.device)?;
+        let model =
+            LlamaConfig::from_arch(&built.host.arch).init_from_host(&built.host, built.dtype, &device.device)?;
         let var_tokens = run_generation(&model, &device, &prompts, &gen_cfg, &built.name, progress)?;
         progress(Progress::Scoring { model: &built.name });
         let mut traces: Vec<Trace> =
             ref_tokens.iter().zip(&var_tokens).map(|(r, v)| Trace::new(r.clone(), v.clone())).collect();
-        score(&reference, &model, kept.as_ref(), &device, &on_ref, &mut traces, batch_size, chunk, &built.name, &mut dump)?;
+        score(
+            &reference,
+            &model,
+            kept.as_ref(),
+            &device,
+            &on_ref,
+            &mut traces,
+            batch_size,
+            chunk,
+            &built.name,
+            &mut dump,
+        )?;
         drop(model);
         if self_ppl.is_empty() {
             self_ppl = horizons.iter().map(|&h| (h, aggregate::self_perplexity(&traces, h))).collect();
@@ -398,7 +409,12 @@ fn build_variant<'a>(
             let per_tensor_error = q
                 .reports()
                 .into_iter()
-                .map(|r| TensorError { tensor: r.tensor, sqnr_db: r.sqnr_db, rel_frobenius: r.rel_frobenius, cosine: r.cosine })
+                .map(|r| TensorError {
+                    tensor: r.tensor,
+                    sqnr_db: r.sqnr_db,
+                    rel_frobenius: r.rel_frobenius,
+                    cosine: r.cosine,
+                })
                 .collect();
             // Tensors the scheme leaves alone stay FP16.
             let rest = params.saturating_sub(s.quantized_weights as u64) * 2;
@@ -422,7 +438,8 @@ fn build_variant<'a>(
             let bytes = std::fs::metadata(model_identity_file(path))
                 .map_err(|e| EvalError::Input(format!("{}: {e}", path.display())))?
                 .len();
-            let name = path.file_stem().map_or_else(|| path.display().to_string(), |s| s.to_string_lossy().into_owned());
+            let name =
+                path.file_stem().map_or_else(|| path.display().to_string(), |s| s.to_string_lossy().into_owned());
             Ok(BuiltVariant {
                 name,
                 scheme: None,
@@ -439,7 +456,12 @@ fn build_variant<'a>(
 }
 
 /// Refuses a checkpoint variant whose shapes or tokenizer differ from the reference's.
-fn check_same_model(reference: &LoadedModel, other: &LoadedModel, prompts: &[Vec<u32>], path: &Path) -> Result<(), EvalError> {
+fn check_same_model(
+    reference: &LoadedModel,
+    other: &LoadedModel,
+    prompts: &[Vec<u32>],
+    path: &Path,
+) -> Result<(), EvalError> {
     let (a, b) = (&reference.model.arch, &other.model.arch);
     let shape = |x: &qdrift_load::LlamaArch| (x.dim, x.hidden_dim, x.n_layers, x.n_heads, x.n_kv_heads, x.vocab_size);
     if shape(a) != shape(b) {

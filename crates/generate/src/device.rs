@@ -130,14 +130,16 @@ fn adapters() -> Vec<wgpu::AdapterInfo> {
     // Only APIs that Burn's wgpu runtime computes on with f16: OpenGL (wgpu's fallback when no
     // Vulkan driver is installed) has no f16 and is not offered.
     let backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
-    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor { backends, ..wgpu::InstanceDescriptor::new_without_display_handle() });
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+        backends,
+        ..wgpu::InstanceDescriptor::new_without_display_handle()
+    });
     futures_lite::future::block_on(instance.enumerate_adapters(backends)).iter().map(wgpu::Adapter::get_info).collect()
 }
 
 fn describe(a: &wgpu::AdapterInfo) -> String {
     format!("{} ({:?}, {:?})", a.name, a.backend, a.device_type)
 }
-
 
 /// Discrete before integrated before (when allowed) virtual and CPU adapters.
 fn best_adapter(adapters: &[wgpu::AdapterInfo], allow_software: bool) -> Option<&wgpu::AdapterInfo> {
@@ -178,7 +180,10 @@ fn start_wgpu(info: &wgpu::AdapterInfo, reason: String) -> Result<ComputeDevice,
         device,
         backend: "wgpu",
         adapter: actual.name.clone(),
-        adapter_detail: format!("{:?}, {:?}, driver {} {}", actual.backend, actual.device_type, actual.driver, actual.driver_info),
+        adapter_detail: format!(
+            "{:?}, {:?}, driver {} {}",
+            actual.backend, actual.device_type, actual.driver, actual.driver_info
+        ),
         reason,
         max_buffer_bytes: Some(limits.max_storage_buffer_binding_size.min(limits.max_buffer_size)),
         supports_f16: setup.adapter.features().contains(wgpu::Features::SHADER_F16),

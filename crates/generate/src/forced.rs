@@ -65,11 +65,21 @@ pub fn teacher_forced_pair(
     mut observe: impl FnMut(PairedLogits<'_>) + Send,
 ) -> Result<(), GenerateError> {
     if reference.config.vocab_size != variant.config.vocab_size {
-        return Err(GenerateError::VocabMismatch { reference: reference.config.vocab_size, variant: variant.config.vocab_size });
+        return Err(GenerateError::VocabMismatch {
+            reference: reference.config.vocab_size,
+            variant: variant.config.vocab_size,
+        });
     }
-    teacher_forced_lockstep(&[reference, variant], device, sequences, batch_size, chunk, |first_prompt, start, logits| {
-        observe(PairedLogits { first_prompt, start, reference: &logits[0], variant: &logits[1] })
-    })
+    teacher_forced_lockstep(
+        &[reference, variant],
+        device,
+        sequences,
+        batch_size,
+        chunk,
+        |first_prompt, start, logits| {
+            observe(PairedLogits { first_prompt, start, reference: &logits[0], variant: &logits[1] })
+        },
+    )
 }
 
 fn teacher_forced_lockstep(
@@ -89,7 +99,11 @@ fn teacher_forced_lockstep(
     for model in models {
         check_request(&model.config, model.dtype(), device, &prompts, &config)?;
         let vocab = model.config.vocab_size;
-        if let Some((i, &t)) = sequences.iter().enumerate().find_map(|(i, (_, c))| c.iter().find(|&&t| t as usize >= vocab).map(|t| (i, t))) {
+        if let Some((i, &t)) = sequences
+            .iter()
+            .enumerate()
+            .find_map(|(i, (_, c))| c.iter().find(|&&t| t as usize >= vocab).map(|t| (i, t)))
+        {
             return Err(GenerateError::TokenOutOfRange { index: i, token: t, vocab });
         }
     }

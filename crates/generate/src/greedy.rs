@@ -1,7 +1,7 @@
 //! Batched greedy decoding.
 
-use burn::tensor::{Int, Tensor, TensorData};
 use burn::tensor::DType;
+use burn::tensor::{Int, Tensor, TensorData};
 use qdrift_model::{AttentionKernel, KvCache, Llama, LlamaConfig, Positions};
 
 use crate::ComputeDevice;
@@ -61,7 +61,9 @@ pub enum GenerateError {
         expected: usize,
     },
     /// Two models to be compared have different vocabularies.
-    #[error("the reference has a vocabulary of {reference} tokens, the variant {variant}: they cannot be compared position by position")]
+    #[error(
+        "the reference has a vocabulary of {reference} tokens, the variant {variant}: they cannot be compared position by position"
+    )]
     VocabMismatch {
         /// The reference's vocabulary size.
         reference: usize,
@@ -121,7 +123,8 @@ fn generate_batch(
     if n == 0 {
         return Ok(vec![Vec::new(); batch]);
     }
-    let PromptBatch { positions, mut caches, tokens: mut input } = prompt_batch(model, prompts.iter().map(Vec::as_slice), n);
+    let PromptBatch { positions, mut caches, tokens: mut input } =
+        prompt_batch(model, prompts.iter().map(Vec::as_slice), n);
     let mut steps: Vec<Tensor<2, Int>> = Vec::with_capacity(n);
     let mut finished = vec![false; batch];
     for step in 0..n {
@@ -163,7 +166,11 @@ pub(crate) struct PromptBatch {
     pub tokens: Tensor<2, Int>,
 }
 
-pub(crate) fn prompt_batch<'a>(model: &Llama, prompts: impl Iterator<Item = &'a [u32]> + Clone, extra: usize) -> PromptBatch {
+pub(crate) fn prompt_batch<'a>(
+    model: &Llama,
+    prompts: impl Iterator<Item = &'a [u32]> + Clone,
+    extra: usize,
+) -> PromptBatch {
     let lengths: Vec<usize> = prompts.clone().map(<[u32]>::len).collect();
     let (rows, longest) = (lengths.len(), lengths.iter().copied().max().unwrap_or(0));
     let positions = Positions::left_padded(&lengths);

@@ -58,14 +58,8 @@ pub enum GgmlType {
 
 impl GgmlType {
     /// Every GGML type this crate implements, in CLI order.
-    pub const ALL: [GgmlType; 6] = [
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q4K,
-        GgmlType::Q6K,
-        GgmlType::Mxfp4,
-    ];
+    pub const ALL: [GgmlType; 6] =
+        [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4K, GgmlType::Q6K, GgmlType::Mxfp4];
 
     /// Elements per block (`QK8_0`, `QK4_0`, `QK4_1`, `QK_K`, `QK_MXFP4`).
     pub fn block_size(self) -> usize {
@@ -105,7 +99,6 @@ impl fmt::Display for GgmlType {
         f.write_str(self.name())
     }
 }
-
 
 impl GgmlType {
     /// The `ggml_type` id a GGUF tensor info stores for this format (`GGML_TYPE_*` in
@@ -169,11 +162,7 @@ fn nearest_int(fval: f32) -> i32 {
 /// largest magnitude is so small (below ~1e-38) that `1/d` overflows. Callers narrow the result
 /// with `as i8` / `as u8`, keeping the low byte as the C assignment to `int8_t` / `uint8_t` does.
 fn c_float_to_int(x: f32) -> i32 {
-    if x.is_nan() || !(-2_147_483_648.0..2_147_483_648.0).contains(&x) {
-        i32::MIN
-    } else {
-        x as i32
-    }
+    if x.is_nan() || !(-2_147_483_648.0..2_147_483_648.0).contains(&x) { i32::MIN } else { x as i32 }
 }
 
 /// `GGML_FP32_TO_FP16` as little-endian bytes: IEEE binary16 with round-to-nearest-even, which is
@@ -282,12 +271,7 @@ mod tests {
         let exp_bits = (bits >> 13) & 0x0000_7C00;
         let mantissa_bits = bits & 0x0000_0FFF;
         let nonsign = exp_bits + mantissa_bits;
-        ((sign >> 16)
-            | if shl1_w > 0xFF00_0000 {
-                0x7E00
-            } else {
-                nonsign
-            }) as u16
+        ((sign >> 16) | if shl1_w > 0xFF00_0000 { 0x7E00 } else { nonsign }) as u16
     }
 
     #[test]
@@ -297,11 +281,7 @@ mod tests {
         let check = |bits: u32| {
             let f = f32::from_bits(bits);
             if f.is_finite() {
-                assert_eq!(
-                    u16::from_le_bytes(fp16_bytes(f)),
-                    ggml_compute_fp32_to_fp16(f),
-                    "{f:e}"
-                );
+                assert_eq!(u16::from_le_bytes(fp16_bytes(f)), ggml_compute_fp32_to_fp16(f), "{f:e}");
             }
         };
         for _ in 0..2_000_000 {

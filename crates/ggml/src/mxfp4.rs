@@ -23,11 +23,7 @@ const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -
 
 /// `ggml_e8m0_to_fp32_half`: 2^(x − 128), with the two subnormal cases spelled out.
 fn e8m0_to_fp32_half(x: u8) -> f32 {
-    let bits = if x < 2 {
-        0x0020_0000u32 << x
-    } else {
-        (u32::from(x) - 1) << 23
-    };
+    let bits = if x < 2 { 0x0020_0000u32 << x } else { (u32::from(x) - 1) << 23 };
     f32::from_bits(bits)
 }
 
@@ -47,14 +43,8 @@ fn best_index(x: f32, e: f32) -> u8 {
 
 /// `quantize_row_mxfp4_ref` for one block: `x` is 32 values, `y` is 17 bytes.
 pub(super) fn quantize_block(x: &[f32], y: &mut [u8]) {
-    let amax = x
-        .iter()
-        .fold(0.0f32, |m, &v| if m < v.abs() { v.abs() } else { m });
-    let e = if amax > 0.0 {
-        c_float_to_int(amax.log2().floor() - 2.0 + 127.0) as u8
-    } else {
-        0
-    };
+    let amax = x.iter().fold(0.0f32, |m, &v| if m < v.abs() { v.abs() } else { m });
+    let e = if amax > 0.0 { c_float_to_int(amax.log2().floor() - 2.0 + 127.0) as u8 } else { 0 };
     let d = e8m0_to_fp32_half(e);
     y[0] = e;
     for j in 0..16 {
@@ -79,11 +69,7 @@ mod tests {
     #[test]
     fn e8m0_half_is_two_to_the_e_minus_128() {
         for e in 0..=254u8 {
-            assert_eq!(
-                f64::from(e8m0_to_fp32_half(e)),
-                2f64.powi(i32::from(e) - 128),
-                "e = {e}"
-            );
+            assert_eq!(f64::from(e8m0_to_fp32_half(e)), 2f64.powi(i32::from(e) - 128), "e = {e}");
         }
     }
 }

@@ -113,10 +113,7 @@ fn get_scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
-        (
-            (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
+        ((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
     }
 }
 
@@ -160,11 +157,7 @@ pub(super) fn quantize_block(x: &[f32], y: &mut [u8]) {
         }
     }
 
-    let inv_scale = if max_scale > 0.0 {
-        63.0 / max_scale
-    } else {
-        0.0
-    };
+    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let sc = &mut [0u8; 12];
     for j in 0..8 {
@@ -211,11 +204,7 @@ pub(super) fn dequantize_block(x: &[u8], y: &mut [f32]) {
     let d = fp16_value([x[0], x[1]]);
     let min = fp16_value([x[2], x[3]]);
     let scales = &x[4..16];
-    for (n, (q, out)) in x[16..144]
-        .chunks_exact(32)
-        .zip(y.chunks_exact_mut(64))
-        .enumerate()
-    {
+    for (n, (q, out)) in x[16..144].chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
         let (sc, m) = get_scale_min_k4(2 * n, scales);
         let (d1, m1) = (d * f32::from(sc), min * f32::from(m));
         let (sc, m) = get_scale_min_k4(2 * n + 1, scales);

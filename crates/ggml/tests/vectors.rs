@@ -43,10 +43,7 @@ fn q8_0_hand_vector() {
     want.extend((-12i8..=11).map(|q| q as u8));
     want.extend([0u8; 34]);
     assert_eq!(bytes, want);
-    assert_eq!(
-        &deq[..8],
-        &[127.0, -127.0, 64.0, -64.0, 1.0, -1.0, 2.0, 3.0]
-    );
+    assert_eq!(&deq[..8], &[127.0, -127.0, 64.0, -64.0, 1.0, -1.0, 2.0, 3.0]);
 }
 
 #[test]
@@ -56,9 +53,7 @@ fn q4_0_hand_vector() {
     // 1.5 -> 10, 7 -> 15, 7.4 -> 15, 7.9 -> 16 -> 15 (saturates), 3 -> 11, -3 -> 5, 2.5 -> 11,
     // -2.5 -> 6, 6.5 -> 15, -6.5 -> 2; second half: 1 -> 9, zeros -> 8, -1 -> 7.
     // Byte j = q[j] | q[j + 16] << 4.
-    let mut x = vec![
-        -8.0, -7.6, -1.5, -0.5, 0.0, 0.5, 1.5, 7.0, 7.4, 7.9, 3.0, -3.0, 2.5, -2.5, 6.5, -6.5,
-    ];
+    let mut x = vec![-8.0, -7.6, -1.5, -0.5, 0.0, 0.5, 1.5, 7.0, 7.4, 7.9, 3.0, -3.0, 2.5, -2.5, 6.5, -6.5];
     x.push(1.0);
     x.extend([0.0; 14]);
     x.push(-1.0);
@@ -71,12 +66,7 @@ fn q4_0_hand_vector() {
     let want = hex("003c 9080 8788 8889 8a8f 8f8f 8b85 8b86 8f72
          00b8 808f 8689 8888 8888 8888 8888 8888 8888");
     assert_eq!(bytes, want);
-    assert_eq!(
-        &deq[..16],
-        &[
-            -8.0, -8.0, -1.0, 0.0, 0.0, 1.0, 2.0, 7.0, 7.0, 7.0, 3.0, -3.0, 3.0, -2.0, 7.0, -6.0
-        ]
-    );
+    assert_eq!(&deq[..16], &[-8.0, -8.0, -1.0, 0.0, 0.0, 1.0, 2.0, 7.0, 7.0, 7.0, 3.0, -3.0, 3.0, -2.0, 7.0, -6.0]);
     assert_eq!(&deq[32..36], &[4.0, -3.5, 1.0, -0.5]);
     // (8 − 8) · −0.5 is −0.0 in C too.
     assert_eq!(deq[36].to_bits(), (-0.0f32).to_bits());
@@ -89,21 +79,14 @@ fn q4_1_hand_vector() {
     // 2.4 -> 3, 2.6 -> 4, 13.5 -> 15, 13.49 -> 14, 1..=6 -> 2..=7; second half zeros -> 1.
     // Block B: constant 2.5 -> d = 0 (id = 0, every q = 0), m = 2.5 (0x4100); dequantizes
     // exactly to 0·0 + 2.5.
-    let mut x = vec![
-        -1.0, 14.0, 0.0, 0.5, -0.5, 6.5, 2.4, 2.6, 13.5, 13.49, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0,
-    ];
+    let mut x = vec![-1.0, 14.0, 0.0, 0.5, -0.5, 6.5, 2.4, 2.6, 13.5, 13.49, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
     x.extend([0.0; 16]);
     x.extend([2.5; 32]);
     let (bytes, deq) = ggml(GgmlType::Q4_1, &x);
     let want = hex("003c 00bc 101f 1112 1118 1314 1f1e 1213 1415 1617
          0000 0041 0000 0000 0000 0000 0000 0000 0000 0000");
     assert_eq!(bytes, want);
-    assert_eq!(
-        &deq[..16],
-        &[
-            -1.0, 14.0, 0.0, 1.0, 0.0, 7.0, 2.0, 3.0, 14.0, 13.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0
-        ]
-    );
+    assert_eq!(&deq[..16], &[-1.0, 14.0, 0.0, 1.0, 0.0, 7.0, 2.0, 3.0, 14.0, 13.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
     assert!(deq[32..].iter().all(|&v| v == 2.5));
 }
 
@@ -116,9 +99,7 @@ fn mxfp4_hand_vector() {
     // 0.25 -> 0, -0.25 -> 0, 1.25 -> 2 (1), 1.3 -> 3 (1.5), -1.3 -> 11, 3.5 -> 5 (3),
     // 0.75 -> 1 (.5), 0 -> 0, 4 -> 6, -3 -> 13, 0.5 -> 1; second half: 1 -> 2, zeros, -2 -> 12.
     // Block B: all zero -> e = 0, every index 0.
-    let mut x = vec![
-        6.0, -6.0, 5.0, -5.0, 2.5, 0.25, -0.25, 1.25, 1.3, -1.3, 3.5, 0.75, 0.0, 4.0, -3.0, 0.5,
-    ];
+    let mut x = vec![6.0, -6.0, 5.0, -5.0, 2.5, 0.25, -0.25, 1.25, 1.3, -1.3, 3.5, 0.75, 0.0, 4.0, -3.0, 0.5];
     x.push(1.0);
     x.extend([0.0; 14]);
     x.push(-2.0);
@@ -127,12 +108,7 @@ fn mxfp4_hand_vector() {
     let want = hex("7f 270f 060e 0400 0002 030b 0501 0006 0dc1
          00 0000 0000 0000 0000 0000 0000 0000 0000");
     assert_eq!(bytes, want);
-    assert_eq!(
-        &deq[..16],
-        &[
-            6.0, -6.0, 4.0, -4.0, 2.0, 0.0, 0.0, 1.0, 1.5, -1.5, 3.0, 0.5, 0.0, 4.0, -3.0, 0.5
-        ]
-    );
+    assert_eq!(&deq[..16], &[6.0, -6.0, 4.0, -4.0, 2.0, 0.0, 0.0, 1.0, 1.5, -1.5, 3.0, 0.5, 0.0, 4.0, -3.0, 0.5]);
     assert_eq!((deq[16], deq[31]), (1.0, -2.0));
 }
 
@@ -186,11 +162,7 @@ fn q6_k_zero_and_constant_blocks() {
         want.extend(d);
     }
     assert_eq!(bytes, want);
-    assert!(
-        deq[..256]
-            .iter()
-            .all(|&v| v.to_bits() == (-0.0f32).to_bits())
-    );
+    assert!(deq[..256].iter().all(|&v| v.to_bits() == (-0.0f32).to_bits()));
     assert!(deq[256..512].iter().all(|&v| v == 1.0));
     assert!(deq[512..].iter().all(|&v| v == -1.0));
 }
@@ -205,11 +177,9 @@ fn q4_k_ramp_matches_reference() {
     // From the reference C. Readable parts: qs starts 00 00 11 11 22 22 ...: each sub-block of
     // 32 ramp steps lands on 16 levels two by two; sub-blocks 0 and 1 share the bytes (low / high
     // nibble).
-    let want = hex(
-        "32180c284f4fcfcf3f2f1f10000f000f0000111122223333444455556666777788889999aaaabbbbccccddddeeeeffff
+    let want = hex("32180c284f4fcfcf3f2f1f10000f000f0000111122223333444455556666777788889999aaaabbbbccccddddeeeeffff
          00101021213232434354546565767687879899a9aababbcbccdcddedeefeffff80808191929293a3a4a4a5b5b6b6b7c7
-         c8c8c9d9dadadaebebececfdfdfefeffcacacacbcbcbcbcbdbdcdcdcdcdcdcddedededededeeeeeefefefefeffffffff",
-    );
+         c8c8c9d9dadadaebebececfdfdfefeffcacacacbcbcbcbcbdbdcdcdcdcdcdcddedededededeeeeeefefefefeffffffff");
     let (bytes, deq) = ggml(GgmlType::Q4K, &ramp());
     assert_eq!(bytes, want);
     // Each sub-block spans 31/64, a 4-bit step of 31/64/15. make_qkx2_quants minimizes a
@@ -223,13 +193,11 @@ fn q4_k_ramp_matches_reference() {
 
 #[test]
 fn q6_k_ramp_matches_reference() {
-    let want = hex(
-        "00001011212131324242525363637374001010213131425252627373839494a400102131415262728393a3b4c4d4e5f5
+    let want = hex("00001011212131324242525363637374001010213131425252627373839494a400102131415262728393a3b4c4d4e5f5
          0020416181a2c2e30323446485a5c5e6606e5c5a474543313f2d2b1816140200505f4e4d4c3b3a392827261514130201
          4b4a4a393838272626251414130202014837373636252524241313121201010000000000000000000000000000000000
          000000000000000040404040404040400201010101010101000000000000000001000000000000000000000000000000
-         8090a0b0c0d0e0f00f2031404f5f6f7ff78f",
-    );
+         8090a0b0c0d0e0f00f2031404f5f6f7ff78f");
     let (bytes, deq) = ggml(GgmlType::Q6K, &ramp());
     assert_eq!(bytes, want);
     // q6_K is symmetric per 16-element sub-block, scale ≈ max|x| / 32 ≤ 2/32: every element
@@ -242,71 +210,23 @@ fn q6_k_ramp_matches_reference() {
 /// (type, generator seed, FNV of the input f32, FNV of the blocks, FNV of the dequantized f32),
 /// for a 5 × 512 matrix from `common::matrix`, hashed from the reference C's output.
 const RANDOM: [(GgmlType, u32, u64, u64, u64); 6] = [
-    (
-        GgmlType::Q8_0,
-        0x5eed003e,
-        0xb114f22fe3eb8707,
-        0xb71d05264778451b,
-        0x89856f8068c8982e,
-    ),
-    (
-        GgmlType::Q4_0,
-        0x5eed002e,
-        0xced518bba6bd5e4a,
-        0xcdf8995e95e07c9d,
-        0xd1605da08c292c5f,
-    ),
-    (
-        GgmlType::Q4_1,
-        0x5eed0030,
-        0xefdbaa845b05bd8d,
-        0x47b22396108783c7,
-        0xf7dad05b0614303b,
-    ),
-    (
-        GgmlType::Mxfp4,
-        0x5eed0034,
-        0xadb815387491631d,
-        0x1ffdb6e76000d0f3,
-        0xc91125c3f726b301,
-    ),
-    (
-        GgmlType::Q4K,
-        0x5eed00ac,
-        0xf7d610eba63b6b2a,
-        0x84ec80711d5a52b6,
-        0x7e1bb50efd69e729,
-    ),
-    (
-        GgmlType::Q6K,
-        0x5eed00ee,
-        0x3ce91fb878a7552a,
-        0xbe4a307e18f1c789,
-        0x5e303f8c5bfa6ae3,
-    ),
+    (GgmlType::Q8_0, 0x5eed003e, 0xb114f22fe3eb8707, 0xb71d05264778451b, 0x89856f8068c8982e),
+    (GgmlType::Q4_0, 0x5eed002e, 0xced518bba6bd5e4a, 0xcdf8995e95e07c9d, 0xd1605da08c292c5f),
+    (GgmlType::Q4_1, 0x5eed0030, 0xefdbaa845b05bd8d, 0x47b22396108783c7, 0xf7dad05b0614303b),
+    (GgmlType::Mxfp4, 0x5eed0034, 0xadb815387491631d, 0x1ffdb6e76000d0f3, 0xc91125c3f726b301),
+    (GgmlType::Q4K, 0x5eed00ac, 0xf7d610eba63b6b2a, 0x84ec80711d5a52b6, 0x7e1bb50efd69e729),
+    (GgmlType::Q6K, 0x5eed00ee, 0x3ce91fb878a7552a, 0xbe4a307e18f1c789, 0x5e303f8c5bfa6ae3),
 ];
 
 #[test]
 fn random_matrices_match_reference_hashes() {
     for (ty, seed, input_hash, block_hash, deq_hash) in RANDOM {
         let x = matrix(seed, 5, 512);
-        assert_eq!(
-            fnv1a_f32(&x),
-            input_hash,
-            "{ty}: the test generator drifted"
-        );
+        assert_eq!(fnv1a_f32(&x), input_hash, "{ty}: the test generator drifted");
         let (bytes, deq) = ggml(ty, &x);
         assert_eq!(bytes.len(), 5 * 512 / ty.block_size() * ty.type_size());
-        assert_eq!(
-            fnv1a(&bytes),
-            block_hash,
-            "{ty}: blocks differ from ggml"
-        );
-        assert_eq!(
-            fnv1a_f32(&deq),
-            deq_hash,
-            "{ty}: dequantized values differ from ggml"
-        );
+        assert_eq!(fnv1a(&bytes), block_hash, "{ty}: blocks differ from ggml");
+        assert_eq!(fnv1a_f32(&deq), deq_hash, "{ty}: dequantized values differ from ggml");
     }
 }
 
@@ -314,20 +234,13 @@ fn random_matrices_match_reference_hashes() {
 fn first_block_of_row_one_matches_reference_bytes() {
     // The same matrices as above, one block spelled out per format to make a failure readable.
     let expected = [
-        (
-            GgmlType::Q8_0,
-            "e024cff2e2b7e2deb6eb977f14e10101973503cee3120ef4440519c344ddaf3c3e90",
-        ),
+        (GgmlType::Q8_0, "e024cff2e2b7e2deb6eb977f14e10101973503cee3120ef4440519c344ddaf3c3e90"),
         (GgmlType::Q4_0, "5bb574383caa888aa95a604479954ba79413"),
         (GgmlType::Q4_1, "3f357bc1fabc8e8ad0aa49e6b89389579950f4b8"),
         (GgmlType::Mxfp4, "7e3cad930a30d4c49d34e901f60033ab00"),
     ];
     for (ty, want) in expected {
-        let seed = RANDOM
-            .iter()
-            .find(|r| r.0 == ty)
-            .map(|r| r.1)
-            .expect("listed");
+        let seed = RANDOM.iter().find(|r| r.0 == ty).map(|r| r.1).expect("listed");
         let x = matrix(seed, 5, 512);
         let (bytes, _) = ggml(ty, &x[512..544]);
         assert_eq!(bytes, hex(want), "{ty}");
@@ -338,25 +251,14 @@ fn first_block_of_row_one_matches_reference_bytes() {
 fn dequantize_ggml_blocks_validates_lengths() {
     assert_eq!(
         dequantize_ggml_blocks(GgmlType::Q4K, &[0; 144], 255),
-        Err(GgmlError::PartialBlock {
-            ty: GgmlType::Q4K,
-            block: 256,
-            n_elements: 255
-        })
+        Err(GgmlError::PartialBlock { ty: GgmlType::Q4K, block: 256, n_elements: 255 })
     );
     assert_eq!(
         dequantize_ggml_blocks(GgmlType::Q8_0, &[0; 33], 32),
-        Err(GgmlError::BlockBytes {
-            ty: GgmlType::Q8_0,
-            n_elements: 32,
-            expected: 34,
-            actual: 33
-        })
+        Err(GgmlError::BlockBytes { ty: GgmlType::Q8_0, n_elements: 32, expected: 34, actual: 33 })
     );
     assert_eq!(dequantize_ggml_blocks(GgmlType::Q6K, &[], 0), Ok(vec![]));
-    let text = dequantize_ggml_blocks(GgmlType::Mxfp4, &[0; 16], 32)
-        .unwrap_err()
-        .to_string();
+    let text = dequantize_ggml_blocks(GgmlType::Mxfp4, &[0; 16], 32).unwrap_err().to_string();
     assert_eq!(text, "mxfp4 data for 32 elements must be 17 bytes, got 16");
 }
 
@@ -364,11 +266,7 @@ fn dequantize_ggml_blocks_validates_lengths() {
 fn quantize_ggml_blocks_needs_whole_blocks() {
     assert_eq!(
         quantize_ggml_blocks(GgmlType::Q4_0, &[0.0; 40]),
-        Err(GgmlError::PartialBlock {
-            ty: GgmlType::Q4_0,
-            block: 32,
-            n_elements: 40
-        })
+        Err(GgmlError::PartialBlock { ty: GgmlType::Q4_0, block: 32, n_elements: 40 })
     );
     assert_eq!(quantize_ggml_blocks(GgmlType::Q6K, &[]), Ok(vec![]));
 }

@@ -31,9 +31,7 @@ pub enum LoadError {
         message: String,
     },
     /// A model and a tokenizer that do not belong together.
-    #[error(
-        "tokenizer {tokenizer} has {tokenizer_vocab} tokens but model {model} has a vocabulary of {model_vocab}"
-    )]
+    #[error("tokenizer {tokenizer} has {tokenizer_vocab} tokens but model {model} has a vocabulary of {model_vocab}")]
     VocabMismatch {
         /// The tokenizer file.
         tokenizer: PathBuf,
@@ -66,21 +64,12 @@ pub enum LoadError {
 
 impl LoadError {
     pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Self {
-        LoadError::Io {
-            path: path.to_path_buf(),
-            source,
-        }
+        LoadError::Io { path: path.to_path_buf(), source }
     }
     pub(crate) fn invalid(path: &std::path::Path, message: impl Into<String>) -> Self {
-        LoadError::Invalid {
-            path: path.to_path_buf(),
-            message: message.into(),
-        }
+        LoadError::Invalid { path: path.to_path_buf(), message: message.into() }
     }
     pub(crate) fn truncated(path: &std::path::Path, what: impl Into<String>) -> Self {
-        LoadError::Truncated {
-            path: path.to_path_buf(),
-            what: what.into(),
-        }
+        LoadError::Truncated { path: path.to_path_buf(), what: what.into() }
     }
 }

@@ -292,12 +292,7 @@ impl<'a> Reader<'a> {
         if n > self.remaining() as u64 {
             return Err(LoadError::truncated(
                 self.path,
-                format!(
-                    "{} needs {n} bytes at offset {}, the file has {} left",
-                    what(),
-                    self.pos,
-                    self.remaining()
-                ),
+                format!("{} needs {n} bytes at offset {}, the file has {} left", what(), self.pos, self.remaining()),
             ));
         }
         let n = n as usize;
@@ -327,16 +322,8 @@ impl<'a> Reader<'a> {
     }
 
     /// Errors unless `count` items of at least `min_size` bytes each fit in what is left.
-    fn check_count(
-        &self,
-        count: u64,
-        min_size: u64,
-        what: &dyn Fn() -> String,
-    ) -> Result<(), LoadError> {
-        if count
-            .checked_mul(min_size)
-            .is_none_or(|n| n > self.remaining() as u64)
-        {
+    fn check_count(&self, count: u64, min_size: u64, what: &dyn Fn() -> String) -> Result<(), LoadError> {
+        if count.checked_mul(min_size).is_none_or(|n| n > self.remaining() as u64) {
             return Err(LoadError::invalid(
                 self.path,
                 format!(
@@ -350,12 +337,7 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    fn value(
-        &mut self,
-        ty: u32,
-        depth: u32,
-        what: &dyn Fn() -> String,
-    ) -> Result<GgufValue, LoadError> {
+    fn value(&mut self, ty: u32, depth: u32, what: &dyn Fn() -> String) -> Result<GgufValue, LoadError> {
         Ok(match ty {
             0 => GgufValue::U8(self.array::<1>(what)?[0]),
             1 => GgufValue::I8(self.array::<1>(what)?[0] as i8),
@@ -368,10 +350,7 @@ impl<'a> Reader<'a> {
                 0 => GgufValue::Bool(false),
                 1 => GgufValue::Bool(true),
                 b => {
-                    return Err(LoadError::invalid(
-                        self.path,
-                        format!("{}: bool byte {b} is neither 0 nor 1", what()),
-                    ));
+                    return Err(LoadError::invalid(self.path, format!("{}: bool byte {b} is neither 0 nor 1", what())));
                 }
             },
             8 => GgufValue::String(self.string(what)?),
@@ -385,10 +364,7 @@ impl<'a> Reader<'a> {
                 let elem = self.u32(what)?;
                 let count = self.u64(what)?;
                 let min = min_value_size(elem).ok_or_else(|| {
-                    LoadError::invalid(
-                        self.path,
-                        format!("{}: unknown array element type {elem}", what()),
-                    )
+                    LoadError::invalid(self.path, format!("{}: unknown array element type {elem}", what()))
                 })?;
                 self.check_count(count, min, what)?;
                 let mut out = Vec::with_capacity(count as usize);
@@ -401,10 +377,7 @@ impl<'a> Reader<'a> {
             11 => GgufValue::I64(i64::from_le_bytes(self.array(what)?)),
             12 => GgufValue::F64(f64::from_le_bytes(self.array(what)?)),
             other => {
-                return Err(LoadError::invalid(
-                    self.path,
-                    format!("{}: unknown value type {other}", what()),
-                ));
+                return Err(LoadError::invalid(self.path, format!("{}: unknown value type {other}", what())));
             }
         })
     }
@@ -424,11 +397,7 @@ fn min_value_size(ty: u32) -> Option<u64> {
 }
 
 fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
-    let mut r = Reader {
-        path,
-        bytes,
-        pos: 0,
-    };
+    let mut r = Reader { path, bytes, pos: 0 };
     let magic = r.array::<4>(&|| "the magic".to_string())?;
     if &magic != MAGIC {
         return Err(LoadError::invalid(
@@ -438,11 +407,8 @@ fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
     }
     let version = r.u32(&|| "the version".to_string())?;
     if version != 2 && version != 3 {
-        let hint = if version.swap_bytes() <= 3 {
-            " (a big-endian GGUF file? only little-endian is supported)"
-        } else {
-            ""
-        };
+        let hint =
+            if version.swap_bytes() <= 3 { " (a big-endian GGUF file? only little-endian is supported)" } else { "" };
         return Err(LoadError::invalid(
             path,
             format!("GGUF version {version} is not supported; supported: 2, 3{hint}"),
@@ -453,9 +419,7 @@ fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
     // A key/value pair takes at least 8 (key length) + 4 (type) + 1 bytes; a tensor info at least
     // 8 (name length) + 4 (n_dims) + 4 (type) + 8 (offset).
     r.check_count(kv_count, 13, &|| "the header's metadata count".to_string())?;
-    r.check_count(tensor_count, 24, &|| {
-        "the header's tensor count".to_string()
-    })?;
+    r.check_count(tensor_count, 24, &|| "the header's tensor count".to_string())?;
 
     let mut metadata = BTreeMap::new();
     for i in 0..kv_count {
@@ -500,10 +464,7 @@ fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
         Some(v) => match v.as_u64() {
             Some(a) if a > 0 && a.is_power_of_two() => a,
             _ => {
-                return Err(LoadError::invalid(
-                    path,
-                    format!("general.alignment {v:?} is not a power of two"),
-                ));
+                return Err(LoadError::invalid(path, format!("general.alignment {v:?} is not a power of two")));
             }
         },
     };
@@ -511,10 +472,7 @@ fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
     if data_start > bytes.len() as u64 {
         return Err(LoadError::truncated(
             path,
-            format!(
-                "the data section starts at byte {data_start}, the file has {} bytes",
-                bytes.len()
-            ),
+            format!("the data section starts at byte {data_start}, the file has {} bytes", bytes.len()),
         ));
     }
     let data_len = bytes.len() as u64 - data_start;
@@ -523,9 +481,8 @@ fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
     for (name, dims, ty, offset) in raw_infos {
         let n_elements = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
         let (block, block_bytes) = ty.block();
-        let size = n_elements.and_then(|n| {
-            (dims.first().is_none_or(|ne0| ne0 % block == 0)).then(|| n / block * block_bytes)
-        });
+        let size =
+            n_elements.and_then(|n| (dims.first().is_none_or(|ne0| ne0 % block == 0)).then(|| n / block * block_bytes));
         let Some(size) = size else {
             return Err(LoadError::invalid(
                 path,
@@ -553,19 +510,10 @@ fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
         });
     }
 
-    let tensor_types = infos
-        .iter()
-        .map(|t| (t.name.clone(), t.ty.name()))
-        .collect();
+    let tensor_types = infos.iter().map(|t| (t.name.clone(), t.ty.name())).collect();
     let tokenizer = tokenizer_metadata(&metadata);
     let model = build_llama(path, bytes, &metadata, &infos, &tokenizer)?;
-    Ok(GgufModel {
-        model,
-        version,
-        metadata,
-        tokenizer,
-        tensor_types,
-    })
+    Ok(GgufModel { model, version, metadata, tokenizer, tensor_types })
 }
 
 fn tokenizer_metadata(m: &BTreeMap<String, GgufValue>) -> GgufTokenizerMetadata {
@@ -573,48 +521,26 @@ fn tokenizer_metadata(m: &BTreeMap<String, GgufValue>) -> GgufTokenizerMetadata 
     let strings = |k: &str| -> Vec<String> {
         get(k)
             .and_then(GgufValue::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(str::to_string))
-                    .collect()
-            })
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
             .unwrap_or_default()
     };
-    let id = |k: &str| {
-        get(k)
-            .and_then(GgufValue::as_u64)
-            .and_then(|v| u32::try_from(v).ok())
-    };
+    let id = |k: &str| get(k).and_then(GgufValue::as_u64).and_then(|v| u32::try_from(v).ok());
     GgufTokenizerMetadata {
-        model: get("tokenizer.ggml.model")
-            .and_then(GgufValue::as_str)
-            .map(str::to_string),
-        pre: get("tokenizer.ggml.pre")
-            .and_then(GgufValue::as_str)
-            .map(str::to_string),
+        model: get("tokenizer.ggml.model").and_then(GgufValue::as_str).map(str::to_string),
+        pre: get("tokenizer.ggml.pre").and_then(GgufValue::as_str).map(str::to_string),
         unknown_token_id: id("tokenizer.ggml.unknown_token_id"),
         tokens: strings("tokenizer.ggml.tokens"),
         scores: get("tokenizer.ggml.scores")
             .and_then(GgufValue::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_f64().map(|f| f as f32))
-                    .collect()
-            }),
+            .map(|a| a.iter().filter_map(|v| v.as_f64().map(|f| f as f32)).collect()),
         merges: strings("tokenizer.ggml.merges"),
         token_type: get("tokenizer.ggml.token_type")
             .and_then(GgufValue::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_f64().map(|f| f as i32))
-                    .collect()
-            }),
+            .map(|a| a.iter().filter_map(|v| v.as_f64().map(|f| f as i32)).collect()),
         bos_token_id: id("tokenizer.ggml.bos_token_id"),
         eos_token_id: id("tokenizer.ggml.eos_token_id"),
         add_bos_token: get("tokenizer.ggml.add_bos_token").and_then(GgufValue::as_bool),
-        chat_template: get("tokenizer.chat_template")
-            .and_then(GgufValue::as_str)
-            .map(str::to_string),
+        chat_template: get("tokenizer.chat_template").and_then(GgufValue::as_str).map(str::to_string),
     }
 }
 
@@ -628,10 +554,7 @@ fn build_llama(
     let arch_name = match meta.get("general.architecture") {
         Some(GgufValue::String(s)) => s.as_str(),
         Some(other) => {
-            return Err(LoadError::invalid(
-                path,
-                format!("general.architecture is {other:?}, not a string"),
-            ));
+            return Err(LoadError::invalid(path, format!("general.architecture is {other:?}, not a string")));
         }
         None => return Err(LoadError::invalid(path, "general.architecture is missing")),
     };
@@ -642,9 +565,7 @@ fn build_llama(
         other => {
             return Err(LoadError::invalid(
                 path,
-                format!(
-                    "unsupported architecture {other}; supported: {SUPPORTED_GGUF_ARCHITECTURES}"
-                ),
+                format!("unsupported architecture {other}; supported: {SUPPORTED_GGUF_ARCHITECTURES}"),
             ));
         }
     };
@@ -654,9 +575,7 @@ fn build_llama(
             Some(v) => v
                 .as_u64()
                 .and_then(|v| usize::try_from(v).ok())
-                .ok_or_else(|| {
-                    LoadError::invalid(path, format!("{key} is {v:?}, not a non-negative integer"))
-                }),
+                .ok_or_else(|| LoadError::invalid(path, format!("{key} is {v:?}, not a non-negative integer"))),
             None => default.ok_or_else(|| LoadError::invalid(path, format!("{key} is missing"))),
         }
     };
@@ -676,9 +595,7 @@ fn build_llama(
     let embd = find("token_embd.weight").ok_or_else(|| {
         LoadError::invalid(
             path,
-            format!(
-                "tensor token_embd.weight is missing; expected dims [{dim}, vocab] (ne0 first)"
-            ),
+            format!("tensor token_embd.weight is missing; expected dims [{dim}, vocab] (ne0 first)"),
         )
     })?;
     let vocab_size = match embd.dims.as_slice() {
@@ -686,9 +603,7 @@ fn build_llama(
         other => {
             return Err(LoadError::invalid(
                 path,
-                format!(
-                    "tensor token_embd.weight has dims {other:?}; expected [{dim}, vocab] (ne0 first)"
-                ),
+                format!("tensor token_embd.weight has dims {other:?}; expected [{dim}, vocab] (ne0 first)"),
             ));
         }
     };
@@ -716,12 +631,7 @@ fn build_llama(
         tied_embeddings: output.is_none(),
         rope_scaling: None,
     };
-    arch.validate().map_err(|e| {
-        LoadError::invalid(
-            path,
-            format!("inconsistent {arch_name} hyper-parameters: {e}"),
-        )
-    })?;
+    arch.validate().map_err(|e| LoadError::invalid(path, format!("inconsistent {arch_name} hyper-parameters: {e}")))?;
     let head_dim = arch.head_dim();
     let rope_dims = int(&key("rope.dimension_count"), Some(head_dim))?;
     if rope_dims != head_dim {
@@ -734,16 +644,10 @@ fn build_llama(
             ),
         ));
     }
-    if let Some(t) = infos
-        .iter()
-        .find(|t| t.name.ends_with(".bias") && !is_qkv_bias(&t.name))
-    {
+    if let Some(t) = infos.iter().find(|t| t.name.ends_with(".bias") && !is_qkv_bias(&t.name)) {
         return Err(LoadError::invalid(
             path,
-            format!(
-                "tensor {}: biases other than blk.N.attn_q/attn_k/attn_v.bias are not supported",
-                t.name
-            ),
+            format!("tensor {}: biases other than blk.N.attn_q/attn_k/attn_v.bias are not supported", t.name),
         ));
     }
 
@@ -751,32 +655,18 @@ fn build_llama(
     let tensor = |name: &str, shape: &[usize]| -> Result<HostTensor, LoadError> {
         let gguf_dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
         let info = find(name).ok_or_else(|| {
-            LoadError::invalid(
-                path,
-                format!("tensor {name} is missing; expected dims {gguf_dims:?} (ne0 first)"),
-            )
+            LoadError::invalid(path, format!("tensor {name} is missing; expected dims {gguf_dims:?} (ne0 first)"))
         })?;
         if info.dims != gguf_dims {
             return Err(LoadError::invalid(
                 path,
-                format!(
-                    "tensor {name} has dims {:?}; expected {gguf_dims:?} (ne0 first)",
-                    info.dims
-                ),
+                format!("tensor {name} has dims {:?}; expected {gguf_dims:?} (ne0 first)", info.dims),
             ));
         }
-        let data = decode(
-            info.ty,
-            &bytes[info.start..info.end],
-            shape.iter().product(),
-        )
-        .map_err(|e| LoadError::invalid(path, format!("tensor {name}: {e}")))?;
-        HostTensor::new(shape.to_vec(), data).ok_or_else(|| {
-            LoadError::invalid(
-                path,
-                format!("tensor {name}: element count does not match {shape:?}"),
-            )
-        })
+        let data = decode(info.ty, &bytes[info.start..info.end], shape.iter().product())
+            .map_err(|e| LoadError::invalid(path, format!("tensor {name}: {e}")))?;
+        HostTensor::new(shape.to_vec(), data)
+            .ok_or_else(|| LoadError::invalid(path, format!("tensor {name}: element count does not match {shape:?}")))
     };
 
     let linear = rope_linear_factor(path, meta, arch_name)?;
@@ -790,9 +680,7 @@ fn build_llama(
             factors.iter_mut().for_each(|f| *f *= l);
         }
         let scaling = RopeScaling::FreqFactors { factors };
-        scaling
-            .validate(head_dim)
-            .map_err(|e| LoadError::invalid(path, format!("tensor rope_freqs.weight: {e}")))?;
+        scaling.validate(head_dim).map_err(|e| LoadError::invalid(path, format!("tensor rope_freqs.weight: {e}")))?;
         arch.rope_scaling = Some(scaling);
     }
 
@@ -800,11 +688,7 @@ fn build_llama(
     let q_dim = arch.n_heads * head_dim;
     // Rows of a qwen2 q/k weight or bias, rotate-half → interleaved.
     let rope_rows = |t: HostTensor, heads: usize| {
-        if qwen2 {
-            permute_rows(&t, heads, true)
-        } else {
-            t
-        }
+        if qwen2 { permute_rows(&t, heads, true) } else { t }
     };
     let token_embedding = tensor("token_embd.weight", &[vocab_size, dim])?;
     let mut layers = Vec::with_capacity(arch.n_layers.min(infos.len()));
@@ -812,11 +696,7 @@ fn build_llama(
         let t = |suffix: &str, shape: &[usize]| tensor(&format!("blk.{i}.{suffix}.weight"), shape);
         let bias = |suffix: &str, n: usize| -> Result<Option<HostTensor>, LoadError> {
             let name = format!("blk.{i}.{suffix}.bias");
-            if qwen2 || find(&name).is_some() {
-                tensor(&name, &[n]).map(Some)
-            } else {
-                Ok(None)
-            }
+            if qwen2 || find(&name).is_some() { tensor(&name, &[n]).map(Some) } else { Ok(None) }
         };
         layers.push(LayerWeights {
             attn_norm: t("attn_norm", &[dim])?,
@@ -838,13 +718,7 @@ fn build_llama(
         Some(_) => Some(tensor("output.weight", &[vocab_size, dim])?),
         None => None,
     };
-    Ok(HostModel {
-        arch,
-        token_embedding,
-        layers,
-        final_norm,
-        output,
-    })
+    Ok(HostModel { arch, token_embedding, layers, final_norm, output })
 }
 
 /// `blk.N.attn_q.bias`, `blk.N.attn_k.bias` or `blk.N.attn_v.bias`.
@@ -864,20 +738,13 @@ fn is_qkv_bias(name: &str) -> bool {
 /// inverse): `{arch}.rope.scaling.factor`, else the older `{arch}.rope.scale_linear`, applied when
 /// `{arch}.rope.scaling.type` is `linear` (llama.cpp's default when the key is absent) and ignored
 /// for `none`. `None` when it is absent, 0 (llama.cpp's "unset") or 1.
-fn rope_linear_factor(
-    path: &Path,
-    meta: &BTreeMap<String, GgufValue>,
-    arch: &str,
-) -> Result<Option<f32>, LoadError> {
+fn rope_linear_factor(path: &Path, meta: &BTreeMap<String, GgufValue>, arch: &str) -> Result<Option<f32>, LoadError> {
     let type_key = format!("{arch}.rope.scaling.type");
     let kind = match meta.get(&type_key) {
         None => "linear",
         Some(GgufValue::String(s)) => s.as_str(),
         Some(other) => {
-            return Err(LoadError::invalid(
-                path,
-                format!("{type_key} is {other:?}, not a string"),
-            ));
+            return Err(LoadError::invalid(path, format!("{type_key} is {other:?}, not a string")));
         }
     };
     match kind {
@@ -893,28 +760,19 @@ fn rope_linear_factor(
             ));
         }
     }
-    let factor_key = [
-        format!("{arch}.rope.scaling.factor"),
-        format!("{arch}.rope.scale_linear"),
-    ]
-    .into_iter()
-    .find(|k| meta.contains_key(k));
+    let factor_key = [format!("{arch}.rope.scaling.factor"), format!("{arch}.rope.scale_linear")]
+        .into_iter()
+        .find(|k| meta.contains_key(k));
     let Some(k) = factor_key else {
         return Ok(None);
     };
     let v = &meta[&k];
-    let factor = v
-        .as_f64()
-        .ok_or_else(|| LoadError::invalid(path, format!("{k} is {v:?}, not a number")))?
-        as f32;
+    let factor = v.as_f64().ok_or_else(|| LoadError::invalid(path, format!("{k} is {v:?}, not a number")))? as f32;
     if factor == 0.0 || factor == 1.0 {
         return Ok(None);
     }
     if !(factor > 0.0 && factor.is_finite()) {
-        return Err(LoadError::invalid(
-            path,
-            format!("{k} is {factor}; a RoPE scaling factor must be positive"),
-        ));
+        return Err(LoadError::invalid(path, format!("{k} is {factor}; a RoPE scaling factor must be positive")));
     }
     Ok(Some(factor))
 }
@@ -930,15 +788,7 @@ fn decode(ty: TensorType, bytes: &[u8], n: usize) -> Result<Vec<f32>, String> {
             return qdrift_ggml::dequantize_ggml_blocks(t, bytes, n).map_err(|e| e.to_string());
         }
     };
-    if out.len() == n {
-        Ok(out)
-    } else {
-        Err(format!(
-            "{} bytes hold {} values, expected {n}",
-            bytes.len(),
-            out.len()
-        ))
-    }
+    if out.len() == n { Ok(out) } else { Err(format!("{} bytes hold {} values, expected {n}", bytes.len(), out.len())) }
 }
 
 #[cfg(test)]

@@ -53,16 +53,10 @@ pub fn gguf_tokenizer(
     match meta.model.as_deref() {
         Some("gpt2") => {
             if meta.merges.is_empty() {
-                return Err(bad(
-                    "tokenizer.ggml.model is gpt2 but tokenizer.ggml.merges is missing or empty"
-                        .into(),
-                ));
+                return Err(bad("tokenizer.ggml.model is gpt2 but tokenizer.ggml.merges is missing or empty".into()));
             }
             // llama.cpp's default: BOS for the Llama 3 pre-tokenizers, none for other BPE.
-            let llama3 = matches!(
-                meta.pre.as_deref(),
-                Some("llama3" | "llama-v3" | "llama-bpe")
-            );
+            let llama3 = matches!(meta.pre.as_deref(), Some("llama3" | "llama-v3" | "llama-bpe"));
             let add_bos = meta.add_bos_token.unwrap_or(llama3);
             let tok = gguf_byte_level_bpe(
                 path,
@@ -75,9 +69,10 @@ pub fn gguf_tokenizer(
             Ok(Box::new(tok))
         }
         Some("llama") => {
-            let scores = meta.scores.as_deref().ok_or_else(|| {
-                bad("tokenizer.ggml.model is llama but tokenizer.ggml.scores is missing".into())
-            })?;
+            let scores = meta
+                .scores
+                .as_deref()
+                .ok_or_else(|| bad("tokenizer.ggml.model is llama but tokenizer.ggml.scores is missing".into()))?;
             // SentencePiece's defaults, which llama.cpp also uses when the keys are absent.
             let special = SpecialIds {
                 bos: meta.bos_token_id.unwrap_or(1),
@@ -89,11 +84,7 @@ pub fn gguf_tokenizer(
                 .map_err(|e| bad(format!("tokenizer.ggml (llama): {e}")))?;
             Ok(Box::new(tok))
         }
-        Some(other) => Err(bad(format!(
-            "GGUF tokenizer type {other} is not supported; supported: gpt2, llama"
-        ))),
-        None => Err(bad(
-            "tokenizer.ggml.model is missing: the file has no embedded tokenizer".into(),
-        )),
+        Some(other) => Err(bad(format!("GGUF tokenizer type {other} is not supported; supported: gpt2, llama"))),
+        None => Err(bad("tokenizer.ggml.model is missing: the file has no embedded tokenizer".into())),
     }
 }

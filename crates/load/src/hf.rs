@@ -49,10 +49,7 @@ use serde_json::Value;
 
 use crate::hf_tokenizer::read_tokenizer_json;
 use crate::open::check_vocab;
-use crate::{
-    HfTokenizer, HostModel, HostTensor, LayerWeights, LlamaArch, LoadError, LoadedModel,
-    RopeScaling,
-};
+use crate::{HfTokenizer, HostModel, HostTensor, LayerWeights, LlamaArch, LoadError, LoadedModel, RopeScaling};
 
 /// Architectures [`read_hf_folder`] reads, as `config.json` names them.
 pub const SUPPORTED_ARCHITECTURES: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM";
@@ -90,45 +87,25 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
 
     let tokenizer_path = tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);
     if !tokenizer_path.is_file() {
-        return Err(LoadError::invalid(
-            &tokenizer_path,
-            "not found; a Hugging Face model folder needs tokenizer.json",
-        ));
+        return Err(LoadError::invalid(&tokenizer_path, "not found; a Hugging Face model folder needs tokenizer.json"));
     }
     let inner = read_tokenizer_json(&tokenizer_path)?;
     let tok_config = optional_json(&dir.join("tokenizer_config.json"))?;
     let gen_config = optional_json(&dir.join("generation_config.json"))?;
     let token_id = |v: Option<&Value>| v.and_then(token_content).and_then(|t| inner.token_to_id(t));
-    let bos = token_id(tok_config.as_ref().and_then(|c| c.get("bos_token")))
-        .or_else(|| first_id(config.get("bos_token_id")));
+    let bos =
+        token_id(tok_config.as_ref().and_then(|c| c.get("bos_token"))).or_else(|| first_id(config.get("bos_token_id")));
     let eos = gen_config
         .as_ref()
         .and_then(|g| first_id(g.get("eos_token_id")))
         .or_else(|| token_id(tok_config.as_ref().and_then(|c| c.get("eos_token"))))
         .or_else(|| first_id(config.get("eos_token_id")));
-    let wants_bos = tok_config
-        .as_ref()
-        .and_then(|c| c.get("add_bos_token"))
-        .and_then(Value::as_bool)
-        == Some(true);
-    let pipeline_adds_bos = bos.is_some()
-        && inner
-            .encode("a", true)
-            .ok()
-            .and_then(|e| e.get_ids().first().copied())
-            == bos;
-    let tok = HfTokenizer::new(
-        &tokenizer_path,
-        inner,
-        bos,
-        eos,
-        wants_bos && !pipeline_adds_bos,
-    )?;
+    let wants_bos = tok_config.as_ref().and_then(|c| c.get("add_bos_token")).and_then(Value::as_bool) == Some(true);
+    let pipeline_adds_bos =
+        bos.is_some() && inner.encode("a", true).ok().and_then(|e| e.get_ids().first().copied()) == bos;
+    let tok = HfTokenizer::new(&tokenizer_path, inner, bos, eos, wants_bos && !pipeline_adds_bos)?;
     check_vocab(&tok, &tokenizer_path, &model, dir)?;
-    let chat_template = tok_config
-        .as_ref()
-        .and_then(|c| c.get("chat_template"))
-        .and_then(chat_template);
+    let chat_template = tok_config.as_ref().and_then(|c| c.get("chat_template")).and_then(chat_template);
 
     Ok(LoadedModel {
         model,
@@ -144,22 +121,16 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
 
 fn read_json(path: &Path) -> Result<Value, LoadError> {
     let bytes = std::fs::read(path).map_err(|e| LoadError::io(path, e))?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| LoadError::invalid(path, format!("not valid JSON: {e}")))
+    serde_json::from_slice(&bytes).map_err(|e| LoadError::invalid(path, format!("not valid JSON: {e}")))
 }
 
 fn optional_json(path: &Path) -> Result<Option<Value>, LoadError> {
-    if path.is_file() {
-        read_json(path).map(Some)
-    } else {
-        Ok(None)
-    }
+    if path.is_file() { read_json(path).map(Some) } else { Ok(None) }
 }
 
 /// A special token in `tokenizer_config.json`: a string or `{"content": ...}` (`AddedToken`).
 fn token_content(v: &Value) -> Option<&str> {
-    v.as_str()
-        .or_else(|| v.get("content").and_then(Value::as_str))
+    v.as_str().or_else(|| v.get("content").and_then(Value::as_str))
 }
 
 /// An id or the first of a list of ids.
@@ -201,15 +172,12 @@ fn parse_config(path: &Path, c: &Value) -> Result<LlamaArch, LoadError> {
         })
         .ok_or_else(|| {
             let t = c.get("model_type").and_then(Value::as_str).unwrap_or("(none)");
-            bad(format!("unsupported architecture: no architectures[0] and model_type {t}; supported: {SUPPORTED_ARCHITECTURES}"))
+            bad(format!(
+                "unsupported architecture: no architectures[0] and model_type {t}; supported: {SUPPORTED_ARCHITECTURES}"
+            ))
         })?;
-    if !matches!(
-        architecture.as_str(),
-        "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM"
-    ) {
-        return Err(bad(format!(
-            "unsupported architecture {architecture}; supported: {SUPPORTED_ARCHITECTURES}"
-        )));
+    if !matches!(architecture.as_str(), "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM") {
+        return Err(bad(format!("unsupported architecture {architecture}; supported: {SUPPORTED_ARCHITECTURES}")));
     }
     let int = |key: &str, default: Option<usize>| -> Result<usize, LoadError> {
         match c.get(key) {
@@ -223,10 +191,7 @@ fn parse_config(path: &Path, c: &Value) -> Result<LlamaArch, LoadError> {
     let float = |key: &str, default: f32| -> Result<f32, LoadError> {
         match c.get(key) {
             Some(Value::Null) | None => Ok(default),
-            Some(v) => v
-                .as_f64()
-                .map(|f| f as f32)
-                .ok_or_else(|| bad(format!("{key} is {v}, not a number"))),
+            Some(v) => v.as_f64().map(|f| f as f32).ok_or_else(|| bad(format!("{key} is {v}, not a number"))),
         }
     };
     let flag = |key: &str| c.get(key).and_then(Value::as_bool) == Some(true);
@@ -236,14 +201,10 @@ fn parse_config(path: &Path, c: &Value) -> Result<LlamaArch, LoadError> {
     if let Some(act) = c.get("hidden_act").and_then(Value::as_str)
         && act != "silu"
     {
-        return Err(bad(format!(
-            "hidden_act {act} is not supported; supported: silu (SwiGLU)"
-        )));
+        return Err(bad(format!("hidden_act {act} is not supported; supported: silu (SwiGLU)")));
     }
     if architecture == "LlamaForCausalLM" && (flag("attention_bias") || flag("mlp_bias")) {
-        return Err(bad(
-            "attention_bias/mlp_bias = true is not supported for LlamaForCausalLM".into(),
-        ));
+        return Err(bad("attention_bias/mlp_bias = true is not supported for LlamaForCausalLM".into()));
     }
     let mut max_seq_len = int("max_position_embeddings", Some(2048))?;
     // Mistral: full attention equals sliding-window attention for contexts within the window.
@@ -252,12 +213,7 @@ fn parse_config(path: &Path, c: &Value) -> Result<LlamaArch, LoadError> {
         "Qwen2ForCausalLM" => flag("use_sliding_window"),
         _ => false,
     };
-    if sliding
-        && let Some(w) = c
-            .get("sliding_window")
-            .and_then(Value::as_u64)
-            .and_then(|w| usize::try_from(w).ok())
-    {
+    if sliding && let Some(w) = c.get("sliding_window").and_then(Value::as_u64).and_then(|w| usize::try_from(w).ok()) {
         max_seq_len = max_seq_len.min(w);
     }
     // transformers ≥ 5 writes `rope_parameters` ({rope_type, rope_theta, ...}) in place of
@@ -276,10 +232,7 @@ fn parse_config(path: &Path, c: &Value) -> Result<LlamaArch, LoadError> {
         .or_else(|| rope_parameters.and_then(|r| r.get("rope_theta")))
         .filter(|v| !v.is_null());
     let rope_theta = match theta {
-        Some(v) => v
-            .as_f64()
-            .map(|f| f as f32)
-            .ok_or_else(|| bad(format!("rope_theta is {v}, not a number")))?,
+        Some(v) => v.as_f64().map(|f| f as f32).ok_or_else(|| bad(format!("rope_theta is {v}, not a number")))?,
         None => 10000.0,
     };
     let arch = LlamaArch {
@@ -305,33 +258,22 @@ fn parse_config(path: &Path, c: &Value) -> Result<LlamaArch, LoadError> {
             )));
         }
     }
-    arch.validate()
-        .map_err(|e| bad(format!("inconsistent hyper-parameters: {e}")))?;
+    arch.validate().map_err(|e| bad(format!("inconsistent hyper-parameters: {e}")))?;
     Ok(arch)
 }
 
 /// `rope_scaling` (or `rope_parameters`) of `transformers`' `modeling_rope_utils.py`:
 /// `rope_type = "llama3"`, or `"default"` (plain RoPE, `None`).
 fn parse_rope_scaling(r: &Value) -> Result<Option<RopeScaling>, String> {
-    let kind = r
-        .get("rope_type")
-        .or_else(|| r.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("(none)");
+    let kind = r.get("rope_type").or_else(|| r.get("type")).and_then(Value::as_str).unwrap_or("(none)");
     match kind {
         "default" => return Ok(None),
         "llama3" => {}
         _ => {
-            return Err(format!(
-                "type {kind} is not supported; supported: default, llama3"
-            ));
+            return Err(format!("type {kind} is not supported; supported: default, llama3"));
         }
     }
-    let num = |k: &str| {
-        r.get(k)
-            .and_then(Value::as_f64)
-            .ok_or_else(|| format!("{k} is missing or not a number"))
-    };
+    let num = |k: &str| r.get(k).and_then(Value::as_f64).ok_or_else(|| format!("{k} is missing or not a number"));
     let original = r
         .get("original_max_position_embeddings")
         .and_then(Value::as_u64)
@@ -378,14 +320,9 @@ impl Shards {
             for (tensor, file) in map {
                 let file = file
                     .as_str()
-                    .filter(|f| {
-                        !f.contains('/') && !f.contains('\\') && *f != ".." && !f.is_empty()
-                    })
+                    .filter(|f| !f.contains('/') && !f.contains('\\') && *f != ".." && !f.is_empty())
                     .ok_or_else(|| {
-                        LoadError::invalid(
-                            &index_path,
-                            format!("weight_map[{tensor}] = {file} is not a file name"),
-                        )
+                        LoadError::invalid(&index_path, format!("weight_map[{tensor}] = {file} is not a file name"))
                     })?;
                 if !files.contains(&file) {
                     files.push(file);
@@ -409,40 +346,22 @@ impl Shards {
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LoadError::io(&path, e))?;
             let (header_len, meta) = parse_safetensors(&path, &map)?;
             let data_start = 8 + header_len;
-            let mut tensors: Vec<(String, TensorInfo)> = meta
-                .tensors()
-                .into_iter()
-                .map(|(n, t)| (n, t.clone()))
-                .collect();
+            let mut tensors: Vec<(String, TensorInfo)> =
+                meta.tensors().into_iter().map(|(n, t)| (n, t.clone())).collect();
             tensors.sort_by_key(|(_, t)| t.data_offsets);
             for (name, _) in &tensors {
                 if let Some(prev) = index.insert(name.clone(), i) {
                     let p: &ShardFile = &files[prev];
-                    return Err(LoadError::invalid(
-                        &path,
-                        format!("tensor {name} is also in {}", p.path.display()),
-                    ));
+                    return Err(LoadError::invalid(&path, format!("tensor {name} is also in {}", p.path.display())));
                 }
             }
-            files.push(ShardFile {
-                path,
-                map,
-                data_start,
-                tensors,
-            });
+            files.push(ShardFile { path, map, data_start, tensors });
         }
         Ok(Self { files, index })
     }
 
     fn dtypes(&self) -> Vec<(String, String)> {
-        self.files
-            .iter()
-            .flat_map(|f| {
-                f.tensors
-                    .iter()
-                    .map(|(n, t)| (n.clone(), format!("{:?}", t.dtype)))
-            })
-            .collect()
+        self.files.iter().flat_map(|f| f.tensors.iter().map(|(n, t)| (n.clone(), format!("{:?}", t.dtype)))).collect()
     }
 
     /// The tensor `name` as f32 of `shape`, or `None` when no file has it.
@@ -457,42 +376,24 @@ impl Shards {
         if info.shape != shape {
             return Err(LoadError::invalid(
                 &f.path,
-                format!(
-                    "tensor {name} has shape {:?}; expected {shape:?}",
-                    info.shape
-                ),
+                format!("tensor {name} has shape {:?}; expected {shape:?}", info.shape),
             ));
         }
         // `parse_safetensors` validated every range against the file.
         let (begin, end) = info.data_offsets;
         let bytes = &f.map[f.data_start + begin..f.data_start + end];
-        let data = to_f32(info.dtype, bytes)
-            .map_err(|m| LoadError::invalid(&f.path, format!("tensor {name}: {m}")))?;
-        HostTensor::new(shape.to_vec(), data)
-            .map(Some)
-            .ok_or_else(|| {
-                LoadError::invalid(
-                    &f.path,
-                    format!("tensor {name}: byte count does not match shape {shape:?}"),
-                )
-            })
+        let data = to_f32(info.dtype, bytes).map_err(|m| LoadError::invalid(&f.path, format!("tensor {name}: {m}")))?;
+        HostTensor::new(shape.to_vec(), data).map(Some).ok_or_else(|| {
+            LoadError::invalid(&f.path, format!("tensor {name}: byte count does not match shape {shape:?}"))
+        })
     }
 
     fn require(&self, name: &str, shape: &[usize]) -> Result<HostTensor, LoadError> {
         self.get(name, shape)?.ok_or_else(|| {
-            let files: Vec<String> = self
-                .files
-                .iter()
-                .map(|f| f.path.display().to_string())
-                .collect();
+            let files: Vec<String> = self.files.iter().map(|f| f.path.display().to_string()).collect();
             LoadError::invalid(
-                self.files
-                    .first()
-                    .map_or(Path::new("."), |f| f.path.as_path()),
-                format!(
-                    "tensor {name} is missing; expected shape {shape:?} (searched {})",
-                    files.join(", ")
-                ),
+                self.files.first().map_or(Path::new("."), |f| f.path.as_path()),
+                format!("tensor {name} is missing; expected shape {shape:?} (searched {})", files.join(", ")),
             )
         })
     }
@@ -504,10 +405,7 @@ pub(crate) fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<(usize, Met
     let Some(len) = bytes.get(..8) else {
         return Err(LoadError::truncated(
             path,
-            format!(
-                "the 8-byte header length, the file has {} bytes (not a safetensors file?)",
-                bytes.len()
-            ),
+            format!("the 8-byte header length, the file has {} bytes (not a safetensors file?)", bytes.len()),
         ));
     };
     let mut n = [0u8; 8];
@@ -546,12 +444,7 @@ fn diagnose_header(header: &[u8], buffer_len: u64) -> Option<String> {
             "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" => 1,
             _ => return None,
         };
-        let shape: Vec<u64> = t
-            .get("shape")?
-            .as_array()?
-            .iter()
-            .map(Value::as_u64)
-            .collect::<Option<_>>()?;
+        let shape: Vec<u64> = t.get("shape")?.as_array()?.iter().map(Value::as_u64).collect::<Option<_>>()?;
         let offsets = t.get("data_offsets")?.as_array()?;
         let (begin, end) = (offsets.first()?.as_u64()?, offsets.get(1)?.as_u64()?);
         let want = shape.iter().try_fold(size, |n, &d| n.checked_mul(d))?;
@@ -582,16 +475,12 @@ fn describe(e: &SafeTensorError, file_len: usize) -> String {
         SafeTensorError::InvalidOffset(name) => {
             format!("tensor {name}: data_offsets are out of range or overlap another tensor")
         }
-        SafeTensorError::TensorInvalidInfo => {
-            "a tensor's data_offsets do not match its dtype and shape".to_string()
-        }
+        SafeTensorError::TensorInvalidInfo => "a tensor's data_offsets do not match its dtype and shape".to_string(),
         SafeTensorError::InvalidHeaderDeserialization(j) => {
             format!("the header is not valid safetensors JSON: {j}")
         }
         SafeTensorError::InvalidHeader(u) => format!("the header is not UTF-8: {u}"),
-        SafeTensorError::HeaderTooLarge => {
-            "the header is larger than the 100 MB safetensors allows".to_string()
-        }
+        SafeTensorError::HeaderTooLarge => "the header is larger than the 100 MB safetensors allows".to_string(),
         SafeTensorError::ValidationOverflow => "a tensor's shape overflows".to_string(),
         other => format!("not a valid safetensors file: {other}"),
     }
@@ -605,9 +494,7 @@ pub(crate) fn to_f32(dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, String> {
         Dtype::F16 => le_floats(LeFloat::F16, bytes),
         Dtype::BF16 => le_floats(LeFloat::BF16, bytes),
         other => {
-            return Err(format!(
-                "dtype {other:?} is not supported; supported: F32, F16, BF16"
-            ));
+            return Err(format!("dtype {other:?} is not supported; supported: F32, F16, BF16"));
         }
     })
 }
@@ -617,9 +504,7 @@ pub(crate) fn to_f32(dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, String> {
 /// (`a ∈ {0, 1}`), as `qdrift-quantize`'s `rotate_half_row_order`.
 pub(crate) fn rotate_half_row_order(n_heads: usize, head_dim: usize) -> Vec<usize> {
     let half = head_dim / 2;
-    (0..n_heads)
-        .flat_map(|h| (0..2).flat_map(move |a| (0..half).map(move |i| h * head_dim + 2 * i + a)))
-        .collect()
+    (0..n_heads).flat_map(|h| (0..2).flat_map(move |a| (0..half).map(move |i| h * head_dim + 2 * i + a))).collect()
 }
 
 /// Rows of `t` (`[rows, cols]` or `[rows]`) permuted: `to_interleaved` puts rotate-half row `r`
@@ -633,10 +518,7 @@ pub(crate) fn permute_rows(t: &HostTensor, n_heads: usize, to_interleaved: bool)
         let (dst, src) = if to_interleaved { (o, r) } else { (r, o) };
         data[dst * cols..(dst + 1) * cols].copy_from_slice(&t.data[src * cols..(src + 1) * cols]);
     }
-    HostTensor {
-        shape: t.shape.clone(),
-        data,
-    }
+    HostTensor { shape: t.shape.clone(), data }
 }
 
 fn build_model(shards: &Shards, mut arch: LlamaArch) -> Result<HostModel, LoadError> {
@@ -650,26 +532,12 @@ fn build_model(shards: &Shards, mut arch: LlamaArch) -> Result<HostModel, LoadEr
         let t = |name: &str, shape: &[usize]| shards.require(&format!("{p}.{name}"), shape);
         let bias = |name: &str, n: usize, heads: usize| -> Result<Option<HostTensor>, LoadError> {
             let b = if qwen { Some(t(name, &[n])?) } else { None };
-            Ok(b.map(|b| {
-                if heads > 0 {
-                    permute_rows(&b, heads, true)
-                } else {
-                    b
-                }
-            }))
+            Ok(b.map(|b| if heads > 0 { permute_rows(&b, heads, true) } else { b }))
         };
         layers.push(LayerWeights {
             attn_norm: t("input_layernorm.weight", &[dim])?,
-            wq: permute_rows(
-                &t("self_attn.q_proj.weight", &[q_dim, dim])?,
-                arch.n_heads,
-                true,
-            ),
-            wk: permute_rows(
-                &t("self_attn.k_proj.weight", &[kv_dim, dim])?,
-                arch.n_kv_heads,
-                true,
-            ),
+            wq: permute_rows(&t("self_attn.q_proj.weight", &[q_dim, dim])?, arch.n_heads, true),
+            wk: permute_rows(&t("self_attn.k_proj.weight", &[kv_dim, dim])?, arch.n_kv_heads, true),
             wv: t("self_attn.v_proj.weight", &[kv_dim, dim])?,
             wo: t("self_attn.o_proj.weight", &[dim, q_dim])?,
             ffn_norm: t("post_attention_layernorm.weight", &[dim])?,
@@ -682,18 +550,8 @@ fn build_model(shards: &Shards, mut arch: LlamaArch) -> Result<HostModel, LoadEr
         });
     }
     let final_norm = shards.require("model.norm.weight", &[dim])?;
-    let output = if arch.tied_embeddings {
-        None
-    } else {
-        shards.get("lm_head.weight", &[vocab, dim])?
-    };
+    let output = if arch.tied_embeddings { None } else { shards.get("lm_head.weight", &[vocab, dim])? };
     // A checkpoint without lm_head ties it to the embedding whatever config.json says.
     arch.tied_embeddings = output.is_none();
-    Ok(HostModel {
-        arch,
-        token_embedding,
-        layers,
-        final_norm,
-        output,
-    })
+    Ok(HostModel { arch, token_embedding, layers, final_norm, output })
 }

@@ -72,26 +72,13 @@ impl HfTokenizer {
             }
         }
         if prepend_bos && bos.is_none() {
-            return Err(LoadError::invalid(
-                path,
-                "the tokenizer adds BOS but has no BOS token",
-            ));
+            return Err(LoadError::invalid(path, "the tokenizer adds BOS but has no BOS token"));
         }
-        let probe = inner.encode(PROBE, true).map_err(|e| {
-            LoadError::invalid(
-                path,
-                format!("the tokenizer cannot encode a probe text: {e}"),
-            )
-        })?;
+        let probe = inner
+            .encode(PROBE, true)
+            .map_err(|e| LoadError::invalid(path, format!("the tokenizer cannot encode a probe text: {e}")))?;
         let adds_bos = prepend_bos || (bos.is_some() && probe.get_ids().first().copied() == bos);
-        Ok(Self {
-            inner,
-            bos,
-            eos,
-            prepend_bos,
-            adds_bos,
-            vocab_size,
-        })
+        Ok(Self { inner, bos, eos, prepend_bos, adds_bos, vocab_size })
     }
 
     /// The wrapped pipeline.
@@ -148,7 +135,8 @@ const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 /// Qwen2's pre-tokenizer regex, as its `tokenizer.json` writes it (llama.cpp's
 /// `LLAMA_VOCAB_PRE_TYPE_QWEN2` uses an equivalent spelled without `(?i:...)`): Llama 3's but
 /// with every digit alone (`\p{N}`, not `\p{N}{1,3}`).
-const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_REGEX: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// How GGUF's `tokenizer.ggml.pre` value pre-tokenizes byte-level BPE: the pre-tokenizer and
 /// whether a pre-token found whole in the vocabulary skips the merges (`ignore_merges`).
@@ -189,12 +177,8 @@ fn byte_level_pre_tokenizer(pre: Option<&str>) -> Result<(PreTokenizerWrapper, b
 
 /// A split on `regex` (matches isolated), then the byte-to-unicode map without GPT-2's regex.
 fn regex_then_byte_level(regex: &str) -> Result<PreTokenizerWrapper, String> {
-    let split = Split::new(
-        SplitPattern::Regex(regex.to_string()),
-        SplitDelimiterBehavior::Isolated,
-        false,
-    )
-    .map_err(|e| format!("the pre-tokenizer regex does not compile: {e}"))?;
+    let split = Split::new(SplitPattern::Regex(regex.to_string()), SplitDelimiterBehavior::Isolated, false)
+        .map_err(|e| format!("the pre-tokenizer regex does not compile: {e}"))?;
     Ok(PreTokenizerWrapper::Sequence(Sequence::new(vec![
         PreTokenizerWrapper::Split(split),
         PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)),
@@ -217,11 +201,7 @@ pub(crate) fn gguf_byte_level_bpe(
     (bos, eos, add_bos): (Option<u32>, Option<u32>, bool),
 ) -> Result<HfTokenizer, LoadError> {
     let bad = |m: String| LoadError::invalid(path, m);
-    let vocab: Vocab = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), i as u32))
-        .collect();
+    let vocab: Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
     if vocab.len() != tokens.len() {
         return Err(bad(format!(
             "tokenizer.ggml.tokens has duplicate tokens ({} unique of {})",
@@ -232,9 +212,7 @@ pub(crate) fn gguf_byte_level_bpe(
     let mut pairs = Vec::with_capacity(merges.len());
     for (i, m) in merges.iter().enumerate() {
         let Some((a, b)) = m.split_once(' ') else {
-            return Err(bad(format!(
-                "tokenizer.ggml.merges[{i}] = {m:?} is not \"left right\""
-            )));
+            return Err(bad(format!("tokenizer.ggml.merges[{i}] = {m:?} is not \"left right\"")));
         };
         pairs.push((a.to_string(), b.to_string()));
     }
@@ -246,9 +224,7 @@ pub(crate) fn gguf_byte_level_bpe(
         .map_err(|e| bad(format!("tokenizer.ggml.merges: {e}")))?;
     let mut inner = tokenizers::Tokenizer::new(bpe);
     inner.with_pre_tokenizer(Some(pre));
-    inner.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::new(
-        false, true, true,
-    ))));
+    inner.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::new(false, true, true))));
     if let Some(types) = token_type {
         let special: Vec<AddedToken> = types
             .iter()
@@ -264,10 +240,6 @@ pub(crate) fn gguf_byte_level_bpe(
 /// Reads a Hugging Face `tokenizer.json` (the `tokenizers` serialization).
 pub(crate) fn read_tokenizer_json(path: &Path) -> Result<tokenizers::Tokenizer, LoadError> {
     let bytes = std::fs::read(path).map_err(|e| LoadError::io(path, e))?;
-    tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
-        LoadError::invalid(
-            path,
-            format!("not a tokenizers JSON file this version reads: {e}"),
-        )
-    })
+    tokenizers::Tokenizer::from_bytes(&bytes)
+        .map_err(|e| LoadError::invalid(path, format!("not a tokenizers JSON file this version reads: {e}")))
 }

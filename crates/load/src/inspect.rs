@@ -148,15 +148,8 @@ pub fn inspect(
     seq_len: usize,
     batch: usize,
 ) -> Inspection {
-    let (d, v, l) = (
-        arch.dim as u64,
-        arch.vocab_size as u64,
-        arch.n_layers as u64,
-    );
-    let (q, kv) = (
-        (arch.n_heads * arch.head_dim()) as u64,
-        arch.kv_dim() as u64,
-    );
+    let (d, v, l) = (arch.dim as u64, arch.vocab_size as u64, arch.n_layers as u64);
+    let (q, kv) = ((arch.n_heads * arch.head_dim()) as u64, arch.kv_dim() as u64);
     let linears: u64 = layer_matrices(arch).iter().map(|(r, c)| r * c).sum();
     let bias_params = if biases { q + 2 * kv } else { 0 };
     let layer_vectors = 2 * d + bias_params;
@@ -176,56 +169,29 @@ pub fn inspect(
         .iter()
         .map(|&scheme| {
             let vector_bytes = if scheme == "fp32" { 4 } else { 2 };
-            let layer: u64 = layer_matrices(arch)
-                .iter()
-                .map(|&(r, c)| matrix_bytes(scheme, r, c))
-                .sum::<u64>()
+            let layer: u64 = layer_matrices(arch).iter().map(|&(r, c)| matrix_bytes(scheme, r, c)).sum::<u64>()
                 + vector_bytes * layer_vectors;
-            let head = if arch.tied_embeddings {
-                0
-            } else {
-                matrix_bytes(scheme, v, d)
-            };
-            SchemeBytes {
-                scheme,
-                bytes: matrix_bytes(scheme, v, d) + l * layer + vector_bytes * d + head,
-            }
+            let head = if arch.tied_embeddings { 0 } else { matrix_bytes(scheme, v, d) };
+            SchemeBytes { scheme, bytes: matrix_bytes(scheme, v, d) + l * layer + vector_bytes * d + head }
         })
         .collect();
 
     let (seq, b) = (seq_len as u64, batch as u64);
     let kv_entries = 2 * l * arch.n_kv_heads as u64 * arch.head_dim() as u64 * seq * b;
-    let kv_cache = KvCacheBytes {
-        seq_len: seq,
-        batch: b,
-        f32_bytes: 4 * kv_entries,
-        f16_bytes: 2 * kv_entries,
-    };
+    let kv_cache = KvCacheBytes { seq_len: seq, batch: b, f32_bytes: 4 * kv_entries, f16_bytes: 2 * kv_entries };
 
     let matmul = 2 * (l * linears + v * d);
     let attention = 2 * 2 * l * arch.n_heads as u64 * arch.head_dim() as u64 * seq;
-    let flops_per_token = FlopsPerToken {
-        context: seq,
-        matmul,
-        attention,
-        total: matmul + attention,
-    };
+    let flops_per_token = FlopsPerToken { context: seq, matmul, attention, total: matmul + attention };
 
     let mut counts: Vec<DtypeCount> = Vec::new();
     for (_, dtype) in source_dtypes {
         match counts.iter_mut().find(|c| &c.dtype == dtype) {
             Some(c) => c.tensors += 1,
-            None => counts.push(DtypeCount {
-                dtype: dtype.clone(),
-                tensors: 1,
-            }),
+            None => counts.push(DtypeCount { dtype: dtype.clone(), tensors: 1 }),
         }
     }
-    counts.sort_by(|a, b| {
-        b.tensors
-            .cmp(&a.tensors)
-            .then_with(|| a.dtype.cmp(&b.dtype))
-    });
+    counts.sort_by(|a, b| b.tensors.cmp(&a.tensors).then_with(|| a.dtype.cmp(&b.dtype)));
 
     Inspection {
         architecture: arch.architecture.clone(),
@@ -243,11 +209,7 @@ pub fn inspect(
 
 /// [`inspect`] of a loaded model, with its format, synthetic flag, source dtypes and biases.
 pub fn inspect_loaded(m: &LoadedModel, seq_len: usize, batch: usize) -> Inspection {
-    let biases = m
-        .model
-        .layers
-        .iter()
-        .any(|l| l.bq.is_some() || l.bk.is_some() || l.bv.is_some());
+    let biases = m.model.layers.iter().any(|l| l.bq.is_some() || l.bk.is_some() || l.bv.is_some());
     let mut i = inspect(&m.model.arch, &m.source_dtypes, biases, seq_len, batch);
     i.format = Some(m.format.to_string());
     i.synthetic = m.synthetic;
@@ -285,10 +247,7 @@ impl fmt::Display for Inspection {
             write!(f, " ({format})")?;
         }
         if self.synthetic {
-            write!(
-                f,
-                " [SYNTHETIC random weights: quality numbers are meaningless]"
-            )?;
+            write!(f, " [SYNTHETIC random weights: quality numbers are meaningless]")?;
         }
         writeln!(f)?;
         writeln!(
@@ -302,11 +261,7 @@ impl fmt::Display for Inspection {
             a.head_dim(),
             a.vocab_size,
             a.max_seq_len,
-            if a.tied_embeddings {
-                "tied embedding"
-            } else {
-                "untied head"
-            }
+            if a.tied_embeddings { "tied embedding" } else { "untied head" }
         )?;
         let p = &self.params;
         writeln!(
@@ -318,29 +273,15 @@ impl fmt::Display for Inspection {
             grouped(p.per_layer),
             grouped(p.final_norm),
             grouped(p.head),
-            if self.biases {
-                " (layers include q/k/v biases)"
-            } else {
-                ""
-            }
+            if self.biases { " (layers include q/k/v biases)" } else { "" }
         )?;
         if !self.source_dtypes.is_empty() {
-            let list: Vec<String> = self
-                .source_dtypes
-                .iter()
-                .map(|c| format!("{} × {}", c.tensors, c.dtype))
-                .collect();
+            let list: Vec<String> = self.source_dtypes.iter().map(|c| format!("{} × {}", c.tensors, c.dtype)).collect();
             writeln!(f, "source tensors: {}", list.join(", "))?;
         }
         writeln!(f, "weight memory:")?;
         for s in &self.weight_bytes {
-            writeln!(
-                f,
-                "  {:<10} {:>16} B  {}",
-                s.scheme,
-                grouped(s.bytes),
-                human_bytes(s.bytes)
-            )?;
+            writeln!(f, "  {:<10} {:>16} B  {}", s.scheme, grouped(s.bytes), human_bytes(s.bytes))?;
         }
         let k = &self.kv_cache;
         writeln!(

@@ -48,8 +48,6 @@ pub use hf::read_hf_folder;
 pub use hf_tokenizer::HfTokenizer;
 pub use llama2c::read_llama2c_checkpoint;
 pub use open::{LoadedModel, open_model};
-pub use synthetic::{
-    SYNTHETIC_PRESETS, SYNTHETIC_STD, byte_tokenizer, synthetic_arch, synthetic_model,
-};
+pub use synthetic::{SYNTHETIC_PRESETS, SYNTHETIC_STD, byte_tokenizer, synthetic_arch, synthetic_model};
 pub use tokenizer::{Llama2cTokenizer, SpecialIds, Tokenizer};
 pub use weights::{HostModel, HostTensor, LayerWeights, LlamaArch, RopeScaling};

@@ -27,59 +27,23 @@ pub fn read_llama2c_checkpoint(path: &Path) -> Result<HostModel, LoadError> {
 
 fn parse_llama2c(path: &Path, bytes: &[u8]) -> Result<HostModel, LoadError> {
     if bytes.len() < HEADER_BYTES {
-        return Err(LoadError::truncated(
-            path,
-            format!(
-                "header needs {HEADER_BYTES} bytes, file has {}",
-                bytes.len()
-            ),
-        ));
+        return Err(LoadError::truncated(path, format!("header needs {HEADER_BYTES} bytes, file has {}", bytes.len())));
     }
-    let field = |i: usize| {
-        i32::from_le_bytes([
-            bytes[4 * i],
-            bytes[4 * i + 1],
-            bytes[4 * i + 2],
-            bytes[4 * i + 3],
-        ])
-    };
-    let names = [
-        "dim",
-        "hidden_dim",
-        "n_layers",
-        "n_heads",
-        "n_kv_heads",
-        "vocab_size",
-        "seq_len",
-    ];
+    let field = |i: usize| i32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]);
+    let names = ["dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"];
     let mut header = [0usize; 7];
     for (i, name) in names.iter().enumerate() {
         let v = field(i);
-        let v = if i == 5 {
-            v.checked_abs().unwrap_or(0)
-        } else {
-            v
-        };
+        let v = if i == 5 { v.checked_abs().unwrap_or(0) } else { v };
         if v <= 0 {
             return Err(LoadError::invalid(
                 path,
-                format!(
-                    "not a llama2.c checkpoint: header field {name} is {}",
-                    field(i)
-                ),
+                format!("not a llama2.c checkpoint: header field {name} is {}", field(i)),
             ));
         }
         header[i] = v as usize;
     }
-    let [
-        dim,
-        hidden_dim,
-        n_layers,
-        n_heads,
-        n_kv_heads,
-        vocab_size,
-        seq_len,
-    ] = header;
+    let [dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len] = header;
     let arch = LlamaArch {
         architecture: "llama2.c".to_string(),
         dim,
@@ -94,8 +58,7 @@ fn parse_llama2c(path: &Path, bytes: &[u8]) -> Result<HostModel, LoadError> {
         tied_embeddings: field(5) > 0,
         rope_scaling: None,
     };
-    arch.validate()
-        .map_err(|m| LoadError::invalid(path, format!("inconsistent header: {m}")))?;
+    arch.validate().map_err(|m| LoadError::invalid(path, format!("inconsistent header: {m}")))?;
 
     let (head_dim, kv_dim) = (arch.head_dim(), arch.kv_dim());
     // Element counts in file order; checked arithmetic so that an absurd header cannot overflow.
@@ -114,23 +77,13 @@ fn parse_llama2c(path: &Path, bytes: &[u8]) -> Result<HostModel, LoadError> {
         ("w3", mul(n_layers, hidden_dim).and_then(|x| mul(x, dim))),
         ("rms_final_weight", Some(dim)),
         ("freq_cis", mul(seq_len, head_dim)),
-        (
-            "wcls",
-            if arch.tied_embeddings {
-                Some(0)
-            } else {
-                mul(vocab_size, dim)
-            },
-        ),
+        ("wcls", if arch.tied_embeddings { Some(0) } else { mul(vocab_size, dim) }),
     ];
     let mut total = 0usize;
     for (_, n) in &sizes {
         total = n.and_then(|n| total.checked_add(n)).ok_or_else(overflow)?;
     }
-    let expected = total
-        .checked_mul(4)
-        .and_then(|t| t.checked_add(HEADER_BYTES))
-        .ok_or_else(overflow)?;
+    let expected = total.checked_mul(4).and_then(|t| t.checked_add(HEADER_BYTES)).ok_or_else(overflow)?;
     if bytes.len() < expected {
         return Err(LoadError::truncated(
             path,
@@ -151,9 +104,7 @@ fn parse_llama2c(path: &Path, bytes: &[u8]) -> Result<HostModel, LoadError> {
         ));
     }
 
-    let mut floats = bytes[HEADER_BYTES..]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+    let mut floats = bytes[HEADER_BYTES..].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
     let mut take = |n: usize| -> Vec<f32> { floats.by_ref().take(n).collect() };
     let t = |shape: Vec<usize>, data: Vec<f32>| HostTensor { shape, data };
 
@@ -174,11 +125,7 @@ fn parse_llama2c(path: &Path, bytes: &[u8]) -> Result<HostModel, LoadError> {
     let layer = |all: &[f32], l: usize, rows: usize, cols: usize| {
         let n = rows * cols;
         HostTensor {
-            shape: if cols == 1 {
-                vec![rows]
-            } else {
-                vec![rows, cols]
-            },
+            shape: if cols == 1 { vec![rows] } else { vec![rows, cols] },
             data: all[l * n..(l + 1) * n].to_vec(),
         }
     };
@@ -199,20 +146,13 @@ fn parse_llama2c(path: &Path, bytes: &[u8]) -> Result<HostModel, LoadError> {
         })
         .collect();
 
-    let model = HostModel {
-        arch,
-        token_embedding,
-        layers,
-        final_norm,
-        output,
-    };
+    let model = HostModel { arch, token_embedding, layers, final_norm, output };
     check_finite(path, &model)?;
     Ok(model)
 }
 
 fn check_finite(path: &Path, model: &HostModel) -> Result<(), LoadError> {
-    let mut named: Vec<(String, &HostTensor)> =
-        vec![("token_embedding".into(), &model.token_embedding)];
+    let mut named: Vec<(String, &HostTensor)> = vec![("token_embedding".into(), &model.token_embedding)];
     for (i, l) in model.layers.iter().enumerate() {
         named.push((format!("layers.{i}.attn_norm"), &l.attn_norm));
         named.push((format!("layers.{i}.ffn_norm"), &l.ffn_norm));
@@ -226,10 +166,7 @@ fn check_finite(path: &Path, model: &HostModel) -> Result<(), LoadError> {
     }
     for (name, t) in named {
         if let Some(i) = t.data.iter().position(|v| !v.is_finite()) {
-            return Err(LoadError::invalid(
-                path,
-                format!("tensor {name} has a non-finite value at index {i}"),
-            ));
+            return Err(LoadError::invalid(path, format!("tensor {name} has a non-finite value at index {i}")));
         }
     }
     Ok(())
@@ -248,8 +185,7 @@ mod tests {
         let vocab = if tied { 5 } else { -5 };
         let mut b = header([4, 6, 1, 2, 1, vocab, 3]);
         let kv = 2;
-        let n =
-            5 * 4 + 4 + 16 + kv * 4 * 2 + 16 + 4 + 3 * 24 + 4 + 3 * 2 + if tied { 0 } else { 20 };
+        let n = 5 * 4 + 4 + 16 + kv * 4 * 2 + 16 + 4 + 3 * 24 + 4 + 3 * 2 + if tied { 0 } else { 20 };
         b.extend((0..n).flat_map(|i| (i as f32 * 0.01f32).to_le_bytes()));
         b
     }
@@ -272,19 +208,13 @@ mod tests {
     #[test]
     fn truncated_and_oversized_files_are_errors() {
         let b = tiny(true);
-        let e = parse_llama2c(Path::new("t.bin"), &b[..b.len() - 4])
-            .unwrap_err()
-            .to_string();
+        let e = parse_llama2c(Path::new("t.bin"), &b[..b.len() - 4]).unwrap_err().to_string();
         assert!(e.contains("t.bin: truncated"), "{e}");
-        let e = parse_llama2c(Path::new("t.bin"), &b[..10])
-            .unwrap_err()
-            .to_string();
+        let e = parse_llama2c(Path::new("t.bin"), &b[..10]).unwrap_err().to_string();
         assert!(e.contains("header needs 28 bytes"), "{e}");
         let mut longer = b.clone();
         longer.extend([0u8; 8]);
-        let e = parse_llama2c(Path::new("t.bin"), &longer)
-            .unwrap_err()
-            .to_string();
+        let e = parse_llama2c(Path::new("t.bin"), &longer).unwrap_err().to_string();
         assert!(e.contains("inconsistent with file size"), "{e}");
     }
 
@@ -299,9 +229,7 @@ mod tests {
         ] {
             let mut b = header(fields);
             b.extend([0u8; 64]);
-            let e = parse_llama2c(Path::new("x.bin"), &b)
-                .unwrap_err()
-                .to_string();
+            let e = parse_llama2c(Path::new("x.bin"), &b).unwrap_err().to_string();
             assert!(e.starts_with("x.bin"), "{e}");
         }
     }
@@ -311,9 +239,7 @@ mod tests {
         let mut b = tiny(true);
         let at = HEADER_BYTES + 4 * 21; // second attention-norm weight
         b[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
-        let e = parse_llama2c(Path::new("t.bin"), &b)
-            .unwrap_err()
-            .to_string();
+        let e = parse_llama2c(Path::new("t.bin"), &b).unwrap_err().to_string();
         assert!(e.contains("layers.0.attn_norm"), "{e}");
     }
 }

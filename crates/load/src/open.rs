@@ -52,38 +52,25 @@ pub struct LoadedModel {
 pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, LoadError> {
     if let Some(spec) = path.to_str().and_then(|p| p.strip_prefix("synthetic:")) {
         if let Some(t) = tokenizer {
-            return Err(LoadError::invalid(
-                t,
-                "a synthetic model has its own tokenizer; do not pass --tokenizer",
-            ));
+            return Err(LoadError::invalid(t, "a synthetic model has its own tokenizer; do not pass --tokenizer"));
         }
         return synthetic::open_synthetic(spec);
     }
     let meta = std::fs::metadata(path).map_err(|e| LoadError::io(path, e))?;
     // A file of a Hugging Face folder stands for the folder.
-    let hf_file = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("safetensors"))
-        || path
-            .file_name()
-            .is_some_and(|n| n == "config.json" || n == "model.safetensors.index.json");
+    let hf_file = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("safetensors"))
+        || path.file_name().is_some_and(|n| n == "config.json" || n == "model.safetensors.index.json");
     if hf_file && let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         return open_model(dir, tokenizer);
     }
     if meta.is_dir() {
         return read_hf_folder(path, tokenizer);
     }
-    if path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-    {
+    if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
         if let Some(t) = tokenizer {
             return Err(LoadError::invalid(
                 t,
-                format!(
-                    "{} is GGUF and carries its own tokenizer; do not pass --tokenizer",
-                    path.display()
-                ),
+                format!("{} is GGUF and carries its own tokenizer; do not pass --tokenizer", path.display()),
             ));
         }
         let gguf = read_gguf(path)?;
@@ -94,11 +81,7 @@ pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, 
             path: path.to_path_buf(),
             tokenizer_path: path.to_path_buf(),
             format: "gguf",
-            source_dtypes: gguf
-                .tensor_types
-                .into_iter()
-                .map(|(n, t)| (n, t.to_string()))
-                .collect(),
+            source_dtypes: gguf.tensor_types.into_iter().map(|(n, t)| (n, t.to_string())).collect(),
             synthetic: false,
             chat_template: gguf.tokenizer.chat_template,
         });
@@ -110,10 +93,7 @@ pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, 
     };
     let tok = Llama2cTokenizer::read(&tokenizer_path)?;
     check_vocab(&tok, &tokenizer_path, &model, path)?;
-    let source_dtypes = llama2c_tensor_names(&model)
-        .into_iter()
-        .map(|n| (n, "F32".to_string()))
-        .collect();
+    let source_dtypes = llama2c_tensor_names(&model).into_iter().map(|n| (n, "F32".to_string())).collect();
     Ok(LoadedModel {
         model,
         tokenizer: Box::new(tok),
@@ -148,17 +128,7 @@ pub(crate) fn check_vocab(
 fn llama2c_tensor_names(model: &HostModel) -> Vec<String> {
     let mut names = vec!["token_embedding_table".to_string()];
     for i in 0..model.layers.len() {
-        for n in [
-            "rms_att_weight",
-            "wq",
-            "wk",
-            "wv",
-            "wo",
-            "rms_ffn_weight",
-            "w1",
-            "w3",
-            "w2",
-        ] {
+        for n in ["rms_att_weight", "wq", "wk", "wv", "wo", "rms_ffn_weight", "w1", "w3", "w2"] {
             names.push(format!("layers.{i}.{n}"));
         }
     }
@@ -170,10 +140,7 @@ fn llama2c_tensor_names(model: &HostModel) -> Vec<String> {
 }
 
 fn find_llama2c_tokenizer(model: &Path) -> Result<PathBuf, LoadError> {
-    let dir = model
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let dir = model.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let standard = dir.join("tokenizer.bin");
     if standard.is_file() {
         return Ok(standard);
@@ -182,11 +149,7 @@ fn find_llama2c_tokenizer(model: &Path) -> Result<PathBuf, LoadError> {
     let mut candidates: Vec<PathBuf> = entries
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("tok") && n.ends_with(".bin"))
-        })
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("tok") && n.ends_with(".bin")))
         .collect();
     candidates.sort();
     match candidates.as_slice() {
@@ -203,10 +166,7 @@ fn find_llama2c_tokenizer(model: &Path) -> Result<PathBuf, LoadError> {
             format!(
                 "no tokenizer given and {} candidates beside it ({}); pass --tokenizer",
                 many.len(),
-                many.iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                many.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
             ),
         )),
     }

@@ -28,26 +28,14 @@ use std::path::{Path, PathBuf};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 
-use crate::{
-    HostModel, HostTensor, LayerWeights, Llama2cTokenizer, LlamaArch, LoadError, LoadedModel,
-    SpecialIds,
-};
+use crate::{HostModel, HostTensor, LayerWeights, Llama2cTokenizer, LlamaArch, LoadError, LoadedModel, SpecialIds};
 
 /// Names accepted by [`synthetic_model`], with what they imitate.
 pub const SYNTHETIC_PRESETS: &[(&str, &str)] = &[
     ("tiny", "2 layers, dim 32, 4/2 heads, vocab 320 (tests)"),
-    (
-        "smollm2-135m",
-        "SmolLM2-135M: 30 layers, dim 576, hidden 1536, 9/3 heads, vocab 49152, tied",
-    ),
-    (
-        "llama-1b",
-        "Llama-3.2-1B shape: 16 layers, dim 2048, hidden 8192, 32/8 heads, vocab 128256, tied",
-    ),
-    (
-        "llama-8b",
-        "Llama-3.1-8B shape: 32 layers, dim 4096, hidden 14336, 32/8 heads, vocab 128256, untied",
-    ),
+    ("smollm2-135m", "SmolLM2-135M: 30 layers, dim 576, hidden 1536, 9/3 heads, vocab 49152, tied"),
+    ("llama-1b", "Llama-3.2-1B shape: 16 layers, dim 2048, hidden 8192, 32/8 heads, vocab 128256, tied"),
+    ("llama-8b", "Llama-3.1-8B shape: 32 layers, dim 4096, hidden 14336, 32/8 heads, vocab 128256, untied"),
 ];
 
 /// Standard deviation of the random weights.
@@ -63,9 +51,7 @@ pub fn synthetic_arch(name: &str) -> Option<LlamaArch> {
         "tiny" => (32, 64, 2, 4, 2, 320, 256, 1e-5, 10000.0, true),
         "smollm2-135m" => (576, 1536, 30, 9, 3, 49152, 8192, 1e-5, 100000.0, true),
         "llama-1b" => (2048, 8192, 16, 32, 8, 128256, 131072, 1e-5, 500000.0, true),
-        "llama-8b" => (
-            4096, 14336, 32, 32, 8, 128256, 131072, 1e-5, 500000.0, false,
-        ),
+        "llama-8b" => (4096, 14336, 32, 32, 8, 128256, 131072, 1e-5, 500000.0, false),
         _ => return None,
     };
     Some(LlamaArch {
@@ -85,11 +71,7 @@ pub fn synthetic_arch(name: &str) -> Option<LlamaArch> {
 }
 
 fn preset_list() -> String {
-    SYNTHETIC_PRESETS
-        .iter()
-        .map(|(n, _)| *n)
-        .collect::<Vec<_>>()
-        .join(", ")
+    SYNTHETIC_PRESETS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
 }
 
 /// `synthetic:NAME` or `synthetic:NAME:SEED` (the part after `synthetic:`) for [`crate::open_model`].
@@ -117,28 +99,14 @@ pub(crate) fn open_synthetic(spec: &str) -> Result<LoadedModel, LoadError> {
 pub fn synthetic_model(name: &str, seed: u64) -> Result<LoadedModel, LoadError> {
     let path = PathBuf::from(format!("synthetic:{name}"));
     let arch = synthetic_arch(name).ok_or_else(|| {
-        LoadError::invalid(
-            &path,
-            format!("unknown synthetic model {name}; presets: {}", preset_list()),
-        )
+        LoadError::invalid(&path, format!("unknown synthetic model {name}; presets: {}", preset_list()))
     })?;
     check_fits(&path, arch.parameter_count() as u64 * 4, available_memory())?;
     let model = random_model(arch, seed);
-    let tokenizer =
-        byte_tokenizer(model.arch.vocab_size).map_err(|e| LoadError::invalid(&path, e))?;
+    let tokenizer = byte_tokenizer(model.arch.vocab_size).map_err(|e| LoadError::invalid(&path, e))?;
     let mut source_dtypes = vec![("token_embedding".to_string(), "F32".to_string())];
     for i in 0..model.layers.len() {
-        for n in [
-            "attn_norm",
-            "wq",
-            "wk",
-            "wv",
-            "wo",
-            "ffn_norm",
-            "w_gate",
-            "w_up",
-            "w_down",
-        ] {
+        for n in ["attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down"] {
             source_dtypes.push((format!("layers.{i}.{n}"), "F32".to_string()));
         }
     }
@@ -161,34 +129,21 @@ pub fn synthetic_model(name: &str, seed: u64) -> Result<LoadedModel, LoadError> 
 /// The byte-level tokenizer of the synthetic models (see the module docs).
 pub fn byte_tokenizer(vocab_size: usize) -> Result<Llama2cTokenizer, String> {
     if vocab_size < 259 {
-        return Err(format!(
-            "a byte-level vocabulary needs at least 259 tokens, not {vocab_size}"
-        ));
+        return Err(format!("a byte-level vocabulary needs at least 259 tokens, not {vocab_size}"));
     }
     let mut pieces = vec!["<unk>".to_string(), "<s>".to_string(), "</s>".to_string()];
     pieces.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
     pieces.extend((259..vocab_size).map(|i| format!("<extra_{i}>")));
     let scores = vec![0.0; vocab_size];
-    Llama2cTokenizer::from_pieces(
-        &pieces,
-        &scores,
-        SpecialIds {
-            bos: 1,
-            eos: 2,
-            unk: 0,
-            add_bos: true,
-        },
-    )
+    Llama2cTokenizer::from_pieces(&pieces, &scores, SpecialIds { bos: 1, eos: 2, unk: 0, add_bos: true })
 }
 
 /// [`LoadError::TooLarge`] when `needed` bytes exceed `available` (unknown: assume they fit).
 fn check_fits(what: &Path, needed: u64, available: Option<u64>) -> Result<(), LoadError> {
     match available {
-        Some(available) if needed > available => Err(LoadError::TooLarge {
-            what: what.to_path_buf(),
-            needed_bytes: needed,
-            available_bytes: available,
-        }),
+        Some(available) if needed > available => {
+            Err(LoadError::TooLarge { what: what.to_path_buf(), needed_bytes: needed, available_bytes: available })
+        }
         _ => Ok(()),
     }
 }
@@ -201,12 +156,8 @@ fn available_memory() -> Option<u64> {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             .map(|kb| kb * 1024)
     });
-    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok());
-    let used = std::fs::read_to_string("/sys/fs/cgroup/memory.current")
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok());
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok().and_then(|s| s.trim().parse::<u64>().ok());
+    let used = std::fs::read_to_string("/sys/fs/cgroup/memory.current").ok().and_then(|s| s.trim().parse::<u64>().ok());
     let cgroup_left = cgroup.map(|max| max.saturating_sub(used.unwrap_or(0)));
     match (meminfo, cgroup_left) {
         (Some(a), Some(b)) => Some(a.min(b)),
@@ -219,10 +170,7 @@ fn random_model(arch: LlamaArch, seed: u64) -> HostModel {
     let (q, kv) = (arch.n_heads * arch.head_dim(), arch.kv_dim());
     // Stream k is the k-th tensor in HostModel order (norms included, though they are ones).
     let rand = |shape: &[usize], k: usize| random_tensor(shape, seed, k as u64);
-    let ones = |n: usize| HostTensor {
-        shape: vec![n],
-        data: vec![1.0; n],
-    };
+    let ones = |n: usize| HostTensor { shape: vec![n], data: vec![1.0; n] };
     let token_embedding = rand(&[v, d], 0);
     let layers = (0..arch.n_layers)
         .map(|i| {
@@ -244,13 +192,7 @@ fn random_model(arch: LlamaArch, seed: u64) -> HostModel {
         })
         .collect();
     let output = (!arch.tied_embeddings).then(|| rand(&[v, d], 2 + 9 * arch.n_layers));
-    HostModel {
-        arch,
-        token_embedding,
-        layers,
-        final_norm: ones(d),
-        output,
-    }
+    HostModel { arch, token_embedding, layers, final_norm: ones(d), output }
 }
 
 /// N(0, SYNTHETIC_STD²) values of ChaCha8 stream `stream` (see the module docs), generated on all
@@ -266,10 +208,7 @@ fn random_tensor(shape: &[usize], seed: u64, stream: u64) -> HostTensor {
             s.spawn(move || fill_normal(out, seed, stream, (c * chunk) as u128));
         }
     });
-    HostTensor {
-        shape: shape.to_vec(),
-        data,
-    }
+    HostTensor { shape: shape.to_vec(), data }
 }
 
 fn fill_normal(out: &mut [f32], seed: u64, stream: u64, first_value: u128) {
@@ -302,14 +241,8 @@ mod tests {
         fill_normal(a, 7, 3, 0);
         fill_normal(b, 7, 3, 500);
         assert_eq!(whole.data, parts);
-        assert_ne!(
-            random_tensor(&[8], 7, 4).data,
-            random_tensor(&[8], 7, 3).data
-        );
-        assert_ne!(
-            random_tensor(&[8], 8, 3).data,
-            random_tensor(&[8], 7, 3).data
-        );
+        assert_ne!(random_tensor(&[8], 7, 4).data, random_tensor(&[8], 7, 3).data);
+        assert_ne!(random_tensor(&[8], 8, 3).data, random_tensor(&[8], 7, 3).data);
     }
 
     #[test]
@@ -317,12 +250,7 @@ mod tests {
         let t = random_tensor(&[200_000], 1, 0);
         let n = t.data.len() as f64;
         let mean = t.data.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
-        let var = t
-            .data
-            .iter()
-            .map(|&v| (f64::from(v) - mean).powi(2))
-            .sum::<f64>()
-            / n;
+        let var = t.data.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n;
         // Standard errors: 0.02/√n ≈ 4.5e-5 for the mean, ≈ 0.2% relative for the std.
         assert!(mean.abs() < 3e-4, "{mean}");
         assert!((var.sqrt() - 0.02).abs() < 0.02 * 0.01, "{}", var.sqrt());
@@ -331,8 +259,7 @@ mod tests {
     #[test]
     fn tiny_preset_is_seeded_marked_and_byte_tokenized() {
         let a = synthetic_model("tiny", 1).expect("tiny");
-        let b =
-            crate::open_model(Path::new("synthetic:tiny:1"), None).expect("tiny via open_model");
+        let b = crate::open_model(Path::new("synthetic:tiny:1"), None).expect("tiny via open_model");
         assert!(a.synthetic && b.synthetic);
         assert_eq!(a.format, "synthetic");
         assert_eq!(a.model, b.model);
@@ -342,14 +269,7 @@ mod tests {
         assert_eq!(a.tokenizer.vocab_size(), 320);
         assert_eq!(
             a.tokenizer.encode("Hi é"),
-            vec![
-                1,
-                3 + b'H' as u32,
-                3 + b'i' as u32,
-                3 + b' ' as u32,
-                3 + 0xC3,
-                3 + 0xA9
-            ]
+            vec![1, 3 + b'H' as u32, 3 + b'i' as u32, 3 + b' ' as u32, 3 + 0xC3, 3 + 0xA9]
         );
         assert_eq!(a.tokenizer.decode(&a.tokenizer.encode("Hi é")), "Hi é");
     }
@@ -359,16 +279,7 @@ mod tests {
         let arch = synthetic_arch("llama-8b").expect("preset");
         let needed = arch.parameter_count() as u64 * 4;
         let e = check_fits(Path::new("synthetic:llama-8b"), needed, Some(24 << 30)).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                LoadError::TooLarge {
-                    needed_bytes: 32_121_044_992,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert!(matches!(e, LoadError::TooLarge { needed_bytes: 32_121_044_992, .. }), "{e}");
         assert_eq!(
             e.to_string(),
             "synthetic:llama-8b: needs 32121044992 bytes (29.9 GiB) of f32 weights but only 25769803776 bytes \
@@ -389,30 +300,15 @@ mod tests {
         for name in ["smollm2-135m", "llama-1b"] {
             let t = std::time::Instant::now();
             let m = synthetic_model(name, 0).expect("fits");
-            println!(
-                "{name}: {} parameters in {:.2} s",
-                m.model.arch.parameter_count(),
-                t.elapsed().as_secs_f64()
-            );
+            println!("{name}: {} parameters in {:.2} s", m.model.arch.parameter_count(), t.elapsed().as_secs_f64());
         }
     }
 
     #[test]
     fn unknown_presets_and_seeds_are_errors() {
-        let e = crate::open_model(Path::new("synthetic:gpt-5"), None)
-            .err()
-            .expect("unknown")
-            .to_string();
-        assert!(
-            e.contains(
-                "unknown synthetic model gpt-5; presets: tiny, smollm2-135m, llama-1b, llama-8b"
-            ),
-            "{e}"
-        );
-        let e = crate::open_model(Path::new("synthetic:tiny:x"), None)
-            .err()
-            .expect("bad seed")
-            .to_string();
+        let e = crate::open_model(Path::new("synthetic:gpt-5"), None).err().expect("unknown").to_string();
+        assert!(e.contains("unknown synthetic model gpt-5; presets: tiny, smollm2-135m, llama-1b, llama-8b"), "{e}");
+        let e = crate::open_model(Path::new("synthetic:tiny:x"), None).err().expect("bad seed").to_string();
         assert!(e.contains("seed \"x\" is not an unsigned integer"), "{e}");
     }
 

@@ -73,24 +73,14 @@ impl Llama2cTokenizer {
         let mut at = 0usize;
         let read4 = |what: &str, at: &mut usize| -> Result<[u8; 4], LoadError> {
             let b = bytes.get(*at..*at + 4).ok_or_else(|| {
-                LoadError::truncated(
-                    path,
-                    format!(
-                        "{what} at byte {} runs past the end ({} bytes)",
-                        *at,
-                        bytes.len()
-                    ),
-                )
+                LoadError::truncated(path, format!("{what} at byte {} runs past the end ({} bytes)", *at, bytes.len()))
             })?;
             *at += 4;
             Ok([b[0], b[1], b[2], b[3]])
         };
         let max_len = i32::from_le_bytes(read4("max_token_length", &mut at)?);
         if max_len <= 0 {
-            return Err(LoadError::invalid(
-                path,
-                format!("not a llama2.c tokenizer: max_token_length is {max_len}"),
-            ));
+            return Err(LoadError::invalid(path, format!("not a llama2.c tokenizer: max_token_length is {max_len}")));
         }
         let mut pieces = Vec::new();
         let mut scores = Vec::new();
@@ -107,18 +97,12 @@ impl Llama2cTokenizer {
             let piece = bytes.get(at..at + len as usize).ok_or_else(|| {
                 LoadError::truncated(
                     path,
-                    format!(
-                        "token {i} needs {len} bytes at byte {at}, file has {}",
-                        bytes.len()
-                    ),
+                    format!("token {i} needs {len} bytes at byte {at}, file has {}", bytes.len()),
                 )
             })?;
             at += len as usize;
             if !score.is_finite() {
-                return Err(LoadError::invalid(
-                    path,
-                    format!("token {i} has a non-finite score"),
-                ));
+                return Err(LoadError::invalid(path, format!("token {i} has a non-finite score")));
             }
             pieces.push(piece.to_vec());
             scores.push(score);
@@ -127,23 +111,11 @@ impl Llama2cTokenizer {
         if vocab_size < (BYTE_OFFSET + 256) as usize {
             return Err(LoadError::invalid(
                 path,
-                format!(
-                    "tokenizer has {vocab_size} tokens, fewer than the 259 that byte fallback needs"
-                ),
+                format!("tokenizer has {vocab_size} tokens, fewer than the 259 that byte fallback needs"),
             ));
         }
         let byte_ids = (0..256).map(|b| b + BYTE_OFFSET).collect();
-        Ok(Self::build(
-            pieces,
-            scores,
-            SpecialIds {
-                bos: BOS,
-                eos: EOS,
-                unk: 0,
-                add_bos: true,
-            },
-            Some(byte_ids),
-        ))
+        Ok(Self::build(pieces, scores, SpecialIds { bos: BOS, eos: EOS, unk: 0, add_bos: true }, Some(byte_ids)))
     }
 
     /// A tokenizer from SentencePiece pieces (spaces as `▁` or as ` `) and their merge scores,
@@ -156,46 +128,23 @@ impl Llama2cTokenizer {
     ///
     /// # Errors
     /// A message when the lengths of `pieces` and `scores` differ or a special id is out of range.
-    pub fn from_pieces(
-        pieces: &[String],
-        scores: &[f32],
-        special: SpecialIds,
-    ) -> Result<Self, String> {
+    pub fn from_pieces(pieces: &[String], scores: &[f32], special: SpecialIds) -> Result<Self, String> {
         if pieces.len() != scores.len() {
-            return Err(format!(
-                "{} tokens but {} scores",
-                pieces.len(),
-                scores.len()
-            ));
+            return Err(format!("{} tokens but {} scores", pieces.len(), scores.len()));
         }
-        for (name, id) in [
-            ("BOS", special.bos),
-            ("EOS", special.eos),
-            ("unknown", special.unk),
-        ] {
+        for (name, id) in [("BOS", special.bos), ("EOS", special.eos), ("unknown", special.unk)] {
             if id as usize >= pieces.len() {
-                return Err(format!(
-                    "{name} id {id} is outside the vocabulary of {}",
-                    pieces.len()
-                ));
+                return Err(format!("{name} id {id} is outside the vocabulary of {}", pieces.len()));
             }
         }
         if let Some(i) = scores.iter().position(|s| !s.is_finite()) {
             return Err(format!("token {i} has a non-finite score"));
         }
-        let pieces: Vec<Vec<u8>> = pieces
-            .iter()
-            .map(|p| p.replace('\u{2581}', " ").into_bytes())
-            .collect();
+        let pieces: Vec<Vec<u8>> = pieces.iter().map(|p| p.replace('\u{2581}', " ").into_bytes()).collect();
         Ok(Self::build(pieces, scores.to_vec(), special, None))
     }
 
-    fn build(
-        pieces: Vec<Vec<u8>>,
-        scores: Vec<f32>,
-        special: SpecialIds,
-        byte_ids: Option<Vec<u32>>,
-    ) -> Self {
+    fn build(pieces: Vec<Vec<u8>>, scores: Vec<f32>, special: SpecialIds, byte_ids: Option<Vec<u32>>) -> Self {
         // llama2.c looks pieces up by binary search in a sorted copy; with duplicate pieces the
         // first id is kept here (the pieces of llama2.c's tokenizers are unique).
         let mut lookup = HashMap::with_capacity(pieces.len());
@@ -203,32 +152,14 @@ impl Llama2cTokenizer {
             lookup.entry(p.clone()).or_insert(id as u32);
         }
         let byte_ids = byte_ids.unwrap_or_else(|| {
-            (0..=255u8)
-                .map(|b| {
-                    lookup
-                        .get(format!("<0x{b:02X}>").as_bytes())
-                        .copied()
-                        .unwrap_or(special.unk)
-                })
-                .collect()
+            (0..=255u8).map(|b| lookup.get(format!("<0x{b:02X}>").as_bytes()).copied().unwrap_or(special.unk)).collect()
         });
-        Self {
-            pieces,
-            scores,
-            lookup,
-            bos: special.bos,
-            eos: special.eos,
-            add_bos: special.add_bos,
-            byte_ids,
-        }
+        Self { pieces, scores, lookup, bos: special.bos, eos: special.eos, add_bos: special.add_bos, byte_ids }
     }
 
     /// The pieces (spaces as ` `) and their scores, indexed by token id.
     pub fn pieces(&self) -> impl Iterator<Item = (&[u8], f32)> {
-        self.pieces
-            .iter()
-            .map(Vec::as_slice)
-            .zip(self.scores.iter().copied())
+        self.pieces.iter().map(Vec::as_slice).zip(self.scores.iter().copied())
     }
 
     fn id_of(&self, piece: &[u8]) -> Option<u32> {
@@ -250,9 +181,7 @@ impl Llama2cTokenizer {
         if piece.len() == 6
             && piece.starts_with(b"<0x")
             && piece.ends_with(b">")
-            && let Some(b) = std::str::from_utf8(&piece[3..5])
-                .ok()
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            && let Some(b) = std::str::from_utf8(&piece[3..5]).ok().and_then(|h| u8::from_str_radix(h, 16).ok())
         {
             return vec![b];
         }
@@ -274,11 +203,7 @@ impl Tokenizer for Llama2cTokenizer {
     }
 
     fn encode(&self, text: &str) -> Vec<u32> {
-        let mut tokens = if self.add_bos {
-            vec![self.bos]
-        } else {
-            Vec::new()
-        };
+        let mut tokens = if self.add_bos { vec![self.bos] } else { Vec::new() };
         let first = tokens.len();
         if text.is_empty() {
             return tokens;
@@ -359,19 +284,9 @@ mod tests {
     }
 
     fn tiny() -> (Llama2cTokenizer, usize) {
-        let extra = [
-            (" ", -1.0),
-            ("a", -2.0),
-            ("b", -3.0),
-            (" a", -4.0),
-            ("ab", -0.5),
-            (" ab", -5.0),
-        ];
+        let extra = [(" ", -1.0), ("a", -2.0), ("b", -3.0), (" a", -4.0), ("ab", -0.5), (" ab", -5.0)];
         let n = 259 + extra.len();
-        (
-            Llama2cTokenizer::parse(Path::new("tok.bin"), &tiny_file(&extra)).expect("valid"),
-            n,
-        )
+        (Llama2cTokenizer::parse(Path::new("tok.bin"), &tiny_file(&extra)).expect("valid"), n)
     }
 
     #[test]
@@ -389,21 +304,10 @@ mod tests {
     fn truncation_and_bad_lengths_are_errors() {
         let (t, n) = tiny();
         assert_eq!(t.vocab_size(), n);
-        let file = tiny_file(&[
-            (" ", -1.0),
-            ("a", -2.0),
-            ("b", -3.0),
-            (" a", -4.0),
-            ("ab", -0.5),
-            (" ab", -5.0),
-        ]);
-        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &file[..file.len() - 1])
-            .unwrap_err()
-            .to_string();
+        let file = tiny_file(&[(" ", -1.0), ("a", -2.0), ("b", -3.0), (" a", -4.0), ("ab", -0.5), (" ab", -5.0)]);
+        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &file[..file.len() - 1]).unwrap_err().to_string();
         assert!(e.starts_with("tok.bin: truncated"), "{e}");
-        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &[1, 0])
-            .unwrap_err()
-            .to_string();
+        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &[1, 0]).unwrap_err().to_string();
         assert!(e.starts_with("tok.bin: truncated"), "{e}");
         let mut three = 8i32.to_le_bytes().to_vec();
         for piece in [&b"<unk>"[..], b"<s>", b"</s>"] {
@@ -411,15 +315,11 @@ mod tests {
             three.extend((piece.len() as i32).to_le_bytes());
             three.extend(piece);
         }
-        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &three)
-            .unwrap_err()
-            .to_string();
+        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &three).unwrap_err().to_string();
         assert!(e.contains("fewer than the 259"), "{e}");
         let mut bad = file.clone();
         bad[8..12].copy_from_slice(&(-3i32).to_le_bytes());
-        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &bad)
-            .unwrap_err()
-            .to_string();
+        let e = Llama2cTokenizer::parse(Path::new("tok.bin"), &bad).unwrap_err().to_string();
         assert!(e.contains("length -3"), "{e}");
     }
 }

@@ -70,19 +70,10 @@ impl RopeScaling {
     /// Checks the parameters for a head of width `head_dim`.
     pub fn validate(&self, head_dim: usize) -> Result<(), String> {
         let positive = |name: &str, v: f32| {
-            if v > 0.0 && v.is_finite() {
-                Ok(())
-            } else {
-                Err(format!("rope scaling {name} {v} must be positive"))
-            }
+            if v > 0.0 && v.is_finite() { Ok(()) } else { Err(format!("rope scaling {name} {v} must be positive")) }
         };
         match self {
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-            } => {
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
                 positive("factor", *factor)?;
                 positive("low_freq_factor", *low_freq_factor)?;
                 positive("high_freq_factor", *high_freq_factor)?;
@@ -93,10 +84,7 @@ impl RopeScaling {
                     ));
                 }
                 if *original_max_position_embeddings == 0 {
-                    return Err(
-                        "rope scaling original_max_position_embeddings must be positive"
-                            .to_string(),
-                    );
+                    return Err("rope scaling original_max_position_embeddings must be positive".to_string());
                 }
                 Ok(())
             }
@@ -108,9 +96,7 @@ impl RopeScaling {
                         head_dim / 2
                     ));
                 }
-                factors
-                    .iter()
-                    .try_for_each(|&f| positive("frequency factor", f))
+                factors.iter().try_for_each(|&f| positive("frequency factor", f))
             }
         }
     }
@@ -142,22 +128,13 @@ impl LlamaArch {
             return Err(format!("{name} must be positive"));
         }
         if !self.dim.is_multiple_of(self.n_heads) {
-            return Err(format!(
-                "dim {} is not a multiple of n_heads {}",
-                self.dim, self.n_heads
-            ));
+            return Err(format!("dim {} is not a multiple of n_heads {}", self.dim, self.n_heads));
         }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
-            return Err(format!(
-                "n_heads {} is not a multiple of n_kv_heads {}",
-                self.n_heads, self.n_kv_heads
-            ));
+            return Err(format!("n_heads {} is not a multiple of n_kv_heads {}", self.n_heads, self.n_kv_heads));
         }
         if !self.head_dim().is_multiple_of(2) {
-            return Err(format!(
-                "head dimension {} is odd; RoPE needs pairs",
-                self.head_dim()
-            ));
+            return Err(format!("head dimension {} is odd; RoPE needs pairs", self.head_dim()));
         }
         if !(self.norm_eps > 0.0 && self.norm_eps.is_finite()) {
             return Err(format!("norm_eps {} must be positive", self.norm_eps));
@@ -175,11 +152,7 @@ impl LlamaArch {
     pub fn parameter_count(&self) -> usize {
         let (d, h, kv) = (self.dim, self.hidden_dim, self.kv_dim());
         let per_layer = 2 * d + d * d * 2 + 2 * d * kv + 3 * d * h;
-        let head = if self.tied_embeddings {
-            0
-        } else {
-            self.vocab_size * d
-        };
+        let head = if self.tied_embeddings { 0 } else { self.vocab_size * d };
         self.vocab_size * d + self.n_layers * per_layer + d + head
     }
 }
@@ -315,10 +288,7 @@ impl HostModel {
         for layer in &mut self.layers {
             f(&mut layer.attn_norm);
             f(&mut layer.ffn_norm);
-            for b in [&mut layer.bq, &mut layer.bk, &mut layer.bv]
-                .into_iter()
-                .flatten()
-            {
+            for b in [&mut layer.bq, &mut layer.bk, &mut layer.bv].into_iter().flatten() {
                 f(b);
             }
             for (_, w) in layer.linears_mut() {

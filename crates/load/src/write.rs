@@ -37,16 +37,8 @@ impl WriteDtype {
     fn bytes(self, t: &HostTensor) -> Vec<u8> {
         match self {
             WriteDtype::F32 => t.data.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            WriteDtype::F16 => t
-                .data
-                .iter()
-                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
-                .collect(),
-            WriteDtype::BF16 => t
-                .data
-                .iter()
-                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
-                .collect(),
+            WriteDtype::F16 => t.data.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
+            WriteDtype::BF16 => t.data.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect(),
         }
     }
 
@@ -62,11 +54,7 @@ impl WriteDtype {
 /// An f32 as the shortest decimal that reads back as the same f32 (`1e-5`, not
 /// `9.999999747378752e-6`), for JSON.
 fn json_f32(x: f32) -> Value {
-    format!("{x}")
-        .parse::<f64>()
-        .ok()
-        .and_then(serde_json::Number::from_f64)
-        .map_or(Value::Null, Value::Number)
+    format!("{x}").parse::<f64>().ok().and_then(serde_json::Number::from_f64).map_or(Value::Null, Value::Number)
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
@@ -74,8 +62,7 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
 }
 
 fn write_json(path: &Path, v: &Value) -> Result<(), LoadError> {
-    let s = serde_json::to_string_pretty(v)
-        .map_err(|e| LoadError::invalid(path, format!("cannot serialize: {e}")))?;
+    let s = serde_json::to_string_pretty(v).map_err(|e| LoadError::invalid(path, format!("cannot serialize: {e}")))?;
     write_file(path, s.as_bytes())
 }
 
@@ -135,18 +122,15 @@ pub fn write_hf_folder(
     let qwen2 = has_qkv_biases(dir, model)?;
     let rope_scaling = match &a.rope_scaling {
         None => Value::Null,
-        Some(RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings,
-        }) => json!({
-            "rope_type": "llama3",
-            "factor": json_f32(*factor),
-            "low_freq_factor": json_f32(*low_freq_factor),
-            "high_freq_factor": json_f32(*high_freq_factor),
-            "original_max_position_embeddings": original_max_position_embeddings,
-        }),
+        Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
+            json!({
+                "rope_type": "llama3",
+                "factor": json_f32(*factor),
+                "low_freq_factor": json_f32(*low_freq_factor),
+                "high_freq_factor": json_f32(*high_freq_factor),
+                "original_max_position_embeddings": original_max_position_embeddings,
+            })
+        }
         Some(RopeScaling::FreqFactors { .. }) => {
             return Err(LoadError::invalid(
                 dir,
@@ -155,11 +139,7 @@ pub fn write_hf_folder(
         }
     };
     std::fs::create_dir_all(dir).map_err(|e| LoadError::io(dir, e))?;
-    let (architecture, model_type) = if qwen2 {
-        ("Qwen2ForCausalLM", "qwen2")
-    } else {
-        ("LlamaForCausalLM", "llama")
-    };
+    let (architecture, model_type) = if qwen2 { ("Qwen2ForCausalLM", "qwen2") } else { ("LlamaForCausalLM", "llama") };
     let config = json!({
         "architectures": [architecture],
         "model_type": model_type,
@@ -188,27 +168,14 @@ pub fn write_hf_folder(
     };
     let mut tensors: Vec<(String, Bytes)> = Vec::new();
     let mut push = |name: String, t: &HostTensor| {
-        tensors.push((
-            name,
-            Bytes {
-                dtype: st_dtype,
-                shape: t.shape.clone(),
-                data: dtype.bytes(t),
-            },
-        ));
+        tensors.push((name, Bytes { dtype: st_dtype, shape: t.shape.clone(), data: dtype.bytes(t) }));
     };
     push("model.embed_tokens.weight".into(), &model.token_embedding);
     for (i, l) in model.layers.iter().enumerate() {
         let p = format!("model.layers.{i}");
         push(format!("{p}.input_layernorm.weight"), &l.attn_norm);
-        push(
-            format!("{p}.self_attn.q_proj.weight"),
-            &permute_rows(&l.wq, a.n_heads, false),
-        );
-        push(
-            format!("{p}.self_attn.k_proj.weight"),
-            &permute_rows(&l.wk, a.n_kv_heads, false),
-        );
+        push(format!("{p}.self_attn.q_proj.weight"), &permute_rows(&l.wq, a.n_heads, false));
+        push(format!("{p}.self_attn.k_proj.weight"), &permute_rows(&l.wk, a.n_kv_heads, false));
         push(format!("{p}.self_attn.v_proj.weight"), &l.wv);
         push(format!("{p}.self_attn.o_proj.weight"), &l.wo);
         push(format!("{p}.post_attention_layernorm.weight"), &l.ffn_norm);
@@ -216,16 +183,10 @@ pub fn write_hf_folder(
         push(format!("{p}.mlp.up_proj.weight"), &l.w_up);
         push(format!("{p}.mlp.down_proj.weight"), &l.w_down);
         if let Some(b) = &l.bq {
-            push(
-                format!("{p}.self_attn.q_proj.bias"),
-                &permute_rows(b, a.n_heads, false),
-            );
+            push(format!("{p}.self_attn.q_proj.bias"), &permute_rows(b, a.n_heads, false));
         }
         if let Some(b) = &l.bk {
-            push(
-                format!("{p}.self_attn.k_proj.bias"),
-                &permute_rows(b, a.n_kv_heads, false),
-            );
+            push(format!("{p}.self_attn.k_proj.bias"), &permute_rows(b, a.n_kv_heads, false));
         }
         if let Some(b) = &l.bv {
             push(format!("{p}.self_attn.v_proj.bias"), b);
@@ -243,8 +204,7 @@ pub fn write_hf_folder(
 
     write_json(&dir.join("tokenizer.json"), &tokenizer_json(tokenizer))?;
     let piece = |id: Option<u32>| {
-        id.and_then(|i| tokenizer.pieces.get(i as usize))
-            .map(|p| String::from_utf8_lossy(p).into_owned())
+        id.and_then(|i| tokenizer.pieces.get(i as usize)).map(|p| String::from_utf8_lossy(p).into_owned())
     };
     let tok_config = json!({
         "tokenizer_class": "LlamaTokenizer",
@@ -260,8 +220,7 @@ pub fn write_hf_folder(
 
 /// Whether every layer has q, k and v biases (Qwen2); `false` when none has any.
 fn has_qkv_biases(path: &Path, model: &HostModel) -> Result<bool, LoadError> {
-    let count =
-        |l: &crate::LayerWeights| [&l.bq, &l.bk, &l.bv].iter().filter(|b| b.is_some()).count();
+    let count = |l: &crate::LayerWeights| [&l.bq, &l.bk, &l.bv].iter().filter(|b| b.is_some()).count();
     let counts: Vec<usize> = model.layers.iter().map(count).collect();
     if counts.iter().all(|&c| c == 0) {
         Ok(false)
@@ -281,12 +240,7 @@ fn has_qkv_biases(path: &Path, model: &HostModel) -> Result<bool, LoadError> {
 /// `wavelen < high`, `factor` where `wavelen > low`, `1 / ((1 - smooth) / factor + smooth)`
 /// between (see [`RopeScaling::Llama3`]), computed in f32 from the f32 inverse frequencies.
 fn llama3_freq_factors(scaling: &RopeScaling, head_dim: usize, theta: f32) -> Option<Vec<f32>> {
-    let RopeScaling::Llama3 {
-        factor,
-        low_freq_factor,
-        high_freq_factor,
-        original_max_position_embeddings,
-    } = *scaling
+    let RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } = *scaling
     else {
         return None;
     };
@@ -301,8 +255,7 @@ fn llama3_freq_factors(scaling: &RopeScaling, head_dim: usize, theta: f32) -> Op
             } else if wavelen > low {
                 factor
             } else {
-                let smooth =
-                    (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
                 1.0 / ((1.0 - smooth) / factor + smooth)
             }
         })
@@ -317,19 +270,13 @@ fn is_byte_piece(p: &[u8]) -> bool {
 
 /// The pieces with `▁` for spaces, as SentencePiece and GGUF store them.
 fn sp_pieces(tok: &Llama2cTokenizer) -> Vec<String> {
-    tok.pieces
-        .iter()
-        .map(|p| String::from_utf8_lossy(p).replace(' ', "\u{2581}"))
-        .collect()
+    tok.pieces.iter().map(|p| String::from_utf8_lossy(p).replace(' ', "\u{2581}")).collect()
 }
 
 /// The `tokenizers` JSON equivalent to `tok` (see [`write_hf_folder`]).
 fn tokenizer_json(tok: &Llama2cTokenizer) -> Value {
     let pieces = sp_pieces(tok);
-    let special: Vec<u32> = [Some(0), tok.bos_id(), tok.eos_id()]
-        .into_iter()
-        .flatten()
-        .collect();
+    let special: Vec<u32> = [Some(0), tok.bos_id(), tok.eos_id()].into_iter().flatten().collect();
     let mergeable = |id: u32| !special.contains(&id) && !is_byte_piece(&tok.pieces[id as usize]);
     let mut vocab = serde_json::Map::new();
     let mut ids = std::collections::HashMap::new();
@@ -366,10 +313,7 @@ fn tokenizer_json(tok: &Llama2cTokenizer) -> Value {
                    "rstrip": false, "normalized": false, "special": true})
         })
         .collect();
-    let bos = tok
-        .bos_id()
-        .map(|b| pieces[b as usize].clone())
-        .unwrap_or_default();
+    let bos = tok.bos_id().map(|b| pieces[b as usize].clone()).unwrap_or_default();
     json!({
         "version": "1.0",
         "truncation": null,
@@ -473,10 +417,7 @@ pub fn write_gguf(
     dtype: WriteDtype,
 ) -> Result<(), LoadError> {
     if dtype == WriteDtype::BF16 {
-        return Err(LoadError::invalid(
-            path,
-            "write_gguf writes F32 or F16 only",
-        ));
+        return Err(LoadError::invalid(path, "write_gguf writes F32 or F16 only"));
     }
     let a = &model.arch;
     let qwen2 = has_qkv_biases(path, model)?;
@@ -485,9 +426,7 @@ pub fn write_gguf(
     kv.string("general.architecture", arch);
     kv.string("general.name", &a.architecture);
     kv.u32("general.alignment", ALIGNMENT as u32);
-    let u = |x: usize| {
-        u32::try_from(x).map_err(|_| LoadError::invalid(path, format!("{x} does not fit a u32")))
-    };
+    let u = |x: usize| u32::try_from(x).map_err(|_| LoadError::invalid(path, format!("{x} does not fit a u32")));
     let k = |key: &str| format!("{arch}.{key}");
     kv.u32(&k("context_length"), u(a.max_seq_len)?);
     kv.u32(&k("embedding_length"), u(a.dim)?);
@@ -503,26 +442,13 @@ pub fn write_gguf(
     kv.string("tokenizer.ggml.model", "llama");
     let mut body = Vec::new();
     for (i, p) in tokenizer.pieces.iter().enumerate() {
-        let s = std::str::from_utf8(p).map_err(|_| {
-            LoadError::invalid(
-                path,
-                format!("token {i} is not UTF-8; GGUF strings must be"),
-            )
-        })?;
+        let s = std::str::from_utf8(p)
+            .map_err(|_| LoadError::invalid(path, format!("token {i} is not UTF-8; GGUF strings must be")))?;
         Kv::str_raw(&mut body, &s.replace(' ', "\u{2581}"));
     }
     let n = tokenizer.pieces.len();
     kv.array("tokenizer.ggml.tokens", GGUF_STRING, n, body);
-    kv.array(
-        "tokenizer.ggml.scores",
-        GGUF_F32,
-        n,
-        tokenizer
-            .scores
-            .iter()
-            .flat_map(|s| s.to_le_bytes())
-            .collect(),
-    );
+    kv.array("tokenizer.ggml.scores", GGUF_F32, n, tokenizer.scores.iter().flat_map(|s| s.to_le_bytes()).collect());
     let types: Vec<u8> = (0..n)
         .flat_map(|i| {
             let id = Some(i as u32);
@@ -549,25 +475,15 @@ pub fn write_gguf(
     kv.bool("tokenizer.ggml.add_bos_token", true);
 
     // Rows of a qwen2 q/k weight or bias, interleaved → rotate-half.
-    let rope_rows = |t: &HostTensor, heads: usize| -> HostTensor {
-        if qwen2 {
-            permute_rows(t, heads, false)
-        } else {
-            t.clone()
-        }
-    };
+    let rope_rows =
+        |t: &HostTensor, heads: usize| -> HostTensor { if qwen2 { permute_rows(t, heads, false) } else { t.clone() } };
     // (name, tensor, stored as F32?)
-    let mut tensors: Vec<(String, Cow<'_, HostTensor>, bool)> = vec![(
-        "token_embd.weight".into(),
-        Cow::Borrowed(&model.token_embedding),
-        false,
-    )];
+    let mut tensors: Vec<(String, Cow<'_, HostTensor>, bool)> =
+        vec![("token_embd.weight".into(), Cow::Borrowed(&model.token_embedding), false)];
     if let Some(s) = &a.rope_scaling {
         let factors = match s {
             RopeScaling::FreqFactors { factors } => factors.clone(),
-            RopeScaling::Llama3 { .. } => {
-                llama3_freq_factors(s, a.head_dim(), a.rope_theta).unwrap_or_default()
-            }
+            RopeScaling::Llama3 { .. } => llama3_freq_factors(s, a.head_dim(), a.rope_theta).unwrap_or_default(),
         };
         let t = HostTensor::new(vec![factors.len()], factors)
             .ok_or_else(|| LoadError::invalid(path, "RoPE frequency factors"))?;
@@ -575,62 +491,22 @@ pub fn write_gguf(
     }
     for (i, l) in model.layers.iter().enumerate() {
         let b = format!("blk.{i}");
-        tensors.push((
-            format!("{b}.attn_norm.weight"),
-            Cow::Borrowed(&l.attn_norm),
-            true,
-        ));
-        tensors.push((
-            format!("{b}.attn_q.weight"),
-            Cow::Owned(rope_rows(&l.wq, a.n_heads)),
-            false,
-        ));
-        tensors.push((
-            format!("{b}.attn_k.weight"),
-            Cow::Owned(rope_rows(&l.wk, a.n_kv_heads)),
-            false,
-        ));
+        tensors.push((format!("{b}.attn_norm.weight"), Cow::Borrowed(&l.attn_norm), true));
+        tensors.push((format!("{b}.attn_q.weight"), Cow::Owned(rope_rows(&l.wq, a.n_heads)), false));
+        tensors.push((format!("{b}.attn_k.weight"), Cow::Owned(rope_rows(&l.wk, a.n_kv_heads)), false));
         tensors.push((format!("{b}.attn_v.weight"), Cow::Borrowed(&l.wv), false));
         if let (Some(bq), Some(bk), Some(bv)) = (&l.bq, &l.bk, &l.bv) {
-            tensors.push((
-                format!("{b}.attn_q.bias"),
-                Cow::Owned(rope_rows(bq, a.n_heads)),
-                true,
-            ));
-            tensors.push((
-                format!("{b}.attn_k.bias"),
-                Cow::Owned(rope_rows(bk, a.n_kv_heads)),
-                true,
-            ));
+            tensors.push((format!("{b}.attn_q.bias"), Cow::Owned(rope_rows(bq, a.n_heads)), true));
+            tensors.push((format!("{b}.attn_k.bias"), Cow::Owned(rope_rows(bk, a.n_kv_heads)), true));
             tensors.push((format!("{b}.attn_v.bias"), Cow::Borrowed(bv), true));
         }
-        tensors.push((
-            format!("{b}.attn_output.weight"),
-            Cow::Borrowed(&l.wo),
-            false,
-        ));
-        tensors.push((
-            format!("{b}.ffn_norm.weight"),
-            Cow::Borrowed(&l.ffn_norm),
-            true,
-        ));
-        tensors.push((
-            format!("{b}.ffn_gate.weight"),
-            Cow::Borrowed(&l.w_gate),
-            false,
-        ));
+        tensors.push((format!("{b}.attn_output.weight"), Cow::Borrowed(&l.wo), false));
+        tensors.push((format!("{b}.ffn_norm.weight"), Cow::Borrowed(&l.ffn_norm), true));
+        tensors.push((format!("{b}.ffn_gate.weight"), Cow::Borrowed(&l.w_gate), false));
         tensors.push((format!("{b}.ffn_up.weight"), Cow::Borrowed(&l.w_up), false));
-        tensors.push((
-            format!("{b}.ffn_down.weight"),
-            Cow::Borrowed(&l.w_down),
-            false,
-        ));
+        tensors.push((format!("{b}.ffn_down.weight"), Cow::Borrowed(&l.w_down), false));
     }
-    tensors.push((
-        "output_norm.weight".into(),
-        Cow::Borrowed(&model.final_norm),
-        true,
-    ));
+    tensors.push(("output_norm.weight".into(), Cow::Borrowed(&model.final_norm), true));
     if let Some(o) = &model.output {
         tensors.push(("output.weight".into(), Cow::Borrowed(o), false));
     }

@@ -9,9 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use qdrift_load::write::{WriteDtype, write_gguf, write_hf_folder};
-use qdrift_load::{
-    LoadError, LoadedModel, RopeScaling, byte_tokenizer, open_model, synthetic_model,
-};
+use qdrift_load::{LoadError, LoadedModel, RopeScaling, byte_tokenizer, open_model, synthetic_model};
 use safetensors::Dtype;
 use serde_json::Value;
 
@@ -23,13 +21,7 @@ fn tiny() -> LoadedModel {
 fn folder() -> (tempfile::TempDir, LoadedModel) {
     let dir = tempfile::tempdir().expect("tempdir");
     let m = tiny();
-    write_hf_folder(
-        dir.path(),
-        &m.model,
-        &byte_tokenizer(320).expect("tok"),
-        WriteDtype::F32,
-    )
-    .expect("written");
+    write_hf_folder(dir.path(), &m.model, &byte_tokenizer(320).expect("tok"), WriteDtype::F32).expect("written");
     (dir, m)
 }
 
@@ -40,10 +32,7 @@ fn st_path(dir: &Path) -> PathBuf {
 /// Splits a safetensors file into its header JSON and data buffer.
 fn split(bytes: &[u8]) -> (Value, Vec<u8>) {
     let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
-    (
-        serde_json::from_slice(&bytes[8..8 + n]).expect("json"),
-        bytes[8 + n..].to_vec(),
-    )
+    (serde_json::from_slice(&bytes[8..8 + n]).expect("json"), bytes[8 + n..].to_vec())
 }
 
 fn join(header: &Value, data: &[u8]) -> Vec<u8> {
@@ -72,17 +61,8 @@ fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>
 fn tensors(dir: &Path) -> Vec<(String, Dtype, Vec<usize>, Vec<u8>)> {
     let bytes = std::fs::read(st_path(dir)).expect("read");
     let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid");
-    let mut out: Vec<_> = st
-        .iter()
-        .map(|(n, v)| {
-            (
-                n.to_string(),
-                v.dtype(),
-                v.shape().to_vec(),
-                v.data().to_vec(),
-            )
-        })
-        .collect();
+    let mut out: Vec<_> =
+        st.iter().map(|(n, v)| (n.to_string(), v.dtype(), v.shape().to_vec(), v.data().to_vec())).collect();
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
 }
@@ -90,12 +70,7 @@ fn tensors(dir: &Path) -> Vec<(String, Dtype, Vec<usize>, Vec<u8>)> {
 fn write_tensors(path: &Path, tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)]) {
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
         .iter()
-        .map(|(n, d, s, b)| {
-            (
-                n.clone(),
-                safetensors::tensor::TensorView::new(*d, s.clone(), b).expect("view"),
-            )
-        })
+        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).expect("view")))
         .collect();
     safetensors::serialize_to_file(views, None, path).expect("write");
 }
@@ -127,20 +102,11 @@ fn truncated_safetensors() {
     let bytes = std::fs::read(st_path(dir.path())).expect("read");
     std::fs::write(st_path(dir.path()), &bytes[..bytes.len() - 100]).expect("write");
     let e = err(dir.path());
-    assert!(
-        e.starts_with(&format!("{}: tensor ", st_path(dir.path()).display())),
-        "{e}"
-    );
-    assert!(
-        e.contains("run past the end of the data buffer") && e.contains("truncated file?"),
-        "{e}"
-    );
+    assert!(e.starts_with(&format!("{}: tensor ", st_path(dir.path()).display())), "{e}");
+    assert!(e.contains("run past the end of the data buffer") && e.contains("truncated file?"), "{e}");
     std::fs::write(st_path(dir.path()), &bytes[..5]).expect("write");
     let e = err(dir.path());
-    assert!(
-        e.contains("truncated: the 8-byte header length, the file has 5 bytes"),
-        "{e}"
-    );
+    assert!(e.contains("truncated: the 8-byte header length, the file has 5 bytes"), "{e}");
 }
 
 #[test]
@@ -171,18 +137,13 @@ fn safetensors_tensor_offsets_out_of_range() {
     });
     let e = err(dir.path());
     assert!(e.contains("tensor model.norm.weight: data_offsets"), "{e}");
-    assert!(
-        e.contains("hold 1000000 bytes but dtype F32 and shape [32] need 128"),
-        "{e}"
-    );
+    assert!(e.contains("hold 1000000 bytes but dtype F32 and shape [32] need 128"), "{e}");
 }
 
 #[test]
 fn safetensors_wrong_dtype() {
     let (dir, _) = folder();
-    edit_header(dir.path(), |h| {
-        h["model.norm.weight"]["dtype"] = "I32".into()
-    });
+    edit_header(dir.path(), |h| h["model.norm.weight"]["dtype"] = "I32".into());
     let e = err(dir.path());
     assert_eq!(
         e,
@@ -197,39 +158,25 @@ fn safetensors_wrong_dtype() {
 fn safetensors_missing_tensor_names_it_and_its_shape() {
     let (dir, _) = folder();
     edit_header(dir.path(), |h| {
-        let t = h
-            .remove("model.layers.1.mlp.up_proj.weight")
-            .expect("tensor");
+        let t = h.remove("model.layers.1.mlp.up_proj.weight").expect("tensor");
         h.insert("model.layers.1.mlp.up_proj.weight_renamed".into(), t);
     });
     let e = err(dir.path());
-    assert!(
-        e.contains("tensor model.layers.1.mlp.up_proj.weight is missing; expected shape [64, 32]"),
-        "{e}"
-    );
+    assert!(e.contains("tensor model.layers.1.mlp.up_proj.weight is missing; expected shape [64, 32]"), "{e}");
 }
 
 #[test]
 fn safetensors_wrong_shape() {
     let (dir, _) = folder();
-    edit_header(dir.path(), |h| {
-        h["model.layers.0.self_attn.k_proj.weight"]["shape"] = serde_json::json!([32, 16])
-    });
+    edit_header(dir.path(), |h| h["model.layers.0.self_attn.k_proj.weight"]["shape"] = serde_json::json!([32, 16]));
     let e = err(dir.path());
-    assert!(
-        e.contains(
-            "tensor model.layers.0.self_attn.k_proj.weight has shape [32, 16]; expected [16, 32]"
-        ),
-        "{e}"
-    );
+    assert!(e.contains("tensor model.layers.0.self_attn.k_proj.weight has shape [32, 16]; expected [16, 32]"), "{e}");
 }
 
 #[test]
 fn unsupported_architecture() {
     let (dir, _) = folder();
-    edit_config(dir.path(), |c| {
-        c["architectures"] = serde_json::json!(["GPT2LMHeadModel"])
-    });
+    edit_config(dir.path(), |c| c["architectures"] = serde_json::json!(["GPT2LMHeadModel"]));
     let e = err(dir.path());
     assert!(
         e.ends_with(
@@ -259,71 +206,29 @@ fn missing_tokenizer_json() {
 #[test]
 fn hf_tokenizer_vocab_differs_from_model() {
     let dir = tempfile::tempdir().expect("tempdir");
-    write_hf_folder(
-        dir.path(),
-        &tiny().model,
-        &byte_tokenizer(300).expect("tok"),
-        WriteDtype::F32,
-    )
-    .expect("written");
+    write_hf_folder(dir.path(), &tiny().model, &byte_tokenizer(300).expect("tok"), WriteDtype::F32).expect("written");
     let e = open_model(dir.path(), None).err().expect("refused");
-    assert!(
-        matches!(
-            e,
-            LoadError::VocabMismatch {
-                tokenizer_vocab: 300,
-                model_vocab: 320,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, LoadError::VocabMismatch { tokenizer_vocab: 300, model_vocab: 320, .. }), "{e}");
 }
 
 #[test]
 fn gguf_tokenizer_vocab_differs_from_model() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("m.gguf");
-    write_gguf(
-        &path,
-        &tiny().model,
-        &byte_tokenizer(300).expect("tok"),
-        WriteDtype::F32,
-    )
-    .expect("written");
+    write_gguf(&path, &tiny().model, &byte_tokenizer(300).expect("tok"), WriteDtype::F32).expect("written");
     let e = open_model(&path, None).err().expect("refused");
-    assert!(
-        matches!(
-            e,
-            LoadError::VocabMismatch {
-                tokenizer_vocab: 300,
-                model_vocab: 320,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, LoadError::VocabMismatch { tokenizer_vocab: 300, model_vocab: 320, .. }), "{e}");
 }
 
 /// A written GGUF and the offset of the `u32` type of tensor `name` in it.
 fn gguf_with_type_offset(name: &str) -> (tempfile::TempDir, PathBuf, Vec<u8>, usize) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("m.gguf");
-    write_gguf(
-        &path,
-        &tiny().model,
-        &byte_tokenizer(320).expect("tok"),
-        WriteDtype::F16,
-    )
-    .expect("written");
+    write_gguf(&path, &tiny().model, &byte_tokenizer(320).expect("tok"), WriteDtype::F16).expect("written");
     let bytes = std::fs::read(&path).expect("read");
     let mut key = (name.len() as u64).to_le_bytes().to_vec();
     key.extend(name.as_bytes());
-    let at = bytes
-        .windows(key.len())
-        .position(|w| w == key)
-        .expect("tensor info")
-        + key.len();
+    let at = bytes.windows(key.len()).position(|w| w == key).expect("tensor info") + key.len();
     let n_dims = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4")) as usize;
     (dir, path, bytes, at + 4 + 8 * n_dims)
 }
@@ -334,12 +239,7 @@ fn gguf_unknown_tensor_type() {
     bytes[at..at + 4].copy_from_slice(&99u32.to_le_bytes());
     std::fs::write(&path, &bytes).expect("write");
     let e = open_model(&path, None).err().expect("refused").to_string();
-    assert!(
-        e.contains(
-            "tensor blk.1.ffn_up.weight: GGML type 99 (unknown) is not supported; supported: F32"
-        ),
-        "{e}"
-    );
+    assert!(e.contains("tensor blk.1.ffn_up.weight: GGML type 99 (unknown) is not supported; supported: F32"), "{e}");
 }
 
 #[test]
@@ -360,20 +260,13 @@ fn sharded_folder_reads_like_a_single_file() {
     write_tensors(&dir.path().join("model-00002-of-00002.safetensors"), b);
     std::fs::remove_file(st_path(dir.path())).expect("rm");
     let mut map = serde_json::Map::new();
-    for (names, file) in [
-        (a, "model-00001-of-00002.safetensors"),
-        (b, "model-00002-of-00002.safetensors"),
-    ] {
+    for (names, file) in [(a, "model-00001-of-00002.safetensors"), (b, "model-00002-of-00002.safetensors")] {
         for (n, ..) in names {
             map.insert(n.clone(), file.into());
         }
     }
     let index = serde_json::json!({"metadata": {}, "weight_map": map});
-    std::fs::write(
-        dir.path().join("model.safetensors.index.json"),
-        index.to_string(),
-    )
-    .expect("write");
+    std::fs::write(dir.path().join("model.safetensors.index.json"), index.to_string()).expect("write");
     let back = open_model(dir.path(), None).expect("sharded");
     assert_eq!(back.model.layers, m.model.layers);
     assert_eq!(back.source_dtypes.len(), all.len());
@@ -403,20 +296,14 @@ fn qwen2_biases_are_read_unpermuted() {
     // head_dim 8: rotate-half row h·8 + a·4 + i is interleaved row h·8 + 2i + a.
     let bq = &l.bq.as_ref().expect("bq").data;
     assert_eq!(&bq[..8], &[0.0, 4.0, 1.0, 5.0, 2.0, 6.0, 3.0, 7.0]);
-    assert_eq!(
-        l.bv.as_ref().expect("bv").data,
-        (0..16).map(|r| r as f32).collect::<Vec<_>>()
-    );
+    assert_eq!(l.bv.as_ref().expect("bv").data, (0..16).map(|r| r as f32).collect::<Vec<_>>());
     assert_eq!(l.wq, m.model.layers[0].wq);
 
     // Qwen2 without its biases is a missing tensor, named with its expected shape.
     all.retain(|t| t.0 != "model.layers.1.self_attn.k_proj.bias");
     write_tensors(&st_path(dir.path()), &all);
     let e = err(dir.path());
-    assert!(
-        e.contains("tensor model.layers.1.self_attn.k_proj.bias is missing; expected shape [16]"),
-        "{e}"
-    );
+    assert!(e.contains("tensor model.layers.1.self_attn.k_proj.bias is missing; expected shape [16]"), "{e}");
 }
 
 #[test]
@@ -453,35 +340,18 @@ fn llama3_rope_scaling_is_read() {
         })
     );
     // `rope_type: default` is plain RoPE.
-    edit_config(dir.path(), |c| {
-        c["rope_scaling"] = serde_json::json!({"rope_type": "default"})
-    });
-    assert_eq!(
-        open_model(dir.path(), None)
-            .expect("opens")
-            .model
-            .arch
-            .rope_scaling,
-        None
-    );
-    edit_config(dir.path(), |c| {
-        c["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0})
-    });
+    edit_config(dir.path(), |c| c["rope_scaling"] = serde_json::json!({"rope_type": "default"}));
+    assert_eq!(open_model(dir.path(), None).expect("opens").model.arch.rope_scaling, None);
+    edit_config(dir.path(), |c| c["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0}));
     let e = err(dir.path());
-    assert!(
-        e.contains("rope_scaling: type yarn is not supported; supported: default, llama3"),
-        "{e}"
-    );
+    assert!(e.contains("rope_scaling: type yarn is not supported; supported: default, llama3"), "{e}");
     // high_freq_factor must exceed low_freq_factor (the interpolation divides by their gap).
     edit_config(dir.path(), |c| {
         c["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0,
             "low_freq_factor": 4.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
     });
     let e = err(dir.path());
-    assert!(
-        e.contains("high_freq_factor 4 must be greater than low_freq_factor 4"),
-        "{e}"
-    );
+    assert!(e.contains("high_freq_factor 4 must be greater than low_freq_factor 4"), "{e}");
 }
 
 #[test]
@@ -498,23 +368,15 @@ fn transformers_5_rope_parameters_are_read() {
     });
     let a = open_model(dir.path(), None).expect("opens").model.arch;
     assert_eq!(a.rope_theta, 500000.0);
-    assert!(matches!(
-        a.rope_scaling,
-        Some(RopeScaling::Llama3 { factor: 8.0, .. })
-    ));
+    assert!(matches!(a.rope_scaling, Some(RopeScaling::Llama3 { factor: 8.0, .. })));
     edit_config(dir.path(), |c| {
         c["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": 100000.0})
     });
     let a = open_model(dir.path(), None).expect("opens").model.arch;
     assert_eq!((a.rope_theta, a.rope_scaling), (100000.0, None));
-    edit_config(dir.path(), |c| {
-        c["rope_parameters"] = serde_json::json!({"rope_type": "dynamic", "rope_theta": 1e4})
-    });
+    edit_config(dir.path(), |c| c["rope_parameters"] = serde_json::json!({"rope_type": "dynamic", "rope_theta": 1e4}));
     let e = err(dir.path());
-    assert!(
-        e.contains("rope_parameters: type dynamic is not supported; supported: default, llama3"),
-        "{e}"
-    );
+    assert!(e.contains("rope_parameters: type dynamic is not supported; supported: default, llama3"), "{e}");
 }
 
 #[test]
@@ -522,12 +384,7 @@ fn lm_head_is_read_when_untied_and_ignored_when_tied() {
     let (dir, m) = folder();
     let mut all = tensors(dir.path());
     let head: Vec<f32> = (0..320 * 32).map(|i| i as f32).collect();
-    all.push((
-        "lm_head.weight".into(),
-        Dtype::F32,
-        vec![320, 32],
-        f32_bytes(&head),
-    ));
+    all.push(("lm_head.weight".into(), Dtype::F32, vec![320, 32], f32_bytes(&head)));
     write_tensors(&st_path(dir.path()), &all);
     // config.json says tie_word_embeddings = true: lm_head is ignored, as transformers ties it.
     let tied = open_model(dir.path(), None).expect("tied");

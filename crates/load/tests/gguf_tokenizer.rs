@@ -6,15 +6,11 @@ use std::path::{Path, PathBuf};
 use qdrift_load::{GgufTokenizerMetadata, LoadError, gguf_tokenizer, open_model};
 
 fn smollm2() -> Option<PathBuf> {
-    let p =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     if p.is_file() {
         Some(p)
     } else {
-        println!(
-            "skipped: {} is absent (cargo xtask fetch-models)",
-            p.display()
-        );
+        println!("skipped: {} is absent (cargo xtask fetch-models)", p.display());
         None
     }
 }
@@ -27,22 +23,11 @@ fn smollm2() -> Option<PathBuf> {
 const SMOLLM2_CASES: &[(&str, &[u32])] = &[
     ("The capital of France is", &[504, 3575, 282, 4649, 314]),
     ("Hello world! 123", &[19556, 905, 17, 216, 33, 34, 35]),
-    (
-        "Café déjà vu.",
-        &[51, 1939, 2756, 32564, 90, 16739, 386, 101, 30],
-    ),
+    ("Café déjà vu.", &[51, 1939, 2756, 32564, 90, 16739, 386, 101, 30]),
     ("  multiple   spaces", &[216, 2701, 256, 5600]),
     ("\n", &[198]),
-    (
-        "<|im_start|>user\nHi 2024!<|im_end|>",
-        &[1, 4093, 198, 26843, 216, 34, 32, 34, 36, 17, 2],
-    ),
-    (
-        "naïve 東京 🙂 x=3.14;",
-        &[
-            3546, 46494, 17097, 247, 126, 16736, 122, 47526, 1792, 45, 35, 30, 33, 36, 43,
-        ],
-    ),
+    ("<|im_start|>user\nHi 2024!<|im_end|>", &[1, 4093, 198, 26843, 216, 34, 32, 34, 36, 17, 2]),
+    ("naïve 東京 🙂 x=3.14;", &[3546, 46494, 17097, 247, 126, 16736, 122, 47526, 1792, 45, 35, 30, 33, 36, 43]),
 ];
 
 #[test]
@@ -59,22 +44,14 @@ fn smollm2_gguf_tokenizer_matches_hf_tokenizers_ids_and_round_trips() {
         assert_eq!(tok.encode(text), *ids, "{text:?}");
         assert_eq!(tok.decode(ids), *text, "{text:?}");
     }
-    assert!(
-        loaded
-            .chat_template
-            .as_deref()
-            .is_some_and(|t| t.contains("<|im_start|>"))
-    );
+    assert!(loaded.chat_template.as_deref().is_some_and(|t| t.contains("<|im_start|>")));
     assert!(loaded.source_dtypes.iter().any(|(_, t)| t == "Q4_1"));
 }
 
 #[test]
 fn smollm2_gguf_refuses_an_explicit_tokenizer() {
     let Some(path) = smollm2() else { return };
-    let e = open_model(&path, Some(Path::new("tok512.bin")))
-        .err()
-        .expect("refused")
-        .to_string();
+    let e = open_model(&path, Some(Path::new("tok512.bin"))).err().expect("refused").to_string();
     assert!(e.contains("carries its own tokenizer"), "{e}");
 }
 
@@ -82,14 +59,7 @@ fn smollm2_gguf_refuses_an_explicit_tokenizer() {
 fn llama_meta() -> GgufTokenizerMetadata {
     let mut tokens = vec!["<unk>".to_string(), "<s>".to_string(), "</s>".to_string()];
     tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
-    let extra = [
-        ("▁", -1.0),
-        ("a", -2.0),
-        ("b", -3.0),
-        ("▁a", -4.0),
-        ("ab", -0.5),
-        ("▁ab", -5.0),
-    ];
+    let extra = [("▁", -1.0), ("a", -2.0), ("b", -3.0), ("▁a", -4.0), ("ab", -0.5), ("▁ab", -5.0)];
     tokens.extend(extra.iter().map(|(p, _)| p.to_string()));
     let mut scores = vec![0.0; 259];
     scores.extend(extra.iter().map(|(_, s)| *s));
@@ -111,10 +81,7 @@ fn gguf_llama_tokenizer_merges_by_score_with_byte_fallback() {
     assert_eq!(tok.encode("ab"), vec![1, 264]);
     assert_eq!(tok.encode("é"), vec![1, 259, 0xC3 + 3, 0xA9 + 3]);
     assert_eq!(tok.decode(&tok.encode("ab é")), "ab é");
-    let no_bos = GgufTokenizerMetadata {
-        add_bos_token: Some(false),
-        ..meta
-    };
+    let no_bos = GgufTokenizerMetadata { add_bos_token: Some(false), ..meta };
     let tok = gguf_tokenizer(Path::new("m.gguf"), &no_bos, 265).expect("valid");
     assert_eq!(tok.encode("ab"), vec![264]);
     assert_eq!(tok.decode(&[264]), "ab");
@@ -122,63 +89,26 @@ fn gguf_llama_tokenizer_merges_by_score_with_byte_fallback() {
 
 #[test]
 fn gguf_tokenizer_vocab_mismatch_is_an_error() {
-    let e = gguf_tokenizer(Path::new("m.gguf"), &llama_meta(), 300)
-        .err()
-        .expect("mismatch");
-    assert!(
-        matches!(
-            e,
-            LoadError::VocabMismatch {
-                tokenizer_vocab: 265,
-                model_vocab: 300,
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert!(
-        e.to_string()
-            .contains("has 265 tokens but model m.gguf has a vocabulary of 300"),
-        "{e}"
-    );
+    let e = gguf_tokenizer(Path::new("m.gguf"), &llama_meta(), 300).err().expect("mismatch");
+    assert!(matches!(e, LoadError::VocabMismatch { tokenizer_vocab: 265, model_vocab: 300, .. }), "{e}");
+    assert!(e.to_string().contains("has 265 tokens but model m.gguf has a vocabulary of 300"), "{e}");
 }
 
 #[test]
 fn gguf_tokenizer_unsupported_kinds_are_errors() {
-    let meta = GgufTokenizerMetadata {
-        model: Some("bert".into()),
-        ..llama_meta()
-    };
-    let e = gguf_tokenizer(Path::new("m.gguf"), &meta, 265)
-        .err()
-        .expect("refused")
-        .to_string();
-    assert!(
-        e.contains("GGUF tokenizer type bert is not supported; supported: gpt2, llama"),
-        "{e}"
-    );
+    let meta = GgufTokenizerMetadata { model: Some("bert".into()), ..llama_meta() };
+    let e = gguf_tokenizer(Path::new("m.gguf"), &meta, 265).err().expect("refused").to_string();
+    assert!(e.contains("GGUF tokenizer type bert is not supported; supported: gpt2, llama"), "{e}");
     let meta = GgufTokenizerMetadata {
         model: Some("gpt2".into()),
         pre: Some("deepseek-llm".into()),
         merges: vec!["a b".into()],
         ..llama_meta()
     };
-    let e = gguf_tokenizer(Path::new("m.gguf"), &meta, 265)
-        .err()
-        .expect("refused")
-        .to_string();
-    assert!(
-        e.contains("tokenizer.ggml.pre = deepseek-llm is not supported"),
-        "{e}"
-    );
-    let meta = GgufTokenizerMetadata {
-        scores: None,
-        ..llama_meta()
-    };
-    let e = gguf_tokenizer(Path::new("m.gguf"), &meta, 265)
-        .err()
-        .expect("refused")
-        .to_string();
+    let e = gguf_tokenizer(Path::new("m.gguf"), &meta, 265).err().expect("refused").to_string();
+    assert!(e.contains("tokenizer.ggml.pre = deepseek-llm is not supported"), "{e}");
+    let meta = GgufTokenizerMetadata { scores: None, ..llama_meta() };
+    let e = gguf_tokenizer(Path::new("m.gguf"), &meta, 265).err().expect("refused").to_string();
     assert!(e.contains("tokenizer.ggml.scores is missing"), "{e}");
 }
 
@@ -216,10 +146,7 @@ fn gguf_llama3_and_qwen2_pre_tokenizers_split_digits_and_merge_as_llama_cpp() {
         ids
     };
     // Llama 3: "Hello" " world" "123" "456" "'s", each whole in the vocabulary; BOS by default.
-    assert_eq!(
-        encode("llama-bpe"),
-        vec![0, id("Hello"), id("Ġworld"), id("123"), id("456"), id("'s")]
-    );
+    assert_eq!(encode("llama-bpe"), vec![0, id("Hello"), id("Ġworld"), id("123"), id("456"), id("'s")]);
     // GPT-2: "Hello" " world" "123456" "'s", merged with the one merge "H e"; no BOS by default.
     let mut want = vec![id("He")];
     want.extend(chars("lloĠworld123456's"));

@@ -24,11 +24,7 @@ fn stories_arch() -> LlamaArch {
 }
 
 fn bytes_of(i: &qdrift_load::inspect::Inspection, scheme: &str) -> u64 {
-    i.weight_bytes
-        .iter()
-        .find(|s| s.scheme == scheme)
-        .expect("scheme")
-        .bytes
+    i.weight_bytes.iter().find(|s| s.scheme == scheme).expect("scheme").bytes
 }
 
 #[test]
@@ -61,27 +57,13 @@ fn stories260k_by_hand() {
     // INT4 g32: rows·cols/2 code bytes + 2 bytes per 32 values of a row.
     //   cols 64 → 2 groups/row, cols 172 → ⌈172/32⌉ = 6 groups/row.
     let g32 = |rows: u64, cols: u64, groups: u64| rows * cols / 2 + 2 * rows * groups;
-    let int4_layer = g32(64, 64, 2)
-        + 2 * g32(32, 64, 2)
-        + g32(64, 64, 2)
-        + 2 * g32(172, 64, 2)
-        + g32(64, 172, 6)
-        + 4 * 64;
-    assert_eq!(
-        bytes_of(&i, "int4-g32"),
-        g32(512, 64, 2) + 5 * int4_layer + 2 * 64
-    );
+    let int4_layer =
+        g32(64, 64, 2) + 2 * g32(32, 64, 2) + g32(64, 64, 2) + 2 * g32(172, 64, 2) + g32(64, 172, 6) + 4 * 64;
+    assert_eq!(bytes_of(&i, "int4-g32"), g32(512, 64, 2) + 5 * int4_layer + 2 * 64);
     // INT4 g128: cols 64 → 1 group, cols 172 → 2 groups.
-    let int4_layer = g32(64, 64, 1)
-        + 2 * g32(32, 64, 1)
-        + g32(64, 64, 1)
-        + 2 * g32(172, 64, 1)
-        + g32(64, 172, 2)
-        + 4 * 64;
-    assert_eq!(
-        bytes_of(&i, "int4-g128"),
-        g32(512, 64, 1) + 5 * int4_layer + 2 * 64
-    );
+    let int4_layer =
+        g32(64, 64, 1) + 2 * g32(32, 64, 1) + g32(64, 64, 1) + 2 * g32(172, 64, 1) + g32(64, 172, 2) + 4 * 64;
+    assert_eq!(bytes_of(&i, "int4-g128"), g32(512, 64, 1) + 5 * int4_layer + 2 * 64);
 
     // KV: 2 · 5 layers · 4 kv heads · 8 · 256 positions · 1 sequence = 81,920 entries.
     assert_eq!(i.kv_cache.f16_bytes, 2 * 81_920);
@@ -91,10 +73,7 @@ fn stories260k_by_hand() {
     assert_eq!(i.flops_per_token.attention, 327_680);
     assert_eq!(i.flops_per_token.total, 846_336);
     let text = i.to_string();
-    assert!(
-        text.contains("parameters 260,032 = embedding 32,768 + 5 × layer 45,440"),
-        "{text}"
-    );
+    assert!(text.contains("parameters 260,032 = embedding 32,768 + 5 × layer 45,440"), "{text}");
 }
 
 #[test]
@@ -118,21 +97,12 @@ fn smollm2_135m_by_hand() {
     assert_eq!(g(1, 576), 288 + 2 * 5);
     assert_eq!(matrix_bytes("int4-g128", 1536, 576), g(1536, 576));
     let layer = 2 * g(576, 576) + 2 * g(192, 576) + 2 * g(1536, 576) + g(576, 1536) + 2 * 2 * 576;
-    assert_eq!(
-        bytes_of(&i, "int4-g128"),
-        g(49152, 576) + 30 * layer + 2 * 576
-    );
+    assert_eq!(bytes_of(&i, "int4-g128"), g(49152, 576) + 30 * layer + 2 * 576);
 }
 
 #[test]
 fn llama_8b_counts_an_untied_head_and_needs_no_weights() {
-    let i = inspect(
-        &synthetic_arch("llama-8b").expect("preset"),
-        &[],
-        false,
-        8192,
-        1,
-    );
+    let i = inspect(&synthetic_arch("llama-8b").expect("preset"), &[], false, 8192, 1);
     assert_eq!(i.params.head, 128_256 * 4096);
     assert_eq!(i.params.total, 8_030_261_248);
     // 2 · 32 · 8 · 128 · 8192 · 2 bytes = 1 GiB of f16 KV cache at 8k context.
@@ -141,8 +111,7 @@ fn llama_8b_counts_an_untied_head_and_needs_no_weights() {
 
 #[test]
 fn smollm2_gguf_source_dtypes_and_flags() {
-    let p =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     if !p.is_file() {
         println!("skipped: {} is absent", p.display());
         return;
@@ -164,11 +133,5 @@ fn synthetic_runs_are_marked() {
     let i = inspect_loaded(&m, 16, 2);
     assert!(i.synthetic);
     assert!(i.to_string().contains("SYNTHETIC"));
-    assert_eq!(
-        i.source_dtypes,
-        vec![qdrift_load::inspect::DtypeCount {
-            dtype: "F32".into(),
-            tensors: 2 * 9 + 2
-        }]
-    );
+    assert_eq!(i.source_dtypes, vec![qdrift_load::inspect::DtypeCount { dtype: "F32".into(), tensors: 2 * 9 + 2 }]);
 }

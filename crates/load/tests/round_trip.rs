@@ -5,9 +5,7 @@
 use std::path::PathBuf;
 
 use qdrift_load::write::{WriteDtype, write_gguf, write_hf_folder};
-use qdrift_load::{
-    HostModel, HostTensor, Llama2cTokenizer, LoadedModel, RopeScaling, Tokenizer, open_model,
-};
+use qdrift_load::{HostModel, HostTensor, Llama2cTokenizer, LoadedModel, RopeScaling, Tokenizer, open_model};
 
 /// `../shared` beside the repository (override with `QDRIFT_SHARED`), as `qdrift-tests` finds it.
 fn stories_dir() -> Option<PathBuf> {
@@ -25,13 +23,10 @@ fn stories_dir() -> Option<PathBuf> {
 
 fn stories() -> Option<(LoadedModel, Llama2cTokenizer, Vec<String>)> {
     let dir = stories_dir()?;
-    let loaded = open_model(&dir.join("stories260K.bin"), Some(&dir.join("tok512.bin")))
-        .expect("stories260K");
+    let loaded = open_model(&dir.join("stories260K.bin"), Some(&dir.join("tok512.bin"))).expect("stories260K");
     let tok = Llama2cTokenizer::read(&dir.join("tok512.bin")).expect("tok512");
-    let golden: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(dir.join("golden_greedy_fp32.json")).expect("golden"),
-    )
-    .expect("json");
+    let golden: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("golden_greedy_fp32.json")).expect("golden")).expect("json");
     let mut texts: Vec<String> = golden["cases"]
         .as_array()
         .expect("cases")
@@ -56,60 +51,28 @@ fn stories() -> Option<(LoadedModel, Llama2cTokenizer, Vec<String>)> {
 }
 
 fn rounded(t: &HostTensor, dtype: WriteDtype) -> HostTensor {
-    HostTensor {
-        shape: t.shape.clone(),
-        data: t.data.iter().map(|&v| dtype.round(v)).collect(),
-    }
+    HostTensor { shape: t.shape.clone(), data: t.data.iter().map(|&v| dtype.round(v)).collect() }
 }
 
 /// Asserts `got` equals `reference` with every tensor rounded (norms by `norm_dtype`).
-fn assert_weights(
-    got: &HostModel,
-    reference: &HostModel,
-    dtype: WriteDtype,
-    norm_dtype: WriteDtype,
-) {
+fn assert_weights(got: &HostModel, reference: &HostModel, dtype: WriteDtype, norm_dtype: WriteDtype) {
     assert_eq!(got.arch, reference.arch);
     let eq = |a: &HostTensor, b: &HostTensor, d: WriteDtype, what: &str| {
         let want = rounded(b, d);
         assert_eq!(a.shape, want.shape, "{what}");
-        let same = a
-            .data
-            .iter()
-            .zip(&want.data)
-            .all(|(x, y)| x.to_bits() == y.to_bits());
+        let same = a.data.iter().zip(&want.data).all(|(x, y)| x.to_bits() == y.to_bits());
         assert!(same, "{what} differs from the reference rounded to {d:?}");
     };
-    eq(
-        &got.token_embedding,
-        &reference.token_embedding,
-        dtype,
-        "token_embedding",
-    );
+    eq(&got.token_embedding, &reference.token_embedding, dtype, "token_embedding");
     for (i, (g, r)) in got.layers.iter().zip(&reference.layers).enumerate() {
-        eq(
-            &g.attn_norm,
-            &r.attn_norm,
-            norm_dtype,
-            &format!("layer {i} attn_norm"),
-        );
-        eq(
-            &g.ffn_norm,
-            &r.ffn_norm,
-            norm_dtype,
-            &format!("layer {i} ffn_norm"),
-        );
+        eq(&g.attn_norm, &r.attn_norm, norm_dtype, &format!("layer {i} attn_norm"));
+        eq(&g.ffn_norm, &r.ffn_norm, norm_dtype, &format!("layer {i} ffn_norm"));
         for ((name, a), (_, b)) in g.linears().into_iter().zip(r.linears()) {
             eq(a, b, dtype, &format!("layer {i} {name}"));
         }
         assert!(g.bq.is_none() && g.bk.is_none() && g.bv.is_none());
     }
-    eq(
-        &got.final_norm,
-        &reference.final_norm,
-        norm_dtype,
-        "final_norm",
-    );
+    eq(&got.final_norm, &reference.final_norm, norm_dtype, "final_norm");
     assert_eq!(got.output.is_some(), reference.output.is_some());
     assert_eq!(got.layers.len(), reference.layers.len());
 }
@@ -144,11 +107,7 @@ fn stories260k_hf_folder_round_trips_in_f32_f16_bf16() {
             WriteDtype::F16 => "F16",
             WriteDtype::BF16 => "BF16",
         };
-        assert!(
-            back.source_dtypes.iter().all(|(_, d)| d == want),
-            "{:?}",
-            back.source_dtypes
-        );
+        assert!(back.source_dtypes.iter().all(|(_, d)| d == want), "{:?}", back.source_dtypes);
     }
 }
 
@@ -176,14 +135,7 @@ fn write_gguf_refuses_bf16() {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let e = write_gguf(
-        &dir.path().join("m.gguf"),
-        &loaded.model,
-        &tok,
-        WriteDtype::BF16,
-    )
-    .unwrap_err()
-    .to_string();
+    let e = write_gguf(&dir.path().join("m.gguf"), &loaded.model, &tok, WriteDtype::BF16).unwrap_err().to_string();
     assert!(e.contains("F32 or F16 only"), "{e}");
 }
 
@@ -193,9 +145,7 @@ fn tiny_with_biases() -> (HostModel, Llama2cTokenizer) {
     let mut m = qdrift_load::synthetic_model("tiny", 5).expect("tiny").model;
     for (i, l) in m.layers.iter_mut().enumerate() {
         let b = |k: usize, n: usize| {
-            let data = (0..n)
-                .map(|r| (100 * i + 10 * k + r) as f32 / 64.0 - 1.0)
-                .collect();
+            let data = (0..n).map(|r| (100 * i + 10 * k + r) as f32 / 64.0 - 1.0).collect();
             Some(HostTensor::new(vec![n], data).expect("shape"))
         };
         (l.bq, l.bk, l.bv) = (b(1, 32), b(2, 16), b(3, 16));
@@ -220,39 +170,24 @@ fn biases_round_trip_as_qwen2_through_hf_and_gguf() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_hf_folder(dir.path(), &m, &tok, WriteDtype::F32).expect("written");
     let config: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("config.json")).expect("config"))
-            .expect("json");
+        serde_json::from_slice(&std::fs::read(dir.path().join("config.json")).expect("config")).expect("json");
     assert_eq!(config["architectures"][0], "Qwen2ForCausalLM");
     assert_eq!(config["model_type"], "qwen2");
     let hf = open_model(dir.path(), None).expect("Qwen2 folder opens");
     assert_eq!(hf.model.arch.architecture, "Qwen2ForCausalLM");
-    assert_eq!(
-        hf.model.layers, m.layers,
-        "biases and weights bit-exact, q/k order restored"
-    );
+    assert_eq!(hf.model.layers, m.layers, "biases and weights bit-exact, q/k order restored");
 
     let path = dir.path().join("tiny-qwen2.gguf");
     write_gguf(&path, &m, &tok, WriteDtype::F32).expect("written");
     let gguf = open_model(&path, None).expect("qwen2 GGUF opens");
     assert_eq!(gguf.model.arch.architecture, "qwen2");
-    assert_eq!(
-        gguf.model.layers, m.layers,
-        "qwen2's rotate-half q/k rows un-permuted"
-    );
-    assert!(
-        gguf.source_dtypes
-            .iter()
-            .any(|(n, d)| n == "blk.1.attn_k.bias" && d == "F32"),
-        "{:?}",
-        gguf.source_dtypes
-    );
+    assert_eq!(gguf.model.layers, m.layers, "qwen2's rotate-half q/k rows un-permuted");
+    assert!(gguf.source_dtypes.iter().any(|(n, d)| n == "blk.1.attn_k.bias" && d == "F32"), "{:?}", gguf.source_dtypes);
 
     // Some layers biased and others not cannot be written as either architecture.
     let mut partial = m.clone();
     partial.layers[1].bv = None;
-    let e = write_hf_folder(&dir.path().join("partial"), &partial, &tok, WriteDtype::F32)
-        .unwrap_err()
-        .to_string();
+    let e = write_hf_folder(&dir.path().join("partial"), &partial, &tok, WriteDtype::F32).unwrap_err().to_string();
     assert!(e.contains("some q/k/v biases are missing"), "{e}");
 }
 
@@ -273,10 +208,7 @@ fn llama3_rope_scaling_round_trips_through_hf_and_becomes_rope_freqs_in_gguf() {
     write_gguf(&path, &m, &tok, WriteDtype::F16).expect("written");
     let gguf = open_model(&path, None).expect("GGUF with rope_freqs.weight opens");
     let Some(RopeScaling::FreqFactors { factors }) = &gguf.model.arch.rope_scaling else {
-        panic!(
-            "rope_freqs.weight not read: {:?}",
-            gguf.model.arch.rope_scaling
-        );
+        panic!("rope_freqs.weight not read: {:?}", gguf.model.arch.rope_scaling);
     };
     // convert_hf_to_gguf.py: 1 below the high band, factor above the low band, and
     // 1 / ((1 - smooth) / factor + smooth) for pair 1 (wavelength 20π between 32 and 256).
@@ -284,20 +216,10 @@ fn llama3_rope_scaling_round_trips_through_hf_and_becomes_rope_freqs_in_gguf() {
     let middle = 1.0 / ((1.0 - smooth) / 8.0 + smooth);
     assert_eq!(factors.len(), 4);
     assert_eq!((factors[0], factors[2], factors[3]), (1.0, 8.0, 8.0));
-    assert!(
-        (f64::from(factors[1]) - middle).abs() < 1e-5 * middle,
-        "{} vs {middle}",
-        factors[1]
-    );
-    assert!(
-        gguf.source_dtypes
-            .iter()
-            .any(|(n, d)| n == "rope_freqs.weight" && d == "F32")
-    );
+    assert!((f64::from(factors[1]) - middle).abs() < 1e-5 * middle, "{} vs {middle}", factors[1]);
+    assert!(gguf.source_dtypes.iter().any(|(n, d)| n == "rope_freqs.weight" && d == "F32"));
 
     // Per-pair divisors from a GGUF file have no config.json form.
-    let e = write_hf_folder(&dir.path().join("back"), &gguf.model, &tok, WriteDtype::F32)
-        .unwrap_err()
-        .to_string();
+    let e = write_hf_folder(&dir.path().join("back"), &gguf.model, &tok, WriteDtype::F32).unwrap_err().to_string();
     assert!(e.contains("no config.json form"), "{e}");
 }

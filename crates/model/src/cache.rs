@@ -24,7 +24,10 @@ impl AttentionKernel {
 #[derive(Debug)]
 enum Store {
     /// `[batch, kv_heads, capacity, head_dim]` each.
-    Device { keys: Tensor<4>, values: Tensor<4> },
+    Device {
+        keys: Tensor<4>,
+        values: Tensor<4>,
+    },
     Host(HostKv),
 }
 
@@ -54,7 +57,10 @@ impl KvCache {
         let store = match kernel {
             AttentionKernel::Composed => {
                 let shape = [batch, kv_heads, capacity, head_dim];
-                Store::Device { keys: Tensor::zeros(shape, (device, dtype)), values: Tensor::zeros(shape, (device, dtype)) }
+                Store::Device {
+                    keys: Tensor::zeros(shape, (device, dtype)),
+                    values: Tensor::zeros(shape, (device, dtype)),
+                }
             }
             AttentionKernel::Host => {
                 let precision = if dtype == DType::F16 { Precision::F16 } else { Precision::F32 };

@@ -128,7 +128,14 @@ impl HostKv {
     /// - `q`: `[batch, new, heads, head_dim]`, row-major; query head `h` uses key/value head
     ///   `h / (heads / kv_heads)`
     /// - returns `[batch, new, heads * head_dim]`, rounded to the compute dtype
-    pub(crate) fn attend(&mut self, q: &[f32], heads: usize, positions: &Positions, start: usize, new: usize) -> Vec<f32> {
+    pub(crate) fn attend(
+        &mut self,
+        q: &[f32],
+        heads: usize,
+        positions: &Positions,
+        start: usize,
+        new: usize,
+    ) -> Vec<f32> {
         let sh = self.shape;
         assert_eq!(q.len(), sh.batch * new * heads * sh.head_dim, "queries do not match the cache's shape");
         assert_eq!(positions.pad.len(), sh.batch, "one padding width per row");
@@ -289,7 +296,11 @@ fn dot8<const AVX2: bool, T: Elem>(x: &[f32], m: &[T], stride: usize) -> [f32; 8
         // the assert.
         unsafe {
             let load = |p: *const T| -> __m256 {
-                if T::F16 { _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>())) } else { _mm256_loadu_ps(p.cast::<f32>()) }
+                if T::F16 {
+                    _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>()))
+                } else {
+                    _mm256_loadu_ps(p.cast::<f32>())
+                }
             };
             let term = |xi: f32, row: *const T| -> __m256 { _mm256_mul_ps(_mm256_set1_ps(xi), load(row)) };
             let [mut a0, mut a1, mut a2, mut a3] = [_mm256_setzero_ps(); 4];
@@ -376,12 +387,19 @@ pub(crate) fn exp(x: f32) -> f32 {
     const C2: f32 = -2.121_944_4e-4; // ln 2 − C1
     const LO: f32 = -87.336_55; // ln(2⁻¹²⁶)
     const HI: f32 = 88.376_26; // just below ln(f32::MAX)
-    let xc = if x < LO { LO } else if x > HI { HI } else { x };
+    let xc = if x < LO {
+        LO
+    } else if x > HI {
+        HI
+    } else {
+        x
+    };
     let t = xc * LOG2E + MAGIC;
     let n = t - MAGIC;
     let r = (xc - n * C1) - n * C2;
     let z = r * r;
-    let p = ((((1.987_569_2e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1) * r
+    let p = ((((1.987_569_2e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1)
+        * r
         + 5.000_000_1e-1;
     let y = (p * z + r) + 1.0;
     // 2ⁿ from the integer in t's mantissa: t's bits are 0x4B40_0000 + n for |n| < 2²².
@@ -440,7 +458,9 @@ mod tests {
     fn f16_rounding_matches_the_half_crate() {
         let specials = [0.0, -0.0, 1.0, 65504.0, 65519.99, 65520.0, 1e9, 5.96e-8, 2.98e-8, 2.99e-8, 6.1e-5, 6.104e-5];
         let strided = (0..u32::MAX / 4099).map(|i| f32::from_bits(i * 4099));
-        for x in specials.into_iter().flat_map(|x: f32| [x, -x]).chain(strided).chain([f32::INFINITY, f32::NEG_INFINITY]) {
+        for x in
+            specials.into_iter().flat_map(|x: f32| [x, -x]).chain(strided).chain([f32::INFINITY, f32::NEG_INFINITY])
+        {
             let want = f16::from_f32(x).to_f32();
             let got = round_to_f16(x);
             assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{x:e}: {got:e} vs {want:e}");
@@ -451,8 +471,10 @@ mod tests {
     /// sum of the values.
     fn naive(q: &[f32], keys: &[Vec<f32>], values: &[Vec<f32>]) -> Vec<f64> {
         let scale = 1.0 / (q.len() as f64).sqrt();
-        let s: Vec<f64> =
-            keys.iter().map(|k| k.iter().zip(q).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() * scale).collect();
+        let s: Vec<f64> = keys
+            .iter()
+            .map(|k| k.iter().zip(q).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() * scale)
+            .collect();
         let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
         let z: f64 = e.iter().sum();
@@ -488,7 +510,11 @@ mod tests {
             let mut got = vec![0.0; b * cols * h * hd];
             for (start, new) in [(0, 16), (16, 3)] {
                 let rows = |x: &[f32], heads: usize| -> Vec<f32> {
-                    (0..b).flat_map(|r| x[(r * cols + start) * heads * hd..(r * cols + start + new) * heads * hd].to_vec()).collect()
+                    (0..b)
+                        .flat_map(|r| {
+                            x[(r * cols + start) * heads * hd..(r * cols + start + new) * heads * hd].to_vec()
+                        })
+                        .collect()
                 };
                 kv.write(&rows(&k, kvh), &rows(&v, kvh), start, new);
                 let out = kv.attend(&rows(&q, h), h, &positions, start, new);
@@ -510,7 +536,10 @@ mod tests {
                         let want = naive(&at(&q, c, h, head), &keys, &vals);
                         let got = at(&got, c, h, head);
                         for (g, w) in got.iter().zip(&want) {
-                            assert!((f64::from(*g) - w).abs() <= tol, "{precision:?} row {r} col {c} head {head}: {g} vs {w}");
+                            assert!(
+                                (f64::from(*g) - w).abs() <= tol,
+                                "{precision:?} row {r} col {c} head {head}: {g} vs {w}"
+                            );
                             if precision == Precision::F16 {
                                 assert_eq!(round_to_f16(*g), *g, "output is an f16 value");
                             }

@@ -1,6 +1,5 @@
 //! The one error type of the crate: every failure names what was wrong and where.
 
-
 /// Why a quantization, a scheme name or a block buffer was rejected.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum QuantizeError {

@@ -30,14 +30,8 @@ impl HalfPacked {
     /// - `weights`: `[rows, cols]` row-major (any shape: the codec is element-wise).
     pub(crate) fn quantize(format: Half, weights: &[f32]) -> Self {
         let bits = match format {
-            Half::F16 => weights
-                .iter()
-                .map(|&w| f16::from_f32(w).to_bits())
-                .collect(),
-            Half::BF16 => weights
-                .iter()
-                .map(|&w| bf16::from_f32(w).to_bits())
-                .collect(),
+            Half::F16 => weights.iter().map(|&w| f16::from_f32(w).to_bits()).collect(),
+            Half::BF16 => weights.iter().map(|&w| bf16::from_f32(w).to_bits()).collect(),
         };
         HalfPacked { format, bits }
     }
@@ -46,16 +40,8 @@ impl HalfPacked {
 impl Packed for HalfPacked {
     fn dequantize(&self, _rows: usize, _cols: usize) -> Vec<f32> {
         match self.format {
-            Half::F16 => self
-                .bits
-                .iter()
-                .map(|&b| f16::from_bits(b).to_f32())
-                .collect(),
-            Half::BF16 => self
-                .bits
-                .iter()
-                .map(|&b| bf16::from_bits(b).to_f32())
-                .collect(),
+            Half::F16 => self.bits.iter().map(|&b| f16::from_bits(b).to_f32()).collect(),
+            Half::BF16 => self.bits.iter().map(|&b| bf16::from_bits(b).to_f32()).collect(),
         }
     }
 
@@ -82,22 +68,14 @@ mod tests {
     use crate::{Scheme, quantize};
 
     fn roundtrip(scheme: Scheme, w: &[f32]) -> Vec<f32> {
-        quantize(&scheme, w, 1, w.len())
-            .expect("finite input")
-            .dequantize()
+        quantize(&scheme, w, 1, w.len()).expect("finite input").dequantize()
     }
 
     #[test]
     fn fp16_rounds_to_nearest_even() {
         // Around 1.0 binary16 has a spacing of 2^-10; 1 + 2^-11 is a tie between 1 and
         // 1 + 2^-10 and goes to the even mantissa (1.0); 1 + 3*2^-11 goes up to 1 + 2^-9.
-        let w = [
-            1.0 + 2f32.powi(-11),
-            1.0 + 3.0 * 2f32.powi(-11),
-            65504.0,
-            65520.0,
-            1e-8,
-        ];
+        let w = [1.0 + 2f32.powi(-11), 1.0 + 3.0 * 2f32.powi(-11), 65504.0, 65520.0, 1e-8];
         let got = roundtrip(Scheme::Fp16, &w);
         assert_eq!(got[0], 1.0);
         assert_eq!(got[1], 1.0 + 2f32.powi(-9));
@@ -107,10 +85,7 @@ mod tests {
         // 1e-8 is below half the smallest subnormal (2^-24 ≈ 5.96e-8): flushes to +0.
         assert_eq!(got[4], 0.0);
         // Smallest subnormal survives.
-        assert_eq!(
-            roundtrip(Scheme::Fp16, &[2f32.powi(-24)])[0],
-            2f32.powi(-24)
-        );
+        assert_eq!(roundtrip(Scheme::Fp16, &[2f32.powi(-24)])[0], 2f32.powi(-24));
     }
 
     #[test]

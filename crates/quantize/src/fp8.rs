@@ -37,16 +37,8 @@ struct Layout {
 
 fn layout(format: Fp8Format) -> Layout {
     match format {
-        Fp8Format::E4M3 => Layout {
-            mantissa_bits: 3,
-            bias: 7,
-            max_code: 0x7E,
-        },
-        Fp8Format::E5M2 => Layout {
-            mantissa_bits: 2,
-            bias: 15,
-            max_code: 0x7B,
-        },
+        Fp8Format::E4M3 => Layout { mantissa_bits: 3, bias: 7, max_code: 0x7E },
+        Fp8Format::E5M2 => Layout { mantissa_bits: 2, bias: 15, max_code: 0x7B },
     }
 }
 
@@ -76,11 +68,7 @@ pub fn fp8_encode(format: Fp8Format, x: f32) -> u8 {
     // code = (biased exponent − 1) · 2^M + steps. `a` is finite here but may be huge, so the
     // saturation check is done in f64 before converting to an integer.
     let code = f64::from((e - min_exponent) as u32 * (1 << l.mantissa_bits)) + steps;
-    if code > f64::from(l.max_code) {
-        sign | l.max_code
-    } else {
-        sign | code as u8
-    }
+    if code > f64::from(l.max_code) { sign | l.max_code } else { sign | code as u8 }
 }
 
 /// Decodes an OFP8 byte to f32 (exact). NaN codes give NaN; E5M2 `S.11111.00` gives ±infinity.
@@ -92,17 +80,10 @@ pub fn fp8_decode(format: Fp8Format, code: u8) -> f32 {
     let magnitude = match format {
         Fp8Format::E4M3 if code & 0x7F == 0x7F => return f32::NAN,
         Fp8Format::E5M2 if exponent_field == 31 => {
-            return if mantissa == 0 {
-                sign * f32::INFINITY
-            } else {
-                f32::NAN
-            };
+            return if mantissa == 0 { sign * f32::INFINITY } else { f32::NAN };
         }
         _ if exponent_field == 0 => f64::from(mantissa) * exp2(1 - l.bias - l.mantissa_bits as i32),
-        _ => {
-            f64::from((1 << l.mantissa_bits) + mantissa)
-                * exp2(exponent_field - l.bias - l.mantissa_bits as i32)
-        }
+        _ => f64::from((1 << l.mantissa_bits) + mantissa) * exp2(exponent_field - l.bias - l.mantissa_bits as i32),
     };
     sign * magnitude as f32
 }
@@ -123,51 +104,24 @@ fn scale_for(format: Fp8Format, values: &[f32]) -> f32 {
 }
 
 fn encode_scaled(format: Fp8Format, w: f32, scale: f32) -> u8 {
-    if scale == 0.0 {
-        0
-    } else {
-        fp8_encode(format, w / scale)
-    }
+    if scale == 0.0 { 0 } else { fp8_encode(format, w / scale) }
 }
 
 impl Fp8Packed {
     /// # Shapes
     /// - `weights`: `[rows, cols]` row-major.
-    pub(crate) fn quantize(
-        weights: &[f32],
-        rows: usize,
-        cols: usize,
-        format: Fp8Format,
-        per_tensor: bool,
-    ) -> Self {
+    pub(crate) fn quantize(weights: &[f32], rows: usize, cols: usize, format: Fp8Format, per_tensor: bool) -> Self {
         let scales: Vec<f32> = if per_tensor {
             vec![scale_for(format, weights)]
         } else {
-            (0..rows)
-                .map(|r| scale_for(format, &weights[r * cols..(r + 1) * cols]))
-                .collect()
+            (0..rows).map(|r| scale_for(format, &weights[r * cols..(r + 1) * cols])).collect()
         };
         let codes = weights
             .iter()
             .enumerate()
-            .map(|(i, &w)| {
-                encode_scaled(
-                    format,
-                    w,
-                    if per_tensor {
-                        scales[0]
-                    } else {
-                        scales[i / cols]
-                    },
-                )
-            })
+            .map(|(i, &w)| encode_scaled(format, w, if per_tensor { scales[0] } else { scales[i / cols] }))
             .collect();
-        Fp8Packed {
-            format,
-            per_tensor,
-            codes,
-            scales,
-        }
+        Fp8Packed { format, per_tensor, codes, scales }
     }
 }
 
@@ -177,11 +131,7 @@ impl Packed for Fp8Packed {
             .iter()
             .enumerate()
             .map(|(i, &c)| {
-                let scale = if self.per_tensor {
-                    self.scales[0]
-                } else {
-                    self.scales[i / cols]
-                };
+                let scale = if self.per_tensor { self.scales[0] } else { self.scales[i / cols] };
                 fp8_decode(self.format, c) * scale
             })
             .collect()
@@ -197,12 +147,7 @@ impl Packed for Fp8Packed {
             Fp8Format::E5M2 => PackedDtype::F8E5M2,
         };
         vec![
-            PackedPart {
-                name: "codes",
-                dtype,
-                shape: vec![rows, cols],
-                bytes: self.codes.clone(),
-            },
+            PackedPart { name: "codes", dtype, shape: vec![rows, cols], bytes: self.codes.clone() },
             PackedPart {
                 name: "scales",
                 dtype: PackedDtype::F32,
@@ -255,20 +200,12 @@ mod tests {
                     continue;
                 }
                 assert_eq!(f64::from(got), want, "{format:?} {code:#04x}");
-                assert_eq!(
-                    got.is_sign_negative(),
-                    code & 0x80 != 0,
-                    "sign of {code:#04x}"
-                );
+                assert_eq!(got.is_sign_negative(), code & 0x80 != 0, "sign of {code:#04x}");
                 if got.is_infinite() {
                     // Saturating conversion: ±inf becomes ±max normal (see module doc).
                     assert_eq!(fp8_encode(format, got), (code & 0x80) | 0x7B);
                 } else {
-                    assert_eq!(
-                        fp8_encode(format, got),
-                        code,
-                        "{format:?} {code:#04x} = {got}"
-                    );
+                    assert_eq!(fp8_encode(format, got), code, "{format:?} {code:#04x} = {got}");
                 }
             }
             assert_eq!(nans, if format == E4M3 { 2 } else { 6 });
@@ -299,10 +236,7 @@ mod tests {
         assert_eq!(fp8_encode(E5M2, 1.125), 0x3C);
         assert_eq!(fp8_encode(E5M2, 1.375), 0x3E);
         // Just above a tie rounds up.
-        assert_eq!(
-            fp8_encode(E4M3, f32::from_bits(1.0625f32.to_bits() + 1)),
-            0x39
-        );
+        assert_eq!(fp8_encode(E4M3, f32::from_bits(1.0625f32.to_bits() + 1)), 0x39);
     }
 
     #[test]
@@ -340,43 +274,16 @@ mod tests {
     fn per_channel_and_per_tensor_scales() {
         // Row 0 amax 448 -> scale 1; row 1 amax 4.48 -> scale 0.01; per tensor: scale 1.
         let w = [448.0, -1.0625, 0.5, 4.48, 2.0, 0.0];
-        let q = quantize(
-            &Scheme::Fp8 {
-                format: E4M3,
-                per_tensor: false,
-            },
-            &w,
-            2,
-            3,
-        )
-        .expect("valid");
+        let q = quantize(&Scheme::Fp8 { format: E4M3, per_tensor: false }, &w, 2, 3).expect("valid");
         let d = q.dequantize();
         assert_eq!(&d[..3], &[448.0, -1.0, 0.5]);
         assert_eq!(q.storage_bytes(), 6 + 8);
-        let t = quantize(
-            &Scheme::Fp8 {
-                format: E4M3,
-                per_tensor: true,
-            },
-            &w,
-            2,
-            3,
-        )
-        .expect("valid");
+        let t = quantize(&Scheme::Fp8 { format: E4M3, per_tensor: true }, &w, 2, 3).expect("valid");
         assert_eq!(t.storage_bytes(), 6 + 4);
         // 4.48 -> 4.5 on the E4M3 grid (spacing 0.5 in [4, 8)).
         assert_eq!(t.dequantize(), [448.0, -1.0, 0.5, 4.5, 2.0, 0.0]);
         // An all-zero row dequantizes to zeros.
-        let z = quantize(
-            &Scheme::Fp8 {
-                format: E5M2,
-                per_tensor: false,
-            },
-            &[0.0; 4],
-            2,
-            2,
-        )
-        .expect("valid");
+        let z = quantize(&Scheme::Fp8 { format: E5M2, per_tensor: false }, &[0.0; 4], 2, 2).expect("valid");
         assert_eq!(z.dequantize(), [0.0; 4]);
     }
 }

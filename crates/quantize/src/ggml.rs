@@ -21,11 +21,7 @@ use crate::{Packed, PackedDtype, PackedPart, f32_bytes};
 /// # Errors
 /// [`QuantizeError::Ggml`] when `n_elements` is not a multiple of the block size or `bytes` has
 /// the wrong length.
-pub fn dequantize_ggml_blocks(
-    ty: GgmlType,
-    bytes: &[u8],
-    n_elements: usize,
-) -> Result<Vec<f32>, QuantizeError> {
+pub fn dequantize_ggml_blocks(ty: GgmlType, bytes: &[u8], n_elements: usize) -> Result<Vec<f32>, QuantizeError> {
     qdrift_ggml::dequantize_ggml_blocks(ty, bytes, n_elements).map_err(QuantizeError::from)
 }
 
@@ -50,22 +46,13 @@ impl GgmlPacked {
     pub(crate) fn quantize(ty: GgmlType, weights: &[f32], rows: usize, cols: usize) -> Self {
         debug_assert_eq!(weights.len(), rows * cols);
         if !cols.is_multiple_of(ty.block_size()) {
-            return GgmlPacked {
-                ty,
-                data: Data::Fallback(weights.to_vec()),
-            };
+            return GgmlPacked { ty, data: Data::Fallback(weights.to_vec()) };
         }
         // Blocks never straddle rows, so one pass over the flat slice equals a pass per row;
         // `cols` being a whole number of blocks, so is `rows * cols`.
         match quantize_ggml_blocks(ty, weights) {
-            Ok(bytes) => GgmlPacked {
-                ty,
-                data: Data::Blocks(bytes),
-            },
-            Err(_) => GgmlPacked {
-                ty,
-                data: Data::Fallback(weights.to_vec()),
-            },
+            Ok(bytes) => GgmlPacked { ty, data: Data::Blocks(bytes) },
+            Err(_) => GgmlPacked { ty, data: Data::Fallback(weights.to_vec()) },
         }
     }
 
@@ -107,4 +94,3 @@ impl Packed for GgmlPacked {
         }
     }
 }
-

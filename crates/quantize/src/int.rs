@@ -54,13 +54,13 @@ impl Int8Packed {
             let amax = row.iter().fold(0.0f32, |m, w| m.max(w.abs()));
             let scale = amax / 127.0;
             scales.push(scale);
-            codes.extend(row.iter().map(|&w| {
-                if scale == 0.0 {
-                    0
-                } else {
-                    (w / scale).round_ties_even().clamp(-127.0, 127.0) as i8
-                }
-            }));
+            codes.extend(
+                row.iter().map(
+                    |&w| {
+                        if scale == 0.0 { 0 } else { (w / scale).round_ties_even().clamp(-127.0, 127.0) as i8 }
+                    },
+                ),
+            );
         }
         Int8Packed { codes, scales }
     }
@@ -87,12 +87,7 @@ impl Packed for Int8Packed {
                 shape: vec![rows, cols],
                 bytes: self.codes.iter().map(|&q| q as u8).collect(),
             },
-            PackedPart {
-                name: "scales",
-                dtype: PackedDtype::F32,
-                shape: vec![rows],
-                bytes: f32_bytes(&self.scales),
-            },
+            PackedPart { name: "scales", dtype: PackedDtype::F32, shape: vec![rows], bytes: f32_bytes(&self.scales) },
         ]
     }
 }
@@ -179,13 +174,7 @@ impl Int4Packed {
                 }
             }
         }
-        Ok(Int4Packed {
-            group,
-            asym,
-            codes,
-            scales,
-            zeros,
-        })
+        Ok(Int4Packed { group, asym, codes, scales, zeros })
     }
 }
 
@@ -199,11 +188,8 @@ impl Packed for Int4Packed {
             let row_codes = &self.codes[r * row_bytes..(r + 1) * row_bytes];
             for (g, (start, end)) in groups(cols, self.group).enumerate() {
                 let scale = self.scales[r * n_groups + g].to_f32();
-                let zero = if self.asym {
-                    i32::from(nibble(&self.zeros[r * zero_bytes..(r + 1) * zero_bytes], g))
-                } else {
-                    0
-                };
+                let zero =
+                    if self.asym { i32::from(nibble(&self.zeros[r * zero_bytes..(r + 1) * zero_bytes], g)) } else { 0 };
                 out.extend((start..end).map(|i| {
                     let raw = nibble(row_codes, i);
                     let q = if self.asym {
@@ -256,48 +242,18 @@ mod tests {
     use crate::{QuantizeError, Scheme, quantize};
 
     fn part(q: &crate::QuantizedMatrix, name: &str) -> Vec<u8> {
-        q.parts()
-            .into_iter()
-            .find(|p| p.name == name)
-            .map(|p| p.bytes)
-            .unwrap_or_default()
+        q.parts().into_iter().find(|p| p.name == name).map(|p| p.bytes).unwrap_or_default()
     }
 
     #[test]
     fn int8_hand_vector_with_ties_and_zero_row() {
         // Row 0: amax 127 -> scale exactly 1.0; -63.5 ties to even -64, 0.5 -> 0, 1.5 -> 2,
         // 2.5 -> 2. Row 1 is all zero: scale 0, codes 0, dequantizes to 0.
-        let w = [
-            127.0, -63.5, 0.5, 1.5, 2.5, -127.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
-        ];
+        let w = [127.0, -63.5, 0.5, 1.5, 2.5, -127.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
         let q = quantize(&Scheme::Int8, &w, 2, 6).expect("valid");
-        assert_eq!(
-            part(&q, "codes"),
-            [
-                127u8,
-                (-64i8) as u8,
-                0,
-                2,
-                2,
-                (-127i8) as u8,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0
-            ]
-        );
-        assert_eq!(
-            part(&q, "scales"),
-            [1.0f32.to_le_bytes(), 0.0f32.to_le_bytes()].concat()
-        );
-        assert_eq!(
-            q.dequantize(),
-            [
-                127.0, -64.0, 0.0, 2.0, 2.0, -127.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-            ]
-        );
+        assert_eq!(part(&q, "codes"), [127u8, (-64i8) as u8, 0, 2, 2, (-127i8) as u8, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(part(&q, "scales"), [1.0f32.to_le_bytes(), 0.0f32.to_le_bytes()].concat());
+        assert_eq!(q.dequantize(), [127.0, -64.0, 0.0, 2.0, 2.0, -127.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
         assert_eq!(q.storage_bytes(), 12 + 8);
     }
 
@@ -307,24 +263,12 @@ mod tests {
         // (ties to even); [14, -1, 3, 5] amax 14 -> scale 2 -> 7, -0 (−0.5 ties to 0), 2 (1.5),
         // 2 (2.5); the short group [0, 0] has scale 0.
         let w = [7.0, 3.5, -2.5, 0.5, 14.0, -1.0, 3.0, 5.0, 0.0, 0.0];
-        let q = quantize(
-            &Scheme::Int4 {
-                group: 4,
-                asym: false,
-            },
-            &w,
-            1,
-            10,
-        )
-        .expect("valid");
+        let q = quantize(&Scheme::Int4 { group: 4, asym: false }, &w, 1, 10).expect("valid");
         // Nibbles low-first, two's complement: (7,4) 0x47, (-2,0) 0x0E, (7,0) 0x07, (2,2) 0x22, (0,0).
         assert_eq!(part(&q, "codes"), [0x47, 0x0E, 0x07, 0x22, 0x00]);
         // FP16 1.0 = 0x3C00, 2.0 = 0x4000, 0.0.
         assert_eq!(part(&q, "scales"), [0x00, 0x3C, 0x00, 0x40, 0x00, 0x00]);
-        assert_eq!(
-            q.dequantize(),
-            [7.0, 4.0, -2.0, 0.0, 14.0, 0.0, 4.0, 4.0, 0.0, 0.0]
-        );
+        assert_eq!(q.dequantize(), [7.0, 4.0, -2.0, 0.0, 14.0, 0.0, 4.0, 4.0, 0.0, 0.0]);
     }
 
     #[test]
@@ -333,16 +277,7 @@ mod tests {
         // so ±amax / scale = ±9.8 which saturates to 7 and -8.
         let t = 2f32.powi(-24);
         let w = [9.8 * t, -9.8 * t, 3.0 * t, 0.0];
-        let q = quantize(
-            &Scheme::Int4 {
-                group: 4,
-                asym: false,
-            },
-            &w,
-            1,
-            4,
-        )
-        .expect("valid");
+        let q = quantize(&Scheme::Int4 { group: 4, asym: false }, &w, 1, 4).expect("valid");
         assert_eq!(q.dequantize(), [7.0 * t, -8.0 * t, 3.0 * t, 0.0]);
     }
 
@@ -353,36 +288,13 @@ mod tests {
         // [5, 5] (short last group): lo 0, hi 5 -> scale f16(1/3) = 0x3555 = 0.33325195,
         //   zero 0, q = rne(15.0037) = 15 -> 15 × 0.33325195 = 4.9987793.
         let w = [-1.0, 0.0, 2.0, 14.0, 0.5, 1.5, 2.5, 15.0, 5.0, 5.0];
-        let q = quantize(
-            &Scheme::Int4 {
-                group: 4,
-                asym: true,
-            },
-            &w,
-            1,
-            10,
-        )
-        .expect("valid");
+        let q = quantize(&Scheme::Int4 { group: 4, asym: true }, &w, 1, 10).expect("valid");
         assert_eq!(part(&q, "codes"), [0x10, 0xF3, 0x20, 0xF2, 0xFF]);
         assert_eq!(part(&q, "scales"), [0x00, 0x3C, 0x00, 0x3C, 0x55, 0x35]);
         // Zero points 1, 0, 0 packed low nibble first, per row: [0x01, 0x00].
         assert_eq!(part(&q, "zeros"), [0x01, 0x00]);
         let third = half::f16::from_bits(0x3555).to_f32();
-        assert_eq!(
-            q.dequantize(),
-            [
-                -1.0,
-                0.0,
-                2.0,
-                14.0,
-                0.0,
-                2.0,
-                2.0,
-                15.0,
-                15.0 * third,
-                15.0 * third
-            ]
-        );
+        assert_eq!(q.dequantize(), [-1.0, 0.0, 2.0, 14.0, 0.0, 2.0, 2.0, 15.0, 15.0 * third, 15.0 * third]);
     }
 
     #[test]
@@ -396,23 +308,7 @@ mod tests {
     #[test]
     fn int4_scale_overflow_is_an_error() {
         let w = [1.0e6, 0.0];
-        let err = quantize(
-            &Scheme::Int4 {
-                group: 2,
-                asym: false,
-            },
-            &w,
-            1,
-            2,
-        )
-        .unwrap_err();
-        assert!(matches!(
-            err,
-            QuantizeError::ScaleOverflow {
-                row: 0,
-                group: 0,
-                ..
-            }
-        ));
+        let err = quantize(&Scheme::Int4 { group: 2, asym: false }, &w, 1, 2).unwrap_err();
+        assert!(matches!(err, QuantizeError::ScaleOverflow { row: 0, group: 0, .. }));
     }
 }

@@ -41,12 +41,11 @@ mod stats;
 pub use error::QuantizeError;
 pub use fp8::{fp8_decode, fp8_encode};
 pub use ggml::dequantize_ggml_blocks;
-pub use qdrift_ggml::GgmlError;
 pub use model::{
-    QuantSummary, QuantizeOptions, QuantizedModel, QuantizedTensor, TensorReport, WeightSlot,
-    quantize_model,
+    QuantSummary, QuantizeOptions, QuantizedModel, QuantizedTensor, TensorReport, WeightSlot, quantize_model,
 };
 pub use nf4::NF4_CODE;
+pub use qdrift_ggml::GgmlError;
 pub use safetensors_out::{WriteError, rotate_half_row_order, write_safetensors};
 pub use scheme::{Fp8Format, GgmlType, Scheme};
 pub use stats::{ErrorStats, error_stats, try_error_stats};
@@ -174,11 +173,7 @@ impl QuantizedMatrix {
     /// `storage_bytes * 8 / (rows * cols)`; 0 for an empty matrix.
     pub fn bits_per_weight(&self) -> f64 {
         let n = self.rows * self.cols;
-        if n == 0 {
-            0.0
-        } else {
-            self.storage_bytes() as f64 * 8.0 / n as f64
-        }
+        if n == 0 { 0.0 } else { self.storage_bytes() as f64 * 8.0 / n as f64 }
     }
 
     /// True when a GGML format could not block the rows (`cols` not a multiple of the block
@@ -201,30 +196,13 @@ impl QuantizedMatrix {
 /// # Errors
 /// Length mismatch, a non-finite weight (named by index), a zero group size in a hand-built
 /// scheme, or an int4 group scale that overflows FP16.
-pub fn quantize(
-    scheme: &Scheme,
-    weights: &[f32],
-    rows: usize,
-    cols: usize,
-) -> Result<QuantizedMatrix, QuantizeError> {
-    let expected = rows
-        .checked_mul(cols)
-        .ok_or(QuantizeError::ShapeOverflow { rows, cols })?;
+pub fn quantize(scheme: &Scheme, weights: &[f32], rows: usize, cols: usize) -> Result<QuantizedMatrix, QuantizeError> {
+    let expected = rows.checked_mul(cols).ok_or(QuantizeError::ShapeOverflow { rows, cols })?;
     if weights.len() != expected {
-        return Err(QuantizeError::LengthMismatch {
-            len: weights.len(),
-            rows,
-            cols,
-            expected,
-        });
+        return Err(QuantizeError::LengthMismatch { len: weights.len(), rows, cols, expected });
     }
     if let Some(index) = weights.iter().position(|w| !w.is_finite()) {
-        return Err(QuantizeError::NonFinite {
-            index,
-            row: index / cols,
-            col: index % cols,
-            value: weights[index],
-        });
+        return Err(QuantizeError::NonFinite { index, row: index / cols, col: index % cols, value: weights[index] });
     }
     let storage = match *scheme {
         Scheme::Fp16 => Storage::Float(float::HalfPacked::quantize(float::Half::F16, weights)),
@@ -232,31 +210,22 @@ pub fn quantize(
         Scheme::Int8 => Storage::Int8(int::Int8Packed::quantize(weights, rows, cols)),
         Scheme::Int4 { group, asym } => {
             if group == 0 {
-                return Err(QuantizeError::ZeroGroup {
-                    scheme: scheme.to_string(),
-                });
+                return Err(QuantizeError::ZeroGroup { scheme: scheme.to_string() });
             }
             Storage::Int4(int::Int4Packed::quantize(weights, rows, cols, group, asym)?)
         }
-        Scheme::Fp8 { format, per_tensor } => Storage::Fp8(fp8::Fp8Packed::quantize(
-            weights, rows, cols, format, per_tensor,
-        )),
+        Scheme::Fp8 { format, per_tensor } => {
+            Storage::Fp8(fp8::Fp8Packed::quantize(weights, rows, cols, format, per_tensor))
+        }
         Scheme::Nf4 { block } => {
             if block == 0 {
-                return Err(QuantizeError::ZeroGroup {
-                    scheme: scheme.to_string(),
-                });
+                return Err(QuantizeError::ZeroGroup { scheme: scheme.to_string() });
             }
             Storage::Nf4(nf4::Nf4Packed::quantize(weights, rows, cols, block))
         }
         Scheme::Ggml(ty) => Storage::Ggml(ggml::GgmlPacked::quantize(ty, weights, rows, cols)),
     };
-    Ok(QuantizedMatrix {
-        scheme: *scheme,
-        rows,
-        cols,
-        storage,
-    })
+    Ok(QuantizedMatrix { scheme: *scheme, rows, cols, storage })
 }
 
 /// Little-endian bytes of a slice of f32.

@@ -183,17 +183,8 @@ impl QuantizedModel {
             } else {
                 storage_bytes as f64 * 8.0 / quantized_weights as f64
             },
-            sqnr_db: if noise == 0.0 {
-                None
-            } else {
-                Some(10.0 * (signal / noise).log10())
-            },
-            fell_back: self
-                .tensors
-                .iter()
-                .filter(|t| t.matrix.fell_back())
-                .map(|t| t.name.clone())
-                .collect(),
+            sqnr_db: if noise == 0.0 { None } else { Some(10.0 * (signal / noise).log10()) },
+            fell_back: self.tensors.iter().filter(|t| t.matrix.fell_back()).map(|t| t.name.clone()).collect(),
         }
     }
 }
@@ -225,15 +216,8 @@ pub fn quantize_model(
         dequantized.token_embedding.data = t.1;
         tensors.push(t.0);
     }
-    for (layer, (ref_layer, out_layer)) in reference
-        .layers
-        .iter()
-        .zip(dequantized.layers.iter_mut())
-        .enumerate()
-    {
-        for ((short_name, weight), (_, out)) in
-            ref_layer.linears().into_iter().zip(out_layer.linears_mut())
-        {
+    for (layer, (ref_layer, out_layer)) in reference.layers.iter().zip(dequantized.layers.iter_mut()).enumerate() {
+        for ((short_name, weight), (_, out)) in ref_layer.linears().into_iter().zip(out_layer.linears_mut()) {
             let slot = WeightSlot::Linear { layer, short_name };
             let (tensor, values) = quantize_tensor(scheme, slot, weight)?;
             out.data = values;
@@ -247,12 +231,7 @@ pub fn quantize_model(
         out.data = values;
         tensors.push(tensor);
     }
-    Ok(QuantizedModel {
-        scheme: *scheme,
-        options: *opts,
-        dequantized,
-        tensors,
-    })
+    Ok(QuantizedModel { scheme: *scheme, options: *opts, dequantized, tensors })
 }
 
 /// Quantizes one model tensor and returns it with its dequantized values.
@@ -266,31 +245,18 @@ fn quantize_tensor(
 ) -> Result<(QuantizedTensor, Vec<f32>), QuantizeError> {
     let name = slot.hf_name();
     let [rows, cols] = matrix_shape(&name, weight)?;
-    let matrix =
-        quantize(scheme, &weight.data, rows, cols).map_err(|e| QuantizeError::InTensor {
-            tensor: name.clone(),
-            source: Box::new(e),
-        })?;
+    let matrix = quantize(scheme, &weight.data, rows, cols)
+        .map_err(|e| QuantizeError::InTensor { tensor: name.clone(), source: Box::new(e) })?;
     let values = matrix.dequantize();
-    let stats = try_error_stats(&weight.data, &values).map_err(|e| QuantizeError::InTensor {
-        tensor: name.clone(),
-        source: Box::new(e),
-    })?;
+    let stats = try_error_stats(&weight.data, &values)
+        .map_err(|e| QuantizeError::InTensor { tensor: name.clone(), source: Box::new(e) })?;
     let (mut signal_energy, mut noise_energy) = (0.0f64, 0.0f64);
     for (&r, &a) in weight.data.iter().zip(&values) {
         let (r, a) = (f64::from(r), f64::from(a));
         signal_energy += r * r;
         noise_energy += (r - a) * (r - a);
     }
-    let tensor = QuantizedTensor {
-        slot,
-        name,
-        shape: [rows, cols],
-        matrix,
-        stats,
-        signal_energy,
-        noise_energy,
-    };
+    let tensor = QuantizedTensor { slot, name, shape: [rows, cols], matrix, stats, signal_energy, noise_energy };
     Ok((tensor, values))
 }
 
@@ -298,11 +264,7 @@ fn quantize_tensor(
 pub(crate) fn matrix_shape(name: &str, t: &HostTensor) -> Result<[usize; 2], QuantizeError> {
     match t.shape[..] {
         [rows, cols] if rows.checked_mul(cols) == Some(t.data.len()) => Ok([rows, cols]),
-        _ => Err(QuantizeError::NotAMatrix {
-            tensor: name.to_owned(),
-            shape: t.shape.clone(),
-            len: t.data.len(),
-        }),
+        _ => Err(QuantizeError::NotAMatrix { tensor: name.to_owned(), shape: t.shape.clone(), len: t.data.len() }),
     }
 }
 

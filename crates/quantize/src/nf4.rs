@@ -102,11 +102,7 @@ impl Nf4Packed {
                 }
             }
         }
-        Nf4Packed {
-            block,
-            codes,
-            absmax,
-        }
+        Nf4Packed { block, codes, absmax }
     }
 }
 
@@ -177,42 +173,14 @@ mod tests {
         // threshold between codes 7 and 8 itself -> 7 (ties go down). Second block: absmax 2,
         // 1.2 / 2 = 0.6 lies between thresholds 12 and 13 -> code 13; -0.6 / 2 = -0.3 -> code 4.
         // Third (short) block is all zero -> code 7, absmax 0.
-        let w = [
-            1.0,
-            -1.0,
-            0.0,
-            THRESHOLDS[7],
-            2.0,
-            1.2,
-            -0.6,
-            -2.0,
-            0.0,
-            0.0,
-        ];
+        let w = [1.0, -1.0, 0.0, THRESHOLDS[7], 2.0, 1.2, -0.6, -2.0, 0.0, 0.0];
         let q = quantize(&Scheme::Nf4 { block: 4 }, &w, 1, 10).expect("valid");
         let parts = q.parts();
         // High nibble first: (15, 0) (7, 7) (15, 13) (4, 0) (7, 7).
         assert_eq!(parts[0].bytes, [0xF0, 0x77, 0xFD, 0x40, 0x77]);
-        let absmax: Vec<u8> = [1.0f32, 2.0, 0.0]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
+        let absmax: Vec<u8> = [1.0f32, 2.0, 0.0].iter().flat_map(|v| v.to_le_bytes()).collect();
         assert_eq!(parts[1].bytes, absmax);
-        assert_eq!(
-            q.dequantize(),
-            [
-                1.0,
-                -1.0,
-                0.0,
-                0.0,
-                2.0,
-                NF4_CODE[13] * 2.0,
-                NF4_CODE[4] * 2.0,
-                -2.0,
-                0.0,
-                0.0
-            ]
-        );
+        assert_eq!(q.dequantize(), [1.0, -1.0, 0.0, 0.0, 2.0, NF4_CODE[13] * 2.0, NF4_CODE[4] * 2.0, -2.0, 0.0, 0.0]);
     }
 
     #[test]

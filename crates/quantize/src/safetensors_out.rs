@@ -85,9 +85,7 @@ pub enum WriteError {
 /// `head_dim` must be even (RoPE rotates pairs).
 pub fn rotate_half_row_order(n_heads: usize, head_dim: usize) -> Vec<usize> {
     let half = head_dim / 2;
-    (0..n_heads)
-        .flat_map(|h| (0..2).flat_map(move |a| (0..half).map(move |i| h * head_dim + 2 * i + a)))
-        .collect()
+    (0..n_heads).flat_map(|h| (0..2).flat_map(move |a| (0..half).map(move |i| h * head_dim + 2 * i + a))).collect()
 }
 
 /// Writes every tensor of `model` to `path` under Hugging Face Llama names.
@@ -120,24 +118,12 @@ pub fn write_safetensors(
     extra_metadata: &[(String, String)],
 ) -> Result<(), WriteError> {
     let metadata = metadata(path, model, packed, extra_metadata)?;
-    let tensors = Collector {
-        path,
-        model,
-        packed,
-        out: Vec::new(),
-    }
-    .collect()?;
+    let tensors = Collector { path, model, packed, out: Vec::new() }.collect()?;
     let tmp = temp_path(path);
     let written = safetensors::serialize_to_file(tensors, Some(metadata), &tmp)
-        .map_err(|source| WriteError::Safetensors {
-            path: path.to_path_buf(),
-            source,
-        })
+        .map_err(|source| WriteError::Safetensors { path: path.to_path_buf(), source })
         .and_then(|()| {
-            std::fs::rename(&tmp, path).map_err(|source| WriteError::Io {
-                path: path.to_path_buf(),
-                source,
-            })
+            std::fs::rename(&tmp, path).map_err(|source| WriteError::Io { path: path.to_path_buf(), source })
         });
     if written.is_err() {
         // Nothing to report if it was never created.
@@ -165,14 +151,8 @@ fn metadata(
         ("format", "pt".to_owned()),
         ("qdrift.scheme", model.scheme.to_string()),
         ("qdrift.packed", packed.to_string()),
-        (
-            "qdrift.quantize_embeddings",
-            model.options.quantize_embeddings.to_string(),
-        ),
-        (
-            "qdrift.quantize_head",
-            model.options.quantize_head.to_string(),
-        ),
+        ("qdrift.quantize_embeddings", model.options.quantize_embeddings.to_string()),
+        ("qdrift.quantize_head", model.options.quantize_head.to_string()),
         ("qdrift.rope_layout", "rotate_half".to_owned()),
     ]
     .into_iter()
@@ -180,10 +160,7 @@ fn metadata(
     .collect();
     for (key, value) in extra {
         if map.insert(key.clone(), value.clone()).is_some() {
-            return Err(WriteError::MetadataKey {
-                path: path.to_path_buf(),
-                key: key.clone(),
-            });
+            return Err(WriteError::MetadataKey { path: path.to_path_buf(), key: key.clone() });
         }
     }
     Ok(map)
@@ -221,16 +198,8 @@ impl View for OutTensor<'_> {
 
     fn data(&self) -> Cow<'_, [u8]> {
         match self {
-            OutTensor::F32 {
-                values,
-                row_order: None,
-                ..
-            } => Cow::Owned(crate::f32_bytes(values)),
-            OutTensor::F32 {
-                values,
-                row_order: Some(order),
-                ..
-            } => {
+            OutTensor::F32 { values, row_order: None, .. } => Cow::Owned(crate::f32_bytes(values)),
+            OutTensor::F32 { values, row_order: Some(order), .. } => {
                 let cols = values.len().checked_div(order.len()).unwrap_or(0);
                 Cow::Owned(
                     order
@@ -291,28 +260,15 @@ impl<'a> Collector<'a> {
         let head_dim = arch.head_dim();
         self.weight(WeightSlot::TokenEmbedding, &m.token_embedding, None)?;
         for (i, layer) in m.layers.iter().enumerate() {
-            self.dense(
-                format!("model.layers.{i}.input_layernorm.weight"),
-                &layer.attn_norm,
-            )?;
-            self.dense(
-                format!("model.layers.{i}.post_attention_layernorm.weight"),
-                &layer.ffn_norm,
-            )?;
+            self.dense(format!("model.layers.{i}.input_layernorm.weight"), &layer.attn_norm)?;
+            self.dense(format!("model.layers.{i}.post_attention_layernorm.weight"), &layer.ffn_norm)?;
             for (short_name, w) in layer.linears() {
                 let rope = match short_name {
                     "self_attn.q_proj" => Some((arch.n_heads, head_dim)),
                     "self_attn.k_proj" => Some((arch.n_kv_heads, head_dim)),
                     _ => None,
                 };
-                self.weight(
-                    WeightSlot::Linear {
-                        layer: i,
-                        short_name,
-                    },
-                    w,
-                    rope,
-                )?;
+                self.weight(WeightSlot::Linear { layer: i, short_name }, w, rope)?;
             }
             let biases = [
                 ("q_proj", &layer.bq, Some(arch.n_heads)),
@@ -334,29 +290,15 @@ impl<'a> Collector<'a> {
     }
 
     fn layout(&self, tensor: &str, message: String) -> WriteError {
-        WriteError::Layout {
-            path: self.path.to_path_buf(),
-            tensor: tensor.to_owned(),
-            message,
-        }
+        WriteError::Layout { path: self.path.to_path_buf(), tensor: tensor.to_owned(), message }
     }
 
     /// A tensor written as F32 whatever the mode (norms).
     fn dense(&mut self, name: String, t: &'a HostTensor) -> Result<(), WriteError> {
         if t.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) != Some(t.data.len()) {
-            return Err(self.layout(
-                &name,
-                format!("shape {:?} does not hold {} values", t.shape, t.data.len()),
-            ));
+            return Err(self.layout(&name, format!("shape {:?} does not hold {} values", t.shape, t.data.len())));
         }
-        self.out.push((
-            name,
-            OutTensor::F32 {
-                shape: t.shape.clone(),
-                values: &t.data,
-                row_order: None,
-            },
-        ));
+        self.out.push((name, OutTensor::F32 { shape: t.shape.clone(), values: &t.data, row_order: None }));
         Ok(())
     }
 
@@ -367,10 +309,9 @@ impl<'a> Collector<'a> {
             return Ok(None);
         };
         if !head_dim.is_multiple_of(2) || heads.checked_mul(head_dim) != Some(count) {
-            return Err(self.layout(
-                name,
-                format!("{count} {what} are not {heads} heads of an even head dimension {head_dim}"),
-            ));
+            return Err(
+                self.layout(name, format!("{count} {what} are not {heads} heads of an even head dimension {head_dim}"))
+            );
         }
         Ok(Some(rotate_half_row_order(heads, head_dim)))
     }
@@ -379,31 +320,16 @@ impl<'a> Collector<'a> {
     fn bias(&mut self, name: String, t: &'a HostTensor, rope: Rope) -> Result<(), WriteError> {
         let n = t.data.len();
         if t.shape != [n] {
-            return Err(self.layout(
-                &name,
-                format!("shape {:?} is not a vector of {n} values", t.shape),
-            ));
+            return Err(self.layout(&name, format!("shape {:?} is not a vector of {n} values", t.shape)));
         }
         let row_order = self.row_order(&name, rope, n, "values")?;
-        self.out.push((
-            name,
-            OutTensor::F32 {
-                shape: t.shape.clone(),
-                values: &t.data,
-                row_order,
-            },
-        ));
+        self.out.push((name, OutTensor::F32 { shape: t.shape.clone(), values: &t.data, row_order }));
         Ok(())
     }
 
     /// A weight matrix: packed parts when packing and quantized, F32 otherwise; q/k rows
     /// permuted to rotate-half.
-    fn weight(
-        &mut self,
-        slot: WeightSlot,
-        t: &'a HostTensor,
-        rope: Rope,
-    ) -> Result<(), WriteError> {
+    fn weight(&mut self, slot: WeightSlot, t: &'a HostTensor, rope: Rope) -> Result<(), WriteError> {
         let name = slot.hf_name();
         let [rows, _] = crate::model::matrix_shape(&name, t).map_err(|e| WriteError::Layout {
             path: self.path.to_path_buf(),
@@ -411,20 +337,9 @@ impl<'a> Collector<'a> {
             message: e.to_string(),
         })?;
         let row_order = self.row_order(&name, rope, rows, "rows")?;
-        let quantized = if self.packed {
-            self.model.tensor(slot)
-        } else {
-            None
-        };
+        let quantized = if self.packed { self.model.tensor(slot) } else { None };
         let Some(q) = quantized else {
-            self.out.push((
-                name,
-                OutTensor::F32 {
-                    shape: t.shape.clone(),
-                    values: &t.data,
-                    row_order,
-                },
-            ));
+            self.out.push((name, OutTensor::F32 { shape: t.shape.clone(), values: &t.data, row_order }));
             return Ok(());
         };
         let base = name.strip_suffix(".weight").unwrap_or(&name).to_owned();
@@ -432,17 +347,11 @@ impl<'a> Collector<'a> {
             let part_name = format!("{base}.{}", part.name);
             let part = match &row_order {
                 None => part,
-                Some(order) => {
-                    permute_part_rows(part, rows, order).map_err(|m| self.layout(&part_name, m))?
-                }
+                Some(order) => permute_part_rows(part, rows, order).map_err(|m| self.layout(&part_name, m))?,
             };
             self.out.push((
                 part_name,
-                OutTensor::Part {
-                    dtype: safetensors_dtype(part.dtype),
-                    shape: part.shape,
-                    bytes: part.bytes,
-                },
+                OutTensor::Part { dtype: safetensors_dtype(part.dtype), shape: part.shape, bytes: part.bytes },
             ));
         }
         Ok(())
@@ -459,24 +368,14 @@ fn permute_part_rows(part: PackedPart, rows: usize, order: &[usize]) -> Result<P
         return if part.shape.iter().product::<usize>() == 1 {
             Ok(part)
         } else {
-            Err(format!(
-                "packed part of shape {:?} is neither per row ({rows} rows) nor per tensor",
-                part.shape
-            ))
+            Err(format!("packed part of shape {:?} is neither per row ({rows} rows) nor per tensor", part.shape))
         };
     }
     let row_bytes = part.bytes.len().checked_div(rows).unwrap_or(0);
     if rows == 0 || row_bytes * rows != part.bytes.len() || order.len() != rows {
-        return Err(format!(
-            "{} bytes do not split into {rows} rows",
-            part.bytes.len()
-        ));
+        return Err(format!("{} bytes do not split into {rows} rows", part.bytes.len()));
     }
-    let bytes = order
-        .iter()
-        .flat_map(|&r| &part.bytes[r * row_bytes..(r + 1) * row_bytes])
-        .copied()
-        .collect();
+    let bytes = order.iter().flat_map(|&r| &part.bytes[r * row_bytes..(r + 1) * row_bytes]).copied().collect();
     Ok(PackedPart { bytes, ..part })
 }
 

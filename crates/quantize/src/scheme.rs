@@ -90,35 +90,27 @@ impl Scheme {
     /// One sentence for `--help`.
     pub fn describe(&self) -> &'static str {
         match self {
-            Scheme::Fp16 => {
-                "IEEE half precision, each weight rounded to nearest even (16 bits/weight)."
-            }
+            Scheme::Fp16 => "IEEE half precision, each weight rounded to nearest even (16 bits/weight).",
             Scheme::Bf16 => "bfloat16, each weight rounded to nearest even (16 bits/weight).",
-            Scheme::Int8 => {
-                "Symmetric int8 per output channel, scale = absmax/127 in f32 (8 + 32/cols bits/weight)."
-            }
+            Scheme::Int8 => "Symmetric int8 per output channel, scale = absmax/127 in f32 (8 + 32/cols bits/weight).",
             Scheme::Int4 { asym: false, .. } => {
                 "Symmetric 4-bit integers in [-8, 7] with one FP16 scale = absmax/7 per group of a row."
             }
             Scheme::Int4 { asym: true, .. } => {
                 "Asymmetric 4-bit integers in [0, 15] with an FP16 scale and a 4-bit zero point per group of a row."
             }
-            Scheme::Fp8 {
-                format: Fp8Format::E4M3,
-                per_tensor: false,
-            } => "OCP FP8 E4M3 (max 448) with one f32 scale per output channel.",
-            Scheme::Fp8 {
-                format: Fp8Format::E5M2,
-                per_tensor: false,
-            } => "OCP FP8 E5M2 (max 57344) with one f32 scale per output channel.",
-            Scheme::Fp8 {
-                format: Fp8Format::E4M3,
-                per_tensor: true,
-            } => "OCP FP8 E4M3 (max 448) with a single f32 scale for the whole tensor.",
-            Scheme::Fp8 {
-                format: Fp8Format::E5M2,
-                per_tensor: true,
-            } => "OCP FP8 E5M2 (max 57344) with a single f32 scale for the whole tensor.",
+            Scheme::Fp8 { format: Fp8Format::E4M3, per_tensor: false } => {
+                "OCP FP8 E4M3 (max 448) with one f32 scale per output channel."
+            }
+            Scheme::Fp8 { format: Fp8Format::E5M2, per_tensor: false } => {
+                "OCP FP8 E5M2 (max 57344) with one f32 scale per output channel."
+            }
+            Scheme::Fp8 { format: Fp8Format::E4M3, per_tensor: true } => {
+                "OCP FP8 E4M3 (max 448) with a single f32 scale for the whole tensor."
+            }
+            Scheme::Fp8 { format: Fp8Format::E5M2, per_tensor: true } => {
+                "OCP FP8 E5M2 (max 57344) with a single f32 scale for the whole tensor."
+            }
             Scheme::Nf4 { .. } => {
                 "QLoRA NormalFloat4: 16 normal-quantile levels scaled by an f32 absmax per block of 64 (4.5 bits/weight)."
             }
@@ -144,11 +136,7 @@ impl Scheme {
     }
 
     fn known_names() -> String {
-        Scheme::all()
-            .iter()
-            .map(Scheme::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
+        Scheme::all().iter().map(Scheme::to_string).collect::<Vec<_>>().join(", ")
     }
 }
 
@@ -162,12 +150,7 @@ impl fmt::Display for Scheme {
                 write!(f, "int4-g{group}{}", if *asym { "-asym" } else { "" })
             }
             Scheme::Fp8 { format, per_tensor } => {
-                write!(
-                    f,
-                    "fp8-{}{}",
-                    format.cli(),
-                    if *per_tensor { "-tensor" } else { "" }
-                )
+                write!(f, "fp8-{}{}", format.cli(), if *per_tensor { "-tensor" } else { "" })
             }
             Scheme::Nf4 { block } => write!(f, "nf4-g{block}"),
             Scheme::Ggml(ty) => f.write_str(ty.name()),
@@ -183,9 +166,6 @@ impl FromStr for Scheme {
         Scheme::all()
             .into_iter()
             .find(|scheme| scheme.to_string() == name)
-            .ok_or_else(|| QuantizeError::UnknownScheme {
-                name: name.to_owned(),
-                known: Scheme::known_names(),
-            })
+            .ok_or_else(|| QuantizeError::UnknownScheme { name: name.to_owned(), known: Scheme::known_names() })
     }
 }

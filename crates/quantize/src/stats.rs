@@ -54,26 +54,14 @@ pub fn try_error_stats(reference: &[f32], approx: &[f32]) -> Result<ErrorStats, 
         dot += r * a;
         approx_energy += a * a;
     }
-    let sqnr_db = if noise == 0.0 {
-        f64::INFINITY
-    } else {
-        10.0 * (signal / noise).log10()
-    };
-    let rel_frobenius = if noise == 0.0 {
-        0.0
-    } else {
-        (noise / signal).sqrt()
-    };
+    let sqnr_db = if noise == 0.0 { f64::INFINITY } else { 10.0 * (signal / noise).log10() };
+    let rel_frobenius = if noise == 0.0 { 0.0 } else { (noise / signal).sqrt() };
     let cosine = match (signal == 0.0, approx_energy == 0.0) {
         (true, true) => 1.0,
         (true, false) | (false, true) => 0.0,
         (false, false) => dot / (signal.sqrt() * approx_energy.sqrt()),
     };
-    Ok(ErrorStats {
-        sqnr_db,
-        rel_frobenius,
-        cosine,
-    })
+    Ok(ErrorStats { sqnr_db, rel_frobenius, cosine })
 }
 
 #[cfg(test)]
@@ -106,15 +94,9 @@ mod tests {
     #[test]
     fn zero_reference_and_length_mismatch() {
         let z = error_stats(&[0.0, 0.0], &[0.0, 0.0]);
-        assert_eq!(
-            (z.sqnr_db, z.rel_frobenius, z.cosine),
-            (f64::INFINITY, 0.0, 1.0)
-        );
+        assert_eq!((z.sqnr_db, z.rel_frobenius, z.cosine), (f64::INFINITY, 0.0, 1.0));
         let nz = error_stats(&[0.0, 0.0], &[1.0, 0.0]);
-        assert_eq!(
-            (nz.sqnr_db, nz.rel_frobenius, nz.cosine),
-            (f64::NEG_INFINITY, f64::INFINITY, 0.0)
-        );
+        assert_eq!((nz.sqnr_db, nz.rel_frobenius, nz.cosine), (f64::NEG_INFINITY, f64::INFINITY, 0.0));
         assert!(error_stats(&[1.0], &[1.0, 2.0]).sqnr_db.is_nan());
         assert!(try_error_stats(&[1.0], &[1.0, 2.0]).is_err());
     }

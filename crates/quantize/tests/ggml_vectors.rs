@@ -36,11 +36,7 @@ fn wrapper_stores_exactly_the_codec_blocks() {
 fn dequantize_ggml_blocks_validates_lengths() {
     assert_eq!(
         dequantize_ggml_blocks(GgmlType::Q4K, &[0; 144], 255),
-        Err(QuantizeError::Ggml(GgmlError::PartialBlock {
-            ty: GgmlType::Q4K,
-            block: 256,
-            n_elements: 255
-        }))
+        Err(QuantizeError::Ggml(GgmlError::PartialBlock { ty: GgmlType::Q4K, block: 256, n_elements: 255 }))
     );
     assert_eq!(
         dequantize_ggml_blocks(GgmlType::Q8_0, &[0; 33], 32),
@@ -52,9 +48,7 @@ fn dequantize_ggml_blocks_validates_lengths() {
         }))
     );
     assert_eq!(dequantize_ggml_blocks(GgmlType::Q6K, &[], 0), Ok(vec![]));
-    let text = dequantize_ggml_blocks(GgmlType::Mxfp4, &[0; 16], 32)
-        .unwrap_err()
-        .to_string();
+    let text = dequantize_ggml_blocks(GgmlType::Mxfp4, &[0; 16], 32).unwrap_err().to_string();
     assert_eq!(text, "mxfp4 data for 32 elements must be 17 bytes, got 16");
 }
 

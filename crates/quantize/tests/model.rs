@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use qdrift_load::{HostModel, HostTensor, read_llama2c_checkpoint};
 use qdrift_quantize::{
-    Fp8Format, GgmlType, PackedPart, QuantizeOptions, QuantizedModel, Scheme, WeightSlot,
-    WriteError, quantize, quantize_model, rotate_half_row_order, write_safetensors,
+    Fp8Format, GgmlType, PackedPart, QuantizeOptions, QuantizedModel, Scheme, WeightSlot, WriteError, quantize,
+    quantize_model, rotate_half_row_order, write_safetensors,
 };
 use safetensors::{Dtype, SafeTensors};
 
@@ -34,10 +34,7 @@ fn reference() -> HostModel {
     let path = shared().join("models/stories260K/stories260K.bin");
     let mut model = read_llama2c_checkpoint(&path).expect("stories260K loads");
     model.round_to_f16();
-    assert_eq!(
-        (model.arch.dim, model.arch.hidden_dim, model.layers.len()),
-        (64, 172, LAYERS)
-    );
+    assert_eq!((model.arch.dim, model.arch.hidden_dim, model.layers.len()), (64, 172, LAYERS));
     assert!(model.output.is_none(), "stories260K is tied");
     model
 }
@@ -54,12 +51,7 @@ fn untied(mut model: HostModel) -> HostModel {
 }
 
 fn linear<'a>(model: &'a HostModel, layer: usize, short: &str) -> &'a HostTensor {
-    model.layers[layer]
-        .linears()
-        .into_iter()
-        .find(|(n, _)| *n == short)
-        .map(|(_, t)| t)
-        .expect("known linear")
+    model.layers[layer].linears().into_iter().find(|(n, _)| *n == short).map(|(_, t)| t).expect("known linear")
 }
 
 fn slot(layer: usize, short_name: &'static str) -> WeightSlot {
@@ -81,35 +73,19 @@ fn every_scheme_quantizes_stories260k() {
         let q = quantize_model(&reference, &scheme, &QuantizeOptions::default())
             .unwrap_or_else(|e| panic!("{scheme}: {e}"));
         assert_eq!(q.tensors.len(), LAYERS * 7, "{scheme}");
-        let names: Vec<String> = (0..LAYERS)
-            .flat_map(|i| LINEARS.map(|l| format!("model.layers.{i}.{l}.weight")))
-            .collect();
-        assert_eq!(
-            q.tensors.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
-            names
-        );
+        let names: Vec<String> =
+            (0..LAYERS).flat_map(|i| LINEARS.map(|l| format!("model.layers.{i}.{l}.weight"))).collect();
+        assert_eq!(q.tensors.iter().map(|t| t.name.clone()).collect::<Vec<_>>(), names);
         for t in &q.tensors {
             let s = t.stats.sqnr_db;
-            assert!(
-                s.is_finite() || s == f64::INFINITY,
-                "{scheme} {}: SQNR {s}",
-                t.name
-            );
-            assert!(
-                t.stats.cosine > 0.9,
-                "{scheme} {}: cosine {}",
-                t.name,
-                t.stats.cosine
-            );
+            assert!(s.is_finite() || s == f64::INFINITY, "{scheme} {}: SQNR {s}", t.name);
+            assert!(t.stats.cosine > 0.9, "{scheme} {}: cosine {}", t.name, t.stats.cosine);
             // The report's SQNR is the same number, with +inf as None.
             let r = t.report();
             assert_eq!(r.sqnr_db, s.is_finite().then_some(s));
         }
         // Not quantized by default: embedding, norms.
-        assert_eq!(
-            bits(&q.dequantized.token_embedding.data),
-            bits(&reference.token_embedding.data)
-        );
+        assert_eq!(bits(&q.dequantized.token_embedding.data), bits(&reference.token_embedding.data));
         assert!(q.dequantized.output.is_none());
         for (a, b) in q.dequantized.layers.iter().zip(&reference.layers) {
             assert_eq!(bits(&a.attn_norm.data), bits(&b.attn_norm.data));
@@ -132,18 +108,12 @@ fn sqnr_orders_int8_over_int4_g32_over_int4_g128_on_every_tensor() {
         .iter()
         .map(|s| quantize_model(&reference, s, &QuantizeOptions::default()).expect("quantizes"))
         .collect();
-    println!(
-        "{:<40} {:>10} {:>10} {:>10}   (SQNR dB, stories260K at FP16)",
-        "tensor", "int8", "int4-g32", "int4-g128"
-    );
+    println!("{:<40} {:>10} {:>10} {:>10}   (SQNR dB, stories260K at FP16)", "tensor", "int8", "int4-g32", "int4-g128");
     for i in 0..models[0].tensors.len() {
         let [a, b, c] = [0, 1, 2].map(|m| models[m].tensors[i].stats.sqnr_db);
         let name = &models[0].tensors[i].name;
         println!("{name:<40} {a:>10.3} {b:>10.3} {c:>10.3}");
-        assert!(
-            a > b && b > c,
-            "{name}: int8 {a}, int4-g32 {b}, int4-g128 {c}"
-        );
+        assert!(a > b && b > c, "{name}: int8 {a}, int4-g32 {b}, int4-g128 {c}");
     }
     let [a, b, c] = [0, 1, 2].map(|m| models[m].summary().sqnr_db.expect("lossy"));
     println!("{:<40} {a:>10.3} {b:>10.3} {c:>10.3}", "(aggregate)");
@@ -153,12 +123,9 @@ fn sqnr_orders_int8_over_int4_g32_over_int4_g128_on_every_tensor() {
 #[test]
 fn ggml_formats_fall_back_on_rows_they_cannot_block() {
     let reference = reference();
-    let down: BTreeSet<String> = (0..LAYERS)
-        .map(|i| format!("model.layers.{i}.mlp.down_proj.weight"))
-        .collect();
+    let down: BTreeSet<String> = (0..LAYERS).map(|i| format!("model.layers.{i}.mlp.down_proj.weight")).collect();
     for ty in GgmlType::ALL {
-        let q = quantize_model(&reference, &Scheme::Ggml(ty), &QuantizeOptions::default())
-            .expect("quantizes");
+        let q = quantize_model(&reference, &Scheme::Ggml(ty), &QuantizeOptions::default()).expect("quantizes");
         let fell: BTreeSet<String> = q.summary().fell_back.into_iter().collect();
         let expected: BTreeSet<String> = if ty.block_size() == 256 {
             // Every row is 64 or 172 long; neither is a multiple of 256.
@@ -180,10 +147,7 @@ fn ggml_formats_fall_back_on_rows_they_cannot_block() {
         }
     }
     // The embedding (64 columns) blocks in 32s too.
-    let opts = QuantizeOptions {
-        quantize_embeddings: true,
-        quantize_head: false,
-    };
+    let opts = QuantizeOptions { quantize_embeddings: true, quantize_head: false };
     let q = quantize_model(&reference, &Scheme::Ggml(GgmlType::Q8_0), &opts).expect("quantizes");
     let emb = q.tensor(WeightSlot::TokenEmbedding).expect("quantized");
     assert!(!emb.matrix.fell_back());
@@ -193,16 +157,10 @@ fn ggml_formats_fall_back_on_rows_they_cannot_block() {
 #[test]
 fn int4_g128_quantizes_short_last_groups_on_their_own() {
     let reference = reference();
-    let q =
-        quantize_model(&reference, &all_int4(128), &QuantizeOptions::default()).expect("quantizes");
+    let q = quantize_model(&reference, &all_int4(128), &QuantizeOptions::default()).expect("quantizes");
     for t in &q.tensors {
         let [rows, cols] = t.shape;
-        let scales = t
-            .matrix
-            .parts()
-            .into_iter()
-            .find(|p| p.name == "scales")
-            .expect("scales");
+        let scales = t.matrix.parts().into_iter().find(|p| p.name == "scales").expect("scales");
         assert_eq!(scales.shape, [rows, cols.div_ceil(128)], "{}", t.name);
     }
     for layer in 0..LAYERS {
@@ -210,32 +168,15 @@ fn int4_g128_quantizes_short_last_groups_on_their_own() {
         let w = linear(&reference, layer, "mlp.down_proj");
         let (rows, cols) = (w.shape[0], w.shape[1]);
         assert_eq!(cols, 172);
-        let full = q
-            .tensor(slot(layer, "mlp.down_proj"))
-            .expect("quantized")
-            .matrix
-            .dequantize();
+        let full = q.tensor(slot(layer, "mlp.down_proj")).expect("quantized").matrix.dequantize();
         let (head, tail): (Vec<f32>, Vec<f32>) = (
-            w.data
-                .chunks(cols)
-                .flat_map(|r| r[..128].to_vec())
-                .collect(),
-            w.data
-                .chunks(cols)
-                .flat_map(|r| r[128..].to_vec())
-                .collect(),
+            w.data.chunks(cols).flat_map(|r| r[..128].to_vec()).collect(),
+            w.data.chunks(cols).flat_map(|r| r[128..].to_vec()).collect(),
         );
-        let head_q = quantize(&all_int4(128), &head, rows, 128)
-            .expect("q")
-            .dequantize();
-        let tail_q = quantize(&all_int4(44), &tail, rows, 44)
-            .expect("q")
-            .dequantize();
-        let joined: Vec<f32> = head_q
-            .chunks(128)
-            .zip(tail_q.chunks(44))
-            .flat_map(|(a, b)| a.iter().chain(b).copied())
-            .collect();
+        let head_q = quantize(&all_int4(128), &head, rows, 128).expect("q").dequantize();
+        let tail_q = quantize(&all_int4(44), &tail, rows, 44).expect("q").dequantize();
+        let joined: Vec<f32> =
+            head_q.chunks(128).zip(tail_q.chunks(44)).flat_map(|(a, b)| a.iter().chain(b).copied()).collect();
         assert_eq!(bits(&full), bits(&joined), "layer {layer}");
         // 64-column tensors hold one short group per row: the same as int4-g64.
         let wq = linear(&reference, layer, "self_attn.q_proj");
@@ -251,46 +192,26 @@ fn embedding_and_head_options() {
     let scheme = all_int4(32);
     let default = quantize_model(&tied, &scheme, &QuantizeOptions::default()).expect("q");
     assert!(default.tensor(WeightSlot::TokenEmbedding).is_none());
-    assert_eq!(
-        bits(&default.dequantized.token_embedding.data),
-        bits(&tied.token_embedding.data)
-    );
+    assert_eq!(bits(&default.dequantized.token_embedding.data), bits(&tied.token_embedding.data));
 
     // A tied head follows the embedding: quantize_head alone changes nothing.
-    let head_only = QuantizeOptions {
-        quantize_embeddings: false,
-        quantize_head: true,
-    };
+    let head_only = QuantizeOptions { quantize_embeddings: false, quantize_head: true };
     let q = quantize_model(&tied, &scheme, &head_only).expect("q");
     assert_eq!(q.dequantized, default.dequantized);
     assert_eq!(q.tensors, default.tensors);
     assert!(q.dequantized.output.is_none());
 
-    let emb = QuantizeOptions {
-        quantize_embeddings: true,
-        quantize_head: false,
-    };
+    let emb = QuantizeOptions { quantize_embeddings: true, quantize_head: false };
     let q = quantize_model(&tied, &scheme, &emb).expect("q");
-    let t = q
-        .tensor(WeightSlot::TokenEmbedding)
-        .expect("embedding quantized");
+    let t = q.tensor(WeightSlot::TokenEmbedding).expect("embedding quantized");
     assert_eq!(t.name, "model.embed_tokens.weight");
     assert_eq!(t.shape, [512, 64]);
     assert_eq!(q.tensors.len(), LAYERS * 7 + 1);
     assert!(q.dequantized.output.is_none(), "stays tied");
-    assert_eq!(
-        bits(&q.dequantized.token_embedding.data),
-        bits(&t.matrix.dequantize())
-    );
-    assert_ne!(
-        q.dequantized.token_embedding.data,
-        tied.token_embedding.data
-    );
+    assert_eq!(bits(&q.dequantized.token_embedding.data), bits(&t.matrix.dequantize()));
+    assert_ne!(q.dequantized.token_embedding.data, tied.token_embedding.data);
     // ...and with it the head, which is the same tensor.
-    assert_eq!(
-        bits(&q.dequantized.output_weight().data),
-        bits(&t.matrix.dequantize())
-    );
+    assert_eq!(bits(&q.dequantized.output_weight().data), bits(&t.matrix.dequantize()));
 
     // Untied: each option quantizes its own tensor only.
     let untied = untied(tied);
@@ -302,16 +223,10 @@ fn embedding_and_head_options() {
     let q = quantize_model(&untied, &scheme, &head_only).expect("q");
     let h = q.tensor(WeightSlot::OutputHead).expect("head quantized");
     assert_eq!(h.name, "lm_head.weight");
-    assert_eq!(
-        q.tensors.last().map(|t| t.slot),
-        Some(WeightSlot::OutputHead)
-    );
+    assert_eq!(q.tensors.last().map(|t| t.slot), Some(WeightSlot::OutputHead));
     assert!(q.tensor(WeightSlot::TokenEmbedding).is_none());
     assert_eq!(q.dequantized.token_embedding, untied.token_embedding);
-    assert_eq!(
-        bits(&q.dequantized.output_weight().data),
-        bits(&h.matrix.dequantize())
-    );
+    assert_eq!(bits(&q.dequantized.output_weight().data), bits(&h.matrix.dequantize()));
 
     let q = quantize_model(&untied, &scheme, &emb).expect("q");
     assert!(q.tensor(WeightSlot::OutputHead).is_none());
@@ -322,35 +237,21 @@ fn embedding_and_head_options() {
 #[test]
 fn bits_per_weight_totals_match_the_tensors() {
     let reference = untied(reference());
-    let all = QuantizeOptions {
-        quantize_embeddings: true,
-        quantize_head: true,
-    };
+    let all = QuantizeOptions { quantize_embeddings: true, quantize_head: true };
     for scheme in Scheme::all() {
         let q = quantize_model(&reference, &scheme, &all).expect("q");
         let s = q.summary();
         let reports = q.reports();
         assert_eq!(s.scheme, scheme.to_string());
         assert_eq!(s.quantized_tensors, LAYERS * 7 + 2);
-        let weights: usize = reports
-            .iter()
-            .map(|r| r.shape.iter().product::<usize>())
-            .sum();
+        let weights: usize = reports.iter().map(|r| r.shape.iter().product::<usize>()).sum();
         assert_eq!(s.quantized_weights, weights);
-        assert_eq!(
-            s.storage_bytes,
-            reports.iter().map(|r| r.storage_bytes).sum::<usize>()
-        );
-        assert_eq!(
-            s.bits_per_weight,
-            s.storage_bytes as f64 * 8.0 / weights as f64
-        );
+        assert_eq!(s.storage_bytes, reports.iter().map(|r| r.storage_bytes).sum::<usize>());
+        assert_eq!(s.bits_per_weight, s.storage_bytes as f64 * 8.0 / weights as f64);
         // The total is the weight-averaged per-tensor bits.
-        let averaged: f64 = reports
-            .iter()
-            .map(|r| r.bits_per_weight * r.shape.iter().product::<usize>() as f64)
-            .sum::<f64>()
-            / weights as f64;
+        let averaged: f64 =
+            reports.iter().map(|r| r.bits_per_weight * r.shape.iter().product::<usize>() as f64).sum::<f64>()
+                / weights as f64;
         assert!((averaged - s.bits_per_weight).abs() < 1e-9, "{scheme}");
         for r in &reports {
             let n = r.shape.iter().product::<usize>() as f64;
@@ -361,19 +262,11 @@ fn bits_per_weight_totals_match_the_tensors() {
             let finite: Vec<f64> = reports.iter().filter_map(|r| r.sqnr_db).collect();
             let lo = finite.iter().copied().fold(f64::INFINITY, f64::min);
             let hi = finite.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            assert!(
-                lo - 1e-9 <= total && total <= hi + 1e-9,
-                "{scheme}: {lo} {total} {hi}"
-            );
+            assert!(lo - 1e-9 <= total && total <= hi + 1e-9, "{scheme}: {lo} {total} {hi}");
         }
     }
     // Fixed-rate formats: known bits per weight.
-    let bpw = |scheme: Scheme| {
-        quantize_model(&reference, &scheme, &all)
-            .expect("q")
-            .summary()
-            .bits_per_weight
-    };
+    let bpw = |scheme: Scheme| quantize_model(&reference, &scheme, &all).expect("q").summary().bits_per_weight;
     assert_eq!(bpw(Scheme::Fp16), 16.0);
     assert_eq!(bpw(Scheme::Bf16), 16.0);
     assert!(bpw(Scheme::Ggml(GgmlType::Q4_0)) > 4.5); // 4.5, plus the f32 fall-backs
@@ -395,10 +288,7 @@ fn read(path: &Path) -> Vec<u8> {
 }
 
 fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
 }
 
 /// Puts rotate-half row `r` back at interleaved row `order[r]`.
@@ -416,27 +306,15 @@ fn unpermute<T: Copy + Default>(values: &[T], n_heads: usize, head_dim: usize) -
 fn permute(values: &[f32], n_heads: usize, head_dim: usize) -> Vec<f32> {
     let order = rotate_half_row_order(n_heads, head_dim);
     let cols = values.len() / order.len();
-    order
-        .iter()
-        .flat_map(|&r| values[r * cols..(r + 1) * cols].to_vec())
-        .collect()
+    order.iter().flat_map(|&r| values[r * cols..(r + 1) * cols].to_vec()).collect()
 }
 
 /// Every HF tensor name and its HostModel tensor (interleaved q/k).
 fn hf_tensors(model: &HostModel) -> Vec<(String, &HostTensor)> {
-    let mut out = vec![(
-        "model.embed_tokens.weight".to_owned(),
-        &model.token_embedding,
-    )];
+    let mut out = vec![("model.embed_tokens.weight".to_owned(), &model.token_embedding)];
     for (i, layer) in model.layers.iter().enumerate() {
-        out.push((
-            format!("model.layers.{i}.input_layernorm.weight"),
-            &layer.attn_norm,
-        ));
-        out.push((
-            format!("model.layers.{i}.post_attention_layernorm.weight"),
-            &layer.ffn_norm,
-        ));
+        out.push((format!("model.layers.{i}.input_layernorm.weight"), &layer.attn_norm));
+        out.push((format!("model.layers.{i}.post_attention_layernorm.weight"), &layer.ffn_norm));
         for (short, t) in layer.linears() {
             out.push((format!("model.layers.{i}.{short}.weight"), t));
         }
@@ -461,10 +339,7 @@ fn rope_of(model: &HostModel, name: &str) -> Option<(usize, usize)> {
 }
 
 fn files_in(dir: &Path) -> BTreeSet<String> {
-    std::fs::read_dir(dir)
-        .expect("dir")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .collect()
+    std::fs::read_dir(dir).expect("dir").map(|e| e.expect("entry").file_name().to_string_lossy().into_owned()).collect()
 }
 
 fn check_metadata(st: &[u8], scheme: Scheme, packed: bool, opts: QuantizeOptions) {
@@ -474,10 +349,7 @@ fn check_metadata(st: &[u8], scheme: Scheme, packed: bool, opts: QuantizeOptions
         ("format", "pt".to_owned()),
         ("qdrift.scheme", scheme.to_string()),
         ("qdrift.packed", packed.to_string()),
-        (
-            "qdrift.quantize_embeddings",
-            opts.quantize_embeddings.to_string(),
-        ),
+        ("qdrift.quantize_embeddings", opts.quantize_embeddings.to_string()),
         ("qdrift.quantize_head", opts.quantize_head.to_string()),
         ("qdrift.rope_layout", "rotate_half".to_owned()),
         ("qdrift.source", "stories260K.bin".to_owned()),
@@ -500,18 +372,12 @@ fn dequantized_safetensors_round_trip() {
         (
             reference(),
             Scheme::Ggml(GgmlType::Q8_0),
-            QuantizeOptions {
-                quantize_embeddings: true,
-                quantize_head: false,
-            },
+            QuantizeOptions { quantize_embeddings: true, quantize_head: false },
         ),
         (
             untied(reference()),
             Scheme::Nf4 { block: 64 },
-            QuantizeOptions {
-                quantize_embeddings: false,
-                quantize_head: true,
-            },
+            QuantizeOptions { quantize_embeddings: false, quantize_head: true },
         ),
     ];
     for (i, (model, scheme, opts)) in cases.into_iter().enumerate() {
@@ -523,13 +389,7 @@ fn dequantized_safetensors_round_trip() {
         let st = SafeTensors::deserialize(&bytes).expect("valid safetensors");
         let expected = hf_tensors(&q.dequantized);
         let names: BTreeSet<&str> = st.names().into_iter().collect();
-        assert_eq!(
-            names,
-            expected
-                .iter()
-                .map(|(n, _)| n.as_str())
-                .collect::<BTreeSet<_>>()
-        );
+        assert_eq!(names, expected.iter().map(|(n, _)| n.as_str()).collect::<BTreeSet<_>>());
         assert_eq!(names.contains("lm_head.weight"), model.output.is_some());
         for (name, t) in &expected {
             let view = st.tensor(name).expect("present");
@@ -552,10 +412,7 @@ fn dequantized_safetensors_round_trip() {
 fn packed_safetensors_for_every_scheme() {
     let dir = tempfile::tempdir().expect("tempdir");
     let reference = untied(reference());
-    let opts = QuantizeOptions {
-        quantize_embeddings: true,
-        quantize_head: true,
-    };
+    let opts = QuantizeOptions { quantize_embeddings: true, quantize_head: true };
     for scheme in Scheme::all() {
         let q = quantize_model(&reference, &scheme, &opts).expect("q");
         let path = dir.path().join(format!("{scheme}.safetensors"));
@@ -575,52 +432,26 @@ fn packed_safetensors_for_every_scheme() {
             };
             // Packed parts of q/k are exactly those of quantizing the rotate-half matrix.
             let parts: Vec<PackedPart> = match rope_of(&reference, &name) {
-                Some((heads, hd)) => quantize(
-                    &scheme,
-                    &permute(&t.data, heads, hd),
-                    qt.shape[0],
-                    qt.shape[1],
-                )
-                .expect("q")
-                .parts(),
+                Some((heads, hd)) => {
+                    quantize(&scheme, &permute(&t.data, heads, hd), qt.shape[0], qt.shape[1]).expect("q").parts()
+                }
                 None => qt.matrix.parts(),
             };
             let base = name.strip_suffix(".weight").expect("weight name");
             for part in parts {
                 let part_name = format!("{base}.{}", part.name);
-                let view = st
-                    .tensor(&part_name)
-                    .unwrap_or_else(|_| panic!("{part_name}"));
-                assert_eq!(
-                    format!("{:?}", view.dtype()),
-                    part.dtype.safetensors_name(),
-                    "{part_name}"
-                );
+                let view = st.tensor(&part_name).unwrap_or_else(|_| panic!("{part_name}"));
+                assert_eq!(format!("{:?}", view.dtype()), part.dtype.safetensors_name(), "{part_name}");
                 assert_eq!(view.shape(), &part.shape[..], "{part_name}");
                 assert_eq!(view.data(), &part.bytes[..], "{part_name}");
                 expected_names.insert(part_name);
             }
             // The dequantized rotate-half matrix, un-permuted, is the model's.
             if let Some((heads, hd)) = rope_of(&reference, &name) {
-                let requant = quantize(
-                    &scheme,
-                    &permute(&t.data, heads, hd),
-                    qt.shape[0],
-                    qt.shape[1],
-                )
-                .expect("q")
-                .dequantize();
-                let dq = &hf_tensors(&q.dequantized)
-                    .into_iter()
-                    .find(|(n, _)| *n == name)
-                    .expect("present")
-                    .1
-                    .data;
-                assert_eq!(
-                    bits(&unpermute(&requant, heads, hd)),
-                    bits(dq),
-                    "{scheme} {name}"
-                );
+                let requant =
+                    quantize(&scheme, &permute(&t.data, heads, hd), qt.shape[0], qt.shape[1]).expect("q").dequantize();
+                let dq = &hf_tensors(&q.dequantized).into_iter().find(|(n, _)| *n == name).expect("present").1.data;
+                assert_eq!(bits(&unpermute(&requant, heads, hd)), bits(dq), "{scheme} {name}");
             }
         }
         let names: BTreeSet<String> = st.names().into_iter().map(str::to_owned).collect();
@@ -634,14 +465,8 @@ fn packed_safetensors_for_every_scheme() {
 #[test]
 fn packed_tied_embedding_has_no_head() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let opts = QuantizeOptions {
-        quantize_embeddings: true,
-        quantize_head: true,
-    };
-    let scheme = Scheme::Fp8 {
-        format: Fp8Format::E4M3,
-        per_tensor: true,
-    };
+    let opts = QuantizeOptions { quantize_embeddings: true, quantize_head: true };
+    let scheme = Scheme::Fp8 { format: Fp8Format::E4M3, per_tensor: true };
     let q = quantize_model(&reference(), &scheme, &opts).expect("q");
     let path = dir.path().join("tied.safetensors");
     write_safetensors(&path, &q, true, &[]).expect("written");
@@ -649,12 +474,7 @@ fn packed_tied_embedding_has_no_head() {
     let st = SafeTensors::deserialize(&bytes).expect("valid");
     let names: BTreeSet<&str> = st.names().into_iter().collect();
     assert!(names.contains("model.embed_tokens.codes"));
-    assert_eq!(
-        st.tensor("model.embed_tokens.scales")
-            .expect("scale")
-            .shape(),
-        [1]
-    );
+    assert_eq!(st.tensor("model.embed_tokens.scales").expect("scale").shape(), [1]);
     assert!(!names.iter().any(|n| n.starts_with("lm_head")));
     assert!(!names.contains("model.embed_tokens.weight"));
 }
@@ -676,10 +496,7 @@ fn failed_writes_leave_nothing_behind() {
     std::fs::write(path.join("keep"), b"x").expect("file");
     let err = write_safetensors(&path, &q, true, &[]).expect_err("a folder is in the way");
     assert!(matches!(err, WriteError::Io { .. }), "{err}");
-    assert_eq!(
-        files_in(dir.path()),
-        BTreeSet::from(["out.safetensors".to_owned()])
-    );
+    assert_eq!(files_in(dir.path()), BTreeSet::from(["out.safetensors".to_owned()]));
     std::fs::remove_dir_all(&path).expect("rm");
 
     // A folder that does not exist.
@@ -692,17 +509,8 @@ fn failed_writes_leave_nothing_behind() {
     write_safetensors(&path, &q, true, &[]).expect("second");
     let bytes = read(&path);
     let (_, meta) = SafeTensors::read_metadata(&bytes).expect("header");
-    assert_eq!(
-        meta.metadata()
-            .as_ref()
-            .and_then(|m| m.get("qdrift.packed"))
-            .map(String::as_str),
-        Some("true")
-    );
-    assert_eq!(
-        files_in(dir.path()),
-        BTreeSet::from(["out.safetensors".to_owned()])
-    );
+    assert_eq!(meta.metadata().as_ref().and_then(|m| m.get("qdrift.packed")).map(String::as_str), Some("true"));
+    assert_eq!(files_in(dir.path()), BTreeSet::from(["out.safetensors".to_owned()]));
 }
 
 #[test]
@@ -710,20 +518,12 @@ fn malformed_models_are_named_errors() {
     let mut model = reference();
     model.layers[2].wk.data.pop();
     let err = quantize_model(&model, &Scheme::Int8, &QuantizeOptions::default()).expect_err("bad");
-    assert!(
-        err.to_string()
-            .starts_with("model.layers.2.self_attn.k_proj.weight:"),
-        "{err}"
-    );
+    assert!(err.to_string().starts_with("model.layers.2.self_attn.k_proj.weight:"), "{err}");
 
     let mut model = reference();
     model.layers[1].w_up.data[7] = f32::NAN;
     let err = quantize_model(&model, &Scheme::Int8, &QuantizeOptions::default()).expect_err("nan");
-    assert!(
-        err.to_string()
-            .starts_with("model.layers.1.mlp.up_proj.weight:"),
-        "{err}"
-    );
+    assert!(err.to_string().starts_with("model.layers.1.mlp.up_proj.weight:"), "{err}");
 }
 
 #[test]
@@ -732,16 +532,11 @@ fn qwen2_biases_are_written_as_f32_with_q_k_in_rotate_half_order() {
     // width 8.
     let mut model = reference();
     for layer in &mut model.layers {
-        let rows = |n: usize| {
-            Some(HostTensor::new(vec![n], (0..n).map(|r| r as f32).collect()).expect("shape"))
-        };
+        let rows = |n: usize| Some(HostTensor::new(vec![n], (0..n).map(|r| r as f32).collect()).expect("shape"));
         (layer.bq, layer.bk, layer.bv) = (rows(64), rows(32), rows(32));
     }
     let q = quantize_model(&model, &Scheme::Int8, &QuantizeOptions::default()).expect("q");
-    assert_eq!(
-        q.dequantized.layers[4].bq, model.layers[4].bq,
-        "biases are not quantized"
-    );
+    assert_eq!(q.dequantized.layers[4].bq, model.layers[4].bq, "biases are not quantized");
     let dir = tempfile::tempdir().expect("tempdir");
     for packed in [false, true] {
         let path = dir.path().join(format!("biased-{packed}.safetensors"));
@@ -750,9 +545,7 @@ fn qwen2_biases_are_written_as_f32_with_q_k_in_rotate_half_order() {
         let st = SafeTensors::deserialize(&bytes).expect("valid safetensors");
         for i in 0..LAYERS {
             let get = |short: &str| {
-                let view = st
-                    .tensor(&format!("model.layers.{i}.self_attn.{short}.bias"))
-                    .expect("bias written");
+                let view = st.tensor(&format!("model.layers.{i}.self_attn.{short}.bias")).expect("bias written");
                 assert_eq!(view.dtype(), Dtype::F32);
                 f32s(view.data())
             };
@@ -761,19 +554,9 @@ fn qwen2_biases_are_written_as_f32_with_q_k_in_rotate_half_order() {
             let (bq, bk, bv) = (get("q_proj"), get("k_proj"), get("v_proj"));
             assert_eq!((bq.len(), bk.len()), (64, 32));
             assert_eq!(bq[..8], head[..], "layer {i} q bias");
-            assert_eq!(
-                bq[56..],
-                head.iter().map(|r| r + 56.0).collect::<Vec<_>>()[..]
-            );
-            assert_eq!(
-                bk[8..16],
-                head.iter().map(|r| r + 8.0).collect::<Vec<_>>()[..]
-            );
-            assert_eq!(
-                bv,
-                (0..32).map(|r| r as f32).collect::<Vec<_>>(),
-                "v is not permuted"
-            );
+            assert_eq!(bq[56..], head.iter().map(|r| r + 56.0).collect::<Vec<_>>()[..]);
+            assert_eq!(bk[8..16], head.iter().map(|r| r + 8.0).collect::<Vec<_>>()[..]);
+            assert_eq!(bv, (0..32).map(|r| r as f32).collect::<Vec<_>>(), "v is not permuted");
         }
     }
 }

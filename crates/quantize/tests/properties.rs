@@ -17,8 +17,7 @@ mod common;
 
 use common::matrix;
 use qdrift_quantize::{
-    Fp8Format, GgmlType, NF4_CODE, PackedPart, QuantizedMatrix, Scheme, error_stats, fp8_decode,
-    fp8_encode, quantize,
+    Fp8Format, GgmlType, NF4_CODE, PackedPart, QuantizedMatrix, Scheme, error_stats, fp8_decode, fp8_encode, quantize,
 };
 
 /// Shapes that exercise whole groups, short last groups (200 = 6·32 + 8) and a tiny odd row.
@@ -26,30 +25,19 @@ const SHAPES: [(usize, usize); 3] = [(5, 256), (5, 200), (2, 33)];
 const SEEDS: [u32; 3] = [1, 0xC0FFEE, 0xDEAD_BEEF];
 
 fn inputs() -> impl Iterator<Item = (Vec<f32>, usize, usize)> {
-    SEEDS
-        .into_iter()
-        .flat_map(|seed| SHAPES.map(|(r, c)| (matrix(seed, r, c), r, c)))
+    SEEDS.into_iter().flat_map(|seed| SHAPES.map(|(r, c)| (matrix(seed, r, c), r, c)))
 }
 
 fn part(q: &QuantizedMatrix, name: &str) -> PackedPart {
-    q.parts()
-        .into_iter()
-        .find(|p| p.name == name)
-        .unwrap_or_else(|| panic!("no part {name}"))
+    q.parts().into_iter().find(|p| p.name == name).unwrap_or_else(|| panic!("no part {name}"))
 }
 
 fn f32s(p: &PackedPart) -> Vec<f32> {
-    p.bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
+    p.bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
 }
 
 fn f16s(p: &PackedPart) -> Vec<f32> {
-    p.bytes
-        .chunks_exact(2)
-        .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-        .collect()
+    p.bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -60,28 +48,18 @@ fn bits(v: &[f32]) -> Vec<u32> {
 fn assert_idempotent(scheme: Scheme, q: &QuantizedMatrix) {
     let once = q.dequantize();
     let again = quantize(&scheme, &once, q.rows(), q.cols()).expect("finite");
-    assert_eq!(
-        again.parts(),
-        q.parts(),
-        "{scheme}: stored bytes changed on requantization"
-    );
+    assert_eq!(again.parts(), q.parts(), "{scheme}: stored bytes changed on requantization");
     assert_eq!(bits(&again.dequantize()), bits(&once), "{scheme}");
 }
 
 #[test]
 fn fp16_bf16_error_and_idempotence() {
     for (w, rows, cols) in inputs() {
-        for (scheme, unit) in [
-            (Scheme::Fp16, 2f32.powi(-11)),
-            (Scheme::Bf16, 2f32.powi(-8)),
-        ] {
+        for (scheme, unit) in [(Scheme::Fp16, 2f32.powi(-11)), (Scheme::Bf16, 2f32.powi(-8))] {
             let q = quantize(&scheme, &w, rows, cols).expect("finite");
             for (&x, &y) in w.iter().zip(&q.dequantize()) {
                 // Half an ulp, relative (plus the binary16 subnormal spacing for tiny values).
-                assert!(
-                    (x - y).abs() <= x.abs() * unit + 2f32.powi(-25),
-                    "{scheme}: {x} -> {y}"
-                );
+                assert!((x - y).abs() <= x.abs() * unit + 2f32.powi(-25), "{scheme}: {x} -> {y}");
             }
             assert_idempotent(scheme, &q);
         }
@@ -101,12 +79,7 @@ fn int8_grid_error_and_idempotence() {
             assert!((-127..=127).contains(&code));
             assert_eq!(deq[i], f32::from(code) * s, "on the grid");
             // |w − q·s| ≤ s/2, with a few ulps for the f32 division and product.
-            assert!(
-                (w[i] - deq[i]).abs() <= s * 0.5 * (1.0 + 1e-5),
-                "{} -> {}",
-                w[i],
-                deq[i]
-            );
+            assert!((w[i] - deq[i]).abs() <= s * 0.5 * (1.0 + 1e-5), "{} -> {}", w[i], deq[i]);
         }
         // Codes are stable, but the f32 scale is recomputed as fl(fl(127·s)/127), which differs
         // from s in the last bit for ~0.8% of scales: values agree to within that ulp.
@@ -128,11 +101,7 @@ fn int4_grid_error_and_idempotence() {
                 let scales = f16s(&part(&q, "scales"));
                 let deq = q.dequantize();
                 let groups = cols.div_ceil(group);
-                let zeros = if asym {
-                    Some(part(&q, "zeros").bytes)
-                } else {
-                    None
-                };
+                let zeros = if asym { Some(part(&q, "zeros").bytes) } else { None };
                 for i in 0..w.len() {
                     let (r, c) = (i / cols, i % cols);
                     let s = scales[r * groups + c / group];
@@ -178,11 +147,7 @@ fn fp8_grid_error_and_idempotence() {
                 let codes = part(&q, "codes").bytes;
                 let deq = q.dequantize();
                 for i in 0..w.len() {
-                    let s = if per_tensor {
-                        scales[0]
-                    } else {
-                        scales[i / cols]
-                    };
+                    let s = if per_tensor { scales[0] } else { scales[i / cols] };
                     let v = fp8_decode(format, codes[i]);
                     assert!(v.is_finite() && v.abs() <= format.max_finite());
                     assert_eq!(deq[i], v * s, "on the grid");
@@ -192,21 +157,13 @@ fn fp8_grid_error_and_idempotence() {
                     // Round to nearest: relative half-ulp in the normal range, half the smallest
                     // subnormal below it (slack for the f32 division w/s).
                     let t = w[i] / s;
-                    let bound =
-                        (t.abs() * 2f32.powi(-(mantissa_bits + 1))).max(min_subnormal / 2.0);
-                    assert!(
-                        (t - v).abs() <= bound * (1.0 + 1e-5),
-                        "{scheme}: {t} -> {v}"
-                    );
+                    let bound = (t.abs() * 2f32.powi(-(mantissa_bits + 1))).max(min_subnormal / 2.0);
+                    assert!((t - v).abs() <= bound * (1.0 + 1e-5), "{scheme}: {t} -> {v}");
                 }
                 // Codes are stable; the scale is recomputed as fl(fl(max·s)/max), which differs from
                 // s in the last bit for some scales, so values are compared to within that ulp.
                 let again = quantize(&scheme, &deq, rows, cols).expect("finite");
-                assert_eq!(
-                    part(&again, "codes").bytes,
-                    codes,
-                    "{scheme}: codes changed"
-                );
+                assert_eq!(part(&again, "codes").bytes, codes, "{scheme}: codes changed");
                 for (a, b) in again.dequantize().iter().zip(&deq) {
                     assert!((a - b).abs() <= b.abs() * 2f32.powi(-22), "{scheme}");
                 }
@@ -219,18 +176,12 @@ fn fp8_grid_error_and_idempotence() {
 fn fp8_encode_is_nearest_on_random_values() {
     let mut rng = common::Rng::new(99);
     for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
-        let grid: Vec<f32> = (0..=255u8)
-            .map(|c| fp8_decode(format, c))
-            .filter(|v| v.is_finite())
-            .collect();
+        let grid: Vec<f32> = (0..=255u8).map(|c| fp8_decode(format, c)).filter(|v| v.is_finite()).collect();
         for _ in 0..20_000 {
             let x = rng.normalish() * 2f32.powi((rng.next_u32() % 40) as i32 - 20);
             let got = fp8_decode(format, fp8_encode(format, x));
             let clamped = x.clamp(-format.max_finite(), format.max_finite());
-            let best = grid
-                .iter()
-                .map(|g| (g - clamped).abs())
-                .fold(f32::INFINITY, f32::min);
+            let best = grid.iter().map(|g| (g - clamped).abs()).fold(f32::INFINITY, f32::min);
             assert_eq!((got - clamped).abs(), best, "{format:?}: {x} -> {got}");
         }
     }
@@ -251,10 +202,7 @@ fn nf4_grid_nearest_and_idempotence() {
                 // The chosen code is the nearest one (thresholds are f32 midpoints: 1e-6 slack).
                 let x = w[i] * (1.0 / a);
                 let chosen = (deq[i] / a - x).abs();
-                let best = NF4_CODE
-                    .iter()
-                    .map(|c| (c - x).abs())
-                    .fold(f32::INFINITY, f32::min);
+                let best = NF4_CODE.iter().map(|c| (c - x).abs()).fold(f32::INFINITY, f32::min);
                 assert!(chosen <= best + 1e-6, "{x}: {chosen} vs {best}");
             }
         }
@@ -264,9 +212,7 @@ fn nf4_grid_nearest_and_idempotence() {
 
 /// The GGML scale `d` of block `b` as (f32 value computed by the quantizer, FP16 stored).
 fn q8_like_d(w: &[f32], b: usize, divisor: f32) -> (f32, f32) {
-    let amax = w[32 * b..32 * b + 32]
-        .iter()
-        .fold(0.0f32, |m, v| m.max(v.abs()));
+    let amax = w[32 * b..32 * b + 32].iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let d = amax / divisor;
     (d, half::f16::from_f32(d).to_f32())
 }
@@ -277,12 +223,7 @@ fn ggml_32_blocks_error_bounds_and_idempotence() {
         if cols % 32 != 0 {
             continue; // falls back to f32, covered in ggml_vectors.rs
         }
-        for ty in [
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Mxfp4,
-        ] {
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Mxfp4] {
             let scheme = Scheme::Ggml(ty);
             let q = quantize(&scheme, &w, rows, cols).expect("finite");
             let deq = q.dequantize();
@@ -315,10 +256,7 @@ fn ggml_32_blocks_error_bounds_and_idempotence() {
                         let m16 = half::f16::from_f32(min).to_f32();
                         for (x, y) in xs.iter().zip(ys) {
                             let bound = d / 2.0 + 15.0 * (d - d16).abs() + (min - m16).abs();
-                            assert!(
-                                (x - y).abs() <= bound * (1.0 + 1e-5) + 1e-30,
-                                "q4_1 {x} -> {y}"
-                            );
+                            assert!((x - y).abs() <= bound * (1.0 + 1e-5) + 1e-30, "q4_1 {x} -> {y}");
                         }
                     }
                     GgmlType::Mxfp4 => {
@@ -328,10 +266,7 @@ fn ggml_32_blocks_error_bounds_and_idempotence() {
                         let grid = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0].map(|k| k * 2.0 * d);
                         for (x, y) in xs.iter().zip(ys) {
                             assert!(grid.contains(&y.abs()), "mxfp4 off grid: {y}");
-                            let best = grid
-                                .iter()
-                                .map(|g| (g - x.abs()).abs())
-                                .fold(f32::INFINITY, f32::min);
+                            let best = grid.iter().map(|g| (g - x.abs()).abs()).fold(f32::INFINITY, f32::min);
                             assert_eq!((x - y).abs(), best, "mxfp4 not nearest: {x} -> {y}");
                         }
                     }
@@ -360,11 +295,7 @@ fn k_quants_error_is_small() {
             for r in (0..rows).filter(|r| common::ROW_SCALES[r % 5] > 1e-4) {
                 let row = r * cols..(r + 1) * cols;
                 let stats = error_stats(&w[row.clone()], &deq[row]);
-                assert!(
-                    stats.sqnr_db > min_db,
-                    "{ty} row {r}: {:.1} dB",
-                    stats.sqnr_db
-                );
+                assert!(stats.sqnr_db > min_db, "{ty} row {r}: {:.1} dB", stats.sqnr_db);
                 assert!(stats.cosine > 0.99, "{ty} row {r}: cosine {}", stats.cosine);
             }
         }

@@ -40,30 +40,15 @@ fn names_round_trip_in_cli_order() {
         let text = scheme.describe();
         assert!(text.ends_with('.') && text.len() > 20, "{scheme}: {text}");
     }
-    assert_eq!(
-        "int4-g128-asym".parse(),
-        Ok(Scheme::Int4 {
-            group: 128,
-            asym: true
-        })
-    );
-    assert_eq!(
-        "fp8-e5m2-tensor".parse(),
-        Ok(Scheme::Fp8 {
-            format: Fp8Format::E5M2,
-            per_tensor: true
-        })
-    );
+    assert_eq!("int4-g128-asym".parse(), Ok(Scheme::Int4 { group: 128, asym: true }));
+    assert_eq!("fp8-e5m2-tensor".parse(), Ok(Scheme::Fp8 { format: Fp8Format::E5M2, per_tensor: true }));
     assert_eq!("q4_k".parse(), Ok(Scheme::Ggml(GgmlType::Q4K)));
 }
 
 #[test]
 fn unknown_name_lists_the_known_ones() {
     let err = "int3".parse::<Scheme>().unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        format!("unknown scheme \"int3\"; known: {}", CLI_NAMES.join(", "))
-    );
+    assert_eq!(err.to_string(), format!("unknown scheme \"int3\"; known: {}", CLI_NAMES.join(", ")));
     assert!("".parse::<Scheme>().is_err());
     assert!("Q4_K".parse::<Scheme>().is_err()); // names are exact
 }
@@ -73,57 +58,28 @@ fn bad_input_is_a_typed_error_not_a_panic() {
     let w = [1.0f32; 6];
     assert_eq!(
         quantize(&Scheme::Int8, &w, 2, 4),
-        Err(QuantizeError::LengthMismatch {
-            len: 6,
-            rows: 2,
-            cols: 4,
-            expected: 8
-        })
+        Err(QuantizeError::LengthMismatch { len: 6, rows: 2, cols: 4, expected: 8 })
     );
     assert_eq!(
         quantize(&Scheme::Int8, &w, usize::MAX, 2),
-        Err(QuantizeError::ShapeOverflow {
-            rows: usize::MAX,
-            cols: 2
-        })
+        Err(QuantizeError::ShapeOverflow { rows: usize::MAX, cols: 2 })
     );
     let mut bad = w;
     bad[4] = f32::NAN;
     for scheme in Scheme::all() {
         match quantize(&scheme, &bad, 2, 3) {
-            Err(QuantizeError::NonFinite {
-                index: 4,
-                row: 1,
-                col: 1,
-                value,
-            }) => assert!(value.is_nan()),
+            Err(QuantizeError::NonFinite { index: 4, row: 1, col: 1, value }) => assert!(value.is_nan()),
             other => panic!("{scheme}: {other:?}"),
         }
     }
     bad[4] = f32::NEG_INFINITY;
     let err = quantize(&Scheme::Fp16, &bad, 2, 3).unwrap_err();
+    assert_eq!(err.to_string(), "weight 4 (row 1, col 1) is -inf; quantization needs finite weights");
     assert_eq!(
-        err.to_string(),
-        "weight 4 (row 1, col 1) is -inf; quantization needs finite weights"
+        quantize(&Scheme::Int4 { group: 0, asym: false }, &w, 2, 3),
+        Err(QuantizeError::ZeroGroup { scheme: "int4-g0".into() })
     );
-    assert_eq!(
-        quantize(
-            &Scheme::Int4 {
-                group: 0,
-                asym: false
-            },
-            &w,
-            2,
-            3
-        ),
-        Err(QuantizeError::ZeroGroup {
-            scheme: "int4-g0".into()
-        })
-    );
-    assert!(matches!(
-        quantize(&Scheme::Nf4 { block: 0 }, &w, 2, 3),
-        Err(QuantizeError::ZeroGroup { .. })
-    ));
+    assert!(matches!(quantize(&Scheme::Nf4 { block: 0 }, &w, 2, 3), Err(QuantizeError::ZeroGroup { .. })));
 }
 
 #[test]
@@ -156,12 +112,7 @@ fn parts_add_up_to_storage_bytes() {
             assert_eq!(total, q.storage_bytes(), "{scheme} {rows}x{cols}");
             for p in &parts {
                 let elements: usize = p.shape.iter().product();
-                assert_eq!(
-                    elements * dtype_size(p.dtype),
-                    p.bytes.len(),
-                    "{scheme} {}",
-                    p.name
-                );
+                assert_eq!(elements * dtype_size(p.dtype), p.bytes.len(), "{scheme} {}", p.name);
             }
             assert_eq!(q.dequantize().len(), rows * cols);
             assert_eq!((q.rows(), q.cols(), q.scheme()), (rows, cols, scheme));
@@ -175,9 +126,7 @@ fn bits_per_weight() {
     let w = matrix(3, rows, cols);
     let bpw = |name: &str| {
         let scheme: Scheme = name.parse().expect("known");
-        quantize(&scheme, &w, rows, cols)
-            .expect("finite")
-            .bits_per_weight()
+        quantize(&scheme, &w, rows, cols).expect("finite").bits_per_weight()
     };
     assert_eq!(bpw("fp16"), 16.0);
     assert_eq!(bpw("bf16"), 16.0);

@@ -285,7 +285,8 @@ fn ranges(spec: &Spec) -> (std::ops::Range<f64>, std::ops::Range<f64>) {
 }
 
 /// A chart with a log-scaled x axis on `area`.
-type LogChart<'a, 'b> = ChartContext<'a, Tagged<'b>, Cartesian2d<LogCoord<f64>, plotters::coord::types::RangedCoordf64>>;
+type LogChart<'a, 'b> =
+    ChartContext<'a, Tagged<'b>, Cartesian2d<LogCoord<f64>, plotters::coord::types::RangedCoordf64>>;
 
 /// The caption, log-x and linear-y axes, grid and axis labels every chart shares.
 fn axes<'a, 'b>(area: &'a DrawingArea<Tagged<'b>, Shift>, spec: &Spec) -> Result<LogChart<'a, 'b>, ReportError> {

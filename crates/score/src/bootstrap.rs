@@ -53,25 +53,17 @@ pub fn bootstrap_ci(
     statistic: impl Fn(&[usize]) -> f64,
 ) -> Result<Interval> {
     if n_prompts == 0 {
-        return Err(ScoreError::Empty {
-            what: "bootstrap prompts",
-        });
+        return Err(ScoreError::Empty { what: "bootstrap prompts" });
     }
     if resamples == 0 {
-        return Err(ScoreError::Zero {
-            what: "bootstrap resamples",
-        });
+        return Err(ScoreError::Zero { what: "bootstrap resamples" });
     }
     check_level(level)?;
     let finite = |value: f64, index: usize| {
         if value.is_finite() {
             Ok(value)
         } else {
-            Err(ScoreError::NonFinite {
-                what: "bootstrap statistic",
-                index,
-                value,
-            })
+            Err(ScoreError::NonFinite { what: "bootstrap statistic", index, value })
         }
     };
     let all: Vec<usize> = (0..n_prompts).collect();
@@ -108,12 +100,7 @@ pub fn bootstrap_ci(
 ///
 /// # Errors
 /// [`ScoreError::NonFinite`] for a NaN or infinite value, else as [`bootstrap_ci`].
-pub fn bootstrap_mean_ci(
-    values_per_prompt: &[f64],
-    resamples: usize,
-    seed: u64,
-    level: f64,
-) -> Result<Interval> {
+pub fn bootstrap_mean_ci(values_per_prompt: &[f64], resamples: usize, seed: u64, level: f64) -> Result<Interval> {
     check_nonempty("bootstrap values", values_per_prompt)?;
     check_finite("bootstrap values", values_per_prompt)?;
     bootstrap_ci(values_per_prompt.len(), resamples, seed, level, |idx| {
@@ -130,13 +117,7 @@ pub fn bootstrap_mean_ci(
 ///
 /// # Errors
 /// [`ScoreError::LengthMismatch`] when the lengths differ, else as [`bootstrap_mean_ci`].
-pub fn paired_difference_ci(
-    a: &[f64],
-    b: &[f64],
-    resamples: usize,
-    seed: u64,
-    level: f64,
-) -> Result<Interval> {
+pub fn paired_difference_ci(a: &[f64], b: &[f64], resamples: usize, seed: u64, level: f64) -> Result<Interval> {
     check_paired("paired bootstrap", a.len(), b.len())?;
     check_finite("paired bootstrap a", a)?;
     check_finite("paired bootstrap b", b)?;
@@ -192,11 +173,7 @@ mod tests {
         .unwrap();
         let calls = calls.into_inner();
         assert_eq!(calls.len(), 2);
-        assert_eq!(
-            calls[0],
-            (0..10).collect::<Vec<_>>(),
-            "the estimate sees every prompt once"
-        );
+        assert_eq!(calls[0], (0..10).collect::<Vec<_>>(), "the estimate sees every prompt once");
         assert_eq!(calls[1], PINNED_FIRST_RESAMPLE);
     }
     /// Computed independently with a from-scratch ChaCha8 (djb's layout: 64-bit block counter,
@@ -269,31 +246,16 @@ mod tests {
         })
         .unwrap();
         assert_eq!(ci.estimate, 1.25);
-        assert!(
-            0.5 <= ci.lo && ci.lo < 1.25 && 1.25 < ci.hi && ci.hi <= 2.0,
-            "{ci:?}"
-        );
+        assert!(0.5 <= ci.lo && ci.lo < 1.25 && 1.25 < ci.hi && ci.hi <= 2.0, "{ci:?}");
     }
 
     #[test]
     fn bad_input_is_an_error() {
-        assert!(matches!(
-            bootstrap_mean_ci(&[], 10, 0, 0.95),
-            Err(ScoreError::Empty { .. })
-        ));
-        assert!(matches!(
-            bootstrap_ci(0, 10, 0, 0.95, |_| 0.0),
-            Err(ScoreError::Empty { .. })
-        ));
-        assert!(matches!(
-            bootstrap_mean_ci(&[1.0], 0, 0, 0.95),
-            Err(ScoreError::Zero { .. })
-        ));
+        assert!(matches!(bootstrap_mean_ci(&[], 10, 0, 0.95), Err(ScoreError::Empty { .. })));
+        assert!(matches!(bootstrap_ci(0, 10, 0, 0.95, |_| 0.0), Err(ScoreError::Empty { .. })));
+        assert!(matches!(bootstrap_mean_ci(&[1.0], 0, 0, 0.95), Err(ScoreError::Zero { .. })));
         for level in [0.0, 1.0, 95.0, -0.5, f64::NAN] {
-            assert!(matches!(
-                bootstrap_mean_ci(&[1.0], 10, 0, level),
-                Err(ScoreError::Level { .. })
-            ));
+            assert!(matches!(bootstrap_mean_ci(&[1.0], 10, 0, level), Err(ScoreError::Level { .. })));
         }
         assert!(matches!(
             bootstrap_mean_ci(&[1.0, f64::INFINITY], 10, 0, 0.95),
@@ -303,9 +265,6 @@ mod tests {
             paired_difference_ci(&[1.0], &[1.0, 2.0], 10, 0, 0.95),
             Err(ScoreError::LengthMismatch { .. })
         ));
-        assert!(matches!(
-            bootstrap_ci(3, 10, 0, 0.95, |_| f64::NAN),
-            Err(ScoreError::NonFinite { index: 0, .. })
-        ));
+        assert!(matches!(bootstrap_ci(3, 10, 0, 0.95, |_| f64::NAN), Err(ScoreError::NonFinite { index: 0, .. })));
     }
 }

@@ -50,7 +50,11 @@ pub fn position_metrics_on_device(
         });
     }
     if tokens.len() != b * t {
-        return Err(ScoreError::LengthMismatch { what: "tokens and logit positions", left: tokens.len(), right: b * t });
+        return Err(ScoreError::LengthMismatch {
+            what: "tokens and logit positions",
+            left: tokens.len(),
+            right: b * t,
+        });
     }
     if let Some(i) = tokens.iter().position(|&tok| tok as usize >= v) {
         return Err(ScoreError::OutOfRange { what: "token", index: tokens[i] as usize, limit: v });
@@ -68,7 +72,10 @@ pub fn position_metrics_on_device(
     let lpv = lv.gather(2, index);
 
     let read = |what: &'static str, x: Tensor<3>| -> Result<Vec<f32>, ScoreError> {
-        x.into_data().convert::<f32>().try_into_vec::<f32>().map_err(|e| ScoreError::Device { what, message: format!("{e:?}") })
+        x.into_data()
+            .convert::<f32>()
+            .try_into_vec::<f32>()
+            .map_err(|e| ScoreError::Device { what, message: format!("{e:?}") })
     };
     let agree = agree
         .into_data()
@@ -97,7 +104,11 @@ pub fn position_metrics_on_device(
 pub fn token_logprobs_on_device(logits: Tensor<3>, tokens: &[u32]) -> Result<Vec<f32>, ScoreError> {
     let [b, t, v] = logits.dims();
     if tokens.len() != b * t {
-        return Err(ScoreError::LengthMismatch { what: "tokens and logit positions", left: tokens.len(), right: b * t });
+        return Err(ScoreError::LengthMismatch {
+            what: "tokens and logit positions",
+            left: tokens.len(),
+            right: b * t,
+        });
     }
     if let Some(i) = tokens.iter().position(|&tok| tok as usize >= v) {
         return Err(ScoreError::OutOfRange { what: "token", index: tokens[i] as usize, limit: v });

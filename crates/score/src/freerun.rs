@@ -20,11 +20,7 @@ use crate::survival::Observation;
 /// # Errors
 /// [`ScoreError::Zero`] when `horizon == 0`, [`ScoreError::TooShort`] when a sequence is
 /// shorter than `horizon`.
-pub fn token_match_rate<T: PartialEq>(
-    reference: &[T],
-    variant: &[T],
-    horizon: usize,
-) -> Result<f64> {
+pub fn token_match_rate<T: PartialEq>(reference: &[T], variant: &[T], horizon: usize) -> Result<f64> {
     let (r, v) = heads(reference, variant, horizon)?;
     let matches = r.iter().zip(v).filter(|(a, b)| a == b).count();
     Ok(matches as f64 / horizon as f64)
@@ -58,15 +54,9 @@ impl Divergence {
     /// whose first `t` tokens are identical, and `S(0) = 1`.
     pub fn observation(self) -> Observation {
         if self.censored {
-            Observation {
-                time: self.position,
-                censored: true,
-            }
+            Observation { time: self.position, censored: true }
         } else {
-            Observation {
-                time: self.position + 1,
-                censored: false,
-            }
+            Observation { time: self.position + 1, censored: false }
         }
     }
 }
@@ -75,42 +65,21 @@ impl Divergence {
 ///
 /// # Shapes and errors
 /// As [`token_match_rate`].
-pub fn first_divergence<T: PartialEq>(
-    reference: &[T],
-    variant: &[T],
-    horizon: usize,
-) -> Result<Divergence> {
+pub fn first_divergence<T: PartialEq>(reference: &[T], variant: &[T], horizon: usize) -> Result<Divergence> {
     let (r, v) = heads(reference, variant, horizon)?;
     Ok(match r.iter().zip(v).position(|(a, b)| a != b) {
-        Some(position) => Divergence {
-            position,
-            censored: false,
-        },
-        None => Divergence {
-            position: horizon,
-            censored: true,
-        },
+        Some(position) => Divergence { position, censored: false },
+        None => Divergence { position: horizon, censored: true },
     })
 }
 
-fn heads<'a, T>(
-    reference: &'a [T],
-    variant: &'a [T],
-    horizon: usize,
-) -> Result<(&'a [T], &'a [T])> {
+fn heads<'a, T>(reference: &'a [T], variant: &'a [T], horizon: usize) -> Result<(&'a [T], &'a [T])> {
     if horizon == 0 {
         return Err(ScoreError::Zero { what: "horizon" });
     }
-    for (what, s) in [
-        ("reference sequence", reference),
-        ("variant sequence", variant),
-    ] {
+    for (what, s) in [("reference sequence", reference), ("variant sequence", variant)] {
         if s.len() < horizon {
-            return Err(ScoreError::TooShort {
-                what,
-                len: s.len(),
-                horizon,
-            });
+            return Err(ScoreError::TooShort { what, len: s.len(), horizon });
         }
     }
     Ok((&reference[..horizon], &variant[..horizon]))
@@ -136,77 +105,28 @@ mod tests {
     fn exact_match_and_first_divergence() {
         assert!(exact_match(&R, &V, 2).unwrap());
         assert!(!exact_match(&R, &V, 3).unwrap());
-        assert_eq!(
-            first_divergence(&R, &V, 6).unwrap(),
-            Divergence {
-                position: 2,
-                censored: false
-            }
-        );
-        assert_eq!(
-            first_divergence(&R, &V, 2).unwrap(),
-            Divergence {
-                position: 2,
-                censored: true
-            }
-        );
-        assert_eq!(
-            first_divergence(&R, &V, 3).unwrap(),
-            Divergence {
-                position: 2,
-                censored: false
-            }
-        );
-        assert_eq!(
-            first_divergence(&[7], &[8], 1).unwrap(),
-            Divergence {
-                position: 0,
-                censored: false
-            }
-        );
+        assert_eq!(first_divergence(&R, &V, 6).unwrap(), Divergence { position: 2, censored: false });
+        assert_eq!(first_divergence(&R, &V, 2).unwrap(), Divergence { position: 2, censored: true });
+        assert_eq!(first_divergence(&R, &V, 3).unwrap(), Divergence { position: 2, censored: false });
+        assert_eq!(first_divergence(&[7], &[8], 1).unwrap(), Divergence { position: 0, censored: false });
     }
 
     #[test]
     fn divergence_as_survival_observation() {
         // Differs at position 2: identical for 2 tokens, known different after 3.
-        let d = Divergence {
-            position: 2,
-            censored: false,
-        };
-        assert_eq!(
-            d.observation(),
-            Observation {
-                time: 3,
-                censored: false
-            }
-        );
+        let d = Divergence { position: 2, censored: false };
+        assert_eq!(d.observation(), Observation { time: 3, censored: false });
         // Identical over a horizon of 10: still identical after 10 tokens.
-        let d = Divergence {
-            position: 10,
-            censored: true,
-        };
-        assert_eq!(
-            d.observation(),
-            Observation {
-                time: 10,
-                censored: true
-            }
-        );
+        let d = Divergence { position: 10, censored: true };
+        assert_eq!(d.observation(), Observation { time: 10, censored: true });
     }
 
     #[test]
     fn short_sequences_and_zero_horizon_are_errors() {
-        assert_eq!(
-            token_match_rate(&R, &V, 0),
-            Err(ScoreError::Zero { what: "horizon" })
-        );
+        assert_eq!(token_match_rate(&R, &V, 0), Err(ScoreError::Zero { what: "horizon" }));
         assert!(matches!(
             exact_match(&R, &V[..3], 4),
-            Err(ScoreError::TooShort {
-                what: "variant sequence",
-                len: 3,
-                horizon: 4
-            })
+            Err(ScoreError::TooShort { what: "variant sequence", len: 3, horizon: 4 })
         ));
         assert!(first_divergence::<u32>(&[], &[], 1).is_err());
     }

@@ -20,9 +20,7 @@ use crate::error::{Result, ScoreError, check_finite, check_nonempty, check_paire
 pub fn log_softmax(logits: &[f32]) -> Result<Vec<f64>> {
     check_nonempty("logits", logits)?;
     check_finite("logits", logits)?;
-    let max = logits
-        .iter()
-        .fold(f64::NEG_INFINITY, |m, &x| m.max(f64::from(x)));
+    let max = logits.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(f64::from(x)));
     let sum_exp: f64 = logits.iter().map(|&x| (f64::from(x) - max).exp()).sum();
     // sum_exp ≥ 1 (the maximum contributes exp(0)), so the logarithm is finite.
     let log_z = max + sum_exp.ln();
@@ -53,15 +51,8 @@ pub fn entropy(logits: &[f32]) -> Result<f64> {
 /// # Errors
 /// [`ScoreError::LengthMismatch`] when the vocabularies differ in size, else as [`log_softmax`].
 pub fn kl_divergence(ref_logits: &[f32], var_logits: &[f32]) -> Result<f64> {
-    check_paired(
-        "reference and variant logits",
-        ref_logits.len(),
-        var_logits.len(),
-    )?;
-    Ok(kl_of_logp(
-        &log_softmax(ref_logits)?,
-        &log_softmax(var_logits)?,
-    ))
+    check_paired("reference and variant logits", ref_logits.len(), var_logits.len())?;
+    Ok(kl_of_logp(&log_softmax(ref_logits)?, &log_softmax(var_logits)?))
 }
 
 /// Index of the largest logit; the first one on ties, like llama2.c's `argmax`.
@@ -117,24 +108,12 @@ pub struct PositionMetrics {
 ///
 /// # Errors
 /// [`ScoreError::OutOfRange`] when `token ≥ vocab`, else as [`kl_divergence`].
-pub fn position_metrics(
-    ref_logits: &[f32],
-    var_logits: &[f32],
-    token: usize,
-) -> Result<PositionMetrics> {
-    check_paired(
-        "reference and variant logits",
-        ref_logits.len(),
-        var_logits.len(),
-    )?;
+pub fn position_metrics(ref_logits: &[f32], var_logits: &[f32], token: usize) -> Result<PositionMetrics> {
+    check_paired("reference and variant logits", ref_logits.len(), var_logits.len())?;
     let ref_logp = log_softmax(ref_logits)?;
     let var_logp = log_softmax(var_logits)?;
     if token >= ref_logp.len() {
-        return Err(ScoreError::OutOfRange {
-            what: "token",
-            index: token,
-            limit: ref_logp.len(),
-        });
+        return Err(ScoreError::OutOfRange { what: "token", index: token, limit: ref_logp.len() });
     }
     let logp_ref_of_token = ref_logp[token];
     let logp_var_of_token = var_logp[token];
@@ -157,11 +136,7 @@ fn entropy_of_logp(logp: &[f64]) -> f64 {
 }
 
 fn kl_of_logp(ref_logp: &[f64], var_logp: &[f64]) -> f64 {
-    ref_logp
-        .iter()
-        .zip(var_logp)
-        .map(|(&r, &v)| r.exp() * (r - v))
-        .sum()
+    ref_logp.iter().zip(var_logp).map(|(&r, &v)| r.exp() * (r - v)).sum()
 }
 
 #[cfg(test)]
@@ -190,22 +165,14 @@ mod tests {
         close(lp[0], -(2.0 + (-1.0f64).exp()).ln(), 1e-12);
         close(lp[2] - lp[0], -1.0, 1e-12);
         close(entropy(&[1e30, -1e30]).unwrap(), 0.0, 1e-300);
-        close(
-            kl_divergence(&[1e4, 0.0], &[1e4, 0.0]).unwrap(),
-            0.0,
-            1e-300,
-        );
+        close(kl_divergence(&[1e4, 0.0], &[1e4, 0.0]).unwrap(), 0.0, 1e-300);
     }
 
     #[test]
     fn entropy_of_uniform_and_of_one_third_two_thirds() {
         close(entropy(&[5.0; 4]).unwrap(), 4f64.ln(), 1e-15);
         // p = (1/3, 2/3): H = ln 3 − (2/3) ln 2 = 0.636514168294813.
-        close(
-            entropy(&[0.0, 2f32.ln()]).unwrap(),
-            0.636_514_168_294_813,
-            1e-7,
-        );
+        close(entropy(&[0.0, 2f32.ln()]).unwrap(), 0.636_514_168_294_813, 1e-7);
     }
 
     #[test]
@@ -218,11 +185,7 @@ mod tests {
         close(kl_divergence(&p, &q).unwrap(), 0.087_208_023_960_758, 1e-7);
         // Reversed: KL(q ‖ p) = Σ (1/3) ln((1/3) / p_i) = (1/3) ln(2 · 1 · 2/3) = (1/3) ln(4/3)
         // = 0.09589402415059363.
-        close(
-            kl_divergence(&q, &p).unwrap(),
-            0.095_894_024_150_593_63,
-            1e-7,
-        );
+        close(kl_divergence(&q, &p).unwrap(), 0.095_894_024_150_593_63, 1e-7);
     }
 
     #[test]
@@ -239,12 +202,8 @@ mod tests {
     #[test]
     fn kl_is_non_negative_on_varied_inputs() {
         for s in 0..50u32 {
-            let a: Vec<f32> = (0..17)
-                .map(|i| ((i * 7 + s * 13) % 11) as f32 * 0.37 - 2.0)
-                .collect();
-            let b: Vec<f32> = (0..17)
-                .map(|i| ((i * 5 + s * 3) % 13) as f32 * 0.41 - 2.5)
-                .collect();
+            let a: Vec<f32> = (0..17).map(|i| ((i * 7 + s * 13) % 11) as f32 * 0.37 - 2.0).collect();
+            let b: Vec<f32> = (0..17).map(|i| ((i * 5 + s * 3) % 13) as f32 * 0.41 - 2.5).collect();
             assert!(kl_divergence(&a, &b).unwrap() >= -1e-12);
         }
     }
@@ -279,29 +238,15 @@ mod tests {
     #[test]
     fn bad_input_is_an_error_not_a_panic() {
         assert_eq!(log_softmax(&[]), Err(ScoreError::Empty { what: "logits" }));
-        assert!(matches!(
-            log_softmax(&[0.0, f32::NAN]),
-            Err(ScoreError::NonFinite { index: 1, .. })
-        ));
-        assert!(matches!(
-            entropy(&[f32::INFINITY]),
-            Err(ScoreError::NonFinite { .. })
-        ));
+        assert!(matches!(log_softmax(&[0.0, f32::NAN]), Err(ScoreError::NonFinite { index: 1, .. })));
+        assert!(matches!(entropy(&[f32::INFINITY]), Err(ScoreError::NonFinite { .. })));
         assert!(matches!(
             kl_divergence(&[0.0; 3], &[0.0; 4]),
-            Err(ScoreError::LengthMismatch {
-                left: 3,
-                right: 4,
-                ..
-            })
+            Err(ScoreError::LengthMismatch { left: 3, right: 4, .. })
         ));
         assert!(matches!(
             position_metrics(&[0.0; 3], &[0.0; 3], 3),
-            Err(ScoreError::OutOfRange {
-                index: 3,
-                limit: 3,
-                ..
-            })
+            Err(ScoreError::OutOfRange { index: 3, limit: 3, .. })
         ));
         assert!(top1(&[]).is_err());
     }

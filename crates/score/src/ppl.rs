@@ -52,19 +52,11 @@ impl PromptLogProbs {
     /// # Shapes and errors
     /// As [`ppl_ratio`].
     pub fn new(ref_logprobs: &[f64], var_logprobs: &[f64]) -> Result<Self> {
-        check_paired(
-            "reference and variant log-probabilities",
-            ref_logprobs.len(),
-            var_logprobs.len(),
-        )?;
+        check_paired("reference and variant log-probabilities", ref_logprobs.len(), var_logprobs.len())?;
         check_nonempty("log-probabilities", ref_logprobs)?;
         check_finite("reference log-probabilities", ref_logprobs)?;
         check_finite("variant log-probabilities", var_logprobs)?;
-        Ok(Self {
-            tokens: ref_logprobs.len(),
-            sum_ref: ref_logprobs.iter().sum(),
-            sum_var: var_logprobs.iter().sum(),
-        })
+        Ok(Self { tokens: ref_logprobs.len(), sum_ref: ref_logprobs.iter().sum(), sum_var: var_logprobs.iter().sum() })
     }
 }
 
@@ -89,33 +81,20 @@ pub fn pooled_ppl_ratio(prompts: &[PromptLogProbs]) -> Result<f64> {
 /// # Errors
 /// [`ScoreError::Empty`] when there are no prompts, [`ScoreError::Zero`] when a prompt has no
 /// tokens, [`ScoreError::NonFinite`] when a sum is NaN or infinite, else as [`bootstrap_ci`].
-pub fn ppl_ratio_ci(
-    prompts: &[PromptLogProbs],
-    resamples: usize,
-    seed: u64,
-    level: f64,
-) -> Result<Interval> {
+pub fn ppl_ratio_ci(prompts: &[PromptLogProbs], resamples: usize, seed: u64, level: f64) -> Result<Interval> {
     check_prompts(prompts)?;
-    bootstrap_ci(prompts.len(), resamples, seed, level, |idx| {
-        pooled_over(prompts, idx)
-    })
+    bootstrap_ci(prompts.len(), resamples, seed, level, |idx| pooled_over(prompts, idx))
 }
 
 fn check_prompts(prompts: &[PromptLogProbs]) -> Result<()> {
     check_nonempty("perplexity prompts", prompts)?;
     for (index, p) in prompts.iter().enumerate() {
         if p.tokens == 0 {
-            return Err(ScoreError::Zero {
-                what: "tokens of every perplexity prompt",
-            });
+            return Err(ScoreError::Zero { what: "tokens of every perplexity prompt" });
         }
         for value in [p.sum_ref, p.sum_var] {
             if !value.is_finite() {
-                return Err(ScoreError::NonFinite {
-                    what: "prompt log-probability sum",
-                    index,
-                    value,
-                });
+                return Err(ScoreError::NonFinite { what: "prompt log-probability sum", index, value });
             }
         }
     }
@@ -154,44 +133,22 @@ mod tests {
         let b = [0.3f64.ln()];
         assert!((ppl_ratio(&b, &b).unwrap() - 1.0).abs() < 1e-15);
         // Pooled: (Σ ref − Σ var) = 3 ln 2 over 4 tokens → 2^(3/4) = 1.681792830507429.
-        let prompts = [
-            PromptLogProbs::new(&a_ref, &a_var).unwrap(),
-            PromptLogProbs::new(&b, &b).unwrap(),
-        ];
+        let prompts = [PromptLogProbs::new(&a_ref, &a_var).unwrap(), PromptLogProbs::new(&b, &b).unwrap()];
         let pooled = pooled_ppl_ratio(&prompts).unwrap();
         assert!((pooled - 1.681_792_830_507_429).abs() < 1e-12);
         let ci = ppl_ratio_ci(&prompts, 500, 11, 0.95).unwrap();
         assert_eq!(ci.estimate, pooled);
         // Resamples range from all-B (ratio 1) to all-A (ratio 2).
-        assert!(
-            (1.0..=pooled).contains(&ci.lo) && (pooled..=2.0 + 1e-12).contains(&ci.hi),
-            "{ci:?}"
-        );
+        assert!((1.0..=pooled).contains(&ci.lo) && (pooled..=2.0 + 1e-12).contains(&ci.hi), "{ci:?}");
     }
 
     #[test]
     fn bad_input_is_an_error() {
         assert!(matches!(perplexity(&[]), Err(ScoreError::Empty { .. })));
-        assert!(matches!(
-            perplexity(&[f64::NEG_INFINITY]),
-            Err(ScoreError::NonFinite { .. })
-        ));
-        assert!(matches!(
-            ppl_ratio(&[-1.0], &[-1.0, -2.0]),
-            Err(ScoreError::LengthMismatch { .. })
-        ));
-        assert!(matches!(
-            pooled_ppl_ratio(&[]),
-            Err(ScoreError::Empty { .. })
-        ));
-        let zero = PromptLogProbs {
-            tokens: 0,
-            sum_ref: 0.0,
-            sum_var: 0.0,
-        };
-        assert!(matches!(
-            ppl_ratio_ci(&[zero], 10, 0, 0.95),
-            Err(ScoreError::Zero { .. })
-        ));
+        assert!(matches!(perplexity(&[f64::NEG_INFINITY]), Err(ScoreError::NonFinite { .. })));
+        assert!(matches!(ppl_ratio(&[-1.0], &[-1.0, -2.0]), Err(ScoreError::LengthMismatch { .. })));
+        assert!(matches!(pooled_ppl_ratio(&[]), Err(ScoreError::Empty { .. })));
+        let zero = PromptLogProbs { tokens: 0, sum_ref: 0.0, sum_var: 0.0 };
+        assert!(matches!(ppl_ratio_ci(&[zero], 10, 0, 0.95), Err(ScoreError::Zero { .. })));
     }
 }

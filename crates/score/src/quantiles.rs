@@ -103,14 +103,7 @@ mod tests {
         // x = 1..=10. h = 9q: Q(0.5) = x_4 + 0.5 = 5.5; Q(0.9): h = 8.1 → 9 + 0.1 = 9.1;
         // Q(0.99): h = 8.91 → 9.91; Q(0.25): h = 2.25 → 3.25. (R: quantile(1:10, c(.25,.5,.9,.99)).)
         let x: Vec<f64> = (1..=10).rev().map(f64::from).collect();
-        for (q, want) in [
-            (0.0, 1.0),
-            (0.25, 3.25),
-            (0.5, 5.5),
-            (0.9, 9.1),
-            (0.99, 9.91),
-            (1.0, 10.0),
-        ] {
+        for (q, want) in [(0.0, 1.0), (0.25, 3.25), (0.5, 5.5), (0.9, 9.1), (0.99, 9.91), (1.0, 10.0)] {
             let got = quantile(&x, q).unwrap();
             assert!((got - want).abs() < 1e-12, "Q({q}) = {got}, want {want}");
         }
@@ -132,14 +125,8 @@ mod tests {
     #[test]
     fn bad_input_is_an_error() {
         assert!(matches!(summarize(&[]), Err(ScoreError::Empty { .. })));
-        assert!(matches!(
-            summarize(&[1.0, f64::NAN]),
-            Err(ScoreError::NonFinite { index: 1, .. })
-        ));
-        assert_eq!(
-            quantile(&[1.0], 1.5),
-            Err(ScoreError::Probability { p: 1.5 })
-        );
+        assert!(matches!(summarize(&[1.0, f64::NAN]), Err(ScoreError::NonFinite { index: 1, .. })));
+        assert_eq!(quantile(&[1.0], 1.5), Err(ScoreError::Probability { p: 1.5 }));
         assert!(quantile(&[1.0], f64::NAN).is_err());
         assert!(quantile_sorted(&[], 0.5).is_err());
     }

@@ -41,10 +41,7 @@ pub struct Stratum {
 pub fn entropy_quartiles(positions: &[PositionMetrics]) -> Result<[Stratum; 4]> {
     check_nonempty("stratified positions", positions)?;
     for (index, m) in positions.iter().enumerate() {
-        for (what, value) in [
-            ("reference entropy", m.ref_entropy),
-            ("KL divergence", m.kld),
-        ] {
+        for (what, value) in [("reference entropy", m.ref_entropy), ("KL divergence", m.kld)] {
             if !value.is_finite() {
                 return Err(ScoreError::NonFinite { what, index, value });
             }
@@ -103,10 +100,7 @@ mod tests {
         // Entropies 1..=8 (shuffled): Q(0.25) = 1 + 7·0.25 = 2.75, Q(0.5) = 4.5, Q(0.75) = 6.25.
         // Strata: {1, 2}, {3, 4}, {5, 6}, {7, 8}; KL = entropy / 10; agree when entropy < 6.
         let order = [5, 1, 8, 3, 2, 7, 4, 6];
-        let positions: Vec<_> = order
-            .iter()
-            .map(|&e| pos(f64::from(e), f64::from(e) / 10.0, e < 6))
-            .collect();
+        let positions: Vec<_> = order.iter().map(|&e| pos(f64::from(e), f64::from(e) / 10.0, e < 6)).collect();
         let s = entropy_quartiles(&positions).unwrap();
         let bounds: Vec<(f64, f64)> = s.iter().map(|s| (s.lower, s.upper)).collect();
         assert_eq!(bounds, [(1.0, 2.75), (2.75, 4.5), (4.5, 6.25), (6.25, 8.0)]);
@@ -115,10 +109,7 @@ mod tests {
         for (got, want) in kld.iter().zip([0.15, 0.35, 0.55, 0.75]) {
             assert!((got - want).abs() < 1e-12, "{kld:?}");
         }
-        assert_eq!(
-            s.map(|s| s.top1_agreement),
-            [Some(1.0), Some(1.0), Some(0.5), Some(0.0)]
-        );
+        assert_eq!(s.map(|s| s.top1_agreement), [Some(1.0), Some(1.0), Some(0.5), Some(0.0)]);
     }
 
     #[test]
@@ -134,10 +125,7 @@ mod tests {
 
     #[test]
     fn bad_input_is_an_error() {
-        assert!(matches!(
-            entropy_quartiles(&[]),
-            Err(ScoreError::Empty { .. })
-        ));
+        assert!(matches!(entropy_quartiles(&[]), Err(ScoreError::Empty { .. })));
         assert!(matches!(
             entropy_quartiles(&[pos(1.0, 0.0, true), pos(f64::NAN, 0.0, true)]),
             Err(ScoreError::NonFinite { index: 1, .. })

@@ -51,12 +51,7 @@ pub fn kaplan_meier(observations: &[Observation]) -> Result<Vec<SurvivalStep>> {
     let mut sorted = observations.to_vec();
     // Events before censorings at equal times, so each group below is contiguous.
     sorted.sort_by_key(|o| (o.time, o.censored));
-    let mut steps = vec![SurvivalStep {
-        t: 0,
-        survival: 1.0,
-        at_risk: sorted.len(),
-        events: 0,
-    }];
+    let mut steps = vec![SurvivalStep { t: 0, survival: 1.0, at_risk: sorted.len(), events: 0 }];
     let mut survival = 1.0;
     let mut at_risk = sorted.len();
     let mut i = 0;
@@ -69,19 +64,9 @@ pub fn kaplan_meier(observations: &[Observation]) -> Result<Vec<SurvivalStep>> {
             if t == 0 {
                 // A divergence at time 0 cannot come from `Divergence::observation` (whose
                 // event times are ≥ 1); fold it into the first step rather than repeat t = 0.
-                steps[0] = SurvivalStep {
-                    t,
-                    survival,
-                    at_risk,
-                    events,
-                };
+                steps[0] = SurvivalStep { t, survival, at_risk, events };
             } else {
-                steps.push(SurvivalStep {
-                    t,
-                    survival,
-                    at_risk,
-                    events,
-                });
+                steps.push(SurvivalStep { t, survival, at_risk, events });
             }
         }
         at_risk -= group;
@@ -96,11 +81,7 @@ pub fn kaplan_meier(observations: &[Observation]) -> Result<Vec<SurvivalStep>> {
 /// # Shapes
 /// `steps`: ascending in `t`, as [`kaplan_meier`] returns them; an empty slice gives 1.
 pub fn survival_at(steps: &[SurvivalStep], t: usize) -> f64 {
-    steps
-        .iter()
-        .take_while(|s| s.t <= t)
-        .last()
-        .map_or(1.0, |s| s.survival)
+    steps.iter().take_while(|s| s.t <= t).last().map_or(1.0, |s| s.survival)
 }
 
 /// Median time to divergence: the smallest `t` with `S(t) ≤ 0.5`, or `None` when the curve never
@@ -110,10 +91,7 @@ pub fn survival_at(steps: &[SurvivalStep], t: usize) -> f64 {
 /// `steps`: as [`survival_at`].
 pub fn median_survival(steps: &[SurvivalStep]) -> Option<usize> {
     // A small tolerance so that an exact half computed as e.g. 0.5000000000000001 still counts.
-    steps
-        .iter()
-        .find(|s| s.survival <= 0.5 + 1e-12)
-        .map(|s| s.t)
+    steps.iter().find(|s| s.survival <= 0.5 + 1e-12).map(|s| s.t)
 }
 
 #[cfg(test)]
@@ -162,11 +140,7 @@ mod tests {
         assert_eq!(steps.len(), expected.len());
         for (s, (t, n, d, surv)) in steps.iter().zip(expected) {
             assert_eq!((s.t, s.at_risk, s.events), (t, n, d));
-            assert!(
-                (s.survival - surv).abs() < 1e-9,
-                "t={t}: {} vs {surv}",
-                s.survival
-            );
+            assert!((s.survival - surv).abs() < 1e-9, "t={t}: {} vs {surv}", s.survival);
         }
         assert_eq!(median_survival(&steps), Some(23));
         assert_eq!(survival_at(&steps, 5), 1.0);
@@ -176,8 +150,7 @@ mod tests {
 
     #[test]
     fn all_diverge_reaches_zero_and_exact_half_is_the_median() {
-        let steps =
-            kaplan_meier(&[obs(1, false), obs(2, false), obs(3, false), obs(4, false)]).unwrap();
+        let steps = kaplan_meier(&[obs(1, false), obs(2, false), obs(3, false), obs(4, false)]).unwrap();
         let s: Vec<f64> = steps.iter().map(|s| s.survival).collect();
         assert_eq!(s, [1.0, 0.75, 0.5, 0.25, 0.0]);
         assert_eq!(median_survival(&steps), Some(2));
@@ -186,15 +159,7 @@ mod tests {
     #[test]
     fn all_censored_stays_at_one_with_no_median() {
         let steps = kaplan_meier(&[obs(10, true), obs(10, true)]).unwrap();
-        assert_eq!(
-            steps,
-            [SurvivalStep {
-                t: 0,
-                survival: 1.0,
-                at_risk: 2,
-                events: 0
-            }]
-        );
+        assert_eq!(steps, [SurvivalStep { t: 0, survival: 1.0, at_risk: 2, events: 0 }]);
         assert_eq!(median_survival(&steps), None);
         assert_eq!(survival_at(&steps, 10), 1.0);
     }
@@ -206,10 +171,7 @@ mod tests {
         assert_eq!(steps[1].at_risk, 3);
         assert!((steps[1].survival - 2.0 / 3.0).abs() < 1e-15);
         // Then only the t = 9 prompt is at risk, and it diverges.
-        assert_eq!(
-            (steps[2].t, steps[2].at_risk, steps[2].survival),
-            (9, 1, 0.0)
-        );
+        assert_eq!((steps[2].t, steps[2].at_risk, steps[2].survival), (9, 1, 0.0));
     }
 
     #[test]

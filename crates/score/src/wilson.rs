@@ -20,16 +20,10 @@ use crate::error::{Result, ScoreError, check_level};
 /// `successes > trials`, [`ScoreError::Level`] when `level ∉ (0, 1)`.
 pub fn wilson_interval(successes: usize, trials: usize, level: f64) -> Result<Interval> {
     if trials == 0 {
-        return Err(ScoreError::Empty {
-            what: "Wilson interval trials",
-        });
+        return Err(ScoreError::Empty { what: "Wilson interval trials" });
     }
     if successes > trials {
-        return Err(ScoreError::OutOfRange {
-            what: "successes",
-            index: successes,
-            limit: trials + 1,
-        });
+        return Err(ScoreError::OutOfRange { what: "successes", index: successes, limit: trials + 1 });
     }
     check_level(level)?;
     let standard = Normal::standard();
@@ -40,22 +34,9 @@ pub fn wilson_interval(successes: usize, trials: usize, level: f64) -> Result<In
     let denom = 1.0 + z2n;
     let centre = (p + z2n / 2.0) / denom;
     let half = z / denom * (p * (1.0 - p) / n + z2n / (4.0 * n)).sqrt();
-    let lo = if successes == 0 {
-        0.0
-    } else {
-        (centre - half).max(0.0)
-    };
-    let hi = if successes == trials {
-        1.0
-    } else {
-        (centre + half).min(1.0)
-    };
-    Ok(Interval {
-        estimate: p,
-        lo,
-        hi,
-        level,
-    })
+    let lo = if successes == 0 { 0.0 } else { (centre - half).max(0.0) };
+    let hi = if successes == trials { 1.0 } else { (centre + half).min(1.0) };
+    Ok(Interval { estimate: p, lo, hi, level })
 }
 
 #[cfg(test)]
@@ -95,17 +76,8 @@ mod tests {
 
     #[test]
     fn bad_input_is_an_error() {
-        assert!(matches!(
-            wilson_interval(0, 0, 0.95),
-            Err(ScoreError::Empty { .. })
-        ));
-        assert!(matches!(
-            wilson_interval(11, 10, 0.95),
-            Err(ScoreError::OutOfRange { .. })
-        ));
-        assert!(matches!(
-            wilson_interval(1, 10, 1.0),
-            Err(ScoreError::Level { .. })
-        ));
+        assert!(matches!(wilson_interval(0, 0, 0.95), Err(ScoreError::Empty { .. })));
+        assert!(matches!(wilson_interval(11, 10, 0.95), Err(ScoreError::OutOfRange { .. })));
+        assert!(matches!(wilson_interval(1, 10, 1.0), Err(ScoreError::Level { .. })));
     }
 }

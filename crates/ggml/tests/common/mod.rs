@@ -45,19 +45,12 @@ pub fn matrix(seed: u32, rows: usize, cols: usize) -> Vec<f32> {
 
 /// FNV-1a, 64-bit.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// FNV-1a of the little-endian bytes of f32 values (bit patterns, so -0.0 and NaN count).
 pub fn fnv1a_f32(values: &[f32]) -> u64 {
-    fnv1a(
-        &values
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect::<Vec<u8>>(),
-    )
+    fnv1a(&values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())
 }
 
 /// Decodes a hex string (whitespace ignored).

@@ -32,14 +32,7 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 
 impl Writer {
     fn new() -> Self {
-        Writer {
-            magic: *b"GGUF",
-            version: 3,
-            kv: vec![],
-            n_kv: 0,
-            tensors: vec![],
-            offset_bias: 0,
-        }
+        Writer { magic: *b"GGUF", version: 3, kv: vec![], n_kv: 0, tensors: vec![], offset_bias: 0 }
     }
 
     fn kv_raw(&mut self, key: &str, ty: u32, value: &[u8]) -> &mut Self {
@@ -77,14 +70,8 @@ impl Writer {
     fn tensor(&mut self, name: &str, shape: &[usize], ty: u32, values: &[f32]) -> &mut Self {
         let data = match ty {
             F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            F16 => values
-                .iter()
-                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
-                .collect(),
-            BF16 => values
-                .iter()
-                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
-                .collect(),
+            F16 => values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
+            BF16 => values.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect(),
             Q8_0 => quantize_ggml_blocks(GgmlType::Q8_0, values).unwrap(),
             _ => vec![0; 64],
         };
@@ -122,9 +109,7 @@ impl Writer {
 
 /// Values exactly representable in f16 and bf16 (multiples of 1/8 in [-1, 1]).
 fn values(seed: usize, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| ((i * 7 + seed * 13) % 17) as f32 / 8.0 - 1.0)
-        .collect()
+    (0..n).map(|i| ((i * 7 + seed * 13) % 17) as f32 / 8.0 - 1.0).collect()
 }
 
 const DIM: usize = 8;
@@ -151,63 +136,18 @@ fn tiny() -> Writer {
         .u32("tokenizer.ggml.bos_token_id", 1)
         .u32("tokenizer.ggml.eos_token_id", 2)
         .kv_raw("tokenizer.ggml.add_bos_token", 7, &[0]);
-    w.tensor(
-        "token_embd.weight",
-        &[VOCAB, DIM],
-        F16,
-        &values(0, VOCAB * DIM),
-    )
-    .tensor("blk.0.attn_norm.weight", &[DIM], F32, &values(1, DIM))
-    .tensor(
-        "blk.0.attn_q.weight",
-        &[DIM, DIM],
-        F32,
-        &values(2, DIM * DIM),
-    )
-    .tensor(
-        "blk.0.attn_k.weight",
-        &[KV_DIM, DIM],
-        F16,
-        &values(3, KV_DIM * DIM),
-    )
-    .tensor(
-        "blk.0.attn_v.weight",
-        &[KV_DIM, DIM],
-        BF16,
-        &values(4, KV_DIM * DIM),
-    )
-    .tensor(
-        "blk.0.attn_output.weight",
-        &[DIM, DIM],
-        F32,
-        &values(5, DIM * DIM),
-    )
-    .tensor("blk.0.ffn_norm.weight", &[DIM], F32, &values(6, DIM))
-    .tensor(
-        "blk.0.ffn_gate.weight",
-        &[HIDDEN, DIM],
-        F32,
-        &values(7, HIDDEN * DIM),
-    )
-    .tensor(
-        "blk.0.ffn_up.weight",
-        &[HIDDEN, DIM],
-        F32,
-        &values(8, HIDDEN * DIM),
-    )
-    .tensor(
-        "blk.0.ffn_down.weight",
-        &[DIM, HIDDEN],
-        Q8_0,
-        &values(9, DIM * HIDDEN),
-    )
-    .tensor("output_norm.weight", &[DIM], F32, &values(10, DIM))
-    .tensor(
-        "output.weight",
-        &[VOCAB, DIM],
-        F32,
-        &values(11, VOCAB * DIM),
-    );
+    w.tensor("token_embd.weight", &[VOCAB, DIM], F16, &values(0, VOCAB * DIM))
+        .tensor("blk.0.attn_norm.weight", &[DIM], F32, &values(1, DIM))
+        .tensor("blk.0.attn_q.weight", &[DIM, DIM], F32, &values(2, DIM * DIM))
+        .tensor("blk.0.attn_k.weight", &[KV_DIM, DIM], F16, &values(3, KV_DIM * DIM))
+        .tensor("blk.0.attn_v.weight", &[KV_DIM, DIM], BF16, &values(4, KV_DIM * DIM))
+        .tensor("blk.0.attn_output.weight", &[DIM, DIM], F32, &values(5, DIM * DIM))
+        .tensor("blk.0.ffn_norm.weight", &[DIM], F32, &values(6, DIM))
+        .tensor("blk.0.ffn_gate.weight", &[HIDDEN, DIM], F32, &values(7, HIDDEN * DIM))
+        .tensor("blk.0.ffn_up.weight", &[HIDDEN, DIM], F32, &values(8, HIDDEN * DIM))
+        .tensor("blk.0.ffn_down.weight", &[DIM, HIDDEN], Q8_0, &values(9, DIM * HIDDEN))
+        .tensor("output_norm.weight", &[DIM], F32, &values(10, DIM))
+        .tensor("output.weight", &[VOCAB, DIM], F32, &values(11, VOCAB * DIM));
     w
 }
 
@@ -229,21 +169,10 @@ fn tiny_llama_round_trips() {
     let m: &HostModel = &g.model;
     let a = &m.arch;
     assert_eq!(
-        (
-            a.architecture.as_str(),
-            a.dim,
-            a.hidden_dim,
-            a.n_layers,
-            a.n_heads,
-            a.n_kv_heads,
-            a.vocab_size
-        ),
+        (a.architecture.as_str(), a.dim, a.hidden_dim, a.n_layers, a.n_heads, a.n_kv_heads, a.vocab_size),
         ("llama", DIM, HIDDEN, 1, 2, 1, VOCAB)
     );
-    assert_eq!(
-        (a.max_seq_len, a.norm_eps, a.rope_theta, a.tied_embeddings),
-        (64, 1e-6, 500000.0, false)
-    );
+    assert_eq!((a.max_seq_len, a.norm_eps, a.rope_theta, a.tied_embeddings), (64, 1e-6, 500000.0, false));
     assert_eq!(m.token_embedding, t(&[VOCAB, DIM], 0));
     let l = &m.layers[0];
     assert_eq!(l.attn_norm, t(&[DIM], 1));
@@ -265,23 +194,12 @@ fn tiny_llama_round_trips() {
     assert_eq!(g.tokenizer.model.as_deref(), Some("gpt2"));
     assert_eq!(g.tokenizer.tokens, ["a", "b", "c"]);
     assert_eq!(g.tokenizer.merges, ["a b"]);
-    assert_eq!(
-        (g.tokenizer.bos_token_id, g.tokenizer.eos_token_id),
-        (Some(1), Some(2))
-    );
+    assert_eq!((g.tokenizer.bos_token_id, g.tokenizer.eos_token_id), (Some(1), Some(2)));
     assert_eq!(g.tokenizer.add_bos_token, Some(false));
     assert_eq!(g.tokenizer.scores, None);
-    assert_eq!(
-        g.metadata.get("llama.block_count"),
-        Some(&GgufValue::U32(1))
-    );
+    assert_eq!(g.metadata.get("llama.block_count"), Some(&GgufValue::U32(1)));
     let types: Vec<&str> = g.tensor_types.iter().map(|(_, t)| *t).collect();
-    assert_eq!(
-        types,
-        [
-            "F16", "F32", "F32", "F16", "BF16", "F32", "F32", "F32", "F32", "Q8_0", "F32", "F32"
-        ]
-    );
+    assert_eq!(types, ["F16", "F32", "F32", "F16", "BF16", "F32", "F32", "F32", "F32", "Q8_0", "F32", "F32"]);
     assert_eq!(g.tensor_types[9].0, "blk.0.ffn_down.weight");
 }
 
@@ -309,10 +227,7 @@ fn bad_magic() {
 fn unsupported_version() {
     let mut w = tiny();
     w.version = 1;
-    assert_eq!(
-        error(&w.build()),
-        "tiny.gguf: GGUF version 1 is not supported; supported: 2, 3"
-    );
+    assert_eq!(error(&w.build()), "tiny.gguf: GGUF version 1 is not supported; supported: 2, 3");
     w.version = 3u32.swap_bytes();
     assert!(error(&w.build()).contains("big-endian"));
 }
@@ -324,20 +239,14 @@ fn truncated_file() {
     for cut in [bytes.len() - 1, bytes.len() / 2, 300, 20, 3, 0] {
         let e = error(&bytes[..cut]);
         assert!(e.starts_with("tiny.gguf: "), "{cut}: {e}");
-        assert!(
-            e.contains("truncated") || e.contains("past the end") || e.contains("remain"),
-            "{cut}: {e}"
-        );
+        assert!(e.contains("truncated") || e.contains("past the end") || e.contains("remain"), "{cut}: {e}");
     }
     assert_eq!(
         error(&bytes[..300]),
         error(&bytes[..300]), // deterministic
     );
     let e = error(&bytes[..bytes.len() - 1]);
-    assert!(
-        e.contains("tensor output.weight") && e.contains("run past the end of the data section"),
-        "{e}"
-    );
+    assert!(e.contains("tensor output.weight") && e.contains("run past the end of the data section"), "{e}");
 }
 
 #[test]
@@ -345,37 +254,23 @@ fn header_count_beyond_file() {
     let mut bytes = tiny().build();
     bytes[8..16].copy_from_slice(&u64::MAX.to_le_bytes()); // tensor count
     let e = error(&bytes);
-    assert!(
-        e.starts_with("tiny.gguf: the header's tensor count declares 18446744073709551615 entries"),
-        "{e}"
-    );
+    assert!(e.starts_with("tiny.gguf: the header's tensor count declares 18446744073709551615 entries"), "{e}");
     let mut bytes = tiny().build();
     bytes[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes()); // metadata count
     let e = error(&bytes);
-    assert!(
-        e.contains("metadata count declares 1099511627776 entries"),
-        "{e}"
-    );
+    assert!(e.contains("metadata count declares 1099511627776 entries"), "{e}");
     // An array count beyond the file.
     let mut w = Writer::new();
     let mut arr = 8u32.to_le_bytes().to_vec();
     arr.extend(u64::MAX.to_le_bytes());
     w.kv_raw("tokenizer.ggml.tokens", 9, &arr);
     let e = error(&w.build());
-    assert!(
-        e.contains("metadata value tokenizer.ggml.tokens declares 18446744073709551615 entries"),
-        "{e}"
-    );
+    assert!(e.contains("metadata value tokenizer.ggml.tokens declares 18446744073709551615 entries"), "{e}");
     // A string length beyond the file.
     let mut w = Writer::new();
     w.kv_raw("general.architecture", 8, &u64::MAX.to_le_bytes());
     let e = error(&w.build());
-    assert!(
-        e.contains(
-            "truncated: metadata value general.architecture needs 18446744073709551615 bytes"
-        ),
-        "{e}"
-    );
+    assert!(e.contains("truncated: metadata value general.architecture needs 18446744073709551615 bytes"), "{e}");
 }
 
 #[test]
@@ -384,9 +279,7 @@ fn tensor_offset_out_of_range() {
     w.offset_bias = 1 << 20;
     let e = error(&w.build());
     assert!(
-        e.starts_with(
-            "tiny.gguf: tensor token_embd.weight: 256 bytes at data offset 1048576 run past the end"
-        ),
+        e.starts_with("tiny.gguf: tensor token_embd.weight: 256 bytes at data offset 1048576 run past the end"),
         "{e}"
     );
     let mut w = tiny();
@@ -421,35 +314,19 @@ fn missing_tensor() {
 fn wrong_shape() {
     let mut w = tiny();
     w.tensors.retain(|t| t.0 != "blk.0.attn_k.weight");
-    w.tensor(
-        "blk.0.attn_k.weight",
-        &[DIM, DIM],
-        F32,
-        &values(3, DIM * DIM),
-    );
-    assert_eq!(
-        error(&w.build()),
-        "tiny.gguf: tensor blk.0.attn_k.weight has dims [8, 8]; expected [8, 4] (ne0 first)"
-    );
+    w.tensor("blk.0.attn_k.weight", &[DIM, DIM], F32, &values(3, DIM * DIM));
+    assert_eq!(error(&w.build()), "tiny.gguf: tensor blk.0.attn_k.weight has dims [8, 8]; expected [8, 4] (ne0 first)");
 }
 
 #[test]
 fn unsupported_architecture() {
     let mut w = Writer::new();
     w.string("general.architecture", "gpt2");
-    assert_eq!(
-        error(&w.build()),
-        "tiny.gguf: unsupported architecture gpt2; supported: llama, qwen2"
-    );
+    assert_eq!(error(&w.build()), "tiny.gguf: unsupported architecture gpt2; supported: llama, qwen2");
 }
 
 fn factors(w: &Writer) -> Option<Vec<f32>> {
-    match parse(&w.build())
-        .expect("valid file")
-        .model
-        .arch
-        .rope_scaling
-    {
+    match parse(&w.build()).expect("valid file").model.arch.rope_scaling {
         None => None,
         Some(RopeScaling::FreqFactors { factors }) => Some(factors),
         Some(other) => panic!("unexpected {other:?}"),
@@ -465,10 +342,7 @@ fn rope_freqs_weight_becomes_per_pair_divisors() {
     assert_eq!(factors(&w), Some(vec![1.0, 4.0]));
     w.tensors.last_mut().unwrap().1 = vec![3];
     w.tensors.last_mut().unwrap().3.extend(1f32.to_le_bytes());
-    assert_eq!(
-        error(&w.build()),
-        "tiny.gguf: tensor rope_freqs.weight has dims [3]; expected [2] (ne0 first)"
-    );
+    assert_eq!(error(&w.build()), "tiny.gguf: tensor rope_freqs.weight has dims [3]; expected [2] (ne0 first)");
     let mut w = tiny();
     w.tensor("rope_freqs.weight", &[2], F32, &[1.0, -4.0]);
     assert_eq!(
@@ -485,21 +359,17 @@ fn linear_rope_scaling_follows_llama_cpp() {
     assert_eq!(factors(&w), Some(vec![2.0, 2.0]));
     // The older key, combined with rope_freqs.weight.
     let mut w = tiny();
-    w.f32("llama.rope.scale_linear", 4.0)
-        .tensor("rope_freqs.weight", &[2], F32, &[1.0, 3.0]);
+    w.f32("llama.rope.scale_linear", 4.0).tensor("rope_freqs.weight", &[2], F32, &[1.0, 3.0]);
     assert_eq!(factors(&w), Some(vec![4.0, 12.0]));
     // `none` ignores the factor, as llama.cpp does.
     let mut w = tiny();
-    w.string("llama.rope.scaling.type", "none")
-        .f32("llama.rope.scaling.factor", 2.0);
+    w.string("llama.rope.scaling.type", "none").f32("llama.rope.scaling.factor", 2.0);
     assert_eq!(factors(&w), None);
     let mut w = tiny();
-    w.string("llama.rope.scaling.type", "linear")
-        .f32("llama.rope.scaling.factor", 1.0);
+    w.string("llama.rope.scaling.type", "linear").f32("llama.rope.scaling.factor", 1.0);
     assert_eq!(factors(&w), None);
     let mut w = tiny();
-    w.string("llama.rope.scaling.type", "yarn")
-        .f32("llama.rope.scaling.factor", 4.0);
+    w.string("llama.rope.scaling.type", "yarn").f32("llama.rope.scaling.factor", 4.0);
     assert_eq!(
         error(&w.build()),
         "tiny.gguf: llama.rope.scaling.type = yarn is not supported; supported: none, linear \
@@ -549,9 +419,7 @@ fn tiny_qwen2() -> Writer {
         if k == "general.architecture" {
             continue;
         }
-        let key = k
-            .strip_prefix("llama.")
-            .map_or(k.clone(), |r| format!("qwen2.{r}"));
+        let key = k.strip_prefix("llama.").map_or(k.clone(), |r| format!("qwen2.{r}"));
         match v {
             GgufValue::U32(x) => {
                 kv.u32(&key, *x);
@@ -591,28 +459,18 @@ fn qwen2_reads_biases_and_unpermutes_rotate_half_rows() {
     // head_dim 4: stored (rotate-half) row h·4 + a·2 + i is interleaved row h·4 + 2i + a, so the
     // interleaved rows are stored rows 0, 2, 1, 3 of each head.
     let order = [0usize, 2, 1, 3, 4, 6, 5, 7];
-    assert_eq!(
-        l.bq.as_ref().expect("bq").data,
-        order.map(|r| r as f32).to_vec()
-    );
+    assert_eq!(l.bq.as_ref().expect("bq").data, order.map(|r| r as f32).to_vec());
     assert_eq!(l.bk.as_ref().expect("bk").data, [0.0, 2.0, 1.0, 3.0]);
     assert_eq!(l.bv.as_ref().expect("bv").data, [0.0, 1.0, 2.0, 3.0]);
     let stored = t(&[DIM, DIM], 2);
     for (row, &src) in order.iter().enumerate() {
-        assert_eq!(
-            l.wq.data[row * DIM..][..DIM],
-            stored.data[src * DIM..][..DIM],
-            "wq row {row}"
-        );
+        assert_eq!(l.wq.data[row * DIM..][..DIM], stored.data[src * DIM..][..DIM], "wq row {row}");
     }
     assert_eq!(l.wv, t(&[KV_DIM, DIM], 4), "v is not rotated");
 
     let mut w = tiny_qwen2();
     w.tensors.retain(|t| t.0 != "blk.0.attn_v.bias");
-    assert_eq!(
-        error(&w.build()),
-        "tiny.gguf: tensor blk.0.attn_v.bias is missing; expected dims [4] (ne0 first)"
-    );
+    assert_eq!(error(&w.build()), "tiny.gguf: tensor blk.0.attn_v.bias is missing; expected dims [4] (ne0 first)");
 }
 
 #[test]
@@ -635,29 +493,15 @@ fn open_model_refuses_a_gguf_whose_tokenizer_has_fewer_tokens_than_the_model() {
     let result = crate::open_model(&path, None);
     let _ = std::fs::remove_file(&path);
     let e = result.err().expect("refused");
-    assert!(
-        matches!(
-            e,
-            LoadError::VocabMismatch {
-                tokenizer_vocab: 3,
-                model_vocab: VOCAB,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, LoadError::VocabMismatch { tokenizer_vocab: 3, model_vocab: VOCAB, .. }), "{e}");
     let p = path.display();
-    assert_eq!(
-        e.to_string(),
-        format!("tokenizer {p} has 3 tokens but model {p} has a vocabulary of {VOCAB}")
-    );
+    assert_eq!(e.to_string(), format!("tokenizer {p} has 3 tokens but model {p} has a vocabulary of {VOCAB}"));
 }
 
 /// The SmolLM2 GGUF of `models/` (if fetched): the facts llama.cpp's `gguf-dump` reports.
 #[test]
 fn smollm2_q4_1_gguf() {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     if !path.is_file() {
         println!("skipped: {} is absent", path.display());
         return;
@@ -675,10 +519,7 @@ fn smollm2_q4_1_gguf() {
         g.tokenizer.add_bos_token
     );
     assert_eq!(g.version, 3);
-    assert_eq!(
-        (a.n_layers, a.dim, a.n_heads, a.n_kv_heads, a.vocab_size),
-        (30, 576, 9, 3, 49_152)
-    );
+    assert_eq!((a.n_layers, a.dim, a.n_heads, a.n_kv_heads, a.vocab_size), (30, 576, 9, 3, 49_152));
     assert!(a.tied_embeddings);
     assert_eq!(g.model.layers.len(), 30);
     assert_eq!(g.tokenizer.tokens.len(), 49_152);
@@ -686,29 +527,11 @@ fn smollm2_q4_1_gguf() {
     assert_eq!(ty("token_embd.weight"), Some("Q8_0"));
     assert_eq!(ty("output_norm.weight"), Some("F32"));
     for i in 0..30 {
-        for w in [
-            "attn_q",
-            "attn_k",
-            "attn_v",
-            "attn_output",
-            "ffn_gate",
-            "ffn_up",
-            "ffn_down",
-        ] {
-            assert_eq!(
-                ty(&format!("blk.{i}.{w}.weight")),
-                Some("Q4_1"),
-                "blk.{i}.{w}"
-            );
+        for w in ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"] {
+            assert_eq!(ty(&format!("blk.{i}.{w}.weight")), Some("Q4_1"), "blk.{i}.{w}");
         }
         assert_eq!(ty(&format!("blk.{i}.attn_norm.weight")), Some("F32"));
     }
     let finite = |t: &HostTensor| t.data.iter().all(|v| v.is_finite());
-    assert!(
-        finite(&g.model.token_embedding)
-            && g.model
-                .layers
-                .iter()
-                .all(|l| finite(&l.wq) && finite(&l.w_down))
-    );
+    assert!(finite(&g.model.token_embedding) && g.model.layers.iter().all(|l| finite(&l.wq) && finite(&l.w_down)));
 }
