@@ -1,6 +1,7 @@
 //! `cargo xtask <task>`: qdrift's chores, in Rust so that they run wherever cargo does.
 //!
-//! - `ci`: install the system packages the tests need, build, run every test.
+//! - `ci`: install the system packages the tests need, check formatting, clippy and the docs, build,
+//!   run every test.
 //! - `demo`: the main job on the default model.
 //! - `setup`: only the system packages (Mesa's software Vulkan driver for wgpu without a GPU,
 //!   Chromium for the HTML report test).
@@ -13,7 +14,8 @@ use std::process::{Command, ExitCode};
 const USAGE: &str = "usage: cargo xtask <task>
 
 tasks:
-  ci      install what the tests need (Mesa's Vulkan driver), build, run every test
+  ci      install what the tests need (Mesa's Vulkan driver), check format/clippy/docs, build, run
+          every test
   demo    qdrift eval on SmolLM2-135M (fetched as by fetch-models), a handful of prompts
   setup   install the system packages only
   reports regenerate the example reports under reports/ (stories260K and SmolLM2-135M)
@@ -60,12 +62,17 @@ fn target_dir() -> PathBuf {
 }
 
 fn cargo(args: &[&str]) -> Result<(), String> {
+    cargo_env(args, &[])
+}
+
+fn cargo_env(args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     println!("xtask: cargo {}", args.join(" "));
     let status = Command::new(&cargo)
         .args(args)
         .current_dir(root())
         .env("CARGO_TARGET_DIR", target_dir())
+        .envs(env.iter().copied())
         .status()
         .map_err(|e| format!("cannot run {cargo}: {e}"))?;
     if status.success() { Ok(()) } else { Err(format!("cargo {} failed ({status})", args.join(" "))) }
@@ -125,14 +132,27 @@ fn build() -> Result<(), String> {
 }
 
 fn ci() -> Result<(), String> {
+    let start = std::time::Instant::now();
     setup()?;
+    lint()?;
     // The GGUF tests read the real SmolLM2 file when models/ has it.
     fetch_models()?;
     build()?;
     // CI has Chromium (setup installed it): the HTML test must run, not skip.
     // SAFETY: single-threaded here; the variable is read by the child processes only.
     unsafe { std::env::set_var("QDRIFT_REQUIRE_CHROMIUM", "1") };
-    test_and_count(&["test", "--release", "--workspace", "--no-fail-fast"])
+    let tested = test_and_count(&["test", "--release", "--workspace", "--no-fail-fast"]);
+    println!("xtask: ci took {:.1} min", start.elapsed().as_secs_f64() / 60.0);
+    tested
+}
+
+/// One format and no warnings: `cargo fmt --check` (the root `rustfmt.toml`), clippy on every
+/// target with warnings as errors, and the API docs with broken links as errors. Clippy and
+/// rustdoc share one check build of the dependencies (same profile, same features).
+fn lint() -> Result<(), String> {
+    cargo(&["fmt", "--all", "--check"])?;
+    cargo(&["clippy", "--release", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    cargo_env(&["doc", "--release", "--workspace", "--no-deps"], &[("RUSTDOCFLAGS", "-D warnings")])
 }
 
 /// Runs `cargo test`, echoing its output, and ends with one line totalling every test binary's

@@ -1,3 +1,10 @@
+//! Grouped-query self-attention: the q/k/v/o projections and RoPE in Burn, then either Burn's
+//! composed attention over a device [`KvCache`] or the fused host kernel
+//! (`host_attention`) over a host cache, as the cache's [`crate::AttentionKernel`] says.
+//!
+//! **Invariant: a row's output depends only on its own visible keys ([`Positions::visible`]),
+//! never on the other rows of its batch; softmax runs in f32 in every compute dtype.**
+
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::activation::softmax;
@@ -7,7 +14,7 @@ use crate::{KvCache, Positions, Rope, upload};
 
 /// What every layer's attention needs to know about the new columns of a forward pass.
 #[derive(Debug)]
-pub(crate) struct Columns<'a> {
+pub(crate) struct ForwardContext<'a> {
     /// RoPE tables, `[batch, new, 1, head_dim / 2, 1]` each (from [`Rope::tables`]).
     pub cos: Tensor<5>,
     pub sin: Tensor<5>,
@@ -46,13 +53,19 @@ impl Attention {
     /// - `x`: `[batch, new, dim]` → `[batch, new, dim]`
     ///
     /// # Panics
-    /// If `columns` has no mask for a device cache.
-    pub(crate) fn forward(&self, x: Tensor<3>, rope: &Rope, columns: &Columns, cache: &mut KvCache) -> Tensor<3> {
+    /// If `context` has no mask for a device cache.
+    pub(crate) fn forward(
+        &self,
+        x: Tensor<3>,
+        rope: &Rope,
+        context: &ForwardContext,
+        cache: &mut KvCache,
+    ) -> Tensor<3> {
         let [b, t, _] = x.dims();
         let (h, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
         let rep = h / kvh;
         let dtype = x.dtype();
-        let (cos, sin) = (&columns.cos, &columns.sin);
+        let (cos, sin) = (&context.cos, &context.sin);
 
         let q = rope.apply(self.wq.forward(x.clone()).reshape([b, t, h, hd]), cos, sin);
         let k = rope.apply(self.wk.forward(x.clone()).reshape([b, t, kvh, hd]), cos, sin);
@@ -61,10 +74,10 @@ impl Attention {
         if let Some((host, start)) = cache.claim_host(t) {
             let device = q.device();
             host.write(&host_f32(k), &host_f32(v), start, t);
-            let out = host.attend(&host_f32(q), h, columns.positions, start, t);
+            let out = host.attend(&host_f32(q), h, context.positions, start, t);
             return self.wo.forward(upload(&out, [b, t, h * hd], dtype, &device));
         }
-        let mask = columns.mask.as_ref().expect("a device cache needs the attention mask");
+        let mask = context.mask.as_ref().expect("a device cache needs the attention mask");
         let (k, v) = cache.forward(k.swap_dims(1, 2), v.swap_dims(1, 2));
         let s = k.dims()[2];
 

@@ -1,3 +1,8 @@
+//! The preallocated key/value cache of one attention layer, in device tensors or host memory.
+//!
+//! **Invariant: capacity is fixed when the cache is built; every forward pass claims its columns
+//! through one overflow check, so nothing is reallocated while generating.**
+
 use burn::tensor::{DType, Device, Tensor};
 
 use crate::host_attention::{HostKv, Precision};
@@ -21,8 +26,11 @@ impl AttentionKernel {
     }
 }
 
+/// Where a [`KvCache`]'s keys and values live: one storage per [`AttentionKernel`].
+// One per layer, built once and never moved in a loop: boxing the larger variant buys nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
-enum Store {
+enum CacheStorage {
     /// `[batch, kv_heads, capacity, head_dim]` each.
     Device {
         keys: Tensor<4>,
@@ -37,7 +45,7 @@ enum Store {
 /// reallocated while generating.
 #[derive(Debug)]
 pub struct KvCache {
-    store: Store,
+    storage: CacheStorage,
     len: usize,
     capacity: usize,
 }
@@ -54,27 +62,27 @@ impl KvCache {
         device: &Device,
         kernel: AttentionKernel,
     ) -> Self {
-        let store = match kernel {
+        let storage = match kernel {
             AttentionKernel::Composed => {
                 let shape = [batch, kv_heads, capacity, head_dim];
-                Store::Device {
+                CacheStorage::Device {
                     keys: Tensor::zeros(shape, (device, dtype)),
                     values: Tensor::zeros(shape, (device, dtype)),
                 }
             }
             AttentionKernel::Host => {
                 let precision = if dtype == DType::F16 { Precision::F16 } else { Precision::F32 };
-                Store::Host(HostKv::new(batch, kv_heads, capacity, head_dim, precision))
+                CacheStorage::Host(HostKv::new(batch, kv_heads, capacity, head_dim, precision))
             }
         };
-        Self { store, len: 0, capacity }
+        Self { storage, len: 0, capacity }
     }
 
     /// Which attention implementation reads this cache.
     pub fn kernel(&self) -> AttentionKernel {
-        match self.store {
-            Store::Device { .. } => AttentionKernel::Composed,
-            Store::Host(_) => AttentionKernel::Host,
+        match self.storage {
+            CacheStorage::Device { .. } => AttentionKernel::Composed,
+            CacheStorage::Host(_) => AttentionKernel::Host,
         }
     }
 
@@ -104,7 +112,7 @@ impl KvCache {
     /// # Panics
     /// If the cache would overflow its capacity; callers size it from the request.
     pub(crate) fn claim_host(&mut self, new: usize) -> Option<(&mut HostKv, usize)> {
-        let Self { store: Store::Host(kv), len, capacity } = self else {
+        let Self { storage: CacheStorage::Host(kv), len, capacity } = self else {
             return None;
         };
         Some((kv, claim(len, *capacity, new)))
@@ -121,7 +129,7 @@ impl KvCache {
     /// host cache.
     pub fn forward(&mut self, k: Tensor<4>, v: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
         let [b, h, new, d] = k.dims();
-        let Self { store: Store::Device { keys, values }, len, capacity } = self else {
+        let Self { storage: CacheStorage::Device { keys, values }, len, capacity } = self else {
             panic!("KvCache::forward on a host cache; the host kernel writes it");
         };
         let start = claim(len, *capacity, new);

@@ -67,15 +67,16 @@ impl Elem for f16 {
 /// Keys `[batch, kv_heads, head_dim, capacity]` (transposed, so that one query's scores over
 /// consecutive keys are 8-wide loads) and values `[batch, kv_heads, capacity, head_dim]`.
 #[derive(Debug)]
-struct Store<T> {
+struct KvBuffers<T> {
     keys: Vec<T>,
     values: Vec<T>,
 }
 
+/// The buffers in the cache's element type: f16 stays f16 in host memory, as on the device.
 #[derive(Debug)]
-enum Stores {
-    F32(Store<f32>),
-    F16(Store<f16>),
+enum TypedBuffers {
+    F32(KvBuffers<f32>),
+    F16(KvBuffers<f16>),
 }
 
 /// The shape of a [`HostKv`].
@@ -92,7 +93,7 @@ struct Shape {
 #[derive(Debug)]
 pub(crate) struct HostKv {
     shape: Shape,
-    stores: Stores,
+    buffers: TypedBuffers,
     /// One query's scores, reused across calls.
     scores: Vec<f32>,
 }
@@ -100,11 +101,11 @@ pub(crate) struct HostKv {
 impl HostKv {
     pub(crate) fn new(batch: usize, kv_heads: usize, capacity: usize, head_dim: usize, precision: Precision) -> Self {
         let n = batch * kv_heads * capacity * head_dim;
-        let stores = match precision {
-            Precision::F32 => Stores::F32(Store { keys: vec![0.0; n], values: vec![0.0; n] }),
-            Precision::F16 => Stores::F16(Store { keys: vec![f16::ZERO; n], values: vec![f16::ZERO; n] }),
+        let buffers = match precision {
+            Precision::F32 => TypedBuffers::F32(KvBuffers { keys: vec![0.0; n], values: vec![0.0; n] }),
+            Precision::F16 => TypedBuffers::F16(KvBuffers { keys: vec![f16::ZERO; n], values: vec![f16::ZERO; n] }),
         };
-        Self { shape: Shape { batch, kv_heads, head_dim, capacity }, stores, scores: Vec::new() }
+        Self { shape: Shape { batch, kv_heads, head_dim, capacity }, buffers, scores: Vec::new() }
     }
 
     /// Writes keys and values for columns `start..start + new`.
@@ -115,9 +116,9 @@ impl HostKv {
         let sh = self.shape;
         assert_eq!(k.len(), sh.batch * new * sh.kv_heads * sh.head_dim, "keys do not match the cache's shape");
         assert_eq!(v.len(), k.len(), "values do not match the keys");
-        match &mut self.stores {
-            Stores::F32(st) => write(st, sh, k, v, start, new),
-            Stores::F16(st) => write(st, sh, k, v, start, new),
+        match &mut self.buffers {
+            TypedBuffers::F32(st) => write(st, sh, k, v, start, new),
+            TypedBuffers::F16(st) => write(st, sh, k, v, start, new),
         }
     }
 
@@ -139,15 +140,15 @@ impl HostKv {
         let sh = self.shape;
         assert_eq!(q.len(), sh.batch * new * heads * sh.head_dim, "queries do not match the cache's shape");
         assert_eq!(positions.pad.len(), sh.batch, "one padding width per row");
-        let columns = Columns { heads, positions, start, new };
-        match &self.stores {
-            Stores::F32(st) => attend(st, sh, q, &columns, &mut self.scores),
-            Stores::F16(st) => attend(st, sh, q, &columns, &mut self.scores),
+        let queries = NewQueries { heads, positions, start, new };
+        match &self.buffers {
+            TypedBuffers::F32(st) => attend(st, sh, q, &queries, &mut self.scores),
+            TypedBuffers::F16(st) => attend(st, sh, q, &queries, &mut self.scores),
         }
     }
 }
 
-fn write<T: Elem>(st: &mut Store<T>, sh: Shape, k: &[f32], v: &[f32], start: usize, new: usize) {
+fn write<T: Elem>(st: &mut KvBuffers<T>, sh: Shape, k: &[f32], v: &[f32], start: usize, new: usize) {
     let (kvh, hd, cap) = (sh.kv_heads, sh.head_dim, sh.capacity);
     for b in 0..sh.batch {
         for i in 0..new {
@@ -163,17 +164,17 @@ fn write<T: Elem>(st: &mut Store<T>, sh: Shape, k: &[f32], v: &[f32], start: usi
     }
 }
 
-/// The new columns of a forward pass.
-struct Columns<'a> {
+/// The queries of one forward pass: `new` columns from `start`, `heads` per column, laid out by `positions`.
+struct NewQueries<'a> {
     heads: usize,
     positions: &'a Positions,
     start: usize,
     new: usize,
 }
 
-fn attend<T: Elem>(st: &Store<T>, sh: Shape, q: &[f32], cols: &Columns, scores: &mut Vec<f32>) -> Vec<f32> {
+fn attend<T: Elem>(st: &KvBuffers<T>, sh: Shape, q: &[f32], queries: &NewQueries, scores: &mut Vec<f32>) -> Vec<f32> {
     let (kvh, hd, cap) = (sh.kv_heads, sh.head_dim, sh.capacity);
-    let (heads, new) = (cols.heads, cols.new);
+    let (heads, new) = (queries.heads, queries.new);
     let rep = heads / kvh;
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0.0f32; q.len()];
@@ -183,7 +184,7 @@ fn attend<T: Elem>(st: &Store<T>, sh: Shape, q: &[f32], cols: &Columns, scores: 
             let keys = &st.keys[block * hd * cap..(block + 1) * hd * cap];
             let values = &st.values[block * cap * hd..(block + 1) * cap * hd];
             for i in 0..new {
-                let visible = cols.positions.visible(b, cols.start + i);
+                let visible = queries.positions.visible(b, queries.start + i);
                 for r in 0..rep {
                     let h = g * rep + r;
                     let at = ((b * new + i) * heads + h) * hd;
@@ -383,31 +384,27 @@ pub(crate) fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     // 1.5 · 2²³: adding it rounds to an integer (ties to even) held in the low mantissa bits.
     const MAGIC: f32 = 12_582_912.0;
-    const C1: f32 = 0.693_359_375; // ln 2, high part (9 significant bits: n · C1 is exact)
+    // ln 2, high part (9 significant bits: n · C1 is exact), written as its exact binary value.
+    #[allow(clippy::excessive_precision)]
+    const C1: f32 = 0.693_359_375;
     const C2: f32 = -2.121_944_4e-4; // ln 2 − C1
     const LO: f32 = -87.336_55; // ln(2⁻¹²⁶)
     const HI: f32 = 88.376_26; // just below ln(f32::MAX)
-    let xc = if x < LO {
-        LO
-    } else if x > HI {
-        HI
-    } else {
-        x
-    };
+    let xc = x.clamp(LO, HI);
     let t = xc * LOG2E + MAGIC;
     let n = t - MAGIC;
     let r = (xc - n * C1) - n * C2;
     let z = r * r;
     let p = ((((1.987_569_2e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1)
         * r
-        + 5.000_000_1e-1;
+        + 0.5; // Cephes writes 5.0000001e-1, which is 0.5 in f32
     let y = (p * z + r) + 1.0;
     // 2ⁿ from the integer in t's mantissa: t's bits are 0x4B40_0000 + n for |n| < 2²².
     let pow2 = f32::from_bits(t.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
     let e = y * pow2;
     if x < LO {
         0.0
-    } else if x != x {
+    } else if x.is_nan() {
         x
     } else {
         e
@@ -428,7 +425,7 @@ pub(crate) fn round_to_f16(x: f32) -> f32 {
     let subnormal = (a + 0.5) - 0.5;
     let r = if a < MIN_NORMAL { subnormal } else { normal };
     let r = if r > 65504.0 { f32::INFINITY } else { r };
-    let r = if a != a { a } else { r };
+    let r = if a.is_nan() { a } else { r };
     r.copysign(x)
 }
 

@@ -1,5 +1,6 @@
 //! A Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU, tied or untied output
-//! layer) as Burn `Config`/`Module` pairs, and its key-value cache.
+//! layer) as Burn modules built from one `Config` ([`LlamaConfig`] → [`Llama`]), and its
+//! key-value cache.
 //!
 //! Burn 0.22 carries the backend in the runtime [`Device`](burn::tensor::Device), not in a type
 //! parameter: one [`Llama`] runs on wgpu, on the CPU (flex) and in tests, chosen when it is built.

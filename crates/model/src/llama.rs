@@ -1,3 +1,10 @@
+//! The decoder itself: [`LlamaConfig`] (hyper-parameters, built from a `HostModel`'s
+//! architecture) builds a [`Llama`] module tree of [`Block`]s (attention + [`FeedForward`],
+//! each behind an RMSNorm), and [`Positions`] describes a left-padded batch.
+//!
+//! Only the top level has a `Config`: the blocks are built from `LlamaConfig` and the host
+//! weights directly, since their shapes all follow from it.
+
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
@@ -5,7 +12,7 @@ use burn::tensor::activation::silu;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use qdrift_load::{HostModel, HostTensor, RopeScaling};
 
-use crate::attention::{Attention, Columns};
+use crate::attention::{Attention, ForwardContext};
 use crate::norm::RmsNorm;
 use crate::{AttentionKernel, KvCache, Rope, upload};
 
@@ -193,8 +200,8 @@ pub struct Block {
 impl Block {
     /// # Shapes
     /// - `x`: `[batch, new, dim]` → `[batch, new, dim]`
-    fn forward(&self, x: Tensor<3>, rope: &Rope, columns: &Columns, cache: &mut KvCache) -> Tensor<3> {
-        let h = x.clone() + self.attn.forward(self.attn_norm.forward(x), rope, columns, cache);
+    fn forward(&self, x: Tensor<3>, rope: &Rope, context: &ForwardContext, cache: &mut KvCache) -> Tensor<3> {
+        let h = x.clone() + self.attn.forward(self.attn_norm.forward(x), rope, context, cache);
         h.clone() + self.ffn.forward(self.ffn_norm.forward(h))
     }
 }
@@ -316,12 +323,12 @@ impl Llama {
         let (cos, sin) = self.rope.tables(&positions.rows(start, t), self.dtype, &device);
         let composed = caches.iter().any(|c| c.kernel() == AttentionKernel::Composed);
         let mask = composed.then(|| positions.mask(start, t, &device));
-        let columns = Columns { cos, sin, mask, positions };
+        let context = ForwardContext { cos, sin, mask, positions };
 
         let dim = self.embedding.val().dims()[1];
         let mut x = self.embedding.val().select(0, tokens.reshape([b * t])).reshape([b, t, dim]);
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            x = layer.forward(x, &self.rope, &columns, cache);
+            x = layer.forward(x, &self.rope, &context, cache);
         }
         if !all_logits {
             x = x.slice([0..b, t - 1..t, 0..dim]);

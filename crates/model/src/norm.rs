@@ -1,3 +1,6 @@
+//! RMSNorm (Zhang & Sennrich 2019), its statistic computed in f32 whatever the compute dtype, as
+//! Hugging Face's `LlamaRMSNorm` does for half precision.
+
 use burn::module::{Module, Param};
 use burn::tensor::{DType, Tensor};
 

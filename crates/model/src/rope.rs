@@ -1,3 +1,7 @@
+//! Rotary position embeddings (Su et al. 2021) in llama2.c's interleaved layout, with Llama 3.1's
+//! frequency scaling and GGUF's per-pair divisors (`rope_freqs.weight`) applied to the inverse
+//! frequencies.
+
 use burn::tensor::{DType, Device, Tensor};
 use qdrift_load::RopeScaling;
 
