@@ -100,11 +100,11 @@ impl KeptLogits {
         if positions * reference.config.vocab_size as u128 * 4 > u128::from(budget) {
             return Ok(None);
         }
-        let mut kept = HashMap::new();
+        let mut chunks = HashMap::new();
         teacher_forced(reference, &plan.device, text, plan.batch_size(), plan.chunk, |f| {
-            kept.insert((f.first_prompt, f.start), f.logits.clone());
+            chunks.insert((f.first_prompt, f.start), f.logits.clone());
         })?;
-        Ok(Some(KeptLogits(kept)))
+        Ok(Some(KeptLogits(chunks)))
     }
 
     fn get(&self, first_prompt: usize, start: usize) -> Result<&Tensor<3>, EvalError> {
