@@ -16,7 +16,7 @@ use crate::dump::Dump;
 use crate::identity::{model_identity_file, report_name, sha256_file};
 use crate::plan::{Plan, check_options, eval_device};
 use crate::prompts::{EncodedPrompts, encode_prompts};
-use crate::scoring::{ProgressFn, ReferenceRun, ScoringContext, generate_all};
+use crate::scoring::{ReferenceRun, ScoringContext, generate_all};
 use crate::variant::{BuiltVariant, build_variant};
 use crate::{EvalError, EvalSet, VariantSpec};
 
@@ -116,6 +116,9 @@ pub enum Progress<'a> {
     },
 }
 
+/// A progress callback, as [`evaluate`] takes it.
+pub(crate) type ProgressFn<'p> = dyn FnMut(Progress<'_>) + Send + 'p;
+
 /// The name of the reference in reports.
 pub const REFERENCE_NAME: &str = "fp16";
 
@@ -193,7 +196,8 @@ fn run_variants(
         let name = built.name.clone();
         let traces = run_variant(&scoring, &built, dump.as_mut(), progress)?;
         if noise_floor.is_none() {
-            // Every variant's traces hold the reference's log p on its own text; the first's do.
+            // Every variant's traces hold the reference's log p on its own text; the noise
+            // floor's, the first, serve.
             self_perplexity = plan.horizons.iter().map(|&h| (h, aggregate::self_perplexity(&traces, h))).collect();
         }
         variants.push(summarize(built, &traces, noise_floor.as_deref(), plan)?);

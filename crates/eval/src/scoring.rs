@@ -18,10 +18,8 @@ use qdrift_score::{DevicePositionMetrics, position_metrics_on_device, token_logp
 use crate::aggregate::Trace;
 use crate::dump::Dump;
 use crate::plan::Plan;
+use crate::run::ProgressFn;
 use crate::{EvalError, Progress, REFERENCE_NAME};
-
-/// A progress callback, as [`crate::evaluate`] takes it.
-pub(crate) type ProgressFn<'p> = dyn FnMut(Progress<'_>) + Send + 'p;
 
 /// Per prompt, the prompt's tokens and a continuation of it: the text a model is teacher-forced
 /// on.
