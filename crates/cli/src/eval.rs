@@ -7,10 +7,12 @@ use std::process::ExitCode;
 use burn::tensor::DType;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use qdrift_eval::{EvalConfig, Progress, VariantSpec, evaluate};
+use qdrift_eval::{DEFAULT_EVAL_SET_RULE, EvalConfig, Progress, VariantSpec, built_in_names, evaluate};
 use qdrift_generate::BackendChoice;
 use qdrift_quantize::{QuantizeOptions, Scheme};
 use qdrift_report::{render_html, render_markdown, render_summary, write_atomic};
+
+use crate::quantize::SchemeParser;
 
 /// Arguments of `qdrift eval`.
 #[derive(Args)]
@@ -21,12 +23,11 @@ pub struct EvalArgs {
     /// Tokenizer file, when not found beside the model.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// Eval set: a JSONL file of {"id", "prompt"}, or a built-in set (stories, english, chat).
-    /// Default: stories for llama2.c models, else english.
-    #[arg(long)]
+    // Help built from the built-in sets and the default's rule, so it cannot go stale.
+    #[arg(long, help = eval_set_help())]
     eval_set: Option<PathBuf>,
     /// Quantization schemes applied to the reference's weights, comma-separated.
-    #[arg(long, value_delimiter = ',', value_parser = crate::quantize::parse_scheme, default_value = "int8,fp8-e4m3,int4-g128")]
+    #[arg(long, value_delimiter = ',', value_parser = SchemeParser, default_value = "int8,fp8-e4m3,int4-g128")]
     schemes: Vec<Scheme>,
     /// Another checkpoint of the same architecture and tokenizer to compare (repeatable).
     #[arg(long)]
@@ -46,8 +47,7 @@ pub struct EvalArgs {
     /// Seed of the bootstrap resampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Prompts per batch (default: the prompts split evenly over the CPU's cores on the CPU backend, all in one on a GPU; at most 16)
-    #[arg(long)]
+    #[arg(long, help = crate::generate::batch_size_help())]
     batch_size: Option<usize>,
     /// Bootstrap resamples per interval.
     #[arg(long, default_value_t = 2000)]
@@ -71,6 +71,14 @@ pub struct EvalArgs {
     /// With --gate: also write the checks as JUnit XML.
     #[arg(long, requires = "gate")]
     junit: Option<PathBuf>,
+}
+
+/// `--eval-set`'s help: the built-in sets and the default, from the code that defines them.
+fn eval_set_help() -> String {
+    format!(
+        "Eval set: a JSONL file of {{\"id\", \"prompt\"}}, or a built-in set ({}). Default: {DEFAULT_EVAL_SET_RULE}",
+        built_in_names().join(", ")
+    )
 }
 
 /// Runs `qdrift eval`; with `--gate`, returns the gate's exit code.

@@ -7,19 +7,24 @@ use std::path::PathBuf;
 use burn::tensor::DType;
 use clap::Args;
 use qdrift_eval::dtype_name;
-use qdrift_generate::{BackendChoice, GenerationConfig, generate, select_device};
+use qdrift_generate::{
+    BackendChoice, GenerationConfig, MAX_DEFAULT_BATCH_SIZE, context_overflow, default_batch_size, generate,
+    select_device,
+};
+use qdrift_load::SYNTHETIC_PRESETS;
 use qdrift_model::LlamaConfig;
 
 /// Arguments of `qdrift generate`.
 #[derive(Args)]
 pub struct GenerateArgs {
-    /// Model checkpoint: a llama2.c legacy checkpoint (`.bin`).
-    #[arg(long)]
+    // Help built from the synthetic presets, so it cannot go stale.
+    #[arg(long, help = model_help())]
     model: PathBuf,
-    /// Tokenizer file; default: `tokenizer.bin` beside the model, else the only `tok*.bin` there.
+    /// Tokenizer file, when not found beside the model (llama2.c: `tokenizer.bin`, else the only
+    /// `tok*.bin` there; a Hugging Face folder's `tokenizer.json`; a GGUF file carries its own).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// A prompt; repeat for several (they run in one batch).
+    /// A prompt; repeat for several (batched as --batch-size says).
     #[arg(long, required = true)]
     prompt: Vec<String>,
     /// New tokens per prompt (exactly this many unless --stop-at-eos).
@@ -31,8 +36,7 @@ pub struct GenerateArgs {
     /// auto: wgpu on a hardware GPU, else the CPU; wgpu: wgpu even on a software adapter; cpu.
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
-    /// Prompts per batch (default: split evenly over the CPU's cores on the CPU backend, all in one on a GPU).
-    #[arg(long)]
+    #[arg(long, help = batch_size_help())]
     batch_size: Option<usize>,
     /// Stop a prompt once it generates the end-of-sequence token.
     #[arg(long)]
@@ -43,6 +47,22 @@ pub struct GenerateArgs {
     /// Run a quantized variant of the FP16 reference instead of the checkpoint as it is.
     #[command(flatten)]
     variant: crate::quantize::SchemeArgs,
+}
+
+/// `--model`'s help: every format `open_model` reads, the synthetic presets by name.
+fn model_help() -> String {
+    let presets: Vec<&str> = SYNTHETIC_PRESETS.iter().map(|(name, _)| *name).collect();
+    format!(
+        "Model: a llama2.c checkpoint (.bin), a GGUF file, a Hugging Face folder, or synthetic:NAME ({})",
+        presets.join(", ")
+    )
+}
+
+/// `--batch-size`'s help for `generate` and `eval`, from [`default_batch_size`]'s cap.
+pub fn batch_size_help() -> String {
+    format!(
+        "Prompts per batch (default: the prompts split evenly over the batches the device runs at once, one per core on the CPU backend and one on a GPU, at most {MAX_DEFAULT_BATCH_SIZE} per batch)"
+    )
 }
 
 /// Parses `--dtype`.
@@ -69,17 +89,12 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
     }
     let arch = &loaded.model.arch;
     let prompts: Vec<Vec<u32>> = args.prompt.iter().map(|p| loaded.tokenizer.encode(p)).collect();
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    if longest.saturating_add(args.max_new_tokens) > arch.max_seq_len {
-        eprintln!(
-            "qdrift: warning: {} positions exceed the {} the model was trained for; RoPE extrapolates beyond them",
-            longest.saturating_add(args.max_new_tokens),
-            arch.max_seq_len
-        );
+    if let Some(overflow) = context_overflow(&prompts, args.max_new_tokens, arch.max_seq_len) {
+        eprintln!("qdrift: warning: {overflow}");
     }
     let config = GenerationConfig {
         max_new_tokens: args.max_new_tokens,
-        batch_size: args.batch_size.unwrap_or(prompts.len().div_ceil(device.parallel_batches.max(1)).max(1)),
+        batch_size: args.batch_size.unwrap_or_else(|| default_batch_size(prompts.len(), &device)),
         stop_at_eos: if args.stop_at_eos { loaded.tokenizer.eos_id() } else { None },
     };
     // Refuse impossible requests before uploading weights.

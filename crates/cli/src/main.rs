@@ -31,7 +31,8 @@ enum Command {
     Gate(gate::GateArgs),
     /// Architecture, parameters, dtypes, and memory and FLOPs accounting of a model.
     Inspect(inspect::InspectArgs),
-    /// Greedy generation from a model, for one or more prompts in one batch.
+    /// Greedy generation from a model, for one or more prompts (in batches; on the CPU backend,
+    /// batches run side by side, one per core).
     Generate(generate::GenerateArgs),
     /// Quantize a model's weights with one scheme, print per-tensor error statistics, and write
     /// the result as safetensors.

@@ -5,16 +5,18 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
+use clap::builder::{PossibleValue, TypedValueParser};
 use qdrift_load::HostModel;
-use qdrift_quantize::{QuantizeOptions, QuantizedModel, Scheme, quantize_model, write_safetensors};
+use qdrift_quantize::{
+    QuantizeOptions, QuantizedModel, Scheme, quantize_model, round_to_fp16_reference, write_safetensors,
+};
 
 /// Which variant of the reference to build.
 #[derive(Args, Clone)]
 pub struct SchemeArgs {
     /// Quantization scheme applied to the FP16 reference's linear layers (q, k, v, o, gate, up,
-    /// down). Known: fp16, bf16, int8, int4-g{32,64,128}[-asym], fp8-e4m3, fp8-e5m2,
-    /// fp8-e4m3-tensor, fp8-e5m2-tensor, nf4-g64, q8_0, q4_0, q4_1, q4_k, q6_k, mxfp4.
-    #[arg(long, value_parser = parse_scheme)]
+    /// down).
+    #[arg(long, value_parser = SchemeParser)]
     pub scheme: Option<Scheme>,
     /// Also quantize the token embedding (and a head tied to it).
     #[arg(long)]
@@ -24,9 +26,27 @@ pub struct SchemeArgs {
     pub quantize_head: bool,
 }
 
-/// Parses a `--scheme`/`--schemes` entry.
-pub fn parse_scheme(s: &str) -> Result<Scheme, String> {
-    s.parse::<Scheme>().map_err(|e| e.to_string())
+/// Parses a `--scheme`/`--schemes` entry; `--help` lists every scheme of [`Scheme::all`] with
+/// its sentence ([`Scheme::describe`]), so the list cannot go stale.
+#[derive(Clone, Copy)]
+pub struct SchemeParser;
+
+impl TypedValueParser for SchemeParser {
+    type Value = Scheme;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Scheme, clap::Error> {
+        let parse = |s: &str| s.parse::<Scheme>().map_err(|e| e.to_string());
+        parse.parse_ref(cmd, arg, value)
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        Some(Box::new(Scheme::all().into_iter().map(|s| PossibleValue::new(s.to_string()).help(s.describe()))))
+    }
 }
 
 impl SchemeArgs {
@@ -35,10 +55,10 @@ impl SchemeArgs {
     }
 
     /// The model to run: the checkpoint as it is without `--scheme`; with it, the scheme applied
-    /// to the FP16 reference (the checkpoint's weights rounded to f16).
+    /// to the FP16 reference ([`round_to_fp16_reference`], as `qdrift eval` builds it).
     pub fn apply(&self, mut model: HostModel) -> Result<(HostModel, Option<QuantizedModel>), Box<dyn Error>> {
         let Some(scheme) = &self.scheme else { return Ok((model, None)) };
-        model.round_to_f16();
+        round_to_fp16_reference(&mut model);
         let q = quantize_model(&model, scheme, &self.options())?;
         Ok((q.dequantized.clone(), Some(q)))
     }

@@ -185,6 +185,43 @@ fn bad_eval_input_is_one_clear_error() {
     );
 }
 
+/// Reports name the model, a checkpoint variant and an eval set file by their file names, never by
+/// the path they were read from on this machine; the hashes identify the contents.
+#[test]
+fn reports_name_files_not_machine_paths() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let set = out.path().join("my-set.jsonl");
+    std::fs::write(&set, "{\"id\":\"a\",\"prompt\":\"Once upon a time\"}\n{\"id\":\"b\",\"prompt\":\"Lily\"}\n")
+        .expect("write");
+    let model = stories().join("stories260K.bin");
+    let report = run_eval(
+        out.path(),
+        &[
+            "--variant",
+            model.to_str().expect("utf-8"),
+            "--schemes",
+            "int8",
+            "--eval-set",
+            set.to_str().expect("utf-8"),
+            "--horizons",
+            "4",
+            "--resamples",
+            "50",
+        ],
+    );
+    assert_eq!(report["model"]["path"], "stories260K.bin");
+    assert_eq!(report["model"]["sha256"].as_str().expect("sha256").len(), 64);
+    assert_eq!(report["workload"]["eval_set"]["path"], "my-set.jsonl");
+    let v = variant(&report, "stories260K");
+    assert_eq!(v["kind"], "checkpoint");
+    assert_eq!(v["path"], "stories260K.bin");
+    let machine = out.path().to_str().expect("utf-8");
+    for file in ["report.json", "report.md", "report.html"] {
+        let text = std::fs::read_to_string(out.path().join(file)).expect("report written");
+        assert!(!text.contains(machine) && !text.contains("/shared/models"), "{file} names a machine path");
+    }
+}
+
 /// A synthetic model's report says so, in report.json and in the Markdown.
 #[test]
 fn synthetic_runs_are_marked() {

@@ -10,7 +10,7 @@ use crate::EvalError;
 
 /// Renders one user message followed by the generation prompt (the assistant turn's header).
 pub fn apply_chat_template(template: &str, user: &str, bos: &str, eos: &str) -> Result<String, EvalError> {
-    let bad = |e: minijinja::Error| EvalError::Input(format!("the model's chat template: {e}"));
+    let bad = EvalError::ChatTemplate;
     let mut env = Environment::new();
     // HF templates call raise_exception on unsupported conversations.
     env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {

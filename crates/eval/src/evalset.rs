@@ -1,11 +1,11 @@
 //! Eval sets: JSONL files of `{"id": "...", "prompt": "..."}` (see `eval-sets/README.md`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 use crate::EvalError;
+use crate::identity::{report_name, sha256_hex};
 
 /// One prompt of an eval set.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -20,8 +20,9 @@ pub struct EvalPrompt {
 /// A parsed eval set.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EvalSet {
-    /// Where it came from (`eval-sets/NAME.jsonl (built in)` for the sets compiled into qdrift).
-    pub path: String,
+    /// How reports name it: the file's name (never a machine path; [`EvalSet::sha256`] identifies
+    /// the contents), or `eval-sets/NAME.jsonl (built in)` for the sets compiled into qdrift.
+    pub name: String,
     /// SHA-256 of the file's bytes, lowercase hex.
     pub sha256: String,
     /// The prompts in file order.
@@ -41,12 +42,14 @@ pub fn built_in_names() -> Vec<&'static str> {
 }
 
 impl EvalSet {
-    /// A built-in set by name (`stories`, `english`, `chat`).
+    /// A built-in set by name (`stories`, `english`, `chat`: [`built_in_names`]).
     pub fn built_in(name: &str) -> Result<EvalSet, EvalError> {
-        let (_, text) = BUILT_IN.iter().find(|(n, _)| *n == name).ok_or_else(|| {
-            EvalError::Input(format!("no built-in eval set \"{name}\"; known: {}", built_in_names().join(", ")))
-        })?;
-        Self::parse(&format!("eval-sets/{name}.jsonl (built in)"), text.as_bytes())
+        let (_, text) = BUILT_IN
+            .iter()
+            .find(|(n, _)| *n == name)
+            .ok_or_else(|| EvalError::UnknownEvalSet { name: name.to_string(), known: built_in_names() })?;
+        let label = format!("eval-sets/{name}.jsonl (built in)");
+        Self::parse_named(&label, label.clone(), text.as_bytes())
     }
 
     /// Reads a JSONL file; a bare name of a built-in set (`stories`) is accepted too.
@@ -56,14 +59,24 @@ impl EvalSet {
                 return Self::built_in(name);
             }
         }
-        let bytes = std::fs::read(path).map_err(|e| EvalError::Input(format!("{}: {e}", path.display())))?;
-        Self::parse(&path.display().to_string(), &bytes)
+        let bytes = std::fs::read(path).map_err(EvalError::io(path))?;
+        Self::parse_named(&path.display().to_string(), report_name(path), &bytes)
     }
 
     /// Parses JSONL bytes: one object per non-empty line, unique non-empty ids, non-empty prompts.
+    /// `path` names the source in errors; the set is named by its last component.
     pub fn parse(path: &str, bytes: &[u8]) -> Result<EvalSet, EvalError> {
-        let bad = |line: usize, what: String| EvalError::Input(format!("{path}:{line}: {what}"));
-        let text = std::str::from_utf8(bytes).map_err(|e| EvalError::Input(format!("{path}: not UTF-8: {e}")))?;
+        Self::parse_named(path, report_name(Path::new(path)), bytes)
+    }
+
+    /// [`EvalSet::parse`], with `source` naming the bytes in errors and `name` in reports.
+    fn parse_named(source: &str, name: String, bytes: &[u8]) -> Result<EvalSet, EvalError> {
+        let bad = |line: Option<usize>, problem: String| EvalError::EvalSet {
+            source_name: source.to_string(),
+            line,
+            problem,
+        };
+        let text = std::str::from_utf8(bytes).map_err(|e| bad(None, format!("not UTF-8: {e}")))?;
         let mut prompts: Vec<EvalPrompt> = Vec::new();
         let mut ids = std::collections::BTreeSet::new();
         for (i, line) in text.lines().enumerate() {
@@ -71,46 +84,20 @@ impl EvalSet {
                 continue;
             }
             let p: EvalPrompt = serde_json::from_str(line)
-                .map_err(|e| bad(i + 1, format!("expected {{\"id\": \"...\", \"prompt\": \"...\"}}: {e}")))?;
+                .map_err(|e| bad(Some(i + 1), format!("expected {{\"id\": \"...\", \"prompt\": \"...\"}}: {e}")))?;
             if p.id.is_empty() || p.prompt.is_empty() {
-                return Err(bad(i + 1, "empty id or prompt".into()));
+                return Err(bad(Some(i + 1), "empty id or prompt".into()));
             }
             if !ids.insert(p.id.clone()) {
-                return Err(bad(i + 1, format!("duplicate id \"{}\"", p.id)));
+                return Err(bad(Some(i + 1), format!("duplicate id \"{}\"", p.id)));
             }
             prompts.push(p);
         }
         if prompts.is_empty() {
-            return Err(EvalError::Input(format!("{path}: no prompts")));
+            return Err(bad(None, "no prompts".into()));
         }
-        Ok(EvalSet { path: path.to_string(), sha256: sha256_hex(bytes), prompts })
+        Ok(EvalSet { name, sha256: sha256_hex(bytes), prompts })
     }
-}
-
-/// SHA-256 of `bytes`, lowercase hex.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// SHA-256 of a file (streamed), lowercase hex.
-pub fn sha256_file(path: &Path) -> Result<String, EvalError> {
-    let io = |e: std::io::Error| EvalError::Input(format!("{}: {e}", path.display()));
-    let mut f = std::fs::File::open(path).map_err(io)?;
-    let mut h = Sha256::new();
-    std::io::copy(&mut f, &mut h).map_err(io)?;
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// The file whose hash identifies a model: the file itself, or for a folder its weights.
-pub fn model_identity_file(path: &Path) -> PathBuf {
-    if path.is_dir() {
-        for name in ["model.safetensors", "model.safetensors.index.json"] {
-            if path.join(name).exists() {
-                return path.join(name);
-            }
-        }
-    }
-    path.to_path_buf()
 }
 
 #[cfg(test)]
@@ -140,8 +127,9 @@ mod tests {
     }
 
     #[test]
-    fn sha256_matches_a_known_vector() {
-        // FIPS 180-2 example "abc".
-        assert_eq!(sha256_hex(b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    fn a_set_is_named_by_its_file_name() {
+        let set = EvalSet::parse("/home/me/sets/chat-mine.jsonl", b"{\"id\":\"a\",\"prompt\":\"p\"}").unwrap();
+        assert_eq!(set.name, "chat-mine.jsonl");
+        assert_eq!(EvalSet::built_in("stories").unwrap().name, "eval-sets/stories.jsonl (built in)");
     }
 }

@@ -12,6 +12,18 @@
 //! `teacher_forced` of the reference on the variant's continuation (log p reduced on the device)
 //! → [`aggregate`] (host, f64, bootstrap over prompts).
 //!
+//! [`evaluate`] (`run.rs`) runs in four steps, each in its own module:
+//!
+//! | step | file | contents |
+//! |---|---|---|
+//! | plan | `plan.rs` | options checked before loading; batch size, chunk, precisions, device checks |
+//! | encode prompts | `prompts.rs` | the first N prompts of the set, chat-wrapped for chat sets |
+//! | run each variant | `variant.rs`, `scoring.rs` | [`VariantSpec`] → weights; the reference run, generation, teacher forcing into [`Trace`]s |
+//! | assemble | `run.rs`, [`aggregate`] | traces → statistics → [`qdrift_report::Report`] |
+//!
+//! Beside them: `evalset.rs` (JSONL eval sets, the built-in ones), `chat.rs` (chat templates),
+//! `identity.rs` (how reports name files: file name and SHA-256), `dump.rs` (`--dump-logprobs`).
+//!
 //! **Invariants: prompts are the unit of every interval; the same inputs and seed give a
 //! byte-identical report; reference and variant always see the same batches (so a variant that
 //! equals the reference shows exactly zero divergence); full-vocabulary logits never leave the
@@ -19,20 +31,91 @@
 
 pub mod aggregate;
 mod chat;
+mod dump;
 mod evalset;
+mod identity;
+mod plan;
+mod prompts;
 mod run;
+mod scoring;
+mod variant;
 
 pub use aggregate::{Stats, Trace};
 pub use chat::apply_chat_template;
-pub use evalset::{EvalPrompt, EvalSet, built_in_names, sha256_file, sha256_hex};
-pub use run::{EvalConfig, Progress, VariantSpec, dtype_name, evaluate};
+pub use evalset::{EvalPrompt, EvalSet, built_in_names};
+pub use identity::{report_name, sha256_file, sha256_hex};
+pub use run::{DEFAULT_EVAL_SET_RULE, EvalConfig, Progress, REFERENCE_NAME, default_eval_set, dtype_name, evaluate};
+pub use variant::VariantSpec;
 
-/// Why an evaluation could not run.
+/// Why an evaluation could not run. Every message is one line naming the option, file, prompt or
+/// variant at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
-    /// Bad input: an eval set, a variant, an option.
-    #[error("{0}")]
-    Input(String),
+    /// An option's value cannot be used (`--horizons 0`, `--prompts` beyond the set, ...).
+    #[error("{option} {problem}")]
+    Option {
+        /// The option as the CLI spells it (`--horizons`).
+        option: &'static str,
+        /// What is wrong with its value, after the option's name.
+        problem: String,
+    },
+    /// An eval set's contents are unusable.
+    #[error("{source_name}{}: {problem}", .line.map(|l| format!(":{l}")).unwrap_or_default())]
+    EvalSet {
+        /// The file (as given) or built-in set.
+        source_name: String,
+        /// The 1-based line at fault, when one is.
+        line: Option<usize>,
+        /// What is wrong.
+        problem: String,
+    },
+    /// `--eval-set` names no file and no built-in set.
+    #[error("no built-in eval set \"{name}\"; known: {}", .known.join(", "))]
+    UnknownEvalSet {
+        /// The name asked for.
+        name: String,
+        /// The built-in sets ([`built_in_names`]).
+        known: Vec<&'static str>,
+    },
+    /// A prompt of the set cannot be run.
+    #[error("prompt {id} {problem}")]
+    Prompt {
+        /// The prompt's id in the set.
+        id: String,
+        /// What is wrong, after the prompt's id.
+        problem: String,
+    },
+    /// The model's chat template does not render.
+    #[error("the model's chat template: {0}")]
+    ChatTemplate(minijinja::Error),
+    /// A variant cannot be compared with the reference.
+    #[error("variant {variant}: {problem}")]
+    Variant {
+        /// The variant as given (a checkpoint's path).
+        variant: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// Two variants have the same name, so the report could not tell them apart.
+    #[error("two variants are named {0}; give each once")]
+    DuplicateVariant(String),
+    /// The device cannot run the reference and the noise floor (one of them computes in f16).
+    #[error("{adapter} does not support f16 compute, which the reference or the noise floor needs")]
+    NoF16 {
+        /// The device's adapter.
+        adapter: String,
+    },
+    /// Reading or writing a file failed.
+    #[error("{}: {source}", .path.display())]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// A fault of qdrift itself (an invariant of the evaluation did not hold): a bug to report.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// Loading a model failed.
     #[error(transparent)]
     Load(#[from] qdrift_load::LoadError),
@@ -54,4 +137,11 @@ pub enum EvalError {
     /// The report could not be built or written.
     #[error(transparent)]
     Report(#[from] qdrift_report::ReportError),
+}
+
+impl EvalError {
+    /// An [`EvalError::Io`] for `path`, for `map_err`.
+    pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> EvalError + '_ {
+        move |source| EvalError::Io { path: path.to_path_buf(), source }
+    }
 }

@@ -1,4 +1,8 @@
 //! Choosing where the model runs: wgpu on a GPU adapter, or Burn's pure-Rust CPU backend (flex).
+//!
+//! [`ComputeDevice`] also carries what a report says about the device (backend, adapter, why it
+//! was chosen) and what sizing needs (largest buffer, f16 support, host memory, batches at once).
+//! **Invariant: a process starts each device once; asking again returns the same device.**
 
 use std::sync::{Mutex, OnceLock};
 

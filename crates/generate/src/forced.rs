@@ -1,5 +1,11 @@
 //! Teacher forcing: the logits a model assigns to a given continuation, one forward pass over
 //! prompt + continuation (chunked over positions so that memory stays bounded).
+//!
+//! The evaluation scores each model on the other's text with it; [`teacher_forced_pair`] runs two
+//! models in lockstep so that their logits can be compared where they are, on the device.
+//! **Invariant: batches are cut and left-padded exactly as [`crate::generate`] cuts them, and a
+//! chunk's logits do not depend on the chunk length nor on the other rows of the batch; models in
+//! lockstep see identical batches.**
 
 use burn::tensor::{Int, Tensor, TensorData};
 use qdrift_model::Llama;

@@ -1,11 +1,17 @@
-//! Batched greedy decoding.
+//! Batched greedy decoding: prompts in, a fixed number of new tokens per prompt out, every
+//! step's logits shown to an observer on the way.
+//!
+//! Prompts are cut into batches of [`GenerationConfig::batch_size`] in order; a batch is
+//! left-padded ([`prompt_batch`], shared with teacher forcing) and decoded with a preallocated
+//! key-value cache. **Invariant: a prompt's tokens depend on that prompt alone, never on the other
+//! rows of its batch nor on how many batches run at once; argmax runs on the device and a batch's
+//! tokens are read back once (at every step only when stopping at EOS).**
 
-use burn::tensor::DType;
 use burn::tensor::{Int, Tensor, TensorData};
-use qdrift_model::{AttentionKernel, KvCache, Llama, LlamaConfig, Positions};
+use qdrift_model::{KvCache, Llama, Positions};
 
-use crate::ComputeDevice;
 use crate::parallel::{lock, run_batches};
+use crate::{ComputeDevice, GenerateError, check_request};
 
 /// How to generate.
 #[derive(Debug, Clone)]
@@ -26,56 +32,6 @@ pub struct StepLogits<'a> {
     pub step: usize,
     /// `[batch, vocab]`, f32, on the model's device.
     pub logits: &'a Tensor<2>,
-}
-
-/// Why generation could not run.
-#[derive(Debug, thiserror::Error)]
-pub enum GenerateError {
-    /// A prompt with no tokens.
-    #[error("prompt {index} is empty: give at least one token (one character of text)")]
-    EmptyPrompt {
-        /// Its index (0-based).
-        index: usize,
-    },
-    /// A token id outside the model's vocabulary.
-    #[error("prompt {index} has token {token}, outside the model's vocabulary of {vocab}")]
-    TokenOutOfRange {
-        /// Prompt index.
-        index: usize,
-        /// The token.
-        token: u32,
-        /// Vocabulary size.
-        vocab: usize,
-    },
-    /// The request does not fit the device.
-    #[error("{0}")]
-    TooLarge(String),
-    /// Teacher forcing got continuations of different lengths.
-    #[error("continuation {index} has {len} tokens, the first has {expected}: teacher forcing needs equal lengths")]
-    UnequalContinuations {
-        /// Index of the first continuation that differs.
-        index: usize,
-        /// Its length.
-        len: usize,
-        /// The first continuation's length.
-        expected: usize,
-    },
-    /// Two models to be compared have different vocabularies.
-    #[error(
-        "the reference has a vocabulary of {reference} tokens, the variant {variant}: they cannot be compared position by position"
-    )]
-    VocabMismatch {
-        /// The reference's vocabulary size.
-        reference: usize,
-        /// The variant's vocabulary size.
-        variant: usize,
-    },
-    /// `batch_size` of zero.
-    #[error("batch size must be at least 1")]
-    ZeroBatch,
-    /// Reading results back from the device failed.
-    #[error("reading results from the device failed: {0}")]
-    Readback(String),
 }
 
 /// Generates greedily (argmax at every step) for every prompt.
@@ -188,86 +144,4 @@ fn read_ids(t: Tensor<2, Int>) -> Result<Vec<u32>, GenerateError> {
     let data = t.into_data();
     let ids = data.convert::<i64>().try_into_vec::<i64>().map_err(|e| GenerateError::Readback(format!("{e:?}")))?;
     Ok(ids.into_iter().map(|v| v as u32).collect())
-}
-
-/// Checks a request before anything is allocated: prompts must be non-empty and in the
-/// vocabulary, and each batch's key-value cache, prompt-pass attention scores and logits must fit
-/// the device's largest buffer and, for devices that use host memory, the memory the host has
-/// available.
-pub fn check_request(
-    model: &LlamaConfig,
-    dtype: DType,
-    device: &ComputeDevice,
-    prompts: &[Vec<u32>],
-    config: &GenerationConfig,
-) -> Result<(), GenerateError> {
-    if config.batch_size == 0 {
-        return Err(GenerateError::ZeroBatch);
-    }
-    let vocab = model.vocab_size;
-    for (index, p) in prompts.iter().enumerate() {
-        if p.is_empty() {
-            return Err(GenerateError::EmptyPrompt { index });
-        }
-        if let Some(&token) = p.iter().find(|&&t| t as usize >= vocab) {
-            return Err(GenerateError::TokenOutOfRange { index, token, vocab });
-        }
-    }
-    // Batches running side by side hold their caches at once: the largest ones together must fit.
-    let concurrent = device.parallel_batches.clamp(1, prompts.len().div_ceil(config.batch_size).max(1));
-    for batch in prompts.chunks(config.batch_size) {
-        check_memory(model, dtype, device, batch, config.max_new_tokens, concurrent)?;
-    }
-    Ok(())
-}
-
-fn check_memory(
-    model: &LlamaConfig,
-    dtype: DType,
-    device: &ComputeDevice,
-    prompts: &[Vec<u32>],
-    max_new_tokens: usize,
-    concurrent: usize,
-) -> Result<(), GenerateError> {
-    // u128: a request of any usize size is measured without overflow.
-    let batch = prompts.len() as u128;
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) as u128;
-    let capacity = longest + max_new_tokens as u128;
-    let elem = dtype.size() as u128;
-    let cache_tensor = batch * model.n_kv_heads as u128 * capacity * model.head_dim() as u128 * elem;
-    let cache_total = 2 * model.n_layers as u128 * cache_tensor;
-    // Burn's composed attention materialises the prompt's f32 scores; the host kernel holds one
-    // query's scores at a time.
-    let scores = match AttentionKernel::for_device(&device.device) {
-        AttentionKernel::Composed => batch * model.n_heads as u128 * longest * longest * 4,
-        AttentionKernel::Host => 0,
-    };
-    let logits = batch * model.vocab_size as u128 * 4;
-    let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
-    let what = format!("{} prompt(s) of up to {longest} tokens + {max_new_tokens} new tokens", prompts.len());
-    if let Some(limit) = device.max_buffer_bytes {
-        let largest = cache_tensor.max(scores).max(logits);
-        if largest > limit as u128 {
-            return Err(GenerateError::TooLarge(format!(
-                "{what} need a {:.2} GiB buffer, more than the {:.2} GiB that {} allows in one buffer; use fewer new tokens, shorter prompts or a smaller --batch-size",
-                gib(largest),
-                gib(limit as u128),
-                device.adapter
-            )));
-        }
-    }
-    if device.uses_host_memory {
-        let mut sys = sysinfo::System::new();
-        sys.refresh_memory();
-        let available = sys.available_memory() as u128;
-        let needed = (cache_total + scores + logits) * concurrent as u128;
-        if needed > available {
-            return Err(GenerateError::TooLarge(format!(
-                "{what} need {:.2} GiB of key-value cache and activations, more than the {:.2} GiB of memory available; use fewer new tokens or a smaller --batch-size",
-                gib(needed),
-                gib(available)
-            )));
-        }
-    }
-    Ok(())
 }

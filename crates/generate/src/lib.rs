@@ -4,12 +4,28 @@
 //! Input is token ids (tokenizing is the load stage's job) and a [`qdrift_model::Llama`] already
 //! on a device; output is token ids, plus the logits of every step handed to a caller-supplied
 //! observer so that the scoring stage can reduce them where they are computed.
+//!
+//! | file | contents |
+//! |---|---|
+//! | `device.rs` | [`select_device`]: wgpu or the CPU backend, and what a report says about it |
+//! | `request.rs` | [`check_request`], [`default_batch_size`], [`context_overflow`]: sizing before allocating |
+//! | `greedy.rs` | [`generate`]: batched greedy decoding |
+//! | `forced.rs` | [`teacher_forced`], [`teacher_forced_pair`]: logits of given continuations |
+//! | `parallel.rs` | independent batches side by side on the CPU's cores |
+//! | `error.rs` | [`GenerateError`] |
+//!
+//! **Invariant: tokens in, tokens out; results never depend on how prompts are batched nor on how
+//! many batches run at once.**
 
 mod device;
+mod error;
 mod forced;
 mod greedy;
 mod parallel;
+mod request;
 
 pub use device::{BackendChoice, ComputeDevice, DeviceError, select_device};
+pub use error::GenerateError;
 pub use forced::{ForcedLogits, PairedLogits, teacher_forced, teacher_forced_pair};
-pub use greedy::{GenerateError, GenerationConfig, StepLogits, check_request, generate};
+pub use greedy::{GenerationConfig, StepLogits, generate};
+pub use request::{ContextOverflow, MAX_DEFAULT_BATCH_SIZE, check_request, context_overflow, default_batch_size};

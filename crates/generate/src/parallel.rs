@@ -4,6 +4,9 @@
 //! 2-core machine idles half its time; batches of prompts are independent (each row's results
 //! depend on that row alone), so they can run side by side. std's scoped threads suffice here:
 //! one task per batch, handed out in order.
+//!
+//! **Invariant: results come back in batch order whatever the thread count; observers are called
+//! one at a time (behind a mutex).**
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};

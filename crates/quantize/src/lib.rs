@@ -24,6 +24,7 @@
 //! | `nf4.rs` | `nf4-g64` |
 //! | `ggml.rs` | `q8_0`, `q4_0`, `q4_1`, `q4_k`, `q6_k`, `mxfp4` (codecs in `qdrift-ggml`) |
 //! | `stats.rs` | [`error_stats`] |
+//! | `reference.rs` | [`round_to_fp16_reference`]: the FP16 reference every variant is measured against |
 //! | `model.rs` | [`quantize_model`]: a whole model, per-tensor [`TensorReport`]s, [`QuantSummary`] |
 //! | `safetensors_out.rs` | [`write_safetensors`]: HF names, rotate-half q/k, F32 or packed parts |
 
@@ -34,6 +35,7 @@ mod ggml;
 mod int;
 mod model;
 mod nf4;
+mod reference;
 mod safetensors_out;
 mod scheme;
 mod stats;
@@ -46,6 +48,7 @@ pub use model::{
 };
 pub use nf4::NF4_CODE;
 pub use qdrift_ggml::GgmlError;
+pub use reference::round_to_fp16_reference;
 pub use safetensors_out::{WriteError, rotate_half_row_order, write_safetensors};
 pub use scheme::{Fp8Format, GgmlType, Scheme};
 pub use stats::{ErrorStats, error_stats, try_error_stats};

@@ -1,0 +1,120 @@
+//! The plan of an evaluation: [`EvalConfig`]'s options checked, and everything the run derives
+//! from them, the model, the prompts and the device (horizons, batch size, teacher-forcing chunk,
+//! precisions, bootstrap settings).
+//!
+//! **Invariant: options are checked before anything is loaded, and the request is checked
+//! against the device ([`check_request`], at both precisions) before any weight is uploaded, so
+//! that an evaluation that cannot finish fails in seconds, not hours.**
+
+use burn::tensor::DType;
+use qdrift_generate::{
+    BackendChoice, ComputeDevice, GenerationConfig, check_request, default_batch_size, select_device,
+};
+use qdrift_load::LlamaArch;
+use qdrift_model::LlamaConfig;
+
+use crate::aggregate::Stats;
+use crate::{EvalConfig, EvalError, VariantSpec};
+
+/// Teacher-forced chunks hold several `[batch, chunk, vocab]` f32 tensors (logits of both models,
+/// their log-softmax, probabilities): one is kept under this many bytes so that large
+/// vocabularies do not multiply the peak memory.
+const CHUNK_BYTES: usize = 64 << 20;
+
+/// How the evaluation runs: what every step after encoding the prompts needs.
+pub(crate) struct Plan {
+    /// Where the models run.
+    pub device: ComputeDevice,
+    /// The prompts, encoded, in set order.
+    pub prompts: Vec<Vec<u32>>,
+    /// Generated-token horizons: sorted, unique, each ≥ 1.
+    pub horizons: Vec<usize>,
+    /// Free-running generation: `max(horizons)` new tokens per prompt, the batch size.
+    pub generation: GenerationConfig,
+    /// Teacher-forcing chunk: positions per forward pass.
+    pub chunk: usize,
+    /// The reference's compute precision.
+    pub dtype: DType,
+    /// Bootstrap resamples and seed.
+    pub bootstrap: Stats,
+}
+
+impl Plan {
+    /// The plan for `prompts` of a model of `arch` on `device`.
+    ///
+    /// # Errors
+    /// A device without f16 compute, or a request that does not fit it.
+    pub fn new(
+        cfg: &EvalConfig,
+        horizons: Vec<usize>,
+        arch: &LlamaArch,
+        prompts: Vec<Vec<u32>>,
+        device: ComputeDevice,
+    ) -> Result<Plan, EvalError> {
+        let batch_size = cfg.batch_size.unwrap_or_else(|| default_batch_size(prompts.len(), &device));
+        if !device.supports_f16 {
+            return Err(EvalError::NoF16 { adapter: device.adapter.clone() });
+        }
+        let longest = horizons.last().copied().unwrap_or(1);
+        let generation = GenerationConfig { max_new_tokens: longest, batch_size, stop_at_eos: None };
+        let model_config = LlamaConfig::from_arch(arch);
+        // The reference and the noise floor run at both precisions between them.
+        for dtype in [DType::F16, DType::F32] {
+            check_request(&model_config, dtype, &device, &prompts, &generation)?;
+        }
+        let chunk = cfg.chunk.min(CHUNK_BYTES / (batch_size * arch.vocab_size * 4).max(1)).max(1);
+        let bootstrap = Stats { resamples: cfg.resamples, seed: cfg.seed };
+        Ok(Plan { device, prompts, horizons, generation, chunk, dtype: cfg.dtype, bootstrap })
+    }
+
+    /// The longest horizon: tokens each model generates per prompt.
+    pub fn longest(&self) -> usize {
+        self.generation.max_new_tokens
+    }
+
+    /// Prompts per batch.
+    pub fn batch_size(&self) -> usize {
+        self.generation.batch_size
+    }
+}
+
+/// Checks the options that need nothing loaded (horizons, precision, resamples, batch size,
+/// variants that exist and have distinct names) and returns the horizons, sorted and unique.
+pub(crate) fn check_options(cfg: &EvalConfig) -> Result<Vec<usize>, EvalError> {
+    let option = |option: &'static str, problem: String| Err(EvalError::Option { option, problem });
+    let mut horizons = cfg.horizons.clone();
+    horizons.sort_unstable();
+    horizons.dedup();
+    if horizons.first().is_none_or(|&h| h == 0) {
+        return option("--horizons", "needs at least one horizon, each ≥ 1".into());
+    }
+    if !matches!(cfg.dtype, DType::F16 | DType::F32) {
+        return option("--dtype", format!("{:?}: use f16 or f32", cfg.dtype));
+    }
+    if cfg.resamples == 0 {
+        return option("--resamples", "must be at least 1".into());
+    }
+    if cfg.batch_size == Some(0) {
+        return option("--batch-size", "must be at least 1".into());
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for spec in std::iter::once(&VariantSpec::NoiseFloor).chain(&cfg.variants) {
+        spec.check_exists()?;
+        let name = spec.name(cfg.dtype);
+        if !names.insert(name.clone()) {
+            return Err(EvalError::DuplicateVariant(name));
+        }
+    }
+    Ok(horizons)
+}
+
+/// The device `cfg.backend` selects; with a log-probability dump, one batch at a time.
+pub(crate) fn eval_device(backend: BackendChoice, dump: bool) -> Result<ComputeDevice, EvalError> {
+    let mut device = select_device(backend)?;
+    if dump {
+        // Batches side by side would interleave the dump's lines; one at a time keeps them in
+        // prompt order. (The report is the same either way.)
+        device.parallel_batches = 1;
+    }
+    Ok(device)
+}

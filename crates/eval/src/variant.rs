@@ -1,0 +1,198 @@
+//! The variants compared with the reference: what the user asks for ([`VariantSpec`]) and the
+//! host weights, precision and report description each one runs with ([`BuiltVariant`]).
+//!
+//! **Invariant: every variant starts from the FP16 reference's weights (schemes, noise floor) or
+//! is refused unless it has the reference's shapes and tokenizer (checkpoints), so that its
+//! positions can be compared with the reference's one by one.**
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::DType;
+use qdrift_load::{HostModel, LlamaArch, LoadedModel, open_model};
+use qdrift_quantize::{QuantizeOptions, Scheme, quantize_model};
+use qdrift_report::{TensorError, VariantKind};
+
+use crate::EvalError;
+use crate::identity::{model_identity_file, report_name};
+use crate::run::dtype_name;
+
+/// A variant to compare with the reference.
+#[derive(Clone, Debug, PartialEq)]
+pub enum VariantSpec {
+    /// The noise floor: the reference's own FP16 weights at the other compute precision, the
+    /// divergence that precision alone causes. [`crate::evaluate`] always runs it first; listing
+    /// it in [`crate::EvalConfig::variants`] is refused as a duplicate.
+    NoiseFloor,
+    /// A quantization scheme applied to the reference's FP16 weights.
+    Scheme(Scheme),
+    /// Another checkpoint of the same architecture and tokenizer.
+    Checkpoint(PathBuf),
+}
+
+impl VariantSpec {
+    /// Its name in the report, for a reference computing at `reference_dtype`:
+    /// `noise-floor-f32` (or `-f16`), the scheme's name, or the checkpoint's file stem.
+    pub fn name(&self, reference_dtype: DType) -> String {
+        match self {
+            VariantSpec::NoiseFloor => format!("noise-floor-{}", dtype_name(other_precision(reference_dtype))),
+            VariantSpec::Scheme(scheme) => scheme.to_string(),
+            VariantSpec::Checkpoint(path) => {
+                path.file_stem().map_or_else(|| report_name(path), |s| s.to_string_lossy().into_owned())
+            }
+        }
+    }
+
+    /// Refuses a checkpoint that does not exist, before anything is loaded.
+    pub(crate) fn check_exists(&self) -> Result<(), EvalError> {
+        match self {
+            VariantSpec::Checkpoint(p) if !p.exists() => {
+                Err(EvalError::Variant { variant: p.display().to_string(), problem: "no such file or folder".into() })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The precision the noise floor runs at: the one the reference does not use.
+pub(crate) fn other_precision(reference: DType) -> DType {
+    if reference == DType::F16 { DType::F32 } else { DType::F16 }
+}
+
+/// A variant ready to run: its weights and precision, and how the report describes it.
+pub(crate) struct BuiltVariant<'a> {
+    /// Its name in the report ([`VariantSpec::name`]; unique among the variants).
+    pub name: String,
+    /// The scheme's name, for scheme variants.
+    pub scheme: Option<String>,
+    /// The checkpoint's file or folder name, for checkpoint variants.
+    pub path: Option<String>,
+    /// Noise floor, scheme or checkpoint.
+    pub kind: VariantKind,
+    /// Its compute precision.
+    pub dtype: DType,
+    /// Its weights: the noise floor borrows the reference's; other variants own theirs.
+    pub host: Cow<'a, HostModel>,
+    /// Storage bits per parameter.
+    pub bits_per_weight: f64,
+    /// Storage bytes of its weights.
+    pub weight_bytes: u64,
+    /// Per-tensor quantization error (schemes only).
+    pub per_tensor_error: Vec<TensorError>,
+}
+
+/// Builds the variant `spec` of `reference` (its weights already rounded to FP16).
+///
+/// `prompts` are the evaluation's encoded prompts: a checkpoint's tokenizer must encode them as
+/// the reference's does. `dtype` is the reference's compute precision.
+pub(crate) fn build_variant<'a>(
+    spec: &VariantSpec,
+    reference: &'a LoadedModel,
+    prompts: &[Vec<u32>],
+    dtype: DType,
+    quantize: &QuantizeOptions,
+) -> Result<BuiltVariant<'a>, EvalError> {
+    let name = spec.name(dtype);
+    match spec {
+        VariantSpec::NoiseFloor => Ok(noise_floor(name, &reference.model, other_precision(dtype))),
+        VariantSpec::Scheme(scheme) => scheme_variant(name, &reference.model, scheme, dtype, quantize),
+        VariantSpec::Checkpoint(path) => checkpoint_variant(name, reference, path, prompts, dtype),
+    }
+}
+
+fn noise_floor(name: String, reference: &HostModel, dtype: DType) -> BuiltVariant<'_> {
+    BuiltVariant {
+        name,
+        scheme: None,
+        path: None,
+        kind: VariantKind::NoiseFloor,
+        dtype,
+        host: Cow::Borrowed(reference),
+        bits_per_weight: 16.0,
+        weight_bytes: reference.parameter_count() as u64 * 2,
+        per_tensor_error: Vec::new(),
+    }
+}
+
+fn scheme_variant<'a>(
+    name: String,
+    reference: &HostModel,
+    scheme: &Scheme,
+    dtype: DType,
+    quantize: &QuantizeOptions,
+) -> Result<BuiltVariant<'a>, EvalError> {
+    let q = quantize_model(reference, scheme, quantize)?;
+    let summary = q.summary();
+    let per_tensor_error = q
+        .reports()
+        .into_iter()
+        .map(|r| TensorError { tensor: r.tensor, sqnr_db: r.sqnr_db, rel_frobenius: r.rel_frobenius, cosine: r.cosine })
+        .collect();
+    // Tensors the scheme leaves alone stay FP16.
+    let unquantized_bytes = (reference.parameter_count() as u64).saturating_sub(summary.quantized_weights as u64) * 2;
+    Ok(BuiltVariant {
+        name,
+        scheme: Some(scheme.to_string()),
+        path: None,
+        kind: VariantKind::Scheme,
+        dtype,
+        host: Cow::Owned(q.dequantized),
+        bits_per_weight: summary.bits_per_weight,
+        weight_bytes: summary.storage_bytes as u64 + unquantized_bytes,
+        per_tensor_error,
+    })
+}
+
+fn checkpoint_variant<'a>(
+    name: String,
+    reference: &LoadedModel,
+    path: &Path,
+    prompts: &[Vec<u32>],
+    dtype: DType,
+) -> Result<BuiltVariant<'a>, EvalError> {
+    let other = open_model(path, None)?;
+    check_same_model(reference, &other, prompts, path)?;
+    // The checkpoint's file size stands for its weight bytes (metadata and tokenizer included, a
+    // small overestimate for GGUF).
+    let identity = model_identity_file(path);
+    let bytes = std::fs::metadata(&identity).map_err(EvalError::io(&identity))?.len();
+    Ok(BuiltVariant {
+        name,
+        scheme: None,
+        path: Some(report_name(path)),
+        kind: VariantKind::Checkpoint,
+        dtype,
+        host: Cow::Owned(other.model),
+        bits_per_weight: bytes as f64 * 8.0 / (reference.model.parameter_count() as u64).max(1) as f64,
+        weight_bytes: bytes,
+        per_tensor_error: Vec::new(),
+    })
+}
+
+/// Refuses a checkpoint variant whose shapes or tokenizer differ from the reference's.
+fn check_same_model(
+    reference: &LoadedModel,
+    other: &LoadedModel,
+    prompts: &[Vec<u32>],
+    path: &Path,
+) -> Result<(), EvalError> {
+    let refuse = |problem: String| Err(EvalError::Variant { variant: path.display().to_string(), problem });
+    let shape = |x: &LlamaArch| (x.dim, x.hidden_dim, x.n_layers, x.n_heads, x.n_kv_heads, x.vocab_size);
+    let (ours, theirs) = (shape(&reference.model.arch), shape(&other.model.arch));
+    if ours != theirs {
+        return refuse(format!(
+            "shapes (dim, hidden, layers, heads, kv heads, vocab) {theirs:?} differ from the reference's {ours:?}"
+        ));
+    }
+    let (ours, theirs) = (reference.tokenizer.vocab_size(), other.tokenizer.vocab_size());
+    if ours != theirs {
+        return refuse(format!("its tokenizer has {theirs} tokens, the reference's {ours}"));
+    }
+    for (i, p) in prompts.iter().enumerate() {
+        let text = reference.tokenizer.decode(p);
+        if other.tokenizer.encode(&text) != reference.tokenizer.encode(&text) {
+            return refuse(format!("its tokenizer encodes prompt {} differently from the reference's", i + 1));
+        }
+    }
+    Ok(())
+}

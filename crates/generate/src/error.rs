@@ -1,0 +1,53 @@
+//! What can go wrong generating or teacher forcing, for every module of the crate.
+//!
+//! Each message is one line that names what is wrong and, where it can, what to change.
+
+/// Why generation could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    /// A prompt with no tokens.
+    #[error("prompt {index} is empty: give at least one token (one character of text)")]
+    EmptyPrompt {
+        /// Its index (0-based).
+        index: usize,
+    },
+    /// A token id outside the model's vocabulary.
+    #[error("prompt {index} has token {token}, outside the model's vocabulary of {vocab}")]
+    TokenOutOfRange {
+        /// Prompt index.
+        index: usize,
+        /// The token.
+        token: u32,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+    /// The request does not fit the device.
+    #[error("{0}")]
+    TooLarge(String),
+    /// Teacher forcing got continuations of different lengths.
+    #[error("continuation {index} has {len} tokens, the first has {expected}: teacher forcing needs equal lengths")]
+    UnequalContinuations {
+        /// Index of the first continuation that differs.
+        index: usize,
+        /// Its length.
+        len: usize,
+        /// The first continuation's length.
+        expected: usize,
+    },
+    /// Two models to be compared have different vocabularies.
+    #[error(
+        "the reference has a vocabulary of {reference} tokens, the variant {variant}: they cannot be compared position by position"
+    )]
+    VocabMismatch {
+        /// The reference's vocabulary size.
+        reference: usize,
+        /// The variant's vocabulary size.
+        variant: usize,
+    },
+    /// `batch_size` of zero.
+    #[error("batch size must be at least 1")]
+    ZeroBatch,
+    /// Reading results back from the device failed.
+    #[error("reading results from the device failed: {0}")]
+    Readback(String),
+}

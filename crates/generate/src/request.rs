@@ -1,0 +1,180 @@
+//! Sizing a request before anything is allocated: the default batch size, the context-length
+//! warning, and the check that prompts and memory fit the model and the device.
+//!
+//! `qdrift generate` and `qdrift eval` both size their requests here, so that they batch and
+//! warn alike. **Invariant: nothing here touches the device; a request that passes
+//! [`check_request`] does not run out of buffer or host memory for its key-value caches,
+//! prompt-pass attention scores and logits.**
+
+use burn::tensor::DType;
+use qdrift_model::{AttentionKernel, LlamaConfig};
+
+use crate::{ComputeDevice, GenerateError, GenerationConfig};
+
+/// The most prompts a default batch holds.
+///
+/// Results never depend on the batch size; the cap only bounds a batch's memory (its key-value
+/// caches and logits grow with the rows), so that many prompts on one GPU run as several batches
+/// instead of one that may not fit.
+pub const MAX_DEFAULT_BATCH_SIZE: usize = 16;
+
+/// Prompts per batch when the user gives none: `prompts` split evenly over the batches `device`
+/// runs at once ([`ComputeDevice::parallel_batches`]: one per core on the CPU backend, one on a
+/// GPU), at most [`MAX_DEFAULT_BATCH_SIZE`], at least 1.
+///
+/// On a 2-core CPU, 32 prompts make 2 batches of 16 and 8 prompts 2 batches of 4; on a GPU, 40
+/// prompts make batches of 16, 16 and 8.
+pub fn default_batch_size(prompts: usize, device: &ComputeDevice) -> usize {
+    prompts.div_ceil(device.parallel_batches.max(1)).clamp(1, MAX_DEFAULT_BATCH_SIZE)
+}
+
+/// A request that runs past the context length the model was trained for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextOverflow {
+    /// Positions the longest prompt and its new tokens take.
+    pub positions: usize,
+    /// The model's trained context length.
+    pub trained: usize,
+}
+
+impl std::fmt::Display for ContextOverflow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} positions exceed the {} the model was trained for; RoPE extrapolates beyond them",
+            self.positions, self.trained
+        )
+    }
+}
+
+/// `Some` when the longest prompt plus `max_new_tokens` exceeds `trained` (the model's
+/// `max_seq_len`): such a run works, but its positions beyond `trained` are extrapolated, which
+/// the user should know. Not an error: the model may well cope.
+pub fn context_overflow(prompts: &[Vec<u32>], max_new_tokens: usize, trained: usize) -> Option<ContextOverflow> {
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let positions = longest.saturating_add(max_new_tokens);
+    (positions > trained).then_some(ContextOverflow { positions, trained })
+}
+
+/// Checks a request before anything is allocated: prompts must be non-empty and in the
+/// vocabulary, and each batch's key-value cache, prompt-pass attention scores and logits must fit
+/// the device's largest buffer and, for devices that use host memory, the memory the host has
+/// available.
+pub fn check_request(
+    model: &LlamaConfig,
+    dtype: DType,
+    device: &ComputeDevice,
+    prompts: &[Vec<u32>],
+    config: &GenerationConfig,
+) -> Result<(), GenerateError> {
+    if config.batch_size == 0 {
+        return Err(GenerateError::ZeroBatch);
+    }
+    let vocab = model.vocab_size;
+    for (index, p) in prompts.iter().enumerate() {
+        if p.is_empty() {
+            return Err(GenerateError::EmptyPrompt { index });
+        }
+        if let Some(&token) = p.iter().find(|&&t| t as usize >= vocab) {
+            return Err(GenerateError::TokenOutOfRange { index, token, vocab });
+        }
+    }
+    // Batches running side by side hold their caches at once: the largest ones together must fit.
+    let concurrent = device.parallel_batches.clamp(1, prompts.len().div_ceil(config.batch_size).max(1));
+    for batch in prompts.chunks(config.batch_size) {
+        check_memory(model, dtype, device, batch, config.max_new_tokens, concurrent)?;
+    }
+    Ok(())
+}
+
+fn check_memory(
+    model: &LlamaConfig,
+    dtype: DType,
+    device: &ComputeDevice,
+    prompts: &[Vec<u32>],
+    max_new_tokens: usize,
+    concurrent: usize,
+) -> Result<(), GenerateError> {
+    // u128: a request of any usize size is measured without overflow.
+    let batch = prompts.len() as u128;
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) as u128;
+    let capacity = longest + max_new_tokens as u128;
+    let elem = dtype.size() as u128;
+    let cache_tensor = batch * model.n_kv_heads as u128 * capacity * model.head_dim() as u128 * elem;
+    let cache_total = 2 * model.n_layers as u128 * cache_tensor;
+    // Burn's composed attention materialises the prompt's f32 scores; the host kernel holds one
+    // query's scores at a time.
+    let scores = match AttentionKernel::for_device(&device.device) {
+        AttentionKernel::Composed => batch * model.n_heads as u128 * longest * longest * 4,
+        AttentionKernel::Host => 0,
+    };
+    let logits = batch * model.vocab_size as u128 * 4;
+    let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
+    let what = format!("{} prompt(s) of up to {longest} tokens + {max_new_tokens} new tokens", prompts.len());
+    if let Some(limit) = device.max_buffer_bytes {
+        let largest = cache_tensor.max(scores).max(logits);
+        if largest > limit as u128 {
+            return Err(GenerateError::TooLarge(format!(
+                "{what} need a {:.2} GiB buffer, more than the {:.2} GiB that {} allows in one buffer; use fewer new tokens, shorter prompts or a smaller --batch-size",
+                gib(largest),
+                gib(limit as u128),
+                device.adapter
+            )));
+        }
+    }
+    if device.uses_host_memory {
+        let mut sys = sysinfo::System::new();
+        sys.refresh_memory();
+        let available = sys.available_memory() as u128;
+        let needed = (cache_total + scores + logits) * concurrent as u128;
+        if needed > available {
+            return Err(GenerateError::TooLarge(format!(
+                "{what} need {:.2} GiB of key-value cache and activations, more than the {:.2} GiB of memory available; use fewer new tokens or a smaller --batch-size",
+                gib(needed),
+                gib(available)
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device_with(parallel_batches: usize) -> ComputeDevice {
+        ComputeDevice {
+            device: burn::tensor::Device::flex(),
+            backend: "cpu",
+            adapter: "test".to_string(),
+            adapter_detail: String::new(),
+            reason: String::new(),
+            max_buffer_bytes: None,
+            supports_f16: true,
+            uses_host_memory: true,
+            parallel_batches,
+        }
+    }
+
+    /// The batch sizes the example reports record (32 and 8 prompts on 2 cores), a GPU's cap, and
+    /// the edges.
+    #[test]
+    fn default_batches_split_prompts_over_the_device_up_to_the_cap() {
+        assert_eq!(default_batch_size(32, &device_with(2)), 16);
+        assert_eq!(default_batch_size(8, &device_with(2)), 4);
+        assert_eq!(default_batch_size(7, &device_with(2)), 4);
+        assert_eq!(default_batch_size(40, &device_with(1)), MAX_DEFAULT_BATCH_SIZE);
+        assert_eq!(default_batch_size(3, &device_with(8)), 1);
+        assert_eq!(default_batch_size(0, &device_with(0)), 1);
+    }
+
+    #[test]
+    fn context_overflow_counts_the_longest_prompt_and_new_tokens() {
+        let prompts = vec![vec![1; 5], vec![1; 9]];
+        assert_eq!(context_overflow(&prompts, 7, 16), None);
+        let over = context_overflow(&prompts, 8, 16).expect("17 > 16");
+        assert_eq!(over, ContextOverflow { positions: 17, trained: 16 });
+        assert!(over.to_string().starts_with("17 positions exceed the 16"), "{over}");
+        assert_eq!(context_overflow(&prompts, usize::MAX, 16).map(|o| o.positions), Some(usize::MAX));
+    }
+}
