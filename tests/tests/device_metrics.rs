@@ -39,8 +39,7 @@ fn device_matches_host(choice: BackendChoice) {
     let mut start = 0;
     for (r, q) in reference.into_iter().zip(variant) {
         let [b, t, v] = r.dims();
-        let tokens: Vec<u32> =
-            (0..b).flat_map(|i| sequences[i].1[start..start + t].iter().copied().collect::<Vec<_>>()).collect();
+        let tokens: Vec<u32> = (0..b).flat_map(|i| sequences[i].1[start..start + t].to_vec()).collect();
         let host_r = r.to_data().try_into_vec::<f32>().expect("f32");
         let host_q = q.to_data().try_into_vec::<f32>().expect("f32");
         let lp = token_logprobs_on_device(r.clone(), &tokens).expect("device log-probabilities");

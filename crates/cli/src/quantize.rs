@@ -86,7 +86,7 @@ pub struct QuantizeArgs {
 
 /// Runs `qdrift quantize`.
 pub fn run(args: QuantizeArgs) -> Result<(), Box<dyn Error>> {
-    let Some(scheme) = args.scheme.scheme.clone() else {
+    let Some(scheme) = args.scheme.scheme else {
         return Err("--scheme is required; known: see `qdrift quantize --help`".into());
     };
     let model = qdrift_load::read_llama2c_checkpoint(&args.model)?;

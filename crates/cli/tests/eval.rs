@@ -91,7 +91,8 @@ fn report_metrics_match_an_independent_recomputation() {
         ],
     );
     // variant → prompt → position → (kld, top1 agree, ln p_ref(token), ln p_var(token))
-    let mut rows: std::collections::BTreeMap<(String, usize, usize), (f64, bool, f64, f64)> = Default::default();
+    type Key = (String, usize, usize);
+    let mut rows: std::collections::BTreeMap<Key, (f64, bool, f64, f64)> = Default::default();
     let text = std::fs::read_to_string(&dump).expect("dump written");
     for line in text.lines() {
         let v: Value = serde_json::from_str(line).expect("dump line is JSON");

@@ -54,10 +54,10 @@ impl EvalSet {
 
     /// Reads a JSONL file; a bare name of a built-in set (`stories`) is accepted too.
     pub fn read(path: &Path) -> Result<EvalSet, EvalError> {
-        if !path.exists() {
-            if let Some(name) = path.to_str().filter(|s| built_in_names().contains(s)) {
-                return Self::built_in(name);
-            }
+        if !path.exists()
+            && let Some(name) = path.to_str().filter(|s| built_in_names().contains(s))
+        {
+            return Self::built_in(name);
         }
         let bytes = std::fs::read(path).map_err(EvalError::io(path))?;
         Self::parse_named(&path.display().to_string(), report_name(path), &bytes)

@@ -2,7 +2,7 @@
 //! layer) as Burn modules built from one `Config` ([`LlamaConfig`] → [`Llama`]), and its
 //! key-value cache.
 //!
-//! Burn 0.22 carries the backend in the runtime [`Device`](burn::tensor::Device), not in a type
+//! Burn 0.22 carries the backend in the runtime [`Device`], not in a type
 //! parameter: one [`Llama`] runs on wgpu, on the CPU (flex) and in tests, chosen when it is built.
 //! The model computes in the float dtype its weights were uploaded in (f32 or f16); RMSNorm and
 //! the attention softmax always run in f32, as Hugging Face's Llama does for half-precision.

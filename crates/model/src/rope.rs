@@ -25,7 +25,7 @@ impl Rope {
     }
 
     /// RoPE with the inverse frequencies of [`Rope::new`] rescaled by `scaling`:
-    /// [`llama3_inv_freq`] for Llama 3.1's scaling, `inv_freq[i] / factors[i]` for per-pair
+    /// `llama3_inv_freq` for Llama 3.1's scaling, `inv_freq[i] / factors[i]` for per-pair
     /// divisors (llama.cpp's `freq_factors`).
     ///
     /// # Errors
