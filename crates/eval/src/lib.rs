@@ -22,7 +22,7 @@ mod chat;
 mod evalset;
 mod run;
 
-pub use aggregate::{Stats, Trace};
+pub use aggregate::{Bootstrap, Trace};
 pub use chat::apply_chat_template;
 pub use evalset::{EvalPrompt, EvalSet, built_in_names, sha256_file, sha256_hex};
 pub use run::{EvalConfig, Progress, VariantSpec, dtype_name, evaluate};

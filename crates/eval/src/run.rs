@@ -17,7 +17,7 @@ use qdrift_report::{
 use qdrift_score::{position_metrics_on_device, token_logprobs_on_device};
 
 use crate::EvalError;
-use crate::aggregate::{self, Stats, Trace};
+use crate::aggregate::{self, Bootstrap, Trace};
 use crate::evalset::{EvalSet, model_identity_file, sha256_file};
 
 /// A variant to compare with the reference (the noise floor is always added).
@@ -239,7 +239,7 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send
         );
         progress(Progress::Warning { message: &message });
     }
-    let stats = Stats { resamples: cfg.resamples, seed: cfg.seed };
+    let stats = Bootstrap { resamples: cfg.resamples, seed: cfg.seed };
     let parameters = loaded.model.parameter_count() as u64;
 
     // The reference is the checkpoint's weights rounded to FP16, in place: a model's host copy
