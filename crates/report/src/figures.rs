@@ -113,6 +113,16 @@ fn decade_above(x: f64) -> f64 {
     10f64.powf(x.log10().floor() + 1.0)
 }
 
+/// A tick label of a log-scaled axis, to one significant digit: decimals from `0.01` to `100`
+/// (`0.1`, `2`), powers of ten beyond (`1e-3`, `5e-6`).
+fn log_tick(y: f64) -> String {
+    let scientific = format!("{y:.0e}");
+    match scientific.split_once('e').and_then(|(_, e)| e.parse::<i32>().ok()) {
+        Some(e) if (-2..=2).contains(&e) => format!("{:.*}", (-e).max(0) as usize, y),
+        _ => scientific,
+    }
+}
+
 /// KLD by position on a log y axis: a variant a hundred times closer to the reference than
 /// another is still a visible line, not a flat one at zero.
 fn kld_by_position(report: &Report) -> Result<Figure, ReportError> {
@@ -130,7 +140,7 @@ fn kld_by_position(report: &Report) -> Result<Figure, ReportError> {
         x_range: (1.0, x_end(report)),
         y_range: (decade_below(lo), decade_above(hi)),
         y_scale: Scale::Log,
-        y_format: kld,
+        y_format: log_tick,
         legend: Legend::UpperRight,
     };
     Ok(Figure {
@@ -191,5 +201,11 @@ mod tests {
         assert!(close(decade_below(2.13e-6), 1e-6));
         assert!(close(decade_above(0.293), 1.0));
         assert!(decade_below(1e-6) <= 1e-6 && decade_above(1.0) > 1.0);
+    }
+
+    #[test]
+    fn log_ticks_read_well() {
+        let ticks: Vec<String> = [1.0, 0.1, 0.01, 0.001, 2e-6, 0.09999999999999999, 20.0, 1000.0].map(log_tick).into();
+        assert_eq!(ticks, ["1", "0.1", "0.01", "1e-3", "2e-6", "0.1", "20", "1e3"]);
     }
 }

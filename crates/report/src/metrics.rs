@@ -8,9 +8,9 @@
 //! so the JUnit test names.
 //!
 //! Adding a metric computed from data already in a trace is one entry here (placed
-//! [`Placement::Optional`]: reports written before it lack it, see the schema version rule in
-//! [`crate::schema`]) and one `set` where the evaluation computes the metrics
-//! (`qdrift_eval::aggregate`).
+//! [`Placement::Optional`]: reports written before it lack it, see the schema version rule on
+//! [`SCHEMA_VERSION`](crate::SCHEMA_VERSION)) and one `set` where the evaluation computes the
+//! metrics (`qdrift_eval::aggregate`).
 
 use serde::{Deserialize, Serialize};
 

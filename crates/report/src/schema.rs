@@ -5,17 +5,7 @@
 //! unit of resampling, never tokens); `ci95` is a 95% interval `[lo, hi]`. The per-horizon
 //! metrics are listed once, in [`METRICS`](crate::metrics::METRICS).
 //!
-//! # When the schema version changes
-//!
-//! [`SCHEMA_VERSION`] says what a reader may rely on, so:
-//! - **Adding** a metric (an entry of [`METRICS`](crate::metrics::METRICS) placed
-//!   [`Placement::Optional`](crate::metrics::Placement::Optional)) or an optional field (an
-//!   `Option` with `#[serde(default)]`) **keeps** the version: readers ignore keys they do not
-//!   know (no type here denies unknown fields), and a report written before the addition, which
-//!   lacks it, still reads (a missing optional metric shows as `—` and cannot be gated).
-//! - **Removing or renaming** a field or a metric, **changing its meaning or unit**, or making an
-//!   optional field required **bumps** the version, and [`Report::read`] refuses reports of any
-//!   other version ([`ReportError::SchemaVersion`]).
+//! When the version changes, and when it does not, is written on [`SCHEMA_VERSION`].
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -25,6 +15,19 @@ use serde::{Deserialize, Serialize};
 use crate::{HorizonMetrics, ReportError, write_atomic};
 
 /// The schema version this build writes and reads.
+///
+/// # When the schema version changes
+///
+/// The version says what a reader may rely on, so:
+/// - **Adding** a metric (an entry of [`METRICS`](crate::metrics::METRICS) placed
+///   [`Placement::Optional`](crate::metrics::Placement::Optional)) or an optional field (an
+///   `Option`, read as `None` when absent) **keeps** the version: readers ignore keys they do not
+///   know (no type here denies unknown fields, and [`HorizonMetrics`] skips unknown metrics), and
+///   a report written before the addition, which lacks it, still reads (a missing optional metric
+///   shows as `—` and cannot be gated).
+/// - **Removing or renaming** a field or a metric, **changing its meaning or unit**, or making an
+///   optional field or metric required **bumps** the version, and [`Report::read`] refuses
+///   reports of any other version ([`ReportError::SchemaVersion`]).
 pub const SCHEMA_VERSION: u32 = 1;
 
 /// A whole evaluation: the reference, the workload, and one entry per variant.
