@@ -6,6 +6,7 @@
 //! curve is the Kaplan–Meier estimate of the listed first-divergence positions, the median is its
 //! median), so renderers and the gate see the shapes real reports have.
 
+use crate::metrics::{METRICS, Metric, Range};
 use crate::{
     Distribution, EntropyStratum, Estimate, EvalSetInfo, FirstDivergence, HorizonMetrics, ModelInfo, ModelShape,
     PerPosition, Reference, Report, SCHEMA_VERSION, TensorError, Variant, VariantKind, Workload,
@@ -208,7 +209,24 @@ fn horizon(h: usize, c: &Curves, floor: &Curves, is_floor: bool) -> HorizonMetri
     for (name, value) in metrics {
         out.set(name, value).expect("every name is in METRICS");
     }
+    let unmodelled: Vec<&Metric> =
+        METRICS.iter().filter(|m| out.get(m).is_none() && !(is_floor && m.is_excess())).collect();
+    for m in unmodelled {
+        out.set(m.name, placeholder(m)).expect("a name of METRICS");
+    }
     out
+}
+
+/// A value in the range of a metric the sample does not model (one added to [`METRICS`] after
+/// it was written), so that the renderings and the gate tests still see every metric.
+fn placeholder(m: &Metric) -> Estimate {
+    let (mean, ci95) = match m.range {
+        Range::Unit => (0.5, [0.4, 0.6]),
+        Range::NonNegative | Range::Positive => (1.0, [0.9, 1.1]),
+        Range::Any => (0.0, [-0.1, 0.1]),
+    };
+    let distribution = m.tail.map(|_| Distribution { median: mean, p90: mean, p99: mean, max: mean });
+    Estimate { mean, distribution, ci95 }
 }
 
 /// The Kaplan–Meier curve of uncensored-before-`horizon_max` first-divergence positions.

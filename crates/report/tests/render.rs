@@ -3,7 +3,9 @@
 mod common;
 
 use qdrift_report::testing::sample_report;
-use qdrift_report::{METRICS, Report, Thresholds, gate, junit_xml, render_html, render_markdown, render_summary};
+use qdrift_report::{
+    METRICS, Report, Thresholds, VariantKind, gate, junit_xml, render_html, render_markdown, render_summary,
+};
 
 /// The sample report with a variant whose name needs escaping everywhere.
 fn hostile_report() -> Report {
@@ -75,10 +77,15 @@ fn markdown_has_a_table_per_horizon_with_intervals() {
             let tm = m.metric("token_match_rate").unwrap();
             let tm = format!("{:.4} [{:.4}, {:.4}]", tm.mean, tm.ci95[0], tm.ci95[1]);
             assert!(row.contains(&tm), "{tm} missing from {row}");
-            // Eleven columns, each but the name and p99 (and the noise floor's excess) with a CI.
-            assert_eq!(row.matches(" | ").count(), 10, "{row}");
-            let intervals = row.matches('[').count();
-            assert_eq!(intervals, if m.metric("excess_kld").is_some() { 9 } else { 7 }, "{row}");
+            // The name, a column per metric and one per p99; an interval for every metric the
+            // variant has (all but the noise floor's excess).
+            let columns = 1 + METRICS.len() + METRICS.iter().filter(|m| m.tail.is_some()).count();
+            assert_eq!(row.matches(" | ").count(), columns - 1, "{row}");
+            assert_eq!(row.matches('[').count(), m.iter().count(), "{row}");
+            assert_eq!(
+                m.iter().count(),
+                if v.kind == VariantKind::NoiseFloor { METRICS.len() - 2 } else { METRICS.len() }
+            );
         }
     }
     // Small KLD in scientific notation.
