@@ -3,7 +3,7 @@
 //! Everything here is host arithmetic in f64 on [`Trace`]s; prompts are the unit of every
 //! interval (bootstrap over prompts, Wilson over prompts), never tokens.
 
-use qdrift_report::{EntropyStratum, Excess, FirstDivergence, HorizonMetrics, KldSummary, MeanCi, PerPosition};
+use qdrift_report::{Distribution, EntropyStratum, Estimate, FirstDivergence, HorizonMetrics, PerPosition};
 use qdrift_score::{
     Interval, PositionMetrics, PromptLogProbs, bootstrap_mean_ci, entropy_quartiles, first_divergence, kaplan_meier,
     median_survival, paired_difference_ci, ppl_ratio_ci, summarize, wilson_interval,
@@ -106,13 +106,13 @@ impl Trace {
     }
 }
 
-fn mean_ci(i: Interval) -> MeanCi {
-    MeanCi { mean: i.estimate, ci95: [i.lo, i.hi] }
+fn estimate(i: Interval) -> Estimate {
+    Estimate::new(i.estimate, [i.lo, i.hi])
 }
 
-/// Bootstrap settings.
+/// How every bootstrap interval of a report is drawn.
 #[derive(Clone, Copy, Debug)]
-pub struct Stats {
+pub struct Bootstrap {
     /// Resamples per interval.
     pub resamples: usize,
     /// Seed of every resampling (the same seed for every metric, so that all intervals of a
@@ -120,14 +120,27 @@ pub struct Stats {
     pub seed: u64,
 }
 
-impl Stats {
-    fn mean(&self, values: &[f64]) -> Result<MeanCi, EvalError> {
-        Ok(mean_ci(bootstrap_mean_ci(values, self.resamples, self.seed, LEVEL)?))
+impl Bootstrap {
+    /// The mean of per-prompt `values` with its percentile interval.
+    fn mean(&self, values: &[f64]) -> Result<Estimate, EvalError> {
+        Ok(estimate(bootstrap_mean_ci(values, self.resamples, self.seed, LEVEL)?))
+    }
+
+    /// The mean of the paired differences `variant − noise_floor`, per prompt, with its interval.
+    fn paired_difference(&self, variant: &[f64], noise_floor: &[f64]) -> Result<Estimate, EvalError> {
+        Ok(estimate(paired_difference_ci(variant, noise_floor, self.resamples, self.seed, LEVEL)?))
+    }
+
+    /// The pooled perplexity ratio `PPL_var / PPL_ref` of per-prompt log-probabilities, with its
+    /// interval.
+    fn ppl_ratio(&self, prompts: &[PromptLogProbs]) -> Result<Estimate, EvalError> {
+        Ok(estimate(ppl_ratio_ci(prompts, self.resamples, self.seed, LEVEL)?))
     }
 }
 
-/// The metrics of one variant at every horizon. `noise_floor`: the noise floor's traces for the
-/// same prompts (`None` for the noise floor itself).
+/// The metrics of one variant at every horizon, one entry per metric of
+/// [`qdrift_report::METRICS`], set by name. `noise_floor`: the noise floor's traces for the same
+/// prompts (`None` for the noise floor itself, which has no excess over itself).
 ///
 /// # Shapes
 /// `traces: [prompts]`, each with `max(horizons)` positions; `noise_floor` likewise.
@@ -135,52 +148,57 @@ pub fn horizon_metrics(
     traces: &[Trace],
     noise_floor: Option<&[Trace]>,
     horizons: &[usize],
-    stats: Stats,
+    bootstrap: Bootstrap,
 ) -> Result<Vec<HorizonMetrics>, EvalError> {
-    let n = traces.len();
-    let mut out = Vec::with_capacity(horizons.len());
-    for &h in horizons {
-        let per = |f: &dyn Fn(&Trace) -> f64| -> Vec<f64> { traces.iter().map(f).collect() };
-        let tmr = per(&|t| t.token_match_rate(h));
-        let kld = per(&|t| t.mean_kld(h));
-        let exact = traces.iter().filter(|t| t.ref_tokens[..h] == t.var_tokens[..h]).count();
-        let wilson = wilson_interval(exact, n, LEVEL)?;
-        let pooled: Vec<f64> = traces.iter().flat_map(|t| (0..h).map(|i| t.kld_at(i))).collect();
-        let s = summarize(&pooled)?;
-        let kld_ci = stats.mean(&kld)?;
-        let on_ref: Vec<PromptLogProbs> = traces.iter().map(|t| t.ppl_on_reference_text(h)).collect();
-        let generated: Vec<PromptLogProbs> = traces.iter().map(|t| t.ppl_of_generated_text(h)).collect();
-        let excess = match noise_floor {
-            None => None,
-            Some(nf) => {
-                let nf_tmr: Vec<f64> = nf.iter().map(|t| t.token_match_rate(h)).collect();
-                let nf_kld: Vec<f64> = nf.iter().map(|t| t.mean_kld(h)).collect();
-                Some(Excess {
-                    token_match_rate: mean_ci(paired_difference_ci(&tmr, &nf_tmr, stats.resamples, stats.seed, LEVEL)?),
-                    kld: mean_ci(paired_difference_ci(&kld, &nf_kld, stats.resamples, stats.seed, LEVEL)?),
-                })
-            }
-        };
-        out.push(HorizonMetrics {
-            tokens: h,
-            token_match_rate: stats.mean(&tmr)?,
-            exact_match_fraction: MeanCi { mean: exact as f64 / n as f64, ci95: [wilson.lo, wilson.hi] },
-            kld: KldSummary {
-                mean: kld_ci.mean,
-                median: s.median,
-                p90: s.p90,
-                p99: s.p99,
-                max: s.max,
-                ci95: kld_ci.ci95,
-            },
-            top1_agreement: stats.mean(&per(&|t| t.top1_agreement(h)))?,
-            rms_delta_p: stats.mean(&per(&|t| t.rms_delta_p(h)))?,
-            ppl_ratio_on_reference_text: mean_ci(ppl_ratio_ci(&on_ref, stats.resamples, stats.seed, LEVEL)?),
-            ppl_drift_of_generated_text: mean_ci(ppl_ratio_ci(&generated, stats.resamples, stats.seed, LEVEL)?),
-            excess_over_noise_floor: excess,
-        });
+    horizons.iter().map(|&h| at_horizon(traces, noise_floor, h, bootstrap)).collect()
+}
+
+/// `f` of every prompt's trace.
+fn per_prompt(traces: &[Trace], f: impl Fn(&Trace) -> f64) -> Vec<f64> {
+    traces.iter().map(f).collect()
+}
+
+/// Every metric over the first `h` positions.
+fn at_horizon(
+    traces: &[Trace],
+    noise_floor: Option<&[Trace]>,
+    h: usize,
+    bootstrap: Bootstrap,
+) -> Result<HorizonMetrics, EvalError> {
+    let token_match = per_prompt(traces, |t| t.token_match_rate(h));
+    let kld = per_prompt(traces, |t| t.mean_kld(h));
+    let on_reference_text: Vec<PromptLogProbs> = traces.iter().map(|t| t.ppl_on_reference_text(h)).collect();
+    let generated_text: Vec<PromptLogProbs> = traces.iter().map(|t| t.ppl_of_generated_text(h)).collect();
+    let mut m = HorizonMetrics::new(h);
+    m.set("token_match_rate", bootstrap.mean(&token_match)?)?;
+    m.set("exact_match_fraction", exact_match(traces, h)?)?;
+    m.set("kld", Estimate { distribution: Some(kld_distribution(traces, h)?), ..bootstrap.mean(&kld)? })?;
+    m.set("top1_agreement", bootstrap.mean(&per_prompt(traces, |t| t.top1_agreement(h)))?)?;
+    m.set("rms_delta_p", bootstrap.mean(&per_prompt(traces, |t| t.rms_delta_p(h)))?)?;
+    m.set("ppl_ratio_on_reference_text", bootstrap.ppl_ratio(&on_reference_text)?)?;
+    m.set("ppl_drift_of_generated_text", bootstrap.ppl_ratio(&generated_text)?)?;
+    if let Some(floor) = noise_floor {
+        let floor_token_match = per_prompt(floor, |t| t.token_match_rate(h));
+        let floor_kld = per_prompt(floor, |t| t.mean_kld(h));
+        m.set("excess_token_match_rate", bootstrap.paired_difference(&token_match, &floor_token_match)?)?;
+        m.set("excess_kld", bootstrap.paired_difference(&kld, &floor_kld)?)?;
     }
-    Ok(out)
+    Ok(m)
+}
+
+/// The share of prompts whose first `h` tokens all match, with its Wilson interval.
+fn exact_match(traces: &[Trace], h: usize) -> Result<Estimate, EvalError> {
+    let n = traces.len();
+    let exact = traces.iter().filter(|t| t.ref_tokens[..h] == t.var_tokens[..h]).count();
+    let wilson = wilson_interval(exact, n, LEVEL)?;
+    Ok(Estimate::new(exact as f64 / n as f64, [wilson.lo, wilson.hi]))
+}
+
+/// Quantiles of the KL divergence over every position `< h` of every prompt, pooled.
+fn kld_distribution(traces: &[Trace], h: usize) -> Result<Distribution, EvalError> {
+    let pooled: Vec<f64> = traces.iter().flat_map(|t| (0..h).map(|i| t.kld_at(i))).collect();
+    let s = summarize(&pooled)?;
+    Ok(Distribution { median: s.median, p90: s.p90, p99: s.p99, max: s.max })
 }
 
 /// First-divergence positions over the whole run and their Kaplan–Meier curve.
@@ -230,7 +248,7 @@ pub fn entropy_strata(traces: &[Trace], horizon: usize) -> Result<Vec<EntropyStr
                     kld: tr.kld_at(t),
                     top1_agree: tr.top1[t],
                     p_ref_token_ref: lr.exp(),
-                    p_ref_token_var: lv.exp(),
+                    p_var_of_ref_token: lv.exp(),
                     delta_p: lv.exp() - lr.exp(),
                     ref_entropy: f64::from(tr.ref_entropy[t]).max(0.0),
                     logp_ref_of_token: lr,
@@ -273,35 +291,39 @@ mod tests {
         t
     }
 
-    const STATS: Stats = Stats { resamples: 500, seed: 7 };
+    const BOOTSTRAP: Bootstrap = Bootstrap { resamples: 500, seed: 7 };
+
+    /// The mean of metric `name`.
+    fn mean(h: &HorizonMetrics, name: &str) -> f64 {
+        h.metric(name).unwrap_or_else(|| panic!("no {name}")).mean
+    }
 
     #[test]
     fn hand_computed_metrics() {
         let a = trace(&[1, 2, 3, 4], &[1, 2, 9, 4], 0.5);
         let b = trace(&[1, 2, 3, 4], &[1, 2, 3, 4], 0.0);
-        let m = horizon_metrics(&[a.clone(), b.clone()], None, &[2, 4], STATS).unwrap();
+        let m = horizon_metrics(&[a.clone(), b.clone()], None, &[2, 4], BOOTSTRAP).unwrap();
         // h=2: both prompts match fully.
-        assert_eq!(m[0].token_match_rate.mean, 1.0);
-        assert_eq!(m[0].exact_match_fraction.mean, 1.0);
+        assert_eq!(mean(&m[0], "token_match_rate"), 1.0);
+        assert_eq!(mean(&m[0], "exact_match_fraction"), 1.0);
         // h=4: prompt a matches 3/4, prompt b 4/4.
-        assert_eq!(m[1].token_match_rate.mean, 0.875);
-        assert_eq!(m[1].exact_match_fraction.mean, 0.5);
-        assert_eq!(m[1].kld.mean, 0.25);
-        assert_eq!(m[1].kld.max, 0.5);
-        assert_eq!(m[1].top1_agreement.mean, 0.875);
+        assert_eq!(mean(&m[1], "token_match_rate"), 0.875);
+        assert_eq!(mean(&m[1], "exact_match_fraction"), 0.5);
+        assert_eq!(mean(&m[1], "kld"), 0.25);
+        assert_eq!(m[1].metric("kld").and_then(|k| k.distribution).map(|d| d.max), Some(0.5));
+        assert_eq!(mean(&m[1], "top1_agreement"), 0.875);
         // PPL_var/PPL_ref = exp(1.5 − 1) on reference text; PPL_ref(var)/PPL_ref(ref) = exp(2 − 1).
-        assert!((m[1].ppl_ratio_on_reference_text.mean - 0.5f64.exp()).abs() < 1e-12);
-        assert!((m[1].ppl_drift_of_generated_text.mean - 1f64.exp()).abs() < 1e-12);
+        assert!((mean(&m[1], "ppl_ratio_on_reference_text") - 0.5f64.exp()).abs() < 1e-12);
+        assert!((mean(&m[1], "ppl_drift_of_generated_text") - 1f64.exp()).abs() < 1e-12);
         let dp = (-1.5f64).exp() - (-1f64).exp();
-        assert!((m[1].rms_delta_p.mean - dp.abs()).abs() < 1e-12);
-        assert!(m[1].excess_over_noise_floor.is_none());
-        let lo_hi = m[1].token_match_rate.ci95;
+        assert!((mean(&m[1], "rms_delta_p") - dp.abs()).abs() < 1e-12);
+        assert!(m[1].metric("excess_token_match_rate").is_none() && m[1].metric("excess_kld").is_none());
+        let lo_hi = m[1].metric("token_match_rate").unwrap().ci95;
         assert!(lo_hi[0] >= 0.75 && lo_hi[1] <= 1.0 && lo_hi[0] <= 0.875 && 0.875 <= lo_hi[1], "{lo_hi:?}");
 
-        let with_nf = horizon_metrics(&[a.clone(), b.clone()], Some(&[b.clone(), b.clone()]), &[4], STATS).unwrap();
-        let e = with_nf[0].excess_over_noise_floor.unwrap();
-        assert_eq!(e.token_match_rate.mean, -0.125);
-        assert_eq!(e.kld.mean, 0.25);
+        let with_nf = horizon_metrics(&[a.clone(), b.clone()], Some(&[b.clone(), b.clone()]), &[4], BOOTSTRAP).unwrap();
+        assert_eq!(mean(&with_nf[0], "excess_token_match_rate"), -0.125);
+        assert_eq!(mean(&with_nf[0], "excess_kld"), 0.25);
 
         let fd = first_divergence_summary(&[a.clone(), b.clone()], 4).unwrap();
         assert_eq!(fd.positions, vec![2, 4]);

@@ -40,7 +40,7 @@ mod run;
 mod scoring;
 mod variant;
 
-pub use aggregate::{Stats, Trace};
+pub use aggregate::{Bootstrap, Trace};
 pub use chat::apply_chat_template;
 pub use evalset::{EvalPrompt, EvalSet, built_in_names};
 pub use identity::{report_name, sha256_file, sha256_hex};

@@ -13,7 +13,7 @@ use qdrift_generate::{
 use qdrift_load::LlamaArch;
 use qdrift_model::LlamaConfig;
 
-use crate::aggregate::Stats;
+use crate::aggregate::Bootstrap;
 use crate::{EvalConfig, EvalError, VariantSpec};
 
 /// Teacher-forced chunks hold several `[batch, chunk, vocab]` f32 tensors (logits of both models,
@@ -36,7 +36,7 @@ pub(crate) struct Plan {
     /// The reference's compute precision.
     pub dtype: DType,
     /// Bootstrap resamples and seed.
-    pub bootstrap: Stats,
+    pub bootstrap: Bootstrap,
 }
 
 impl Plan {
@@ -63,7 +63,7 @@ impl Plan {
             check_request(&model_config, dtype, &device, &prompts, &generation)?;
         }
         let chunk = cfg.chunk.min(CHUNK_BYTES / (batch_size * arch.vocab_size * 4).max(1)).max(1);
-        let bootstrap = Stats { resamples: cfg.resamples, seed: cfg.seed };
+        let bootstrap = Bootstrap { resamples: cfg.resamples, seed: cfg.seed };
         Ok(Plan { device, prompts, horizons, generation, chunk, dtype: cfg.dtype, bootstrap })
     }
 

@@ -1,4 +1,6 @@
-//! Inline SVG charts, drawn with plotters' SVG backend.
+//! Inline SVG charts, drawn with plotters' SVG backend: a line chart and an interval chart, each
+//! with a log-scaled x axis and a linear or log-scaled y axis. What a report's charts show is in
+//! `figures`; this module knows nothing of reports.
 //!
 //! plotters writes one SVG element per drawing call and offers no way to group them, so the
 //! backend is wrapped in [`Tagged`], which notes for every element it forwards which data series
@@ -18,12 +20,14 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use plotters::coord::Shift;
+use plotters::coord::ranged1d::ValueFormatter;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters_backend::{BackendColor, BackendCoord, BackendTextStyle, DrawingErrorKind};
 // `BackendStyle` is named by path only: in scope, its `stroke_width` would clash with `Color`'s.
 
 use crate::ReportError;
-use crate::html::escape;
+use crate::format::{escape_html as escape, plain};
 
 /// Series colours (Tableau 10), in variant order; they repeat after ten variants.
 const PALETTE: [RGBColor; 10] = [
@@ -147,10 +151,11 @@ impl DrawingBackend for Tagged<'_> {
     }
 }
 
-/// One data series: a name (the variant) and its points.
-pub(crate) struct Series<'a> {
+/// One data series: a name (the variant) and its points (`(x, y)` pairs for a line chart,
+/// [`Interval`]s for an interval chart).
+pub(crate) struct Series<'a, P> {
     pub name: &'a str,
-    pub points: Vec<(f64, f64)>,
+    pub points: Vec<P>,
 }
 
 /// A point estimate with its interval, at `x`.
@@ -179,6 +184,14 @@ impl Legend {
     }
 }
 
+/// How the y axis maps values to heights.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scale {
+    Linear,
+    /// Logarithmic: every value drawn must be `> 0`, and the range's lower end too.
+    Log,
+}
+
 /// Axes, labels and title of a chart; every chart has a log-scaled x axis.
 pub(crate) struct Spec<'a> {
     /// The chart's `id` in the page.
@@ -188,6 +201,7 @@ pub(crate) struct Spec<'a> {
     pub y_label: &'a str,
     pub x_range: (f64, f64),
     pub y_range: (f64, f64),
+    pub y_scale: Scale,
     pub y_format: fn(f64) -> String,
     pub legend: Legend,
 }
@@ -272,32 +286,60 @@ fn in_series<T>(log: &Rc<RefCell<Log>>, i: usize, part: &'static str, f: impl Fn
 
 /// Keeps the legend's text free of control characters (plotters escapes the rest).
 fn legend_name(name: &str) -> String {
-    crate::format::plain(name)
+    plain(name)
 }
 
+/// The spec's ranges, made drawable: a log axis needs a positive start, every axis a nonempty
+/// range.
 fn ranges(spec: &Spec) -> (std::ops::Range<f64>, std::ops::Range<f64>) {
     let (x0, x1) = spec.x_range;
     let x0 = if x0 > 0.0 { x0 } else { 1.0 };
     let x1 = if x1 > x0 { x1 } else { x0 * 10.0 };
     let (y0, y1) = spec.y_range;
-    let y1 = if y1 > y0 { y1 } else { y0 + 1.0 };
+    let (y0, y1) = match spec.y_scale {
+        Scale::Linear => (y0, if y1 > y0 { y1 } else { y0 + 1.0 }),
+        Scale::Log => {
+            let y0 = if y0 > 0.0 { y0 } else { 1e-6 };
+            (y0, if y1 > y0 { y1 } else { y0 * 10.0 })
+        }
+    };
     (x0..x1, y0..y1)
 }
 
-/// A chart with a log-scaled x axis on `area`.
-type LogChart<'a, 'b> =
-    ChartContext<'a, Tagged<'b>, Cartesian2d<LogCoord<f64>, plotters::coord::types::RangedCoordf64>>;
+/// A chart with a log-scaled x axis and a `Y` axis on `area`.
+type Chart<'a, 'b, Y> = ChartContext<'a, Tagged<'b>, Cartesian2d<LogCoord<f64>, Y>>;
 
-/// The caption, log-x and linear-y axes, grid and axis labels every chart shares.
-fn axes<'a, 'b>(area: &'a DrawingArea<Tagged<'b>, Shift>, spec: &Spec) -> Result<LogChart<'a, 'b>, ReportError> {
+/// What a y axis must be for [`axes`]: linear (`RangedCoordf64`) or log (`LogCoord<f64>`).
+trait YAxis: Ranged<ValueType = f64> + ValueFormatter<f64> {}
+impl<Y: Ranged<ValueType = f64> + ValueFormatter<f64>> YAxis for Y {}
+
+/// Draws on `area` with the y axis the spec's [`Scale`] asks for.
+fn on_y_axis<T>(
+    spec: &Spec,
+    linear: impl FnOnce(RangedCoordf64) -> Result<T, ReportError>,
+    log: impl FnOnce(LogCoord<f64>) -> Result<T, ReportError>,
+) -> Result<T, ReportError> {
+    let (_, yr) = ranges(spec);
+    match spec.y_scale {
+        Scale::Linear => linear(yr.into()),
+        Scale::Log => log(yr.log_scale().into()),
+    }
+}
+
+/// The caption, log-x and `y` axes, grid and axis labels every chart shares.
+fn axes<'a, 'b, Y: YAxis>(
+    area: &'a DrawingArea<Tagged<'b>, Shift>,
+    spec: &Spec,
+    y: Y,
+) -> Result<Chart<'a, 'b, Y>, ReportError> {
     let err = |e| chart_error(spec.title, e);
-    let (xr, yr) = ranges(spec);
+    let (xr, _) = ranges(spec);
     let mut chart = ChartBuilder::on(area)
         .caption(spec.title, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(48)
         .y_label_area_size(72)
-        .build_cartesian_2d(xr.log_scale(), yr)
+        .build_cartesian_2d(xr.log_scale(), y)
         .map_err(err)?;
     let y_format = spec.y_format;
     chart
@@ -315,7 +357,7 @@ fn axes<'a, 'b>(area: &'a DrawingArea<Tagged<'b>, Shift>, spec: &Spec) -> Result
 }
 
 /// The legend box every chart shares.
-fn legend<'a, 'b: 'a>(chart: &mut LogChart<'a, 'b>, spec: &Spec) -> Result<(), ReportError> {
+fn legend<'a, 'b: 'a, Y: YAxis>(chart: &mut Chart<'a, 'b, Y>, spec: &Spec) -> Result<(), ReportError> {
     chart
         .configure_series_labels()
         .position(spec.legend.position())
@@ -327,56 +369,76 @@ fn legend<'a, 'b: 'a>(chart: &mut LogChart<'a, 'b>, spec: &Spec) -> Result<(), R
 }
 
 /// One polyline per series against a log-scaled x axis.
-pub(crate) fn line_chart(spec: &Spec, series: &[Series]) -> Result<String, ReportError> {
+pub(crate) fn line_chart(spec: &Spec, series: &[Series<(f64, f64)>]) -> Result<String, ReportError> {
     let names: Vec<&str> = series.iter().map(|s| s.name).collect();
     render(spec, &names, |area, log| {
-        let err = |e| chart_error(spec.title, e);
-        let mut chart = axes(area, spec)?;
-        for (i, s) in series.iter().enumerate() {
-            let c = color(i);
-            let points = s.points.clone();
-            in_series(log, i, "line", || {
-                chart.draw_series(LineSeries::new(points, c.stroke_width(2))).map(|a| {
-                    a.label(legend_name(s.name))
-                        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], c.filled()));
-                })
-            })
-            .map_err(err)?;
-        }
-        legend(&mut chart, spec)
+        on_y_axis(spec, |y| draw_lines(area, log, spec, series, y), |y| draw_lines(area, log, spec, series, y))
     })
+}
+
+fn draw_lines<Y: YAxis>(
+    area: &DrawingArea<Tagged, Shift>,
+    log: &Rc<RefCell<Log>>,
+    spec: &Spec,
+    series: &[Series<(f64, f64)>],
+    y: Y,
+) -> Result<(), ReportError> {
+    let err = |e| chart_error(spec.title, e);
+    let mut chart = axes(area, spec, y)?;
+    for (i, s) in series.iter().enumerate() {
+        let c = color(i);
+        let points = s.points.clone();
+        in_series(log, i, "line", || {
+            chart.draw_series(LineSeries::new(points, c.stroke_width(2))).map(|a| {
+                a.label(legend_name(s.name))
+                    .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], c.filled()));
+            })
+        })
+        .map_err(err)?;
+    }
+    legend(&mut chart, spec)
 }
 
 /// Per series, a marker at each mean with its interval as an error bar, joined by a thin line;
 /// the series are offset a little along x so their bars do not overlap.
-pub(crate) fn interval_chart(spec: &Spec, series: &[(&str, Vec<Interval>)]) -> Result<String, ReportError> {
-    let names: Vec<&str> = series.iter().map(|s| s.0).collect();
+pub(crate) fn interval_chart(spec: &Spec, series: &[Series<Interval>]) -> Result<String, ReportError> {
+    let names: Vec<&str> = series.iter().map(|s| s.name).collect();
     render(spec, &names, |area, log| {
-        let err = |e| chart_error(spec.title, e);
-        let mut chart = axes(area, spec)?;
-        let n = series.len().max(1) as f64;
-        for (i, (name, intervals)) in series.iter().enumerate() {
-            let c = color(i);
-            // Spread the series over ±6% of x (a constant width on the log axis).
-            let shift = 1.0 + 0.12 * ((i as f64 + 0.5) / n - 0.5);
-            let at: Vec<(f64, &Interval)> = intervals.iter().map(|iv| (iv.x * shift, iv)).collect();
-            let line: Vec<(f64, f64)> = at.iter().map(|(x, iv)| (*x, iv.mean)).collect();
-            in_series(log, i, "line", || {
-                chart.draw_series(LineSeries::new(line, c.mix(0.5).stroke_width(1))).map(|a| {
-                    a.label(legend_name(name))
-                        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], c.filled()));
-                })
-            })
-            .map_err(err)?;
-            // A vertical bar from lo to hi with a cap at each end.
-            let bars = at.iter().flat_map(|&(x, iv)| {
-                let cap = |y| PathElement::new(vec![(x / 1.012, y), (x * 1.012, y)], c.stroke_width(2));
-                [PathElement::new(vec![(x, iv.lo), (x, iv.hi)], c.stroke_width(2)), cap(iv.lo), cap(iv.hi)]
-            });
-            in_series(log, i, "interval", || chart.draw_series(bars)).map_err(err)?;
-            let means = at.iter().map(|&(x, iv)| Circle::new((x, iv.mean), 4, c.filled()));
-            in_series(log, i, "mean", || chart.draw_series(means)).map_err(err)?;
-        }
-        legend(&mut chart, spec)
+        on_y_axis(spec, |y| draw_intervals(area, log, spec, series, y), |y| draw_intervals(area, log, spec, series, y))
     })
+}
+
+fn draw_intervals<Y: YAxis>(
+    area: &DrawingArea<Tagged, Shift>,
+    log: &Rc<RefCell<Log>>,
+    spec: &Spec,
+    series: &[Series<Interval>],
+    y: Y,
+) -> Result<(), ReportError> {
+    let err = |e| chart_error(spec.title, e);
+    let mut chart = axes(area, spec, y)?;
+    let n = series.len().max(1) as f64;
+    for (i, s) in series.iter().enumerate() {
+        let c = color(i);
+        // Spread the series over ±6% of x (a constant width on the log axis).
+        let shift = 1.0 + 0.12 * ((i as f64 + 0.5) / n - 0.5);
+        let at: Vec<(f64, &Interval)> = s.points.iter().map(|iv| (iv.x * shift, iv)).collect();
+        let line: Vec<(f64, f64)> = at.iter().map(|(x, iv)| (*x, iv.mean)).collect();
+        in_series(log, i, "line", || {
+            chart.draw_series(LineSeries::new(line, c.mix(0.5).stroke_width(1))).map(|a| {
+                a.label(legend_name(s.name))
+                    .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], c.filled()));
+            })
+        })
+        .map_err(err)?;
+        // A vertical bar from lo to hi with a cap at each end.
+        let bars = at.iter().flat_map(|&(x, iv)| {
+            let cap = |y| PathElement::new(vec![(x / 1.012, y), (x * 1.012, y)], c.stroke_width(2));
+            [PathElement::new(vec![(x, iv.lo), (x, iv.hi)], c.stroke_width(2)), cap(iv.lo), cap(iv.hi)]
+        });
+        in_series(log, i, "interval", || chart.draw_series(bars)).map_err(err)?;
+        let means = at.iter().map(|&(x, iv)| Circle::new((x, iv.mean), 4, c.filled()));
+        in_series(log, i, "mean", || chart.draw_series(means)).map_err(err)?;
+    }
+    legend(&mut chart, spec)
 }

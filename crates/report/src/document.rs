@@ -4,9 +4,13 @@
 //! their tables cannot drift apart. Strings from the report (paths, names) are kept apart from
 //! text written here ([`Inline::Name`], [`Inline::Code`]) so each printer escapes them for its
 //! markup.
+//!
+//! The per-horizon tables and the glossary read their columns from the metric registry
+//! ([`METRICS`]): every metric a report can hold, and so every metric a gate can check, is shown.
 
-use crate::format::{bytes, count, kld, rate, signed_kld, signed_rate, with_ci};
-use crate::{Report, VariantKind};
+use crate::format::{bytes, count, file_name, kld, rate, short_sha256};
+use crate::metrics::METRICS;
+use crate::{HorizonMetrics, Report, VariantKind};
 
 /// A run of text in a paragraph or a table cell.
 #[derive(Clone, Debug)]
@@ -75,24 +79,13 @@ pub(crate) fn kind_name(kind: VariantKind) -> &'static str {
     }
 }
 
-/// The workload paragraph: everything a quality claim depends on, in one line.
+/// The workload paragraph: everything a quality claim depends on, in one line. Files are named
+/// by their name and short SHA-256, never by a path of the machine that wrote the report.
 pub(crate) fn workload_line(report: &Report) -> Vec<Inline> {
-    let m = &report.model;
     let w = &report.workload;
-    let mut line = vec![
-        Inline::Strong("Workload:".into()),
-        text(" model "),
-        Inline::Code(m.path.clone()),
-        text(format!(" ({} parameters, ", count(m.parameters))),
-        Inline::Name(m.architecture.clone()),
-        text(", "),
-        Inline::Name(m.format.clone()),
-    ];
-    if m.synthetic {
-        line.push(text(", "));
-        line.push(Inline::Strong("synthetic weights".into()));
-    }
-    line.push(text(") · backend "));
+    let mut line = vec![Inline::Strong("Workload:".into()), text(" model ")];
+    line.extend(model_description(report));
+    line.push(text(" · backend "));
     line.push(Inline::Name(w.backend.clone()));
     line.push(text(" on "));
     line.push(Inline::Code(w.adapter.clone()));
@@ -108,23 +101,64 @@ pub(crate) fn workload_line(report: &Report) -> Vec<Inline> {
         w.bootstrap_resamples,
         if w.chat_template { "on" } else { "off" },
     )));
-    line.push(Inline::Code(w.eval_set.path.clone()));
-    let sha: String = w.eval_set.sha256.chars().take(12).collect();
+    line.push(Inline::Code(file_name(&w.eval_set.path).to_string()));
     line.push(text(" (sha256 "));
-    line.push(Inline::Name(sha));
+    line.push(Inline::Name(short_sha256(&w.eval_set.sha256)));
     line.push(text(") · qdrift "));
     line.push(Inline::Name(w.qdrift_version.clone()));
     line
 }
 
-/// The whole document.
+/// `` `stories260K.bin` (llama2.c · llama · 260.0K parameters · sha256 b0a507e7ad0f) ``: the
+/// architecture only when it is not the format's name, the hash only when there is one
+/// (synthetic models have none).
+fn model_description(report: &Report) -> Vec<Inline> {
+    let m = &report.model;
+    let mut runs = vec![Inline::Code(file_name(&m.path).to_string()), text(" ("), Inline::Name(m.format.clone())];
+    if m.architecture != m.format {
+        runs.push(text(" · "));
+        runs.push(Inline::Name(m.architecture.clone()));
+    }
+    runs.push(text(format!(" · {} parameters", count(m.parameters))));
+    if !m.sha256.is_empty() {
+        runs.push(text(" · sha256 "));
+        runs.push(Inline::Name(short_sha256(&m.sha256)));
+    }
+    if m.synthetic {
+        runs.push(text(" · "));
+        runs.push(Inline::Strong("synthetic weights".into()));
+    }
+    runs.push(text(")"));
+    runs
+}
+
+/// The whole document, section by section.
 pub(crate) fn document(report: &Report) -> Vec<Block> {
     let mut doc = vec![
         Block::Heading { level: 1, id: "qdrift-report".into(), text: "qdrift report".into() },
         Block::Paragraph(workload_line(report)),
+        Block::Paragraph(reference_line(report)),
     ];
+    doc.extend(variants_section(report));
+    doc.push(Block::Charts);
+    for &h in &report.workload.horizons {
+        doc.extend(horizon_section(report, h));
+    }
+    doc.extend(first_divergence_section(report));
+    doc.extend(entropy_strata_section(report));
+    doc.extend(per_tensor_section(report));
+    doc.extend(metrics_section());
+    doc
+}
+
+fn heading(id: &str, text: impl Into<String>) -> Block {
+    Block::Heading { level: 2, id: id.into(), text: text.into() }
+}
+
+/// What the reference is and its perplexity of its own continuations.
+fn reference_line(report: &Report) -> Vec<Inline> {
     let r = &report.reference;
-    let mut reference = vec![
+    let mut line = vec![
         Inline::Strong("Reference:".into()),
         text(" "),
         Inline::Name(r.name.clone()),
@@ -133,140 +167,171 @@ pub(crate) fn document(report: &Report) -> Vec<Block> {
     ];
     if !r.self_perplexity.is_empty() {
         let ppl: Vec<String> = r.self_perplexity.iter().map(|(h, p)| format!("{} @{h}", rate(*p))).collect();
-        reference.push(text(format!("; perplexity of its own continuations {}", ppl.join(", "))));
+        line.push(text(format!("; perplexity of its own continuations {}", ppl.join(", "))));
     }
-    reference.push(text("."));
-    doc.push(Block::Paragraph(reference));
+    line.push(text("."));
+    line
+}
 
-    doc.push(Block::Heading { level: 2, id: "variants".into(), text: "Variants".into() });
-    doc.push(Block::Table {
-        columns: vec![
-            col("Variant", false),
-            col("Kind", false),
-            col("Scheme / checkpoint", false),
-            col("Compute", false),
-            col("Bits/weight", true),
-            col("Weights", true),
-        ],
-        rows: report
-            .variants
-            .iter()
-            .map(|v| {
-                vec![
-                    name_cell(&v.name),
-                    cell(kind_name(v.kind)),
-                    name_cell(v.scheme.as_deref().or(v.path.as_deref()).unwrap_or("—")),
-                    name_cell(&v.compute_dtype),
-                    cell(format!("{:.3}", v.bits_per_weight)),
-                    cell(bytes(v.weight_bytes)),
-                ]
-            })
-            .collect(),
-    });
-    doc.push(Block::Charts);
+/// One row per variant: what it is and what its weights cost.
+fn variants_section(report: &Report) -> Vec<Block> {
+    let rows = report
+        .variants
+        .iter()
+        .map(|v| {
+            vec![
+                name_cell(&v.name),
+                cell(kind_name(v.kind)),
+                name_cell(v.scheme.as_deref().or(v.path.as_deref().map(file_name)).unwrap_or("—")),
+                name_cell(&v.compute_dtype),
+                cell(format!("{:.3}", v.bits_per_weight)),
+                cell(bytes(v.weight_bytes)),
+            ]
+        })
+        .collect();
+    let columns = vec![
+        col("Variant", false),
+        col("Kind", false),
+        col("Scheme / checkpoint", false),
+        col("Compute", false),
+        col("Bits/weight", true),
+        col("Weights", true),
+    ];
+    vec![heading("variants", "Variants"), Block::Table { columns, rows }]
+}
 
-    for &h in &report.workload.horizons {
-        doc.push(Block::Heading { level: 2, id: format!("horizon-{h}"), text: format!("First {h} generated tokens") });
-        doc.push(Block::Paragraph(vec![text(
-            "Means over prompts with their 95% intervals [lo, hi]. Token match and exact match are \
-             free-running; KLD (nats), top-1 and PPL ratio are teacher-forced on the reference's \
-             continuation. Excess = variant − noise floor, paired by prompt.",
-        )]));
-        let rows = report
-            .variants
-            .iter()
-            .filter_map(|v| v.horizon(h).map(|m| (v, m)))
-            .map(|(v, m)| {
-                let kld_ci = crate::MeanCi { mean: m.kld.mean, ci95: m.kld.ci95 };
-                let (excess_tm, excess_kld) = match &m.excess_over_noise_floor {
-                    Some(e) => (with_ci(&e.token_match_rate, signed_rate), with_ci(&e.kld, signed_kld)),
-                    None => ("—".to_string(), "—".to_string()),
-                };
-                vec![
-                    name_cell(&v.name),
-                    cell(with_ci(&m.token_match_rate, rate)),
-                    cell(with_ci(&m.exact_match_fraction, rate)),
-                    cell(with_ci(&kld_ci, kld)),
-                    cell(kld(m.kld.p99)),
-                    cell(with_ci(&m.top1_agreement, rate)),
-                    cell(with_ci(&m.ppl_ratio_on_reference_text, rate)),
-                    cell(with_ci(&m.ppl_drift_of_generated_text, rate)),
-                    cell(excess_tm),
-                    cell(excess_kld),
-                ]
-            })
-            .collect();
-        doc.push(Block::Table {
-            columns: vec![
-                col("Variant", false),
-                col("Token match", true),
-                col("Exact match", true),
-                col("KLD mean", true),
-                col("KLD p99", true),
-                col("Top-1 agreement", true),
-                col("PPL ratio (ref. text)", true),
-                col("PPL drift (gen. text)", true),
-                col("Excess token match", true),
-                col("Excess KLD", true),
-            ],
-            rows,
-        });
+/// Every metric of every variant at horizon `h`, each with its interval.
+fn horizon_section(report: &Report, h: usize) -> Vec<Block> {
+    let intro = "Means over prompts with their 95% intervals [lo, hi]; each column is described under \
+                 Metrics at the end. Excess = variant − noise floor, paired by prompt; the noise floor has none.";
+    let rows = report.variants.iter().filter_map(|v| v.horizon(h).map(|m| metric_row(&v.name, m))).collect();
+    vec![
+        heading(&format!("horizon-{h}"), format!("First {h} generated tokens")),
+        Block::Paragraph(vec![text(intro)]),
+        Block::Table { columns: metric_columns(), rows },
+    ]
+}
+
+/// `Variant`, then per metric of [`METRICS`] its title (and its p99 column, if it has one).
+fn metric_columns() -> Vec<Column> {
+    let mut columns = vec![col("Variant", false)];
+    for m in METRICS {
+        columns.push(col(m.title, true));
+        columns.extend(m.tail.map(|title| col(title, true)));
     }
+    columns
+}
 
+/// A row of [`metric_columns`]: `—` for a metric the variant does not have.
+fn metric_row(name: &str, h: &HorizonMetrics) -> Vec<Cell> {
+    let mut row = vec![name_cell(name)];
+    for m in METRICS {
+        let value = h.get(m);
+        row.push(cell(value.map_or_else(|| "—".to_string(), |e| m.with_ci(e))));
+        if m.tail.is_some() {
+            let p99 = value.and_then(|e| e.distribution).map(|d| (m.format)(d.p99));
+            row.push(cell(p99.unwrap_or_else(|| "—".to_string())));
+        }
+    }
+    row
+}
+
+/// The Kaplan–Meier median first-divergence position of each variant.
+fn first_divergence_section(report: &Report) -> Vec<Block> {
     let longest = report.workload.horizons.last().copied().unwrap_or(0);
-    doc.push(Block::Heading { level: 2, id: "first-divergence".into(), text: "First divergence".into() });
-    doc.push(Block::Paragraph(vec![text(format!(
+    let intro = format!(
         "The position where a prompt's free-running continuation first differs from the reference's \
          (Kaplan–Meier median); censored prompts never diverged within {longest} tokens."
-    ))]));
-    doc.push(Block::Table {
-        columns: vec![col("Variant", false), col("Median position", true), col("Censored", true)],
-        rows: report
-            .variants
-            .iter()
-            .map(|v| {
-                let fd = &v.first_divergence;
-                let median = match fd.median {
-                    Some(t) => t.to_string(),
-                    None => format!("> {longest} (not reached)"),
-                };
-                let of = if fd.positions.is_empty() { report.workload.prompts } else { fd.positions.len() };
-                vec![name_cell(&v.name), cell(median), cell(format!("{} of {of}", fd.censored))]
-            })
-            .collect(),
-    });
+    );
+    let rows = report
+        .variants
+        .iter()
+        .map(|v| {
+            let fd = &v.first_divergence;
+            let median = match fd.median {
+                Some(t) => t.to_string(),
+                None => format!("> {longest} (not reached)"),
+            };
+            let of = if fd.positions.is_empty() { report.workload.prompts } else { fd.positions.len() };
+            vec![name_cell(&v.name), cell(median), cell(format!("{} of {of}", fd.censored))]
+        })
+        .collect();
+    let columns = vec![col("Variant", false), col("Median position", true), col("Censored", true)];
+    vec![
+        heading("first-divergence", "First divergence"),
+        Block::Paragraph(vec![text(intro)]),
+        Block::Table { columns, rows },
+    ]
+}
 
-    doc.push(Block::Heading { level: 2, id: "entropy-strata".into(), text: "Entropy strata".into() });
-    doc.push(Block::Paragraph(vec![text(format!(
+/// KLD and top-1 agreement by quartile of the reference's entropy.
+fn entropy_strata_section(report: &Report) -> Vec<Block> {
+    let longest = report.workload.horizons.last().copied().unwrap_or(0);
+    let intro = format!(
         "Teacher-forced KLD and top-1 agreement by quartile of the reference's entropy, over all \
          positions of the first {longest} tokens."
-    ))]));
-    doc.push(Block::Table {
-        columns: vec![
-            col("Variant", false),
-            col("Entropy (nats)", true),
-            col("Positions", true),
-            col("KLD mean", true),
-            col("Top-1 agreement", true),
-        ],
-        rows: report
-            .variants
-            .iter()
-            .flat_map(|v| {
-                v.entropy_strata.iter().map(move |s| {
-                    vec![
-                        name_cell(&v.name),
-                        cell(format!("[{:.2}, {:.2})", s.entropy_lo, s.entropy_hi)),
-                        cell(s.positions.to_string()),
-                        cell(s.kld_mean.map_or("—".into(), kld)),
-                        cell(s.top1_agreement.map_or("—".into(), rate)),
-                    ]
-                })
+    );
+    let rows = report
+        .variants
+        .iter()
+        .flat_map(|v| {
+            v.entropy_strata.iter().map(move |s| {
+                vec![
+                    name_cell(&v.name),
+                    cell(format!("[{:.2}, {:.2})", s.entropy_lo, s.entropy_hi)),
+                    cell(s.positions.to_string()),
+                    cell(s.kld_mean.map_or("—".into(), kld)),
+                    cell(s.top1_agreement.map_or("—".into(), rate)),
+                ]
             })
-            .collect(),
-    });
+        })
+        .collect();
+    let columns = vec![
+        col("Variant", false),
+        col("Entropy (nats)", true),
+        col("Positions", true),
+        col("KLD mean", true),
+        col("Top-1 agreement", true),
+    ];
+    vec![
+        heading("entropy-strata", "Entropy strata"),
+        Block::Paragraph(vec![text(intro)]),
+        Block::Table { columns, rows },
+    ]
+}
 
-    doc.push(Block::Heading { level: 2, id: "per-tensor-error".into(), text: "Per-tensor error".into() });
+/// The error of each quantized weight tensor, and which variants have none.
+fn per_tensor_section(report: &Report) -> Vec<Block> {
+    let rows = report
+        .variants
+        .iter()
+        .flat_map(|v| {
+            v.per_tensor_error.iter().map(move |t| {
+                vec![
+                    name_cell(&v.name),
+                    vec![Inline::Code(t.tensor.clone())],
+                    cell(t.sqnr_db.map_or("exact".into(), |db| format!("{db:.2}"))),
+                    cell(format!("{:.3e}", t.rel_frobenius)),
+                    cell(format!("{:.6}", t.cosine)),
+                ]
+            })
+        })
+        .collect();
+    let columns = vec![
+        col("Variant", false),
+        col("Tensor", false),
+        col("SQNR (dB)", true),
+        col("Rel. Frobenius", true),
+        col("Cosine", true),
+    ];
+    vec![
+        heading("per-tensor-error", "Per-tensor error"),
+        Block::Paragraph(per_tensor_note(report)),
+        Block::Table { columns, rows },
+    ]
+}
+
+fn per_tensor_note(report: &Report) -> Vec<Inline> {
     let without: Vec<&str> =
         report.variants.iter().filter(|v| v.per_tensor_error.is_empty()).map(|v| v.name.as_str()).collect();
     let mut note = vec![text(
@@ -283,30 +348,24 @@ pub(crate) fn document(report: &Report) -> Vec<Block> {
         }
         note.push(text("."));
     }
-    doc.push(Block::Paragraph(note));
-    doc.push(Block::Table {
-        columns: vec![
-            col("Variant", false),
-            col("Tensor", false),
-            col("SQNR (dB)", true),
-            col("Rel. Frobenius", true),
-            col("Cosine", true),
-        ],
-        rows: report
-            .variants
-            .iter()
-            .flat_map(|v| {
-                v.per_tensor_error.iter().map(move |t| {
-                    vec![
-                        name_cell(&v.name),
-                        vec![Inline::Code(t.tensor.clone())],
-                        cell(t.sqnr_db.map_or("exact".into(), |db| format!("{db:.2}"))),
-                        cell(format!("{:.3e}", t.rel_frobenius)),
-                        cell(format!("{:.6}", t.cosine)),
-                    ]
-                })
-            })
-            .collect(),
-    });
-    doc
+    note
+}
+
+/// The glossary: each metric's column, its name in `report.json` and thresholds files, what it
+/// measures and which way is better.
+fn metrics_section() -> Vec<Block> {
+    let rows = METRICS
+        .iter()
+        .map(|m| {
+            vec![cell(m.title), vec![Inline::Code(m.name.to_string())], cell(m.description), cell(m.better.describe())]
+        })
+        .collect();
+    let columns = vec![col("Column", false), col("Name", false), col("What it measures", false), col("Better", false)];
+    vec![
+        heading("metrics", "Metrics"),
+        Block::Paragraph(vec![text(
+            "Name: what report.json and a thresholds file of qdrift gate (NAME@h) call the metric.",
+        )]),
+        Block::Table { columns, rows },
+    ]
 }

@@ -1,9 +1,10 @@
-//! Number formatting shared by every rendering (Markdown, HTML, terminal, gate lines).
+//! Formatting shared by every rendering (Markdown, HTML, JUnit, terminal, gate lines): numbers,
+//! and strings from a report made safe for each markup.
 //!
 //! Rates and ratios get four decimals; KL divergences below 0.01 nats switch to scientific
 //! notation (two significant decimals), so `2.1e-4` is not printed as `0.0002`.
-
-use crate::MeanCi;
+//!
+//! A leaf module: it depends on nothing else of this crate, so every other module may use it.
 
 /// Removes a minus sign from a number that rounded to zero (`-0.0000` → `0.0000`).
 fn unsign_zero(s: String) -> String {
@@ -35,11 +36,6 @@ pub(crate) fn kld(x: f64) -> String {
 pub(crate) fn signed_kld(x: f64) -> String {
     let s = kld(x);
     if s.starts_with('-') || !x.is_finite() { s } else { format!("+{s}") }
-}
-
-/// `mean [lo, hi]` with `f` for each number.
-pub(crate) fn with_ci(m: &MeanCi, f: fn(f64) -> String) -> String {
-    format!("{} [{}, {}]", f(m.mean), f(m.ci95[0]), f(m.ci95[1]))
 }
 
 /// A count with an SI suffix: `134.5M`.
@@ -76,6 +72,56 @@ pub(crate) fn plain(s: &str) -> String {
     s.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect()
 }
 
+/// Escapes text or an attribute value for HTML and XML 1.0 alike (numeric `&#39;` is XML too);
+/// control characters other than tab, newline and carriage return, and the noncharacters
+/// U+FFFE/U+FFFF (which XML 1.0 cannot hold) become U+FFFD.
+pub(crate) fn escape_html(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            '\t' | '\n' | '\r' => out.push(c),
+            c if c.is_control() || c == '\u{FFFE}' || c == '\u{FFFF}' => out.push('\u{FFFD}'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Escapes a string from the report for Markdown text (CommonMark: any ASCII punctuation may be
+/// backslash-escaped); control characters become spaces so a name cannot break a table row.
+pub(crate) fn escape_markdown(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' | '`' | '*' | '_' | '[' | ']' | '<' | '>' | '|' | '#' | '~' | '&' | '!' | '$' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if c.is_control() => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The last component of a path as written in a report (`/` or `\` separated; trailing
+/// separators ignored). Reports name files without the folders of the machine that wrote them,
+/// but older reports may hold a whole path: renderings show only its file name.
+pub(crate) fn file_name(path: &str) -> &str {
+    let trimmed = path.trim_end_matches(['/', '\\']);
+    trimmed.rsplit(['/', '\\']).next().filter(|n| !n.is_empty()).unwrap_or(path)
+}
+
+/// The first 12 hex digits of a SHA-256: enough to tell files apart in a sentence.
+pub(crate) fn short_sha256(sha256: &str) -> String {
+    sha256.chars().take(12).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,7 +139,22 @@ mod tests {
         assert_eq!(count(134_515_008), "134.5M");
         assert_eq!(bytes(269_030_016), "256.6 MiB");
         assert_eq!(plain("a\u{1b}[31mb\n"), "a\\u{1b}[31mb\\n");
-        let m = MeanCi { mean: 0.5, ci95: [0.25, 0.75] };
-        assert_eq!(with_ci(&m, rate), "0.5000 [0.2500, 0.7500]");
+    }
+
+    #[test]
+    fn strings_are_escaped_for_their_markup() {
+        assert_eq!(escape_html("a<&>\"'\u{7}"), "a&lt;&amp;&gt;&quot;&#39;\u{FFFD}");
+        assert_eq!(escape_markdown("a|b_*\n"), "a\\|b\\_\\* ");
+    }
+
+    #[test]
+    fn only_the_file_name_of_a_path_is_shown() {
+        assert_eq!(file_name("/work/main/xtask/../../shared/models/stories260K/stories260K.bin"), "stories260K.bin");
+        assert_eq!(file_name("C:\\models\\a.gguf"), "a.gguf");
+        assert_eq!(file_name("models/SmolLM2-135M-Instruct/"), "SmolLM2-135M-Instruct");
+        assert_eq!(file_name("synthetic:tiny"), "synthetic:tiny");
+        assert_eq!(file_name("eval-sets/stories.jsonl (built in)"), "stories.jsonl (built in)");
+        assert_eq!(file_name(""), "");
+        assert_eq!(short_sha256("b0a507e7ad0f626624f17112"), "b0a507e7ad0f");
     }
 }

@@ -1,4 +1,5 @@
-//! `qdrift gate`: checks a report against a thresholds file, for CI.
+//! The check of `qdrift gate`: a report against a thresholds file, for CI. The command around it
+//! (reading the files, writing the JUnit) is `command`.
 //!
 //! A thresholds file (TOML):
 //!
@@ -13,7 +14,7 @@
 //! "top1_agreement@10" = { min = 0.95 }
 //! ```
 //!
-//! Keys are `METRIC@HORIZON` with a metric of [`GATE_METRICS`] and a horizon of the report.
+//! Keys are `METRIC@HORIZON` with a metric of [`METRICS`](crate::metrics::METRICS) and a horizon of the report.
 //! With `bound = "ci"`, `min` is compared with the interval's **lower** bound and `max` with its
 //! **upper** bound (the metric must clear the threshold with 95% confidence); with `"point"` the
 //! mean is compared. A check may have both `min` and `max`: each side is one outcome.
@@ -35,7 +36,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::format::plain;
-use crate::{GATE_METRICS, Report, ReportError, VariantKind, write_atomic};
+use crate::metrics::{metric, names, rank};
+use crate::{Report, ReportError, VariantKind};
 
 /// The section that applies to every variant but the noise floor.
 pub const WILDCARD: &str = "*";
@@ -82,7 +84,7 @@ pub enum Side {
 pub struct Check {
     /// The variant's name, or [`WILDCARD`].
     pub variant: String,
-    /// A name of [`GATE_METRICS`].
+    /// A name of [`METRICS`](crate::metrics::METRICS).
     pub metric: String,
     /// The horizon in tokens.
     pub horizon: usize,
@@ -95,7 +97,7 @@ pub struct Check {
 }
 
 /// A parsed thresholds file. Checks are sorted by variant section, then metric in
-/// [`GATE_METRICS`] order, then horizon (TOML tables have no order to keep).
+/// [`METRICS`](crate::metrics::METRICS) order, then horizon (TOML tables have no order to keep).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Thresholds {
     /// `[defaults] bound` (`ci` when absent).
@@ -145,7 +147,7 @@ pub enum GateError {
         at: String,
     },
     /// A metric name `qdrift gate` does not know.
-    #[error("{at}: unknown metric \"{metric}\"; known metrics: {}", GATE_METRICS.join(", "))]
+    #[error("{at}: unknown metric \"{metric}\"; known metrics: {}", names())]
     UnknownMetric {
         /// `variant."NAME" "KEY"`.
         at: String,
@@ -260,9 +262,9 @@ impl Thresholds {
         for (variant, entries) in &file.variant {
             for (key, c) in entries {
                 let at = at(variant, key);
-                let (metric, horizon) = key.rsplit_once('@').ok_or_else(|| GateError::BadKey { at: at.clone() })?;
-                if !GATE_METRICS.contains(&metric) {
-                    return Err(GateError::UnknownMetric { at, metric: plain(metric) });
+                let (name, horizon) = key.rsplit_once('@').ok_or_else(|| GateError::BadKey { at: at.clone() })?;
+                if metric(name).is_none() {
+                    return Err(GateError::UnknownMetric { at, metric: plain(name) });
                 }
                 let horizon: usize = horizon.parse().map_err(|_| GateError::BadKey { at: at.clone() })?;
                 let bound = match &c.bound {
@@ -288,7 +290,7 @@ impl Thresholds {
                 }
                 checks.push(Check {
                     variant: variant.clone(),
-                    metric: metric.to_string(),
+                    metric: name.to_string(),
                     horizon,
                     min: c.min,
                     max: c.max,
@@ -296,7 +298,7 @@ impl Thresholds {
                 });
             }
         }
-        let metric_rank = |m: &str| GATE_METRICS.iter().position(|&g| g == m).unwrap_or(usize::MAX);
+        let metric_rank = |m: &str| rank(m).unwrap_or(usize::MAX);
         checks.sort_by(|a, b| {
             (a.variant == WILDCARD, &a.variant, metric_rank(&a.metric), a.horizon).cmp(&(
                 b.variant == WILDCARD,
@@ -455,7 +457,7 @@ pub fn gate(report: &Report, thresholds: &Thresholds) -> Result<GateOutcome, Gat
             .chain(thresholds.checks.iter().filter(|c| c.variant == WILDCARD && !is_floor));
         for c in applies {
             let key = format!("{}@{}", c.metric, c.horizon);
-            if is_floor && c.metric.starts_with("excess_") {
+            if is_floor && metric(&c.metric).is_some_and(|m| m.is_excess()) {
                 return Err(GateError::ExcessOnNoiseFloor { at: at(&c.variant, &key), variant: plain(&v.name) });
             }
             let horizon = v.horizon(c.horizon).ok_or_else(|| GateError::UnknownHorizon {
@@ -464,10 +466,10 @@ pub fn gate(report: &Report, thresholds: &Thresholds) -> Result<GateOutcome, Gat
                 known: v.horizons.iter().map(|h| h.tokens).collect(),
             })?;
             let Some(m) = horizon.metric(&c.metric) else {
-                // A known metric without a value: an `excess_*` metric missing from a variant
-                // that is not the noise floor.
+                // A known metric without a value: an excess missing from a variant that is not
+                // the noise floor, or an optional metric the report was written without.
                 return Err(GateError::Report(ReportError::Invalid(format!(
-                    "variant {}: no {key} (excess_over_noise_floor is missing)",
+                    "variant {}: the report has no {key}",
                     plain(&v.name)
                 ))));
             };
@@ -511,43 +513,4 @@ pub fn exit_code(outcome: &Result<GateOutcome, GateError>) -> u8 {
         Ok(_) => 1,
         Err(_) => 2,
     }
-}
-
-/// What `qdrift gate` prints and returns.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GateRun {
-    /// The process exit code ([`exit_code`]; 2 also when the JUnit file cannot be written).
-    pub exit_code: u8,
-    /// For standard output: the outcome lines and the total line.
-    pub stdout: String,
-    /// For standard error: the one-line error, if any.
-    pub stderr: String,
-}
-
-/// The whole `qdrift gate REPORT THRESHOLDS [--junit FILE]` command, so the CLI is a thin
-/// wrapper: print `stdout` and `stderr`, exit with `exit_code`. With `junit`, the JUnit XML is
-/// written atomically, also when the input is unusable (then it holds one error test case), so
-/// a CI job never reads a stale file.
-pub fn run_gate(report_path: &Path, thresholds_path: &Path, junit: Option<&Path>) -> GateRun {
-    let outcome = Report::read(report_path)
-        .map_err(GateError::from)
-        .and_then(|report| Thresholds::read(thresholds_path).and_then(|t| gate(&report, &t)));
-    let mut run = GateRun { exit_code: exit_code(&outcome), stdout: String::new(), stderr: String::new() };
-    let xml = match &outcome {
-        Ok(o) => {
-            run.stdout = o.lines();
-            crate::junit::junit_xml(o)
-        }
-        Err(e) => {
-            run.stderr = format!("qdrift gate: {}\n", plain(&e.to_string()));
-            crate::junit::junit_error_xml(e)
-        }
-    };
-    if let Some(path) = junit
-        && let Err(e) = write_atomic(path, xml.as_bytes())
-    {
-        run.stderr.push_str(&format!("qdrift gate: cannot write the JUnit file: {}\n", plain(&e.to_string())));
-        run.exit_code = 2;
-    }
-    run
 }

@@ -4,30 +4,10 @@
 //! from elsewhere, and no URL anywhere in the page (the SVG `xmlns` is dropped, HTML does not
 //! need it). Every string from the report is escaped.
 
-use crate::charts::{Interval, Legend, Series, Spec, interval_chart, line_chart};
-use crate::document::{Block, Inline, document};
-use crate::format::kld;
+use crate::document::{Block, Column, Inline, document};
+use crate::figures::figures;
+use crate::format::{escape_html as escape, file_name};
 use crate::{Report, ReportError};
-
-/// Escapes text or an attribute value for HTML and XML 1.0 alike; control characters other than
-/// tab, newline and carriage return, and the noncharacters U+FFFE/U+FFFF (which XML 1.0 cannot
-/// hold) become U+FFFD.
-pub(crate) fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            '\t' | '\n' | '\r' => out.push(c),
-            c if c.is_control() || c == '\u{FFFE}' || c == '\u{FFFF}' => out.push('\u{FFFD}'),
-            c => out.push(c),
-        }
-    }
-    out
-}
 
 const STYLE: &str = "\
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;color:#1b1b1b;background:#fff}
@@ -66,146 +46,41 @@ fn inlines(runs: &[Inline]) -> String {
     out
 }
 
-/// The charts, each an inline `<svg>` in a `<figure>`.
+/// The charts, each an inline `<svg>` in a `<figure>` with its caption.
 fn charts(report: &Report) -> Result<String, ReportError> {
-    let h_max = report.workload.horizons.last().copied().unwrap_or(1).max(2) as f64;
-    let x_label = "generated position (log scale)";
     let mut out = String::from("<h2 id=\"charts\">Charts</h2>\n");
-    let mut figure = |svg: String, caption: &str| {
+    for figure in figures(report)? {
         out.push_str("<figure>\n");
-        out.push_str(&svg);
+        out.push_str(&figure.svg);
         out.push_str("<figcaption>");
-        out.push_str(&escape(caption));
+        out.push_str(&escape(&figure.caption));
         out.push_str("</figcaption>\n</figure>\n");
-    };
-
-    let token_match: Vec<Series> = report
-        .variants
-        .iter()
-        .map(|v| Series {
-            name: &v.name,
-            points: v.per_position.token_match.iter().enumerate().map(|(t, &y)| ((t + 1) as f64, y)).collect(),
-        })
-        .collect();
-    let spec = Spec {
-        id: "chart-token-match",
-        title: "Token-match rate by position",
-        x_label,
-        y_label: "token-match rate",
-        x_range: (1.0, h_max),
-        y_range: (0.0, 1.02),
-        y_format: |y| format!("{y:.1}"),
-        legend: Legend::LowerLeft,
-    };
-    figure(
-        line_chart(&spec, &token_match)?,
-        "Share of prompts whose free-running token at each position equals the reference's \
-         (position 1 is the first generated token).",
-    );
-
-    let survival: Vec<Series> = report
-        .variants
-        .iter()
-        .map(|v| {
-            // A step function: S(t) holds until the next event time, then drops.
-            let mut points: Vec<(f64, f64)> = Vec::new();
-            for &(t, s) in &v.first_divergence.survival {
-                let x = (t as f64).max(1.0);
-                if let Some(&(_, prev)) = points.last() {
-                    points.push((x, prev));
-                }
-                points.push((x, s));
-            }
-            if let Some(&(x, s)) = points.last()
-                && x < h_max
-            {
-                points.push((h_max, s));
-            }
-            Series { name: &v.name, points }
-        })
-        .collect();
-    let spec = Spec {
-        id: "chart-survival",
-        title: "Still identical to the reference (Kaplan–Meier)",
-        x_label: "tokens generated (log scale)",
-        y_label: "share of prompts still identical",
-        x_range: (1.0, h_max),
-        y_range: (0.0, 1.02),
-        y_format: |y| format!("{y:.1}"),
-        legend: Legend::LowerLeft,
-    };
-    figure(
-        line_chart(&spec, &survival)?,
-        "Kaplan–Meier estimate of the share of prompts whose continuation is still identical to \
-         the reference's after t tokens; prompts that never diverge are censored at the longest \
-         horizon. t = 0 is drawn at 1.",
-    );
-
-    let kld_max = report.variants.iter().flat_map(|v| v.per_position.kld.iter().copied()).fold(0.0, f64::max);
-    let kld_series: Vec<Series> = report
-        .variants
-        .iter()
-        .map(|v| Series {
-            name: &v.name,
-            points: v.per_position.kld.iter().enumerate().map(|(t, &y)| ((t + 1) as f64, y)).collect(),
-        })
-        .collect();
-    let spec = Spec {
-        id: "chart-kld",
-        title: "KL divergence by position (teacher-forced)",
-        x_label,
-        y_label: "mean KLD (nats)",
-        x_range: (1.0, h_max),
-        y_range: (0.0, if kld_max > 0.0 { kld_max * 1.08 } else { 1e-3 }),
-        y_format: kld,
-        legend: Legend::UpperRight,
-    };
-    figure(
-        line_chart(&spec, &kld_series)?,
-        "Mean over prompts of KL(P_ref ‖ P_variant) at each position of the reference's continuation.",
-    );
-
-    let ppl: Vec<(&str, Vec<Interval>)> = report
-        .variants
-        .iter()
-        .map(|v| {
-            let intervals = v
-                .horizons
-                .iter()
-                .map(|h| {
-                    let m = &h.ppl_drift_of_generated_text;
-                    Interval { x: h.tokens as f64, mean: m.mean, lo: m.ci95[0], hi: m.ci95[1] }
-                })
-                .collect();
-            (v.name.as_str(), intervals)
-        })
-        .collect();
-    let all = ppl.iter().flat_map(|(_, ivs)| ivs.iter());
-    let (lo, hi) = all.fold((1.0f64, 1.0f64), |(lo, hi), iv| (lo.min(iv.lo), hi.max(iv.hi)));
-    let pad = (hi - lo).max(0.01) * 0.08;
-    let h_min = report.workload.horizons.first().copied().unwrap_or(1).max(1) as f64;
-    let spec = Spec {
-        id: "chart-ppl-drift",
-        title: "PPL drift of generated text by horizon (95% CI)",
-        x_label: "horizon, tokens (log scale)",
-        y_label: "PPL_ref(variant text) / PPL_ref(ref text)",
-        x_range: (h_min / 1.6, h_max * 1.6),
-        y_range: (lo - pad, hi + pad),
-        y_format: |y| format!("{y:.2}"),
-        legend: Legend::UpperLeft,
-    };
-    figure(
-        interval_chart(&spec, &ppl)?,
-        "Perplexity the reference assigns to each variant's continuation over its first h tokens, \
-         relative to its own continuation: 1 means the variant's text is as likely as the \
-         reference's. Bars are 95% intervals; series are offset a little along x.",
-    );
+    }
     Ok(out)
 }
 
+/// A table, numbers right-aligned, in a box that scrolls sideways on a narrow screen.
+fn table(columns: &[Column], rows: &[Vec<Vec<Inline>>]) -> String {
+    let class = |c: &Column| if c.numeric { " class=\"num\"" } else { "" };
+    let mut out = String::from("<div class=\"scroll\"><table>\n<thead><tr>");
+    for c in columns {
+        out.push_str(&format!("<th{}>{}</th>", class(c), escape(c.title)));
+    }
+    out.push_str("</tr></thead>\n<tbody>\n");
+    for row in rows {
+        out.push_str("<tr>");
+        for (cell, c) in row.iter().zip(columns) {
+            out.push_str(&format!("<td{}>{}</td>", class(c), inlines(cell)));
+        }
+        out.push_str("</tr>\n");
+    }
+    out.push_str("</tbody>\n</table></div>\n");
+    out
+}
+
 /// The report as one self-contained HTML page: the Markdown's content as HTML tables plus four
-/// inline SVG charts (token match by position, Kaplan–Meier survival, KLD by position, PPL drift
-/// per horizon with intervals). Validates the report first. Deterministic: same report → same
+/// inline SVG charts (token match by position, Kaplan–Meier survival, KLD by position on a log
+/// scale, PPL drift per horizon with intervals). Validates the report first. Deterministic: same report → same
 /// bytes.
 ///
 /// Each data series is marked `class="series" data-series="VARIANT"` (a `<polyline>` with one
@@ -224,28 +99,11 @@ pub fn render_html(report: &Report) -> Result<String, ReportError> {
                 body.push_str(&inlines(&runs));
                 body.push_str("</p>\n");
             }
-            Block::Table { columns, rows } => {
-                body.push_str("<div class=\"scroll\"><table>\n<thead><tr>");
-                for c in &columns {
-                    let class = if c.numeric { " class=\"num\"" } else { "" };
-                    body.push_str(&format!("<th{class}>{}</th>", escape(c.title)));
-                }
-                body.push_str("</tr></thead>\n<tbody>\n");
-                for row in &rows {
-                    body.push_str("<tr>");
-                    for (cell, c) in row.iter().zip(&columns) {
-                        let class = if c.numeric { " class=\"num\"" } else { "" };
-                        body.push_str(&format!("<td{class}>{}</td>", inlines(cell)));
-                    }
-                    body.push_str("</tr>\n");
-                }
-                body.push_str("</tbody>\n</table></div>\n");
-            }
+            Block::Table { columns, rows } => body.push_str(&table(&columns, &rows)),
             Block::Charts => body.push_str(&charts(report)?),
         }
     }
-    let mut title = String::from("qdrift report: ");
-    title.push_str(&report.model.path);
+    let title = format!("qdrift report: {}", file_name(&report.model.path));
     Ok(format!(
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\

@@ -10,14 +10,10 @@
 
 use std::fmt::Write as _;
 
-use crate::format::plain;
+// The HTML escaping is XML 1.0's too (numeric `&#39;`, and U+FFFD for every character XML 1.0
+// cannot hold).
+use crate::format::{escape_html as xml_escape, plain};
 use crate::gate::{GateError, GateOutcome};
-
-/// Escapes text or an attribute value for XML 1.0: the HTML escaping (numeric `&#39;` is XML
-/// too), which also replaces every character XML 1.0 cannot hold with U+FFFD.
-pub(crate) fn xml_escape(s: &str) -> String {
-    crate::html::escape(s)
-}
 
 /// The gate's outcome as JUnit XML: suite `qdrift gate`, one `<testcase>` per check with
 /// `classname="qdrift.gate.VARIANT"` and `name="METRIC@H"`, a `<failure>` for each failed check

@@ -4,42 +4,55 @@
 //! every later stage (Markdown, HTML, JUnit, `qdrift gate`) reads. It depends on no tensor
 //! library: a report can be read, rendered and gated on a machine that never ran a model.
 //!
-//! Code map:
-//! - `schema`: the types of `report.json`, [`Report::read`] / [`Report::write`] / validation.
+//! Code map, each module depending only on those listed before it:
+//! - `format`: numbers, file names and escaping for each markup (a leaf).
+//! - [`metrics`]: the metric registry [`METRICS`] (name, title, description, range, direction,
+//!   format, JSON placement) and [`Estimate`], the value of a metric.
+//! - `horizon`: [`HorizonMetrics`], a horizon's metrics held by name, with the hand-written JSON
+//!   layout of schema 1.
+//! - `schema`: the other types of `report.json`, [`Report::read`] / [`Report::write`] /
+//!   validation, and the rule for when the schema version changes.
 //! - `document`: what a rendered report says (headings, paragraphs, tables), built once and
-//!   printed by [`render_markdown`] and [`render_html`], so their tables cannot drift apart;
-//!   [`render_summary`] is the terminal's short table.
-//! - `charts`: the HTML's inline SVG charts (plotters' SVG backend; series tagged
-//!   `data-series`/`data-part` for tests).
-//! - `gate`: [`Thresholds`] (TOML), [`gate`], [`exit_code`] and [`run_gate`], the whole
-//!   `qdrift gate` command for a thin CLI; `junit`: [`junit_xml`].
+//!   printed by [`render_markdown`] (`markdown`) and [`render_html`] (`html`), so their tables
+//!   cannot drift apart; [`render_summary`] is the terminal's short table.
+//! - `charts`: inline SVG line and interval charts (plotters' SVG backend; series tagged
+//!   `data-series`/`data-part` for tests); `figures`: the report's four charts built with them.
+//! - `gate`: [`Thresholds`] (TOML) and the check, [`gate`] and [`exit_code`]; `junit`:
+//!   [`junit_xml`] of a check's outcome; `command`: [`run_gate`], the whole `qdrift gate`
+//!   command (read the files, check, write the JUnit) for a thin CLI.
 //! - [`testing::sample_report`]: a realistic report for tests.
 //!
 //! **Invariants: every number in a report is finite (checked by [`Report::validate`] before
 //! anything is written or drawn); every file is written atomically ([`write_atomic`]: temp file
 //! in the same folder, then rename), so an interrupted run never leaves a half-written file;
-//! every output is deterministic (same report → same bytes: fields in declaration order, no
-//! timestamps, no hash maps); every string from a report is escaped for its markup.**
+//! every output is deterministic (same report → same bytes: fields in declaration order, metrics
+//! in table order, no timestamps, no hash maps); every string from a report is escaped for its
+//! markup; no module cycles.**
 
 mod atomic;
 mod charts;
+mod command;
 mod document;
 mod error;
+mod figures;
 mod format;
 mod gate;
+mod horizon;
 mod html;
 mod junit;
 mod markdown;
+pub mod metrics;
 mod schema;
 #[doc(hidden)]
 pub mod testing;
 
 pub use atomic::write_atomic;
+pub use command::{GateRun, run_gate};
 pub use error::ReportError;
-pub use gate::{
-    Bound, Check, CheckResult, GateError, GateOutcome, GateRun, Side, Thresholds, WILDCARD, exit_code, gate, run_gate,
-};
+pub use gate::{Bound, Check, CheckResult, GateError, GateOutcome, Side, Thresholds, WILDCARD, exit_code, gate};
+pub use horizon::HorizonMetrics;
 pub use html::render_html;
 pub use junit::{junit_error_xml, junit_xml};
 pub use markdown::{render_markdown, render_summary};
+pub use metrics::{Distribution, Estimate, METRICS, Metric};
 pub use schema::*;

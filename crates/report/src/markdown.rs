@@ -1,25 +1,9 @@
 //! The Markdown report and the terminal summary.
 
 use crate::Report;
-use crate::document::{Block, Inline, document};
-use crate::format::{kld, plain, rate, with_ci};
-
-/// Escapes a string from the report for Markdown text (CommonMark: any ASCII punctuation may be
-/// backslash-escaped); control characters become spaces so a name cannot break a table row.
-fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '\\' | '`' | '*' | '_' | '[' | ']' | '<' | '>' | '|' | '#' | '~' | '&' | '!' | '$' => {
-                out.push('\\');
-                out.push(c);
-            }
-            c if c.is_control() => out.push(' '),
-            c => out.push(c),
-        }
-    }
-    out
-}
+use crate::document::{Block, Column, Inline, document};
+use crate::format::{count, escape_markdown as escape, file_name, plain};
+use crate::metrics::{METRICS, Metric};
 
 /// A code span holding `s` verbatim: the fence is one backtick longer than the longest run of
 /// backticks in `s`.
@@ -56,9 +40,35 @@ fn inlines(runs: &[Inline], in_table: bool) -> String {
     out
 }
 
+/// A GitHub-flavoured table, numbers right-aligned.
+fn table(out: &mut String, columns: &[Column], rows: &[Vec<Vec<Inline>>]) {
+    out.push('|');
+    for c in columns {
+        out.push(' ');
+        out.push_str(c.title);
+        out.push_str(" |");
+    }
+    out.push_str("\n|");
+    for c in columns {
+        out.push_str(if c.numeric { "---:|" } else { "---|" });
+    }
+    out.push('\n');
+    for row in rows {
+        out.push('|');
+        for cell in row {
+            out.push(' ');
+            out.push_str(&inlines(cell, true));
+            out.push_str(" |");
+        }
+        out.push('\n');
+    }
+    out.push('\n');
+}
+
 /// The report as Markdown: the workload line, the variants, one table per horizon (every metric
-/// with its 95% interval, and the excess over the noise floor), first divergence, entropy strata
-/// and per-tensor error. Deterministic: same report → same bytes.
+/// of [`METRICS`] with its 95% interval, and the excess over the noise floor), first divergence,
+/// entropy strata, per-tensor error and a glossary of the metrics. Deterministic: same report →
+/// same bytes.
 pub fn render_markdown(report: &Report) -> String {
     let mut out = String::new();
     for block in document(report) {
@@ -73,29 +83,7 @@ pub fn render_markdown(report: &Report) -> String {
                 out.push_str(&inlines(&runs, false));
                 out.push_str("\n\n");
             }
-            Block::Table { columns, rows } => {
-                out.push('|');
-                for c in &columns {
-                    out.push(' ');
-                    out.push_str(c.title);
-                    out.push_str(" |");
-                }
-                out.push_str("\n|");
-                for c in &columns {
-                    out.push_str(if c.numeric { "---:|" } else { "---|" });
-                }
-                out.push('\n');
-                for row in &rows {
-                    out.push('|');
-                    for cell in row {
-                        out.push(' ');
-                        out.push_str(&inlines(cell, true));
-                        out.push_str(" |");
-                    }
-                    out.push('\n');
-                }
-                out.push('\n');
-            }
+            Block::Table { columns, rows } => table(&mut out, &columns, &rows),
             Block::Charts => {}
         }
     }
@@ -105,62 +93,66 @@ pub fn render_markdown(report: &Report) -> String {
     out
 }
 
-/// A short plain-text table for the terminal: per horizon, one line per variant with token
-/// match, exact match, KLD mean, top-1 agreement and PPL drift of generated text, each as
-/// `mean [lo, hi]`. Names are shown with control characters escaped.
+/// A short plain-text table for the terminal: per horizon, one line per variant with each
+/// metric of [`METRICS`] marked for the summary, as `mean [lo, hi]`. Names are shown with
+/// control characters escaped.
 pub fn render_summary(report: &Report) -> String {
-    const HEADER: [&str; 6] = ["variant", "token match", "exact match", "KLD mean", "top-1", "PPL drift"];
+    let shown: Vec<&Metric> = METRICS.iter().filter(|m| m.summary).collect();
+    let mut out = summary_header(report);
+    for &h in &report.workload.horizons {
+        let mut rows: Vec<Vec<String>> =
+            vec![std::iter::once("variant").chain(shown.iter().map(|m| m.title)).map(String::from).collect()];
+        for v in &report.variants {
+            let Some(hm) = v.horizon(h) else { continue };
+            let cells = shown.iter().map(|m| hm.get(m).map_or_else(|| "—".to_string(), |e| m.with_ci(e)));
+            rows.push(std::iter::once(plain(&v.name)).chain(cells).collect());
+        }
+        out.push_str(&format!("\nfirst {h} tokens\n"));
+        out.push_str(&aligned(&rows));
+    }
+    out
+}
+
+/// `qdrift: MODEL (N parameters) · P prompts · BACKEND DTYPE on ADAPTER`.
+fn summary_header(report: &Report) -> String {
     let m = &report.model;
     let w = &report.workload;
-    let mut out = format!(
+    format!(
         "qdrift: {} ({} parameters{}) · {} prompts · {} {} on {}\n",
-        plain(&m.path),
-        crate::format::count(m.parameters),
+        plain(file_name(&m.path)),
+        count(m.parameters),
         if m.synthetic { ", synthetic" } else { "" },
         w.prompts,
         plain(&w.backend),
         plain(&w.compute_dtype),
         plain(&w.adapter),
-    );
-    for &h in &w.horizons {
-        let mut rows: Vec<[String; 6]> = vec![HEADER.map(String::from)];
-        for v in &report.variants {
-            let Some(hm) = v.horizon(h) else { continue };
-            let kld_ci = crate::MeanCi { mean: hm.kld.mean, ci95: hm.kld.ci95 };
-            rows.push([
-                plain(&v.name),
-                with_ci(&hm.token_match_rate, rate),
-                with_ci(&hm.exact_match_fraction, rate),
-                with_ci(&kld_ci, kld),
-                with_ci(&hm.top1_agreement, rate),
-                with_ci(&hm.ppl_drift_of_generated_text, rate),
-            ]);
+    )
+}
+
+/// Rows as columns two spaces apart: the first left-aligned, the others right-aligned.
+fn aligned(rows: &[Vec<String>]) -> String {
+    let mut widths = vec![0usize; rows.first().map_or(0, Vec::len)];
+    for row in rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
         }
-        let mut widths = [0usize; 6];
-        for row in &rows {
-            for (w, c) in widths.iter_mut().zip(row) {
-                *w = (*w).max(c.chars().count());
+    }
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (i, (c, &width)) in row.iter().zip(&widths).enumerate() {
+            let pad = " ".repeat(width - c.chars().count());
+            if i == 0 {
+                line.push_str(c);
+                line.push_str(&pad);
+            } else {
+                line.push_str("  ");
+                line.push_str(&pad);
+                line.push_str(c);
             }
         }
-        out.push_str(&format!("\nfirst {h} tokens\n"));
-        for row in &rows {
-            let mut line = String::new();
-            for (i, (c, &width)) in row.iter().zip(&widths).enumerate() {
-                let pad = width - c.chars().count();
-                if i > 0 {
-                    line.push_str("  ");
-                }
-                if i == 0 {
-                    line.push_str(c);
-                    line.push_str(&" ".repeat(pad));
-                } else {
-                    line.push_str(&" ".repeat(pad));
-                    line.push_str(c);
-                }
-            }
-            out.push_str(line.trim_end());
-            out.push('\n');
-        }
+        out.push_str(line.trim_end());
+        out.push('\n');
     }
     out
 }

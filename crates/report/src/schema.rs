@@ -2,15 +2,32 @@
 //!
 //! The field names and nesting are the contract in the evaluation issue; fields marked *extra*
 //! are additions the contract welcomes. Every statistic is computed over prompts (prompts are the
-//! unit of resampling, never tokens); `ci95` is a 95% interval `[lo, hi]`.
+//! unit of resampling, never tokens); `ci95` is a 95% interval `[lo, hi]`. The per-horizon
+//! metrics are listed once, in [`METRICS`](crate::metrics::METRICS).
+//!
+//! When the version changes, and when it does not, is written on [`SCHEMA_VERSION`].
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ReportError, write_atomic};
+use crate::{HorizonMetrics, ReportError, write_atomic};
 
 /// The schema version this build writes and reads.
+///
+/// # When the schema version changes
+///
+/// The version says what a reader may rely on, so:
+/// - **Adding** a metric (an entry of [`METRICS`](crate::metrics::METRICS) placed
+///   [`Placement::Optional`](crate::metrics::Placement::Optional)) or an optional field (an
+///   `Option`, read as `None` when absent) **keeps** the version: readers ignore keys they do not
+///   know (no type here denies unknown fields, and [`HorizonMetrics`] skips unknown metrics), and
+///   a report written before the addition, which lacks it, still reads (a missing optional metric
+///   shows as `—` and cannot be gated).
+/// - **Removing or renaming** a field or a metric, **changing its meaning or unit**, or making an
+///   optional field or metric required **bumps** the version, and [`Report::read`] refuses
+///   reports of any other version ([`ReportError::SchemaVersion`]).
 pub const SCHEMA_VERSION: u32 = 1;
 
 /// A whole evaluation: the reference, the workload, and one entry per variant.
@@ -31,7 +48,10 @@ pub struct Report {
 /// The reference checkpoint.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelInfo {
-    /// The path as given on the command line (`synthetic:NAME` for synthetic models).
+    /// The checkpoint's file (or folder) name, without the folders around it (`synthetic:NAME` for
+    /// synthetic models): a report names no path of the machine that wrote it. Reports written
+    /// before may hold the path as given on the command line; renderings show only its last
+    /// component.
     pub path: String,
     /// SHA-256 of the checkpoint file, lowercase hex (of the weights file for a folder; empty for
     /// synthetic models).
@@ -42,7 +62,8 @@ pub struct ModelInfo {
     pub parameters: u64,
     /// Whether the weights are seeded random numbers with a real architecture's shapes.
     pub synthetic: bool,
-    /// *extra*: the file format (`llama2.c`, `gguf`, `safetensors`, `synthetic`).
+    /// *extra*: the file format as the loader names it (`llama2.c`, `gguf`, `hf-safetensors`,
+    /// `synthetic`).
     pub format: String,
     /// *extra*: the architecture's shapes.
     pub shape: ModelShape,
@@ -80,7 +101,8 @@ pub struct Workload {
     pub horizons: Vec<usize>,
     /// Prompts per batch.
     pub batch_size: usize,
-    /// Seed of every random choice (bootstrap resampling, prompt subset).
+    /// Seed of the bootstrap resampling, the run's only random choice (the prompts are the eval
+    /// set's first `prompts`, not a random subset).
     pub seed: u64,
     /// The prompts' source.
     pub eval_set: EvalSetInfo,
@@ -95,7 +117,8 @@ pub struct Workload {
 /// The eval set the prompts came from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct EvalSetInfo {
-    /// The JSONL file.
+    /// The JSONL file's name, without the folders around it (`NAME.jsonl (built in)` for a set
+    /// compiled into qdrift); older reports may hold a path, shown by its last component.
     pub path: String,
     /// SHA-256 of the file, lowercase hex.
     pub sha256: String,
@@ -139,7 +162,8 @@ pub struct Variant {
     /// The scheme, for `kind = scheme`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheme: Option<String>,
-    /// The checkpoint path, for `kind = checkpoint`.
+    /// The checkpoint's file (or folder) name, without the folders around it, for
+    /// `kind = checkpoint`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     /// What the variant is.
@@ -161,65 +185,6 @@ pub struct Variant {
     pub entropy_strata: Vec<EntropyStratum>,
     /// Error of each quantized weight tensor against the reference (empty for the noise floor).
     pub per_tensor_error: Vec<TensorError>,
-}
-
-/// A mean over prompts and its 95% interval.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct MeanCi {
-    /// The point estimate.
-    pub mean: f64,
-    /// The 95% interval `[lo, hi]`.
-    pub ci95: [f64; 2],
-}
-
-/// The distribution of per-prompt mean KL divergence, and a CI on its mean.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct KldSummary {
-    /// Mean over prompts of each prompt's mean KLD over positions `< h`.
-    pub mean: f64,
-    /// Median over all positions `< h` of all prompts.
-    pub median: f64,
-    /// 90th percentile over positions.
-    pub p90: f64,
-    /// 99th percentile over positions.
-    pub p99: f64,
-    /// Largest per-position KLD.
-    pub max: f64,
-    /// Bootstrap-over-prompts 95% interval of `mean`.
-    pub ci95: [f64; 2],
-}
-
-/// Metrics over the first `tokens` generated positions.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct HorizonMetrics {
-    /// The horizon `h`.
-    pub tokens: usize,
-    /// Free-running: share of positions `< h` where the variant's token equals the reference's.
-    pub token_match_rate: MeanCi,
-    /// Free-running: share of prompts whose first `h` tokens all match (Wilson interval).
-    pub exact_match_fraction: MeanCi,
-    /// Teacher-forced on the reference's continuation: KL(P_ref ‖ P_variant) in nats.
-    pub kld: KldSummary,
-    /// Teacher-forced: share of positions where both models' argmax agree.
-    pub top1_agreement: MeanCi,
-    /// Teacher-forced: root mean square of `p_variant(ref token) − p_ref(ref token)`.
-    pub rms_delta_p: MeanCi,
-    /// `PPL_variant(ref text) / PPL_ref(ref text)`.
-    pub ppl_ratio_on_reference_text: MeanCi,
-    /// `PPL_ref(variant's text) / PPL_ref(ref's text)`: rises as the variant wanders.
-    pub ppl_drift_of_generated_text: MeanCi,
-    /// Paired difference variant − noise floor over prompts (absent on the noise floor itself).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub excess_over_noise_floor: Option<Excess>,
-}
-
-/// Divergence beyond the noise floor: paired (same prompt) differences, variant − noise floor.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Excess {
-    /// Token-match rate difference (negative: the variant matches less than the noise floor).
-    pub token_match_rate: MeanCi,
-    /// KLD difference in nats.
-    pub kld: MeanCi,
 }
 
 /// First-divergence positions and their Kaplan–Meier survival curve.
@@ -278,39 +243,6 @@ pub struct TensorError {
     pub cosine: f64,
 }
 
-/// The metrics `qdrift gate` can check, as written in a thresholds file (`NAME@HORIZON`).
-pub const GATE_METRICS: &[&str] = &[
-    "token_match_rate",
-    "exact_match_fraction",
-    "kld",
-    "top1_agreement",
-    "rms_delta_p",
-    "ppl_ratio_on_reference_text",
-    "ppl_drift_of_generated_text",
-    "excess_token_match_rate",
-    "excess_kld",
-];
-
-impl HorizonMetrics {
-    /// A metric by its gate name: the point estimate and the 95% interval. `None` for an unknown
-    /// name, or an `excess_*` metric on the noise floor.
-    pub fn metric(&self, name: &str) -> Option<MeanCi> {
-        let kld = MeanCi { mean: self.kld.mean, ci95: self.kld.ci95 };
-        Some(match name {
-            "token_match_rate" => self.token_match_rate,
-            "exact_match_fraction" => self.exact_match_fraction,
-            "kld" => kld,
-            "top1_agreement" => self.top1_agreement,
-            "rms_delta_p" => self.rms_delta_p,
-            "ppl_ratio_on_reference_text" => self.ppl_ratio_on_reference_text,
-            "ppl_drift_of_generated_text" => self.ppl_drift_of_generated_text,
-            "excess_token_match_rate" => self.excess_over_noise_floor?.token_match_rate,
-            "excess_kld" => self.excess_over_noise_floor?.kld,
-            _ => return None,
-        })
-    }
-}
-
 impl Variant {
     /// The metrics at horizon `tokens`, if the report has that horizon.
     pub fn horizon(&self, tokens: usize) -> Option<&HorizonMetrics> {
@@ -359,83 +291,66 @@ impl Report {
         write_atomic(path, json.as_bytes())
     }
 
-    /// Checks that every number is finite and every rate, share and probability lies in [0, 1],
-    /// intervals are ordered, and horizons match the workload's.
+    /// Checks that every number is finite and in its range (every metric's per
+    /// [`METRICS`](crate::metrics::METRICS); every share and probability in [0, 1]), intervals
+    /// are ordered, variant names are unique, and horizons match the workload's.
     pub fn validate(&self) -> Result<(), ReportError> {
-        let bad = |what: String| Err(ReportError::Invalid(what));
         if self.schema_version != SCHEMA_VERSION {
-            return bad(format!("schema_version {}", self.schema_version));
+            return Err(ReportError::Invalid(format!("schema_version {}", self.schema_version)));
         }
-        if self.workload.horizons.is_empty() || !self.workload.horizons.windows(2).all(|w| w[0] < w[1]) {
-            return bad(format!("horizons {:?} are not ascending", self.workload.horizons));
+        let horizons = &self.workload.horizons;
+        if horizons.is_empty() || !horizons.windows(2).all(|w| w[0] < w[1]) {
+            return Err(ReportError::Invalid(format!("horizons {horizons:?} are not ascending")));
         }
-        let mut names = std::collections::BTreeSet::new();
+        let mut names = BTreeSet::new();
         for v in &self.variants {
             if !names.insert(v.name.as_str()) {
-                return bad(format!("two variants are named {}", v.name));
+                return Err(ReportError::Invalid(format!("two variants are named {}", v.name)));
             }
-            let hs: Vec<usize> = v.horizons.iter().map(|h| h.tokens).collect();
-            if hs != self.workload.horizons {
-                return bad(format!("variant {}: horizons {hs:?} ≠ workload {:?}", v.name, self.workload.horizons));
+            v.validate(horizons).map_err(|what| ReportError::Invalid(format!("variant {}: {what}", v.name)))?;
+        }
+        Ok(())
+    }
+}
+
+/// `Err("WHAT = X, not RANGE")` unless `x` is in `[0, 1]`.
+fn unit(what: &str, x: f64) -> Result<(), String> {
+    if x.is_finite() && (0.0..=1.0).contains(&x) { Ok(()) } else { Err(format!("{what} = {x}, not ∈ [0, 1]")) }
+}
+
+/// `Err("WHAT = X, not finite")` unless `x` is finite.
+fn finite(what: &str, x: f64) -> Result<(), String> {
+    if x.is_finite() { Ok(()) } else { Err(format!("{what} = {x}, not finite")) }
+}
+
+impl Variant {
+    /// [`Report::validate`] for one variant: the error says what is wrong, without the name.
+    fn validate(&self, horizons: &[usize]) -> Result<(), String> {
+        let hs: Vec<usize> = self.horizons.iter().map(|h| h.tokens).collect();
+        if hs != horizons {
+            return Err(format!("horizons {hs:?} ≠ workload {horizons:?}"));
+        }
+        finite("bits_per_weight", self.bits_per_weight)?;
+        for h in &self.horizons {
+            for (m, e) in h.iter() {
+                m.check(e).map_err(|why| format!("{why} at horizon {}", h.tokens))?;
             }
-            let finite = |what: &str, x: f64| -> Result<(), ReportError> {
-                if x.is_finite() { Ok(()) } else { bad(format!("variant {}: {what} = {x}", v.name)) }
-            };
-            let unit = |what: &str, x: f64| -> Result<(), ReportError> {
-                finite(what, x)?;
-                if (0.0..=1.0).contains(&x) {
-                    Ok(())
-                } else {
-                    bad(format!("variant {}: {what} = {x} ∉ [0, 1]", v.name))
-                }
-            };
-            let ci = |what: &str, m: &MeanCi, in_unit: bool| -> Result<(), ReportError> {
-                for x in [m.mean, m.ci95[0], m.ci95[1]] {
-                    if in_unit { unit(what, x)? } else { finite(what, x)? }
-                }
-                if m.ci95[0] > m.ci95[1] {
-                    return bad(format!("variant {}: {what} interval {:?} is reversed", v.name, m.ci95));
-                }
-                Ok(())
-            };
-            finite("bits_per_weight", v.bits_per_weight)?;
-            for h in &v.horizons {
-                let at = |m: &str| format!("{m}@{}", h.tokens);
-                ci(&at("token_match_rate"), &h.token_match_rate, true)?;
-                ci(&at("exact_match_fraction"), &h.exact_match_fraction, true)?;
-                ci(&at("top1_agreement"), &h.top1_agreement, true)?;
-                ci(&at("rms_delta_p"), &h.rms_delta_p, true)?;
-                ci(&at("ppl_ratio_on_reference_text"), &h.ppl_ratio_on_reference_text, false)?;
-                ci(&at("ppl_drift_of_generated_text"), &h.ppl_drift_of_generated_text, false)?;
-                let k = &h.kld;
-                for x in [k.mean, k.median, k.p90, k.p99, k.max, k.ci95[0], k.ci95[1]] {
-                    finite(&at("kld"), x)?;
-                }
-                if let Some(e) = &h.excess_over_noise_floor {
-                    ci(&at("excess.token_match_rate"), &e.token_match_rate, false)?;
-                    ci(&at("excess.kld"), &e.kld, false)?;
-                }
-            }
-            for &(_, s) in &v.first_divergence.survival {
-                unit("survival", s)?;
-            }
-            for (what, xs) in [
-                ("per_position.token_match", &v.per_position.token_match),
-                ("per_position.top1_agreement", &v.per_position.top1_agreement),
-            ] {
-                for &x in xs {
-                    unit(what, x)?;
-                }
-            }
-            for &x in &v.per_position.kld {
-                finite("per_position.kld", x)?;
-            }
-            for t in &v.per_tensor_error {
-                finite(&format!("{} rel_frobenius", t.tensor), t.rel_frobenius)?;
-                finite(&format!("{} cosine", t.tensor), t.cosine)?;
-                if let Some(s) = t.sqnr_db {
-                    finite(&format!("{} sqnr_db", t.tensor), s)?;
-                }
+        }
+        for &(_, s) in &self.first_divergence.survival {
+            unit("survival", s)?;
+        }
+        let p = &self.per_position;
+        for (what, xs) in
+            [("per_position.token_match", &p.token_match), ("per_position.top1_agreement", &p.top1_agreement)]
+        {
+            xs.iter().try_for_each(|&x| unit(what, x))?;
+        }
+        p.kld.iter().try_for_each(|&x| finite("per_position.kld", x))?;
+        for t in &self.per_tensor_error {
+            finite(&format!("{} rel_frobenius", t.tensor), t.rel_frobenius)?;
+            finite(&format!("{} cosine", t.tensor), t.cosine)?;
+            if let Some(s) = t.sqnr_db {
+                finite(&format!("{} sqnr_db", t.tensor), s)?;
             }
         }
         Ok(())

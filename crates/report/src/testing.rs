@@ -6,8 +6,9 @@
 //! curve is the Kaplan–Meier estimate of the listed first-divergence positions, the median is its
 //! median), so renderers and the gate see the shapes real reports have.
 
+use crate::metrics::{METRICS, Metric, Range};
 use crate::{
-    EntropyStratum, EvalSetInfo, Excess, FirstDivergence, HorizonMetrics, KldSummary, MeanCi, ModelInfo, ModelShape,
+    Distribution, EntropyStratum, Estimate, EvalSetInfo, FirstDivergence, HorizonMetrics, ModelInfo, ModelShape,
     PerPosition, Reference, Report, SCHEMA_VERSION, TensorError, Variant, VariantKind, Workload,
 };
 
@@ -71,12 +72,12 @@ pub fn sample_report() -> Report {
     Report {
         schema_version: SCHEMA_VERSION,
         model: ModelInfo {
-            path: "models/SmolLM2-135M-Instruct/model.safetensors".into(),
+            path: "model.safetensors".into(),
             sha256: "3f5c0b1e9d2a4c6b8e0f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f".into(),
             architecture: "llama".into(),
             parameters: 134_515_008,
             synthetic: false,
-            format: "safetensors".into(),
+            format: "hf-safetensors".into(),
             shape: ModelShape { layers: 30, dim: 576, hidden_dim: 1536, heads: 9, kv_heads: 3, vocab_size: 49152 },
         },
         workload: Workload {
@@ -88,7 +89,7 @@ pub fn sample_report() -> Report {
             batch_size: 8,
             seed: 42,
             eval_set: EvalSetInfo {
-                path: "eval-sets/stories.jsonl".into(),
+                path: "stories.jsonl (built in)".into(),
                 sha256: "9a8b7c6d5e4f30211203f4e5d6c7b8a99a8b7c6d5e4f30211203f4e5d6c7b8a9".into(),
                 prompts: (0..PROMPTS).map(|i| format!("stories-{i:03}")).collect(),
             },
@@ -155,8 +156,8 @@ fn mean(xs: &[f64]) -> f64 {
 }
 
 /// A mean with a symmetric interval of half-width `half`, clipped to `[lo, hi]`.
-fn ci(m: f64, half: f64, lo: f64, hi: f64) -> MeanCi {
-    MeanCi { mean: m, ci95: [(m - half).max(lo), (m + half).min(hi)] }
+fn ci(m: f64, half: f64, lo: f64, hi: f64) -> Estimate {
+    Estimate::new(m, [(m - half).max(lo), (m + half).min(hi)])
 }
 
 /// The `q` quantile of sorted `xs` (nearest rank).
@@ -179,31 +180,53 @@ fn horizon(h: usize, c: &Curves, floor: &Curves, is_floor: bool) -> HorizonMetri
     let kld_mean = mean(&sorted);
     let top1 = mean(&c.top1[..h]);
     let drift = 1.0 + (1.0 - exact) * 40.0 * kld_mean.sqrt() * 0.1;
-    HorizonMetrics {
-        tokens: h,
-        token_match_rate: ci(tm, tm_half, 0.0, 1.0),
-        exact_match_fraction: ci(exact, exact_half, 0.0, 1.0),
-        kld: KldSummary {
-            mean: kld_mean,
+    let kld = Estimate {
+        mean: kld_mean,
+        distribution: Some(Distribution {
             median: quantile(&sorted, 0.5),
             p90: quantile(&sorted, 0.9),
             p99: quantile(&sorted, 0.99),
             max: sorted.last().copied().unwrap_or(0.0),
-            ci95: [kld_mean * 0.86, kld_mean * 1.15],
-        },
-        top1_agreement: ci(top1, 0.25 * (1.0 - top1) + 0.001, 0.0, 1.0),
-        rms_delta_p: ci(0.35 * kld_mean.sqrt(), 0.05 * kld_mean.sqrt(), 0.0, 1.0),
-        ppl_ratio_on_reference_text: ci(1.0 + 1.2 * kld_mean, 0.3 * kld_mean, 0.0, f64::MAX),
-        ppl_drift_of_generated_text: ci(drift, 0.4 * (drift - 1.0) + 0.003, 0.0, f64::MAX),
-        excess_over_noise_floor: (!is_floor).then(|| {
-            let d_tm = tm - mean(&floor.token_match[..h]);
-            let d_kld = kld_mean - mean(&floor.kld[..h]);
-            Excess {
-                token_match_rate: ci(d_tm, tm_half * 1.1, f64::MIN, f64::MAX),
-                kld: ci(d_kld, 0.15 * d_kld.abs() + 1e-5, f64::MIN, f64::MAX),
-            }
         }),
+        ci95: [kld_mean * 0.86, kld_mean * 1.15],
+    };
+    let mut metrics = vec![
+        ("token_match_rate", ci(tm, tm_half, 0.0, 1.0)),
+        ("exact_match_fraction", ci(exact, exact_half, 0.0, 1.0)),
+        ("kld", kld),
+        ("top1_agreement", ci(top1, 0.25 * (1.0 - top1) + 0.001, 0.0, 1.0)),
+        ("rms_delta_p", ci(0.35 * kld_mean.sqrt(), 0.05 * kld_mean.sqrt(), 0.0, 1.0)),
+        ("ppl_ratio_on_reference_text", ci(1.0 + 1.2 * kld_mean, 0.3 * kld_mean, 0.0, f64::MAX)),
+        ("ppl_drift_of_generated_text", ci(drift, 0.4 * (drift - 1.0) + 0.003, 0.0, f64::MAX)),
+    ];
+    if !is_floor {
+        let d_tm = tm - mean(&floor.token_match[..h]);
+        let d_kld = kld_mean - mean(&floor.kld[..h]);
+        metrics.push(("excess_token_match_rate", ci(d_tm, tm_half * 1.1, f64::MIN, f64::MAX)));
+        metrics.push(("excess_kld", ci(d_kld, 0.15 * d_kld.abs() + 1e-5, f64::MIN, f64::MAX)));
     }
+    let mut out = HorizonMetrics::new(h);
+    for (name, value) in metrics {
+        out.set(name, value).expect("every name is in METRICS");
+    }
+    let unmodelled: Vec<&Metric> =
+        METRICS.iter().filter(|m| out.get(m).is_none() && !(is_floor && m.is_excess())).collect();
+    for m in unmodelled {
+        out.set(m.name, placeholder(m)).expect("a name of METRICS");
+    }
+    out
+}
+
+/// A value in the range of a metric the sample does not model (one added to [`METRICS`] after
+/// it was written), so that the renderings and the gate tests still see every metric.
+fn placeholder(m: &Metric) -> Estimate {
+    let (mean, ci95) = match m.range {
+        Range::Unit => (0.5, [0.4, 0.6]),
+        Range::NonNegative | Range::Positive => (1.0, [0.9, 1.1]),
+        Range::Any => (0.0, [-0.1, 0.1]),
+    };
+    let distribution = m.tail.map(|_| Distribution { median: mean, p90: mean, p99: mean, max: mean });
+    Estimate { mean, distribution, ci95 }
 }
 
 /// The Kaplan–Meier curve of uncensored-before-`horizon_max` first-divergence positions.

@@ -24,7 +24,7 @@ fn point_passes_ci_fails() -> Report {
     let mut r = sample_report();
     let v = r.variants.iter_mut().find(|v| v.name == "int8").unwrap();
     let h = v.horizons.iter_mut().find(|h| h.tokens == 100).unwrap();
-    h.token_match_rate = mean_ci(0.85, 0.78, 0.90);
+    h.set("token_match_rate", mean_ci(0.85, 0.78, 0.90)).unwrap();
     r
 }
 
@@ -54,8 +54,8 @@ fn a_report_within_every_threshold_passes_with_exit_code_0() {
 #[test]
 fn a_report_outside_a_threshold_fails_with_exit_code_1_and_says_which_value() {
     let r = sample_report();
-    let upper = r.variant("int4-g128").unwrap().horizon(1000).unwrap().kld.ci95[1];
-    let lower = r.variant("int4-g128").unwrap().horizon(100).unwrap().token_match_rate.ci95[0];
+    let upper = r.variant("int4-g128").unwrap().horizon(1000).unwrap().metric("kld").unwrap().ci95[1];
+    let lower = r.variant("int4-g128").unwrap().horizon(100).unwrap().metric("token_match_rate").unwrap().ci95[0];
     let toml = r#"
         [variant."int4-g128"]
         "token_match_rate@100" = { min = 0.80 }
@@ -67,7 +67,7 @@ fn a_report_outside_a_threshold_fails_with_exit_code_1_and_says_which_value() {
     assert_eq!(outcome.failures().count(), 1, "{:#?}", lines(&outcome));
     assert_eq!(
         lines(&outcome),
-        // In GATE_METRICS order, not the file's.
+        // In METRICS order, not the file's.
         [
             format!("FAIL int4-g128 token_match_rate@100 bound=ci value={lower} (lower CI bound) threshold=min ≥ 0.8"),
             format!("PASS int4-g128 kld@1000 bound=ci value={upper} (upper CI bound) threshold=max ≤ 0.05"),

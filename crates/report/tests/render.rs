@@ -3,7 +3,9 @@
 mod common;
 
 use qdrift_report::testing::sample_report;
-use qdrift_report::{Report, render_html, render_markdown, render_summary};
+use qdrift_report::{
+    METRICS, Report, Thresholds, VariantKind, gate, junit_xml, render_html, render_markdown, render_summary,
+};
 
 /// The sample report with a variant whose name needs escaping everywhere.
 fn hostile_report() -> Report {
@@ -19,15 +21,14 @@ fn markdown_has_the_workload_line() {
     let md = render_markdown(&sample_report());
     let workload = md.lines().find(|l| l.starts_with("**Workload:**")).expect("a workload line");
     for part in [
-        "`models/SmolLM2-135M-Instruct/model.safetensors`",
-        "134.5M parameters",
+        "model `model.safetensors` (hf-safetensors · llama · 134.5M parameters · sha256 3f5c0b1e9d2a)",
         "backend wgpu on `llvmpipe (LLVM 19.1.7, 256 bits)`",
         "compute f16",
         "72 prompts",
         "horizons 10, 100, 1000",
         "batch size 8",
         "seed 42",
-        "eval set `eval-sets/stories.jsonl`",
+        "eval set `stories.jsonl (built in)` (sha256 9a8b7c6d5e4f)",
         "qdrift 0.1.0",
     ] {
         assert!(workload.contains(part), "{part:?} missing from {workload}");
@@ -36,6 +37,27 @@ fn markdown_has_the_workload_line() {
     let mut synthetic = sample_report();
     synthetic.model.synthetic = true;
     assert!(render_markdown(&synthetic).contains("**synthetic weights**"));
+}
+
+#[test]
+fn files_are_named_without_the_folders_of_the_machine_that_wrote_the_report() {
+    // Reports written before files were named by their name alone hold whole paths.
+    let mut r = sample_report();
+    r.model.path = "/work/main/xtask/../../shared/models/stories260K/stories260K.bin".into();
+    r.model.format = "llama2.c".into();
+    r.model.architecture = "llama2.c".into();
+    r.workload.eval_set.path = "/home/ci/qdrift/eval-sets/stories.jsonl".into();
+    r.variants[1].path = Some("/tmp/checkpoints/other.gguf".into());
+    r.variants[1].scheme = None;
+    let md = render_markdown(&r);
+    let html = render_html(&r).unwrap();
+    let summary = render_summary(&r);
+    for text in [&md, &html, &summary] {
+        assert!(!text.contains("/work/") && !text.contains("/home/") && !text.contains("/tmp/"), "{text}");
+        assert!(text.contains("stories260K.bin"));
+    }
+    assert!(md.contains("model `stories260K.bin` (llama2.c · 134.5M parameters · sha256 3f5c0b1e9d2a)"), "{md}");
+    assert!(md.contains("eval set `stories.jsonl`") && md.contains("| other.gguf |"), "{md}");
 }
 
 #[test]
@@ -52,19 +74,22 @@ fn markdown_has_a_table_per_horizon_with_intervals() {
         for (row, v) in table[2..].iter().zip(&r.variants) {
             let m = v.horizon(h).unwrap();
             assert!(row.starts_with(&format!("| {} |", v.name)), "{row}");
-            let tm = format!(
-                "{:.4} [{:.4}, {:.4}]",
-                m.token_match_rate.mean, m.token_match_rate.ci95[0], m.token_match_rate.ci95[1]
-            );
+            let tm = m.metric("token_match_rate").unwrap();
+            let tm = format!("{:.4} [{:.4}, {:.4}]", tm.mean, tm.ci95[0], tm.ci95[1]);
             assert!(row.contains(&tm), "{tm} missing from {row}");
-            // Ten columns, each but the name and p99 (and the noise floor's excess) with a CI.
-            assert_eq!(row.matches(" | ").count(), 9, "{row}");
-            let intervals = row.matches('[').count();
-            assert_eq!(intervals, if m.excess_over_noise_floor.is_some() { 8 } else { 6 }, "{row}");
+            // The name, a column per metric and one per p99; an interval for every metric the
+            // variant has (all but the noise floor's excess).
+            let columns = 1 + METRICS.len() + METRICS.iter().filter(|m| m.tail.is_some()).count();
+            assert_eq!(row.matches(" | ").count(), columns - 1, "{row}");
+            assert_eq!(row.matches('[').count(), m.iter().count(), "{row}");
+            assert_eq!(
+                m.iter().count(),
+                if v.kind == VariantKind::NoiseFloor { METRICS.len() - 2 } else { METRICS.len() }
+            );
         }
     }
     // Small KLD in scientific notation.
-    let floor = r.variants[0].horizon(10).unwrap().kld.mean;
+    let floor = r.variants[0].horizon(10).unwrap().metric("kld").unwrap().mean;
     assert!(floor < 0.01);
     assert!(md.contains(&format!("{floor:.2e}")), "KLD {floor} not in scientific notation");
     for section in ["## First divergence", "## Entropy strata", "## Per-tensor error"] {
@@ -88,7 +113,7 @@ fn the_summary_has_a_line_per_variant_and_horizon() {
         let at = s.find(&format!("first {h} tokens\n")).unwrap();
         let block: Vec<&str> = s[at..].lines().skip(1).take_while(|l| !l.is_empty()).collect();
         assert_eq!(block.len(), 1 + r.variants.len(), "{block:#?}");
-        assert!(block[0].starts_with("variant") && block[0].ends_with("PPL drift"), "{}", block[0]);
+        assert!(block[0].starts_with("variant") && block[0].ends_with("PPL drift (gen. text)"), "{}", block[0]);
         for (line, v) in block[1..].iter().zip(&r.variants) {
             assert!(line.starts_with(&v.name), "{line}");
             assert_eq!(line.matches('[').count(), 5, "{line}");
@@ -192,11 +217,67 @@ fn html_escapes_every_string_from_the_report() {
     assert!(!html.contains("<script"), "unescaped script tag");
     assert!(!html.contains("<&>"));
     assert!(html.contains("int8 &lt;&amp;&gt; &quot;x&quot; &#39;y&#39; &lt;script&gt;alert(1)&lt;/script&gt;"));
-    assert!(html.contains("<title>qdrift report: models/a&amp;b &lt;c&gt;.gguf</title>"));
+    assert!(html.contains("<title>qdrift report: a&amp;b &lt;c&gt;.gguf</title>"));
     assert!(html.contains("<code>GPU &lt;&quot;quoted&quot;&gt; &amp; co</code>"));
     // The charts' series attributes and legends are escaped too.
     assert!(html.contains("data-series=\"int8 &lt;&amp;&gt; &quot;x&quot; &#39;y&#39;"));
     assert!(html.contains("\nint8 &lt;&amp;&gt; &quot;x&quot; &apos;y&apos; &lt;script&gt;"));
+}
+
+#[test]
+fn every_gateable_metric_appears_in_every_rendering() {
+    let r = sample_report();
+    let md = render_markdown(&r);
+    let html = render_html(&r).unwrap();
+    let escaped = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('\'', "&#39;");
+    for m in METRICS {
+        // A column of every horizon's table, and a row of the glossary with its gate name.
+        let md_column = format!("| {} |", m.title);
+        let table_header = md.lines().filter(|l| l.starts_with("| Variant | Token match")).collect::<Vec<_>>();
+        assert_eq!(table_header.len(), r.workload.horizons.len());
+        assert!(table_header.iter().all(|l| l.contains(&md_column)), "{}: no column in the Markdown", m.name);
+        assert!(md.contains(&format!("| {} | `{}` |", m.title, m.name)), "{}: not in the Markdown glossary", m.name);
+        let th = format!("<th class=\"num\">{}</th>", escaped(m.title));
+        // (At least: "KLD mean" and "Top-1 agreement" head the entropy strata's columns too.)
+        assert!(html.matches(&th).count() >= r.workload.horizons.len(), "{}: no column in the HTML", m.name);
+        assert!(html.contains(&format!("<code>{}</code>", m.name)), "{}: not in the HTML glossary", m.name);
+        // A thresholds file that gates it on every variant but the noise floor.
+        let thresholds =
+            Thresholds::parse(&format!("[variant.\"*\"]\n\"{}@10\" = {{ min = -1e9 }}\n", m.name)).unwrap();
+        let xml = junit_xml(&gate(&r, &thresholds).unwrap());
+        assert_eq!(xml.matches(&format!("name=\"{}@10\"", m.name)).count(), 2, "{}: {xml}", m.name);
+    }
+    // rms_delta_p, once missing from both renderings, in int8's row of the first table.
+    let rms = r.variants[1].horizon(10).unwrap().metric("rms_delta_p").unwrap();
+    assert!(md.contains(&format!("{:.4} [{:.4}, {:.4}]", rms.mean, rms.ci95[0], rms.ci95[1])));
+}
+
+#[test]
+fn the_kld_chart_has_a_log_axis_that_shows_every_variant() {
+    let mut r = sample_report();
+    // An exact zero (a variant equal to the reference at one position) is drawn at the floor.
+    r.variants[0].per_position.kld[0] = 0.0;
+    let html = render_html(&r).unwrap();
+    assert!(html.contains("mean KLD (nats, log scale)"));
+    assert!(html.contains("means below 1.00e-6 nats (exact zeros included) are drawn at 1.00e-6"), "no caption");
+    let start = html.find("<svg id=\"chart-kld\"").unwrap();
+    let chart = &html[start..start + html[start..].find("</svg>").unwrap()];
+    // The noise floor (about 2e-4) and int4 (about 4e-2) are two decades apart: on a linear axis
+    // the noise floor would be a flat line on the x axis, on the log axis it is well above it.
+    let heights = |name: &str| -> Vec<f64> {
+        let line = chart
+            .lines()
+            .find(|l| l.contains(&format!("data-series=\"{name}\" data-part=\"line\"")))
+            .unwrap_or_else(|| panic!("no {name} line"));
+        let points = line.split("points=\"").nth(1).unwrap().split('"').next().unwrap();
+        points.split_whitespace().map(|p| p.split(',').nth(1).unwrap().parse::<f64>().unwrap()).collect()
+    };
+    let (floor, int4) = (heights("noise-floor-f32"), heights("int4-g128"));
+    let mean = |ys: &[f64]| ys.iter().sum::<f64>() / ys.len() as f64;
+    assert!(mean(&int4) + 100.0 < mean(&floor), "int4 is not drawn well above the noise floor");
+    let (lo, hi) = floor[1..].iter().fold((f64::MAX, f64::MIN), |(lo, hi), &y| (lo.min(y), hi.max(y)));
+    assert!(hi - lo > 5.0, "the noise floor's line is flat ({lo}..{hi} px)");
+    assert!(floor[0] > hi, "the zero is not drawn at the floor, below the rest");
 }
 
 #[test]

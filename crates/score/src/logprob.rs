@@ -79,7 +79,7 @@ pub fn top1(logits: &[f32]) -> Result<usize> {
 ///
 /// `token` is the reference's token at this position (the variant is teacher-forced on the
 /// reference's sequence), so `p_ref_token_ref` is what the reference gave its own token and
-/// `p_ref_token_var` is what the variant gave that same token.
+/// `p_var_of_ref_token` is what the variant gave that same token.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct PositionMetrics {
     /// `KL(p_ref ‖ p_var)` in nats (see [`kl_divergence`]).
@@ -89,7 +89,7 @@ pub struct PositionMetrics {
     /// `p_ref(token)`: the reference's probability of the reference token.
     pub p_ref_token_ref: f64,
     /// `p_var(token)`: the variant's probability of the reference token.
-    pub p_ref_token_var: f64,
+    pub p_var_of_ref_token: f64,
     /// `p_var(token) − p_ref(token)`; negative when the variant is less sure of the reference
     /// token (the sign convention of llama.cpp's `Δp`).
     pub delta_p: f64,
@@ -118,13 +118,13 @@ pub fn position_metrics(ref_logits: &[f32], var_logits: &[f32], token: usize) ->
     let logp_ref_of_token = ref_logp[token];
     let logp_var_of_token = var_logp[token];
     let p_ref_token_ref = logp_ref_of_token.exp();
-    let p_ref_token_var = logp_var_of_token.exp();
+    let p_var_of_ref_token = logp_var_of_token.exp();
     Ok(PositionMetrics {
         kld: kl_of_logp(&ref_logp, &var_logp),
         top1_agree: top1(ref_logits)? == top1(var_logits)?,
         p_ref_token_ref,
-        p_ref_token_var,
-        delta_p: p_ref_token_var - p_ref_token_ref,
+        p_var_of_ref_token,
+        delta_p: p_var_of_ref_token - p_ref_token_ref,
         ref_entropy: entropy_of_logp(&ref_logp),
         logp_ref_of_token,
         logp_var_of_token,
@@ -225,7 +225,7 @@ mod tests {
         close(m.kld, 3f64.ln() / 3.0, 1e-7);
         assert!(!m.top1_agree);
         close(m.p_ref_token_ref, 1.0 / 3.0, 1e-7);
-        close(m.p_ref_token_var, 1.0 / 3.0, 1e-7);
+        close(m.p_var_of_ref_token, 1.0 / 3.0, 1e-7);
         close(m.delta_p, 0.0, 1e-7);
         close(m.ref_entropy, 1.011_404_264_707_351_8, 1e-7);
         close(m.logp_ref_of_token, (1.0f64 / 3.0).ln(), 1e-7);

@@ -87,7 +87,7 @@ mod tests {
             kld,
             top1_agree,
             p_ref_token_ref: 0.5,
-            p_ref_token_var: 0.5,
+            p_var_of_ref_token: 0.5,
             delta_p: 0.0,
             ref_entropy,
             logp_ref_of_token: 0.5f64.ln(),

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use qdrift_report::MeanCi;
+use qdrift_report::Estimate;
 
 /// A fresh, empty folder for one test (named after it, so parallel tests never share one).
 pub fn temp_dir(test: &str) -> PathBuf {
@@ -15,6 +15,6 @@ pub fn temp_dir(test: &str) -> PathBuf {
 }
 
 /// A mean with its interval.
-pub fn mean_ci(mean: f64, lo: f64, hi: f64) -> MeanCi {
-    MeanCi { mean, ci95: [lo, hi] }
+pub fn mean_ci(mean: f64, lo: f64, hi: f64) -> Estimate {
+    Estimate::new(mean, [lo, hi])
 }

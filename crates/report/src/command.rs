@@ -1,0 +1,49 @@
+//! The whole `qdrift gate REPORT THRESHOLDS [--junit FILE]` command: read both files, run the
+//! check (`gate`), print its outcome and write it as JUnit (`junit`). Kept apart from the check
+//! so that `junit` depends on `gate` and this module on both, never the other way round.
+
+use std::path::Path;
+
+use crate::format::plain;
+use crate::gate::{GateError, Thresholds, exit_code, gate};
+use crate::junit::{junit_error_xml, junit_xml};
+use crate::{Report, write_atomic};
+
+/// What `qdrift gate` prints and returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GateRun {
+    /// The process exit code ([`exit_code`]; 2 also when the JUnit file cannot be written).
+    pub exit_code: u8,
+    /// For standard output: the outcome lines and the total line.
+    pub stdout: String,
+    /// For standard error: the one-line error, if any.
+    pub stderr: String,
+}
+
+/// The whole `qdrift gate REPORT THRESHOLDS [--junit FILE]` command, so the CLI is a thin
+/// wrapper: print `stdout` and `stderr`, exit with `exit_code`. With `junit`, the JUnit XML is
+/// written atomically, also when the input is unusable (then it holds one error test case), so
+/// a CI job never reads a stale file.
+pub fn run_gate(report_path: &Path, thresholds_path: &Path, junit: Option<&Path>) -> GateRun {
+    let outcome = Report::read(report_path)
+        .map_err(GateError::from)
+        .and_then(|report| Thresholds::read(thresholds_path).and_then(|t| gate(&report, &t)));
+    let mut run = GateRun { exit_code: exit_code(&outcome), stdout: String::new(), stderr: String::new() };
+    let xml = match &outcome {
+        Ok(o) => {
+            run.stdout = o.lines();
+            junit_xml(o)
+        }
+        Err(e) => {
+            run.stderr = format!("qdrift gate: {}\n", plain(&e.to_string()));
+            junit_error_xml(e)
+        }
+    };
+    if let Some(path) = junit
+        && let Err(e) = write_atomic(path, xml.as_bytes())
+    {
+        run.stderr.push_str(&format!("qdrift gate: cannot write the JUnit file: {}\n", plain(&e.to_string())));
+        run.exit_code = 2;
+    }
+    run
+}

@@ -1,0 +1,351 @@
+//! The metric registry: every per-horizon metric of `report.json`, in one table.
+//!
+//! [`METRICS`] gives each metric its name (its key in `report.json` and in a thresholds file), its
+//! column title, a one-sentence description, its range, which way is better, its number format and
+//! where it sits in the JSON. Everything that lists metrics reads this table and nothing else:
+//! [`HorizonMetrics`](crate::HorizonMetrics)' JSON layout, [`Report::validate`](crate::Report::validate),
+//! the gate's metric names, the Markdown and HTML tables and glossary, the terminal summary, and
+//! so the JUnit test names.
+//!
+//! Adding a metric computed from data already in a trace is one entry here (placed
+//! [`Placement::Optional`]: reports written before it lack it, see the schema version rule on
+//! [`SCHEMA_VERSION`](crate::SCHEMA_VERSION)) and one `set` where the evaluation computes the
+//! metrics (`qdrift_eval::aggregate`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::format::{kld, rate, signed_kld, signed_rate};
+
+/// A statistic over prompts: the point estimate, its 95% interval, and for some metrics the
+/// distribution of the per-position values it summarises.
+///
+/// In JSON: `{"mean", "median", "p90", "p99", "max", "ci95"}` (the distribution's four keys only
+/// when there is one), the fields' declaration order.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Estimate {
+    /// The point estimate (a mean over prompts, or a pooled ratio).
+    pub mean: f64,
+    /// Where the per-position values fall, for the metrics with a [`Metric::tail`] column.
+    #[serde(flatten)]
+    pub distribution: Option<Distribution>,
+    /// The 95% interval `[lo, hi]`.
+    pub ci95: [f64; 2],
+}
+
+impl Estimate {
+    /// A point estimate and its interval, without a distribution.
+    pub fn new(mean: f64, ci95: [f64; 2]) -> Estimate {
+        Estimate { mean, distribution: None, ci95 }
+    }
+
+    /// Every number of the estimate: the mean, the interval, and the distribution if any.
+    fn numbers(&self) -> Vec<f64> {
+        let mut xs = vec![self.mean, self.ci95[0], self.ci95[1]];
+        if let Some(d) = &self.distribution {
+            xs.extend([d.median, d.p90, d.p99, d.max]);
+        }
+        xs
+    }
+}
+
+/// Quantiles of the per-position values over all positions `< h` of all prompts.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Distribution {
+    /// Median over positions.
+    pub median: f64,
+    /// 90th percentile over positions.
+    pub p90: f64,
+    /// 99th percentile over positions.
+    pub p99: f64,
+    /// Largest per-position value.
+    pub max: f64,
+}
+
+/// The values a metric can take: [`Report::validate`](crate::Report::validate) refuses others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Range {
+    /// A rate, share or probability in `[0, 1]`.
+    Unit,
+    /// Any finite number `≥ 0` (a divergence).
+    NonNegative,
+    /// Any finite number `> 0` (a ratio of perplexities).
+    Positive,
+    /// Any finite number (a difference).
+    Any,
+}
+
+impl Range {
+    /// Whether `x` is in the range (never for NaN or an infinity).
+    pub fn contains(self, x: f64) -> bool {
+        x.is_finite()
+            && match self {
+                Range::Unit => (0.0..=1.0).contains(&x),
+                Range::NonNegative => x >= 0.0,
+                Range::Positive => x > 0.0,
+                Range::Any => true,
+            }
+    }
+
+    /// The range in words, for error messages: `∈ [0, 1]`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Range::Unit => "∈ [0, 1]",
+            Range::NonNegative => "≥ 0",
+            Range::Positive => "> 0",
+            Range::Any => "finite",
+        }
+    }
+}
+
+/// Which values of a metric mean a variant closer to its reference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Better {
+    /// Higher is better (agreement rates).
+    Higher,
+    /// Lower is better (divergences).
+    Lower,
+    /// Closer to 1 is better (ratios of perplexities: 1 is no drift either way).
+    NearOne,
+}
+
+impl Better {
+    /// `higher`, `lower` or `closer to 1`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Better::Higher => "higher",
+            Better::Lower => "lower",
+            Better::NearOne => "closer to 1",
+        }
+    }
+}
+
+/// The key of the object that holds the differences against the noise floor in `report.json`.
+pub const EXCESS_KEY: &str = "excess_over_noise_floor";
+
+/// Where a metric sits in a horizon's JSON object, and whether a report must have it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// `horizons[i].NAME`, in every variant of every schema-1 report: a report without it is
+    /// not a report.
+    Required,
+    /// `horizons[i].NAME`, added to schema 1 after reports were first written: older reports
+    /// lack it, and a report without it is still read (it shows as `—` and cannot be gated).
+    Optional,
+    /// `horizons[i].excess_over_noise_floor.KEY`: a paired difference against the noise floor,
+    /// absent on the noise floor itself.
+    Excess {
+        /// The key inside [`EXCESS_KEY`].
+        key: &'static str,
+    },
+}
+
+/// One metric of a horizon.
+#[derive(Debug)]
+pub struct Metric {
+    /// The name in `report.json` (for top-level metrics) and in a thresholds file
+    /// (`NAME@HORIZON`).
+    pub name: &'static str,
+    /// The column header in the Markdown and HTML tables and the terminal summary.
+    pub title: &'static str,
+    /// What it measures, in one sentence (the reports' glossary).
+    pub description: &'static str,
+    /// The values it can take.
+    pub range: Range,
+    /// Which way is better.
+    pub better: Better,
+    /// How its numbers are printed.
+    pub format: fn(f64) -> String,
+    /// The title of its p99 column, for a metric whose [`Estimate`] carries a [`Distribution`]
+    /// (every report has it); `None`: no distribution.
+    pub tail: Option<&'static str>,
+    /// Where it sits in the JSON.
+    pub placement: Placement,
+    /// Whether the terminal summary of `qdrift eval` shows it.
+    pub summary: bool,
+}
+
+/// Every metric, in the order of the JSON keys, the table columns and the gate's checks.
+pub const METRICS: &[Metric] = &[
+    Metric {
+        name: "token_match_rate",
+        title: "Token match",
+        description: "Free-running: share of the first h generated positions where the variant's token equals the \
+                      reference's.",
+        range: Range::Unit,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Required,
+        summary: true,
+    },
+    Metric {
+        name: "exact_match_fraction",
+        title: "Exact match",
+        description: "Free-running: share of prompts whose first h generated tokens all equal the reference's \
+                      (Wilson interval).",
+        range: Range::Unit,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Required,
+        summary: true,
+    },
+    Metric {
+        name: "kld",
+        title: "KLD mean",
+        description: "Teacher-forced on the reference's continuation: KL(P_ref ‖ P_variant) in nats, the mean over \
+                      prompts of each prompt's mean over positions (p99: over all positions).",
+        range: Range::NonNegative,
+        better: Better::Lower,
+        format: kld,
+        tail: Some("KLD p99"),
+        placement: Placement::Required,
+        summary: true,
+    },
+    Metric {
+        name: "top1_agreement",
+        title: "Top-1 agreement",
+        description: "Teacher-forced: share of positions where both models' most likely token is the same.",
+        range: Range::Unit,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Required,
+        summary: true,
+    },
+    Metric {
+        name: "rms_delta_p",
+        title: "RMS Δp",
+        description: "Teacher-forced: root mean square over positions of p_variant(ref token) − p_ref(ref token).",
+        range: Range::Unit,
+        better: Better::Lower,
+        format: rate,
+        tail: None,
+        placement: Placement::Required,
+        summary: false,
+    },
+    Metric {
+        name: "ppl_ratio_on_reference_text",
+        title: "PPL ratio (ref. text)",
+        description: "Teacher-forced: PPL_variant(ref text) / PPL_ref(ref text), pooled over prompts.",
+        range: Range::Positive,
+        better: Better::NearOne,
+        format: rate,
+        tail: None,
+        placement: Placement::Required,
+        summary: false,
+    },
+    Metric {
+        name: "ppl_drift_of_generated_text",
+        title: "PPL drift (gen. text)",
+        description: "PPL_ref(variant's text) / PPL_ref(reference's text), pooled over prompts: rises as the \
+                      variant's free-running text wanders from what the reference would write.",
+        range: Range::Positive,
+        better: Better::NearOne,
+        format: rate,
+        tail: None,
+        placement: Placement::Required,
+        summary: true,
+    },
+    Metric {
+        name: "excess_token_match_rate",
+        title: "Excess token match",
+        description: "Token match minus the noise floor's, paired by prompt (negative: the variant matches less \
+                      than the noise floor).",
+        range: Range::Any,
+        better: Better::Higher,
+        format: signed_rate,
+        tail: None,
+        placement: Placement::Excess { key: "token_match_rate" },
+        summary: false,
+    },
+    Metric {
+        name: "excess_kld",
+        title: "Excess KLD",
+        description: "KLD mean minus the noise floor's, paired by prompt, in nats.",
+        range: Range::Any,
+        better: Better::Lower,
+        format: signed_kld,
+        tail: None,
+        placement: Placement::Excess { key: "kld" },
+        summary: false,
+    },
+];
+
+/// The metric named `name`.
+pub fn metric(name: &str) -> Option<&'static Metric> {
+    METRICS.iter().find(|m| m.name == name)
+}
+
+/// The position of metric `name` in [`METRICS`].
+pub(crate) fn rank(name: &str) -> Option<usize> {
+    METRICS.iter().position(|m| m.name == name)
+}
+
+/// Every metric name, comma-separated: for messages that list what is known.
+pub(crate) fn names() -> String {
+    METRICS.iter().map(|m| m.name).collect::<Vec<_>>().join(", ")
+}
+
+impl Metric {
+    /// `mean [lo, hi]`, each number in the metric's format.
+    pub fn with_ci(&self, e: &Estimate) -> String {
+        let f = self.format;
+        format!("{} [{}, {}]", f(e.mean), f(e.ci95[0]), f(e.ci95[1]))
+    }
+
+    /// Whether the metric is a difference against the noise floor (so the noise floor has none).
+    pub fn is_excess(&self) -> bool {
+        matches!(self.placement, Placement::Excess { .. })
+    }
+
+    /// Checks an estimate of this metric: every number in [`Metric::range`], the interval
+    /// ordered, and a distribution exactly when the metric has a [`Metric::tail`]. The error
+    /// says what is wrong, for a message that names the variant and horizon.
+    pub fn check(&self, e: &Estimate) -> Result<(), String> {
+        if let Some(x) = e.numbers().into_iter().find(|&x| !self.range.contains(x)) {
+            return Err(format!("{} = {x}, not {}", self.name, self.range.describe()));
+        }
+        if e.ci95[0] > e.ci95[1] {
+            return Err(format!("{} interval {:?} is reversed", self.name, e.ci95));
+        }
+        match (self.tail.is_some(), e.distribution.is_some()) {
+            (true, false) => Err(format!("{} has no median, p90, p99 and max", self.name)),
+            (false, true) => Err(format!("{} has a distribution it does not define", self.name)),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_json_keys_are_unique() {
+        let mut excess_keys = Vec::new();
+        for (i, m) in METRICS.iter().enumerate() {
+            assert_eq!(rank(m.name), Some(i), "{} twice", m.name);
+            assert!(m.name != "tokens" && m.name != EXCESS_KEY, "{} is a key of its own", m.name);
+            if let Placement::Excess { key } = m.placement {
+                assert!(!excess_keys.contains(&key), "{key} twice in {EXCESS_KEY}");
+                excess_keys.push(key);
+            }
+        }
+    }
+
+    #[test]
+    fn check_refuses_what_the_range_excludes() {
+        let unit = metric("token_match_rate").unwrap();
+        assert!(unit.check(&Estimate::new(0.5, [0.25, 0.75])).is_ok());
+        assert!(unit.check(&Estimate::new(1.5, [0.25, 0.75])).unwrap_err().contains("∈ [0, 1]"));
+        assert!(unit.check(&Estimate::new(0.5, [0.75, 0.25])).unwrap_err().contains("reversed"));
+        assert!(unit.check(&Estimate::new(f64::NAN, [0.25, 0.75])).is_err());
+        let kld = metric("kld").unwrap();
+        assert!(kld.check(&Estimate::new(0.5, [0.25, 0.75])).unwrap_err().contains("median"));
+        let d = Distribution { median: 0.1, p90: 0.2, p99: 0.3, max: -0.4 };
+        assert!(kld.check(&Estimate { distribution: Some(d), ..Estimate::new(0.5, [0.25, 0.75]) }).is_err());
+        assert!(metric("excess_kld").unwrap().check(&Estimate::new(-0.5, [-0.75, -0.25])).is_ok());
+        assert_eq!(unit.with_ci(&Estimate::new(0.5, [0.25, 0.75])), "0.5000 [0.2500, 0.7500]");
+    }
+}
