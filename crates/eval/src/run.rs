@@ -131,7 +131,7 @@ pub const REFERENCE_NAME: &str = "fp16";
 /// The eval set used when none is given: `stories` for llama2.c models (TinyStories), `chat`
 /// for models with a chat template, else `english`.
 pub fn default_eval_set(loaded: &LoadedModel) -> &'static str {
-    if loaded.format == "llama2.c" {
+    if loaded.format == qdrift_load::ModelFormat::Llama2c {
         "stories"
     } else if loaded.chat_template.is_some() {
         "chat"
@@ -319,7 +319,7 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send
     }
 
     let model_path = cfg.model.display().to_string();
-    let synthetic = loaded.format == "synthetic";
+    let synthetic = loaded.format.is_synthetic();
     let report = Report {
         schema_version: SCHEMA_VERSION,
         model: ModelInfo {
