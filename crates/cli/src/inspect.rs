@@ -7,8 +7,7 @@ use std::error::Error;
 use std::path::PathBuf;
 
 use clap::Args;
-use qdrift_load::ModelFormat;
-use qdrift_load::inspect::{Fp32, WeightStorage, inspect, inspect_loaded};
+use qdrift_load::inspect::{Fp32, WeightStorage, inspect_path};
 use qdrift_quantize::SchemeFootprint;
 
 /// Arguments of `qdrift inspect`.
@@ -37,24 +36,7 @@ pub fn run(args: InspectArgs) -> Result<(), Box<dyn Error>> {
     let footprints = SchemeFootprint::all();
     let mut storages: Vec<&dyn WeightStorage> = vec![&Fp32];
     storages.extend(footprints.iter().map(|f| f as &dyn WeightStorage));
-    let name = args.model.to_string_lossy();
-    // Synthetic shapes need no weights: inspecting llama-8b must not allocate 32 GB.
-    let inspection = match name.strip_prefix("synthetic:") {
-        Some(preset) => {
-            let preset = preset.split(':').next().unwrap_or(preset);
-            let arch = qdrift_load::synthetic_arch(preset).ok_or_else(|| {
-                let known: Vec<&str> = qdrift_load::SYNTHETIC_PRESETS.iter().map(|(n, _)| *n).collect();
-                format!("unknown synthetic model \"{preset}\"; known: {}", known.join(", "))
-            })?;
-            let seq = args.seq_len.unwrap_or(arch.max_seq_len);
-            inspect(&arch, &[], false, seq, args.batch, &storages).with_format(ModelFormat::Synthetic)
-        }
-        None => {
-            let loaded = qdrift_load::open_model(&args.model, args.tokenizer.as_deref())?;
-            let seq = args.seq_len.unwrap_or(loaded.model.arch.max_seq_len);
-            inspect_loaded(&loaded, seq, args.batch, &storages)
-        }
-    };
+    let inspection = inspect_path(&args.model, args.tokenizer.as_deref(), args.seq_len, args.batch, &storages)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&inspection)?);
     } else {

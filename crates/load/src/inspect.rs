@@ -24,10 +24,11 @@
 //!   Norms, RoPE, softmax and SwiGLU's elementwise work are left out (< 1% at these sizes).
 
 use std::fmt;
+use std::path::Path;
 
 use serde::Serialize;
 
-use crate::{LlamaArch, LoadedModel, ModelFormat};
+use crate::{LlamaArch, LoadError, LoadedModel, ModelFormat, open_model, synthetic};
 
 /// Parameter counts, a tied embedding counted once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -183,6 +184,30 @@ pub fn inspect(
         kv_cache: kv_cache_bytes(arch, seq_len, batch),
         flops_per_token: flops_per_token(arch, seq_len),
     }
+}
+
+/// Inspects the model at `path` as `qdrift inspect` does: a `synthetic:NAME[:SEED]` preset from
+/// its shape alone (no weights are made: `llama-8b` would need 32 GB), any other model opened
+/// with [`open_model`] (and `tokenizer`, if given). `seq_len` defaults to the model's context.
+///
+/// # Errors
+/// An unknown preset or a bad seed; [`open_model`]'s errors.
+pub fn inspect_path(
+    path: &Path,
+    tokenizer: Option<&Path>,
+    seq_len: Option<usize>,
+    batch: usize,
+    storages: &[&dyn WeightStorage],
+) -> Result<Inspection, LoadError> {
+    if let Some(spec) = path.to_str().and_then(|p| p.strip_prefix("synthetic:")) {
+        let (name, _seed) = synthetic::parse_spec(spec)?;
+        let arch = synthetic::preset_arch(name)?;
+        let seq = seq_len.unwrap_or(arch.max_seq_len);
+        return Ok(inspect(&arch, &[], false, seq, batch, storages).with_format(ModelFormat::Synthetic));
+    }
+    let loaded = open_model(path, tokenizer)?;
+    let seq = seq_len.unwrap_or(loaded.model.arch.max_seq_len);
+    Ok(inspect_loaded(&loaded, seq, batch, storages))
 }
 
 /// [`inspect`] of a loaded model, with its format, source dtypes and biases.

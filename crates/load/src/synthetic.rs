@@ -78,7 +78,14 @@ fn preset_list() -> String {
 
 /// `synthetic:NAME` or `synthetic:NAME:SEED` (the part after `synthetic:`) for [`crate::open_model`].
 pub(crate) fn open_synthetic(spec: &str) -> Result<LoadedModel, LoadError> {
-    let (name, seed) = match spec.split_once(':') {
+    let (name, seed) = parse_spec(spec)?;
+    synthetic_model(name, seed)
+}
+
+/// `NAME` or `NAME:SEED` (the part after `synthetic:`) as the preset name and the seed (0 when
+/// absent).
+pub(crate) fn parse_spec(spec: &str) -> Result<(&str, u64), LoadError> {
+    match spec.split_once(':') {
         Some((n, s)) => {
             let seed = s.parse::<u64>().map_err(|_| {
                 LoadError::invalid(
@@ -86,11 +93,20 @@ pub(crate) fn open_synthetic(spec: &str) -> Result<LoadedModel, LoadError> {
                     format!("seed {s:?} is not an unsigned integer"),
                 )
             })?;
-            (n, seed)
+            Ok((n, seed))
         }
-        None => (spec, 0),
-    };
-    synthetic_model(name, seed)
+        None => Ok((spec, 0)),
+    }
+}
+
+/// [`synthetic_arch`], or an error naming the known presets.
+pub(crate) fn preset_arch(name: &str) -> Result<LlamaArch, LoadError> {
+    synthetic_arch(name).ok_or_else(|| {
+        LoadError::invalid(
+            Path::new(&format!("synthetic:{name}")),
+            format!("unknown synthetic model {name}; presets: {}", preset_list()),
+        )
+    })
 }
 
 /// A synthetic model of preset `name` (see [`SYNTHETIC_PRESETS`]) with weights from `seed`.
@@ -100,9 +116,7 @@ pub(crate) fn open_synthetic(spec: &str) -> Result<LoadedModel, LoadError> {
 /// not fit in available memory.
 pub fn synthetic_model(name: &str, seed: u64) -> Result<LoadedModel, LoadError> {
     let path = PathBuf::from(format!("synthetic:{name}"));
-    let arch = synthetic_arch(name).ok_or_else(|| {
-        LoadError::invalid(&path, format!("unknown synthetic model {name}; presets: {}", preset_list()))
-    })?;
+    let arch = preset_arch(name)?;
     check_fits(&path, arch.parameter_count() as u64 * 4, available_memory())?;
     let model = random_model(arch, seed);
     let tokenizer = byte_tokenizer(model.arch.vocab_size).map_err(|e| LoadError::invalid(&path, e))?;

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use qdrift_load::inspect::{Fp32, inspect, inspect_loaded};
+use qdrift_load::inspect::{Fp32, inspect, inspect_loaded, inspect_path};
 use qdrift_load::{LlamaArch, ModelFormat, open_model, synthetic_arch};
 
 /// stories260K (README of shared/models/stories260K).
@@ -82,6 +82,12 @@ fn llama_8b_counts_an_untied_head_and_needs_no_weights() {
     assert_eq!(i.params.total, 8_030_261_248);
     // 2 · 32 · 8 · 128 · 8192 · 2 bytes = 1 GiB of f16 KV cache at 8k context.
     assert_eq!(i.kv_cache.f16_bytes, 1 << 30);
+    // `qdrift inspect`'s path: the preset's shape, marked synthetic, seed ignored.
+    let by_path = inspect_path(Path::new("synthetic:llama-8b:3"), None, Some(8192), 1, &[]).expect("shape only");
+    assert_eq!(by_path, i.with_format(ModelFormat::Synthetic));
+    assert!(by_path.synthetic);
+    let e = inspect_path(Path::new("synthetic:gpt-5"), None, None, 1, &[]).expect_err("unknown").to_string();
+    assert!(e.contains("unknown synthetic model gpt-5; presets: tiny,"), "{e}");
 }
 
 #[test]
