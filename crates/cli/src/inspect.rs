@@ -1,10 +1,14 @@
-//! `qdrift inspect`.
+//! `qdrift inspect`: [`qdrift_load::inspect::Inspection`] as text, or as JSON with `--json` (its
+//! fields are documented on that type). Weight memory is listed unquantized (`fp32`), then under
+//! every scheme of `qdrift quantize`, each from the scheme's own storage accounting
+//! ([`SchemeFootprint`]).
 
 use std::error::Error;
 use std::path::PathBuf;
 
 use clap::Args;
-use qdrift_load::inspect::{inspect, inspect_loaded};
+use qdrift_load::inspect::{Fp32, WeightStorage, inspect_path};
+use qdrift_quantize::SchemeFootprint;
 
 /// Arguments of `qdrift inspect`.
 #[derive(Args)]
@@ -28,27 +32,11 @@ pub struct InspectArgs {
 
 /// Runs `qdrift inspect`.
 pub fn run(args: InspectArgs) -> Result<(), Box<dyn Error>> {
-    let name = args.model.to_string_lossy();
-    // Synthetic shapes need no weights: inspecting llama-8b must not allocate 32 GB.
-    let inspection = match name.strip_prefix("synthetic:") {
-        Some(preset) => {
-            let preset = preset.split(':').next().unwrap_or(preset);
-            let arch = qdrift_load::synthetic_arch(preset).ok_or_else(|| {
-                let known: Vec<&str> = qdrift_load::SYNTHETIC_PRESETS.iter().map(|(n, _)| *n).collect();
-                format!("unknown synthetic model \"{preset}\"; known: {}", known.join(", "))
-            })?;
-            let seq = args.seq_len.unwrap_or(arch.max_seq_len);
-            let mut i = inspect(&arch, &[], false, seq, args.batch);
-            i.synthetic = true;
-            i.format = Some("synthetic".to_string());
-            i
-        }
-        None => {
-            let loaded = qdrift_load::open_model(&args.model, args.tokenizer.as_deref())?;
-            let seq = args.seq_len.unwrap_or(loaded.model.arch.max_seq_len);
-            inspect_loaded(&loaded, seq, args.batch)
-        }
-    };
+    // Weight memory unquantized, then under every scheme `qdrift quantize` offers.
+    let footprints = SchemeFootprint::all();
+    let mut storages: Vec<&dyn WeightStorage> = vec![&Fp32];
+    storages.extend(footprints.iter().map(|f| f as &dyn WeightStorage));
+    let inspection = inspect_path(&args.model, args.tokenizer.as_deref(), args.seq_len, args.batch, &storages)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&inspection)?);
     } else {

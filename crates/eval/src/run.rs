@@ -129,7 +129,7 @@ pub const DEFAULT_EVAL_SET_RULE: &str =
 /// The eval set used when none is given: `stories` for llama2.c models (TinyStories), `chat`
 /// for models with a chat template, else `english` ([`DEFAULT_EVAL_SET_RULE`]).
 pub fn default_eval_set(loaded: &LoadedModel) -> &'static str {
-    if loaded.format == "llama2.c" {
+    if loaded.format == qdrift_load::ModelFormat::Llama2c {
         "stories"
     } else if loaded.chat_template.is_some() {
         "chat"
@@ -284,7 +284,7 @@ fn assemble_report(
 /// The model as reports name it: file (or folder) name and SHA-256, never a machine path.
 fn model_info(cfg: &EvalConfig, loaded: &LoadedModel) -> Result<ModelInfo, EvalError> {
     let arch = &loaded.model.arch;
-    let synthetic = loaded.format == "synthetic";
+    let synthetic = loaded.format.is_synthetic();
     Ok(ModelInfo {
         path: report_name(&cfg.model),
         sha256: if synthetic { String::new() } else { sha256_file(&model_identity_file(&cfg.model))? },

@@ -38,7 +38,7 @@ use std::path::Path;
 
 use qdrift_ggml::GgmlType;
 
-use crate::hf::permute_rows;
+use crate::rope_layout::{RopeLayout, permute_rows};
 use crate::{HostModel, HostTensor, LayerWeights, LlamaArch, LoadError, RopeScaling};
 
 const MAGIC: &[u8; 4] = b"GGUF";
@@ -396,12 +396,34 @@ fn min_value_size(ty: u32) -> Option<u64> {
     })
 }
 
+/// The file's layout in order: header, metadata, tensor infos, then the model built from them.
 fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
     let mut r = Reader { path, bytes, pos: 0 };
+    let Header { version, tensor_count, kv_count } = read_header(&mut r)?;
+    let metadata = read_metadata(&mut r, kv_count)?;
+    let raw_infos = read_tensor_infos(&mut r, tensor_count)?;
+    let data_start = data_section_start(path, &metadata, r.pos, bytes.len())?;
+    let infos = locate_tensors(path, raw_infos, data_start, bytes.len() as u64)?;
+
+    let tensor_types = infos.iter().map(|t| (t.name.clone(), t.ty.name())).collect();
+    let tokenizer = tokenizer_metadata(&metadata);
+    let model = build_llama(&TensorTable { path, bytes, infos: &infos }, &metadata, &tokenizer)?;
+    Ok(GgufModel { model, version, metadata, tokenizer, tensor_types })
+}
+
+/// The fixed-size start of the file.
+struct Header {
+    version: u32,
+    tensor_count: u64,
+    kv_count: u64,
+}
+
+/// Magic, version and the two counts, each count checked against the bytes left.
+fn read_header(r: &mut Reader<'_>) -> Result<Header, LoadError> {
     let magic = r.array::<4>(&|| "the magic".to_string())?;
     if &magic != MAGIC {
         return Err(LoadError::invalid(
-            path,
+            r.path,
             format!("not a GGUF file: magic is {magic:02x?}, expected \"GGUF\" (47 47 55 46)"),
         ));
     }
@@ -410,7 +432,7 @@ fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
         let hint =
             if version.swap_bytes() <= 3 { " (a big-endian GGUF file? only little-endian is supported)" } else { "" };
         return Err(LoadError::invalid(
-            path,
+            r.path,
             format!("GGUF version {version} is not supported; supported: 2, 3{hint}"),
         ));
     }
@@ -420,7 +442,11 @@ fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
     // 8 (name length) + 4 (n_dims) + 4 (type) + 8 (offset).
     r.check_count(kv_count, 13, &|| "the header's metadata count".to_string())?;
     r.check_count(tensor_count, 24, &|| "the header's tensor count".to_string())?;
+    Ok(Header { version, tensor_count, kv_count })
+}
 
+/// `kv_count` key/value pairs.
+fn read_metadata(r: &mut Reader<'_>, kv_count: u64) -> Result<BTreeMap<String, GgufValue>, LoadError> {
     let mut metadata = BTreeMap::new();
     for i in 0..kv_count {
         let key = r.string(&|| format!("metadata key {i}"))?;
@@ -429,7 +455,21 @@ fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
         let value = r.value(ty, 0, &what)?;
         metadata.insert(key, value);
     }
+    Ok(metadata)
+}
 
+/// A tensor info as stored: its offset is relative to the data section, not yet checked.
+struct RawTensorInfo {
+    name: String,
+    dims: Vec<u64>,
+    ty: TensorType,
+    offset: u64,
+}
+
+/// `tensor_count` tensor infos; an unsupported type or too many dims is refused here, naming the
+/// tensor.
+fn read_tensor_infos(r: &mut Reader<'_>, tensor_count: u64) -> Result<Vec<RawTensorInfo>, LoadError> {
+    let path = r.path;
     let mut raw_infos = Vec::with_capacity(tensor_count as usize);
     for i in 0..tensor_count {
         let name = r.string(&|| format!("the name of tensor {i}"))?;
@@ -456,9 +496,19 @@ fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
                 ),
             )
         })?;
-        raw_infos.push((name, dims, ty, offset));
+        raw_infos.push(RawTensorInfo { name, dims, ty, offset });
     }
+    Ok(raw_infos)
+}
 
+/// Where the data section starts: the first multiple of `general.alignment` at or after
+/// `infos_end`, the end of the tensor infos.
+fn data_section_start(
+    path: &Path,
+    metadata: &BTreeMap<String, GgufValue>,
+    infos_end: usize,
+    file_len: usize,
+) -> Result<u64, LoadError> {
     let alignment = match metadata.get("general.alignment") {
         None => DEFAULT_ALIGNMENT,
         Some(v) => match v.as_u64() {
@@ -468,17 +518,26 @@ fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
             }
         },
     };
-    let data_start = (r.pos as u64).div_ceil(alignment).saturating_mul(alignment);
-    if data_start > bytes.len() as u64 {
+    let data_start = (infos_end as u64).div_ceil(alignment).saturating_mul(alignment);
+    if data_start > file_len as u64 {
         return Err(LoadError::truncated(
             path,
-            format!("the data section starts at byte {data_start}, the file has {} bytes", bytes.len()),
+            format!("the data section starts at byte {data_start}, the file has {file_len} bytes"),
         ));
     }
-    let data_len = bytes.len() as u64 - data_start;
+    Ok(data_start)
+}
 
+/// Each tensor's absolute byte range, checked to be whole blocks within the file.
+fn locate_tensors(
+    path: &Path,
+    raw_infos: Vec<RawTensorInfo>,
+    data_start: u64,
+    file_len: u64,
+) -> Result<Vec<TensorInfo>, LoadError> {
+    let data_len = file_len - data_start;
     let mut infos = Vec::with_capacity(raw_infos.len());
-    for (name, dims, ty, offset) in raw_infos {
+    for RawTensorInfo { name, dims, ty, offset } in raw_infos {
         let n_elements = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
         let (block, block_bytes) = ty.block();
         let size =
@@ -509,11 +568,7 @@ fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
             end: (data_start + end) as usize,
         });
     }
-
-    let tensor_types = infos.iter().map(|t| (t.name.clone(), t.ty.name())).collect();
-    let tokenizer = tokenizer_metadata(&metadata);
-    let model = build_llama(path, bytes, &metadata, &infos, &tokenizer)?;
-    Ok(GgufModel { model, version, metadata, tokenizer, tensor_types })
+    Ok(infos)
 }
 
 fn tokenizer_metadata(m: &BTreeMap<String, GgufValue>) -> GgufTokenizerMetadata {
@@ -544,13 +599,120 @@ fn tokenizer_metadata(m: &BTreeMap<String, GgufValue>) -> GgufTokenizerMetadata 
     }
 }
 
+/// The located tensors of a file, read by name into [`HostTensor`]s.
+struct TensorTable<'a> {
+    path: &'a Path,
+    bytes: &'a [u8],
+    infos: &'a [TensorInfo],
+}
+
+impl TensorTable<'_> {
+    fn find(&self, name: &str) -> Option<&TensorInfo> {
+        self.infos.iter().find(|t| t.name == name)
+    }
+
+    /// Tensor `name`, dequantized, checked to have `shape` ([`HostModel`]'s, outermost first;
+    /// GGUF lists the same dims innermost first).
+    fn tensor(&self, name: &str, shape: &[usize]) -> Result<HostTensor, LoadError> {
+        let path = self.path;
+        let gguf_dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
+        let info = self.find(name).ok_or_else(|| {
+            LoadError::invalid(path, format!("tensor {name} is missing; expected dims {gguf_dims:?} (ne0 first)"))
+        })?;
+        if info.dims != gguf_dims {
+            return Err(LoadError::invalid(
+                path,
+                format!("tensor {name} has dims {:?}; expected {gguf_dims:?} (ne0 first)", info.dims),
+            ));
+        }
+        let data = decode(info.ty, &self.bytes[info.start..info.end], shape.iter().product())
+            .map_err(|e| LoadError::invalid(path, format!("tensor {name}: {e}")))?;
+        HostTensor::new(shape.to_vec(), data)
+            .ok_or_else(|| LoadError::invalid(path, format!("tensor {name}: element count does not match {shape:?}")))
+    }
+
+    /// Tensor `name` when the file has it.
+    fn optional(&self, name: &str, shape: &[usize]) -> Result<Option<HostTensor>, LoadError> {
+        match self.find(name) {
+            Some(_) => self.tensor(name, shape).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+/// The `{arch}.*` hyper-parameter keys of one architecture.
+struct ArchKeys<'a> {
+    path: &'a Path,
+    meta: &'a BTreeMap<String, GgufValue>,
+    /// `general.architecture`: `llama` or `qwen2`.
+    arch: &'a str,
+}
+
+impl ArchKeys<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    /// `{arch}.{k}` as a non-negative integer, else `default`; missing without a default is an error.
+    fn int(&self, k: &str, default: Option<usize>) -> Result<usize, LoadError> {
+        let key = self.key(k);
+        match self.meta.get(&key) {
+            Some(v) => v
+                .as_u64()
+                .and_then(|v| usize::try_from(v).ok())
+                .ok_or_else(|| LoadError::invalid(self.path, format!("{key} is {v:?}, not a non-negative integer"))),
+            None => default.ok_or_else(|| LoadError::invalid(self.path, format!("{key} is missing"))),
+        }
+    }
+
+    /// `{arch}.{k}` as a number, else `default`; missing without a default is an error.
+    fn float(&self, k: &str, default: Option<f32>) -> Result<f32, LoadError> {
+        let key = self.key(k);
+        match self.meta.get(&key) {
+            Some(v) => v
+                .as_f64()
+                .map(|f| f as f32)
+                .ok_or_else(|| LoadError::invalid(self.path, format!("{key} is {v:?}, not a number"))),
+            None => default.ok_or_else(|| LoadError::invalid(self.path, format!("{key} is missing"))),
+        }
+    }
+}
+
+/// The model: architecture → hyper-parameters → refusals → RoPE scaling → weights.
 fn build_llama(
-    path: &Path,
-    bytes: &[u8],
+    table: &TensorTable<'_>,
     meta: &BTreeMap<String, GgufValue>,
-    infos: &[TensorInfo],
     tokenizer: &GgufTokenizerMetadata,
 ) -> Result<HostModel, LoadError> {
+    let path = table.path;
+    let (arch_name, q_k_layout) = read_architecture(path, meta)?;
+    let keys = ArchKeys { path, meta, arch: arch_name };
+    let mut arch = read_hyper_parameters(&keys, table, tokenizer)?;
+    check_refusals(&keys, &arch, table.infos)?;
+    arch.rope_scaling = read_rope_scaling(&keys, table, arch.head_dim())?;
+
+    let (vocab_size, dim) = (arch.vocab_size, arch.dim);
+    let token_embedding = table.tensor("token_embd.weight", &[vocab_size, dim])?;
+    let mut layers = Vec::with_capacity(arch.n_layers.min(table.infos.len()));
+    for i in 0..arch.n_layers {
+        layers.push(read_layer(table, &arch, i, q_k_layout)?);
+    }
+    let final_norm = table.tensor("output_norm.weight", &[dim])?;
+    let output = if arch.tied_embeddings { None } else { Some(table.tensor("output.weight", &[vocab_size, dim])?) };
+    Ok(HostModel { arch, token_embedding, layers, final_norm, output })
+}
+
+/// How a file stores q/k rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum QkLayout {
+    /// `llama`: llama.cpp's converter already permuted them into the interleaved RoPE layout.
+    Interleaved,
+    /// `qwen2`: Hugging Face's rotate-half layout, un-permuted on reading.
+    RotateHalf,
+}
+
+/// `general.architecture` and how its q/k rows are stored.
+fn read_architecture<'m>(path: &Path, meta: &'m BTreeMap<String, GgufValue>) -> Result<(&'m str, QkLayout), LoadError> {
     let arch_name = match meta.get("general.architecture") {
         Some(GgufValue::String(s)) => s.as_str(),
         Some(other) => {
@@ -558,41 +720,27 @@ fn build_llama(
         }
         None => return Err(LoadError::invalid(path, "general.architecture is missing")),
     };
-    // qwen2 keeps Hugging Face's rotate-half q/k rows and always has q/k/v biases.
-    let qwen2 = match arch_name {
-        "llama" => false,
-        "qwen2" => true,
-        other => {
-            return Err(LoadError::invalid(
-                path,
-                format!("unsupported architecture {other}; supported: {SUPPORTED_GGUF_ARCHITECTURES}"),
-            ));
-        }
-    };
-    let key = |k: &str| format!("{arch_name}.{k}");
-    let int = |key: &str, default: Option<usize>| -> Result<usize, LoadError> {
-        match meta.get(key) {
-            Some(v) => v
-                .as_u64()
-                .and_then(|v| usize::try_from(v).ok())
-                .ok_or_else(|| LoadError::invalid(path, format!("{key} is {v:?}, not a non-negative integer"))),
-            None => default.ok_or_else(|| LoadError::invalid(path, format!("{key} is missing"))),
-        }
-    };
-    let float = |key: &str, default: Option<f32>| -> Result<f32, LoadError> {
-        match meta.get(key) {
-            Some(v) => v
-                .as_f64()
-                .map(|f| f as f32)
-                .ok_or_else(|| LoadError::invalid(path, format!("{key} is {v:?}, not a number"))),
-            None => default.ok_or_else(|| LoadError::invalid(path, format!("{key} is missing"))),
-        }
-    };
-    let dim = int(&key("embedding_length"), None)?;
-    let n_heads = int(&key("attention.head_count"), None)?;
+    match arch_name {
+        "llama" => Ok((arch_name, QkLayout::Interleaved)),
+        "qwen2" => Ok((arch_name, QkLayout::RotateHalf)),
+        other => Err(LoadError::invalid(
+            path,
+            format!("unsupported architecture {other}; supported: {SUPPORTED_GGUF_ARCHITECTURES}"),
+        )),
+    }
+}
 
-    let find = |name: &str| infos.iter().find(|t| t.name == name);
-    let embd = find("token_embd.weight").ok_or_else(|| {
+/// [`LlamaArch`] from the `{arch}.*` keys, the vocabulary from `token_embd.weight`'s dims (which
+/// must hold the tokenizer's tokens), tied when `output.weight` is absent; RoPE scaling unset.
+fn read_hyper_parameters(
+    keys: &ArchKeys<'_>,
+    table: &TensorTable<'_>,
+    tokenizer: &GgufTokenizerMetadata,
+) -> Result<LlamaArch, LoadError> {
+    let path = keys.path;
+    let dim = keys.int("embedding_length", None)?;
+    let n_heads = keys.int("attention.head_count", None)?;
+    let embd = table.find("token_embd.weight").ok_or_else(|| {
         LoadError::invalid(
             path,
             format!("tensor token_embd.weight is missing; expected dims [{dim}, vocab] (ne0 first)"),
@@ -616,109 +764,105 @@ fn build_llama(
             ),
         ));
     }
-    let output = find("output.weight");
-    let mut arch = LlamaArch {
-        architecture: arch_name.to_string(),
+    let arch = LlamaArch {
+        architecture: keys.arch.to_string(),
         dim,
-        hidden_dim: int(&key("feed_forward_length"), None)?,
-        n_layers: int(&key("block_count"), None)?,
+        hidden_dim: keys.int("feed_forward_length", None)?,
+        n_layers: keys.int("block_count", None)?,
         n_heads,
-        n_kv_heads: int(&key("attention.head_count_kv"), Some(n_heads))?,
+        n_kv_heads: keys.int("attention.head_count_kv", Some(n_heads))?,
         vocab_size,
-        max_seq_len: int(&key("context_length"), None)?,
-        norm_eps: float(&key("attention.layer_norm_rms_epsilon"), None)?,
-        rope_theta: float(&key("rope.freq_base"), Some(10000.0))?,
-        tied_embeddings: output.is_none(),
+        max_seq_len: keys.int("context_length", None)?,
+        norm_eps: keys.float("attention.layer_norm_rms_epsilon", None)?,
+        rope_theta: keys.float("rope.freq_base", Some(10000.0))?,
+        tied_embeddings: table.find("output.weight").is_none(),
         rope_scaling: None,
     };
-    arch.validate().map_err(|e| LoadError::invalid(path, format!("inconsistent {arch_name} hyper-parameters: {e}")))?;
+    arch.validate()
+        .map_err(|e| LoadError::invalid(path, format!("inconsistent {} hyper-parameters: {e}", keys.arch)))?;
+    Ok(arch)
+}
+
+/// Refuses what [`HostModel`] cannot carry: partial rotary embeddings, biases other than q/k/v.
+fn check_refusals(keys: &ArchKeys<'_>, arch: &LlamaArch, infos: &[TensorInfo]) -> Result<(), LoadError> {
     let head_dim = arch.head_dim();
-    let rope_dims = int(&key("rope.dimension_count"), Some(head_dim))?;
+    let rope_dims = keys.int("rope.dimension_count", Some(head_dim))?;
     if rope_dims != head_dim {
         return Err(LoadError::invalid(
-            path,
+            keys.path,
             format!(
                 "{} is {rope_dims} but the head dimension is {head_dim}: partial rotary \
                  embeddings are not supported",
-                key("rope.dimension_count")
+                keys.key("rope.dimension_count")
             ),
         ));
     }
     if let Some(t) = infos.iter().find(|t| t.name.ends_with(".bias") && !is_qkv_bias(&t.name)) {
         return Err(LoadError::invalid(
-            path,
+            keys.path,
             format!("tensor {}: biases other than blk.N.attn_q/attn_k/attn_v.bias are not supported", t.name),
         ));
     }
+    Ok(())
+}
 
-    // `shape` is HostModel's (outermost first); GGUF lists the same dims innermost first.
-    let tensor = |name: &str, shape: &[usize]| -> Result<HostTensor, LoadError> {
-        let gguf_dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
-        let info = find(name).ok_or_else(|| {
-            LoadError::invalid(path, format!("tensor {name} is missing; expected dims {gguf_dims:?} (ne0 first)"))
-        })?;
-        if info.dims != gguf_dims {
-            return Err(LoadError::invalid(
-                path,
-                format!("tensor {name} has dims {:?}; expected {gguf_dims:?} (ne0 first)", info.dims),
-            ));
-        }
-        let data = decode(info.ty, &bytes[info.start..info.end], shape.iter().product())
-            .map_err(|e| LoadError::invalid(path, format!("tensor {name}: {e}")))?;
-        HostTensor::new(shape.to_vec(), data)
-            .ok_or_else(|| LoadError::invalid(path, format!("tensor {name}: element count does not match {shape:?}")))
-    };
-
-    let linear = rope_linear_factor(path, meta, arch_name)?;
-    let freqs = match find("rope_freqs.weight") {
-        Some(_) => Some(tensor("rope_freqs.weight", &[head_dim / 2])?.data),
-        None => None,
-    };
-    if freqs.is_some() || linear.is_some() {
-        let mut factors = freqs.unwrap_or_else(|| vec![1.0; head_dim / 2]);
-        if let Some(l) = linear {
-            factors.iter_mut().for_each(|f| *f *= l);
-        }
-        let scaling = RopeScaling::FreqFactors { factors };
-        scaling.validate(head_dim).map_err(|e| LoadError::invalid(path, format!("tensor rope_freqs.weight: {e}")))?;
-        arch.rope_scaling = Some(scaling);
+/// [`RopeScaling::FreqFactors`] from `rope_freqs.weight` (per-pair divisors) times the linear
+/// factor, or `None` when the file has neither.
+fn read_rope_scaling(
+    keys: &ArchKeys<'_>,
+    table: &TensorTable<'_>,
+    head_dim: usize,
+) -> Result<Option<RopeScaling>, LoadError> {
+    let linear = rope_linear_factor(keys.path, keys.meta, keys.arch)?;
+    let freqs = table.optional("rope_freqs.weight", &[head_dim / 2])?.map(|t| t.data);
+    if freqs.is_none() && linear.is_none() {
+        return Ok(None);
     }
-
-    let (kv_dim, hidden) = (arch.kv_dim(), arch.hidden_dim);
-    let q_dim = arch.n_heads * head_dim;
-    // Rows of a qwen2 q/k weight or bias, rotate-half → interleaved.
-    let rope_rows = |t: HostTensor, heads: usize| {
-        if qwen2 { permute_rows(&t, heads, true) } else { t }
-    };
-    let token_embedding = tensor("token_embd.weight", &[vocab_size, dim])?;
-    let mut layers = Vec::with_capacity(arch.n_layers.min(infos.len()));
-    for i in 0..arch.n_layers {
-        let t = |suffix: &str, shape: &[usize]| tensor(&format!("blk.{i}.{suffix}.weight"), shape);
-        let bias = |suffix: &str, n: usize| -> Result<Option<HostTensor>, LoadError> {
-            let name = format!("blk.{i}.{suffix}.bias");
-            if qwen2 || find(&name).is_some() { tensor(&name, &[n]).map(Some) } else { Ok(None) }
-        };
-        layers.push(LayerWeights {
-            attn_norm: t("attn_norm", &[dim])?,
-            wq: rope_rows(t("attn_q", &[q_dim, dim])?, arch.n_heads),
-            wk: rope_rows(t("attn_k", &[kv_dim, dim])?, arch.n_kv_heads),
-            wv: t("attn_v", &[kv_dim, dim])?,
-            wo: t("attn_output", &[dim, q_dim])?,
-            ffn_norm: t("ffn_norm", &[dim])?,
-            w_gate: t("ffn_gate", &[hidden, dim])?,
-            w_up: t("ffn_up", &[hidden, dim])?,
-            w_down: t("ffn_down", &[dim, hidden])?,
-            bq: bias("attn_q", q_dim)?.map(|b| rope_rows(b, arch.n_heads)),
-            bk: bias("attn_k", kv_dim)?.map(|b| rope_rows(b, arch.n_kv_heads)),
-            bv: bias("attn_v", kv_dim)?,
-        });
+    let mut factors = freqs.unwrap_or_else(|| vec![1.0; head_dim / 2]);
+    if let Some(l) = linear {
+        factors.iter_mut().for_each(|f| *f *= l);
     }
-    let final_norm = tensor("output_norm.weight", &[dim])?;
-    let output = match output {
-        Some(_) => Some(tensor("output.weight", &[vocab_size, dim])?),
-        None => None,
+    let scaling = RopeScaling::FreqFactors { factors };
+    scaling.validate(head_dim).map_err(|e| LoadError::invalid(keys.path, format!("tensor rope_freqs.weight: {e}")))?;
+    Ok(Some(scaling))
+}
+
+/// Block `i`'s weights (`blk.{i}.*`); q/k/v biases required for `qwen2`, optional otherwise; q/k
+/// rows brought to the interleaved layout.
+fn read_layer(
+    table: &TensorTable<'_>,
+    arch: &LlamaArch,
+    i: usize,
+    layout: QkLayout,
+) -> Result<LayerWeights, LoadError> {
+    let (dim, hidden, kv_dim) = (arch.dim, arch.hidden_dim, arch.kv_dim());
+    let q_dim = arch.n_heads * arch.head_dim();
+    let rope_rows = |t: HostTensor, heads: usize| match layout {
+        QkLayout::Interleaved => t,
+        QkLayout::RotateHalf => permute_rows(&t, heads, RopeLayout::ToInterleaved),
     };
-    Ok(HostModel { arch, token_embedding, layers, final_norm, output })
+    let t = |suffix: &str, shape: &[usize]| table.tensor(&format!("blk.{i}.{suffix}.weight"), shape);
+    let bias = |suffix: &str, n: usize| -> Result<Option<HostTensor>, LoadError> {
+        let name = format!("blk.{i}.{suffix}.bias");
+        match layout {
+            QkLayout::RotateHalf => table.tensor(&name, &[n]).map(Some),
+            QkLayout::Interleaved => table.optional(&name, &[n]),
+        }
+    };
+    Ok(LayerWeights {
+        attn_norm: t("attn_norm", &[dim])?,
+        wq: rope_rows(t("attn_q", &[q_dim, dim])?, arch.n_heads),
+        wk: rope_rows(t("attn_k", &[kv_dim, dim])?, arch.n_kv_heads),
+        wv: t("attn_v", &[kv_dim, dim])?,
+        wo: t("attn_output", &[dim, q_dim])?,
+        ffn_norm: t("ffn_norm", &[dim])?,
+        w_gate: t("ffn_gate", &[hidden, dim])?,
+        w_up: t("ffn_up", &[hidden, dim])?,
+        w_down: t("ffn_down", &[dim, hidden])?,
+        bq: bias("attn_q", q_dim)?.map(|b| rope_rows(b, arch.n_heads)),
+        bk: bias("attn_k", kv_dim)?.map(|b| rope_rows(b, arch.n_kv_heads)),
+        bv: bias("attn_v", kv_dim)?,
+    })
 }
 
 /// `blk.N.attn_q.bias`, `blk.N.attn_k.bias` or `blk.N.attn_v.bias`.

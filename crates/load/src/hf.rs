@@ -25,9 +25,8 @@
 //!
 //! **RoPE layout.** Hugging Face stores q/k rows in the rotate-half layout (rotation pairs are
 //! rows `i` and `i + head_dim/2` of a head); [`HostModel`] uses the interleaved layout (pairs are
-//! rows `2i`, `2i+1`). The reader un-permutes q/k weights and biases: the inverse of
-//! `qdrift-quantize`'s `rotate_half_row_order`, i.e. llama.cpp `convert_hf_to_gguf.py`'s
-//! `LlamaModel.permute`.
+//! rows `2i`, `2i+1`). The reader un-permutes q/k weights and biases ([`crate::rotate_half_row_order`],
+//! llama.cpp `convert_hf_to_gguf.py`'s `LlamaModel.permute`).
 //!
 //! **Architectures.** `LlamaForCausalLM` (Llama 2/3, SmolLM, TinyLlama), `MistralForCausalLM`
 //! and `Qwen2ForCausalLM`. Mistral's `sliding_window` (when set and smaller than
@@ -49,7 +48,11 @@ use serde_json::Value;
 
 use crate::hf_tokenizer::read_tokenizer_json;
 use crate::open::check_vocab;
-use crate::{HfTokenizer, HostModel, HostTensor, LayerWeights, LlamaArch, LoadError, LoadedModel, RopeScaling};
+use crate::rope_layout::RopeLayout::ToInterleaved;
+use crate::rope_layout::permute_rows;
+use crate::{
+    HfTokenizer, HostModel, HostTensor, LayerWeights, LlamaArch, LoadError, LoadedModel, ModelFormat, RopeScaling,
+};
 
 /// Architectures [`read_hf_folder`] reads, as `config.json` names them.
 pub const SUPPORTED_ARCHITECTURES: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM";
@@ -112,9 +115,8 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
         tokenizer: Box::new(tok),
         path: dir.to_path_buf(),
         tokenizer_path,
-        format: "hf-safetensors",
+        format: ModelFormat::HfSafetensors,
         source_dtypes: shards.dtypes(),
-        synthetic: false,
         chat_template,
     })
 }
@@ -153,9 +155,80 @@ fn chat_template(v: &Value) -> Option<String> {
         .map(str::to_string)
 }
 
-/// The hyper-parameters of `config.json`.
+/// `config.json`'s fields, read with `transformers`' defaults; errors name the file.
+struct Config<'a> {
+    path: &'a Path,
+    c: &'a Value,
+}
+
+impl Config<'_> {
+    fn bad(&self, m: String) -> LoadError {
+        LoadError::invalid(self.path, m)
+    }
+
+    /// A non-negative integer, else `default` (absent or `null`); missing without a default is an
+    /// error.
+    fn int(&self, key: &str, default: Option<usize>) -> Result<usize, LoadError> {
+        match self.c.get(key) {
+            Some(Value::Null) | None => default.ok_or_else(|| self.bad(format!("{key} is missing"))),
+            Some(v) => v
+                .as_u64()
+                .and_then(|v| usize::try_from(v).ok())
+                .ok_or_else(|| self.bad(format!("{key} is {v}, not a non-negative integer"))),
+        }
+    }
+
+    /// A number, else `default` (absent or `null`).
+    fn float(&self, key: &str, default: f32) -> Result<f32, LoadError> {
+        match self.c.get(key) {
+            Some(Value::Null) | None => Ok(default),
+            Some(v) => v.as_f64().map(|f| f as f32).ok_or_else(|| self.bad(format!("{key} is {v}, not a number"))),
+        }
+    }
+
+    /// True only when the key is `true`.
+    fn flag(&self, key: &str) -> bool {
+        self.c.get(key).and_then(Value::as_bool) == Some(true)
+    }
+
+    /// A present, non-`null` value.
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.c.get(key).filter(|v| !v.is_null())
+    }
+}
+
+/// The hyper-parameters of `config.json`: architecture → refused options → context → RoPE →
+/// shapes.
 fn parse_config(path: &Path, c: &Value) -> Result<LlamaArch, LoadError> {
-    let bad = |m: String| LoadError::invalid(path, m);
+    let config = Config { path, c };
+    let architecture = config_architecture(&config)?;
+    let dim = config.int("hidden_size", None)?;
+    let n_heads = config.int("num_attention_heads", None)?;
+    check_options(&config, &architecture)?;
+    let max_seq_len = max_seq_len(&config, &architecture)?;
+    let (rope_theta, rope_scaling) = rope(&config)?;
+    let arch = LlamaArch {
+        architecture,
+        dim,
+        hidden_dim: config.int("intermediate_size", None)?,
+        n_layers: config.int("num_hidden_layers", None)?,
+        n_heads,
+        n_kv_heads: config.int("num_key_value_heads", Some(n_heads))?,
+        vocab_size: config.int("vocab_size", None)?,
+        max_seq_len,
+        norm_eps: config.float("rms_norm_eps", 1e-6)?,
+        rope_theta,
+        tied_embeddings: config.flag("tie_word_embeddings"),
+        rope_scaling,
+    };
+    check_head_dim(&config, dim, n_heads)?;
+    arch.validate().map_err(|e| config.bad(format!("inconsistent hyper-parameters: {e}")))?;
+    Ok(arch)
+}
+
+/// `architectures[0]`, else the class `model_type` implies; one of [`SUPPORTED_ARCHITECTURES`].
+fn config_architecture(config: &Config<'_>) -> Result<String, LoadError> {
+    let c = config.c;
     let architecture = c
         .get("architectures")
         .and_then(Value::as_array)
@@ -172,94 +245,83 @@ fn parse_config(path: &Path, c: &Value) -> Result<LlamaArch, LoadError> {
         })
         .ok_or_else(|| {
             let t = c.get("model_type").and_then(Value::as_str).unwrap_or("(none)");
-            bad(format!(
+            config.bad(format!(
                 "unsupported architecture: no architectures[0] and model_type {t}; supported: {SUPPORTED_ARCHITECTURES}"
             ))
         })?;
     if !matches!(architecture.as_str(), "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM") {
-        return Err(bad(format!("unsupported architecture {architecture}; supported: {SUPPORTED_ARCHITECTURES}")));
+        return Err(
+            config.bad(format!("unsupported architecture {architecture}; supported: {SUPPORTED_ARCHITECTURES}"))
+        );
     }
-    let int = |key: &str, default: Option<usize>| -> Result<usize, LoadError> {
-        match c.get(key) {
-            Some(Value::Null) | None => default.ok_or_else(|| bad(format!("{key} is missing"))),
-            Some(v) => v
-                .as_u64()
-                .and_then(|v| usize::try_from(v).ok())
-                .ok_or_else(|| bad(format!("{key} is {v}, not a non-negative integer"))),
-        }
-    };
-    let float = |key: &str, default: f32| -> Result<f32, LoadError> {
-        match c.get(key) {
-            Some(Value::Null) | None => Ok(default),
-            Some(v) => v.as_f64().map(|f| f as f32).ok_or_else(|| bad(format!("{key} is {v}, not a number"))),
-        }
-    };
-    let flag = |key: &str| c.get(key).and_then(Value::as_bool) == Some(true);
+    Ok(architecture)
+}
 
-    let dim = int("hidden_size", None)?;
-    let n_heads = int("num_attention_heads", None)?;
-    if let Some(act) = c.get("hidden_act").and_then(Value::as_str)
+/// Refuses an activation other than SiLU and Llama's optional attention/MLP biases.
+fn check_options(config: &Config<'_>, architecture: &str) -> Result<(), LoadError> {
+    if let Some(act) = config.c.get("hidden_act").and_then(Value::as_str)
         && act != "silu"
     {
-        return Err(bad(format!("hidden_act {act} is not supported; supported: silu (SwiGLU)")));
+        return Err(config.bad(format!("hidden_act {act} is not supported; supported: silu (SwiGLU)")));
     }
-    if architecture == "LlamaForCausalLM" && (flag("attention_bias") || flag("mlp_bias")) {
-        return Err(bad("attention_bias/mlp_bias = true is not supported for LlamaForCausalLM".into()));
+    if architecture == "LlamaForCausalLM" && (config.flag("attention_bias") || config.flag("mlp_bias")) {
+        return Err(config.bad("attention_bias/mlp_bias = true is not supported for LlamaForCausalLM".into()));
     }
-    let mut max_seq_len = int("max_position_embeddings", Some(2048))?;
+    Ok(())
+}
+
+/// `max_position_embeddings`, capped by a sliding window where one applies.
+fn max_seq_len(config: &Config<'_>, architecture: &str) -> Result<usize, LoadError> {
+    let max_seq_len = config.int("max_position_embeddings", Some(2048))?;
     // Mistral: full attention equals sliding-window attention for contexts within the window.
-    let sliding = match architecture.as_str() {
+    let sliding = match architecture {
         "MistralForCausalLM" => true,
-        "Qwen2ForCausalLM" => flag("use_sliding_window"),
+        "Qwen2ForCausalLM" => config.flag("use_sliding_window"),
         _ => false,
     };
-    if sliding && let Some(w) = c.get("sliding_window").and_then(Value::as_u64).and_then(|w| usize::try_from(w).ok()) {
-        max_seq_len = max_seq_len.min(w);
-    }
-    // transformers ≥ 5 writes `rope_parameters` ({rope_type, rope_theta, ...}) in place of
-    // `rope_theta` and `rope_scaling`; earlier versions write those two.
-    let rope_parameters = c.get("rope_parameters").filter(|v| !v.is_null());
-    let rope_scaling = match c.get("rope_scaling").filter(|v| !v.is_null()) {
-        Some(r) => parse_rope_scaling(r).map_err(|m| bad(format!("rope_scaling: {m}")))?,
+    let window = config.c.get("sliding_window").and_then(Value::as_u64).and_then(|w| usize::try_from(w).ok());
+    Ok(match window {
+        Some(w) if sliding => max_seq_len.min(w),
+        _ => max_seq_len,
+    })
+}
+
+/// RoPE's theta and scaling. `transformers` ≥ 5 writes `rope_parameters` (`{rope_type,
+/// rope_theta, ...}`) in place of `rope_theta` and `rope_scaling`; earlier versions write those
+/// two, which win when both are present.
+fn rope(config: &Config<'_>) -> Result<(f32, Option<RopeScaling>), LoadError> {
+    let rope_parameters = config.get("rope_parameters");
+    let rope_scaling = match config.get("rope_scaling") {
+        Some(r) => parse_rope_scaling(r).map_err(|m| config.bad(format!("rope_scaling: {m}")))?,
         None => match rope_parameters {
-            Some(r) => parse_rope_scaling(r).map_err(|m| bad(format!("rope_parameters: {m}")))?,
+            Some(r) => parse_rope_scaling(r).map_err(|m| config.bad(format!("rope_parameters: {m}")))?,
             None => None,
         },
     };
-    let theta = c
-        .get("rope_theta")
-        .filter(|v| !v.is_null())
-        .or_else(|| rope_parameters.and_then(|r| r.get("rope_theta")))
-        .filter(|v| !v.is_null());
+    let theta =
+        config.get("rope_theta").or_else(|| rope_parameters.and_then(|r| r.get("rope_theta"))).filter(|v| !v.is_null());
     let rope_theta = match theta {
-        Some(v) => v.as_f64().map(|f| f as f32).ok_or_else(|| bad(format!("rope_theta is {v}, not a number")))?,
+        Some(v) => {
+            v.as_f64().map(|f| f as f32).ok_or_else(|| config.bad(format!("rope_theta is {v}, not a number")))?
+        }
         None => 10000.0,
     };
-    let arch = LlamaArch {
-        architecture,
-        dim,
-        hidden_dim: int("intermediate_size", None)?,
-        n_layers: int("num_hidden_layers", None)?,
-        n_heads,
-        n_kv_heads: int("num_key_value_heads", Some(n_heads))?,
-        vocab_size: int("vocab_size", None)?,
-        max_seq_len,
-        norm_eps: float("rms_norm_eps", 1e-6)?,
-        rope_theta,
-        tied_embeddings: flag("tie_word_embeddings"),
-        rope_scaling,
+    Ok((rope_theta, rope_scaling))
+}
+
+/// Refuses a `head_dim` other than `hidden_size / num_attention_heads`.
+fn check_head_dim(config: &Config<'_>, dim: usize, n_heads: usize) -> Result<(), LoadError> {
+    let Some(default_head_dim) = dim.checked_div(n_heads) else {
+        return Ok(());
     };
-    if let Some(default_head_dim) = dim.checked_div(n_heads) {
-        let head_dim = int("head_dim", Some(default_head_dim))?;
-        if head_dim * n_heads != dim {
-            return Err(bad(format!(
-                "head_dim {head_dim} × num_attention_heads {n_heads} ≠ hidden_size {dim}; \
-                 qdrift supports head_dim = hidden_size / num_attention_heads only"
-            )));
-        }
+    let head_dim = config.int("head_dim", Some(default_head_dim))?;
+    if head_dim * n_heads != dim {
+        return Err(config.bad(format!(
+            "head_dim {head_dim} × num_attention_heads {n_heads} ≠ hidden_size {dim}; \
+             qdrift supports head_dim = hidden_size / num_attention_heads only"
+        )));
     }
-    arch.validate().map_err(|e| bad(format!("inconsistent hyper-parameters: {e}")))?;
-    Ok(arch)
+    Ok(())
 }
 
 /// `rope_scaling` (or `rope_parameters`) of `transformers`' `modeling_rope_utils.py`:
@@ -499,28 +561,6 @@ pub(crate) fn to_f32(dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, String> {
     })
 }
 
-/// For a q or k projection of `n_heads` heads in the interleaved RoPE layout, the interleaved row
-/// of each rotate-half row: `order[h·head_dim + a·head_dim/2 + i] = h·head_dim + 2i + a`
-/// (`a ∈ {0, 1}`), as `qdrift-quantize`'s `rotate_half_row_order`.
-pub(crate) fn rotate_half_row_order(n_heads: usize, head_dim: usize) -> Vec<usize> {
-    let half = head_dim / 2;
-    (0..n_heads).flat_map(|h| (0..2).flat_map(move |a| (0..half).map(move |i| h * head_dim + 2 * i + a))).collect()
-}
-
-/// Rows of `t` (`[rows, cols]` or `[rows]`) permuted: `to_interleaved` puts rotate-half row `r`
-/// at `order[r]`; otherwise interleaved row `order[r]` goes to row `r`.
-pub(crate) fn permute_rows(t: &HostTensor, n_heads: usize, to_interleaved: bool) -> HostTensor {
-    let rows = t.shape[0];
-    let cols = t.data.len() / rows.max(1);
-    let order = rotate_half_row_order(n_heads, rows / n_heads.max(1));
-    let mut data = vec![0.0; t.data.len()];
-    for (r, &o) in order.iter().enumerate() {
-        let (dst, src) = if to_interleaved { (o, r) } else { (r, o) };
-        data[dst * cols..(dst + 1) * cols].copy_from_slice(&t.data[src * cols..(src + 1) * cols]);
-    }
-    HostTensor { shape: t.shape.clone(), data }
-}
-
 fn build_model(shards: &Shards, mut arch: LlamaArch) -> Result<HostModel, LoadError> {
     let (dim, hidden, vocab) = (arch.dim, arch.hidden_dim, arch.vocab_size);
     let (q_dim, kv_dim) = (arch.n_heads * arch.head_dim(), arch.kv_dim());
@@ -532,12 +572,12 @@ fn build_model(shards: &Shards, mut arch: LlamaArch) -> Result<HostModel, LoadEr
         let t = |name: &str, shape: &[usize]| shards.require(&format!("{p}.{name}"), shape);
         let bias = |name: &str, n: usize, heads: usize| -> Result<Option<HostTensor>, LoadError> {
             let b = if qwen { Some(t(name, &[n])?) } else { None };
-            Ok(b.map(|b| if heads > 0 { permute_rows(&b, heads, true) } else { b }))
+            Ok(b.map(|b| if heads > 0 { permute_rows(&b, heads, ToInterleaved) } else { b }))
         };
         layers.push(LayerWeights {
             attn_norm: t("input_layernorm.weight", &[dim])?,
-            wq: permute_rows(&t("self_attn.q_proj.weight", &[q_dim, dim])?, arch.n_heads, true),
-            wk: permute_rows(&t("self_attn.k_proj.weight", &[kv_dim, dim])?, arch.n_kv_heads, true),
+            wq: permute_rows(&t("self_attn.q_proj.weight", &[q_dim, dim])?, arch.n_heads, ToInterleaved),
+            wk: permute_rows(&t("self_attn.k_proj.weight", &[kv_dim, dim])?, arch.n_kv_heads, ToInterleaved),
             wv: t("self_attn.v_proj.weight", &[kv_dim, dim])?,
             wo: t("self_attn.o_proj.weight", &[dim, q_dim])?,
             ffn_norm: t("post_attention_layernorm.weight", &[dim])?,

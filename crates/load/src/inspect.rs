@@ -9,14 +9,13 @@
 //!   `[V, d]` only when untied (a tied head is the embedding, counted once).
 //! - **Vectors**: two RMSNorm weights `[d]` per layer, the final norm `[d]`, and q/k/v biases
 //!   (`q + 2·kv` per layer) where the model has them.
-//! - **Weight bytes** for a scheme = Σ over matrices of the scheme's bytes for a `[rows, cols]`
-//!   matrix + the vectors at 4 bytes (FP32) or 2 bytes (every other scheme; norms are kept in
-//!   FP16). Per matrix of `n = rows·cols` values:
-//!   - FP32: `4n`; FP16 / BF16: `2n`;
-//!   - INT8: `n` + one f32 scale per row: `n + 4·rows`;
-//!   - FP8 (E4M3/E5M2): `n` + one f32 scale per tensor: `n + 4`;
-//!   - INT4, group size `g` (32 or 128) along the row, groups never straddle rows, one FP16 scale
-//!     per group: `rows·⌈cols/2⌉ + 2·rows·⌈cols/g⌉`.
+//! - **Weight bytes** under a [`WeightStorage`] = Σ over the matrices (embedding, layers' linears,
+//!   untied head) of its [`WeightStorage::matrix_bytes`] + the vectors at its
+//!   [`WeightStorage::vector_bytes`] each. The per-matrix bytes are the storage format's own:
+//!   `qdrift-quantize` implements [`WeightStorage`] for its schemes from the same layouts its
+//!   codecs store (this crate cannot know them: quantize depends on load); [`Fp32`] is the
+//!   unquantized baseline (4 bytes per value, vectors included). The embedding and an untied head
+//!   are counted in the storage format too: the figure for quantizing every matrix.
 //! - **KV cache** = `2 (K and V) · L · n_kv_heads · head_dim · bytes · seq_len · batch`.
 //! - **FLOPs per generated token** ≈ `2 · (matmul parameters)` + `2 · 2 · L · n_heads · head_dim
 //!   · context`, where the matmul parameters are the layers' seven linears plus the head
@@ -25,10 +24,11 @@
 //!   Norms, RoPE, softmax and SwiGLU's elementwise work are left out (< 1% at these sizes).
 
 use std::fmt;
+use std::path::Path;
 
 use serde::Serialize;
 
-use crate::{LlamaArch, LoadedModel};
+use crate::{LlamaArch, LoadError, LoadedModel, ModelFormat, open_model, synthetic};
 
 /// Parameter counts, a tied embedding counted once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -56,11 +56,42 @@ pub struct DtypeCount {
     pub tensors: usize,
 }
 
-/// Weight memory under one storage scheme.
+/// How a storage format stores weights, for the weight-memory accounting of [`inspect`].
+///
+/// Implemented by `qdrift_quantize::Scheme` (from its codecs' storage layouts) and by [`Fp32`].
+pub trait WeightStorage {
+    /// The name reports give it (a scheme's CLI name, `fp32`).
+    fn name(&self) -> String;
+    /// Bytes of a `[rows, cols]` weight matrix (codes, scales, zero points as stored).
+    fn matrix_bytes(&self, rows: u64, cols: u64) -> u64;
+    /// Bytes per value of the vectors kept beside the matrices (RMSNorm weights, biases).
+    fn vector_bytes(&self) -> u64;
+}
+
+/// Unquantized f32 weights: 4 bytes per value, matrices and vectors alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fp32;
+
+impl WeightStorage for Fp32 {
+    fn name(&self) -> String {
+        "fp32".to_string()
+    }
+
+    fn matrix_bytes(&self, rows: u64, cols: u64) -> u64 {
+        4 * rows * cols
+    }
+
+    fn vector_bytes(&self) -> u64 {
+        4
+    }
+}
+
+/// Weight memory under one storage format.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SchemeBytes {
-    /// `fp32`, `fp16`, `int8-row`, `fp8`, `int4-g32`, `int4-g128`.
-    pub scheme: &'static str,
+    /// The format's [`WeightStorage::name`]: `fp32`, or a scheme's CLI name (`int8`, `fp8-e4m3`,
+    /// `int4-g128`, `q4_k`, ...).
+    pub scheme: String,
     /// Bytes of all weights (see the module docs for the formula).
     pub bytes: u64,
 }
@@ -97,8 +128,8 @@ pub struct Inspection {
     /// Architecture name.
     pub architecture: String,
     /// Source format (`llama2.c`, `gguf`, `hf-safetensors`, `synthetic`), if known.
-    pub format: Option<String>,
-    /// Whether the weights are synthetic (random).
+    pub format: Option<ModelFormat>,
+    /// Whether the weights are synthetic (random): `format` is `synthetic`.
     pub synthetic: bool,
     /// The hyper-parameters.
     pub arch: LlamaArch,
@@ -108,7 +139,7 @@ pub struct Inspection {
     pub params: ParamCounts,
     /// Source tensors per dtype, most frequent first.
     pub source_dtypes: Vec<DtypeCount>,
-    /// Weight memory per scheme.
+    /// Weight memory per storage format, in the order they were asked for.
     pub weight_bytes: Vec<SchemeBytes>,
     /// KV cache for `seq_len` × `batch`.
     pub kv_cache: KvCacheBytes,
@@ -116,74 +147,129 @@ pub struct Inspection {
     pub flops_per_token: FlopsPerToken,
 }
 
-/// Storage schemes reported, in order.
-const SCHEMES: [&str; 6] = ["fp32", "fp16", "int8-row", "fp8", "int4-g32", "int4-g128"];
-
-/// Bytes of a `[rows, cols]` matrix under `scheme` (see the module docs).
-pub fn matrix_bytes(scheme: &str, rows: u64, cols: u64) -> u64 {
-    let n = rows * cols;
-    match scheme {
-        "fp32" => 4 * n,
-        "int8-row" => n + 4 * rows,
-        "fp8" => n + 4,
-        "int4-g32" => rows * cols.div_ceil(2) + 2 * rows * cols.div_ceil(32),
-        "int4-g128" => rows * cols.div_ceil(2) + 2 * rows * cols.div_ceil(128),
-        _ => 2 * n,
-    }
-}
-
-/// The `[rows, cols]` of every matrix of one layer.
+/// The `[rows, cols]` of every matrix of one layer: `wq`, `wk`, `wv`, `wo`, `w_gate`, `w_up`,
+/// `w_down`.
 fn layer_matrices(a: &LlamaArch) -> [(u64, u64); 7] {
     let (d, h) = (a.dim as u64, a.hidden_dim as u64);
     let (q, kv) = ((a.n_heads * a.head_dim()) as u64, a.kv_dim() as u64);
     [(q, d), (kv, d), (kv, d), (d, q), (h, d), (h, d), (d, h)]
 }
 
+/// Values of the vectors of one layer: two RMSNorm weights, and q/k/v biases when present.
+fn layer_vector_params(a: &LlamaArch, biases: bool) -> u64 {
+    let (q, kv) = ((a.n_heads * a.head_dim()) as u64, a.kv_dim() as u64);
+    2 * a.dim as u64 + if biases { q + 2 * kv } else { 0 }
+}
+
 /// Inspects an architecture. `source_dtypes` are `(tensor, dtype)` pairs of the source file
-/// (may be empty), `biases` whether the layers carry q/k/v biases.
+/// (may be empty), `biases` whether the layers carry q/k/v biases; weight memory is accounted
+/// under each of `storages`, in that order.
 pub fn inspect(
     arch: &LlamaArch,
     source_dtypes: &[(String, String)],
     biases: bool,
     seq_len: usize,
     batch: usize,
+    storages: &[&dyn WeightStorage],
 ) -> Inspection {
+    Inspection {
+        architecture: arch.architecture.clone(),
+        format: None,
+        synthetic: false,
+        arch: arch.clone(),
+        biases,
+        params: param_counts(arch, biases),
+        source_dtypes: dtype_counts(source_dtypes),
+        weight_bytes: storages.iter().map(|s| weight_bytes(arch, biases, *s)).collect(),
+        kv_cache: kv_cache_bytes(arch, seq_len, batch),
+        flops_per_token: flops_per_token(arch, seq_len),
+    }
+}
+
+/// Inspects the model at `path` as `qdrift inspect` does: a `synthetic:NAME[:SEED]` preset from
+/// its shape alone (no weights are made: `llama-8b` would need 32 GB), any other model opened
+/// with [`open_model`] (and `tokenizer`, if given). `seq_len` defaults to the model's context.
+///
+/// # Errors
+/// An unknown preset or a bad seed; [`open_model`]'s errors.
+pub fn inspect_path(
+    path: &Path,
+    tokenizer: Option<&Path>,
+    seq_len: Option<usize>,
+    batch: usize,
+    storages: &[&dyn WeightStorage],
+) -> Result<Inspection, LoadError> {
+    if let Some(spec) = path.to_str().and_then(|p| p.strip_prefix("synthetic:")) {
+        let (name, _seed) = synthetic::parse_spec(spec)?;
+        let arch = synthetic::preset_arch(name)?;
+        let seq = seq_len.unwrap_or(arch.max_seq_len);
+        return Ok(inspect(&arch, &[], false, seq, batch, storages).with_format(ModelFormat::Synthetic));
+    }
+    let loaded = open_model(path, tokenizer)?;
+    let seq = seq_len.unwrap_or(loaded.model.arch.max_seq_len);
+    Ok(inspect_loaded(&loaded, seq, batch, storages))
+}
+
+/// [`inspect`] of a loaded model, with its format, source dtypes and biases.
+pub fn inspect_loaded(m: &LoadedModel, seq_len: usize, batch: usize, storages: &[&dyn WeightStorage]) -> Inspection {
+    let biases = m.model.layers.iter().any(|l| l.bq.is_some() || l.bk.is_some() || l.bv.is_some());
+    inspect(&m.model.arch, &m.source_dtypes, biases, seq_len, batch, storages).with_format(m.format)
+}
+
+impl Inspection {
+    /// The same inspection, of a model read in `format` (which also sets `synthetic`).
+    pub fn with_format(self, format: ModelFormat) -> Self {
+        Inspection { format: Some(format), synthetic: format.is_synthetic(), ..self }
+    }
+}
+
+/// Parameter counts (see the module docs).
+fn param_counts(arch: &LlamaArch, biases: bool) -> ParamCounts {
     let (d, v, l) = (arch.dim as u64, arch.vocab_size as u64, arch.n_layers as u64);
-    let (q, kv) = ((arch.n_heads * arch.head_dim()) as u64, arch.kv_dim() as u64);
     let linears: u64 = layer_matrices(arch).iter().map(|(r, c)| r * c).sum();
-    let bias_params = if biases { q + 2 * kv } else { 0 };
-    let layer_vectors = 2 * d + bias_params;
-    let per_layer = linears + layer_vectors;
+    let per_layer = linears + layer_vector_params(arch, biases);
     let embedding = v * d;
     let head = if arch.tied_embeddings { 0 } else { v * d };
-    let params = ParamCounts {
+    ParamCounts {
         embedding,
         per_layer,
         layers: l * per_layer,
         final_norm: d,
         head,
         total: embedding + l * per_layer + d + head,
-    };
+    }
+}
 
-    let weight_bytes = SCHEMES
-        .iter()
-        .map(|&scheme| {
-            let vector_bytes = if scheme == "fp32" { 4 } else { 2 };
-            let layer: u64 = layer_matrices(arch).iter().map(|&(r, c)| matrix_bytes(scheme, r, c)).sum::<u64>()
-                + vector_bytes * layer_vectors;
-            let head = if arch.tied_embeddings { 0 } else { matrix_bytes(scheme, v, d) };
-            SchemeBytes { scheme, bytes: matrix_bytes(scheme, v, d) + l * layer + vector_bytes * d + head }
-        })
-        .collect();
+/// Bytes of every weight under `storage`: the embedding, the layers' matrices and vectors, the
+/// final norm and an untied head.
+fn weight_bytes(arch: &LlamaArch, biases: bool, storage: &dyn WeightStorage) -> SchemeBytes {
+    let (d, v, l) = (arch.dim as u64, arch.vocab_size as u64, arch.n_layers as u64);
+    let vector = storage.vector_bytes();
+    let layer: u64 = layer_matrices(arch).iter().map(|&(r, c)| storage.matrix_bytes(r, c)).sum::<u64>()
+        + vector * layer_vector_params(arch, biases);
+    let embedding = storage.matrix_bytes(v, d);
+    let head = if arch.tied_embeddings { 0 } else { storage.matrix_bytes(v, d) };
+    SchemeBytes { scheme: storage.name(), bytes: embedding + l * layer + vector * d + head }
+}
 
+/// KV-cache bytes for `seq_len` positions of `batch` sequences.
+fn kv_cache_bytes(arch: &LlamaArch, seq_len: usize, batch: usize) -> KvCacheBytes {
     let (seq, b) = (seq_len as u64, batch as u64);
-    let kv_entries = 2 * l * arch.n_kv_heads as u64 * arch.head_dim() as u64 * seq * b;
-    let kv_cache = KvCacheBytes { seq_len: seq, batch: b, f32_bytes: 4 * kv_entries, f16_bytes: 2 * kv_entries };
+    let entries = 2 * arch.n_layers as u64 * arch.n_kv_heads as u64 * arch.head_dim() as u64 * seq * b;
+    KvCacheBytes { seq_len: seq, batch: b, f32_bytes: 4 * entries, f16_bytes: 2 * entries }
+}
 
+/// FLOPs of one generated token at context `seq_len` (see the module docs).
+fn flops_per_token(arch: &LlamaArch, seq_len: usize) -> FlopsPerToken {
+    let (d, v, l) = (arch.dim as u64, arch.vocab_size as u64, arch.n_layers as u64);
+    let linears: u64 = layer_matrices(arch).iter().map(|(r, c)| r * c).sum();
     let matmul = 2 * (l * linears + v * d);
-    let attention = 2 * 2 * l * arch.n_heads as u64 * arch.head_dim() as u64 * seq;
-    let flops_per_token = FlopsPerToken { context: seq, matmul, attention, total: matmul + attention };
+    let attention = 2 * 2 * l * arch.n_heads as u64 * arch.head_dim() as u64 * seq_len as u64;
+    FlopsPerToken { context: seq_len as u64, matmul, attention, total: matmul + attention }
+}
 
+/// Tensors per dtype, most frequent first (ties by name).
+fn dtype_counts(source_dtypes: &[(String, String)]) -> Vec<DtypeCount> {
     let mut counts: Vec<DtypeCount> = Vec::new();
     for (_, dtype) in source_dtypes {
         match counts.iter_mut().find(|c| &c.dtype == dtype) {
@@ -192,28 +278,7 @@ pub fn inspect(
         }
     }
     counts.sort_by(|a, b| b.tensors.cmp(&a.tensors).then_with(|| a.dtype.cmp(&b.dtype)));
-
-    Inspection {
-        architecture: arch.architecture.clone(),
-        format: None,
-        synthetic: false,
-        arch: arch.clone(),
-        biases,
-        params,
-        source_dtypes: counts,
-        weight_bytes,
-        kv_cache,
-        flops_per_token,
-    }
-}
-
-/// [`inspect`] of a loaded model, with its format, synthetic flag, source dtypes and biases.
-pub fn inspect_loaded(m: &LoadedModel, seq_len: usize, batch: usize) -> Inspection {
-    let biases = m.model.layers.iter().any(|l| l.bq.is_some() || l.bk.is_some() || l.bv.is_some());
-    let mut i = inspect(&m.model.arch, &m.source_dtypes, biases, seq_len, batch);
-    i.format = Some(m.format.to_string());
-    i.synthetic = m.synthetic;
-    i
+    counts
 }
 
 /// `1234567` → `1,234,567`.
@@ -240,10 +305,21 @@ fn human_bytes(b: u64) -> String {
 }
 
 impl fmt::Display for Inspection {
+    /// The model, its parameters, weight memory, KV cache and FLOPs, one section after another.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.fmt_model(f)?;
+        self.fmt_params(f)?;
+        self.fmt_memory(f)?;
+        self.fmt_flops(f)
+    }
+}
+
+impl Inspection {
+    /// Architecture, format, synthetic warning and the hyper-parameters.
+    fn fmt_model(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let a = &self.arch;
         write!(f, "{}", self.architecture)?;
-        if let Some(format) = &self.format {
+        if let Some(format) = self.format {
             write!(f, " ({format})")?;
         }
         if self.synthetic {
@@ -262,14 +338,18 @@ impl fmt::Display for Inspection {
             a.vocab_size,
             a.max_seq_len,
             if a.tied_embeddings { "tied embedding" } else { "untied head" }
-        )?;
+        )
+    }
+
+    /// Parameter counts and the source file's dtypes.
+    fn fmt_params(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let p = &self.params;
         writeln!(
             f,
             "parameters {} = embedding {} + {} × layer {} + final norm {} + head {}{}",
             grouped(p.total),
             grouped(p.embedding),
-            a.n_layers,
+            self.arch.n_layers,
             grouped(p.per_layer),
             grouped(p.final_norm),
             grouped(p.head),
@@ -279,9 +359,16 @@ impl fmt::Display for Inspection {
             let list: Vec<String> = self.source_dtypes.iter().map(|c| format!("{} × {}", c.tensors, c.dtype)).collect();
             writeln!(f, "source tensors: {}", list.join(", "))?;
         }
-        writeln!(f, "weight memory:")?;
+        Ok(())
+    }
+
+    /// Weight memory per storage format and the KV cache.
+    fn fmt_memory(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.weight_bytes.is_empty() {
+            writeln!(f, "weight memory:")?;
+        }
         for s in &self.weight_bytes {
-            writeln!(f, "  {:<10} {:>16} B  {}", s.scheme, grouped(s.bytes), human_bytes(s.bytes))?;
+            writeln!(f, "  {:<16} {:>16} B  {}", s.scheme, grouped(s.bytes), human_bytes(s.bytes))?;
         }
         let k = &self.kv_cache;
         writeln!(
@@ -293,7 +380,11 @@ impl fmt::Display for Inspection {
             human_bytes(k.f32_bytes),
             grouped(k.f16_bytes),
             human_bytes(k.f16_bytes)
-        )?;
+        )
+    }
+
+    /// FLOPs per generated token.
+    fn fmt_flops(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let t = &self.flops_per_token;
         write!(
             f,

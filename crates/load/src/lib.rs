@@ -16,8 +16,8 @@
 //!
 //! Every reader checks the file against its spec (cited in each module) before allocating, and
 //! every bad input is a [`LoadError`] naming the file and, where it applies, the tensor and its
-//! expected shape. [`LoadedModel`] also carries the source dtypes, the chat template and a
-//! `synthetic` flag for reports.
+//! expected shape. [`LoadedModel`] also carries the source dtypes, the chat template and the
+//! [`ModelFormat`] (which says whether the weights are synthetic) for reports.
 //!
 //! Beside the readers: [`write`](mod@write) writes a model as a Hugging Face folder or a GGUF file (fixtures
 //! for round-trip tests), and [`inspect`] accounts parameters, weight memory per storage scheme,
@@ -36,6 +36,7 @@ mod hf_tokenizer;
 pub mod inspect;
 mod llama2c;
 mod open;
+mod rope_layout;
 mod synthetic;
 mod tokenizer;
 mod weights;
@@ -47,7 +48,8 @@ pub use gguf_tokenizer::gguf_tokenizer;
 pub use hf::read_hf_folder;
 pub use hf_tokenizer::HfTokenizer;
 pub use llama2c::read_llama2c_checkpoint;
-pub use open::{LoadedModel, open_model};
+pub use open::{LoadedModel, ModelFormat, open_model};
+pub use rope_layout::rotate_half_row_order;
 pub use synthetic::{SYNTHETIC_PRESETS, SYNTHETIC_STD, byte_tokenizer, synthetic_arch, synthetic_model};
 pub use tokenizer::{Llama2cTokenizer, SpecialIds, Tokenizer};
 pub use weights::{HostModel, HostTensor, LayerWeights, LlamaArch, RopeScaling};

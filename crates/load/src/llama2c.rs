@@ -25,7 +25,18 @@ pub fn read_llama2c_checkpoint(path: &Path) -> Result<HostModel, LoadError> {
     parse_llama2c(path, &bytes)
 }
 
+/// Header → expected file size → weights in file order → finiteness.
 fn parse_llama2c(path: &Path, bytes: &[u8]) -> Result<HostModel, LoadError> {
+    let arch = parse_header(path, bytes)?;
+    check_file_size(path, &arch, bytes.len())?;
+    let model = read_weights(arch, &bytes[HEADER_BYTES..]);
+    check_finite(path, &model)?;
+    Ok(model)
+}
+
+/// The seven header fields as a [`LlamaArch`] (`run.c`'s defaults for what the header lacks:
+/// RMSNorm epsilon 1e-5, RoPE theta 10000).
+fn parse_header(path: &Path, bytes: &[u8]) -> Result<LlamaArch, LoadError> {
     if bytes.len() < HEADER_BYTES {
         return Err(LoadError::truncated(path, format!("header needs {HEADER_BYTES} bytes, file has {}", bytes.len())));
     }
@@ -34,6 +45,7 @@ fn parse_llama2c(path: &Path, bytes: &[u8]) -> Result<HostModel, LoadError> {
     let mut header = [0usize; 7];
     for (i, name) in names.iter().enumerate() {
         let v = field(i);
+        // A negative vocab_size marks an untied classifier.
         let v = if i == 5 { v.checked_abs().unwrap_or(0) } else { v };
         if v <= 0 {
             return Err(LoadError::invalid(
@@ -45,7 +57,7 @@ fn parse_llama2c(path: &Path, bytes: &[u8]) -> Result<HostModel, LoadError> {
     }
     let [dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len] = header;
     let arch = LlamaArch {
-        architecture: "llama2.c".to_string(),
+        architecture: "llama".to_string(),
         dim,
         hidden_dim,
         n_layers,
@@ -59,7 +71,14 @@ fn parse_llama2c(path: &Path, bytes: &[u8]) -> Result<HostModel, LoadError> {
         rope_scaling: None,
     };
     arch.validate().map_err(|m| LoadError::invalid(path, format!("inconsistent header: {m}")))?;
+    Ok(arch)
+}
 
+/// Errors unless the file is exactly as long as the header says: shorter is truncated, longer
+/// inconsistent with its header.
+fn check_file_size(path: &Path, arch: &LlamaArch, file_len: usize) -> Result<(), LoadError> {
+    let (dim, hidden_dim, n_layers, vocab_size, seq_len) =
+        (arch.dim, arch.hidden_dim, arch.n_layers, arch.vocab_size, arch.max_seq_len);
     let (head_dim, kv_dim) = (arch.head_dim(), arch.kv_dim());
     // Element counts in file order; checked arithmetic so that an absurd header cannot overflow.
     let mul = |a: usize, b: usize| a.checked_mul(b);
@@ -84,27 +103,33 @@ fn parse_llama2c(path: &Path, bytes: &[u8]) -> Result<HostModel, LoadError> {
         total = n.and_then(|n| total.checked_add(n)).ok_or_else(overflow)?;
     }
     let expected = total.checked_mul(4).and_then(|t| t.checked_add(HEADER_BYTES)).ok_or_else(overflow)?;
-    if bytes.len() < expected {
+    if file_len < expected {
         return Err(LoadError::truncated(
             path,
             format!(
-                "header (dim {dim}, hidden {hidden_dim}, {n_layers} layers, {n_heads} heads, {n_kv_heads} kv heads, vocab {vocab_size}, seq_len {seq_len}) needs {expected} bytes, file has {}",
-                bytes.len()
+                "header (dim {dim}, hidden {hidden_dim}, {n_layers} layers, {} heads, {} kv heads, vocab {vocab_size}, seq_len {seq_len}) needs {expected} bytes, file has {file_len}",
+                arch.n_heads, arch.n_kv_heads
             ),
         ));
     }
-    if bytes.len() > expected {
+    if file_len > expected {
         return Err(LoadError::invalid(
             path,
             format!(
-                "header inconsistent with file size: header needs {expected} bytes, file has {} ({} extra)",
-                bytes.len(),
-                bytes.len() - expected
+                "header inconsistent with file size: header needs {expected} bytes, file has {file_len} ({} extra)",
+                file_len - expected
             ),
         ));
     }
+    Ok(())
+}
 
-    let mut floats = bytes[HEADER_BYTES..].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+/// The f32 tensors after the header (`body`, whose length [`check_file_size`] checked), split
+/// per layer into [`HostModel`]'s layout.
+fn read_weights(arch: LlamaArch, body: &[u8]) -> HostModel {
+    let (dim, hidden_dim, n_layers, vocab_size) = (arch.dim, arch.hidden_dim, arch.n_layers, arch.vocab_size);
+    let (head_dim, kv_dim) = (arch.head_dim(), arch.kv_dim());
+    let mut floats = body.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
     let mut take = |n: usize| -> Vec<f32> { floats.by_ref().take(n).collect() };
     let t = |shape: Vec<usize>, data: Vec<f32>| HostTensor { shape, data };
 
@@ -119,7 +144,7 @@ fn parse_llama2c(path: &Path, bytes: &[u8]) -> Result<HostModel, LoadError> {
     let w2 = take(n_layers * dim * hidden_dim);
     let w3 = take(n_layers * hidden_dim * dim);
     let final_norm = t(vec![dim], take(dim));
-    let _freq_cis = take(seq_len * head_dim);
+    let _freq_cis = take(arch.max_seq_len * head_dim);
     let output = (!arch.tied_embeddings).then(|| t(vec![vocab_size, dim], take(vocab_size * dim)));
 
     let layer = |all: &[f32], l: usize, rows: usize, cols: usize| {
@@ -145,10 +170,7 @@ fn parse_llama2c(path: &Path, bytes: &[u8]) -> Result<HostModel, LoadError> {
             w_up: layer(&w3, l, hidden_dim, dim),
         })
         .collect();
-
-    let model = HostModel { arch, token_embedding, layers, final_norm, output };
-    check_finite(path, &model)?;
-    Ok(model)
+    HostModel { arch, token_embedding, layers, final_norm, output }
 }
 
 fn check_finite(path: &Path, model: &HostModel) -> Result<(), LoadError> {

@@ -18,18 +18,60 @@ pub struct LoadedModel {
     pub path: PathBuf,
     /// The tokenizer file (the checkpoint itself for GGUF's embedded tokenizer).
     pub tokenizer_path: PathBuf,
-    /// Format name: `"llama2.c"`, `"gguf"`, `"hf-safetensors"` or `"synthetic"`.
-    pub format: &'static str,
+    /// The format the model was read from.
+    pub format: ModelFormat,
     /// Every tensor of the source file with its stored dtype (`F32`, `BF16`, `Q4_1`, ...), in
     /// file order; for reports ([`crate::inspect`]). The weights in [`LoadedModel::model`] are
     /// f32 whatever the source dtype.
     pub source_dtypes: Vec<(String, String)>,
-    /// True for seeded random weights ([`crate::synthetic_model`]): numbers measured on such a
-    /// model say nothing about a trained one, and reports must say so.
-    pub synthetic: bool,
     /// The chat template (Jinja) the checkpoint ships, if any (GGUF `tokenizer.chat_template`,
     /// `tokenizer_config.json` `chat_template`).
     pub chat_template: Option<String>,
+}
+
+/// The format a [`LoadedModel`] was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ModelFormat {
+    /// A llama2.c legacy checkpoint ([`read_llama2c_checkpoint`]).
+    Llama2c,
+    /// A GGUF file ([`read_gguf`]).
+    Gguf,
+    /// A Hugging Face folder with safetensors weights ([`read_hf_folder`]).
+    HfSafetensors,
+    /// Seeded random weights of a preset shape ([`crate::synthetic_model`]).
+    Synthetic,
+}
+
+impl ModelFormat {
+    /// The name reports and `qdrift inspect` give the format: `llama2.c`, `gguf`,
+    /// `hf-safetensors` or `synthetic`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelFormat::Llama2c => "llama2.c",
+            ModelFormat::Gguf => "gguf",
+            ModelFormat::HfSafetensors => "hf-safetensors",
+            ModelFormat::Synthetic => "synthetic",
+        }
+    }
+
+    /// True for seeded random weights: numbers measured on such a model say nothing about a
+    /// trained one, and reports must say so.
+    pub fn is_synthetic(self) -> bool {
+        self == ModelFormat::Synthetic
+    }
+}
+
+impl std::fmt::Display for ModelFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl serde::Serialize for ModelFormat {
+    /// As its [`ModelFormat::name`].
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
 }
 
 /// Opens the model at `path` with the tokenizer at `tokenizer` (or the one found beside it).
@@ -80,9 +122,8 @@ pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, 
             tokenizer: tok,
             path: path.to_path_buf(),
             tokenizer_path: path.to_path_buf(),
-            format: "gguf",
+            format: ModelFormat::Gguf,
             source_dtypes: gguf.tensor_types.into_iter().map(|(n, t)| (n, t.to_string())).collect(),
-            synthetic: false,
             chat_template: gguf.tokenizer.chat_template,
         });
     }
@@ -99,9 +140,8 @@ pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, 
         tokenizer: Box::new(tok),
         path: path.to_path_buf(),
         tokenizer_path,
-        format: "llama2.c",
+        format: ModelFormat::Llama2c,
         source_dtypes,
-        synthetic: false,
         chat_template: None,
     })
 }

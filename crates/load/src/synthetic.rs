@@ -1,8 +1,8 @@
 //! Synthetic models: real architectures' shapes with seeded random weights.
 //!
 //! For measuring speed and memory at sizes whose checkpoints are not at hand, and for tests.
-//! Numbers *about model quality* measured on them mean nothing: [`LoadedModel::synthetic`] is set
-//! so reports can say so.
+//! Numbers *about model quality* measured on them mean nothing: their [`LoadedModel::format`] is
+//! [`ModelFormat::Synthetic`] so reports can say so.
 //!
 //! Weights: every linear and embedding value is drawn from N(0, 0.02²) (the initializer range of
 //! `transformers`' Llama), every RMSNorm weight is 1.0. Normal samples come from the Box–Muller
@@ -28,7 +28,9 @@ use std::path::{Path, PathBuf};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 
-use crate::{HostModel, HostTensor, LayerWeights, Llama2cTokenizer, LlamaArch, LoadError, LoadedModel, SpecialIds};
+use crate::{
+    HostModel, HostTensor, LayerWeights, Llama2cTokenizer, LlamaArch, LoadError, LoadedModel, ModelFormat, SpecialIds,
+};
 
 /// Names accepted by [`synthetic_model`], with what they imitate.
 pub const SYNTHETIC_PRESETS: &[(&str, &str)] = &[
@@ -55,7 +57,7 @@ pub fn synthetic_arch(name: &str) -> Option<LlamaArch> {
         _ => return None,
     };
     Some(LlamaArch {
-        architecture: format!("synthetic:{name}"),
+        architecture: "llama".to_string(),
         dim,
         hidden_dim: hidden,
         n_layers: layers,
@@ -76,7 +78,14 @@ fn preset_list() -> String {
 
 /// `synthetic:NAME` or `synthetic:NAME:SEED` (the part after `synthetic:`) for [`crate::open_model`].
 pub(crate) fn open_synthetic(spec: &str) -> Result<LoadedModel, LoadError> {
-    let (name, seed) = match spec.split_once(':') {
+    let (name, seed) = parse_spec(spec)?;
+    synthetic_model(name, seed)
+}
+
+/// `NAME` or `NAME:SEED` (the part after `synthetic:`) as the preset name and the seed (0 when
+/// absent).
+pub(crate) fn parse_spec(spec: &str) -> Result<(&str, u64), LoadError> {
+    match spec.split_once(':') {
         Some((n, s)) => {
             let seed = s.parse::<u64>().map_err(|_| {
                 LoadError::invalid(
@@ -84,11 +93,20 @@ pub(crate) fn open_synthetic(spec: &str) -> Result<LoadedModel, LoadError> {
                     format!("seed {s:?} is not an unsigned integer"),
                 )
             })?;
-            (n, seed)
+            Ok((n, seed))
         }
-        None => (spec, 0),
-    };
-    synthetic_model(name, seed)
+        None => Ok((spec, 0)),
+    }
+}
+
+/// [`synthetic_arch`], or an error naming the known presets.
+pub(crate) fn preset_arch(name: &str) -> Result<LlamaArch, LoadError> {
+    synthetic_arch(name).ok_or_else(|| {
+        LoadError::invalid(
+            Path::new(&format!("synthetic:{name}")),
+            format!("unknown synthetic model {name}; presets: {}", preset_list()),
+        )
+    })
 }
 
 /// A synthetic model of preset `name` (see [`SYNTHETIC_PRESETS`]) with weights from `seed`.
@@ -98,9 +116,7 @@ pub(crate) fn open_synthetic(spec: &str) -> Result<LoadedModel, LoadError> {
 /// not fit in available memory.
 pub fn synthetic_model(name: &str, seed: u64) -> Result<LoadedModel, LoadError> {
     let path = PathBuf::from(format!("synthetic:{name}"));
-    let arch = synthetic_arch(name).ok_or_else(|| {
-        LoadError::invalid(&path, format!("unknown synthetic model {name}; presets: {}", preset_list()))
-    })?;
+    let arch = preset_arch(name)?;
     check_fits(&path, arch.parameter_count() as u64 * 4, available_memory())?;
     let model = random_model(arch, seed);
     let tokenizer = byte_tokenizer(model.arch.vocab_size).map_err(|e| LoadError::invalid(&path, e))?;
@@ -119,9 +135,8 @@ pub fn synthetic_model(name: &str, seed: u64) -> Result<LoadedModel, LoadError> 
         tokenizer: Box::new(tokenizer),
         path: path.clone(),
         tokenizer_path: path,
-        format: "synthetic",
+        format: ModelFormat::Synthetic,
         source_dtypes,
-        synthetic: true,
         chat_template: None,
     })
 }
@@ -260,8 +275,8 @@ mod tests {
     fn tiny_preset_is_seeded_marked_and_byte_tokenized() {
         let a = synthetic_model("tiny", 1).expect("tiny");
         let b = crate::open_model(Path::new("synthetic:tiny:1"), None).expect("tiny via open_model");
-        assert!(a.synthetic && b.synthetic);
-        assert_eq!(a.format, "synthetic");
+        assert!(a.format.is_synthetic() && b.format.is_synthetic());
+        assert_eq!(a.format.name(), "synthetic");
         assert_eq!(a.model, b.model);
         assert_ne!(a.model, synthetic_model("tiny", 2).expect("tiny").model);
         assert_eq!(a.model.arch.validate(), Ok(()));

@@ -5,7 +5,9 @@ use serde::{Deserialize, Serialize};
 /// Hyper-parameters of a Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LlamaArch {
-    /// Architecture name as reported to users (`llama2.c`, `LlamaForCausalLM`, ...).
+    /// Architecture name as reported to users: the checkpoint's own (`llama`/`qwen2` from GGUF's
+    /// `general.architecture`, `LlamaForCausalLM`, ... from `config.json`), `llama` for llama2.c
+    /// checkpoints and synthetic presets (their format is in [`crate::LoadedModel::format`]).
     pub architecture: String,
     /// Model (residual stream) width.
     pub dim: usize,

@@ -10,7 +10,8 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::hf::permute_rows;
+use crate::rope_layout::RopeLayout::ToRotateHalf;
+use crate::rope_layout::permute_rows;
 use crate::{HostModel, HostTensor, Llama2cTokenizer, LoadError, RopeScaling, Tokenizer};
 
 /// Element type of the written weights.
@@ -118,8 +119,24 @@ pub fn write_hf_folder(
     tokenizer: &Llama2cTokenizer,
     dtype: WriteDtype,
 ) -> Result<(), LoadError> {
-    let a = &model.arch;
     let qwen2 = has_qkv_biases(dir, model)?;
+    let config = config_json(dir, model, tokenizer, dtype, qwen2)?;
+    std::fs::create_dir_all(dir).map_err(|e| LoadError::io(dir, e))?;
+    write_json(&dir.join("config.json"), &config)?;
+    write_safetensors(&dir.join("model.safetensors"), &hf_tensors(model, dtype))?;
+    write_json(&dir.join("tokenizer.json"), &tokenizer_json(tokenizer))?;
+    write_json(&dir.join("tokenizer_config.json"), &tokenizer_config_json(tokenizer, model.arch.max_seq_len))
+}
+
+/// `config.json`: `transformers`' `LlamaConfig` (or `Qwen2Config`) fields of the architecture.
+fn config_json(
+    dir: &Path,
+    model: &HostModel,
+    tokenizer: &Llama2cTokenizer,
+    dtype: WriteDtype,
+    qwen2: bool,
+) -> Result<Value, LoadError> {
+    let a = &model.arch;
     let rope_scaling = match &a.rope_scaling {
         None => Value::Null,
         Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
@@ -138,9 +155,8 @@ pub fn write_hf_folder(
             ));
         }
     };
-    std::fs::create_dir_all(dir).map_err(|e| LoadError::io(dir, e))?;
     let (architecture, model_type) = if qwen2 { ("Qwen2ForCausalLM", "qwen2") } else { ("LlamaForCausalLM", "llama") };
-    let config = json!({
+    Ok(json!({
         "architectures": [architecture],
         "model_type": model_type,
         "hidden_size": a.dim,
@@ -158,9 +174,12 @@ pub fn write_hf_folder(
         "bos_token_id": tokenizer.bos_id(),
         "eos_token_id": tokenizer.eos_id(),
         "torch_dtype": dtype.torch_name(),
-    });
-    write_json(&dir.join("config.json"), &config)?;
+    }))
+}
 
+/// Every tensor under its Hugging Face name, in `dtype`, q/k rows in the rotate-half layout.
+fn hf_tensors(model: &HostModel, dtype: WriteDtype) -> Vec<(String, Bytes)> {
+    let a = &model.arch;
     let st_dtype = match dtype {
         WriteDtype::F32 => safetensors::Dtype::F32,
         WriteDtype::F16 => safetensors::Dtype::F16,
@@ -174,8 +193,8 @@ pub fn write_hf_folder(
     for (i, l) in model.layers.iter().enumerate() {
         let p = format!("model.layers.{i}");
         push(format!("{p}.input_layernorm.weight"), &l.attn_norm);
-        push(format!("{p}.self_attn.q_proj.weight"), &permute_rows(&l.wq, a.n_heads, false));
-        push(format!("{p}.self_attn.k_proj.weight"), &permute_rows(&l.wk, a.n_kv_heads, false));
+        push(format!("{p}.self_attn.q_proj.weight"), &permute_rows(&l.wq, a.n_heads, ToRotateHalf));
+        push(format!("{p}.self_attn.k_proj.weight"), &permute_rows(&l.wk, a.n_kv_heads, ToRotateHalf));
         push(format!("{p}.self_attn.v_proj.weight"), &l.wv);
         push(format!("{p}.self_attn.o_proj.weight"), &l.wo);
         push(format!("{p}.post_attention_layernorm.weight"), &l.ffn_norm);
@@ -183,10 +202,10 @@ pub fn write_hf_folder(
         push(format!("{p}.mlp.up_proj.weight"), &l.w_up);
         push(format!("{p}.mlp.down_proj.weight"), &l.w_down);
         if let Some(b) = &l.bq {
-            push(format!("{p}.self_attn.q_proj.bias"), &permute_rows(b, a.n_heads, false));
+            push(format!("{p}.self_attn.q_proj.bias"), &permute_rows(b, a.n_heads, ToRotateHalf));
         }
         if let Some(b) = &l.bk {
-            push(format!("{p}.self_attn.k_proj.bias"), &permute_rows(b, a.n_kv_heads, false));
+            push(format!("{p}.self_attn.k_proj.bias"), &permute_rows(b, a.n_kv_heads, ToRotateHalf));
         }
         if let Some(b) = &l.bv {
             push(format!("{p}.self_attn.v_proj.bias"), b);
@@ -196,26 +215,31 @@ pub fn write_hf_folder(
     if let Some(o) = &model.output {
         push("lm_head.weight".into(), o);
     }
-    let st_path = dir.join("model.safetensors");
+    tensors
+}
+
+/// `tensors` as one safetensors file with `format = pt` metadata.
+fn write_safetensors(path: &Path, tensors: &[(String, Bytes)]) -> Result<(), LoadError> {
     let views = tensors.iter().map(|(n, b)| (n.clone(), b));
     let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
-    safetensors::serialize_to_file(views, Some(meta), &st_path)
-        .map_err(|e| LoadError::invalid(&st_path, format!("cannot write safetensors: {e}")))?;
+    safetensors::serialize_to_file(views, Some(meta), path)
+        .map_err(|e| LoadError::invalid(path, format!("cannot write safetensors: {e}")))
+}
 
-    write_json(&dir.join("tokenizer.json"), &tokenizer_json(tokenizer))?;
+/// `tokenizer_config.json`: a `LlamaTokenizer` that prepends BOS.
+fn tokenizer_config_json(tokenizer: &Llama2cTokenizer, max_seq_len: usize) -> Value {
     let piece = |id: Option<u32>| {
         id.and_then(|i| tokenizer.pieces.get(i as usize)).map(|p| String::from_utf8_lossy(p).into_owned())
     };
-    let tok_config = json!({
+    json!({
         "tokenizer_class": "LlamaTokenizer",
         "bos_token": piece(tokenizer.bos_id()),
         "eos_token": piece(tokenizer.eos_id()),
         "unk_token": piece(Some(0)),
         "add_bos_token": true,
         "add_eos_token": false,
-        "model_max_length": a.max_seq_len,
-    });
-    write_json(&dir.join("tokenizer_config.json"), &tok_config)
+        "model_max_length": max_seq_len,
+    })
 }
 
 /// Whether every layer has q, k and v biases (Qwen2); `false` when none has any.
@@ -419,10 +443,16 @@ pub fn write_gguf(
     if dtype == WriteDtype::BF16 {
         return Err(LoadError::invalid(path, "write_gguf writes F32 or F16 only"));
     }
-    let a = &model.arch;
     let qwen2 = has_qkv_biases(path, model)?;
-    let arch = if qwen2 { "qwen2" } else { "llama" };
     let mut kv = Kv::default();
+    gguf_arch_metadata(&mut kv, path, &model.arch, if qwen2 { "qwen2" } else { "llama" })?;
+    gguf_tokenizer_metadata(&mut kv, path, tokenizer)?;
+    let tensors = gguf_tensors(path, model, qwen2)?;
+    write_file(path, &gguf_bytes(&kv, &tensors, dtype))
+}
+
+/// `general.*` and the `ARCH.*` hyper-parameters.
+fn gguf_arch_metadata(kv: &mut Kv, path: &Path, a: &crate::LlamaArch, arch: &str) -> Result<(), LoadError> {
     kv.string("general.architecture", arch);
     kv.string("general.name", &a.architecture);
     kv.u32("general.alignment", ALIGNMENT as u32);
@@ -438,7 +468,11 @@ pub fn write_gguf(
     kv.f32(&k("rope.freq_base"), a.rope_theta);
     kv.u32(&k("rope.dimension_count"), u(a.head_dim())?);
     kv.u32(&k("vocab_size"), u(a.vocab_size)?);
+    Ok(())
+}
 
+/// The `tokenizer.ggml.*` keys of a `llama` (SentencePiece) tokenizer.
+fn gguf_tokenizer_metadata(kv: &mut Kv, path: &Path, tokenizer: &Llama2cTokenizer) -> Result<(), LoadError> {
     kv.string("tokenizer.ggml.model", "llama");
     let mut body = Vec::new();
     for (i, p) in tokenizer.pieces.iter().enumerate() {
@@ -449,21 +483,7 @@ pub fn write_gguf(
     let n = tokenizer.pieces.len();
     kv.array("tokenizer.ggml.tokens", GGUF_STRING, n, body);
     kv.array("tokenizer.ggml.scores", GGUF_F32, n, tokenizer.scores.iter().flat_map(|s| s.to_le_bytes()).collect());
-    let types: Vec<u8> = (0..n)
-        .flat_map(|i| {
-            let id = Some(i as u32);
-            let t: i32 = if i == 0 {
-                2
-            } else if id == tokenizer.bos_id() || id == tokenizer.eos_id() {
-                3
-            } else if is_byte_piece(&tokenizer.pieces[i]) {
-                6
-            } else {
-                1
-            };
-            t.to_le_bytes()
-        })
-        .collect();
+    let types: Vec<u8> = (0..n).flat_map(|i| token_type(tokenizer, i).to_le_bytes()).collect();
     kv.array("tokenizer.ggml.token_type", GGUF_I32, n, types);
     if let Some(b) = tokenizer.bos_id() {
         kv.u32("tokenizer.ggml.bos_token_id", b);
@@ -473,13 +493,42 @@ pub fn write_gguf(
     }
     kv.u32("tokenizer.ggml.unknown_token_id", 0);
     kv.bool("tokenizer.ggml.add_bos_token", true);
+    Ok(())
+}
 
-    // Rows of a qwen2 q/k weight or bias, interleaved → rotate-half.
-    let rope_rows =
-        |t: &HostTensor, heads: usize| -> HostTensor { if qwen2 { permute_rows(t, heads, false) } else { t.clone() } };
-    // (name, tensor, stored as F32?)
-    let mut tensors: Vec<(String, Cow<'_, HostTensor>, bool)> =
-        vec![("token_embd.weight".into(), Cow::Borrowed(&model.token_embedding), false)];
+/// GGUF's token type of piece `i`: 2 unknown (id 0), 3 control (BOS, EOS), 6 byte (`<0xNN>`),
+/// 1 normal.
+fn token_type(tokenizer: &Llama2cTokenizer, i: usize) -> i32 {
+    let id = Some(i as u32);
+    if i == 0 {
+        2
+    } else if id == tokenizer.bos_id() || id == tokenizer.eos_id() {
+        3
+    } else if is_byte_piece(&tokenizer.pieces[i]) {
+        6
+    } else {
+        1
+    }
+}
+
+/// A tensor to write under llama.cpp's name.
+struct GgufTensor<'a> {
+    name: String,
+    tensor: Cow<'a, HostTensor>,
+    /// Stored as F32 whatever the dtype (1-D norms, biases, `rope_freqs.weight`).
+    always_f32: bool,
+}
+
+/// Every tensor in file order, under llama.cpp's names; `qwen2` q/k rows in the rotate-half
+/// layout; RoPE scaling as `rope_freqs.weight`.
+fn gguf_tensors<'a>(path: &Path, model: &'a HostModel, qwen2: bool) -> Result<Vec<GgufTensor<'a>>, LoadError> {
+    let a = &model.arch;
+    let rope_rows = |t: &HostTensor, heads: usize| -> HostTensor {
+        if qwen2 { permute_rows(t, heads, ToRotateHalf) } else { t.clone() }
+    };
+    let matrix = |name: String, t: Cow<'a, HostTensor>| GgufTensor { name, tensor: t, always_f32: false };
+    let vector = |name: String, t: Cow<'a, HostTensor>| GgufTensor { name, tensor: t, always_f32: true };
+    let mut tensors = vec![matrix("token_embd.weight".into(), Cow::Borrowed(&model.token_embedding))];
     if let Some(s) = &a.rope_scaling {
         let factors = match s {
             RopeScaling::FreqFactors { factors } => factors.clone(),
@@ -487,42 +536,47 @@ pub fn write_gguf(
         };
         let t = HostTensor::new(vec![factors.len()], factors)
             .ok_or_else(|| LoadError::invalid(path, "RoPE frequency factors"))?;
-        tensors.push(("rope_freqs.weight".into(), Cow::Owned(t), true));
+        tensors.push(vector("rope_freqs.weight".into(), Cow::Owned(t)));
     }
     for (i, l) in model.layers.iter().enumerate() {
         let b = format!("blk.{i}");
-        tensors.push((format!("{b}.attn_norm.weight"), Cow::Borrowed(&l.attn_norm), true));
-        tensors.push((format!("{b}.attn_q.weight"), Cow::Owned(rope_rows(&l.wq, a.n_heads)), false));
-        tensors.push((format!("{b}.attn_k.weight"), Cow::Owned(rope_rows(&l.wk, a.n_kv_heads)), false));
-        tensors.push((format!("{b}.attn_v.weight"), Cow::Borrowed(&l.wv), false));
+        tensors.push(vector(format!("{b}.attn_norm.weight"), Cow::Borrowed(&l.attn_norm)));
+        tensors.push(matrix(format!("{b}.attn_q.weight"), Cow::Owned(rope_rows(&l.wq, a.n_heads))));
+        tensors.push(matrix(format!("{b}.attn_k.weight"), Cow::Owned(rope_rows(&l.wk, a.n_kv_heads))));
+        tensors.push(matrix(format!("{b}.attn_v.weight"), Cow::Borrowed(&l.wv)));
         if let (Some(bq), Some(bk), Some(bv)) = (&l.bq, &l.bk, &l.bv) {
-            tensors.push((format!("{b}.attn_q.bias"), Cow::Owned(rope_rows(bq, a.n_heads)), true));
-            tensors.push((format!("{b}.attn_k.bias"), Cow::Owned(rope_rows(bk, a.n_kv_heads)), true));
-            tensors.push((format!("{b}.attn_v.bias"), Cow::Borrowed(bv), true));
+            tensors.push(vector(format!("{b}.attn_q.bias"), Cow::Owned(rope_rows(bq, a.n_heads))));
+            tensors.push(vector(format!("{b}.attn_k.bias"), Cow::Owned(rope_rows(bk, a.n_kv_heads))));
+            tensors.push(vector(format!("{b}.attn_v.bias"), Cow::Borrowed(bv)));
         }
-        tensors.push((format!("{b}.attn_output.weight"), Cow::Borrowed(&l.wo), false));
-        tensors.push((format!("{b}.ffn_norm.weight"), Cow::Borrowed(&l.ffn_norm), true));
-        tensors.push((format!("{b}.ffn_gate.weight"), Cow::Borrowed(&l.w_gate), false));
-        tensors.push((format!("{b}.ffn_up.weight"), Cow::Borrowed(&l.w_up), false));
-        tensors.push((format!("{b}.ffn_down.weight"), Cow::Borrowed(&l.w_down), false));
+        tensors.push(matrix(format!("{b}.attn_output.weight"), Cow::Borrowed(&l.wo)));
+        tensors.push(vector(format!("{b}.ffn_norm.weight"), Cow::Borrowed(&l.ffn_norm)));
+        tensors.push(matrix(format!("{b}.ffn_gate.weight"), Cow::Borrowed(&l.w_gate)));
+        tensors.push(matrix(format!("{b}.ffn_up.weight"), Cow::Borrowed(&l.w_up)));
+        tensors.push(matrix(format!("{b}.ffn_down.weight"), Cow::Borrowed(&l.w_down)));
     }
-    tensors.push(("output_norm.weight".into(), Cow::Borrowed(&model.final_norm), true));
+    tensors.push(vector("output_norm.weight".into(), Cow::Borrowed(&model.final_norm)));
     if let Some(o) = &model.output {
-        tensors.push(("output.weight".into(), Cow::Borrowed(o), false));
+        tensors.push(matrix("output.weight".into(), Cow::Borrowed(o)));
     }
+    Ok(tensors)
+}
 
+/// The file: header (magic, version 3, counts), metadata, tensor infos, then the data section
+/// (aligned to [`ALIGNMENT`], each tensor at an aligned offset).
+fn gguf_bytes(kv: &Kv, tensors: &[GgufTensor<'_>], dtype: WriteDtype) -> Vec<u8> {
     let mut infos = Vec::new();
     let mut data = Vec::new();
-    for (name, t, f32_always) in &tensors {
-        let (ty, bytes) = if *f32_always || dtype == WriteDtype::F32 {
-            (0u32, WriteDtype::F32.bytes(t))
+    for GgufTensor { name, tensor, always_f32 } in tensors {
+        let (ty, bytes) = if *always_f32 || dtype == WriteDtype::F32 {
+            (0u32, WriteDtype::F32.bytes(tensor))
         } else {
-            (1u32, WriteDtype::F16.bytes(t))
+            (1u32, WriteDtype::F16.bytes(tensor))
         };
         data.resize(data.len().next_multiple_of(ALIGNMENT), 0);
         Kv::str_raw(&mut infos, name);
-        infos.extend((t.shape.len() as u32).to_le_bytes());
-        for d in t.shape.iter().rev() {
+        infos.extend((tensor.shape.len() as u32).to_le_bytes());
+        for d in tensor.shape.iter().rev() {
             infos.extend((*d as u64).to_le_bytes());
         }
         infos.extend(ty.to_le_bytes());
@@ -537,5 +591,5 @@ pub fn write_gguf(
     out.extend(&infos);
     out.resize(out.len().next_multiple_of(ALIGNMENT), 0);
     out.extend(data);
-    write_file(path, &out)
+    out
 }

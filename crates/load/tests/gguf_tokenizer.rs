@@ -35,7 +35,7 @@ fn smollm2_gguf_tokenizer_matches_hf_tokenizers_ids_and_round_trips() {
     let Some(path) = smollm2() else { return };
     let loaded = open_model(&path, None).expect("SmolLM2 GGUF opens with its tokenizer");
     let tok = &loaded.tokenizer;
-    assert_eq!(loaded.format, "gguf");
+    assert_eq!(loaded.format, qdrift_load::ModelFormat::Gguf);
     assert_eq!(tok.vocab_size(), 49152);
     assert_eq!(tok.bos_id(), Some(1));
     assert_eq!(tok.eos_id(), Some(2));

@@ -97,7 +97,7 @@ fn stories260k_hf_folder_round_trips_in_f32_f16_bf16() {
         let dir = tempfile::tempdir().expect("tempdir");
         write_hf_folder(dir.path(), &loaded.model, &tok, dtype).expect("written");
         let back = open_model(dir.path(), None).expect("read back");
-        assert_eq!(back.format, "hf-safetensors");
+        assert_eq!(back.format, qdrift_load::ModelFormat::HfSafetensors);
         let mut reference = loaded.model.clone();
         reference.arch.architecture = "LlamaForCausalLM".to_string();
         assert_weights(&back.model, &reference, dtype, dtype);

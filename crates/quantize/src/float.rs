@@ -35,6 +35,11 @@ impl HalfPacked {
         };
         HalfPacked { format, bits }
     }
+
+    /// Bytes stored for a `[rows, cols]` matrix: two per value.
+    pub(crate) fn storage_bytes_for(rows: u64, cols: u64) -> u64 {
+        2 * rows * cols
+    }
 }
 
 impl Packed for HalfPacked {

@@ -123,6 +123,12 @@ impl Fp8Packed {
             .collect();
         Fp8Packed { format, per_tensor, codes, scales }
     }
+
+    /// Bytes stored for a `[rows, cols]` matrix: one code per value and an f32 scale per row,
+    /// or a single one per tensor.
+    pub(crate) fn storage_bytes_for(rows: u64, cols: u64, per_tensor: bool) -> u64 {
+        rows * cols + 4 * if per_tensor { 1 } else { rows }
+    }
 }
 
 impl Packed for Fp8Packed {

@@ -59,6 +59,13 @@ impl GgmlPacked {
     pub(crate) fn fell_back(&self) -> bool {
         matches!(self.data, Data::Fallback(_))
     }
+
+    /// Bytes stored for a `[rows, cols]` matrix: `type_size` bytes per block of `block_size`
+    /// values, or 4 per value when `cols` is not a whole number of blocks (the f32 fallback).
+    pub(crate) fn storage_bytes_for(ty: GgmlType, rows: u64, cols: u64) -> u64 {
+        let block = ty.block_size() as u64;
+        if cols.is_multiple_of(block) { rows * cols / block * ty.type_size() as u64 } else { 4 * rows * cols }
+    }
 }
 
 impl Packed for GgmlPacked {

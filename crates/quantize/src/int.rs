@@ -64,6 +64,11 @@ impl Int8Packed {
         }
         Int8Packed { codes, scales }
     }
+
+    /// Bytes stored for a `[rows, cols]` matrix: one code per value and an f32 scale per row.
+    pub(crate) fn storage_bytes_for(rows: u64, cols: u64) -> u64 {
+        rows * cols + 4 * rows
+    }
 }
 
 impl Packed for Int8Packed {
@@ -175,6 +180,15 @@ impl Int4Packed {
             }
         }
         Ok(Int4Packed { group, asym, codes, scales, zeros })
+    }
+
+    /// Bytes stored for a `[rows, cols]` matrix (see the module docs for the packing): per row,
+    /// `⌈cols/2⌉` code bytes, an FP16 scale per group and, asymmetric, `⌈groups/2⌉` zero-point
+    /// bytes.
+    pub(crate) fn storage_bytes_for(rows: u64, cols: u64, group: u64, asym: bool) -> u64 {
+        let groups = cols.div_ceil(group);
+        let zero_bytes = if asym { groups.div_ceil(2) } else { 0 };
+        rows * (cols.div_ceil(2) + 2 * groups + zero_bytes)
     }
 }
 

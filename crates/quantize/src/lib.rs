@@ -23,6 +23,7 @@
 //! | `fp8.rs` | `fp8-e4m3`, `fp8-e5m2` (+ `-tensor`), with the OFP8 codec |
 //! | `nf4.rs` | `nf4-g64` |
 //! | `ggml.rs` | `q8_0`, `q4_0`, `q4_1`, `q4_k`, `q6_k`, `mxfp4` (codecs in `qdrift-ggml`) |
+//! | `footprint.rs` | [`Scheme::storage_bytes`] (bytes per matrix shape), [`SchemeFootprint`] for `qdrift inspect` |
 //! | `stats.rs` | [`error_stats`] |
 //! | `reference.rs` | [`round_to_fp16_reference`]: the FP16 reference every variant is measured against |
 //! | `model.rs` | [`quantize_model`]: a whole model, per-tensor [`TensorReport`]s, [`QuantSummary`] |
@@ -30,6 +31,7 @@
 
 mod error;
 mod float;
+mod footprint;
 mod fp8;
 mod ggml;
 mod int;
@@ -41,6 +43,7 @@ mod scheme;
 mod stats;
 
 pub use error::QuantizeError;
+pub use footprint::SchemeFootprint;
 pub use fp8::{fp8_decode, fp8_encode};
 pub use ggml::dequantize_ggml_blocks;
 pub use model::{
@@ -48,8 +51,9 @@ pub use model::{
 };
 pub use nf4::NF4_CODE;
 pub use qdrift_ggml::GgmlError;
+pub use qdrift_load::rotate_half_row_order;
 pub use reference::round_to_fp16_reference;
-pub use safetensors_out::{WriteError, rotate_half_row_order, write_safetensors};
+pub use safetensors_out::{WriteError, write_safetensors};
 pub use scheme::{Fp8Format, GgmlType, Scheme};
 pub use stats::{ErrorStats, error_stats, try_error_stats};
 
@@ -207,25 +211,16 @@ pub fn quantize(scheme: &Scheme, weights: &[f32], rows: usize, cols: usize) -> R
     if let Some(index) = weights.iter().position(|w| !w.is_finite()) {
         return Err(QuantizeError::NonFinite { index, row: index / cols, col: index % cols, value: weights[index] });
     }
+    scheme.check_sizes()?;
     let storage = match *scheme {
         Scheme::Fp16 => Storage::Float(float::HalfPacked::quantize(float::Half::F16, weights)),
         Scheme::Bf16 => Storage::Float(float::HalfPacked::quantize(float::Half::BF16, weights)),
         Scheme::Int8 => Storage::Int8(int::Int8Packed::quantize(weights, rows, cols)),
-        Scheme::Int4 { group, asym } => {
-            if group == 0 {
-                return Err(QuantizeError::ZeroGroup { scheme: scheme.to_string() });
-            }
-            Storage::Int4(int::Int4Packed::quantize(weights, rows, cols, group, asym)?)
-        }
+        Scheme::Int4 { group, asym } => Storage::Int4(int::Int4Packed::quantize(weights, rows, cols, group, asym)?),
         Scheme::Fp8 { format, per_tensor } => {
             Storage::Fp8(fp8::Fp8Packed::quantize(weights, rows, cols, format, per_tensor))
         }
-        Scheme::Nf4 { block } => {
-            if block == 0 {
-                return Err(QuantizeError::ZeroGroup { scheme: scheme.to_string() });
-            }
-            Storage::Nf4(nf4::Nf4Packed::quantize(weights, rows, cols, block))
-        }
+        Scheme::Nf4 { block } => Storage::Nf4(nf4::Nf4Packed::quantize(weights, rows, cols, block)),
         Scheme::Ggml(ty) => Storage::Ggml(ggml::GgmlPacked::quantize(ty, weights, rows, cols)),
     };
     Ok(QuantizedMatrix { scheme: *scheme, rows, cols, storage })

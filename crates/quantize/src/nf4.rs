@@ -104,6 +104,12 @@ impl Nf4Packed {
         }
         Nf4Packed { block, codes, absmax }
     }
+
+    /// Bytes stored for a `[rows, cols]` matrix: per row, `⌈cols/2⌉` code bytes and an f32
+    /// absmax per block.
+    pub(crate) fn storage_bytes_for(rows: u64, cols: u64, block: u64) -> u64 {
+        rows * (cols.div_ceil(2) + 4 * cols.div_ceil(block))
+    }
 }
 
 impl Packed for Nf4Packed {

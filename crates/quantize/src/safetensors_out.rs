@@ -16,8 +16,9 @@
 //!
 //! **RoPE layout.** [`HostModel`] keeps q/k rows in the interleaved layout (llama2.c, GGUF:
 //! rotation pairs are rows `(2i, 2i+1)` of a head); Hugging Face checkpoints use the rotate-half
-//! layout (pairs are rows `i` and `i + head_dim/2`). The writer permutes q/k rows to rotate-half,
-//! the inverse of llama.cpp's `convert_hf_to_gguf.py` `permute`, and records
+//! layout (pairs are rows `i` and `i + head_dim/2`). The writer permutes q/k rows to rotate-half
+//! with [`qdrift_load::rotate_half_row_order`] (the loader's one definition, the inverse of
+//! llama.cpp's `convert_hf_to_gguf.py` `permute`), and records
 //! `qdrift.rope_layout = rotate_half`. q/k biases, which are never quantized, are permuted alike.
 //!
 //! **Packed files.** With `packed`, a quantized tensor `X.weight` is written as its
@@ -31,7 +32,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use qdrift_load::HostTensor;
+use qdrift_load::{HostTensor, rotate_half_row_order};
 use safetensors::{Dtype, View};
 
 use crate::model::{QuantizedModel, WeightSlot};
@@ -74,18 +75,6 @@ pub enum WriteError {
         /// The key.
         key: String,
     },
-}
-
-/// For a q or k projection of `n_heads` heads with `head_dim` rows each, in the interleaved
-/// RoPE layout, the interleaved row that each rotate-half row comes from:
-/// `order[h·head_dim + a·head_dim/2 + i] = h·head_dim + 2i + a` for `a ∈ {0, 1}`.
-///
-/// Rotate-half row `r` of the written matrix is interleaved row `order[r]`; to read a
-/// rotate-half matrix back into the interleaved layout, put its row `r` at row `order[r]`.
-/// `head_dim` must be even (RoPE rotates pairs).
-pub fn rotate_half_row_order(n_heads: usize, head_dim: usize) -> Vec<usize> {
-    let half = head_dim / 2;
-    (0..n_heads).flat_map(|h| (0..2).flat_map(move |a| (0..half).map(move |i| h * head_dim + 2 * i + a))).collect()
 }
 
 /// Writes every tensor of `model` to `path` under Hugging Face Llama names.
@@ -377,30 +366,4 @@ fn permute_part_rows(part: PackedPart, rows: usize, order: &[usize]) -> Result<P
     }
     let bytes = order.iter().flat_map(|&r| &part.bytes[r * row_bytes..(r + 1) * row_bytes]).copied().collect();
     Ok(PackedPart { bytes, ..part })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::rotate_half_row_order;
-
-    #[test]
-    fn row_order_is_the_inverse_of_llama_cpp_permute() {
-        // One head of 4: interleaved pairs (0,1), (2,3) -> rotate-half pairs (0,2), (1,3).
-        assert_eq!(rotate_half_row_order(1, 4), [0, 2, 1, 3]);
-        // convert_hf_to_gguf.py permute (HF -> interleaved):
-        // w.reshape(n_head, 2, hd/2, ...).swapaxes(1, 2): interleaved row h·hd + 2i + a is
-        // HF row h·hd + a·hd/2 + i.
-        let (heads, hd) = (3, 8);
-        let order = rotate_half_row_order(heads, hd);
-        for h in 0..heads {
-            for i in 0..hd / 2 {
-                for a in 0..2 {
-                    assert_eq!(order[h * hd + a * hd / 2 + i], h * hd + 2 * i + a);
-                }
-            }
-        }
-        let mut sorted = order.clone();
-        sorted.sort_unstable();
-        assert_eq!(sorted, (0..heads * hd).collect::<Vec<_>>());
-    }
 }

@@ -135,6 +135,17 @@ impl Scheme {
         }
     }
 
+    /// [`QuantizeError::ZeroGroup`] when a hand-built scheme has a group or block size of zero
+    /// (no listed scheme has).
+    pub(crate) fn check_sizes(&self) -> Result<(), QuantizeError> {
+        match *self {
+            Scheme::Int4 { group: 0, .. } | Scheme::Nf4 { block: 0 } => {
+                Err(QuantizeError::ZeroGroup { scheme: self.to_string() })
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn known_names() -> String {
         Scheme::all().iter().map(Scheme::to_string).collect::<Vec<_>>().join(", ")
     }

@@ -1,0 +1,129 @@
+//! `Scheme::storage_bytes` (bytes from the shape alone) against the bytes each codec stores, and
+//! the weight memory `qdrift inspect` derives from it, by hand for stories260K and SmolLM2-135M.
+
+// The deterministic matrices the GGML reference vectors were recorded from.
+#[path = "../../ggml/tests/common/mod.rs"]
+mod common;
+
+use common::matrix;
+use qdrift_load::inspect::{Fp32, Inspection, WeightStorage, inspect};
+use qdrift_load::{LlamaArch, synthetic_arch};
+use qdrift_quantize::{QuantizeError, Scheme, SchemeFootprint, quantize};
+
+#[test]
+fn storage_bytes_is_what_every_codec_stores() {
+    // Even and odd columns, whole and partial groups and GGML blocks (200 and 7 fall back to
+    // f32), empty matrices.
+    for (rows, cols) in [(4, 256), (3, 200), (1, 7), (2, 33), (5, 576), (3, 0), (0, 64)] {
+        let w = matrix(5, rows, cols);
+        for scheme in Scheme::all() {
+            let stored = quantize(&scheme, &w, rows, cols).expect("finite").storage_bytes();
+            assert_eq!(scheme.storage_bytes(rows as u64, cols as u64), Ok(stored as u64), "{scheme} {rows}x{cols}");
+        }
+    }
+}
+
+#[test]
+fn zero_groups_are_refused_as_quantize_refuses_them() {
+    for scheme in [Scheme::Int4 { group: 0, asym: false }, Scheme::Nf4 { block: 0 }] {
+        let refused = QuantizeError::ZeroGroup { scheme: scheme.to_string() };
+        assert_eq!(scheme.storage_bytes(2, 8), Err(refused.clone()));
+        assert_eq!(SchemeFootprint::new(scheme), Err(refused.clone()));
+        assert_eq!(quantize(&scheme, &[0.0; 16], 2, 8).map(|q| q.storage_bytes()), Err(refused));
+    }
+}
+
+#[test]
+fn every_listed_scheme_has_a_footprint_under_its_cli_name() {
+    let all = SchemeFootprint::all();
+    assert_eq!(all.iter().map(|f| f.scheme()).collect::<Vec<_>>(), Scheme::all());
+    for f in &all {
+        assert_eq!(SchemeFootprint::new(f.scheme()).as_ref(), Ok(f));
+        assert_eq!(f.name(), f.scheme().to_string());
+        assert_eq!(f.vector_bytes(), 2, "norms stay FP16");
+    }
+}
+
+/// stories260K (README of shared/models/stories260K).
+fn stories_arch() -> LlamaArch {
+    LlamaArch {
+        architecture: "llama".into(),
+        dim: 64,
+        hidden_dim: 172,
+        n_layers: 5,
+        n_heads: 8,
+        n_kv_heads: 4,
+        vocab_size: 512,
+        max_seq_len: 512,
+        norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        tied_embeddings: true,
+        rope_scaling: None,
+    }
+}
+
+/// `inspect` of `arch` under fp32 and every scheme.
+fn inspect_all(arch: &LlamaArch) -> Inspection {
+    let footprints = SchemeFootprint::all();
+    let mut storages: Vec<&dyn WeightStorage> = vec![&Fp32];
+    storages.extend(footprints.iter().map(|f| f as &dyn WeightStorage));
+    inspect(arch, &[], false, 256, 1, &storages)
+}
+
+fn bytes_of(i: &Inspection, scheme: &str) -> u64 {
+    i.weight_bytes.iter().find(|s| s.scheme == scheme).expect("scheme").bytes
+}
+
+#[test]
+fn stories260k_weight_memory_by_hand() {
+    let i = inspect_all(&stories_arch());
+    let names: Vec<&str> = i.weight_bytes.iter().map(|s| s.scheme.as_str()).collect();
+    assert_eq!(names[0], "fp32");
+    assert_eq!(names.len(), 1 + Scheme::all().len());
+    // Linears per layer: wq 64·64 + wk 32·64 + wv 32·64 + wo 64·64 + 3 · 172·64 = 45,312 values,
+    // 64 + 32 + 32 + 64 + 172 + 172 + 64 = 600 rows; two norms of 64 per layer, final norm 64.
+    let linears = 4096 + 2048 + 2048 + 4096 + 3 * 11008;
+    assert_eq!(bytes_of(&i, "fp32"), 4 * 260_032);
+    assert_eq!(bytes_of(&i, "fp16"), 2 * 260_032);
+    assert_eq!(bytes_of(&i, "bf16"), 2 * 260_032);
+    // INT8: values + a 4-byte scale per row of every matrix; norms at 2 bytes.
+    let int8_layer = (4096 + 4 * 64) + 2 * (2048 + 4 * 32) + (4096 + 4 * 64) // q, k, v, o
+        + 2 * (11008 + 4 * 172) + (11008 + 4 * 64) // gate, up ([172, 64]); down ([64, 172])
+        + 2 * 2 * 64; // norms
+    let int8 = (32768 + 4 * 512) + 5 * int8_layer + 2 * 64;
+    assert_eq!(int8, 274_784);
+    assert_eq!(bytes_of(&i, "int8"), int8);
+    // FP8 per output channel: the same layout as INT8 (a byte per value, an f32 per row).
+    assert_eq!(bytes_of(&i, "fp8-e4m3"), 32768 + 4 * 512 + 5 * (linears + 4 * 600 + 2 * 2 * 64) + 2 * 64);
+    assert_eq!(bytes_of(&i, "fp8-e4m3"), int8);
+    // FP8 per tensor: values + one 4-byte scale per matrix (embedding + 7 per layer).
+    let fp8_tensor = 32768 + 4 + 5 * (linears + 7 * 4 + 2 * 2 * 64) + 2 * 64;
+    assert_eq!(bytes_of(&i, "fp8-e4m3-tensor"), fp8_tensor);
+    assert_eq!(bytes_of(&i, "fp8-e5m2-tensor"), fp8_tensor);
+    // INT4 g32: rows·cols/2 code bytes + 2 bytes per 32 values of a row.
+    //   cols 64 → 2 groups/row, cols 172 → ⌈172/32⌉ = 6 groups/row.
+    let g = |rows: u64, cols: u64, groups: u64| rows * cols / 2 + 2 * rows * groups;
+    let int4_layer = g(64, 64, 2) + 2 * g(32, 64, 2) + g(64, 64, 2) + 2 * g(172, 64, 2) + g(64, 172, 6) + 4 * 64;
+    assert_eq!(bytes_of(&i, "int4-g32"), g(512, 64, 2) + 5 * int4_layer + 2 * 64);
+    // INT4 g128: cols 64 → 1 group, cols 172 → 2 groups.
+    let int4_layer = g(64, 64, 1) + 2 * g(32, 64, 1) + g(64, 64, 1) + 2 * g(172, 64, 1) + g(64, 172, 2) + 4 * 64;
+    assert_eq!(bytes_of(&i, "int4-g128"), g(512, 64, 1) + 5 * int4_layer + 2 * 64);
+    // Q8_0 blocks rows of 64 (2 blocks of 34 bytes); rows of 172 are not whole blocks of 32 and
+    // stay f32 (w_down), as llama.cpp keeps such tensors.
+    let q8 = |rows: u64, cols: u64| rows * cols / 32 * 34;
+    let q8_layer = q8(64, 64) + 2 * q8(32, 64) + q8(64, 64) + 2 * q8(172, 64) + 4 * 64 * 172 + 4 * 64;
+    assert_eq!(bytes_of(&i, "q8_0"), q8(512, 64) + 5 * q8_layer + 2 * 64);
+}
+
+#[test]
+fn smollm2_135m_int4_g128_by_hand() {
+    let i = inspect_all(&synthetic_arch("smollm2-135m").expect("preset"));
+    assert_eq!(bytes_of(&i, "fp16"), 2 * 134_515_008);
+    // INT4 g128: cols 576 → ⌈576/128⌉ = 5 groups per row (the last one of 64 values), 1536 → 12.
+    let g = |rows: u64, cols: u64| rows * cols / 2 + 2 * rows * cols.div_ceil(128);
+    assert_eq!(g(1, 576), 288 + 2 * 5);
+    let int4_g128 = Scheme::Int4 { group: 128, asym: false };
+    assert_eq!(int4_g128.storage_bytes(1536, 576), Ok(g(1536, 576)));
+    let layer = 2 * g(576, 576) + 2 * g(192, 576) + 2 * g(1536, 576) + g(576, 1536) + 2 * 2 * 576;
+    assert_eq!(bytes_of(&i, "int4-g128"), g(49152, 576) + 30 * layer + 2 * 576);
+}
