@@ -56,6 +56,86 @@ pub fn context_overflow(prompts: &[Vec<u32>], max_new_tokens: usize, trained: us
     (positions > trained).then_some(ContextOverflow { positions, trained })
 }
 
+/// Requests whose prompt plus new tokens exceed this many times the model's trained context are
+/// refused unless the user asks for them (`--allow-long`): they pass the memory check but run for
+/// minutes to hours, with every position past the trained context extrapolated.
+pub const LONG_REQUEST_FACTOR: usize = 8;
+
+/// Bytes of prompt text allowed per position of the trained context, checked before tokenizing:
+/// generous (no tokenizer's pieces average more than a few bytes), so only a prompt that cannot
+/// fit the context in any tokenization is refused, before the tokenizer spends time on it.
+pub const MAX_PROMPT_BYTES_PER_TOKEN: usize = 32;
+
+/// A prompt that cannot run on a model: too long for its trained context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PromptTooLong {
+    /// The text alone is longer than any prompt of `trained` positions can be.
+    #[error(
+        "is {bytes} bytes, more than the {limit} bytes a prompt may have for a model trained on {trained} positions \
+         ({MAX_PROMPT_BYTES_PER_TOKEN} bytes per position); shorten it"
+    )]
+    Bytes {
+        /// The prompt's length in bytes.
+        bytes: usize,
+        /// The most bytes allowed.
+        limit: usize,
+        /// The model's trained context.
+        trained: usize,
+    },
+    /// The encoded prompt has more tokens than the trained context.
+    #[error("is {tokens} tokens, more than the {trained} positions the model was trained for; shorten it")]
+    Tokens {
+        /// The prompt's length in tokens.
+        tokens: usize,
+        /// The model's trained context.
+        trained: usize,
+    },
+}
+
+/// Refuses a prompt text that could not fit `trained` positions even at
+/// [`MAX_PROMPT_BYTES_PER_TOKEN`] bytes per token, so that it is never tokenized.
+pub fn check_prompt_text(text: &str, trained: usize) -> Result<(), PromptTooLong> {
+    let limit = trained.saturating_mul(MAX_PROMPT_BYTES_PER_TOKEN);
+    if text.len() > limit {
+        return Err(PromptTooLong::Bytes { bytes: text.len(), limit, trained });
+    }
+    Ok(())
+}
+
+/// Refuses an encoded prompt longer than the `trained` context.
+pub fn check_prompt_tokens(tokens: &[u32], trained: usize) -> Result<(), PromptTooLong> {
+    if tokens.len() > trained {
+        return Err(PromptTooLong::Tokens { tokens: tokens.len(), trained });
+    }
+    Ok(())
+}
+
+/// Refuses a request whose longest prompt plus `max_new_tokens` exceeds
+/// [`LONG_REQUEST_FACTOR`] × `trained` positions unless `allow_long`; `option` names the flag that
+/// set the new tokens (`--horizons`, `--max-new-tokens`). Sizes that overflow `usize` are refused
+/// even with `allow_long`.
+pub fn check_length(
+    prompts: &[Vec<u32>],
+    max_new_tokens: usize,
+    trained: usize,
+    allow_long: bool,
+    option: &str,
+) -> Result<(), GenerateError> {
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let limit = trained.saturating_mul(LONG_REQUEST_FACTOR);
+    let Some(positions) = longest.checked_add(max_new_tokens) else {
+        return Err(GenerateError::TooLarge(format!("{option} {max_new_tokens}: the request's positions overflow")));
+    };
+    if positions > limit && !allow_long {
+        return Err(GenerateError::TooLarge(format!(
+            "{option} {max_new_tokens}: {positions} positions (longest prompt {longest} + {max_new_tokens} new tokens) \
+             exceed the limit of {limit}, {LONG_REQUEST_FACTOR} × the model's trained context of {trained}; \
+             pass --allow-long to run it anyway"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks a request before anything is allocated: prompts must be non-empty and in the
 /// vocabulary, and each batch's key-value cache, prompt-pass attention scores and logits must fit
 /// the device's largest buffer and, for devices that use host memory, the memory the host has
@@ -166,6 +246,28 @@ mod tests {
         assert_eq!(default_batch_size(40, &device_with(1)), MAX_DEFAULT_BATCH_SIZE);
         assert_eq!(default_batch_size(3, &device_with(8)), 1);
         assert_eq!(default_batch_size(0, &device_with(0)), 1);
+    }
+
+    #[test]
+    fn long_requests_are_refused_unless_allowed() {
+        let prompts = vec![vec![1; 12]];
+        assert!(check_length(&prompts, 16 * 8 - 12, 16, false, "--horizons").is_ok());
+        let e = check_length(&prompts, 16 * 8 - 11, 16, false, "--horizons").unwrap_err().to_string();
+        assert!(e.starts_with("--horizons 117: 129 positions"), "{e}");
+        assert!(e.contains("limit of 128") && e.contains("context of 16") && e.contains("--allow-long"), "{e}");
+        assert!(check_length(&prompts, 1_000_000, 16, true, "--horizons").is_ok());
+        let e = check_length(&prompts, usize::MAX, 16, true, "--max-new-tokens").unwrap_err().to_string();
+        assert!(e.contains("overflow"), "{e}");
+    }
+
+    #[test]
+    fn prompts_longer_than_the_context_are_refused() {
+        assert!(check_prompt_text(&"a".repeat(16 * MAX_PROMPT_BYTES_PER_TOKEN), 16).is_ok());
+        let e = check_prompt_text(&"a".repeat(16 * MAX_PROMPT_BYTES_PER_TOKEN + 1), 16).unwrap_err();
+        assert_eq!(e, PromptTooLong::Bytes { bytes: 513, limit: 512, trained: 16 });
+        assert!(check_prompt_tokens(&[1; 16], 16).is_ok());
+        let e = check_prompt_tokens(&[1; 17], 16).unwrap_err().to_string();
+        assert!(e.starts_with("is 17 tokens, more than the 16"), "{e}");
     }
 
     #[test]
