@@ -95,7 +95,8 @@ fn eval_set_help() -> String {
 /// moved into `--out` together ([`OutputDir`]).
 pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     // Refuse unusable thresholds before an evaluation that may take hours.
-    let thresholds = args.gate.as_ref().map(|t| Ok::<_, Box<dyn Error>>((t.clone(), Thresholds::read(t)?))).transpose()?;
+    let thresholds =
+        args.gate.as_ref().map(|t| Ok::<_, Box<dyn Error>>((t.clone(), Thresholds::read(t)?))).transpose()?;
     let output = OutputDir::prepare(&args.out)?;
     let cfg = config(&args, thresholds);
     let report = evaluate_with_progress(&cfg)?;

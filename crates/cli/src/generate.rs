@@ -78,15 +78,20 @@ pub fn parse_dtype(s: &str) -> Result<DType, String> {
     }
 }
 
-/// Encodes the prompts, refusing one longer than the `trained` context (by its bytes before
-/// encoding, by its tokens after).
-fn encode_prompts(texts: &[String], tokenizer: &dyn Tokenizer, trained: usize) -> Result<Vec<Vec<u32>>, String> {
+/// Encodes the prompts, refusing one too long for the `trained` context (by its bytes before
+/// encoding; by its tokens after, unless `allow_long`).
+fn encode_prompts(
+    texts: &[String],
+    tokenizer: &dyn Tokenizer,
+    trained: usize,
+    allow_long: bool,
+) -> Result<Vec<Vec<u32>>, String> {
     let refuse = |i: usize, e: PromptTooLong| format!("--prompt {}: {e}", i + 1);
     let mut prompts = Vec::with_capacity(texts.len());
     for (i, text) in texts.iter().enumerate() {
         check_prompt_text(text, trained).map_err(|e| refuse(i, e))?;
         let tokens = tokenizer.encode(text);
-        check_prompt_tokens(&tokens, trained).map_err(|e| refuse(i, e))?;
+        check_prompt_tokens(&tokens, trained, allow_long).map_err(|e| refuse(i, e))?;
         prompts.push(tokens);
     }
     Ok(prompts)
@@ -101,7 +106,7 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
     }
     let loaded = qdrift_load::open_model(&args.model, args.tokenizer.as_deref())?;
     let arch = &loaded.model.arch;
-    let prompts = encode_prompts(&args.prompt, &*loaded.tokenizer, arch.max_seq_len)?;
+    let prompts = encode_prompts(&args.prompt, &*loaded.tokenizer, arch.max_seq_len, args.allow_long)?;
     check_length(&prompts, args.max_new_tokens, arch.max_seq_len, args.allow_long, "--max-new-tokens")?;
     let device = select_device(args.backend)?;
     eprintln!("qdrift: backend {} on {} ({})", device.backend, device.adapter, device.reason);

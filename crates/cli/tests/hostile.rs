@@ -21,12 +21,18 @@ fn qdrift() -> Command {
     Command::new(env!("CARGO_BIN_EXE_qdrift"))
 }
 
-/// `qdrift eval` on stories260K with small defaults; `extra` adds or overrides flags.
+/// `qdrift eval` on stories260K with small defaults; `extra` adds flags (and replaces the
+/// defaults of `--prompts` and `--horizons`).
 fn eval(out: &Path, extra: &[&str]) -> Command {
     let dir = stories();
     let mut c = qdrift();
     c.args(["eval", "--model"]).arg(dir.join("stories260K.bin")).arg("--tokenizer").arg(dir.join("tok512.bin"));
-    c.args(["--backend", "cpu", "--prompts", "2", "--horizons", "5", "--schemes", "int8", "--out"]).arg(out);
+    c.args(["--backend", "cpu", "--schemes", "int8", "--out"]).arg(out);
+    for (flag, default) in [("--prompts", "2"), ("--horizons", "5")] {
+        if !extra.contains(&flag) {
+            c.args([flag, default]);
+        }
+    }
     c.args(extra);
     c
 }
@@ -68,7 +74,7 @@ fn a_megabyte_prompt_is_refused_before_tokenizing_naming_prompt_and_file() {
     let out = root.path().join("out");
     let mut c = eval(&out, &["--eval-set"]);
     c.arg(&set);
-    refused(c, &["prompt huge", "huge.jsonl", "bytes", "512 positions"]);
+    refused(c, &["prompt huge", "huge.jsonl", "bytes", "trained on 512 positions"]);
     assert_eq!(names(root.path()), vec!["huge.jsonl"], "no --out, no staging, no lock left");
 }
 
@@ -76,7 +82,10 @@ fn a_megabyte_prompt_is_refused_before_tokenizing_naming_prompt_and_file() {
 fn horizons_far_beyond_the_context_are_refused_without_allow_long() {
     let root = tempfile::tempdir().unwrap();
     let out = root.path().join("out");
-    refused(eval(&out, &["--horizons", "10,1000000"]), &["--horizons 1000000", "trained context of 512", "--allow-long"]);
+    refused(
+        eval(&out, &["--horizons", "10,1000000"]),
+        &["--horizons 1000000", "trained context of 512", "--allow-long"],
+    );
     assert!(!out.exists());
     assert_eq!(names(root.path()), Vec::<String>::new());
     // With the flag the length rule steps aside, and the memory check (which knows the host)
@@ -166,10 +175,14 @@ fn a_concurrent_eval_on_the_same_out_is_refused_and_the_first_commits_whole() {
     // Long enough (8 prompts, 300 tokens) to still run when the second starts.
     let mut first = eval(&out, &["--prompts", "8", "--horizons", "5,300", "--gate"]);
     first.arg(&thresholds).arg("--junit").arg(&junit).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let first = first.spawn().expect("first eval starts");
+    let mut first = first.spawn().expect("first eval starts");
     let lock = root.path().join(".out.qdrift-lock");
     let start = Instant::now();
     while !lock.exists() {
+        if first.try_wait().expect("wait").is_some() {
+            let done = first.wait_with_output().expect("output");
+            panic!("the first eval ended early: {}", String::from_utf8_lossy(&done.stderr));
+        }
         assert!(start.elapsed() < QUICK, "the first eval never took the lock");
         std::thread::sleep(Duration::from_millis(5));
     }

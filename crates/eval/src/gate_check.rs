@@ -8,15 +8,10 @@ use qdrift_report::{GateError, Thresholds, WILDCARD};
 use crate::{EvalConfig, VariantSpec};
 
 /// Checks `thresholds` against the variants of `cfg` (the noise floor first) and `horizons`.
-pub(crate) fn check_thresholds(
-    cfg: &EvalConfig,
-    horizons: &[usize],
-    thresholds: &Thresholds,
-) -> Result<(), GateError> {
+pub(crate) fn check_thresholds(cfg: &EvalConfig, horizons: &[usize], thresholds: &Thresholds) -> Result<(), GateError> {
     let noise_floor = VariantSpec::NoiseFloor.name(cfg.dtype);
-    let names: Vec<String> = std::iter::once(noise_floor.clone())
-        .chain(cfg.variants.iter().map(|v| v.name(cfg.dtype)))
-        .collect();
+    let names: Vec<String> =
+        std::iter::once(noise_floor.clone()).chain(cfg.variants.iter().map(|v| v.name(cfg.dtype))).collect();
     let mut applies = false;
     for c in &thresholds.checks {
         let key = || format!("variant.\"{}\" \"{}@{}\"", c.variant, c.metric, c.horizon);

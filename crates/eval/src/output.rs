@@ -76,8 +76,7 @@ impl OutputDir {
         };
         // We hold the lock: any staging or old folder of this name is a crashed run's.
         remove_stale(parent, name);
-        std::fs::create_dir(&dir.staging)
-            .map_err(|e| fail(format!("cannot write in {}: {e}", parent.display())))?;
+        std::fs::create_dir(&dir.staging).map_err(|e| fail(format!("cannot write in {}: {e}", parent.display())))?;
         if abs.is_dir() {
             probe_writable(&abs).map_err(|e| fail(format!("cannot write in it: {e}")))?;
         }

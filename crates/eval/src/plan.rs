@@ -57,7 +57,8 @@ impl Plan {
     ) -> Result<Plan, EvalError> {
         // A batch larger than the prompts holds only the prompts; capping it keeps every size
         // derived from it small (results never depend on the batch size).
-        let batch_size = cfg.batch_size.unwrap_or_else(|| default_batch_size(prompts.len(), &device)).min(prompts.len().max(1));
+        let batch_size =
+            cfg.batch_size.unwrap_or_else(|| default_batch_size(prompts.len(), &device)).min(prompts.len().max(1));
         if !device.supports_f16 {
             return Err(EvalError::NoF16 { adapter: device.adapter.clone() });
         }

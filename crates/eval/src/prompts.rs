@@ -23,12 +23,13 @@ pub(crate) struct EncodedPrompts<'s> {
 ///
 /// # Errors
 /// `count` of 0 or beyond the set, a chat template that does not render, a prompt that encodes
-/// to no tokens, a prompt longer than the model's trained context (in bytes before encoding, see
-/// [`check_prompt_text`], and in tokens after).
+/// to no tokens, a prompt too long for the model's trained context (in bytes before encoding, see
+/// [`check_prompt_text`]; in tokens after, unless `allow_long`, see [`check_prompt_tokens`]).
 pub(crate) fn encode_prompts<'s>(
     loaded: &LoadedModel,
     set: &'s EvalSet,
     count: Option<usize>,
+    allow_long: bool,
 ) -> Result<EncodedPrompts<'s>, EvalError> {
     let n = count.unwrap_or(set.prompts.len());
     if n == 0 || n > set.prompts.len() {
@@ -54,7 +55,7 @@ pub(crate) fn encode_prompts<'s>(
         return Err(EvalError::Prompt { id: chosen[i].id.clone(), problem: "encodes to no tokens".into() });
     }
     for (p, t) in chosen.iter().zip(&tokens) {
-        check_prompt_tokens(t, trained).map_err(|e| too_long(p, e))?;
+        check_prompt_tokens(t, trained, allow_long).map_err(|e| too_long(p, e))?;
     }
     Ok(EncodedPrompts { set, tokens, chat_template: template.is_some() })
 }

@@ -15,8 +15,8 @@ use qdrift_report::{
 
 use crate::aggregate::{self, Trace};
 use crate::dump::Dump;
-use crate::identity::{model_identity_file, report_name, sha256_file};
 use crate::gate_check::check_thresholds;
+use crate::identity::{model_identity_file, report_name, sha256_file};
 use crate::plan::{Plan, check_options, eval_device};
 use crate::prompts::{EncodedPrompts, encode_prompts};
 use crate::scoring::{ReferenceRun, ScoringContext, generate_all};
@@ -158,21 +158,22 @@ pub fn dtype_name(d: DType) -> &'static str {
 /// Runs the whole evaluation and returns the report (not yet written).
 ///
 /// Steps: check the options and the `--gate` thresholds (before loading anything); open the model
-/// and the eval set and encode the prompts (each refused when longer than the trained context);
+/// and the eval set and encode the prompts (each refused when too long for the trained context);
 /// refuse a request longer than [`qdrift_generate::LONG_REQUEST_FACTOR`] × the trained context
 /// unless [`EvalConfig::allow_long`]; plan the run on the device; round the weights to the FP16 reference, run
 /// it, then run and score each variant, the noise floor first; assemble the report.
 pub fn evaluate(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send)) -> Result<Report, EvalError> {
     let horizons = check_options(cfg)?;
     if let Some((path, thresholds)) = &cfg.gate {
-        check_thresholds(cfg, &horizons, thresholds).map_err(|source| EvalError::Gate { path: path.clone(), source })?;
+        check_thresholds(cfg, &horizons, thresholds)
+            .map_err(|source| EvalError::Gate { path: path.clone(), source })?;
     }
     let mut loaded = open_model(&cfg.model, cfg.tokenizer.as_deref())?;
     let set = match &cfg.eval_set {
         Some(p) => EvalSet::read(p)?,
         None => EvalSet::built_in(default_eval_set(&loaded))?,
     };
-    let prompts = encode_prompts(&loaded, &set, cfg.prompts)?;
+    let prompts = encode_prompts(&loaded, &set, cfg.prompts, cfg.allow_long)?;
     let trained = loaded.model.arch.max_seq_len;
     let longest = horizons.last().copied().unwrap_or(0);
     check_length(&prompts.tokens, longest, trained, cfg.allow_long, "--horizons")?;

@@ -61,18 +61,19 @@ pub fn context_overflow(prompts: &[Vec<u32>], max_new_tokens: usize, trained: us
 /// minutes to hours, with every position past the trained context extrapolated.
 pub const LONG_REQUEST_FACTOR: usize = 8;
 
-/// Bytes of prompt text allowed per position of the trained context, checked before tokenizing:
-/// generous (no tokenizer's pieces average more than a few bytes), so only a prompt that cannot
-/// fit the context in any tokenization is refused, before the tokenizer spends time on it.
+/// Bytes of prompt text allowed per position of the longest request
+/// ([`LONG_REQUEST_FACTOR`] × the trained context), checked before tokenizing: generous (no
+/// tokenizer's pieces average more than a few bytes), so only a prompt that no tokenization could
+/// fit is refused, before the tokenizer spends time on it.
 pub const MAX_PROMPT_BYTES_PER_TOKEN: usize = 32;
 
 /// A prompt that cannot run on a model: too long for its trained context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PromptTooLong {
-    /// The text alone is longer than any prompt of `trained` positions can be.
+    /// The text alone is longer than any prompt of the longest request can be.
     #[error(
         "is {bytes} bytes, more than the {limit} bytes a prompt may have for a model trained on {trained} positions \
-         ({MAX_PROMPT_BYTES_PER_TOKEN} bytes per position); shorten it"
+         ({LONG_REQUEST_FACTOR} × {trained} positions × {MAX_PROMPT_BYTES_PER_TOKEN} bytes); shorten it"
     )]
     Bytes {
         /// The prompt's length in bytes.
@@ -82,30 +83,39 @@ pub enum PromptTooLong {
         /// The model's trained context.
         trained: usize,
     },
-    /// The encoded prompt has more tokens than the trained context.
-    #[error("is {tokens} tokens, more than the {trained} positions the model was trained for; shorten it")]
+    /// The encoded prompt alone exceeds the longest request.
+    #[error(
+        "is {tokens} tokens, more than {limit} ({LONG_REQUEST_FACTOR} × the {trained} positions the model was trained \
+         for); shorten it or pass --allow-long"
+    )]
     Tokens {
         /// The prompt's length in tokens.
         tokens: usize,
+        /// The most tokens allowed.
+        limit: usize,
         /// The model's trained context.
         trained: usize,
     },
 }
 
-/// Refuses a prompt text that could not fit `trained` positions even at
-/// [`MAX_PROMPT_BYTES_PER_TOKEN`] bytes per token, so that it is never tokenized.
+/// Refuses a prompt text that could not fit [`LONG_REQUEST_FACTOR`] × `trained` positions even at
+/// [`MAX_PROMPT_BYTES_PER_TOKEN`] bytes per token, so that it is never tokenized (also with
+/// `--allow-long`: the bound is far beyond any prompt a model can use).
 pub fn check_prompt_text(text: &str, trained: usize) -> Result<(), PromptTooLong> {
-    let limit = trained.saturating_mul(MAX_PROMPT_BYTES_PER_TOKEN);
+    let limit = trained.saturating_mul(LONG_REQUEST_FACTOR).saturating_mul(MAX_PROMPT_BYTES_PER_TOKEN);
     if text.len() > limit {
         return Err(PromptTooLong::Bytes { bytes: text.len(), limit, trained });
     }
     Ok(())
 }
 
-/// Refuses an encoded prompt longer than the `trained` context.
-pub fn check_prompt_tokens(tokens: &[u32], trained: usize) -> Result<(), PromptTooLong> {
-    if tokens.len() > trained {
-        return Err(PromptTooLong::Tokens { tokens: tokens.len(), trained });
+/// Refuses an encoded prompt longer than [`LONG_REQUEST_FACTOR`] × the `trained` context unless
+/// `allow_long`. (Prompts beyond the trained context itself run, with a warning
+/// ([`context_overflow`]).)
+pub fn check_prompt_tokens(tokens: &[u32], trained: usize, allow_long: bool) -> Result<(), PromptTooLong> {
+    let limit = trained.saturating_mul(LONG_REQUEST_FACTOR);
+    if tokens.len() > limit && !allow_long {
+        return Err(PromptTooLong::Tokens { tokens: tokens.len(), limit, trained });
     }
     Ok(())
 }
@@ -261,13 +271,15 @@ mod tests {
     }
 
     #[test]
-    fn prompts_longer_than_the_context_are_refused() {
-        assert!(check_prompt_text(&"a".repeat(16 * MAX_PROMPT_BYTES_PER_TOKEN), 16).is_ok());
-        let e = check_prompt_text(&"a".repeat(16 * MAX_PROMPT_BYTES_PER_TOKEN + 1), 16).unwrap_err();
-        assert_eq!(e, PromptTooLong::Bytes { bytes: 513, limit: 512, trained: 16 });
-        assert!(check_prompt_tokens(&[1; 16], 16).is_ok());
-        let e = check_prompt_tokens(&[1; 17], 16).unwrap_err().to_string();
-        assert!(e.starts_with("is 17 tokens, more than the 16"), "{e}");
+    fn prompts_longer_than_the_longest_request_are_refused() {
+        let bytes = 16 * LONG_REQUEST_FACTOR * MAX_PROMPT_BYTES_PER_TOKEN;
+        assert!(check_prompt_text(&"a".repeat(bytes), 16).is_ok());
+        let e = check_prompt_text(&"a".repeat(bytes + 1), 16).unwrap_err();
+        assert_eq!(e, PromptTooLong::Bytes { bytes: bytes + 1, limit: bytes, trained: 16 });
+        assert!(check_prompt_tokens(&[1; 128], 16, false).is_ok());
+        let e = check_prompt_tokens(&[1; 129], 16, false).unwrap_err().to_string();
+        assert!(e.starts_with("is 129 tokens, more than 128 (8 × the 16 positions"), "{e}");
+        assert!(check_prompt_tokens(&[1; 129], 16, true).is_ok());
     }
 
     #[test]
