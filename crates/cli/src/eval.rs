@@ -7,10 +7,10 @@ use std::process::ExitCode;
 use burn::tensor::DType;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use qdrift_eval::{DEFAULT_EVAL_SET_RULE, EvalConfig, Progress, VariantSpec, built_in_names, evaluate};
+use qdrift_eval::{DEFAULT_EVAL_SET_RULE, EvalConfig, OutputDir, Progress, VariantSpec, built_in_names, evaluate};
 use qdrift_generate::BackendChoice;
 use qdrift_quantize::{QuantizeOptions, Scheme};
-use qdrift_report::{render_html, render_markdown, render_summary, write_atomic};
+use qdrift_report::{Report, Thresholds, render_html, render_markdown, render_summary, write_atomic};
 
 use crate::quantize::SchemeParser;
 
@@ -49,7 +49,7 @@ pub struct EvalArgs {
     seed: u64,
     #[arg(long, help = crate::generate::batch_size_help())]
     batch_size: Option<usize>,
-    /// Bootstrap resamples per interval.
+    /// Bootstrap resamples per interval (at most 1000000).
     #[arg(long, default_value_t = 2000)]
     resamples: usize,
     /// Also quantize the token embedding (and a head tied to it).
@@ -62,9 +62,15 @@ pub struct EvalArgs {
     /// file (large; for independent checks).
     #[arg(long)]
     dump_logprobs: Option<PathBuf>,
-    /// Output folder: report.json, report.md and report.html.
+    /// Output folder: report.json, report.md and report.html, written together when the run
+    /// succeeds (a previous report there is replaced; nothing is written on failure). Locked
+    /// while the run lasts: a second run on the same folder is refused.
     #[arg(long)]
     out: PathBuf,
+    /// Run even when the longest prompt plus the longest horizon exceeds 8 × the model's trained
+    /// context (such runs take very long).
+    #[arg(long)]
+    allow_long: bool,
     /// Run `qdrift gate` with these thresholds on the new report; the exit code is the gate's.
     #[arg(long)]
     gate: Option<PathBuf>,
@@ -82,18 +88,41 @@ fn eval_set_help() -> String {
 }
 
 /// Runs `qdrift eval`; with `--gate`, returns the gate's exit code.
+///
+/// Order: the thresholds are read and the output folder locked and staged before anything is
+/// loaded; [`evaluate`] checks the options and the thresholds against the run before it loads the
+/// model; the reports (and a JUnit file inside `--out`) are written to the staging folder and
+/// moved into `--out` together ([`OutputDir`]).
 pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
-    if let Some(t) = &args.gate {
-        // Refuse unusable thresholds before an evaluation that may take hours.
-        qdrift_report::Thresholds::read(t)?;
-    }
-    std::fs::create_dir_all(&args.out).map_err(|e| format!("{}: {e}", args.out.display()))?;
-    let mut cfg = EvalConfig::new(args.model);
-    cfg.tokenizer = args.tokenizer;
-    cfg.eval_set = args.eval_set;
-    cfg.variants = args.schemes.into_iter().map(VariantSpec::Scheme).collect();
-    cfg.variants.extend(args.variant.into_iter().map(VariantSpec::Checkpoint));
-    cfg.horizons = args.horizons;
+    // Refuse unusable thresholds before an evaluation that may take hours.
+    let thresholds =
+        args.gate.as_ref().map(|t| Ok::<_, Box<dyn Error>>((t.clone(), Thresholds::read(t)?))).transpose()?;
+    let output = OutputDir::prepare(&args.out)?;
+    let cfg = config(&args, thresholds);
+    let report = evaluate_with_progress(&cfg)?;
+    let path = output.staging().join("report.json");
+    report.write(&path)?;
+    write_atomic(&output.staging().join("report.md"), render_markdown(&report).as_bytes())?;
+    write_atomic(&output.staging().join("report.html"), render_html(&report)?.as_bytes())?;
+    print!("{}", render_summary(&report));
+    // The gate reads the staged report; a JUnit file inside --out is staged with it.
+    let code = args.gate.as_deref().map(|t| {
+        let junit = args.junit.as_deref().map(|j| output.staged(j).unwrap_or_else(|| j.to_path_buf()));
+        crate::gate::run_paths(&path, t, junit.as_deref())
+    });
+    output.commit()?;
+    println!("reports: {} (.md, .html)", args.out.join("report.json").display());
+    Ok(code)
+}
+
+/// The evaluation's configuration from the arguments.
+fn config(args: &EvalArgs, gate: Option<(PathBuf, Thresholds)>) -> EvalConfig {
+    let mut cfg = EvalConfig::new(args.model.clone());
+    cfg.tokenizer = args.tokenizer.clone();
+    cfg.eval_set = args.eval_set.clone();
+    cfg.variants = args.schemes.iter().cloned().map(VariantSpec::Scheme).collect();
+    cfg.variants.extend(args.variant.iter().cloned().map(VariantSpec::Checkpoint));
+    cfg.horizons = args.horizons.clone();
     cfg.backend = args.backend;
     cfg.dtype = args.dtype;
     cfg.prompts = args.prompts;
@@ -101,15 +130,21 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     cfg.batch_size = args.batch_size;
     cfg.resamples = args.resamples;
     cfg.quantize = QuantizeOptions { quantize_embeddings: args.quantize_embeddings, quantize_head: args.quantize_head };
-    cfg.dump_logprobs = args.dump_logprobs;
+    cfg.dump_logprobs = args.dump_logprobs.clone();
+    cfg.allow_long = args.allow_long;
+    cfg.gate = gate;
+    cfg
+}
 
+/// [`evaluate`] with a progress bar on stderr.
+fn evaluate_with_progress(cfg: &EvalConfig) -> Result<Report, qdrift_eval::EvalError> {
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{prefix:>18} [{bar:30}] {pos}/{len} tokens  {msg} ETA {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
-    let report = evaluate(&cfg, &mut |p| match p {
+    let report = evaluate(cfg, &mut |p| match p {
         Progress::Generating { model, tokens } => {
             bar.reset();
             bar.set_length(tokens);
@@ -125,12 +160,5 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
         Progress::Done { .. } => {}
     });
     bar.finish_and_clear();
-    let report = report?;
-    let path = args.out.join("report.json");
-    report.write(&path)?;
-    write_atomic(&args.out.join("report.md"), render_markdown(&report).as_bytes())?;
-    write_atomic(&args.out.join("report.html"), render_html(&report)?.as_bytes())?;
-    print!("{}", render_summary(&report));
-    println!("reports: {} (.md, .html)", path.display());
-    Ok(args.gate.as_deref().map(|t| crate::gate::run_paths(&path, t, args.junit.as_deref())))
+    report
 }

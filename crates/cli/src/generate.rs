@@ -8,10 +8,10 @@ use burn::tensor::DType;
 use clap::Args;
 use qdrift_eval::dtype_name;
 use qdrift_generate::{
-    BackendChoice, GenerationConfig, MAX_DEFAULT_BATCH_SIZE, context_overflow, default_batch_size, generate,
-    select_device,
+    BackendChoice, GenerationConfig, MAX_DEFAULT_BATCH_SIZE, PromptTooLong, check_length, check_prompt_text,
+    check_prompt_tokens, context_overflow, default_batch_size, generate, select_device,
 };
-use qdrift_load::SYNTHETIC_PRESETS;
+use qdrift_load::{SYNTHETIC_PRESETS, Tokenizer};
 use qdrift_model::LlamaConfig;
 
 /// Arguments of `qdrift generate`.
@@ -38,6 +38,10 @@ pub struct GenerateArgs {
     backend: BackendChoice,
     #[arg(long, help = batch_size_help())]
     batch_size: Option<usize>,
+    /// Run even when a prompt plus its new tokens exceed 8 × the model's trained context (such
+    /// runs take very long).
+    #[arg(long)]
+    allow_long: bool,
     /// Stop a prompt once it generates the end-of-sequence token.
     #[arg(long)]
     stop_at_eos: bool,
@@ -74,6 +78,25 @@ pub fn parse_dtype(s: &str) -> Result<DType, String> {
     }
 }
 
+/// Encodes the prompts, refusing one too long for the `trained` context (by its bytes before
+/// encoding; by its tokens after, unless `allow_long`).
+fn encode_prompts(
+    texts: &[String],
+    tokenizer: &dyn Tokenizer,
+    trained: usize,
+    allow_long: bool,
+) -> Result<Vec<Vec<u32>>, String> {
+    let refuse = |i: usize, e: PromptTooLong| format!("--prompt {}: {e}", i + 1);
+    let mut prompts = Vec::with_capacity(texts.len());
+    for (i, text) in texts.iter().enumerate() {
+        check_prompt_text(text, trained).map_err(|e| refuse(i, e))?;
+        let tokens = tokenizer.encode(text);
+        check_prompt_tokens(&tokens, trained, allow_long).map_err(|e| refuse(i, e))?;
+        prompts.push(tokens);
+    }
+    Ok(prompts)
+}
+
 /// Runs `qdrift generate`.
 pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
     for (i, p) in args.prompt.iter().enumerate() {
@@ -82,13 +105,14 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
         }
     }
     let loaded = qdrift_load::open_model(&args.model, args.tokenizer.as_deref())?;
+    let arch = &loaded.model.arch;
+    let prompts = encode_prompts(&args.prompt, &*loaded.tokenizer, arch.max_seq_len, args.allow_long)?;
+    check_length(&prompts, args.max_new_tokens, arch.max_seq_len, args.allow_long, "--max-new-tokens")?;
     let device = select_device(args.backend)?;
     eprintln!("qdrift: backend {} on {} ({})", device.backend, device.adapter, device.reason);
     if args.dtype == DType::F16 && !device.supports_f16 {
         return Err(format!("{} does not support f16 compute; use --dtype f32", device.adapter).into());
     }
-    let arch = &loaded.model.arch;
-    let prompts: Vec<Vec<u32>> = args.prompt.iter().map(|p| loaded.tokenizer.encode(p)).collect();
     if let Some(overflow) = context_overflow(&prompts, args.max_new_tokens, arch.max_seq_len) {
         eprintln!("qdrift: warning: {overflow}");
     }

@@ -160,6 +160,20 @@ fn too_many_new_tokens_is_one_clear_error() {
             "--backend",
             backend,
         ]);
+        assert_one_line_error(&out, "pass --allow-long");
+        // With --allow-long the length rule steps aside and the memory check refuses.
+        let out = qdrift(&[
+            "generate",
+            "--model",
+            path(&dir.join("stories260K.bin")),
+            "--prompt",
+            "Hi",
+            "--max-new-tokens",
+            "1000000000000",
+            "--allow-long",
+            "--backend",
+            backend,
+        ]);
         assert_one_line_error(&out, "new tokens need");
     }
 }

@@ -21,6 +21,10 @@
 //! | run each variant | `variant.rs`, `scoring.rs` | [`VariantSpec`] → weights; the reference run, generation, teacher forcing into [`Trace`]s |
 //! | assemble | `run.rs`, [`aggregate`] | traces → statistics → [`qdrift_report::Report`] |
 //!
+//! Before any of them, `gate_check.rs` checks `--gate` thresholds against the run's variants and
+//! horizons; `output.rs` ([`OutputDir`]) locks `--out` and stages the reports so that they
+//! appear together or not at all.
+//!
 //! Beside them: `evalset.rs` (JSONL eval sets, the built-in ones), `chat.rs` (chat templates),
 //! `identity.rs` (how reports name files: file name and SHA-256), `dump.rs` (`--dump-logprobs`).
 //!
@@ -33,7 +37,9 @@ pub mod aggregate;
 mod chat;
 mod dump;
 mod evalset;
+mod gate_check;
 mod identity;
+mod output;
 mod plan;
 mod prompts;
 mod run;
@@ -44,6 +50,8 @@ pub use aggregate::{Bootstrap, Trace};
 pub use chat::apply_chat_template;
 pub use evalset::{EvalPrompt, EvalSet, built_in_names};
 pub use identity::{report_name, sha256_file, sha256_hex};
+pub use output::OutputDir;
+pub use plan::MAX_RESAMPLES;
 pub use run::{DEFAULT_EVAL_SET_RULE, EvalConfig, Progress, REFERENCE_NAME, default_eval_set, dtype_name, evaluate};
 pub use variant::VariantSpec;
 
@@ -104,6 +112,22 @@ pub enum EvalError {
     NoF16 {
         /// The device's adapter.
         adapter: String,
+    },
+    /// The `--gate` thresholds cannot apply to this run (an unknown variant or horizon, ...).
+    #[error("--gate {}: {source}", .path.display())]
+    Gate {
+        /// The thresholds file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        source: qdrift_report::GateError,
+    },
+    /// The `--out` folder cannot take the reports (not writable, locked by another run, ...).
+    #[error("--out {}: {problem}", .path.display())]
+    Output {
+        /// The folder as given.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        problem: String,
     },
     /// Reading or writing a file failed.
     #[error("{}: {source}", .path.display())]

@@ -21,6 +21,10 @@ use crate::{EvalConfig, EvalError, VariantSpec};
 /// vocabularies do not multiply the peak memory.
 const CHUNK_BYTES: usize = 64 << 20;
 
+/// The most bootstrap resamples an interval may take: far beyond what any interval needs (2000 is
+/// the default), and small enough that the resampled statistics fit in memory.
+pub const MAX_RESAMPLES: usize = 1_000_000;
+
 /// How the evaluation runs: what every step after encoding the prompts needs.
 pub(crate) struct Plan {
     /// Where the models run.
@@ -51,7 +55,10 @@ impl Plan {
         prompts: Vec<Vec<u32>>,
         device: ComputeDevice,
     ) -> Result<Plan, EvalError> {
-        let batch_size = cfg.batch_size.unwrap_or_else(|| default_batch_size(prompts.len(), &device));
+        // A batch larger than the prompts holds only the prompts; capping it keeps every size
+        // derived from it small (results never depend on the batch size).
+        let batch_size =
+            cfg.batch_size.unwrap_or_else(|| default_batch_size(prompts.len(), &device)).min(prompts.len().max(1));
         if !device.supports_f16 {
             return Err(EvalError::NoF16 { adapter: device.adapter.clone() });
         }
@@ -62,7 +69,8 @@ impl Plan {
         for dtype in [DType::F16, DType::F32] {
             check_request(&model_config, dtype, &device, &prompts, &generation)?;
         }
-        let chunk = cfg.chunk.min(CHUNK_BYTES / (batch_size * arch.vocab_size * 4).max(1)).max(1);
+        let row_bytes = batch_size.saturating_mul(arch.vocab_size).saturating_mul(4).max(1);
+        let chunk = cfg.chunk.min(CHUNK_BYTES / row_bytes).max(1);
         let bootstrap = Bootstrap { resamples: cfg.resamples, seed: cfg.seed };
         Ok(Plan { device, prompts, horizons, generation, chunk, dtype: cfg.dtype, bootstrap })
     }
@@ -80,6 +88,8 @@ impl Plan {
 
 /// Checks the options that need nothing loaded (horizons, precision, resamples, batch size,
 /// variants that exist and have distinct names) and returns the horizons, sorted and unique.
+/// Sizes are only compared here; [`check_length`](qdrift_generate::check_length) and
+/// [`check_request`] bound what they multiply into once the prompts are known.
 pub(crate) fn check_options(cfg: &EvalConfig) -> Result<Vec<usize>, EvalError> {
     let option = |option: &'static str, problem: String| Err(EvalError::Option { option, problem });
     let mut horizons = cfg.horizons.clone();
@@ -91,8 +101,8 @@ pub(crate) fn check_options(cfg: &EvalConfig) -> Result<Vec<usize>, EvalError> {
     if !matches!(cfg.dtype, DType::F16 | DType::F32) {
         return option("--dtype", format!("{:?}: use f16 or f32", cfg.dtype));
     }
-    if cfg.resamples == 0 {
-        return option("--resamples", "must be at least 1".into());
+    if cfg.resamples == 0 || cfg.resamples > MAX_RESAMPLES {
+        return option("--resamples", format!("{}: must be between 1 and {MAX_RESAMPLES}", cfg.resamples));
     }
     if cfg.batch_size == Some(0) {
         return option("--batch-size", "must be at least 1".into());

@@ -4,6 +4,7 @@
 //! **Invariant: prompts are the first N of the set, in file order (no sampling), so that two
 //! evaluations of the same set and N run the same prompts.**
 
+use qdrift_generate::{PromptTooLong, check_prompt_text, check_prompt_tokens};
 use qdrift_load::LoadedModel;
 
 use crate::{EvalError, EvalPrompt, EvalSet, apply_chat_template};
@@ -22,11 +23,13 @@ pub(crate) struct EncodedPrompts<'s> {
 ///
 /// # Errors
 /// `count` of 0 or beyond the set, a chat template that does not render, a prompt that encodes
-/// to no tokens.
+/// to no tokens, a prompt too long for the model's trained context (in bytes before encoding, see
+/// [`check_prompt_text`]; in tokens after, unless `allow_long`, see [`check_prompt_tokens`]).
 pub(crate) fn encode_prompts<'s>(
     loaded: &LoadedModel,
     set: &'s EvalSet,
     count: Option<usize>,
+    allow_long: bool,
 ) -> Result<EncodedPrompts<'s>, EvalError> {
     let n = count.unwrap_or(set.prompts.len());
     if n == 0 || n > set.prompts.len() {
@@ -34,6 +37,15 @@ pub(crate) fn encode_prompts<'s>(
         return Err(EvalError::Option { option: "--prompts", problem });
     }
     let chosen = &set.prompts[..n];
+    let trained = loaded.model.arch.max_seq_len;
+    let too_long = |p: &EvalPrompt, e: PromptTooLong| EvalError::Prompt {
+        id: p.id.clone(),
+        problem: format!("(in {}) {e}", set.name),
+    };
+    // Before tokenizing: a prompt no tokenization could fit in the context is never encoded.
+    for p in chosen {
+        check_prompt_text(&p.prompt, trained).map_err(|e| too_long(p, e))?;
+    }
     let template = loaded.chat_template.as_deref().filter(|_| is_chat_set(set));
     let tokens = match template {
         None => chosen.iter().map(|p| loaded.tokenizer.encode(&p.prompt)).collect(),
@@ -41,6 +53,9 @@ pub(crate) fn encode_prompts<'s>(
     };
     if let Some(i) = tokens.iter().position(Vec::is_empty) {
         return Err(EvalError::Prompt { id: chosen[i].id.clone(), problem: "encodes to no tokens".into() });
+    }
+    for (p, t) in chosen.iter().zip(&tokens) {
+        check_prompt_tokens(t, trained, allow_long).map_err(|e| too_long(p, e))?;
     }
     Ok(EncodedPrompts { set, tokens, chat_template: template.is_some() })
 }

@@ -5,14 +5,17 @@
 use std::path::PathBuf;
 
 use burn::tensor::DType;
-use qdrift_generate::{BackendChoice, context_overflow};
+use qdrift_generate::{BackendChoice, check_length, context_overflow};
 use qdrift_load::{LoadedModel, open_model};
 use qdrift_model::LlamaConfig;
 use qdrift_quantize::{QuantizeOptions, round_to_fp16_reference};
-use qdrift_report::{EvalSetInfo, ModelInfo, ModelShape, Reference, Report, SCHEMA_VERSION, Variant, Workload};
+use qdrift_report::{
+    EvalSetInfo, ModelInfo, ModelShape, Reference, Report, SCHEMA_VERSION, Thresholds, Variant, Workload,
+};
 
 use crate::aggregate::{self, Trace};
 use crate::dump::Dump;
+use crate::gate_check::check_thresholds;
 use crate::identity::{model_identity_file, report_name, sha256_file};
 use crate::plan::{Plan, check_options, eval_device};
 use crate::prompts::{EncodedPrompts, encode_prompts};
@@ -59,6 +62,13 @@ pub struct EvalConfig {
     /// variants (each variant then costs one pass on that text instead of two); above it the
     /// reference runs again in lockstep with each variant. Same numbers either way.
     pub reference_logits_budget: u64,
+    /// Run even when the longest prompt plus the longest horizon exceeds
+    /// [`qdrift_generate::LONG_REQUEST_FACTOR`] × the model's trained context (`--allow-long`).
+    pub allow_long: bool,
+    /// The thresholds `--gate` will check the report against, and their file: checked against
+    /// the variants and horizons of the run before anything is loaded, so that a thresholds file
+    /// that cannot apply fails in a second, not after the evaluation.
+    pub gate: Option<(PathBuf, Thresholds)>,
 }
 
 impl EvalConfig {
@@ -80,6 +90,8 @@ impl EvalConfig {
             quantize: QuantizeOptions::default(),
             dump_logprobs: None,
             reference_logits_budget: 256 << 20,
+            allow_long: false,
+            gate: None,
         }
     }
 }
@@ -145,17 +157,26 @@ pub fn dtype_name(d: DType) -> &'static str {
 
 /// Runs the whole evaluation and returns the report (not yet written).
 ///
-/// Steps: check the options (before loading anything); open the model and the eval set and
-/// encode the prompts; plan the run on the device; round the weights to the FP16 reference, run
+/// Steps: check the options and the `--gate` thresholds (before loading anything); open the model
+/// and the eval set and encode the prompts (each refused when too long for the trained context);
+/// refuse a request longer than [`qdrift_generate::LONG_REQUEST_FACTOR`] × the trained context
+/// unless [`EvalConfig::allow_long`]; plan the run on the device; round the weights to the FP16 reference, run
 /// it, then run and score each variant, the noise floor first; assemble the report.
 pub fn evaluate(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send)) -> Result<Report, EvalError> {
     let horizons = check_options(cfg)?;
+    if let Some((path, thresholds)) = &cfg.gate {
+        check_thresholds(cfg, &horizons, thresholds)
+            .map_err(|source| EvalError::Gate { path: path.clone(), source })?;
+    }
     let mut loaded = open_model(&cfg.model, cfg.tokenizer.as_deref())?;
     let set = match &cfg.eval_set {
         Some(p) => EvalSet::read(p)?,
         None => EvalSet::built_in(default_eval_set(&loaded))?,
     };
-    let prompts = encode_prompts(&loaded, &set, cfg.prompts)?;
+    let prompts = encode_prompts(&loaded, &set, cfg.prompts, cfg.allow_long)?;
+    let trained = loaded.model.arch.max_seq_len;
+    let longest = horizons.last().copied().unwrap_or(0);
+    check_length(&prompts.tokens, longest, trained, cfg.allow_long, "--horizons")?;
     let device = eval_device(cfg.backend, cfg.dump_logprobs.is_some())?;
     let plan = Plan::new(cfg, horizons, &loaded.model.arch, prompts.tokens.clone(), device)?;
     if let Some(overflow) = context_overflow(&plan.prompts, plan.longest(), loaded.model.arch.max_seq_len) {

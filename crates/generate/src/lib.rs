@@ -28,4 +28,7 @@ pub use device::{BackendChoice, ComputeDevice, DeviceError, select_device};
 pub use error::GenerateError;
 pub use forced::{ForcedLogits, PairedLogits, teacher_forced, teacher_forced_pair};
 pub use greedy::{GenerationConfig, StepLogits, generate};
-pub use request::{ContextOverflow, MAX_DEFAULT_BATCH_SIZE, check_request, context_overflow, default_batch_size};
+pub use request::{
+    ContextOverflow, LONG_REQUEST_FACTOR, MAX_DEFAULT_BATCH_SIZE, MAX_PROMPT_BYTES_PER_TOKEN, PromptTooLong,
+    check_length, check_prompt_text, check_prompt_tokens, check_request, context_overflow, default_batch_size,
+};

@@ -56,6 +56,96 @@ pub fn context_overflow(prompts: &[Vec<u32>], max_new_tokens: usize, trained: us
     (positions > trained).then_some(ContextOverflow { positions, trained })
 }
 
+/// Requests whose prompt plus new tokens exceed this many times the model's trained context are
+/// refused unless the user asks for them (`--allow-long`): they pass the memory check but run for
+/// minutes to hours, with every position past the trained context extrapolated.
+pub const LONG_REQUEST_FACTOR: usize = 8;
+
+/// Bytes of prompt text allowed per position of the longest request
+/// ([`LONG_REQUEST_FACTOR`] × the trained context), checked before tokenizing: generous (no
+/// tokenizer's pieces average more than a few bytes), so only a prompt that no tokenization could
+/// fit is refused, before the tokenizer spends time on it.
+pub const MAX_PROMPT_BYTES_PER_TOKEN: usize = 32;
+
+/// A prompt that cannot run on a model: too long for its trained context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PromptTooLong {
+    /// The text alone is longer than any prompt of the longest request can be.
+    #[error(
+        "is {bytes} bytes, more than the {limit} bytes a prompt may have for a model trained on {trained} positions \
+         ({LONG_REQUEST_FACTOR} × {trained} positions × {MAX_PROMPT_BYTES_PER_TOKEN} bytes); shorten it"
+    )]
+    Bytes {
+        /// The prompt's length in bytes.
+        bytes: usize,
+        /// The most bytes allowed.
+        limit: usize,
+        /// The model's trained context.
+        trained: usize,
+    },
+    /// The encoded prompt alone exceeds the longest request.
+    #[error(
+        "is {tokens} tokens, more than {limit} ({LONG_REQUEST_FACTOR} × the {trained} positions the model was trained \
+         for); shorten it or pass --allow-long"
+    )]
+    Tokens {
+        /// The prompt's length in tokens.
+        tokens: usize,
+        /// The most tokens allowed.
+        limit: usize,
+        /// The model's trained context.
+        trained: usize,
+    },
+}
+
+/// Refuses a prompt text that could not fit [`LONG_REQUEST_FACTOR`] × `trained` positions even at
+/// [`MAX_PROMPT_BYTES_PER_TOKEN`] bytes per token, so that it is never tokenized (also with
+/// `--allow-long`: the bound is far beyond any prompt a model can use).
+pub fn check_prompt_text(text: &str, trained: usize) -> Result<(), PromptTooLong> {
+    let limit = trained.saturating_mul(LONG_REQUEST_FACTOR).saturating_mul(MAX_PROMPT_BYTES_PER_TOKEN);
+    if text.len() > limit {
+        return Err(PromptTooLong::Bytes { bytes: text.len(), limit, trained });
+    }
+    Ok(())
+}
+
+/// Refuses an encoded prompt longer than [`LONG_REQUEST_FACTOR`] × the `trained` context unless
+/// `allow_long`. (Prompts beyond the trained context itself run, with a warning
+/// ([`context_overflow`]).)
+pub fn check_prompt_tokens(tokens: &[u32], trained: usize, allow_long: bool) -> Result<(), PromptTooLong> {
+    let limit = trained.saturating_mul(LONG_REQUEST_FACTOR);
+    if tokens.len() > limit && !allow_long {
+        return Err(PromptTooLong::Tokens { tokens: tokens.len(), limit, trained });
+    }
+    Ok(())
+}
+
+/// Refuses a request whose longest prompt plus `max_new_tokens` exceeds
+/// [`LONG_REQUEST_FACTOR`] × `trained` positions unless `allow_long`; `option` names the flag that
+/// set the new tokens (`--horizons`, `--max-new-tokens`). Sizes that overflow `usize` are refused
+/// even with `allow_long`.
+pub fn check_length(
+    prompts: &[Vec<u32>],
+    max_new_tokens: usize,
+    trained: usize,
+    allow_long: bool,
+    option: &str,
+) -> Result<(), GenerateError> {
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let limit = trained.saturating_mul(LONG_REQUEST_FACTOR);
+    let Some(positions) = longest.checked_add(max_new_tokens) else {
+        return Err(GenerateError::TooLarge(format!("{option} {max_new_tokens}: the request's positions overflow")));
+    };
+    if positions > limit && !allow_long {
+        return Err(GenerateError::TooLarge(format!(
+            "{option} {max_new_tokens}: {positions} positions (longest prompt {longest} + {max_new_tokens} new tokens) \
+             exceed the limit of {limit}, {LONG_REQUEST_FACTOR} × the model's trained context of {trained}; \
+             pass --allow-long to run it anyway"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks a request before anything is allocated: prompts must be non-empty and in the
 /// vocabulary, and each batch's key-value cache, prompt-pass attention scores and logits must fit
 /// the device's largest buffer and, for devices that use host memory, the memory the host has
@@ -166,6 +256,30 @@ mod tests {
         assert_eq!(default_batch_size(40, &device_with(1)), MAX_DEFAULT_BATCH_SIZE);
         assert_eq!(default_batch_size(3, &device_with(8)), 1);
         assert_eq!(default_batch_size(0, &device_with(0)), 1);
+    }
+
+    #[test]
+    fn long_requests_are_refused_unless_allowed() {
+        let prompts = vec![vec![1; 12]];
+        assert!(check_length(&prompts, 16 * 8 - 12, 16, false, "--horizons").is_ok());
+        let e = check_length(&prompts, 16 * 8 - 11, 16, false, "--horizons").unwrap_err().to_string();
+        assert!(e.starts_with("--horizons 117: 129 positions"), "{e}");
+        assert!(e.contains("limit of 128") && e.contains("context of 16") && e.contains("--allow-long"), "{e}");
+        assert!(check_length(&prompts, 1_000_000, 16, true, "--horizons").is_ok());
+        let e = check_length(&prompts, usize::MAX, 16, true, "--max-new-tokens").unwrap_err().to_string();
+        assert!(e.contains("overflow"), "{e}");
+    }
+
+    #[test]
+    fn prompts_longer_than_the_longest_request_are_refused() {
+        let bytes = 16 * LONG_REQUEST_FACTOR * MAX_PROMPT_BYTES_PER_TOKEN;
+        assert!(check_prompt_text(&"a".repeat(bytes), 16).is_ok());
+        let e = check_prompt_text(&"a".repeat(bytes + 1), 16).unwrap_err();
+        assert_eq!(e, PromptTooLong::Bytes { bytes: bytes + 1, limit: bytes, trained: 16 });
+        assert!(check_prompt_tokens(&[1; 128], 16, false).is_ok());
+        let e = check_prompt_tokens(&[1; 129], 16, false).unwrap_err().to_string();
+        assert!(e.starts_with("is 129 tokens, more than 128 (8 × the 16 positions"), "{e}");
+        assert!(check_prompt_tokens(&[1; 129], 16, true).is_ok());
     }
 
     #[test]

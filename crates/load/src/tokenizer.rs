@@ -189,6 +189,101 @@ impl Llama2cTokenizer {
     }
 }
 
+/// A merge candidate: adjacent symbols `left` and `right` (indices into the initial symbols)
+/// whose concatenation is the piece `id`, with `id`'s score.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    score: f32,
+    left: usize,
+    right: usize,
+    right_id: u32,
+    id: u32,
+}
+
+impl Ord for Candidate {
+    /// Highest score first; on equal scores the leftmost pair, as `run.c`'s strict `>` keeps the
+    /// first best pair of its scan. Scores are finite (checked at construction) and `-0.0` is
+    /// normalised to `0.0` where candidates are made, so `total_cmp` orders as `>` compares.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.score.total_cmp(&other.score).then_with(|| other.left.cmp(&self.left))
+    }
+}
+
+impl PartialOrd for Candidate {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Candidate {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for Candidate {}
+
+/// "No symbol" in the linked list of [`Llama2cTokenizer::merge`].
+const NONE: usize = usize::MAX;
+
+impl Llama2cTokenizer {
+    /// `run.c`'s greedy merges (repeatedly merge the adjacent pair whose concatenation is the
+    /// highest-scoring piece, the leftmost on ties) in O(n log n): the symbols form a linked list
+    /// and the candidate pairs a priority queue, instead of rescanning the whole sequence after
+    /// every merge (which made a 50 KB prompt take 23 s). A candidate whose symbols changed since
+    /// it was queued is skipped when it comes out; the order of the valid ones is `run.c`'s, so
+    /// the tokens are identical.
+    fn merge(&self, symbols: &[u32]) -> Vec<u32> {
+        let mut ids = symbols.to_vec();
+        let n = ids.len();
+        let mut next: Vec<usize> = (1..=n).map(|i| if i == n { NONE } else { i }).collect();
+        let mut prev: Vec<usize> = (0..n).map(|i| if i == 0 { NONE } else { i - 1 }).collect();
+        let mut alive = vec![true; n];
+        let mut queue = std::collections::BinaryHeap::with_capacity(n);
+        let mut pair = Vec::new();
+        for left in 0..n.saturating_sub(1) {
+            self.push_candidate(&mut queue, &mut pair, &ids, left, left + 1);
+        }
+        while let Some(c) = queue.pop() {
+            let valid = alive[c.left] && alive[c.right] && next[c.left] == c.right && ids[c.right] == c.right_id;
+            if !valid {
+                continue;
+            }
+            ids[c.left] = c.id;
+            alive[c.right] = false;
+            let after = next[c.right];
+            next[c.left] = after;
+            if after != NONE {
+                prev[after] = c.left;
+                self.push_candidate(&mut queue, &mut pair, &ids, c.left, after);
+            }
+            if prev[c.left] != NONE {
+                self.push_candidate(&mut queue, &mut pair, &ids, prev[c.left], c.left);
+            }
+        }
+        (0..n).filter(|&i| alive[i]).map(|i| ids[i]).collect()
+    }
+
+    /// Queues the pair (`left`, `right`) when their concatenation is a piece.
+    fn push_candidate(
+        &self,
+        queue: &mut std::collections::BinaryHeap<Candidate>,
+        pair: &mut Vec<u8>,
+        ids: &[u32],
+        left: usize,
+        right: usize,
+    ) {
+        pair.clear();
+        pair.extend_from_slice(&self.pieces[ids[left] as usize]);
+        pair.extend_from_slice(&self.pieces[ids[right] as usize]);
+        if let Some(id) = self.id_of(pair) {
+            // `+ 0.0` turns -0.0 into 0.0, which `run.c`'s `>` treats as equal.
+            let score = self.scores[id as usize] + 0.0;
+            queue.push(Candidate { score, left, right, right_id: ids[right], id });
+        }
+    }
+}
+
 impl Tokenizer for Llama2cTokenizer {
     fn vocab_size(&self) -> usize {
         self.pieces.len()
@@ -221,29 +316,11 @@ impl Tokenizer for Llama2cTokenizer {
                 None => tokens.extend(bytes.iter().map(|&b| self.byte_ids[b as usize])),
             }
         }
-        // Greedy merges: repeatedly merge the adjacent pair whose concatenation is the
-        // highest-scoring piece (the first such pair on ties, as `run.c` uses a strict `>`).
-        let mut pair = Vec::new();
-        loop {
-            let mut best: Option<(f32, usize, u32)> = None;
-            for i in first..tokens.len().saturating_sub(1) {
-                pair.clear();
-                pair.extend_from_slice(&self.pieces[tokens[i] as usize]);
-                pair.extend_from_slice(&self.pieces[tokens[i + 1] as usize]);
-                if let Some(id) = self.id_of(&pair) {
-                    let score = self.scores[id as usize];
-                    if best.is_none_or(|(s, _, _)| score > s) {
-                        best = Some((score, i, id));
-                    }
-                }
-            }
-            let Some((_, i, id)) = best else { break };
-            tokens[i] = id;
-            tokens.remove(i + 1);
-        }
+        let merged = self.merge(&tokens[first..]);
+        tokens.truncate(first);
+        tokens.extend(merged);
         tokens
     }
-
     fn decode(&self, tokens: &[u32]) -> String {
         let mut out = Vec::new();
         let mut prev = None;
@@ -298,6 +375,72 @@ mod tests {
         assert_eq!(t.encode("é"), vec![1, 259, 0xC3 + 3, 0xA9 + 3]);
         assert_eq!(t.encode(""), vec![1]);
         assert_eq!(t.decode(&t.encode("ab é")), "ab é");
+    }
+
+    /// `run.c`'s merge loop as written there: rescan every pair after every merge (quadratic).
+    fn merge_by_rescanning(t: &Llama2cTokenizer, mut tokens: Vec<u32>) -> Vec<u32> {
+        loop {
+            let mut best: Option<(f32, usize, u32)> = None;
+            for i in 0..tokens.len().saturating_sub(1) {
+                let pair = [t.pieces[tokens[i] as usize].clone(), t.pieces[tokens[i + 1] as usize].clone()].concat();
+                if let Some(id) = t.id_of(&pair) {
+                    let score = t.scores[id as usize];
+                    if best.is_none_or(|(s, _, _)| score > s) {
+                        best = Some((score, i, id));
+                    }
+                }
+            }
+            let Some((_, i, id)) = best else { return tokens };
+            tokens[i] = id;
+            tokens.remove(i + 1);
+        }
+    }
+
+    /// The queue-based merges give `run.c`'s tokens on texts full of overlapping pairs and
+    /// equal scores (including -0.0 against 0.0), where a wrong tie order would show.
+    #[test]
+    fn queued_merges_equal_rescanning_merges() {
+        let extra = [
+            (" ", -1.0),
+            ("a", -2.0),
+            ("b", -3.0),
+            ("aa", 0.0),
+            ("ab", -0.0),
+            ("ba", 0.0),
+            ("bb", -1.0),
+            ("aaa", -0.5),
+            ("aab", -0.5),
+            ("aba", -0.5),
+            ("abab", 1.0),
+            (" a", -0.0),
+            (" aa", 0.5),
+            ("bbb", 1.0),
+        ];
+        let t = Llama2cTokenizer::parse(Path::new("tok.bin"), &tiny_file(&extra)).expect("valid");
+        let mut state = 0x2545_f491_u32;
+        for len in 0..200 {
+            let text: String = (0..len)
+                .map(|_| {
+                    state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                    ['a', 'b', ' ', 'é'][(state >> 16) as usize % 4]
+                })
+                .collect();
+            let encoded = t.encode(&text);
+            let mut unmerged = vec![1];
+            if !text.is_empty() {
+                unmerged.push(t.id_of(b" ").expect("space"));
+                for ch in text.chars() {
+                    let mut buf = [0u8; 4];
+                    let bytes = ch.encode_utf8(&mut buf).as_bytes();
+                    match t.id_of(bytes) {
+                        Some(id) => unmerged.push(id),
+                        None => unmerged.extend(bytes.iter().map(|&b| t.byte_ids[b as usize])),
+                    }
+                }
+            }
+            let expected = [vec![1], merge_by_rescanning(&t, unmerged[1..].to_vec())].concat();
+            assert_eq!(encoded, expected, "{text:?}");
+        }
     }
 
     #[test]

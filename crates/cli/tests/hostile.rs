@@ -1,0 +1,196 @@
+//! Hostile command lines: every case exits non-zero within seconds with one line on stderr naming
+//! the flag or file and the problem, and leaves no partial output. Uses stories260K from
+//! `../shared` (override with `QDRIFT_SHARED`); the library-level cases (tokenizing a megabyte)
+//! are in `tests/tests/hostile.rs`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Every refusal must come this fast (the bound; most take milliseconds).
+const QUICK: Duration = Duration::from_secs(20);
+
+fn stories() -> PathBuf {
+    std::env::var_os("QDRIFT_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+        .join("models/stories260K")
+}
+
+fn qdrift() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_qdrift"))
+}
+
+/// `qdrift eval` on stories260K with small defaults; `extra` adds flags (and replaces the
+/// defaults of `--prompts` and `--horizons`).
+fn eval(out: &Path, extra: &[&str]) -> Command {
+    let dir = stories();
+    let mut c = qdrift();
+    c.args(["eval", "--model"]).arg(dir.join("stories260K.bin")).arg("--tokenizer").arg(dir.join("tok512.bin"));
+    c.args(["--backend", "cpu", "--schemes", "int8", "--out"]).arg(out);
+    for (flag, default) in [("--prompts", "2"), ("--horizons", "5")] {
+        if !extra.contains(&flag) {
+            c.args([flag, default]);
+        }
+    }
+    c.args(extra);
+    c
+}
+
+/// Runs `c`, asserting it fails with exit code 1 within [`QUICK`] and one stderr line containing
+/// every one of `needles`; returns that line.
+fn refused(mut c: Command, needles: &[&str]) -> String {
+    let start = Instant::now();
+    let out: Output = c.stdin(Stdio::null()).output().expect("qdrift runs");
+    let took = start.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(took < QUICK, "took {took:?}: {stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("qdrift: error: ")).collect();
+    assert_eq!(errors.len(), 1, "one error line expected: {stderr}");
+    for n in needles {
+        assert!(errors[0].contains(n), "{n:?} missing from: {}", errors[0]);
+    }
+    errors[0].to_string()
+}
+
+/// The names in `dir`, sorted (hidden staging and lock files included).
+fn names(dir: &Path) -> Vec<String> {
+    let mut n: Vec<String> = std::fs::read_dir(dir)
+        .expect("folder reads")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    n.sort();
+    n
+}
+
+#[test]
+fn a_megabyte_prompt_is_refused_before_tokenizing_naming_prompt_and_file() {
+    let root = tempfile::tempdir().unwrap();
+    let set = root.path().join("huge.jsonl");
+    let prompt = "Once upon a time there was a cat. ".repeat((1 << 20) / 34);
+    let lines = format!("{{\"id\":\"small\",\"prompt\":\"Hi\"}}\n{{\"id\":\"huge\",\"prompt\":\"{prompt}\"}}\n");
+    std::fs::write(&set, lines).unwrap();
+    let out = root.path().join("out");
+    let mut c = eval(&out, &["--eval-set"]);
+    c.arg(&set);
+    refused(c, &["prompt huge", "huge.jsonl", "bytes", "trained on 512 positions"]);
+    assert_eq!(names(root.path()), vec!["huge.jsonl"], "no --out, no staging, no lock left");
+}
+
+#[test]
+fn horizons_far_beyond_the_context_are_refused_without_allow_long() {
+    let root = tempfile::tempdir().unwrap();
+    let out = root.path().join("out");
+    refused(
+        eval(&out, &["--horizons", "10,1000000"]),
+        &["--horizons 1000000", "trained context of 512", "--allow-long"],
+    );
+    assert!(!out.exists());
+    assert_eq!(names(root.path()), Vec::<String>::new());
+    // With the flag the length rule steps aside, and the memory check (which knows the host)
+    // decides; horizons whose positions overflow are refused either way.
+    let overflow = format!("{}", usize::MAX);
+    refused(eval(&out, &["--horizons", &overflow, "--allow-long"]), &["--horizons", "overflow"]);
+}
+
+#[test]
+fn generate_refuses_a_million_new_tokens_without_allow_long() {
+    let dir = stories();
+    let mut c = qdrift();
+    c.args(["generate", "--model"]).arg(dir.join("stories260K.bin")).arg("--tokenizer").arg(dir.join("tok512.bin"));
+    c.args(["--backend", "cpu", "--prompt", "Once", "--max-new-tokens", "1000000"]);
+    refused(c, &["--max-new-tokens 1000000", "trained context of 512", "--allow-long"]);
+}
+
+#[test]
+fn absurd_resamples_are_refused_before_loading() {
+    let root = tempfile::tempdir().unwrap();
+    let out = root.path().join("out");
+    refused(eval(&out, &["--resamples", "1000000000000"]), &["--resamples 1000000000000", "between 1 and 1000000"]);
+    assert_eq!(names(root.path()), Vec::<String>::new());
+}
+
+#[test]
+fn gate_thresholds_with_an_unknown_variant_fail_before_generation() {
+    let root = tempfile::tempdir().unwrap();
+    let thresholds = root.path().join("gate.toml");
+    std::fs::write(&thresholds, "[variant.\"int9\"]\n\"kld@5\" = { max = 0.1 }\n").unwrap();
+    let out = root.path().join("out");
+    let start = Instant::now();
+    let mut c = eval(&out, &["--gate"]);
+    c.arg(&thresholds);
+    refused(c, &["--gate", "gate.toml", "\"int9\"", "int8"]);
+    assert!(start.elapsed() < Duration::from_secs(2), "took {:?}", start.elapsed());
+    let mut c = eval(&out, &["--gate"]);
+    std::fs::write(&thresholds, "[variant.\"int8\"]\n\"kld@50\" = { max = 0.1 }\n").unwrap();
+    c.arg(&thresholds);
+    refused(c, &["--gate", "no horizon 50"]);
+    assert_eq!(names(root.path()), vec!["gate.toml"]);
+}
+
+#[test]
+fn an_early_failure_leaves_no_out_folder() {
+    let root = tempfile::tempdir().unwrap();
+    let out = root.path().join("out");
+    let mut c = qdrift();
+    c.args(["eval", "--model"]).arg(root.path().join("missing.bin")).arg("--out").arg(&out);
+    refused(c, &["missing.bin"]);
+    assert_eq!(names(root.path()), Vec::<String>::new());
+}
+
+#[test]
+fn an_unwritable_out_fails_at_once() {
+    let root = tempfile::tempdir().unwrap();
+    // A parent that is a file: unwritable for every user, root included.
+    let file = root.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    refused(eval(&file.join("out"), &[]), &["--out", "file/out"]);
+    // A read-only parent, where the OS enforces it (not for root).
+    use std::os::unix::fs::PermissionsExt;
+    let parent = root.path().join("ro");
+    std::fs::create_dir(&parent).unwrap();
+    std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o555)).unwrap();
+    if std::fs::write(parent.join("probe"), b"x").is_ok() {
+        println!("skipped the read-only case: this user writes into read-only folders");
+    } else {
+        refused(eval(&parent.join("out"), &[]), &["--out", "cannot write in", "ro"]);
+        assert_eq!(names(&parent), Vec::<String>::new());
+    }
+    std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// A second eval on the same `--out` is refused while the first runs; the first then replaces the
+/// previous report as a whole, with its JUnit file inside `--out`, and leaves nothing beside it.
+#[test]
+fn a_concurrent_eval_on_the_same_out_is_refused_and_the_first_commits_whole() {
+    let root = tempfile::tempdir().unwrap();
+    let out = root.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("report.json"), b"an older report").unwrap();
+    std::fs::write(out.join("report.md"), b"an older report").unwrap();
+    let thresholds = root.path().join("gate.toml");
+    std::fs::write(&thresholds, "[variant.\"*\"]\n\"top1_agreement@5\" = { min = 0.0 }\n").unwrap();
+    let junit = out.join("gate.xml");
+    // Long enough (8 prompts, 300 tokens) to still run when the second starts.
+    let mut first = eval(&out, &["--prompts", "8", "--horizons", "5,300", "--gate"]);
+    first.arg(&thresholds).arg("--junit").arg(&junit).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut first = first.spawn().expect("first eval starts");
+    let lock = root.path().join(".out.qdrift-lock");
+    let start = Instant::now();
+    while !lock.exists() {
+        if first.try_wait().expect("wait").is_some() {
+            let done = first.wait_with_output().expect("output");
+            panic!("the first eval ended early: {}", String::from_utf8_lossy(&done.stderr));
+        }
+        assert!(start.elapsed() < QUICK, "the first eval never took the lock");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    refused(eval(&out, &[]), &["--out", "another qdrift eval is writing this folder"]);
+    let done = first.wait_with_output().expect("first eval ends");
+    assert!(done.status.success(), "first eval: {}", String::from_utf8_lossy(&done.stderr));
+    assert_eq!(names(root.path()), vec!["gate.toml", "out"], "no staging, old folder or lock left");
+    assert_eq!(names(&out), vec!["gate.xml", "report.html", "report.json", "report.md"]);
+    let json = std::fs::read_to_string(out.join("report.json")).unwrap();
+    assert!(json.contains("\"schema_version\""), "the new report replaced the old one");
+}

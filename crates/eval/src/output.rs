@@ -1,0 +1,309 @@
+//! The `--out` folder of `qdrift eval`: locked against a concurrent run, checked before the
+//! evaluation starts, and filled all at once.
+//!
+//! [`OutputDir::prepare`] runs before anything is loaded. It takes an exclusive lock
+//! (`PARENT/.NAME.qdrift-lock`, an OS file lock: released when the process ends, so a crashed run
+//! never blocks the next) and creates an empty staging folder `PARENT/.NAME.qdrift-new-PID` beside
+//! `--out`, which both proves the parent writable and is where the reports are written.
+//! [`OutputDir::commit`] moves them into place:
+//!
+//! - `--out` absent: the staging folder is renamed to `--out` (one atomic rename);
+//! - `--out` empty or holding only files a report run writes (`report.json`, `report.md`,
+//!   `report.html` and the staged extras such as a JUnit file): the old folder is renamed aside
+//!   (`.NAME.qdrift-old-PID`), the staging folder renamed into its place, and the old one removed;
+//!   a reader sees the old reports or the new ones, never a mix;
+//! - `--out` holding other files (a screenshot, the user's own): those are left alone and the new
+//!   files are renamed in one by one (each atomic), `report.json` last.
+//!
+//! Until the commit, `--out` is untouched: a failed or interrupted run leaves the previous
+//! reports (or no folder) as they were. Dropping an uncommitted [`OutputDir`] removes its staging
+//! folder; staging folders of crashed runs are removed by the next run that takes the lock.
+//!
+//! **Invariant: `--out` is never created before the run succeeds, and never holds a half-written
+//! file or a mix of two runs' reports (except per file in a folder holding other files).**
+
+use std::ffi::OsString;
+use std::fs::{File, TryLockError};
+use std::path::{Path, PathBuf};
+
+use crate::EvalError;
+
+/// The files every report run writes into `--out`.
+const REPORT_FILES: [&str; 3] = ["report.json", "report.md", "report.html"];
+
+/// A locked `--out` folder with its staging folder.
+#[derive(Debug)]
+pub struct OutputDir {
+    /// `--out` as given (for messages).
+    given: PathBuf,
+    /// `--out`, absolute.
+    out: PathBuf,
+    /// Where the reports are written until [`OutputDir::commit`].
+    staging: PathBuf,
+    /// The held lock; its file is removed on drop.
+    lock: Option<(File, PathBuf)>,
+}
+
+impl OutputDir {
+    /// Locks `out` and creates the staging folder beside it. `out` itself is not created; its
+    /// parent is created when missing.
+    ///
+    /// # Errors
+    /// [`EvalError::Output`] when `out` names no folder, is a file, is being written by another
+    /// run, or its parent (or, when it exists, `out` itself) is not writable.
+    pub fn prepare(out: &Path) -> Result<OutputDir, EvalError> {
+        let fail = |problem: String| EvalError::Output { path: out.to_path_buf(), problem };
+        let abs = std::path::absolute(out).map_err(|e| fail(e.to_string()))?;
+        let (Some(parent), Some(name)) = (abs.parent(), abs.file_name()) else {
+            return Err(fail("must name a folder (not / or ..)".into()));
+        };
+        if abs.exists() && !abs.is_dir() {
+            return Err(fail("exists and is not a folder".into()));
+        }
+        std::fs::create_dir_all(parent).map_err(|e| fail(format!("cannot create {}: {e}", parent.display())))?;
+        let sibling = |suffix: &str| {
+            let mut n = OsString::from(".");
+            n.push(name);
+            n.push(suffix);
+            parent.join(n)
+        };
+        let lock = take_lock(&sibling(".qdrift-lock")).map_err(fail)?;
+        let dir = OutputDir {
+            given: out.to_path_buf(),
+            out: abs.clone(),
+            staging: sibling(&format!(".qdrift-new-{}", std::process::id())),
+            lock: Some(lock),
+        };
+        // We hold the lock: any staging or old folder of this name is a crashed run's.
+        remove_stale(parent, name);
+        std::fs::create_dir(&dir.staging).map_err(|e| fail(format!("cannot write in {}: {e}", parent.display())))?;
+        if abs.is_dir() {
+            probe_writable(&abs).map_err(|e| fail(format!("cannot write in it: {e}")))?;
+        }
+        Ok(dir)
+    }
+
+    /// The staging folder: write the reports here.
+    pub fn staging(&self) -> &Path {
+        &self.staging
+    }
+
+    /// Where `path` goes while staged, when it lies inside `--out` (`OUT/x.xml` →
+    /// `STAGING/x.xml`); `None` for a path elsewhere.
+    pub fn staged(&self, path: &Path) -> Option<PathBuf> {
+        let abs = std::path::absolute(path).ok()?;
+        let rel = abs.strip_prefix(&self.out).ok()?;
+        (!rel.as_os_str().is_empty()).then(|| self.staging.join(rel))
+    }
+
+    /// Moves the staged files into `--out` (see the module's documentation) and releases the
+    /// lock.
+    ///
+    /// # Errors
+    /// [`EvalError::Output`] when a rename fails; `--out` then holds what it held before.
+    pub fn commit(self) -> Result<(), EvalError> {
+        let fail = |problem: String| EvalError::Output { path: self.given.clone(), problem };
+        if !self.out.exists() {
+            std::fs::rename(&self.staging, &self.out).map_err(|e| fail(format!("cannot move the reports in: {e}")))?;
+        } else if only_report_files(&self.out, &self.staging).map_err(|e| fail(e.to_string()))? {
+            self.swap().map_err(|e| fail(format!("cannot replace the previous reports: {e}")))?;
+        } else {
+            move_files_in(&self.staging, &self.out).map_err(|e| fail(format!("cannot move the reports in: {e}")))?;
+            let _ = std::fs::remove_dir_all(&self.staging);
+        }
+        Ok(())
+    }
+
+    /// Replaces `--out` by the staging folder: old aside, new in, old removed.
+    fn swap(&self) -> std::io::Result<()> {
+        let mut old_name = OsString::from(".");
+        old_name.push(self.out.file_name().unwrap_or_default());
+        old_name.push(format!(".qdrift-old-{}", std::process::id()));
+        let old = self.out.with_file_name(old_name);
+        std::fs::rename(&self.out, &old)?;
+        if let Err(e) = std::fs::rename(&self.staging, &self.out) {
+            // Put the previous reports back; the staging folder goes on drop.
+            let _ = std::fs::rename(&old, &self.out);
+            return Err(e);
+        }
+        // The new reports are in place; a failure to delete the old ones loses nothing.
+        let _ = std::fs::remove_dir_all(&old);
+        Ok(())
+    }
+}
+
+impl Drop for OutputDir {
+    fn drop(&mut self) {
+        // After a commit the staging folder is gone and this does nothing.
+        let _ = std::fs::remove_dir_all(&self.staging);
+        if let Some((file, path)) = self.lock.take() {
+            // Removed while still held, so no other run can lock the removed file (see take_lock).
+            let _ = std::fs::remove_file(&path);
+            drop(file);
+        }
+    }
+}
+
+/// Takes the exclusive lock at `path`. A run that removes its lock file does so while holding
+/// it, so a lock taken on a file that is no longer at `path` is retried on the new file.
+fn take_lock(path: &Path) -> Result<(File, PathBuf), String> {
+    for _ in 0..8 {
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| format!("cannot create the lock file {}: {e}", path.display()))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                return Err(format!(
+                    "another qdrift eval is writing this folder (it holds {}); wait for it to finish or choose \
+                     another --out",
+                    path.display()
+                ));
+            }
+            Err(TryLockError::Error(e)) => return Err(format!("cannot lock {}: {e}", path.display())),
+        }
+        if same_file(&file, path) {
+            return Ok((file, path.to_path_buf()));
+        }
+    }
+    Err(format!("cannot lock {}: it keeps being replaced", path.display()))
+}
+
+/// Whether `path` still names the open `file` (not a file created after it was removed).
+#[cfg(unix)]
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+#[cfg(not(unix))]
+fn same_file(_file: &File, path: &Path) -> bool {
+    path.exists()
+}
+
+/// Removes the staging and old folders crashed runs left for `name` in `parent`.
+fn remove_stale(parent: &Path, name: &std::ffi::OsStr) {
+    let Ok(entries) = std::fs::read_dir(parent) else { return };
+    let prefix = format!(".{}.qdrift-", name.to_string_lossy());
+    for entry in entries.flatten() {
+        let n = entry.file_name().to_string_lossy().into_owned();
+        if let Some(rest) = n.strip_prefix(&prefix)
+            && (rest.starts_with("new-") || rest.starts_with("old-"))
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Creates and removes a file in `dir`.
+fn probe_writable(dir: &Path) -> std::io::Result<()> {
+    let probe = dir.join(format!(".qdrift-probe-{}", std::process::id()));
+    File::create(&probe)?;
+    std::fs::remove_file(&probe)
+}
+
+/// Whether every entry of `out` is a report file or an entry the staging folder also has.
+fn only_report_files(out: &Path, staging: &Path) -> std::io::Result<bool> {
+    for entry in std::fs::read_dir(out)? {
+        let name = entry?.file_name();
+        let ours = REPORT_FILES.iter().any(|f| name == *f) || staging.join(&name).exists();
+        if !ours {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Renames every file under `staging` to the same place under `out`, `report.json` last (a
+/// reader that finds it finds the rest).
+fn move_files_in(staging: &Path, out: &Path) -> std::io::Result<()> {
+    let mut files = Vec::new();
+    collect_files(staging, &mut files)?;
+    files.sort_by_key(|f| f.ends_with("report.json"));
+    for f in files {
+        let rel = f.strip_prefix(staging).map_err(std::io::Error::other)?;
+        let to = out.join(rel);
+        if let Some(dir) = to.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::rename(&f, &to)?;
+    }
+    Ok(())
+}
+
+fn collect_files(dir: &Path, into: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            collect_files(&path, into)?;
+        } else {
+            into.push(path);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut n: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        n.sort();
+        n
+    }
+
+    #[test]
+    fn an_uncommitted_run_leaves_nothing_and_a_committed_one_replaces_the_folder() {
+        let root = tempfile::tempdir().unwrap();
+        let out = root.path().join("out");
+        let dir = OutputDir::prepare(&out).unwrap();
+        std::fs::write(dir.staging().join("report.json"), b"new").unwrap();
+        drop(dir);
+        assert_eq!(names(root.path()), Vec::<String>::new());
+
+        std::fs::create_dir(&out).unwrap();
+        std::fs::write(out.join("report.json"), b"old").unwrap();
+        std::fs::write(out.join("report.md"), b"old").unwrap();
+        let dir = OutputDir::prepare(&out).unwrap();
+        std::fs::write(dir.staging().join("report.json"), b"new").unwrap();
+        dir.commit().unwrap();
+        assert_eq!(names(root.path()), vec!["out"]);
+        assert_eq!(names(&out), vec!["report.json"]);
+        assert_eq!(std::fs::read(out.join("report.json")).unwrap(), b"new");
+    }
+
+    #[test]
+    fn other_files_in_out_are_kept() {
+        let root = tempfile::tempdir().unwrap();
+        let out = root.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        std::fs::write(out.join("report.png"), b"picture").unwrap();
+        let dir = OutputDir::prepare(&out).unwrap();
+        assert_eq!(dir.staged(&out.join("gate.xml")), Some(dir.staging().join("gate.xml")));
+        assert_eq!(dir.staged(&root.path().join("gate.xml")), None);
+        std::fs::write(dir.staging().join("report.json"), b"new").unwrap();
+        dir.commit().unwrap();
+        assert_eq!(names(&out), vec!["report.json", "report.png"]);
+        assert_eq!(names(root.path()), vec!["out"]);
+    }
+
+    #[test]
+    fn a_second_run_on_the_same_out_is_refused_until_the_first_ends() {
+        let root = tempfile::tempdir().unwrap();
+        let out = root.path().join("out");
+        let first = OutputDir::prepare(&out).unwrap();
+        let e = OutputDir::prepare(&out).unwrap_err().to_string();
+        assert!(e.contains("another qdrift eval is writing this folder"), "{e}");
+        drop(first);
+        assert!(OutputDir::prepare(&out).is_ok());
+    }
+}
