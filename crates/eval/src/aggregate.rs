@@ -106,8 +106,11 @@ impl Trace {
     }
 }
 
+/// The estimate and its interval, widened to contain the estimate: a percentile-bootstrap
+/// interval can miss its own point estimate (with very few resamples, or a skewed ratio), and a
+/// report whose mean lies outside its interval is one the gate refuses as no run's.
 fn estimate(i: Interval) -> Estimate {
-    Estimate::new(i.estimate, [i.lo, i.hi])
+    Estimate::new(i.estimate, [i.lo.min(i.estimate), i.hi.max(i.estimate)])
 }
 
 /// How every bootstrap interval of a report is drawn.
