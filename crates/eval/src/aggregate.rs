@@ -340,6 +340,16 @@ mod tests {
     }
 
     #[test]
+    fn an_interval_that_misses_its_estimate_is_widened_to_it() {
+        let e = estimate(Interval { estimate: 0.5, lo: 0.6, hi: 0.7, level: 0.95 });
+        assert_eq!((e.mean, e.ci95), (0.5, [0.5, 0.7]));
+        let e = estimate(Interval { estimate: 0.8, lo: 0.6, hi: 0.7, level: 0.95 });
+        assert_eq!(e.ci95, [0.6, 0.8]);
+        let e = estimate(Interval { estimate: 0.65, lo: 0.6, hi: 0.7, level: 0.95 });
+        assert_eq!(e.ci95, [0.6, 0.7]);
+    }
+
+    #[test]
     fn negative_rounding_of_kl_counts_as_zero() {
         let t = trace(&[1, 2], &[1, 2], -1e-9);
         assert_eq!(t.mean_kld(2), 0.0);

@@ -128,6 +128,13 @@ mod tests {
         assert!(e.to_string().contains("empty"), "{e}");
     }
 
+    #[cfg(unix)]
+    #[test]
+    fn an_endless_file_is_refused_without_reading_it() {
+        let e = EvalSet::read(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert_eq!(e, "/dev/zero: the eval set is a device, not a regular file");
+    }
+
     #[test]
     fn a_set_is_named_by_its_file_name() {
         let set = EvalSet::parse("/home/me/sets/chat-mine.jsonl", b"{\"id\":\"a\",\"prompt\":\"p\"}").unwrap();

@@ -107,6 +107,14 @@ impl FirstDivergence {
         if self.censored > prompts {
             return Err(format!("first_divergence.censored = {} > {prompts} prompts", self.censored));
         }
+        // A prompt that never diverged has the longest horizon as its position.
+        let never = self.positions.iter().filter(|&&p| p == longest).count();
+        if self.censored != never {
+            return Err(format!(
+                "first_divergence.censored = {}, but {never} positions are the longest horizon {longest}",
+                self.censored
+            ));
+        }
         if let Some(m) = self.median.filter(|&m| m >= longest) {
             return Err(format!("first_divergence.median = {m} is past the longest horizon {longest}"));
         }

@@ -109,6 +109,8 @@ fn lengths_and_counts_other_than_the_workload_are_refused() {
     assert_contains(&e, &["first_divergence.positions has 71 entries for 72 prompts"]);
     let e = refusal("censored", &edited(|v| v.first_divergence.censored = 73));
     assert_contains(&e, &["first_divergence.censored = 73 > 72 prompts"]);
+    let e = refusal("censored-count", &edited(|v| v.first_divergence.censored += 1));
+    assert_contains(&e, &["first_divergence.censored = ", "positions are the longest horizon 1000"]);
     let mut r = sample_report();
     r.workload.eval_set.prompts.pop();
     assert_contains(&refusal("eval-set", &r), &["eval_set.prompts has 71 ids for 72 prompts"]);
