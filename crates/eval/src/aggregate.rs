@@ -106,8 +106,11 @@ impl Trace {
     }
 }
 
+/// The estimate and its interval, widened to contain the estimate: a percentile-bootstrap
+/// interval can miss its own point estimate (with very few resamples, or a skewed ratio), and a
+/// report whose mean lies outside its interval is one the gate refuses as no run's.
 fn estimate(i: Interval) -> Estimate {
-    Estimate::new(i.estimate, [i.lo, i.hi])
+    Estimate::new(i.estimate, [i.lo.min(i.estimate), i.hi.max(i.estimate)])
 }
 
 /// How every bootstrap interval of a report is drawn.
@@ -334,6 +337,16 @@ mod tests {
         let pp = per_position(&[a, b], 4);
         assert_eq!(pp.token_match, vec![1.0, 1.0, 0.5, 1.0]);
         assert_eq!(pp.kld, vec![0.25; 4]);
+    }
+
+    #[test]
+    fn an_interval_that_misses_its_estimate_is_widened_to_it() {
+        let e = estimate(Interval { estimate: 0.5, lo: 0.6, hi: 0.7, level: 0.95 });
+        assert_eq!((e.mean, e.ci95), (0.5, [0.5, 0.7]));
+        let e = estimate(Interval { estimate: 0.8, lo: 0.6, hi: 0.7, level: 0.95 });
+        assert_eq!(e.ci95, [0.6, 0.8]);
+        let e = estimate(Interval { estimate: 0.65, lo: 0.6, hi: 0.7, level: 0.95 });
+        assert_eq!(e.ci95, [0.6, 0.7]);
     }
 
     #[test]

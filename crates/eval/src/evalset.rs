@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use qdrift_report::{EVAL_SET_CAP, read_capped};
 use serde::Deserialize;
 
 use crate::EvalError;
@@ -52,14 +53,15 @@ impl EvalSet {
         Self::parse_named(&label, label.clone(), text.as_bytes())
     }
 
-    /// Reads a JSONL file; a bare name of a built-in set (`stories`) is accepted too.
+    /// Reads a JSONL file, only a regular file of at most [`EVAL_SET_CAP`] bytes ([`read_capped`]);
+    /// a bare name of a built-in set (`stories`) is accepted too.
     pub fn read(path: &Path) -> Result<EvalSet, EvalError> {
         if !path.exists()
             && let Some(name) = path.to_str().filter(|s| built_in_names().contains(s))
         {
             return Self::built_in(name);
         }
-        let bytes = std::fs::read(path).map_err(EvalError::io(path))?;
+        let bytes = read_capped(path, EVAL_SET_CAP, "eval set")?;
         Self::parse_named(&path.display().to_string(), report_name(path), &bytes)
     }
 
@@ -124,6 +126,13 @@ mod tests {
         assert!(e.to_string().contains("no prompts"), "{e}");
         let e = EvalSet::parse("x.jsonl", b"{\"id\":\"a\",\"prompt\":\"\"}").unwrap_err();
         assert!(e.to_string().contains("empty"), "{e}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn an_endless_file_is_refused_without_reading_it() {
+        let e = EvalSet::read(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert_eq!(e, "/dev/zero: the eval set is a device, not a regular file");
     }
 
     #[test]

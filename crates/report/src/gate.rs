@@ -37,6 +37,7 @@ use serde::Deserialize;
 
 use crate::format::plain;
 use crate::metrics::{metric, names, rank};
+use crate::read::{THRESHOLDS_CAP, read_capped};
 use crate::{Report, ReportError, VariantKind};
 
 /// The section that applies to every variant but the noise floor.
@@ -112,13 +113,16 @@ pub enum GateError {
     /// The report could not be read (missing, not JSON, another schema version, invalid).
     #[error("{0}")]
     Report(#[from] ReportError),
-    /// The thresholds file could not be read.
-    #[error("{path}: cannot read the thresholds file: {source}")]
-    ThresholdsIo {
+    /// The thresholds file could not be read (missing, not a regular file, too large, not UTF-8).
+    #[error("{0}")]
+    ThresholdsFile(ReportError),
+    /// The thresholds file is not UTF-8.
+    #[error("{path}: the thresholds file is not UTF-8: {source}")]
+    ThresholdsText {
         /// The file.
         path: PathBuf,
         /// The cause.
-        source: std::io::Error,
+        source: std::string::FromUtf8Error,
     },
     /// The thresholds file is not valid TOML or has a key the format does not know.
     #[error("{origin}:{line}:{column}: {message}")]
@@ -315,10 +319,12 @@ impl Thresholds {
         Thresholds::parse_named(text, "thresholds")
     }
 
-    /// Reads and parses a thresholds file.
+    /// Reads and parses a thresholds file: only a regular file of at most [`THRESHOLDS_CAP`]
+    /// bytes ([`read_capped`]).
     pub fn read(path: &Path) -> Result<Thresholds, GateError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| GateError::ThresholdsIo { path: path.to_path_buf(), source })?;
+        let bytes = read_capped(path, THRESHOLDS_CAP, "thresholds file").map_err(GateError::ThresholdsFile)?;
+        let text = String::from_utf8(bytes)
+            .map_err(|source| GateError::ThresholdsText { path: path.to_path_buf(), source })?;
         Thresholds::parse_named(&text, &path.display().to_string())
     }
 }

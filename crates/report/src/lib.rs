@@ -10,8 +10,11 @@
 //!   format, JSON placement) and [`Estimate`], the value of a metric.
 //! - `horizon`: [`HorizonMetrics`], a horizon's metrics held by name, with the hand-written JSON
 //!   layout of schema 1.
-//! - `schema`: the other types of `report.json`, [`Report::read`] / [`Report::write`] /
-//!   validation, and the rule for when the schema version changes.
+//! - `read`: [`read_capped`], the one reader of files handed to qdrift (regular files only, a
+//!   byte cap per kind).
+//! - `schema`: the other types of `report.json`, [`Report::read`] / [`Report::write`], and the
+//!   rule for when the schema version changes; `validate`: [`Report::validate`], what makes a
+//!   report one a run can produce.
 //! - `document`: what a rendered report says (headings, paragraphs, tables), built once and
 //!   printed by [`render_markdown`] (`markdown`) and [`render_html`] (`html`), so their tables
 //!   cannot drift apart; [`render_summary`] is the terminal's short table.
@@ -42,9 +45,11 @@ mod html;
 mod junit;
 mod markdown;
 pub mod metrics;
+mod read;
 mod schema;
 #[doc(hidden)]
 pub mod testing;
+mod validate;
 
 pub use atomic::write_atomic;
 pub use command::{GateRun, run_gate};
@@ -55,4 +60,5 @@ pub use html::render_html;
 pub use junit::{junit_error_xml, junit_xml};
 pub use markdown::{render_markdown, render_summary};
 pub use metrics::{Distribution, Estimate, METRICS, Metric};
+pub use read::{EVAL_SET_CAP, REPORT_CAP, THRESHOLDS_CAP, read_capped};
 pub use schema::*;

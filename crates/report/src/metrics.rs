@@ -300,21 +300,42 @@ impl Metric {
     }
 
     /// Checks an estimate of this metric: every number in [`Metric::range`], the interval
-    /// ordered, and a distribution exactly when the metric has a [`Metric::tail`]. The error
-    /// says what is wrong, for a message that names the variant and horizon.
+    /// ordered and containing the mean (up to a rounding slack of `1e-9 · max(1, |bound|)`), and a distribution, ordered, exactly
+    /// when the metric has a [`Metric::tail`]. The error says what is wrong, for a message that
+    /// names the variant and horizon.
+    ///
+    /// Every interval qdrift writes contains its estimate: a Wilson interval always does, and
+    /// the evaluation widens a percentile-bootstrap interval to the estimate in the rare case it
+    /// misses it (very few resamples, or a skewed ratio), so a mean outside its interval is a
+    /// report no run wrote.
     pub fn check(&self, e: &Estimate) -> Result<(), String> {
         if let Some(x) = e.numbers().into_iter().find(|&x| !self.range.contains(x)) {
             return Err(format!("{} = {x}, not {}", self.name, self.range.describe()));
         }
-        if e.ci95[0] > e.ci95[1] {
+        let [lo, hi] = e.ci95;
+        if lo > hi {
             return Err(format!("{} interval {:?} is reversed", self.name, e.ci95));
         }
-        match (self.tail.is_some(), e.distribution.is_some()) {
-            (true, false) => Err(format!("{} has no median, p90, p99 and max", self.name)),
-            (false, true) => Err(format!("{} has a distribution it does not define", self.name)),
+        if e.mean < lo - slack(lo) || e.mean > hi + slack(hi) {
+            return Err(format!("{} mean {} is outside its interval {:?}", self.name, e.mean, e.ci95));
+        }
+        match (self.tail.is_some(), e.distribution) {
+            (true, None) => Err(format!("{} has no median, p90, p99 and max", self.name)),
+            (false, Some(_)) => Err(format!("{} has a distribution it does not define", self.name)),
+            (true, Some(d)) if !(d.median <= d.p90 && d.p90 <= d.p99 && d.p99 <= d.max) => Err(format!(
+                "{} distribution is not ordered (median {} ≤ p90 {} ≤ p99 {} ≤ max {})",
+                self.name, d.median, d.p90, d.p99, d.max
+            )),
             _ => Ok(()),
         }
     }
+}
+
+/// How far a mean may sit outside its interval's bound `x`: the rounding of summing the same
+/// values in another order (the estimate and the resamples add prompts in different orders),
+/// `1e-9 · max(1, |x|)`, far below any difference a report prints.
+fn slack(x: f64) -> f64 {
+    1e-9 * x.abs().max(1.0)
 }
 
 #[cfg(test)]

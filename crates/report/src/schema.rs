@@ -7,11 +7,11 @@
 //!
 //! When the version changes, and when it does not, is written on [`SCHEMA_VERSION`].
 
-use std::collections::BTreeSet;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::read::{REPORT_CAP, read_capped};
 use crate::{HorizonMetrics, ReportError, write_atomic};
 
 /// The schema version this build writes and reads.
@@ -256,10 +256,12 @@ impl Report {
         self.variants.iter().find(|v| v.name == name)
     }
 
-    /// Reads and validates a report; a report of another schema version is
-    /// [`ReportError::SchemaVersion`].
+    /// Reads and validates a report ([`Report::validate`]; a report no run can produce is
+    /// [`ReportError::InvalidFile`]); a report of another schema version is
+    /// [`ReportError::SchemaVersion`]. Only a regular file of at most [`REPORT_CAP`] bytes is
+    /// read ([`read_capped`]).
     pub fn read(path: &Path) -> Result<Report, ReportError> {
-        let bytes = std::fs::read(path).map_err(|source| ReportError::Io { path: path.to_path_buf(), source })?;
+        let bytes = read_capped(path, REPORT_CAP, "report")?;
         let value: serde_json::Value =
             serde_json::from_slice(&bytes).map_err(|source| ReportError::Parse { path: path.to_path_buf(), source })?;
         let version = value.get("schema_version").and_then(serde_json::Value::as_u64);
@@ -269,12 +271,16 @@ impl Report {
                 return Err(ReportError::SchemaVersion { path: path.to_path_buf(), found, expected: SCHEMA_VERSION });
             }
             None => {
-                return Err(ReportError::Invalid(format!("{}: no integer schema_version", path.display())));
+                let why = "no integer schema_version".to_string();
+                return Err(ReportError::InvalidFile { path: path.to_path_buf(), why });
             }
         }
         let report: Report =
             serde_json::from_value(value).map_err(|source| ReportError::Parse { path: path.to_path_buf(), source })?;
-        report.validate()?;
+        report.validate().map_err(|e| match e {
+            ReportError::Invalid(why) => ReportError::InvalidFile { path: path.to_path_buf(), why },
+            other => other,
+        })?;
         Ok(report)
     }
 
@@ -289,70 +295,5 @@ impl Report {
         let mut json = self.to_json()?;
         json.push('\n');
         write_atomic(path, json.as_bytes())
-    }
-
-    /// Checks that every number is finite and in its range (every metric's per
-    /// [`METRICS`](crate::metrics::METRICS); every share and probability in [0, 1]), intervals
-    /// are ordered, variant names are unique, and horizons match the workload's.
-    pub fn validate(&self) -> Result<(), ReportError> {
-        if self.schema_version != SCHEMA_VERSION {
-            return Err(ReportError::Invalid(format!("schema_version {}", self.schema_version)));
-        }
-        let horizons = &self.workload.horizons;
-        if horizons.is_empty() || !horizons.windows(2).all(|w| w[0] < w[1]) {
-            return Err(ReportError::Invalid(format!("horizons {horizons:?} are not ascending")));
-        }
-        let mut names = BTreeSet::new();
-        for v in &self.variants {
-            if !names.insert(v.name.as_str()) {
-                return Err(ReportError::Invalid(format!("two variants are named {}", v.name)));
-            }
-            v.validate(horizons).map_err(|what| ReportError::Invalid(format!("variant {}: {what}", v.name)))?;
-        }
-        Ok(())
-    }
-}
-
-/// `Err("WHAT = X, not RANGE")` unless `x` is in `[0, 1]`.
-fn unit(what: &str, x: f64) -> Result<(), String> {
-    if x.is_finite() && (0.0..=1.0).contains(&x) { Ok(()) } else { Err(format!("{what} = {x}, not ∈ [0, 1]")) }
-}
-
-/// `Err("WHAT = X, not finite")` unless `x` is finite.
-fn finite(what: &str, x: f64) -> Result<(), String> {
-    if x.is_finite() { Ok(()) } else { Err(format!("{what} = {x}, not finite")) }
-}
-
-impl Variant {
-    /// [`Report::validate`] for one variant: the error says what is wrong, without the name.
-    fn validate(&self, horizons: &[usize]) -> Result<(), String> {
-        let hs: Vec<usize> = self.horizons.iter().map(|h| h.tokens).collect();
-        if hs != horizons {
-            return Err(format!("horizons {hs:?} ≠ workload {horizons:?}"));
-        }
-        finite("bits_per_weight", self.bits_per_weight)?;
-        for h in &self.horizons {
-            for (m, e) in h.iter() {
-                m.check(e).map_err(|why| format!("{why} at horizon {}", h.tokens))?;
-            }
-        }
-        for &(_, s) in &self.first_divergence.survival {
-            unit("survival", s)?;
-        }
-        let p = &self.per_position;
-        for (what, xs) in
-            [("per_position.token_match", &p.token_match), ("per_position.top1_agreement", &p.top1_agreement)]
-        {
-            xs.iter().try_for_each(|&x| unit(what, x))?;
-        }
-        p.kld.iter().try_for_each(|&x| finite("per_position.kld", x))?;
-        for t in &self.per_tensor_error {
-            finite(&format!("{} rel_frobenius", t.tensor), t.rel_frobenius)?;
-            finite(&format!("{} cosine", t.tensor), t.cosine)?;
-            if let Some(s) = t.sqnr_db {
-                finite(&format!("{} sqnr_db", t.tensor), s)?;
-            }
-        }
-        Ok(())
     }
 }

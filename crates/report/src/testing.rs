@@ -229,16 +229,19 @@ fn placeholder(m: &Metric) -> Estimate {
     Estimate { mean, distribution, ci95 }
 }
 
-/// The Kaplan–Meier curve of uncensored-before-`horizon_max` first-divergence positions.
+/// The Kaplan–Meier curve of the first-divergence positions, as the evaluation writes it: a
+/// divergence at position `d < horizon_max` is an event at `t = d + 1`, `S(t)` is the share of
+/// prompts whose first `t` tokens match (`d ≥ t`), and the median is `t − 1` for the first `t`
+/// with `S(t) ≤ 0.5`.
 fn first_divergence(c: &Curves, horizon_max: usize) -> FirstDivergence {
     let n = c.first_divergence.len() as f64;
-    let mut events: Vec<usize> = c.first_divergence.iter().copied().filter(|&d| d < horizon_max).collect();
+    let mut events: Vec<usize> = c.first_divergence.iter().filter(|&&d| d < horizon_max).map(|&d| d + 1).collect();
     events.sort_unstable();
     events.dedup();
-    let still = |t: usize| c.first_divergence.iter().filter(|&&d| d > t).count() as f64 / n;
-    let mut survival = vec![(0, still(0))];
-    survival.extend(events.iter().filter(|&&t| t > 0).map(|&t| (t, still(t))));
-    let median = survival.iter().find(|&&(_, s)| s <= 0.5).map(|&(t, _)| t);
+    let still = |t: usize| c.first_divergence.iter().filter(|&&d| d >= t).count() as f64 / n;
+    let mut survival = vec![(0, 1.0)];
+    survival.extend(events.iter().map(|&t| (t, still(t))));
+    let median = survival.iter().find(|&&(_, s)| s <= 0.5).map(|&(t, _)| t - 1);
     let censored = c.first_divergence.iter().filter(|&&d| d >= horizon_max).count();
     FirstDivergence { median, survival, censored, positions: c.first_divergence.clone() }
 }

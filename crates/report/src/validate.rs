@@ -1,0 +1,171 @@
+//! [`Report::validate`]: what makes a `report.json` one that a run of qdrift could have written.
+//!
+//! The gate compares numbers with thresholds; a hand-edited or corrupt report whose numbers no
+//! run can produce (a negative divergence, a mean outside its own interval, a survival curve
+//! that rises) would otherwise pass it. Each rule below holds for every report `qdrift eval`
+//! writes (the producer validates before writing, so it can never write a report its own gate
+//! refuses), and each refusal is one line naming the variant, the metric and horizon, and the
+//! problem.
+
+use std::collections::BTreeSet;
+
+use crate::metrics::Range;
+use crate::{FirstDivergence, PerPosition, Report, ReportError, SCHEMA_VERSION, TensorError, Variant};
+
+impl Report {
+    /// Checks that the report is one a run can produce:
+    /// - every metric's numbers in its range of [`METRICS`](crate::metrics::METRICS), its interval
+    ///   ordered and containing its mean, its distribution ordered (`median ≤ p90 ≤ p99 ≤ max`)
+    ///   ([`Metric::check`](crate::Metric::check));
+    /// - horizons ascending and the same in every variant, variant names unique;
+    /// - the counts those of the workload: `eval_set.prompts` and `first_divergence.positions`
+    ///   hold one entry per prompt, `censored ≤ prompts`, every position and the median within
+    ///   the longest horizon;
+    /// - the survival curve starting at `(0, 1)`, times ascending, values non-increasing in
+    ///   `[0, 1]`;
+    /// - the per-position curves `max(horizons)` long, shares in `[0, 1]`, KLD `≥ 0`;
+    /// - `bits_per_weight` finite and `≥ 0`, every other number finite and in its range.
+    ///
+    /// The error is [`ReportError::Invalid`] with one line; [`Report::read`] adds the file.
+    pub fn validate(&self) -> Result<(), ReportError> {
+        self.check().map_err(ReportError::Invalid)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.schema_version != SCHEMA_VERSION {
+            return Err(format!("schema_version {}", self.schema_version));
+        }
+        let w = &self.workload;
+        let horizons = &w.horizons;
+        if horizons.is_empty() || horizons[0] == 0 || !horizons.windows(2).all(|p| p[0] < p[1]) {
+            return Err(format!("horizons {horizons:?} are not ascending and positive"));
+        }
+        if w.prompts == 0 {
+            return Err("workload.prompts = 0: a report covers at least one prompt".into());
+        }
+        if w.eval_set.prompts.len() != w.prompts {
+            return Err(format!("eval_set.prompts has {} ids for {} prompts", w.eval_set.prompts.len(), w.prompts));
+        }
+        for &(h, ppl) in &self.reference.self_perplexity {
+            in_range(&format!("reference self_perplexity at horizon {h}"), ppl, Range::Positive)?;
+        }
+        let mut names = BTreeSet::new();
+        for v in &self.variants {
+            if !names.insert(v.name.as_str()) {
+                return Err(format!("two variants are named {}", v.name));
+            }
+            v.check(horizons, w.prompts).map_err(|what| format!("variant {}: {what}", v.name))?;
+        }
+        Ok(())
+    }
+}
+
+/// `Err("WHAT = X, not RANGE")` unless `x` is in `range`.
+fn in_range(what: &str, x: f64, range: Range) -> Result<(), String> {
+    if range.contains(x) { Ok(()) } else { Err(format!("{what} = {x}, not {}", range.describe())) }
+}
+
+impl Variant {
+    /// [`Report::validate`] for one variant: the error says what is wrong, without the name.
+    fn check(&self, horizons: &[usize], prompts: usize) -> Result<(), String> {
+        let hs: Vec<usize> = self.horizons.iter().map(|h| h.tokens).collect();
+        if hs != horizons {
+            return Err(format!("horizons {hs:?} ≠ workload {horizons:?}"));
+        }
+        in_range("bits_per_weight", self.bits_per_weight, Range::NonNegative)?;
+        for h in &self.horizons {
+            for (m, e) in h.iter() {
+                m.check(e).map_err(|why| format!("{why} at horizon {}", h.tokens))?;
+            }
+        }
+        let longest = horizons[horizons.len() - 1];
+        self.first_divergence.check(prompts, longest)?;
+        self.per_position.check(longest)?;
+        for s in &self.entropy_strata {
+            in_range("entropy_strata entropy_lo", s.entropy_lo, Range::NonNegative)?;
+            in_range("entropy_strata entropy_hi", s.entropy_hi, Range::NonNegative)?;
+            s.kld_mean.map_or(Ok(()), |x| in_range("entropy_strata kld_mean", x, Range::NonNegative))?;
+            s.top1_agreement.map_or(Ok(()), |x| in_range("entropy_strata top1_agreement", x, Range::Unit))?;
+        }
+        self.per_tensor_error.iter().try_for_each(TensorError::check)
+    }
+}
+
+impl FirstDivergence {
+    /// One position per prompt, each within the longest horizon; a survival curve from `(0, 1)`
+    /// that never rises.
+    fn check(&self, prompts: usize, longest: usize) -> Result<(), String> {
+        if self.positions.len() != prompts {
+            return Err(format!(
+                "first_divergence.positions has {} entries for {prompts} prompts",
+                self.positions.len()
+            ));
+        }
+        if let Some(p) = self.positions.iter().find(|&&p| p > longest) {
+            return Err(format!("first_divergence position {p} is past the longest horizon {longest}"));
+        }
+        if self.censored > prompts {
+            return Err(format!("first_divergence.censored = {} > {prompts} prompts", self.censored));
+        }
+        // A prompt that never diverged has the longest horizon as its position.
+        let never = self.positions.iter().filter(|&&p| p == longest).count();
+        if self.censored != never {
+            return Err(format!(
+                "first_divergence.censored = {}, but {never} positions are the longest horizon {longest}",
+                self.censored
+            ));
+        }
+        if let Some(m) = self.median.filter(|&m| m >= longest) {
+            return Err(format!("first_divergence.median = {m} is past the longest horizon {longest}"));
+        }
+        check_survival(&self.survival, longest)
+    }
+}
+
+/// A Kaplan–Meier curve: `(0, 1)` first, then times ascending within `longest`, values in
+/// `[0, 1]` never rising.
+fn check_survival(curve: &[(usize, f64)], longest: usize) -> Result<(), String> {
+    if curve.first() != Some(&(0, 1.0)) {
+        return Err(format!("first_divergence.survival starts at {:?}, not at (0, 1)", curve.first()));
+    }
+    for pair in curve.windows(2) {
+        let ((t0, s0), (t1, s1)) = (pair[0], pair[1]);
+        in_range(&format!("first_divergence.survival at t = {t1}"), s1, Range::Unit)?;
+        if t1 <= t0 || t1 > longest {
+            return Err(format!("first_divergence.survival time {t1} after {t0} (times ascend to at most {longest})"));
+        }
+        if s1 > s0 {
+            return Err(format!("first_divergence.survival rises from {s0} at t = {t0} to {s1} at t = {t1}"));
+        }
+    }
+    Ok(())
+}
+
+impl PerPosition {
+    /// Each curve one value per generated position, in its range.
+    fn check(&self, longest: usize) -> Result<(), String> {
+        let curves = [
+            ("per_position.token_match", &self.token_match, Range::Unit),
+            ("per_position.kld", &self.kld, Range::NonNegative),
+            ("per_position.top1_agreement", &self.top1_agreement, Range::Unit),
+        ];
+        for (what, xs, range) in curves {
+            if xs.len() != longest {
+                return Err(format!("{what} has {} entries, not max(horizons) = {longest}", xs.len()));
+            }
+            for (t, &x) in xs.iter().enumerate() {
+                in_range(&format!("{what} at t = {t}"), x, range)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl TensorError {
+    /// Every number finite.
+    fn check(&self) -> Result<(), String> {
+        in_range(&format!("{} rel_frobenius", self.tensor), self.rel_frobenius, Range::NonNegative)?;
+        in_range(&format!("{} cosine", self.tensor), self.cosine, Range::Any)?;
+        self.sqnr_db.map_or(Ok(()), |s| in_range(&format!("{} sqnr_db", self.tensor), s, Range::Any))
+    }
+}

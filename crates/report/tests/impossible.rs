@@ -1,0 +1,164 @@
+//! Reports no run can produce are refused by [`Report::read`] and so by `qdrift gate` (exit 2),
+//! with one line naming the file, the variant, the metric and horizon, and the problem; every
+//! report qdrift wrote (the sample and the committed examples) still reads.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{mean_ci, temp_dir};
+use qdrift_report::testing::sample_report;
+use qdrift_report::{Distribution, Estimate, Report, Variant, run_gate};
+
+/// The sample report with `edit` applied to its variant `int8`.
+fn edited(edit: impl FnOnce(&mut Variant)) -> Report {
+    let mut r = sample_report();
+    edit(r.variants.iter_mut().find(|v| v.name == "int8").expect("int8"));
+    r
+}
+
+/// Sets `metric` at `horizon` of `v`.
+fn set(v: &mut Variant, horizon: usize, metric: &str, e: Estimate) {
+    let h = v.horizons.iter_mut().find(|h| h.tokens == horizon).expect("horizon");
+    h.set(metric, e).expect("known metric");
+}
+
+/// Writes `report` without validating it (as a hand edit would) and returns the one-line error
+/// of reading it back, after checking that it names the file.
+fn refusal(test: &str, report: &Report) -> String {
+    let path = temp_dir(test).join("report.json");
+    std::fs::write(&path, serde_json::to_string(report).expect("serializes")).expect("writes");
+    let e = Report::read(&path).expect_err("refused").to_string();
+    assert!(e.starts_with(&format!("{}: invalid report: ", path.display())), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
+    e
+}
+
+fn assert_contains(e: &str, needles: &[&str]) {
+    for n in needles {
+        assert!(e.contains(n), "{n:?} missing from: {e}");
+    }
+}
+
+#[test]
+fn a_negative_kl_divergence_is_refused() {
+    let r = edited(|v| set(v, 100, "excess_kld", mean_ci(-0.5, -0.6, -0.4)));
+    assert!(r.validate().is_ok(), "an excess may be negative");
+    let mut r = edited(|_| {});
+    let v = r.variants.iter_mut().find(|v| v.name == "int8").unwrap();
+    let h = v.horizons.iter_mut().find(|h| h.tokens == 100).unwrap();
+    let kld = Estimate { mean: -0.01, ci95: [-0.02, 0.0], ..*h.metric("kld").unwrap() };
+    h.set("kld", kld).unwrap();
+    let e = refusal("negative-kl", &r);
+    assert_contains(&e, &["variant int8", "kld = -0.0", "not ≥ 0", "at horizon 100"]);
+}
+
+#[test]
+fn a_mean_outside_its_interval_is_refused_beyond_rounding() {
+    let e = refusal("mean-outside", &edited(|v| set(v, 10, "token_match_rate", mean_ci(0.95, 0.5, 0.9))));
+    assert_contains(&e, &["variant int8", "token_match_rate mean 0.95 is outside its interval", "at horizon 10"]);
+    // A difference of summation order is not a report no run wrote.
+    let r = edited(|v| set(v, 10, "token_match_rate", mean_ci(0.9 + 1e-12, 0.5, 0.9)));
+    assert!(r.validate().is_ok());
+}
+
+#[test]
+fn a_reversed_interval_is_refused_naming_the_file() {
+    let e = refusal("reversed", &edited(|v| set(v, 1000, "top1_agreement", mean_ci(0.5, 0.6, 0.4))));
+    assert_contains(&e, &["variant int8", "top1_agreement interval [0.6, 0.4] is reversed", "at horizon 1000"]);
+}
+
+#[test]
+fn an_exact_match_bound_outside_the_unit_interval_is_refused() {
+    let e = refusal("wilson", &edited(|v| set(v, 10, "exact_match_fraction", mean_ci(0.5, 0.4, 1.2))));
+    assert_contains(&e, &["exact_match_fraction = 1.2, not ∈ [0, 1]", "at horizon 10"]);
+}
+
+#[test]
+fn unordered_quantiles_are_refused() {
+    let mut r = sample_report();
+    let v = r.variants.iter_mut().find(|v| v.name == "int8").unwrap();
+    let h = v.horizons.iter_mut().find(|h| h.tokens == 10).unwrap();
+    let kld = *h.metric("kld").unwrap();
+    let d = Distribution { median: 0.5, p90: 0.2, p99: 0.6, max: 0.7 };
+    h.set("kld", Estimate { distribution: Some(d), ..kld }).unwrap();
+    let e = refusal("quantiles", &r);
+    assert_contains(&e, &["variant int8", "kld distribution is not ordered (median 0.5 ≤ p90 0.2", "at horizon 10"]);
+}
+
+#[test]
+fn a_survival_curve_that_rises_or_starts_elsewhere_is_refused() {
+    let e = refusal("survival-rises", &edited(|v| v.first_divergence.survival.push((1000, 1.0))));
+    assert_contains(&e, &["variant int8", "first_divergence.survival rises"]);
+    let e = refusal("survival-start", &edited(|v| v.first_divergence.survival[0] = (1, 1.0)));
+    assert_contains(&e, &["first_divergence.survival starts at Some((1, 1.0)), not at (0, 1)"]);
+    let e = refusal("survival-range", &edited(|v| v.first_divergence.survival.push((1000, -0.5))));
+    assert_contains(&e, &["first_divergence.survival at t = 1000 = -0.5, not ∈ [0, 1]"]);
+}
+
+#[test]
+fn lengths_and_counts_other_than_the_workload_are_refused() {
+    let e = refusal("per-position", &edited(|v| v.per_position.kld.push(0.0)));
+    assert_contains(&e, &["variant int8", "per_position.kld has 1001 entries, not max(horizons) = 1000"]);
+    let e = refusal(
+        "positions",
+        &edited(|v| {
+            v.first_divergence.positions.pop();
+        }),
+    );
+    assert_contains(&e, &["first_divergence.positions has 71 entries for 72 prompts"]);
+    let e = refusal("censored", &edited(|v| v.first_divergence.censored = 73));
+    assert_contains(&e, &["first_divergence.censored = 73 > 72 prompts"]);
+    let e = refusal("censored-count", &edited(|v| v.first_divergence.censored += 1));
+    assert_contains(&e, &["first_divergence.censored = ", "positions are the longest horizon 1000"]);
+    let mut r = sample_report();
+    r.workload.eval_set.prompts.pop();
+    assert_contains(&refusal("eval-set", &r), &["eval_set.prompts has 71 ids for 72 prompts"]);
+}
+
+#[test]
+fn a_negative_or_infinite_bits_per_weight_is_refused() {
+    let e = refusal("bpw", &edited(|v| v.bits_per_weight = -8.0));
+    assert_contains(&e, &["variant int8", "bits_per_weight = -8, not ≥ 0"]);
+    // JSON has no infinity: validation refuses it before anything is written.
+    let e = edited(|v| v.bits_per_weight = f64::INFINITY).validate().unwrap_err().to_string();
+    assert_contains(&e, &["bits_per_weight = inf"]);
+}
+
+#[test]
+fn the_gate_exits_2_on_an_impossible_report_naming_it() {
+    let dir = temp_dir("gate-impossible");
+    let report = dir.join("report.json");
+    let r = edited(|v| set(v, 100, "token_match_rate", mean_ci(0.99, 0.5, 0.6)));
+    std::fs::write(&report, serde_json::to_string(&r).unwrap()).unwrap();
+    let thresholds = dir.join("t.toml");
+    std::fs::write(&thresholds, "[variant.\"int8\"]\n\"token_match_rate@100\" = { min = 0.9, bound = \"point\" }\n")
+        .unwrap();
+    let run = run_gate(&report, &thresholds, None);
+    assert_eq!(run.exit_code, 2, "{run:?}");
+    assert!(run.stdout.is_empty(), "{run:?}");
+    assert_eq!(run.stderr.lines().count(), 1, "{run:?}");
+    assert_contains(&run.stderr, &[&report.display().to_string(), "token_match_rate mean 0.99 is outside"]);
+}
+
+/// Every `reports/*/report.json` in the repository.
+fn committed_reports() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../reports");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&root)
+        .expect("reports/ reads")
+        .map(|e| e.expect("entry").path().join("report.json"))
+        .filter(|p| p.is_file())
+        .collect();
+    found.sort();
+    found
+}
+
+#[test]
+fn every_report_qdrift_wrote_still_reads() {
+    sample_report().validate().expect("the sample report validates");
+    let reports = committed_reports();
+    assert!(!reports.is_empty(), "no committed example report found");
+    for path in reports {
+        Report::read(&path).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
