@@ -33,6 +33,7 @@ mod gguf;
 mod gguf_tokenizer;
 mod hf;
 mod hf_tokenizer;
+mod input;
 pub mod inspect;
 mod llama2c;
 mod open;
