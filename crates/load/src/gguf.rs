@@ -10,7 +10,14 @@
 //! `general.alignment` (default 32) after the tensor infos; each offset is relative to it.
 //!
 //! Every count and length is checked against the bytes that remain before anything is allocated,
-//! so a corrupt header is an error naming the file, never a panic or a huge allocation.
+//! so a corrupt header is an error naming the file, never a panic or a huge allocation. The file
+//! is refused wherever llama.cpp's `gguf_init_from_file_impl` refuses it: a metadata key or a
+//! tensor name that appears twice, a name of 64 bytes or more, more than 4 dims, a zero dim or
+//! one beyond `i64`, an element count that overflows `i64`, a row that is not whole blocks, an
+//! unknown type, a `general.alignment` that is not a `u32` power of two, and tensor data that is
+//! misaligned, overlaps another tensor's, runs past the file, or does not follow the infos' order
+//! (each tensor where the previous one ends, rounded up to the alignment). Decoded values
+//! (dequantized ones included) must be finite.
 //!
 //! Tensors are dequantized to f32 ([`HostModel`]'s form): F32, F16, BF16 and the GGML block formats
 //! of `qdrift-ggml` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, MXFP4). A GGUF matrix with dims
@@ -369,7 +376,7 @@ impl<'a> Reader<'a> {
                     LoadError::invalid(self.path, format!("{}: unknown array element type {elem}", what()))
                 })?;
                 self.check_count(count, min, what)?;
-                let mut out = Vec::with_capacity(count as usize);
+                let mut out = Vec::with_capacity(preallocation(count));
                 for _ in 0..count {
                     out.push(self.value(elem, depth + 1, what)?);
                 }
@@ -383,6 +390,15 @@ impl<'a> Reader<'a> {
             }
         })
     }
+}
+
+/// Capacity to reserve for `count` declared items. A count passes [`Reader::check_count`] when
+/// its items' smallest encodings fit in the file, but a decoded item takes more memory than its
+/// encoding (a [`GgufValue`] is 32 bytes, a `u8` element 1 byte in the file): reserving at most
+/// this many up front keeps memory proportional to the items actually read.
+fn preallocation(count: u64) -> usize {
+    const MAX_PREALLOCATION: u64 = 1 << 16;
+    count.min(MAX_PREALLOCATION) as usize
 }
 
 /// Smallest encoding of a value of type `ty` (for count checks); `None` for an unknown type.
@@ -478,8 +494,8 @@ struct RawTensorInfo {
 /// tensor.
 fn read_tensor_infos(r: &mut Reader<'_>, tensor_count: u64) -> Result<Vec<RawTensorInfo>, LoadError> {
     let path = r.path;
-    let mut raw_infos = Vec::with_capacity(tensor_count as usize);
-    let mut names = HashSet::with_capacity(tensor_count as usize);
+    let mut raw_infos = Vec::with_capacity(preallocation(tensor_count));
+    let mut names = HashSet::with_capacity(preallocation(tensor_count));
     for i in 0..tensor_count {
         let name = r.string(&|| format!("the name of tensor {i}"))?;
         check_tensor_name(path, &name, &mut names)?;
