@@ -7,6 +7,7 @@ use std::error::Error;
 use std::path::PathBuf;
 
 use clap::Args;
+use qdrift_load::LoadError;
 use qdrift_load::inspect::{Fp32, WeightStorage, inspect_path};
 use qdrift_quantize::SchemeFootprint;
 
@@ -30,13 +31,25 @@ pub struct InspectArgs {
     json: bool,
 }
 
+/// An overflowing figure names the flags that set its inputs (the library does not know them).
+fn with_flag_hint(e: LoadError, args: &InspectArgs) -> Box<dyn Error> {
+    match e {
+        LoadError::Overflow { .. } => {
+            let seq = if args.seq_len.is_some() { "--seq-len" } else { "--seq-len (default: the model's context)" };
+            format!("{e}; lower {seq} or --batch").into()
+        }
+        other => other.into(),
+    }
+}
+
 /// Runs `qdrift inspect`.
 pub fn run(args: InspectArgs) -> Result<(), Box<dyn Error>> {
     // Weight memory unquantized, then under every scheme `qdrift quantize` offers.
     let footprints = SchemeFootprint::all();
     let mut storages: Vec<&dyn WeightStorage> = vec![&Fp32];
     storages.extend(footprints.iter().map(|f| f as &dyn WeightStorage));
-    let inspection = inspect_path(&args.model, args.tokenizer.as_deref(), args.seq_len, args.batch, &storages)?;
+    let inspection = inspect_path(&args.model, args.tokenizer.as_deref(), args.seq_len, args.batch, &storages)
+        .map_err(|e| with_flag_hint(e, &args))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&inspection)?);
     } else {

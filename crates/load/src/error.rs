@@ -57,6 +57,17 @@ pub enum LoadError {
         /// Bytes available.
         available_bytes: u64,
     },
+    /// A figure computed from a file's sizes or the caller's (a context length, a batch) that does
+    /// not fit in 64 bits.
+    #[error("{path}: {quantity} does not fit in 64 bits ({inputs})")]
+    Overflow {
+        /// The model.
+        path: PathBuf,
+        /// What was being computed (`KV-cache bytes`, `attention FLOPs per token`, ...).
+        quantity: String,
+        /// The numbers it was computed from.
+        inputs: String,
+    },
     /// Text that cannot be tokenized (for example an empty prompt).
     #[error("{0}")]
     BadText(String),

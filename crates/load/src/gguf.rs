@@ -10,7 +10,14 @@
 //! `general.alignment` (default 32) after the tensor infos; each offset is relative to it.
 //!
 //! Every count and length is checked against the bytes that remain before anything is allocated,
-//! so a corrupt header is an error naming the file, never a panic or a huge allocation.
+//! so a corrupt header is an error naming the file, never a panic or a huge allocation. The file
+//! is refused wherever llama.cpp's `gguf_init_from_file_impl` refuses it: a metadata key or a
+//! tensor name that appears twice, a name of 64 bytes or more, more than 4 dims, a zero dim or
+//! one beyond `i64`, an element count that overflows `i64`, a row that is not whole blocks, an
+//! unknown type, a `general.alignment` that is not a `u32` power of two, and tensor data that is
+//! misaligned, overlaps another tensor's, runs past the file, or does not follow the infos' order
+//! (each tensor where the previous one ends, rounded up to the alignment). Decoded values
+//! (dequantized ones included) must be finite.
 //!
 //! Tensors are dequantized to f32 ([`HostModel`]'s form): F32, F16, BF16 and the GGML block formats
 //! of `qdrift-ggml` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, MXFP4). A GGUF matrix with dims
@@ -33,7 +40,7 @@
 //! The embedded tokenizer's metadata is kept in [`GgufModel::tokenizer`];
 //! [`crate::gguf_tokenizer`] builds the tokenizer from it. [`GgufModel::metadata`] has every key.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 use qdrift_ggml::GgmlType;
@@ -45,6 +52,8 @@ const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
 /// `GGML_MAX_DIMS`.
 const MAX_DIMS: u32 = 4;
+/// `GGML_MAX_NAME`: a tensor name has fewer bytes than this.
+const MAX_NAME: usize = 64;
 /// Arrays of arrays deeper than this are refused (the spec allows nesting; no model uses it).
 const MAX_ARRAY_DEPTH: u32 = 4;
 
@@ -272,7 +281,7 @@ pub const SUPPORTED_GGUF_ARCHITECTURES: &str = "llama, qwen2";
 /// wrong: an unreadable or truncated file, a bad magic or version, counts or offsets beyond the
 /// file, an unsupported tensor type or architecture, a missing or misshapen tensor.
 pub fn read_gguf(path: &Path) -> Result<GgufModel, LoadError> {
-    let bytes = std::fs::read(path).map_err(|e| LoadError::io(path, e))?;
+    let bytes = crate::input::read_file(path, crate::input::NO_CAP)?;
     parse_gguf(path, &bytes)
 }
 
@@ -367,7 +376,7 @@ impl<'a> Reader<'a> {
                     LoadError::invalid(self.path, format!("{}: unknown array element type {elem}", what()))
                 })?;
                 self.check_count(count, min, what)?;
-                let mut out = Vec::with_capacity(count as usize);
+                let mut out = Vec::with_capacity(preallocation(count));
                 for _ in 0..count {
                     out.push(self.value(elem, depth + 1, what)?);
                 }
@@ -381,6 +390,15 @@ impl<'a> Reader<'a> {
             }
         })
     }
+}
+
+/// Capacity to reserve for `count` declared items. A count passes [`Reader::check_count`] when
+/// its items' smallest encodings fit in the file, but a decoded item takes more memory than its
+/// encoding (a [`GgufValue`] is 32 bytes, a `u8` element 1 byte in the file): reserving at most
+/// this many up front keeps memory proportional to the items actually read.
+fn preallocation(count: u64) -> usize {
+    const MAX_PREALLOCATION: u64 = 1 << 16;
+    count.min(MAX_PREALLOCATION) as usize
 }
 
 /// Smallest encoding of a value of type `ty` (for count checks); `None` for an unknown type.
@@ -402,8 +420,10 @@ fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
     let Header { version, tensor_count, kv_count } = read_header(&mut r)?;
     let metadata = read_metadata(&mut r, kv_count)?;
     let raw_infos = read_tensor_infos(&mut r, tensor_count)?;
-    let data_start = data_section_start(path, &metadata, r.pos, bytes.len())?;
-    let infos = locate_tensors(path, raw_infos, data_start, bytes.len() as u64)?;
+    let data = data_section(path, &metadata, r.pos, bytes.len())?;
+    let infos = locate_tensors(path, raw_infos, data, bytes.len() as u64)?;
+    check_no_overlap(path, &infos, data.start)?;
+    check_file_order(path, &infos, data)?;
 
     let tensor_types = infos.iter().map(|t| (t.name.clone(), t.ty.name())).collect();
     let tokenizer = tokenizer_metadata(&metadata);
@@ -453,6 +473,10 @@ fn read_metadata(r: &mut Reader<'_>, kv_count: u64) -> Result<BTreeMap<String, G
         let what = || format!("metadata value {key}");
         let ty = r.u32(&what)?;
         let value = r.value(ty, 0, &what)?;
+        if metadata.contains_key(&key) {
+            // llama.cpp refuses these too: which copy would win is up to the reader.
+            return Err(LoadError::invalid(r.path, format!("metadata key {key} appears more than once")));
+        }
         metadata.insert(key, value);
     }
     Ok(metadata)
@@ -470,9 +494,11 @@ struct RawTensorInfo {
 /// tensor.
 fn read_tensor_infos(r: &mut Reader<'_>, tensor_count: u64) -> Result<Vec<RawTensorInfo>, LoadError> {
     let path = r.path;
-    let mut raw_infos = Vec::with_capacity(tensor_count as usize);
+    let mut raw_infos = Vec::with_capacity(preallocation(tensor_count));
+    let mut names = HashSet::with_capacity(preallocation(tensor_count));
     for i in 0..tensor_count {
         let name = r.string(&|| format!("the name of tensor {i}"))?;
+        check_tensor_name(path, &name, &mut names)?;
         let what = || format!("tensor info of {name}");
         let n_dims = r.u32(&what)?;
         if n_dims > MAX_DIMS {
@@ -485,6 +511,7 @@ fn read_tensor_infos(r: &mut Reader<'_>, tensor_count: u64) -> Result<Vec<RawTen
         for _ in 0..n_dims {
             dims.push(r.u64(&what)?);
         }
+        check_dims(path, &name, &dims)?;
         let type_id = r.u32(&what)?;
         let offset = r.u64(&what)?;
         let ty = TensorType::from_id(type_id).ok_or_else(|| {
@@ -501,40 +528,84 @@ fn read_tensor_infos(r: &mut Reader<'_>, tensor_count: u64) -> Result<Vec<RawTen
     Ok(raw_infos)
 }
 
+/// Errors on a name llama.cpp would refuse: one it has seen already (which copy would win is up
+/// to the reader) or one of `GGML_MAX_NAME` bytes or more.
+fn check_tensor_name(path: &Path, name: &str, seen: &mut HashSet<String>) -> Result<(), LoadError> {
+    if name.len() >= MAX_NAME {
+        return Err(LoadError::invalid(
+            path,
+            format!("tensor {name}: its name is {} bytes; GGUF allows at most {}", name.len(), MAX_NAME - 1),
+        ));
+    }
+    if !seen.insert(name.to_string()) {
+        return Err(LoadError::invalid(path, format!("tensor {name} appears more than once")));
+    }
+    Ok(())
+}
+
+/// Errors on a zero dimension, one beyond `i64` (ggml's `int64_t ne`, so a negative one there),
+/// or an element count that overflows `i64`, as llama.cpp's `gguf_init_from_file_impl` does.
+fn check_dims(path: &Path, name: &str, dims: &[u64]) -> Result<(), LoadError> {
+    if let Some(d) = dims.iter().find(|&&d| d == 0 || d > i64::MAX as u64) {
+        return Err(LoadError::invalid(
+            path,
+            format!("tensor {name}: dimension {d} in {dims:?}; every dimension must be in 1..=2^63-1"),
+        ));
+    }
+    if dims.iter().try_fold(1i64, |n, &d| n.checked_mul(d as i64)).is_none() {
+        return Err(LoadError::invalid(path, format!("tensor {name}: dims {dims:?} overflow a 64-bit element count")));
+    }
+    Ok(())
+}
+
+/// Where the data section lies and how its tensors are aligned.
+#[derive(Debug, Clone, Copy)]
+struct DataSection {
+    /// Absolute offset of the section: the first multiple of `alignment` after the tensor infos.
+    start: u64,
+    /// `general.alignment` (default 32): a power of two, each tensor offset a multiple of it.
+    alignment: u64,
+}
+
+/// `general.alignment`, which llama.cpp requires to be a `u32` non-zero power of two.
+fn alignment(path: &Path, metadata: &BTreeMap<String, GgufValue>) -> Result<u64, LoadError> {
+    match metadata.get("general.alignment") {
+        None => Ok(DEFAULT_ALIGNMENT),
+        Some(GgufValue::U32(a)) if a.is_power_of_two() => Ok(u64::from(*a)),
+        Some(v) => {
+            Err(LoadError::invalid(path, format!("general.alignment is {v:?}; it must be a u32 non-zero power of two")))
+        }
+    }
+}
+
 /// Where the data section starts: the first multiple of `general.alignment` at or after
 /// `infos_end`, the end of the tensor infos.
-fn data_section_start(
+fn data_section(
     path: &Path,
     metadata: &BTreeMap<String, GgufValue>,
     infos_end: usize,
     file_len: usize,
-) -> Result<u64, LoadError> {
-    let alignment = match metadata.get("general.alignment") {
-        None => DEFAULT_ALIGNMENT,
-        Some(v) => match v.as_u64() {
-            Some(a) if a > 0 && a.is_power_of_two() => a,
-            _ => {
-                return Err(LoadError::invalid(path, format!("general.alignment {v:?} is not a power of two")));
-            }
-        },
-    };
-    let data_start = (infos_end as u64).div_ceil(alignment).saturating_mul(alignment);
-    if data_start > file_len as u64 {
+) -> Result<DataSection, LoadError> {
+    let alignment = alignment(path, metadata)?;
+    let start = (infos_end as u64).div_ceil(alignment).saturating_mul(alignment);
+    if start > file_len as u64 {
         return Err(LoadError::truncated(
             path,
-            format!("the data section starts at byte {data_start}, the file has {file_len} bytes"),
+            format!("the data section starts at byte {start}, the file has {file_len} bytes"),
         ));
     }
-    Ok(data_start)
+    Ok(DataSection { start, alignment })
 }
 
-/// Each tensor's absolute byte range, checked to be whole blocks within the file.
+/// Each tensor's absolute byte range, checked to be whole blocks within the file at an offset
+/// that is a multiple of the alignment.
 fn locate_tensors(
     path: &Path,
     raw_infos: Vec<RawTensorInfo>,
-    data_start: u64,
+    data: DataSection,
     file_len: u64,
 ) -> Result<Vec<TensorInfo>, LoadError> {
+    let data_start = data.start;
     let data_len = file_len - data_start;
     let mut infos = Vec::with_capacity(raw_infos.len());
     for RawTensorInfo { name, dims, ty, offset } in raw_infos {
@@ -560,6 +631,15 @@ fn locate_tensors(
                 ),
             )
         })?;
+        if !offset.is_multiple_of(data.alignment) {
+            return Err(LoadError::invalid(
+                path,
+                format!(
+                    "tensor {name}: data offset {offset} is not a multiple of general.alignment {}",
+                    data.alignment
+                ),
+            ));
+        }
         infos.push(TensorInfo {
             name,
             dims,
@@ -569,6 +649,49 @@ fn locate_tensors(
         });
     }
     Ok(infos)
+}
+
+/// Errors when two tensors share bytes (each would read the other's data), naming both.
+fn check_no_overlap(path: &Path, infos: &[TensorInfo], data_start: u64) -> Result<(), LoadError> {
+    let mut by_start: Vec<&TensorInfo> = infos.iter().collect();
+    by_start.sort_by_key(|t| t.start);
+    let rel = |t: &TensorInfo| (t.start as u64 - data_start, t.end as u64 - data_start);
+    for pair in by_start.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if b.start < a.end {
+            let ((a0, a1), (b0, b1)) = (rel(a), rel(b));
+            return Err(LoadError::invalid(
+                path,
+                format!(
+                    "tensor {}: data bytes {b0}..{b1} overlap tensor {}'s bytes {a0}..{a1} (data section offsets)",
+                    b.name, a.name
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// llama.cpp's layout rule: the tensors' data follow each other in the order of their infos,
+/// each starting where the previous one ends rounded up to the alignment.
+fn check_file_order(path: &Path, infos: &[TensorInfo], data: DataSection) -> Result<(), LoadError> {
+    let mut expected = 0u64;
+    for t in infos {
+        let offset = t.start as u64 - data.start;
+        if offset != expected {
+            return Err(LoadError::invalid(
+                path,
+                format!(
+                    "tensor {}: data offset {offset}, expected {expected}: GGUF tensors are stored in the order \
+                     of their infos, each padded to general.alignment {} (as llama.cpp requires)",
+                    t.name, data.alignment
+                ),
+            ));
+        }
+        // `end` is within the file, so rounding it up cannot overflow.
+        expected = (t.end as u64 - data.start).next_multiple_of(data.alignment);
+    }
+    Ok(())
 }
 
 fn tokenizer_metadata(m: &BTreeMap<String, GgufValue>) -> GgufTokenizerMetadata {
@@ -627,6 +750,8 @@ impl TensorTable<'_> {
         }
         let data = decode(info.ty, &self.bytes[info.start..info.end], shape.iter().product())
             .map_err(|e| LoadError::invalid(path, format!("tensor {name}: {e}")))?;
+        // After dequantizing: a NaN block scale makes a whole block NaN.
+        crate::input::check_finite(path, name, &data)?;
         HostTensor::new(shape.to_vec(), data)
             .ok_or_else(|| LoadError::invalid(path, format!("tensor {name}: element count does not match {shape:?}")))
     }

@@ -76,7 +76,8 @@ pub const SUPPORTED_ARCHITECTURES: &str = "LlamaForCausalLM, MistralForCausalLM,
 /// [`LoadError::VocabMismatch`] when the tokenizer's vocabulary differs from the model's.
 pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, LoadError> {
     let config_path = dir.join("config.json");
-    if !config_path.is_file() {
+    // `exists`, not `is_file`: a config.json that is a pipe or a device is refused by name below.
+    if !config_path.exists() {
         return Err(LoadError::invalid(
             dir,
             "is a folder without config.json; a Hugging Face model folder needs config.json, \
@@ -86,10 +87,11 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
     let config = read_json(&config_path)?;
     let arch = parse_config(&config_path, &config)?;
     let shards = Shards::open(dir)?;
+    check_layer_count(&config_path, &shards, &arch)?;
     let model = build_model(&shards, arch)?;
 
     let tokenizer_path = tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);
-    if !tokenizer_path.is_file() {
+    if !tokenizer_path.exists() {
         return Err(LoadError::invalid(&tokenizer_path, "not found; a Hugging Face model folder needs tokenizer.json"));
     }
     let inner = read_tokenizer_json(&tokenizer_path)?;
@@ -122,12 +124,12 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
 }
 
 fn read_json(path: &Path) -> Result<Value, LoadError> {
-    let bytes = std::fs::read(path).map_err(|e| LoadError::io(path, e))?;
+    let bytes = crate::input::read_file(path, crate::input::MAX_JSON_BYTES)?;
     serde_json::from_slice(&bytes).map_err(|e| LoadError::invalid(path, format!("not valid JSON: {e}")))
 }
 
 fn optional_json(path: &Path) -> Result<Option<Value>, LoadError> {
-    if path.is_file() { read_json(path).map(Some) } else { Ok(None) }
+    if path.exists() { read_json(path).map(Some) } else { Ok(None) }
 }
 
 /// A special token in `tokenizer_config.json`: a string or `{"content": ...}` (`AddedToken`).
@@ -315,7 +317,7 @@ fn check_head_dim(config: &Config<'_>, dim: usize, n_heads: usize) -> Result<(),
         return Ok(());
     };
     let head_dim = config.int("head_dim", Some(default_head_dim))?;
-    if head_dim * n_heads != dim {
+    if head_dim.checked_mul(n_heads) != Some(dim) {
         return Err(config.bad(format!(
             "head_dim {head_dim} × num_attention_heads {n_heads} ≠ hidden_size {dim}; \
              qdrift supports head_dim = hidden_size / num_attention_heads only"
@@ -370,9 +372,9 @@ impl Shards {
     fn open(dir: &Path) -> Result<Self, LoadError> {
         let single = dir.join("model.safetensors");
         let index_path = dir.join("model.safetensors.index.json");
-        let names: Vec<PathBuf> = if single.is_file() {
+        let names: Vec<PathBuf> = if single.exists() {
             vec![single]
-        } else if index_path.is_file() {
+        } else if index_path.exists() {
             let index = read_json(&index_path)?;
             let map = index
                 .get("weight_map")
@@ -401,7 +403,11 @@ impl Shards {
         let mut files = Vec::with_capacity(names.len());
         let mut index = HashMap::new();
         for (i, path) in names.into_iter().enumerate() {
+            // Checked before opening: opening a named pipe blocks, and a device maps endlessly.
+            crate::input::regular_file_len(&path)?;
             let file = std::fs::File::open(&path).map_err(|e| LoadError::io(&path, e))?;
+            let opened = file.metadata().map_err(|e| LoadError::io(&path, e))?;
+            crate::input::check_regular(&path, opened.file_type())?;
             // SAFETY: the map is read-only and private; as for every memory-mapped reader, a file
             // truncated by another process while mapped may fault. Model files are not rewritten
             // in place by the tools that produce them (they write and rename).
@@ -445,6 +451,7 @@ impl Shards {
         let (begin, end) = info.data_offsets;
         let bytes = &f.map[f.data_start + begin..f.data_start + end];
         let data = to_f32(info.dtype, bytes).map_err(|m| LoadError::invalid(&f.path, format!("tensor {name}: {m}")))?;
+        crate::input::check_finite(&f.path, name, &data)?;
         HostTensor::new(shape.to_vec(), data).map(Some).ok_or_else(|| {
             LoadError::invalid(&f.path, format!("tensor {name}: byte count does not match shape {shape:?}"))
         })
@@ -559,6 +566,26 @@ pub(crate) fn to_f32(dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, String> {
             return Err(format!("dtype {other:?} is not supported; supported: F32, F16, BF16"));
         }
     })
+}
+
+/// Tensors every layer has whatever the architecture: seven linears and two norms.
+const TENSORS_PER_LAYER: usize = 9;
+
+/// Refuses a `num_hidden_layers` the safetensors files cannot hold, before the layer list is
+/// allocated (an absurd count would otherwise abort the process on allocation).
+fn check_layer_count(config_path: &Path, shards: &Shards, arch: &LlamaArch) -> Result<(), LoadError> {
+    let present = shards.index.len();
+    if arch.n_layers.checked_mul(TENSORS_PER_LAYER).is_none_or(|needed| needed > present) {
+        return Err(LoadError::invalid(
+            config_path,
+            format!(
+                "num_hidden_layers {} needs at least {TENSORS_PER_LAYER} tensors per layer but the safetensors files \
+                 hold {present} tensors in all",
+                arch.n_layers
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn build_model(shards: &Shards, mut arch: LlamaArch) -> Result<HostModel, LoadError> {

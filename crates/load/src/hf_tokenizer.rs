@@ -239,7 +239,7 @@ pub(crate) fn gguf_byte_level_bpe(
 
 /// Reads a Hugging Face `tokenizer.json` (the `tokenizers` serialization).
 pub(crate) fn read_tokenizer_json(path: &Path) -> Result<tokenizers::Tokenizer, LoadError> {
-    let bytes = std::fs::read(path).map_err(|e| LoadError::io(path, e))?;
+    let bytes = crate::input::read_file(path, crate::input::MAX_TOKENIZER_BYTES)?;
     tokenizers::Tokenizer::from_bytes(&bytes)
         .map_err(|e| LoadError::invalid(path, format!("not a tokenizers JSON file this version reads: {e}")))
 }

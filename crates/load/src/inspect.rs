@@ -77,8 +77,9 @@ impl WeightStorage for Fp32 {
         "fp32".to_string()
     }
 
+    /// Saturates rather than overflowing; [`inspect`] reports a saturated total as an overflow.
     fn matrix_bytes(&self, rows: u64, cols: u64) -> u64 {
-        4 * rows * cols
+        rows.saturating_mul(cols).saturating_mul(4)
     }
 
     fn vector_bytes(&self) -> u64 {
@@ -147,6 +148,25 @@ pub struct Inspection {
     pub flops_per_token: FlopsPerToken,
 }
 
+/// A figure of [`inspect`] that does not fit in 64 bits: sizes come from files and flags, so
+/// every product and sum is checked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{quantity} does not fit in 64 bits")]
+pub struct SizeOverflow {
+    /// The figure (`KV-cache bytes`, `parameters`, ...).
+    pub quantity: &'static str,
+}
+
+/// `Σ terms`, or [`SizeOverflow`] naming `quantity`.
+fn sum(quantity: &'static str, terms: &[u64]) -> Result<u64, SizeOverflow> {
+    terms.iter().try_fold(0u64, |s, &t| s.checked_add(t)).ok_or(SizeOverflow { quantity })
+}
+
+/// `Π factors`, or [`SizeOverflow`] naming `quantity`.
+fn product(quantity: &'static str, factors: &[u64]) -> Result<u64, SizeOverflow> {
+    factors.iter().try_fold(1u64, |p, &f| p.checked_mul(f)).ok_or(SizeOverflow { quantity })
+}
+
 /// The `[rows, cols]` of every matrix of one layer: `wq`, `wk`, `wv`, `wo`, `w_gate`, `w_up`,
 /// `w_down`.
 fn layer_matrices(a: &LlamaArch) -> [(u64, u64); 7] {
@@ -156,14 +176,25 @@ fn layer_matrices(a: &LlamaArch) -> [(u64, u64); 7] {
 }
 
 /// Values of the vectors of one layer: two RMSNorm weights, and q/k/v biases when present.
-fn layer_vector_params(a: &LlamaArch, biases: bool) -> u64 {
-    let (q, kv) = ((a.n_heads * a.head_dim()) as u64, a.kv_dim() as u64);
-    2 * a.dim as u64 + if biases { q + 2 * kv } else { 0 }
+fn layer_vector_params(a: &LlamaArch, biases: bool) -> Result<u64, SizeOverflow> {
+    let (d, q, kv) = (a.dim as u64, (a.n_heads * a.head_dim()) as u64, a.kv_dim() as u64);
+    let what = "parameters per layer";
+    if biases { sum(what, &[d, d, q, kv, kv]) } else { sum(what, &[d, d]) }
+}
+
+/// `Σ rows·cols` of one layer's matrices.
+fn layer_matmul_params(a: &LlamaArch) -> Result<u64, SizeOverflow> {
+    let sizes = layer_matrices(a).map(|(r, c)| product("parameters per layer", &[r, c]));
+    sum("parameters per layer", &sizes.into_iter().collect::<Result<Vec<_>, _>>()?)
 }
 
 /// Inspects an architecture. `source_dtypes` are `(tensor, dtype)` pairs of the source file
 /// (may be empty), `biases` whether the layers carry q/k/v biases; weight memory is accounted
 /// under each of `storages`, in that order.
+///
+/// # Errors
+/// [`SizeOverflow`] when a figure does not fit in 64 bits (an absurd `seq_len` or `batch`, or an
+/// architecture no file could hold).
 pub fn inspect(
     arch: &LlamaArch,
     source_dtypes: &[(String, String)],
@@ -171,19 +202,19 @@ pub fn inspect(
     seq_len: usize,
     batch: usize,
     storages: &[&dyn WeightStorage],
-) -> Inspection {
-    Inspection {
+) -> Result<Inspection, SizeOverflow> {
+    Ok(Inspection {
         architecture: arch.architecture.clone(),
         format: None,
         synthetic: false,
         arch: arch.clone(),
         biases,
-        params: param_counts(arch, biases),
+        params: param_counts(arch, biases)?,
         source_dtypes: dtype_counts(source_dtypes),
-        weight_bytes: storages.iter().map(|s| weight_bytes(arch, biases, *s)).collect(),
-        kv_cache: kv_cache_bytes(arch, seq_len, batch),
-        flops_per_token: flops_per_token(arch, seq_len),
-    }
+        weight_bytes: storages.iter().map(|s| weight_bytes(arch, biases, *s)).collect::<Result<_, _>>()?,
+        kv_cache: kv_cache_bytes(arch, seq_len, batch)?,
+        flops_per_token: flops_per_token(arch, seq_len)?,
+    })
 }
 
 /// Inspects the model at `path` as `qdrift inspect` does: a `synthetic:NAME[:SEED]` preset from
@@ -191,7 +222,8 @@ pub fn inspect(
 /// with [`open_model`] (and `tokenizer`, if given). `seq_len` defaults to the model's context.
 ///
 /// # Errors
-/// An unknown preset or a bad seed; [`open_model`]'s errors.
+/// An unknown preset or a bad seed; [`open_model`]'s errors; [`LoadError::Overflow`] naming the
+/// model, the figure and the `seq_len` (and where it came from) and `batch` it was computed for.
 pub fn inspect_path(
     path: &Path,
     tokenizer: Option<&Path>,
@@ -203,17 +235,38 @@ pub fn inspect_path(
         let (name, _seed) = synthetic::parse_spec(spec)?;
         let arch = synthetic::preset_arch(name)?;
         let seq = seq_len.unwrap_or(arch.max_seq_len);
-        return Ok(inspect(&arch, &[], false, seq, batch, storages).with_format(ModelFormat::Synthetic));
+        let inspection = inspect(&arch, &[], false, seq, batch, storages)
+            .map_err(|e| overflow_error(path, e, seq_len.is_some(), seq, batch))?;
+        return Ok(inspection.with_format(ModelFormat::Synthetic));
     }
     let loaded = open_model(path, tokenizer)?;
     let seq = seq_len.unwrap_or(loaded.model.arch.max_seq_len);
-    Ok(inspect_loaded(&loaded, seq, batch, storages))
+    inspect_loaded(&loaded, seq, batch, storages).map_err(|e| overflow_error(path, e, seq_len.is_some(), seq, batch))
+}
+
+/// [`LoadError::Overflow`] for `path`, saying whether `seq` was asked for or is the model's own
+/// context length (a file can declare 2^62).
+fn overflow_error(path: &Path, e: SizeOverflow, seq_asked: bool, seq: usize, batch: usize) -> LoadError {
+    let origin = if seq_asked { "as asked" } else { "the model's context length" };
+    LoadError::Overflow {
+        path: path.to_path_buf(),
+        quantity: e.quantity.to_string(),
+        inputs: format!("seq_len {seq} ({origin}), batch {batch}"),
+    }
 }
 
 /// [`inspect`] of a loaded model, with its format, source dtypes and biases.
-pub fn inspect_loaded(m: &LoadedModel, seq_len: usize, batch: usize, storages: &[&dyn WeightStorage]) -> Inspection {
+///
+/// # Errors
+/// [`SizeOverflow`] as [`inspect`].
+pub fn inspect_loaded(
+    m: &LoadedModel,
+    seq_len: usize,
+    batch: usize,
+    storages: &[&dyn WeightStorage],
+) -> Result<Inspection, SizeOverflow> {
     let biases = m.model.layers.iter().any(|l| l.bq.is_some() || l.bk.is_some() || l.bv.is_some());
-    inspect(&m.model.arch, &m.source_dtypes, biases, seq_len, batch, storages).with_format(m.format)
+    Ok(inspect(&m.model.arch, &m.source_dtypes, biases, seq_len, batch, storages)?.with_format(m.format))
 }
 
 impl Inspection {
@@ -224,48 +277,62 @@ impl Inspection {
 }
 
 /// Parameter counts (see the module docs).
-fn param_counts(arch: &LlamaArch, biases: bool) -> ParamCounts {
+fn param_counts(arch: &LlamaArch, biases: bool) -> Result<ParamCounts, SizeOverflow> {
     let (d, v, l) = (arch.dim as u64, arch.vocab_size as u64, arch.n_layers as u64);
-    let linears: u64 = layer_matrices(arch).iter().map(|(r, c)| r * c).sum();
-    let per_layer = linears + layer_vector_params(arch, biases);
-    let embedding = v * d;
-    let head = if arch.tied_embeddings { 0 } else { v * d };
-    ParamCounts {
+    let what = "parameters";
+    let per_layer = sum(what, &[layer_matmul_params(arch)?, layer_vector_params(arch, biases)?])?;
+    let embedding = product(what, &[v, d])?;
+    let head = if arch.tied_embeddings { 0 } else { embedding };
+    let layers = product(what, &[l, per_layer])?;
+    Ok(ParamCounts {
         embedding,
         per_layer,
-        layers: l * per_layer,
+        layers,
         final_norm: d,
         head,
-        total: embedding + l * per_layer + d + head,
-    }
+        total: sum(what, &[embedding, layers, d, head])?,
+    })
 }
 
 /// Bytes of every weight under `storage`: the embedding, the layers' matrices and vectors, the
 /// final norm and an untied head.
-fn weight_bytes(arch: &LlamaArch, biases: bool, storage: &dyn WeightStorage) -> SchemeBytes {
+fn weight_bytes(arch: &LlamaArch, biases: bool, storage: &dyn WeightStorage) -> Result<SchemeBytes, SizeOverflow> {
     let (d, v, l) = (arch.dim as u64, arch.vocab_size as u64, arch.n_layers as u64);
+    let what = "weight bytes";
     let vector = storage.vector_bytes();
-    let layer: u64 = layer_matrices(arch).iter().map(|&(r, c)| storage.matrix_bytes(r, c)).sum::<u64>()
-        + vector * layer_vector_params(arch, biases);
+    let matrices = layer_matrices(arch).map(|(r, c)| storage.matrix_bytes(r, c));
+    let layer = sum(what, &[sum(what, &matrices)?, product(what, &[vector, layer_vector_params(arch, biases)?])?])?;
     let embedding = storage.matrix_bytes(v, d);
-    let head = if arch.tied_embeddings { 0 } else { storage.matrix_bytes(v, d) };
-    SchemeBytes { scheme: storage.name(), bytes: embedding + l * layer + vector * d + head }
+    let head = if arch.tied_embeddings { 0 } else { embedding };
+    let bytes = sum(what, &[embedding, product(what, &[l, layer])?, product(what, &[vector, d])?, head])?;
+    // `matrix_bytes` saturates where it would overflow.
+    if bytes == u64::MAX {
+        return Err(SizeOverflow { quantity: what });
+    }
+    Ok(SchemeBytes { scheme: storage.name(), bytes })
 }
 
 /// KV-cache bytes for `seq_len` positions of `batch` sequences.
-fn kv_cache_bytes(arch: &LlamaArch, seq_len: usize, batch: usize) -> KvCacheBytes {
+fn kv_cache_bytes(arch: &LlamaArch, seq_len: usize, batch: usize) -> Result<KvCacheBytes, SizeOverflow> {
     let (seq, b) = (seq_len as u64, batch as u64);
-    let entries = 2 * arch.n_layers as u64 * arch.n_kv_heads as u64 * arch.head_dim() as u64 * seq * b;
-    KvCacheBytes { seq_len: seq, batch: b, f32_bytes: 4 * entries, f16_bytes: 2 * entries }
+    let what = "KV-cache bytes";
+    let entries = product(what, &[2, arch.n_layers as u64, arch.n_kv_heads as u64, arch.head_dim() as u64, seq, b])?;
+    Ok(KvCacheBytes {
+        seq_len: seq,
+        batch: b,
+        f32_bytes: product(what, &[4, entries])?,
+        f16_bytes: product(what, &[2, entries])?,
+    })
 }
 
 /// FLOPs of one generated token at context `seq_len` (see the module docs).
-fn flops_per_token(arch: &LlamaArch, seq_len: usize) -> FlopsPerToken {
+fn flops_per_token(arch: &LlamaArch, seq_len: usize) -> Result<FlopsPerToken, SizeOverflow> {
     let (d, v, l) = (arch.dim as u64, arch.vocab_size as u64, arch.n_layers as u64);
-    let linears: u64 = layer_matrices(arch).iter().map(|(r, c)| r * c).sum();
-    let matmul = 2 * (l * linears + v * d);
-    let attention = 2 * 2 * l * arch.n_heads as u64 * arch.head_dim() as u64 * seq_len as u64;
-    FlopsPerToken { context: seq_len as u64, matmul, attention, total: matmul + attention }
+    let what = "FLOPs per token";
+    let params = sum(what, &[product(what, &[l, layer_matmul_params(arch)?])?, product(what, &[v, d])?])?;
+    let matmul = product(what, &[2, params])?;
+    let attention = product(what, &[2, 2, l, arch.n_heads as u64, arch.head_dim() as u64, seq_len as u64])?;
+    Ok(FlopsPerToken { context: seq_len as u64, matmul, attention, total: sum(what, &[matmul, attention])? })
 }
 
 /// Tensors per dtype, most frequent first (ties by name).

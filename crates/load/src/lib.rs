@@ -16,7 +16,10 @@
 //!
 //! Every reader checks the file against its spec (cited in each module) before allocating, and
 //! every bad input is a [`LoadError`] naming the file and, where it applies, the tensor and its
-//! expected shape. [`LoadedModel`] also carries the source dtypes, the chat template and the
+//! expected shape. Before a file is opened its type is checked (a named pipe, a device or a
+//! socket is refused unopened); small files read whole (JSON, tokenizers) have a size cap;
+//! declared counts are checked against the file's length before anything is allocated; every
+//! weight is checked to be finite after decoding. [`LoadedModel`] also carries the source dtypes, the chat template and the
 //! [`ModelFormat`] (which says whether the weights are synthetic) for reports.
 //!
 //! Beside the readers: [`write`](mod@write) writes a model as a Hugging Face folder or a GGUF file (fixtures
@@ -33,6 +36,7 @@ mod gguf;
 mod gguf_tokenizer;
 mod hf;
 mod hf_tokenizer;
+mod input;
 pub mod inspect;
 mod llama2c;
 mod open;

@@ -21,7 +21,7 @@ const HEADER_BYTES: usize = 7 * 4;
 /// The file size must match the header exactly; a shorter file is reported as truncated, a
 /// longer one as inconsistent with its header.
 pub fn read_llama2c_checkpoint(path: &Path) -> Result<HostModel, LoadError> {
-    let bytes = std::fs::read(path).map_err(|e| LoadError::io(path, e))?;
+    let bytes = crate::input::read_file(path, crate::input::NO_CAP)?;
     parse_llama2c(path, &bytes)
 }
 
@@ -173,6 +173,7 @@ fn read_weights(arch: LlamaArch, body: &[u8]) -> HostModel {
     HostModel { arch, token_embedding, layers, final_norm, output }
 }
 
+/// The first NaN or infinity of the model, named by llama2.c's field names.
 fn check_finite(path: &Path, model: &HostModel) -> Result<(), LoadError> {
     let mut named: Vec<(String, &HostTensor)> = vec![("token_embedding".into(), &model.token_embedding)];
     for (i, l) in model.layers.iter().enumerate() {
@@ -186,12 +187,7 @@ fn check_finite(path: &Path, model: &HostModel) -> Result<(), LoadError> {
     if let Some(o) = &model.output {
         named.push(("output".into(), o));
     }
-    for (name, t) in named {
-        if let Some(i) = t.data.iter().position(|v| !v.is_finite()) {
-            return Err(LoadError::invalid(path, format!("tensor {name} has a non-finite value at index {i}")));
-        }
-    }
-    Ok(())
+    named.iter().try_for_each(|(name, t)| crate::input::check_finite(path, name, &t.data))
 }
 
 #[cfg(test)]

@@ -108,6 +108,8 @@ pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, 
     if meta.is_dir() {
         return read_hf_folder(path, tokenizer);
     }
+    // Before any reader opens it: a named pipe would block, a device would never end.
+    crate::input::check_regular(path, meta.file_type())?;
     if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
         if let Some(t) = tokenizer {
             return Err(LoadError::invalid(

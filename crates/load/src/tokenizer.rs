@@ -65,7 +65,7 @@ pub struct SpecialIds {
 impl Llama2cTokenizer {
     /// Reads a llama2.c `tokenizer.bin`.
     pub fn read(path: &Path) -> Result<Self, LoadError> {
-        let bytes = std::fs::read(path).map_err(|e| LoadError::io(path, e))?;
+        let bytes = crate::input::read_file(path, crate::input::MAX_TOKENIZER_BYTES)?;
         Self::parse(path, &bytes)
     }
 

@@ -31,7 +31,7 @@ fn bytes_of(i: &qdrift_load::inspect::Inspection, scheme: &str) -> u64 {
 
 #[test]
 fn stories260k_by_hand() {
-    let i = inspect(&stories_arch(), &[], false, 256, 1, &[&Fp32]);
+    let i = inspect(&stories_arch(), &[], false, 256, 1, &[&Fp32]).expect("fits");
     // head_dim = 64/8 = 8; q = 8·8 = 64; kv = 4·8 = 32.
     // Linears per layer: wq 64·64 + wk 32·64 + wv 32·64 + wo 64·64 + 3 · 172·64
     let linears = 4096 + 2048 + 2048 + 4096 + 3 * 11008; // = 45,312
@@ -60,7 +60,7 @@ fn stories260k_by_hand() {
 #[test]
 fn smollm2_135m_by_hand() {
     let arch = synthetic_arch("smollm2-135m").expect("preset");
-    let i = inspect(&arch, &[], false, 2048, 4, &[&Fp32]);
+    let i = inspect(&arch, &[], false, 2048, 4, &[&Fp32]).expect("fits");
     // d 576, h 1536, 9 heads of 64, 3 kv heads: q = 576, kv = 192.
     let linears = 576 * 576 * 2 + 192 * 576 * 2 + 3 * 1536 * 576; // 3,538,944
     assert_eq!(i.params.per_layer, linears + 2 * 576);
@@ -77,7 +77,7 @@ fn smollm2_135m_by_hand() {
 
 #[test]
 fn llama_8b_counts_an_untied_head_and_needs_no_weights() {
-    let i = inspect(&synthetic_arch("llama-8b").expect("preset"), &[], false, 8192, 1, &[]);
+    let i = inspect(&synthetic_arch("llama-8b").expect("preset"), &[], false, 8192, 1, &[]).expect("fits");
     assert_eq!(i.params.head, 128_256 * 4096);
     assert_eq!(i.params.total, 8_030_261_248);
     // 2 · 32 · 8 · 128 · 8192 · 2 bytes = 1 GiB of f16 KV cache at 8k context.
@@ -98,7 +98,7 @@ fn smollm2_gguf_source_dtypes_and_flags() {
         return;
     }
     let m = open_model(&p, None).expect("opens");
-    let i = inspect_loaded(&m, 512, 1, &[&Fp32]);
+    let i = inspect_loaded(&m, 512, 1, &[&Fp32]).expect("fits");
     assert_eq!(i.format, Some(ModelFormat::Gguf));
     assert!(!i.synthetic);
     assert_eq!(i.params.total, 134_515_008);
@@ -111,7 +111,7 @@ fn smollm2_gguf_source_dtypes_and_flags() {
 #[test]
 fn synthetic_runs_are_marked() {
     let m = open_model(&PathBuf::from("synthetic:tiny"), None).expect("tiny");
-    let i = inspect_loaded(&m, 16, 2, &[]);
+    let i = inspect_loaded(&m, 16, 2, &[]).expect("fits");
     assert!(i.synthetic);
     assert!(i.to_string().contains("SYNTHETIC"));
     assert_eq!(i.source_dtypes, vec![qdrift_load::inspect::DtypeCount { dtype: "F32".into(), tensors: 2 * 9 + 2 }]);

@@ -67,7 +67,7 @@ fn inspect_all(arch: &LlamaArch) -> Inspection {
     let footprints = SchemeFootprint::all();
     let mut storages: Vec<&dyn WeightStorage> = vec![&Fp32];
     storages.extend(footprints.iter().map(|f| f as &dyn WeightStorage));
-    inspect(arch, &[], false, 256, 1, &storages)
+    inspect(arch, &[], false, 256, 1, &storages).expect("fits in 64 bits")
 }
 
 fn bytes_of(i: &Inspection, scheme: &str) -> u64 {

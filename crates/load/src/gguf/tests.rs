@@ -535,3 +535,49 @@ fn smollm2_q4_1_gguf() {
     let finite = |t: &HostTensor| t.data.iter().all(|v| v.is_finite());
     assert!(finite(&g.model.token_embedding) && g.model.layers.iter().all(|l| finite(&l.wq) && finite(&l.w_down)));
 }
+
+#[test]
+fn more_than_four_dims_are_refused() {
+    let mut w = tiny();
+    w.tensors[10].1 = vec![DIM as u64, 1, 1, 1, 1];
+    assert_eq!(error(&w.build()), "tiny.gguf: tensor output_norm.weight: 5 dimensions; GGUF allows at most 4");
+}
+
+#[test]
+fn names_of_64_bytes_or_more_are_refused() {
+    let mut w = tiny();
+    let long = "x".repeat(64);
+    w.tensor(&long, &[DIM], F32, &values(1, DIM));
+    assert_eq!(error(&w.build()), format!("tiny.gguf: tensor {long}: its name is 64 bytes; GGUF allows at most 63"));
+}
+
+#[test]
+fn rows_that_are_not_whole_blocks_are_refused() {
+    // Q8_0 blocks hold 32 values; a row of 16 cannot be stored.
+    let mut w = tiny();
+    w.tensors[9].1 = vec![16, 16];
+    let e = error(&w.build());
+    assert!(
+        e.starts_with("tiny.gguf: tensor blk.0.ffn_down.weight: dims [16, 16] are not a whole number of Q8_0"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_nan_block_scale_is_found_after_dequantizing() {
+    // Q8_0 block: f16 scale then 32 i8 codes; a NaN scale makes the block's 32 values NaN.
+    let mut w = tiny();
+    let block = 34;
+    w.tensors[9].3[2 * block..2 * block + 2].copy_from_slice(&half::f16::NAN.to_le_bytes());
+    assert_eq!(
+        error(&w.build()),
+        "tiny.gguf: tensor blk.0.ffn_down.weight has a non-finite value (NaN) at flat index 64"
+    );
+}
+
+#[test]
+fn a_metadata_key_written_twice_is_refused() {
+    let mut w = tiny();
+    w.kv_raw("llama.context_length", 10, &(1u64 << 62).to_le_bytes());
+    assert!(error(&w.build()).ends_with("metadata key llama.context_length appears more than once"));
+}

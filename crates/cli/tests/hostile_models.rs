@@ -1,0 +1,161 @@
+//! Hostile model files on the command line (issue #13): sizes that overflow, inputs that never
+//! end, weights that are not numbers. Every case exits 1 within seconds with one `qdrift: error:`
+//! line naming the file (or flag) and the problem, prints nothing on stdout and leaves no `--out`.
+//! The fixtures are the synthetic `tiny` model written as GGUF by `qdrift_load::write`; the
+//! library-level cases are in `crates/load/tests/hostile_files.rs`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use qdrift_load::write::{WriteDtype, write_gguf};
+use qdrift_load::{HostModel, byte_tokenizer, synthetic_model};
+
+/// Every refusal must come this fast (the issue's bound; these take milliseconds).
+const QUICK: Duration = Duration::from_secs(20);
+
+fn qdrift() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_qdrift"))
+}
+
+fn tiny() -> HostModel {
+    synthetic_model("tiny", 3).expect("tiny").model
+}
+
+/// `model` written as `m.gguf` (F32) in `dir`.
+fn gguf_in(dir: &Path, model: &HostModel) -> PathBuf {
+    let path = dir.join("m.gguf");
+    write_gguf(&path, model, &byte_tokenizer(320).expect("tok"), WriteDtype::F32).expect("written");
+    path
+}
+
+/// Offset just past the length-prefixed string `s` (a metadata key) in `bytes`.
+fn after_str(bytes: &[u8], s: &str) -> usize {
+    let mut key = (s.len() as u64).to_le_bytes().to_vec();
+    key.extend(s.as_bytes());
+    bytes.windows(key.len()).position(|w| w == key).unwrap_or_else(|| panic!("{s} not in file")) + key.len()
+}
+
+/// A GGUF of `tiny` in `dir` whose `llama.context_length` is the u64 `context` (the writer
+/// stores a u32: the value is widened in place and `general.name` gives back the 4 bytes).
+fn gguf_with_context(dir: &Path, context: u64) -> PathBuf {
+    let mut m = tiny();
+    m.arch.architecture = "name-9999".into();
+    let path = gguf_in(dir, &m);
+    let bytes = std::fs::read(&path).expect("read");
+    let name = after_str(&bytes, "general.name") + 4;
+    let ctx = after_str(&bytes, "llama.context_length");
+    let mut out = bytes[..name].to_vec();
+    out.extend(5u64.to_le_bytes());
+    out.extend(b"name-");
+    out.extend(&bytes[name + 8 + 9..ctx]);
+    out.extend(10u32.to_le_bytes());
+    out.extend(context.to_le_bytes());
+    out.extend(&bytes[ctx + 8..]);
+    std::fs::write(&path, out).expect("write");
+    path
+}
+
+/// `qdrift eval` of `model` on the CPU with small settings, writing to `out`.
+fn eval(model: &Path, out: &Path) -> Command {
+    let mut c = qdrift();
+    c.args(["eval", "--model"]).arg(model).args(["--backend", "cpu", "--schemes", "int8"]);
+    c.args(["--prompts", "2", "--horizons", "5", "--out"]).arg(out);
+    c
+}
+
+/// Runs `c` (killed after [`QUICK`], so a blocking read fails the test rather than hanging it),
+/// asserting exit code 1, nothing on stdout and one stderr line containing every one of
+/// `needles`; returns that line and how long it took.
+fn refused(mut c: Command, needles: &[&str]) -> (String, Duration) {
+    let start = Instant::now();
+    let mut child = c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("runs");
+    while child.try_wait().expect("waits").is_none() {
+        if start.elapsed() > QUICK {
+            child.kill().expect("kill");
+            panic!("still running after {QUICK:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let took = start.elapsed();
+    let out = child.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(out.stdout.is_empty(), "no partial output: {}", String::from_utf8_lossy(&out.stdout));
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("qdrift: error: ")).collect();
+    assert_eq!(errors.len(), 1, "one error line expected: {stderr}");
+    for n in needles {
+        assert!(errors[0].contains(n), "{n:?} missing from: {}", errors[0]);
+    }
+    (errors[0].to_string(), took)
+}
+
+/// The names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut n: Vec<String> = std::fs::read_dir(dir)
+        .expect("folder reads")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    n.sort();
+    n
+}
+
+#[test]
+fn inspect_of_a_gguf_with_a_context_of_2_pow_62_is_an_overflow_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = gguf_with_context(dir.path(), 1 << 62);
+    let mut c = qdrift();
+    c.args(["inspect", "--model"]).arg(&model);
+    refused(
+        c,
+        &[
+            "m.gguf",
+            "KV-cache bytes does not fit in 64 bits",
+            "seq_len 4611686018427387904 (the model's context length)",
+            "--seq-len",
+        ],
+    );
+}
+
+#[test]
+fn inspect_with_a_huge_seq_len_and_batch_is_an_overflow_error_naming_the_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = gguf_in(dir.path(), &tiny());
+    let mut c = qdrift();
+    c.args(["inspect", "--model"]).arg(&model).args(["--seq-len", "4611686018427387904", "--batch", "1000000"]);
+    refused(c, &["m.gguf", "KV-cache bytes does not fit in 64 bits", "batch 1000000", "lower --seq-len or --batch"]);
+}
+
+#[test]
+fn eval_of_dev_zero_is_refused_at_once() {
+    let root = tempfile::tempdir().unwrap();
+    let (line, took) = refused(
+        eval(Path::new("/dev/zero"), &root.path().join("out")),
+        &["/dev/zero: is a character device, not a regular file"],
+    );
+    eprintln!("{line} ({took:?})");
+    assert!(names(root.path()).is_empty(), "no --out left");
+}
+
+#[test]
+fn eval_of_a_named_pipe_is_refused_without_opening_it() {
+    let root = tempfile::tempdir().unwrap();
+    let fifo = root.path().join("m.gguf");
+    assert!(Command::new("mkfifo").arg(&fifo).status().expect("mkfifo runs").success());
+    let (line, took) = refused(eval(&fifo, &root.path().join("out")), &["m.gguf: is a named pipe (FIFO)"]);
+    eprintln!("{line} ({took:?})");
+    assert_eq!(names(root.path()), vec!["m.gguf"], "no --out left");
+}
+
+#[test]
+fn eval_of_a_gguf_with_a_nan_weight_names_the_tensor() {
+    let root = tempfile::tempdir().unwrap();
+    let mut m = tiny();
+    m.layers[1].w_up.data[5] = f32::NAN;
+    let model = gguf_in(root.path(), &m);
+    refused(
+        eval(&model, &root.path().join("out")),
+        &["m.gguf: tensor blk.1.ffn_up.weight has a non-finite value (NaN) at flat index 5"],
+    );
+    assert_eq!(names(root.path()), vec!["m.gguf"], "no --out left");
+}
