@@ -12,11 +12,14 @@ struct Field {
     width: usize,
 }
 
-/// The layout of a GGUF file as far as it parses: the integer fields worth mutating, the byte
-/// ranges of whole key/value and tensor-info entries, and where the tensor data starts.
+/// The layout of a GGUF file as far as it parses: the integer fields worth mutating (header,
+/// key/value and tensor-info fields apart from the string lengths inside arrays, which would
+/// outnumber them), the byte ranges of whole key/value and tensor-info entries, and where the
+/// tensor data starts.
 #[derive(Default)]
 struct GgufMap {
     fields: Vec<Field>,
+    item_fields: Vec<Field>,
     kv_entries: Vec<(usize, usize)>,
     tensor_entries: Vec<(usize, usize)>,
     data_start: Option<usize>,
@@ -31,16 +34,22 @@ struct Walker<'a> {
 
 impl Walker<'_> {
     fn int(&mut self, width: usize) -> Option<u64> {
+        self.int_in(width, false)
+    }
+
+    /// An integer; `item` says it belongs to an array item (kept apart, see [`GgufMap`]).
+    fn int_in(&mut self, width: usize, item: bool) -> Option<u64> {
         let b = self.bytes.get(self.at..self.at + width)?;
         let mut v = [0u8; 8];
         v[..width].copy_from_slice(b);
-        self.map.fields.push(Field { at: self.at, width });
+        let fields = if item { &mut self.map.item_fields } else { &mut self.map.fields };
+        fields.push(Field { at: self.at, width });
         self.at += width;
         Some(u64::from_le_bytes(v))
     }
 
-    fn string(&mut self) -> Option<()> {
-        let len = usize::try_from(self.int(8)?).ok()?;
+    fn string(&mut self, item: bool) -> Option<()> {
+        let len = usize::try_from(self.int_in(8, item)?).ok()?;
         self.bytes.get(self.at..self.at.checked_add(len)?)?;
         self.at += len;
         Some(())
@@ -53,7 +62,7 @@ impl Walker<'_> {
             2 | 3 => 2,
             4..=6 => 4,
             10..=12 => 8,
-            8 => return self.string(),
+            8 => return self.string(depth > 0),
             9 if depth == 0 => {
                 let item = self.int(4)?;
                 let count = self.int(8)?;
@@ -84,14 +93,14 @@ impl Walker<'_> {
         let n_kv = self.int(8)?;
         for _ in 0..n_kv.min(1 << 16) {
             let start = self.at;
-            self.string()?;
+            self.string(false)?;
             let ty = self.int(4)?;
             self.value(ty, 0)?;
             self.map.kv_entries.push((start, self.at));
         }
         for _ in 0..n_tensors.min(1 << 16) {
             let start = self.at;
-            self.string()?;
+            self.string(false)?;
             let dims = self.int(4)?;
             for _ in 0..dims.min(8) {
                 self.int(8)?;
@@ -113,7 +122,8 @@ pub fn gguf(rng: &mut Rng, seed: &[u8], donors: &[Vec<u8>]) -> Vec<u8> {
     let mut out = seed.to_vec();
     if !map.fields.is_empty() {
         for _ in 0..rng.below(3) + 1 {
-            let f = *rng.pick(&map.fields);
+            let fields = if map.item_fields.is_empty() || !rng.one_in(4) { &map.fields } else { &map.item_fields };
+            let f = *rng.pick(fields);
             let value = if rng.one_in(3) {
                 read_le(&out, f).wrapping_add(rng.below(5) as u64).wrapping_sub(2)
             } else {
