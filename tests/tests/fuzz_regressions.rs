@@ -110,3 +110,19 @@ fn a_panicking_reader_is_caught_as_a_crash_not_a_test_failure() {
     let message = ws.exec(&Panics, &[1]).expect_err("the panic is caught");
     assert!(message.contains("index 1 out of range"), "{message}");
 }
+
+#[test]
+fn the_fuzz_binary_runs_a_target_under_its_supervisor_and_reports_executions() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_qdrift-fuzz"))
+        .args(["--seconds", "1", "--target", "thresholds", "--seed", "3", "--crashes"])
+        .arg(tmp.path())
+        .output()
+        .expect("runs qdrift-fuzz");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let line = stdout.lines().find(|l| l.starts_with("fuzz thresholds")).unwrap_or_else(|| panic!("{stdout}"));
+    let execs: u64 = line.split_whitespace().nth(2).and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(execs > 10, "a second of fuzzing ran {execs} executions: {line}");
+    assert!(line.contains(" 0 crashes"), "{line}");
+}
