@@ -99,3 +99,5 @@ pub fn run_greedy(
     .expect("generation runs");
     (tokens, first_logits)
 }
+
+pub mod fuzz;

