@@ -611,8 +611,9 @@ fn locate_tensors(
     for RawTensorInfo { name, dims, ty, offset } in raw_infos {
         let n_elements = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
         let (block, block_bytes) = ty.block();
-        let size =
-            n_elements.and_then(|n| (dims.first().is_none_or(|ne0| ne0 % block == 0)).then(|| n / block * block_bytes));
+        let size = n_elements
+            .filter(|_| dims.first().is_none_or(|ne0| ne0 % block == 0))
+            .and_then(|n| (n / block).checked_mul(block_bytes));
         let Some(size) = size else {
             return Err(LoadError::invalid(
                 path,

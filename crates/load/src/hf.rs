@@ -106,8 +106,7 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
         .or_else(|| token_id(tok_config.as_ref().and_then(|c| c.get("eos_token"))))
         .or_else(|| first_id(config.get("eos_token_id")));
     let wants_bos = tok_config.as_ref().and_then(|c| c.get("add_bos_token")).and_then(Value::as_bool) == Some(true);
-    let pipeline_adds_bos =
-        bos.is_some() && inner.encode("a", true).ok().and_then(|e| e.get_ids().first().copied()) == bos;
+    let pipeline_adds_bos = bos.is_some() && crate::hf_tokenizer::first_encoded_id(&inner, "a") == bos;
     let tok = HfTokenizer::new(&tokenizer_path, inner, bos, eos, wants_bos && !pipeline_adds_bos)?;
     check_vocab(&tok, &tokenizer_path, &model, dir)?;
     let chat_template = tok_config.as_ref().and_then(|c| c.get("chat_template")).and_then(chat_template);

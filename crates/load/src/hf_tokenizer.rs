@@ -74,8 +74,8 @@ impl HfTokenizer {
         if prepend_bos && bos.is_none() {
             return Err(LoadError::invalid(path, "the tokenizer adds BOS but has no BOS token"));
         }
-        let probe = inner
-            .encode(PROBE, true)
+        let probe = guarded(|| inner.encode(PROBE, true))
+            .and_then(|r| r.map_err(|e| e.to_string()))
             .map_err(|e| LoadError::invalid(path, format!("the tokenizer cannot encode a probe text: {e}")))?;
         let adds_bos = prepend_bos || (bos.is_some() && probe.get_ids().first().copied() == bos);
         Ok(Self { inner, bos, eos, prepend_bos, adds_bos, vocab_size })
@@ -113,7 +113,7 @@ impl Tokenizer for HfTokenizer {
         // The pipeline encoded a probe at construction; a later failure would need a
         // pathological text for a regex engine (fancy-regex backtracking limit). The trait has no
         // error channel: the result is then the BOS alone, which callers refuse as empty.
-        if let Ok(enc) = self.inner.encode(text, true) {
+        if let Ok(Ok(enc)) = guarded(|| self.inner.encode(text, true)) {
             out.extend_from_slice(enc.get_ids());
         }
         out
@@ -124,7 +124,7 @@ impl Tokenizer for HfTokenizer {
             (Some(&first), Some(bos)) if self.adds_bos && first == bos => &tokens[1..],
             _ => tokens,
         };
-        self.inner.decode(tokens, false).unwrap_or_default()
+        guarded(|| self.inner.decode(tokens, false)).ok().and_then(Result::ok).unwrap_or_default()
     }
 }
 
@@ -240,6 +240,29 @@ pub(crate) fn gguf_byte_level_bpe(
 /// Reads a Hugging Face `tokenizer.json` (the `tokenizers` serialization).
 pub(crate) fn read_tokenizer_json(path: &Path) -> Result<tokenizers::Tokenizer, LoadError> {
     let bytes = crate::input::read_file(path, crate::input::MAX_TOKENIZER_BYTES)?;
-    tokenizers::Tokenizer::from_bytes(&bytes)
+    guarded(|| tokenizers::Tokenizer::from_bytes(&bytes))
+        .and_then(|r| r.map_err(|e| e.to_string()))
         .map_err(|e| LoadError::invalid(path, format!("not a tokenizers JSON file this version reads: {e}")))
+}
+
+/// The first id `inner` gives `text`, if it encodes (used to see whether its post-processor
+/// prepends BOS).
+pub(crate) fn first_encoded_id(inner: &tokenizers::Tokenizer, text: &str) -> Option<u32> {
+    guarded(|| inner.encode(text, true)).ok()?.ok()?.get_ids().first().copied()
+}
+
+/// Runs `f`, turning a panic into its message. The `tokenizers` crate (0.22) panics on some
+/// malformed `tokenizer.json` files instead of returning an error — in its deserializer
+/// (`decoders/mod.rs`, `expect("Helper")`) and in a `TemplateProcessing` that names a special
+/// token it does not map (`processors/template.rs`) — as qdrift's fuzzer found; a file must never
+/// crash qdrift, so every call into it on file-defined data goes through here.
+fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".to_string());
+        format!("the tokenizers library failed on this file ({message})")
+    })
 }
