@@ -3,29 +3,18 @@
 //! `../shared` (override with `QDRIFT_SHARED`); the library-level cases (tokenizing a megabyte)
 //! are in `tests/tests/hostile.rs`.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::{QUICK, names, qdrift_command, stories};
+
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-/// Every refusal must come this fast (the bound; most take milliseconds).
-const QUICK: Duration = Duration::from_secs(20);
-
-fn stories() -> PathBuf {
-    std::env::var_os("QDRIFT_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-        .join("models/stories260K")
-}
-
-fn qdrift() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_qdrift"))
-}
 
 /// `qdrift eval` on stories260K with small defaults; `extra` adds flags (and replaces the
 /// defaults of `--prompts` and `--horizons`).
 fn eval(out: &Path, extra: &[&str]) -> Command {
     let dir = stories();
-    let mut c = qdrift();
+    let mut c = qdrift_command();
     c.args(["eval", "--model"]).arg(dir.join("stories260K.bin")).arg("--tokenizer").arg(dir.join("tok512.bin"));
     c.args(["--backend", "cpu", "--schemes", "int8", "--out"]).arg(out);
     for (flag, default) in [("--prompts", "2"), ("--horizons", "5")] {
@@ -52,16 +41,6 @@ fn refused(mut c: Command, needles: &[&str]) -> String {
         assert!(errors[0].contains(n), "{n:?} missing from: {}", errors[0]);
     }
     errors[0].to_string()
-}
-
-/// The names in `dir`, sorted (hidden staging and lock files included).
-fn names(dir: &Path) -> Vec<String> {
-    let mut n: Vec<String> = std::fs::read_dir(dir)
-        .expect("folder reads")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .collect();
-    n.sort();
-    n
 }
 
 #[test]
@@ -97,7 +76,7 @@ fn horizons_far_beyond_the_context_are_refused_without_allow_long() {
 #[test]
 fn generate_refuses_a_million_new_tokens_without_allow_long() {
     let dir = stories();
-    let mut c = qdrift();
+    let mut c = qdrift_command();
     c.args(["generate", "--model"]).arg(dir.join("stories260K.bin")).arg("--tokenizer").arg(dir.join("tok512.bin"));
     c.args(["--backend", "cpu", "--prompt", "Once", "--max-new-tokens", "1000000"]);
     refused(c, &["--max-new-tokens 1000000", "trained context of 512", "--allow-long"]);
@@ -133,7 +112,7 @@ fn gate_thresholds_with_an_unknown_variant_fail_before_generation() {
 fn an_early_failure_leaves_no_out_folder() {
     let root = tempfile::tempdir().unwrap();
     let out = root.path().join("out");
-    let mut c = qdrift();
+    let mut c = qdrift_command();
     c.args(["eval", "--model"]).arg(root.path().join("missing.bin")).arg("--out").arg(&out);
     refused(c, &["missing.bin"]);
     assert_eq!(names(root.path()), Vec::<String>::new());

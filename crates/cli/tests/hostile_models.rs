@@ -4,19 +4,15 @@
 //! The fixtures are the synthetic `tiny` model written as GGUF by `qdrift_load::write`; the
 //! library-level cases are in `crates/load/tests/hostile_files.rs`.
 
+mod common;
+use common::{QUICK, fifo, names, qdrift_command};
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use qdrift_load::write::{WriteDtype, write_gguf};
 use qdrift_load::{HostModel, byte_tokenizer, synthetic_model};
-
-/// Every refusal must come this fast (the bound; these take milliseconds).
-const QUICK: Duration = Duration::from_secs(20);
-
-fn qdrift() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_qdrift"))
-}
 
 fn tiny() -> HostModel {
     synthetic_model("tiny", 3).expect("tiny").model
@@ -58,7 +54,7 @@ fn gguf_with_context(dir: &Path, context: u64) -> PathBuf {
 
 /// `qdrift eval` of `model` on the CPU with small settings, writing to `out`.
 fn eval(model: &Path, out: &Path) -> Command {
-    let mut c = qdrift();
+    let mut c = qdrift_command();
     c.args(["eval", "--model"]).arg(model).args(["--backend", "cpu", "--schemes", "int8"]);
     c.args(["--prompts", "2", "--horizons", "5", "--out"]).arg(out);
     c
@@ -90,21 +86,11 @@ fn refused(mut c: Command, needles: &[&str]) -> (String, Duration) {
     (errors[0].to_string(), took)
 }
 
-/// The names in `dir`, sorted.
-fn names(dir: &Path) -> Vec<String> {
-    let mut n: Vec<String> = std::fs::read_dir(dir)
-        .expect("folder reads")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .collect();
-    n.sort();
-    n
-}
-
 #[test]
 fn inspect_of_a_gguf_with_a_context_of_2_pow_62_is_an_overflow_error() {
     let dir = tempfile::tempdir().unwrap();
     let model = gguf_with_context(dir.path(), 1 << 62);
-    let mut c = qdrift();
+    let mut c = qdrift_command();
     c.args(["inspect", "--model"]).arg(&model);
     refused(
         c,
@@ -121,7 +107,7 @@ fn inspect_of_a_gguf_with_a_context_of_2_pow_62_is_an_overflow_error() {
 fn inspect_with_a_huge_seq_len_and_batch_is_an_overflow_error_naming_the_flags() {
     let dir = tempfile::tempdir().unwrap();
     let model = gguf_in(dir.path(), &tiny());
-    let mut c = qdrift();
+    let mut c = qdrift_command();
     c.args(["inspect", "--model"]).arg(&model).args(["--seq-len", "4611686018427387904", "--batch", "1000000"]);
     refused(c, &["m.gguf", "KV-cache bytes does not fit in 64 bits", "batch 1000000", "lower --seq-len or --batch"]);
 }
@@ -140,8 +126,7 @@ fn eval_of_dev_zero_is_refused_at_once() {
 #[test]
 fn eval_of_a_named_pipe_is_refused_without_opening_it() {
     let root = tempfile::tempdir().unwrap();
-    let fifo = root.path().join("m.gguf");
-    assert!(Command::new("mkfifo").arg(&fifo).status().expect("mkfifo runs").success());
+    let fifo = fifo(root.path(), "m.gguf");
     let (line, took) = refused(eval(&fifo, &root.path().join("out")), &["m.gguf: is a named pipe (FIFO)"]);
     eprintln!("{line} ({took:?})");
     assert_eq!(names(root.path()), vec!["m.gguf"], "no --out left");

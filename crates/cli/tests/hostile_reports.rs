@@ -5,23 +5,12 @@
 //! `reports/stories260K/report.json` and stories260K from `../shared` (override with
 //! `QDRIFT_SHARED`).
 
+mod common;
+use common::{QUICK, fifo, qdrift_command, stories};
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
-
-/// Every refusal must come this fast (the bound; these take milliseconds).
-const QUICK: Duration = Duration::from_secs(20);
-
-fn stories() -> PathBuf {
-    std::env::var_os("QDRIFT_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-        .join("models/stories260K")
-}
-
-fn qdrift() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_qdrift"))
-}
+use std::time::Instant;
 
 /// A report `qdrift eval` wrote.
 fn committed_report() -> PathBuf {
@@ -32,14 +21,6 @@ fn committed_report() -> PathBuf {
 fn thresholds(dir: &Path) -> PathBuf {
     let path = dir.join("thresholds.toml");
     std::fs::write(&path, "[variant.\"int8\"]\n\"kld@100\" = { max = 0.5 }\n").expect("writes");
-    path
-}
-
-/// A named pipe at `dir/NAME` that no one ever writes: reading it would block forever.
-fn fifo(dir: &Path, name: &str) -> PathBuf {
-    let path = dir.join(name);
-    let status = Command::new("mkfifo").arg(&path).status().expect("mkfifo runs");
-    assert!(status.success(), "mkfifo {}", path.display());
     path
 }
 
@@ -63,7 +44,7 @@ fn refused(mut c: Command, code: i32, prefix: &str, needles: &[&str]) -> String 
 
 /// `qdrift gate --report REPORT --thresholds THRESHOLDS`.
 fn gate(report: &Path, thresholds: &Path) -> Command {
-    let mut c = qdrift();
+    let mut c = qdrift_command();
     c.arg("gate").arg("--report").arg(report).arg("--thresholds").arg(thresholds);
     c
 }
@@ -112,7 +93,7 @@ fn a_named_pipe_as_report_or_thresholds_exits_2_without_blocking() {
 /// `qdrift eval` on stories260K with the eval set `set`, writing to `out`.
 fn eval(out: &Path, set: &Path) -> Command {
     let dir = stories();
-    let mut c = qdrift();
+    let mut c = qdrift_command();
     c.args(["eval", "--model"]).arg(dir.join("stories260K.bin")).arg("--tokenizer").arg(dir.join("tok512.bin"));
     c.args(["--backend", "cpu", "--schemes", "int8", "--prompts", "2", "--horizons", "5", "--out"]).arg(out);
     c.arg("--eval-set").arg(set);

@@ -5,29 +5,7 @@ use std::path::Path;
 
 mod common;
 use common::{qdrift, stories};
-
-const SCHEMES: &[&str] = &[
-    "fp16",
-    "bf16",
-    "int8",
-    "int4-g32",
-    "int4-g64",
-    "int4-g128",
-    "int4-g32-asym",
-    "int4-g64-asym",
-    "int4-g128-asym",
-    "fp8-e4m3",
-    "fp8-e5m2",
-    "fp8-e4m3-tensor",
-    "fp8-e5m2-tensor",
-    "nf4-g64",
-    "q8_0",
-    "q4_0",
-    "q4_1",
-    "q4_k",
-    "q6_k",
-    "mxfp4",
-];
+use qdrift_quantize::Scheme;
 
 /// Per-tensor SQNR (dB; `f64::INFINITY` for exact) printed by `qdrift quantize --json`.
 fn sqnr(scheme: &str, dir: &Path) -> HashMap<String, f64> {
@@ -59,8 +37,10 @@ fn sqnr(scheme: &str, dir: &Path) -> HashMap<String, f64> {
 fn every_scheme_quantizes_stories260k_and_int8_beats_int4() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let mut all = HashMap::new();
-    for &scheme in SCHEMES {
-        let s = sqnr(scheme, tmp.path());
+    // The names themselves are pinned by `crates/quantize/tests/schemes.rs`; here every one of
+    // them must work through the binary.
+    for scheme in Scheme::all().iter().map(ToString::to_string) {
+        let s = sqnr(&scheme, tmp.path());
         assert_eq!(s.len(), 35, "{scheme}: 5 layers × 7 linear weights");
         assert!(s.values().all(|v| !v.is_nan()), "{scheme}: NaN SQNR");
         all.insert(scheme, s);
