@@ -101,3 +101,4 @@ pub fn run_greedy(
 }
 
 pub mod fuzz;
+pub mod reference64;

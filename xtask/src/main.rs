@@ -20,9 +20,11 @@ tasks:
   demo    qdrift eval on SmolLM2-135M (fetched as by fetch-models), a handful of prompts
   setup   install the system packages only
   reports regenerate the example reports under reports/ (stories260K and SmolLM2-135M)
-  bench [stories|smollm2]  timed evaluations with wall time and peak memory: stories260K
+  bench [stories|smollm2|runtime]  timed evaluations with wall time and peak memory: stories260K
           (32 prompts, 10/100/1000, 3 schemes) and SmolLM2-135M (16 prompts, 10/100/1000,
-          3 schemes; about an hour on a 2-core CPU, minutes on a GPU); both unless one is named
+          3 schemes; about an hour on a 2-core CPU, minutes on a GPU); runtime: the cost of
+          activation + KV-cache rounding (weight-only vs W8A8/KV variants, stories260K and
+          SmolLM2, CPU); all unless one is named
   fuzz [--seconds N] [--target NAME] [--seed S]  fuzz each reader (gguf, safetensors, hf-config,
           hf-tokenizer, llama2c, tokenizer, eval-set, thresholds, report) for N seconds (default
           60); crashing inputs are saved under tests/fuzz/crashes/TARGET/
@@ -255,8 +257,9 @@ fn qdrift(args: &[&str]) -> Result<(), String> {
     run(&target_dir().join("release/qdrift").to_string_lossy(), args)
 }
 
-/// SmolLM2-135M on 4 chat prompts, 10 and 100 tokens, int8 and int4-g128 against the FP16
-/// reference, on the CPU unless a GPU is there.
+/// SmolLM2-135M on 4 chat prompts, 10 and 100 tokens, against the FP16 reference: a weight-only
+/// variant (int8), a W8A8 one (w8a8-fp8: E4M3 weights and activations) and a KV-cache one
+/// (int4-g128 weights, q8_0 cache); on the CPU unless a GPU is there.
 fn demo() -> Result<(), String> {
     let model = fetch_models()?;
     build()?;
@@ -273,7 +276,7 @@ fn demo() -> Result<(), String> {
         "--horizons",
         "10,100",
         "--schemes",
-        "int8,int4-g128",
+        "int8,w8a8-fp8,int4-g128+kv-q8_0",
         "--out",
         &out.to_string_lossy(),
     ])?;
@@ -296,7 +299,7 @@ fn reports() -> Result<(), String> {
         "--horizons",
         "10,100,1000",
         "--schemes",
-        "int8,fp8-e4m3,int4-g32,int4-g128",
+        "int8,fp8-e4m3,int4-g32,int4-g128,w8a8-int8,w8a8-fp8,int4-g128+kv-q8_0",
         "--backend",
         "cpu",
         "--out",
@@ -341,8 +344,8 @@ fn screenshot(html: &Path, png: &Path) -> Result<(), String> {
 
 /// Wall time and peak resident memory of `qdrift` runs, with the conditions a claim needs.
 fn bench(only: Option<&str>) -> Result<(), String> {
-    if let Some(o) = only.filter(|o| !matches!(*o, "stories" | "smollm2")) {
-        return Err(format!("bench {o}: known cases are stories and smollm2"));
+    if let Some(o) = only.filter(|o| !matches!(*o, "stories" | "smollm2" | "runtime")) {
+        return Err(format!("bench {o}: known cases are stories, smollm2 and runtime"));
     }
     let smollm2 = fetch_models()?;
     build()?;
@@ -401,24 +404,69 @@ fn bench(only: Option<&str>) -> Result<(), String> {
             continue;
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let start = std::time::Instant::now();
-        let mut child = Command::new(target_dir().join("release/qdrift"))
-            .args(&args)
-            .spawn()
-            .map_err(|e| format!("cannot run qdrift: {e}"))?;
-        let peak = peak_rss_kib(child.id());
-        let status = child.wait().map_err(|e| format!("qdrift: {e}"))?;
-        if !status.success() {
-            return Err(format!("qdrift {} failed ({status})", args.join(" ")));
+        let (wall, peak) = timed(&args)?;
+        println!("bench: {what}: {wall:.1} s wall, peak RSS {:.0} MiB", peak as f64 / 1024.0);
+    }
+    if only.is_none_or(|o| o == "runtime") {
+        runtime_cost(&stories, &smollm2, &out)?;
+    }
+    Ok(())
+}
+
+/// What run-time rounding (activations, KV cache) adds to an evaluation on the CPU: the same
+/// weights evaluated weight-only and with the rounding, side by side in one run (issue: at most
+/// +25% wall time).
+fn runtime_cost(stories: &Path, smollm2: &Path, out: &Path) -> Result<(), String> {
+    let (stories, smollm2, out) = (stories.to_string_lossy(), smollm2.to_string_lossy(), out.to_string_lossy());
+    let cases = [
+        ("stories260K, 32 stories prompts, horizons 10/100/1000", &stories, "stories", "32", "10,100,1000"),
+        ("SmolLM2-135M Q4_1→FP16, 8 chat prompts, horizons 10/100", &smollm2, "chat", "8", "10,100"),
+    ];
+    for (what, model, set, prompts, horizons) in cases {
+        let mut walls = Vec::new();
+        for schemes in ["int8,fp8-e4m3,int4-g128", "w8a8-int8,w8a8-fp8,int4-g128+kv-q8_0"] {
+            let args = [
+                "eval",
+                "--model",
+                model,
+                "--eval-set",
+                set,
+                "--prompts",
+                prompts,
+                "--horizons",
+                horizons,
+                "--schemes",
+                schemes,
+                "--backend",
+                "cpu",
+                "--out",
+                &out,
+            ];
+            let (wall, _) = timed(&args)?;
+            println!("bench: {what}, --schemes {schemes} + noise floor, f16, default batch, cpu: {wall:.1} s wall");
+            walls.push(wall);
         }
-        let peak = peak.join().unwrap_or(0);
         println!(
-            "bench: {what}: {:.1} s wall, peak RSS {:.0} MiB",
-            start.elapsed().as_secs_f64(),
-            peak as f64 / 1024.0
+            "bench: {what}: activation + KV-cache rounding costs {:+.1}% wall time over the same weights weight-only",
+            100.0 * (walls[1] / walls[0] - 1.0)
         );
     }
     Ok(())
+}
+
+/// Runs the built `qdrift` with `args`: wall seconds and peak resident KiB.
+fn timed(args: &[&str]) -> Result<(f64, u64), String> {
+    let start = std::time::Instant::now();
+    let mut child = Command::new(target_dir().join("release/qdrift"))
+        .args(args)
+        .spawn()
+        .map_err(|e| format!("cannot run qdrift: {e}"))?;
+    let peak = peak_rss_kib(child.id());
+    let status = child.wait().map_err(|e| format!("qdrift: {e}"))?;
+    if !status.success() {
+        return Err(format!("qdrift {} failed ({status})", args.join(" ")));
+    }
+    Ok((start.elapsed().as_secs_f64(), peak.join().unwrap_or(0)))
 }
 
 /// Samples a process's peak resident set (`VmHWM` in /proc, KiB) until it exits.

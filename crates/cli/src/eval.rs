@@ -9,10 +9,10 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use qdrift_eval::{DEFAULT_EVAL_SET_RULE, EvalConfig, OutputDir, Progress, VariantSpec, built_in_names, evaluate};
 use qdrift_generate::BackendChoice;
-use qdrift_quantize::{QuantizeOptions, Scheme};
+use qdrift_quantize::{QuantizeOptions, Recipe};
 use qdrift_report::{Report, Thresholds, render_html, render_markdown, render_summary, write_atomic};
 
-use crate::quantize::SchemeParser;
+use crate::quantize::RecipeParser;
 
 /// Arguments of `qdrift eval`.
 #[derive(Args)]
@@ -26,9 +26,12 @@ pub struct EvalArgs {
     // Help built from the built-in sets and the default's rule, so it cannot go stale.
     #[arg(long, help = eval_set_help())]
     eval_set: Option<PathBuf>,
-    /// Quantization schemes applied to the reference's weights, comma-separated.
-    #[arg(long, value_delimiter = ',', value_parser = SchemeParser, default_value = "int8,fp8-e4m3,int4-g128")]
-    schemes: Vec<Scheme>,
+    /// Variants built from the reference, comma-separated, each `WEIGHTS[+a-ACT][+kv-KV]`: a
+    /// weight scheme, then optionally dynamic activation quantization (`+a-int8`, `+a-fp8`, …)
+    /// and KV-cache rounding (`+kv-q8_0`, `+kv-fp8-e4m3`, …); `w8a8-int8`, `w8a8-fp8` are
+    /// shorthands.
+    #[arg(long, value_delimiter = ',', value_parser = RecipeParser, default_value = "int8,fp8-e4m3,int4-g128")]
+    schemes: Vec<Recipe>,
     /// Another checkpoint of the same architecture and tokenizer to compare (repeatable).
     #[arg(long)]
     variant: Vec<PathBuf>,

@@ -12,7 +12,7 @@ use qdrift_generate::{
     check_prompt_tokens, context_overflow, default_batch_size, generate, select_device,
 };
 use qdrift_load::{SYNTHETIC_PRESETS, Tokenizer};
-use qdrift_model::LlamaConfig;
+use qdrift_model::{LlamaConfig, RoundingPath, RuntimeQuant};
 
 /// Arguments of `qdrift generate`.
 #[derive(Args)]
@@ -124,8 +124,15 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
     // Refuse impossible requests before uploading weights.
     let model_config = LlamaConfig::from_arch(arch);
     qdrift_generate::check_request(&model_config, args.dtype, &device, &prompts, &config)?;
+    if let Some(kv) = args.variant.scheme.and_then(|r| r.kv_cache) {
+        kv.check_row(arch.n_kv_heads, arch.head_dim())?;
+    }
     let (weights, _) = args.variant.apply(loaded.model)?;
-    let model = model_config.init_from_host(&weights, args.dtype, &device.device)?;
+    let mut model = model_config.init_from_host(&weights, args.dtype, &device.device)?;
+    if let Some(r) = args.variant.scheme.filter(|r| !r.is_weight_only()) {
+        let path = RoundingPath::for_device(&device.device);
+        model.set_runtime_quant(RuntimeQuant { activations: r.activations, kv_cache: r.kv_cache, path })?;
+    }
     let generated = generate(&model, &device, &prompts, &config, |_| {})?;
 
     let mut out = std::io::stdout().lock();

@@ -8,16 +8,19 @@ use clap::Args;
 use clap::builder::{PossibleValue, TypedValueParser};
 use qdrift_load::HostModel;
 use qdrift_quantize::{
-    QuantizeOptions, QuantizedModel, Scheme, quantize_model, round_to_fp16_reference, write_safetensors,
+    QuantizeOptions, QuantizedModel, Recipe, Scheme, quantize_model, round_to_fp16_reference, write_safetensors,
 };
 
 /// Which variant of the reference to build.
 #[derive(Args, Clone)]
 pub struct SchemeArgs {
-    /// Quantization scheme applied to the FP16 reference's linear layers (q, k, v, o, gate, up,
-    /// down).
-    #[arg(long, value_parser = SchemeParser)]
-    pub scheme: Option<Scheme>,
+    /// Variant, `WEIGHTS[+a-ACT][+kv-KV]`: the weight scheme applied to the FP16 reference's
+    /// linear layers (q, k, v, o, gate, up, down), then optionally dynamic activation
+    /// quantization of their inputs (`+a-int8`, `+a-fp8`, `+a-fp8-e5m2-tensor`, …) and KV-cache
+    /// rounding (`+kv-q8_0`, `+kv-fp8-e4m3`, `+kv-int8`, …); `w8a8-int8` and `w8a8-fp8` are
+    /// shorthands.
+    #[arg(long, value_parser = RecipeParser)]
+    pub scheme: Option<Recipe>,
     /// Also quantize the token embedding (and a head tied to it).
     #[arg(long)]
     pub quantize_embeddings: bool,
@@ -26,26 +29,32 @@ pub struct SchemeArgs {
     pub quantize_head: bool,
 }
 
-/// Parses a `--scheme`/`--schemes` entry; `--help` lists every scheme of [`Scheme::all`] with
-/// its sentence ([`Scheme::describe`]), so the list cannot go stale.
+/// Parses a `--scheme`/`--schemes` entry (`WEIGHTS[+a-ACT][+kv-KV]`, [`Recipe`]); `--help` lists
+/// every weight scheme of [`Scheme::all`] with its sentence ([`Scheme::describe`]) and the grammar
+/// with every activation and KV-cache part ([`Recipe::grammar`]), so the lists cannot go stale.
 #[derive(Clone, Copy)]
-pub struct SchemeParser;
+pub struct RecipeParser;
 
-impl TypedValueParser for SchemeParser {
-    type Value = Scheme;
+impl TypedValueParser for RecipeParser {
+    type Value = Recipe;
 
     fn parse_ref(
         &self,
         cmd: &clap::Command,
         arg: Option<&clap::Arg>,
         value: &std::ffi::OsStr,
-    ) -> Result<Scheme, clap::Error> {
-        let parse = |s: &str| s.parse::<Scheme>().map_err(|e| e.to_string());
+    ) -> Result<Recipe, clap::Error> {
+        let parse = |s: &str| s.parse::<Recipe>().map_err(|e| e.to_string());
         parse.parse_ref(cmd, arg, value)
     }
 
     fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
-        Some(Box::new(Scheme::all().into_iter().map(|s| PossibleValue::new(s.to_string()).help(s.describe()))))
+        let schemes = Scheme::all().into_iter().map(|s| PossibleValue::new(s.to_string()).help(s.describe()));
+        let shorthands = ["w8a8-int8", "w8a8-fp8"].into_iter().filter_map(|n| n.parse::<Recipe>().ok()).map(|r| {
+            let help = format!("= {}+a-{}", r.weights, r.activations.map(|a| a.to_string()).unwrap_or_default());
+            PossibleValue::new(r.to_string()).help(help)
+        });
+        Some(Box::new(schemes.chain(shorthands)))
     }
 }
 
@@ -57,9 +66,9 @@ impl SchemeArgs {
     /// The model to run: the checkpoint as it is without `--scheme`; with it, the scheme applied
     /// to the FP16 reference ([`round_to_fp16_reference`], as `qdrift eval` builds it).
     pub fn apply(&self, mut model: HostModel) -> Result<(HostModel, Option<QuantizedModel>), Box<dyn Error>> {
-        let Some(scheme) = &self.scheme else { return Ok((model, None)) };
+        let Some(recipe) = &self.scheme else { return Ok((model, None)) };
         round_to_fp16_reference(&mut model);
-        let q = quantize_model(&model, scheme, &self.options())?;
+        let q = quantize_model(&model, &recipe.weights, &self.options())?;
         Ok((q.dequantized.clone(), Some(q)))
     }
 }
@@ -86,9 +95,19 @@ pub struct QuantizeArgs {
 
 /// Runs `qdrift quantize`.
 pub fn run(args: QuantizeArgs) -> Result<(), Box<dyn Error>> {
-    let Some(scheme) = args.scheme.scheme else {
+    let Some(recipe) = args.scheme.scheme else {
         return Err("--scheme is required; known: see `qdrift quantize --help`".into());
     };
+    if !recipe.is_weight_only() {
+        return Err(format!(
+            "--scheme {recipe}: quantize writes weights only; activation and KV-cache parts (+a-…, +kv-…) \
+             are applied at run time: give `--scheme {}` here, and the whole variant to `qdrift eval --schemes` \
+             or `qdrift generate --scheme`",
+            recipe.weights
+        )
+        .into());
+    }
+    let scheme = recipe.weights;
     let model = qdrift_load::read_llama2c_checkpoint(&args.model)?;
     let (_, q) = args.scheme.apply(model)?;
     let q = q.ok_or("no scheme applied")?;

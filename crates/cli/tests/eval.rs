@@ -46,6 +46,7 @@ fn fp16_scheme_is_identical_to_the_reference() {
     assert_eq!(report["schema_version"], 1);
     let v = variant(&report, "fp16");
     assert_eq!(v["kind"], "scheme");
+    assert_eq!(v["recipe"], serde_json::json!({"weights": "fp16", "activations": null, "kv_cache": null}));
     for h in v["horizons"].as_array().expect("horizons") {
         assert_eq!(f(&h["token_match_rate"]["mean"]), 1.0, "{h}");
         assert_eq!(f(&h["exact_match_fraction"]["mean"]), 1.0);
@@ -62,6 +63,96 @@ fn fp16_scheme_is_identical_to_the_reference() {
     // The noise floor is reported, first.
     assert_eq!(report["variants"][0]["kind"], "noise_floor");
     assert_eq!(report["variants"][0]["name"], "noise-floor-f32");
+}
+
+/// Activation and KV-cache variants run through eval: each records its parts separately, the
+/// report groups variants by what they quantize, and run-time rounding on top of the same
+/// weights moves the numbers (the weight-only twin is run beside it).
+#[test]
+fn activation_and_kv_variants_record_their_parts_and_diverge() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let schemes = "int4-g128,w8a8-int8,int4-g128+kv-q8_0,fp16+kv-fp8-e4m3-head,fp8-e4m3+a-fp8-e5m2-tensor";
+    let report =
+        run_eval(out.path(), &["--schemes", schemes, "--prompts", "4", "--horizons", "20", "--resamples", "200"]);
+    let parts = |name: &str| variant(&report, name)["recipe"].clone();
+    use serde_json::json;
+    assert_eq!(parts("w8a8-int8"), json!({"weights": "int8", "activations": "int8", "kv_cache": null}));
+    assert_eq!(parts("int4-g128+kv-q8_0"), json!({"weights": "int4-g128", "activations": null, "kv_cache": "q8_0"}));
+    assert_eq!(
+        parts("fp16+kv-fp8-e4m3-head"),
+        json!({"weights": "fp16", "activations": null, "kv_cache": "fp8-e4m3-head"})
+    );
+    assert_eq!(parts("fp8-e4m3+a-fp8-e5m2-tensor")["activations"], "fp8-e5m2-tensor");
+    let kld = |name: &str| f(&variant(&report, name)["horizons"][0]["kld"]["mean"]);
+    // Only the cache is rounded: it diverges from the reference, though the weights are its own.
+    assert!(kld("fp16+kv-fp8-e4m3-head") > 0.0);
+    assert_ne!(kld("int4-g128+kv-q8_0"), kld("int4-g128"));
+    let md = std::fs::read_to_string(out.path().join("report.md")).expect("report.md");
+    for row in [
+        "| int4-g128 | weights | scheme | int4-g128 | — | — |",
+        "| w8a8-int8 | weights + activations | scheme | int8 | int8 | — |",
+        "| fp16+kv-fp8-e4m3-head | KV cache | scheme | fp16 | — | fp8-e4m3-head |",
+    ] {
+        assert!(md.contains(row), "report.md lacks {row}");
+    }
+    // Grouped: weight-only rows come before activation rows, which come before KV-cache rows.
+    let at = |s: &str| md.find(&format!("| {s} |")).unwrap_or_else(|| panic!("{s} in report.md"));
+    assert!(at("int4-g128") < at("w8a8-int8") && at("w8a8-int8") < at("int4-g128+kv-q8\\_0"));
+    let html = std::fs::read_to_string(out.path().join("report.html")).expect("report.html");
+    assert!(html.contains("weights + KV cache"));
+}
+
+/// Bad variant strings get one line that says what is wrong and lists the valid parts; a ggml
+/// KV-cache format on a model whose cache rows are not whole blocks is refused before anything
+/// runs, as is a quantize of a run-time part.
+#[test]
+fn bad_variants_are_refused_with_the_grammar() {
+    let model = stories().join("stories260K.bin");
+    let model = model.to_str().expect("utf-8");
+    for (scheme, says) in [
+        ("int4-g128+kv-q3", "unknown KV-cache format `q3`"),
+        ("int8+a-int8+a-fp8", "more than one activation part"),
+        ("w8a8-int4", "unknown weight scheme `w8a8-int4`"),
+    ] {
+        let out = tempfile::tempdir().expect("tempdir");
+        let o = qdrift(&["eval", "--model", model, "--schemes", scheme, "--out", out.path().to_str().expect("utf-8")]);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{scheme}: {stderr}");
+        assert!(
+            stderr.contains(says) && stderr.contains("WEIGHTS[+a-ACT][+kv-KV]") && stderr.contains("q4_0"),
+            "{stderr}"
+        );
+        let o = qdrift(&["generate", "--model", model, "--scheme", scheme, "--prompt", "Once"]);
+        assert!(String::from_utf8_lossy(&o.stderr).contains(says), "generate --scheme {scheme}");
+    }
+    // synthetic:tiny caches 2 KV heads × 8 = 16 values per token: not a q8_0 block.
+    let out = tempfile::tempdir().expect("tempdir");
+    let o = qdrift(&[
+        "eval",
+        "--model",
+        "synthetic:tiny",
+        "--schemes",
+        "fp16+kv-q8_0",
+        "--backend",
+        "cpu",
+        "--out",
+        out.path().to_str().expect("utf-8"),
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(stderr.contains("q8_0") && stderr.contains("16 values") && stderr.lines().count() == 1, "{stderr}");
+    assert!(!out.path().join("report.json").exists());
+    let o = qdrift(&[
+        "quantize",
+        "--model",
+        model,
+        "--scheme",
+        "w8a8-int8",
+        "--out",
+        out.path().join("q.safetensors").to_str().expect("utf-8"),
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && stderr.contains("--scheme int8"), "{stderr}");
 }
 
 /// KLD, top-1 agreement and the PPL ratio on the reference text, recomputed from the dumped
@@ -176,7 +267,7 @@ fn assert_fails(args: &[&str], expected: &str) {
 
 #[test]
 fn bad_eval_input_is_one_clear_error() {
-    assert_fails(&["--schemes", "int3"], "unknown scheme \"int3\"");
+    assert_fails(&["--schemes", "int3"], "unknown weight scheme `int3`");
     assert_fails(&["--eval-set", "/nonexistent/set.jsonl"], "/nonexistent/set.jsonl");
     assert_fails(&["--prompts", "1000", "--horizons", "5"], "has 72 prompts");
     assert_fails(&["--horizons", "0"], "horizon");

@@ -88,7 +88,11 @@ fn unknown_scheme_lists_the_known_ones() {
     ]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("unknown scheme \"int3\"; known: fp16, bf16, int8"), "{stderr}");
+    assert!(
+        stderr
+            .contains("unknown weight scheme `int3`; a variant is WEIGHTS[+a-ACT][+kv-KV]; WEIGHTS: fp16, bf16, int8"),
+        "{stderr}"
+    );
     assert!(!Path::new("/tmp/never.safetensors").exists());
 }
 

@@ -36,11 +36,11 @@ pub(crate) fn check_thresholds(cfg: &EvalConfig, horizons: &[usize], thresholds:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use qdrift_quantize::Scheme;
+    use qdrift_quantize::Recipe;
 
     fn config(schemes: &[&str]) -> EvalConfig {
         let mut cfg = EvalConfig::new("model.bin".into());
-        cfg.variants = schemes.iter().map(|s| VariantSpec::Scheme(s.parse::<Scheme>().expect("scheme"))).collect();
+        cfg.variants = schemes.iter().map(|s| VariantSpec::Scheme(s.parse::<Recipe>().expect("scheme"))).collect();
         cfg
     }
 

@@ -47,7 +47,8 @@ impl Plan {
     /// The plan for `prompts` of a model of `arch` on `device`.
     ///
     /// # Errors
-    /// A device without f16 compute, or a request that does not fit it.
+    /// A device without f16 compute, a request that does not fit it, or a variant whose
+    /// KV-cache format does not fit the model.
     pub fn new(
         cfg: &EvalConfig,
         horizons: Vec<usize>,
@@ -64,6 +65,9 @@ impl Plan {
         }
         let longest = horizons.last().copied().unwrap_or(1);
         let generation = GenerationConfig { max_new_tokens: longest, batch_size, stop_at_eos: None };
+        for spec in &cfg.variants {
+            spec.check_fits(arch)?;
+        }
         let model_config = LlamaConfig::from_arch(arch);
         // The reference and the noise floor run at both precisions between them.
         for dtype in [DType::F16, DType::F32] {

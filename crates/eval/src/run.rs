@@ -240,8 +240,9 @@ fn run_variant(
     progress: &mut ProgressFn<'_>,
 ) -> Result<Vec<Trace>, EvalError> {
     let plan = scoring.plan;
-    let model =
+    let mut model =
         LlamaConfig::from_arch(&built.host.arch).init_from_host(&built.host, built.dtype, &plan.device.device)?;
+    built.apply_runtime(&mut model)?;
     let tokens = generate_all(&model, &built.name, plan, progress)?;
     progress(Progress::Scoring { model: &built.name });
     let mut traces: Vec<Trace> = tokens
@@ -263,6 +264,7 @@ fn summarize(
 ) -> Result<Variant, EvalError> {
     let longest = plan.longest();
     Ok(Variant {
+        recipe: built.recipe_parts(),
         name: built.name,
         scheme: built.scheme,
         path: built.path,

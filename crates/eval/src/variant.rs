@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::DType;
 use qdrift_load::{HostModel, LlamaArch, LoadedModel, open_model};
-use qdrift_quantize::{QuantizeOptions, Scheme, quantize_model};
-use qdrift_report::{TensorError, VariantKind};
+use qdrift_model::{Llama, RoundingPath, RuntimeQuant};
+use qdrift_quantize::{QuantizeOptions, Recipe, quantize_model};
+use qdrift_report::{RecipeParts, TensorError, VariantKind};
 
 use crate::EvalError;
 use crate::identity::{model_identity_file, report_name};
@@ -24,8 +25,9 @@ pub enum VariantSpec {
     /// divergence that precision alone causes. [`crate::evaluate`] always runs it first; listing
     /// it in [`crate::EvalConfig::variants`] is refused as a duplicate.
     NoiseFloor,
-    /// A quantization scheme applied to the reference's FP16 weights.
-    Scheme(Scheme),
+    /// A quantization recipe (`WEIGHTS[+a-ACT][+kv-KV]`): its weight scheme applied to the
+    /// reference's FP16 weights, its activation and KV-cache roundings at run time.
+    Scheme(Recipe),
     /// Another checkpoint of the same architecture and tokenizer.
     Checkpoint(PathBuf),
 }
@@ -36,10 +38,21 @@ impl VariantSpec {
     pub fn name(&self, reference_dtype: DType) -> String {
         match self {
             VariantSpec::NoiseFloor => format!("noise-floor-{}", dtype_name(other_precision(reference_dtype))),
-            VariantSpec::Scheme(scheme) => scheme.to_string(),
+            VariantSpec::Scheme(recipe) => recipe.to_string(),
             VariantSpec::Checkpoint(path) => {
                 path.file_stem().map_or_else(|| report_name(path), |s| s.to_string_lossy().into_owned())
             }
+        }
+    }
+
+    /// Refuses a recipe whose KV-cache format does not fit the model's cache rows (a ggml block
+    /// format needs `kv_heads × head_dim` to be whole blocks), before anything runs.
+    pub(crate) fn check_fits(&self, arch: &LlamaArch) -> Result<(), EvalError> {
+        match self {
+            VariantSpec::Scheme(Recipe { kv_cache: Some(kv), .. }) => kv
+                .check_row(arch.n_kv_heads, arch.head_dim())
+                .map_err(|e| EvalError::Variant { variant: self.name(DType::F32), problem: e.to_string() }),
+            _ => Ok(()),
         }
     }
 
@@ -65,6 +78,8 @@ pub(crate) struct BuiltVariant<'a> {
     pub name: String,
     /// The scheme's name, for scheme variants.
     pub scheme: Option<String>,
+    /// The recipe, for scheme variants (its activation and KV-cache parts run with the model).
+    pub recipe: Option<Recipe>,
     /// The checkpoint's file or folder name, for checkpoint variants.
     pub path: Option<String>,
     /// Noise floor, scheme or checkpoint.
@@ -95,7 +110,7 @@ pub(crate) fn build_variant<'a>(
     let name = spec.name(dtype);
     match spec {
         VariantSpec::NoiseFloor => Ok(noise_floor(name, &reference.model, other_precision(dtype))),
-        VariantSpec::Scheme(scheme) => scheme_variant(name, &reference.model, scheme, dtype, quantize),
+        VariantSpec::Scheme(recipe) => scheme_variant(name, &reference.model, recipe, dtype, quantize),
         VariantSpec::Checkpoint(path) => checkpoint_variant(name, reference, path, prompts, dtype),
     }
 }
@@ -104,6 +119,7 @@ fn noise_floor(name: String, reference: &HostModel, dtype: DType) -> BuiltVarian
     BuiltVariant {
         name,
         scheme: None,
+        recipe: None,
         path: None,
         kind: VariantKind::NoiseFloor,
         dtype,
@@ -117,11 +133,11 @@ fn noise_floor(name: String, reference: &HostModel, dtype: DType) -> BuiltVarian
 fn scheme_variant<'a>(
     name: String,
     reference: &HostModel,
-    scheme: &Scheme,
+    recipe: &Recipe,
     dtype: DType,
     quantize: &QuantizeOptions,
 ) -> Result<BuiltVariant<'a>, EvalError> {
-    let q = quantize_model(reference, scheme, quantize)?;
+    let q = quantize_model(reference, &recipe.weights, quantize)?;
     let summary = q.summary();
     let per_tensor_error = q
         .reports()
@@ -132,7 +148,8 @@ fn scheme_variant<'a>(
     let unquantized_bytes = (reference.parameter_count() as u64).saturating_sub(summary.quantized_weights as u64) * 2;
     Ok(BuiltVariant {
         name,
-        scheme: Some(scheme.to_string()),
+        scheme: Some(recipe.to_string()),
+        recipe: Some(*recipe),
         path: None,
         kind: VariantKind::Scheme,
         dtype,
@@ -159,6 +176,7 @@ fn checkpoint_variant<'a>(
     Ok(BuiltVariant {
         name,
         scheme: None,
+        recipe: None,
         path: Some(report_name(path)),
         kind: VariantKind::Checkpoint,
         dtype,
@@ -167,6 +185,30 @@ fn checkpoint_variant<'a>(
         weight_bytes: bytes,
         per_tensor_error: Vec::new(),
     })
+}
+
+impl BuiltVariant<'_> {
+    /// The recipe's parts as `report.json` records them.
+    pub fn recipe_parts(&self) -> Option<RecipeParts> {
+        self.recipe.map(|r| RecipeParts {
+            weights: r.weights.to_string(),
+            activations: r.activations.map(|a| a.to_string()),
+            kv_cache: r.kv_cache.map(|k| k.to_string()),
+        })
+    }
+
+    /// Gives `model` (built from this variant's weights) the recipe's run-time roundings.
+    ///
+    /// # Errors
+    /// A KV-cache format that does not fit the model (checked earlier by
+    /// [`VariantSpec::check_fits`]).
+    pub fn apply_runtime(&self, model: &mut Llama) -> Result<(), EvalError> {
+        if let Some(r) = self.recipe.filter(|r| !r.is_weight_only()) {
+            let path = RoundingPath::for_device(&model.device());
+            model.set_runtime_quant(RuntimeQuant { activations: r.activations, kv_cache: r.kv_cache, path })?;
+        }
+        Ok(())
+    }
 }
 
 /// Refuses a checkpoint variant whose shapes or tokenizer differ from the reference's.

@@ -9,7 +9,9 @@ use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Tensor, TensorData};
+use qdrift_quantize::ActivationQuant;
 
+use crate::fake_quant::{RoundingPath, round_activations, round_kv};
 use crate::{KvCache, Positions, Rope, upload};
 
 /// What every layer's attention needs to know about the new columns of a forward pass.
@@ -23,6 +25,69 @@ pub(crate) struct ForwardContext<'a> {
     pub mask: Option<Tensor<5>>,
     /// The batch's layout: which keys each query sees.
     pub positions: &'a Positions,
+    /// Column of the first new position.
+    pub start: usize,
+    /// Dynamic quantization of every linear layer's input, and where it runs.
+    pub activations: Option<(ActivationQuant, RoundingPath)>,
+    /// `[batch, new, 1]`, f32, 1 for real tokens and 0 for padding; built only for per-tensor
+    /// activation scales on the device.
+    pub real: Option<Tensor<3>>,
+}
+
+impl ForwardContext<'_> {
+    /// A linear layer's input, rounded as the variant's activation quantization says (unchanged
+    /// without one).
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, new, cols]` → same
+    pub fn round_input(&self, x: Tensor<3>) -> Tensor<3> {
+        match self.activations() {
+            None => x,
+            Some((q, RoundingPath::Device)) => round_activations(x, q, self.real.as_ref()),
+            Some((q, RoundingPath::Host)) => {
+                let ([b, t, cols], dtype, device) = (x.dims(), x.dtype(), x.device());
+                let mut data = host_f32(x);
+                self.round_host(&mut data, q, b, t, cols);
+                upload(&data, [b, t, cols], dtype, &device)
+            }
+        }
+    }
+
+    /// [`ForwardContext::round_input`] on host values already read back (the host attention
+    /// kernel's output), rounded by the host definition wherever the path says.
+    ///
+    /// # Shapes
+    /// - `data`: `[batch, new, cols]`, row-major → uploaded `[batch, new, cols]` in `dtype`
+    fn round_host_output(
+        &self,
+        mut data: Vec<f32>,
+        [b, t, cols]: [usize; 3],
+        dtype: DType,
+        device: &burn::tensor::Device,
+    ) -> Tensor<3> {
+        if let Some((q, RoundingPath::Host)) = self.activations() {
+            self.round_host(&mut data, q, b, t, cols);
+            return upload(&data, [b, t, cols], dtype, device);
+        }
+        self.round_input(upload(&data, [b, t, cols], dtype, device))
+    }
+
+    /// The activation rounding of this pass: a per-tensor scale covers the prompt pass (the
+    /// first, `start` = 0) only; every later token is scaled alone, as vLLM at batch size 1 runs
+    /// prefill then decoding. Teacher forcing, which feeds continuation tokens several at a time,
+    /// so rounds exactly as generation does.
+    fn activations(&self) -> Option<(ActivationQuant, RoundingPath)> {
+        self.activations.map(|(q, path)| (ActivationQuant { per_tensor: q.per_tensor && self.start == 0, ..q }, path))
+    }
+
+    /// The host definition over each row's real tokens (a suffix of its columns: padding is on
+    /// the left, and never part of a sequence's scale).
+    fn round_host(&self, data: &mut [f32], q: ActivationQuant, b: usize, t: usize, cols: usize) {
+        for (row, values) in data.chunks_mut(t * cols).take(b).enumerate() {
+            let first_real = self.positions.pad[row].saturating_sub(self.start).min(t);
+            q.round_host(&mut values[first_real * cols..], cols);
+        }
+    }
 }
 
 /// Multi-head self-attention with grouped key/value heads (Ainslie et al. 2023, "GQA"): query
@@ -67,17 +132,30 @@ impl Attention {
         let dtype = x.dtype();
         let (cos, sin) = (&context.cos, &context.sin);
 
+        let x = context.round_input(x);
         let q = rope.apply(self.wq.forward(x.clone()).reshape([b, t, h, hd]), cos, sin);
         let k = rope.apply(self.wk.forward(x.clone()).reshape([b, t, kvh, hd]), cos, sin);
         let v = self.wv.forward(x).reshape([b, t, kvh, hd]);
 
+        let kv_quant = cache.quant();
         if let Some((host, start)) = cache.claim_host(t) {
             let device = q.device();
-            host.write(&host_f32(k), &host_f32(v), start, t);
+            let (mut k, mut v) = (host_f32(k), host_f32(v));
+            if let Some(kvq) = kv_quant {
+                for row in k.chunks_mut(kvh * hd).chain(v.chunks_mut(kvh * hd)) {
+                    // The row width was checked when the model's run-time quantization was set.
+                    kvq.round_host(row, hd).expect("KV rows are whole blocks");
+                }
+            }
+            host.write(&k, &v, start, t);
             let out = host.attend(&host_f32(q), h, context.positions, start, t);
-            return self.wo.forward(upload(&out, [b, t, h * hd], dtype, &device));
+            return self.wo.forward(context.round_host_output(out, [b, t, h * hd], dtype, &device));
         }
         let mask = context.mask.as_ref().expect("a device cache needs the attention mask");
+        let (k, v) = match kv_quant {
+            Some(kvq) => (round_kv(k, kvq), round_kv(v, kvq)),
+            None => (k, v),
+        };
         let (k, v) = cache.forward(k.swap_dims(1, 2), v.swap_dims(1, 2));
         let s = k.dims()[2];
 
@@ -89,7 +167,7 @@ impl Attention {
         let weights = softmax(scores, 4).cast(dtype).reshape([b, kvh, rep * t, s]);
         let out = weights.matmul(v); // [b, kvh, rep * t, hd]
         let out = out.reshape([b, h, t, hd]).swap_dims(1, 2).reshape([b, t, h * hd]);
-        self.wo.forward(out)
+        self.wo.forward(context.round_input(out))
     }
 }
 

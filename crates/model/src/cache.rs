@@ -5,6 +5,8 @@
 
 use burn::tensor::{DType, Device, Tensor};
 
+use qdrift_quantize::KvQuant;
+
 use crate::host_attention::{HostKv, Precision};
 
 /// Where a cache keeps its keys and values, and so which attention implementation reads them.
@@ -46,6 +48,8 @@ enum CacheStorage {
 #[derive(Debug)]
 pub struct KvCache {
     storage: CacheStorage,
+    /// Rounding applied to keys and values as they are written.
+    quant: Option<KvQuant>,
     len: usize,
     capacity: usize,
 }
@@ -75,7 +79,20 @@ impl KvCache {
                 CacheStorage::Host(HostKv::new(batch, kv_heads, capacity, head_dim, precision))
             }
         };
-        Self { storage, len: 0, capacity }
+        Self { storage, quant: None, len: 0, capacity }
+    }
+
+    /// The cache with keys and values rounded as `quant` says when they are written (keys after
+    /// RoPE, as llama.cpp and vLLM store them), by the host definition for a host cache and on
+    /// the device for a device cache.
+    pub fn with_quant(mut self, quant: Option<KvQuant>) -> Self {
+        self.quant = quant;
+        self
+    }
+
+    /// The rounding applied to written keys and values, if any.
+    pub fn quant(&self) -> Option<KvQuant> {
+        self.quant
     }
 
     /// Which attention implementation reads this cache.
@@ -112,7 +129,7 @@ impl KvCache {
     /// # Panics
     /// If the cache would overflow its capacity; callers size it from the request.
     pub(crate) fn claim_host(&mut self, new: usize) -> Option<(&mut HostKv, usize)> {
-        let Self { storage: CacheStorage::Host(kv), len, capacity } = self else {
+        let Self { storage: CacheStorage::Host(kv), len, capacity, .. } = self else {
             return None;
         };
         Some((kv, claim(len, *capacity, new)))
@@ -129,7 +146,7 @@ impl KvCache {
     /// host cache.
     pub fn forward(&mut self, k: Tensor<4>, v: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
         let [b, h, new, d] = k.dims();
-        let Self { storage: CacheStorage::Device { keys, values }, len, capacity } = self else {
+        let Self { storage: CacheStorage::Device { keys, values }, len, capacity, .. } = self else {
             panic!("KvCache::forward on a host cache; the host kernel writes it");
         };
         let start = claim(len, *capacity, new);

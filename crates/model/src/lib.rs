@@ -11,12 +11,14 @@
 
 mod attention;
 mod cache;
+mod fake_quant;
 mod host_attention;
 mod llama;
 mod norm;
 mod rope;
 
 pub use cache::{AttentionKernel, KvCache};
+pub use fake_quant::{RoundingPath, RuntimeQuant, round_activations, round_kv};
 pub use llama::{Llama, LlamaConfig, ModelError, Positions};
 pub use rope::Rope;
 

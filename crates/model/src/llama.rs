@@ -13,6 +13,7 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use qdrift_load::{HostModel, HostTensor, RopeScaling};
 
 use crate::attention::{Attention, ForwardContext};
+use crate::fake_quant::{RoundingPath, RuntimeQuant};
 use crate::norm::RmsNorm;
 use crate::{AttentionKernel, KvCache, Rope, upload};
 
@@ -32,6 +33,10 @@ pub enum ModelError {
     /// The architecture is inconsistent.
     #[error("invalid architecture: {0}")]
     Arch(String),
+    /// The run-time quantization does not fit the model (a ggml KV format on rows that are not
+    /// whole blocks).
+    #[error("{0}")]
+    Runtime(#[from] qdrift_quantize::QuantizeError),
     /// The compute dtype is not one the model supports.
     #[error("unsupported compute dtype {0:?}; use f32 or f16")]
     DType(DType),
@@ -144,7 +149,7 @@ impl LlamaConfig {
         // A tied output layer gets its own transposed copy of the embedding: the lookup wants
         // [vocab, dim] rows, the projection a [dim, vocab] matrix.
         let output = linear("lm_head.weight".into(), host.output_weight(), self.vocab_size, d)?;
-        Ok(Llama { embedding, layers, norm, output, rope, config: self.clone(), dtype })
+        Ok(Llama { embedding, layers, norm, output, rope, config: self.clone(), dtype, runtime: RuntimeQuant::none() })
     }
 }
 
@@ -177,10 +182,15 @@ pub struct FeedForward {
 }
 
 impl FeedForward {
+    /// The gate/up input and the down input are rounded as `context`'s activation quantization
+    /// says (the gate and up projections share one rounding of their common input).
+    ///
     /// # Shapes
     /// - `x`: `[batch, seq, dim]` → `[batch, seq, dim]`
-    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        self.down.forward(silu(self.gate.forward(x.clone())) * self.up.forward(x))
+    pub(crate) fn forward(&self, x: Tensor<3>, context: &ForwardContext) -> Tensor<3> {
+        let x = context.round_input(x);
+        let h = silu(self.gate.forward(x.clone())) * self.up.forward(x);
+        self.down.forward(context.round_input(h))
     }
 }
 
@@ -202,7 +212,7 @@ impl Block {
     /// - `x`: `[batch, new, dim]` → `[batch, new, dim]`
     fn forward(&self, x: Tensor<3>, rope: &Rope, context: &ForwardContext, cache: &mut KvCache) -> Tensor<3> {
         let h = x.clone() + self.attn.forward(self.attn_norm.forward(x), rope, context, cache);
-        h.clone() + self.ffn.forward(self.ffn_norm.forward(h))
+        h.clone() + self.ffn.forward(self.ffn_norm.forward(h), context)
     }
 }
 
@@ -235,6 +245,16 @@ impl Positions {
     pub(crate) fn visible(&self, row: usize, column: usize) -> std::ops::Range<usize> {
         let p = self.pad[row];
         if column >= p { p..column + 1 } else { column..column + 1 }
+    }
+
+    /// 1 for the real tokens in columns `start..start + len` and 0 for padding.
+    ///
+    /// # Shapes
+    /// - returns `[batch, len, 1]`, f32
+    fn real(&self, start: usize, len: usize, device: &Device) -> Tensor<3> {
+        let m: Vec<f32> =
+            self.pad.iter().flat_map(|&p| (start..start + len).map(move |c| if c >= p { 1.0 } else { 0.0 })).collect();
+        Tensor::from_data(TensorData::new(m, [self.pad.len(), len, 1]), (device, DType::F32))
     }
 
     /// The additive attention mask for queries in columns `start..start + len` over keys in
@@ -275,12 +295,35 @@ pub struct Llama {
     /// Compute dtype: the dtype the weights were uploaded in.
     #[module(skip)]
     pub dtype: DType,
+    /// What is rounded at run time (activations, KV cache); nothing by default. Set it with
+    /// [`Llama::set_runtime_quant`], which checks it against the architecture.
+    #[module(skip)]
+    runtime: RuntimeQuant,
 }
 
 impl Llama {
     /// The dtype the model computes in.
     pub fn dtype(&self) -> DType {
         self.dtype
+    }
+
+    /// What the model rounds at run time.
+    pub fn runtime_quant(&self) -> RuntimeQuant {
+        self.runtime
+    }
+
+    /// Rounds activations and/or the KV cache at run time from now on (caches made afterwards
+    /// carry the KV rounding).
+    ///
+    /// # Errors
+    /// [`ModelError::Runtime`] when a ggml KV-cache format does not fit the cache rows
+    /// (`kv_heads × head_dim` not a multiple of 32).
+    pub fn set_runtime_quant(&mut self, runtime: RuntimeQuant) -> Result<(), ModelError> {
+        if let Some(kv) = runtime.kv_cache {
+            kv.check_row(self.config.n_kv_heads, self.config.head_dim())?;
+        }
+        self.runtime = runtime;
+        Ok(())
     }
 
     /// The device the weights live on.
@@ -298,7 +341,10 @@ impl Llama {
     pub fn new_caches_for(&self, batch: usize, capacity: usize, kernel: AttentionKernel) -> Vec<KvCache> {
         let device = self.device();
         let (kvh, hd) = (self.config.n_kv_heads, self.config.head_dim());
-        (0..self.layers.len()).map(|_| KvCache::new(batch, kvh, capacity, hd, self.dtype, &device, kernel)).collect()
+        let quant = self.runtime.kv_cache;
+        (0..self.layers.len())
+            .map(|_| KvCache::new(batch, kvh, capacity, hd, self.dtype, &device, kernel).with_quant(quant))
+            .collect()
     }
 
     /// Runs new token columns through the model, appending them to the caches.
@@ -323,7 +369,12 @@ impl Llama {
         let (cos, sin) = self.rope.tables(&positions.rows(start, t), self.dtype, &device);
         let composed = caches.iter().any(|c| c.kernel() == AttentionKernel::Composed);
         let mask = composed.then(|| positions.mask(start, t, &device));
-        let context = ForwardContext { cos, sin, mask, positions };
+        let activations = self.runtime.activations.map(|q| (q, self.runtime.path));
+        let real = match activations {
+            Some((q, RoundingPath::Device)) if q.per_tensor && start == 0 => Some(positions.real(start, t, &device)),
+            _ => None,
+        };
+        let context = ForwardContext { cos, sin, mask, positions, start, activations, real };
 
         let dim = self.embedding.val().dims()[1];
         let mut x = self.embedding.val().select(0, tokens.reshape([b * t])).reshape([b, t, dim]);

@@ -34,6 +34,34 @@ pub enum QuantizeError {
         known: String,
     },
 
+    /// A variant string that does not follow `WEIGHTS[+a-ACT][+kv-KV]`.
+    #[error("bad variant \"{name}\": {problem}; {grammar}")]
+    BadRecipe {
+        /// The string as given.
+        name: String,
+        /// Which part is wrong.
+        problem: String,
+        /// The grammar with every valid part ([`crate::Recipe::grammar`]).
+        grammar: String,
+    },
+
+    /// A ggml KV-cache format on a model whose cache rows are not whole blocks.
+    #[error(
+        "KV-cache format {format} needs rows of whole {block}-value blocks, but this model's cache row is {row} values ({kv_heads} KV heads × head dim {head_dim})"
+    )]
+    KvRow {
+        /// The KV-cache part's name.
+        format: String,
+        /// Values per cached token (`kv_heads × head_dim`).
+        row: usize,
+        /// Key/value heads.
+        kv_heads: usize,
+        /// Width of a head.
+        head_dim: usize,
+        /// The format's block size.
+        block: usize,
+    },
+
     /// A weight is NaN or infinite; no scale can represent it.
     #[error("weight {index} (row {row}, col {col}) is {value}; quantization needs finite weights")]
     NonFinite {

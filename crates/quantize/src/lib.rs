@@ -24,11 +24,14 @@
 //! | `nf4.rs` | `nf4-g64` |
 //! | `ggml.rs` | `q8_0`, `q4_0`, `q4_1`, `q4_k`, `q6_k`, `mxfp4` (codecs in `qdrift-ggml`) |
 //! | `footprint.rs` | [`Scheme::storage_bytes`] (bytes per matrix shape), [`SchemeFootprint`] for `qdrift inspect` |
+//! | `recipe.rs` | [`Recipe`]: the variant grammar `WEIGHTS[+a-ACT][+kv-KV]`, [`ActivationQuant`], [`KvQuant`] |
+//! | `dynamic.rs` | host definitions of activation and KV-cache rounding (`round_host`) |
 //! | `stats.rs` | [`error_stats`] |
 //! | `reference.rs` | [`round_to_fp16_reference`]: the FP16 reference every variant is measured against |
 //! | `model.rs` | [`quantize_model`]: a whole model, per-tensor [`TensorReport`]s, [`QuantSummary`] |
 //! | `safetensors_out.rs` | [`write_safetensors`]: HF names, rotate-half q/k, F32 or packed parts |
 
+mod dynamic;
 mod error;
 mod float;
 mod footprint;
@@ -37,11 +40,13 @@ mod ggml;
 mod int;
 mod model;
 mod nf4;
+mod recipe;
 mod reference;
 mod safetensors_out;
 mod scheme;
 mod stats;
 
+pub use dynamic::round_dynamic_group;
 pub use error::QuantizeError;
 pub use footprint::SchemeFootprint;
 pub use fp8::{fp8_decode, fp8_encode};
@@ -52,6 +57,7 @@ pub use model::{
 pub use nf4::NF4_CODE;
 pub use qdrift_ggml::GgmlError;
 pub use qdrift_load::rotate_half_row_order;
+pub use recipe::{ActivationQuant, DynamicFormat, KvQuant, Recipe};
 pub use reference::round_to_fp16_reference;
 pub use safetensors_out::{WriteError, write_safetensors};
 pub use scheme::{Fp8Format, GgmlType, Scheme};

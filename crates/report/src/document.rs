@@ -10,7 +10,7 @@
 
 use crate::format::{bytes, count, file_name, kld, rate, short_sha256};
 use crate::metrics::METRICS;
-use crate::{HorizonMetrics, Report, VariantKind};
+use crate::{HorizonMetrics, Report, Variant, VariantKind};
 
 /// A run of text in a paragraph or a table cell.
 #[derive(Clone, Debug)]
@@ -175,14 +175,24 @@ fn reference_line(report: &Report) -> Vec<Inline> {
 
 /// One row per variant: what it is and what its weights cost.
 fn variants_section(report: &Report) -> Vec<Block> {
+    let part = |p: Option<&String>| p.map_or_else(|| cell("—"), |s| name_cell(s));
     let rows = report
-        .variants
-        .iter()
+        .variants_grouped()
+        .into_iter()
         .map(|v| {
+            let r = v.recipe.as_ref();
             vec![
                 name_cell(&v.name),
+                cell(v.group()),
                 cell(kind_name(v.kind)),
-                name_cell(v.scheme.as_deref().or(v.path.as_deref().map(file_name)).unwrap_or("—")),
+                name_cell(
+                    r.map(|r| r.weights.as_str())
+                        .or(v.scheme.as_deref())
+                        .or(v.path.as_deref().map(file_name))
+                        .unwrap_or("—"),
+                ),
+                part(r.and_then(|r| r.activations.as_ref())),
+                part(r.and_then(|r| r.kv_cache.as_ref())),
                 name_cell(&v.compute_dtype),
                 cell(format!("{:.3}", v.bits_per_weight)),
                 cell(bytes(v.weight_bytes)),
@@ -191,8 +201,11 @@ fn variants_section(report: &Report) -> Vec<Block> {
         .collect();
     let columns = vec![
         col("Variant", false),
+        col("Quantizes", false),
         col("Kind", false),
-        col("Scheme / checkpoint", false),
+        col("Weights / checkpoint", false),
+        col("Activations", false),
+        col("KV cache", false),
         col("Compute", false),
         col("Bits/weight", true),
         col("Weights", true),
@@ -204,7 +217,7 @@ fn variants_section(report: &Report) -> Vec<Block> {
 fn horizon_section(report: &Report, h: usize) -> Vec<Block> {
     let intro = "Means over prompts with their 95% intervals [lo, hi]; each column is described under \
                  Metrics at the end. Excess = variant − noise floor, paired by prompt; the noise floor has none.";
-    let rows = report.variants.iter().filter_map(|v| v.horizon(h).map(|m| metric_row(&v.name, m))).collect();
+    let rows = report.variants_grouped().into_iter().filter_map(|v| v.horizon(h).map(|m| metric_row(v, m))).collect();
     vec![
         heading(&format!("horizon-{h}"), format!("First {h} generated tokens")),
         Block::Paragraph(vec![text(intro)]),
@@ -212,9 +225,10 @@ fn horizon_section(report: &Report, h: usize) -> Vec<Block> {
     ]
 }
 
-/// `Variant`, then per metric of [`METRICS`] its title (and its p99 column, if it has one).
+/// `Variant`, `Quantizes`, then per metric of [`METRICS`] its title (and its p99 column, if it
+/// has one).
 fn metric_columns() -> Vec<Column> {
-    let mut columns = vec![col("Variant", false)];
+    let mut columns = vec![col("Variant", false), col("Quantizes", false)];
     for m in METRICS {
         columns.push(col(m.title, true));
         columns.extend(m.tail.map(|title| col(title, true)));
@@ -223,8 +237,8 @@ fn metric_columns() -> Vec<Column> {
 }
 
 /// A row of [`metric_columns`]: `—` for a metric the variant does not have.
-fn metric_row(name: &str, h: &HorizonMetrics) -> Vec<Cell> {
-    let mut row = vec![name_cell(name)];
+fn metric_row(v: &Variant, h: &HorizonMetrics) -> Vec<Cell> {
+    let mut row = vec![name_cell(&v.name), cell(v.group())];
     for m in METRICS {
         let value = h.get(m);
         row.push(cell(value.map_or_else(|| "—".to_string(), |e| m.with_ci(e))));
@@ -244,8 +258,8 @@ fn first_divergence_section(report: &Report) -> Vec<Block> {
          (Kaplan–Meier median); censored prompts never diverged within {longest} tokens."
     );
     let rows = report
-        .variants
-        .iter()
+        .variants_grouped()
+        .into_iter()
         .map(|v| {
             let fd = &v.first_divergence;
             let median = match fd.median {
@@ -253,10 +267,11 @@ fn first_divergence_section(report: &Report) -> Vec<Block> {
                 None => format!("> {longest} (not reached)"),
             };
             let of = if fd.positions.is_empty() { report.workload.prompts } else { fd.positions.len() };
-            vec![name_cell(&v.name), cell(median), cell(format!("{} of {of}", fd.censored))]
+            vec![name_cell(&v.name), cell(v.group()), cell(median), cell(format!("{} of {of}", fd.censored))]
         })
         .collect();
-    let columns = vec![col("Variant", false), col("Median position", true), col("Censored", true)];
+    let columns =
+        vec![col("Variant", false), col("Quantizes", false), col("Median position", true), col("Censored", true)];
     vec![
         heading("first-divergence", "First divergence"),
         Block::Paragraph(vec![text(intro)]),

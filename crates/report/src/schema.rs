@@ -162,6 +162,10 @@ pub struct Variant {
     /// The scheme, for `kind = scheme`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheme: Option<String>,
+    /// What a `kind = scheme` variant quantizes, part by part (added in schema 1 as an optional
+    /// field; older reports have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recipe: Option<RecipeParts>,
     /// The checkpoint's file (or folder) name, without the folders around it, for
     /// `kind = checkpoint`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -228,6 +232,71 @@ pub struct EntropyStratum {
     pub kld_mean: Option<f64>,
     /// Top-1 agreement in the stratum (`None` when empty).
     pub top1_agreement: Option<f64>,
+}
+
+/// A scheme variant's parts (`WEIGHTS[+a-ACT][+kv-KV]`): what it quantizes, each part by its
+/// name in the grammar; `null` for a part the variant leaves at the reference's precision.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecipeParts {
+    /// The weight scheme (`fp16` leaves the FP16 reference's weights as they are).
+    pub weights: String,
+    /// Dynamic activation quantization of every linear layer's input (`int8`, `fp8`,
+    /// `fp8-e5m2-tensor`, …).
+    pub activations: Option<String>,
+    /// KV-cache rounding (`q8_0`, `fp8-e4m3`, `int8`, …).
+    pub kv_cache: Option<String>,
+}
+
+impl RecipeParts {
+    /// What the variant quantizes, as reports group variants: `weights`, `weights + activations`,
+    /// `KV cache`, `weights + activations + KV cache`, …
+    pub fn group(&self) -> String {
+        let mut parts = Vec::new();
+        if self.weights != "fp16" {
+            parts.push("weights");
+        }
+        if self.activations.is_some() {
+            parts.push("activations");
+        }
+        if self.kv_cache.is_some() {
+            parts.push("KV cache");
+        }
+        if parts.is_empty() { "nothing".to_string() } else { parts.join(" + ") }
+    }
+
+    /// Sort key of [`RecipeParts::group`]: weight-only first, then activations, then the KV
+    /// cache, then both.
+    fn rank(&self) -> (bool, bool, bool) {
+        (self.kv_cache.is_some(), self.activations.is_some(), self.weights == "fp16")
+    }
+}
+
+impl Variant {
+    /// What the variant quantizes, as reports group variants: `noise floor`, `checkpoint`, or
+    /// its [`RecipeParts::group`] (`weights` for a scheme variant from a report without parts).
+    pub fn group(&self) -> String {
+        match (self.kind, &self.recipe) {
+            (VariantKind::NoiseFloor, _) => "noise floor".to_string(),
+            (VariantKind::Checkpoint, _) => "checkpoint".to_string(),
+            (VariantKind::Scheme, Some(r)) => r.group(),
+            (VariantKind::Scheme, None) => "weights".to_string(),
+        }
+    }
+}
+
+impl Report {
+    /// The variants grouped by what they quantize (noise floor; weights only; with activations;
+    /// with the KV cache; with both; checkpoints), in report order within a group: the order
+    /// every table lists them in.
+    pub fn variants_grouped(&self) -> Vec<&Variant> {
+        let mut v: Vec<&Variant> = self.variants.iter().collect();
+        v.sort_by_key(|v| match (v.kind, &v.recipe) {
+            (VariantKind::NoiseFloor, _) => (0, (false, false, false)),
+            (VariantKind::Scheme, r) => (1, r.as_ref().map_or((false, false, false), RecipeParts::rank)),
+            (VariantKind::Checkpoint, _) => (2, (false, false, false)),
+        });
+        v
+    }
 }
 
 /// Error of one quantized tensor.

@@ -292,6 +292,7 @@ fn variant(p: &Profile, c: &Curves, floor: &Curves) -> Variant {
     Variant {
         name: p.name.into(),
         scheme: p.scheme.map(Into::into),
+        recipe: None,
         path: None,
         kind: p.kind,
         compute_dtype: p.compute_dtype.into(),

@@ -77,9 +77,10 @@ fn markdown_has_a_table_per_horizon_with_intervals() {
             let tm = m.metric("token_match_rate").unwrap();
             let tm = format!("{:.4} [{:.4}, {:.4}]", tm.mean, tm.ci95[0], tm.ci95[1]);
             assert!(row.contains(&tm), "{tm} missing from {row}");
-            // The name, a column per metric and one per p99; an interval for every metric the
-            // variant has (all but the noise floor's excess).
-            let columns = 1 + METRICS.len() + METRICS.iter().filter(|m| m.tail.is_some()).count();
+            // The name, what it quantizes, a column per metric and one per p99; an interval for
+            // every metric the variant has (all but the noise floor's excess).
+            assert!(row.starts_with(&format!("| {} | {} |", v.name, v.group())), "{row}");
+            let columns = 2 + METRICS.len() + METRICS.iter().filter(|m| m.tail.is_some()).count();
             assert_eq!(row.matches(" | ").count(), columns - 1, "{row}");
             assert_eq!(row.matches('[').count(), m.iter().count(), "{row}");
             assert_eq!(
@@ -233,7 +234,8 @@ fn every_gateable_metric_appears_in_every_rendering() {
     for m in METRICS {
         // A column of every horizon's table, and a row of the glossary with its gate name.
         let md_column = format!("| {} |", m.title);
-        let table_header = md.lines().filter(|l| l.starts_with("| Variant | Token match")).collect::<Vec<_>>();
+        let table_header =
+            md.lines().filter(|l| l.starts_with("| Variant | Quantizes | Token match")).collect::<Vec<_>>();
         assert_eq!(table_header.len(), r.workload.horizons.len());
         assert!(table_header.iter().all(|l| l.contains(&md_column)), "{}: no column in the Markdown", m.name);
         assert!(md.contains(&format!("| {} | `{}` |", m.title, m.name)), "{}: not in the Markdown glossary", m.name);

@@ -1,5 +1,5 @@
-//! The Burn model (flex CPU backend, f32) against an independent naive forward pass in f64
-//! written here from the definitions: RMSNorm, q/k/v projections with biases, interleaved RoPE
+//! The Burn model (flex CPU backend, f32) against the independent naive forward pass in f64
+//! (`qdrift_tests::reference64`, from the definitions): RMSNorm, q/k/v projections with biases, interleaved RoPE
 //! (with Llama 3.1's scaling and with per-pair divisors), grouped-query causal attention, SwiGLU.
 //!
 //! Fixture: the synthetic `tiny` model (dim 32, 2 layers, 4 query / 2 key-value heads of width 8,
@@ -9,6 +9,7 @@
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use qdrift_load::{HostModel, HostTensor, RopeScaling, synthetic_model};
 use qdrift_model::{AttentionKernel, KvCache, Llama, LlamaConfig, ModelError, Positions};
+use qdrift_tests::reference64::{Rounding, naive_logits};
 
 const TOKENS: [u32; 9] = [1, 75, 104, 3, 319, 200, 42, 42, 7];
 
@@ -39,119 +40,6 @@ fn tiny(biases: bool, rope_scaling: Option<RopeScaling>) -> HostModel {
     }
     m.arch.rope_scaling = rope_scaling;
     m
-}
-
-// ---- the naive reference, f64 -------------------------------------------------------------
-
-/// `w · x` for a `[out, in]` host weight, plus the bias.
-fn matvec(w: &HostTensor, b: Option<&HostTensor>, x: &[f64]) -> Vec<f64> {
-    let (out, inp) = (w.shape[0], w.shape[1]);
-    (0..out)
-        .map(|r| {
-            let dot: f64 = (0..inp).map(|c| f64::from(w.data[r * inp + c]) * x[c]).sum();
-            dot + b.map_or(0.0, |b| f64::from(b.data[r]))
-        })
-        .collect()
-}
-
-fn rms_norm(x: &[f64], w: &HostTensor, eps: f64) -> Vec<f64> {
-    let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
-    let inv = 1.0 / (ms + eps).sqrt();
-    x.iter().zip(&w.data).map(|(v, &g)| v * inv * f64::from(g)).collect()
-}
-
-/// Rotates pairs `(2i, 2i+1)` of every head by `pos · inv_freq[i]`.
-fn rope(x: &mut [f64], head_dim: usize, pos: usize, inv_freq: &[f64]) {
-    for head in x.chunks_mut(head_dim) {
-        for (i, f) in inv_freq.iter().enumerate() {
-            let (s, c) = (pos as f64 * f).sin_cos();
-            let (a, b) = (head[2 * i], head[2 * i + 1]);
-            head[2 * i] = a * c - b * s;
-            head[2 * i + 1] = a * s + b * c;
-        }
-    }
-}
-
-/// The inverse frequencies from the definitions (f64): `theta^(-2i/d)`, Llama 3.1's bands,
-/// or per-pair divisors.
-fn inv_freq(m: &HostModel) -> Vec<f64> {
-    let (hd, theta) = (m.arch.head_dim(), f64::from(m.arch.rope_theta));
-    let plain = (0..hd / 2).map(|i| theta.powf(-((2 * i) as f64) / hd as f64));
-    match &m.arch.rope_scaling {
-        None => plain.collect(),
-        Some(RopeScaling::FreqFactors { factors }) => plain.zip(factors).map(|(f, &d)| f / f64::from(d)).collect(),
-        Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
-            let (factor, low, high) = (f64::from(*factor), f64::from(*low_freq_factor), f64::from(*high_freq_factor));
-            let old = *original_max_position_embeddings as f64;
-            plain
-                .map(|f| {
-                    let wavelen = 2.0 * std::f64::consts::PI / f;
-                    if wavelen < old / high {
-                        f
-                    } else if wavelen > old / low {
-                        f / factor
-                    } else {
-                        let smooth = (old / wavelen - low) / (high - low);
-                        (1.0 - smooth) * f / factor + smooth * f
-                    }
-                })
-                .collect()
-        }
-    }
-}
-
-/// Logits `[position][vocab]` of one sequence, every position.
-fn naive_logits(m: &HostModel, tokens: &[u32]) -> Vec<Vec<f64>> {
-    let a = &m.arch;
-    let (dim, hd, heads, kv_heads) = (a.dim, a.head_dim(), a.n_heads, a.n_kv_heads);
-    let eps = f64::from(a.norm_eps);
-    let freqs = inv_freq(m);
-    let emb = &m.token_embedding;
-    let mut xs: Vec<Vec<f64>> =
-        tokens.iter().map(|&t| emb.data[t as usize * dim..][..dim].iter().map(|&v| f64::from(v)).collect()).collect();
-    for l in &m.layers {
-        let (mut qs, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
-        for (pos, x) in xs.iter().enumerate() {
-            let xn = rms_norm(x, &l.attn_norm, eps);
-            let mut q = matvec(&l.wq, l.bq.as_ref(), &xn);
-            let mut k = matvec(&l.wk, l.bk.as_ref(), &xn);
-            rope(&mut q, hd, pos, &freqs);
-            rope(&mut k, hd, pos, &freqs);
-            qs.push(q);
-            ks.push(k);
-            vs.push(matvec(&l.wv, l.bv.as_ref(), &xn));
-        }
-        for (t, x) in xs.iter_mut().enumerate() {
-            let mut attended = vec![0.0; heads * hd];
-            for h in 0..heads {
-                let kvh = h / (heads / kv_heads);
-                let q = &qs[t][h * hd..][..hd];
-                let scores: Vec<f64> = (0..=t)
-                    .map(|s| {
-                        q.iter().zip(&ks[s][kvh * hd..][..hd]).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt()
-                    })
-                    .collect();
-                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let z: f64 = e.iter().sum();
-                for (s, w) in e.iter().enumerate() {
-                    for j in 0..hd {
-                        attended[h * hd + j] += w / z * vs[s][kvh * hd + j];
-                    }
-                }
-            }
-            for (xi, o) in x.iter_mut().zip(matvec(&l.wo, None, &attended)) {
-                *xi += o;
-            }
-            let xn = rms_norm(x, &l.ffn_norm, eps);
-            let (g, u) = (matvec(&l.w_gate, None, &xn), matvec(&l.w_up, None, &xn));
-            let act: Vec<f64> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
-            for (xi, o) in x.iter_mut().zip(matvec(&l.w_down, None, &act)) {
-                *xi += o;
-            }
-        }
-    }
-    xs.iter().map(|x| matvec(m.output_weight(), None, &rms_norm(x, &m.final_norm, eps))).collect()
 }
 
 // ---- the Burn model --------------------------------------------------------------------------
@@ -199,7 +87,7 @@ fn relative_error(got: &[Vec<f32>], want: &[Vec<f64>]) -> f64 {
 
 /// Checks both attention kernels against the naive pass; returns the host kernel's logits.
 fn check_against_naive(m: &HostModel, what: &str) -> Vec<Vec<f32>> {
-    let want = naive_logits(m, &TOKENS);
+    let want = naive_logits(m, &TOKENS, &Rounding::default());
     let model = build(m);
     let mut got = Vec::new();
     for kernel in [AttentionKernel::Composed, AttentionKernel::Host] {
@@ -219,7 +107,7 @@ fn biased_model_matches_the_naive_forward_pass() {
     let with = check_against_naive(&tiny(true, None), "q/k/v biases");
     let without = check_against_naive(&tiny(false, None), "no biases");
     // The biases change the result well beyond the agreement above.
-    let differ = relative_error(&with, &naive_logits(&tiny(false, None), &TOKENS));
+    let differ = relative_error(&with, &naive_logits(&tiny(false, None), &TOKENS, &Rounding::default()));
     println!("biases move the logits by {differ:.2e} (relative)");
     assert!(differ > 1e-2, "biases barely matter: {differ:e}");
     assert_ne!(with, without);
@@ -274,7 +162,7 @@ fn f16_model_with_biases_and_scaling_stays_close() {
         original_max_position_embeddings: 256,
     };
     let m = tiny(true, Some(scaling));
-    let want = naive_logits(&m, &TOKENS);
+    let want = naive_logits(&m, &TOKENS, &Rounding::default());
     let model = LlamaConfig::from_arch(&m.arch).init_from_host(&m, DType::F16, &Device::flex()).expect("f16 builds");
     for kernel in [AttentionKernel::Composed, AttentionKernel::Host] {
         let got = burn_logits_with(&model, &TOKENS, 6, kernel);

@@ -1,0 +1,201 @@
+//! Run-time roundings of a variant (`qdrift_quantize::Recipe`'s activation and KV-cache parts) on
+//! the device, as quantize→dequantize steps in Burn tensor ops, and the choice between them and
+//! the host definitions.
+//!
+//! The definitions are `qdrift_quantize`'s `round_host` functions (`dynamic.rs`); every function
+//! here computes the same f32 operations in the same order and is tested against them on both
+//! backends (`tests/tests/fake_quant.rs`). Values are rounded in f32 whatever the compute dtype,
+//! then cast back to it (so in f16 the dequantized value is rounded once more to f16, relative
+//! error ≤ 2⁻¹¹, far below the quantization step).
+//!
+//! Exactness on a GPU rests on three properties lavapipe has and the tests check: f32 division
+//! correctly rounded (WGSL allows 2.5 ulp; a value within an ulp of a rounding boundary could
+//! round the other way on a GPU that approximates), no fused multiply-add contraction, and an
+//! f32→f16 conversion that rounds to nearest even.
+//!
+//! FP8 rounding without bit casts (Burn has none): a value's spacing on the FP8 grid is found by
+//! comparing its magnitude against every binade boundary `2^k` of the format (exact powers of
+//! two), then `RNE(a/spacing)·spacing` — the project codec's own method (`fp8.rs`).
+
+use burn::tensor::{Bool, DType, Int, Tensor};
+use qdrift_quantize::{ActivationQuant, DynamicFormat, Fp8Format, GgmlType, KvQuant};
+
+/// Where activations are rounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoundingPath {
+    /// Burn tensor ops on the model's device (what wgpu runs).
+    Device,
+    /// Read back, rounded by the host definition, uploaded again: on the CPU backend a copy, and
+    /// several times faster than ~30 small tensor ops per FP8 rounding.
+    Host,
+}
+
+impl RoundingPath {
+    /// [`RoundingPath::Host`] on the CPU (flex) backend, [`RoundingPath::Device`] elsewhere.
+    pub fn for_device(device: &burn::tensor::Device) -> Self {
+        if *device == burn::tensor::Device::flex() { Self::Host } else { Self::Device }
+    }
+}
+
+/// What a model rounds at run time besides its (already quantized) weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuntimeQuant {
+    /// Dynamic quantization of every linear layer's input (q/k/v, o, gate/up, down).
+    pub activations: Option<ActivationQuant>,
+    /// Rounding of keys (after RoPE) and values as they are written into the cache.
+    pub kv_cache: Option<KvQuant>,
+    /// Where activations are rounded (KV caches follow their own storage: a host cache is
+    /// rounded by the host definition, a device cache on the device).
+    pub path: RoundingPath,
+}
+
+impl RuntimeQuant {
+    /// Nothing rounded at run time: the model computes exactly as a weight-only variant.
+    pub fn none() -> Self {
+        Self { activations: None, kv_cache: None, path: RoundingPath::Device }
+    }
+}
+
+/// `2^k` as f32, for the binade boundaries and spacings used here (|k| < 127).
+fn exp2(k: i32) -> f32 {
+    f32::from_bits(((k + 127) as u32) << 23)
+}
+
+/// Rounds values already divided by their scale onto an FP8 grid (saturating at the max normal,
+/// round to nearest even), in f32.
+///
+/// # Shapes
+/// - `y`: any, f32 → same
+fn round_fp8_scaled<const D: usize>(y: Tensor<D>, format: Fp8Format) -> Tensor<D> {
+    let (mantissa, min_exp, max_exp) = match format {
+        Fp8Format::E4M3 => (3, -6, 8),
+        Fp8Format::E5M2 => (2, -14, 15),
+    };
+    let sign = y.clone().sign();
+    let a = y.abs().clamp_max(format.max_finite());
+    let mut spacing = a.clone().zeros_like().add_scalar(exp2(min_exp - mantissa));
+    for k in min_exp + 1..=max_exp {
+        spacing = spacing.mask_fill(a.clone().greater_equal_elem(exp2(k)), exp2(k - mantissa));
+    }
+    a.div(spacing.clone()).round().mul(spacing).mul(sign)
+}
+
+/// Quantize→dequantize groups that share one dynamic scale, given each group's `amax`.
+///
+/// # Shapes
+/// - `x`: any, f32; `amax`: broadcastable to `x` (1 along the grouped dims) → `x`'s shape
+fn round_with_amax<const D: usize>(x: Tensor<D>, amax: Tensor<D>, format: DynamicFormat) -> Tensor<D> {
+    let s = amax.div_scalar(format.max_value());
+    // An all-zero group: s = 0; dividing by 1 instead keeps it zero (the host leaves it as is).
+    let s = s.clone().mask_fill(s.equal_elem(0.0), 1.0);
+    let y = x.div(s.clone());
+    let q = match format {
+        DynamicFormat::Int8 => y.round().clamp(-127.0, 127.0),
+        DynamicFormat::Fp8(f) => round_fp8_scaled(y, f),
+    };
+    q.mul(s)
+}
+
+/// Dynamic quantization of linear-layer inputs on the device, in f32, cast back to `x`'s dtype.
+///
+/// # Shapes
+/// - `x`: `[batch, new, cols]` → same
+/// - `real`: `[batch, new, 1]`, f32, 1 for a real token and 0 for padding; needed only
+///   `per_tensor` (padding never contributes to a sequence's scale)
+///
+/// # Panics
+/// If `per_tensor` and `real` is `None`.
+pub fn round_activations(x: Tensor<3>, q: ActivationQuant, real: Option<&Tensor<3>>) -> Tensor<3> {
+    let dtype = x.dtype();
+    let x = x.cast(DType::F32);
+    let amax = if q.per_tensor {
+        let real = real.expect("per-tensor activation scales need the padding mask");
+        x.clone().abs().mul(real.clone()).max_dim(2).max_dim(1)
+    } else {
+        x.clone().abs().max_dim(2)
+    };
+    round_with_amax(x, amax, q.format).cast(dtype)
+}
+
+/// KV-cache rounding of new keys or values on the device, in f32, cast back to `x`'s dtype.
+///
+/// # Shapes
+/// - `x`: `[batch, new, kv_heads, head_dim]` → same
+///
+/// # Panics
+/// If a ggml format's row (`kv_heads × head_dim`) is not whole blocks (checked when the model's
+/// [`RuntimeQuant`] is set).
+pub fn round_kv(x: Tensor<4>, q: KvQuant) -> Tensor<4> {
+    let dtype = x.dtype();
+    let [b, t, kvh, hd] = x.dims();
+    let x = x.cast(DType::F32);
+    let out = match q {
+        KvQuant::Fp8(f) => round_fp8_scaled(x, f),
+        KvQuant::Fp8PerHead(f) => round_with_amax(x.clone(), x.abs().max_dim(3), DynamicFormat::Fp8(f)),
+        KvQuant::Int8 => round_with_amax(x.clone(), x.abs().max_dim(3), DynamicFormat::Int8),
+        KvQuant::Ggml(ty) => {
+            let block = ty.block_size();
+            assert!((kvh * hd).is_multiple_of(block), "KV row of {} values is not whole {block}-blocks", kvh * hd);
+            let blocks = x.reshape([b, t, kvh * hd / block, block]);
+            let out = match ty {
+                GgmlType::Q4_0 => round_q4_0(blocks),
+                _ => round_q8_0(blocks),
+            };
+            out.reshape([b, t, kvh, hd])
+        }
+    };
+    out.cast(dtype)
+}
+
+/// `d` and `id = d ? 1/d : 0` as `quantize_row_*_ref` computes them.
+fn scale_and_inverse(d: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
+    let zero: Tensor<4, Bool> = d.clone().equal_elem(0.0);
+    let id = d.clone().mask_fill(zero.clone(), 1.0).recip().mask_fill(zero, 0.0);
+    (d, id)
+}
+
+/// The FP16 rounding of f32 values (what `GGML_FP32_TO_FP16` stores), back in f32.
+fn through_f16(x: Tensor<4>) -> Tensor<4> {
+    x.cast(DType::F16).cast(DType::F32)
+}
+
+/// `quantize_row_q8_0_ref` then `dequantize_row_q8_0`: `d = amax/127`, `q = roundf(x·(1/d))`
+/// (half away from zero), `y = q·fp16(d)`.
+///
+/// # Shapes
+/// - `x`: `[batch, new, blocks, 32]`, f32 → same
+fn round_q8_0(x: Tensor<4>) -> Tensor<4> {
+    let (d, id) = scale_and_inverse(x.clone().abs().max_dim(3).div_scalar(127.0));
+    let v = x.mul(id);
+    // C's roundf: half away from zero, exact for |v| < 2^23 (here |v| ≤ 127).
+    let a = v.clone().abs();
+    let f = a.clone().floor();
+    let up: Tensor<4> = a.sub(f.clone()).greater_equal_elem(0.5).float().cast(DType::F32);
+    let q = f.add(up).mul(v.sign());
+    q.mul(through_f16(d))
+}
+
+/// `quantize_row_q4_0_ref` then `dequantize_row_q4_0`: `max` = the first value of largest
+/// magnitude (sign kept), `d = max/−8`, `q = min(15, (int)(x·(1/d) + 8.5))`, `y = (q − 8)·fp16(d)`.
+///
+/// # Shapes
+/// - `x`: `[batch, new, blocks, 32]`, f32 → same
+fn round_q4_0(x: Tensor<4>) -> Tensor<4> {
+    let [b, t, n, block] = x.dims();
+    let device = x.device();
+    let a = x.clone().abs();
+    let amax = a.clone().max_dim(3);
+    // The first index holding the largest magnitude, as ggml's strict `amax < fabsf(v)` scan.
+    let index: Tensor<4> = Tensor::<1, Int>::arange(0..block as i64, &device)
+        .float()
+        .cast(DType::F32)
+        .reshape([1, 1, 1, block])
+        .expand([b, t, n, block]);
+    let not_max = a.equal(amax.expand([b, t, n, block])).bool_not();
+    let first = index.mask_fill(not_max, block as f32).min_dim(3).int();
+    let max = x.clone().gather(3, first);
+    let (d, id) = scale_and_inverse(max.div_scalar(-8.0));
+    // x·id + 8.5 lies in [0.5, 16.5], so C's truncation is floor.
+    let q = x.mul(id).add_scalar(8.5).floor().clamp_max(15.0);
+    q.sub_scalar(8.0).mul(through_f16(d))
+}

@@ -1,0 +1,175 @@
+//! Host definitions of the run-time roundings of a [`crate::Recipe`]: dynamic activation
+//! quantization and KV-cache quantization, as quantize→dequantize on f32 values.
+//!
+//! These are the definitions the device implementations (`qdrift-model`'s `fake_quant.rs`) are
+//! tested against, and what the CPU host-attention cache runs. Every step is an f32 operation
+//! in a fixed order:
+//! - **int8** (activations per token or per tensor; KV per token per head): `s = amax/127`,
+//!   `q = clamp(RNE(x/s), −127, 127)`, `x' = q·s` (SmoothQuant's / vLLM's symmetric dynamic int8,
+//!   with the division the issue specifies rather than vLLM's multiplication by `127/amax`; they
+//!   differ only within an ulp of a rounding boundary). An all-zero group stays zero.
+//! - **FP8** (OCP OFP8 rev 1.0, the project's saturating round-to-nearest-even codec
+//!   [`crate::fp8_encode`]): `s = amax/max_finite` (448 for E4M3, 57344 for E5M2),
+//!   `x' = decode(encode(x/s))·s`, as vLLM's `scaled_fp8_quant` (dynamic scale, saturating
+//!   cast). The KV formats without `-head` use `s = 1`, vLLM's default `kv_cache_dtype=fp8`.
+//! - **q8_0 / q4_0** (KV only): ggml's `quantize_row_q8_0_ref` / `quantize_row_q4_0_ref` then
+//!   `dequantize_row_*` (`ggml-quants.c`), through the project's bit-exact `qdrift-ggml` codecs.
+
+use qdrift_ggml::{dequantize_ggml_blocks, quantize_ggml_blocks};
+
+use crate::error::QuantizeError;
+use crate::fp8::{fp8_decode, fp8_encode};
+use crate::recipe::{ActivationQuant, DynamicFormat, KvQuant};
+
+/// Quantize→dequantize one scale group (`values` share one dynamic scale) in place.
+///
+/// `s = amax/max` (`max` = 127 or the FP8 max normal); an all-zero group is left as it is.
+pub fn round_dynamic_group(format: DynamicFormat, values: &mut [f32]) {
+    let amax = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let s = amax / format.max_value();
+    if s == 0.0 {
+        return;
+    }
+    for v in values.iter_mut() {
+        *v = round_scaled(format, *v / s) * s;
+    }
+}
+
+/// A value already divided by its scale, rounded to the format's grid (and dequantized).
+fn round_scaled(format: DynamicFormat, y: f32) -> f32 {
+    match format {
+        DynamicFormat::Int8 => y.round_ties_even().clamp(-127.0, 127.0),
+        DynamicFormat::Fp8(f) => fp8_decode(f, fp8_encode(f, y)),
+    }
+}
+
+impl ActivationQuant {
+    /// Quantize→dequantize the activations of one sequence's `tokens` (row-major `[tokens, cols]`)
+    /// in place: one scale per token, or one for all of them with `per_tensor`. The caller passes
+    /// only real tokens (never padding), the way the device implementation masks padding out.
+    ///
+    /// # Panics
+    /// If `x.len()` is not a multiple of `cols` or `cols` is 0.
+    pub fn round_host(&self, x: &mut [f32], cols: usize) {
+        assert!(cols > 0 && x.len().is_multiple_of(cols), "activations of {} values are not rows of {cols}", x.len());
+        if self.per_tensor {
+            round_dynamic_group(self.format, x);
+        } else {
+            x.chunks_mut(cols).for_each(|row| round_dynamic_group(self.format, row));
+        }
+    }
+}
+
+impl KvQuant {
+    /// Quantize→dequantize one token's keys or values, `row` = `[kv_heads × head_dim]` (heads
+    /// consecutive), in place.
+    ///
+    /// # Errors
+    /// [`QuantizeError::KvRow`] when a ggml format's row is not whole blocks.
+    ///
+    /// # Panics
+    /// If `row.len()` is not a multiple of `head_dim` or `head_dim` is 0.
+    pub fn round_host(&self, row: &mut [f32], head_dim: usize) -> Result<(), QuantizeError> {
+        assert!(
+            head_dim > 0 && row.len().is_multiple_of(head_dim),
+            "a KV row of {} values is not heads of {head_dim}",
+            row.len()
+        );
+        match *self {
+            KvQuant::Fp8(f) => row.iter_mut().for_each(|v| *v = fp8_decode(f, fp8_encode(f, *v))),
+            KvQuant::Fp8PerHead(f) => {
+                row.chunks_mut(head_dim).for_each(|head| round_dynamic_group(DynamicFormat::Fp8(f), head));
+            }
+            KvQuant::Int8 => row.chunks_mut(head_dim).for_each(|head| round_dynamic_group(DynamicFormat::Int8, head)),
+            KvQuant::Ggml(ty) => {
+                self.check_row(row.len() / head_dim, head_dim)?;
+                let blocks = quantize_ggml_blocks(ty, row)?;
+                let back = dequantize_ggml_blocks(ty, &blocks, row.len())?;
+                row.copy_from_slice(&back);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheme::Fp8Format;
+    use qdrift_ggml::GgmlType;
+
+    #[test]
+    fn int8_per_token_is_symmetric_rne_with_amax_over_127() {
+        let a = ActivationQuant { format: DynamicFormat::Int8, per_tensor: false };
+        // Row 1: amax 127 → s = 1, so values round to integers, ties to even.
+        // Row 2: amax 2.54 → s = 0.02.
+        let mut x = vec![127.0, 0.5, 1.5, -2.5, 3.4, -127.0, 2.54, 0.01, 0.03, 0.0, -1.0, 0.0];
+        a.round_host(&mut x, 6);
+        assert_eq!(&x[..6], &[127.0, 0.0, 2.0, -2.0, 3.0, -127.0]);
+        let s = 2.54f32 / 127.0;
+        let expect: Vec<f32> = [2.54f32, 0.01, 0.03, 0.0, -1.0, 0.0]
+            .iter()
+            .map(|v| (v / s).round_ties_even().clamp(-127.0, 127.0) * s)
+            .collect();
+        assert_eq!(&x[6..], &expect[..]);
+        assert_eq!(x[6], 127.0 * s);
+    }
+
+    #[test]
+    fn per_tensor_shares_one_scale_and_zero_groups_stay_zero() {
+        let a = ActivationQuant { format: DynamicFormat::Int8, per_tensor: true };
+        let mut x = vec![254.0, 1.0, 0.0, 3.0];
+        a.round_host(&mut x, 2); // s = 2 for both rows: 0.5 and 1.5 round to even
+        assert_eq!(x, [254.0, 0.0, 0.0, 4.0]);
+        let mut z = vec![0.0; 8];
+        ActivationQuant { format: DynamicFormat::Fp8(Fp8Format::E4M3), per_tensor: false }.round_host(&mut z, 4);
+        assert_eq!(z, [0.0; 8]);
+    }
+
+    #[test]
+    fn fp8_activations_scale_amax_to_the_max_normal_and_use_the_codec() {
+        let a = ActivationQuant { format: DynamicFormat::Fp8(Fp8Format::E4M3), per_tensor: false };
+        // amax 8 → s = 8/448; 8 maps to 448 (exact), 1 maps to 56 (exact in E4M3),
+        // 0.3 maps to 16.8 → 16 (spacing 2 in [16, 32)), back to 16·s.
+        let mut x = vec![8.0, 1.0, 0.3, -8.0];
+        a.round_host(&mut x, 4);
+        let s = 8.0f32 / 448.0;
+        assert_eq!(x, [448.0 * s, 56.0 * s, 16.0 * s, -448.0 * s]);
+    }
+
+    #[test]
+    fn kv_fp8_scale_one_saturates_and_rounds_in_place() {
+        let mut row = vec![1000.0, -0.3, 1.0625, 0.0];
+        KvQuant::Fp8(Fp8Format::E4M3).round_host(&mut row, 2).expect("fp8");
+        // E4M3: 1000 saturates to 448; −0.3 → −0.3125 (spacing 1/32 in [0.25, 0.5)); 1.0625 is a
+        // tie between 1.0 and 1.125 → even mantissa 1.0.
+        assert_eq!(row, [448.0, -0.3125, 1.0, 0.0]);
+    }
+
+    #[test]
+    fn kv_int8_and_fp8_head_scale_each_head_alone() {
+        let mut row = vec![127.0, 1.4, 2.54, 0.02];
+        KvQuant::Int8.round_host(&mut row, 2).expect("int8");
+        let s = 2.54f32 / 127.0;
+        assert_eq!(row, [127.0, 1.0, 127.0 * s, 1.0 * s]);
+        let mut row = vec![448.0, 3.0, 1.0, 0.25];
+        KvQuant::Fp8PerHead(Fp8Format::E4M3).round_host(&mut row, 2).expect("fp8 head");
+        assert_eq!(&row[..2], &[448.0, 3.0]);
+        assert_eq!(row[2], 448.0 * (1.0 / 448.0));
+    }
+
+    #[test]
+    fn kv_ggml_blocks_are_the_ggml_codecs_and_need_whole_blocks() {
+        let row: Vec<f32> = (0..64).map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0).collect();
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+            let mut got = row.clone();
+            KvQuant::Ggml(ty).round_host(&mut got, 16).expect("two blocks");
+            let blocks = quantize_ggml_blocks(ty, &row).expect("quantize");
+            assert_eq!(got, dequantize_ggml_blocks(ty, &blocks, 64).expect("dequantize"));
+            assert_ne!(got, row);
+        }
+        let mut short = vec![1.0; 48];
+        let e = KvQuant::Ggml(GgmlType::Q4_0).round_host(&mut short, 16).expect_err("48 values");
+        assert!(e.to_string().contains("48 values"), "{e}");
+    }
+}

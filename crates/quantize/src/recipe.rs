@@ -1,0 +1,380 @@
+//! A variant as production runs it: weights, and optionally activations and the KV cache.
+//!
+//! The grammar is `WEIGHTS[+a-ACT][+kv-KV]`, the same for `qdrift eval`, `generate` and
+//! `quantize`:
+//! - `WEIGHTS` is a [`Scheme`] name (`int4-g128`, `fp8-e4m3`, `q4_k`, …), or one of the two W8A8
+//!   shorthands, which also set the activation part: `w8a8-int8` = `int8+a-int8` (per-channel
+//!   int8 weights, dynamic per-token int8 activations, as SmoothQuant and vLLM's W8A8-INT8) and
+//!   `w8a8-fp8` = `fp8-e4m3+a-fp8` (per-channel E4M3 weights, dynamic per-token E4M3
+//!   activations, as vLLM's and TensorRT-LLM's FP8).
+//! - `ACT` ([`ActivationQuant`]): `int8`, `fp8-e4m3`, `fp8-e5m2` (`fp8` is `fp8-e4m3`), each
+//!   per token, or per tensor with `-tensor`.
+//! - `KV` ([`KvQuant`]): `fp8-e4m3`, `fp8-e5m2` (scale 1, vLLM's default), `fp8-e4m3-head`,
+//!   `fp8-e5m2-head` (dynamic scale per token per head), `int8` (per token per head),
+//!   `q8_0`, `q4_0` (ggml blocks of 32 along a token's `kv_heads × head_dim` row, as llama.cpp's
+//!   `-ctk/-ctv`).
+//!
+//! Every existing scheme name keeps its meaning: `int4-g128` is weight-only, as before. A
+//! recipe prints in one canonical form ([`std::fmt::Display`]), which parses back to itself:
+//! the shorthands print as themselves, `a-fp8-e4m3` prints as `a-fp8`. The host definitions of
+//! the activation and KV roundings are in `dynamic.rs`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use qdrift_ggml::GgmlType;
+
+use crate::error::QuantizeError;
+use crate::scheme::{Fp8Format, Scheme};
+
+/// The number format of dynamically quantized values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DynamicFormat {
+    /// Symmetric int8 in [−127, 127]: `s = amax/127`, `q = RNE(x/s)`.
+    Int8,
+    /// OCP FP8 (the project's saturating round-to-nearest-even codec): `s = amax/max_finite`.
+    Fp8(Fp8Format),
+}
+
+impl DynamicFormat {
+    /// The largest magnitude a scaled value maps to: 127 or the FP8 format's max normal.
+    pub fn max_value(self) -> f32 {
+        match self {
+            DynamicFormat::Int8 => 127.0,
+            DynamicFormat::Fp8(f) => f.max_finite(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            DynamicFormat::Int8 => "int8",
+            DynamicFormat::Fp8(Fp8Format::E4M3) => "fp8-e4m3",
+            DynamicFormat::Fp8(Fp8Format::E5M2) => "fp8-e5m2",
+        }
+    }
+}
+
+/// Dynamic quantization of the input of every quantized linear layer (q/k/v, o, gate/up and
+/// down; the embedding and the output head are not linear inputs that vLLM quantizes either).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ActivationQuant {
+    /// int8 or FP8.
+    pub format: DynamicFormat,
+    /// One scale over all of a sequence's prompt tokens in the prompt pass (padding excluded),
+    /// then one per token, as vLLM's dynamic per-tensor scale at batch size 1 (prefill, then one
+    /// token per decoding step). Rows of a batch never share a scale, so results stay
+    /// independent of how prompts are batched, and teacher forcing rounds as generation does.
+    pub per_tensor: bool,
+}
+
+impl ActivationQuant {
+    /// Every activation part, in the order help lists them.
+    pub fn all() -> Vec<ActivationQuant> {
+        let formats = [DynamicFormat::Int8, DynamicFormat::Fp8(Fp8Format::E4M3), DynamicFormat::Fp8(Fp8Format::E5M2)];
+        [false, true]
+            .into_iter()
+            .flat_map(|per_tensor| formats.map(|format| ActivationQuant { format, per_tensor }))
+            .collect()
+    }
+}
+
+impl fmt::Display for ActivationQuant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self.format {
+            DynamicFormat::Fp8(Fp8Format::E4M3) => "fp8",
+            other => other.name(),
+        };
+        write!(f, "{name}{}", if self.per_tensor { "-tensor" } else { "" })
+    }
+}
+
+impl FromStr for ActivationQuant {
+    type Err = ();
+
+    fn from_str(s: &str) -> Result<Self, ()> {
+        let (base, per_tensor) = match s.strip_suffix("-tensor") {
+            Some(base) => (base, true),
+            None => (s, false),
+        };
+        let format = match base {
+            "int8" => DynamicFormat::Int8,
+            "fp8" | "fp8-e4m3" => DynamicFormat::Fp8(Fp8Format::E4M3),
+            "fp8-e5m2" => DynamicFormat::Fp8(Fp8Format::E5M2),
+            _ => return Err(()),
+        };
+        Ok(ActivationQuant { format, per_tensor })
+    }
+}
+
+/// Rounding of every key (after RoPE) and value as it is written into the KV cache; every later
+/// step reads the rounded values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvQuant {
+    /// OCP FP8 with scale 1 (vLLM's `kv_cache_dtype=fp8` default), saturating at the format's
+    /// max.
+    Fp8(Fp8Format),
+    /// OCP FP8 with a dynamic scale per token per head: `s = amax(head)/max_finite`.
+    Fp8PerHead(Fp8Format),
+    /// Symmetric int8 per token per head: `s = amax(head)/127`, `q = RNE(x/s)`.
+    Int8,
+    /// A ggml block type (q8_0 or q4_0), blocks of 32 along a token's `kv_heads × head_dim` row,
+    /// bit-exact with `quantize_row_*_ref` then `dequantize_row_*`.
+    Ggml(GgmlType),
+}
+
+impl KvQuant {
+    /// Every KV-cache part, in the order help lists them.
+    pub fn all() -> Vec<KvQuant> {
+        vec![
+            KvQuant::Fp8(Fp8Format::E4M3),
+            KvQuant::Fp8(Fp8Format::E5M2),
+            KvQuant::Fp8PerHead(Fp8Format::E4M3),
+            KvQuant::Fp8PerHead(Fp8Format::E5M2),
+            KvQuant::Int8,
+            KvQuant::Ggml(GgmlType::Q8_0),
+            KvQuant::Ggml(GgmlType::Q4_0),
+        ]
+    }
+
+    /// Checks that a cache row of `kv_heads × head_dim` values can be stored: the ggml block
+    /// formats need whole blocks of 32 along the row, as llama.cpp's cache does.
+    ///
+    /// # Errors
+    /// [`QuantizeError::KvRow`] naming the format and the row width.
+    pub fn check_row(&self, kv_heads: usize, head_dim: usize) -> Result<(), QuantizeError> {
+        let row = kv_heads.saturating_mul(head_dim);
+        match self {
+            KvQuant::Ggml(ty) if !row.is_multiple_of(ty.block_size()) => {
+                Err(QuantizeError::KvRow { format: self.to_string(), row, kv_heads, head_dim, block: ty.block_size() })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl fmt::Display for KvQuant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KvQuant::Fp8(format) => write!(f, "{}", DynamicFormat::Fp8(*format).name()),
+            KvQuant::Fp8PerHead(format) => write!(f, "{}-head", DynamicFormat::Fp8(*format).name()),
+            KvQuant::Int8 => f.write_str("int8"),
+            KvQuant::Ggml(ty) => f.write_str(ty.name()),
+        }
+    }
+}
+
+impl FromStr for KvQuant {
+    type Err = ();
+
+    fn from_str(s: &str) -> Result<Self, ()> {
+        KvQuant::all().into_iter().find(|k| k.to_string() == s).ok_or(())
+    }
+}
+
+/// A variant: its weight scheme, and what it quantizes at run time. See the module doc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Recipe {
+    /// How the linear weights are stored.
+    pub weights: Scheme,
+    /// Dynamic quantization of the linear layers' inputs, if any.
+    pub activations: Option<ActivationQuant>,
+    /// Rounding of the KV cache, if any.
+    pub kv_cache: Option<KvQuant>,
+}
+
+/// The W8A8 shorthands: name, weights, activations.
+const SHORTHANDS: [(&str, Scheme, ActivationQuant); 2] = [
+    ("w8a8-int8", Scheme::Int8, ActivationQuant { format: DynamicFormat::Int8, per_tensor: false }),
+    (
+        "w8a8-fp8",
+        Scheme::Fp8 { format: Fp8Format::E4M3, per_tensor: false },
+        ActivationQuant { format: DynamicFormat::Fp8(Fp8Format::E4M3), per_tensor: false },
+    ),
+];
+
+impl Recipe {
+    /// Weights only, as every scheme was before activations and the KV cache could be quantized.
+    pub fn weight_only(weights: Scheme) -> Self {
+        Self { weights, activations: None, kv_cache: None }
+    }
+
+    /// Whether only the weights are quantized.
+    pub fn is_weight_only(&self) -> bool {
+        self.activations.is_none() && self.kv_cache.is_none()
+    }
+
+    /// The grammar and every valid part, for error messages and `--help`.
+    pub fn grammar() -> String {
+        let list = |v: Vec<String>| v.join(", ");
+        let mut weights: Vec<String> = Scheme::all().iter().map(Scheme::to_string).collect();
+        weights.extend(SHORTHANDS.iter().map(|(n, ..)| n.to_string()));
+        format!(
+            "a variant is WEIGHTS[+a-ACT][+kv-KV]; WEIGHTS: {}; ACT: {} (fp8 = fp8-e4m3); KV: {}",
+            list(weights),
+            list(ActivationQuant::all().iter().map(ToString::to_string).collect()),
+            list(KvQuant::all().iter().map(ToString::to_string).collect()),
+        )
+    }
+
+    /// The shorthand naming this recipe's weights and activations, if there is one.
+    fn shorthand(&self) -> Option<&'static str> {
+        SHORTHANDS.iter().find(|(_, w, a)| self.weights == *w && self.activations == Some(*a)).map(|(name, ..)| *name)
+    }
+}
+
+impl From<Scheme> for Recipe {
+    fn from(weights: Scheme) -> Self {
+        Recipe::weight_only(weights)
+    }
+}
+
+impl fmt::Display for Recipe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.shorthand() {
+            Some(name) => f.write_str(name)?,
+            None => {
+                write!(f, "{}", self.weights)?;
+                if let Some(a) = self.activations {
+                    write!(f, "+a-{a}")?;
+                }
+            }
+        }
+        if let Some(kv) = self.kv_cache {
+            write!(f, "+kv-{kv}")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for Recipe {
+    type Err = QuantizeError;
+
+    /// Parses `WEIGHTS[+a-ACT][+kv-KV]` (see the module doc).
+    ///
+    /// # Errors
+    /// [`QuantizeError::BadRecipe`] saying which part is wrong, with the grammar and every valid
+    /// part.
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        let bad =
+            |problem: String| QuantizeError::BadRecipe { name: name.to_string(), problem, grammar: Recipe::grammar() };
+        let mut parts = name.split('+');
+        let weights = parts.next().unwrap_or_default();
+        let mut recipe = if let Some((_, w, a)) = SHORTHANDS.iter().find(|(n, ..)| *n == weights) {
+            Recipe { weights: *w, activations: Some(*a), kv_cache: None }
+        } else if weights.is_empty() {
+            return Err(bad("the weight scheme is missing (use fp16 to leave the weights unquantized)".into()));
+        } else {
+            let scheme = Scheme::from_str(weights).map_err(|_| bad(format!("unknown weight scheme `{weights}`")))?;
+            Recipe::weight_only(scheme)
+        };
+        for part in parts {
+            if let Some(act) = part.strip_prefix("a-") {
+                if recipe.kv_cache.is_some() {
+                    return Err(bad(format!("`+{part}` comes after the KV-cache part; write +a-… before +kv-…")));
+                }
+                if recipe.activations.is_some() {
+                    return Err(bad(format!("more than one activation part (`+{part}`)")));
+                }
+                let a = act.parse().map_err(|()| bad(format!("unknown activation format `{act}`")))?;
+                recipe.activations = Some(a);
+            } else if let Some(kv) = part.strip_prefix("kv-") {
+                if recipe.kv_cache.is_some() {
+                    return Err(bad(format!("more than one KV-cache part (`+{part}`)")));
+                }
+                recipe.kv_cache = Some(kv.parse().map_err(|()| bad(format!("unknown KV-cache format `{kv}`")))?);
+            } else {
+                return Err(bad(format!("`+{part}` is neither an activation part (+a-…) nor a KV-cache part (+kv-…)")));
+            }
+        }
+        Ok(recipe)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Recipe {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn every_scheme_name_keeps_its_meaning() {
+        for scheme in Scheme::all() {
+            let r = parse(&scheme.to_string());
+            assert_eq!(r, Recipe::weight_only(scheme));
+            assert_eq!(r.to_string(), scheme.to_string());
+        }
+    }
+
+    #[test]
+    fn the_issue_examples_parse_to_their_parts() {
+        let int8_token = ActivationQuant { format: DynamicFormat::Int8, per_tensor: false };
+        let fp8_token = ActivationQuant { format: DynamicFormat::Fp8(Fp8Format::E4M3), per_tensor: false };
+        assert_eq!(parse("w8a8-int8"), Recipe { weights: Scheme::Int8, activations: Some(int8_token), kv_cache: None });
+        let fp8_w = Scheme::Fp8 { format: Fp8Format::E4M3, per_tensor: false };
+        assert_eq!(parse("w8a8-fp8"), Recipe { weights: fp8_w, activations: Some(fp8_token), kv_cache: None });
+        assert_eq!(parse("fp8-e4m3+a-fp8"), parse("w8a8-fp8"));
+        assert_eq!(parse("int8+a-int8").to_string(), "w8a8-int8");
+        let r = parse("fp8-e4m3+a-fp8-tensor");
+        assert_eq!(r.activations, Some(ActivationQuant { per_tensor: true, ..fp8_token }));
+        assert_eq!(r.to_string(), "fp8-e4m3+a-fp8-tensor");
+        let r = parse("int4-g128+kv-q8_0");
+        assert_eq!(
+            (r.weights.to_string().as_str(), r.activations, r.kv_cache),
+            ("int4-g128", None, Some(KvQuant::Ggml(GgmlType::Q8_0)))
+        );
+        let r = parse("fp16+kv-fp8-e4m3");
+        assert_eq!((r.weights, r.kv_cache), (Scheme::Fp16, Some(KvQuant::Fp8(Fp8Format::E4M3))));
+        assert_eq!(parse("w8a8-fp8+kv-q4_0").to_string(), "w8a8-fp8+kv-q4_0");
+        assert_eq!(parse("fp8-e4m3+a-fp8-e4m3").to_string(), "w8a8-fp8");
+    }
+
+    #[test]
+    fn every_combination_round_trips() {
+        let mut n = 0;
+        for w in Scheme::all() {
+            for a in std::iter::once(None).chain(ActivationQuant::all().into_iter().map(Some)) {
+                for kv in std::iter::once(None).chain(KvQuant::all().into_iter().map(Some)) {
+                    let r = Recipe { weights: w, activations: a, kv_cache: kv };
+                    assert_eq!(parse(&r.to_string()), r, "{r}");
+                    n += 1;
+                }
+            }
+        }
+        assert!(n > 1000);
+    }
+
+    #[test]
+    fn bad_strings_get_one_clear_error_listing_the_valid_parts() {
+        for (s, says) in [
+            ("int4-g128+kv-q3", "unknown KV-cache format `q3`"),
+            ("+a-int8+a-fp8", "the weight scheme is missing"),
+            ("int8+a-int8+a-fp8", "more than one activation part"),
+            ("w8a8-int8+a-fp8", "more than one activation part"),
+            ("w8a8-int4", "unknown weight scheme `w8a8-int4`"),
+            ("int8+kv-int8+a-int8", "write +a-… before +kv-…"),
+            ("int8+kv-int8+kv-q8_0", "more than one KV-cache part"),
+            ("int8+q8_0", "neither an activation part"),
+            ("int8+a-fp16", "unknown activation format `fp16`"),
+            ("", "the weight scheme is missing"),
+        ] {
+            let e = s.parse::<Recipe>().expect_err(s).to_string();
+            assert!(e.contains(says), "{s}: {e}");
+            assert!(!e.contains('\n'), "{s}: one line: {e}");
+            for listed in ["WEIGHTS[+a-ACT][+kv-KV]", "int4-g128", "w8a8-fp8", "ACT: int8", "q4_0", "fp8-e5m2-head"] {
+                assert!(e.contains(listed), "{s}: {e} lists {listed}");
+            }
+        }
+    }
+
+    #[test]
+    fn ggml_kv_rows_must_hold_whole_blocks() {
+        let q8 = KvQuant::Ggml(GgmlType::Q8_0);
+        assert!(q8.check_row(4, 8).is_ok()); // stories260K: 32
+        assert!(q8.check_row(3, 64).is_ok()); // SmolLM2-135M: 192
+        let e = q8.check_row(3, 10).expect_err("30 values").to_string();
+        assert!(e.contains("q8_0") && e.contains("30") && e.contains("32"), "{e}");
+        assert!(KvQuant::Int8.check_row(3, 10).is_ok());
+    }
+}
