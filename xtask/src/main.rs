@@ -299,7 +299,7 @@ fn reports() -> Result<(), String> {
         "--horizons",
         "10,100,1000",
         "--schemes",
-        "int8,fp8-e4m3,int4-g32,int4-g128,w8a8-int8,w8a8-fp8,int4-g128+kv-q8_0",
+        "int8,fp8-e4m3,int4-g32,int4-g128,w8a8-int8,w8a8-fp8,int4-g128+kv-q8_0,fp16+kv-q8_0",
         "--backend",
         "cpu",
         "--out",

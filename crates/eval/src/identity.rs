@@ -12,9 +12,16 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
-/// SHA-256 of a file (streamed), lowercase hex.
+/// SHA-256 of a regular file (streamed), lowercase hex. The loaders have read the file already;
+/// the type is checked once more so that nothing endless (a device, a pipe swapped in since) is
+/// ever hashed.
 pub fn sha256_file(path: &Path) -> Result<String, EvalError> {
-    let mut f = std::fs::File::open(path).map_err(EvalError::io(path))?;
+    let f = std::fs::File::open(path).map_err(EvalError::io(path))?;
+    if !f.metadata().map_err(EvalError::io(path))?.is_file() {
+        let e = std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file; cannot hash it");
+        return Err(EvalError::io(path)(e));
+    }
+    let mut f = f;
     let mut h = Sha256::new();
     std::io::copy(&mut f, &mut h).map_err(EvalError::io(path))?;
     Ok(hex(&h.finalize()))

@@ -54,6 +54,12 @@ const DEFAULT_ALIGNMENT: u64 = 32;
 const MAX_DIMS: u32 = 4;
 /// `GGML_MAX_NAME`: a tensor name has fewer bytes than this.
 const MAX_NAME: usize = 64;
+/// Metadata values (array elements included) a file may hold. Each takes 32 bytes in memory
+/// however small its encoding (a `u8` array would take 32× its bytes), so the count, not the
+/// file length, bounds the memory: 2^24 values ≤ 512 MiB. Llama 3's tokenizer (128K tokens,
+/// their types and 280K merges) is about 540K values.
+const MAX_METADATA_VALUES: u64 = 1 << 24;
+
 /// Arrays of arrays deeper than this are refused (the spec allows nesting; no model uses it).
 const MAX_ARRAY_DEPTH: u32 = 4;
 
@@ -290,6 +296,8 @@ struct Reader<'a> {
     path: &'a Path,
     bytes: &'a [u8],
     pos: usize,
+    /// Metadata values read so far (array elements included), against [`MAX_METADATA_VALUES`].
+    values: u64,
 }
 
 impl<'a> Reader<'a> {
@@ -376,6 +384,17 @@ impl<'a> Reader<'a> {
                     LoadError::invalid(self.path, format!("{}: unknown array element type {elem}", what()))
                 })?;
                 self.check_count(count, min, what)?;
+                self.values = self.values.saturating_add(count);
+                if self.values > MAX_METADATA_VALUES {
+                    return Err(LoadError::invalid(
+                        self.path,
+                        format!(
+                            "{}: an array of {count} values brings the metadata past {MAX_METADATA_VALUES} values \
+                             (about 512 MiB in memory); no model's metadata comes close",
+                            what()
+                        ),
+                    ));
+                }
                 let mut out = Vec::with_capacity(preallocation(count));
                 for _ in 0..count {
                     out.push(self.value(elem, depth + 1, what)?);
@@ -416,7 +435,7 @@ fn min_value_size(ty: u32) -> Option<u64> {
 
 /// The file's layout in order: header, metadata, tensor infos, then the model built from them.
 fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
-    let mut r = Reader { path, bytes, pos: 0 };
+    let mut r = Reader { path, bytes, pos: 0, values: 0 };
     let Header { version, tensor_count, kv_count } = read_header(&mut r)?;
     let metadata = read_metadata(&mut r, kv_count)?;
     let raw_infos = read_tensor_infos(&mut r, tensor_count)?;

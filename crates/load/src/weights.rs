@@ -152,10 +152,17 @@ impl LlamaArch {
 
     /// Number of weights, counting a tied embedding once.
     pub fn parameter_count(&self) -> usize {
+        // Saturating: readers check every dimension against the file, but an architecture can
+        // also be built by hand (inspect's presets, tests).
         let (d, h, kv) = (self.dim, self.hidden_dim, self.kv_dim());
-        let per_layer = 2 * d + d * d * 2 + 2 * d * kv + 3 * d * h;
-        let head = if self.tied_embeddings { 0 } else { self.vocab_size * d };
-        self.vocab_size * d + self.n_layers * per_layer + d + head
+        let mul = usize::saturating_mul;
+        let per_layer = (2 * d)
+            .saturating_add(mul(mul(d, d), 2))
+            .saturating_add(mul(mul(2, d), kv))
+            .saturating_add(mul(mul(3, d), h));
+        let embedding = mul(self.vocab_size, d);
+        let head = if self.tied_embeddings { 0 } else { embedding };
+        embedding.saturating_add(mul(self.n_layers, per_layer)).saturating_add(d).saturating_add(head)
     }
 }
 

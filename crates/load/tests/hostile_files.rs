@@ -305,3 +305,25 @@ fn gguf_bad_alignment_is_refused() {
         assert!(e.ends_with(&format!("general.alignment is U32({a}); it must be a u32 non-zero power of two")), "{e}");
     }
 }
+
+/// A metadata array of 2^24 + 1 one-byte values (17 MB on disk, 537 MB as parsed values) is
+/// refused before its values are held.
+#[test]
+fn metadata_past_2_pow_24_values_is_refused_before_it_is_held() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("big.gguf");
+    let n: u64 = (1 << 24) + 1;
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes()); // version
+    b.extend(0u64.to_le_bytes()); // tensors
+    b.extend(1u64.to_le_bytes()); // metadata entries
+    b.extend(1u64.to_le_bytes());
+    b.extend(b"x");
+    b.extend(9u32.to_le_bytes()); // ARRAY
+    b.extend(0u32.to_le_bytes()); // of UINT8
+    b.extend(n.to_le_bytes());
+    b.resize(b.len() + n as usize, 7);
+    std::fs::write(&path, &b).expect("write");
+    let e = quickly(|| open_model(&path, None).err().expect("refused").to_string());
+    assert!(e.contains("big.gguf") && e.contains("16777217 values") && e.contains("past 16777216 values"), "{e}");
+}

@@ -1,20 +1,13 @@
-//! Hostile inputs of `qdrift gate` and of `--eval-set`: a report no run can produce, `/dev/zero`
-//! and named pipes in place of a report, a thresholds file or an eval set. Every case exits within
-//! seconds (nothing endless is read: the refusal comes before the file is opened) with one line
-//! naming the file and the problem, and leaves no output behind. Uses the committed
-//! `reports/stories260K/report.json` and stories260K from `../shared` (override with
-//! `QDRIFT_SHARED`).
-
-mod common;
-use common::{QUICK, fifo, qdrift_command, stories};
+//! Reports, thresholds and eval sets that cannot be trusted or read: an impossible report
+//! (negative KL), `/dev/zero` and named pipes as report, thresholds or eval set.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::Instant;
+use std::process::Command;
 
-/// A report `qdrift eval` wrote.
+use crate::{GATE, USER, fifo, qdrift_command, refused, stories};
+
 fn committed_report() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../reports/stories260K/report.json")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../reports/stories260K/report.json")
 }
 
 /// A thresholds file that checks the committed report, in `dir`.
@@ -22,24 +15,6 @@ fn thresholds(dir: &Path) -> PathBuf {
     let path = dir.join("thresholds.toml");
     std::fs::write(&path, "[variant.\"int8\"]\n\"kld@100\" = { max = 0.5 }\n").expect("writes");
     path
-}
-
-/// Runs `c` and asserts it exits with `code` within [`QUICK`], writing exactly one stderr line
-/// that starts with `prefix` and contains every one of `needles`; returns that line.
-fn refused(mut c: Command, code: i32, prefix: &str, needles: &[&str]) -> String {
-    let start = Instant::now();
-    let out: Output = c.stdin(Stdio::null()).output().expect("qdrift runs");
-    let took = start.elapsed();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
-    assert!(took < QUICK, "took {took:?}: {stderr}");
-    let errors: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(errors.len(), 1, "one error line expected: {stderr}");
-    assert!(errors[0].starts_with(prefix), "{prefix:?} does not start: {}", errors[0]);
-    for n in needles {
-        assert!(errors[0].contains(n), "{n:?} missing from: {}", errors[0]);
-    }
-    errors[0].to_string()
 }
 
 /// `qdrift gate --report REPORT --thresholds THRESHOLDS`.
@@ -67,7 +42,7 @@ fn an_impossible_report_exits_2_naming_the_file_variant_metric_and_horizon() {
     let path = dir.path().join("report.json");
     std::fs::write(&path, serde_json::to_string(&report).unwrap()).unwrap();
     let needles = [path.to_str().unwrap(), "variant int8", "kld = -0.25, not ≥ 0", "at horizon 100"];
-    refused(gate(&path, &thresholds(dir.path())), 2, "qdrift gate: ", &needles);
+    refused(GATE, gate(&path, &thresholds(dir.path())), &needles);
 }
 
 #[test]
@@ -75,9 +50,9 @@ fn dev_zero_as_report_or_thresholds_exits_2_without_reading_it() {
     let dir = tempfile::tempdir().unwrap();
     let zero = Path::new("/dev/zero");
     let needles = ["/dev/zero", "the report is a device, not a regular file"];
-    refused(gate(zero, &thresholds(dir.path())), 2, "qdrift gate: ", &needles);
+    refused(GATE, gate(zero, &thresholds(dir.path())), &needles);
     let needles = ["/dev/zero", "the thresholds file is a device, not a regular file"];
-    refused(gate(&committed_report(), zero), 2, "qdrift gate: ", &needles);
+    refused(GATE, gate(&committed_report(), zero), &needles);
 }
 
 #[test]
@@ -85,9 +60,9 @@ fn a_named_pipe_as_report_or_thresholds_exits_2_without_blocking() {
     let dir = tempfile::tempdir().unwrap();
     let pipe = fifo(dir.path(), "pipe");
     let needles = ["pipe", "the report is a named pipe (FIFO), not a regular file"];
-    refused(gate(&pipe, &thresholds(dir.path())), 2, "qdrift gate: ", &needles);
+    refused(GATE, gate(&pipe, &thresholds(dir.path())), &needles);
     let needles = ["pipe", "the thresholds file is a named pipe (FIFO), not a regular file"];
-    refused(gate(&committed_report(), &pipe), 2, "qdrift gate: ", &needles);
+    refused(GATE, gate(&committed_report(), &pipe), &needles);
 }
 
 /// `qdrift eval` on stories260K with the eval set `set`, writing to `out`.
@@ -105,10 +80,10 @@ fn an_endless_or_blocking_eval_set_exits_1_and_creates_no_output() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let needles = ["/dev/zero", "the eval set is a device, not a regular file"];
-    refused(eval(&out, Path::new("/dev/zero")), 1, "qdrift: error: ", &needles);
+    refused(USER, eval(&out, Path::new("/dev/zero")), &needles);
     assert!(!out.exists(), "--out created");
     let pipe = fifo(dir.path(), "set.jsonl");
     let needles = ["set.jsonl", "the eval set is a named pipe (FIFO), not a regular file"];
-    refused(eval(&out, &pipe), 1, "qdrift: error: ", &needles);
+    refused(USER, eval(&out, &pipe), &needles);
     assert!(!out.exists(), "--out created");
 }

@@ -1,14 +1,13 @@
-//! Hostile command lines: every case exits non-zero within seconds with one line on stderr naming
-//! the flag or file and the problem, and leaves no partial output. Uses stories260K from
-//! `../shared` (override with `QDRIFT_SHARED`); the library-level cases (tokenizing a megabyte)
-//! are in `tests/tests/hostile.rs`.
-
-mod common;
-use common::{QUICK, names, qdrift_command, stories};
+//! Command-line limits and the output folder: prompts and horizons past the trained context,
+//! absurd `--resamples`, `--gate` thresholds that cannot match, a missing model, an unwritable or
+//! locked `--out` — each refused before anything runs, and a concurrent second writer refused
+//! while the first commits whole.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::{QUICK, USER, names, qdrift_command, refused, stories};
 
 /// `qdrift eval` on stories260K with small defaults; `extra` adds flags (and replaces the
 /// defaults of `--prompts` and `--horizons`).
@@ -26,23 +25,6 @@ fn eval(out: &Path, extra: &[&str]) -> Command {
     c
 }
 
-/// Runs `c`, asserting it fails with exit code 1 within [`QUICK`] and one stderr line containing
-/// every one of `needles`; returns that line.
-fn refused(mut c: Command, needles: &[&str]) -> String {
-    let start = Instant::now();
-    let out: Output = c.stdin(Stdio::null()).output().expect("qdrift runs");
-    let took = start.elapsed();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
-    assert!(took < QUICK, "took {took:?}: {stderr}");
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("qdrift: error: ")).collect();
-    assert_eq!(errors.len(), 1, "one error line expected: {stderr}");
-    for n in needles {
-        assert!(errors[0].contains(n), "{n:?} missing from: {}", errors[0]);
-    }
-    errors[0].to_string()
-}
-
 #[test]
 fn a_megabyte_prompt_is_refused_before_tokenizing_naming_prompt_and_file() {
     let root = tempfile::tempdir().unwrap();
@@ -53,7 +35,7 @@ fn a_megabyte_prompt_is_refused_before_tokenizing_naming_prompt_and_file() {
     let out = root.path().join("out");
     let mut c = eval(&out, &["--eval-set"]);
     c.arg(&set);
-    refused(c, &["prompt huge", "huge.jsonl", "bytes", "trained on 512 positions"]);
+    refused(USER, c, &["prompt huge", "huge.jsonl", "bytes", "trained on 512 positions"]);
     assert_eq!(names(root.path()), vec!["huge.jsonl"], "no --out, no staging, no lock left");
 }
 
@@ -62,6 +44,7 @@ fn horizons_far_beyond_the_context_are_refused_without_allow_long() {
     let root = tempfile::tempdir().unwrap();
     let out = root.path().join("out");
     refused(
+        USER,
         eval(&out, &["--horizons", "10,1000000"]),
         &["--horizons 1000000", "trained context of 512", "--allow-long"],
     );
@@ -70,7 +53,7 @@ fn horizons_far_beyond_the_context_are_refused_without_allow_long() {
     // With the flag the length rule steps aside, and the memory check (which knows the host)
     // decides; horizons whose positions overflow are refused either way.
     let overflow = format!("{}", usize::MAX);
-    refused(eval(&out, &["--horizons", &overflow, "--allow-long"]), &["--horizons", "overflow"]);
+    refused(USER, eval(&out, &["--horizons", &overflow, "--allow-long"]), &["--horizons", "overflow"]);
 }
 
 #[test]
@@ -79,14 +62,18 @@ fn generate_refuses_a_million_new_tokens_without_allow_long() {
     let mut c = qdrift_command();
     c.args(["generate", "--model"]).arg(dir.join("stories260K.bin")).arg("--tokenizer").arg(dir.join("tok512.bin"));
     c.args(["--backend", "cpu", "--prompt", "Once", "--max-new-tokens", "1000000"]);
-    refused(c, &["--max-new-tokens 1000000", "trained context of 512", "--allow-long"]);
+    refused(USER, c, &["--max-new-tokens 1000000", "trained context of 512", "--allow-long"]);
 }
 
 #[test]
 fn absurd_resamples_are_refused_before_loading() {
     let root = tempfile::tempdir().unwrap();
     let out = root.path().join("out");
-    refused(eval(&out, &["--resamples", "1000000000000"]), &["--resamples 1000000000000", "between 1 and 1000000"]);
+    refused(
+        USER,
+        eval(&out, &["--resamples", "1000000000000"]),
+        &["--resamples 1000000000000", "between 1 and 1000000"],
+    );
     assert_eq!(names(root.path()), Vec::<String>::new());
 }
 
@@ -99,12 +86,12 @@ fn gate_thresholds_with_an_unknown_variant_fail_before_generation() {
     let start = Instant::now();
     let mut c = eval(&out, &["--gate"]);
     c.arg(&thresholds);
-    refused(c, &["--gate", "gate.toml", "\"int9\"", "int8"]);
+    refused(USER, c, &["--gate", "gate.toml", "\"int9\"", "int8"]);
     assert!(start.elapsed() < Duration::from_secs(2), "took {:?}", start.elapsed());
     let mut c = eval(&out, &["--gate"]);
     std::fs::write(&thresholds, "[variant.\"int8\"]\n\"kld@50\" = { max = 0.1 }\n").unwrap();
     c.arg(&thresholds);
-    refused(c, &["--gate", "no horizon 50"]);
+    refused(USER, c, &["--gate", "no horizon 50"]);
     assert_eq!(names(root.path()), vec!["gate.toml"]);
 }
 
@@ -114,7 +101,7 @@ fn an_early_failure_leaves_no_out_folder() {
     let out = root.path().join("out");
     let mut c = qdrift_command();
     c.args(["eval", "--model"]).arg(root.path().join("missing.bin")).arg("--out").arg(&out);
-    refused(c, &["missing.bin"]);
+    refused(USER, c, &["missing.bin"]);
     assert_eq!(names(root.path()), Vec::<String>::new());
 }
 
@@ -124,7 +111,7 @@ fn an_unwritable_out_fails_at_once() {
     // A parent that is a file: unwritable for every user, root included.
     let file = root.path().join("file");
     std::fs::write(&file, b"x").unwrap();
-    refused(eval(&file.join("out"), &[]), &["--out", "file/out"]);
+    refused(USER, eval(&file.join("out"), &[]), &["--out", "file/out"]);
     // A read-only parent, where the OS enforces it (not for root).
     use std::os::unix::fs::PermissionsExt;
     let parent = root.path().join("ro");
@@ -133,7 +120,7 @@ fn an_unwritable_out_fails_at_once() {
     if std::fs::write(parent.join("probe"), b"x").is_ok() {
         println!("skipped the read-only case: this user writes into read-only folders");
     } else {
-        refused(eval(&parent.join("out"), &[]), &["--out", "cannot write in", "ro"]);
+        refused(USER, eval(&parent.join("out"), &[]), &["--out", "cannot write in", "ro"]);
         assert_eq!(names(&parent), Vec::<String>::new());
     }
     std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -165,7 +152,7 @@ fn a_concurrent_eval_on_the_same_out_is_refused_and_the_first_commits_whole() {
         assert!(start.elapsed() < QUICK, "the first eval never took the lock");
         std::thread::sleep(Duration::from_millis(5));
     }
-    refused(eval(&out, &[]), &["--out", "another qdrift eval is writing this folder"]);
+    refused(USER, eval(&out, &[]), &["--out", "another qdrift eval is writing this folder"]);
     let done = first.wait_with_output().expect("first eval ends");
     assert!(done.status.success(), "first eval: {}", String::from_utf8_lossy(&done.stderr));
     assert_eq!(names(root.path()), vec!["gate.toml", "out"], "no staging, old folder or lock left");

@@ -1,18 +1,13 @@
-//! Hostile model files on the command line (issue #13): sizes that overflow, inputs that never
-//! end, weights that are not numbers. Every case exits 1 within seconds with one `qdrift: error:`
-//! line naming the file (or flag) and the problem, prints nothing on stdout and leaves no `--out`.
-//! The fixtures are the synthetic `tiny` model written as GGUF by `qdrift_load::write`; the
-//! library-level cases are in `crates/load/tests/hostile_files.rs`.
-
-mod common;
-use common::{QUICK, fifo, names, qdrift_command};
+//! Hostile model files: a GGUF whose context overflows the KV-cache arithmetic, absurd
+//! `inspect` sizes, `/dev/zero` and a named pipe as `--model`, a NaN weight.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use qdrift_load::write::{WriteDtype, write_gguf};
 use qdrift_load::{HostModel, byte_tokenizer, synthetic_model};
+
+use crate::{USER, fifo, names, qdrift_command, refused};
 
 fn tiny() -> HostModel {
     synthetic_model("tiny", 3).expect("tiny").model
@@ -60,32 +55,6 @@ fn eval(model: &Path, out: &Path) -> Command {
     c
 }
 
-/// Runs `c` (killed after [`QUICK`], so a blocking read fails the test rather than hanging it),
-/// asserting exit code 1, nothing on stdout and one stderr line containing every one of
-/// `needles`; returns that line and how long it took.
-fn refused(mut c: Command, needles: &[&str]) -> (String, Duration) {
-    let start = Instant::now();
-    let mut child = c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("runs");
-    while child.try_wait().expect("waits").is_none() {
-        if start.elapsed() > QUICK {
-            child.kill().expect("kill");
-            panic!("still running after {QUICK:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let took = start.elapsed();
-    let out = child.wait_with_output().expect("output");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
-    assert!(out.stdout.is_empty(), "no partial output: {}", String::from_utf8_lossy(&out.stdout));
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("qdrift: error: ")).collect();
-    assert_eq!(errors.len(), 1, "one error line expected: {stderr}");
-    for n in needles {
-        assert!(errors[0].contains(n), "{n:?} missing from: {}", errors[0]);
-    }
-    (errors[0].to_string(), took)
-}
-
 #[test]
 fn inspect_of_a_gguf_with_a_context_of_2_pow_62_is_an_overflow_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -93,6 +62,7 @@ fn inspect_of_a_gguf_with_a_context_of_2_pow_62_is_an_overflow_error() {
     let mut c = qdrift_command();
     c.args(["inspect", "--model"]).arg(&model);
     refused(
+        USER,
         c,
         &[
             "m.gguf",
@@ -109,13 +79,18 @@ fn inspect_with_a_huge_seq_len_and_batch_is_an_overflow_error_naming_the_flags()
     let model = gguf_in(dir.path(), &tiny());
     let mut c = qdrift_command();
     c.args(["inspect", "--model"]).arg(&model).args(["--seq-len", "4611686018427387904", "--batch", "1000000"]);
-    refused(c, &["m.gguf", "KV-cache bytes does not fit in 64 bits", "batch 1000000", "lower --seq-len or --batch"]);
+    refused(
+        USER,
+        c,
+        &["m.gguf", "KV-cache bytes does not fit in 64 bits", "batch 1000000", "lower --seq-len or --batch"],
+    );
 }
 
 #[test]
 fn eval_of_dev_zero_is_refused_at_once() {
     let root = tempfile::tempdir().unwrap();
     let (line, took) = refused(
+        USER,
         eval(Path::new("/dev/zero"), &root.path().join("out")),
         &["/dev/zero: is a character device, not a regular file"],
     );
@@ -127,7 +102,7 @@ fn eval_of_dev_zero_is_refused_at_once() {
 fn eval_of_a_named_pipe_is_refused_without_opening_it() {
     let root = tempfile::tempdir().unwrap();
     let fifo = fifo(root.path(), "m.gguf");
-    let (line, took) = refused(eval(&fifo, &root.path().join("out")), &["m.gguf: is a named pipe (FIFO)"]);
+    let (line, took) = refused(USER, eval(&fifo, &root.path().join("out")), &["m.gguf: is a named pipe (FIFO)"]);
     eprintln!("{line} ({took:?})");
     assert_eq!(names(root.path()), vec!["m.gguf"], "no --out left");
 }
@@ -139,6 +114,7 @@ fn eval_of_a_gguf_with_a_nan_weight_names_the_tensor() {
     m.layers[1].w_up.data[5] = f32::NAN;
     let model = gguf_in(root.path(), &m);
     refused(
+        USER,
         eval(&model, &root.path().join("out")),
         &["m.gguf: tensor blk.1.ffn_up.weight has a non-finite value (NaN) at flat index 5"],
     );

@@ -1,7 +1,5 @@
-//! Hostile inputs at the library level: tokenizing a 1 MB prompt takes time linear-ish in its
-//! length, for llama2.c's tokenizer (stories260K's `tok512.bin`) and GGUF's byte-level BPE
-//! (SmolLM2, skipped when absent). The command-line cases (refusals, locks, atomic output) are in
-//! `crates/cli/tests/hostile.rs`, where the `qdrift` binary is built for them.
+//! Tokenizing a 1 MB prompt takes time linear-ish in its length, for llama2.c's tokenizer
+//! (stories260K's `tok512.bin`) and GGUF's byte-level BPE (SmolLM2, skipped when absent).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
