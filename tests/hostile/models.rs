@@ -120,3 +120,17 @@ fn eval_of_a_gguf_with_a_nan_weight_names_the_tensor() {
     );
     assert_eq!(names(root.path()), vec!["m.gguf"], "no --out left");
 }
+
+/// A trained context of 2^62 sizes nothing: eval allocates from the request (prompts and
+/// horizons), and the length rules saturate, so the run completes as on any tiny model.
+#[test]
+fn eval_of_a_gguf_with_a_context_of_2_pow_62_runs_sized_by_the_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = gguf_with_context(dir.path(), 1 << 62);
+    let out = dir.path().join("out");
+    let start = std::time::Instant::now();
+    let done = eval(&model, &out).output().expect("runs");
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    assert!(start.elapsed() < crate::QUICK, "took {:?}", start.elapsed());
+    assert!(out.join("report.json").exists());
+}
