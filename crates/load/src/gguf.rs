@@ -216,12 +216,7 @@ impl TensorType {
             TensorType::F32 => "F32",
             TensorType::F16 => "F16",
             TensorType::BF16 => "BF16",
-            TensorType::Block(GgmlType::Q4_0) => "Q4_0",
-            TensorType::Block(GgmlType::Q4_1) => "Q4_1",
-            TensorType::Block(GgmlType::Q8_0) => "Q8_0",
-            TensorType::Block(GgmlType::Q4K) => "Q4_K",
-            TensorType::Block(GgmlType::Q6K) => "Q6_K",
-            TensorType::Block(GgmlType::Mxfp4) => "MXFP4",
+            TensorType::Block(t) => t.gguf_name(),
         }
     }
 
