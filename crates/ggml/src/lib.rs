@@ -21,17 +21,38 @@
 //!
 //! | file | format |
 //! |---|---|
-//! | `q8_0.rs` | `block_q8_0` |
-//! | `q4_0.rs` | `block_q4_0` |
-//! | `q4_1.rs` | `block_q4_1` |
-//! | `q4_k.rs` | `block_q4_K` |
-//! | `q6_k.rs` | `block_q6_K` |
-//! | `mxfp4.rs` | `block_mxfp4` |
+//! Every format dequantizes ([`GgmlType::READABLE`], what the GGUF reader accepts); those in
+//! [`GgmlType::ALL`] also quantize ([`GgmlType::has_quantizer`]), and only they are offered as
+//! quantization schemes. The others are read-only: [`quantize_ggml_blocks`] refuses them with
+//! [`GgmlError::NoQuantizer`].
+//!
+//! | file | format | quantize |
+//! |---|---|---|
+//! | `q8_0.rs` | `block_q8_0` | yes |
+//! | `q4_0.rs` | `block_q4_0` | yes |
+//! | `q4_1.rs` | `block_q4_1` | yes |
+//! | `q5_0.rs` | `block_q5_0` | read-only |
+//! | `q5_1.rs` | `block_q5_1` | read-only |
+//! | `q2_k.rs` | `block_q2_K` | read-only |
+//! | `q3_k.rs` | `block_q3_K` | read-only |
+//! | `q4_k.rs` | `block_q4_K` | yes |
+//! | `q5_k.rs` | `block_q5_K` | read-only |
+//! | `q6_k.rs` | `block_q6_K` | yes |
+//! | `iq4_nl.rs` | `block_iq4_nl` | read-only |
+//! | `iq4_xs.rs` | `block_iq4_xs` | read-only |
+//! | `mxfp4.rs` | `block_mxfp4` | yes |
 
+mod iq4_nl;
+mod iq4_xs;
 mod mxfp4;
+mod q2_k;
+mod q3_k;
 mod q4_0;
 mod q4_1;
 mod q4_k;
+mod q5_0;
+mod q5_1;
+mod q5_k;
 mod q6_k;
 mod q8_0;
 
@@ -54,18 +75,66 @@ pub enum GgmlType {
     Q6K,
     /// `block_mxfp4`: E8M0 scale + 32 E2M1 nibbles (17 bytes per 32).
     Mxfp4,
+    /// `block_q5_0`: f16 scale + 32 5-bit values (22 bytes per 32). Read-only.
+    Q5_0,
+    /// `block_q5_1`: f16 scale, f16 min + 32 5-bit values (24 bytes per 32). Read-only.
+    Q5_1,
+    /// `block_q2_K`: super-block of 256 with 4-bit sub-scales and mins (84 bytes). Read-only.
+    Q2K,
+    /// `block_q3_K`: super-block of 256 with 6-bit sub-scales (110 bytes). Read-only.
+    Q3K,
+    /// `block_q5_K`: super-block of 256 with 6-bit sub-scales and mins (176 bytes). Read-only.
+    Q5K,
+    /// `block_iq4_nl`: f16 scale + 32 4-bit indices into `kvalues_iq4nl` (18 bytes per 32).
+    /// Read-only.
+    Iq4Nl,
+    /// `block_iq4_xs`: super-block of 256 with 6-bit sub-scales, 4-bit indices into
+    /// `kvalues_iq4nl` (136 bytes). Read-only.
+    Iq4Xs,
 }
 
 impl GgmlType {
-    /// Every GGML type this crate implements, in CLI order.
+    /// Every GGML type this crate can quantize to (the quantization schemes it offers), in CLI
+    /// order. Each has [`GgmlType::has_quantizer`].
     pub const ALL: [GgmlType; 6] =
         [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4K, GgmlType::Q6K, GgmlType::Mxfp4];
 
-    /// Elements per block (`QK8_0`, `QK4_0`, `QK4_1`, `QK_K`, `QK_MXFP4`).
+    /// Every GGML type this crate can dequantize (what the GGUF reader accepts), in `ggml_type`
+    /// id order: [`GgmlType::ALL`] and the read-only types.
+    pub const READABLE: [GgmlType; 13] = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q2K,
+        GgmlType::Q3K,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+        GgmlType::Iq4Nl,
+        GgmlType::Iq4Xs,
+        GgmlType::Mxfp4,
+    ];
+
+    /// Whether [`quantize_ggml_blocks`] can produce this type (true exactly for
+    /// [`GgmlType::ALL`]); the others are read-only.
+    pub fn has_quantizer(self) -> bool {
+        quantizer(self).is_some()
+    }
+
+    /// Elements per block (`QK8_0`, `QK4_0`, `QK4_1`, `QK5_0`, `QK5_1`, `QK4_NL`, `QK_MXFP4`,
+    /// `QK_K`).
     pub fn block_size(self) -> usize {
         match self {
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Mxfp4 => 32,
-            GgmlType::Q4K | GgmlType::Q6K => 256,
+            GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Iq4Nl
+            | GgmlType::Mxfp4 => 32,
+            GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K | GgmlType::Iq4Xs => 256,
         }
     }
 
@@ -78,6 +147,13 @@ impl GgmlType {
             GgmlType::Q4K => 144,
             GgmlType::Q6K => 210,
             GgmlType::Mxfp4 => 17,
+            GgmlType::Q5_0 => 22,
+            GgmlType::Q5_1 => 24,
+            GgmlType::Q2K => 84,
+            GgmlType::Q3K => 110,
+            GgmlType::Q5K => 176,
+            GgmlType::Iq4Nl => 18,
+            GgmlType::Iq4Xs => 136,
         }
     }
 
@@ -90,6 +166,33 @@ impl GgmlType {
             GgmlType::Q4K => "q4_k",
             GgmlType::Q6K => "q6_k",
             GgmlType::Mxfp4 => "mxfp4",
+            GgmlType::Q5_0 => "q5_0",
+            GgmlType::Q5_1 => "q5_1",
+            GgmlType::Q2K => "q2_k",
+            GgmlType::Q3K => "q3_k",
+            GgmlType::Q5K => "q5_k",
+            GgmlType::Iq4Nl => "iq4_nl",
+            GgmlType::Iq4Xs => "iq4_xs",
+        }
+    }
+
+    /// The name `ggml.h` (`GGML_TYPE_*`) and gguf-py (`GGMLQuantizationType`) give the type, as
+    /// GGUF tools print it (`Q8_0`, `Q4_K`, `IQ4_XS`, `MXFP4`, ...).
+    pub fn gguf_name(self) -> &'static str {
+        match self {
+            GgmlType::Q8_0 => "Q8_0",
+            GgmlType::Q4_0 => "Q4_0",
+            GgmlType::Q4_1 => "Q4_1",
+            GgmlType::Q4K => "Q4_K",
+            GgmlType::Q6K => "Q6_K",
+            GgmlType::Mxfp4 => "MXFP4",
+            GgmlType::Q5_0 => "Q5_0",
+            GgmlType::Q5_1 => "Q5_1",
+            GgmlType::Q2K => "Q2_K",
+            GgmlType::Q3K => "Q3_K",
+            GgmlType::Q5K => "Q5_K",
+            GgmlType::Iq4Nl => "IQ4_NL",
+            GgmlType::Iq4Xs => "IQ4_XS",
         }
     }
 }
@@ -111,12 +214,20 @@ impl GgmlType {
             GgmlType::Q4K => 12,
             GgmlType::Q6K => 14,
             GgmlType::Mxfp4 => 39,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
+            GgmlType::Q2K => 10,
+            GgmlType::Q3K => 11,
+            GgmlType::Q5K => 13,
+            GgmlType::Iq4Nl => 20,
+            GgmlType::Iq4Xs => 23,
         }
     }
 
-    /// The block format with `ggml_type` id `id`, if this crate implements it.
+    /// The block format with `ggml_type` id `id`, if this crate can dequantize it (any of
+    /// [`GgmlType::READABLE`]).
     pub fn from_gguf_id(id: u32) -> Option<GgmlType> {
-        GgmlType::ALL.into_iter().find(|t| t.gguf_id() == id)
+        GgmlType::READABLE.into_iter().find(|t| t.gguf_id() == id)
     }
 }
 
@@ -146,6 +257,21 @@ pub enum GgmlError {
         /// Bytes given.
         actual: usize,
     },
+
+    /// Quantizing to a read-only format (one qdrift dequantizes but has no quantizer for).
+    #[error(
+        "{ty} is read-only: qdrift dequantizes it but has no quantizer for it; quantizable: {}",
+        quantizable_names()
+    )]
+    NoQuantizer {
+        /// The block format.
+        ty: GgmlType,
+    },
+}
+
+/// The names of [`GgmlType::ALL`], comma-separated, for [`GgmlError::NoQuantizer`].
+fn quantizable_names() -> String {
+    GgmlType::ALL.map(GgmlType::name).join(", ")
 }
 
 /// ggml's `nearest_int` (`ggml-quants.c`): adding 1.5·2^23 puts the rounded integer in the low
@@ -176,37 +302,47 @@ fn fp16_value(bytes: [u8; 2]) -> f32 {
     f16::from_le_bytes(bytes).to_f32()
 }
 
-/// Quantizes `x` (a whole number of blocks) into `out`, appending `type_size` bytes per block.
-fn quantize_blocks(ty: GgmlType, x: &[f32], out: &mut Vec<u8>) {
-    for block in x.chunks_exact(ty.block_size()) {
-        let start = out.len();
-        out.resize(start + ty.type_size(), 0);
-        let y = &mut out[start..];
-        match ty {
-            GgmlType::Q8_0 => q8_0::quantize_block(block, y),
-            GgmlType::Q4_0 => q4_0::quantize_block(block, y),
-            GgmlType::Q4_1 => q4_1::quantize_block(block, y),
-            GgmlType::Q4K => q4_k::quantize_block(block, y),
-            GgmlType::Q6K => q6_k::quantize_block(block, y),
-            GgmlType::Mxfp4 => mxfp4::quantize_block(block, y),
-        }
+/// Quantizes one block: `block_size` values into `type_size` bytes.
+type QuantizeBlock = fn(&[f32], &mut [u8]);
+
+/// Dequantizes one block: `type_size` bytes into `block_size` values.
+type DequantizeBlock = fn(&[u8], &mut [f32]);
+
+/// `quantize_row_*_ref` of `ty` for one block, or `None` for a read-only type.
+fn quantizer(ty: GgmlType) -> Option<QuantizeBlock> {
+    match ty {
+        GgmlType::Q8_0 => Some(q8_0::quantize_block),
+        GgmlType::Q4_0 => Some(q4_0::quantize_block),
+        GgmlType::Q4_1 => Some(q4_1::quantize_block),
+        GgmlType::Q4K => Some(q4_k::quantize_block),
+        GgmlType::Q6K => Some(q6_k::quantize_block),
+        GgmlType::Mxfp4 => Some(mxfp4::quantize_block),
+        GgmlType::Q5_0
+        | GgmlType::Q5_1
+        | GgmlType::Q2K
+        | GgmlType::Q3K
+        | GgmlType::Q5K
+        | GgmlType::Iq4Nl
+        | GgmlType::Iq4Xs => None,
     }
 }
 
-/// Dequantizes whole blocks, appending `block_size` values per block.
-fn dequantize_blocks(ty: GgmlType, bytes: &[u8], out: &mut Vec<f32>) {
-    for block in bytes.chunks_exact(ty.type_size()) {
-        let start = out.len();
-        out.resize(start + ty.block_size(), 0.0);
-        let y = &mut out[start..];
-        match ty {
-            GgmlType::Q8_0 => q8_0::dequantize_block(block, y),
-            GgmlType::Q4_0 => q4_0::dequantize_block(block, y),
-            GgmlType::Q4_1 => q4_1::dequantize_block(block, y),
-            GgmlType::Q4K => q4_k::dequantize_block(block, y),
-            GgmlType::Q6K => q6_k::dequantize_block(block, y),
-            GgmlType::Mxfp4 => mxfp4::dequantize_block(block, y),
-        }
+/// `dequantize_row_*` of `ty` for one block.
+fn dequantizer(ty: GgmlType) -> DequantizeBlock {
+    match ty {
+        GgmlType::Q8_0 => q8_0::dequantize_block,
+        GgmlType::Q4_0 => q4_0::dequantize_block,
+        GgmlType::Q4_1 => q4_1::dequantize_block,
+        GgmlType::Q4K => q4_k::dequantize_block,
+        GgmlType::Q6K => q6_k::dequantize_block,
+        GgmlType::Mxfp4 => mxfp4::dequantize_block,
+        GgmlType::Q5_0 => q5_0::dequantize_block,
+        GgmlType::Q5_1 => q5_1::dequantize_block,
+        GgmlType::Q2K => q2_k::dequantize_block,
+        GgmlType::Q3K => q3_k::dequantize_block,
+        GgmlType::Q5K => q5_k::dequantize_block,
+        GgmlType::Iq4Nl => iq4_nl::dequantize_block,
+        GgmlType::Iq4Xs => iq4_xs::dequantize_block,
     }
 }
 
@@ -218,18 +354,23 @@ fn dequantize_blocks(ty: GgmlType, bytes: &[u8], out: &mut Vec<f32>) {
 /// - returns: `x.len() / block_size * type_size` bytes of consecutive blocks.
 ///
 /// # Errors
+/// [`GgmlError::NoQuantizer`] for a read-only type (not in [`GgmlType::ALL`]),
 /// [`GgmlError::PartialBlock`] when `x.len()` is not a multiple of the block size.
 pub fn quantize_ggml_blocks(ty: GgmlType, x: &[f32]) -> Result<Vec<u8>, GgmlError> {
+    let quantize_block = quantizer(ty).ok_or(GgmlError::NoQuantizer { ty })?;
     let block = ty.block_size();
     if !x.len().is_multiple_of(block) {
         return Err(GgmlError::PartialBlock { ty, block, n_elements: x.len() });
     }
-    let mut out = Vec::with_capacity(x.len() / block * ty.type_size());
-    quantize_blocks(ty, x, &mut out);
+    let mut out = vec![0u8; x.len() / block * ty.type_size()];
+    for (x, y) in x.chunks_exact(block).zip(out.chunks_exact_mut(ty.type_size())) {
+        quantize_block(x, y);
+    }
     Ok(out)
 }
 
-/// Dequantizes a buffer of GGML blocks exactly as `dequantize_row_*` does (for GGUF loading).
+/// Dequantizes a buffer of GGML blocks exactly as `dequantize_row_*` does (for GGUF loading); any
+/// of [`GgmlType::READABLE`].
 ///
 /// # Shapes
 /// - `bytes`: `n_elements / block_size * type_size` bytes of consecutive blocks.
@@ -247,8 +388,11 @@ pub fn dequantize_ggml_blocks(ty: GgmlType, bytes: &[u8], n_elements: usize) -> 
     if bytes.len() != expected {
         return Err(GgmlError::BlockBytes { ty, n_elements, expected, actual: bytes.len() });
     }
-    let mut out = Vec::with_capacity(n_elements);
-    dequantize_blocks(ty, bytes, &mut out);
+    let dequantize_block = dequantizer(ty);
+    let mut out = vec![0.0f32; n_elements];
+    for (x, y) in bytes.chunks_exact(ty.type_size()).zip(out.chunks_exact_mut(block)) {
+        dequantize_block(x, y);
+    }
     Ok(out)
 }
 

@@ -109,7 +109,7 @@ fn make_qkx2_quants(
 }
 
 /// `get_scale_min_k4`: the 6-bit scale and min of sub-block `j`.
-fn get_scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub(super) fn get_scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

@@ -279,6 +279,6 @@ fn gguf_ids_match_ggml_h() {
     for ty in GgmlType::ALL {
         assert_eq!(GgmlType::from_gguf_id(ty.gguf_id()), Some(ty));
     }
-    assert_eq!(GgmlType::from_gguf_id(0), None);
-    assert_eq!(GgmlType::from_gguf_id(10), None); // q2_K: not implemented
+    assert_eq!(GgmlType::from_gguf_id(0), None); // F32: not a block format
+    assert_eq!(GgmlType::from_gguf_id(16), None); // IQ2_XXS: not implemented
 }

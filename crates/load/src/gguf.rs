@@ -19,8 +19,10 @@
 //! (each tensor where the previous one ends, rounded up to the alignment). Decoded values
 //! (dequantized ones included) must be finite.
 //!
-//! Tensors are dequantized to f32 ([`HostModel`]'s form): F32, F16, BF16 and the GGML block formats
-//! of `qdrift-ggml` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, MXFP4). A GGUF matrix with dims
+//! Tensors are dequantized to f32 ([`HostModel`]'s form): F32, F16, BF16 and every GGML block
+//! format `qdrift-ggml` dequantizes (`GgmlType::READABLE`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
+//! Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4; block and byte sizes from `GgmlType`). Any other type
+//! (IQ1_S, IQ2_XXS, IQ3_S, TQ1_0, ...) is refused with its ggml name and id. A GGUF matrix with dims
 //! `[ne0 = in, ne1 = out]` is `[out, in]` row-major, which is [`HostModel`]'s linear layout as
 //! is. For `llama`, q/k are kept as stored: llama.cpp's converter already permutes them into the
 //! interleaved RoPE layout qdrift uses (llama.cpp's `LLAMA_ROPE_TYPE_NORM`). `qwen2` files keep
@@ -189,6 +191,24 @@ pub struct GgufModel {
     pub tokenizer: GgufTokenizerMetadata,
     /// Every tensor's name and type name (`F32`, `Q4_1`, ...) in file order.
     pub tensor_types: Vec<(String, &'static str)>,
+    /// Every tensor's stored size, in file order ([`crate::inspect::source_storage`] sums them
+    /// per type).
+    pub tensors: Vec<GgufTensorSize>,
+}
+
+/// A tensor of a GGUF file as its tensor info describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GgufTensorSize {
+    /// The tensor's name (`blk.0.attn_q.weight`).
+    pub name: String,
+    /// Its type's name as `constants.py` gives it (`F32`, `Q4_K`, `IQ4_XS`, ...).
+    pub dtype: &'static str,
+    /// Its dims, `ne0` (the row length) first.
+    pub dims: Vec<u64>,
+    /// Values: the product of the dims.
+    pub elements: u64,
+    /// Bytes of its data: `elements / block size · type size`.
+    pub bytes: u64,
 }
 
 /// Element types of GGUF tensors that this reader dequantizes.
@@ -216,12 +236,7 @@ impl TensorType {
             TensorType::F32 => "F32",
             TensorType::F16 => "F16",
             TensorType::BF16 => "BF16",
-            TensorType::Block(GgmlType::Q4_0) => "Q4_0",
-            TensorType::Block(GgmlType::Q4_1) => "Q4_1",
-            TensorType::Block(GgmlType::Q8_0) => "Q8_0",
-            TensorType::Block(GgmlType::Q4K) => "Q4_K",
-            TensorType::Block(GgmlType::Q6K) => "Q6_K",
-            TensorType::Block(GgmlType::Mxfp4) => "MXFP4",
+            TensorType::Block(t) => t.gguf_name(),
         }
     }
 
@@ -235,37 +250,59 @@ impl TensorType {
     }
 }
 
-/// Names of the `ggml_type` ids this reader does not support, for error messages.
-fn unsupported_type_name(id: u32) -> &'static str {
-    match id {
-        6 => "Q5_0",
-        7 => "Q5_1",
+/// The `ggml.h` / `constants.py` names of the `ggml_type` ids this reader does not read, for
+/// error messages; `None` for an id no ggml version has used.
+fn unsupported_type_name(id: u32) -> Option<&'static str> {
+    Some(match id {
+        4 => "Q4_2",
+        5 => "Q4_3",
         9 => "Q8_1",
-        10 => "Q2_K",
-        11 => "Q3_K",
-        13 => "Q5_K",
         15 => "Q8_K",
         16 => "IQ2_XXS",
         17 => "IQ2_XS",
         18 => "IQ3_XXS",
         19 => "IQ1_S",
-        20 => "IQ4_NL",
         21 => "IQ3_S",
         22 => "IQ2_S",
-        23 => "IQ4_XS",
         24 => "I8",
         25 => "I16",
         26 => "I32",
         27 => "I64",
         28 => "F64",
         29 => "IQ1_M",
+        31 => "Q4_0_4_4",
+        32 => "Q4_0_4_8",
+        33 => "Q4_0_8_8",
         34 => "TQ1_0",
         35 => "TQ2_0",
-        _ => "unknown",
-    }
+        36 => "IQ4_NL_4_4",
+        37 => "IQ4_NL_4_8",
+        38 => "IQ4_NL_8_8",
+        40 => "NVFP4",
+        41 => "Q1_0",
+        42 => "Q2_0",
+        _ => return None,
+    })
 }
 
-const SUPPORTED_TYPES: &str = "F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, MXFP4";
+/// The types this reader reads, for error messages: `F32, F16, BF16, Q4_0, ...`.
+fn supported_types() -> String {
+    let mut names = vec!["F32", "F16", "BF16"];
+    names.extend(GgmlType::READABLE.map(GgmlType::gguf_name));
+    names.join(", ")
+}
+
+/// The refusal of tensor `name`'s type `id`, naming the type as ggml does.
+fn unsupported_type(path: &Path, name: &str, id: u32) -> LoadError {
+    let ty = match unsupported_type_name(id) {
+        Some(ggml_name) => format!("type {ggml_name} ({id})"),
+        None => format!("type {id} (not a known ggml type)"),
+    };
+    LoadError::invalid(
+        path,
+        format!("tensor {name} has {ty}, which qdrift cannot read; it reads {}", supported_types()),
+    )
+}
 
 #[derive(Debug)]
 struct TensorInfo {
@@ -275,6 +312,20 @@ struct TensorInfo {
     /// Absolute byte range in the file.
     start: usize,
     end: usize,
+}
+
+impl TensorInfo {
+    /// Its name, type and size. `locate_tensors` checked the element count (`≤ i64::MAX`) and the
+    /// byte range (`end − start` is the stored size) already.
+    fn size(&self) -> GgufTensorSize {
+        GgufTensorSize {
+            name: self.name.clone(),
+            dtype: self.ty.name(),
+            dims: self.dims.clone(),
+            elements: self.dims.iter().product(),
+            bytes: (self.end - self.start) as u64,
+        }
+    }
 }
 
 /// Architectures [`read_gguf`] reads, as `general.architecture` names them.
@@ -445,9 +496,10 @@ fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
     check_file_order(path, &infos, data)?;
 
     let tensor_types = infos.iter().map(|t| (t.name.clone(), t.ty.name())).collect();
+    let tensors = infos.iter().map(TensorInfo::size).collect();
     let tokenizer = tokenizer_metadata(&metadata);
     let model = build_llama(&TensorTable { path, bytes, infos: &infos }, &metadata, &tokenizer)?;
-    Ok(GgufModel { model, version, metadata, tokenizer, tensor_types })
+    Ok(GgufModel { model, version, metadata, tokenizer, tensor_types, tensors })
 }
 
 /// The fixed-size start of the file.
@@ -533,15 +585,7 @@ fn read_tensor_infos(r: &mut Reader<'_>, tensor_count: u64) -> Result<Vec<RawTen
         check_dims(path, &name, &dims)?;
         let type_id = r.u32(&what)?;
         let offset = r.u64(&what)?;
-        let ty = TensorType::from_id(type_id).ok_or_else(|| {
-            LoadError::invalid(
-                path,
-                format!(
-                    "tensor {name}: GGML type {type_id} ({}) is not supported; supported: {SUPPORTED_TYPES}",
-                    unsupported_type_name(type_id)
-                ),
-            )
-        })?;
+        let ty = TensorType::from_id(type_id).ok_or_else(|| unsupported_type(path, &name, type_id))?;
         raw_infos.push(RawTensorInfo { name, dims, ty, offset });
     }
     Ok(raw_infos)

@@ -118,6 +118,7 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
         tokenizer_path,
         format: ModelFormat::HfSafetensors,
         source_dtypes: shards.dtypes(),
+        source_storage: None,
         chat_template,
     })
 }

@@ -24,7 +24,8 @@
 //!
 //! Beside the readers: [`write`](mod@write) writes a model as a Hugging Face folder or a GGUF file (fixtures
 //! for round-trip tests), and [`inspect`] accounts parameters, weight memory per storage scheme,
-//! KV-cache memory and FLOPs per token.
+//! KV-cache memory, FLOPs per token and a GGUF file's stored bytes and bits per weight per tensor
+//! type.
 //!
 //! **Architecture invariant:** weights leave this crate as f32 in [`HostModel`]'s layout
 //! (`[out, in]` linears, q/k rows and biases in the interleaved RoPE layout) whatever the source
@@ -47,7 +48,7 @@ mod weights;
 pub mod write;
 
 pub use error::LoadError;
-pub use gguf::{GgufModel, GgufTokenizerMetadata, GgufValue, read_gguf};
+pub use gguf::{GgufModel, GgufTensorSize, GgufTokenizerMetadata, GgufValue, read_gguf};
 pub use gguf_tokenizer::gguf_tokenizer;
 pub use hf::read_hf_folder;
 pub use hf_tokenizer::HfTokenizer;

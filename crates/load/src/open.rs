@@ -24,6 +24,9 @@ pub struct LoadedModel {
     /// file order; for reports ([`crate::inspect`]). The weights in [`LoadedModel::model`] are
     /// f32 whatever the source dtype.
     pub source_dtypes: Vec<(String, String)>,
+    /// The source file's stored bytes per tensor type and bits per weight, for `qdrift inspect`
+    /// (GGUF files; `None` for other formats).
+    pub source_storage: Option<crate::inspect::SourceStorage>,
     /// The chat template (Jinja) the checkpoint ships, if any (GGUF `tokenizer.chat_template`,
     /// `tokenizer_config.json` `chat_template`).
     pub chat_template: Option<String>,
@@ -119,6 +122,11 @@ pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, 
         }
         let gguf = read_gguf(path)?;
         let tok = gguf_tokenizer(path, &gguf.tokenizer, gguf.model.arch.vocab_size)?;
+        let source_storage = crate::inspect::gguf_source_storage(&gguf.tensors).map_err(|e| LoadError::Overflow {
+            path: path.to_path_buf(),
+            quantity: e.quantity.to_string(),
+            inputs: format!("{} tensors", gguf.tensors.len()),
+        })?;
         return Ok(LoadedModel {
             model: gguf.model,
             tokenizer: tok,
@@ -126,6 +134,7 @@ pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, 
             tokenizer_path: path.to_path_buf(),
             format: ModelFormat::Gguf,
             source_dtypes: gguf.tensor_types.into_iter().map(|(n, t)| (n, t.to_string())).collect(),
+            source_storage: Some(source_storage),
             chat_template: gguf.tokenizer.chat_template,
         });
     }
@@ -144,6 +153,7 @@ pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, 
         tokenizer_path,
         format: ModelFormat::Llama2c,
         source_dtypes,
+        source_storage: None,
         chat_template: None,
     })
 }

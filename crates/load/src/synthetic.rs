@@ -137,6 +137,7 @@ pub fn synthetic_model(name: &str, seed: u64) -> Result<LoadedModel, LoadError> 
         tokenizer_path: path,
         format: ModelFormat::Synthetic,
         source_dtypes,
+        source_storage: None,
         chat_template: None,
     })
 }

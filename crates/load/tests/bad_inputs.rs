@@ -239,7 +239,20 @@ fn gguf_unknown_tensor_type() {
     bytes[at..at + 4].copy_from_slice(&99u32.to_le_bytes());
     std::fs::write(&path, &bytes).expect("write");
     let e = open_model(&path, None).err().expect("refused").to_string();
-    assert!(e.contains("tensor blk.1.ffn_up.weight: GGML type 99 (unknown) is not supported; supported: F32"), "{e}");
+    assert!(
+        e.contains(
+            "tensor blk.1.ffn_up.weight has type 99 (not a known ggml type), which qdrift cannot read; it reads F32"
+        ),
+        "{e}"
+    );
+    // A real ggml type qdrift does not read is named as ggml names it.
+    bytes[at..at + 4].copy_from_slice(&16u32.to_le_bytes());
+    std::fs::write(&path, &bytes).expect("write");
+    let e = open_model(&path, None).err().expect("refused").to_string();
+    assert!(
+        e.contains("tensor blk.1.ffn_up.weight has type IQ2_XXS (16), which qdrift cannot read; it reads F32"),
+        "{e}"
+    );
 }
 
 #[test]

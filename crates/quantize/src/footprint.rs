@@ -17,9 +17,10 @@ impl Scheme {
     ///
     /// # Errors
     /// [`QuantizeError::ZeroGroup`] for a hand-built scheme with a group or block size of zero,
-    /// as [`crate::quantize`] refuses it.
+    /// [`QuantizeError::Ggml`] for one naming a read-only GGML type, as [`crate::quantize`]
+    /// refuses them.
     pub fn storage_bytes(&self, rows: u64, cols: u64) -> Result<u64, QuantizeError> {
-        self.check_sizes()?;
+        self.check_usable()?;
         Ok(match *self {
             Scheme::Fp16 | Scheme::Bf16 => float::HalfPacked::storage_bytes_for(rows, cols),
             Scheme::Int8 => int::Int8Packed::storage_bytes_for(rows, cols),
@@ -43,7 +44,7 @@ impl SchemeFootprint {
     /// # Errors
     /// [`QuantizeError::ZeroGroup`] for a scheme [`Scheme::storage_bytes`] refuses.
     pub fn new(scheme: Scheme) -> Result<Self, QuantizeError> {
-        scheme.check_sizes()?;
+        scheme.check_usable()?;
         Ok(SchemeFootprint(scheme))
     }
 

@@ -217,7 +217,7 @@ pub fn quantize(scheme: &Scheme, weights: &[f32], rows: usize, cols: usize) -> R
     if let Some(index) = weights.iter().position(|w| !w.is_finite()) {
         return Err(QuantizeError::NonFinite { index, row: index / cols, col: index % cols, value: weights[index] });
     }
-    scheme.check_sizes()?;
+    scheme.check_usable()?;
     let storage = match *scheme {
         Scheme::Fp16 => Storage::Float(float::HalfPacked::quantize(float::Half::F16, weights)),
         Scheme::Bf16 => Storage::Float(float::HalfPacked::quantize(float::Half::BF16, weights)),

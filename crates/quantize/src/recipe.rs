@@ -140,10 +140,12 @@ impl KvQuant {
     /// formats need whole blocks of 32 along the row, as llama.cpp's cache does.
     ///
     /// # Errors
-    /// [`QuantizeError::KvRow`] naming the format and the row width.
+    /// [`QuantizeError::KvRow`] naming the format and the row width; [`QuantizeError::Ggml`]
+    /// for a hand-built `KvQuant::Ggml` of a read-only GGML type (none is listed).
     pub fn check_row(&self, kv_heads: usize, head_dim: usize) -> Result<(), QuantizeError> {
         let row = kv_heads.saturating_mul(head_dim);
         match self {
+            KvQuant::Ggml(ty) if !ty.has_quantizer() => Err(qdrift_ggml::GgmlError::NoQuantizer { ty: *ty }.into()),
             KvQuant::Ggml(ty) if !row.is_multiple_of(ty.block_size()) => {
                 Err(QuantizeError::KvRow { format: self.to_string(), row, kv_heads, head_dim, block: ty.block_size() })
             }

@@ -132,16 +132,28 @@ impl Scheme {
             Scheme::Ggml(GgmlType::Mxfp4) => {
                 "OCP MXFP4 as in llama.cpp: E2M1 values with a power-of-two E8M0 scale per block of 32 (4.25 bits/weight)."
             }
+            // Not in `Scheme::all()`: only a hand-built scheme can name one, and `quantize` refuses it.
+            Scheme::Ggml(
+                GgmlType::Q5_0
+                | GgmlType::Q5_1
+                | GgmlType::Q2K
+                | GgmlType::Q3K
+                | GgmlType::Q5K
+                | GgmlType::Iq4Nl
+                | GgmlType::Iq4Xs,
+            ) => "A llama.cpp block format qdrift reads from GGUF files but cannot quantize to.",
         }
     }
 
-    /// [`QuantizeError::ZeroGroup`] when a hand-built scheme has a group or block size of zero
-    /// (no listed scheme has).
-    pub(crate) fn check_sizes(&self) -> Result<(), QuantizeError> {
+    /// [`QuantizeError::ZeroGroup`] when a hand-built scheme has a group or block size of zero,
+    /// [`QuantizeError::Ggml`] ([`qdrift_ggml::GgmlError::NoQuantizer`]) when it names a
+    /// read-only GGML type (no listed scheme does either).
+    pub(crate) fn check_usable(&self) -> Result<(), QuantizeError> {
         match *self {
             Scheme::Int4 { group: 0, .. } | Scheme::Nf4 { block: 0 } => {
                 Err(QuantizeError::ZeroGroup { scheme: self.to_string() })
             }
+            Scheme::Ggml(ty) if !ty.has_quantizer() => Err(qdrift_ggml::GgmlError::NoQuantizer { ty }.into()),
             _ => Ok(()),
         }
     }

@@ -8,7 +8,7 @@ mod common;
 use common::matrix;
 use qdrift_load::inspect::{Fp32, Inspection, WeightStorage, inspect};
 use qdrift_load::{LlamaArch, synthetic_arch};
-use qdrift_quantize::{QuantizeError, Scheme, SchemeFootprint, quantize};
+use qdrift_quantize::{GgmlError, GgmlType, KvQuant, QuantizeError, Scheme, SchemeFootprint, quantize};
 
 #[test]
 fn storage_bytes_is_what_every_codec_stores() {
@@ -30,6 +30,25 @@ fn zero_groups_are_refused_as_quantize_refuses_them() {
         assert_eq!(scheme.storage_bytes(2, 8), Err(refused.clone()));
         assert_eq!(SchemeFootprint::new(scheme), Err(refused.clone()));
         assert_eq!(quantize(&scheme, &[0.0; 16], 2, 8).map(|q| q.storage_bytes()), Err(refused));
+    }
+}
+
+#[test]
+fn read_only_ggml_types_are_refused_as_quantize_refuses_them() {
+    for ty in GgmlType::READABLE.into_iter().filter(|t| !t.has_quantizer()) {
+        let scheme = Scheme::Ggml(ty);
+        let refused = QuantizeError::Ggml(GgmlError::NoQuantizer { ty });
+        assert_eq!(scheme.storage_bytes(2, 256), Err(refused.clone()));
+        assert_eq!(SchemeFootprint::new(scheme), Err(refused.clone()));
+        assert_eq!(quantize(&scheme, &[0.0; 512], 2, 256).map(|q| q.storage_bytes()), Err(refused));
+        assert!(!Scheme::all().contains(&scheme), "{scheme} is listed");
+        assert!(scheme.to_string().parse::<Scheme>().is_err(), "{scheme} parses");
+        assert!(scheme.describe().contains("cannot quantize"), "{scheme}");
+        // Nor can a hand-built KV-cache format use one.
+        let e = KvQuant::Ggml(ty).check_row(2, 128).unwrap_err();
+        assert_eq!(e, QuantizeError::Ggml(GgmlError::NoQuantizer { ty }));
+        let mut row = [0.0f32; 256];
+        assert_eq!(KvQuant::Ggml(ty).round_host(&mut row, 128), Err(e));
     }
 }
 

@@ -288,16 +288,235 @@ fn tensor_offset_out_of_range() {
 }
 
 #[test]
-fn unknown_tensor_type() {
+fn unreadable_tensor_types_are_refused_by_their_ggml_name() {
     let mut w = tiny();
-    w.tensors[3].2 = 10; // Q2_K
+    w.tensors[3].2 = 16; // IQ2_XXS
     assert_eq!(
         error(&w.build()),
-        "tiny.gguf: tensor blk.0.attn_k.weight: GGML type 10 (Q2_K) is not supported; \
-         supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, MXFP4"
+        "tiny.gguf: tensor blk.0.attn_k.weight has type IQ2_XXS (16), which qdrift cannot read; \
+         it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4"
     );
+    for (id, name) in [
+        (17, "IQ2_XS"),
+        (22, "IQ2_S"),
+        (18, "IQ3_XXS"),
+        (21, "IQ3_S"),
+        (19, "IQ1_S"),
+        (29, "IQ1_M"),
+        (34, "TQ1_0"),
+        (35, "TQ2_0"),
+        (15, "Q8_K"),
+        (28, "F64"),
+        (40, "NVFP4"),
+    ] {
+        w.tensors[3].2 = id;
+        let e = error(&w.build());
+        assert!(
+            e.contains(&format!("tensor blk.0.attn_k.weight has type {name} ({id}), which qdrift cannot read")),
+            "{e}"
+        );
+    }
     w.tensors[3].2 = 99;
-    assert!(error(&w.build()).contains("GGML type 99 (unknown) is not supported"));
+    let e = error(&w.build());
+    assert!(e.contains("has type 99 (not a known ggml type), which qdrift cannot read; it reads F32,"), "{e}");
+}
+
+/// `n_blocks` blocks of `ty` of seeded random bytes whose f16 (E8M0 for MXFP4) scale fields hold
+/// ±2^-6, so every dequantized value is finite and of moderate size.
+fn random_blocks(ty: GgmlType, n_blocks: usize, seed: u32) -> Vec<u8> {
+    let mut state = seed | 1;
+    let mut bytes: Vec<u8> = (0..n_blocks * ty.type_size())
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            (state >> 24) as u8
+        })
+        .collect();
+    let scale_offsets: &[usize] = match ty {
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Iq4Nl | GgmlType::Iq4Xs => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+        GgmlType::Q2K => &[80, 82],
+        GgmlType::Q3K => &[108],
+        GgmlType::Q6K => &[208],
+        GgmlType::Mxfp4 => &[],
+    };
+    for (b, block) in bytes.chunks_exact_mut(ty.type_size()).enumerate() {
+        for &o in scale_offsets {
+            let sign = if (b + o) % 3 == 0 { -1.0 } else { 1.0 };
+            block[o..o + 2].copy_from_slice(&half::f16::from_f32(sign * 2f32.powi(-6)).to_le_bytes());
+        }
+        if ty == GgmlType::Mxfp4 {
+            block[0] = 120; // E8M0 2^-7
+        }
+    }
+    bytes
+}
+
+/// A matrix of [`mixed_types_llama`]: tensor name, type, HostModel shape, bytes.
+type BlockMatrix = (&'static str, GgmlType, [usize; 2], Vec<u8>);
+
+/// A llama with `ne0 = 256` rows whose matrices are each in another GGML type, every type of
+/// `GgmlType::READABLE` among them: the file and its matrices.
+fn mixed_types_llama() -> (Writer, Vec<BlockMatrix>) {
+    const D: usize = 256;
+    const KV: usize = 128; // 2 heads of 128, 1 KV head
+    const V: usize = 16;
+    let matrices: Vec<(&str, GgmlType, [usize; 2])> = vec![
+        ("token_embd.weight", GgmlType::Q5_0, [V, D]),
+        ("blk.0.attn_q.weight", GgmlType::Q2K, [D, D]),
+        ("blk.0.attn_k.weight", GgmlType::Q3K, [KV, D]),
+        ("blk.0.attn_v.weight", GgmlType::Q5K, [KV, D]),
+        ("blk.0.attn_output.weight", GgmlType::Iq4Xs, [D, D]),
+        ("blk.0.ffn_gate.weight", GgmlType::Iq4Nl, [D, D]),
+        ("blk.0.ffn_up.weight", GgmlType::Q5_1, [D, D]),
+        ("blk.0.ffn_down.weight", GgmlType::Q4K, [D, D]),
+        ("blk.1.attn_q.weight", GgmlType::Q4_0, [D, D]),
+        ("blk.1.attn_k.weight", GgmlType::Q4_1, [KV, D]),
+        ("blk.1.attn_v.weight", GgmlType::Q8_0, [KV, D]),
+        ("blk.1.attn_output.weight", GgmlType::Q6K, [D, D]),
+        ("blk.1.ffn_gate.weight", GgmlType::Mxfp4, [D, D]),
+        ("blk.1.ffn_up.weight", GgmlType::Q2K, [D, D]),
+        ("blk.1.ffn_down.weight", GgmlType::Q3K, [D, D]),
+        ("output.weight", GgmlType::Q5K, [V, D]),
+    ];
+    let mut w = Writer::new();
+    w.string("general.architecture", "llama")
+        .u32("llama.embedding_length", D as u32)
+        .u32("llama.feed_forward_length", D as u32)
+        .u32("llama.block_count", 2)
+        .u32("llama.attention.head_count", 2)
+        .u32("llama.attention.head_count_kv", 1)
+        .u32("llama.context_length", 64)
+        .f32("llama.attention.layer_norm_rms_epsilon", 1e-6)
+        .f32("llama.rope.freq_base", 10000.0)
+        .string("tokenizer.ggml.model", "gpt2")
+        // As many tokens as the embedding has rows, so that `open_model` accepts the file.
+        .strings(
+            "tokenizer.ggml.tokens",
+            &["a", "b", "ab", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o"],
+        )
+        .strings("tokenizer.ggml.merges", &["a b"])
+        .u32("tokenizer.ggml.bos_token_id", 1)
+        .u32("tokenizer.ggml.eos_token_id", 2)
+        .kv_raw("tokenizer.ggml.add_bos_token", 7, &[0]);
+    let mut out = Vec::new();
+    for (i, (name, ty, shape)) in matrices.into_iter().enumerate() {
+        let bytes = random_blocks(ty, shape[0] * shape[1] / ty.block_size(), 0x5eed_0000 + i as u32);
+        let dims = vec![shape[1] as u64, shape[0] as u64];
+        w.tensors.push((name.to_string(), dims, ty.gguf_id(), bytes.clone()));
+        if name == "blk.0.ffn_down.weight" || name == "blk.1.ffn_down.weight" {
+            let layer = &name[..5]; // `blk.N`
+            w.tensor(&format!("{layer}.attn_norm.weight"), &[D], F32, &values(i, D));
+            w.tensor(&format!("{layer}.ffn_norm.weight"), &[D], F32, &values(i + 1, D));
+        }
+        out.push((name, ty, shape, bytes));
+    }
+    w.tensor("output_norm.weight", &[D], F32, &values(99, D));
+    (w, out)
+}
+
+#[test]
+fn every_readable_ggml_type_reads_as_qdrift_ggml_dequantizes_it() {
+    let (w, matrices) = mixed_types_llama();
+    for ty in GgmlType::READABLE {
+        assert!(matrices.iter().any(|m| m.1 == ty), "{ty} is not in the file");
+    }
+    let g = parse(&w.build()).expect("valid file");
+    let m = &g.model;
+    let l0 = &m.layers[0];
+    let l1 = &m.layers[1];
+    let read: Vec<(&str, &HostTensor)> = vec![
+        ("token_embd.weight", &m.token_embedding),
+        ("blk.0.attn_q.weight", &l0.wq),
+        ("blk.0.attn_k.weight", &l0.wk),
+        ("blk.0.attn_v.weight", &l0.wv),
+        ("blk.0.attn_output.weight", &l0.wo),
+        ("blk.0.ffn_gate.weight", &l0.w_gate),
+        ("blk.0.ffn_up.weight", &l0.w_up),
+        ("blk.0.ffn_down.weight", &l0.w_down),
+        ("blk.1.attn_q.weight", &l1.wq),
+        ("blk.1.attn_k.weight", &l1.wk),
+        ("blk.1.attn_v.weight", &l1.wv),
+        ("blk.1.attn_output.weight", &l1.wo),
+        ("blk.1.ffn_gate.weight", &l1.w_gate),
+        ("blk.1.ffn_up.weight", &l1.w_up),
+        ("blk.1.ffn_down.weight", &l1.w_down),
+        ("output.weight", m.output.as_ref().expect("untied")),
+    ];
+    for ((name, ty, shape, bytes), (read_name, tensor)) in matrices.iter().zip(&read) {
+        assert_eq!(name, read_name);
+        let want = dequantize_ggml_blocks(*ty, bytes, shape[0] * shape[1]).unwrap();
+        assert_eq!(tensor.shape, shape, "{name}");
+        assert!(tensor.data.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{name} ({ty})");
+        assert!(want.iter().any(|&v| v != 0.0), "{name}: all zero");
+    }
+    let types: Vec<(&str, &str)> = g.tensor_types.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+    assert!(types.contains(&("blk.0.attn_output.weight", "IQ4_XS")), "{types:?}");
+    assert!(types.contains(&("blk.0.ffn_up.weight", "Q5_1")), "{types:?}");
+    // The stored sizes: `elements / block · type size` per tensor.
+    let sizes: Vec<_> = g.tensors.iter().filter(|t| t.name == "blk.0.attn_k.weight").collect();
+    assert_eq!(sizes.len(), 1);
+    assert_eq!((sizes[0].dtype, sizes[0].elements, sizes[0].bytes), ("Q3_K", 128 * 256, 128 * 110));
+    assert_eq!(sizes[0].dims, [256, 128]);
+}
+
+#[test]
+fn new_types_need_whole_blocks_of_their_own_size() {
+    // A Q3_K row of 128 values is half a super-block: refused before any data is read.
+    let (mut w, _) = mixed_types_llama();
+    let t = w.tensors.iter_mut().find(|t| t.0 == "blk.0.attn_k.weight").unwrap();
+    t.1 = vec![128, 256];
+    let e = error(&w.build());
+    assert!(
+        e.contains("tensor blk.0.attn_k.weight: dims [128, 256] are not a whole number of Q3_K blocks of 256 elements"),
+        "{e}"
+    );
+    // A Q5_0 row of 16 values is half a block of 32.
+    let (mut w, _) = mixed_types_llama();
+    let t = w.tensors.iter_mut().find(|t| t.0 == "token_embd.weight").unwrap();
+    t.1 = vec![16, 256];
+    assert!(error(&w.build()).contains("are not a whole number of Q5_0 blocks of 32 elements"));
+}
+
+#[test]
+fn a_mixed_file_is_inspected_per_type() {
+    let (w, matrices) = mixed_types_llama();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mixed.gguf");
+    std::fs::write(&path, w.build()).unwrap();
+    let loaded = crate::open_model(&path, None).expect("opens");
+    let storage = loaded.source_storage.clone().expect("GGUF files carry their storage");
+    // 16 matrices + 2·2 layer norms + the final norm.
+    assert_eq!(storage.tensors, 16 + 5);
+    let of = |dtype: &str| storage.by_type.iter().find(|t| t.dtype == dtype).expect(dtype).clone();
+    // Q2_K: blk.0.attn_q and blk.1.ffn_up, 256·256 each, 84 bytes per 256.
+    let q2k = of("Q2_K");
+    assert_eq!((q2k.tensors, q2k.elements, q2k.bytes), (2, 2 * 65_536, 2 * 256 * 84));
+    assert_eq!(q2k.bits_per_weight, 2.625);
+    // Q5_K: attn_v (128·256) and output (16·256); 176 bytes per 256 = 5.5 bits.
+    let q5k = of("Q5_K");
+    assert_eq!((q5k.tensors, q5k.elements, q5k.bytes), (2, 144 * 256, 144 * 176));
+    assert_eq!(q5k.bits_per_weight, 5.5);
+    let f32s = of("F32");
+    assert_eq!((f32s.tensors, f32s.elements, f32s.bytes), (5, 5 * 256, 5 * 256 * 4));
+    let matrix_bytes: u64 = matrices.iter().map(|m| m.3.len() as u64).sum();
+    let matrix_elements: u64 = matrices.iter().map(|m| (m.2[0] * m.2[1]) as u64).sum();
+    assert_eq!(storage.bytes, matrix_bytes + 5 * 256 * 4);
+    assert_eq!(storage.elements, matrix_elements + 5 * 256);
+    assert_eq!(storage.bits_per_weight, 8.0 * storage.bytes as f64 / storage.elements as f64);
+    assert_eq!(storage.by_type.iter().map(|t| t.tensors).sum::<usize>(), storage.tensors);
+    // Most bytes first.
+    assert!(storage.by_type.windows(2).all(|p| p[0].bytes >= p[1].bytes));
+
+    let i = crate::inspect::inspect_loaded(&loaded, 64, 1, &[&crate::inspect::Fp32]).expect("fits");
+    assert_eq!(i.source_storage, Some(storage));
+    let text = i.to_string();
+    assert!(text.contains("source storage: "), "{text}");
+    assert!(
+        text.contains("  Q2_K         2 tensors          131,072 weights           43,008 B    2.62 bits/weight"),
+        "{text}"
+    );
 }
 
 #[test]
