@@ -123,8 +123,8 @@ pub fn round_activations(x: Tensor<3>, q: ActivationQuant, real: Option<&Tensor<
 /// - `x`: `[batch, new, kv_heads, head_dim]` → same
 ///
 /// # Panics
-/// If a ggml format's row (`kv_heads × head_dim`) is not whole blocks (checked when the model's
-/// [`RuntimeQuant`] is set).
+/// If a ggml format's row (`kv_heads × head_dim`) is not whole blocks, or the format is not q8_0
+/// or q4_0 (both checked by `KvQuant::check_row` when the model's [`RuntimeQuant`] is set).
 pub fn round_kv(x: Tensor<4>, q: KvQuant) -> Tensor<4> {
     let dtype = x.dtype();
     let [b, t, kvh, hd] = x.dims();
@@ -139,7 +139,8 @@ pub fn round_kv(x: Tensor<4>, q: KvQuant) -> Tensor<4> {
             let blocks = x.reshape([b, t, kvh * hd / block, block]);
             let out = match ty {
                 GgmlType::Q4_0 => round_q4_0(blocks),
-                _ => round_q8_0(blocks),
+                GgmlType::Q8_0 => round_q8_0(blocks),
+                other => panic!("{} is not a KV-cache format (refused by KvQuant::check_row)", other.name()),
             };
             out.reshape([b, t, kvh, hd])
         }

@@ -146,6 +146,13 @@ impl KvQuant {
         let row = kv_heads.saturating_mul(head_dim);
         match self {
             KvQuant::Ggml(ty) if !ty.has_quantizer() => Err(qdrift_ggml::GgmlError::NoQuantizer { ty: *ty }.into()),
+            // The device roundings (`qdrift-model`) implement the two cache types llama.cpp's
+            // `-ctk/-ctv` users pick; a hand-built recipe with another block type is refused.
+            KvQuant::Ggml(ty) if !matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0) => Err(QuantizeError::BadRecipe {
+                name: self.to_string(),
+                problem: format!("{} is not a KV-cache format", ty.name()),
+                grammar: Recipe::grammar(),
+            }),
             KvQuant::Ggml(ty) if !row.is_multiple_of(ty.block_size()) => {
                 Err(QuantizeError::KvRow { format: self.to_string(), row, kv_heads, head_dim, block: ty.block_size() })
             }
@@ -375,6 +382,7 @@ mod tests {
         let q8 = KvQuant::Ggml(GgmlType::Q8_0);
         assert!(q8.check_row(4, 8).is_ok()); // stories260K: 32
         assert!(q8.check_row(3, 64).is_ok()); // SmolLM2-135M: 192
+        assert!(KvQuant::Ggml(GgmlType::Q4_1).check_row(4, 8).is_err(), "only q8_0 and q4_0 caches");
         let e = q8.check_row(3, 10).expect_err("30 values").to_string();
         assert!(e.contains("q8_0") && e.contains("30") && e.contains("32"), "{e}");
         assert!(KvQuant::Int8.check_row(3, 10).is_ok());
