@@ -4,7 +4,7 @@
 use burn::tensor::{DType, Tensor, TensorData};
 use qdrift_generate::{BackendChoice, ComputeDevice, GenerationConfig, generate, teacher_forced};
 use qdrift_load::HostModel;
-use qdrift_model::{LlamaConfig, RoundingPath, RuntimeQuant, round_activations, round_kv};
+use qdrift_model::{LlamaConfig, round_activations, round_kv};
 use qdrift_quantize::{ActivationQuant, KvQuant, QuantizeOptions, Recipe, quantize_model, round_to_fp16_reference};
 use qdrift_tests::reference64::{Rounding, naive_logits};
 use qdrift_tests::{device, golden_cases, load_stories};
@@ -190,10 +190,7 @@ fn variants_match_the_f64_forward_pass(choice: BackendChoice) {
         let mut model = LlamaConfig::from_arch(&weights.arch)
             .init_from_host(&weights, DType::F32, &dev.device)
             .expect("model builds");
-        let path = RoundingPath::for_device(&dev.device);
-        model
-            .set_runtime_quant(RuntimeQuant { activations: recipe.activations, kv_cache: recipe.kv_cache, path })
-            .expect("fits stories260K");
+        model.apply_runtime(&recipe).expect("fits stories260K");
         // Decoding, step by step.
         let mut decoded = vec![vec![Vec::new(); n]; prompts.len()];
         let config = GenerationConfig { max_new_tokens: n, batch_size: prompts.len(), stop_at_eos: None };

@@ -12,7 +12,7 @@ use qdrift_generate::{
     check_prompt_tokens, context_overflow, default_batch_size, generate, select_device,
 };
 use qdrift_load::{SYNTHETIC_PRESETS, Tokenizer};
-use qdrift_model::{LlamaConfig, RoundingPath, RuntimeQuant};
+use qdrift_model::LlamaConfig;
 
 /// Arguments of `qdrift generate`.
 #[derive(Args)]
@@ -129,9 +129,8 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
     }
     let (weights, _) = args.variant.apply(loaded.model)?;
     let mut model = model_config.init_from_host(&weights, args.dtype, &device.device)?;
-    if let Some(r) = args.variant.scheme.filter(|r| !r.is_weight_only()) {
-        let path = RoundingPath::for_device(&device.device);
-        model.set_runtime_quant(RuntimeQuant { activations: r.activations, kv_cache: r.kv_cache, path })?;
+    if let Some(recipe) = &args.variant.scheme {
+        model.apply_runtime(recipe)?;
     }
     let generated = generate(&model, &device, &prompts, &config, |_| {})?;
 

@@ -50,7 +50,7 @@ impl TypedValueParser for RecipeParser {
 
     fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
         let schemes = Scheme::all().into_iter().map(|s| PossibleValue::new(s.to_string()).help(s.describe()));
-        let shorthands = ["w8a8-int8", "w8a8-fp8"].into_iter().filter_map(|n| n.parse::<Recipe>().ok()).map(|r| {
+        let shorthands = Recipe::shorthands().map(|r| {
             let help = format!("= {}+a-{}", r.weights, r.activations.map(|a| a.to_string()).unwrap_or_default());
             PossibleValue::new(r.to_string()).help(help)
         });

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::DType;
 use qdrift_load::{HostModel, LlamaArch, LoadedModel, open_model};
-use qdrift_model::{Llama, RoundingPath, RuntimeQuant};
+use qdrift_model::Llama;
 use qdrift_quantize::{QuantizeOptions, Recipe, quantize_model};
 use qdrift_report::{RecipeParts, TensorError, VariantKind};
 
@@ -203,9 +203,8 @@ impl BuiltVariant<'_> {
     /// A KV-cache format that does not fit the model (checked earlier by
     /// [`VariantSpec::check_fits`]).
     pub fn apply_runtime(&self, model: &mut Llama) -> Result<(), EvalError> {
-        if let Some(r) = self.recipe.filter(|r| !r.is_weight_only()) {
-            let path = RoundingPath::for_device(&model.device());
-            model.set_runtime_quant(RuntimeQuant { activations: r.activations, kv_cache: r.kv_cache, path })?;
+        if let Some(recipe) = &self.recipe {
+            model.apply_runtime(recipe)?;
         }
         Ok(())
     }

@@ -307,11 +307,6 @@ impl Llama {
         self.dtype
     }
 
-    /// What the model rounds at run time.
-    pub fn runtime_quant(&self) -> RuntimeQuant {
-        self.runtime
-    }
-
     /// Rounds activations and/or the KV cache at run time from now on (caches made afterwards
     /// carry the KV rounding).
     ///
@@ -324,6 +319,18 @@ impl Llama {
         }
         self.runtime = runtime;
         Ok(())
+    }
+
+    /// Rounds what `recipe` quantizes at run time (its activation and KV-cache parts), on the path
+    /// this model's device runs best ([`RoundingPath::for_device`]); a weight-only recipe rounds
+    /// nothing. The weights themselves are the caller's: build the model from the recipe's
+    /// quantized weights.
+    ///
+    /// # Errors
+    /// As [`Llama::set_runtime_quant`].
+    pub fn apply_runtime(&mut self, recipe: &qdrift_quantize::Recipe) -> Result<(), ModelError> {
+        let path = RoundingPath::for_device(&self.device());
+        self.set_runtime_quant(RuntimeQuant { activations: recipe.activations, kv_cache: recipe.kv_cache, path })
     }
 
     /// The device the weights live on.

@@ -24,7 +24,7 @@ use crate::recipe::{ActivationQuant, DynamicFormat, KvQuant};
 /// Quantize→dequantize one scale group (`values` share one dynamic scale) in place.
 ///
 /// `s = amax/max` (`max` = 127 or the FP8 max normal); an all-zero group is left as it is.
-pub fn round_dynamic_group(format: DynamicFormat, values: &mut [f32]) {
+fn round_dynamic_group(format: DynamicFormat, values: &mut [f32]) {
     let amax = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let s = amax / format.max_value();
     if s == 0.0 {

@@ -46,7 +46,6 @@ mod safetensors_out;
 mod scheme;
 mod stats;
 
-pub use dynamic::round_dynamic_group;
 pub use error::QuantizeError;
 pub use footprint::SchemeFootprint;
 pub use fp8::{fp8_decode, fp8_encode};

@@ -225,6 +225,11 @@ impl Recipe {
         )
     }
 
+    /// The W8A8 shorthands (`w8a8-int8`, `w8a8-fp8`) and the recipes they stand for, for help.
+    pub fn shorthands() -> impl Iterator<Item = Recipe> {
+        SHORTHANDS.iter().map(|&(_, weights, a)| Recipe { weights, activations: Some(a), kv_cache: None })
+    }
+
     /// The shorthand naming this recipe's weights and activations, if there is one.
     fn shorthand(&self) -> Option<&'static str> {
         SHORTHANDS.iter().find(|(_, w, a)| self.weights == *w && self.activations == Some(*a)).map(|(name, ..)| *name)
@@ -337,6 +342,8 @@ mod tests {
         assert_eq!((r.weights, r.kv_cache), (Scheme::Fp16, Some(KvQuant::Fp8(Fp8Format::E4M3))));
         assert_eq!(parse("w8a8-fp8+kv-q4_0").to_string(), "w8a8-fp8+kv-q4_0");
         assert_eq!(parse("fp8-e4m3+a-fp8-e4m3").to_string(), "w8a8-fp8");
+        let names: Vec<String> = Recipe::shorthands().map(|r| r.to_string()).collect();
+        assert_eq!(names, ["w8a8-int8", "w8a8-fp8"]);
     }
 
     #[test]
