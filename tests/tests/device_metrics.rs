@@ -1,12 +1,16 @@
 //! The device-side per-position reductions (`qdrift_score::device`) against their host
 //! definitions (`qdrift_score::logprob`), on real logits: stories260K in f32 as the reference and
-//! its int4-g32 variant, teacher-forced on llama2.c's golden continuations.
+//! its int4-g32 variant, teacher-forced on llama2.c's golden continuations; and the compact
+//! (top-K + tail) reference against its host definitions.
 
 use burn::tensor::{DType, Tensor};
 use qdrift_generate::{BackendChoice, teacher_forced, teacher_forced_pair};
 use qdrift_model::LlamaConfig;
 use qdrift_quantize::{QuantizeOptions, Scheme, quantize_model};
-use qdrift_score::{position_metrics, position_metrics_on_device, token_logprobs_on_device};
+use qdrift_score::{
+    compact_kl, compact_position, compact_reference_on_device, kl_divergence, position_metrics,
+    position_metrics_against_compact, position_metrics_on_device, token_logprobs_on_device, variant_on_compact,
+};
 use qdrift_tests::{device, golden_cases, load_stories};
 
 fn build(choice: BackendChoice, scheme: Option<&str>) -> qdrift_model::Llama {
@@ -76,6 +80,69 @@ fn device_metrics_match_host_cpu() {
 #[test]
 fn device_metrics_match_host_wgpu() {
     device_matches_host(BackendChoice::Wgpu);
+}
+
+/// The compact reference on the device ([`compact_reference_on_device`],
+/// [`position_metrics_against_compact`]) against its host definitions (`qdrift_score::compact`):
+/// same top-K set, same tail, same lower-bound KL; the reference against itself gives exactly 0.
+fn compact_matches_host(choice: BackendChoice) {
+    let (n, k) = (33, 16);
+    let sequences: Vec<(Vec<u32>, Vec<u32>)> =
+        golden_cases().iter().map(|c| (c.prompt_tokens.clone(), c.greedy_tokens[..n].to_vec())).collect();
+    let reference = logits_chunks(choice, None, &sequences);
+    let variant = logits_chunks(choice, Some("int4-g32"), &sequences);
+    let (mut worst, mut checked, mut ratio_min) = (0.0f64, 0, f64::INFINITY);
+    let mut start = 0;
+    for (r, q) in reference.into_iter().zip(variant) {
+        let [b, t, v] = r.dims();
+        let tokens: Vec<u32> = (0..b).flat_map(|i| sequences[i].1[start..start + t].to_vec()).collect();
+        let host_r = r.to_data().try_into_vec::<f32>().expect("f32");
+        let host_q = q.to_data().try_into_vec::<f32>().expect("f32");
+        let c = compact_reference_on_device(r.clone(), &tokens, k).expect("compact reference");
+        let exact = position_metrics_on_device(r.clone(), q.clone(), &tokens).expect("exact metrics");
+        let d = position_metrics_against_compact(&c, q, &tokens).expect("compact metrics");
+        let same = position_metrics_against_compact(&c, r, &tokens).expect("compact metrics");
+        assert!(same.kld.iter().all(|&x| x == 0.0), "the reference against its own compact self");
+        assert_eq!(d.top1_agree, exact.top1_agree, "top-1 is kept exactly");
+        assert_eq!(d.logp_ref_of_token, exact.logp_ref_of_token);
+        assert_eq!(d.logp_var_of_token, exact.logp_var_of_token);
+        assert_eq!(d.ref_entropy, exact.ref_entropy);
+        for i in 0..b * t {
+            let (rl, ql) = (&host_r[i * v..(i + 1) * v], &host_q[i * v..(i + 1) * v]);
+            let h = compact_position(rl, k).expect("host compact");
+            let mut ids = c.top_ids[i * k..(i + 1) * k].to_vec();
+            let mut host_ids = h.top_ids.clone();
+            ids.sort_unstable();
+            host_ids.sort_unstable();
+            assert_eq!(ids, host_ids, "top-{k} set at position {i}");
+            let (top_q, tail_q) = variant_on_compact(ql, &h.top_ids).expect("host variant");
+            let want = compact_kl(&h.top_logp, h.tail_logp, &top_q, tail_q).expect("host kl");
+            let full = kl_divergence(rl, ql).expect("host exact kl");
+            assert!(want <= full + 1e-12, "KL_K {want} above the exact {full}");
+            if full > 1e-6 {
+                ratio_min = ratio_min.min(want / full);
+            }
+            worst = worst.max((f64::from(c.tail_logp[i]) - h.tail_logp).abs() / h.tail_logp.abs().max(1.0));
+            worst = worst.max((f64::from(d.kld[i]) - want).abs() / want.abs().max(1.0));
+            checked += 1;
+        }
+        start += t;
+    }
+    println!(
+        "{choice:?}: {checked} positions, K = {k} of 512: worst error vs f64 host {worst:.2e}, smallest KL_K/KL {ratio_min:.4}"
+    );
+    assert_eq!(checked, sequences.len() * n);
+    assert!(worst < 1e-5, "compact device values differ from the host definitions by {worst}");
+}
+
+#[test]
+fn compact_reference_matches_host_cpu() {
+    compact_matches_host(BackendChoice::Cpu);
+}
+
+#[test]
+fn compact_reference_matches_host_wgpu() {
+    compact_matches_host(BackendChoice::Wgpu);
 }
 
 /// Scoring two models in lockstep gives each model exactly the logits it gives alone.

@@ -1,8 +1,8 @@
 //! The two ways the evaluation saves time must not change a single number:
 //! - batches run side by side on the CPU backend (`ComputeDevice::parallel_batches`): generation
 //!   and teacher forcing give bit-identical tokens and logits with 1, 2 or 3 batches at once;
-//! - the reference's logits on its own text, kept across variants, give the same report as
-//!   running the reference again in lockstep with every variant.
+//! - the reference's logits on its own text, or its final hidden states, kept across variants,
+//!   give the same report as running the reference again in lockstep with every variant.
 
 use burn::tensor::{DType, Tensor};
 use qdrift_eval::{EvalConfig, VariantSpec, evaluate};
@@ -64,7 +64,7 @@ fn batches_side_by_side_change_nothing() {
 }
 
 #[test]
-fn kept_reference_logits_give_the_lockstep_report() {
+fn kept_reference_logits_or_hidden_states_give_the_lockstep_report() {
     let dir = stories_dir();
     let mut cfg = EvalConfig::new(dir.join("stories260K.bin"));
     cfg.tokenizer = Some(dir.join("tok512.bin"));
@@ -79,6 +79,9 @@ fn kept_reference_logits_give_the_lockstep_report() {
         VariantSpec::Scheme("int4-g32".parse().expect("scheme")),
     ];
     let kept = evaluate(&cfg, &mut |_| {}).expect("evaluation with kept reference logits");
+    // 6 prompts × 30 positions: logits 368,640 bytes, f16 hidden states 23,040 bytes.
+    cfg.reference_logits_budget = 100_000;
+    let hidden = evaluate(&cfg, &mut |_| {}).expect("evaluation with kept reference hidden states");
     cfg.reference_logits_budget = 0;
     let lockstep = evaluate(&cfg, &mut |_| {}).expect("evaluation in lockstep");
     assert_eq!(kept.variants.len(), 3);
@@ -88,4 +91,5 @@ fn kept_reference_logits_give_the_lockstep_report() {
     );
     let json = |r: &qdrift_report::Report| serde_json::to_string(&r.variants).expect("serializes");
     assert_eq!(json(&kept), json(&lockstep));
+    assert_eq!(json(&hidden), json(&lockstep), "logits from kept hidden states are the logits");
 }

@@ -61,6 +61,14 @@ pub struct EvalArgs {
     /// Also quantize an untied output layer.
     #[arg(long)]
     quantize_head: bool,
+    /// Compute each variant's KL divergence against the reference's top K log-probabilities
+    /// per position plus one tail bucket: a lower bound of the exact KL (the report gives K and
+    /// the tail mass) from K + 5 numbers per position. Default: the exact KL over the whole
+    /// vocabulary (the reference's logits, or its final hidden states, kept in memory when they
+    /// fit 256 MiB; else the reference runs again beside each variant). A K at least the
+    /// vocabulary size, or --dump-logprobs, means the exact KL.
+    #[arg(long)]
+    reference_top_k: Option<usize>,
     /// Write both models' full log-probabilities at every teacher-forced position to this JSONL
     /// file (large; for independent checks).
     #[arg(long)]
@@ -134,6 +142,7 @@ fn config(args: &EvalArgs, gate: Option<(PathBuf, Thresholds)>) -> EvalConfig {
     cfg.resamples = args.resamples;
     cfg.quantize = QuantizeOptions { quantize_embeddings: args.quantize_embeddings, quantize_head: args.quantize_head };
     cfg.dump_logprobs = args.dump_logprobs.clone();
+    cfg.reference_top_k = args.reference_top_k;
     cfg.allow_long = args.allow_long;
     cfg.gate = gate;
     cfg

@@ -35,6 +35,7 @@
 
 pub mod aggregate;
 mod chat;
+mod compact;
 mod dump;
 mod evalset;
 mod gate_check;

@@ -25,6 +25,28 @@ const CHUNK_BYTES: usize = 64 << 20;
 /// the default), and small enough that the resampled statistics fit in memory.
 pub const MAX_RESAMPLES: usize = 1_000_000;
 
+/// How a variant's KL divergence is computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KlMode {
+    /// Against the reference's top-`k` log-probabilities plus one tail bucket: a lower bound of
+    /// the exact KL (`qdrift_score::compact`), with the reference scored once.
+    Compact { k: usize },
+    /// Over the full vocabulary: the default, a top-K that covers the vocabulary, or a
+    /// log-probability dump (which needs the reference's full distribution).
+    Exact,
+}
+
+impl KlMode {
+    /// The mode for a run: compact when a top-K below the vocabulary size is asked for and no
+    /// dump is; else exact.
+    pub fn choose(cfg: &EvalConfig, vocab_size: usize) -> KlMode {
+        match cfg.reference_top_k {
+            Some(k) if k < vocab_size && cfg.dump_logprobs.is_none() => KlMode::Compact { k },
+            _ => KlMode::Exact,
+        }
+    }
+}
+
 /// How the evaluation runs: what every step after encoding the prompts needs.
 pub(crate) struct Plan {
     /// Where the models run.
@@ -41,6 +63,8 @@ pub(crate) struct Plan {
     pub dtype: DType,
     /// Bootstrap resamples and seed.
     pub bootstrap: Bootstrap,
+    /// How KL divergence is computed.
+    pub kl: KlMode,
 }
 
 impl Plan {
@@ -76,7 +100,8 @@ impl Plan {
         let row_bytes = batch_size.saturating_mul(arch.vocab_size).saturating_mul(4).max(1);
         let chunk = cfg.chunk.min(CHUNK_BYTES / row_bytes).max(1);
         let bootstrap = Bootstrap { resamples: cfg.resamples, seed: cfg.seed };
-        Ok(Plan { device, prompts, horizons, generation, chunk, dtype: cfg.dtype, bootstrap })
+        let kl = KlMode::choose(cfg, arch.vocab_size);
+        Ok(Plan { device, prompts, horizons, generation, chunk, dtype: cfg.dtype, bootstrap, kl })
     }
 
     /// The longest horizon: tokens each model generates per prompt.
@@ -107,6 +132,9 @@ pub(crate) fn check_options(cfg: &EvalConfig) -> Result<Vec<usize>, EvalError> {
     }
     if cfg.resamples == 0 || cfg.resamples > MAX_RESAMPLES {
         return option("--resamples", format!("{}: must be between 1 and {MAX_RESAMPLES}", cfg.resamples));
+    }
+    if cfg.reference_top_k == Some(0) {
+        return option("--reference-top-k", "must be at least 1".into());
     }
     if cfg.batch_size == Some(0) {
         return option("--batch-size", "must be at least 1".into());

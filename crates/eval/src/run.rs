@@ -10,7 +10,7 @@ use qdrift_load::{LoadedModel, open_model};
 use qdrift_model::LlamaConfig;
 use qdrift_quantize::{QuantizeOptions, round_to_fp16_reference};
 use qdrift_report::{
-    EvalSetInfo, ModelInfo, ModelShape, Reference, Report, SCHEMA_VERSION, Thresholds, Variant, Workload,
+    EvalSetInfo, KlMethod, ModelInfo, ModelShape, Reference, Report, SCHEMA_VERSION, Thresholds, Variant, Workload,
 };
 
 use crate::aggregate::{self, Trace};
@@ -58,10 +58,16 @@ pub struct EvalConfig {
     /// reference's text) to this JSONL file, for independent checks. Large: prompts × horizon ×
     /// vocabulary × 2 numbers per variant.
     pub dump_logprobs: Option<PathBuf>,
-    /// Largest size, in bytes, of the reference's logits on its own text that is kept across
-    /// variants (each variant then costs one pass on that text instead of two); above it the
-    /// reference runs again in lockstep with each variant. Same numbers either way.
+    /// Largest size, in bytes, of what is kept of the reference's pass on its own text across
+    /// variants for the exact KL: its logits, else its final hidden states (each variant then
+    /// costs one pass on that text instead of two); above it the reference runs again in
+    /// lockstep with each variant. Same numbers every way.
     pub reference_logits_budget: u64,
+    /// Compute each variant's KL divergence against the reference's top `k` log-probabilities
+    /// per position plus one tail bucket (`--reference-top-k`), a lower bound of the exact KL
+    /// that keeps `k + 5` numbers per position; `None` (the default), or a `k` that covers the
+    /// vocabulary, computes the exact KL.
+    pub reference_top_k: Option<usize>,
     /// Run even when the longest prompt plus the longest horizon exceeds
     /// [`qdrift_generate::LONG_REQUEST_FACTOR`] × the model's trained context (`--allow-long`).
     pub allow_long: bool,
@@ -90,6 +96,7 @@ impl EvalConfig {
             quantize: QuantizeOptions::default(),
             dump_logprobs: None,
             reference_logits_budget: 256 << 20,
+            reference_top_k: None,
             allow_long: false,
             gate: None,
         }
@@ -196,6 +203,7 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send
 struct Measured {
     variants: Vec<Variant>,
     self_perplexity: Vec<(usize, f64)>,
+    kl: KlMethod,
 }
 
 /// Runs the reference (`reference.model`, FP16 weights), then each variant, the noise floor
@@ -228,7 +236,14 @@ fn run_variants(
     if let Some(d) = dump {
         d.finish()?;
     }
-    Ok(Measured { variants, self_perplexity })
+    let kl = match reference_run.compact() {
+        Some(c) => {
+            let tail = c.tail_mass();
+            KlMethod::TopKTail { top_k: c.k, tail_mass_max: tail.max, tail_mass_mean: tail.mean }
+        }
+        None => KlMethod::Exact,
+    };
+    Ok(Measured { variants, self_perplexity, kl })
 }
 
 /// Builds `built` on the device, lets it generate, and scores it against the reference: one
@@ -297,6 +312,7 @@ fn assemble_report(
             compute_dtype: dtype_name(cfg.dtype).to_string(),
             weight_bytes: loaded.model.parameter_count() as u64 * 2,
             self_perplexity: measured.self_perplexity,
+            kl: Some(measured.kl),
         },
         variants: measured.variants,
     };

@@ -2,22 +2,30 @@
 //! generation, then teacher forcing of both models on the reference's text and of the reference
 //! on the variant's, reduced to per-position values in each prompt's [`Trace`].
 //!
-//! **Invariant: reference and variant see identical batches and chunks (kept reference logits
-//! were computed with the same batching as the lockstep run), so a variant equal to the
-//! reference shows exactly zero divergence; only `[batch, positions]` values leave the device,
-//! unless a log-probability dump is asked for.**
+//! The reference's side of the comparison on its own text is computed once: compact top-K
+//! statistics by default ([`CompactReference`]), or, for the exact KL (`--exact-kl`), its full
+//! logits when they fit a budget, else a lockstep rerun of the reference beside each variant.
+//!
+//! **Invariant: reference and variant see identical batches and chunks (the reference's
+//! statistics or kept logits were computed with the same batching as the variant's run), so a
+//! variant equal to the reference shows exactly zero divergence; only `[batch, positions]` values
+//! (and the compact reference's top-K) leave the device, unless a log-probability dump is asked
+//! for.**
 
 use std::collections::HashMap;
 
 use burn::tensor::Tensor;
-use qdrift_generate::{generate, teacher_forced, teacher_forced_pair};
+use qdrift_generate::{generate, teacher_forced, teacher_forced_hidden, teacher_forced_pair};
 use qdrift_load::HostModel;
 use qdrift_model::{Llama, LlamaConfig};
-use qdrift_score::{DevicePositionMetrics, position_metrics_on_device, token_logprobs_on_device};
+use qdrift_score::{
+    DevicePositionMetrics, position_metrics_against_compact, position_metrics_on_device, token_logprobs_on_device,
+};
 
 use crate::aggregate::Trace;
+use crate::compact::CompactReference;
 use crate::dump::Dump;
-use crate::plan::Plan;
+use crate::plan::{KlMode, Plan};
 use crate::run::ProgressFn;
 use crate::{EvalError, Progress, REFERENCE_NAME};
 
@@ -25,20 +33,35 @@ use crate::{EvalError, Progress, REFERENCE_NAME};
 /// on.
 pub(crate) type Texts = Vec<(Vec<u32>, Vec<u32>)>;
 
-/// The reference on the device, its greedy continuations, and (when they fit the budget) its
-/// logits on them: what every variant is compared with.
+/// The reference on the device, its greedy continuations, and its side of the comparison on
+/// them: what every variant is compared with.
 pub(crate) struct ReferenceRun {
     /// The reference model.
     pub model: Llama,
     /// Per prompt, the prompt and the reference's continuation of it.
     pub text: Texts,
-    /// The reference's teacher-forced logits on [`ReferenceRun::text`], when kept.
-    pub kept_logits: Option<KeptLogits>,
+    /// The reference's teacher-forced side on [`ReferenceRun::text`].
+    pub side: ReferenceSide,
+}
+
+/// What is kept of the reference's teacher-forced pass on its own text.
+pub(crate) enum ReferenceSide {
+    /// Its compact top-K statistics (the default).
+    Compact(CompactReference),
+    /// Its full logits (exact KL, when they fit the budget).
+    Kept(KeptLogits),
+    /// Its final-norm hidden states (exact KL, when the logits do not fit the budget and these
+    /// do): each variant's chunk gets the reference's logits back from one pass of the output
+    /// layer ([`Llama::head`]), bit for bit.
+    KeptHidden(KeptLogits),
+    /// Nothing: it runs again in lockstep with each variant (exact KL, when neither fits).
+    Lockstep,
 }
 
 impl ReferenceRun {
     /// Builds the reference from `host` (FP16 weights) at the plan's precision, lets it generate,
-    /// and keeps its logits on its own text when they fit `logits_budget` bytes.
+    /// and scores it on its own text once: compact statistics, or for the exact KL its logits
+    /// when they fit `logits_budget` bytes.
     pub fn start(
         host: &HostModel,
         plan: &Plan,
@@ -48,8 +71,19 @@ impl ReferenceRun {
         let model = LlamaConfig::from_arch(&host.arch).init_from_host(host, plan.dtype, &plan.device.device)?;
         let tokens = generate_all(&model, REFERENCE_NAME, plan, progress)?;
         let text: Texts = plan.prompts.iter().cloned().zip(tokens).collect();
-        let kept_logits = KeptLogits::compute(&model, plan, &text, logits_budget)?;
-        Ok(ReferenceRun { model, text, kept_logits })
+        let side = match plan.kl {
+            KlMode::Compact { k } => ReferenceSide::Compact(CompactReference::compute(&model, plan, &text, k)?),
+            KlMode::Exact => KeptLogits::compute(&model, plan, &text, logits_budget)?,
+        };
+        Ok(ReferenceRun { model, text, side })
+    }
+
+    /// The compact statistics, when the run keeps them.
+    pub fn compact(&self) -> Option<&CompactReference> {
+        match &self.side {
+            ReferenceSide::Compact(c) => Some(c),
+            _ => None,
+        }
     }
 
     /// The reference's continuation of prompt `i`.
@@ -81,28 +115,39 @@ pub(crate) fn generate_all(
     Ok(tokens)
 }
 
-/// The reference's teacher-forced logits on its own continuation, `[batch, chunk, vocab]` f32
-/// per chunk, keyed by (first prompt of the batch, first position of the chunk) as
-/// `teacher_forced` hands them out. Every variant is compared with the same logits; keeping them
-/// saves one forward pass of the reference per variant.
+/// The reference's teacher-forced logits (`[batch, chunk, vocab]` f32) or final-norm hidden
+/// states (`[batch, chunk, dim]`) on its own continuation, per chunk, keyed by (first prompt of
+/// the batch, first position of the chunk) as `teacher_forced` hands them out. Every variant is
+/// compared with the same logits; keeping them saves one forward pass of the reference per
+/// variant.
 pub(crate) struct KeptLogits(HashMap<(usize, usize), Tensor<3>>);
 
 impl KeptLogits {
-    /// Runs the reference on its own continuation once and keeps its logits, when they fit
-    /// `budget` bytes (default 256 MiB; stories260K, 32 prompts × 1000 positions × 512: 66 MB);
-    /// else `None`, and each variant runs in lockstep with the reference instead (SmolLM2, 16
-    /// prompts × 1000 × 49,152: 3.1 GB). Both paths batch and chunk the reference identically,
-    /// so they give the same numbers.
-    fn compute(reference: &Llama, plan: &Plan, text: &Texts, budget: u64) -> Result<Option<KeptLogits>, EvalError> {
+    /// Runs the reference on its own continuation once and keeps what fits `budget` bytes
+    /// (default 256 MiB): its logits (stories260K, 32 prompts × 1000 positions × 512: 66 MB),
+    /// else its hidden states (SmolLM2, 16 prompts × 1000 × 576 × 4 bytes: 37 MB, where its
+    /// logits would be 3.1 GB); else nothing, and each variant runs in lockstep with the
+    /// reference. Every path batches and chunks the reference identically and the output layer
+    /// is the same operation on the same hidden states, so they give the same numbers.
+    fn compute(reference: &Llama, plan: &Plan, text: &Texts, budget: u64) -> Result<ReferenceSide, EvalError> {
         let positions: u128 = text.iter().map(|(_, c)| c.len() as u128).sum();
-        if positions * reference.config.vocab_size as u128 * 4 > u128::from(budget) {
-            return Ok(None);
-        }
+        let budget = u128::from(budget);
+        let (device, batch_size, chunk) = (&plan.device, plan.batch_size(), plan.chunk);
         let mut chunks = HashMap::new();
-        teacher_forced(reference, &plan.device, text, plan.batch_size(), plan.chunk, |f| {
-            chunks.insert((f.first_prompt, f.start), f.logits.clone());
-        })?;
-        Ok(Some(KeptLogits(chunks)))
+        if positions * reference.config.vocab_size as u128 * 4 <= budget {
+            teacher_forced(reference, device, text, batch_size, chunk, |f| {
+                chunks.insert((f.first_prompt, f.start), f.logits.clone());
+            })?;
+            return Ok(ReferenceSide::Kept(KeptLogits(chunks)));
+        }
+        let hidden_bytes = if reference.dtype() == burn::tensor::DType::F16 { 2 } else { 4 };
+        if positions * reference.config.dim as u128 * hidden_bytes <= budget {
+            teacher_forced_hidden(reference, device, text, batch_size, chunk, |f| {
+                chunks.insert((f.first_prompt, f.start), f.logits.clone());
+            })?;
+            return Ok(ReferenceSide::KeptHidden(KeptLogits(chunks)));
+        }
+        Ok(ReferenceSide::Lockstep)
     }
 
     fn get(&self, first_prompt: usize, start: usize) -> Result<&Tensor<3>, EvalError> {
@@ -146,31 +191,55 @@ impl ScoringContext<'_> {
         mut dump: Option<&mut Dump>,
     ) -> Result<(), EvalError> {
         let text = &self.reference.text;
-        let mut record = |first_prompt: usize, start: usize, r: &Tensor<3>, v: &Tensor<3>| -> Result<(), EvalError> {
+        let mut record = |traces: &mut [Trace],
+                          first_prompt: usize,
+                          start: usize,
+                          r: &Tensor<3>,
+                          v: &Tensor<3>|
+         -> Result<(), EvalError> {
             let [rows, positions, _] = r.dims();
             let tokens = chunk_tokens(text, first_prompt, start, rows, positions);
             if let Some(d) = dump.as_deref_mut() {
                 d.write_chunk(name, first_prompt, start, r, v, &tokens)?;
             }
             let metrics = position_metrics_on_device(r.clone(), v.clone(), &tokens)?;
-            fill_position_metrics(&mut traces[first_prompt..first_prompt + rows], start, positions, &metrics);
+            fill_position_metrics(traces, first_prompt, start, &metrics);
             Ok(())
         };
         // Observers cannot return errors: the first one is kept and the rest of the run skipped.
         let mut failure: Option<EvalError> = None;
         let (device, batch_size, chunk) = (&self.plan.device, self.plan.batch_size(), self.plan.chunk);
-        match &self.reference.kept_logits {
-            Some(kept) => teacher_forced(variant, device, text, batch_size, chunk, |f| {
+        match &self.reference.side {
+            ReferenceSide::Compact(compact) => teacher_forced(variant, device, text, batch_size, chunk, |f| {
+                if failure.is_none() {
+                    let [rows, positions, _] = f.logits.dims();
+                    let tokens = chunk_tokens(text, f.first_prompt, f.start, rows, positions);
+                    let reference = compact.chunk(f.first_prompt, rows, f.start, positions);
+                    match position_metrics_against_compact(&reference, f.logits.clone(), &tokens) {
+                        Ok(m) => fill_position_metrics(traces, f.first_prompt, f.start, &m),
+                        Err(e) => failure = Some(e.into()),
+                    }
+                }
+            })?,
+            ReferenceSide::Kept(kept) => teacher_forced(variant, device, text, batch_size, chunk, |f| {
                 if failure.is_none() {
                     let reference = kept.get(f.first_prompt, f.start);
-                    failure = reference.and_then(|r| record(f.first_prompt, f.start, r, f.logits)).err();
+                    failure = reference.and_then(|r| record(traces, f.first_prompt, f.start, r, f.logits)).err();
                 }
             })?,
-            None => teacher_forced_pair(&self.reference.model, variant, device, text, batch_size, chunk, |p| {
+            ReferenceSide::KeptHidden(kept) => teacher_forced(variant, device, text, batch_size, chunk, |f| {
                 if failure.is_none() {
-                    failure = record(p.first_prompt, p.start, p.reference, p.variant).err();
+                    let reference = kept.get(f.first_prompt, f.start).map(|h| self.reference.model.head(h.clone()));
+                    failure = reference.and_then(|r| record(traces, f.first_prompt, f.start, &r, f.logits)).err();
                 }
             })?,
+            ReferenceSide::Lockstep => {
+                teacher_forced_pair(&self.reference.model, variant, device, text, batch_size, chunk, |p| {
+                    if failure.is_none() {
+                        failure = record(traces, p.first_prompt, p.start, p.reference, p.variant).err();
+                    }
+                })?
+            }
         }
         failure.map_or(Ok(()), Err)
     }
@@ -203,17 +272,18 @@ impl ScoringContext<'_> {
 
 /// The continuation tokens a chunk scores: `positions` tokens from `start` of `rows` prompts from
 /// `first_prompt`, row-major (`[rows, positions]`).
-fn chunk_tokens(text: &Texts, first_prompt: usize, start: usize, rows: usize, positions: usize) -> Vec<u32> {
+pub(crate) fn chunk_tokens(text: &Texts, first_prompt: usize, start: usize, rows: usize, positions: usize) -> Vec<u32> {
     text[first_prompt..first_prompt + rows]
         .iter()
         .flat_map(|(_, c)| c[start..start + positions].iter().copied())
         .collect()
 }
 
-/// Copies a chunk's per-position metrics (`[rows, positions]`, row-major, one row per trace) into
-/// the traces, at positions `start..start + positions`.
-fn fill_position_metrics(traces: &mut [Trace], start: usize, positions: usize, m: &DevicePositionMetrics) {
-    for (i, trace) in traces.iter_mut().enumerate() {
+/// Copies a chunk's per-position metrics (`[rows, positions]`, row-major, one row per trace from
+/// `first_prompt`) into the traces, at positions `start..start + positions`.
+fn fill_position_metrics(traces: &mut [Trace], first_prompt: usize, start: usize, m: &DevicePositionMetrics) {
+    let positions = m.positions;
+    for (i, trace) in traces[first_prompt..first_prompt + m.batch].iter_mut().enumerate() {
         for j in 0..positions {
             let (k, t) = (i * positions + j, start + j);
             trace.kld[t] = m.kld[k];

@@ -8,7 +8,7 @@
 //! lockstep see identical batches.**
 
 use burn::tensor::{Int, Tensor, TensorData};
-use qdrift_model::Llama;
+use qdrift_model::{KvCache, Llama, Positions};
 
 use crate::greedy::{PromptBatch, prompt_batch};
 use crate::parallel::{lock, run_batches};
@@ -40,9 +40,63 @@ pub fn teacher_forced(
     chunk: usize,
     mut observe: impl FnMut(ForcedLogits<'_>) + Send,
 ) -> Result<(), GenerateError> {
-    teacher_forced_lockstep(&[model], device, sequences, batch_size, chunk, |first_prompt, start, logits| {
-        observe(ForcedLogits { first_prompt, start, logits: &logits[0] })
-    })
+    teacher_forced_lockstep(
+        &[model],
+        device,
+        sequences,
+        batch_size,
+        chunk,
+        Output::Logits,
+        |first_prompt, start, logits| observe(ForcedLogits { first_prompt, start, logits: &logits[0] }),
+    )
+}
+
+/// [`teacher_forced`], handing out the final-norm hidden states instead of the logits:
+/// `observe` gets [`ForcedLogits`] whose `logits` field holds `[batch, chunk, dim]` in the
+/// model's compute dtype, and [`Llama::head`] of them is exactly what [`teacher_forced`] hands
+/// out for the same chunk. Keeping these costs `dim` numbers per position instead of `vocab`.
+pub fn teacher_forced_hidden(
+    model: &Llama,
+    device: &ComputeDevice,
+    sequences: &[(Vec<u32>, Vec<u32>)],
+    batch_size: usize,
+    chunk: usize,
+    mut observe: impl FnMut(ForcedLogits<'_>) + Send,
+) -> Result<(), GenerateError> {
+    teacher_forced_lockstep(
+        &[model],
+        device,
+        sequences,
+        batch_size,
+        chunk,
+        Output::Hidden,
+        |first_prompt, start, hidden| observe(ForcedLogits { first_prompt, start, logits: &hidden[0] }),
+    )
+}
+
+/// What a teacher-forced pass hands out per chunk.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Output {
+    /// Logits, `[batch, chunk, vocab]` f32 ([`Llama::forward`]).
+    Logits,
+    /// Final-norm hidden states, `[batch, chunk, dim]` ([`Llama::forward_hidden`]).
+    Hidden,
+}
+
+impl Output {
+    fn forward(
+        self,
+        model: &Llama,
+        tokens: Tensor<2, Int>,
+        positions: &Positions,
+        caches: &mut [KvCache],
+        all: bool,
+    ) -> Tensor<3> {
+        match self {
+            Output::Logits => model.forward(tokens, positions, caches, all),
+            Output::Hidden => model.forward_hidden(tokens, positions, caches, all),
+        }
+    }
 }
 
 /// The logits several models assign to the same positions, for comparing them there.
@@ -82,6 +136,7 @@ pub fn teacher_forced_pair(
         sequences,
         batch_size,
         chunk,
+        Output::Logits,
         |first_prompt, start, logits| {
             observe(PairedLogits { first_prompt, start, reference: &logits[0], variant: &logits[1] })
         },
@@ -94,6 +149,7 @@ fn teacher_forced_lockstep(
     sequences: &[(Vec<u32>, Vec<u32>)],
     batch_size: usize,
     chunk: usize,
+    output: Output,
     observe: impl FnMut(usize, usize, &[Tensor<3>]) + Send,
 ) -> Result<(), GenerateError> {
     let n = sequences.first().map_or(0, |(_, c)| c.len());
@@ -117,7 +173,7 @@ fn teacher_forced_lockstep(
     let batches: Vec<&[(Vec<u32>, Vec<u32>)]> = sequences.chunks(batch_size).collect();
     let observe = std::sync::Mutex::new(observe);
     run_batches(batches.len(), device.parallel_batches, |b| {
-        forced_batch(models, batches[b], b * batch_size, n, chunk, &mut |p, s, l| (*lock(&observe))(p, s, l));
+        forced_batch(models, batches[b], b * batch_size, n, chunk, output, &mut |p, s, l| (*lock(&observe))(p, s, l));
     });
     Ok(())
 }
@@ -128,6 +184,7 @@ fn forced_batch(
     first_prompt: usize,
     n: usize,
     chunk: usize,
+    output: Output,
     observe: &mut dyn FnMut(usize, usize, &[Tensor<3>]),
 ) {
     if n == 0 {
@@ -140,7 +197,7 @@ fn forced_batch(
     let logits: Vec<Tensor<3>> = models
         .iter()
         .zip(&mut states)
-        .map(|(m, s)| m.forward(s.tokens.clone(), &s.positions, &mut s.caches, false))
+        .map(|(m, s)| output.forward(m, s.tokens.clone(), &s.positions, &mut s.caches, false))
         .collect();
     observe(first_prompt, 0, &logits);
     // Continuation tokens 0..n-1 predict tokens 1..n.
@@ -156,7 +213,7 @@ fn forced_batch(
             .zip(&mut states)
             .map(|(m, s)| {
                 let input: Tensor<2, Int> = Tensor::from_data(TensorData::new(cols.clone(), [rows, len]), &m.device());
-                m.forward(input, &s.positions, &mut s.caches, true)
+                output.forward(m, input, &s.positions, &mut s.caches, true)
             })
             .collect();
         observe(first_prompt, start + 1, &logits);

@@ -10,7 +10,7 @@
 //! | `device.rs` | [`select_device`]: wgpu or the CPU backend, and what a report says about it |
 //! | `request.rs` | [`check_request`], [`default_batch_size`], [`context_overflow`]: sizing before allocating |
 //! | `greedy.rs` | [`generate`]: batched greedy decoding |
-//! | `forced.rs` | [`teacher_forced`], [`teacher_forced_pair`]: logits of given continuations |
+//! | `forced.rs` | [`teacher_forced`], [`teacher_forced_pair`], [`teacher_forced_hidden`]: logits (or final hidden states) of given continuations |
 //! | `parallel.rs` | independent batches side by side on the CPU's cores |
 //! | `error.rs` | [`GenerateError`] |
 //!
@@ -26,7 +26,7 @@ mod request;
 
 pub use device::{BackendChoice, ComputeDevice, DeviceError, select_device};
 pub use error::GenerateError;
-pub use forced::{ForcedLogits, PairedLogits, teacher_forced, teacher_forced_pair};
+pub use forced::{ForcedLogits, PairedLogits, teacher_forced, teacher_forced_hidden, teacher_forced_pair};
 pub use greedy::{GenerationConfig, StepLogits, generate};
 pub use request::{
     ContextOverflow, LONG_REQUEST_FACTOR, MAX_DEFAULT_BATCH_SIZE, MAX_PROMPT_BYTES_PER_TOKEN, PromptTooLong,

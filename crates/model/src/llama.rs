@@ -358,7 +358,8 @@ impl Llama {
     ///
     /// The caches all hold `start` columns; `tokens` are columns `start..start + new` of the
     /// batch laid out by `positions`. With `all_logits` the logits of every new column are
-    /// returned, else only those of the last one (what generation needs).
+    /// returned, else only those of the last one (what generation needs). Equal to
+    /// [`Llama::head`] of [`Llama::forward_hidden`].
     ///
     /// # Shapes
     /// - `tokens`: `[batch, new]`
@@ -369,6 +370,23 @@ impl Llama {
         positions: &Positions,
         caches: &mut [KvCache],
         all_logits: bool,
+    ) -> Tensor<3> {
+        self.head(self.forward_hidden(tokens, positions, caches, all_logits))
+    }
+
+    /// [`Llama::forward`] up to and including the final norm: the hidden states the output
+    /// layer turns into logits. Keeping these (`dim` numbers per position) instead of the logits
+    /// (`vocab` numbers) and applying [`Llama::head`] later gives the same logits bit for bit.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, new]`
+    /// - returns `[batch, new, dim]` (or `[batch, 1, dim]`), in the compute dtype
+    pub fn forward_hidden(
+        &self,
+        tokens: Tensor<2, Int>,
+        positions: &Positions,
+        caches: &mut [KvCache],
+        all_positions: bool,
     ) -> Tensor<3> {
         let [b, t] = tokens.dims();
         let start = caches.first().map_or(0, KvCache::len);
@@ -388,9 +406,18 @@ impl Llama {
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             x = layer.forward(x, &self.rope, &context, cache);
         }
-        if !all_logits {
+        if !all_positions {
             x = x.slice([0..b, t - 1..t, 0..dim]);
         }
-        self.output.forward(self.norm.forward(x)).cast(DType::F32)
+        self.norm.forward(x)
+    }
+
+    /// The output layer: logits from [`Llama::forward_hidden`]'s hidden states.
+    ///
+    /// # Shapes
+    /// - `hidden`: `[batch, positions, dim]` in the compute dtype
+    /// - returns `[batch, positions, vocab]`, f32
+    pub fn head(&self, hidden: Tensor<3>) -> Tensor<3> {
+        self.output.forward(hidden).cast(DType::F32)
     }
 }

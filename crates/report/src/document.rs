@@ -169,6 +169,14 @@ fn reference_line(report: &Report) -> Vec<Inline> {
         let ppl: Vec<String> = r.self_perplexity.iter().map(|(h, p)| format!("{} @{h}", rate(*p))).collect();
         line.push(text(format!("; perplexity of its own continuations {}", ppl.join(", "))));
     }
+    match &r.kl {
+        Some(crate::KlMethod::TopKTail { top_k, tail_mass_max, tail_mass_mean }) => line.push(text(format!(
+            ". KL divergence against its top-{top_k} log-probabilities plus one tail bucket per position \
+             (a lower bound of the exact KL; tail mass mean {tail_mass_mean:.2e}, max {tail_mass_max:.2e})"
+        ))),
+        Some(crate::KlMethod::Exact) => line.push(text(". KL divergence over the full vocabulary")),
+        None => {}
+    }
     line.push(text("."));
     line
 }

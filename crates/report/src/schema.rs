@@ -139,6 +139,29 @@ pub struct Reference {
     /// pooled over prompts (`[h, ppl]` per horizon): the denominator of
     /// `ppl_drift_of_generated_text`.
     pub self_perplexity: Vec<(usize, f64)>,
+    /// *extra*: how the variants' KL divergence was computed (added in schema 1 as an optional
+    /// field; older reports have none and computed it exactly).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl: Option<KlMethod>,
+}
+
+/// How the KL divergence of every variant was computed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "method", rename_all = "snake_case")]
+pub enum KlMethod {
+    /// Over the full vocabulary.
+    Exact,
+    /// Against the reference's top-`top_k` log-probabilities per position plus one tail bucket:
+    /// `Σ_top p (ln p − ln q) + p_tail ln(p_tail / q_tail)`, a lower bound of the exact KL (the
+    /// log-sum inequality); the bound loses at most what the tail holds.
+    TopKTail {
+        /// Tokens kept per position.
+        top_k: usize,
+        /// Largest tail mass `p_tail` over the reference's positions.
+        tail_mass_max: f64,
+        /// Mean tail mass over the reference's positions.
+        tail_mass_mean: f64,
+    },
 }
 
 /// What a variant is.

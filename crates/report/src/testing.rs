@@ -8,8 +8,8 @@
 
 use crate::metrics::{METRICS, Metric, Range};
 use crate::{
-    Distribution, EntropyStratum, Estimate, EvalSetInfo, FirstDivergence, HorizonMetrics, ModelInfo, ModelShape,
-    PerPosition, Reference, Report, SCHEMA_VERSION, TensorError, Variant, VariantKind, Workload,
+    Distribution, EntropyStratum, Estimate, EvalSetInfo, FirstDivergence, HorizonMetrics, KlMethod, ModelInfo,
+    ModelShape, PerPosition, Reference, Report, SCHEMA_VERSION, TensorError, Variant, VariantKind, Workload,
 };
 
 const PROMPTS: usize = 72;
@@ -102,6 +102,7 @@ pub fn sample_report() -> Report {
             compute_dtype: "f16".into(),
             weight_bytes: 269_030_016,
             self_perplexity: vec![(10, 3.12), (100, 2.41), (1000, 1.93)],
+            kl: Some(KlMethod::TopKTail { top_k: 64, tail_mass_max: 0.031, tail_mass_mean: 0.004 }),
         },
         variants,
     }

@@ -3,12 +3,16 @@
 //! The same definitions as [`crate::logprob::position_metrics`] (which is the reference these are
 //! tested against), computed in f32 with Burn tensor operations on whatever device produced the
 //! logits: log-softmax (stable: Burn subtracts the maximum), KL(P_ref ‖ P_var), reference
-//! entropy, log-probabilities of the scored token, and top-1 agreement.
+//! entropy, log-probabilities of the scored token, and top-1 agreement; and the compact
+//! reference of [`crate::compact`] (top-K log-probabilities and a tail bucket per position,
+//! [`compact_reference_on_device`]) with a variant's metrics against it
+//! ([`position_metrics_against_compact`]).
 
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{DType, Int, Tensor, TensorData};
+use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorData};
 
 use crate::ScoreError;
+use crate::compact::compact_kl;
 
 /// Metrics of every position of a chunk, row-major `[batch, positions]`.
 #[derive(Debug, Clone, PartialEq)]
@@ -120,4 +124,178 @@ pub fn token_logprobs_on_device(logits: Tensor<3>, tokens: &[u32]) -> Result<Vec
         .convert::<f32>()
         .try_into_vec::<f32>()
         .map_err(|e| ScoreError::Device { what: "log-probabilities", message: format!("{e:?}") })
+}
+
+/// The reference's side of a chunk, kept compact ([`crate::compact`]): per position its top-K
+/// log-probabilities and their token ids, the log of its tail mass, its entropy, its log p of the
+/// scored token and its top-1 token. What a variant's metrics need, in `K + 5` numbers per
+/// position instead of the vocabulary.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompactChunk {
+    /// Rows (sequences) in the chunk.
+    pub batch: usize,
+    /// Positions per row.
+    pub positions: usize,
+    /// Tokens kept per position.
+    pub k: usize,
+    /// The top-K token ids per position, most probable first: `[batch, positions, k]` row-major.
+    pub top_ids: Vec<u32>,
+    /// Their log-probabilities: `[batch, positions, k]`.
+    pub top_logp: Vec<f32>,
+    /// `ln p_tail` (log-sum-exp of every other token's log-probability): `[batch, positions]`.
+    pub tail_logp: Vec<f32>,
+    /// Entropy of the full distribution, in nats: `[batch, positions]`.
+    pub entropy: Vec<f32>,
+    /// log P(scored token): `[batch, positions]`.
+    pub logp_of_token: Vec<f32>,
+    /// The first maximum of the logits (top-1 token, as llama2.c): `[batch, positions]`.
+    pub argmax: Vec<u32>,
+}
+
+/// `ln Σ_{i ∉ ids} exp(logp_i)`, the tail's log-mass, as a masked log-sum-exp.
+///
+/// # Shapes
+/// - `logp`: `[batch, positions, vocab]` f32; `ids`: `[batch, positions, k]`, distinct per
+///   position, `k < vocab`
+/// - returns `[batch, positions, 1]`
+fn tail_log_sum_exp(logp: Tensor<3>, ids: Tensor<3, Int>) -> Tensor<3> {
+    let [b, t, k] = ids.dims();
+    let minus_inf = Tensor::full([b, t, k], f32::NEG_INFINITY, &logp.device());
+    let masked = logp.scatter(2, ids, minus_inf, IndexingUpdateOp::Assign);
+    let max = masked.clone().max_dim(2);
+    max.clone() + (masked - max).exp().sum_dim(2).log()
+}
+
+/// Checks a chunk's shape against its tokens and a top-K.
+fn check_chunk(dims: [usize; 3], tokens: &[u32], k: usize) -> Result<(), ScoreError> {
+    let [b, t, v] = dims;
+    if tokens.len() != b * t {
+        return Err(ScoreError::LengthMismatch {
+            what: "tokens and logit positions",
+            left: tokens.len(),
+            right: b * t,
+        });
+    }
+    if let Some(i) = tokens.iter().position(|&tok| tok as usize >= v) {
+        return Err(ScoreError::OutOfRange { what: "token", index: tokens[i] as usize, limit: v });
+    }
+    if k == 0 {
+        return Err(ScoreError::Zero { what: "the reference's top-K" });
+    }
+    if k >= v {
+        // A top-K that covers the vocabulary is the exact path's job.
+        return Err(ScoreError::OutOfRange { what: "the reference's top-K", index: k, limit: v });
+    }
+    Ok(())
+}
+
+fn read_f32(what: &'static str, x: Tensor<3>) -> Result<Vec<f32>, ScoreError> {
+    x.into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .map_err(|e| ScoreError::Device { what, message: format!("{e:?}") })
+}
+
+fn read_ids(what: &'static str, x: Tensor<3, Int>) -> Result<Vec<u32>, ScoreError> {
+    let ids = x
+        .into_data()
+        .convert::<i64>()
+        .try_into_vec::<i64>()
+        .map_err(|e| ScoreError::Device { what, message: format!("{e:?}") })?;
+    ids.into_iter()
+        .map(|i| u32::try_from(i).map_err(|_| ScoreError::Device { what, message: format!("index {i} out of range") }))
+        .collect()
+}
+
+/// Reduces the reference's logits of a chunk to its [`CompactChunk`].
+///
+/// # Shapes
+/// - `ref_logits`: `[batch, positions, vocab]` (any float dtype; computed in f32)
+/// - `tokens`: `batch * positions` token ids, row-major: the token scored at each position
+/// - `1 ≤ k < vocab`
+pub fn compact_reference_on_device(
+    ref_logits: Tensor<3>,
+    tokens: &[u32],
+    k: usize,
+) -> Result<CompactChunk, ScoreError> {
+    let [b, t, v] = ref_logits.dims();
+    check_chunk([b, t, v], tokens, k)?;
+    let device = ref_logits.device();
+    let argmax = ref_logits.clone().argmax(2);
+    let lr = log_softmax(ref_logits.cast(DType::F32), 2);
+    let entropy = (lr.clone().exp() * lr.clone()).sum_dim(2).neg();
+    let index: Tensor<3, Int> = Tensor::from_data(TensorData::new(token_ids(tokens), [b, t, 1]), &device);
+    let lpr = lr.clone().gather(2, index);
+    let (top_logp, top_ids) = lr.clone().topk_with_indices(k, 2);
+    let tail = tail_log_sum_exp(lr, top_ids.clone());
+    Ok(CompactChunk {
+        batch: b,
+        positions: t,
+        k,
+        top_ids: read_ids("top-K token ids", top_ids)?,
+        top_logp: read_f32("top-K log-probabilities", top_logp)?,
+        tail_logp: read_f32("tail log-mass", tail)?,
+        entropy: read_f32("reference entropy", entropy)?,
+        logp_of_token: read_f32("reference log-probabilities", lpr)?,
+        argmax: read_ids("reference top-1", argmax)?,
+    })
+}
+
+/// A variant's per-position metrics against the reference's [`CompactChunk`] of the same
+/// positions: KL as [`crate::compact::compact_kl`] (a lower bound of the exact KL; the sums run
+/// on the host in f64), top-1 agreement, both log p of the scored token and the reference's
+/// entropy (exact: they were kept).
+///
+/// # Shapes
+/// - `reference`: `[batch, positions]` positions with `k` tokens each
+/// - `var_logits`: `[batch, positions, vocab]` (any float dtype; computed in f32)
+/// - `tokens`: `batch * positions` token ids, row-major
+pub fn position_metrics_against_compact(
+    reference: &CompactChunk,
+    var_logits: Tensor<3>,
+    tokens: &[u32],
+) -> Result<DevicePositionMetrics, ScoreError> {
+    let [b, t, v] = var_logits.dims();
+    check_chunk([b, t, v], tokens, reference.k)?;
+    let k = reference.k;
+    let n = b * t;
+    if (reference.batch, reference.positions) != (b, t) || reference.top_ids.len() != n * k {
+        return Err(ScoreError::LengthMismatch {
+            what: "compact reference and variant positions",
+            left: reference.top_ids.len(),
+            right: n * k,
+        });
+    }
+    if let Some(&id) = reference.top_ids.iter().find(|&&id| id as usize >= v) {
+        return Err(ScoreError::OutOfRange { what: "top-K token", index: id as usize, limit: v });
+    }
+    let device = var_logits.device();
+    let argmax = read_ids("variant top-1", var_logits.clone().argmax(2))?;
+    let lv = log_softmax(var_logits.cast(DType::F32), 2);
+    let ids: Vec<i64> = reference.top_ids.iter().map(|&i| i64::from(i)).collect();
+    let ids: Tensor<3, Int> = Tensor::from_data(TensorData::new(ids, [b, t, k]), &device);
+    let index: Tensor<3, Int> = Tensor::from_data(TensorData::new(token_ids(tokens), [b, t, 1]), &device);
+    let lpv = read_f32("variant log-probabilities", lv.clone().gather(2, index))?;
+    let top_q = read_f32("variant top-K log-probabilities", lv.clone().gather(2, ids.clone()))?;
+    let tail_q = read_f32("variant tail log-mass", tail_log_sum_exp(lv, ids))?;
+    let widen = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
+    let mut kld = Vec::with_capacity(n);
+    for i in 0..n {
+        let (p, q) = (&reference.top_logp[i * k..(i + 1) * k], &top_q[i * k..(i + 1) * k]);
+        let kl = compact_kl(&widen(p), f64::from(reference.tail_logp[i]), &widen(q), f64::from(tail_q[i]))?;
+        kld.push(kl as f32);
+    }
+    Ok(DevicePositionMetrics {
+        batch: b,
+        positions: t,
+        kld,
+        top1_agree: reference.argmax.iter().zip(&argmax).map(|(r, v)| r == v).collect(),
+        logp_ref_of_token: reference.logp_of_token.clone(),
+        logp_var_of_token: lpv,
+        ref_entropy: reference.entropy.clone(),
+    })
+}
+
+fn token_ids(tokens: &[u32]) -> Vec<i64> {
+    tokens.iter().map(|&tok| i64::from(tok)).collect()
 }

@@ -13,6 +13,8 @@
 //! - [`quantiles`]: type-7 quantiles and the mean/median/p90/p99/max summary.
 //! - [`strata`]: metrics stratified by the reference's entropy quartiles.
 //! - [`ppl`]: perplexity and perplexity ratios.
+//! - [`compact`]: the compact reference (top-K log-probabilities plus one tail bucket per
+//!   position) and the KL divergence against it, a lower bound of the exact KL.
 //! - [`device`]: the per-position metrics of [`logprob`] computed on the device for whole
 //!   `[batch, positions, vocab]` chunks of logits, so that only `[batch, positions]` values come
 //!   back to the host (full-vocabulary log-probabilities are never held for a whole run).
@@ -21,6 +23,7 @@
 //! no I/O; every device reduction is tested against its host definition.** Nothing here panics on bad input: every public function returns [`ScoreError`].
 
 pub mod bootstrap;
+pub mod compact;
 pub mod device;
 mod error;
 pub mod freerun;
@@ -32,7 +35,11 @@ pub mod survival;
 pub mod wilson;
 
 pub use bootstrap::{Interval, bootstrap_ci, bootstrap_mean_ci, paired_difference_ci};
-pub use device::{DevicePositionMetrics, position_metrics_on_device, token_logprobs_on_device};
+pub use compact::{CompactPosition, compact_kl, compact_position, variant_on_compact};
+pub use device::{
+    CompactChunk, DevicePositionMetrics, compact_reference_on_device, position_metrics_against_compact,
+    position_metrics_on_device, token_logprobs_on_device,
+};
 pub use error::ScoreError;
 pub use freerun::{Divergence, exact_match, first_divergence, token_match_rate};
 pub use logprob::{PositionMetrics, entropy, kl_divergence, log_softmax, position_metrics, top1};

@@ -1,0 +1,187 @@
+//! The reference scored once: its compact statistics on its own text ([`CompactReference`]),
+//! computed in one teacher-forced pass and kept on the host for every variant, instead of its
+//! full-vocabulary logits (or a lockstep rerun of the reference per variant).
+//!
+//! Per position it keeps the top-K log-probabilities and their tokens, the tail's log-mass, the
+//! entropy, log p of the scored token and the top-1 token (`qdrift_score::compact` defines them):
+//! `K + 5` numbers, 8.4 MB for SmolLM2 at 16 prompts × 1000 tokens × K = 64, where its logits
+//! would be 3.1 GB. Variants' KL divergence against it is the top-K + tail lower bound of the
+//! exact KL; every other metric is exact.
+//!
+//! **Invariant: the statistics are stored per prompt and position, independent of how the run
+//! was batched or chunked; a chunk is reassembled from them for any batching.**
+
+use qdrift_generate::teacher_forced;
+use qdrift_model::Llama;
+use qdrift_score::{CompactChunk, compact_reference_on_device};
+
+use crate::EvalError;
+use crate::plan::Plan;
+use crate::scoring::Texts;
+
+/// The compact statistics of one prompt's continuation, position-major.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PromptStats {
+    /// Top-K token ids per position, most probable first: `[positions, k]`.
+    pub top_ids: Vec<u32>,
+    /// Their log-probabilities: `[positions, k]`.
+    pub top_logp: Vec<f32>,
+    /// Log of the tail mass: `[positions]`.
+    pub tail_logp: Vec<f32>,
+    /// Entropy in nats: `[positions]`.
+    pub entropy: Vec<f32>,
+    /// log p of the continuation's token: `[positions]`.
+    pub logp_of_token: Vec<f32>,
+    /// Top-1 token: `[positions]`.
+    pub argmax: Vec<u32>,
+}
+
+impl PromptStats {
+    fn with_capacity(positions: usize, k: usize) -> PromptStats {
+        PromptStats {
+            top_ids: Vec::with_capacity(positions * k),
+            top_logp: Vec::with_capacity(positions * k),
+            tail_logp: Vec::with_capacity(positions),
+            entropy: Vec::with_capacity(positions),
+            logp_of_token: Vec::with_capacity(positions),
+            argmax: Vec::with_capacity(positions),
+        }
+    }
+
+    /// Positions held.
+    pub fn positions(&self) -> usize {
+        self.tail_logp.len()
+    }
+}
+
+/// The reference's compact statistics on its own text, for every prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompactReference {
+    /// Tokens kept per position.
+    pub k: usize,
+    /// One entry per prompt, in prompt order.
+    pub prompts: Vec<PromptStats>,
+}
+
+/// The tail mass over every kept position: its largest and mean value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TailMass {
+    /// Largest `p_tail`.
+    pub max: f64,
+    /// Mean `p_tail` over positions.
+    pub mean: f64,
+}
+
+impl CompactReference {
+    /// Teacher-forces `reference` on `text` (batched and chunked as the plan says) and keeps each
+    /// position's top-`k` statistics.
+    pub(crate) fn compute(
+        reference: &Llama,
+        plan: &Plan,
+        text: &Texts,
+        k: usize,
+    ) -> Result<CompactReference, EvalError> {
+        let mut prompts: Vec<PromptStats> = text.iter().map(|(_, c)| PromptStats::with_capacity(c.len(), k)).collect();
+        // Chunks may arrive out of order when batches run side by side; keep them by position.
+        let mut chunks: Vec<(usize, usize, CompactChunk)> = Vec::new();
+        let mut failure: Option<EvalError> = None;
+        teacher_forced(reference, &plan.device, text, plan.batch_size(), plan.chunk, |f| {
+            if failure.is_some() {
+                return;
+            }
+            let [rows, positions, _] = f.logits.dims();
+            let tokens = crate::scoring::chunk_tokens(text, f.first_prompt, f.start, rows, positions);
+            match compact_reference_on_device(f.logits.clone(), &tokens, k) {
+                Ok(c) => chunks.push((f.first_prompt, f.start, c)),
+                Err(e) => failure = Some(e.into()),
+            }
+        })?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        chunks.sort_by_key(|(p, s, _)| (*p, *s));
+        for (first_prompt, _, c) in chunks {
+            for row in 0..c.batch {
+                let p = &mut prompts[first_prompt + row];
+                let (a, b) = (row * c.positions, (row + 1) * c.positions);
+                p.top_ids.extend_from_slice(&c.top_ids[a * k..b * k]);
+                p.top_logp.extend_from_slice(&c.top_logp[a * k..b * k]);
+                p.tail_logp.extend_from_slice(&c.tail_logp[a..b]);
+                p.entropy.extend_from_slice(&c.entropy[a..b]);
+                p.logp_of_token.extend_from_slice(&c.logp_of_token[a..b]);
+                p.argmax.extend_from_slice(&c.argmax[a..b]);
+            }
+        }
+        let reference = CompactReference { k, prompts };
+        reference.check(text)?;
+        Ok(reference)
+    }
+
+    /// Refuses statistics that do not cover `text` position for position.
+    pub(crate) fn check(&self, text: &Texts) -> Result<(), EvalError> {
+        if self.prompts.len() != text.len() {
+            return Err(EvalError::Internal(format!(
+                "compact reference holds {} prompts, the run has {}",
+                self.prompts.len(),
+                text.len()
+            )));
+        }
+        for (i, (p, (_, c))) in self.prompts.iter().zip(text).enumerate() {
+            let n = c.len();
+            let ok = p.positions() == n
+                && p.top_ids.len() == n * self.k
+                && p.top_logp.len() == n * self.k
+                && p.entropy.len() == n
+                && p.logp_of_token.len() == n
+                && p.argmax.len() == n;
+            if !ok {
+                return Err(EvalError::Internal(format!(
+                    "compact reference of prompt {} holds {} positions, its continuation {n}",
+                    i + 1,
+                    p.positions()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The statistics of `rows` prompts from `first_prompt`, positions `start..start + positions`,
+    /// as one chunk (`[rows, positions]` row-major).
+    pub(crate) fn chunk(&self, first_prompt: usize, rows: usize, start: usize, positions: usize) -> CompactChunk {
+        let k = self.k;
+        let mut c = CompactChunk {
+            batch: rows,
+            positions,
+            k,
+            top_ids: Vec::with_capacity(rows * positions * k),
+            top_logp: Vec::with_capacity(rows * positions * k),
+            tail_logp: Vec::with_capacity(rows * positions),
+            entropy: Vec::with_capacity(rows * positions),
+            logp_of_token: Vec::with_capacity(rows * positions),
+            argmax: Vec::with_capacity(rows * positions),
+        };
+        let (a, b) = (start, start + positions);
+        for p in &self.prompts[first_prompt..first_prompt + rows] {
+            c.top_ids.extend_from_slice(&p.top_ids[a * k..b * k]);
+            c.top_logp.extend_from_slice(&p.top_logp[a * k..b * k]);
+            c.tail_logp.extend_from_slice(&p.tail_logp[a..b]);
+            c.entropy.extend_from_slice(&p.entropy[a..b]);
+            c.logp_of_token.extend_from_slice(&p.logp_of_token[a..b]);
+            c.argmax.extend_from_slice(&p.argmax[a..b]);
+        }
+        c
+    }
+
+    /// Largest and mean tail mass over every position (the share of the reference's
+    /// probability the top K do not hold, where the KL bound can lose divergence).
+    pub fn tail_mass(&self) -> TailMass {
+        let (mut max, mut sum, mut n) = (0.0f64, 0.0f64, 0usize);
+        for p in self.prompts.iter().flat_map(|p| &p.tail_logp) {
+            let m = f64::from(*p).exp();
+            max = max.max(m);
+            sum += m;
+            n += 1;
+        }
+        TailMass { max, mean: if n == 0 { 0.0 } else { sum / n as f64 } }
+    }
+}
