@@ -48,7 +48,7 @@ mod weights;
 pub mod write;
 
 pub use error::LoadError;
-pub use gguf::{GgufModel, GgufTensorSize, GgufTokenizerMetadata, GgufValue, read_gguf};
+pub use gguf::{GgufModel, GgufTensorSize, GgufTokenizerMetadata, GgufValue, read_gguf, read_gguf_metadata};
 pub use gguf_tokenizer::gguf_tokenizer;
 pub use hf::read_hf_folder;
 pub use hf_tokenizer::HfTokenizer;

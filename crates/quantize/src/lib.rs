@@ -9,12 +9,13 @@
 //!
 //! On top of the codecs, [`quantize_model`] applies a scheme to a whole
 //! [`qdrift_load::HostModel`] (weight-only: the blocks' linear layers, optionally the embedding
-//! and head) and [`write_safetensors`] writes the result as a Hugging Face Llama checkpoint,
-//! dequantized (F32) or packed.
+//! and head); [`write_safetensors`] writes the result as a Hugging Face Llama checkpoint,
+//! dequantized (F32) or packed, and [`write_gguf`] as the GGUF file llama.cpp runs (ggml
+//! schemes and fp16).
 //!
 //! **Architecture invariant:** this crate knows no tensor library; the codecs and
-//! [`quantize_model`] are pure functions of host data, and `safetensors_out.rs` is the one
-//! module that does I/O. Each format family lives in one file whose module doc cites its spec:
+//! [`quantize_model`] are pure functions of host data, and `safetensors_out.rs` and `gguf_out.rs`
+//! are the only modules that do I/O. Each format family lives in one file whose module doc cites its spec:
 //!
 //! | file | contents |
 //! |---|---|
@@ -30,6 +31,7 @@
 //! | `reference.rs` | [`round_to_fp16_reference`]: the FP16 reference every variant is measured against |
 //! | `model.rs` | [`quantize_model`]: a whole model, per-tensor [`TensorReport`]s, [`QuantSummary`] |
 //! | `safetensors_out.rs` | [`write_safetensors`]: HF names, rotate-half q/k, F32 or packed parts |
+//! | `gguf_out.rs` | [`write_gguf`]: llama.cpp names and q/k layout, the packed ggml blocks as stored |
 
 mod dynamic;
 mod error;
@@ -37,6 +39,7 @@ mod float;
 mod footprint;
 mod fp8;
 mod ggml;
+mod gguf_out;
 mod int;
 mod model;
 mod nf4;
@@ -50,6 +53,7 @@ pub use error::QuantizeError;
 pub use footprint::SchemeFootprint;
 pub use fp8::{fp8_decode, fp8_encode};
 pub use ggml::dequantize_ggml_blocks;
+pub use gguf_out::{GgufWriteError, check_gguf_scheme, gguf_schemes, write_gguf};
 pub use model::{
     QuantSummary, QuantizeOptions, QuantizedModel, QuantizedTensor, TensorReport, WeightSlot, quantize_model,
 };
