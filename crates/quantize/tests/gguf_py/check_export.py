@@ -11,7 +11,7 @@ rotate-half q/k rows, brought to GGUF's interleaved order with convert_hf_to_ggu
     /var/tmp/gguf-venv/bin/python crates/quantize/tests/gguf_py/check_export.py \
         target/release/qdrift ../shared/models/stories260K/stories260K.bin > crates/quantize/tests/gguf_py/check_export.txt
     /var/tmp/gguf-venv/bin/python crates/quantize/tests/gguf_py/check_export.py \
-        target/release/qdrift synthetic:smollm2-135m q4_k,q6_k >> crates/quantize/tests/gguf_py/check_export.txt
+        target/release/qdrift synthetic:smollm2-135m q4_k,q6_k | tail -n +2 >> crates/quantize/tests/gguf_py/check_export.txt
 
 stories260K's rows (64, 172) are not whole 256-blocks, so its q4_k/q6_k files hold only the
 fallbacks (Q5_0/Q8_0, F16); SmolLM2's shape (576- and 1536-wide rows) stores real Q4_K and Q6_K
@@ -120,9 +120,9 @@ def check(qdrift: str, model: str, scheme: str, tmp: Path) -> None:
 def main() -> None:
     qdrift, model = sys.argv[1], sys.argv[2]
     schemes = sys.argv[3].split(",") if len(sys.argv) > 3 else SCHEMES
-    import gguf
+    from importlib.metadata import version
 
-    print(f"gguf-py {gguf.__version__ if hasattr(gguf, '__version__') else '0.19.0'}, numpy {np.__version__}")
+    print(f"gguf-py {version('gguf')}, numpy {np.__version__}")
     with tempfile.TemporaryDirectory() as tmp:
         print(f"model {Path(model).name if not model.startswith('synthetic:') else model}")
         for scheme in schemes:
