@@ -249,6 +249,11 @@ fn gguf_export_refuses_what_gguf_cannot_hold() {
     let stderr =
         refused(&["quantize", "--model", m, "--scheme", "q4_0", "--format", "gguf", "--packed", "--out", o], &out);
     assert!(stderr.contains("--packed is for --format safetensors"), "{stderr}");
+    // An unwritable --out: one line, nothing left beside it.
+    let nowhere = tmp.path().join("missing/x.gguf");
+    let n = nowhere.to_str().unwrap();
+    let stderr = refused(&["quantize", "--model", m, "--scheme", "q4_0", "--format", "gguf", "--out", n], &nowhere);
+    assert!(stderr.contains("missing/x.gguf: cannot write"), "{stderr}");
     // A Hugging Face folder: its tokenizer.json is not converted to GGUF's vocabulary.
     let hf = tmp.path().join("hf");
     let loaded = qdrift_load::open_model(&model, None).expect("stories260K");

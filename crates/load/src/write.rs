@@ -66,7 +66,7 @@ fn json_f32(x: f32) -> Value {
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
-    std::fs::write(path, bytes).map_err(|e| LoadError::io(path, e))
+    std::fs::write(path, bytes).map_err(|e| LoadError::write(path, e))
 }
 
 fn write_json(path: &Path, v: &Value) -> Result<(), LoadError> {
@@ -128,7 +128,7 @@ pub fn write_hf_folder(
 ) -> Result<(), LoadError> {
     let qwen2 = has_qkv_biases(dir, model)?;
     let config = config_json(dir, model, tokenizer, dtype, qwen2)?;
-    std::fs::create_dir_all(dir).map_err(|e| LoadError::io(dir, e))?;
+    std::fs::create_dir_all(dir).map_err(|e| LoadError::write(dir, e))?;
     write_json(&dir.join("config.json"), &config)?;
     write_safetensors(&dir.join("model.safetensors"), &hf_tensors(model, dtype))?;
     write_json(&dir.join("tokenizer.json"), &tokenizer_json(tokenizer))?;
@@ -572,7 +572,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
         _ => tmp,
     };
     let written =
-        std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path)).map_err(|e| LoadError::io(path, e));
+        std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path)).map_err(|e| LoadError::write(path, e));
     if written.is_err() {
         // Nothing to report if it was never created.
         let _ = std::fs::remove_file(&tmp);
