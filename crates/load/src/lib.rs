@@ -23,7 +23,8 @@
 //! [`ModelFormat`] (which says whether the weights are synthetic) for reports.
 //!
 //! Beside the readers: [`write`](mod@write) writes a model as a Hugging Face folder or a GGUF file (fixtures
-//! for round-trip tests), and [`inspect`] accounts parameters, weight memory per storage scheme,
+//! for round-trip tests, and `qdrift quantize --format gguf`'s writer, which stores ggml blocks as
+//! the caller packed them with the source's tokenizer metadata), and [`inspect`] accounts parameters, weight memory per storage scheme,
 //! KV-cache memory, FLOPs per token and a GGUF file's stored bytes and bits per weight per tensor
 //! type.
 //!
