@@ -54,7 +54,7 @@ pub struct GenerateArgs {
 }
 
 /// `--model`'s help: every format `open_model` reads, the synthetic presets by name.
-fn model_help() -> String {
+pub(crate) fn model_help() -> String {
     let presets: Vec<&str> = SYNTHETIC_PRESETS.iter().map(|(name, _)| *name).collect();
     format!(
         "Model: a llama2.c checkpoint (.bin), a GGUF file, a Hugging Face folder, or synthetic:NAME ({})",

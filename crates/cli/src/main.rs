@@ -34,8 +34,8 @@ enum Command {
     /// Greedy generation from a model, for one or more prompts (in batches; on the CPU backend,
     /// batches run side by side, one per core).
     Generate(generate::GenerateArgs),
-    /// Quantize a model's weights with one scheme, print per-tensor error statistics, and write
-    /// the result as safetensors.
+    /// Quantize a model's weights (any format generate reads) with one scheme, print per-tensor
+    /// error statistics, and write the result as safetensors or as a GGUF file llama.cpp runs.
     Quantize(quantize::QuantizeArgs),
 }
 

@@ -4,11 +4,13 @@ use std::error::Error;
 use std::io::Write;
 use std::path::PathBuf;
 
-use clap::Args;
 use clap::builder::{PossibleValue, TypedValueParser};
+use clap::{Args, ValueEnum};
 use qdrift_load::HostModel;
+use qdrift_load::write::gguf_tokenizer_keys;
 use qdrift_quantize::{
-    QuantizeOptions, QuantizedModel, Recipe, Scheme, quantize_model, round_to_fp16_reference, write_safetensors,
+    QuantizeOptions, QuantizedModel, Recipe, Scheme, check_gguf_scheme, quantize_model, round_to_fp16_reference,
+    write_gguf, write_safetensors,
 };
 
 /// Which variant of the reference to build.
@@ -73,19 +75,40 @@ impl SchemeArgs {
     }
 }
 
+/// What `qdrift quantize` writes.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// A safetensors file under Hugging Face Llama names: dequantized F32 values, or with
+    /// --packed the packed codes and scales.
+    Safetensors,
+    /// A GGUF file llama.cpp runs: the packed ggml blocks as qdrift quantized them (a q4_k/q6_k
+    /// matrix whose rows are not whole 256-blocks as llama.cpp's fallback q5_0/q8_0, else F16),
+    /// llama.cpp's tensor names and q/k row order, the tokenizer carried over. Schemes: fp16 and
+    /// the ggml ones; a Hugging Face folder's tokenizer.json is not converted (refused).
+    Gguf,
+}
+
 /// Arguments of `qdrift quantize`.
 #[derive(Args)]
 pub struct QuantizeArgs {
-    /// Model checkpoint (llama2.c `.bin`).
-    #[arg(long)]
+    // Help built from the synthetic presets, so it cannot go stale.
+    #[arg(long, help = crate::generate::model_help())]
     model: PathBuf,
+    /// Tokenizer file, when not found beside the model (llama2.c: `tokenizer.bin`, else the only
+    /// `tok*.bin` there; a Hugging Face folder's `tokenizer.json`; a GGUF file carries its own).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
     /// Scheme and what it applies to.
     #[command(flatten)]
     scheme: SchemeArgs,
-    /// Output file (`.safetensors`), Hugging Face Llama tensor names.
+    /// Output file (`.safetensors` or `.gguf`, as --format says).
     #[arg(long)]
     out: PathBuf,
-    /// Write the packed codes and scales instead of dequantized F32 values.
+    /// Output format.
+    #[arg(long, value_enum, default_value = "safetensors")]
+    format: OutputFormat,
+    /// Safetensors only: write the packed codes and scales instead of dequantized F32 values
+    /// (GGUF always stores the packed blocks).
     #[arg(long)]
     packed: bool,
     /// Print the statistics as JSON instead of a table.
@@ -108,11 +131,25 @@ pub fn run(args: QuantizeArgs) -> Result<(), Box<dyn Error>> {
         .into());
     }
     let scheme = recipe.weights;
-    let model = qdrift_load::read_llama2c_checkpoint(&args.model)?;
-    let (_, q) = args.scheme.apply(model)?;
+    let gguf = args.format == OutputFormat::Gguf;
+    if gguf {
+        check_gguf_scheme(&scheme)?;
+        if args.packed {
+            return Err("--packed is for --format safetensors; GGUF always stores the packed blocks".into());
+        }
+    }
+    let loaded = qdrift_load::open_model(&args.model, args.tokenizer.as_deref())?;
+    // Before quantizing: a source whose tokenizer cannot be carried over is refused.
+    let tokenizer_keys = if gguf { Some(gguf_tokenizer_keys(&loaded)?) } else { None };
+    let (_, q) = args.scheme.apply(loaded.model)?;
     let q = q.ok_or("no scheme applied")?;
-    let source = args.model.display().to_string();
-    write_safetensors(&args.out, &q, args.packed, &[("qdrift.source".to_string(), source)])?;
+    match &tokenizer_keys {
+        Some(keys) => write_gguf(&args.out, &q, keys)?,
+        None => {
+            let source = args.model.display().to_string();
+            write_safetensors(&args.out, &q, args.packed, &[("qdrift.source".to_string(), source)])?;
+        }
+    }
 
     let summary = q.summary();
     let mut out = std::io::stdout().lock();
@@ -129,8 +166,11 @@ pub fn run(args: QuantizeArgs) -> Result<(), Box<dyn Error>> {
     )?;
     for r in q.reports() {
         let sqnr = r.sqnr_db.map_or("exact".to_string(), |v| format!("{v:.3}"));
-        let note =
-            if r.fell_back { "  (kept at reference precision: row length not a multiple of the block)" } else { "" };
+        let note = if r.fell_back {
+            format!("  (stored as {}: rows are not whole {scheme} blocks, as llama.cpp falls back)", r.stored)
+        } else {
+            String::new()
+        };
         writeln!(
             out,
             "{:<42} {:>10} {:>12.4e} {:>10.6} {:>8.4} {:>10}{note}",
@@ -143,8 +183,10 @@ pub fn run(args: QuantizeArgs) -> Result<(), Box<dyn Error>> {
         "total: {} tensors, {} weights, {} bytes, {:.4} bits/weight, SQNR {total} dB",
         summary.quantized_tensors, summary.quantized_weights, summary.storage_bytes, summary.bits_per_weight
     )?;
-    if !summary.fell_back.is_empty() {
-        writeln!(out, "kept at reference precision: {}", summary.fell_back.join(", "))?;
+    let fell_back: Vec<String> =
+        q.reports().into_iter().filter(|r| r.fell_back).map(|r| format!("{} ({})", r.tensor, r.stored)).collect();
+    if !fell_back.is_empty() {
+        writeln!(out, "stored as llama.cpp's fallback type: {}", fell_back.join(", "))?;
     }
     writeln!(out, "wrote {}", args.out.display())?;
     Ok(())

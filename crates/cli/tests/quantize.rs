@@ -71,7 +71,10 @@ fn table_output_names_fallbacks_and_bits() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("model.layers.0.self_attn.q_proj.weight"), "{stdout}");
     assert!(stdout.contains("8.5000"), "q8_0 is 8.5 bits/weight: {stdout}");
-    assert!(stdout.contains("kept at reference precision: model.layers.0.mlp.down_proj.weight"), "{stdout}");
+    assert!(
+        stdout.contains("stored as llama.cpp's fallback type: model.layers.0.mlp.down_proj.weight (f16)"),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -141,4 +144,127 @@ fn generate_runs_a_quantized_variant() {
     assert_eq!(plain["generated_tokens"], fp16);
     let q4 = run("int4-g32");
     assert_eq!(q4.as_array().map(Vec::len), Some(40));
+}
+
+/// `qdrift generate --json`'s generated tokens for `model` (with `extra` flags), 40 tokens.
+fn greedy(model: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args =
+        vec!["generate", "--model", model.to_str().unwrap(), "--prompt", "Once upon a time", "--max-new-tokens", "40"];
+    args.extend(["--backend", "cpu", "--json"]);
+    args.extend(extra);
+    let out = qdrift(&args);
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["generated_tokens"].as_array().map(Vec::len), Some(40));
+    v["generated_tokens"].clone()
+}
+
+/// Runs `qdrift quantize … --format gguf` and returns its stdout.
+fn quantize_gguf(model: &Path, scheme: &str, out: &Path, extra: &[&str]) -> String {
+    let mut args = vec!["quantize", "--model", model.to_str().unwrap(), "--scheme", scheme];
+    args.extend(["--format", "gguf", "--out", out.to_str().unwrap()]);
+    args.extend(extra);
+    let run = qdrift(&args);
+    assert!(run.status.success(), "{args:?}: {}", String::from_utf8_lossy(&run.stderr));
+    assert!(out.is_file());
+    String::from_utf8_lossy(&run.stdout).into_owned()
+}
+
+#[test]
+fn a_gguf_export_runs_exactly_what_generate_scheme_runs() {
+    // The GGUF holds the variant's packed blocks; read back, it is the dequantized variant bit for
+    // bit (crates/quantize/tests/gguf_out.rs), so its greedy tokens equal `generate --scheme`.
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let model = stories().join("stories260K.bin");
+    for (scheme, extra) in [("q4_k", &[][..]), ("q8_0", &["--quantize-embeddings"][..]), ("q6_k", &[][..])] {
+        let gguf = tmp.path().join(format!("{scheme}.gguf"));
+        let stdout = quantize_gguf(&model, scheme, &gguf, extra);
+        assert!(stdout.contains(&format!("wrote {}", gguf.display())), "{stdout}");
+        let mut with_scheme = vec!["--scheme", scheme];
+        with_scheme.extend(extra);
+        for dtype in ["f32", "f16"] {
+            let from_gguf = greedy(&gguf, &["--dtype", dtype]);
+            let mut flags = with_scheme.clone();
+            flags.extend(["--dtype", dtype]);
+            assert_eq!(from_gguf, greedy(&model, &flags), "{scheme} {dtype}");
+        }
+    }
+    // stories260K's rows (64, 172) are not whole 256-blocks: q4_k stores q5_0 and F16, as
+    // llama.cpp would, and says so.
+    let stdout = quantize_gguf(&model, "q4_k", &tmp.path().join("again.gguf"), &[]);
+    assert!(stdout.contains("model.layers.0.self_attn.q_proj.weight (q5_0)"), "{stdout}");
+    assert!(stdout.contains("model.layers.0.mlp.down_proj.weight (f16)"), "{stdout}");
+}
+
+#[test]
+fn quantize_reads_every_format_generate_reads() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let model = stories().join("stories260K.bin");
+    // A GGUF source (here qdrift's own FP16 export): its tokenizer keys are carried over, and a
+    // q4_k of it runs as `generate --scheme q4_k` on it does.
+    let fp16 = tmp.path().join("fp16.gguf");
+    quantize_gguf(&model, "fp16", &fp16, &[]);
+    assert_eq!(greedy(&fp16, &[]), greedy(&model, &["--scheme", "fp16"]));
+    let q4k = tmp.path().join("q4_k.gguf");
+    quantize_gguf(&fp16, "q4_k", &q4k, &[]);
+    assert_eq!(greedy(&q4k, &[]), greedy(&fp16, &["--scheme", "q4_k"]));
+    // Safetensors from a GGUF source and from a synthetic model.
+    for source in [fp16.to_str().unwrap(), "synthetic:tiny"] {
+        let out_file = tmp.path().join("x.safetensors");
+        let out = qdrift(&["quantize", "--model", source, "--scheme", "q8_0", "--out", out_file.to_str().unwrap()]);
+        assert!(out.status.success(), "{source}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let synthetic = tmp.path().join("tiny.gguf");
+    quantize_gguf(Path::new("synthetic:tiny"), "q4_0", &synthetic, &[]);
+    assert_eq!(greedy(&synthetic, &[]), greedy(Path::new("synthetic:tiny"), &["--scheme", "q4_0"]));
+}
+
+/// Exactly one line on stderr, exit code 1, no output file.
+fn refused(args: &[&str], out: &Path) -> String {
+    let run = qdrift(args);
+    assert_eq!(run.status.code(), Some(1), "{args:?}");
+    let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(run.stdout.is_empty());
+    assert!(!out.exists(), "{args:?} wrote {}", out.display());
+    stderr
+}
+
+#[test]
+fn gguf_export_refuses_what_gguf_cannot_hold() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let model = stories().join("stories260K.bin");
+    let out = tmp.path().join("x.gguf");
+    let (m, o) = (model.to_str().unwrap(), out.to_str().unwrap());
+    for scheme in ["int4-g128", "nf4-g64", "fp8-e4m3", "bf16", "int8"] {
+        let stderr = refused(&["quantize", "--model", m, "--scheme", scheme, "--format", "gguf", "--out", o], &out);
+        assert_eq!(
+            stderr.trim_end(),
+            format!(
+                "qdrift: error: --scheme {scheme} cannot be written as GGUF: GGUF stores ggml types; schemes it can \
+                 hold: fp16, q8_0, q4_0, q4_1, q5_0, q4_k, q6_k, mxfp4"
+            )
+        );
+    }
+    let stderr =
+        refused(&["quantize", "--model", m, "--scheme", "q4_0", "--format", "gguf", "--packed", "--out", o], &out);
+    assert!(stderr.contains("--packed is for --format safetensors"), "{stderr}");
+    // An unwritable --out: one line, nothing left beside it.
+    let nowhere = tmp.path().join("missing/x.gguf");
+    let n = nowhere.to_str().unwrap();
+    let stderr = refused(&["quantize", "--model", m, "--scheme", "q4_0", "--format", "gguf", "--out", n], &nowhere);
+    assert!(stderr.contains("missing/x.gguf: cannot write"), "{stderr}");
+    // A Hugging Face folder: its tokenizer.json is not converted to GGUF's vocabulary.
+    let hf = tmp.path().join("hf");
+    let loaded = qdrift_load::open_model(&model, None).expect("stories260K");
+    let tok = qdrift_load::Llama2cTokenizer::read(&stories().join("tok512.bin")).expect("tokenizer");
+    qdrift_load::write::write_hf_folder(&hf, &loaded.model, &tok, qdrift_load::write::WriteDtype::F16).expect("HF");
+    let h = hf.to_str().unwrap();
+    let stderr = refused(&["quantize", "--model", h, "--scheme", "q4_0", "--format", "gguf", "--out", o], &out);
+    assert!(stderr.contains("a Hugging Face folder cannot be written as GGUF"), "{stderr}");
+    assert!(stderr.contains("convert_hf_to_gguf.py"), "{stderr}");
+    // The same folder to safetensors is fine.
+    let st = tmp.path().join("hf.safetensors");
+    let run = qdrift(&["quantize", "--model", h, "--scheme", "q4_k", "--out", st.to_str().unwrap()]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
 }

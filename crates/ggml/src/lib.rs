@@ -31,7 +31,7 @@
 //! | `q8_0.rs` | `block_q8_0` | yes |
 //! | `q4_0.rs` | `block_q4_0` | yes |
 //! | `q4_1.rs` | `block_q4_1` | yes |
-//! | `q5_0.rs` | `block_q5_0` | read-only |
+//! | `q5_0.rs` | `block_q5_0` | yes |
 //! | `q5_1.rs` | `block_q5_1` | read-only |
 //! | `q2_k.rs` | `block_q2_K` | read-only |
 //! | `q3_k.rs` | `block_q3_K` | read-only |
@@ -75,7 +75,7 @@ pub enum GgmlType {
     Q6K,
     /// `block_mxfp4`: E8M0 scale + 32 E2M1 nibbles (17 bytes per 32).
     Mxfp4,
-    /// `block_q5_0`: f16 scale + 32 5-bit values (22 bytes per 32). Read-only.
+    /// `block_q5_0`: f16 scale + 32 5-bit values (22 bytes per 32).
     Q5_0,
     /// `block_q5_1`: f16 scale, f16 min + 32 5-bit values (24 bytes per 32). Read-only.
     Q5_1,
@@ -96,8 +96,8 @@ pub enum GgmlType {
 impl GgmlType {
     /// Every GGML type this crate can quantize to (the quantization schemes it offers), in CLI
     /// order. Each has [`GgmlType::has_quantizer`].
-    pub const ALL: [GgmlType; 6] =
-        [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4K, GgmlType::Q6K, GgmlType::Mxfp4];
+    pub const ALL: [GgmlType; 7] =
+        [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q4K, GgmlType::Q6K, GgmlType::Mxfp4];
 
     /// Every GGML type this crate can dequantize (what the GGUF reader accepts), in `ggml_type`
     /// id order: [`GgmlType::ALL`] and the read-only types.
@@ -231,6 +231,89 @@ impl GgmlType {
     }
 }
 
+impl GgmlType {
+    /// The type llama.cpp stores instead when a row is not a whole number of this type's blocks:
+    /// `llama_tensor_get_type`'s `convert_incompatible_tensor` (llama.cpp `src/llama-quant.cpp`):
+    /// Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, Q2_K / Q3_K / IQ4_XS → IQ4_NL. `None` for the
+    /// 32-element types (llama.cpp has no fallback for them; see [`RowStorage::for_row`]).
+    pub fn row_fallback(self) -> Option<GgmlType> {
+        match self {
+            GgmlType::Q4K => Some(GgmlType::Q5_0),
+            GgmlType::Q5K => Some(GgmlType::Q5_1),
+            GgmlType::Q6K => Some(GgmlType::Q8_0),
+            GgmlType::Q2K | GgmlType::Q3K | GgmlType::Iq4Xs => Some(GgmlType::Iq4Nl),
+            GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Iq4Nl
+            | GgmlType::Mxfp4 => None,
+        }
+    }
+}
+
+/// What a matrix asked for in a GGML type is actually stored as, given its row length: the type
+/// itself, its [`GgmlType::row_fallback`], or F16.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RowStorage {
+    /// Whole blocks of this type.
+    Blocks(GgmlType),
+    /// IEEE binary16 values (`GGML_TYPE_F16`), when no block type fits the row.
+    F16,
+}
+
+impl RowStorage {
+    /// llama.cpp's rule (`llama_tensor_get_type`, `src/llama-quant.cpp`): `ty` when `cols` is a
+    /// whole number of its blocks; else its [`GgmlType::row_fallback`] when `cols` is a whole
+    /// number of the fallback's blocks; else F16. (llama.cpp refuses a 32-element type whose rows
+    /// are not whole blocks; qdrift stores F16 there too, so every matrix has a GGUF form.)
+    ///
+    /// # Shapes
+    /// - `cols`: the row length, elements along which blocks run.
+    pub fn for_row(ty: GgmlType, cols: usize) -> RowStorage {
+        if cols.is_multiple_of(ty.block_size()) {
+            return RowStorage::Blocks(ty);
+        }
+        match ty.row_fallback() {
+            Some(f) if cols.is_multiple_of(f.block_size()) => RowStorage::Blocks(f),
+            _ => RowStorage::F16,
+        }
+    }
+
+    /// The `ggml_type` id a GGUF tensor info stores (`GGML_TYPE_F16` = 1).
+    pub fn gguf_id(self) -> u32 {
+        match self {
+            RowStorage::Blocks(t) => t.gguf_id(),
+            RowStorage::F16 => 1,
+        }
+    }
+
+    /// The GGML / CLI name: the block type's name or `f16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            RowStorage::Blocks(t) => t.name(),
+            RowStorage::F16 => "f16",
+        }
+    }
+
+    /// Bytes stored for a `[rows, cols]` matrix whose rows this storage fits: `type_size` per
+    /// block of `block_size` values, or 2 per value for F16. `None` on overflow.
+    pub fn bytes_for(self, rows: u64, cols: u64) -> Option<u64> {
+        let n = rows.checked_mul(cols)?;
+        match self {
+            RowStorage::Blocks(t) => (n / t.block_size() as u64).checked_mul(t.type_size() as u64),
+            RowStorage::F16 => n.checked_mul(2),
+        }
+    }
+}
+
+impl fmt::Display for RowStorage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Why a block buffer was rejected.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum GgmlError {
@@ -317,13 +400,8 @@ fn quantizer(ty: GgmlType) -> Option<QuantizeBlock> {
         GgmlType::Q4K => Some(q4_k::quantize_block),
         GgmlType::Q6K => Some(q6_k::quantize_block),
         GgmlType::Mxfp4 => Some(mxfp4::quantize_block),
-        GgmlType::Q5_0
-        | GgmlType::Q5_1
-        | GgmlType::Q2K
-        | GgmlType::Q3K
-        | GgmlType::Q5K
-        | GgmlType::Iq4Nl
-        | GgmlType::Iq4Xs => None,
+        GgmlType::Q5_0 => Some(q5_0::quantize_block),
+        GgmlType::Q5_1 | GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q5K | GgmlType::Iq4Nl | GgmlType::Iq4Xs => None,
     }
 }
 

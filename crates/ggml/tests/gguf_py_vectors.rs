@@ -104,7 +104,7 @@ fn read_only_types_refuse_to_quantize() {
     assert_eq!(
         e,
         "q5_k is read-only: qdrift dequantizes it but has no quantizer for it; \
-         quantizable: q8_0, q4_0, q4_1, q4_k, q6_k, mxfp4"
+         quantizable: q8_0, q4_0, q4_1, q5_0, q4_k, q6_k, mxfp4"
     );
 }
 

@@ -11,7 +11,11 @@
 //! - The random matrices hash (FNV-1a 64) the input, the blocks and the dequantized f32 bits as
 //!   produced by the reference C.
 //!
-//! "Reference C" = `quantize_row_{q8_0,q4_0,q4_1,mxfp4,q4_K,q6_K}_ref`, `make_qkx2_quants`,
+//! - `q5_0` (llama.cpp's fallback for `q4_K` rows that are not whole 256-blocks): the hand vector
+//!   is derived in its test; the random matrix's hashes come from the reference C, and gguf-py
+//!   0.19.0's numpy `quants.quantize(…, Q5_0)` gives the same bytes for that matrix.
+//!
+//! "Reference C" = `quantize_row_{q8_0,q4_0,q4_1,q5_0,mxfp4,q4_K,q6_K}_ref`, `make_qkx2_quants`,
 //! `make_qx_quants`, `nearest_int`, `dequantize_row_*` from llama.cpp `ggml/src/ggml-quants.c`,
 //! `ggml_compute_fp32_to_fp16` / `ggml_compute_fp16_to_fp32` / `ggml_e8m0_to_fp32_half` from
 //! `ggml/src/ggml-impl.h` and the block structs of `ggml/src/ggml-common.h`, compiled with
@@ -70,6 +74,24 @@ fn q4_0_hand_vector() {
     assert_eq!(&deq[32..36], &[4.0, -3.5, 1.0, -0.5]);
     // (8 − 8) · −0.5 is −0.0 in C too.
     assert_eq!(deq[36].to_bits(), (-0.0f32).to_bits());
+}
+
+#[test]
+fn q5_0_hand_vector() {
+    // The ramp (j − 16) / 4: max = −4 (largest magnitude, first), d = −4 / −16 = 0.25 (FP16
+    // 0x3400), id = 4, q = (int8_t)(x·4 + 16.5) = j (truncation of j + 0.5), so the 5-bit codes
+    // are 0..=31: nibbles j & 15, fifth bits set for j ≥ 16 (qh = 0xFFFF0000). The second block is
+    // all zero: d = 0, id = 0, q = (int8_t)16.5 = 16 for all (nibbles 0, qh = 0xFFFFFFFF).
+    // Confirmed against the reference C.
+    let mut x: Vec<f32> = (0..32).map(|j| (j - 16) as f32 / 4.0).collect();
+    x.extend([0.0; 32]);
+    let (bytes, deq) = ggml(GgmlType::Q5_0, &x);
+    assert_eq!(
+        bytes,
+        hex("00340000ffff00112233445566778899aabbccddeeff
+             0080ffffffff00000000000000000000000000000000")
+    );
+    assert_eq!(deq, x);
 }
 
 #[test]
@@ -209,10 +231,11 @@ fn q6_k_ramp_matches_reference() {
 
 /// (type, generator seed, FNV of the input f32, FNV of the blocks, FNV of the dequantized f32),
 /// for a 5 × 512 matrix from `common::matrix`, hashed from the reference C's output.
-const RANDOM: [(GgmlType, u32, u64, u64, u64); 6] = [
+const RANDOM: [(GgmlType, u32, u64, u64, u64); 7] = [
     (GgmlType::Q8_0, 0x5eed003e, 0xb114f22fe3eb8707, 0xb71d05264778451b, 0x89856f8068c8982e),
     (GgmlType::Q4_0, 0x5eed002e, 0xced518bba6bd5e4a, 0xcdf8995e95e07c9d, 0xd1605da08c292c5f),
     (GgmlType::Q4_1, 0x5eed0030, 0xefdbaa845b05bd8d, 0x47b22396108783c7, 0xf7dad05b0614303b),
+    (GgmlType::Q5_0, 0x5eed0050, 0x2fc0d0892b963f51, 0xff74e201fba836f2, 0x1c5d59de827b6cf3),
     (GgmlType::Mxfp4, 0x5eed0034, 0xadb815387491631d, 0x1ffdb6e76000d0f3, 0xc91125c3f726b301),
     (GgmlType::Q4K, 0x5eed00ac, 0xf7d610eba63b6b2a, 0x84ec80711d5a52b6, 0x7e1bb50efd69e729),
     (GgmlType::Q6K, 0x5eed00ee, 0x3ce91fb878a7552a, 0xbe4a307e18f1c789, 0x5e303f8c5bfa6ae3),
@@ -237,6 +260,7 @@ fn first_block_of_row_one_matches_reference_bytes() {
         (GgmlType::Q8_0, "e024cff2e2b7e2deb6eb977f14e10101973503cee3120ef4440519c344ddaf3c3e90"),
         (GgmlType::Q4_0, "5bb574383caa888aa95a604479954ba79413"),
         (GgmlType::Q4_1, "3f357bc1fabc8e8ad0aa49e6b89389579950f4b8"),
+        (GgmlType::Q5_0, "1c31c835c1f75dd9a8c4a0cb3172456602dc80459d2e"),
         (GgmlType::Mxfp4, "7e3cad930a30d4c49d34e901f60033ab00"),
     ];
     for (ty, want) in expected {
@@ -245,6 +269,31 @@ fn first_block_of_row_one_matches_reference_bytes() {
         let (bytes, _) = ggml(ty, &x[512..544]);
         assert_eq!(bytes, hex(want), "{ty}");
     }
+}
+
+#[test]
+fn rows_that_are_not_whole_blocks_fall_back_as_llama_cpp_does() {
+    use qdrift_ggml::RowStorage;
+    use qdrift_ggml::RowStorage::{Blocks, F16};
+    // SmolLM2's 576-wide rows: 576 = 2.25 · 256 = 18 · 32.
+    assert_eq!(RowStorage::for_row(GgmlType::Q4K, 576), Blocks(GgmlType::Q5_0));
+    assert_eq!(RowStorage::for_row(GgmlType::Q6K, 576), Blocks(GgmlType::Q8_0));
+    assert_eq!(RowStorage::for_row(GgmlType::Q4K, 1536), Blocks(GgmlType::Q4K));
+    // The read-only K and IQ types follow llama.cpp's table too.
+    assert_eq!(RowStorage::for_row(GgmlType::Q5K, 576), Blocks(GgmlType::Q5_1));
+    assert_eq!(RowStorage::for_row(GgmlType::Q2K, 576), Blocks(GgmlType::Iq4Nl));
+    assert_eq!(RowStorage::for_row(GgmlType::Q3K, 576), Blocks(GgmlType::Iq4Nl));
+    assert_eq!(RowStorage::for_row(GgmlType::Iq4Xs, 576), Blocks(GgmlType::Iq4Nl));
+    // stories260K's 172-wide FFN rows fit neither the type nor a fallback: F16.
+    for ty in GgmlType::ALL {
+        assert_eq!(RowStorage::for_row(ty, 172), F16, "{ty}");
+        assert_eq!(RowStorage::for_row(ty, 512), Blocks(ty), "{ty}");
+    }
+    assert_eq!(RowStorage::for_row(GgmlType::Q4K, 64), Blocks(GgmlType::Q5_0));
+    assert_eq!(F16.gguf_id(), 1);
+    assert_eq!(F16.bytes_for(3, 172), Some(3 * 172 * 2));
+    assert_eq!(Blocks(GgmlType::Q5_0).bytes_for(2, 576), Some(2 * 18 * 22));
+    assert_eq!(F16.bytes_for(u64::MAX, 2), None);
 }
 
 #[test]
@@ -275,7 +324,7 @@ fn quantize_ggml_blocks_needs_whole_blocks() {
 fn gguf_ids_match_ggml_h() {
     // `GGML_TYPE_*` in ggml/include/ggml.h (= GGMLQuantizationType in gguf-py constants.py).
     let ids: Vec<u32> = GgmlType::ALL.iter().map(|t| t.gguf_id()).collect();
-    assert_eq!(ids, [8, 2, 3, 12, 14, 39]);
+    assert_eq!(ids, [8, 2, 3, 6, 12, 14, 39]);
     for ty in GgmlType::ALL {
         assert_eq!(GgmlType::from_gguf_id(ty.gguf_id()), Some(ty));
     }

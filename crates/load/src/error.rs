@@ -14,6 +14,14 @@ pub enum LoadError {
         /// The operating system's error.
         source: std::io::Error,
     },
+    /// A file could not be written (the writers of [`crate::write`]).
+    #[error("{path}: cannot write: {source}")]
+    Write {
+        /// The file or folder.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
     /// The file ended before the structure it declares.
     #[error("{path}: truncated: {what}")]
     Truncated {
@@ -76,6 +84,9 @@ pub enum LoadError {
 impl LoadError {
     pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Self {
         LoadError::Io { path: path.to_path_buf(), source }
+    }
+    pub(crate) fn write(path: &std::path::Path, source: std::io::Error) -> Self {
+        LoadError::Write { path: path.to_path_buf(), source }
     }
     pub(crate) fn invalid(path: &std::path::Path, message: impl Into<String>) -> Self {
         LoadError::Invalid { path: path.to_path_buf(), message: message.into() }

@@ -342,6 +342,19 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel, LoadError> {
     parse_gguf(path, &bytes)
 }
 
+/// Reads only a GGUF file's header and metadata (every key with its value), with the same checks
+/// as [`read_gguf`]; no tensor is read, so any architecture is accepted.
+///
+/// # Errors
+/// [`LoadError`] naming the file: unreadable, truncated, a bad magic or version, counts beyond
+/// the file, duplicate keys, malformed values.
+pub fn read_gguf_metadata(path: &Path) -> Result<BTreeMap<String, GgufValue>, LoadError> {
+    let bytes = crate::input::read_file(path, crate::input::NO_CAP)?;
+    let mut r = Reader { path, bytes: &bytes, pos: 0, values: 0 };
+    let Header { kv_count, .. } = read_header(&mut r)?;
+    read_metadata(&mut r, kv_count)
+}
+
 /// A bounds-checked little-endian cursor.
 struct Reader<'a> {
     path: &'a Path,

@@ -23,7 +23,8 @@
 //! [`ModelFormat`] (which says whether the weights are synthetic) for reports.
 //!
 //! Beside the readers: [`write`](mod@write) writes a model as a Hugging Face folder or a GGUF file (fixtures
-//! for round-trip tests), and [`inspect`] accounts parameters, weight memory per storage scheme,
+//! for round-trip tests, and `qdrift quantize --format gguf`'s writer, which stores ggml blocks as
+//! the caller packed them with the source's tokenizer metadata), and [`inspect`] accounts parameters, weight memory per storage scheme,
 //! KV-cache memory, FLOPs per token and a GGUF file's stored bytes and bits per weight per tensor
 //! type.
 //!
@@ -48,7 +49,7 @@ mod weights;
 pub mod write;
 
 pub use error::LoadError;
-pub use gguf::{GgufModel, GgufTensorSize, GgufTokenizerMetadata, GgufValue, read_gguf};
+pub use gguf::{GgufModel, GgufTensorSize, GgufTokenizerMetadata, GgufValue, read_gguf, read_gguf_metadata};
 pub use gguf_tokenizer::gguf_tokenizer;
 pub use hf::read_hf_folder;
 pub use hf_tokenizer::HfTokenizer;

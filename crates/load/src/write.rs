@@ -1,18 +1,25 @@
-//! Writers for round-trip fixtures: a [`HostModel`] with a SentencePiece-style
-//! [`Llama2cTokenizer`] as a Hugging Face folder or as a GGUF file, readable by
-//! [`crate::open_model`] (and by `transformers` / llama.cpp).
+//! Writers: a [`HostModel`] with a SentencePiece-style [`Llama2cTokenizer`] as a Hugging Face
+//! folder or as a GGUF file, readable by [`crate::open_model`] (and by `transformers` /
+//! llama.cpp), and [`write_gguf_with`], the GGUF writer `qdrift quantize --format gguf` uses:
+//! matrices stored as the caller packed them (ggml blocks), the tokenizer metadata carried over
+//! from the source ([`gguf_tokenizer_keys`]).
 //!
-//! Both writers exist so that the readers can be tested against a known model (stories260K)
-//! without downloading checkpoints; they are not meant as a conversion tool.
+//! The Hugging Face writer and [`write_gguf`] exist so that the readers can be tested against a
+//! known model (stories260K) without downloading checkpoints.
 
 use std::borrow::Cow;
 use std::path::Path;
 
 use serde_json::{Value, json};
 
+use qdrift_ggml::GgmlType;
+
 use crate::rope_layout::RopeLayout::ToRotateHalf;
-use crate::rope_layout::permute_rows;
-use crate::{HostModel, HostTensor, Llama2cTokenizer, LoadError, RopeScaling, Tokenizer};
+use crate::rope_layout::{permute_rows, rotate_half_row_order};
+use crate::{
+    GgufValue, HostModel, HostTensor, Llama2cTokenizer, LoadError, LoadedModel, ModelFormat, RopeScaling, Tokenizer,
+    read_gguf_metadata,
+};
 
 /// Element type of the written weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +66,7 @@ fn json_f32(x: f32) -> Value {
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
-    std::fs::write(path, bytes).map_err(|e| LoadError::io(path, e))
+    std::fs::write(path, bytes).map_err(|e| LoadError::write(path, e))
 }
 
 fn write_json(path: &Path, v: &Value) -> Result<(), LoadError> {
@@ -121,7 +128,7 @@ pub fn write_hf_folder(
 ) -> Result<(), LoadError> {
     let qwen2 = has_qkv_biases(dir, model)?;
     let config = config_json(dir, model, tokenizer, dtype, qwen2)?;
-    std::fs::create_dir_all(dir).map_err(|e| LoadError::io(dir, e))?;
+    std::fs::create_dir_all(dir).map_err(|e| LoadError::write(dir, e))?;
     write_json(&dir.join("config.json"), &config)?;
     write_safetensors(&dir.join("model.safetensors"), &hf_tensors(model, dtype))?;
     write_json(&dir.join("tokenizer.json"), &tokenizer_json(tokenizer))?;
@@ -371,12 +378,15 @@ fn tokenizer_json(tok: &Llama2cTokenizer) -> Value {
 
 /// GGUF metadata value types (`gguf.md` `gguf_metadata_value_type`).
 const GGUF_U32: u32 = 4;
-const GGUF_I32: u32 = 5;
 const GGUF_F32: u32 = 6;
 const GGUF_BOOL: u32 = 7;
 const GGUF_STRING: u32 = 8;
 const GGUF_ARRAY: u32 = 9;
 const ALIGNMENT: usize = 32;
+
+/// `ggml_type` ids of the unquantized tensor types (`ggml.h` `GGML_TYPE_F32`, `GGML_TYPE_F16`).
+const GGML_F32: u32 = 0;
+const GGML_F16: u32 = 1;
 
 /// GGUF metadata being written: `(count, bytes)`.
 #[derive(Default)]
@@ -399,17 +409,59 @@ impl Kv {
     fn f32(&mut self, k: &str, v: f32) {
         self.key(k, GGUF_F32).extend(v.to_le_bytes());
     }
-    fn bool(&mut self, k: &str, v: bool) {
-        self.key(k, GGUF_BOOL).push(u8::from(v));
-    }
     fn string(&mut self, k: &str, v: &str) {
         Self::str_raw(self.key(k, GGUF_STRING), v);
     }
-    fn array(&mut self, k: &str, elem: u32, n: usize, body: Vec<u8>) {
-        let out = self.key(k, GGUF_ARRAY);
-        out.extend(elem.to_le_bytes());
-        out.extend((n as u64).to_le_bytes());
-        out.extend(body);
+    /// Any value, with the type it was read with ([`value_type`]).
+    fn value(&mut self, k: &str, v: &GgufValue) {
+        let out = self.key(k, value_type(v));
+        value_bytes(out, v);
+    }
+}
+
+/// The `gguf_metadata_value_type` of a value; an empty array's elements are taken to be strings
+/// (a [`GgufValue::Array`] does not keep its element type, and the `tokenizer.ggml.*` arrays that
+/// can be empty, `tokens` and `merges`, are string arrays).
+fn value_type(v: &GgufValue) -> u32 {
+    match v {
+        GgufValue::U8(_) => 0,
+        GgufValue::I8(_) => 1,
+        GgufValue::U16(_) => 2,
+        GgufValue::I16(_) => 3,
+        GgufValue::U32(_) => GGUF_U32,
+        GgufValue::I32(_) => 5,
+        GgufValue::F32(_) => GGUF_F32,
+        GgufValue::Bool(_) => GGUF_BOOL,
+        GgufValue::String(_) => GGUF_STRING,
+        GgufValue::Array(_) => GGUF_ARRAY,
+        GgufValue::U64(_) => 10,
+        GgufValue::I64(_) => 11,
+        GgufValue::F64(_) => 12,
+    }
+}
+
+/// A value's payload as `gguf.md` lays it out (arrays: element type, count, elements).
+fn value_bytes(out: &mut Vec<u8>, v: &GgufValue) {
+    match v {
+        GgufValue::U8(x) => out.push(*x),
+        GgufValue::I8(x) => out.extend(x.to_le_bytes()),
+        GgufValue::U16(x) => out.extend(x.to_le_bytes()),
+        GgufValue::I16(x) => out.extend(x.to_le_bytes()),
+        GgufValue::U32(x) => out.extend(x.to_le_bytes()),
+        GgufValue::I32(x) => out.extend(x.to_le_bytes()),
+        GgufValue::F32(x) => out.extend(x.to_le_bytes()),
+        GgufValue::Bool(x) => out.push(u8::from(*x)),
+        GgufValue::String(x) => Kv::str_raw(out, x),
+        GgufValue::Array(items) => {
+            out.extend(items.first().map_or(GGUF_STRING, value_type).to_le_bytes());
+            out.extend((items.len() as u64).to_le_bytes());
+            for item in items {
+                value_bytes(out, item);
+            }
+        }
+        GgufValue::U64(x) => out.extend(x.to_le_bytes()),
+        GgufValue::I64(x) => out.extend(x.to_le_bytes()),
+        GgufValue::F64(x) => out.extend(x.to_le_bytes()),
     }
 }
 
@@ -421,15 +473,14 @@ impl Kv {
 /// `ARCH.context_length`, `ARCH.embedding_length`, `ARCH.block_count`, `ARCH.feed_forward_length`,
 /// `ARCH.attention.head_count`, `ARCH.attention.head_count_kv`,
 /// `ARCH.attention.layer_norm_rms_epsilon`, `ARCH.rope.freq_base`, `ARCH.rope.dimension_count`,
-/// `ARCH.vocab_size`; tokenizer `tokenizer.ggml.model = llama` with `tokens` (`▁` for spaces),
-/// `scores`, `token_type` (2 unknown for id 0, 3 control for BOS/EOS, 6 byte for `<0xNN>`,
-/// 1 otherwise), `bos_token_id`, `eos_token_id`, `unknown_token_id = 0`, `add_bos_token = true`.
+/// `ARCH.vocab_size`; tokenizer: [`llama2c_tokenizer_keys`].
 /// Tensors use llama.cpp's names (`token_embd`, `blk.N.attn_q`, `blk.N.attn_q.bias`, ...);
 /// matrices are stored in `dtype`, 1-D norms, biases and `rope_freqs.weight` always as F32 (as
 /// llama.cpp's converter does). `llama` q/k stay interleaved (GGUF's layout); `qwen2` q/k weights
 /// and biases are written in Hugging Face's rotate-half layout, as llama.cpp's converter leaves
 /// them. RoPE scaling becomes `rope_freqs.weight`: [`RopeScaling::FreqFactors`] as is,
-/// [`RopeScaling::Llama3`] as llama.cpp's converter computes it.
+/// [`RopeScaling::Llama3`] as llama.cpp's converter computes it. The write is atomic
+/// ([`write_gguf_with`]).
 ///
 /// # Errors
 /// [`LoadError::Invalid`] for `dtype = BF16` (not offered here), a piece that is not UTF-8 or
@@ -440,15 +491,128 @@ pub fn write_gguf(
     tokenizer: &Llama2cTokenizer,
     dtype: WriteDtype,
 ) -> Result<(), LoadError> {
+    let keys = llama2c_tokenizer_keys(path, tokenizer)?;
+    write_gguf_with(path, model, &keys, dtype, &|_| None)
+}
+
+/// Which matrix of a [`HostModel`] a GGUF tensor holds, for [`write_gguf_with`]'s `store`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GgufMatrix {
+    /// `token_embd.weight` ([`HostModel::token_embedding`]).
+    TokenEmbedding,
+    /// `output.weight` (an untied [`HostModel::output`]).
+    Output,
+    /// A linear weight of block `layer`, by its Hugging Face short name as
+    /// [`crate::LayerWeights::linears`] gives it (`self_attn.q_proj` is `blk.{layer}.attn_q`).
+    Linear {
+        /// Block index.
+        layer: usize,
+        /// Hugging Face short name.
+        short_name: &'static str,
+    },
+}
+
+/// A matrix as the caller of [`write_gguf_with`] stores it: a `ggml_type` id (`GGML_TYPE_F16`
+/// = 1 or a block type of `qdrift-ggml`'s [`qdrift_ggml::GgmlType::READABLE`]) and its bytes.
+///
+/// # Shapes
+/// - `bytes`: the matrix's `rows` rows one after the other, in [`HostModel`]'s row order (q/k
+///   interleaved), each a whole number of the type's blocks (or `cols` binary16 values).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GgufStored {
+    /// `ggml_type` id.
+    pub ggml_type: u32,
+    /// The stored rows.
+    pub bytes: Vec<u8>,
+}
+
+/// Writes `model` as a GGUF v3 file (as [`write_gguf`] describes it) with the tokenizer metadata
+/// `tokenizer_keys` written as given (every key must start with `tokenizer.`; see
+/// [`gguf_tokenizer_keys`]), and each matrix stored as `store` returns it, or in `dtype` (F32 or
+/// F16) where it returns `None`. Stored rows of `qwen2` q/k are permuted to the rotate-half
+/// layout like the values (blocks run along rows, so whole rows move).
+///
+/// The write is atomic: the file is written as `path` with extension `gguf.tmp` in the same
+/// folder and renamed over `path`; on failure the temporary file is removed and `path` is left as
+/// it was.
+///
+/// # Errors
+/// [`LoadError::Invalid`] for `dtype = BF16`, a tokenizer key outside `tokenizer.`, a stored
+/// matrix whose type is not F16 or a readable block type, or whose bytes do not match its shape
+/// (naming the tensor), biases in some layers only; the I/O error otherwise.
+pub fn write_gguf_with(
+    path: &Path,
+    model: &HostModel,
+    tokenizer_keys: &[(String, GgufValue)],
+    dtype: WriteDtype,
+    store: &dyn Fn(GgufMatrix) -> Option<GgufStored>,
+) -> Result<(), LoadError> {
     if dtype == WriteDtype::BF16 {
         return Err(LoadError::invalid(path, "write_gguf writes F32 or F16 only"));
     }
     let qwen2 = has_qkv_biases(path, model)?;
     let mut kv = Kv::default();
     gguf_arch_metadata(&mut kv, path, &model.arch, if qwen2 { "qwen2" } else { "llama" })?;
-    gguf_tokenizer_metadata(&mut kv, path, tokenizer)?;
+    for (key, value) in tokenizer_keys {
+        if !key.starts_with("tokenizer.") {
+            return Err(LoadError::invalid(path, format!("metadata key {key} is not a tokenizer key")));
+        }
+        kv.value(key, value);
+    }
     let tensors = gguf_tensors(path, model, qwen2)?;
-    write_file(path, &gguf_bytes(&kv, &tensors, dtype))
+    let bytes = gguf_bytes(path, &kv, &tensors, dtype, store)?;
+    write_atomic(path, &bytes)
+}
+
+/// Writes `bytes` to `path` through a temporary file beside it, renamed over `path`.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
+    let tmp = path.with_extension("gguf.tmp");
+    let tmp = match tmp.parent() {
+        Some(parent) if parent.as_os_str().is_empty() => Path::new(".").join(tmp),
+        _ => tmp,
+    };
+    let written =
+        std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path)).map_err(|e| LoadError::write(path, e));
+    if written.is_err() {
+        // Nothing to report if it was never created.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// The `tokenizer.*` metadata a GGUF file of `loaded` carries, by its source format:
+/// - GGUF: every `tokenizer.*` key of the source file (`tokenizer.ggml.*`,
+///   `tokenizer.chat_template`, ...), as read ([`read_gguf_metadata`]);
+/// - llama2.c: [`llama2c_tokenizer_keys`] of its `tokenizer.bin`;
+/// - synthetic: [`llama2c_tokenizer_keys`] of its byte-level tokenizer
+///   ([`crate::byte_tokenizer`]);
+/// - a Hugging Face folder: refused, since converting `tokenizer.json` to GGUF's vocabulary is
+///   what llama.cpp's `convert_hf_to_gguf.py` does, per pre-tokenizer, and qdrift does not.
+///
+/// # Errors
+/// [`LoadError::Invalid`] for a Hugging Face folder; the reader's error otherwise.
+pub fn gguf_tokenizer_keys(loaded: &LoadedModel) -> Result<Vec<(String, GgufValue)>, LoadError> {
+    match loaded.format {
+        ModelFormat::Gguf => {
+            let meta = read_gguf_metadata(&loaded.path)?;
+            Ok(meta.into_iter().filter(|(k, _)| k.starts_with("tokenizer.")).collect())
+        }
+        ModelFormat::Llama2c => {
+            let tok = Llama2cTokenizer::read(&loaded.tokenizer_path)?;
+            llama2c_tokenizer_keys(&loaded.tokenizer_path, &tok)
+        }
+        ModelFormat::Synthetic => {
+            let tok =
+                crate::byte_tokenizer(loaded.model.arch.vocab_size).map_err(|e| LoadError::invalid(&loaded.path, e))?;
+            llama2c_tokenizer_keys(&loaded.path, &tok)
+        }
+        ModelFormat::HfSafetensors => Err(LoadError::invalid(
+            &loaded.path,
+            "a Hugging Face folder cannot be written as GGUF: qdrift does not convert tokenizer.json to GGUF's \
+             tokenizer.ggml.* vocabulary; convert the folder with llama.cpp's convert_hf_to_gguf.py and give \
+             qdrift that GGUF file",
+        )),
+    }
 }
 
 /// `general.*` and the `ARCH.*` hyper-parameters.
@@ -471,29 +635,44 @@ fn gguf_arch_metadata(kv: &mut Kv, path: &Path, a: &crate::LlamaArch, arch: &str
     Ok(())
 }
 
-/// The `tokenizer.ggml.*` keys of a `llama` (SentencePiece) tokenizer.
-fn gguf_tokenizer_metadata(kv: &mut Kv, path: &Path, tokenizer: &Llama2cTokenizer) -> Result<(), LoadError> {
-    kv.string("tokenizer.ggml.model", "llama");
-    let mut body = Vec::new();
+/// The `tokenizer.ggml.*` keys of a llama2.c (SentencePiece) tokenizer, as llama.cpp's
+/// converter writes a SentencePiece vocabulary: `tokenizer.ggml.model = llama` with `tokens`
+/// (`▁` for spaces), `scores`, `token_type` (2 unknown for id 0, 3 control for BOS/EOS, 6 byte
+/// for `<0xNN>`, 1 otherwise), `bos_token_id`, `eos_token_id`, `unknown_token_id = 0`,
+/// `add_bos_token = true`.
+///
+/// # Errors
+/// [`LoadError::Invalid`] (naming `path`) for a piece that is not UTF-8, as GGUF strings must be.
+pub fn llama2c_tokenizer_keys(
+    path: &Path,
+    tokenizer: &Llama2cTokenizer,
+) -> Result<Vec<(String, GgufValue)>, LoadError> {
+    let mut tokens = Vec::with_capacity(tokenizer.pieces.len());
     for (i, p) in tokenizer.pieces.iter().enumerate() {
         let s = std::str::from_utf8(p)
             .map_err(|_| LoadError::invalid(path, format!("token {i} is not UTF-8; GGUF strings must be")))?;
-        Kv::str_raw(&mut body, &s.replace(' ', "\u{2581}"));
+        tokens.push(GgufValue::String(s.replace(' ', "\u{2581}")));
     }
     let n = tokenizer.pieces.len();
-    kv.array("tokenizer.ggml.tokens", GGUF_STRING, n, body);
-    kv.array("tokenizer.ggml.scores", GGUF_F32, n, tokenizer.scores.iter().flat_map(|s| s.to_le_bytes()).collect());
-    let types: Vec<u8> = (0..n).flat_map(|i| token_type(tokenizer, i).to_le_bytes()).collect();
-    kv.array("tokenizer.ggml.token_type", GGUF_I32, n, types);
+    let key = |k: &str, v: GgufValue| (k.to_owned(), v);
+    let mut keys = vec![
+        key("tokenizer.ggml.model", GgufValue::String("llama".into())),
+        key("tokenizer.ggml.tokens", GgufValue::Array(tokens)),
+        key("tokenizer.ggml.scores", GgufValue::Array(tokenizer.scores.iter().map(|&s| GgufValue::F32(s)).collect())),
+        key(
+            "tokenizer.ggml.token_type",
+            GgufValue::Array((0..n).map(|i| GgufValue::I32(token_type(tokenizer, i))).collect()),
+        ),
+    ];
     if let Some(b) = tokenizer.bos_id() {
-        kv.u32("tokenizer.ggml.bos_token_id", b);
+        keys.push(key("tokenizer.ggml.bos_token_id", GgufValue::U32(b)));
     }
     if let Some(e) = tokenizer.eos_id() {
-        kv.u32("tokenizer.ggml.eos_token_id", e);
+        keys.push(key("tokenizer.ggml.eos_token_id", GgufValue::U32(e)));
     }
-    kv.u32("tokenizer.ggml.unknown_token_id", 0);
-    kv.bool("tokenizer.ggml.add_bos_token", true);
-    Ok(())
+    keys.push(key("tokenizer.ggml.unknown_token_id", GgufValue::U32(0)));
+    keys.push(key("tokenizer.ggml.add_bos_token", GgufValue::Bool(true)));
+    Ok(keys)
 }
 
 /// GGUF's token type of piece `i`: 2 unknown (id 0), 3 control (BOS, EOS), 6 byte (`<0xNN>`),
@@ -514,9 +693,13 @@ fn token_type(tokenizer: &Llama2cTokenizer, i: usize) -> i32 {
 /// A tensor to write under llama.cpp's name.
 struct GgufTensor<'a> {
     name: String,
+    /// The values, q/k rows already in the file's layout.
     tensor: Cow<'a, HostTensor>,
-    /// Stored as F32 whatever the dtype (1-D norms, biases, `rope_freqs.weight`).
-    always_f32: bool,
+    /// The matrix it holds (`None` for 1-D norms, biases, `rope_freqs.weight`, which are stored
+    /// as F32 whatever the dtype).
+    matrix: Option<GgufMatrix>,
+    /// `qwen2` q/k: the heads whose rows were permuted to the rotate-half layout.
+    rope_heads: Option<usize>,
 }
 
 /// Every tensor in file order, under llama.cpp's names; `qwen2` q/k rows in the rotate-half
@@ -526,9 +709,15 @@ fn gguf_tensors<'a>(path: &Path, model: &'a HostModel, qwen2: bool) -> Result<Ve
     let rope_rows = |t: &HostTensor, heads: usize| -> HostTensor {
         if qwen2 { permute_rows(t, heads, ToRotateHalf) } else { t.clone() }
     };
-    let matrix = |name: String, t: Cow<'a, HostTensor>| GgufTensor { name, tensor: t, always_f32: false };
-    let vector = |name: String, t: Cow<'a, HostTensor>| GgufTensor { name, tensor: t, always_f32: true };
-    let mut tensors = vec![matrix("token_embd.weight".into(), Cow::Borrowed(&model.token_embedding))];
+    let matrix = |name: String, t: Cow<'a, HostTensor>, m: GgufMatrix| GgufTensor {
+        name,
+        tensor: t,
+        matrix: Some(m),
+        rope_heads: None,
+    };
+    let vector = |name: String, t: Cow<'a, HostTensor>| GgufTensor { name, tensor: t, matrix: None, rope_heads: None };
+    let mut tensors =
+        vec![matrix("token_embd.weight".into(), Cow::Borrowed(&model.token_embedding), GgufMatrix::TokenEmbedding)];
     if let Some(s) = &a.rope_scaling {
         let factors = match s {
             RopeScaling::FreqFactors { factors } => factors.clone(),
@@ -540,38 +729,52 @@ fn gguf_tensors<'a>(path: &Path, model: &'a HostModel, qwen2: bool) -> Result<Ve
     }
     for (i, l) in model.layers.iter().enumerate() {
         let b = format!("blk.{i}");
+        let lin = |short_name: &'static str| GgufMatrix::Linear { layer: i, short_name };
+        let rope_heads = |heads: usize| qwen2.then_some(heads);
         tensors.push(vector(format!("{b}.attn_norm.weight"), Cow::Borrowed(&l.attn_norm)));
-        tensors.push(matrix(format!("{b}.attn_q.weight"), Cow::Owned(rope_rows(&l.wq, a.n_heads))));
-        tensors.push(matrix(format!("{b}.attn_k.weight"), Cow::Owned(rope_rows(&l.wk, a.n_kv_heads))));
-        tensors.push(matrix(format!("{b}.attn_v.weight"), Cow::Borrowed(&l.wv)));
+        tensors.push(GgufTensor {
+            rope_heads: rope_heads(a.n_heads),
+            ..matrix(format!("{b}.attn_q.weight"), Cow::Owned(rope_rows(&l.wq, a.n_heads)), lin("self_attn.q_proj"))
+        });
+        tensors.push(GgufTensor {
+            rope_heads: rope_heads(a.n_kv_heads),
+            ..matrix(format!("{b}.attn_k.weight"), Cow::Owned(rope_rows(&l.wk, a.n_kv_heads)), lin("self_attn.k_proj"))
+        });
+        tensors.push(matrix(format!("{b}.attn_v.weight"), Cow::Borrowed(&l.wv), lin("self_attn.v_proj")));
         if let (Some(bq), Some(bk), Some(bv)) = (&l.bq, &l.bk, &l.bv) {
             tensors.push(vector(format!("{b}.attn_q.bias"), Cow::Owned(rope_rows(bq, a.n_heads))));
             tensors.push(vector(format!("{b}.attn_k.bias"), Cow::Owned(rope_rows(bk, a.n_kv_heads))));
             tensors.push(vector(format!("{b}.attn_v.bias"), Cow::Borrowed(bv)));
         }
-        tensors.push(matrix(format!("{b}.attn_output.weight"), Cow::Borrowed(&l.wo)));
+        tensors.push(matrix(format!("{b}.attn_output.weight"), Cow::Borrowed(&l.wo), lin("self_attn.o_proj")));
         tensors.push(vector(format!("{b}.ffn_norm.weight"), Cow::Borrowed(&l.ffn_norm)));
-        tensors.push(matrix(format!("{b}.ffn_gate.weight"), Cow::Borrowed(&l.w_gate)));
-        tensors.push(matrix(format!("{b}.ffn_up.weight"), Cow::Borrowed(&l.w_up)));
-        tensors.push(matrix(format!("{b}.ffn_down.weight"), Cow::Borrowed(&l.w_down)));
+        tensors.push(matrix(format!("{b}.ffn_gate.weight"), Cow::Borrowed(&l.w_gate), lin("mlp.gate_proj")));
+        tensors.push(matrix(format!("{b}.ffn_up.weight"), Cow::Borrowed(&l.w_up), lin("mlp.up_proj")));
+        tensors.push(matrix(format!("{b}.ffn_down.weight"), Cow::Borrowed(&l.w_down), lin("mlp.down_proj")));
     }
     tensors.push(vector("output_norm.weight".into(), Cow::Borrowed(&model.final_norm)));
     if let Some(o) = &model.output {
-        tensors.push(matrix("output.weight".into(), Cow::Borrowed(o)));
+        tensors.push(matrix("output.weight".into(), Cow::Borrowed(o), GgufMatrix::Output));
     }
     Ok(tensors)
 }
 
 /// The file: header (magic, version 3, counts), metadata, tensor infos, then the data section
 /// (aligned to [`ALIGNMENT`], each tensor at an aligned offset).
-fn gguf_bytes(kv: &Kv, tensors: &[GgufTensor<'_>], dtype: WriteDtype) -> Vec<u8> {
+fn gguf_bytes(
+    path: &Path,
+    kv: &Kv,
+    tensors: &[GgufTensor<'_>],
+    dtype: WriteDtype,
+    store: &dyn Fn(GgufMatrix) -> Option<GgufStored>,
+) -> Result<Vec<u8>, LoadError> {
     let mut infos = Vec::new();
     let mut data = Vec::new();
-    for GgufTensor { name, tensor, always_f32 } in tensors {
-        let (ty, bytes) = if *always_f32 || dtype == WriteDtype::F32 {
-            (0u32, WriteDtype::F32.bytes(tensor))
-        } else {
-            (1u32, WriteDtype::F16.bytes(tensor))
+    for GgufTensor { name, tensor, matrix, rope_heads } in tensors {
+        let (ty, bytes) = match matrix.and_then(store) {
+            Some(stored) => (stored.ggml_type, stored_rows(path, name, tensor, stored, *rope_heads)?),
+            None if matrix.is_none() || dtype == WriteDtype::F32 => (GGML_F32, WriteDtype::F32.bytes(tensor)),
+            None => (GGML_F16, WriteDtype::F16.bytes(tensor)),
         };
         data.resize(data.len().next_multiple_of(ALIGNMENT), 0);
         Kv::str_raw(&mut infos, name);
@@ -591,5 +794,47 @@ fn gguf_bytes(kv: &Kv, tensors: &[GgufTensor<'_>], dtype: WriteDtype) -> Vec<u8>
     out.extend(&infos);
     out.resize(out.len().next_multiple_of(ALIGNMENT), 0);
     out.extend(data);
-    out
+    Ok(out)
+}
+
+/// A stored matrix's bytes, checked against its shape and type, rows permuted to the rotate-half
+/// layout when `rope_heads` is set (`qwen2` q/k).
+///
+/// # Shapes
+/// - `tensor`: `[rows, cols]`; `stored.bytes`: `rows` rows of `cols / block_size * type_size`
+///   bytes (`2 * cols` for F16).
+fn stored_rows(
+    path: &Path,
+    name: &str,
+    tensor: &HostTensor,
+    stored: GgufStored,
+    rope_heads: Option<usize>,
+) -> Result<Vec<u8>, LoadError> {
+    let bad = |m: String| LoadError::invalid(path, format!("tensor {name}: {m}"));
+    let [rows, cols] = tensor.shape[..] else {
+        return Err(bad(format!("a stored tensor must be a matrix, not {:?}", tensor.shape)));
+    };
+    let row_bytes = match stored.ggml_type {
+        GGML_F16 => Some(2 * cols),
+        id => match GgmlType::from_gguf_id(id) {
+            Some(t) if cols.is_multiple_of(t.block_size()) => Some(cols / t.block_size() * t.type_size()),
+            Some(t) => {
+                return Err(bad(format!(
+                    "{cols} columns are not whole {} blocks of {}",
+                    t.gguf_name(),
+                    t.block_size()
+                )));
+            }
+            None => None,
+        },
+    };
+    let Some(row_bytes) = row_bytes else {
+        return Err(bad(format!("ggml_type {} is not F16 or a block type qdrift reads", stored.ggml_type)));
+    };
+    if rows.checked_mul(row_bytes) != Some(stored.bytes.len()) {
+        return Err(bad(format!("{} bytes stored for {rows} rows of {row_bytes} bytes", stored.bytes.len())));
+    }
+    let Some(heads) = rope_heads else { return Ok(stored.bytes) };
+    let order = rotate_half_row_order(heads, rows / heads.max(1));
+    Ok(order.iter().flat_map(|&r| &stored.bytes[r * row_bytes..(r + 1) * row_bytes]).copied().collect())
 }

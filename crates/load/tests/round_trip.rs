@@ -223,3 +223,43 @@ fn llama3_rope_scaling_round_trips_through_hf_and_becomes_rope_freqs_in_gguf() {
     let e = write_hf_folder(&dir.path().join("back"), &gguf.model, &tok, WriteDtype::F32).unwrap_err().to_string();
     assert!(e.contains("no config.json form"), "{e}");
 }
+
+#[test]
+fn write_gguf_with_checks_stored_matrices_and_keys_and_leaves_nothing_on_failure() {
+    use qdrift_load::GgufValue;
+    use qdrift_load::write::{GgufMatrix, GgufStored, llama2c_tokenizer_keys, write_gguf_with};
+    let Some((loaded, tok, _)) = stories() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("m.gguf");
+    let keys = llama2c_tokenizer_keys(&path, &tok).expect("keys");
+    let q0 = GgufMatrix::Linear { layer: 0, short_name: "self_attn.q_proj" };
+    // wq is [64, 64]: Q8_0 rows are 2 blocks of 34 bytes.
+    let cases: [(u32, usize, &str); 4] = [
+        (8, 64 * 68 - 1, "4351 bytes stored for 64 rows of 68 bytes"),
+        (12, 64 * 144, "64 columns are not whole Q4_K blocks of 256"),
+        (16, 64 * 64, "ggml_type 16 is not F16 or a block type qdrift reads"),
+        (1, 64 * 64, "4096 bytes stored for 64 rows of 128 bytes"),
+    ];
+    for (ggml_type, len, message) in cases {
+        let store = |m: GgufMatrix| (m == q0).then(|| GgufStored { ggml_type, bytes: vec![0; len] });
+        let e = write_gguf_with(&path, &loaded.model, &keys, WriteDtype::F16, &store).unwrap_err().to_string();
+        assert!(e.contains("tensor blk.0.attn_q.weight") && e.contains(message), "{e}");
+        assert!(std::fs::read_dir(dir.path()).expect("dir").next().is_none(), "a file was left behind");
+    }
+    let bad_key = vec![("general.name".to_string(), GgufValue::String("x".into()))];
+    let e = write_gguf_with(&path, &loaded.model, &bad_key, WriteDtype::F16, &|_| None).unwrap_err().to_string();
+    assert!(e.contains("metadata key general.name is not a tokenizer key"), "{e}");
+    // All-zero Q8_0 blocks for wq are valid: they read back as zeros.
+    let store = |m: GgufMatrix| (m == q0).then(|| GgufStored { ggml_type: 8, bytes: vec![0; 64 * 68] });
+    write_gguf_with(&path, &loaded.model, &keys, WriteDtype::F16, &store).expect("written");
+    let back = open_model(&path, None).expect("reads");
+    assert!(back.model.layers[0].wq.data.iter().all(|&v| v == 0.0));
+    assert_eq!(
+        back.source_dtypes.iter().find(|(n, _)| n == "blk.0.attn_q.weight").map(|(_, t)| t.as_str()),
+        Some("Q8_0")
+    );
+    let names: Vec<_> = std::fs::read_dir(dir.path()).expect("dir").map(|e| e.expect("entry").file_name()).collect();
+    assert_eq!(names, ["m.gguf"]);
+}

@@ -9,12 +9,13 @@
 //!
 //! On top of the codecs, [`quantize_model`] applies a scheme to a whole
 //! [`qdrift_load::HostModel`] (weight-only: the blocks' linear layers, optionally the embedding
-//! and head) and [`write_safetensors`] writes the result as a Hugging Face Llama checkpoint,
-//! dequantized (F32) or packed.
+//! and head); [`write_safetensors`] writes the result as a Hugging Face Llama checkpoint,
+//! dequantized (F32) or packed, and [`write_gguf`] as the GGUF file llama.cpp runs (ggml
+//! schemes and fp16).
 //!
 //! **Architecture invariant:** this crate knows no tensor library; the codecs and
-//! [`quantize_model`] are pure functions of host data, and `safetensors_out.rs` is the one
-//! module that does I/O. Each format family lives in one file whose module doc cites its spec:
+//! [`quantize_model`] are pure functions of host data, and `safetensors_out.rs` and `gguf_out.rs`
+//! are the only modules that do I/O. Each format family lives in one file whose module doc cites its spec:
 //!
 //! | file | contents |
 //! |---|---|
@@ -22,7 +23,7 @@
 //! | `int.rs` | `int8`, `int4-g*`, `int4-g*-asym` |
 //! | `fp8.rs` | `fp8-e4m3`, `fp8-e5m2` (+ `-tensor`), with the OFP8 codec |
 //! | `nf4.rs` | `nf4-g64` |
-//! | `ggml.rs` | `q8_0`, `q4_0`, `q4_1`, `q4_k`, `q6_k`, `mxfp4` (codecs in `qdrift-ggml`) |
+//! | `ggml.rs` | `q8_0`, `q4_0`, `q4_1`, `q5_0`, `q4_k`, `q6_k`, `mxfp4` (codecs in `qdrift-ggml`; llama.cpp's fallback for rows that are not whole blocks) |
 //! | `footprint.rs` | [`Scheme::storage_bytes`] (bytes per matrix shape), [`SchemeFootprint`] for `qdrift inspect` |
 //! | `recipe.rs` | [`Recipe`]: the variant grammar `WEIGHTS[+a-ACT][+kv-KV]`, [`ActivationQuant`], [`KvQuant`] |
 //! | `dynamic.rs` | host definitions of activation and KV-cache rounding (`round_host`) |
@@ -30,6 +31,7 @@
 //! | `reference.rs` | [`round_to_fp16_reference`]: the FP16 reference every variant is measured against |
 //! | `model.rs` | [`quantize_model`]: a whole model, per-tensor [`TensorReport`]s, [`QuantSummary`] |
 //! | `safetensors_out.rs` | [`write_safetensors`]: HF names, rotate-half q/k, F32 or packed parts |
+//! | `gguf_out.rs` | [`write_gguf`]: llama.cpp names and q/k layout, the packed ggml blocks as stored |
 
 mod dynamic;
 mod error;
@@ -37,6 +39,7 @@ mod float;
 mod footprint;
 mod fp8;
 mod ggml;
+mod gguf_out;
 mod int;
 mod model;
 mod nf4;
@@ -50,11 +53,12 @@ pub use error::QuantizeError;
 pub use footprint::SchemeFootprint;
 pub use fp8::{fp8_decode, fp8_encode};
 pub use ggml::dequantize_ggml_blocks;
+pub use gguf_out::{GgufWriteError, check_gguf_scheme, gguf_schemes, write_gguf};
 pub use model::{
     QuantSummary, QuantizeOptions, QuantizedModel, QuantizedTensor, TensorReport, WeightSlot, quantize_model,
 };
 pub use nf4::NF4_CODE;
-pub use qdrift_ggml::GgmlError;
+pub use qdrift_ggml::{GgmlError, RowStorage};
 pub use qdrift_load::rotate_half_row_order;
 pub use recipe::{ActivationQuant, DynamicFormat, KvQuant, Recipe};
 pub use reference::round_to_fp16_reference;
@@ -188,10 +192,40 @@ impl QuantizedMatrix {
         if n == 0 { 0.0 } else { self.storage_bytes() as f64 * 8.0 / n as f64 }
     }
 
-    /// True when a GGML format could not block the rows (`cols` not a multiple of the block
-    /// size) and the matrix is kept as an f32 copy, as llama.cpp falls back for such tensors.
+    /// True when a GGML scheme could not store its own type (`cols` not a multiple of its block
+    /// size) and stored its llama.cpp fallback type or F16 instead ([`QuantizedMatrix::stored`]).
     pub fn fell_back(&self) -> bool {
         matches!(&self.storage, Storage::Ggml(p) if p.fell_back())
+    }
+
+    /// The GGML storage of a matrix a GGUF file can hold as it is: a GGML scheme's type, its
+    /// llama.cpp fallback or F16 ([`RowStorage::for_row`]), and `fp16` as F16. `None` for every
+    /// other scheme (bf16, int8, int4, FP8, NF4), which GGUF has no type for here.
+    pub fn stored(&self) -> Option<RowStorage> {
+        match &self.storage {
+            Storage::Ggml(p) => Some(p.stored()),
+            Storage::Float(_) if self.scheme == Scheme::Fp16 => Some(RowStorage::F16),
+            _ => None,
+        }
+    }
+
+    /// The name of what is stored: [`QuantizedMatrix::stored`]'s name where there is one
+    /// (`q4_k`, `q5_0`, `f16`, ...), else the scheme's.
+    pub fn stored_name(&self) -> String {
+        self.stored().map_or_else(|| self.scheme.to_string(), |s| s.name().to_owned())
+    }
+
+    /// The bytes a GGUF tensor of type [`QuantizedMatrix::stored`] holds, row by row (blocks, or
+    /// little-endian binary16 values); `None` where `stored` is `None`.
+    ///
+    /// # Shapes
+    /// - returns: `rows` equal chunks, one per row, of `stored.bytes_for(1, cols)` bytes.
+    pub fn gguf_bytes(&self) -> Option<Vec<u8>> {
+        match &self.storage {
+            Storage::Ggml(p) => Some(p.bytes().to_vec()),
+            Storage::Float(_) if self.scheme == Scheme::Fp16 => self.parts().into_iter().next().map(|part| part.bytes),
+            _ => None,
+        }
     }
 
     /// The stored arrays, for writing a packed safetensors file.
@@ -226,7 +260,7 @@ pub fn quantize(scheme: &Scheme, weights: &[f32], rows: usize, cols: usize) -> R
             Storage::Fp8(fp8::Fp8Packed::quantize(weights, rows, cols, format, per_tensor))
         }
         Scheme::Nf4 { block } => Storage::Nf4(nf4::Nf4Packed::quantize(weights, rows, cols, block)),
-        Scheme::Ggml(ty) => Storage::Ggml(ggml::GgmlPacked::quantize(ty, weights, rows, cols)),
+        Scheme::Ggml(ty) => Storage::Ggml(ggml::GgmlPacked::quantize(ty, weights, rows, cols)?),
     };
     Ok(QuantizedMatrix { scheme: *scheme, rows, cols, storage })
 }

@@ -92,6 +92,7 @@ impl QuantizedTensor {
             cosine: self.stats.cosine,
             bits_per_weight: self.matrix.bits_per_weight(),
             storage_bytes: self.matrix.storage_bytes(),
+            stored: self.matrix.stored_name(),
             fell_back: self.matrix.fell_back(),
         }
     }
@@ -116,7 +117,11 @@ pub struct TensorReport {
     pub bits_per_weight: f64,
     /// Stored bytes.
     pub storage_bytes: usize,
-    /// True when a GGML format kept this tensor as f32 (rows not a multiple of its block).
+    /// What is stored: the scheme, or for a GGML scheme the type actually stored (its own, its
+    /// llama.cpp fallback `q5_0`/`q8_0`, or `f16`).
+    pub stored: String,
+    /// True when a GGML scheme stored another type than its own (rows not a whole number of its
+    /// blocks; see `stored`).
     pub fell_back: bool,
 }
 
@@ -136,7 +141,8 @@ pub struct QuantSummary {
     /// Aggregate SQNR over all quantized elements, `10·log10(Σ ref² / Σ err²)` dB; `None` when
     /// every quantized tensor is exact (+∞ dB) or nothing was quantized.
     pub sqnr_db: Option<f64>,
-    /// Names of the tensors a GGML format kept as f32 (see [`TensorReport::fell_back`]).
+    /// Names of the tensors a GGML scheme stored as another type (see
+    /// [`TensorReport::fell_back`]).
     pub fell_back: Vec<String>,
 }
 

@@ -85,7 +85,9 @@ pub enum WriteError {
 ///
 /// Metadata (`__metadata__`): `format = pt`, `qdrift.scheme` (CLI name), `qdrift.packed`,
 /// `qdrift.quantize_embeddings`, `qdrift.quantize_head` (`true`/`false`),
-/// `qdrift.rope_layout = rotate_half`, then `extra_metadata`.
+/// `qdrift.rope_layout = rotate_half`, `qdrift.fallback` when a GGML scheme stored some tensors
+/// as another type (`NAME=TYPE,…`, e.g. `…down_proj.weight=f16`; a packed part `blocks` then
+/// holds that type's blocks, `values` F16 values), then `extra_metadata`.
 ///
 /// The write is atomic: the file is written as `path` with extension `safetensors.tmp` in the
 /// same folder and renamed over `path`; on failure the temporary file is removed and `path` is
@@ -147,6 +149,15 @@ fn metadata(
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
+    let fell_back: Vec<String> = model
+        .tensors
+        .iter()
+        .filter(|t| t.matrix.fell_back())
+        .map(|t| format!("{}={}", t.name, t.matrix.stored_name()))
+        .collect();
+    if !fell_back.is_empty() {
+        map.insert("qdrift.fallback".to_owned(), fell_back.join(","));
+    }
     for (key, value) in extra {
         if map.insert(key.clone(), value.clone()).is_some() {
             return Err(WriteError::MetadataKey { path: path.to_path_buf(), key: key.clone() });

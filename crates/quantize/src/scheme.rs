@@ -123,24 +123,21 @@ impl Scheme {
             Scheme::Ggml(GgmlType::Q4_1) => {
                 "llama.cpp Q4_1: 4-bit with an FP16 scale and FP16 minimum per block of 32 (5 bits/weight)."
             }
+            Scheme::Ggml(GgmlType::Q5_0) => {
+                "llama.cpp Q5_0: 5-bit with an FP16 scale per block of 32 (5.5 bits/weight)."
+            }
             Scheme::Ggml(GgmlType::Q4K) => {
-                "llama.cpp Q4_K: 4-bit super-blocks of 256 with searched 6-bit sub-block scales and mins (4.5 bits/weight)."
+                "llama.cpp Q4_K: 4-bit super-blocks of 256 with searched 6-bit sub-block scales and mins (4.5 bits/weight); rows that are not whole 256-blocks as Q5_0, as llama.cpp does."
             }
             Scheme::Ggml(GgmlType::Q6K) => {
-                "llama.cpp Q6_K: 6-bit super-blocks of 256 with searched 8-bit sub-block scales (6.5625 bits/weight)."
+                "llama.cpp Q6_K: 6-bit super-blocks of 256 with searched 8-bit sub-block scales (6.5625 bits/weight); rows that are not whole 256-blocks as Q8_0, as llama.cpp does."
             }
             Scheme::Ggml(GgmlType::Mxfp4) => {
                 "OCP MXFP4 as in llama.cpp: E2M1 values with a power-of-two E8M0 scale per block of 32 (4.25 bits/weight)."
             }
             // Not in `Scheme::all()`: only a hand-built scheme can name one, and `quantize` refuses it.
             Scheme::Ggml(
-                GgmlType::Q5_0
-                | GgmlType::Q5_1
-                | GgmlType::Q2K
-                | GgmlType::Q3K
-                | GgmlType::Q5K
-                | GgmlType::Iq4Nl
-                | GgmlType::Iq4Xs,
+                GgmlType::Q5_1 | GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q5K | GgmlType::Iq4Nl | GgmlType::Iq4Xs,
             ) => "A llama.cpp block format qdrift reads from GGUF files but cannot quantize to.",
         }
     }

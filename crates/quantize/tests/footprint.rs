@@ -13,7 +13,7 @@ use qdrift_quantize::{GgmlError, GgmlType, KvQuant, QuantizeError, Scheme, Schem
 #[test]
 fn storage_bytes_is_what_every_codec_stores() {
     // Even and odd columns, whole and partial groups and GGML blocks (200 and 7 fall back to
-    // f32), empty matrices.
+    // F16, 576 to Q4_K's and Q6_K's fallbacks), empty matrices.
     for (rows, cols) in [(4, 256), (3, 200), (1, 7), (2, 33), (5, 576), (3, 0), (0, 64)] {
         let w = matrix(5, rows, cols);
         for scheme in Scheme::all() {
@@ -128,10 +128,54 @@ fn stories260k_weight_memory_by_hand() {
     let int4_layer = g(64, 64, 1) + 2 * g(32, 64, 1) + g(64, 64, 1) + 2 * g(172, 64, 1) + g(64, 172, 2) + 4 * 64;
     assert_eq!(bytes_of(&i, "int4-g128"), g(512, 64, 1) + 5 * int4_layer + 2 * 64);
     // Q8_0 blocks rows of 64 (2 blocks of 34 bytes); rows of 172 are not whole blocks of 32 and
-    // stay f32 (w_down), as llama.cpp keeps such tensors.
+    // q8_0 has no fallback type: F16 (w_down).
     let q8 = |rows: u64, cols: u64| rows * cols / 32 * 34;
-    let q8_layer = q8(64, 64) + 2 * q8(32, 64) + q8(64, 64) + 2 * q8(172, 64) + 4 * 64 * 172 + 4 * 64;
+    let q8_layer = q8(64, 64) + 2 * q8(32, 64) + q8(64, 64) + 2 * q8(172, 64) + 2 * 64 * 172 + 4 * 64;
     assert_eq!(bytes_of(&i, "q8_0"), q8(512, 64) + 5 * q8_layer + 2 * 64);
+    // Q4_K: rows of 64 are not whole 256-blocks; llama.cpp's fallback Q5_0 (22 bytes per 32)
+    // blocks them; rows of 172 fit neither: F16.
+    let q5 = |rows: u64, cols: u64| rows * cols / 32 * 22;
+    let q4k_layer = q5(64, 64) + 2 * q5(32, 64) + q5(64, 64) + 2 * q5(172, 64) + 2 * 64 * 172 + 4 * 64;
+    assert_eq!(bytes_of(&i, "q4_k"), q5(512, 64) + 5 * q4k_layer + 2 * 64);
+}
+
+#[test]
+fn smollm2_q4_k_and_q6_k_fall_back_as_llama_cpp_and_stay_below_fp16() {
+    // SmolLM2-135M: dim 576 = 2.25 · 256, so every matrix with 576-wide rows (q, k, v, o, gate,
+    // up) stores Q4_K's fallback Q5_0 (5.5 bits/weight); down_proj's 1536-wide rows are 6 whole
+    // 256-blocks of Q4_K (4.5 bits/weight). Q6_K falls back to Q8_0 (8.5) and keeps 6.5625.
+    let arch = synthetic_arch("smollm2-135m").expect("preset");
+    let i = inspect_all(&arch);
+    let (q4k, q6k) = (Scheme::Ggml(GgmlType::Q4K), Scheme::Ggml(GgmlType::Q6K));
+    assert_eq!(q4k.storage_bytes(1536, 576), Ok(1536 * 18 * 22));
+    assert_eq!(q4k.storage_bytes(576, 1536), Ok(576 * 6 * 144));
+    assert_eq!(q6k.storage_bytes(1536, 576), Ok(1536 * 18 * 34));
+    assert_eq!(q6k.storage_bytes(576, 1536), Ok(576 * 6 * 210));
+    let w = matrix(9, 4, 576);
+    for (scheme, stored, bits) in [(q4k, "q5_0", 5.5), (q6k, "q8_0", 8.5)] {
+        let q = quantize(&scheme, &w, 4, 576).expect("finite");
+        assert!(q.fell_back());
+        assert_eq!(q.stored_name(), stored);
+        assert_eq!(q.bits_per_weight(), bits);
+    }
+    // Per layer: q, o [576, 576]; k, v [192, 576]; gate, up [1536, 576]; down [576, 1536]; two
+    // norms of 576 at 2 bytes. inspect sizes every matrix with the scheme, the (tied) embedding
+    // [49152, 576] included.
+    let layer = |narrow: &dyn Fn(u64, u64) -> u64, wide: &dyn Fn(u64, u64) -> u64| {
+        2 * narrow(576, 576) + 2 * narrow(192, 576) + 2 * narrow(1536, 576) + wide(576, 1536) + 2 * 2 * 576
+    };
+    let q5 = |r: u64, c: u64| r * c / 32 * 22;
+    let q4 = |r: u64, c: u64| r * c / 256 * 144;
+    assert_eq!(bytes_of(&i, "q4_k"), q5(49152, 576) + 30 * layer(&q5, &q4) + 2 * 576);
+    let q8 = |r: u64, c: u64| r * c / 32 * 34;
+    let q6 = |r: u64, c: u64| r * c / 256 * 210;
+    assert_eq!(bytes_of(&i, "q6_k"), q8(49152, 576) + 30 * layer(&q8, &q6) + 2 * 576);
+    let fp16 = bytes_of(&i, "fp16");
+    assert!(bytes_of(&i, "q4_k") < fp16 && bytes_of(&i, "q6_k") < fp16);
+    // Bits per weight of the matrices: was 32 (an f32 copy) for every 576-wide matrix.
+    let values = (134_515_008 - 61 * 576) as f64;
+    let q4k_bits = (bytes_of(&i, "q4_k") - (61 * 576 * 2)) as f64 * 8.0 / values;
+    assert!((5.2..5.4).contains(&q4k_bits), "{q4k_bits}");
 }
 
 #[test]

@@ -8,7 +8,7 @@
 mod common;
 
 use common::{fnv1a_f32, matrix};
-use qdrift_quantize::{GgmlError, GgmlType, QuantizeError, Scheme, dequantize_ggml_blocks, quantize};
+use qdrift_quantize::{GgmlError, GgmlType, QuantizeError, RowStorage, Scheme, dequantize_ggml_blocks, quantize};
 
 #[test]
 fn wrapper_stores_exactly_the_codec_blocks() {
@@ -53,16 +53,35 @@ fn dequantize_ggml_blocks_validates_lengths() {
 }
 
 #[test]
-fn cols_not_a_multiple_of_the_block_fall_back_to_f32() {
+fn cols_that_fit_no_block_fall_back_to_f16() {
     let x = matrix(7, 3, 40);
     for ty in GgmlType::ALL {
         let q = quantize(&Scheme::Ggml(ty), &x, 3, 40).expect("finite input");
         assert!(q.fell_back(), "{ty}");
-        assert_eq!(q.dequantize(), x);
-        assert_eq!(q.bits_per_weight(), 32.0);
+        assert_eq!(q.stored(), Some(RowStorage::F16));
+        let f16: Vec<f32> = x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
+        assert_eq!(q.dequantize(), f16);
+        assert_eq!(q.bits_per_weight(), 16.0);
         assert_eq!(q.parts()[0].name, "values");
+        assert_eq!(q.gguf_bytes(), Some(q.parts()[0].bytes.clone()));
     }
     // 256 columns block fine for the 32-element formats.
     let q = quantize(&Scheme::Ggml(GgmlType::Q4_0), &matrix(7, 2, 256), 2, 256).expect("finite");
     assert!(!q.fell_back());
+}
+
+#[test]
+fn k_quants_on_rows_of_whole_32_blocks_store_llama_cpp_fallback_blocks() {
+    // 96 = 3 · 32: Q4_K stores Q5_0 blocks, Q6_K stores Q8_0 blocks, exactly those codecs' bytes.
+    let x = matrix(11, 3, 96);
+    for (ty, fallback) in [(GgmlType::Q4K, GgmlType::Q5_0), (GgmlType::Q6K, GgmlType::Q8_0)] {
+        let q = quantize(&Scheme::Ggml(ty), &x, 3, 96).expect("finite");
+        let direct = quantize(&Scheme::Ggml(fallback), &x, 3, 96).expect("finite");
+        assert!(q.fell_back() && !direct.fell_back());
+        assert_eq!(q.stored(), Some(RowStorage::Blocks(fallback)));
+        assert_eq!(q.stored_name(), fallback.name());
+        assert_eq!(q.gguf_bytes(), direct.gguf_bytes());
+        assert_eq!(q.dequantize(), direct.dequantize());
+        assert_eq!(q.storage_bytes(), direct.storage_bytes());
+    }
 }

@@ -8,7 +8,7 @@ mod common;
 use common::matrix;
 use qdrift_quantize::{Fp8Format, GgmlType, PackedDtype, QuantizeError, Scheme, quantize};
 
-const CLI_NAMES: [&str; 20] = [
+const CLI_NAMES: [&str; 21] = [
     "fp16",
     "bf16",
     "int8",
@@ -26,6 +26,7 @@ const CLI_NAMES: [&str; 20] = [
     "q8_0",
     "q4_0",
     "q4_1",
+    "q5_0",
     "q4_k",
     "q6_k",
     "mxfp4",
