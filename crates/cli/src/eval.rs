@@ -69,6 +69,17 @@ pub struct EvalArgs {
     /// vocabulary size, or --dump-logprobs, means the exact KL.
     #[arg(long)]
     reference_top_k: Option<usize>,
+    /// Save the reference's continuations, what scoring keeps of its pass on them and the noise
+    /// floor's traces to this folder (versioned, checksummed, written atomically), for later
+    /// runs with --reference.
+    #[arg(long, conflicts_with = "reference")]
+    save_reference: Option<PathBuf>,
+    /// Use a reference saved with --save-reference instead of running the reference's
+    /// generation and the noise floor: the run pays only for its variants. Refused, naming the
+    /// field, unless model, tokenizer, eval set, prompts, dtype, horizons, backend, batch size,
+    /// KL mode and qdrift version are the ones it was saved with.
+    #[arg(long)]
+    reference: Option<PathBuf>,
     /// Write both models' full log-probabilities at every teacher-forced position to this JSONL
     /// file (large; for independent checks).
     #[arg(long)]
@@ -143,6 +154,8 @@ fn config(args: &EvalArgs, gate: Option<(PathBuf, Thresholds)>) -> EvalConfig {
     cfg.quantize = QuantizeOptions { quantize_embeddings: args.quantize_embeddings, quantize_head: args.quantize_head };
     cfg.dump_logprobs = args.dump_logprobs.clone();
     cfg.reference_top_k = args.reference_top_k;
+    cfg.save_reference = args.save_reference.clone();
+    cfg.reference_store = args.reference.clone();
     cfg.allow_long = args.allow_long;
     cfg.gate = gate;
     cfg

@@ -27,7 +27,7 @@ pub fn sha256_file(path: &Path) -> Result<String, EvalError> {
     Ok(hex(&h.finalize()))
 }
 
-fn hex(digest: &[u8]) -> String {
+pub(crate) fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -45,6 +45,7 @@ mod plan;
 mod prompts;
 mod run;
 mod scoring;
+mod store;
 mod variant;
 
 pub use aggregate::{Bootstrap, Trace};
@@ -128,6 +129,14 @@ pub enum EvalError {
         /// The folder as given.
         path: std::path::PathBuf,
         /// What is wrong.
+        problem: String,
+    },
+    /// A saved reference (`--reference`, `--save-reference`) cannot be used or written.
+    #[error("reference store {}: {problem}", .path.display())]
+    Store {
+        /// The store's folder as given.
+        path: std::path::PathBuf,
+        /// What is wrong, naming the field or file.
         problem: String,
     },
     /// Reading or writing a file failed.

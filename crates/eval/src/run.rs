@@ -20,6 +20,7 @@ use crate::identity::{model_identity_file, report_name, sha256_file};
 use crate::plan::{Plan, check_options, eval_device};
 use crate::prompts::{EncodedPrompts, encode_prompts};
 use crate::scoring::{ReferenceRun, ScoringContext, generate_all};
+use crate::store::{StoreKey, prompt_tokens_sha256, read_store, write_store};
 use crate::variant::{BuiltVariant, build_variant};
 use crate::{EvalError, EvalSet, VariantSpec};
 
@@ -68,6 +69,15 @@ pub struct EvalConfig {
     /// that keeps `k + 5` numbers per position; `None` (the default), or a `k` that covers the
     /// vocabulary, computes the exact KL.
     pub reference_top_k: Option<usize>,
+    /// Save the reference's continuations, what scoring keeps of its pass on them (its final
+    /// hidden states, or its top-K statistics) and the noise floor's traces to this folder
+    /// (`--save-reference`), for later runs with [`EvalConfig::reference_store`].
+    pub save_reference: Option<PathBuf>,
+    /// Use the reference saved in this folder (`--reference`) instead of running the reference's
+    /// generation, its pass on its own text and the noise floor; refused unless it was saved
+    /// under the same model, tokenizer, eval set, prompts, dtype, horizons, backend, batching,
+    /// KL mode and qdrift version.
+    pub reference_store: Option<PathBuf>,
     /// Run even when the longest prompt plus the longest horizon exceeds
     /// [`qdrift_generate::LONG_REQUEST_FACTOR`] × the model's trained context (`--allow-long`).
     pub allow_long: bool,
@@ -97,6 +107,8 @@ impl EvalConfig {
             dump_logprobs: None,
             reference_logits_budget: 256 << 20,
             reference_top_k: None,
+            save_reference: None,
+            reference_store: None,
             allow_long: false,
             gate: None,
         }
@@ -194,7 +206,10 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send
     // is its largest allocation, so the evaluation holds as few as it can (this one, plus at
     // most one variant's).
     round_to_fp16_reference(&mut loaded.model);
-    let measured = run_variants(cfg, &plan, &loaded, progress)?;
+    let key = (cfg.save_reference.is_some() || cfg.reference_store.is_some())
+        .then(|| store_key(cfg, &plan, &loaded, &prompts))
+        .transpose()?;
+    let measured = run_variants(cfg, &plan, &loaded, key.as_ref(), progress)?;
     assemble_report(cfg, &plan, &loaded, &prompts, measured)
 }
 
@@ -212,9 +227,20 @@ fn run_variants(
     cfg: &EvalConfig,
     plan: &Plan,
     reference: &LoadedModel,
+    key: Option<&StoreKey>,
     progress: &mut ProgressFn<'_>,
 ) -> Result<Measured, EvalError> {
-    let reference_run = ReferenceRun::start(&reference.model, plan, cfg.reference_logits_budget, progress)?;
+    let stored = match (&cfg.reference_store, key) {
+        (Some(dir), Some(key)) => Some(read_store(dir, key)?),
+        _ => None,
+    };
+    let (reference_run, mut stored_noise_floor) = match stored {
+        Some(s) => (ReferenceRun::from_store(&reference.model, plan, s.continuations, s.side)?, Some(s.noise_floor)),
+        None => {
+            let keep_hidden = cfg.save_reference.is_some();
+            (ReferenceRun::start(&reference.model, plan, cfg.reference_logits_budget, keep_hidden, progress)?, None)
+        }
+    };
     let scoring = ScoringContext { reference: &reference_run, plan };
     let mut dump = cfg.dump_logprobs.as_deref().map(Dump::create).transpose()?;
     let mut variants = Vec::with_capacity(cfg.variants.len() + 1);
@@ -223,7 +249,10 @@ fn run_variants(
     for spec in std::iter::once(&VariantSpec::NoiseFloor).chain(&cfg.variants) {
         let built = build_variant(spec, reference, &plan.prompts, cfg.dtype, &cfg.quantize)?;
         let name = built.name.clone();
-        let traces = run_variant(&scoring, &built, dump.as_mut(), progress)?;
+        let traces = match stored_noise_floor.take() {
+            Some(traces) => traces,
+            None => run_variant(&scoring, &built, dump.as_mut(), progress)?,
+        };
         if noise_floor.is_none() {
             // Every variant's traces hold the reference's log p on its own text; the noise
             // floor's, the first, serve.
@@ -235,6 +264,10 @@ fn run_variants(
     }
     if let Some(d) = dump {
         d.finish()?;
+    }
+    if let (Some(dir), Some(key), Some(noise_floor)) = (&cfg.save_reference, key, &noise_floor) {
+        let stored = reference_run.to_store(noise_floor.clone())?;
+        write_store(dir, key, &stored)?;
     }
     let kl = match reference_run.compact() {
         Some(c) => {
@@ -318,6 +351,31 @@ fn assemble_report(
     };
     report.validate()?;
     Ok(report)
+}
+
+/// What a saved reference depends on, for this run.
+fn store_key(cfg: &EvalConfig, plan: &Plan, loaded: &LoadedModel, prompts: &EncodedPrompts<'_>) -> Result<StoreKey, EvalError> {
+    let synthetic = loaded.format.is_synthetic();
+    let hash = |p: &std::path::Path| if synthetic { Ok(String::new()) } else { sha256_file(p) };
+    Ok(StoreKey {
+        model_sha256: hash(&model_identity_file(&cfg.model))?,
+        tokenizer_sha256: hash(&loaded.tokenizer_path)?,
+        eval_set_sha256: prompts.set.sha256.clone(),
+        prompts: prompts.chosen().iter().map(|p| p.id.clone()).collect(),
+        prompt_tokens_sha256: prompt_tokens_sha256(&plan.prompts),
+        dtype: dtype_name(plan.dtype).to_string(),
+        horizons: plan.horizons.clone(),
+        backend: plan.device.backend.to_string(),
+        batch_size: plan.batch_size(),
+        chunk: plan.chunk,
+        kl: match plan.kl {
+            crate::plan::KlMode::Exact => "exact".to_string(),
+            crate::plan::KlMode::Compact { k } => format!("top-{k}"),
+        },
+        quantize_embeddings: cfg.quantize.quantize_embeddings,
+        quantize_head: cfg.quantize.quantize_head,
+        qdrift_version: env!("CARGO_PKG_VERSION").to_string(),
+    })
 }
 
 /// The model as reports name it: file (or folder) name and SHA-256, never a machine path.

@@ -26,6 +26,7 @@ use crate::aggregate::Trace;
 use crate::compact::CompactReference;
 use crate::dump::Dump;
 use crate::plan::{KlMode, Plan};
+use crate::store::{StoredReference, StoredSide, hidden_bytes, hidden_tensor};
 use crate::run::ProgressFn;
 use crate::{EvalError, Progress, REFERENCE_NAME};
 
@@ -62,10 +63,14 @@ impl ReferenceRun {
     /// Builds the reference from `host` (FP16 weights) at the plan's precision, lets it generate,
     /// and scores it on its own text once: compact statistics, or for the exact KL its logits
     /// when they fit `logits_budget` bytes.
+    ///
+    /// With `keep_hidden` (saving the reference), the exact path keeps the hidden states
+    /// whatever the budget: they are what a store holds.
     pub fn start(
         host: &HostModel,
         plan: &Plan,
         logits_budget: u64,
+        keep_hidden: bool,
         progress: &mut ProgressFn<'_>,
     ) -> Result<ReferenceRun, EvalError> {
         let model = LlamaConfig::from_arch(&host.arch).init_from_host(host, plan.dtype, &plan.device.device)?;
@@ -73,9 +78,62 @@ impl ReferenceRun {
         let text: Texts = plan.prompts.iter().cloned().zip(tokens).collect();
         let side = match plan.kl {
             KlMode::Compact { k } => ReferenceSide::Compact(CompactReference::compute(&model, plan, &text, k)?),
+            KlMode::Exact if keep_hidden => KeptLogits::hidden(&model, plan, &text)?,
             KlMode::Exact => KeptLogits::compute(&model, plan, &text, logits_budget)?,
         };
         Ok(ReferenceRun { model, text, side })
+    }
+
+    /// The reference from a store: built from `host` on the device (for its output layer and to
+    /// score the variants' text), with its saved continuations and side; nothing is generated.
+    pub fn from_store(
+        host: &HostModel,
+        plan: &Plan,
+        continuations: Vec<Vec<u32>>,
+        side: StoredSide,
+    ) -> Result<ReferenceRun, EvalError> {
+        let model = LlamaConfig::from_arch(&host.arch).init_from_host(host, plan.dtype, &plan.device.device)?;
+        let text: Texts = plan.prompts.iter().cloned().zip(continuations).collect();
+        let side = match side {
+            StoredSide::Compact(c) => {
+                c.check(&text)?;
+                ReferenceSide::Compact(c)
+            }
+            StoredSide::Hidden(chunks) => {
+                let dim = model.config.dim;
+                if let Some((_, shape, _)) = chunks.iter().find(|(_, shape, _)| shape[2] != dim) {
+                    return Err(EvalError::Internal(format!(
+                        "stored hidden states are {shape:?}, the model's width is {dim}"
+                    )));
+                }
+                let device = &plan.device.device;
+                let kept = chunks
+                    .into_iter()
+                    .map(|(key, shape, bytes)| (key, hidden_tensor(shape, bytes, plan.dtype, device)))
+                    .collect();
+                ReferenceSide::KeptHidden(KeptLogits(kept))
+            }
+        };
+        Ok(ReferenceRun { model, text, side })
+    }
+
+    /// What a store keeps of this run, with the noise floor's traces.
+    pub fn to_store(&self, noise_floor: Vec<Trace>) -> Result<StoredReference, EvalError> {
+        let side = match &self.side {
+            ReferenceSide::Compact(c) => StoredSide::Compact(c.clone()),
+            ReferenceSide::KeptHidden(kept) => {
+                let mut chunks = Vec::with_capacity(kept.0.len());
+                for (key, t) in &kept.0 {
+                    let (shape, bytes) = hidden_bytes(t, self.model.dtype())?;
+                    chunks.push((*key, shape, bytes));
+                }
+                chunks.sort_by_key(|(k, _, _)| *k);
+                StoredSide::Hidden(chunks)
+            }
+            _ => return Err(EvalError::Internal("saving a reference that kept no hidden states".into())),
+        };
+        let continuations = self.text.iter().map(|(_, c)| c.clone()).collect();
+        Ok(StoredReference { continuations, side, noise_floor })
     }
 
     /// The compact statistics, when the run keeps them.
@@ -142,12 +200,18 @@ impl KeptLogits {
         }
         let hidden_bytes = if reference.dtype() == burn::tensor::DType::F16 { 2 } else { 4 };
         if positions * reference.config.dim as u128 * hidden_bytes <= budget {
-            teacher_forced_hidden(reference, device, text, batch_size, chunk, |f| {
-                chunks.insert((f.first_prompt, f.start), f.logits.clone());
-            })?;
-            return Ok(ReferenceSide::KeptHidden(KeptLogits(chunks)));
+            return KeptLogits::hidden(reference, plan, text);
         }
         Ok(ReferenceSide::Lockstep)
+    }
+
+    /// Runs the reference on its own continuation once and keeps its final hidden states.
+    fn hidden(reference: &Llama, plan: &Plan, text: &Texts) -> Result<ReferenceSide, EvalError> {
+        let mut chunks = HashMap::new();
+        teacher_forced_hidden(reference, &plan.device, text, plan.batch_size(), plan.chunk, |f| {
+            chunks.insert((f.first_prompt, f.start), f.logits.clone());
+        })?;
+        Ok(ReferenceSide::KeptHidden(KeptLogits(chunks)))
     }
 
     fn get(&self, first_prompt: usize, start: usize) -> Result<&Tensor<3>, EvalError> {

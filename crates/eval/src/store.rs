@@ -1,0 +1,479 @@
+//! The saved reference (`--save-reference DIR`, `--reference DIR`): everything a later run needs
+//! of the reference and the noise floor, so that a CI job gating a new artifact pays only for
+//! the artifact.
+//!
+//! A store is a folder of two files:
+//! - `manifest.json`: format name and version, the [`StoreKey`] the data was computed under,
+//!   the SHA-256 and size of the data file, and its sections (name, element type, shape, byte
+//!   range);
+//! - `reference.bin`: the sections' little-endian arrays, back to back: the reference's greedy
+//!   continuations (`tokens`, u32 `[prompts, H]`); what scoring keeps of its pass on them (its
+//!   final hidden states per teacher-forcing chunk, `hidden/FIRST_PROMPT/START`, in the compute
+//!   dtype, for the exact KL; or the compact top-K statistics, `top_ids`, `top_logp`,
+//!   `tail_logp`, `entropy`, `logp_of_token`, `argmax`); and the noise floor's per-prompt traces
+//!   (`noise_floor/…`).
+//!
+//! It is written into a staging folder beside DIR and renamed into place, so DIR holds a whole
+//! store or none. Reading checks the format and version, then the key field by field (a
+//! mismatch is refused naming the field and both values), then the data file's size and
+//! SHA-256, then every section's type, shape and range, before anything is used.
+//!
+//! **Invariant: a store is only ever used by a run whose key equals the one it was written
+//! under, so a run with `--reference` gives byte-for-byte the report of the run that saved it
+//! (for the same variants).**
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{DType, Device, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::EvalError;
+use crate::aggregate::Trace;
+use crate::compact::{CompactReference, PromptStats};
+use crate::identity::sha256_hex;
+
+/// The format name in `manifest.json`.
+pub const STORE_FORMAT: &str = "qdrift-reference";
+/// The store layout version this build writes and reads.
+pub const STORE_VERSION: u32 = 1;
+/// Largest `manifest.json` read.
+const MANIFEST_CAP: u64 = 16 << 20;
+/// Largest `reference.bin` read.
+const DATA_CAP: u64 = 64 << 30;
+
+/// What the stored data depends on: a run may use a store only when every field is equal.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StoreKey {
+    /// SHA-256 of the reference checkpoint (as the report's `model.sha256`; empty for a
+    /// synthetic model).
+    pub model_sha256: String,
+    /// SHA-256 of the tokenizer file (the model file itself when the tokenizer is embedded).
+    pub tokenizer_sha256: String,
+    /// SHA-256 of the eval set.
+    pub eval_set_sha256: String,
+    /// The ids of the prompts, in order.
+    pub prompts: Vec<String>,
+    /// SHA-256 of the prompts' token ids (after any chat template), u32 little-endian, each
+    /// prompt prefixed by its length.
+    pub prompt_tokens_sha256: String,
+    /// The reference's compute dtype.
+    pub dtype: String,
+    /// Generated-token horizons.
+    pub horizons: Vec<usize>,
+    /// `cpu` or `wgpu`: the backend class (numbers differ between them in the last bits).
+    pub backend: String,
+    /// Prompts per batch (left padding depends on a batch's prompts).
+    pub batch_size: usize,
+    /// Teacher-forcing chunk.
+    pub chunk: usize,
+    /// How KL is computed: `exact`, or `top-K`.
+    pub kl: String,
+    /// What the schemes quantize besides the linear layers (the noise floor does not depend on
+    /// it, but a run's other variants do; kept so that a store is used only by like runs).
+    pub quantize_embeddings: bool,
+    /// Likewise for an untied output layer.
+    pub quantize_head: bool,
+    /// The qdrift version that wrote the store.
+    pub qdrift_version: String,
+}
+
+impl StoreKey {
+    /// The first field where `self` (the store's) and `run` differ: its name and both values.
+    fn mismatch(&self, run: &StoreKey) -> Option<(&'static str, String, String)> {
+        let (a, b) = (
+            serde_json::to_value(self).unwrap_or_default(),
+            serde_json::to_value(run).unwrap_or_default(),
+        );
+        const FIELDS: [&str; 14] = [
+            "model_sha256",
+            "tokenizer_sha256",
+            "eval_set_sha256",
+            "prompts",
+            "prompt_tokens_sha256",
+            "dtype",
+            "horizons",
+            "backend",
+            "batch_size",
+            "chunk",
+            "kl",
+            "quantize_embeddings",
+            "quantize_head",
+            "qdrift_version",
+        ];
+        FIELDS.iter().find(|f| a.get(**f) != b.get(**f)).map(|f| {
+            let show = |v: &serde_json::Value| v.get(*f).map(|x| x.to_string()).unwrap_or_default();
+            (*f, show(&a), show(&b))
+        })
+    }
+}
+
+/// SHA-256 of prompts' token ids, each prompt prefixed by its length (u32 little-endian).
+pub(crate) fn prompt_tokens_sha256(prompts: &[Vec<u32>]) -> String {
+    let mut bytes = Vec::new();
+    for p in prompts {
+        bytes.extend_from_slice(&(p.len() as u32).to_le_bytes());
+        for t in p {
+            bytes.extend_from_slice(&t.to_le_bytes());
+        }
+    }
+    sha256_hex(&bytes)
+}
+
+/// What the reference kept of its pass on its own text.
+pub(crate) enum StoredSide {
+    /// Final hidden states per chunk, keyed by (first prompt, start): shape and dtype-native
+    /// bytes.
+    Hidden(Vec<((usize, usize), [usize; 3], Vec<u8>)>),
+    /// The compact statistics.
+    Compact(CompactReference),
+}
+
+/// A store's contents.
+pub(crate) struct StoredReference {
+    /// The reference's continuations, one per prompt.
+    pub continuations: Vec<Vec<u32>>,
+    /// What it kept of its pass on them.
+    pub side: StoredSide,
+    /// The noise floor's traces, one per prompt.
+    pub noise_floor: Vec<Trace>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Manifest {
+    format: String,
+    version: u32,
+    key: StoreKey,
+    data_bytes: u64,
+    data_sha256: String,
+    sections: Vec<Section>,
+}
+
+#[derive(Clone, Serialize, Deserialize)]
+struct Section {
+    name: String,
+    /// `u8`, `u32`, `f16` or `f32`.
+    dtype: String,
+    shape: Vec<usize>,
+    offset: u64,
+    bytes: u64,
+}
+
+fn element_bytes(dtype: &str) -> Option<u64> {
+    match dtype {
+        "u8" => Some(1),
+        "f16" => Some(2),
+        "u32" | "f32" => Some(4),
+        _ => None,
+    }
+}
+
+/// The data file being assembled.
+#[derive(Default)]
+struct Writer {
+    data: Vec<u8>,
+    sections: Vec<Section>,
+}
+
+impl Writer {
+    fn push(&mut self, name: String, dtype: &str, shape: Vec<usize>, bytes: &[u8]) {
+        self.sections.push(Section {
+            name,
+            dtype: dtype.into(),
+            shape,
+            offset: self.data.len() as u64,
+            bytes: bytes.len() as u64,
+        });
+        self.data.extend_from_slice(bytes);
+    }
+
+    fn u32s(&mut self, name: &str, shape: Vec<usize>, values: impl Iterator<Item = u32>) {
+        let bytes: Vec<u8> = values.flat_map(u32::to_le_bytes).collect();
+        self.push(name.into(), "u32", shape, &bytes);
+    }
+
+    fn f32s<'a>(&mut self, name: &str, shape: Vec<usize>, values: impl Iterator<Item = &'a f32>) {
+        let bytes: Vec<u8> = values.flat_map(|v| v.to_le_bytes()).collect();
+        self.push(name.into(), "f32", shape, &bytes);
+    }
+}
+
+/// The per-position fields of traces, in store order: name and accessor.
+type TraceF32 = (&'static str, fn(&Trace) -> &Vec<f32>);
+const TRACE_F32: [TraceF32; 5] = [
+    ("kld", |t| &t.kld),
+    ("logp_ref", |t| &t.logp_ref),
+    ("logp_var", |t| &t.logp_var),
+    ("ref_entropy", |t| &t.ref_entropy),
+    ("logp_ref_on_var_text", |t| &t.logp_ref_on_var_text),
+];
+
+/// Writes a store to `dir`, atomically (staged beside it, then renamed; a previous store there is
+/// replaced).
+///
+/// # Shapes
+/// - `continuations`: `[prompts][H]`; `noise_floor`: one trace per prompt, `H` positions each
+/// - hidden chunks: `[rows, positions, dim]`
+pub(crate) fn write_store(dir: &Path, key: &StoreKey, stored: &StoredReference) -> Result<(), EvalError> {
+    let n = stored.continuations.len();
+    let h = stored.continuations.first().map_or(0, Vec::len);
+    let mut w = Writer::default();
+    w.u32s("tokens", vec![n, h], stored.continuations.iter().flatten().copied());
+    match &stored.side {
+        StoredSide::Hidden(chunks) => {
+            let dtype = if key.dtype == "f16" { "f16" } else { "f32" };
+            for ((p, s), shape, bytes) in chunks {
+                w.push(format!("hidden/{p}/{s}"), dtype, shape.to_vec(), bytes);
+            }
+        }
+        StoredSide::Compact(c) => {
+            let k = c.k;
+            w.u32s("top_ids", vec![n, h, k], c.prompts.iter().flat_map(|p| p.top_ids.iter().copied()));
+            w.f32s("top_logp", vec![n, h, k], c.prompts.iter().flat_map(|p| &p.top_logp));
+            w.f32s("tail_logp", vec![n, h], c.prompts.iter().flat_map(|p| &p.tail_logp));
+            w.f32s("entropy", vec![n, h], c.prompts.iter().flat_map(|p| &p.entropy));
+            w.f32s("logp_of_token", vec![n, h], c.prompts.iter().flat_map(|p| &p.logp_of_token));
+            w.u32s("argmax", vec![n, h], c.prompts.iter().flat_map(|p| p.argmax.iter().copied()));
+        }
+    }
+    let nf = &stored.noise_floor;
+    w.u32s("noise_floor/var_tokens", vec![n, h], nf.iter().flat_map(|t| t.var_tokens.iter().copied()));
+    let top1: Vec<u8> = nf.iter().flat_map(|t| t.top1.iter().map(|&b| u8::from(b))).collect();
+    w.push("noise_floor/top1".into(), "u8", vec![n, h], &top1);
+    for (name, field) in TRACE_F32 {
+        w.f32s(&format!("noise_floor/{name}"), vec![n, h], nf.iter().flat_map(field));
+    }
+    let manifest = Manifest {
+        format: STORE_FORMAT.into(),
+        version: STORE_VERSION,
+        key: key.clone(),
+        data_bytes: w.data.len() as u64,
+        data_sha256: sha256_hex(&w.data),
+        sections: w.sections,
+    };
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| EvalError::Internal(e.to_string()))?;
+    let staging = staging_dir(dir)?;
+    let result = (|| {
+        std::fs::create_dir(&staging).map_err(EvalError::io(&staging))?;
+        std::fs::write(staging.join("reference.bin"), &w.data).map_err(EvalError::io(&staging))?;
+        std::fs::write(staging.join("manifest.json"), json).map_err(EvalError::io(&staging))?;
+        replace_dir(&staging, dir)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    result
+}
+
+/// `PARENT/.NAME.qdrift-store-PID`, beside `dir`.
+fn staging_dir(dir: &Path) -> Result<PathBuf, EvalError> {
+    let abs = std::path::absolute(dir).map_err(EvalError::io(dir))?;
+    match (abs.parent(), abs.file_name()) {
+        (Some(parent), Some(name)) => {
+            std::fs::create_dir_all(parent).map_err(EvalError::io(parent))?;
+            Ok(parent.join(format!(".{}.qdrift-store-{}", name.to_string_lossy(), std::process::id())))
+        }
+        _ => Err(EvalError::Store { path: dir.to_path_buf(), problem: "must name a folder (not / or ..)".into() }),
+    }
+}
+
+/// Moves `staging` to `dir`; an existing store at `dir` is moved aside first and removed after.
+fn replace_dir(staging: &Path, dir: &Path) -> Result<(), EvalError> {
+    if dir.exists() {
+        let is_store = dir.join("manifest.json").is_file() && dir.join("reference.bin").is_file();
+        let entries = std::fs::read_dir(dir).map_err(EvalError::io(dir))?.count();
+        if !is_store || entries != 2 {
+            return Err(EvalError::Store {
+                path: dir.to_path_buf(),
+                problem: "exists and is not a reference store; refusing to replace it".into(),
+            });
+        }
+        let old = staging.with_extension("old");
+        std::fs::rename(dir, &old).map_err(EvalError::io(dir))?;
+        std::fs::rename(staging, dir).map_err(EvalError::io(dir))?;
+        std::fs::remove_dir_all(&old).map_err(EvalError::io(&old))?;
+        return Ok(());
+    }
+    std::fs::rename(staging, dir).map_err(EvalError::io(dir))
+}
+
+/// Reads the store at `dir` for a run with key `run`; refuses any mismatch or damage.
+pub(crate) fn read_store(dir: &Path, run: &StoreKey) -> Result<StoredReference, EvalError> {
+    let fail = |problem: String| EvalError::Store { path: dir.to_path_buf(), problem };
+    let manifest_path = dir.join("manifest.json");
+    let text = read_capped(dir, &manifest_path, MANIFEST_CAP)?;
+    let manifest: Manifest =
+        serde_json::from_slice(&text).map_err(|e| fail(format!("manifest.json is not a reference store manifest: {e}")))?;
+    if manifest.format != STORE_FORMAT || manifest.version != STORE_VERSION {
+        return Err(fail(format!(
+            "is {} version {}; this qdrift reads {STORE_FORMAT} version {STORE_VERSION}",
+            manifest.format, manifest.version
+        )));
+    }
+    if let Some((field, stored, now)) = manifest.key.mismatch(run) {
+        return Err(fail(format!("was saved with {field} = {stored}, this run has {now}; save a new reference")));
+    }
+    let data_path = dir.join("reference.bin");
+    let data = read_capped(dir, &data_path, DATA_CAP.min(manifest.data_bytes))?;
+    if data.len() as u64 != manifest.data_bytes {
+        return Err(fail(format!("reference.bin holds {} bytes, the manifest says {}", data.len(), manifest.data_bytes)));
+    }
+    let sha = {
+        let mut h = Sha256::new();
+        h.update(&data);
+        crate::identity::hex(&h.finalize())
+    };
+    if sha != manifest.data_sha256 {
+        return Err(fail("reference.bin does not match its checksum (damaged or edited)".into()));
+    }
+    let sections = Sections::new(&manifest.sections, &data).map_err(fail)?;
+    decode(&sections, run).map_err(fail)
+}
+
+/// Reads a store's regular file of at most `cap` bytes; errors name the store and the file.
+fn read_capped(dir: &Path, path: &Path, cap: u64) -> Result<Vec<u8>, EvalError> {
+    use std::io::Read;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let fail = |problem: String| EvalError::Store { path: dir.to_path_buf(), problem: format!("{name}: {problem}") };
+    let f = std::fs::File::open(path).map_err(|e| fail(e.to_string()))?;
+    let meta = f.metadata().map_err(|e| fail(e.to_string()))?;
+    if !meta.is_file() || meta.len() > cap {
+        return Err(fail(format!("not a regular file of at most {cap} bytes")));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    f.take(cap).read_to_end(&mut bytes).map_err(|e| fail(e.to_string()))?;
+    Ok(bytes)
+}
+
+/// The data file's sections, checked against it.
+struct Sections<'a> {
+    by_name: HashMap<&'a str, (&'a Section, &'a [u8])>,
+}
+
+impl<'a> Sections<'a> {
+    fn new(sections: &'a [Section], data: &'a [u8]) -> Result<Sections<'a>, String> {
+        let mut by_name = HashMap::new();
+        for s in sections {
+            let size = element_bytes(&s.dtype).ok_or_else(|| format!("section {}: unknown type {}", s.name, s.dtype))?;
+            let count = s.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
+            let end = s.offset.checked_add(s.bytes);
+            match (count.and_then(|c| c.checked_mul(size)), end) {
+                (Some(b), Some(end)) if b == s.bytes && end <= data.len() as u64 => {}
+                _ => return Err(format!("section {}: shape {:?} and byte range do not fit the data", s.name, s.shape)),
+            }
+            let bytes = &data[s.offset as usize..(s.offset + s.bytes) as usize];
+            if by_name.insert(s.name.as_str(), (s, bytes)).is_some() {
+                return Err(format!("section {} appears twice", s.name));
+            }
+        }
+        Ok(Sections { by_name })
+    }
+
+    fn get(&self, name: &str, dtype: &str, shape: &[usize]) -> Result<&'a [u8], String> {
+        let (s, bytes) = self.by_name.get(name).ok_or_else(|| format!("section {name} is missing"))?;
+        if s.dtype != dtype || s.shape != shape {
+            return Err(format!("section {name} is {} {:?}, expected {dtype} {shape:?}", s.dtype, s.shape));
+        }
+        Ok(bytes)
+    }
+
+    fn u32s(&self, name: &str, shape: &[usize]) -> Result<Vec<u32>, String> {
+        Ok(self.get(name, "u32", shape)?.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+
+    fn f32s(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, String> {
+        Ok(self.get(name, "f32", shape)?.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+}
+
+/// Rows of `h` values, one per prompt.
+fn rows<T: Clone>(flat: Vec<T>, h: usize) -> Vec<Vec<T>> {
+    if h == 0 { Vec::new() } else { flat.chunks(h).map(<[T]>::to_vec).collect() }
+}
+
+fn decode(s: &Sections<'_>, run: &StoreKey) -> Result<StoredReference, String> {
+    let n = run.prompts.len();
+    let h = run.horizons.iter().copied().max().unwrap_or(0);
+    let continuations = rows(s.u32s("tokens", &[n, h])?, h);
+    let side = if run.kl == "exact" {
+        let dtype = if run.dtype == "f16" { "f16" } else { "f32" };
+        let mut chunks = Vec::new();
+        for (name, (sec, bytes)) in &s.by_name {
+            let Some(rest) = name.strip_prefix("hidden/") else { continue };
+            let mut parts = rest.split('/').map(str::parse::<usize>);
+            let (Some(Ok(p)), Some(Ok(start)), None) = (parts.next(), parts.next(), parts.next()) else {
+                return Err(format!("section {name}: not hidden/PROMPT/START"));
+            };
+            let [rows, len, dim] = sec.shape[..] else {
+                return Err(format!("section {name}: shape {:?} is not [rows, positions, dim]", sec.shape));
+            };
+            if sec.dtype != dtype || p + rows > n || start + len > h {
+                return Err(format!("section {name}: {} {:?} does not fit {n} prompts × {h} positions in {dtype}", sec.dtype, sec.shape));
+            }
+            chunks.push(((p, start), [rows, len, dim], bytes.to_vec()));
+        }
+        chunks.sort_by_key(|(k, _, _)| *k);
+        StoredSide::Hidden(chunks)
+    } else {
+        let k: usize = run.kl.strip_prefix("top-").and_then(|k| k.parse().ok()).ok_or_else(|| format!("kl {}", run.kl))?;
+        let top_ids = s.u32s("top_ids", &[n, h, k])?;
+        let top_logp = s.f32s("top_logp", &[n, h, k])?;
+        let tail_logp = s.f32s("tail_logp", &[n, h])?;
+        let entropy = s.f32s("entropy", &[n, h])?;
+        let logp_of_token = s.f32s("logp_of_token", &[n, h])?;
+        let argmax = s.u32s("argmax", &[n, h])?;
+        let prompts = (0..n)
+            .map(|i| PromptStats {
+                top_ids: top_ids[i * h * k..(i + 1) * h * k].to_vec(),
+                top_logp: top_logp[i * h * k..(i + 1) * h * k].to_vec(),
+                tail_logp: tail_logp[i * h..(i + 1) * h].to_vec(),
+                entropy: entropy[i * h..(i + 1) * h].to_vec(),
+                logp_of_token: logp_of_token[i * h..(i + 1) * h].to_vec(),
+                argmax: argmax[i * h..(i + 1) * h].to_vec(),
+            })
+            .collect();
+        StoredSide::Compact(CompactReference { k, prompts })
+    };
+    let var_tokens = rows(s.u32s("noise_floor/var_tokens", &[n, h])?, h);
+    let top1 = rows(s.get("noise_floor/top1", "u8", &[n, h])?.iter().map(|&b| b != 0).collect(), h);
+    let mut f32_fields = Vec::new();
+    for (name, _) in TRACE_F32 {
+        f32_fields.push(rows(s.f32s(&format!("noise_floor/{name}"), &[n, h])?, h));
+    }
+    let mut noise_floor = Vec::with_capacity(n);
+    for i in 0..n {
+        noise_floor.push(Trace {
+            ref_tokens: continuations[i].clone(),
+            var_tokens: var_tokens[i].clone(),
+            kld: f32_fields[0][i].clone(),
+            top1: top1[i].clone(),
+            logp_ref: f32_fields[1][i].clone(),
+            logp_var: f32_fields[2][i].clone(),
+            ref_entropy: f32_fields[3][i].clone(),
+            logp_ref_on_var_text: f32_fields[4][i].clone(),
+        });
+    }
+    Ok(StoredReference { continuations, side, noise_floor })
+}
+
+/// Reads a kept hidden-state chunk back from the device as dtype-native bytes.
+///
+/// # Shapes
+/// `hidden`: `[rows, positions, dim]` in the compute dtype.
+pub(crate) fn hidden_bytes(hidden: &Tensor<3>, dtype: DType) -> Result<([usize; 3], Vec<u8>), EvalError> {
+    let dims = hidden.dims();
+    let data = hidden.to_data();
+    if data.dtype() != dtype {
+        return Err(EvalError::Internal(format!("hidden states are {:?}, the reference computes in {dtype:?}", data.dtype())));
+    }
+    Ok((dims, data.into_bytes().to_vec()))
+}
+
+/// Uploads a stored hidden-state chunk.
+///
+/// # Shapes
+/// `[rows, positions, dim]` of `dtype` (f16 or f32) from `bytes`.
+pub(crate) fn hidden_tensor(shape: [usize; 3], bytes: Vec<u8>, dtype: DType, device: &Device) -> Tensor<3> {
+    Tensor::from_data(TensorData::from_bytes_vec(bytes, shape, dtype), (device, dtype))
+}
