@@ -46,6 +46,7 @@ use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use serde_json::Value;
 
+use crate::hf_quant::HfQuant;
 use crate::hf_tokenizer::read_tokenizer_json;
 use crate::open::check_vocab;
 use crate::rope_layout::RopeLayout::ToInterleaved;
@@ -86,9 +87,10 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
     }
     let config = read_json(&config_path)?;
     let arch = parse_config(&config_path, &config)?;
+    let quant = crate::hf_quant::read_quant_config(dir, &config_path, &config)?;
     let shards = Shards::open(dir)?;
     check_layer_count(&config_path, &shards, &arch)?;
-    let model = build_model(&shards, arch)?;
+    let model = build_model(&shards, quant.as_ref(), arch)?;
 
     let tokenizer_path = tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);
     if !tokenizer_path.exists() {
@@ -120,6 +122,7 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
         source_dtypes: shards.dtypes(),
         source_storage: None,
         chat_template,
+        quantization: quant.map(|q| q.summary),
     })
 }
 
@@ -352,7 +355,7 @@ fn parse_rope_scaling(r: &Value) -> Result<Option<RopeScaling>, String> {
 }
 
 /// The memory-mapped safetensors files of a folder and which holds each tensor.
-struct Shards {
+pub(crate) struct Shards {
     files: Vec<ShardFile>,
     /// Tensor name → index in `files`.
     index: HashMap<String, usize>,
@@ -428,12 +431,47 @@ impl Shards {
         Ok(Self { files, index })
     }
 
+    /// Whether any file holds `name`.
+    pub(crate) fn has(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// The stored bytes of `name` with its dtype and shape; `None` when no file has it.
+    pub(crate) fn raw(&self, name: &str) -> Option<Raw<'_>> {
+        let f = &self.files[*self.index.get(name)?];
+        let (_, info) = f.tensors.iter().find(|(n, _)| n == name)?;
+        // `parse_safetensors` validated every range against the file.
+        let (begin, end) = info.data_offsets;
+        let bytes = &f.map[f.data_start + begin..f.data_start + end];
+        Some(Raw { path: &f.path, dtype: info.dtype, shape: &info.shape, bytes })
+    }
+
+    /// The stored dtype of `name`.
+    pub(crate) fn dtype(&self, name: &str) -> Option<Dtype> {
+        self.raw(name).map(|r| r.dtype)
+    }
+
+    /// The stored shape of `name`.
+    pub(crate) fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.raw(name).map(|r| r.shape)
+    }
+
+    /// The file holding `name`.
+    pub(crate) fn path_of(&self, name: &str) -> Option<&Path> {
+        self.raw(name).map(|r| r.path)
+    }
+
+    /// The first weights file, for errors about a tensor no file has.
+    pub(crate) fn first_path(&self) -> &Path {
+        self.files.first().map_or(Path::new("."), |f| f.path.as_path())
+    }
+
     fn dtypes(&self) -> Vec<(String, String)> {
         self.files.iter().flat_map(|f| f.tensors.iter().map(|(n, t)| (n.clone(), format!("{:?}", t.dtype)))).collect()
     }
 
     /// The tensor `name` as f32 of `shape`, or `None` when no file has it.
-    fn get(&self, name: &str, shape: &[usize]) -> Result<Option<HostTensor>, LoadError> {
+    pub(crate) fn get(&self, name: &str, shape: &[usize]) -> Result<Option<HostTensor>, LoadError> {
         let Some(&i) = self.index.get(name) else {
             return Ok(None);
         };
@@ -466,6 +504,18 @@ impl Shards {
             )
         })
     }
+}
+
+/// One stored tensor: its file, dtype, shape and bytes (validated against the file).
+pub(crate) struct Raw<'a> {
+    /// The file holding it.
+    pub path: &'a Path,
+    /// The stored dtype.
+    pub dtype: Dtype,
+    /// The stored shape.
+    pub shape: &'a [usize],
+    /// Its bytes, `shape.product() × dtype size` of them.
+    pub bytes: &'a [u8],
 }
 
 /// Parses a safetensors buffer, turning the library's terse errors into messages for people.
@@ -562,6 +612,12 @@ pub(crate) fn to_f32(dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, String> {
         Dtype::F32 => le_floats(LeFloat::F32, bytes),
         Dtype::F16 => le_floats(LeFloat::F16, bytes),
         Dtype::BF16 => le_floats(LeFloat::BF16, bytes),
+        Dtype::F8_E4M3 | Dtype::F8_E5M2 => {
+            return Err(format!(
+                "dtype {dtype:?} without a quantization_config in config.json (FP8 weights need their scales); \
+                 supported: F32, F16, BF16"
+            ));
+        }
         other => {
             return Err(format!("dtype {other:?} is not supported; supported: F32, F16, BF16"));
         }
@@ -588,7 +644,22 @@ fn check_layer_count(config_path: &Path, shards: &Shards, arch: &LlamaArch) -> R
     Ok(())
 }
 
-fn build_model(shards: &Shards, mut arch: LlamaArch) -> Result<HostModel, LoadError> {
+/// The linear layer `module` as f32 `[out, inp]` in the checkpoint's row order: dequantized when
+/// the folder is quantized, else its `.weight`.
+fn linear(
+    shards: &Shards,
+    quant: Option<&HfQuant>,
+    module: &str,
+    out: usize,
+    inp: usize,
+) -> Result<Option<HostTensor>, LoadError> {
+    match quant {
+        Some(q) => q.linear(shards, module, out, inp),
+        None => shards.get(&format!("{module}.weight"), &[out, inp]),
+    }
+}
+
+fn build_model(shards: &Shards, quant: Option<&HfQuant>, mut arch: LlamaArch) -> Result<HostModel, LoadError> {
     let (dim, hidden, vocab) = (arch.dim, arch.hidden_dim, arch.vocab_size);
     let (q_dim, kv_dim) = (arch.n_heads * arch.head_dim(), arch.kv_dim());
     let qwen = arch.architecture == "Qwen2ForCausalLM";
@@ -597,27 +668,39 @@ fn build_model(shards: &Shards, mut arch: LlamaArch) -> Result<HostModel, LoadEr
     for i in 0..arch.n_layers {
         let p = format!("model.layers.{i}");
         let t = |name: &str, shape: &[usize]| shards.require(&format!("{p}.{name}"), shape);
+        // Dequantized first, then (q, k) permuted: the permutation moves real rows.
+        let lin = |name: &str, out: usize, inp: usize| -> Result<HostTensor, LoadError> {
+            let module = format!("{p}.{name}");
+            linear(shards, quant, &module, out, inp)?.ok_or_else(|| {
+                LoadError::invalid(
+                    shards.first_path(),
+                    format!(
+                        "tensor {module}.weight is missing; expected shape [{out}, {inp}] (or its quantized parts)"
+                    ),
+                )
+            })
+        };
         let bias = |name: &str, n: usize, heads: usize| -> Result<Option<HostTensor>, LoadError> {
             let b = if qwen { Some(t(name, &[n])?) } else { None };
             Ok(b.map(|b| if heads > 0 { permute_rows(&b, heads, ToInterleaved) } else { b }))
         };
         layers.push(LayerWeights {
             attn_norm: t("input_layernorm.weight", &[dim])?,
-            wq: permute_rows(&t("self_attn.q_proj.weight", &[q_dim, dim])?, arch.n_heads, ToInterleaved),
-            wk: permute_rows(&t("self_attn.k_proj.weight", &[kv_dim, dim])?, arch.n_kv_heads, ToInterleaved),
-            wv: t("self_attn.v_proj.weight", &[kv_dim, dim])?,
-            wo: t("self_attn.o_proj.weight", &[dim, q_dim])?,
+            wq: permute_rows(&lin("self_attn.q_proj", q_dim, dim)?, arch.n_heads, ToInterleaved),
+            wk: permute_rows(&lin("self_attn.k_proj", kv_dim, dim)?, arch.n_kv_heads, ToInterleaved),
+            wv: lin("self_attn.v_proj", kv_dim, dim)?,
+            wo: lin("self_attn.o_proj", dim, q_dim)?,
             ffn_norm: t("post_attention_layernorm.weight", &[dim])?,
-            w_gate: t("mlp.gate_proj.weight", &[hidden, dim])?,
-            w_up: t("mlp.up_proj.weight", &[hidden, dim])?,
-            w_down: t("mlp.down_proj.weight", &[dim, hidden])?,
+            w_gate: lin("mlp.gate_proj", hidden, dim)?,
+            w_up: lin("mlp.up_proj", hidden, dim)?,
+            w_down: lin("mlp.down_proj", dim, hidden)?,
             bq: bias("self_attn.q_proj.bias", q_dim, arch.n_heads)?,
             bk: bias("self_attn.k_proj.bias", kv_dim, arch.n_kv_heads)?,
             bv: bias("self_attn.v_proj.bias", kv_dim, 0)?,
         });
     }
     let final_norm = shards.require("model.norm.weight", &[dim])?;
-    let output = if arch.tied_embeddings { None } else { shards.get("lm_head.weight", &[vocab, dim])? };
+    let output = if arch.tied_embeddings { None } else { linear(shards, quant, "lm_head", vocab, dim)? };
     // A checkpoint without lm_head ties it to the embedding whatever config.json says.
     arch.tied_embeddings = output.is_none();
     Ok(HostModel { arch, token_embedding, layers, final_norm, output })
