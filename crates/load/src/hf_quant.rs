@@ -845,7 +845,12 @@ fn compressed(shards: &Shards, module: &str, g: &CtGroup, out: usize, inp: usize
         }
         let packed = shards.ints(&format!("{module}.weight_packed"), &[out, inp.div_ceil(pf)])?;
         let words = inp.div_ceil(pf);
-        (0..out * inp).map(|k| field(packed[(k / inp) * words + (k % inp) / pf], w.bits, k % pf) - offset).collect()
+        (0..out * inp)
+            .map(|k| {
+                let (o, i) = (k / inp, k % inp);
+                field(packed[o * words + i / pf], w.bits, i % pf) - offset
+            })
+            .collect()
     } else {
         shards.ints_any(&format!("{module}.weight"), &[out, inp])?.into_iter().map(|q| q as i32).collect()
     };
