@@ -23,8 +23,9 @@
 //! - `scales` F16 `[groups, out]`; `g_idx` I32 `[in]` (the group of each input; act-order
 //!   `desc_act` checkpoints permute it; absent means `i / G`).
 //! - `checkpoint_format: gptq` (v1, AutoGPTQ; the default) stores `z − 1`, so the reader adds 1
-//!   to the unpacked value (as AutoGPTQ's `zeros = zeros + 1`, after masking: a stored 15 reads
-//!   as 16); `gptq_v2` (GPTQModel) stores `z`. `w[o, i] = (q − z[g_idx[i], o]) · s[g_idx[i], o]`.
+//!   to the unpacked field and masks to `bits` bits again (AutoGPTQ's `zeros = zeros + 1;
+//!   zeros = bitwise_and(zeros, 2^bits − 1)`: a stored 15 is zero point 0); `gptq_v2`
+//!   (GPTQModel) stores `z`. `w[o, i] = (q − z[g_idx[i], o]) · s[g_idx[i], o]`.
 //!
 //! **AWQ** (`quant_method: awq`, `version: gemm`, 4 bits, `zero_point: true`), following AutoAWQ
 //! `awq/modules/linear/gemm.py` `WQLinear_GEMM.from_linear` and `awq/utils/packing_utils.py`
@@ -736,7 +737,8 @@ fn gptq(
     for (i, &g) in g_idx.iter().enumerate() {
         for o in 0..out {
             let q = field(qweight[(i / pf) * out + o], bits, i % pf);
-            let z = field(qzeros[g * (out / pf) + o / pf], bits, o % pf) + i32::from(v1);
+            // v1: AutoGPTQ adds 1 and masks again, so a stored 2^bits − 1 is zero point 0.
+            let z = (field(qzeros[g * (out / pf) + o / pf], bits, o % pf) + i32::from(v1)) & ((1 << bits) - 1);
             w[o * inp + i] = (q - z) as f32 * scales[g * out + o];
         }
     }

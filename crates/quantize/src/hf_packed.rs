@@ -109,7 +109,7 @@ pub struct HfPacked {
 ///
 /// # Errors
 /// A scheme's error (non-finite weight, scale overflow), or [`QuantizeError::HfLayout`] for a
-/// GPTQ v1 zero point of 0 or a parameter the layout does not have.
+/// parameter the layout does not have.
 pub fn pack_hf(model: &HostModel, layout: HfLayout) -> Result<HfPacked, QuantizeError> {
     check_layout(layout)?;
     let mut dequantized = model.clone();
@@ -302,12 +302,9 @@ fn pack_matrix(
             for g in 0..a.groups {
                 for o in 0..out {
                     let z = a.z[o * a.groups + g] + offset;
+                    // v1 stores z − 1 in `bits` bits (`put` masks: zero point 0 is stored as
+                    // 2^bits − 1, which AutoGPTQ's `+ 1` then mask reads back as 0).
                     let stored = if v2 { z } else { z - 1 };
-                    if stored < 0 {
-                        return Err(QuantizeError::HfLayout {
-                            message: format!("{module}: GPTQ v1 cannot store zero point 0 (group {g}, row {o})"),
-                        });
-                    }
                     put(&mut qzeros[g * (out / pf) + o / pf], bits, o % pf, stored);
                     scales[g * out + o] = a.s[o * a.groups + g];
                 }

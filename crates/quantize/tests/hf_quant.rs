@@ -137,7 +137,7 @@ fn gptq_equals_qdrift_schemes() {
     let (model, _, name) = round_trip(layout);
     assert!(same(&model, &attention_only(Scheme::Int4 { group: 32, asym: false })));
     assert_eq!(name, "gptq 4-bit g32 v1");
-    let layout = HfLayout::Gptq { bits: 4, group: Some(16), asym: true, act_order: false, v2: true };
+    let layout = HfLayout::Gptq { bits: 4, group: Some(16), asym: true, act_order: false, v2: false };
     let (model, _, _) = round_trip(layout);
     assert!(same(&model, &attention_only(Scheme::Int4 { group: 16, asym: true })));
 }
