@@ -13,9 +13,7 @@ use qdrift_load::{
     ActivationFormat, ActivationGranularity, CheckpointActivations, HostModel, LlamaArch, LoadedModel, open_model,
 };
 use qdrift_model::Llama;
-use qdrift_quantize::{
-    ActivationQuant, DynamicFormat, Fp8Format, QuantizeOptions, Recipe, Scheme, quantize_model,
-};
+use qdrift_quantize::{ActivationQuant, DynamicFormat, Fp8Format, QuantizeOptions, Recipe, Scheme, quantize_model};
 use qdrift_report::{RecipeParts, TensorError, VariantKind};
 
 use crate::EvalError;

@@ -91,6 +91,14 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
     let shards = Shards::open(dir)?;
     check_layer_count(&config_path, &shards, &arch)?;
     let model = build_model(&shards, quant.as_ref(), arch)?;
+    let source_storage = match &quant {
+        Some(q) => Some(quantized_storage(&shards, q, &model).map_err(|e| LoadError::Overflow {
+            path: dir.to_path_buf(),
+            quantity: e.quantity.to_string(),
+            inputs: format!("{} tensors", shards.index.len()),
+        })?),
+        None => None,
+    };
 
     let tokenizer_path = tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);
     if !tokenizer_path.exists() {
@@ -120,7 +128,7 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
         tokenizer_path,
         format: ModelFormat::HfSafetensors,
         source_dtypes: shards.dtypes(),
-        source_storage: None,
+        source_storage,
         chat_template,
         quantization: quant.map(|q| q.summary),
     })
@@ -622,6 +630,44 @@ pub(crate) fn to_f32(dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, String> {
             return Err(format!("dtype {other:?} is not supported; supported: F32, F16, BF16"));
         }
     })
+}
+
+/// The stored bytes of a quantized folder for `qdrift inspect`: each quantized linear layer
+/// counted once under the folder's format (`gptq 4-bit g128 v1`, ...) with its `out × in`
+/// weights and the bytes of all its stored parts (codes, scales, zero points, `g_idx`, ...);
+/// every other tensor under its dtype.
+fn quantized_storage(
+    shards: &Shards,
+    quant: &HfQuant,
+    model: &HostModel,
+) -> Result<crate::inspect::SourceStorage, crate::inspect::SizeOverflow> {
+    let mut modules: Vec<(String, u64)> = Vec::new();
+    for (i, layer) in model.layers.iter().enumerate() {
+        for (name, w) in layer.linears() {
+            modules.push((format!("model.layers.{i}.{name}"), w.data.len() as u64));
+        }
+    }
+    if let Some(o) = &model.output {
+        modules.push(("lm_head".to_string(), o.data.len() as u64));
+    }
+    modules.retain(|(m, _)| quant.stores_quantized(shards, m));
+    let kind = quant.summary.weights.as_str();
+    let mut entries: Vec<(String, u64, u64)> = modules.iter().map(|(_, n)| (kind.to_string(), *n, 0)).collect();
+    for f in &shards.files {
+        for (name, info) in &f.tensors {
+            let (begin, end) = info.data_offsets;
+            let bytes = (end - begin) as u64;
+            let owner = name.rsplit_once('.').and_then(|(m, _)| modules.iter().position(|(x, _)| x == m));
+            match owner {
+                Some(k) => entries[k].2 += bytes,
+                None => {
+                    let n = info.shape.iter().map(|&d| d as u64).product();
+                    entries.push((format!("{:?}", info.dtype), n, bytes));
+                }
+            }
+        }
+    }
+    crate::inspect::source_storage(entries.iter().map(|(d, n, b)| (d.as_str(), *n, *b)))
 }
 
 /// Tensors every layer has whatever the architecture: seven linears and two norms.

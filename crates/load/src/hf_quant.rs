@@ -631,19 +631,17 @@ impl HfQuant {
         out: usize,
         inp: usize,
     ) -> Result<Option<HostTensor>, LoadError> {
+        if !self.stores_quantized(shards, module) {
+            return shards.get(&format!("{module}.weight"), &[out, inp]);
+        }
         let data = match &self.method {
-            Method::Gptq { bits, group, v1 } if shards.has(&format!("{module}.qweight")) => {
-                gptq(shards, module, *bits, *group, *v1, out, inp)?
-            }
-            Method::Awq { group } if shards.has(&format!("{module}.qweight")) => awq(shards, module, *group, out, inp)?,
+            Method::Gptq { bits, group, v1 } => gptq(shards, module, *bits, *group, *v1, out, inp)?,
+            Method::Awq { group } => awq(shards, module, *group, out, inp)?,
             Method::Compressed(c) => match c.scheme_of(module) {
                 Some(g) => compressed(shards, module, g, out, inp)?,
                 None => return shards.get(&format!("{module}.weight"), &[out, inp]),
             },
-            Method::Fp8 { block } if shards.dtype(&format!("{module}.weight")).is_some_and(is_fp8) => {
-                fp8(shards, module, *block, out, inp)?
-            }
-            _ => return shards.get(&format!("{module}.weight"), &[out, inp]),
+            Method::Fp8 { block } => fp8(shards, module, *block, out, inp)?,
         };
         let name = format!("{module}.weight");
         let path = shards.path_of(&name).unwrap_or(&self.path);
@@ -651,6 +649,19 @@ impl HfQuant {
         HostTensor::new(vec![out, inp], data)
             .map(Some)
             .ok_or_else(|| LoadError::invalid(&self.path, format!("{module}: dequantized size does not match")))
+    }
+}
+
+impl HfQuant {
+    /// Whether the folder stores linear layer `module` quantized: GPTQ/AWQ when it has a
+    /// `qweight`, compressed-tensors when a config group targets it and `ignore` does not, FP8
+    /// when its `weight` is FP8 (quantizers skip some layers: `lm_head`, `modules_to_not_convert`).
+    pub(crate) fn stores_quantized(&self, shards: &Shards, module: &str) -> bool {
+        match &self.method {
+            Method::Gptq { .. } | Method::Awq { .. } => shards.has(&format!("{module}.qweight")),
+            Method::Compressed(c) => c.scheme_of(module).is_some(),
+            Method::Fp8 { .. } => shards.dtype(&format!("{module}.weight")).is_some_and(is_fp8),
+        }
     }
 }
 

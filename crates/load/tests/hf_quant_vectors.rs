@@ -86,3 +86,20 @@ fn fp8_blocks_with_partial_blocks() {
     assert_eq!(weights, "fp8 e4m3 block 16x16");
     assert_eq!(acts.map(|a| a.granularity), Some(ActivationGranularity::TokenGroup(16)));
 }
+
+#[test]
+fn inspect_reports_the_stored_bytes_per_format() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hf_quant_py/gptq_v1_4bit_desc_act");
+    let loaded = open_model(&dir, None).expect("gptq folder");
+    let s = loaded.source_storage.expect("source storage");
+    let q = s.by_type.iter().find(|t| t.dtype == "gptq 4-bit g16 v1").expect("the quantized layers");
+    assert_eq!(q.tensors, 7);
+    // 64·64·5 + 32·64·2 = 24,576 weights: 4 bits each, per 16 inputs an F16
+    // scale and a 4-bit zero point per output, + 4 bytes of g_idx per input.
+    assert_eq!(q.elements, 24_576);
+    let (codes, scales, zeros) = (24_576 / 2, 24_576 / 16 * 2, 24_576 / 16 / 2);
+    let g_idx = 7 * 64 * 4;
+    assert_eq!(q.bytes, (codes + scales + zeros + g_idx) as u64);
+    let f16 = s.by_type.iter().find(|t| t.dtype == "F16").expect("embedding and norms");
+    assert_eq!((f16.tensors, f16.elements), (4, 16 * 64 + 3 * 64));
+}
