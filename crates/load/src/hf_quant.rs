@@ -740,8 +740,9 @@ fn gptq(
     let (qw, qz, sc) = (format!("{module}.qweight"), format!("{module}.qzeros"), format!("{module}.scales"));
     check_divides(shards, &qw, "in_features", inp, pf)?;
     check_divides(shards, &qz, "out_features", out, pf)?;
-    let (n_groups, g_idx) = group_index(shards, &format!("{module}.g_idx"), group, inp)?;
+    // qweight first: its shape confirms `inp` and `out` before anything their size is allocated.
     let qweight = shards.ints(&qw, &[inp / pf, out])?;
+    let (n_groups, g_idx) = group_index(shards, &format!("{module}.g_idx"), group, inp)?;
     let qzeros = shards.ints(&qz, &[n_groups, out / pf])?;
     let scales = shards.floats(&sc, &[n_groups, out])?;
     let mut w = vec![0f32; out * inp];
