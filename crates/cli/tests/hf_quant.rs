@@ -131,3 +131,34 @@ fn block_fp8_activations_are_refused_before_running() {
     assert!(stderr.contains("fp8-block") && stderr.contains("per token per group of 32"), "{stderr}");
     assert!(!out.exists());
 }
+
+#[test]
+fn a_quantized_folder_of_another_shape_is_refused_before_running() {
+    // The independent GPTQ fixture (dim 64, 1 layer, vocab 16) against stories260K.
+    let other = Path::new(env!("CARGO_MANIFEST_DIR")).join("../load/tests/hf_quant_py/gptq_v2_8bit_asym");
+    let model = stories().join("stories260K.bin");
+    let root = tempfile::tempdir().expect("tempdir");
+    let out = root.path().join("out");
+    let o = qdrift(&[
+        "eval",
+        "--model",
+        model.to_str().expect("utf-8"),
+        "--backend",
+        "cpu",
+        "--out",
+        out.to_str().expect("utf-8"),
+        "--schemes",
+        "int8",
+        "--variant",
+        other.to_str().expect("utf-8"),
+        "--prompts",
+        "2",
+        "--horizons",
+        "5",
+    ]);
+    assert!(!o.status.success());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("gptq_v2_8bit_asym") && stderr.contains("differ from the reference"), "{stderr}");
+    assert!(!out.exists());
+}
