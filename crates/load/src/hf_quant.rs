@@ -565,12 +565,12 @@ fn parse_ct_activations(a: &Fields<'_>) -> Result<CheckpointActivations, LoadErr
 /// Refuses a `re:` pattern the small matcher below cannot run.
 fn check_pattern(f: &Fields<'_>, key: &str, pattern: &str) -> Result<(), LoadError> {
     if let Some(re) = pattern.strip_prefix("re:")
-        && re.chars().any(|c| "[](){}|+?^".contains(c))
+        && re.strip_prefix('^').unwrap_or(re).chars().any(|c| "[](){}|+?^".contains(c))
     {
         return Err(f.unsupported(
             key,
             pattern,
-            "module names, `Linear`, and `re:` patterns of literal characters, `.`, `.*`, `\\.` and a final `$`",
+            "module names, `Linear`, and `re:` patterns of literal characters, `.`, `.*`, `\\.`, a leading `^` and a final `$`",
         ));
     }
     Ok(())
@@ -582,6 +582,8 @@ fn matches(pattern: &str, module: &str) -> bool {
     let Some(re) = pattern.strip_prefix("re:") else {
         return pattern == module;
     };
+    // `re.match` is anchored at the start already.
+    let re = re.strip_prefix('^').unwrap_or(re);
     let (re, anchored_end) = match re.strip_suffix('$') {
         Some(r) => (r, true),
         None => (re, false),
@@ -1040,6 +1042,7 @@ mod tests {
         assert!(matches("lm_head", "lm_head"));
         assert!(!matches("lm_head", "model.lm_head"));
         assert!(matches("re:.*lm_head", "lm_head"));
+        assert!(matches("re:^lm_head$", "lm_head"));
         assert!(matches("re:.*mlp.down_proj$", "model.layers.3.mlp.down_proj"));
         assert!(!matches("re:.*mlp.down_proj$", "model.layers.3.mlp.down_proj2"));
         assert!(matches("re:model\\.layers\\.0\\..*", "model.layers.0.self_attn.q_proj"));
