@@ -94,3 +94,29 @@ fn contradicting_tensors_name_the_tensor_and_shape() {
     let (_, m) = refused(&d);
     assert!(m.contains("F8_E4M3") && m.contains("quantization_config"), "{m}");
 }
+
+/// AutoGPTQ's older folders keep the configuration in `quantize_config.json`, without
+/// `quant_method`: read as GPTQ, the same weights as with `quantization_config`.
+#[test]
+fn legacy_quantize_config_json_is_gptq() {
+    let mut moved = Value::Null;
+    let d = edited("gptq_v1_4bit_desc_act", |q| moved = q.take());
+    if let Some(m) = moved.as_object_mut() {
+        m.remove("quant_method");
+    }
+    std::fs::write(d.path().join("quantize_config.json"), serde_json::to_vec(&moved).expect("json")).expect("write");
+    let legacy = open_model(d.path(), None).expect("legacy GPTQ folder");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hf_quant_py/gptq_v1_4bit_desc_act");
+    let current = open_model(&src, None).expect("GPTQ folder");
+    assert!(legacy.model == current.model);
+    assert_eq!(legacy.quantization, current.quantization);
+    // An unknown bit width there names that file.
+    std::fs::write(d.path().join("quantize_config.json"), br#"{"bits": 3, "group_size": 16}"#).expect("write");
+    let (e, m) = refused(&d);
+    match e {
+        LoadError::Unsupported { path, field, .. } => {
+            assert!(path.ends_with("quantize_config.json") && field == "bits", "{m}");
+        }
+        other => panic!("not Unsupported: {other}"),
+    }
+}

@@ -1,4 +1,6 @@
-//! Writes a [`QuantizedModel`] as a Hugging Face Llama safetensors file.
+//! Writes a [`QuantizedModel`] as a Hugging Face Llama safetensors file, and (for the readers'
+//! tests) a model as a quantized Hugging Face folder ([`write_hf_quantized`], the layouts of
+//! `hf_packed.rs`).
 //!
 //! The only module of this crate that does I/O. Tensor names are those of `transformers`'
 //! `LlamaForCausalLM`:
