@@ -32,7 +32,10 @@ pub struct EvalArgs {
     /// shorthands.
     #[arg(long, value_delimiter = ',', value_parser = RecipeParser, default_value = "int8,fp8-e4m3,int4-g128")]
     schemes: Vec<Recipe>,
-    /// Another checkpoint of the same architecture and tokenizer to compare (repeatable).
+    /// Another checkpoint of the same architecture and tokenizer to compare (repeatable):
+    /// llama2.c, GGUF, or a Hugging Face folder, also quantized (GPTQ, AWQ, compressed-tensors,
+    /// FP8: dequantized on load; a dynamic activation quantization its config declares is
+    /// applied at run time).
     #[arg(long)]
     variant: Vec<PathBuf>,
     /// Generated-token horizons, comma-separated.

@@ -9,9 +9,11 @@ use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::DType;
-use qdrift_load::{HostModel, LlamaArch, LoadedModel, open_model};
+use qdrift_load::{
+    ActivationFormat, ActivationGranularity, CheckpointActivations, HostModel, LlamaArch, LoadedModel, open_model,
+};
 use qdrift_model::Llama;
-use qdrift_quantize::{QuantizeOptions, Recipe, quantize_model};
+use qdrift_quantize::{ActivationQuant, DynamicFormat, Fp8Format, QuantizeOptions, Recipe, Scheme, quantize_model};
 use qdrift_report::{RecipeParts, TensorError, VariantKind};
 
 use crate::EvalError;
@@ -80,6 +82,9 @@ pub(crate) struct BuiltVariant<'a> {
     pub scheme: Option<String>,
     /// The recipe, for scheme variants (its activation and KV-cache parts run with the model).
     pub recipe: Option<Recipe>,
+    /// For a quantized Hugging Face checkpoint: its stored weight format and the dynamic
+    /// activation rounding its config declares (run with the model, as a recipe's).
+    pub checkpoint_quant: Option<(String, Option<ActivationQuant>)>,
     /// The checkpoint's file or folder name, for checkpoint variants.
     pub path: Option<String>,
     /// Noise floor, scheme or checkpoint.
@@ -120,6 +125,7 @@ fn noise_floor(name: String, reference: &HostModel, dtype: DType) -> BuiltVarian
         name,
         scheme: None,
         recipe: None,
+        checkpoint_quant: None,
         path: None,
         kind: VariantKind::NoiseFloor,
         dtype,
@@ -150,6 +156,7 @@ fn scheme_variant<'a>(
         name,
         scheme: Some(recipe.to_string()),
         recipe: Some(*recipe),
+        checkpoint_quant: None,
         path: None,
         kind: VariantKind::Scheme,
         dtype,
@@ -169,6 +176,10 @@ fn checkpoint_variant<'a>(
 ) -> Result<BuiltVariant<'a>, EvalError> {
     let other = open_model(path, None)?;
     check_same_model(reference, &other, prompts, path)?;
+    let checkpoint_quant = match &other.quantization {
+        Some(q) => Some((q.weights.clone(), q.activations.map(|a| activation_quant(path, a)).transpose()?)),
+        None => None,
+    };
     // The checkpoint's file size stands for its weight bytes (metadata and tokenizer included, a
     // small overestimate for GGUF).
     let identity = model_identity_file(path);
@@ -177,6 +188,7 @@ fn checkpoint_variant<'a>(
         name,
         scheme: None,
         recipe: None,
+        checkpoint_quant,
         path: Some(report_name(path)),
         kind: VariantKind::Checkpoint,
         dtype,
@@ -188,8 +200,16 @@ fn checkpoint_variant<'a>(
 }
 
 impl BuiltVariant<'_> {
-    /// The recipe's parts as `report.json` records them.
+    /// The recipe's parts as `report.json` records them; for a quantized checkpoint, its weight
+    /// format and declared activation rounding.
     pub fn recipe_parts(&self) -> Option<RecipeParts> {
+        if let Some((weights, activations)) = &self.checkpoint_quant {
+            return Some(RecipeParts {
+                weights: weights.clone(),
+                activations: activations.map(|a| a.to_string()),
+                kv_cache: None,
+            });
+        }
         self.recipe.map(|r| RecipeParts {
             weights: r.weights.to_string(),
             activations: r.activations.map(|a| a.to_string()),
@@ -206,8 +226,39 @@ impl BuiltVariant<'_> {
         if let Some(recipe) = &self.recipe {
             model.apply_runtime(recipe)?;
         }
+        if let Some((_, Some(activations))) = &self.checkpoint_quant {
+            // Only the activation part is read; the weights are the checkpoint's own.
+            let recipe = Recipe { weights: Scheme::Fp16, activations: Some(*activations), kv_cache: None };
+            model.apply_runtime(&recipe)?;
+        }
         Ok(())
     }
+}
+
+/// The run-time rounding of a checkpoint's declared dynamic activation quantization: int8 or
+/// FP8, per token or per tensor (`ActivationQuant`'s per-tensor is vLLM's dynamic per-tensor
+/// scale, one per sequence's prompt pass then one per token). Per-token groups (block FP8
+/// checkpoints) have no qdrift rounding and are refused.
+fn activation_quant(path: &Path, a: CheckpointActivations) -> Result<ActivationQuant, EvalError> {
+    let format = match a.format {
+        ActivationFormat::Int8 => DynamicFormat::Int8,
+        ActivationFormat::Fp8E4M3 => DynamicFormat::Fp8(Fp8Format::E4M3),
+        ActivationFormat::Fp8E5M2 => DynamicFormat::Fp8(Fp8Format::E5M2),
+    };
+    let per_tensor = match a.granularity {
+        ActivationGranularity::Token => false,
+        ActivationGranularity::Tensor => true,
+        ActivationGranularity::TokenGroup(_) => {
+            return Err(EvalError::Variant {
+                variant: path.display().to_string(),
+                problem: format!(
+                    "its quantization_config declares {a} dynamic activations; qdrift rounds activations per token \
+                     or per tensor only"
+                ),
+            });
+        }
+    };
+    Ok(ActivationQuant { format, per_tensor })
 }
 
 /// Refuses a checkpoint variant whose shapes or tokenizer differ from the reference's.

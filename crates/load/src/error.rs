@@ -38,6 +38,19 @@ pub enum LoadError {
         /// What is wrong.
         message: String,
     },
+    /// A value the file declares that qdrift does not read (a quantization method, a bit width,
+    /// a packing layout): names the file, the field and what is supported.
+    #[error("{path}: {field} = {value} is not supported; supported: {supported}")]
+    Unsupported {
+        /// The file.
+        path: PathBuf,
+        /// The field, as a path into the file (`quantization_config.bits`) or a tensor name.
+        field: String,
+        /// The value found.
+        value: String,
+        /// What qdrift reads instead.
+        supported: String,
+    },
     /// A model and a tokenizer that do not belong together.
     #[error("tokenizer {tokenizer} has {tokenizer_vocab} tokens but model {model} has a vocabulary of {model_vocab}")]
     VocabMismatch {
@@ -90,6 +103,19 @@ impl LoadError {
     }
     pub(crate) fn invalid(path: &std::path::Path, message: impl Into<String>) -> Self {
         LoadError::Invalid { path: path.to_path_buf(), message: message.into() }
+    }
+    pub(crate) fn unsupported(
+        path: &std::path::Path,
+        field: impl Into<String>,
+        value: impl std::fmt::Display,
+        supported: impl Into<String>,
+    ) -> Self {
+        LoadError::Unsupported {
+            path: path.to_path_buf(),
+            field: field.into(),
+            value: value.to_string(),
+            supported: supported.into(),
+        }
     }
     pub(crate) fn truncated(path: &std::path::Path, what: impl Into<String>) -> Self {
         LoadError::Truncated { path: path.to_path_buf(), what: what.into() }

@@ -37,7 +37,12 @@
 //! `transformers` ≥ 5 writes, which also carries `rope_theta`). `qdrift-model` applies both.
 //! Refused with a message: other architectures, `head_dim` ≠ `hidden_size / num_attention_heads`,
 //! `hidden_act` other than `silu`, `attention_bias`/`mlp_bias` on Llama, `rope_scaling` types
-//! other than `llama3` and `default`, tensor dtypes other than F32/F16/BF16.
+//! other than `llama3` and `default`, tensor dtypes other than F32/F16/BF16 outside a
+//! quantization config.
+//!
+//! **Quantized folders.** With a `quantization_config` (GPTQ, AWQ, compressed-tensors, FP8) each
+//! linear layer is dequantized by `hf_quant.rs` (which documents and cites every layout) and then,
+//! for q/k, permuted: the permutation moves the real rows.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -46,6 +51,7 @@ use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use serde_json::Value;
 
+use crate::hf_quant::HfQuant;
 use crate::hf_tokenizer::read_tokenizer_json;
 use crate::open::check_vocab;
 use crate::rope_layout::RopeLayout::ToInterleaved;
@@ -86,9 +92,18 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
     }
     let config = read_json(&config_path)?;
     let arch = parse_config(&config_path, &config)?;
+    let quant = crate::hf_quant::read_quant_config(dir, &config_path, &config)?;
     let shards = Shards::open(dir)?;
     check_layer_count(&config_path, &shards, &arch)?;
-    let model = build_model(&shards, arch)?;
+    let model = build_model(&shards, quant.as_ref(), arch)?;
+    let source_storage = match &quant {
+        Some(q) => Some(quantized_storage(&shards, q, &model).map_err(|e| LoadError::Overflow {
+            path: dir.to_path_buf(),
+            quantity: e.quantity.to_string(),
+            inputs: format!("{} tensors", shards.index.len()),
+        })?),
+        None => None,
+    };
 
     let tokenizer_path = tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);
     if !tokenizer_path.exists() {
@@ -118,8 +133,9 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
         tokenizer_path,
         format: ModelFormat::HfSafetensors,
         source_dtypes: shards.dtypes(),
-        source_storage: None,
+        source_storage,
         chat_template,
+        quantization: quant.map(|q| q.summary),
     })
 }
 
@@ -352,7 +368,7 @@ fn parse_rope_scaling(r: &Value) -> Result<Option<RopeScaling>, String> {
 }
 
 /// The memory-mapped safetensors files of a folder and which holds each tensor.
-struct Shards {
+pub(crate) struct Shards {
     files: Vec<ShardFile>,
     /// Tensor name → index in `files`.
     index: HashMap<String, usize>,
@@ -428,12 +444,47 @@ impl Shards {
         Ok(Self { files, index })
     }
 
+    /// Whether any file holds `name`.
+    pub(crate) fn has(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// The stored bytes of `name` with its dtype and shape; `None` when no file has it.
+    pub(crate) fn raw(&self, name: &str) -> Option<Raw<'_>> {
+        let f = &self.files[*self.index.get(name)?];
+        let (_, info) = f.tensors.iter().find(|(n, _)| n == name)?;
+        // `parse_safetensors` validated every range against the file.
+        let (begin, end) = info.data_offsets;
+        let bytes = &f.map[f.data_start + begin..f.data_start + end];
+        Some(Raw { path: &f.path, dtype: info.dtype, shape: &info.shape, bytes })
+    }
+
+    /// The stored dtype of `name`.
+    pub(crate) fn dtype(&self, name: &str) -> Option<Dtype> {
+        self.raw(name).map(|r| r.dtype)
+    }
+
+    /// The stored shape of `name`.
+    pub(crate) fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.raw(name).map(|r| r.shape)
+    }
+
+    /// The file holding `name`.
+    pub(crate) fn path_of(&self, name: &str) -> Option<&Path> {
+        self.raw(name).map(|r| r.path)
+    }
+
+    /// The first weights file, for errors about a tensor no file has.
+    pub(crate) fn first_path(&self) -> &Path {
+        self.files.first().map_or(Path::new("."), |f| f.path.as_path())
+    }
+
     fn dtypes(&self) -> Vec<(String, String)> {
         self.files.iter().flat_map(|f| f.tensors.iter().map(|(n, t)| (n.clone(), format!("{:?}", t.dtype)))).collect()
     }
 
     /// The tensor `name` as f32 of `shape`, or `None` when no file has it.
-    fn get(&self, name: &str, shape: &[usize]) -> Result<Option<HostTensor>, LoadError> {
+    pub(crate) fn get(&self, name: &str, shape: &[usize]) -> Result<Option<HostTensor>, LoadError> {
         let Some(&i) = self.index.get(name) else {
             return Ok(None);
         };
@@ -466,6 +517,18 @@ impl Shards {
             )
         })
     }
+}
+
+/// One stored tensor: its file, dtype, shape and bytes (validated against the file).
+pub(crate) struct Raw<'a> {
+    /// The file holding it.
+    pub path: &'a Path,
+    /// The stored dtype.
+    pub dtype: Dtype,
+    /// The stored shape.
+    pub shape: &'a [usize],
+    /// Its bytes, `shape.product() × dtype size` of them.
+    pub bytes: &'a [u8],
 }
 
 /// Parses a safetensors buffer, turning the library's terse errors into messages for people.
@@ -562,10 +625,54 @@ pub(crate) fn to_f32(dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, String> {
         Dtype::F32 => le_floats(LeFloat::F32, bytes),
         Dtype::F16 => le_floats(LeFloat::F16, bytes),
         Dtype::BF16 => le_floats(LeFloat::BF16, bytes),
+        Dtype::F8_E4M3 | Dtype::F8_E5M2 => {
+            return Err(format!(
+                "dtype {dtype:?} without a quantization_config in config.json (FP8 weights need their scales); \
+                 supported: F32, F16, BF16"
+            ));
+        }
         other => {
             return Err(format!("dtype {other:?} is not supported; supported: F32, F16, BF16"));
         }
     })
+}
+
+/// The stored bytes of a quantized folder for `qdrift inspect`: each quantized linear layer
+/// counted once under the folder's format (`gptq 4-bit g128 v1`, ...) with its `out × in`
+/// weights and the bytes of all its stored parts (codes, scales, zero points, `g_idx`, ...);
+/// every other tensor under its dtype.
+fn quantized_storage(
+    shards: &Shards,
+    quant: &HfQuant,
+    model: &HostModel,
+) -> Result<crate::inspect::SourceStorage, crate::inspect::SizeOverflow> {
+    let mut modules: Vec<(String, u64)> = Vec::new();
+    for (i, layer) in model.layers.iter().enumerate() {
+        for (name, w) in layer.linears() {
+            modules.push((format!("model.layers.{i}.{name}"), w.data.len() as u64));
+        }
+    }
+    if let Some(o) = &model.output {
+        modules.push(("lm_head".to_string(), o.data.len() as u64));
+    }
+    modules.retain(|(m, _)| quant.stores_quantized(shards, m));
+    let kind = quant.summary.weights.as_str();
+    let mut entries: Vec<(String, u64, u64)> = modules.iter().map(|(_, n)| (kind.to_string(), *n, 0)).collect();
+    for f in &shards.files {
+        for (name, info) in &f.tensors {
+            let (begin, end) = info.data_offsets;
+            let bytes = (end - begin) as u64;
+            let owner = name.rsplit_once('.').and_then(|(m, _)| modules.iter().position(|(x, _)| x == m));
+            match owner {
+                Some(k) => entries[k].2 += bytes,
+                None => {
+                    let n = info.shape.iter().map(|&d| d as u64).product();
+                    entries.push((format!("{:?}", info.dtype), n, bytes));
+                }
+            }
+        }
+    }
+    crate::inspect::source_storage(entries.iter().map(|(d, n, b)| (d.as_str(), *n, *b)))
 }
 
 /// Tensors every layer has whatever the architecture: seven linears and two norms.
@@ -588,7 +695,22 @@ fn check_layer_count(config_path: &Path, shards: &Shards, arch: &LlamaArch) -> R
     Ok(())
 }
 
-fn build_model(shards: &Shards, mut arch: LlamaArch) -> Result<HostModel, LoadError> {
+/// The linear layer `module` as f32 `[out, inp]` in the checkpoint's row order: dequantized when
+/// the folder is quantized, else its `.weight`.
+fn linear(
+    shards: &Shards,
+    quant: Option<&HfQuant>,
+    module: &str,
+    out: usize,
+    inp: usize,
+) -> Result<Option<HostTensor>, LoadError> {
+    match quant {
+        Some(q) => q.linear(shards, module, out, inp),
+        None => shards.get(&format!("{module}.weight"), &[out, inp]),
+    }
+}
+
+fn build_model(shards: &Shards, quant: Option<&HfQuant>, mut arch: LlamaArch) -> Result<HostModel, LoadError> {
     let (dim, hidden, vocab) = (arch.dim, arch.hidden_dim, arch.vocab_size);
     let (q_dim, kv_dim) = (arch.n_heads * arch.head_dim(), arch.kv_dim());
     let qwen = arch.architecture == "Qwen2ForCausalLM";
@@ -597,27 +719,39 @@ fn build_model(shards: &Shards, mut arch: LlamaArch) -> Result<HostModel, LoadEr
     for i in 0..arch.n_layers {
         let p = format!("model.layers.{i}");
         let t = |name: &str, shape: &[usize]| shards.require(&format!("{p}.{name}"), shape);
+        // Dequantized first, then (q, k) permuted: the permutation moves real rows.
+        let lin = |name: &str, out: usize, inp: usize| -> Result<HostTensor, LoadError> {
+            let module = format!("{p}.{name}");
+            linear(shards, quant, &module, out, inp)?.ok_or_else(|| {
+                LoadError::invalid(
+                    shards.first_path(),
+                    format!(
+                        "tensor {module}.weight is missing; expected shape [{out}, {inp}] (or its quantized parts)"
+                    ),
+                )
+            })
+        };
         let bias = |name: &str, n: usize, heads: usize| -> Result<Option<HostTensor>, LoadError> {
             let b = if qwen { Some(t(name, &[n])?) } else { None };
             Ok(b.map(|b| if heads > 0 { permute_rows(&b, heads, ToInterleaved) } else { b }))
         };
         layers.push(LayerWeights {
             attn_norm: t("input_layernorm.weight", &[dim])?,
-            wq: permute_rows(&t("self_attn.q_proj.weight", &[q_dim, dim])?, arch.n_heads, ToInterleaved),
-            wk: permute_rows(&t("self_attn.k_proj.weight", &[kv_dim, dim])?, arch.n_kv_heads, ToInterleaved),
-            wv: t("self_attn.v_proj.weight", &[kv_dim, dim])?,
-            wo: t("self_attn.o_proj.weight", &[dim, q_dim])?,
+            wq: permute_rows(&lin("self_attn.q_proj", q_dim, dim)?, arch.n_heads, ToInterleaved),
+            wk: permute_rows(&lin("self_attn.k_proj", kv_dim, dim)?, arch.n_kv_heads, ToInterleaved),
+            wv: lin("self_attn.v_proj", kv_dim, dim)?,
+            wo: lin("self_attn.o_proj", dim, q_dim)?,
             ffn_norm: t("post_attention_layernorm.weight", &[dim])?,
-            w_gate: t("mlp.gate_proj.weight", &[hidden, dim])?,
-            w_up: t("mlp.up_proj.weight", &[hidden, dim])?,
-            w_down: t("mlp.down_proj.weight", &[dim, hidden])?,
+            w_gate: lin("mlp.gate_proj", hidden, dim)?,
+            w_up: lin("mlp.up_proj", hidden, dim)?,
+            w_down: lin("mlp.down_proj", dim, hidden)?,
             bq: bias("self_attn.q_proj.bias", q_dim, arch.n_heads)?,
             bk: bias("self_attn.k_proj.bias", kv_dim, arch.n_kv_heads)?,
             bv: bias("self_attn.v_proj.bias", kv_dim, 0)?,
         });
     }
     let final_norm = shards.require("model.norm.weight", &[dim])?;
-    let output = if arch.tied_embeddings { None } else { shards.get("lm_head.weight", &[vocab, dim])? };
+    let output = if arch.tied_embeddings { None } else { linear(shards, quant, "lm_head", vocab, dim)? };
     // A checkpoint without lm_head ties it to the embedding whatever config.json says.
     arch.tied_embeddings = output.is_none();
     Ok(HostModel { arch, token_embedding, layers, final_norm, output })

@@ -17,9 +17,12 @@
 //!   unquantized baseline (4 bytes per value, vectors included). The embedding and an untied head
 //!   are counted in the storage format too: the figure for quantizing every matrix.
 //! - **KV cache** = `2 (K and V) · L · n_kv_heads · head_dim · bytes · seq_len · batch`.
-//! - **Source storage** (GGUF files, [`source_storage`]): per tensor type of the file, the
+//! - **Source storage** (GGUF files and quantized Hugging Face folders, [`source_storage`]): per tensor type of the file, the
 //!   tensors, their values and the bytes their data takes (`elements / block size · type size`),
 //!   and `8 · bytes / values` bits per weight, per type and over the file: a mixed file's real cost.
+//!   For a quantized Hugging Face folder each quantized linear layer counts once, under the
+//!   folder's format (`gptq 4-bit g128 v1`, ...), with its `out × in` weights and the bytes of
+//!   all its stored parts (codes, scales, zero points, `g_idx`); other tensors under their dtype.
 //! - **FLOPs per generated token** ≈ `2 · (matmul parameters)` + `2 · 2 · L · n_heads · head_dim
 //!   · context`, where the matmul parameters are the layers' seven linears plus the head
 //!   (`V·d`, also when tied: the embedding is then multiplied as the head; the embedding lookup

@@ -11,7 +11,7 @@
 //! |---|---|---|---|
 //! | `*.bin` | llama2.c legacy checkpoint | [`read_llama2c_checkpoint`] | llama2.c `tokenizer.bin` ([`Llama2cTokenizer`]) |
 //! | `*.gguf` | GGUF v2/v3 `llama` or `qwen2`, dequantized with `qdrift-ggml` | [`read_gguf`] | embedded: `gpt2` byte-level BPE or `llama` SentencePiece ([`gguf_tokenizer`]) |
-//! | a folder | Hugging Face `config.json` + safetensors (F32/F16/BF16, sharded or not): Llama, Mistral, Qwen2 | [`read_hf_folder`] | `tokenizer.json` via the `tokenizers` crate ([`HfTokenizer`]) |
+//! | a folder | Hugging Face `config.json` + safetensors (F32/F16/BF16, sharded or not; GPTQ, AWQ, compressed-tensors and FP8 quantized folders dequantized on load): Llama, Mistral, Qwen2 | [`read_hf_folder`] | `tokenizer.json` via the `tokenizers` crate ([`HfTokenizer`]) |
 //! | `synthetic:NAME[:SEED]` | seeded random weights of a real shape | [`synthetic_model`] | byte level ([`byte_tokenizer`]) |
 //!
 //! Every reader checks the file against its spec (cited in each module) before allocating, and
@@ -19,8 +19,10 @@
 //! expected shape. Before a file is opened its type is checked (a named pipe, a device or a
 //! socket is refused unopened); small files read whole (JSON, tokenizers) have a size cap;
 //! declared counts are checked against the file's length before anything is allocated; every
-//! weight is checked to be finite after decoding. [`LoadedModel`] also carries the source dtypes, the chat template and the
-//! [`ModelFormat`] (which says whether the weights are synthetic) for reports.
+//! weight is checked to be finite after decoding. [`LoadedModel`] also carries the source dtypes, the chat template, the
+//! [`ModelFormat`] (which says whether the weights are synthetic) and, for a quantized Hugging
+//! Face folder, its [`CheckpointQuant`] (stored format and declared dynamic activations) for
+//! reports and `qdrift eval`.
 //!
 //! Beside the readers: [`write`](mod@write) writes a model as a Hugging Face folder or a GGUF file (fixtures
 //! for round-trip tests, and `qdrift quantize --format gguf`'s writer, which stores ggml blocks as
@@ -37,10 +39,12 @@ mod error;
 mod gguf;
 mod gguf_tokenizer;
 mod hf;
+mod hf_quant;
 mod hf_tokenizer;
 mod input;
 pub mod inspect;
 mod llama2c;
+pub mod ofp8;
 mod open;
 mod rope_layout;
 mod synthetic;
@@ -52,6 +56,7 @@ pub use error::LoadError;
 pub use gguf::{GgufModel, GgufTensorSize, GgufTokenizerMetadata, GgufValue, read_gguf, read_gguf_metadata};
 pub use gguf_tokenizer::gguf_tokenizer;
 pub use hf::read_hf_folder;
+pub use hf_quant::{ActivationFormat, ActivationGranularity, CheckpointActivations, CheckpointQuant};
 pub use hf_tokenizer::HfTokenizer;
 pub use llama2c::read_llama2c_checkpoint;
 pub use open::{LoadedModel, ModelFormat, open_model};

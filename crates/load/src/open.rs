@@ -30,6 +30,10 @@ pub struct LoadedModel {
     /// The chat template (Jinja) the checkpoint ships, if any (GGUF `tokenizer.chat_template`,
     /// `tokenizer_config.json` `chat_template`).
     pub chat_template: Option<String>,
+    /// How a quantized Hugging Face folder stored its weights, and the dynamic activation
+    /// quantization it declares (`None` for unquantized checkpoints and other formats). The
+    /// weights in [`LoadedModel::model`] are already dequantized.
+    pub quantization: Option<crate::CheckpointQuant>,
 }
 
 /// The format a [`LoadedModel`] was read from.
@@ -136,6 +140,7 @@ pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, 
             source_dtypes: gguf.tensor_types.into_iter().map(|(n, t)| (n, t.to_string())).collect(),
             source_storage: Some(source_storage),
             chat_template: gguf.tokenizer.chat_template,
+            quantization: None,
         });
     }
     let model = read_llama2c_checkpoint(path)?;
@@ -155,6 +160,7 @@ pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, 
         source_dtypes,
         source_storage: None,
         chat_template: None,
+        quantization: None,
     })
 }
 

@@ -139,6 +139,7 @@ pub fn synthetic_model(name: &str, seed: u64) -> Result<LoadedModel, LoadError> 
         source_dtypes,
         source_storage: None,
         chat_template: None,
+        quantization: None,
     })
 }
 

@@ -122,4 +122,10 @@ pub enum QuantizeError {
         /// The codec's error.
         source: Box<QuantizeError>,
     },
+    /// A Hugging Face checkpoint layout that cannot hold the given codes or parameters.
+    #[error("{message}")]
+    HfLayout {
+        /// What is wrong.
+        message: String,
+    },
 }

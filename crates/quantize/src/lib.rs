@@ -40,6 +40,7 @@ mod footprint;
 mod fp8;
 mod ggml;
 mod gguf_out;
+mod hf_packed;
 mod int;
 mod model;
 mod nf4;
@@ -54,6 +55,7 @@ pub use footprint::SchemeFootprint;
 pub use fp8::{fp8_decode, fp8_encode};
 pub use ggml::dequantize_ggml_blocks;
 pub use gguf_out::{GgufWriteError, check_gguf_scheme, gguf_schemes, write_gguf};
+pub use hf_packed::{HfLayout, HfPacked, HfTensor, pack_hf};
 pub use model::{
     QuantSummary, QuantizeOptions, QuantizedModel, QuantizedTensor, TensorReport, WeightSlot, quantize_model,
 };
@@ -62,7 +64,7 @@ pub use qdrift_ggml::{GgmlError, RowStorage};
 pub use qdrift_load::rotate_half_row_order;
 pub use recipe::{ActivationQuant, DynamicFormat, KvQuant, Recipe};
 pub use reference::round_to_fp16_reference;
-pub use safetensors_out::{WriteError, write_safetensors};
+pub use safetensors_out::{WriteError, write_hf_quantized, write_safetensors};
 pub use scheme::{Fp8Format, GgmlType, Scheme};
 pub use stats::{ErrorStats, error_stats, try_error_stats};
 
@@ -83,6 +85,10 @@ pub enum PackedDtype {
     F8E4M3,
     /// OCP FP8 E5M2 (safetensors `F8_E5M2`).
     F8E5M2,
+    /// Little-endian 32-bit integers (GPTQ/AWQ/compressed-tensors packed words).
+    I32,
+    /// Little-endian 64-bit integers (compressed-tensors `weight_shape`).
+    I64,
 }
 
 impl PackedDtype {
@@ -96,6 +102,8 @@ impl PackedDtype {
             PackedDtype::F32 => "F32",
             PackedDtype::F8E4M3 => "F8_E4M3",
             PackedDtype::F8E5M2 => "F8_E5M2",
+            PackedDtype::I32 => "I32",
+            PackedDtype::I64 => "I64",
         }
     }
 }

@@ -1,4 +1,6 @@
-//! Writes a [`QuantizedModel`] as a Hugging Face Llama safetensors file.
+//! Writes a [`QuantizedModel`] as a Hugging Face Llama safetensors file, and (for the readers'
+//! tests) a model as a quantized Hugging Face folder ([`write_hf_quantized`], the layouts of
+//! `hf_packed.rs`).
 //!
 //! The only module of this crate that does I/O. Tensor names are those of `transformers`'
 //! `LlamaForCausalLM`:
@@ -32,7 +34,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use qdrift_load::{HostTensor, rotate_half_row_order};
+use qdrift_load::{HostModel, HostTensor, rotate_half_row_order};
 use safetensors::{Dtype, View};
 
 use crate::model::{QuantizedModel, WeightSlot};
@@ -66,6 +68,22 @@ pub enum WriteError {
         tensor: String,
         /// What is wrong.
         message: String,
+    },
+    /// The base folder of [`write_hf_quantized`] could not be written or read back.
+    #[error("{path}: {message}")]
+    Folder {
+        /// The file or folder.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// A quantizer refused the weights of [`write_hf_quantized`].
+    #[error("{path}: {source}")]
+    Quantize {
+        /// The folder.
+        path: PathBuf,
+        /// Why.
+        source: crate::QuantizeError,
     },
     /// An extra metadata key that qdrift already sets, or that is given twice.
     #[error("{path}: metadata key \"{key}\" is set twice")]
@@ -230,6 +248,8 @@ fn safetensors_dtype(dtype: PackedDtype) -> Dtype {
         PackedDtype::F32 => Dtype::F32,
         PackedDtype::F8E4M3 => Dtype::F8_E4M3,
         PackedDtype::F8E5M2 => Dtype::F8_E5M2,
+        PackedDtype::I32 => Dtype::I32,
+        PackedDtype::I64 => Dtype::I64,
     }
 }
 
@@ -377,4 +397,58 @@ fn permute_part_rows(part: PackedPart, rows: usize, order: &[usize]) -> Result<P
     }
     let bytes = order.iter().flat_map(|&r| &part.bytes[r * row_bytes..(r + 1) * row_bytes]).copied().collect();
     Ok(PackedPart { bytes, ..part })
+}
+
+/// Writes `model` as a quantized Hugging Face folder in `layout` ([`crate::pack_hf`]), with
+/// `tokenizer`, and returns the model a reader of the folder must produce (the packed layers
+/// dequantized).
+///
+/// The folder is [`qdrift_load::write::write_hf_folder`]'s at F16 (so `model` should hold FP16
+/// values, such as [`crate::round_to_fp16_reference`]'s, for the unquantized tensors to read back
+/// unchanged), with each packed layer's `.weight` replaced by its packed tensors and
+/// `quantization_config` added to `config.json`. Fixtures for readers' tests, not a conversion
+/// tool; not atomic.
+///
+/// # Errors
+/// [`WriteError::Quantize`] when a quantizer refuses the weights, [`WriteError::Folder`] when a
+/// file cannot be written or read back.
+pub fn write_hf_quantized(
+    dir: &Path,
+    model: &HostModel,
+    tokenizer: &qdrift_load::Llama2cTokenizer,
+    layout: crate::HfLayout,
+) -> Result<HostModel, WriteError> {
+    let folder = |path: &Path, message: String| WriteError::Folder { path: path.to_path_buf(), message };
+    let packed =
+        crate::pack_hf(model, layout).map_err(|source| WriteError::Quantize { path: dir.to_path_buf(), source })?;
+    qdrift_load::write::write_hf_folder(dir, model, tokenizer, qdrift_load::write::WriteDtype::F16)
+        .map_err(|e| folder(dir, e.to_string()))?;
+    let weights = dir.join("model.safetensors");
+    let bytes = std::fs::read(&weights).map_err(|e| folder(&weights, e.to_string()))?;
+    let base = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| folder(&weights, e.to_string()))?;
+    let mut tensors: Vec<(String, OutTensor<'_>)> = Vec::new();
+    for (name, view) in base.tensors() {
+        if packed.replaced.contains(&name) {
+            continue;
+        }
+        let (dtype, shape, bytes) = (view.dtype(), view.shape().to_vec(), view.data().to_vec());
+        tensors.push((name, OutTensor::Part { dtype, shape, bytes }));
+    }
+    for t in &packed.tensors {
+        let (dtype, shape, bytes) = (safetensors_dtype(t.dtype), t.shape.clone(), t.bytes.clone());
+        tensors.push((t.name.clone(), OutTensor::Part { dtype, shape, bytes }));
+    }
+    safetensors::serialize_to_file(tensors, None, &weights)
+        .map_err(|source| WriteError::Safetensors { path: weights.clone(), source })?;
+    let config_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&config_path).map_err(|e| folder(&config_path, e.to_string()))?;
+    let mut config: serde_json::Value = serde_json::from_str(&text).map_err(|e| folder(&config_path, e.to_string()))?;
+    let q: serde_json::Value =
+        serde_json::from_str(&packed.quantization_config).map_err(|e| folder(&config_path, e.to_string()))?;
+    if let Some(obj) = config.as_object_mut() {
+        obj.insert("quantization_config".into(), q);
+    }
+    let text = serde_json::to_string_pretty(&config).map_err(|e| folder(&config_path, e.to_string()))?;
+    std::fs::write(&config_path, text).map_err(|source| WriteError::Io { path: config_path, source })?;
+    Ok(packed.dequantized)
 }

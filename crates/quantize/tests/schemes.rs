@@ -98,7 +98,8 @@ fn dtype_size(dtype: PackedDtype) -> usize {
     match dtype {
         PackedDtype::U8 | PackedDtype::I8 | PackedDtype::F8E4M3 | PackedDtype::F8E5M2 => 1,
         PackedDtype::F16 | PackedDtype::BF16 => 2,
-        PackedDtype::F32 => 4,
+        PackedDtype::F32 | PackedDtype::I32 => 4,
+        PackedDtype::I64 => 8,
     }
 }
 

@@ -186,7 +186,8 @@ pub struct Variant {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheme: Option<String>,
     /// What a `kind = scheme` variant quantizes, part by part (added in schema 1 as an optional
-    /// field; older reports have none).
+    /// field; older reports have none); for a quantized Hugging Face checkpoint, its stored weight
+    /// format (`gptq 4-bit g128 v1`, ...) and the activation rounding its config declares.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recipe: Option<RecipeParts>,
     /// The checkpoint's file (or folder) name, without the folders around it, for

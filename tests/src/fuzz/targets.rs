@@ -6,13 +6,26 @@ use std::sync::OnceLock;
 use qdrift_eval::EvalSet;
 use qdrift_load::write::{WriteDtype, write_gguf, write_hf_folder};
 use qdrift_load::{Llama2cTokenizer, Tokenizer, byte_tokenizer, open_model, synthetic_model};
+use qdrift_quantize::{HfLayout, round_to_fp16_reference, write_hf_quantized};
 use qdrift_report::{Report, Thresholds, gate, render_markdown};
 
 use super::{Outcome, Rng, Target, formats, mutate};
 
 /// Every target, in the order `cargo xtask fuzz` runs them.
 pub fn targets() -> &'static [&'static dyn Target] {
-    &[&Gguf, &Safetensors, &HfConfig, &HfTokenizer, &Llama2c, &Llama2cTok, &EvalSetJsonl, &ThresholdsToml, &ReportJson]
+    &[
+        &Gguf,
+        &Safetensors,
+        &HfConfig,
+        &HfQuantTensors,
+        &HfQuantConfig,
+        &HfTokenizer,
+        &Llama2c,
+        &Llama2cTok,
+        &EvalSetJsonl,
+        &ThresholdsToml,
+        &ReportJson,
+    ]
 }
 
 fn refused(e: impl std::fmt::Display) -> Outcome {
@@ -121,6 +134,61 @@ impl Target for HfConfig {
     }
     fn prepare(&self, work: &Path) -> Result<Vec<Vec<u8>>, String> {
         prepare_hf(work, "config.json")
+    }
+    fn mutate(&self, rng: &mut Rng, seed: &[u8], donors: &[Vec<u8>]) -> Vec<u8> {
+        mutate::json_document(rng, seed, donors)
+    }
+    fn run(&self, input: &Path) -> Outcome {
+        open(input.parent().unwrap_or(input), None)
+    }
+}
+
+/// The `tiny` model (FP16) as a quantized Hugging Face folder `work/{dir}` in `layout`; the seed
+/// is its `file`.
+fn prepare_hf_quant(work: &Path, dir: &str, layout: HfLayout, file: &str) -> Result<Vec<Vec<u8>>, String> {
+    let (mut model, tok) = tiny()?;
+    round_to_fp16_reference(&mut model);
+    let dir = work.join(dir);
+    write_hf_quantized(&dir, &model, &tok, layout).map_err(|e| e.to_string())?;
+    Ok(vec![read(&dir.join(file))?])
+}
+
+/// The tensors of a GPTQ v1 folder (4 bits, asymmetric, act order: `qweight`, `qzeros`,
+/// `scales`, `g_idx`).
+struct HfQuantTensors;
+
+impl Target for HfQuantTensors {
+    fn name(&self) -> &'static str {
+        "hf-quant"
+    }
+    fn input_name(&self) -> &'static str {
+        "hfq/model.safetensors"
+    }
+    fn prepare(&self, work: &Path) -> Result<Vec<Vec<u8>>, String> {
+        let layout = HfLayout::Gptq { bits: 4, group: Some(16), asym: true, act_order: true, v2: false };
+        prepare_hf_quant(work, "hfq", layout, "model.safetensors")
+    }
+    fn mutate(&self, rng: &mut Rng, seed: &[u8], donors: &[Vec<u8>]) -> Vec<u8> {
+        formats::safetensors(rng, seed, donors)
+    }
+    fn run(&self, input: &Path) -> Outcome {
+        open(input.parent().unwrap_or(input), None)
+    }
+}
+
+/// The `config.json` of a compressed-tensors folder (pack-quantized int4, asymmetric, group 16):
+/// its `quantization_config` is what is mutated.
+struct HfQuantConfig;
+
+impl Target for HfQuantConfig {
+    fn name(&self) -> &'static str {
+        "hf-quant-config"
+    }
+    fn input_name(&self) -> &'static str {
+        "hfqc/config.json"
+    }
+    fn prepare(&self, work: &Path) -> Result<Vec<Vec<u8>>, String> {
+        prepare_hf_quant(work, "hfqc", HfLayout::CtPacked { bits: 4, group: 16, asym: true }, "config.json")
     }
     fn mutate(&self, rng: &mut Rng, seed: &[u8], donors: &[Vec<u8>]) -> Vec<u8> {
         mutate::json_document(rng, seed, donors)

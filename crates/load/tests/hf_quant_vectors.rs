@@ -1,0 +1,105 @@
+//! Quantized Hugging Face folders packed by an independent implementation (`hf_quant_py/`,
+//! numpy transliterations of AutoGPTQ's, GPTQModel's, AutoAWQ's and compressed-tensors' packing
+//! functions and of the FP8 block layout; see `generate.py`) read by `open_model`: every linear
+//! layer equals the script's dequantization bit for bit, after the reader's q/k permutation to
+//! the interleaved RoPE layout.
+
+use std::path::Path;
+
+use qdrift_load::{ActivationFormat, ActivationGranularity, CheckpointActivations, open_model, rotate_half_row_order};
+use safetensors::SafeTensors;
+
+const LINEARS: [&str; 7] = [
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+];
+
+/// Reads `name`'s folder and compares each linear layer with `expected.safetensors`; returns
+/// the reported weight format and activations.
+fn check(name: &str) -> (String, Option<CheckpointActivations>) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hf_quant_py").join(name);
+    let loaded = open_model(&dir, None).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let bytes = std::fs::read(dir.join("expected.safetensors")).expect("expected.safetensors");
+    let expected = SafeTensors::deserialize(&bytes).expect("safetensors");
+    let arch = &loaded.model.arch;
+    let layer = &loaded.model.layers[0];
+    for (short, got) in layer.linears() {
+        assert!(LINEARS.contains(&short));
+        let t = expected.tensor(&format!("model.layers.0.{short}.weight")).expect("expected tensor");
+        let want: Vec<f32> = t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let (rows, cols) = (t.shape()[0], t.shape()[1]);
+        assert_eq!(got.shape, [rows, cols], "{name} {short}");
+        // Hugging Face row r is interleaved row order[r] for q and k.
+        let heads = match short {
+            "self_attn.q_proj" => Some(arch.n_heads),
+            "self_attn.k_proj" => Some(arch.n_kv_heads),
+            _ => None,
+        };
+        let order: Vec<usize> = heads.map_or_else(|| (0..rows).collect(), |h| rotate_half_row_order(h, rows / h));
+        for (r, &o) in order.iter().enumerate() {
+            for c in 0..cols {
+                let (g, w) = (got.data[o * cols + c], want[r * cols + c]);
+                assert_eq!(g.to_bits(), w.to_bits(), "{name} {short}[{r}, {c}]: {g} vs {w}");
+            }
+        }
+    }
+    let q = loaded.quantization.expect("a quantized folder");
+    (q.weights, q.activations)
+}
+
+#[test]
+fn gptq_v1_4bit_act_order() {
+    assert_eq!(check("gptq_v1_4bit_desc_act").0, "gptq 4-bit g16 v1");
+}
+
+#[test]
+fn gptq_v2_8bit_asymmetric() {
+    assert_eq!(check("gptq_v2_8bit_asym").0, "gptq 8-bit g16 v2");
+}
+
+#[test]
+fn awq_gemm() {
+    assert_eq!(check("awq_gemm").0, "awq 4-bit g16");
+}
+
+#[test]
+fn compressed_tensors_pack_quantized_int4_asymmetric_padded() {
+    assert_eq!(check("ct_pack_int4_asym").0, "compressed-tensors pack-quantized int4 group 4 asym");
+}
+
+#[test]
+fn compressed_tensors_fp8_with_dynamic_token_activations() {
+    let (weights, acts) = check("ct_fp8_channel");
+    assert_eq!(weights, "compressed-tensors float-quantized fp8 per channel");
+    let want = CheckpointActivations { format: ActivationFormat::Fp8E4M3, granularity: ActivationGranularity::Token };
+    assert_eq!(acts, Some(want));
+}
+
+#[test]
+fn fp8_blocks_with_partial_blocks() {
+    let (weights, acts) = check("fp8_block");
+    assert_eq!(weights, "fp8 e4m3 block 16x16");
+    assert_eq!(acts.map(|a| a.granularity), Some(ActivationGranularity::TokenGroup(16)));
+}
+
+#[test]
+fn inspect_reports_the_stored_bytes_per_format() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hf_quant_py/gptq_v1_4bit_desc_act");
+    let loaded = open_model(&dir, None).expect("gptq folder");
+    let s = loaded.source_storage.expect("source storage");
+    let q = s.by_type.iter().find(|t| t.dtype == "gptq 4-bit g16 v1").expect("the quantized layers");
+    assert_eq!(q.tensors, 7);
+    // 64·64·5 + 32·64·2 = 24,576 weights: 4 bits each, per 16 inputs an F16
+    // scale and a 4-bit zero point per output, + 4 bytes of g_idx per input.
+    assert_eq!(q.elements, 24_576);
+    let (codes, scales, zeros) = (24_576 / 2, 24_576 / 16 * 2, 24_576 / 16 / 2);
+    let g_idx = 7 * 64 * 4;
+    assert_eq!(q.bytes, (codes + scales + zeros + g_idx) as u64);
+    let f16 = s.by_type.iter().find(|t| t.dtype == "F16").expect("embedding and norms");
+    assert_eq!((f16.tensors, f16.elements), (4, 16 * 64 + 3 * 64));
+}
