@@ -354,7 +354,12 @@ fn assemble_report(
 }
 
 /// What a saved reference depends on, for this run.
-fn store_key(cfg: &EvalConfig, plan: &Plan, loaded: &LoadedModel, prompts: &EncodedPrompts<'_>) -> Result<StoreKey, EvalError> {
+fn store_key(
+    cfg: &EvalConfig,
+    plan: &Plan,
+    loaded: &LoadedModel,
+    prompts: &EncodedPrompts<'_>,
+) -> Result<StoreKey, EvalError> {
     let synthetic = loaded.format.is_synthetic();
     let hash = |p: &std::path::Path| if synthetic { Ok(String::new()) } else { sha256_file(p) };
     Ok(StoreKey {

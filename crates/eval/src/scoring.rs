@@ -26,8 +26,8 @@ use crate::aggregate::Trace;
 use crate::compact::CompactReference;
 use crate::dump::Dump;
 use crate::plan::{KlMode, Plan};
-use crate::store::{StoredReference, StoredSide, hidden_bytes, hidden_tensor};
 use crate::run::ProgressFn;
+use crate::store::{StoredReference, StoredSide, hidden_bytes, hidden_tensor};
 use crate::{EvalError, Progress, REFERENCE_NAME};
 
 /// Per prompt, the prompt's tokens and a continuation of it: the text a model is teacher-forced

@@ -82,10 +82,7 @@ pub struct StoreKey {
 impl StoreKey {
     /// The first field where `self` (the store's) and `run` differ: its name and both values.
     fn mismatch(&self, run: &StoreKey) -> Option<(&'static str, String, String)> {
-        let (a, b) = (
-            serde_json::to_value(self).unwrap_or_default(),
-            serde_json::to_value(run).unwrap_or_default(),
-        );
+        let (a, b) = (serde_json::to_value(self).unwrap_or_default(), serde_json::to_value(run).unwrap_or_default());
         const FIELDS: [&str; 14] = [
             "model_sha256",
             "tokenizer_sha256",
@@ -121,11 +118,14 @@ pub(crate) fn prompt_tokens_sha256(prompts: &[Vec<u32>]) -> String {
     sha256_hex(&bytes)
 }
 
+/// One chunk of stored hidden states: (first prompt, start), shape `[rows, positions, dim]`,
+/// dtype-native little-endian bytes.
+pub(crate) type HiddenChunk = ((usize, usize), [usize; 3], Vec<u8>);
+
 /// What the reference kept of its pass on its own text.
 pub(crate) enum StoredSide {
-    /// Final hidden states per chunk, keyed by (first prompt, start): shape and dtype-native
-    /// bytes.
-    Hidden(Vec<((usize, usize), [usize; 3], Vec<u8>)>),
+    /// Final hidden states per chunk, in (first prompt, start) order.
+    Hidden(Vec<HiddenChunk>),
     /// The compact statistics.
     Compact(CompactReference),
 }
@@ -303,8 +303,8 @@ pub(crate) fn read_store(dir: &Path, run: &StoreKey) -> Result<StoredReference, 
     let fail = |problem: String| EvalError::Store { path: dir.to_path_buf(), problem };
     let manifest_path = dir.join("manifest.json");
     let text = read_capped(dir, &manifest_path, MANIFEST_CAP)?;
-    let manifest: Manifest =
-        serde_json::from_slice(&text).map_err(|e| fail(format!("manifest.json is not a reference store manifest: {e}")))?;
+    let manifest: Manifest = serde_json::from_slice(&text)
+        .map_err(|e| fail(format!("manifest.json is not a reference store manifest: {e}")))?;
     if manifest.format != STORE_FORMAT || manifest.version != STORE_VERSION {
         return Err(fail(format!(
             "is {} version {}; this qdrift reads {STORE_FORMAT} version {STORE_VERSION}",
@@ -317,7 +317,11 @@ pub(crate) fn read_store(dir: &Path, run: &StoreKey) -> Result<StoredReference, 
     let data_path = dir.join("reference.bin");
     let data = read_capped(dir, &data_path, DATA_CAP.min(manifest.data_bytes))?;
     if data.len() as u64 != manifest.data_bytes {
-        return Err(fail(format!("reference.bin holds {} bytes, the manifest says {}", data.len(), manifest.data_bytes)));
+        return Err(fail(format!(
+            "reference.bin holds {} bytes, the manifest says {}",
+            data.len(),
+            manifest.data_bytes
+        )));
     }
     let sha = {
         let mut h = Sha256::new();
@@ -355,7 +359,8 @@ impl<'a> Sections<'a> {
     fn new(sections: &'a [Section], data: &'a [u8]) -> Result<Sections<'a>, String> {
         let mut by_name = HashMap::new();
         for s in sections {
-            let size = element_bytes(&s.dtype).ok_or_else(|| format!("section {}: unknown type {}", s.name, s.dtype))?;
+            let size =
+                element_bytes(&s.dtype).ok_or_else(|| format!("section {}: unknown type {}", s.name, s.dtype))?;
             let count = s.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
             let end = s.offset.checked_add(s.bytes);
             match (count.and_then(|c| c.checked_mul(size)), end) {
@@ -379,11 +384,19 @@ impl<'a> Sections<'a> {
     }
 
     fn u32s(&self, name: &str, shape: &[usize]) -> Result<Vec<u32>, String> {
-        Ok(self.get(name, "u32", shape)?.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        Ok(self
+            .get(name, "u32", shape)?
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 
     fn f32s(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, String> {
-        Ok(self.get(name, "f32", shape)?.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        Ok(self
+            .get(name, "f32", shape)?
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 }
 
@@ -409,14 +422,18 @@ fn decode(s: &Sections<'_>, run: &StoreKey) -> Result<StoredReference, String> {
                 return Err(format!("section {name}: shape {:?} is not [rows, positions, dim]", sec.shape));
             };
             if sec.dtype != dtype || p + rows > n || start + len > h {
-                return Err(format!("section {name}: {} {:?} does not fit {n} prompts × {h} positions in {dtype}", sec.dtype, sec.shape));
+                return Err(format!(
+                    "section {name}: {} {:?} does not fit {n} prompts × {h} positions in {dtype}",
+                    sec.dtype, sec.shape
+                ));
             }
             chunks.push(((p, start), [rows, len, dim], bytes.to_vec()));
         }
         chunks.sort_by_key(|(k, _, _)| *k);
         StoredSide::Hidden(chunks)
     } else {
-        let k: usize = run.kl.strip_prefix("top-").and_then(|k| k.parse().ok()).ok_or_else(|| format!("kl {}", run.kl))?;
+        let k: usize =
+            run.kl.strip_prefix("top-").and_then(|k| k.parse().ok()).ok_or_else(|| format!("kl {}", run.kl))?;
         let top_ids = s.u32s("top_ids", &[n, h, k])?;
         let top_logp = s.f32s("top_logp", &[n, h, k])?;
         let tail_logp = s.f32s("tail_logp", &[n, h])?;
@@ -465,7 +482,10 @@ pub(crate) fn hidden_bytes(hidden: &Tensor<3>, dtype: DType) -> Result<([usize; 
     let dims = hidden.dims();
     let data = hidden.to_data();
     if data.dtype() != dtype {
-        return Err(EvalError::Internal(format!("hidden states are {:?}, the reference computes in {dtype:?}", data.dtype())));
+        return Err(EvalError::Internal(format!(
+            "hidden states are {:?}, the reference computes in {dtype:?}",
+            data.dtype()
+        )));
     }
     Ok((dims, data.into_bytes().to_vec()))
 }
