@@ -25,7 +25,7 @@ struct Cli {
 enum Command {
     /// Evaluate how far quantized variants drift from the FP16 reference over 10, 100 and 1000
     /// generated tokens; writes OUT/report.json.
-    Eval(eval::EvalArgs),
+    Eval(Box<eval::EvalArgs>),
     /// Check a report against thresholds: exit 0 if every check passes, 1 if any fails, 2 on
     /// unusable input.
     Gate(gate::GateArgs),
@@ -44,7 +44,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Gate(args) => return gate::run(&args),
         Command::Inspect(args) => inspect::run(args),
-        Command::Eval(args) => match eval::run(args) {
+        Command::Eval(args) => match eval::run(*args) {
             Ok(Some(code)) => return code,
             Ok(None) => Ok(()),
             Err(e) => Err(e),
