@@ -7,7 +7,10 @@ use std::process::ExitCode;
 use burn::tensor::DType;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use qdrift_eval::{DEFAULT_EVAL_SET_RULE, EvalConfig, OutputDir, Progress, VariantSpec, built_in_names, evaluate};
+use qdrift_eval::{
+    DEFAULT_EVAL_SET_RULE, EvalConfig, Evaluated, OutputDir, Part, Progress, Shard, VariantSpec, built_in_names,
+    evaluate_any, merge,
+};
 use qdrift_generate::BackendChoice;
 use qdrift_quantize::{QuantizeOptions, Recipe};
 use qdrift_report::{Report, Thresholds, render_html, render_markdown, render_summary, write_atomic};
@@ -83,6 +86,12 @@ pub struct EvalArgs {
     /// KL mode and qdrift version are the ones it was saved with.
     #[arg(long)]
     reference: Option<PathBuf>,
+    /// Evaluate one shard of the run, INDEX/COUNT (0 ≤ INDEX < COUNT): batches INDEX,
+    /// INDEX + COUNT, … of the whole prompt list (cut exactly as the unsharded run cuts them);
+    /// --out receives a part (part.json, traces.bin) instead of a report. `qdrift merge` makes
+    /// the report from all parts, byte-identical to the unsharded run's.
+    #[arg(long)]
+    shard: Option<Shard>,
     /// Write both models' full log-probabilities at every teacher-forced position to this JSONL
     /// file (large; for independent checks).
     #[arg(long)]
@@ -124,11 +133,17 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
         args.gate.as_ref().map(|t| Ok::<_, Box<dyn Error>>((t.clone(), Thresholds::read(t)?))).transpose()?;
     let output = OutputDir::prepare(&args.out)?;
     let cfg = config(&args, thresholds);
-    let report = evaluate_with_progress(&cfg)?;
+    let report = match evaluate_with_progress(&cfg)? {
+        Evaluated::Report(report) => report,
+        Evaluated::Part(part) => {
+            part.write(output.staging())?;
+            output.commit()?;
+            println!("part {}: {} (merge all parts with `qdrift merge`)", part.shard(), args.out.display());
+            return Ok(None);
+        }
+    };
+    write_reports(&report, &output)?;
     let path = output.staging().join("report.json");
-    report.write(&path)?;
-    write_atomic(&output.staging().join("report.md"), render_markdown(&report).as_bytes())?;
-    write_atomic(&output.staging().join("report.html"), render_html(&report)?.as_bytes())?;
     print!("{}", render_summary(&report));
     // The gate reads the staged report; a JUnit file inside --out is staged with it.
     let code = args.gate.as_deref().map(|t| {
@@ -138,6 +153,39 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     output.commit()?;
     println!("reports: {} (.md, .html)", args.out.join("report.json").display());
     Ok(code)
+}
+
+/// Writes report.json, report.md and report.html into `output`'s staging folder.
+fn write_reports(report: &Report, output: &OutputDir) -> Result<(), Box<dyn Error>> {
+    report.write(&output.staging().join("report.json"))?;
+    write_atomic(&output.staging().join("report.md"), render_markdown(report).as_bytes())?;
+    write_atomic(&output.staging().join("report.html"), render_html(report)?.as_bytes())?;
+    Ok(())
+}
+
+/// Arguments of `qdrift merge`.
+#[derive(Args)]
+pub struct MergeArgs {
+    /// The parts, one folder per shard (`qdrift eval --shard I/N --out PART`), in any order.
+    #[arg(required = true)]
+    parts: Vec<PathBuf>,
+    /// Output folder: report.json, report.md and report.html, written together (as `qdrift
+    /// eval` writes them).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Runs `qdrift merge`: reads every part, checks they are the shards of one run, and writes the
+/// report.
+pub fn run_merge(args: MergeArgs) -> Result<(), Box<dyn Error>> {
+    let output = OutputDir::prepare(&args.out)?;
+    let parts = args.parts.iter().map(|p| Part::read(p)).collect::<Result<Vec<_>, _>>()?;
+    let report = merge(parts)?;
+    write_reports(&report, &output)?;
+    print!("{}", render_summary(&report));
+    output.commit()?;
+    println!("reports: {} (.md, .html)", args.out.join("report.json").display());
+    Ok(())
 }
 
 /// The evaluation's configuration from the arguments.
@@ -159,20 +207,21 @@ fn config(args: &EvalArgs, gate: Option<(PathBuf, Thresholds)>) -> EvalConfig {
     cfg.reference_top_k = args.reference_top_k;
     cfg.save_reference = args.save_reference.clone();
     cfg.reference_store = args.reference.clone();
+    cfg.shard = args.shard;
     cfg.allow_long = args.allow_long;
     cfg.gate = gate;
     cfg
 }
 
 /// [`evaluate`] with a progress bar on stderr.
-fn evaluate_with_progress(cfg: &EvalConfig) -> Result<Report, qdrift_eval::EvalError> {
+fn evaluate_with_progress(cfg: &EvalConfig) -> Result<Evaluated, qdrift_eval::EvalError> {
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{prefix:>18} [{bar:30}] {pos}/{len} tokens  {msg} ETA {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
-    let report = evaluate(cfg, &mut |p| match p {
+    let report = evaluate_any(cfg, &mut |p| match p {
         Progress::Generating { model, tokens } => {
             bar.reset();
             bar.set_length(tokens);

@@ -26,6 +26,9 @@ enum Command {
     /// Evaluate how far quantized variants drift from the FP16 reference over 10, 100 and 1000
     /// generated tokens; writes OUT/report.json.
     Eval(Box<eval::EvalArgs>),
+    /// Make the report of a sharded evaluation (`qdrift eval --shard I/N`) from all its parts;
+    /// byte-identical to the unsharded run's report.
+    Merge(eval::MergeArgs),
     /// Check a report against thresholds: exit 0 if every check passes, 1 if any fails, 2 on
     /// unusable input.
     Gate(gate::GateArgs),
@@ -49,6 +52,7 @@ fn main() -> ExitCode {
             Ok(None) => Ok(()),
             Err(e) => Err(e),
         },
+        Command::Merge(args) => eval::run_merge(args),
         Command::Generate(args) => generate::run(args),
         Command::Quantize(args) => quantize::run(args),
     };

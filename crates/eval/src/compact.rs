@@ -14,6 +14,7 @@
 use qdrift_generate::teacher_forced;
 use qdrift_model::Llama;
 use qdrift_score::{CompactChunk, compact_reference_on_device};
+use serde::{Deserialize, Serialize};
 
 use crate::EvalError;
 use crate::plan::Plan;
@@ -63,6 +64,17 @@ pub struct CompactReference {
     pub prompts: Vec<PromptStats>,
 }
 
+/// The tail mass of one prompt's positions: their sum, largest value and count.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TailSums {
+    /// Σ `p_tail` over the prompt's positions, summed in position order.
+    pub sum: f64,
+    /// Largest `p_tail`.
+    pub max: f64,
+    /// Positions.
+    pub positions: usize,
+}
+
 /// The tail mass over every kept position: its largest and mean value.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TailMass {
@@ -70,6 +82,20 @@ pub struct TailMass {
     pub max: f64,
     /// Mean `p_tail` over positions.
     pub mean: f64,
+}
+
+impl TailSums {
+    /// The tail mass over all prompts, summed in prompt order (so a run and the merge of its
+    /// shards give the same bits).
+    pub fn total(prompts: &[TailSums]) -> TailMass {
+        let (mut max, mut sum, mut n) = (0.0f64, 0.0f64, 0usize);
+        for p in prompts {
+            max = max.max(p.max);
+            sum += p.sum;
+            n += p.positions;
+        }
+        TailMass { max, mean: if n == 0 { 0.0 } else { sum / n as f64 } }
+    }
 }
 
 impl CompactReference {
@@ -172,16 +198,20 @@ impl CompactReference {
         c
     }
 
-    /// Largest and mean tail mass over every position (the share of the reference's
-    /// probability the top K do not hold, where the KL bound can lose divergence).
-    pub fn tail_mass(&self) -> TailMass {
-        let (mut max, mut sum, mut n) = (0.0f64, 0.0f64, 0usize);
-        for p in self.prompts.iter().flat_map(|p| &p.tail_logp) {
-            let m = f64::from(*p).exp();
-            max = max.max(m);
-            sum += m;
-            n += 1;
-        }
-        TailMass { max, mean: if n == 0 { 0.0 } else { sum / n as f64 } }
+    /// Each prompt's tail mass (the share of the reference's probability the top K do not
+    /// hold, where the KL bound can lose divergence): sum, largest value, positions.
+    pub fn tail_sums(&self) -> Vec<TailSums> {
+        self.prompts
+            .iter()
+            .map(|p| {
+                let (mut max, mut sum) = (0.0f64, 0.0f64);
+                for l in &p.tail_logp {
+                    let m = f64::from(*l).exp();
+                    max = max.max(m);
+                    sum += m;
+                }
+                TailSums { sum, max, positions: p.tail_logp.len() }
+            })
+            .collect()
     }
 }

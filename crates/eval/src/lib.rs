@@ -45,6 +45,7 @@ mod plan;
 mod prompts;
 mod run;
 mod scoring;
+mod shard;
 mod store;
 mod variant;
 
@@ -54,7 +55,12 @@ pub use evalset::{EvalPrompt, EvalSet, built_in_names};
 pub use identity::{report_name, sha256_file, sha256_hex};
 pub use output::OutputDir;
 pub use plan::MAX_RESAMPLES;
-pub use run::{DEFAULT_EVAL_SET_RULE, EvalConfig, Progress, REFERENCE_NAME, default_eval_set, dtype_name, evaluate};
+pub use plan::Shard;
+pub use run::{
+    DEFAULT_EVAL_SET_RULE, EvalConfig, Evaluated, Progress, REFERENCE_NAME, RunContext, VariantHeader,
+    default_eval_set, dtype_name, evaluate, evaluate_any,
+};
+pub use shard::{Part, merge};
 pub use variant::VariantSpec;
 
 /// Why an evaluation could not run. Every message is one line naming the option, file, prompt or
@@ -131,6 +137,17 @@ pub enum EvalError {
         /// What is wrong.
         problem: String,
     },
+    /// A shard's part cannot be read.
+    #[error("part {}: {problem}", .path.display())]
+    Part {
+        /// The part's folder as given.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+    /// Parts cannot be merged into one report.
+    #[error("cannot merge: {0}")]
+    Merge(String),
     /// A saved reference (`--reference`, `--save-reference`) cannot be used or written.
     #[error("reference store {}: {problem}", .path.display())]
     Store {

@@ -1,6 +1,6 @@
 //! The plan of an evaluation: [`EvalConfig`]'s options checked, and everything the run derives
 //! from them, the model, the prompts and the device (horizons, batch size, teacher-forcing chunk,
-//! precisions, bootstrap settings).
+//! precisions, the shard).
 //!
 //! **Invariant: options are checked before anything is loaded, and the request is checked
 //! against the device ([`check_request`], at both precisions) before any weight is uploaded, so
@@ -13,7 +13,6 @@ use qdrift_generate::{
 use qdrift_load::LlamaArch;
 use qdrift_model::LlamaConfig;
 
-use crate::aggregate::Bootstrap;
 use crate::{EvalConfig, EvalError, VariantSpec};
 
 /// Teacher-forced chunks hold several `[batch, chunk, vocab]` f32 tensors (logits of both models,
@@ -24,6 +23,36 @@ const CHUNK_BYTES: usize = 64 << 20;
 /// The most bootstrap resamples an interval may take: far beyond what any interval needs (2000 is
 /// the default), and small enough that the resampled statistics fit in memory.
 pub const MAX_RESAMPLES: usize = 1_000_000;
+
+/// One shard of a run (`--shard INDEX/COUNT`): batches `INDEX`, `INDEX + COUNT`, … of the
+/// run's batches, which are cut from the whole prompt list exactly as an unsharded run cuts
+/// them, so every prompt shares its batch (and its left padding) with the same prompts and its
+/// numbers are the unsharded run's bit for bit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Shard {
+    /// This shard, from 0.
+    pub index: usize,
+    /// Shards in the run.
+    pub count: usize,
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Shard, String> {
+        let parse = |x: &str| x.trim().parse::<usize>().ok();
+        match s.split_once('/').map(|(i, n)| (parse(i), parse(n))) {
+            Some((Some(index), Some(count))) if count >= 1 && index < count => Ok(Shard { index, count }),
+            _ => Err(format!("{s:?}: expected INDEX/COUNT with 0 ≤ INDEX < COUNT, e.g. 0/4")),
+        }
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
 
 /// How a variant's KL divergence is computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,10 +90,12 @@ pub(crate) struct Plan {
     pub chunk: usize,
     /// The reference's compute precision.
     pub dtype: DType,
-    /// Bootstrap resamples and seed.
-    pub bootstrap: Bootstrap,
     /// How KL divergence is computed.
     pub kl: KlMode,
+    /// The shard this run is, if any.
+    pub shard: Option<Shard>,
+    /// The index in the whole prompt list of each of [`Plan::prompts`].
+    pub prompt_indices: Vec<usize>,
 }
 
 impl Plan {
@@ -87,6 +118,7 @@ impl Plan {
         if !device.supports_f16 {
             return Err(EvalError::NoF16 { adapter: device.adapter.clone() });
         }
+        let (prompts, prompt_indices) = select_shard(cfg.shard, prompts, batch_size)?;
         let longest = horizons.last().copied().unwrap_or(1);
         let generation = GenerationConfig { max_new_tokens: longest, batch_size, stop_at_eos: None };
         for spec in &cfg.variants {
@@ -99,9 +131,18 @@ impl Plan {
         }
         let row_bytes = batch_size.saturating_mul(arch.vocab_size).saturating_mul(4).max(1);
         let chunk = cfg.chunk.min(CHUNK_BYTES / row_bytes).max(1);
-        let bootstrap = Bootstrap { resamples: cfg.resamples, seed: cfg.seed };
         let kl = KlMode::choose(cfg, arch.vocab_size);
-        Ok(Plan { device, prompts, horizons, generation, chunk, dtype: cfg.dtype, bootstrap, kl })
+        Ok(Plan {
+            device,
+            prompts,
+            horizons,
+            generation,
+            chunk,
+            dtype: cfg.dtype,
+            kl,
+            shard: cfg.shard,
+            prompt_indices,
+        })
     }
 
     /// The longest horizon: tokens each model generates per prompt.
@@ -119,6 +160,33 @@ impl Plan {
 /// variants that exist and have distinct names) and returns the horizons, sorted and unique.
 /// Sizes are only compared here; [`check_length`](qdrift_generate::check_length) and
 /// [`check_request`] bound what they multiply into once the prompts are known.
+/// The prompts of `shard` (all of them without one) and their indices in the whole list: the
+/// whole list is cut into batches of `batch_size` (the last may be shorter) and the shard takes
+/// every `count`-th batch from its index. Cutting the shard's list into batches of `batch_size`
+/// again gives the same batches, since only the last batch of the whole list can be short.
+fn select_shard(
+    shard: Option<Shard>,
+    prompts: Vec<Vec<u32>>,
+    batch_size: usize,
+) -> Result<(Vec<Vec<u32>>, Vec<usize>), EvalError> {
+    let Some(Shard { index, count }) = shard else {
+        let indices = (0..prompts.len()).collect();
+        return Ok((prompts, indices));
+    };
+    let batches = prompts.len().div_ceil(batch_size.max(1));
+    if index >= batches {
+        return Err(EvalError::Option {
+            option: "--shard",
+            problem: format!(
+                "{index}/{count}: the run has {batches} batches of up to {batch_size} prompts, so shard {index} would be empty; use at most {batches} shards"
+            ),
+        });
+    }
+    let indices: Vec<usize> = (0..prompts.len()).filter(|i| (i / batch_size.max(1)) % count == index).collect();
+    let chosen = indices.iter().map(|&i| prompts[i].clone()).collect();
+    Ok((chosen, indices))
+}
+
 pub(crate) fn check_options(cfg: &EvalConfig) -> Result<Vec<usize>, EvalError> {
     let option = |option: &'static str, problem: String| Err(EvalError::Option { option, problem });
     let mut horizons = cfg.horizons.clone();
@@ -135,6 +203,20 @@ pub(crate) fn check_options(cfg: &EvalConfig) -> Result<Vec<usize>, EvalError> {
     }
     if cfg.reference_top_k == Some(0) {
         return option("--reference-top-k", "must be at least 1".into());
+    }
+    if cfg.shard.is_some() {
+        let combined = [
+            (cfg.save_reference.is_some(), "--save-reference"),
+            (cfg.reference_store.is_some(), "--reference"),
+            (cfg.gate.is_some(), "--gate"),
+            (cfg.dump_logprobs.is_some(), "--dump-logprobs"),
+        ];
+        if let Some((_, other)) = combined.iter().find(|(on, _)| *on) {
+            return option(
+                "--shard",
+                format!("cannot be combined with {other}: a shard writes a part, `qdrift merge` makes the report"),
+            );
+        }
     }
     if cfg.batch_size == Some(0) {
         return option("--batch-size", "must be at least 1".into());

@@ -4,22 +4,27 @@
 
 use std::path::PathBuf;
 
+use serde::{Deserialize, Serialize};
+
 use burn::tensor::DType;
 use qdrift_generate::{BackendChoice, check_length, context_overflow};
 use qdrift_load::{LoadedModel, open_model};
 use qdrift_model::LlamaConfig;
 use qdrift_quantize::{QuantizeOptions, round_to_fp16_reference};
 use qdrift_report::{
-    EvalSetInfo, KlMethod, ModelInfo, ModelShape, Reference, Report, SCHEMA_VERSION, Thresholds, Variant, Workload,
+    EvalSetInfo, KlMethod, ModelInfo, ModelShape, RecipeParts, Reference, Report, SCHEMA_VERSION, TensorError,
+    Thresholds, Variant, VariantKind, Workload,
 };
 
-use crate::aggregate::{self, Trace};
+use crate::aggregate::{self, Bootstrap, Trace};
+use crate::compact::TailSums;
 use crate::dump::Dump;
 use crate::gate_check::check_thresholds;
 use crate::identity::{model_identity_file, report_name, sha256_file};
-use crate::plan::{Plan, check_options, eval_device};
+use crate::plan::{Plan, Shard, check_options, eval_device};
 use crate::prompts::{EncodedPrompts, encode_prompts};
 use crate::scoring::{ReferenceRun, ScoringContext, generate_all};
+use crate::shard::Part;
 use crate::store::{StoreKey, prompt_tokens_sha256, read_store, write_store};
 use crate::variant::{BuiltVariant, build_variant};
 use crate::{EvalError, EvalSet, VariantSpec};
@@ -78,6 +83,9 @@ pub struct EvalConfig {
     /// under the same model, tokenizer, eval set, prompts, dtype, horizons, backend, batching,
     /// KL mode and qdrift version.
     pub reference_store: Option<PathBuf>,
+    /// Evaluate only this shard's batches (`--shard INDEX/COUNT`) and produce a part for
+    /// [`crate::merge`] instead of a report.
+    pub shard: Option<Shard>,
     /// Run even when the longest prompt plus the longest horizon exceeds
     /// [`qdrift_generate::LONG_REQUEST_FACTOR`] × the model's trained context (`--allow-long`).
     pub allow_long: bool,
@@ -108,6 +116,7 @@ impl EvalConfig {
             reference_logits_budget: 256 << 20,
             reference_top_k: None,
             save_reference: None,
+            shard: None,
             reference_store: None,
             allow_long: false,
             gate: None,
@@ -180,8 +189,9 @@ pub fn dtype_name(d: DType) -> &'static str {
 /// and the eval set and encode the prompts (each refused when too long for the trained context);
 /// refuse a request longer than [`qdrift_generate::LONG_REQUEST_FACTOR`] × the trained context
 /// unless [`EvalConfig::allow_long`]; plan the run on the device; round the weights to the FP16 reference, run
-/// it, then run and score each variant, the noise floor first; assemble the report.
-pub fn evaluate(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send)) -> Result<Report, EvalError> {
+/// it, then run and score each variant, the noise floor first; assemble the report (or, for one
+/// shard, the part [`crate::merge`] assembles it from).
+pub fn evaluate_any(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send)) -> Result<Evaluated, EvalError> {
     let horizons = check_options(cfg)?;
     if let Some((path, thresholds)) = &cfg.gate {
         check_thresholds(cfg, &horizons, thresholds)
@@ -209,16 +219,96 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send
     let key = (cfg.save_reference.is_some() || cfg.reference_store.is_some())
         .then(|| store_key(cfg, &plan, &loaded, &prompts))
         .transpose()?;
-    let measured = run_variants(cfg, &plan, &loaded, key.as_ref(), progress)?;
-    assemble_report(cfg, &plan, &loaded, &prompts, measured)
+    let measurement = run_variants(cfg, &plan, &loaded, key.as_ref(), progress)?;
+    let context = RunContext {
+        model: model_info(cfg, &loaded)?,
+        workload: workload(cfg, &plan, &prompts),
+        reference: reference_info(cfg, &loaded),
+    };
+    match &plan.shard {
+        Some(shard) => {
+            Ok(Evaluated::Part(Box::new(Part::new(context, *shard, plan.prompt_indices.clone(), measurement))))
+        }
+        None => Ok(Evaluated::Report(Box::new(assemble_report(context, measurement)?))),
+    }
 }
 
-/// What the run measured: every variant, the noise floor first, and the reference's perplexity
-/// on its own text per horizon.
-struct Measured {
-    variants: Vec<Variant>,
-    self_perplexity: Vec<(usize, f64)>,
-    kl: KlMethod,
+/// What [`evaluate_any`] produced: a whole report, or one shard's part.
+pub enum Evaluated {
+    /// The report of an unsharded run.
+    Report(Box<Report>),
+    /// The measurements of one shard ([`EvalConfig::shard`]), for [`crate::merge`].
+    Part(Box<Part>),
+}
+
+/// Runs the whole evaluation and returns the report (not yet written); refuses a sharded
+/// configuration (use [`evaluate_any`]).
+pub fn evaluate(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send)) -> Result<Report, EvalError> {
+    match evaluate_any(cfg, progress)? {
+        Evaluated::Report(r) => Ok(*r),
+        Evaluated::Part(_) => Err(EvalError::Option {
+            option: "--shard",
+            problem: "produces a part, not a report: merge the parts with `qdrift merge`".into(),
+        }),
+    }
+}
+
+/// What a run measured, before any statistic: every variant's description and per-prompt
+/// traces (the noise floor first), and for a top-K reference its per-prompt tail mass.
+pub(crate) struct Measurement {
+    pub variants: Vec<(VariantHeader, Vec<Trace>)>,
+    pub tail: Option<(usize, Vec<TailSums>)>,
+}
+
+/// A variant's entry in the report without the statistics of its traces.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VariantHeader {
+    /// As [`Variant::name`].
+    pub name: String,
+    /// As [`Variant::scheme`].
+    pub scheme: Option<String>,
+    /// As [`Variant::recipe`].
+    pub recipe: Option<RecipeParts>,
+    /// As [`Variant::path`].
+    pub path: Option<String>,
+    /// As [`Variant::kind`].
+    pub kind: VariantKind,
+    /// As [`Variant::compute_dtype`].
+    pub compute_dtype: String,
+    /// As [`Variant::bits_per_weight`].
+    pub bits_per_weight: f64,
+    /// As [`Variant::weight_bytes`].
+    pub weight_bytes: u64,
+    /// As [`Variant::per_tensor_error`].
+    pub per_tensor_error: Vec<TensorError>,
+}
+
+impl VariantHeader {
+    fn of(built: BuiltVariant<'_>) -> VariantHeader {
+        VariantHeader {
+            recipe: built.recipe_parts(),
+            name: built.name,
+            scheme: built.scheme,
+            path: built.path,
+            kind: built.kind,
+            compute_dtype: dtype_name(built.dtype).to_string(),
+            bits_per_weight: built.bits_per_weight,
+            weight_bytes: built.weight_bytes,
+            per_tensor_error: built.per_tensor_error,
+        }
+    }
+}
+
+/// What the report says besides the variants: the model, the workload and the reference (its
+/// self-perplexity and KL method filled in when the traces are summarized).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunContext {
+    /// The report's `model`.
+    pub model: ModelInfo,
+    /// The report's `workload`.
+    pub workload: Workload,
+    /// The report's `reference`.
+    pub reference: Reference,
 }
 
 /// Runs the reference (`reference.model`, FP16 weights), then each variant, the noise floor
@@ -229,7 +319,7 @@ fn run_variants(
     reference: &LoadedModel,
     key: Option<&StoreKey>,
     progress: &mut ProgressFn<'_>,
-) -> Result<Measured, EvalError> {
+) -> Result<Measurement, EvalError> {
     let stored = match (&cfg.reference_store, key) {
         (Some(dir), Some(key)) => Some(read_store(dir, key)?),
         _ => None,
@@ -243,9 +333,7 @@ fn run_variants(
     };
     let scoring = ScoringContext { reference: &reference_run, plan };
     let mut dump = cfg.dump_logprobs.as_deref().map(Dump::create).transpose()?;
-    let mut variants = Vec::with_capacity(cfg.variants.len() + 1);
-    let mut noise_floor: Option<Vec<Trace>> = None;
-    let mut self_perplexity = Vec::new();
+    let mut variants: Vec<(VariantHeader, Vec<Trace>)> = Vec::with_capacity(cfg.variants.len() + 1);
     for spec in std::iter::once(&VariantSpec::NoiseFloor).chain(&cfg.variants) {
         let built = build_variant(spec, reference, &plan.prompts, cfg.dtype, &cfg.quantize)?;
         let name = built.name.clone();
@@ -253,30 +341,49 @@ fn run_variants(
             Some(traces) => traces,
             None => run_variant(&scoring, &built, dump.as_mut(), progress)?,
         };
-        if noise_floor.is_none() {
-            // Every variant's traces hold the reference's log p on its own text; the noise
-            // floor's, the first, serve.
-            self_perplexity = plan.horizons.iter().map(|&h| (h, aggregate::self_perplexity(&traces, h))).collect();
-        }
-        variants.push(summarize(built, &traces, noise_floor.as_deref(), plan)?);
-        noise_floor.get_or_insert(traces);
+        variants.push((VariantHeader::of(built), traces));
         progress(Progress::Done { model: &name });
     }
     if let Some(d) = dump {
         d.finish()?;
     }
-    if let (Some(dir), Some(key), Some(noise_floor)) = (&cfg.save_reference, key, &noise_floor) {
+    if let (Some(dir), Some(key), Some((_, noise_floor))) = (&cfg.save_reference, key, variants.first()) {
         let stored = reference_run.to_store(noise_floor.clone())?;
         write_store(dir, key, &stored)?;
     }
-    let kl = match reference_run.compact() {
-        Some(c) => {
-            let tail = c.tail_mass();
-            KlMethod::TopKTail { top_k: c.k, tail_mass_max: tail.max, tail_mass_mean: tail.mean }
+    let tail = reference_run.compact().map(|c| (c.k, c.tail_sums()));
+    Ok(Measurement { variants, tail })
+}
+
+/// The statistics of a measurement, as the report's variants and the reference's
+/// self-perplexity and KL method.
+///
+/// # Shapes
+/// Every variant's traces: one per prompt, in prompt order, `max(horizons)` positions each.
+pub(crate) fn summarize_all(context: &mut RunContext, measurement: Measurement) -> Result<Vec<Variant>, EvalError> {
+    let w = &context.workload;
+    let (horizons, bootstrap) = (w.horizons.clone(), Bootstrap { resamples: w.bootstrap_resamples, seed: w.seed });
+    let longest = horizons.last().copied().unwrap_or(0);
+    let noise_floor = measurement.variants.first().map(|(_, t)| t.clone());
+    if let Some(traces) = &noise_floor {
+        // Every variant's traces hold the reference's log p on its own text; the noise floor's,
+        // the first, serve.
+        context.reference.self_perplexity =
+            horizons.iter().map(|&h| (h, aggregate::self_perplexity(traces, h))).collect();
+    }
+    context.reference.kl = Some(match &measurement.tail {
+        Some((k, sums)) => {
+            let tail = TailSums::total(sums);
+            KlMethod::TopKTail { top_k: *k, tail_mass_max: tail.max, tail_mass_mean: tail.mean }
         }
         None => KlMethod::Exact,
-    };
-    Ok(Measured { variants, self_perplexity, kl })
+    });
+    let mut variants = Vec::with_capacity(measurement.variants.len());
+    for (i, (header, traces)) in measurement.variants.into_iter().enumerate() {
+        let floor = if i == 0 { None } else { noise_floor.as_deref() };
+        variants.push(summarize(header, &traces, floor, &horizons, bootstrap, longest)?);
+    }
+    Ok(variants)
 }
 
 /// Builds `built` on the device, lets it generate, and scores it against the reference: one
@@ -305,52 +412,54 @@ fn run_variant(
 /// A variant's entry in the report: its description and the statistics of its traces, paired
 /// with the noise floor's (`None` for the noise floor itself).
 fn summarize(
-    built: BuiltVariant<'_>,
+    header: VariantHeader,
     traces: &[Trace],
     noise_floor: Option<&[Trace]>,
-    plan: &Plan,
+    horizons: &[usize],
+    bootstrap: Bootstrap,
+    longest: usize,
 ) -> Result<Variant, EvalError> {
-    let longest = plan.longest();
     Ok(Variant {
-        recipe: built.recipe_parts(),
-        name: built.name,
-        scheme: built.scheme,
-        path: built.path,
-        kind: built.kind,
-        compute_dtype: dtype_name(built.dtype).to_string(),
-        bits_per_weight: built.bits_per_weight,
-        weight_bytes: built.weight_bytes,
-        horizons: aggregate::horizon_metrics(traces, noise_floor, &plan.horizons, plan.bootstrap)?,
+        recipe: header.recipe,
+        name: header.name,
+        scheme: header.scheme,
+        path: header.path,
+        kind: header.kind,
+        compute_dtype: header.compute_dtype,
+        bits_per_weight: header.bits_per_weight,
+        weight_bytes: header.weight_bytes,
+        horizons: aggregate::horizon_metrics(traces, noise_floor, horizons, bootstrap)?,
         first_divergence: aggregate::first_divergence_summary(traces, longest)?,
         per_position: aggregate::per_position(traces, longest),
         entropy_strata: aggregate::entropy_strata(traces, longest)?,
-        per_tensor_error: built.per_tensor_error,
+        per_tensor_error: header.per_tensor_error,
     })
 }
 
-/// The report: the model, the workload, the reference and the measured variants; validated.
-fn assemble_report(
-    cfg: &EvalConfig,
-    plan: &Plan,
-    loaded: &LoadedModel,
-    prompts: &EncodedPrompts<'_>,
-    measured: Measured,
-) -> Result<Report, EvalError> {
+/// The report: the model, the workload, the reference and the measured variants' statistics;
+/// validated.
+pub(crate) fn assemble_report(mut context: RunContext, measurement: Measurement) -> Result<Report, EvalError> {
+    let variants = summarize_all(&mut context, measurement)?;
     let report = Report {
         schema_version: SCHEMA_VERSION,
-        model: model_info(cfg, loaded)?,
-        workload: workload(cfg, plan, prompts),
-        reference: Reference {
-            name: REFERENCE_NAME.to_string(),
-            compute_dtype: dtype_name(cfg.dtype).to_string(),
-            weight_bytes: loaded.model.parameter_count() as u64 * 2,
-            self_perplexity: measured.self_perplexity,
-            kl: Some(measured.kl),
-        },
-        variants: measured.variants,
+        model: context.model,
+        workload: context.workload,
+        reference: context.reference,
+        variants,
     };
     report.validate()?;
     Ok(report)
+}
+
+/// The reference's entry before its statistics.
+fn reference_info(cfg: &EvalConfig, loaded: &LoadedModel) -> Reference {
+    Reference {
+        name: REFERENCE_NAME.to_string(),
+        compute_dtype: dtype_name(cfg.dtype).to_string(),
+        weight_bytes: loaded.model.parameter_count() as u64 * 2,
+        self_perplexity: Vec::new(),
+        kl: None,
+    }
 }
 
 /// What a saved reference depends on, for this run.
@@ -411,7 +520,7 @@ fn workload(cfg: &EvalConfig, plan: &Plan, prompts: &EncodedPrompts<'_>) -> Work
         backend: plan.device.backend.to_string(),
         adapter: plan.device.adapter.clone(),
         compute_dtype: dtype_name(plan.dtype).to_string(),
-        prompts: plan.prompts.len(),
+        prompts: prompts.tokens.len(),
         horizons: plan.horizons.clone(),
         batch_size: plan.batch_size(),
         seed: cfg.seed,

@@ -150,8 +150,9 @@ struct Manifest {
     sections: Vec<Section>,
 }
 
+/// One array of a data file: its name, element type, shape and byte range.
 #[derive(Clone, Serialize, Deserialize)]
-struct Section {
+pub(crate) struct Section {
     name: String,
     /// `u8`, `u32`, `f16` or `f32`.
     dtype: String,
@@ -165,19 +166,20 @@ fn element_bytes(dtype: &str) -> Option<u64> {
         "u8" => Some(1),
         "f16" => Some(2),
         "u32" | "f32" => Some(4),
+        "f64" => Some(8),
         _ => None,
     }
 }
 
-/// The data file being assembled.
+/// A data file being assembled from named little-endian arrays.
 #[derive(Default)]
-struct Writer {
-    data: Vec<u8>,
-    sections: Vec<Section>,
+pub(crate) struct Writer {
+    pub data: Vec<u8>,
+    pub sections: Vec<Section>,
 }
 
 impl Writer {
-    fn push(&mut self, name: String, dtype: &str, shape: Vec<usize>, bytes: &[u8]) {
+    pub fn push(&mut self, name: String, dtype: &str, shape: Vec<usize>, bytes: &[u8]) {
         self.sections.push(Section {
             name,
             dtype: dtype.into(),
@@ -188,14 +190,19 @@ impl Writer {
         self.data.extend_from_slice(bytes);
     }
 
-    fn u32s(&mut self, name: &str, shape: Vec<usize>, values: impl Iterator<Item = u32>) {
+    pub fn u32s(&mut self, name: &str, shape: Vec<usize>, values: impl Iterator<Item = u32>) {
         let bytes: Vec<u8> = values.flat_map(u32::to_le_bytes).collect();
         self.push(name.into(), "u32", shape, &bytes);
     }
 
-    fn f32s<'a>(&mut self, name: &str, shape: Vec<usize>, values: impl Iterator<Item = &'a f32>) {
+    pub fn f32s<'a>(&mut self, name: &str, shape: Vec<usize>, values: impl Iterator<Item = &'a f32>) {
         let bytes: Vec<u8> = values.flat_map(|v| v.to_le_bytes()).collect();
         self.push(name.into(), "f32", shape, &bytes);
+    }
+
+    pub fn f64s(&mut self, name: &str, values: &[f64]) {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.push(name.into(), "f64", vec![values.len()], &bytes);
     }
 }
 
@@ -337,9 +344,14 @@ pub(crate) fn read_store(dir: &Path, run: &StoreKey) -> Result<StoredReference, 
 
 /// Reads a store's regular file of at most `cap` bytes; errors name the store and the file.
 fn read_capped(dir: &Path, path: &Path, cap: u64) -> Result<Vec<u8>, EvalError> {
+    read_capped_file(path, cap).map_err(|problem| EvalError::Store { path: dir.to_path_buf(), problem })
+}
+
+/// Reads a regular file of at most `cap` bytes; the error names the file by its name.
+pub(crate) fn read_capped_file(path: &Path, cap: u64) -> Result<Vec<u8>, String> {
     use std::io::Read;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let fail = |problem: String| EvalError::Store { path: dir.to_path_buf(), problem: format!("{name}: {problem}") };
+    let fail = |problem: String| format!("{name}: {problem}");
     let f = std::fs::File::open(path).map_err(|e| fail(e.to_string()))?;
     let meta = f.metadata().map_err(|e| fail(e.to_string()))?;
     if !meta.is_file() || meta.len() > cap {
@@ -350,13 +362,13 @@ fn read_capped(dir: &Path, path: &Path, cap: u64) -> Result<Vec<u8>, EvalError> 
     Ok(bytes)
 }
 
-/// The data file's sections, checked against it.
-struct Sections<'a> {
+/// A data file's sections, checked against it.
+pub(crate) struct Sections<'a> {
     by_name: HashMap<&'a str, (&'a Section, &'a [u8])>,
 }
 
 impl<'a> Sections<'a> {
-    fn new(sections: &'a [Section], data: &'a [u8]) -> Result<Sections<'a>, String> {
+    pub fn new(sections: &'a [Section], data: &'a [u8]) -> Result<Sections<'a>, String> {
         let mut by_name = HashMap::new();
         for s in sections {
             let size =
@@ -375,7 +387,7 @@ impl<'a> Sections<'a> {
         Ok(Sections { by_name })
     }
 
-    fn get(&self, name: &str, dtype: &str, shape: &[usize]) -> Result<&'a [u8], String> {
+    pub fn get(&self, name: &str, dtype: &str, shape: &[usize]) -> Result<&'a [u8], String> {
         let (s, bytes) = self.by_name.get(name).ok_or_else(|| format!("section {name} is missing"))?;
         if s.dtype != dtype || s.shape != shape {
             return Err(format!("section {name} is {} {:?}, expected {dtype} {shape:?}", s.dtype, s.shape));
@@ -383,7 +395,7 @@ impl<'a> Sections<'a> {
         Ok(bytes)
     }
 
-    fn u32s(&self, name: &str, shape: &[usize]) -> Result<Vec<u32>, String> {
+    pub fn u32s(&self, name: &str, shape: &[usize]) -> Result<Vec<u32>, String> {
         Ok(self
             .get(name, "u32", shape)?
             .chunks_exact(4)
@@ -391,7 +403,15 @@ impl<'a> Sections<'a> {
             .collect())
     }
 
-    fn f32s(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, String> {
+    pub fn f64s(&self, name: &str, len: usize) -> Result<Vec<f64>, String> {
+        Ok(self
+            .get(name, "f64", &[len])?
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect())
+    }
+
+    pub fn f32s(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, String> {
         Ok(self
             .get(name, "f32", shape)?
             .chunks_exact(4)
