@@ -411,3 +411,65 @@ fn inspect_llama_8b_shape_without_weights() {
     assert_eq!(v["kv_cache"]["f16_bytes"], 2u64 * 32 * 8 * 128 * 2 * 8192);
     assert_eq!(v["synthetic"], true);
 }
+
+/// `--shard I/N` writes parts, `qdrift merge` makes the report from them (in any order), and that
+/// report is byte-identical to the unsharded run's; `--save-reference` then `--reference` gives the
+/// same report too, and a shard cannot be combined with a gate.
+#[test]
+fn shards_merge_into_the_unsharded_report_and_a_saved_reference_is_reused() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let common =
+        ["--prompts", "5", "--horizons", "5,20", "--batch-size", "2", "--schemes", "int8", "--resamples", "100"];
+    let whole = tmp.path().join("whole");
+    let store = tmp.path().join("reference");
+    let mut save = common.to_vec();
+    save.extend(["--save-reference", store.to_str().expect("utf-8")]);
+    run_eval(&whole, &save);
+    let mut parts = Vec::new();
+    for i in 0..3 {
+        let part = tmp.path().join(format!("part-{i}"));
+        let dir = stories();
+        let model = dir.join("stories260K.bin");
+        let shard = format!("{i}/3");
+        let mut args = vec!["eval", "--model", model.to_str().expect("utf-8"), "--backend", "cpu"];
+        args.extend_from_slice(&common);
+        args.extend_from_slice(&["--shard", &shard, "--out", part.to_str().expect("utf-8")]);
+        let o = qdrift(&args);
+        assert!(o.status.success(), "shard {shard}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(part.join("part.json").is_file() && !part.join("report.json").exists());
+        parts.push(part);
+    }
+    let merged = tmp.path().join("merged");
+    let mut args = vec!["merge"];
+    let names: Vec<String> = parts.iter().rev().map(|p| p.to_string_lossy().into_owned()).collect();
+    args.extend(names.iter().map(String::as_str));
+    args.extend(["--out", merged.to_str().expect("utf-8")]);
+    let o = qdrift(&args);
+    assert!(o.status.success(), "merge: {}", String::from_utf8_lossy(&o.stderr));
+    let read = |d: &Path| std::fs::read(d.join("report.json")).expect("report.json");
+    assert_eq!(read(&merged), read(&whole), "merged report = unsharded report");
+
+    let reused = tmp.path().join("reused");
+    let mut again = common.to_vec();
+    again.extend(["--reference", store.to_str().expect("utf-8")]);
+    run_eval(&reused, &again);
+    assert_eq!(read(&reused), read(&whole), "a saved reference gives the same report");
+
+    let thresholds = tmp.path().join("t.toml");
+    std::fs::write(&thresholds, "").expect("writes");
+    let dir = stories();
+    let model = dir.join("stories260K.bin");
+    let o = qdrift(&[
+        "eval",
+        "--model",
+        model.to_str().expect("utf-8"),
+        "--shard",
+        "0/2",
+        "--gate",
+        thresholds.to_str().expect("utf-8"),
+        "--out",
+        tmp.path().join("x").to_str().expect("utf-8"),
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && stderr.contains("--shard") && stderr.contains("--gate"), "{stderr}");
+}
