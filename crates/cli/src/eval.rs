@@ -32,8 +32,14 @@ pub struct EvalArgs {
     /// Variants built from the reference, comma-separated, each `WEIGHTS[+a-ACT][+kv-KV]`: a
     /// weight scheme, then optionally dynamic activation quantization (`+a-int8`, `+a-fp8`, …)
     /// and KV-cache rounding (`+kv-q8_0`, `+kv-fp8-e4m3`, …); `w8a8-int8`, `w8a8-fp8` are
-    /// shorthands.
-    #[arg(long, value_delimiter = ',', value_parser = RecipeParser, default_value = "int8,fp8-e4m3,int4-g128")]
+    /// shorthands. `--schemes` with no value runs none (only the `--variant` checkpoints).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        num_args = 0..,
+        value_parser = RecipeParser,
+        default_value = "int8,fp8-e4m3,int4-g128"
+    )]
     schemes: Vec<Recipe>,
     /// Another checkpoint of the same architecture and tokenizer to compare (repeatable):
     /// llama2.c, GGUF, or a Hugging Face folder, also quantized (GPTQ, AWQ, compressed-tensors,

@@ -455,6 +455,28 @@ fn shards_merge_into_the_unsharded_report_and_a_saved_reference_is_reused() {
     run_eval(&reused, &again);
     assert_eq!(read(&reused), read(&whole), "a saved reference gives the same report");
 
+    // Gating only a checkpoint against the store: `--schemes` with no value runs no scheme.
+    let int8 = tmp.path().join("q8_0.gguf");
+    let o = qdrift(&[
+        "quantize",
+        "--model",
+        stories().join("stories260K.bin").to_str().expect("utf-8"),
+        "--scheme",
+        "q8_0",
+        "--format",
+        "gguf",
+        "--out",
+        int8.to_str().expect("utf-8"),
+    ]);
+    assert!(o.status.success(), "quantize: {}", String::from_utf8_lossy(&o.stderr));
+    let only = tmp.path().join("only");
+    let mut variant_only: Vec<&str> = common.iter().copied().filter(|a| *a != "int8").collect();
+    variant_only.extend(["--variant", int8.to_str().expect("utf-8"), "--reference", store.to_str().expect("utf-8")]);
+    let report: Value = run_eval(&only, &variant_only);
+    let names: Vec<&str> =
+        report["variants"].as_array().expect("variants").iter().filter_map(|v| v["name"].as_str()).collect();
+    assert_eq!(names.len(), 2, "the noise floor and the checkpoint only: {names:?}");
+
     let thresholds = tmp.path().join("t.toml");
     std::fs::write(&thresholds, "").expect("writes");
     let dir = stories();
