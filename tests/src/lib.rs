@@ -27,6 +27,27 @@ pub fn load_stories() -> LoadedModel {
         .unwrap_or_else(|e| panic!("stories260K must load from {}: {e}", dir.display()))
 }
 
+/// A small `qdrift eval` of stories260K on the CPU for whole-evaluation identity tests: the first
+/// `prompts` prompts in batches of `batch_size` (a short last batch when they do not divide),
+/// horizons 5 and 30, teacher forcing in chunks of 8, 200 bootstrap resamples, and the schemes
+/// `schemes` after the noise floor.
+pub fn stories_eval(prompts: usize, batch_size: usize, schemes: &[&str]) -> qdrift_eval::EvalConfig {
+    let dir = stories_dir();
+    let mut cfg = qdrift_eval::EvalConfig::new(dir.join("stories260K.bin"));
+    cfg.tokenizer = Some(dir.join("tok512.bin"));
+    cfg.prompts = Some(prompts);
+    cfg.horizons = vec![5, 30];
+    cfg.batch_size = Some(batch_size);
+    cfg.chunk = 8;
+    cfg.resamples = 200;
+    cfg.backend = BackendChoice::Cpu;
+    cfg.variants = schemes
+        .iter()
+        .map(|s| qdrift_eval::VariantSpec::Scheme(s.parse().unwrap_or_else(|e| panic!("scheme {s}: {e}"))))
+        .collect();
+    cfg
+}
+
 /// One case of `golden_greedy_fp32.json`.
 pub struct GoldenCase {
     /// Prompt text.

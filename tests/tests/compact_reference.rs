@@ -13,23 +13,13 @@ use burn::tensor::DType;
 use qdrift_eval::{EvalConfig, VariantSpec, evaluate};
 use qdrift_generate::BackendChoice;
 use qdrift_report::{KlMethod, Report};
-use qdrift_tests::stories_dir;
+use qdrift_tests::stories_eval;
 
 /// Metrics computed from the KL divergence; every other metric must not depend on K.
 const KL_METRICS: [&str; 2] = ["kld", "excess_kld"];
 
 fn stories_config() -> EvalConfig {
-    let dir = stories_dir();
-    let mut cfg = EvalConfig::new(dir.join("stories260K.bin"));
-    cfg.tokenizer = Some(dir.join("tok512.bin"));
-    cfg.prompts = Some(6);
-    cfg.horizons = vec![5, 30];
-    cfg.batch_size = Some(4);
-    cfg.chunk = 8;
-    cfg.resamples = 200;
-    cfg.backend = BackendChoice::Cpu;
-    cfg.variants = ["int8", "int4-g32"].iter().map(|s| VariantSpec::Scheme(s.parse().expect("scheme"))).collect();
-    cfg
+    stories_eval(6, 4, &["int8", "int4-g32"])
 }
 
 /// Every horizon metric of every variant that is not a KL metric, as JSON.

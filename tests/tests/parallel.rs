@@ -5,10 +5,10 @@
 //!   give the same report as running the reference again in lockstep with every variant.
 
 use burn::tensor::{DType, Tensor};
-use qdrift_eval::{EvalConfig, VariantSpec, evaluate};
+use qdrift_eval::evaluate;
 use qdrift_generate::{BackendChoice, ComputeDevice, GenerationConfig, generate, teacher_forced_pair};
 use qdrift_model::LlamaConfig;
-use qdrift_tests::{device, golden_cases, load_stories, stories_dir};
+use qdrift_tests::{device, golden_cases, load_stories, stories_eval};
 
 fn host(t: &Tensor<3>) -> Vec<f32> {
     t.to_data().convert::<f32>().try_into_vec::<f32>().expect("f32 logits")
@@ -65,19 +65,7 @@ fn batches_side_by_side_change_nothing() {
 
 #[test]
 fn kept_reference_logits_or_hidden_states_give_the_lockstep_report() {
-    let dir = stories_dir();
-    let mut cfg = EvalConfig::new(dir.join("stories260K.bin"));
-    cfg.tokenizer = Some(dir.join("tok512.bin"));
-    cfg.prompts = Some(6);
-    cfg.horizons = vec![5, 30];
-    cfg.batch_size = Some(4);
-    cfg.chunk = 8;
-    cfg.resamples = 200;
-    cfg.backend = BackendChoice::Cpu;
-    cfg.variants = vec![
-        VariantSpec::Scheme("int8".parse().expect("scheme")),
-        VariantSpec::Scheme("int4-g32".parse().expect("scheme")),
-    ];
+    let mut cfg = stories_eval(6, 4, &["int8", "int4-g32"]);
     let kept = evaluate(&cfg, &mut |_| {}).expect("evaluation with kept reference logits");
     // 6 prompts × 30 positions: logits 368,640 bytes, f16 hidden states 23,040 bytes.
     cfg.reference_logits_budget = 100_000;

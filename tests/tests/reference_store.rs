@@ -3,21 +3,11 @@
 //! conditions, or damaged, is refused naming the field or file.
 
 use qdrift_eval::{EvalConfig, VariantSpec, evaluate};
-use qdrift_generate::BackendChoice;
 use qdrift_report::Report;
-use qdrift_tests::stories_dir;
+use qdrift_tests::stories_eval;
 
 fn config() -> EvalConfig {
-    let dir = stories_dir();
-    let mut cfg = EvalConfig::new(dir.join("stories260K.bin"));
-    cfg.tokenizer = Some(dir.join("tok512.bin"));
-    cfg.prompts = Some(6);
-    cfg.horizons = vec![5, 30];
-    cfg.batch_size = Some(4);
-    cfg.chunk = 8;
-    cfg.resamples = 200;
-    cfg.backend = BackendChoice::Cpu;
-    cfg
+    stories_eval(6, 4, &[])
 }
 
 fn schemes(names: &[&str]) -> Vec<VariantSpec> {

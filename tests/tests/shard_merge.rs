@@ -2,24 +2,13 @@
 //! is byte-identical to the unsharded run's, in both KL modes and with a short last batch; parts
 //! that do not make one run are refused.
 
-use qdrift_eval::{EvalConfig, Evaluated, Part, Shard, VariantSpec, evaluate, evaluate_any, merge};
-use qdrift_generate::BackendChoice;
+use qdrift_eval::{EvalConfig, Evaluated, Part, Shard, evaluate, evaluate_any, merge};
 use qdrift_report::Report;
-use qdrift_tests::stories_dir;
+use qdrift_tests::stories_eval;
 
 fn config() -> EvalConfig {
-    let dir = stories_dir();
-    let mut cfg = EvalConfig::new(dir.join("stories260K.bin"));
-    cfg.tokenizer = Some(dir.join("tok512.bin"));
     // 7 prompts in batches of 2: four batches, the last one short.
-    cfg.prompts = Some(7);
-    cfg.horizons = vec![5, 30];
-    cfg.batch_size = Some(2);
-    cfg.chunk = 8;
-    cfg.resamples = 200;
-    cfg.backend = BackendChoice::Cpu;
-    cfg.variants = ["int8", "int4-g32"].iter().map(|s| VariantSpec::Scheme(s.parse().expect("scheme"))).collect();
-    cfg
+    stories_eval(7, 2, &["int8", "int4-g32"])
 }
 
 fn json(r: &Report) -> String {
