@@ -26,8 +26,11 @@ fn timed_generation_returns_the_same_tokens_and_consistent_times() {
         assert_eq!(timed, plain, "{choice:?}: timing changes no token");
         assert_eq!((t.prompts, t.batch_size, t.new_tokens), (2, 2, 12));
         assert!(t.first_token_s > 0.0 && t.total_s > 0.0, "{t:?}");
-        let step = t.decode_step_s.expect("12 tokens have decode steps");
-        assert!((step - ((t.total_s - t.first_token_s) / 11.0).max(0.0)).abs() < 1e-12, "{t:?}");
+        // On a shared CPU the one-token run can take longer than the whole request: no step then.
+        match t.decode_step_s {
+            Some(step) => assert!(step > 0.0 && (step - (t.total_s - t.first_token_s) / 11.0).abs() < 1e-12, "{t:?}"),
+            None => assert!(t.total_s <= t.first_token_s, "{t:?}"),
+        }
         assert!((t.tokens_per_s() - 24.0 / t.total_s).abs() < 1e-9 * t.tokens_per_s());
 
         let eos = GenerationConfig { stop_at_eos: Some(2), ..config.clone() };
@@ -91,9 +94,13 @@ fn generate_timing_json_is_one_line_on_stderr_and_the_text_is_unchanged() {
     let line = lines[0];
     assert_eq!(number(line, "prompts"), 2.0);
     assert_eq!(number(line, "new_tokens"), 8.0);
-    let (total, first, step) = (number(line, "total_s"), number(line, "first_token_s"), number(line, "decode_step_s"));
+    let (total, first) = (number(line, "total_s"), number(line, "first_token_s"));
     assert!((number(line, "tokens_per_s") - 16.0 / total).abs() < 1e-6 * number(line, "tokens_per_s"));
-    assert!((step - ((total - first) / 7.0).max(0.0)).abs() < 1e-9);
+    let v: serde_json::Value = serde_json::from_str(line).expect("one JSON object");
+    match v["decode_step_s"].as_f64() {
+        Some(step) => assert!((step - (total - first) / 7.0).abs() < 1e-9 && step > 0.0, "{line}"),
+        None => assert!(total <= first && v["decode_tokens_per_s"].is_null(), "{line}"),
+    }
     assert!(line.contains("\"backend\":\"cpu\""), "{line}");
 }
 

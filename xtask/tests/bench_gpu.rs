@@ -71,14 +71,15 @@ fn bench_gpu_reports_every_case_against_the_bound_on_a_fake_gpu() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stdout}{stderr}");
     assert!(stdout.contains("copy bandwidth 4000 GB/s"), "{stdout}");
-    let cases: Vec<&str> = stdout.lines().filter(|l| l.contains("of the bandwidth bound")).collect();
+    let cases: Vec<&str> = stdout.lines().filter(|l| l.contains(" tokens/s, first token ")).collect();
     assert_eq!(cases.len(), 4, "{stdout}");
     for case in &cases {
-        assert!(case.contains("12000 tokens/s (16000 while decoding)"), "{case}");
+        assert!(case.contains("12000 tokens/s, first token 10.0 ms"), "{case}");
         assert!(
-            case.contains("bound 0.500 ms/step (2000 MB of weights / 4000 GB/s) = 50.0% of the bandwidth bound"),
+            case.contains("16000 tokens/s while decoding, decode step 1.00 ms = 50.0% of the bandwidth bound"),
             "{case}"
         );
+        assert!(case.contains("bound 0.500 ms/step (2000 MB of weights / 4000 GB/s)"), "{case}");
         assert!(case.contains("peak GPU memory 123 MiB (+0 MiB over idle)"), "{case}");
     }
     assert!(cases[0].contains("16 prompts × 128 tokens") && cases[1].contains("1 prompt × 128 tokens"), "{stdout}");

@@ -28,7 +28,8 @@ pub struct GenerationTiming {
     /// Seconds for the whole request.
     pub total_s: f64,
     /// Seconds per decode step after the first token: `(total − first) / (new_tokens − 1)`;
-    /// `None` for one new token.
+    /// `None` for one new token, or when that is not positive (timing noise larger than the
+    /// decode steps of a short request).
     pub decode_step_s: Option<f64>,
 }
 
@@ -70,7 +71,9 @@ pub fn timed_generate(
     let tokens = generate(model, device, prompts, config, |_| {})?;
     let total_s = start.elapsed().as_secs_f64();
     let n = config.max_new_tokens;
-    let decode_step_s = (n > 1).then(|| ((total_s - first_token_s) / (n - 1) as f64).max(0.0));
+    // Two timings of a short request can differ by more than its decode steps took: no step time
+    // then, rather than a zero or a negative one.
+    let decode_step_s = Some((total_s - first_token_s) / (n - 1).max(1) as f64).filter(|s| n > 1 && *s > 0.0);
     let timing = GenerationTiming {
         prompts: prompts.len(),
         batch_size: config.batch_size,
