@@ -8,6 +8,11 @@
 //! - `reports`: regenerate the example reports under `reports/`.
 //! - `bench`: timed evaluations (the slow measurements that do not belong in tests).
 //! - `fuzz`: the structure-aware fuzzer of the readers (`tests/src/fuzz`), N seconds per target.
+//! - `bench gpu` (`gpu.rs`): decoding throughput on an NVIDIA GPU against the bandwidth bound.
+//! - `validate-deploy` (`deploy.rs`): every manifest under `deploy/` against Kubernetes' schemas.
+
+mod deploy;
+mod gpu;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -25,6 +30,12 @@ tasks:
           3 schemes; about an hour on a 2-core CPU, minutes on a GPU); runtime: the cost of
           activation + KV-cache rounding (weight-only vs W8A8/KV variants, stories260K and
           SmolLM2, CPU); all unless one is named
+  bench gpu  NVIDIA GPUs only (refused elsewhere): tokens/s of SmolLM2-135M and synthetic:llama-1b
+          through wgpu, f16, 16 prompts and 1 prompt × 128 tokens, % of the bandwidth bound per
+          decode step (bandwidth measured by a copy kernel), peak GPU memory; QDRIFT_BIN=PATH
+          runs a prebuilt qdrift and builds nothing
+  validate-deploy  check every manifest under deploy/ against the Kubernetes OpenAPI schemas
+          (kubernetes-validate from PyPI, in a venv under the target folder), offline once installed
   fuzz [--seconds N] [--target NAME] [--seed S]  fuzz each reader (gguf, safetensors, hf-config,
           hf-quant, hf-quant-config, hf-tokenizer, llama2c, tokenizer, eval-set, thresholds,
           report) for N seconds (default 60); crashing inputs are saved under
@@ -41,6 +52,7 @@ fn main() -> ExitCode {
         "setup" => setup(),
         "reports" => reports(),
         "bench" => bench(std::env::args().nth(2).as_deref()),
+        "validate-deploy" => deploy::validate_deploy(&root(), &target_dir()),
         "fuzz" => fuzz(&std::env::args().skip(2).collect::<Vec<_>>()),
         "fetch-models" => fetch_models().map(|p| println!("xtask: {} ok", p.display())),
         "" | "help" | "--help" | "-h" => {
@@ -345,8 +357,16 @@ fn screenshot(html: &Path, png: &Path) -> Result<(), String> {
 
 /// Wall time and peak resident memory of `qdrift` runs, with the conditions a claim needs.
 fn bench(only: Option<&str>) -> Result<(), String> {
+    if only == Some("gpu") {
+        let build = || {
+            let smollm2 = fetch_models()?;
+            build()?;
+            Ok((target_dir().join("release/qdrift"), smollm2))
+        };
+        return gpu::bench_gpu(build, &root().join("models"));
+    }
     if let Some(o) = only.filter(|o| !matches!(*o, "stories" | "smollm2" | "runtime")) {
-        return Err(format!("bench {o}: known cases are stories, smollm2 and runtime"));
+        return Err(format!("bench {o}: known cases are stories, smollm2, runtime and gpu"));
     }
     let smollm2 = fetch_models()?;
     build()?;

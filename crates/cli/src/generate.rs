@@ -9,7 +9,7 @@ use clap::Args;
 use qdrift_eval::dtype_name;
 use qdrift_generate::{
     BackendChoice, GenerationConfig, MAX_DEFAULT_BATCH_SIZE, PromptTooLong, check_length, check_prompt_text,
-    check_prompt_tokens, context_overflow, default_batch_size, generate, select_device,
+    check_prompt_tokens, context_overflow, default_batch_size, generate, select_device, timed_generate,
 };
 use qdrift_load::{SYNTHETIC_PRESETS, Tokenizer};
 use qdrift_model::LlamaConfig;
@@ -48,6 +48,14 @@ pub struct GenerateArgs {
     /// One JSON object per prompt per line instead of text.
     #[arg(long)]
     json: bool,
+    /// Time the generation and print one JSON line on stderr: after one untimed warm-up run
+    /// (shader compilation, autotuning), a run with one new token (`first_token_s`: prompt pass
+    /// and first token) and the timed run (`total_s`); `decode_step_s` is
+    /// (total − first) / (new tokens − 1), `tokens_per_s` counts every prompt's new tokens over
+    /// `total_s`, `decode_tokens_per_s` prompts / `decode_step_s`. Each timer stops after the
+    /// tokens are read back from the device. Runs the generation three times.
+    #[arg(long, conflicts_with = "stop_at_eos")]
+    timing_json: bool,
     /// Run a quantized variant of the FP16 reference instead of the checkpoint as it is.
     #[command(flatten)]
     variant: crate::quantize::SchemeArgs,
@@ -132,7 +140,28 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
     if let Some(recipe) = &args.variant.scheme {
         model.apply_runtime(recipe)?;
     }
-    let generated = generate(&model, &device, &prompts, &config, |_| {})?;
+    let generated = if args.timing_json {
+        let (generated, timing) = timed_generate(&model, &device, &prompts, &config)?;
+        let line = serde_json::json!({
+            "timing": "qdrift generate",
+            "backend": device.backend,
+            "adapter": device.adapter,
+            "dtype": dtype_name(args.dtype),
+            "prompts": timing.prompts,
+            "batch_size": timing.batch_size,
+            "prompt_tokens": prompts.iter().map(Vec::len).sum::<usize>(),
+            "new_tokens": timing.new_tokens,
+            "first_token_s": timing.first_token_s,
+            "total_s": timing.total_s,
+            "decode_step_s": timing.decode_step_s,
+            "tokens_per_s": timing.tokens_per_s(),
+            "decode_tokens_per_s": timing.decode_tokens_per_s(),
+        });
+        eprintln!("{line}");
+        generated
+    } else {
+        generate(&model, &device, &prompts, &config, |_| {})?
+    };
 
     let mut out = std::io::stdout().lock();
     for ((text, prompt_tokens), new_tokens) in args.prompt.iter().zip(&prompts).zip(&generated) {

@@ -3,6 +3,7 @@
 //! The binary is thin: it parses arguments, calls the pipeline crates, and turns their typed
 //! errors into one line on stderr and a non-zero exit code.
 
+mod bandwidth;
 mod eval;
 mod gate;
 mod generate;
@@ -40,6 +41,9 @@ enum Command {
     /// Quantize a model's weights (any format generate reads) with one scheme, print per-tensor
     /// error statistics, and write the result as safetensors or as a GGUF file llama.cpp runs.
     Quantize(quantize::QuantizeArgs),
+    /// The device's copy bandwidth as one JSON line (for `cargo xtask bench gpu`).
+    #[command(hide = true)]
+    Bandwidth(bandwidth::BandwidthArgs),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +59,7 @@ fn main() -> ExitCode {
         Command::Merge(args) => eval::run_merge(args),
         Command::Generate(args) => generate::run(args),
         Command::Quantize(args) => quantize::run(args),
+        Command::Bandwidth(args) => bandwidth::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

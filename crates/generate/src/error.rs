@@ -47,6 +47,9 @@ pub enum GenerateError {
     /// `batch_size` of zero.
     #[error("batch size must be at least 1")]
     ZeroBatch,
+    /// A request this function does not handle (e.g. timing a generation that stops at EOS).
+    #[error("{0}")]
+    Unsupported(String),
     /// Reading results back from the device failed.
     #[error("reading results from the device failed: {0}")]
     Readback(String),

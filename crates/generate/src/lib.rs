@@ -11,6 +11,7 @@
 //! | `request.rs` | [`check_request`], [`default_batch_size`], [`context_overflow`]: sizing before allocating |
 //! | `greedy.rs` | [`generate`]: batched greedy decoding |
 //! | `forced.rs` | [`teacher_forced`], [`teacher_forced_pair`], [`teacher_forced_hidden`]: logits (or final hidden states) of given continuations |
+//! | `timing.rs` | [`timed_generate`], [`copy_bandwidth`]: honest timings for benchmarks (warm-up, read-back before the timer stops) |
 //! | `parallel.rs` | independent batches side by side on the CPU's cores |
 //! | `error.rs` | [`GenerateError`] |
 //!
@@ -23,6 +24,7 @@ mod forced;
 mod greedy;
 mod parallel;
 mod request;
+mod timing;
 
 pub use device::{BackendChoice, ComputeDevice, DeviceError, select_device};
 pub use error::GenerateError;
@@ -32,3 +34,4 @@ pub use request::{
     ContextOverflow, LONG_REQUEST_FACTOR, MAX_DEFAULT_BATCH_SIZE, MAX_PROMPT_BYTES_PER_TOKEN, PromptTooLong,
     check_length, check_prompt_text, check_prompt_tokens, check_request, context_overflow, default_batch_size,
 };
+pub use timing::{CopyBandwidth, GenerationTiming, copy_bandwidth, timed_generate};

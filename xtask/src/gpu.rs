@@ -1,0 +1,305 @@
+//! `cargo xtask bench gpu`: decoding throughput on an NVIDIA GPU through wgpu (Vulkan), against
+//! the bandwidth bound of a decode step, with peak GPU memory.
+//!
+//! Order matters: the GPU is looked for first (`nvidia-smi`), so that a machine without one is
+//! refused in a second, before anything is built or fetched; then the wgpu adapter must be the
+//! NVIDIA one (not Mesa's llvmpipe). With `QDRIFT_BIN=PATH` it runs that prebuilt `qdrift` and
+//! builds nothing (the lent GPU machine has no toolchain); SmolLM2 is then taken from `models/`
+//! if it is there, else its shape is run with random weights (`synthetic:smollm2-135m`: speed does
+//! not depend on the values).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// New tokens per prompt in every case.
+const NEW_TOKENS: usize = 128;
+/// Prompts of the batched cases (one batch).
+const BATCH_PROMPTS: usize = 16;
+/// Size of the copied tensor for the bandwidth (MiB): far above any GPU's caches; the second if
+/// the device's largest buffer is under the first.
+const BANDWIDTH_MIB: [&str; 2] = ["1024", "256"];
+
+/// Why the bench cannot run here, as the one line the user sees.
+const NO_GPU: &str = "no NVIDIA GPU found";
+
+/// The NVIDIA GPUs `nvidia_smi` lists (`name, memory.total MiB` per line), or the refusal.
+pub fn nvidia_gpus(nvidia_smi: &str) -> Result<Vec<String>, String> {
+    let output = Command::new(nvidia_smi)
+        .args(["--query-gpu=name,memory.total", "--format=csv,noheader,nounits"])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                format!("{NO_GPU}: {nvidia_smi} is not installed; `bench gpu` needs an NVIDIA GPU and its driver")
+            }
+            _ => format!("{NO_GPU}: cannot run {nvidia_smi}: {e}"),
+        })?;
+    let gpus = parse_gpus(&String::from_utf8_lossy(&output.stdout));
+    if !output.status.success() || gpus.is_empty() {
+        let why = String::from_utf8_lossy(&output.stderr);
+        let why = why.lines().next().unwrap_or("").trim();
+        return Err(format!(
+            "{NO_GPU}: {nvidia_smi} lists no GPU ({}{}{why})",
+            output.status,
+            if why.is_empty() { "" } else { ": " }
+        ));
+    }
+    Ok(gpus)
+}
+
+/// The non-empty lines of `nvidia-smi --format=csv,noheader` output.
+fn parse_gpus(stdout: &str) -> Vec<String> {
+    stdout.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect()
+}
+
+/// Whether a wgpu adapter name is an NVIDIA GPU (not `llvmpipe (LLVM 15.0.6, 256 bits)`).
+pub fn is_nvidia_adapter(adapter: &str) -> bool {
+    adapter.to_ascii_lowercase().contains("nvidia")
+}
+
+/// The number after `"key":` in a one-line JSON object qdrift printed (flat, keys unique).
+pub fn json_number(line: &str, key: &str) -> Option<f64> {
+    let rest = line.split(&format!("\"{key}\":")).nth(1)?;
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    rest[..end].trim().parse().ok()
+}
+
+/// The string after `"key":` in a one-line JSON object (no escaped quotes in it).
+pub fn json_string(line: &str, key: &str) -> Option<String> {
+    let rest = line.split(&format!("\"{key}\":")).nth(1)?.trim_start().strip_prefix('"')?;
+    Some(rest[..rest.find('"')?].to_string())
+}
+
+/// Bytes a decode step reads from the model's weights at 2 bytes per parameter (f16), from
+/// `qdrift inspect --json`'s parameter counts: every parameter except the token embedding (a
+/// decode step gathers one row of it), plus the output head, which is the embedding itself when
+/// tied (`head` 0). KV-cache reads are not counted.
+pub fn f16_weight_bytes_per_step(inspect_json: &str) -> Result<u64, String> {
+    let params = inspect_json.split("\"params\"").nth(1).ok_or("qdrift inspect --json printed no \"params\"")?;
+    let field = |key: &str| -> Result<u64, String> {
+        let rest =
+            params.split(&format!("\"{key}\":")).nth(1).ok_or(format!("no params.{key} in qdrift inspect --json"))?;
+        let end = rest.find([',', '}', '\n']).unwrap_or(rest.len());
+        rest[..end].trim().parse().map_err(|e| format!("params.{key} in qdrift inspect --json: {e}"))
+    };
+    let (embedding, head, total) = (field("embedding")?, field("head")?, field("total")?);
+    let read = if head == 0 { total } else { total - embedding };
+    Ok(2 * read)
+}
+
+/// Samples `nvidia-smi`'s used memory of the first GPU (MiB) every 100 ms until stopped; the
+/// handle returns the largest sample.
+struct MemoryPoll {
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<Option<u64>>,
+}
+
+fn memory_used_mib() -> Option<u64> {
+    let out = Command::new("nvidia-smi")
+        .args(["--query-gpu=memory.used", "--format=csv,noheader,nounits"])
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().next()?.trim().parse().ok()
+}
+
+impl MemoryPoll {
+    fn start() -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let handle = std::thread::spawn(move || {
+            let mut peak = None;
+            while !flag.load(Ordering::Relaxed) {
+                peak = peak.max(memory_used_mib());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            peak.max(memory_used_mib())
+        });
+        MemoryPoll { stop, handle }
+    }
+
+    fn finish(self) -> Option<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().ok().flatten()
+    }
+}
+
+/// Runs `qdrift` with `args`, returns (stdout, stderr); an error with its last stderr line if it fails.
+fn capture(qdrift: &Path, args: &[&str]) -> Result<(String, String), String> {
+    let out = Command::new(qdrift)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", qdrift.display()))?;
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    if !out.status.success() {
+        let last = stderr.lines().last().unwrap_or("");
+        return Err(format!("qdrift {} failed ({}): {last}", args.join(" "), out.status));
+    }
+    Ok((stdout, stderr))
+}
+
+/// One model to bench: its name in the output, `--model`, and where it came from.
+struct Model {
+    name: &'static str,
+    path: String,
+    note: &'static str,
+}
+
+/// `cargo xtask bench gpu`. `build` builds qdrift and fetches SmolLM2 (unless `QDRIFT_BIN` is
+/// set); it runs only once an NVIDIA GPU is found.
+pub fn bench_gpu(build: impl FnOnce() -> Result<(PathBuf, PathBuf), String>, models: &Path) -> Result<(), String> {
+    let start = Instant::now();
+    let gpus = nvidia_gpus("nvidia-smi")?;
+    println!("xtask: bench gpu on {}", gpus.join("; "));
+    let (qdrift, smollm2) = match std::env::var_os("QDRIFT_BIN") {
+        Some(bin) => {
+            // The checkout's models/, or (a carried xtask, built elsewhere) the current folder's.
+            let local =
+                [models, Path::new("models")].map(|m| m.join(crate::SMOLLM2_FILE)).into_iter().find(|p| p.is_file());
+            (PathBuf::from(bin), local.unwrap_or_else(|| PathBuf::from("synthetic:smollm2-135m")))
+        }
+        None => build()?,
+    };
+    let smollm2_is_file = smollm2.is_file();
+    let models = [
+        Model {
+            name: "SmolLM2-135M",
+            path: smollm2.to_string_lossy().into_owned(),
+            note: if smollm2_is_file {
+                "Q4_1 GGUF held as f16"
+            } else {
+                "synthetic:smollm2-135m, its shape with random weights"
+            },
+        },
+        Model {
+            name: "llama-1b",
+            path: "synthetic:llama-1b".to_string(),
+            note: "synthetic:llama-1b, Llama 3.2 1B's shape with random weights",
+        },
+    ];
+
+    // Bandwidth first: it also proves wgpu runs on the NVIDIA adapter.
+    let bandwidth_args = |mib| ["bandwidth", "--backend", "wgpu", "--mib", mib, "--reps", "10"];
+    // A GPU whose largest buffer is under 1 GiB gets a quarter of that (still far above its caches).
+    let (line, _) = capture(&qdrift, &bandwidth_args(BANDWIDTH_MIB[0])).or_else(|e| {
+        if e.contains("largest buffer") { capture(&qdrift, &bandwidth_args(BANDWIDTH_MIB[1])) } else { Err(e) }
+    })?;
+    let adapter =
+        json_string(&line, "adapter").ok_or_else(|| format!("qdrift bandwidth printed no adapter: {line}"))?;
+    if !is_nvidia_adapter(&adapter) {
+        return Err(format!(
+            "{NO_GPU}: wgpu runs on {adapter}, not the NVIDIA GPU (is its Vulkan driver installed? VK_DRIVER_FILES)"
+        ));
+    }
+    let bandwidth =
+        json_number(&line, "bytes_per_s").ok_or_else(|| format!("qdrift bandwidth printed no bytes_per_s: {line}"))?;
+    println!(
+        "bench gpu: wgpu adapter {adapter}; copy bandwidth {:.0} GB/s (f32 tensor of {:.0} MiB read + written, 8 copies per rep, best of 10 after 2 warm-up)",
+        bandwidth / 1e9,
+        json_number(&line, "bytes").unwrap_or(0.0) / f64::from(1 << 20),
+    );
+
+    let idle = memory_used_mib();
+    for model in &models {
+        let (inspect, _) = capture(&qdrift, &["inspect", "--model", &model.path, "--json"])?;
+        let weight_bytes = f16_weight_bytes_per_step(&inspect)?;
+        let bound_s = weight_bytes as f64 / bandwidth;
+        for prompts in [BATCH_PROMPTS, 1] {
+            let texts: Vec<String> =
+                (0..prompts).map(|i| format!("Question {}: what is the capital of France? Answer:", i + 1)).collect();
+            let new_tokens = NEW_TOKENS.to_string();
+            let batch = prompts.to_string();
+            let mut args = vec!["generate", "--model", &model.path, "--max-new-tokens", &new_tokens, "--dtype", "f16"];
+            args.extend(["--backend", "wgpu", "--batch-size", &batch, "--timing-json"]);
+            for t in &texts {
+                args.extend(["--prompt", t]);
+            }
+            let poll = MemoryPoll::start();
+            let result = capture(&qdrift, &args);
+            let peak = poll.finish();
+            let (_, stderr) = result?;
+            let line = stderr
+                .lines()
+                .rev()
+                .find(|l| l.contains("\"timing\""))
+                .ok_or("qdrift generate --timing-json printed no timing line")?;
+            let number = |k: &str| json_number(line, k).ok_or_else(|| format!("no {k} in {line}"));
+            let (tps, first) = (number("tokens_per_s")?, number("first_token_s")?);
+            // No decode step when timing noise exceeded it (qdrift prints null then).
+            let decode = match (json_number(line, "decode_step_s"), json_number(line, "decode_tokens_per_s")) {
+                (Some(step), Some(decode_tps)) => format!(
+                    "{decode_tps:.0} tokens/s while decoding, decode step {:.2} ms = {:.1}% of the bandwidth bound",
+                    step * 1e3,
+                    100.0 * bound_s / step
+                ),
+                _ => "decode step not measurable (the one-token run took as long as the whole run)".to_string(),
+            };
+            let memory = match (peak, idle) {
+                (Some(p), Some(i)) => format!("peak GPU memory {p} MiB ({:+} MiB over idle)", p as i64 - i as i64),
+                _ => "peak GPU memory unknown (nvidia-smi gave no reading)".to_string(),
+            };
+            println!(
+                "bench gpu: {} ({}), f16, {prompts} prompt{} × {NEW_TOKENS} tokens, batch {prompts}: {tps:.0} tokens/s, first token {:.1} ms; {decode}; bound {:.3} ms/step ({:.0} MB of weights / {:.0} GB/s); {memory}",
+                model.name,
+                model.note,
+                if prompts == 1 { "" } else { "s" },
+                first * 1e3,
+                bound_s * 1e3,
+                weight_bytes as f64 / 1e6,
+                bandwidth / 1e9,
+            );
+        }
+    }
+    println!("xtask: bench gpu took {:.1} min", start.elapsed().as_secs_f64() / 60.0);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_machine_without_nvidia_smi_is_refused_in_one_line() {
+        let e = nvidia_gpus("/nonexistent/nvidia-smi").unwrap_err();
+        assert!(e.starts_with("no NVIDIA GPU found: /nonexistent/nvidia-smi is not installed"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn a_program_that_lists_no_gpu_is_refused() {
+        // `true` exits 0 and prints nothing, as nvidia-smi does with no device visible.
+        let e = nvidia_gpus("true").unwrap_err();
+        assert!(e.starts_with("no NVIDIA GPU found: true lists no GPU"), "{e}");
+    }
+
+    #[test]
+    fn gpus_and_adapters_are_told_apart() {
+        assert_eq!(parse_gpus("NVIDIA H200, 143771\n\n"), ["NVIDIA H200, 143771"]);
+        assert!(is_nvidia_adapter("NVIDIA H200"));
+        assert!(!is_nvidia_adapter("llvmpipe (LLVM 15.0.6, 256 bits)"));
+    }
+
+    #[test]
+    fn numbers_and_strings_are_read_from_qdrift_json_lines() {
+        let line = r#"{"adapter":"NVIDIA H200","bytes_per_s":4.2e12,"decode_step_s":null,"n":16}"#;
+        assert_eq!(json_number(line, "bytes_per_s"), Some(4.2e12));
+        assert_eq!(json_number(line, "n"), Some(16.0));
+        assert_eq!(json_number(line, "decode_step_s"), None);
+        assert_eq!(json_number(line, "missing"), None);
+        assert_eq!(json_string(line, "adapter").as_deref(), Some("NVIDIA H200"));
+    }
+
+    #[test]
+    fn weight_bytes_count_the_head_once_and_skip_an_untied_embedding() {
+        let tied = r#"{ "params": { "embedding": 100, "per_layer": 10, "layers": 40, "final_norm": 2, "head": 0, "total": 142 }, "flops_per_token": { "total": 9 } }"#;
+        assert_eq!(f16_weight_bytes_per_step(tied), Ok(2 * 142));
+        let untied = tied.replace("\"head\": 0, \"total\": 142", "\"head\": 100, \"total\": 242");
+        assert_eq!(f16_weight_bytes_per_step(&untied), Ok(2 * 142));
+        assert!(f16_weight_bytes_per_step("{}").is_err());
+    }
+}
