@@ -2,15 +2,15 @@
 //! default), on whole evaluations:
 //! - stories260K (vocabulary 512): every metric that does not come from KL is identical; KL is a
 //!   lower bound of the exact value; a top-K that covers the vocabulary is the exact path;
-//! - SmolLM2-135M (vocabulary 49,152), int8 and int4-g128, 8 prompts × 100 tokens, K = 64: top-1
-//!   agreement and every non-KL metric identical, KL a lower bound, and its error printed. The
-//!   bound is not within 1% at K = 64 on this model (measured 7–10% for the mean, 2.5–4% for
-//!   p99; see the README): that is why the exact KL is the default.
+//! - SmolLM2-135M (vocabulary 49,152), int8 and int4-g128, 8 prompts × 100 tokens, K = 64 … 2048
+//!   from the same logits: top-1 agreement identical, KL a lower bound, its error printed. The
+//!   bound is not within 1% at K = 64 on this model (see the README): that is why the exact KL
+//!   is the default.
 
 use std::path::PathBuf;
 
 use burn::tensor::DType;
-use qdrift_eval::{EvalConfig, VariantSpec, evaluate};
+use qdrift_eval::{EvalConfig, evaluate};
 use qdrift_generate::BackendChoice;
 use qdrift_report::{KlMethod, Report};
 use qdrift_tests::stories_eval;
@@ -82,38 +82,93 @@ fn smollm2() -> Option<PathBuf> {
     path.is_file().then_some(path)
 }
 
+/// Mean and p99 of per-position KL values (negative round-off clamped to 0, as reports do).
+fn mean_p99(kl: &[f32]) -> (f64, f64) {
+    let mut v: Vec<f64> = kl.iter().map(|&x| f64::from(x).max(0.0)).collect();
+    v.sort_by(f64::total_cmp);
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    (mean, qdrift_score::quantile_sorted(&v, 0.99).expect("p99"))
+}
+
+/// SmolLM2 (vocabulary 49,152), int8 and int4-g128, 8 chat-style prompts × 100 greedy tokens of
+/// the FP16 reference, f32, CPU: every position's exact KL and its top-K + tail bound from the
+/// same logits. Top-1 agreement and log p are identical (they are kept exactly); the bound is
+/// below the exact KL; its error is printed per K. Measured (2-core x86): K = 64 misses the
+/// issue's 1% (mean) / 2% (p99) by a wide margin, K = 2048 meets it — why the exact KL is the
+/// default (`README.md`).
 #[test]
-fn smollm2_top_64_is_a_lower_bound_of_the_exact_kl() {
+fn smollm2_top_k_bound_against_the_exact_kl() {
+    use qdrift_generate::{GenerationConfig, generate, teacher_forced_pair};
+    use qdrift_model::LlamaConfig;
+    use qdrift_quantize::{QuantizeOptions, Scheme, quantize_model, round_to_fp16_reference};
+    use qdrift_score::{compact_reference_on_device, position_metrics_against_compact, position_metrics_on_device};
+
     let Some(model) = smollm2() else {
         println!("skipped: SmolLM2 absent (cargo xtask fetch-models)");
         return;
     };
-    let mut cfg = EvalConfig::new(model);
-    cfg.prompts = Some(8);
-    cfg.horizons = vec![100];
-    cfg.dtype = DType::F32;
-    cfg.backend = BackendChoice::Cpu;
-    cfg.resamples = 200;
-    cfg.variants = ["int8", "int4-g128"].iter().map(|s| VariantSpec::Scheme(s.parse().expect("scheme"))).collect();
-    cfg.reference_top_k = Some(64);
-    let compact = evaluate(&cfg, &mut |_| {}).expect("compact evaluation");
-    cfg.reference_top_k = None;
-    let exact = evaluate(&cfg, &mut |_| {}).expect("exact evaluation");
-    if let Some(KlMethod::TopKTail { top_k, tail_mass_max, tail_mass_mean }) = &compact.reference.kl {
-        println!("SmolLM2 K = {top_k}: tail mass mean {tail_mass_mean:.3e}, max {tail_mass_max:.3e}");
-    }
-    assert_eq!(non_kl_metrics(&compact), non_kl_metrics(&exact), "top-1 agreement and every non-KL metric");
-    for (v, variant) in compact.variants.iter().enumerate().skip(1) {
-        let ((c_mean, c_p99), (e_mean, e_p99)) = (kld(&compact, v, 0), kld(&exact, v, 0));
-        let (mean_err, p99_err) = ((c_mean - e_mean).abs() / e_mean, (c_p99 - e_p99).abs() / e_p99);
+    let mut loaded = qdrift_load::open_model(&model, None).expect("SmolLM2 loads");
+    round_to_fp16_reference(&mut loaded.model);
+    let dev = qdrift_tests::device(BackendChoice::Cpu);
+    let set = qdrift_eval::EvalSet::built_in("chat").expect("chat set");
+    let template = loaded.chat_template.clone().expect("SmolLM2 has a chat template");
+    let tok = &loaded.tokenizer;
+    let piece = |id: Option<u32>| id.map(|i| tok.decode(&[i])).unwrap_or_default();
+    let (bos, eos) = (piece(tok.bos_id()), piece(tok.eos_id()));
+    let prompts: Vec<Vec<u32>> = set.prompts[..8]
+        .iter()
+        .map(|p| tok.encode(&qdrift_eval::apply_chat_template(&template, &p.prompt, &bos, &eos).expect("renders")))
+        .collect();
+    let config = LlamaConfig::from_arch(&loaded.model.arch);
+    let reference = config.init_from_host(&loaded.model, DType::F32, &dev.device).expect("builds");
+    let generation = GenerationConfig { max_new_tokens: 100, batch_size: 8, stop_at_eos: None };
+    let tokens = generate(&reference, &dev, &prompts, &generation, |_| {}).expect("generates");
+    let text: Vec<(Vec<u32>, Vec<u32>)> = prompts.into_iter().zip(tokens).collect();
+    let ks = [64usize, 256, 1024, 2048];
+    for scheme in ["int8", "int4-g128"] {
+        let s: Scheme = scheme.parse().expect("scheme");
+        let weights = quantize_model(&loaded.model, &s, &QuantizeOptions::default()).expect("quantizes").dequantized;
+        let variant = config.init_from_host(&weights, DType::F32, &dev.device).expect("builds");
+        let (mut exact, mut bounds, mut tails) = (Vec::new(), vec![Vec::new(); ks.len()], Vec::new());
+        teacher_forced_pair(&reference, &variant, &dev, &text, 8, 25, |p| {
+            let [b, t, _] = p.reference.dims();
+            let tokens: Vec<u32> =
+                (0..b).flat_map(|i| text[p.first_prompt + i].1[p.start..p.start + t].to_vec()).collect();
+            let e = position_metrics_on_device(p.reference.clone(), p.variant.clone(), &tokens).expect("exact");
+            for (j, &k) in ks.iter().enumerate() {
+                let c = compact_reference_on_device(p.reference.clone(), &tokens, k).expect("compact");
+                let m = position_metrics_against_compact(&c, p.variant.clone(), &tokens).expect("bound");
+                assert_eq!(m.top1_agree, e.top1_agree, "top-1 agreement is kept exactly");
+                assert_eq!(m.logp_var_of_token, e.logp_var_of_token);
+                bounds[j].extend(m.kld);
+                if k == 64 {
+                    tails.extend(c.tail_logp.iter().map(|&l| f64::from(l).exp()));
+                }
+            }
+            exact.extend(e.kld);
+        })
+        .expect("teacher forcing");
+        assert_eq!(exact.len(), 800);
+        let (e_mean, e_p99) = mean_p99(&exact);
+        let tail_mean = tails.iter().sum::<f64>() / tails.len() as f64;
         println!(
-            "SmolLM2 {} @100: mean KLD K=64 {c_mean:.5e} exact {e_mean:.5e} (error {:.3}%); p99 {c_p99:.5e} vs {e_p99:.5e} ({:.3}%)",
-            variant.name,
-            100.0 * mean_err,
-            100.0 * p99_err
+            "SmolLM2 {scheme}, 8 × 100: exact KLD mean {e_mean:.5e}, p99 {e_p99:.5e}; top-64 tail mass mean {tail_mean:.3e}"
         );
-        assert!(c_mean <= e_mean && c_p99 <= e_p99 * (1.0 + 1e-6), "{}: a lower bound", variant.name);
-        // Measured 7.0% (int8) and 8.5% (int4-g128) for the mean: a regression guard, not a claim.
-        assert!(mean_err < 0.15 && p99_err < 0.08, "{}: errors {mean_err}, {p99_err}", variant.name);
+        for (j, &k) in ks.iter().enumerate() {
+            let (c_mean, c_p99) = mean_p99(&bounds[j]);
+            let (mean_err, p99_err) = ((e_mean - c_mean) / e_mean, (e_p99 - c_p99) / e_p99);
+            println!(
+                "  K = {k:>4}: mean {c_mean:.5e} ({:.2}% low), p99 {c_p99:.5e} ({:.2}% low)",
+                100.0 * mean_err,
+                100.0 * p99_err
+            );
+            assert!(
+                c_mean <= e_mean * (1.0 + 1e-6) && c_p99 <= e_p99 * (1.0 + 1e-6),
+                "{scheme} K = {k}: a lower bound"
+            );
+            if k == 2048 {
+                assert!(mean_err < 0.01 && p99_err < 0.02, "{scheme}: K = 2048 within 1% / 2% ({mean_err}, {p99_err})");
+            }
+        }
     }
 }
