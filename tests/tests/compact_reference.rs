@@ -93,9 +93,9 @@ fn mean_p99(kl: &[f32]) -> (f64, f64) {
 /// SmolLM2 (vocabulary 49,152), int8 and int4-g128, 8 chat-style prompts × 100 greedy tokens of
 /// the FP16 reference, f32, CPU: every position's exact KL and its top-K + tail bound from the
 /// same logits. Top-1 agreement and log p are identical (they are kept exactly); the bound is
-/// below the exact KL; its error is printed per K. Measured (2-core x86): K = 64 misses the
-/// issue's 1% (mean) / 2% (p99) by a wide margin, K = 2048 meets it — why the exact KL is the
-/// default (`README.md`).
+/// below the exact KL; its error is printed per K. Measured (2-core x86): K = 64 is 7.0% / 5.0%
+/// low on the mean (int8 / int4-g128), missing the 1% (mean) / 2% (p99); K = 1024 meets
+/// both (0.66% / 0.45%) — why the exact KL is the default (`README.md`).
 #[test]
 fn smollm2_top_k_bound_against_the_exact_kl() {
     use qdrift_generate::{GenerationConfig, generate, teacher_forced_pair};
@@ -166,8 +166,8 @@ fn smollm2_top_k_bound_against_the_exact_kl() {
                 c_mean <= e_mean * (1.0 + 1e-6) && c_p99 <= e_p99 * (1.0 + 1e-6),
                 "{scheme} K = {k}: a lower bound"
             );
-            if k == 2048 {
-                assert!(mean_err < 0.01 && p99_err < 0.02, "{scheme}: K = 2048 within 1% / 2% ({mean_err}, {p99_err})");
+            if k >= 1024 {
+                assert!(mean_err < 0.01 && p99_err < 0.02, "{scheme}: K = {k} within 1% / 2% ({mean_err}, {p99_err})");
             }
         }
     }
