@@ -130,7 +130,7 @@ fn eval_set_help() -> String {
 /// Runs `qdrift eval`; with `--gate`, returns the gate's exit code.
 ///
 /// Order: the thresholds are read and the output folder locked and staged before anything is
-/// loaded; [`evaluate`] checks the options and the thresholds against the run before it loads the
+/// loaded; [`evaluate_any`] checks the options and the thresholds against the run before it loads the
 /// model; the reports (and a JUnit file inside `--out`) are written to the staging folder and
 /// moved into `--out` together ([`OutputDir`]).
 pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
@@ -219,7 +219,7 @@ fn config(args: &EvalArgs, gate: Option<(PathBuf, Thresholds)>) -> EvalConfig {
     cfg
 }
 
-/// [`evaluate`] with a progress bar on stderr.
+/// [`evaluate_any`] with a progress bar on stderr.
 fn evaluate_with_progress(cfg: &EvalConfig) -> Result<Evaluated, qdrift_eval::EvalError> {
     let bar = ProgressBar::new(0);
     bar.set_style(
