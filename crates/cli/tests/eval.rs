@@ -6,7 +6,7 @@ use std::path::Path;
 use serde_json::Value;
 
 mod common;
-use common::{qdrift, stories};
+use common::{qdrift, stories, variant};
 
 fn run_eval(out: &Path, extra: &[&str]) -> Value {
     let dir = stories();
@@ -23,15 +23,6 @@ fn run_eval(out: &Path, extra: &[&str]) -> Value {
 
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
-}
-
-fn variant<'a>(report: &'a Value, name: &str) -> &'a Value {
-    report["variants"]
-        .as_array()
-        .expect("variants")
-        .iter()
-        .find(|v| v["name"] == name)
-        .unwrap_or_else(|| panic!("no variant {name}"))
 }
 
 /// The `fp16` scheme on the FP16 reference is the reference: every divergence is exactly zero,

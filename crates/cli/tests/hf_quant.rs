@@ -13,16 +13,7 @@ use qdrift_quantize::{HfLayout, round_to_fp16_reference, write_hf_quantized};
 use serde_json::Value;
 
 mod common;
-use common::{qdrift, stories};
-
-fn variant<'a>(report: &'a Value, name: &str) -> &'a Value {
-    report["variants"]
-        .as_array()
-        .expect("variants")
-        .iter()
-        .find(|v| v["name"] == name)
-        .unwrap_or_else(|| panic!("no variant {name}"))
-}
+use common::{qdrift, stories, variant};
 
 /// Writes the reference folder and one folder per layout; returns the folder of each.
 fn folders(root: &Path, layouts: &[(&str, HfLayout)]) -> Vec<String> {

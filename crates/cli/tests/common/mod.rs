@@ -17,3 +17,13 @@ pub fn stories() -> PathBuf {
 pub fn qdrift(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_qdrift")).args(args).output().expect("qdrift runs")
 }
+
+/// The variant named `name` in a report read as JSON.
+pub fn variant<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    report["variants"]
+        .as_array()
+        .expect("variants")
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no variant {name}"))
+}
