@@ -55,6 +55,23 @@ fn merged_shards_give_the_unsharded_report_top_k() {
     merged_equals_unsharded(Some(16), 2);
 }
 
+/// Shards that read a reference saved by the unsharded run (each takes its prompts' part of the
+/// store: no reference generation, no noise floor) merge into the same report.
+#[test]
+fn shards_reading_a_saved_reference_merge_into_the_unsharded_report() {
+    for top_k in [None, Some(16)] {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let mut cfg = config();
+        cfg.reference_top_k = top_k;
+        cfg.save_reference = Some(tmp.path().join("store"));
+        let whole = evaluate(&cfg, &mut |_| {}).expect("unsharded run saving the reference");
+        cfg.save_reference = None;
+        cfg.reference_store = Some(tmp.path().join("store"));
+        let merged = merge(parts(&cfg, 3, tmp.path())).expect("merge");
+        assert_eq!(json(&merged), json(&whole), "top-K {top_k:?}: shards from a store");
+    }
+}
+
 #[test]
 fn parts_of_different_runs_are_refused() {
     let tmp = tempfile::tempdir().expect("temp dir");

@@ -207,7 +207,6 @@ pub(crate) fn check_options(cfg: &EvalConfig) -> Result<Vec<usize>, EvalError> {
     if cfg.shard.is_some() {
         let combined = [
             (cfg.save_reference.is_some(), "--save-reference"),
-            (cfg.reference_store.is_some(), "--reference"),
             (cfg.gate.is_some(), "--gate"),
             (cfg.dump_logprobs.is_some(), "--dump-logprobs"),
         ];

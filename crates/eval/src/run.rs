@@ -325,7 +325,11 @@ fn run_variants(
         _ => None,
     };
     let (reference_run, mut stored_noise_floor) = match stored {
-        Some(s) => (ReferenceRun::from_store(&reference.model, plan, s.continuations, s.side)?, Some(s.noise_floor)),
+        Some(s) => {
+            // A shard uses its own prompts' part of a store saved by an unsharded run.
+            let s = s.select(&plan.prompt_indices)?;
+            (ReferenceRun::from_store(&reference.model, plan, s.continuations, s.side)?, Some(s.noise_floor))
+        }
         None => {
             let keep_hidden = cfg.save_reference.is_some();
             (ReferenceRun::start(&reference.model, plan, cfg.reference_logits_budget, keep_hidden, progress)?, None)
@@ -476,7 +480,7 @@ fn store_key(
         tokenizer_sha256: hash(&loaded.tokenizer_path)?,
         eval_set_sha256: prompts.set.sha256.clone(),
         prompts: prompts.chosen().iter().map(|p| p.id.clone()).collect(),
-        prompt_tokens_sha256: prompt_tokens_sha256(&plan.prompts),
+        prompt_tokens_sha256: prompt_tokens_sha256(&prompts.tokens),
         dtype: dtype_name(plan.dtype).to_string(),
         horizons: plan.horizons.clone(),
         backend: plan.device.backend.to_string(),

@@ -140,6 +140,47 @@ pub(crate) struct StoredReference {
     pub noise_floor: Vec<Trace>,
 }
 
+impl StoredReference {
+    /// The part of the store for the prompts at `indices` of the whole list (a shard's, in
+    /// order): their continuations, statistics and noise-floor traces, and the hidden-state
+    /// chunks of their batches renumbered from the first selected prompt. `indices` must be
+    /// whole batches of the stored run ([`crate::plan::Shard`] selects such).
+    pub fn select(self, indices: &[usize]) -> Result<StoredReference, EvalError> {
+        let n = self.continuations.len();
+        if indices.len() == n && indices.iter().enumerate().all(|(i, &j)| i == j) {
+            return Ok(self);
+        }
+        if let Some(&i) = indices.iter().find(|&&i| i >= n) {
+            return Err(EvalError::Internal(format!("prompt {i} beyond the store's {n}")));
+        }
+        let local: HashMap<usize, usize> = indices.iter().enumerate().map(|(l, &g)| (g, l)).collect();
+        let pick = |v: &[Vec<u32>]| indices.iter().map(|&i| v[i].clone()).collect::<Vec<_>>();
+        let continuations = pick(&self.continuations);
+        let noise_floor = indices.iter().map(|&i| self.noise_floor[i].clone()).collect();
+        let side = match self.side {
+            StoredSide::Compact(c) => StoredSide::Compact(CompactReference {
+                k: c.k,
+                prompts: indices.iter().map(|&i| c.prompts[i].clone()).collect(),
+            }),
+            StoredSide::Hidden(chunks) => {
+                let mut kept = Vec::new();
+                for ((first, start), shape, bytes) in chunks {
+                    let Some(&l) = local.get(&first) else { continue };
+                    // A chunk's rows must all be selected: shards take whole batches.
+                    if (0..shape[0]).any(|r| local.get(&(first + r)) != Some(&(l + r))) {
+                        return Err(EvalError::Internal(format!(
+                            "the store's batch at prompt {first} is split by the shard"
+                        )));
+                    }
+                    kept.push(((l, start), shape, bytes));
+                }
+                StoredSide::Hidden(kept)
+            }
+        };
+        Ok(StoredReference { continuations, side, noise_floor })
+    }
+}
+
 #[derive(Serialize, Deserialize)]
 struct Manifest {
     format: String,
