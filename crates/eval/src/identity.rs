@@ -27,7 +27,7 @@ pub fn sha256_file(path: &Path) -> Result<String, EvalError> {
     Ok(hex(&h.finalize()))
 }
 
-pub(crate) fn hex(digest: &[u8]) -> String {
+fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -28,7 +28,7 @@ use crate::compact::TailSums;
 use crate::identity::sha256_hex;
 use crate::plan::Shard;
 use crate::run::{Measurement, RunContext, VariantHeader, assemble_report};
-use crate::store::{Sections, Writer, read_capped_file};
+use crate::store::{Sections, Writer, read_capped_file, read_traces, write_traces};
 
 /// The format name in `part.json`.
 pub const PART_FORMAT: &str = "qdrift-part";
@@ -58,17 +58,6 @@ struct PartHeader {
     sections: Vec<crate::store::Section>,
 }
 
-/// The trace fields, in store order (`top1` is stored as bytes).
-type U32Field = (&'static str, fn(&Trace) -> &Vec<u32>);
-type F32Field = (&'static str, fn(&Trace) -> &Vec<f32>);
-const U32_FIELDS: [U32Field; 2] = [("ref_tokens", |t| &t.ref_tokens), ("var_tokens", |t| &t.var_tokens)];
-const F32_FIELDS: [F32Field; 5] = [
-    ("kld", |t| &t.kld),
-    ("logp_ref", |t| &t.logp_ref),
-    ("logp_var", |t| &t.logp_var),
-    ("ref_entropy", |t| &t.ref_entropy),
-    ("logp_ref_on_var_text", |t| &t.logp_ref_on_var_text),
-];
 impl Part {
     /// A shard's part from its measurement.
     pub(crate) fn new(context: RunContext, shard: Shard, prompt_indices: Vec<usize>, m: Measurement) -> Part {
@@ -97,18 +86,10 @@ impl Part {
 
     /// Writes `part.json` and `traces.bin` into `dir` (an existing folder, e.g. a staging one).
     pub fn write(&self, dir: &Path) -> Result<(), EvalError> {
-        let n = self.header.prompt_indices.len();
         let h = self.header.context.workload.horizons.last().copied().unwrap_or(0);
         let mut w = Writer::default();
         for (v, traces) in self.traces.iter().enumerate() {
-            for (name, field) in U32_FIELDS {
-                w.u32s(&format!("v{v}/{name}"), vec![n, h], traces.iter().flat_map(|t| field(t).iter().copied()));
-            }
-            for (name, field) in F32_FIELDS {
-                w.f32s(&format!("v{v}/{name}"), vec![n, h], traces.iter().flat_map(field));
-            }
-            let top1: Vec<u8> = traces.iter().flat_map(|t| t.top1.iter().map(|&b| u8::from(b))).collect();
-            w.push(format!("v{v}/top1"), "u8", vec![n, h], &top1);
+            write_traces(&mut w, &format!("v{v}"), traces, h);
             w.f64s(&format!("v{v}/floats"), &header_floats(&self.header.variants[v]));
         }
         if let Some((_, sums)) = &self.header.tail {
@@ -159,34 +140,10 @@ impl Part {
         }
         let n = header.prompt_indices.len();
         let h = header.context.workload.horizons.last().copied().unwrap_or(0);
-        let mut traces = Vec::with_capacity(header.variants.len());
-        for v in 0..header.variants.len() {
-            let rows_u32 = |name: &str| sections.u32s(&format!("v{v}/{name}"), &[n, h]).map(|x| split(x, n, h));
-            let rows_f32 = |name: &str| sections.f32s(&format!("v{v}/{name}"), &[n, h]).map(|x| split(x, n, h));
-            let (ref_tokens, var_tokens) =
-                (rows_u32("ref_tokens").map_err(fail)?, rows_u32("var_tokens").map_err(fail)?);
-            let kld = rows_f32("kld").map_err(fail)?;
-            let logp_ref = rows_f32("logp_ref").map_err(fail)?;
-            let logp_var = rows_f32("logp_var").map_err(fail)?;
-            let ref_entropy = rows_f32("ref_entropy").map_err(fail)?;
-            let on_var = rows_f32("logp_ref_on_var_text").map_err(fail)?;
-            let top1 = sections.get(&format!("v{v}/top1"), "u8", &[n, h]).map_err(fail)?;
-            let top1 = split(top1.iter().map(|&b| b != 0).collect(), n, h);
-            traces.push(
-                (0..n)
-                    .map(|i| Trace {
-                        ref_tokens: ref_tokens[i].clone(),
-                        var_tokens: var_tokens[i].clone(),
-                        kld: kld[i].clone(),
-                        top1: top1[i].clone(),
-                        logp_ref: logp_ref[i].clone(),
-                        logp_var: logp_var[i].clone(),
-                        ref_entropy: ref_entropy[i].clone(),
-                        logp_ref_on_var_text: on_var[i].clone(),
-                    })
-                    .collect(),
-            );
-        }
+        let traces = (0..header.variants.len())
+            .map(|v| read_traces(&sections, &format!("v{v}"), n, h))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(fail)?;
         Ok(Part { header, traces })
     }
 }
@@ -207,11 +164,6 @@ fn set_header_floats(v: &mut VariantHeader, f: &[f64]) {
     for (t, x) in v.per_tensor_error.iter_mut().zip(f[1..].chunks_exact(3)) {
         (t.sqnr_db, t.rel_frobenius, t.cosine) = (if x[0].is_nan() { None } else { Some(x[0]) }, x[1], x[2]);
     }
-}
-
-/// `n` rows of `h` values.
-fn split<T: Clone>(flat: Vec<T>, n: usize, h: usize) -> Vec<Vec<T>> {
-    (0..n).map(|i| flat[i * h..(i + 1) * h].to_vec()).collect()
 }
 
 /// The report of a sharded run from all its parts (any order).

@@ -27,7 +27,6 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::EvalError;
 use crate::aggregate::Trace;
@@ -248,7 +247,9 @@ impl Writer {
 }
 
 /// The per-position fields of traces, in store order: name and accessor.
+type TraceU32 = (&'static str, fn(&Trace) -> &Vec<u32>);
 type TraceF32 = (&'static str, fn(&Trace) -> &Vec<f32>);
+const TRACE_U32: [TraceU32; 2] = [("ref_tokens", |t| &t.ref_tokens), ("var_tokens", |t| &t.var_tokens)];
 const TRACE_F32: [TraceF32; 5] = [
     ("kld", |t| &t.kld),
     ("logp_ref", |t| &t.logp_ref),
@@ -256,6 +257,45 @@ const TRACE_F32: [TraceF32; 5] = [
     ("ref_entropy", |t| &t.ref_entropy),
     ("logp_ref_on_var_text", |t| &t.logp_ref_on_var_text),
 ];
+
+/// Writes traces as sections `PREFIX/FIELD`, each `[traces, h]` (`top1` as bytes): the one
+/// trace encoding of stores (the noise floor) and shard parts (every variant).
+pub(crate) fn write_traces(w: &mut Writer, prefix: &str, traces: &[Trace], h: usize) {
+    let n = traces.len();
+    for (name, field) in TRACE_U32 {
+        w.u32s(&format!("{prefix}/{name}"), vec![n, h], traces.iter().flat_map(|t| field(t).iter().copied()));
+    }
+    for (name, field) in TRACE_F32 {
+        w.f32s(&format!("{prefix}/{name}"), vec![n, h], traces.iter().flat_map(field));
+    }
+    let top1: Vec<u8> = traces.iter().flat_map(|t| t.top1.iter().map(|&b| u8::from(b))).collect();
+    w.push(format!("{prefix}/top1"), "u8", vec![n, h], &top1);
+}
+
+/// Reads [`write_traces`]' sections back: `n` traces of `h` positions.
+pub(crate) fn read_traces(s: &Sections<'_>, prefix: &str, n: usize, h: usize) -> Result<Vec<Trace>, String> {
+    let [ref_tokens, var_tokens] = TRACE_U32.map(|(name, _)| s.u32s(&format!("{prefix}/{name}"), &[n, h]));
+    let (mut ref_tokens, mut var_tokens) = (rows(ref_tokens?, h).into_iter(), rows(var_tokens?, h).into_iter());
+    let mut f32s = Vec::with_capacity(TRACE_F32.len());
+    for (name, _) in TRACE_F32 {
+        f32s.push(rows(s.f32s(&format!("{prefix}/{name}"), &[n, h])?, h).into_iter());
+    }
+    let top1 = s.get(&format!("{prefix}/top1"), "u8", &[n, h])?.iter().map(|&b| b != 0).collect();
+    let mut top1 = rows(top1, h).into_iter();
+    let mut next = |i: usize| f32s[i].next().unwrap_or_default();
+    Ok((0..n)
+        .map(|_| Trace {
+            ref_tokens: ref_tokens.next().unwrap_or_default(),
+            var_tokens: var_tokens.next().unwrap_or_default(),
+            kld: next(0),
+            logp_ref: next(1),
+            logp_var: next(2),
+            ref_entropy: next(3),
+            logp_ref_on_var_text: next(4),
+            top1: top1.next().unwrap_or_default(),
+        })
+        .collect())
+}
 
 /// Writes a store to `dir`, atomically (staged beside it, then renamed; a previous store there is
 /// replaced).
@@ -285,13 +325,7 @@ pub(crate) fn write_store(dir: &Path, key: &StoreKey, stored: &StoredReference) 
             w.u32s("argmax", vec![n, h], c.prompts.iter().flat_map(|p| p.argmax.iter().copied()));
         }
     }
-    let nf = &stored.noise_floor;
-    w.u32s("noise_floor/var_tokens", vec![n, h], nf.iter().flat_map(|t| t.var_tokens.iter().copied()));
-    let top1: Vec<u8> = nf.iter().flat_map(|t| t.top1.iter().map(|&b| u8::from(b))).collect();
-    w.push("noise_floor/top1".into(), "u8", vec![n, h], &top1);
-    for (name, field) in TRACE_F32 {
-        w.f32s(&format!("noise_floor/{name}"), vec![n, h], nf.iter().flat_map(field));
-    }
+    write_traces(&mut w, "noise_floor", &stored.noise_floor, h);
     let manifest = Manifest {
         format: STORE_FORMAT.into(),
         version: STORE_VERSION,
@@ -371,12 +405,7 @@ pub(crate) fn read_store(dir: &Path, run: &StoreKey) -> Result<StoredReference, 
             manifest.data_bytes
         )));
     }
-    let sha = {
-        let mut h = Sha256::new();
-        h.update(&data);
-        crate::identity::hex(&h.finalize())
-    };
-    if sha != manifest.data_sha256 {
+    if sha256_hex(&data) != manifest.data_sha256 {
         return Err(fail("reference.bin does not match its checksum (damaged or edited)".into()));
     }
     let sections = Sections::new(&manifest.sections, &data).map_err(fail)?;
@@ -513,25 +542,7 @@ fn decode(s: &Sections<'_>, run: &StoreKey) -> Result<StoredReference, String> {
             .collect();
         StoredSide::Compact(CompactReference { k, prompts })
     };
-    let var_tokens = rows(s.u32s("noise_floor/var_tokens", &[n, h])?, h);
-    let top1 = rows(s.get("noise_floor/top1", "u8", &[n, h])?.iter().map(|&b| b != 0).collect(), h);
-    let mut f32_fields = Vec::new();
-    for (name, _) in TRACE_F32 {
-        f32_fields.push(rows(s.f32s(&format!("noise_floor/{name}"), &[n, h])?, h));
-    }
-    let mut noise_floor = Vec::with_capacity(n);
-    for i in 0..n {
-        noise_floor.push(Trace {
-            ref_tokens: continuations[i].clone(),
-            var_tokens: var_tokens[i].clone(),
-            kld: f32_fields[0][i].clone(),
-            top1: top1[i].clone(),
-            logp_ref: f32_fields[1][i].clone(),
-            logp_var: f32_fields[2][i].clone(),
-            ref_entropy: f32_fields[3][i].clone(),
-            logp_ref_on_var_text: f32_fields[4][i].clone(),
-        });
-    }
+    let noise_floor = read_traces(s, "noise_floor", n, h)?;
     Ok(StoredReference { continuations, side, noise_floor })
 }
 
