@@ -285,18 +285,18 @@ impl ScoringContext<'_> {
                     }
                 }
             })?,
-            ReferenceSide::Kept(kept) => teacher_forced(variant, device, text, batch_size, chunk, |f| {
-                if failure.is_none() {
-                    let reference = kept.get(f.first_prompt, f.start);
-                    failure = reference.and_then(|r| record(traces, f.first_prompt, f.start, r, f.logits)).err();
-                }
-            })?,
-            ReferenceSide::KeptHidden(kept) => teacher_forced(variant, device, text, batch_size, chunk, |f| {
-                if failure.is_none() {
-                    let reference = kept.get(f.first_prompt, f.start).map(|h| self.reference.model.head(h.clone()));
-                    failure = reference.and_then(|r| record(traces, f.first_prompt, f.start, &r, f.logits)).err();
-                }
-            })?,
+            ReferenceSide::Kept(kept) | ReferenceSide::KeptHidden(kept) => {
+                let hidden = matches!(self.reference.side, ReferenceSide::KeptHidden(_));
+                teacher_forced(variant, device, text, batch_size, chunk, |f| {
+                    if failure.is_none() {
+                        // Kept hidden states become the reference's logits through its output layer.
+                        let reference = kept
+                            .get(f.first_prompt, f.start)
+                            .map(|t| if hidden { self.reference.model.head(t.clone()) } else { t.clone() });
+                        failure = reference.and_then(|r| record(traces, f.first_prompt, f.start, &r, f.logits)).err();
+                    }
+                })?
+            }
             ReferenceSide::Lockstep => {
                 teacher_forced_pair(&self.reference.model, variant, device, text, batch_size, chunk, |p| {
                     if failure.is_none() {
