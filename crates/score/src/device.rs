@@ -53,16 +53,7 @@ pub fn position_metrics_on_device(
             right: var_dims.iter().product(),
         });
     }
-    if tokens.len() != b * t {
-        return Err(ScoreError::LengthMismatch {
-            what: "tokens and logit positions",
-            left: tokens.len(),
-            right: b * t,
-        });
-    }
-    if let Some(i) = tokens.iter().position(|&tok| tok as usize >= v) {
-        return Err(ScoreError::OutOfRange { what: "token", index: tokens[i] as usize, limit: v });
-    }
+    check_tokens([b, t, v], tokens)?;
     let device = ref_logits.device();
     let agree = ref_logits.clone().argmax(2).equal(var_logits.clone().argmax(2)).int();
     let lr = log_softmax(ref_logits.cast(DType::F32), 2);
@@ -70,17 +61,9 @@ pub fn position_metrics_on_device(
     let pr = lr.clone().exp();
     let kld = (pr.clone() * (lr.clone() - lv.clone())).sum_dim(2);
     let entropy = (pr * lr.clone()).sum_dim(2).neg();
-    let ids: Vec<i64> = tokens.iter().map(|&tok| i64::from(tok)).collect();
-    let index: Tensor<3, Int> = Tensor::from_data(TensorData::new(ids, [b, t, 1]), &device);
+    let index: Tensor<3, Int> = Tensor::from_data(TensorData::new(token_ids(tokens), [b, t, 1]), &device);
     let lpr = lr.gather(2, index.clone());
     let lpv = lv.gather(2, index);
-
-    let read = |what: &'static str, x: Tensor<3>| -> Result<Vec<f32>, ScoreError> {
-        x.into_data()
-            .convert::<f32>()
-            .try_into_vec::<f32>()
-            .map_err(|e| ScoreError::Device { what, message: format!("{e:?}") })
-    };
     let agree = agree
         .into_data()
         .convert::<i64>()
@@ -89,11 +72,11 @@ pub fn position_metrics_on_device(
     Ok(DevicePositionMetrics {
         batch: b,
         positions: t,
-        kld: read("KL divergence", kld)?,
+        kld: read_f32("KL divergence", kld)?,
         top1_agree: agree.into_iter().map(|a| a != 0).collect(),
-        logp_ref_of_token: read("reference log-probabilities", lpr)?,
-        logp_var_of_token: read("variant log-probabilities", lpv)?,
-        ref_entropy: read("reference entropy", entropy)?,
+        logp_ref_of_token: read_f32("reference log-probabilities", lpr)?,
+        logp_var_of_token: read_f32("variant log-probabilities", lpv)?,
+        ref_entropy: read_f32("reference entropy", entropy)?,
     })
 }
 
@@ -107,23 +90,9 @@ pub fn position_metrics_on_device(
 /// - returns `batch * positions` values, row-major
 pub fn token_logprobs_on_device(logits: Tensor<3>, tokens: &[u32]) -> Result<Vec<f32>, ScoreError> {
     let [b, t, v] = logits.dims();
-    if tokens.len() != b * t {
-        return Err(ScoreError::LengthMismatch {
-            what: "tokens and logit positions",
-            left: tokens.len(),
-            right: b * t,
-        });
-    }
-    if let Some(i) = tokens.iter().position(|&tok| tok as usize >= v) {
-        return Err(ScoreError::OutOfRange { what: "token", index: tokens[i] as usize, limit: v });
-    }
-    let ids: Vec<i64> = tokens.iter().map(|&tok| i64::from(tok)).collect();
-    let index: Tensor<3, Int> = Tensor::from_data(TensorData::new(ids, [b, t, 1]), &logits.device());
-    let lp = log_softmax(logits.cast(DType::F32), 2).gather(2, index);
-    lp.into_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .map_err(|e| ScoreError::Device { what: "log-probabilities", message: format!("{e:?}") })
+    check_tokens([b, t, v], tokens)?;
+    let index: Tensor<3, Int> = Tensor::from_data(TensorData::new(token_ids(tokens), [b, t, 1]), &logits.device());
+    read_f32("log-probabilities", log_softmax(logits.cast(DType::F32), 2).gather(2, index))
 }
 
 /// The reference's side of a chunk, kept compact ([`crate::compact`]): per position its top-K
@@ -166,8 +135,9 @@ fn tail_log_sum_exp(logp: Tensor<3>, ids: Tensor<3, Int>) -> Tensor<3> {
     max.clone() + (masked - max).exp().sum_dim(2).log()
 }
 
-/// Checks a chunk's shape against its tokens and a top-K.
-fn check_chunk(dims: [usize; 3], tokens: &[u32], k: usize) -> Result<(), ScoreError> {
+/// Checks that `tokens` give one id below the vocabulary per position of a `[batch, positions,
+/// vocab]` chunk.
+fn check_tokens(dims: [usize; 3], tokens: &[u32]) -> Result<(), ScoreError> {
     let [b, t, v] = dims;
     if tokens.len() != b * t {
         return Err(ScoreError::LengthMismatch {
@@ -179,6 +149,13 @@ fn check_chunk(dims: [usize; 3], tokens: &[u32], k: usize) -> Result<(), ScoreEr
     if let Some(i) = tokens.iter().position(|&tok| tok as usize >= v) {
         return Err(ScoreError::OutOfRange { what: "token", index: tokens[i] as usize, limit: v });
     }
+    Ok(())
+}
+
+/// Checks a chunk's shape against its tokens and a top-K.
+fn check_chunk(dims: [usize; 3], tokens: &[u32], k: usize) -> Result<(), ScoreError> {
+    let v = dims[2];
+    check_tokens(dims, tokens)?;
     if k == 0 {
         return Err(ScoreError::Zero { what: "the reference's top-K" });
     }
