@@ -8,7 +8,7 @@
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use qdrift_load::{HostModel, HostTensor, RopeScaling, synthetic_model};
-use qdrift_model::{AttentionKernel, KvCache, Llama, LlamaConfig, ModelError, Positions};
+use qdrift_model::{AttentionKernel, KvCache, LinearKernel, Llama, LlamaConfig, ModelError, Positions};
 use qdrift_tests::reference64::{Rounding, naive_logits};
 
 const TOKENS: [u32; 9] = [1, 75, 104, 3, 319, 200, 42, 42, 7];
@@ -44,8 +44,8 @@ fn tiny(biases: bool, rope_scaling: Option<RopeScaling>) -> HostModel {
 
 // ---- the Burn model --------------------------------------------------------------------------
 
-fn build(m: &HostModel) -> Llama {
-    LlamaConfig::from_arch(&m.arch).init_from_host(m, DType::F32, &Device::flex()).expect("model builds")
+fn build_with(m: &HostModel, dtype: DType, linear: LinearKernel) -> Llama {
+    LlamaConfig::from_arch(&m.arch).init_from_host_with(m, dtype, &Device::flex(), linear).expect("model builds")
 }
 
 fn ids(tokens: &[u32]) -> Tensor<2, Int> {
@@ -85,19 +85,22 @@ fn relative_error(got: &[Vec<f32>], want: &[Vec<f64>]) -> f64 {
     err / scale
 }
 
-/// Checks both attention kernels against the naive pass; returns the host kernel's logits.
+/// Checks both attention kernels and both linear-layer kernels against the naive pass; returns
+/// the host kernels' logits.
 fn check_against_naive(m: &HostModel, what: &str) -> Vec<Vec<f32>> {
     let want = naive_logits(m, &TOKENS, &Rounding::default());
-    let model = build(m);
     let mut got = Vec::new();
-    for kernel in [AttentionKernel::Composed, AttentionKernel::Host] {
-        got = burn_logits_with(&model, &TOKENS, 6, kernel);
-        let rel = relative_error(&got, &want);
-        println!(
-            "{what}, {kernel:?} attention: max relative error {rel:.2e} (logit scale {:.3})",
-            want.iter().flatten().fold(0.0f64, |a, v| a.max(v.abs()))
-        );
-        assert!(rel < 1e-5, "{what}, {kernel:?} attention: relative error {rel:e}");
+    for linear in [LinearKernel::Burn, LinearKernel::Host] {
+        let model = build_with(m, DType::F32, linear);
+        for kernel in [AttentionKernel::Composed, AttentionKernel::Host] {
+            got = burn_logits_with(&model, &TOKENS, 6, kernel);
+            let rel = relative_error(&got, &want);
+            println!(
+                "{what}, {linear:?} linear, {kernel:?} attention: max relative error {rel:.2e} (logit scale {:.3})",
+                want.iter().flatten().fold(0.0f64, |a, v| a.max(v.abs()))
+            );
+            assert!(rel < 1e-5, "{what}, {linear:?} linear, {kernel:?} attention: relative error {rel:e}");
+        }
     }
     got
 }
@@ -121,9 +124,12 @@ fn zero_biases_give_the_unbiased_logits_exactly() {
         let z = |n: usize| Some(HostTensor::new(vec![n], vec![0.0; n]).expect("shape"));
         (l.bq, l.bk, l.bv) = (z(l.wq.shape[0]), z(l.wk.shape[0]), z(l.wv.shape[0]));
     }
-    let model = build(&zero);
-    assert!(model.layers[0].attn.wq.bias.is_some(), "the bias is uploaded");
-    assert_eq!(burn_logits(&model, &TOKENS, 6), burn_logits(&build(&plain), &TOKENS, 6));
+    for linear in [LinearKernel::Burn, LinearKernel::Host] {
+        let model = build_with(&zero, DType::F32, linear);
+        assert!(model.layers[0].attn.wq.has_bias(), "the bias is kept");
+        let plain = build_with(&plain, DType::F32, linear);
+        assert_eq!(burn_logits(&model, &TOKENS, 6), burn_logits(&plain, &TOKENS, 6), "{linear:?}");
+    }
 }
 
 #[test]
@@ -163,11 +169,13 @@ fn f16_model_with_biases_and_scaling_stays_close() {
     };
     let m = tiny(true, Some(scaling));
     let want = naive_logits(&m, &TOKENS, &Rounding::default());
-    let model = LlamaConfig::from_arch(&m.arch).init_from_host(&m, DType::F16, &Device::flex()).expect("f16 builds");
-    for kernel in [AttentionKernel::Composed, AttentionKernel::Host] {
-        let got = burn_logits_with(&model, &TOKENS, 6, kernel);
-        let rel = relative_error(&got, &want);
-        println!("f16, {kernel:?} attention: max relative error {rel:.2e}");
-        assert!(rel < 2e-2, "f16, {kernel:?} attention: relative error {rel:e}");
+    for linear in [LinearKernel::Burn, LinearKernel::Host] {
+        let model = build_with(&m, DType::F16, linear);
+        for kernel in [AttentionKernel::Composed, AttentionKernel::Host] {
+            let got = burn_logits_with(&model, &TOKENS, 6, kernel);
+            let rel = relative_error(&got, &want);
+            println!("f16, {linear:?} linear, {kernel:?} attention: max relative error {rel:.2e}");
+            assert!(rel < 2e-2, "f16, {linear:?} linear, {kernel:?} attention: relative error {rel:e}");
+        }
     }
 }

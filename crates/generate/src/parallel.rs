@@ -23,15 +23,18 @@ pub(crate) fn run_batches<T: Send>(n: usize, threads: usize, work: impl Fn(usize
     let slots: Vec<Mutex<Option<T>>> = (0..n).map(|_| Mutex::new(None)).collect();
     std::thread::scope(|s| {
         for _ in 0..threads {
+            // Each thread already keeps a core busy: its linear layers stay on it.
             s.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= n {
-                        break;
+                qdrift_model::single_threaded(|| {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= n {
+                            break;
+                        }
+                        let result = work(i);
+                        *lock(&slots[i]) = Some(result);
                     }
-                    let result = work(i);
-                    *lock(&slots[i]) = Some(result);
-                }
+                })
             });
         }
     });

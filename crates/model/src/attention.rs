@@ -6,20 +6,24 @@
 //! never on the other rows of its batch; softmax runs in f32 in every compute dtype.**
 
 use burn::module::Module;
-use burn::nn::Linear;
 use burn::tensor::activation::softmax;
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{DType, Tensor};
 use qdrift_quantize::ActivationQuant;
 
 use crate::fake_quant::{RoundingPath, round_activations, round_kv};
-use crate::{KvCache, Positions, Rope, upload};
+use crate::host_linear::PackedLinear;
+use crate::rope::HostRope;
+use crate::{KvCache, Positions, Projection, Rope, host_f32, upload};
 
 /// What every layer's attention needs to know about the new columns of a forward pass.
 #[derive(Debug)]
 pub(crate) struct ForwardContext<'a> {
-    /// RoPE tables, `[batch, new, 1, head_dim / 2, 1]` each (from [`Rope::tables`]).
-    pub cos: Tensor<5>,
-    pub sin: Tensor<5>,
+    /// RoPE tables, `[batch, new, 1, head_dim / 2, 1]` each (from [`Rope::tables`]); built
+    /// unless every layer runs on the host.
+    pub rope: Option<(Tensor<5>, Tensor<5>)>,
+    /// The same tables on the host (from [`Rope::host_tables`]), for the host path
+    /// ([`Attention::forward`] with host linear layers and a host cache).
+    pub host_rope: Option<HostRope>,
     /// `[batch, 1, 1, new, cached + new]`, f32, 0 where a key is visible and −∞ where not; built
     /// only for device caches (the host kernel asks `positions`).
     pub mask: Option<Tensor<5>>,
@@ -72,6 +76,23 @@ impl ForwardContext<'_> {
         self.round_input(upload(&data, [b, t, cols], dtype, device))
     }
 
+    /// Whether a linear layer's input can be rounded on the host ([`ForwardContext::round_host_input`]):
+    /// no activation quantization, or one on the host path.
+    pub fn rounds_on_host(&self) -> bool {
+        !matches!(self.activations(), Some((_, RoundingPath::Device)))
+    }
+
+    /// A linear layer's input as host values, rounded as the variant's activation quantization
+    /// says; only where [`ForwardContext::rounds_on_host`].
+    ///
+    /// # Shapes
+    /// - `data`: `[batch, new, cols]`, row-major, rounded in place
+    pub fn round_host_input(&self, data: &mut [f32], [b, t, cols]: [usize; 3]) {
+        if let Some((q, RoundingPath::Host)) = self.activations() {
+            self.round_host(data, q, b, t, cols);
+        }
+    }
+
     /// The activation rounding of this pass: a per-tensor scale covers the prompt pass (the
     /// first, `start` = 0) only; every later token is scaled alone, as vLLM at batch size 1 runs
     /// prefill then decoding. Teacher forcing, which feeds continuation tokens several at a time,
@@ -95,13 +116,13 @@ impl ForwardContext<'_> {
 #[derive(Module, Debug)]
 pub struct Attention {
     /// Query projection, weight `[dim, heads * head_dim]`.
-    pub wq: Linear,
+    pub wq: Projection,
     /// Key projection, weight `[dim, kv_heads * head_dim]`.
-    pub wk: Linear,
+    pub wk: Projection,
     /// Value projection, weight `[dim, kv_heads * head_dim]`.
-    pub wv: Linear,
+    pub wv: Projection,
     /// Output projection, weight `[heads * head_dim, dim]`.
-    pub wo: Linear,
+    pub wo: Projection,
     /// Query heads.
     pub heads: usize,
     /// Key/value heads.
@@ -111,6 +132,11 @@ pub struct Attention {
 }
 
 impl Attention {
+    /// The four projections' host weights, when all four are stored on the host.
+    fn packed(&self) -> Option<[&PackedLinear; 4]> {
+        Some([self.wq.packed()?, self.wk.packed()?, self.wv.packed()?, self.wo.packed()?])
+    }
+
     /// Attends from the new positions `x` to everything in `cache` plus themselves, with Burn's
     /// composed attention or the host kernel, as the cache says ([`crate::AttentionKernel`]).
     ///
@@ -130,14 +156,42 @@ impl Attention {
         let (h, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
         let rep = h / kvh;
         let dtype = x.dtype();
-        let (cos, sin) = (&context.cos, &context.sin);
-
+        let kv_quant = cache.quant();
+        if let (Some(packed), Some(rope)) = (self.packed(), &context.host_rope)
+            && context.rounds_on_host()
+            && let Some((host, start)) = cache.claim_host(t)
+        {
+            let ([_, _, dim], device) = (x.dims(), x.device());
+            let f16 = dtype == DType::F16;
+            let mut xs = host_f32(x);
+            context.round_host_input(&mut xs, [b, t, dim]);
+            let [wq, wk, wv, wo] = packed;
+            let (mut q, mut k, v) = (
+                wq.forward_rounded(&xs, b * t, f16),
+                wk.forward_rounded(&xs, b * t, f16),
+                wv.forward_rounded(&xs, b * t, f16),
+            );
+            rope.apply(&mut q, h);
+            rope.apply(&mut k, kvh);
+            let mut v = v;
+            if let Some(kvq) = kv_quant {
+                for row in k.chunks_mut(kvh * hd).chain(v.chunks_mut(kvh * hd)) {
+                    // The row width was checked when the model's run-time quantization was set.
+                    kvq.round_host(row, hd).expect("KV rows are whole blocks");
+                }
+            }
+            host.write(&k, &v, start, t);
+            let mut out = host.attend(&q, h, context.positions, start, t);
+            context.round_host_input(&mut out, [b, t, h * hd]);
+            let y = wo.forward_rounded(&out, b * t, f16);
+            return upload(&y, [b, t, wo.out()], dtype, &device);
+        }
+        let (cos, sin) = context.rope.as_ref().expect("device RoPE tables are built unless every layer is on the host");
         let x = context.round_input(x);
         let q = rope.apply(self.wq.forward(x.clone()).reshape([b, t, h, hd]), cos, sin);
         let k = rope.apply(self.wk.forward(x.clone()).reshape([b, t, kvh, hd]), cos, sin);
         let v = self.wv.forward(x).reshape([b, t, kvh, hd]);
 
-        let kv_quant = cache.quant();
         if let Some((host, start)) = cache.claim_host(t) {
             let device = q.device();
             let (mut k, mut v) = (host_f32(k), host_f32(v));
@@ -169,11 +223,4 @@ impl Attention {
         let out = out.reshape([b, h, t, hd]).swap_dims(1, 2).reshape([b, t, h * hd]);
         self.wo.forward(context.round_input(out))
     }
-}
-
-/// A tensor's values in row-major order as f32 (exact for f16 and f32 tensors).
-fn host_f32<const D: usize>(x: Tensor<D>) -> Vec<f32> {
-    let data: TensorData = x.into_data().convert::<f32>();
-    // Burn's flex backend reads back its own tensors; a failure here is a bug, not bad input.
-    data.try_into_vec::<f32>().expect("a float tensor reads back as f32")
 }

@@ -13,12 +13,16 @@ mod attention;
 mod cache;
 mod fake_quant;
 mod host_attention;
+mod host_linear;
+mod linear;
 mod llama;
 mod norm;
 mod rope;
 
 pub use cache::{AttentionKernel, KvCache};
 pub use fake_quant::{RoundingPath, RuntimeQuant, round_activations, round_kv};
+pub use host_linear::single_threaded;
+pub use linear::{LinearKernel, Projection};
 pub use llama::{Llama, LlamaConfig, ModelError, Positions};
 pub use rope::Rope;
 
@@ -33,4 +37,11 @@ pub(crate) fn upload<const D: usize>(data: &[f32], shape: [usize; D], dtype: DTy
         _ => TensorData::new(data.to_vec(), shape),
     };
     Tensor::from_data(data, (device, dtype))
+}
+
+/// A tensor's values in row-major order as f32 (exact for f16 and f32 tensors).
+pub(crate) fn host_f32<const D: usize>(x: Tensor<D>) -> Vec<f32> {
+    let data: TensorData = x.into_data().convert::<f32>();
+    // Burn's flex backend reads back its own tensors; a failure here is a bug, not bad input.
+    data.try_into_vec::<f32>().expect("a float tensor reads back as f32")
 }

@@ -7,7 +7,6 @@
 
 use burn::config::Config;
 use burn::module::{Module, Param};
-use burn::nn::Linear;
 use burn::tensor::activation::silu;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use qdrift_load::{HostModel, HostTensor, RopeScaling};
@@ -15,7 +14,7 @@ use qdrift_load::{HostModel, HostTensor, RopeScaling};
 use crate::attention::{Attention, ForwardContext};
 use crate::fake_quant::{RoundingPath, RuntimeQuant};
 use crate::norm::RmsNorm;
-use crate::{AttentionKernel, KvCache, Rope, upload};
+use crate::{AttentionKernel, KvCache, LinearKernel, Projection, Rope, host_f32, upload};
 
 /// Errors building a model on a device.
 #[derive(Debug, thiserror::Error)]
@@ -81,12 +80,24 @@ impl LlamaConfig {
         self.dim / self.n_heads
     }
 
-    /// Builds the model on `device` from host weights, uploading them in `dtype` (f32 or f16).
+    /// Builds the model on `device` from host weights, uploading them in `dtype` (f32 or f16),
+    /// with the linear layers stored as the device runs them best ([`LinearKernel::for_device`]).
     ///
     /// Weights are converted to `dtype` on the host (round-to-nearest-even), so an f16 model on
     /// the device holds exactly the f16 rounding of the host values. The q/k/v projections get
     /// the layer's biases when it has them (Qwen2), in the row order of their weights.
     pub fn init_from_host(&self, host: &HostModel, dtype: DType, device: &Device) -> Result<Llama, ModelError> {
+        self.init_from_host_with(host, dtype, device, LinearKernel::for_device(device))
+    }
+
+    /// [`LlamaConfig::init_from_host`] with the linear layers stored as `kernel` says.
+    pub fn init_from_host_with(
+        &self,
+        host: &HostModel,
+        dtype: DType,
+        device: &Device,
+        kernel: LinearKernel,
+    ) -> Result<Llama, ModelError> {
         if !matches!(dtype, DType::F32 | DType::F16) {
             return Err(ModelError::DType(dtype));
         }
@@ -99,20 +110,15 @@ impl LlamaConfig {
             check(&name, t, &[n])?;
             Ok(Param::from_tensor(upload(&t.data, [n], dtype, device)))
         };
-        // Host linear weights are [out, in]; Burn's Linear multiplies by a [in, out] weight.
-        let linear = |name: String, t: &HostTensor, out: usize, inp: usize| -> Result<Linear, ModelError> {
-            check(&name, t, &[out, inp])?;
-            let transposed = transpose(&t.data, out, inp);
-            Ok(Linear { weight: Param::from_tensor(upload(&transposed, [inp, out], dtype, device)), bias: None })
-        };
         // `name` without its `.weight`: the bias is `{name}.bias`.
-        let biased = |name: &str, t: &HostTensor, b: Option<&HostTensor>, out: usize| -> Result<Linear, ModelError> {
-            let mut l = linear(format!("{name}.weight"), t, out, d)?;
+        let biased = |name: &str, t: &HostTensor, b: Option<&HostTensor>, out: usize, inp: usize| {
+            check(&format!("{name}.weight"), t, &[out, inp])?;
             if let Some(b) = b {
-                l.bias = Some(vector(format!("{name}.bias"), b, out)?);
+                check(&format!("{name}.bias"), b, &[out])?;
             }
-            Ok(l)
+            Ok::<_, ModelError>(Projection::new(&t.data, [out, inp], b.map(|b| &b.data[..]), dtype, device, kernel))
         };
+        let linear = |name: &str, t: &HostTensor, out: usize, inp: usize| biased(name, t, None, out, inp);
 
         check("model.embed_tokens.weight", &host.token_embedding, &[self.vocab_size, d])?;
         let embedding = Param::from_tensor(upload(&host.token_embedding.data, [self.vocab_size, d], dtype, device));
@@ -122,14 +128,15 @@ impl LlamaConfig {
         let mut layers = Vec::with_capacity(self.n_layers);
         for (i, l) in host.layers.iter().enumerate() {
             let p = |s: &str| format!("model.layers.{i}.{s}.weight");
+            let w = |s: &str| format!("model.layers.{i}.{s}");
             let attn = |s: &str| format!("model.layers.{i}.self_attn.{s}");
             layers.push(Block {
                 attn_norm: RmsNorm { weight: vector(p("input_layernorm"), &l.attn_norm, d)?, eps: self.norm_eps },
                 attn: Attention {
-                    wq: biased(&attn("q_proj"), &l.wq, l.bq.as_ref(), q_out)?,
-                    wk: biased(&attn("k_proj"), &l.wk, l.bk.as_ref(), kv_out)?,
-                    wv: biased(&attn("v_proj"), &l.wv, l.bv.as_ref(), kv_out)?,
-                    wo: linear(p("self_attn.o_proj"), &l.wo, d, q_out)?,
+                    wq: biased(&attn("q_proj"), &l.wq, l.bq.as_ref(), q_out, d)?,
+                    wk: biased(&attn("k_proj"), &l.wk, l.bk.as_ref(), kv_out, d)?,
+                    wv: biased(&attn("v_proj"), &l.wv, l.bv.as_ref(), kv_out, d)?,
+                    wo: linear(&attn("o_proj"), &l.wo, d, q_out)?,
                     heads: self.n_heads,
                     kv_heads: self.n_kv_heads,
                     head_dim: hd,
@@ -139,16 +146,16 @@ impl LlamaConfig {
                     eps: self.norm_eps,
                 },
                 ffn: FeedForward {
-                    gate: linear(p("mlp.gate_proj"), &l.w_gate, hid, d)?,
-                    up: linear(p("mlp.up_proj"), &l.w_up, hid, d)?,
-                    down: linear(p("mlp.down_proj"), &l.w_down, d, hid)?,
+                    gate: linear(&w("mlp.gate_proj"), &l.w_gate, hid, d)?,
+                    up: linear(&w("mlp.up_proj"), &l.w_up, hid, d)?,
+                    down: linear(&w("mlp.down_proj"), &l.w_down, d, hid)?,
                 },
             });
         }
         let norm = RmsNorm { weight: vector("model.norm.weight".into(), &host.final_norm, d)?, eps: self.norm_eps };
-        // A tied output layer gets its own transposed copy of the embedding: the lookup wants
-        // [vocab, dim] rows, the projection a [dim, vocab] matrix.
-        let output = linear("lm_head.weight".into(), host.output_weight(), self.vocab_size, d)?;
+        // A tied output layer gets its own copy of the embedding: the lookup wants [vocab, dim]
+        // rows, the projection its own layout ([dim, vocab] for Burn, panels for the host).
+        let output = linear("lm_head", host.output_weight(), self.vocab_size, d)?;
         Ok(Llama { embedding, layers, norm, output, rope, config: self.clone(), dtype, runtime: RuntimeQuant::none() })
     }
 }
@@ -160,25 +167,15 @@ fn check(name: &str, t: &HostTensor, expected: &[usize]) -> Result<(), ModelErro
     Ok(())
 }
 
-fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0; data.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * rows + r] = data[r * cols + c];
-        }
-    }
-    out
-}
-
 /// SwiGLU feed-forward layer (Shazeer 2020): `down(silu(gate(x)) · up(x))`.
 #[derive(Module, Debug)]
 pub struct FeedForward {
     /// Gate projection, weight `[dim, hidden]`.
-    pub gate: Linear,
+    pub gate: Projection,
     /// Up projection, weight `[dim, hidden]`.
-    pub up: Linear,
+    pub up: Projection,
     /// Down projection, weight `[hidden, dim]`.
-    pub down: Linear,
+    pub down: Projection,
 }
 
 impl FeedForward {
@@ -188,9 +185,42 @@ impl FeedForward {
     /// # Shapes
     /// - `x`: `[batch, seq, dim]` → `[batch, seq, dim]`
     pub(crate) fn forward(&self, x: Tensor<3>, context: &ForwardContext) -> Tensor<3> {
+        if let (Some(gate), Some(up), Some(down)) = (self.gate.packed(), self.up.packed(), self.down.packed())
+            && context.rounds_on_host()
+        {
+            // All three on the host: read the input back once, upload the output once.
+            let ([b, t, d], dtype, device) = (x.dims(), x.dtype(), x.device());
+            let f16 = dtype == DType::F16;
+            let mut xs = host_f32(x);
+            context.round_host_input(&mut xs, [b, t, d]);
+            let g = gate.forward_rounded(&xs, b * t, f16);
+            let mut h = up.forward_rounded(&xs, b * t, f16);
+            swiglu_host(&g, &mut h, f16);
+            context.round_host_input(&mut h, [b, t, up.out()]);
+            let y = down.forward_rounded(&h, b * t, f16);
+            return upload(&y, [b, t, down.out()], dtype, &device);
+        }
         let x = context.round_input(x);
         let h = silu(self.gate.forward(x.clone())) * self.up.forward(x);
         self.down.forward(context.round_input(h))
+    }
+}
+
+/// `up[i] ← silu(gate[i]) · up[i]` on host values, with the operations and roundings of Burn's
+/// `silu(gate) * up` on the flex backend: `silu(g) = g · sigmoid(g)`, the sigmoid as flex's
+/// `sigmoid_f32`, each result rounded to f16 in an f16 model, so both give the same values.
+fn swiglu_host(gate: &[f32], up: &mut [f32], f16: bool) {
+    let r = |v: f32| if f16 { half::f16::from_f32(v).to_f32() } else { v };
+    let sigmoid = |x: f32| {
+        if x >= 0.0 {
+            1.0 / (1.0 + (-x).exp())
+        } else {
+            let e = x.exp();
+            e / (1.0 + e)
+        }
+    };
+    for (u, &g) in up.iter_mut().zip(gate) {
+        *u = r(r(g * r(sigmoid(g))) * *u);
     }
 }
 
@@ -285,7 +315,7 @@ pub struct Llama {
     /// Final norm.
     pub norm: RmsNorm,
     /// Output layer, weight `[dim, vocab]`.
-    pub output: Linear,
+    pub output: Projection,
     /// Rotary embedding tables.
     #[module(skip)]
     pub rope: Rope,
@@ -391,7 +421,7 @@ impl Llama {
         let [b, t] = tokens.dims();
         let start = caches.first().map_or(0, KvCache::len);
         let device = tokens.device();
-        let (cos, sin) = self.rope.tables(&positions.rows(start, t), self.dtype, &device);
+        let rows = positions.rows(start, t);
         let composed = caches.iter().any(|c| c.kernel() == AttentionKernel::Composed);
         let mask = composed.then(|| positions.mask(start, t, &device));
         let activations = self.runtime.activations.map(|q| (q, self.runtime.path));
@@ -399,7 +429,14 @@ impl Llama {
             Some((q, RoundingPath::Device)) if q.per_tensor && start == 0 => Some(positions.real(start, t, &device)),
             _ => None,
         };
-        let context = ForwardContext { cos, sin, mask, positions, start, activations, real };
+        // Host linear layers over host caches run every attention on the host (unless
+        // activations are rounded on the device): Burn's RoPE tables are needed otherwise only.
+        let host_linear = self.output.packed().is_some();
+        let device_rounding = matches!(activations, Some((_, RoundingPath::Device)));
+        let all_host = host_linear && !composed && !device_rounding;
+        let host_rope = host_linear.then(|| self.rope.host_tables(&rows, self.dtype == DType::F16));
+        let rope = (!all_host).then(|| self.rope.tables(&rows, self.dtype, &device));
+        let context = ForwardContext { rope, host_rope, mask, positions, start, activations, real };
 
         let dim = self.embedding.val().dims()[1];
         let mut x = self.embedding.val().select(0, tokens.reshape([b * t])).reshape([b, t, dim]);
@@ -418,6 +455,12 @@ impl Llama {
     /// - `hidden`: `[batch, positions, dim]` in the compute dtype
     /// - returns `[batch, positions, vocab]`, f32
     pub fn head(&self, hidden: Tensor<3>) -> Tensor<3> {
+        if let Some(output) = self.output.packed() {
+            // The logits rounded to the compute dtype, uploaded as the f32 they are cast to.
+            let ([b, t, _], dtype, device) = (hidden.dims(), hidden.dtype(), hidden.device());
+            let y = output.forward_rounded(&host_f32(hidden), b * t, dtype == DType::F16);
+            return upload(&y, [b, t, output.out()], DType::F32, &device);
+        }
         self.output.forward(hidden).cast(DType::F32)
     }
 }

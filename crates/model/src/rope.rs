@@ -3,6 +3,8 @@
 //! frequencies.
 
 use burn::tensor::{DType, Device, Tensor};
+
+use crate::host_linear::round_f16;
 use qdrift_load::RopeScaling;
 
 /// Rotary position embedding (Su et al. 2021, "RoFormer") in the *interleaved* layout of
@@ -59,11 +61,29 @@ impl Rope {
     /// - `positions`: `batch` rows of `seq` positions each
     /// - returns two tensors `[batch, seq, 1, pairs, 1]`, broadcastable over heads and pair halves
     pub fn tables(&self, positions: &[Vec<usize>], dtype: DType, device: &Device) -> (Tensor<5>, Tensor<5>) {
-        let batch = positions.len();
-        let seq = positions.first().map_or(0, Vec::len);
-        let pairs = self.pairs();
-        let mut cos = Vec::with_capacity(batch * seq * pairs);
-        let mut sin = Vec::with_capacity(batch * seq * pairs);
+        let (cos, sin) = self.angles(positions);
+        let shape = [positions.len(), positions.first().map_or(0, Vec::len), 1, self.pairs(), 1];
+        (crate::upload(&cos, shape, dtype, device), crate::upload(&sin, shape, dtype, device))
+    }
+
+    /// [`Rope::tables`] on the host, for the CPU backend's host kernels: the same values, rounded
+    /// to f16 when `f16` as uploading them in f16 rounds them.
+    pub(crate) fn host_tables(&self, positions: &[Vec<usize>], f16: bool) -> HostRope {
+        let (mut cos, mut sin) = self.angles(positions);
+        if f16 {
+            round_f16(&mut cos);
+            round_f16(&mut sin);
+        }
+        HostRope { cos, sin, pairs: self.pairs(), f16 }
+    }
+
+    /// cos and sin of every position × inverse frequency, in f32.
+    ///
+    /// # Shapes
+    /// - returns two `[batch, seq, pairs]` row-major vectors
+    fn angles(&self, positions: &[Vec<usize>]) -> (Vec<f32>, Vec<f32>) {
+        let n = positions.iter().map(Vec::len).sum::<usize>() * self.pairs();
+        let (mut cos, mut sin) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for row in positions {
             for &p in row {
                 for &f in &self.inv_freq {
@@ -73,8 +93,7 @@ impl Rope {
                 }
             }
         }
-        let shape = [batch, seq, 1, pairs, 1];
-        (crate::upload(&cos, shape, dtype, device), crate::upload(&sin, shape, dtype, device))
+        (cos, sin)
     }
 
     /// Rotates `x` by the tables from [`Rope::tables`].
@@ -90,6 +109,40 @@ impl Rope {
         let r0 = x0.clone() * cos.clone() - x1.clone() * sin.clone();
         let r1 = x0 * sin.clone() + x1 * cos.clone();
         Tensor::cat(vec![r0, r1], 4).reshape([b, s, h, d])
+    }
+}
+
+/// RoPE tables on the host ([`Rope::host_tables`]): `[batch, seq, pairs]` each.
+#[derive(Debug)]
+pub(crate) struct HostRope {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    pairs: usize,
+    f16: bool,
+}
+
+impl HostRope {
+    /// [`Rope::apply`] in place on host values: the same operations (`x0·cos − x1·sin`,
+    /// `x0·sin + x1·cos` on each interleaved pair), each product and sum rounded to f16 in an
+    /// f16 model as Burn's f16 tensor ops round them, so both give the same values.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, heads, 2 · pairs]`, row-major, `[batch, seq]` as the tables
+    pub(crate) fn apply(&self, x: &mut [f32], heads: usize) {
+        let hd = 2 * self.pairs;
+        assert_eq!(x.len(), self.cos.len() / self.pairs.max(1) * heads * hd, "x does not match the tables");
+        let r = |v: f32| if self.f16 { half::f16::from_f32(v).to_f32() } else { v };
+        for (column, xs) in x.chunks_exact_mut(heads * hd).enumerate() {
+            let (cos, sin) =
+                (&self.cos[column * self.pairs..][..self.pairs], &self.sin[column * self.pairs..][..self.pairs]);
+            for head in xs.chunks_exact_mut(hd) {
+                for ((pair, &c), &s) in head.chunks_exact_mut(2).zip(cos).zip(sin) {
+                    let (x0, x1) = (pair[0], pair[1]);
+                    pair[0] = r(r(x0 * c) - r(x1 * s));
+                    pair[1] = r(r(x0 * s) + r(x1 * c));
+                }
+            }
+        }
     }
 }
 

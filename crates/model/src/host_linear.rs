@@ -1,0 +1,527 @@
+//! Linear layers on the CPU backend: `y = x·Wᵀ (+ b)` over weights packed once, when the model
+//! is built.
+//!
+//! Why hand-written: on Burn's flex backend a linear layer is a call into the `gemm` crate,
+//! which packs the whole weight matrix (and, for f16, converts it to f32) on every call. For the
+//! shapes of decoding, a few rows against a `576 × 1536` matrix, packing cost more than the
+//! multiply: in a perf profile of SmolLM2 decoding 16 prompts in f16 (stop 14), gemm's packing
+//! loop took 33% of the samples and its multiply kernels 26%. Here the weights are packed once
+//! into panels of [`PANEL`] output columns, `[out / PANEL][in][PANEL]`, in the compute dtype (f16
+//! widened in registers by `vcvtph2ps`), so a decoding step streams each weight exactly once,
+//! with no copy. Both cores share the panels when the caller runs one batch
+//! ([`single_threaded`] marks the threads that run batches side by side).
+//!
+//! Numerics: each output is one f32 chain of fused multiply-adds over the input index in order,
+//! from 0: `acc ← fma(x[k], w[k], acc)` for `k = 0, 1, …` (then `+ b`, then rounded to the
+//! compute dtype by the caller, as a half-precision GEMM with f32 accumulation rounds its
+//! output). The AVX-512, AVX2+FMA and portable kernels perform exactly these operations (the
+//! portable one with `f32::mul_add`), so they give bit-identical results; an output depends only
+//! on its own row of `x` and its own column of `W`, never on the other rows of the batch, on how
+//! a sequence is cut into chunks, or on the thread count.
+
+use std::cell::Cell;
+
+use half::f16;
+use rayon::prelude::*;
+
+use crate::host_attention::Elem;
+
+/// Output columns per packed panel: two AVX-512 registers of f32.
+pub(crate) const PANEL: usize = 32;
+
+/// Rows of `x` multiplied against a panel at once by the AVX-512 kernel (16 accumulators).
+const ROWS_AVX512: usize = 8;
+/// Rows at once in the AVX2 kernel (12 accumulators over half a panel).
+const ROWS_AVX2: usize = 6;
+/// Rows of `x` kept hot in cache while the panels stream past.
+const ROW_CHUNK: usize = 64;
+/// Multiply-adds below which a call stays on its thread (a fork-join costs microseconds).
+const PARALLEL_MIN_MACS: usize = 1 << 16;
+
+thread_local! {
+    /// Whether this thread may spread a layer over the cores (false on threads that run batches
+    /// side by side, which already keep every core busy).
+    static SPREAD: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Runs `f` with this thread's linear layers kept on this thread.
+pub fn single_threaded<T>(f: impl FnOnce() -> T) -> T {
+    let before = SPREAD.with(|s| s.replace(false));
+    let out = f();
+    SPREAD.with(|s| s.set(before));
+    out
+}
+
+/// The packed weights in the compute dtype.
+#[derive(Clone)]
+enum Panels {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+/// A linear layer's weights packed for [`PackedLinear::forward`]: `[out, in]` weights as
+/// `[ceil(out / PANEL)][in][PANEL]` panels (columns past `out` are zero), and the bias.
+#[derive(Clone)]
+pub(crate) struct PackedLinear {
+    out: usize,
+    inp: usize,
+    panels: Panels,
+    /// `[out]`, each value representable in the compute dtype.
+    bias: Option<Vec<f32>>,
+}
+
+impl std::fmt::Debug for PackedLinear {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let dtype = match self.panels {
+            Panels::F32(_) => "f32",
+            Panels::F16(_) => "f16",
+        };
+        write!(f, "PackedLinear {{ out: {}, in: {}, {dtype}, bias: {} }}", self.out, self.inp, self.bias.is_some())
+    }
+}
+
+impl PackedLinear {
+    /// Packs `[out, in]` row-major weights (PyTorch's `Linear` layout) and an optional `[out]`
+    /// bias, both rounded to f16 (nearest even) when `f16`.
+    ///
+    /// # Panics
+    /// If `weight` is not `out × inp` values or `bias` not `out` (the model checked both).
+    pub(crate) fn pack(weight: &[f32], out: usize, inp: usize, bias: Option<&[f32]>, f16: bool) -> Self {
+        assert_eq!(weight.len(), out * inp, "weights are [out, in]");
+        let panels = if f16 {
+            Panels::F16(pack_panels(weight, out, inp, f16::from_f32))
+        } else {
+            Panels::F32(pack_panels(weight, out, inp, |v| v))
+        };
+        let bias = bias.map(|b| {
+            assert_eq!(b.len(), out, "bias is [out]");
+            if f16 { b.iter().map(|&v| f16::from_f32(v).to_f32()).collect() } else { b.to_vec() }
+        });
+        Self { out, inp, panels, bias }
+    }
+
+    /// Output width.
+    pub(crate) fn out(&self) -> usize {
+        self.out
+    }
+
+    /// Whether a bias is added.
+    pub(crate) fn has_bias(&self) -> bool {
+        self.bias.is_some()
+    }
+
+    /// Input width.
+    pub(crate) fn inp(&self) -> usize {
+        self.inp
+    }
+
+    /// `x·Wᵀ + b` in f32, for the caller to round to the compute dtype.
+    ///
+    /// # Shapes
+    /// - `x`: `[m, in]`, row-major
+    /// - returns `[m, out]`, row-major
+    ///
+    /// # Panics
+    /// If `x` is not `m × in` values.
+    pub(crate) fn forward(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.forward_with(x, m, Isa::detect())
+    }
+
+    /// [`PackedLinear::forward`] rounded to the compute dtype (f16 when `f16`): what a Burn
+    /// linear layer in that dtype returns, read back.
+    ///
+    /// # Shapes
+    /// - `x`: `[m, in]` → `[m, out]`
+    pub(crate) fn forward_rounded(&self, x: &[f32], m: usize, f16: bool) -> Vec<f32> {
+        let mut y = self.forward(x, m);
+        if f16 {
+            round_f16(&mut y);
+        }
+        y
+    }
+
+    /// [`PackedLinear::forward`] with a given kernel (tests compare them).
+    fn forward_with(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
+        assert_eq!(x.len(), m * self.inp, "x is [m, in]");
+        if m == 0 {
+            return Vec::new();
+        }
+        let n_panels = self.out.div_ceil(PANEL);
+        // Panel-major results, [panel][m][PANEL]: each task writes whole panels.
+        let mut by_panel = vec![0.0f32; n_panels * m * PANEL];
+        let threads = if SPREAD.with(Cell::get) && m * self.inp * self.out >= PARALLEL_MIN_MACS {
+            rayon::current_num_threads().min(n_panels)
+        } else {
+            1
+        };
+        if n_panels > 0 {
+            let per_task = n_panels.div_ceil(threads.max(1));
+            let run = |(task, chunk): (usize, &mut [f32])| {
+                let first = task * per_task;
+                let panels = chunk.len() / (m * PANEL);
+                match &self.panels {
+                    Panels::F32(w) => self.panels_range(w, x, m, first, panels, chunk, isa),
+                    Panels::F16(w) => self.panels_range(w, x, m, first, panels, chunk, isa),
+                }
+            };
+            if threads > 1 {
+                by_panel.par_chunks_mut(per_task * m * PANEL).enumerate().for_each(run);
+            } else {
+                run((0, &mut by_panel[..]));
+            }
+        }
+        let mut y = vec![0.0f32; m * self.out];
+        for (p, block) in by_panel.chunks_exact(m * PANEL).enumerate() {
+            let cols = (self.out - p * PANEL).min(PANEL);
+            for (r, row) in block.chunks_exact(PANEL).enumerate() {
+                y[r * self.out + p * PANEL..][..cols].copy_from_slice(&row[..cols]);
+            }
+        }
+        if let Some(b) = &self.bias {
+            for row in y.chunks_exact_mut(self.out) {
+                for (v, &bv) in row.iter_mut().zip(b) {
+                    *v += bv;
+                }
+            }
+        }
+        y
+    }
+
+    /// Panels `first..first + count` against all `m` rows, into `out` (`[count][m][PANEL]`).
+    #[allow(clippy::too_many_arguments)]
+    fn panels_range<T: Elem>(
+        &self,
+        w: &[T],
+        x: &[f32],
+        m: usize,
+        first: usize,
+        count: usize,
+        out: &mut [f32],
+        isa: Isa,
+    ) {
+        let k = self.inp;
+        for r0 in (0..m).step_by(ROW_CHUNK) {
+            let rows = (m - r0).min(ROW_CHUNK);
+            let xs = &x[r0 * k..(r0 + rows) * k];
+            for p in 0..count {
+                let panel = &w[(first + p) * k * PANEL..(first + p + 1) * k * PANEL];
+                let dst = &mut out[(p * m + r0) * PANEL..(p * m + r0 + rows) * PANEL];
+                rows_times_panel(isa, xs, rows, k, panel, dst);
+            }
+        }
+    }
+}
+
+/// Rounds every value to f16 (nearest even) and back: what storing it in an f16 tensor does.
+pub(crate) fn round_f16(values: &mut [f32]) {
+    for v in values {
+        *v = f16::from_f32(*v).to_f32();
+    }
+}
+
+/// `[out, in]` → `[ceil(out / PANEL)][in][PANEL]`, zero-padded, converted by `conv`.
+fn pack_panels<T: Copy + Default>(w: &[f32], out: usize, inp: usize, conv: impl Fn(f32) -> T) -> Vec<T> {
+    let n_panels = out.div_ceil(PANEL);
+    let mut packed = vec![T::default(); n_panels * inp * PANEL];
+    for (col, row) in w.chunks_exact(inp.max(1)).enumerate().take(out) {
+        let (p, c) = (col / PANEL, col % PANEL);
+        let panel = &mut packed[p * inp * PANEL..(p + 1) * inp * PANEL];
+        for (k, &v) in row.iter().enumerate() {
+            panel[k * PANEL + c] = conv(v);
+        }
+    }
+    packed
+}
+
+/// The instruction set a kernel runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Isa {
+    /// 16-wide f32 FMAs, f16 widened by `vcvtph2ps` (AVX-512F).
+    Avx512,
+    /// 8-wide f32 FMAs (AVX2 + FMA + F16C).
+    Avx2,
+    /// `f32::mul_add` one value at a time.
+    Portable,
+}
+
+impl Isa {
+    fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f") {
+                return Self::Avx512;
+            }
+            if std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c")
+            {
+                return Self::Avx2;
+            }
+        }
+        Self::Portable
+    }
+}
+
+/// `out[r][c] = Σ_k x[r][k] · panel[k][c]` for `rows` rows, in the order the module doc states.
+///
+/// # Shapes
+/// - `x`: `[rows, k]`; `panel`: `[k, PANEL]`; `out`: `[rows, PANEL]`
+fn rows_times_panel<T: Elem>(isa: Isa, x: &[f32], rows: usize, k: usize, panel: &[T], out: &mut [f32]) {
+    assert!(x.len() >= rows * k && panel.len() >= k * PANEL && out.len() >= rows * PANEL, "kernel operands too short");
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => {
+            // SAFETY: `Isa::Avx512` is only chosen when the CPU has AVX-512F (`Isa::detect`, or
+            // tests that check it first); operand lengths are asserted above.
+            unsafe { x86::rows_avx512(x, rows, k, panel, out) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            // SAFETY: as above, for AVX2, FMA and F16C.
+            unsafe { x86::rows_avx2(x, rows, k, panel, out) }
+        }
+        _ => rows_portable(x, rows, k, panel, out),
+    }
+}
+
+/// The definition, one output at a time.
+fn rows_portable<T: Elem>(x: &[f32], rows: usize, k: usize, panel: &[T], out: &mut [f32]) {
+    for r in 0..rows {
+        let xr = &x[r * k..(r + 1) * k];
+        for c in 0..PANEL {
+            let mut acc = 0.0f32;
+            for (i, &xi) in xr.iter().enumerate() {
+                acc = xi.mul_add(panel[i * PANEL + c].widen(), acc);
+            }
+            out[r * PANEL + c] = acc;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! The kernels: a block of rows × one panel, accumulators in registers, the panel streamed
+    //! once per block.
+
+    use std::arch::x86_64::*;
+
+    use super::{Elem, PANEL, ROWS_AVX2, ROWS_AVX512};
+
+    /// Panel rows fetched ahead of the one being multiplied.
+    const PREFETCH: usize = 24;
+
+    /// Calls `$kernel::<R>` for blocks of `$max` rows, then once for the rest.
+    macro_rules! by_blocks {
+        ($kernel:ident, $max:expr, $x:expr, $rows:expr, $k:expr, $panel:expr, $out:expr) => {{
+            let (x, rows, k, panel, out) = ($x, $rows, $k, $panel, $out);
+            let mut r = 0;
+            while r + $max <= rows {
+                $kernel::<T, { $max }>(&x[r * k..], k, panel, &mut out[r * PANEL..]);
+                r += $max;
+            }
+            let (x, out) = (&x[r * k..], &mut out[r * PANEL..]);
+            match rows - r {
+                0 => {}
+                1 => $kernel::<T, 1>(x, k, panel, out),
+                2 => $kernel::<T, 2>(x, k, panel, out),
+                3 => $kernel::<T, 3>(x, k, panel, out),
+                4 => $kernel::<T, 4>(x, k, panel, out),
+                5 => $kernel::<T, 5>(x, k, panel, out),
+                6 => $kernel::<T, 6>(x, k, panel, out),
+                _ => $kernel::<T, 7>(x, k, panel, out),
+            }
+        }};
+    }
+
+    /// # Safety
+    /// The CPU must have AVX-512F; `x` holds `rows × k`, `panel` `k × PANEL`, `out`
+    /// `rows × PANEL` values.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn rows_avx512<T: Elem>(x: &[f32], rows: usize, k: usize, panel: &[T], out: &mut [f32]) {
+        by_blocks!(block_avx512, ROWS_AVX512, x, rows, k, panel, out);
+    }
+
+    /// `R` rows × `PANEL` columns.
+    #[inline(always)]
+    fn block_avx512<T: Elem, const R: usize>(x: &[f32], k: usize, panel: &[T], out: &mut [f32]) {
+        assert!(x.len() >= R * k && panel.len() >= k * PANEL && out.len() >= R * PANEL);
+        // SAFETY: only reached from `rows_avx512` (AVX-512F present); every read is of `x[r·k + i]`
+        // with r < R, i < k, or of panel row i < k, and every write of out[..R·PANEL], all in
+        // bounds by the assert.
+        unsafe {
+            let load = |p: *const T| -> __m512 {
+                if T::F16 { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) } else { _mm512_loadu_ps(p.cast()) }
+            };
+            let mut acc = [[_mm512_setzero_ps(); 2]; R];
+            let (xp, wp) = (x.as_ptr(), panel.as_ptr());
+            for i in 0..k {
+                // The panel streams from memory once per block: ask for it well ahead (a
+                // prefetch past the end is harmless, and never faults).
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add((i + PREFETCH) * PANEL).cast());
+                let w0 = load(wp.add(i * PANEL));
+                let w1 = load(wp.add(i * PANEL + 16));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let xv = _mm512_set1_ps(*xp.add(r * k + i));
+                    a[0] = _mm512_fmadd_ps(xv, w0, a[0]);
+                    a[1] = _mm512_fmadd_ps(xv, w1, a[1]);
+                }
+            }
+            let op = out.as_mut_ptr();
+            for (r, a) in acc.iter().enumerate() {
+                _mm512_storeu_ps(op.add(r * PANEL), a[0]);
+                _mm512_storeu_ps(op.add(r * PANEL + 16), a[1]);
+            }
+        }
+    }
+
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C; operands as [`rows_avx512`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn rows_avx2<T: Elem>(x: &[f32], rows: usize, k: usize, panel: &[T], out: &mut [f32]) {
+        by_blocks!(block_avx2, ROWS_AVX2, x, rows, k, panel, out);
+    }
+
+    /// `R` rows × `PANEL` columns, as two halves of 16 columns (12 accumulators at most).
+    #[inline(always)]
+    fn block_avx2<T: Elem, const R: usize>(x: &[f32], k: usize, panel: &[T], out: &mut [f32]) {
+        assert!(x.len() >= R * k && panel.len() >= k * PANEL && out.len() >= R * PANEL);
+        // SAFETY: only reached from `rows_avx2` (AVX2, FMA, F16C present); bounds as in
+        // `block_avx512`, with column offsets `half + 8 < PANEL`.
+        unsafe {
+            let load = |p: *const T| -> __m256 {
+                if T::F16 { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) } else { _mm256_loadu_ps(p.cast()) }
+            };
+            let (xp, wp, op) = (x.as_ptr(), panel.as_ptr(), out.as_mut_ptr());
+            for half in [0, 16] {
+                let mut acc = [[_mm256_setzero_ps(); 2]; R];
+                for i in 0..k {
+                    let w0 = load(wp.add(i * PANEL + half));
+                    let w1 = load(wp.add(i * PANEL + half + 8));
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        let xv = _mm256_set1_ps(*xp.add(r * k + i));
+                        a[0] = _mm256_fmadd_ps(xv, w0, a[0]);
+                        a[1] = _mm256_fmadd_ps(xv, w1, a[1]);
+                    }
+                }
+                for (r, a) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(op.add(r * PANEL + half), a[0]);
+                    _mm256_storeu_ps(op.add(r * PANEL + half + 8), a[1]);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values in [-1, 1) (a 64-bit LCG; no `rand` dependency in this crate).
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn isas() -> Vec<Isa> {
+        let mut v = vec![Isa::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f") {
+                v.push(Isa::Avx512);
+            }
+            if std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c")
+            {
+                v.push(Isa::Avx2);
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn every_kernel_gives_the_definition_bit_for_bit() {
+        // Odd widths: a partial last panel, row counts around both kernels' block sizes and the
+        // row chunk, an input width that is no multiple of any vector width.
+        for &(m, inp, out) in &[(1, 37, 70), (5, 64, 32), (7, 3, 1), (8, 100, 96), (13, 37, 65), (70, 19, 33)] {
+            let (w, x, b) = (values(out * inp, 1), values(m * inp, 2), values(out, 3));
+            for f16 in [false, true] {
+                let layer = PackedLinear::pack(&w, out, inp, Some(&b), f16);
+                let wq: Vec<f32> = if f16 { w.iter().map(|&v| f16::from_f32(v).to_f32()).collect() } else { w.clone() };
+                let bq: Vec<f32> = if f16 { b.iter().map(|&v| f16::from_f32(v).to_f32()).collect() } else { b.clone() };
+                // The definition: one fused chain per output, then the bias.
+                let mut want = vec![0.0f32; m * out];
+                for r in 0..m {
+                    for c in 0..out {
+                        let mut acc = 0.0f32;
+                        for i in 0..inp {
+                            acc = x[r * inp + i].mul_add(wq[c * inp + i], acc);
+                        }
+                        want[r * out + c] = acc + bq[c];
+                    }
+                }
+                for isa in isas() {
+                    for spread in [false, true] {
+                        let got = if spread {
+                            layer.forward_with(&x, m, isa)
+                        } else {
+                            single_threaded(|| layer.forward_with(&x, m, isa))
+                        };
+                        let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{isa:?} f16={f16} spread={spread} m={m} in={inp} out={out}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_does_not_depend_on_its_batch() {
+        let (m, inp, out) = (9, 48, 40);
+        let (w, x) = (values(out * inp, 4), values(m * inp, 5));
+        let layer = PackedLinear::pack(&w, out, inp, None, true);
+        let all = layer.forward(&x, m);
+        for r in 0..m {
+            let alone = layer.forward(&x[r * inp..(r + 1) * inp], 1);
+            assert_eq!(alone, all[r * out..(r + 1) * out], "row {r}");
+        }
+        assert!(layer.forward(&[], 0).is_empty());
+    }
+}
+
+#[cfg(test)]
+mod speed {
+    use super::*;
+
+    #[test]
+    #[ignore = "timing, run by hand"]
+    fn kernel_speed() {
+        for &(out, inp) in &[(1536usize, 576usize), (576, 1536), (49152, 576)] {
+            let w: Vec<f32> = (0..out * inp).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+            let layer = PackedLinear::pack(&w, out, inp, None, true);
+            for m in [1usize, 8, 16, 64, 512] {
+                let x: Vec<f32> = (0..m * inp).map(|i| ((i * 31) % 100) as f32 / 100.0).collect();
+                for spread in [false, true] {
+                    let reps = (2_000_000_000 / (m * out * inp)).clamp(3, 2000);
+                    let t = std::time::Instant::now();
+                    for _ in 0..reps {
+                        let y = if spread { layer.forward(&x, m) } else { single_threaded(|| layer.forward(&x, m)) };
+                        std::hint::black_box(y);
+                    }
+                    let s = t.elapsed().as_secs_f64() / reps as f64;
+                    println!(
+                        "{out}x{inp} m={m} spread={spread}: {:.1} us, {:.1} GFLOP/s, {:.1} GB/s weights",
+                        s * 1e6,
+                        2.0 * (m * out * inp) as f64 / s / 1e9,
+                        (out * inp * 2) as f64 / s / 1e9
+                    );
+                }
+            }
+        }
+    }
+}

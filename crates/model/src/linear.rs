@@ -1,0 +1,117 @@
+//! [`Projection`]: a linear layer `y = x·Wᵀ (+ b)`, stored where its device multiplies best
+//! ([`LinearKernel`]): as Burn's `Linear` (every backend; what wgpu runs), or as weights packed
+//! once on the host for the CPU backend's own kernel (`host_linear`).
+
+use std::sync::Arc;
+
+use burn::module::{Module, Param};
+use burn::nn::Linear;
+use burn::tensor::{DType, Device, Tensor};
+
+use crate::host_linear::PackedLinear;
+use crate::{host_f32, upload};
+
+/// Where a model's linear layers are stored and multiplied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinearKernel {
+    /// Burn's `Linear` on the device.
+    Burn,
+    /// Host-packed weights and qdrift's CPU kernel (AVX-512 or AVX2 where the CPU has them);
+    /// the weights are not uploaded to the device at all.
+    Host,
+}
+
+impl LinearKernel {
+    /// The kernel a device runs best: [`LinearKernel::Host`] on the CPU (flex) backend,
+    /// [`LinearKernel::Burn`] elsewhere.
+    pub fn for_device(device: &Device) -> Self {
+        if *device == Device::flex() { Self::Host } else { Self::Burn }
+    }
+}
+
+/// A linear layer in one of its two storages.
+#[derive(Module, Debug)]
+pub enum Projection {
+    /// Burn's layer, weight `[in, out]`.
+    Device(Linear),
+    /// Packed host weights.
+    Host(HostProjection),
+}
+
+/// The host storage of a [`Projection`]: no Burn parameters.
+#[derive(Module, Debug)]
+pub struct HostProjection {
+    #[module(skip)]
+    packed: Arc<PackedLinear>,
+}
+
+impl Projection {
+    /// A layer from `[out, in]` row-major host weights and an optional `[out]` bias, in `dtype`
+    /// (f32 or f16, rounded to nearest even on the host), stored as `kernel` says.
+    pub(crate) fn new(
+        weight: &[f32],
+        [out, inp]: [usize; 2],
+        bias: Option<&[f32]>,
+        dtype: DType,
+        device: &Device,
+        kernel: LinearKernel,
+    ) -> Self {
+        match kernel {
+            LinearKernel::Host => {
+                let packed = PackedLinear::pack(weight, out, inp, bias, dtype == DType::F16);
+                Self::Host(HostProjection { packed: Arc::new(packed) })
+            }
+            LinearKernel::Burn => {
+                // Burn's Linear multiplies by a [in, out] weight.
+                let transposed = transpose(weight, out, inp);
+                Self::Device(Linear {
+                    weight: Param::from_tensor(upload(&transposed, [inp, out], dtype, device)),
+                    bias: bias.map(|b| Param::from_tensor(upload(b, [out], dtype, device))),
+                })
+            }
+        }
+    }
+
+    /// The packed host weights, for a layer stored on the host.
+    pub(crate) fn packed(&self) -> Option<&PackedLinear> {
+        match self {
+            Self::Device(_) => None,
+            Self::Host(h) => Some(&h.packed),
+        }
+    }
+
+    /// Whether the layer adds a bias.
+    pub fn has_bias(&self) -> bool {
+        match self {
+            Self::Device(linear) => linear.bias.is_some(),
+            Self::Host(h) => h.packed.has_bias(),
+        }
+    }
+
+    /// `x·Wᵀ + b`, in `x`'s dtype (the host kernel accumulates in f32 and rounds its output
+    /// once).
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, in]` → `[batch, seq, out]`
+    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        match self {
+            Self::Device(linear) => linear.forward(x),
+            Self::Host(h) => {
+                let ([b, t, inp], dtype, device) = (x.dims(), x.dtype(), x.device());
+                assert_eq!(inp, h.packed.inp(), "input width does not match the layer");
+                let y = h.packed.forward(&host_f32(x), b * t);
+                upload(&y, [b, t, h.packed.out()], dtype, &device)
+            }
+        }
+    }
+}
+
+fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; data.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = data[r * cols + c];
+        }
+    }
+    out
+}
