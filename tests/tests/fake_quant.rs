@@ -188,7 +188,7 @@ fn agreeing(errors: &[f64]) -> f64 {
 /// position through the cache. Measured (CPU; lavapipe decoding / teacher forcing): w8a8-int8
 /// 98% of positions agree (80% / 74%), fp16+kv-q8_0 87% (100% / 82%), w8a8-fp8 50% (50% / 71%;
 /// one E4M3 step is 1/8 of a value), int4-g32+kv-q4_0 100% (87% / 100%),
-/// int8+a-int8-tensor+kv-int8 80% (66% / 66%); the median position differs by ≤ 2e-4. So the test asks that at least `min_agree` of the positions
+/// int8+a-int8-tensor+kv-int8 80% (66% / 66%), fp8-e4m3+a-fp8-g4 78% (68% / 68%); the median position differs by ≤ 2e-4. So the test asks that at least `min_agree` of the positions
 /// agree, and that the roundings themselves move at least 90% of the positions beyond
 /// [`AGREE`] — a rounding applied at the wrong place or with the wrong scale would leave almost
 /// no position agreeing.

@@ -252,7 +252,7 @@ impl BuiltVariant<'_> {
 /// per sequence's prompt pass then one per token), or per token and group of `G` inputs (block
 /// FP8 checkpoints: `G` is the config's own group, `weight_block_size[1]` or compressed-tensors'
 /// `group_size`, read, never assumed 128). A group that does not divide a linear layer's input
-/// width is refused when the model is built ([`BuiltVariant::apply_runtime`]).
+/// width is refused by [`check_activation_widths`] when the variant is built, before it runs.
 fn activation_quant(a: CheckpointActivations) -> ActivationQuant {
     let format = match a.format {
         ActivationFormat::Int8 => DynamicFormat::Int8,
