@@ -10,7 +10,7 @@
 //! `qdrift_quantize`) applied to the f64 values cast to f32, then cast back.
 
 use qdrift_load::{HostModel, HostTensor, RopeScaling};
-use qdrift_quantize::{ActivationQuant, KvQuant};
+use qdrift_quantize::{ActivationQuant, ActivationScale, KvQuant};
 
 /// The run-time roundings of a variant (none by default).
 #[derive(Debug, Clone, Copy, Default)]
@@ -29,15 +29,20 @@ impl Rounding {
     fn inputs(&self, rows: &mut [Vec<f64>]) {
         let Some(q) = self.activations else { return };
         let cols = rows.first().map_or(1, Vec::len);
-        let split = if q.per_tensor { self.prompt.min(rows.len()) } else { 0 };
+        let split = if q.scale == ActivationScale::Tensor { self.prompt.min(rows.len()) } else { 0 };
         let (prompt, rest) = rows.split_at_mut(split);
         if !prompt.is_empty() {
             let mut flat: Vec<f64> = prompt.concat();
             through_f32(&mut flat, |v| q.round_host(v, cols));
             prompt.iter_mut().zip(flat.chunks(cols)).for_each(|(r, f)| r.copy_from_slice(f));
         }
-        let per_token = ActivationQuant { per_tensor: false, ..q };
-        rest.iter_mut().for_each(|r| through_f32(r, |v| per_token.round_host(v, cols)));
+        // After the prompt pass a per-tensor scale covers one token; other scales are per token
+        // (or per token and group) already.
+        let later = match q.scale {
+            ActivationScale::Tensor => ActivationQuant { scale: ActivationScale::Token, ..q },
+            _ => q,
+        };
+        rest.iter_mut().for_each(|r| through_f32(r, |v| later.round_host(v, cols)));
     }
 
     /// One position's keys or values, `[kv_heads * head_dim]`.

@@ -5,7 +5,9 @@ use burn::tensor::{DType, Tensor, TensorData};
 use qdrift_generate::{BackendChoice, ComputeDevice, GenerationConfig, generate, teacher_forced};
 use qdrift_load::HostModel;
 use qdrift_model::{LlamaConfig, round_activations, round_kv};
-use qdrift_quantize::{ActivationQuant, KvQuant, QuantizeOptions, Recipe, quantize_model, round_to_fp16_reference};
+use qdrift_quantize::{
+    ActivationQuant, ActivationScale, KvQuant, QuantizeOptions, Recipe, quantize_model, round_to_fp16_reference,
+};
 use qdrift_tests::reference64::{Rounding, naive_logits};
 use qdrift_tests::{device, golden_cases, load_stories};
 
@@ -59,12 +61,28 @@ fn device_roundings_equal_host_definitions(choice: BackendChoice) {
     plant_ties(&mut x[cols..2 * cols], 448.0);
     plant_ties(&mut x[2 * cols..3 * cols], 57344.0);
     x[(t + 2) * cols..(t + 3) * cols].fill(0.0); // row 1, token 2: an all-zero token
+    // Row 2, token 4: a group of 16 below vLLM's eps (1e-10; f16 flushes it to zero), then a
+    // group with the amax tied at 448.
+    let tiny = (2 * t + 4) * cols;
+    x[tiny..tiny + 16].iter_mut().enumerate().for_each(|(i, v)| *v = (i as f32 - 7.5) * 1e-12);
+    plant_ties(&mut x[tiny + 16..tiny + 32], 448.0);
+    // Per-token groups of 16, 32 and 64 (the whole row) besides every listed part whose group
+    // divides the 64 columns.
+    let mut parts: Vec<ActivationQuant> =
+        ActivationQuant::all().into_iter().filter(|q| q.check_width(cols).is_ok()).collect();
+    for group in [16, 32, 64] {
+        for q in ActivationQuant::all() {
+            if q.scale == ActivationScale::Token {
+                parts.push(ActivationQuant { scale: ActivationScale::TokenGroup(group), ..q });
+            }
+        }
+    }
     let real: Vec<f32> = pad.iter().flat_map(|&p| (0..t).map(move |c| if c >= p { 1.0 } else { 0.0 })).collect();
     let mut checked = 0;
     for dtype in [DType::F32, DType::F16] {
         let mut x = x.clone();
         in_dtype(&mut x, dtype);
-        for q in ActivationQuant::all() {
+        for &q in &parts {
             let got = read(round_activations(
                 tensor(x.clone(), [b, t, cols], dtype, &dev),
                 q,
@@ -72,11 +90,12 @@ fn device_roundings_equal_host_definitions(choice: BackendChoice) {
             ));
             let mut want = x.clone();
             for (row, values) in want.chunks_mut(t * cols).enumerate() {
-                q.round_host(&mut values[if q.per_tensor { pad[row] * cols } else { 0 }..], cols);
+                let per_tensor = q.scale == ActivationScale::Tensor;
+                q.round_host(&mut values[if per_tensor { pad[row] * cols } else { 0 }..], cols);
             }
             in_dtype(&mut want, dtype);
             // Padding tokens share a per-tensor scale they do not contribute to: not compared.
-            let is_real = |i: usize| !q.per_tensor || real[i / cols] == 1.0;
+            let is_real = |i: usize| q.scale != ActivationScale::Tensor || real[i / cols] == 1.0;
             let bad = mismatches(&got, &want, is_real);
             assert!(
                 bad.is_empty(),
@@ -169,7 +188,7 @@ fn agreeing(errors: &[f64]) -> f64 {
 /// position through the cache. Measured (CPU; lavapipe decoding / teacher forcing): w8a8-int8
 /// 98% of positions agree (80% / 74%), fp16+kv-q8_0 87% (100% / 82%), w8a8-fp8 50% (50% / 71%;
 /// one E4M3 step is 1/8 of a value), int4-g32+kv-q4_0 100% (87% / 100%),
-/// int8+a-int8-tensor+kv-int8 80% (66% / 66%); the median position differs by ≤ 2e-4. So the test asks that at least `min_agree` of the positions
+/// int8+a-int8-tensor+kv-int8 80% (66% / 66%), fp8-e4m3+a-fp8-g4 78% (68% / 68%); the median position differs by ≤ 2e-4. So the test asks that at least `min_agree` of the positions
 /// agree, and that the roundings themselves move at least 90% of the positions beyond
 /// [`AGREE`] — a rounding applied at the wrong place or with the wrong scale would leave almost
 /// no position agreeing.
@@ -184,6 +203,9 @@ fn variants_match_the_f64_forward_pass(choice: BackendChoice) {
         ("w8a8-fp8", 0.4),
         ("int4-g32+kv-q4_0", 0.66),
         ("int8+a-int8-tensor+kv-int8", 0.4),
+        // Block-FP8 checkpoints' per-token-group activations, with a group dividing both the 64
+        // and the 172 (down_proj) inputs.
+        ("fp8-e4m3+a-fp8-g4", 0.4),
     ] {
         let recipe: Recipe = name.parse().expect("recipe");
         let weights = variant_weights(&recipe);

@@ -30,7 +30,8 @@ pub struct EvalArgs {
     #[arg(long, help = eval_set_help())]
     eval_set: Option<PathBuf>,
     /// Variants built from the reference, comma-separated, each `WEIGHTS[+a-ACT][+kv-KV]`: a
-    /// weight scheme, then optionally dynamic activation quantization (`+a-int8`, `+a-fp8`, …)
+    /// weight scheme, then optionally dynamic activation quantization (`+a-int8`, `+a-fp8`,
+    /// `+a-fp8-g128` per token and group of 128 inputs, …)
     /// and KV-cache rounding (`+kv-q8_0`, `+kv-fp8-e4m3`, …); `w8a8-int8`, `w8a8-fp8` are
     /// shorthands. `--schemes` with no value runs none (only the `--variant` checkpoints).
     #[arg(
@@ -44,7 +45,7 @@ pub struct EvalArgs {
     /// Another checkpoint of the same architecture and tokenizer to compare (repeatable):
     /// llama2.c, GGUF, or a Hugging Face folder, also quantized (GPTQ, AWQ, compressed-tensors,
     /// FP8: dequantized on load; a dynamic activation quantization its config declares is
-    /// applied at run time).
+    /// applied at run time, block FP8's per token and group of its block width).
     #[arg(long)]
     variant: Vec<PathBuf>,
     /// Generated-token horizons, comma-separated.

@@ -18,7 +18,8 @@ use qdrift_quantize::{
 pub struct SchemeArgs {
     /// Variant, `WEIGHTS[+a-ACT][+kv-KV]`: the weight scheme applied to the FP16 reference's
     /// linear layers (q, k, v, o, gate, up, down), then optionally dynamic activation
-    /// quantization of their inputs (`+a-int8`, `+a-fp8`, `+a-fp8-e5m2-tensor`, …) and KV-cache
+    /// quantization of their inputs (`+a-int8`, `+a-fp8`, `+a-fp8-e5m2-tensor`,
+    /// `+a-fp8-g128`, …) and KV-cache
     /// rounding (`+kv-q8_0`, `+kv-fp8-e4m3`, `+kv-int8`, …); `w8a8-int8` and `w8a8-fp8` are
     /// shorthands.
     #[arg(long, value_parser = RecipeParser)]

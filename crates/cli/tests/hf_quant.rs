@@ -2,8 +2,9 @@
 //! (`qdrift_quantize::write_hf_quantized`), against the unquantized folder as the reference: each
 //! folder stores exactly the codes and scales of a qdrift scheme, so its report entry equals the
 //! `--schemes` twin's number for number, the checkpoint's declared dynamic activations included.
-//! A block-FP8 folder, whose per-token-group activations qdrift cannot round, is refused before
-//! anything runs.
+//! Block-FP8 folders (`quant_method: fp8`, `weight_block_size`) run with their per-token-group
+//! activations, the group read from the config; a group that does not divide a linear layer's
+//! input width is refused before anything runs.
 
 use std::path::Path;
 
@@ -44,6 +45,9 @@ fn quantized_folders_equal_their_schemes() {
         ("ct-w8a8-fp8", HfLayout::CtFp8 { activations: true }, "w8a8-fp8"),
         ("gptq-8bit", HfLayout::Gptq { bits: 8, group: None, asym: false, act_order: false, v2: false }, "int8"),
         ("fp8-tensor", HfLayout::Fp8 { block: None }, "fp8-e4m3-tensor+a-fp8-tensor"),
+        // Per-token-group activations (groups of 4 divide both 64 and 172, as vLLM and DeepSeek
+        // require) on per-channel FP8 weights, as llm-compressor's FP8_BLOCK declares them.
+        ("ct-fp8-g4", HfLayout::CtFp8TokenGroup { group: 4 }, "fp8-e4m3+a-fp8-g4"),
     ];
     // GPTQ 4-bit and AWQ cannot pack stories260K's 172-wide MLP rows (multiples of 8 needed):
     // the quantizer leaves those layers FP16, so these have no --schemes twin; their numbers are
@@ -51,6 +55,9 @@ fn quantized_folders_equal_their_schemes() {
     let partial = [
         ("gptq-4bit-g32", HfLayout::Gptq { bits: 4, group: Some(32), asym: false, act_order: false, v2: false }),
         ("awq-g32", HfLayout::Awq { group: 32 }),
+        // 4×4 FP8 blocks (no qdrift weight scheme stores 2-D blocks): runs with fp8-g4
+        // activations, printed beside fp8-e4m3+a-fp8-g4 (per-channel weights, the same activations).
+        ("fp8-block4", HfLayout::Fp8 { block: Some(4) }),
     ];
     let mut layouts: Vec<(&str, HfLayout)> = pairs.iter().map(|(n, l, _)| (*n, *l)).collect();
     layouts.extend(partial);
@@ -97,49 +104,65 @@ fn quantized_folders_equal_their_schemes() {
         // The activation part is the checkpoint's, recorded as the scheme records its own.
         assert_eq!(c["recipe"]["activations"], s["recipe"]["activations"], "{folder}");
     }
-    for (folder, scheme) in [("gptq-4bit-g32", "int4-g32"), ("awq-g32", "int4-g32-asym")] {
+    for (folder, scheme) in
+        [("gptq-4bit-g32", "int4-g32"), ("awq-g32", "int4-g32-asym"), ("fp8-block4", "fp8-e4m3+a-fp8-g4")]
+    {
         let (c, s) = (&variant(&report, folder)["horizons"][1], &variant(&report, scheme)["horizons"][1]);
         println!(
-            "{folder} (partly packed): token match {} KLD {}; {scheme}: token match {} KLD {}",
+            "{folder} (no exact twin): token match {} KLD {}; {scheme}: token match {} KLD {}",
             c["token_match_rate"]["mean"], c["kld"]["mean"], s["token_match_rate"]["mean"], s["kld"]["mean"]
         );
         assert!(c["kld"]["mean"].as_f64().expect("kld") > 0.0);
     }
     assert_eq!(variant(&report, "gptq-4bit-g32")["recipe"]["weights"], "gptq 4-bit g32 v1");
     assert_eq!(variant(&report, "awq-g32")["recipe"]["weights"], "awq 4-bit g32");
+    // The block folder's group is its config's weight_block_size[1] (4), not the usual 128.
+    let block = &variant(&report, "fp8-block4")["recipe"];
+    assert_eq!(
+        (block["weights"].as_str(), block["activations"].as_str()),
+        (Some("fp8 e4m3 block 4x4"), Some("fp8-g4"))
+    );
+    assert_eq!(variant(&report, "ct-fp8-g4")["recipe"]["activations"], "fp8-g4");
     assert_eq!(variant(&report, "ct-int4-g64")["recipe"]["weights"], "compressed-tensors pack-quantized int4 group 64");
     // Not the reference: quantization moved something.
     assert!(variant(&report, "ct-int4-g64")["horizons"][1]["kld"]["mean"].as_f64().expect("kld") > 0.0);
 }
 
 #[test]
-fn block_fp8_activations_are_refused_before_running() {
+fn activation_groups_that_do_not_divide_a_layer_are_refused_before_running() {
+    // Blocks of 32: the 172 inputs of down_proj are not whole groups of 32, which vLLM and
+    // DeepSeek-V3's act_quant refuse too. The same for a --schemes recipe.
     let root = tempfile::tempdir().expect("tempdir");
     let paths = folders(root.path(), &[("fp8-block", HfLayout::Fp8 { block: Some(32) })]);
     let reference = root.path().join("reference");
     let out = root.path().join("out");
-    let o = qdrift(&[
-        "eval",
-        "--model",
-        reference.to_str().expect("utf-8"),
-        "--backend",
-        "cpu",
-        "--out",
-        out.to_str().expect("utf-8"),
-        "--schemes",
-        "int8",
-        "--variant",
-        &paths[0],
-        "--prompts",
-        "2",
-        "--horizons",
-        "5",
-    ]);
-    assert!(!o.status.success());
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("fp8-block") && stderr.contains("per token per group of 32"), "{stderr}");
-    assert!(!out.exists());
+    for (flag, value, names) in [
+        ("--variant", paths[0].as_str(), ["fp8-block", "per token per group of 32"]),
+        ("--schemes", "fp8-e4m3+a-fp8-g32", ["fp8-e4m3+a-fp8-g32", "groups"]),
+    ] {
+        let o = qdrift(&[
+            "eval",
+            "--model",
+            reference.to_str().expect("utf-8"),
+            "--backend",
+            "cpu",
+            "--out",
+            out.to_str().expect("utf-8"),
+            flag,
+            value,
+            "--prompts",
+            "2",
+            "--horizons",
+            "5",
+        ]);
+        assert!(!o.status.success());
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        for name in names.into_iter().chain(["fp8-g32", "172 inputs"]) {
+            assert!(stderr.contains(name), "{name}: {stderr}");
+        }
+        assert!(!out.exists());
+    }
 }
 
 #[test]

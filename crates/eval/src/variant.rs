@@ -13,7 +13,9 @@ use qdrift_load::{
     ActivationFormat, ActivationGranularity, CheckpointActivations, HostModel, LlamaArch, LoadedModel, open_model,
 };
 use qdrift_model::Llama;
-use qdrift_quantize::{ActivationQuant, DynamicFormat, Fp8Format, QuantizeOptions, Recipe, Scheme, quantize_model};
+use qdrift_quantize::{
+    ActivationQuant, ActivationScale, DynamicFormat, Fp8Format, QuantizeOptions, Recipe, Scheme, quantize_model,
+};
 use qdrift_report::{RecipeParts, TensorError, VariantKind};
 
 use crate::EvalError;
@@ -30,7 +32,10 @@ pub enum VariantSpec {
     /// A quantization recipe (`WEIGHTS[+a-ACT][+kv-KV]`): its weight scheme applied to the
     /// reference's FP16 weights, its activation and KV-cache roundings at run time.
     Scheme(Recipe),
-    /// Another checkpoint of the same architecture and tokenizer.
+    /// Another checkpoint of the same architecture and tokenizer. A quantized Hugging Face folder
+    /// runs the dynamic activation quantization its config declares: per token, per tensor, or
+    /// per token and group (block FP8, `+a-fp8-gG` with the config's own G), refused before
+    /// anything runs when G does not divide a linear layer's input width.
     Checkpoint(PathBuf),
 }
 
@@ -48,14 +53,17 @@ impl VariantSpec {
     }
 
     /// Refuses a recipe whose KV-cache format does not fit the model's cache rows (a ggml block
-    /// format needs `kv_heads × head_dim` to be whole blocks), before anything runs.
+    /// format needs `kv_heads × head_dim` to be whole blocks), or whose per-token-group
+    /// activation scales do not divide a linear layer's input width, before anything runs.
     pub(crate) fn check_fits(&self, arch: &LlamaArch) -> Result<(), EvalError> {
-        match self {
-            VariantSpec::Scheme(Recipe { kv_cache: Some(kv), .. }) => kv
-                .check_row(arch.n_kv_heads, arch.head_dim())
-                .map_err(|e| EvalError::Variant { variant: self.name(DType::F32), problem: e.to_string() }),
-            _ => Ok(()),
-        }
+        let VariantSpec::Scheme(recipe) = self else { return Ok(()) };
+        let fits = || {
+            if let Some(kv) = recipe.kv_cache {
+                kv.check_row(arch.n_kv_heads, arch.head_dim())?;
+            }
+            recipe.activations.map_or(Ok(()), |a| check_activation_widths(a, arch))
+        };
+        fits().map_err(|e| EvalError::Variant { variant: self.name(DType::F32), problem: e.to_string() })
     }
 
     /// Refuses a checkpoint that does not exist, before anything is loaded.
@@ -176,10 +184,14 @@ fn checkpoint_variant<'a>(
 ) -> Result<BuiltVariant<'a>, EvalError> {
     let other = open_model(path, None)?;
     check_same_model(reference, &other, prompts, path)?;
-    let checkpoint_quant = match &other.quantization {
-        Some(q) => Some((q.weights.clone(), q.activations.map(|a| activation_quant(path, a)).transpose()?)),
-        None => None,
-    };
+    let checkpoint_quant =
+        other.quantization.as_ref().map(|q| (q.weights.clone(), q.activations.map(activation_quant)));
+    if let Some(declared) = other.quantization.as_ref().and_then(|q| q.activations) {
+        check_activation_widths(activation_quant(declared), &other.model.arch).map_err(|e| EvalError::Variant {
+            variant: path.display().to_string(),
+            problem: format!("its quantization_config declares {declared} dynamic activations: {e}"),
+        })?;
+    }
     // The checkpoint's file size stands for its weight bytes (metadata and tokenizer included, a
     // small overestimate for GGUF).
     let identity = model_identity_file(path);
@@ -236,29 +248,29 @@ impl BuiltVariant<'_> {
 }
 
 /// The run-time rounding of a checkpoint's declared dynamic activation quantization: int8 or
-/// FP8, per token or per tensor (`ActivationQuant`'s per-tensor is vLLM's dynamic per-tensor
-/// scale, one per sequence's prompt pass then one per token). Per-token groups (block FP8
-/// checkpoints) have no qdrift rounding and are refused.
-fn activation_quant(path: &Path, a: CheckpointActivations) -> Result<ActivationQuant, EvalError> {
+/// FP8, per token, per tensor (`ActivationScale::Tensor` is vLLM's dynamic per-tensor scale, one
+/// per sequence's prompt pass then one per token), or per token and group of `G` inputs (block
+/// FP8 checkpoints: `G` is the config's own group, `weight_block_size[1]` or compressed-tensors'
+/// `group_size`, read, never assumed 128). A group that does not divide a linear layer's input
+/// width is refused by [`check_activation_widths`] when the variant is built, before it runs.
+fn activation_quant(a: CheckpointActivations) -> ActivationQuant {
     let format = match a.format {
         ActivationFormat::Int8 => DynamicFormat::Int8,
         ActivationFormat::Fp8E4M3 => DynamicFormat::Fp8(Fp8Format::E4M3),
         ActivationFormat::Fp8E5M2 => DynamicFormat::Fp8(Fp8Format::E5M2),
     };
-    let per_tensor = match a.granularity {
-        ActivationGranularity::Token => false,
-        ActivationGranularity::Tensor => true,
-        ActivationGranularity::TokenGroup(_) => {
-            return Err(EvalError::Variant {
-                variant: path.display().to_string(),
-                problem: format!(
-                    "its quantization_config declares {a} dynamic activations; qdrift rounds activations per token \
-                     or per tensor only"
-                ),
-            });
-        }
+    let scale = match a.granularity {
+        ActivationGranularity::Token => ActivationScale::Token,
+        ActivationGranularity::Tensor => ActivationScale::Tensor,
+        ActivationGranularity::TokenGroup(g) => ActivationScale::TokenGroup(g),
     };
-    Ok(ActivationQuant { format, per_tensor })
+    ActivationQuant { format, scale }
+}
+
+/// Checks that `a`'s scale groups divide every linear layer's input width: `dim` (q/k/v,
+/// gate/up), `heads × head_dim` (o) and `hidden_dim` (down).
+fn check_activation_widths(a: ActivationQuant, arch: &LlamaArch) -> Result<(), qdrift_quantize::QuantizeError> {
+    [arch.dim, arch.n_heads * arch.head_dim(), arch.hidden_dim].into_iter().try_for_each(|cols| a.check_width(cols))
 }
 
 /// Refuses a checkpoint variant whose shapes or tokenizer differ from the reference's.

@@ -53,8 +53,8 @@
 //!   `weight_zero_point` in the scale's shape.
 //! - `float-quantized`: `weight` F8_E4M3 (or F8_E5M2) `[out, in]`, `w = fp8 · s`.
 //!
-//! `input_activations` with `dynamic: true`, symmetric, int8 or FP8, per `token` or per
-//! `tensor`, becomes [`CheckpointQuant::activations`] (`qdrift eval` rounds a checkpoint
+//! `input_activations` with `dynamic: true`, symmetric, int8 or FP8, per `token`, per `tensor`
+//! or per token and `group` (`group_size` G; llm-compressor's `FP8_BLOCK` preset), becomes [`CheckpointQuant::activations`] (`qdrift eval` rounds a checkpoint
 //! variant's linear inputs with it); static activation scales, asymmetric activations and other
 //! strategies are refused, as are `output_activations`, a `kv_cache_scheme`, sparsity and
 //! `tensor_group` (NVFP4) weights.
@@ -67,7 +67,8 @@
 //! `w = fp8 · scale_inv[block]`. FP8 values decode with [`crate::ofp8`] (OCP OFP8 v1.0).
 //! `activation_scheme: dynamic` is FP8 E4M3 activations, per tensor (vLLM's `Fp8LinearMethod`),
 //! or per token and group of `bw` inputs with blocks ([`ActivationGranularity::TokenGroup`]);
-//! `static` (stored `input_scale`s) is refused.
+//! `static` (stored `input_scale`s) is refused, and so is DeepSeek-V3.1's `scale_fmt: ue8m0`
+//! (power-of-two activation scales).
 
 use std::path::{Path, PathBuf};
 
@@ -358,6 +359,18 @@ fn parse_fp8(f: &Fields<'_>) -> Result<Parsed, LoadError> {
             "dynamic (qdrift computes activation scales at run time; stored input_scale values are not reproduced)",
         ));
     }
+    // DeepSeek-V3.1's `scale_fmt: ue8m0` asks for power-of-two activation scales (vLLM's
+    // `use_ue8m0`, DeepSeek's `act_quant(.., scale_fmt)`), which qdrift does not round.
+    match f.get("scale_fmt") {
+        None | Some(Value::Null) => {}
+        Some(v) => {
+            return Err(f.unsupported(
+                "scale_fmt",
+                v,
+                "absent or null (activation scales amax/448; power-of-two ue8m0 scales are not modelled)",
+            ));
+        }
+    }
     let granularity = match block {
         Some((_, c)) => ActivationGranularity::TokenGroup(c),
         None => ActivationGranularity::Tensor,
@@ -557,7 +570,12 @@ fn parse_ct_activations(a: &Fields<'_>) -> Result<CheckpointActivations, LoadErr
     let granularity = match a.str("strategy")?.unwrap_or("tensor") {
         "token" => ActivationGranularity::Token,
         "tensor" => ActivationGranularity::Tensor,
-        other => return Err(a.unsupported("strategy", other, "token, tensor")),
+        // llm-compressor's FP8_BLOCK preset: per token and group of `group_size` inputs.
+        "group" => match a.group_size("group_size")? {
+            Some(g) => ActivationGranularity::TokenGroup(g),
+            None => return Err(a.unsupported("group_size", "-1 or missing", "a positive group size")),
+        },
+        other => return Err(a.unsupported("strategy", other, "token, tensor, group")),
     };
     Ok(CheckpointActivations { format, granularity })
 }

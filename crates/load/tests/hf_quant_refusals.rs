@@ -74,6 +74,12 @@ fn static_activation_scales_are_refused() {
     unsupported(&d, "quantization_config.config_groups.group_0.input_activations.dynamic", "dynamic: true");
     let d = edited("fp8_block", |q| q["activation_scheme"] = json!("static"));
     unsupported(&d, "quantization_config.activation_scheme", "dynamic");
+    let d = edited("fp8_block", |q| q["scale_fmt"] = json!("ue8m0"));
+    unsupported(&d, "quantization_config.scale_fmt", "ue8m0 scales are not modelled");
+    let d = edited("ct_fp8_channel", |q| {
+        q["config_groups"]["group_0"]["input_activations"]["strategy"] = json!("group");
+    });
+    unsupported(&d, "quantization_config.config_groups.group_0.input_activations.group_size", "a positive group size");
     let d = edited("ct_fp8_channel", |q| q["kv_cache_scheme"] = json!({"num_bits": 8, "type": "float"}));
     unsupported(&d, "quantization_config.kv_cache_scheme", "null");
 }

@@ -8,7 +8,7 @@
 use burn::module::Module;
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Tensor};
-use qdrift_quantize::ActivationQuant;
+use qdrift_quantize::{ActivationQuant, ActivationScale};
 
 use crate::fake_quant::{RoundingPath, round_activations, round_kv};
 use crate::host_linear::PackedLinear;
@@ -98,7 +98,10 @@ impl ForwardContext<'_> {
     /// prefill then decoding. Teacher forcing, which feeds continuation tokens several at a time,
     /// so rounds exactly as generation does.
     fn activations(&self) -> Option<(ActivationQuant, RoundingPath)> {
-        self.activations.map(|(q, path)| (ActivationQuant { per_tensor: q.per_tensor && self.start == 0, ..q }, path))
+        self.activations.map(|(q, path)| match q.scale {
+            ActivationScale::Tensor if self.start > 0 => (ActivationQuant { scale: ActivationScale::Token, ..q }, path),
+            _ => (q, path),
+        })
     }
 
     /// The host definition over each row's real tokens (a suffix of its columns: padding is on

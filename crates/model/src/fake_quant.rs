@@ -18,7 +18,7 @@
 //! two), then `RNE(a/spacing)·spacing` — the project codec's own method (`fp8.rs`).
 
 use burn::tensor::{Bool, DType, Int, Tensor};
-use qdrift_quantize::{ActivationQuant, DynamicFormat, Fp8Format, GgmlType, KvQuant};
+use qdrift_quantize::{ActivationQuant, ActivationScale, DynamicFormat, Fp8Format, GgmlType, KvQuant, TOKEN_GROUP_EPS};
 
 /// Where activations are rounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,25 +96,37 @@ fn round_with_amax<const D: usize>(x: Tensor<D>, amax: Tensor<D>, format: Dynami
     q.mul(s)
 }
 
-/// Dynamic quantization of linear-layer inputs on the device, in f32, cast back to `x`'s dtype.
+/// Dynamic quantization of linear-layer inputs on the device, in f32, cast back to `x`'s dtype:
+/// one scale per token, per sequence ([`ActivationScale::Tensor`]), or per token and group of `G`
+/// inputs ([`ActivationScale::TokenGroup`]: `[.., cols]` viewed as `[.., cols/G, G]`, amax over
+/// each group, `s = max(amax, 1e-10)/max` as the host definition).
 ///
 /// # Shapes
 /// - `x`: `[batch, new, cols]` → same
-/// - `real`: `[batch, new, 1]`, f32, 1 for a real token and 0 for padding; needed only
-///   `per_tensor` (padding never contributes to a sequence's scale)
+/// - `real`: `[batch, new, 1]`, f32, 1 for a real token and 0 for padding; needed only for
+///   per-tensor scales (padding never contributes to a sequence's scale)
 ///
 /// # Panics
-/// If `per_tensor` and `real` is `None`.
+/// If the scale is per tensor and `real` is `None`, or a group does not divide `cols` (refused
+/// earlier by `ActivationQuant::check_width` when the model's [`RuntimeQuant`] is set).
 pub fn round_activations(x: Tensor<3>, q: ActivationQuant, real: Option<&Tensor<3>>) -> Tensor<3> {
     let dtype = x.dtype();
     let x = x.cast(DType::F32);
-    let amax = if q.per_tensor {
-        let real = real.expect("per-tensor activation scales need the padding mask");
-        x.clone().abs().mul(real.clone()).max_dim(2).max_dim(1)
-    } else {
-        x.clone().abs().max_dim(2)
+    let out = match q.scale {
+        ActivationScale::Token => round_with_amax(x.clone(), x.abs().max_dim(2), q.format),
+        ActivationScale::Tensor => {
+            let real = real.expect("per-tensor activation scales need the padding mask");
+            round_with_amax(x.clone(), x.abs().mul(real.clone()).max_dim(2).max_dim(1), q.format)
+        }
+        ActivationScale::TokenGroup(g) => {
+            let [b, t, cols] = x.dims();
+            assert!(g > 0 && cols.is_multiple_of(g), "rows of {cols} activations are not groups of {g}");
+            let groups = x.reshape([b, t, cols / g, g]);
+            let amax = groups.clone().abs().max_dim(3).clamp_min(TOKEN_GROUP_EPS);
+            round_with_amax(groups, amax, q.format).reshape([b, t, cols])
+        }
     };
-    round_with_amax(x, amax, q.format).cast(dtype)
+    out.cast(dtype)
 }
 
 /// KV-cache rounding of new keys or values on the device, in f32, cast back to `x`'s dtype.

@@ -10,6 +10,7 @@ use burn::module::{Module, Param};
 use burn::tensor::activation::silu;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use qdrift_load::{HostModel, HostTensor, RopeScaling};
+use qdrift_quantize::ActivationScale;
 
 use crate::attention::{Attention, ForwardContext};
 use crate::fake_quant::{RoundingPath, RuntimeQuant};
@@ -342,10 +343,18 @@ impl Llama {
     ///
     /// # Errors
     /// [`ModelError::Runtime`] when a ggml KV-cache format does not fit the cache rows
-    /// (`kv_heads × head_dim` not a multiple of 32).
+    /// (`kv_heads × head_dim` not a multiple of 32), or per-token-group activation scales do not
+    /// divide a linear layer's input width (`dim` for q/k/v and gate/up, `heads × head_dim` for o,
+    /// `hidden_dim` for down).
     pub fn set_runtime_quant(&mut self, runtime: RuntimeQuant) -> Result<(), ModelError> {
         if let Some(kv) = runtime.kv_cache {
             kv.check_row(self.config.n_kv_heads, self.config.head_dim())?;
+        }
+        if let Some(a) = runtime.activations {
+            let c = &self.config;
+            for cols in [c.dim, c.n_heads * c.head_dim(), c.hidden_dim] {
+                a.check_width(cols)?;
+            }
         }
         self.runtime = runtime;
         Ok(())
@@ -426,7 +435,9 @@ impl Llama {
         let mask = composed.then(|| positions.mask(start, t, &device));
         let activations = self.runtime.activations.map(|q| (q, self.runtime.path));
         let real = match activations {
-            Some((q, RoundingPath::Device)) if q.per_tensor && start == 0 => Some(positions.real(start, t, &device)),
+            Some((q, RoundingPath::Device)) if q.scale == ActivationScale::Tensor && start == 0 => {
+                Some(positions.real(start, t, &device))
+            }
             _ => None,
         };
         // Host linear layers over host caches run every attention on the host (unless

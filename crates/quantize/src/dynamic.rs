@@ -12,6 +12,22 @@
 //!   [`crate::fp8_encode`]): `s = amax/max_finite` (448 for E4M3, 57344 for E5M2),
 //!   `x' = decode(encode(x/s))·s`, as vLLM's `scaled_fp8_quant` (dynamic scale, saturating
 //!   cast). The KV formats without `-head` use `s = 1`, vLLM's default `kv_cache_dtype=fp8`.
+//! - **Per token and group** (activations `-gG`, block-FP8 checkpoints): each token's row is cut
+//!   into groups of `G` consecutive inputs, and each group is rounded as above with
+//!   `s = max(amax, 1e-10)/max` — vLLM's `per_token_group_quant_fp8`
+//!   (`vllm/model_executor/layers/quantization/utils/fp8_utils.py`: `_absmax =
+//!   max(max(|y|), eps)`, `eps = 1e-10`, `y_s = _absmax / fp8_max`, `clamp(y / y_s, fp8_min,
+//!   fp8_max)` cast to `float8_e4m3fn`, which rounds to nearest even; the clamp is the codec's
+//!   saturation). DeepSeek-V3's `act_quant` (`inference/kernel.py`, `act_quant_kernel`:
+//!   `s = max(|x|)/448`, `y = x/s` cast to FP8, blocks of 128) computes the same without `eps`:
+//!   the two differ only for a group whose amax is below 1e-10, where DeepSeek's scale is
+//!   `amax/448` (and 0/0 = NaN for an all-zero group) while vLLM's is `1e-10/448`. qdrift follows
+//!   vLLM, the engine these checkpoints are served with, whose all-zero groups stay zero. vLLM's
+//!   `use_ue8m0` variant (scale rounded up to a power of two, `exp2(ceil(log2(s)))`, for
+//!   DeepGEMM on Blackwell; DeepSeek-V3.1's `scale_fmt: ue8m0`) is a kernel choice, not part of
+//!   the checkpoint's format: qdrift does not model it. The row must be whole groups (both
+//!   references assert it; [`ActivationQuant::check_width`]). The same with int8 (`int8-gG`)
+//!   is vLLM's `per_token_group_quant_int8` (same `eps`, `max` = 127, round to nearest even).
 //! - **q8_0 / q4_0** (KV only): ggml's `quantize_row_q8_0_ref` / `quantize_row_q4_0_ref` then
 //!   `dequantize_row_*` (`ggml-quants.c`), through the project's bit-exact `qdrift-ggml` codecs.
 
@@ -19,14 +35,22 @@ use qdrift_ggml::{dequantize_ggml_blocks, quantize_ggml_blocks};
 
 use crate::error::QuantizeError;
 use crate::fp8::{fp8_decode, fp8_encode};
-use crate::recipe::{ActivationQuant, DynamicFormat, KvQuant};
+use crate::recipe::{ActivationQuant, ActivationScale, DynamicFormat, KvQuant};
 
 /// Quantize→dequantize one scale group (`values` share one dynamic scale) in place.
 ///
 /// `s = amax/max` (`max` = 127 or the FP8 max normal); an all-zero group is left as it is.
 fn round_dynamic_group(format: DynamicFormat, values: &mut [f32]) {
+    round_dynamic_group_eps(format, values, 0.0);
+}
+
+/// vLLM's `eps` of per-token-group scales (`per_token_group_quant_fp8`'s default, 1e-10).
+pub const TOKEN_GROUP_EPS: f32 = 1e-10;
+
+/// [`round_dynamic_group`] with `s = max(amax, eps)/max` (`eps` = 0: `s = amax/max`).
+fn round_dynamic_group_eps(format: DynamicFormat, values: &mut [f32], eps: f32) {
     let amax = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let s = amax / format.max_value();
+    let s = amax.max(eps) / format.max_value();
     if s == 0.0 {
         return;
     }
@@ -45,17 +69,23 @@ fn round_scaled(format: DynamicFormat, y: f32) -> f32 {
 
 impl ActivationQuant {
     /// Quantize→dequantize the activations of one sequence's `tokens` (row-major `[tokens, cols]`)
-    /// in place: one scale per token, or one for all of them with `per_tensor`. The caller passes
-    /// only real tokens (never padding), the way the device implementation masks padding out.
+    /// in place: one scale per token, one for all of them ([`ActivationScale::Tensor`]), or one
+    /// per token and group of `G` inputs ([`ActivationScale::TokenGroup`], `s = max(amax,
+    /// 1e-10)/max`). The caller passes only real tokens (never padding), the way the device
+    /// implementation masks padding out.
     ///
     /// # Panics
-    /// If `x.len()` is not a multiple of `cols` or `cols` is 0.
+    /// If `x.len()` is not a multiple of `cols`, `cols` is 0, or a group does not divide `cols`
+    /// (refused earlier by [`ActivationQuant::check_width`]).
     pub fn round_host(&self, x: &mut [f32], cols: usize) {
         assert!(cols > 0 && x.len().is_multiple_of(cols), "activations of {} values are not rows of {cols}", x.len());
-        if self.per_tensor {
-            round_dynamic_group(self.format, x);
-        } else {
-            x.chunks_mut(cols).for_each(|row| round_dynamic_group(self.format, row));
+        match self.scale {
+            ActivationScale::Token => x.chunks_mut(cols).for_each(|row| round_dynamic_group(self.format, row)),
+            ActivationScale::Tensor => round_dynamic_group(self.format, x),
+            ActivationScale::TokenGroup(g) => {
+                assert!(g > 0 && cols.is_multiple_of(g), "rows of {cols} activations are not groups of {g}");
+                x.chunks_mut(g).for_each(|group| round_dynamic_group_eps(self.format, group, TOKEN_GROUP_EPS));
+            }
         }
     }
 }
@@ -100,7 +130,7 @@ mod tests {
 
     #[test]
     fn int8_per_token_is_symmetric_rne_with_amax_over_127() {
-        let a = ActivationQuant { format: DynamicFormat::Int8, per_tensor: false };
+        let a = ActivationQuant { format: DynamicFormat::Int8, scale: ActivationScale::Token };
         // Row 1: amax 127 → s = 1, so values round to integers, ties to even.
         // Row 2: amax 2.54 → s = 0.02.
         let mut x = vec![127.0, 0.5, 1.5, -2.5, 3.4, -127.0, 2.54, 0.01, 0.03, 0.0, -1.0, 0.0];
@@ -117,24 +147,48 @@ mod tests {
 
     #[test]
     fn per_tensor_shares_one_scale_and_zero_groups_stay_zero() {
-        let a = ActivationQuant { format: DynamicFormat::Int8, per_tensor: true };
+        let a = ActivationQuant { format: DynamicFormat::Int8, scale: ActivationScale::Tensor };
         let mut x = vec![254.0, 1.0, 0.0, 3.0];
         a.round_host(&mut x, 2); // s = 2 for both rows: 0.5 and 1.5 round to even
         assert_eq!(x, [254.0, 0.0, 0.0, 4.0]);
         let mut z = vec![0.0; 8];
-        ActivationQuant { format: DynamicFormat::Fp8(Fp8Format::E4M3), per_tensor: false }.round_host(&mut z, 4);
+        ActivationQuant { format: DynamicFormat::Fp8(Fp8Format::E4M3), scale: ActivationScale::Token }
+            .round_host(&mut z, 4);
         assert_eq!(z, [0.0; 8]);
     }
 
     #[test]
     fn fp8_activations_scale_amax_to_the_max_normal_and_use_the_codec() {
-        let a = ActivationQuant { format: DynamicFormat::Fp8(Fp8Format::E4M3), per_tensor: false };
+        let a = ActivationQuant { format: DynamicFormat::Fp8(Fp8Format::E4M3), scale: ActivationScale::Token };
         // amax 8 → s = 8/448; 8 maps to 448 (exact), 1 maps to 56 (exact in E4M3),
         // 0.3 maps to 16.8 → 16 (spacing 2 in [16, 32)), back to 16·s.
         let mut x = vec![8.0, 1.0, 0.3, -8.0];
         a.round_host(&mut x, 4);
         let s = 8.0f32 / 448.0;
         assert_eq!(x, [448.0 * s, 56.0 * s, 16.0 * s, -448.0 * s]);
+    }
+
+    #[test]
+    fn token_groups_scale_each_group_alone_with_vllms_eps() {
+        let a = ActivationQuant { format: DynamicFormat::Fp8(Fp8Format::E4M3), scale: ActivationScale::TokenGroup(2) };
+        // One token of three groups: amax 8 (s = 8/448), amax 448 (s = 1), all zero (stays zero).
+        let mut x = vec![8.0, 0.3, 448.0, 3.3, 0.0, -0.0];
+        a.round_host(&mut x, 6);
+        let s = 8.0f32 / 448.0;
+        assert_eq!(&x[..4], &[448.0 * s, 16.0 * s, 448.0, 3.25]);
+        assert_eq!(&x[4..], &[0.0, 0.0]);
+        // Below eps the scale is 1e-10/448 (vLLM), not amax/448 (DeepSeek-V3): 1e-12 maps to
+        // 4.48 on the grid, rounded to 4.5 (spacing 0.5 in [4, 8)).
+        let mut tiny = vec![1e-12f32, 0.0];
+        a.round_host(&mut tiny, 2);
+        let s = 1e-10f32 / 448.0;
+        assert_eq!(tiny[0], fp8_decode(Fp8Format::E4M3, fp8_encode(Fp8Format::E4M3, 1e-12 / s)) * s);
+        assert_eq!(fp8_decode(Fp8Format::E4M3, fp8_encode(Fp8Format::E4M3, 1e-12 / s)), 4.5);
+        // Int8 groups: amax/127 per group, ties to even.
+        let a = ActivationQuant { format: DynamicFormat::Int8, scale: ActivationScale::TokenGroup(2) };
+        let mut x = vec![127.0, 2.5, 254.0, 3.0];
+        a.round_host(&mut x, 4);
+        assert_eq!(x, [127.0, 2.0, 254.0, 4.0]);
     }
 
     #[test]

@@ -45,6 +45,19 @@ pub enum QuantizeError {
         grammar: String,
     },
 
+    /// Per-token-group activation scales on a linear layer whose input is not whole groups.
+    #[error(
+        "activation quantization {activations} needs linear-layer inputs of whole {group}-value groups, but this model has a linear layer with {cols} inputs (vLLM and DeepSeek-V3 refuse such layers too)"
+    )]
+    ActivationRow {
+        /// The activation part's name (`fp8-g128`).
+        activations: String,
+        /// The layer's input width.
+        cols: usize,
+        /// The group size.
+        group: usize,
+    },
+
     /// A ggml KV-cache format on a model whose cache rows are not whole blocks.
     #[error(
         "KV-cache format {format} needs rows of whole {block}-value blocks, but this model's cache row is {row} values ({kv_heads} KV heads × head dim {head_dim})"

@@ -69,6 +69,13 @@ pub enum HfLayout {
         /// Declare `input_activations`.
         activations: bool,
     },
+    /// compressed-tensors `float-quantized`: `fp8-e4m3` codes, F32 channel scales, and dynamic
+    /// FP8 input activations per token and group of `group` inputs (`strategy: group`, as
+    /// llm-compressor's `FP8_BLOCK` preset declares them; `fp8-e4m3+a-fp8-gG`).
+    CtFp8TokenGroup {
+        /// Activation group size (`input_activations.group_size`).
+        group: usize,
+    },
     /// `quant_method: fp8`: `fp8-e4m3-tensor` codes with `weight_scale_inv` `[1]`
     /// (`block: None`), or `block × block` blocks with scale `amax / 448` each.
     Fp8 {
@@ -147,9 +154,10 @@ fn check_layout(layout: HfLayout) -> Result<(), QuantizeError> {
         HfLayout::Gptq { bits, .. } if bits != 4 && bits != 8 => bad("GPTQ bits are 4 or 8"),
         HfLayout::CtPacked { bits: 8, asym: true, .. } => bad("pack-quantized 8-bit packs int8, which is symmetric"),
         HfLayout::CtPacked { bits, .. } if bits != 4 && bits != 8 => bad("pack-quantized bits are 4 or 8"),
-        HfLayout::Awq { group: 0 } | HfLayout::CtPacked { group: 0, .. } | HfLayout::Fp8 { block: Some(0) } => {
-            bad("group and block sizes are positive")
-        }
+        HfLayout::Awq { group: 0 }
+        | HfLayout::CtPacked { group: 0, .. }
+        | HfLayout::Fp8 { block: Some(0) }
+        | HfLayout::CtFp8TokenGroup { group: 0 } => bad("group and block sizes are positive"),
         HfLayout::Gptq { group: Some(0), .. } => bad("group sizes are positive"),
         _ => Ok(()),
     }
@@ -407,7 +415,7 @@ fn pack_matrix(
             ];
             (parts, m.dequantize())
         }
-        HfLayout::CtFp8 { .. } | HfLayout::Fp8 { block: None } => {
+        HfLayout::CtFp8 { .. } | HfLayout::CtFp8TokenGroup { .. } | HfLayout::Fp8 { block: None } => {
             let per_tensor = matches!(layout, HfLayout::Fp8 { .. });
             let m = quantize(&Scheme::Fp8 { format: Fp8Format::E4M3, per_tensor }, w, out, inp)?;
             let parts = m.parts();
@@ -493,6 +501,13 @@ fn config_json(layout: HfLayout) -> String {
             "float-quantized",
             r#"{"num_bits": 8, "type": "float", "symmetric": true, "strategy": "channel", "dynamic": false}"#.into(),
             &act(activations, "float"),
+        ),
+        HfLayout::CtFp8TokenGroup { group } => ct(
+            "float-quantized",
+            r#"{"num_bits": 8, "type": "float", "symmetric": true, "strategy": "channel", "dynamic": false}"#.into(),
+            &format!(
+                r#"{{"num_bits": 8, "type": "float", "strategy": "group", "group_size": {group}, "dynamic": true, "symmetric": true}}"#
+            ),
         ),
         HfLayout::Fp8 { block } => format!(
             r#"{{"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": {}}}"#,

@@ -50,6 +50,7 @@ mod safetensors_out;
 mod scheme;
 mod stats;
 
+pub use dynamic::TOKEN_GROUP_EPS;
 pub use error::QuantizeError;
 pub use footprint::SchemeFootprint;
 pub use fp8::{fp8_decode, fp8_encode};
@@ -62,7 +63,7 @@ pub use model::{
 pub use nf4::NF4_CODE;
 pub use qdrift_ggml::{GgmlError, RowStorage};
 pub use qdrift_load::rotate_half_row_order;
-pub use recipe::{ActivationQuant, DynamicFormat, KvQuant, Recipe};
+pub use recipe::{ActivationQuant, ActivationScale, DynamicFormat, KvQuant, Recipe};
 pub use reference::round_to_fp16_reference;
 pub use safetensors_out::{WriteError, write_hf_quantized, write_safetensors};
 pub use scheme::{Fp8Format, GgmlType, Scheme};

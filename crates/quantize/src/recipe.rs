@@ -8,7 +8,9 @@
 //!   `w8a8-fp8` = `fp8-e4m3+a-fp8` (per-channel E4M3 weights, dynamic per-token E4M3
 //!   activations, as vLLM's and TensorRT-LLM's FP8).
 //! - `ACT` ([`ActivationQuant`]): `int8`, `fp8-e4m3`, `fp8-e5m2` (`fp8` is `fp8-e4m3`), each
-//!   per token, or per tensor with `-tensor`.
+//!   per token, per tensor with `-tensor`, or per token and group of `G` consecutive inputs with
+//!   `-gG` (`fp8-g128`: the dynamic activations of block-FP8 checkpoints such as DeepSeek-V3 and
+//!   Qwen3-FP8, whose group is their weight block's width).
 //! - `KV` ([`KvQuant`]): `fp8-e4m3`, `fp8-e5m2` (scale 1, vLLM's default), `fp8-e4m3-head`,
 //!   `fp8-e5m2-head` (dynamic scale per token per head), `int8` (per token per head),
 //!   `q8_0`, `q4_0` (ggml blocks of 32 along a token's `kv_heads × head_dim` row, as llama.cpp's
@@ -54,27 +56,60 @@ impl DynamicFormat {
     }
 }
 
+/// Which activations share one dynamic scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ActivationScale {
+    /// One scale per token (vLLM's dynamic per-token scale).
+    Token,
+    /// One scale over all of a sequence's prompt tokens in the prompt pass (padding excluded),
+    /// then one per token, as vLLM's dynamic per-tensor scale at batch size 1 (prefill, then one
+    /// token per decoding step). Rows of a batch never share a scale, so results stay
+    /// independent of how prompts are batched, and teacher forcing rounds as generation does.
+    Tensor,
+    /// One scale per token and group of this many consecutive inputs, as vLLM's
+    /// `per_token_group_quant_fp8` and DeepSeek-V3's `act_quant` (block-FP8 checkpoints, groups of
+    /// 128). The group must divide every linear layer's input width
+    /// ([`ActivationQuant::check_width`]), as both references assert.
+    TokenGroup(usize),
+}
+
 /// Dynamic quantization of the input of every quantized linear layer (q/k/v, o, gate/up and
 /// down; the embedding and the output head are not linear inputs that vLLM quantizes either).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ActivationQuant {
     /// int8 or FP8.
     pub format: DynamicFormat,
-    /// One scale over all of a sequence's prompt tokens in the prompt pass (padding excluded),
-    /// then one per token, as vLLM's dynamic per-tensor scale at batch size 1 (prefill, then one
-    /// token per decoding step). Rows of a batch never share a scale, so results stay
-    /// independent of how prompts are batched, and teacher forcing rounds as generation does.
-    pub per_tensor: bool,
+    /// Which values share one scale.
+    pub scale: ActivationScale,
 }
 
 impl ActivationQuant {
-    /// Every activation part, in the order help lists them.
+    /// The group size [`ActivationQuant::all`] lists for per-token-group scales (block-FP8
+    /// checkpoints' 128); any positive group parses.
+    pub const LISTED_GROUP: usize = 128;
+
+    /// Every activation part, in the order help lists them (per-token groups with
+    /// [`ActivationQuant::LISTED_GROUP`]).
     pub fn all() -> Vec<ActivationQuant> {
         let formats = [DynamicFormat::Int8, DynamicFormat::Fp8(Fp8Format::E4M3), DynamicFormat::Fp8(Fp8Format::E5M2)];
-        [false, true]
+        [ActivationScale::Token, ActivationScale::Tensor, ActivationScale::TokenGroup(Self::LISTED_GROUP)]
             .into_iter()
-            .flat_map(|per_tensor| formats.map(|format| ActivationQuant { format, per_tensor }))
+            .flat_map(|scale| formats.map(|format| ActivationQuant { format, scale }))
             .collect()
+    }
+
+    /// Checks that a linear layer's input of `cols` values splits into whole groups (always true
+    /// for per-token and per-tensor scales).
+    ///
+    /// # Errors
+    /// [`QuantizeError::ActivationRow`] naming the part, the width and the group.
+    pub fn check_width(&self, cols: usize) -> Result<(), QuantizeError> {
+        match self.scale {
+            ActivationScale::TokenGroup(group) if group == 0 || !cols.is_multiple_of(group) => {
+                Err(QuantizeError::ActivationRow { activations: self.to_string(), cols, group })
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -84,17 +119,34 @@ impl fmt::Display for ActivationQuant {
             DynamicFormat::Fp8(Fp8Format::E4M3) => "fp8",
             other => other.name(),
         };
-        write!(f, "{name}{}", if self.per_tensor { "-tensor" } else { "" })
+        match self.scale {
+            ActivationScale::Token => write!(f, "{name}"),
+            ActivationScale::Tensor => write!(f, "{name}-tensor"),
+            ActivationScale::TokenGroup(g) => write!(f, "{name}-g{g}"),
+        }
     }
+}
+
+/// `-gG` with `G` a positive decimal integer written without leading zeros (so that a part
+/// prints back as it was written).
+fn group_suffix(s: &str) -> Option<(&str, usize)> {
+    let (base, digits) = s.rsplit_once("-g")?;
+    if digits.is_empty() || digits.starts_with('0') || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((base, digits.parse().ok()?))
 }
 
 impl FromStr for ActivationQuant {
     type Err = ();
 
     fn from_str(s: &str) -> Result<Self, ()> {
-        let (base, per_tensor) = match s.strip_suffix("-tensor") {
-            Some(base) => (base, true),
-            None => (s, false),
+        let (base, scale) = if let Some(base) = s.strip_suffix("-tensor") {
+            (base, ActivationScale::Tensor)
+        } else if let Some((base, group)) = group_suffix(s) {
+            (base, ActivationScale::TokenGroup(group))
+        } else {
+            (s, ActivationScale::Token)
         };
         let format = match base {
             "int8" => DynamicFormat::Int8,
@@ -102,7 +154,7 @@ impl FromStr for ActivationQuant {
             "fp8-e5m2" => DynamicFormat::Fp8(Fp8Format::E5M2),
             _ => return Err(()),
         };
-        Ok(ActivationQuant { format, per_tensor })
+        Ok(ActivationQuant { format, scale })
     }
 }
 
@@ -193,11 +245,11 @@ pub struct Recipe {
 
 /// The W8A8 shorthands: name, weights, activations.
 const SHORTHANDS: [(&str, Scheme, ActivationQuant); 2] = [
-    ("w8a8-int8", Scheme::Int8, ActivationQuant { format: DynamicFormat::Int8, per_tensor: false }),
+    ("w8a8-int8", Scheme::Int8, ActivationQuant { format: DynamicFormat::Int8, scale: ActivationScale::Token }),
     (
         "w8a8-fp8",
         Scheme::Fp8 { format: Fp8Format::E4M3, per_tensor: false },
-        ActivationQuant { format: DynamicFormat::Fp8(Fp8Format::E4M3), per_tensor: false },
+        ActivationQuant { format: DynamicFormat::Fp8(Fp8Format::E4M3), scale: ActivationScale::Token },
     ),
 ];
 
@@ -218,7 +270,7 @@ impl Recipe {
         let mut weights: Vec<String> = Scheme::all().iter().map(Scheme::to_string).collect();
         weights.extend(SHORTHANDS.iter().map(|(n, ..)| n.to_string()));
         format!(
-            "a variant is WEIGHTS[+a-ACT][+kv-KV]; WEIGHTS: {}; ACT: {} (fp8 = fp8-e4m3); KV: {}",
+            "a variant is WEIGHTS[+a-ACT][+kv-KV]; WEIGHTS: {}; ACT: {} (fp8 = fp8-e4m3; -gG: any group G); KV: {}",
             list(weights),
             list(ActivationQuant::all().iter().map(ToString::to_string).collect()),
             list(KvQuant::all().iter().map(ToString::to_string).collect()),
@@ -323,15 +375,15 @@ mod tests {
 
     #[test]
     fn the_issue_examples_parse_to_their_parts() {
-        let int8_token = ActivationQuant { format: DynamicFormat::Int8, per_tensor: false };
-        let fp8_token = ActivationQuant { format: DynamicFormat::Fp8(Fp8Format::E4M3), per_tensor: false };
+        let int8_token = ActivationQuant { format: DynamicFormat::Int8, scale: ActivationScale::Token };
+        let fp8_token = ActivationQuant { format: DynamicFormat::Fp8(Fp8Format::E4M3), scale: ActivationScale::Token };
         assert_eq!(parse("w8a8-int8"), Recipe { weights: Scheme::Int8, activations: Some(int8_token), kv_cache: None });
         let fp8_w = Scheme::Fp8 { format: Fp8Format::E4M3, per_tensor: false };
         assert_eq!(parse("w8a8-fp8"), Recipe { weights: fp8_w, activations: Some(fp8_token), kv_cache: None });
         assert_eq!(parse("fp8-e4m3+a-fp8"), parse("w8a8-fp8"));
         assert_eq!(parse("int8+a-int8").to_string(), "w8a8-int8");
         let r = parse("fp8-e4m3+a-fp8-tensor");
-        assert_eq!(r.activations, Some(ActivationQuant { per_tensor: true, ..fp8_token }));
+        assert_eq!(r.activations, Some(ActivationQuant { scale: ActivationScale::Tensor, ..fp8_token }));
         assert_eq!(r.to_string(), "fp8-e4m3+a-fp8-tensor");
         let r = parse("int4-g128+kv-q8_0");
         assert_eq!(
@@ -382,6 +434,33 @@ mod tests {
                 assert!(e.contains(listed), "{s}: {e} lists {listed}");
             }
         }
+    }
+
+    #[test]
+    fn per_token_group_parts_parse_print_and_check_widths() {
+        let fp8_g =
+            |g| ActivationQuant { format: DynamicFormat::Fp8(Fp8Format::E4M3), scale: ActivationScale::TokenGroup(g) };
+        let r = parse("fp8-e4m3+a-fp8-g128");
+        assert_eq!(r.activations, Some(fp8_g(128)));
+        assert_eq!(r.to_string(), "fp8-e4m3+a-fp8-g128");
+        assert_eq!(parse("fp8-e4m3+a-fp8-e4m3-g4").to_string(), "fp8-e4m3+a-fp8-g4");
+        assert_eq!(parse("int8+a-int8-g32+kv-q8_0").to_string(), "int8+a-int8-g32+kv-q8_0");
+        let e5 = parse("fp16+a-fp8-e5m2-g64").activations.expect("activations");
+        assert_eq!((e5.format, e5.scale), (DynamicFormat::Fp8(Fp8Format::E5M2), ActivationScale::TokenGroup(64)));
+        for g in [1, 4, 7, 128, 4096] {
+            let r = Recipe { activations: Some(fp8_g(g)), ..Recipe::weight_only(Scheme::Fp16) };
+            assert_eq!(parse(&r.to_string()), r);
+        }
+        // A group of 0, leading zeros or signs would not print back as written.
+        for bad in ["fp16+a-fp8-g0", "fp16+a-fp8-g0128", "fp16+a-fp8-g+4", "fp16+a-fp8-g", "fp16+a-fp8-g4-tensor"] {
+            let e = bad.parse::<Recipe>().expect_err(bad).to_string();
+            assert!(e.contains("unknown activation format"), "{bad}: {e}");
+        }
+        assert!(fp8_g(32).check_width(64).is_ok());
+        let e = fp8_g(32).check_width(172).expect_err("172 = 5·32 + 12").to_string();
+        assert!(e.contains("fp8-g32") && e.contains("172") && e.contains("32-value groups"), "{e}");
+        assert!(fp8_g(0).check_width(64).is_err(), "a hand-built group of 0");
+        assert!(ActivationQuant { scale: ActivationScale::Token, ..fp8_g(1) }.check_width(172).is_ok());
     }
 
     #[test]

@@ -122,6 +122,11 @@ fn compressed_tensors_activations_are_carried() {
     assert_eq!(name, "compressed-tensors int-quantized int8 per channel");
     let (_, acts, _) = round_trip(HfLayout::CtFp8 { activations: true });
     assert_eq!(acts, Some(CheckpointActivations { format: ActivationFormat::Fp8E4M3, granularity: token }));
+    // llm-compressor's FP8_BLOCK activations: per token and group, the group read from the config.
+    let (model, acts, _) = round_trip(HfLayout::CtFp8TokenGroup { group: 4 });
+    let group = ActivationGranularity::TokenGroup(4);
+    assert_eq!(acts, Some(CheckpointActivations { format: ActivationFormat::Fp8E4M3, granularity: group }));
+    assert!(same(&model, &scheme(Scheme::Fp8 { format: Fp8Format::E4M3, per_tensor: false })));
 }
 
 #[test]
