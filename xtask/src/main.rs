@@ -9,10 +9,12 @@
 //! - `bench`: timed evaluations (the slow measurements that do not belong in tests).
 //! - `fuzz`: the structure-aware fuzzer of the readers (`tests/src/fuzz`), N seconds per target.
 //! - `bench gpu` (`gpu.rs`): decoding throughput on an NVIDIA GPU against the bandwidth bound.
+//! - `bench speed` (`speed.rs`): CPU decoding tokens/s against llama.cpp in the same run.
 //! - `validate-deploy` (`deploy.rs`): every manifest under `deploy/` against Kubernetes' schemas.
 
 mod deploy;
 mod gpu;
+mod speed;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -30,6 +32,10 @@ tasks:
           3 schemes; about an hour on a 2-core CPU, minutes on a GPU); runtime: the cost of
           activation + KV-cache rounding (weight-only vs W8A8/KV variants, stories260K and
           SmolLM2, CPU); all unless one is named
+  bench speed  CPU decoding against llama.cpp in the same run (llama-cpp-python 0.3.36, built
+          into a venv under the target folder on first use): SmolLM2-135M, 16 chat prompts × 128
+          tokens greedy; qdrift batched and one stream (f16, f32) as ratios of llama.cpp's
+          one-stream tokens/s, against the targets 2.5× and 0.5×
   bench gpu  NVIDIA GPUs only (refused elsewhere): tokens/s of SmolLM2-135M and synthetic:llama-1b
           through wgpu, f16, 16 prompts and 1 prompt × 128 tokens, % of the bandwidth bound per
           decode step (bandwidth measured by a copy kernel), peak GPU memory; QDRIFT_BIN=PATH
@@ -357,6 +363,13 @@ fn screenshot(html: &Path, png: &Path) -> Result<(), String> {
 
 /// Wall time and peak resident memory of `qdrift` runs, with the conditions a claim needs.
 fn bench(only: Option<&str>) -> Result<(), String> {
+    if only == Some("speed") {
+        let smollm2 = fetch_models()?;
+        build()?;
+        let chat =
+            std::fs::read_to_string(root().join("eval-sets/chat.jsonl")).map_err(|e| format!("chat set: {e}"))?;
+        return speed::bench_speed(&target_dir().join("release/qdrift"), &smollm2, &target_dir(), &chat);
+    }
     if only == Some("gpu") {
         let build = || {
             let smollm2 = fetch_models()?;
@@ -366,7 +379,7 @@ fn bench(only: Option<&str>) -> Result<(), String> {
         return gpu::bench_gpu(build, &root().join("models"));
     }
     if let Some(o) = only.filter(|o| !matches!(*o, "stories" | "smollm2" | "runtime")) {
-        return Err(format!("bench {o}: known cases are stories, smollm2, runtime and gpu"));
+        return Err(format!("bench {o}: known cases are stories, smollm2, runtime, speed and gpu"));
     }
     let smollm2 = fetch_models()?;
     build()?;

@@ -341,11 +341,11 @@ fn run_variants(
     for spec in std::iter::once(&VariantSpec::NoiseFloor).chain(&cfg.variants) {
         let built = build_variant(spec, reference, &plan.prompts, cfg.dtype, &cfg.quantize)?;
         let name = built.name.clone();
-        let traces = match stored_noise_floor.take() {
-            Some(traces) => traces,
-            None => run_variant(&scoring, &built, dump.as_mut(), progress)?,
+        let measured = match stored_noise_floor.take() {
+            Some(traces) => (VariantHeader::of(built), traces),
+            None => run_variant(&scoring, built, dump.as_mut(), progress)?,
         };
-        variants.push((VariantHeader::of(built), traces));
+        variants.push(measured);
         progress(Progress::Done { model: &name });
     }
     if let Some(d) = dump {
@@ -390,27 +390,30 @@ pub(crate) fn summarize_all(context: &mut RunContext, measurement: Measurement) 
     Ok(variants)
 }
 
-/// Builds `built` on the device, lets it generate, and scores it against the reference: one
-/// trace per prompt.
+/// Builds `built` on the device, lets it generate, and scores it against the reference: its
+/// header and one trace per prompt.
 fn run_variant(
     scoring: &ScoringContext<'_>,
-    built: &BuiltVariant<'_>,
+    built: BuiltVariant<'_>,
     dump: Option<&mut Dump>,
     progress: &mut ProgressFn<'_>,
-) -> Result<Vec<Trace>, EvalError> {
+) -> Result<(VariantHeader, Vec<Trace>), EvalError> {
     let plan = scoring.plan;
     let mut model =
         LlamaConfig::from_arch(&built.host.arch).init_from_host(&built.host, built.dtype, &plan.device.device)?;
     built.apply_runtime(&mut model)?;
-    let tokens = generate_all(&model, &built.name, plan, progress)?;
-    progress(Progress::Scoring { model: &built.name });
+    // The model holds the weights now: a quantized variant's host copy, as large as the
+    // reference's f32 weights, is freed before anything generates.
+    let header = VariantHeader::of(built);
+    let tokens = generate_all(&model, &header.name, plan, progress)?;
+    progress(Progress::Scoring { model: &header.name });
     let mut traces: Vec<Trace> = tokens
         .into_iter()
         .enumerate()
         .map(|(i, variant_tokens)| Trace::new(scoring.reference.continuation(i).to_vec(), variant_tokens))
         .collect();
-    scoring.score(&model, &built.name, &mut traces, dump)?;
-    Ok(traces)
+    scoring.score(&model, &header.name, &mut traces, dump)?;
+    Ok((header, traces))
 }
 
 /// A variant's entry in the report: its description and the statistics of its traces, paired

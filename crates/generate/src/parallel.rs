@@ -17,7 +17,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 pub(crate) fn run_batches<T: Send>(n: usize, threads: usize, work: impl Fn(usize) -> T + Sync) -> Vec<T> {
     let threads = threads.clamp(1, n.max(1));
     if threads == 1 {
-        return (0..n).map(work).collect();
+        // One batch at a time: its linear layers spread over the cores, from inside the pool.
+        let work = &work;
+        return qdrift_model::in_pool(move || (0..n).map(work).collect());
     }
     let next = AtomicUsize::new(0);
     let slots: Vec<Mutex<Option<T>>> = (0..n).map(|_| Mutex::new(None)).collect();

@@ -52,6 +52,13 @@ pub fn single_threaded<T>(f: impl FnOnce() -> T) -> T {
     out
 }
 
+/// Runs `f` on a thread of rayon's pool, so that the linear layers it calls fork-join within the
+/// pool (workers spin briefly for work before they sleep) instead of waking it from outside and
+/// blocking on every layer: a single-stream decoding step makes ~200 such calls.
+pub fn in_pool<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    rayon::scope(|_| f())
+}
+
 /// The packed weights in the compute dtype.
 #[derive(Clone)]
 enum Panels {

@@ -21,7 +21,7 @@ mod rope;
 
 pub use cache::{AttentionKernel, KvCache};
 pub use fake_quant::{RoundingPath, RuntimeQuant, round_activations, round_kv};
-pub use host_linear::single_threaded;
+pub use host_linear::{in_pool, single_threaded};
 pub use linear::{LinearKernel, Projection};
 pub use llama::{Llama, LlamaConfig, ModelError, Positions};
 pub use rope::Rope;
