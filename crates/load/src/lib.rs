@@ -39,6 +39,7 @@ mod error;
 mod gguf;
 mod gguf_tokenizer;
 mod hf;
+mod hf_gguf_vocab;
 mod hf_quant;
 mod hf_tokenizer;
 mod input;
