@@ -118,7 +118,9 @@ impl<'a> TokenizerJson<'a> {
         let model = json.get("model").filter(|m| m.is_object()).ok_or_else(|| bad("model is missing".into()))?;
         match model.get("type").and_then(Value::as_str) {
             Some("BPE") => {}
-            Some(other) => return Err(LoadError::unsupported(path, "model.type", other, SUPPORTED_MODELS)),
+            Some(other) => {
+                return Err(LoadError::unsupported(path, "model.type", other.escape_debug(), SUPPORTED_MODELS));
+            }
             // Older files omit `type`; a BPE model is the one with merges.
             None if model.get("merges").is_some() => {}
             None => return Err(LoadError::unsupported(path, "model.type", "(absent)", SUPPORTED_MODELS)),
@@ -209,11 +211,12 @@ fn optional_json(path: &Path) -> Result<Option<Value>, LoadError> {
 /// types of a Sequence's members.
 fn describe(v: Option<&Value>) -> String {
     let Some(v) = v.filter(|v| !v.is_null()) else { return "null".into() };
-    let ty = v.get("type").and_then(Value::as_str).unwrap_or("?");
+    // Escaped: a refusal is one line whatever the file holds.
+    let ty = v.get("type").and_then(Value::as_str).unwrap_or("?").escape_debug().to_string();
     let members = ["pretokenizers", "normalizers", "decoders", "processors"].iter().find_map(|k| v.get(*k));
     match members.and_then(Value::as_array) {
         Some(m) => format!("{ty}[{}]", m.iter().map(|x| describe(Some(x))).collect::<Vec<_>>().join(", ")),
-        None => ty.to_string(),
+        None => ty,
     }
 }
 

@@ -523,3 +523,72 @@ fn gguf_json(v: &GgufValue) -> Value {
         other => json!(other.as_u64()),
     }
 }
+
+#[test]
+fn malformed_fields_are_errors_never_panics() {
+    // Every field the conversion reads, in turn replaced by values of the wrong type or shape:
+    // the conversion returns (a one-line error or keys), it never panics.
+    let (llama3, config) = tiny_llama3();
+    let spm = tiny_spm(&["<unk>", "<s>", "▁", "a", "b", "ab", "▁a", "▁ab"], &["a b", "▁ a", "▁a b", "▁ ab"]);
+    let pointers = [
+        "/model",
+        "/model/type",
+        "/model/vocab",
+        "/model/vocab/a",
+        "/model/merges",
+        "/model/merges/0",
+        "/model/byte_fallback",
+        "/added_tokens",
+        "/added_tokens/0",
+        "/added_tokens/0/id",
+        "/added_tokens/0/content",
+        "/added_tokens/0/special",
+        "/normalizer",
+        "/normalizer/normalizers",
+        "/pre_tokenizer",
+        "/pre_tokenizer/pretokenizers",
+        "/pre_tokenizer/pretokenizers/0/pattern",
+        "/post_processor",
+        "/post_processor/processors/1/single",
+        "/post_processor/processors/1/single/0",
+        "/post_processor/processors/1/pair",
+        "/decoder",
+    ];
+    let junk = [
+        json!(null),
+        json!(-1),
+        json!(1e300),
+        json!("x"),
+        json!([]),
+        json!([[]]),
+        json!({}),
+        json!({"id": 1}),
+        json!({"type": "a\nb"}),
+        json!("a\nb"),
+    ];
+    let configs = [
+        config.clone(),
+        json!({"bos_token": 5, "eos_token": [1], "add_bos_token": "yes", "chat_template": {"x": 1}}),
+        json!([]),
+    ];
+    for base in [&llama3, &spm] {
+        for p in pointers {
+            for j in &junk {
+                let mut t = base.clone();
+                if let Some(slot) = t.pointer_mut(p) {
+                    *slot = j.clone();
+                }
+                for c in &configs {
+                    let dir = folder(&t, Some(c));
+                    std::fs::write(dir.path().join("config.json"), br#"{"bos_token_id": -3, "text_config": 1}"#)
+                        .unwrap();
+                    for n in [0, 8, 11] {
+                        if let Err(e) = convert(dir.path(), n) {
+                            assert_eq!(e.lines().count(), 1, "{p} = {j}: {e}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

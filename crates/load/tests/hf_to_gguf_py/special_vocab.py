@@ -10,6 +10,12 @@ its `add_to_gguf` adds into a GGUF file with gguf-py's `GGUFWriter`, reads the f
 lists). This covers the merges, the special token ids, the add_*_token flags and the chat
 template(s); the tokens, token types and scores come from `LlamaHfVocab` / `get_vocab_base`,
 which need `transformers`, and are not covered here.
+
+Run by the test when QDRIFT_GGUF_PY names a Python with gguf-py (opt-in; skipped otherwise):
+
+    python3 -m venv /var/tmp/gguf-venv && /var/tmp/gguf-venv/bin/pip install gguf==0.19.0 numpy
+    QDRIFT_GGUF_PY=/var/tmp/gguf-venv/bin/python \
+        cargo test --release --workspace --test hf_to_gguf_tokenizer
 """
 
 import json
