@@ -22,14 +22,14 @@
 //! Where qdrift departs from the converter, and why:
 //! - `tokenizer.ggml.pre`: llama.cpp names the pre-tokenizer by hashing the ids of a test string
 //!   (`get_vocab_base_pre`), which needs the tokenizer run through `transformers`. qdrift reads it
-//!   off the `pre_tokenizer` instead ([`byte_level_pre`]); pre-tokenizers it does not recognise
+//!   off the `pre_tokenizer` instead (`byte_level_pre`); pre-tokenizers it does not recognise
 //!   are refused, as the converter refuses an unknown hash.
 //! - SentencePiece-style scores: `LlamaHfVocab` writes -1000 for every token, with which
 //!   llama.cpp's SentencePiece tokenizer (and qdrift's, [`crate::Llama2cTokenizer`]) can only
 //!   merge leftmost-first. qdrift writes the score the merges imply instead: `-r` for a piece
 //!   whose first merge has rank `r`, [`UNMERGED_SCORE`] for the others. This inverts
 //!   `transformers`' `LlamaConverter` (which ranks the merges by the merged piece's score), and
-//!   the folder is refused when its merges are not of that shape ([`spm_scores`]).
+//!   the folder is refused when its merges are not of that shape (`spm_scores`).
 //! - The converter re-normalizes non-normalized added tokens by encoding and decoding them with
 //!   `transformers`; for the tokenizers read here that is the identity, and it is not done.
 
@@ -65,7 +65,7 @@ const BYTE: i32 = 6;
 /// `n_vocab` tokens. See the module documentation for the rules and their sources.
 ///
 /// Supported `tokenizer.json` files: `model.type = BPE` either without `byte_fallback` (byte-level:
-/// `decoder` ByteLevel, `normalizer` absent or NFC, a `pre_tokenizer` [`byte_level_pre`]
+/// `decoder` ByteLevel, `normalizer` absent or NFC, a `pre_tokenizer` `byte_level_pre`
 /// recognises), written as `tokenizer.ggml.model = gpt2`; or with `byte_fallback` (SentencePiece
 /// style: `decoder` a Sequence, spaces made `▁` by the normalizer — Prepend `▁` then Replace — or
 /// by a Metaspace pre-tokenizer), written as `tokenizer.ggml.model = llama`.
