@@ -84,8 +84,9 @@ pub enum OutputFormat {
     Safetensors,
     /// A GGUF file llama.cpp runs: the packed ggml blocks as qdrift quantized them (a q4_k/q6_k
     /// matrix whose rows are not whole 256-blocks as llama.cpp's fallback q5_0/q8_0, else F16),
-    /// llama.cpp's tensor names and q/k row order, the tokenizer carried over. Schemes: fp16 and
-    /// the ggml ones; a Hugging Face folder's tokenizer.json is not converted (refused).
+    /// llama.cpp's tensor names and q/k row order, the tokenizer carried over (a Hugging Face
+    /// folder's BPE tokenizer.json converted as llama.cpp's convert_hf_to_gguf.py does; WordPiece,
+    /// Unigram and unrecognised pre-tokenizers refused). Schemes: fp16 and the ggml ones.
     Gguf,
 }
 

@@ -197,6 +197,31 @@ fn a_gguf_export_runs_exactly_what_generate_scheme_runs() {
 }
 
 #[test]
+fn a_hugging_face_folder_exports_to_gguf_with_its_tokenizer_converted() {
+    // stories260K as a Hugging Face folder (tokenizer.json: SentencePiece-style BPE with byte
+    // fallback): the GGUF carries the converted vocabulary (tokenizer.ggml.model = llama), so it
+    // tokenizes the prompt as the folder does and generates what `--scheme q8_0` on the folder
+    // generates; and as the llama2.c source's GGUF export does.
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let model = stories().join("stories260K.bin");
+    let hf = tmp.path().join("hf");
+    let loaded = qdrift_load::open_model(&model, None).expect("stories260K");
+    let tok = qdrift_load::Llama2cTokenizer::read(&stories().join("tok512.bin")).expect("tokenizer");
+    qdrift_load::write::write_hf_folder(&hf, &loaded.model, &tok, qdrift_load::write::WriteDtype::F32).expect("HF");
+    let gguf = tmp.path().join("hf-q8_0.gguf");
+    let stdout = quantize_gguf(&hf, "q8_0", &gguf, &[]);
+    assert!(stdout.contains(&format!("wrote {}", gguf.display())), "{stdout}");
+    let meta = qdrift_load::read_gguf_metadata(&gguf).expect("GGUF metadata");
+    assert_eq!(meta["tokenizer.ggml.model"].as_str(), Some("llama"));
+    assert_eq!(meta["tokenizer.ggml.add_bos_token"].as_bool(), Some(true));
+    let from_gguf = greedy(&gguf, &[]);
+    assert_eq!(from_gguf, greedy(&hf, &["--scheme", "q8_0"]));
+    let from_llama2c = tmp.path().join("llama2c-q8_0.gguf");
+    quantize_gguf(&model, "q8_0", &from_llama2c, &[]);
+    assert_eq!(from_gguf, greedy(&from_llama2c, &[]));
+}
+
+#[test]
 fn quantize_reads_every_format_generate_reads() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let model = stories().join("stories260K.bin");
@@ -254,15 +279,27 @@ fn gguf_export_refuses_what_gguf_cannot_hold() {
     let n = nowhere.to_str().unwrap();
     let stderr = refused(&["quantize", "--model", m, "--scheme", "q4_0", "--format", "gguf", "--out", n], &nowhere);
     assert!(stderr.contains("missing/x.gguf: cannot write"), "{stderr}");
-    // A Hugging Face folder: its tokenizer.json is not converted to GGUF's vocabulary.
+    // A Hugging Face folder whose tokenizer.json is not a BPE that qdrift converts to GGUF's
+    // vocabulary: one line naming the file and the field.
     let hf = tmp.path().join("hf");
     let loaded = qdrift_load::open_model(&model, None).expect("stories260K");
     let tok = qdrift_load::Llama2cTokenizer::read(&stories().join("tok512.bin")).expect("tokenizer");
     qdrift_load::write::write_hf_folder(&hf, &loaded.model, &tok, qdrift_load::write::WriteDtype::F16).expect("HF");
+    let pieces: Vec<serde_json::Value> = (0..512)
+        .map(|i| serde_json::json!([if i == 0 { "<unk>".to_string() } else { format!("p{i}") }, -1.0]))
+        .collect();
+    let unigram = serde_json::json!({"model": {"type": "Unigram", "unk_id": 0, "vocab": pieces}});
+    std::fs::write(hf.join("tokenizer.json"), serde_json::to_vec(&unigram).unwrap()).unwrap();
     let h = hf.to_str().unwrap();
     let stderr = refused(&["quantize", "--model", h, "--scheme", "q4_0", "--format", "gguf", "--out", o], &out);
-    assert!(stderr.contains("a Hugging Face folder cannot be written as GGUF"), "{stderr}");
-    assert!(stderr.contains("convert_hf_to_gguf.py"), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "qdrift: error: {}: model.type = Unigram is not supported; supported: BPE (byte-level as GPT-2, SmolLM2, \
+             Llama 3, Qwen2; or SentencePiece-style with byte_fallback as Llama 2)",
+            hf.join("tokenizer.json").display()
+        )
+    );
     // The same folder to safetensors is fine.
     let st = tmp.path().join("hf.safetensors");
     let run = qdrift(&["quantize", "--model", h, "--scheme", "q4_k", "--out", st.to_str().unwrap()]);

@@ -771,6 +771,14 @@ fn check_file_order(path: &Path, infos: &[TensorInfo], data: DataSection) -> Res
     Ok(())
 }
 
+impl GgufTokenizerMetadata {
+    /// The tokenizer fields of a file's metadata (as [`read_gguf_metadata`] returns it, or the
+    /// keys a writer is about to store), absent or mistyped keys as `None`/empty.
+    pub fn from_metadata(m: &BTreeMap<String, GgufValue>) -> Self {
+        tokenizer_metadata(m)
+    }
+}
+
 fn tokenizer_metadata(m: &BTreeMap<String, GgufValue>) -> GgufTokenizerMetadata {
     let get = |k: &str| m.get(k);
     let strings = |k: &str| -> Vec<String> {

@@ -130,12 +130,12 @@ impl Tokenizer for HfTokenizer {
 
 /// Llama 3's pre-tokenizer regex, as its `tokenizer.json` writes it (llama.cpp's
 /// `LLAMA_VOCAB_PRE_TYPE_LLAMA3` uses an equivalent spelled without `(?i:...)`).
-const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+pub(crate) const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// Qwen2's pre-tokenizer regex, as its `tokenizer.json` writes it (llama.cpp's
 /// `LLAMA_VOCAB_PRE_TYPE_QWEN2` uses an equivalent spelled without `(?i:...)`): Llama 3's but
 /// with every digit alone (`\p{N}`, not `\p{N}{1,3}`).
-const QWEN2_REGEX: &str =
+pub(crate) const QWEN2_REGEX: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// How GGUF's `tokenizer.ggml.pre` value pre-tokenizes byte-level BPE: the pre-tokenizer and
@@ -143,7 +143,8 @@ const QWEN2_REGEX: &str =
 ///
 /// Source: llama.cpp `src/llama-vocab.cpp` (`llm_tokenizer_bpe` constructor, `regex_exprs` per
 /// `LLAMA_VOCAB_PRE_TYPE_*`, and the `tokenizer_pre ==` mapping in `llama_vocab::impl::load`):
-/// - `default`, `gpt2` (and an absent key): the GPT-2 regex
+/// - `default`, `gpt2`, `gpt-2` (llama.cpp's name, which its converter writes for GPT-2) and an
+///   absent key: the GPT-2 regex
 ///   `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)`, which is what
 ///   `ByteLevel { use_regex: true }` splits with;
 /// - `smollm`, `starcoder`, `refact`, `codeshell`: first `\p{N}` (every digit alone), then the
@@ -158,7 +159,7 @@ const QWEN2_REGEX: &str =
 fn byte_level_pre_tokenizer(pre: Option<&str>) -> Result<(PreTokenizerWrapper, bool), String> {
     let byte_level = ByteLevel::new(false, true, true);
     match pre.unwrap_or("default") {
-        "default" | "gpt2" => Ok((PreTokenizerWrapper::ByteLevel(byte_level), false)),
+        "default" | "gpt2" | "gpt-2" => Ok((PreTokenizerWrapper::ByteLevel(byte_level), false)),
         "smollm" | "starcoder" | "refact" | "codeshell" => Ok((
             PreTokenizerWrapper::Sequence(Sequence::new(vec![
                 PreTokenizerWrapper::Digits(Digits::new(true)),
@@ -169,7 +170,7 @@ fn byte_level_pre_tokenizer(pre: Option<&str>) -> Result<(PreTokenizerWrapper, b
         "llama3" | "llama-v3" | "llama-bpe" => Ok((regex_then_byte_level(LLAMA3_REGEX)?, true)),
         "qwen2" => Ok((regex_then_byte_level(QWEN2_REGEX)?, false)),
         other => Err(format!(
-            "tokenizer.ggml.pre = {other} is not supported; supported: default, gpt2, smollm, starcoder, refact, \
+            "tokenizer.ggml.pre = {other} is not supported; supported: default, gpt2, gpt-2, smollm, starcoder, refact, \
              codeshell, llama3, llama-v3, llama-bpe, qwen2"
         )),
     }

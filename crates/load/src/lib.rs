@@ -26,7 +26,8 @@
 //!
 //! Beside the readers: [`write`](mod@write) writes a model as a Hugging Face folder or a GGUF file (fixtures
 //! for round-trip tests, and `qdrift quantize --format gguf`'s writer, which stores ggml blocks as
-//! the caller packed them with the source's tokenizer metadata), and [`inspect`] accounts parameters, weight memory per storage scheme,
+//! the caller packed them with the source's tokenizer metadata, a Hugging Face `tokenizer.json`
+//! converted to GGUF's vocabulary), and [`inspect`] accounts parameters, weight memory per storage scheme,
 //! KV-cache memory, FLOPs per token and a GGUF file's stored bytes and bits per weight per tensor
 //! type.
 //!
@@ -39,6 +40,7 @@ mod error;
 mod gguf;
 mod gguf_tokenizer;
 mod hf;
+mod hf_gguf_vocab;
 mod hf_quant;
 mod hf_tokenizer;
 mod input;

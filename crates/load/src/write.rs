@@ -2,7 +2,8 @@
 //! folder or as a GGUF file, readable by [`crate::open_model`] (and by `transformers` /
 //! llama.cpp), and [`write_gguf_with`], the GGUF writer `qdrift quantize --format gguf` uses:
 //! matrices stored as the caller packed them (ggml blocks), the tokenizer metadata carried over
-//! from the source ([`gguf_tokenizer_keys`]).
+//! from the source ([`gguf_tokenizer_keys`]; a Hugging Face `tokenizer.json` converted by
+//! [`hf_tokenizer_keys`]).
 //!
 //! The Hugging Face writer and [`write_gguf`] exist so that the readers can be tested against a
 //! known model (stories260K) without downloading checkpoints.
@@ -13,6 +14,8 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use qdrift_ggml::GgmlType;
+
+pub use crate::hf_gguf_vocab::{UNMERGED_SCORE, hf_tokenizer_keys};
 
 use crate::rope_layout::RopeLayout::ToRotateHalf;
 use crate::rope_layout::{permute_rows, rotate_half_row_order};
@@ -586,11 +589,15 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
 /// - llama2.c: [`llama2c_tokenizer_keys`] of its `tokenizer.bin`;
 /// - synthetic: [`llama2c_tokenizer_keys`] of its byte-level tokenizer
 ///   ([`crate::byte_tokenizer`]);
-/// - a Hugging Face folder: refused, since converting `tokenizer.json` to GGUF's vocabulary is
-///   what llama.cpp's `convert_hf_to_gguf.py` does, per pre-tokenizer, and qdrift does not.
+/// - a Hugging Face folder: its `tokenizer.json` (with `tokenizer_config.json` and
+///   `config.json`) converted as llama.cpp's `convert_hf_to_gguf.py` converts it
+///   ([`hf_tokenizer_keys`]): byte-level BPE (GPT-2, SmolLM2, Llama 3, Qwen2) as
+///   `tokenizer.ggml.model = gpt2`, SentencePiece-style BPE with byte fallback (Llama 2) as
+///   `llama`; other tokenizers (WordPiece, Unigram, unrecognised pre-tokenizers) are refused.
 ///
 /// # Errors
-/// [`LoadError::Invalid`] for a Hugging Face folder; the reader's error otherwise.
+/// The conversion's [`LoadError`] for a Hugging Face folder whose tokenizer it refuses; the
+/// reader's error otherwise.
 pub fn gguf_tokenizer_keys(loaded: &LoadedModel) -> Result<Vec<(String, GgufValue)>, LoadError> {
     match loaded.format {
         ModelFormat::Gguf => {
@@ -606,12 +613,9 @@ pub fn gguf_tokenizer_keys(loaded: &LoadedModel) -> Result<Vec<(String, GgufValu
                 crate::byte_tokenizer(loaded.model.arch.vocab_size).map_err(|e| LoadError::invalid(&loaded.path, e))?;
             llama2c_tokenizer_keys(&loaded.path, &tok)
         }
-        ModelFormat::HfSafetensors => Err(LoadError::invalid(
-            &loaded.path,
-            "a Hugging Face folder cannot be written as GGUF: qdrift does not convert tokenizer.json to GGUF's \
-             tokenizer.ggml.* vocabulary; convert the folder with llama.cpp's convert_hf_to_gguf.py and give \
-             qdrift that GGUF file",
-        )),
+        ModelFormat::HfSafetensors => {
+            hf_tokenizer_keys(&loaded.path, &loaded.tokenizer_path, loaded.model.arch.vocab_size)
+        }
     }
 }
 

@@ -151,6 +151,8 @@ fn gguf_llama3_and_qwen2_pre_tokenizers_split_digits_and_merge_as_llama_cpp() {
     let mut want = vec![id("He")];
     want.extend(chars("lloĠworld123456's"));
     assert_eq!(encode("gpt2"), want);
+    // llama.cpp's own name for it, which convert_hf_to_gguf.py writes for GPT-2.
+    assert_eq!(encode("gpt-2"), want);
     // Qwen2 (llama.cpp's regex): every digit alone, merges applied (no ignore_merges), no BOS.
     // With merges that build "123" from its digits, only a pre-tokenizer that keeps the digits
     // together (GPT-2's) reaches it.
