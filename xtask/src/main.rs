@@ -424,6 +424,7 @@ fn bench(only: Option<&str>) -> Result<(), String> {
                 "10,100,1000",
                 "--schemes",
                 "int8,fp8-e4m3,int4-g128",
+                "--phase-times",
                 "--out",
                 &out.to_string_lossy(),
             ]

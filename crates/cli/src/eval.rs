@@ -118,6 +118,11 @@ pub struct EvalArgs {
     /// With --gate: also write the checks as JUnit XML.
     #[arg(long, requires = "gate")]
     junit: Option<PathBuf>,
+    /// Print on stderr, at the end, the wall time of each phase of the run (load and plan,
+    /// prefill, decode, teacher forcing with its reductions, quantizing and building variants,
+    /// summary and reports), from the progress events.
+    #[arg(long)]
+    phase_times: bool,
 }
 
 /// `--eval-set`'s help: the built-in sets and the default, from the code that defines them.
@@ -140,7 +145,8 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
         args.gate.as_ref().map(|t| Ok::<_, Box<dyn Error>>((t.clone(), Thresholds::read(t)?))).transpose()?;
     let output = OutputDir::prepare(&args.out)?;
     let cfg = config(&args, thresholds);
-    let report = match evaluate_with_progress(&cfg)? {
+    let clock = std::sync::Mutex::new(PhaseClock::new());
+    let report = match evaluate_with_progress(&cfg, &clock)? {
         Evaluated::Report(report) => report,
         Evaluated::Part(part) => {
             part.write(output.staging())?;
@@ -149,6 +155,7 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
             return Ok(None);
         }
     };
+    lock(&clock).enter("summary and reports");
     write_reports(&report, &output)?;
     let path = output.staging().join("report.json");
     print!("{}", render_summary(&report));
@@ -159,7 +166,72 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     });
     output.commit()?;
     println!("reports: {} (.md, .html)", args.out.join("report.json").display());
+    if args.phase_times {
+        eprint!("{}", lock(&clock).finish());
+    }
     Ok(code)
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Wall time per phase of a run (`--phase-times`), from the progress events: a phase lasts until
+/// the next one starts. A model's generation is its prefill until the first step comes back
+/// (with batches side by side, until the first batch's), then decode; scoring (teacher forcing
+/// and the reductions of its logits) lasts until the model is done; what follows until the next
+/// model generates is quantizing and building it.
+struct PhaseClock {
+    start: std::time::Instant,
+    current: (&'static str, std::time::Instant),
+    totals: Vec<(&'static str, f64)>,
+    in_prefill: bool,
+}
+
+impl PhaseClock {
+    fn new() -> Self {
+        let now = std::time::Instant::now();
+        Self { start: now, current: ("load and plan", now), totals: Vec::new(), in_prefill: false }
+    }
+
+    /// Closes the current phase and starts `phase`.
+    fn enter(&mut self, phase: &'static str) {
+        let now = std::time::Instant::now();
+        let (name, since) = std::mem::replace(&mut self.current, (phase, now));
+        let secs = now.duration_since(since).as_secs_f64();
+        match self.totals.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, t)) => *t += secs,
+            None => self.totals.push((name, secs)),
+        }
+    }
+
+    fn observe(&mut self, p: &Progress<'_>) {
+        match p {
+            Progress::Generating { .. } => {
+                self.enter("prefill");
+                self.in_prefill = true;
+            }
+            Progress::Generated { .. } if self.in_prefill => {
+                self.enter("decode");
+                self.in_prefill = false;
+            }
+            Progress::Scoring { .. } => self.enter("teacher forcing and reductions"),
+            Progress::Done { .. } => self.enter("quantize and build the next variant"),
+            _ => {}
+        }
+    }
+
+    /// The table of phases, in first-seen order, with their share of the whole.
+    fn finish(&mut self) -> String {
+        self.enter("");
+        let total = self.start.elapsed().as_secs_f64();
+        let mut out = String::from("phase times:\n");
+        for (name, secs) in self.totals.iter().filter(|(n, _)| !n.is_empty()) {
+            out.push_str(&format!("  {name:<36} {secs:>8.1} s  {:>5.1}%\n", 100.0 * secs / total.max(1e-9)));
+        }
+        out.push_str(&format!("  {:<36} {total:>8.1} s\n", "total"));
+        out
+    }
 }
 
 /// Writes report.json, report.md and report.html into `output`'s staging folder.
@@ -221,27 +293,33 @@ fn config(args: &EvalArgs, gate: Option<(PathBuf, Thresholds)>) -> EvalConfig {
 }
 
 /// [`evaluate_any`] with a progress bar on stderr.
-fn evaluate_with_progress(cfg: &EvalConfig) -> Result<Evaluated, qdrift_eval::EvalError> {
+fn evaluate_with_progress(
+    cfg: &EvalConfig,
+    clock: &std::sync::Mutex<PhaseClock>,
+) -> Result<Evaluated, qdrift_eval::EvalError> {
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{prefix:>18} [{bar:30}] {pos}/{len} tokens  {msg} ETA {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
-    let report = evaluate_any(cfg, &mut |p| match p {
-        Progress::Generating { model, tokens } => {
-            bar.reset();
-            bar.set_length(tokens);
-            bar.set_prefix(model.to_string());
-            bar.set_message("generating");
+    let report = evaluate_any(cfg, &mut |p| {
+        lock(clock).observe(&p);
+        match p {
+            Progress::Generating { model, tokens } => {
+                bar.reset();
+                bar.set_length(tokens);
+                bar.set_prefix(model.to_string());
+                bar.set_message("generating");
+            }
+            Progress::Generated { tokens } => bar.inc(tokens),
+            Progress::Scoring { model } => {
+                bar.set_prefix(model.to_string());
+                bar.set_message("scoring");
+            }
+            Progress::Warning { message } => bar.suspend(|| eprintln!("qdrift: warning: {message}")),
+            Progress::Done { .. } => {}
         }
-        Progress::Generated { tokens } => bar.inc(tokens),
-        Progress::Scoring { model } => {
-            bar.set_prefix(model.to_string());
-            bar.set_message("scoring");
-        }
-        Progress::Warning { message } => bar.suspend(|| eprintln!("qdrift: warning: {message}")),
-        Progress::Done { .. } => {}
     });
     bar.finish_and_clear();
     report

@@ -75,6 +75,7 @@ impl ReferenceRun {
     ) -> Result<ReferenceRun, EvalError> {
         let model = LlamaConfig::from_arch(&host.arch).init_from_host(host, plan.dtype, &plan.device.device)?;
         let tokens = generate_all(&model, REFERENCE_NAME, plan, progress)?;
+        progress(Progress::Scoring { model: REFERENCE_NAME });
         let text: Texts = plan.prompts.iter().cloned().zip(tokens).collect();
         let side = match plan.kl {
             KlMode::Compact { k } => ReferenceSide::Compact(CompactReference::compute(&model, plan, &text, k)?),

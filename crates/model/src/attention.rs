@@ -13,7 +13,7 @@ use qdrift_quantize::{ActivationQuant, ActivationScale};
 use crate::fake_quant::{RoundingPath, round_activations, round_kv};
 use crate::host_linear::PackedLinear;
 use crate::rope::HostRope;
-use crate::{KvCache, Positions, Projection, Rope, host_f32, upload};
+use crate::{KvCache, Positions, Projection, Rope, host_f32, upload, upload_owned};
 
 /// What every layer's attention needs to know about the new columns of a forward pass.
 #[derive(Debug)]
@@ -187,7 +187,7 @@ impl Attention {
             let mut out = host.attend(&q, h, context.positions, start, t);
             context.round_host_input(&mut out, [b, t, h * hd]);
             let y = wo.forward_rounded(&out, b * t, f16);
-            return upload(&y, [b, t, wo.out()], dtype, &device);
+            return upload_owned(y, [b, t, wo.out()], dtype, &device);
         }
         let (cos, sin) = context.rope.as_ref().expect("device RoPE tables are built unless every layer is on the host");
         let x = context.round_input(x);

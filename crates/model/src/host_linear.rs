@@ -151,39 +151,30 @@ impl PackedLinear {
     /// [`PackedLinear::forward`] with a given kernel (tests compare them).
     fn forward_with(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
         assert_eq!(x.len(), m * self.inp, "x is [m, in]");
-        if m == 0 {
-            return Vec::new();
-        }
+        let mut y = vec![0.0f32; m * self.out];
         let n_panels = self.out.div_ceil(PANEL);
-        // Panel-major results, [panel][m][PANEL]: each task writes whole panels.
-        let mut by_panel = vec![0.0f32; n_panels * m * PANEL];
+        if m == 0 || n_panels == 0 {
+            return y;
+        }
         let threads = if SPREAD.with(Cell::get) && m * self.inp * self.out >= PARALLEL_MIN_MACS {
-            rayon::current_num_threads().min(n_panels)
+            rayon::current_num_threads().clamp(1, n_panels)
         } else {
             1
         };
-        if n_panels > 0 {
-            let per_task = n_panels.div_ceil(threads.max(1));
-            let run = |(task, chunk): (usize, &mut [f32])| {
-                let first = task * per_task;
-                let panels = chunk.len() / (m * PANEL);
-                match &self.panels {
-                    Panels::F32(w) => self.panels_range(w, x, m, first, panels, chunk, isa),
-                    Panels::F16(w) => self.panels_range(w, x, m, first, panels, chunk, isa),
-                }
-            };
-            if threads > 1 {
-                by_panel.par_chunks_mut(per_task * m * PANEL).enumerate().for_each(run);
-            } else {
-                run((0, &mut by_panel[..]));
+        let per_task = n_panels.div_ceil(threads);
+        let out = Out { ptr: y.as_mut_ptr(), ld: self.out };
+        let run = |task: usize| {
+            let first = task * per_task;
+            let count = per_task.min(n_panels.saturating_sub(first));
+            match &self.panels {
+                Panels::F32(w) => self.panels_range(w, x, m, first..first + count, out, isa),
+                Panels::F16(w) => self.panels_range(w, x, m, first..first + count, out, isa),
             }
-        }
-        let mut y = vec![0.0f32; m * self.out];
-        for (p, block) in by_panel.chunks_exact(m * PANEL).enumerate() {
-            let cols = (self.out - p * PANEL).min(PANEL);
-            for (r, row) in block.chunks_exact(PANEL).enumerate() {
-                y[r * self.out + p * PANEL..][..cols].copy_from_slice(&row[..cols]);
-            }
+        };
+        if threads > 1 {
+            (0..threads).into_par_iter().for_each(run);
+        } else {
+            run(0);
         }
         if let Some(b) = &self.bias {
             for row in y.chunks_exact_mut(self.out) {
@@ -195,30 +186,36 @@ impl PackedLinear {
         y
     }
 
-    /// Panels `first..first + count` against all `m` rows, into `out` (`[count][m][PANEL]`).
-    #[allow(clippy::too_many_arguments)]
-    fn panels_range<T: Elem>(
-        &self,
-        w: &[T],
-        x: &[f32],
-        m: usize,
-        first: usize,
-        count: usize,
-        out: &mut [f32],
-        isa: Isa,
-    ) {
+    /// `panels` against all `m` rows, written into their columns of `out` (`[m, out]`).
+    fn panels_range<T: Elem>(&self, w: &[T], x: &[f32], m: usize, panels: std::ops::Range<usize>, out: Out, isa: Isa) {
         let k = self.inp;
         for r0 in (0..m).step_by(ROW_CHUNK) {
             let rows = (m - r0).min(ROW_CHUNK);
             let xs = &x[r0 * k..(r0 + rows) * k];
-            for p in 0..count {
-                let panel = &w[(first + p) * k * PANEL..(first + p + 1) * k * PANEL];
-                let dst = &mut out[(p * m + r0) * PANEL..(p * m + r0 + rows) * PANEL];
-                rows_times_panel(isa, xs, rows, k, panel, dst);
+            for p in panels.clone() {
+                let panel = &w[p * k * PANEL..(p + 1) * k * PANEL];
+                let (col, cols) = (p * PANEL, (self.out - p * PANEL).min(PANEL));
+                // SAFETY: rows r0..r0 + rows < m and columns col..col + cols ≤ out of the
+                // `[m, out]` buffer `out` points to, alive for the whole call (`forward_with`);
+                // each task writes only its own panels' columns, so no two writes overlap.
+                unsafe { rows_times_panel(isa, xs, rows, k, panel, out.ptr.add(r0 * out.ld + col), out.ld, cols) };
             }
         }
     }
 }
+
+/// The `[m, out]` result the tasks of one call write into, each its own panels' columns.
+#[derive(Clone, Copy)]
+struct Out {
+    ptr: *mut f32,
+    /// Row stride (`out`).
+    ld: usize,
+}
+
+// SAFETY: `Out` is only shared by the tasks of one `forward_with` call, which write disjoint
+// columns of a buffer that outlives them.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
 
 /// Rounds every value to f16 (nearest even) and back: what storing it in an f16 tensor does.
 pub(crate) fn round_f16(values: &mut [f32]) {
@@ -275,39 +272,56 @@ impl Isa {
     }
 }
 
-/// `out[r][c] = Σ_k x[r][k] · panel[k][c]` for `rows` rows, in the order the module doc states.
+/// `out[r·ld + c] = Σ_k x[r][k] · panel[k][c]` for `rows` rows and the first `cols ≤ PANEL`
+/// columns, in the order the module doc states.
 ///
 /// # Shapes
-/// - `x`: `[rows, k]`; `panel`: `[k, PANEL]`; `out`: `[rows, PANEL]`
-fn rows_times_panel<T: Elem>(isa: Isa, x: &[f32], rows: usize, k: usize, panel: &[T], out: &mut [f32]) {
-    assert!(x.len() >= rows * k && panel.len() >= k * PANEL && out.len() >= rows * PANEL, "kernel operands too short");
+/// - `x`: `[rows, k]`; `panel`: `[k, PANEL]`; `out`: `rows` rows of stride `ld`
+///
+/// # Safety
+/// `out` must be valid for writes of `cols` values at `out + r·ld` for every `r < rows`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_times_panel<T: Elem>(
+    isa: Isa,
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    panel: &[T],
+    out: *mut f32,
+    ld: usize,
+    cols: usize,
+) {
+    assert!(x.len() >= rows * k && panel.len() >= k * PANEL && cols <= PANEL, "kernel operands too short");
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => {
             // SAFETY: `Isa::Avx512` is only chosen when the CPU has AVX-512F (`Isa::detect`, or
-            // tests that check it first); operand lengths are asserted above.
-            unsafe { x86::rows_avx512(x, rows, k, panel, out) }
+            // tests that check it first); operands as asserted above and promised by the caller.
+            unsafe { x86::rows_avx512(x, rows, k, panel, out, ld, cols) }
         }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => {
             // SAFETY: as above, for AVX2, FMA and F16C.
-            unsafe { x86::rows_avx2(x, rows, k, panel, out) }
+            unsafe { x86::rows_avx2(x, rows, k, panel, out, ld, cols) }
         }
-        _ => rows_portable(x, rows, k, panel, out),
+        _ => {
+            for r in 0..rows {
+                // SAFETY: the caller promises `cols` writable values at `out + r·ld`.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out.add(r * ld), cols) };
+                rows_portable(&x[r * k..(r + 1) * k], panel, dst);
+            }
+        }
     }
 }
 
-/// The definition, one output at a time.
-fn rows_portable<T: Elem>(x: &[f32], rows: usize, k: usize, panel: &[T], out: &mut [f32]) {
-    for r in 0..rows {
-        let xr = &x[r * k..(r + 1) * k];
-        for c in 0..PANEL {
-            let mut acc = 0.0f32;
-            for (i, &xi) in xr.iter().enumerate() {
-                acc = xi.mul_add(panel[i * PANEL + c].widen(), acc);
-            }
-            out[r * PANEL + c] = acc;
+/// The definition, one output at a time: `dst[c] = Σ_i x[i] · panel[i][c]`.
+fn rows_portable<T: Elem>(x: &[f32], panel: &[T], dst: &mut [f32]) {
+    for (c, d) in dst.iter_mut().enumerate() {
+        let mut acc = 0.0f32;
+        for (i, &xi) in x.iter().enumerate() {
+            acc = xi.mul_add(panel[i * PANEL + c].widen(), acc);
         }
+        *d = acc;
     }
 }
 
@@ -325,42 +339,84 @@ mod x86 {
 
     /// Calls `$kernel::<R>` for blocks of `$max` rows, then once for the rest.
     macro_rules! by_blocks {
-        ($kernel:ident, $max:expr, $x:expr, $rows:expr, $k:expr, $panel:expr, $out:expr) => {{
-            let (x, rows, k, panel, out) = ($x, $rows, $k, $panel, $out);
+        ($kernel:ident, $max:expr, $x:expr, $rows:expr, $k:expr, $panel:expr, $out:expr, $ld:expr, $cols:expr) => {{
+            let (x, rows, k, panel, out, ld, cols) = ($x, $rows, $k, $panel, $out, $ld, $cols);
             let mut r = 0;
             while r + $max <= rows {
-                $kernel::<T, { $max }>(&x[r * k..], k, panel, &mut out[r * PANEL..]);
+                // SAFETY (every call): rows r.. of `out` are writable, as the caller promised.
+                unsafe { $kernel::<T, { $max }>(&x[r * k..], k, panel, out.add(r * ld), ld, cols) };
                 r += $max;
             }
-            let (x, out) = (&x[r * k..], &mut out[r * PANEL..]);
-            match rows - r {
-                0 => {}
-                1 => $kernel::<T, 1>(x, k, panel, out),
-                2 => $kernel::<T, 2>(x, k, panel, out),
-                3 => $kernel::<T, 3>(x, k, panel, out),
-                4 => $kernel::<T, 4>(x, k, panel, out),
-                5 => $kernel::<T, 5>(x, k, panel, out),
-                6 => $kernel::<T, 6>(x, k, panel, out),
-                _ => $kernel::<T, 7>(x, k, panel, out),
+            let (x, out) = (&x[r * k..], out.wrapping_add(r * ld));
+            unsafe {
+                match rows - r {
+                    0 => {}
+                    1 => $kernel::<T, 1>(x, k, panel, out, ld, cols),
+                    2 => $kernel::<T, 2>(x, k, panel, out, ld, cols),
+                    3 => $kernel::<T, 3>(x, k, panel, out, ld, cols),
+                    4 => $kernel::<T, 4>(x, k, panel, out, ld, cols),
+                    5 => $kernel::<T, 5>(x, k, panel, out, ld, cols),
+                    6 => $kernel::<T, 6>(x, k, panel, out, ld, cols),
+                    _ => $kernel::<T, 7>(x, k, panel, out, ld, cols),
+                }
             }
         }};
     }
 
+    /// Writes `R` rows of `PANEL` accumulated columns (as `PANEL / LANES` vectors stored by
+    /// `store`) to `out` with row stride `ld`, only the first `cols`.
+    ///
     /// # Safety
-    /// The CPU must have AVX-512F; `x` holds `rows × k`, `panel` `k × PANEL`, `out`
-    /// `rows × PANEL` values.
+    /// `cols` values must be writable at `out + r·ld` for every `r < R`.
+    #[inline(always)]
+    unsafe fn write_rows<const R: usize>(out: *mut f32, ld: usize, cols: usize, store: impl Fn(usize, *mut f32)) {
+        for r in 0..R {
+            // SAFETY: as the caller promises; a partial panel goes through a local buffer.
+            unsafe {
+                if cols == PANEL {
+                    store(r, out.add(r * ld));
+                } else {
+                    let mut tmp = [0.0f32; PANEL];
+                    store(r, tmp.as_mut_ptr());
+                    std::ptr::copy_nonoverlapping(tmp.as_ptr(), out.add(r * ld), cols);
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// The CPU must have AVX-512F; `x` holds `rows × k`, `panel` `k × PANEL` values; `cols`
+    /// values are writable at `out + r·ld` for every `r < rows`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn rows_avx512<T: Elem>(x: &[f32], rows: usize, k: usize, panel: &[T], out: &mut [f32]) {
-        by_blocks!(block_avx512, ROWS_AVX512, x, rows, k, panel, out);
+    pub(super) unsafe fn rows_avx512<T: Elem>(
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        panel: &[T],
+        out: *mut f32,
+        ld: usize,
+        cols: usize,
+    ) {
+        by_blocks!(block_avx512, ROWS_AVX512, x, rows, k, panel, out, ld, cols);
     }
 
     /// `R` rows × `PANEL` columns.
+    ///
+    /// # Safety
+    /// As [`rows_avx512`] for `R` rows.
     #[inline(always)]
-    fn block_avx512<T: Elem, const R: usize>(x: &[f32], k: usize, panel: &[T], out: &mut [f32]) {
-        assert!(x.len() >= R * k && panel.len() >= k * PANEL && out.len() >= R * PANEL);
+    unsafe fn block_avx512<T: Elem, const R: usize>(
+        x: &[f32],
+        k: usize,
+        panel: &[T],
+        out: *mut f32,
+        ld: usize,
+        cols: usize,
+    ) {
+        assert!(x.len() >= R * k && panel.len() >= k * PANEL);
         // SAFETY: only reached from `rows_avx512` (AVX-512F present); every read is of `x[r·k + i]`
-        // with r < R, i < k, or of panel row i < k, and every write of out[..R·PANEL], all in
-        // bounds by the assert.
+        // with r < R, i < k, or of panel row i < k, in bounds by the assert; the writes are the
+        // caller's promise.
         unsafe {
             let load = |p: *const T| -> __m512 {
                 if T::F16 { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) } else { _mm512_loadu_ps(p.cast()) }
@@ -379,32 +435,52 @@ mod x86 {
                     a[1] = _mm512_fmadd_ps(xv, w1, a[1]);
                 }
             }
-            let op = out.as_mut_ptr();
-            for (r, a) in acc.iter().enumerate() {
-                _mm512_storeu_ps(op.add(r * PANEL), a[0]);
-                _mm512_storeu_ps(op.add(r * PANEL + 16), a[1]);
-            }
+            write_rows::<R>(out, ld, cols, |r, dst| {
+                _mm512_storeu_ps(dst, acc[r][0]);
+                _mm512_storeu_ps(dst.add(16), acc[r][1]);
+            });
         }
     }
 
     /// # Safety
     /// The CPU must have AVX2, FMA and F16C; operands as [`rows_avx512`].
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn rows_avx2<T: Elem>(x: &[f32], rows: usize, k: usize, panel: &[T], out: &mut [f32]) {
-        by_blocks!(block_avx2, ROWS_AVX2, x, rows, k, panel, out);
+    pub(super) unsafe fn rows_avx2<T: Elem>(
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        panel: &[T],
+        out: *mut f32,
+        ld: usize,
+        cols: usize,
+    ) {
+        by_blocks!(block_avx2, ROWS_AVX2, x, rows, k, panel, out, ld, cols);
     }
 
-    /// `R` rows × `PANEL` columns, as two halves of 16 columns (12 accumulators at most).
+    /// `R` rows × `PANEL` columns, as two halves of 16 columns (12 accumulators at most),
+    /// each half written to a local `[R][PANEL]` block first.
+    ///
+    /// # Safety
+    /// As [`rows_avx2`] for `R` rows.
     #[inline(always)]
-    fn block_avx2<T: Elem, const R: usize>(x: &[f32], k: usize, panel: &[T], out: &mut [f32]) {
-        assert!(x.len() >= R * k && panel.len() >= k * PANEL && out.len() >= R * PANEL);
-        // SAFETY: only reached from `rows_avx2` (AVX2, FMA, F16C present); bounds as in
-        // `block_avx512`, with column offsets `half + 8 < PANEL`.
+    unsafe fn block_avx2<T: Elem, const R: usize>(
+        x: &[f32],
+        k: usize,
+        panel: &[T],
+        out: *mut f32,
+        ld: usize,
+        cols: usize,
+    ) {
+        assert!(x.len() >= R * k && panel.len() >= k * PANEL);
+        let mut block = [[0.0f32; PANEL]; R];
+        // SAFETY: only reached from `rows_avx2` (AVX2, FMA, F16C present); reads as in
+        // `block_avx512`, with column offsets `half + 8 < PANEL`; writes into `block`, then the
+        // caller's promised rows.
         unsafe {
             let load = |p: *const T| -> __m256 {
                 if T::F16 { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) } else { _mm256_loadu_ps(p.cast()) }
             };
-            let (xp, wp, op) = (x.as_ptr(), panel.as_ptr(), out.as_mut_ptr());
+            let (xp, wp) = (x.as_ptr(), panel.as_ptr());
             for half in [0, 16] {
                 let mut acc = [[_mm256_setzero_ps(); 2]; R];
                 for i in 0..k {
@@ -416,11 +492,12 @@ mod x86 {
                         a[1] = _mm256_fmadd_ps(xv, w1, a[1]);
                     }
                 }
-                for (r, a) in acc.iter().enumerate() {
-                    _mm256_storeu_ps(op.add(r * PANEL + half), a[0]);
-                    _mm256_storeu_ps(op.add(r * PANEL + half + 8), a[1]);
+                for (row, a) in block.iter_mut().zip(&acc) {
+                    _mm256_storeu_ps(row.as_mut_ptr().add(half), a[0]);
+                    _mm256_storeu_ps(row.as_mut_ptr().add(half + 8), a[1]);
                 }
             }
+            write_rows::<R>(out, ld, cols, |r, dst| std::ptr::copy_nonoverlapping(block[r].as_ptr(), dst, PANEL));
         }
     }
 }
@@ -504,37 +581,5 @@ mod tests {
             assert_eq!(alone, all[r * out..(r + 1) * out], "row {r}");
         }
         assert!(layer.forward(&[], 0).is_empty());
-    }
-}
-
-#[cfg(test)]
-mod speed {
-    use super::*;
-
-    #[test]
-    #[ignore = "timing, run by hand"]
-    fn kernel_speed() {
-        for &(out, inp) in &[(1536usize, 576usize), (576, 1536), (49152, 576)] {
-            let w: Vec<f32> = (0..out * inp).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
-            let layer = PackedLinear::pack(&w, out, inp, None, true);
-            for m in [1usize, 8, 16, 64, 512] {
-                let x: Vec<f32> = (0..m * inp).map(|i| ((i * 31) % 100) as f32 / 100.0).collect();
-                for spread in [false, true] {
-                    let reps = (2_000_000_000 / (m * out * inp)).clamp(3, 2000);
-                    let t = std::time::Instant::now();
-                    for _ in 0..reps {
-                        let y = if spread { layer.forward(&x, m) } else { single_threaded(|| layer.forward(&x, m)) };
-                        std::hint::black_box(y);
-                    }
-                    let s = t.elapsed().as_secs_f64() / reps as f64;
-                    println!(
-                        "{out}x{inp} m={m} spread={spread}: {:.1} us, {:.1} GFLOP/s, {:.1} GB/s weights",
-                        s * 1e6,
-                        2.0 * (m * out * inp) as f64 / s / 1e9,
-                        (out * inp * 2) as f64 / s / 1e9
-                    );
-                }
-            }
-        }
     }
 }

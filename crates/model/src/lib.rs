@@ -46,6 +46,19 @@ pub(crate) fn upload<const D: usize>(data: &[f32], shape: [usize; D], dtype: DTy
     Tensor::from_data(data, (device, dtype))
 }
 
+/// [`upload`] of values the caller owns: f32 values become the tensor's data without a copy.
+pub(crate) fn upload_owned<const D: usize>(
+    data: Vec<f32>,
+    shape: [usize; D],
+    dtype: DType,
+    device: &Device,
+) -> Tensor<D> {
+    if dtype == DType::F32 {
+        return Tensor::from_data(TensorData::new(data, shape), (device, dtype));
+    }
+    upload(&data, shape, dtype, device)
+}
+
 /// A tensor's values in row-major order as f32 (exact for f16 and f32 tensors).
 pub(crate) fn host_f32<const D: usize>(x: Tensor<D>) -> Vec<f32> {
     let data: TensorData = x.into_data();

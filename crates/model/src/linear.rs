@@ -9,7 +9,7 @@ use burn::nn::Linear;
 use burn::tensor::{DType, Device, Tensor};
 
 use crate::host_linear::PackedLinear;
-use crate::{host_f32, upload};
+use crate::{host_f32, upload, upload_owned};
 
 /// Where a model's linear layers are stored and multiplied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,7 +100,7 @@ impl Projection {
                 let ([b, t, inp], dtype, device) = (x.dims(), x.dtype(), x.device());
                 assert_eq!(inp, h.packed.inp(), "input width does not match the layer");
                 let y = h.packed.forward(&host_f32(x), b * t);
-                upload(&y, [b, t, h.packed.out()], dtype, &device)
+                upload_owned(y, [b, t, h.packed.out()], dtype, &device)
             }
         }
     }

@@ -15,7 +15,7 @@ use qdrift_quantize::ActivationScale;
 use crate::attention::{Attention, ForwardContext};
 use crate::fake_quant::{RoundingPath, RuntimeQuant};
 use crate::norm::RmsNorm;
-use crate::{AttentionKernel, KvCache, LinearKernel, Projection, Rope, host_f32, upload};
+use crate::{AttentionKernel, KvCache, LinearKernel, Projection, Rope, host_f32, upload, upload_owned};
 
 /// Errors building a model on a device.
 #[derive(Debug, thiserror::Error)]
@@ -199,7 +199,7 @@ impl FeedForward {
             swiglu_host(&g, &mut h, f16);
             context.round_host_input(&mut h, [b, t, up.out()]);
             let y = down.forward_rounded(&h, b * t, f16);
-            return upload(&y, [b, t, down.out()], dtype, &device);
+            return upload_owned(y, [b, t, down.out()], dtype, &device);
         }
         let x = context.round_input(x);
         let h = silu(self.gate.forward(x.clone())) * self.up.forward(x);
@@ -470,7 +470,7 @@ impl Llama {
             // The logits rounded to the compute dtype, uploaded as the f32 they are cast to.
             let ([b, t, _], dtype, device) = (hidden.dims(), hidden.dtype(), hidden.device());
             let y = output.forward_rounded(&host_f32(hidden), b * t, dtype == DType::F16);
-            return upload(&y, [b, t, output.out()], DType::F32, &device);
+            return upload_owned(y, [b, t, output.out()], DType::F32, &device);
         }
         self.output.forward(hidden).cast(DType::F32)
     }
