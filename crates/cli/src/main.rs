@@ -47,7 +47,6 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    release_large_frees();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Gate(args) => return gate::run(&args),
@@ -68,20 +67,5 @@ fn main() -> ExitCode {
             eprintln!("qdrift: error: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// Makes glibc serve every allocation of 1 MiB or more with its own mapping, returned to the
-/// system when freed. By default glibc raises that threshold to the size of each large block
-/// freed (up to 32 MiB), after which a model's weight panels (1–2 MiB each for SmolLM2) come from
-/// the heap and stay resident after the model is dropped: an evaluation builds and drops a model
-/// per variant, and its resident memory then kept every model it had built.
-fn release_large_frees() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `mallopt` only changes allocator parameters; called first thing in `main`, before
-    // any thread exists. Its return value (0 on failure) leaves the default, which is correct
-    // too, only larger.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
     }
 }
