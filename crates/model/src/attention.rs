@@ -8,9 +8,10 @@
 use burn::module::Module;
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Tensor};
-use qdrift_quantize::{ActivationQuant, ActivationScale};
+use qdrift_quantize::{ActivationQuant, ActivationScale, KvQuant};
 
 use crate::fake_quant::{RoundingPath, round_activations, round_kv};
+use crate::host_attention::HostKv;
 use crate::host_linear::PackedLinear;
 use crate::rope::HostRope;
 use crate::{KvCache, Positions, Projection, Rope, host_f32, upload, upload_owned};
@@ -57,23 +58,21 @@ impl ForwardContext<'_> {
         }
     }
 
-    /// [`ForwardContext::round_input`] on host values already read back (the host attention
-    /// kernel's output), rounded by the host definition wherever the path says.
+    /// The host attention kernel's output, already rounded on the host where the activation
+    /// quantization runs there ([`Attention::attend_host`]), uploaded in `dtype` and rounded on
+    /// the device where it runs there: what [`ForwardContext::round_input`] gives.
     ///
     /// # Shapes
     /// - `data`: `[batch, new, cols]`, row-major → uploaded `[batch, new, cols]` in `dtype`
-    fn round_host_output(
+    fn upload_rounded_output(
         &self,
-        mut data: Vec<f32>,
-        [b, t, cols]: [usize; 3],
+        data: Vec<f32>,
+        shape: [usize; 3],
         dtype: DType,
         device: &burn::tensor::Device,
     ) -> Tensor<3> {
-        if let Some((q, RoundingPath::Host)) = self.activations() {
-            self.round_host(&mut data, q, b, t, cols);
-            return upload(&data, [b, t, cols], dtype, device);
-        }
-        self.round_input(upload(&data, [b, t, cols], dtype, device))
+        let x = upload_owned(data, shape, dtype, device);
+        if self.rounds_on_host() { x } else { self.round_input(x) }
     }
 
     /// Whether a linear layer's input can be rounded on the host ([`ForwardContext::round_host_input`]):
@@ -164,6 +163,7 @@ impl Attention {
             && context.rounds_on_host()
             && let Some((host, start)) = cache.claim_host(t)
         {
+            // Everything on the host: q/k/v from the packed weights and the host RoPE tables.
             let ([_, _, dim], device) = (x.dims(), x.device());
             let f16 = dtype == DType::F16;
             let mut xs = host_f32(x);
@@ -176,16 +176,7 @@ impl Attention {
             );
             rope.apply(&mut q, h);
             rope.apply(&mut k, kvh);
-            let mut v = v;
-            if let Some(kvq) = kv_quant {
-                for row in k.chunks_mut(kvh * hd).chain(v.chunks_mut(kvh * hd)) {
-                    // The row width was checked when the model's run-time quantization was set.
-                    kvq.round_host(row, hd).expect("KV rows are whole blocks");
-                }
-            }
-            host.write(&k, &v, start, t);
-            let mut out = host.attend(&q, h, context.positions, start, t);
-            context.round_host_input(&mut out, [b, t, h * hd]);
+            let out = self.attend_host(host, start, &q, k, v, kv_quant, context, [b, t]);
             let y = wo.forward_rounded(&out, b * t, f16);
             return upload_owned(y, [b, t, wo.out()], dtype, &device);
         }
@@ -196,17 +187,10 @@ impl Attention {
         let v = self.wv.forward(x).reshape([b, t, kvh, hd]);
 
         if let Some((host, start)) = cache.claim_host(t) {
+            // The host kernel over q/k/v computed on the device.
             let device = q.device();
-            let (mut k, mut v) = (host_f32(k), host_f32(v));
-            if let Some(kvq) = kv_quant {
-                for row in k.chunks_mut(kvh * hd).chain(v.chunks_mut(kvh * hd)) {
-                    // The row width was checked when the model's run-time quantization was set.
-                    kvq.round_host(row, hd).expect("KV rows are whole blocks");
-                }
-            }
-            host.write(&k, &v, start, t);
-            let out = host.attend(&host_f32(q), h, context.positions, start, t);
-            return self.wo.forward(context.round_host_output(out, [b, t, h * hd], dtype, &device));
+            let out = self.attend_host(host, start, &host_f32(q), host_f32(k), host_f32(v), kv_quant, context, [b, t]);
+            return self.wo.forward(context.upload_rounded_output(out, [b, t, h * hd], dtype, &device));
         }
         let mask = context.mask.as_ref().expect("a device cache needs the attention mask");
         let (k, v) = match kv_quant {
@@ -225,5 +209,39 @@ impl Attention {
         let out = weights.matmul(v); // [b, kvh, rep * t, hd]
         let out = out.reshape([b, h, t, hd]).swap_dims(1, 2).reshape([b, t, h * hd]);
         self.wo.forward(context.round_input(out))
+    }
+
+    /// The host kernel's part of attention: rounds the new keys and values as the cache's
+    /// quantization says (keys after RoPE), writes them at column `start` of the host cache,
+    /// attends, and rounds the output as the activation quantization says where that runs on the
+    /// host ([`ForwardContext::round_host_input`]).
+    ///
+    /// # Shapes
+    /// - `q`: `[batch, new, heads, head_dim]`; `k`, `v`: `[batch, new, kv_heads, head_dim]`,
+    ///   row-major, values of the compute dtype
+    /// - returns `[batch, new, heads * head_dim]`, row-major
+    #[allow(clippy::too_many_arguments)]
+    fn attend_host(
+        &self,
+        host: &mut HostKv,
+        start: usize,
+        q: &[f32],
+        mut k: Vec<f32>,
+        mut v: Vec<f32>,
+        kv_quant: Option<KvQuant>,
+        context: &ForwardContext,
+        [b, t]: [usize; 2],
+    ) -> Vec<f32> {
+        let (h, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
+        if let Some(kvq) = kv_quant {
+            for row in k.chunks_mut(kvh * hd).chain(v.chunks_mut(kvh * hd)) {
+                // The row width was checked when the model's run-time quantization was set.
+                kvq.round_host(row, hd).expect("KV rows are whole blocks");
+            }
+        }
+        host.write(&k, &v, start, t);
+        let mut out = host.attend(q, h, context.positions, start, t);
+        context.round_host_input(&mut out, [b, t, h * hd]);
+        out
     }
 }

@@ -19,10 +19,16 @@
 //! its own vector and its visible keys and values). The AVX2 build of the kernel performs the
 //! same IEEE operations as the portable build (Rust never contracts `a * b + c` into an FMA), so
 //! both give bit-identical results.
+//!
+//! Threads: where the linear layers fork-join (one batch at a time, `host_linear::spreads`), a
+//! call big enough spreads its queries, one (row, head) each, over rayon's threads; each is
+//! computed by the same operations whichever thread runs it, so the results do not change.
 
 use half::f16;
+use rayon::prelude::*;
 
 use crate::Positions;
+use crate::host_linear::spreads;
 
 /// The dtype the model computes in, as far as attention's roundings are concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +41,7 @@ pub(crate) enum Precision {
 
 /// An element type keys and values are stored in: f32, or f16 (widened exactly to f32 as it is
 /// read, with F16C's `vcvtph2ps` in the AVX2 build).
-pub(crate) trait Elem: Copy + Default + std::fmt::Debug {
+pub(crate) trait Elem: Copy + Default + std::fmt::Debug + Send + Sync {
     /// Whether this is f16.
     const F16: bool;
     /// The value, exactly, as f32.
@@ -178,19 +184,38 @@ fn attend<T: Elem>(st: &KvBuffers<T>, sh: Shape, q: &[f32], queries: &NewQueries
     let rep = heads / kvh;
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0.0f32; q.len()];
+    // Query head `h` of column `i` of row `b`, at `at` in `q` and `out`.
+    let job = |b: usize, i: usize, h: usize, at: usize| {
+        let block = b * kvh + h / rep;
+        let visible = queries.positions.visible(b, queries.start + i);
+        Query {
+            q: &q[at..at + hd],
+            keys: &st.keys[block * hd * cap..(block + 1) * hd * cap],
+            kstride: cap,
+            values: &st.values[block * cap * hd..(block + 1) * cap * hd],
+            lo: visible.start,
+            hi: visible.end,
+            scale,
+        }
+    };
+    // Multiply-adds, at most: q·k and P·V over every key written so far, for every query.
+    let macs = (sh.batch * new * heads).saturating_mul(2 * hd * (queries.start + new));
+    if spreads(macs) {
+        // One task per (row, head); `out` is `[batch · new, heads, head_dim]`.
+        out.par_chunks_mut(hd.max(1)).enumerate().for_each_init(Vec::new, |scores, (query, o)| {
+            let (h, column) = (query % heads, query / heads);
+            attend_one(&job(column / new, column % new, h, query * hd), scores, o);
+        });
+        return out;
+    }
+    // On this thread, a key/value head's queries one after another while its keys are hot.
     for b in 0..sh.batch {
         for g in 0..kvh {
-            let block = b * kvh + g;
-            let keys = &st.keys[block * hd * cap..(block + 1) * hd * cap];
-            let values = &st.values[block * cap * hd..(block + 1) * cap * hd];
             for i in 0..new {
-                let visible = queries.positions.visible(b, queries.start + i);
                 for r in 0..rep {
                     let h = g * rep + r;
                     let at = ((b * new + i) * heads + h) * hd;
-                    let (lo, hi) = (visible.start, visible.end);
-                    let job = Query { q: &q[at..at + hd], keys, kstride: cap, values, lo, hi, scale };
-                    attend_one(&job, scores, &mut out[at..at + hd]);
+                    attend_one(&job(b, i, h, at), scores, &mut out[at..at + hd]);
                 }
             }
         }
@@ -544,6 +569,42 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn spreading_queries_over_threads_changes_no_bit() {
+        use crate::host_linear::single_threaded;
+        // 2 rows (the second left-padded by 5), 6 query heads over 2 kv heads of width 24 (no
+        // multiple of 8: the tails run too), a prompt of 120 columns, then 30 decoding steps.
+        let (b, kvh, h, hd, cols, prompt) = (2, 2, 6, 24, 150, 120);
+        let positions = Positions { pad: vec![0, 5] };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        if rayon::current_num_threads() > 1 {
+            assert!(spreads(b * h * 2 * hd * (prompt + 1)), "the test's calls are big enough to spread");
+        }
+        for precision in [Precision::F32, Precision::F16] {
+            let run = |spread: bool| {
+                let mut kv = HostKv::new(b, kvh, cols, hd, precision);
+                let mut outs = Vec::new();
+                let mut start = 0;
+                for new in std::iter::once(prompt).chain(std::iter::repeat_n(1, cols - prompt)) {
+                    let seed = start as u64;
+                    let round = |v: Vec<f32>| match precision {
+                        Precision::F32 => v,
+                        Precision::F16 => v.into_iter().map(round_to_f16).collect(),
+                    };
+                    let k = round(values(3 * seed + 1, b * new * kvh * hd, 3.0));
+                    let v = round(values(3 * seed + 2, b * new * kvh * hd, 1.0));
+                    let q = round(values(3 * seed + 3, b * new * h * hd, 3.0));
+                    kv.write(&k, &v, start, new);
+                    let mut call = || kv.attend(&q, h, &positions, start, new);
+                    outs.push(bits(&if spread { call() } else { single_threaded(call) }));
+                    start += new;
+                }
+                outs
+            };
+            assert_eq!(run(true), run(false), "{precision:?}");
         }
     }
 

@@ -6,10 +6,15 @@
 //! shapes of decoding, a few rows against a `576 × 1536` matrix, packing cost more than the
 //! multiply: in a perf profile of SmolLM2 decoding 16 prompts in f16 (stop 14), gemm's packing
 //! loop took 33% of the samples and its multiply kernels 26%. Here the weights are packed once
-//! into panels of [`PANEL`] output columns, `[out / PANEL][in][PANEL]`, in the compute dtype (f16
-//! widened in registers by `vcvtph2ps`), so a decoding step streams each weight exactly once,
-//! with no copy. Both cores share the panels when the caller runs one batch
-//! ([`single_threaded`] marks the threads that run batches side by side).
+//! into panels of [`PANEL`] output columns, `[out / PANEL][in][PANEL]`, so a decoding step streams
+//! each weight exactly once, with no copy. Both cores share the panels when the caller runs one
+//! batch ([`single_threaded`] marks the threads that run batches side by side).
+//!
+//! Storage: panels hold f16 (widened in registers by `vcvtph2ps`, exactly) when the compute
+//! dtype is f16, and also when it is f32 but every weight is exactly an f16 value (the f32 noise
+//! floor runs the FP16-rounded reference weights): half the memory and half the bytes streamed
+//! per step, with the same products, since widening is exact. Otherwise f32. The bias is an f32
+//! vector either way, holding f16 values in an f16 layer.
 //!
 //! Numerics: each output is one f32 chain of fused multiply-adds over the input index in order,
 //! from 0: `acc ← fma(x[k], w[k], acc)` for `k = 0, 1, …` (then `+ b`, then rounded to the
@@ -45,7 +50,14 @@ thread_local! {
     static SPREAD: Cell<bool> = const { Cell::new(true) };
 }
 
-/// Runs `f` with this thread's linear layers kept on this thread.
+/// Whether a call of `macs` multiply-adds fork-joins over rayon's threads: this thread may
+/// spread ([`single_threaded`]), there is more than one thread, and the work is worth a
+/// fork-join. Linear layers and host attention both ask.
+pub(crate) fn spreads(macs: usize) -> bool {
+    SPREAD.with(Cell::get) && macs >= PARALLEL_MIN_MACS && rayon::current_num_threads() > 1
+}
+
+/// Runs `f` with this thread's linear layers and host attention kept on this thread.
 pub fn single_threaded<T>(f: impl FnOnce() -> T) -> T {
     let before = SPREAD.with(|s| s.replace(false));
     let out = f();
@@ -60,7 +72,8 @@ pub fn in_pool<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     rayon::scope(|_| f())
 }
 
-/// The packed weights in the compute dtype.
+/// The packed weights: f16 when the compute dtype is f16 or every weight is an f16 value, else
+/// f32.
 #[derive(Clone)]
 enum Panels {
     F32(Vec<f32>),
@@ -90,13 +103,28 @@ impl std::fmt::Debug for PackedLinear {
 
 impl PackedLinear {
     /// Packs `[out, in]` row-major weights (PyTorch's `Linear` layout) and an optional `[out]`
-    /// bias, both rounded to f16 (nearest even) when `f16`.
+    /// bias, both rounded to f16 (nearest even) when `f16`. In f32, weights that are all f16
+    /// values ([`is_f16_exact`]) are stored as f16: the same values in half the memory.
     ///
     /// # Panics
     /// If `weight` is not `out × inp` values or `bias` not `out` (the model checked both).
     pub(crate) fn pack(weight: &[f32], out: usize, inp: usize, bias: Option<&[f32]>, f16: bool) -> Self {
+        Self::pack_stored(weight, out, inp, bias, f16, f16 || is_f16_exact(weight))
+    }
+
+    /// [`PackedLinear::pack`] with the panels stored as f16 when `store_f16` (which must hold
+    /// when `f16`, and round nothing otherwise), else f32.
+    pub(crate) fn pack_stored(
+        weight: &[f32],
+        out: usize,
+        inp: usize,
+        bias: Option<&[f32]>,
+        f16: bool,
+        store_f16: bool,
+    ) -> Self {
         assert_eq!(weight.len(), out * inp, "weights are [out, in]");
-        let panels = if f16 {
+        debug_assert!(store_f16 || !f16, "an f16 layer stores f16");
+        let panels = if store_f16 {
             Panels::F16(pack_panels(weight, out, inp, f16::from_f32))
         } else {
             Panels::F32(pack_panels(weight, out, inp, |v| v))
@@ -121,6 +149,20 @@ impl PackedLinear {
     /// Input width.
     pub(crate) fn inp(&self) -> usize {
         self.inp
+    }
+
+    /// The weights the layer multiplies by, `[out, in]` row-major (the layout [`PackedLinear::pack`]
+    /// took), exactly as stored: f16 panels widened, padding columns dropped.
+    pub(crate) fn weights(&self) -> Vec<f32> {
+        match &self.panels {
+            Panels::F32(w) => unpack_panels(w, self.out, self.inp),
+            Panels::F16(w) => unpack_panels(w, self.out, self.inp),
+        }
+    }
+
+    /// The bias added, `[out]`, if any (values of the compute dtype).
+    pub(crate) fn bias(&self) -> Option<&[f32]> {
+        self.bias.as_deref()
     }
 
     /// `x·Wᵀ + b` in f32, for the caller to round to the compute dtype.
@@ -156,11 +198,8 @@ impl PackedLinear {
         if m == 0 || n_panels == 0 {
             return y;
         }
-        let threads = if SPREAD.with(Cell::get) && m * self.inp * self.out >= PARALLEL_MIN_MACS {
-            rayon::current_num_threads().clamp(1, n_panels)
-        } else {
-            1
-        };
+        let threads =
+            if spreads(m * self.inp * self.out) { rayon::current_num_threads().clamp(1, n_panels) } else { 1 };
         let per_task = n_panels.div_ceil(threads);
         let out = Out { ptr: y.as_mut_ptr(), ld: self.out };
         let run = |task: usize| {
@@ -229,6 +268,20 @@ pub(crate) fn round_f16(values: &mut [f32]) {
     }
 }
 
+/// Whether every value is exactly an f16 value, bit for bit (−0.0 included; NaN never is): what
+/// f16 storage keeps unchanged.
+pub(crate) fn is_f16_exact(values: &[f32]) -> bool {
+    // Through a small f16 buffer with `half`'s slice conversions (F16C where the CPU has it).
+    let mut buf = [f16::ZERO; 256];
+    let mut back = [0.0f32; 256];
+    values.chunks(256).all(|chunk| {
+        let (h, b) = (&mut buf[..chunk.len()], &mut back[..chunk.len()]);
+        h.convert_from_f32_slice(chunk);
+        h.convert_to_f32_slice(b);
+        chunk.iter().zip(b.iter()).all(|(v, r)| v.to_bits() == r.to_bits() && !v.is_nan())
+    })
+}
+
 /// `[out, in]` → `[ceil(out / PANEL)][in][PANEL]`, zero-padded, converted by `conv`.
 fn pack_panels<T: Copy + Default>(w: &[f32], out: usize, inp: usize, conv: impl Fn(f32) -> T) -> Vec<T> {
     let n_panels = out.div_ceil(PANEL);
@@ -241,6 +294,19 @@ fn pack_panels<T: Copy + Default>(w: &[f32], out: usize, inp: usize, conv: impl 
         }
     }
     packed
+}
+
+/// [`pack_panels`] undone: `[out, in]` row-major f32.
+fn unpack_panels<T: Elem>(packed: &[T], out: usize, inp: usize) -> Vec<f32> {
+    let mut w = vec![0.0f32; out * inp];
+    for (col, row) in w.chunks_exact_mut(inp.max(1)).enumerate().take(out) {
+        let (p, c) = (col / PANEL, col % PANEL);
+        let panel = &packed[p * inp * PANEL..(p + 1) * inp * PANEL];
+        for (k, v) in row.iter_mut().enumerate() {
+            *v = panel[k * PANEL + c].widen();
+        }
+    }
+    w
 }
 
 /// The instruction set a kernel runs with.
@@ -568,6 +634,73 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Deterministic f16 values (as f32) with the edge cases f16 storage must keep: −0.0, the
+    /// largest finite value, subnormals.
+    fn f16_values(n: usize, seed: u64) -> Vec<f32> {
+        let mut v: Vec<f32> = values(n, seed).iter().map(|&x| f16::from_f32(x * 4.0).to_f32()).collect();
+        let specials = [-0.0, 0.0, 65504.0, -65504.0, 5.960_464_5e-8, -6.097_555e-5, 1.0, -1.0];
+        for (d, s) in v.iter_mut().step_by(7).zip(specials) {
+            *d = s;
+        }
+        v
+    }
+
+    fn stores_f16(layer: &PackedLinear) -> bool {
+        matches!(layer.panels, Panels::F16(_))
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn f16_exact_weights_are_stored_as_f16_with_bit_identical_results() {
+        for &(m, inp, out) in &[(1, 37, 70), (8, 100, 96), (13, 37, 65)] {
+            let (w, x) = (f16_values(out * inp, 6), values(m * inp, 7));
+            // A bias that is no f16 value stays f32 in an f32 layer.
+            let b: Vec<f32> = values(out, 8).iter().map(|v| v + 1e-6).collect();
+            assert!(is_f16_exact(&w) && !is_f16_exact(&b));
+            let compact = PackedLinear::pack(&w, out, inp, Some(&b), false);
+            let wide = PackedLinear::pack_stored(&w, out, inp, Some(&b), false, false);
+            assert!(stores_f16(&compact) && !stores_f16(&wide), "{compact:?} / {wide:?}");
+            assert_eq!(compact.bias().map(bits), Some(bits(&b)), "the bias is kept as given");
+            assert_eq!(bits(&compact.weights()), bits(&w), "f16 panels unpack to the weights");
+            assert_eq!(bits(&wide.weights()), bits(&w), "f32 panels unpack to the weights");
+            for isa in isas() {
+                for spread in [false, true] {
+                    let run = |layer: &PackedLinear| {
+                        if spread {
+                            layer.forward_with(&x, m, isa)
+                        } else {
+                            single_threaded(|| layer.forward_with(&x, m, isa))
+                        }
+                    };
+                    assert_eq!(bits(&run(&compact)), bits(&run(&wide)), "{isa:?} spread={spread} m={m} {inp}→{out}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn weights_that_are_not_all_f16_values_stay_f32() {
+        let (out, inp) = (40, 24);
+        let w = f16_values(out * inp, 9);
+        assert!(stores_f16(&PackedLinear::pack(&w, out, inp, None, false)));
+        // One weight between two f16 values, one NaN (never an f16 value here), one f32 subnormal.
+        for odd in [1.0 + 2f32.powi(-12), f32::NAN, f32::from_bits(1)] {
+            let mut w = w.clone();
+            w[out * inp / 2 + 1] = odd;
+            assert!(!is_f16_exact(&w), "{odd:e}");
+            let layer = PackedLinear::pack(&w, out, inp, None, false);
+            assert!(!stores_f16(&layer), "{odd:e}");
+            assert_eq!(bits(&layer.weights()), bits(&w), "{odd:e}: f32 panels keep every bit");
+            // An f16 layer rounds it, as before.
+            let half = PackedLinear::pack(&w, out, inp, None, true);
+            assert!(stores_f16(&half));
+        }
+        assert!(is_f16_exact(&[-0.0, f32::INFINITY, f32::NEG_INFINITY]) && is_f16_exact(&[]));
     }
 
     #[test]

@@ -8,8 +8,10 @@ use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{DType, Device, Tensor};
 
-use crate::host_linear::PackedLinear;
-use crate::{host_f32, upload, upload_owned};
+use qdrift_load::HostTensor;
+
+use crate::host_linear::{PackedLinear, round_f16};
+use crate::{host_f32, host_f32_transposed, upload, upload_owned};
 
 /// Where a model's linear layers are stored and multiplied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,7 +49,9 @@ pub struct HostProjection {
 
 impl Projection {
     /// A layer from `[out, in]` row-major host weights and an optional `[out]` bias, in `dtype`
-    /// (f32 or f16, rounded to nearest even on the host), stored as `kernel` says.
+    /// (f32 or f16, rounded to nearest even on the host), stored as `kernel` says. Host panels of
+    /// an f32 layer are stored as f16 when every weight is an f16 value and `compact`
+    /// (`host_linear`'s storage rule; the products are the same).
     pub(crate) fn new(
         weight: &[f32],
         [out, inp]: [usize; 2],
@@ -55,10 +59,16 @@ impl Projection {
         dtype: DType,
         device: &Device,
         kernel: LinearKernel,
+        compact: bool,
     ) -> Self {
         match kernel {
             LinearKernel::Host => {
-                let packed = PackedLinear::pack(weight, out, inp, bias, dtype == DType::F16);
+                let f16 = dtype == DType::F16;
+                let packed = if compact {
+                    PackedLinear::pack(weight, out, inp, bias, f16)
+                } else {
+                    PackedLinear::pack_stored(weight, out, inp, bias, f16, f16)
+                };
                 Self::Host(HostProjection { packed: Arc::new(packed) })
             }
             LinearKernel::Burn => {
@@ -94,13 +104,50 @@ impl Projection {
     /// # Shapes
     /// - `x`: `[batch, seq, in]` → `[batch, seq, out]`
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let dtype = x.dtype();
+        self.forward_to(x, dtype)
+    }
+
+    /// [`Projection::forward`] cast to `dtype`: computed and rounded in `x`'s dtype as there,
+    /// then converted (the output layer's logits, in f32 whatever the compute dtype).
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, in]` → `[batch, seq, out]` in `dtype`
+    pub fn forward_to(&self, x: Tensor<3>, dtype: DType) -> Tensor<3> {
         match self {
-            Self::Device(linear) => linear.forward(x),
+            Self::Device(linear) => {
+                let y = linear.forward(x);
+                if y.dtype() == dtype { y } else { y.cast(dtype) }
+            }
             Self::Host(h) => {
-                let ([b, t, inp], dtype, device) = (x.dims(), x.dtype(), x.device());
+                let ([b, t, inp], x_dtype, device) = (x.dims(), x.dtype(), x.device());
                 assert_eq!(inp, h.packed.inp(), "input width does not match the layer");
-                let y = h.packed.forward(&host_f32(x), b * t);
+                let mut y = h.packed.forward(&host_f32(x), b * t);
+                // Rounded to `x`'s dtype; uploading in f16 rounds alike, so only a wider
+                // target needs it done here.
+                if x_dtype == DType::F16 && dtype != DType::F16 {
+                    round_f16(&mut y);
+                }
                 upload_owned(y, [b, t, h.packed.out()], dtype, &device)
+            }
+        }
+    }
+
+    /// The layer's weights as host values: `[out, in]` row-major (PyTorch's layout, what
+    /// [`Projection::new`] took) and the `[out]` bias, exactly as stored (values of the compute
+    /// dtype).
+    pub(crate) fn host_weights(&self) -> (HostTensor, Option<HostTensor>) {
+        match self {
+            Self::Device(linear) => {
+                let [inp, out] = linear.weight.val().dims();
+                let weight = host_f32_transposed(linear.weight.val());
+                let bias = linear.bias.as_ref().map(|b| HostTensor { shape: vec![out], data: host_f32(b.val()) });
+                (HostTensor { shape: vec![out, inp], data: weight }, bias)
+            }
+            Self::Host(h) => {
+                let (out, inp) = (h.packed.out(), h.packed.inp());
+                let bias = h.packed.bias().map(|b| HostTensor { shape: vec![out], data: b.to_vec() });
+                (HostTensor { shape: vec![out, inp], data: h.packed.weights() }, bias)
             }
         }
     }

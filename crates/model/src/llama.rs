@@ -9,11 +9,12 @@ use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::tensor::activation::silu;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
-use qdrift_load::{HostModel, HostTensor, RopeScaling};
+use qdrift_load::{HostModel, HostTensor, LayerWeights, LlamaArch, RopeScaling};
 use qdrift_quantize::ActivationScale;
 
 use crate::attention::{Attention, ForwardContext};
 use crate::fake_quant::{RoundingPath, RuntimeQuant};
+use crate::host_linear::is_f16_exact;
 use crate::norm::RmsNorm;
 use crate::{AttentionKernel, KvCache, LinearKernel, Projection, Rope, host_f32, upload, upload_owned};
 
@@ -92,12 +93,30 @@ impl LlamaConfig {
     }
 
     /// [`LlamaConfig::init_from_host`] with the linear layers stored as `kernel` says.
+    ///
+    /// In f32, tensors whose values are all f16 values (the FP16-rounded reference weights) are
+    /// held as f16, which halves their memory and changes no result: host-packed linear weights
+    /// (`host_linear`) and, on the CPU backend, the token embedding (its selected rows are
+    /// widened, exactly).
     pub fn init_from_host_with(
         &self,
         host: &HostModel,
         dtype: DType,
         device: &Device,
         kernel: LinearKernel,
+    ) -> Result<Llama, ModelError> {
+        self.build(host, dtype, device, kernel, true)
+    }
+
+    /// [`LlamaConfig::init_from_host_with`], holding f16-valued tensors of an f32 model as f16
+    /// only when `compact` (tests compare both).
+    fn build(
+        &self,
+        host: &HostModel,
+        dtype: DType,
+        device: &Device,
+        kernel: LinearKernel,
+        compact: bool,
     ) -> Result<Llama, ModelError> {
         if !matches!(dtype, DType::F32 | DType::F16) {
             return Err(ModelError::DType(dtype));
@@ -117,12 +136,18 @@ impl LlamaConfig {
             if let Some(b) = b {
                 check(&format!("{name}.bias"), b, &[out])?;
             }
-            Ok::<_, ModelError>(Projection::new(&t.data, [out, inp], b.map(|b| &b.data[..]), dtype, device, kernel))
+            let bias = b.map(|b| &b.data[..]);
+            Ok::<_, ModelError>(Projection::new(&t.data, [out, inp], bias, dtype, device, kernel, compact))
         };
         let linear = |name: &str, t: &HostTensor, out: usize, inp: usize| biased(name, t, None, out, inp);
 
         check("model.embed_tokens.weight", &host.token_embedding, &[self.vocab_size, d])?;
-        let embedding = Param::from_tensor(upload(&host.token_embedding.data, [self.vocab_size, d], dtype, device));
+        let table = &host.token_embedding.data;
+        // An f32 model on the CPU backend keeps an f16-valued table in f16: wgpu adapters without
+        // f16 shaders run f32 models, so other devices keep the compute dtype.
+        let cpu = *device == Device::flex();
+        let stored = if dtype == DType::F32 && compact && cpu && is_f16_exact(table) { DType::F16 } else { dtype };
+        let embedding = Param::from_tensor(upload(table, [self.vocab_size, d], stored, device));
         if host.layers.len() != self.n_layers {
             return Err(ModelError::Arch(format!("{} layers given, {} expected", host.layers.len(), self.n_layers)));
         }
@@ -157,7 +182,18 @@ impl LlamaConfig {
         // A tied output layer gets its own copy of the embedding: the lookup wants [vocab, dim]
         // rows, the projection its own layout ([dim, vocab] for Burn, panels for the host).
         let output = linear("lm_head", host.output_weight(), self.vocab_size, d)?;
-        Ok(Llama { embedding, layers, norm, output, rope, config: self.clone(), dtype, runtime: RuntimeQuant::none() })
+        Ok(Llama {
+            embedding,
+            layers,
+            norm,
+            output,
+            rope,
+            config: self.clone(),
+            dtype,
+            runtime: RuntimeQuant::none(),
+            arch: host.arch.clone(),
+            tied_output: host.output.is_none(),
+        })
     }
 }
 
@@ -309,7 +345,9 @@ impl Positions {
 /// A Llama-family decoder on a device.
 #[derive(Module, Debug)]
 pub struct Llama {
-    /// Token embedding, `[vocab, dim]`.
+    /// Token embedding, `[vocab, dim]`, in the compute dtype, or in f16 in an f32 model on the
+    /// CPU backend whose embeddings are all f16 values (the rows a forward pass selects are
+    /// widened, exactly).
     pub embedding: Param<Tensor<2>>,
     /// The blocks.
     pub layers: Vec<Block>,
@@ -323,13 +361,20 @@ pub struct Llama {
     /// The hyper-parameters the model was built from.
     #[module(skip)]
     pub config: LlamaConfig,
-    /// Compute dtype: the dtype the weights were uploaded in.
+    /// Compute dtype: the dtype the weights were converted to (an f32 model may hold f16-valued
+    /// tensors as f16, see [`LlamaConfig::init_from_host_with`]).
     #[module(skip)]
     pub dtype: DType,
     /// What is rounded at run time (activations, KV cache); nothing by default. Set it with
     /// [`Llama::set_runtime_quant`], which checks it against the architecture.
     #[module(skip)]
     runtime: RuntimeQuant,
+    /// The architecture of the host model the weights came from ([`Llama::host_weights`]).
+    #[module(skip)]
+    arch: LlamaArch,
+    /// Whether that model's output layer was its token embedding (`output: None`).
+    #[module(skip)]
+    tied_output: bool,
 }
 
 impl Llama {
@@ -440,17 +485,24 @@ impl Llama {
             }
             _ => None,
         };
-        // Host linear layers over host caches run every attention on the host (unless
-        // activations are rounded on the device): Burn's RoPE tables are needed otherwise only.
+        // Host linear layers over a host cache run their layer's attention on the host (unless
+        // activations are rounded on the device), with the host RoPE tables; every other layer
+        // uses Burn's.
         let host_linear = self.output.packed().is_some();
         let device_rounding = matches!(activations, Some((_, RoundingPath::Device)));
-        let all_host = host_linear && !composed && !device_rounding;
-        let host_rope = host_linear.then(|| self.rope.host_tables(&rows, self.dtype == DType::F16));
-        let rope = (!all_host).then(|| self.rope.tables(&rows, self.dtype, &device));
+        let host_layers = host_linear && !device_rounding;
+        let any_host_cache = caches.iter().any(|c| c.kernel() == AttentionKernel::Host);
+        let host_rope = (host_layers && any_host_cache).then(|| self.rope.host_tables(&rows, self.dtype == DType::F16));
+        let rope = (composed || !host_layers).then(|| self.rope.tables(&rows, self.dtype, &device));
         let context = ForwardContext { rope, host_rope, mask, positions, start, activations, real };
 
         let dim = self.embedding.val().dims()[1];
-        let mut x = self.embedding.val().select(0, tokens.reshape([b * t])).reshape([b, t, dim]);
+        let mut x = self.embedding.val().select(0, tokens.reshape([b * t]));
+        if x.dtype() != self.dtype {
+            // An f16 table of an f32 model: widening is exact.
+            x = x.cast(self.dtype);
+        }
+        let mut x = x.reshape([b, t, dim]);
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             x = layer.forward(x, &self.rope, &context, cache);
         }
@@ -466,12 +518,108 @@ impl Llama {
     /// - `hidden`: `[batch, positions, dim]` in the compute dtype
     /// - returns `[batch, positions, vocab]`, f32
     pub fn head(&self, hidden: Tensor<3>) -> Tensor<3> {
-        if let Some(output) = self.output.packed() {
-            // The logits rounded to the compute dtype, uploaded as the f32 they are cast to.
-            let ([b, t, _], dtype, device) = (hidden.dims(), hidden.dtype(), hidden.device());
-            let y = output.forward_rounded(&host_f32(hidden), b * t, dtype == DType::F16);
-            return upload_owned(y, [b, t, output.out()], DType::F32, &device);
+        // The logits rounded to the compute dtype, then cast to f32.
+        self.output.forward_to(hidden, DType::F32)
+    }
+
+    /// The model's weights as a host model: the architecture it was built from and every value
+    /// it holds, as f32 (exact), in [`HostModel`]'s layout, whichever storage holds them (host
+    /// panels, Burn's `[in, out]` linear weights, an f16 table). `output` is `None` when the model
+    /// was built from a host model without one (tied).
+    ///
+    /// For a host model whose values are all values of the compute dtype (f16-rounded weights in
+    /// f16 or f32) this gives that host model back exactly, so a caller may drop it once the
+    /// model is built and ask for it again. Only the result is allocated, plus the read-back of
+    /// one tensor at a time.
+    pub fn host_weights(&self) -> HostModel {
+        let vector = |p: &Param<Tensor<1>>| {
+            let data = host_f32(p.val());
+            HostTensor { shape: vec![data.len()], data }
+        };
+        let [vocab, dim] = self.embedding.val().dims();
+        let token_embedding = HostTensor { shape: vec![vocab, dim], data: host_f32(self.embedding.val()) };
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                let ((wq, bq), (wk, bk), (wv, bv)) =
+                    (l.attn.wq.host_weights(), l.attn.wk.host_weights(), l.attn.wv.host_weights());
+                LayerWeights {
+                    attn_norm: vector(&l.attn_norm.weight),
+                    wq,
+                    wk,
+                    wv,
+                    wo: l.attn.wo.host_weights().0,
+                    ffn_norm: vector(&l.ffn_norm.weight),
+                    w_gate: l.ffn.gate.host_weights().0,
+                    w_up: l.ffn.up.host_weights().0,
+                    w_down: l.ffn.down.host_weights().0,
+                    bq,
+                    bk,
+                    bv,
+                }
+            })
+            .collect();
+        HostModel {
+            arch: self.arch.clone(),
+            token_embedding,
+            layers,
+            final_norm: vector(&self.norm.weight),
+            output: (!self.tied_output).then(|| self.output.host_weights().0),
         }
-        self.output.forward(hidden).cast(DType::F32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny_f16_values() -> HostModel {
+        let mut m = qdrift_load::synthetic_model("tiny", 5).expect("tiny").model;
+        m.round_to_f16();
+        m
+    }
+
+    fn logits(model: &Llama, kernel: AttentionKernel) -> Vec<u32> {
+        let tokens = [1i32, 75, 104, 3, 319, 200, 42];
+        let device = Device::flex();
+        let ids = |t: &[i32]| Tensor::<2, Int>::from_data(TensorData::new(t.to_vec(), [1, t.len()]), &device);
+        let positions = Positions::left_padded(&[tokens.len()]);
+        let mut caches = model.new_caches_for(1, tokens.len(), kernel);
+        let mut out = host_f32(model.forward(ids(&tokens[..5]), &positions, &mut caches, true));
+        for &t in &tokens[5..] {
+            out.extend(host_f32(model.forward(ids(&[t]), &positions, &mut caches, true)));
+        }
+        out.iter().map(|v| v.to_bits()).collect()
+    }
+
+    #[test]
+    fn f16_valued_f32_weights_are_held_as_f16_with_the_same_logits() {
+        let host = tiny_f16_values();
+        let config = LlamaConfig::from_arch(&host.arch);
+        for kernel in [LinearKernel::Host, LinearKernel::Burn] {
+            let compact = config.build(&host, DType::F32, &Device::flex(), kernel, true).expect("builds");
+            let wide = config.build(&host, DType::F32, &Device::flex(), kernel, false).expect("builds");
+            assert_eq!(compact.embedding.val().dtype(), DType::F16, "{kernel:?}");
+            assert_eq!(wide.embedding.val().dtype(), DType::F32, "{kernel:?}");
+            if kernel == LinearKernel::Host {
+                let stored = |m: &Llama| format!("{:?}", m.layers[0].ffn.down.packed().expect("host"));
+                assert!(stored(&compact).contains("f16") && stored(&wide).contains("f32"));
+            }
+            for attention in [AttentionKernel::Host, AttentionKernel::Composed] {
+                assert_eq!(logits(&compact, attention), logits(&wide, attention), "{kernel:?} {attention:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn embeddings_that_are_not_f16_values_stay_in_the_compute_dtype() {
+        let mut host = tiny_f16_values();
+        host.token_embedding.data[3] += 1e-6;
+        let config = LlamaConfig::from_arch(&host.arch);
+        let f32 = config.init_from_host_with(&host, DType::F32, &Device::flex(), LinearKernel::Host).expect("f32");
+        assert_eq!(f32.embedding.val().dtype(), DType::F32);
+        let f16 = config.init_from_host_with(&host, DType::F16, &Device::flex(), LinearKernel::Host).expect("f16");
+        assert_eq!(f16.embedding.val().dtype(), DType::F16);
     }
 }
