@@ -6,7 +6,8 @@
 //! entropy, log-probabilities of the scored token, and top-1 agreement; and the compact
 //! reference of [`crate::compact`] (top-K log-probabilities and a tail bucket per position,
 //! [`compact_reference_on_device`]) with a variant's metrics against it
-//! ([`position_metrics_against_compact`]).
+//! ([`position_metrics_against_compact`]). [`crate::host`] computes the same on logits in host
+//! memory, without the full-size intermediates these materialize on Burn's CPU backend.
 
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorData};
@@ -107,7 +108,10 @@ pub struct CompactChunk {
     pub positions: usize,
     /// Tokens kept per position.
     pub k: usize,
-    /// The top-K token ids per position, most probable first: `[batch, positions, k]` row-major.
+    /// The top-K token ids per position, most probable first, lower id first among equal
+    /// log-probabilities: `[batch, positions, k]` row-major. Which of several tokens tied at the
+    /// K-th place are kept: the lowest ids on the host ([`crate::host`]); on the device, the
+    /// backend sort's choice (flex's sort is unstable).
     pub top_ids: Vec<u32>,
     /// Their log-probabilities: `[batch, positions, k]`.
     pub top_logp: Vec<f32>,
@@ -137,7 +141,7 @@ fn tail_log_sum_exp(logp: Tensor<3>, ids: Tensor<3, Int>) -> Tensor<3> {
 
 /// Checks that `tokens` give one id below the vocabulary per position of a `[batch, positions,
 /// vocab]` chunk.
-fn check_tokens(dims: [usize; 3], tokens: &[u32]) -> Result<(), ScoreError> {
+pub(crate) fn check_tokens(dims: [usize; 3], tokens: &[u32]) -> Result<(), ScoreError> {
     let [b, t, v] = dims;
     if tokens.len() != b * t {
         return Err(ScoreError::LengthMismatch {
@@ -153,7 +157,7 @@ fn check_tokens(dims: [usize; 3], tokens: &[u32]) -> Result<(), ScoreError> {
 }
 
 /// Checks a chunk's shape against its tokens and a top-K.
-fn check_chunk(dims: [usize; 3], tokens: &[u32], k: usize) -> Result<(), ScoreError> {
+pub(crate) fn check_chunk(dims: [usize; 3], tokens: &[u32], k: usize) -> Result<(), ScoreError> {
     let v = dims[2];
     check_tokens(dims, tokens)?;
     if k == 0 {
@@ -162,6 +166,35 @@ fn check_chunk(dims: [usize; 3], tokens: &[u32], k: usize) -> Result<(), ScoreEr
     if k >= v {
         // A top-K that covers the vocabulary is the exact path's job.
         return Err(ScoreError::OutOfRange { what: "the reference's top-K", index: k, limit: v });
+    }
+    Ok(())
+}
+
+/// Checks a compact reference against the `[batch, positions, vocab]` chunk of a variant: the same
+/// positions, every per-position vector of its length, every top-K id below the vocabulary.
+pub(crate) fn check_compact(reference: &CompactChunk, dims: [usize; 3]) -> Result<(), ScoreError> {
+    let [b, t, v] = dims;
+    let (n, k) = (b * t, reference.k);
+    if (reference.batch, reference.positions) != (b, t) || reference.top_ids.len() != n * k {
+        return Err(ScoreError::LengthMismatch {
+            what: "compact reference and variant positions",
+            left: reference.top_ids.len(),
+            right: n * k,
+        });
+    }
+    for (what, len, want) in [
+        ("compact reference top-K log-probabilities", reference.top_logp.len(), n * k),
+        ("compact reference tail log-masses", reference.tail_logp.len(), n),
+        ("compact reference entropies", reference.entropy.len(), n),
+        ("compact reference log-probabilities of the tokens", reference.logp_of_token.len(), n),
+        ("compact reference top-1 tokens", reference.argmax.len(), n),
+    ] {
+        if len != want {
+            return Err(ScoreError::LengthMismatch { what, left: len, right: want });
+        }
+    }
+    if let Some(&id) = reference.top_ids.iter().find(|&&id| id as usize >= v) {
+        return Err(ScoreError::OutOfRange { what: "top-K token", index: id as usize, limit: v });
     }
     Ok(())
 }
@@ -205,17 +238,34 @@ pub fn compact_reference_on_device(
     let lpr = lr.clone().gather(2, index);
     let (top_logp, top_ids) = lr.clone().topk_with_indices(k, 2);
     let tail = tail_log_sum_exp(lr, top_ids.clone());
+    let top_logp = read_f32("top-K log-probabilities", top_logp)?;
+    let mut top_ids = read_ids("top-K token ids", top_ids)?;
+    order_ties_by_id(&top_logp, &mut top_ids, k);
     Ok(CompactChunk {
         batch: b,
         positions: t,
         k,
-        top_ids: read_ids("top-K token ids", top_ids)?,
-        top_logp: read_f32("top-K log-probabilities", top_logp)?,
+        top_ids,
+        top_logp,
         tail_logp: read_f32("tail log-mass", tail)?,
         entropy: read_f32("reference entropy", entropy)?,
         logp_of_token: read_f32("reference log-probabilities", lpr)?,
         argmax: read_ids("reference top-1", argmax)?,
     })
+}
+
+/// Puts the ids of equal log-probabilities in increasing order within each position's top-K:
+/// Burn's top-K leaves the order of ties to the backend's sort (flex's is unstable), the
+/// documented order is most probable first, lower id first on ties (as [`crate::host`]).
+fn order_ties_by_id(top_logp: &[f32], top_ids: &mut [u32], k: usize) {
+    for (logp, ids) in top_logp.chunks_exact(k).zip(top_ids.chunks_exact_mut(k)) {
+        let mut start = 0;
+        while start < k {
+            let run = logp[start..].iter().take_while(|&&l| l == logp[start]).count().max(1);
+            ids[start..start + run].sort_unstable();
+            start += run;
+        }
+    }
 }
 
 /// A variant's per-position metrics against the reference's [`CompactChunk`] of the same
@@ -234,18 +284,9 @@ pub fn position_metrics_against_compact(
 ) -> Result<DevicePositionMetrics, ScoreError> {
     let [b, t, v] = var_logits.dims();
     check_chunk([b, t, v], tokens, reference.k)?;
+    check_compact(reference, [b, t, v])?;
     let k = reference.k;
     let n = b * t;
-    if (reference.batch, reference.positions) != (b, t) || reference.top_ids.len() != n * k {
-        return Err(ScoreError::LengthMismatch {
-            what: "compact reference and variant positions",
-            left: reference.top_ids.len(),
-            right: n * k,
-        });
-    }
-    if let Some(&id) = reference.top_ids.iter().find(|&&id| id as usize >= v) {
-        return Err(ScoreError::OutOfRange { what: "top-K token", index: id as usize, limit: v });
-    }
     let device = var_logits.device();
     let argmax = read_ids("variant top-1", var_logits.clone().argmax(2))?;
     let lv = log_softmax(var_logits.cast(DType::F32), 2);

@@ -18,6 +18,8 @@
 //! - [`device`]: the per-position metrics of [`logprob`] computed on the device for whole
 //!   `[batch, positions, vocab]` chunks of logits, so that only `[batch, positions]` values come
 //!   back to the host (full-vocabulary log-probabilities are never held for a whole run).
+//! - [`host`]: the same chunk reductions on logits in host memory (Burn's CPU backend), in two
+//!   streaming passes per position and f64 sums, with the same outputs and errors.
 //!
 //! **Invariant: prompts are the unit of resampling, never tokens; same seed → identical numbers;
 //! no I/O; every device reduction is tested against its host definition.** Nothing here panics on bad input: every public function returns [`ScoreError`].
@@ -27,6 +29,7 @@ pub mod compact;
 pub mod device;
 mod error;
 pub mod freerun;
+pub mod host;
 pub mod logprob;
 pub mod ppl;
 pub mod quantiles;
@@ -42,6 +45,10 @@ pub use device::{
 };
 pub use error::ScoreError;
 pub use freerun::{Divergence, exact_match, first_divergence, token_match_rate};
+pub use host::{
+    compact_reference_on_host, position_metrics_against_compact_on_host, position_metrics_on_host,
+    token_logprobs_on_host,
+};
 pub use logprob::{PositionMetrics, entropy, kl_divergence, log_softmax, position_metrics, top1};
 pub use ppl::{PromptLogProbs, perplexity, pooled_ppl_ratio, ppl_ratio, ppl_ratio_ci};
 pub use quantiles::{Summary, quantile, quantile_sorted, summarize};
