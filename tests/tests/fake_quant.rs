@@ -4,7 +4,7 @@
 use burn::tensor::{DType, Tensor, TensorData};
 use qdrift_generate::{BackendChoice, ComputeDevice, GenerationConfig, generate, teacher_forced};
 use qdrift_load::HostModel;
-use qdrift_model::{LlamaConfig, round_activations, round_kv};
+use qdrift_model::{LlamaConfig, RoundingPath, RuntimeQuant, round_activations, round_kv};
 use qdrift_quantize::{
     ActivationQuant, ActivationScale, KvQuant, QuantizeOptions, Recipe, quantize_model, round_to_fp16_reference,
 };
@@ -275,4 +275,35 @@ fn variants_match_the_f64_forward_pass_cpu() {
 #[test]
 fn variants_match_the_f64_forward_pass_wgpu() {
     variants_match_the_f64_forward_pass(BackendChoice::Wgpu);
+}
+
+/// On the CPU an f16 model's rounded activations (`q × scale`) reach the next linear layer as the
+/// f16 values a tensor of its dtype holds, whether they are rounded on the host (the default,
+/// where attention and the feed-forward layer run wholly on the host) or by Burn's ops: the
+/// generated tokens and their logits are the same either way.
+#[test]
+fn f16_activation_rounding_is_the_same_on_the_host_and_device_paths() {
+    let dev = device(BackendChoice::Cpu);
+    let prompts: Vec<Vec<u32>> = golden_cases().iter().map(|c| c.prompt_tokens.clone()).collect();
+    let config = GenerationConfig { max_new_tokens: 20, batch_size: prompts.len(), stop_at_eos: None };
+    for name in ["w8a8-int8", "w8a8-fp8", "fp8-e4m3+a-fp8-g4"] {
+        let recipe: Recipe = name.parse().expect("recipe");
+        let weights = variant_weights(&recipe);
+        let run = |path: RoundingPath| {
+            let mut model = LlamaConfig::from_arch(&weights.arch)
+                .init_from_host(&weights, DType::F16, &dev.device)
+                .expect("builds");
+            model
+                .set_runtime_quant(RuntimeQuant { activations: recipe.activations, kv_cache: None, path })
+                .expect("fits stories260K");
+            let mut logits = Vec::new();
+            let tokens =
+                generate(&model, &dev, &prompts, &config, |s| logits.push(read(s.logits.clone()))).expect("generation");
+            (tokens, logits)
+        };
+        let (host, device_path) = (run(RoundingPath::Host), run(RoundingPath::Device));
+        assert_eq!(host.0, device_path.0, "{name}: tokens");
+        let differing = host.1.iter().flatten().zip(device_path.1.iter().flatten()).filter(|(a, b)| a != b).count();
+        assert_eq!(differing, 0, "{name}: logits differ between the host and device rounding paths");
+    }
 }

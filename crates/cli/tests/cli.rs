@@ -249,6 +249,9 @@ fn generate_runs_activation_and_kv_parts() {
     assert_ne!(tokens(&plain), tokens(&kv), "a q4_0 cache changes 100 greedy tokens of stories260K");
     let w8a8 = run("int8+a-int8");
     assert_eq!(w8a8[0]["scheme"], "w8a8-int8");
-    // (In f32 the first 100 tokens of these prompts survive int8 activations; in f16 they do not.)
-    assert_ne!(tokens(&w8a8), tokens(&run("int8")), "int8 activations change the tokens");
+    // Whether per-token int8 activations (a step of amax/127) change 100 greedy tokens is a
+    // matter of chance; E5M2 activations (2 mantissa bits: every input moves by up to 12.5%) do.
+    let e5m2 = run("int8+a-fp8-e5m2");
+    assert_eq!(e5m2[0]["scheme"], "int8+a-fp8-e5m2");
+    assert_ne!(tokens(&e5m2), tokens(&run("int8")), "E5M2 activations change the tokens");
 }

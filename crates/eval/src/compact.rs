@@ -13,7 +13,7 @@
 
 use qdrift_generate::teacher_forced;
 use qdrift_model::Llama;
-use qdrift_score::{CompactChunk, compact_reference_on_device};
+use qdrift_score::CompactChunk;
 use serde::{Deserialize, Serialize};
 
 use crate::EvalError;
@@ -111,15 +111,16 @@ impl CompactReference {
         // Chunks may arrive out of order when batches run side by side; keep them by position.
         let mut chunks: Vec<(usize, usize, CompactChunk)> = Vec::new();
         let mut failure: Option<EvalError> = None;
+        let reduce = crate::reduce::Reduce::for_plan(plan);
         teacher_forced(reference, &plan.device, text, plan.batch_size(), plan.chunk, |f| {
             if failure.is_some() {
                 return;
             }
             let [rows, positions, _] = f.logits.dims();
             let tokens = crate::scoring::chunk_tokens(text, f.first_prompt, f.start, rows, positions);
-            match compact_reference_on_device(f.logits.clone(), &tokens, k) {
+            match reduce.compact(f.logits, &tokens, k) {
                 Ok(c) => chunks.push((f.first_prompt, f.start, c)),
-                Err(e) => failure = Some(e.into()),
+                Err(e) => failure = Some(e),
             }
         })?;
         if let Some(e) = failure {

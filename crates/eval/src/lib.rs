@@ -7,10 +7,11 @@
 //! precision), lets each generate greedily, teacher-forces each on the other's text, and reduces
 //! what comes back to per-prompt [`Trace`]s and then to a [`qdrift_report::Report`].
 //!
-//! Data flow per variant: `generate` (free run, both models) → `teacher_forced_pair` on the
-//! reference's continuation (KL, top-1, log p of the reference token, reduced on the device) →
-//! `teacher_forced` of the reference on the variant's continuation (log p reduced on the device)
-//! → [`aggregate`] (host, f64, bootstrap over prompts).
+//! Data flow per variant: `generate` (free run, both models) → `teacher_forced` on the
+//! reference's continuation (KL, top-1, log p of the reference token) → `teacher_forced` of the
+//! reference on the variant's continuation (log p) → [`aggregate`] (host, f64, bootstrap over
+//! prompts). Logits are reduced where they are (`reduce.rs`): on the device for a GPU, on the host
+//! for the CPU backend, whose tensors are host memory.
 //!
 //! [`evaluate`] (`run.rs`) runs in four steps, each in its own module:
 //!
@@ -18,7 +19,7 @@
 //! |---|---|---|
 //! | plan | `plan.rs` | options checked before loading; batch size, chunk, precisions, device checks |
 //! | encode prompts | `prompts.rs` | the first N prompts of the set, chat-wrapped for chat sets |
-//! | run each variant | `variant.rs`, `scoring.rs` | [`VariantSpec`] → weights; the reference run, generation, teacher forcing into [`Trace`]s |
+//! | run each variant | `variant.rs`, `scoring.rs`, `reduce.rs` | [`VariantSpec`] → weights; the reference run, generation, teacher forcing into [`Trace`]s |
 //! | assemble | `run.rs`, [`aggregate`] | traces → statistics → [`qdrift_report::Report`] |
 //!
 //! Before any of them, `gate_check.rs` checks `--gate` thresholds against the run's variants and
@@ -30,8 +31,8 @@
 //!
 //! **Invariants: prompts are the unit of every interval; the same inputs and seed give a
 //! byte-identical report; reference and variant always see the same batches (so a variant that
-//! equals the reference shows exactly zero divergence); full-vocabulary logits never leave the
-//! device unless a log-probability dump is asked for.**
+//! equals the reference shows exactly zero divergence); full-vocabulary logits never leave a
+//! GPU unless a log-probability dump is asked for.**
 
 pub mod aggregate;
 mod chat;
@@ -43,6 +44,7 @@ mod identity;
 mod output;
 mod plan;
 mod prompts;
+mod reduce;
 mod run;
 mod scoring;
 mod shard;

@@ -2,13 +2,14 @@
 //! assemble the report), each in its own module; this one holds what `qdrift eval` configures
 //! and the orchestration.
 
+use std::borrow::Cow;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
 use burn::tensor::DType;
 use qdrift_generate::{BackendChoice, check_length, context_overflow};
-use qdrift_load::{LoadedModel, open_model};
+use qdrift_load::{HostModel, LoadedModel, open_model};
 use qdrift_model::LlamaConfig;
 use qdrift_quantize::{QuantizeOptions, round_to_fp16_reference};
 use qdrift_report::{
@@ -26,7 +27,7 @@ use crate::prompts::{EncodedPrompts, encode_prompts};
 use crate::scoring::{ReferenceRun, ScoringContext, generate_all};
 use crate::shard::Part;
 use crate::store::{StoreKey, prompt_tokens_sha256, read_store, write_store};
-use crate::variant::{BuiltVariant, build_variant};
+use crate::variant::{BuiltVariant, ReferenceIdentity, VariantWeights, build_variant};
 use crate::{EvalError, EvalSet, VariantSpec};
 
 /// What `qdrift eval` was asked to do.
@@ -219,12 +220,12 @@ pub fn evaluate_any(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + 
     let key = (cfg.save_reference.is_some() || cfg.reference_store.is_some())
         .then(|| store_key(cfg, &plan, &loaded, &prompts))
         .transpose()?;
-    let measurement = run_variants(cfg, &plan, &loaded, key.as_ref(), progress)?;
     let context = RunContext {
         model: model_info(cfg, &loaded)?,
         workload: workload(cfg, &plan, &prompts),
         reference: reference_info(cfg, &loaded),
     };
+    let measurement = run_variants(cfg, &plan, loaded, key.as_ref(), progress)?;
     match &plan.shard {
         Some(shard) => {
             Ok(Evaluated::Part(Box::new(Part::new(context, *shard, plan.prompt_indices.clone(), measurement))))
@@ -284,17 +285,17 @@ pub struct VariantHeader {
 }
 
 impl VariantHeader {
-    fn of(built: BuiltVariant<'_>) -> VariantHeader {
+    fn of(built: &BuiltVariant) -> VariantHeader {
         VariantHeader {
             recipe: built.recipe_parts(),
-            name: built.name,
-            scheme: built.scheme,
-            path: built.path,
+            name: built.name.clone(),
+            scheme: built.scheme.clone(),
+            path: built.path.clone(),
             kind: built.kind,
             compute_dtype: dtype_name(built.dtype).to_string(),
             bits_per_weight: built.bits_per_weight,
             weight_bytes: built.weight_bytes,
-            per_tensor_error: built.per_tensor_error,
+            per_tensor_error: built.per_tensor_error.clone(),
         }
     }
 }
@@ -311,12 +312,17 @@ pub struct RunContext {
     pub reference: Reference,
 }
 
-/// Runs the reference (`reference.model`, FP16 weights), then each variant, the noise floor
-/// first, each scored against the reference.
+/// Runs the reference (`loaded.model`, FP16 weights), then each variant, the noise floor first,
+/// each scored against the reference.
+///
+/// The reference's host weights are given up as soon as its model is built: a variant that
+/// starts from them (the noise floor, a scheme) gets them back from that model
+/// ([`Llama::host_weights`], the same values), so that the run holds at most one f32 host copy,
+/// briefly, while a variant is built.
 fn run_variants(
     cfg: &EvalConfig,
     plan: &Plan,
-    reference: &LoadedModel,
+    loaded: LoadedModel,
     key: Option<&StoreKey>,
     progress: &mut ProgressFn<'_>,
 ) -> Result<Measurement, EvalError> {
@@ -324,26 +330,29 @@ fn run_variants(
         (Some(dir), Some(key)) => Some(read_store(dir, key)?),
         _ => None,
     };
+    let LoadedModel { model: host, tokenizer, .. } = loaded;
+    let identity = ReferenceIdentity { arch: host.arch.clone(), parameters: host.parameter_count(), tokenizer };
     let (reference_run, mut stored_noise_floor) = match stored {
         Some(s) => {
             // A shard uses its own prompts' part of a store saved by an unsharded run.
             let s = s.select(&plan.prompt_indices)?;
-            (ReferenceRun::from_store(&reference.model, plan, s.continuations, s.side)?, Some(s.noise_floor))
+            (ReferenceRun::from_store(host, plan, s.continuations, s.side)?, Some(s.noise_floor))
         }
         None => {
             let keep_hidden = cfg.save_reference.is_some();
-            (ReferenceRun::start(&reference.model, plan, cfg.reference_logits_budget, keep_hidden, progress)?, None)
+            (ReferenceRun::start(host, plan, cfg.reference_logits_budget, keep_hidden, progress)?, None)
         }
     };
     let scoring = ScoringContext { reference: &reference_run, plan };
+    let reference_weights = || Ok(reference_run.model.host_weights());
     let mut dump = cfg.dump_logprobs.as_deref().map(Dump::create).transpose()?;
     let mut variants: Vec<(VariantHeader, Vec<Trace>)> = Vec::with_capacity(cfg.variants.len() + 1);
     for spec in std::iter::once(&VariantSpec::NoiseFloor).chain(&cfg.variants) {
-        let built = build_variant(spec, reference, &plan.prompts, cfg.dtype, &cfg.quantize)?;
+        let built = build_variant(spec, &identity, &reference_weights, &plan.prompts, cfg.dtype, &cfg.quantize)?;
         let name = built.name.clone();
         let measured = match stored_noise_floor.take() {
-            Some(traces) => (VariantHeader::of(built), traces),
-            None => run_variant(&scoring, built, dump.as_mut(), progress)?,
+            Some(traces) => (VariantHeader::of(&built), traces),
+            None => run_variant(&scoring, built, &reference_weights, dump.as_mut(), progress)?,
         };
         variants.push(measured);
         progress(Progress::Done { model: &name });
@@ -394,17 +403,24 @@ pub(crate) fn summarize_all(context: &mut RunContext, measurement: Measurement) 
 /// header and one trace per prompt.
 fn run_variant(
     scoring: &ScoringContext<'_>,
-    built: BuiltVariant<'_>,
+    built: BuiltVariant,
+    reference_weights: &dyn Fn() -> Result<HostModel, EvalError>,
     dump: Option<&mut Dump>,
     progress: &mut ProgressFn<'_>,
 ) -> Result<(VariantHeader, Vec<Trace>), EvalError> {
     let plan = scoring.plan;
-    let mut model =
-        LlamaConfig::from_arch(&built.host.arch).init_from_host(&built.host, built.dtype, &plan.device.device)?;
+    let header = VariantHeader::of(&built);
+    let mut model = {
+        // The host copy (the reference's weights, or the variant's own) lives only while the
+        // model is built: it is as large as the reference's f32 weights.
+        let host = match &built.host {
+            VariantWeights::Reference => Cow::Owned(reference_weights()?),
+            VariantWeights::Own(h) => Cow::Borrowed(&**h),
+        };
+        LlamaConfig::from_arch(&host.arch).init_from_host(&host, built.dtype, &plan.device.device)?
+    };
     built.apply_runtime(&mut model)?;
-    // The model holds the weights now: a quantized variant's host copy, as large as the
-    // reference's f32 weights, is freed before anything generates.
-    let header = VariantHeader::of(built);
+    drop(built);
     let tokens = generate_all(&model, &header.name, plan, progress)?;
     progress(Progress::Scoring { model: &header.name });
     let mut traces: Vec<Trace> = tokens

@@ -18,14 +18,13 @@ use burn::tensor::Tensor;
 use qdrift_generate::{generate, teacher_forced, teacher_forced_hidden, teacher_forced_pair};
 use qdrift_load::HostModel;
 use qdrift_model::{Llama, LlamaConfig};
-use qdrift_score::{
-    DevicePositionMetrics, position_metrics_against_compact, position_metrics_on_device, token_logprobs_on_device,
-};
+use qdrift_score::DevicePositionMetrics;
 
 use crate::aggregate::Trace;
 use crate::compact::CompactReference;
 use crate::dump::Dump;
 use crate::plan::{KlMode, Plan};
+use crate::reduce::Reduce;
 use crate::run::ProgressFn;
 use crate::store::{StoredReference, StoredSide, hidden_bytes, hidden_tensor};
 use crate::{EvalError, Progress, REFERENCE_NAME};
@@ -60,20 +59,21 @@ pub(crate) enum ReferenceSide {
 }
 
 impl ReferenceRun {
-    /// Builds the reference from `host` (FP16 weights) at the plan's precision, lets it generate,
-    /// and scores it on its own text once: compact statistics, or for the exact KL its logits
-    /// when they fit `logits_budget` bytes.
+    /// Builds the reference from `host` (FP16 weights; freed once the model holds them) at the
+    /// plan's precision, lets it generate, and scores it on its own text once: compact
+    /// statistics, or for the exact KL its logits when they fit `logits_budget` bytes.
     ///
     /// With `keep_hidden` (saving the reference), the exact path keeps the hidden states
     /// whatever the budget: they are what a store holds.
     pub fn start(
-        host: &HostModel,
+        host: HostModel,
         plan: &Plan,
         logits_budget: u64,
         keep_hidden: bool,
         progress: &mut ProgressFn<'_>,
     ) -> Result<ReferenceRun, EvalError> {
-        let model = LlamaConfig::from_arch(&host.arch).init_from_host(host, plan.dtype, &plan.device.device)?;
+        let model = LlamaConfig::from_arch(&host.arch).init_from_host(&host, plan.dtype, &plan.device.device)?;
+        drop(host);
         let tokens = generate_all(&model, REFERENCE_NAME, plan, progress)?;
         progress(Progress::Scoring { model: REFERENCE_NAME });
         let text: Texts = plan.prompts.iter().cloned().zip(tokens).collect();
@@ -88,12 +88,13 @@ impl ReferenceRun {
     /// The reference from a store: built from `host` on the device (for its output layer and to
     /// score the variants' text), with its saved continuations and side; nothing is generated.
     pub fn from_store(
-        host: &HostModel,
+        host: HostModel,
         plan: &Plan,
         continuations: Vec<Vec<u32>>,
         side: StoredSide,
     ) -> Result<ReferenceRun, EvalError> {
-        let model = LlamaConfig::from_arch(&host.arch).init_from_host(host, plan.dtype, &plan.device.device)?;
+        let model = LlamaConfig::from_arch(&host.arch).init_from_host(&host, plan.dtype, &plan.device.device)?;
+        drop(host);
         let text: Texts = plan.prompts.iter().cloned().zip(continuations).collect();
         let side = match side {
             StoredSide::Compact(c) => {
@@ -256,6 +257,7 @@ impl ScoringContext<'_> {
         mut dump: Option<&mut Dump>,
     ) -> Result<(), EvalError> {
         let text = &self.reference.text;
+        let reduce = Reduce::for_plan(self.plan);
         let mut record = |traces: &mut [Trace],
                           first_prompt: usize,
                           start: usize,
@@ -267,7 +269,7 @@ impl ScoringContext<'_> {
             if let Some(d) = dump.as_deref_mut() {
                 d.write_chunk(name, first_prompt, start, r, v, &tokens)?;
             }
-            let metrics = position_metrics_on_device(r.clone(), v.clone(), &tokens)?;
+            let metrics = reduce.position_metrics(r, v, &tokens)?;
             fill_position_metrics(traces, first_prompt, start, &metrics);
             Ok(())
         };
@@ -280,9 +282,9 @@ impl ScoringContext<'_> {
                     let [rows, positions, _] = f.logits.dims();
                     let tokens = chunk_tokens(text, f.first_prompt, f.start, rows, positions);
                     let reference = compact.chunk(f.first_prompt, rows, f.start, positions);
-                    match position_metrics_against_compact(&reference, f.logits.clone(), &tokens) {
+                    match reduce.against_compact(&reference, f.logits, &tokens) {
                         Ok(m) => fill_position_metrics(traces, f.first_prompt, f.start, &m),
-                        Err(e) => failure = Some(e.into()),
+                        Err(e) => failure = Some(e),
                     }
                 }
             })?,
@@ -314,13 +316,14 @@ impl ScoringContext<'_> {
         let text: Texts = self.plan.prompts.iter().cloned().zip(traces.iter().map(|t| t.var_tokens.clone())).collect();
         let mut failure: Option<EvalError> = None;
         let (device, batch_size, chunk) = (&self.plan.device, self.plan.batch_size(), self.plan.chunk);
+        let reduce = Reduce::for_plan(self.plan);
         teacher_forced(&self.reference.model, device, &text, batch_size, chunk, |f| {
             if failure.is_some() {
                 return;
             }
             let [rows, positions, _] = f.logits.dims();
             let tokens = chunk_tokens(&text, f.first_prompt, f.start, rows, positions);
-            match token_logprobs_on_device(f.logits.clone(), &tokens) {
+            match reduce.token_logprobs(f.logits, &tokens) {
                 Ok(logp) => {
                     for i in 0..rows {
                         let row = &logp[i * positions..(i + 1) * positions];
@@ -328,7 +331,7 @@ impl ScoringContext<'_> {
                             .copy_from_slice(row);
                     }
                 }
-                Err(e) => failure = Some(e.into()),
+                Err(e) => failure = Some(e),
             }
         })?;
         failure.map_or(Ok(()), Err)

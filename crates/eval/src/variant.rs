@@ -5,16 +5,16 @@
 //! is refused unless it has the reference's shapes and tokenizer (checkpoints), so that its
 //! positions can be compared with the reference's one by one.**
 
-use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::DType;
 use qdrift_load::{
-    ActivationFormat, ActivationGranularity, CheckpointActivations, HostModel, LlamaArch, LoadedModel, open_model,
+    ActivationFormat, ActivationGranularity, CheckpointActivations, HostModel, LlamaArch, LoadedModel, Tokenizer,
+    open_model,
 };
 use qdrift_model::Llama;
 use qdrift_quantize::{
-    ActivationQuant, ActivationScale, DynamicFormat, Fp8Format, QuantizeOptions, Recipe, Scheme, quantize_model,
+    ActivationQuant, ActivationScale, DynamicFormat, Fp8Format, QuantizeOptions, Recipe, Scheme, quantize_model_owned,
 };
 use qdrift_report::{RecipeParts, TensorError, VariantKind};
 
@@ -82,8 +82,27 @@ pub(crate) fn other_precision(reference: DType) -> DType {
     if reference == DType::F16 { DType::F32 } else { DType::F16 }
 }
 
+/// What variants need of the reference once its host weights are given up: its shapes, parameter
+/// count and tokenizer.
+pub(crate) struct ReferenceIdentity {
+    /// Its architecture.
+    pub arch: LlamaArch,
+    /// [`HostModel::parameter_count`] of its weights.
+    pub parameters: usize,
+    /// Its tokenizer.
+    pub tokenizer: Box<dyn Tokenizer>,
+}
+
+/// The host weights a variant's model is built from.
+pub(crate) enum VariantWeights {
+    /// The reference's own FP16 weights, fetched when the model is built (the noise floor).
+    Reference,
+    /// Its own (a scheme's dequantized weights, a checkpoint's).
+    Own(Box<HostModel>),
+}
+
 /// A variant ready to run: its weights and precision, and how the report describes it.
-pub(crate) struct BuiltVariant<'a> {
+pub(crate) struct BuiltVariant {
     /// Its name in the report ([`VariantSpec::name`]; unique among the variants).
     pub name: String,
     /// The scheme's name, for scheme variants.
@@ -99,8 +118,8 @@ pub(crate) struct BuiltVariant<'a> {
     pub kind: VariantKind,
     /// Its compute precision.
     pub dtype: DType,
-    /// Its weights: the noise floor borrows the reference's; other variants own theirs.
-    pub host: Cow<'a, HostModel>,
+    /// Its weights.
+    pub host: VariantWeights,
     /// Storage bits per parameter.
     pub bits_per_weight: f64,
     /// Storage bytes of its weights.
@@ -109,26 +128,28 @@ pub(crate) struct BuiltVariant<'a> {
     pub per_tensor_error: Vec<TensorError>,
 }
 
-/// Builds the variant `spec` of `reference` (its weights already rounded to FP16).
+/// Builds the variant `spec` of the reference: `weights` gives the reference's FP16 host weights
+/// (a fresh copy each call, which a scheme quantizes in place).
 ///
 /// `prompts` are the evaluation's encoded prompts: a checkpoint's tokenizer must encode them as
 /// the reference's does. `dtype` is the reference's compute precision.
-pub(crate) fn build_variant<'a>(
+pub(crate) fn build_variant(
     spec: &VariantSpec,
-    reference: &'a LoadedModel,
+    reference: &ReferenceIdentity,
+    weights: &dyn Fn() -> Result<HostModel, EvalError>,
     prompts: &[Vec<u32>],
     dtype: DType,
     quantize: &QuantizeOptions,
-) -> Result<BuiltVariant<'a>, EvalError> {
+) -> Result<BuiltVariant, EvalError> {
     let name = spec.name(dtype);
     match spec {
-        VariantSpec::NoiseFloor => Ok(noise_floor(name, &reference.model, other_precision(dtype))),
-        VariantSpec::Scheme(recipe) => scheme_variant(name, &reference.model, recipe, dtype, quantize),
+        VariantSpec::NoiseFloor => Ok(noise_floor(name, reference, other_precision(dtype))),
+        VariantSpec::Scheme(recipe) => scheme_variant(name, reference, weights()?, recipe, dtype, quantize),
         VariantSpec::Checkpoint(path) => checkpoint_variant(name, reference, path, prompts, dtype),
     }
 }
 
-fn noise_floor(name: String, reference: &HostModel, dtype: DType) -> BuiltVariant<'_> {
+fn noise_floor(name: String, reference: &ReferenceIdentity, dtype: DType) -> BuiltVariant {
     BuiltVariant {
         name,
         scheme: None,
@@ -137,21 +158,22 @@ fn noise_floor(name: String, reference: &HostModel, dtype: DType) -> BuiltVarian
         path: None,
         kind: VariantKind::NoiseFloor,
         dtype,
-        host: Cow::Borrowed(reference),
+        host: VariantWeights::Reference,
         bits_per_weight: 16.0,
-        weight_bytes: reference.parameter_count() as u64 * 2,
+        weight_bytes: reference.parameters as u64 * 2,
         per_tensor_error: Vec::new(),
     }
 }
 
-fn scheme_variant<'a>(
+fn scheme_variant(
     name: String,
-    reference: &HostModel,
+    reference: &ReferenceIdentity,
+    weights: HostModel,
     recipe: &Recipe,
     dtype: DType,
     quantize: &QuantizeOptions,
-) -> Result<BuiltVariant<'a>, EvalError> {
-    let q = quantize_model(reference, &recipe.weights, quantize)?;
+) -> Result<BuiltVariant, EvalError> {
+    let q = quantize_model_owned(weights, &recipe.weights, quantize)?;
     let summary = q.summary();
     let per_tensor_error = q
         .reports()
@@ -159,7 +181,7 @@ fn scheme_variant<'a>(
         .map(|r| TensorError { tensor: r.tensor, sqnr_db: r.sqnr_db, rel_frobenius: r.rel_frobenius, cosine: r.cosine })
         .collect();
     // Tensors the scheme leaves alone stay FP16.
-    let unquantized_bytes = (reference.parameter_count() as u64).saturating_sub(summary.quantized_weights as u64) * 2;
+    let unquantized_bytes = (reference.parameters as u64).saturating_sub(summary.quantized_weights as u64) * 2;
     Ok(BuiltVariant {
         name,
         scheme: Some(recipe.to_string()),
@@ -168,20 +190,20 @@ fn scheme_variant<'a>(
         path: None,
         kind: VariantKind::Scheme,
         dtype,
-        host: Cow::Owned(q.dequantized),
+        host: VariantWeights::Own(Box::new(q.dequantized)),
         bits_per_weight: summary.bits_per_weight,
         weight_bytes: summary.storage_bytes as u64 + unquantized_bytes,
         per_tensor_error,
     })
 }
 
-fn checkpoint_variant<'a>(
+fn checkpoint_variant(
     name: String,
-    reference: &LoadedModel,
+    reference: &ReferenceIdentity,
     path: &Path,
     prompts: &[Vec<u32>],
     dtype: DType,
-) -> Result<BuiltVariant<'a>, EvalError> {
+) -> Result<BuiltVariant, EvalError> {
     let other = open_model(path, None)?;
     check_same_model(reference, &other, prompts, path)?;
     let checkpoint_quant =
@@ -204,14 +226,14 @@ fn checkpoint_variant<'a>(
         path: Some(report_name(path)),
         kind: VariantKind::Checkpoint,
         dtype,
-        host: Cow::Owned(other.model),
-        bits_per_weight: bytes as f64 * 8.0 / (reference.model.parameter_count() as u64).max(1) as f64,
+        host: VariantWeights::Own(Box::new(other.model)),
+        bits_per_weight: bytes as f64 * 8.0 / (reference.parameters as u64).max(1) as f64,
         weight_bytes: bytes,
         per_tensor_error: Vec::new(),
     })
 }
 
-impl BuiltVariant<'_> {
+impl BuiltVariant {
     /// The recipe's parts as `report.json` records them; for a quantized checkpoint, its weight
     /// format and declared activation rounding.
     pub fn recipe_parts(&self) -> Option<RecipeParts> {
@@ -275,14 +297,14 @@ fn check_activation_widths(a: ActivationQuant, arch: &LlamaArch) -> Result<(), q
 
 /// Refuses a checkpoint variant whose shapes or tokenizer differ from the reference's.
 fn check_same_model(
-    reference: &LoadedModel,
+    reference: &ReferenceIdentity,
     other: &LoadedModel,
     prompts: &[Vec<u32>],
     path: &Path,
 ) -> Result<(), EvalError> {
     let refuse = |problem: String| Err(EvalError::Variant { variant: path.display().to_string(), problem });
     let shape = |x: &LlamaArch| (x.dim, x.hidden_dim, x.n_layers, x.n_heads, x.n_kv_heads, x.vocab_size);
-    let (ours, theirs) = (shape(&reference.model.arch), shape(&other.model.arch));
+    let (ours, theirs) = (shape(&reference.arch), shape(&other.model.arch));
     if ours != theirs {
         return refuse(format!(
             "shapes (dim, hidden, layers, heads, kv heads, vocab) {theirs:?} differ from the reference's {ours:?}"

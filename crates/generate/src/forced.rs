@@ -12,7 +12,7 @@ use qdrift_model::{KvCache, Llama, Positions};
 
 use crate::greedy::{PromptBatch, prompt_batch};
 use crate::parallel::{lock, run_batches};
-use crate::{ComputeDevice, GenerateError, GenerationConfig, check_request};
+use crate::{ComputeDevice, GenerateError, GenerationConfig, check_request, concurrent_batches};
 
 /// The logits of a chunk of continuation positions of one batch.
 pub struct ForcedLogits<'a> {
@@ -172,7 +172,10 @@ fn teacher_forced_lockstep(
     let chunk = chunk.max(1);
     let batches: Vec<&[(Vec<u32>, Vec<u32>)]> = sequences.chunks(batch_size).collect();
     let observe = std::sync::Mutex::new(observe);
-    run_batches(batches.len(), device.parallel_batches, |b| {
+    // Models in lockstep hold their caches at once: the one with the largest decides.
+    let concurrent =
+        models.iter().map(|m| concurrent_batches(&m.config, m.dtype(), device, &prompts, &config)).min().unwrap_or(1);
+    run_batches(batches.len(), concurrent, |b| {
         forced_batch(models, batches[b], b * batch_size, n, chunk, output, &mut |p, s, l| (*lock(&observe))(p, s, l));
     });
     Ok(())

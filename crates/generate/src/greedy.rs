@@ -11,7 +11,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use qdrift_model::{KvCache, Llama, Positions};
 
 use crate::parallel::{lock, run_batches};
-use crate::{ComputeDevice, GenerateError, check_request};
+use crate::{ComputeDevice, GenerateError, check_request, concurrent_batches};
 
 /// How to generate.
 #[derive(Debug, Clone)]
@@ -56,7 +56,8 @@ pub fn generate(
     let vocab = model.config.vocab_size;
     let batches: Vec<&[Vec<u32>]> = prompts.chunks(config.batch_size).collect();
     let observe = std::sync::Mutex::new(observe);
-    let results = run_batches(batches.len(), device.parallel_batches, |b| {
+    let concurrent = concurrent_batches(&model.config, model.dtype(), device, prompts, config);
+    let results = run_batches(batches.len(), concurrent, |b| {
         generate_batch(model, batches[b], b * config.batch_size, vocab, config, &mut |s| (*lock(&observe))(s))
     });
     let mut out = Vec::with_capacity(prompts.len());

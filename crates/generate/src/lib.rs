@@ -32,6 +32,7 @@ pub use forced::{ForcedLogits, PairedLogits, teacher_forced, teacher_forced_hidd
 pub use greedy::{GenerationConfig, StepLogits, generate};
 pub use request::{
     ContextOverflow, LONG_REQUEST_FACTOR, MAX_DEFAULT_BATCH_SIZE, MAX_PROMPT_BYTES_PER_TOKEN, PromptTooLong,
-    check_length, check_prompt_text, check_prompt_tokens, check_request, context_overflow, default_batch_size,
+    SIDE_BY_SIDE_CACHE_BYTES, check_length, check_prompt_text, check_prompt_tokens, check_request, concurrent_batches,
+    context_overflow, default_batch_size,
 };
 pub use timing::{CopyBandwidth, GenerationTiming, copy_bandwidth, timed_generate};

@@ -12,7 +12,7 @@ use qdrift_quantize::{ActivationQuant, ActivationScale, KvQuant};
 
 use crate::fake_quant::{RoundingPath, round_activations, round_kv};
 use crate::host_attention::HostKv;
-use crate::host_linear::PackedLinear;
+use crate::host_linear::{PackedLinear, round_f16};
 use crate::rope::HostRope;
 use crate::{KvCache, Positions, Projection, Rope, host_f32, upload, upload_owned};
 
@@ -37,6 +37,9 @@ pub(crate) struct ForwardContext<'a> {
     /// `[batch, new, 1]`, f32, 1 for real tokens and 0 for padding; built only for per-tensor
     /// activation scales on the device.
     pub real: Option<Tensor<3>>,
+    /// Whether the model computes in f16: a rounded activation (`q × scale`) is then stored as
+    /// the f16 value a tensor of the model's dtype holds, on the host as on the device.
+    pub f16: bool,
 }
 
 impl ForwardContext<'_> {
@@ -89,6 +92,9 @@ impl ForwardContext<'_> {
     pub fn round_host_input(&self, data: &mut [f32], [b, t, cols]: [usize; 3]) {
         if let Some((q, RoundingPath::Host)) = self.activations() {
             self.round_host(data, q, b, t, cols);
+            if self.f16 {
+                round_f16(data);
+            }
         }
     }
 

@@ -494,7 +494,8 @@ impl Llama {
         let any_host_cache = caches.iter().any(|c| c.kernel() == AttentionKernel::Host);
         let host_rope = (host_layers && any_host_cache).then(|| self.rope.host_tables(&rows, self.dtype == DType::F16));
         let rope = (composed || !host_layers).then(|| self.rope.tables(&rows, self.dtype, &device));
-        let context = ForwardContext { rope, host_rope, mask, positions, start, activations, real };
+        let f16 = self.dtype == DType::F16;
+        let context = ForwardContext { rope, host_rope, mask, positions, start, activations, real, f16 };
 
         let dim = self.embedding.val().dims()[1];
         let mut x = self.embedding.val().select(0, tokens.reshape([b * t]));

@@ -59,6 +59,7 @@ pub use gguf_out::{GgufWriteError, check_gguf_scheme, gguf_schemes, write_gguf};
 pub use hf_packed::{HfLayout, HfPacked, HfTensor, pack_hf};
 pub use model::{
     QuantSummary, QuantizeOptions, QuantizedModel, QuantizedTensor, TensorReport, WeightSlot, quantize_model,
+    quantize_model_owned,
 };
 pub use nf4::NF4_CODE;
 pub use qdrift_ggml::{GgmlError, RowStorage};

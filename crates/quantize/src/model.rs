@@ -213,31 +213,41 @@ pub fn quantize_model(
     scheme: &Scheme,
     opts: &QuantizeOptions,
 ) -> Result<QuantizedModel, QuantizeError> {
-    let mut dequantized = reference.clone();
-    let mut tensors = Vec::new();
+    quantize_model_owned(reference.clone(), scheme, opts)
+}
 
+/// [`quantize_model`] on a model the caller gives up: each tensor's values are replaced by their
+/// dequantized values in place, so the peak is the model plus one tensor (and the codes), not two
+/// models. The result is the same as [`quantize_model`]'s.
+///
+/// # Errors
+/// As [`quantize_model`].
+pub fn quantize_model_owned(
+    mut model: HostModel,
+    scheme: &Scheme,
+    opts: &QuantizeOptions,
+) -> Result<QuantizedModel, QuantizeError> {
+    let mut tensors = Vec::new();
+    let mut replace = |slot: WeightSlot, t: &mut HostTensor| -> Result<(), QuantizeError> {
+        let (tensor, values) = quantize_tensor(scheme, slot, t)?;
+        t.data = values;
+        tensors.push(tensor);
+        Ok(())
+    };
     if opts.quantize_embeddings {
-        let slot = WeightSlot::TokenEmbedding;
-        let t = quantize_tensor(scheme, slot, &reference.token_embedding)?;
-        dequantized.token_embedding.data = t.1;
-        tensors.push(t.0);
+        replace(WeightSlot::TokenEmbedding, &mut model.token_embedding)?;
     }
-    for (layer, (ref_layer, out_layer)) in reference.layers.iter().zip(dequantized.layers.iter_mut()).enumerate() {
-        for ((short_name, weight), (_, out)) in ref_layer.linears().into_iter().zip(out_layer.linears_mut()) {
-            let slot = WeightSlot::Linear { layer, short_name };
-            let (tensor, values) = quantize_tensor(scheme, slot, weight)?;
-            out.data = values;
-            tensors.push(tensor);
+    for (layer, weights) in model.layers.iter_mut().enumerate() {
+        for (short_name, weight) in weights.linears_mut() {
+            replace(WeightSlot::Linear { layer, short_name }, weight)?;
         }
     }
     if opts.quantize_head
-        && let (Some(head), Some(out)) = (&reference.output, &mut dequantized.output)
+        && let Some(head) = &mut model.output
     {
-        let (tensor, values) = quantize_tensor(scheme, WeightSlot::OutputHead, head)?;
-        out.data = values;
-        tensors.push(tensor);
+        replace(WeightSlot::OutputHead, head)?;
     }
-    Ok(QuantizedModel { scheme: *scheme, options: *opts, dequantized, tensors })
+    Ok(QuantizedModel { scheme: *scheme, options: *opts, dequantized: model, tensors })
 }
 
 /// Quantizes one model tensor and returns it with its dequantized values.
