@@ -121,5 +121,17 @@ pub fn run_greedy(
     (tokens, first_logits)
 }
 
+/// Uniform values in `[-0.5, 0.5)` from a 64-bit LCG (Knuth's MMIX constants), top 24 bits:
+/// deterministic weights and activations for tests.
+pub fn uniform(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
 pub mod fuzz;
 pub mod reference64;

@@ -10,19 +10,9 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use qdrift_load::{HostModel, HostTensor, RopeScaling, synthetic_model};
 use qdrift_model::{AttentionKernel, KvCache, LinearKernel, Llama, LlamaConfig, ModelError, Positions};
 use qdrift_tests::reference64::{Rounding, naive_logits};
+use qdrift_tests::uniform;
 
 const TOKENS: [u32; 9] = [1, 75, 104, 3, 319, 200, 42, 42, 7];
-
-/// Uniform values in `[-0.5, 0.5)` from a 64-bit LCG (Knuth's MMIX constants), top 24 bits.
-fn uniform(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect()
-}
 
 fn tiny(biases: bool, rope_scaling: Option<RopeScaling>) -> HostModel {
     let mut m = synthetic_model("tiny", 11).expect("tiny").model;

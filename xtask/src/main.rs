@@ -77,7 +77,12 @@ fn main() -> ExitCode {
 }
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    // The directory `cargo run` gives at run time first: clones on one machine share the target
+    // folder, and cargo's fingerprints (relative to the workspace) let one clone reuse a binary
+    // another built, whose compile-time path would point into that other clone.
+    let manifest =
+        std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    manifest.join("..")
 }
 
 /// One target folder for every build and test, outside the checkout so that fresh clones on the

@@ -172,19 +172,6 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     Ok(code)
 }
 
-/// Hands the pages of freed memory back to the system once a model is done. glibc keeps freed
-/// heap memory resident, and a model's weight panels (1–2 MiB each for SmolLM2) come from the heap
-/// once glibc's dynamic mmap threshold has grown past them: without this, an evaluation's resident
-/// memory kept every model it had built and dropped. (A fixed `M_MMAP_THRESHOLD` did the same
-/// but made every decoding step map and unmap its logits: 20% slower.)
-fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `malloc_trim` only returns free memory to the system; it touches no live allocation.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -331,7 +318,7 @@ fn evaluate_with_progress(
                 bar.set_message("scoring");
             }
             Progress::Warning { message } => bar.suspend(|| eprintln!("qdrift: warning: {message}")),
-            Progress::Done { .. } => release_free_memory(),
+            Progress::Done { .. } => qdrift_model::release_free_memory(),
         }
     });
     bar.finish_and_clear();

@@ -38,8 +38,8 @@ impl Reduce {
     /// - `reference`, `variant`: `[batch, positions, vocab]` f32; `tokens`: `batch × positions`
     pub fn position_metrics(
         self,
-        reference: &Tensor<3>,
-        variant: &Tensor<3>,
+        reference: Tensor<3>,
+        variant: Tensor<3>,
         tokens: &[u32],
     ) -> Result<DevicePositionMetrics, EvalError> {
         Ok(match self {
@@ -47,7 +47,7 @@ impl Reduce {
                 let (r, dims) = host_values(reference)?;
                 position_metrics_on_host(&r, &host_values(variant)?.0, dims, tokens)?
             }
-            Reduce::Device => position_metrics_on_device(reference.clone(), variant.clone(), tokens)?,
+            Reduce::Device => position_metrics_on_device(reference, variant, tokens)?,
         })
     }
 
@@ -58,7 +58,7 @@ impl Reduce {
     pub fn against_compact(
         self,
         reference: &CompactChunk,
-        variant: &Tensor<3>,
+        variant: Tensor<3>,
         tokens: &[u32],
     ) -> Result<DevicePositionMetrics, EvalError> {
         Ok(match self {
@@ -66,7 +66,7 @@ impl Reduce {
                 let (v, dims) = host_values(variant)?;
                 position_metrics_against_compact_on_host(reference, &v, dims, tokens)?
             }
-            Reduce::Device => position_metrics_against_compact(reference, variant.clone(), tokens)?,
+            Reduce::Device => position_metrics_against_compact(reference, variant, tokens)?,
         })
     }
 
@@ -74,13 +74,13 @@ impl Reduce {
     ///
     /// # Shapes
     /// - `logits`: `[batch, positions, vocab]` f32; `tokens` and the result: `batch × positions`
-    pub fn token_logprobs(self, logits: &Tensor<3>, tokens: &[u32]) -> Result<Vec<f32>, EvalError> {
+    pub fn token_logprobs(self, logits: Tensor<3>, tokens: &[u32]) -> Result<Vec<f32>, EvalError> {
         Ok(match self {
             Reduce::Host => {
                 let (l, dims) = host_values(logits)?;
                 token_logprobs_on_host(&l, dims, tokens)?
             }
-            Reduce::Device => token_logprobs_on_device(logits.clone(), tokens)?,
+            Reduce::Device => token_logprobs_on_device(logits, tokens)?,
         })
     }
 
@@ -88,22 +88,22 @@ impl Reduce {
     ///
     /// # Shapes
     /// - `logits`: `[batch, positions, vocab]` f32; `tokens`: `batch × positions`
-    pub fn compact(self, logits: &Tensor<3>, tokens: &[u32], k: usize) -> Result<CompactChunk, EvalError> {
+    pub fn compact(self, logits: Tensor<3>, tokens: &[u32], k: usize) -> Result<CompactChunk, EvalError> {
         Ok(match self {
             Reduce::Host => {
                 let (l, dims) = host_values(logits)?;
                 compact_reference_on_host(&l, dims, tokens, k)?
             }
-            Reduce::Device => compact_reference_on_device(logits.clone(), tokens, k)?,
+            Reduce::Device => compact_reference_on_device(logits, tokens, k)?,
         })
     }
 }
 
-/// A logits tensor's values, row-major, and its dims.
-fn host_values(t: &Tensor<3>) -> Result<(Vec<f32>, [usize; 3]), EvalError> {
+/// A logits tensor's values, row-major, and its dims: moved out of the tensor without a copy when
+/// it is the only handle on its buffer (the logits a pass hands over are).
+fn host_values(t: Tensor<3>) -> Result<(Vec<f32>, [usize; 3]), EvalError> {
     let dims = t.dims();
     let values = t
-        .clone()
         .into_data()
         .try_into_vec::<f32>()
         .map_err(|e| EvalError::Internal(format!("logits {dims:?} do not read back as f32: {e:?}")))?;

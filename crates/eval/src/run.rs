@@ -421,6 +421,7 @@ fn run_variant(
     };
     built.apply_runtime(&mut model)?;
     drop(built);
+    qdrift_model::release_free_memory();
     let tokens = generate_all(&model, &header.name, plan, progress)?;
     progress(Progress::Scoring { model: &header.name });
     let mut traces: Vec<Trace> = tokens

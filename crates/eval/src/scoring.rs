@@ -74,6 +74,7 @@ impl ReferenceRun {
     ) -> Result<ReferenceRun, EvalError> {
         let model = LlamaConfig::from_arch(&host.arch).init_from_host(&host, plan.dtype, &plan.device.device)?;
         drop(host);
+        qdrift_model::release_free_memory();
         let tokens = generate_all(&model, REFERENCE_NAME, plan, progress)?;
         progress(Progress::Scoring { model: REFERENCE_NAME });
         let text: Texts = plan.prompts.iter().cloned().zip(tokens).collect();
@@ -95,6 +96,7 @@ impl ReferenceRun {
     ) -> Result<ReferenceRun, EvalError> {
         let model = LlamaConfig::from_arch(&host.arch).init_from_host(&host, plan.dtype, &plan.device.device)?;
         drop(host);
+        qdrift_model::release_free_memory();
         let text: Texts = plan.prompts.iter().cloned().zip(continuations).collect();
         let side = match side {
             StoredSide::Compact(c) => {
@@ -261,13 +263,13 @@ impl ScoringContext<'_> {
         let mut record = |traces: &mut [Trace],
                           first_prompt: usize,
                           start: usize,
-                          r: &Tensor<3>,
-                          v: &Tensor<3>|
+                          r: Tensor<3>,
+                          v: Tensor<3>|
          -> Result<(), EvalError> {
             let [rows, positions, _] = r.dims();
             let tokens = chunk_tokens(text, first_prompt, start, rows, positions);
             if let Some(d) = dump.as_deref_mut() {
-                d.write_chunk(name, first_prompt, start, r, v, &tokens)?;
+                d.write_chunk(name, first_prompt, start, &r, &v, &tokens)?;
             }
             let metrics = reduce.position_metrics(r, v, &tokens)?;
             fill_position_metrics(traces, first_prompt, start, &metrics);
@@ -296,14 +298,14 @@ impl ScoringContext<'_> {
                         let reference = kept
                             .get(f.first_prompt, f.start)
                             .map(|t| if hidden { self.reference.model.head(t.clone()) } else { t.clone() });
-                        failure = reference.and_then(|r| record(traces, f.first_prompt, f.start, &r, f.logits)).err();
+                        failure = reference.and_then(|r| record(traces, f.first_prompt, f.start, r, f.logits)).err();
                     }
                 })?
             }
             ReferenceSide::Lockstep => {
                 teacher_forced_pair(&self.reference.model, variant, device, text, batch_size, chunk, |p| {
                     if failure.is_none() {
-                        failure = record(traces, p.first_prompt, p.start, p.reference, p.variant).err();
+                        failure = record(traces, p.first_prompt, p.start, p.reference.clone(), p.variant.clone()).err();
                     }
                 })?
             }

@@ -14,8 +14,9 @@ use crate::greedy::{PromptBatch, prompt_batch};
 use crate::parallel::{lock, run_batches};
 use crate::{ComputeDevice, GenerateError, GenerationConfig, check_request, concurrent_batches};
 
-/// The logits of a chunk of continuation positions of one batch.
-pub struct ForcedLogits<'a> {
+/// The logits of a chunk of continuation positions of one batch, handed over: an observer that
+/// reads them back on the CPU backend takes them without a copy.
+pub struct ForcedLogits {
     /// Index (in the caller's list) of the batch's first sequence.
     pub first_prompt: usize,
     /// Index of the first continuation token these logits predict.
@@ -23,7 +24,7 @@ pub struct ForcedLogits<'a> {
     /// `[batch, chunk, vocab]`, f32, on the model's device: `logits[b, i]` is the distribution
     /// the model predicts for continuation token `start + i` of sequence `b`, given the prompt
     /// and the continuation tokens before it.
-    pub logits: &'a Tensor<3>,
+    pub logits: Tensor<3>,
 }
 
 /// Feeds every `(prompt, continuation)` pair through `model` and hands the logits predicting each
@@ -38,7 +39,7 @@ pub fn teacher_forced(
     sequences: &[(Vec<u32>, Vec<u32>)],
     batch_size: usize,
     chunk: usize,
-    mut observe: impl FnMut(ForcedLogits<'_>) + Send,
+    mut observe: impl FnMut(ForcedLogits) + Send,
 ) -> Result<(), GenerateError> {
     teacher_forced_lockstep(
         &[model],
@@ -47,7 +48,11 @@ pub fn teacher_forced(
         batch_size,
         chunk,
         Output::Logits,
-        |first_prompt, start, logits| observe(ForcedLogits { first_prompt, start, logits: &logits[0] }),
+        |first_prompt, start, logits| {
+            if let Some(logits) = logits.into_iter().next() {
+                observe(ForcedLogits { first_prompt, start, logits });
+            }
+        },
     )
 }
 
@@ -61,7 +66,7 @@ pub fn teacher_forced_hidden(
     sequences: &[(Vec<u32>, Vec<u32>)],
     batch_size: usize,
     chunk: usize,
-    mut observe: impl FnMut(ForcedLogits<'_>) + Send,
+    mut observe: impl FnMut(ForcedLogits) + Send,
 ) -> Result<(), GenerateError> {
     teacher_forced_lockstep(
         &[model],
@@ -70,7 +75,11 @@ pub fn teacher_forced_hidden(
         batch_size,
         chunk,
         Output::Hidden,
-        |first_prompt, start, hidden| observe(ForcedLogits { first_prompt, start, logits: &hidden[0] }),
+        |first_prompt, start, hidden| {
+            if let Some(logits) = hidden.into_iter().next() {
+                observe(ForcedLogits { first_prompt, start, logits });
+            }
+        },
     )
 }
 
@@ -150,7 +159,7 @@ fn teacher_forced_lockstep(
     batch_size: usize,
     chunk: usize,
     output: Output,
-    observe: impl FnMut(usize, usize, &[Tensor<3>]) + Send,
+    observe: impl FnMut(usize, usize, Vec<Tensor<3>>) + Send,
 ) -> Result<(), GenerateError> {
     let n = sequences.first().map_or(0, |(_, c)| c.len());
     if let Some(i) = sequences.iter().position(|(_, c)| c.len() != n) {
@@ -178,6 +187,8 @@ fn teacher_forced_lockstep(
     run_batches(batches.len(), concurrent, |b| {
         forced_batch(models, batches[b], b * batch_size, n, chunk, output, &mut |p, s, l| (*lock(&observe))(p, s, l));
     });
+    // The batches' key-value caches are freed: hand their pages back.
+    qdrift_model::release_free_memory();
     Ok(())
 }
 
@@ -188,7 +199,7 @@ fn forced_batch(
     n: usize,
     chunk: usize,
     output: Output,
-    observe: &mut dyn FnMut(usize, usize, &[Tensor<3>]),
+    observe: &mut dyn FnMut(usize, usize, Vec<Tensor<3>>),
 ) {
     if n == 0 {
         return;
@@ -202,7 +213,7 @@ fn forced_batch(
         .zip(&mut states)
         .map(|(m, s)| output.forward(m, s.tokens.clone(), &s.positions, &mut s.caches, false))
         .collect();
-    observe(first_prompt, 0, &logits);
+    observe(first_prompt, 0, logits);
     // Continuation tokens 0..n-1 predict tokens 1..n.
     let mut start = 0;
     while start + 1 < n {
@@ -219,7 +230,7 @@ fn forced_batch(
                 output.forward(m, input, &s.positions, &mut s.caches, true)
             })
             .collect();
-        observe(first_prompt, start + 1, &logits);
+        observe(first_prompt, start + 1, logits);
         start += len;
     }
 }

@@ -60,6 +60,8 @@ pub fn generate(
     let results = run_batches(batches.len(), concurrent, |b| {
         generate_batch(model, batches[b], b * config.batch_size, vocab, config, &mut |s| (*lock(&observe))(s))
     });
+    // The batches' key-value caches are freed: hand their pages back.
+    qdrift_model::release_free_memory();
     let mut out = Vec::with_capacity(prompts.len());
     for rows in results {
         out.extend(rows?);

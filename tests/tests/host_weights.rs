@@ -6,6 +6,7 @@
 use burn::tensor::{DType, Device};
 use qdrift_load::{HostModel, HostTensor, RopeScaling, synthetic_model};
 use qdrift_model::{LinearKernel, LlamaConfig};
+use qdrift_tests::uniform;
 
 /// Every tensor of a host model with its name, optional ones marked present or absent.
 fn tensors(m: &HostModel) -> Vec<(String, Option<&HostTensor>)> {
@@ -40,17 +41,6 @@ fn assert_same(got: &HostModel, want: &HostModel, what: &str) {
             (g, w) => panic!("{what}: {name} present {} vs {}", g.is_some(), w.is_some()),
         }
     }
-}
-
-/// Deterministic values in [-0.5, 0.5).
-fn uniform(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect()
 }
 
 /// The tiny preset, tied, as given.
