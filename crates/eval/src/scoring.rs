@@ -15,7 +15,9 @@
 use std::collections::HashMap;
 
 use burn::tensor::Tensor;
-use qdrift_generate::{generate, teacher_forced, teacher_forced_hidden, teacher_forced_pair};
+use qdrift_generate::{
+    ForcedLogits, generate, teacher_forced, teacher_forced_hidden, teacher_forced_map, teacher_forced_pair,
+};
 use qdrift_load::HostModel;
 use qdrift_model::{Llama, LlamaConfig};
 use qdrift_score::DevicePositionMetrics;
@@ -260,6 +262,7 @@ impl ScoringContext<'_> {
     ) -> Result<(), EvalError> {
         let text = &self.reference.text;
         let reduce = Reduce::for_plan(self.plan);
+        let dumping = dump.is_some();
         let mut record = |traces: &mut [Trace],
                           first_prompt: usize,
                           start: usize,
@@ -278,18 +281,48 @@ impl ScoringContext<'_> {
         // Observers cannot return errors: the first one is kept and the rest of the run skipped.
         let mut failure: Option<EvalError> = None;
         let (device, batch_size, chunk) = (&self.plan.device, self.plan.batch_size(), self.plan.chunk);
+        // Each chunk is reduced on its batch's thread (`teacher_forced_map`); only filing the
+        // per-position values into the traces is serialized.
+        let mut file =
+            |first_prompt: usize, start: usize, metrics: Result<DevicePositionMetrics, EvalError>| match metrics {
+                Ok(m) if failure.is_none() => fill_position_metrics(traces, first_prompt, start, &m),
+                Err(e) if failure.is_none() => failure = Some(e),
+                _ => {}
+            };
         match &self.reference.side {
-            ReferenceSide::Compact(compact) => teacher_forced(variant, device, text, batch_size, chunk, |f| {
-                if failure.is_none() {
+            ReferenceSide::Compact(compact) => teacher_forced_map(
+                variant,
+                device,
+                text,
+                batch_size,
+                chunk,
+                |f| {
                     let [rows, positions, _] = f.logits.dims();
                     let tokens = chunk_tokens(text, f.first_prompt, f.start, rows, positions);
                     let reference = compact.chunk(f.first_prompt, rows, f.start, positions);
-                    match reduce.against_compact(&reference, f.logits, &tokens) {
-                        Ok(m) => fill_position_metrics(traces, f.first_prompt, f.start, &m),
-                        Err(e) => failure = Some(e),
-                    }
-                }
-            })?,
+                    reduce.against_compact(&reference, f.logits, &tokens)
+                },
+                &mut file,
+            )?,
+            ReferenceSide::Kept(kept) | ReferenceSide::KeptHidden(kept) if !dumping => {
+                let hidden = matches!(self.reference.side, ReferenceSide::KeptHidden(_));
+                teacher_forced_map(
+                    variant,
+                    device,
+                    text,
+                    batch_size,
+                    chunk,
+                    |f| {
+                        let [rows, positions, _] = f.logits.dims();
+                        let tokens = chunk_tokens(text, f.first_prompt, f.start, rows, positions);
+                        // Kept hidden states become the reference's logits through its output layer.
+                        let kept = kept.get(f.first_prompt, f.start)?;
+                        let reference = if hidden { self.reference.model.head(kept.clone()) } else { kept.clone() };
+                        reduce.position_metrics(reference, f.logits, &tokens)
+                    },
+                    &mut file,
+                )?
+            }
             ReferenceSide::Kept(kept) | ReferenceSide::KeptHidden(kept) => {
                 let hidden = matches!(self.reference.side, ReferenceSide::KeptHidden(_));
                 teacher_forced(variant, device, text, batch_size, chunk, |f| {
@@ -319,18 +352,21 @@ impl ScoringContext<'_> {
         let mut failure: Option<EvalError> = None;
         let (device, batch_size, chunk) = (&self.plan.device, self.plan.batch_size(), self.plan.chunk);
         let reduce = Reduce::for_plan(self.plan);
-        teacher_forced(&self.reference.model, device, &text, batch_size, chunk, |f| {
+        let reduced = |f: ForcedLogits| {
+            let [rows, positions, _] = f.logits.dims();
+            let tokens = chunk_tokens(&text, f.first_prompt, f.start, rows, positions);
+            (rows, positions, reduce.token_logprobs(f.logits, &tokens))
+        };
+        teacher_forced_map(&self.reference.model, device, &text, batch_size, chunk, reduced, |first, start, r| {
             if failure.is_some() {
                 return;
             }
-            let [rows, positions, _] = f.logits.dims();
-            let tokens = chunk_tokens(&text, f.first_prompt, f.start, rows, positions);
-            match reduce.token_logprobs(f.logits, &tokens) {
+            let (rows, positions, logp) = r;
+            match logp {
                 Ok(logp) => {
                     for i in 0..rows {
                         let row = &logp[i * positions..(i + 1) * positions];
-                        traces[f.first_prompt + i].logp_ref_on_var_text[f.start..f.start + positions]
-                            .copy_from_slice(row);
+                        traces[first + i].logp_ref_on_var_text[start..start + positions].copy_from_slice(row);
                     }
                 }
                 Err(e) => failure = Some(e),

@@ -83,6 +83,34 @@ pub fn teacher_forced_hidden(
     )
 }
 
+/// [`teacher_forced`] with the work on each chunk split in two: `map` runs on the batch's own
+/// thread as soon as its chunk is computed (batches side by side map at the same time), and
+/// `observe` gets `map`'s result one call at a time, with the chunk's first prompt and position.
+/// For reductions of the logits, whose results `observe` only files away.
+pub fn teacher_forced_map<R>(
+    model: &Llama,
+    device: &ComputeDevice,
+    sequences: &[(Vec<u32>, Vec<u32>)],
+    batch_size: usize,
+    chunk: usize,
+    map: impl Fn(ForcedLogits) -> R + Sync,
+    observe: impl FnMut(usize, usize, R) + Send,
+) -> Result<(), GenerateError> {
+    teacher_forced_mapped(
+        &[model],
+        device,
+        sequences,
+        batch_size,
+        chunk,
+        Output::Logits,
+        |first_prompt, start, logits| {
+            let logits = logits.into_iter().next().expect("one model, one output");
+            map(ForcedLogits { first_prompt, start, logits })
+        },
+        observe,
+    )
+}
+
 /// What a teacher-forced pass hands out per chunk.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Output {
@@ -161,6 +189,23 @@ fn teacher_forced_lockstep(
     output: Output,
     observe: impl FnMut(usize, usize, Vec<Tensor<3>>) + Send,
 ) -> Result<(), GenerateError> {
+    teacher_forced_mapped(models, device, sequences, batch_size, chunk, output, |_, _, logits| logits, observe)
+}
+
+/// [`teacher_forced_lockstep`] with a `map` of each chunk's outputs that runs on the batch's own
+/// thread, outside the lock that serializes `observe`: batches side by side reduce their chunks
+/// at the same time.
+#[allow(clippy::too_many_arguments)]
+fn teacher_forced_mapped<R>(
+    models: &[&Llama],
+    device: &ComputeDevice,
+    sequences: &[(Vec<u32>, Vec<u32>)],
+    batch_size: usize,
+    chunk: usize,
+    output: Output,
+    map: impl Fn(usize, usize, Vec<Tensor<3>>) -> R + Sync,
+    observe: impl FnMut(usize, usize, R) + Send,
+) -> Result<(), GenerateError> {
     let n = sequences.first().map_or(0, |(_, c)| c.len());
     if let Some(i) = sequences.iter().position(|(_, c)| c.len() != n) {
         return Err(GenerateError::UnequalContinuations { index: i, len: sequences[i].1.len(), expected: n });
@@ -185,7 +230,10 @@ fn teacher_forced_lockstep(
     let concurrent =
         models.iter().map(|m| concurrent_batches(&m.config, m.dtype(), device, &prompts, &config)).min().unwrap_or(1);
     run_batches(batches.len(), concurrent, |b| {
-        forced_batch(models, batches[b], b * batch_size, n, chunk, output, &mut |p, s, l| (*lock(&observe))(p, s, l));
+        forced_batch(models, batches[b], b * batch_size, n, chunk, output, &mut |p, s, l| {
+            let mapped = map(p, s, l);
+            (*lock(&observe))(p, s, mapped)
+        });
     });
     // The batches' key-value caches are freed: hand their pages back.
     qdrift_model::release_free_memory();

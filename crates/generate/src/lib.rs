@@ -28,7 +28,9 @@ mod timing;
 
 pub use device::{BackendChoice, ComputeDevice, DeviceError, select_device};
 pub use error::GenerateError;
-pub use forced::{ForcedLogits, PairedLogits, teacher_forced, teacher_forced_hidden, teacher_forced_pair};
+pub use forced::{
+    ForcedLogits, PairedLogits, teacher_forced, teacher_forced_hidden, teacher_forced_map, teacher_forced_pair,
+};
 pub use greedy::{GenerationConfig, StepLogits, generate};
 pub use request::{
     ContextOverflow, LONG_REQUEST_FACTOR, MAX_DEFAULT_BATCH_SIZE, MAX_PROMPT_BYTES_PER_TOKEN, PromptTooLong,
