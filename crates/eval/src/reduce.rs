@@ -26,9 +26,10 @@ pub(crate) enum Reduce {
 }
 
 impl Reduce {
-    /// [`Reduce::Host`] on the CPU backend, else [`Reduce::Device`].
+    /// [`Reduce::Host`] on the CPU (flex) backend, else [`Reduce::Device`]: the rule the model's
+    /// host kernels follow (`LinearKernel::for_device`, `RoundingPath::for_device`).
     pub fn for_plan(plan: &Plan) -> Self {
-        if plan.device.backend == "cpu" { Reduce::Host } else { Reduce::Device }
+        if plan.device.device == burn::tensor::Device::flex() { Reduce::Host } else { Reduce::Device }
     }
 
     /// KL, top-1 agreement, both log p of the scored token and the reference's entropy per

@@ -344,7 +344,7 @@ fn run_variants(
         }
     };
     let scoring = ScoringContext { reference: &reference_run, plan };
-    let reference_weights = || Ok(reference_run.model.host_weights());
+    let reference_weights = || reference_run.model.host_weights();
     let mut dump = cfg.dump_logprobs.as_deref().map(Dump::create).transpose()?;
     let mut variants: Vec<(VariantHeader, Vec<Trace>)> = Vec::with_capacity(cfg.variants.len() + 1);
     for spec in std::iter::once(&VariantSpec::NoiseFloor).chain(&cfg.variants) {
@@ -404,7 +404,7 @@ pub(crate) fn summarize_all(context: &mut RunContext, measurement: Measurement) 
 fn run_variant(
     scoring: &ScoringContext<'_>,
     built: BuiltVariant,
-    reference_weights: &dyn Fn() -> Result<HostModel, EvalError>,
+    reference_weights: &dyn Fn() -> HostModel,
     dump: Option<&mut Dump>,
     progress: &mut ProgressFn<'_>,
 ) -> Result<(VariantHeader, Vec<Trace>), EvalError> {
@@ -414,7 +414,7 @@ fn run_variant(
         // The host copy (the reference's weights, or the variant's own) lives only while the
         // model is built: it is as large as the reference's f32 weights.
         let host = match &built.host {
-            VariantWeights::Reference => Cow::Owned(reference_weights()?),
+            VariantWeights::Reference => Cow::Owned(reference_weights()),
             VariantWeights::Own(h) => Cow::Borrowed(&**h),
         };
         LlamaConfig::from_arch(&host.arch).init_from_host(&host, built.dtype, &plan.device.device)?

@@ -304,36 +304,30 @@ impl ScoringContext<'_> {
                 },
                 &mut file,
             )?,
-            ReferenceSide::Kept(kept) | ReferenceSide::KeptHidden(kept) if !dumping => {
-                let hidden = matches!(self.reference.side, ReferenceSide::KeptHidden(_));
-                teacher_forced_map(
-                    variant,
-                    device,
-                    text,
-                    batch_size,
-                    chunk,
-                    |f| {
-                        let [rows, positions, _] = f.logits.dims();
-                        let tokens = chunk_tokens(text, f.first_prompt, f.start, rows, positions);
-                        // Kept hidden states become the reference's logits through its output layer.
-                        let kept = kept.get(f.first_prompt, f.start)?;
-                        let reference = if hidden { self.reference.model.head(kept.clone()) } else { kept.clone() };
-                        reduce.position_metrics(reference, f.logits, &tokens)
-                    },
-                    &mut file,
-                )?
-            }
             ReferenceSide::Kept(kept) | ReferenceSide::KeptHidden(kept) => {
                 let hidden = matches!(self.reference.side, ReferenceSide::KeptHidden(_));
-                teacher_forced(variant, device, text, batch_size, chunk, |f| {
-                    if failure.is_none() {
-                        // Kept hidden states become the reference's logits through its output layer.
-                        let reference = kept
-                            .get(f.first_prompt, f.start)
-                            .map(|t| if hidden { self.reference.model.head(t.clone()) } else { t.clone() });
-                        failure = reference.and_then(|r| record(traces, f.first_prompt, f.start, r, f.logits)).err();
-                    }
-                })?
+                // Kept hidden states become the reference's logits through its output layer.
+                let reference_logits = |f: &ForcedLogits| {
+                    kept.get(f.first_prompt, f.start)
+                        .map(|t| if hidden { self.reference.model.head(t.clone()) } else { t.clone() })
+                };
+                if dumping {
+                    // The dump writes both models' logits in chunk order: under the observer's lock.
+                    teacher_forced(variant, device, text, batch_size, chunk, |f| {
+                        if failure.is_none() {
+                            let reference = reference_logits(&f);
+                            failure =
+                                reference.and_then(|r| record(traces, f.first_prompt, f.start, r, f.logits)).err();
+                        }
+                    })?
+                } else {
+                    let reduced = |f: ForcedLogits| {
+                        let [rows, positions, _] = f.logits.dims();
+                        let tokens = chunk_tokens(text, f.first_prompt, f.start, rows, positions);
+                        reduce.position_metrics(reference_logits(&f)?, f.logits, &tokens)
+                    };
+                    teacher_forced_map(variant, device, text, batch_size, chunk, reduced, &mut file)?
+                }
             }
             ReferenceSide::Lockstep => {
                 teacher_forced_pair(&self.reference.model, variant, device, text, batch_size, chunk, |p| {

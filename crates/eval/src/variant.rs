@@ -136,7 +136,7 @@ pub(crate) struct BuiltVariant {
 pub(crate) fn build_variant(
     spec: &VariantSpec,
     reference: &ReferenceIdentity,
-    weights: &dyn Fn() -> Result<HostModel, EvalError>,
+    weights: &dyn Fn() -> HostModel,
     prompts: &[Vec<u32>],
     dtype: DType,
     quantize: &QuantizeOptions,
@@ -144,7 +144,7 @@ pub(crate) fn build_variant(
     let name = spec.name(dtype);
     match spec {
         VariantSpec::NoiseFloor => Ok(noise_floor(name, reference, other_precision(dtype))),
-        VariantSpec::Scheme(recipe) => scheme_variant(name, reference, weights()?, recipe, dtype, quantize),
+        VariantSpec::Scheme(recipe) => scheme_variant(name, reference, weights(), recipe, dtype, quantize),
         VariantSpec::Checkpoint(path) => checkpoint_variant(name, reference, path, prompts, dtype),
     }
 }

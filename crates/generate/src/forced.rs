@@ -41,19 +41,7 @@ pub fn teacher_forced(
     chunk: usize,
     mut observe: impl FnMut(ForcedLogits) + Send,
 ) -> Result<(), GenerateError> {
-    teacher_forced_lockstep(
-        &[model],
-        device,
-        sequences,
-        batch_size,
-        chunk,
-        Output::Logits,
-        |first_prompt, start, logits| {
-            if let Some(logits) = logits.into_iter().next() {
-                observe(ForcedLogits { first_prompt, start, logits });
-            }
-        },
-    )
+    one_model(model, device, sequences, batch_size, chunk, Output::Logits, |f| f, |_, _, f| observe(f))
 }
 
 /// [`teacher_forced`], handing out the final-norm hidden states instead of the logits:
@@ -68,19 +56,7 @@ pub fn teacher_forced_hidden(
     chunk: usize,
     mut observe: impl FnMut(ForcedLogits) + Send,
 ) -> Result<(), GenerateError> {
-    teacher_forced_lockstep(
-        &[model],
-        device,
-        sequences,
-        batch_size,
-        chunk,
-        Output::Hidden,
-        |first_prompt, start, hidden| {
-            if let Some(logits) = hidden.into_iter().next() {
-                observe(ForcedLogits { first_prompt, start, logits });
-            }
-        },
-    )
+    one_model(model, device, sequences, batch_size, chunk, Output::Hidden, |f| f, |_, _, f| observe(f))
 }
 
 /// [`teacher_forced`] with the work on each chunk split in two: `map` runs on the batch's own
@@ -96,19 +72,32 @@ pub fn teacher_forced_map<R>(
     map: impl Fn(ForcedLogits) -> R + Sync,
     observe: impl FnMut(usize, usize, R) + Send,
 ) -> Result<(), GenerateError> {
-    teacher_forced_mapped(
-        &[model],
-        device,
-        sequences,
-        batch_size,
-        chunk,
-        Output::Logits,
-        |first_prompt, start, logits| {
-            let logits = logits.into_iter().next().expect("one model, one output");
-            map(ForcedLogits { first_prompt, start, logits })
-        },
-        observe,
-    )
+    one_model(model, device, sequences, batch_size, chunk, Output::Logits, map, observe)
+}
+
+/// [`teacher_forced_lockstep`] for one model: each chunk's output as [`ForcedLogits`] to `map`
+/// (on the batch's thread), `map`'s result to `observe` (one call at a time).
+#[allow(clippy::too_many_arguments)]
+fn one_model<R>(
+    model: &Llama,
+    device: &ComputeDevice,
+    sequences: &[(Vec<u32>, Vec<u32>)],
+    batch_size: usize,
+    chunk: usize,
+    output: Output,
+    map: impl Fn(ForcedLogits) -> R + Sync,
+    observe: impl FnMut(usize, usize, R) + Send,
+) -> Result<(), GenerateError> {
+    let map = |first_prompt, start, outputs: Vec<Tensor<3>>| {
+        // One model, one output per chunk.
+        outputs.into_iter().next().map(|logits| map(ForcedLogits { first_prompt, start, logits }))
+    };
+    let mut observe = observe;
+    teacher_forced_lockstep(&[model], device, sequences, batch_size, chunk, output, map, |p, s, r| {
+        if let Some(r) = r {
+            observe(p, s, r);
+        }
+    })
 }
 
 /// What a teacher-forced pass hands out per chunk.
@@ -174,29 +163,18 @@ pub fn teacher_forced_pair(
         batch_size,
         chunk,
         Output::Logits,
+        |_, _, logits| logits,
         |first_prompt, start, logits| {
             observe(PairedLogits { first_prompt, start, reference: &logits[0], variant: &logits[1] })
         },
     )
 }
 
-fn teacher_forced_lockstep(
-    models: &[&Llama],
-    device: &ComputeDevice,
-    sequences: &[(Vec<u32>, Vec<u32>)],
-    batch_size: usize,
-    chunk: usize,
-    output: Output,
-    observe: impl FnMut(usize, usize, Vec<Tensor<3>>) + Send,
-) -> Result<(), GenerateError> {
-    teacher_forced_mapped(models, device, sequences, batch_size, chunk, output, |_, _, logits| logits, observe)
-}
-
-/// [`teacher_forced_lockstep`] with a `map` of each chunk's outputs that runs on the batch's own
-/// thread, outside the lock that serializes `observe`: batches side by side reduce their chunks
-/// at the same time.
+/// Every model of `models` over the same batches and chunks: each chunk's outputs (one per
+/// model) go to `map` on the batch's own thread, outside the lock that serializes `observe`, so
+/// batches side by side map (reduce) their chunks at the same time.
 #[allow(clippy::too_many_arguments)]
-fn teacher_forced_mapped<R>(
+fn teacher_forced_lockstep<R>(
     models: &[&Llama],
     device: &ComputeDevice,
     sequences: &[(Vec<u32>, Vec<u32>)],
