@@ -16,9 +16,10 @@
 //!
 //! Determinism: every sum has a fixed order that depends neither on the SIMD width nor on the
 //! batch, its composition or how a sequence is cut into chunks (a query's result depends only on
-//! its own vector and its visible keys and values). The AVX2 build of the kernel performs the
-//! same IEEE operations as the portable build (Rust never contracts `a * b + c` into an FMA), so
-//! both give bit-identical results.
+//! its own vector and its visible keys and values). The AVX2 and AVX-512 builds of the kernel
+//! perform the same IEEE operations as the portable build (vectors only put independent lanes
+//! side by side, and Rust never contracts `a * b + c` into an FMA), so all three give
+//! bit-identical results; which one runs is chosen at run time from the CPU's features.
 //!
 //! Threads: where the linear layers fork-join (one batch at a time, `host_linear::spreads`), a
 //! call big enough spreads its queries, one (row, head) each, over rayon's threads; each is
@@ -40,7 +41,7 @@ pub(crate) enum Precision {
 }
 
 /// An element type keys and values are stored in: f32, or f16 (widened exactly to f32 as it is
-/// read, with F16C's `vcvtph2ps` in the AVX2 build).
+/// read, with `vcvtph2ps` in the AVX2 and AVX-512 builds).
 pub(crate) trait Elem: Copy + Default + std::fmt::Debug + Send + Sync {
     /// Whether this is f16.
     const F16: bool;
@@ -71,7 +72,7 @@ impl Elem for f16 {
 }
 
 /// Keys `[batch, kv_heads, head_dim, capacity]` (transposed, so that one query's scores over
-/// consecutive keys are 8-wide loads) and values `[batch, kv_heads, capacity, head_dim]`.
+/// consecutive keys are vector loads) and values `[batch, kv_heads, capacity, head_dim]`.
 #[derive(Debug)]
 struct KvBuffers<T> {
     keys: Vec<T>,
@@ -244,38 +245,55 @@ struct Query<'a, T> {
 fn attend_one<T: Elem>(job: &Query<T>, scores: &mut Vec<f32>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
-        // SAFETY: the CPU supports AVX2 and F16C, checked just above.
-        unsafe { attend_one_avx2(job, scores, out) };
+        if std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+        {
+            // SAFETY: the CPU supports AVX-512F, BW and VL, AVX2 and F16C, checked just above.
+            unsafe { attend_one_avx512(job, scores, out) };
+        } else {
+            // SAFETY: the CPU supports AVX2 and F16C, checked just above.
+            unsafe { attend_one_avx2(job, scores, out) };
+        }
         return;
     }
-    attend_one_impl::<false, T>(job, scores, out);
+    attend_one_impl::<PORTABLE, T>(job, scores, out);
 }
 
-/// [`attend_one_impl`] with its two dot-product loops in AVX2 intrinsics and the rest compiled
-/// for AVX2. Same operations in the same order, same results as the portable build.
+/// The builds of [`attend_one_impl`], by the dot products they use: [`dot1`] lanes only,
+/// [`dot8`] in AVX2, or [`dot16`] in AVX-512.
+const PORTABLE: u8 = 0;
+const AVX2: u8 = 1;
+const AVX512: u8 = 2;
+
+/// [`attend_one_impl`] with its dot products in AVX2 intrinsics and the rest compiled for AVX2.
+/// Same operations in the same order, same results as the portable build.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn attend_one_avx2<T: Elem>(job: &Query<T>, scores: &mut Vec<f32>, out: &mut [f32]) {
-    attend_one_impl::<true, T>(job, scores, out);
+    attend_one_impl::<AVX2, T>(job, scores, out);
+}
+
+/// [`attend_one_impl`] with its dot products 16 lanes at a time (or 64, four blocks of 16) in
+/// AVX-512 intrinsics, the last lanes in a masked block, and the rest compiled for AVX-512.
+/// Same operations in the same order, same results as the portable build.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn attend_one_avx512<T: Elem>(job: &Query<T>, scores: &mut Vec<f32>, out: &mut [f32]) {
+    attend_one_impl::<AVX512, T>(job, scores, out);
 }
 
 #[inline(always)]
-fn attend_one_impl<const AVX2: bool, T: Elem>(job: &Query<T>, scores: &mut Vec<f32>, out: &mut [f32]) {
+fn attend_one_impl<const ISA: u8, T: Elem>(job: &Query<T>, scores: &mut Vec<f32>, out: &mut [f32]) {
     let hd = job.q.len();
     let n = job.hi - job.lo;
     scores.clear();
     scores.resize(n, 0.0);
     let s = &mut scores[..];
-    // scores[j] = Σ_d q[d] · k[d, j] (in the order of `dot8`), 8 keys at a time.
-    let full = n / 8 * 8;
-    let keys = &job.keys[job.lo..];
-    for (c, sc) in s[..full].chunks_exact_mut(8).enumerate() {
-        let acc = dot8::<AVX2, T>(job.q, &keys[8 * c..], job.kstride);
-        sc.copy_from_slice(&acc);
-    }
-    for (j, sj) in s.iter_mut().enumerate().skip(full) {
-        *sj = dot1(job.q, &keys[j..], job.kstride);
-    }
+    // scores[j] = Σ_d q[d] · k[d, j], key j in lane j.
+    dots::<ISA, T>(job.q, &job.keys[job.lo..], job.kstride, s);
+    // The loops below are branch-free (`exp` and `round_to_f16` included), so the compiler
+    // vectorises them at the build's width.
     let max = lanes_max(s) * job.scale;
     for sj in s.iter_mut() {
         *sj = exp(*sj * job.scale - max);
@@ -286,17 +304,44 @@ fn attend_one_impl<const AVX2: bool, T: Elem>(job: &Query<T>, scores: &mut Vec<f
     } else {
         s.iter_mut().for_each(|w| *w *= inv_sum);
     }
-    // out[d] = Σ_j w[j] · v[j, d] (in the order of `dot8`), 8 dimensions at a time.
-    let values = &job.values[job.lo * hd..job.hi * hd];
-    let full = hd / 8 * 8;
-    for (c, o) in out[..full].chunks_exact_mut(8).enumerate() {
-        o.copy_from_slice(&dot8::<AVX2, T>(s, &values[8 * c..], hd));
-    }
-    for (d, o) in out.iter_mut().enumerate().skip(full) {
-        *o = dot1(s, &values[d..], hd);
-    }
+    // out[d] = Σ_j w[j] · v[j, d], dimension d in lane d.
+    dots::<ISA, T>(s, &job.values[job.lo * hd..job.hi * hd], hd, out);
     if T::F16 {
         out.iter_mut().for_each(|o| *o = round_to_f16(*o));
+    }
+}
+
+/// `out[l] = Σ_i x[i] · m[i · stride + l]` for every lane `l`, each lane the operations of
+/// [`dot1`]: in the AVX-512 build 64 lanes at a time, then the rest (under 64) in one pass, the
+/// last block of 16 masked; otherwise 8 at a time, then one by one.
+#[inline(always)]
+fn dots<const ISA: u8, T: Elem>(x: &[f32], m: &[T], stride: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if ISA == AVX512 {
+        let full = out.len() / 64 * 64;
+        let (blocks, o) = out.split_at_mut(full);
+        for (c, block) in blocks.chunks_exact_mut(64).enumerate() {
+            dot16::<4, false, T>(x, &m[64 * c..], stride, block);
+        }
+        let m = &m[full..];
+        match (o.len() / 16, o.len() % 16 != 0) {
+            (0, false) => {}
+            (1, false) => dot16::<1, false, T>(x, m, stride, o),
+            (2, false) => dot16::<2, false, T>(x, m, stride, o),
+            (3, false) => dot16::<3, false, T>(x, m, stride, o),
+            (0, true) => dot16::<1, true, T>(x, m, stride, o),
+            (1, true) => dot16::<2, true, T>(x, m, stride, o),
+            (2, true) => dot16::<3, true, T>(x, m, stride, o),
+            _ => dot16::<4, true, T>(x, m, stride, o),
+        }
+        return;
+    }
+    let full = out.len() / 8 * 8;
+    for (c, o) in out[..full].chunks_exact_mut(8).enumerate() {
+        o.copy_from_slice(&dot8::<ISA, T>(x, &m[8 * c..], stride));
+    }
+    for (l, o) in out.iter_mut().enumerate().skip(full) {
+        *o = dot1(x, &m[l..], stride);
     }
 }
 
@@ -307,19 +352,19 @@ fn attend_one_impl<const AVX2: bool, T: Elem>(job: &Query<T>, scores: &mut Vec<f
 /// # Panics
 /// If `m` is shorter than `(x.len() - 1) · stride + 8`.
 #[inline(always)]
-fn dot8<const AVX2: bool, T: Elem>(x: &[f32], m: &[T], stride: usize) -> [f32; 8] {
+fn dot8<const ISA: u8, T: Elem>(x: &[f32], m: &[T], stride: usize) -> [f32; 8] {
     let Some(last) = x.len().checked_sub(1) else {
         return [0.0; 8];
     };
     assert!(m.len() >= last * stride + 8, "dot8 reads past its matrix");
     #[cfg(target_arch = "x86_64")]
-    if AVX2 {
+    if ISA != PORTABLE {
         use std::arch::x86_64::{__m128i, __m256, _mm_loadu_si128, _mm256_add_ps, _mm256_cvtph_ps, _mm256_loadu_ps};
         use std::arch::x86_64::{_mm256_mul_ps, _mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps};
         let mut out = [0.0f32; 8];
-        // SAFETY: AVX2 and F16C are only requested by `attend_one_avx2`, which runs on CPUs that
-        // have them; row `i` is read at `i · stride ≤ last · stride`, 8 elements, in bounds by
-        // the assert.
+        // SAFETY: AVX2 and F16C are only requested by `attend_one_avx2` and `attend_one_avx512`,
+        // which run on CPUs that have them; row `i` is read at `i · stride ≤ last · stride`, 8
+        // elements, in bounds by the assert.
         unsafe {
             let load = |p: *const T| -> __m256 {
                 if T::F16 {
@@ -356,8 +401,129 @@ fn dot8<const AVX2: bool, T: Elem>(x: &[f32], m: &[T], stride: usize) -> [f32; 8
     std::array::from_fn(|l| dot1(x, &m[l..], stride))
 }
 
-/// One lane of [`dot8`]: `Σ_i x[i] · m[i · stride]`, in the same order (the portable build of
-/// `dot8` is eight of these).
+/// [`dot8`] over `out.len()` lanes in AVX-512, as `K` blocks of 16 lanes, the last one masked
+/// to the lanes `out` has left if `MASK_LAST`: the same partial sums, added the same way. Several
+/// blocks at once (`4 · K` independent chains of additions) hide the adder's latency that four
+/// chains alone leave exposed.
+///
+/// # Panics
+/// If `out.len()` is not `16 · K` (or, if `MASK_LAST`, within `16 · (K − 1) + 1 .. 16 · K`), or
+/// `m` is shorter than `(x.len() - 1) · stride + out.len()`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn dot16<const K: usize, const MASK_LAST: bool, T: Elem>(x: &[f32], m: &[T], stride: usize, out: &mut [f32]) {
+    let lanes = out.len();
+    let last_lanes = lanes.wrapping_sub(16 * (K - 1));
+    if MASK_LAST {
+        assert!((1..16).contains(&last_lanes), "{lanes} lanes are not {K} blocks, the last one partial");
+    } else {
+        assert_eq!(lanes, 16 * K, "{lanes} lanes are not {K} full blocks");
+    }
+    let Some(last) = x.len().checked_sub(1) else {
+        out.fill(0.0);
+        return;
+    };
+    assert!(m.len() >= last * stride + lanes, "dot16 reads past its matrix");
+    let mask = if MASK_LAST { (1u16 << last_lanes) - 1 } else { u16::MAX };
+    // SAFETY: only `attend_one_avx512` calls this, on CPUs with AVX-512F, BW and VL; row `i` is
+    // read at `i · stride ≤ last · stride`, `lanes` elements (masked loads touch no others), in
+    // bounds by the assert.
+    let sums = unsafe { dot16_rows::<K, MASK_LAST, T>(x, m.as_ptr(), stride, mask) };
+    out.copy_from_slice(&sums.as_flattened()[..lanes]);
+}
+
+/// The loop of [`dot16`] (no closures: a call the compiler left out of line would keep the
+/// accumulators in memory). Lanes outside `mask` in the last block are read as 0, and their sums
+/// are no result (0 · ∞ is NaN).
+///
+/// # Safety
+/// The CPU has AVX-512F, BW and VL; `16 · K` elements (the lanes of `mask` in the last block if
+/// `MASK_LAST`) can be read at `m + i · stride` for every `i < x.len()`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dot16_rows<const K: usize, const MASK_LAST: bool, T: Elem>(
+    x: &[f32],
+    m: *const T,
+    stride: usize,
+    mask: u16,
+) -> [[f32; 16]; K] {
+    use std::arch::x86_64::{__m512, _mm512_add_ps, _mm512_setzero_ps, _mm512_storeu_ps};
+    /// `acc[k] += xi · row[16k..16k + 16]`.
+    #[inline(always)]
+    unsafe fn step<const K: usize, const MASK_LAST: bool, T: Elem>(
+        acc: &mut [__m512; K],
+        xi: f32,
+        row: *const T,
+        mask: u16,
+    ) {
+        use std::arch::x86_64::{_mm512_mul_ps, _mm512_set1_ps};
+        // SAFETY: the caller's contract.
+        unsafe {
+            let xi = _mm512_set1_ps(xi);
+            for (k, a) in acc.iter_mut().enumerate() {
+                let block = row.wrapping_add(16 * k);
+                let v =
+                    if MASK_LAST && k == K - 1 { load16::<true, T>(block, mask) } else { load16::<false, T>(block, 0) };
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(xi, v));
+            }
+        }
+    }
+    let mut out = [[0.0f32; 16]; K];
+    // SAFETY: the caller's contract.
+    unsafe {
+        // Partial sum `i mod 4` of block `k` in `acc[i mod 4][k]`.
+        let mut acc = [[_mm512_setzero_ps(); K]; 4];
+        let mut row = m;
+        let mut quads = x.chunks_exact(4);
+        for q in &mut quads {
+            step::<K, MASK_LAST, T>(&mut acc[0], q[0], row, mask);
+            step::<K, MASK_LAST, T>(&mut acc[1], q[1], row.wrapping_add(stride), mask);
+            step::<K, MASK_LAST, T>(&mut acc[2], q[2], row.wrapping_add(2 * stride), mask);
+            step::<K, MASK_LAST, T>(&mut acc[3], q[3], row.wrapping_add(3 * stride), mask);
+            row = row.wrapping_add(4 * stride);
+        }
+        let rest = quads.remainder();
+        if let Some(&xi) = rest.first() {
+            step::<K, MASK_LAST, T>(&mut acc[0], xi, row, mask);
+        }
+        if let Some(&xi) = rest.get(1) {
+            step::<K, MASK_LAST, T>(&mut acc[1], xi, row.wrapping_add(stride), mask);
+        }
+        if let Some(&xi) = rest.get(2) {
+            step::<K, MASK_LAST, T>(&mut acc[2], xi, row.wrapping_add(2 * stride), mask);
+        }
+        let [a0, a1, a2, a3] = acc;
+        for (k, o) in out.iter_mut().enumerate() {
+            let sum = _mm512_add_ps(_mm512_add_ps(a0[k], a1[k]), _mm512_add_ps(a2[k], a3[k]));
+            _mm512_storeu_ps(o.as_mut_ptr(), sum);
+        }
+    }
+    out
+}
+
+/// 16 elements at `p` widened to f32, all of them, or (if `MASKED`) those of `mask` and 0 for
+/// the others.
+///
+/// # Safety
+/// The CPU has AVX-512F (and BW and VL if `MASKED`); those elements can be read.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn load16<const MASKED: bool, T: Elem>(p: *const T, mask: u16) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_maskz_loadu_epi16, _mm512_cvtph_ps};
+    use std::arch::x86_64::{_mm512_loadu_ps, _mm512_maskz_loadu_ps};
+    // SAFETY: the caller's contract.
+    unsafe {
+        match (T::F16, MASKED) {
+            (true, false) => _mm512_cvtph_ps(_mm256_loadu_si256(p.cast::<__m256i>())),
+            (true, true) => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p.cast::<i16>())),
+            (false, false) => _mm512_loadu_ps(p.cast::<f32>()),
+            (false, true) => _mm512_maskz_loadu_ps(mask, p.cast::<f32>()),
+        }
+    }
+}
+
+/// One lane of [`dot8`] and [`dot16`]: `Σ_i x[i] · m[i · stride]`, in the same order (the
+/// portable build of `dot8` is eight of these).
 #[inline(always)]
 fn dot1<T: Elem>(x: &[f32], m: &[T], stride: usize) -> f32 {
     let mut acc = [0.0f32; 4];
@@ -608,27 +774,76 @@ mod tests {
         }
     }
 
+    /// Every build the CPU can run against the portable one, on f32 and f16, with key counts and
+    /// head widths that take each of the AVX-512 build's paths (blocks of 64, then 0 to 3 full
+    /// blocks of 16 and a masked one) and the AVX2 build's 8- and 1-lane remainders, over head
+    /// widths that leave partial groups of four.
     #[test]
-    fn portable_and_avx2_kernels_agree_bit_for_bit() {
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        for (hd, n) in [(16, 203), (8, 8), (12, 3), (64, 1070)] {
+    fn portable_avx2_and_avx512_kernels_agree_bit_for_bit() {
+        type Kernel<T> = fn(&Query<T>, &mut Vec<f32>, &mut [f32]);
+        fn builds<T: Elem>() -> Vec<(&'static str, Kernel<T>)> {
+            let mut builds: Vec<(&'static str, Kernel<T>)> = Vec::new();
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
+                    // SAFETY: the CPU supports AVX2 and F16C, checked just above.
+                    builds.push(("avx2", |job, scores, out| unsafe { attend_one_avx2(job, scores, out) }));
+                    if std::is_x86_feature_detected!("avx512f")
+                        && std::is_x86_feature_detected!("avx512bw")
+                        && std::is_x86_feature_detected!("avx512vl")
+                    {
+                        // SAFETY: the CPU supports AVX-512F, BW and VL, AVX2 and F16C, checked
+                        // just above.
+                        builds.push(("avx512", |job, scores, out| unsafe { attend_one_avx512(job, scores, out) }));
+                    } else {
+                        eprintln!("skipped the AVX-512 build: this CPU lacks avx512f, avx512bw or avx512vl");
+                    }
+                } else {
+                    eprintln!("skipped the AVX2 and AVX-512 builds: this CPU lacks avx2 or f16c");
+                }
+            }
+            builds.push(("dispatched", attend_one::<T>));
+            builds
+        }
+        fn check<T: Elem>(hd: usize, n: usize, q: &[f32], keys: &[f32], vals: &[f32]) {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let stored = |x: &f32| T::narrow(if T::F16 { f16::from_f32(*x).to_f32() } else { *x });
+            let (keys, vals): (Vec<T>, Vec<T>) = (keys.iter().map(stored).collect(), vals.iter().map(stored).collect());
+            for lo in [0, 1, n / 2, n - 1] {
+                let job = Query { q, keys: &keys, kstride: n, values: &vals, lo, hi: n, scale: 0.25 };
+                let mut want = vec![0.0; hd];
+                attend_one_impl::<PORTABLE, T>(&job, &mut Vec::new(), &mut want);
+                for (name, kernel) in builds::<T>() {
+                    let mut got = vec![0.0; hd];
+                    kernel(&job, &mut Vec::new(), &mut got);
+                    assert_eq!(bits(&got), bits(&want), "{name} f16 {} head_dim {hd} keys {lo}..{n}", T::F16);
+                }
+            }
+        }
+        // (head_dim, keys), the keys seen from 0, 1, half way and the last.
+        let shapes = [
+            (16, 203),
+            (8, 8),
+            (12, 3),
+            (64, 1070),
+            (64, 47),
+            (27, 61),
+            (40, 33),
+            (7, 16),
+            (1, 2),
+            (5, 17),
+            (32, 49),
+            (48, 129),
+            (50, 65),
+            (96, 80),
+            (130, 7),
+        ];
+        for (hd, n) in shapes {
             let q = values(4, hd, 4.0);
             let keys = values(5, hd * n, 4.0);
             let vals = values(6, n * hd, 1.0);
-            for lo in [0, 1, n - 1] {
-                let job = Query { q: &q, keys: &keys, kstride: n, values: &vals, lo, hi: n, scale: 0.25 };
-                let (mut a, mut b) = (vec![0.0; hd], vec![0.0; hd]);
-                attend_one(&job, &mut Vec::new(), &mut a);
-                attend_one_impl::<false, f32>(&job, &mut Vec::new(), &mut b);
-                assert_eq!(bits(&a), bits(&b), "f32 head_dim {hd} keys {lo}..{n}");
-
-                let keys: Vec<f16> = keys.iter().map(|&x| f16::from_f32(x)).collect();
-                let vals: Vec<f16> = vals.iter().map(|&x| f16::from_f32(x)).collect();
-                let job = Query { q: &q, keys: &keys, kstride: n, values: &vals, lo, hi: n, scale: 0.25 };
-                attend_one(&job, &mut Vec::new(), &mut a);
-                attend_one_impl::<false, f16>(&job, &mut Vec::new(), &mut b);
-                assert_eq!(bits(&a), bits(&b), "f16 head_dim {hd} keys {lo}..{n}");
-            }
+            check::<f32>(hd, n, &q, &keys, &vals);
+            check::<f16>(hd, n, &q, &keys, &vals);
         }
     }
 }

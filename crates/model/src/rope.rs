@@ -4,6 +4,7 @@
 
 use burn::tensor::{DType, Device, Tensor};
 
+use crate::host_attention::round_to_f16;
 use crate::host_linear::round_f16;
 use qdrift_load::RopeScaling;
 
@@ -131,10 +132,46 @@ impl HostRope {
     pub(crate) fn apply(&self, x: &mut [f32], heads: usize) {
         let hd = 2 * self.pairs;
         assert_eq!(x.len(), self.cos.len() / self.pairs.max(1) * heads * hd, "x does not match the tables");
-        let r = |v: f32| if self.f16 { half::f16::from_f32(v).to_f32() } else { v };
-        for (column, xs) in x.chunks_exact_mut(heads * hd).enumerate() {
-            let (cos, sin) =
-                (&self.cos[column * self.pairs..][..self.pairs], &self.sin[column * self.pairs..][..self.pairs]);
+        if !self.f16 {
+            self.rotate(x, heads, |v| v);
+            return;
+        }
+        // The f16 roundings are a dozen integer and float operations per value: compiled for
+        // the widest vectors the CPU has. Each value's operations are the same at any width.
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F, checked just above.
+            unsafe { self.rotate_f16_avx512(x, heads) };
+            return;
+        } else if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            unsafe { self.rotate_f16_avx2(x, heads) };
+            return;
+        }
+        self.rotate(x, heads, round_to_f16);
+    }
+
+    /// [`HostRope::rotate`] with f16 rounding, compiled for AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn rotate_f16_avx2(&self, x: &mut [f32], heads: usize) {
+        self.rotate(x, heads, round_to_f16);
+    }
+
+    /// [`HostRope::rotate`] with f16 rounding, compiled for AVX-512.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn rotate_f16_avx512(&self, x: &mut [f32], heads: usize) {
+        self.rotate(x, heads, round_to_f16);
+    }
+
+    /// [`HostRope::apply`] with rounding `r`: inlined, branch-free (`round_to_f16` or the
+    /// identity), so that the loop over a head's pairs vectorises.
+    #[inline(always)]
+    fn rotate(&self, x: &mut [f32], heads: usize, r: impl Fn(f32) -> f32) {
+        let hd = 2 * self.pairs;
+        let columns = self.cos.chunks_exact(self.pairs.max(1)).zip(self.sin.chunks_exact(self.pairs.max(1)));
+        for (xs, (cos, sin)) in x.chunks_exact_mut(heads * hd).zip(columns) {
             for head in xs.chunks_exact_mut(hd) {
                 for ((pair, &c), &s) in head.chunks_exact_mut(2).zip(cos).zip(sin) {
                     let (x0, x1) = (pair[0], pair[1]);
@@ -293,6 +330,58 @@ mod tests {
         let plain = Rope::new(8, 10000.0);
         let want: Vec<f32> = plain.inv_freq().iter().zip([1.0, 2.0, 4.0, 8.0]).map(|(f, d)| f / d).collect();
         assert_eq!(rope.inv_freq(), &want[..]);
+    }
+
+    /// The host rotation ([`HostRope::apply`], and each of its builds) against Burn's
+    /// ([`Rope::apply`] on the flex backend), bit for bit, in f32 and f16: rows at different
+    /// positions, a head width of 64 (SmolLM2's) and one of 6, values over f16's range,
+    /// subnormals included.
+    #[test]
+    fn host_rotation_is_burns_to_the_bit() {
+        let device = Device::flex();
+        for (hd, heads) in [(64, 3), (6, 2)] {
+            let rope = Rope::new(hd, 10000.0);
+            let positions: Vec<Vec<usize>> = vec![(0..5).collect(), (37..42).collect(), (995..1000).collect()];
+            let (b, s) = (positions.len(), positions[0].len());
+            let n = b * s * heads * hd;
+            let mut seed = 7u64;
+            let x: Vec<f32> = (0..n)
+                .map(|i| {
+                    seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                    let unit = (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                    // Magnitudes from 2⁻²¹ (f16 subnormals) to 2¹³, and some exact zeros.
+                    if i % 97 == 0 { 0.0 } else { unit * 2f32.powi((i % 35) as i32 - 20) }
+                })
+                .collect();
+            for dtype in [DType::F32, DType::F16] {
+                let f16 = dtype == DType::F16;
+                let (cos, sin) = rope.tables(&positions, dtype, &device);
+                let burn = rope.apply(crate::upload(&x, [b, s, heads, hd], dtype, &device), &cos, &sin);
+                let want = crate::host_f32(burn);
+                let mut got = x.clone();
+                if f16 {
+                    round_f16(&mut got);
+                }
+                let host = rope.host_tables(&positions, f16);
+                let mut builds = vec![("portable", got.clone())];
+                host.rotate(&mut builds[0].1, heads, |v| if f16 { round_to_f16(v) } else { v });
+                #[cfg(target_arch = "x86_64")]
+                if f16 && std::is_x86_feature_detected!("avx2") {
+                    let mut avx2 = got.clone();
+                    // SAFETY: the CPU supports AVX2, checked just above.
+                    unsafe { host.rotate_f16_avx2(&mut avx2, heads) };
+                    builds.push(("avx2", avx2));
+                }
+                host.apply(&mut got, heads);
+                builds.push(("dispatched", got));
+                for (build, got) in builds {
+                    let differs = got.iter().zip(&want).position(|(g, w)| g.to_bits() != w.to_bits());
+                    if let Some(i) = differs {
+                        panic!("{build} {dtype:?} head_dim {hd}, element {i}: {:e} vs Burn's {:e}", got[i], want[i]);
+                    }
+                }
+            }
+        }
     }
 
     #[test]
