@@ -14,7 +14,7 @@ use crate::fake_quant::{RoundingPath, round_activations, round_kv};
 use crate::host_attention::HostKv;
 use crate::host_linear::{PackedLinear, round_f16};
 use crate::rope::HostRope;
-use crate::{KvCache, Positions, Projection, Rope, host_f32, upload, upload_owned};
+use crate::{AttentionKernel, KvCache, Positions, Projection, Rope, host_f32, upload, upload_owned};
 
 /// What every layer's attention needs to know about the new columns of a forward pass.
 #[derive(Debug)]
@@ -165,26 +165,10 @@ impl Attention {
         let rep = h / kvh;
         let dtype = x.dtype();
         let kv_quant = cache.quant();
-        if let (Some(packed), Some(rope)) = (self.packed(), &context.host_rope)
-            && context.rounds_on_host()
-            && let Some((host, start)) = cache.claim_host(t)
-        {
-            // Everything on the host: q/k/v from the packed weights and the host RoPE tables.
-            let ([_, _, dim], device) = (x.dims(), x.device());
-            let f16 = dtype == DType::F16;
-            let mut xs = host_f32(x);
-            context.round_host_input(&mut xs, [b, t, dim]);
-            let [wq, wk, wv, wo] = packed;
-            let (mut q, mut k, v) = (
-                wq.forward_rounded(&xs, b * t, f16),
-                wk.forward_rounded(&xs, b * t, f16),
-                wv.forward_rounded(&xs, b * t, f16),
-            );
-            rope.apply(&mut q, h);
-            rope.apply(&mut k, kvh);
-            let out = self.attend_host(host, start, &q, k, v, kv_quant, context, [b, t]);
-            let y = wo.forward_rounded(&out, b * t, f16);
-            return upload_owned(y, [b, t, wo.out()], dtype, &device);
+        if self.runs_on_host(context, cache) {
+            let device = x.device();
+            let y = self.forward_host(host_f32(x), [b, t], context, cache);
+            return upload_owned(y, [b, t, self.wo.out_features()], dtype, &device);
         }
         let (cos, sin) = context.rope.as_ref().expect("device RoPE tables are built unless every layer is on the host");
         let x = context.round_input(x);
@@ -215,6 +199,52 @@ impl Attention {
         let out = weights.matmul(v); // [b, kvh, rep * t, hd]
         let out = out.reshape([b, h, t, hd]).swap_dims(1, 2).reshape([b, t, h * hd]);
         self.wo.forward(context.round_input(out))
+    }
+
+    /// Whether [`Attention::forward_host`] can run this layer: its four projections are packed on
+    /// the host, the host RoPE tables are built, activations (if rounded) are rounded on the host,
+    /// and `cache` is a host cache.
+    pub(crate) fn runs_on_host(&self, context: &ForwardContext, cache: &KvCache) -> bool {
+        self.packed().is_some()
+            && context.host_rope.is_some()
+            && context.rounds_on_host()
+            && cache.kernel() == AttentionKernel::Host
+    }
+
+    /// [`Attention::forward`] wholly on the host: q/k/v from the packed weights, the host RoPE
+    /// tables, the host kernel over the host cache, the output projection; the output is rounded
+    /// to the compute dtype. Only where [`Attention::runs_on_host`].
+    ///
+    /// # Shapes
+    /// - `xs`: `[batch, new, dim]`, row-major, values of the compute dtype → `[batch, new, dim]`
+    ///
+    /// # Panics
+    /// Where [`Attention::runs_on_host`] does not hold.
+    pub(crate) fn forward_host(
+        &self,
+        mut xs: Vec<f32>,
+        [b, t]: [usize; 2],
+        context: &ForwardContext,
+        cache: &mut KvCache,
+    ) -> Vec<f32> {
+        let (h, kvh) = (self.heads, self.kv_heads);
+        let kv_quant = cache.quant();
+        let (Some([wq, wk, wv, wo]), Some(rope), Some((host, start))) =
+            (self.packed(), context.host_rope.as_ref(), cache.claim_host(t))
+        else {
+            panic!("Attention::forward_host on a layer that does not run on the host");
+        };
+        let f16 = context.f16;
+        context.round_host_input(&mut xs, [b, t, wq.inp()]);
+        let (mut q, mut k, v) = (
+            wq.forward_rounded(&xs, b * t, f16),
+            wk.forward_rounded(&xs, b * t, f16),
+            wv.forward_rounded(&xs, b * t, f16),
+        );
+        rope.apply(&mut q, h);
+        rope.apply(&mut k, kvh);
+        let out = self.attend_host(host, start, &q, k, v, kv_quant, context, [b, t]);
+        wo.forward_rounded(&out, b * t, f16)
     }
 
     /// The host kernel's part of attention: rounds the new keys and values as the cache's

@@ -90,6 +90,14 @@ impl Projection {
         }
     }
 
+    /// Output width.
+    pub fn out_features(&self) -> usize {
+        match self {
+            Self::Device(linear) => linear.weight.dims()[1],
+            Self::Host(h) => h.packed.out(),
+        }
+    }
+
     /// Whether the layer adds a bias.
     pub fn has_bias(&self) -> bool {
         match self {

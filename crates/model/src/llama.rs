@@ -14,9 +14,10 @@ use qdrift_quantize::ActivationScale;
 
 use crate::attention::{Attention, ForwardContext};
 use crate::fake_quant::{RoundingPath, RuntimeQuant};
-use crate::host_linear::is_f16_exact;
+use crate::host_linear::{is_f16_exact, round_f16};
 use crate::norm::RmsNorm;
 use crate::{AttentionKernel, KvCache, LinearKernel, Projection, Rope, host_f32, upload, upload_owned};
+use half::slice::HalfFloatSliceExt;
 
 /// Errors building a model on a device.
 #[derive(Debug, thiserror::Error)]
@@ -157,7 +158,7 @@ impl LlamaConfig {
             let w = |s: &str| format!("model.layers.{i}.{s}");
             let attn = |s: &str| format!("model.layers.{i}.self_attn.{s}");
             layers.push(Block {
-                attn_norm: RmsNorm { weight: vector(p("input_layernorm"), &l.attn_norm, d)?, eps: self.norm_eps },
+                attn_norm: RmsNorm::new(vector(p("input_layernorm"), &l.attn_norm, d)?, self.norm_eps),
                 attn: Attention {
                     wq: biased(&attn("q_proj"), &l.wq, l.bq.as_ref(), q_out, d)?,
                     wk: biased(&attn("k_proj"), &l.wk, l.bk.as_ref(), kv_out, d)?,
@@ -167,10 +168,7 @@ impl LlamaConfig {
                     kv_heads: self.n_kv_heads,
                     head_dim: hd,
                 },
-                ffn_norm: RmsNorm {
-                    weight: vector(p("post_attention_layernorm"), &l.ffn_norm, d)?,
-                    eps: self.norm_eps,
-                },
+                ffn_norm: RmsNorm::new(vector(p("post_attention_layernorm"), &l.ffn_norm, d)?, self.norm_eps),
                 ffn: FeedForward {
                     gate: linear(&w("mlp.gate_proj"), &l.w_gate, hid, d)?,
                     up: linear(&w("mlp.up_proj"), &l.w_up, hid, d)?,
@@ -178,7 +176,7 @@ impl LlamaConfig {
                 },
             });
         }
-        let norm = RmsNorm { weight: vector("model.norm.weight".into(), &host.final_norm, d)?, eps: self.norm_eps };
+        let norm = RmsNorm::new(vector("model.norm.weight".into(), &host.final_norm, d)?, self.norm_eps);
         // A tied output layer gets its own copy of the embedding: the lookup wants [vocab, dim]
         // rows, the projection its own layout ([dim, vocab] for Burn, panels for the host).
         let output = linear("lm_head", host.output_weight(), self.vocab_size, d)?;
@@ -222,31 +220,78 @@ impl FeedForward {
     /// # Shapes
     /// - `x`: `[batch, seq, dim]` → `[batch, seq, dim]`
     pub(crate) fn forward(&self, x: Tensor<3>, context: &ForwardContext) -> Tensor<3> {
-        if let (Some(gate), Some(up), Some(down)) = (self.gate.packed(), self.up.packed(), self.down.packed())
-            && context.rounds_on_host()
-        {
+        if self.runs_on_host(context) {
             // All three on the host: read the input back once, upload the output once.
-            let ([b, t, d], dtype, device) = (x.dims(), x.dtype(), x.device());
-            let f16 = dtype == DType::F16;
-            let mut xs = host_f32(x);
-            context.round_host_input(&mut xs, [b, t, d]);
-            let g = gate.forward_rounded(&xs, b * t, f16);
-            let mut h = up.forward_rounded(&xs, b * t, f16);
-            swiglu_host(&g, &mut h, f16);
-            context.round_host_input(&mut h, [b, t, up.out()]);
-            let y = down.forward_rounded(&h, b * t, f16);
-            return upload_owned(y, [b, t, down.out()], dtype, &device);
+            let ([b, t, _], dtype, device) = (x.dims(), x.dtype(), x.device());
+            let y = self.forward_host(host_f32(x), [b, t], context);
+            return upload_owned(y, [b, t, self.down.out_features()], dtype, &device);
         }
         let x = context.round_input(x);
         let h = silu(self.gate.forward(x.clone())) * self.up.forward(x);
         self.down.forward(context.round_input(h))
+    }
+
+    /// Whether [`FeedForward::forward_host`] can run this layer: all three projections are packed
+    /// on the host and activations (if rounded) are rounded on the host.
+    fn runs_on_host(&self, context: &ForwardContext) -> bool {
+        self.gate.packed().is_some()
+            && self.up.packed().is_some()
+            && self.down.packed().is_some()
+            && context.rounds_on_host()
+    }
+
+    /// [`FeedForward::forward`] on host values, the output rounded to the compute dtype. Only
+    /// where [`FeedForward::runs_on_host`].
+    ///
+    /// # Shapes
+    /// - `xs`: `[batch, seq, dim]`, row-major, values of the compute dtype → `[batch, seq, dim]`
+    ///
+    /// # Panics
+    /// Where [`FeedForward::runs_on_host`] does not hold.
+    fn forward_host(&self, mut xs: Vec<f32>, [b, t]: [usize; 2], context: &ForwardContext) -> Vec<f32> {
+        let (Some(gate), Some(up), Some(down)) = (self.gate.packed(), self.up.packed(), self.down.packed()) else {
+            panic!("FeedForward::forward_host on a layer that does not run on the host");
+        };
+        let f16 = context.f16;
+        context.round_host_input(&mut xs, [b, t, gate.inp()]);
+        let g = gate.forward_rounded(&xs, b * t, f16);
+        let mut h = up.forward_rounded(&xs, b * t, f16);
+        swiglu_host(&g, &mut h, f16);
+        context.round_host_input(&mut h, [b, t, up.out()]);
+        down.forward_rounded(&h, b * t, f16)
     }
 }
 
 /// `up[i] ← silu(gate[i]) · up[i]` on host values, with the operations and roundings of Burn's
 /// `silu(gate) * up` on the flex backend: `silu(g) = g · sigmoid(g)`, the sigmoid as flex's
 /// `sigmoid_f32`, each result rounded to f16 in an f16 model, so both give the same values.
+///
+/// In an f16 model `gate` holds f16 values, so `round(g · round(sigmoid(g)))` takes one of 2¹⁶
+/// values: it is looked up ([`silu_f16_table`], built once with the same operations), and the
+/// product with `up[i]`, two f16 values, is exact in f32 before its rounding. The same bits as
+/// computing it, without an `expf` call and a division per element.
 fn swiglu_host(gate: &[f32], up: &mut [f32], f16: bool) {
+    if f16 {
+        let table = silu_f16_table();
+        let mut bits = [half::f16::ZERO; 256];
+        for (g, u) in gate.chunks(256).zip(up.chunks_mut(256)) {
+            let h = &mut bits[..g.len()];
+            h.convert_from_f32_slice(g);
+            for (uv, hv) in u.iter_mut().zip(h.iter()) {
+                *uv *= table[usize::from(hv.to_bits())];
+            }
+            round_f16(u);
+        }
+        return;
+    }
+    for (u, &g) in up.iter_mut().zip(gate) {
+        *u *= silu_host(g, false);
+    }
+}
+
+/// `silu(g) = g · sigmoid(g)` as flex computes it, rounded to f16 after each operation when
+/// `f16`.
+fn silu_host(g: f32, f16: bool) -> f32 {
     let r = |v: f32| if f16 { half::f16::from_f32(v).to_f32() } else { v };
     let sigmoid = |x: f32| {
         if x >= 0.0 {
@@ -256,9 +301,13 @@ fn swiglu_host(gate: &[f32], up: &mut [f32], f16: bool) {
             e / (1.0 + e)
         }
     };
-    for (u, &g) in up.iter_mut().zip(gate) {
-        *u = r(r(g * r(sigmoid(g))) * *u);
-    }
+    r(g * r(sigmoid(g)))
+}
+
+/// [`silu_host`] in f16 of every f16 value, indexed by its bits.
+fn silu_f16_table() -> &'static [f32] {
+    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| (0..=u16::MAX).map(|b| silu_host(half::f16::from_bits(b).to_f32(), true)).collect())
 }
 
 /// One pre-norm transformer block.
@@ -280,6 +329,38 @@ impl Block {
     fn forward(&self, x: Tensor<3>, rope: &Rope, context: &ForwardContext, cache: &mut KvCache) -> Tensor<3> {
         let h = x.clone() + self.attn.forward(self.attn_norm.forward(x), rope, context, cache);
         h.clone() + self.ffn.forward(self.ffn_norm.forward(h), context)
+    }
+
+    /// Whether [`Block::forward_host`] can run this block over `cache`.
+    fn runs_on_host(&self, context: &ForwardContext, cache: &KvCache) -> bool {
+        self.attn.runs_on_host(context, cache) && self.ffn.runs_on_host(context)
+    }
+
+    /// [`Block::forward`] on host values, in place: the same operations (the norms as
+    /// [`RmsNorm::forward`] runs them on the CPU backend, each residual sum rounded to the
+    /// compute dtype as a tensor of it stores it), so the same values. Only where
+    /// [`Block::runs_on_host`].
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, new, dim]`, row-major, values of the compute dtype
+    fn forward_host(&self, x: &mut [f32], [b, t]: [usize; 2], context: &ForwardContext, cache: &mut KvCache) {
+        let f16 = context.f16;
+        let a = self.attn.forward_host(self.attn_norm.forward_host(x, f16), [b, t], context, cache);
+        add_rounded(x, &a, f16);
+        let f = self.ffn.forward_host(self.ffn_norm.forward_host(x, f16), [b, t], context);
+        add_rounded(x, &f, f16);
+    }
+}
+
+/// `x[i] ← x[i] + y[i]`, rounded to f16 when `f16`: what adding two tensors of the compute dtype
+/// stores (an f32 sum of two f16 values rounded to f16 is their correctly rounded f16 sum, since
+/// f32 carries more than twice f16's precision).
+fn add_rounded(x: &mut [f32], y: &[f32], f16: bool) {
+    for (xv, &yv) in x.iter_mut().zip(y) {
+        *xv += yv;
+    }
+    if f16 {
+        round_f16(x);
     }
 }
 
@@ -499,6 +580,21 @@ impl Llama {
 
         let dim = self.embedding.val().dims()[1];
         let mut x = self.embedding.val().select(0, tokens.reshape([b * t]));
+        if self.layers.iter().zip(caches.iter()).all(|(layer, cache)| layer.runs_on_host(&context, cache)) {
+            // The residual stream stays on the host from the embedding to the final norm: no
+            // tensor op, read-back or upload between the layers.
+            let mut xs = host_f32(x);
+            for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+                layer.forward_host(&mut xs, [b, t], &context, cache);
+            }
+            let (xs, kept) = if all_positions {
+                (xs, t)
+            } else {
+                // Each row's last column.
+                (xs.chunks_exact(t * dim).flat_map(|row| &row[(t - 1) * dim..]).copied().collect(), 1)
+            };
+            return upload_owned(self.norm.forward_host(&xs, f16), [b, kept, dim], self.dtype, &device);
+        }
         if x.dtype() != self.dtype {
             // An f16 table of an f32 model: widening is exact.
             x = x.cast(self.dtype);

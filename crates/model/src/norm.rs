@@ -1,30 +1,141 @@
-//! RMSNorm (Zhang & Sennrich 2019), its statistic computed in f32 whatever the compute dtype, as
-//! Hugging Face's `LlamaRMSNorm` does for half precision.
+//! RMSNorm (Zhang & Sennrich 2019), its statistic computed in f32 or wider whatever the compute
+//! dtype, as Hugging Face's `LlamaRMSNorm` does for half precision.
+//!
+//! On the CPU backend it runs on the host ([`RmsNorm::forward_host`]) whichever path calls it, so
+//! that the host residual stream (`Llama::forward_hidden`) and Burn's ops give the same bits; on
+//! other devices it runs as Burn ops.
+
+use std::sync::Arc;
 
 use burn::module::{Module, Param};
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{DType, Device, Tensor};
+
+use crate::host_linear::round_f16;
+use crate::{host_f32, upload_owned};
 
 /// Root-mean-square layer normalisation (Zhang & Sennrich 2019), as in Llama:
 /// `y = x / sqrt(mean(x²) + eps) · weight`.
 ///
-/// The statistic and the normalisation are computed in f32 whatever the input dtype, then cast
-/// back before the weight is applied (Hugging Face's `LlamaRMSNorm` does the same), so f16 runs
-/// do not overflow in `x²`.
+/// The statistic and the normalisation are computed in f32 (f64 for the statistic on the host)
+/// whatever the input dtype, then cast back before the weight is applied (Hugging Face's
+/// `LlamaRMSNorm` does the same), so f16 runs do not overflow in `x²`.
 #[derive(Module, Debug)]
 pub struct RmsNorm {
     /// Learned scale, `[dim]`.
     pub weight: Param<Tensor<1>>,
     /// Added to the mean square before the square root.
     pub eps: f64,
+    /// `weight`'s values on the host, for [`RmsNorm::forward_host`].
+    #[module(skip)]
+    host_weight: Arc<Vec<f32>>,
 }
 
 impl RmsNorm {
+    /// The norm with learned scale `weight` (`[dim]`, in the compute dtype).
+    pub fn new(weight: Param<Tensor<1>>, eps: f64) -> Self {
+        let host_weight = Arc::new(host_f32(weight.val()));
+        Self { weight, eps, host_weight }
+    }
+
     /// # Shapes
     /// - `x`: `[batch, seq, dim]` → `[batch, seq, dim]`
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let dtype = x.dtype();
+        if x.device() == Device::flex() && matches!(dtype, DType::F16 | DType::F32) {
+            let (dims, device) = (x.dims(), x.device());
+            let y = self.forward_host(&host_f32(x), dtype == DType::F16);
+            return upload_owned(y, dims, dtype, &device);
+        }
         let x32 = x.cast(DType::F32);
         let inv_rms = x32.clone().square().mean_dim(2).add_scalar(self.eps).sqrt().recip();
         (x32 * inv_rms).cast(dtype) * self.weight.val().unsqueeze::<3>()
+    }
+
+    /// [`RmsNorm::forward`] on host values, rows of `dim` values of the compute dtype (f16 values
+    /// when `f16`): per row, `s = Σ x²` summed in f64 over eight interleaved lanes added in a
+    /// fixed tree (each square is exact in f64, so the statistic is within a few f64 roundings of
+    /// the exact one), `inv = 1 / sqrt(s / dim + eps)` in f64 rounded once to f32, then
+    /// `y = round(round(x · inv) · w)`, each product in f32 and rounded to the compute dtype (the
+    /// product of two f16 values is exact in f32, so the last rounding is f16's own).
+    ///
+    /// # Shapes
+    /// - `x`: `[rows, dim]`, row-major → `[rows, dim]`
+    pub(crate) fn forward_host(&self, x: &[f32], f16: bool) -> Vec<f32> {
+        let w = &self.host_weight[..];
+        let dim = w.len().max(1);
+        let mut y = vec![0.0f32; x.len()];
+        for (xs, ys) in x.chunks_exact(dim).zip(y.chunks_exact_mut(dim)) {
+            let inv = (1.0 / (sum_of_squares(xs) / dim as f64 + self.eps).sqrt()) as f32;
+            for (yv, &xv) in ys.iter_mut().zip(xs) {
+                *yv = xv * inv;
+            }
+            if f16 {
+                round_f16(ys);
+            }
+            for (yv, &wv) in ys.iter_mut().zip(w) {
+                *yv *= wv;
+            }
+        }
+        if f16 {
+            round_f16(&mut y);
+        }
+        y
+    }
+}
+
+/// `Σ x²` in f64: element `j` in lane `j % 8`, the lanes added in a fixed tree, so the order does
+/// not depend on how the loop is vectorised.
+fn sum_of_squares(x: &[f32]) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += f64::from(v) * f64::from(v);
+        }
+    }
+    for (a, &v) in acc.iter_mut().zip(chunks.remainder()) {
+        *a += f64::from(v) * f64::from(v);
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upload;
+
+    fn norm(weight: &[f32], dtype: DType, device: &Device) -> RmsNorm {
+        RmsNorm::new(Param::from_tensor(upload(weight, [weight.len()], dtype, device)), 1e-5)
+    }
+
+    #[test]
+    fn host_norm_is_the_definition_within_one_rounding() {
+        let dim = 13;
+        let x: Vec<f32> = (0..3 * dim).map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.37).collect();
+        let w: Vec<f32> = (0..dim).map(|i| 0.5 + i as f32 * 0.1).collect();
+        let y = norm(&w, DType::F32, &Device::flex()).forward_host(&x, false);
+        for (r, (xs, ys)) in x.chunks(dim).zip(y.chunks(dim)).enumerate() {
+            let ms = xs.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / dim as f64;
+            for ((&xv, &yv), &wv) in xs.iter().zip(ys).zip(&w) {
+                let want = f64::from(xv) / (ms + 1e-5).sqrt() * f64::from(wv);
+                assert!((f64::from(yv) - want).abs() <= 4.0 * f64::from(f32::EPSILON) * want.abs(), "row {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn f16_norm_rounds_like_its_f16_tensor() {
+        let dim = 24;
+        let mut x: Vec<f32> = (0..2 * dim).map(|i| ((i * 7 % 19) as f32 - 9.0) * 31.7).collect();
+        round_f16(&mut x);
+        let mut w: Vec<f32> = (0..dim).map(|i| 0.9 + i as f32 * 0.013).collect();
+        round_f16(&mut w);
+        let y = norm(&w, DType::F16, &Device::flex()).forward_host(&x, true);
+        let mut rounded = y.clone();
+        round_f16(&mut rounded);
+        assert_eq!(y, rounded, "outputs are f16 values");
+        // The same through Burn's entry point on the CPU backend.
+        let t = upload(&x, [1, 2, dim], DType::F16, &Device::flex());
+        assert_eq!(host_f32(norm(&w, DType::F16, &Device::flex()).forward(t)), y);
     }
 }
