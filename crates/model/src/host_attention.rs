@@ -244,11 +244,8 @@ struct Query<'a, T> {
 /// output to f16 when the keys and values are f16.
 fn attend_one<T: Elem>(job: &Query<T>, scores: &mut Vec<f32>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
-        if std::is_x86_feature_detected!("avx512f")
-            && std::is_x86_feature_detected!("avx512bw")
-            && std::is_x86_feature_detected!("avx512vl")
-        {
+    if has_avx2() {
+        if has_avx512() {
             // SAFETY: the CPU supports AVX-512F, BW and VL, AVX2 and F16C, checked just above.
             unsafe { attend_one_avx512(job, scores, out) };
         } else {
@@ -258,6 +255,21 @@ fn attend_one<T: Elem>(job: &Query<T>, scores: &mut Vec<f32>, out: &mut [f32]) {
         return;
     }
     attend_one_impl::<PORTABLE, T>(job, scores, out);
+}
+
+/// Whether the CPU runs [`attend_one_avx2`]: AVX2 and F16C.
+#[cfg(target_arch = "x86_64")]
+fn has_avx2() -> bool {
+    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c")
+}
+
+/// Whether the CPU runs [`attend_one_avx512`] (given [`has_avx2`]): AVX-512F, BW (the masked
+/// 16-bit loads) and VL.
+#[cfg(target_arch = "x86_64")]
+fn has_avx512() -> bool {
+    std::is_x86_feature_detected!("avx512f")
+        && std::is_x86_feature_detected!("avx512bw")
+        && std::is_x86_feature_detected!("avx512vl")
 }
 
 /// The builds of [`attend_one_impl`], by the dot products they use: [`dot1`] lanes only,
@@ -785,13 +797,10 @@ mod tests {
             let mut builds: Vec<(&'static str, Kernel<T>)> = Vec::new();
             #[cfg(target_arch = "x86_64")]
             {
-                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
+                if has_avx2() {
                     // SAFETY: the CPU supports AVX2 and F16C, checked just above.
                     builds.push(("avx2", |job, scores, out| unsafe { attend_one_avx2(job, scores, out) }));
-                    if std::is_x86_feature_detected!("avx512f")
-                        && std::is_x86_feature_detected!("avx512bw")
-                        && std::is_x86_feature_detected!("avx512vl")
-                    {
+                    if has_avx512() {
                         // SAFETY: the CPU supports AVX-512F, BW and VL, AVX2 and F16C, checked
                         // just above.
                         builds.push(("avx512", |job, scores, out| unsafe { attend_one_avx512(job, scores, out) }));

@@ -109,7 +109,7 @@ mod tests {
     }
 
     #[test]
-    fn host_norm_is_the_definition_within_one_rounding() {
+    fn host_norm_is_the_f64_definition_within_f32_roundings() {
         let dim = 13;
         let x: Vec<f32> = (0..3 * dim).map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.37).collect();
         let w: Vec<f32> = (0..dim).map(|i| 0.5 + i as f32 * 0.1).collect();
