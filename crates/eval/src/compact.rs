@@ -11,14 +11,15 @@
 //! **Invariant: the statistics are stored per prompt and position, independent of how the run
 //! was batched or chunked; a chunk is reassembled from them for any batching.**
 
-use qdrift_generate::teacher_forced;
+use qdrift_generate::{StepLogits, teacher_forced};
 use qdrift_model::Llama;
-use qdrift_score::CompactChunk;
+use qdrift_score::{CompactChunk, compact_reference_on_host, greedy_tokens_on_host};
 use serde::{Deserialize, Serialize};
 
-use crate::EvalError;
 use crate::plan::Plan;
-use crate::scoring::Texts;
+use crate::run::ProgressFn;
+use crate::scoring::{Texts, generate_all_map};
+use crate::{EvalError, REFERENCE_NAME};
 
 /// The compact statistics of one prompt's continuation, position-major.
 #[derive(Clone, Debug, PartialEq)]
@@ -52,6 +53,17 @@ impl PromptStats {
     /// Positions held.
     pub fn positions(&self) -> usize {
         self.tail_logp.len()
+    }
+
+    /// Appends row `row` of `c` (its `c.positions` positions).
+    fn push_row(&mut self, c: &CompactChunk, row: usize) {
+        let (k, a, b) = (c.k, row * c.positions, (row + 1) * c.positions);
+        self.top_ids.extend_from_slice(&c.top_ids[a * k..b * k]);
+        self.top_logp.extend_from_slice(&c.top_logp[a * k..b * k]);
+        self.tail_logp.extend_from_slice(&c.tail_logp[a..b]);
+        self.entropy.extend_from_slice(&c.entropy[a..b]);
+        self.logp_of_token.extend_from_slice(&c.logp_of_token[a..b]);
+        self.argmax.extend_from_slice(&c.argmax[a..b]);
     }
 }
 
@@ -129,19 +141,69 @@ impl CompactReference {
         chunks.sort_by_key(|(p, s, _)| (*p, *s));
         for (first_prompt, _, c) in chunks {
             for row in 0..c.batch {
-                let p = &mut prompts[first_prompt + row];
-                let (a, b) = (row * c.positions, (row + 1) * c.positions);
-                p.top_ids.extend_from_slice(&c.top_ids[a * k..b * k]);
-                p.top_logp.extend_from_slice(&c.top_logp[a * k..b * k]);
-                p.tail_logp.extend_from_slice(&c.tail_logp[a..b]);
-                p.entropy.extend_from_slice(&c.entropy[a..b]);
-                p.logp_of_token.extend_from_slice(&c.logp_of_token[a..b]);
-                p.argmax.extend_from_slice(&c.argmax[a..b]);
+                prompts[first_prompt + row].push_row(&c, row);
             }
         }
         let reference = CompactReference { k, prompts };
         reference.check(text)?;
         Ok(reference)
+    }
+
+    /// Lets `reference` generate (as [`generate_all`]) and keeps each decoding step's top-`k`
+    /// statistics, scored on the step's top-1 token: its greedy continuations, and its
+    /// statistics on them without a teacher-forced pass. For a reference whose decoding steps
+    /// compute what teacher forcing computes ([`Llama::steps_match_teacher_forcing`]), reduced
+    /// on the host; the statistics are then bit for bit those of [`CompactReference::compute`].
+    ///
+    /// The statistics are `None` when a step's top-1 token (the first largest logit) is not the
+    /// token generation picked, which the shared argmax rule should rule out: the caller then
+    /// teacher-forces instead.
+    pub(crate) fn from_decoding(
+        reference: &Llama,
+        plan: &Plan,
+        k: usize,
+        progress: &mut ProgressFn<'_>,
+    ) -> Result<(Vec<Vec<u32>>, Option<CompactReference>), EvalError> {
+        let mut prompts: Vec<PromptStats> =
+            plan.prompts.iter().map(|_| PromptStats::with_capacity(plan.longest(), k)).collect();
+        let mut failure: Option<EvalError> = None;
+        let reduce = |s: StepLogits<'_>| -> Result<CompactChunk, EvalError> {
+            let [rows, vocab] = s.logits.dims();
+            let values = s.logits.to_data().try_into_vec::<f32>().map_err(|e| {
+                EvalError::Internal(format!("step logits [{rows}, {vocab}] do not read back as f32: {e:?}"))
+            })?;
+            let tokens = greedy_tokens_on_host(&values, rows, vocab)?;
+            Ok(compact_reference_on_host(&values, [rows, 1, vocab], &tokens, k)?)
+        };
+        let tokens = generate_all_map(reference, REFERENCE_NAME, plan, progress, reduce, |first, step, c| {
+            match c {
+                Ok(c) if failure.is_none() => {
+                    for row in 0..c.batch {
+                        let p = &mut prompts[first + row];
+                        // A batch's steps reach here in order.
+                        if p.positions() != step {
+                            failure = Some(EvalError::Internal(format!(
+                                "prompt {}: decoding step {step} after {} positions",
+                                first + row + 1,
+                                p.positions()
+                            )));
+                            return;
+                        }
+                        p.push_row(&c, row);
+                    }
+                }
+                Err(e) if failure.is_none() => failure = Some(e),
+                _ => {}
+            }
+        })?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        let reference = CompactReference { k, prompts };
+        let text: Texts = plan.prompts.iter().cloned().zip(tokens.iter().cloned()).collect();
+        reference.check(&text)?;
+        let agrees = reference.prompts.iter().zip(&tokens).all(|(p, t)| p.argmax == *t);
+        Ok((tokens, agrees.then_some(reference)))
     }
 
     /// Refuses statistics that do not cover `text` position for position.

@@ -16,7 +16,8 @@ use std::collections::HashMap;
 
 use burn::tensor::Tensor;
 use qdrift_generate::{
-    ForcedLogits, generate, teacher_forced, teacher_forced_hidden, teacher_forced_map, teacher_forced_pair,
+    ForcedLogits, StepLogits, generate_map, teacher_forced, teacher_forced_hidden, teacher_forced_map,
+    teacher_forced_pair,
 };
 use qdrift_load::HostModel;
 use qdrift_model::{Llama, LlamaConfig};
@@ -77,13 +78,27 @@ impl ReferenceRun {
         let model = LlamaConfig::from_arch(&host.arch).init_from_host(&host, plan.dtype, &plan.device.device)?;
         drop(host);
         qdrift_model::release_free_memory();
-        let tokens = generate_all(&model, REFERENCE_NAME, plan, progress)?;
-        progress(Progress::Scoring { model: REFERENCE_NAME });
+        let keep = match plan.kl {
+            KlMode::Compact { k } => Keep::Compact(k),
+            KlMode::Exact if keep_hidden => Keep::Hidden,
+            KlMode::Exact => Keep::within(&model, plan, logits_budget),
+        };
+        // Where a decoding step computes what teacher forcing would, the reference's side comes
+        // from its decoding steps themselves, and the reference runs once.
+        let from_steps = model.steps_match_teacher_forcing() && keep != Keep::Nothing;
+        let (tokens, side) = if from_steps {
+            let (tokens, side) = side_from_decoding(&model, plan, keep, progress)?;
+            progress(Progress::Scoring { model: REFERENCE_NAME });
+            (tokens, side)
+        } else {
+            let tokens = generate_all(&model, REFERENCE_NAME, plan, progress)?;
+            progress(Progress::Scoring { model: REFERENCE_NAME });
+            (tokens, None)
+        };
         let text: Texts = plan.prompts.iter().cloned().zip(tokens).collect();
-        let side = match plan.kl {
-            KlMode::Compact { k } => ReferenceSide::Compact(CompactReference::compute(&model, plan, &text, k)?),
-            KlMode::Exact if keep_hidden => KeptLogits::hidden(&model, plan, &text)?,
-            KlMode::Exact => KeptLogits::compute(&model, plan, &text, logits_budget)?,
+        let side = match side {
+            Some(side) => side,
+            None => keep.teacher_forced(&model, plan, &text)?,
         };
         Ok(ReferenceRun { model, text, side })
     }
@@ -163,11 +178,32 @@ pub(crate) fn generate_all(
     plan: &Plan,
     progress: &mut ProgressFn<'_>,
 ) -> Result<Vec<Vec<u32>>, EvalError> {
+    generate_all_map(model, name, plan, progress, |_| (), |_, _, ()| {})
+}
+
+/// [`generate_all`], each step's logits (`[batch, vocab]`) mapped by `map` on its batch's thread
+/// and the result filed by `file` (one call at a time) with the batch's first prompt and the step.
+pub(crate) fn generate_all_map<R>(
+    model: &Llama,
+    name: &str,
+    plan: &Plan,
+    progress: &mut ProgressFn<'_>,
+    map: impl Fn(StepLogits<'_>) -> R + Sync,
+    mut file: impl FnMut(usize, usize, R) + Send,
+) -> Result<Vec<Vec<u32>>, EvalError> {
     let expected = plan.longest();
     progress(Progress::Generating { model: name, tokens: (plan.prompts.len() * expected) as u64 });
-    let tokens = generate(model, &plan.device, &plan.prompts, &plan.generation, |s| {
-        progress(Progress::Generated { tokens: s.logits.dims()[0] as u64 })
-    })?;
+    let tokens = generate_map(
+        model,
+        &plan.device,
+        &plan.prompts,
+        &plan.generation,
+        |s| (s.logits.dims()[0], map(s)),
+        |first_prompt, step, (rows, r)| {
+            progress(Progress::Generated { tokens: rows as u64 });
+            file(first_prompt, step, r);
+        },
+    )?;
     // Without a stop at EOS, generation gives every prompt exactly `expected` tokens.
     if let Some(i) = tokens.iter().position(|t| t.len() != expected) {
         let got = tokens[i].len();
@@ -186,40 +222,130 @@ pub(crate) fn generate_all(
 /// variant.
 pub(crate) struct KeptLogits(HashMap<(usize, usize), Tensor<3>>);
 
-impl KeptLogits {
-    /// Runs the reference on its own continuation once and keeps what fits `budget` bytes
-    /// (default 256 MiB): its logits (stories260K, 32 prompts × 1000 positions × 512: 66 MB),
-    /// else its hidden states (SmolLM2, 16 prompts × 1000 × 576 × 4 bytes: 37 MB, where its
-    /// logits would be 3.1 GB); else nothing, and each variant runs in lockstep with the
-    /// reference. Every path batches and chunks the reference identically and the output layer
-    /// is the same operation on the same hidden states, so they give the same numbers.
-    fn compute(reference: &Llama, plan: &Plan, text: &Texts, budget: u64) -> Result<ReferenceSide, EvalError> {
-        let positions: u128 = text.iter().map(|(_, c)| c.len() as u128).sum();
+/// What the reference keeps of its side on its own text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Keep {
+    /// Compact top-`k` statistics.
+    Compact(usize),
+    /// Full logits.
+    Logits,
+    /// Final-norm hidden states.
+    Hidden,
+    /// Nothing: lockstep reruns.
+    Nothing,
+}
+
+impl Keep {
+    /// For the exact KL, what fits `budget` bytes (default 256 MiB): the reference's logits
+    /// (stories260K, 32 prompts × 1000 positions × 512: 66 MB), else its hidden states (SmolLM2,
+    /// 16 prompts × 1000 × 576 × 2 bytes in f16: 18 MB, where its logits would be 3.1 GB); else
+    /// nothing, and each variant runs in lockstep with the reference. Every path batches and
+    /// chunks the reference identically and the output layer is the same operation on the same
+    /// hidden states, so they give the same numbers.
+    fn within(reference: &Llama, plan: &Plan, budget: u64) -> Keep {
+        let positions = plan.prompts.len() as u128 * plan.longest() as u128;
         let budget = u128::from(budget);
+        let hidden_bytes = if reference.dtype() == burn::tensor::DType::F16 { 2 } else { 4 };
+        if positions * reference.config.vocab_size as u128 * 4 <= budget {
+            Keep::Logits
+        } else if positions * reference.config.dim as u128 * hidden_bytes <= budget {
+            Keep::Hidden
+        } else {
+            Keep::Nothing
+        }
+    }
+
+    /// Teacher-forces the reference on its own text once and keeps this.
+    fn teacher_forced(self, reference: &Llama, plan: &Plan, text: &Texts) -> Result<ReferenceSide, EvalError> {
         let (device, batch_size, chunk) = (&plan.device, plan.batch_size(), plan.chunk);
         let mut chunks = HashMap::new();
-        if positions * reference.config.vocab_size as u128 * 4 <= budget {
-            teacher_forced(reference, device, text, batch_size, chunk, |f| {
-                chunks.insert((f.first_prompt, f.start), f.logits.clone());
-            })?;
-            return Ok(ReferenceSide::Kept(KeptLogits(chunks)));
-        }
-        let hidden_bytes = if reference.dtype() == burn::tensor::DType::F16 { 2 } else { 4 };
-        if positions * reference.config.dim as u128 * hidden_bytes <= budget {
-            return KeptLogits::hidden(reference, plan, text);
-        }
-        Ok(ReferenceSide::Lockstep)
+        Ok(match self {
+            Keep::Compact(k) => ReferenceSide::Compact(CompactReference::compute(reference, plan, text, k)?),
+            Keep::Logits => {
+                teacher_forced(reference, device, text, batch_size, chunk, |f| {
+                    chunks.insert((f.first_prompt, f.start), f.logits);
+                })?;
+                ReferenceSide::Kept(KeptLogits(chunks))
+            }
+            Keep::Hidden => {
+                teacher_forced_hidden(reference, device, text, batch_size, chunk, |f| {
+                    chunks.insert((f.first_prompt, f.start), f.logits);
+                })?;
+                ReferenceSide::KeptHidden(KeptLogits(chunks))
+            }
+            Keep::Nothing => ReferenceSide::Lockstep,
+        })
     }
+}
 
-    /// Runs the reference on its own continuation once and keeps its final hidden states.
-    fn hidden(reference: &Llama, plan: &Plan, text: &Texts) -> Result<ReferenceSide, EvalError> {
-        let mut chunks = HashMap::new();
-        teacher_forced_hidden(reference, &plan.device, text, plan.batch_size(), plan.chunk, |f| {
-            chunks.insert((f.first_prompt, f.start), f.logits.clone());
-        })?;
-        Ok(ReferenceSide::KeptHidden(KeptLogits(chunks)))
+/// Lets the reference generate and takes what `keep` asks for from its decoding steps, for a
+/// reference whose steps compute what teacher forcing computes
+/// ([`Llama::steps_match_teacher_forcing`]): its greedy continuations and, bit for bit, the side
+/// [`Keep::teacher_forced`] would give on them. Logits and hidden states are kept per step and
+/// joined into the chunks teacher forcing cuts (position 0 alone, from the prompt pass, then
+/// `plan.chunk` positions at a time), keyed as it keys them.
+///
+/// The side is `None` when the compact statistics' top-1 tokens are not the generated ones
+/// (see [`CompactReference::from_decoding`]): the caller then teacher-forces.
+fn side_from_decoding(
+    reference: &Llama,
+    plan: &Plan,
+    keep: Keep,
+    progress: &mut ProgressFn<'_>,
+) -> Result<(Vec<Vec<u32>>, Option<ReferenceSide>), EvalError> {
+    let step_tensor = match keep {
+        Keep::Compact(k) => {
+            let (tokens, compact) = CompactReference::from_decoding(reference, plan, k, progress)?;
+            return Ok((tokens, compact.map(ReferenceSide::Compact)));
+        }
+        Keep::Logits => |s: StepLogits<'_>| {
+            let [rows, vocab] = s.logits.dims();
+            s.logits.clone().reshape([rows, 1, vocab])
+        },
+        Keep::Hidden => |s: StepLogits<'_>| s.hidden.clone(),
+        Keep::Nothing => return Err(EvalError::Internal("no reference side to keep from decoding".into())),
+    };
+    // Per batch (keyed by its first prompt), its steps' tensors in step order.
+    let mut steps: HashMap<usize, Vec<Tensor<3>>> = HashMap::new();
+    let mut failure: Option<EvalError> = None;
+    let tokens = generate_all_map(reference, REFERENCE_NAME, plan, progress, step_tensor, |first, step, t| {
+        let batch = steps.entry(first).or_default();
+        // A batch's steps reach here in order.
+        if batch.len() != step && failure.is_none() {
+            failure =
+                Some(EvalError::Internal(format!("batch of prompt {}: step {step} after {}", first + 1, batch.len())));
+        }
+        batch.push(t);
+    })?;
+    if let Some(e) = failure {
+        return Err(e);
     }
+    let n = plan.longest();
+    let mut chunks = HashMap::new();
+    for (first, batch) in steps {
+        if batch.len() != n {
+            return Err(EvalError::Internal(format!(
+                "batch of prompt {}: {} steps, expected {n}",
+                first + 1,
+                batch.len()
+            )));
+        }
+        let mut batch = batch.into_iter();
+        // As `teacher_forced` cuts a continuation: the prompt pass predicts position 0, then
+        // chunks of `plan.chunk` positions from 1.
+        let mut start = 0;
+        while start < n {
+            let len = if start == 0 { 1 } else { plan.chunk.max(1).min(n - start) };
+            let parts: Vec<Tensor<3>> = batch.by_ref().take(len).collect();
+            chunks.insert((first, start), Tensor::cat(parts, 1));
+            start += len;
+        }
+    }
+    let kept = KeptLogits(chunks);
+    Ok((tokens, Some(if keep == Keep::Hidden { ReferenceSide::KeptHidden(kept) } else { ReferenceSide::Kept(kept) })))
+}
 
+impl KeptLogits {
     fn get(&self, first_prompt: usize, start: usize) -> Result<&Tensor<3>, EvalError> {
         self.0.get(&(first_prompt, start)).ok_or_else(|| {
             EvalError::Internal(format!("no reference logits kept for prompt {first_prompt} position {start}"))
@@ -391,6 +517,77 @@ fn fill_position_metrics(traces: &mut [Trace], first_prompt: usize, start: usize
             trace.logp_ref[t] = m.logp_ref_of_token[k];
             trace.logp_var[t] = m.logp_var_of_token[k];
             trace.ref_entropy[t] = m.ref_entropy[k];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use burn::tensor::DType;
+    use qdrift_generate::BackendChoice;
+
+    use super::*;
+    use crate::run::EvalConfig;
+
+    /// Token ids of a tensor's values, bit for bit: what "the same numbers" means here.
+    fn bits(t: &Tensor<3>) -> (Vec<usize>, Vec<u32>) {
+        let t = t.clone().cast(DType::F32);
+        let dims = t.dims().to_vec();
+        let values = t.into_data().try_into_vec::<f32>().expect("f32");
+        (dims, values.iter().map(|v| v.to_bits()).collect())
+    }
+
+    fn same_side(a: &ReferenceSide, b: &ReferenceSide, what: &str) {
+        match (a, b) {
+            (ReferenceSide::Compact(a), ReferenceSide::Compact(b)) => {
+                assert!(a == b, "{what}: compact statistics differ")
+            }
+            (ReferenceSide::Kept(a), ReferenceSide::Kept(b))
+            | (ReferenceSide::KeptHidden(a), ReferenceSide::KeptHidden(b)) => {
+                let mut keys: Vec<_> = a.0.keys().copied().collect();
+                keys.sort_unstable();
+                let mut other: Vec<_> = b.0.keys().copied().collect();
+                other.sort_unstable();
+                assert_eq!(keys, other, "{what}: chunks");
+                for key in keys {
+                    assert!(bits(&a.0[&key]) == bits(&b.0[&key]), "{what}: chunk {key:?} differs");
+                }
+            }
+            _ => panic!("{what}: different kinds of side"),
+        }
+    }
+
+    /// On the CPU backend, the reference's side taken from its decoding steps is bit for bit the
+    /// side a teacher-forced pass over its continuations gives: compact statistics, logits and
+    /// hidden states, in f16 and f32, with prompts of different lengths (left padding), a short
+    /// last batch and continuations cut into several chunks.
+    #[test]
+    fn the_side_from_decoding_is_the_teacher_forced_side_bit_for_bit() {
+        let loaded = qdrift_load::open_model(Path::new("synthetic:tiny"), None).expect("tiny model");
+        let vocab = loaded.model.arch.vocab_size as u32;
+        let prompts: Vec<Vec<u32>> =
+            (0..5u32).map(|i| (0..3 + 2 * i).map(|j| (7 * i + 13 * j + 1) % vocab).collect()).collect();
+        for dtype in [DType::F16, DType::F32] {
+            let mut cfg = EvalConfig::new(PathBuf::from("synthetic:tiny"));
+            cfg.backend = BackendChoice::Cpu;
+            cfg.dtype = dtype;
+            cfg.batch_size = Some(2);
+            cfg.chunk = 3;
+            let device = qdrift_generate::select_device(BackendChoice::Cpu).expect("cpu");
+            let plan = Plan::new(&cfg, vec![4, 11], &loaded.model.arch, prompts.clone(), device).expect("plan");
+            let model = LlamaConfig::from_arch(&loaded.model.arch)
+                .init_from_host(&loaded.model, dtype, &plan.device.device)
+                .expect("model");
+            assert!(model.steps_match_teacher_forcing(), "{dtype:?}: the CPU backend runs every layer on the host");
+            for keep in [Keep::Compact(5), Keep::Logits, Keep::Hidden] {
+                let (tokens, side) = side_from_decoding(&model, &plan, keep, &mut |_| {}).expect("decoding");
+                let side = side.expect("the statistics' top-1 tokens are the generated ones");
+                let text: Texts = plan.prompts.iter().cloned().zip(tokens).collect();
+                let forced = keep.teacher_forced(&model, &plan, &text).expect("teacher forcing");
+                same_side(&side, &forced, &format!("{dtype:?} {keep:?}"));
+            }
         }
     }
 }

@@ -32,6 +32,9 @@ pub struct StepLogits<'a> {
     pub step: usize,
     /// `[batch, vocab]`, f32, on the model's device.
     pub logits: &'a Tensor<2>,
+    /// `[batch, 1, dim]`, the final-norm hidden states the logits come from
+    /// ([`Llama::forward_hidden`]; `logits` is [`Llama::head`] of them), in the compute dtype.
+    pub hidden: &'a Tensor<3>,
 }
 
 /// Generates greedily (argmax at every step) for every prompt.
@@ -50,15 +53,47 @@ pub fn generate(
     device: &ComputeDevice,
     prompts: &[Vec<u32>],
     config: &GenerationConfig,
-    observe: impl FnMut(StepLogits<'_>) + Send,
+    mut observe: impl FnMut(StepLogits<'_>) + Send,
+) -> Result<Vec<Vec<u32>>, GenerateError> {
+    let observe = std::sync::Mutex::new(&mut observe);
+    generate_batches(model, device, prompts, config, &|s| (*lock(&observe))(s))
+}
+
+/// [`generate`] with the work on each step's logits split in two: `map` runs on the batch's own
+/// thread (batches side by side map at the same time), and `observe` gets `map`'s result one
+/// call at a time, with the batch's first prompt and the step. For reductions of the logits,
+/// whose results `observe` only files away.
+pub fn generate_map<R>(
+    model: &Llama,
+    device: &ComputeDevice,
+    prompts: &[Vec<u32>],
+    config: &GenerationConfig,
+    map: impl Fn(StepLogits<'_>) -> R + Sync,
+    observe: impl FnMut(usize, usize, R) + Send,
+) -> Result<Vec<Vec<u32>>, GenerateError> {
+    let observe = std::sync::Mutex::new(observe);
+    generate_batches(model, device, prompts, config, &|s| {
+        let (first_prompt, step) = (s.first_prompt, s.step);
+        let mapped = map(s);
+        (*lock(&observe))(first_prompt, step, mapped)
+    })
+}
+
+/// The batches of [`generate`], side by side where the device allows, each step's logits to
+/// `observe` on the batch's thread.
+fn generate_batches(
+    model: &Llama,
+    device: &ComputeDevice,
+    prompts: &[Vec<u32>],
+    config: &GenerationConfig,
+    observe: &(dyn Fn(StepLogits<'_>) + Sync),
 ) -> Result<Vec<Vec<u32>>, GenerateError> {
     check_request(&model.config, model.dtype(), device, prompts, config)?;
     let vocab = model.config.vocab_size;
     let batches: Vec<&[Vec<u32>]> = prompts.chunks(config.batch_size).collect();
-    let observe = std::sync::Mutex::new(observe);
     let concurrent = concurrent_batches(&model.config, model.dtype(), device, prompts, config);
     let results = run_batches(batches.len(), concurrent, |b| {
-        generate_batch(model, batches[b], b * config.batch_size, vocab, config, &mut |s| (*lock(&observe))(s))
+        generate_batch(model, batches[b], b * config.batch_size, vocab, config, &mut |s| observe(s))
     });
     // The batches' key-value caches are freed: hand their pages back.
     qdrift_model::release_free_memory();
@@ -87,8 +122,10 @@ fn generate_batch(
     let mut steps: Vec<Tensor<2, Int>> = Vec::with_capacity(n);
     let mut finished = vec![false; batch];
     for step in 0..n {
-        let logits = model.forward(input, &positions, &mut caches, false).reshape([batch, vocab]);
-        observe(StepLogits { first_prompt, step, logits: &logits });
+        // `Llama::forward` is exactly this: the output layer over the final hidden states.
+        let hidden = model.forward_hidden(input, &positions, &mut caches, false);
+        let logits = model.head(hidden.clone()).reshape([batch, vocab]);
+        observe(StepLogits { first_prompt, step, logits: &logits, hidden: &hidden });
         let next = logits.argmax(1); // [batch, 1]
         steps.push(next.clone());
         if let Some(eos) = config.stop_at_eos {

@@ -141,7 +141,7 @@ pub struct Attention {
 
 impl Attention {
     /// The four projections' host weights, when all four are stored on the host.
-    fn packed(&self) -> Option<[&PackedLinear; 4]> {
+    pub(crate) fn packed(&self) -> Option<[&PackedLinear; 4]> {
         Some([self.wq.packed()?, self.wk.packed()?, self.wv.packed()?, self.wo.packed()?])
     }
 

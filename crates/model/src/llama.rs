@@ -464,6 +464,22 @@ impl Llama {
         self.dtype
     }
 
+    /// Whether a decoding step's logits are, bit for bit, what teacher forcing computes for the
+    /// same position: every layer runs on the host over host caches ([`Block::forward_host`]) and
+    /// so does the output layer, where each value depends only on its own row and position, never
+    /// on how many columns a call carries (host linear layers, the host attention kernel and
+    /// RMSNorm work row by row; activation scales never span rows or chunks). The evaluation
+    /// then takes the reference's statistics from its decoding steps instead of a second pass.
+    pub fn steps_match_teacher_forcing(&self) -> bool {
+        let device_rounding = self.runtime.activations.is_some() && self.runtime.path == RoundingPath::Device;
+        self.output.packed().is_some()
+            && !device_rounding
+            && AttentionKernel::for_device(&self.device()) == AttentionKernel::Host
+            && self.layers.iter().all(|l| {
+                l.attn.packed().is_some() && [&l.ffn.gate, &l.ffn.up, &l.ffn.down].iter().all(|p| p.packed().is_some())
+            })
+    }
+
     /// Rounds activations and/or the KV cache at run time from now on (caches made afterwards
     /// carry the KV rounding).
     ///

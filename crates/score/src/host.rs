@@ -342,6 +342,26 @@ fn row_max(x: &[f32]) -> f32 {
     if nan.contains(&true) || rest.iter().any(|xi| xi.is_nan()) { f32::NAN } else { m }
 }
 
+/// Each row's top-1 token as [`compact_reference_on_host`] reports it: the first index holding
+/// the row's largest logit (the first NaN where a row holds one), what greedy decoding's argmax
+/// picks. The tokens a decoding step's logits are scored on when the reference's statistics are
+/// taken from its decoding steps.
+///
+/// # Shapes
+/// - `logits`: `[rows, vocab]`, row-major → `[rows]`
+///
+/// # Errors
+/// [`ScoreError::LengthMismatch`] when `logits` is not `rows × vocab` values.
+pub fn greedy_tokens_on_host(logits: &[f32], rows: usize, vocab: usize) -> Result<Vec<u32>, ScoreError> {
+    check_shape("logits and their shape [rows, 1, vocab]", logits, [rows, 1, vocab])?;
+    Ok((0..rows)
+        .map(|i| {
+            let x = row(logits, vocab, i);
+            first_argmax(x, row_max(x)) as u32
+        })
+        .collect())
+}
+
 /// The first index holding `max` (the row's [`row_max`]); the first NaN when `max` is NaN.
 fn first_argmax(x: &[f32], max: f32) -> usize {
     let at = if max.is_nan() { x.iter().position(|xi| xi.is_nan()) } else { x.iter().position(|&xi| xi == max) };

@@ -46,8 +46,8 @@ pub use device::{
 pub use error::ScoreError;
 pub use freerun::{Divergence, exact_match, first_divergence, token_match_rate};
 pub use host::{
-    compact_reference_on_host, position_metrics_against_compact_on_host, position_metrics_on_host,
-    token_logprobs_on_host,
+    compact_reference_on_host, greedy_tokens_on_host, position_metrics_against_compact_on_host,
+    position_metrics_on_host, token_logprobs_on_host,
 };
 pub use logprob::{PositionMetrics, entropy, kl_divergence, log_softmax, position_metrics, top1};
 pub use ppl::{PromptLogProbs, perplexity, pooled_ppl_ratio, ppl_ratio, ppl_ratio_ci};
