@@ -21,9 +21,15 @@
 //! side by side, and Rust never contracts `a * b + c` into an FMA), so all three give
 //! bit-identical results; which one runs is chosen at run time from the CPU's features.
 //!
+//! Grouped-query attention: the query heads that share a key/value head see the same keys and
+//! values at a position, so the AVX-512 build attends up to three of them in each pass over the
+//! keys and values (each vector loaded and widened once for all three); each head's operations
+//! are unchanged, so are its bits.
+//!
 //! Threads: where the linear layers fork-join (one batch at a time, `host_linear::spreads`), a
-//! call big enough spreads its queries, one (row, head) each, over rayon's threads; each is
-//! computed by the same operations whichever thread runs it, so the results do not change.
+//! call big enough spreads its queries, one (row, column, key/value head) each, over rayon's
+//! threads; each is computed by the same operations whichever thread runs it, so the results do
+//! not change.
 
 use half::f16;
 use rayon::prelude::*;
@@ -201,11 +207,17 @@ fn attend<T: Elem>(st: &KvBuffers<T>, sh: Shape, q: &[f32], queries: &NewQueries
     };
     // Multiply-adds, at most: q·k and P·V over every key written so far, for every query.
     let macs = (sh.batch * new * heads).saturating_mul(2 * hd * (queries.start + new));
+    // The query heads of key/value head `g` at column `i` of row `b`: `out[at..at + rep · hd]`.
+    let group = |b: usize, i: usize, g: usize| -> (Vec<Query<'_, T>>, usize) {
+        let at = ((b * new + i) * heads + g * rep) * hd;
+        ((0..rep).map(|r| job(b, i, g * rep + r, at + r * hd)).collect(), at)
+    };
     if spreads(macs) {
-        // One task per (row, head); `out` is `[batch · new, heads, head_dim]`.
-        out.par_chunks_mut(hd.max(1)).enumerate().for_each_init(Vec::new, |scores, (query, o)| {
-            let (h, column) = (query % heads, query / heads);
-            attend_one(&job(column / new, column % new, h, query * hd), scores, o);
+        // One task per (row, column, key/value head); `out` is `[batch · new, kv_heads, rep ·
+        // head_dim]`.
+        out.par_chunks_mut((rep * hd).max(1)).enumerate().for_each_init(Vec::new, |scores, (task, o)| {
+            let (g, column) = (task % kvh, task / kvh);
+            attend_group(&group(column / new, column % new, g).0, scores, o);
         });
         return out;
     }
@@ -213,11 +225,8 @@ fn attend<T: Elem>(st: &KvBuffers<T>, sh: Shape, q: &[f32], queries: &NewQueries
     for b in 0..sh.batch {
         for g in 0..kvh {
             for i in 0..new {
-                for r in 0..rep {
-                    let h = g * rep + r;
-                    let at = ((b * new + i) * heads + h) * hd;
-                    attend_one(&job(b, i, h, at), scores, &mut out[at..at + hd]);
-                }
+                let (jobs, at) = group(b, i, g);
+                attend_group(&jobs, scores, &mut out[at..at + rep * hd]);
             }
         }
     }
@@ -304,11 +313,24 @@ fn attend_one_impl<const ISA: u8, T: Elem>(job: &Query<T>, scores: &mut Vec<f32>
     let s = &mut scores[..];
     // scores[j] = Σ_d q[d] · k[d, j], key j in lane j.
     dots::<ISA, T>(job.q, &job.keys[job.lo..], job.kstride, s);
+    softmax::<T>(s, job.scale);
+    // out[d] = Σ_j w[j] · v[j, d], dimension d in lane d.
+    dots::<ISA, T>(s, &job.values[job.lo * hd..job.hi * hd], hd, out);
+    if T::F16 {
+        out.iter_mut().for_each(|o| *o = round_to_f16(*o));
+    }
+}
+
+/// One query's scores (`s`, q·k per visible key) turned into its probabilities in place: scaled
+/// by `scale`, softmax, rounded to f16 when the keys and values are f16 (the cast in front of the
+/// P·V matmul).
+#[inline(always)]
+fn softmax<T: Elem>(s: &mut [f32], scale: f32) {
     // The loops below are branch-free (`exp` and `round_to_f16` included), so the compiler
-    // vectorises them at the build's width.
-    let max = lanes_max(s) * job.scale;
+    // vectorises them at the build's width; each element's operations are the same at any width.
+    let max = lanes_max(s) * scale;
     for sj in s.iter_mut() {
-        *sj = exp(*sj * job.scale - max);
+        *sj = exp(*sj * scale - max);
     }
     let inv_sum = 1.0 / lanes_sum(s);
     if T::F16 {
@@ -316,11 +338,223 @@ fn attend_one_impl<const ISA: u8, T: Elem>(job: &Query<T>, scores: &mut Vec<f32>
     } else {
         s.iter_mut().for_each(|w| *w *= inv_sum);
     }
-    // out[d] = Σ_j w[j] · v[j, d], dimension d in lane d.
-    dots::<ISA, T>(s, &job.values[job.lo * hd..job.hi * hd], hd, out);
+}
+
+/// Query heads the AVX-512 build attends at once ([`attend_group`]): three share each load (and
+/// f16 widening) of a key or value across 24 accumulators, of the 32 vector registers.
+const GROUP_AT_ONCE: usize = 3;
+
+/// [`attend_one`] for several queries that see the same keys and values (the query heads of one
+/// key/value head at one position: same keys, values and visible columns), into `out`
+/// (`[jobs.len(), head_dim]`), bit for bit what [`attend_one`] gives each. The AVX-512 build runs
+/// up to [`GROUP_AT_ONCE`] of them through each pass over the keys and values, so each vector
+/// of keys or values is loaded and widened once for all of them (grouped-query attention reads
+/// a key/value head once per group, as its kernels do on GPUs).
+fn attend_group<T: Elem>(jobs: &[Query<T>], scores: &mut Vec<f32>, out: &mut [f32]) {
+    let hd = jobs.first().map_or(1, |j| j.q.len()).max(1);
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() && has_avx512() && jobs.first().is_some_and(|j| j.hi > j.lo) {
+        for (group, o) in jobs.chunks(GROUP_AT_ONCE).zip(out.chunks_mut(GROUP_AT_ONCE * hd)) {
+            // SAFETY: the CPU supports AVX-512F, BW and VL, AVX2 and F16C, checked just above;
+            // the jobs of a group share keys, values and visible columns (the caller's promise,
+            // asserted in `attend_many_impl`).
+            unsafe {
+                match group.len() {
+                    1 => attend_one_avx512(&group[0], scores, o),
+                    2 => attend_many_avx512::<2, T>(group, scores, o),
+                    _ => attend_many_avx512::<3, T>(group, scores, o),
+                }
+            }
+        }
+        return;
+    }
+    for (job, o) in jobs.iter().zip(out.chunks_mut(hd)) {
+        attend_one(job, scores, o);
+    }
+}
+
+/// [`attend_many_impl`] compiled for AVX-512.
+///
+/// # Safety
+/// The CPU has AVX-512F, BW and VL, AVX2 and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn attend_many_avx512<const R: usize, T: Elem>(jobs: &[Query<T>], scores: &mut Vec<f32>, out: &mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe { attend_many_impl::<R, T>(jobs, scores, out) }
+}
+
+/// `R` queries over the same keys and values: [`attend_one_impl`]'s AVX-512 build for each, with
+/// the dot products of all `R` in one pass ([`dots_many`]).
+///
+/// # Safety
+/// The CPU has AVX-512F, BW and VL.
+///
+/// # Panics
+/// If `jobs` is not `R` queries of one width over the same keys, values and visible columns, or
+/// `out` not `R` times that width.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn attend_many_impl<const R: usize, T: Elem>(jobs: &[Query<T>], scores: &mut Vec<f32>, out: &mut [f32]) {
+    let job = &jobs[0];
+    let (hd, n) = (job.q.len(), job.hi - job.lo);
+    assert!(
+        jobs.len() == R
+            && out.len() == R * hd
+            && jobs.iter().all(|j| {
+                j.q.len() == hd
+                    && std::ptr::eq(j.keys, job.keys)
+                    && std::ptr::eq(j.values, job.values)
+                    && (j.kstride, j.lo, j.hi, j.scale.to_bits()) == (job.kstride, job.lo, job.hi, job.scale.to_bits())
+            }),
+        "a group's queries share their keys and values"
+    );
+    scores.clear();
+    scores.resize(R * n, 0.0);
+    let mut qs = [job.q; R];
+    for (q, j) in qs.iter_mut().zip(jobs) {
+        *q = j.q;
+    }
+    // SAFETY (both calls): the caller's contract; the operands' sizes are checked inside.
+    unsafe { dots_many::<R, T>(&qs, &job.keys[job.lo..], job.kstride, scores, n) };
+    for s in scores.chunks_exact_mut(n) {
+        softmax::<T>(s, job.scale);
+    }
+    let mut ws = [&scores[..0]; R];
+    for (r, w) in ws.iter_mut().enumerate() {
+        *w = &scores[r * n..(r + 1) * n];
+    }
+    unsafe { dots_many::<R, T>(&ws, &job.values[job.lo * hd..job.hi * hd], hd, out, hd) };
     if T::F16 {
         out.iter_mut().for_each(|o| *o = round_to_f16(*o));
     }
+}
+
+/// [`dots`]'s AVX-512 build for `R` vectors `xs` at once over the same matrix: `out[r · lanes + l]
+/// = Σ_i xs[r][i] · m[i · stride + l]`, each lane the operations of [`dot1`], in blocks of 32
+/// lanes, then the rest (under 32) in one pass, the last block of 16 masked.
+///
+/// # Safety
+/// The CPU has AVX-512F, BW and VL.
+///
+/// # Panics
+/// If the `xs` differ in length, `out` is not `R · lanes` values, or `m` is shorter than
+/// `(len − 1) · stride + lanes`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dots_many<const R: usize, T: Elem>(xs: &[&[f32]; R], m: &[T], stride: usize, out: &mut [f32], lanes: usize) {
+    let len = xs[0].len();
+    assert!(xs.iter().all(|x| x.len() == len) && out.len() == R * lanes, "dots_many operands");
+    let Some(last) = len.checked_sub(1) else {
+        out.fill(0.0);
+        return;
+    };
+    assert!(m.len() >= last * stride + lanes, "dots_many reads past its matrix");
+    let write = |out: &mut [f32], at: usize, sums: &[[[f32; 16]; 2]; R], width: usize| {
+        for (r, s) in sums.iter().enumerate() {
+            out[r * lanes + at..r * lanes + at + width].copy_from_slice(&s.as_flattened()[..width]);
+        }
+    };
+    let full = lanes / 32 * 32;
+    let m = m.as_ptr();
+    // SAFETY (every call): the caller's contract; block rows are read at `i · stride ≤ last ·
+    // stride`, within the block's lanes (masked loads touch no others), in bounds by the assert.
+    for at in (0..full).step_by(32) {
+        let sums = unsafe { dot16_rows_many::<R, 2, false, T>(xs, m.wrapping_add(at), stride, u16::MAX) };
+        write(out, at, &sums, 32);
+    }
+    let rest = lanes - full;
+    let mask = |l: usize| (1u16 << l) - 1;
+    let (p, at) = (m.wrapping_add(full), full);
+    match (rest / 16, rest % 16) {
+        (0, 0) => {}
+        (0, l) => {
+            let sums = unsafe { dot16_rows_many::<R, 1, true, T>(xs, p, stride, mask(l)) };
+            let padded: [[[f32; 16]; 2]; R] = std::array::from_fn(|r| [sums[r][0], [0.0; 16]]);
+            write(out, at, &padded, l);
+        }
+        (_, 0) => {
+            let sums = unsafe { dot16_rows_many::<R, 1, false, T>(xs, p, stride, u16::MAX) };
+            let padded: [[[f32; 16]; 2]; R] = std::array::from_fn(|r| [sums[r][0], [0.0; 16]]);
+            write(out, at, &padded, 16);
+        }
+        (_, l) => {
+            let sums = unsafe { dot16_rows_many::<R, 2, true, T>(xs, p, stride, mask(l)) };
+            write(out, at, &sums, 16 + l);
+        }
+    }
+}
+
+/// [`dot16_rows`] for `R` vectors at once: each row of `K` blocks is loaded (and widened) once
+/// and multiplied by every vector's element; partial sum `i mod 4` of vector `r`, block `k` in
+/// `acc[r][i mod 4][k]`, added as [`dot16_rows`] adds them.
+///
+/// # Safety
+/// As [`dot16_rows`], for every vector of `xs` (all of one length).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dot16_rows_many<const R: usize, const K: usize, const MASK_LAST: bool, T: Elem>(
+    xs: &[&[f32]; R],
+    m: *const T,
+    stride: usize,
+    mask: u16,
+) -> [[[f32; 16]; K]; R] {
+    use std::arch::x86_64::{
+        __m512, _mm512_add_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
+    };
+    let len = xs[0].len();
+    let mut out = [[[0.0f32; 16]; K]; R];
+    // SAFETY: the caller's contract; `xs[r][i]` with `i < len` is in bounds.
+    unsafe {
+        let mut acc = [[[_mm512_setzero_ps(); K]; 4]; R];
+        // Element `i` (row `i` of `m`) into partial sum `P` (a constant, so that the
+        // accumulators stay in registers).
+        macro_rules! step {
+            ($i:expr, $p:literal) => {{
+                let (i, row) = ($i, m.wrapping_add($i * stride));
+                let mut v = [_mm512_setzero_ps(); K];
+                for (k, vk) in v.iter_mut().enumerate() {
+                    let block = row.wrapping_add(16 * k);
+                    *vk = if MASK_LAST && k == K - 1 {
+                        load16::<true, T>(block, mask)
+                    } else {
+                        load16::<false, T>(block, 0)
+                    };
+                }
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let xi = _mm512_set1_ps(*xs[r].get_unchecked(i));
+                    for (ak, vk) in a[$p].iter_mut().zip(&v) {
+                        *ak = _mm512_add_ps(*ak, _mm512_mul_ps(xi, *vk));
+                    }
+                }
+            }};
+        }
+        let quads = len / 4;
+        for q in 0..quads {
+            let i = 4 * q;
+            step!(i, 0);
+            step!(i + 1, 1);
+            step!(i + 2, 2);
+            step!(i + 3, 3);
+        }
+        let (i, rest) = (4 * quads, len % 4);
+        if rest > 0 {
+            step!(i, 0);
+        }
+        if rest > 1 {
+            step!(i + 1, 1);
+        }
+        if rest > 2 {
+            step!(i + 2, 2);
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for (k, ok) in o.iter_mut().enumerate() {
+                let sum: __m512 = _mm512_add_ps(_mm512_add_ps(a[0][k], a[1][k]), _mm512_add_ps(a[2][k], a[3][k]));
+                _mm512_storeu_ps(ok.as_mut_ptr(), sum);
+            }
+        }
+    }
+    out
 }
 
 /// `out[l] = Σ_i x[i] · m[i · stride + l]` for every lane `l`, each lane the operations of
@@ -783,6 +1017,47 @@ mod tests {
                 outs
             };
             assert_eq!(run(true), run(false), "{precision:?}");
+        }
+    }
+
+    /// Query heads attended as a group (shared keys and values; up to three at once in the
+    /// AVX-512 build) give each head's [`attend_one`] result bit for bit, for group sizes that
+    /// leave every remainder of three, over key counts and head widths that take each block and
+    /// masked path.
+    #[test]
+    fn grouped_heads_are_each_heads_own_attention_bit_for_bit() {
+        fn check<T: Elem>(rep: usize, hd: usize, n: usize) {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let stored = |x: &f32| T::narrow(if T::F16 { f16::from_f32(*x).to_f32() } else { *x });
+            let keys: Vec<T> = values(5, hd * n, 4.0).iter().map(stored).collect();
+            let vals: Vec<T> = values(6, n * hd, 1.0).iter().map(stored).collect();
+            let q = values(4, rep * hd, 4.0);
+            for lo in [0, 1, n / 2, n - 1] {
+                let jobs: Vec<Query<T>> = (0..rep)
+                    .map(|r| Query {
+                        q: &q[r * hd..(r + 1) * hd],
+                        keys: &keys,
+                        kstride: n,
+                        values: &vals,
+                        lo,
+                        hi: n,
+                        scale: 0.3,
+                    })
+                    .collect();
+                let mut want = vec![0.0; rep * hd];
+                for (job, o) in jobs.iter().zip(want.chunks_mut(hd)) {
+                    attend_one(job, &mut Vec::new(), o);
+                }
+                let mut got = vec![0.0; rep * hd];
+                attend_group(&jobs, &mut Vec::new(), &mut got);
+                assert_eq!(bits(&got), bits(&want), "f16 {} heads {rep} head_dim {hd} keys {lo}..{n}", T::F16);
+            }
+        }
+        for rep in 1..=7 {
+            for (hd, n) in [(64, 1070), (64, 33), (16, 203), (12, 3), (40, 47), (48, 129), (7, 16), (1, 2), (96, 80)] {
+                check::<f32>(rep, hd, n);
+                check::<f16>(rep, hd, n);
+            }
         }
     }
 
