@@ -2,9 +2,13 @@
 //! generation, then teacher forcing of both models on the reference's text and of the reference
 //! on the variant's, reduced to per-position values in each prompt's [`Trace`].
 //!
-//! The reference's side of the comparison on its own text is computed once: compact top-K
-//! statistics by default ([`CompactReference`]), or, for the exact KL (`--exact-kl`), its full
-//! logits when they fit a budget, else a lockstep rerun of the reference beside each variant.
+//! The reference's side of the comparison on its own text is computed once: for the exact KL
+//! (the default) its full logits when they fit a budget, else its final hidden states (each
+//! variant's chunk gets the logits back from the output layer), else a lockstep rerun of the
+//! reference beside each variant; with `--reference-top-k` its compact top-K statistics
+//! ([`CompactReference`]). Where a decoding step computes bit for bit what teacher forcing does
+//! (the CPU backend, [`Llama::steps_match_teacher_forcing`]), that side is taken from the
+//! reference's decoding steps, and the reference runs over its own text once instead of twice.
 //!
 //! **Invariant: reference and variant see identical batches and chunks (the reference's
 //! statistics or kept logits were computed with the same batching as the variant's run), so a

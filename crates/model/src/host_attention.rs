@@ -32,6 +32,7 @@
 //! not change.
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use crate::Positions;
@@ -55,6 +56,12 @@ pub(crate) trait Elem: Copy + Default + std::fmt::Debug + Send + Sync {
     fn widen(self) -> f32;
     /// `v` in this type; `v` must be representable.
     fn narrow(v: f32) -> Self;
+    /// [`Elem::narrow`] of every value of `src` into `dst` (of the same length).
+    fn narrow_slice(src: &[f32], dst: &mut [Self]) {
+        for (d, &v) in dst.iter_mut().zip(src) {
+            *d = Self::narrow(v);
+        }
+    }
 }
 
 impl Elem for f32 {
@@ -74,6 +81,10 @@ impl Elem for f16 {
     }
     fn narrow(v: f32) -> Self {
         f16::from_f32(v)
+    }
+    fn narrow_slice(src: &[f32], dst: &mut [Self]) {
+        // F16C, 8 at a time where the CPU has it: the same rounding as `f16::from_f32`.
+        dst.convert_from_f32_slice(src);
     }
 }
 
@@ -163,14 +174,18 @@ impl HostKv {
 
 fn write<T: Elem>(st: &mut KvBuffers<T>, sh: Shape, k: &[f32], v: &[f32], start: usize, new: usize) {
     let (kvh, hd, cap) = (sh.kv_heads, sh.head_dim, sh.capacity);
+    let mut key = vec![T::default(); hd];
     for b in 0..sh.batch {
         for i in 0..new {
             for g in 0..kvh {
                 let src = ((b * new + i) * kvh + g) * hd;
                 let block = b * kvh + g;
-                for d in 0..hd {
-                    st.keys[(block * hd + d) * cap + start + i] = T::narrow(k[src + d]);
-                    st.values[(block * cap + start + i) * hd + d] = T::narrow(v[src + d]);
+                let at = (block * cap + start + i) * hd;
+                T::narrow_slice(&v[src..src + hd], &mut st.values[at..at + hd]);
+                // Keys are stored transposed: one column of the block's `[head_dim, capacity]`.
+                T::narrow_slice(&k[src..src + hd], &mut key);
+                for (d, &kd) in key.iter().enumerate() {
+                    st.keys[(block * hd + d) * cap + start + i] = kd;
                 }
             }
         }
@@ -460,7 +475,7 @@ unsafe fn dots_many<const R: usize, T: Elem>(xs: &[&[f32]; R], m: &[T], stride: 
     // SAFETY (every call): the caller's contract; block rows are read at `i · stride ≤ last ·
     // stride`, within the block's lanes (masked loads touch no others), in bounds by the assert.
     for at in (0..full).step_by(32) {
-        let sums = unsafe { dot16_rows_many::<R, 2, false, T>(xs, m.wrapping_add(at), stride, u16::MAX) };
+        let sums = unsafe { dot16_rows_many::<R, 2, false, true, T>(xs, m.wrapping_add(at), stride, u16::MAX) };
         write(out, at, &sums, 32);
     }
     let rest = lanes - full;
@@ -469,19 +484,35 @@ unsafe fn dots_many<const R: usize, T: Elem>(xs: &[&[f32]; R], m: &[T], stride: 
     match (rest / 16, rest % 16) {
         (0, 0) => {}
         (0, l) => {
-            let sums = unsafe { dot16_rows_many::<R, 1, true, T>(xs, p, stride, mask(l)) };
+            let sums = unsafe { dot16_rows_many::<R, 1, true, false, T>(xs, p, stride, mask(l)) };
             let padded: [[[f32; 16]; 2]; R] = std::array::from_fn(|r| [sums[r][0], [0.0; 16]]);
             write(out, at, &padded, l);
         }
         (_, 0) => {
-            let sums = unsafe { dot16_rows_many::<R, 1, false, T>(xs, p, stride, u16::MAX) };
+            let sums = unsafe { dot16_rows_many::<R, 1, false, false, T>(xs, p, stride, u16::MAX) };
             let padded: [[[f32; 16]; 2]; R] = std::array::from_fn(|r| [sums[r][0], [0.0; 16]]);
             write(out, at, &padded, 16);
         }
         (_, l) => {
-            let sums = unsafe { dot16_rows_many::<R, 2, true, T>(xs, p, stride, mask(l)) };
+            let sums = unsafe { dot16_rows_many::<R, 2, true, false, T>(xs, p, stride, mask(l)) };
             write(out, at, &sums, 16 + l);
         }
+    }
+}
+
+/// Fetches into L1 this row's `16 · K` lanes four passes on (`64 · K` elements further). Keys
+/// are stored transposed, so a pass over them reads a few cache lines from each of `head_dim`
+/// rows `capacity` apart: more streams than the hardware prefetcher follows, and in decoding they
+/// come from memory (measured: 16 prompts × 800 SmolLM2 tokens decoded in 32.6 s instead of
+/// 39.4 s). A prefetch never faults, past the end included.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_ahead<const K: usize, T: Elem>(row: *const T) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    let ahead = row.wrapping_add(4 * 16 * K).cast::<i8>();
+    for line in (0..16 * K * std::mem::size_of::<T>()).step_by(64) {
+        // SAFETY: a prefetch reads nothing architecturally and never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line)) };
     }
 }
 
@@ -493,7 +524,7 @@ unsafe fn dots_many<const R: usize, T: Elem>(xs: &[&[f32]; R], m: &[T], stride: 
 /// As [`dot16_rows`], for every vector of `xs` (all of one length).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn dot16_rows_many<const R: usize, const K: usize, const MASK_LAST: bool, T: Elem>(
+unsafe fn dot16_rows_many<const R: usize, const K: usize, const MASK_LAST: bool, const PREFETCH: bool, T: Elem>(
     xs: &[&[f32]; R],
     m: *const T,
     stride: usize,
@@ -512,6 +543,9 @@ unsafe fn dot16_rows_many<const R: usize, const K: usize, const MASK_LAST: bool,
         macro_rules! step {
             ($i:expr, $p:literal) => {{
                 let (i, row) = ($i, m.wrapping_add($i * stride));
+                if PREFETCH {
+                    prefetch_ahead::<K, T>(row);
+                }
                 let mut v = [_mm512_setzero_ps(); K];
                 for (k, vk) in v.iter_mut().enumerate() {
                     let block = row.wrapping_add(16 * k);
@@ -705,6 +739,9 @@ unsafe fn dot16_rows<const K: usize, const MASK_LAST: bool, T: Elem>(
         use std::arch::x86_64::{_mm512_mul_ps, _mm512_set1_ps};
         // SAFETY: the caller's contract.
         unsafe {
+            if !MASK_LAST {
+                prefetch_ahead::<K, T>(row);
+            }
             let xi = _mm512_set1_ps(xi);
             for (k, a) in acc.iter_mut().enumerate() {
                 let block = row.wrapping_add(16 * k);
