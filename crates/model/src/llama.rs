@@ -465,7 +465,7 @@ impl Llama {
     }
 
     /// Whether a decoding step's logits are, bit for bit, what teacher forcing computes for the
-    /// same position: every layer runs on the host over host caches ([`Block::forward_host`]) and
+    /// same position: every layer runs on the host over host caches (`Block::forward_host`) and
     /// so does the output layer, where each value depends only on its own row and position, never
     /// on how many columns a call carries (host linear layers, the host attention kernel and
     /// RMSNorm work row by row; activation scales never span rows or chunks). The evaluation
