@@ -91,14 +91,11 @@ impl ReferenceRun {
         // from its decoding steps themselves, and the reference runs once.
         let from_steps = model.steps_match_teacher_forcing() && keep != Keep::Nothing;
         let (tokens, side) = if from_steps {
-            let (tokens, side) = side_from_decoding(&model, plan, keep, progress)?;
-            progress(Progress::Scoring { model: REFERENCE_NAME });
-            (tokens, side)
+            side_from_decoding(&model, plan, keep, progress)?
         } else {
-            let tokens = generate_all(&model, REFERENCE_NAME, plan, progress)?;
-            progress(Progress::Scoring { model: REFERENCE_NAME });
-            (tokens, None)
+            (generate_all(&model, REFERENCE_NAME, plan, progress)?, None)
         };
+        progress(Progress::Scoring { model: REFERENCE_NAME });
         let text: Texts = plan.prompts.iter().cloned().zip(tokens).collect();
         let side = match side {
             Some(side) => side,
@@ -535,7 +532,7 @@ mod tests {
     use super::*;
     use crate::run::EvalConfig;
 
-    /// Token ids of a tensor's values, bit for bit: what "the same numbers" means here.
+    /// A tensor's dims and its values' f32 bits: what "the same numbers" means here.
     fn bits(t: &Tensor<3>) -> (Vec<usize>, Vec<u32>) {
         let t = t.clone().cast(DType::F32);
         let dims = t.dims().to_vec();

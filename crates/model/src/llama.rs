@@ -234,10 +234,12 @@ impl FeedForward {
     /// Whether [`FeedForward::forward_host`] can run this layer: all three projections are packed
     /// on the host and activations (if rounded) are rounded on the host.
     fn runs_on_host(&self, context: &ForwardContext) -> bool {
-        self.gate.packed().is_some()
-            && self.up.packed().is_some()
-            && self.down.packed().is_some()
-            && context.rounds_on_host()
+        self.packed_on_host() && context.rounds_on_host()
+    }
+
+    /// Whether all three projections are packed on the host.
+    fn packed_on_host(&self) -> bool {
+        self.gate.packed().is_some() && self.up.packed().is_some() && self.down.packed().is_some()
     }
 
     /// [`FeedForward::forward`] on host values, the output rounded to the compute dtype. Only
@@ -471,13 +473,18 @@ impl Llama {
     /// RMSNorm work row by row; activation scales never span rows or chunks). The evaluation
     /// then takes the reference's statistics from its decoding steps instead of a second pass.
     pub fn steps_match_teacher_forcing(&self) -> bool {
-        let device_rounding = self.runtime.activations.is_some() && self.runtime.path == RoundingPath::Device;
-        self.output.packed().is_some()
-            && !device_rounding
+        // What `forward_hidden` asks of each layer (`Block::runs_on_host`), for the caches
+        // `new_caches` makes on this device.
+        self.host_layers()
             && AttentionKernel::for_device(&self.device()) == AttentionKernel::Host
-            && self.layers.iter().all(|l| {
-                l.attn.packed().is_some() && [&l.ffn.gate, &l.ffn.up, &l.ffn.down].iter().all(|p| p.packed().is_some())
-            })
+            && self.layers.iter().all(|l| l.attn.packed().is_some() && l.ffn.packed_on_host())
+    }
+
+    /// Whether layers may run on the host: the linear layers are packed there (the output
+    /// layer's packing stands for all) and activations, if rounded, are rounded there.
+    fn host_layers(&self) -> bool {
+        let device_rounding = self.runtime.activations.is_some() && self.runtime.path == RoundingPath::Device;
+        self.output.packed().is_some() && !device_rounding
     }
 
     /// Rounds activations and/or the KV cache at run time from now on (caches made afterwards
@@ -585,9 +592,7 @@ impl Llama {
         // Host linear layers over a host cache run their layer's attention on the host (unless
         // activations are rounded on the device), with the host RoPE tables; every other layer
         // uses Burn's.
-        let host_linear = self.output.packed().is_some();
-        let device_rounding = matches!(activations, Some((_, RoundingPath::Device)));
-        let host_layers = host_linear && !device_rounding;
+        let host_layers = self.host_layers();
         let any_host_cache = caches.iter().any(|c| c.kernel() == AttentionKernel::Host);
         let host_rope = (host_layers && any_host_cache).then(|| self.rope.host_tables(&rows, self.dtype == DType::F16));
         let rope = (composed || !host_layers).then(|| self.rope.tables(&rows, self.dtype, &device));
