@@ -60,6 +60,49 @@ fn batch_invariance_cpu() {
     batch_invariance(BackendChoice::Cpu);
 }
 
+/// On the CPU, batches that would run side by side decode as one fused batch
+/// (`generate_batches`); the observer must still see each batch of `batch_size` on its own, with
+/// the logits and hidden states, bit for bit, of batches run one at a time.
+#[test]
+fn fused_decoding_hands_each_batch_to_the_observer_as_if_unfused() {
+    use qdrift_generate::{GenerationConfig, generate};
+    use qdrift_model::LlamaConfig;
+    use std::collections::BTreeMap;
+    let loaded = load_stories();
+    let prompts: Vec<Vec<u32>> = golden_cases().into_iter().map(|c| c.prompt_tokens).collect();
+    assert_eq!(prompts.len(), 5, "batches [0, 1] [2, 3] [4]: a fused pair, then a short batch alone");
+    let config = GenerationConfig { max_new_tokens: 12, batch_size: 2, stop_at_eos: None };
+    // (first prompt, step) → (rows, logits bits, hidden bits), and the tokens.
+    type Calls = BTreeMap<(usize, usize), (usize, Vec<u32>, Vec<u32>)>;
+    let run = |parallel_batches: usize| -> (Vec<Vec<u32>>, Calls) {
+        let mut dev = device(BackendChoice::Cpu);
+        dev.parallel_batches = parallel_batches;
+        let model = LlamaConfig::from_arch(&loaded.model.arch)
+            .init_from_host(&loaded.model, DType::F32, &dev.device)
+            .expect("model builds");
+        let mut calls = Calls::new();
+        let tokens = generate(&model, &dev, &prompts, &config, |s| {
+            let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            let logits = bits(s.logits.to_data().try_into_vec::<f32>().expect("f32 logits"));
+            let hidden = bits(s.hidden.to_data().try_into_vec::<f32>().expect("f32 hidden"));
+            let rows = s.logits.dims()[0];
+            assert_eq!(s.hidden.dims()[0], rows);
+            let again = calls.insert((s.first_prompt, s.step), (rows, logits, hidden));
+            assert!(again.is_none(), "batch at prompt {} step {} observed twice", s.first_prompt, s.step);
+        })
+        .expect("generation runs");
+        (tokens, calls)
+    };
+    let (one_at_a_time, want) = run(1);
+    let (fused, got) = run(2);
+    assert_eq!(fused, one_at_a_time);
+    assert_eq!(want.len(), 3 * 12, "three batches, twelve steps");
+    assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>());
+    for (key, w) in &want {
+        assert!(got[key] == *w, "batch at prompt {} step {}: rows or bits differ", key.0, key.1);
+    }
+}
+
 #[test]
 fn batch_invariance_wgpu() {
     batch_invariance(BackendChoice::Wgpu);

@@ -9,6 +9,7 @@
 
 use burn::tensor::{Int, Tensor, TensorData};
 use qdrift_model::{KvCache, Llama, Positions};
+use rayon::prelude::*;
 
 use crate::parallel::{lock, run_batches};
 use crate::{ComputeDevice, GenerateError, check_request, concurrent_batches};
@@ -90,11 +91,28 @@ fn generate_batches(
 ) -> Result<Vec<Vec<u32>>, GenerateError> {
     check_request(&model.config, model.dtype(), device, prompts, config)?;
     let vocab = model.config.vocab_size;
-    let batches: Vec<&[Vec<u32>]> = prompts.chunks(config.batch_size).collect();
     let concurrent = concurrent_batches(&model.config, model.dtype(), device, prompts, config);
-    let results = run_batches(batches.len(), concurrent, |b| {
-        generate_batch(model, batches[b], b * config.batch_size, vocab, config, &mut |s| observe(s))
-    });
+    let results = if device.uses_host_memory && concurrent > 1 && config.stop_at_eos.is_none() {
+        // On the CPU, the batches that would run side by side decode as one batch of all their
+        // rows instead, its linear layers and attention spread over the cores: each step then
+        // streams the weights from memory once, not once per batch (SmolLM2 f16, 16 prompts ×
+        // 200 tokens on 2 Zen 2 cores: 215 → 261 tokens/s). Tokens are the same (a row never
+        // depends on its batch); `observe` still sees each batch of `batch_size` on its own,
+        // with the same first prompt and steps, the batches' calls side by side. Not when
+        // stopping at EOS: a fused batch would step on after one of its parts had stopped.
+        let group = concurrent.saturating_mul(config.batch_size);
+        let groups: Vec<&[Vec<u32>]> = prompts.chunks(group).collect();
+        run_batches(groups.len(), 1, |g| {
+            generate_batch(model, groups[g], g * group, vocab, config, &mut |s| {
+                observe_by_batch(s, config.batch_size, observe)
+            })
+        })
+    } else {
+        let batches: Vec<&[Vec<u32>]> = prompts.chunks(config.batch_size).collect();
+        run_batches(batches.len(), concurrent, |b| {
+            generate_batch(model, batches[b], b * config.batch_size, vocab, config, &mut |s| observe(s))
+        })
+    };
     // The batches' key-value caches are freed: hand their pages back.
     qdrift_model::release_free_memory();
     let mut out = Vec::with_capacity(prompts.len());
@@ -102,6 +120,28 @@ fn generate_batches(
         out.extend(rows?);
     }
     Ok(out)
+}
+
+/// One step of a fused batch handed to `observe` as the batches of `batch_size` rows it joins
+/// (the last may be shorter), on rayon's threads side by side.
+///
+/// # Shapes
+/// - `s.logits`: `[rows, vocab]` and `s.hidden`: `[rows, 1, dim]`, cut along `rows`
+fn observe_by_batch(s: StepLogits<'_>, batch_size: usize, observe: &(dyn Fn(StepLogits<'_>) + Sync)) {
+    let rows = s.logits.dims()[0];
+    if rows <= batch_size {
+        return observe(s);
+    }
+    let parts: Vec<(usize, Tensor<2>, Tensor<3>)> = (0..rows)
+        .step_by(batch_size.max(1))
+        .map(|a| {
+            let b = (a + batch_size).min(rows);
+            (a, s.logits.clone().narrow(0, a, b - a), s.hidden.clone().narrow(0, a, b - a))
+        })
+        .collect();
+    parts.par_iter().for_each(|(a, logits, hidden)| {
+        observe(StepLogits { first_prompt: s.first_prompt + a, step: s.step, logits, hidden });
+    });
 }
 
 fn generate_batch(

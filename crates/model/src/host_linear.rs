@@ -520,7 +520,27 @@ mod x86 {
         ld: usize,
         cols: usize,
     ) {
-        by_blocks!(block_avx2, ROWS_AVX2, x, rows, k, panel, out, ld, cols);
+        // Blocks as even as possible (8 rows as 4 + 4, not 6 + 2): a block of few rows has too
+        // few accumulators to hide the FMA latency.
+        let blocks = rows.div_ceil(ROWS_AVX2);
+        let mut r = 0;
+        for b in 0..blocks {
+            let size = rows / blocks + usize::from(b < rows % blocks);
+            let (x, out) = (&x[r * k..], out.wrapping_add(r * ld));
+            // SAFETY (every call): rows r..r + size ≤ rows of `out` are writable, as the caller
+            // promised.
+            unsafe {
+                match size {
+                    1 => block_avx2::<T, 1>(x, k, panel, out, ld, cols),
+                    2 => block_avx2::<T, 2>(x, k, panel, out, ld, cols),
+                    3 => block_avx2::<T, 3>(x, k, panel, out, ld, cols),
+                    4 => block_avx2::<T, 4>(x, k, panel, out, ld, cols),
+                    5 => block_avx2::<T, 5>(x, k, panel, out, ld, cols),
+                    _ => block_avx2::<T, ROWS_AVX2>(x, k, panel, out, ld, cols),
+                }
+            }
+            r += size;
+        }
     }
 
     /// `R` rows × `PANEL` columns, as two halves of 16 columns (12 accumulators at most),
@@ -543,27 +563,58 @@ mod x86 {
         // `block_avx512`, with column offsets `half + 8 < PANEL`; writes into `block`, then the
         // caller's promised rows.
         unsafe {
+            // Called through an opaque pointer: `#[inline(never)]` alone did not keep LLVM from
+            // inlining it (and spilling again); one indirect call per half panel costs nothing
+            // beside its `k`-long loop.
+            let f: unsafe fn(*const f32, usize, *const T, &mut [[f32; PANEL]; R], usize) =
+                std::hint::black_box(half_avx2::<T, R>);
+            f(x.as_ptr(), k, panel.as_ptr(), &mut block, 0);
+            f(x.as_ptr(), k, panel.as_ptr(), &mut block, 16);
+            write_rows::<R>(out, ld, cols, |r, dst| std::ptr::copy_nonoverlapping(block[r].as_ptr(), dst, PANEL));
+        }
+    }
+
+    /// Columns `half..half + 16` of `R` rows × one panel into `block`. Kept out of line so that
+    /// its `2R` accumulators, two weight vectors and a broadcast stay in the 16 registers: inlined
+    /// into [`block_avx2`], LLVM spilled one accumulator at `R = 6`, and the store-to-load chain
+    /// through the stack halved the kernel's speed (perf, Zen 2).
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `x` holds `R × k` values, `panel` `k × PANEL`;
+    /// `half + 16 ≤ PANEL`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline(never)]
+    unsafe fn half_avx2<T: Elem, const R: usize>(
+        xp: *const f32,
+        k: usize,
+        wp: *const T,
+        block: &mut [[f32; PANEL]; R],
+        half: usize,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
             let load = |p: *const T| -> __m256 {
                 if T::F16 { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) } else { _mm256_loadu_ps(p.cast()) }
             };
-            let (xp, wp) = (x.as_ptr(), panel.as_ptr());
-            for half in [0, 16] {
-                let mut acc = [[_mm256_setzero_ps(); 2]; R];
-                for i in 0..k {
-                    let w0 = load(wp.add(i * PANEL + half));
-                    let w1 = load(wp.add(i * PANEL + half + 8));
-                    for (r, a) in acc.iter_mut().enumerate() {
-                        let xv = _mm256_set1_ps(*xp.add(r * k + i));
-                        a[0] = _mm256_fmadd_ps(xv, w0, a[0]);
-                        a[1] = _mm256_fmadd_ps(xv, w1, a[1]);
-                    }
-                }
-                for (row, a) in block.iter_mut().zip(&acc) {
-                    _mm256_storeu_ps(row.as_mut_ptr().add(half), a[0]);
-                    _mm256_storeu_ps(row.as_mut_ptr().add(half + 8), a[1]);
+            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            // Pointers stepped, not indices multiplied: `qdrift-model` keeps overflow checks,
+            // and checked index arithmetic in this loop cost a third of its speed.
+            let rows: [*const f32; R] = std::array::from_fn(|r| xp.add(r * k));
+            let mut w = wp.add(half);
+            for i in 0..k {
+                let w0 = load(w);
+                let w1 = load(w.add(8));
+                w = w.add(PANEL);
+                for (row, a) in rows.iter().zip(acc.iter_mut()) {
+                    let xv = _mm256_set1_ps(*row.add(i));
+                    a[0] = _mm256_fmadd_ps(xv, w0, a[0]);
+                    a[1] = _mm256_fmadd_ps(xv, w1, a[1]);
                 }
             }
-            write_rows::<R>(out, ld, cols, |r, dst| std::ptr::copy_nonoverlapping(block[r].as_ptr(), dst, PANEL));
+            for (row, a) in block.iter_mut().zip(&acc) {
+                _mm256_storeu_ps(row.as_mut_ptr().add(half), a[0]);
+                _mm256_storeu_ps(row.as_mut_ptr().add(half + 8), a[1]);
+            }
         }
     }
 }
