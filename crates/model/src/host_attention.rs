@@ -616,9 +616,15 @@ fn dots<const ISA: u8, T: Elem>(x: &[f32], m: &[T], stride: usize, out: &mut [f3
         }
         return;
     }
+    // In AVX2, 16 lanes at a time first (eight chains of additions, where [`dot8`]'s four leave
+    // the adder's latency exposed), then 8.
+    let pairs = if ISA == AVX2 { out.len() / 16 * 16 } else { 0 };
+    for (c, o) in out[..pairs].chunks_exact_mut(16).enumerate() {
+        o.copy_from_slice(&dot8x2(x, &m[16 * c..], stride));
+    }
     let full = out.len() / 8 * 8;
-    for (c, o) in out[..full].chunks_exact_mut(8).enumerate() {
-        o.copy_from_slice(&dot8::<ISA, T>(x, &m[8 * c..], stride));
+    for (c, o) in out[pairs..full].chunks_exact_mut(8).enumerate() {
+        o.copy_from_slice(&dot8::<ISA, T>(x, &m[pairs + 8 * c..], stride));
     }
     for (l, o) in out.iter_mut().enumerate().skip(full) {
         *o = dot1(x, &m[l..], stride);
@@ -678,6 +684,76 @@ fn dot8<const ISA: u8, T: Elem>(x: &[f32], m: &[T], stride: usize) -> [f32; 8] {
         }
         return out;
     }
+    std::array::from_fn(|l| dot1(x, &m[l..], stride))
+}
+
+/// [`dot8`] for lanes `l < 16` in AVX2, as two blocks of 8 in one pass over the rows: each lane
+/// the same partial sums over `i mod 4`, added the same way. Each row's lanes 64 further on (this
+/// pass's fourth successor over transposed keys) are prefetched: the pass reads one piece of each
+/// of `head_dim` rows `capacity` apart, more streams than the hardware prefetcher follows.
+///
+/// # Panics
+/// If `m` is shorter than `(x.len() - 1) · stride + 16`.
+#[inline(always)]
+#[allow(unused_assignments)] // the last step moves `row` past what it reads
+fn dot8x2<T: Elem>(x: &[f32], m: &[T], stride: usize) -> [f32; 16] {
+    let Some(last) = x.len().checked_sub(1) else {
+        return [0.0; 16];
+    };
+    assert!(m.len() >= last * stride + 16, "dot8x2 reads past its matrix");
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, __m256, _MM_HINT_T0, _mm_loadu_si128, _mm_prefetch, _mm256_add_ps};
+        use std::arch::x86_64::{_mm256_cvtph_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_set1_ps};
+        use std::arch::x86_64::{_mm256_setzero_ps, _mm256_storeu_ps};
+        let mut out = [0.0f32; 16];
+        // SAFETY: only the AVX2 build of `dots` calls this, from `attend_one_avx2` (AVX2 and F16C
+        // present); row `i` is read at `i · stride ≤ last · stride`, 16 elements, in bounds by
+        // the assert; a prefetch reads nothing architecturally and never faults.
+        unsafe {
+            let load = |p: *const T| -> __m256 {
+                if T::F16 {
+                    _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>()))
+                } else {
+                    _mm256_loadu_ps(p.cast::<f32>())
+                }
+            };
+            // Partial sum `i mod 4`, lanes 0..8 and 8..16: named, so that they stay in registers.
+            let z = _mm256_setzero_ps();
+            let (mut a0, mut b0, mut a1, mut b1, mut a2, mut b2, mut a3, mut b3) = (z, z, z, z, z, z, z, z);
+            let mut row = m.as_ptr();
+            macro_rules! step {
+                ($xi:expr, $a:ident, $b:ident) => {{
+                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(64).cast::<i8>());
+                    let xv = _mm256_set1_ps($xi);
+                    $a = _mm256_add_ps($a, _mm256_mul_ps(xv, load(row)));
+                    $b = _mm256_add_ps($b, _mm256_mul_ps(xv, load(row.wrapping_add(8))));
+                    row = row.wrapping_add(stride);
+                }};
+            }
+            let mut quads = x.chunks_exact(4);
+            for q in &mut quads {
+                step!(q[0], a0, b0);
+                step!(q[1], a1, b1);
+                step!(q[2], a2, b2);
+                step!(q[3], a3, b3);
+            }
+            let rest = quads.remainder();
+            if let Some(&xi) = rest.first() {
+                step!(xi, a0, b0);
+            }
+            if let Some(&xi) = rest.get(1) {
+                step!(xi, a1, b1);
+            }
+            if let Some(&xi) = rest.get(2) {
+                step!(xi, a2, b2);
+            }
+            _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+            _mm256_storeu_ps(out.as_mut_ptr().add(8), _mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3)));
+        }
+        out
+    }
+    #[cfg(not(target_arch = "x86_64"))]
     std::array::from_fn(|l| dot1(x, &m[l..], stride))
 }
 

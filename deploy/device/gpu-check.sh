@@ -1,0 +1,43 @@
+#!/bin/bash
+# One prepared run on a lent NVIDIA machine that has no Rust toolchain and no network
+# (../shared/device/README.md): `cargo xtask bench gpu`, the llama2.c golden tests on the NVIDIA
+# adapter, and one SmolLM2-shaped evaluation timed on wgpu. Everything it prints goes to
+# $OUT/log.txt too (or ./gpu-check.log without $OUT).
+#
+# Prepare here, from the checkout root (.gl/ and .dev/ are listed in .git/info/exclude):
+#   .gl/   the Vulkan/EGL loader packages (../shared/device/README.md, step 1)
+#   .dev/  xtask, qdrift.gz and golden.gz (stripped and gzipped release builds of qdrift and of
+#          the `golden` test binary, target/release/deps/golden-*), and shared/models/stories260K
+#          (a copy of ../shared/models/stories260K, 1 MB)
+# then run `bash deploy/device/gpu-check.sh` there, carrying .gl and .dev (about 32 MB).
+# It needs about 8 minutes; each step has its own time limit so that a hang costs only that step.
+set -u
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+export PATH=$PATH:/usr/local/nvidia/bin
+gunzip -f .dev/qdrift.gz .dev/golden.gz
+chmod +x .dev/qdrift .dev/golden .dev/xtask
+log=${OUT:+$OUT/log.txt}
+log=${log:-./gpu-check.log}
+now() { date +%s; }
+{
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    echo "cpus $(nproc)"
+    echo "== bench gpu =="
+    t=$(now)
+    QDRIFT_BIN=.dev/qdrift timeout 330 .dev/xtask bench gpu
+    echo "bench gpu: rc $? in $(($(now) - t)) s"
+    echo "== golden tests on wgpu (stories260K against llama2.c) =="
+    t=$(now)
+    QDRIFT_SHARED=.dev/shared timeout 90 .dev/golden wgpu
+    echo "golden: rc $? in $(($(now) - t)) s"
+    echo "== eval synthetic:smollm2-135m, wgpu, f16, 16 prompts x 10/100/1000, 3 schemes =="
+    t=$(now)
+    timeout 100 .dev/qdrift eval --model synthetic:smollm2-135m --backend wgpu --dtype f16 --prompts 16 \
+        --horizons 10,100,1000 --schemes int8,fp8-e4m3,int4-g128 --phase-times --out /tmp/gpu-check-eval 2>&1 | tail -25
+    echo "eval: rc ${PIPESTATUS[0]} in $(($(now) - t)) s"
+    nvidia-smi --query-gpu=name,memory.used --format=csv
+} 2>&1 | tee "$log"
