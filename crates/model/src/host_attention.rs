@@ -645,20 +645,14 @@ fn dot8<const ISA: u8, T: Elem>(x: &[f32], m: &[T], stride: usize) -> [f32; 8] {
     assert!(m.len() >= last * stride + 8, "dot8 reads past its matrix");
     #[cfg(target_arch = "x86_64")]
     if ISA != PORTABLE {
-        use std::arch::x86_64::{__m128i, __m256, _mm_loadu_si128, _mm256_add_ps, _mm256_cvtph_ps, _mm256_loadu_ps};
-        use std::arch::x86_64::{_mm256_mul_ps, _mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps};
+        use std::arch::x86_64::_mm256_storeu_ps;
+        use std::arch::x86_64::{__m256, _mm256_add_ps, _mm256_mul_ps, _mm256_set1_ps, _mm256_setzero_ps};
         let mut out = [0.0f32; 8];
         // SAFETY: AVX2 and F16C are only requested by `attend_one_avx2` and `attend_one_avx512`,
         // which run on CPUs that have them; row `i` is read at `i · stride ≤ last · stride`, 8
         // elements, in bounds by the assert.
         unsafe {
-            let load = |p: *const T| -> __m256 {
-                if T::F16 {
-                    _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>()))
-                } else {
-                    _mm256_loadu_ps(p.cast::<f32>())
-                }
-            };
+            let load = |p: *const T| -> __m256 { load8(p) };
             let term = |xi: f32, row: *const T| -> __m256 { _mm256_mul_ps(_mm256_set1_ps(xi), load(row)) };
             let [mut a0, mut a1, mut a2, mut a3] = [_mm256_setzero_ps(); 4];
             let mut row = m.as_ptr();
@@ -687,6 +681,20 @@ fn dot8<const ISA: u8, T: Elem>(x: &[f32], m: &[T], stride: usize) -> [f32; 8] {
     std::array::from_fn(|l| dot1(x, &m[l..], stride))
 }
 
+/// Eight values at `p`, widened to f32 (exactly: `vcvtph2ps` for f16).
+///
+/// # Safety
+/// The CPU has AVX and F16C (the caller is compiled for them), and 8 values are readable at `p`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn load8<T: Elem>(p: *const T) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm256_cvtph_ps, _mm256_loadu_ps};
+    // SAFETY: the caller's contract.
+    unsafe {
+        if T::F16 { _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>())) } else { _mm256_loadu_ps(p.cast::<f32>()) }
+    }
+}
+
 /// [`dot8`] for lanes `l < 16` in AVX2, as two blocks of 8 in one pass over the rows: each lane
 /// the same partial sums over `i mod 4`, added the same way. Each row's lanes 64 further on (this
 /// pass's fourth successor over transposed keys) are prefetched: the pass reads one piece of each
@@ -703,21 +711,14 @@ fn dot8x2<T: Elem>(x: &[f32], m: &[T], stride: usize) -> [f32; 16] {
     assert!(m.len() >= last * stride + 16, "dot8x2 reads past its matrix");
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{__m128i, __m256, _MM_HINT_T0, _mm_loadu_si128, _mm_prefetch, _mm256_add_ps};
-        use std::arch::x86_64::{_mm256_cvtph_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_set1_ps};
-        use std::arch::x86_64::{_mm256_setzero_ps, _mm256_storeu_ps};
+        use std::arch::x86_64::{__m256, _MM_HINT_T0, _mm_prefetch, _mm256_add_ps, _mm256_mul_ps};
+        use std::arch::x86_64::{_mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps};
         let mut out = [0.0f32; 16];
         // SAFETY: only the AVX2 build of `dots` calls this, from `attend_one_avx2` (AVX2 and F16C
         // present); row `i` is read at `i · stride ≤ last · stride`, 16 elements, in bounds by
         // the assert; a prefetch reads nothing architecturally and never faults.
         unsafe {
-            let load = |p: *const T| -> __m256 {
-                if T::F16 {
-                    _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>()))
-                } else {
-                    _mm256_loadu_ps(p.cast::<f32>())
-                }
-            };
+            let load = |p: *const T| -> __m256 { load8(p) };
             // Partial sum `i mod 4`, lanes 0..8 and 8..16: named, so that they stay in registers.
             let z = _mm256_setzero_ps();
             let (mut a0, mut b0, mut a1, mut b1, mut a2, mut b2, mut a3, mut b3) = (z, z, z, z, z, z, z, z);
