@@ -72,7 +72,7 @@ fn fused_decoding_hands_each_batch_to_the_observer_as_if_unfused() {
     let prompts: Vec<Vec<u32>> = golden_cases().into_iter().map(|c| c.prompt_tokens).collect();
     assert_eq!(prompts.len(), 5, "batches [0, 1] [2, 3] [4]: a fused pair, then a short batch alone");
     let config = GenerationConfig { max_new_tokens: 12, batch_size: 2, stop_at_eos: None };
-    // (first prompt, step) → (rows, logits bits, hidden bits), and the tokens.
+    // (first prompt, step) → (rows, logits bits, hidden bits).
     type Calls = BTreeMap<(usize, usize), (usize, Vec<u32>, Vec<u32>)>;
     let run = |parallel_batches: usize| -> (Vec<Vec<u32>>, Calls) {
         let mut dev = device(BackendChoice::Cpu);

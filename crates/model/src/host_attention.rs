@@ -652,8 +652,7 @@ fn dot8<const ISA: u8, T: Elem>(x: &[f32], m: &[T], stride: usize) -> [f32; 8] {
         // which run on CPUs that have them; row `i` is read at `i · stride ≤ last · stride`, 8
         // elements, in bounds by the assert.
         unsafe {
-            let load = |p: *const T| -> __m256 { load8(p) };
-            let term = |xi: f32, row: *const T| -> __m256 { _mm256_mul_ps(_mm256_set1_ps(xi), load(row)) };
+            let term = |xi: f32, row: *const T| -> __m256 { _mm256_mul_ps(_mm256_set1_ps(xi), load8(row)) };
             let [mut a0, mut a1, mut a2, mut a3] = [_mm256_setzero_ps(); 4];
             let mut row = m.as_ptr();
             let mut quads = x.chunks_exact(4);
@@ -681,13 +680,14 @@ fn dot8<const ISA: u8, T: Elem>(x: &[f32], m: &[T], stride: usize) -> [f32; 8] {
     std::array::from_fn(|l| dot1(x, &m[l..], stride))
 }
 
-/// Eight values at `p`, widened to f32 (exactly: `vcvtph2ps` for f16).
+/// Eight values at `p`, widened to f32 (exactly: `vcvtph2ps` for f16). Shared by the AVX2
+/// attention and linear kernels.
 ///
 /// # Safety
 /// The CPU has AVX and F16C (the caller is compiled for them), and 8 values are readable at `p`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn load8<T: Elem>(p: *const T) -> std::arch::x86_64::__m256 {
+pub(crate) unsafe fn load8<T: Elem>(p: *const T) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm256_cvtph_ps, _mm256_loadu_ps};
     // SAFETY: the caller's contract.
     unsafe {
@@ -711,14 +711,13 @@ fn dot8x2<T: Elem>(x: &[f32], m: &[T], stride: usize) -> [f32; 16] {
     assert!(m.len() >= last * stride + 16, "dot8x2 reads past its matrix");
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{__m256, _MM_HINT_T0, _mm_prefetch, _mm256_add_ps, _mm256_mul_ps};
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch, _mm256_add_ps, _mm256_mul_ps};
         use std::arch::x86_64::{_mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps};
         let mut out = [0.0f32; 16];
         // SAFETY: only the AVX2 build of `dots` calls this, from `attend_one_avx2` (AVX2 and F16C
         // present); row `i` is read at `i · stride ≤ last · stride`, 16 elements, in bounds by
         // the assert; a prefetch reads nothing architecturally and never faults.
         unsafe {
-            let load = |p: *const T| -> __m256 { load8(p) };
             // Partial sum `i mod 4`, lanes 0..8 and 8..16: named, so that they stay in registers.
             let z = _mm256_setzero_ps();
             let (mut a0, mut b0, mut a1, mut b1, mut a2, mut b2, mut a3, mut b3) = (z, z, z, z, z, z, z, z);
@@ -727,8 +726,8 @@ fn dot8x2<T: Elem>(x: &[f32], m: &[T], stride: usize) -> [f32; 16] {
                 ($xi:expr, $a:ident, $b:ident) => {{
                     _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(64).cast::<i8>());
                     let xv = _mm256_set1_ps($xi);
-                    $a = _mm256_add_ps($a, _mm256_mul_ps(xv, load(row)));
-                    $b = _mm256_add_ps($b, _mm256_mul_ps(xv, load(row.wrapping_add(8))));
+                    $a = _mm256_add_ps($a, _mm256_mul_ps(xv, load8(row)));
+                    $b = _mm256_add_ps($b, _mm256_mul_ps(xv, load8(row.wrapping_add(8))));
                     row = row.wrapping_add(stride);
                 }};
             }

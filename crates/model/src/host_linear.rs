@@ -399,6 +399,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::{Elem, PANEL, ROWS_AVX2, ROWS_AVX512};
+    use crate::host_attention::load8;
 
     /// Panel rows fetched ahead of the one being multiplied.
     const PREFETCH: usize = 24;
@@ -593,17 +594,14 @@ mod x86 {
     ) {
         // SAFETY: the caller's contract.
         unsafe {
-            let load = |p: *const T| -> __m256 {
-                if T::F16 { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) } else { _mm256_loadu_ps(p.cast()) }
-            };
             let mut acc = [[_mm256_setzero_ps(); 2]; R];
             // Pointers stepped, not indices multiplied: `qdrift-model` keeps overflow checks,
             // and checked index arithmetic in this loop cost a third of its speed.
             let rows: [*const f32; R] = std::array::from_fn(|r| xp.add(r * k));
             let mut w = wp.add(half);
             for i in 0..k {
-                let w0 = load(w);
-                let w1 = load(w.add(8));
+                let w0 = load8(w);
+                let w1 = load8(w.add(8));
                 w = w.add(PANEL);
                 for (row, a) in rows.iter().zip(acc.iter_mut()) {
                     let xv = _mm256_set1_ps(*row.add(i));
