@@ -22,9 +22,9 @@
 //! bit-identical results; which one runs is chosen at run time from the CPU's features.
 //!
 //! Grouped-query attention: the query heads that share a key/value head see the same keys and
-//! values at a position, so the AVX-512 build attends up to three of them in each pass over the
-//! keys and values (each vector loaded and widened once for all three); each head's operations
-//! are unchanged, so are its bits.
+//! values at a position, so the AVX-512 and AVX2 builds attend up to three of them in each pass
+//! over the keys and values (each vector loaded and widened once for all three); each head's
+//! operations are unchanged, so are its bits.
 //!
 //! Threads: where the linear layers fork-join (one batch at a time, `host_linear::spreads`), a
 //! call big enough spreads its queries, one (row, column, key/value head) each, over rayon's
@@ -297,7 +297,7 @@ fn has_avx512() -> bool {
 }
 
 /// The builds of [`attend_one_impl`], by the dot products they use: [`dot1`] lanes only,
-/// [`dot8`] in AVX2, or [`dot16`] in AVX-512.
+/// [`dots_many_avx2`] in AVX2, or [`dot16`] in AVX-512.
 const PORTABLE: u8 = 0;
 const AVX2: u8 = 1;
 const AVX512: u8 = 2;
@@ -355,29 +355,34 @@ fn softmax<T: Elem>(s: &mut [f32], scale: f32) {
     }
 }
 
-/// Query heads the AVX-512 build attends at once ([`attend_group`]): three share each load (and
-/// f16 widening) of a key or value across 24 accumulators, of the 32 vector registers.
+/// Query heads the SIMD builds attend at once ([`attend_group`]): three share each load (and
+/// f16 widening) of a key or value, across 24 accumulators of the 32 vector registers in AVX-512,
+/// 12 of the 16 in AVX2.
 const GROUP_AT_ONCE: usize = 3;
 
 /// [`attend_one`] for several queries that see the same keys and values (the query heads of one
 /// key/value head at one position: same keys, values and visible columns), into `out`
-/// (`[jobs.len(), head_dim]`), bit for bit what [`attend_one`] gives each. The AVX-512 build runs
-/// up to [`GROUP_AT_ONCE`] of them through each pass over the keys and values, so each vector
-/// of keys or values is loaded and widened once for all of them (grouped-query attention reads
-/// a key/value head once per group, as its kernels do on GPUs).
+/// (`[jobs.len(), head_dim]`), bit for bit what [`attend_one`] gives each. The AVX-512 and AVX2
+/// builds run up to [`GROUP_AT_ONCE`] of them through each pass over the keys and values, so
+/// each vector of keys or values is loaded and widened once for all of them (grouped-query
+/// attention reads a key/value head once per group, as its kernels do on GPUs).
 fn attend_group<T: Elem>(jobs: &[Query<T>], scores: &mut Vec<f32>, out: &mut [f32]) {
     let hd = jobs.first().map_or(1, |j| j.q.len()).max(1);
     #[cfg(target_arch = "x86_64")]
-    if has_avx2() && has_avx512() && jobs.first().is_some_and(|j| j.hi > j.lo) {
+    if has_avx2() && jobs.first().is_some_and(|j| j.hi > j.lo) {
+        let avx512 = has_avx512();
         for (group, o) in jobs.chunks(GROUP_AT_ONCE).zip(out.chunks_mut(GROUP_AT_ONCE * hd)) {
-            // SAFETY: the CPU supports AVX-512F, BW and VL, AVX2 and F16C, checked just above;
-            // the jobs of a group share keys, values and visible columns (the caller's promise,
-            // asserted in `attend_many_impl`).
+            // SAFETY: the CPU supports AVX2 and F16C, and AVX-512F, BW and VL where `avx512`,
+            // checked just above; the jobs of a group share keys, values and visible columns
+            // (the caller's promise, asserted in `attend_many_impl`).
             unsafe {
-                match group.len() {
-                    1 => attend_one_avx512(&group[0], scores, o),
-                    2 => attend_many_avx512::<2, T>(group, scores, o),
-                    _ => attend_many_avx512::<3, T>(group, scores, o),
+                match (group.len(), avx512) {
+                    (1, true) => attend_one_avx512(&group[0], scores, o),
+                    (2, true) => attend_many_avx512::<2, T>(group, scores, o),
+                    (_, true) => attend_many_avx512::<3, T>(group, scores, o),
+                    (1, false) => attend_one_avx2(&group[0], scores, o),
+                    (2, false) => attend_many_avx2::<2, T>(group, scores, o),
+                    (_, false) => attend_many_avx2::<3, T>(group, scores, o),
                 }
             }
         }
@@ -396,21 +401,37 @@ fn attend_group<T: Elem>(jobs: &[Query<T>], scores: &mut Vec<f32>, out: &mut [f3
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
 unsafe fn attend_many_avx512<const R: usize, T: Elem>(jobs: &[Query<T>], scores: &mut Vec<f32>, out: &mut [f32]) {
     // SAFETY: the caller's contract.
-    unsafe { attend_many_impl::<R, T>(jobs, scores, out) }
+    unsafe { attend_many_impl::<AVX512, R, T>(jobs, scores, out) }
 }
 
-/// `R` queries over the same keys and values: [`attend_one_impl`]'s AVX-512 build for each, with
-/// the dot products of all `R` in one pass ([`dots_many`]).
+/// [`attend_many_impl`] compiled for AVX2.
 ///
 /// # Safety
-/// The CPU has AVX-512F, BW and VL.
+/// The CPU has AVX2 and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn attend_many_avx2<const R: usize, T: Elem>(jobs: &[Query<T>], scores: &mut Vec<f32>, out: &mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe { attend_many_impl::<AVX2, R, T>(jobs, scores, out) }
+}
+
+/// `R` queries over the same keys and values: [`attend_one_impl`]'s `ISA` build for each, with
+/// the dot products of all `R` in one pass ([`dots_many`] in AVX-512, [`dots_many_avx2`] in
+/// AVX2).
+///
+/// # Safety
+/// The CPU has AVX-512F, BW and VL if `ISA` is [`AVX512`], AVX2 and F16C if it is [`AVX2`].
 ///
 /// # Panics
 /// If `jobs` is not `R` queries of one width over the same keys, values and visible columns, or
 /// `out` not `R` times that width.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn attend_many_impl<const R: usize, T: Elem>(jobs: &[Query<T>], scores: &mut Vec<f32>, out: &mut [f32]) {
+unsafe fn attend_many_impl<const ISA: u8, const R: usize, T: Elem>(
+    jobs: &[Query<T>],
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
     let job = &jobs[0];
     let (hd, n) = (job.q.len(), job.hi - job.lo);
     assert!(
@@ -430,8 +451,12 @@ unsafe fn attend_many_impl<const R: usize, T: Elem>(jobs: &[Query<T>], scores: &
     for (q, j) in qs.iter_mut().zip(jobs) {
         *q = j.q;
     }
-    // SAFETY (both calls): the caller's contract; the operands' sizes are checked inside.
-    unsafe { dots_many::<R, T>(&qs, &job.keys[job.lo..], job.kstride, scores, n) };
+    // SAFETY (every call): the caller's contract; the operands' sizes are checked inside.
+    let keys = &job.keys[job.lo..];
+    match ISA {
+        AVX512 => unsafe { dots_many::<R, T>(&qs, keys, job.kstride, scores, n) },
+        _ => unsafe { dots_many_avx2::<R, T>(&qs, keys, job.kstride, scores, n) },
+    }
     for s in scores.chunks_exact_mut(n) {
         softmax::<T>(s, job.scale);
     }
@@ -439,10 +464,162 @@ unsafe fn attend_many_impl<const R: usize, T: Elem>(jobs: &[Query<T>], scores: &
     for (r, w) in ws.iter_mut().enumerate() {
         *w = &scores[r * n..(r + 1) * n];
     }
-    unsafe { dots_many::<R, T>(&ws, &job.values[job.lo * hd..job.hi * hd], hd, out, hd) };
+    let values = &job.values[job.lo * hd..job.hi * hd];
+    match ISA {
+        AVX512 => unsafe { dots_many::<R, T>(&ws, values, hd, out, hd) },
+        _ => unsafe { dots_many_avx2::<R, T>(&ws, values, hd, out, hd) },
+    }
     if T::F16 {
         out.iter_mut().for_each(|o| *o = round_to_f16(*o));
     }
+}
+
+/// [`dots_many`] in AVX2: `out[r · lanes + l] = Σ_i xs[r][i] · m[i · stride + l]`, each lane the
+/// operations of [`dot1`]: one vector in blocks of 16 lanes (eight chains of additions, where
+/// four leave the adder's latency exposed), several in blocks of 8 (`4 · R` chains, within the 16
+/// vector registers), then a block of 8 and the rest (under 8) lane by lane
+/// ([`dot8_rows_many`]). A block whose first element starts a 64-byte piece of its row
+/// prefetches that row 64 elements on, so each cache line is asked for once: keys are stored
+/// transposed, so a pass over them reads a piece of each of `head_dim` rows `capacity` apart,
+/// more streams than the hardware prefetcher follows.
+///
+/// # Safety
+/// The CPU has AVX2 and F16C.
+///
+/// # Panics
+/// If the `xs` differ in length, `out` is not `R · lanes` values, or `m` is shorter than
+/// `(len − 1) · stride + lanes`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dots_many_avx2<const R: usize, T: Elem>(
+    xs: &[&[f32]; R],
+    m: &[T],
+    stride: usize,
+    out: &mut [f32],
+    lanes: usize,
+) {
+    let len = xs[0].len();
+    assert!(xs.iter().all(|x| x.len() == len) && out.len() == R * lanes, "dots_many_avx2 operands");
+    let Some(last) = len.checked_sub(1) else {
+        out.fill(0.0);
+        return;
+    };
+    assert!(m.len() >= last * stride + lanes, "dots_many_avx2 reads past its matrix");
+    let p = m.as_ptr();
+    // Vector `r`'s sums of lanes `at..` (`[[f32; 8]; K]` flattened) into its row of `out`.
+    let mut write = |at: usize, r: usize, sums: &[f32]| {
+        out[r * lanes + at..r * lanes + at + sums.len()].copy_from_slice(sums);
+    };
+    let prefetch = |at: usize| (at * std::mem::size_of::<T>()).is_multiple_of(64);
+    let mut at = 0;
+    // SAFETY (every block): the caller's contract; rows are read at `i · stride ≤ last ·
+    // stride`, lanes `at..at + 8 · K ≤ lanes`, in bounds by the assert; a prefetch never faults.
+    if R == 1 {
+        while at + 16 <= lanes {
+            let sums = unsafe {
+                if prefetch(at) {
+                    dot8_rows_many::<R, 2, true, T>(xs, p.wrapping_add(at), stride)
+                } else {
+                    dot8_rows_many::<R, 2, false, T>(xs, p.wrapping_add(at), stride)
+                }
+            };
+            write(at, 0, sums[0].as_flattened());
+            at += 16;
+        }
+    }
+    while at + 8 <= lanes {
+        let sums = unsafe {
+            if prefetch(at) {
+                dot8_rows_many::<R, 1, true, T>(xs, p.wrapping_add(at), stride)
+            } else {
+                dot8_rows_many::<R, 1, false, T>(xs, p.wrapping_add(at), stride)
+            }
+        };
+        for (r, s) in sums.iter().enumerate() {
+            write(at, r, s.as_flattened());
+        }
+        at += 8;
+    }
+    for l in at..lanes {
+        for (r, x) in xs.iter().enumerate() {
+            write(l, r, &[dot1(x, &m[l..], stride)]);
+        }
+    }
+}
+
+/// The AVX2 loop of [`dots_many_avx2`]: `K` blocks of 8 lanes for `R` vectors at once. Each
+/// row's `8 · K` lanes are loaded (and widened) once and multiplied by every vector's element;
+/// partial sum `i mod 4` of vector `r`, block `k` in `acc[r][i mod 4][k]`, added as [`dot1`]
+/// adds them. With `PREFETCH`, each row is fetched into L1 64 elements on. `R · K ≤ 3` keeps its
+/// `4 · R · K` accumulators in the 16 vector registers (and no closures: a call left out of line
+/// would keep them in memory).
+///
+/// # Safety
+/// The CPU has AVX2 and F16C; `8 · K` elements can be read at `m + i · stride` for every `i <
+/// xs[0].len()`, and every vector of `xs` has that length.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(unused_assignments)] // the last step moves `row` past what it reads
+unsafe fn dot8_rows_many<const R: usize, const K: usize, const PREFETCH: bool, T: Elem>(
+    xs: &[&[f32]; R],
+    m: *const T,
+    stride: usize,
+) -> [[[f32; 8]; K]; R] {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch, _mm256_add_ps, _mm256_mul_ps};
+    use std::arch::x86_64::{_mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps};
+    let len = xs[0].len();
+    let mut out = [[[0.0f32; 8]; K]; R];
+    // SAFETY: the caller's contract; `xs[r][i]` with `i < len` is in bounds; a prefetch reads
+    // nothing architecturally and never faults.
+    unsafe {
+        let mut acc = [[[_mm256_setzero_ps(); K]; 4]; R];
+        let mut row = m;
+        // Element `i` (row `i` of `m`) into partial sum `P` (a constant, so that the
+        // accumulators stay in registers).
+        macro_rules! step {
+            ($i:expr, $p:literal) => {{
+                if PREFETCH {
+                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(64).cast::<i8>());
+                }
+                let mut v = [_mm256_setzero_ps(); K];
+                for (k, vk) in v.iter_mut().enumerate() {
+                    *vk = load8(row.wrapping_add(8 * k));
+                }
+                for (a, x) in acc.iter_mut().zip(xs) {
+                    let xi = _mm256_set1_ps(*x.get_unchecked($i));
+                    for (ak, vk) in a[$p].iter_mut().zip(&v) {
+                        *ak = _mm256_add_ps(*ak, _mm256_mul_ps(xi, *vk));
+                    }
+                }
+                row = row.wrapping_add(stride);
+            }};
+        }
+        let quads = len / 4;
+        for q in 0..quads {
+            let i = 4 * q;
+            step!(i, 0);
+            step!(i + 1, 1);
+            step!(i + 2, 2);
+            step!(i + 3, 3);
+        }
+        let (i, rest) = (4 * quads, len % 4);
+        if rest > 0 {
+            step!(i, 0);
+        }
+        if rest > 1 {
+            step!(i + 1, 1);
+        }
+        if rest > 2 {
+            step!(i + 2, 2);
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for (k, ok) in o.iter_mut().enumerate() {
+                let sum = _mm256_add_ps(_mm256_add_ps(a[0][k], a[1][k]), _mm256_add_ps(a[2][k], a[3][k]));
+                _mm256_storeu_ps(ok.as_mut_ptr(), sum);
+            }
+        }
+    }
+    out
 }
 
 /// [`dots`]'s AVX-512 build for `R` vectors `xs` at once over the same matrix: `out[r · lanes + l]
@@ -616,68 +793,16 @@ fn dots<const ISA: u8, T: Elem>(x: &[f32], m: &[T], stride: usize, out: &mut [f3
         }
         return;
     }
-    // In AVX2, 16 lanes at a time first (eight chains of additions, where [`dot8`]'s four leave
-    // the adder's latency exposed), then 8.
-    let pairs = if ISA == AVX2 { out.len() / 16 * 16 } else { 0 };
-    for (c, o) in out[..pairs].chunks_exact_mut(16).enumerate() {
-        o.copy_from_slice(&dot8x2(x, &m[16 * c..], stride));
+    #[cfg(target_arch = "x86_64")]
+    if ISA == AVX2 {
+        // SAFETY: `attend_one_avx2`, the only caller of this build, runs on CPUs with AVX2 and
+        // F16C; the operands' sizes are checked inside.
+        unsafe { dots_many_avx2::<1, T>(&[x], m, stride, out, out.len()) };
+        return;
     }
-    let full = out.len() / 8 * 8;
-    for (c, o) in out[pairs..full].chunks_exact_mut(8).enumerate() {
-        o.copy_from_slice(&dot8::<ISA, T>(x, &m[pairs + 8 * c..], stride));
-    }
-    for (l, o) in out.iter_mut().enumerate().skip(full) {
+    for (l, o) in out.iter_mut().enumerate() {
         *o = dot1(x, &m[l..], stride);
     }
-}
-
-/// `out[l] = Σ_i x[i] · m[i · stride + l]` for lanes `l < 8`. The sum runs in four partial sums
-/// over `i mod 4`, each in increasing `i`, added as `(p0 + p1) + (p2 + p3)`: four independent
-/// chains keep the adder busy, and the order is the same in every build.
-///
-/// # Panics
-/// If `m` is shorter than `(x.len() - 1) · stride + 8`.
-#[inline(always)]
-fn dot8<const ISA: u8, T: Elem>(x: &[f32], m: &[T], stride: usize) -> [f32; 8] {
-    let Some(last) = x.len().checked_sub(1) else {
-        return [0.0; 8];
-    };
-    assert!(m.len() >= last * stride + 8, "dot8 reads past its matrix");
-    #[cfg(target_arch = "x86_64")]
-    if ISA != PORTABLE {
-        use std::arch::x86_64::_mm256_storeu_ps;
-        use std::arch::x86_64::{__m256, _mm256_add_ps, _mm256_mul_ps, _mm256_set1_ps, _mm256_setzero_ps};
-        let mut out = [0.0f32; 8];
-        // SAFETY: AVX2 and F16C are only requested by `attend_one_avx2` and `attend_one_avx512`,
-        // which run on CPUs that have them; row `i` is read at `i · stride ≤ last · stride`, 8
-        // elements, in bounds by the assert.
-        unsafe {
-            let term = |xi: f32, row: *const T| -> __m256 { _mm256_mul_ps(_mm256_set1_ps(xi), load8(row)) };
-            let [mut a0, mut a1, mut a2, mut a3] = [_mm256_setzero_ps(); 4];
-            let mut row = m.as_ptr();
-            let mut quads = x.chunks_exact(4);
-            for q in &mut quads {
-                a0 = _mm256_add_ps(a0, term(q[0], row));
-                a1 = _mm256_add_ps(a1, term(q[1], row.wrapping_add(stride)));
-                a2 = _mm256_add_ps(a2, term(q[2], row.wrapping_add(2 * stride)));
-                a3 = _mm256_add_ps(a3, term(q[3], row.wrapping_add(3 * stride)));
-                row = row.wrapping_add(4 * stride);
-            }
-            let rest = quads.remainder();
-            if let Some(&xi) = rest.first() {
-                a0 = _mm256_add_ps(a0, term(xi, row));
-            }
-            if let Some(&xi) = rest.get(1) {
-                a1 = _mm256_add_ps(a1, term(xi, row.wrapping_add(stride)));
-            }
-            if let Some(&xi) = rest.get(2) {
-                a2 = _mm256_add_ps(a2, term(xi, row.wrapping_add(2 * stride)));
-            }
-            _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-        }
-        return out;
-    }
-    std::array::from_fn(|l| dot1(x, &m[l..], stride))
 }
 
 /// Eight values at `p`, widened to f32 (exactly: `vcvtph2ps` for f16). Shared by the AVX2
@@ -695,69 +820,7 @@ pub(crate) unsafe fn load8<T: Elem>(p: *const T) -> std::arch::x86_64::__m256 {
     }
 }
 
-/// [`dot8`] for lanes `l < 16` in AVX2, as two blocks of 8 in one pass over the rows: each lane
-/// the same partial sums over `i mod 4`, added the same way. Each row's lanes 64 further on (this
-/// pass's fourth successor over transposed keys) are prefetched: the pass reads one piece of each
-/// of `head_dim` rows `capacity` apart, more streams than the hardware prefetcher follows.
-///
-/// # Panics
-/// If `m` is shorter than `(x.len() - 1) · stride + 16`.
-#[inline(always)]
-#[allow(unused_assignments)] // the last step moves `row` past what it reads
-fn dot8x2<T: Elem>(x: &[f32], m: &[T], stride: usize) -> [f32; 16] {
-    let Some(last) = x.len().checked_sub(1) else {
-        return [0.0; 16];
-    };
-    assert!(m.len() >= last * stride + 16, "dot8x2 reads past its matrix");
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch, _mm256_add_ps, _mm256_mul_ps};
-        use std::arch::x86_64::{_mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps};
-        let mut out = [0.0f32; 16];
-        // SAFETY: only the AVX2 build of `dots` calls this, from `attend_one_avx2` (AVX2 and F16C
-        // present); row `i` is read at `i · stride ≤ last · stride`, 16 elements, in bounds by
-        // the assert; a prefetch reads nothing architecturally and never faults.
-        unsafe {
-            // Partial sum `i mod 4`, lanes 0..8 and 8..16: named, so that they stay in registers.
-            let z = _mm256_setzero_ps();
-            let (mut a0, mut b0, mut a1, mut b1, mut a2, mut b2, mut a3, mut b3) = (z, z, z, z, z, z, z, z);
-            let mut row = m.as_ptr();
-            macro_rules! step {
-                ($xi:expr, $a:ident, $b:ident) => {{
-                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(64).cast::<i8>());
-                    let xv = _mm256_set1_ps($xi);
-                    $a = _mm256_add_ps($a, _mm256_mul_ps(xv, load8(row)));
-                    $b = _mm256_add_ps($b, _mm256_mul_ps(xv, load8(row.wrapping_add(8))));
-                    row = row.wrapping_add(stride);
-                }};
-            }
-            let mut quads = x.chunks_exact(4);
-            for q in &mut quads {
-                step!(q[0], a0, b0);
-                step!(q[1], a1, b1);
-                step!(q[2], a2, b2);
-                step!(q[3], a3, b3);
-            }
-            let rest = quads.remainder();
-            if let Some(&xi) = rest.first() {
-                step!(xi, a0, b0);
-            }
-            if let Some(&xi) = rest.get(1) {
-                step!(xi, a1, b1);
-            }
-            if let Some(&xi) = rest.get(2) {
-                step!(xi, a2, b2);
-            }
-            _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-            _mm256_storeu_ps(out.as_mut_ptr().add(8), _mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3)));
-        }
-        out
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    std::array::from_fn(|l| dot1(x, &m[l..], stride))
-}
-
-/// [`dot8`] over `out.len()` lanes in AVX-512, as `K` blocks of 16 lanes, the last one masked
+/// [`dot1`] over `out.len()` lanes in AVX-512, as `K` blocks of 16 lanes, the last one masked
 /// to the lanes `out` has left if `MASK_LAST`: the same partial sums, added the same way. Several
 /// blocks at once (`4 · K` independent chains of additions) hide the adder's latency that four
 /// chains alone leave exposed.
@@ -881,8 +944,10 @@ unsafe fn load16<const MASKED: bool, T: Elem>(p: *const T, mask: u16) -> std::ar
     }
 }
 
-/// One lane of [`dot8`] and [`dot16`]: `Σ_i x[i] · m[i · stride]`, in the same order (the
-/// portable build of `dot8` is eight of these).
+/// `Σ_i x[i] · m[i · stride]`, the definition every SIMD lane follows: four partial sums over
+/// `i mod 4`, each in increasing `i`, added as `(p0 + p1) + (p2 + p3)` (four independent chains
+/// keep the adder busy, and the order is the same in every build). The portable build of
+/// [`dots`] is one of these per lane.
 #[inline(always)]
 fn dot1<T: Elem>(x: &[f32], m: &[T], stride: usize) -> f32 {
     let mut acc = [0.0f32; 4];
