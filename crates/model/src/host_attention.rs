@@ -474,6 +474,34 @@ unsafe fn attend_many_impl<const ISA: u8, const R: usize, T: Elem>(
     }
 }
 
+/// Runs `$step!(i, p)` for `i = 0, 1, …, $len − 1` in order, with `p = i mod 4` a literal (so
+/// that the step's accumulators of partial sum `p` are named by constants and stay in
+/// registers): the loop of the `R`-vector kernels ([`dot8_rows_many`], [`dot16_rows_many`]).
+#[cfg(target_arch = "x86_64")]
+macro_rules! each_partial_sum {
+    ($len:expr, $step:ident) => {{
+        let len: usize = $len;
+        let quads = len / 4;
+        for q in 0..quads {
+            let i = 4 * q;
+            $step!(i, 0);
+            $step!(i + 1, 1);
+            $step!(i + 2, 2);
+            $step!(i + 3, 3);
+        }
+        let (i, rest) = (4 * quads, len % 4);
+        if rest > 0 {
+            $step!(i, 0);
+        }
+        if rest > 1 {
+            $step!(i + 1, 1);
+        }
+        if rest > 2 {
+            $step!(i + 2, 2);
+        }
+    }};
+}
+
 /// [`dots_many`] in AVX2: `out[r · lanes + l] = Σ_i xs[r][i] · m[i · stride + l]`, each lane the
 /// operations of [`dot1`]: one vector in blocks of 16 lanes (eight chains of additions, where
 /// four leave the adder's latency exposed), several in blocks of 8 (`4 · R` chains, within the 16
@@ -594,24 +622,7 @@ unsafe fn dot8_rows_many<const R: usize, const K: usize, const PREFETCH: bool, T
                 row = row.wrapping_add(stride);
             }};
         }
-        let quads = len / 4;
-        for q in 0..quads {
-            let i = 4 * q;
-            step!(i, 0);
-            step!(i + 1, 1);
-            step!(i + 2, 2);
-            step!(i + 3, 3);
-        }
-        let (i, rest) = (4 * quads, len % 4);
-        if rest > 0 {
-            step!(i, 0);
-        }
-        if rest > 1 {
-            step!(i + 1, 1);
-        }
-        if rest > 2 {
-            step!(i + 2, 2);
-        }
+        each_partial_sum!(len, step);
         for (o, a) in out.iter_mut().zip(&acc) {
             for (k, ok) in o.iter_mut().enumerate() {
                 let sum = _mm256_add_ps(_mm256_add_ps(a[0][k], a[1][k]), _mm256_add_ps(a[2][k], a[3][k]));
@@ -740,24 +751,7 @@ unsafe fn dot16_rows_many<const R: usize, const K: usize, const MASK_LAST: bool,
                 }
             }};
         }
-        let quads = len / 4;
-        for q in 0..quads {
-            let i = 4 * q;
-            step!(i, 0);
-            step!(i + 1, 1);
-            step!(i + 2, 2);
-            step!(i + 3, 3);
-        }
-        let (i, rest) = (4 * quads, len % 4);
-        if rest > 0 {
-            step!(i, 0);
-        }
-        if rest > 1 {
-            step!(i + 1, 1);
-        }
-        if rest > 2 {
-            step!(i + 2, 2);
-        }
+        each_partial_sum!(len, step);
         for (o, a) in out.iter_mut().zip(&acc) {
             for (k, ok) in o.iter_mut().enumerate() {
                 let sum: __m512 = _mm512_add_ps(_mm512_add_ps(a[0][k], a[1][k]), _mm512_add_ps(a[2][k], a[3][k]));
