@@ -599,7 +599,19 @@ mod x86 {
             // and checked index arithmetic in this loop cost a third of its speed.
             let rows: [*const f32; R] = std::array::from_fn(|r| xp.add(r * k));
             let mut w = wp.add(half);
+            // Only a block's first pass over a panel reads it from memory (at decoding shapes,
+            // faster than the memory streams it on both cores); its second halves fetch the
+            // next panel meanwhile, row for row, into L2.
+            let ahead = half != 0;
             for i in 0..k {
+                if ahead {
+                    // Row `i` of the next panel: one 64-byte line in f16, two in f32.
+                    let next = w.wrapping_add(k * PANEL - half);
+                    _mm_prefetch::<_MM_HINT_T1>(next.cast());
+                    if !T::F16 {
+                        _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(16).cast());
+                    }
+                }
                 let w0 = load8(w);
                 let w1 = load8(w.add(8));
                 w = w.add(PANEL);
