@@ -502,6 +502,30 @@ macro_rules! each_partial_sum {
     }};
 }
 
+/// Checks the operands of [`dots_many`] and [`dots_many_avx2`] (`R` vectors of one length `len`,
+/// `out` of `R · lanes` values, `m` at least `(len − 1) · stride + lanes` long); with empty
+/// vectors every sum is 0: `out` is zeroed and the answer is false (nothing left to compute).
+///
+/// # Panics
+/// If an operand's size is wrong.
+#[cfg(target_arch = "x86_64")]
+fn dots_many_operands<const R: usize, T>(
+    xs: &[&[f32]; R],
+    m: &[T],
+    stride: usize,
+    out: &mut [f32],
+    lanes: usize,
+) -> bool {
+    let len = xs[0].len();
+    assert!(xs.iter().all(|x| x.len() == len) && out.len() == R * lanes, "dots_many operands");
+    let Some(last) = len.checked_sub(1) else {
+        out.fill(0.0);
+        return false;
+    };
+    assert!(m.len() >= last * stride + lanes, "dots_many reads past its matrix");
+    true
+}
+
 /// [`dots_many`] in AVX2: `out[r · lanes + l] = Σ_i xs[r][i] · m[i · stride + l]`, each lane the
 /// operations of [`dot1`]: one vector in blocks of 16 lanes (eight chains of additions, where
 /// four leave the adder's latency exposed), several in blocks of 8 (`4 · R` chains, within the 16
@@ -526,13 +550,9 @@ unsafe fn dots_many_avx2<const R: usize, T: Elem>(
     out: &mut [f32],
     lanes: usize,
 ) {
-    let len = xs[0].len();
-    assert!(xs.iter().all(|x| x.len() == len) && out.len() == R * lanes, "dots_many_avx2 operands");
-    let Some(last) = len.checked_sub(1) else {
-        out.fill(0.0);
+    if !dots_many_operands(xs, m, stride, out, lanes) {
         return;
-    };
-    assert!(m.len() >= last * stride + lanes, "dots_many_avx2 reads past its matrix");
+    }
     let p = m.as_ptr();
     // Vector `r`'s sums of lanes `at..` (`[[f32; 8]; K]` flattened) into its row of `out`.
     let mut write = |at: usize, r: usize, sums: &[f32]| {
@@ -540,29 +560,29 @@ unsafe fn dots_many_avx2<const R: usize, T: Elem>(
     };
     let prefetch = |at: usize| (at * std::mem::size_of::<T>()).is_multiple_of(64);
     let mut at = 0;
-    // SAFETY (every block): the caller's contract; rows are read at `i · stride ≤ last ·
-    // stride`, lanes `at..at + 8 · K ≤ lanes`, in bounds by the assert; a prefetch never faults.
+    // Lanes `at..at + 8 · K` of every vector, prefetching where the block starts a 64-byte piece.
+    // SAFETY (every block): the caller's contract; rows are read at `i · stride ≤ (len − 1) ·
+    // stride`, lanes `at..at + 8 · K ≤ lanes`, in bounds by `dots_many_operands`; a prefetch
+    // never faults.
+    macro_rules! block {
+        ($k:literal) => {
+            unsafe {
+                if prefetch(at) {
+                    dot8_rows_many::<R, $k, true, T>(xs, p.wrapping_add(at), stride)
+                } else {
+                    dot8_rows_many::<R, $k, false, T>(xs, p.wrapping_add(at), stride)
+                }
+            }
+        };
+    }
     if R == 1 {
         while at + 16 <= lanes {
-            let sums = unsafe {
-                if prefetch(at) {
-                    dot8_rows_many::<R, 2, true, T>(xs, p.wrapping_add(at), stride)
-                } else {
-                    dot8_rows_many::<R, 2, false, T>(xs, p.wrapping_add(at), stride)
-                }
-            };
-            write(at, 0, sums[0].as_flattened());
+            write(at, 0, block!(2)[0].as_flattened());
             at += 16;
         }
     }
     while at + 8 <= lanes {
-        let sums = unsafe {
-            if prefetch(at) {
-                dot8_rows_many::<R, 1, true, T>(xs, p.wrapping_add(at), stride)
-            } else {
-                dot8_rows_many::<R, 1, false, T>(xs, p.wrapping_add(at), stride)
-            }
-        };
+        let sums = block!(1);
         for (r, s) in sums.iter().enumerate() {
             write(at, r, s.as_flattened());
         }
@@ -646,13 +666,9 @@ unsafe fn dot8_rows_many<const R: usize, const K: usize, const PREFETCH: bool, T
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn dots_many<const R: usize, T: Elem>(xs: &[&[f32]; R], m: &[T], stride: usize, out: &mut [f32], lanes: usize) {
-    let len = xs[0].len();
-    assert!(xs.iter().all(|x| x.len() == len) && out.len() == R * lanes, "dots_many operands");
-    let Some(last) = len.checked_sub(1) else {
-        out.fill(0.0);
+    if !dots_many_operands(xs, m, stride, out, lanes) {
         return;
-    };
-    assert!(m.len() >= last * stride + lanes, "dots_many reads past its matrix");
+    }
     let write = |out: &mut [f32], at: usize, sums: &[[[f32; 16]; 2]; R], width: usize| {
         for (r, s) in sums.iter().enumerate() {
             out[r * lanes + at..r * lanes + at + width].copy_from_slice(&s.as_flattened()[..width]);

@@ -599,9 +599,11 @@ mod x86 {
             // and checked index arithmetic in this loop cost a third of its speed.
             let rows: [*const f32; R] = std::array::from_fn(|r| xp.add(r * k));
             let mut w = wp.add(half);
-            // Only a block's first pass over a panel reads it from memory (at decoding shapes,
-            // faster than the memory streams it on both cores); its second halves fetch the
-            // next panel meanwhile, row for row, into L2.
+            // Only the first block's first pass over a panel reads it from memory (at decoding
+            // shapes, faster than the memory streams it on both cores); every block's second
+            // half fetches the next panel meanwhile, row for row, into L2 (after the first
+            // block's, the lines are there already and a prefetch costs one load slot; past the
+            // last panel it touches nothing and never faults).
             let ahead = half != 0;
             for i in 0..k {
                 if ahead {
