@@ -42,9 +42,9 @@ pub fn validate_deploy(root: &Path, target: &Path) -> Result<(), String> {
     let pinned = venv.join(format!("{VALIDATOR}.installed"));
     if !pinned.is_file() {
         println!("xtask: installing {VALIDATOR} into {}", venv.display());
-        crate::run("python3", &["-m", "venv", &venv.to_string_lossy()])?;
+        crate::common::run("python3", &["-m", "venv", &venv.to_string_lossy()])?;
         let pip = venv.join("bin/pip");
-        crate::run(&pip.to_string_lossy(), &["install", "--quiet", "--disable-pip-version-check", VALIDATOR])?;
+        crate::common::run(&pip.to_string_lossy(), &["install", "--quiet", "--disable-pip-version-check", VALIDATOR])?;
         std::fs::write(&pinned, "").map_err(|e| format!("{}: {e}", pinned.display()))?;
     }
     let start = std::time::Instant::now();

@@ -159,8 +159,10 @@ pub fn bench_gpu(build: impl FnOnce() -> Result<(PathBuf, PathBuf), String>, mod
     let (qdrift, smollm2) = match std::env::var_os("QDRIFT_BIN") {
         Some(bin) => {
             // The checkout's models/, or (a carried xtask, built elsewhere) the current folder's.
-            let local =
-                [models, Path::new("models")].map(|m| m.join(crate::SMOLLM2_FILE)).into_iter().find(|p| p.is_file());
+            let local = [models, Path::new("models")]
+                .map(|m| m.join(crate::common::SMOLLM2_FILE))
+                .into_iter()
+                .find(|p| p.is_file());
             (PathBuf::from(bin), local.unwrap_or_else(|| PathBuf::from("synthetic:smollm2-135m")))
         }
         None => build()?,

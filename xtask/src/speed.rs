@@ -37,7 +37,7 @@ pub fn bench_speed(qdrift: &Path, model: &Path, target: &Path, chat_set: &str) -
         json_str(&model_s),
         prompts.iter().map(|p| json_str(p)).collect::<Vec<_>>().join(", ")
     );
-    let script = crate::root().join("xtask/peer/llama_cpp_peer.py");
+    let script = crate::common::root().join("xtask/peer/llama_cpp_peer.py");
     let peer = capture(&python, &[&script.to_string_lossy(), &peer_args])?;
     let peer_line =
         peer.lines().find(|l| l.contains("\"timing\"")).ok_or("the llama.cpp peer printed no timing line")?;
@@ -122,9 +122,12 @@ fn peer_python(target: &Path) -> Result<std::path::PathBuf, String> {
             );
         }
         println!("xtask: installing {LLAMA_CPP_PYTHON} into {} (builds llama.cpp: minutes)", venv.display());
-        crate::run("python3", &["-m", "venv", &venv.to_string_lossy()])?;
+        crate::common::run("python3", &["-m", "venv", &venv.to_string_lossy()])?;
         let pip = venv.join("bin/pip");
-        crate::run(&pip.to_string_lossy(), &["install", "--quiet", "--disable-pip-version-check", LLAMA_CPP_PYTHON])?;
+        crate::common::run(
+            &pip.to_string_lossy(),
+            &["install", "--quiet", "--disable-pip-version-check", LLAMA_CPP_PYTHON],
+        )?;
         std::fs::write(&pinned, "").map_err(|e| format!("{}: {e}", pinned.display()))?;
     }
     Ok(python)

@@ -56,7 +56,7 @@ pub struct EvalArgs {
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
     /// The reference's compute precision; the noise floor runs at the other.
-    #[arg(long, default_value = "f16", value_parser = crate::generate::parse_dtype)]
+    #[arg(long, default_value = "f16", value_parser = crate::args::parse_dtype)]
     dtype: DType,
     /// Use the first N prompts of the eval set (default: all).
     #[arg(long)]
@@ -64,7 +64,7 @@ pub struct EvalArgs {
     /// Seed of the bootstrap resampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    #[arg(long, help = crate::generate::batch_size_help())]
+    #[arg(long, help = crate::args::batch_size_help())]
     batch_size: Option<usize>,
     /// Bootstrap resamples per interval (at most 1000000).
     #[arg(long, default_value_t = 2000)]

@@ -8,10 +8,12 @@ use burn::tensor::DType;
 use clap::Args;
 use qdrift_eval::dtype_name;
 use qdrift_generate::{
-    BackendChoice, GenerationConfig, MAX_DEFAULT_BATCH_SIZE, PromptTooLong, check_length, check_prompt_text,
-    check_prompt_tokens, context_overflow, default_batch_size, generate, select_device, timed_generate,
+    BackendChoice, GenerationConfig, PromptTooLong, check_length, check_prompt_text, check_prompt_tokens,
+    context_overflow, default_batch_size, generate, select_device, timed_generate,
 };
-use qdrift_load::{SYNTHETIC_PRESETS, Tokenizer};
+use qdrift_load::Tokenizer;
+
+use crate::args::{batch_size_help, model_help, parse_dtype};
 use qdrift_model::LlamaConfig;
 
 /// Arguments of `qdrift generate`.
@@ -59,31 +61,6 @@ pub struct GenerateArgs {
     /// Run a quantized variant of the FP16 reference instead of the checkpoint as it is.
     #[command(flatten)]
     variant: crate::quantize::SchemeArgs,
-}
-
-/// `--model`'s help: every format `open_model` reads, the synthetic presets by name.
-pub(crate) fn model_help() -> String {
-    let presets: Vec<&str> = SYNTHETIC_PRESETS.iter().map(|(name, _)| *name).collect();
-    format!(
-        "Model: a llama2.c checkpoint (.bin), a GGUF file, a Hugging Face folder, or synthetic:NAME ({})",
-        presets.join(", ")
-    )
-}
-
-/// `--batch-size`'s help for `generate` and `eval`, from [`default_batch_size`]'s cap.
-pub fn batch_size_help() -> String {
-    format!(
-        "Prompts per batch (default: the prompts split evenly over the batches the device runs at once, one per core on the CPU backend and one on a GPU, at most {MAX_DEFAULT_BATCH_SIZE} per batch)"
-    )
-}
-
-/// Parses `--dtype`.
-pub fn parse_dtype(s: &str) -> Result<DType, String> {
-    match s {
-        "f32" => Ok(DType::F32),
-        "f16" => Ok(DType::F16),
-        other => Err(format!("unknown dtype \"{other}\"; known: f32, f16")),
-    }
 }
 
 /// Encodes the prompts, refusing one too long for the `trained` context (by its bytes before

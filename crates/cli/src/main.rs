@@ -3,6 +3,7 @@
 //! The binary is thin: it parses arguments, calls the pipeline crates, and turns their typed
 //! errors into one line on stderr and a non-zero exit code.
 
+mod args;
 mod bandwidth;
 mod eval;
 mod gate;

@@ -94,7 +94,7 @@ pub enum OutputFormat {
 #[derive(Args)]
 pub struct QuantizeArgs {
     // Help built from the synthetic presets, so it cannot go stale.
-    #[arg(long, help = crate::generate::model_help())]
+    #[arg(long, help = crate::args::model_help())]
     model: PathBuf,
     /// Tokenizer file, when not found beside the model (llama2.c: `tokenizer.bin`, else the only
     /// `tok*.bin` there; a Hugging Face folder's `tokenizer.json`; a GGUF file carries its own).

@@ -41,7 +41,12 @@ pub fn teacher_forced(
     chunk: usize,
     mut observe: impl FnMut(ForcedLogits) + Send,
 ) -> Result<(), GenerateError> {
-    one_model(model, device, sequences, batch_size, chunk, Output::Logits, |f| f, |_, _, f| observe(f))
+    one_model(
+        model,
+        ForcedRequest { device, sequences, batch_size, chunk, output: Output::Logits },
+        |f| f,
+        |_, _, f| observe(f),
+    )
 }
 
 /// [`teacher_forced`], handing out the final-norm hidden states instead of the logits:
@@ -56,7 +61,12 @@ pub fn teacher_forced_hidden(
     chunk: usize,
     mut observe: impl FnMut(ForcedLogits) + Send,
 ) -> Result<(), GenerateError> {
-    one_model(model, device, sequences, batch_size, chunk, Output::Hidden, |f| f, |_, _, f| observe(f))
+    one_model(
+        model,
+        ForcedRequest { device, sequences, batch_size, chunk, output: Output::Hidden },
+        |f| f,
+        |_, _, f| observe(f),
+    )
 }
 
 /// [`teacher_forced`] with the work on each chunk split in two: `map` runs on the batch's own
@@ -72,19 +82,14 @@ pub fn teacher_forced_map<R>(
     map: impl Fn(ForcedLogits) -> R + Sync,
     observe: impl FnMut(usize, usize, R) + Send,
 ) -> Result<(), GenerateError> {
-    one_model(model, device, sequences, batch_size, chunk, Output::Logits, map, observe)
+    one_model(model, ForcedRequest { device, sequences, batch_size, chunk, output: Output::Logits }, map, observe)
 }
 
 /// [`teacher_forced_lockstep`] for one model: each chunk's output as [`ForcedLogits`] to `map`
 /// (on the batch's thread), `map`'s result to `observe` (one call at a time).
-#[allow(clippy::too_many_arguments)]
 fn one_model<R>(
     model: &Llama,
-    device: &ComputeDevice,
-    sequences: &[(Vec<u32>, Vec<u32>)],
-    batch_size: usize,
-    chunk: usize,
-    output: Output,
+    request: ForcedRequest<'_>,
     map: impl Fn(ForcedLogits) -> R + Sync,
     observe: impl FnMut(usize, usize, R) + Send,
 ) -> Result<(), GenerateError> {
@@ -93,11 +98,22 @@ fn one_model<R>(
         outputs.into_iter().next().map(|logits| map(ForcedLogits { first_prompt, start, logits }))
     };
     let mut observe = observe;
-    teacher_forced_lockstep(&[model], device, sequences, batch_size, chunk, output, map, |p, s, r| {
+    teacher_forced_lockstep(&[model], request, map, |p, s, r| {
         if let Some(r) = r {
             observe(p, s, r);
         }
     })
+}
+
+/// One teacher-forced pass as the private drivers take it: the sequences (prompt, continuation),
+/// how they are batched and chunked, where they run and what each chunk hands out.
+#[derive(Clone, Copy)]
+struct ForcedRequest<'a> {
+    device: &'a ComputeDevice,
+    sequences: &'a [(Vec<u32>, Vec<u32>)],
+    batch_size: usize,
+    chunk: usize,
+    output: Output,
 }
 
 /// What a teacher-forced pass hands out per chunk.
@@ -158,11 +174,7 @@ pub fn teacher_forced_pair(
     }
     teacher_forced_lockstep(
         &[reference, variant],
-        device,
-        sequences,
-        batch_size,
-        chunk,
-        Output::Logits,
+        ForcedRequest { device, sequences, batch_size, chunk, output: Output::Logits },
         |_, _, logits| logits,
         |first_prompt, start, logits| {
             observe(PairedLogits { first_prompt, start, reference: &logits[0], variant: &logits[1] })
@@ -173,17 +185,13 @@ pub fn teacher_forced_pair(
 /// Every model of `models` over the same batches and chunks: each chunk's outputs (one per
 /// model) go to `map` on the batch's own thread, outside the lock that serializes `observe`, so
 /// batches side by side map (reduce) their chunks at the same time.
-#[allow(clippy::too_many_arguments)]
 fn teacher_forced_lockstep<R>(
     models: &[&Llama],
-    device: &ComputeDevice,
-    sequences: &[(Vec<u32>, Vec<u32>)],
-    batch_size: usize,
-    chunk: usize,
-    output: Output,
+    request: ForcedRequest<'_>,
     map: impl Fn(usize, usize, Vec<Tensor<3>>) -> R + Sync,
     observe: impl FnMut(usize, usize, R) + Send,
 ) -> Result<(), GenerateError> {
+    let ForcedRequest { device, sequences, batch_size, chunk, .. } = request;
     let n = sequences.first().map_or(0, |(_, c)| c.len());
     if let Some(i) = sequences.iter().position(|(_, c)| c.len() != n) {
         return Err(GenerateError::UnequalContinuations { index: i, len: sequences[i].1.len(), expected: n });
@@ -201,14 +209,14 @@ fn teacher_forced_lockstep<R>(
             return Err(GenerateError::TokenOutOfRange { index: i, token: t, vocab });
         }
     }
-    let chunk = chunk.max(1);
+    let chunked = ForcedRequest { chunk: chunk.max(1), ..request };
     let batches: Vec<&[(Vec<u32>, Vec<u32>)]> = sequences.chunks(batch_size).collect();
     let observe = std::sync::Mutex::new(observe);
     // Models in lockstep hold their caches at once: the one with the largest decides.
     let concurrent =
         models.iter().map(|m| concurrent_batches(&m.config, m.dtype(), device, &prompts, &config)).min().unwrap_or(1);
     run_batches(batches.len(), concurrent, |b| {
-        forced_batch(models, batches[b], b * batch_size, n, chunk, output, &mut |p, s, l| {
+        forced_batch(models, batches[b], b * batch_size, n, &chunked, &mut |p, s, l| {
             let mapped = map(p, s, l);
             (*lock(&observe))(p, s, mapped)
         });
@@ -218,15 +226,17 @@ fn teacher_forced_lockstep<R>(
     Ok(())
 }
 
+/// One batch of `request` (its `chunk` at least 1), the sequences from `first_prompt` on, each
+/// continuation `n` tokens long; `observe` gets every chunk's outputs, one per model.
 fn forced_batch(
     models: &[&Llama],
     batch: &[(Vec<u32>, Vec<u32>)],
     first_prompt: usize,
     n: usize,
-    chunk: usize,
-    output: Output,
+    request: &ForcedRequest<'_>,
     observe: &mut dyn FnMut(usize, usize, Vec<Tensor<3>>),
 ) {
+    let (chunk, output) = (request.chunk, request.output);
     if n == 0 {
         return;
     }

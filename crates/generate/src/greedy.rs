@@ -12,18 +12,8 @@ use qdrift_model::{KvCache, Llama, Positions};
 use rayon::prelude::*;
 
 use crate::parallel::{lock, run_batches};
+use crate::request::GenerationConfig;
 use crate::{ComputeDevice, GenerateError, check_request, concurrent_batches};
-
-/// How to generate.
-#[derive(Debug, Clone)]
-pub struct GenerationConfig {
-    /// New tokens per prompt (exactly this many unless `stop_at_eos`).
-    pub max_new_tokens: usize,
-    /// Prompts per batch; prompts are processed in this order, `batch_size` at a time.
-    pub batch_size: usize,
-    /// Stop a prompt at this token (included in its output) when set.
-    pub stop_at_eos: Option<u32>,
-}
 
 /// The logits of one decoding step of one batch, handed to the caller's observer.
 pub struct StepLogits<'a> {

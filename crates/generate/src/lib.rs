@@ -8,7 +8,7 @@
 //! | file | contents |
 //! |---|---|
 //! | `device.rs` | [`select_device`]: wgpu or the CPU backend, and what a report says about it |
-//! | `request.rs` | [`check_request`], [`default_batch_size`], [`context_overflow`]: sizing before allocating |
+//! | `request.rs` | [`GenerationConfig`], [`check_request`], [`default_batch_size`], [`context_overflow`]: the request and its sizing before allocating |
 //! | `greedy.rs` | [`generate`], [`generate_map`]: batched greedy decoding |
 //! | `forced.rs` | [`teacher_forced`], [`teacher_forced_pair`], [`teacher_forced_hidden`]: logits (or final hidden states) of given continuations |
 //! | `timing.rs` | [`timed_generate`], [`copy_bandwidth`]: honest timings for benchmarks (warm-up, read-back before the timer stops) |
@@ -31,10 +31,10 @@ pub use error::GenerateError;
 pub use forced::{
     ForcedLogits, PairedLogits, teacher_forced, teacher_forced_hidden, teacher_forced_map, teacher_forced_pair,
 };
-pub use greedy::{GenerationConfig, StepLogits, generate, generate_map};
+pub use greedy::{StepLogits, generate, generate_map};
 pub use request::{
-    ContextOverflow, LONG_REQUEST_FACTOR, MAX_DEFAULT_BATCH_SIZE, MAX_PROMPT_BYTES_PER_TOKEN, PromptTooLong,
-    SIDE_BY_SIDE_CACHE_BYTES, check_length, check_prompt_text, check_prompt_tokens, check_request, concurrent_batches,
-    context_overflow, default_batch_size,
+    ContextOverflow, GenerationConfig, LONG_REQUEST_FACTOR, MAX_DEFAULT_BATCH_SIZE, MAX_PROMPT_BYTES_PER_TOKEN,
+    PromptTooLong, SIDE_BY_SIDE_CACHE_BYTES, check_length, check_prompt_text, check_prompt_tokens, check_request,
+    concurrent_batches, context_overflow, default_batch_size,
 };
 pub use timing::{CopyBandwidth, GenerationTiming, copy_bandwidth, timed_generate};

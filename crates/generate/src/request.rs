@@ -1,4 +1,4 @@
-//! Sizing a request before anything is allocated: the default batch size, the context-length
+//! A request ([`GenerationConfig`]) and its sizing before anything is allocated: the default batch size, the context-length
 //! warning, and the check that prompts and memory fit the model and the device.
 //!
 //! `qdrift generate` and `qdrift eval` both size their requests here, so that they batch and
@@ -9,7 +9,18 @@
 use burn::tensor::DType;
 use qdrift_model::{AttentionKernel, LlamaConfig};
 
-use crate::{ComputeDevice, GenerateError, GenerationConfig};
+use crate::{ComputeDevice, GenerateError};
+
+/// How to generate.
+#[derive(Debug, Clone)]
+pub struct GenerationConfig {
+    /// New tokens per prompt (exactly this many unless `stop_at_eos`).
+    pub max_new_tokens: usize,
+    /// Prompts per batch; prompts are processed in this order, `batch_size` at a time.
+    pub batch_size: usize,
+    /// Stop a prompt at this token (included in its output) when set.
+    pub stop_at_eos: Option<u32>,
+}
 
 /// The most prompts a default batch holds.
 ///

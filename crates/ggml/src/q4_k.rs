@@ -17,21 +17,32 @@
 
 use crate::scalar::{fp16_bytes, fp16_value, nearest_int};
 
-/// `make_qkx2_quants` (n = 32 here): fits `x ≈ scale · L + min` (`min ≤ 0`) and returns `scale`,
-/// writing `L` and `the_min = −min`.
-#[allow(clippy::too_many_arguments)] // mirrors the C signature one to one
-fn make_qkx2_quants(
+/// `make_qkx2_quants`'s search parameters: `nmax`, `rmin`, `rdelta`, `nstep`, `use_mad`, as the
+/// C passes them.
+#[derive(Clone, Copy)]
+struct Qkx2Search {
     nmax: i32,
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    use_mad: bool,
+}
+
+/// The search `quantize_row_q4_K_ref` runs: `make_qkx2_quants(32, 15, …, -1.f, 0.1f, 20, false)`.
+const Q4_K_SEARCH: Qkx2Search = Qkx2Search { nmax: 15, rmin: -1.0, rdelta: 0.1, nstep: 20, use_mad: false };
+
+/// `make_qkx2_quants` (n = 32 here): fits `x ≈ scale · L + min` (`min ≤ 0`) and returns `scale`,
+/// writing `L` and `the_min = −min`; `l_aux` is the C's scratch `Laux`. The C's scalar
+/// parameters come as one [`Qkx2Search`]; the operations are the C's, in its order.
+fn make_qkx2_quants(
+    search: &Qkx2Search,
     x: &[f32],
     weights: &[f32],
     l_out: &mut [u8],
     the_min: &mut f32,
     l_aux: &mut [u8],
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
-    use_mad: bool,
 ) -> f32 {
+    let Qkx2Search { nmax, rmin, rdelta, nstep, use_mad } = *search;
     let n = x.len();
     let mut min = x[0];
     let mut max = x[0];
@@ -137,18 +148,7 @@ pub(super) fn quantize_block(x: &[f32], y: &mut [u8]) {
         for (w, &v) in weights.iter_mut().zip(xs) {
             *w = av_x + v.abs();
         }
-        scales[j] = make_qkx2_quants(
-            15,
-            xs,
-            &weights,
-            &mut l[32 * j..32 * j + 32],
-            &mut mins[j],
-            &mut l_aux,
-            -1.0,
-            0.1,
-            20,
-            false,
-        );
+        scales[j] = make_qkx2_quants(&Q4_K_SEARCH, xs, &weights, &mut l[32 * j..32 * j + 32], &mut mins[j], &mut l_aux);
         if scales[j] > max_scale {
             max_scale = scales[j];
         }

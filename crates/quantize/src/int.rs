@@ -31,8 +31,9 @@
 
 use half::f16;
 
+use crate::Scheme;
 use crate::error::QuantizeError;
-use crate::{Packed, PackedDtype, PackedPart, Scheme, f32_bytes, groups};
+use crate::packed::{Packed, PackedDtype, PackedPart, f32_bytes, groups};
 
 /// Symmetric per-row int8.
 #[derive(Debug, Clone, PartialEq)]

@@ -216,7 +216,7 @@ impl View for OutTensor<'_> {
 
     fn data(&self) -> Cow<'_, [u8]> {
         match self {
-            OutTensor::F32 { values, row_order: None, .. } => Cow::Owned(crate::f32_bytes(values)),
+            OutTensor::F32 { values, row_order: None, .. } => Cow::Owned(crate::packed::f32_bytes(values)),
             OutTensor::F32 { values, row_order: Some(order), .. } => {
                 let cols = values.len().checked_div(order.len()).unwrap_or(0);
                 Cow::Owned(

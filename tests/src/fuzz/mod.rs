@@ -16,6 +16,7 @@
 pub mod crashes;
 mod formats;
 pub mod mutate;
+pub mod panics;
 pub mod runner;
 mod targets;
 
@@ -119,6 +120,6 @@ impl Workspace {
     pub fn exec(&self, target: &dyn Target, input: &[u8]) -> Result<Outcome, String> {
         std::fs::write(&self.input, input).map_err(|e| format!("{}: {e}", self.input.display()))?;
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| target.run(&self.input)))
-            .map_err(|payload| runner::panic_message(payload.as_ref()))
+            .map_err(|payload| panics::panic_message(payload.as_ref()))
     }
 }

