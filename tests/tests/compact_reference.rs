@@ -98,7 +98,7 @@ fn mean_p99(kl: &[f32]) -> (f64, f64) {
 /// both (0.66% / 0.45%) — why the exact KL is the default (`README.md`).
 #[test]
 fn smollm2_top_k_bound_against_the_exact_kl() {
-    use qdrift_generate::{GenerationConfig, generate, teacher_forced_pair};
+    use qdrift_generate::{Forcing, GenerationConfig, generate, teacher_forced_pair};
     use qdrift_model::LlamaConfig;
     use qdrift_quantize::{QuantizeOptions, Scheme, quantize_model, round_to_fp16_reference};
     use qdrift_score::{compact_reference_on_device, position_metrics_against_compact, position_metrics_on_device};
@@ -130,7 +130,7 @@ fn smollm2_top_k_bound_against_the_exact_kl() {
         let weights = quantize_model(&loaded.model, &s, &QuantizeOptions::default()).expect("quantizes").dequantized;
         let variant = config.init_from_host(&weights, DType::F32, &dev.device).expect("builds");
         let (mut exact, mut bounds, mut tails) = (Vec::new(), vec![Vec::new(); ks.len()], Vec::new());
-        teacher_forced_pair(&reference, &variant, &dev, &text, 8, 25, |p| {
+        teacher_forced_pair(&reference, &variant, Forcing { device: &dev, sequences: &text, batch_size: 8, chunk: 25 }, |p| {
             let [b, t, _] = p.reference.dims();
             let tokens: Vec<u32> =
                 (0..b).flat_map(|i| text[p.first_prompt + i].1[p.start..p.start + t].to_vec()).collect();

@@ -4,7 +4,7 @@
 //! (top-K + tail) reference against its host definitions.
 
 use burn::tensor::{DType, Tensor};
-use qdrift_generate::{BackendChoice, teacher_forced, teacher_forced_pair};
+use qdrift_generate::{BackendChoice, Forcing, teacher_forced, teacher_forced_pair};
 use qdrift_model::LlamaConfig;
 use qdrift_quantize::{QuantizeOptions, Scheme, quantize_model};
 use qdrift_score::{
@@ -29,7 +29,7 @@ fn logits_chunks(choice: BackendChoice, scheme: Option<&str>, sequences: &[(Vec<
     let dev = device(choice);
     let model = build(choice, scheme);
     let mut chunks = Vec::new();
-    teacher_forced(&model, &dev, sequences, sequences.len(), 16, |f| chunks.push(f.logits.clone())).expect("runs");
+    teacher_forced(&model, Forcing { device: &dev, sequences, batch_size: sequences.len(), chunk: 16 }, |f| chunks.push(f.logits.clone())).expect("runs");
     chunks
 }
 
@@ -156,7 +156,7 @@ fn paired_teacher_forcing_equals_separate_runs() {
     let alone_r = logits_chunks(choice, None, &sequences);
     let alone_q = logits_chunks(choice, Some("int8"), &sequences);
     let mut paired = Vec::new();
-    teacher_forced_pair(&r, &q, &dev, &sequences, sequences.len(), 16, |p| {
+    teacher_forced_pair(&r, &q, Forcing { device: &dev, sequences: &sequences, batch_size: sequences.len(), chunk: 16 }, |p| {
         paired.push((p.start, p.reference.clone(), p.variant.clone()))
     })
     .expect("runs");

@@ -2,7 +2,7 @@
 //! stories260K variants with them against the independent f64 forward pass, on CPU and wgpu.
 
 use burn::tensor::{DType, Tensor, TensorData};
-use qdrift_generate::{BackendChoice, ComputeDevice, GenerationConfig, generate, teacher_forced};
+use qdrift_generate::{BackendChoice, ComputeDevice, Forcing, GenerationConfig, generate, teacher_forced};
 use qdrift_load::HostModel;
 use qdrift_model::{LlamaConfig, RoundingPath, RuntimeQuant, round_activations, round_kv};
 use qdrift_quantize::{
@@ -226,7 +226,7 @@ fn variants_match_the_f64_forward_pass(choice: BackendChoice) {
         // Teacher forcing the same tokens, two sequences a batch, seven positions a pass.
         let sequences: Vec<(Vec<u32>, Vec<u32>)> = prompts.iter().cloned().zip(tokens.iter().cloned()).collect();
         let mut forced = vec![vec![Vec::new(); n]; prompts.len()];
-        teacher_forced(&model, &dev, &sequences, 2, 7, |f| {
+        teacher_forced(&model, Forcing { device: &dev, sequences: &sequences, batch_size: 2, chunk: 7 }, |f| {
             let [b, t, v] = f.logits.dims();
             let data = read(f.logits.clone());
             for i in 0..b {

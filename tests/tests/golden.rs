@@ -138,7 +138,7 @@ fn f16_agreement_wgpu() {
 /// Teacher forcing the golden continuation (one pass, in chunks) gives the same logits as
 /// decoding it step by step, and its argmax reproduces llama2.c's greedy tokens.
 fn teacher_forcing_matches_decoding(choice: BackendChoice) {
-    use qdrift_generate::{GenerationConfig, generate, teacher_forced};
+    use qdrift_generate::{Forcing, GenerationConfig, generate, teacher_forced};
     let loaded = load_stories();
     let dev = device(choice);
     let n = 40;
@@ -161,7 +161,7 @@ fn teacher_forcing_matches_decoding(choice: BackendChoice) {
         cases.iter().map(|c| (c.prompt_tokens.clone(), c.greedy_tokens[..n].to_vec())).collect();
     let mut worst = 0.0f32;
     let mut seen = 0;
-    teacher_forced(&model, &dev, &sequences, 2, 7, |f| {
+    teacher_forced(&model, Forcing { device: &dev, sequences: &sequences, batch_size: 2, chunk: 7 }, |f| {
         let [b, t, v] = f.logits.dims();
         let data = f.logits.to_data().try_into_vec::<f32>().expect("f32");
         for i in 0..b {

@@ -6,7 +6,7 @@
 
 use burn::tensor::{DType, Tensor};
 use qdrift_eval::evaluate;
-use qdrift_generate::{BackendChoice, ComputeDevice, GenerationConfig, generate, teacher_forced_pair};
+use qdrift_generate::{BackendChoice, ComputeDevice, Forcing, GenerationConfig, generate, teacher_forced_pair};
 use qdrift_model::LlamaConfig;
 use qdrift_tests::{device, golden_cases, load_stories, stories_eval};
 
@@ -41,7 +41,7 @@ fn run(device: &ComputeDevice, dtype: DType) -> Run {
     .expect("generation runs");
     let sequences: Vec<(Vec<u32>, Vec<u32>)> = prompts.iter().cloned().zip(tokens.iter().cloned()).collect();
     let mut chunks = Vec::new();
-    teacher_forced_pair(&model, &other, device, &sequences, 2, 16, |p| {
+    teacher_forced_pair(&model, &other, Forcing { device, sequences: &sequences, batch_size: 2, chunk: 16 }, |p| {
         chunks.push(((p.first_prompt, p.start), host(p.reference), host(p.variant)));
     })
     .expect("teacher forcing runs");

@@ -4,7 +4,7 @@
 //! Order matters: the GPU is looked for first (`nvidia-smi`), so that a machine without one is
 //! refused in a second, before anything is built or fetched; then the wgpu adapter must be the
 //! NVIDIA one (not Mesa's llvmpipe). With `QDRIFT_BIN=PATH` it runs that prebuilt `qdrift` and
-//! builds nothing (the lent GPU machine has no toolchain); SmolLM2 is then taken from `models/`
+//! builds nothing (for a GPU machine without a Rust toolchain); SmolLM2 is then taken from `models/`
 //! if it is there, else its shape is run with random weights (`synthetic:smollm2-135m`: speed does
 //! not depend on the values).
 

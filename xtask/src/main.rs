@@ -34,7 +34,7 @@ tasks:
   reports regenerate the example reports under reports/ (stories260K and SmolLM2-135M)
   bench [stories|smollm2|runtime]  timed evaluations with wall time and peak memory: stories260K
           (32 prompts, 10/100/1000, 3 schemes) and SmolLM2-135M (16 prompts, 10/100/1000,
-          3 schemes; about an hour on a 2-core CPU, minutes on a GPU); runtime: the cost of
+          3 schemes; tens of minutes on a 2-core CPU, see docs/BENCHMARKS.md); runtime: the cost of
           activation + KV-cache rounding (weight-only vs W8A8/KV variants, stories260K and
           SmolLM2, CPU); all unless one is named
   bench speed  CPU decoding against llama.cpp in the same run (llama-cpp-python 0.3.36, built

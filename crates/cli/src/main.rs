@@ -37,7 +37,8 @@ enum Command {
     /// Architecture, parameters, dtypes, and memory and FLOPs accounting of a model.
     Inspect(inspect::InspectArgs),
     /// Greedy generation from a model, for one or more prompts (in batches; on the CPU backend,
-    /// batches run side by side, one per core).
+    /// the batches decode together as one, the layers spread over the cores, unless stopping at
+    /// EOS, when they run side by side, one per core).
     Generate(generate::GenerateArgs),
     /// Quantize a model's weights (any format generate reads) with one scheme, print per-tensor
     /// error statistics, and write the result as safetensors or as a GGUF file llama.cpp runs.

@@ -14,6 +14,20 @@ use crate::greedy::{PromptBatch, prompt_batch};
 use crate::parallel::{lock, run_batches};
 use crate::{ComputeDevice, GenerateError, GenerationConfig, check_request, concurrent_batches};
 
+/// One teacher-forcing request: the `(prompt, continuation)` pairs to score, how many pairs go in
+/// a batch, how many continuation positions one forward pass takes, and the device they run on.
+#[derive(Clone, Copy)]
+pub struct Forcing<'a> {
+    /// Where the model runs (its batching limits and memory).
+    pub device: &'a ComputeDevice,
+    /// `(prompt, continuation)` pairs; every continuation has the same length.
+    pub sequences: &'a [(Vec<u32>, Vec<u32>)],
+    /// Pairs per batch, cut in order as [`crate::generate`] cuts prompts.
+    pub batch_size: usize,
+    /// Continuation positions per forward pass (at least 1 is used).
+    pub chunk: usize,
+}
+
 /// The logits of a chunk of continuation positions of one batch, handed over: an observer that
 /// reads them back on the CPU backend takes them without a copy.
 pub struct ForcedLogits {
@@ -35,18 +49,10 @@ pub struct ForcedLogits {
 /// logits of a sequence do not depend on the rest of its batch.
 pub fn teacher_forced(
     model: &Llama,
-    device: &ComputeDevice,
-    sequences: &[(Vec<u32>, Vec<u32>)],
-    batch_size: usize,
-    chunk: usize,
+    forcing: Forcing<'_>,
     mut observe: impl FnMut(ForcedLogits) + Send,
 ) -> Result<(), GenerateError> {
-    one_model(
-        model,
-        ForcedRequest { device, sequences, batch_size, chunk, output: Output::Logits },
-        |f| f,
-        |_, _, f| observe(f),
-    )
+    one_model(model, ForcedRequest::new(forcing, Output::Logits), |f| f, |_, _, f| observe(f))
 }
 
 /// [`teacher_forced`], handing out the final-norm hidden states instead of the logits:
@@ -55,18 +61,10 @@ pub fn teacher_forced(
 /// out for the same chunk. Keeping these costs `dim` numbers per position instead of `vocab`.
 pub fn teacher_forced_hidden(
     model: &Llama,
-    device: &ComputeDevice,
-    sequences: &[(Vec<u32>, Vec<u32>)],
-    batch_size: usize,
-    chunk: usize,
+    forcing: Forcing<'_>,
     mut observe: impl FnMut(ForcedLogits) + Send,
 ) -> Result<(), GenerateError> {
-    one_model(
-        model,
-        ForcedRequest { device, sequences, batch_size, chunk, output: Output::Hidden },
-        |f| f,
-        |_, _, f| observe(f),
-    )
+    one_model(model, ForcedRequest::new(forcing, Output::Hidden), |f| f, |_, _, f| observe(f))
 }
 
 /// [`teacher_forced`] with the work on each chunk split in two: `map` runs on the batch's own
@@ -75,14 +73,11 @@ pub fn teacher_forced_hidden(
 /// For reductions of the logits, whose results `observe` only files away.
 pub fn teacher_forced_map<R>(
     model: &Llama,
-    device: &ComputeDevice,
-    sequences: &[(Vec<u32>, Vec<u32>)],
-    batch_size: usize,
-    chunk: usize,
+    forcing: Forcing<'_>,
     map: impl Fn(ForcedLogits) -> R + Sync,
     observe: impl FnMut(usize, usize, R) + Send,
 ) -> Result<(), GenerateError> {
-    one_model(model, ForcedRequest { device, sequences, batch_size, chunk, output: Output::Logits }, map, observe)
+    one_model(model, ForcedRequest::new(forcing, Output::Logits), map, observe)
 }
 
 /// [`teacher_forced_lockstep`] for one model: each chunk's output as [`ForcedLogits`] to `map`
@@ -105,8 +100,7 @@ fn one_model<R>(
     })
 }
 
-/// One teacher-forced pass as the private drivers take it: the sequences (prompt, continuation),
-/// how they are batched and chunked, where they run and what each chunk hands out.
+/// A [`Forcing`] and what each of its chunks hands out, as the private drivers take it.
 #[derive(Clone, Copy)]
 struct ForcedRequest<'a> {
     device: &'a ComputeDevice,
@@ -114,6 +108,13 @@ struct ForcedRequest<'a> {
     batch_size: usize,
     chunk: usize,
     output: Output,
+}
+
+impl<'a> ForcedRequest<'a> {
+    fn new(forcing: Forcing<'a>, output: Output) -> Self {
+        let Forcing { device, sequences, batch_size, chunk } = forcing;
+        ForcedRequest { device, sequences, batch_size, chunk, output }
+    }
 }
 
 /// What a teacher-forced pass hands out per chunk.
@@ -160,10 +161,7 @@ pub struct PairedLogits<'a> {
 pub fn teacher_forced_pair(
     reference: &Llama,
     variant: &Llama,
-    device: &ComputeDevice,
-    sequences: &[(Vec<u32>, Vec<u32>)],
-    batch_size: usize,
-    chunk: usize,
+    forcing: Forcing<'_>,
     mut observe: impl FnMut(PairedLogits<'_>) + Send,
 ) -> Result<(), GenerateError> {
     if reference.config.vocab_size != variant.config.vocab_size {
@@ -174,7 +172,7 @@ pub fn teacher_forced_pair(
     }
     teacher_forced_lockstep(
         &[reference, variant],
-        ForcedRequest { device, sequences, batch_size, chunk, output: Output::Logits },
+        ForcedRequest::new(forcing, Output::Logits),
         |_, _, logits| logits,
         |first_prompt, start, logits| {
             observe(PairedLogits { first_prompt, start, reference: &logits[0], variant: &logits[1] })

@@ -32,8 +32,9 @@ pub struct StepLogits<'a> {
 ///
 /// Prompts of a batch are left-padded to the same length ([`Positions`]); each prompt's tokens do
 /// not depend on the other prompts of its batch. `observe` sees the logits of every step of every
-/// batch; with [`ComputeDevice::parallel_batches`] above 1, batches run side by side and their
-/// steps reach `observe` interleaved (one call at a time). Returns, per prompt, only the new
+/// batch; with [`ComputeDevice::parallel_batches`] above 1, batches run side by side (on the CPU
+/// fused into one batch of all their rows unless stopping at EOS, see `generate_batches`) and
+/// their steps reach `observe` interleaved (one call at a time). Returns, per prompt, only the new
 /// tokens, in prompt order.
 ///
 /// Memory is checked before anything is allocated: the key-value cache of a batch, the attention

@@ -29,7 +29,7 @@ mod timing;
 pub use device::{BackendChoice, ComputeDevice, DeviceError, select_device};
 pub use error::GenerateError;
 pub use forced::{
-    ForcedLogits, PairedLogits, teacher_forced, teacher_forced_hidden, teacher_forced_map, teacher_forced_pair,
+    ForcedLogits, Forcing, PairedLogits, teacher_forced, teacher_forced_hidden, teacher_forced_map, teacher_forced_pair,
 };
 pub use greedy::{StepLogits, generate, generate_map};
 pub use request::{
