@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::Tensor;
 
-use crate::EvalError;
+use crate::error::EvalError;
 
 /// JSONL, one line per (variant, prompt, position).
 pub(crate) struct Dump {
@@ -28,20 +28,10 @@ impl Dump {
         Ok(Dump { path: path.to_path_buf(), tmp, out: std::io::BufWriter::new(file) })
     }
 
-    /// Writes one chunk of both models' logits as log-probabilities.
-    ///
-    /// # Shapes
-    /// - `reference`, `var`: `[batch, chunk, vocab]`
-    /// - `tokens`: `batch * chunk` scored tokens, row-major
-    pub fn write_chunk(
-        &mut self,
-        variant: &str,
-        first_prompt: usize,
-        start: usize,
-        reference: &Tensor<3>,
-        var: &Tensor<3>,
-        tokens: &[u32],
-    ) -> Result<(), EvalError> {
+    /// Writes one chunk of both models' logits as log-probabilities, its lines labelled with
+    /// `variant`.
+    pub fn write_chunk(&mut self, variant: &str, chunk: DumpChunk<'_>) -> Result<(), EvalError> {
+        let DumpChunk { first_prompt, start, reference, var, tokens } = chunk;
         let [_, c, v] = reference.dims();
         let (r, q) = (host(reference)?, host(var)?);
         for (k, token) in tokens.iter().enumerate() {
@@ -63,6 +53,24 @@ impl Dump {
         self.out.flush().map_err(EvalError::io(&self.tmp))?;
         std::fs::rename(&self.tmp, &self.path).map_err(EvalError::io(&self.path))
     }
+}
+
+/// One teacher-forced chunk of both models, as [`Dump::write_chunk`] takes it.
+///
+/// # Shapes
+/// - `reference`, `var`: `[batch, chunk, vocab]`
+/// - `tokens`: `batch * chunk` scored tokens, row-major
+pub(crate) struct DumpChunk<'a> {
+    /// The chunk's first prompt.
+    pub first_prompt: usize,
+    /// Its first position.
+    pub start: usize,
+    /// The reference's logits.
+    pub reference: &'a Tensor<3>,
+    /// The variant's logits.
+    pub var: &'a Tensor<3>,
+    /// The tokens scored.
+    pub tokens: &'a [u32],
 }
 
 /// A tensor's values on the host, as f32.

@@ -5,7 +5,7 @@ use std::path::Path;
 use qdrift_report::{EVAL_SET_CAP, read_capped};
 use serde::Deserialize;
 
-use crate::EvalError;
+use crate::error::EvalError;
 use crate::identity::{report_name, sha256_hex};
 
 /// One prompt of an eval set.

@@ -26,7 +26,7 @@ use std::ffi::OsString;
 use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 
-use crate::EvalError;
+use crate::error::EvalError;
 
 /// The files every report run writes into `--out`.
 const REPORT_FILES: [&str; 3] = ["report.json", "report.md", "report.html"];
