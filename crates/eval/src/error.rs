@@ -126,6 +126,9 @@ pub enum EvalError {
     /// The report could not be built or written.
     #[error(transparent)]
     Report(#[from] qdrift_report::ReportError),
+    /// A file could not be read or written (`qdrift_io`).
+    #[error(transparent)]
+    File(#[from] qdrift_io::IoError),
 }
 
 impl EvalError {

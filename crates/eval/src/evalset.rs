@@ -2,7 +2,8 @@
 
 use std::path::Path;
 
-use qdrift_report::{EVAL_SET_CAP, read_capped};
+use qdrift_io::read_capped;
+use qdrift_report::EVAL_SET_CAP;
 use serde::Deserialize;
 
 use crate::error::EvalError;
@@ -132,7 +133,7 @@ mod tests {
     #[test]
     fn an_endless_file_is_refused_without_reading_it() {
         let e = EvalSet::read(Path::new("/dev/zero")).unwrap_err().to_string();
-        assert_eq!(e, "/dev/zero: the eval set is a device, not a regular file");
+        assert_eq!(e, "/dev/zero: the eval set is a character device, not a regular file");
     }
 
     #[test]

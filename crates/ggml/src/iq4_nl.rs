@@ -7,7 +7,7 @@
 //! the index of element `j` (low nibble) and `j + 16` (high nibble).
 //! `y = fp16(d) · kvalues_iq4nl[q]`.
 
-use super::fp16_value;
+use crate::scalar::fp16_value;
 
 /// `kvalues_iq4nl` of `ggml-common.h` (`int8_t`).
 pub(super) const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];

@@ -10,7 +10,7 @@
 //! little-endian); its 16 bytes of `qs` hold element `j` (low nibble) and `j + 16` (high nibble).
 //! `y = (d · (ls − 32)) · kvalues_iq4nl[q]`: the C forms `dl = d * (ls - 32)` once per sub-block.
 
-use super::fp16_value;
+use crate::scalar::fp16_value;
 use super::iq4_nl::KVALUES_IQ4NL;
 
 /// `dequantize_row_iq4_xs` for one super-block: `x` is 136 bytes, `y` is 256 values.

@@ -41,6 +41,9 @@
 //! | `iq4_nl.rs` | `block_iq4_nl` | read-only |
 //! | `iq4_xs.rs` | `block_iq4_xs` | read-only |
 //! | `mxfp4.rs` | `block_mxfp4` | yes |
+//!
+//! `scalar.rs` holds the C scalar helpers the formats share (`nearest_int`, C's float-to-int
+//! conversion, fp16 bytes), so that every format file depends on it and never on the crate root.
 
 mod iq4_nl;
 mod iq4_xs;
@@ -55,10 +58,10 @@ mod q5_1;
 mod q5_k;
 mod q6_k;
 mod q8_0;
+mod scalar;
 
 use std::fmt;
 
-use half::f16;
 
 /// GGML block formats, laid out as in `ggml/src/ggml-common.h`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -357,34 +360,6 @@ fn quantizable_names() -> String {
     GgmlType::ALL.map(GgmlType::name).join(", ")
 }
 
-/// ggml's `nearest_int` (`ggml-quants.c`): adding 1.5·2^23 puts the rounded integer in the low
-/// mantissa bits, so it rounds half to even for |x| < 2^22. Kept bit for bit, including what it
-/// returns outside that range (where ggml only has a debug `assert`).
-fn nearest_int(fval: f32) -> i32 {
-    let val = fval + 12_582_912.0;
-    (val.to_bits() as i32 & 0x007f_ffff) - 0x0040_0000
-}
-
-/// C's conversion of a float to an integer type as x86-64 builds of ggml execute it
-/// (`cvttss2si`): truncation toward zero, and the "integer indefinite" `i32::MIN` for NaN and for
-/// values outside the i32 range. ISO C leaves those cases undefined; they arise only in blocks whose
-/// largest magnitude is so small (below ~1e-38) that `1/d` overflows. Callers narrow the result
-/// with `as i8` / `as u8`, keeping the low byte as the C assignment to `int8_t` / `uint8_t` does.
-fn c_float_to_int(x: f32) -> i32 {
-    if x.is_nan() || !(-2_147_483_648.0..2_147_483_648.0).contains(&x) { i32::MIN } else { x as i32 }
-}
-
-/// `GGML_FP32_TO_FP16` as little-endian bytes: IEEE binary16 with round-to-nearest-even, which is
-/// what both `ggml_compute_fp32_to_fp16` and F16C `_cvtss_sh(x, 0)` compute (see the test).
-fn fp16_bytes(x: f32) -> [u8; 2] {
-    f16::from_f32(x).to_le_bytes()
-}
-
-/// `GGML_FP16_TO_FP32` of two little-endian bytes (exact).
-fn fp16_value(bytes: [u8; 2]) -> f32 {
-    f16::from_le_bytes(bytes).to_f32()
-}
-
 /// Quantizes one block: `block_size` values into `type_size` bytes.
 type QuantizeBlock = fn(&[f32], &mut [u8]);
 
@@ -476,7 +451,7 @@ pub fn dequantize_ggml_blocks(ty: GgmlType, bytes: &[u8], n_elements: usize) -> 
 
 #[cfg(test)]
 mod tests {
-    use super::{fp16_bytes, nearest_int};
+    use crate::scalar::{fp16_bytes, nearest_int};
 
     /// `ggml_compute_fp32_to_fp16` from `ggml/src/ggml-impl.h` (the portable path), transcribed
     /// only to prove that `half`'s rounding is the same function.

@@ -16,7 +16,7 @@
 //! `amax < 2^-125` the C cast of a negative float to `uint8_t` is undefined; this port keeps the
 //! low byte of the truncated value, as x86-64 builds of ggml do (see `c_float_to_int`).
 
-use super::c_float_to_int;
+use crate::scalar::c_float_to_int;
 
 /// `kvalues_mxfp4`: E2M1 values × 2.
 const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];

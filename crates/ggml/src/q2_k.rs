@@ -10,7 +10,7 @@
 //! `y = (d · sc) · q − dmin · m`: the C forms `dl = d * (sc & 0xF)` and `ml = min * (sc >> 4)`
 //! once per sub-block, then `dl * q - ml`.
 
-use super::fp16_value;
+use crate::scalar::fp16_value;
 
 /// `dequantize_row_q2_K` for one super-block: `x` is 84 bytes, `y` is 256 values.
 pub(super) fn dequantize_block(x: &[u8], y: &mut [f32]) {

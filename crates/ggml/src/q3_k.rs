@@ -12,7 +12,7 @@
 //! 2 bits at bit offset `2·(s / 4)` of `scales[8 + s % 4]`.
 //! `y = (d · (sc − 32)) · q`: the C forms `dl = d_all * (scales[is] - 32)` once per sub-block.
 
-use super::fp16_value;
+use crate::scalar::fp16_value;
 
 /// The sixteen 6-bit scales, unpacked as `dequantize_row_q3_K`'s `aux` shuffle does.
 fn unpack_scales(s: &[u8]) -> [u8; 16] {

@@ -10,7 +10,7 @@
 //! The product and the `+ 8.5f` are two roundings, as ISO C writes them; a build of ggml that lets
 //! the compiler contract them into one FMA can differ in rare ties (gguf-py's `Q4_0` notes this).
 
-use super::{c_float_to_int, fp16_bytes, fp16_value};
+use crate::scalar::{c_float_to_int, fp16_bytes, fp16_value};
 
 /// `quantize_row_q4_0_ref` for one block: `x` is 32 values, `y` is 18 bytes.
 pub(super) fn quantize_block(x: &[f32], y: &mut [u8]) {

@@ -8,7 +8,7 @@
 //! stored as FP16. Byte `j` holds element `j` (low nibble) and `j + 16` (high nibble).
 //! `y = q · fp16(d) + fp16(min)`.
 
-use super::{c_float_to_int, fp16_bytes, fp16_value};
+use crate::scalar::{c_float_to_int, fp16_bytes, fp16_value};
 
 /// `quantize_row_q4_1_ref` for one block: `x` is 32 values, `y` is 20 bytes.
 pub(super) fn quantize_block(x: &[f32], y: &mut [u8]) {

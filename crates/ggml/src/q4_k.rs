@@ -15,7 +15,7 @@
 //! element `l` in the low nibble and element `l + 32` in the high nibble.
 //! `y = d · sc · q − dmin · m`.
 
-use super::{fp16_bytes, fp16_value, nearest_int};
+use crate::scalar::{fp16_bytes, fp16_value, nearest_int};
 
 /// `make_qkx2_quants` (n = 32 here): fits `x ≈ scale · L + min` (`min ≤ 0`) and returns `scale`,
 /// writing `L` and `the_min = −min`.

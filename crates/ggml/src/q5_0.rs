@@ -14,7 +14,7 @@
 //! As for `q4_0`, the product and the `+ 16.5f` are two roundings, as ISO C writes them (gguf-py's
 //! numpy `Q5_0` computes them in f64 instead and can differ in rare ties).
 
-use super::{c_float_to_int, fp16_bytes, fp16_value};
+use crate::scalar::{c_float_to_int, fp16_bytes, fp16_value};
 
 /// `quantize_row_q5_0_ref` for one block: `x` is 32 values, `y` is 22 bytes.
 pub(super) fn quantize_block(x: &[f32], y: &mut [u8]) {

@@ -7,7 +7,7 @@
 //! `u32` of fifth bits, `qs` nibbles `j` and `j + 16`). `y = q · fp16(d) + fp16(m)`, one product
 //! and one sum in f32, in that order.
 
-use super::fp16_value;
+use crate::scalar::fp16_value;
 
 /// `dequantize_row_q5_1` for one block: `x` is 24 bytes, `y` is 32 values.
 pub(super) fn dequantize_block(x: &[u8], y: &mut [f32]) {

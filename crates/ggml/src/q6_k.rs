@@ -14,7 +14,7 @@
 //! 2 bits of elements `l`, `l + 32`, `l + 64`, `l + 96` at bit offsets 0, 2, 4, 6.
 //! `y = d · scales[sub-block] · (q − 32)`.
 
-use super::{fp16_bytes, fp16_value, nearest_int};
+use crate::scalar::{fp16_bytes, fp16_value, nearest_int};
 
 /// `GROUP_MAX_EPS` of `ggml-quants.c`.
 const GROUP_MAX_EPS: f32 = 1e-15;

@@ -6,7 +6,7 @@
 //! f32 `d`, stored with the FP16 `d`), `y = qs[j] * fp16(d)`. The float-to-int8 conversion is
 //! C's (see `c_float_to_int`).
 
-use super::{c_float_to_int, fp16_bytes, fp16_value};
+use crate::scalar::{c_float_to_int, fp16_bytes, fp16_value};
 
 /// `quantize_row_q8_0_ref` for one block: `x` is 32 values, `y` is 34 bytes.
 pub(super) fn quantize_block(x: &[f32], y: &mut [u8]) {

@@ -4,10 +4,11 @@
 
 use std::path::Path;
 
+use crate::Report;
 use crate::format::plain;
 use crate::gate::{GateError, Thresholds, exit_code, gate};
 use crate::junit::{junit_error_xml, junit_xml};
-use crate::{Report, write_atomic};
+use qdrift_io::write_atomic;
 
 /// What `qdrift gate` prints and returns.
 #[derive(Clone, Debug, PartialEq, Eq)]

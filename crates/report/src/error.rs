@@ -5,44 +5,10 @@ use std::path::PathBuf;
 /// Why a report could not be read, checked or written.
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
-    /// A file could not be read or written.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// A file handed to qdrift could not be read.
-    #[error("{path}: cannot read the {what}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The kind of file (`report`, `thresholds file`, `eval set`).
-        what: &'static str,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// A path handed to qdrift as a file is a folder, a FIFO, a device or a socket.
-    #[error("{path}: the {what} is {kind}, not a regular file")]
-    NotAFile {
-        /// The path.
-        path: PathBuf,
-        /// The kind of file expected.
-        what: &'static str,
-        /// What it is instead.
-        kind: &'static str,
-    },
-    /// A file is larger than qdrift reads for its kind.
-    #[error("{path}: the {what} is larger than its limit (more than {cap} bytes)")]
-    TooLarge {
-        /// The file.
-        path: PathBuf,
-        /// The kind of file.
-        what: &'static str,
-        /// The limit in bytes.
-        cap: u64,
-    },
+    /// A file could not be read or written (`qdrift_io`: missing, not a regular file, over its
+    /// cap, or a failed atomic write).
+    #[error(transparent)]
+    File(#[from] qdrift_io::IoError),
     /// A report file is not valid JSON or does not have the schema's shape.
     #[error("{path}: not a qdrift report: {source}")]
     Parse {

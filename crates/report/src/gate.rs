@@ -37,8 +37,9 @@ use serde::Deserialize;
 
 use crate::format::plain;
 use crate::metrics::{metric, names, rank};
-use crate::read::{THRESHOLDS_CAP, read_capped};
+use crate::read::THRESHOLDS_CAP;
 use crate::{Report, ReportError, VariantKind};
+use qdrift_io::read_capped;
 
 /// The section that applies to every variant but the noise floor.
 pub const WILDCARD: &str = "*";
@@ -115,7 +116,7 @@ pub enum GateError {
     Report(#[from] ReportError),
     /// The thresholds file could not be read (missing, not a regular file, too large, not UTF-8).
     #[error("{0}")]
-    ThresholdsFile(ReportError),
+    ThresholdsFile(qdrift_io::IoError),
     /// The thresholds file is not UTF-8.
     #[error("{path}: the thresholds file is not UTF-8: {source}")]
     ThresholdsText {

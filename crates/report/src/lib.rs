@@ -10,8 +10,8 @@
 //!   format, JSON placement) and [`Estimate`], the value of a metric.
 //! - `horizon`: [`HorizonMetrics`], a horizon's metrics held by name, with the hand-written JSON
 //!   layout of schema 1.
-//! - `read`: [`read_capped`], the one reader of files handed to qdrift (regular files only, a
-//!   byte cap per kind).
+//! - `read`: the byte cap per kind of file read ([`REPORT_CAP`], [`THRESHOLDS_CAP`],
+//!   [`EVAL_SET_CAP`]); the reading itself is `qdrift_io::read_capped`.
 //! - `schema`: the other types of `report.json`, [`Report::read`] / [`Report::write`], and the
 //!   rule for when the schema version changes; `validate`: [`Report::validate`], what makes a
 //!   report one a run can produce.
@@ -26,13 +26,12 @@
 //! - [`testing::sample_report`]: a realistic report for tests.
 //!
 //! **Invariants: every number in a report is finite (checked by [`Report::validate`] before
-//! anything is written or drawn); every file is written atomically ([`write_atomic`]: temp file
-//! in the same folder, then rename), so an interrupted run never leaves a half-written file;
+//! anything is written or drawn); every file is written atomically (`qdrift_io::write_atomic`: a
+//! unique temp file in the same folder, then rename), so an interrupted run never leaves a half-written file;
 //! every output is deterministic (same report → same bytes: fields in declaration order, metrics
 //! in table order, no timestamps, no hash maps); every string from a report is escaped for its
 //! markup; no module cycles.**
 
-mod atomic;
 mod charts;
 mod command;
 mod document;
@@ -51,7 +50,6 @@ mod schema;
 pub mod testing;
 mod validate;
 
-pub use atomic::write_atomic;
 pub use command::{GateRun, run_gate};
 pub use error::ReportError;
 pub use gate::{Bound, Check, CheckResult, GateError, GateOutcome, Side, Thresholds, WILDCARD, exit_code, gate};
@@ -60,5 +58,5 @@ pub use html::render_html;
 pub use junit::{junit_error_xml, junit_xml};
 pub use markdown::{render_markdown, render_summary};
 pub use metrics::{Distribution, Estimate, METRICS, Metric};
-pub use read::{EVAL_SET_CAP, REPORT_CAP, THRESHOLDS_CAP, read_capped};
+pub use read::{EVAL_SET_CAP, REPORT_CAP, THRESHOLDS_CAP};
 pub use schema::*;

@@ -11,8 +11,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::read::{REPORT_CAP, read_capped};
-use crate::{HorizonMetrics, ReportError, write_atomic};
+use crate::read::REPORT_CAP;
+use crate::{HorizonMetrics, ReportError};
+use qdrift_io::{read_capped, write_atomic};
 
 /// The schema version this build writes and reads.
 ///
@@ -387,6 +388,6 @@ impl Report {
     pub fn write(&self, path: &Path) -> Result<(), ReportError> {
         let mut json = self.to_json()?;
         json.push('\n');
-        write_atomic(path, json.as_bytes())
+        Ok(write_atomic(path, json.as_bytes())?)
     }
 }
