@@ -2,7 +2,8 @@
 //! arrays in: one data file of named little-endian arrays back to back ([`Writer`]), listed by
 //! [`Section`]s (name, element type, shape, byte range) in the JSON file beside it, and read back
 //! through [`Sections`], which checks every listed range against the data before anything is
-//! used. Per-prompt [`Trace`]s have one encoding in it ([`write_traces`], [`read_traces`]).
+//! used. Per-prompt [`Trace`]s have one encoding in it ([`write_traces`], [`read_traces`]). Its
+//! files are read through [`read_file`] (`qdrift_io`: type checked before opening, size capped).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -119,19 +120,19 @@ pub(crate) fn read_traces(s: &Sections<'_>, prefix: &str, n: usize, h: usize) ->
         .collect())
 }
 
-/// Reads a regular file of at most `cap` bytes; the error names the file by its name.
-pub(crate) fn read_capped_file(path: &Path, cap: u64) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let fail = |problem: String| format!("{name}: {problem}");
-    let f = std::fs::File::open(path).map_err(|e| fail(e.to_string()))?;
-    let meta = f.metadata().map_err(|e| fail(e.to_string()))?;
-    if !meta.is_file() || meta.len() > cap {
-        return Err(fail(format!("not a regular file of at most {cap} bytes")));
-    }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    f.take(cap).read_to_end(&mut bytes).map_err(|e| fail(e.to_string()))?;
-    Ok(bytes)
+/// Reads one file of a store or part, only a regular file of at most `cap` bytes (checked
+/// before it is opened, [`qdrift_io::read_capped`]); `what` names its kind. The error names the
+/// file by its name, for a message that names its folder first.
+pub(crate) fn read_file(path: &Path, cap: u64, what: &'static str) -> Result<Vec<u8>, String> {
+    qdrift_io::read_capped(path, cap, what).map_err(|e| {
+        let message = e.to_string();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        // The message starts with the whole path; the folder is named by the caller.
+        match message.strip_prefix(&path.display().to_string()) {
+            Some(rest) => format!("{name}{rest}"),
+            None => message,
+        }
+    })
 }
 
 /// A data file's sections, checked against it.
@@ -202,3 +203,34 @@ pub(crate) fn rows<T: Clone>(flat: Vec<T>, h: usize) -> Vec<Vec<T>> {
     if h == 0 { Vec::new() } else { flat.chunks(h).map(<[T]>::to_vec).collect() }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store's or part's file is refused by its type before it is opened (a named pipe would
+    /// block the read forever), and the message names it by its name for the folder's message.
+    #[cfg(unix)]
+    #[test]
+    fn a_named_pipe_is_refused_by_name_without_opening_it() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let fifo = dir.path().join("manifest.json");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("skipped: mkfifo is not available");
+            return;
+        }
+        let e = read_file(&fifo, 1 << 20, "store manifest").expect_err("refused");
+        assert_eq!(e, "manifest.json: the store manifest is a named pipe (FIFO), not a regular file");
+    }
+
+    #[test]
+    fn a_file_over_its_cap_is_refused_by_name() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("traces.bin");
+        std::fs::write(&path, [0u8; 9]).expect("writes");
+        assert_eq!(read_file(&path, 9, "part data").expect("within the cap"), [0u8; 9]);
+        let e = read_file(&path, 8, "part data").expect_err("refused");
+        assert_eq!(e, "traces.bin: the part data is larger than its limit (more than 8 bytes)");
+    }
+}

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::aggregate::Trace;
 use crate::assemble::assemble_report;
 use crate::config::Shard;
-use crate::container::{Section, Sections, Writer, read_capped_file, read_traces, write_traces};
+use crate::container::{Section, Sections, Writer, read_file, read_traces, write_traces};
 use crate::error::EvalError;
 use crate::identity::sha256_hex;
 use crate::types::{Measurement, RunContext, TailSums, VariantHeader};
@@ -110,7 +110,7 @@ impl Part {
     /// Reads the part in `dir`, checking its format, checksum and sections.
     pub fn read(dir: &Path) -> Result<Part, EvalError> {
         let fail = |problem: String| EvalError::Part { path: dir.to_path_buf(), problem };
-        let text = read_capped_file(&dir.join("part.json"), PART_JSON_CAP).map_err(fail)?;
+        let text = read_file(&dir.join("part.json"), PART_JSON_CAP, "part header").map_err(fail)?;
         let header: PartHeader =
             serde_json::from_slice(&text).map_err(|e| fail(format!("part.json is not a qdrift part: {e}")))?;
         if header.format != PART_FORMAT || header.version != PART_VERSION {
@@ -119,7 +119,7 @@ impl Part {
                 header.format, header.version
             )));
         }
-        let data = read_capped_file(&dir.join("traces.bin"), TRACES_CAP.min(header.data_bytes)).map_err(fail)?;
+        let data = read_file(&dir.join("traces.bin"), TRACES_CAP.min(header.data_bytes), "part data").map_err(fail)?;
         if data.len() as u64 != header.data_bytes || sha256_hex(&data) != header.data_sha256 {
             return Err(fail(
                 "traces.bin does not match its size and checksum in part.json (damaged or edited)".into(),

@@ -26,12 +26,13 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
+use qdrift_io::unique_sibling;
 use qdrift_score::CompactChunk;
 use serde::{Deserialize, Serialize};
 
 use crate::aggregate::Trace;
 use crate::compact::CompactReference;
-use crate::container::{Section, Sections, Writer, read_capped_file, read_traces, rows, write_traces};
+use crate::container::{Section, Sections, Writer, read_file, read_traces, rows, write_traces};
 use crate::error::EvalError;
 use crate::identity::sha256_hex;
 
@@ -243,19 +244,21 @@ pub(crate) fn write_store(dir: &Path, key: &StoreKey, stored: &StoredReference) 
     result
 }
 
-/// `PARENT/.NAME.qdrift-store-PID`, beside `dir`.
+/// A unique staging folder name beside `dir` (`PARENT/.NAME.qdrift-store-PID-RANDOM`,
+/// [`unique_sibling`]); creates PARENT when missing.
 fn staging_dir(dir: &Path) -> Result<PathBuf, EvalError> {
     let abs = std::path::absolute(dir).map_err(EvalError::io(dir))?;
     match (abs.parent(), abs.file_name()) {
-        (Some(parent), Some(name)) => {
+        (Some(parent), Some(_)) => {
             std::fs::create_dir_all(parent).map_err(EvalError::io(parent))?;
-            Ok(parent.join(format!(".{}.qdrift-store-{}", name.to_string_lossy(), std::process::id())))
+            Ok(unique_sibling(&abs, "store"))
         }
         _ => Err(EvalError::Store { path: dir.to_path_buf(), problem: "must name a folder (not / or ..)".into() }),
     }
 }
 
-/// Moves `staging` to `dir`; an existing store at `dir` is moved aside first and removed after.
+/// Moves `staging` to `dir`; an existing store at `dir` is moved aside first (to a unique name
+/// beside it) and removed after.
 fn replace_dir(staging: &Path, dir: &Path) -> Result<(), EvalError> {
     if dir.exists() {
         let is_store = dir.join("manifest.json").is_file() && dir.join("reference.bin").is_file();
@@ -266,7 +269,8 @@ fn replace_dir(staging: &Path, dir: &Path) -> Result<(), EvalError> {
                 problem: "exists and is not a reference store; refusing to replace it".into(),
             });
         }
-        let old = staging.with_extension("old");
+        let abs = std::path::absolute(dir).map_err(EvalError::io(dir))?;
+        let old = unique_sibling(&abs, "store-old");
         std::fs::rename(dir, &old).map_err(EvalError::io(dir))?;
         std::fs::rename(staging, dir).map_err(EvalError::io(dir))?;
         std::fs::remove_dir_all(&old).map_err(EvalError::io(&old))?;
@@ -279,7 +283,7 @@ fn replace_dir(staging: &Path, dir: &Path) -> Result<(), EvalError> {
 pub(crate) fn read_store(dir: &Path, run: &StoreKey) -> Result<StoredReference, EvalError> {
     let fail = |problem: String| EvalError::Store { path: dir.to_path_buf(), problem };
     let manifest_path = dir.join("manifest.json");
-    let text = read_capped(dir, &manifest_path, MANIFEST_CAP)?;
+    let text = read_file(&manifest_path, MANIFEST_CAP, "store manifest").map_err(fail)?;
     let manifest: Manifest = serde_json::from_slice(&text)
         .map_err(|e| fail(format!("manifest.json is not a reference store manifest: {e}")))?;
     if manifest.format != STORE_FORMAT || manifest.version != STORE_VERSION {
@@ -292,7 +296,7 @@ pub(crate) fn read_store(dir: &Path, run: &StoreKey) -> Result<StoredReference, 
         return Err(fail(format!("was saved with {field} = {stored}, this run has {now}; save a new reference")));
     }
     let data_path = dir.join("reference.bin");
-    let data = read_capped(dir, &data_path, DATA_CAP.min(manifest.data_bytes))?;
+    let data = read_file(&data_path, DATA_CAP.min(manifest.data_bytes), "store data").map_err(fail)?;
     if data.len() as u64 != manifest.data_bytes {
         return Err(fail(format!(
             "reference.bin holds {} bytes, the manifest says {}",
@@ -305,11 +309,6 @@ pub(crate) fn read_store(dir: &Path, run: &StoreKey) -> Result<StoredReference, 
     }
     let sections = Sections::new(&manifest.sections, &data).map_err(fail)?;
     decode(&sections, run).map_err(fail)
-}
-
-/// Reads a store's regular file of at most `cap` bytes; errors name the store and the file.
-fn read_capped(dir: &Path, path: &Path, cap: u64) -> Result<Vec<u8>, EvalError> {
-    read_capped_file(path, cap).map_err(|problem| EvalError::Store { path: dir.to_path_buf(), problem })
 }
 
 fn decode(s: &Sections<'_>, run: &StoreKey) -> Result<StoredReference, String> {
