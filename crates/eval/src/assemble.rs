@@ -83,4 +83,3 @@ pub(crate) fn assemble_report(mut context: RunContext, measurement: Measurement)
     report.validate()?;
     Ok(report)
 }
-

@@ -152,4 +152,3 @@ pub fn default_eval_set(loaded: &LoadedModel) -> &'static str {
         "english"
     }
 }
-

@@ -203,7 +203,6 @@ pub(crate) fn rows<T: Clone>(flat: Vec<T>, h: usize) -> Vec<Vec<T>> {
     if h == 0 { Vec::new() } else { flat.chunks(h).map(<[T]>::to_vec).collect() }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

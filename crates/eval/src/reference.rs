@@ -315,7 +315,8 @@ fn compact_from_decoding(
     k: usize,
     progress: &mut ProgressFn<'_>,
 ) -> Result<(Vec<Vec<u32>>, Option<CompactReference>), EvalError> {
-    let mut prompts: Vec<CompactChunk> = plan.prompts.iter().map(|_| CompactChunk::empty_row(k, plan.longest())).collect();
+    let mut prompts: Vec<CompactChunk> =
+        plan.prompts.iter().map(|_| CompactChunk::empty_row(k, plan.longest())).collect();
     let mut failure: Option<EvalError> = None;
     let reduce = |s: StepLogits<'_>| -> Result<CompactChunk, EvalError> {
         let [rows, vocab] = s.logits.dims();
@@ -426,4 +427,3 @@ mod tests {
         }
     }
 }
-
