@@ -9,7 +9,7 @@ use qdrift_score::{
     median_survival, paired_difference_ci, ppl_ratio_ci, summarize, wilson_interval,
 };
 
-use crate::EvalError;
+use crate::error::EvalError;
 
 /// Confidence level of every interval.
 pub const LEVEL: f64 = 0.95;

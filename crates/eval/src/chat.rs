@@ -6,7 +6,7 @@
 
 use minijinja::{Environment, context};
 
-use crate::EvalError;
+use crate::error::EvalError;
 
 /// Renders one user message followed by the generation prompt (the assistant turn's header).
 pub fn apply_chat_template(template: &str, user: &str, bos: &str, eos: &str) -> Result<String, EvalError> {

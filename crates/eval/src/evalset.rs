@@ -6,7 +6,7 @@ use qdrift_io::read_capped;
 use qdrift_report::EVAL_SET_CAP;
 use serde::Deserialize;
 
-use crate::EvalError;
+use crate::error::EvalError;
 use crate::identity::{report_name, sha256_hex};
 
 /// One prompt of an eval set.

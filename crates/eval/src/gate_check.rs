@@ -5,7 +5,8 @@
 
 use qdrift_report::{GateError, Thresholds, WILDCARD};
 
-use crate::{EvalConfig, VariantSpec};
+use crate::config::EvalConfig;
+use crate::variant::VariantSpec;
 
 /// Checks `thresholds` against the variants of `cfg` (the noise floor first) and `horizons`.
 pub(crate) fn check_thresholds(cfg: &EvalConfig, horizons: &[usize], thresholds: &Thresholds) -> Result<(), GateError> {

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::EvalError;
+use crate::error::EvalError;
 
 /// SHA-256 of `bytes`, lowercase hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -13,9 +13,11 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// SHA-256 of a regular file (streamed), lowercase hex. The loaders have read the file already;
-/// the type is checked once more so that nothing endless (a device, a pipe swapped in since) is
-/// ever hashed.
+/// the type is checked once more, before opening it ([`qdrift_io::regular_file_len`]: opening a
+/// pipe swapped in since would block) and on the open file, so that nothing endless (a device, a
+/// pipe) is ever hashed.
 pub fn sha256_file(path: &Path) -> Result<String, EvalError> {
+    qdrift_io::regular_file_len(path, "file to hash")?;
     let f = std::fs::File::open(path).map_err(EvalError::io(path))?;
     if !f.metadata().map_err(EvalError::io(path))?.is_file() {
         let e = std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file; cannot hash it");
@@ -61,6 +63,13 @@ mod tests {
     fn sha256_matches_a_known_vector() {
         // FIPS 180-2 example "abc".
         assert_eq!(sha256_hex(b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_device_is_refused_before_it_is_opened() {
+        let e = sha256_file(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert_eq!(e, "/dev/zero: the file to hash is a character device, not a regular file");
     }
 
     #[test]

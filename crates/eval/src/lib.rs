@@ -13,21 +13,50 @@
 //! prompts). Logits are reduced where they are (`reduce.rs`): on the device for a GPU, on the host
 //! for the CPU backend, whose tensors are host memory.
 //!
-//! [`evaluate`] (`run.rs`) runs in four steps, each in its own module:
+//! [`evaluate_any`] (`run.rs`) runs in these steps, each in its own module:
 //!
 //! | step | file | contents |
 //! |---|---|---|
-//! | plan | `plan.rs` | options checked before loading; batch size, chunk, precisions, device checks |
+//! | check | `plan.rs`, `gate_check.rs` | options checked before loading; `--gate` thresholds against the run's variants and horizons |
 //! | encode prompts | `prompts.rs` | the first N prompts of the set, chat-wrapped for chat sets |
-//! | run each variant | `variant.rs`, `scoring.rs`, `reduce.rs` | [`VariantSpec`] → weights; the reference run, generation, teacher forcing into [`Trace`]s |
-//! | assemble | `run.rs`, [`aggregate`] | traces → statistics → [`qdrift_report::Report`] |
+//! | plan | `plan.rs` | batch size, chunk, precisions, KL mode, shard; the request checked against the device |
+//! | run the reference | `reference.rs`, `generation.rs`, `compact.rs` | its generation and its side of the comparison on its own text, kept once for every variant (or read from `store.rs`) |
+//! | run each variant | `variant.rs`, `generation.rs`, `scoring.rs`, `reduce.rs` | [`VariantSpec`] → weights; generation, teacher forcing into [`Trace`]s |
+//! | assemble | `assemble.rs`, [`aggregate`] | traces → statistics → [`qdrift_report::Report`] (or, for one shard, a [`Part`], `shard.rs`) |
 //!
-//! Before any of them, `gate_check.rs` checks `--gate` thresholds against the run's variants and
-//! horizons; `output.rs` ([`OutputDir`]) locks `--out` and stages the reports so that they
-//! appear together or not at all.
+//! `output.rs` ([`OutputDir`]) locks `--out` and stages the reports so that they appear together
+//! or not at all.
 //!
-//! Beside them: `evalset.rs` (JSONL eval sets, the built-in ones), `chat.rs` (chat templates),
-//! `identity.rs` (how reports name files: file name and SHA-256), `dump.rs` (`--dump-logprobs`).
+//! Imports go one way: every file uses only files below it in this table (`lib.rs` only declares
+//! the modules and re-exports), so a value passed down from [`evaluate_any`] never comes back
+//! up into a file it has left.
+//!
+//! | file | contents |
+//! |---|---|
+//! | `run.rs` | [`evaluate_any`], [`evaluate`]: the orchestration, calling each step in turn |
+//! | `scoring.rs` | a variant teacher-forced on the reference's text, and the reference on the variant's, into [`Trace`]s |
+//! | `reference.rs` | the reference's run: its generation and its side of the comparison on its own text |
+//! | `store.rs` | the saved reference (`--save-reference`, `--reference`): its key, writing and reading it |
+//! | `compact.rs` | the reference's compact top-K statistics per prompt (`--reference-top-k`) |
+//! | `generation.rs` | greedy generation of every prompt, with progress |
+//! | `reduce.rs` | where a chunk's logits are reduced: host or device |
+//! | `shard.rs` | a shard's [`Part`] (`--shard`) and [`merge`] |
+//! | `assemble.rs` | the report from a measurement: statistics per variant, validated |
+//! | `gate_check.rs` | `--gate` thresholds checked against the run's variants and horizons |
+//! | `plan.rs` | options checked before loading; batch size, chunk, precisions, KL mode, shard; device checks |
+//! | `config.rs` | [`EvalConfig`] and its defaults, [`Shard`], the default eval set |
+//! | `variant.rs` | [`VariantSpec`] and the variant each builds (weights, precision, report header) |
+//! | `prompts.rs` | the first N prompts of the set, encoded, chat-wrapped for chat sets |
+//! | `evalset.rs` | JSONL eval sets and the built-in ones |
+//! | `types.rs` | what the steps hand each other: [`Progress`], the measurement, [`VariantHeader`], [`RunContext`], [`dtype_name`] |
+//! | `container.rs` | the section format of stores and parts: named arrays in one data file, and traces in it |
+//! | `texts.rs` | the text a model is teacher-forced on, and the tokens a chunk scores |
+//! | [`aggregate`] | traces → statistics (host, f64, bootstrap over prompts) |
+//! | `identity.rs` | how reports name files: file name and SHA-256 |
+//! | `chat.rs` | chat templates |
+//! | `dump.rs` | `--dump-logprobs` |
+//! | `output.rs` | [`OutputDir`]: `--out` locked, staged and filled at once |
+//! | `error.rs` | [`EvalError`] |
 //!
 //! **Invariants: prompts are the unit of every interval; the same inputs and seed give a
 //! byte-identical report; reference and variant always see the same batches (so a variant that
@@ -35,169 +64,39 @@
 //! GPU unless a log-probability dump is asked for.**
 
 pub mod aggregate;
+mod assemble;
 mod chat;
 mod compact;
+mod config;
+mod container;
 mod dump;
+mod error;
 mod evalset;
 mod gate_check;
+mod generation;
 mod identity;
 mod output;
 mod plan;
 mod prompts;
 mod reduce;
+mod reference;
 mod run;
 mod scoring;
 mod shard;
 mod store;
+mod texts;
+mod types;
 mod variant;
 
 pub use aggregate::{Bootstrap, Trace};
 pub use chat::apply_chat_template;
+pub use config::{DEFAULT_EVAL_SET_RULE, EvalConfig, Shard, default_eval_set};
+pub use error::EvalError;
 pub use evalset::{EvalPrompt, EvalSet, built_in_names};
 pub use identity::{report_name, sha256_file, sha256_hex};
 pub use output::OutputDir;
 pub use plan::MAX_RESAMPLES;
-pub use plan::Shard;
-pub use run::{
-    DEFAULT_EVAL_SET_RULE, EvalConfig, Evaluated, Progress, REFERENCE_NAME, RunContext, VariantHeader,
-    default_eval_set, dtype_name, evaluate, evaluate_any,
-};
+pub use run::{Evaluated, evaluate, evaluate_any};
 pub use shard::{Part, merge};
+pub use types::{Progress, REFERENCE_NAME, RunContext, VariantHeader, dtype_name};
 pub use variant::VariantSpec;
-
-/// Why an evaluation could not run. Every message is one line naming the option, file, prompt or
-/// variant at fault.
-#[derive(Debug, thiserror::Error)]
-pub enum EvalError {
-    /// An option's value cannot be used (`--horizons 0`, `--prompts` beyond the set, ...).
-    #[error("{option} {problem}")]
-    Option {
-        /// The option as the CLI spells it (`--horizons`).
-        option: &'static str,
-        /// What is wrong with its value, after the option's name.
-        problem: String,
-    },
-    /// An eval set's contents are unusable.
-    #[error("{source_name}{}: {problem}", .line.map(|l| format!(":{l}")).unwrap_or_default())]
-    EvalSet {
-        /// The file (as given) or built-in set.
-        source_name: String,
-        /// The 1-based line at fault, when one is.
-        line: Option<usize>,
-        /// What is wrong.
-        problem: String,
-    },
-    /// `--eval-set` names no file and no built-in set.
-    #[error("no built-in eval set \"{name}\"; known: {}", .known.join(", "))]
-    UnknownEvalSet {
-        /// The name asked for.
-        name: String,
-        /// The built-in sets ([`built_in_names`]).
-        known: Vec<&'static str>,
-    },
-    /// A prompt of the set cannot be run.
-    #[error("prompt {id} {problem}")]
-    Prompt {
-        /// The prompt's id in the set.
-        id: String,
-        /// What is wrong, after the prompt's id.
-        problem: String,
-    },
-    /// The model's chat template does not render.
-    #[error("the model's chat template: {0}")]
-    ChatTemplate(minijinja::Error),
-    /// A variant cannot be compared with the reference.
-    #[error("variant {variant}: {problem}")]
-    Variant {
-        /// The variant as given (a checkpoint's path).
-        variant: String,
-        /// What is wrong.
-        problem: String,
-    },
-    /// Two variants have the same name, so the report could not tell them apart.
-    #[error("two variants are named {0}; give each once")]
-    DuplicateVariant(String),
-    /// The device cannot run the reference and the noise floor (one of them computes in f16).
-    #[error("{adapter} does not support f16 compute, which the reference or the noise floor needs")]
-    NoF16 {
-        /// The device's adapter.
-        adapter: String,
-    },
-    /// The `--gate` thresholds cannot apply to this run (an unknown variant or horizon, ...).
-    #[error("--gate {}: {source}", .path.display())]
-    Gate {
-        /// The thresholds file.
-        path: std::path::PathBuf,
-        /// What is wrong.
-        source: qdrift_report::GateError,
-    },
-    /// The `--out` folder cannot take the reports (not writable, locked by another run, ...).
-    #[error("--out {}: {problem}", .path.display())]
-    Output {
-        /// The folder as given.
-        path: std::path::PathBuf,
-        /// What is wrong.
-        problem: String,
-    },
-    /// A shard's part cannot be read.
-    #[error("part {}: {problem}", .path.display())]
-    Part {
-        /// The part's folder as given.
-        path: std::path::PathBuf,
-        /// What is wrong.
-        problem: String,
-    },
-    /// Parts cannot be merged into one report.
-    #[error("cannot merge: {0}")]
-    Merge(String),
-    /// A saved reference (`--reference`, `--save-reference`) cannot be used or written.
-    #[error("reference store {}: {problem}", .path.display())]
-    Store {
-        /// The store's folder as given.
-        path: std::path::PathBuf,
-        /// What is wrong, naming the field or file.
-        problem: String,
-    },
-    /// Reading or writing a file failed.
-    #[error("{}: {source}", .path.display())]
-    Io {
-        /// The file.
-        path: std::path::PathBuf,
-        /// What the OS said.
-        source: std::io::Error,
-    },
-    /// A fault of qdrift itself (an invariant of the evaluation did not hold): a bug to report.
-    #[error("internal error: {0}")]
-    Internal(String),
-    /// Loading a model failed.
-    #[error(transparent)]
-    Load(#[from] qdrift_load::LoadError),
-    /// Quantizing failed.
-    #[error(transparent)]
-    Quantize(#[from] qdrift_quantize::QuantizeError),
-    /// Building a model on the device failed.
-    #[error(transparent)]
-    Model(#[from] qdrift_model::ModelError),
-    /// Choosing the device failed.
-    #[error(transparent)]
-    Device(#[from] qdrift_generate::DeviceError),
-    /// Generation or teacher forcing failed.
-    #[error(transparent)]
-    Generate(#[from] qdrift_generate::GenerateError),
-    /// A metric or statistic could not be computed.
-    #[error(transparent)]
-    Score(#[from] qdrift_score::ScoreError),
-    /// The report could not be built or written.
-    #[error(transparent)]
-    Report(#[from] qdrift_report::ReportError),
-    /// A file could not be read or written (`qdrift_io`).
-    #[error(transparent)]
-    File(#[from] qdrift_io::IoError),
-}
-
-impl EvalError {
-    /// An [`EvalError::Io`] for `path`, for `map_err`.
-    pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> EvalError + '_ {
-        move |source| EvalError::Io { path: path.to_path_buf(), source }
-    }
-}

@@ -3,15 +3,16 @@
 //!
 //! [`OutputDir::prepare`] runs before anything is loaded. It takes an exclusive lock
 //! (`PARENT/.NAME.qdrift-lock`, an OS file lock: released when the process ends, so a crashed run
-//! never blocks the next) and creates an empty staging folder `PARENT/.NAME.qdrift-new-PID` beside
-//! `--out`, which both proves the parent writable and is where the reports are written.
+//! never blocks the next) and creates an empty staging folder beside `--out`,
+//! `PARENT/.NAME.qdrift-new-PID-RANDOM` ([`qdrift_io::unique_sibling`]), which both proves the
+//! parent writable and is where the reports are written.
 //! [`OutputDir::commit`] moves them into place:
 //!
 //! - `--out` absent: the staging folder is renamed to `--out` (one atomic rename);
 //! - `--out` empty or holding only files a report run writes (`report.json`, `report.md`,
 //!   `report.html` and the staged extras such as a JUnit file): the old folder is renamed aside
-//!   (`.NAME.qdrift-old-PID`), the staging folder renamed into its place, and the old one removed;
-//!   a reader sees the old reports or the new ones, never a mix;
+//!   (`.NAME.qdrift-old-PID-RANDOM`), the staging folder renamed into its place, and the old one
+//!   removed; a reader sees the old reports or the new ones, never a mix;
 //! - `--out` holding other files (a screenshot, the user's own): those are left alone and the new
 //!   files are renamed in one by one (each atomic), `report.json` last.
 //!
@@ -26,7 +27,9 @@ use std::ffi::OsString;
 use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 
-use crate::EvalError;
+use qdrift_io::unique_sibling;
+
+use crate::error::EvalError;
 
 /// The files every report run writes into `--out`.
 const REPORT_FILES: [&str; 3] = ["report.json", "report.md", "report.html"];
@@ -71,7 +74,7 @@ impl OutputDir {
         let dir = OutputDir {
             given: out.to_path_buf(),
             out: abs.clone(),
-            staging: sibling(&format!(".qdrift-new-{}", std::process::id())),
+            staging: unique_sibling(&abs, "new"),
             lock: Some(lock),
         };
         // We hold the lock: any staging or old folder of this name is a crashed run's.
@@ -116,10 +119,7 @@ impl OutputDir {
 
     /// Replaces `--out` by the staging folder: old aside, new in, old removed.
     fn swap(&self) -> std::io::Result<()> {
-        let mut old_name = OsString::from(".");
-        old_name.push(self.out.file_name().unwrap_or_default());
-        old_name.push(format!(".qdrift-old-{}", std::process::id()));
-        let old = self.out.with_file_name(old_name);
+        let old = unique_sibling(&self.out, "old");
         std::fs::rename(&self.out, &old)?;
         if let Err(e) = std::fs::rename(&self.staging, &self.out) {
             // Put the previous reports back; the staging folder goes on drop.

@@ -13,7 +13,9 @@ use qdrift_generate::{
 use qdrift_load::LlamaArch;
 use qdrift_model::LlamaConfig;
 
-use crate::{EvalConfig, EvalError, VariantSpec};
+use crate::config::{EvalConfig, Shard};
+use crate::error::EvalError;
+use crate::variant::VariantSpec;
 
 /// Teacher-forced chunks hold several `[batch, chunk, vocab]` f32 tensors (logits of both models,
 /// their log-softmax, probabilities): one is kept under this many bytes so that large
@@ -23,36 +25,6 @@ const CHUNK_BYTES: usize = 64 << 20;
 /// The most bootstrap resamples an interval may take: far beyond what any interval needs (2000 is
 /// the default), and small enough that the resampled statistics fit in memory.
 pub const MAX_RESAMPLES: usize = 1_000_000;
-
-/// One shard of a run (`--shard INDEX/COUNT`): batches `INDEX`, `INDEX + COUNT`, … of the
-/// run's batches, which are cut from the whole prompt list exactly as an unsharded run cuts
-/// them, so every prompt shares its batch (and its left padding) with the same prompts and its
-/// numbers are the unsharded run's bit for bit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Shard {
-    /// This shard, from 0.
-    pub index: usize,
-    /// Shards in the run.
-    pub count: usize,
-}
-
-impl std::str::FromStr for Shard {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Shard, String> {
-        let parse = |x: &str| x.trim().parse::<usize>().ok();
-        match s.split_once('/').map(|(i, n)| (parse(i), parse(n))) {
-            Some((Some(index), Some(count))) if count >= 1 && index < count => Ok(Shard { index, count }),
-            _ => Err(format!("{s:?}: expected INDEX/COUNT with 0 ≤ INDEX < COUNT, e.g. 0/4")),
-        }
-    }
-}
-
-impl std::fmt::Display for Shard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.index, self.count)
-    }
-}
 
 /// How a variant's KL divergence is computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,7 +7,9 @@
 use qdrift_generate::{PromptTooLong, check_prompt_text, check_prompt_tokens};
 use qdrift_load::LoadedModel;
 
-use crate::{EvalError, EvalPrompt, EvalSet, apply_chat_template};
+use crate::chat::apply_chat_template;
+use crate::error::EvalError;
+use crate::evalset::{EvalPrompt, EvalSet};
 
 /// The prompts of a set that run, and their tokens.
 pub(crate) struct EncodedPrompts<'s> {

@@ -13,7 +13,7 @@ use qdrift_score::{
     position_metrics_on_host, token_logprobs_on_device, token_logprobs_on_host,
 };
 
-use crate::EvalError;
+use crate::error::EvalError;
 use crate::plan::Plan;
 
 /// Where a run reduces its logits.

@@ -1,188 +1,32 @@
-//! [`evaluate`]: the evaluation in four steps (plan, encode the prompts, run each variant,
-//! assemble the report), each in its own module; this one holds what `qdrift eval` configures
-//! and the orchestration.
+//! [`evaluate_any`]: the evaluation's orchestration, the one file that calls each step's module
+//! in turn (check the options, encode the prompts, plan, run the reference and each variant,
+//! assemble the report or a shard's part) and that no other module calls.
 
 use std::borrow::Cow;
-use std::path::PathBuf;
 
-use serde::{Deserialize, Serialize};
-
-use burn::tensor::DType;
-use qdrift_generate::{BackendChoice, check_length, context_overflow};
+use qdrift_generate::{check_length, context_overflow};
 use qdrift_load::{HostModel, LoadedModel, open_model};
 use qdrift_model::LlamaConfig;
-use qdrift_quantize::{QuantizeOptions, round_to_fp16_reference};
-use qdrift_report::{
-    EvalSetInfo, KlMethod, ModelInfo, ModelShape, RecipeParts, Reference, Report, SCHEMA_VERSION, TensorError,
-    Thresholds, Variant, VariantKind, Workload,
-};
+use qdrift_quantize::round_to_fp16_reference;
+use qdrift_report::{EvalSetInfo, ModelInfo, ModelShape, Reference, Report, Workload};
 
-use crate::aggregate::{self, Bootstrap, Trace};
-use crate::compact::TailSums;
+use crate::aggregate::Trace;
+use crate::assemble::assemble_report;
+use crate::config::{EvalConfig, default_eval_set};
 use crate::dump::Dump;
+use crate::error::EvalError;
+use crate::evalset::EvalSet;
 use crate::gate_check::check_thresholds;
+use crate::generation::generate_all;
 use crate::identity::{model_identity_file, report_name, sha256_file};
-use crate::plan::{Plan, Shard, check_options, eval_device};
+use crate::plan::{KlMode, Plan, check_options, eval_device};
 use crate::prompts::{EncodedPrompts, encode_prompts};
-use crate::scoring::{ReferenceRun, ScoringContext, generate_all};
+use crate::reference::ReferenceRun;
+use crate::scoring::ScoringContext;
 use crate::shard::Part;
 use crate::store::{StoreKey, prompt_tokens_sha256, read_store, write_store};
-use crate::variant::{BuiltVariant, ReferenceIdentity, VariantWeights, build_variant};
-use crate::{EvalError, EvalSet, VariantSpec};
-
-/// What `qdrift eval` was asked to do.
-#[derive(Clone, Debug)]
-pub struct EvalConfig {
-    /// The reference checkpoint.
-    pub model: PathBuf,
-    /// Its tokenizer, when not found beside it.
-    pub tokenizer: Option<PathBuf>,
-    /// The eval set (a JSONL file or a built-in set's name); default by model (see
-    /// [`default_eval_set`]).
-    pub eval_set: Option<PathBuf>,
-    /// The variants, in report order, after the noise floor ([`VariantSpec::NoiseFloor`], which
-    /// [`evaluate`] always runs first).
-    pub variants: Vec<VariantSpec>,
-    /// Generated-token horizons (any order; sorted and deduplicated).
-    pub horizons: Vec<usize>,
-    /// Where to run.
-    pub backend: BackendChoice,
-    /// The reference's compute precision (`F16` or `F32`); the noise floor runs at the other.
-    pub dtype: DType,
-    /// Use the first `n` prompts of the set (all when `None`).
-    pub prompts: Option<usize>,
-    /// Seed of the bootstrap resampling.
-    pub seed: u64,
-    /// Prompts per batch (default: [`qdrift_generate::default_batch_size`]).
-    pub batch_size: Option<usize>,
-    /// Bootstrap resamples per interval.
-    pub resamples: usize,
-    /// Teacher-forcing chunk (positions per forward pass).
-    pub chunk: usize,
-    /// What the schemes quantize besides the linear layers.
-    pub quantize: QuantizeOptions,
-    /// Write every teacher-forced position's full log-probabilities of both models (on the
-    /// reference's text) to this JSONL file, for independent checks. Large: prompts × horizon ×
-    /// vocabulary × 2 numbers per variant.
-    pub dump_logprobs: Option<PathBuf>,
-    /// Largest size, in bytes, of what is kept of the reference's pass on its own text across
-    /// variants for the exact KL: its logits, else its final hidden states (each variant then
-    /// costs one pass on that text instead of two); above it the reference runs again in
-    /// lockstep with each variant. Same numbers every way.
-    pub reference_logits_budget: u64,
-    /// Compute each variant's KL divergence against the reference's top `k` log-probabilities
-    /// per position plus one tail bucket (`--reference-top-k`), a lower bound of the exact KL
-    /// that keeps `k + 5` numbers per position; `None` (the default), or a `k` that covers the
-    /// vocabulary, computes the exact KL.
-    pub reference_top_k: Option<usize>,
-    /// Save the reference's continuations, what scoring keeps of its pass on them (its final
-    /// hidden states, or its top-K statistics) and the noise floor's traces to this folder
-    /// (`--save-reference`), for later runs with [`EvalConfig::reference_store`].
-    pub save_reference: Option<PathBuf>,
-    /// Use the reference saved in this folder (`--reference`) instead of running the reference's
-    /// generation, its pass on its own text and the noise floor; refused unless it was saved
-    /// under the same model, tokenizer, eval set, prompts, dtype, horizons, backend, batching,
-    /// KL mode and qdrift version.
-    pub reference_store: Option<PathBuf>,
-    /// Evaluate only this shard's batches (`--shard INDEX/COUNT`) and produce a part for
-    /// [`crate::merge`] instead of a report.
-    pub shard: Option<Shard>,
-    /// Run even when the longest prompt plus the longest horizon exceeds
-    /// [`qdrift_generate::LONG_REQUEST_FACTOR`] × the model's trained context (`--allow-long`).
-    pub allow_long: bool,
-    /// The thresholds `--gate` will check the report against, and their file: checked against
-    /// the variants and horizons of the run before anything is loaded, so that a thresholds file
-    /// that cannot apply fails in a second, not after the evaluation.
-    pub gate: Option<(PathBuf, Thresholds)>,
-}
-
-impl EvalConfig {
-    /// The defaults of `qdrift eval` for a model.
-    pub fn new(model: PathBuf) -> EvalConfig {
-        EvalConfig {
-            model,
-            tokenizer: None,
-            eval_set: None,
-            variants: Vec::new(),
-            horizons: vec![10, 100, 1000],
-            backend: BackendChoice::Auto,
-            dtype: DType::F16,
-            prompts: None,
-            seed: 0,
-            batch_size: None,
-            resamples: 2000,
-            chunk: 64,
-            quantize: QuantizeOptions::default(),
-            dump_logprobs: None,
-            reference_logits_budget: 256 << 20,
-            reference_top_k: None,
-            save_reference: None,
-            shard: None,
-            reference_store: None,
-            allow_long: false,
-            gate: None,
-        }
-    }
-}
-
-/// Progress of a long evaluation, for a progress bar.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Progress<'a> {
-    /// A model starts generating `tokens` tokens in all (prompts × longest horizon).
-    Generating {
-        /// `fp16` for the reference, else the variant's name.
-        model: &'a str,
-        /// Tokens it will generate.
-        tokens: u64,
-    },
-    /// `tokens` more tokens were generated.
-    Generated {
-        /// Tokens in this step (rows of the batch).
-        tokens: u64,
-    },
-    /// Teacher-forced scoring of a variant starts.
-    Scoring {
-        /// The variant.
-        model: &'a str,
-    },
-    /// Something the user should know that does not stop the run.
-    Warning {
-        /// One sentence.
-        message: &'a str,
-    },
-    /// A variant is finished.
-    Done {
-        /// The variant.
-        model: &'a str,
-    },
-}
-
-/// A progress callback, as [`evaluate`] takes it.
-pub(crate) type ProgressFn<'p> = dyn FnMut(Progress<'_>) + Send + 'p;
-
-/// The name of the reference in reports.
-pub const REFERENCE_NAME: &str = "fp16";
-
-/// [`default_eval_set`]'s rule in words, for `--help`.
-pub const DEFAULT_EVAL_SET_RULE: &str =
-    "stories for llama2.c models (TinyStories), chat for models with a chat template, else english";
-
-/// The eval set used when none is given: `stories` for llama2.c models (TinyStories), `chat`
-/// for models with a chat template, else `english` ([`DEFAULT_EVAL_SET_RULE`]).
-pub fn default_eval_set(loaded: &LoadedModel) -> &'static str {
-    if loaded.format == qdrift_load::ModelFormat::Llama2c {
-        "stories"
-    } else if loaded.chat_template.is_some() {
-        "chat"
-    } else {
-        "english"
-    }
-}
-
-/// The name `--dtype` takes and reports use for a compute dtype: `f16`, else `f32`.
-pub fn dtype_name(d: DType) -> &'static str {
-    if d == DType::F16 { "f16" } else { "f32" }
-}
+use crate::types::{Measurement, Progress, ProgressFn, REFERENCE_NAME, RunContext, VariantHeader, dtype_name};
+use crate::variant::{BuiltVariant, ReferenceIdentity, VariantSpec, VariantWeights, build_variant};
 
 /// Runs the whole evaluation and returns the report (not yet written).
 ///
@@ -254,64 +98,6 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send
     }
 }
 
-/// What a run measured, before any statistic: every variant's description and per-prompt
-/// traces (the noise floor first), and for a top-K reference its per-prompt tail mass.
-pub(crate) struct Measurement {
-    pub variants: Vec<(VariantHeader, Vec<Trace>)>,
-    pub tail: Option<(usize, Vec<TailSums>)>,
-}
-
-/// A variant's entry in the report without the statistics of its traces.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct VariantHeader {
-    /// As [`Variant::name`].
-    pub name: String,
-    /// As [`Variant::scheme`].
-    pub scheme: Option<String>,
-    /// As [`Variant::recipe`].
-    pub recipe: Option<RecipeParts>,
-    /// As [`Variant::path`].
-    pub path: Option<String>,
-    /// As [`Variant::kind`].
-    pub kind: VariantKind,
-    /// As [`Variant::compute_dtype`].
-    pub compute_dtype: String,
-    /// As [`Variant::bits_per_weight`].
-    pub bits_per_weight: f64,
-    /// As [`Variant::weight_bytes`].
-    pub weight_bytes: u64,
-    /// As [`Variant::per_tensor_error`].
-    pub per_tensor_error: Vec<TensorError>,
-}
-
-impl VariantHeader {
-    fn of(built: &BuiltVariant) -> VariantHeader {
-        VariantHeader {
-            recipe: built.recipe_parts(),
-            name: built.name.clone(),
-            scheme: built.scheme.clone(),
-            path: built.path.clone(),
-            kind: built.kind,
-            compute_dtype: dtype_name(built.dtype).to_string(),
-            bits_per_weight: built.bits_per_weight,
-            weight_bytes: built.weight_bytes,
-            per_tensor_error: built.per_tensor_error.clone(),
-        }
-    }
-}
-
-/// What the report says besides the variants: the model, the workload and the reference (its
-/// self-perplexity and KL method filled in when the traces are summarized).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RunContext {
-    /// The report's `model`.
-    pub model: ModelInfo,
-    /// The report's `workload`.
-    pub workload: Workload,
-    /// The report's `reference`.
-    pub reference: Reference,
-}
-
 /// Runs the reference (`loaded.model`, FP16 weights), then each variant, the noise floor first,
 /// each scored against the reference.
 ///
@@ -351,7 +137,7 @@ fn run_variants(
         let built = build_variant(spec, &identity, &reference_weights, &plan.prompts, cfg.dtype, &cfg.quantize)?;
         let name = built.name.clone();
         let measured = match stored_noise_floor.take() {
-            Some(traces) => (VariantHeader::of(&built), traces),
+            Some(traces) => (built.header(), traces),
             None => run_variant(&scoring, built, &reference_weights, dump.as_mut(), progress)?,
         };
         variants.push(measured);
@@ -368,37 +154,6 @@ fn run_variants(
     Ok(Measurement { variants, tail })
 }
 
-/// The statistics of a measurement, as the report's variants and the reference's
-/// self-perplexity and KL method.
-///
-/// # Shapes
-/// Every variant's traces: one per prompt, in prompt order, `max(horizons)` positions each.
-pub(crate) fn summarize_all(context: &mut RunContext, measurement: Measurement) -> Result<Vec<Variant>, EvalError> {
-    let w = &context.workload;
-    let (horizons, bootstrap) = (w.horizons.clone(), Bootstrap { resamples: w.bootstrap_resamples, seed: w.seed });
-    let longest = horizons.last().copied().unwrap_or(0);
-    let noise_floor = measurement.variants.first().map(|(_, t)| t.clone());
-    if let Some(traces) = &noise_floor {
-        // Every variant's traces hold the reference's log p on its own text; the noise floor's,
-        // the first, serve.
-        context.reference.self_perplexity =
-            horizons.iter().map(|&h| (h, aggregate::self_perplexity(traces, h))).collect();
-    }
-    context.reference.kl = Some(match &measurement.tail {
-        Some((k, sums)) => {
-            let tail = TailSums::total(sums);
-            KlMethod::TopKTail { top_k: *k, tail_mass_max: tail.max, tail_mass_mean: tail.mean }
-        }
-        None => KlMethod::Exact,
-    });
-    let mut variants = Vec::with_capacity(measurement.variants.len());
-    for (i, (header, traces)) in measurement.variants.into_iter().enumerate() {
-        let floor = if i == 0 { None } else { noise_floor.as_deref() };
-        variants.push(summarize(header, &traces, floor, &horizons, bootstrap, longest)?);
-    }
-    Ok(variants)
-}
-
 /// Builds `built` on the device, lets it generate, and scores it against the reference: its
 /// header and one trace per prompt.
 fn run_variant(
@@ -409,7 +164,7 @@ fn run_variant(
     progress: &mut ProgressFn<'_>,
 ) -> Result<(VariantHeader, Vec<Trace>), EvalError> {
     let plan = scoring.plan;
-    let header = VariantHeader::of(&built);
+    let header = built.header();
     let mut model = {
         // The host copy (the reference's weights, or the variant's own) lives only while the
         // model is built: it is as large as the reference's f32 weights.
@@ -431,48 +186,6 @@ fn run_variant(
         .collect();
     scoring.score(&model, &header.name, &mut traces, dump)?;
     Ok((header, traces))
-}
-
-/// A variant's entry in the report: its description and the statistics of its traces, paired
-/// with the noise floor's (`None` for the noise floor itself).
-fn summarize(
-    header: VariantHeader,
-    traces: &[Trace],
-    noise_floor: Option<&[Trace]>,
-    horizons: &[usize],
-    bootstrap: Bootstrap,
-    longest: usize,
-) -> Result<Variant, EvalError> {
-    Ok(Variant {
-        recipe: header.recipe,
-        name: header.name,
-        scheme: header.scheme,
-        path: header.path,
-        kind: header.kind,
-        compute_dtype: header.compute_dtype,
-        bits_per_weight: header.bits_per_weight,
-        weight_bytes: header.weight_bytes,
-        horizons: aggregate::horizon_metrics(traces, noise_floor, horizons, bootstrap)?,
-        first_divergence: aggregate::first_divergence_summary(traces, longest)?,
-        per_position: aggregate::per_position(traces, longest),
-        entropy_strata: aggregate::entropy_strata(traces, longest)?,
-        per_tensor_error: header.per_tensor_error,
-    })
-}
-
-/// The report: the model, the workload, the reference and the measured variants' statistics;
-/// validated.
-pub(crate) fn assemble_report(mut context: RunContext, measurement: Measurement) -> Result<Report, EvalError> {
-    let variants = summarize_all(&mut context, measurement)?;
-    let report = Report {
-        schema_version: SCHEMA_VERSION,
-        model: context.model,
-        workload: context.workload,
-        reference: context.reference,
-        variants,
-    };
-    report.validate()?;
-    Ok(report)
 }
 
 /// The reference's entry before its statistics.
@@ -507,8 +220,8 @@ fn store_key(
         batch_size: plan.batch_size(),
         chunk: plan.chunk,
         kl: match plan.kl {
-            crate::plan::KlMode::Exact => "exact".to_string(),
-            crate::plan::KlMode::Compact { k } => format!("top-{k}"),
+            KlMode::Exact => "exact".to_string(),
+            KlMode::Compact { k } => format!("top-{k}"),
         },
         quantize_embeddings: cfg.quantize.quantize_embeddings,
         quantize_head: cfg.quantize.quantize_head,

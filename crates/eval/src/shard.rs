@@ -2,8 +2,8 @@
 //! a [`Part`]; [`merge`] (`qdrift merge PARTS… --out DIR`) puts the parts' per-prompt traces back
 //! in prompt order and computes the report, byte-identical to the unsharded run's.
 //!
-//! A part is a folder of two files, written with the store's section format
-//! ([`crate::store`]):
+//! A part is a folder of two files, written in the section format of `container.rs` (as a saved
+//! reference is):
 //! - `part.json`: format and version, the shard, the indices of its prompts in the whole list,
 //!   the report's context (model, workload, reference), each variant's header, each prompt's tail
 //!   mass (top-K runs), and the data file's SHA-256 and sections;
@@ -22,13 +22,13 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::EvalError;
 use crate::aggregate::Trace;
-use crate::compact::TailSums;
+use crate::assemble::assemble_report;
+use crate::config::Shard;
+use crate::container::{Section, Sections, Writer, read_file, read_traces, write_traces};
+use crate::error::EvalError;
 use crate::identity::sha256_hex;
-use crate::plan::Shard;
-use crate::run::{Measurement, RunContext, VariantHeader, assemble_report};
-use crate::store::{Sections, Writer, read_capped_file, read_traces, write_traces};
+use crate::types::{Measurement, RunContext, TailSums, VariantHeader};
 
 /// The format name in `part.json`.
 pub const PART_FORMAT: &str = "qdrift-part";
@@ -55,7 +55,7 @@ struct PartHeader {
     tail: Option<(usize, Vec<TailSums>)>,
     data_bytes: u64,
     data_sha256: String,
-    sections: Vec<crate::store::Section>,
+    sections: Vec<Section>,
 }
 
 impl Part {
@@ -110,7 +110,7 @@ impl Part {
     /// Reads the part in `dir`, checking its format, checksum and sections.
     pub fn read(dir: &Path) -> Result<Part, EvalError> {
         let fail = |problem: String| EvalError::Part { path: dir.to_path_buf(), problem };
-        let text = read_capped_file(&dir.join("part.json"), PART_JSON_CAP).map_err(fail)?;
+        let text = read_file(&dir.join("part.json"), PART_JSON_CAP, "part header").map_err(fail)?;
         let header: PartHeader =
             serde_json::from_slice(&text).map_err(|e| fail(format!("part.json is not a qdrift part: {e}")))?;
         if header.format != PART_FORMAT || header.version != PART_VERSION {
@@ -119,7 +119,7 @@ impl Part {
                 header.format, header.version
             )));
         }
-        let data = read_capped_file(&dir.join("traces.bin"), TRACES_CAP.min(header.data_bytes)).map_err(fail)?;
+        let data = read_file(&dir.join("traces.bin"), TRACES_CAP.min(header.data_bytes), "part data").map_err(fail)?;
         if data.len() as u64 != header.data_bytes || sha256_hex(&data) != header.data_sha256 {
             return Err(fail(
                 "traces.bin does not match its size and checksum in part.json (damaged or edited)".into(),

@@ -2,7 +2,7 @@
 //! of the reference and the noise floor, so that a CI job gating a new artifact pays only for
 //! the artifact.
 //!
-//! A store is a folder of two files:
+//! A store is a folder of two files, in the section format of `container.rs` (as a shard's part):
 //! - `manifest.json`: format name and version, the [`StoreKey`] the data was computed under,
 //!   the SHA-256 and size of the data file, and its sections (name, element type, shape, byte
 //!   range);
@@ -26,11 +26,14 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
+use qdrift_io::unique_sibling;
+use qdrift_score::CompactChunk;
 use serde::{Deserialize, Serialize};
 
-use crate::EvalError;
 use crate::aggregate::Trace;
-use crate::compact::{CompactReference, PromptStats};
+use crate::compact::CompactReference;
+use crate::container::{Section, Sections, Writer, read_file, read_traces, rows, write_traces};
+use crate::error::EvalError;
 use crate::identity::sha256_hex;
 
 /// The format name in `manifest.json`.
@@ -190,113 +193,6 @@ struct Manifest {
     sections: Vec<Section>,
 }
 
-/// One array of a data file: its name, element type, shape and byte range.
-#[derive(Clone, Serialize, Deserialize)]
-pub(crate) struct Section {
-    name: String,
-    /// `u8`, `u32`, `f16` or `f32`.
-    dtype: String,
-    shape: Vec<usize>,
-    offset: u64,
-    bytes: u64,
-}
-
-fn element_bytes(dtype: &str) -> Option<u64> {
-    match dtype {
-        "u8" => Some(1),
-        "f16" => Some(2),
-        "u32" | "f32" => Some(4),
-        "f64" => Some(8),
-        _ => None,
-    }
-}
-
-/// A data file being assembled from named little-endian arrays.
-#[derive(Default)]
-pub(crate) struct Writer {
-    pub data: Vec<u8>,
-    pub sections: Vec<Section>,
-}
-
-impl Writer {
-    pub fn push(&mut self, name: String, dtype: &str, shape: Vec<usize>, bytes: &[u8]) {
-        self.sections.push(Section {
-            name,
-            dtype: dtype.into(),
-            shape,
-            offset: self.data.len() as u64,
-            bytes: bytes.len() as u64,
-        });
-        self.data.extend_from_slice(bytes);
-    }
-
-    pub fn u32s(&mut self, name: &str, shape: Vec<usize>, values: impl Iterator<Item = u32>) {
-        let bytes: Vec<u8> = values.flat_map(u32::to_le_bytes).collect();
-        self.push(name.into(), "u32", shape, &bytes);
-    }
-
-    pub fn f32s<'a>(&mut self, name: &str, shape: Vec<usize>, values: impl Iterator<Item = &'a f32>) {
-        let bytes: Vec<u8> = values.flat_map(|v| v.to_le_bytes()).collect();
-        self.push(name.into(), "f32", shape, &bytes);
-    }
-
-    pub fn f64s(&mut self, name: &str, values: &[f64]) {
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.push(name.into(), "f64", vec![values.len()], &bytes);
-    }
-}
-
-/// The per-position fields of traces, in store order: name and accessor.
-type TraceU32 = (&'static str, fn(&Trace) -> &Vec<u32>);
-type TraceF32 = (&'static str, fn(&Trace) -> &Vec<f32>);
-const TRACE_U32: [TraceU32; 2] = [("ref_tokens", |t| &t.ref_tokens), ("var_tokens", |t| &t.var_tokens)];
-const TRACE_F32: [TraceF32; 5] = [
-    ("kld", |t| &t.kld),
-    ("logp_ref", |t| &t.logp_ref),
-    ("logp_var", |t| &t.logp_var),
-    ("ref_entropy", |t| &t.ref_entropy),
-    ("logp_ref_on_var_text", |t| &t.logp_ref_on_var_text),
-];
-
-/// Writes traces as sections `PREFIX/FIELD`, each `[traces, h]` (`top1` as bytes): the one
-/// trace encoding of stores (the noise floor) and shard parts (every variant).
-pub(crate) fn write_traces(w: &mut Writer, prefix: &str, traces: &[Trace], h: usize) {
-    let n = traces.len();
-    for (name, field) in TRACE_U32 {
-        w.u32s(&format!("{prefix}/{name}"), vec![n, h], traces.iter().flat_map(|t| field(t).iter().copied()));
-    }
-    for (name, field) in TRACE_F32 {
-        w.f32s(&format!("{prefix}/{name}"), vec![n, h], traces.iter().flat_map(field));
-    }
-    let top1: Vec<u8> = traces.iter().flat_map(|t| t.top1.iter().map(|&b| u8::from(b))).collect();
-    w.push(format!("{prefix}/top1"), "u8", vec![n, h], &top1);
-}
-
-/// Reads [`write_traces`]' sections back: `n` traces of `h` positions.
-pub(crate) fn read_traces(s: &Sections<'_>, prefix: &str, n: usize, h: usize) -> Result<Vec<Trace>, String> {
-    let [ref_tokens, var_tokens] = TRACE_U32.map(|(name, _)| s.u32s(&format!("{prefix}/{name}"), &[n, h]));
-    let (mut ref_tokens, mut var_tokens) = (rows(ref_tokens?, h).into_iter(), rows(var_tokens?, h).into_iter());
-    let mut f32s = Vec::with_capacity(TRACE_F32.len());
-    for (name, _) in TRACE_F32 {
-        f32s.push(rows(s.f32s(&format!("{prefix}/{name}"), &[n, h])?, h).into_iter());
-    }
-    let top1 = s.get(&format!("{prefix}/top1"), "u8", &[n, h])?.iter().map(|&b| b != 0).collect();
-    let mut top1 = rows(top1, h).into_iter();
-    let mut next = |i: usize| f32s[i].next().unwrap_or_default();
-    Ok((0..n)
-        .map(|_| Trace {
-            ref_tokens: ref_tokens.next().unwrap_or_default(),
-            var_tokens: var_tokens.next().unwrap_or_default(),
-            kld: next(0),
-            logp_ref: next(1),
-            logp_var: next(2),
-            ref_entropy: next(3),
-            logp_ref_on_var_text: next(4),
-            top1: top1.next().unwrap_or_default(),
-        })
-        .collect())
-}
-
 /// Writes a store to `dir`, atomically (staged beside it, then renamed; a previous store there is
 /// replaced).
 ///
@@ -348,19 +244,21 @@ pub(crate) fn write_store(dir: &Path, key: &StoreKey, stored: &StoredReference) 
     result
 }
 
-/// `PARENT/.NAME.qdrift-store-PID`, beside `dir`.
+/// A unique staging folder name beside `dir` (`PARENT/.NAME.qdrift-store-PID-RANDOM`,
+/// [`unique_sibling`]); creates PARENT when missing.
 fn staging_dir(dir: &Path) -> Result<PathBuf, EvalError> {
     let abs = std::path::absolute(dir).map_err(EvalError::io(dir))?;
     match (abs.parent(), abs.file_name()) {
-        (Some(parent), Some(name)) => {
+        (Some(parent), Some(_)) => {
             std::fs::create_dir_all(parent).map_err(EvalError::io(parent))?;
-            Ok(parent.join(format!(".{}.qdrift-store-{}", name.to_string_lossy(), std::process::id())))
+            Ok(unique_sibling(&abs, "store"))
         }
         _ => Err(EvalError::Store { path: dir.to_path_buf(), problem: "must name a folder (not / or ..)".into() }),
     }
 }
 
-/// Moves `staging` to `dir`; an existing store at `dir` is moved aside first and removed after.
+/// Moves `staging` to `dir`; an existing store at `dir` is moved aside first (to a unique name
+/// beside it) and removed after.
 fn replace_dir(staging: &Path, dir: &Path) -> Result<(), EvalError> {
     if dir.exists() {
         let is_store = dir.join("manifest.json").is_file() && dir.join("reference.bin").is_file();
@@ -371,7 +269,8 @@ fn replace_dir(staging: &Path, dir: &Path) -> Result<(), EvalError> {
                 problem: "exists and is not a reference store; refusing to replace it".into(),
             });
         }
-        let old = staging.with_extension("old");
+        let abs = std::path::absolute(dir).map_err(EvalError::io(dir))?;
+        let old = unique_sibling(&abs, "store-old");
         std::fs::rename(dir, &old).map_err(EvalError::io(dir))?;
         std::fs::rename(staging, dir).map_err(EvalError::io(dir))?;
         std::fs::remove_dir_all(&old).map_err(EvalError::io(&old))?;
@@ -384,7 +283,7 @@ fn replace_dir(staging: &Path, dir: &Path) -> Result<(), EvalError> {
 pub(crate) fn read_store(dir: &Path, run: &StoreKey) -> Result<StoredReference, EvalError> {
     let fail = |problem: String| EvalError::Store { path: dir.to_path_buf(), problem };
     let manifest_path = dir.join("manifest.json");
-    let text = read_capped(dir, &manifest_path, MANIFEST_CAP)?;
+    let text = read_file(&manifest_path, MANIFEST_CAP, "store manifest").map_err(fail)?;
     let manifest: Manifest = serde_json::from_slice(&text)
         .map_err(|e| fail(format!("manifest.json is not a reference store manifest: {e}")))?;
     if manifest.format != STORE_FORMAT || manifest.version != STORE_VERSION {
@@ -397,7 +296,7 @@ pub(crate) fn read_store(dir: &Path, run: &StoreKey) -> Result<StoredReference, 
         return Err(fail(format!("was saved with {field} = {stored}, this run has {now}; save a new reference")));
     }
     let data_path = dir.join("reference.bin");
-    let data = read_capped(dir, &data_path, DATA_CAP.min(manifest.data_bytes))?;
+    let data = read_file(&data_path, DATA_CAP.min(manifest.data_bytes), "store data").map_err(fail)?;
     if data.len() as u64 != manifest.data_bytes {
         return Err(fail(format!(
             "reference.bin holds {} bytes, the manifest says {}",
@@ -412,89 +311,6 @@ pub(crate) fn read_store(dir: &Path, run: &StoreKey) -> Result<StoredReference, 
     decode(&sections, run).map_err(fail)
 }
 
-/// Reads a store's regular file of at most `cap` bytes; errors name the store and the file.
-fn read_capped(dir: &Path, path: &Path, cap: u64) -> Result<Vec<u8>, EvalError> {
-    read_capped_file(path, cap).map_err(|problem| EvalError::Store { path: dir.to_path_buf(), problem })
-}
-
-/// Reads a regular file of at most `cap` bytes; the error names the file by its name.
-pub(crate) fn read_capped_file(path: &Path, cap: u64) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let fail = |problem: String| format!("{name}: {problem}");
-    let f = std::fs::File::open(path).map_err(|e| fail(e.to_string()))?;
-    let meta = f.metadata().map_err(|e| fail(e.to_string()))?;
-    if !meta.is_file() || meta.len() > cap {
-        return Err(fail(format!("not a regular file of at most {cap} bytes")));
-    }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    f.take(cap).read_to_end(&mut bytes).map_err(|e| fail(e.to_string()))?;
-    Ok(bytes)
-}
-
-/// A data file's sections, checked against it.
-pub(crate) struct Sections<'a> {
-    by_name: HashMap<&'a str, (&'a Section, &'a [u8])>,
-}
-
-impl<'a> Sections<'a> {
-    pub fn new(sections: &'a [Section], data: &'a [u8]) -> Result<Sections<'a>, String> {
-        let mut by_name = HashMap::new();
-        for s in sections {
-            let size =
-                element_bytes(&s.dtype).ok_or_else(|| format!("section {}: unknown type {}", s.name, s.dtype))?;
-            let count = s.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
-            let end = s.offset.checked_add(s.bytes);
-            match (count.and_then(|c| c.checked_mul(size)), end) {
-                (Some(b), Some(end)) if b == s.bytes && end <= data.len() as u64 => {}
-                _ => return Err(format!("section {}: shape {:?} and byte range do not fit the data", s.name, s.shape)),
-            }
-            let bytes = &data[s.offset as usize..(s.offset + s.bytes) as usize];
-            if by_name.insert(s.name.as_str(), (s, bytes)).is_some() {
-                return Err(format!("section {} appears twice", s.name));
-            }
-        }
-        Ok(Sections { by_name })
-    }
-
-    pub fn get(&self, name: &str, dtype: &str, shape: &[usize]) -> Result<&'a [u8], String> {
-        let (s, bytes) = self.by_name.get(name).ok_or_else(|| format!("section {name} is missing"))?;
-        if s.dtype != dtype || s.shape != shape {
-            return Err(format!("section {name} is {} {:?}, expected {dtype} {shape:?}", s.dtype, s.shape));
-        }
-        Ok(bytes)
-    }
-
-    pub fn u32s(&self, name: &str, shape: &[usize]) -> Result<Vec<u32>, String> {
-        Ok(self
-            .get(name, "u32", shape)?
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
-    }
-
-    pub fn f64s(&self, name: &str, len: usize) -> Result<Vec<f64>, String> {
-        Ok(self
-            .get(name, "f64", &[len])?
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-            .collect())
-    }
-
-    pub fn f32s(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, String> {
-        Ok(self
-            .get(name, "f32", shape)?
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
-    }
-}
-
-/// Rows of `h` values, one per prompt.
-fn rows<T: Clone>(flat: Vec<T>, h: usize) -> Vec<Vec<T>> {
-    if h == 0 { Vec::new() } else { flat.chunks(h).map(<[T]>::to_vec).collect() }
-}
-
 fn decode(s: &Sections<'_>, run: &StoreKey) -> Result<StoredReference, String> {
     let n = run.prompts.len();
     let h = run.horizons.iter().copied().max().unwrap_or(0);
@@ -502,7 +318,7 @@ fn decode(s: &Sections<'_>, run: &StoreKey) -> Result<StoredReference, String> {
     let side = if run.kl == "exact" {
         let dtype = if run.dtype == "f16" { "f16" } else { "f32" };
         let mut chunks = Vec::new();
-        for (name, (sec, bytes)) in &s.by_name {
+        for (name, sec, bytes) in s.iter() {
             let Some(rest) = name.strip_prefix("hidden/") else { continue };
             let mut parts = rest.split('/').map(str::parse::<usize>);
             let (Some(Ok(p)), Some(Ok(start)), None) = (parts.next(), parts.next(), parts.next()) else {
@@ -531,7 +347,10 @@ fn decode(s: &Sections<'_>, run: &StoreKey) -> Result<StoredReference, String> {
         let logp_of_token = s.f32s("logp_of_token", &[n, h])?;
         let argmax = s.u32s("argmax", &[n, h])?;
         let prompts = (0..n)
-            .map(|i| PromptStats {
+            .map(|i| CompactChunk {
+                batch: 1,
+                positions: h,
+                k,
                 top_ids: top_ids[i * h * k..(i + 1) * h * k].to_vec(),
                 top_logp: top_logp[i * h * k..(i + 1) * h * k].to_vec(),
                 tail_logp: tail_logp[i * h..(i + 1) * h].to_vec(),

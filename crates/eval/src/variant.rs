@@ -18,9 +18,9 @@ use qdrift_quantize::{
 };
 use qdrift_report::{RecipeParts, TensorError, VariantKind};
 
-use crate::EvalError;
+use crate::error::EvalError;
 use crate::identity::{model_identity_file, report_name};
-use crate::run::dtype_name;
+use crate::types::{VariantHeader, dtype_name};
 
 /// A variant to compare with the reference.
 #[derive(Clone, Debug, PartialEq)]
@@ -234,6 +234,21 @@ fn checkpoint_variant(
 }
 
 impl BuiltVariant {
+    /// Its entry in the report, without the statistics of its traces.
+    pub fn header(&self) -> VariantHeader {
+        VariantHeader {
+            recipe: self.recipe_parts(),
+            name: self.name.clone(),
+            scheme: self.scheme.clone(),
+            path: self.path.clone(),
+            kind: self.kind,
+            compute_dtype: dtype_name(self.dtype).to_string(),
+            bits_per_weight: self.bits_per_weight,
+            weight_bytes: self.weight_bytes,
+            per_tensor_error: self.per_tensor_error.clone(),
+        }
+    }
+
     /// The recipe's parts as `report.json` records them; for a quantized checkpoint, its weight
     /// format and declared activation rounding.
     pub fn recipe_parts(&self) -> Option<RecipeParts> {

@@ -125,6 +125,71 @@ pub struct CompactChunk {
     pub argmax: Vec<u32>,
 }
 
+impl CompactChunk {
+    /// One row of no positions yet, `k` tokens kept per position, with room for `positions`: a
+    /// prompt's statistics, grown position by position with [`CompactChunk::extend_row`].
+    pub fn empty_row(k: usize, positions: usize) -> CompactChunk {
+        CompactChunk::with_capacity(1, 0, k, positions)
+    }
+
+    /// No rows yet, of `positions` positions each and `k` tokens kept per position, with room for
+    /// `rows` rows: a chunk assembled row by row with [`CompactChunk::push_row`].
+    pub fn empty_rows(positions: usize, k: usize, rows: usize) -> CompactChunk {
+        CompactChunk::with_capacity(0, positions, k, rows * positions)
+    }
+
+    fn with_capacity(batch: usize, positions: usize, k: usize, capacity: usize) -> CompactChunk {
+        CompactChunk {
+            batch,
+            positions,
+            k,
+            top_ids: Vec::with_capacity(capacity * k),
+            top_logp: Vec::with_capacity(capacity * k),
+            tail_logp: Vec::with_capacity(capacity),
+            entropy: Vec::with_capacity(capacity),
+            logp_of_token: Vec::with_capacity(capacity),
+            argmax: Vec::with_capacity(capacity),
+        }
+    }
+
+    /// Appends positions `range` of row `row` of `from` to this one-row chunk's positions.
+    ///
+    /// # Panics
+    /// When this chunk has another number of rows than one, `from` keeps another K, or `row` and
+    /// `range` do not lie inside `from`.
+    pub fn extend_row(&mut self, from: &CompactChunk, row: usize, range: std::ops::Range<usize>) {
+        assert_eq!(self.batch, 1, "extend_row appends to a chunk of one row");
+        self.positions += range.len();
+        self.append(from, row, range);
+    }
+
+    /// Appends positions `range` of row `row` of `from` as this chunk's next row.
+    ///
+    /// # Panics
+    /// When `range` is not as long as this chunk's rows, `from` keeps another K, or `row` and
+    /// `range` do not lie inside `from`.
+    pub fn push_row(&mut self, from: &CompactChunk, row: usize, range: std::ops::Range<usize>) {
+        assert_eq!(range.len(), self.positions, "push_row appends a row of the chunk's positions");
+        self.batch += 1;
+        self.append(from, row, range);
+    }
+
+    /// Copies positions `range` of row `row` of `from` to the end of every vector (row-major, so
+    /// they continue the last row or start a new one alike).
+    fn append(&mut self, from: &CompactChunk, row: usize, range: std::ops::Range<usize>) {
+        assert_eq!(self.k, from.k, "chunks of different top-K");
+        assert!(row < from.batch && range.end <= from.positions, "positions outside the chunk");
+        let k = self.k;
+        let (a, b) = (row * from.positions + range.start, row * from.positions + range.end);
+        self.top_ids.extend_from_slice(&from.top_ids[a * k..b * k]);
+        self.top_logp.extend_from_slice(&from.top_logp[a * k..b * k]);
+        self.tail_logp.extend_from_slice(&from.tail_logp[a..b]);
+        self.entropy.extend_from_slice(&from.entropy[a..b]);
+        self.logp_of_token.extend_from_slice(&from.logp_of_token[a..b]);
+        self.argmax.extend_from_slice(&from.argmax[a..b]);
+    }
+}
+
 /// `ln Σ_{i ∉ ids} exp(logp_i)`, the tail's log-mass, as a masked log-sum-exp.
 ///
 /// # Shapes
@@ -316,4 +381,46 @@ pub fn position_metrics_against_compact(
 
 fn token_ids(tokens: &[u32]) -> Vec<i64> {
     tokens.iter().map(|&tok| i64::from(tok)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CompactChunk;
+
+    /// A chunk of `batch` rows of `positions` positions, K = 2, whose values number the
+    /// positions (row-major) so that each copied value shows where it came from.
+    fn numbered(batch: usize, positions: usize) -> CompactChunk {
+        let n = batch * positions;
+        let f = |i: usize| i as f32;
+        CompactChunk {
+            batch,
+            positions,
+            k: 2,
+            top_ids: (0..2 * n as u32).collect(),
+            top_logp: (0..2 * n).map(f).collect(),
+            tail_logp: (0..n).map(f).collect(),
+            entropy: (0..n).map(f).collect(),
+            logp_of_token: (0..n).map(f).collect(),
+            argmax: (0..n as u32).collect(),
+        }
+    }
+
+    /// A prompt's statistics grown position by position from chunks, then cut back into a chunk
+    /// of several rows, hold the values of the positions they name.
+    #[test]
+    fn rows_extend_and_push_as_their_positions_say() {
+        let chunk = numbered(2, 3);
+        let mut row = CompactChunk::empty_row(2, 4);
+        row.extend_row(&chunk, 1, 0..1);
+        row.extend_row(&chunk, 1, 1..3);
+        assert_eq!((row.batch, row.positions), (1, 3));
+        assert_eq!(row.argmax, vec![3, 4, 5]);
+        assert_eq!(row.top_ids, vec![6, 7, 8, 9, 10, 11]);
+        let mut rows = CompactChunk::empty_rows(2, 2, 2);
+        rows.push_row(&row, 0, 1..3);
+        rows.push_row(&chunk, 0, 0..2);
+        assert_eq!((rows.batch, rows.positions), (2, 2));
+        assert_eq!(rows.tail_logp, vec![4.0, 5.0, 0.0, 1.0]);
+        assert_eq!(rows.top_logp, vec![8.0, 9.0, 10.0, 11.0, 0.0, 1.0, 2.0, 3.0]);
+    }
 }

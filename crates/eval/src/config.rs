@@ -1,0 +1,154 @@
+//! What `qdrift eval` configures: [`EvalConfig`] (its options, with the CLI's defaults), the
+//! shard a run may be ([`Shard`]) and the eval set used when none is given
+//! ([`default_eval_set`]).
+
+use std::path::PathBuf;
+
+use burn::tensor::DType;
+use qdrift_generate::BackendChoice;
+use qdrift_load::LoadedModel;
+use qdrift_quantize::QuantizeOptions;
+use qdrift_report::Thresholds;
+
+use crate::variant::VariantSpec;
+
+/// What `qdrift eval` was asked to do.
+#[derive(Clone, Debug)]
+pub struct EvalConfig {
+    /// The reference checkpoint.
+    pub model: PathBuf,
+    /// Its tokenizer, when not found beside it.
+    pub tokenizer: Option<PathBuf>,
+    /// The eval set (a JSONL file or a built-in set's name); default by model (see
+    /// [`default_eval_set`]).
+    pub eval_set: Option<PathBuf>,
+    /// The variants, in report order, after the noise floor ([`VariantSpec::NoiseFloor`], which
+    /// [`crate::evaluate`] always runs first).
+    pub variants: Vec<VariantSpec>,
+    /// Generated-token horizons (any order; sorted and deduplicated).
+    pub horizons: Vec<usize>,
+    /// Where to run.
+    pub backend: BackendChoice,
+    /// The reference's compute precision (`F16` or `F32`); the noise floor runs at the other.
+    pub dtype: DType,
+    /// Use the first `n` prompts of the set (all when `None`).
+    pub prompts: Option<usize>,
+    /// Seed of the bootstrap resampling.
+    pub seed: u64,
+    /// Prompts per batch (default: [`qdrift_generate::default_batch_size`]).
+    pub batch_size: Option<usize>,
+    /// Bootstrap resamples per interval.
+    pub resamples: usize,
+    /// Teacher-forcing chunk (positions per forward pass).
+    pub chunk: usize,
+    /// What the schemes quantize besides the linear layers.
+    pub quantize: QuantizeOptions,
+    /// Write every teacher-forced position's full log-probabilities of both models (on the
+    /// reference's text) to this JSONL file, for independent checks. Large: prompts × horizon ×
+    /// vocabulary × 2 numbers per variant.
+    pub dump_logprobs: Option<PathBuf>,
+    /// Largest size, in bytes, of what is kept of the reference's pass on its own text across
+    /// variants for the exact KL: its logits, else its final hidden states (each variant then
+    /// costs one pass on that text instead of two); above it the reference runs again in
+    /// lockstep with each variant. Same numbers every way.
+    pub reference_logits_budget: u64,
+    /// Compute each variant's KL divergence against the reference's top `k` log-probabilities
+    /// per position plus one tail bucket (`--reference-top-k`), a lower bound of the exact KL
+    /// that keeps `k + 5` numbers per position; `None` (the default), or a `k` that covers the
+    /// vocabulary, computes the exact KL.
+    pub reference_top_k: Option<usize>,
+    /// Save the reference's continuations, what scoring keeps of its pass on them (its final
+    /// hidden states, or its top-K statistics) and the noise floor's traces to this folder
+    /// (`--save-reference`), for later runs with [`EvalConfig::reference_store`].
+    pub save_reference: Option<PathBuf>,
+    /// Use the reference saved in this folder (`--reference`) instead of running the reference's
+    /// generation, its pass on its own text and the noise floor; refused unless it was saved
+    /// under the same model, tokenizer, eval set, prompts, dtype, horizons, backend, batching,
+    /// KL mode and qdrift version.
+    pub reference_store: Option<PathBuf>,
+    /// Evaluate only this shard's batches (`--shard INDEX/COUNT`) and produce a part for
+    /// [`crate::merge`] instead of a report.
+    pub shard: Option<Shard>,
+    /// Run even when the longest prompt plus the longest horizon exceeds
+    /// [`qdrift_generate::LONG_REQUEST_FACTOR`] × the model's trained context (`--allow-long`).
+    pub allow_long: bool,
+    /// The thresholds `--gate` will check the report against, and their file: checked against
+    /// the variants and horizons of the run before anything is loaded, so that a thresholds file
+    /// that cannot apply fails in a second, not after the evaluation.
+    pub gate: Option<(PathBuf, Thresholds)>,
+}
+
+impl EvalConfig {
+    /// The defaults of `qdrift eval` for a model.
+    pub fn new(model: PathBuf) -> EvalConfig {
+        EvalConfig {
+            model,
+            tokenizer: None,
+            eval_set: None,
+            variants: Vec::new(),
+            horizons: vec![10, 100, 1000],
+            backend: BackendChoice::Auto,
+            dtype: DType::F16,
+            prompts: None,
+            seed: 0,
+            batch_size: None,
+            resamples: 2000,
+            chunk: 64,
+            quantize: QuantizeOptions::default(),
+            dump_logprobs: None,
+            reference_logits_budget: 256 << 20,
+            reference_top_k: None,
+            save_reference: None,
+            shard: None,
+            reference_store: None,
+            allow_long: false,
+            gate: None,
+        }
+    }
+}
+
+/// One shard of a run (`--shard INDEX/COUNT`): batches `INDEX`, `INDEX + COUNT`, … of the
+/// run's batches, which are cut from the whole prompt list exactly as an unsharded run cuts
+/// them, so every prompt shares its batch (and its left padding) with the same prompts and its
+/// numbers are the unsharded run's bit for bit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Shard {
+    /// This shard, from 0.
+    pub index: usize,
+    /// Shards in the run.
+    pub count: usize,
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Shard, String> {
+        let parse = |x: &str| x.trim().parse::<usize>().ok();
+        match s.split_once('/').map(|(i, n)| (parse(i), parse(n))) {
+            Some((Some(index), Some(count))) if count >= 1 && index < count => Ok(Shard { index, count }),
+            _ => Err(format!("{s:?}: expected INDEX/COUNT with 0 ≤ INDEX < COUNT, e.g. 0/4")),
+        }
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+/// [`default_eval_set`]'s rule in words, for `--help`.
+pub const DEFAULT_EVAL_SET_RULE: &str =
+    "stories for llama2.c models (TinyStories), chat for models with a chat template, else english";
+
+/// The eval set used when none is given: `stories` for llama2.c models (TinyStories), `chat`
+/// for models with a chat template, else `english` ([`DEFAULT_EVAL_SET_RULE`]).
+pub fn default_eval_set(loaded: &LoadedModel) -> &'static str {
+    if loaded.format == qdrift_load::ModelFormat::Llama2c {
+        "stories"
+    } else if loaded.chat_template.is_some() {
+        "chat"
+    } else {
+        "english"
+    }
+}
