@@ -130,23 +130,28 @@ fn smollm2_top_k_bound_against_the_exact_kl() {
         let weights = quantize_model(&loaded.model, &s, &QuantizeOptions::default()).expect("quantizes").dequantized;
         let variant = config.init_from_host(&weights, DType::F32, &dev.device).expect("builds");
         let (mut exact, mut bounds, mut tails) = (Vec::new(), vec![Vec::new(); ks.len()], Vec::new());
-        teacher_forced_pair(&reference, &variant, Forcing { device: &dev, sequences: &text, batch_size: 8, chunk: 25 }, |p| {
-            let [b, t, _] = p.reference.dims();
-            let tokens: Vec<u32> =
-                (0..b).flat_map(|i| text[p.first_prompt + i].1[p.start..p.start + t].to_vec()).collect();
-            let e = position_metrics_on_device(p.reference.clone(), p.variant.clone(), &tokens).expect("exact");
-            for (j, &k) in ks.iter().enumerate() {
-                let c = compact_reference_on_device(p.reference.clone(), &tokens, k).expect("compact");
-                let m = position_metrics_against_compact(&c, p.variant.clone(), &tokens).expect("bound");
-                assert_eq!(m.top1_agree, e.top1_agree, "top-1 agreement is kept exactly");
-                assert_eq!(m.logp_var_of_token, e.logp_var_of_token);
-                bounds[j].extend(m.kld);
-                if k == 64 {
-                    tails.extend(c.tail_logp.iter().map(|&l| f64::from(l).exp()));
+        teacher_forced_pair(
+            &reference,
+            &variant,
+            Forcing { device: &dev, sequences: &text, batch_size: 8, chunk: 25 },
+            |p| {
+                let [b, t, _] = p.reference.dims();
+                let tokens: Vec<u32> =
+                    (0..b).flat_map(|i| text[p.first_prompt + i].1[p.start..p.start + t].to_vec()).collect();
+                let e = position_metrics_on_device(p.reference.clone(), p.variant.clone(), &tokens).expect("exact");
+                for (j, &k) in ks.iter().enumerate() {
+                    let c = compact_reference_on_device(p.reference.clone(), &tokens, k).expect("compact");
+                    let m = position_metrics_against_compact(&c, p.variant.clone(), &tokens).expect("bound");
+                    assert_eq!(m.top1_agree, e.top1_agree, "top-1 agreement is kept exactly");
+                    assert_eq!(m.logp_var_of_token, e.logp_var_of_token);
+                    bounds[j].extend(m.kld);
+                    if k == 64 {
+                        tails.extend(c.tail_logp.iter().map(|&l| f64::from(l).exp()));
+                    }
                 }
-            }
-            exact.extend(e.kld);
-        })
+                exact.extend(e.kld);
+            },
+        )
         .expect("teacher forcing");
         assert_eq!(exact.len(), 800);
         let (e_mean, e_p99) = mean_p99(&exact);

@@ -29,7 +29,10 @@ fn logits_chunks(choice: BackendChoice, scheme: Option<&str>, sequences: &[(Vec<
     let dev = device(choice);
     let model = build(choice, scheme);
     let mut chunks = Vec::new();
-    teacher_forced(&model, Forcing { device: &dev, sequences, batch_size: sequences.len(), chunk: 16 }, |f| chunks.push(f.logits.clone())).expect("runs");
+    teacher_forced(&model, Forcing { device: &dev, sequences, batch_size: sequences.len(), chunk: 16 }, |f| {
+        chunks.push(f.logits.clone())
+    })
+    .expect("runs");
     chunks
 }
 
@@ -156,9 +159,12 @@ fn paired_teacher_forcing_equals_separate_runs() {
     let alone_r = logits_chunks(choice, None, &sequences);
     let alone_q = logits_chunks(choice, Some("int8"), &sequences);
     let mut paired = Vec::new();
-    teacher_forced_pair(&r, &q, Forcing { device: &dev, sequences: &sequences, batch_size: sequences.len(), chunk: 16 }, |p| {
-        paired.push((p.start, p.reference.clone(), p.variant.clone()))
-    })
+    teacher_forced_pair(
+        &r,
+        &q,
+        Forcing { device: &dev, sequences: &sequences, batch_size: sequences.len(), chunk: 16 },
+        |p| paired.push((p.start, p.reference.clone(), p.variant.clone())),
+    )
     .expect("runs");
     assert_eq!(paired.len(), alone_r.len());
     for ((start, pr, pq), (ar, aq)) in paired.into_iter().zip(alone_r.into_iter().zip(alone_q)) {

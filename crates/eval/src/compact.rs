@@ -50,7 +50,7 @@ impl CompactReference {
         let mut chunks: Vec<(usize, usize, CompactChunk)> = Vec::new();
         let mut failure: Option<EvalError> = None;
         let reduce = Reduce::for_plan(plan);
-        teacher_forced(reference, &plan.device, text, plan.batch_size(), plan.chunk, |f| {
+        teacher_forced(reference, plan.forcing(text), |f| {
             if failure.is_some() {
                 return;
             }

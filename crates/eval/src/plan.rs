@@ -8,7 +8,7 @@
 
 use burn::tensor::DType;
 use qdrift_generate::{
-    BackendChoice, ComputeDevice, GenerationConfig, check_request, default_batch_size, select_device,
+    BackendChoice, ComputeDevice, Forcing, GenerationConfig, check_request, default_batch_size, select_device,
 };
 use qdrift_load::LlamaArch;
 use qdrift_model::LlamaConfig;
@@ -125,6 +125,11 @@ impl Plan {
     /// Prompts per batch.
     pub fn batch_size(&self) -> usize {
         self.generation.batch_size
+    }
+
+    /// Teacher forcing of `sequences` as this plan batches and chunks it, on its device.
+    pub fn forcing<'a>(&'a self, sequences: &'a [(Vec<u32>, Vec<u32>)]) -> Forcing<'a> {
+        Forcing { device: &self.device, sequences, batch_size: self.batch_size(), chunk: self.chunk }
     }
 }
 

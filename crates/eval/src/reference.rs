@@ -204,18 +204,18 @@ impl Keep {
 
     /// Teacher-forces the reference on its own text once and keeps this.
     fn teacher_forced(self, reference: &Llama, plan: &Plan, text: &Texts) -> Result<ReferenceSide, EvalError> {
-        let (device, batch_size, chunk) = (&plan.device, plan.batch_size(), plan.chunk);
+        let forcing = plan.forcing(text);
         let mut chunks = HashMap::new();
         Ok(match self {
             Keep::Compact(k) => ReferenceSide::Compact(CompactReference::compute(reference, plan, text, k)?),
             Keep::Logits => {
-                teacher_forced(reference, device, text, batch_size, chunk, |f| {
+                teacher_forced(reference, forcing, |f| {
                     chunks.insert((f.first_prompt, f.start), f.logits);
                 })?;
                 ReferenceSide::Kept(KeptLogits(chunks))
             }
             Keep::Hidden => {
-                teacher_forced_hidden(reference, device, text, batch_size, chunk, |f| {
+                teacher_forced_hidden(reference, forcing, |f| {
                     chunks.insert((f.first_prompt, f.start), f.logits);
                 })?;
                 ReferenceSide::KeptHidden(KeptLogits(chunks))

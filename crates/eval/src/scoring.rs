@@ -74,7 +74,7 @@ impl ScoringContext<'_> {
         };
         // Observers cannot return errors: the first one is kept and the rest of the run skipped.
         let mut failure: Option<EvalError> = None;
-        let (device, batch_size, chunk) = (&self.plan.device, self.plan.batch_size(), self.plan.chunk);
+        let forcing = self.plan.forcing(text);
         // Each chunk is reduced on its batch's thread (`teacher_forced_map`); only filing the
         // per-position values into the traces is serialized.
         let mut file =
@@ -86,10 +86,7 @@ impl ScoringContext<'_> {
         match &self.reference.side {
             ReferenceSide::Compact(compact) => teacher_forced_map(
                 variant,
-                device,
-                text,
-                batch_size,
-                chunk,
+                forcing,
                 |f| {
                     let [rows, positions, _] = f.logits.dims();
                     let tokens = chunk_tokens(text, f.first_prompt, f.start, rows, positions);
@@ -107,7 +104,7 @@ impl ScoringContext<'_> {
                 };
                 if dumping {
                     // The dump writes both models' logits in chunk order: under the observer's lock.
-                    teacher_forced(variant, device, text, batch_size, chunk, |f| {
+                    teacher_forced(variant, forcing, |f| {
                         if failure.is_none() {
                             let reference = reference_logits(&f);
                             failure =
@@ -120,16 +117,14 @@ impl ScoringContext<'_> {
                         let tokens = chunk_tokens(text, f.first_prompt, f.start, rows, positions);
                         reduce.position_metrics(reference_logits(&f)?, f.logits, &tokens)
                     };
-                    teacher_forced_map(variant, device, text, batch_size, chunk, reduced, &mut file)?
+                    teacher_forced_map(variant, forcing, reduced, &mut file)?
                 }
             }
-            ReferenceSide::Lockstep => {
-                teacher_forced_pair(&self.reference.model, variant, device, text, batch_size, chunk, |p| {
-                    if failure.is_none() {
-                        failure = record(traces, p.first_prompt, p.start, p.reference.clone(), p.variant.clone()).err();
-                    }
-                })?
-            }
+            ReferenceSide::Lockstep => teacher_forced_pair(&self.reference.model, variant, forcing, |p| {
+                if failure.is_none() {
+                    failure = record(traces, p.first_prompt, p.start, p.reference.clone(), p.variant.clone()).err();
+                }
+            })?,
         }
         failure.map_or(Ok(()), Err)
     }
@@ -138,14 +133,13 @@ impl ScoringContext<'_> {
     fn score_reference_on_variant_text(&self, traces: &mut [Trace]) -> Result<(), EvalError> {
         let text: Texts = self.plan.prompts.iter().cloned().zip(traces.iter().map(|t| t.var_tokens.clone())).collect();
         let mut failure: Option<EvalError> = None;
-        let (device, batch_size, chunk) = (&self.plan.device, self.plan.batch_size(), self.plan.chunk);
         let reduce = Reduce::for_plan(self.plan);
         let reduced = |f: ForcedLogits| {
             let [rows, positions, _] = f.logits.dims();
             let tokens = chunk_tokens(&text, f.first_prompt, f.start, rows, positions);
             (rows, positions, reduce.token_logprobs(f.logits, &tokens))
         };
-        teacher_forced_map(&self.reference.model, device, &text, batch_size, chunk, reduced, |first, start, r| {
+        teacher_forced_map(&self.reference.model, self.plan.forcing(&text), reduced, |first, start, r| {
             if failure.is_some() {
                 return;
             }
