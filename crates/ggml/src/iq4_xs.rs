@@ -10,8 +10,8 @@
 //! little-endian); its 16 bytes of `qs` hold element `j` (low nibble) and `j + 16` (high nibble).
 //! `y = (d · (ls − 32)) · kvalues_iq4nl[q]`: the C forms `dl = d * (ls - 32)` once per sub-block.
 
-use crate::scalar::fp16_value;
 use super::iq4_nl::KVALUES_IQ4NL;
+use crate::scalar::fp16_value;
 
 /// `dequantize_row_iq4_xs` for one super-block: `x` is 136 bytes, `y` is 256 values.
 pub(super) fn dequantize_block(x: &[u8], y: &mut [f32]) {

@@ -62,7 +62,6 @@ mod scalar;
 
 use std::fmt;
 
-
 /// GGML block formats, laid out as in `ggml/src/ggml-common.h`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GgmlType {

@@ -9,8 +9,8 @@
 //! `l` in the low nibble and `l + 32` in the high nibble; the fifth bit of element `64·n + l` is
 //! bit `2n` of `qh[l]`, that of `64·n + 32 + l` bit `2n + 1`. `y = (d · sc) · q − dmin · m`.
 
-use crate::scalar::fp16_value;
 use super::q4_k::get_scale_min_k4;
+use crate::scalar::fp16_value;
 
 /// `dequantize_row_q5_K` for one super-block: `x` is 176 bytes, `y` is 256 values.
 pub(super) fn dequantize_block(x: &[u8], y: &mut [f32]) {
