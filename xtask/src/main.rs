@@ -158,9 +158,18 @@ fn ci() -> Result<(), String> {
     // SAFETY: single-threaded here; the variable is read by the child processes only.
     unsafe { std::env::set_var("QDRIFT_REQUIRE_CHROMIUM", "1") };
     let tested = test_and_count(&["test", "--release", "--workspace", "--no-fail-fast"]);
+    // The run above tested the CPU kernels at every ISA this machine runs (portable, AVX2,
+    // AVX-512), bit for bit against each other, and named on stderr the ISAs it lacks. Here the
+    // CPU path's tests (the kernels' and the CPU backend's) run again with every kernel forced to
+    // the portable build, as `QDRIFT_ISA` forces it in a real run.
+    // SAFETY: single-threaded here; the variable is read by the child processes only.
+    unsafe { std::env::set_var("QDRIFT_ISA", "portable") };
+    let portable = test_and_count(&["test", "--release", "--workspace", "--no-fail-fast", "--", "host::", "_cpu"]);
+    // SAFETY: as above.
+    unsafe { std::env::remove_var("QDRIFT_ISA") };
     let fuzzed = ci_fuzz();
     println!("xtask: ci took {:.1} min", start.elapsed().as_secs_f64() / 60.0);
-    tested.and(fuzzed)
+    tested.and(portable).and(fuzzed)
 }
 
 /// Seconds per fuzz target in CI: 11 targets × 10 s stays under the 2 minutes.

@@ -1,6 +1,7 @@
 //! Grouped-query self-attention: the q/k/v/o projections and RoPE in Burn, then either Burn's
 //! composed attention over a device [`KvCache`] or the fused host kernel
-//! (`host_attention`) over a host cache, as the cache's [`crate::AttentionKernel`] says.
+//! (`host/attention.rs`) over a host cache, as the cache's [`crate::AttentionKernel`] says; on
+//! the CPU backend the whole layer runs on the host where `host::placement` says so.
 //!
 //! **Invariant: a row's output depends only on its own visible keys ([`Positions::visible`]),
 //! never on the other rows of its batch; softmax runs in f32 in every compute dtype.**
@@ -10,11 +11,13 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Tensor};
 use qdrift_quantize::{ActivationQuant, ActivationScale, KvQuant};
 
-use crate::fake_quant::{RoundingPath, round_activations, round_kv};
-use crate::host_attention::HostKv;
-use crate::host_linear::{PackedLinear, round_f16};
-use crate::rope::HostRope;
-use crate::{AttentionKernel, KvCache, Positions, Projection, Rope, host_f32, upload, upload_owned};
+use crate::fake_quant::{round_activations, round_kv};
+use crate::host::attention::HostKv;
+use crate::host::elem::round_f16;
+use crate::host::linear::PackedLinear;
+use crate::host::placement::{self, RoundingPath};
+use crate::host::rope::HostRope;
+use crate::{KvCache, Positions, Projection, Rope, host_f32, upload, upload_owned};
 
 /// What every layer's attention needs to know about the new columns of a forward pass.
 #[derive(Debug)]
@@ -79,9 +82,9 @@ impl ForwardContext<'_> {
     }
 
     /// Whether a linear layer's input can be rounded on the host ([`ForwardContext::round_host_input`]):
-    /// no activation quantization, or one on the host path.
+    /// no activation quantization, or one on the host path ([`placement::rounds_on_host`]).
     pub fn rounds_on_host(&self) -> bool {
-        !matches!(self.activations(), Some((_, RoundingPath::Device)))
+        placement::rounds_on_host(self.activations().map(|(_, path)| path))
     }
 
     /// A linear layer's input as host values, rounded as the variant's activation quantization
@@ -179,7 +182,8 @@ impl Attention {
         if let Some((host, start)) = cache.claim_host(t) {
             // The host kernel over q/k/v computed on the device.
             let device = q.device();
-            let out = self.attend_host(host, start, &host_f32(q), host_f32(k), host_f32(v), kv_quant, context, [b, t]);
+            let new = NewColumns { q: &host_f32(q), k: host_f32(k), v: host_f32(v), shape: [b, t] };
+            let out = self.attend_host(host, start, kv_quant, new, context);
             return self.wo.forward(context.upload_rounded_output(out, [b, t, h * hd], dtype, &device));
         }
         let mask = context.mask.as_ref().expect("a device cache needs the attention mask");
@@ -201,14 +205,11 @@ impl Attention {
         self.wo.forward(context.round_input(out))
     }
 
-    /// Whether [`Attention::forward_host`] can run this layer: its four projections are packed on
-    /// the host, the host RoPE tables are built, activations (if rounded) are rounded on the host,
-    /// and `cache` is a host cache.
+    /// Whether [`Attention::forward_host`] runs this layer over `cache`
+    /// ([`placement::attention_on_host`]).
     pub(crate) fn runs_on_host(&self, context: &ForwardContext, cache: &KvCache) -> bool {
-        self.packed().is_some()
-            && context.host_rope.is_some()
-            && context.rounds_on_host()
-            && cache.kernel() == AttentionKernel::Host
+        let packed = self.packed().is_some();
+        placement::attention_on_host(packed, context.host_rope.is_some(), context.rounds_on_host(), cache.kernel())
     }
 
     /// [`Attention::forward`] wholly on the host: q/k/v from the packed weights, the host RoPE
@@ -243,32 +244,28 @@ impl Attention {
         );
         rope.apply(&mut q, h);
         rope.apply(&mut k, kvh);
-        let out = self.attend_host(host, start, &q, k, v, kv_quant, context, [b, t]);
+        let out = self.attend_host(host, start, kv_quant, NewColumns { q: &q, k, v, shape: [b, t] }, context);
         wo.forward_rounded(&out, b * t, f16)
     }
 
     /// The host kernel's part of attention: rounds the new keys and values as the cache's
-    /// quantization says (keys after RoPE), writes them at column `start` of the host cache,
-    /// attends, and rounds the output as the activation quantization says where that runs on the
-    /// host ([`ForwardContext::round_host_input`]).
+    /// quantization `kv_quant` says (keys after RoPE), writes them at column `start` of the host
+    /// cache, attends, and rounds the output as the activation quantization says where that runs
+    /// on the host ([`ForwardContext::round_host_input`]).
     ///
     /// # Shapes
-    /// - `q`: `[batch, new, heads, head_dim]`; `k`, `v`: `[batch, new, kv_heads, head_dim]`,
-    ///   row-major, values of the compute dtype
+    /// - `new`: see [`NewColumns`]
     /// - returns `[batch, new, heads * head_dim]`, row-major
-    #[allow(clippy::too_many_arguments)]
     fn attend_host(
         &self,
         host: &mut HostKv,
         start: usize,
-        q: &[f32],
-        mut k: Vec<f32>,
-        mut v: Vec<f32>,
         kv_quant: Option<KvQuant>,
+        new: NewColumns<'_>,
         context: &ForwardContext,
-        [b, t]: [usize; 2],
     ) -> Vec<f32> {
         let (h, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let NewColumns { q, mut k, mut v, shape: [b, t] } = new;
         if let Some(kvq) = kv_quant {
             for row in k.chunks_mut(kvh * hd).chain(v.chunks_mut(kvh * hd)) {
                 // The row width was checked when the model's run-time quantization was set.
@@ -280,4 +277,17 @@ impl Attention {
         context.round_host_input(&mut out, [b, t, h * hd]);
         out
     }
+}
+
+/// The new columns' queries, keys and values, for the host kernel ([`Attention::attend_host`]):
+/// values of the compute dtype, row-major.
+struct NewColumns<'a> {
+    /// `[batch, new, heads, head_dim]`.
+    q: &'a [f32],
+    /// `[batch, new, kv_heads, head_dim]`.
+    k: Vec<f32>,
+    /// `[batch, new, kv_heads, head_dim]`.
+    v: Vec<f32>,
+    /// `[batch, new]`.
+    shape: [usize; 2],
 }

@@ -7,26 +7,8 @@ use burn::tensor::{DType, Device, Tensor};
 
 use qdrift_quantize::KvQuant;
 
-use crate::host_attention::{HostKv, Precision};
-
-/// Where a cache keeps its keys and values, and so which attention implementation reads them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttentionKernel {
-    /// Tensors on the model's device, read by Burn's composed attention (matmul, mask, softmax,
-    /// matmul). Runs on every backend.
-    Composed,
-    /// Host memory, read by qdrift's fused CPU kernel (`host_attention`). The default on the CPU
-    /// backend, where it is several times faster.
-    Host,
-}
-
-impl AttentionKernel {
-    /// The kernel a device runs best: [`AttentionKernel::Host`] on the CPU (flex) backend,
-    /// [`AttentionKernel::Composed`] elsewhere.
-    pub fn for_device(device: &Device) -> Self {
-        if *device == Device::flex() { Self::Host } else { Self::Composed }
-    }
-}
+use crate::host::attention::{HostKv, Precision};
+use crate::host::placement::AttentionKernel;
 
 /// Where a [`KvCache`]'s keys and values live: one storage per [`AttentionKernel`].
 // One per layer, built once and never moved in a loop: boxing the larger variant buys nothing.

@@ -20,22 +20,7 @@
 use burn::tensor::{Bool, DType, Int, Tensor};
 use qdrift_quantize::{ActivationQuant, ActivationScale, DynamicFormat, Fp8Format, GgmlType, KvQuant, TOKEN_GROUP_EPS};
 
-/// Where activations are rounded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RoundingPath {
-    /// Burn tensor ops on the model's device (what wgpu runs).
-    Device,
-    /// Read back, rounded by the host definition, uploaded again: on the CPU backend a copy, and
-    /// several times faster than ~30 small tensor ops per FP8 rounding.
-    Host,
-}
-
-impl RoundingPath {
-    /// [`RoundingPath::Host`] on the CPU (flex) backend, [`RoundingPath::Device`] elsewhere.
-    pub fn for_device(device: &burn::tensor::Device) -> Self {
-        if *device == burn::tensor::Device::flex() { Self::Host } else { Self::Device }
-    }
-}
+use crate::host::placement::RoundingPath;
 
 /// What a model rounds at run time besides its (already quantized) weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

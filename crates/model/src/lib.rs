@@ -10,22 +10,39 @@
 //! Hugging Face's Llama does for half-precision.
 //! Attention runs as Burn's composed ops on a device cache, or as a fused CPU kernel over a
 //! host-memory cache ([`AttentionKernel`]; the default on the CPU backend).
+//!
+//! Files:
+//! - `llama.rs`: [`LlamaConfig`], [`Llama`] and its blocks (attention + SwiGLU feed-forward).
+//! - `attention.rs`, `linear.rs` ([`Projection`]), `norm.rs`, `rope.rs` ([`Rope`]), `cache.rs`
+//!   ([`KvCache`]): the layers as Burn modules, on any device.
+//! - `positions.rs`: [`Positions`], the left-padded layout of a batch.
+//! - `fake_quant.rs`: run-time roundings of activations and the KV cache ([`RuntimeQuant`]).
+//! - `host/`: the CPU path, in one place: where each part of a forward pass runs
+//!   (`host/placement.rs`), which instruction set the CPU kernels use ([`Isa`], narrowed by the
+//!   `QDRIFT_ISA` environment variable), and the kernels themselves, one file per instruction
+//!   set (`host/portable.rs`, `host/avx2.rs`, `host/avx512.rs`).
+//!
+//! Imports run downwards: `llama` → the layer modules → `host` (and `positions`); nothing in
+//! `host` imports a layer module.
 
 mod attention;
 mod cache;
 mod fake_quant;
-mod host_attention;
-mod host_linear;
+mod host;
 mod linear;
 mod llama;
 mod norm;
+mod positions;
 mod rope;
 
-pub use cache::{AttentionKernel, KvCache};
-pub use fake_quant::{RoundingPath, RuntimeQuant, round_activations, round_kv};
-pub use host_linear::{in_pool, single_threaded};
-pub use linear::{LinearKernel, Projection};
-pub use llama::{Llama, LlamaConfig, ModelError, Positions};
+pub use cache::KvCache;
+pub use fake_quant::{RuntimeQuant, round_activations, round_kv};
+pub use host::isa::{ISA_VAR, Isa, IsaError};
+pub use host::placement::{AttentionKernel, LinearKernel, RoundingPath};
+pub use host::threads::{in_pool, single_threaded};
+pub use linear::Projection;
+pub use llama::{Llama, LlamaConfig, ModelError};
+pub use positions::Positions;
 pub use rope::Rope;
 
 use burn::tensor::{DType, Device, Tensor, TensorData};

@@ -1,6 +1,6 @@
 //! [`Projection`]: a linear layer `y = x·Wᵀ (+ b)`, stored where its device multiplies best
 //! ([`LinearKernel`]): as Burn's `Linear` (every backend; what wgpu runs), or as weights packed
-//! once on the host for the CPU backend's own kernel (`host_linear`).
+//! once on the host for the CPU backend's own kernel (`host/linear.rs`).
 
 use std::sync::Arc;
 
@@ -10,26 +10,10 @@ use burn::tensor::{DType, Device, Tensor};
 
 use qdrift_load::HostTensor;
 
-use crate::host_linear::{PackedLinear, round_f16};
+use crate::host::elem::round_f16;
+use crate::host::linear::PackedLinear;
+use crate::host::placement::LinearKernel;
 use crate::{host_f32, host_f32_transposed, upload, upload_owned};
-
-/// Where a model's linear layers are stored and multiplied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LinearKernel {
-    /// Burn's `Linear` on the device.
-    Burn,
-    /// Host-packed weights and qdrift's CPU kernel (AVX-512 or AVX2 where the CPU has them);
-    /// the weights are not uploaded to the device at all.
-    Host,
-}
-
-impl LinearKernel {
-    /// The kernel a device runs best: [`LinearKernel::Host`] on the CPU (flex) backend,
-    /// [`LinearKernel::Burn`] elsewhere.
-    pub fn for_device(device: &Device) -> Self {
-        if *device == Device::flex() { Self::Host } else { Self::Burn }
-    }
-}
 
 /// A linear layer in one of its two storages.
 #[derive(Module, Debug)]
@@ -51,7 +35,7 @@ impl Projection {
     /// A layer from `[out, in]` row-major host weights and an optional `[out]` bias, in `dtype`
     /// (f32 or f16, rounded to nearest even on the host), stored as `kernel` says. Host panels of
     /// an f32 layer are stored as f16 when every weight is an f16 value and `compact`
-    /// (`host_linear`'s storage rule; the products are the same).
+    /// (`host/linear.rs`'s storage rule; the products are the same).
     pub(crate) fn new(
         weight: &[f32],
         [out, inp]: [usize; 2],

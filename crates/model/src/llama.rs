@@ -8,16 +8,18 @@
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::tensor::activation::silu;
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, Int, Tensor};
 use qdrift_load::{HostModel, HostTensor, LayerWeights, LlamaArch, RopeScaling};
 use qdrift_quantize::ActivationScale;
 
 use crate::attention::{Attention, ForwardContext};
-use crate::fake_quant::{RoundingPath, RuntimeQuant};
-use crate::host_linear::{is_f16_exact, round_f16};
+use crate::fake_quant::RuntimeQuant;
+use crate::host::elem::{add_rounded, is_f16_exact};
+use crate::host::isa::{Isa, IsaError};
+use crate::host::placement::{self, AttentionKernel, LinearKernel, RoundingPath};
+use crate::host::swiglu::swiglu;
 use crate::norm::RmsNorm;
-use crate::{AttentionKernel, KvCache, LinearKernel, Projection, Rope, host_f32, upload, upload_owned};
-use half::slice::HalfFloatSliceExt;
+use crate::{KvCache, Positions, Projection, Rope, host_f32, upload, upload_owned};
 
 /// Errors building a model on a device.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +44,9 @@ pub enum ModelError {
     /// The compute dtype is not one the model supports.
     #[error("unsupported compute dtype {0:?}; use f32 or f16")]
     DType(DType),
+    /// `QDRIFT_ISA` names an instruction set the CPU kernels lack, or one this CPU cannot run.
+    #[error("{0}")]
+    Isa(#[from] IsaError),
 }
 
 /// Hyper-parameters of a Llama-family decoder.
@@ -122,6 +127,8 @@ impl LlamaConfig {
         if !matches!(dtype, DType::F32 | DType::F16) {
             return Err(ModelError::DType(dtype));
         }
+        // An invalid `QDRIFT_ISA` is refused here, before any kernel runs.
+        Isa::from_env()?;
         host.arch.validate().map_err(ModelError::Arch)?;
         let (d, hid, hd) = (self.dim, self.hidden_dim, self.head_dim());
         let rope = Rope::scaled(hd, self.rope_theta as f32, self.rope_scaling.as_ref()).map_err(ModelError::Arch)?;
@@ -146,8 +153,8 @@ impl LlamaConfig {
         let table = &host.token_embedding.data;
         // An f32 model on the CPU backend keeps an f16-valued table in f16: wgpu adapters without
         // f16 shaders run f32 models, so other devices keep the compute dtype.
-        let cpu = *device == Device::flex();
-        let stored = if dtype == DType::F32 && compact && cpu && is_f16_exact(table) { DType::F16 } else { dtype };
+        let f16_table = dtype == DType::F32 && compact && placement::f16_table_allowed(device);
+        let stored = if f16_table && is_f16_exact(table) { DType::F16 } else { dtype };
         let embedding = Param::from_tensor(upload(table, [self.vocab_size, d], stored, device));
         if host.layers.len() != self.n_layers {
             return Err(ModelError::Arch(format!("{} layers given, {} expected", host.layers.len(), self.n_layers)));
@@ -231,10 +238,9 @@ impl FeedForward {
         self.down.forward(context.round_input(h))
     }
 
-    /// Whether [`FeedForward::forward_host`] can run this layer: all three projections are packed
-    /// on the host and activations (if rounded) are rounded on the host.
+    /// Whether [`FeedForward::forward_host`] runs this layer ([`placement::ffn_on_host`]).
     fn runs_on_host(&self, context: &ForwardContext) -> bool {
-        self.packed_on_host() && context.rounds_on_host()
+        placement::ffn_on_host(self.packed_on_host(), context.rounds_on_host())
     }
 
     /// Whether all three projections are packed on the host.
@@ -258,58 +264,10 @@ impl FeedForward {
         context.round_host_input(&mut xs, [b, t, gate.inp()]);
         let g = gate.forward_rounded(&xs, b * t, f16);
         let mut h = up.forward_rounded(&xs, b * t, f16);
-        swiglu_host(&g, &mut h, f16);
+        swiglu(&g, &mut h, f16);
         context.round_host_input(&mut h, [b, t, up.out()]);
         down.forward_rounded(&h, b * t, f16)
     }
-}
-
-/// `up[i] ← silu(gate[i]) · up[i]` on host values, with the operations and roundings of Burn's
-/// `silu(gate) * up` on the flex backend: `silu(g) = g · sigmoid(g)`, the sigmoid as flex's
-/// `sigmoid_f32`, each result rounded to f16 in an f16 model, so both give the same values.
-///
-/// In an f16 model `gate` holds f16 values, so `round(g · round(sigmoid(g)))` takes one of 2¹⁶
-/// values: it is looked up ([`silu_f16_table`], built once with the same operations), and the
-/// product with `up[i]`, two f16 values, is exact in f32 before its rounding. The same bits as
-/// computing it, without an `expf` call and a division per element.
-fn swiglu_host(gate: &[f32], up: &mut [f32], f16: bool) {
-    if f16 {
-        let table = silu_f16_table();
-        let mut bits = [half::f16::ZERO; 256];
-        for (g, u) in gate.chunks(256).zip(up.chunks_mut(256)) {
-            let h = &mut bits[..g.len()];
-            h.convert_from_f32_slice(g);
-            for (uv, hv) in u.iter_mut().zip(h.iter()) {
-                *uv *= table[usize::from(hv.to_bits())];
-            }
-            round_f16(u);
-        }
-        return;
-    }
-    for (u, &g) in up.iter_mut().zip(gate) {
-        *u *= silu_host(g, false);
-    }
-}
-
-/// `silu(g) = g · sigmoid(g)` as flex computes it, rounded to f16 after each operation when
-/// `f16`.
-fn silu_host(g: f32, f16: bool) -> f32 {
-    let r = |v: f32| if f16 { half::f16::from_f32(v).to_f32() } else { v };
-    let sigmoid = |x: f32| {
-        if x >= 0.0 {
-            1.0 / (1.0 + (-x).exp())
-        } else {
-            let e = x.exp();
-            e / (1.0 + e)
-        }
-    };
-    r(g * r(sigmoid(g)))
-}
-
-/// [`silu_host`] in f16 of every f16 value, indexed by its bits.
-fn silu_f16_table() -> &'static [f32] {
-    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| (0..=u16::MAX).map(|b| silu_host(half::f16::from_bits(b).to_f32(), true)).collect())
 }
 
 /// One pre-norm transformer block.
@@ -333,7 +291,8 @@ impl Block {
         h.clone() + self.ffn.forward(self.ffn_norm.forward(h), context)
     }
 
-    /// Whether [`Block::forward_host`] can run this block over `cache`.
+    /// Whether [`Block::forward_host`] runs this block over `cache`: its attention and its
+    /// feed-forward layer both run on the host.
     fn runs_on_host(&self, context: &ForwardContext, cache: &KvCache) -> bool {
         self.attn.runs_on_host(context, cache) && self.ffn.runs_on_host(context)
     }
@@ -351,77 +310,6 @@ impl Block {
         add_rounded(x, &a, f16);
         let f = self.ffn.forward_host(self.ffn_norm.forward_host(x, f16), [b, t], context);
         add_rounded(x, &f, f16);
-    }
-}
-
-/// `x[i] ← x[i] + y[i]`, rounded to f16 when `f16`: what adding two tensors of the compute dtype
-/// stores (an f32 sum of two f16 values rounded to f16 is their correctly rounded f16 sum, since
-/// f32 carries more than twice f16's precision).
-fn add_rounded(x: &mut [f32], y: &[f32], f16: bool) {
-    for (xv, &yv) in x.iter_mut().zip(y) {
-        *xv += yv;
-    }
-    if f16 {
-        round_f16(x);
-    }
-}
-
-/// Where each row of a batch starts: prompts of different lengths are left-padded so that they
-/// all end in the same column, and every row counts its positions from its own first token.
-///
-/// Column `c` of row `b` holds position `c - pad[b]`; columns before `pad[b]` are padding, never
-/// attended to by the row's real tokens, so a row's results do not depend on its neighbours.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Positions {
-    /// Left padding of each row.
-    pub pad: Vec<usize>,
-}
-
-impl Positions {
-    /// The layout for prompts of these lengths, padded to the longest.
-    pub fn left_padded(lengths: &[usize]) -> Self {
-        let longest = lengths.iter().copied().max().unwrap_or(0);
-        Self { pad: lengths.iter().map(|l| longest - l).collect() }
-    }
-
-    /// Rotary positions of columns `start..start + len`, one row per batch row.
-    fn rows(&self, start: usize, len: usize) -> Vec<Vec<usize>> {
-        self.pad.iter().map(|&p| (start..start + len).map(|c| c.saturating_sub(p)).collect()).collect()
-    }
-
-    /// The key columns the query in column `column` of row `row` attends to: its row's real
-    /// tokens up to itself (causal, not padding). A padding query sees itself only, which keeps
-    /// its softmax finite; its output is never used.
-    pub(crate) fn visible(&self, row: usize, column: usize) -> std::ops::Range<usize> {
-        let p = self.pad[row];
-        if column >= p { p..column + 1 } else { column..column + 1 }
-    }
-
-    /// 1 for the real tokens in columns `start..start + len` and 0 for padding.
-    ///
-    /// # Shapes
-    /// - returns `[batch, len, 1]`, f32
-    fn real(&self, start: usize, len: usize, device: &Device) -> Tensor<3> {
-        let m: Vec<f32> =
-            self.pad.iter().flat_map(|&p| (start..start + len).map(move |c| if c >= p { 1.0 } else { 0.0 })).collect();
-        Tensor::from_data(TensorData::new(m, [self.pad.len(), len, 1]), (device, DType::F32))
-    }
-
-    /// The additive attention mask for queries in columns `start..start + len` over keys in
-    /// columns `0..start + len`: 0 where [`Positions::visible`], −∞ elsewhere.
-    ///
-    /// # Shapes
-    /// - returns `[batch, 1, 1, len, start + len]`, f32
-    fn mask(&self, start: usize, len: usize, device: &Device) -> Tensor<5> {
-        let keys = start + len;
-        let mut m = Vec::with_capacity(self.pad.len() * len * keys);
-        for row in 0..self.pad.len() {
-            for q in start..start + len {
-                let visible = self.visible(row, q);
-                m.extend((0..keys).map(|k| if visible.contains(&k) { 0.0f32 } else { f32::NEG_INFINITY }));
-            }
-        }
-        Tensor::from_data(TensorData::new(m, [self.pad.len(), 1, 1, len, keys]), (device, DType::F32))
     }
 }
 
@@ -475,16 +363,13 @@ impl Llama {
     pub fn steps_match_teacher_forcing(&self) -> bool {
         // What `forward_hidden` asks of each layer (`Block::runs_on_host`), for the caches
         // `new_caches` makes on this device.
-        self.host_layers()
-            && AttentionKernel::for_device(&self.device()) == AttentionKernel::Host
-            && self.layers.iter().all(|l| l.attn.packed().is_some() && l.ffn.packed_on_host())
+        let packed = self.layers.iter().all(|l| l.attn.packed().is_some() && l.ffn.packed_on_host());
+        placement::steps_match_teacher_forcing(self.host_layers(), &self.device(), packed)
     }
 
-    /// Whether layers may run on the host: the linear layers are packed there (the output
-    /// layer's packing stands for all) and activations, if rounded, are rounded there.
+    /// Whether layers may run on the host ([`placement::host_layers`]).
     fn host_layers(&self) -> bool {
-        let device_rounding = self.runtime.activations.is_some() && self.runtime.path == RoundingPath::Device;
-        self.output.packed().is_some() && !device_rounding
+        placement::host_layers(self.output.packed().is_some(), self.runtime.activations.map(|_| self.runtime.path))
     }
 
     /// Rounds activations and/or the KV cache at run time from now on (caches made afterwards
@@ -580,8 +465,11 @@ impl Llama {
         let start = caches.first().map_or(0, KvCache::len);
         let device = tokens.device();
         let rows = positions.rows(start, t);
-        let composed = caches.iter().any(|c| c.kernel() == AttentionKernel::Composed);
-        let mask = composed.then(|| positions.mask(start, t, &device));
+        // Host linear layers over a host cache run their layer's attention on the host (unless
+        // activations are rounded on the device), with the host RoPE tables; every other layer
+        // uses Burn's.
+        let tables = placement::pass_tables(self.host_layers(), caches.iter().map(KvCache::kernel));
+        let mask = tables.mask.then(|| positions.mask(start, t, &device));
         let activations = self.runtime.activations.map(|q| (q, self.runtime.path));
         let real = match activations {
             Some((q, RoundingPath::Device)) if q.scale == ActivationScale::Tensor && start == 0 => {
@@ -589,19 +477,15 @@ impl Llama {
             }
             _ => None,
         };
-        // Host linear layers over a host cache run their layer's attention on the host (unless
-        // activations are rounded on the device), with the host RoPE tables; every other layer
-        // uses Burn's.
-        let host_layers = self.host_layers();
-        let any_host_cache = caches.iter().any(|c| c.kernel() == AttentionKernel::Host);
-        let host_rope = (host_layers && any_host_cache).then(|| self.rope.host_tables(&rows, self.dtype == DType::F16));
-        let rope = (composed || !host_layers).then(|| self.rope.tables(&rows, self.dtype, &device));
+        let host_rope = tables.host_rope.then(|| self.rope.host_tables(&rows, self.dtype == DType::F16));
+        let rope = tables.device_rope.then(|| self.rope.tables(&rows, self.dtype, &device));
         let f16 = self.dtype == DType::F16;
         let context = ForwardContext { rope, host_rope, mask, positions, start, activations, real, f16 };
 
         let dim = self.embedding.val().dims()[1];
         let mut x = self.embedding.val().select(0, tokens.reshape([b * t]));
-        if self.layers.iter().zip(caches.iter()).all(|(layer, cache)| layer.runs_on_host(&context, cache)) {
+        let blocks = self.layers.iter().zip(caches.iter());
+        if placement::residual_on_host(blocks.map(|(layer, cache)| layer.runs_on_host(&context, cache))) {
             // The residual stream stays on the host from the embedding to the final norm: no
             // tensor op, read-back or upload between the layers.
             let mut xs = host_f32(x);
@@ -691,6 +575,7 @@ impl Llama {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::tensor::TensorData;
 
     fn tiny_f16_values() -> HostModel {
         let mut m = qdrift_load::synthetic_model("tiny", 5).expect("tiny").model;
@@ -726,6 +611,26 @@ mod tests {
             }
             for attention in [AttentionKernel::Host, AttentionKernel::Composed] {
                 assert_eq!(logits(&compact, attention), logits(&wide, attention), "{kernel:?} {attention:?}");
+            }
+        }
+    }
+
+    /// A whole model, prompt then decoding steps, gives the same logits bit for bit at every ISA
+    /// the CPU runs (forced on this thread, where the forward passes run), in f32 and f16, with
+    /// host linear layers over host or composed attention.
+    #[test]
+    fn every_isa_gives_the_same_logits() {
+        let host = tiny_f16_values();
+        let config = LlamaConfig::from_arch(&host.arch);
+        let isas = Isa::runnable_reporting_skips("every_isa_gives_the_same_logits");
+        for dtype in [DType::F32, DType::F16] {
+            let model = config.init_from_host_with(&host, dtype, &Device::flex(), LinearKernel::Host).expect("builds");
+            for attention in [AttentionKernel::Host, AttentionKernel::Composed] {
+                let want = Isa::Portable.forced(|| logits(&model, attention)).expect("portable runs everywhere");
+                for &isa in &isas {
+                    let got = isa.forced(|| logits(&model, attention)).expect("a runnable ISA");
+                    assert_eq!(got, want, "{isa} {dtype:?} {attention:?}");
+                }
             }
         }
     }

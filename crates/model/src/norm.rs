@@ -8,9 +8,10 @@
 use std::sync::Arc;
 
 use burn::module::{Module, Param};
-use burn::tensor::{DType, Device, Tensor};
+use burn::tensor::{DType, Tensor};
 
-use crate::host_linear::round_f16;
+use crate::host::norm::rms_norm;
+use crate::host::placement::norm_on_host;
 use crate::{host_f32, upload_owned};
 
 /// Root-mean-square layer normalisation (Zhang & Sennrich 2019), as in Llama:
@@ -41,7 +42,7 @@ impl RmsNorm {
     /// - `x`: `[batch, seq, dim]` → `[batch, seq, dim]`
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let dtype = x.dtype();
-        if x.device() == Device::flex() && matches!(dtype, DType::F16 | DType::F32) {
+        if norm_on_host(&x.device(), dtype) {
             let (dims, device) = (x.dims(), x.device());
             let y = self.forward_host(&host_f32(x), dtype == DType::F16);
             return upload_owned(y, dims, dtype, &device);
@@ -52,57 +53,21 @@ impl RmsNorm {
     }
 
     /// [`RmsNorm::forward`] on host values, rows of `dim` values of the compute dtype (f16 values
-    /// when `f16`): per row, `s = Σ x²` summed in f64 over eight interleaved lanes added in a
-    /// fixed tree (each square is exact in f64, so the statistic is within a few f64 roundings of
-    /// the exact one), `inv = 1 / sqrt(s / dim + eps)` in f64 rounded once to f32, then
-    /// `y = round(round(x · inv) · w)`, each product in f32 and rounded to the compute dtype (the
-    /// product of two f16 values is exact in f32, so the last rounding is f16's own).
+    /// when `f16`), with the statistic and roundings `host::norm::rms_norm` states.
     ///
     /// # Shapes
     /// - `x`: `[rows, dim]`, row-major → `[rows, dim]`
     pub(crate) fn forward_host(&self, x: &[f32], f16: bool) -> Vec<f32> {
-        let w = &self.host_weight[..];
-        let dim = w.len().max(1);
-        let mut y = vec![0.0f32; x.len()];
-        for (xs, ys) in x.chunks_exact(dim).zip(y.chunks_exact_mut(dim)) {
-            let inv = (1.0 / (sum_of_squares(xs) / dim as f64 + self.eps).sqrt()) as f32;
-            for (yv, &xv) in ys.iter_mut().zip(xs) {
-                *yv = xv * inv;
-            }
-            if f16 {
-                round_f16(ys);
-            }
-            for (yv, &wv) in ys.iter_mut().zip(w) {
-                *yv *= wv;
-            }
-        }
-        if f16 {
-            round_f16(&mut y);
-        }
-        y
+        rms_norm(x, &self.host_weight, self.eps, f16)
     }
-}
-
-/// `Σ x²` in f64: element `j` in lane `j % 8`, the lanes added in a fixed tree, so the order does
-/// not depend on how the loop is vectorised.
-fn sum_of_squares(x: &[f32]) -> f64 {
-    let mut acc = [0.0f64; 8];
-    let mut chunks = x.chunks_exact(8);
-    for c in &mut chunks {
-        for (a, &v) in acc.iter_mut().zip(c) {
-            *a += f64::from(v) * f64::from(v);
-        }
-    }
-    for (a, &v) in acc.iter_mut().zip(chunks.remainder()) {
-        *a += f64::from(v) * f64::from(v);
-    }
-    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::elem::round_f16;
     use crate::upload;
+    use burn::tensor::Device;
 
     fn norm(weight: &[f32], dtype: DType, device: &Device) -> RmsNorm {
         RmsNorm::new(Param::from_tensor(upload(weight, [weight.len()], dtype, device)), 1e-5)

@@ -4,8 +4,7 @@
 
 use burn::tensor::{DType, Device, Tensor};
 
-use crate::host_attention::round_to_f16;
-use crate::host_linear::round_f16;
+use crate::host::rope::HostRope;
 use qdrift_load::RopeScaling;
 
 /// Rotary position embedding (Su et al. 2021, "RoFormer") in the *interleaved* layout of
@@ -70,12 +69,8 @@ impl Rope {
     /// [`Rope::tables`] on the host, for the CPU backend's host kernels: the same values, rounded
     /// to f16 when `f16` as uploading them in f16 rounds them.
     pub(crate) fn host_tables(&self, positions: &[Vec<usize>], f16: bool) -> HostRope {
-        let (mut cos, mut sin) = self.angles(positions);
-        if f16 {
-            round_f16(&mut cos);
-            round_f16(&mut sin);
-        }
-        HostRope { cos, sin, pairs: self.pairs(), f16 }
+        let (cos, sin) = self.angles(positions);
+        HostRope::new(cos, sin, self.pairs(), f16)
     }
 
     /// cos and sin of every position × inverse frequency, in f32.
@@ -110,76 +105,6 @@ impl Rope {
         let r0 = x0.clone() * cos.clone() - x1.clone() * sin.clone();
         let r1 = x0 * sin.clone() + x1 * cos.clone();
         Tensor::cat(vec![r0, r1], 4).reshape([b, s, h, d])
-    }
-}
-
-/// RoPE tables on the host ([`Rope::host_tables`]): `[batch, seq, pairs]` each.
-#[derive(Debug)]
-pub(crate) struct HostRope {
-    cos: Vec<f32>,
-    sin: Vec<f32>,
-    pairs: usize,
-    f16: bool,
-}
-
-impl HostRope {
-    /// [`Rope::apply`] in place on host values: the same operations (`x0·cos − x1·sin`,
-    /// `x0·sin + x1·cos` on each interleaved pair), each product and sum rounded to f16 in an
-    /// f16 model as Burn's f16 tensor ops round them, so both give the same values.
-    ///
-    /// # Shapes
-    /// - `x`: `[batch, seq, heads, 2 · pairs]`, row-major, `[batch, seq]` as the tables
-    pub(crate) fn apply(&self, x: &mut [f32], heads: usize) {
-        let hd = 2 * self.pairs;
-        assert_eq!(x.len(), self.cos.len() / self.pairs.max(1) * heads * hd, "x does not match the tables");
-        if !self.f16 {
-            self.rotate(x, heads, |v| v);
-            return;
-        }
-        // The f16 roundings are a dozen integer and float operations per value: compiled for
-        // the widest vectors the CPU has. Each value's operations are the same at any width.
-        #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F, checked just above.
-            unsafe { self.rotate_f16_avx512(x, heads) };
-            return;
-        } else if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2, checked just above.
-            unsafe { self.rotate_f16_avx2(x, heads) };
-            return;
-        }
-        self.rotate(x, heads, round_to_f16);
-    }
-
-    /// [`HostRope::rotate`] with f16 rounding, compiled for AVX2.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn rotate_f16_avx2(&self, x: &mut [f32], heads: usize) {
-        self.rotate(x, heads, round_to_f16);
-    }
-
-    /// [`HostRope::rotate`] with f16 rounding, compiled for AVX-512.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn rotate_f16_avx512(&self, x: &mut [f32], heads: usize) {
-        self.rotate(x, heads, round_to_f16);
-    }
-
-    /// [`HostRope::apply`] with rounding `r`: inlined, branch-free (`round_to_f16` or the
-    /// identity), so that the loop over a head's pairs vectorises.
-    #[inline(always)]
-    fn rotate(&self, x: &mut [f32], heads: usize, r: impl Fn(f32) -> f32) {
-        let hd = 2 * self.pairs;
-        let columns = self.cos.chunks_exact(self.pairs.max(1)).zip(self.sin.chunks_exact(self.pairs.max(1)));
-        for (xs, (cos, sin)) in x.chunks_exact_mut(heads * hd).zip(columns) {
-            for head in xs.chunks_exact_mut(hd) {
-                for ((pair, &c), &s) in head.chunks_exact_mut(2).zip(cos).zip(sin) {
-                    let (x0, x1) = (pair[0], pair[1]);
-                    pair[0] = r(r(x0 * c) - r(x1 * s));
-                    pair[1] = r(r(x0 * s) + r(x1 * c));
-                }
-            }
-        }
     }
 }
 
@@ -332,13 +257,16 @@ mod tests {
         assert_eq!(rope.inv_freq(), &want[..]);
     }
 
-    /// The host rotation ([`HostRope::apply`], and each of its builds) against Burn's
+    /// The host rotation (`HostRope::apply`, at every ISA the CPU runs) against Burn's
     /// ([`Rope::apply`] on the flex backend), bit for bit, in f32 and f16: rows at different
     /// positions, a head width of 64 (SmolLM2's) and one of 6, values over f16's range,
     /// subnormals included.
     #[test]
     fn host_rotation_is_burns_to_the_bit() {
+        use crate::host::elem::round_f16;
+        use crate::host::isa::Isa;
         let device = Device::flex();
+        let isas = Isa::runnable_reporting_skips("host_rotation_is_burns_to_the_bit");
         for (hd, heads) in [(64, 3), (6, 2)] {
             let rope = Rope::new(hd, 10000.0);
             let positions: Vec<Vec<usize>> = vec![(0..5).collect(), (37..42).collect(), (995..1000).collect()];
@@ -363,14 +291,11 @@ mod tests {
                     round_f16(&mut got);
                 }
                 let host = rope.host_tables(&positions, f16);
-                let mut builds = vec![("portable", got.clone())];
-                host.rotate(&mut builds[0].1, heads, |v| if f16 { round_to_f16(v) } else { v });
-                #[cfg(target_arch = "x86_64")]
-                if f16 && std::is_x86_feature_detected!("avx2") {
-                    let mut avx2 = got.clone();
-                    // SAFETY: the CPU supports AVX2, checked just above.
-                    unsafe { host.rotate_f16_avx2(&mut avx2, heads) };
-                    builds.push(("avx2", avx2));
+                let mut builds = Vec::new();
+                for &isa in &isas {
+                    let mut rotated = got.clone();
+                    isa.forced(|| host.apply(&mut rotated, heads)).expect("runnable");
+                    builds.push((isa.name(), rotated));
                 }
                 host.apply(&mut got, heads);
                 builds.push(("dispatched", got));

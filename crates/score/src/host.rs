@@ -51,6 +51,16 @@ use crate::ScoreError;
 use crate::compact::compact_kl;
 use crate::device::{CompactChunk, DevicePositionMetrics, check_chunk, check_compact, check_tokens};
 
+/// The instruction set the vectorised loops are compiled for ([`Shifted::fill`]): qdrift-model's
+/// ISA module, the same file compiled here too, so that both crates choose by the same rules
+/// (the CPU's widest, narrowed by `QDRIFT_ISA`, forced by a test) without a dependency on the
+/// model crate.
+#[path = "../../model/src/host/isa.rs"]
+#[allow(dead_code)] // the test hook and the report of skipped ISAs are used by the tests only
+mod isa;
+
+use isa::Isa;
+
 /// The smallest tail sum `Σ_{i∉T} exp(x_i − max)` taken as it is (`1e-250 ≈ e^-575.6`). Above
 /// it, the terms that f64 `exp` rounds to subnormals or to 0 (below `e^-708`) weigh together less
 /// than `e^-120` of the sum for any vocabulary below `e^12` (163k tokens).
@@ -291,8 +301,9 @@ const BLOCK: usize = 256;
 
 /// A block of a row's shifted logits and their exponentials: `d_j = x_j − m` (exact in f64, as
 /// both are f32 values) and `w_j = e^{d_j}` ([`exp`]), computed elementwise in a loop the
-/// compiler vectorises (AVX-512 or AVX2 where the CPU has them: the same operations at any
-/// width, so the same values). The sums over them stay plain left-to-right f64 sums.
+/// compiler vectorises (for AVX-512 or AVX2 when [`Isa::current`] is one of them: the same
+/// operations at any width, so the same values). The sums over them stay plain left-to-right
+/// f64 sums.
 struct Shifted {
     d: Box<[f64; BLOCK]>,
     w: Box<[f64; BLOCK]>,
@@ -307,20 +318,15 @@ impl Shifted {
     fn fill(&mut self, x: &[f32], m: f64) -> (&[f64], &[f64]) {
         let n = x.len();
         let (d, w) = (&mut self.d[..n], &mut self.w[..n]);
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx512f") {
-                // SAFETY: the CPU has AVX-512F, checked just above.
-                unsafe { shift_exp_avx512(x, m, d, w) };
-                return (d, w);
-            }
-            if std::is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU has AVX2, checked just above.
-                unsafe { shift_exp_avx2(x, m, d, w) };
-                return (d, w);
-            }
+        match Isa::current() {
+            // SAFETY: the CPU runs the current ISA (AVX-512F and more, here).
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { shift_exp_avx512(x, m, d, w) },
+            // SAFETY: the CPU runs the current ISA (AVX2 and more, here).
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { shift_exp_avx2(x, m, d, w) },
+            _ => shift_exp(x, m, d, w),
         }
-        shift_exp(x, m, d, w);
         (d, w)
     }
 }
@@ -574,9 +580,11 @@ mod tests {
         assert!(exp(f64::NAN).is_nan());
     }
 
-    /// The AVX-512, AVX2 and portable builds of a block's exponentials give the same bits.
+    /// The AVX-512, AVX2 and portable builds of a block's exponentials give the same bits, at
+    /// every ISA this CPU runs (the others are reported as skipped).
     #[test]
     fn shifted_blocks_are_the_same_in_every_build() {
+        let isas = Isa::runnable_reporting_skips("shifted_blocks_are_the_same_in_every_build");
         let mut rng = Rng(7);
         let x: Vec<f32> = (0..BLOCK).map(|_| 30.0 * rng.normal()).chain([f32::NEG_INFINITY, f32::NAN]).collect();
         let m = f64::from(row_max(&x[..BLOCK]));
@@ -585,21 +593,16 @@ mod tests {
             let (mut d, mut w) = (vec![0.0; x.len()], vec![0.0; x.len()]);
             shift_exp(x, m, &mut d, &mut w);
             let mut builds: Vec<(&str, Vec<f64>, Vec<f64>)> = Vec::new();
-            #[cfg(target_arch = "x86_64")]
-            {
-                let (mut d2, mut w2) = (vec![0.0; x.len()], vec![0.0; x.len()]);
-                if std::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: the CPU has AVX-512F, checked just above.
-                    unsafe { shift_exp_avx512(x, m, &mut d2, &mut w2) };
-                    builds.push(("avx512", d2.clone(), w2.clone()));
-                }
-                if std::is_x86_feature_detected!("avx2") {
-                    // SAFETY: the CPU has AVX2, checked just above.
-                    unsafe { shift_exp_avx2(x, m, &mut d2, &mut w2) };
-                    builds.push(("avx2", d2, w2));
-                }
-            }
             let mut shifted = Shifted::new();
+            for &isa in &isas {
+                let (d2, w2) = isa
+                    .forced(|| {
+                        let (d2, w2) = shifted.fill(x, m);
+                        (d2.to_vec(), w2.to_vec())
+                    })
+                    .expect("a runnable ISA");
+                builds.push((isa.name(), d2, w2));
+            }
             let (d3, w3) = shifted.fill(x, m);
             builds.push(("dispatched", d3.to_vec(), w3.to_vec()));
             for (name, d2, w2) in builds {

@@ -1,0 +1,158 @@
+//! Where each part of a forward pass runs: on the host, by the CPU kernels of this folder, or as
+//! Burn ops on the model's device. Every such decision is made here; the model's modules gather
+//! the facts (which layers are packed on the host, which caches and tables a pass has) and ask.
+//!
+//! On the CPU backend (Burn's flex, [`is_cpu`]) everything that can runs on the host: linear
+//! layers over packed weights ([`LinearKernel::Host`]), attention over a host cache
+//! ([`AttentionKernel::Host`]), activation rounding ([`RoundingPath::Host`]) and RMSNorm
+//! ([`norm_on_host`]). A layer whose parts all run on the host runs wholly there
+//! ([`attention_on_host`], [`ffn_on_host`]), and when every layer does, so does the residual
+//! stream from the embedding to the final norm ([`residual_on_host`]). Elsewhere (wgpu) Burn's
+//! ops run on the device. Either way a value is computed by the same operations, so where it runs
+//! changes no result.
+
+use burn::tensor::{DType, Device};
+
+/// Whether `device` is the CPU backend (Burn's flex), where the host kernels replace Burn's ops.
+pub(crate) fn is_cpu(device: &Device) -> bool {
+    *device == Device::flex()
+}
+
+/// Where a model's linear layers are stored and multiplied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinearKernel {
+    /// Burn's `Linear` on the device.
+    Burn,
+    /// Host-packed weights and qdrift's CPU kernel (AVX-512 or AVX2 where the CPU has them);
+    /// the weights are not uploaded to the device at all.
+    Host,
+}
+
+impl LinearKernel {
+    /// The kernel a device runs best: [`LinearKernel::Host`] on the CPU (flex) backend,
+    /// [`LinearKernel::Burn`] elsewhere.
+    pub fn for_device(device: &Device) -> Self {
+        if is_cpu(device) { Self::Host } else { Self::Burn }
+    }
+}
+
+/// Where a cache keeps its keys and values, and so which attention implementation reads them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// Tensors on the model's device, read by Burn's composed attention (matmul, mask, softmax,
+    /// matmul). Runs on every backend.
+    Composed,
+    /// Host memory, read by qdrift's fused CPU kernel (`host/attention.rs`). The default on the
+    /// CPU backend, where it is several times faster.
+    Host,
+}
+
+impl AttentionKernel {
+    /// The kernel a device runs best: [`AttentionKernel::Host`] on the CPU (flex) backend,
+    /// [`AttentionKernel::Composed`] elsewhere.
+    pub fn for_device(device: &Device) -> Self {
+        if is_cpu(device) { Self::Host } else { Self::Composed }
+    }
+}
+
+/// Where activations are rounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoundingPath {
+    /// Burn tensor ops on the model's device (what wgpu runs).
+    Device,
+    /// Read back, rounded by the host definition, uploaded again: on the CPU backend a copy, and
+    /// several times faster than ~30 small tensor ops per FP8 rounding.
+    Host,
+}
+
+impl RoundingPath {
+    /// [`RoundingPath::Host`] on the CPU (flex) backend, [`RoundingPath::Device`] elsewhere.
+    pub fn for_device(device: &Device) -> Self {
+        if is_cpu(device) { Self::Host } else { Self::Device }
+    }
+}
+
+/// Whether RMSNorm runs on the host (`RmsNorm::forward_host`) for an input on `device` in
+/// `dtype`: on the CPU backend in f32 and f16, whichever path calls it, so that the host
+/// residual stream and Burn's ops give the same bits.
+pub(crate) fn norm_on_host(device: &Device, dtype: DType) -> bool {
+    is_cpu(device) && matches!(dtype, DType::F16 | DType::F32)
+}
+
+/// Whether an f32 model may hold an f16-valued token embedding table in f16 (its selected rows
+/// widened, exactly): on the CPU backend only, since wgpu adapters without f16 shaders run f32
+/// models, so other devices keep the compute dtype.
+pub(crate) fn f16_table_allowed(device: &Device) -> bool {
+    is_cpu(device)
+}
+
+/// Whether linear layers' inputs can be rounded on the host: no activation rounding (`None`),
+/// or one on the host path.
+pub(crate) fn rounds_on_host(activations: Option<RoundingPath>) -> bool {
+    activations != Some(RoundingPath::Device)
+}
+
+/// Whether a model's layers may run on the host: its linear layers are packed there (the output
+/// layer's packing stands for all) and activations, if rounded, are rounded there
+/// ([`rounds_on_host`]).
+pub(crate) fn host_layers(output_packed: bool, activations: Option<RoundingPath>) -> bool {
+    output_packed && rounds_on_host(activations)
+}
+
+/// The tables one forward pass builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PassTables {
+    /// RoPE tables on the host, for the layers that run on the host.
+    pub host_rope: bool,
+    /// RoPE tables on the device, for the layers that do not.
+    pub device_rope: bool,
+    /// The attention mask, for the device caches.
+    pub mask: bool,
+}
+
+/// What a forward pass builds over caches of these kernels, given [`host_layers`]: host RoPE
+/// tables where host layers meet a host cache, device tables where any layer may run on the
+/// device (a composed cache, or layers that cannot run on the host), a mask for composed caches.
+pub(crate) fn pass_tables(host_layers: bool, caches: impl IntoIterator<Item = AttentionKernel>) -> PassTables {
+    let (mut host, mut composed) = (false, false);
+    for kernel in caches {
+        host |= kernel == AttentionKernel::Host;
+        composed |= kernel == AttentionKernel::Composed;
+    }
+    PassTables { host_rope: host_layers && host, device_rope: composed || !host_layers, mask: composed }
+}
+
+/// Whether a layer's attention runs wholly on the host (`Attention::forward_host`): its four
+/// projections are packed on the host, the pass built host RoPE tables, activations (if
+/// rounded) are rounded on the host, and its cache is a host cache. Otherwise the projections
+/// run as Burn ops, and a host cache is still read by the host kernel (over q, k and v read
+/// back).
+pub(crate) fn attention_on_host(
+    projections_packed: bool,
+    host_rope: bool,
+    rounds_on_host: bool,
+    cache: AttentionKernel,
+) -> bool {
+    projections_packed && host_rope && rounds_on_host && cache == AttentionKernel::Host
+}
+
+/// Whether a feed-forward layer runs wholly on the host (`FeedForward::forward_host`): its three
+/// projections are packed on the host and activations (if rounded) are rounded on the host.
+pub(crate) fn ffn_on_host(projections_packed: bool, rounds_on_host: bool) -> bool {
+    projections_packed && rounds_on_host
+}
+
+/// Whether the residual stream stays on the host from the embedding to the final norm (no tensor
+/// op, read-back or upload between the layers): every block's attention and feed-forward layer
+/// run on the host.
+pub(crate) fn residual_on_host(blocks_on_host: impl IntoIterator<Item = bool>) -> bool {
+    blocks_on_host.into_iter().all(|on_host| on_host)
+}
+
+/// Whether a decoding step's logits are, bit for bit, what teacher forcing computes for the same
+/// position (`Llama::steps_match_teacher_forcing`): the model's layers run on the host
+/// ([`host_layers`]) over the host caches `device` gets, with every layer's projections packed
+/// there, so that every value depends only on its own row and position.
+pub(crate) fn steps_match_teacher_forcing(host_layers: bool, device: &Device, layers_packed: bool) -> bool {
+    host_layers && AttentionKernel::for_device(device) == AttentionKernel::Host && layers_packed
+}

@@ -1,0 +1,63 @@
+//! [`Positions`]: how a batch of prompts of different lengths is laid out (left-padded), which
+//! keys each query sees, and the masks and positions that follow from it.
+
+use burn::tensor::{DType, Device, Tensor, TensorData};
+
+/// Where each row of a batch starts: prompts of different lengths are left-padded so that they
+/// all end in the same column, and every row counts its positions from its own first token.
+///
+/// Column `c` of row `b` holds position `c - pad[b]`; columns before `pad[b]` are padding, never
+/// attended to by the row's real tokens, so a row's results do not depend on its neighbours.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Positions {
+    /// Left padding of each row.
+    pub pad: Vec<usize>,
+}
+
+impl Positions {
+    /// The layout for prompts of these lengths, padded to the longest.
+    pub fn left_padded(lengths: &[usize]) -> Self {
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        Self { pad: lengths.iter().map(|l| longest - l).collect() }
+    }
+
+    /// Rotary positions of columns `start..start + len`, one row per batch row.
+    pub(crate) fn rows(&self, start: usize, len: usize) -> Vec<Vec<usize>> {
+        self.pad.iter().map(|&p| (start..start + len).map(|c| c.saturating_sub(p)).collect()).collect()
+    }
+
+    /// The key columns the query in column `column` of row `row` attends to: its row's real
+    /// tokens up to itself (causal, not padding). A padding query sees itself only, which keeps
+    /// its softmax finite; its output is never used.
+    pub(crate) fn visible(&self, row: usize, column: usize) -> std::ops::Range<usize> {
+        let p = self.pad[row];
+        if column >= p { p..column + 1 } else { column..column + 1 }
+    }
+
+    /// 1 for the real tokens in columns `start..start + len` and 0 for padding.
+    ///
+    /// # Shapes
+    /// - returns `[batch, len, 1]`, f32
+    pub(crate) fn real(&self, start: usize, len: usize, device: &Device) -> Tensor<3> {
+        let m: Vec<f32> =
+            self.pad.iter().flat_map(|&p| (start..start + len).map(move |c| if c >= p { 1.0 } else { 0.0 })).collect();
+        Tensor::from_data(TensorData::new(m, [self.pad.len(), len, 1]), (device, DType::F32))
+    }
+
+    /// The additive attention mask for queries in columns `start..start + len` over keys in
+    /// columns `0..start + len`: 0 where [`Positions::visible`], −∞ elsewhere.
+    ///
+    /// # Shapes
+    /// - returns `[batch, 1, 1, len, start + len]`, f32
+    pub(crate) fn mask(&self, start: usize, len: usize, device: &Device) -> Tensor<5> {
+        let keys = start + len;
+        let mut m = Vec::with_capacity(self.pad.len() * len * keys);
+        for row in 0..self.pad.len() {
+            for q in start..start + len {
+                let visible = self.visible(row, q);
+                m.extend((0..keys).map(|k| if visible.contains(&k) { 0.0f32 } else { f32::NEG_INFINITY }));
+            }
+        }
+        Tensor::from_data(TensorData::new(m, [self.pad.len(), 1, 1, len, keys]), (device, DType::F32))
+    }
+}
