@@ -8,7 +8,7 @@ use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{DType, Device, Tensor};
 
-use qdrift_load::HostTensor;
+use qdrift_weights::HostTensor;
 
 use crate::host_linear::{PackedLinear, round_f16};
 use crate::{host_f32, host_f32_transposed, upload, upload_owned};

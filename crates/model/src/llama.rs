@@ -9,8 +9,8 @@ use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::tensor::activation::silu;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
-use qdrift_load::{HostModel, HostTensor, LayerWeights, LlamaArch, RopeScaling};
 use qdrift_quantize::ActivationScale;
+use qdrift_weights::{HostModel, HostTensor, LayerWeights, LlamaArch, RopeScaling};
 
 use crate::attention::{Attention, ForwardContext};
 use crate::fake_quant::{RoundingPath, RuntimeQuant};
@@ -71,7 +71,7 @@ pub struct LlamaConfig {
 
 impl LlamaConfig {
     /// The configuration of a loaded model's architecture.
-    pub fn from_arch(arch: &qdrift_load::LlamaArch) -> Self {
+    pub fn from_arch(arch: &LlamaArch) -> Self {
         Self::new(arch.dim, arch.hidden_dim, arch.n_layers, arch.n_heads, arch.n_kv_heads, arch.vocab_size)
             .with_norm_eps(arch.norm_eps as f64)
             .with_rope_theta(arch.rope_theta as f64)

@@ -9,7 +9,7 @@
 
 use half::{bf16, f16};
 
-use crate::{Packed, PackedDtype, PackedPart};
+use crate::packed::{Packed, PackedDtype, PackedPart};
 
 /// Which 16-bit float.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,8 +24,8 @@
 //! scale (all-zero row) stores code 0 and dequantizes to 0. Storage: one byte per weight + one
 //! f32 per row (`8 + 32/cols` bits per weight) or per tensor.
 
+use crate::packed::{Packed, PackedDtype, PackedPart, f32_bytes};
 use crate::scheme::Fp8Format;
-use crate::{Packed, PackedDtype, PackedPart, f32_bytes};
 
 /// Bit layout of one OFP8 format.
 struct Layout {

@@ -16,7 +16,7 @@ use half::f16;
 use qdrift_ggml::{GgmlType, RowStorage, quantize_ggml_blocks};
 
 use crate::error::QuantizeError;
-use crate::{Packed, PackedDtype, PackedPart};
+use crate::packed::{Packed, PackedDtype, PackedPart};
 
 /// Dequantizes a buffer of GGML blocks exactly as `dequantize_row_*` does (for GGUF loading);
 /// [`qdrift_ggml::dequantize_ggml_blocks`] with this crate's error type.

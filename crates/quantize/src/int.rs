@@ -32,7 +32,8 @@
 use half::f16;
 
 use crate::error::QuantizeError;
-use crate::{Packed, PackedDtype, PackedPart, Scheme, f32_bytes, groups};
+use crate::packed::{Packed, PackedDtype, PackedPart, f32_bytes, groups};
+use crate::scheme::Scheme;
 
 /// Symmetric per-row int8.
 #[derive(Debug, Clone, PartialEq)]

@@ -8,7 +8,7 @@
 //! input features.
 //!
 //! On top of the codecs, [`quantize_model`] applies a scheme to a whole
-//! [`qdrift_load::HostModel`] (weight-only: the blocks' linear layers, optionally the embedding
+//! [`qdrift_weights::HostModel`] (weight-only: the blocks' linear layers, optionally the embedding
 //! and head); [`write_safetensors`] writes the result as a Hugging Face Llama checkpoint,
 //! dequantized (F32) or packed, and [`write_gguf`] as the GGUF file llama.cpp runs (ggml
 //! schemes and fp16).
@@ -19,6 +19,8 @@
 //!
 //! | file | contents |
 //! |---|---|
+//! | `matrix.rs` | [`QuantizedMatrix`] and [`quantize`]: dispatch to the format's codec |
+//! | `packed.rs` | what the formats share: [`PackedPart`], [`PackedDtype`], the `Packed` trait |
 //! | `float.rs` | `fp16`, `bf16` |
 //! | `int.rs` | `int8`, `int4-g*`, `int4-g*-asym` |
 //! | `fp8.rs` | `fp8-e4m3`, `fp8-e5m2` (+ `-tensor`), with the OFP8 codec |
@@ -30,7 +32,8 @@
 //! | `stats.rs` | [`error_stats`] |
 //! | `reference.rs` | [`round_to_fp16_reference`]: the FP16 reference every variant is measured against |
 //! | `model.rs` | [`quantize_model`]: a whole model, per-tensor [`TensorReport`]s, [`QuantSummary`] |
-//! | `safetensors_out.rs` | [`write_safetensors`]: HF names, rotate-half q/k, F32 or packed parts |
+//! | `safetensors_out.rs` | [`write_safetensors`]: HF names, rotate-half q/k, F32 or packed parts; [`write_hf_quantized`] (fixtures) |
+//! | `hf_packed.rs` | [`pack_hf`]: a model's linear layers in a Hugging Face quantized layout ([`HfLayout`]), packed by that layout's code in `qdrift-load` ([`qdrift_load::hf::quant`]) |
 //! | `gguf_out.rs` | [`write_gguf`]: llama.cpp names and q/k layout, the packed ggml blocks as stored |
 
 mod dynamic;
@@ -42,8 +45,10 @@ mod ggml;
 mod gguf_out;
 mod hf_packed;
 mod int;
+mod matrix;
 mod model;
 mod nf4;
+mod packed;
 mod recipe;
 mod reference;
 mod safetensors_out;
@@ -57,11 +62,13 @@ pub use fp8::{fp8_decode, fp8_encode};
 pub use ggml::dequantize_ggml_blocks;
 pub use gguf_out::{GgufWriteError, check_gguf_scheme, gguf_schemes, write_gguf};
 pub use hf_packed::{HfLayout, HfPacked, HfTensor, pack_hf};
+pub use matrix::{QuantizedMatrix, quantize};
 pub use model::{
     QuantSummary, QuantizeOptions, QuantizedModel, QuantizedTensor, TensorReport, WeightSlot, quantize_model,
     quantize_model_owned,
 };
 pub use nf4::NF4_CODE;
+pub use packed::{PackedDtype, PackedPart};
 pub use qdrift_ggml::{GgmlError, RowStorage};
 pub use qdrift_load::rotate_half_row_order;
 pub use recipe::{ActivationQuant, ActivationScale, DynamicFormat, KvQuant, Recipe};
@@ -69,219 +76,3 @@ pub use reference::round_to_fp16_reference;
 pub use safetensors_out::{WriteError, write_hf_quantized, write_safetensors};
 pub use scheme::{Fp8Format, GgmlType, Scheme};
 pub use stats::{ErrorStats, error_stats, try_error_stats};
-
-/// Element type of one [`PackedPart`], named as safetensors names them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PackedDtype {
-    /// Unsigned bytes (packed nibbles, FP8/GGML raw bytes).
-    U8,
-    /// Signed bytes.
-    I8,
-    /// IEEE binary16, little-endian.
-    F16,
-    /// bfloat16, little-endian.
-    BF16,
-    /// IEEE binary32, little-endian.
-    F32,
-    /// OCP FP8 E4M3 (safetensors `F8_E4M3`).
-    F8E4M3,
-    /// OCP FP8 E5M2 (safetensors `F8_E5M2`).
-    F8E5M2,
-    /// Little-endian 32-bit integers (GPTQ/AWQ/compressed-tensors packed words).
-    I32,
-    /// Little-endian 64-bit integers (compressed-tensors `weight_shape`).
-    I64,
-}
-
-impl PackedDtype {
-    /// The safetensors dtype string.
-    pub fn safetensors_name(self) -> &'static str {
-        match self {
-            PackedDtype::U8 => "U8",
-            PackedDtype::I8 => "I8",
-            PackedDtype::F16 => "F16",
-            PackedDtype::BF16 => "BF16",
-            PackedDtype::F32 => "F32",
-            PackedDtype::F8E4M3 => "F8_E4M3",
-            PackedDtype::F8E5M2 => "F8_E5M2",
-            PackedDtype::I32 => "I32",
-            PackedDtype::I64 => "I64",
-        }
-    }
-}
-
-/// One stored array of a quantized matrix, ready to be written as a safetensors tensor named
-/// `<weight name>.<name>`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PackedPart {
-    /// Suffix naming the part: `values`, `codes`, `scales`, `zeros` or `blocks`.
-    pub name: &'static str,
-    /// Element type of `bytes`.
-    pub dtype: PackedDtype,
-    /// Shape in elements of `dtype` (row-major).
-    pub shape: Vec<usize>,
-    /// Little-endian contents.
-    pub bytes: Vec<u8>,
-}
-
-/// Operations every packed format provides; [`QuantizedMatrix`] dispatches to them.
-trait Packed {
-    /// `rows * cols` f32 values, row-major.
-    fn dequantize(&self, rows: usize, cols: usize) -> Vec<f32>;
-    /// Bytes of codes, scales and zero points as stored.
-    fn storage_bytes(&self) -> usize;
-    /// The stored arrays.
-    fn parts(&self, rows: usize, cols: usize) -> Vec<PackedPart>;
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum Storage {
-    Float(float::HalfPacked),
-    Int8(int::Int8Packed),
-    Int4(int::Int4Packed),
-    Fp8(fp8::Fp8Packed),
-    Nf4(nf4::Nf4Packed),
-    Ggml(ggml::GgmlPacked),
-}
-
-impl Storage {
-    fn packed(&self) -> &dyn Packed {
-        match self {
-            Storage::Float(p) => p,
-            Storage::Int8(p) => p,
-            Storage::Int4(p) => p,
-            Storage::Fp8(p) => p,
-            Storage::Nf4(p) => p,
-            Storage::Ggml(p) => p,
-        }
-    }
-}
-
-/// A weight matrix in the packed storage of its [`Scheme`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct QuantizedMatrix {
-    scheme: Scheme,
-    rows: usize,
-    cols: usize,
-    storage: Storage,
-}
-
-impl QuantizedMatrix {
-    /// The scheme it was quantized with.
-    pub fn scheme(&self) -> Scheme {
-        self.scheme
-    }
-
-    /// Output channels.
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
-    /// Input features.
-    pub fn cols(&self) -> usize {
-        self.cols
-    }
-
-    /// Back to f32: code × scale (minus zero point), computed in f32 as each format specifies.
-    ///
-    /// # Shapes
-    /// - returns: `[rows, cols]`, row-major.
-    pub fn dequantize(&self) -> Vec<f32> {
-        self.storage.packed().dequantize(self.rows, self.cols)
-    }
-
-    /// Exact bytes of codes, scales and zero points as stored (no padding beyond what the
-    /// layout itself has, such as the unused nibble that ends an odd-length int4 or NF4 row).
-    pub fn storage_bytes(&self) -> usize {
-        self.storage.packed().storage_bytes()
-    }
-
-    /// `storage_bytes * 8 / (rows * cols)`; 0 for an empty matrix.
-    pub fn bits_per_weight(&self) -> f64 {
-        let n = self.rows * self.cols;
-        if n == 0 { 0.0 } else { self.storage_bytes() as f64 * 8.0 / n as f64 }
-    }
-
-    /// True when a GGML scheme could not store its own type (`cols` not a multiple of its block
-    /// size) and stored its llama.cpp fallback type or F16 instead ([`QuantizedMatrix::stored`]).
-    pub fn fell_back(&self) -> bool {
-        matches!(&self.storage, Storage::Ggml(p) if p.fell_back())
-    }
-
-    /// The GGML storage of a matrix a GGUF file can hold as it is: a GGML scheme's type, its
-    /// llama.cpp fallback or F16 ([`RowStorage::for_row`]), and `fp16` as F16. `None` for every
-    /// other scheme (bf16, int8, int4, FP8, NF4), which GGUF has no type for here.
-    pub fn stored(&self) -> Option<RowStorage> {
-        match &self.storage {
-            Storage::Ggml(p) => Some(p.stored()),
-            Storage::Float(_) if self.scheme == Scheme::Fp16 => Some(RowStorage::F16),
-            _ => None,
-        }
-    }
-
-    /// The name of what is stored: [`QuantizedMatrix::stored`]'s name where there is one
-    /// (`q4_k`, `q5_0`, `f16`, ...), else the scheme's.
-    pub fn stored_name(&self) -> String {
-        self.stored().map_or_else(|| self.scheme.to_string(), |s| s.name().to_owned())
-    }
-
-    /// The bytes a GGUF tensor of type [`QuantizedMatrix::stored`] holds, row by row (blocks, or
-    /// little-endian binary16 values); `None` where `stored` is `None`.
-    ///
-    /// # Shapes
-    /// - returns: `rows` equal chunks, one per row, of `stored.bytes_for(1, cols)` bytes.
-    pub fn gguf_bytes(&self) -> Option<Vec<u8>> {
-        match &self.storage {
-            Storage::Ggml(p) => Some(p.bytes().to_vec()),
-            Storage::Float(_) if self.scheme == Scheme::Fp16 => self.parts().into_iter().next().map(|part| part.bytes),
-            _ => None,
-        }
-    }
-
-    /// The stored arrays, for writing a packed safetensors file.
-    pub fn parts(&self) -> Vec<PackedPart> {
-        self.storage.packed().parts(self.rows, self.cols)
-    }
-}
-
-/// Quantizes a weight matrix.
-///
-/// # Shapes
-/// - `weights`: `[rows, cols]` row-major, `rows` = output channels, `cols` = input features.
-///
-/// # Errors
-/// Length mismatch, a non-finite weight (named by index), a zero group size in a hand-built
-/// scheme, or an int4 group scale that overflows FP16.
-pub fn quantize(scheme: &Scheme, weights: &[f32], rows: usize, cols: usize) -> Result<QuantizedMatrix, QuantizeError> {
-    let expected = rows.checked_mul(cols).ok_or(QuantizeError::ShapeOverflow { rows, cols })?;
-    if weights.len() != expected {
-        return Err(QuantizeError::LengthMismatch { len: weights.len(), rows, cols, expected });
-    }
-    if let Some(index) = weights.iter().position(|w| !w.is_finite()) {
-        return Err(QuantizeError::NonFinite { index, row: index / cols, col: index % cols, value: weights[index] });
-    }
-    scheme.check_usable()?;
-    let storage = match *scheme {
-        Scheme::Fp16 => Storage::Float(float::HalfPacked::quantize(float::Half::F16, weights)),
-        Scheme::Bf16 => Storage::Float(float::HalfPacked::quantize(float::Half::BF16, weights)),
-        Scheme::Int8 => Storage::Int8(int::Int8Packed::quantize(weights, rows, cols)),
-        Scheme::Int4 { group, asym } => Storage::Int4(int::Int4Packed::quantize(weights, rows, cols, group, asym)?),
-        Scheme::Fp8 { format, per_tensor } => {
-            Storage::Fp8(fp8::Fp8Packed::quantize(weights, rows, cols, format, per_tensor))
-        }
-        Scheme::Nf4 { block } => Storage::Nf4(nf4::Nf4Packed::quantize(weights, rows, cols, block)),
-        Scheme::Ggml(ty) => Storage::Ggml(ggml::GgmlPacked::quantize(ty, weights, rows, cols)?),
-    };
-    Ok(QuantizedMatrix { scheme: *scheme, rows, cols, storage })
-}
-
-/// Little-endian bytes of a slice of f32.
-fn f32_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
-/// Splits `len` elements into consecutive groups of `group` (the last one possibly shorter)
-/// and returns `(start, end)` of each.
-fn groups(len: usize, group: usize) -> impl Iterator<Item = (usize, usize)> {
-    (0..len.div_ceil(group)).map(move |g| (g * group, ((g + 1) * group).min(len)))
-}

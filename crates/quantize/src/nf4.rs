@@ -20,7 +20,7 @@
 //! An all-zero block stores absmax 0 and code 7 (the exact 0.0) and dequantizes to 0 (bitsandbytes
 //! would compute `0 * inf`). Cost: `4 + 32/64 = 4.5` bits per weight.
 
-use crate::{Packed, PackedDtype, PackedPart, f32_bytes, groups};
+use crate::packed::{Packed, PackedDtype, PackedPart, f32_bytes, groups};
 
 /// The 16 NF4 values, exactly as in bitsandbytes (`get_4bit_type("nf4")`, `nf4_data`).
 // The digits are bitsandbytes' verbatim (f64 prints of the f32 values), kept for grep-ability.
