@@ -73,15 +73,16 @@ mod storage;
 mod synthetic;
 mod tokenizer;
 
-/// The writers: a [`HostModel`](crate::HostModel) as a Hugging Face folder ([`write_hf_folder`])
-/// or a GGUF file ([`write_gguf`], [`write_gguf_with`]), and the GGUF tokenizer metadata of a
-/// loaded model ([`gguf_tokenizer_keys`]; a Hugging Face `tokenizer.json` converted by
-/// [`hf_tokenizer_keys`]).
-///
-/// The Hugging Face writer and [`write_gguf`] exist so that the readers can be tested against a
-/// known model (stories260K) without downloading checkpoints; [`write_gguf_with`] is also
-/// `qdrift quantize --format gguf`'s writer.
 pub mod write {
+    //! The writers: a [`HostModel`](crate::HostModel) as a Hugging Face folder ([`write_hf_folder`])
+    //! or a GGUF file ([`write_gguf`], [`write_gguf_with`]), and the GGUF tokenizer metadata of a
+    //! loaded model ([`gguf_tokenizer_keys`]; a Hugging Face `tokenizer.json` converted by
+    //! [`hf_tokenizer_keys`]).
+    //!
+    //! The Hugging Face writer and [`write_gguf`] exist so that the readers can be tested against a
+    //! known model (stories260K) without downloading checkpoints; [`write_gguf_with`] is also
+    //! `qdrift quantize --format gguf`'s writer.
+
     pub use crate::gguf::{
         GgufMatrix, GgufStored, UNMERGED_SCORE, gguf_tokenizer_keys, hf_tokenizer_keys, llama2c_tokenizer_keys,
         write_gguf, write_gguf_with,
