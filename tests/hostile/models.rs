@@ -92,7 +92,7 @@ fn eval_of_dev_zero_is_refused_at_once() {
     let (line, took) = refused(
         USER,
         eval(Path::new("/dev/zero"), &root.path().join("out")),
-        &["/dev/zero: is a character device, not a regular file"],
+        &["/dev/zero: the model is a character device, not a regular file"],
     );
     eprintln!("{line} ({took:?})");
     assert!(names(root.path()).is_empty(), "no --out left");
@@ -102,7 +102,8 @@ fn eval_of_dev_zero_is_refused_at_once() {
 fn eval_of_a_named_pipe_is_refused_without_opening_it() {
     let root = tempfile::tempdir().unwrap();
     let fifo = fifo(root.path(), "m.gguf");
-    let (line, took) = refused(USER, eval(&fifo, &root.path().join("out")), &["m.gguf: is a named pipe (FIFO)"]);
+    let (line, took) =
+        refused(USER, eval(&fifo, &root.path().join("out")), &["m.gguf: the model is a named pipe (FIFO)"]);
     eprintln!("{line} ({took:?})");
     assert_eq!(names(root.path()), vec!["m.gguf"], "no --out left");
 }

@@ -215,11 +215,13 @@ fn run_fuzz(args: &[&str]) -> Result<(), String> {
     if status.success() { Ok(()) } else { Err(format!("qdrift-fuzz {} failed ({status})", args.join(" "))) }
 }
 
-/// One format and no warnings: `cargo fmt --check` (the root `rustfmt.toml`), clippy on every
+/// One format, no module cycles (`cycles`) and no warnings: `cargo fmt --check` (the root
+/// `rustfmt.toml`), clippy on every
 /// target with warnings as errors, and the API docs with broken links as errors. Clippy and
 /// rustdoc share one check build of the dependencies (same profile, same features).
 fn lint() -> Result<(), String> {
     cargo(&["fmt", "--all", "--check"])?;
+    cycles::check(&root())?;
     cargo(&["clippy", "--release", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
     cargo_env(&["doc", "--release", "--workspace", "--no-deps"], &[("RUSTDOCFLAGS", "-D warnings")])
 }

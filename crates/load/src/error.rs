@@ -6,7 +6,7 @@ use std::path::PathBuf;
 /// what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    /// The file could not be opened or read.
+    /// The file (or folder) could not be examined, opened, mapped or listed.
     #[error("{path}: cannot read: {source}")]
     Io {
         /// The file.
@@ -14,6 +14,10 @@ pub enum LoadError {
         /// The operating system's error.
         source: std::io::Error,
     },
+    /// A file could not be read whole (missing, not a regular file, over its size cap, changed
+    /// while read) or written atomically: `qdrift_io`'s error, whose message names the file.
+    #[error(transparent)]
+    File(#[from] qdrift_io::IoError),
     /// A file could not be written (the writers of [`crate::write`]).
     #[error("{path}: cannot write: {source}")]
     Write {

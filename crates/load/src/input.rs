@@ -1,93 +1,73 @@
 //! Reading input files within a budget, and the finiteness check every loader applies.
 //!
-//! Every file this crate reads whole goes through [`read_file`]: the path must name a regular
-//! file (checked with `metadata` before opening, because opening a named pipe blocks until a
-//! writer comes and a device such as `/dev/zero` never ends), at most `max` bytes long, and it
-//! is read up to the length `metadata` reported (plus one byte, to notice a file that grows while
-//! it is read). Declared counts inside a file are then checked against that length by each
+//! Every file this crate reads whole goes through [`read_file`], which is
+//! [`qdrift_io::read_capped`]: the path must name a regular file (checked with `metadata` before
+//! opening, because opening a named pipe blocks until a writer comes and a device such as
+//! `/dev/zero` never ends), no longer than its [`FileKind`]'s cap, and it is read up to the length
+//! `metadata` reported (plus one byte, to notice a file that grows while it is read). Memory-mapped
+//! weights are checked the same way before they are opened ([`regular_file_len`],
+//! [`check_regular`]). Declared counts inside a file are then checked against that length by each
 //! reader before anything is allocated.
 
-use std::fs::{File, FileType};
-use std::io::Read;
+use std::fs::FileType;
 use std::path::Path;
 
 use crate::LoadError;
 
-/// Cap for small JSON files read whole (`config.json`, `generation_config.json`,
-/// `tokenizer_config.json`, `model.safetensors.index.json`): the largest real ones (a
-/// `tokenizer_config.json` listing 250k added tokens, with a chat template) are a few tens of MB.
-pub(crate) const MAX_JSON_BYTES: u64 = 64 << 20;
-
-/// Cap for tokenizer files (`tokenizer.json`, llama2.c `tokenizer.bin`): the largest real
-/// vocabularies (256k tokens with merges) take well under 100 MB.
-pub(crate) const MAX_TOKENIZER_BYTES: u64 = 512 << 20;
-
-/// No cap beyond the file's own length (model weights: the memory check is the caller's).
-pub(crate) const NO_CAP: u64 = u64::MAX;
-
-/// What a non-regular file is, for the refusal message.
-fn kind_of(ft: FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if ft.is_dir() {
-        "a folder"
-    } else if ft.is_fifo() {
-        "a named pipe (FIFO)"
-    } else if ft.is_char_device() {
-        "a character device"
-    } else if ft.is_block_device() {
-        "a block device"
-    } else if ft.is_socket() {
-        "a socket"
-    } else {
-        "not a regular file"
-    }
+/// A kind of file read whole: its name in messages and its size cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FileKind {
+    /// What the file is, for messages (`the JSON file is larger than its limit`).
+    pub(crate) what: &'static str,
+    /// The most bytes read.
+    pub(crate) cap: u64,
 }
 
-/// The length of the regular file at `path` (symbolic links followed); anything else (a FIFO, a
-/// device, a socket, a folder) is refused without being opened.
-pub(crate) fn regular_file_len(path: &Path) -> Result<u64, LoadError> {
-    let meta = std::fs::metadata(path).map_err(|e| LoadError::io(path, e))?;
-    check_regular(path, meta.file_type())?;
-    Ok(meta.len())
+/// Small JSON files read whole (`config.json`, `generation_config.json`, `tokenizer_config.json`,
+/// `model.safetensors.index.json`): the largest real ones (a `tokenizer_config.json` listing 250k
+/// added tokens, with a chat template) are a few tens of MB.
+pub(crate) const JSON: FileKind = FileKind { what: "JSON file", cap: 64 << 20 };
+
+/// A chat template beside a Hugging Face folder's JSON files (`chat_template.jinja`), capped alike.
+pub(crate) const CHAT_TEMPLATE: FileKind = FileKind { what: "chat template", cap: JSON.cap };
+
+/// Tokenizer files (`tokenizer.json`, llama2.c `tokenizer.bin`): the largest real vocabularies
+/// (256k tokens with merges) take well under 100 MB.
+pub(crate) const TOKENIZER: FileKind = FileKind { what: "tokenizer", cap: 512 << 20 };
+
+/// Model files read whole (GGUF, llama2.c): no cap beyond the file's own length (the memory check
+/// is the caller's).
+pub(crate) const MODEL: FileKind = FileKind { what: "model", cap: u64::MAX };
+
+/// The length of the regular file `path` of `kind` (symbolic links followed); anything else (a
+/// FIFO, a device, a socket, a folder) is refused without being opened.
+pub(crate) fn regular_file_len(path: &Path, kind: FileKind) -> Result<u64, LoadError> {
+    Ok(qdrift_io::regular_file_len(path, kind.what)?)
 }
 
-/// Errors unless `ft` is a regular file.
-pub(crate) fn check_regular(path: &Path, ft: FileType) -> Result<(), LoadError> {
+/// Errors unless `ft`, the type of the file at `path` of `kind`, is a regular file's.
+pub(crate) fn check_regular(path: &Path, kind: FileKind, ft: FileType) -> Result<(), LoadError> {
     if ft.is_file() {
         return Ok(());
     }
-    Err(LoadError::invalid(
-        path,
-        format!("is {}, not a regular file; models and tokenizers are read from regular files", kind_of(ft)),
-    ))
+    Err(qdrift_io::IoError::NotAFile { path: path.to_path_buf(), what: kind.what, kind: qdrift_io::file_kind(ft) }
+        .into())
 }
 
-/// The whole regular file at `path`, refused when it is longer than `max` bytes.
-pub(crate) fn read_file(path: &Path, max: u64) -> Result<Vec<u8>, LoadError> {
-    let len = regular_file_len(path)?;
-    if len > max {
-        return Err(LoadError::invalid(
-            path,
-            format!("is {len} bytes; files of this kind over {max} bytes are refused"),
-        ));
-    }
-    let file = File::open(path).map_err(|e| LoadError::io(path, e))?;
-    // The path may have been replaced between the check and the open: check the open file too.
-    let meta = file.metadata().map_err(|e| LoadError::io(path, e))?;
-    check_regular(path, meta.file_type())?;
-    let len = meta.len();
-    let mut bytes = Vec::new();
-    bytes
-        .try_reserve_exact(usize::try_from(len).unwrap_or(usize::MAX))
-        .map_err(|_| LoadError::invalid(path, format!("is {len} bytes, more than this process can hold in memory")))?;
-    file.take(len.saturating_add(1)).read_to_end(&mut bytes).map_err(|e| LoadError::io(path, e))?;
-    if bytes.len() as u64 != len {
-        return Err(LoadError::invalid(
-            path,
-            format!("changed while being read: {len} bytes when opened, {} read", bytes.len()),
-        ));
-    }
-    Ok(bytes)
+/// The whole regular file at `path`, refused when it is longer than `kind`'s cap.
+pub(crate) fn read_file(path: &Path, kind: FileKind) -> Result<Vec<u8>, LoadError> {
+    Ok(qdrift_io::read_capped(path, kind.cap, kind.what)?)
+}
+
+/// The JSON file at `path` of `kind`, parsed.
+pub(crate) fn read_json(path: &Path, kind: FileKind) -> Result<serde_json::Value, LoadError> {
+    let bytes = read_file(path, kind)?;
+    serde_json::from_slice(&bytes).map_err(|e| LoadError::invalid(path, format!("not valid JSON: {e}")))
+}
+
+/// The small JSON file at `path` ([`JSON`]), parsed; `None` when there is none.
+pub(crate) fn optional_json(path: &Path) -> Result<Option<serde_json::Value>, LoadError> {
+    if path.exists() { read_json(path, JSON).map(Some) } else { Ok(None) }
 }
 
 /// Errors naming the file, the tensor and the flat index of its first NaN or infinity.
@@ -126,13 +106,10 @@ mod tests {
 
     #[test]
     fn devices_and_folders_are_refused_unopened() {
-        let e = read_file(Path::new("/dev/zero"), NO_CAP).unwrap_err().to_string();
-        assert_eq!(
-            e,
-            "/dev/zero: is a character device, not a regular file; models and tokenizers are read from regular files"
-        );
+        let e = read_file(Path::new("/dev/zero"), MODEL).unwrap_err().to_string();
+        assert_eq!(e, "/dev/zero: the model is a character device, not a regular file");
         let dir = tempfile::tempdir().unwrap();
-        assert!(read_file(dir.path(), NO_CAP).unwrap_err().to_string().contains("is a folder"));
+        assert!(read_file(dir.path(), MODEL).unwrap_err().to_string().contains("is a folder"));
     }
 
     #[test]
@@ -140,8 +117,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("config.json");
         std::fs::write(&p, b"{}   ").unwrap();
-        assert_eq!(read_file(&p, 5).unwrap(), b"{}   ");
-        let e = read_file(&p, 4).unwrap_err().to_string();
-        assert!(e.ends_with("config.json: is 5 bytes; files of this kind over 4 bytes are refused"), "{e}");
+        let kind = |cap| FileKind { what: "JSON file", cap };
+        assert_eq!(read_file(&p, kind(5)).unwrap(), b"{}   ");
+        let e = read_file(&p, kind(4)).unwrap_err().to_string();
+        assert!(e.ends_with("config.json: the JSON file is larger than its limit (more than 4 bytes)"), "{e}");
     }
 }

@@ -10,9 +10,12 @@
 //! untied, the classifier `[vocab, dim]`. Linear weights are `[out, in]` row-major and q/k use the
 //! interleaved RoPE layout, which is exactly [`HostModel`]'s convention.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use crate::{HostModel, HostTensor, LayerWeights, LlamaArch, LoadError};
+use crate::LoadError;
+use crate::loaded::{LoadedModel, ModelFormat, check_vocab};
+use crate::tokenizer::Llama2cTokenizer;
+use qdrift_weights::{HostModel, HostTensor, LayerWeights, LlamaArch};
 
 const HEADER_BYTES: usize = 7 * 4;
 
@@ -21,7 +24,7 @@ const HEADER_BYTES: usize = 7 * 4;
 /// The file size must match the header exactly; a shorter file is reported as truncated, a
 /// longer one as inconsistent with its header.
 pub fn read_llama2c_checkpoint(path: &Path) -> Result<HostModel, LoadError> {
-    let bytes = crate::input::read_file(path, crate::input::NO_CAP)?;
+    let bytes = crate::input::read_file(path, crate::input::MODEL)?;
     parse_llama2c(path, &bytes)
 }
 
@@ -188,6 +191,78 @@ fn check_finite(path: &Path, model: &HostModel) -> Result<(), LoadError> {
         named.push(("output".into(), o));
     }
     named.iter().try_for_each(|(name, t)| crate::input::check_finite(path, name, &t.data))
+}
+
+/// A llama2.c checkpoint with llama2.c's `tokenizer.bin` (`tokenizer`, else `tokenizer.bin` in
+/// the checkpoint's folder, else the only `tok*.bin` file there), for [`crate::open_model`].
+pub(crate) fn open_llama2c(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, LoadError> {
+    let model = read_llama2c_checkpoint(path)?;
+    let tokenizer_path = match tokenizer {
+        Some(t) => t.to_path_buf(),
+        None => find_llama2c_tokenizer(path)?,
+    };
+    let tok = Llama2cTokenizer::read(&tokenizer_path)?;
+    check_vocab(&tok, &tokenizer_path, &model, path)?;
+    let source_dtypes = llama2c_tensor_names(&model).into_iter().map(|n| (n, "F32".to_string())).collect();
+    Ok(LoadedModel {
+        model,
+        tokenizer: Box::new(tok),
+        path: path.to_path_buf(),
+        tokenizer_path,
+        format: ModelFormat::Llama2c,
+        source_dtypes,
+        source_storage: None,
+        chat_template: None,
+        quantization: None,
+    })
+}
+
+/// Names for the tensors of a llama2.c checkpoint (which has none): llama2.c's field names.
+fn llama2c_tensor_names(model: &HostModel) -> Vec<String> {
+    let mut names = vec!["token_embedding_table".to_string()];
+    for i in 0..model.layers.len() {
+        for n in ["rms_att_weight", "wq", "wk", "wv", "wo", "rms_ffn_weight", "w1", "w3", "w2"] {
+            names.push(format!("layers.{i}.{n}"));
+        }
+    }
+    names.push("rms_final_weight".to_string());
+    if model.output.is_some() {
+        names.push("wcls".to_string());
+    }
+    names
+}
+
+fn find_llama2c_tokenizer(model: &Path) -> Result<PathBuf, LoadError> {
+    let dir = model.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let standard = dir.join("tokenizer.bin");
+    if standard.is_file() {
+        return Ok(standard);
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| LoadError::io(dir, e))?;
+    let mut candidates: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("tok") && n.ends_with(".bin")))
+        .collect();
+    candidates.sort();
+    match candidates.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => Err(LoadError::invalid(
+            model,
+            format!(
+                "no tokenizer given and no tokenizer.bin or tok*.bin beside it in {}; pass --tokenizer",
+                dir.display()
+            ),
+        )),
+        many => Err(LoadError::invalid(
+            model,
+            format!(
+                "no tokenizer given and {} candidates beside it ({}); pass --tokenizer",
+                many.len(),
+                many.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            ),
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! Decoding of the two OCP 8-bit floating point formats that safetensors stores as `F8_E4M3`
-//! and `F8_E5M2`, for FP8 checkpoints (`hf_quant.rs`).
+//! and `F8_E5M2`, for FP8 checkpoints (`hf/quant/`).
 //!
 //! Spec: OCP 8-bit Floating Point Specification (OFP8), revision 1.0 (2023), §4:
 //!

@@ -7,7 +7,7 @@
 //! so the permutation is defined once (it is the inverse of llama.cpp `convert_hf_to_gguf.py`'s
 //! `LlamaModel.permute`).
 
-use crate::HostTensor;
+use qdrift_weights::HostTensor;
 
 /// For a q or k projection of `n_heads` heads with `head_dim` rows each, in the interleaved
 /// RoPE layout, the interleaved row that each rotate-half row comes from:

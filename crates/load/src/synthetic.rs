@@ -28,9 +28,10 @@ use std::path::{Path, PathBuf};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 
-use crate::{
-    HostModel, HostTensor, LayerWeights, Llama2cTokenizer, LlamaArch, LoadError, LoadedModel, ModelFormat, SpecialIds,
-};
+use crate::LoadError;
+use crate::loaded::{LoadedModel, ModelFormat};
+use crate::tokenizer::{Llama2cTokenizer, SpecialIds};
+use qdrift_weights::{HostModel, HostTensor, LayerWeights, LlamaArch};
 
 /// Names accepted by [`synthetic_model`], with what they imitate.
 pub const SYNTHETIC_PRESETS: &[(&str, &str)] = &[

@@ -65,7 +65,7 @@ pub struct SpecialIds {
 impl Llama2cTokenizer {
     /// Reads a llama2.c `tokenizer.bin`.
     pub fn read(path: &Path) -> Result<Self, LoadError> {
-        let bytes = crate::input::read_file(path, crate::input::MAX_TOKENIZER_BYTES)?;
+        let bytes = crate::input::read_file(path, crate::input::TOKENIZER)?;
         Self::parse(path, &bytes)
     }
 
@@ -187,6 +187,11 @@ impl Llama2cTokenizer {
         }
         piece.to_vec()
     }
+}
+
+/// Is `p` a byte-fallback piece `<0xNN>`? (The writers type them as bytes.)
+pub(crate) fn is_byte_piece(p: &[u8]) -> bool {
+    p.len() == 6 && p.starts_with(b"<0x") && p.ends_with(b">")
 }
 
 /// A merge candidate: adjacent symbols `left` and `right` (indices into the initial symbols)

@@ -37,17 +37,11 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// An empty cache for `capacity` positions, on `device` or in host memory as `kernel` needs.
-    /// Host caches store f16 values as f16 and everything else as f32.
-    pub fn new(
-        batch: usize,
-        kv_heads: usize,
-        capacity: usize,
-        head_dim: usize,
-        dtype: DType,
-        device: &Device,
-        kernel: AttentionKernel,
-    ) -> Self {
+    /// An empty cache of shape `[batch, kv_heads, capacity, head_dim]` (`capacity` positions), on
+    /// `device` or in host memory as `kernel` needs. Host caches store f16 values as f16 and
+    /// everything else as f32.
+    pub fn new(shape: [usize; 4], dtype: DType, device: &Device, kernel: AttentionKernel) -> Self {
+        let [batch, kv_heads, capacity, head_dim] = shape;
         let storage = match kernel {
             AttentionKernel::Composed => {
                 let shape = [batch, kv_heads, capacity, head_dim];

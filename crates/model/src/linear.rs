@@ -8,7 +8,7 @@ use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{DType, Device, Tensor};
 
-use qdrift_load::HostTensor;
+use qdrift_weights::HostTensor;
 
 use crate::host::elem::round_f16;
 use crate::host::linear::PackedLinear;
@@ -31,20 +31,28 @@ pub struct HostProjection {
     packed: Arc<PackedLinear>,
 }
 
+/// Where and how [`Projection::new`] stores a layer: the compute dtype, the device, the kernel
+/// that will multiply by it, and whether host panels of an f32 layer may be stored as f16.
+#[derive(Clone, Copy)]
+pub(crate) struct ProjectionStore<'a> {
+    pub dtype: DType,
+    pub device: &'a Device,
+    pub kernel: LinearKernel,
+    pub compact: bool,
+}
+
 impl Projection {
-    /// A layer from `[out, in]` row-major host weights and an optional `[out]` bias, in `dtype`
-    /// (f32 or f16, rounded to nearest even on the host), stored as `kernel` says. Host panels of
-    /// an f32 layer are stored as f16 when every weight is an f16 value and `compact`
+    /// A layer from `[out, in]` row-major host weights and an optional `[out]` bias, in `store.dtype`
+    /// (f32 or f16, rounded to nearest even on the host), stored as `store.kernel` says. Host
+    /// panels of an f32 layer are stored as f16 when every weight is an f16 value and `compact`
     /// (`host/linear.rs`'s storage rule; the products are the same).
     pub(crate) fn new(
         weight: &[f32],
         [out, inp]: [usize; 2],
         bias: Option<&[f32]>,
-        dtype: DType,
-        device: &Device,
-        kernel: LinearKernel,
-        compact: bool,
+        store: ProjectionStore<'_>,
     ) -> Self {
+        let ProjectionStore { dtype, device, kernel, compact } = store;
         match kernel {
             LinearKernel::Host => {
                 let f16 = dtype == DType::F16;

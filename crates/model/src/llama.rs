@@ -9,8 +9,8 @@ use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::tensor::activation::silu;
 use burn::tensor::{DType, Device, Int, Tensor};
-use qdrift_load::{HostModel, HostTensor, LayerWeights, LlamaArch, RopeScaling};
 use qdrift_quantize::ActivationScale;
+use qdrift_weights::{HostModel, HostTensor, LayerWeights, LlamaArch, RopeScaling};
 
 use crate::attention::{Attention, ForwardContext};
 use crate::fake_quant::RuntimeQuant;
@@ -19,6 +19,7 @@ use crate::host::isa::{Isa, IsaError};
 use crate::host::placement::{self, AttentionKernel, LinearKernel, RoundingPath};
 use crate::host::swiglu::swiglu;
 use crate::norm::RmsNorm;
+use crate::linear::ProjectionStore;
 use crate::{KvCache, Positions, Projection, Rope, host_f32, upload, upload_owned};
 
 /// Errors building a model on a device.
@@ -76,7 +77,7 @@ pub struct LlamaConfig {
 
 impl LlamaConfig {
     /// The configuration of a loaded model's architecture.
-    pub fn from_arch(arch: &qdrift_load::LlamaArch) -> Self {
+    pub fn from_arch(arch: &LlamaArch) -> Self {
         Self::new(arch.dim, arch.hidden_dim, arch.n_layers, arch.n_heads, arch.n_kv_heads, arch.vocab_size)
             .with_norm_eps(arch.norm_eps as f64)
             .with_rope_theta(arch.rope_theta as f64)
@@ -138,6 +139,7 @@ impl LlamaConfig {
             check(&name, t, &[n])?;
             Ok(Param::from_tensor(upload(&t.data, [n], dtype, device)))
         };
+        let store = ProjectionStore { dtype, device, kernel, compact };
         // `name` without its `.weight`: the bias is `{name}.bias`.
         let biased = |name: &str, t: &HostTensor, b: Option<&HostTensor>, out: usize, inp: usize| {
             check(&format!("{name}.weight"), t, &[out, inp])?;
@@ -145,7 +147,7 @@ impl LlamaConfig {
                 check(&format!("{name}.bias"), b, &[out])?;
             }
             let bias = b.map(|b| &b.data[..]);
-            Ok::<_, ModelError>(Projection::new(&t.data, [out, inp], bias, dtype, device, kernel, compact))
+            Ok::<_, ModelError>(Projection::new(&t.data, [out, inp], bias, store))
         };
         let linear = |name: &str, t: &HostTensor, out: usize, inp: usize| biased(name, t, None, out, inp);
 
@@ -423,7 +425,7 @@ impl Llama {
         let (kvh, hd) = (self.config.n_kv_heads, self.config.head_dim());
         let quant = self.runtime.kv_cache;
         (0..self.layers.len())
-            .map(|_| KvCache::new(batch, kvh, capacity, hd, self.dtype, &device, kernel).with_quant(quant))
+            .map(|_| KvCache::new([batch, kvh, capacity, hd], self.dtype, &device, kernel).with_quant(quant))
             .collect()
     }
 

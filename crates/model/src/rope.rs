@@ -5,7 +5,7 @@
 use burn::tensor::{DType, Device, Tensor};
 
 use crate::host::rope::HostRope;
-use qdrift_load::RopeScaling;
+use qdrift_weights::RopeScaling;
 
 /// Rotary position embedding (Su et al. 2021, "RoFormer") in the *interleaved* layout of
 /// llama2.c and GGUF: within a head, elements `(2i, 2i+1)` form one rotation pair with inverse

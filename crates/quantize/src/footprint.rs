@@ -9,7 +9,8 @@
 use qdrift_load::inspect::WeightStorage;
 
 use crate::error::QuantizeError;
-use crate::{Scheme, float, fp8, ggml, int, nf4};
+use crate::scheme::Scheme;
+use crate::{float, fp8, ggml, int, nf4};
 
 impl Scheme {
     /// Bytes this scheme stores for a `[rows, cols]` matrix (codes, scales, zero points, blocks):

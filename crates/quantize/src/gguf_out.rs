@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use qdrift_load::write::{GgufMatrix, GgufStored, WriteDtype, write_gguf_with};
 use qdrift_load::{GgufValue, LoadError};
 
-use crate::Scheme;
 use crate::model::{QuantizedModel, WeightSlot};
+use crate::scheme::Scheme;
 
 /// Why a GGUF file could not be written.
 #[derive(Debug, thiserror::Error)]

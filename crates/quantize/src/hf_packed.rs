@@ -3,23 +3,32 @@
 //! (`qdrift_load::read_hf_folder`) can be tested without a hub; written to a folder by
 //! [`crate::write_hf_quantized`].
 //!
-//! The codes and scales are qdrift's own schemes' (`int.rs`, `fp8.rs`), re-packed, so a folder
-//! read back equals the scheme's dequantized weights bit for bit (see [`HfLayout`] for which
-//! scheme each layout carries). The layouts are the ones `qdrift-load`'s `hf_quant.rs` documents
-//! and cites (AutoGPTQ / GPTQModel `pack`, AutoAWQ `WQLinear_GEMM.from_linear`,
-//! compressed-tensors `pack_to_int32`, `transformers`' `FP8Linear`); a linear layer whose
-//! dimensions a layout cannot pack (GPTQ needs `in` and `out` multiples of `32 / bits`, AWQ `out`
-//! a multiple of 8) is left unquantized, as quantizers skip such layers.
+//! The codes and scales are qdrift's own schemes' (`int.rs`, `fp8.rs`), handed to the packing
+//! code of each layout, which sits beside its unpacking code in `qdrift-load`
+//! ([`qdrift_load::hf::quant`]: AutoGPTQ / GPTQModel `pack`, AutoAWQ `WQLinear_GEMM.from_linear`,
+//! compressed-tensors `pack_to_int32`, `transformers`' `FP8Linear`), so a folder read back equals
+//! the scheme's dequantized weights bit for bit (see [`HfLayout`] for which scheme each layout
+//! carries). This module chooses the scheme, quantizes, and turns the scheme's parts into the
+//! layout's codes; a linear layer whose dimensions a layout cannot pack (GPTQ needs `in` and `out`
+//! multiples of `32 / bits`, AWQ `out` a multiple of 8) is left unquantized, as quantizers skip
+//! such layers.
 //!
 //! q/k rows are packed in the rotate-half layout Hugging Face uses (each scheme quantizes rows
 //! independently, so packing the permuted matrix is permuting the packed one).
 
-use qdrift_load::{HostModel, HostTensor, rotate_half_row_order};
+use qdrift_load::hf::quant::{
+    Awq, Compressed, CtActivations, CtFormat, CtGroup, CtScheme, CtWeights, Fp8, Fp8Codes, Gptq, HfDtype, IntCodes,
+    Strategy,
+};
+use qdrift_load::ofp8::Ofp8;
+use qdrift_load::{ActivationGranularity, HostModel, HostTensor, rotate_half_row_order};
+
+pub use qdrift_load::hf::quant::HfTensor;
 
 use crate::error::QuantizeError;
 use crate::fp8::{fp8_decode, fp8_encode};
+use crate::matrix::{QuantizedMatrix, quantize};
 use crate::scheme::{Fp8Format, Scheme};
-use crate::{PackedDtype, QuantizedMatrix, quantize};
 
 /// A checkpoint layout and the qdrift scheme whose codes it stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,19 +93,6 @@ pub enum HfLayout {
     },
 }
 
-/// One tensor to write, in safetensors terms.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HfTensor {
-    /// Full Hugging Face name (`model.layers.0.self_attn.q_proj.qweight`).
-    pub name: String,
-    /// Element type.
-    pub dtype: PackedDtype,
-    /// Shape in elements.
-    pub shape: Vec<usize>,
-    /// Little-endian contents.
-    pub bytes: Vec<u8>,
-}
-
 /// The packed linear layers of a model.
 #[derive(Debug, Clone)]
 pub struct HfPacked {
@@ -142,7 +138,7 @@ pub fn pack_hf(model: &HostModel, layout: HfLayout) -> Result<HfPacked, Quantize
             w.data = heads.map_or(values.clone(), |h| rows_from_hf(&values, out, inp, h));
         }
     }
-    Ok(HfPacked { tensors, replaced, quantization_config: config_json(layout), dequantized })
+    Ok(HfPacked { tensors, replaced, quantization_config: quantization_config(layout), dequantized })
 }
 
 fn check_layout(layout: HfLayout) -> Result<(), QuantizeError> {
@@ -198,73 +194,87 @@ fn rows_from_hf(hf: &[f32], rows: usize, cols: usize, heads: usize) -> Vec<f32> 
     out
 }
 
-/// Integer codes, zero points and scales of an int scheme, unpacked.
+/// qdrift's `int8` / `int4-gG[-asym]` parts as the unsigned codes the integer layouts store: a
+/// symmetric scheme's signed code `q` is `q + 2^(bits−1)` and its zero point `2^(bits−1)`; an
+/// asymmetric scheme's codes and zero points are unsigned already.
 struct Affine {
-    /// `[rows, cols]`: signed codes (symmetric) or unsigned (asymmetric).
-    q: Vec<i32>,
-    /// `[rows, groups]`; 0 when symmetric.
-    z: Vec<i32>,
+    /// `[rows, cols]`.
+    codes: Vec<i32>,
     /// `[rows, groups]`.
-    s: Vec<f32>,
-    groups: usize,
+    zeros: Vec<i32>,
+    /// `[rows, groups]`.
+    scales: Vec<f32>,
+    /// Codes per group along a row.
+    group: usize,
 }
 
-/// Unpacks qdrift's `int8` / `int4-gG[-asym]` parts.
-///
-/// # Shapes
-/// - `m`: `[rows, cols]`; codes `[rows, cols]`, zeros and scales `[rows, groups]`.
-fn affine(m: &QuantizedMatrix) -> Affine {
-    let (rows, cols) = (m.rows(), m.cols());
-    let parts = m.parts();
-    let find = |n: &str| parts.iter().find(|p| p.name == n).map(|p| p.bytes.as_slice()).unwrap_or(&[]);
-    let nibble = |b: &[u8], k: usize| (b[k / 2] >> (4 * (k % 2))) & 0x0F;
-    match m.scheme() {
-        Scheme::Int8 => Affine {
-            q: find("codes").iter().map(|&b| i32::from(b as i8)).collect(),
-            z: vec![0; rows],
-            s: find("scales").chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-            groups: 1,
-        },
-        Scheme::Int4 { group, asym } => {
-            let groups = cols.div_ceil(group);
-            let (codes, zeros) = (find("codes"), find("zeros"));
-            let (row_bytes, zero_bytes) = (cols.div_ceil(2), groups.div_ceil(2));
-            let q = (0..rows * cols)
-                .map(|k| {
-                    let raw = nibble(&codes[(k / cols) * row_bytes..], k % cols);
-                    if asym { i32::from(raw) } else { i32::from(((raw << 4) as i8) >> 4) }
-                })
-                .collect();
-            let z = (0..rows * groups)
-                .map(|k| if asym { i32::from(nibble(&zeros[(k / groups) * zero_bytes..], k % groups)) } else { 0 })
-                .collect();
-            let s = find("scales").chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect();
-            Affine { q, z, s, groups }
+impl Affine {
+    /// Unpacks the parts of `m` (an `int8` or `int4` matrix).
+    ///
+    /// # Shapes
+    /// - `m`: `[rows, cols]`; codes `[rows, cols]`, zeros and scales `[rows, groups]`.
+    fn of(m: &QuantizedMatrix) -> Affine {
+        let (rows, cols) = (m.rows(), m.cols());
+        let parts = m.parts();
+        let find = |n: &str| parts.iter().find(|p| p.name == n).map(|p| p.bytes.as_slice()).unwrap_or(&[]);
+        let nibble = |b: &[u8], k: usize| (b[k / 2] >> (4 * (k % 2))) & 0x0F;
+        match m.scheme() {
+            Scheme::Int8 => Affine {
+                codes: find("codes").iter().map(|&b| i32::from(b as i8) + 128).collect(),
+                zeros: vec![128; rows],
+                scales: find("scales").chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+                group: cols,
+            },
+            Scheme::Int4 { group, asym } => {
+                let groups = cols.div_ceil(group);
+                let (codes, zeros) = (find("codes"), find("zeros"));
+                let (row_bytes, zero_bytes) = (cols.div_ceil(2), groups.div_ceil(2));
+                let codes = (0..rows * cols)
+                    .map(|k| {
+                        let raw = nibble(&codes[(k / cols) * row_bytes..], k % cols);
+                        if asym { i32::from(raw) } else { i32::from(((raw << 4) as i8) >> 4) + 8 }
+                    })
+                    .collect();
+                let zeros = (0..rows * groups)
+                    .map(|k| if asym { i32::from(nibble(&zeros[(k / groups) * zero_bytes..], k % groups)) } else { 8 })
+                    .collect();
+                let scales =
+                    find("scales").chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect();
+                Affine { codes, zeros, scales, group }
+            }
+            _ => Affine { codes: Vec::new(), zeros: Vec::new(), scales: Vec::new(), group: cols },
         }
-        _ => Affine { q: Vec::new(), z: Vec::new(), s: Vec::new(), groups: 1 },
+    }
+
+    /// The codes as the layouts take them, the scales stored as `scale_dtype`.
+    fn codes(&self, m: &QuantizedMatrix, scale_dtype: HfDtype) -> IntCodes<'_> {
+        IntCodes {
+            out: m.rows(),
+            inp: m.cols(),
+            group: self.group,
+            codes: &self.codes,
+            zeros: &self.zeros,
+            scales: &self.scales,
+            scale_dtype,
+        }
     }
 }
 
-fn tensor(name: String, dtype: PackedDtype, shape: Vec<usize>, bytes: Vec<u8>) -> HfTensor {
-    HfTensor { name, dtype, shape, bytes }
+/// The F32 scales of an FP8 scheme's parts.
+fn fp8_scales(m: &QuantizedMatrix) -> Vec<f32> {
+    let parts = m.parts();
+    let bytes = parts.iter().find(|p| p.name == "scales").map(|p| p.bytes.as_slice()).unwrap_or(&[]);
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
-fn i32_bytes(v: &[i32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+/// The FP8 codes of an FP8 scheme's parts.
+fn fp8_codes(m: &QuantizedMatrix) -> Vec<u8> {
+    m.parts().into_iter().find(|p| p.name == "codes").map(|p| p.bytes).unwrap_or_default()
 }
 
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn f16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect()
-}
-
-/// ORs `value` into bits `bits·k` up of `word` (low bits first).
-fn put(word: &mut i32, bits: u32, k: usize, value: i32) {
-    let mask = (1u32 << bits) - 1;
-    *word = (*word as u32 | ((value as u32 & mask) << (bits as usize * k))) as i32;
+/// Int8 scales as F32 (exact), int4 scales as F16 (the scheme's own).
+fn int_scale_dtype(bits: u32) -> HfDtype {
+    if bits == 8 { HfDtype::F32 } else { HfDtype::F16 }
 }
 
 /// A column permutation for act-order fixtures: `j ↦ (7j + 3) mod n` (a bijection when 7 does
@@ -273,245 +283,150 @@ fn act_order_perm(n: usize) -> Vec<usize> {
     if n.is_multiple_of(7) { (0..n).collect() } else { (0..n).map(|j| (7 * j + 3) % n).collect() }
 }
 
+/// The packed tensors of one matrix and its dequantized values (HF row order).
+type Packed = (Vec<HfTensor>, Vec<f32>);
+
 /// Packs one `[out, inp]` matrix (HF row order) of `module`; returns its tensors and the
 /// dequantized values (HF row order).
 ///
 /// # Shapes
 /// - `w`: `[out, inp]`; returns values `[out, inp]`.
-fn pack_matrix(
-    module: &str,
-    w: &[f32],
-    out: usize,
-    inp: usize,
-    layout: HfLayout,
-) -> Result<(Vec<HfTensor>, Vec<f32>), QuantizeError> {
-    let name = |suffix: &str| format!("{module}.{suffix}");
-    Ok(match layout {
+fn pack_matrix(module: &str, w: &[f32], out: usize, inp: usize, layout: HfLayout) -> Result<Packed, QuantizeError> {
+    match layout {
         HfLayout::Gptq { bits, group, asym, act_order, v2 } => {
-            let scheme = if bits == 8 { Scheme::Int8 } else { Scheme::Int4 { group: group.unwrap_or(inp), asym } };
-            // Act order: quantize the permuted columns; column `perm[j]` falls in group `j / G`.
-            let perm = if act_order { act_order_perm(inp) } else { (0..inp).collect() };
-            let permuted: Vec<f32> = (0..out * inp).map(|k| w[(k / inp) * inp + perm[k % inp]]).collect();
-            let m = quantize(&scheme, &permuted, out, inp)?;
-            let a = affine(&m);
-            let size = group.unwrap_or(inp);
-            let pf = 32 / bits as usize;
-            let offset = if asym { 0 } else { 1i32 << (bits - 1) };
-            let mut qweight = vec![0i32; inp / pf * out];
-            let mut g_idx = vec![0i32; inp];
-            for (j, &i) in perm.iter().enumerate() {
-                g_idx[i] = (j / size) as i32;
-                for o in 0..out {
-                    put(&mut qweight[(i / pf) * out + o], bits, i % pf, a.q[o * inp + j] + offset);
-                }
-            }
-            let mut qzeros = vec![0i32; a.groups * (out / pf)];
-            let mut scales = vec![0f32; a.groups * out];
-            for g in 0..a.groups {
-                for o in 0..out {
-                    let z = a.z[o * a.groups + g] + offset;
-                    // v1 stores z − 1 in `bits` bits (`put` masks: zero point 0 is stored as
-                    // 2^bits − 1, which AutoGPTQ's `+ 1` then mask reads back as 0).
-                    let stored = if v2 { z } else { z - 1 };
-                    put(&mut qzeros[g * (out / pf) + o / pf], bits, o % pf, stored);
-                    scales[g * out + o] = a.s[o * a.groups + g];
-                }
-            }
-            let (scale_dtype, scale_bytes) =
-                if bits == 8 { (PackedDtype::F32, f32_bytes(&scales)) } else { (PackedDtype::F16, f16_bytes(&scales)) };
-            let parts = vec![
-                tensor(name("qweight"), PackedDtype::I32, vec![inp / pf, out], i32_bytes(&qweight)),
-                tensor(name("qzeros"), PackedDtype::I32, vec![a.groups, out / pf], i32_bytes(&qzeros)),
-                tensor(name("scales"), scale_dtype, vec![a.groups, out], scale_bytes),
-                tensor(name("g_idx"), PackedDtype::I32, vec![inp], i32_bytes(&g_idx)),
-            ];
-            let d = m.dequantize();
-            let mut values = vec![0f32; out * inp];
-            for (j, &i) in perm.iter().enumerate() {
-                for o in 0..out {
-                    values[o * inp + i] = d[o * inp + j];
-                }
-            }
-            (parts, values)
+            let gptq = Gptq { bits, group, desc_act: act_order, sym: !asym, v2 };
+            pack_gptq(module, w, [out, inp], gptq)
         }
         HfLayout::Awq { group } => {
-            const AWQ_ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
             let m = quantize(&Scheme::Int4 { group, asym: true }, w, out, inp)?;
-            let a = affine(&m);
-            let cols = out / 8;
-            let mut qweight = vec![0i32; inp * cols];
-            let mut qzeros = vec![0i32; a.groups * cols];
-            for c in 0..cols {
-                for (k, &o) in AWQ_ORDER.iter().enumerate() {
-                    let o = 8 * c + o;
-                    for i in 0..inp {
-                        put(&mut qweight[i * cols + c], 4, k, a.q[o * inp + i]);
-                    }
-                    for g in 0..a.groups {
-                        put(&mut qzeros[g * cols + c], 4, k, a.z[o * a.groups + g]);
-                    }
-                }
-            }
-            let scales: Vec<f32> = (0..a.groups * out).map(|k| a.s[(k % out) * a.groups + k / out]).collect();
-            let parts = vec![
-                tensor(name("qweight"), PackedDtype::I32, vec![inp, cols], i32_bytes(&qweight)),
-                tensor(name("qzeros"), PackedDtype::I32, vec![a.groups, cols], i32_bytes(&qzeros)),
-                tensor(name("scales"), PackedDtype::F16, vec![a.groups, out], f16_bytes(&scales)),
-            ];
-            (parts, m.dequantize())
+            let a = Affine::of(&m);
+            Ok((Awq::pack(module, &a.codes(&m, HfDtype::F16)), m.dequantize()))
         }
         HfLayout::CtPacked { bits, group, asym } => {
             let scheme = if bits == 8 { Scheme::Int8 } else { Scheme::Int4 { group, asym } };
             let m = quantize(&scheme, w, out, inp)?;
-            let a = affine(&m);
-            let pf = 32 / bits as usize;
-            let offset = 1i32 << (bits - 1);
-            // compressed-tensors' codes are signed: an asymmetric unsigned q and z shift by 2^(b−1).
-            let shift = if asym { offset } else { 0 };
-            let words = inp.div_ceil(pf);
-            let mut packed = vec![0i32; out * words];
-            for o in 0..out {
-                for i in 0..inp {
-                    put(&mut packed[o * words + i / pf], bits, i % pf, a.q[o * inp + i] - shift + offset);
-                }
-            }
-            let mut parts = vec![
-                tensor(name("weight_packed"), PackedDtype::I32, vec![out, words], i32_bytes(&packed)),
-                tensor(
-                    name("weight_shape"),
-                    PackedDtype::I64,
-                    vec![2],
-                    [out as i64, inp as i64].iter().flat_map(|x| x.to_le_bytes()).collect(),
-                ),
-            ];
-            parts.push(if bits == 8 {
-                tensor(name("weight_scale"), PackedDtype::F32, vec![out, 1], f32_bytes(&a.s))
-            } else {
-                tensor(name("weight_scale"), PackedDtype::F16, vec![out, a.groups], f16_bytes(&a.s))
-            });
-            if asym {
-                let mut zp = vec![0i32; out.div_ceil(pf) * a.groups];
-                for o in 0..out {
-                    for g in 0..a.groups {
-                        put(&mut zp[(o / pf) * a.groups + g], bits, o % pf, a.z[o * a.groups + g] - shift + offset);
-                    }
-                }
-                parts.push(tensor(
-                    name("weight_zero_point"),
-                    PackedDtype::I32,
-                    vec![out.div_ceil(pf), a.groups],
-                    i32_bytes(&zp),
-                ));
-            }
-            (parts, m.dequantize())
+            let a = Affine::of(&m);
+            let parts = ct_scheme(layout).pack_int(module, &a.codes(&m, int_scale_dtype(bits)));
+            Ok((parts.unwrap_or_default(), m.dequantize()))
         }
         HfLayout::CtInt8 { .. } => {
             let m = quantize(&Scheme::Int8, w, out, inp)?;
-            let a = affine(&m);
-            let codes: Vec<u8> = a.q.iter().map(|&q| q as i8 as u8).collect();
-            let parts = vec![
-                tensor(name("weight"), PackedDtype::I8, vec![out, inp], codes),
-                tensor(name("weight_scale"), PackedDtype::F32, vec![out, 1], f32_bytes(&a.s)),
-            ];
-            (parts, m.dequantize())
+            let a = Affine::of(&m);
+            let parts = ct_scheme(layout).pack_int(module, &a.codes(&m, HfDtype::F32));
+            Ok((parts.unwrap_or_default(), m.dequantize()))
         }
         HfLayout::CtFp8 { .. } | HfLayout::CtFp8TokenGroup { .. } | HfLayout::Fp8 { block: None } => {
             let per_tensor = matches!(layout, HfLayout::Fp8 { .. });
             let m = quantize(&Scheme::Fp8 { format: Fp8Format::E4M3, per_tensor }, w, out, inp)?;
-            let parts = m.parts();
-            let find = |n: &str| parts.iter().find(|p| p.name == n).map(|p| p.bytes.clone()).unwrap_or_default();
-            let (scale_name, scale_shape) =
-                if per_tensor { ("weight_scale_inv", vec![1]) } else { ("weight_scale", vec![out, 1]) };
-            let parts = vec![
-                tensor(name("weight"), PackedDtype::F8E4M3, vec![out, inp], find("codes")),
-                tensor(name(scale_name), PackedDtype::F32, scale_shape, find("scales")),
-            ];
-            (parts, m.dequantize())
+            let (codes, scales) = (fp8_codes(&m), fp8_scales(&m));
+            let fp8 = Fp8Codes { out, inp, format: Ofp8::E4M3, codes: &codes, scales: &scales };
+            let parts = if per_tensor {
+                Fp8 { fmt: Ofp8::E4M3, block: None }.pack(module, &fp8)
+            } else {
+                ct_scheme(layout).pack_fp8(module, &fp8).unwrap_or_default()
+            };
+            Ok((parts, m.dequantize()))
         }
-        HfLayout::Fp8 { block: Some(b) } => {
-            let (br, bc) = (out.div_ceil(b), inp.div_ceil(b));
-            let mut scales = vec![0f32; br * bc];
-            for (k, &v) in w.iter().enumerate() {
-                let s = &mut scales[(k / inp / b) * bc + (k % inp) / b];
-                *s = s.max(v.abs());
-            }
-            for s in &mut scales {
-                *s /= Fp8Format::E4M3.max_finite();
-            }
-            let scale_of = |k: usize| scales[(k / inp / b) * bc + (k % inp) / b];
-            let codes: Vec<u8> = w
-                .iter()
-                .enumerate()
-                .map(|(k, &v)| if scale_of(k) == 0.0 { 0 } else { fp8_encode(Fp8Format::E4M3, v / scale_of(k)) })
-                .collect();
-            let values = codes.iter().enumerate().map(|(k, &c)| fp8_decode(Fp8Format::E4M3, c) * scale_of(k)).collect();
-            let parts = vec![
-                tensor(name("weight"), PackedDtype::F8E4M3, vec![out, inp], codes),
-                tensor(name("weight_scale_inv"), PackedDtype::F32, vec![br, bc], f32_bytes(&scales)),
-            ];
-            (parts, values)
-        }
-    })
+        HfLayout::Fp8 { block: Some(b) } => Ok(pack_fp8_blocks(module, w, [out, inp], b)),
+    }
 }
 
-/// `quantization_config` for `layout`, as JSON text.
-fn config_json(layout: HfLayout) -> String {
-    let ct = |format: &str, weights: String, acts: &str| {
-        format!(
-            r#"{{"quant_method": "compressed-tensors", "format": "{format}", "quantization_status": "compressed",
-  "ignore": ["lm_head"], "kv_cache_scheme": null, "sparsity_config": null,
-  "config_groups": {{"group_0": {{"targets": ["Linear"], "weights": {weights}, "input_activations": {acts}, "output_activations": null}}}}}}"#
-        )
-    };
-    let act = |on: bool, ty: &str| {
-        if on {
-            format!(r#"{{"num_bits": 8, "type": "{ty}", "strategy": "token", "dynamic": true, "symmetric": true}}"#)
-        } else {
-            "null".to_string()
+/// GPTQ: `int8` (one group per row) or `int4-gG[-asym]` codes, act-order columns when
+/// `desc_act`; the values are un-permuted back to the input order.
+///
+/// # Shapes
+/// - `w`: `[out, inp]`; returns values `[out, inp]`.
+fn pack_gptq(module: &str, w: &[f32], [out, inp]: [usize; 2], gptq: Gptq) -> Result<Packed, QuantizeError> {
+    let Gptq { bits, group, desc_act, sym, .. } = gptq;
+    let scheme = if bits == 8 { Scheme::Int8 } else { Scheme::Int4 { group: group.unwrap_or(inp), asym: !sym } };
+    // Act order: quantize the permuted columns; column `perm[j]` falls in group `j / G`.
+    let perm = if desc_act { act_order_perm(inp) } else { (0..inp).collect() };
+    let permuted: Vec<f32> = (0..out * inp).map(|k| w[(k / inp) * inp + perm[k % inp]]).collect();
+    let m = quantize(&scheme, &permuted, out, inp)?;
+    let a = Affine::of(&m);
+    let parts = gptq.pack(module, &a.codes(&m, int_scale_dtype(bits)), &perm);
+    let d = m.dequantize();
+    let mut values = vec![0f32; out * inp];
+    for (j, &i) in perm.iter().enumerate() {
+        for o in 0..out {
+            values[o * inp + i] = d[o * inp + j];
         }
-    };
+    }
+    Ok((parts, values))
+}
+
+/// `quant_method: fp8` with `b × b` blocks: scale `amax / 448` per block, E4M3 codes.
+///
+/// # Shapes
+/// - `w`: `[out, inp]`; returns values `[out, inp]`.
+fn pack_fp8_blocks(module: &str, w: &[f32], [out, inp]: [usize; 2], b: usize) -> Packed {
+    let (br, bc) = (out.div_ceil(b), inp.div_ceil(b));
+    let mut scales = vec![0f32; br * bc];
+    for (k, &v) in w.iter().enumerate() {
+        let s = &mut scales[(k / inp / b) * bc + (k % inp) / b];
+        *s = s.max(v.abs());
+    }
+    for s in &mut scales {
+        *s /= Fp8Format::E4M3.max_finite();
+    }
+    let scale_of = |k: usize| scales[(k / inp / b) * bc + (k % inp) / b];
+    let codes: Vec<u8> = w
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| if scale_of(k) == 0.0 { 0 } else { fp8_encode(Fp8Format::E4M3, v / scale_of(k)) })
+        .collect();
+    let values = codes.iter().enumerate().map(|(k, &c)| fp8_decode(Fp8Format::E4M3, c) * scale_of(k)).collect();
+    let fp8 = Fp8Codes { out, inp, format: Ofp8::E4M3, codes: &codes, scales: &scales };
+    (Fp8 { fmt: Ofp8::E4M3, block: Some((b, b)) }.pack(module, &fp8), values)
+}
+
+/// The compressed-tensors scheme of a `Ct*` layout (GPTQ, AWQ and FP8 layouts get a scheme they
+/// do not use).
+fn ct_scheme(layout: HfLayout) -> CtScheme {
+    let channel = |bits, float| CtWeights { bits, float, symmetric: true, strategy: Strategy::Channel };
+    let token = |float, on: bool| on.then_some(CtActivations { float, granularity: ActivationGranularity::Token });
     match layout {
-        HfLayout::Gptq { bits, group, asym, act_order, v2 } => format!(
-            r#"{{"quant_method": "gptq", "bits": {bits}, "group_size": {}, "desc_act": {act_order}, "sym": {}, "checkpoint_format": "{}"}}"#,
-            group.map_or(-1, |g| g as i64),
-            !asym,
-            if v2 { "gptq_v2" } else { "gptq" }
-        ),
-        HfLayout::Awq { group } => format!(
-            r#"{{"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": {group}, "zero_point": true, "modules_to_not_convert": null}}"#
-        ),
-        HfLayout::CtPacked { bits, group, asym } => {
-            let weights = if bits == 8 {
-                r#"{"num_bits": 8, "type": "int", "symmetric": true, "strategy": "channel", "dynamic": false}"#
-                    .to_string()
-            } else {
-                format!(
-                    r#"{{"num_bits": 4, "type": "int", "symmetric": {}, "strategy": "group", "group_size": {group}, "dynamic": false}}"#,
-                    !asym
-                )
-            };
-            ct("pack-quantized", weights, "null")
+        HfLayout::CtPacked { bits: 8, .. } => {
+            CtScheme { format: CtFormat::Packed, weights: channel(8, false), activations: None }
         }
-        HfLayout::CtInt8 { activations } => ct(
-            "int-quantized",
-            r#"{"num_bits": 8, "type": "int", "symmetric": true, "strategy": "channel", "dynamic": false}"#.into(),
-            &act(activations, "int"),
-        ),
-        HfLayout::CtFp8 { activations } => ct(
-            "float-quantized",
-            r#"{"num_bits": 8, "type": "float", "symmetric": true, "strategy": "channel", "dynamic": false}"#.into(),
-            &act(activations, "float"),
-        ),
-        HfLayout::CtFp8TokenGroup { group } => ct(
-            "float-quantized",
-            r#"{"num_bits": 8, "type": "float", "symmetric": true, "strategy": "channel", "dynamic": false}"#.into(),
-            &format!(
-                r#"{{"num_bits": 8, "type": "float", "strategy": "group", "group_size": {group}, "dynamic": true, "symmetric": true}}"#
-            ),
-        ),
-        HfLayout::Fp8 { block } => format!(
-            r#"{{"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": {}}}"#,
-            block.map_or("null".to_string(), |b| format!("[{b}, {b}]"))
-        ),
+        HfLayout::CtPacked { bits, group, asym } => CtScheme {
+            format: CtFormat::Packed,
+            weights: CtWeights { bits, float: false, symmetric: !asym, strategy: Strategy::Group(group) },
+            activations: None,
+        },
+        HfLayout::CtInt8 { activations } => {
+            CtScheme { format: CtFormat::Int, weights: channel(8, false), activations: token(false, activations) }
+        }
+        HfLayout::CtFp8TokenGroup { group } => CtScheme {
+            format: CtFormat::Float,
+            weights: channel(8, true),
+            activations: Some(CtActivations { float: true, granularity: ActivationGranularity::TokenGroup(group) }),
+        },
+        HfLayout::CtFp8 { activations } => {
+            CtScheme { format: CtFormat::Float, weights: channel(8, true), activations: token(true, activations) }
+        }
+        HfLayout::Gptq { .. } | HfLayout::Awq { .. } | HfLayout::Fp8 { .. } => {
+            CtScheme { format: CtFormat::Float, weights: channel(8, true), activations: None }
+        }
+    }
+}
+
+/// `quantization_config` for `layout`, as JSON text (written by the layout's own code in
+/// `qdrift-load`).
+fn quantization_config(layout: HfLayout) -> String {
+    match layout {
+        HfLayout::Gptq { bits, group, asym, act_order, v2 } => {
+            Gptq { bits, group, desc_act: act_order, sym: !asym, v2 }.quantization_config()
+        }
+        HfLayout::Awq { group } => Awq { group: Some(group) }.quantization_config(),
+        HfLayout::Fp8 { block } => Fp8 { fmt: Ofp8::E4M3, block: block.map(|b| (b, b)) }.quantization_config(),
+        HfLayout::CtPacked { .. }
+        | HfLayout::CtInt8 { .. }
+        | HfLayout::CtFp8 { .. }
+        | HfLayout::CtFp8TokenGroup { .. } => Compressed {
+            groups: vec![CtGroup { targets: vec!["Linear".to_string()], scheme: ct_scheme(layout) }],
+            ignore: vec!["lm_head".to_string()],
+        }
+        .quantization_config(),
     }
 }

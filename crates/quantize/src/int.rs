@@ -31,9 +31,9 @@
 
 use half::f16;
 
-use crate::Scheme;
 use crate::error::QuantizeError;
 use crate::packed::{Packed, PackedDtype, PackedPart, f32_bytes, groups};
+use crate::scheme::Scheme;
 
 /// Symmetric per-row int8.
 #[derive(Debug, Clone, PartialEq)]

@@ -8,7 +8,7 @@
 //! input features.
 //!
 //! On top of the codecs, [`quantize_model`] applies a scheme to a whole
-//! [`qdrift_load::HostModel`] (weight-only: the blocks' linear layers, optionally the embedding
+//! [`qdrift_weights::HostModel`] (weight-only: the blocks' linear layers, optionally the embedding
 //! and head); [`write_safetensors`] writes the result as a Hugging Face Llama checkpoint,
 //! dequantized (F32) or packed, and [`write_gguf`] as the GGUF file llama.cpp runs (ggml
 //! schemes and fp16).
@@ -19,6 +19,8 @@
 //!
 //! | file | contents |
 //! |---|---|
+//! | `matrix.rs` | [`QuantizedMatrix`] and [`quantize`]: dispatch to the format's codec |
+//! | `packed.rs` | what the formats share: [`PackedPart`], [`PackedDtype`], the `Packed` trait |
 //! | `float.rs` | `fp16`, `bf16` |
 //! | `int.rs` | `int8`, `int4-g*`, `int4-g*-asym` |
 //! | `fp8.rs` | `fp8-e4m3`, `fp8-e5m2` (+ `-tensor`), with the OFP8 codec |
@@ -30,7 +32,8 @@
 //! | `stats.rs` | [`error_stats`] |
 //! | `reference.rs` | [`round_to_fp16_reference`]: the FP16 reference every variant is measured against |
 //! | `model.rs` | [`quantize_model`]: a whole model, per-tensor [`TensorReport`]s, [`QuantSummary`] |
-//! | `safetensors_out.rs` | [`write_safetensors`]: HF names, rotate-half q/k, F32 or packed parts |
+//! | `safetensors_out.rs` | [`write_safetensors`]: HF names, rotate-half q/k, F32 or packed parts; [`write_hf_quantized`] (fixtures) |
+//! | `hf_packed.rs` | [`pack_hf`]: a model's linear layers in a Hugging Face quantized layout ([`HfLayout`]), packed by that layout's code in `qdrift-load` ([`qdrift_load::hf::quant`]) |
 //! | `gguf_out.rs` | [`write_gguf`]: llama.cpp names and q/k layout, the packed ggml blocks as stored |
 
 mod dynamic;
@@ -42,6 +45,7 @@ mod ggml;
 mod gguf_out;
 mod hf_packed;
 mod int;
+mod matrix;
 mod model;
 mod nf4;
 mod packed;
@@ -58,12 +62,12 @@ pub use fp8::{fp8_decode, fp8_encode};
 pub use ggml::dequantize_ggml_blocks;
 pub use gguf_out::{GgufWriteError, check_gguf_scheme, gguf_schemes, write_gguf};
 pub use hf_packed::{HfLayout, HfPacked, HfTensor, pack_hf};
+pub use matrix::{QuantizedMatrix, quantize};
 pub use model::{
     QuantSummary, QuantizeOptions, QuantizedModel, QuantizedTensor, TensorReport, WeightSlot, quantize_model,
     quantize_model_owned,
 };
 pub use nf4::NF4_CODE;
-use packed::Packed;
 pub use packed::{PackedDtype, PackedPart};
 pub use qdrift_ggml::{GgmlError, RowStorage};
 pub use qdrift_load::rotate_half_row_order;
@@ -72,144 +76,3 @@ pub use reference::round_to_fp16_reference;
 pub use safetensors_out::{WriteError, write_hf_quantized, write_safetensors};
 pub use scheme::{Fp8Format, GgmlType, Scheme};
 pub use stats::{ErrorStats, error_stats, try_error_stats};
-
-#[derive(Debug, Clone, PartialEq)]
-enum Storage {
-    Float(float::HalfPacked),
-    Int8(int::Int8Packed),
-    Int4(int::Int4Packed),
-    Fp8(fp8::Fp8Packed),
-    Nf4(nf4::Nf4Packed),
-    Ggml(ggml::GgmlPacked),
-}
-
-impl Storage {
-    fn packed(&self) -> &dyn Packed {
-        match self {
-            Storage::Float(p) => p,
-            Storage::Int8(p) => p,
-            Storage::Int4(p) => p,
-            Storage::Fp8(p) => p,
-            Storage::Nf4(p) => p,
-            Storage::Ggml(p) => p,
-        }
-    }
-}
-
-/// A weight matrix in the packed storage of its [`Scheme`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct QuantizedMatrix {
-    scheme: Scheme,
-    rows: usize,
-    cols: usize,
-    storage: Storage,
-}
-
-impl QuantizedMatrix {
-    /// The scheme it was quantized with.
-    pub fn scheme(&self) -> Scheme {
-        self.scheme
-    }
-
-    /// Output channels.
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
-    /// Input features.
-    pub fn cols(&self) -> usize {
-        self.cols
-    }
-
-    /// Back to f32: code × scale (minus zero point), computed in f32 as each format specifies.
-    ///
-    /// # Shapes
-    /// - returns: `[rows, cols]`, row-major.
-    pub fn dequantize(&self) -> Vec<f32> {
-        self.storage.packed().dequantize(self.rows, self.cols)
-    }
-
-    /// Exact bytes of codes, scales and zero points as stored (no padding beyond what the
-    /// layout itself has, such as the unused nibble that ends an odd-length int4 or NF4 row).
-    pub fn storage_bytes(&self) -> usize {
-        self.storage.packed().storage_bytes()
-    }
-
-    /// `storage_bytes * 8 / (rows * cols)`; 0 for an empty matrix.
-    pub fn bits_per_weight(&self) -> f64 {
-        let n = self.rows * self.cols;
-        if n == 0 { 0.0 } else { self.storage_bytes() as f64 * 8.0 / n as f64 }
-    }
-
-    /// True when a GGML scheme could not store its own type (`cols` not a multiple of its block
-    /// size) and stored its llama.cpp fallback type or F16 instead ([`QuantizedMatrix::stored`]).
-    pub fn fell_back(&self) -> bool {
-        matches!(&self.storage, Storage::Ggml(p) if p.fell_back())
-    }
-
-    /// The GGML storage of a matrix a GGUF file can hold as it is: a GGML scheme's type, its
-    /// llama.cpp fallback or F16 ([`RowStorage::for_row`]), and `fp16` as F16. `None` for every
-    /// other scheme (bf16, int8, int4, FP8, NF4), which GGUF has no type for here.
-    pub fn stored(&self) -> Option<RowStorage> {
-        match &self.storage {
-            Storage::Ggml(p) => Some(p.stored()),
-            Storage::Float(_) if self.scheme == Scheme::Fp16 => Some(RowStorage::F16),
-            _ => None,
-        }
-    }
-
-    /// The name of what is stored: [`QuantizedMatrix::stored`]'s name where there is one
-    /// (`q4_k`, `q5_0`, `f16`, ...), else the scheme's.
-    pub fn stored_name(&self) -> String {
-        self.stored().map_or_else(|| self.scheme.to_string(), |s| s.name().to_owned())
-    }
-
-    /// The bytes a GGUF tensor of type [`QuantizedMatrix::stored`] holds, row by row (blocks, or
-    /// little-endian binary16 values); `None` where `stored` is `None`.
-    ///
-    /// # Shapes
-    /// - returns: `rows` equal chunks, one per row, of `stored.bytes_for(1, cols)` bytes.
-    pub fn gguf_bytes(&self) -> Option<Vec<u8>> {
-        match &self.storage {
-            Storage::Ggml(p) => Some(p.bytes().to_vec()),
-            Storage::Float(_) if self.scheme == Scheme::Fp16 => self.parts().into_iter().next().map(|part| part.bytes),
-            _ => None,
-        }
-    }
-
-    /// The stored arrays, for writing a packed safetensors file.
-    pub fn parts(&self) -> Vec<PackedPart> {
-        self.storage.packed().parts(self.rows, self.cols)
-    }
-}
-
-/// Quantizes a weight matrix.
-///
-/// # Shapes
-/// - `weights`: `[rows, cols]` row-major, `rows` = output channels, `cols` = input features.
-///
-/// # Errors
-/// Length mismatch, a non-finite weight (named by index), a zero group size in a hand-built
-/// scheme, or an int4 group scale that overflows FP16.
-pub fn quantize(scheme: &Scheme, weights: &[f32], rows: usize, cols: usize) -> Result<QuantizedMatrix, QuantizeError> {
-    let expected = rows.checked_mul(cols).ok_or(QuantizeError::ShapeOverflow { rows, cols })?;
-    if weights.len() != expected {
-        return Err(QuantizeError::LengthMismatch { len: weights.len(), rows, cols, expected });
-    }
-    if let Some(index) = weights.iter().position(|w| !w.is_finite()) {
-        return Err(QuantizeError::NonFinite { index, row: index / cols, col: index % cols, value: weights[index] });
-    }
-    scheme.check_usable()?;
-    let storage = match *scheme {
-        Scheme::Fp16 => Storage::Float(float::HalfPacked::quantize(float::Half::F16, weights)),
-        Scheme::Bf16 => Storage::Float(float::HalfPacked::quantize(float::Half::BF16, weights)),
-        Scheme::Int8 => Storage::Int8(int::Int8Packed::quantize(weights, rows, cols)),
-        Scheme::Int4 { group, asym } => Storage::Int4(int::Int4Packed::quantize(weights, rows, cols, group, asym)?),
-        Scheme::Fp8 { format, per_tensor } => {
-            Storage::Fp8(fp8::Fp8Packed::quantize(weights, rows, cols, format, per_tensor))
-        }
-        Scheme::Nf4 { block } => Storage::Nf4(nf4::Nf4Packed::quantize(weights, rows, cols, block)),
-        Scheme::Ggml(ty) => Storage::Ggml(ggml::GgmlPacked::quantize(ty, weights, rows, cols)?),
-    };
-    Ok(QuantizedMatrix { scheme: *scheme, rows, cols, storage })
-}

@@ -11,13 +11,13 @@
 //! packed matrices are kept too, for [`crate::write_safetensors`] and for exact storage
 //! accounting.
 
-use qdrift_load::{HostModel, HostTensor};
+use qdrift_weights::{HostModel, HostTensor};
 use serde::Serialize;
 
 use crate::error::QuantizeError;
+use crate::matrix::{QuantizedMatrix, quantize};
 use crate::scheme::Scheme;
 use crate::stats::{ErrorStats, try_error_stats};
-use crate::{QuantizedMatrix, quantize};
 
 /// Which tensors beyond the blocks' linear layers to quantize. The default quantizes neither.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

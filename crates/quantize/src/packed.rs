@@ -1,6 +1,5 @@
-//! What every packed format shares: the [`Packed`] operations [`crate::QuantizedMatrix`]
-//! dispatches to, the stored arrays ([`PackedPart`], [`PackedDtype`]) and two helpers. A leaf
-//! module: each format's file uses it, and the crate root dispatches to the formats.
+//! What every packed format shares: the [`PackedPart`]s a matrix is stored as (with their
+//! [`PackedDtype`]), the [`Packed`] operations each format's storage provides, and two helpers.
 
 /// Element type of one [`PackedPart`], named as safetensors names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -9,7 +9,7 @@
 //! nothing and the `fp16` scheme applied to the reference is the reference.**
 
 use half::f16;
-use qdrift_load::HostModel;
+use qdrift_weights::HostModel;
 
 /// Rounds every weight of `model` to FP16 in place, making it the reference.
 ///

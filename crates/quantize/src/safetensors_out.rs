@@ -34,11 +34,12 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use qdrift_load::hf::quant::HfDtype;
 use qdrift_load::{HostModel, HostTensor, rotate_half_row_order};
 use safetensors::{Dtype, View};
 
 use crate::model::{QuantizedModel, WeightSlot};
-use crate::{PackedDtype, PackedPart};
+use crate::packed::{PackedDtype, PackedPart};
 
 /// Why a safetensors file could not be written. Every variant names the file.
 #[derive(Debug, thiserror::Error)]
@@ -83,7 +84,7 @@ pub enum WriteError {
         /// The folder.
         path: PathBuf,
         /// Why.
-        source: crate::QuantizeError,
+        source: crate::error::QuantizeError,
     },
     /// An extra metadata key that qdrift already sets, or that is given twice.
     #[error("{path}: metadata key \"{key}\" is set twice")]
@@ -107,9 +108,9 @@ pub enum WriteError {
 /// as another type (`NAME=TYPE,…`, e.g. `…down_proj.weight=f16`; a packed part `blocks` then
 /// holds that type's blocks, `values` F16 values), then `extra_metadata`.
 ///
-/// The write is atomic: the file is written as `path` with extension `safetensors.tmp` in the
-/// same folder and renamed over `path`; on failure the temporary file is removed and `path` is
-/// left as it was.
+/// The write is atomic ([`qdrift_io::AtomicFile`]): the file is written to a uniquely named
+/// temporary file in the same folder and renamed over `path`; on failure the temporary file is
+/// removed and `path` is left as it was.
 ///
 /// # Shapes
 /// q/k rows are permuted from the interleaved to the rotate-half RoPE layout (see
@@ -128,25 +129,29 @@ pub fn write_safetensors(
 ) -> Result<(), WriteError> {
     let metadata = metadata(path, model, packed, extra_metadata)?;
     let tensors = Collector { path, model, packed, out: Vec::new() }.collect()?;
-    let tmp = temp_path(path);
-    let written = safetensors::serialize_to_file(tensors, Some(metadata), &tmp)
-        .map_err(|source| WriteError::Safetensors { path: path.to_path_buf(), source })
-        .and_then(|()| {
-            std::fs::rename(&tmp, path).map_err(|source| WriteError::Io { path: path.to_path_buf(), source })
-        });
-    if written.is_err() {
-        // Nothing to report if it was never created.
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
+    serialize_atomic(path, tensors, Some(metadata))
 }
 
-/// `path` with extension `safetensors.tmp`, in the same folder (`./` for a bare file name).
-fn temp_path(path: &Path) -> PathBuf {
-    let tmp = path.with_extension("safetensors.tmp");
-    match tmp.parent() {
-        Some(parent) if parent.as_os_str().is_empty() => Path::new(".").join(tmp),
-        _ => tmp,
+/// `tensors` as the safetensors file `path`, written atomically: serialized into
+/// [`qdrift_io::AtomicFile`]'s temporary file, then renamed over `path` (the temporary file is
+/// removed on failure).
+fn serialize_atomic(
+    path: &Path,
+    tensors: Vec<(String, OutTensor<'_>)>,
+    metadata: Option<HashMap<String, String>>,
+) -> Result<(), WriteError> {
+    let file = qdrift_io::AtomicFile::create(path).map_err(io_error)?;
+    safetensors::serialize_to_file(tensors, metadata, file.temp_path())
+        .map_err(|source| WriteError::Safetensors { path: path.to_path_buf(), source })?;
+    file.commit().map_err(io_error)
+}
+
+/// [`WriteError::Io`] for a failed write (same message), [`WriteError::Folder`] for a failed
+/// read of the fixture writer's base folder.
+fn io_error(e: qdrift_io::IoError) -> WriteError {
+    match e {
+        qdrift_io::IoError::Write { path, source } => WriteError::Io { path, source },
+        other => WriteError::Folder { path: other.path().to_path_buf(), message: other.to_string() },
     }
 }
 
@@ -250,6 +255,19 @@ fn safetensors_dtype(dtype: PackedDtype) -> Dtype {
         PackedDtype::F8E5M2 => Dtype::F8_E5M2,
         PackedDtype::I32 => Dtype::I32,
         PackedDtype::I64 => Dtype::I64,
+    }
+}
+
+/// The safetensors dtype of a packed Hugging Face tensor.
+fn hf_dtype(dtype: HfDtype) -> Dtype {
+    match dtype {
+        HfDtype::I8 => Dtype::I8,
+        HfDtype::I32 => Dtype::I32,
+        HfDtype::I64 => Dtype::I64,
+        HfDtype::F16 => Dtype::F16,
+        HfDtype::F32 => Dtype::F32,
+        HfDtype::F8E4M3 => Dtype::F8_E4M3,
+        HfDtype::F8E5M2 => Dtype::F8_E5M2,
     }
 }
 
@@ -407,7 +425,7 @@ fn permute_part_rows(part: PackedPart, rows: usize, order: &[usize]) -> Result<P
 /// values, such as [`crate::round_to_fp16_reference`]'s, for the unquantized tensors to read back
 /// unchanged), with each packed layer's `.weight` replaced by its packed tensors and
 /// `quantization_config` added to `config.json`. Fixtures for readers' tests, not a conversion
-/// tool; not atomic.
+/// tool; each file is written atomically, the folder as a whole is not.
 ///
 /// # Errors
 /// [`WriteError::Quantize`] when a quantizer refuses the weights, [`WriteError::Folder`] when a
@@ -416,15 +434,15 @@ pub fn write_hf_quantized(
     dir: &Path,
     model: &HostModel,
     tokenizer: &qdrift_load::Llama2cTokenizer,
-    layout: crate::HfLayout,
+    layout: crate::hf_packed::HfLayout,
 ) -> Result<HostModel, WriteError> {
     let folder = |path: &Path, message: String| WriteError::Folder { path: path.to_path_buf(), message };
-    let packed =
-        crate::pack_hf(model, layout).map_err(|source| WriteError::Quantize { path: dir.to_path_buf(), source })?;
+    let packed = crate::hf_packed::pack_hf(model, layout)
+        .map_err(|source| WriteError::Quantize { path: dir.to_path_buf(), source })?;
     qdrift_load::write::write_hf_folder(dir, model, tokenizer, qdrift_load::write::WriteDtype::F16)
         .map_err(|e| folder(dir, e.to_string()))?;
     let weights = dir.join("model.safetensors");
-    let bytes = std::fs::read(&weights).map_err(|e| folder(&weights, e.to_string()))?;
+    let bytes = qdrift_io::read_capped(&weights, u64::MAX, "model").map_err(io_error)?;
     let base = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| folder(&weights, e.to_string()))?;
     let mut tensors: Vec<(String, OutTensor<'_>)> = Vec::new();
     for (name, view) in base.tensors() {
@@ -435,20 +453,20 @@ pub fn write_hf_quantized(
         tensors.push((name, OutTensor::Part { dtype, shape, bytes }));
     }
     for t in &packed.tensors {
-        let (dtype, shape, bytes) = (safetensors_dtype(t.dtype), t.shape.clone(), t.bytes.clone());
+        let (dtype, shape, bytes) = (hf_dtype(t.dtype), t.shape.clone(), t.bytes.clone());
         tensors.push((t.name.clone(), OutTensor::Part { dtype, shape, bytes }));
     }
-    safetensors::serialize_to_file(tensors, None, &weights)
-        .map_err(|source| WriteError::Safetensors { path: weights.clone(), source })?;
+    serialize_atomic(&weights, tensors, None)?;
     let config_path = dir.join("config.json");
-    let text = std::fs::read_to_string(&config_path).map_err(|e| folder(&config_path, e.to_string()))?;
-    let mut config: serde_json::Value = serde_json::from_str(&text).map_err(|e| folder(&config_path, e.to_string()))?;
+    let text = qdrift_io::read_capped(&config_path, 64 << 20, "config").map_err(io_error)?;
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&text).map_err(|e| folder(&config_path, e.to_string()))?;
     let q: serde_json::Value =
         serde_json::from_str(&packed.quantization_config).map_err(|e| folder(&config_path, e.to_string()))?;
     if let Some(obj) = config.as_object_mut() {
         obj.insert("quantization_config".into(), q);
     }
     let text = serde_json::to_string_pretty(&config).map_err(|e| folder(&config_path, e.to_string()))?;
-    std::fs::write(&config_path, text).map_err(|source| WriteError::Io { path: config_path, source })?;
+    qdrift_io::write_atomic(&config_path, text.as_bytes()).map_err(io_error)?;
     Ok(packed.dequantized)
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use qdrift_ggml::{GgmlType, dequantize_ggml_blocks, quantize_ggml_blocks};
 
-use super::{GgufValue, parse_gguf, read_gguf};
+use super::read::{GgufModel, GgufValue, parse_gguf, read_gguf};
 use crate::{HostModel, HostTensor, LoadError, RopeScaling};
 
 const F32: u32 = 0;
@@ -151,7 +151,7 @@ fn tiny() -> Writer {
     w
 }
 
-fn parse(bytes: &[u8]) -> Result<super::GgufModel, LoadError> {
+fn parse(bytes: &[u8]) -> Result<GgufModel, LoadError> {
     parse_gguf(Path::new("tiny.gguf"), bytes)
 }
 

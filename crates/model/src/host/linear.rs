@@ -173,8 +173,8 @@ impl PackedLinear {
             let first = task * per_task;
             let count = per_task.min(n_panels.saturating_sub(first));
             match &self.panels {
-                Panels::F32(w) => self.panels_range(w, x, m, first..first + count, out, isa),
-                Panels::F16(w) => self.panels_range(w, x, m, first..first + count, out, isa),
+                Panels::F32(w) => self.panels_range(w, x, first..first + count, out, isa),
+                Panels::F16(w) => self.panels_range(w, x, first..first + count, out, isa),
             }
         };
         if threads > 1 {
@@ -192,9 +192,11 @@ impl PackedLinear {
         y
     }
 
-    /// `panels` against all `m` rows, written into their columns of `out` (`[m, out]`).
-    fn panels_range<T: Elem>(&self, w: &[T], x: &[f32], m: usize, panels: std::ops::Range<usize>, out: Out, isa: Isa) {
+    /// `panels` against all rows of `x` (`[m, in]`), written into their columns of `out`
+    /// (`[m, out]`).
+    fn panels_range<T: Elem>(&self, w: &[T], x: &[f32], panels: std::ops::Range<usize>, out: Out, isa: Isa) {
         let k = self.inp;
+        let m = x.len() / k;
         for r0 in (0..m).step_by(ROW_CHUNK) {
             let rows = (m - r0).min(ROW_CHUNK);
             let xs = &x[r0 * k..(r0 + rows) * k];

@@ -1,4 +1,16 @@
-//! The in-memory form every loader produces: an architecture and its f32 weights.
+//! The in-memory form of a model: a Llama-family architecture ([`LlamaArch`], with its
+//! [`RopeScaling`]) and its f32 weights ([`HostModel`]: [`HostTensor`]s, one [`LayerWeights`] per
+//! block).
+//!
+//! Every reader of `qdrift-load` produces a [`HostModel`], and every later stage (quantization,
+//! the Burn model of `qdrift-model`, the tests' references) consumes one. This crate holds only
+//! the types and their arithmetic, so a crate that needs them pulls no file formats, tokenizers
+//! or memory maps.
+//!
+//! **Architecture invariant:** weights are f32 in one fixed layout whatever the source format:
+//! `[out, in]` linears, q/k rows and biases in the interleaved RoPE layout (rotation pairs are
+//! rows `2i`, `2i+1` of a head). A loader that cannot express a checkpoint feature in these types
+//! refuses the checkpoint.
 
 use serde::{Deserialize, Serialize};
 
@@ -7,7 +19,7 @@ use serde::{Deserialize, Serialize};
 pub struct LlamaArch {
     /// Architecture name as reported to users: the checkpoint's own (`llama`/`qwen2` from GGUF's
     /// `general.architecture`, `LlamaForCausalLM`, ... from `config.json`), `llama` for llama2.c
-    /// checkpoints and synthetic presets (their format is in [`crate::LoadedModel::format`]).
+    /// checkpoints and synthetic presets (their format is in `qdrift_load::LoadedModel::format`).
     pub architecture: String,
     /// Model (residual stream) width.
     pub dim: usize,
@@ -308,27 +320,5 @@ impl HostModel {
         if let Some(o) = &mut self.output {
             f(o);
         }
-    }
-}
-
-/// The plain float encodings checkpoint files store (GGUF and safetensors both little-endian).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LeFloat {
-    /// IEEE 754 binary32.
-    F32,
-    /// IEEE 754 binary16.
-    F16,
-    /// bfloat16 (the top half of a binary32).
-    BF16,
-}
-
-/// Little-endian floats to f32 (exact: every f16 and bf16 value is an f32). A trailing partial
-/// value is dropped; callers check the count.
-pub(crate) fn le_floats(kind: LeFloat, bytes: &[u8]) -> Vec<f32> {
-    let halves = || bytes.chunks_exact(2).map(|c| [c[0], c[1]]);
-    match kind {
-        LeFloat::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-        LeFloat::F16 => halves().map(|b| half::f16::from_le_bytes(b).to_f32()).collect(),
-        LeFloat::BF16 => halves().map(|b| half::bf16::from_le_bytes(b).to_f32()).collect(),
     }
 }

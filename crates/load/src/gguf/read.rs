@@ -1,54 +1,16 @@
-//! GGUF files (versions 2 and 3) with the `llama` or `qwen2` architecture.
-//!
-//! Spec: ggml's `docs/gguf.md`; type ids from `ggml/include/ggml.h` (`ggml_type`) and llama.cpp's
-//! `gguf-py/gguf/constants.py` (`GGUFValueType`, `GGMLQuantizationType`, `Keys`). Layout, all
-//! little-endian: magic `GGUF`, `u32` version, `u64` tensor count, `u64` metadata count; the
-//! metadata key/value pairs (key = string; `u32` value type; value), where a string is a `u64`
-//! length and UTF-8 bytes and an array is `u32` element type, `u64` count and the elements; then
-//! per tensor: name, `u32` n_dims, `n_dims` × `u64` dims (`ne0`, the row length, first), `u32`
-//! `ggml_type`, `u64` offset. The data section starts at the first multiple of
-//! `general.alignment` (default 32) after the tensor infos; each offset is relative to it.
-//!
-//! Every count and length is checked against the bytes that remain before anything is allocated,
-//! so a corrupt header is an error naming the file, never a panic or a huge allocation. The file
-//! is refused wherever llama.cpp's `gguf_init_from_file_impl` refuses it: a metadata key or a
-//! tensor name that appears twice, a name of 64 bytes or more, more than 4 dims, a zero dim or
-//! one beyond `i64`, an element count that overflows `i64`, a row that is not whole blocks, an
-//! unknown type, a `general.alignment` that is not a `u32` power of two, and tensor data that is
-//! misaligned, overlaps another tensor's, runs past the file, or does not follow the infos' order
-//! (each tensor where the previous one ends, rounded up to the alignment). Decoded values
-//! (dequantized ones included) must be finite.
-//!
-//! Tensors are dequantized to f32 ([`HostModel`]'s form): F32, F16, BF16 and every GGML block
-//! format `qdrift-ggml` dequantizes (`GgmlType::READABLE`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
-//! Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4; block and byte sizes from `GgmlType`). Any other type
-//! (IQ1_S, IQ2_XXS, IQ3_S, TQ1_0, ...) is refused with its ggml name and id. A GGUF matrix with dims
-//! `[ne0 = in, ne1 = out]` is `[out, in]` row-major, which is [`HostModel`]'s linear layout as
-//! is. For `llama`, q/k are kept as stored: llama.cpp's converter already permutes them into the
-//! interleaved RoPE layout qdrift uses (llama.cpp's `LLAMA_ROPE_TYPE_NORM`). `qwen2` files keep
-//! Hugging Face's rotate-half layout (llama.cpp runs them with `LLAMA_ROPE_TYPE_NEOX`), so their
-//! q/k weights and biases are un-permuted as [`crate::read_hf_folder`] does.
-//!
-//! Hyper-parameters are read from `{arch}.*` keys (`llama.embedding_length`,
-//! `qwen2.embedding_length`, ...). Biases: `blk.N.attn_{q,k,v}.bias` (required for `qwen2`,
-//! optional for `llama`, as in llama.cpp); any other `.bias` tensor is refused. RoPE, as llama.cpp
-//! `llama_model::load_hparams` reads it: `{arch}.rope.dimension_count` must equal the head
-//! dimension (partial rotary embeddings are refused); the per-pair divisors of
-//! `rope_freqs.weight` (`[head_dim / 2]`, Llama 3.1's scaling as llama.cpp's converter writes it)
-//! and the linear factor `{arch}.rope.scaling.factor` (older files: `{arch}.rope.scale_linear`;
-//! applied when `{arch}.rope.scaling.type` is `linear` or absent, ignored for `none`) become
-//! [`RopeScaling::FreqFactors`]; other scaling types (`yarn`, `longrope`) are refused.
-//!
-//! The embedded tokenizer's metadata is kept in [`GgufModel::tokenizer`];
-//! [`crate::gguf_tokenizer`] builds the tokenizer from it. [`GgufModel::metadata`] has every key.
+//! [`read_gguf`]: a GGUF file's header, metadata and tensor infos, checked, and its tensors
+//! dequantized into a [`HostModel`]; [`read_gguf_metadata`]: the header and metadata only.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 use qdrift_ggml::GgmlType;
 
+use crate::LoadError;
+use crate::floats::{LeFloat, le_floats};
 use crate::rope_layout::{RopeLayout, permute_rows};
-use crate::{HostModel, HostTensor, LayerWeights, LlamaArch, LoadError, RopeScaling};
+use crate::storage::{SizeOverflow, SourceStorage, source_storage};
+use qdrift_weights::{HostModel, HostTensor, LayerWeights, LlamaArch, RopeScaling};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -211,6 +173,14 @@ pub struct GgufTensorSize {
     pub bytes: u64,
 }
 
+/// [`source_storage`] of a GGUF file's tensors: their stored bytes per type.
+///
+/// # Errors
+/// [`SizeOverflow`] as [`source_storage`].
+pub fn gguf_source_storage(tensors: &[GgufTensorSize]) -> Result<SourceStorage, SizeOverflow> {
+    source_storage(tensors.iter().map(|t| (t.dtype, t.elements, t.bytes)))
+}
+
 /// Element types of GGUF tensors that this reader dequantizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TensorType {
@@ -338,7 +308,7 @@ pub const SUPPORTED_GGUF_ARCHITECTURES: &str = "llama, qwen2";
 /// wrong: an unreadable or truncated file, a bad magic or version, counts or offsets beyond the
 /// file, an unsupported tensor type or architecture, a missing or misshapen tensor.
 pub fn read_gguf(path: &Path) -> Result<GgufModel, LoadError> {
-    let bytes = crate::input::read_file(path, crate::input::NO_CAP)?;
+    let bytes = crate::input::read_file(path, crate::input::MODEL)?;
     parse_gguf(path, &bytes)
 }
 
@@ -349,7 +319,7 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel, LoadError> {
 /// [`LoadError`] naming the file: unreadable, truncated, a bad magic or version, counts beyond
 /// the file, duplicate keys, malformed values.
 pub fn read_gguf_metadata(path: &Path) -> Result<BTreeMap<String, GgufValue>, LoadError> {
-    let bytes = crate::input::read_file(path, crate::input::NO_CAP)?;
+    let bytes = crate::input::read_file(path, crate::input::MODEL)?;
     let mut r = Reader { path, bytes: &bytes, pos: 0, values: 0 };
     let Header { kv_count, .. } = read_header(&mut r)?;
     read_metadata(&mut r, kv_count)
@@ -498,7 +468,7 @@ fn min_value_size(ty: u32) -> Option<u64> {
 }
 
 /// The file's layout in order: header, metadata, tensor infos, then the model built from them.
-fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
+pub(super) fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
     let mut r = Reader { path, bytes, pos: 0, values: 0 };
     let Header { version, tensor_count, kv_count } = read_header(&mut r)?;
     let metadata = read_metadata(&mut r, kv_count)?;
@@ -1133,7 +1103,6 @@ fn rope_linear_factor(path: &Path, meta: &BTreeMap<String, GgufValue>, arch: &st
 
 /// Dequantizes one tensor's bytes (whose length the caller checked) to `n` f32 values.
 fn decode(ty: TensorType, bytes: &[u8], n: usize) -> Result<Vec<f32>, String> {
-    use crate::weights::{LeFloat, le_floats};
     let out: Vec<f32> = match ty {
         TensorType::F32 => le_floats(LeFloat::F32, bytes),
         TensorType::F16 => le_floats(LeFloat::F16, bytes),
@@ -1144,6 +1113,3 @@ fn decode(ty: TensorType, bytes: &[u8], n: usize) -> Result<Vec<f32>, String> {
     };
     if out.len() == n { Ok(out) } else { Err(format!("{} bytes hold {} values, expected {n}", bytes.len(), out.len())) }
 }
-
-#[cfg(test)]
-mod tests;

@@ -13,7 +13,8 @@ use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 
-use crate::{LoadError, Tokenizer};
+use crate::LoadError;
+use crate::tokenizer::Tokenizer;
 
 /// A [`Tokenizer`] backed by `tokenizers::Tokenizer`.
 ///
@@ -240,7 +241,7 @@ pub(crate) fn gguf_byte_level_bpe(
 
 /// Reads a Hugging Face `tokenizer.json` (the `tokenizers` serialization).
 pub(crate) fn read_tokenizer_json(path: &Path) -> Result<tokenizers::Tokenizer, LoadError> {
-    let bytes = crate::input::read_file(path, crate::input::MAX_TOKENIZER_BYTES)?;
+    let bytes = crate::input::read_file(path, crate::input::TOKENIZER)?;
     guarded(|| tokenizers::Tokenizer::from_bytes(&bytes))
         .and_then(|r| r.map_err(|e| e.to_string()))
         .map_err(|e| LoadError::invalid(path, format!("not a tokenizers JSON file this version reads: {e}")))

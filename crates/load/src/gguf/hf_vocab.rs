@@ -38,8 +38,10 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use crate::hf_tokenizer::{LLAMA3_REGEX, QWEN2_REGEX};
-use crate::{GgufValue, LoadError};
+use super::read::GgufValue;
+use crate::LoadError;
+use crate::hf::tokenizer::{LLAMA3_REGEX, QWEN2_REGEX};
+use crate::input::{CHAT_TEMPLATE, TOKENIZER, optional_json, read_json};
 
 /// What [`hf_tokenizer_keys`] converts, for refusals.
 const SUPPORTED_MODELS: &str = "BPE (byte-level as GPT-2, SmolLM2, Llama 3, Qwen2; or SentencePiece-style with \
@@ -86,7 +88,7 @@ pub fn hf_tokenizer_keys(
             "not found; a Hugging Face folder is written as GGUF from its tokenizer.json",
         ));
     }
-    let json = read_json(tokenizer_path, crate::input::MAX_TOKENIZER_BYTES)?;
+    let json = read_json(tokenizer_path, TOKENIZER)?;
     let t = TokenizerJson::parse(tokenizer_path, &json, n_vocab)?;
     let byte_fallback = json["model"].get("byte_fallback").and_then(Value::as_bool).unwrap_or(false);
     if byte_fallback { llama_keys(dir, &t, &json) } else { gpt2_keys(dir, &t, &json) }
@@ -196,15 +198,6 @@ fn parse_merges(path: &Path, merges: Option<&Value>) -> Result<Vec<(String, Stri
         out.push(pair);
     }
     Ok(out)
-}
-
-fn read_json(path: &Path, cap: u64) -> Result<Value, LoadError> {
-    let bytes = crate::input::read_file(path, cap)?;
-    serde_json::from_slice(&bytes).map_err(|e| LoadError::invalid(path, format!("not valid JSON: {e}")))
-}
-
-fn optional_json(path: &Path) -> Result<Option<Value>, LoadError> {
-    if path.exists() { read_json(path, crate::input::MAX_JSON_BYTES).map(Some) } else { Ok(None) }
 }
 
 /// A short description of a `tokenizer.json` component for refusals: its `type`, with the
@@ -552,175 +545,243 @@ fn special_vocab(
     json: &Value,
     n_vocab: Option<usize>,
 ) -> Result<Vec<(String, GgufValue)>, LoadError> {
-    let mut types: Vec<&str> = vec!["bos", "eos", "unk", "sep", "pad", "cls", "mask"];
-    let mut add: Ordered<bool> = Ordered::default();
-    let mut ids: Ordered<u32> = Ordered::default();
-    let mut tc: Option<Map<String, Value>> =
-        optional_json(&dir.join("tokenizer_config.json"))?.and_then(|v| v.as_object().cloned());
-    let tc_truthy = |tc: &Option<Map<String, Value>>| tc.as_ref().is_some_and(|m| !m.is_empty());
-    let get = |tc: &Option<Map<String, Value>>, k: &str| tc.as_ref().and_then(|m| m.get(k)).cloned();
-    let mut bos = get(&tc, "bos_token");
-    let mut cls = get(&tc, "cls_token");
-    let mut eos = get(&tc, "eos_token");
-    let mut sep = get(&tc, "sep_token");
-    if !truthy(bos.as_ref())
-        && truthy(cls.as_ref())
-        && let Some(m) = tc.as_mut().filter(|m| !m.is_empty())
-    {
-        bos.clone_from(&cls);
-        m.insert("bos_token".into(), cls.clone().unwrap_or(Value::Null));
+    let mut state = SpecialVocab::read(dir)?;
+    state.post_processor(json);
+    state.keys(dir, t, n_vocab)
+}
+
+/// `SpecialVocab`'s state as it reads `tokenizer_config.json` and then the post-processor, which
+/// may fill in and override that file's special tokens.
+struct SpecialVocab {
+    /// The special token types; `eot`/`eom` are added when the post-processor's last token is not
+    /// `eos_token`.
+    types: Vec<&'static str>,
+    /// `add_{type}_token` flags, in the order they were set.
+    add: Ordered<bool>,
+    /// `tokenizer_config.json` (`SpecialVocab`'s `tokenizer_config`, updated as it goes).
+    tc: Option<Map<String, Value>>,
+    /// Its `bos_token`, `cls_token`, `eos_token` and `sep_token` as they stand.
+    bos: Option<Value>,
+    cls: Option<Value>,
+    eos: Option<Value>,
+    sep: Option<Value>,
+}
+
+/// The id of a `TemplateProcessing` `SpecialToken` piece, when truthy.
+fn special_id(v: &Value) -> Option<Value> {
+    v.get("SpecialToken").and_then(|s| s.get("id")).cloned().filter(|v| truthy(Some(v)))
+}
+
+impl SpecialVocab {
+    /// `tokenizer_config.json`'s special tokens; BOS falls back to CLS and EOS to SEP.
+    fn read(dir: &Path) -> Result<Self, LoadError> {
+        let tc: Option<Map<String, Value>> =
+            optional_json(&dir.join("tokenizer_config.json"))?.and_then(|v| v.as_object().cloned());
+        let get = |k: &str| tc.as_ref().and_then(|m| m.get(k)).cloned();
+        let (bos, cls, eos, sep) = (get("bos_token"), get("cls_token"), get("eos_token"), get("sep_token"));
+        let types = vec!["bos", "eos", "unk", "sep", "pad", "cls", "mask"];
+        let mut s = SpecialVocab { types, add: Ordered::default(), tc, bos, cls, eos, sep };
+        if !truthy(s.bos.as_ref())
+            && truthy(s.cls.as_ref())
+            && let Some(m) = s.tc.as_mut().filter(|m| !m.is_empty())
+        {
+            s.bos.clone_from(&s.cls);
+            m.insert("bos_token".into(), s.cls.clone().unwrap_or(Value::Null));
+        }
+        if !truthy(s.eos.as_ref())
+            && truthy(s.sep.as_ref())
+            && let Some(m) = s.tc.as_mut().filter(|m| !m.is_empty())
+        {
+            s.eos.clone_from(&s.sep);
+            m.insert("eos_token".into(), s.sep.clone().unwrap_or(Value::Null));
+        }
+        Ok(s)
     }
-    if !truthy(eos.as_ref())
-        && truthy(sep.as_ref())
-        && let Some(m) = tc.as_mut().filter(|m| !m.is_empty())
-    {
-        eos.clone_from(&sep);
-        m.insert("eos_token".into(), sep.clone().unwrap_or(Value::Null));
+
+    /// Whether `tokenizer_config.json` is present and not empty.
+    fn tc_truthy(&self) -> bool {
+        self.tc.as_ref().is_some_and(|m| !m.is_empty())
     }
-    let special_id = |v: &Value| v.get("SpecialToken").and_then(|s| s.get("id")).cloned().filter(|v| truthy(Some(v)));
-    if let Some(pp) = json.get("post_processor").filter(|p| truthy(Some(p))) {
+
+    /// `_try_load_from_tokenizer_json`'s post-processor part: `RobertaProcessing` and
+    /// `TemplateProcessing`, alone or in a `Sequence`.
+    fn post_processor(&mut self, json: &Value) {
+        let Some(pp) = json.get("post_processor").filter(|p| truthy(Some(p))) else { return };
         let processors = pp.get("processors").and_then(Value::as_array).cloned().unwrap_or_else(|| vec![pp.clone()]);
         for p in &processors {
             match p.get("type").and_then(Value::as_str) {
-                Some("RobertaProcessing") => {
-                    add.set("bos", true);
-                    add.set("eos", true);
-                    add.set("sep", true);
-                    if !truthy(cls.as_ref())
-                        && let Some(m) = tc.as_mut().filter(|m| !m.is_empty())
-                    {
-                        cls = p.get("cls").and_then(|c| c.get(0)).cloned().or_else(|| bos.clone());
-                        m.insert("cls_token".into(), cls.clone().unwrap_or(Value::Null));
-                    }
-                    if !truthy(sep.as_ref())
-                        && let Some(m) = tc.as_mut().filter(|m| !m.is_empty())
-                    {
-                        sep = p.get("sep").and_then(|c| c.get(0)).cloned().or_else(|| eos.clone());
-                        m.insert("sep_token".into(), sep.clone().unwrap_or(Value::Null));
-                    }
-                }
+                Some("RobertaProcessing") => self.roberta(p),
                 Some("TemplateProcessing") => {
-                    let single = p.get("single").and_then(Value::as_array).cloned().unwrap_or_default();
-                    let mut pair = p.get("pair").and_then(Value::as_array).cloned().unwrap_or_default();
-                    let mut first = None;
-                    let mut last = None;
-                    if single.len() > 1 {
-                        first = special_id(&single[0]);
-                        if let Some(f) = &first {
-                            if !tc_truthy(&tc) {
-                                bos = Some(f.clone());
-                            }
-                            add.set("bos", Some(f) == bos.as_ref() || Some(f) == cls.as_ref());
-                        }
-                        last = special_id(&single[single.len() - 1]);
-                        if let Some(l) = &last {
-                            if !tc_truthy(&tc) {
-                                eos = Some(l.clone());
-                            } else if Some(l) != eos.as_ref()
-                                && let Some(m) = tc.as_mut()
-                            {
-                                let old = eos.clone().unwrap_or(Value::Null);
-                                if !types.contains(&"eot") {
-                                    types.push("eot");
-                                    m.insert("eot_token".into(), old);
-                                } else if !types.contains(&"eom") {
-                                    types.push("eom");
-                                    m.insert("eom_token".into(), old);
-                                }
-                                m.insert("eos_token".into(), l.clone());
-                                eos = Some(l.clone());
-                            }
-                            add.set("eos", Some(l) == eos.as_ref());
-                        }
-                    }
-                    if !pair.is_empty() {
-                        let start = usize::from(first.is_some() && special_id(&pair[0]) == first);
-                        let stop_last = last.is_some() && special_id(&pair[pair.len() - 1]) == last;
-                        let end = if stop_last { pair.len() - 1 } else { pair.len() };
-                        pair = pair.get(start..end.max(start)).map(<[Value]>::to_vec).unwrap_or_default();
-                        if !pair.is_empty() {
-                            let (a, b) = (seq(&pair[0]), seq(&pair[pair.len() - 1]));
-                            if a == Some("A") && b == Some("B") && pair.len() > 2 {
-                                let middle = &pair[1..pair.len() - 1];
-                                let is_sep = |e: &Value| Some(e) == sep.as_ref() || Some(e) == eos.as_ref();
-                                let mut add_sep = false;
-                                if let Some(e) = special_id(&middle[0])
-                                    && is_sep(&e)
-                                    && last.is_none()
-                                {
-                                    add_sep = true;
-                                }
-                                if middle.len() == 2
-                                    && let Some(e) = special_id(&middle[1])
-                                    && is_sep(&e)
-                                {
-                                    add_sep = true;
-                                }
-                                add.set("sep", add_sep);
-                                if add_sep
-                                    && !truthy(sep.as_ref())
-                                    && let Some(m) = tc.as_mut().filter(|m| !m.is_empty())
-                                {
-                                    m.insert("sep_token".into(), eos.clone().unwrap_or(Value::Null));
-                                }
-                            }
-                        }
-                    }
+                    let (first, last) = self.template_single(p);
+                    self.template_pair(p, first.as_ref(), last.as_ref());
                 }
                 _ => {}
             }
         }
     }
-    let mut chat_template = None;
-    if let Some(tc) = tc.as_ref().filter(|m| !m.is_empty()) {
-        let alt = chat_template_file(dir)?;
-        chat_template = match tc.get("chat_template") {
-            Some(v) => Some(v.clone()),
-            None => alt,
-        };
-        for typ in &types {
-            if let Some(b) = tc.get(&format!("add_{typ}_token")).and_then(Value::as_bool) {
-                add.set(typ, b);
-            }
-            let Some(c) = content(tc.get(&format!("{typ}_token"))) else { continue };
-            if let Some(id) = t.added_id(c) {
-                set_special(&mut ids, typ, id, n_vocab);
-            }
+
+    /// `RobertaProcessing`: BOS, EOS and SEP added; CLS and SEP from the processor when the
+    /// config has none.
+    fn roberta(&mut self, p: &Value) {
+        self.add.set("bos", true);
+        self.add.set("eos", true);
+        self.add.set("sep", true);
+        if !truthy(self.cls.as_ref())
+            && let Some(m) = self.tc.as_mut().filter(|m| !m.is_empty())
+        {
+            self.cls = p.get("cls").and_then(|c| c.get(0)).cloned().or_else(|| self.bos.clone());
+            m.insert("cls_token".into(), self.cls.clone().unwrap_or(Value::Null));
+        }
+        if !truthy(self.sep.as_ref())
+            && let Some(m) = self.tc.as_mut().filter(|m| !m.is_empty())
+        {
+            self.sep = p.get("sep").and_then(|c| c.get(0)).cloned().or_else(|| self.eos.clone());
+            m.insert("sep_token".into(), self.sep.clone().unwrap_or(Value::Null));
         }
     }
-    if let Some(config) = optional_json(&dir.join("config.json"))? {
-        for typ in &types {
-            let k = format!("{typ}_token_id");
-            let v =
-                config.get(&k).filter(|v| !v.is_null()).or_else(|| config.get("text_config").and_then(|c| c.get(&k)));
-            if let Some(id) = v.and_then(Value::as_u64).and_then(|i| u32::try_from(i).ok()) {
-                set_special(&mut ids, typ, id, n_vocab);
+
+    /// `TemplateProcessing`'s `single` template: its first special token is BOS (added when it is
+    /// `bos_token` or `cls_token`), its last EOS (a last token other than `eos_token` becomes EOS,
+    /// the old one `eot`, else `eom`). Returns the first and last special ids.
+    fn template_single(&mut self, p: &Value) -> (Option<Value>, Option<Value>) {
+        let single = p.get("single").and_then(Value::as_array).cloned().unwrap_or_default();
+        if single.len() <= 1 {
+            return (None, None);
+        }
+        let first = special_id(&single[0]);
+        if let Some(f) = &first {
+            if !self.tc_truthy() {
+                self.bos = Some(f.clone());
+            }
+            self.add.set("bos", Some(f) == self.bos.as_ref() || Some(f) == self.cls.as_ref());
+        }
+        let last = special_id(&single[single.len() - 1]);
+        if let Some(l) = &last {
+            if !self.tc_truthy() {
+                self.eos = Some(l.clone());
+            } else if Some(l) != self.eos.as_ref()
+                && let Some(m) = self.tc.as_mut()
+            {
+                let old = self.eos.clone().unwrap_or(Value::Null);
+                if !self.types.contains(&"eot") {
+                    self.types.push("eot");
+                    m.insert("eot_token".into(), old);
+                } else if !self.types.contains(&"eom") {
+                    self.types.push("eom");
+                    m.insert("eom_token".into(), old);
+                }
+                m.insert("eos_token".into(), l.clone());
+                self.eos = Some(l.clone());
+            }
+            self.add.set("eos", Some(l) == self.eos.as_ref());
+        }
+        (first, last)
+    }
+
+    /// `TemplateProcessing`'s `pair` template, without the single template's first and last
+    /// special tokens: `A`, a separator (`sep_token` or `eos_token`), `B` adds SEP.
+    fn template_pair(&mut self, p: &Value, first: Option<&Value>, last: Option<&Value>) {
+        let mut pair = p.get("pair").and_then(Value::as_array).cloned().unwrap_or_default();
+        if pair.is_empty() {
+            return;
+        }
+        let start = usize::from(first.is_some() && special_id(&pair[0]).as_ref() == first);
+        let stop_last = last.is_some() && special_id(&pair[pair.len() - 1]).as_ref() == last;
+        let end = if stop_last { pair.len() - 1 } else { pair.len() };
+        pair = pair.get(start..end.max(start)).map(<[Value]>::to_vec).unwrap_or_default();
+        if pair.is_empty() {
+            return;
+        }
+        let (a, b) = (seq(&pair[0]), seq(&pair[pair.len() - 1]));
+        if a != Some("A") || b != Some("B") || pair.len() <= 2 {
+            return;
+        }
+        let middle = &pair[1..pair.len() - 1];
+        let is_sep = |e: &Value| Some(e) == self.sep.as_ref() || Some(e) == self.eos.as_ref();
+        let mut add_sep = false;
+        if let Some(e) = special_id(&middle[0])
+            && is_sep(&e)
+            && last.is_none()
+        {
+            add_sep = true;
+        }
+        if middle.len() == 2
+            && let Some(e) = special_id(&middle[1])
+            && is_sep(&e)
+        {
+            add_sep = true;
+        }
+        self.add.set("sep", add_sep);
+        if add_sep
+            && !truthy(self.sep.as_ref())
+            && let Some(m) = self.tc.as_mut().filter(|m| !m.is_empty())
+        {
+            m.insert("sep_token".into(), self.eos.clone().unwrap_or(Value::Null));
+        }
+    }
+
+    /// The keys: the special ids (from `tokenizer_config.json`'s added tokens, then `config.json`'s
+    /// `*_token_id`), the `add_bos`/`add_eos`/`add_sep` flags, the chat template.
+    fn keys(
+        mut self,
+        dir: &Path,
+        t: &TokenizerJson<'_>,
+        n_vocab: Option<usize>,
+    ) -> Result<Vec<(String, GgufValue)>, LoadError> {
+        let mut ids: Ordered<u32> = Ordered::default();
+        let mut chat_template = None;
+        if let Some(tc) = self.tc.as_ref().filter(|m| !m.is_empty()) {
+            let alt = chat_template_file(dir)?;
+            chat_template = match tc.get("chat_template") {
+                Some(v) => Some(v.clone()),
+                None => alt,
+            };
+            for typ in &self.types {
+                if let Some(b) = tc.get(&format!("add_{typ}_token")).and_then(Value::as_bool) {
+                    self.add.set(typ, b);
+                }
+                let Some(c) = content(tc.get(&format!("{typ}_token"))) else { continue };
+                if let Some(id) = t.added_id(c) {
+                    set_special(&mut ids, typ, id, n_vocab);
+                }
             }
         }
-    }
-    let mut keys = Vec::new();
-    for (typ, id) in ids.0 {
-        let name = match typ.as_str() {
-            "bos" => "bos_token_id",
-            "eos" => "eos_token_id",
-            "unk" => "unknown_token_id",
-            "sep" => "seperator_token_id",
-            "pad" => "padding_token_id",
-            "mask" => "mask_token_id",
-            "eot" => "eot_token_id",
-            "eom" => "eom_token_id",
-            // `cls` has no GGUF key (SpecialVocab skips it with a warning).
-            _ => continue,
-        };
-        keys.push(key(&format!("tokenizer.ggml.{name}"), GgufValue::U32(id)));
-    }
-    for (typ, b) in add.0 {
-        if matches!(typ.as_str(), "bos" | "eos" | "sep") {
-            keys.push(key(&format!("tokenizer.ggml.add_{typ}_token"), GgufValue::Bool(b)));
+        if let Some(config) = optional_json(&dir.join("config.json"))? {
+            for typ in &self.types {
+                let k = format!("{typ}_token_id");
+                let v = config
+                    .get(&k)
+                    .filter(|v| !v.is_null())
+                    .or_else(|| config.get("text_config").and_then(|c| c.get(&k)));
+                if let Some(id) = v.and_then(Value::as_u64).and_then(|i| u32::try_from(i).ok()) {
+                    set_special(&mut ids, typ, id, n_vocab);
+                }
+            }
         }
+        let mut keys = Vec::new();
+        for (typ, id) in ids.0 {
+            let name = match typ.as_str() {
+                "bos" => "bos_token_id",
+                "eos" => "eos_token_id",
+                "unk" => "unknown_token_id",
+                "sep" => "seperator_token_id",
+                "pad" => "padding_token_id",
+                "mask" => "mask_token_id",
+                "eot" => "eot_token_id",
+                "eom" => "eom_token_id",
+                // `cls` has no GGUF key (SpecialVocab skips it with a warning).
+                _ => continue,
+            };
+            keys.push(key(&format!("tokenizer.ggml.{name}"), GgufValue::U32(id)));
+        }
+        for (typ, b) in self.add.0 {
+            if matches!(typ.as_str(), "bos" | "eos" | "sep") {
+                keys.push(key(&format!("tokenizer.ggml.add_{typ}_token"), GgufValue::Bool(b)));
+            }
+        }
+        keys.extend(chat_template_keys(chat_template.as_ref()));
+        Ok(keys)
     }
-    keys.extend(chat_template_keys(chat_template.as_ref()));
-    Ok(keys)
 }
 
 /// The `id` of a `TemplateProcessing` `Sequence` piece (`A` or `B`).
@@ -741,7 +802,7 @@ fn set_special(ids: &mut Ordered<u32>, typ: &str, id: u32, n_vocab: Option<usize
 fn chat_template_file(dir: &Path) -> Result<Option<Value>, LoadError> {
     let jinja = dir.join("chat_template.jinja");
     if jinja.exists() {
-        let bytes = crate::input::read_file(&jinja, crate::input::MAX_JSON_BYTES)?;
+        let bytes = crate::input::read_file(&jinja, CHAT_TEMPLATE)?;
         let text = String::from_utf8(bytes).map_err(|_| LoadError::invalid(&jinja, "is not UTF-8"))?;
         return Ok(Some(Value::String(text)));
     }

@@ -1,0 +1,410 @@
+//! The GGUF writer: [`write_gguf`] (a [`HostModel`] with a SentencePiece-style
+//! [`Llama2cTokenizer`], readable by [`crate::open_model`] and llama.cpp; fixtures for the
+//! readers' tests) and [`write_gguf_with`], the writer `qdrift quantize --format gguf` uses:
+//! matrices stored as the caller packed them (ggml blocks), the tokenizer metadata carried over
+//! from the source ([`crate::write::gguf_tokenizer_keys`]).
+
+use std::borrow::Cow;
+use std::path::Path;
+
+use qdrift_ggml::GgmlType;
+
+use super::read::GgufValue;
+use super::tokenizer::llama2c_tokenizer_keys;
+use crate::LoadError;
+use crate::hf::write::{WriteDtype, has_qkv_biases};
+use crate::rope_layout::RopeLayout::ToRotateHalf;
+use crate::rope_layout::{permute_rows, rotate_half_row_order};
+use crate::tokenizer::Llama2cTokenizer;
+use qdrift_weights::{HostModel, HostTensor, LlamaArch, RopeScaling};
+
+/// GGUF metadata value types (`gguf.md` `gguf_metadata_value_type`).
+const GGUF_U32: u32 = 4;
+
+const GGUF_F32: u32 = 6;
+
+const GGUF_BOOL: u32 = 7;
+
+const GGUF_STRING: u32 = 8;
+
+const GGUF_ARRAY: u32 = 9;
+
+const ALIGNMENT: usize = 32;
+
+/// `ggml_type` ids of the unquantized tensor types (`ggml.h` `GGML_TYPE_F32`, `GGML_TYPE_F16`).
+const GGML_F32: u32 = 0;
+
+const GGML_F16: u32 = 1;
+
+/// GGUF metadata being written: `(count, bytes)`.
+#[derive(Default)]
+struct Kv(u64, Vec<u8>);
+
+impl Kv {
+    fn str_raw(out: &mut Vec<u8>, s: &str) {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    }
+    fn key(&mut self, k: &str, ty: u32) -> &mut Vec<u8> {
+        self.0 += 1;
+        Self::str_raw(&mut self.1, k);
+        self.1.extend(ty.to_le_bytes());
+        &mut self.1
+    }
+    fn u32(&mut self, k: &str, v: u32) {
+        self.key(k, GGUF_U32).extend(v.to_le_bytes());
+    }
+    fn f32(&mut self, k: &str, v: f32) {
+        self.key(k, GGUF_F32).extend(v.to_le_bytes());
+    }
+    fn string(&mut self, k: &str, v: &str) {
+        Self::str_raw(self.key(k, GGUF_STRING), v);
+    }
+    /// Any value, with the type it was read with ([`value_type`]).
+    fn value(&mut self, k: &str, v: &GgufValue) {
+        let out = self.key(k, value_type(v));
+        value_bytes(out, v);
+    }
+}
+
+/// The `gguf_metadata_value_type` of a value; an empty array's elements are taken to be strings
+/// (a [`GgufValue::Array`] does not keep its element type, and the `tokenizer.ggml.*` arrays that
+/// can be empty, `tokens` and `merges`, are string arrays).
+fn value_type(v: &GgufValue) -> u32 {
+    match v {
+        GgufValue::U8(_) => 0,
+        GgufValue::I8(_) => 1,
+        GgufValue::U16(_) => 2,
+        GgufValue::I16(_) => 3,
+        GgufValue::U32(_) => GGUF_U32,
+        GgufValue::I32(_) => 5,
+        GgufValue::F32(_) => GGUF_F32,
+        GgufValue::Bool(_) => GGUF_BOOL,
+        GgufValue::String(_) => GGUF_STRING,
+        GgufValue::Array(_) => GGUF_ARRAY,
+        GgufValue::U64(_) => 10,
+        GgufValue::I64(_) => 11,
+        GgufValue::F64(_) => 12,
+    }
+}
+
+/// A value's payload as `gguf.md` lays it out (arrays: element type, count, elements).
+fn value_bytes(out: &mut Vec<u8>, v: &GgufValue) {
+    match v {
+        GgufValue::U8(x) => out.push(*x),
+        GgufValue::I8(x) => out.extend(x.to_le_bytes()),
+        GgufValue::U16(x) => out.extend(x.to_le_bytes()),
+        GgufValue::I16(x) => out.extend(x.to_le_bytes()),
+        GgufValue::U32(x) => out.extend(x.to_le_bytes()),
+        GgufValue::I32(x) => out.extend(x.to_le_bytes()),
+        GgufValue::F32(x) => out.extend(x.to_le_bytes()),
+        GgufValue::Bool(x) => out.push(u8::from(*x)),
+        GgufValue::String(x) => Kv::str_raw(out, x),
+        GgufValue::Array(items) => {
+            out.extend(items.first().map_or(GGUF_STRING, value_type).to_le_bytes());
+            out.extend((items.len() as u64).to_le_bytes());
+            for item in items {
+                value_bytes(out, item);
+            }
+        }
+        GgufValue::U64(x) => out.extend(x.to_le_bytes()),
+        GgufValue::I64(x) => out.extend(x.to_le_bytes()),
+        GgufValue::F64(x) => out.extend(x.to_le_bytes()),
+    }
+}
+
+/// Writes `model` and `tokenizer` as a GGUF v3 file with the `llama` architecture, or `qwen2`
+/// when the layers have q/k/v biases (all three in every layer).
+///
+/// Spec: ggml `docs/gguf.md` (layout as [`crate::read_gguf`] describes it; alignment 32).
+/// Metadata: `general.architecture` (`ARCH` = `llama` or `qwen2`), `general.alignment`,
+/// `ARCH.context_length`, `ARCH.embedding_length`, `ARCH.block_count`, `ARCH.feed_forward_length`,
+/// `ARCH.attention.head_count`, `ARCH.attention.head_count_kv`,
+/// `ARCH.attention.layer_norm_rms_epsilon`, `ARCH.rope.freq_base`, `ARCH.rope.dimension_count`,
+/// `ARCH.vocab_size`; tokenizer: [`llama2c_tokenizer_keys`].
+/// Tensors use llama.cpp's names (`token_embd`, `blk.N.attn_q`, `blk.N.attn_q.bias`, ...);
+/// matrices are stored in `dtype`, 1-D norms, biases and `rope_freqs.weight` always as F32 (as
+/// llama.cpp's converter does). `llama` q/k stay interleaved (GGUF's layout); `qwen2` q/k weights
+/// and biases are written in Hugging Face's rotate-half layout, as llama.cpp's converter leaves
+/// them. RoPE scaling becomes `rope_freqs.weight`: [`RopeScaling::FreqFactors`] as is,
+/// [`RopeScaling::Llama3`] as llama.cpp's converter computes it. The write is atomic
+/// ([`write_gguf_with`]).
+///
+/// # Errors
+/// [`LoadError::Invalid`] for `dtype = BF16` (not offered here), a piece that is not UTF-8 or
+/// biases in some layers only, and the I/O error otherwise.
+pub fn write_gguf(
+    path: &Path,
+    model: &HostModel,
+    tokenizer: &Llama2cTokenizer,
+    dtype: WriteDtype,
+) -> Result<(), LoadError> {
+    let keys = llama2c_tokenizer_keys(path, tokenizer)?;
+    write_gguf_with(path, model, &keys, dtype, &|_| None)
+}
+
+/// Which matrix of a [`HostModel`] a GGUF tensor holds, for [`write_gguf_with`]'s `store`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GgufMatrix {
+    /// `token_embd.weight` ([`HostModel::token_embedding`]).
+    TokenEmbedding,
+    /// `output.weight` (an untied [`HostModel::output`]).
+    Output,
+    /// A linear weight of block `layer`, by its Hugging Face short name as
+    /// [`crate::LayerWeights::linears`] gives it (`self_attn.q_proj` is `blk.{layer}.attn_q`).
+    Linear {
+        /// Block index.
+        layer: usize,
+        /// Hugging Face short name.
+        short_name: &'static str,
+    },
+}
+
+/// A matrix as the caller of [`write_gguf_with`] stores it: a `ggml_type` id (`GGML_TYPE_F16`
+/// = 1 or a block type of `qdrift-ggml`'s [`qdrift_ggml::GgmlType::READABLE`]) and its bytes.
+///
+/// # Shapes
+/// - `bytes`: the matrix's `rows` rows one after the other, in [`HostModel`]'s row order (q/k
+///   interleaved), each a whole number of the type's blocks (or `cols` binary16 values).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GgufStored {
+    /// `ggml_type` id.
+    pub ggml_type: u32,
+    /// The stored rows.
+    pub bytes: Vec<u8>,
+}
+
+/// Writes `model` as a GGUF v3 file (as [`write_gguf`] describes it) with the tokenizer metadata
+/// `tokenizer_keys` written as given (every key must start with `tokenizer.`; see
+/// [`super::gguf_tokenizer_keys`]), and each matrix stored as `store` returns it, or in `dtype` (F32 or
+/// F16) where it returns `None`. Stored rows of `qwen2` q/k are permuted to the rotate-half
+/// layout like the values (blocks run along rows, so whole rows move).
+///
+/// The write is atomic ([`qdrift_io::write_atomic`]): the file is written to a uniquely named
+/// temporary file in the same folder and renamed over `path`; on failure the temporary file is
+/// removed and `path` is left as it was.
+///
+/// # Errors
+/// [`LoadError::Invalid`] for `dtype = BF16`, a tokenizer key outside `tokenizer.`, a stored
+/// matrix whose type is not F16 or a readable block type, or whose bytes do not match its shape
+/// (naming the tensor), biases in some layers only; the I/O error otherwise.
+pub fn write_gguf_with(
+    path: &Path,
+    model: &HostModel,
+    tokenizer_keys: &[(String, GgufValue)],
+    dtype: WriteDtype,
+    store: &dyn Fn(GgufMatrix) -> Option<GgufStored>,
+) -> Result<(), LoadError> {
+    if dtype == WriteDtype::BF16 {
+        return Err(LoadError::invalid(path, "write_gguf writes F32 or F16 only"));
+    }
+    let qwen2 = has_qkv_biases(path, model)?;
+    let mut kv = Kv::default();
+    gguf_arch_metadata(&mut kv, path, &model.arch, if qwen2 { "qwen2" } else { "llama" })?;
+    for (key, value) in tokenizer_keys {
+        if !key.starts_with("tokenizer.") {
+            return Err(LoadError::invalid(path, format!("metadata key {key} is not a tokenizer key")));
+        }
+        kv.value(key, value);
+    }
+    let tensors = gguf_tensors(path, model, qwen2)?;
+    let bytes = gguf_bytes(path, &kv, &tensors, dtype, store)?;
+    Ok(qdrift_io::write_atomic(path, &bytes)?)
+}
+
+/// `general.*` and the `ARCH.*` hyper-parameters.
+fn gguf_arch_metadata(kv: &mut Kv, path: &Path, a: &LlamaArch, arch: &str) -> Result<(), LoadError> {
+    kv.string("general.architecture", arch);
+    kv.string("general.name", &a.architecture);
+    kv.u32("general.alignment", ALIGNMENT as u32);
+    let u = |x: usize| u32::try_from(x).map_err(|_| LoadError::invalid(path, format!("{x} does not fit a u32")));
+    let k = |key: &str| format!("{arch}.{key}");
+    kv.u32(&k("context_length"), u(a.max_seq_len)?);
+    kv.u32(&k("embedding_length"), u(a.dim)?);
+    kv.u32(&k("block_count"), u(a.n_layers)?);
+    kv.u32(&k("feed_forward_length"), u(a.hidden_dim)?);
+    kv.u32(&k("attention.head_count"), u(a.n_heads)?);
+    kv.u32(&k("attention.head_count_kv"), u(a.n_kv_heads)?);
+    kv.f32(&k("attention.layer_norm_rms_epsilon"), a.norm_eps);
+    kv.f32(&k("rope.freq_base"), a.rope_theta);
+    kv.u32(&k("rope.dimension_count"), u(a.head_dim())?);
+    kv.u32(&k("vocab_size"), u(a.vocab_size)?);
+    Ok(())
+}
+
+/// llama.cpp's converter (`convert_hf_to_gguf.py`, `LlamaModel.generate_extra_tensors`) turns
+/// Llama 3.1's `rope_scaling` into the per-pair divisors of `rope_freqs.weight`: 1 where
+/// `wavelen < high`, `factor` where `wavelen > low`, `1 / ((1 - smooth) / factor + smooth)`
+/// between (see [`RopeScaling::Llama3`]), computed in f32 from the f32 inverse frequencies.
+fn llama3_freq_factors(scaling: &RopeScaling, head_dim: usize, theta: f32) -> Option<Vec<f32>> {
+    let RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } = *scaling
+    else {
+        return None;
+    };
+    let old = original_max_position_embeddings as f32;
+    let (low, high) = (old / low_freq_factor, old / high_freq_factor);
+    let factors = (0..head_dim / 2)
+        .map(|i| {
+            let freq = 1.0 / theta.powf((2 * i) as f32 / head_dim as f32);
+            let wavelen = 2.0 * std::f32::consts::PI / freq;
+            if wavelen < high {
+                1.0
+            } else if wavelen > low {
+                factor
+            } else {
+                let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            }
+        })
+        .collect();
+    Some(factors)
+}
+
+/// A tensor to write under llama.cpp's name.
+struct GgufTensor<'a> {
+    name: String,
+    /// The values, q/k rows already in the file's layout.
+    tensor: Cow<'a, HostTensor>,
+    /// The matrix it holds (`None` for 1-D norms, biases, `rope_freqs.weight`, which are stored
+    /// as F32 whatever the dtype).
+    matrix: Option<GgufMatrix>,
+    /// `qwen2` q/k: the heads whose rows were permuted to the rotate-half layout.
+    rope_heads: Option<usize>,
+}
+
+/// Every tensor in file order, under llama.cpp's names; `qwen2` q/k rows in the rotate-half
+/// layout; RoPE scaling as `rope_freqs.weight`.
+fn gguf_tensors<'a>(path: &Path, model: &'a HostModel, qwen2: bool) -> Result<Vec<GgufTensor<'a>>, LoadError> {
+    let a = &model.arch;
+    let rope_rows = |t: &HostTensor, heads: usize| -> HostTensor {
+        if qwen2 { permute_rows(t, heads, ToRotateHalf) } else { t.clone() }
+    };
+    let matrix = |name: String, t: Cow<'a, HostTensor>, m: GgufMatrix| GgufTensor {
+        name,
+        tensor: t,
+        matrix: Some(m),
+        rope_heads: None,
+    };
+    let vector = |name: String, t: Cow<'a, HostTensor>| GgufTensor { name, tensor: t, matrix: None, rope_heads: None };
+    let mut tensors =
+        vec![matrix("token_embd.weight".into(), Cow::Borrowed(&model.token_embedding), GgufMatrix::TokenEmbedding)];
+    if let Some(s) = &a.rope_scaling {
+        let factors = match s {
+            RopeScaling::FreqFactors { factors } => factors.clone(),
+            RopeScaling::Llama3 { .. } => llama3_freq_factors(s, a.head_dim(), a.rope_theta).unwrap_or_default(),
+        };
+        let t = HostTensor::new(vec![factors.len()], factors)
+            .ok_or_else(|| LoadError::invalid(path, "RoPE frequency factors"))?;
+        tensors.push(vector("rope_freqs.weight".into(), Cow::Owned(t)));
+    }
+    for (i, l) in model.layers.iter().enumerate() {
+        let b = format!("blk.{i}");
+        let lin = |short_name: &'static str| GgufMatrix::Linear { layer: i, short_name };
+        let rope_heads = |heads: usize| qwen2.then_some(heads);
+        tensors.push(vector(format!("{b}.attn_norm.weight"), Cow::Borrowed(&l.attn_norm)));
+        tensors.push(GgufTensor {
+            rope_heads: rope_heads(a.n_heads),
+            ..matrix(format!("{b}.attn_q.weight"), Cow::Owned(rope_rows(&l.wq, a.n_heads)), lin("self_attn.q_proj"))
+        });
+        tensors.push(GgufTensor {
+            rope_heads: rope_heads(a.n_kv_heads),
+            ..matrix(format!("{b}.attn_k.weight"), Cow::Owned(rope_rows(&l.wk, a.n_kv_heads)), lin("self_attn.k_proj"))
+        });
+        tensors.push(matrix(format!("{b}.attn_v.weight"), Cow::Borrowed(&l.wv), lin("self_attn.v_proj")));
+        if let (Some(bq), Some(bk), Some(bv)) = (&l.bq, &l.bk, &l.bv) {
+            tensors.push(vector(format!("{b}.attn_q.bias"), Cow::Owned(rope_rows(bq, a.n_heads))));
+            tensors.push(vector(format!("{b}.attn_k.bias"), Cow::Owned(rope_rows(bk, a.n_kv_heads))));
+            tensors.push(vector(format!("{b}.attn_v.bias"), Cow::Borrowed(bv)));
+        }
+        tensors.push(matrix(format!("{b}.attn_output.weight"), Cow::Borrowed(&l.wo), lin("self_attn.o_proj")));
+        tensors.push(vector(format!("{b}.ffn_norm.weight"), Cow::Borrowed(&l.ffn_norm)));
+        tensors.push(matrix(format!("{b}.ffn_gate.weight"), Cow::Borrowed(&l.w_gate), lin("mlp.gate_proj")));
+        tensors.push(matrix(format!("{b}.ffn_up.weight"), Cow::Borrowed(&l.w_up), lin("mlp.up_proj")));
+        tensors.push(matrix(format!("{b}.ffn_down.weight"), Cow::Borrowed(&l.w_down), lin("mlp.down_proj")));
+    }
+    tensors.push(vector("output_norm.weight".into(), Cow::Borrowed(&model.final_norm)));
+    if let Some(o) = &model.output {
+        tensors.push(matrix("output.weight".into(), Cow::Borrowed(o), GgufMatrix::Output));
+    }
+    Ok(tensors)
+}
+
+/// The file: header (magic, version 3, counts), metadata, tensor infos, then the data section
+/// (aligned to [`ALIGNMENT`], each tensor at an aligned offset).
+fn gguf_bytes(
+    path: &Path,
+    kv: &Kv,
+    tensors: &[GgufTensor<'_>],
+    dtype: WriteDtype,
+    store: &dyn Fn(GgufMatrix) -> Option<GgufStored>,
+) -> Result<Vec<u8>, LoadError> {
+    let mut infos = Vec::new();
+    let mut data = Vec::new();
+    for GgufTensor { name, tensor, matrix, rope_heads } in tensors {
+        let (ty, bytes) = match matrix.and_then(store) {
+            Some(stored) => (stored.ggml_type, stored_rows(path, name, tensor, stored, *rope_heads)?),
+            None if matrix.is_none() || dtype == WriteDtype::F32 => (GGML_F32, WriteDtype::F32.bytes(tensor)),
+            None => (GGML_F16, WriteDtype::F16.bytes(tensor)),
+        };
+        data.resize(data.len().next_multiple_of(ALIGNMENT), 0);
+        Kv::str_raw(&mut infos, name);
+        infos.extend((tensor.shape.len() as u32).to_le_bytes());
+        for d in tensor.shape.iter().rev() {
+            infos.extend((*d as u64).to_le_bytes());
+        }
+        infos.extend(ty.to_le_bytes());
+        infos.extend((data.len() as u64).to_le_bytes());
+        data.extend(bytes);
+    }
+    let mut out = b"GGUF".to_vec();
+    out.extend(3u32.to_le_bytes());
+    out.extend((tensors.len() as u64).to_le_bytes());
+    out.extend(kv.0.to_le_bytes());
+    out.extend(&kv.1);
+    out.extend(&infos);
+    out.resize(out.len().next_multiple_of(ALIGNMENT), 0);
+    out.extend(data);
+    Ok(out)
+}
+
+/// A stored matrix's bytes, checked against its shape and type, rows permuted to the rotate-half
+/// layout when `rope_heads` is set (`qwen2` q/k).
+///
+/// # Shapes
+/// - `tensor`: `[rows, cols]`; `stored.bytes`: `rows` rows of `cols / block_size * type_size`
+///   bytes (`2 * cols` for F16).
+fn stored_rows(
+    path: &Path,
+    name: &str,
+    tensor: &HostTensor,
+    stored: GgufStored,
+    rope_heads: Option<usize>,
+) -> Result<Vec<u8>, LoadError> {
+    let bad = |m: String| LoadError::invalid(path, format!("tensor {name}: {m}"));
+    let [rows, cols] = tensor.shape[..] else {
+        return Err(bad(format!("a stored tensor must be a matrix, not {:?}", tensor.shape)));
+    };
+    let row_bytes = match stored.ggml_type {
+        GGML_F16 => Some(2 * cols),
+        id => match GgmlType::from_gguf_id(id) {
+            Some(t) if cols.is_multiple_of(t.block_size()) => Some(cols / t.block_size() * t.type_size()),
+            Some(t) => {
+                return Err(bad(format!(
+                    "{cols} columns are not whole {} blocks of {}",
+                    t.gguf_name(),
+                    t.block_size()
+                )));
+            }
+            None => None,
+        },
+    };
+    let Some(row_bytes) = row_bytes else {
+        return Err(bad(format!("ggml_type {} is not F16 or a block type qdrift reads", stored.ggml_type)));
+    };
+    if rows.checked_mul(row_bytes) != Some(stored.bytes.len()) {
+        return Err(bad(format!("{} bytes stored for {rows} rows of {row_bytes} bytes", stored.bytes.len())));
+    }
+    let Some(heads) = rope_heads else { return Ok(stored.bytes) };
+    let order = rotate_half_row_order(heads, rows / heads.max(1));
+    Ok(order.iter().flat_map(|&r| &stored.bytes[r * row_bytes..(r + 1) * row_bytes]).copied().collect())
+}

@@ -1,0 +1,219 @@
+//! Quantized Hugging Face folders: `quantization_config` in `config.json` (or AutoGPTQ's
+//! `quantize_config.json`), each linear layer dequantized on load into [`crate::HostModel`]'s
+//! f32 `[out, in]` layout. The reader ([`crate::read_hf_folder`]) permutes q/k rows to the
+//! interleaved RoPE layout *after* dequantization, so the permutation moves real rows.
+//!
+//! Every layout stores integer codes `q` (or FP8 codes), scales `s` and, for asymmetric
+//! formats, zero points `z`; qdrift computes `w = (q − z) · s` in f32. For F16/BF16 scales this
+//! product is exact (an ≤ 9-bit integer times an 11-bit mantissa), so the weights are the exact
+//! values the checkpoint encodes; PyTorch kernels that multiply in the scale's dtype round it
+//! once more to F16/BF16. A linear layer the checkpoint leaves unquantized (`lm_head`,
+//! `modules_to_not_convert`, compressed-tensors' `ignore`) is read as a plain F32/F16/BF16
+//! `.weight`.
+//!
+//! Each layout's file holds its config (parsed from `quantization_config`, and written back for
+//! fixtures), its unpacking (dequantization on load) and its packing (codes into the tensors a
+//! checkpoint stores, used by `qdrift-quantize`'s fixture writer), and cites the sources of its
+//! layout:
+//!
+//! | file | layout |
+//! |---|---|
+//! | `gptq.rs` | [`Gptq`]: `qweight`/`qzeros`/`scales`/`g_idx` (AutoGPTQ v1, GPTQModel v2) |
+//! | `awq.rs` | [`Awq`]: AutoAWQ GEMM |
+//! | `compressed.rs` | [`Compressed`]: compressed-tensors `pack-quantized`, `int-quantized`, `float-quantized` |
+//! | `fp8.rs` | [`Fp8`]: `quant_method: fp8` (block or per-tensor scales) |
+//! | `packing.rs` | what they share: bit fields, group indices, scale grids ([`Strategy`]); the codes a writer hands over ([`IntCodes`], [`Fp8Codes`]), the tensors it gets back ([`HfTensor`]) |
+//! | `fields.rs` | reading `quantization_config` fields, with errors that name them |
+//!
+//! A new layout is a new file with the same four parts (parse the config, write it, unpack,
+//! pack), a variant of `Method` below (parsed in `parse`, dispatched in `HfQuant::linear` and
+//! `HfQuant::stores_quantized`), and, to write fixtures, an `HfLayout` variant in
+//! `qdrift-quantize`'s `hf_packed.rs`.
+
+mod awq;
+mod compressed;
+mod fields;
+mod fp8;
+mod gptq;
+mod packing;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+pub use awq::Awq;
+pub use compressed::{Compressed, CtActivations, CtFormat, CtGroup, CtScheme, CtWeights};
+pub use fp8::Fp8;
+pub use gptq::Gptq;
+pub use packing::{Fp8Codes, HfDtype, HfTensor, IntCodes, Strategy};
+
+use crate::LoadError;
+use crate::hf::shards::Shards;
+use crate::loaded::{CheckpointActivations, CheckpointQuant};
+use fields::Fields;
+use qdrift_weights::HostTensor;
+
+/// The quantization of a folder, parsed from its config.
+#[derive(Debug, Clone)]
+pub(crate) struct HfQuant {
+    /// The file the configuration came from (`config.json` or `quantize_config.json`).
+    path: PathBuf,
+    method: Method,
+    /// What [`crate::LoadedModel::quantization`] reports.
+    pub(crate) summary: CheckpointQuant,
+}
+
+/// The layouts, each with its parsed config.
+#[derive(Debug, Clone)]
+enum Method {
+    Gptq(Gptq),
+    Awq(Awq),
+    Compressed(Compressed),
+    Fp8(Fp8),
+}
+
+/// The folder's quantization: `config.json`'s `quantization_config`, else `quantize_config.json`
+/// (AutoGPTQ); `None` for an unquantized folder.
+pub(crate) fn read_quant_config(dir: &Path, config_path: &Path, config: &Value) -> Result<Option<HfQuant>, LoadError> {
+    if let Some(q) = config.get("quantization_config").filter(|v| !v.is_null()) {
+        if !q.is_object() {
+            return Err(LoadError::invalid(config_path, "quantization_config is not an object"));
+        }
+        return parse(Fields { path: config_path, prefix: "quantization_config".into(), v: q }, None).map(Some);
+    }
+    let legacy = dir.join("quantize_config.json");
+    if legacy.exists() {
+        let v = crate::input::read_json(&legacy, crate::input::JSON)?;
+        if !v.is_object() {
+            return Err(LoadError::invalid(&legacy, "is not a JSON object"));
+        }
+        // AutoGPTQ's file has no quant_method: it is GPTQ.
+        return parse(Fields { path: &legacy, prefix: String::new(), v: &v }, Some("gptq")).map(Some);
+    }
+    Ok(None)
+}
+
+const METHODS: &str = "gptq, awq, compressed-tensors, fp8";
+
+fn parse(f: Fields<'_>, default_method: Option<&str>) -> Result<HfQuant, LoadError> {
+    let method = f.str("quant_method")?.or(default_method);
+    let (method, weights, activations): (Method, String, Option<CheckpointActivations>) =
+        match method.map(str::to_ascii_lowercase).as_deref() {
+            Some("gptq") => {
+                let g = Gptq::parse(&f)?;
+                (Method::Gptq(g), g.summary(), None)
+            }
+            Some("awq") => {
+                let a = Awq::parse(&f)?;
+                (Method::Awq(a), a.summary(), None)
+            }
+            Some("compressed-tensors") => {
+                let (c, name, activations) = Compressed::parse(&f)?;
+                (Method::Compressed(c), name, activations)
+            }
+            Some("fp8") => {
+                let (c, name, activations) = Fp8::parse(&f)?;
+                (Method::Fp8(c), name, Some(activations))
+            }
+            _ => return Err(f.unsupported("quant_method", method.unwrap_or("(missing)"), METHODS)),
+        };
+    Ok(HfQuant { path: f.path.to_path_buf(), method, summary: CheckpointQuant { weights, activations } })
+}
+
+impl HfQuant {
+    /// The linear layer `module` (`model.layers.0.self_attn.q_proj`, `lm_head`) as f32
+    /// `[out, in]`, in the checkpoint's row order; `None` when the folder has no such layer.
+    ///
+    /// # Shapes
+    /// - returns `[out, inp]`.
+    pub(crate) fn linear(
+        &self,
+        shards: &Shards,
+        module: &str,
+        out: usize,
+        inp: usize,
+    ) -> Result<Option<HostTensor>, LoadError> {
+        if !self.stores_quantized(shards, module) {
+            return shards.get(&format!("{module}.weight"), &[out, inp]);
+        }
+        let data = match &self.method {
+            Method::Gptq(g) => g.unpack(shards, module, out, inp)?,
+            Method::Awq(a) => a.unpack(shards, module, out, inp)?,
+            Method::Compressed(c) => match c.scheme_of(module) {
+                Some(s) => s.unpack(shards, module, out, inp)?,
+                None => return shards.get(&format!("{module}.weight"), &[out, inp]),
+            },
+            Method::Fp8(f) => f.unpack(shards, module, out, inp)?,
+        };
+        let name = format!("{module}.weight");
+        let path = shards.path_of(&name).unwrap_or(&self.path);
+        crate::input::check_finite(path, &name, &data)?;
+        HostTensor::new(vec![out, inp], data)
+            .map(Some)
+            .ok_or_else(|| LoadError::invalid(&self.path, format!("{module}: dequantized size does not match")))
+    }
+
+    /// Whether the folder stores linear layer `module` quantized: GPTQ/AWQ when it has a
+    /// `qweight`, compressed-tensors when a config group targets it and `ignore` does not, FP8
+    /// when its `weight` is FP8 (quantizers skip some layers: `lm_head`, `modules_to_not_convert`).
+    pub(crate) fn stores_quantized(&self, shards: &Shards, module: &str) -> bool {
+        match &self.method {
+            Method::Gptq(_) | Method::Awq(_) => shards.has(&format!("{module}.qweight")),
+            Method::Compressed(c) => c.scheme_of(module).is_some(),
+            Method::Fp8(_) => Fp8::stores_quantized(shards, module),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Parses a written `quantization_config`.
+    fn reparse(text: &str) -> Method {
+        let v: Value = serde_json::from_str(text).expect("JSON");
+        let f = Fields { path: Path::new("config.json"), prefix: "quantization_config".into(), v: &v };
+        parse(f, None).expect("parses").method
+    }
+
+    #[test]
+    fn written_configs_parse_back_to_themselves() {
+        for g in [
+            Gptq { bits: 4, group: Some(128), desc_act: true, sym: false, v2: false },
+            Gptq { bits: 8, group: None, desc_act: false, sym: true, v2: true },
+        ] {
+            assert!(matches!(reparse(&g.quantization_config()), Method::Gptq(x) if x == g));
+        }
+        for a in [Awq { group: Some(32) }, Awq { group: None }] {
+            assert!(matches!(reparse(&a.quantization_config()), Method::Awq(x) if x == a));
+        }
+        for f in [
+            Fp8 { fmt: crate::ofp8::Ofp8::E4M3, block: Some((128, 64)) },
+            Fp8 { fmt: crate::ofp8::Ofp8::E5M2, block: None },
+        ] {
+            assert!(matches!(reparse(&f.quantization_config()), Method::Fp8(x) if x == f));
+        }
+        let scheme = |format, bits, float, strategy, activations| CtScheme {
+            format,
+            weights: CtWeights { bits, float, symmetric: true, strategy },
+            activations,
+        };
+        // Every group declares the same activations (the reader refuses mixed ones).
+        let acts =
+            Some(CtActivations { float: true, granularity: crate::loaded::ActivationGranularity::TokenGroup(128) });
+        let c = Compressed {
+            groups: vec![
+                CtGroup {
+                    targets: vec!["re:.*mlp.*".into()],
+                    scheme: scheme(CtFormat::Packed, 4, false, Strategy::Group(64), acts),
+                },
+                CtGroup {
+                    targets: vec!["Linear".into()],
+                    scheme: scheme(CtFormat::Float, 8, true, Strategy::Block(128, 128), acts),
+                },
+            ],
+            ignore: vec!["lm_head".into()],
+        };
+        assert!(matches!(reparse(&c.quantization_config()), Method::Compressed(x) if x == c));
+    }
+}

@@ -1,0 +1,418 @@
+//! The safetensors files of a Hugging Face folder: `model.safetensors` or the shards
+//! `model.safetensors.index.json` lists, memory-mapped, each header parsed and checked once, and
+//! typed access to the stored tensors (floats as f32, integers, FP8 codes) for the reader and the
+//! quantized layouts.
+//!
+//! Spec: <https://github.com/huggingface/safetensors> (README "Format": `u64` little-endian header
+//! length N, N bytes of JSON `{name: {dtype, shape, data_offsets: [begin, end]}}` with an optional
+//! `__metadata__`, then the byte buffer; offsets are relative to the buffer), parsed with the
+//! `safetensors` crate; sharding: `transformers`' `model.safetensors.index.json` (`weight_map:
+//! {tensor: shard file}`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Metadata, TensorInfo};
+use safetensors::{Dtype, SafeTensorError, SafeTensors};
+use serde_json::Value;
+
+use crate::LoadError;
+use crate::floats::{LeFloat, le_floats};
+use crate::ofp8::Ofp8;
+use qdrift_weights::HostTensor;
+
+/// The memory-mapped safetensors files of a folder and which holds each tensor.
+pub(crate) struct Shards {
+    files: Vec<ShardFile>,
+    /// Tensor name → index in `files`.
+    index: HashMap<String, usize>,
+}
+
+/// One safetensors file, mapped, with its header parsed once.
+struct ShardFile {
+    path: PathBuf,
+    map: memmap2::Mmap,
+    /// Where the byte buffer starts (8 + header length).
+    data_start: usize,
+    /// Tensors in file order.
+    tensors: Vec<(String, TensorInfo)>,
+}
+
+impl Shards {
+    /// Maps the weights files of the folder `dir`.
+    pub(crate) fn open(dir: &Path) -> Result<Self, LoadError> {
+        let single = dir.join("model.safetensors");
+        let index_path = dir.join("model.safetensors.index.json");
+        let names: Vec<PathBuf> = if single.exists() {
+            vec![single]
+        } else if index_path.exists() {
+            let index = crate::input::read_json(&index_path, crate::input::JSON)?;
+            let map = index
+                .get("weight_map")
+                .and_then(Value::as_object)
+                .ok_or_else(|| LoadError::invalid(&index_path, "has no weight_map object"))?;
+            let mut files: Vec<&str> = Vec::new();
+            for (tensor, file) in map {
+                let file = file
+                    .as_str()
+                    .filter(|f| !f.contains('/') && !f.contains('\\') && *f != ".." && !f.is_empty())
+                    .ok_or_else(|| {
+                        LoadError::invalid(&index_path, format!("weight_map[{tensor}] = {file} is not a file name"))
+                    })?;
+                if !files.contains(&file) {
+                    files.push(file);
+                }
+            }
+            files.sort_unstable();
+            files.into_iter().map(|f| dir.join(f)).collect()
+        } else {
+            return Err(LoadError::invalid(
+                dir,
+                "has neither model.safetensors nor model.safetensors.index.json (only safetensors weights are read)",
+            ));
+        };
+        let mut files = Vec::with_capacity(names.len());
+        let mut index = HashMap::new();
+        for (i, path) in names.into_iter().enumerate() {
+            // Checked before opening: opening a named pipe blocks, and a device maps endlessly.
+            crate::input::regular_file_len(&path, crate::input::MODEL)?;
+            let file = std::fs::File::open(&path).map_err(|e| LoadError::io(&path, e))?;
+            let opened = file.metadata().map_err(|e| LoadError::io(&path, e))?;
+            crate::input::check_regular(&path, crate::input::MODEL, opened.file_type())?;
+            // SAFETY: the map is read-only and private; as for every memory-mapped reader, a file
+            // truncated by another process while mapped may fault. Model files are not rewritten
+            // in place by the tools that produce them (they write and rename).
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LoadError::io(&path, e))?;
+            let (header_len, meta) = parse_safetensors(&path, &map)?;
+            let data_start = 8 + header_len;
+            let mut tensors: Vec<(String, TensorInfo)> =
+                meta.tensors().into_iter().map(|(n, t)| (n, t.clone())).collect();
+            tensors.sort_by_key(|(_, t)| t.data_offsets);
+            for (name, _) in &tensors {
+                if let Some(prev) = index.insert(name.clone(), i) {
+                    let p: &ShardFile = &files[prev];
+                    return Err(LoadError::invalid(&path, format!("tensor {name} is also in {}", p.path.display())));
+                }
+            }
+            files.push(ShardFile { path, map, data_start, tensors });
+        }
+        Ok(Self { files, index })
+    }
+
+    /// How many tensors the files hold in all.
+    pub(crate) fn tensor_count(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Every stored tensor with its header entry, file by file in file order.
+    pub(crate) fn tensors(&self) -> impl Iterator<Item = (&str, &TensorInfo)> {
+        self.files.iter().flat_map(|f| f.tensors.iter().map(|(n, t)| (n.as_str(), t)))
+    }
+
+    /// Whether any file holds `name`.
+    pub(crate) fn has(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// The stored bytes of `name` with its dtype and shape; `None` when no file has it.
+    pub(crate) fn raw(&self, name: &str) -> Option<Raw<'_>> {
+        let f = &self.files[*self.index.get(name)?];
+        let (_, info) = f.tensors.iter().find(|(n, _)| n == name)?;
+        // `parse_safetensors` validated every range against the file.
+        let (begin, end) = info.data_offsets;
+        let bytes = &f.map[f.data_start + begin..f.data_start + end];
+        Some(Raw { path: &f.path, dtype: info.dtype, shape: &info.shape, bytes })
+    }
+
+    /// The stored dtype of `name`.
+    pub(crate) fn dtype(&self, name: &str) -> Option<Dtype> {
+        self.raw(name).map(|r| r.dtype)
+    }
+
+    /// The stored shape of `name`.
+    pub(crate) fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.raw(name).map(|r| r.shape)
+    }
+
+    /// The file holding `name`.
+    pub(crate) fn path_of(&self, name: &str) -> Option<&Path> {
+        self.raw(name).map(|r| r.path)
+    }
+
+    /// The first weights file, for errors about a tensor no file has.
+    pub(crate) fn first_path(&self) -> &Path {
+        self.files.first().map_or(Path::new("."), |f| f.path.as_path())
+    }
+
+    /// Every tensor with its stored dtype, file by file in file order.
+    pub(crate) fn dtypes(&self) -> Vec<(String, String)> {
+        self.files.iter().flat_map(|f| f.tensors.iter().map(|(n, t)| (n.clone(), format!("{:?}", t.dtype)))).collect()
+    }
+
+    /// The tensor `name` as f32 of `shape`, or `None` when no file has it.
+    pub(crate) fn get(&self, name: &str, shape: &[usize]) -> Result<Option<HostTensor>, LoadError> {
+        let Some(&i) = self.index.get(name) else {
+            return Ok(None);
+        };
+        let f = &self.files[i];
+        let Some((_, info)) = f.tensors.iter().find(|(n, _)| n == name) else {
+            return Ok(None);
+        };
+        if info.shape != shape {
+            return Err(LoadError::invalid(
+                &f.path,
+                format!("tensor {name} has shape {:?}; expected {shape:?}", info.shape),
+            ));
+        }
+        // `parse_safetensors` validated every range against the file.
+        let (begin, end) = info.data_offsets;
+        let bytes = &f.map[f.data_start + begin..f.data_start + end];
+        let data = to_f32(info.dtype, bytes).map_err(|m| LoadError::invalid(&f.path, format!("tensor {name}: {m}")))?;
+        crate::input::check_finite(&f.path, name, &data)?;
+        HostTensor::new(shape.to_vec(), data).map(Some).ok_or_else(|| {
+            LoadError::invalid(&f.path, format!("tensor {name}: byte count does not match shape {shape:?}"))
+        })
+    }
+
+    /// The tensor `name` as f32 of `shape`; an error naming the files searched when none has it.
+    pub(crate) fn require(&self, name: &str, shape: &[usize]) -> Result<HostTensor, LoadError> {
+        self.get(name, shape)?.ok_or_else(|| {
+            let files: Vec<String> = self.files.iter().map(|f| f.path.display().to_string()).collect();
+            LoadError::invalid(
+                self.files.first().map_or(Path::new("."), |f| f.path.as_path()),
+                format!("tensor {name} is missing; expected shape {shape:?} (searched {})", files.join(", ")),
+            )
+        })
+    }
+}
+
+/// One stored tensor: its file, dtype, shape and bytes (validated against the file).
+pub(crate) struct Raw<'a> {
+    /// The file holding it.
+    pub path: &'a Path,
+    /// The stored dtype.
+    pub dtype: Dtype,
+    /// The stored shape.
+    pub shape: &'a [usize],
+    /// Its bytes, `shape.product() × dtype size` of them.
+    pub bytes: &'a [u8],
+}
+
+/// Parses a safetensors buffer, turning the library's terse errors into messages for people.
+/// Returns the header length and the parsed header; every tensor's range is validated.
+pub(crate) fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<(usize, Metadata), LoadError> {
+    let Some(len) = bytes.get(..8) else {
+        return Err(LoadError::truncated(
+            path,
+            format!("the 8-byte header length, the file has {} bytes (not a safetensors file?)", bytes.len()),
+        ));
+    };
+    let mut n = [0u8; 8];
+    n.copy_from_slice(len);
+    let n = u64::from_le_bytes(n);
+    let rest = (bytes.len() - 8) as u64;
+    if n > rest {
+        return Err(LoadError::truncated(
+            path,
+            format!(
+                "the header declares {n} bytes of JSON but only {rest} bytes follow the length (corrupt or not safetensors)"
+            ),
+        ));
+    }
+    SafeTensors::read_metadata(bytes).map_err(|e| {
+        let header = &bytes[8..8 + n as usize];
+        let detail = diagnose_header(header, rest - n).unwrap_or_else(|| describe(&e, bytes.len()));
+        LoadError::invalid(path, detail)
+    })
+}
+
+/// Names the tensor whose byte range contradicts its dtype and shape, or the byte counts of a
+/// truncated buffer; `None` when the header is not readable JSON or nothing specific is found.
+fn diagnose_header(header: &[u8], buffer_len: u64) -> Option<String> {
+    let v: Value = serde_json::from_slice(header).ok()?;
+    let mut end_max = 0u64;
+    for (name, t) in v.as_object()? {
+        if name == "__metadata__" {
+            continue;
+        }
+        let dtype = t.get("dtype")?.as_str()?;
+        let size: u64 = match dtype {
+            "F64" | "I64" | "U64" => 8,
+            "F32" | "I32" | "U32" => 4,
+            "F16" | "BF16" | "I16" | "U16" => 2,
+            "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" => 1,
+            _ => return None,
+        };
+        let shape: Vec<u64> = t.get("shape")?.as_array()?.iter().map(Value::as_u64).collect::<Option<_>>()?;
+        let offsets = t.get("data_offsets")?.as_array()?;
+        let (begin, end) = (offsets.first()?.as_u64()?, offsets.get(1)?.as_u64()?);
+        let want = shape.iter().try_fold(size, |n, &d| n.checked_mul(d))?;
+        if end < begin || end - begin != want {
+            return Some(format!(
+                "tensor {name}: data_offsets [{begin}, {end}] hold {} bytes but dtype {dtype} and shape {shape:?} need {want}",
+                end.wrapping_sub(begin)
+            ));
+        }
+        if end > buffer_len {
+            return Some(format!(
+                "tensor {name}: data_offsets [{begin}, {end}] run past the end of the data buffer ({buffer_len} bytes; \
+                 truncated file?)"
+            ));
+        }
+        end_max = end_max.max(end);
+    }
+    (end_max != buffer_len).then(|| {
+        format!("the tensors' data ends at byte {end_max} of the data buffer but the buffer has {buffer_len} bytes")
+    })
+}
+
+fn describe(e: &SafeTensorError, file_len: usize) -> String {
+    match e {
+        SafeTensorError::MetadataIncompleteBuffer => format!(
+            "the tensors' data offsets do not end at the end of the file ({file_len} bytes): truncated, or bytes past the last tensor"
+        ),
+        SafeTensorError::InvalidOffset(name) => {
+            format!("tensor {name}: data_offsets are out of range or overlap another tensor")
+        }
+        SafeTensorError::TensorInvalidInfo => "a tensor's data_offsets do not match its dtype and shape".to_string(),
+        SafeTensorError::InvalidHeaderDeserialization(j) => {
+            format!("the header is not valid safetensors JSON: {j}")
+        }
+        SafeTensorError::InvalidHeader(u) => format!("the header is not UTF-8: {u}"),
+        SafeTensorError::HeaderTooLarge => "the header is larger than the 100 MB safetensors allows".to_string(),
+        SafeTensorError::ValidationOverflow => "a tensor's shape overflows".to_string(),
+        other => format!("not a valid safetensors file: {other}"),
+    }
+}
+
+/// Little-endian F32/F16/BF16 bytes to f32.
+pub(crate) fn to_f32(dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, String> {
+    Ok(match dtype {
+        Dtype::F32 => le_floats(LeFloat::F32, bytes),
+        Dtype::F16 => le_floats(LeFloat::F16, bytes),
+        Dtype::BF16 => le_floats(LeFloat::BF16, bytes),
+        Dtype::F8_E4M3 | Dtype::F8_E5M2 => {
+            return Err(format!(
+                "dtype {dtype:?} without a quantization_config in config.json (FP8 weights need their scales); \
+                 supported: F32, F16, BF16"
+            ));
+        }
+        other => {
+            return Err(format!("dtype {other:?} is not supported; supported: F32, F16, BF16"));
+        }
+    })
+}
+
+impl Shards {
+    /// The FP8 format and bytes of `name`, which must have `shape`.
+    pub(crate) fn fp8(&self, name: &str, shape: &[usize]) -> Result<(Ofp8, &[u8]), LoadError> {
+        let raw = self.raw_shaped(name, &[shape.to_vec()])?;
+        let format = match raw.dtype {
+            Dtype::F8_E4M3 => Ofp8::E4M3,
+            Dtype::F8_E5M2 => Ofp8::E5M2,
+            other => {
+                return Err(LoadError::unsupported(
+                    raw.path,
+                    format!("tensor {name} dtype"),
+                    format!("{other:?}"),
+                    "F8_E4M3, F8_E5M2",
+                ));
+            }
+        };
+        Ok((format, raw.bytes))
+    }
+
+    /// An I32 tensor of exactly `shape`.
+    pub(crate) fn ints(&self, name: &str, shape: &[usize]) -> Result<Vec<i32>, LoadError> {
+        let raw = self.raw_shaped(name, &[shape.to_vec()])?;
+        if raw.dtype != Dtype::I32 {
+            return Err(LoadError::unsupported(
+                raw.path,
+                format!("tensor {name} dtype"),
+                format!("{:?}", raw.dtype),
+                "I32",
+            ));
+        }
+        Ok(raw.bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+
+    /// An integer tensor (I8, I16, I32, I64, U8) of exactly `shape`, widened to i64.
+    pub(crate) fn ints_any(&self, name: &str, shape: &[usize]) -> Result<Vec<i64>, LoadError> {
+        let raw = self.raw_shaped(name, &[shape.to_vec()])?;
+        int_values(raw.dtype, raw.bytes).ok_or_else(|| {
+            LoadError::unsupported(
+                raw.path,
+                format!("tensor {name} dtype"),
+                format!("{:?}", raw.dtype),
+                "I8, I16, I32, I64, U8",
+            )
+        })
+    }
+
+    /// Zero points: any integer or float dtype, one of `shapes`.
+    pub(crate) fn numbers_any(&self, name: &str, shapes: &[Vec<usize>]) -> Result<Vec<i64>, LoadError> {
+        let raw = self.raw_shaped(name, shapes)?;
+        if let Some(v) = int_values(raw.dtype, raw.bytes) {
+            return Ok(v);
+        }
+        let f =
+            to_f32(raw.dtype, raw.bytes).map_err(|m| LoadError::invalid(raw.path, format!("tensor {name}: {m}")))?;
+        f.iter()
+            .map(|&z| {
+                (z.fract() == 0.0 && z.abs() < 1e9).then_some(z as i64).ok_or_else(|| {
+                    LoadError::invalid(raw.path, format!("tensor {name}: zero point {z} is not an integer"))
+                })
+            })
+            .collect()
+    }
+
+    /// A float (F32/F16/BF16) tensor of exactly `shape`, as f32.
+    pub(crate) fn floats(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, LoadError> {
+        self.floats_any(name, &[shape.to_vec()])
+    }
+
+    /// A float (F32/F16/BF16) tensor with one of `shapes`, as f32; checked finite.
+    pub(crate) fn floats_any(&self, name: &str, shapes: &[Vec<usize>]) -> Result<Vec<f32>, LoadError> {
+        let raw = self.raw_shaped(name, shapes)?;
+        let v =
+            to_f32(raw.dtype, raw.bytes).map_err(|m| LoadError::invalid(raw.path, format!("tensor {name}: {m}")))?;
+        crate::input::check_finite(raw.path, name, &v)?;
+        Ok(v)
+    }
+
+    /// `name`, present and with one of `shapes`.
+    pub(crate) fn raw_shaped(&self, name: &str, shapes: &[Vec<usize>]) -> Result<Raw<'_>, LoadError> {
+        let raw = self.raw(name).ok_or_else(|| {
+            LoadError::invalid(
+                self.first_path(),
+                format!("tensor {name} is missing; the quantization config needs it with shape {}", show(shapes)),
+            )
+        })?;
+        if !shapes.iter().any(|s| s.as_slice() == raw.shape) {
+            return Err(LoadError::invalid(
+                raw.path,
+                format!("tensor {name} has shape {:?}; expected {}", raw.shape, show(shapes)),
+            ));
+        }
+        Ok(raw)
+    }
+}
+
+fn show(shapes: &[Vec<usize>]) -> String {
+    shapes.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(" or ")
+}
+
+/// Little-endian integers of an integer dtype, widened; `None` for other dtypes.
+fn int_values(dtype: Dtype, bytes: &[u8]) -> Option<Vec<i64>> {
+    Some(match dtype {
+        Dtype::I8 => bytes.iter().map(|&b| i64::from(b as i8)).collect(),
+        Dtype::U8 => bytes.iter().map(|&b| i64::from(b)).collect(),
+        Dtype::I16 => bytes.chunks_exact(2).map(|c| i64::from(i16::from_le_bytes([c[0], c[1]]))).collect(),
+        Dtype::I32 => bytes.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
+        Dtype::I64 => bytes
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect(),
+        _ => return None,
+    })
+}

@@ -1,0 +1,159 @@
+//! What every reader returns: a [`LoadedModel`] (weights, tokenizer, and what the source file
+//! says about itself: its [`ModelFormat`], stored dtypes and sizes, chat template, and, for a
+//! quantized checkpoint, its [`CheckpointQuant`]).
+
+use std::path::{Path, PathBuf};
+
+use crate::LoadError;
+use crate::storage::SourceStorage;
+use crate::tokenizer::Tokenizer;
+use qdrift_weights::HostModel;
+
+/// A model and its tokenizer, ready for the later stages.
+pub struct LoadedModel {
+    /// Weights and architecture.
+    pub model: HostModel,
+    /// The tokenizer that goes with it.
+    pub tokenizer: Box<dyn Tokenizer>,
+    /// The checkpoint file (the folder for a Hugging Face model, `synthetic:NAME` for a
+    /// synthetic one).
+    pub path: PathBuf,
+    /// The tokenizer file (the checkpoint itself for GGUF's embedded tokenizer).
+    pub tokenizer_path: PathBuf,
+    /// The format the model was read from.
+    pub format: ModelFormat,
+    /// Every tensor of the source file with its stored dtype (`F32`, `BF16`, `Q4_1`, ...), in
+    /// file order; for reports ([`crate::inspect`]). The weights in [`LoadedModel::model`] are
+    /// f32 whatever the source dtype.
+    pub source_dtypes: Vec<(String, String)>,
+    /// The source file's stored bytes per tensor type and bits per weight, for `qdrift inspect`
+    /// (GGUF files; `None` for other formats).
+    pub source_storage: Option<SourceStorage>,
+    /// The chat template (Jinja) the checkpoint ships, if any (GGUF `tokenizer.chat_template`,
+    /// `tokenizer_config.json` `chat_template`).
+    pub chat_template: Option<String>,
+    /// How a quantized Hugging Face folder stored its weights, and the dynamic activation
+    /// quantization it declares (`None` for unquantized checkpoints and other formats). The
+    /// weights in [`LoadedModel::model`] are already dequantized.
+    pub quantization: Option<CheckpointQuant>,
+}
+
+/// The format a [`LoadedModel`] was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ModelFormat {
+    /// A llama2.c legacy checkpoint ([`crate::read_llama2c_checkpoint`]).
+    Llama2c,
+    /// A GGUF file ([`crate::read_gguf`]).
+    Gguf,
+    /// A Hugging Face folder with safetensors weights ([`crate::read_hf_folder`]).
+    HfSafetensors,
+    /// Seeded random weights of a preset shape ([`crate::synthetic_model`]).
+    Synthetic,
+}
+
+impl ModelFormat {
+    /// The name reports and `qdrift inspect` give the format: `llama2.c`, `gguf`,
+    /// `hf-safetensors` or `synthetic`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelFormat::Llama2c => "llama2.c",
+            ModelFormat::Gguf => "gguf",
+            ModelFormat::HfSafetensors => "hf-safetensors",
+            ModelFormat::Synthetic => "synthetic",
+        }
+    }
+
+    /// True for seeded random weights: numbers measured on such a model say nothing about a
+    /// trained one, and reports must say so.
+    pub fn is_synthetic(self) -> bool {
+        self == ModelFormat::Synthetic
+    }
+}
+
+impl std::fmt::Display for ModelFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl serde::Serialize for ModelFormat {
+    /// As its [`ModelFormat::name`].
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+/// How a quantized checkpoint was stored, for reports and for the run-time roundings that come
+/// with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointQuant {
+    /// A short description of the weight format: `gptq 4-bit g128 v1`, `awq 4-bit g128`,
+    /// `compressed-tensors pack-quantized int4 group 128`, `fp8 e4m3 block 128x128`.
+    pub weights: String,
+    /// The checkpoint's dynamic activation quantization, if it declares one.
+    pub activations: Option<CheckpointActivations>,
+}
+
+/// A checkpoint's dynamic quantization of the inputs of its linear layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointActivations {
+    /// The number format.
+    pub format: ActivationFormat,
+    /// One scale per what.
+    pub granularity: ActivationGranularity,
+}
+
+/// The number format of dynamically quantized activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActivationFormat {
+    /// Symmetric int8.
+    Int8,
+    /// OCP FP8 E4M3.
+    Fp8E4M3,
+    /// OCP FP8 E5M2.
+    Fp8E5M2,
+}
+
+/// Which values share one dynamic activation scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActivationGranularity {
+    /// One scale per token.
+    Token,
+    /// One scale per tensor.
+    Tensor,
+    /// One scale per token and group of this many inputs (block FP8 checkpoints).
+    TokenGroup(usize),
+}
+
+impl std::fmt::Display for CheckpointActivations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let format = match self.format {
+            ActivationFormat::Int8 => "int8",
+            ActivationFormat::Fp8E4M3 => "fp8-e4m3",
+            ActivationFormat::Fp8E5M2 => "fp8-e5m2",
+        };
+        match self.granularity {
+            ActivationGranularity::Token => write!(f, "{format} per token"),
+            ActivationGranularity::Tensor => write!(f, "{format} per tensor"),
+            ActivationGranularity::TokenGroup(g) => write!(f, "{format} per token per group of {g}"),
+        }
+    }
+}
+
+/// [`LoadError::VocabMismatch`] unless the tokenizer has exactly the model's vocabulary size.
+pub(crate) fn check_vocab(
+    tok: &dyn Tokenizer,
+    tokenizer_path: &Path,
+    model: &HostModel,
+    model_path: &Path,
+) -> Result<(), LoadError> {
+    if tok.vocab_size() != model.arch.vocab_size {
+        return Err(LoadError::VocabMismatch {
+            tokenizer: tokenizer_path.to_path_buf(),
+            tokenizer_vocab: tok.vocab_size(),
+            model: model_path.to_path_buf(),
+            model_vocab: model.arch.vocab_size,
+        });
+    }
+    Ok(())
+}
