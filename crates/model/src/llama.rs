@@ -18,8 +18,8 @@ use crate::host::elem::{add_rounded, is_f16_exact};
 use crate::host::isa::{Isa, IsaError};
 use crate::host::placement::{self, AttentionKernel, LinearKernel, RoundingPath};
 use crate::host::swiglu::swiglu;
-use crate::norm::RmsNorm;
 use crate::linear::ProjectionStore;
+use crate::norm::RmsNorm;
 use crate::{KvCache, Positions, Projection, Rope, host_f32, upload, upload_owned};
 
 /// Errors building a model on a device.
