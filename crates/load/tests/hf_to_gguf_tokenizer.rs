@@ -239,7 +239,7 @@ fn smollm2_tokenizer_json_converts_back_to_its_gguf_keys_and_encodes_as_tokenize
         "Привет, мир! ¿Qué tal? 1 + 1 = 2",
     ]);
     assert_same_ids(converted.as_ref(), &hf, &texts);
-    // An independent anchor: these ids are those of the GGUF's own tokenizer (gguf_tokenizer.rs),
+    // An independent anchor: these ids are those of the GGUF's own tokenizer (gguf/tokenizer.rs),
     // which match Python `tokenizers`.
     assert_eq!(converted.encode("Hello world! 123"), [19556, 905, 17, 216, 33, 34, 35]);
     assert_eq!(

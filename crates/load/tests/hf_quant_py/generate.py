@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent fixtures for qdrift's reader of quantized Hugging Face folders (hf_quant.rs).
+"""Independent fixtures for qdrift's reader of quantized Hugging Face folders (crates/load/src/hf/quant/).
 
 Each folder under this directory is a tiny Llama checkpoint (1 layer, hidden 64, 4 heads, 2 KV
 heads, vocab 16: AutoGPTQ's and AutoAWQ's packers need dimensions that are multiples of 32)
@@ -37,7 +37,7 @@ FP8 casts use ml_dtypes `float8_e4m3fn` (round to nearest even; OCP OFP8 E4M3).
 
 Arithmetic: the libraries multiply `(q - z) * scale` in the scale's dtype (F16/BF16); the
 expected values here are the exact products in float32, which is what qdrift computes (documented
-in hf_quant.rs). Every other step follows the cited code.
+in crates/load/src/hf/quant/). Every other step follows the cited code.
 
 Run with numpy, ml_dtypes and safetensors installed:
     python3 generate.py
