@@ -14,7 +14,7 @@ pub fn model_help() -> String {
     )
 }
 
-/// `--batch-size`'s help for `generate` and `eval`, from [`default_batch_size`]'s cap.
+/// `--batch-size`'s help for `generate` and `eval`, from [`qdrift_generate::default_batch_size`]'s cap.
 pub fn batch_size_help() -> String {
     format!(
         "Prompts per batch (default: the prompts split evenly over the batches the device runs at once, one per core on the CPU backend and one on a GPU, at most {MAX_DEFAULT_BATCH_SIZE} per batch)"
