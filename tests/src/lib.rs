@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use burn::tensor::DType;
 use qdrift_generate::{BackendChoice, ComputeDevice, GenerationConfig, generate, select_device};
 use qdrift_load::LoadedModel;
-use qdrift_model::LlamaConfig;
+use qdrift_model::Llama;
 
 /// `../shared` beside the repository (override with `QDRIFT_SHARED`): models and golden outputs
 /// from independent implementations, read in place.
@@ -103,9 +103,7 @@ pub fn run_greedy(
     max_new_tokens: usize,
     batch_size: usize,
 ) -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
-    let model = LlamaConfig::from_arch(&loaded.model.arch)
-        .init_from_host(&loaded.model, dtype, &device.device)
-        .expect("model builds");
+    let model = Llama::from_host(&loaded.model, dtype, &device.device).expect("model builds");
     let mut first_logits = vec![Vec::new(); prompts.len()];
     let config = GenerationConfig { max_new_tokens, batch_size, stop_at_eos: None };
     let tokens = generate(&model, device, prompts, &config, |s| {

@@ -99,7 +99,7 @@ fn mean_p99(kl: &[f32]) -> (f64, f64) {
 #[test]
 fn smollm2_top_k_bound_against_the_exact_kl() {
     use qdrift_generate::{Forcing, GenerationConfig, generate, teacher_forced_pair};
-    use qdrift_model::LlamaConfig;
+    use qdrift_model::Llama;
     use qdrift_quantize::{QuantizeOptions, Scheme, quantize_model, round_to_fp16_reference};
     use qdrift_score::{compact_reference_on_device, position_metrics_against_compact, position_metrics_on_device};
 
@@ -119,8 +119,7 @@ fn smollm2_top_k_bound_against_the_exact_kl() {
         .iter()
         .map(|p| tok.encode(&qdrift_eval::apply_chat_template(&template, &p.prompt, &bos, &eos).expect("renders")))
         .collect();
-    let config = LlamaConfig::from_arch(&loaded.model.arch);
-    let reference = config.init_from_host(&loaded.model, DType::F32, &dev.device).expect("builds");
+    let reference = Llama::from_host(&loaded.model, DType::F32, &dev.device).expect("builds");
     let generation = GenerationConfig { max_new_tokens: 100, batch_size: 8, stop_at_eos: None };
     let tokens = generate(&reference, &dev, &prompts, &generation, |_| {}).expect("generates");
     let text: Vec<(Vec<u32>, Vec<u32>)> = prompts.into_iter().zip(tokens).collect();
@@ -128,7 +127,7 @@ fn smollm2_top_k_bound_against_the_exact_kl() {
     for scheme in ["int8", "int4-g128"] {
         let s: Scheme = scheme.parse().expect("scheme");
         let weights = quantize_model(&loaded.model, &s, &QuantizeOptions::default()).expect("quantizes").dequantized;
-        let variant = config.init_from_host(&weights, DType::F32, &dev.device).expect("builds");
+        let variant = Llama::from_host(&weights, DType::F32, &dev.device).expect("builds");
         let (mut exact, mut bounds, mut tails) = (Vec::new(), vec![Vec::new(); ks.len()], Vec::new());
         teacher_forced_pair(
             &reference,

@@ -5,7 +5,7 @@
 
 use burn::tensor::{DType, Tensor};
 use qdrift_generate::{BackendChoice, Forcing, teacher_forced, teacher_forced_pair};
-use qdrift_model::LlamaConfig;
+use qdrift_model::Llama;
 use qdrift_quantize::{QuantizeOptions, Scheme, quantize_model};
 use qdrift_score::{
     compact_kl, compact_position, compact_reference_on_device, kl_divergence, position_metrics,
@@ -22,7 +22,7 @@ fn build(choice: BackendChoice, scheme: Option<&str>) -> qdrift_model::Llama {
         let scheme: Scheme = s.parse().expect("scheme");
         weights = quantize_model(&weights, &scheme, &QuantizeOptions::default()).expect("quantizes").dequantized;
     }
-    LlamaConfig::from_arch(&weights.arch).init_from_host(&weights, DType::F32, &dev.device).expect("builds")
+    Llama::from_host(&weights, DType::F32, &dev.device).expect("builds")
 }
 
 fn logits_chunks(choice: BackendChoice, scheme: Option<&str>, sequences: &[(Vec<u32>, Vec<u32>)]) -> Vec<Tensor<3>> {

@@ -4,7 +4,7 @@
 use burn::tensor::{DType, Tensor, TensorData};
 use qdrift_generate::{BackendChoice, ComputeDevice, Forcing, GenerationConfig, generate, teacher_forced};
 use qdrift_load::HostModel;
-use qdrift_model::{LlamaConfig, RoundingPath, RuntimeQuant, round_activations, round_kv};
+use qdrift_model::{Llama, RoundingPath, RuntimeQuant, round_activations, round_kv};
 use qdrift_quantize::{
     ActivationQuant, ActivationScale, KvQuant, QuantizeOptions, Recipe, quantize_model, round_to_fp16_reference,
 };
@@ -209,9 +209,7 @@ fn variants_match_the_f64_forward_pass(choice: BackendChoice) {
     ] {
         let recipe: Recipe = name.parse().expect("recipe");
         let weights = variant_weights(&recipe);
-        let mut model = LlamaConfig::from_arch(&weights.arch)
-            .init_from_host(&weights, DType::F32, &dev.device)
-            .expect("model builds");
+        let mut model = Llama::from_host(&weights, DType::F32, &dev.device).expect("model builds");
         model.apply_runtime(&recipe).expect("fits stories260K");
         // Decoding, step by step.
         let mut decoded = vec![vec![Vec::new(); n]; prompts.len()];
@@ -290,9 +288,7 @@ fn f16_activation_rounding_is_the_same_on_the_host_and_device_paths() {
         let recipe: Recipe = name.parse().expect("recipe");
         let weights = variant_weights(&recipe);
         let run = |path: RoundingPath| {
-            let mut model = LlamaConfig::from_arch(&weights.arch)
-                .init_from_host(&weights, DType::F16, &dev.device)
-                .expect("builds");
+            let mut model = Llama::from_host(&weights, DType::F16, &dev.device).expect("builds");
             model
                 .set_runtime_quant(RuntimeQuant { activations: recipe.activations, kv_cache: None, path })
                 .expect("fits stories260K");

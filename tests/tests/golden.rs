@@ -66,7 +66,7 @@ fn batch_invariance_cpu() {
 #[test]
 fn fused_decoding_hands_each_batch_to_the_observer_as_if_unfused() {
     use qdrift_generate::{GenerationConfig, generate};
-    use qdrift_model::LlamaConfig;
+    use qdrift_model::Llama;
     use std::collections::BTreeMap;
     let loaded = load_stories();
     let prompts: Vec<Vec<u32>> = golden_cases().into_iter().map(|c| c.prompt_tokens).collect();
@@ -77,9 +77,7 @@ fn fused_decoding_hands_each_batch_to_the_observer_as_if_unfused() {
     let run = |parallel_batches: usize| -> (Vec<Vec<u32>>, Calls) {
         let mut dev = device(BackendChoice::Cpu);
         dev.parallel_batches = parallel_batches;
-        let model = LlamaConfig::from_arch(&loaded.model.arch)
-            .init_from_host(&loaded.model, DType::F32, &dev.device)
-            .expect("model builds");
+        let model = Llama::from_host(&loaded.model, DType::F32, &dev.device).expect("model builds");
         let mut calls = Calls::new();
         let tokens = generate(&model, &dev, &prompts, &config, |s| {
             let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
@@ -143,9 +141,7 @@ fn teacher_forcing_matches_decoding(choice: BackendChoice) {
     let dev = device(choice);
     let n = 40;
     let cases = golden_cases();
-    let model = qdrift_model::LlamaConfig::from_arch(&loaded.model.arch)
-        .init_from_host(&loaded.model, DType::F32, &dev.device)
-        .expect("model builds");
+    let model = qdrift_model::Llama::from_host(&loaded.model, DType::F32, &dev.device).expect("model builds");
     let prompts: Vec<Vec<u32>> = cases.iter().map(|c| c.prompt_tokens.clone()).collect();
     let mut stepwise = vec![vec![Vec::new(); n]; prompts.len()];
     let config = GenerationConfig { max_new_tokens: n, batch_size: prompts.len(), stop_at_eos: None };

@@ -5,7 +5,7 @@
 
 use burn::tensor::{DType, Device};
 use qdrift_load::{HostModel, HostTensor, RopeScaling, synthetic_model};
-use qdrift_model::{LinearKernel, LlamaConfig};
+use qdrift_model::{LinearKernel, Llama};
 use qdrift_tests::uniform;
 
 /// Every tensor of a host model with its name, optional ones marked present or absent.
@@ -79,9 +79,7 @@ fn f16_valued_models_round_trip_in_every_storage() {
     for (what, h) in [("tied", rounded(tied())), ("untied with biases", rounded(untied_with_biases()))] {
         for dtype in [DType::F32, DType::F16] {
             for kernel in KERNELS {
-                let model = LlamaConfig::from_arch(&h.arch)
-                    .init_from_host_with(&h, dtype, &Device::flex(), kernel)
-                    .expect("model builds");
+                let model = Llama::from_host_with(&h, dtype, &Device::flex(), kernel).expect("model builds");
                 assert_same(&model.host_weights(), &h, &format!("{what}, {dtype:?}, {kernel:?}"));
             }
         }
@@ -92,9 +90,7 @@ fn f16_valued_models_round_trip_in_every_storage() {
 fn other_values_come_back_as_the_model_holds_them() {
     let h = untied_with_biases();
     for kernel in KERNELS {
-        let build = |dtype| {
-            LlamaConfig::from_arch(&h.arch).init_from_host_with(&h, dtype, &Device::flex(), kernel).expect("builds")
-        };
+        let build = |dtype| Llama::from_host_with(&h, dtype, &Device::flex(), kernel).expect("builds");
         // f32 holds every value as given; f16 holds their f16 roundings.
         assert_same(&build(DType::F32).host_weights(), &h, &format!("f32, {kernel:?}"));
         assert_same(&build(DType::F16).host_weights(), &rounded(h.clone()), &format!("f16, {kernel:?}"));

@@ -8,7 +8,7 @@
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use qdrift_load::{HostModel, HostTensor, RopeScaling, synthetic_model};
-use qdrift_model::{AttentionKernel, KvCache, LinearKernel, Llama, LlamaConfig, ModelError, Positions};
+use qdrift_model::{AttentionKernel, KvCache, LinearKernel, Llama, ModelError, Positions};
 use qdrift_tests::reference64::{Rounding, naive_logits};
 use qdrift_tests::uniform;
 
@@ -35,7 +35,7 @@ fn tiny(biases: bool, rope_scaling: Option<RopeScaling>) -> HostModel {
 // ---- the Burn model --------------------------------------------------------------------------
 
 fn build_with(m: &HostModel, dtype: DType, linear: LinearKernel) -> Llama {
-    LlamaConfig::from_arch(&m.arch).init_from_host_with(m, dtype, &Device::flex(), linear).expect("model builds")
+    Llama::from_host_with(m, dtype, &Device::flex(), linear).expect("model builds")
 }
 
 fn ids(tokens: &[u32]) -> Tensor<2, Int> {
@@ -144,7 +144,7 @@ fn llama3_scaled_rope_matches_the_naive_forward_pass() {
 fn misshapen_bias_is_an_error_naming_the_tensor() {
     let mut m = tiny(true, None);
     m.layers[1].bk = Some(HostTensor::new(vec![15], vec![0.0; 15]).expect("shape"));
-    let e = LlamaConfig::from_arch(&m.arch).init_from_host(&m, DType::F32, &Device::flex()).expect_err("refused");
+    let e = Llama::from_host(&m, DType::F32, &Device::flex()).expect_err("refused");
     assert!(matches!(e, ModelError::Shape { .. }));
     assert_eq!(e.to_string(), "tensor model.layers.1.self_attn.k_proj.bias has shape [15], expected [16]");
 }

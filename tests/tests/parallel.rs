@@ -7,7 +7,7 @@
 use burn::tensor::{DType, Tensor};
 use qdrift_eval::evaluate;
 use qdrift_generate::{BackendChoice, ComputeDevice, Forcing, GenerationConfig, generate, teacher_forced_pair};
-use qdrift_model::LlamaConfig;
+use qdrift_model::Llama;
 use qdrift_tests::{device, golden_cases, load_stories, stories_eval};
 
 fn host(t: &Tensor<3>) -> Vec<f32> {
@@ -21,9 +21,8 @@ type Run = (Vec<Vec<u32>>, Vec<((usize, usize), Vec<f32>)>, Vec<((usize, usize),
 
 fn run(device: &ComputeDevice, dtype: DType) -> Run {
     let loaded = load_stories();
-    let config = LlamaConfig::from_arch(&loaded.model.arch);
-    let model = config.init_from_host(&loaded.model, dtype, &device.device).expect("model builds");
-    let other = config.init_from_host(&loaded.model, DType::F32, &device.device).expect("model builds");
+    let model = Llama::from_host(&loaded.model, dtype, &device.device).expect("model builds");
+    let other = Llama::from_host(&loaded.model, DType::F32, &device.device).expect("model builds");
     // Six prompts (the golden ones, cycled; the repeats cut shorter) in batches of two: three
     // batches, with left padding.
     let golden: Vec<Vec<u32>> = golden_cases().into_iter().map(|c| c.prompt_tokens).collect();

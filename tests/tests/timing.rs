@@ -8,7 +8,7 @@ use std::process::Command;
 
 use burn::tensor::DType;
 use qdrift_generate::{BackendChoice, GenerateError, GenerationConfig, copy_bandwidth, generate, timed_generate};
-use qdrift_model::LlamaConfig;
+use qdrift_model::Llama;
 use qdrift_tests::{device, load_stories};
 
 #[test]
@@ -17,9 +17,7 @@ fn timed_generation_returns_the_same_tokens_and_consistent_times() {
     let prompts: Vec<Vec<u32>> = ["Once upon a time", "The dog"].iter().map(|p| loaded.tokenizer.encode(p)).collect();
     for choice in [BackendChoice::Cpu, BackendChoice::Wgpu] {
         let device = device(choice);
-        let model = LlamaConfig::from_arch(&loaded.model.arch)
-            .init_from_host(&loaded.model, DType::F32, &device.device)
-            .expect("model builds");
+        let model = Llama::from_host(&loaded.model, DType::F32, &device.device).expect("model builds");
         let config = GenerationConfig { max_new_tokens: 12, batch_size: 2, stop_at_eos: None };
         let plain = generate(&model, &device, &prompts, &config, |_| {}).expect("generates");
         let (timed, t) = timed_generate(&model, &device, &prompts, &config).expect("times");

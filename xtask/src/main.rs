@@ -167,10 +167,33 @@ fn ci() -> Result<(), String> {
     let portable = test_and_count(&["test", "--release", "--workspace", "--no-fail-fast", "--", "host::", "_cpu"]);
     // SAFETY: as above.
     unsafe { std::env::remove_var("QDRIFT_ISA") };
+    let asserted = test_and_count(&MODEL_DEBUG_ASSERTIONS_TEST);
     let fuzzed = ci_fuzz();
     println!("xtask: ci took {:.1} min", start.elapsed().as_secs_f64() / 60.0);
-    tested.and(portable).and(fuzzed)
+    tested.and(portable).and(asserted).and(fuzzed)
 }
+
+/// qdrift-model builds without debug assertions (Cargo.toml says why: they slow its SIMD kernels
+/// by the standard library's checks on every load). Its tests still run with them: the crate's
+/// own tests and the model's CPU integration tests (`golden` and `fake_quant` would add six
+/// minutes, most of it on lavapipe), against a build of qdrift-model and the crates above it with
+/// the assertions on. `--workspace` keeps the dependencies' features, and so the build of Burn,
+/// the same as the main test run's; the build lands beside the main one (about 2 minutes).
+const MODEL_DEBUG_ASSERTIONS_TEST: [&str; 13] = [
+    "test",
+    "--release",
+    "--workspace",
+    "--no-fail-fast",
+    "--config",
+    "profile.release.package.qdrift-model.debug-assertions=true",
+    "--lib",
+    "--test",
+    "model_reference",
+    "--test",
+    "host_weights",
+    "--test",
+    "parallel",
+];
 
 /// Seconds per fuzz target in CI: 11 targets × 10 s stays under the 2 minutes.
 const CI_FUZZ_SECONDS: &str = "10";

@@ -12,9 +12,9 @@ use qdrift_generate::{
     context_overflow, default_batch_size, generate, select_device, timed_generate,
 };
 use qdrift_load::Tokenizer;
+use qdrift_model::Llama;
 
 use crate::args::{batch_size_help, model_help, parse_dtype};
-use qdrift_model::LlamaConfig;
 
 /// Arguments of `qdrift generate`.
 #[derive(Args)]
@@ -107,13 +107,12 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
         stop_at_eos: if args.stop_at_eos { loaded.tokenizer.eos_id() } else { None },
     };
     // Refuse impossible requests before uploading weights.
-    let model_config = LlamaConfig::from_arch(arch);
-    qdrift_generate::check_request(&model_config, args.dtype, &device, &prompts, &config)?;
+    qdrift_generate::check_request(arch, args.dtype, &device, &prompts, &config)?;
     if let Some(kv) = args.variant.scheme.and_then(|r| r.kv_cache) {
         kv.check_row(arch.n_kv_heads, arch.head_dim())?;
     }
     let (weights, _) = args.variant.apply(loaded.model)?;
-    let mut model = model_config.init_from_host(&weights, args.dtype, &device.device)?;
+    let mut model = Llama::from_host(&weights, args.dtype, &device.device)?;
     if let Some(recipe) = &args.variant.scheme {
         model.apply_runtime(recipe)?;
     }

@@ -37,7 +37,7 @@ fn sqnr(scheme: &str, dir: &Path) -> HashMap<String, f64> {
 fn every_scheme_quantizes_stories260k_and_int8_beats_int4() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let mut all = HashMap::new();
-    // The names themselves are pinned by `crates/quantize/tests/schemes.rs`; here every one of
+    // The names themselves are pinned by `crates/codecs/tests/schemes.rs`; here every one of
     // them must work through the binary.
     for scheme in Scheme::all().iter().map(ToString::to_string) {
         let s = sqnr(&scheme, tmp.path());

@@ -11,7 +11,6 @@ use qdrift_generate::{
     BackendChoice, ComputeDevice, Forcing, GenerationConfig, check_request, default_batch_size, select_device,
 };
 use qdrift_load::LlamaArch;
-use qdrift_model::LlamaConfig;
 
 use crate::config::{EvalConfig, Shard};
 use crate::error::EvalError;
@@ -96,10 +95,9 @@ impl Plan {
         for spec in &cfg.variants {
             spec.check_fits(arch)?;
         }
-        let model_config = LlamaConfig::from_arch(arch);
         // The reference and the noise floor run at both precisions between them.
         for dtype in [DType::F16, DType::F32] {
-            check_request(&model_config, dtype, &device, &prompts, &generation)?;
+            check_request(arch, dtype, &device, &prompts, &generation)?;
         }
         let row_bytes = batch_size.saturating_mul(arch.vocab_size).saturating_mul(4).max(1);
         let chunk = cfg.chunk.min(CHUNK_BYTES / row_bytes).max(1);

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use burn::tensor::Tensor;
 use qdrift_generate::{StepLogits, teacher_forced, teacher_forced_hidden};
 use qdrift_load::HostModel;
-use qdrift_model::{Llama, LlamaConfig};
+use qdrift_model::Llama;
 use qdrift_score::{CompactChunk, compact_reference_on_host, greedy_tokens_on_host};
 
 use crate::aggregate::Trace;
@@ -69,7 +69,7 @@ impl ReferenceRun {
         keep_hidden: bool,
         progress: &mut ProgressFn<'_>,
     ) -> Result<ReferenceRun, EvalError> {
-        let model = LlamaConfig::from_arch(&host.arch).init_from_host(&host, plan.dtype, &plan.device.device)?;
+        let model = Llama::from_host(&host, plan.dtype, &plan.device.device)?;
         drop(host);
         qdrift_model::release_free_memory();
         let keep = match plan.kl {
@@ -102,7 +102,7 @@ impl ReferenceRun {
         continuations: Vec<Vec<u32>>,
         side: StoredSide,
     ) -> Result<ReferenceRun, EvalError> {
-        let model = LlamaConfig::from_arch(&host.arch).init_from_host(&host, plan.dtype, &plan.device.device)?;
+        let model = Llama::from_host(&host, plan.dtype, &plan.device.device)?;
         drop(host);
         qdrift_model::release_free_memory();
         let text: Texts = plan.prompts.iter().cloned().zip(continuations).collect();
@@ -112,7 +112,7 @@ impl ReferenceRun {
                 ReferenceSide::Compact(c)
             }
             StoredSide::Hidden(chunks) => {
-                let dim = model.config.dim;
+                let dim = model.arch.dim;
                 if let Some((_, shape, _)) = chunks.iter().find(|(_, shape, _)| shape[2] != dim) {
                     return Err(EvalError::Internal(format!(
                         "stored hidden states are {shape:?}, the model's width is {dim}"
@@ -193,9 +193,9 @@ impl Keep {
         let positions = plan.prompts.len() as u128 * plan.longest() as u128;
         let budget = u128::from(budget);
         let hidden_bytes = if reference.dtype() == burn::tensor::DType::F16 { 2 } else { 4 };
-        if positions * reference.config.vocab_size as u128 * 4 <= budget {
+        if positions * reference.arch.vocab_size as u128 * 4 <= budget {
             Keep::Logits
-        } else if positions * reference.config.dim as u128 * hidden_bytes <= budget {
+        } else if positions * reference.arch.dim as u128 * hidden_bytes <= budget {
             Keep::Hidden
         } else {
             Keep::Nothing
@@ -413,9 +413,7 @@ mod tests {
             cfg.chunk = 3;
             let device = qdrift_generate::select_device(BackendChoice::Cpu).expect("cpu");
             let plan = Plan::new(&cfg, vec![4, 11], &loaded.model.arch, prompts.clone(), device).expect("plan");
-            let model = LlamaConfig::from_arch(&loaded.model.arch)
-                .init_from_host(&loaded.model, dtype, &plan.device.device)
-                .expect("model");
+            let model = Llama::from_host(&loaded.model, dtype, &plan.device.device).expect("model");
             assert!(model.steps_match_teacher_forcing(), "{dtype:?}: the CPU backend runs every layer on the host");
             for keep in [Keep::Compact(5), Keep::Logits, Keep::Hidden] {
                 let (tokens, side) = side_from_decoding(&model, &plan, keep, &mut |_| {}).expect("decoding");

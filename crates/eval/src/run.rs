@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use qdrift_generate::{check_length, context_overflow};
 use qdrift_load::{HostModel, LoadedModel, open_model};
-use qdrift_model::LlamaConfig;
+use qdrift_model::Llama;
 use qdrift_quantize::round_to_fp16_reference;
 use qdrift_report::{EvalSetInfo, ModelInfo, ModelShape, Reference, Report, Workload};
 
@@ -172,7 +172,7 @@ fn run_variant(
             VariantWeights::Reference => Cow::Owned(reference_weights()),
             VariantWeights::Own(h) => Cow::Borrowed(&**h),
         };
-        LlamaConfig::from_arch(&host.arch).init_from_host(&host, built.dtype, &plan.device.device)?
+        Llama::from_host(&host, built.dtype, &plan.device.device)?
     };
     built.apply_runtime(&mut model)?;
     drop(built);

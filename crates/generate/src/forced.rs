@@ -164,10 +164,10 @@ pub fn teacher_forced_pair(
     forcing: Forcing<'_>,
     mut observe: impl FnMut(PairedLogits<'_>) + Send,
 ) -> Result<(), GenerateError> {
-    if reference.config.vocab_size != variant.config.vocab_size {
+    if reference.arch.vocab_size != variant.arch.vocab_size {
         return Err(GenerateError::VocabMismatch {
-            reference: reference.config.vocab_size,
-            variant: variant.config.vocab_size,
+            reference: reference.arch.vocab_size,
+            variant: variant.arch.vocab_size,
         });
     }
     teacher_forced_lockstep(
@@ -197,8 +197,8 @@ fn teacher_forced_lockstep<R>(
     let prompts: Vec<Vec<u32>> = sequences.iter().map(|(p, _)| p.clone()).collect();
     let config = GenerationConfig { max_new_tokens: n, batch_size, stop_at_eos: None };
     for model in models {
-        check_request(&model.config, model.dtype(), device, &prompts, &config)?;
-        let vocab = model.config.vocab_size;
+        check_request(&model.arch, model.dtype(), device, &prompts, &config)?;
+        let vocab = model.arch.vocab_size;
         if let Some((i, &t)) = sequences
             .iter()
             .enumerate()
@@ -212,7 +212,7 @@ fn teacher_forced_lockstep<R>(
     let observe = std::sync::Mutex::new(observe);
     // Models in lockstep hold their caches at once: the one with the largest decides.
     let concurrent =
-        models.iter().map(|m| concurrent_batches(&m.config, m.dtype(), device, &prompts, &config)).min().unwrap_or(1);
+        models.iter().map(|m| concurrent_batches(&m.arch, m.dtype(), device, &prompts, &config)).min().unwrap_or(1);
     run_batches(batches.len(), concurrent, |b| {
         forced_batch(models, batches[b], b * batch_size, n, &chunked, &mut |p, s, l| {
             let mapped = map(p, s, l);

@@ -80,9 +80,9 @@ fn generate_batches(
     config: &GenerationConfig,
     observe: &(dyn Fn(StepLogits<'_>) + Sync),
 ) -> Result<Vec<Vec<u32>>, GenerateError> {
-    check_request(&model.config, model.dtype(), device, prompts, config)?;
-    let vocab = model.config.vocab_size;
-    let concurrent = concurrent_batches(&model.config, model.dtype(), device, prompts, config);
+    check_request(&model.arch, model.dtype(), device, prompts, config)?;
+    let vocab = model.arch.vocab_size;
+    let concurrent = concurrent_batches(&model.arch, model.dtype(), device, prompts, config);
     let results = if device.uses_host_memory && concurrent > 1 && config.stop_at_eos.is_none() {
         // On the CPU, the batches that would run side by side decode as one batch of all their
         // rows instead, its linear layers and attention spread over the cores: each step then

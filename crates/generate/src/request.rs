@@ -7,7 +7,8 @@
 //! prompt-pass attention scores and logits.**
 
 use burn::tensor::DType;
-use qdrift_model::{AttentionKernel, LlamaConfig};
+use qdrift_model::AttentionKernel;
+use qdrift_weights::LlamaArch;
 
 use crate::{ComputeDevice, GenerateError};
 
@@ -162,7 +163,7 @@ pub fn check_length(
 /// the device's largest buffer and, for devices that use host memory, the memory the host has
 /// available.
 pub fn check_request(
-    model: &LlamaConfig,
+    model: &LlamaArch,
     dtype: DType,
     device: &ComputeDevice,
     prompts: &[Vec<u32>],
@@ -202,7 +203,7 @@ pub const SIDE_BY_SIDE_CACHE_BYTES: u128 = 512 << 20;
 /// number of batches, and on a device that uses host memory only as many as keep their key-value
 /// caches within [`SIDE_BY_SIDE_CACHE_BYTES`] together (at least one).
 pub fn concurrent_batches(
-    model: &LlamaConfig,
+    model: &LlamaArch,
     dtype: DType,
     device: &ComputeDevice,
     prompts: &[Vec<u32>],
@@ -224,7 +225,7 @@ pub fn concurrent_batches(
 /// One batch's key-value cache: `[batch, kv_heads, longest prompt + new tokens, head_dim]` per
 /// key and value per layer, in `dtype`; and one such tensor.
 fn cache_bytes_and_tensor(
-    model: &LlamaConfig,
+    model: &LlamaArch,
     dtype: DType,
     prompts: &[Vec<u32>],
     max_new_tokens: usize,
@@ -237,12 +238,12 @@ fn cache_bytes_and_tensor(
     (2 * model.n_layers as u128 * cache_tensor, cache_tensor)
 }
 
-fn cache_bytes(model: &LlamaConfig, dtype: DType, prompts: &[Vec<u32>], max_new_tokens: usize) -> u128 {
+fn cache_bytes(model: &LlamaArch, dtype: DType, prompts: &[Vec<u32>], max_new_tokens: usize) -> u128 {
     cache_bytes_and_tensor(model, dtype, prompts, max_new_tokens).0
 }
 
 fn check_memory(
-    model: &LlamaConfig,
+    model: &LlamaArch,
     dtype: DType,
     device: &ComputeDevice,
     prompts: &[Vec<u32>],
@@ -319,8 +320,21 @@ mod tests {
     }
 
     /// SmolLM2-135M's shape: 30 layers, 3 key/value heads of 64.
-    fn smollm2() -> LlamaConfig {
-        LlamaConfig::new(576, 1536, 30, 9, 3, 49152)
+    fn smollm2() -> LlamaArch {
+        LlamaArch {
+            architecture: "LlamaForCausalLM".into(),
+            dim: 576,
+            hidden_dim: 1536,
+            n_layers: 30,
+            n_heads: 9,
+            n_kv_heads: 3,
+            vocab_size: 49152,
+            max_seq_len: 8192,
+            norm_eps: 1e-5,
+            rope_theta: 100_000.0,
+            tied_embeddings: true,
+            rope_scaling: None,
+        }
     }
 
     /// The bench's case: 16 prompts in 2 batches of 8 for 1,000 new tokens run side by side in

@@ -9,7 +9,7 @@
 use burn::module::Module;
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Tensor};
-use qdrift_quantize::{ActivationQuant, ActivationScale, KvQuant};
+use qdrift_codecs::{ActivationQuant, ActivationScale, KvQuant};
 
 use crate::fake_quant::{round_activations, round_kv};
 use crate::host::attention::HostKv;

@@ -5,7 +5,7 @@
 
 use burn::tensor::{DType, Device, Tensor};
 
-use qdrift_quantize::KvQuant;
+use qdrift_codecs::KvQuant;
 
 use crate::host::attention::{HostKv, Precision};
 use crate::host::placement::AttentionKernel;

@@ -1,8 +1,8 @@
-//! Run-time roundings of a variant (`qdrift_quantize::Recipe`'s activation and KV-cache parts) on
+//! Run-time roundings of a variant (`qdrift_codecs::Recipe`'s activation and KV-cache parts) on
 //! the device, as quantize→dequantize steps in Burn tensor ops, and the choice between them and
 //! the host definitions.
 //!
-//! The definitions are `qdrift_quantize`'s `round_host` functions (`dynamic.rs`); every function
+//! The definitions are `qdrift_codecs`'s `round_host` functions (`dynamic.rs`); every function
 //! here computes the same f32 operations in the same order and is tested against them on both
 //! backends (`tests/tests/fake_quant.rs`). Values are rounded in f32 whatever the compute dtype,
 //! then cast back to it (so in f16 the dequantized value is rounded once more to f16, relative
@@ -18,7 +18,7 @@
 //! two), then `RNE(a/spacing)·spacing` — the project codec's own method (`fp8.rs`).
 
 use burn::tensor::{Bool, DType, Int, Tensor};
-use qdrift_quantize::{ActivationQuant, ActivationScale, DynamicFormat, Fp8Format, GgmlType, KvQuant, TOKEN_GROUP_EPS};
+use qdrift_codecs::{ActivationQuant, ActivationScale, DynamicFormat, Fp8Format, GgmlType, KvQuant, TOKEN_GROUP_EPS};
 
 use crate::host::placement::RoundingPath;
 

@@ -1,16 +1,13 @@
-//! The decoder itself: [`LlamaConfig`] (hyper-parameters, built from a `HostModel`'s
-//! architecture) builds a [`Llama`] module tree of [`Block`]s (attention + [`FeedForward`],
-//! each behind an RMSNorm), and [`Positions`] describes a left-padded batch.
-//!
-//! Only the top level has a `Config`: the blocks are built from `LlamaConfig` and the host
-//! weights directly, since their shapes all follow from it.
+//! The decoder itself: [`Llama::from_host`] builds a [`Llama`] module tree of [`Block`]s
+//! (attention + [`FeedForward`], each behind an RMSNorm) from a `HostModel`, whose
+//! [`LlamaArch`] is the one description of its hyper-parameters; [`Positions`] describes a
+//! left-padded batch.
 
-use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::tensor::activation::silu;
 use burn::tensor::{DType, Device, Int, Tensor};
-use qdrift_quantize::ActivationScale;
-use qdrift_weights::{HostModel, HostTensor, LayerWeights, LlamaArch, RopeScaling};
+use qdrift_codecs::ActivationScale;
+use qdrift_weights::{HostModel, HostTensor, LayerWeights, LlamaArch};
 
 use crate::attention::{Attention, ForwardContext};
 use crate::fake_quant::RuntimeQuant;
@@ -41,7 +38,7 @@ pub enum ModelError {
     /// The run-time quantization does not fit the model (a ggml KV format on rows that are not
     /// whole blocks).
     #[error("{0}")]
-    Runtime(#[from] qdrift_quantize::QuantizeError),
+    Runtime(#[from] qdrift_codecs::QuantizeError),
     /// The compute dtype is not one the model supports.
     #[error("unsupported compute dtype {0:?}; use f32 or f16")]
     DType(DType),
@@ -50,75 +47,35 @@ pub enum ModelError {
     Isa(#[from] IsaError),
 }
 
-/// Hyper-parameters of a Llama-family decoder.
-#[derive(Config, Debug)]
-pub struct LlamaConfig {
-    /// Residual stream width.
-    pub dim: usize,
-    /// SwiGLU hidden width.
-    pub hidden_dim: usize,
-    /// Number of blocks.
-    pub n_layers: usize,
-    /// Query heads.
-    pub n_heads: usize,
-    /// Key/value heads.
-    pub n_kv_heads: usize,
-    /// Vocabulary size.
-    pub vocab_size: usize,
-    /// RMSNorm epsilon.
-    #[config(default = 1e-5)]
-    pub norm_eps: f64,
-    /// RoPE base.
-    #[config(default = 10000.0)]
-    pub rope_theta: f64,
-    /// RoPE frequency scaling (Llama 3.1's, or GGUF's per-pair divisors); `None` for plain RoPE.
-    pub rope_scaling: Option<RopeScaling>,
-}
-
-impl LlamaConfig {
-    /// The configuration of a loaded model's architecture.
-    pub fn from_arch(arch: &LlamaArch) -> Self {
-        Self::new(arch.dim, arch.hidden_dim, arch.n_layers, arch.n_heads, arch.n_kv_heads, arch.vocab_size)
-            .with_norm_eps(arch.norm_eps as f64)
-            .with_rope_theta(arch.rope_theta as f64)
-            .with_rope_scaling(arch.rope_scaling.clone())
-    }
-
-    /// Width of one attention head.
-    pub fn head_dim(&self) -> usize {
-        self.dim / self.n_heads
-    }
-
+impl Llama {
     /// Builds the model on `device` from host weights, uploading them in `dtype` (f32 or f16),
     /// with the linear layers stored as the device runs them best ([`LinearKernel::for_device`]).
     ///
     /// Weights are converted to `dtype` on the host (round-to-nearest-even), so an f16 model on
     /// the device holds exactly the f16 rounding of the host values. The q/k/v projections get
     /// the layer's biases when it has them (Qwen2), in the row order of their weights.
-    pub fn init_from_host(&self, host: &HostModel, dtype: DType, device: &Device) -> Result<Llama, ModelError> {
-        self.init_from_host_with(host, dtype, device, LinearKernel::for_device(device))
+    pub fn from_host(host: &HostModel, dtype: DType, device: &Device) -> Result<Llama, ModelError> {
+        Self::from_host_with(host, dtype, device, LinearKernel::for_device(device))
     }
 
-    /// [`LlamaConfig::init_from_host`] with the linear layers stored as `kernel` says.
+    /// [`Llama::from_host`] with the linear layers stored as `kernel` says.
     ///
     /// In f32, tensors whose values are all f16 values (the FP16-rounded reference weights) are
     /// held as f16, which halves their memory and changes no result: host-packed linear weights
     /// (`host_linear`) and, on the CPU backend, the token embedding (its selected rows are
     /// widened, exactly).
-    pub fn init_from_host_with(
-        &self,
+    pub fn from_host_with(
         host: &HostModel,
         dtype: DType,
         device: &Device,
         kernel: LinearKernel,
     ) -> Result<Llama, ModelError> {
-        self.build(host, dtype, device, kernel, true)
+        Self::build(host, dtype, device, kernel, true)
     }
 
-    /// [`LlamaConfig::init_from_host_with`], holding f16-valued tensors of an f32 model as f16
+    /// [`Llama::from_host_with`], holding f16-valued tensors of an f32 model as f16
     /// only when `compact` (tests compare both).
     fn build(
-        &self,
         host: &HostModel,
         dtype: DType,
         device: &Device,
@@ -130,10 +87,13 @@ impl LlamaConfig {
         }
         // An invalid `QDRIFT_ISA` is refused here, before any kernel runs.
         Isa::from_env()?;
-        host.arch.validate().map_err(ModelError::Arch)?;
-        let (d, hid, hd) = (self.dim, self.hidden_dim, self.head_dim());
-        let rope = Rope::scaled(hd, self.rope_theta as f32, self.rope_scaling.as_ref()).map_err(ModelError::Arch)?;
-        let (q_out, kv_out) = (self.n_heads * hd, self.n_kv_heads * hd);
+        let arch = &host.arch;
+        arch.validate().map_err(ModelError::Arch)?;
+        let (d, hid, hd) = (arch.dim, arch.hidden_dim, arch.head_dim());
+        let rope = Rope::scaled(hd, arch.rope_theta, arch.rope_scaling.as_ref()).map_err(ModelError::Arch)?;
+        let (q_out, kv_out) = (arch.n_heads * hd, arch.n_kv_heads * hd);
+        // RMSNorm's epsilon, exactly the checkpoint's f32 value.
+        let eps = f64::from(arch.norm_eps);
 
         let vector = |name: String, t: &HostTensor, n: usize| -> Result<Param<Tensor<1>>, ModelError> {
             check(&name, t, &[n])?;
@@ -151,33 +111,33 @@ impl LlamaConfig {
         };
         let linear = |name: &str, t: &HostTensor, out: usize, inp: usize| biased(name, t, None, out, inp);
 
-        check("model.embed_tokens.weight", &host.token_embedding, &[self.vocab_size, d])?;
+        check("model.embed_tokens.weight", &host.token_embedding, &[arch.vocab_size, d])?;
         let table = &host.token_embedding.data;
         // An f32 model on the CPU backend keeps an f16-valued table in f16: wgpu adapters without
         // f16 shaders run f32 models, so other devices keep the compute dtype.
         let f16_table = dtype == DType::F32 && compact && placement::f16_table_allowed(device);
         let stored = if f16_table && is_f16_exact(table) { DType::F16 } else { dtype };
-        let embedding = Param::from_tensor(upload(table, [self.vocab_size, d], stored, device));
-        if host.layers.len() != self.n_layers {
-            return Err(ModelError::Arch(format!("{} layers given, {} expected", host.layers.len(), self.n_layers)));
+        let embedding = Param::from_tensor(upload(table, [arch.vocab_size, d], stored, device));
+        if host.layers.len() != arch.n_layers {
+            return Err(ModelError::Arch(format!("{} layers given, {} expected", host.layers.len(), arch.n_layers)));
         }
-        let mut layers = Vec::with_capacity(self.n_layers);
+        let mut layers = Vec::with_capacity(arch.n_layers);
         for (i, l) in host.layers.iter().enumerate() {
             let p = |s: &str| format!("model.layers.{i}.{s}.weight");
             let w = |s: &str| format!("model.layers.{i}.{s}");
             let attn = |s: &str| format!("model.layers.{i}.self_attn.{s}");
             layers.push(Block {
-                attn_norm: RmsNorm::new(vector(p("input_layernorm"), &l.attn_norm, d)?, self.norm_eps),
+                attn_norm: RmsNorm::new(vector(p("input_layernorm"), &l.attn_norm, d)?, eps),
                 attn: Attention {
                     wq: biased(&attn("q_proj"), &l.wq, l.bq.as_ref(), q_out, d)?,
                     wk: biased(&attn("k_proj"), &l.wk, l.bk.as_ref(), kv_out, d)?,
                     wv: biased(&attn("v_proj"), &l.wv, l.bv.as_ref(), kv_out, d)?,
                     wo: linear(&attn("o_proj"), &l.wo, d, q_out)?,
-                    heads: self.n_heads,
-                    kv_heads: self.n_kv_heads,
+                    heads: arch.n_heads,
+                    kv_heads: arch.n_kv_heads,
                     head_dim: hd,
                 },
-                ffn_norm: RmsNorm::new(vector(p("post_attention_layernorm"), &l.ffn_norm, d)?, self.norm_eps),
+                ffn_norm: RmsNorm::new(vector(p("post_attention_layernorm"), &l.ffn_norm, d)?, eps),
                 ffn: FeedForward {
                     gate: linear(&w("mlp.gate_proj"), &l.w_gate, hid, d)?,
                     up: linear(&w("mlp.up_proj"), &l.w_up, hid, d)?,
@@ -185,20 +145,19 @@ impl LlamaConfig {
                 },
             });
         }
-        let norm = RmsNorm::new(vector("model.norm.weight".into(), &host.final_norm, d)?, self.norm_eps);
+        let norm = RmsNorm::new(vector("model.norm.weight".into(), &host.final_norm, d)?, eps);
         // A tied output layer gets its own copy of the embedding: the lookup wants [vocab, dim]
         // rows, the projection its own layout ([dim, vocab] for Burn, panels for the host).
-        let output = linear("lm_head", host.output_weight(), self.vocab_size, d)?;
+        let output = linear("lm_head", host.output_weight(), arch.vocab_size, d)?;
         Ok(Llama {
             embedding,
             layers,
             norm,
             output,
             rope,
-            config: self.clone(),
             dtype,
             runtime: RuntimeQuant::none(),
-            arch: host.arch.clone(),
+            arch: arch.clone(),
             tied_output: host.output.is_none(),
         })
     }
@@ -331,20 +290,18 @@ pub struct Llama {
     /// Rotary embedding tables.
     #[module(skip)]
     pub rope: Rope,
-    /// The hyper-parameters the model was built from.
-    #[module(skip)]
-    pub config: LlamaConfig,
     /// Compute dtype: the dtype the weights were converted to (an f32 model may hold f16-valued
-    /// tensors as f16, see [`LlamaConfig::init_from_host_with`]).
+    /// tensors as f16, see [`Llama::from_host_with`]).
     #[module(skip)]
     pub dtype: DType,
     /// What is rounded at run time (activations, KV cache); nothing by default. Set it with
     /// [`Llama::set_runtime_quant`], which checks it against the architecture.
     #[module(skip)]
     runtime: RuntimeQuant,
-    /// The architecture of the host model the weights came from ([`Llama::host_weights`]).
+    /// The architecture the model was built from: its one description of the hyper-parameters
+    /// (and of the host model [`Llama::host_weights`] returns).
     #[module(skip)]
-    arch: LlamaArch,
+    pub arch: LlamaArch,
     /// Whether that model's output layer was its token embedding (`output: None`).
     #[module(skip)]
     tied_output: bool,
@@ -384,10 +341,10 @@ impl Llama {
     /// `hidden_dim` for down).
     pub fn set_runtime_quant(&mut self, runtime: RuntimeQuant) -> Result<(), ModelError> {
         if let Some(kv) = runtime.kv_cache {
-            kv.check_row(self.config.n_kv_heads, self.config.head_dim())?;
+            kv.check_row(self.arch.n_kv_heads, self.arch.head_dim())?;
         }
         if let Some(a) = runtime.activations {
-            let c = &self.config;
+            let c = &self.arch;
             for cols in [c.dim, c.n_heads * c.head_dim(), c.hidden_dim] {
                 a.check_width(cols)?;
             }
@@ -403,7 +360,7 @@ impl Llama {
     ///
     /// # Errors
     /// As [`Llama::set_runtime_quant`].
-    pub fn apply_runtime(&mut self, recipe: &qdrift_quantize::Recipe) -> Result<(), ModelError> {
+    pub fn apply_runtime(&mut self, recipe: &qdrift_codecs::Recipe) -> Result<(), ModelError> {
         let path = RoundingPath::for_device(&self.device());
         self.set_runtime_quant(RuntimeQuant { activations: recipe.activations, kv_cache: recipe.kv_cache, path })
     }
@@ -422,7 +379,7 @@ impl Llama {
     /// [`Llama::new_caches`] for a given attention kernel.
     pub fn new_caches_for(&self, batch: usize, capacity: usize, kernel: AttentionKernel) -> Vec<KvCache> {
         let device = self.device();
-        let (kvh, hd) = (self.config.n_kv_heads, self.config.head_dim());
+        let (kvh, hd) = (self.arch.n_kv_heads, self.arch.head_dim());
         let quant = self.runtime.kv_cache;
         (0..self.layers.len())
             .map(|_| KvCache::new([batch, kvh, capacity, hd], self.dtype, &device, kernel).with_quant(quant))
@@ -601,10 +558,9 @@ mod tests {
     #[test]
     fn f16_valued_f32_weights_are_held_as_f16_with_the_same_logits() {
         let host = tiny_f16_values();
-        let config = LlamaConfig::from_arch(&host.arch);
         for kernel in [LinearKernel::Host, LinearKernel::Burn] {
-            let compact = config.build(&host, DType::F32, &Device::flex(), kernel, true).expect("builds");
-            let wide = config.build(&host, DType::F32, &Device::flex(), kernel, false).expect("builds");
+            let compact = Llama::build(&host, DType::F32, &Device::flex(), kernel, true).expect("builds");
+            let wide = Llama::build(&host, DType::F32, &Device::flex(), kernel, false).expect("builds");
             assert_eq!(compact.embedding.val().dtype(), DType::F16, "{kernel:?}");
             assert_eq!(wide.embedding.val().dtype(), DType::F32, "{kernel:?}");
             if kernel == LinearKernel::Host {
@@ -623,10 +579,9 @@ mod tests {
     #[test]
     fn every_isa_gives_the_same_logits() {
         let host = tiny_f16_values();
-        let config = LlamaConfig::from_arch(&host.arch);
         let isas = Isa::runnable_reporting_skips("every_isa_gives_the_same_logits");
         for dtype in [DType::F32, DType::F16] {
-            let model = config.init_from_host_with(&host, dtype, &Device::flex(), LinearKernel::Host).expect("builds");
+            let model = Llama::from_host_with(&host, dtype, &Device::flex(), LinearKernel::Host).expect("builds");
             for attention in [AttentionKernel::Host, AttentionKernel::Composed] {
                 let want = Isa::Portable.forced(|| logits(&model, attention)).expect("portable runs everywhere");
                 for &isa in &isas {
@@ -641,10 +596,9 @@ mod tests {
     fn embeddings_that_are_not_f16_values_stay_in_the_compute_dtype() {
         let mut host = tiny_f16_values();
         host.token_embedding.data[3] += 1e-6;
-        let config = LlamaConfig::from_arch(&host.arch);
-        let f32 = config.init_from_host_with(&host, DType::F32, &Device::flex(), LinearKernel::Host).expect("f32");
+        let f32 = Llama::from_host_with(&host, DType::F32, &Device::flex(), LinearKernel::Host).expect("f32");
         assert_eq!(f32.embedding.val().dtype(), DType::F32);
-        let f16 = config.init_from_host_with(&host, DType::F16, &Device::flex(), LinearKernel::Host).expect("f16");
+        let f16 = Llama::from_host_with(&host, DType::F16, &Device::flex(), LinearKernel::Host).expect("f16");
         assert_eq!(f16.embedding.val().dtype(), DType::F16);
     }
 }

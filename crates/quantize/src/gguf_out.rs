@@ -19,7 +19,7 @@ use qdrift_load::write::{GgufMatrix, GgufStored, WriteDtype, write_gguf_with};
 use qdrift_load::{GgufValue, LoadError};
 
 use crate::model::{QuantizedModel, WeightSlot};
-use crate::scheme::Scheme;
+use qdrift_codecs::Scheme;
 
 /// Why a GGUF file could not be written.
 #[derive(Debug, thiserror::Error)]

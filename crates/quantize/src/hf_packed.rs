@@ -25,10 +25,7 @@ use qdrift_load::{ActivationGranularity, HostModel, HostTensor, rotate_half_row_
 
 pub use qdrift_load::hf::quant::HfTensor;
 
-use crate::error::QuantizeError;
-use crate::fp8::{fp8_decode, fp8_encode};
-use crate::matrix::{QuantizedMatrix, quantize};
-use crate::scheme::{Fp8Format, Scheme};
+use qdrift_codecs::{Fp8Format, QuantizeError, QuantizedMatrix, Scheme, fp8_decode, fp8_encode, quantize};
 
 /// A checkpoint layout and the qdrift scheme whose codes it stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

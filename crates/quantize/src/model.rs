@@ -14,10 +14,7 @@
 use qdrift_weights::{HostModel, HostTensor};
 use serde::Serialize;
 
-use crate::error::QuantizeError;
-use crate::matrix::{QuantizedMatrix, quantize};
-use crate::scheme::Scheme;
-use crate::stats::{ErrorStats, try_error_stats};
+use qdrift_codecs::{ErrorStats, QuantizeError, QuantizedMatrix, Scheme, quantize, try_error_stats};
 
 /// Which tensors beyond the blocks' linear layers to quantize. The default quantizes neither.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

@@ -39,7 +39,7 @@ use qdrift_load::{HostModel, HostTensor, rotate_half_row_order};
 use safetensors::{Dtype, View};
 
 use crate::model::{QuantizedModel, WeightSlot};
-use crate::packed::{PackedDtype, PackedPart};
+use qdrift_codecs::{PackedDtype, PackedPart};
 
 /// Why a safetensors file could not be written. Every variant names the file.
 #[derive(Debug, thiserror::Error)]
@@ -84,7 +84,7 @@ pub enum WriteError {
         /// The folder.
         path: PathBuf,
         /// Why.
-        source: crate::error::QuantizeError,
+        source: qdrift_codecs::QuantizeError,
     },
     /// An extra metadata key that qdrift already sets, or that is given twice.
     #[error("{path}: metadata key \"{key}\" is set twice")]
@@ -221,7 +221,9 @@ impl View for OutTensor<'_> {
 
     fn data(&self) -> Cow<'_, [u8]> {
         match self {
-            OutTensor::F32 { values, row_order: None, .. } => Cow::Owned(crate::packed::f32_bytes(values)),
+            OutTensor::F32 { values, row_order: None, .. } => {
+                Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+            }
             OutTensor::F32 { values, row_order: Some(order), .. } => {
                 let cols = values.len().checked_div(order.len()).unwrap_or(0);
                 Cow::Owned(

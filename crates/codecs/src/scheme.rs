@@ -142,10 +142,13 @@ impl Scheme {
         }
     }
 
+    /// Whether this scheme can quantize at all (every listed scheme can).
+    ///
+    /// # Errors
     /// [`QuantizeError::ZeroGroup`] when a hand-built scheme has a group or block size of zero,
     /// [`QuantizeError::Ggml`] ([`qdrift_ggml::GgmlError::NoQuantizer`]) when it names a
     /// read-only GGML type (no listed scheme does either).
-    pub(crate) fn check_usable(&self) -> Result<(), QuantizeError> {
+    pub fn check_usable(&self) -> Result<(), QuantizeError> {
         match *self {
             Scheme::Int4 { group: 0, .. } | Scheme::Nf4 { block: 0 } => {
                 Err(QuantizeError::ZeroGroup { scheme: self.to_string() })

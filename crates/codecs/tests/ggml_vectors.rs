@@ -8,7 +8,7 @@
 mod common;
 
 use common::{fnv1a_f32, matrix};
-use qdrift_quantize::{GgmlError, GgmlType, QuantizeError, RowStorage, Scheme, dequantize_ggml_blocks, quantize};
+use qdrift_codecs::{GgmlError, GgmlType, QuantizeError, RowStorage, Scheme, dequantize_ggml_blocks, quantize};
 
 #[test]
 fn wrapper_stores_exactly_the_codec_blocks() {

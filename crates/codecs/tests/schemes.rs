@@ -6,7 +6,7 @@
 mod common;
 
 use common::matrix;
-use qdrift_quantize::{Fp8Format, GgmlType, PackedDtype, QuantizeError, Scheme, quantize};
+use qdrift_codecs::{Fp8Format, GgmlType, PackedDtype, QuantizeError, Scheme, quantize};
 
 const CLI_NAMES: [&str; 21] = [
     "fp16",

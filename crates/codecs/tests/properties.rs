@@ -16,7 +16,7 @@
 mod common;
 
 use common::matrix;
-use qdrift_quantize::{
+use qdrift_codecs::{
     Fp8Format, GgmlType, NF4_CODE, PackedPart, QuantizedMatrix, Scheme, error_stats, fp8_decode, fp8_encode, quantize,
 };
 
