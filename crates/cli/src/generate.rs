@@ -132,6 +132,12 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
             "decode_step_s": timing.decode_step_s,
             "tokens_per_s": timing.tokens_per_s(),
             "decode_tokens_per_s": timing.decode_tokens_per_s(),
+            "first_token_launches": timing.first_token_launches,
+            "decode_step_launches": timing.decode_step_launches,
+            // The step's launches over its layers: embedding, final norm and head included.
+            "decode_step_launches_per_layer": timing.decode_step_launches.map(|l| l / model.arch.n_layers.max(1) as f64),
+            "decode_step_kernels": timing.decode_step_kernels.by_kernel,
+            "decode_step_read_back_bytes": timing.decode_step_read_back_bytes,
         });
         eprintln!("{line}");
         generated

@@ -4,6 +4,7 @@
 //! was chosen) and what sizing needs (largest buffer, f16 support, host memory, batches at once).
 //! **Invariant: a process starts each device once; asking again returns the same device.**
 
+use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
 use burn::tensor::wgpu::{WgpuBackend, wgpu};
@@ -159,8 +160,47 @@ fn best_adapter(adapters: &[wgpu::AdapterInfo], allow_software: bool) -> Option<
     adapters.iter().filter_map(|a| rank(a.device_type).map(|r| (r, a))).min_by_key(|(r, _)| *r).map(|(_, a)| a)
 }
 
+/// The environment variable that names the folder CubeCL keeps its autotune results and compiled
+/// kernels in for qdrift ([`gpu_cache_dir`]).
+pub const CACHE_DIR_VAR: &str = "QDRIFT_CACHE_DIR";
+
+/// The folder CubeCL keeps its autotune results and compiled kernels in (one database file,
+/// `default.db`, inside it), so that a shape is tuned once per machine, not once per run:
+/// `$QDRIFT_CACHE_DIR` if set, else `$XDG_CACHE_HOME/qdrift/cubecl`, else
+/// `$HOME/.cache/qdrift/cubecl`; `None` when none of them is set (CubeCL then keeps its own
+/// default, the `target/environment` folder of the Cargo workspace above the working directory,
+/// or the user cache). A folder that cannot be written costs only the persistence: CubeCL keeps
+/// the results in memory for the run.
+pub fn gpu_cache_dir() -> Option<PathBuf> {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    var(CACHE_DIR_VAR)
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("qdrift/cubecl")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache/qdrift/cubecl")))
+}
+
+/// Points CubeCL's persistent caches at [`gpu_cache_dir`], once per process, before the first
+/// wgpu device starts. A user's `cubecl.toml` keeps every other setting; its `environment.path`
+/// gives way to qdrift's folder.
+fn configure_gpu_cache() {
+    use burn::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig, cache::CacheConfig};
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let Some(dir) = gpu_cache_dir() else { return };
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            eprintln!("qdrift: warning: cannot create the GPU cache folder {}: {e}", dir.display());
+        }
+        let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
+        config.environment.path = CacheConfig::Directory(dir.clone());
+        if !CubeClRuntimeConfig::try_set(config) {
+            // CubeCL read its configuration already (a device started first): move the root.
+            burn::cubecl::environment::set_root(dir);
+        }
+    });
+}
+
 fn start_wgpu(info: &wgpu::AdapterInfo, reason: String) -> Result<ComputeDevice, DeviceError> {
     use wgpu::DeviceType as T;
+    configure_gpu_cache();
     let api = match info.backend {
         wgpu::Backend::Metal => WgpuBackend::Metal,
         wgpu::Backend::Dx12 => WgpuBackend::Dx12,

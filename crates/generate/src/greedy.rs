@@ -11,6 +11,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use qdrift_model::{KvCache, Llama, Positions};
 use rayon::prelude::*;
 
+use crate::counters::read_back;
 use crate::parallel::{lock, run_batches};
 use crate::request::GenerationConfig;
 use crate::{ComputeDevice, GenerateError, check_request, concurrent_batches};
@@ -212,7 +213,7 @@ pub(crate) fn prompt_batch<'a>(
 }
 
 fn read_ids(t: Tensor<2, Int>) -> Result<Vec<u32>, GenerateError> {
-    let data = t.into_data();
+    let data = read_back(t);
     let ids = data.convert::<i64>().try_into_vec::<i64>().map_err(|e| GenerateError::Readback(format!("{e:?}")))?;
     Ok(ids.into_iter().map(|v| v as u32).collect())
 }

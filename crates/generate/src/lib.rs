@@ -11,6 +11,7 @@
 //! | `request.rs` | [`GenerationConfig`], [`check_request`], [`default_batch_size`], [`context_overflow`]: the request and its sizing before allocating |
 //! | `greedy.rs` | [`generate`], [`generate_map`]: batched greedy decoding |
 //! | `forced.rs` | [`teacher_forced`], [`teacher_forced_pair`], [`teacher_forced_hidden`]: logits (or final hidden states) of given continuations |
+//! | `counters.rs` | [`count_launches`], [`read_back_bytes`]: kernel launches and bytes read back, counted |
 //! | `timing.rs` | [`timed_generate`], [`copy_bandwidth`]: honest timings for benchmarks (warm-up, read-back before the timer stops) |
 //! | `parallel.rs` | independent batches side by side on the CPU's cores |
 //! | `error.rs` | [`GenerateError`] |
@@ -18,6 +19,7 @@
 //! **Invariant: tokens in, tokens out; results never depend on how prompts are batched nor on how
 //! many batches run at once.**
 
+mod counters;
 mod device;
 mod error;
 mod forced;
@@ -26,7 +28,8 @@ mod parallel;
 mod request;
 mod timing;
 
-pub use device::{BackendChoice, ComputeDevice, DeviceError, select_device};
+pub use counters::{Launches, count_launches, read_back_bytes};
+pub use device::{BackendChoice, CACHE_DIR_VAR, ComputeDevice, DeviceError, gpu_cache_dir, select_device};
 pub use error::GenerateError;
 pub use forced::{
     ForcedLogits, Forcing, PairedLogits, teacher_forced, teacher_forced_hidden, teacher_forced_map, teacher_forced_pair,

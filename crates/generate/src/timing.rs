@@ -2,6 +2,10 @@
 //! `cargo xtask bench gpu`): a generation timed after an untimed warm-up, split into the first
 //! token and the decode steps after it, and the device's copy bandwidth.
 //!
+//! The timed runs also count what a device pays for besides arithmetic: kernel launches and
+//! bytes read back to the host ([`crate::count_launches`], [`crate::read_back_bytes`]), per decode
+//! step as the difference between the full run and the one-token run.
+//!
 //! Every timer stops after the results are on the host ([`generate`] reads its tokens back;
 //! [`copy_bandwidth`] waits with `Device::sync`): wgpu queues work lazily, so a timer stopped
 //! earlier measures only the queueing.
@@ -10,6 +14,7 @@ use std::time::Instant;
 
 use burn::tensor::Tensor;
 
+use crate::counters::{Launches, count_launches, read_back_bytes};
 use crate::{ComputeDevice, GenerateError, GenerationConfig, generate};
 use qdrift_model::Llama;
 
@@ -31,6 +36,16 @@ pub struct GenerationTiming {
     /// `None` for one new token, or when that is not positive (timing noise larger than the
     /// decode steps of a short request).
     pub decode_step_s: Option<f64>,
+    /// Kernel launches of the one-token run (prompt pass and first token); 0 on the CPU backend.
+    pub first_token_launches: u64,
+    /// Kernel launches per decode step: `(full run − one-token run) / (new_tokens − 1)`; `None`
+    /// for one new token.
+    pub decode_step_launches: Option<f64>,
+    /// The same by kernel, rounded to whole launches per kernel (a kernel launched in fewer than
+    /// half the steps drops out); empty for one new token.
+    pub decode_step_kernels: Launches,
+    /// Bytes read back to the host per decode step (the new token ids); `None` for one new token.
+    pub decode_step_read_back_bytes: Option<f64>,
 }
 
 impl GenerationTiming {
@@ -64,16 +79,26 @@ pub fn timed_generate(
     }
     generate(model, device, prompts, config, |_| {})?;
     let first = GenerationConfig { max_new_tokens: 1, ..config.clone() };
-    let start = Instant::now();
-    generate(model, device, prompts, &first, |_| {})?;
+    let (read_before, start) = (read_back_bytes(), Instant::now());
+    let (run, first_launches) = count_launches(|| generate(model, device, prompts, &first, |_| {}));
+    run?;
     let first_token_s = start.elapsed().as_secs_f64();
-    let start = Instant::now();
-    let tokens = generate(model, device, prompts, config, |_| {})?;
+    let first_read = read_back_bytes() - read_before;
+    let (read_before, start) = (read_back_bytes(), Instant::now());
+    let (run, launches) = count_launches(|| generate(model, device, prompts, config, |_| {}));
+    let tokens = run?;
     let total_s = start.elapsed().as_secs_f64();
+    let read = read_back_bytes() - read_before;
     let n = config.max_new_tokens;
+    let steps = (n - 1).max(1) as f64;
     // Two timings of a short request can differ by more than its decode steps took: no step time
     // then, rather than a zero or a negative one.
-    let decode_step_s = Some((total_s - first_token_s) / (n - 1).max(1) as f64).filter(|s| n > 1 && *s > 0.0);
+    let decode_step_s = Some((total_s - first_token_s) / steps).filter(|s| n > 1 && *s > 0.0);
+    let mut decode_step_launches = launches.since(&first_launches);
+    for count in decode_step_launches.by_kernel.values_mut() {
+        *count = (*count as f64 / steps).round() as u64;
+    }
+    decode_step_launches.by_kernel.retain(|_, &mut n| n > 0);
     let timing = GenerationTiming {
         prompts: prompts.len(),
         batch_size: config.batch_size,
@@ -81,6 +106,10 @@ pub fn timed_generate(
         first_token_s,
         total_s,
         decode_step_s,
+        first_token_launches: first_launches.total(),
+        decode_step_launches: (n > 1).then(|| launches.total().saturating_sub(first_launches.total()) as f64 / steps),
+        decode_step_kernels: if n > 1 { decode_step_launches } else { Launches::default() },
+        decode_step_read_back_bytes: (n > 1).then(|| read.saturating_sub(first_read) as f64 / steps),
     };
     Ok((tokens, timing))
 }
