@@ -2,7 +2,11 @@
 # One prepared run on a lent NVIDIA machine that has no Rust toolchain and no network
 # (../shared/device/README.md): `cargo xtask bench gpu`, the llama2.c golden tests on the NVIDIA
 # adapter, and one SmolLM2-shaped evaluation timed on wgpu. Everything it prints goes to
-# $OUT/log.txt too (or ./gpu-check.log without $OUT).
+# $OUT/log.txt too (or ./gpu-check.log without $OUT), and the figures to one JSON file,
+# $OUT/gpu-check.json (or ./gpu-check.json): every `bench gpu` case as qdrift's own timing line
+# (seconds per decode step, first token, warm-up with an empty and with a warm autotune cache,
+# kernel launches per step and per layer, bytes read back per step) and each step's exit status
+# and seconds.
 #
 # Prepare here, from the checkout root (.gl/ and .dev/ are listed in .git/info/exclude):
 #   .gl/   the Vulkan/EGL loader packages (../shared/device/README.md, step 1)
@@ -10,7 +14,7 @@
 #          the `golden` test binary, target/release/deps/golden-*), and shared/models/stories260K
 #          (a copy of ../shared/models/stories260K, 1 MB)
 # then run `bash deploy/device/gpu-check.sh` there, carrying .gl and .dev (about 32 MB).
-# It needs about 8 minutes; each step has its own time limit so that a hang costs only that step.
+# It needs at most 8 minutes; each step has its own time limit so that a hang costs only that step.
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
@@ -21,7 +25,12 @@ gunzip -f .dev/qdrift.gz .dev/golden.gz
 chmod +x .dev/qdrift .dev/golden .dev/xtask
 log=${OUT:+$OUT/log.txt}
 log=${log:-./gpu-check.log}
+json=${OUT:+$OUT/gpu-check.json}
+json=${json:-./gpu-check.json}
+steps=$(mktemp)
 now() { date +%s; }
+# step NAME SECONDS-START: records the exit status of the command just run.
+step() { echo "\"$1\": {\"rc\": $2, \"s\": $(($(now) - $3))}" >> "$steps"; echo "$1: rc $2 in $(($(now) - $3)) s"; }
 {
     date -u
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
@@ -29,15 +38,23 @@ now() { date +%s; }
     echo "== bench gpu =="
     t=$(now)
     QDRIFT_BIN=.dev/qdrift timeout 330 .dev/xtask bench gpu
-    echo "bench gpu: rc $? in $(($(now) - t)) s"
+    step bench_gpu $? "$t"
     echo "== golden tests on wgpu (stories260K against llama2.c) =="
     t=$(now)
-    QDRIFT_SHARED=.dev/shared timeout 90 .dev/golden wgpu
-    echo "golden: rc $? in $(($(now) - t)) s"
+    QDRIFT_SHARED=.dev/shared timeout 60 .dev/golden wgpu
+    step golden_wgpu $? "$t"
     echo "== eval synthetic:smollm2-135m, wgpu, f16, 16 prompts x 10/100/1000, 3 schemes =="
     t=$(now)
-    timeout 100 .dev/qdrift eval --model synthetic:smollm2-135m --backend wgpu --dtype f16 --prompts 16 \
+    timeout 90 .dev/qdrift eval --model synthetic:smollm2-135m --backend wgpu --dtype f16 --prompts 16 \
         --horizons 10,100,1000 --schemes int8,fp8-e4m3,int4-g128 --phase-times --out /tmp/gpu-check-eval 2>&1 | tail -25
-    echo "eval: rc ${PIPESTATUS[0]} in $(($(now) - t)) s"
+    step eval "${PIPESTATUS[0]}" "$t"
     nvidia-smi --query-gpu=name,memory.used --format=csv
 } 2>&1 | tee "$log"
+{
+    echo '{"gpu": "'"$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"'",'
+    echo '"bench_gpu": ['
+    sed -n 's/^bench gpu json: //p' "$log" | paste -sd, -
+    echo '],'
+    paste -sd, "$steps"
+    echo '}'
+} > "$json"

@@ -206,7 +206,15 @@ pub fn bench_gpu(build: impl FnOnce() -> Result<(PathBuf, PathBuf), String>, mod
         json_number(&line, "bytes").unwrap_or(0.0) / f64::from(1 << 20),
     );
 
+    // Autotune results persist in qdrift's GPU cache folder: the bench starts from an empty one,
+    // so that its first case pays for tuning once (in its warm-up run) and a rerun of that case at
+    // the end shows what a warm cache saves.
+    let cache = std::env::temp_dir().join("qdrift-bench-gpu-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    // SAFETY: single-threaded here; the variable is read by the child processes only.
+    unsafe { std::env::set_var("QDRIFT_CACHE_DIR", &cache) };
     let idle = memory_used_mib();
+    let mut first_case = None;
     for model in &models {
         let (inspect, _) = capture(&qdrift, &["inspect", "--model", &model.path, "--json"])?;
         let weight_bytes = f16_weight_bytes_per_step(&inspect)?;
@@ -222,15 +230,24 @@ pub fn bench_gpu(build: impl FnOnce() -> Result<(PathBuf, PathBuf), String>, mod
                 args.extend(["--prompt", t]);
             }
             let poll = MemoryPoll::start();
-            let result = capture(&qdrift, &args);
+            let result = timing_line(&qdrift, &args);
             let peak = poll.finish();
-            let (_, stderr) = result?;
-            let line = stderr
-                .lines()
-                .rev()
-                .find(|l| l.contains("\"timing\""))
-                .ok_or("qdrift generate --timing-json printed no timing line")?;
+            let line = result?;
+            if first_case.is_none() {
+                first_case = Some((args.iter().map(|a| a.to_string()).collect::<Vec<_>>(), line.clone()));
+            }
+            let line = line.as_str();
+            println!("bench gpu json: {line}");
             let number = |k: &str| json_number(line, k).ok_or_else(|| format!("no {k} in {line}"));
+            let launches = match (
+                json_number(line, "decode_step_launches"),
+                json_number(line, "decode_step_launches_per_layer"),
+            ) {
+                (Some(step), Some(layer)) => {
+                    format!("{step:.0} kernel launches per decode step ({layer:.1} per layer)")
+                }
+                _ => "kernel launches per decode step not measured".to_string(),
+            };
             let (tps, first) = (number("tokens_per_s")?, number("first_token_s")?);
             // No decode step when timing noise exceeded it (qdrift prints null then).
             let decode = match (json_number(line, "decode_step_s"), json_number(line, "decode_tokens_per_s")) {
@@ -246,7 +263,7 @@ pub fn bench_gpu(build: impl FnOnce() -> Result<(PathBuf, PathBuf), String>, mod
                 _ => "peak GPU memory unknown (nvidia-smi gave no reading)".to_string(),
             };
             println!(
-                "bench gpu: {} ({}), f16, {prompts} prompt{} × {NEW_TOKENS} tokens, batch {prompts}: {tps:.0} tokens/s, first token {:.1} ms; {decode}; bound {:.3} ms/step ({:.0} MB of weights / {:.0} GB/s); {memory}",
+                "bench gpu: {} ({}), f16, {prompts} prompt{} × {NEW_TOKENS} tokens, batch {prompts}: {tps:.0} tokens/s, first token {:.1} ms; {decode}; {launches}; bound {:.3} ms/step ({:.0} MB of weights / {:.0} GB/s); {memory}",
                 model.name,
                 model.note,
                 if prompts == 1 { "" } else { "s" },
@@ -257,8 +274,31 @@ pub fn bench_gpu(build: impl FnOnce() -> Result<(PathBuf, PathBuf), String>, mod
             );
         }
     }
+    if let Some((args, cold)) = first_case {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let warm = timing_line(&qdrift, &args)?;
+        println!("bench gpu json: {warm}");
+        let warm_up = |line: &str| json_number(line, "warm_up_s").map_or("?".to_string(), |s| format!("{s:.2} s"));
+        println!(
+            "bench gpu: the first case's warm-up run (the whole request, shaders and autotuning included) took {} on an empty autotune cache, {} on the cache it left in {}",
+            warm_up(&cold),
+            warm_up(&warm),
+            cache.display()
+        );
+    }
     println!("xtask: bench gpu took {:.1} min", start.elapsed().as_secs_f64() / 60.0);
     Ok(())
+}
+
+/// Runs `qdrift generate … --timing-json` and returns its timing line.
+fn timing_line(qdrift: &Path, args: &[&str]) -> Result<String, String> {
+    let (_, stderr) = capture(qdrift, args)?;
+    stderr
+        .lines()
+        .rev()
+        .find(|l| l.contains("\"timing\""))
+        .map(String::from)
+        .ok_or_else(|| "qdrift generate --timing-json printed no timing line".to_string())
 }
 
 #[cfg(test)]

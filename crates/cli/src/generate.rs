@@ -127,6 +127,8 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
             "batch_size": timing.batch_size,
             "prompt_tokens": prompts.iter().map(Vec::len).sum::<usize>(),
             "new_tokens": timing.new_tokens,
+            "warm_up_s": timing.warm_up_s,
+            "gpu_cache_dir": qdrift_generate::gpu_cache_dir().filter(|_| device.backend == "wgpu"),
             "first_token_s": timing.first_token_s,
             "total_s": timing.total_s,
             "decode_step_s": timing.decode_step_s,

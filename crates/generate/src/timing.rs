@@ -28,6 +28,10 @@ pub struct GenerationTiming {
     pub batch_size: usize,
     /// New tokens per prompt.
     pub new_tokens: usize,
+    /// Seconds of the untimed warm-up run (the whole request, plus shader compilation and, on a
+    /// GPU, autotuning of every new shape unless a persisted cache has them: compare a first run
+    /// with a later one).
+    pub warm_up_s: f64,
     /// Seconds for the prompt pass and the first new token (a run with one new token).
     pub first_token_s: f64,
     /// Seconds for the whole request.
@@ -77,7 +81,9 @@ pub fn timed_generate(
             "timing needs a fixed number of new tokens, at least 1 (no stop at EOS)".to_string(),
         ));
     }
+    let start = Instant::now();
     generate(model, device, prompts, config, |_| {})?;
+    let warm_up_s = start.elapsed().as_secs_f64();
     let first = GenerationConfig { max_new_tokens: 1, ..config.clone() };
     let (read_before, start) = (read_back_bytes(), Instant::now());
     let (run, first_launches) = count_launches(|| generate(model, device, prompts, &first, |_| {}));
@@ -103,6 +109,7 @@ pub fn timed_generate(
         prompts: prompts.len(),
         batch_size: config.batch_size,
         new_tokens: n,
+        warm_up_s,
         first_token_s,
         total_s,
         decode_step_s,
