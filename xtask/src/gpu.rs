@@ -275,18 +275,25 @@ pub fn bench_gpu(build: impl FnOnce() -> Result<(PathBuf, PathBuf), String>, mod
         }
     }
     if let Some((args, cold)) = first_case {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let warm = timing_line(&qdrift, &args)?;
-        println!("bench gpu json: {warm}");
-        let warm_up = |line: &str| json_number(line, "warm_up_s").map_or("?".to_string(), |s| format!("{s:.2} s"));
-        println!(
-            "bench gpu: the first case's warm-up run (the whole request, shaders and autotuning included) took {} on an empty autotune cache, {} on the cache it left in {}",
-            warm_up(&cold),
-            warm_up(&warm),
-            cache.display()
-        );
+        rerun_warm(&qdrift, &args, &cold, &cache)?;
     }
     println!("xtask: bench gpu took {:.1} min", start.elapsed().as_secs_f64() / 60.0);
+    Ok(())
+}
+
+/// Reruns the bench's first case (`args`, whose first run printed `cold`) on the autotune cache
+/// that run left in `cache`, and says what the warm cache saved in the warm-up run.
+fn rerun_warm(qdrift: &Path, args: &[String], cold: &str, cache: &Path) -> Result<(), String> {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let warm = timing_line(qdrift, &args)?;
+    println!("bench gpu json: {warm}");
+    let warm_up = |line: &str| json_number(line, "warm_up_s").map_or("?".to_string(), |s| format!("{s:.2} s"));
+    println!(
+        "bench gpu: the first case's warm-up run (the whole request, shaders and autotuning included) took {} on an empty autotune cache, {} on the cache it left in {}",
+        warm_up(cold),
+        warm_up(&warm),
+        cache.display()
+    );
     Ok(())
 }
 
