@@ -84,17 +84,17 @@ pub fn timed_generate(
     let start = Instant::now();
     generate(model, device, prompts, config, |_| {})?;
     let warm_up_s = start.elapsed().as_secs_f64();
+    // One measured run: its tokens, seconds, launches and bytes read back.
+    type Measured = (Vec<Vec<u32>>, f64, Launches, u64);
+    let measured = |config: &GenerationConfig| -> Result<Measured, GenerateError> {
+        let (read_before, start) = (read_back_bytes(), Instant::now());
+        let (run, launches) = count_launches(|| generate(model, device, prompts, config, |_| {}));
+        let tokens = run?;
+        Ok((tokens, start.elapsed().as_secs_f64(), launches, read_back_bytes() - read_before))
+    };
     let first = GenerationConfig { max_new_tokens: 1, ..config.clone() };
-    let (read_before, start) = (read_back_bytes(), Instant::now());
-    let (run, first_launches) = count_launches(|| generate(model, device, prompts, &first, |_| {}));
-    run?;
-    let first_token_s = start.elapsed().as_secs_f64();
-    let first_read = read_back_bytes() - read_before;
-    let (read_before, start) = (read_back_bytes(), Instant::now());
-    let (run, launches) = count_launches(|| generate(model, device, prompts, config, |_| {}));
-    let tokens = run?;
-    let total_s = start.elapsed().as_secs_f64();
-    let read = read_back_bytes() - read_before;
+    let (_, first_token_s, first_launches, first_read) = measured(&first)?;
+    let (tokens, total_s, launches, read) = measured(config)?;
     let n = config.max_new_tokens;
     let steps = (n - 1).max(1) as f64;
     // Two timings of a short request can differ by more than its decode steps took: no step time
