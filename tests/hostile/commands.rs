@@ -11,7 +11,7 @@ use crate::{QUICK, USER, names, qdrift_command, refused, stories};
 
 /// `qdrift eval` on stories260K with small defaults; `extra` adds flags (and replaces the
 /// defaults of `--prompts` and `--horizons`).
-fn eval(out: &Path, extra: &[&str]) -> Command {
+pub(crate) fn eval(out: &Path, extra: &[&str]) -> Command {
     let dir = stories();
     let mut c = qdrift_command();
     c.args(["eval", "--model"]).arg(dir.join("stories260K.bin")).arg("--tokenizer").arg(dir.join("tok512.bin"));
@@ -152,7 +152,7 @@ fn a_concurrent_eval_on_the_same_out_is_refused_and_the_first_commits_whole() {
         assert!(start.elapsed() < QUICK, "the first eval never took the lock");
         std::thread::sleep(Duration::from_millis(5));
     }
-    refused(USER, eval(&out, &[]), &["--out", "another qdrift eval is writing this folder"]);
+    refused(USER, eval(&out, &[]), &["--out", "another qdrift run (process "]);
     let done = first.wait_with_output().expect("first eval ends");
     assert!(done.status.success(), "first eval: {}", String::from_utf8_lossy(&done.stderr));
     assert_eq!(names(root.path()), vec!["gate.toml", "out"], "no staging, old folder or lock left");

@@ -9,10 +9,10 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use qdrift_eval::{
     DEFAULT_EVAL_SET_RULE, EvalConfig, Evaluated, OutputDir, Part, Progress, Shard, VariantSpec, built_in_names,
-    evaluate_any, merge,
+    evaluate_any, merge, path_check,
 };
 use qdrift_generate::BackendChoice;
-use qdrift_io::write_atomic;
+use qdrift_io::{PathCheck, write_atomic};
 use qdrift_quantize::{QuantizeOptions, Recipe};
 use qdrift_report::{Report, Thresholds, render_html, render_markdown, render_summary};
 
@@ -144,20 +144,35 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     // Refuse unusable thresholds before an evaluation that may take hours.
     let thresholds =
         args.gate.as_ref().map(|t| Ok::<_, Box<dyn Error>>((t.clone(), Thresholds::read(t)?))).transpose()?;
+    let mut cfg = config(&args, thresholds);
+    // The output rule, before the lock is taken and long before any work.
+    let mut paths = path_check(&cfg).output_folder("--out", &args.out, false);
+    if let Some(j) = &args.junit {
+        paths = paths.output_file("--junit", j);
+    }
+    paths.check()?;
     let output = OutputDir::prepare(&args.out)?;
-    let cfg = config(&args, thresholds);
+    if let Some(pid) = output.recovered() {
+        eprintln!(
+            "qdrift: note: a previous run on {} (process {pid}) ended without cleaning up; its lock and staging files are removed",
+            args.out.display()
+        );
+    }
+    // A dump inside --out is staged with the reports and moved in with them.
+    cfg.dump_logprobs = args.dump_logprobs.as_deref().map(|d| output.staged(d).unwrap_or_else(|| d.to_path_buf()));
     let clock = std::sync::Mutex::new(PhaseClock::new());
-    let report = match evaluate_with_progress(&cfg, &clock)? {
+    let evaluated = evaluate_with_progress(&cfg, &clock).map_err(|e| output.user_paths(&e.to_string()))?;
+    let report = match evaluated {
         Evaluated::Report(report) => report,
         Evaluated::Part(part) => {
-            part.write(output.staging())?;
+            part.write(output.staging()).map_err(|e| output.user_paths(&e.to_string()))?;
             output.commit()?;
             println!("part {}: {} (merge all parts with `qdrift merge`)", part.shard(), args.out.display());
             return Ok(None);
         }
     };
     lock(&clock).enter("summary and reports");
-    write_reports(&report, &output)?;
+    write_reports(&report, &output).map_err(|e| output.user_paths(&e.to_string()))?;
     let path = output.staging().join("report.json");
     print!("{}", render_summary(&report));
     // The gate reads the staged report; a JUnit file inside --out is staged with it.
@@ -258,10 +273,12 @@ pub struct MergeArgs {
 /// Runs `qdrift merge`: reads every part, checks they are the shards of one run, and writes the
 /// report.
 pub fn run_merge(args: MergeArgs) -> Result<(), Box<dyn Error>> {
+    let paths = args.parts.iter().fold(PathCheck::new(), |c, p| c.input("part", p));
+    paths.output_folder("--out", &args.out, false).check()?;
     let output = OutputDir::prepare(&args.out)?;
     let parts = args.parts.iter().map(|p| Part::read(p)).collect::<Result<Vec<_>, _>>()?;
     let report = merge(parts)?;
-    write_reports(&report, &output)?;
+    write_reports(&report, &output).map_err(|e| output.user_paths(&e.to_string()))?;
     print!("{}", render_summary(&report));
     output.commit()?;
     println!("reports: {} (.md, .html)", args.out.join("report.json").display());

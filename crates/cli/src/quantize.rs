@@ -140,6 +140,11 @@ pub fn run(args: QuantizeArgs) -> Result<(), Box<dyn Error>> {
             return Err("--packed is for --format safetensors; GGUF always stores the packed blocks".into());
         }
     }
+    let mut paths = qdrift_io::PathCheck::new().input("--model", &args.model);
+    if let Some(t) = &args.tokenizer {
+        paths = paths.input("--tokenizer", t);
+    }
+    paths.output_file("--out", &args.out).check()?;
     let loaded = qdrift_load::open_model(&args.model, args.tokenizer.as_deref())?;
     // Before quantizing: a source whose tokenizer cannot be carried over is refused.
     let tokenizer_keys = if gguf { Some(gguf_tokenizer_keys(&loaded)?) } else { None };

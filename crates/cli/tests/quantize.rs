@@ -274,11 +274,12 @@ fn gguf_export_refuses_what_gguf_cannot_hold() {
     let stderr =
         refused(&["quantize", "--model", m, "--scheme", "q4_0", "--format", "gguf", "--packed", "--out", o], &out);
     assert!(stderr.contains("--packed is for --format safetensors"), "{stderr}");
-    // An unwritable --out: one line, nothing left beside it.
+    // An unwritable --out: one line, before the model is read, nothing left beside it.
     let nowhere = tmp.path().join("missing/x.gguf");
     let n = nowhere.to_str().unwrap();
     let stderr = refused(&["quantize", "--model", m, "--scheme", "q4_0", "--format", "gguf", "--out", n], &nowhere);
-    assert!(stderr.contains("missing/x.gguf: cannot write"), "{stderr}");
+    assert!(stderr.contains("--out") && stderr.contains("missing/x.gguf: its folder"), "{stderr}");
+    assert!(stderr.trim_end().ends_with("missing does not exist"), "{stderr}");
     // A Hugging Face folder whose tokenizer.json is not a BPE that qdrift converts to GGUF's
     // vocabulary: one line naming the file and the field.
     let hf = tmp.path().join("hf");

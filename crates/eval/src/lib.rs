@@ -94,7 +94,7 @@ pub use config::{DEFAULT_EVAL_SET_RULE, EvalConfig, Shard, default_eval_set};
 pub use error::EvalError;
 pub use evalset::{EvalPrompt, EvalSet, built_in_names};
 pub use identity::{report_name, sha256_file, sha256_hex};
-pub use output::OutputDir;
+pub use output::{OutputDir, path_check};
 pub use plan::MAX_RESAMPLES;
 pub use run::{Evaluated, evaluate, evaluate_any};
 pub use shard::{Part, merge};

@@ -3,7 +3,8 @@
 //!
 //! [`OutputDir::prepare`] runs before anything is loaded. It takes an exclusive lock
 //! (`PARENT/.NAME.qdrift-lock`, an OS file lock: released when the process ends, so a crashed run
-//! never blocks the next) and creates an empty staging folder beside `--out`,
+//! never blocks the next; the file holds the holder's process id, which names the other run when
+//! the lock is held, and names the crashed run whose leftovers are removed when it is not) and creates an empty staging folder beside `--out`,
 //! `PARENT/.NAME.qdrift-new-PID-RANDOM` ([`qdrift_io::unique_sibling`]), which both proves the
 //! parent writable and is where the reports are written.
 //! [`OutputDir::commit`] moves them into place:
@@ -27,9 +28,41 @@ use std::ffi::OsString;
 use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 
-use qdrift_io::unique_sibling;
+use qdrift_io::{PathCheck, unique_sibling};
 
+use crate::config::EvalConfig;
 use crate::error::EvalError;
+use crate::variant::VariantSpec;
+
+/// The inputs and outputs of `cfg` for the output rule ([`PathCheck`]): the model, tokenizer,
+/// eval set, checkpoint variants, saved reference and thresholds are inputs; the saved reference
+/// to write (a folder replaced whole) and the log-probability dump are outputs. The CLI adds
+/// `--out` and `--junit`; [`crate::evaluate_any`] checks it as it is, before anything is loaded.
+pub fn path_check(cfg: &EvalConfig) -> PathCheck {
+    let mut check = PathCheck::new().input("--model", &cfg.model);
+    let inputs =
+        [("--tokenizer", &cfg.tokenizer), ("--eval-set", &cfg.eval_set), ("--reference", &cfg.reference_store)];
+    for (flag, path) in inputs {
+        if let Some(p) = path {
+            check = check.input(flag, p);
+        }
+    }
+    for v in &cfg.variants {
+        if let VariantSpec::Checkpoint(p) = v {
+            check = check.input("--variant", p);
+        }
+    }
+    if let Some((p, _)) = &cfg.gate {
+        check = check.input("--gate", p);
+    }
+    if let Some(p) = &cfg.save_reference {
+        check = check.output_folder("--save-reference", p, true);
+    }
+    if let Some(p) = &cfg.dump_logprobs {
+        check = check.output_file("--dump-logprobs", p);
+    }
+    check
+}
 
 /// The files every report run writes into `--out`.
 const REPORT_FILES: [&str; 3] = ["report.json", "report.md", "report.html"];
@@ -45,6 +78,8 @@ pub struct OutputDir {
     staging: PathBuf,
     /// The held lock; its file is removed on drop.
     lock: Option<(File, PathBuf)>,
+    /// The process id a crashed run left in the lock file.
+    recovered: Option<u32>,
 }
 
 impl OutputDir {
@@ -70,12 +105,13 @@ impl OutputDir {
             n.push(suffix);
             parent.join(n)
         };
-        let lock = take_lock(&sibling(".qdrift-lock")).map_err(fail)?;
+        let (file, lock_path, recovered) = take_lock(&sibling(".qdrift-lock")).map_err(fail)?;
         let dir = OutputDir {
             given: out.to_path_buf(),
             out: abs.clone(),
             staging: unique_sibling(&abs, "new"),
-            lock: Some(lock),
+            lock: Some((file, lock_path)),
+            recovered,
         };
         // We hold the lock: any staging or old folder of this name is a crashed run's.
         remove_stale(parent, name);
@@ -86,9 +122,21 @@ impl OutputDir {
         Ok(dir)
     }
 
+    /// The id of a previous run that ended without removing its lock (killed or aborted), whose
+    /// leftovers beside `--out` were removed when this run took the lock.
+    pub fn recovered(&self) -> Option<u32> {
+        self.recovered
+    }
+
     /// The staging folder: write the reports here.
     pub fn staging(&self) -> &Path {
         &self.staging
+    }
+
+    /// `message` with the staging folder's path replaced by `--out` as the user gave it, so that
+    /// an error while writing the reports names `OUT/report.html`, not a hidden staging name.
+    pub fn user_paths(&self, message: &str) -> String {
+        message.replace(&*self.staging.to_string_lossy(), &self.given.to_string_lossy())
     }
 
     /// Where `path` goes while staged, when it lies inside `--out` (`OUT/x.xml` →
@@ -144,11 +192,13 @@ impl Drop for OutputDir {
     }
 }
 
-/// Takes the exclusive lock at `path`. A run that removes its lock file does so while holding
-/// it, so a lock taken on a file that is no longer at `path` is retried on the new file.
-fn take_lock(path: &Path) -> Result<(File, PathBuf), String> {
+/// Takes the exclusive lock at `path` and writes this process's id into it; returns the lock and
+/// the id a previous holder left there (a run that ended without removing its lock: killed, or
+/// aborted). A run that removes its lock file does so while holding it, so a lock taken on a
+/// file that is no longer at `path` is retried on the new file.
+fn take_lock(path: &Path) -> Result<(File, PathBuf, Option<u32>), String> {
     for _ in 0..8 {
-        let file = File::options()
+        let mut file = File::options()
             .read(true)
             .write(true)
             .create(true)
@@ -158,19 +208,40 @@ fn take_lock(path: &Path) -> Result<(File, PathBuf), String> {
         match file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
+                let holder = lock_holder(&mut file).map_or_else(String::new, |pid| format!(" (process {pid})"));
                 return Err(format!(
-                    "another qdrift eval is writing this folder (it holds {}); wait for it to finish or choose \
-                     another --out",
+                    "another qdrift run{holder} is writing this folder (it holds {}); wait for it to finish or \
+                     choose another --out",
                     path.display()
                 ));
             }
             Err(TryLockError::Error(e)) => return Err(format!("cannot lock {}: {e}", path.display())),
         }
         if same_file(&file, path) {
-            return Ok((file, path.to_path_buf()));
+            // The OS lock was free, so whoever wrote an id here has ended.
+            let stale = lock_holder(&mut file).filter(|&pid| pid != std::process::id());
+            write_holder(&mut file).map_err(|e| format!("cannot write the lock file {}: {e}", path.display()))?;
+            return Ok((file, path.to_path_buf(), stale));
         }
     }
     Err(format!("cannot lock {}: it keeps being replaced", path.display()))
+}
+
+/// The process id written in a lock file, if it holds one (at most 32 bytes are read).
+fn lock_holder(file: &mut File) -> Option<u32> {
+    use std::io::{Read, Seek};
+    let mut text = String::new();
+    file.seek(std::io::SeekFrom::Start(0)).ok()?;
+    file.take(32).read_to_string(&mut text).ok()?;
+    text.trim().parse().ok()
+}
+
+/// Replaces a lock file's contents by this process's id.
+fn write_holder(file: &mut File) -> std::io::Result<()> {
+    use std::io::{Seek, Write};
+    file.set_len(0)?;
+    file.seek(std::io::SeekFrom::Start(0))?;
+    writeln!(file, "{}", std::process::id())
 }
 
 /// Whether `path` still names the open `file` (not a file created after it was removed).
@@ -267,6 +338,8 @@ mod tests {
         let out = root.path().join("out");
         let dir = OutputDir::prepare(&out).unwrap();
         std::fs::write(dir.staging().join("report.json"), b"new").unwrap();
+        let staged = format!("{}: cannot write: disk full", dir.staging().join("report.html").display());
+        assert_eq!(dir.user_paths(&staged), format!("{}: cannot write: disk full", out.join("report.html").display()));
         drop(dir);
         assert_eq!(names(root.path()), Vec::<String>::new());
 
@@ -302,8 +375,23 @@ mod tests {
         let out = root.path().join("out");
         let first = OutputDir::prepare(&out).unwrap();
         let e = OutputDir::prepare(&out).unwrap_err().to_string();
-        assert!(e.contains("another qdrift eval is writing this folder"), "{e}");
+        let me = std::process::id();
+        assert!(e.contains(&format!("another qdrift run (process {me}) is writing this folder")), "{e}");
         drop(first);
         assert!(OutputDir::prepare(&out).is_ok());
+    }
+
+    #[test]
+    fn a_crashed_runs_lock_and_staging_are_recovered_and_named() {
+        let root = tempfile::tempdir().unwrap();
+        let out = root.path().join("out");
+        // What an aborted run leaves: its lock file with its id, and its staging folder.
+        std::fs::write(root.path().join(".out.qdrift-lock"), b"4242\n").unwrap();
+        std::fs::create_dir(root.path().join(".out.qdrift-new-4242-00000000deadbeef")).unwrap();
+        let dir = OutputDir::prepare(&out).unwrap();
+        assert_eq!(dir.recovered(), Some(4242));
+        std::fs::write(dir.staging().join("report.json"), b"new").unwrap();
+        dir.commit().unwrap();
+        assert_eq!(names(root.path()), vec!["out"]);
     }
 }

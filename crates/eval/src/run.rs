@@ -38,6 +38,7 @@ use crate::variant::{BuiltVariant, ReferenceIdentity, VariantSpec, VariantWeight
 /// shard, the part [`crate::merge`] assembles it from).
 pub fn evaluate_any(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send)) -> Result<Evaluated, EvalError> {
     let horizons = check_options(cfg)?;
+    crate::output::path_check(cfg).check()?;
     if let Some((path, thresholds)) = &cfg.gate {
         check_thresholds(cfg, &horizons, thresholds)
             .map_err(|source| EvalError::Gate { path: path.clone(), source })?;

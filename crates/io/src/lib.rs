@@ -12,11 +12,21 @@
 //!   qdrift did not create is never truncated or deleted), flushed to disk, then renamed over the
 //!   target. A write that fails, or an [`AtomicFile`] dropped before [`AtomicFile::commit`],
 //!   removes its temporary file.
+//!   The target is replaced only when it is a regular file (or absent): a device, a named pipe, a
+//!   socket or a folder at the path is refused when the write starts and again before the
+//!   rename; a symbolic link to a regular file is followed, so the file it names is replaced and
+//!   the link kept.
 //! - **Staging names** ([`unique_sibling`]): the same unique naming for staging folders that are
 //!   renamed into place as a whole.
+//! - **The output rule** ([`PathCheck`], `paths.rs`): before any work, a command's outputs are
+//!   checked against their targets' types, its inputs (device and inode) and each other.
 //!
 //! **Invariants: no qdrift crate reads a file it is handed or writes a file it makes except
 //! through this crate; this crate depends on no other qdrift crate.**
+
+mod paths;
+
+pub use paths::PathCheck;
 
 use std::fs::{File, FileType};
 use std::io::{BufWriter, Read, Write};
@@ -67,6 +77,17 @@ pub enum IoError {
         /// The bytes read.
         read: u64,
     },
+    /// An output path breaks the output rule ([`PathCheck`]): it is a device, a pipe or a
+    /// folder where a file is written, it is an input, or another output has it.
+    #[error("{flag} {path}: {problem}")]
+    Output {
+        /// The flag (or argument) that named it.
+        flag: String,
+        /// The path as given.
+        path: PathBuf,
+        /// What is wrong, in words.
+        problem: String,
+    },
     /// The file could not be written (or its temporary file created, flushed or renamed).
     #[error("{path}: cannot write: {source}")]
     Write {
@@ -85,6 +106,7 @@ impl IoError {
             | IoError::NotAFile { path, .. }
             | IoError::TooLarge { path, .. }
             | IoError::Changed { path, .. }
+            | IoError::Output { path, .. }
             | IoError::Write { path, .. } => path,
         }
     }
@@ -202,24 +224,32 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
 /// [`unique_sibling`], created exclusively), [`AtomicFile::commit`] flushes it to disk and renames
 /// it over `path`. Dropped without a commit, the temporary file is removed.
 pub struct AtomicFile {
+    /// The target as given (for messages).
     path: PathBuf,
+    /// The file replaced: `path`, or the regular file a link at `path` names.
+    target: PathBuf,
     temp: PathBuf,
     out: Option<BufWriter<File>>,
 }
 
 impl AtomicFile {
-    /// Creates the temporary file for `path`.
+    /// Creates the temporary file for `path` (for a symbolic link to a regular file, for the
+    /// file it names). An existing target that is not a regular file is refused.
     pub fn create(path: &Path) -> Result<Self, IoError> {
         let write = |source| IoError::Write { path: path.to_path_buf(), source };
         if path.file_name().is_none() {
             return Err(write(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name")));
         }
+        let target = resolve_link(path);
+        replaceable(&target).map_err(write)?;
         // A clash with another writer's name is astronomically unlikely; retry a few times anyway.
         let mut last = None;
         for _ in 0..8 {
-            let temp = unique_sibling(path, "tmp");
+            let temp = unique_sibling(&target, "tmp");
             match std::fs::OpenOptions::new().write(true).create_new(true).open(&temp) {
-                Ok(file) => return Ok(AtomicFile { path: path.to_path_buf(), temp, out: Some(BufWriter::new(file)) }),
+                Ok(file) => {
+                    return Ok(AtomicFile { path: path.to_path_buf(), target, temp, out: Some(BufWriter::new(file)) });
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
                 Err(e) => return Err(write(e)),
             }
@@ -246,10 +276,33 @@ impl AtomicFile {
         let file = out.into_inner().map_err(|e| write(e.into_error()))?;
         file.sync_all().map_err(write)?;
         drop(file);
-        std::fs::rename(&self.temp, &self.path).map_err(write)?;
+        // The target may have been replaced by something else while the file was written.
+        replaceable(&self.target).map_err(write)?;
+        std::fs::rename(&self.temp, &self.target).map_err(write)?;
         // Renamed: nothing left for Drop to remove.
         self.temp = PathBuf::new();
         Ok(())
+    }
+}
+
+/// `path`, or, when it is a symbolic link that resolves, the path it resolves to (so that the
+/// file a link names is replaced, not the link).
+fn resolve_link(path: &Path) -> PathBuf {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()),
+        _ => path.to_path_buf(),
+    }
+}
+
+/// Errors unless `target` is absent or a regular file: qdrift never replaces a device, a named
+/// pipe, a socket or a folder.
+fn replaceable(target: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(target) {
+        Ok(m) if !m.is_file() && !m.file_type().is_symlink() => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("it is {}; qdrift writes over regular files only", file_kind(m.file_type())),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -340,6 +393,31 @@ mod tests {
         assert_eq!(bytes.len(), 4096);
         assert!(bytes.iter().all(|&b| b == bytes[0]), "a torn write");
         assert_eq!(names(dir.path()), ["same.gguf"]);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_special_file_is_never_replaced_and_a_link_is_followed() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pipe");
+        if std::process::Command::new("mkfifo").arg(&fifo).status().is_ok_and(|s| s.success()) {
+            let e = write_atomic(&fifo, b"x").unwrap_err().to_string();
+            assert!(
+                e.ends_with("pipe: cannot write: it is a named pipe (FIFO); qdrift writes over regular files only"),
+                "{e}"
+            );
+            assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+        }
+        let e = write_atomic(dir.path(), b"x").unwrap_err().to_string();
+        assert!(e.contains("it is a folder"), "{e}");
+        let real = dir.path().join("real.json");
+        std::fs::write(&real, b"old").unwrap();
+        let link = dir.path().join("link.json");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        write_atomic(&link, b"new").unwrap();
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read(&real).unwrap(), b"new");
     }
 
     #[test]

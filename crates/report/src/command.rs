@@ -26,6 +26,19 @@ pub struct GateRun {
 /// written atomically, also when the input is unusable (then it holds one error test case), so
 /// a CI job never reads a stale file.
 pub fn run_gate(report_path: &Path, thresholds_path: &Path, junit: Option<&Path>) -> GateRun {
+    // The output rule first: a JUnit path that is the report, the thresholds or a device is
+    // refused before anything is read or written.
+    let mut paths = qdrift_io::PathCheck::new().input("--report", report_path).input("--thresholds", thresholds_path);
+    if let Some(j) = junit {
+        paths = paths.output_file("--junit", j);
+    }
+    if let Err(e) = paths.check() {
+        return GateRun {
+            exit_code: 2,
+            stdout: String::new(),
+            stderr: format!("qdrift gate: {}\n", plain(&e.to_string())),
+        };
+    }
     let outcome = Report::read(report_path)
         .map_err(GateError::from)
         .and_then(|report| Thresholds::read(thresholds_path).and_then(|t| gate(&report, &t)));

@@ -426,12 +426,16 @@ fn run_gate_on_unusable_input_writes_a_junit_error() {
             known: vec!["noise-floor-f32".into(), "int8".into(), "int4-g128".into()],
         })
     );
-    // An unwritable JUnit path makes an otherwise passing gate unusable.
+    // An unwritable JUnit path makes an otherwise passing gate unusable, before it runs (the
+    // output rule: every output is checked first).
     std::fs::write(&thresholds, "[variant.int8]\n\"kld@10\" = { max = 1 }\n").unwrap();
     let run = run_gate(&report, &thresholds, Some(Path::new("/nonexistent-qdrift-dir/junit.xml")));
     assert_eq!(run.exit_code, 2);
-    assert!(run.stdout.starts_with("PASS "), "{}", run.stdout);
-    assert!(run.stderr.contains("JUnit"), "{}", run.stderr);
+    assert_eq!(run.stdout, "");
+    assert_eq!(
+        run.stderr,
+        "qdrift gate: --junit /nonexistent-qdrift-dir/junit.xml: its folder /nonexistent-qdrift-dir does not exist\n"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
