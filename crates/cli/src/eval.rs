@@ -150,9 +150,13 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     let report = match evaluate_with_progress(&cfg, &clock)? {
         Evaluated::Report(report) => report,
         Evaluated::Part(part) => {
-            part.write(output.staging())?;
+            lock(&clock).enter("write the part");
+            part.write_as(output.staging(), &args.out)?;
             output.commit()?;
             println!("part {}: {} (merge all parts with `qdrift merge`)", part.shard(), args.out.display());
+            if args.phase_times {
+                eprint!("{}", lock(&clock).finish());
+            }
             return Ok(None);
         }
     };

@@ -131,6 +131,39 @@ impl std::str::FromStr for Shard {
     }
 }
 
+/// Most shards a run can have: every shard needs a batch, every batch a prompt, and an eval set
+/// holds at most one prompt per 16 bytes of its [`qdrift_report::EVAL_SET_CAP`] (a JSONL line
+/// with an `id` and a `prompt` takes more). A larger `--shard` count is refused before anything
+/// is loaded.
+pub const MAX_SHARDS: usize = (qdrift_report::EVAL_SET_CAP / 16) as usize;
+
+impl Shard {
+    /// The indices, in the whole list of `prompts`, of this shard's prompts: the list is cut into
+    /// batches of `batch_size` (the last may be shorter) and the shard takes every `count`-th
+    /// batch from its `index`. The one definition of a shard's prompts: the run selects them with
+    /// it and `merge` checks a part's indices against it.
+    pub fn prompt_indices(self, prompts: usize, batch_size: usize) -> impl Iterator<Item = usize> {
+        let batch_size = batch_size.max(1);
+        (0..prompts).filter(move |i| (i / batch_size).checked_rem(self.count) == Some(self.index))
+    }
+
+    /// Refuses a shard of a run of `batches` batches that some shard would get none of (or an
+    /// index not below the count), so that every part written can be merged.
+    pub fn check(self, batches: usize, batch_size: usize) -> Result<(), String> {
+        if self.count == 0 || self.index >= self.count {
+            return Err(format!("{self}: expected INDEX/COUNT with 0 ≤ INDEX < COUNT"));
+        }
+        if self.count > batches {
+            return Err(format!(
+                "{self}: the run has {batches} batches of up to {batch_size} prompts, so {} of the {} shards would be empty; use at most {batches} shards",
+                self.count - batches,
+                self.count
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl std::fmt::Display for Shard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.index, self.count)

@@ -97,6 +97,10 @@ pub use identity::{report_name, sha256_file, sha256_hex};
 pub use output::OutputDir;
 pub use plan::MAX_RESAMPLES;
 pub use run::{Evaluated, evaluate, evaluate_any};
-pub use shard::{Part, merge};
+pub use shard::{PART_FORMAT, Part, merge};
+pub use store::{STORE_FORMAT, StoreKey, StoreModel, verify_store};
+/// The seal of a store's or part's data file (for the fuzzer, which edits both files).
+#[doc(hidden)]
+pub use container::seal;
 pub use types::{Progress, REFERENCE_NAME, RunContext, VariantHeader, dtype_name};
 pub use variant::VariantSpec;

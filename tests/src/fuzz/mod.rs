@@ -18,6 +18,7 @@ mod formats;
 pub mod mutate;
 pub mod panics;
 pub mod runner;
+mod sealed;
 mod targets;
 
 use std::path::{Path, PathBuf};
