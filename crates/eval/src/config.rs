@@ -185,3 +185,28 @@ pub fn default_eval_set(loaded: &LoadedModel) -> &'static str {
         "english"
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shard takes every COUNT-th batch from its index; every prompt is in exactly one shard.
+    #[test]
+    fn a_shards_prompts_are_its_batches() {
+        let indices = |index, count| Shard { index, count }.prompt_indices(7, 2).collect::<Vec<_>>();
+        assert_eq!(indices(0, 3), [0, 1, 6]);
+        assert_eq!(indices(1, 3), [2, 3]);
+        assert_eq!(indices(2, 3), [4, 5]);
+        assert_eq!(indices(0, 0), Vec::<usize>::new(), "a zero count selects nothing rather than dividing by 0");
+    }
+
+    #[test]
+    fn a_shard_count_beyond_the_batches_is_refused() {
+        assert!(Shard { index: 3, count: 4 }.check(4, 2).is_ok());
+        let e = Shard { index: 0, count: 5 }.check(2, 8).expect_err("empty shards");
+        assert_eq!(e, "0/5: the run has 2 batches of up to 8 prompts, so 3 of the 5 shards would be empty; use at most 2 shards");
+        assert!(Shard { index: 2, count: 2 }.check(4, 2).is_err());
+        assert!(Shard { index: 0, count: 0 }.check(4, 2).is_err());
+        assert!("0/0".parse::<Shard>().is_err() && "1/99999999999".parse::<Shard>().is_ok());
+    }
+}

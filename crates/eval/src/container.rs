@@ -432,6 +432,91 @@ mod tests {
         assert_eq!(e, "manifest.json: the store manifest is a named pipe (FIFO), not a regular file");
     }
 
+    /// The seal covers every byte of the JSON and of the data: an edit of either alone is
+    /// refused, and so is a seal recomputed for another format.
+    #[test]
+    fn an_edit_of_either_file_breaks_the_seal() {
+        let (json, data) = (br#"{"shard": {"index": 0, "count": 2}}"#.to_vec(), vec![1u8, 2, 3, 4]);
+        let mut file = data.clone();
+        file.extend_from_slice(&seal("qdrift-part", &json, &data));
+        let names = ("part.json", "traces.bin");
+        assert_eq!(unseal("qdrift-part", &json, &file, names).expect("sealed"), &data[..]);
+        let edited = String::from_utf8(json.clone()).expect("utf-8").replace("\"index\": 0", "\"index\": 1");
+        let e = unseal("qdrift-part", edited.as_bytes(), &file, names).expect_err("edited JSON");
+        assert!(e.contains("part.json and traces.bin do not match their checksum"), "{e}");
+        let mut flipped = file.clone();
+        flipped[1] ^= 1;
+        assert!(unseal("qdrift-part", &json, &flipped, names).is_err());
+        assert!(unseal("qdrift-reference", &json, &file, names).is_err());
+        assert!(unseal("qdrift-part", &json, &file[..10], names).expect_err("short").contains("too short"));
+    }
+
+    #[test]
+    fn an_old_version_or_another_format_is_refused_saying_what_to_do() {
+        let check = |json: &str| check_format(json.as_bytes(), "part.json", ("qdrift-part", 2), "run it again");
+        assert!(check(r#"{"format": "qdrift-part", "version": 2, "other": 1}"#).is_ok());
+        let e = check(r#"{"format": "qdrift-part", "version": 1}"#).expect_err("old");
+        assert_eq!(e, "part.json is qdrift-part version 1, which this qdrift does not read (it reads version 2): run it again");
+        let e = check(r#"{"format": "qdrift-reference", "version": 2}"#).expect_err("other format");
+        assert!(e.contains("is a qdrift-reference file, not a qdrift-part one"), "{e}");
+        assert!(check("[1]").expect_err("not a part").starts_with("part.json is not a qdrift-part file"));
+    }
+
+    fn section(name: &str, shape: Vec<usize>, offset: u64, bytes: u64) -> Section {
+        Section { name: name.into(), dtype: "u8".into(), shape, offset, bytes }
+    }
+
+    /// Sections lie back to back from the start to the end of the data, each name once, and
+    /// sizes that overflow are refused rather than wrapped.
+    #[test]
+    fn sections_must_tile_the_data_in_order() {
+        let data = [0u8; 6];
+        let ok = [section("a", vec![2], 0, 2), section("b", vec![2, 2], 2, 4)];
+        assert_eq!(Sections::new(&ok, &data).expect("tiles").count(), 2);
+        let gap = [section("a", vec![2], 0, 2), section("b", vec![2], 4, 2)];
+        let err = |sections: &[Section]| Sections::new(sections, &data).map(|_| ()).expect_err("refused");
+        assert!(err(&gap).contains("section b"));
+        let short = [section("a", vec![2], 0, 2)];
+        assert!(err(&short).contains("end at byte 2"));
+        let twice = [section("a", vec![3], 0, 3), section("a", vec![3], 3, 3)];
+        assert!(err(&twice).contains("twice"));
+        let huge = [section("a", vec![usize::MAX, 2], 0, 6)];
+        assert!(Sections::new(&huge, &data).is_err());
+        let wraps = [section("a", vec![2], u64::MAX, 2)];
+        assert!(Sections::new(&wraps, &data).is_err());
+    }
+
+    fn trace(kld: f32, token: u32) -> Trace {
+        let mut t = Trace::new(vec![1, 2], vec![1, token]);
+        t.kld = vec![0.0, kld];
+        t
+    }
+
+    /// A value no run writes is refused naming the section, prompt and position.
+    #[test]
+    fn trace_values_outside_their_range_are_refused() {
+        let reference = [vec![1, 2], vec![1, 2]];
+        assert!(check_traces("v1", &[trace(0.0, 2), trace(-1e-6, 2)], 2, 10, &reference).is_ok());
+        let e = check_traces("v1", &[trace(0.0, 2), trace(f32::NAN, 2)], 2, 10, &reference).expect_err("NaN");
+        assert_eq!(e, "section v1/kld: prompt 2 position 1 is NaN, not finite and ≥ 0");
+        let e = check_traces("v1", &[trace(-0.5, 2)], 2, 10, &reference).expect_err("negative");
+        assert!(e.contains("-0.5"), "{e}");
+        let e = check_traces("v1", &[trace(0.0, 2), trace(0.0, 10)], 2, 10, &reference).expect_err("token");
+        assert_eq!(e, "section v1/var_tokens: prompt 2 position 1 is token 10, beyond the vocabulary of 10");
+        let e = check_traces("v1", &[trace(0.0, 2)], 2, 10, &[vec![1, 3]]).expect_err("another continuation");
+        assert!(e.contains("not the reference's continuation"), "{e}");
+        let mut logp = trace(0.0, 2);
+        logp.logp_var[0] = 0.5;
+        assert!(check_traces("v1", &[logp], 2, 10, &reference).expect_err("logp").contains("logp_var"));
+    }
+
+    #[test]
+    fn long_strings_from_a_file_are_elided() {
+        assert_eq!(elide("short"), "short");
+        let long = "x".repeat(40) + &"y".repeat(100) + &"z".repeat(40);
+        assert_eq!(elide(&long), format!("{}…{}", "x".repeat(40), "z".repeat(40)));
+    }
+
     #[test]
     fn a_file_over_its_cap_is_refused_by_name() {
         let dir = tempfile::tempdir().expect("temp dir");

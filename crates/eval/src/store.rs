@@ -499,3 +499,57 @@ pub(crate) fn hidden_bytes(hidden: &Tensor<3>, dtype: DType) -> Result<([usize; 
 pub(crate) fn hidden_tensor(shape: [usize; 3], bytes: Vec<u8>, dtype: DType, device: &Device) -> Tensor<3> {
     Tensor::from_data(TensorData::from_bytes_vec(bytes, shape, dtype), (device, dtype))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(batch_size: usize, chunk: usize) -> StoreKey {
+        StoreKey {
+            model_sha256: String::new(),
+            tokenizer_sha256: String::new(),
+            eval_set_sha256: String::new(),
+            prompts: vec!["a".into(); 5],
+            prompt_tokens_sha256: String::new(),
+            dtype: "f16".into(),
+            horizons: vec![5, 20],
+            backend: "cpu".into(),
+            batch_size,
+            chunk,
+            kl: "exact".into(),
+            quantize_embeddings: false,
+            quantize_head: false,
+            qdrift_version: String::new(),
+        }
+    }
+
+    /// The hidden-state chunks a store must hold: per batch, position 0 alone, then `chunk`
+    /// positions at a time (as teacher forcing cuts them).
+    #[test]
+    fn the_hidden_state_grid_is_the_runs_batches_and_chunks() {
+        let grid = hidden_grid(&key(2, 8), 5, 20);
+        let first: Vec<_> = grid.iter().filter(|((p, _), _)| *p == 0).copied().collect();
+        assert_eq!(first, [((0, 0), (2, 1)), ((0, 1), (2, 8)), ((0, 9), (2, 8)), ((0, 17), (2, 3))]);
+        assert_eq!(grid.iter().filter(|((p, _), _)| *p == 4).map(|(_, (rows, _))| *rows).max(), Some(1));
+        assert_eq!(grid.len(), 12);
+        assert!(hidden_grid(&key(2, 8), 5, 0).is_empty());
+    }
+
+    #[test]
+    fn non_finite_hidden_states_are_found_in_both_dtypes() {
+        let f16 = |bits: u16| bits.to_le_bytes().to_vec();
+        assert!(hidden_finite(&f16(0x3c00), true));
+        assert!(!hidden_finite(&f16(0x7c00), true) && !hidden_finite(&f16(0x7e00), true));
+        assert!(hidden_finite(&1.5f32.to_le_bytes(), false));
+        assert!(!hidden_finite(&f32::NAN.to_le_bytes(), false));
+    }
+
+    #[test]
+    fn a_store_key_mismatch_names_the_field_and_elides_long_values() {
+        let mut other = key(2, 8);
+        other.prompts = vec!["p".repeat(500)];
+        let (field, _, now) = key(2, 8).mismatch(&other).expect("differs");
+        assert_eq!(field, "prompts");
+        assert!(now.chars().count() <= 81 && now.contains('…'), "{now}");
+    }
+}

@@ -263,6 +263,30 @@ impl Target for StoreTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fuzz::Workspace;
+
+    /// Most mutations get past the seal (the mutator recomputes it) to the checks behind it, and
+    /// some are still accepted: otherwise the fuzzer would only ever test the checksum.
+    #[test]
+    fn mutations_get_past_the_seal_to_the_range_checks() {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        for target in [&PartTarget as &dyn Target, &StoreTarget] {
+            let ws = Workspace::new(target, &tmp.path().join(target.name())).expect("prepares");
+            let mut rng = Rng::new(5);
+            let (mut sealed, mut accepted, mut past) = (0, 0, 0);
+            for _ in 0..300 {
+                let seed = rng.pick(&ws.seeds);
+                let input = target.mutate(&mut rng, seed, &ws.seeds);
+                match ws.exec(target, &input).expect("no panic") {
+                    Outcome::Accepted => accepted += 1,
+                    Outcome::Refused(e) if e.contains("checksum") => sealed += 1,
+                    Outcome::Refused(_) => past += 1,
+                }
+            }
+            println!("{}: {accepted} accepted, {past} refused past the seal, {sealed} by the seal", target.name());
+            assert!(past > 150 && accepted > 0 && sealed > 0, "{}", target.name());
+        }
+    }
 
     #[test]
     fn a_bundle_splits_back_into_its_files_and_a_bad_length_takes_all_as_json() {
