@@ -15,8 +15,20 @@ use serde_json::Value;
 use crate::{USER, fifo, names, qdrift_command, refused, stories};
 
 /// The workload of every run here: 5 prompts in batches of 2 (3 batches), horizons 5 and 20.
-const COMMON: [&str; 12] =
-    ["--prompts", "5", "--horizons", "5,20", "--batch-size", "2", "--schemes", "int8", "--resamples", "100", "--backend", "cpu"];
+const COMMON: [&str; 12] = [
+    "--prompts",
+    "5",
+    "--horizons",
+    "5,20",
+    "--batch-size",
+    "2",
+    "--schemes",
+    "int8",
+    "--resamples",
+    "100",
+    "--backend",
+    "cpu",
+];
 
 /// `qdrift eval` on stories260K with [`COMMON`] and `extra`, writing to `out`.
 fn eval(out: &Path, extra: &[&str]) -> Command {
@@ -175,18 +187,28 @@ fn a_resealed_store_with_an_overflowing_section_or_a_nan_kl_is_refused_naming_fi
     run(&overflow, &["reference.bin", "hidden/2/1", "missing"]);
     for (name, value, needle) in [("nan", f32::NAN, "is NaN"), ("negative", -0.5, "is -0.5")] {
         let forged = copy(&s, &root.path().join(name));
-        forge(&forged, STORE, |_| {}, |j, data| {
-            let at = offset(j, "noise_floor/kld") + 4 * 7;
-            data[at..at + 4].copy_from_slice(&value.to_le_bytes());
-        });
+        forge(
+            &forged,
+            STORE,
+            |_| {},
+            |j, data| {
+                let at = offset(j, "noise_floor/kld") + 4 * 7;
+                data[at..at + 4].copy_from_slice(&value.to_le_bytes());
+            },
+        );
         run(&forged, &["reference.bin", "noise_floor/kld", "prompt 1 position 7", needle]);
     }
     // A token past the vocabulary of 512 in the stored continuations.
     let token = copy(&s, &root.path().join("token"));
-    forge(&token, STORE, |_| {}, |j, data| {
-        let at = offset(j, "tokens") + 4 * 21;
-        data[at..at + 4].copy_from_slice(&600u32.to_le_bytes());
-    });
+    forge(
+        &token,
+        STORE,
+        |_| {},
+        |j, data| {
+            let at = offset(j, "tokens") + 4 * 21;
+            data[at..at + 4].copy_from_slice(&600u32.to_le_bytes());
+        },
+    );
     run(&token, &["reference.bin", "section tokens", "prompt 2 position 1", "600", "vocabulary of 512"]);
 }
 

@@ -204,7 +204,10 @@ mod tests {
     fn a_shard_count_beyond_the_batches_is_refused() {
         assert!(Shard { index: 3, count: 4 }.check(4, 2).is_ok());
         let e = Shard { index: 0, count: 5 }.check(2, 8).expect_err("empty shards");
-        assert_eq!(e, "0/5: the run has 2 batches of up to 8 prompts, so 3 of the 5 shards would be empty; use at most 2 shards");
+        assert_eq!(
+            e,
+            "0/5: the run has 2 batches of up to 8 prompts, so 3 of the 5 shards would be empty; use at most 2 shards"
+        );
         assert!(Shard { index: 2, count: 2 }.check(4, 2).is_err());
         assert!(Shard { index: 0, count: 0 }.check(4, 2).is_err());
         assert!("0/0".parse::<Shard>().is_err() && "1/99999999999".parse::<Shard>().is_ok());

@@ -24,7 +24,7 @@ pub(crate) const SEAL_BYTES: u64 = 32;
 
 /// The seal of a container of kind `format` (`qdrift-part`, `qdrift-reference`): SHA-256 over the
 /// format name, the JSON file's length (u64 little-endian) and bytes, then the data before the
-/// seal. Written as the data file's last [`SEAL_BYTES`] bytes.
+/// seal. Written as the data file's last 32 bytes.
 pub fn seal(format: &str, json: &[u8], data: &[u8]) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(format.as_bytes());
@@ -37,12 +37,7 @@ pub fn seal(format: &str, json: &[u8], data: &[u8]) -> [u8; 32] {
 
 /// Splits a data file read back into its data and checks its seal against `json` (the JSON
 /// file's bytes as read): `json_name` and `data_name` name the two files in the message.
-pub(crate) fn unseal<'a>(
-    format: &str,
-    json: &[u8],
-    file: &'a [u8],
-    names: (&str, &str),
-) -> Result<&'a [u8], String> {
+pub(crate) fn unseal<'a>(format: &str, json: &[u8], file: &'a [u8], names: (&str, &str)) -> Result<&'a [u8], String> {
     let (json_name, data_name) = names;
     let split = file.len().checked_sub(SEAL_BYTES as usize);
     let Some((data, digest)) = split.map(|at| file.split_at(at)) else {
@@ -281,10 +276,7 @@ pub(crate) fn check_traces(
             return Err(format!("{prefix}: prompt {} does not hold {h} positions", i + 1));
         }
         if reference.get(i) != Some(&t.ref_tokens) {
-            return Err(format!(
-                "section {prefix}/ref_tokens: prompt {} is not the reference's continuation",
-                i + 1
-            ));
+            return Err(format!("section {prefix}/ref_tokens: prompt {} is not the reference's continuation", i + 1));
         }
         for (name, tokens) in [("ref_tokens", &t.ref_tokens), ("var_tokens", &t.var_tokens)] {
             check_tokens(&format!("{prefix}/{name}"), tokens, h, vocab).map_err(|e| at_prompt(e, i))?;
@@ -337,7 +329,8 @@ impl<'a> Sections<'a> {
         let mut at = 0u64;
         for s in sections {
             let name = elide(&s.name);
-            let size = element_bytes(&s.dtype).ok_or_else(|| format!("section {name}: unknown type {}", elide(&s.dtype)))?;
+            let size =
+                element_bytes(&s.dtype).ok_or_else(|| format!("section {name}: unknown type {}", elide(&s.dtype)))?;
             let count = s.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
             let end = s.offset.checked_add(s.bytes);
             match (count.and_then(|c| c.checked_mul(size)), end) {
@@ -456,7 +449,10 @@ mod tests {
         let check = |json: &str| check_format(json.as_bytes(), "part.json", ("qdrift-part", 2), "run it again");
         assert!(check(r#"{"format": "qdrift-part", "version": 2, "other": 1}"#).is_ok());
         let e = check(r#"{"format": "qdrift-part", "version": 1}"#).expect_err("old");
-        assert_eq!(e, "part.json is qdrift-part version 1, which this qdrift does not read (it reads version 2): run it again");
+        assert_eq!(
+            e,
+            "part.json is qdrift-part version 1, which this qdrift does not read (it reads version 2): run it again"
+        );
         let e = check(r#"{"format": "qdrift-reference", "version": 2}"#).expect_err("other format");
         assert!(e.contains("is a qdrift-reference file, not a qdrift-part one"), "{e}");
         assert!(check("[1]").expect_err("not a part").starts_with("part.json is not a qdrift-part file"));

@@ -165,9 +165,8 @@ fn check_shard_count(shard: Shard, prompts: Option<usize>, batch_size: Option<us
         (None, _) => (MAX_SHARDS, "an eval set's prompts make at most".to_string()),
     };
     if shard.count > most {
-        let problem = format!(
-            "{shard}: {why} {most} batches, and every shard needs at least one; use at most {most} shards"
-        );
+        let problem =
+            format!("{shard}: {why} {most} batches, and every shard needs at least one; use at most {most} shards");
         return Err(EvalError::Option { option: "--shard", problem });
     }
     Ok(())

@@ -145,7 +145,11 @@ impl Part {
         let file = read_file(&dir.join("traces.bin"), cap, "part data").map_err(fail)?;
         let data = unseal(PART_FORMAT, &json, &file, ("part.json", "traces.bin")).map_err(fail)?;
         if data.len() as u64 != header.data_bytes {
-            return Err(fail(format!("part.json: data_bytes is {}, traces.bin holds {}", header.data_bytes, data.len())));
+            return Err(fail(format!(
+                "part.json: data_bytes is {}, traces.bin holds {}",
+                header.data_bytes,
+                data.len()
+            )));
         }
         header.check().map_err(|e| fail(format!("part.json: {e}")))?;
         let listed = header.sections.clone();
@@ -187,7 +191,9 @@ impl Part {
             // Each position's tail mass is at most 1 (up to rounding of its logarithm).
             let most = 1.0 + 2.0 * f64::from(crate::container::ROUNDING);
             if let Some((i, t)) = sums.iter().enumerate().find(|(_, t)| {
-                t.positions != horizon || !(0.0..=most * horizon as f64).contains(&t.sum) || !(0.0..=most).contains(&t.max)
+                t.positions != horizon
+                    || !(0.0..=most * horizon as f64).contains(&t.sum)
+                    || !(0.0..=most).contains(&t.max)
             }) {
                 return Err(format!(
                     "section tail: prompt {} has tail mass sum {} and largest {} over {} positions, not a run's ({horizon} positions, each ≤ 1)",
@@ -247,14 +253,14 @@ impl PartHeader {
         if self.context.model.shape.vocab_size == 0 {
             return Err("model.shape.vocab_size is 0".into());
         }
-        if let Some((k, sums)) = &self.tail {
-            if *k == 0 || sums.len() != self.prompt_indices.len() {
-                return Err(format!(
-                    "tail holds K = {k} and {} prompts' sums; the shard has {} prompts and K ≥ 1",
-                    sums.len(),
-                    self.prompt_indices.len()
-                ));
-            }
+        if let Some((k, sums)) = &self.tail
+            && (*k == 0 || sums.len() != self.prompt_indices.len())
+        {
+            return Err(format!(
+                "tail holds K = {k} and {} prompts' sums; the shard has {} prompts and K ≥ 1",
+                sums.len(),
+                self.prompt_indices.len()
+            ));
         }
         Ok(())
     }
