@@ -137,7 +137,7 @@ fn a_resealed_part_with_an_impossible_shard_or_count_is_refused_naming_the_field
     let root = tempfile::tempdir().unwrap();
     let p = parts(root.path());
     type Edit = fn(&mut Value);
-    let cases: [(&str, Edit, &[&str]); 5] = [
+    let cases: [(&str, Edit, &[&str]); 6] = [
         ("index", |j| j["shard"]["index"] = 5.into(), &["part.json", "shard 5/3"]),
         ("count-zero", |j| j["shard"]["count"] = 0.into(), &["part.json", "shard 0/0"]),
         ("count-huge", |j| j["shard"]["count"] = 1_000_000_000_000_000u64.into(), &["part.json", "3 batches"]),
@@ -145,6 +145,11 @@ fn a_resealed_part_with_an_impossible_shard_or_count_is_refused_naming_the_field
             "prompts-huge",
             |j| j["context"]["workload"]["prompts"] = 1_000_000_000_000_000u64.into(),
             &["part.json", "workload.prompts", "1000000000000000"],
+        ),
+        (
+            "resamples-huge",
+            |j| j["context"]["workload"]["bootstrap_resamples"] = 1_000_000_000_000_000u64.into(),
+            &["part.json", "workload.bootstrap_resamples", "--resamples"],
         ),
         (
             "reordered",

@@ -37,6 +37,7 @@ use crate::container::{
     write_traces,
 };
 use crate::error::EvalError;
+use crate::plan::MAX_RESAMPLES;
 use crate::types::{Measurement, RunContext, TailSums, VariantHeader};
 
 /// The format name in `part.json`.
@@ -219,6 +220,12 @@ impl PartHeader {
             return Err(format!(
                 "workload.prompts is {prompts}, but eval_set lists {} prompt ids",
                 w.eval_set.prompts.len()
+            ));
+        }
+        if w.bootstrap_resamples == 0 || w.bootstrap_resamples > MAX_RESAMPLES {
+            return Err(format!(
+                "workload.bootstrap_resamples is {}, not between 1 and {MAX_RESAMPLES} (--resamples)",
+                w.bootstrap_resamples
             ));
         }
         if w.batch_size == 0 || w.batch_size > prompts {

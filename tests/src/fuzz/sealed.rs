@@ -181,10 +181,18 @@ impl Target for PartTarget {
         if let Err(e) = Part::read(&dir) {
             return Outcome::Refused(e.to_string());
         }
-        // Accepted when it merges with the other shard of either mode.
+        // Accepted when it merges with the other shard of either mode, made to agree with it: the
+        // other part's run context and variants replaced by the mutated part's (and resealed),
+        // so that an edit of the context reaches the report's assembly rather than stopping at
+        // "comes from another run".
         let mut last = String::new();
         for (_, mode) in MODES {
-            let parts = [Part::read(&dir), Part::read(&work.join(format!("other-{mode}")))];
+            let other = work.join(format!("other-{mode}"));
+            let agreeing = work.join("agreeing");
+            if let Err(e) = agree(&dir, &other, &agreeing) {
+                return Outcome::Refused(e);
+            }
+            let parts = [Part::read(&dir), Part::read(&agreeing)];
             let [Ok(a), Ok(b)] = parts else { return Outcome::Refused("the parts no longer read".into()) };
             match merge(vec![a, b]) {
                 Ok(report) => {
@@ -196,6 +204,25 @@ impl Target for PartTarget {
         }
         Outcome::Refused(last)
     }
+}
+
+/// Writes to `to` the part at `other` with the run context and variants of the part at `part`,
+/// resealed.
+fn agree(part: &Path, other: &Path, to: &Path) -> Result<(), String> {
+    let read = |p: PathBuf| std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()));
+    let json = |b: Vec<u8>| serde_json::from_slice::<serde_json::Value>(&b).map_err(|e| e.to_string());
+    let mutated = json(read(part.join(PART_FILES.0))?)?;
+    let mut header = json(read(other.join(PART_FILES.0))?)?;
+    for field in ["context", "variants"] {
+        header[field] = mutated[field].clone();
+    }
+    let text = serde_json::to_vec_pretty(&header).map_err(|e| e.to_string())?;
+    let mut data = read(other.join(PART_FILES.1))?;
+    let body = data.len().saturating_sub(SEAL);
+    let digest = seal(PART_FORMAT, &text, &data[..body]);
+    data.truncate(body);
+    data.extend_from_slice(&digest);
+    unpack(&bundle(&text, &data), to, PART_FILES)
 }
 
 /// A saved reference, read as a run with the seed's key on the `tiny` model would read it.
