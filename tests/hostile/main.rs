@@ -14,6 +14,7 @@
 //! | quadratic time: megabyte prompts, horizons past the context | `tokenizers`, `commands` |
 //! | the gate trusting impossible reports | `reports`; every rule in `crates/report/tests/impossible.rs` |
 //! | concurrent runs and partial output: lock, staging, unwritable `--out`, a full disk | `commands`, `output` |
+//! | edited parts and saved references (sealed JSON, counts, indices, values), `--shard` counts without a batch, special files as members | `metadata` |
 //!
 //! Needs the `qdrift` binary beside this test's executable (`target/release/qdrift`), which
 //! `cargo test --workspace` builds, and stories260K from `../shared` (override with
@@ -24,6 +25,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod commands;
+mod metadata;
 mod models;
 mod output;
 mod reports;

@@ -71,7 +71,7 @@ fn stores_made_otherwise_or_damaged_are_refused() {
     cfg.reference_store = Some(store.clone());
     let refused = |cfg: &EvalConfig, needle: &str| {
         let e = evaluate(cfg, &mut |_| {}).expect_err("refused").to_string();
-        assert!(e.contains(needle) && e.contains("reference store"), "{e:?} should name {needle}");
+        assert!(e.contains(needle) && e.contains("--reference"), "{e:?} should name --reference and {needle}");
         println!("refused: {e}");
     };
     let mut other = cfg.clone();

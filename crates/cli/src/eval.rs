@@ -165,9 +165,13 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     let report = match evaluated {
         Evaluated::Report(report) => report,
         Evaluated::Part(part) => {
-            part.write(output.staging()).map_err(|e| output.user_paths(&e.to_string()))?;
+            lock(&clock).enter("write the part");
+            part.write_as(output.staging(), &args.out)?;
             output.commit()?;
             println!("part {}: {} (merge all parts with `qdrift merge`)", part.shard(), args.out.display());
+            if args.phase_times {
+                eprint!("{}", lock(&clock).finish());
+            }
             return Ok(None);
         }
     };

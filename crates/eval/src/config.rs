@@ -131,6 +131,39 @@ impl std::str::FromStr for Shard {
     }
 }
 
+/// Most shards a run can have: every shard needs a batch, every batch a prompt, and an eval set
+/// holds at most one prompt per 16 bytes of its [`qdrift_report::EVAL_SET_CAP`] (a JSONL line
+/// with an `id` and a `prompt` takes more). A larger `--shard` count is refused before anything
+/// is loaded.
+pub const MAX_SHARDS: usize = (qdrift_report::EVAL_SET_CAP / 16) as usize;
+
+impl Shard {
+    /// The indices, in the whole list of `prompts`, of this shard's prompts: the list is cut into
+    /// batches of `batch_size` (the last may be shorter) and the shard takes every `count`-th
+    /// batch from its `index`. The one definition of a shard's prompts: the run selects them with
+    /// it and `merge` checks a part's indices against it.
+    pub fn prompt_indices(self, prompts: usize, batch_size: usize) -> impl Iterator<Item = usize> {
+        let batch_size = batch_size.max(1);
+        (0..prompts).filter(move |i| (i / batch_size).checked_rem(self.count) == Some(self.index))
+    }
+
+    /// Refuses a shard of a run of `batches` batches that some shard would get none of (or an
+    /// index not below the count), so that every part written can be merged.
+    pub fn check(self, batches: usize, batch_size: usize) -> Result<(), String> {
+        if self.count == 0 || self.index >= self.count {
+            return Err(format!("{self}: expected INDEX/COUNT with 0 ≤ INDEX < COUNT"));
+        }
+        if self.count > batches {
+            return Err(format!(
+                "{self}: the run has {batches} batches of up to {batch_size} prompts, so {} of the {} shards would be empty; use at most {batches} shards",
+                self.count - batches,
+                self.count
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl std::fmt::Display for Shard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.index, self.count)
@@ -150,5 +183,33 @@ pub fn default_eval_set(loaded: &LoadedModel) -> &'static str {
         "chat"
     } else {
         "english"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shard takes every COUNT-th batch from its index; every prompt is in exactly one shard.
+    #[test]
+    fn a_shards_prompts_are_its_batches() {
+        let indices = |index, count| Shard { index, count }.prompt_indices(7, 2).collect::<Vec<_>>();
+        assert_eq!(indices(0, 3), [0, 1, 6]);
+        assert_eq!(indices(1, 3), [2, 3]);
+        assert_eq!(indices(2, 3), [4, 5]);
+        assert_eq!(indices(0, 0), Vec::<usize>::new(), "a zero count selects nothing rather than dividing by 0");
+    }
+
+    #[test]
+    fn a_shard_count_beyond_the_batches_is_refused() {
+        assert!(Shard { index: 3, count: 4 }.check(4, 2).is_ok());
+        let e = Shard { index: 0, count: 5 }.check(2, 8).expect_err("empty shards");
+        assert_eq!(
+            e,
+            "0/5: the run has 2 batches of up to 8 prompts, so 3 of the 5 shards would be empty; use at most 2 shards"
+        );
+        assert!(Shard { index: 2, count: 2 }.check(4, 2).is_err());
+        assert!(Shard { index: 0, count: 0 }.check(4, 2).is_err());
+        assert!("0/0".parse::<Shard>().is_err() && "1/99999999999".parse::<Shard>().is_ok());
     }
 }

@@ -4,16 +4,93 @@
 //! through [`Sections`], which checks every listed range against the data before anything is
 //! used. Per-prompt [`Trace`]s have one encoding in it ([`write_traces`], [`read_traces`]). Its
 //! files are read through [`read_file`] (`qdrift_io`: type checked before opening, size capped).
+//!
+//! **Sealing.** The data file ends with a SHA-256 ([`seal`]) over the JSON file's bytes *and* the
+//! data before it, so that no field of the JSON (a shard index, a count, a section's range) and no
+//! number of the data can be edited without the reader noticing ([`unseal`]): the JSON is
+//! trusted only as far as the digest in the data file vouches for it, and then every value is
+//! still range-checked before it is used ([`check_traces`], [`Sections::new`]).
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::aggregate::Trace;
 
+/// Bytes of the digest that ends a data file ([`seal`]).
+pub(crate) const SEAL_BYTES: u64 = 32;
+
+/// The seal of a container of kind `format` (`qdrift-part`, `qdrift-reference`): SHA-256 over the
+/// format name, the JSON file's length (u64 little-endian) and bytes, then the data before the
+/// seal. Written as the data file's last 32 bytes.
+pub fn seal(format: &str, json: &[u8], data: &[u8]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(format.as_bytes());
+    h.update([0]);
+    h.update((json.len() as u64).to_le_bytes());
+    h.update(json);
+    h.update(data);
+    h.finalize().into()
+}
+
+/// Splits a data file read back into its data and checks its seal against `json` (the JSON
+/// file's bytes as read): `json_name` and `data_name` name the two files in the message.
+pub(crate) fn unseal<'a>(format: &str, json: &[u8], file: &'a [u8], names: (&str, &str)) -> Result<&'a [u8], String> {
+    let (json_name, data_name) = names;
+    let split = file.len().checked_sub(SEAL_BYTES as usize);
+    let Some((data, digest)) = split.map(|at| file.split_at(at)) else {
+        return Err(format!("{data_name} is too short to end with its checksum (damaged or cut short)"));
+    };
+    if seal(format, json, data)[..] != *digest {
+        return Err(format!(
+            "{json_name} and {data_name} do not match their checksum (damaged, edited, or from two different saves)"
+        ));
+    }
+    Ok(data)
+}
+
+/// The format name and version of a store's or part's JSON file, read before the rest so that a
+/// file of an older layout is refused with what to do (`redo`) rather than a parse error.
+pub(crate) fn check_format(
+    json: &[u8],
+    json_name: &str,
+    (format, version): (&str, u32),
+    redo: &str,
+) -> Result<(), String> {
+    #[derive(Deserialize)]
+    struct Probe {
+        format: String,
+        version: u32,
+    }
+    let probe: Probe = serde_json::from_slice(json).map_err(|e| format!("{json_name} is not a {format} file: {e}"))?;
+    if probe.format != format {
+        return Err(format!("{json_name} is a {} file, not a {format} one", elide(&probe.format)));
+    }
+    if probe.version != version {
+        return Err(format!(
+            "{json_name} is {format} version {}, which this qdrift does not read (it reads version {version}): {redo}",
+            probe.version
+        ));
+    }
+    Ok(())
+}
+
+/// A string from a file shown in a message: at most its first and last 40 characters.
+pub(crate) fn elide(s: &str) -> String {
+    let n = s.chars().count();
+    if n <= 80 {
+        return s.to_string();
+    }
+    let head: String = s.chars().take(40).collect();
+    let tail: String = s.chars().skip(n - 40).collect();
+    format!("{head}…{tail}")
+}
+
 /// One array of a data file: its name, element type, shape and byte range.
 #[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct Section {
     name: String,
     /// `u8`, `u32`, `f16`, `f32` or `f64`.
@@ -95,7 +172,7 @@ pub(crate) fn write_traces(w: &mut Writer, prefix: &str, traces: &[Trace], h: us
     w.push(format!("{prefix}/top1"), "u8", vec![n, h], &top1);
 }
 
-/// Reads [`write_traces`]' sections back: `n` traces of `h` positions.
+/// Reads [`write_traces`]' sections back: `n` traces of `h` positions (`top1` bytes 0 or 1).
 pub(crate) fn read_traces(s: &Sections<'_>, prefix: &str, n: usize, h: usize) -> Result<Vec<Trace>, String> {
     let [ref_tokens, var_tokens] = TRACE_U32.map(|(name, _)| s.u32s(&format!("{prefix}/{name}"), &[n, h]));
     let (mut ref_tokens, mut var_tokens) = (rows(ref_tokens?, h).into_iter(), rows(var_tokens?, h).into_iter());
@@ -103,8 +180,11 @@ pub(crate) fn read_traces(s: &Sections<'_>, prefix: &str, n: usize, h: usize) ->
     for (name, _) in TRACE_F32 {
         f32s.push(rows(s.f32s(&format!("{prefix}/{name}"), &[n, h])?, h).into_iter());
     }
-    let top1 = s.get(&format!("{prefix}/top1"), "u8", &[n, h])?.iter().map(|&b| b != 0).collect();
-    let mut top1 = rows(top1, h).into_iter();
+    let top1 = s.get(&format!("{prefix}/top1"), "u8", &[n, h])?;
+    if let Some(i) = top1.iter().position(|&b| b > 1) {
+        return Err(format!("section {prefix}/top1: byte {i} is {}, not 0 or 1", top1[i]));
+    }
+    let mut top1 = rows(top1.iter().map(|&b| b == 1).collect(), h).into_iter();
     let mut next = |i: usize| f32s[i].next().unwrap_or_default();
     Ok((0..n)
         .map(|_| Trace {
@@ -118,6 +198,106 @@ pub(crate) fn read_traces(s: &Sections<'_>, prefix: &str, n: usize, h: usize) ->
             top1: top1.next().unwrap_or_default(),
         })
         .collect())
+}
+
+/// How far f32 rounding may take a quantity past its mathematical bound (a KL divergence or an
+/// entropy below 0, a log-probability above 0): the device sums them in f32 over the vocabulary.
+pub(crate) const ROUNDING: f32 = 1e-3;
+
+/// The range of a per-position float: what a run can produce.
+#[derive(Clone, Copy)]
+pub(crate) enum Bound {
+    /// A KL divergence or an entropy: finite, ≥ 0 (up to [`ROUNDING`]).
+    NonNegative,
+    /// A log-probability: finite, ≤ 0 (up to [`ROUNDING`]).
+    LogProb,
+}
+
+impl Bound {
+    pub fn holds(self, v: f32) -> bool {
+        v.is_finite()
+            && match self {
+                Bound::NonNegative => v >= -ROUNDING,
+                Bound::LogProb => v <= ROUNDING,
+            }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Bound::NonNegative => "finite and ≥ 0",
+            Bound::LogProb => "a finite log-probability (≤ 0)",
+        }
+    }
+}
+
+/// The first value of `values` (rows of `h`) outside `bound`: `section NAME: prompt P position
+/// T is V, not …`.
+pub(crate) fn check_floats(name: &str, values: &[f32], h: usize, bound: Bound) -> Result<(), String> {
+    match values.iter().position(|&v| !bound.holds(v)) {
+        Some(i) => Err(format!(
+            "section {name}: prompt {} position {} is {}, not {}",
+            i / h.max(1) + 1,
+            i % h.max(1),
+            values[i],
+            bound.describe()
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The first token of `tokens` (rows of `h`) not below `vocab`.
+pub(crate) fn check_tokens(name: &str, tokens: &[u32], h: usize, vocab: usize) -> Result<(), String> {
+    match tokens.iter().position(|&t| t as usize >= vocab) {
+        Some(i) => Err(format!(
+            "section {name}: prompt {} position {} is token {}, beyond the vocabulary of {vocab}",
+            i / h.max(1) + 1,
+            i % h.max(1),
+            tokens[i]
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Checks traces as [`write_traces`] writes them under `prefix`: every trace `h` positions
+/// long, its tokens below `vocab`, its continuation the reference's (`reference`, one per trace),
+/// and every number in the range a run produces. The writers check what they write with it too,
+/// so that a store or part a run writes is always one the readers accept.
+pub(crate) fn check_traces(
+    prefix: &str,
+    traces: &[Trace],
+    h: usize,
+    vocab: usize,
+    reference: &[Vec<u32>],
+) -> Result<(), String> {
+    for (i, t) in traces.iter().enumerate() {
+        let lens = [t.ref_tokens.len(), t.var_tokens.len(), t.kld.len(), t.logp_ref.len(), t.top1.len()];
+        let more = [t.logp_var.len(), t.ref_entropy.len(), t.logp_ref_on_var_text.len()];
+        if lens.iter().chain(&more).any(|&l| l != h) {
+            return Err(format!("{prefix}: prompt {} does not hold {h} positions", i + 1));
+        }
+        if reference.get(i) != Some(&t.ref_tokens) {
+            return Err(format!("section {prefix}/ref_tokens: prompt {} is not the reference's continuation", i + 1));
+        }
+        for (name, tokens) in [("ref_tokens", &t.ref_tokens), ("var_tokens", &t.var_tokens)] {
+            check_tokens(&format!("{prefix}/{name}"), tokens, h, vocab).map_err(|e| at_prompt(e, i))?;
+        }
+        let floats = [
+            ("kld", &t.kld, Bound::NonNegative),
+            ("logp_ref", &t.logp_ref, Bound::LogProb),
+            ("logp_var", &t.logp_var, Bound::LogProb),
+            ("ref_entropy", &t.ref_entropy, Bound::NonNegative),
+            ("logp_ref_on_var_text", &t.logp_ref_on_var_text, Bound::LogProb),
+        ];
+        for (name, values, bound) in floats {
+            check_floats(&format!("{prefix}/{name}"), values, h, bound).map_err(|e| at_prompt(e, i))?;
+        }
+    }
+    Ok(())
+}
+
+/// A message of [`check_floats`]/[`check_tokens`] on one trace (whose prompt is 1) for trace `i`.
+fn at_prompt(message: String, i: usize) -> String {
+    message.replacen("prompt 1 ", &format!("prompt {} ", i + 1), 1)
 }
 
 /// Reads one file of a store or part, only a regular file of at most `cap` bytes (checked
@@ -141,34 +321,56 @@ pub(crate) struct Sections<'a> {
 }
 
 impl<'a> Sections<'a> {
+    /// The sections of `data`: each of a known type, its bytes its shape's, and all of them back
+    /// to back from the start to the end of `data` in the order listed (as [`Writer`] lays them
+    /// out), each name once.
     pub fn new(sections: &'a [Section], data: &'a [u8]) -> Result<Sections<'a>, String> {
         let mut by_name = HashMap::new();
+        let mut at = 0u64;
         for s in sections {
+            let name = elide(&s.name);
             let size =
-                element_bytes(&s.dtype).ok_or_else(|| format!("section {}: unknown type {}", s.name, s.dtype))?;
+                element_bytes(&s.dtype).ok_or_else(|| format!("section {name}: unknown type {}", elide(&s.dtype)))?;
             let count = s.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
             let end = s.offset.checked_add(s.bytes);
             match (count.and_then(|c| c.checked_mul(size)), end) {
-                (Some(b), Some(end)) if b == s.bytes && end <= data.len() as u64 => {}
-                _ => return Err(format!("section {}: shape {:?} and byte range do not fit the data", s.name, s.shape)),
+                (Some(b), Some(end)) if b == s.bytes && end <= data.len() as u64 && s.offset == at => at = end,
+                _ => {
+                    return Err(format!(
+                        "section {name}: shape {:?} and byte range {}+{} do not fit the data (its sections lie back to back, the next at {at})",
+                        s.shape, s.offset, s.bytes
+                    ));
+                }
             }
-            let bytes = &data[s.offset as usize..(s.offset + s.bytes) as usize];
+            let bytes = &data[s.offset as usize..end.unwrap_or_default() as usize];
             if by_name.insert(s.name.as_str(), (s, bytes)).is_some() {
-                return Err(format!("section {} appears twice", s.name));
+                return Err(format!("section {name} appears twice"));
             }
+        }
+        if at != data.len() as u64 {
+            return Err(format!("the sections end at byte {at}, the data at {}", data.len()));
         }
         Ok(Sections { by_name })
     }
 
-    /// Every section: its name, listing and bytes, in no particular order.
-    pub fn iter(&self) -> impl Iterator<Item = (&'a str, &'a Section, &'a [u8])> + '_ {
-        self.by_name.iter().map(|(name, (s, bytes))| (*name, *s, *bytes))
+    /// How many sections there are.
+    pub fn count(&self) -> usize {
+        self.by_name.len()
+    }
+
+    /// Refuses sections besides the `expected` a reader used (all names are distinct, so equal
+    /// counts mean the same sections).
+    pub fn all_used(&self, expected: usize) -> Result<(), String> {
+        if self.count() != expected {
+            return Err(format!("holds {} sections, a run writes {expected}", self.count()));
+        }
+        Ok(())
     }
 
     pub fn get(&self, name: &str, dtype: &str, shape: &[usize]) -> Result<&'a [u8], String> {
         let (s, bytes) = self.by_name.get(name).ok_or_else(|| format!("section {name} is missing"))?;
         if s.dtype != dtype || s.shape != shape {
-            return Err(format!("section {name} is {} {:?}, expected {dtype} {shape:?}", s.dtype, s.shape));
+            return Err(format!("section {name} is {} {:?}, expected {dtype} {shape:?}", elide(&s.dtype), s.shape));
         }
         Ok(bytes)
     }
@@ -221,6 +423,94 @@ mod tests {
         }
         let e = read_file(&fifo, 1 << 20, "store manifest").expect_err("refused");
         assert_eq!(e, "manifest.json: the store manifest is a named pipe (FIFO), not a regular file");
+    }
+
+    /// The seal covers every byte of the JSON and of the data: an edit of either alone is
+    /// refused, and so is a seal recomputed for another format.
+    #[test]
+    fn an_edit_of_either_file_breaks_the_seal() {
+        let (json, data) = (br#"{"shard": {"index": 0, "count": 2}}"#.to_vec(), vec![1u8, 2, 3, 4]);
+        let mut file = data.clone();
+        file.extend_from_slice(&seal("qdrift-part", &json, &data));
+        let names = ("part.json", "traces.bin");
+        assert_eq!(unseal("qdrift-part", &json, &file, names).expect("sealed"), &data[..]);
+        let edited = String::from_utf8(json.clone()).expect("utf-8").replace("\"index\": 0", "\"index\": 1");
+        let e = unseal("qdrift-part", edited.as_bytes(), &file, names).expect_err("edited JSON");
+        assert!(e.contains("part.json and traces.bin do not match their checksum"), "{e}");
+        let mut flipped = file.clone();
+        flipped[1] ^= 1;
+        assert!(unseal("qdrift-part", &json, &flipped, names).is_err());
+        assert!(unseal("qdrift-reference", &json, &file, names).is_err());
+        assert!(unseal("qdrift-part", &json, &file[..10], names).expect_err("short").contains("too short"));
+    }
+
+    #[test]
+    fn an_old_version_or_another_format_is_refused_saying_what_to_do() {
+        let check = |json: &str| check_format(json.as_bytes(), "part.json", ("qdrift-part", 2), "run it again");
+        assert!(check(r#"{"format": "qdrift-part", "version": 2, "other": 1}"#).is_ok());
+        let e = check(r#"{"format": "qdrift-part", "version": 1}"#).expect_err("old");
+        assert_eq!(
+            e,
+            "part.json is qdrift-part version 1, which this qdrift does not read (it reads version 2): run it again"
+        );
+        let e = check(r#"{"format": "qdrift-reference", "version": 2}"#).expect_err("other format");
+        assert!(e.contains("is a qdrift-reference file, not a qdrift-part one"), "{e}");
+        assert!(check("[1]").expect_err("not a part").starts_with("part.json is not a qdrift-part file"));
+    }
+
+    fn section(name: &str, shape: Vec<usize>, offset: u64, bytes: u64) -> Section {
+        Section { name: name.into(), dtype: "u8".into(), shape, offset, bytes }
+    }
+
+    /// Sections lie back to back from the start to the end of the data, each name once, and
+    /// sizes that overflow are refused rather than wrapped.
+    #[test]
+    fn sections_must_tile_the_data_in_order() {
+        let data = [0u8; 6];
+        let ok = [section("a", vec![2], 0, 2), section("b", vec![2, 2], 2, 4)];
+        assert_eq!(Sections::new(&ok, &data).expect("tiles").count(), 2);
+        let gap = [section("a", vec![2], 0, 2), section("b", vec![2], 4, 2)];
+        let err = |sections: &[Section]| Sections::new(sections, &data).map(|_| ()).expect_err("refused");
+        assert!(err(&gap).contains("section b"));
+        let short = [section("a", vec![2], 0, 2)];
+        assert!(err(&short).contains("end at byte 2"));
+        let twice = [section("a", vec![3], 0, 3), section("a", vec![3], 3, 3)];
+        assert!(err(&twice).contains("twice"));
+        let huge = [section("a", vec![usize::MAX, 2], 0, 6)];
+        assert!(Sections::new(&huge, &data).is_err());
+        let wraps = [section("a", vec![2], u64::MAX, 2)];
+        assert!(Sections::new(&wraps, &data).is_err());
+    }
+
+    fn trace(kld: f32, token: u32) -> Trace {
+        let mut t = Trace::new(vec![1, 2], vec![1, token]);
+        t.kld = vec![0.0, kld];
+        t
+    }
+
+    /// A value no run writes is refused naming the section, prompt and position.
+    #[test]
+    fn trace_values_outside_their_range_are_refused() {
+        let reference = [vec![1, 2], vec![1, 2]];
+        assert!(check_traces("v1", &[trace(0.0, 2), trace(-1e-6, 2)], 2, 10, &reference).is_ok());
+        let e = check_traces("v1", &[trace(0.0, 2), trace(f32::NAN, 2)], 2, 10, &reference).expect_err("NaN");
+        assert_eq!(e, "section v1/kld: prompt 2 position 1 is NaN, not finite and ≥ 0");
+        let e = check_traces("v1", &[trace(-0.5, 2)], 2, 10, &reference).expect_err("negative");
+        assert!(e.contains("-0.5"), "{e}");
+        let e = check_traces("v1", &[trace(0.0, 2), trace(0.0, 10)], 2, 10, &reference).expect_err("token");
+        assert_eq!(e, "section v1/var_tokens: prompt 2 position 1 is token 10, beyond the vocabulary of 10");
+        let e = check_traces("v1", &[trace(0.0, 2)], 2, 10, &[vec![1, 3]]).expect_err("another continuation");
+        assert!(e.contains("not the reference's continuation"), "{e}");
+        let mut logp = trace(0.0, 2);
+        logp.logp_var[0] = 0.5;
+        assert!(check_traces("v1", &[logp], 2, 10, &reference).expect_err("logp").contains("logp_var"));
+    }
+
+    #[test]
+    fn long_strings_from_a_file_are_elided() {
+        assert_eq!(elide("short"), "short");
+        let long = "x".repeat(40) + &"y".repeat(100) + &"z".repeat(40);
+        assert_eq!(elide(&long), format!("{}…{}", "x".repeat(40), "z".repeat(40)));
     }
 
     #[test]

@@ -87,8 +87,10 @@ pub enum EvalError {
     #[error("cannot merge: {0}")]
     Merge(String),
     /// A saved reference (`--reference`, `--save-reference`) cannot be used or written.
-    #[error("reference store {}: {problem}", .path.display())]
+    #[error("{flag} {}: {problem}", .path.display())]
     Store {
+        /// The flag that named the store: `--reference` (reading) or `--save-reference` (writing).
+        flag: &'static str,
         /// The store's folder as given.
         path: std::path::PathBuf,
         /// What is wrong, naming the field or file.

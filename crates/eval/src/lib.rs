@@ -91,12 +91,16 @@ mod variant;
 pub use aggregate::{Bootstrap, Trace};
 pub use chat::apply_chat_template;
 pub use config::{DEFAULT_EVAL_SET_RULE, EvalConfig, Shard, default_eval_set};
+/// The seal of a store's or part's data file (for the fuzzer, which edits both files).
+#[doc(hidden)]
+pub use container::seal;
 pub use error::EvalError;
 pub use evalset::{EvalPrompt, EvalSet, built_in_names};
 pub use identity::{report_name, sha256_file, sha256_hex};
 pub use output::{OutputDir, path_check};
 pub use plan::MAX_RESAMPLES;
 pub use run::{Evaluated, evaluate, evaluate_any};
-pub use shard::{Part, merge};
+pub use shard::{PART_FORMAT, Part, merge};
+pub use store::{STORE_FORMAT, StoreKey, StoreModel, verify_store};
 pub use types::{Progress, REFERENCE_NAME, RunContext, VariantHeader, dtype_name};
 pub use variant::VariantSpec;

@@ -12,7 +12,7 @@ use qdrift_generate::{
 };
 use qdrift_load::LlamaArch;
 
-use crate::config::{EvalConfig, Shard};
+use crate::config::{EvalConfig, MAX_SHARDS, Shard};
 use crate::error::EvalError;
 use crate::variant::VariantSpec;
 
@@ -144,22 +144,32 @@ fn select_shard(
     prompts: Vec<Vec<u32>>,
     batch_size: usize,
 ) -> Result<(Vec<Vec<u32>>, Vec<usize>), EvalError> {
-    let Some(Shard { index, count }) = shard else {
+    let Some(shard) = shard else {
         let indices = (0..prompts.len()).collect();
         return Ok((prompts, indices));
     };
     let batches = prompts.len().div_ceil(batch_size.max(1));
-    if index >= batches {
-        return Err(EvalError::Option {
-            option: "--shard",
-            problem: format!(
-                "{index}/{count}: the run has {batches} batches of up to {batch_size} prompts, so shard {index} would be empty; use at most {batches} shards"
-            ),
-        });
-    }
-    let indices: Vec<usize> = (0..prompts.len()).filter(|i| (i / batch_size.max(1)) % count == index).collect();
+    shard.check(batches, batch_size).map_err(|problem| EvalError::Option { option: "--shard", problem })?;
+    let indices: Vec<usize> = shard.prompt_indices(prompts.len(), batch_size).collect();
     let chosen = indices.iter().map(|&i| prompts[i].clone()).collect();
     Ok((chosen, indices))
+}
+
+/// Refuses, before anything is loaded, a `--shard` count that cannot give every shard a batch:
+/// more than `--prompts` make batches (with `--batch-size`, exactly that many), or more than
+/// any eval set holds prompts ([`MAX_SHARDS`]).
+fn check_shard_count(shard: Shard, prompts: Option<usize>, batch_size: Option<usize>) -> Result<(), EvalError> {
+    let (most, why) = match (prompts, batch_size) {
+        (Some(p), Some(b)) => (p.div_ceil(b.max(1)), format!("{p} prompts in batches of {b} make")),
+        (Some(p), None) => (p, format!("{p} prompts make at most")),
+        (None, _) => (MAX_SHARDS, "an eval set's prompts make at most".to_string()),
+    };
+    if shard.count > most {
+        let problem =
+            format!("{shard}: {why} {most} batches, and every shard needs at least one; use at most {most} shards");
+        return Err(EvalError::Option { option: "--shard", problem });
+    }
+    Ok(())
 }
 
 pub(crate) fn check_options(cfg: &EvalConfig) -> Result<Vec<usize>, EvalError> {
@@ -179,7 +189,8 @@ pub(crate) fn check_options(cfg: &EvalConfig) -> Result<Vec<usize>, EvalError> {
     if cfg.reference_top_k == Some(0) {
         return option("--reference-top-k", "must be at least 1".into());
     }
-    if cfg.shard.is_some() {
+    if let Some(shard) = cfg.shard {
+        check_shard_count(shard, cfg.prompts, cfg.batch_size)?;
         let combined = [
             (cfg.save_reference.is_some(), "--save-reference"),
             (cfg.gate.is_some(), "--gate"),

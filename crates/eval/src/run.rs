@@ -24,7 +24,7 @@ use crate::prompts::{EncodedPrompts, encode_prompts};
 use crate::reference::ReferenceRun;
 use crate::scoring::ScoringContext;
 use crate::shard::Part;
-use crate::store::{StoreKey, prompt_tokens_sha256, read_store, write_store};
+use crate::store::{StoreKey, StoreModel, prompt_tokens_sha256, read_store, write_store};
 use crate::types::{Measurement, Progress, ProgressFn, REFERENCE_NAME, RunContext, VariantHeader, dtype_name};
 use crate::variant::{BuiltVariant, ReferenceIdentity, VariantSpec, VariantWeights, build_variant};
 
@@ -114,7 +114,10 @@ fn run_variants(
     progress: &mut ProgressFn<'_>,
 ) -> Result<Measurement, EvalError> {
     let stored = match (&cfg.reference_store, key) {
-        (Some(dir), Some(key)) => Some(read_store(dir, key)?),
+        (Some(dir), Some(key)) => {
+            let arch = &loaded.model.arch;
+            Some(read_store(dir, key, StoreModel { vocab: arch.vocab_size, dim: arch.dim })?)
+        }
         _ => None,
     };
     let LoadedModel { model: host, tokenizer, .. } = loaded;

@@ -6,17 +6,24 @@
 //! reference is):
 //! - `part.json`: format and version, the shard, the indices of its prompts in the whole list,
 //!   the report's context (model, workload, reference), each variant's header, each prompt's tail
-//!   mass (top-K runs), and the data file's SHA-256 and sections;
+//!   mass (top-K runs), and the data's size and sections;
 //! - `traces.bin`: each variant's traces, `v{VARIANT}/{FIELD}`, `[prompts of the shard, H]`,
 //!   and every floating-point number of `part.json` once more as exact f64 bits (`v{VARIANT}/floats`:
 //!   bits per weight, then each tensor's SQNR, relative error and cosine; `tail`: each prompt's
 //!   sum, largest value), which replace the JSON's on reading: `serde_json` without its
 //!   `float_roundtrip` feature may parse a float one ulp off, and the merged report must be the
-//!   unsharded run's bit for bit.
+//!   unsharded run's bit for bit. It ends with the seal (`container::seal`): a SHA-256 over
+//!   `part.json`'s bytes and the data, so that neither file can be edited alone.
+//!
+//! Reading checks the format and version, the seal, then every value against what a run writes
+//! ([`PartHeader::check`], `container::check_traces`): the shard against the workload's batches,
+//! the prompt indices against the shard rule ([`Shard::prompt_indices`]), every count against
+//! the lists it sizes, every number in its range.
 //!
 //! **Invariant: the merge uses only what the parts hold, refuses parts of different runs (any
 //! difference in context or variants), a missing or repeated shard or prompt, and computes the
-//! statistics with exactly the unsharded run's code on exactly its traces.**
+//! statistics with exactly the unsharded run's code on exactly its traces; nothing is allocated
+//! from a part's numbers before they are checked against what was read.**
 
 use std::path::Path;
 
@@ -25,17 +32,22 @@ use serde::{Deserialize, Serialize};
 use crate::aggregate::Trace;
 use crate::assemble::assemble_report;
 use crate::config::Shard;
-use crate::container::{Section, Sections, Writer, read_file, read_traces, write_traces};
+use crate::container::{
+    SEAL_BYTES, Section, Sections, Writer, check_format, check_traces, read_file, read_traces, seal, unseal,
+    write_traces,
+};
 use crate::error::EvalError;
-use crate::identity::sha256_hex;
+use crate::plan::MAX_RESAMPLES;
 use crate::types::{Measurement, RunContext, TailSums, VariantHeader};
 
 /// The format name in `part.json`.
 pub const PART_FORMAT: &str = "qdrift-part";
-/// The part layout version this build writes and reads.
-pub const PART_VERSION: u32 = 1;
+/// The part layout version this build writes and reads (2: `part.json` sealed with the data).
+pub const PART_VERSION: u32 = 2;
 const PART_JSON_CAP: u64 = 64 << 20;
 const TRACES_CAP: u64 = 16 << 30;
+/// What to do with a part of another version.
+const REDO: &str = "run its shard again with this qdrift (`qdrift eval --shard`)";
 
 /// One shard's measurements.
 pub struct Part {
@@ -44,6 +56,7 @@ pub struct Part {
 }
 
 #[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct PartHeader {
     format: String,
     version: u32,
@@ -53,8 +66,8 @@ struct PartHeader {
     variants: Vec<VariantHeader>,
     /// Top-K runs: K and each of the shard's prompts' tail mass.
     tail: Option<(usize, Vec<TailSums>)>,
+    /// Bytes of `traces.bin` before its seal.
     data_bytes: u64,
-    data_sha256: String,
     sections: Vec<Section>,
 }
 
@@ -72,7 +85,6 @@ impl Part {
                 variants,
                 tail: m.tail,
                 data_bytes: 0,
-                data_sha256: String::new(),
                 sections: Vec::new(),
             },
             traces,
@@ -84,8 +96,20 @@ impl Part {
         self.header.shard
     }
 
-    /// Writes `part.json` and `traces.bin` into `dir` (an existing folder, e.g. a staging one).
+    /// Writes `part.json` and `traces.bin` into `dir` (an existing folder).
+    ///
+    /// # Errors
+    /// A value no reader would accept (a non-finite KL divergence from non-finite logits), or
+    /// a file that cannot be written ([`EvalError::Output`] naming `dir`).
     pub fn write(&self, dir: &Path) -> Result<(), EvalError> {
+        self.write_as(dir, dir)
+    }
+
+    /// [`Part::write`] into a staging folder `dir` of the `--out` folder `shown`, which errors
+    /// name (never the staging folder).
+    pub fn write_as(&self, dir: &Path, shown: &Path) -> Result<(), EvalError> {
+        let fail = |problem: String| EvalError::Output { path: shown.to_path_buf(), problem };
+        self.check_values().map_err(|e| fail(format!("cannot write the part: {e}")))?;
         let h = self.header.context.workload.horizons.last().copied().unwrap_or(0);
         let mut w = Writer::default();
         for (v, traces) in self.traces.iter().enumerate() {
@@ -98,53 +122,177 @@ impl Part {
         }
         let mut header = self.header.clone();
         header.data_bytes = w.data.len() as u64;
-        header.data_sha256 = sha256_hex(&w.data);
         header.sections = std::mem::take(&mut w.sections);
-        let json = serde_json::to_vec_pretty(&header).map_err(|e| EvalError::Internal(e.to_string()))?;
-        let traces = dir.join("traces.bin");
-        std::fs::write(&traces, &w.data).map_err(EvalError::io(&traces))?;
-        let part = dir.join("part.json");
-        std::fs::write(&part, json).map_err(EvalError::io(&part))
+        let json = serde_json::to_vec_pretty(&header).map_err(|e| fail(format!("cannot encode part.json: {e}")))?;
+        let digest = seal(PART_FORMAT, &json, &w.data);
+        w.data.extend_from_slice(&digest);
+        for (name, bytes) in [("traces.bin", &w.data), ("part.json", &json)] {
+            std::fs::write(dir.join(name), bytes).map_err(|e| fail(format!("cannot write {name}: {e}")))?;
+        }
+        Ok(())
     }
 
-    /// Reads the part in `dir`, checking its format, checksum and sections.
+    /// Reads the part in `dir`, checking its format, seal, sections and every value.
+    ///
+    /// # Errors
+    /// [`EvalError::Part`] naming `dir`, the file and the field.
     pub fn read(dir: &Path) -> Result<Part, EvalError> {
         let fail = |problem: String| EvalError::Part { path: dir.to_path_buf(), problem };
-        let text = read_file(&dir.join("part.json"), PART_JSON_CAP, "part header").map_err(fail)?;
-        let header: PartHeader =
-            serde_json::from_slice(&text).map_err(|e| fail(format!("part.json is not a qdrift part: {e}")))?;
-        if header.format != PART_FORMAT || header.version != PART_VERSION {
+        let json = read_file(&dir.join("part.json"), PART_JSON_CAP, "part header").map_err(fail)?;
+        check_format(&json, "part.json", (PART_FORMAT, PART_VERSION), REDO).map_err(fail)?;
+        let mut header: PartHeader =
+            serde_json::from_slice(&json).map_err(|e| fail(format!("part.json is not a qdrift part: {e}")))?;
+        let cap = header.data_bytes.checked_add(SEAL_BYTES).map_or(TRACES_CAP, |b| b.min(TRACES_CAP));
+        let file = read_file(&dir.join("traces.bin"), cap, "part data").map_err(fail)?;
+        let data = unseal(PART_FORMAT, &json, &file, ("part.json", "traces.bin")).map_err(fail)?;
+        if data.len() as u64 != header.data_bytes {
             return Err(fail(format!(
-                "is {} version {}; this qdrift reads {PART_FORMAT} version {PART_VERSION}",
-                header.format, header.version
+                "part.json: data_bytes is {}, traces.bin holds {}",
+                header.data_bytes,
+                data.len()
             )));
         }
-        let data = read_file(&dir.join("traces.bin"), TRACES_CAP.min(header.data_bytes), "part data").map_err(fail)?;
-        if data.len() as u64 != header.data_bytes || sha256_hex(&data) != header.data_sha256 {
-            return Err(fail(
-                "traces.bin does not match its size and checksum in part.json (damaged or edited)".into(),
+        header.check().map_err(|e| fail(format!("part.json: {e}")))?;
+        let listed = header.sections.clone();
+        let sections = Sections::new(&listed, data).map_err(|e| fail(format!("traces.bin: {e}")))?;
+        let traces = header.read_data(&sections).map_err(|e| fail(format!("traces.bin: {e}")))?;
+        let part = Part { header, traces };
+        part.check_values().map_err(|e| fail(format!("traces.bin: {e}")))?;
+        Ok(part)
+    }
+
+    /// Every number of the part in the range a run produces: traces ([`check_traces`]), the
+    /// variants' header numbers (as the report's validation wants them) and the tail sums.
+    fn check_values(&self) -> Result<(), String> {
+        let h = &self.header;
+        let horizon = h.context.workload.horizons.last().copied().unwrap_or(0);
+        let vocab = h.context.model.shape.vocab_size;
+        let reference: Vec<Vec<u32>> =
+            self.traces.first().map(|t| t.iter().map(|t| t.ref_tokens.clone()).collect()).unwrap_or_default();
+        if self.traces.len() != h.variants.len() {
+            return Err(format!("{} variants, {} sets of traces", h.variants.len(), self.traces.len()));
+        }
+        for (v, traces) in self.traces.iter().enumerate() {
+            if traces.len() != h.prompt_indices.len() {
+                return Err(format!("v{v}: {} traces for {} prompts", traces.len(), h.prompt_indices.len()));
+            }
+            check_traces(&format!("v{v}"), traces, horizon, vocab, &reference)?;
+            let variant = &h.variants[v];
+            let floats = header_floats(variant);
+            let bad = |x: f64, nonnegative: bool| !x.is_finite() || (nonnegative && x < 0.0);
+            if bad(variant.bits_per_weight, true)
+                || variant.per_tensor_error.iter().any(|t| {
+                    bad(t.rel_frobenius, true) || bad(t.cosine, false) || t.sqnr_db.is_some_and(|s| bad(s, false))
+                })
+            {
+                return Err(format!("section v{v}/floats: a number is not finite or out of its range: {floats:?}"));
+            }
+        }
+        if let Some((_, sums)) = &h.tail {
+            // Each position's tail mass is at most 1 (up to rounding of its logarithm).
+            let most = 1.0 + 2.0 * f64::from(crate::container::ROUNDING);
+            if let Some((i, t)) = sums.iter().enumerate().find(|(_, t)| {
+                t.positions != horizon
+                    || !(0.0..=most * horizon as f64).contains(&t.sum)
+                    || !(0.0..=most).contains(&t.max)
+            }) {
+                return Err(format!(
+                    "section tail: prompt {} has tail mass sum {} and largest {} over {} positions, not a run's ({horizon} positions, each ≤ 1)",
+                    i + 1,
+                    t.sum,
+                    t.max,
+                    t.positions
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl PartHeader {
+    /// The header's own consistency, before any number sizes anything: the shard against the
+    /// workload's batches, the prompt indices those the shard rule gives, the counts against the
+    /// lists they describe.
+    fn check(&self) -> Result<(), String> {
+        let w = &self.context.workload;
+        let prompts = w.prompts;
+        if prompts == 0 || prompts != w.eval_set.prompts.len() {
+            return Err(format!(
+                "workload.prompts is {prompts}, but eval_set lists {} prompt ids",
+                w.eval_set.prompts.len()
             ));
         }
-        let listed = header.sections.clone();
-        let sections = Sections::new(&listed, &data).map_err(fail)?;
-        let mut header = header;
-        for (v, variant) in header.variants.iter_mut().enumerate() {
-            let floats = sections.f64s(&format!("v{v}/floats"), header_floats(variant).len()).map_err(fail)?;
+        if w.bootstrap_resamples == 0 || w.bootstrap_resamples > MAX_RESAMPLES {
+            return Err(format!(
+                "workload.bootstrap_resamples is {}, not between 1 and {MAX_RESAMPLES} (--resamples)",
+                w.bootstrap_resamples
+            ));
+        }
+        if w.batch_size == 0 || w.batch_size > prompts {
+            return Err(format!("workload.batch_size is {}, not between 1 and its {prompts} prompts", w.batch_size));
+        }
+        if w.horizons.first().is_none_or(|&h| h == 0) || !w.horizons.windows(2).all(|p| p[0] < p[1]) {
+            return Err(format!("workload.horizons {:?} are not ascending horizons ≥ 1", w.horizons));
+        }
+        let batches = prompts.div_ceil(w.batch_size);
+        self.shard.check(batches, w.batch_size).map_err(|e| format!("shard {e}"))?;
+        let mut expected = self.shard.prompt_indices(prompts, w.batch_size);
+        let mut given = self.prompt_indices.iter();
+        for j in 0.. {
+            match (expected.next(), given.next()) {
+                (None, None) => break,
+                (a, b) if a == b.copied() => {}
+                (a, b) => {
+                    let show = |x: Option<usize>| x.map_or("nothing".to_string(), |i| format!("prompt index {i}"));
+                    return Err(format!(
+                        "prompt_indices[{j}] is {}, where shard {} of {prompts} prompts in batches of {} holds {}",
+                        show(b.copied()),
+                        self.shard,
+                        w.batch_size,
+                        show(a)
+                    ));
+                }
+            }
+        }
+        if self.variants.is_empty() {
+            return Err("lists no variants (the noise floor is always one)".into());
+        }
+        if self.context.model.shape.vocab_size == 0 {
+            return Err("model.shape.vocab_size is 0".into());
+        }
+        if let Some((k, sums)) = &self.tail
+            && (*k == 0 || sums.len() != self.prompt_indices.len())
+        {
+            return Err(format!(
+                "tail holds K = {k} and {} prompts' sums; the shard has {} prompts and K ≥ 1",
+                sums.len(),
+                self.prompt_indices.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The traces and the exact floats of the data file, which must hold exactly the sections a
+    /// run writes.
+    fn read_data(&mut self, sections: &Sections<'_>) -> Result<Vec<Vec<Trace>>, String> {
+        for (v, variant) in self.variants.iter_mut().enumerate() {
+            let floats = sections.f64s(&format!("v{v}/floats"), header_floats(variant).len())?;
             set_header_floats(variant, &floats);
         }
-        if let Some((_, sums)) = &mut header.tail {
-            let floats = sections.f64s("tail", 2 * sums.len()).map_err(fail)?;
+        if let Some((_, sums)) = &mut self.tail {
+            let floats = sections.f64s("tail", 2 * sums.len())?;
             for (t, f) in sums.iter_mut().zip(floats.chunks_exact(2)) {
                 (t.sum, t.max) = (f[0], f[1]);
             }
         }
-        let n = header.prompt_indices.len();
-        let h = header.context.workload.horizons.last().copied().unwrap_or(0);
-        let traces = (0..header.variants.len())
-            .map(|v| read_traces(&sections, &format!("v{v}"), n, h))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(fail)?;
-        Ok(Part { header, traces })
+        let n = self.prompt_indices.len();
+        let h = self.context.workload.horizons.last().copied().unwrap_or(0);
+        let traces = (0..self.variants.len())
+            .map(|v| read_traces(sections, &format!("v{v}"), n, h))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Eight trace sections and the floats per variant, and the tail sums.
+        sections.all_used(self.variants.len() * 9 + usize::from(self.tail.is_some()))?;
+        Ok(traces)
     }
 }
 

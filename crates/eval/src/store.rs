@@ -4,19 +4,23 @@
 //!
 //! A store is a folder of two files, in the section format of `container.rs` (as a shard's part):
 //! - `manifest.json`: format name and version, the [`StoreKey`] the data was computed under,
-//!   the SHA-256 and size of the data file, and its sections (name, element type, shape, byte
-//!   range);
+//!   the size of the data, and its sections (name, element type, shape, byte range);
 //! - `reference.bin`: the sections' little-endian arrays, back to back: the reference's greedy
 //!   continuations (`tokens`, u32 `[prompts, H]`); what scoring keeps of its pass on them (its
 //!   final hidden states per teacher-forcing chunk, `hidden/FIRST_PROMPT/START`, in the compute
 //!   dtype, for the exact KL; or the compact top-K statistics, `top_ids`, `top_logp`,
 //!   `tail_logp`, `entropy`, `logp_of_token`, `argmax`); and the noise floor's per-prompt traces
-//!   (`noise_floor/…`).
+//!   (`noise_floor/…`); then the seal (`container::seal`): a SHA-256 over `manifest.json`'s bytes
+//!   and the data, so that neither file can be edited alone.
 //!
 //! It is written into a staging folder beside DIR and renamed into place, so DIR holds a whole
 //! store or none. Reading checks the format and version, then the key field by field (a
-//! mismatch is refused naming the field and both values), then the data file's size and
-//! SHA-256, then every section's type, shape and range, before anything is used.
+//! mismatch is refused naming the field and both values), then the seal, then every section's
+//! type, shape and range against what a run with that key writes (the hidden-state chunks are
+//! exactly the batches and teacher-forcing chunks of the key's batch size and chunk), then every
+//! value ([`check_stored`]: tokens within the model's vocabulary, finite hidden states, KL
+//! divergences, entropies and log-probabilities in their ranges), before anything is used. The
+//! writer checks the same values, so a store a run saves is always one a run can read.
 //!
 //! **Invariant: a store is only ever used by a run whose key equals the one it was written
 //! under, so a run with `--reference` gives byte-for-byte the report of the run that saved it
@@ -32,14 +36,19 @@ use serde::{Deserialize, Serialize};
 
 use crate::aggregate::Trace;
 use crate::compact::CompactReference;
-use crate::container::{Section, Sections, Writer, read_file, read_traces, rows, write_traces};
+use crate::container::{
+    Bound, ROUNDING, SEAL_BYTES, Section, Sections, Writer, check_floats, check_format, check_tokens, check_traces,
+    elide, read_file, read_traces, rows, seal, unseal, write_traces,
+};
 use crate::error::EvalError;
 use crate::identity::sha256_hex;
 
 /// The format name in `manifest.json`.
 pub const STORE_FORMAT: &str = "qdrift-reference";
-/// The store layout version this build writes and reads.
-pub const STORE_VERSION: u32 = 1;
+/// The store layout version this build writes and reads (2: `manifest.json` sealed with the data).
+pub const STORE_VERSION: u32 = 2;
+/// What to do with a store of another version.
+const REDO: &str = "save the reference again with this qdrift (`qdrift eval --save-reference`)";
 /// Largest `manifest.json` read.
 const MANIFEST_CAP: u64 = 16 << 20;
 /// Largest `reference.bin` read.
@@ -102,7 +111,7 @@ impl StoreKey {
             "qdrift_version",
         ];
         FIELDS.iter().find(|f| a.get(**f) != b.get(**f)).map(|f| {
-            let show = |v: &serde_json::Value| v.get(*f).map(|x| x.to_string()).unwrap_or_default();
+            let show = |v: &serde_json::Value| v.get(*f).map(|x| elide(&x.to_string())).unwrap_or_default();
             (*f, show(&a), show(&b))
         })
     }
@@ -184,22 +193,39 @@ impl StoredReference {
 }
 
 #[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Manifest {
     format: String,
     version: u32,
     key: StoreKey,
+    /// Bytes of `reference.bin` before its seal.
     data_bytes: u64,
-    data_sha256: String,
     sections: Vec<Section>,
 }
 
+/// What a store's numbers are checked against besides its key: the run's model.
+#[derive(Clone, Copy, Debug)]
+pub struct StoreModel {
+    /// Vocabulary size: every stored token id is below it.
+    pub vocab: usize,
+    /// Residual width: the hidden states' last dimension.
+    pub dim: usize,
+}
+
+/// The error of the store at `dir` given with `flag`.
+fn store_error<'a>(flag: &'static str, dir: &'a Path) -> impl Fn(String) -> EvalError + 'a {
+    move |problem| EvalError::Store { flag, path: dir.to_path_buf(), problem }
+}
+
 /// Writes a store to `dir`, atomically (staged beside it, then renamed; a previous store there is
-/// replaced).
+/// replaced). Errors name `--save-reference` and `dir`, never the staging folder.
 ///
 /// # Shapes
 /// - `continuations`: `[prompts][H]`; `noise_floor`: one trace per prompt, `H` positions each
 /// - hidden chunks: `[rows, positions, dim]`
 pub(crate) fn write_store(dir: &Path, key: &StoreKey, stored: &StoredReference) -> Result<(), EvalError> {
+    let fail = store_error("--save-reference", dir);
+    check_stored(stored, key, None).map_err(|e| fail(format!("cannot save the reference: {e}")))?;
     let n = stored.continuations.len();
     let h = stored.continuations.first().map_or(0, Vec::len);
     let mut w = Writer::default();
@@ -227,15 +253,17 @@ pub(crate) fn write_store(dir: &Path, key: &StoreKey, stored: &StoredReference) 
         version: STORE_VERSION,
         key: key.clone(),
         data_bytes: w.data.len() as u64,
-        data_sha256: sha256_hex(&w.data),
         sections: w.sections,
     };
-    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| EvalError::Internal(e.to_string()))?;
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| fail(format!("cannot encode manifest.json: {e}")))?;
+    let digest = seal(STORE_FORMAT, &json, &w.data);
+    w.data.extend_from_slice(&digest);
     let staging = staging_dir(dir)?;
     let result = (|| {
-        std::fs::create_dir(&staging).map_err(EvalError::io(&staging))?;
-        std::fs::write(staging.join("reference.bin"), &w.data).map_err(EvalError::io(&staging))?;
-        std::fs::write(staging.join("manifest.json"), json).map_err(EvalError::io(&staging))?;
+        std::fs::create_dir(&staging).map_err(|e| fail(format!("cannot create a folder beside it: {e}")))?;
+        for (name, bytes) in [("reference.bin", &w.data), ("manifest.json", &json)] {
+            std::fs::write(staging.join(name), bytes).map_err(|e| fail(format!("cannot write {name}: {e}")))?;
+        }
         replace_dir(&staging, dir)
     })();
     if result.is_err() {
@@ -247,96 +275,109 @@ pub(crate) fn write_store(dir: &Path, key: &StoreKey, stored: &StoredReference) 
 /// A unique staging folder name beside `dir` (`PARENT/.NAME.qdrift-store-PID-RANDOM`,
 /// [`unique_sibling`]); creates PARENT when missing.
 fn staging_dir(dir: &Path) -> Result<PathBuf, EvalError> {
-    let abs = std::path::absolute(dir).map_err(EvalError::io(dir))?;
+    let fail = store_error("--save-reference", dir);
+    let abs = std::path::absolute(dir).map_err(|e| fail(e.to_string()))?;
     match (abs.parent(), abs.file_name()) {
         (Some(parent), Some(_)) => {
-            std::fs::create_dir_all(parent).map_err(EvalError::io(parent))?;
+            std::fs::create_dir_all(parent).map_err(|e| fail(format!("cannot create its parent folder: {e}")))?;
             Ok(unique_sibling(&abs, "store"))
         }
-        _ => Err(EvalError::Store { path: dir.to_path_buf(), problem: "must name a folder (not / or ..)".into() }),
+        _ => Err(fail("must name a folder (not / or ..)".into())),
     }
 }
 
 /// Moves `staging` to `dir`; an existing store at `dir` is moved aside first (to a unique name
 /// beside it) and removed after.
 fn replace_dir(staging: &Path, dir: &Path) -> Result<(), EvalError> {
+    let fail = store_error("--save-reference", dir);
     if dir.exists() {
-        let is_store = dir.join("manifest.json").is_file() && dir.join("reference.bin").is_file();
-        let entries = std::fs::read_dir(dir).map_err(EvalError::io(dir))?.count();
-        if !is_store || entries != 2 {
-            return Err(EvalError::Store {
-                path: dir.to_path_buf(),
-                problem: "exists and is not a reference store; refusing to replace it".into(),
-            });
+        // Only a folder of exactly a store's two regular files is replaced (checked by type,
+        // nothing opened but the folder itself).
+        let is_store = dir.is_dir() && dir.join("manifest.json").is_file() && dir.join("reference.bin").is_file();
+        if !is_store || std::fs::read_dir(dir).map_err(|e| fail(format!("cannot list it: {e}")))?.count() != 2 {
+            return Err(fail("exists and is not a reference store; refusing to replace it".into()));
         }
-        let abs = std::path::absolute(dir).map_err(EvalError::io(dir))?;
+        let abs = std::path::absolute(dir).map_err(|e| fail(e.to_string()))?;
         let old = unique_sibling(&abs, "store-old");
-        std::fs::rename(dir, &old).map_err(EvalError::io(dir))?;
-        std::fs::rename(staging, dir).map_err(EvalError::io(dir))?;
-        std::fs::remove_dir_all(&old).map_err(EvalError::io(&old))?;
+        std::fs::rename(dir, &old).map_err(|e| fail(format!("cannot move the previous store aside: {e}")))?;
+        std::fs::rename(staging, dir).map_err(|e| fail(format!("cannot move the new store into place: {e}")))?;
+        std::fs::remove_dir_all(&old).map_err(|e| fail(format!("cannot remove the previous store: {e}")))?;
         return Ok(());
     }
-    std::fs::rename(staging, dir).map_err(EvalError::io(dir))
+    std::fs::rename(staging, dir).map_err(|e| fail(format!("cannot move the new store into place: {e}")))
 }
 
-/// Reads the store at `dir` for a run with key `run`; refuses any mismatch or damage.
-pub(crate) fn read_store(dir: &Path, run: &StoreKey) -> Result<StoredReference, EvalError> {
-    let fail = |problem: String| EvalError::Store { path: dir.to_path_buf(), problem };
-    let manifest_path = dir.join("manifest.json");
-    let text = read_file(&manifest_path, MANIFEST_CAP, "store manifest").map_err(fail)?;
-    let manifest: Manifest = serde_json::from_slice(&text)
+/// Reads the store at `dir` (`--reference`) for a run with key `run` on `model`; refuses any
+/// mismatch, damage, or value a run with that key could not have written.
+pub(crate) fn read_store(dir: &Path, run: &StoreKey, model: StoreModel) -> Result<StoredReference, EvalError> {
+    let fail = store_error("--reference", dir);
+    let json = read_file(&dir.join("manifest.json"), MANIFEST_CAP, "store manifest").map_err(&fail)?;
+    check_format(&json, "manifest.json", (STORE_FORMAT, STORE_VERSION), REDO).map_err(&fail)?;
+    let manifest: Manifest = serde_json::from_slice(&json)
         .map_err(|e| fail(format!("manifest.json is not a reference store manifest: {e}")))?;
-    if manifest.format != STORE_FORMAT || manifest.version != STORE_VERSION {
-        return Err(fail(format!(
-            "is {} version {}; this qdrift reads {STORE_FORMAT} version {STORE_VERSION}",
-            manifest.format, manifest.version
-        )));
-    }
     if let Some((field, stored, now)) = manifest.key.mismatch(run) {
         return Err(fail(format!("was saved with {field} = {stored}, this run has {now}; save a new reference")));
     }
-    let data_path = dir.join("reference.bin");
-    let data = read_file(&data_path, DATA_CAP.min(manifest.data_bytes), "store data").map_err(fail)?;
+    let cap = manifest.data_bytes.checked_add(SEAL_BYTES).map_or(DATA_CAP, |b| b.min(DATA_CAP));
+    let file = read_file(&dir.join("reference.bin"), cap, "store data").map_err(&fail)?;
+    let data = unseal(STORE_FORMAT, &json, &file, ("manifest.json", "reference.bin")).map_err(&fail)?;
     if data.len() as u64 != manifest.data_bytes {
         return Err(fail(format!(
-            "reference.bin holds {} bytes, the manifest says {}",
-            data.len(),
-            manifest.data_bytes
+            "manifest.json: data_bytes is {}, reference.bin holds {}",
+            manifest.data_bytes,
+            data.len()
         )));
     }
-    if sha256_hex(&data) != manifest.data_sha256 {
-        return Err(fail("reference.bin does not match its checksum (damaged or edited)".into()));
-    }
-    let sections = Sections::new(&manifest.sections, &data).map_err(fail)?;
-    decode(&sections, run).map_err(fail)
+    let in_data = |e: String| fail(format!("reference.bin: {e}"));
+    let sections = Sections::new(&manifest.sections, data).map_err(in_data)?;
+    let stored = decode(&sections, run, model.dim).map_err(in_data)?;
+    check_stored(&stored, run, Some(model)).map_err(in_data)?;
+    Ok(stored)
 }
 
-fn decode(s: &Sections<'_>, run: &StoreKey) -> Result<StoredReference, String> {
+/// Reads the store at `dir` as a run with key `run` on `model` would (`--reference`) and drops
+/// it: the store reader's entry point for the fuzzer and the tests.
+///
+/// # Errors
+/// As a run with `--reference` would refuse the store.
+#[doc(hidden)]
+pub fn verify_store(dir: &Path, run: &StoreKey, model: StoreModel) -> Result<(), EvalError> {
+    read_store(dir, run, model).map(drop)
+}
+
+/// The hidden-state chunks a run with `key` keeps for `n` prompts of `h` positions: per batch of
+/// `key.batch_size` prompts (keyed by its first), position 0 alone, then `key.chunk` positions at
+/// a time from 1, as `qdrift_generate::teacher_forced` cuts them. Each: (first prompt, start),
+/// (rows, positions).
+fn hidden_grid(key: &StoreKey, n: usize, h: usize) -> Vec<((usize, usize), (usize, usize))> {
+    let (batch, chunk) = (key.batch_size.max(1), key.chunk.max(1));
+    let mut grid = Vec::new();
+    for first in (0..n).step_by(batch) {
+        let rows = batch.min(n - first);
+        let mut start = 0;
+        while start < h {
+            let len = if start == 0 { 1 } else { chunk.min(h - start) };
+            grid.push(((first, start), (rows, len)));
+            start += len;
+        }
+    }
+    grid
+}
+
+fn decode(s: &Sections<'_>, run: &StoreKey, dim: usize) -> Result<StoredReference, String> {
     let n = run.prompts.len();
     let h = run.horizons.iter().copied().max().unwrap_or(0);
     let continuations = rows(s.u32s("tokens", &[n, h])?, h);
-    let side = if run.kl == "exact" {
+    let (side, side_sections) = if run.kl == "exact" {
         let dtype = if run.dtype == "f16" { "f16" } else { "f32" };
-        let mut chunks = Vec::new();
-        for (name, sec, bytes) in s.iter() {
-            let Some(rest) = name.strip_prefix("hidden/") else { continue };
-            let mut parts = rest.split('/').map(str::parse::<usize>);
-            let (Some(Ok(p)), Some(Ok(start)), None) = (parts.next(), parts.next(), parts.next()) else {
-                return Err(format!("section {name}: not hidden/PROMPT/START"));
-            };
-            let [rows, len, dim] = sec.shape[..] else {
-                return Err(format!("section {name}: shape {:?} is not [rows, positions, dim]", sec.shape));
-            };
-            if sec.dtype != dtype || p + rows > n || start + len > h {
-                return Err(format!(
-                    "section {name}: {} {:?} does not fit {n} prompts × {h} positions in {dtype}",
-                    sec.dtype, sec.shape
-                ));
-            }
+        let grid = hidden_grid(run, n, h);
+        let mut chunks = Vec::with_capacity(grid.len());
+        for ((p, start), (rows, len)) in grid {
+            let bytes = s.get(&format!("hidden/{p}/{start}"), dtype, &[rows, len, dim])?;
             chunks.push(((p, start), [rows, len, dim], bytes.to_vec()));
         }
-        chunks.sort_by_key(|(k, _, _)| *k);
-        StoredSide::Hidden(chunks)
+        let count = chunks.len();
+        (StoredSide::Hidden(chunks), count)
     } else {
         let k: usize =
             run.kl.strip_prefix("top-").and_then(|k| k.parse().ok()).ok_or_else(|| format!("kl {}", run.kl))?;
@@ -359,10 +400,80 @@ fn decode(s: &Sections<'_>, run: &StoreKey) -> Result<StoredReference, String> {
                 argmax: argmax[i * h..(i + 1) * h].to_vec(),
             })
             .collect();
-        StoredSide::Compact(CompactReference { k, prompts })
+        (StoredSide::Compact(CompactReference { k, prompts }), 6)
     };
     let noise_floor = read_traces(s, "noise_floor", n, h)?;
+    // The tokens, the side's sections and the noise floor's eight.
+    s.all_used(1 + side_sections + 8)?;
     Ok(StoredReference { continuations, side, noise_floor })
+}
+
+/// Every value of a store in the range a run with `key` writes: `n` continuations of `h`
+/// tokens, the hidden-state chunks of [`hidden_grid`] with finite values, the compact
+/// statistics' log-probabilities and entropies in range, the noise floor's traces
+/// ([`check_traces`]); with `model`, every token below its vocabulary and the hidden states
+/// its width (the writer, which has no model at hand, checks the rest).
+fn check_stored(s: &StoredReference, key: &StoreKey, model: Option<StoreModel>) -> Result<(), String> {
+    let n = key.prompts.len();
+    let h = key.horizons.iter().copied().max().unwrap_or(0);
+    let vocab = model.map_or(usize::MAX, |m| m.vocab);
+    if s.continuations.len() != n || s.continuations.iter().any(|c| c.len() != h) || s.noise_floor.len() != n {
+        return Err(format!("does not hold {n} prompts of {h} positions"));
+    }
+    for (i, c) in s.continuations.iter().enumerate() {
+        check_tokens("tokens", c, h, vocab).map_err(|e| e.replacen("prompt 1 ", &format!("prompt {} ", i + 1), 1))?;
+    }
+    check_traces("noise_floor", &s.noise_floor, h, vocab, &s.continuations)?;
+    match &s.side {
+        StoredSide::Hidden(chunks) => {
+            let grid = hidden_grid(key, n, h);
+            let dims = chunks.first().map(|c| c.1[2]);
+            if chunks.len() != grid.len()
+                || chunks.iter().zip(&grid).any(|(c, g)| (c.0, (c.1[0], c.1[1])) != *g || Some(c.1[2]) != dims)
+            {
+                return Err("the hidden states are not cut as the run's batches and chunks".into());
+            }
+            if let (Some(m), Some(d)) = (model, dims)
+                && m.dim != d
+            {
+                return Err(format!("the hidden states are {d} wide, the model {}", m.dim));
+            }
+            let f16 = key.dtype == "f16";
+            for ((p, start), _, bytes) in chunks {
+                if !hidden_finite(bytes, f16) {
+                    return Err(format!("section hidden/{p}/{start}: a hidden state is not finite"));
+                }
+            }
+        }
+        StoredSide::Compact(c) => {
+            for (i, p) in c.prompts.iter().enumerate() {
+                let at = |e: String| e.replacen("prompt 1 ", &format!("prompt {} ", i + 1), 1);
+                check_tokens("top_ids", &p.top_ids, h * c.k, vocab).map_err(at)?;
+                check_tokens("argmax", &p.argmax, h, vocab).map_err(at)?;
+                check_floats("top_logp", &p.top_logp, h * c.k, Bound::LogProb).map_err(at)?;
+                check_floats("entropy", &p.entropy, h, Bound::NonNegative).map_err(at)?;
+                check_floats("logp_of_token", &p.logp_of_token, h, Bound::LogProb).map_err(at)?;
+                // The tail's log-mass is −∞ when the top K hold all of it.
+                if let Some(t) = p.tail_logp.iter().position(|&l| l.is_nan() || l > ROUNDING) {
+                    return Err(format!(
+                        "section tail_logp: prompt {} position {t} is {}, not a log-probability (≤ 0)",
+                        i + 1,
+                        p.tail_logp[t]
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether every f16 (`f16`) or f32 little-endian value of `bytes` is finite.
+fn hidden_finite(bytes: &[u8], f16: bool) -> bool {
+    if f16 {
+        bytes.chunks_exact(2).all(|b| (u16::from_le_bytes([b[0], b[1]]) >> 10) & 0x1f != 0x1f)
+    } else {
+        bytes.chunks_exact(4).all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite())
+    }
 }
 
 /// Reads a kept hidden-state chunk back from the device as dtype-native bytes.
@@ -387,4 +498,58 @@ pub(crate) fn hidden_bytes(hidden: &Tensor<3>, dtype: DType) -> Result<([usize; 
 /// `[rows, positions, dim]` of `dtype` (f16 or f32) from `bytes`.
 pub(crate) fn hidden_tensor(shape: [usize; 3], bytes: Vec<u8>, dtype: DType, device: &Device) -> Tensor<3> {
     Tensor::from_data(TensorData::from_bytes_vec(bytes, shape, dtype), (device, dtype))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(batch_size: usize, chunk: usize) -> StoreKey {
+        StoreKey {
+            model_sha256: String::new(),
+            tokenizer_sha256: String::new(),
+            eval_set_sha256: String::new(),
+            prompts: vec!["a".into(); 5],
+            prompt_tokens_sha256: String::new(),
+            dtype: "f16".into(),
+            horizons: vec![5, 20],
+            backend: "cpu".into(),
+            batch_size,
+            chunk,
+            kl: "exact".into(),
+            quantize_embeddings: false,
+            quantize_head: false,
+            qdrift_version: String::new(),
+        }
+    }
+
+    /// The hidden-state chunks a store must hold: per batch, position 0 alone, then `chunk`
+    /// positions at a time (as teacher forcing cuts them).
+    #[test]
+    fn the_hidden_state_grid_is_the_runs_batches_and_chunks() {
+        let grid = hidden_grid(&key(2, 8), 5, 20);
+        let first: Vec<_> = grid.iter().filter(|((p, _), _)| *p == 0).copied().collect();
+        assert_eq!(first, [((0, 0), (2, 1)), ((0, 1), (2, 8)), ((0, 9), (2, 8)), ((0, 17), (2, 3))]);
+        assert_eq!(grid.iter().filter(|((p, _), _)| *p == 4).map(|(_, (rows, _))| *rows).max(), Some(1));
+        assert_eq!(grid.len(), 12);
+        assert!(hidden_grid(&key(2, 8), 5, 0).is_empty());
+    }
+
+    #[test]
+    fn non_finite_hidden_states_are_found_in_both_dtypes() {
+        let f16 = |bits: u16| bits.to_le_bytes().to_vec();
+        assert!(hidden_finite(&f16(0x3c00), true));
+        assert!(!hidden_finite(&f16(0x7c00), true) && !hidden_finite(&f16(0x7e00), true));
+        assert!(hidden_finite(&1.5f32.to_le_bytes(), false));
+        assert!(!hidden_finite(&f32::NAN.to_le_bytes(), false));
+    }
+
+    #[test]
+    fn a_store_key_mismatch_names_the_field_and_elides_long_values() {
+        let mut other = key(2, 8);
+        other.prompts = vec!["p".repeat(500)];
+        let (field, _, now) = key(2, 8).mismatch(&other).expect("differs");
+        assert_eq!(field, "prompts");
+        assert!(now.chars().count() <= 81 && now.contains('…'), "{now}");
+    }
 }

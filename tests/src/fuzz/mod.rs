@@ -1,9 +1,11 @@
 //! A structure-aware fuzzer for qdrift's readers, on stable Rust.
 //!
 //! Each [`Target`] writes valid seed inputs (built in code from a tiny synthetic model, the
-//! stories260K files, a sample report), mutates one seed per execution with format-aware edits
-//! (GGUF header fields and entries, safetensors JSON headers and length prefix, llama2.c header
-//! ints, JSON/TOML values and lines) followed by byte-level edits, and runs its reader in-process.
+//! stories260K files, a sample report, a tiny evaluation's shard parts and saved references),
+//! mutates one seed per execution with format-aware edits (GGUF header fields and entries,
+//! safetensors JSON headers and length prefix, llama2.c header ints, JSON/TOML values and lines,
+//! a part's or store's JSON and data with their seal recomputed) followed by byte-level edits,
+//! and runs its reader in-process.
 //! A panic is a crash; [`runner`] adds a hang watchdog and the `qdrift-fuzz` binary a memory guard,
 //! and a supervisor process saves the input of a worker that died (abort, out of memory, hang).
 //!
@@ -18,6 +20,7 @@ mod formats;
 pub mod mutate;
 pub mod panics;
 pub mod runner;
+mod sealed;
 mod targets;
 
 use std::path::{Path, PathBuf};

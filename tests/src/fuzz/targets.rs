@@ -25,6 +25,8 @@ pub fn targets() -> &'static [&'static dyn Target] {
         &EvalSetJsonl,
         &ThresholdsToml,
         &ReportJson,
+        &super::sealed::PartTarget,
+        &super::sealed::StoreTarget,
     ]
 }
 
