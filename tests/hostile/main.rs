@@ -14,6 +14,8 @@
 //! | quadratic time: megabyte prompts, horizons past the context | `tokenizers`, `commands` |
 //! | the gate trusting impossible reports | `reports`; every rule in `crates/report/tests/impossible.rs` |
 //! | concurrent runs and partial output: lock, staging, unwritable `--out`, a full disk | `commands`, `output` |
+//! | compressed-tensors: `re:` patterns in linear time, integer codes and zero points in range | `compressed` |
+//! | bounded cost: chat templates (fuel, rendered size), `bandwidth --mib`, long strings quoted short, `--schemes ''` | `limits` |
 //!
 //! Needs the `qdrift` binary beside this test's executable (`target/release/qdrift`), which
 //! `cargo test --workspace` builds, and stories260K from `../shared` (override with
@@ -24,6 +26,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod commands;
+mod compressed;
+mod limits;
 mod models;
 mod output;
 mod reports;

@@ -18,6 +18,10 @@
 //! **Invariants: no qdrift crate reads a file it is handed or writes a file it makes except
 //! through this crate; this crate depends on no other qdrift crate.**
 
+mod text;
+
+pub use text::{ELIDE_KEEP, elide};
+
 use std::fs::{File, FileType};
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
