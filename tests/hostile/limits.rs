@@ -8,6 +8,7 @@ use std::process::Command;
 
 use qdrift_load::write::{WriteDtype, llama2c_tokenizer_keys, write_gguf, write_gguf_with};
 use qdrift_load::{GgufValue, HostModel, byte_tokenizer, synthetic_model};
+use serde_json::Value;
 
 use crate::{QUICK, USER, qdrift_command, refused};
 
@@ -104,7 +105,10 @@ fn schemes_empty_runs_the_variants_only_and_is_refused_without_any() {
     let run = eval(&["--variant", &variant]).output().expect("runs");
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let report = std::fs::read_to_string(out.join("report.json")).expect("report");
-    let v: serde_json::Value = serde_json::from_str(&report).expect("JSON");
+    let v: Value = serde_json::from_str(&report).expect("JSON");
+    // The noise floor and the --variant checkpoint; no built-in scheme.
     let variants = v["variants"].as_array().expect("variants");
-    assert_eq!(variants.len(), 1, "only the --variant checkpoint: {variants:?}");
+    let schemes: Vec<&Value> = variants.iter().filter(|v| !v["scheme"].is_null()).collect();
+    assert!(schemes.is_empty(), "no built-in scheme runs: {schemes:?}");
+    assert_eq!(variants.iter().filter(|v| v["kind"] == "checkpoint").count(), 1, "the --variant runs: {variants:?}");
 }
