@@ -67,7 +67,7 @@ fn edit_tensors(folder: &Path, mut edit: impl FnMut(&str, &mut Tensor) -> Vec<(S
         body.extend(b);
     }
     let mut head = Value::Object(head).to_string().into_bytes();
-    while head.len() % 8 != 0 {
+    while !head.len().is_multiple_of(8) {
         head.push(b' ');
     }
     let mut out = (head.len() as u64).to_le_bytes().to_vec();
