@@ -28,7 +28,8 @@ pub const CHAT_TEMPLATE_FUEL: u64 = 50_000;
 pub const CHAT_TEMPLATE_MAX_BYTES: usize = 1 << 20;
 
 /// Renders one user message followed by the generation prompt (the assistant turn's header);
-/// past a limit (see the module doc) the error names no file (see [`render_chat_template`]).
+/// past a limit (see the module doc) the error names no file (an evaluation renders through
+/// `render_chat_template`, which names it).
 pub fn apply_chat_template(template: &str, user: &str, bos: &str, eos: &str) -> Result<String, EvalError> {
     render(None, template, user, bos, eos)
 }
