@@ -12,8 +12,8 @@ pub const ELIDE_KEEP: usize = 40;
 ///
 /// ```
 /// assert_eq!(qdrift_io::elide("int8,fp8"), "int8,fp8");
-/// let long = "a".repeat(50) + &"b".repeat(50);
-/// assert_eq!(qdrift_io::elide(&long), format!("{}…(100 bytes)…{}", "a".repeat(40), "b".repeat(40)));
+/// let long = "a".repeat(60) + &"b".repeat(60);
+/// assert_eq!(qdrift_io::elide(&long), format!("{}…(120 bytes)…{}", "a".repeat(40), "b".repeat(40)));
 /// ```
 pub fn elide(s: &str) -> Cow<'_, str> {
     let n = s.chars().count();
