@@ -15,6 +15,8 @@
 //! | the gate trusting impossible reports | `reports`; every rule in `crates/report/tests/impossible.rs` |
 //! | concurrent runs and partial output: lock, staging, unwritable `--out`, a full disk | `commands`, `output` |
 //! | edited parts and saved references (sealed JSON, counts, indices, values), `--shard` counts without a batch, special files as members | `metadata` |
+//! | compressed-tensors: `re:` patterns in linear time, integer codes and zero points in range | `compressed` |
+//! | bounded cost: chat templates (fuel, rendered size), `bandwidth --mib`, long strings quoted short, `--schemes ''` | `limits` |
 //!
 //! Needs the `qdrift` binary beside this test's executable (`target/release/qdrift`), which
 //! `cargo test --workspace` builds, and stories260K from `../shared` (override with
@@ -25,6 +27,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod commands;
+mod compressed;
+mod limits;
 mod metadata;
 mod models;
 mod output;

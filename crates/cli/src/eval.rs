@@ -13,10 +13,10 @@ use qdrift_eval::{
 };
 use qdrift_generate::BackendChoice;
 use qdrift_io::{PathCheck, write_atomic};
-use qdrift_quantize::{QuantizeOptions, Recipe};
+use qdrift_quantize::QuantizeOptions;
 use qdrift_report::{Report, Thresholds, render_html, render_markdown, render_summary};
 
-use crate::quantize::RecipeParser;
+use crate::args::{SchemeList, SchemeListParser};
 
 /// Arguments of `qdrift eval`.
 #[derive(Args)]
@@ -35,14 +35,8 @@ pub struct EvalArgs {
     /// `+a-fp8-g128` per token and group of 128 inputs, …)
     /// and KV-cache rounding (`+kv-q8_0`, `+kv-fp8-e4m3`, …); `w8a8-int8`, `w8a8-fp8` are
     /// shorthands. `--schemes` with no value runs none (only the `--variant` checkpoints).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        num_args = 0..,
-        value_parser = RecipeParser,
-        default_value = "int8,fp8-e4m3,int4-g128"
-    )]
-    schemes: Vec<Recipe>,
+    #[arg(long, num_args = 0.., value_parser = SchemeListParser, default_value = "int8,fp8-e4m3,int4-g128")]
+    schemes: Vec<SchemeList>,
     /// Another checkpoint of the same architecture and tokenizer to compare (repeatable):
     /// llama2.c, GGUF, or a Hugging Face folder, also quantized (GPTQ, AWQ, compressed-tensors,
     /// FP8: dequantized on load; a dynamic activation quantization its config declares is
@@ -141,6 +135,11 @@ fn eval_set_help() -> String {
 /// model; the reports (and a JUnit file inside `--out`) are written to the staging folder and
 /// moved into `--out` together ([`OutputDir`]).
 pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
+    if args.schemes.iter().all(|list| list.0.is_empty()) && args.variant.is_empty() {
+        return Err("--schemes names no scheme and no --variant is given: nothing to compare with the reference \
+                    (name schemes, --schemes int8, or checkpoints, --variant FILE)"
+            .into());
+    }
     // Refuse unusable thresholds before an evaluation that may take hours.
     let thresholds =
         args.gate.as_ref().map(|t| Ok::<_, Box<dyn Error>>((t.clone(), Thresholds::read(t)?))).transpose()?;
@@ -294,7 +293,7 @@ fn config(args: &EvalArgs, gate: Option<(PathBuf, Thresholds)>) -> EvalConfig {
     let mut cfg = EvalConfig::new(args.model.clone());
     cfg.tokenizer = args.tokenizer.clone();
     cfg.eval_set = args.eval_set.clone();
-    cfg.variants = args.schemes.iter().cloned().map(VariantSpec::Scheme).collect();
+    cfg.variants = args.schemes.iter().flat_map(|list| list.0.iter().cloned()).map(VariantSpec::Scheme).collect();
     cfg.variants.extend(args.variant.iter().cloned().map(VariantSpec::Checkpoint));
     cfg.horizons = args.horizons.clone();
     cfg.backend = args.backend;

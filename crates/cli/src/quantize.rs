@@ -9,8 +9,8 @@ use clap::{Args, ValueEnum};
 use qdrift_load::HostModel;
 use qdrift_load::write::gguf_tokenizer_keys;
 use qdrift_quantize::{
-    QuantizeOptions, QuantizedModel, Recipe, Scheme, check_gguf_scheme, quantize_model, round_to_fp16_reference,
-    write_gguf, write_safetensors,
+    QuantizeOptions, QuantizedModel, Recipe, check_gguf_scheme, quantize_model, round_to_fp16_reference, write_gguf,
+    write_safetensors,
 };
 
 /// Which variant of the reference to build.
@@ -32,9 +32,10 @@ pub struct SchemeArgs {
     pub quantize_head: bool,
 }
 
-/// Parses a `--scheme`/`--schemes` entry (`WEIGHTS[+a-ACT][+kv-KV]`, [`Recipe`]); `--help` lists
-/// every weight scheme of [`Scheme::all`] with its sentence ([`Scheme::describe`]) and the grammar
-/// with every activation and KV-cache part ([`Recipe::grammar`]), so the lists cannot go stale.
+/// Parses a `--scheme` value (`WEIGHTS[+a-ACT][+kv-KV]`, [`Recipe`];
+/// [`crate::args::parse_recipe`]); `--help` lists every weight scheme with its sentence
+/// ([`crate::args::recipe_possible_values`]) and the grammar with every activation and KV-cache
+/// part ([`Recipe::grammar`]), so the lists cannot go stale.
 #[derive(Clone, Copy)]
 pub struct RecipeParser;
 
@@ -47,17 +48,11 @@ impl TypedValueParser for RecipeParser {
         arg: Option<&clap::Arg>,
         value: &std::ffi::OsStr,
     ) -> Result<Recipe, clap::Error> {
-        let parse = |s: &str| s.parse::<Recipe>().map_err(|e| e.to_string());
-        parse.parse_ref(cmd, arg, value)
+        crate::args::parse_recipe(cmd, arg, value)
     }
 
     fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
-        let schemes = Scheme::all().into_iter().map(|s| PossibleValue::new(s.to_string()).help(s.describe()));
-        let shorthands = Recipe::shorthands().map(|r| {
-            let help = format!("= {}+a-{}", r.weights, r.activations.map(|a| a.to_string()).unwrap_or_default());
-            PossibleValue::new(r.to_string()).help(help)
-        });
-        Some(Box::new(schemes.chain(shorthands)))
+        Some(crate::args::recipe_possible_values())
     }
 }
 

@@ -25,6 +25,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use qdrift_ggml::GgmlType;
+use qdrift_io::elide;
 
 use crate::error::QuantizeError;
 use crate::scheme::{Fp8Format, Scheme};
@@ -321,8 +322,11 @@ impl FromStr for Recipe {
     /// [`QuantizeError::BadRecipe`] saying which part is wrong, with the grammar and every valid
     /// part.
     fn from_str(name: &str) -> Result<Self, Self::Err> {
-        let bad =
-            |problem: String| QuantizeError::BadRecipe { name: name.to_string(), problem, grammar: Recipe::grammar() };
+        let bad = |problem: String| QuantizeError::BadRecipe {
+            name: elide(name).into_owned(),
+            problem,
+            grammar: Recipe::grammar(),
+        };
         let mut parts = name.split('+');
         let weights = parts.next().unwrap_or_default();
         let mut recipe = if let Some((_, w, a)) = SHORTHANDS.iter().find(|(n, ..)| *n == weights) {
@@ -330,26 +334,34 @@ impl FromStr for Recipe {
         } else if weights.is_empty() {
             return Err(bad("the weight scheme is missing (use fp16 to leave the weights unquantized)".into()));
         } else {
-            let scheme = Scheme::from_str(weights).map_err(|_| bad(format!("unknown weight scheme `{weights}`")))?;
+            let scheme =
+                Scheme::from_str(weights).map_err(|_| bad(format!("unknown weight scheme `{}`", elide(weights))))?;
             Recipe::weight_only(scheme)
         };
         for part in parts {
             if let Some(act) = part.strip_prefix("a-") {
                 if recipe.kv_cache.is_some() {
-                    return Err(bad(format!("`+{part}` comes after the KV-cache part; write +a-… before +kv-…")));
+                    return Err(bad(format!(
+                        "`+{}` comes after the KV-cache part; write +a-… before +kv-…",
+                        elide(part)
+                    )));
                 }
                 if recipe.activations.is_some() {
-                    return Err(bad(format!("more than one activation part (`+{part}`)")));
+                    return Err(bad(format!("more than one activation part (`+{}`)", elide(part))));
                 }
-                let a = act.parse().map_err(|()| bad(format!("unknown activation format `{act}`")))?;
+                let a = act.parse().map_err(|()| bad(format!("unknown activation format `{}`", elide(act))))?;
                 recipe.activations = Some(a);
             } else if let Some(kv) = part.strip_prefix("kv-") {
                 if recipe.kv_cache.is_some() {
-                    return Err(bad(format!("more than one KV-cache part (`+{part}`)")));
+                    return Err(bad(format!("more than one KV-cache part (`+{}`)", elide(part))));
                 }
-                recipe.kv_cache = Some(kv.parse().map_err(|()| bad(format!("unknown KV-cache format `{kv}`")))?);
+                recipe.kv_cache =
+                    Some(kv.parse().map_err(|()| bad(format!("unknown KV-cache format `{}`", elide(kv))))?);
             } else {
-                return Err(bad(format!("`+{part}` is neither an activation part (+a-…) nor a KV-cache part (+kv-…)")));
+                return Err(bad(format!(
+                    "`+{}` is neither an activation part (+a-…) nor a KV-cache part (+kv-…)",
+                    elide(part)
+                )));
             }
         }
         Ok(recipe)
@@ -362,6 +374,15 @@ mod tests {
 
     fn parse(s: &str) -> Recipe {
         s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn a_long_bad_recipe_is_quoted_short_once() {
+        let long = format!("int8+a-{}", "x".repeat(100_000));
+        let e = long.parse::<Recipe>().unwrap_err().to_string();
+        assert!(e.len() < 2 * Recipe::grammar().len() + 400, "{} bytes", e.len());
+        assert!(e.contains("…(100007 bytes)…") && e.contains("…(100000 bytes)…"), "{e}");
+        assert_eq!(e.lines().count(), 1);
     }
 
     #[test]

@@ -42,6 +42,15 @@ pub enum EvalError {
     /// The model's chat template does not render.
     #[error("the model's chat template: {0}")]
     ChatTemplate(minijinja::Error),
+    /// The model's chat template ran past a limit: its fuel (instructions) or the size of what it
+    /// renders (chat.rs).
+    #[error("{}the model's chat template {limit}", .file.as_ref().map(|f| format!("{}: ", f.display())).unwrap_or_default())]
+    ChatTemplateLimit {
+        /// The file the template came from (the GGUF file, `tokenizer_config.json`), when known.
+        file: Option<std::path::PathBuf>,
+        /// The limit it hit, in words.
+        limit: String,
+    },
     /// A variant cannot be compared with the reference.
     #[error("variant {variant}: {problem}")]
     Variant {

@@ -7,7 +7,7 @@
 use qdrift_generate::{PromptTooLong, check_prompt_text, check_prompt_tokens};
 use qdrift_load::LoadedModel;
 
-use crate::chat::apply_chat_template;
+use crate::chat::render_chat_template;
 use crate::error::EvalError;
 use crate::evalset::{EvalPrompt, EvalSet};
 
@@ -81,5 +81,8 @@ fn encode_chat(loaded: &LoadedModel, template: &str, prompts: &[EvalPrompt]) -> 
     let tokenizer = &loaded.tokenizer;
     let piece = |id: Option<u32>| id.map(|i| tokenizer.decode(&[i])).unwrap_or_default();
     let (bos, eos) = (piece(tokenizer.bos_id()), piece(tokenizer.eos_id()));
-    prompts.iter().map(|p| Ok(tokenizer.encode(&apply_chat_template(template, &p.prompt, &bos, &eos)?))).collect()
+    prompts
+        .iter()
+        .map(|p| Ok(tokenizer.encode(&render_chat_template(loaded, template, &p.prompt, &bos, &eos)?)))
+        .collect()
 }

@@ -20,13 +20,17 @@
 //!   renamed into place as a whole.
 //! - **The output rule** ([`PathCheck`], `paths.rs`): before any work, a command's outputs are
 //!   checked against their targets' types, its inputs (device and inode) and each other.
+//! - **User strings in messages** ([`elide`], `text.rs`): a long string from the user or a file
+//!   is quoted by its first and last characters, so an error stays one short line.
 //!
 //! **Invariants: no qdrift crate reads a file it is handed or writes a file it makes except
 //! through this crate; this crate depends on no other qdrift crate.**
 
 mod paths;
+mod text;
 
 pub use paths::PathCheck;
+pub use text::{ELIDE_KEEP, elide};
 
 use std::fs::{File, FileType};
 use std::io::{BufWriter, Read, Write};

@@ -118,23 +118,111 @@ fn ct_format(f: &Fields<'_>, key: &str) -> Result<Option<CtFormat>, LoadError> {
 }
 
 impl Compressed {
-    /// Parses the config (see the module doc); returns it with the format's name in reports
-    /// (`compressed-tensors pack-quantized int4 group 128`) and the declared activations.
-    pub(crate) fn parse(f: &Fields<'_>) -> Result<(Self, String, Option<CheckpointActivations>), LoadError> {
+    /// Parses the config (see the module doc) and compiles its patterns; returns it with the
+    /// format's name in reports (`compressed-tensors pack-quantized int4 group 128`) and the
+    /// declared activations.
+    pub(crate) fn parse(f: &Fields<'_>) -> Result<(ReadCompressed, String, Option<CheckpointActivations>), LoadError> {
         parse_compressed(f)
-    }
-
-    /// The group quantizing `module`: not ignored, matched by a target (`Linear` matches every
-    /// linear layer).
-    pub(crate) fn scheme_of(&self, module: &str) -> Option<&CtScheme> {
-        if self.ignore.iter().any(|p| matches(p, module)) {
-            return None;
-        }
-        self.groups.iter().find(|g| g.targets.iter().any(|t| t == "Linear" || matches(t, module))).map(|g| &g.scheme)
     }
 }
 
-fn parse_compressed(f: &Fields<'_>) -> Result<(Compressed, String, Option<CheckpointActivations>), LoadError> {
+/// A compressed-tensors config as read: the config and its `ignore` and `targets` patterns,
+/// compiled once.
+#[derive(Debug, Clone)]
+pub(crate) struct ReadCompressed {
+    /// The config.
+    pub(crate) config: Compressed,
+    /// `ignore`, compiled.
+    ignore: Vec<ModulePattern>,
+    /// Each group's `targets`, compiled.
+    targets: Vec<Vec<ModulePattern>>,
+}
+
+impl ReadCompressed {
+    /// The group quantizing `module`: not ignored, matched by a target (`Linear` matches every
+    /// linear layer).
+    pub(crate) fn scheme_of(&self, module: &str) -> Option<&CtScheme> {
+        if self.ignore.iter().any(|p| p.matches(module)) {
+            return None;
+        }
+        self.config
+            .groups
+            .iter()
+            .zip(&self.targets)
+            .find(|(_, targets)| targets.iter().any(|t| t.matches(module)))
+            .map(|(g, _)| &g.scheme)
+    }
+}
+
+/// Compiled regular expressions stay below this many bytes (`regex`'s `size_limit`; its default
+/// is 10 MiB): a pattern past it is refused instead of compiled slowly into a huge automaton.
+const PATTERN_SIZE_LIMIT: usize = 1 << 20;
+
+/// One entry of `ignore` or `targets`: `Linear` (targets only: every linear layer), a module
+/// name, or a `re:` pattern matched as Python's `re.match` does (anchored at the start, not at
+/// the end), in linear time.
+#[derive(Debug, Clone)]
+enum ModulePattern {
+    /// `Linear` in `targets`.
+    Linear,
+    /// A module name, matched exactly.
+    Name(String),
+    /// A `re:` pattern, compiled as `^(?:PATTERN)`.
+    Re(regex::Regex),
+}
+
+impl ModulePattern {
+    /// Compiles entry `pattern` of list `key` of `f` (`ignore`, `targets`); `Linear` is special
+    /// in `targets` only. A `re:` pattern Rust's `regex` does not accept (look-around,
+    /// backreferences) or that compiles past [`PATTERN_SIZE_LIMIT`] is refused, naming the field
+    /// and the pattern.
+    fn compile(f: &Fields<'_>, key: &str, pattern: &str) -> Result<Self, LoadError> {
+        let Some(re) = pattern.strip_prefix("re:") else {
+            return Ok(if key == "targets" && pattern == "Linear" {
+                ModulePattern::Linear
+            } else {
+                ModulePattern::Name(pattern.to_string())
+            });
+        };
+        regex::RegexBuilder::new(&format!("^(?:{re})"))
+            .size_limit(PATTERN_SIZE_LIMIT)
+            .dfa_size_limit(PATTERN_SIZE_LIMIT)
+            .build()
+            .map(ModulePattern::Re)
+            .map_err(|e| {
+                let why = match &e {
+                    regex::Error::CompiledTooBig(limit) => format!("it compiles past the {limit}-byte size limit"),
+                    // The syntax error's last line says what is wrong (the lines before quote the
+                    // pattern and point into it).
+                    other => other
+                        .to_string()
+                        .lines()
+                        .rev()
+                        .find_map(|l| l.strip_prefix("error: "))
+                        .map_or_else(|| "it is not a regular expression".to_string(), |l| l.to_string()),
+                };
+                f.unsupported(
+                    key,
+                    pattern,
+                    &format!(
+                        "module names, `Linear` and `re:` patterns of Rust's regex syntax (no look-around or \
+                         backreferences), compiling within {PATTERN_SIZE_LIMIT} bytes; this one: {why}"
+                    ),
+                )
+            })
+    }
+
+    /// Whether this entry names `module`.
+    fn matches(&self, module: &str) -> bool {
+        match self {
+            ModulePattern::Linear => true,
+            ModulePattern::Name(name) => name == module,
+            ModulePattern::Re(re) => re.is_match(module),
+        }
+    }
+}
+
+fn parse_compressed(f: &Fields<'_>) -> Result<(ReadCompressed, String, Option<CheckpointActivations>), LoadError> {
     let top_format = ct_format(f, "format")?;
     if let Some(status) = f.str("quantization_status")?
         && status != "compressed"
@@ -160,15 +248,14 @@ fn parse_compressed(f: &Fields<'_>) -> Result<(Compressed, String, Option<Checkp
             .and_then(|a| a.iter().map(|x| x.as_str().map(str::to_string)).collect::<Option<Vec<_>>>())
             .ok_or_else(|| LoadError::invalid(f.path, format!("{} is not a list of strings", f.field("ignore"))))?,
     };
-    for pattern in &ignore {
-        check_pattern(f, "ignore", pattern)?;
-    }
+    let ignore_patterns = ignore.iter().map(|p| ModulePattern::compile(f, "ignore", p)).collect::<Result<_, _>>()?;
     let Some(groups_obj) = f.get("config_groups").and_then(Value::as_object) else {
         return Err(LoadError::invalid(f.path, format!("{} is missing or not an object", f.field("config_groups"))));
     };
     let mut groups = Vec::new();
     let mut activations: Option<Option<CtActivations>> = None;
     let mut names = Vec::new();
+    let mut target_patterns = Vec::new();
     for (name, g) in groups_obj {
         let g = Fields { path: f.path, prefix: f.field(&format!("config_groups.{name}")), v: g };
         let targets: Vec<String> = g
@@ -176,9 +263,8 @@ fn parse_compressed(f: &Fields<'_>) -> Result<(Compressed, String, Option<Checkp
             .and_then(Value::as_array)
             .and_then(|a| a.iter().map(|x| x.as_str().map(str::to_string)).collect::<Option<Vec<_>>>())
             .ok_or_else(|| LoadError::invalid(f.path, format!("{} is not a list of strings", g.field("targets"))))?;
-        for t in &targets {
-            check_pattern(&g, "targets", t)?;
-        }
+        target_patterns
+            .push(targets.iter().map(|t| ModulePattern::compile(&g, "targets", t)).collect::<Result<_, _>>()?);
         let format = ct_format(&g, "format")?.or(top_format).ok_or_else(|| {
             LoadError::invalid(f.path, format!("{} has no format (nor has quantization_config)", g.field("format")))
         })?;
@@ -216,7 +302,9 @@ fn parse_compressed(f: &Fields<'_>) -> Result<(Compressed, String, Option<Checkp
     }
     names.dedup();
     let summary = format!("compressed-tensors {}", names.join(" + "));
-    Ok((Compressed { groups, ignore }, summary, activations.flatten().map(CtActivations::checkpoint)))
+    let read =
+        ReadCompressed { config: Compressed { groups, ignore }, ignore: ignore_patterns, targets: target_patterns };
+    Ok((read, summary, activations.flatten().map(CtActivations::checkpoint)))
 }
 
 fn ct_name(format: CtFormat, w: &CtWeights) -> String {
@@ -315,64 +403,6 @@ fn parse_ct_activations(a: &Fields<'_>) -> Result<CtActivations, LoadError> {
     Ok(CtActivations { float, granularity })
 }
 
-/// Refuses a `re:` pattern the small matcher below cannot run.
-fn check_pattern(f: &Fields<'_>, key: &str, pattern: &str) -> Result<(), LoadError> {
-    if let Some(re) = pattern.strip_prefix("re:")
-        && re.strip_prefix('^').unwrap_or(re).chars().any(|c| "[](){}|+?^".contains(c))
-    {
-        return Err(f.unsupported(
-            key,
-            pattern,
-            "module names, `Linear`, and `re:` patterns of literal characters, `.`, `.*`, `\\.`, a leading `^` and a final `$`",
-        ));
-    }
-    Ok(())
-}
-
-/// Whether `pattern` (a module name, or `re:` as Python's `re.match`: anchored at the start)
-/// names `module`.
-fn matches(pattern: &str, module: &str) -> bool {
-    let Some(re) = pattern.strip_prefix("re:") else {
-        return pattern == module;
-    };
-    // `re.match` is anchored at the start already.
-    let re = re.strip_prefix('^').unwrap_or(re);
-    let (re, anchored_end) = match re.strip_suffix('$') {
-        Some(r) => (r, true),
-        None => (re, false),
-    };
-    // Tokens: a literal char, `.` (any), or `.*` (any run).
-    #[derive(Clone, Copy)]
-    enum Tok {
-        Lit(char),
-        Any,
-        Star,
-    }
-    let mut toks = Vec::new();
-    let mut chars = re.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => toks.push(Tok::Lit(chars.next().unwrap_or('\\'))),
-            '.' if chars.peek() == Some(&'*') => {
-                chars.next();
-                toks.push(Tok::Star);
-            }
-            '.' => toks.push(Tok::Any),
-            c => toks.push(Tok::Lit(c)),
-        }
-    }
-    fn go(toks: &[Tok], s: &[char], anchored_end: bool) -> bool {
-        match toks.split_first() {
-            None => !anchored_end || s.is_empty(),
-            Some((Tok::Star, rest)) => (0..=s.len()).any(|k| go(rest, &s[k..], anchored_end)),
-            Some((Tok::Any, rest)) => !s.is_empty() && go(rest, &s[1..], anchored_end),
-            Some((Tok::Lit(c), rest)) => s.first() == Some(c) && go(rest, &s[1..], anchored_end),
-        }
-    }
-    let s: Vec<char> = module.chars().collect();
-    go(&toks, &s, anchored_end)
-}
-
 impl CtScheme {
     /// Dequantizes linear layer `module` (see the module doc).
     ///
@@ -418,7 +448,8 @@ impl CtScheme {
                 })
                 .collect()
         } else {
-            shards.ints_any(&format!("{module}.weight"), &[out, inp])?.into_iter().map(|q| q as i32).collect()
+            let name = format!("{module}.weight");
+            signed_in_range(shards, &name, shards.ints_any(&name, &[out, inp])?, w.bits, "code")?
         };
         let zeros: Option<Vec<i32>> = if w.symmetric {
             None
@@ -432,7 +463,7 @@ impl CtScheme {
             )
         } else {
             let shapes = w.strategy.scale_shapes(out, inp);
-            Some(shards.numbers_any(&zp_name, &shapes)?.into_iter().map(|z| z as i32).collect())
+            Some(signed_in_range(shards, &zp_name, shards.numbers_any(&zp_name, &shapes)?, w.bits, "zero point")?)
         };
         Ok((0..out * inp)
             .map(|k| {
@@ -509,6 +540,31 @@ impl CtScheme {
         let scale = HfTensor::floats(format!("{module}.weight_scale"), HfDtype::F32, vec![codes.out, 1], codes.scales);
         Some(vec![codes.weight(module), scale])
     }
+}
+
+/// `values` of tensor `name`, `bits`-bit signed integers (`int-quantized` codes, zero points in
+/// any integer or float dtype): each in `−2^(bits−1) ..= 2^(bits−1) − 1`, else refused naming the
+/// tensor and the flat index, so that no code is truncated and `q − z` cannot overflow.
+fn signed_in_range(
+    shards: &Shards,
+    name: &str,
+    values: Vec<i64>,
+    bits: u32,
+    what: &str,
+) -> Result<Vec<i32>, LoadError> {
+    let (lo, hi) = (-(1i64 << (bits - 1)), (1i64 << (bits - 1)) - 1);
+    values
+        .into_iter()
+        .enumerate()
+        .map(|(k, v)| {
+            i32::try_from(v).ok().filter(|_| (lo..=hi).contains(&v)).ok_or_else(|| {
+                LoadError::invalid(
+                    shards.path_of(name).unwrap_or(Path::new(".")),
+                    format!("tensor {name}[{k}] = {v} is not an int{bits} {what} (in {lo}..={hi})"),
+                )
+            })
+        })
+        .collect()
 }
 
 impl Compressed {
@@ -602,6 +658,17 @@ fn activations_json(a: CtActivations) -> Value {
 mod tests {
     use super::*;
 
+    /// `pattern` compiled as a `targets` entry.
+    fn pattern(pattern: &str) -> ModulePattern {
+        let v = Value::Null;
+        let f = Fields { path: Path::new("config.json"), prefix: "quantization_config".into(), v: &v };
+        ModulePattern::compile(&f, "targets", pattern).expect("compiles")
+    }
+
+    fn matches(p: &str, module: &str) -> bool {
+        pattern(p).matches(module)
+    }
+
     #[test]
     fn re_patterns_match_as_python_re_match() {
         assert!(matches("lm_head", "lm_head"));
@@ -612,5 +679,41 @@ mod tests {
         assert!(!matches("re:.*mlp.down_proj$", "model.layers.3.mlp.down_proj2"));
         assert!(matches("re:model\\.layers\\.0\\..*", "model.layers.0.self_attn.q_proj"));
         assert!(!matches("re:model\\.layers\\.0\\..*", "model.layers.10.self_attn.q_proj"));
+        // Anchored at the start only, as `re.match`; alternation and classes as in Python.
+        assert!(matches("re:model", "model.layers.0.mlp.up_proj"));
+        assert!(!matches("re:layers", "model.layers.0.mlp.up_proj"));
+        assert!(matches("re:.*(q|k)_proj", "model.layers.0.self_attn.k_proj"));
+        assert!(!matches("re:a|.*(q|k)_proj$", "model.layers.0.self_attn.v_proj"));
+        assert!(matches("re:.*layers\\.[0-9]+\\.mlp\\.(gate|up)_proj$", "model.layers.12.mlp.gate_proj"));
+        assert!(matches("Linear", "anything"));
+    }
+
+    #[test]
+    fn many_stars_match_in_linear_time() {
+        let p = format!("re:{}z$", ".*".repeat(40));
+        let t = std::time::Instant::now();
+        assert!(!matches(&p, &"model.layers.0.self_attn.q_proj".repeat(30)));
+        assert!(t.elapsed().as_secs_f64() < 1.0, "{:?}", t.elapsed());
+    }
+
+    fn refusal(key: &str, pattern: &str) -> String {
+        let v = Value::Null;
+        let f = Fields { path: Path::new("config.json"), prefix: "quantization_config".into(), v: &v };
+        ModulePattern::compile(&f, key, pattern).expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn look_around_backreferences_and_huge_patterns_are_refused_naming_field_and_pattern() {
+        let e = refusal("ignore", "re:(?!lm_head).*");
+        assert!(e.contains("quantization_config.ignore") && e.contains("re:(?!lm_head).*"), "{e}");
+        assert!(e.contains("look-around"), "{e}");
+        let e = refusal("targets", "re:(a)\\1");
+        assert!(e.contains("quantization_config.targets") && e.contains("backreferences"), "{e}");
+        let e = refusal("targets", "re:((a{100}){100}){100}");
+        assert!(e.contains("size limit"), "{e}");
+        assert_eq!(e.lines().count(), 1, "{e}");
+        let long = format!("re:({}", "a".repeat(100_000));
+        let e = refusal("targets", &long);
+        assert!(e.len() < 1000 && e.contains("(100004 bytes)"), "{e}");
     }
 }

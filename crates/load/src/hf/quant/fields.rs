@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use qdrift_io::elide;
 use serde_json::Value;
 
 use crate::LoadError;
@@ -34,9 +35,9 @@ impl<'a> Fields<'a> {
         self.get(key).filter(|v| v.is_object()).map(|v| Fields { path: self.path, prefix: self.field(key), v })
     }
 
-    /// [`LoadError::Unsupported`] for `key`.
+    /// [`LoadError::Unsupported`] for `key`, the value quoted short ([`elide`]).
     pub(crate) fn unsupported(&self, key: &str, value: impl std::fmt::Display, supported: &str) -> LoadError {
-        LoadError::unsupported(self.path, self.field(key), value, supported)
+        LoadError::unsupported(self.path, self.field(key), elide(&value.to_string()), supported)
     }
 
     /// A string, if present.
@@ -44,7 +45,10 @@ impl<'a> Fields<'a> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
-            Some(v) => Err(LoadError::invalid(self.path, format!("{} is {v}, not a string", self.field(key)))),
+            Some(v) => Err(LoadError::invalid(
+                self.path,
+                format!("{} is {}, not a string", self.field(key), elide(&v.to_string())),
+            )),
         }
     }
 
@@ -52,10 +56,12 @@ impl<'a> Fields<'a> {
     pub(crate) fn int(&self, key: &str) -> Result<Option<i64>, LoadError> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_i64()
-                .map(Some)
-                .ok_or_else(|| LoadError::invalid(self.path, format!("{} is {v}, not an integer", self.field(key)))),
+            Some(v) => v.as_i64().map(Some).ok_or_else(|| {
+                LoadError::invalid(
+                    self.path,
+                    format!("{} is {}, not an integer", self.field(key), elide(&v.to_string())),
+                )
+            }),
         }
     }
 
@@ -64,7 +70,10 @@ impl<'a> Fields<'a> {
         match self.get(key) {
             None => Ok(default),
             Some(Value::Bool(b)) => Ok(*b),
-            Some(v) => Err(LoadError::invalid(self.path, format!("{} is {v}, not true or false", self.field(key)))),
+            Some(v) => Err(LoadError::invalid(
+                self.path,
+                format!("{} is {}, not true or false", self.field(key), elide(&v.to_string())),
+            )),
         }
     }
 
