@@ -40,6 +40,19 @@ fn a_megabyte_prompt_is_refused_before_tokenizing_naming_prompt_and_file() {
 }
 
 #[test]
+fn a_100_kb_prompt_id_is_quoted_short() {
+    let root = tempfile::tempdir().unwrap();
+    let set = root.path().join("ids.jsonl");
+    let id = "i".repeat(100_000);
+    std::fs::write(&set, format!("{{\"id\":\"{id}\",\"prompt\":\"Hi\"}}\n{{\"id\":\"{id}\",\"prompt\":\"Ho\"}}\n"))
+        .unwrap();
+    let mut c = eval(&root.path().join("out"), &["--eval-set"]);
+    c.arg(&set);
+    let (line, _) = refused(USER, c, &["ids.jsonl", "duplicate id", "…(100000 bytes)…"]);
+    assert!(line.len() < 400, "{} bytes", line.len());
+}
+
+#[test]
 fn horizons_far_beyond_the_context_are_refused_without_allow_long() {
     let root = tempfile::tempdir().unwrap();
     let out = root.path().join("out");

@@ -32,7 +32,7 @@ pub enum EvalError {
         known: Vec<&'static str>,
     },
     /// A prompt of the set cannot be run.
-    #[error("prompt {id} {problem}")]
+    #[error("prompt {} {problem}", qdrift_io::elide(id))]
     Prompt {
         /// The prompt's id in the set.
         id: String,

@@ -92,7 +92,7 @@ impl EvalSet {
                 return Err(bad(Some(i + 1), "empty id or prompt".into()));
             }
             if !ids.insert(p.id.clone()) {
-                return Err(bad(Some(i + 1), format!("duplicate id \"{}\"", p.id)));
+                return Err(bad(Some(i + 1), format!("duplicate id \"{}\"", qdrift_io::elide(&p.id))));
             }
             prompts.push(p);
         }
