@@ -50,8 +50,23 @@ pub fn parse_recipe(
     arg: Option<&clap::Arg>,
     value: &std::ffi::OsStr,
 ) -> Result<Recipe, clap::Error> {
-    let text = value.to_str().ok_or_else(|| invalid_value(cmd, arg, value, "not UTF-8".to_string()))?;
-    text.parse::<Recipe>().map_err(|e| invalid_value(cmd, arg, value, e.to_string()))
+    recipe_entry(cmd, arg, value, utf8(cmd, arg, value)?)
+}
+
+/// `value` as text, or clap's error for a value that is not UTF-8.
+fn utf8<'v>(cmd: &clap::Command, arg: Option<&clap::Arg>, value: &'v std::ffi::OsStr) -> Result<&'v str, clap::Error> {
+    value.to_str().ok_or_else(|| invalid_value(cmd, arg, value, "not UTF-8".to_string()))
+}
+
+/// `entry` (all of `value`, or one comma-separated part of it) as a [`Recipe`]; a refusal quotes
+/// the whole `value`.
+fn recipe_entry(
+    cmd: &clap::Command,
+    arg: Option<&clap::Arg>,
+    value: &std::ffi::OsStr,
+    entry: &str,
+) -> Result<Recipe, clap::Error> {
+    entry.parse::<Recipe>().map_err(|e| invalid_value(cmd, arg, value, e.to_string()))
 }
 
 /// clap's error for an invalid `value` of flag `arg`, the value quoted short ([`qdrift_io::elide`]:
@@ -86,12 +101,11 @@ impl TypedValueParser for SchemeListParser {
         arg: Option<&clap::Arg>,
         value: &std::ffi::OsStr,
     ) -> Result<SchemeList, clap::Error> {
-        let text = value.to_str().ok_or_else(|| invalid_value(cmd, arg, value, "not UTF-8".to_string()))?;
+        let text = utf8(cmd, arg, value)?;
         if text.is_empty() {
             return Ok(SchemeList::default());
         }
-        let entry = |e: &str| e.parse::<Recipe>().map_err(|err| invalid_value(cmd, arg, value, err.to_string()));
-        text.split(',').map(entry).collect::<Result<_, _>>().map(SchemeList)
+        text.split(',').map(|e| recipe_entry(cmd, arg, value, e)).collect::<Result<_, _>>().map(SchemeList)
     }
 
     fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {

@@ -130,8 +130,8 @@ fn eval_set_help() -> String {
 
 /// Runs `qdrift eval`; with `--gate`, returns the gate's exit code.
 ///
-/// Order: the thresholds are read and the output folder locked and staged before anything is
-/// loaded; [`evaluate_any`] checks the options and the thresholds against the run before it loads the
+/// Order: the thresholds are read, every input and output path checked (the output rule,
+/// [`path_check`]) and the output folder locked and staged before anything is loaded; [`evaluate_any`] checks the options and the thresholds against the run before it loads the
 /// model; the reports (and a JUnit file inside `--out`) are written to the staging folder and
 /// moved into `--out` together ([`OutputDir`]).
 pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
@@ -165,7 +165,7 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
         Evaluated::Report(report) => report,
         Evaluated::Part(part) => {
             lock(&clock).enter("write the part");
-            part.write_as(output.staging(), &args.out)?;
+            part.write(output.staging()).map_err(|e| output.user_paths(&e.to_string()))?;
             output.commit()?;
             println!("part {}: {} (merge all parts with `qdrift merge`)", part.shard(), args.out.display());
             if args.phase_times {

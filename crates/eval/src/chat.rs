@@ -33,7 +33,7 @@ pub const CHAT_TEMPLATE_MAX_BYTES: usize = 1 << 20;
 /// past a limit (see the module doc) the error names no file (an evaluation renders through
 /// `render_chat_template`, which names it).
 pub fn apply_chat_template(template: &str, user: &str, bos: &str, eos: &str) -> Result<String, EvalError> {
-    render(None, template, user, bos, eos)
+    render_measured(None, template, user, bos, eos).map(|(text, _)| text)
 }
 
 /// [`apply_chat_template`] for the template of `loaded`: a refusal names the file it came from
@@ -45,7 +45,7 @@ pub fn render_chat_template(
     bos: &str,
     eos: &str,
 ) -> Result<String, EvalError> {
-    render(Some(template_file(loaded)), template, user, bos, eos)
+    render_measured(Some(&template_file(loaded)), template, user, bos, eos).map(|(text, _)| text)
 }
 
 /// The file a model's chat template comes from: the GGUF file, or a Hugging Face folder's
@@ -89,7 +89,7 @@ fn render_measured(
         }
         Err(e) if e.kind() == ErrorKind::OutOfFuel => {
             return Err(limit(format!(
-                "runs past {CHAT_TEMPLATE_FUEL} instructions for one prompt (its fuel; real templates take a few hundred)"
+                "runs past {CHAT_TEMPLATE_FUEL} instructions for one prompt (its fuel; real templates take about a hundred)"
             )));
         }
         Err(e) => return Err(bad(e)),
@@ -97,11 +97,6 @@ fn render_measured(
     let text = String::from_utf8(out.bytes)
         .map_err(|_| bad(minijinja::Error::new(ErrorKind::BadSerialization, "rendered text is not UTF-8")))?;
     Ok((text, fuel))
-}
-
-/// [`render_measured`]'s text.
-fn render(file: Option<PathBuf>, template: &str, user: &str, bos: &str, eos: &str) -> Result<String, EvalError> {
-    render_measured(file.as_deref(), template, user, bos, eos).map(|(text, _)| text)
 }
 
 /// Collects what a template renders, refusing to grow past [`CHAT_TEMPLATE_MAX_BYTES`].

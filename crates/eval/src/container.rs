@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use qdrift_io::elide;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -75,17 +76,6 @@ pub(crate) fn check_format(
         ));
     }
     Ok(())
-}
-
-/// A string from a file shown in a message: at most its first and last 40 characters.
-pub(crate) fn elide(s: &str) -> String {
-    let n = s.chars().count();
-    if n <= 80 {
-        return s.to_string();
-    }
-    let head: String = s.chars().take(40).collect();
-    let tail: String = s.chars().skip(n - 40).collect();
-    format!("{head}…{tail}")
 }
 
 /// One array of a data file: its name, element type, shape and byte range.
@@ -230,28 +220,22 @@ impl Bound {
     }
 }
 
-/// The first value of `values` (rows of `h`) outside `bound`: `section NAME: prompt P position
-/// T is V, not …`.
-pub(crate) fn check_floats(name: &str, values: &[f32], h: usize, bound: Bound) -> Result<(), String> {
+/// The first value of one prompt's `values` outside `bound`: `section NAME: prompt P position T
+/// is V, not …` (`prompt`: the prompt's number, from 1).
+pub(crate) fn check_floats(name: &str, prompt: usize, values: &[f32], bound: Bound) -> Result<(), String> {
     match values.iter().position(|&v| !bound.holds(v)) {
-        Some(i) => Err(format!(
-            "section {name}: prompt {} position {} is {}, not {}",
-            i / h.max(1) + 1,
-            i % h.max(1),
-            values[i],
-            bound.describe()
-        )),
+        Some(i) => {
+            Err(format!("section {name}: prompt {prompt} position {i} is {}, not {}", values[i], bound.describe()))
+        }
         None => Ok(()),
     }
 }
 
-/// The first token of `tokens` (rows of `h`) not below `vocab`.
-pub(crate) fn check_tokens(name: &str, tokens: &[u32], h: usize, vocab: usize) -> Result<(), String> {
+/// The first token of one prompt's `tokens` not below `vocab` (`prompt`: its number, from 1).
+pub(crate) fn check_tokens(name: &str, prompt: usize, tokens: &[u32], vocab: usize) -> Result<(), String> {
     match tokens.iter().position(|&t| t as usize >= vocab) {
         Some(i) => Err(format!(
-            "section {name}: prompt {} position {} is token {}, beyond the vocabulary of {vocab}",
-            i / h.max(1) + 1,
-            i % h.max(1),
+            "section {name}: prompt {prompt} position {i} is token {}, beyond the vocabulary of {vocab}",
             tokens[i]
         )),
         None => Ok(()),
@@ -279,7 +263,7 @@ pub(crate) fn check_traces(
             return Err(format!("section {prefix}/ref_tokens: prompt {} is not the reference's continuation", i + 1));
         }
         for (name, tokens) in [("ref_tokens", &t.ref_tokens), ("var_tokens", &t.var_tokens)] {
-            check_tokens(&format!("{prefix}/{name}"), tokens, h, vocab).map_err(|e| at_prompt(e, i))?;
+            check_tokens(&format!("{prefix}/{name}"), i + 1, tokens, vocab)?;
         }
         let floats = [
             ("kld", &t.kld, Bound::NonNegative),
@@ -289,15 +273,10 @@ pub(crate) fn check_traces(
             ("logp_ref_on_var_text", &t.logp_ref_on_var_text, Bound::LogProb),
         ];
         for (name, values, bound) in floats {
-            check_floats(&format!("{prefix}/{name}"), values, h, bound).map_err(|e| at_prompt(e, i))?;
+            check_floats(&format!("{prefix}/{name}"), i + 1, values, bound)?;
         }
     }
     Ok(())
-}
-
-/// A message of [`check_floats`]/[`check_tokens`] on one trace (whose prompt is 1) for trace `i`.
-fn at_prompt(message: String, i: usize) -> String {
-    message.replacen("prompt 1 ", &format!("prompt {} ", i + 1), 1)
 }
 
 /// Reads one file of a store or part, only a regular file of at most `cap` bytes (checked
@@ -504,13 +483,6 @@ mod tests {
         let mut logp = trace(0.0, 2);
         logp.logp_var[0] = 0.5;
         assert!(check_traces("v1", &[logp], 2, 10, &reference).expect_err("logp").contains("logp_var"));
-    }
-
-    #[test]
-    fn long_strings_from_a_file_are_elided() {
-        assert_eq!(elide("short"), "short");
-        let long = "x".repeat(40) + &"y".repeat(100) + &"z".repeat(40);
-        assert_eq!(elide(&long), format!("{}…{}", "x".repeat(40), "z".repeat(40)));
     }
 
     #[test]

@@ -4,9 +4,10 @@
 //! [`OutputDir::prepare`] runs before anything is loaded. It takes an exclusive lock
 //! (`PARENT/.NAME.qdrift-lock`, an OS file lock: released when the process ends, so a crashed run
 //! never blocks the next; the file holds the holder's process id, which names the other run when
-//! the lock is held, and names the crashed run whose leftovers are removed when it is not) and creates an empty staging folder beside `--out`,
-//! `PARENT/.NAME.qdrift-new-PID-RANDOM` ([`qdrift_io::unique_sibling`]), which both proves the
-//! parent writable and is where the reports are written.
+//! the lock is held, and names the crashed run whose leftovers are removed when it is not) and
+//! creates an empty staging folder beside `--out`, `PARENT/.NAME.qdrift-new-PID-RANDOM`
+//! ([`qdrift_io::unique_sibling`]), which both proves the parent writable and is where the
+//! reports are written.
 //! [`OutputDir::commit`] moves them into place:
 //!
 //! - `--out` absent: the staging folder is renamed to `--out` (one atomic rename);

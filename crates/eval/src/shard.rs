@@ -102,13 +102,7 @@ impl Part {
     /// A value no reader would accept (a non-finite KL divergence from non-finite logits), or
     /// a file that cannot be written ([`EvalError::Output`] naming `dir`).
     pub fn write(&self, dir: &Path) -> Result<(), EvalError> {
-        self.write_as(dir, dir)
-    }
-
-    /// [`Part::write`] into a staging folder `dir` of the `--out` folder `shown`, which errors
-    /// name (never the staging folder).
-    pub fn write_as(&self, dir: &Path, shown: &Path) -> Result<(), EvalError> {
-        let fail = |problem: String| EvalError::Output { path: shown.to_path_buf(), problem };
+        let fail = |problem: String| EvalError::Output { path: dir.to_path_buf(), problem };
         self.check_values().map_err(|e| fail(format!("cannot write the part: {e}")))?;
         let h = self.header.context.workload.horizons.last().copied().unwrap_or(0);
         let mut w = Writer::default();

@@ -98,8 +98,17 @@ impl PathCheck {
     /// [`IoError::Output`] naming the first output that breaks it, its flag and the problem.
     pub fn check(&self) -> Result<(), IoError> {
         let inputs = self.input_files();
+        let whole = Kind::Folder { whole: true };
         for (i, (out, kind)) in self.outputs.iter().enumerate() {
             let refuse = |problem: String| IoError::Output { flag: out.flag.clone(), path: out.path.clone(), problem };
+            // A folder replaced whole holding an input or another output.
+            let holds = |inside: &Named| {
+                refuse(format!(
+                    "holds {} {}, and this folder is replaced as a whole; choose another folder",
+                    inside.flag,
+                    inside.path.display()
+                ))
+            };
             self.check_target(out, *kind).map_err(refuse)?;
             if let Some(id) = file_id(&out.path)
                 && let Some((input, _)) = inputs.iter().find(|(_, f)| *f == id)
@@ -111,20 +120,15 @@ impl PathCheck {
                     input.path.display()
                 )));
             }
-            if *kind == (Kind::Folder { whole: true })
+            if *kind == whole
                 && let Some(inside) = self.inputs.iter().find(|n| lies_in(&n.path, &out.path))
             {
-                return Err(refuse(format!(
-                    "holds {} {}, and this folder is replaced as a whole; choose another folder",
-                    inside.flag,
-                    inside.path.display()
-                )));
+                return Err(holds(inside));
             }
             for (other, other_kind) in &self.outputs[..i] {
                 if same_path(&other.path, &out.path) {
                     return Err(refuse(format!("is also {}; give each output its own path", other.flag)));
                 }
-                let whole = Kind::Folder { whole: true };
                 if *other_kind == whole && lies_in(&out.path, &other.path) {
                     return Err(refuse(format!(
                         "lies inside {} {}, which is replaced as a whole",
@@ -133,11 +137,7 @@ impl PathCheck {
                     )));
                 }
                 if *kind == whole && lies_in(&other.path, &out.path) {
-                    return Err(refuse(format!(
-                        "holds {} {}, and this folder is replaced as a whole",
-                        other.flag,
-                        other.path.display()
-                    )));
+                    return Err(holds(other));
                 }
             }
         }
