@@ -112,7 +112,7 @@ fn eval_of_a_named_pipe_is_refused_without_opening_it() {
 fn eval_of_a_gguf_with_a_nan_weight_names_the_tensor() {
     let root = tempfile::tempdir().unwrap();
     let mut m = tiny();
-    m.layers[1].w_up.data[5] = f32::NAN;
+    m.layers[1].mlp_mut().expect("dense").up.data[5] = f32::NAN;
     let model = gguf_in(root.path(), &m);
     refused(
         USER,

@@ -96,6 +96,7 @@ fn inv_freq(m: &HostModel) -> Vec<f64> {
     let plain = (0..hd / 2).map(|i| theta.powf(-((2 * i) as f64) / hd as f64));
     match &m.arch.rope_scaling {
         None => plain.collect(),
+        Some(RopeScaling::Linear { .. } | RopeScaling::Yarn { .. }) => panic!("not in this reference yet"),
         Some(RopeScaling::FreqFactors { factors }) => plain.zip(factors).map(|(f, &d)| f / f64::from(d)).collect(),
         Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
             let (factor, low, high) = (f64::from(*factor), f64::from(*low_freq_factor), f64::from(*high_freq_factor));
@@ -176,13 +177,14 @@ pub fn naive_logits(m: &HostModel, tokens: &[u32], rounding: &Rounding) -> Vec<V
         let mut act: Vec<Vec<f64>> = xn
             .iter()
             .map(|xn| {
-                let (g, u) = (matvec(&l.w_gate, None, xn), matvec(&l.w_up, None, xn));
+                let m = l.mlp().expect("a dense FFN");
+                let (g, u) = (matvec(&m.gate, None, xn), matvec(&m.up, None, xn));
                 g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect()
             })
             .collect();
         rounding.inputs(&mut act);
         for (x, a) in xs.iter_mut().zip(&act) {
-            for (xi, o) in x.iter_mut().zip(matvec(&l.w_down, None, a)) {
+            for (xi, o) in x.iter_mut().zip(matvec(&l.mlp().expect("a dense FFN").down, None, a)) {
                 *xi += o;
             }
         }

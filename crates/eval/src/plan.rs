@@ -10,7 +10,7 @@ use burn::tensor::DType;
 use qdrift_generate::{
     BackendChoice, ComputeDevice, Forcing, GenerationConfig, check_request, default_batch_size, select_device,
 };
-use qdrift_load::LlamaArch;
+use qdrift_load::ModelArch;
 
 use crate::config::{EvalConfig, MAX_SHARDS, Shard};
 use crate::error::EvalError;
@@ -78,7 +78,7 @@ impl Plan {
     pub fn new(
         cfg: &EvalConfig,
         horizons: Vec<usize>,
-        arch: &LlamaArch,
+        arch: &ModelArch,
         prompts: Vec<Vec<u32>>,
         device: ComputeDevice,
     ) -> Result<Plan, EvalError> {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::DType;
 use qdrift_load::{
-    ActivationFormat, ActivationGranularity, CheckpointActivations, HostModel, LlamaArch, LoadedModel, Tokenizer,
+    ActivationFormat, ActivationGranularity, CheckpointActivations, HostModel, LoadedModel, ModelArch, Tokenizer,
     open_model,
 };
 use qdrift_model::Llama;
@@ -55,7 +55,7 @@ impl VariantSpec {
     /// Refuses a recipe whose KV-cache format does not fit the model's cache rows (a ggml block
     /// format needs `kv_heads × head_dim` to be whole blocks), or whose per-token-group
     /// activation scales do not divide a linear layer's input width, before anything runs.
-    pub(crate) fn check_fits(&self, arch: &LlamaArch) -> Result<(), EvalError> {
+    pub(crate) fn check_fits(&self, arch: &ModelArch) -> Result<(), EvalError> {
         let VariantSpec::Scheme(recipe) = self else { return Ok(()) };
         let fits = || {
             if let Some(kv) = recipe.kv_cache {
@@ -86,7 +86,7 @@ pub(crate) fn other_precision(reference: DType) -> DType {
 /// count and tokenizer.
 pub(crate) struct ReferenceIdentity {
     /// Its architecture.
-    pub arch: LlamaArch,
+    pub arch: ModelArch,
     /// [`HostModel::parameter_count`] of its weights.
     pub parameters: usize,
     /// Its tokenizer.
@@ -306,7 +306,7 @@ fn activation_quant(a: CheckpointActivations) -> ActivationQuant {
 
 /// Checks that `a`'s scale groups divide every linear layer's input width: `dim` (q/k/v,
 /// gate/up), `heads × head_dim` (o) and `hidden_dim` (down).
-fn check_activation_widths(a: ActivationQuant, arch: &LlamaArch) -> Result<(), qdrift_quantize::QuantizeError> {
+fn check_activation_widths(a: ActivationQuant, arch: &ModelArch) -> Result<(), qdrift_quantize::QuantizeError> {
     [arch.dim, arch.n_heads * arch.head_dim(), arch.hidden_dim].into_iter().try_for_each(|cols| a.check_width(cols))
 }
 
@@ -318,7 +318,7 @@ fn check_same_model(
     path: &Path,
 ) -> Result<(), EvalError> {
     let refuse = |problem: String| Err(EvalError::Variant { variant: path.display().to_string(), problem });
-    let shape = |x: &LlamaArch| (x.dim, x.hidden_dim, x.n_layers, x.n_heads, x.n_kv_heads, x.vocab_size);
+    let shape = |x: &ModelArch| (x.dim, x.hidden_dim, x.n_layers, x.n_heads, x.n_kv_heads, x.vocab_size);
     let (ours, theirs) = (shape(&reference.arch), shape(&other.model.arch));
     if ours != theirs {
         return refuse(format!(

@@ -8,7 +8,7 @@
 
 use burn::tensor::DType;
 use qdrift_model::AttentionKernel;
-use qdrift_weights::LlamaArch;
+use qdrift_weights::ModelArch;
 
 use crate::{ComputeDevice, GenerateError};
 
@@ -163,7 +163,7 @@ pub fn check_length(
 /// the device's largest buffer and, for devices that use host memory, the memory the host has
 /// available.
 pub fn check_request(
-    model: &LlamaArch,
+    model: &ModelArch,
     dtype: DType,
     device: &ComputeDevice,
     prompts: &[Vec<u32>],
@@ -203,7 +203,7 @@ pub const SIDE_BY_SIDE_CACHE_BYTES: u128 = 512 << 20;
 /// number of batches, and on a device that uses host memory only as many as keep their key-value
 /// caches within [`SIDE_BY_SIDE_CACHE_BYTES`] together (at least one).
 pub fn concurrent_batches(
-    model: &LlamaArch,
+    model: &ModelArch,
     dtype: DType,
     device: &ComputeDevice,
     prompts: &[Vec<u32>],
@@ -225,7 +225,7 @@ pub fn concurrent_batches(
 /// One batch's key-value cache: `[batch, kv_heads, longest prompt + new tokens, head_dim]` per
 /// key and value per layer, in `dtype`; and one such tensor.
 fn cache_bytes_and_tensor(
-    model: &LlamaArch,
+    model: &ModelArch,
     dtype: DType,
     prompts: &[Vec<u32>],
     max_new_tokens: usize,
@@ -238,12 +238,12 @@ fn cache_bytes_and_tensor(
     (2 * model.n_layers as u128 * cache_tensor, cache_tensor)
 }
 
-fn cache_bytes(model: &LlamaArch, dtype: DType, prompts: &[Vec<u32>], max_new_tokens: usize) -> u128 {
+fn cache_bytes(model: &ModelArch, dtype: DType, prompts: &[Vec<u32>], max_new_tokens: usize) -> u128 {
     cache_bytes_and_tensor(model, dtype, prompts, max_new_tokens).0
 }
 
 fn check_memory(
-    model: &LlamaArch,
+    model: &ModelArch,
     dtype: DType,
     device: &ComputeDevice,
     prompts: &[Vec<u32>],
@@ -320,20 +320,27 @@ mod tests {
     }
 
     /// SmolLM2-135M's shape: 30 layers, 3 key/value heads of 64.
-    fn smollm2() -> LlamaArch {
-        LlamaArch {
+    fn smollm2() -> ModelArch {
+        ModelArch {
             architecture: "LlamaForCausalLM".into(),
             dim: 576,
             hidden_dim: 1536,
             n_layers: 30,
             n_heads: 9,
             n_kv_heads: 3,
+            head_dim: 64,
             vocab_size: 49152,
             max_seq_len: 8192,
             norm_eps: 1e-5,
             rope_theta: 100_000.0,
             tied_embeddings: true,
             rope_scaling: None,
+            block: Default::default(),
+            windows: Vec::new(),
+            local_rope_theta: None,
+            embedding_scale: None,
+            final_logit_softcap: None,
+            moe: None,
         }
     }
 

@@ -42,7 +42,7 @@ use crate::loaded::{LoadedModel, ModelFormat};
 use crate::open::open_model;
 use crate::storage::grouped;
 use crate::synthetic;
-use qdrift_weights::LlamaArch;
+use qdrift_weights::ModelArch;
 
 /// Parameter counts, a tied embedding counted once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -147,7 +147,7 @@ pub struct Inspection {
     /// Whether the weights are synthetic (random): `format` is `synthetic`.
     pub synthetic: bool,
     /// The hyper-parameters.
-    pub arch: LlamaArch,
+    pub arch: ModelArch,
     /// Whether the layers have q/k/v biases (counted in the parameters).
     pub biases: bool,
     /// Parameter counts.
@@ -177,21 +177,21 @@ fn product(quantity: &'static str, factors: &[u64]) -> Result<u64, SizeOverflow>
 
 /// The `[rows, cols]` of every matrix of one layer: `wq`, `wk`, `wv`, `wo`, `w_gate`, `w_up`,
 /// `w_down`.
-fn layer_matrices(a: &LlamaArch) -> [(u64, u64); 7] {
+fn layer_matrices(a: &ModelArch) -> [(u64, u64); 7] {
     let (d, h) = (a.dim as u64, a.hidden_dim as u64);
     let (q, kv) = ((a.n_heads * a.head_dim()) as u64, a.kv_dim() as u64);
     [(q, d), (kv, d), (kv, d), (d, q), (h, d), (h, d), (d, h)]
 }
 
 /// Values of the vectors of one layer: two RMSNorm weights, and q/k/v biases when present.
-fn layer_vector_params(a: &LlamaArch, biases: bool) -> Result<u64, SizeOverflow> {
+fn layer_vector_params(a: &ModelArch, biases: bool) -> Result<u64, SizeOverflow> {
     let (d, q, kv) = (a.dim as u64, (a.n_heads * a.head_dim()) as u64, a.kv_dim() as u64);
     let what = "parameters per layer";
     if biases { sum(what, &[d, d, q, kv, kv]) } else { sum(what, &[d, d]) }
 }
 
 /// `Σ rows·cols` of one layer's matrices.
-fn layer_matmul_params(a: &LlamaArch) -> Result<u64, SizeOverflow> {
+fn layer_matmul_params(a: &ModelArch) -> Result<u64, SizeOverflow> {
     let sizes = layer_matrices(a).map(|(r, c)| product("parameters per layer", &[r, c]));
     sum("parameters per layer", &sizes.into_iter().collect::<Result<Vec<_>, _>>()?)
 }
@@ -204,7 +204,7 @@ fn layer_matmul_params(a: &LlamaArch) -> Result<u64, SizeOverflow> {
 /// [`SizeOverflow`] when a figure does not fit in 64 bits (an absurd `seq_len` or `batch`, or an
 /// architecture no file could hold).
 pub fn inspect(
-    arch: &LlamaArch,
+    arch: &ModelArch,
     source_dtypes: &[(String, String)],
     biases: bool,
     seq_len: usize,
@@ -287,7 +287,7 @@ impl Inspection {
 }
 
 /// Parameter counts (see the module docs).
-fn param_counts(arch: &LlamaArch, biases: bool) -> Result<ParamCounts, SizeOverflow> {
+fn param_counts(arch: &ModelArch, biases: bool) -> Result<ParamCounts, SizeOverflow> {
     let (d, v, l) = (arch.dim as u64, arch.vocab_size as u64, arch.n_layers as u64);
     let what = "parameters";
     let per_layer = sum(what, &[layer_matmul_params(arch)?, layer_vector_params(arch, biases)?])?;
@@ -306,7 +306,7 @@ fn param_counts(arch: &LlamaArch, biases: bool) -> Result<ParamCounts, SizeOverf
 
 /// Bytes of every weight under `storage`: the embedding, the layers' matrices and vectors, the
 /// final norm and an untied head.
-fn weight_bytes(arch: &LlamaArch, biases: bool, storage: &dyn WeightStorage) -> Result<SchemeBytes, SizeOverflow> {
+fn weight_bytes(arch: &ModelArch, biases: bool, storage: &dyn WeightStorage) -> Result<SchemeBytes, SizeOverflow> {
     let (d, v, l) = (arch.dim as u64, arch.vocab_size as u64, arch.n_layers as u64);
     let what = "weight bytes";
     let vector = storage.vector_bytes();
@@ -323,7 +323,7 @@ fn weight_bytes(arch: &LlamaArch, biases: bool, storage: &dyn WeightStorage) -> 
 }
 
 /// KV-cache bytes for `seq_len` positions of `batch` sequences.
-fn kv_cache_bytes(arch: &LlamaArch, seq_len: usize, batch: usize) -> Result<KvCacheBytes, SizeOverflow> {
+fn kv_cache_bytes(arch: &ModelArch, seq_len: usize, batch: usize) -> Result<KvCacheBytes, SizeOverflow> {
     let (seq, b) = (seq_len as u64, batch as u64);
     let what = "KV-cache bytes";
     let entries = product(what, &[2, arch.n_layers as u64, arch.n_kv_heads as u64, arch.head_dim() as u64, seq, b])?;
@@ -336,7 +336,7 @@ fn kv_cache_bytes(arch: &LlamaArch, seq_len: usize, batch: usize) -> Result<KvCa
 }
 
 /// FLOPs of one generated token at context `seq_len` (see the module docs).
-fn flops_per_token(arch: &LlamaArch, seq_len: usize) -> Result<FlopsPerToken, SizeOverflow> {
+fn flops_per_token(arch: &ModelArch, seq_len: usize) -> Result<FlopsPerToken, SizeOverflow> {
     let (d, v, l) = (arch.dim as u64, arch.vocab_size as u64, arch.n_layers as u64);
     let what = "FLOPs per token";
     let params = sum(what, &[product(what, &[l, layer_matmul_params(arch)?])?, product(what, &[v, d])?])?;

@@ -100,7 +100,10 @@ pub use loaded::{
     ActivationFormat, ActivationGranularity, CheckpointActivations, CheckpointQuant, LoadedModel, ModelFormat,
 };
 pub use open::open_model;
-pub use qdrift_weights::{HostModel, HostTensor, LayerWeights, LlamaArch, RopeScaling};
+pub use qdrift_weights::{
+    Activation, BlockSpec, Experts, Ffn, HostModel, HostTensor, LayerWeights, LinearName, Mlp, ModelArch, MoeSpec,
+    NormStyle, RopeScaling, Routing,
+};
 pub use rope_layout::rotate_half_row_order;
 pub use synthetic::{SYNTHETIC_PRESETS, SYNTHETIC_STD, byte_tokenizer, synthetic_arch, synthetic_model};
 pub use tokenizer::{Llama2cTokenizer, SpecialIds, Tokenizer};

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use crate::LoadError;
 use crate::loaded::{LoadedModel, ModelFormat, check_vocab};
 use crate::tokenizer::Llama2cTokenizer;
-use qdrift_weights::{HostModel, HostTensor, LayerWeights, LlamaArch};
+use qdrift_weights::{BlockSpec, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch};
 
 const HEADER_BYTES: usize = 7 * 4;
 
@@ -37,9 +37,9 @@ fn parse_llama2c(path: &Path, bytes: &[u8]) -> Result<HostModel, LoadError> {
     Ok(model)
 }
 
-/// The seven header fields as a [`LlamaArch`] (`run.c`'s defaults for what the header lacks:
+/// The seven header fields as a [`ModelArch`] (`run.c`'s defaults for what the header lacks:
 /// RMSNorm epsilon 1e-5, RoPE theta 10000).
-fn parse_header(path: &Path, bytes: &[u8]) -> Result<LlamaArch, LoadError> {
+fn parse_header(path: &Path, bytes: &[u8]) -> Result<ModelArch, LoadError> {
     if bytes.len() < HEADER_BYTES {
         return Err(LoadError::truncated(path, format!("header needs {HEADER_BYTES} bytes, file has {}", bytes.len())));
     }
@@ -59,19 +59,26 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<LlamaArch, LoadError> {
         header[i] = v as usize;
     }
     let [dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len] = header;
-    let arch = LlamaArch {
+    let arch = ModelArch {
         architecture: "llama".to_string(),
         dim,
         hidden_dim,
         n_layers,
         n_heads,
         n_kv_heads,
+        head_dim: dim / n_heads,
         vocab_size,
         max_seq_len: seq_len,
         norm_eps: 1e-5,
         rope_theta: 10000.0,
         tied_embeddings: field(5) > 0,
         rope_scaling: None,
+        block: BlockSpec::default(),
+        windows: Vec::new(),
+        local_rope_theta: None,
+        embedding_scale: None,
+        final_logit_softcap: None,
+        moe: None,
     };
     arch.validate().map_err(|m| LoadError::invalid(path, format!("inconsistent header: {m}")))?;
     Ok(arch)
@@ -79,7 +86,7 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<LlamaArch, LoadError> {
 
 /// Errors unless the file is exactly as long as the header says: shorter is truncated, longer
 /// inconsistent with its header.
-fn check_file_size(path: &Path, arch: &LlamaArch, file_len: usize) -> Result<(), LoadError> {
+fn check_file_size(path: &Path, arch: &ModelArch, file_len: usize) -> Result<(), LoadError> {
     let (dim, hidden_dim, n_layers, vocab_size, seq_len) =
         (arch.dim, arch.hidden_dim, arch.n_layers, arch.vocab_size, arch.max_seq_len);
     let (head_dim, kv_dim) = (arch.head_dim(), arch.kv_dim());
@@ -129,7 +136,7 @@ fn check_file_size(path: &Path, arch: &LlamaArch, file_len: usize) -> Result<(),
 
 /// The f32 tensors after the header (`body`, whose length [`check_file_size`] checked), split
 /// per layer into [`HostModel`]'s layout.
-fn read_weights(arch: LlamaArch, body: &[u8]) -> HostModel {
+fn read_weights(arch: ModelArch, body: &[u8]) -> HostModel {
     let (dim, hidden_dim, n_layers, vocab_size) = (arch.dim, arch.hidden_dim, arch.n_layers, arch.vocab_size);
     let (head_dim, kv_dim) = (arch.head_dim(), arch.kv_dim());
     let mut floats = body.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
@@ -165,12 +172,20 @@ fn read_weights(arch: LlamaArch, body: &[u8]) -> HostModel {
             wv: layer(&wv, l, kv_dim, dim),
             wo: layer(&wo, l, dim, dim),
             ffn_norm: layer(&rms_ffn, l, dim, 1),
-            w_gate: layer(&w1, l, hidden_dim, dim),
-            w_down: layer(&w2, l, dim, hidden_dim),
             bq: None,
             bk: None,
             bv: None,
-            w_up: layer(&w3, l, hidden_dim, dim),
+            ffn: Ffn::Dense(Mlp::new(
+                layer(&w1, l, hidden_dim, dim),
+                layer(&w3, l, hidden_dim, dim),
+                layer(&w2, l, dim, hidden_dim),
+            )),
+            bo: None,
+            q_norm: None,
+            k_norm: None,
+            sinks: None,
+            post_attn_norm: None,
+            post_ffn_norm: None,
         })
         .collect();
     HostModel { arch, token_embedding, layers, final_norm, output }
@@ -293,7 +308,7 @@ mod tests {
         assert_eq!(m.layers[0].attn_norm.data[0], 20.0 * 0.01);
         assert_eq!(m.layers[0].wq.shape, vec![4, 4]);
         assert_eq!(m.layers[0].wk.shape, vec![2, 4]);
-        assert_eq!(m.layers[0].w_down.shape, vec![4, 6]);
+        assert_eq!(m.layers[0].mlp().expect("dense").down.shape, vec![4, 6]);
         let u = parse_llama2c(Path::new("t.bin"), &tiny(false)).expect("valid");
         assert_eq!(u.output.as_ref().map(|o| o.shape.clone()), Some(vec![5, 4]));
     }

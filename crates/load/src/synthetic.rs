@@ -31,7 +31,7 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use crate::LoadError;
 use crate::loaded::{LoadedModel, ModelFormat};
 use crate::tokenizer::{Llama2cTokenizer, SpecialIds};
-use qdrift_weights::{HostModel, HostTensor, LayerWeights, LlamaArch};
+use qdrift_weights::{BlockSpec, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch};
 
 /// Names accepted by [`synthetic_model`], with what they imitate.
 pub const SYNTHETIC_PRESETS: &[(&str, &str)] = &[
@@ -48,7 +48,7 @@ pub const SYNTHETIC_STD: f32 = 0.02;
 ///
 /// Llama 3.x's `rope_scaling` is left out (`None`): a synthetic model has no trained long-context
 /// behaviour to preserve, and plain RoPE costs the same.
-pub fn synthetic_arch(name: &str) -> Option<LlamaArch> {
+pub fn synthetic_arch(name: &str) -> Option<ModelArch> {
     // (dim, hidden, layers, heads, kv_heads, vocab, max_seq_len, eps, theta, tied)
     let (dim, hidden, layers, heads, kv, vocab, ctx, eps, theta, tied) = match name {
         "tiny" => (32, 64, 2, 4, 2, 320, 256, 1e-5, 10000.0, true),
@@ -57,19 +57,26 @@ pub fn synthetic_arch(name: &str) -> Option<LlamaArch> {
         "llama-8b" => (4096, 14336, 32, 32, 8, 128256, 131072, 1e-5, 500000.0, false),
         _ => return None,
     };
-    Some(LlamaArch {
+    Some(ModelArch {
         architecture: "llama".to_string(),
         dim,
         hidden_dim: hidden,
         n_layers: layers,
         n_heads: heads,
         n_kv_heads: kv,
+        head_dim: dim / heads,
         vocab_size: vocab,
         max_seq_len: ctx,
         norm_eps: eps,
         rope_theta: theta,
         tied_embeddings: tied,
         rope_scaling: None,
+        block: BlockSpec::default(),
+        windows: Vec::new(),
+        local_rope_theta: None,
+        embedding_scale: None,
+        final_logit_softcap: None,
+        moe: None,
     })
 }
 
@@ -101,7 +108,7 @@ pub(crate) fn parse_spec(spec: &str) -> Result<(&str, u64), LoadError> {
 }
 
 /// [`synthetic_arch`], or an error naming the known presets.
-pub(crate) fn preset_arch(name: &str) -> Result<LlamaArch, LoadError> {
+pub(crate) fn preset_arch(name: &str) -> Result<ModelArch, LoadError> {
     synthetic_arch(name).ok_or_else(|| {
         LoadError::invalid(
             Path::new(&format!("synthetic:{name}")),
@@ -183,7 +190,7 @@ fn available_memory() -> Option<u64> {
     }
 }
 
-fn random_model(arch: LlamaArch, seed: u64) -> HostModel {
+fn random_model(arch: ModelArch, seed: u64) -> HostModel {
     let (d, h, v) = (arch.dim, arch.hidden_dim, arch.vocab_size);
     let (q, kv) = (arch.n_heads * arch.head_dim(), arch.kv_dim());
     // Stream k is the k-th tensor in HostModel order (norms included, though they are ones).
@@ -200,12 +207,16 @@ fn random_model(arch: LlamaArch, seed: u64) -> HostModel {
                 wv: rand(&[kv, d], k + 3),
                 wo: rand(&[d, q], k + 4),
                 ffn_norm: ones(d),
-                w_gate: rand(&[h, d], k + 6),
-                w_up: rand(&[h, d], k + 7),
-                w_down: rand(&[d, h], k + 8),
                 bq: None,
                 bk: None,
                 bv: None,
+                ffn: Ffn::Dense(Mlp::new(rand(&[h, d], k + 6), rand(&[h, d], k + 7), rand(&[d, h], k + 8))),
+                bo: None,
+                q_norm: None,
+                k_norm: None,
+                sinks: None,
+                post_attn_norm: None,
+                post_ffn_norm: None,
             }
         })
         .collect();

@@ -29,13 +29,13 @@ fn check(name: &str) -> (String, Option<CheckpointActivations>) {
     let arch = &loaded.model.arch;
     let layer = &loaded.model.layers[0];
     for (short, got) in layer.linears() {
-        assert!(LINEARS.contains(&short));
+        assert!(LINEARS.contains(&short.role));
         let t = expected.tensor(&format!("model.layers.0.{short}.weight")).expect("expected tensor");
         let want: Vec<f32> = t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         let (rows, cols) = (t.shape()[0], t.shape()[1]);
         assert_eq!(got.shape, [rows, cols], "{name} {short}");
         // Hugging Face row r is interleaved row order[r] for q and k.
-        let heads = match short {
+        let heads = match short.role {
             "self_attn.q_proj" => Some(arch.n_heads),
             "self_attn.k_proj" => Some(arch.n_kv_heads),
             _ => None,

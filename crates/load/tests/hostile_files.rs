@@ -201,7 +201,7 @@ fn an_oversized_config_json_is_refused_before_reading() {
 #[test]
 fn a_nan_in_a_gguf_weight_is_named_with_its_flat_index() {
     let mut m = tiny();
-    m.layers[1].w_up.data[5] = f32::NAN;
+    m.layers[1].mlp_mut().expect("dense").up.data[5] = f32::NAN;
     let (_dir, path) = gguf_of(&m);
     let e = open_model(&path, None).err().expect("refused").to_string();
     assert_eq!(

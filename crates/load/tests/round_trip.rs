@@ -234,7 +234,7 @@ fn write_gguf_with_checks_stored_matrices_and_keys_and_leaves_nothing_on_failure
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("m.gguf");
     let keys = llama2c_tokenizer_keys(&path, &tok).expect("keys");
-    let q0 = GgufMatrix::Linear { layer: 0, short_name: "self_attn.q_proj" };
+    let q0 = GgufMatrix::Linear { layer: 0, short_name: qdrift_load::LinearName::dense("self_attn.q_proj") };
     // wq is [64, 64]: Q8_0 rows are 2 blocks of 34 bytes.
     let cases: [(u32, usize, &str); 4] = [
         (8, 64 * 68 - 1, "4351 bytes stored for 64 rows of 68 bytes"),

@@ -1,6 +1,6 @@
 //! A Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU, tied or untied output
 //! layer) as Burn modules built from a host model and its one description of the architecture
-//! (`qdrift_weights::LlamaArch` → [`Llama::from_host`]), and its key-value cache.
+//! (`qdrift_weights::ModelArch` → [`Llama::from_host`]), and its key-value cache.
 //!
 //! Burn 0.22 carries the backend in the runtime [`Device`], not in a type
 //! parameter: one [`Llama`] runs on wgpu, on the CPU (flex) and in tests, chosen when it is built.
@@ -12,7 +12,7 @@
 //! host-memory cache ([`AttentionKernel`]; the default on the CPU backend).
 //!
 //! Files:
-//! - `llama.rs`: [`Llama`] (built from a `HostModel` and its `LlamaArch`) and its blocks (attention + SwiGLU feed-forward).
+//! - `llama.rs`: [`Llama`] (built from a `HostModel` and its `ModelArch`) and its blocks (attention + SwiGLU feed-forward).
 //! - `attention.rs`, `linear.rs` ([`Projection`]), `norm.rs`, `rope.rs` ([`Rope`]), `cache.rs`
 //!   ([`KvCache`]): the layers as Burn modules, on any device.
 //! - `positions.rs`: [`Positions`], the left-padded layout of a batch.

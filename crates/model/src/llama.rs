@@ -1,13 +1,13 @@
 //! The decoder itself: [`Llama::from_host`] builds a [`Llama`] module tree of [`Block`]s
 //! (attention + [`FeedForward`], each behind an RMSNorm) from a `HostModel`, whose
-//! [`LlamaArch`] is the one description of its hyper-parameters; [`Positions`] describes a
+//! [`ModelArch`] is the one description of its hyper-parameters; [`Positions`] describes a
 //! left-padded batch.
 
 use burn::module::{Module, Param};
 use burn::tensor::activation::silu;
 use burn::tensor::{DType, Device, Int, Tensor};
 use qdrift_codecs::ActivationScale;
-use qdrift_weights::{HostModel, HostTensor, LayerWeights, LlamaArch};
+use qdrift_weights::{Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch};
 
 use crate::attention::{Attention, ForwardContext};
 use crate::fake_quant::RuntimeQuant;
@@ -121,8 +121,14 @@ impl Llama {
         if host.layers.len() != arch.n_layers {
             return Err(ModelError::Arch(format!("{} layers given, {} expected", host.layers.len(), arch.n_layers)));
         }
+        unsupported(host).map_or(Ok(()), |what| {
+            Err(ModelError::Arch(format!("{} is not supported yet: {what}", arch.architecture)))
+        })?;
         let mut layers = Vec::with_capacity(arch.n_layers);
         for (i, l) in host.layers.iter().enumerate() {
+            let Some(mlp) = l.mlp() else {
+                return Err(ModelError::Arch(format!("layer {i}: a mixture of experts is not supported yet")));
+            };
             let p = |s: &str| format!("model.layers.{i}.{s}.weight");
             let w = |s: &str| format!("model.layers.{i}.{s}");
             let attn = |s: &str| format!("model.layers.{i}.self_attn.{s}");
@@ -139,9 +145,9 @@ impl Llama {
                 },
                 ffn_norm: RmsNorm::new(vector(p("post_attention_layernorm"), &l.ffn_norm, d)?, eps),
                 ffn: FeedForward {
-                    gate: linear(&w("mlp.gate_proj"), &l.w_gate, hid, d)?,
-                    up: linear(&w("mlp.up_proj"), &l.w_up, hid, d)?,
-                    down: linear(&w("mlp.down_proj"), &l.w_down, d, hid)?,
+                    gate: linear(&w("mlp.gate_proj"), &mlp.gate, hid, d)?,
+                    up: linear(&w("mlp.up_proj"), &mlp.up, hid, d)?,
+                    down: linear(&w("mlp.down_proj"), &mlp.down, d, hid)?,
                 },
             });
         }
@@ -160,6 +166,34 @@ impl Llama {
             arch: arch.clone(),
             tied_output: host.output.is_none(),
         })
+    }
+}
+
+/// What the model does not compute yet, named, for a host model that needs it.
+fn unsupported(host: &HostModel) -> Option<&'static str> {
+    let a = &host.arch;
+    let layer = |f: fn(&LayerWeights) -> bool| host.layers.iter().any(f);
+    if !a.block.is_llama() {
+        Some(
+            "a block other than Llama's (norms, q/k norms, partial rotary, attention scale or soft cap, sinks, activation)",
+        )
+    } else if a.moe.is_some() {
+        Some("a mixture of experts")
+    } else if !a.windows.is_empty() {
+        Some("sliding-window layers")
+    } else if a.embedding_scale.is_some() {
+        Some("an embedding scale")
+    } else if a.final_logit_softcap.is_some() {
+        Some("final-logit soft-capping")
+    } else if layer(|l| l.bo.is_some() || l.q_norm.is_some() || l.k_norm.is_some() || l.sinks.is_some()) {
+        Some("an output bias, q/k norms or attention sinks")
+    } else if layer(|l| l.post_attn_norm.is_some() || l.post_ffn_norm.is_some()) {
+        Some("post-attention or post-FFN norms")
+    } else if layer(|l| l.mlp().is_some_and(|m| m.gate_bias.is_some() || m.up_bias.is_some() || m.down_bias.is_some()))
+    {
+        Some("feed-forward biases")
+    } else {
+        None
     }
 }
 
@@ -301,7 +335,7 @@ pub struct Llama {
     /// The architecture the model was built from: its one description of the hyper-parameters
     /// (and of the host model [`Llama::host_weights`] returns).
     #[module(skip)]
-    pub arch: LlamaArch,
+    pub arch: ModelArch,
     /// Whether that model's output layer was its token embedding (`output: None`).
     #[module(skip)]
     tied_output: bool,
@@ -512,12 +546,20 @@ impl Llama {
                     wv,
                     wo: l.attn.wo.host_weights().0,
                     ffn_norm: vector(&l.ffn_norm.weight),
-                    w_gate: l.ffn.gate.host_weights().0,
-                    w_up: l.ffn.up.host_weights().0,
-                    w_down: l.ffn.down.host_weights().0,
+                    ffn: Ffn::Dense(Mlp::new(
+                        l.ffn.gate.host_weights().0,
+                        l.ffn.up.host_weights().0,
+                        l.ffn.down.host_weights().0,
+                    )),
                     bq,
                     bk,
                     bv,
+                    bo: None,
+                    q_norm: None,
+                    k_norm: None,
+                    sinks: None,
+                    post_attn_norm: None,
+                    post_ffn_norm: None,
                 }
             })
             .collect();

@@ -41,6 +41,8 @@ impl Rope {
         let inv_freq = match scaling {
             RopeScaling::Llama3 { .. } => llama3_inv_freq(&plain.inv_freq, scaling),
             RopeScaling::FreqFactors { factors } => plain.inv_freq.iter().zip(factors).map(|(f, d)| f / d).collect(),
+            RopeScaling::Linear { factor } => plain.inv_freq.iter().map(|f| f / factor).collect(),
+            RopeScaling::Yarn { .. } => return Err("YaRN RoPE scaling is not supported yet".to_string()),
         };
         Ok(Self { inv_freq })
     }

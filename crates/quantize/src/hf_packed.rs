@@ -118,7 +118,7 @@ pub fn pack_hf(model: &HostModel, layout: HfLayout) -> Result<HfPacked, Quantize
     let arch = &model.arch;
     for (i, layer) in dequantized.layers.iter_mut().enumerate() {
         for (name, w) in layer.linears_mut() {
-            let heads = match name {
+            let heads = match name.role {
                 "self_attn.q_proj" => Some(arch.n_heads),
                 "self_attn.k_proj" => Some(arch.n_kv_heads),
                 _ => None,

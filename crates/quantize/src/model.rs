@@ -11,7 +11,7 @@
 //! packed matrices are kept too, for [`crate::write_safetensors`] and for exact storage
 //! accounting.
 
-use qdrift_weights::{HostModel, HostTensor};
+use qdrift_weights::{HostModel, HostTensor, LinearName};
 use serde::Serialize;
 
 use qdrift_codecs::{ErrorStats, QuantizeError, QuantizedMatrix, Scheme, quantize, try_error_stats};
@@ -40,7 +40,7 @@ pub enum WeightSlot {
         /// Block index.
         layer: usize,
         /// Hugging Face short name.
-        short_name: &'static str,
+        short_name: LinearName,
     },
 }
 

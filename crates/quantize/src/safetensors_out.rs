@@ -303,7 +303,7 @@ impl<'a> Collector<'a> {
             self.dense(format!("model.layers.{i}.input_layernorm.weight"), &layer.attn_norm)?;
             self.dense(format!("model.layers.{i}.post_attention_layernorm.weight"), &layer.ffn_norm)?;
             for (short_name, w) in layer.linears() {
-                let rope = match short_name {
+                let rope = match short_name.role {
                     "self_attn.q_proj" => Some((arch.n_heads, head_dim)),
                     "self_attn.k_proj" => Some((arch.n_kv_heads, head_dim)),
                     _ => None,

@@ -7,7 +7,7 @@ mod common;
 
 use common::matrix;
 use qdrift_load::inspect::{Fp32, Inspection, WeightStorage, inspect};
-use qdrift_load::{LlamaArch, synthetic_arch};
+use qdrift_load::{ModelArch, synthetic_arch};
 use qdrift_quantize::{GgmlError, GgmlType, KvQuant, QuantizeError, Scheme, SchemeFootprint, quantize};
 
 #[test]
@@ -64,25 +64,32 @@ fn every_listed_scheme_has_a_footprint_under_its_cli_name() {
 }
 
 /// stories260K (README of shared/models/stories260K).
-fn stories_arch() -> LlamaArch {
-    LlamaArch {
+fn stories_arch() -> ModelArch {
+    ModelArch {
         architecture: "llama".into(),
         dim: 64,
         hidden_dim: 172,
         n_layers: 5,
         n_heads: 8,
         n_kv_heads: 4,
+        head_dim: 8,
         vocab_size: 512,
         max_seq_len: 512,
         norm_eps: 1e-5,
         rope_theta: 10000.0,
         tied_embeddings: true,
         rope_scaling: None,
+        block: Default::default(),
+        windows: Vec::new(),
+        local_rope_theta: None,
+        embedding_scale: None,
+        final_logit_softcap: None,
+        moe: None,
     }
 }
 
 /// `inspect` of `arch` under fp32 and every scheme.
-fn inspect_all(arch: &LlamaArch) -> Inspection {
+fn inspect_all(arch: &ModelArch) -> Inspection {
     let footprints = SchemeFootprint::all();
     let mut storages: Vec<&dyn WeightStorage> = vec![&Fp32];
     storages.extend(footprints.iter().map(|f| f as &dyn WeightStorage));

@@ -64,7 +64,10 @@ fn every_gguf_scheme_reads_back_as_the_dequantized_variant() {
             // Each tensor is stored as the type the quantizer recorded.
             let types: std::collections::HashMap<&str, &str> =
                 back.tensor_types.iter().map(|(n, t)| (n.as_str(), *t)).collect();
-            let down = q.tensor(qdrift_quantize::WeightSlot::Linear { layer: 0, short_name: "mlp.down_proj" });
+            let down = q.tensor(qdrift_quantize::WeightSlot::Linear {
+                layer: 0,
+                short_name: qdrift_load::LinearName::dense("mlp.down_proj"),
+            });
             let down = down.expect("quantized");
             assert_eq!(types["blk.0.ffn_down.weight"], down.matrix.stored_name().to_uppercase().as_str());
             assert_eq!(types["blk.0.attn_norm.weight"], "F32");

@@ -80,7 +80,7 @@ fn scheme(s: Scheme) -> HostModel {
 fn attention_only(s: Scheme) -> HostModel {
     let mut want = scheme(s);
     for (w, r) in want.layers.iter_mut().zip(reference().0.layers) {
-        (w.w_gate, w.w_up, w.w_down) = (r.w_gate, r.w_up, r.w_down);
+        w.ffn = r.ffn;
     }
     want
 }
@@ -89,7 +89,10 @@ fn attention_only(s: Scheme) -> HostModel {
 fn all_but_gate_up(s: Scheme) -> HostModel {
     let mut want = scheme(s);
     for (w, r) in want.layers.iter_mut().zip(reference().0.layers) {
-        (w.w_gate, w.w_up) = (r.w_gate, r.w_up);
+        {
+            let (wm, rm) = (w.mlp_mut().expect("dense"), r.mlp().expect("dense"));
+            (wm.gate, wm.up) = (rm.gate.clone(), rm.up.clone());
+        }
     }
     want
 }

@@ -51,11 +51,11 @@ fn untied(mut model: HostModel) -> HostModel {
 }
 
 fn linear<'a>(model: &'a HostModel, layer: usize, short: &str) -> &'a HostTensor {
-    model.layers[layer].linears().into_iter().find(|(n, _)| *n == short).map(|(_, t)| t).expect("known linear")
+    model.layers[layer].linears().into_iter().find(|(n, _)| n.role == short).map(|(_, t)| t).expect("known linear")
 }
 
 fn slot(layer: usize, short_name: &'static str) -> WeightSlot {
-    WeightSlot::Linear { layer, short_name }
+    WeightSlot::Linear { layer, short_name: qdrift_load::LinearName::dense(short_name) }
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -537,7 +537,7 @@ fn malformed_models_are_named_errors() {
     assert!(err.to_string().starts_with("model.layers.2.self_attn.k_proj.weight:"), "{err}");
 
     let mut model = reference();
-    model.layers[1].w_up.data[7] = f32::NAN;
+    model.layers[1].mlp_mut().expect("dense").up.data[7] = f32::NAN;
     let err = quantize_model(&model, &Scheme::Int8, &QuantizeOptions::default()).expect_err("nan");
     assert!(err.to_string().starts_with("model.layers.1.mlp.up_proj.weight:"), "{err}");
 }

@@ -1,6 +1,7 @@
-//! The in-memory form of a model: a Llama-family architecture ([`LlamaArch`], with its
-//! [`RopeScaling`]) and its f32 weights ([`HostModel`]: [`HostTensor`]s, one [`LayerWeights`] per
-//! block).
+//! The in-memory form of a model: a decoder's description ([`ModelArch`], with its
+//! [`BlockSpec`], [`RopeScaling`] and [`MoeSpec`]) and its f32 weights ([`HostModel`]:
+//! [`HostTensor`]s, one [`LayerWeights`] per block, whose [`Ffn`] is dense or a mixture of
+//! [`Experts`]).
 //!
 //! Every reader of `qdrift-load` produces a [`HostModel`], and every later stage (quantization,
 //! the Burn model of `qdrift-model`, the tests' references) consumes one. This crate holds only
@@ -14,16 +15,20 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Hyper-parameters of a Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU).
+/// Hyper-parameters of a decoder-only transformer: the Llama block (RMSNorm, RoPE,
+/// grouped-query attention, SwiGLU) and what today's families change in it, as data ([`BlockSpec`],
+/// [`MoeSpec`], per-layer sliding windows, an embedding scale, a final-logit soft cap) that the
+/// loaders fill in and `qdrift-model` follows. `BlockSpec::default()`, no windows and no experts is
+/// Llama's block.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LlamaArch {
+pub struct ModelArch {
     /// Architecture name as reported to users: the checkpoint's own (`llama`/`qwen2` from GGUF's
     /// `general.architecture`, `LlamaForCausalLM`, ... from `config.json`), `llama` for llama2.c
     /// checkpoints and synthetic presets (their format is in `qdrift_load::LoadedModel::format`).
     pub architecture: String,
     /// Model (residual stream) width.
     pub dim: usize,
-    /// Width of the SwiGLU feed-forward layer.
+    /// Width of the dense feed-forward layer (unused by a layer whose FFN is a mixture of experts).
     pub hidden_dim: usize,
     /// Number of transformer blocks.
     pub n_layers: usize,
@@ -31,19 +36,148 @@ pub struct LlamaArch {
     pub n_heads: usize,
     /// Number of key/value heads (grouped-query attention when smaller than `n_heads`).
     pub n_kv_heads: usize,
+    /// Width of one attention head: `dim / n_heads` for Llama, set explicitly by Qwen3, Gemma and
+    /// gpt-oss (`head_dim` in `config.json`).
+    pub head_dim: usize,
     /// Vocabulary size.
     pub vocab_size: usize,
     /// Context length the model was trained for.
     pub max_seq_len: usize,
     /// RMSNorm epsilon.
     pub norm_eps: f32,
-    /// RoPE base frequency (theta).
+    /// RoPE base frequency (theta) of the full-attention layers, and of the sliding-window layers
+    /// unless `local_rope_theta` says otherwise.
     pub rope_theta: f32,
     /// Whether the output layer shares the token-embedding matrix.
     pub tied_embeddings: bool,
-    /// How RoPE's inverse frequencies depart from `theta^(-2i/head_dim)`: Llama 3.1+'s scaling
-    /// from a Hugging Face config, or per-pair divisors from a GGUF file; `None` for plain RoPE.
+    /// How RoPE's inverse frequencies depart from `theta^(-2i/rotary_dim)`: Llama 3.1+'s, linear
+    /// or YaRN scaling from a Hugging Face config, or per-pair divisors from a GGUF file; `None`
+    /// for plain RoPE. Applies to the layers that use `rope_theta`.
     pub rope_scaling: Option<RopeScaling>,
+    /// What every block computes beyond the Llama block.
+    #[serde(skip_serializing_if = "BlockSpec::is_llama")]
+    pub block: BlockSpec,
+    /// Sliding-window size of each layer, `n_layers` entries (`None`: full causal attention), or
+    /// empty when every layer attends to the whole context. A query at position `p` sees the keys
+    /// at positions `p − window < k ≤ p` (`transformers`' `sliding_window_overlay`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<Option<usize>>,
+    /// RoPE theta of the sliding-window layers when it differs from `rope_theta` (Gemma 3: 1e4
+    /// local, 1e6 global); those layers' RoPE is then unscaled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local_rope_theta: Option<f32>,
+    /// Factor the embedding rows are multiplied by, rounded to the compute dtype first (Gemma:
+    /// √dim, `Gemma3TextScaledWordEmbedding`); `None` for 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub embedding_scale: Option<f32>,
+    /// Final-logit soft-capping: `logits = cap · tanh(logits / cap)` (Gemma 2 and 3).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub final_logit_softcap: Option<f32>,
+    /// The mixture of experts of the layers whose FFN is one (`None`: every FFN is dense).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeSpec>,
+}
+
+/// How a block normalizes, attends and transforms, beyond the Llama block. The default is Llama's:
+/// pre-norms only, `x·w` RMSNorm, rotation of whole heads, `1/√head_dim` scores, SwiGLU.
+///
+/// Biases (q/k/v/o, FFN) are not described here: a layer has them when its weights do.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct BlockSpec {
+    /// How RMSNorm applies its weight.
+    pub norm: NormStyle,
+    /// Gemma 2/3's four norms: the attention output and the FFN output are each normalized again
+    /// (`post_attention_layernorm`, `post_feedforward_layernorm`) before their residual sums.
+    pub sandwich_norms: bool,
+    /// Qwen3 and Gemma 3: each query and key head is RMS-normalized (weight `[head_dim]`, shared by
+    /// the heads) after its projection and before RoPE.
+    pub qk_norm: bool,
+    /// Dimensions of a head that RoPE rotates, from its start (Phi-3's `partial_rotary_factor`);
+    /// `None` for the whole head.
+    pub rotary_dim: Option<usize>,
+    /// The factor the scores `q·k` are multiplied by: `query_pre_attn_scalar^-½` (Gemma); `None`
+    /// for `head_dim^-½`.
+    pub attn_scale: Option<f32>,
+    /// Attention-logit soft-capping (Gemma 2): scaled scores become `cap · tanh(s / cap)` before
+    /// the mask.
+    pub attn_softcap: Option<f32>,
+    /// gpt-oss's learned attention sinks: one logit per query head joins the softmax over the
+    /// keys, and its probability is dropped.
+    pub sinks: bool,
+    /// The feed-forward layer's gated activation.
+    pub activation: Activation,
+}
+
+impl BlockSpec {
+    /// Whether this is Llama's block (the default).
+    pub fn is_llama(&self) -> bool {
+        *self == BlockSpec::default()
+    }
+}
+
+/// How RMSNorm applies its weight `w` to `x / rms(x)`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormStyle {
+    /// `x̂ · w` (Llama, Qwen, Phi, Mixtral, gpt-oss).
+    #[default]
+    Weight,
+    /// `x̂ · (1 + w)`, computed in f32 (Gemma: `Gemma3RMSNorm`). GGUF files store `1 + w`
+    /// already (llama.cpp's converter adds it), so a GGUF Gemma uses [`NormStyle::Weight`].
+    OnePlusWeight,
+}
+
+/// The gated activation of a feed-forward layer `down(act(gate·x, up·x))`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Activation {
+    /// SwiGLU (Shazeer 2020): `silu(g) · u`.
+    #[default]
+    SwiGlu,
+    /// GELU with the tanh approximation, gated (Gemma's `gelu_pytorch_tanh`):
+    /// `0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³))) · u`.
+    GeluTanh,
+    /// gpt-oss's clamped SwiGLU (`GptOssExperts._apply_gate`): `g' = min(g, limit)`,
+    /// `u' = clamp(u, −limit, limit)`, `(u' + 1) · g' · σ(alpha · g')`.
+    ClampedSwiGlu {
+        /// `swiglu_alpha` (1.702).
+        alpha: f32,
+        /// `swiglu_limit` (7).
+        limit: f32,
+    },
+}
+
+/// A mixture of experts: a router picks `top_k` of `n_experts` feed-forward layers per token and
+/// the layer's output is their outputs weighted by the router's probabilities.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MoeSpec {
+    /// Number of experts.
+    pub n_experts: usize,
+    /// Experts each token is routed to (`num_experts_per_tok`).
+    pub top_k: usize,
+    /// Width of one expert's feed-forward layer (`moe_intermediate_size`, or Mixtral's and
+    /// gpt-oss's `intermediate_size`).
+    pub expert_hidden: usize,
+    /// How the router's logits become the chosen experts' weights.
+    pub routing: Routing,
+    /// Layers whose FFN is dense (`hidden_dim` wide) instead (Qwen3-MoE's `mlp_only_layers` and
+    /// `decoder_sparse_step`); empty when every layer has experts.
+    pub dense_layers: Vec<usize>,
+}
+
+/// How a router turns its logits `r = W·x (+ b)` into the weights of the `top_k` experts it picks
+/// (always the `top_k` largest logits; ties go to the lower expert index, as `torch.topk`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Routing {
+    /// Softmax over all experts, then the chosen probabilities, divided by their sum when
+    /// `renormalize` (Qwen3-MoE's `norm_topk_prob`; Mixtral always renormalizes).
+    SoftmaxTopK {
+        /// Divide the chosen probabilities by their sum.
+        renormalize: bool,
+    },
+    /// Softmax over the chosen logits only (gpt-oss).
+    TopKSoftmax,
 }
 
 /// RoPE frequency scaling, applied by `qdrift-model`'s `Rope` to the inverse frequencies
@@ -78,10 +212,37 @@ pub enum RopeScaling {
         /// `head_dim / 2` positive divisors.
         factors: Vec<f32>,
     },
+    /// Linear position interpolation (`rope_type = "linear"`; Gemma 3's global layers): every
+    /// inverse frequency divided by `factor` (`_compute_linear_scaling_rope_parameters`).
+    Linear {
+        /// `factor`.
+        factor: f32,
+    },
+    /// YaRN (Peng et al. 2023; `rope_type = "yarn"`, gpt-oss), as `transformers`
+    /// `modeling_rope_utils.py` `_compute_yarn_parameters` computes it over the `d` rotated
+    /// dimensions: `low`/`high` are `find_correction_dim` of `beta_fast`/`beta_slow`
+    /// (`d · ln(original_max_position_embeddings / (2π·β)) / (2 ln θ)`, floored/ceiled when
+    /// `truncate`, clamped to `[0, d − 1]`); with `ramp[i] = clamp((i − low) / (high − low), 0, 1)`
+    /// (`high` nudged by 0.001 when equal), `inv_freq[i] = inv_freq[i]/factor · ramp[i] +
+    /// inv_freq[i] · (1 − ramp[i])`; cos and sin are multiplied by `attention_factor`.
+    Yarn {
+        /// `factor`.
+        factor: f32,
+        /// `beta_fast` (32 by default).
+        beta_fast: f32,
+        /// `beta_slow` (1 by default).
+        beta_slow: f32,
+        /// `original_max_position_embeddings`.
+        original_max_position_embeddings: usize,
+        /// `truncate` (true by default; gpt-oss sets false).
+        truncate: bool,
+        /// The factor cos and sin are scaled by: `attention_factor`, else `0.1 · ln(factor) + 1`.
+        attention_factor: f32,
+    },
 }
 
 impl RopeScaling {
-    /// Checks the parameters for a head of width `head_dim`.
+    /// Checks the parameters for `head_dim` rotated dimensions of a head.
     pub fn validate(&self, head_dim: usize) -> Result<(), String> {
         let positive = |name: &str, v: f32| {
             if v > 0.0 && v.is_finite() { Ok(()) } else { Err(format!("rope scaling {name} {v} must be positive")) }
@@ -112,19 +273,66 @@ impl RopeScaling {
                 }
                 factors.iter().try_for_each(|&f| positive("frequency factor", f))
             }
+            RopeScaling::Linear { factor } => positive("factor", *factor),
+            RopeScaling::Yarn {
+                factor,
+                beta_fast,
+                beta_slow,
+                original_max_position_embeddings,
+                truncate: _,
+                attention_factor,
+            } => {
+                positive("factor", *factor)?;
+                positive("beta_fast", *beta_fast)?;
+                positive("beta_slow", *beta_slow)?;
+                positive("attention_factor", *attention_factor)?;
+                if *original_max_position_embeddings == 0 {
+                    return Err("rope scaling original_max_position_embeddings must be positive".to_string());
+                }
+                Ok(())
+            }
         }
     }
 }
 
-impl LlamaArch {
+impl ModelArch {
     /// Width of one attention head.
     pub fn head_dim(&self) -> usize {
-        self.dim / self.n_heads
+        self.head_dim
     }
 
     /// Total width of the key (or value) projection.
     pub fn kv_dim(&self) -> usize {
-        self.n_kv_heads * self.head_dim()
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Total width of the query projection (and of the output projection's input).
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// Dimensions of a head that RoPE rotates (the first ones; the rest pass unchanged).
+    pub fn rotary_dim(&self) -> usize {
+        self.block.rotary_dim.unwrap_or(self.head_dim)
+    }
+
+    /// Layer `layer`'s sliding window (`None`: full attention).
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        self.windows.get(layer).copied().flatten()
+    }
+
+    /// Layer `layer`'s RoPE: theta and scaling (a sliding-window layer with its own theta is
+    /// unscaled).
+    pub fn layer_rope(&self, layer: usize) -> (f32, Option<&RopeScaling>) {
+        match self.local_rope_theta {
+            Some(theta) if self.window(layer).is_some() => (theta, None),
+            _ => (self.rope_theta, self.rope_scaling.as_ref()),
+        }
+    }
+
+    /// Whether layer `layer`'s FFN is a mixture of experts.
+    pub fn has_experts(&self, layer: usize) -> bool {
+        self.moe.as_ref().is_some_and(|m| !m.dense_layers.contains(&layer))
     }
 
     /// Checks the relations between the fields that the model relies on.
@@ -135,46 +343,93 @@ impl LlamaArch {
             ("n_layers", self.n_layers),
             ("n_heads", self.n_heads),
             ("n_kv_heads", self.n_kv_heads),
+            ("head_dim", self.head_dim),
             ("vocab_size", self.vocab_size),
             ("max_seq_len", self.max_seq_len),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("{name} must be positive"));
         }
-        if !self.dim.is_multiple_of(self.n_heads) {
-            return Err(format!("dim {} is not a multiple of n_heads {}", self.dim, self.n_heads));
-        }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(format!("n_heads {} is not a multiple of n_kv_heads {}", self.n_heads, self.n_kv_heads));
         }
-        if !self.head_dim().is_multiple_of(2) {
-            return Err(format!("head dimension {} is odd; RoPE needs pairs", self.head_dim()));
+        let rotary = self.rotary_dim();
+        if rotary == 0 || rotary > self.head_dim || !rotary.is_multiple_of(2) {
+            return Err(format!(
+                "RoPE rotates {rotary} of a head's {} dimensions; it needs an even count from 2 to the head's width",
+                self.head_dim
+            ));
         }
         if !(self.norm_eps > 0.0 && self.norm_eps.is_finite()) {
             return Err(format!("norm_eps {} must be positive", self.norm_eps));
         }
-        if !(self.rope_theta > 0.0 && self.rope_theta.is_finite()) {
-            return Err(format!("rope_theta {} must be positive", self.rope_theta));
+        for (name, theta) in [("rope_theta", Some(self.rope_theta)), ("local rope_theta", self.local_rope_theta)] {
+            if let Some(t) = theta
+                && !(t > 0.0 && t.is_finite())
+            {
+                return Err(format!("{name} {t} must be positive"));
+            }
         }
         if let Some(s) = &self.rope_scaling {
-            s.validate(self.head_dim())?;
+            s.validate(rotary)?;
+        }
+        if !self.windows.is_empty() && self.windows.len() != self.n_layers {
+            return Err(format!("{} sliding windows for {} layers", self.windows.len(), self.n_layers));
+        }
+        if self.windows.iter().flatten().any(|&w| w == 0) {
+            return Err("a sliding window must be positive".to_string());
+        }
+        let finite_positive = |name: &str, v: Option<f32>| match v {
+            Some(v) if !(v > 0.0 && v.is_finite()) => Err(format!("{name} {v} must be positive")),
+            _ => Ok(()),
+        };
+        finite_positive("embedding scale", self.embedding_scale)?;
+        finite_positive("final-logit soft cap", self.final_logit_softcap)?;
+        finite_positive("attention scale", self.block.attn_scale)?;
+        finite_positive("attention-logit soft cap", self.block.attn_softcap)?;
+        if let Activation::ClampedSwiGlu { alpha, limit } = self.block.activation {
+            finite_positive("swiglu alpha", Some(alpha))?;
+            finite_positive("swiglu limit", Some(limit))?;
+        }
+        if let Some(m) = &self.moe {
+            if m.n_experts == 0 || m.expert_hidden == 0 {
+                return Err("a mixture of experts needs at least one expert of positive width".to_string());
+            }
+            if m.top_k == 0 || m.top_k > m.n_experts {
+                return Err(format!("top-k {} must be from 1 to the {} experts", m.top_k, m.n_experts));
+            }
+            if let Some(&l) = m.dense_layers.iter().find(|&&l| l >= self.n_layers) {
+                return Err(format!("dense layer {l} of {} layers", self.n_layers));
+            }
         }
         Ok(())
     }
 
-    /// Number of weights, counting a tied embedding once.
+    /// Number of weights the architecture implies, counting a tied embedding once: norms and
+    /// linear weights (biases, sinks and q/k norms are counted by [`HostModel::parameter_count`],
+    /// which holds them).
     pub fn parameter_count(&self) -> usize {
         // Saturating: readers check every dimension against the file, but an architecture can
         // also be built by hand (inspect's presets, tests).
-        let (d, h, kv) = (self.dim, self.hidden_dim, self.kv_dim());
+        let (d, h, q, kv) = (self.dim, self.hidden_dim, self.q_dim(), self.kv_dim());
         let mul = usize::saturating_mul;
-        let per_layer = (2 * d)
-            .saturating_add(mul(mul(d, d), 2))
-            .saturating_add(mul(mul(2, d), kv))
-            .saturating_add(mul(mul(3, d), h));
+        let norms = if self.block.sandwich_norms { 4 * d } else { 2 * d };
+        let attention = mul(mul(d, q), 2).saturating_add(mul(mul(2, d), kv));
+        let dense = mul(mul(3, d), h);
+        let experts = self
+            .moe
+            .as_ref()
+            .map_or(0, |m| mul(m.n_experts, mul(mul(3, d), m.expert_hidden)).saturating_add(mul(m.n_experts, d)));
+        let mut dense_layers = self.moe.as_ref().map_or(Vec::new(), |m| m.dense_layers.clone());
+        dense_layers.sort_unstable();
+        dense_layers.dedup();
+        let moe_layers = if self.moe.is_some() { self.n_layers.saturating_sub(dense_layers.len()) } else { 0 };
+        let layers = mul(self.n_layers, norms.saturating_add(attention))
+            .saturating_add(mul(moe_layers, experts))
+            .saturating_add(mul(self.n_layers - moe_layers, dense));
         let embedding = mul(self.vocab_size, d);
         let head = if self.tied_embeddings { 0 } else { embedding };
-        embedding.saturating_add(mul(self.n_layers, per_layer)).saturating_add(d).saturating_add(head)
+        embedding.saturating_add(layers).saturating_add(d).saturating_add(head)
     }
 }
 
@@ -198,8 +453,8 @@ impl HostTensor {
 ///
 /// Linear weights are in PyTorch's `[out_features, in_features]` layout. The query and key
 /// projections use the *interleaved* RoPE layout (llama2.c, GGUF: rotation pairs are adjacent
-/// elements `(2i, 2i+1)` of a head); loaders of checkpoints that use the rotate-half layout
-/// (Hugging Face) un-permute them.
+/// elements `(2i, 2i+1)` of a head's rotated dimensions); loaders of checkpoints that use the
+/// rotate-half layout (Hugging Face) un-permute them, and the q/k norm weights with them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerWeights {
     /// RMSNorm weight before attention, `[dim]`.
@@ -212,48 +467,222 @@ pub struct LayerWeights {
     pub wv: HostTensor,
     /// Attention output projection, `[dim, n_heads * head_dim]`.
     pub wo: HostTensor,
-    /// RMSNorm weight before the feed-forward layer, `[dim]`.
-    pub ffn_norm: HostTensor,
-    /// SwiGLU gate projection, `[hidden_dim, dim]`.
-    pub w_gate: HostTensor,
-    /// SwiGLU up projection, `[hidden_dim, dim]`.
-    pub w_up: HostTensor,
-    /// SwiGLU down projection, `[dim, hidden_dim]`.
-    pub w_down: HostTensor,
-    /// Query bias `[n_heads * head_dim]` (Qwen2), in the same interleaved row order as `wq`;
-    /// `None` for Llama.
+    /// Query bias `[n_heads * head_dim]` (Qwen2, gpt-oss), in the same interleaved row order as
+    /// `wq`; `None` for Llama.
     pub bq: Option<HostTensor>,
-    /// Key bias `[n_kv_heads * head_dim]` (Qwen2), in `wk`'s row order.
+    /// Key bias `[n_kv_heads * head_dim]`, in `wk`'s row order.
     pub bk: Option<HostTensor>,
-    /// Value bias `[n_kv_heads * head_dim]` (Qwen2).
+    /// Value bias `[n_kv_heads * head_dim]`.
     pub bv: Option<HostTensor>,
+    /// Output bias `[dim]` (gpt-oss).
+    pub bo: Option<HostTensor>,
+    /// Per-head query RMSNorm weight `[head_dim]` (Qwen3, Gemma 3), in the interleaved order of a
+    /// head's rows.
+    pub q_norm: Option<HostTensor>,
+    /// Per-head key RMSNorm weight `[head_dim]`, in the same order.
+    pub k_norm: Option<HostTensor>,
+    /// Attention-sink logits, one per query head `[n_heads]` (gpt-oss).
+    pub sinks: Option<HostTensor>,
+    /// RMSNorm weight of the attention output before its residual sum, `[dim]` (Gemma's
+    /// `post_attention_layernorm`).
+    pub post_attn_norm: Option<HostTensor>,
+    /// RMSNorm weight before the feed-forward layer, `[dim]` (Llama's `post_attention_layernorm`,
+    /// Gemma's `pre_feedforward_layernorm`).
+    pub ffn_norm: HostTensor,
+    /// RMSNorm weight of the FFN output before its residual sum, `[dim]` (Gemma's
+    /// `post_feedforward_layernorm`).
+    pub post_ffn_norm: Option<HostTensor>,
+    /// The feed-forward layer.
+    pub ffn: Ffn,
+}
+
+/// A block's feed-forward layer: dense, or a mixture of experts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ffn {
+    /// One gated FFN, `hidden_dim` wide.
+    Dense(Mlp),
+    /// A router and its experts, each `expert_hidden` wide ([`MoeSpec`]).
+    Experts(Experts),
+}
+
+/// A gated feed-forward layer `down(act(gate·x + b_g, up·x + b_u)) + b_d`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mlp {
+    /// Gate projection, `[hidden, dim]`.
+    pub gate: HostTensor,
+    /// Up projection, `[hidden, dim]`.
+    pub up: HostTensor,
+    /// Down projection, `[dim, hidden]`.
+    pub down: HostTensor,
+    /// Gate bias `[hidden]` (gpt-oss's experts).
+    pub gate_bias: Option<HostTensor>,
+    /// Up bias `[hidden]`.
+    pub up_bias: Option<HostTensor>,
+    /// Down bias `[dim]`.
+    pub down_bias: Option<HostTensor>,
+}
+
+impl Mlp {
+    /// A dense FFN without biases.
+    pub fn new(gate: HostTensor, up: HostTensor, down: HostTensor) -> Mlp {
+        Mlp { gate, up, down, gate_bias: None, up_bias: None, down_bias: None }
+    }
+}
+
+const Q: &str = "self_attn.q_proj";
+const K: &str = "self_attn.k_proj";
+const V: &str = "self_attn.v_proj";
+const O: &str = "self_attn.o_proj";
+const GATE: &str = "mlp.gate_proj";
+const UP: &str = "mlp.up_proj";
+const DOWN: &str = "mlp.down_proj";
+
+/// A linear weight's name within its block: its role, as the Hugging Face Llama short name
+/// (`self_attn.q_proj` ... `mlp.down_proj`), and in a mixture of experts its expert. Displayed
+/// as Qwen3-MoE names it (`mlp.experts.3.gate_proj`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LinearName {
+    /// `self_attn.q_proj`, `self_attn.k_proj`, `self_attn.v_proj`, `self_attn.o_proj`,
+    /// `mlp.gate_proj`, `mlp.up_proj` or `mlp.down_proj`.
+    pub role: &'static str,
+    /// The expert, for a weight of a mixture of experts.
+    pub expert: Option<usize>,
+}
+
+impl LinearName {
+    /// A dense layer's weight.
+    pub fn dense(role: &'static str) -> LinearName {
+        LinearName { role, expert: None }
+    }
+}
+
+impl std::fmt::Display for LinearName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.expert, self.role.strip_prefix("mlp.")) {
+            (Some(e), Some(rest)) => write!(f, "mlp.experts.{e}.{rest}"),
+            _ => f.write_str(self.role),
+        }
+    }
+}
+
+/// A mixture of experts' weights.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Experts {
+    /// Router, `[n_experts, dim]` (`mlp.gate`, Mixtral's `block_sparse_moe.gate`, gpt-oss's
+    /// `mlp.router`).
+    pub router: HostTensor,
+    /// Router bias `[n_experts]` (gpt-oss).
+    pub router_bias: Option<HostTensor>,
+    /// The experts, `n_experts` of them.
+    pub experts: Vec<Mlp>,
 }
 
 impl LayerWeights {
-    /// The seven linear weights with their Hugging Face short names, in a fixed order.
-    pub fn linears(&self) -> [(&'static str, &HostTensor); 7] {
-        [
-            ("self_attn.q_proj", &self.wq),
-            ("self_attn.k_proj", &self.wk),
-            ("self_attn.v_proj", &self.wv),
-            ("self_attn.o_proj", &self.wo),
-            ("mlp.gate_proj", &self.w_gate),
-            ("mlp.up_proj", &self.w_up),
-            ("mlp.down_proj", &self.w_down),
-        ]
+    /// The dense FFN, when the layer has one.
+    pub fn mlp(&self) -> Option<&Mlp> {
+        match &self.ffn {
+            Ffn::Dense(m) => Some(m),
+            Ffn::Experts(_) => None,
+        }
     }
 
-    /// Mutable access to the seven linear weights, same order as [`LayerWeights::linears`].
-    pub fn linears_mut(&mut self) -> [(&'static str, &mut HostTensor); 7] {
-        [
-            ("self_attn.q_proj", &mut self.wq),
-            ("self_attn.k_proj", &mut self.wk),
-            ("self_attn.v_proj", &mut self.wv),
-            ("self_attn.o_proj", &mut self.wo),
-            ("mlp.gate_proj", &mut self.w_gate),
-            ("mlp.up_proj", &mut self.w_up),
-            ("mlp.down_proj", &mut self.w_down),
-        ]
+    /// The dense FFN, mutably, when the layer has one.
+    pub fn mlp_mut(&mut self) -> Option<&mut Mlp> {
+        match &mut self.ffn {
+            Ffn::Dense(m) => Some(m),
+            Ffn::Experts(_) => None,
+        }
+    }
+
+    /// The mixture of experts, when the layer has one.
+    pub fn experts(&self) -> Option<&Experts> {
+        match &self.ffn {
+            Ffn::Dense(_) => None,
+            Ffn::Experts(e) => Some(e),
+        }
+    }
+
+    /// The linear weights that weight schemes quantize, by name, in a fixed order: q, k, v, o,
+    /// then the dense FFN's gate, up, down or each expert's. A router is not among them
+    /// ([`LayerWeights::router_mut`]).
+    pub fn linears(&self) -> Vec<(LinearName, &HostTensor)> {
+        let attn = [(Q, &self.wq), (K, &self.wk), (V, &self.wv), (O, &self.wo)];
+        let mut out: Vec<(LinearName, &HostTensor)> =
+            attn.into_iter().map(|(r, t)| (LinearName::dense(r), t)).collect();
+        fn mlp(m: &Mlp) -> [(&'static str, &HostTensor); 3] {
+            [(GATE, &m.gate), (UP, &m.up), (DOWN, &m.down)]
+        }
+        match &self.ffn {
+            Ffn::Dense(m) => out.extend(mlp(m).map(|(r, t)| (LinearName::dense(r), t))),
+            Ffn::Experts(e) => {
+                for (i, m) in e.experts.iter().enumerate() {
+                    out.extend(mlp(m).map(|(role, t)| (LinearName { role, expert: Some(i) }, t)));
+                }
+            }
+        }
+        out
+    }
+
+    /// Mutable access to the linear weights, same names and order as [`LayerWeights::linears`].
+    pub fn linears_mut(&mut self) -> Vec<(LinearName, &mut HostTensor)> {
+        let attn = [(Q, &mut self.wq), (K, &mut self.wk), (V, &mut self.wv), (O, &mut self.wo)];
+        let mut out: Vec<(LinearName, &mut HostTensor)> =
+            attn.into_iter().map(|(r, t)| (LinearName::dense(r), t)).collect();
+        match &mut self.ffn {
+            Ffn::Dense(m) => {
+                out.extend(
+                    [(GATE, &mut m.gate), (UP, &mut m.up), (DOWN, &mut m.down)].map(|(r, t)| (LinearName::dense(r), t)),
+                );
+            }
+            Ffn::Experts(e) => {
+                for (i, m) in e.experts.iter_mut().enumerate() {
+                    let named = [(GATE, &mut m.gate), (UP, &mut m.up), (DOWN, &mut m.down)];
+                    out.extend(named.map(|(role, t)| (LinearName { role, expert: Some(i) }, t)));
+                }
+            }
+        }
+        out
+    }
+
+    /// The router's weight `[n_experts, dim]` with its name (`mlp.gate`), for a layer with
+    /// experts; kept at reference precision unless `--quantize-router`.
+    pub fn router_mut(&mut self) -> Option<(&'static str, &mut HostTensor)> {
+        match &mut self.ffn {
+            Ffn::Dense(_) => None,
+            Ffn::Experts(e) => Some(("mlp.gate", &mut e.router)),
+        }
+    }
+
+    /// Every tensor of the block that is not a linear weight of [`LayerWeights::linears`]: norms,
+    /// biases, sinks, the router and its bias.
+    fn others_mut(&mut self) -> Vec<&mut HostTensor> {
+        fn mlp_biases(m: &mut Mlp) -> impl Iterator<Item = &mut HostTensor> {
+            [&mut m.gate_bias, &mut m.up_bias, &mut m.down_bias].into_iter().flatten()
+        }
+        let mut out = vec![&mut self.attn_norm, &mut self.ffn_norm];
+        let optional = [
+            &mut self.bq,
+            &mut self.bk,
+            &mut self.bv,
+            &mut self.bo,
+            &mut self.q_norm,
+            &mut self.k_norm,
+            &mut self.sinks,
+            &mut self.post_attn_norm,
+            &mut self.post_ffn_norm,
+        ];
+        out.extend(optional.into_iter().flatten());
+        match &mut self.ffn {
+            Ffn::Dense(m) => out.extend(mlp_biases(m)),
+            Ffn::Experts(e) => {
+                out.push(&mut e.router);
+                out.extend(e.router_bias.as_mut());
+                for m in &mut e.experts {
+                    out.extend(mlp_biases(m));
+                }
+            }
+        }
+        out
     }
 }
 
@@ -261,7 +690,7 @@ impl LayerWeights {
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostModel {
     /// Architecture.
-    pub arch: LlamaArch,
+    pub arch: ModelArch,
     /// Token embedding, `[vocab_size, dim]`.
     pub token_embedding: HostTensor,
     /// The blocks, first to last.
@@ -273,16 +702,31 @@ pub struct HostModel {
 }
 
 impl HostModel {
-    /// Parameters actually held: [`LlamaArch::parameter_count`] plus the q/k/v biases, if any
-    /// (Qwen2).
+    /// Parameters actually held: every value of every tensor, a tied embedding once.
     pub fn parameter_count(&self) -> usize {
-        let biases: usize = self
-            .layers
-            .iter()
-            .flat_map(|l| [&l.bq, &l.bk, &l.bv])
-            .map(|b| b.as_ref().map_or(0, |t| t.data.len()))
-            .sum();
-        self.arch.parameter_count() + biases
+        let mut n = 0usize;
+        // `for_each_tensor_mut` needs `&mut`; counting from a clone would double the memory.
+        let count = |t: &HostTensor| t.data.len();
+        n += count(&self.token_embedding) + count(&self.final_norm) + self.output.as_ref().map_or(0, count);
+        for l in &self.layers {
+            n += l.linears().iter().map(|(_, t)| count(t)).sum::<usize>();
+            n += [&l.attn_norm, &l.ffn_norm].iter().map(|t| count(t)).sum::<usize>();
+            let optional =
+                [&l.bq, &l.bk, &l.bv, &l.bo, &l.q_norm, &l.k_norm, &l.sinks, &l.post_attn_norm, &l.post_ffn_norm];
+            n += optional.iter().filter_map(|t| t.as_ref()).map(count).sum::<usize>();
+            let mlp_biases = |m: &Mlp| {
+                [&m.gate_bias, &m.up_bias, &m.down_bias].iter().filter_map(|t| t.as_ref()).map(count).sum::<usize>()
+            };
+            n += match &l.ffn {
+                Ffn::Dense(m) => mlp_biases(m),
+                Ffn::Experts(e) => {
+                    count(&e.router)
+                        + e.router_bias.as_ref().map_or(0, count)
+                        + e.experts.iter().map(mlp_biases).sum::<usize>()
+                }
+            };
+        }
+        n
     }
 
     /// The output layer's weight, `[vocab_size, dim]` (the embedding when tied).
@@ -307,10 +751,8 @@ impl HostModel {
     pub fn for_each_tensor_mut(&mut self, mut f: impl FnMut(&mut HostTensor)) {
         f(&mut self.token_embedding);
         for layer in &mut self.layers {
-            f(&mut layer.attn_norm);
-            f(&mut layer.ffn_norm);
-            for b in [&mut layer.bq, &mut layer.bk, &mut layer.bv].into_iter().flatten() {
-                f(b);
+            for t in layer.others_mut() {
+                f(t);
             }
             for (_, w) in layer.linears_mut() {
                 f(w);

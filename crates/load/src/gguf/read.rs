@@ -10,7 +10,7 @@ use crate::LoadError;
 use crate::floats::{LeFloat, le_floats};
 use crate::rope_layout::{RopeLayout, permute_rows};
 use crate::storage::{SizeOverflow, SourceStorage, source_storage};
-use qdrift_weights::{HostModel, HostTensor, LayerWeights, LlamaArch, RopeScaling};
+use qdrift_weights::{BlockSpec, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, RopeScaling};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -910,13 +910,13 @@ fn read_architecture<'m>(path: &Path, meta: &'m BTreeMap<String, GgufValue>) -> 
     }
 }
 
-/// [`LlamaArch`] from the `{arch}.*` keys, the vocabulary from `token_embd.weight`'s dims (which
+/// [`ModelArch`] from the `{arch}.*` keys, the vocabulary from `token_embd.weight`'s dims (which
 /// must hold the tokenizer's tokens), tied when `output.weight` is absent; RoPE scaling unset.
 fn read_hyper_parameters(
     keys: &ArchKeys<'_>,
     table: &TensorTable<'_>,
     tokenizer: &GgufTokenizerMetadata,
-) -> Result<LlamaArch, LoadError> {
+) -> Result<ModelArch, LoadError> {
     let path = keys.path;
     let dim = keys.int("embedding_length", None)?;
     let n_heads = keys.int("attention.head_count", None)?;
@@ -944,19 +944,26 @@ fn read_hyper_parameters(
             ),
         ));
     }
-    let arch = LlamaArch {
+    let arch = ModelArch {
         architecture: keys.arch.to_string(),
         dim,
         hidden_dim: keys.int("feed_forward_length", None)?,
         n_layers: keys.int("block_count", None)?,
         n_heads,
         n_kv_heads: keys.int("attention.head_count_kv", Some(n_heads))?,
+        head_dim: dim / n_heads,
         vocab_size,
         max_seq_len: keys.int("context_length", None)?,
         norm_eps: keys.float("attention.layer_norm_rms_epsilon", None)?,
         rope_theta: keys.float("rope.freq_base", Some(10000.0))?,
         tied_embeddings: table.find("output.weight").is_none(),
         rope_scaling: None,
+        block: BlockSpec::default(),
+        windows: Vec::new(),
+        local_rope_theta: None,
+        embedding_scale: None,
+        final_logit_softcap: None,
+        moe: None,
     };
     arch.validate()
         .map_err(|e| LoadError::invalid(path, format!("inconsistent {} hyper-parameters: {e}", keys.arch)))?;
@@ -964,7 +971,7 @@ fn read_hyper_parameters(
 }
 
 /// Refuses what [`HostModel`] cannot carry: partial rotary embeddings, biases other than q/k/v.
-fn check_refusals(keys: &ArchKeys<'_>, arch: &LlamaArch, infos: &[TensorInfo]) -> Result<(), LoadError> {
+fn check_refusals(keys: &ArchKeys<'_>, arch: &ModelArch, infos: &[TensorInfo]) -> Result<(), LoadError> {
     let head_dim = arch.head_dim();
     let rope_dims = keys.int("rope.dimension_count", Some(head_dim))?;
     if rope_dims != head_dim {
@@ -1011,7 +1018,7 @@ fn read_rope_scaling(
 /// rows brought to the interleaved layout.
 fn read_layer(
     table: &TensorTable<'_>,
-    arch: &LlamaArch,
+    arch: &ModelArch,
     i: usize,
     layout: QkLayout,
 ) -> Result<LayerWeights, LoadError> {
@@ -1036,12 +1043,20 @@ fn read_layer(
         wv: t("attn_v", &[kv_dim, dim])?,
         wo: t("attn_output", &[dim, q_dim])?,
         ffn_norm: t("ffn_norm", &[dim])?,
-        w_gate: t("ffn_gate", &[hidden, dim])?,
-        w_up: t("ffn_up", &[hidden, dim])?,
-        w_down: t("ffn_down", &[dim, hidden])?,
         bq: bias("attn_q", q_dim)?.map(|b| rope_rows(b, arch.n_heads)),
         bk: bias("attn_k", kv_dim)?.map(|b| rope_rows(b, arch.n_kv_heads)),
         bv: bias("attn_v", kv_dim)?,
+        ffn: Ffn::Dense(Mlp::new(
+            t("ffn_gate", &[hidden, dim])?,
+            t("ffn_up", &[hidden, dim])?,
+            t("ffn_down", &[dim, hidden])?,
+        )),
+        bo: None,
+        q_norm: None,
+        k_norm: None,
+        sinks: None,
+        post_attn_norm: None,
+        post_ffn_norm: None,
     })
 }
 

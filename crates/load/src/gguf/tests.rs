@@ -181,12 +181,12 @@ fn tiny_llama_round_trips() {
     assert_eq!(l.wv, t(&[KV_DIM, DIM], 4));
     assert_eq!(l.wo, t(&[DIM, DIM], 5));
     assert_eq!(l.ffn_norm, t(&[DIM], 6));
-    assert_eq!(l.w_gate, t(&[HIDDEN, DIM], 7));
-    assert_eq!(l.w_up, t(&[HIDDEN, DIM], 8));
+    assert_eq!(l.mlp().expect("dense").gate, t(&[HIDDEN, DIM], 7));
+    assert_eq!(l.mlp().expect("dense").up, t(&[HIDDEN, DIM], 8));
     let q8 = quantize_ggml_blocks(GgmlType::Q8_0, &values(9, DIM * HIDDEN)).unwrap();
     let want_down = dequantize_ggml_blocks(GgmlType::Q8_0, &q8, DIM * HIDDEN).unwrap();
-    assert_eq!(l.w_down.shape, [DIM, HIDDEN]);
-    assert_eq!(l.w_down.data, want_down);
+    assert_eq!(l.mlp().expect("dense").down.shape, [DIM, HIDDEN]);
+    assert_eq!(l.mlp().expect("dense").down.data, want_down);
     assert_eq!(m.final_norm, t(&[DIM], 10));
     assert_eq!(m.output, Some(t(&[VOCAB, DIM], 11)));
 
@@ -432,16 +432,16 @@ fn every_readable_ggml_type_reads_as_qdrift_ggml_dequantizes_it() {
         ("blk.0.attn_k.weight", &l0.wk),
         ("blk.0.attn_v.weight", &l0.wv),
         ("blk.0.attn_output.weight", &l0.wo),
-        ("blk.0.ffn_gate.weight", &l0.w_gate),
-        ("blk.0.ffn_up.weight", &l0.w_up),
-        ("blk.0.ffn_down.weight", &l0.w_down),
+        ("blk.0.ffn_gate.weight", &l0.mlp().expect("dense").gate),
+        ("blk.0.ffn_up.weight", &l0.mlp().expect("dense").up),
+        ("blk.0.ffn_down.weight", &l0.mlp().expect("dense").down),
         ("blk.1.attn_q.weight", &l1.wq),
         ("blk.1.attn_k.weight", &l1.wk),
         ("blk.1.attn_v.weight", &l1.wv),
         ("blk.1.attn_output.weight", &l1.wo),
-        ("blk.1.ffn_gate.weight", &l1.w_gate),
-        ("blk.1.ffn_up.weight", &l1.w_up),
-        ("blk.1.ffn_down.weight", &l1.w_down),
+        ("blk.1.ffn_gate.weight", &l1.mlp().expect("dense").gate),
+        ("blk.1.ffn_up.weight", &l1.mlp().expect("dense").up),
+        ("blk.1.ffn_down.weight", &l1.mlp().expect("dense").down),
         ("output.weight", m.output.as_ref().expect("untied")),
     ];
     for ((name, ty, shape, bytes), (read_name, tensor)) in matrices.iter().zip(&read) {
@@ -752,7 +752,10 @@ fn smollm2_q4_1_gguf() {
         assert_eq!(ty(&format!("blk.{i}.attn_norm.weight")), Some("F32"));
     }
     let finite = |t: &HostTensor| t.data.iter().all(|v| v.is_finite());
-    assert!(finite(&g.model.token_embedding) && g.model.layers.iter().all(|l| finite(&l.wq) && finite(&l.w_down)));
+    assert!(
+        finite(&g.model.token_embedding)
+            && g.model.layers.iter().all(|l| finite(&l.wq) && finite(&l.mlp().expect("dense").down))
+    );
 }
 
 #[test]

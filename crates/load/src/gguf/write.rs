@@ -16,7 +16,7 @@ use crate::hf::write::{WriteDtype, has_qkv_biases};
 use crate::rope_layout::RopeLayout::ToRotateHalf;
 use crate::rope_layout::{permute_rows, rotate_half_row_order};
 use crate::tokenizer::Llama2cTokenizer;
-use qdrift_weights::{HostModel, HostTensor, LlamaArch, RopeScaling};
+use qdrift_weights::{HostModel, HostTensor, LinearName, ModelArch, RopeScaling};
 
 /// GGUF metadata value types (`gguf.md` `gguf_metadata_value_type`).
 const GGUF_U32: u32 = 4;
@@ -156,7 +156,7 @@ pub enum GgufMatrix {
         /// Block index.
         layer: usize,
         /// Hugging Face short name.
-        short_name: &'static str,
+        short_name: LinearName,
     },
 }
 
@@ -213,7 +213,7 @@ pub fn write_gguf_with(
 }
 
 /// `general.*` and the `ARCH.*` hyper-parameters.
-fn gguf_arch_metadata(kv: &mut Kv, path: &Path, a: &LlamaArch, arch: &str) -> Result<(), LoadError> {
+fn gguf_arch_metadata(kv: &mut Kv, path: &Path, a: &ModelArch, arch: &str) -> Result<(), LoadError> {
     kv.string("general.architecture", arch);
     kv.string("general.name", &a.architecture);
     kv.u32("general.alignment", ALIGNMENT as u32);
@@ -292,6 +292,9 @@ fn gguf_tensors<'a>(path: &Path, model: &'a HostModel, qwen2: bool) -> Result<Ve
         let factors = match s {
             RopeScaling::FreqFactors { factors } => factors.clone(),
             RopeScaling::Llama3 { .. } => llama3_freq_factors(s, a.head_dim(), a.rope_theta).unwrap_or_default(),
+            RopeScaling::Linear { .. } | RopeScaling::Yarn { .. } => {
+                return Err(LoadError::invalid(path, "linear and YaRN RoPE scaling cannot be written to GGUF yet"));
+            }
         };
         let t = HostTensor::new(vec![factors.len()], factors)
             .ok_or_else(|| LoadError::invalid(path, "RoPE frequency factors"))?;
@@ -299,7 +302,7 @@ fn gguf_tensors<'a>(path: &Path, model: &'a HostModel, qwen2: bool) -> Result<Ve
     }
     for (i, l) in model.layers.iter().enumerate() {
         let b = format!("blk.{i}");
-        let lin = |short_name: &'static str| GgufMatrix::Linear { layer: i, short_name };
+        let lin = |short_name: &'static str| GgufMatrix::Linear { layer: i, short_name: LinearName::dense(short_name) };
         let rope_heads = |heads: usize| qwen2.then_some(heads);
         tensors.push(vector(format!("{b}.attn_norm.weight"), Cow::Borrowed(&l.attn_norm)));
         tensors.push(GgufTensor {
@@ -318,9 +321,11 @@ fn gguf_tensors<'a>(path: &Path, model: &'a HostModel, qwen2: bool) -> Result<Ve
         }
         tensors.push(matrix(format!("{b}.attn_output.weight"), Cow::Borrowed(&l.wo), lin("self_attn.o_proj")));
         tensors.push(vector(format!("{b}.ffn_norm.weight"), Cow::Borrowed(&l.ffn_norm)));
-        tensors.push(matrix(format!("{b}.ffn_gate.weight"), Cow::Borrowed(&l.w_gate), lin("mlp.gate_proj")));
-        tensors.push(matrix(format!("{b}.ffn_up.weight"), Cow::Borrowed(&l.w_up), lin("mlp.up_proj")));
-        tensors.push(matrix(format!("{b}.ffn_down.weight"), Cow::Borrowed(&l.w_down), lin("mlp.down_proj")));
+        let m =
+            l.mlp().ok_or_else(|| LoadError::invalid(path, "a mixture of experts cannot be written to GGUF yet"))?;
+        tensors.push(matrix(format!("{b}.ffn_gate.weight"), Cow::Borrowed(&m.gate), lin("mlp.gate_proj")));
+        tensors.push(matrix(format!("{b}.ffn_up.weight"), Cow::Borrowed(&m.up), lin("mlp.up_proj")));
+        tensors.push(matrix(format!("{b}.ffn_down.weight"), Cow::Borrowed(&m.down), lin("mlp.down_proj")));
     }
     tensors.push(vector("output_norm.weight".into(), Cow::Borrowed(&model.final_norm)));
     if let Some(o) = &model.output {

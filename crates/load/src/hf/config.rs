@@ -1,4 +1,4 @@
-//! `config.json` → [`LlamaArch`]: `transformers`' `LlamaConfig`, `MistralConfig` and
+//! `config.json` → [`ModelArch`]: `transformers`' `LlamaConfig`, `MistralConfig` and
 //! `Qwen2Config` (field names and their defaults: `rms_norm_eps` 1e-6, `rope_theta` 10000,
 //! `max_position_embeddings` 2048, `num_key_value_heads` = `num_attention_heads`,
 //! `tie_word_embeddings` false), Mistral's and Qwen2's sliding window, Llama 3.1+'s `rope_scaling`
@@ -10,7 +10,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::LoadError;
-use qdrift_weights::{LlamaArch, RopeScaling};
+use qdrift_weights::{BlockSpec, ModelArch, RopeScaling};
 
 /// Architectures [`read_hf_folder`] reads, as `config.json` names them.
 pub const SUPPORTED_ARCHITECTURES: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM";
@@ -59,7 +59,7 @@ impl Config<'_> {
 
 /// The hyper-parameters of `config.json`: architecture → refused options → context → RoPE →
 /// shapes.
-pub(crate) fn parse_config(path: &Path, c: &Value) -> Result<LlamaArch, LoadError> {
+pub(crate) fn parse_config(path: &Path, c: &Value) -> Result<ModelArch, LoadError> {
     let config = Config { path, c };
     let architecture = config_architecture(&config)?;
     let dim = config.int("hidden_size", None)?;
@@ -67,19 +67,26 @@ pub(crate) fn parse_config(path: &Path, c: &Value) -> Result<LlamaArch, LoadErro
     check_options(&config, &architecture)?;
     let max_seq_len = max_seq_len(&config, &architecture)?;
     let (rope_theta, rope_scaling) = rope(&config)?;
-    let arch = LlamaArch {
+    let arch = ModelArch {
         architecture,
         dim,
         hidden_dim: config.int("intermediate_size", None)?,
         n_layers: config.int("num_hidden_layers", None)?,
         n_heads,
         n_kv_heads: config.int("num_key_value_heads", Some(n_heads))?,
+        head_dim: dim / n_heads,
         vocab_size: config.int("vocab_size", None)?,
         max_seq_len,
         norm_eps: config.float("rms_norm_eps", 1e-6)?,
         rope_theta,
         tied_embeddings: config.flag("tie_word_embeddings"),
         rope_scaling,
+        block: BlockSpec::default(),
+        windows: Vec::new(),
+        local_rope_theta: None,
+        embedding_scale: None,
+        final_logit_softcap: None,
+        moe: None,
     };
     check_head_dim(&config, dim, n_heads)?;
     arch.validate().map_err(|e| config.bad(format!("inconsistent hyper-parameters: {e}")))?;

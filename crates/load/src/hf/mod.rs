@@ -31,10 +31,10 @@
 //!
 //! **Architectures.** `LlamaForCausalLM` (Llama 2/3, SmolLM, TinyLlama), `MistralForCausalLM`
 //! and `Qwen2ForCausalLM`. Mistral's `sliding_window` (when set and smaller than
-//! `max_position_embeddings`) caps [`crate::LlamaArch::max_seq_len`]: within the window,
+//! `max_position_embeddings`) caps [`crate::ModelArch::max_seq_len`]: within the window,
 //! sliding-window attention is full causal attention, so the model is exact for every length it
 //! accepts. Qwen2's q/k/v biases go to [`crate::LayerWeights::bq`] etc.; Llama 3.1+'s
-//! `rope_scaling` (`rope_type = llama3`) to [`crate::LlamaArch::rope_scaling`], as does
+//! `rope_scaling` (`rope_type = llama3`) to [`crate::ModelArch::rope_scaling`], as does
 //! `rope_parameters` (the form `transformers` ≥ 5 writes, which also carries `rope_theta`).
 //! `qdrift-model` applies both.
 //! Refused with a message: other architectures, `head_dim` ≠ `hidden_size / num_attention_heads`,
@@ -51,7 +51,7 @@
 //! | file | contents |
 //! |---|---|
 //! | `read.rs` | [`read_hf_folder`]: the folder into a [`crate::LoadedModel`], special tokens, source storage of quantized folders |
-//! | `config.rs` | `config.json` → [`LlamaArch`](crate::LlamaArch), refusals |
+//! | `config.rs` | `config.json` → [`ModelArch`](crate::ModelArch), refusals |
 //! | `shards.rs` | the safetensors files, memory-mapped and checked; typed tensor access |
 //! | `quant/` | quantized folders: `quantization_config` and one file per layout (GPTQ, AWQ, compressed-tensors, FP8) |
 //! | `tokenizer.rs` | [`HfTokenizer`]: `tokenizer.json` through the `tokenizers` crate (also GGUF's byte-level BPE) |

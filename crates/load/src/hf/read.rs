@@ -17,7 +17,7 @@ use crate::loaded::{LoadedModel, ModelFormat, check_vocab};
 use crate::rope_layout::RopeLayout::ToInterleaved;
 use crate::rope_layout::permute_rows;
 use crate::storage::{SizeOverflow, SourceStorage, source_storage};
-use qdrift_weights::{HostModel, HostTensor, LayerWeights, LlamaArch};
+use qdrift_weights::{Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch};
 
 /// Reads a Hugging Face model folder: `config.json`, `model.safetensors` or the shards listed in
 /// `model.safetensors.index.json`, and `tokenizer.json` (or `tokenizer`, if given) with
@@ -157,7 +157,7 @@ const TENSORS_PER_LAYER: usize = 9;
 
 /// Refuses a `num_hidden_layers` the safetensors files cannot hold, before the layer list is
 /// allocated (an absurd count would otherwise abort the process on allocation).
-fn check_layer_count(config_path: &Path, shards: &Shards, arch: &LlamaArch) -> Result<(), LoadError> {
+fn check_layer_count(config_path: &Path, shards: &Shards, arch: &ModelArch) -> Result<(), LoadError> {
     let present = shards.tensor_count();
     if arch.n_layers.checked_mul(TENSORS_PER_LAYER).is_none_or(|needed| needed > present) {
         return Err(LoadError::invalid(
@@ -187,7 +187,7 @@ fn linear(
     }
 }
 
-fn build_model(shards: &Shards, quant: Option<&HfQuant>, mut arch: LlamaArch) -> Result<HostModel, LoadError> {
+fn build_model(shards: &Shards, quant: Option<&HfQuant>, mut arch: ModelArch) -> Result<HostModel, LoadError> {
     let (dim, hidden, vocab) = (arch.dim, arch.hidden_dim, arch.vocab_size);
     let (q_dim, kv_dim) = (arch.n_heads * arch.head_dim(), arch.kv_dim());
     let qwen = arch.architecture == "Qwen2ForCausalLM";
@@ -219,12 +219,20 @@ fn build_model(shards: &Shards, quant: Option<&HfQuant>, mut arch: LlamaArch) ->
             wv: lin("self_attn.v_proj", kv_dim, dim)?,
             wo: lin("self_attn.o_proj", dim, q_dim)?,
             ffn_norm: t("post_attention_layernorm.weight", &[dim])?,
-            w_gate: lin("mlp.gate_proj", hidden, dim)?,
-            w_up: lin("mlp.up_proj", hidden, dim)?,
-            w_down: lin("mlp.down_proj", dim, hidden)?,
             bq: bias("self_attn.q_proj.bias", q_dim, arch.n_heads)?,
             bk: bias("self_attn.k_proj.bias", kv_dim, arch.n_kv_heads)?,
             bv: bias("self_attn.v_proj.bias", kv_dim, 0)?,
+            ffn: Ffn::Dense(Mlp::new(
+                lin("mlp.gate_proj", hidden, dim)?,
+                lin("mlp.up_proj", hidden, dim)?,
+                lin("mlp.down_proj", dim, hidden)?,
+            )),
+            bo: None,
+            q_norm: None,
+            k_norm: None,
+            sinks: None,
+            post_attn_norm: None,
+            post_ffn_norm: None,
         });
     }
     let final_norm = shards.require("model.norm.weight", &[dim])?;

@@ -146,6 +146,10 @@ fn config_json(
                 "original_max_position_embeddings": original_max_position_embeddings,
             })
         }
+        Some(RopeScaling::Linear { factor }) => json!({ "rope_type": "linear", "factor": json_f32(*factor) }),
+        Some(RopeScaling::Yarn { .. }) => {
+            return Err(LoadError::invalid(dir, "YaRN RoPE scaling cannot be written to config.json yet"));
+        }
         Some(RopeScaling::FreqFactors { .. }) => {
             return Err(LoadError::invalid(
                 dir,
@@ -196,9 +200,12 @@ fn hf_tensors(model: &HostModel, dtype: WriteDtype) -> Vec<(String, Bytes)> {
         push(format!("{p}.self_attn.v_proj.weight"), &l.wv);
         push(format!("{p}.self_attn.o_proj.weight"), &l.wo);
         push(format!("{p}.post_attention_layernorm.weight"), &l.ffn_norm);
-        push(format!("{p}.mlp.gate_proj.weight"), &l.w_gate);
-        push(format!("{p}.mlp.up_proj.weight"), &l.w_up);
-        push(format!("{p}.mlp.down_proj.weight"), &l.w_down);
+        if let Some(m) = l.mlp() {
+            // Every FFN is dense: `has_qkv_biases` refused the others.
+            push(format!("{p}.mlp.gate_proj.weight"), &m.gate);
+            push(format!("{p}.mlp.up_proj.weight"), &m.up);
+            push(format!("{p}.mlp.down_proj.weight"), &m.down);
+        }
         if let Some(b) = &l.bq {
             push(format!("{p}.self_attn.q_proj.bias"), &permute_rows(b, a.n_heads, ToRotateHalf));
         }
@@ -243,8 +250,33 @@ fn tokenizer_config_json(tokenizer: &Llama2cTokenizer, max_seq_len: usize) -> Va
     })
 }
 
-/// Whether every layer has q, k and v biases (Qwen2); `false` when none has any.
+/// Whether every layer has q, k and v biases (Qwen2); `false` when none has any. A model whose
+/// blocks are not Llama's (or Qwen2's) is refused, naming what the writers cannot express yet.
 pub(crate) fn has_qkv_biases(path: &Path, model: &HostModel) -> Result<bool, LoadError> {
+    let a = &model.arch;
+    let other = if !a.block.is_llama() {
+        Some("its block (norms, attention or activation) is not Llama's")
+    } else if a.moe.is_some() {
+        Some("it has a mixture of experts")
+    } else if !a.windows.is_empty() {
+        Some("it has sliding-window layers")
+    } else if a.embedding_scale.is_some() || a.final_logit_softcap.is_some() {
+        Some("it scales its embeddings or soft-caps its logits")
+    } else if a.head_dim * a.n_heads != a.dim {
+        Some("its head_dim is not dim / n_heads")
+    } else if model.layers.iter().any(|l| {
+        l.bo.is_some() || l.mlp().is_none_or(|m| m.gate_bias.is_some() || m.up_bias.is_some() || m.down_bias.is_some())
+    }) {
+        Some("it has output or feed-forward biases")
+    } else {
+        None
+    };
+    if let Some(why) = other {
+        return Err(LoadError::invalid(
+            path,
+            format!("{} cannot be written yet: {why}; qdrift writes Llama, Mistral and Qwen2 blocks", a.architecture),
+        ));
+    }
     let count = |l: &LayerWeights| [&l.bq, &l.bk, &l.bv].iter().filter(|b| b.is_some()).count();
     let counts: Vec<usize> = model.layers.iter().map(count).collect();
     if counts.iter().all(|&c| c == 0) {
