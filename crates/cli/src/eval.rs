@@ -69,6 +69,10 @@ pub struct EvalArgs {
     /// Also quantize an untied output layer.
     #[arg(long)]
     quantize_head: bool,
+    /// Also quantize the routers of a mixture of experts (`mlp.gate`); by default they stay at
+    /// reference precision, as llm-compressor and vLLM leave them.
+    #[arg(long)]
+    quantize_router: bool,
     /// Compute each variant's KL divergence against the reference's top K log-probabilities
     /// per position plus one tail bucket: a lower bound of the exact KL (the report gives K and
     /// the tail mass) from K + 5 numbers per position. Default: the exact KL over the whole
@@ -302,7 +306,11 @@ fn config(args: &EvalArgs, gate: Option<(PathBuf, Thresholds)>) -> EvalConfig {
     cfg.seed = args.seed;
     cfg.batch_size = args.batch_size;
     cfg.resamples = args.resamples;
-    cfg.quantize = QuantizeOptions { quantize_embeddings: args.quantize_embeddings, quantize_head: args.quantize_head };
+    cfg.quantize = QuantizeOptions {
+        quantize_embeddings: args.quantize_embeddings,
+        quantize_head: args.quantize_head,
+        quantize_router: args.quantize_router,
+    };
     cfg.dump_logprobs = args.dump_logprobs.clone();
     cfg.reference_top_k = args.reference_top_k;
     cfg.save_reference = args.save_reference.clone();

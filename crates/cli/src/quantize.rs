@@ -30,6 +30,10 @@ pub struct SchemeArgs {
     /// Also quantize an untied output layer.
     #[arg(long)]
     pub quantize_head: bool,
+    /// Also quantize the routers of a mixture of experts (`mlp.gate`); by default they stay at
+    /// reference precision, as llm-compressor and vLLM leave them.
+    #[arg(long)]
+    pub quantize_router: bool,
 }
 
 /// Parses a `--scheme` value (`WEIGHTS[+a-ACT][+kv-KV]`, [`Recipe`];
@@ -58,7 +62,11 @@ impl TypedValueParser for RecipeParser {
 
 impl SchemeArgs {
     fn options(&self) -> QuantizeOptions {
-        QuantizeOptions { quantize_embeddings: self.quantize_embeddings, quantize_head: self.quantize_head }
+        QuantizeOptions {
+            quantize_embeddings: self.quantize_embeddings,
+            quantize_head: self.quantize_head,
+            quantize_router: self.quantize_router,
+        }
     }
 
     /// The model to run: the checkpoint as it is without `--scheme`; with it, the scheme applied

@@ -229,6 +229,7 @@ fn store_key(
         },
         quantize_embeddings: cfg.quantize.quantize_embeddings,
         quantize_head: cfg.quantize.quantize_head,
+        quantize_router: cfg.quantize.quantize_router,
         qdrift_version: env!("CARGO_PKG_VERSION").to_string(),
     })
 }

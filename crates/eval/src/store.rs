@@ -86,6 +86,10 @@ pub struct StoreKey {
     pub quantize_embeddings: bool,
     /// Likewise for an untied output layer.
     pub quantize_head: bool,
+    /// Likewise for the routers of a mixture of experts (absent when false, so stores of
+    /// models without experts read as before).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub quantize_router: bool,
     /// The qdrift version that wrote the store.
     pub qdrift_version: String,
 }
@@ -94,7 +98,7 @@ impl StoreKey {
     /// The first field where `self` (the store's) and `run` differ: its name and both values.
     fn mismatch(&self, run: &StoreKey) -> Option<(&'static str, String, String)> {
         let (a, b) = (serde_json::to_value(self).unwrap_or_default(), serde_json::to_value(run).unwrap_or_default());
-        const FIELDS: [&str; 14] = [
+        const FIELDS: [&str; 15] = [
             "model_sha256",
             "tokenizer_sha256",
             "eval_set_sha256",
@@ -108,6 +112,7 @@ impl StoreKey {
             "kl",
             "quantize_embeddings",
             "quantize_head",
+            "quantize_router",
             "qdrift_version",
         ];
         FIELDS.iter().find(|f| a.get(**f) != b.get(**f)).map(|f| {
@@ -519,6 +524,7 @@ mod tests {
             kl: "exact".into(),
             quantize_embeddings: false,
             quantize_head: false,
+            quantize_router: false,
             qdrift_version: String::new(),
         }
     }

@@ -59,6 +59,12 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<ModelArch, LoadError> {
         header[i] = v as usize;
     }
     let [dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len] = header;
+    if n_heads > 0 && !dim.is_multiple_of(n_heads) {
+        return Err(LoadError::invalid(
+            path,
+            format!("inconsistent header: dim {dim} is not a multiple of n_heads {n_heads}"),
+        ));
+    }
     let arch = ModelArch {
         architecture: "llama".to_string(),
         dim,
@@ -66,7 +72,7 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<ModelArch, LoadError> {
         n_layers,
         n_heads,
         n_kv_heads,
-        head_dim: dim / n_heads,
+        head_dim: dim.checked_div(n_heads).unwrap_or(0),
         vocab_size,
         max_seq_len: seq_len,
         norm_eps: 1e-5,

@@ -31,7 +31,7 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use crate::LoadError;
 use crate::loaded::{LoadedModel, ModelFormat};
 use crate::tokenizer::{Llama2cTokenizer, SpecialIds};
-use qdrift_weights::{BlockSpec, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch};
+use qdrift_weights::{BlockSpec, Experts, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, MoeSpec, Routing};
 
 /// Names accepted by [`synthetic_model`], with what they imitate.
 pub const SYNTHETIC_PRESETS: &[(&str, &str)] = &[
@@ -39,6 +39,10 @@ pub const SYNTHETIC_PRESETS: &[(&str, &str)] = &[
     ("smollm2-135m", "SmolLM2-135M: 30 layers, dim 576, hidden 1536, 9/3 heads, vocab 49152, tied"),
     ("llama-1b", "Llama-3.2-1B shape: 16 layers, dim 2048, hidden 8192, 32/8 heads, vocab 128256, tied"),
     ("llama-8b", "Llama-3.1-8B shape: 32 layers, dim 4096, hidden 14336, 32/8 heads, vocab 128256, untied"),
+    (
+        "moe-tiny",
+        "Qwen3-MoE block: 2 layers, dim 32, 4/2 heads of 16, q/k norms, 8 experts of 16, top-2, vocab 320 (tests)",
+    ),
 ];
 
 /// Standard deviation of the random weights.
@@ -55,6 +59,7 @@ pub fn synthetic_arch(name: &str) -> Option<ModelArch> {
         "smollm2-135m" => (576, 1536, 30, 9, 3, 49152, 8192, 1e-5, 100000.0, true),
         "llama-1b" => (2048, 8192, 16, 32, 8, 128256, 131072, 1e-5, 500000.0, true),
         "llama-8b" => (4096, 14336, 32, 32, 8, 128256, 131072, 1e-5, 500000.0, false),
+        "moe-tiny" => return Some(moe_tiny()),
         _ => return None,
     };
     Some(ModelArch {
@@ -64,7 +69,7 @@ pub fn synthetic_arch(name: &str) -> Option<ModelArch> {
         n_layers: layers,
         n_heads: heads,
         n_kv_heads: kv,
-        head_dim: dim / heads,
+        head_dim: dim.checked_div(heads).unwrap_or(0),
         vocab_size: vocab,
         max_seq_len: ctx,
         norm_eps: eps,
@@ -78,6 +83,38 @@ pub fn synthetic_arch(name: &str) -> Option<ModelArch> {
         final_logit_softcap: None,
         moe: None,
     })
+}
+
+/// `moe-tiny`: a Qwen3-MoE block (`Qwen3MoeForCausalLM`: per-head q/k norms, head_dim 16 ≠
+/// dim / heads 8, a softmax router picking 2 of 8 experts, renormalized) at test size.
+fn moe_tiny() -> ModelArch {
+    ModelArch {
+        architecture: "Qwen3MoeForCausalLM".to_string(),
+        dim: 32,
+        hidden_dim: 64,
+        n_layers: 2,
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 16,
+        vocab_size: 320,
+        max_seq_len: 256,
+        norm_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        tied_embeddings: false,
+        rope_scaling: None,
+        block: BlockSpec { qk_norm: true, ..BlockSpec::default() },
+        windows: Vec::new(),
+        local_rope_theta: None,
+        embedding_scale: None,
+        final_logit_softcap: None,
+        moe: Some(MoeSpec {
+            n_experts: 8,
+            top_k: 2,
+            expert_hidden: 16,
+            routing: Routing::SoftmaxTopK { renormalize: true },
+            dense_layers: Vec::new(),
+        }),
+    }
 }
 
 fn preset_list() -> String {
@@ -210,10 +247,13 @@ fn random_model(arch: ModelArch, seed: u64) -> HostModel {
                 bq: None,
                 bk: None,
                 bv: None,
-                ffn: Ffn::Dense(Mlp::new(rand(&[h, d], k + 6), rand(&[h, d], k + 7), rand(&[d, h], k + 8))),
+                ffn: match &arch.moe {
+                    Some(moe) if arch.has_experts(i) => Ffn::Experts(random_experts(moe, d, seed, i)),
+                    _ => Ffn::Dense(Mlp::new(rand(&[h, d], k + 6), rand(&[h, d], k + 7), rand(&[d, h], k + 8))),
+                },
                 bo: None,
-                q_norm: None,
-                k_norm: None,
+                q_norm: arch.block.qk_norm.then(|| ones(arch.head_dim())),
+                k_norm: arch.block.qk_norm.then(|| ones(arch.head_dim())),
                 sinks: None,
                 post_attn_norm: None,
                 post_ffn_norm: None,
@@ -222,6 +262,18 @@ fn random_model(arch: ModelArch, seed: u64) -> HostModel {
         .collect();
     let output = (!arch.tied_embeddings).then(|| rand(&[v, d], 2 + 9 * arch.n_layers));
     HostModel { arch, token_embedding, layers, final_norm: ones(d), output }
+}
+
+/// Layer `layer`'s router and experts: the router on stream `2³² + 2¹⁶·layer`, expert `e`'s gate,
+/// up and down on the next `3e + 1 … 3e + 3` (streams apart from the dense tensors' `k < 2³²`).
+fn random_experts(moe: &MoeSpec, d: usize, seed: u64, layer: usize) -> Experts {
+    let base = (1u64 << 32) + ((layer as u64) << 16);
+    let rand = |shape: &[usize], k: u64| random_tensor(shape, seed, base + k);
+    let w = moe.expert_hidden;
+    let experts = (0..moe.n_experts as u64)
+        .map(|e| Mlp::new(rand(&[w, d], 3 * e + 1), rand(&[w, d], 3 * e + 2), rand(&[d, w], 3 * e + 3)))
+        .collect();
+    Experts { router: rand(&[moe.n_experts, d], 0), router_bias: None, experts }
 }
 
 /// N(0, SYNTHETIC_STD²) values of ChaCha8 stream `stream` (see the module docs), generated on all
@@ -283,6 +335,29 @@ mod tests {
         // Standard errors: 0.02/√n ≈ 4.5e-5 for the mean, ≈ 0.2% relative for the std.
         assert!(mean.abs() < 3e-4, "{mean}");
         assert!((var.sqrt() - 0.02).abs() < 0.02 * 0.01, "{}", var.sqrt());
+    }
+
+    #[test]
+    fn moe_tiny_has_distinct_seeded_experts_and_q_k_norms() {
+        let m = synthetic_model("moe-tiny", 5).expect("moe-tiny").model;
+        assert_eq!(m.arch.validate(), Ok(()));
+        for l in &m.layers {
+            let e = l.experts().expect("every layer has experts");
+            assert_eq!(e.router.shape, [8, 32]);
+            assert_eq!(e.experts.len(), 8);
+            assert_eq!(
+                (e.experts[3].gate.shape.as_slice(), e.experts[3].down.shape.as_slice()),
+                (&[16, 32][..], &[32, 16][..])
+            );
+            assert_ne!(e.experts[0].gate, e.experts[1].gate);
+            assert_eq!(l.q_norm.as_ref().map(|t| t.shape.clone()), Some(vec![16]));
+            // Attention, then three matrices per expert.
+            assert_eq!(l.linears().len(), 4 + 3 * 8);
+        }
+        assert_ne!(m.layers[0].experts().map(|e| &e.router), m.layers[1].experts().map(|e| &e.router));
+        assert_eq!(m, synthetic_model("moe-tiny", 5).expect("moe-tiny").model);
+        // Norms and the router's weights are counted; q/k norms (2 × 16 per layer) only by the model.
+        assert_eq!(m.parameter_count(), m.arch.parameter_count() + 2 * 2 * 16);
     }
 
     #[test]

@@ -25,6 +25,10 @@ pub struct QuantizeOptions {
     /// Quantize an untied output head `[vocab, dim]`. Ignored for a tied head, which always
     /// follows the embedding (see `quantize_embeddings`).
     pub quantize_head: bool,
+    /// Quantize the routers of a mixture of experts (`mlp.gate`, `[n_experts, dim]`). By default
+    /// a router stays at reference precision, as llm-compressor's recipes and vLLM leave it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub quantize_router: bool,
 }
 
 /// Where a quantized tensor lives in the [`HostModel`].
@@ -42,6 +46,11 @@ pub enum WeightSlot {
         /// Hugging Face short name.
         short_name: LinearName,
     },
+    /// The router of block `layer`'s mixture of experts (`mlp.gate`), with `quantize_router`.
+    Router {
+        /// Block index.
+        layer: usize,
+    },
 }
 
 impl WeightSlot {
@@ -54,6 +63,7 @@ impl WeightSlot {
             WeightSlot::Linear { layer, short_name } => {
                 format!("model.layers.{layer}.{short_name}.weight")
             }
+            WeightSlot::Router { layer } => format!("model.layers.{layer}.mlp.gate.weight"),
         }
     }
 }
@@ -194,8 +204,10 @@ impl QuantizedModel {
 
 /// Quantizes the weights of `reference` with `scheme` (weight-only; activations stay f32).
 ///
-/// Always: the seven linear weights of every block. With `quantize_embeddings`: the token
-/// embedding, and with it a tied head. With `quantize_head`: an untied head only.
+/// Always: the linear weights of every block ([`qdrift_load::LayerWeights::linears`]: attention,
+/// the dense FFN or every expert). With `quantize_embeddings`: the token embedding, and with it a
+/// tied head. With `quantize_head`: an untied head only. With `quantize_router`: each mixture of
+/// experts' router.
 ///
 /// # Shapes
 /// - linear weights: `[out_features, in_features]`; embedding and head: `[vocab, dim]`. Groups
@@ -237,6 +249,11 @@ pub fn quantize_model_owned(
     for (layer, weights) in model.layers.iter_mut().enumerate() {
         for (short_name, weight) in weights.linears_mut() {
             replace(WeightSlot::Linear { layer, short_name }, weight)?;
+        }
+        if opts.quantize_router
+            && let Some((_, router)) = weights.router_mut()
+        {
+            replace(WeightSlot::Router { layer }, router)?;
         }
     }
     if opts.quantize_head

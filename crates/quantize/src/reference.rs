@@ -41,7 +41,7 @@ mod tests {
         let mut all_half = true;
         model.clone().for_each_tensor_mut(|t| all_half &= t.data.iter().all(|&v| f16::from_f32(v).to_f32() == v));
         assert!(all_half, "a weight is not an FP16 value");
-        let options = QuantizeOptions { quantize_embeddings: true, quantize_head: true };
+        let options = QuantizeOptions { quantize_embeddings: true, quantize_head: true, quantize_router: true };
         let fp16 = quantize_model(&model, &Scheme::Fp16, &options).expect("fp16 quantizes").dequantized;
         assert!(fp16 == model, "the fp16 scheme changed the reference");
         let mut twice = model.clone();

@@ -57,7 +57,7 @@ fn every_gguf_scheme_reads_back_as_the_dequantized_variant() {
     );
     for scheme in gguf_schemes() {
         for quantize_embeddings in [false, true] {
-            let opts = QuantizeOptions { quantize_embeddings, quantize_head: false };
+            let opts = QuantizeOptions { quantize_embeddings, quantize_head: false, ..Default::default() };
             let q = quantize_model(&reference, &scheme, &opts).expect("quantizes");
             let back = write_and_read(&q, &tok, dir.path());
             assert_bit_equal(&back.model, &q.dequantized, &format!("{scheme} embeddings={quantize_embeddings}"));
@@ -105,7 +105,7 @@ fn qwen2_q_k_blocks_are_written_rotate_half_and_an_untied_head_as_stored() {
     reference.arch.tied_embeddings = false;
     let dir = tempfile::tempdir().expect("tempdir");
     for scheme in [Scheme::Ggml(GgmlType::Q8_0), Scheme::Ggml(GgmlType::Q4K), Scheme::Fp16] {
-        let opts = QuantizeOptions { quantize_embeddings: true, quantize_head: true };
+        let opts = QuantizeOptions { quantize_embeddings: true, quantize_head: true, ..Default::default() };
         let q = quantize_model(&reference, &scheme, &opts).expect("quantizes");
         let back = write_and_read(&q, &tok, dir.path());
         assert_eq!(back.model.arch.architecture, "qwen2");

@@ -155,7 +155,7 @@ fn ggml_formats_fall_back_on_rows_they_cannot_block() {
         }
     }
     // The embedding (64 columns) blocks in 32s too.
-    let opts = QuantizeOptions { quantize_embeddings: true, quantize_head: false };
+    let opts = QuantizeOptions { quantize_embeddings: true, quantize_head: false, ..Default::default() };
     let q = quantize_model(&reference, &Scheme::Ggml(GgmlType::Q8_0), &opts).expect("quantizes");
     let emb = q.tensor(WeightSlot::TokenEmbedding).expect("quantized");
     assert!(!emb.matrix.fell_back());
@@ -194,6 +194,26 @@ fn int4_g128_quantizes_short_last_groups_on_their_own() {
     }
 }
 
+/// A mixture of experts' experts are quantized like any linear layer; its router stays at
+/// reference precision unless `quantize_router`.
+#[test]
+fn experts_are_quantized_and_the_router_only_when_asked() {
+    let model = qdrift_load::synthetic_model("moe-tiny", 3).expect("moe-tiny").model;
+    let router = |m: &HostModel| m.layers[1].experts().expect("experts").router.clone();
+    let expert_gate = |m: &HostModel| m.layers[1].experts().expect("experts").experts[5].gate.clone();
+    let scheme = Scheme::Int8;
+    let kept = quantize_model(&model, &scheme, &QuantizeOptions::default()).expect("quantizes");
+    assert_eq!(router(&kept.dequantized), router(&model));
+    assert_ne!(expert_gate(&kept.dequantized), expert_gate(&model));
+    assert_eq!(kept.tensors.len(), 2 * (4 + 3 * 8));
+    assert!(kept.tensors.iter().any(|t| t.name == "model.layers.1.mlp.experts.5.gate_proj.weight"));
+    let opts = QuantizeOptions { quantize_router: true, ..Default::default() };
+    let all = quantize_model(&model, &scheme, &opts).expect("quantizes");
+    assert_ne!(router(&all.dequantized), router(&model));
+    assert_eq!(all.tensors.len(), 2 * (4 + 3 * 8 + 1));
+    assert!(all.tensors.iter().any(|t| t.name == "model.layers.1.mlp.gate.weight"));
+}
+
 #[test]
 fn embedding_and_head_options() {
     let tied = reference();
@@ -203,13 +223,13 @@ fn embedding_and_head_options() {
     assert_eq!(bits(&default.dequantized.token_embedding.data), bits(&tied.token_embedding.data));
 
     // A tied head follows the embedding: quantize_head alone changes nothing.
-    let head_only = QuantizeOptions { quantize_embeddings: false, quantize_head: true };
+    let head_only = QuantizeOptions { quantize_embeddings: false, quantize_head: true, ..Default::default() };
     let q = quantize_model(&tied, &scheme, &head_only).expect("q");
     assert_eq!(q.dequantized, default.dequantized);
     assert_eq!(q.tensors, default.tensors);
     assert!(q.dequantized.output.is_none());
 
-    let emb = QuantizeOptions { quantize_embeddings: true, quantize_head: false };
+    let emb = QuantizeOptions { quantize_embeddings: true, quantize_head: false, ..Default::default() };
     let q = quantize_model(&tied, &scheme, &emb).expect("q");
     let t = q.tensor(WeightSlot::TokenEmbedding).expect("embedding quantized");
     assert_eq!(t.name, "model.embed_tokens.weight");
@@ -245,7 +265,7 @@ fn embedding_and_head_options() {
 #[test]
 fn bits_per_weight_totals_match_the_tensors() {
     let reference = untied(reference());
-    let all = QuantizeOptions { quantize_embeddings: true, quantize_head: true };
+    let all = QuantizeOptions { quantize_embeddings: true, quantize_head: true, ..Default::default() };
     for scheme in Scheme::all() {
         let q = quantize_model(&reference, &scheme, &all).expect("q");
         let s = q.summary();
@@ -388,12 +408,12 @@ fn dequantized_safetensors_round_trip() {
         (
             reference(),
             Scheme::Ggml(GgmlType::Q8_0),
-            QuantizeOptions { quantize_embeddings: true, quantize_head: false },
+            QuantizeOptions { quantize_embeddings: true, quantize_head: false, ..Default::default() },
         ),
         (
             untied(reference()),
             Scheme::Nf4 { block: 64 },
-            QuantizeOptions { quantize_embeddings: false, quantize_head: true },
+            QuantizeOptions { quantize_embeddings: false, quantize_head: true, ..Default::default() },
         ),
     ];
     for (i, (model, scheme, opts)) in cases.into_iter().enumerate() {
@@ -428,7 +448,7 @@ fn dequantized_safetensors_round_trip() {
 fn packed_safetensors_for_every_scheme() {
     let dir = tempfile::tempdir().expect("tempdir");
     let reference = untied(reference());
-    let opts = QuantizeOptions { quantize_embeddings: true, quantize_head: true };
+    let opts = QuantizeOptions { quantize_embeddings: true, quantize_head: true, ..Default::default() };
     for scheme in Scheme::all() {
         let q = quantize_model(&reference, &scheme, &opts).expect("q");
         let path = dir.path().join(format!("{scheme}.safetensors"));
@@ -481,7 +501,7 @@ fn packed_safetensors_for_every_scheme() {
 #[test]
 fn packed_tied_embedding_has_no_head() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let opts = QuantizeOptions { quantize_embeddings: true, quantize_head: true };
+    let opts = QuantizeOptions { quantize_embeddings: true, quantize_head: true, ..Default::default() };
     let scheme = Scheme::Fp8 { format: Fp8Format::E4M3, per_tensor: true };
     let q = quantize_model(&reference(), &scheme, &opts).expect("q");
     let path = dir.path().join("tied.safetensors");

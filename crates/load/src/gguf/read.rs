@@ -951,7 +951,7 @@ fn read_hyper_parameters(
         n_layers: keys.int("block_count", None)?,
         n_heads,
         n_kv_heads: keys.int("attention.head_count_kv", Some(n_heads))?,
-        head_dim: dim / n_heads,
+        head_dim: dim.checked_div(n_heads).unwrap_or(0),
         vocab_size,
         max_seq_len: keys.int("context_length", None)?,
         norm_eps: keys.float("attention.layer_norm_rms_epsilon", None)?,

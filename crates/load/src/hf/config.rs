@@ -74,7 +74,7 @@ pub(crate) fn parse_config(path: &Path, c: &Value) -> Result<ModelArch, LoadErro
         n_layers: config.int("num_hidden_layers", None)?,
         n_heads,
         n_kv_heads: config.int("num_key_value_heads", Some(n_heads))?,
-        head_dim: dim / n_heads,
+        head_dim: dim.checked_div(n_heads).unwrap_or(0),
         vocab_size: config.int("vocab_size", None)?,
         max_seq_len,
         norm_eps: config.float("rms_norm_eps", 1e-6)?,
