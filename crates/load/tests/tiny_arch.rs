@@ -115,12 +115,11 @@ fn qwen3_config_and_q_k_norms_permuted_like_the_q_k_rows() {
         assert_permuted(&l.wq, &raw.data(&format!("{p}.q_proj.weight")), &rotate_half_row_order(4, 32), "wq");
         assert_permuted(&l.wk, &raw.data(&format!("{p}.k_proj.weight")), &rotate_half_row_order(2, 32), "wk");
         // The norm weight of a dimension moves with that dimension's q rows, in every head.
+        let (raw_q, raw_q_norm) = (raw.data(&format!("{p}.q_proj.weight")), raw.data(&format!("{p}.q_norm.weight")));
         for h in 0..4 {
-            for d in 0..32 {
-                let raw_q = raw.data(&format!("{p}.q_proj.weight"));
-                let at = one_head[d];
+            for (d, &at) in one_head.iter().enumerate() {
                 assert_eq!(row(&l.wq, h * 32 + at), raw_row(&raw_q, 64, h * 32 + d));
-                assert_eq!(q_norm.data[at], raw.data(&format!("{p}.q_norm.weight"))[d]);
+                assert_eq!(q_norm.data[at], raw_q_norm[d]);
             }
         }
         assert!(l.bq.is_none() && l.bo.is_none() && l.post_attn_norm.is_none() && l.sinks.is_none());
@@ -572,8 +571,11 @@ fn mxfp4_value(blocks: &[u8], scales: &[u8], (rows, cols): (usize, usize), (e, r
 #[test]
 fn gpt_oss_mxfp4_experts_are_dequantized() {
     let dir = edited("gpt_oss", |c| {
-        c.insert("quantization_config".into(), serde_json::json!({"quant_method": "mxfp4", "modules_to_not_convert":
-            ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}));
+        c.insert(
+            "quantization_config".into(),
+            serde_json::json!({"quant_method": "mxfp4", "modules_to_not_convert":
+            ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}),
+        );
     });
     let bytes = std::fs::read(dir.path().join("model.safetensors")).expect("read");
     let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid");
@@ -591,8 +593,18 @@ fn gpt_oss_mxfp4_experts_are_dequantized() {
             let g = cols / 32;
             let p = format!("model.layers.{layer}.mlp.experts.{name}");
             let seed = layer * 2 + k;
-            tensors.push((format!("{p}_blocks"), safetensors::Dtype::U8, vec![8, *rows, g, 16], codes(seed, 8 * rows * g * 16)));
-            tensors.push((format!("{p}_scales"), safetensors::Dtype::U8, vec![8, *rows, g], scales(seed, 8 * rows * g)));
+            tensors.push((
+                format!("{p}_blocks"),
+                safetensors::Dtype::U8,
+                vec![8, *rows, g, 16],
+                codes(seed, 8 * rows * g * 16),
+            ));
+            tensors.push((
+                format!("{p}_scales"),
+                safetensors::Dtype::U8,
+                vec![8, *rows, g],
+                scales(seed, 8 * rows * g),
+            ));
         }
     }
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
