@@ -635,3 +635,73 @@ fn gpt_oss_mxfp4_experts_are_dequantized() {
         &["MXFP4 quantization (quantization_config.quant_method = mxfp4)", "GptOssForCausalLM's experts only"],
     );
 }
+
+/// A copy of tiny-arch folder `arch` with the linear `modules` (names without `.weight`) stored
+/// as FP8 E4M3 codes with a per-tensor `weight_scale_inv` of 0.01 (`quant_method: fp8`); returns
+/// the folder and each module's dequantized values, computed here from the codes.
+fn fp8_folder(arch: &str, modules: &[String]) -> (tempfile::TempDir, Vec<Vec<f32>>) {
+    let dir = edited(arch, |c| {
+        c.insert(
+            "quantization_config".into(),
+            serde_json::json!({"quant_method": "fp8", "fmt": "e4m3",
+            "activation_scheme": "dynamic"}),
+        );
+    });
+    let bytes = std::fs::read(dir.path().join("model.safetensors")).expect("read");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid");
+    let weights: Vec<String> = modules.iter().map(|m| format!("{m}.weight")).collect();
+    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .iter()
+        .filter(|(n, _)| !weights.iter().any(|w| w == n))
+        .map(|(n, v)| (n.to_string(), v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    let scale = 0.01f32;
+    let mut values = Vec::new();
+    for (k, w) in weights.iter().enumerate() {
+        let shape = st.tensor(w).expect("module").shape().to_vec();
+        let n: usize = shape.iter().product();
+        // Finite E4M3 codes of both signs (0x7F and 0xFF are NaN).
+        let codes: Vec<u8> =
+            (0..n).map(|i| ((i * 29 + k * 13) % 0x7F) as u8 | if i % 3 == 0 { 0x80 } else { 0 }).collect();
+        values.push(codes.iter().map(|&c| qdrift_load::ofp8::Ofp8::E4M3.decode(c) * scale).collect());
+        tensors.push((w.clone(), safetensors::Dtype::F8_E4M3, shape, codes));
+        let m = w.trim_end_matches(".weight");
+        tensors.push((format!("{m}.weight_scale_inv"), safetensors::Dtype::F32, vec![1], scale.to_le_bytes().to_vec()));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).expect("view")))
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).expect("write");
+    (dir, values)
+}
+
+#[test]
+fn quantized_fused_and_expert_modules_are_dequantized_by_name() {
+    // Phi-3: the fused modules are dequantized whole, then split (q/k permuted within 12 rows).
+    let modules = ["model.layers.1.self_attn.qkv_proj".to_string(), "model.layers.1.mlp.gate_up_proj".to_string()];
+    let (dir, values) = fp8_folder("phi3", &modules);
+    let m = open_model(dir.path(), None).unwrap_or_else(|e| panic!("{e}"));
+    let l = &m.model.layers[1];
+    let (qkv, gate_up) = (&values[0], &values[1]);
+    assert_permuted(&l.wq, &qkv[..64 * 64], &rotate_half_row_order_partial(4, 16, 12), "wq");
+    assert_permuted(&l.wk, &qkv[64 * 64..96 * 64], &rotate_half_row_order_partial(2, 16, 12), "wk");
+    assert_eq!(l.wv.data, &qkv[96 * 64..]);
+    let mlp = l.mlp().expect("dense");
+    assert_eq!((&mlp.gate.data[..], &mlp.up.data[..]), (&gate_up[..128 * 64], &gate_up[128 * 64..]));
+    // The source storage counts each fused module once, with all its weights.
+    let storage = m.source_storage.as_ref().expect("quantized storage");
+    let fp8 = storage.by_type.iter().find(|t| t.dtype.starts_with("fp8")).expect("fp8 entry");
+    assert_eq!((fp8.tensors, fp8.elements), (2, 128 * 64 + 256 * 64));
+    // Mixtral's and Qwen3-MoE's experts, one module each.
+    let modules: Vec<String> =
+        ["w1", "w3", "w2"].iter().map(|w| format!("model.layers.2.block_sparse_moe.experts.5.{w}")).collect();
+    let (dir, values) = fp8_folder("mixtral", &modules);
+    let m = open_model(dir.path(), None).unwrap_or_else(|e| panic!("{e}"));
+    let x = &m.model.layers[2].experts().expect("experts").experts[5];
+    assert_eq!([&x.gate.data, &x.up.data, &x.down.data], [&values[0], &values[1], &values[2]]);
+    let modules = vec!["model.layers.0.mlp.experts.7.down_proj".to_string()];
+    let (dir, values) = fp8_folder("qwen3_moe", &modules);
+    let m = open_model(dir.path(), None).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(m.model.layers[0].experts().expect("experts").experts[7].down.data, values[0]);
+}
