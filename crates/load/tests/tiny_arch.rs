@@ -705,3 +705,25 @@ fn quantized_fused_and_expert_modules_are_dequantized_by_name() {
     let m = open_model(dir.path(), None).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(m.model.layers[0].experts().expect("experts").experts[7].down.data, values[0]);
 }
+
+#[test]
+fn layer_counts_and_bias_flags_follow_the_class() {
+    use serde_json::json;
+    // An absurd layer count is refused before anything per layer is allocated, by the class's
+    // minimum of tensors per layer.
+    for (arch, per_layer) in [("qwen3", 11), ("gemma3", 13), ("phi3", 6), ("gpt_oss", 13)] {
+        refusal(
+            arch,
+            |c| drop(c.insert("num_hidden_layers".into(), json!(1u64 << 40))),
+            &[&format!("num_hidden_layers {} needs at least {per_layer} tensors per layer", 1u64 << 40)],
+        );
+    }
+    // gpt-oss without attention_bias reads no attention biases (transformers ignores the stored ones).
+    let dir = edited("gpt_oss", |c| drop(c.insert("attention_bias".into(), json!(false))));
+    let m = open_model(dir.path(), None).unwrap_or_else(|e| panic!("{e}"));
+    assert!(m.model.layers.iter().all(|l| l.bq.is_none() && l.bk.is_none() && l.bv.is_none() && l.bo.is_none()));
+    // Qwen3 with attention_bias needs all four biases.
+    let dir = edited("qwen3", |c| drop(c.insert("attention_bias".into(), json!(true))));
+    let e = open_model(dir.path(), None).err().expect("refused").to_string();
+    assert!(e.contains("tensor model.layers.0.self_attn.q_proj.bias is missing; expected shape [128]"), "{e}");
+}

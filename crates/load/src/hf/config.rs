@@ -92,9 +92,9 @@ impl Class {
 
     /// Tensors every layer of the class has at least (a linear counts one tensor, as a quantized
     /// one has at least one): attention's four (Phi-3: two, fused) and two norms, plus q/k norms,
-    /// Gemma's two more norms, gpt-oss's four biases, sinks, router weight and bias and four
-    /// expert tensors; a mixture of experts at least its router (Qwen3-MoE layers may be dense:
-    /// three).
+    /// Gemma's two more norms; Mixtral a router and at least one expert tensor; gpt-oss sinks,
+    /// router weight and bias and four expert tensors (its four attention biases go with
+    /// `attention_bias`); Qwen3-MoE layers may be dense (three linears).
     fn min_tensors_per_layer(self) -> usize {
         match self {
             Class::Llama | Class::Mistral | Class::Qwen2 => 9,
@@ -102,7 +102,7 @@ impl Class {
             Class::Gemma3 => 13,
             Class::Phi3 => 6,
             Class::Mixtral => 8,
-            Class::GptOss => 17,
+            Class::GptOss => 13,
         }
     }
 }
