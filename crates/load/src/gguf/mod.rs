@@ -51,10 +51,12 @@
 //! | `write.rs` | [`write_gguf`], [`write_gguf_with`]: the writer (fixtures, and `qdrift quantize --format gguf`) |
 //! | `tests.rs` | files built in memory, one test per way a file can be wrong |
 
+pub(crate) mod arch;
 pub(crate) mod hf_vocab;
 pub(crate) mod read;
 pub(crate) mod tokenizer;
 pub(crate) mod write;
+pub(crate) mod write_arch;
 
 #[cfg(test)]
 mod tests;
