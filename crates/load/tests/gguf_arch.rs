@@ -76,6 +76,7 @@ fn family_arch(family: &str) -> ModelArch {
             a.block.sandwich_norms = true;
             a.block.activation = Activation::GeluTanh;
             a.embedding_scale = Some((a.dim as f32).sqrt());
+            a.block.attn_scale = Some(0.25);
             a.tied_embeddings = true;
             a.final_logit_softcap = Some(4.0);
             if family == "gemma2" {
@@ -484,7 +485,7 @@ fn writer_refuses_what_llama_cpp_does_not_compute_by_feature() {
     let mut m = model(family_arch("gemma2"), 1);
     m.arch.block.attn_scale = Some(0.1);
     assert!(refusal(&m).contains("the attention scale 0.1 (query_pre_attn_scalar^-½) differs"), "{}", refusal(&m));
-    m.arch.block.attn_scale = None;
+    m.arch.block.attn_scale = Some(0.25);
     m.arch.block.attn_softcap = None;
     assert!(refusal(&m).contains("no attention-logit soft cap"), "{}", refusal(&m));
 
@@ -688,5 +689,77 @@ fn gguf_py_reads_every_family() {
             assert_eq!(py, ours, "{family}");
         }
         println!("gguf-py: {family}: {} keys, {} tensors agree", g.metadata.len(), g.tensors.len());
+    }
+}
+
+fn tiny_arch(name: &str) -> Option<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/tiny-arch").join(name);
+    if dir.join("config.json").is_file() {
+        Some(dir)
+    } else {
+        println!("skipped: {} is absent", dir.display());
+        None
+    }
+}
+
+/// The tiny-arch checkpoints of `../shared` (`transformers` 5.25.0, bf16), read by the Hugging
+/// Face reader, written as GGUF (F32, the tokenizer converted as llama.cpp's converter does) and
+/// read back: the same model, but for what GGUF states differently (llama.cpp's architecture name,
+/// Gemma's `1 + w` norms, `sqrtf(n_embd)` as the embedding scale, gpt-oss's head untied and its
+/// YaRN correction dims truncated, as llama.cpp computes them).
+#[test]
+fn tiny_arch_hf_checkpoints_round_trip_through_gguf() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (folder, family) in [
+        ("qwen3", "qwen3"),
+        ("qwen3_moe", "qwen3moe"),
+        ("gemma2", "gemma2"),
+        ("gemma3", "gemma3"),
+        ("phi3", "phi3"),
+        ("gpt_oss", "gpt-oss"),
+        ("mixtral", "mixtral"),
+    ] {
+        let Some(src) = tiny_arch(folder) else { continue };
+        let loaded = qdrift_load::open_model(&src, None).unwrap_or_else(|e| panic!("{folder}: {e}"));
+        let keys = qdrift_load::write::gguf_tokenizer_keys(&loaded).unwrap_or_else(|e| panic!("{folder}: {e}"));
+        let path = dir.path().join(format!("{folder}.gguf"));
+        let written = write_gguf_with(&path, &loaded.model, &keys, WriteDtype::F32, &|_| None);
+        if folder == "gemma2" && loaded.model.output.as_ref().is_some_and(|o| *o != loaded.model.token_embedding) {
+            // The tiny Gemma 2 has an untied head (`tie_word_embeddings: false`); llama.cpp's
+            // gemma2 always uses the embedding (its converter drops `lm_head.weight`).
+            let e = written.expect_err("refused").to_string();
+            assert!(e.ends_with("an untied output head (llama.cpp's gemma2 always uses the embedding)"), "{e}");
+            println!("{folder}: refused: {e}");
+            continue;
+        }
+        written.unwrap_or_else(|e| panic!("{folder}: {e}"));
+        let g = read(&path);
+        let mut want = as_read_back(&loaded.model, family);
+        if want.arch.embedding_scale.is_some() {
+            want.arch.embedding_scale = Some((want.arch.dim as f32).sqrt());
+        }
+        if family == "gpt-oss" {
+            if let Some(RopeScaling::Yarn { truncate, .. }) = &mut want.arch.rope_scaling {
+                *truncate = true;
+            }
+            if want.output.is_none() {
+                want.output = Some(want.token_embedding.clone());
+                want.arch.tied_embeddings = false;
+            }
+        }
+        assert_eq!(g.model.arch, want.arch, "{folder}");
+        assert!(g.model == want, "{folder}: the weights read back differ");
+        // The tokenizer written encodes as the folder's.
+        let tok = qdrift_load::open_model(&path, None).expect("gguf").tokenizer;
+        let golden: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(src.join("golden.json")).expect("golden")).expect("json");
+        for (text, ids) in
+            golden["texts"].as_array().expect("texts").iter().zip(golden["prompts"].as_array().expect("p"))
+        {
+            let want: Vec<u32> =
+                ids.as_array().expect("ids").iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect();
+            assert_eq!(tok.encode(text.as_str().expect("text")), want, "{folder}");
+        }
+        println!("{folder}: HF -> GGUF {family} -> read back equal");
     }
 }

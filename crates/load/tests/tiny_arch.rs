@@ -572,8 +572,11 @@ fn mxfp4_value(blocks: &[u8], scales: &[u8], (rows, cols): (usize, usize), (e, r
 #[test]
 fn gpt_oss_mxfp4_experts_are_dequantized() {
     let dir = edited("gpt_oss", |c| {
-        c.insert("quantization_config".into(), serde_json::json!({"quant_method": "mxfp4", "modules_to_not_convert":
-            ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}));
+        c.insert(
+            "quantization_config".into(),
+            serde_json::json!({"quant_method": "mxfp4", "modules_to_not_convert":
+            ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}),
+        );
     });
     let bytes = std::fs::read(dir.path().join("model.safetensors")).expect("read");
     let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid");
@@ -591,8 +594,18 @@ fn gpt_oss_mxfp4_experts_are_dequantized() {
             let g = cols / 32;
             let p = format!("model.layers.{layer}.mlp.experts.{name}");
             let seed = layer * 2 + k;
-            tensors.push((format!("{p}_blocks"), safetensors::Dtype::U8, vec![8, *rows, g, 16], codes(seed, 8 * rows * g * 16)));
-            tensors.push((format!("{p}_scales"), safetensors::Dtype::U8, vec![8, *rows, g], scales(seed, 8 * rows * g)));
+            tensors.push((
+                format!("{p}_blocks"),
+                safetensors::Dtype::U8,
+                vec![8, *rows, g, 16],
+                codes(seed, 8 * rows * g * 16),
+            ));
+            tensors.push((
+                format!("{p}_scales"),
+                safetensors::Dtype::U8,
+                vec![8, *rows, g],
+                scales(seed, 8 * rows * g),
+            ));
         }
     }
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors

@@ -31,7 +31,7 @@
 
 use super::read::{ArchKeys, GgufTokenizerMetadata, GgufValue, TensorTable, read_hyper_parameters, read_rope_scaling};
 use crate::LoadError;
-use crate::rope_layout::{RopeLayout, rotate_half_row_order};
+use crate::rope_layout::{RopeLayout, rotate_half_row_order_partial};
 use qdrift_weights::{
     Activation, Experts, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, MoeSpec, NormStyle, RopeScaling,
     Routing,
@@ -152,15 +152,9 @@ pub(crate) fn swa_by_pattern(n: usize, il: usize) -> bool {
 /// For the q/k rows of `n_heads` heads of `head_dim` rows whose first `rotary` rows are rotated,
 /// the interleaved row each rotate-half row comes from (rows past `rotary` stay in place):
 /// rotate-half row `r` is interleaved row `order[r]`. With `rotary = head_dim` this is
-/// [`rotate_half_row_order`].
+/// [`crate::rotate_half_row_order`] (`rope_layout`'s [`rotate_half_row_order_partial`]).
 pub(crate) fn rope_row_order(n_heads: usize, head_dim: usize, rotary: usize) -> Vec<usize> {
-    let one = rotate_half_row_order(1, rotary);
-    (0..n_heads)
-        .flat_map(|h| {
-            let base = h * head_dim;
-            one.iter().map(move |&o| base + o).chain((rotary..head_dim).map(move |r| base + r))
-        })
-        .collect()
+    rotate_half_row_order_partial(n_heads, head_dim, rotary)
 }
 
 /// `t`'s rows reordered between the interleaved and rotate-half layouts by `order`
@@ -280,8 +274,8 @@ fn read_family_arch(
     if family.is_gemma() {
         arch.block.sandwich_norms = true;
         arch.embedding_scale = Some((arch.dim as f32).sqrt());
-        let scale = family.attn_scale(arch.n_layers, arch.dim, arch.n_heads, head_dim);
-        arch.block.attn_scale = (scale != 1.0 / (head_dim as f32).sqrt()).then_some(scale);
+        // Always stated, as the Hugging Face reader states `query_pre_attn_scalar^-½`.
+        arch.block.attn_scale = Some(family.attn_scale(arch.n_layers, arch.dim, arch.n_heads, head_dim));
     }
     match family {
         Family::Gemma2 => {
