@@ -763,3 +763,16 @@ fn tiny_arch_hf_checkpoints_round_trip_through_gguf() {
         println!("{folder}: HF -> GGUF {family} -> read back equal");
     }
 }
+
+/// A Llama block whose head width is not dim / n_heads (Mistral NeMo's shape) is written as
+/// `llama` with `attention.key_length`/`value_length` and read back equal; the Hugging Face
+/// writer still refuses it (its `config.json` has no `head_dim`).
+#[test]
+fn llama_with_an_explicit_head_width_round_trips() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = model(base_arch("llama"), 12);
+    let g = read(&write(dir.path(), "llama", &m, &|_| None));
+    assert_eq!(g.model, m);
+    assert_eq!(g.metadata.get("llama.attention.key_length").and_then(GgufValue::as_u64), Some(16));
+    assert!(!g.metadata.contains_key("llama.expert_count"));
+}

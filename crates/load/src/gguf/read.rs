@@ -962,8 +962,8 @@ pub(super) fn read_hyper_parameters(
         n_layers: keys.int("block_count", None)?,
         n_heads,
         n_kv_heads: keys.int("attention.head_count_kv", Some(n_heads))?,
-        // `validate` refuses 0 heads below.
-        head_dim: dim.checked_div(n_heads).unwrap_or(0),
+        // `validate` refuses 0 heads below; llama.cpp's `attention.key_length` when present.
+        head_dim: keys.int("attention.key_length", Some(dim.checked_div(n_heads).unwrap_or(0)))?,
         vocab_size,
         max_seq_len: keys.int("context_length", None)?,
         norm_eps: keys.float("attention.layer_norm_rms_epsilon", None)?,
@@ -985,6 +985,17 @@ pub(super) fn read_hyper_parameters(
 /// Refuses what [`HostModel`] cannot carry: partial rotary embeddings, biases other than q/k/v.
 fn check_refusals(keys: &ArchKeys<'_>, arch: &ModelArch, infos: &[TensorInfo]) -> Result<(), LoadError> {
     let head_dim = arch.head_dim();
+    let value_length = keys.int("attention.value_length", Some(head_dim))?;
+    if value_length != head_dim {
+        return Err(LoadError::invalid(
+            keys.path,
+            format!(
+                "{} is {value_length} but the key head width is {head_dim}: different key and value head widths \
+                 are not supported",
+                keys.key("attention.value_length")
+            ),
+        ));
+    }
     let rope_dims = keys.int("rope.dimension_count", Some(head_dim))?;
     if rope_dims != head_dim {
         return Err(LoadError::invalid(

@@ -13,7 +13,7 @@ use super::read::GgufValue;
 use super::tokenizer::llama2c_tokenizer_keys;
 use super::write_arch::{check_writable, family_metadata, family_tensors, writer_family};
 use crate::LoadError;
-use crate::hf::write::{WriteDtype, has_qkv_biases};
+use crate::hf::write::{WriteDtype, qkv_biases_all_or_none, refuse_non_llama_block};
 use crate::rope_layout::RopeLayout::ToRotateHalf;
 use crate::rope_layout::{permute_rows, rotate_half_row_order};
 use crate::tokenizer::Llama2cTokenizer;
@@ -207,7 +207,10 @@ pub fn write_gguf_with(
             family_tensors(path, model, family)?
         }
         None => {
-            let qwen2 = has_qkv_biases(path, model)?;
+            let writes = "qdrift writes Llama, Mistral and Qwen2 blocks, and as GGUF also qwen3, qwen3moe, gemma2, \
+                          gemma3, phi3, gpt-oss and Mixtral (llama with experts)";
+            refuse_non_llama_block(path, model, false, writes)?;
+            let qwen2 = qkv_biases_all_or_none(path, model)?;
             gguf_arch_metadata(&mut kv, path, &model.arch, if qwen2 { "qwen2" } else { "llama" })?;
             gguf_tensors(path, model, qwen2)?
         }
@@ -239,6 +242,11 @@ pub(super) fn gguf_arch_metadata(kv: &mut Kv, path: &Path, a: &ModelArch, arch: 
     kv.f32(&k("rope.freq_base"), a.rope_theta);
     kv.u32(&k("rope.dimension_count"), u(a.rotary_dim())?);
     kv.u32(&k("vocab_size"), u(a.vocab_size)?);
+    if a.head_dim * a.n_heads != a.dim {
+        // llama.cpp's head width when it is not `n_embd / n_head` (`load_hparams`).
+        kv.u32(&k("attention.key_length"), u(a.head_dim)?);
+        kv.u32(&k("attention.value_length"), u(a.head_dim)?);
+    }
     Ok(())
 }
 

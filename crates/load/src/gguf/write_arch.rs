@@ -253,7 +253,9 @@ pub(super) fn family_metadata(kv: &mut Kv, path: &Path, model: &HostModel, famil
     gguf_arch_metadata(kv, path, a, arch)?;
     let u = |x: usize| u32::try_from(x).map_err(|_| LoadError::invalid(path, format!("{x} does not fit a u32")));
     let k = |key: &str| format!("{arch}.{key}");
-    if a.head_dim * a.n_heads != a.dim || family != Family::LlamaMoe {
+    // `gguf_arch_metadata` wrote them when head_dim is not dim / n_heads; the converters of the
+    // newer families always write them (their configs have `head_dim`).
+    if a.head_dim * a.n_heads == a.dim && family != Family::LlamaMoe {
         kv.u32(&k("attention.key_length"), u(a.head_dim)?);
         kv.u32(&k("attention.value_length"), u(a.head_dim)?);
     }
