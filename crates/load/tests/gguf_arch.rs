@@ -119,7 +119,6 @@ fn family_arch(family: &str) -> ModelArch {
             a.head_dim = 8;
             a.hidden_dim = 32;
             a.moe = Some(moe(Routing::SoftmaxTopK { renormalize: true }));
-            a.moe.as_mut().map(|m| m.expert_hidden = 32);
         }
         other => panic!("{other}"),
     }
@@ -228,6 +227,91 @@ fn every_family_round_trips_bit_exact_in_f32() {
     }
 }
 
+/// The tensors of block 0 and the global ones each architecture's llama.cpp loader asks for.
+fn expected_tensors(family: &str) -> (Vec<&'static str>, Vec<&'static str>) {
+    match family {
+        "qwen3" => (
+            vec!["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "ffn_norm"]
+                .into_iter()
+                .chain(["ffn_gate", "ffn_up", "ffn_down"])
+                .collect(),
+            vec!["token_embd", "output_norm", "output"],
+        ),
+        "qwen3moe" | "mixtral" => {
+            let mut t = vec!["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate_inp"];
+            t.extend(["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]);
+            if family == "qwen3moe" {
+                t.extend(["attn_q_norm", "attn_k_norm"]);
+            }
+            (t, vec!["token_embd", "output_norm", "output"])
+        }
+        "gemma2" | "gemma3" => {
+            let mut t = vec!["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "post_attention_norm"];
+            t.extend(["ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm"]);
+            if family == "gemma3" {
+                t.extend(["attn_q_norm", "attn_k_norm"]);
+            }
+            (t, vec!["token_embd", "output_norm"])
+        }
+        "phi3" => (
+            vec!["attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down"],
+            vec!["token_embd", "output_norm"],
+        ),
+        "gpt-oss" => {
+            let mut t = vec!["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_sinks"];
+            t.extend(["post_attention_norm", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]);
+            (t, vec!["token_embd", "output_norm", "output"])
+        }
+        other => panic!("{other}"),
+    }
+}
+
+/// The keys beyond the common ones each architecture has.
+fn expected_keys(family: &str) -> &'static [&'static str] {
+    match family {
+        "qwen3" | "phi3" => &["attention.key_length", "attention.value_length"],
+        "qwen3moe" => &[
+            "attention.key_length",
+            "attention.value_length",
+            "expert_count",
+            "expert_used_count",
+            "expert_feed_forward_length",
+        ],
+        // head_dim = dim / n_heads: no key_length, as the dense `llama` writer.
+        "mixtral" => &["expert_count", "expert_used_count"],
+        "gemma2" => &[
+            "attention.key_length",
+            "attention.value_length",
+            "attn_logit_softcapping",
+            "final_logit_softcapping",
+            "attention.sliding_window",
+        ],
+        "gemma3" => &[
+            "attention.key_length",
+            "attention.value_length",
+            "final_logit_softcapping",
+            "attention.sliding_window",
+            "rope.freq_base_swa",
+            "rope.scaling.type",
+            "rope.scaling.factor",
+        ],
+        "gpt-oss" => &[
+            "attention.key_length",
+            "attention.value_length",
+            "expert_count",
+            "expert_used_count",
+            "expert_feed_forward_length",
+            "attention.sliding_window",
+            "rope.scaling.type",
+            "rope.scaling.factor",
+            "rope.scaling.original_context_length",
+            "rope.scaling.yarn_beta_fast",
+            "rope.scaling.yarn_beta_slow",
+        ],
+        other => panic!("{other}"),
+    }
+}
+
 /// The tensors of block 0 and the keys, as llama.cpp's `load_arch_tensors`/`load_arch_hparams`
 /// of each architecture ask for them.
 #[test]
@@ -252,50 +336,7 @@ fn every_family_has_llama_cpp_names_and_keys() {
         let arch = gguf_name(family);
         let m = model(family_arch(family), 3);
         let g = read(&write(dir.path(), family, &m, &|_| None));
-        let (block0, global): (Vec<&str>, Vec<&str>) = match family {
-            "qwen3" => (
-                vec![
-                    "attn_norm",
-                    "attn_q",
-                    "attn_k",
-                    "attn_v",
-                    "attn_output",
-                    "attn_q_norm",
-                    "attn_k_norm",
-                    "ffn_norm",
-                ]
-                .into_iter()
-                .chain(["ffn_gate", "ffn_up", "ffn_down"])
-                .collect(),
-                vec!["token_embd", "output_norm", "output"],
-            ),
-            "qwen3moe" | "mixtral" => {
-                let mut t = vec!["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate_inp"];
-                t.extend(["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]);
-                if family == "qwen3moe" {
-                    t.extend(["attn_q_norm", "attn_k_norm"]);
-                }
-                (t, vec!["token_embd", "output_norm", "output"])
-            }
-            "gemma2" | "gemma3" => {
-                let mut t = vec!["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "post_attention_norm"];
-                t.extend(["ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm"]);
-                if family == "gemma3" {
-                    t.extend(["attn_q_norm", "attn_k_norm"]);
-                }
-                (t, vec!["token_embd", "output_norm"])
-            }
-            "phi3" => (
-                vec!["attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down"],
-                vec!["token_embd", "output_norm"],
-            ),
-            "gpt-oss" => {
-                let mut t = vec!["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_sinks"];
-                t.extend(["post_attention_norm", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]);
-                (t, vec!["token_embd", "output_norm", "output"])
-            }
-            other => panic!("{other}"),
-        };
+        let (block0, global) = expected_tensors(family);
         let mut want: BTreeSet<String> = block0.iter().map(|t| format!("blk.0.{t}.weight")).collect();
         want.extend(global.iter().map(|t| format!("{t}.weight")));
         if family == "gpt-oss" {
@@ -313,48 +354,7 @@ fn every_family_has_llama_cpp_names_and_keys() {
         assert_eq!(got, want, "{family}");
 
         let mut keys: BTreeSet<String> = common_keys.iter().map(|k| k.replace("A.", &format!("{arch}."))).collect();
-        let extra: &[&str] = match family {
-            "qwen3" | "phi3" => &["attention.key_length", "attention.value_length"],
-            "qwen3moe" => &[
-                "attention.key_length",
-                "attention.value_length",
-                "expert_count",
-                "expert_used_count",
-                "expert_feed_forward_length",
-            ],
-            // head_dim = dim / n_heads: no key_length, as the dense `llama` writer.
-            "mixtral" => &["expert_count", "expert_used_count"],
-            "gemma2" => &[
-                "attention.key_length",
-                "attention.value_length",
-                "attn_logit_softcapping",
-                "final_logit_softcapping",
-                "attention.sliding_window",
-            ],
-            "gemma3" => &[
-                "attention.key_length",
-                "attention.value_length",
-                "final_logit_softcapping",
-                "attention.sliding_window",
-                "rope.freq_base_swa",
-                "rope.scaling.type",
-                "rope.scaling.factor",
-            ],
-            "gpt-oss" => &[
-                "attention.key_length",
-                "attention.value_length",
-                "expert_count",
-                "expert_used_count",
-                "expert_feed_forward_length",
-                "attention.sliding_window",
-                "rope.scaling.type",
-                "rope.scaling.factor",
-                "rope.scaling.original_context_length",
-                "rope.scaling.yarn_beta_fast",
-                "rope.scaling.yarn_beta_slow",
-            ],
-            other => panic!("{other}"),
-        };
+        let extra = expected_keys(family);
         keys.extend(extra.iter().map(|k| format!("{arch}.{k}")));
         let got_keys: BTreeSet<String> = g.metadata.keys().cloned().collect();
         assert_eq!(got_keys, keys, "{family}");

@@ -482,6 +482,12 @@ fn layer_tensors<'a>(
     Ok(())
 }
 
+/// One matrix of an expert.
+type ExpertMatrix = fn(&Mlp) -> &HostTensor;
+
+/// One bias of an expert.
+type ExpertBias = fn(&Mlp) -> Option<&HostTensor>;
+
 /// A layer's router and stacked experts (`ffn_gate_inp`, `ffn_{gate,up,down}_exps`, gpt-oss's
 /// biases).
 fn expert_tensors<'a>(
@@ -500,7 +506,7 @@ fn expert_tensors<'a>(
     if family == Family::GptOss {
         out.push(vector(format!("{b}.ffn_gate_inp.bias"), or_zeros(e.router_bias.as_ref(), &[n])));
     }
-    let roles: [(&str, &'static str, fn(&Mlp) -> &HostTensor); 3] = [
+    let roles: [(&str, &'static str, ExpertMatrix); 3] = [
         ("ffn_gate_exps", "mlp.gate_proj", |m| &m.gate),
         ("ffn_up_exps", "mlp.up_proj", |m| &m.up),
         ("ffn_down_exps", "mlp.down_proj", |m| &m.down),
@@ -517,7 +523,7 @@ fn expert_tensors<'a>(
         out.push(GgufTensor { name: format!("{b}.{name}.weight"), tensor: Cow::Owned(stack(&mats)), parts });
     }
     if family == Family::GptOss {
-        let biases: [(&str, fn(&Mlp) -> Option<&HostTensor>, usize); 3] = [
+        let biases: [(&str, ExpertBias, usize); 3] = [
             ("ffn_gate_exps", |m| m.gate_bias.as_ref(), hidden),
             ("ffn_up_exps", |m| m.up_bias.as_ref(), hidden),
             ("ffn_down_exps", |m| m.down_bias.as_ref(), a.dim),
