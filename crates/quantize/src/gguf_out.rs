@@ -1,8 +1,10 @@
 //! Writes a [`QuantizedModel`] as a GGUF file llama.cpp runs: the variant qdrift measured.
 //!
 //! Spec: ggml `docs/gguf.md`; the layout, metadata and tensor names are
-//! [`qdrift_load::write::write_gguf_with`]'s (llama.cpp's names, `llama` q/k rows interleaved,
-//! `qwen2` q/k rotate-half). Each quantized matrix is stored as it was packed
+//! [`qdrift_load::write::write_gguf_with`]'s (llama.cpp's names and architectures: `llama` q/k rows
+//! interleaved, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3`, `gpt-oss` q/k
+//! rotate-half; phi3's fused q‖k‖v and gate‖up and the stacked experts `[E, rows, cols]` made of
+//! each matrix's stored rows, so an expert keeps the blocks qdrift quantized it to). Each quantized matrix is stored as it was packed
 //! ([`crate::QuantizedMatrix::stored`]: the scheme's ggml type, llama.cpp's fallback type, or F16,
 //! with [`crate::QuantizedMatrix::gguf_bytes`], the exact blocks qdrift's quantizer produced);
 //! matrices the scheme left alone (the embedding and head unless asked for) as F16, norms and

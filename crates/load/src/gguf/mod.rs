@@ -1,4 +1,6 @@
-//! GGUF files (versions 2 and 3) with the `llama` or `qwen2` architecture: read, and written.
+//! GGUF files (versions 2 and 3) with the `llama` or `qwen2` architecture, and llama.cpp's
+//! `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3`, `gpt-oss` and `llama` with experts (see
+//! `arch.rs`'s table): read, and written.
 //!
 //! Spec: ggml's `docs/gguf.md`; type ids from `ggml/include/ggml.h` (`ggml_type`) and llama.cpp's
 //! `gguf-py/gguf/constants.py` (`GGUFValueType`, `GGMLQuantizationType`, `Keys`). Layout, all
@@ -46,15 +48,19 @@
 //! | file | contents |
 //! |---|---|
 //! | `read.rs` | [`read_gguf`], [`read_gguf_metadata`]: the container checked, the tensors dequantized |
+//! | `arch.rs` | the newer architectures (`Family`): their keys and tensors read as llama.cpp's loader reads them |
+//! | `write_arch.rs` | the writer's side of them: which one a model is, refusals by feature, metadata and tensors as llama.cpp's converter writes them |
 //! | `tokenizer.rs` | the embedded tokenizer: [`gguf_tokenizer`] reads it; [`gguf_tokenizer_keys`] and [`llama2c_tokenizer_keys`] write it |
 //! | `hf_vocab.rs` | [`hf_tokenizer_keys`]: a Hugging Face `tokenizer.json` as GGUF tokenizer metadata, as llama.cpp's converter writes it |
 //! | `write.rs` | [`write_gguf`], [`write_gguf_with`]: the writer (fixtures, and `qdrift quantize --format gguf`) |
 //! | `tests.rs` | files built in memory, one test per way a file can be wrong |
 
+pub(crate) mod arch;
 pub(crate) mod hf_vocab;
 pub(crate) mod read;
 pub(crate) mod tokenizer;
 pub(crate) mod write;
+pub(crate) mod write_arch;
 
 #[cfg(test)]
 mod tests;

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use qdrift_ggml::GgmlType;
 
+use super::arch::{Family, read_family};
 use crate::LoadError;
 use crate::floats::{LeFloat, le_floats};
 use crate::rope_layout::{RopeLayout, permute_rows};
@@ -275,9 +276,9 @@ fn unsupported_type(path: &Path, name: &str, id: u32) -> LoadError {
 }
 
 #[derive(Debug)]
-struct TensorInfo {
-    name: String,
-    dims: Vec<u64>,
+pub(super) struct TensorInfo {
+    pub(super) name: String,
+    pub(super) dims: Vec<u64>,
     ty: TensorType,
     /// Absolute byte range in the file.
     start: usize,
@@ -299,7 +300,8 @@ impl TensorInfo {
 }
 
 /// Architectures [`read_gguf`] reads, as `general.architecture` names them.
-pub const SUPPORTED_GGUF_ARCHITECTURES: &str = "llama, qwen2";
+pub const SUPPORTED_GGUF_ARCHITECTURES: &str =
+    "llama (with or without experts), qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss";
 
 /// Reads a GGUF file with the `llama` or `qwen2` architecture, dequantizing every tensor to f32.
 ///
@@ -481,7 +483,8 @@ pub(super) fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadErr
     let tensor_types = infos.iter().map(|t| (t.name.clone(), t.ty.name())).collect();
     let tensors = infos.iter().map(TensorInfo::size).collect();
     let tokenizer = tokenizer_metadata(&metadata);
-    let model = build_llama(&TensorTable { path, bytes, infos: &infos }, &metadata, &tokenizer)?;
+    let table = TensorTable { path, bytes, infos: &infos, used: Default::default() };
+    let model = build_llama(&table, &metadata, &tokenizer)?;
     Ok(GgufModel { model, version, metadata, tokenizer, tensor_types, tensors })
 }
 
@@ -777,22 +780,25 @@ fn tokenizer_metadata(m: &BTreeMap<String, GgufValue>) -> GgufTokenizerMetadata 
     }
 }
 
-/// The located tensors of a file, read by name into [`HostTensor`]s.
-struct TensorTable<'a> {
-    path: &'a Path,
+/// The located tensors of a file, read by name into [`HostTensor`]s; the names read are kept
+/// (`used`), so that the readers of the newer architectures refuse a tensor they do not use.
+pub(super) struct TensorTable<'a> {
+    pub(super) path: &'a Path,
     bytes: &'a [u8],
-    infos: &'a [TensorInfo],
+    pub(super) infos: &'a [TensorInfo],
+    pub(super) used: std::cell::RefCell<HashSet<String>>,
 }
 
 impl TensorTable<'_> {
-    fn find(&self, name: &str) -> Option<&TensorInfo> {
+    pub(super) fn find(&self, name: &str) -> Option<&TensorInfo> {
         self.infos.iter().find(|t| t.name == name)
     }
 
     /// Tensor `name`, dequantized, checked to have `shape` ([`HostModel`]'s, outermost first;
     /// GGUF lists the same dims innermost first).
-    fn tensor(&self, name: &str, shape: &[usize]) -> Result<HostTensor, LoadError> {
+    pub(super) fn tensor(&self, name: &str, shape: &[usize]) -> Result<HostTensor, LoadError> {
         let path = self.path;
+        self.used.borrow_mut().insert(name.to_string());
         let gguf_dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
         let info = self.find(name).ok_or_else(|| {
             LoadError::invalid(path, format!("tensor {name} is missing; expected dims {gguf_dims:?} (ne0 first)"))
@@ -812,7 +818,7 @@ impl TensorTable<'_> {
     }
 
     /// Tensor `name` when the file has it.
-    fn optional(&self, name: &str, shape: &[usize]) -> Result<Option<HostTensor>, LoadError> {
+    pub(super) fn optional(&self, name: &str, shape: &[usize]) -> Result<Option<HostTensor>, LoadError> {
         match self.find(name) {
             Some(_) => self.tensor(name, shape).map(Some),
             None => Ok(None),
@@ -821,20 +827,20 @@ impl TensorTable<'_> {
 }
 
 /// The `{arch}.*` hyper-parameter keys of one architecture.
-struct ArchKeys<'a> {
-    path: &'a Path,
-    meta: &'a BTreeMap<String, GgufValue>,
-    /// `general.architecture`: `llama` or `qwen2`.
-    arch: &'a str,
+pub(super) struct ArchKeys<'a> {
+    pub(super) path: &'a Path,
+    pub(super) meta: &'a BTreeMap<String, GgufValue>,
+    /// `general.architecture`: `llama`, `qwen2`, `qwen3`, ...
+    pub(super) arch: &'a str,
 }
 
 impl ArchKeys<'_> {
-    fn key(&self, k: &str) -> String {
+    pub(super) fn key(&self, k: &str) -> String {
         format!("{}.{k}", self.arch)
     }
 
     /// `{arch}.{k}` as a non-negative integer, else `default`; missing without a default is an error.
-    fn int(&self, k: &str, default: Option<usize>) -> Result<usize, LoadError> {
+    pub(super) fn int(&self, k: &str, default: Option<usize>) -> Result<usize, LoadError> {
         let key = self.key(k);
         match self.meta.get(&key) {
             Some(v) => v
@@ -846,7 +852,7 @@ impl ArchKeys<'_> {
     }
 
     /// `{arch}.{k}` as a number, else `default`; missing without a default is an error.
-    fn float(&self, k: &str, default: Option<f32>) -> Result<f32, LoadError> {
+    pub(super) fn float(&self, k: &str, default: Option<f32>) -> Result<f32, LoadError> {
         let key = self.key(k);
         match self.meta.get(&key) {
             Some(v) => v
@@ -867,6 +873,9 @@ fn build_llama(
     let path = table.path;
     let (arch_name, q_k_layout) = read_architecture(path, meta)?;
     let keys = ArchKeys { path, meta, arch: arch_name };
+    if let Some(family) = Family::of_file(&keys)? {
+        return read_family(table, &keys, tokenizer, family);
+    }
     let mut arch = read_hyper_parameters(&keys, table, tokenizer)?;
     check_refusals(&keys, &arch, table.infos)?;
     arch.rope_scaling = read_rope_scaling(&keys, table, arch.head_dim())?;
@@ -902,7 +911,9 @@ fn read_architecture<'m>(path: &Path, meta: &'m BTreeMap<String, GgufValue>) -> 
     };
     match arch_name {
         "llama" => Ok((arch_name, QkLayout::Interleaved)),
-        "qwen2" => Ok((arch_name, QkLayout::RotateHalf)),
+        "qwen2" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "phi3" | "gpt-oss" => {
+            Ok((arch_name, QkLayout::RotateHalf))
+        }
         other => Err(LoadError::invalid(
             path,
             format!("unsupported architecture {other}; supported: {SUPPORTED_GGUF_ARCHITECTURES}"),
@@ -912,7 +923,7 @@ fn read_architecture<'m>(path: &Path, meta: &'m BTreeMap<String, GgufValue>) -> 
 
 /// [`ModelArch`] from the `{arch}.*` keys, the vocabulary from `token_embd.weight`'s dims (which
 /// must hold the tokenizer's tokens), tied when `output.weight` is absent; RoPE scaling unset.
-fn read_hyper_parameters(
+pub(super) fn read_hyper_parameters(
     keys: &ArchKeys<'_>,
     table: &TensorTable<'_>,
     tokenizer: &GgufTokenizerMetadata,
@@ -951,7 +962,8 @@ fn read_hyper_parameters(
         n_layers: keys.int("block_count", None)?,
         n_heads,
         n_kv_heads: keys.int("attention.head_count_kv", Some(n_heads))?,
-        head_dim: dim.checked_div(n_heads).unwrap_or(0),
+        // `validate` refuses 0 heads below; llama.cpp's `attention.key_length` when present.
+        head_dim: keys.int("attention.key_length", Some(dim.checked_div(n_heads).unwrap_or(0)))?,
         vocab_size,
         max_seq_len: keys.int("context_length", None)?,
         norm_eps: keys.float("attention.layer_norm_rms_epsilon", None)?,
@@ -973,6 +985,17 @@ fn read_hyper_parameters(
 /// Refuses what [`HostModel`] cannot carry: partial rotary embeddings, biases other than q/k/v.
 fn check_refusals(keys: &ArchKeys<'_>, arch: &ModelArch, infos: &[TensorInfo]) -> Result<(), LoadError> {
     let head_dim = arch.head_dim();
+    let value_length = keys.int("attention.value_length", Some(head_dim))?;
+    if value_length != head_dim {
+        return Err(LoadError::invalid(
+            keys.path,
+            format!(
+                "{} is {value_length} but the key head width is {head_dim}: different key and value head widths \
+                 are not supported",
+                keys.key("attention.value_length")
+            ),
+        ));
+    }
     let rope_dims = keys.int("rope.dimension_count", Some(head_dim))?;
     if rope_dims != head_dim {
         return Err(LoadError::invalid(
@@ -995,7 +1018,7 @@ fn check_refusals(keys: &ArchKeys<'_>, arch: &ModelArch, infos: &[TensorInfo]) -
 
 /// [`RopeScaling::FreqFactors`] from `rope_freqs.weight` (per-pair divisors) times the linear
 /// factor, or `None` when the file has neither.
-fn read_rope_scaling(
+pub(super) fn read_rope_scaling(
     keys: &ArchKeys<'_>,
     table: &TensorTable<'_>,
     head_dim: usize,

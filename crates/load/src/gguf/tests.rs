@@ -541,7 +541,11 @@ fn wrong_shape() {
 fn unsupported_architecture() {
     let mut w = Writer::new();
     w.string("general.architecture", "gpt2");
-    assert_eq!(error(&w.build()), "tiny.gguf: unsupported architecture gpt2; supported: llama, qwen2");
+    assert_eq!(
+        error(&w.build()),
+        "tiny.gguf: unsupported architecture gpt2; supported: llama (with or without experts), qwen2, qwen3, \
+         qwen3moe, gemma2, gemma3, phi3, gpt-oss"
+    );
 }
 
 fn factors(w: &Writer) -> Option<Vec<f32>> {

@@ -11,8 +11,9 @@ use qdrift_ggml::GgmlType;
 
 use super::read::GgufValue;
 use super::tokenizer::llama2c_tokenizer_keys;
+use super::write_arch::{check_writable, family_metadata, family_tensors, writer_family};
 use crate::LoadError;
-use crate::hf::write::{WriteDtype, has_qkv_biases};
+use crate::hf::write::{WriteDtype, qkv_biases_all_or_none, refuse_non_llama_block};
 use crate::rope_layout::RopeLayout::ToRotateHalf;
 use crate::rope_layout::{permute_rows, rotate_half_row_order};
 use crate::tokenizer::Llama2cTokenizer;
@@ -38,7 +39,7 @@ const GGML_F16: u32 = 1;
 
 /// GGUF metadata being written: `(count, bytes)`.
 #[derive(Default)]
-struct Kv(u64, Vec<u8>);
+pub(super) struct Kv(u64, Vec<u8>);
 
 impl Kv {
     fn str_raw(out: &mut Vec<u8>, s: &str) {
@@ -51,17 +52,17 @@ impl Kv {
         self.1.extend(ty.to_le_bytes());
         &mut self.1
     }
-    fn u32(&mut self, k: &str, v: u32) {
+    pub(super) fn u32(&mut self, k: &str, v: u32) {
         self.key(k, GGUF_U32).extend(v.to_le_bytes());
     }
-    fn f32(&mut self, k: &str, v: f32) {
+    pub(super) fn f32(&mut self, k: &str, v: f32) {
         self.key(k, GGUF_F32).extend(v.to_le_bytes());
     }
-    fn string(&mut self, k: &str, v: &str) {
+    pub(super) fn string(&mut self, k: &str, v: &str) {
         Self::str_raw(self.key(k, GGUF_STRING), v);
     }
     /// Any value, with the type it was read with ([`value_type`]).
-    fn value(&mut self, k: &str, v: &GgufValue) {
+    pub(super) fn value(&mut self, k: &str, v: &GgufValue) {
         let out = self.key(k, value_type(v));
         value_bytes(out, v);
     }
@@ -198,22 +199,34 @@ pub fn write_gguf_with(
     if dtype == WriteDtype::BF16 {
         return Err(LoadError::invalid(path, "write_gguf writes F32 or F16 only"));
     }
-    let qwen2 = has_qkv_biases(path, model)?;
     let mut kv = Kv::default();
-    gguf_arch_metadata(&mut kv, path, &model.arch, if qwen2 { "qwen2" } else { "llama" })?;
+    let tensors = match writer_family(model) {
+        Some(family) => {
+            check_writable(path, model, family)?;
+            family_metadata(&mut kv, path, model, family)?;
+            family_tensors(path, model, family)?
+        }
+        None => {
+            let writes = "qdrift writes Llama, Mistral and Qwen2 blocks, and as GGUF also qwen3, qwen3moe, gemma2, \
+                          gemma3, phi3, gpt-oss and Mixtral (llama with experts)";
+            refuse_non_llama_block(path, model, false, writes)?;
+            let qwen2 = qkv_biases_all_or_none(path, model)?;
+            gguf_arch_metadata(&mut kv, path, &model.arch, if qwen2 { "qwen2" } else { "llama" })?;
+            gguf_tensors(path, model, qwen2)?
+        }
+    };
     for (key, value) in tokenizer_keys {
         if !key.starts_with("tokenizer.") {
             return Err(LoadError::invalid(path, format!("metadata key {key} is not a tokenizer key")));
         }
         kv.value(key, value);
     }
-    let tensors = gguf_tensors(path, model, qwen2)?;
     let bytes = gguf_bytes(path, &kv, &tensors, dtype, store)?;
     Ok(qdrift_io::write_atomic(path, &bytes)?)
 }
 
 /// `general.*` and the `ARCH.*` hyper-parameters.
-fn gguf_arch_metadata(kv: &mut Kv, path: &Path, a: &ModelArch, arch: &str) -> Result<(), LoadError> {
+pub(super) fn gguf_arch_metadata(kv: &mut Kv, path: &Path, a: &ModelArch, arch: &str) -> Result<(), LoadError> {
     kv.string("general.architecture", arch);
     kv.string("general.name", &a.architecture);
     kv.u32("general.alignment", ALIGNMENT as u32);
@@ -227,8 +240,13 @@ fn gguf_arch_metadata(kv: &mut Kv, path: &Path, a: &ModelArch, arch: &str) -> Re
     kv.u32(&k("attention.head_count_kv"), u(a.n_kv_heads)?);
     kv.f32(&k("attention.layer_norm_rms_epsilon"), a.norm_eps);
     kv.f32(&k("rope.freq_base"), a.rope_theta);
-    kv.u32(&k("rope.dimension_count"), u(a.head_dim())?);
+    kv.u32(&k("rope.dimension_count"), u(a.rotary_dim())?);
     kv.u32(&k("vocab_size"), u(a.vocab_size)?);
+    if a.head_dim * a.n_heads != a.dim {
+        // llama.cpp's head width when it is not `n_embd / n_head` (`load_hparams`).
+        kv.u32(&k("attention.key_length"), u(a.head_dim)?);
+        kv.u32(&k("attention.value_length"), u(a.head_dim)?);
+    }
     Ok(())
 }
 
@@ -236,7 +254,7 @@ fn gguf_arch_metadata(kv: &mut Kv, path: &Path, a: &ModelArch, arch: &str) -> Re
 /// Llama 3.1's `rope_scaling` into the per-pair divisors of `rope_freqs.weight`: 1 where
 /// `wavelen < high`, `factor` where `wavelen > low`, `1 / ((1 - smooth) / factor + smooth)`
 /// between (see [`RopeScaling::Llama3`]), computed in f32 from the f32 inverse frequencies.
-fn llama3_freq_factors(scaling: &RopeScaling, head_dim: usize, theta: f32) -> Option<Vec<f32>> {
+pub(super) fn llama3_freq_factors(scaling: &RopeScaling, head_dim: usize, theta: f32) -> Option<Vec<f32>> {
     let RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } = *scaling
     else {
         return None;
@@ -261,15 +279,33 @@ fn llama3_freq_factors(scaling: &RopeScaling, head_dim: usize, theta: f32) -> Op
 }
 
 /// A tensor to write under llama.cpp's name.
-struct GgufTensor<'a> {
-    name: String,
-    /// The values, q/k rows already in the file's layout.
-    tensor: Cow<'a, HostTensor>,
-    /// The matrix it holds (`None` for 1-D norms, biases, `rope_freqs.weight`, which are stored
-    /// as F32 whatever the dtype).
-    matrix: Option<GgufMatrix>,
-    /// `qwen2` q/k: the heads whose rows were permuted to the rotate-half layout.
-    rope_heads: Option<usize>,
+pub(super) struct GgufTensor<'a> {
+    pub(super) name: String,
+    /// The values, q/k rows already in the file's layout (a matrix `[out, in]`, or experts
+    /// stacked `[E, out, in]`).
+    pub(super) tensor: Cow<'a, HostTensor>,
+    /// The matrices it is made of, in row order, whose stored form `store` may give (empty for
+    /// 1-D norms, biases, routers, sinks and `rope_freqs.weight`, which are stored as F32 whatever
+    /// the dtype, as llama.cpp's converter does).
+    pub(super) parts: Vec<Part>,
+}
+
+/// One matrix of a [`GgufTensor`]: which one, its shape, and the row order it is written in.
+pub(super) struct Part {
+    pub(super) matrix: GgufMatrix,
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+    /// Rotate-half q/k rows: written row `r` is the matrix's row `order[r]`.
+    pub(super) order: Option<Vec<usize>>,
+}
+
+impl Part {
+    /// A matrix `[rows, cols]` written in its own row order.
+    pub(super) fn of(matrix: GgufMatrix, t: &HostTensor) -> Part {
+        let rows = t.shape.first().copied().unwrap_or(0);
+        let cols = t.data.len() / rows.max(1);
+        Part { matrix, rows, cols, order: None }
+    }
 }
 
 /// Every tensor in file order, under llama.cpp's names; `qwen2` q/k rows in the rotate-half
@@ -279,13 +315,19 @@ fn gguf_tensors<'a>(path: &Path, model: &'a HostModel, qwen2: bool) -> Result<Ve
     let rope_rows = |t: &HostTensor, heads: usize| -> HostTensor {
         if qwen2 { permute_rows(t, heads, ToRotateHalf) } else { t.clone() }
     };
-    let matrix = |name: String, t: Cow<'a, HostTensor>, m: GgufMatrix| GgufTensor {
-        name,
-        tensor: t,
-        matrix: Some(m),
-        rope_heads: None,
+    let matrix = |name: String, t: Cow<'a, HostTensor>, m: GgufMatrix| {
+        let parts = vec![Part::of(m, &t)];
+        GgufTensor { name, tensor: t, parts }
     };
-    let vector = |name: String, t: Cow<'a, HostTensor>| GgufTensor { name, tensor: t, matrix: None, rope_heads: None };
+    let vector = |name: String, t: Cow<'a, HostTensor>| GgufTensor { name, tensor: t, parts: Vec::new() };
+    let rope_part = |mut t: GgufTensor<'a>, heads: usize| {
+        if qwen2 {
+            for p in &mut t.parts {
+                p.order = Some(rotate_half_row_order(heads, p.rows / heads.max(1)));
+            }
+        }
+        t
+    };
     let mut tensors =
         vec![matrix("token_embd.weight".into(), Cow::Borrowed(&model.token_embedding), GgufMatrix::TokenEmbedding)];
     if let Some(s) = &a.rope_scaling {
@@ -303,16 +345,12 @@ fn gguf_tensors<'a>(path: &Path, model: &'a HostModel, qwen2: bool) -> Result<Ve
     for (i, l) in model.layers.iter().enumerate() {
         let b = format!("blk.{i}");
         let lin = |short_name: &'static str| GgufMatrix::Linear { layer: i, short_name: LinearName::dense(short_name) };
-        let rope_heads = |heads: usize| qwen2.then_some(heads);
         tensors.push(vector(format!("{b}.attn_norm.weight"), Cow::Borrowed(&l.attn_norm)));
-        tensors.push(GgufTensor {
-            rope_heads: rope_heads(a.n_heads),
-            ..matrix(format!("{b}.attn_q.weight"), Cow::Owned(rope_rows(&l.wq, a.n_heads)), lin("self_attn.q_proj"))
-        });
-        tensors.push(GgufTensor {
-            rope_heads: rope_heads(a.n_kv_heads),
-            ..matrix(format!("{b}.attn_k.weight"), Cow::Owned(rope_rows(&l.wk, a.n_kv_heads)), lin("self_attn.k_proj"))
-        });
+        let q = matrix(format!("{b}.attn_q.weight"), Cow::Owned(rope_rows(&l.wq, a.n_heads)), lin("self_attn.q_proj"));
+        tensors.push(rope_part(q, a.n_heads));
+        let k =
+            matrix(format!("{b}.attn_k.weight"), Cow::Owned(rope_rows(&l.wk, a.n_kv_heads)), lin("self_attn.k_proj"));
+        tensors.push(rope_part(k, a.n_kv_heads));
         tensors.push(matrix(format!("{b}.attn_v.weight"), Cow::Borrowed(&l.wv), lin("self_attn.v_proj")));
         if let (Some(bq), Some(bk), Some(bv)) = (&l.bq, &l.bk, &l.bv) {
             tensors.push(vector(format!("{b}.attn_q.bias"), Cow::Owned(rope_rows(bq, a.n_heads))));
@@ -345,12 +383,8 @@ fn gguf_bytes(
 ) -> Result<Vec<u8>, LoadError> {
     let mut infos = Vec::new();
     let mut data = Vec::new();
-    for GgufTensor { name, tensor, matrix, rope_heads } in tensors {
-        let (ty, bytes) = match matrix.and_then(store) {
-            Some(stored) => (stored.ggml_type, stored_rows(path, name, tensor, stored, *rope_heads)?),
-            None if matrix.is_none() || dtype == WriteDtype::F32 => (GGML_F32, WriteDtype::F32.bytes(tensor)),
-            None => (GGML_F16, WriteDtype::F16.bytes(tensor)),
-        };
+    for GgufTensor { name, tensor, parts } in tensors {
+        let (ty, bytes) = tensor_bytes(path, name, tensor, parts, dtype, store)?;
         data.resize(data.len().next_multiple_of(ALIGNMENT), 0);
         Kv::str_raw(&mut infos, name);
         infos.extend((tensor.shape.len() as u32).to_le_bytes());
@@ -372,23 +406,59 @@ fn gguf_bytes(
     Ok(out)
 }
 
-/// A stored matrix's bytes, checked against its shape and type, rows permuted to the rotate-half
-/// layout when `rope_heads` is set (`qwen2` q/k).
+/// A tensor's `ggml_type` and bytes: F32 for one without matrices; else every matrix as `store`
+/// gives it (all in one type, concatenated in order), or the values in `dtype` when `store` gives
+/// none of them.
 ///
 /// # Shapes
-/// - `tensor`: `[rows, cols]`; `stored.bytes`: `rows` rows of `cols / block_size * type_size`
-///   bytes (`2 * cols` for F16).
-fn stored_rows(
+/// - `tensor`: the values in the file's layout; `parts`: its matrices, whose rows add up to its
+///   outer dims.
+fn tensor_bytes(
     path: &Path,
     name: &str,
     tensor: &HostTensor,
-    stored: GgufStored,
-    rope_heads: Option<usize>,
-) -> Result<Vec<u8>, LoadError> {
+    parts: &[Part],
+    dtype: WriteDtype,
+    store: &dyn Fn(GgufMatrix) -> Option<GgufStored>,
+) -> Result<(u32, Vec<u8>), LoadError> {
+    let stored: Vec<Option<GgufStored>> = parts.iter().map(|p| store(p.matrix)).collect();
+    if stored.iter().all(Option::is_none) {
+        return Ok(if parts.is_empty() || dtype == WriteDtype::F32 {
+            (GGML_F32, WriteDtype::F32.bytes(tensor))
+        } else {
+            (GGML_F16, WriteDtype::F16.bytes(tensor))
+        });
+    }
+    let mut ty = None;
+    let mut bytes = Vec::new();
+    for (part, s) in parts.iter().zip(stored) {
+        let Some(s) = s else {
+            return Err(LoadError::invalid(
+                path,
+                format!("tensor {name}: some of its matrices are stored, others not"),
+            ));
+        };
+        if ty.is_some_and(|t| t != s.ggml_type) {
+            return Err(LoadError::invalid(
+                path,
+                format!("tensor {name}: its matrices are stored in different ggml types ({ty:?} and {})", s.ggml_type),
+            ));
+        }
+        ty = Some(s.ggml_type);
+        bytes.extend(stored_rows(path, name, part, s)?);
+    }
+    Ok((ty.unwrap_or(GGML_F32), bytes))
+}
+
+/// A stored matrix's bytes, checked against its shape and type, rows reordered when the part
+/// has an order (rotate-half q/k).
+///
+/// # Shapes
+/// - `part`: `[rows, cols]`; `stored.bytes`: `rows` rows of `cols / block_size * type_size`
+///   bytes (`2 * cols` for F16).
+fn stored_rows(path: &Path, name: &str, part: &Part, stored: GgufStored) -> Result<Vec<u8>, LoadError> {
     let bad = |m: String| LoadError::invalid(path, format!("tensor {name}: {m}"));
-    let [rows, cols] = tensor.shape[..] else {
-        return Err(bad(format!("a stored tensor must be a matrix, not {:?}", tensor.shape)));
-    };
+    let (rows, cols) = (part.rows, part.cols);
     let row_bytes = match stored.ggml_type {
         GGML_F16 => Some(2 * cols),
         id => match GgmlType::from_gguf_id(id) {
@@ -409,7 +479,6 @@ fn stored_rows(
     if rows.checked_mul(row_bytes) != Some(stored.bytes.len()) {
         return Err(bad(format!("{} bytes stored for {rows} rows of {row_bytes} bytes", stored.bytes.len())));
     }
-    let Some(heads) = rope_heads else { return Ok(stored.bytes) };
-    let order = rotate_half_row_order(heads, rows / heads.max(1));
+    let Some(order) = &part.order else { return Ok(stored.bytes) };
     Ok(order.iter().flat_map(|&r| &stored.bytes[r * row_bytes..(r + 1) * row_bytes]).copied().collect())
 }

@@ -251,8 +251,24 @@ fn tokenizer_config_json(tokenizer: &Llama2cTokenizer, max_seq_len: usize) -> Va
 }
 
 /// Whether every layer has q, k and v biases (Qwen2); `false` when none has any. A model whose
-/// blocks are not Llama's (or Qwen2's) is refused, naming what the writers cannot express yet.
+/// blocks are not Llama's (or Qwen2's) is refused, naming what the Hugging Face writer cannot
+/// express ([`refuse_non_llama_block`] with `config.json`'s limits).
 pub(crate) fn has_qkv_biases(path: &Path, model: &HostModel) -> Result<bool, LoadError> {
+    refuse_non_llama_block(path, model, true, "qdrift writes Llama, Mistral and Qwen2 blocks")?;
+    qkv_biases_all_or_none(path, model)
+}
+
+/// Refuses a model whose block a Llama/Qwen2 writer cannot express, naming the feature:
+/// another block, experts, sliding windows, an embedding scale or logit soft cap, output or FFN
+/// biases, and with `head_dim_divides` a `head_dim` other than `dim / n_heads` (`config.json`
+/// as written has no `head_dim`; GGUF writes `attention.key_length`). `writes` ends the message
+/// (what the writer does write).
+pub(crate) fn refuse_non_llama_block(
+    path: &Path,
+    model: &HostModel,
+    head_dim_divides: bool,
+    writes: &str,
+) -> Result<(), LoadError> {
     let a = &model.arch;
     let other = if !a.block.is_llama() {
         Some("its block (norms, attention or activation) is not Llama's")
@@ -262,7 +278,7 @@ pub(crate) fn has_qkv_biases(path: &Path, model: &HostModel) -> Result<bool, Loa
         Some("it has sliding-window layers")
     } else if a.embedding_scale.is_some() || a.final_logit_softcap.is_some() {
         Some("it scales its embeddings or soft-caps its logits")
-    } else if a.head_dim * a.n_heads != a.dim {
+    } else if head_dim_divides && a.head_dim * a.n_heads != a.dim {
         Some("its head_dim is not dim / n_heads")
     } else if model.layers.iter().any(|l| {
         l.bo.is_some() || l.mlp().is_none_or(|m| m.gate_bias.is_some() || m.up_bias.is_some() || m.down_bias.is_some())
@@ -271,12 +287,17 @@ pub(crate) fn has_qkv_biases(path: &Path, model: &HostModel) -> Result<bool, Loa
     } else {
         None
     };
-    if let Some(why) = other {
-        return Err(LoadError::invalid(
-            path,
-            format!("{} cannot be written yet: {why}; qdrift writes Llama, Mistral and Qwen2 blocks", a.architecture),
-        ));
+    match other {
+        Some(why) => {
+            Err(LoadError::invalid(path, format!("{} cannot be written yet: {why}; {writes}", a.architecture)))
+        }
+        None => Ok(()),
     }
+}
+
+/// Whether every layer has q, k and v biases; `false` when none has any; refused when some
+/// layers or projections have them and others not.
+pub(crate) fn qkv_biases_all_or_none(path: &Path, model: &HostModel) -> Result<bool, LoadError> {
     let count = |l: &LayerWeights| [&l.bq, &l.bk, &l.bv].iter().filter(|b| b.is_some()).count();
     let counts: Vec<usize> = model.layers.iter().map(count).collect();
     if counts.iter().all(|&c| c == 0) {

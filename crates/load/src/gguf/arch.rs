@@ -1,0 +1,643 @@
+//! The llama.cpp architectures beyond `llama` and `qwen2`: `qwen3`, `qwen3moe`, `gemma2`,
+//! `gemma3`, `phi3`, `gpt-oss`, and `llama` with experts (Mixtral), read as llama.cpp's loader
+//! reads them (`src/llama-model.cpp` `llama_model_base::load_hparams`, `create_tensor_qkv`,
+//! `load_swa_pattern`; `src/models/{qwen3,qwen3moe,gemma2,gemma3,phi3,openai-moe,llama}.cpp`
+//! `load_arch_hparams`/`load_arch_tensors`/the graph) and as llama.cpp's
+//! `convert_hf_to_gguf.py` writes them (`conversion/{qwen,gemma,phi,gpt_oss,llama}.py`).
+//!
+//! | feature | keys and tensors | [`HostModel`] |
+//! |---|---|---|
+//! | head width | `attention.key_length` = `attention.value_length` (gpt-oss: `rope.dimension_count`) | `head_dim` |
+//! | partial rotary (phi3) | `rope.dimension_count` < head width | `block.rotary_dim` |
+//! | q/k rows | stored rotate-half (llama.cpp `LLAMA_ROPE_TYPE_NEOX`); `llama` interleaved | interleaved, rotated dims only |
+//! | q/k norms (qwen3, qwen3moe, gemma3) | `blk.N.attn_q_norm`, `blk.N.attn_k_norm` `[head_dim]` | `q_norm`, `k_norm` |
+//! | Gemma's four norms | `attn_norm`, `post_attention_norm`, `ffn_norm`, `post_ffw_norm`, stored as `1 + w` | [`NormStyle::Weight`] |
+//! | gpt-oss's pre-FFN norm | `post_attention_norm` (no `ffn_norm`) | `ffn_norm` |
+//! | sliding windows | `attention.sliding_window`, `attention.sliding_window_pattern` (count or per-layer bools; gemma2 and gpt-oss: 2, gemma3: 6) | `windows` |
+//! | local RoPE base | `rope.freq_base_swa` (gemma3: 10000 by default) | `local_rope_theta` |
+//! | soft caps (gemma2; gemma3 final only) | `attn_logit_softcapping` (50), `final_logit_softcapping` (30) | `block.attn_softcap`, `final_logit_softcap` |
+//! | Gemma embedding scale | implied by the architecture: `sqrtf(n_embd)` | `embedding_scale` |
+//! | Gemma attention scale | `1/√head_dim` (`1/√(n_embd/n_head)` for the 27B shapes, 46 or 62 layers) | `block.attn_scale` |
+//! | fused q/k/v (phi3) | `blk.N.attn_qkv` (q‖k‖v rows), any architecture | `wq`, `wk`, `wv` |
+//! | fused gate/up (phi3) | `blk.N.ffn_up` `[2·n_ff, n_embd]`, gate rows first (`ggml_swiglu`) | `Mlp::gate`, `Mlp::up` |
+//! | experts | `expert_count`, `expert_used_count`, `expert_feed_forward_length`; `ffn_gate_inp` (+ `.bias`, gpt-oss), `ffn_{gate,up,down}_exps` `[E, rows, cols]` (+ `.bias`, gpt-oss) | [`Experts`] |
+//! | routing | qwen3moe and `llama`: softmax, top-k, renormalised (`build_moe_ffn(.., norm_w = true, SOFTMAX)`); gpt-oss: top-k then softmax (`SOFTMAX_WEIGHT`) | [`Routing`] |
+//! | attention sinks (gpt-oss) | `blk.N.attn_sinks.weight` `[n_head]` | `sinks` |
+//! | YaRN (gpt-oss) | `rope.scaling.type = yarn`, `rope.scaling.factor`, `rope.scaling.original_context_length`, `rope.scaling.attn_factor`; β 32/1 as llama.cpp (it reads no β keys), correction dims floored/ceiled (`ggml_rope_yarn_corr_dims`) | [`RopeScaling::Yarn`] |
+//!
+//! Anything else a file asks for is refused by name: partial rotary outside phi3, LongRoPE
+//! factors, shared experts, different key and value widths, any tensor the architecture's
+//! llama.cpp loader does not use.
+
+use super::read::{ArchKeys, GgufTokenizerMetadata, GgufValue, TensorTable, read_hyper_parameters, read_rope_scaling};
+use crate::LoadError;
+use crate::rope_layout::{RopeLayout, rotate_half_row_order_partial};
+use qdrift_weights::{
+    Activation, Experts, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, MoeSpec, NormStyle, RopeScaling,
+    Routing,
+};
+
+/// A llama.cpp architecture that [`read_family`] reads and `write_gguf_with` writes beyond the
+/// dense `llama` and `qwen2` ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Family {
+    /// `qwen3` (`Qwen3ForCausalLM`).
+    Qwen3,
+    /// `qwen3moe` (`Qwen3MoeForCausalLM`).
+    Qwen3Moe,
+    /// `gemma2` (`Gemma2ForCausalLM`).
+    Gemma2,
+    /// `gemma3` (`Gemma3ForCausalLM`, text only).
+    Gemma3,
+    /// `phi3` (`Phi3ForCausalLM`).
+    Phi3,
+    /// `gpt-oss` (`GptOssForCausalLM`; llama.cpp's `LLM_ARCH_OPENAI_MOE`).
+    GptOss,
+    /// `llama` with experts (`MixtralForCausalLM`).
+    LlamaMoe,
+}
+
+/// llama.cpp's gpt-oss constants (`llama-graph.cpp` `LLM_FFN_SWIGLU_OAI_MOE`: alpha 1.702, limit 7).
+pub(crate) const GPT_OSS_ACTIVATION: Activation = Activation::ClampedSwiGlu { alpha: 1.702, limit: 7.0 };
+
+impl Family {
+    /// The family of a file's `general.architecture`, `None` for the dense `llama` and `qwen2`
+    /// (read as before).
+    pub(super) fn of_file(keys: &ArchKeys<'_>) -> Result<Option<Family>, LoadError> {
+        Ok(Some(match keys.arch {
+            "qwen3" => Family::Qwen3,
+            "qwen3moe" => Family::Qwen3Moe,
+            "gemma2" => Family::Gemma2,
+            "gemma3" => Family::Gemma3,
+            "phi3" => Family::Phi3,
+            "gpt-oss" => Family::GptOss,
+            "llama" if keys.int("expert_count", Some(0))? > 0 => Family::LlamaMoe,
+            _ => return Ok(None),
+        }))
+    }
+
+    /// `general.architecture`.
+    pub(crate) fn gguf_name(self) -> &'static str {
+        match self {
+            Family::Qwen3 => "qwen3",
+            Family::Qwen3Moe => "qwen3moe",
+            Family::Gemma2 => "gemma2",
+            Family::Gemma3 => "gemma3",
+            Family::Phi3 => "phi3",
+            Family::GptOss => "gpt-oss",
+            Family::LlamaMoe => "llama",
+        }
+    }
+
+    /// Whether q/k rows are stored rotate-half (NEOX); `llama` stores them interleaved.
+    pub(crate) fn rotate_half(self) -> bool {
+        self != Family::LlamaMoe
+    }
+
+    pub(crate) fn is_gemma(self) -> bool {
+        matches!(self, Family::Gemma2 | Family::Gemma3)
+    }
+
+    pub(crate) fn has_qk_norm(self) -> bool {
+        matches!(self, Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3)
+    }
+
+    pub(crate) fn has_experts(self) -> bool {
+        matches!(self, Family::Qwen3Moe | Family::GptOss | Family::LlamaMoe)
+    }
+
+    /// The FFN activation llama.cpp's graph uses.
+    pub(crate) fn activation(self) -> Activation {
+        match self {
+            Family::Gemma2 | Family::Gemma3 => Activation::GeluTanh,
+            Family::GptOss => GPT_OSS_ACTIVATION,
+            _ => Activation::SwiGlu,
+        }
+    }
+
+    /// The routing llama.cpp's `build_moe_ffn` call uses.
+    pub(crate) fn routing(self) -> Routing {
+        match self {
+            Family::GptOss => Routing::TopKSoftmax,
+            _ => Routing::SoftmaxTopK { renormalize: true },
+        }
+    }
+
+    /// The default of `attention.sliding_window_pattern` (`load_swa_pattern(ml, n)`), for the
+    /// families with sliding windows.
+    pub(crate) fn swa_pattern(self) -> Option<usize> {
+        match self {
+            Family::Gemma2 | Family::GptOss => Some(2),
+            Family::Gemma3 => Some(6),
+            _ => None,
+        }
+    }
+
+    /// The attention scale llama.cpp uses (`f_attention_scale` for Gemma, `1/√n_rot` for gpt-oss,
+    /// `1/√head_dim` otherwise); for Gemma's 27B shapes (46 layers for gemma2, 62 for gemma3)
+    /// `1/√(n_embd/n_head)` with integer division, as `gemma2.cpp`/`gemma3.cpp`.
+    pub(crate) fn attn_scale(self, n_layers: usize, dim: usize, n_heads: usize, head_dim: usize) -> f32 {
+        let big = matches!((self, n_layers), (Family::Gemma2, 46) | (Family::Gemma3, 62));
+        let width = if big { dim / n_heads.max(1) } else { head_dim };
+        1.0 / (width as f32).sqrt()
+    }
+}
+
+/// `llama_hparams::set_swa_pattern(n, dense_first = false)`: layer `il` is a sliding-window
+/// layer when `n == 0 || il % n < n - 1`.
+pub(crate) fn swa_by_pattern(n: usize, il: usize) -> bool {
+    n == 0 || il % n < n - 1
+}
+
+/// For the q/k rows of `n_heads` heads of `head_dim` rows whose first `rotary` rows are rotated,
+/// the interleaved row each rotate-half row comes from (rows past `rotary` stay in place):
+/// rotate-half row `r` is interleaved row `order[r]`. With `rotary = head_dim` this is
+/// [`crate::rotate_half_row_order`] (`rope_layout`'s [`rotate_half_row_order_partial`]).
+pub(crate) fn rope_row_order(n_heads: usize, head_dim: usize, rotary: usize) -> Vec<usize> {
+    rotate_half_row_order_partial(n_heads, head_dim, rotary)
+}
+
+/// `t`'s rows reordered between the interleaved and rotate-half layouts by `order`
+/// ([`rope_row_order`]): to rotate-half, row `r` is row `order[r]`; to interleaved, row `r` goes
+/// to `order[r]`.
+///
+/// # Shapes
+/// - `t`: `[rows, cols]` or `[rows]`, `rows = order.len()`; the result has `t`'s shape.
+pub(crate) fn reorder_rows(t: &HostTensor, order: &[usize], to: RopeLayout) -> HostTensor {
+    let rows = order.len().max(1);
+    let cols = t.data.len() / rows;
+    let mut data = vec![0.0; t.data.len()];
+    for (r, &o) in order.iter().enumerate() {
+        let (dst, src) = match to {
+            RopeLayout::ToInterleaved => (o, r),
+            RopeLayout::ToRotateHalf => (r, o),
+        };
+        data[dst * cols..(dst + 1) * cols].copy_from_slice(&t.data[src * cols..(src + 1) * cols]);
+    }
+    HostTensor { shape: t.shape.clone(), data }
+}
+
+/// Reads a file of one of the [`Family`] architectures: hyper-parameters, then every block, then
+/// refuses any tensor it did not use.
+pub(super) fn read_family(
+    table: &TensorTable<'_>,
+    keys: &ArchKeys<'_>,
+    tokenizer: &GgufTokenizerMetadata,
+    family: Family,
+) -> Result<HostModel, LoadError> {
+    let path = keys.path;
+    let arch = read_family_arch(keys, table, tokenizer, family)?;
+    let (vocab_size, dim) = (arch.vocab_size, arch.dim);
+    let token_embedding = table.tensor("token_embd.weight", &[vocab_size, dim])?;
+    let mut layers = Vec::with_capacity(arch.n_layers.min(table.infos.len()));
+    for i in 0..arch.n_layers {
+        layers.push(read_family_layer(table, &arch, family, i)?);
+    }
+    let final_norm = table.tensor("output_norm.weight", &[dim])?;
+    // gemma2's loader always ties the head (`output` is `token_embd`, TENSOR_DUPLICATED).
+    let output = if arch.tied_embeddings { None } else { Some(table.tensor("output.weight", &[vocab_size, dim])?) };
+    let used = table.used.borrow();
+    if let Some(t) = table.infos.iter().find(|t| !used.contains(&t.name)) {
+        return Err(LoadError::invalid(
+            path,
+            format!("tensor {}: {} is not supported for {}", t.name, unused_feature(&t.name), keys.arch),
+        ));
+    }
+    Ok(HostModel { arch, token_embedding, layers, final_norm, output })
+}
+
+/// The feature a tensor the reader does not use stands for, for the refusal.
+fn unused_feature(name: &str) -> &'static str {
+    if name.contains("_shexp") {
+        "a shared expert"
+    } else if name.starts_with("rope_factors") || name.contains("rope_factors") {
+        "LongRoPE (rope_factors_long/rope_factors_short)"
+    } else if name.contains("rope_freqs") {
+        "per-pair RoPE frequency factors (rope_freqs.weight)"
+    } else if name.ends_with(".bias") {
+        "this bias"
+    } else if name.contains("_norm") {
+        "this norm"
+    } else {
+        "this tensor"
+    }
+}
+
+/// [`ModelArch`] of a [`Family`] file.
+fn read_family_arch(
+    keys: &ArchKeys<'_>,
+    table: &TensorTable<'_>,
+    tokenizer: &GgufTokenizerMetadata,
+    family: Family,
+) -> Result<ModelArch, LoadError> {
+    let path = keys.path;
+    let refuse = |m: String| LoadError::invalid(path, m);
+    let mut arch = read_hyper_parameters(keys, table, tokenizer)?;
+    arch.architecture = family.gguf_name().to_string();
+    let key_length = keys.int("attention.key_length", Some(arch.dim / arch.n_heads))?;
+    let n_rot = keys.int("rope.dimension_count", Some(key_length))?;
+    // gpt-oss's tensors and graph use n_rot as the head width (`openai-moe.cpp`).
+    let head_dim = if family == Family::GptOss { n_rot } else { key_length };
+    let value_length = keys.int("attention.value_length", Some(head_dim))?;
+    if value_length != head_dim || key_length != head_dim {
+        return Err(refuse(format!(
+            "{} is {key_length} and {} is {value_length} but the head width is {head_dim}: different key and \
+             value head widths are not supported",
+            keys.key("attention.key_length"),
+            keys.key("attention.value_length")
+        )));
+    }
+    arch.head_dim = head_dim;
+    if n_rot != head_dim {
+        if family != Family::Phi3 {
+            return Err(refuse(format!(
+                "{} is {n_rot} but the head dimension is {head_dim}: partial rotary embeddings are not \
+                 supported for {}",
+                keys.key("rope.dimension_count"),
+                keys.arch
+            )));
+        }
+        arch.block.rotary_dim = Some(n_rot);
+    }
+    if family == Family::Phi3 && head_dim * arch.n_heads != arch.dim {
+        return Err(refuse(format!(
+            "{} is {head_dim} but phi3's q projection is embedding_length {} wide: a head width other than \
+             embedding_length / head_count is not supported for phi3",
+            keys.key("attention.key_length"),
+            arch.dim
+        )));
+    }
+    arch.block.qk_norm = family.has_qk_norm();
+    arch.block.activation = family.activation();
+    arch.block.sinks = family == Family::GptOss;
+    arch.block.norm = NormStyle::Weight;
+    if family.is_gemma() {
+        arch.block.sandwich_norms = true;
+        arch.embedding_scale = Some((arch.dim as f32).sqrt());
+        // Always stated, as the Hugging Face reader states `query_pre_attn_scalar^-½`.
+        arch.block.attn_scale = Some(family.attn_scale(arch.n_layers, arch.dim, arch.n_heads, head_dim));
+    }
+    match family {
+        Family::Gemma2 => {
+            arch.block.attn_softcap = Some(keys.float("attn_logit_softcapping", Some(50.0))?);
+            arch.final_logit_softcap = Some(keys.float("final_logit_softcapping", Some(30.0))?);
+        }
+        Family::Gemma3 => {
+            let cap = keys.float("final_logit_softcapping", Some(0.0))?;
+            arch.final_logit_softcap = (cap != 0.0).then_some(cap);
+        }
+        _ => {}
+    }
+    // gemma2's output is always the embedding; gpt-oss requires `output.weight`.
+    arch.tied_embeddings =
+        family != Family::GptOss && (family == Family::Gemma2 || table.find("output.weight").is_none());
+    arch.windows = read_windows(keys, family, arch.n_layers)?;
+    arch.moe = read_moe(keys, family, arch.hidden_dim)?;
+    if family == Family::LlamaMoe {
+        // As the dense `llama` reader: the linear factor and `rope_freqs.weight`.
+        arch.rope_scaling = read_rope_scaling(keys, table, arch.head_dim)?;
+    } else {
+        let (scaling, local) = read_family_rope(keys, family, &arch)?;
+        arch.rope_scaling = scaling;
+        arch.local_rope_theta = local;
+    }
+    arch.validate().map_err(|e| refuse(format!("inconsistent {} hyper-parameters: {e}", keys.arch)))?;
+    Ok(arch)
+}
+
+/// Each layer's sliding window, as `load_arch_hparams` and `load_swa_pattern` set them; empty
+/// when every layer attends fully (and for the families whose llama.cpp graph has no sliding
+/// window: qwen3, qwen3moe, phi3 (`Phi SWA is currently disabled`), `llama`).
+fn read_windows(keys: &ArchKeys<'_>, family: Family, n_layers: usize) -> Result<Vec<Option<usize>>, LoadError> {
+    let Some(default_pattern) = family.swa_pattern() else {
+        return Ok(Vec::new());
+    };
+    let n_swa = match family {
+        Family::Gemma2 => keys.int("attention.sliding_window", Some(4096))?,
+        Family::Gemma3 => keys.int("attention.sliding_window", Some(0))?,
+        _ => keys.int("attention.sliding_window", None)?,
+    };
+    if n_swa == 0 {
+        if family == Family::Gemma3 {
+            return Ok(Vec::new());
+        }
+        return Err(LoadError::invalid(
+            keys.path,
+            format!("{} is 0: a sliding window of no tokens is not supported", keys.key("attention.sliding_window")),
+        ));
+    }
+    let pattern_key = keys.key("attention.sliding_window_pattern");
+    let is_swa: Vec<bool> = match keys.meta.get(&pattern_key) {
+        None => (0..n_layers).map(|il| swa_by_pattern(default_pattern, il)).collect(),
+        Some(GgufValue::Array(items)) => {
+            let flags: Option<Vec<bool>> =
+                items.iter().map(|v| v.as_bool().or_else(|| v.as_u64().map(|x| x != 0))).collect();
+            let flags = flags.ok_or_else(|| {
+                LoadError::invalid(keys.path, format!("{pattern_key} is not an array of booleans or integers"))
+            })?;
+            // llama.cpp copies the entries it has; the layers past them stay full.
+            (0..n_layers).map(|il| flags.get(il).copied().unwrap_or(false)).collect()
+        }
+        Some(v) => {
+            let n = v
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| LoadError::invalid(keys.path, format!("{pattern_key} is {v:?}, not a count")))?;
+            (0..n_layers).map(|il| swa_by_pattern(n, il)).collect()
+        }
+    };
+    if !is_swa.contains(&true) {
+        return Ok(Vec::new());
+    }
+    Ok(is_swa.into_iter().map(|s| s.then_some(n_swa)).collect())
+}
+
+/// The mixture of experts of the families that have one (every layer; llama.cpp's qwen3moe
+/// has no dense layers); any other file declaring experts is refused.
+fn read_moe(keys: &ArchKeys<'_>, family: Family, hidden_dim: usize) -> Result<Option<MoeSpec>, LoadError> {
+    let n_experts = keys.int("expert_count", Some(0))?;
+    let shared = keys.int("expert_shared_count", Some(0))?;
+    if shared > 0 {
+        return Err(LoadError::invalid(
+            keys.path,
+            format!("{} is {shared}: shared experts are not supported", keys.key("expert_shared_count")),
+        ));
+    }
+    if !family.has_experts() {
+        if n_experts > 0 {
+            return Err(LoadError::invalid(
+                keys.path,
+                format!(
+                    "{} is {n_experts}: a mixture of experts is not supported for {}",
+                    keys.key("expert_count"),
+                    keys.arch
+                ),
+            ));
+        }
+        return Ok(None);
+    }
+    if n_experts == 0 {
+        return Err(LoadError::invalid(keys.path, format!("{} is missing or 0", keys.key("expert_count"))));
+    }
+    let top_k = keys.int("expert_used_count", None)?;
+    let expert_hidden = match family {
+        // `qwen3moe.cpp`: `n_ff_exp ? n_ff_exp : n_ff / n_expert_used`.
+        Family::Qwen3Moe => keys.int("expert_feed_forward_length", Some(hidden_dim / top_k.max(1)))?,
+        Family::GptOss => keys.int("expert_feed_forward_length", None)?,
+        _ => hidden_dim,
+    };
+    Ok(Some(MoeSpec { n_experts, top_k, expert_hidden, routing: family.routing(), dense_layers: Vec::new() }))
+}
+
+/// RoPE scaling and the sliding-window layers' base, as llama.cpp applies them: `none`,
+/// `linear` ([`RopeScaling::Linear`]) or `yarn` (gpt-oss's; [`RopeScaling::Yarn`] with β 32/1
+/// and truncated correction dims, and attention factor `(1 + 0.1·ln factor)·rope.scaling.attn_factor`,
+/// `llama_context`'s `yarn_attn_factor` times `rope_yarn`'s mscale); gemma3's sliding layers use
+/// `rope.freq_base_swa` (10000 by default) unscaled; gemma2's and gpt-oss's use it when given,
+/// scaled like the others (refused with scaling: [`ModelArch`] leaves those layers unscaled).
+fn read_family_rope(
+    keys: &ArchKeys<'_>,
+    family: Family,
+    arch: &ModelArch,
+) -> Result<(Option<RopeScaling>, Option<f32>), LoadError> {
+    let path = keys.path;
+    let type_key = keys.key("rope.scaling.type");
+    let kind = match keys.meta.get(&type_key) {
+        None => "linear",
+        Some(GgufValue::String(s)) => s.as_str(),
+        Some(other) => return Err(LoadError::invalid(path, format!("{type_key} is {other:?}, not a string"))),
+    };
+    let factor = match keys.meta.get(&keys.key("rope.scaling.factor")) {
+        Some(_) => keys.float("rope.scaling.factor", None)?,
+        None => keys.float("rope.scale_linear", Some(0.0))?,
+    };
+    let scaling = match kind {
+        "none" => None,
+        "linear" if factor == 0.0 || factor == 1.0 => None,
+        "linear" => Some(RopeScaling::Linear { factor }),
+        "yarn" => {
+            let log_mul = keys.float("rope.scaling.yarn_log_mul", Some(0.0))?;
+            if log_mul != 0.0 {
+                return Err(LoadError::invalid(
+                    path,
+                    format!(
+                        "{} is {log_mul}: YaRN's mscale_all_dim is not supported",
+                        keys.key("rope.scaling.yarn_log_mul")
+                    ),
+                ));
+            }
+            let factor = if factor == 0.0 { 1.0 } else { factor };
+            let mscale = if factor <= 1.0 { 1.0 } else { 1.0 + 0.1 * factor.ln() };
+            Some(RopeScaling::Yarn {
+                factor,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                original_max_position_embeddings: keys
+                    .int("rope.scaling.original_context_length", Some(arch.max_seq_len))?,
+                truncate: true,
+                attention_factor: mscale * keys.float("rope.scaling.attn_factor", Some(1.0))?,
+            })
+        }
+        "longrope" => {
+            return Err(LoadError::invalid(
+                path,
+                format!("{type_key} = longrope: LongRoPE (rope_factors_long/rope_factors_short) is not supported"),
+            ));
+        }
+        other => {
+            return Err(LoadError::invalid(
+                path,
+                format!("{type_key} = {other} is not supported; supported: none, linear, yarn"),
+            ));
+        }
+    };
+    let swa_base_key = keys.key("rope.freq_base_swa");
+    let local = if arch.windows.is_empty() {
+        None
+    } else if family == Family::Gemma3 {
+        Some(keys.float("rope.freq_base_swa", Some(10000.0))?)
+    } else if keys.meta.contains_key(&swa_base_key) {
+        let base = keys.float("rope.freq_base_swa", None)?;
+        if base == arch.rope_theta {
+            None
+        } else if scaling.is_some() {
+            return Err(LoadError::invalid(
+                path,
+                format!(
+                    "{swa_base_key} with RoPE scaling: a sliding-window RoPE base whose layers are scaled too is \
+                     not supported"
+                ),
+            ));
+        } else {
+            Some(base)
+        }
+    } else {
+        None
+    };
+    Ok((scaling, local))
+}
+
+/// Block `i`: attention (fused `attn_qkv` or separate q/k/v, optional q/k/v biases as
+/// `create_tensor_qkv`), q/k rows and q/k norms brought to the interleaved layout, the norms the
+/// family has, the FFN (dense, phi3's fused gate‖up, or experts).
+fn read_family_layer(
+    table: &TensorTable<'_>,
+    arch: &ModelArch,
+    family: Family,
+    i: usize,
+) -> Result<LayerWeights, LoadError> {
+    let (dim, hd, rot) = (arch.dim, arch.head_dim, arch.rotary_dim());
+    let (q_dim, kv_dim) = (arch.q_dim(), arch.kv_dim());
+    let t = |suffix: &str, shape: &[usize]| table.tensor(&format!("blk.{i}.{suffix}"), shape);
+    let rope = |x: HostTensor, heads: usize| {
+        if family.rotate_half() {
+            reorder_rows(&x, &rope_row_order(heads, hd, rot), RopeLayout::ToInterleaved)
+        } else {
+            x
+        }
+    };
+    let ([wq, wk, wv], [bq, bk, bv]) = read_qkv(table, i, dim, [q_dim, kv_dim, kv_dim])?;
+    let (wq, wk) = (rope(wq, arch.n_heads), rope(wk, arch.n_kv_heads));
+    let (bq, bk) = (bq.map(|b| rope(b, arch.n_heads)), bk.map(|b| rope(b, arch.n_kv_heads)));
+    let norm_rows = |x: HostTensor| rope(x, 1);
+    let (q_norm, k_norm) = if family.has_qk_norm() {
+        (Some(norm_rows(t("attn_q_norm.weight", &[hd])?)), Some(norm_rows(t("attn_k_norm.weight", &[hd])?)))
+    } else {
+        (None, None)
+    };
+    let gemma = family.is_gemma();
+    let gpt_oss = family == Family::GptOss;
+    let ffn_norm = if gpt_oss { t("post_attention_norm.weight", &[dim])? } else { t("ffn_norm.weight", &[dim])? };
+    let ffn = if arch.has_experts(i) {
+        Ffn::Experts(read_experts(table, arch, family, i)?)
+    } else if family == Family::Phi3 {
+        let h = arch.hidden_dim;
+        let fused = t("ffn_up.weight", &[2 * h, dim])?;
+        let (gate, up) = fused.data.split_at(h * dim);
+        let m = |d: &[f32]| HostTensor { shape: vec![h, dim], data: d.to_vec() };
+        Ffn::Dense(Mlp::new(m(gate), m(up), t("ffn_down.weight", &[dim, h])?))
+    } else {
+        let h = arch.hidden_dim;
+        Ffn::Dense(Mlp::new(
+            t("ffn_gate.weight", &[h, dim])?,
+            t("ffn_up.weight", &[h, dim])?,
+            t("ffn_down.weight", &[dim, h])?,
+        ))
+    };
+    Ok(LayerWeights {
+        attn_norm: t("attn_norm.weight", &[dim])?,
+        wq,
+        wk,
+        wv,
+        wo: t("attn_output.weight", &[dim, q_dim])?,
+        bq,
+        bk,
+        bv,
+        bo: if gpt_oss { Some(t("attn_output.bias", &[dim])?) } else { None },
+        q_norm,
+        k_norm,
+        sinks: if gpt_oss { Some(t("attn_sinks.weight", &[arch.n_heads])?) } else { None },
+        post_attn_norm: if gemma { Some(t("post_attention_norm.weight", &[dim])?) } else { None },
+        ffn_norm,
+        post_ffn_norm: if gemma { Some(t("post_ffw_norm.weight", &[dim])?) } else { None },
+        ffn,
+    })
+}
+
+/// q, k, v weights and optional biases of block `i` as `create_tensor_qkv` loads them: the fused
+/// `attn_qkv` (rows q‖k‖v, with an optional fused bias or separate ones) or `attn_q`/`attn_k`/
+/// `attn_v`, with optional biases.
+///
+/// # Shapes
+/// - `widths`: the q, k, v output widths; weights `[width, dim]`, biases `[width]`.
+fn read_qkv(
+    table: &TensorTable<'_>,
+    i: usize,
+    dim: usize,
+    widths: [usize; 3],
+) -> Result<([HostTensor; 3], [Option<HostTensor>; 3]), LoadError> {
+    let name = |s: &str| format!("blk.{i}.{s}");
+    let total = widths.iter().sum::<usize>();
+    let split = |t: HostTensor, cols: usize| -> [HostTensor; 3] {
+        let mut rest = t.data.as_slice();
+        widths.map(|w| {
+            let (head, tail) = rest.split_at(w * cols);
+            rest = tail;
+            let shape = if cols == 1 && t.shape.len() == 1 { vec![w] } else { vec![w, cols] };
+            HostTensor { shape, data: head.to_vec() }
+        })
+    };
+    let separate_biases = || -> Result<[Option<HostTensor>; 3], LoadError> {
+        Ok([
+            table.optional(&name("attn_q.bias"), &[widths[0]])?,
+            table.optional(&name("attn_k.bias"), &[widths[1]])?,
+            table.optional(&name("attn_v.bias"), &[widths[2]])?,
+        ])
+    };
+    if table.find(&name("attn_qkv.weight")).is_some() {
+        let weights = split(table.tensor(&name("attn_qkv.weight"), &[total, dim])?, dim);
+        let biases = match table.optional(&name("attn_qkv.bias"), &[total])? {
+            Some(b) => split(b, 1).map(Some),
+            None => separate_biases()?,
+        };
+        return Ok((weights, biases));
+    }
+    let weights = [
+        table.tensor(&name("attn_q.weight"), &[widths[0], dim])?,
+        table.tensor(&name("attn_k.weight"), &[widths[1], dim])?,
+        table.tensor(&name("attn_v.weight"), &[widths[2], dim])?,
+    ];
+    Ok((weights, separate_biases()?))
+}
+
+/// Block `i`'s router and experts: `ffn_gate_inp` `[E, dim]` (+ `.bias` `[E]`, gpt-oss),
+/// `ffn_gate_exps`/`ffn_up_exps` `[E, hidden, dim]`, `ffn_down_exps` `[E, dim, hidden]` (ggml
+/// dims innermost first: `{dim, hidden, E}`), gpt-oss's expert biases `[E, hidden]`/`[E, dim]`;
+/// every ggml type the reader reads, row by row across the experts.
+fn read_experts(table: &TensorTable<'_>, arch: &ModelArch, family: Family, i: usize) -> Result<Experts, LoadError> {
+    let name = |s: &str| format!("blk.{i}.{s}");
+    let Some(moe) = &arch.moe else {
+        return Err(LoadError::invalid(table.path, "a layer with experts in a model without experts"));
+    };
+    let (e, h, d) = (moe.n_experts, moe.expert_hidden, arch.dim);
+    let gpt_oss = family == Family::GptOss;
+    let router = table.tensor(&name("ffn_gate_inp.weight"), &[e, d])?;
+    let router_bias = if gpt_oss { Some(table.tensor(&name("ffn_gate_inp.bias"), &[e])?) } else { None };
+    let gate = split_outer(table.tensor(&name("ffn_gate_exps.weight"), &[e, h, d])?);
+    let up = split_outer(table.tensor(&name("ffn_up_exps.weight"), &[e, h, d])?);
+    let down = split_outer(table.tensor(&name("ffn_down_exps.weight"), &[e, d, h])?);
+    let bias = |s: &str, w: usize| -> Result<Vec<Option<HostTensor>>, LoadError> {
+        if gpt_oss {
+            Ok(split_outer(table.tensor(&name(s), &[e, w])?).into_iter().map(Some).collect())
+        } else {
+            Ok(vec![None; e])
+        }
+    };
+    let (gb, ub, db) = (bias("ffn_gate_exps.bias", h)?, bias("ffn_up_exps.bias", h)?, bias("ffn_down_exps.bias", d)?);
+    let experts = (gate.into_iter().zip(up).zip(down))
+        .zip(gb.into_iter().zip(ub).zip(db))
+        .map(|(((gate, up), down), ((gate_bias, up_bias), down_bias))| Mlp {
+            gate,
+            up,
+            down,
+            gate_bias,
+            up_bias,
+            down_bias,
+        })
+        .collect();
+    Ok(Experts { router, router_bias, experts })
+}
+
+/// A tensor split along its outermost dimension.
+///
+/// # Shapes
+/// - `t`: `[n, rest..]`; the result: `n` tensors of `[rest..]`.
+pub(crate) fn split_outer(t: HostTensor) -> Vec<HostTensor> {
+    let n = t.shape.first().copied().unwrap_or(0);
+    let inner: Vec<usize> = t.shape.iter().skip(1).copied().collect();
+    let size = inner.iter().product::<usize>();
+    if size == 0 {
+        return Vec::new();
+    }
+    t.data.chunks_exact(size).take(n).map(|c| HostTensor { shape: inner.clone(), data: c.to_vec() }).collect()
+}
