@@ -68,7 +68,7 @@ fn tiny_arch_variants_write_as_gguf_and_read_back_as_the_dequantized_variant() {
         let mut reference = loaded.model.clone();
         round_to_fp16_reference(&mut reference);
         for scheme in &schemes {
-            let opts = QuantizeOptions { quantize_embeddings: true, quantize_head: true };
+            let opts = QuantizeOptions { quantize_embeddings: true, quantize_head: true, ..Default::default() };
             let q = quantize_model(&reference, scheme, &opts).unwrap_or_else(|e| panic!("{folder} {scheme}: {e}"));
             let path = dir.path().join(format!("{folder}-{scheme}.gguf"));
             let written = write_gguf(&path, &q, &keys);
