@@ -1,7 +1,14 @@
 //! The decoder itself: [`Llama::from_host`] builds a [`Llama`] module tree of [`Block`]s
-//! (attention + [`FeedForward`], each behind an RMSNorm) from a `HostModel`, whose
-//! [`ModelArch`] is the one description of its hyper-parameters; [`Positions`] describes a
-//! left-padded batch.
+//! (attention + a [`BlockFfn`], each behind an RMSNorm, with Gemma's post norms where the model has
+//! them) from a `HostModel`, whose [`ModelArch`] is the one description of its hyper-parameters;
+//! [`Positions`] describes a left-padded batch.
+//!
+//! Host-kernel coverage (`Block::host_kernels_cover`): Llama's block, with q/k/v/o and FFN biases,
+//! runs on the CPU host kernels bit for bit as before. q/k norms, `x·(1 + w)` norms, sandwich norms,
+//! partial rotary, another attention scale, attention soft-capping, sinks, sliding windows and a
+//! GELU-tanh or clamped-SwiGLU FFN are not in the host kernels: such a layer runs as Burn ops over a
+//! device cache (`Llama::new_caches_for` gives it one), and a model with one is not
+//! `steps_match_teacher_forcing`.
 
 use burn::module::{Module, Param};
 use burn::tensor::{DType, Device, Int, Tensor};
@@ -497,7 +504,7 @@ impl Block {
         }
     }
 }
-/// A Llama-family decoder on a device.
+/// A decoder of the Llama family and its descendants (`ModelArch`) on a device.
 #[derive(Module, Debug)]
 pub struct Llama {
     /// Token embedding, `[vocab, dim]`, in the compute dtype, or in f16 in an f32 model on the
