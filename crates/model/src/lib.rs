@@ -11,8 +11,20 @@
 //! Attention runs as Burn's composed ops on a device cache, or as a fused CPU kernel over a
 //! host-memory cache ([`AttentionKernel`]; the default on the CPU backend).
 //!
+//! Beyond Llama's block the model follows what `ModelArch`'s `BlockSpec` and each layer's weights
+//! describe (Qwen3, Gemma 2/3, Phi-3, gpt-oss's dense parts): an explicit head width, per-head q/k
+//! norms, `x·(1 + w)` and sandwich norms, partial rotary, linear and YaRN RoPE and a RoPE per
+//! layer, attention scale and soft cap, sinks, sliding windows, o and FFN biases, GELU-tanh and
+//! clamped SwiGLU, an embedding scale and a final-logit soft cap. The CPU host kernels compute
+//! Llama's block only: a layer with any of these features falls back to Burn's ops (on the CPU
+//! backend too) over a device cache, and `Llama::steps_match_teacher_forcing` is then false.
+//!
 //! Files:
-//! - `llama.rs`: [`Llama`] (built from a `HostModel` and its `ModelArch`) and its blocks (attention + SwiGLU feed-forward).
+//! - `activation.rs`: the gated activations of a feed-forward layer (SwiGLU, GELU-tanh, clamped
+//!   SwiGLU) as Burn ops.
+//! - `llama.rs`: [`Llama`] (built from a `HostModel` and its `ModelArch`) and its blocks (attention + gated
+//!   feed-forward, `BlockFfn`); `block_tests.rs`: its tests against a float64 forward pass of every
+//!   dense feature.
 //! - `attention.rs`, `linear.rs` ([`Projection`]), `norm.rs`, `rope.rs` ([`Rope`]), `cache.rs`
 //!   ([`KvCache`]): the layers as Burn modules, on any device.
 //! - `positions.rs`: [`Positions`], the left-padded layout of a batch.
@@ -25,6 +37,7 @@
 //! Imports run downwards: `llama` → the layer modules → `host` (and `positions`); nothing in
 //! `host` imports a layer module.
 
+mod activation;
 mod attention;
 mod cache;
 mod fake_quant;
@@ -135,3 +148,6 @@ pub fn release_free_memory() {
         libc::malloc_trim(0);
     }
 }
+
+#[cfg(test)]
+mod block_tests;
