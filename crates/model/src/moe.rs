@@ -45,13 +45,14 @@
 use std::sync::Mutex;
 
 use burn::module::Module;
-use burn::tensor::activation::{sigmoid, silu};
 use burn::tensor::{DType, Device, IndexingUpdateOp, Int, Tensor, TensorData};
 use qdrift_codecs::ActivationScale;
 use qdrift_weights::{Activation, Experts, HostTensor, Mlp, MoeSpec, Routing};
 
+use crate::activation::gated;
 use crate::attention::ForwardContext;
 use crate::host::elem::round_to_f16;
+use crate::host::linear::PackedLinear;
 use crate::host::placement;
 use crate::host::swiglu::swiglu;
 use crate::linear::ProjectionStore;
@@ -113,7 +114,10 @@ impl MoeLayer {
             )));
         }
         if spec.top_k == 0 || spec.top_k > n {
-            return Err(ModelError::Arch(format!("layer {layer}: top-k {} must be from 1 to the {n} experts", spec.top_k)));
+            return Err(ModelError::Arch(format!(
+                "layer {layer}: top-k {} must be from 1 to the {n} experts",
+                spec.top_k
+            )));
         }
         let dim = experts.router.shape.get(1).copied().unwrap_or(0);
         let name = |s: &str| format!("model.layers.{layer}.mlp.{s}");
@@ -193,7 +197,12 @@ impl MoeLayer {
     ///
     /// # Shapes
     /// - `x`: `[batch, seq, dim]` → `[batch, seq, dim]`
-    fn forward_tensors(&self, x: Tensor<3>, context: &ForwardContext, record: Option<&Mutex<RoutingRecord>>) -> Tensor<3> {
+    fn forward_tensors(
+        &self,
+        x: Tensor<3>,
+        context: &ForwardContext,
+        record: Option<&Mutex<RoutingRecord>>,
+    ) -> Tensor<3> {
         let ([b, t, dim], dtype, device) = (x.dims(), x.dtype(), x.device());
         let rows = b * t;
         // The router at reference precision: its input unrounded.
@@ -232,7 +241,10 @@ impl MoeLayer {
     /// rounded, are rounded on the host ([`placement::ffn_on_host`]).
     pub(crate) fn runs_on_host(&self, context: &ForwardContext) -> bool {
         let packed = self.router.packed().is_some()
-            && self.experts.iter().all(|x| x.gate.packed().is_some() && x.up.packed().is_some() && x.down.packed().is_some());
+            && self
+                .experts
+                .iter()
+                .all(|x| x.gate.packed().is_some() && x.up.packed().is_some() && x.down.packed().is_some());
         self.activation == Activation::SwiGlu && placement::ffn_on_host(packed, context.rounds_on_host())
     }
 
@@ -251,7 +263,9 @@ impl MoeLayer {
         context: &ForwardContext,
         record: Option<&Mutex<RoutingRecord>>,
     ) -> Vec<f32> {
-        let packed = |p: &Projection| p.packed().expect("MoeLayer::forward_host on a layer packed on the host");
+        fn packed(p: &Projection) -> &PackedLinear {
+            p.packed().expect("MoeLayer::forward_host on a layer packed on the host")
+        }
         let (f16, k, w) = (context.f16, self.top_k, self.expert_hidden());
         let router = packed(&self.router);
         let (rows, dim) = (b * t, router.inp());
@@ -264,7 +278,8 @@ impl MoeLayer {
             .iter()
             .zip(&groups)
             .map(|(expert, g)| {
-                let xe: Vec<f32> = g.rows.iter().flat_map(|&r| &xs[r as usize * dim..(r as usize + 1) * dim]).copied().collect();
+                let xe: Vec<f32> =
+                    g.rows.iter().flat_map(|&r| &xs[r as usize * dim..(r as usize + 1) * dim]).copied().collect();
                 let n = g.rows.len();
                 let gate = packed(&expert.gate).forward_rounded(&xe, n, f16);
                 let mut h = packed(&expert.up).forward_rounded(&xe, n, f16);
@@ -311,7 +326,8 @@ impl MoeLayer {
     /// `pad` columns skips only padding).
     fn slot_view(&self, context: &ForwardContext, [b, t]: [usize; 2]) -> [usize; 3] {
         let (k, w) = (self.top_k, self.expert_hidden());
-        let per_sequence = context.activations.is_some_and(|(q, _)| q.scale == ActivationScale::Tensor) && context.start == 0;
+        let per_sequence =
+            context.activations.is_some_and(|(q, _)| q.scale == ActivationScale::Tensor) && context.start == 0;
         if per_sequence { [b, t, k * w] } else { [b, t * k, w] }
     }
 
@@ -321,7 +337,11 @@ impl MoeLayer {
             // A poisoned lock only means another pass panicked while recording; the record is
             // still a list of whole entries.
             let mut record = record.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            record.layers.push(LayerRoutes { layer: self.layer, shape: [b, t, self.top_k], experts: routes.experts.clone() });
+            record.layers.push(LayerRoutes {
+                layer: self.layer,
+                shape: [b, t, self.top_k],
+                experts: routes.experts.clone(),
+            });
         }
     }
 
@@ -351,11 +371,7 @@ impl MoeLayer {
             }
         }
         let slots = context.round_input(slots.reshape(self.slot_view(context, [b, t]))).reshape([b * t * k, w]);
-        groups
-            .iter()
-            .zip(hidden)
-            .map(|(g, h)| h.map(|_| slots.clone().select(0, indices(&g.slots, &device))))
-            .collect()
+        groups.iter().zip(hidden).map(|(g, h)| h.map(|_| slots.clone().select(0, indices(&g.slots, &device)))).collect()
     }
 }
 
@@ -388,20 +404,6 @@ fn check(name: &str, t: &HostTensor, expected: &[usize]) -> Result<(), ModelErro
 /// - returns `[indices.len()]`
 fn indices(indices: &[i64], device: &Device) -> Tensor<1, Int> {
     Tensor::from_data(TensorData::new(indices.to_vec(), [indices.len()]), device)
-}
-
-// TODO(h30-model merge): replaced by `crate::activation::gated`.
-fn gated(a: Activation, gate: Tensor<3>, up: Tensor<3>) -> Tensor<3> {
-    match a {
-        Activation::SwiGlu => silu(gate) * up,
-        Activation::GeluTanh => gate.clone().mul_scalar(0.5) * up,
-        Activation::ClampedSwiGlu { alpha, limit } => {
-            let limit = f64::from(limit);
-            let g = gate.clamp_max(limit);
-            let u = up.clamp(-limit, limit);
-            (u + 1.0) * (g.clone() * sigmoid(g.mul_scalar(f64::from(alpha))))
-        }
-    }
 }
 
 /// The experts chosen in one MoE layer's forward pass.
@@ -577,7 +579,8 @@ mod tests {
                 .collect(),
         };
         let spec = MoeSpec { n_experts: n, top_k: k, expert_hidden: hid, routing, dense_layers: vec![] };
-        let activation = if biases { Activation::ClampedSwiGlu { alpha: 1.702, limit: 7.0 } } else { Activation::SwiGlu };
+        let activation =
+            if biases { Activation::ClampedSwiGlu { alpha: 1.702, limit: 7.0 } } else { Activation::SwiGlu };
         Setup { experts, spec, activation, dim }
     }
 
@@ -587,23 +590,19 @@ mod tests {
         MoeLayer::from_host(3, &s.experts, &s.spec, s.activation, store).expect("builds")
     }
 
-    fn context(positions: &Positions, activations: Option<(ActivationQuant, RoundingPath)>, t: usize, f16: bool) -> ForwardContext<'_> {
+    fn context(
+        positions: &Positions,
+        activations: Option<(ActivationQuant, RoundingPath)>,
+        t: usize,
+        f16: bool,
+    ) -> ForwardContext<'_> {
         let real = match activations {
             Some((q, RoundingPath::Device)) if q.scale == ActivationScale::Tensor => {
                 Some(positions.real(0, t, &Device::flex()))
             }
             _ => None,
         };
-        ForwardContext {
-            rope: None,
-            host_rope: None,
-            mask: None,
-            positions,
-            start: 0,
-            activations,
-            real,
-            f16,
-        }
+        ForwardContext { rope: None, host_rope: None, mask: None, positions, start: 0, activations, real, f16 }
     }
 
     fn input(b: usize, t: usize, dim: usize, seed: u64, dtype: DType) -> Tensor<3> {
@@ -745,11 +744,17 @@ mod tests {
         let s = setup(32, 8, 3, 16, Routing::SoftmaxTopK { renormalize: false }, false);
         let (b, t, lengths) = (2, 6, [3usize, 6]);
         let positions = Positions::left_padded(&lengths);
-        let quants = [None, Some(ActivationScale::Token), Some(ActivationScale::Tensor), Some(ActivationScale::TokenGroup(8))];
+        let quants =
+            [None, Some(ActivationScale::Token), Some(ActivationScale::Tensor), Some(ActivationScale::TokenGroup(8))];
         for dtype in [DType::F32, DType::F16] {
             let layer = build(&s, dtype, LinearKernel::Host);
             for scale in quants {
-                let q = scale.map(|scale| (ActivationQuant { format: DynamicFormat::Fp8(qdrift_codecs::Fp8Format::E4M3), scale }, RoundingPath::Host));
+                let q = scale.map(|scale| {
+                    (
+                        ActivationQuant { format: DynamicFormat::Fp8(qdrift_codecs::Fp8Format::E4M3), scale },
+                        RoundingPath::Host,
+                    )
+                });
                 let ctx = context(&positions, q, t, dtype == DType::F16);
                 assert!(layer.runs_on_host(&ctx));
                 let x = input(b, t, s.dim, 21, dtype);
@@ -854,7 +859,8 @@ mod tests {
                     let own = &x[(row * t + pad) * s.dim..(row + 1) * t * s.dim];
                     let alone_positions = Positions::left_padded(&[len]);
                     let ctx = context(&alone_positions, Some((q, path)), len, false);
-                    let alone = host_f32(layer.forward(upload(own, [1, len, s.dim], DType::F32, &Device::flex()), &ctx));
+                    let alone =
+                        host_f32(layer.forward(upload(own, [1, len, s.dim], DType::F32, &Device::flex()), &ctx));
                     assert_eq!(
                         &batch[(row * t + pad) * s.dim..(row + 1) * t * s.dim],
                         &alone[..],
@@ -920,8 +926,11 @@ mod tests {
         let x = input(b, t, dim, 3, DType::F32);
         for kernel in [LinearKernel::Host, LinearKernel::Burn] {
             let store = ProjectionStore { dtype: DType::F32, device: &device, kernel, compact: true };
-            let p = |out: usize, inp: usize, seed: u64| Projection::new(&tensor(&[out, inp], seed, 0.3).data, [out, inp], None, store);
-            let dense = FeedForward { gate: p(k * width, dim, 1), up: p(k * width, dim, 2), down: p(dim, k * width, 3) };
+            let p = |out: usize, inp: usize, seed: u64| {
+                Projection::new(&tensor(&[out, inp], seed, 0.3).data, [out, inp], None, store)
+            };
+            let dense =
+                FeedForward { gate: p(k * width, dim, 1), up: p(k * width, dim, 2), down: p(dim, k * width, 3) };
             let layer = build(&s, DType::F32, kernel);
             let dense_ms = best_ms(5, || host_f32(dense.forward(x.clone(), &ctx)));
             let moe_ms = best_ms(5, || host_f32(layer.forward(x.clone(), &ctx)));
