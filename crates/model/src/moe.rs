@@ -92,8 +92,8 @@ pub struct MoeLayer {
 }
 
 impl MoeLayer {
-    /// The layer of block `layer` from its host weights, checked against `dim` (the router's
-    /// input width) and `spec`, stored as `store` says (as the dense layer's projections).
+    /// The layer of block `layer` from its host weights, checked against `spec` and the router's
+    /// input width (`dim`), stored as `store` says (as the dense layer's projections).
     ///
     /// # Errors
     /// [`ModelError::Arch`] when `spec` and the weights disagree on the number of experts or
@@ -288,7 +288,8 @@ impl MoeLayer {
             })
             .collect();
         if context.activations.is_some() {
-            // The slot layout of `round_down_inputs`, built as its zeros plus each value.
+            // The slot layout of `round_down_inputs`, built as its zeros plus each value (so −0
+            // becomes +0 there as here).
             let mut slots = vec![0.0f32; rows * k * w];
             for (h, g) in hidden.iter().zip(&groups) {
                 for (&s, hv) in g.slots.iter().zip(h.chunks_exact(w)) {
@@ -896,6 +897,38 @@ mod tests {
         let s = setup(16, 4, 2, 8, Routing::TopKSoftmax, true);
         for kernel in [LinearKernel::Host, LinearKernel::Burn] {
             assert_eq!(build(&s, DType::F32, kernel).host_weights(), s.experts, "{kernel:?}");
+        }
+    }
+
+    /// On wgpu (Mesa's lavapipe here, any adapter in CI) the layer gives flex's values within f32
+    /// rounding, gpt-oss's routing and biases included; the run-time choices (top-k on the host)
+    /// are the same.
+    #[test]
+    fn wgpu_matches_flex() {
+        use burn::tensor::DeviceKind;
+        use burn::tensor::wgpu::WgpuBackend;
+        let wgpu = match Device::wgpu_options().device_kind(DeviceKind::Cpu).graphics_api(WgpuBackend::Vulkan).init() {
+            Ok(d) => d,
+            Err(e) => panic!("wgpu_matches_flex needs a Vulkan adapter (CI installs Mesa's lavapipe): {e}"),
+        };
+        let (b, t) = (2, 5);
+        let positions = Positions::left_padded(&[3, 5]);
+        for (routing, biases) in [(Routing::SoftmaxTopK { renormalize: true }, false), (Routing::TopKSoftmax, true)] {
+            let s = setup(32, 8, 2, 16, routing, biases);
+            let x = values(b * t * s.dim, 31, 1.0);
+            let flex =
+                host_f32(build(&s, DType::F32, LinearKernel::Burn).forward(
+                    upload(&x, [b, t, s.dim], DType::F32, &Device::flex()),
+                    &context(&positions, None, t, false),
+                ));
+            let store = ProjectionStore { dtype: DType::F32, device: &wgpu, kernel: LinearKernel::Burn, compact: true };
+            let layer = MoeLayer::from_host(0, &s.experts, &s.spec, s.activation, store).expect("builds");
+            let got = host_f32(
+                layer.forward(upload(&x, [b, t, s.dim], DType::F32, &wgpu), &context(&positions, None, t, false)),
+            );
+            for (i, (g, f)) in got.iter().zip(&flex).enumerate() {
+                assert!((g - f).abs() <= 1e-5 * (1.0 + f.abs()), "{routing:?} [{i}]: wgpu {g} vs flex {f}");
+            }
         }
     }
 
