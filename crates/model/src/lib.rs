@@ -140,3 +140,6 @@ pub fn release_free_memory() {
         libc::malloc_trim(0);
     }
 }
+
+#[cfg(test)]
+mod block_tests;
