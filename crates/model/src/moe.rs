@@ -165,12 +165,13 @@ impl MoeLayer {
         self.experts.first().map_or(0, |x| x.gate.out_features())
     }
 
-    /// [`MoeLayer::forward_recording`] without a record.
+    /// [`MoeLayer::forward_recording`] into the pass's record, when it keeps one
+    /// (`ForwardContext::routing`).
     ///
     /// # Shapes
     /// - `x`: `[batch, seq, dim]` → `[batch, seq, dim]`
     pub(crate) fn forward(&self, x: Tensor<3>, context: &ForwardContext) -> Tensor<3> {
-        self.forward_recording(x, context, None)
+        self.forward_recording(x, context, context.routing)
     }
 
     /// Routes every row of `x`, runs each expert once on its rows and adds their weighted outputs
@@ -236,16 +237,21 @@ impl MoeLayer {
         out.reshape([b, t, dim])
     }
 
-    /// Whether [`MoeLayer::forward_host`] runs this layer: the router and every expert are packed
-    /// on the host, the activation is SwiGLU (the one with a host kernel) and activations, if
-    /// rounded, are rounded on the host ([`placement::ffn_on_host`]).
+    /// Whether [`MoeLayer::forward_host`] runs this layer: [`MoeLayer::packed_on_host`], and
+    /// activations, if rounded, are rounded on the host ([`placement::ffn_on_host`]).
     pub(crate) fn runs_on_host(&self, context: &ForwardContext) -> bool {
-        let packed = self.router.packed().is_some()
+        placement::ffn_on_host(self.packed_on_host(), context.rounds_on_host())
+    }
+
+    /// Whether the router and every expert are packed on the host and the host kernels cover the
+    /// activation (SwiGLU; the others run as Burn ops).
+    pub(crate) fn packed_on_host(&self) -> bool {
+        self.activation == Activation::SwiGlu
+            && self.router.packed().is_some()
             && self
                 .experts
                 .iter()
-                .all(|x| x.gate.packed().is_some() && x.up.packed().is_some() && x.down.packed().is_some());
-        self.activation == Activation::SwiGlu && placement::ffn_on_host(packed, context.rounds_on_host())
+                .all(|x| x.gate.packed().is_some() && x.up.packed().is_some() && x.down.packed().is_some())
     }
 
     /// [`MoeLayer::forward_recording`] on host values, with the same operations and roundings as
@@ -534,9 +540,10 @@ fn softmax(x: &[f32], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Positions;
-    use crate::host::placement::{LinearKernel, RoundingPath};
+    use crate::host::placement::{AttentionKernel, LinearKernel, RoundingPath};
+    use crate::{Llama, Positions};
     use qdrift_codecs::{ActivationQuant, DynamicFormat};
+    use qdrift_weights::{Ffn, HostModel};
 
     /// Deterministic values in `[-scale, scale)` (a 64-bit LCG).
     fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
@@ -603,7 +610,17 @@ mod tests {
             }
             _ => None,
         };
-        ForwardContext { rope: None, host_rope: None, mask: None, positions, start: 0, activations, real, f16 }
+        ForwardContext {
+            rope: None,
+            host_rope: None,
+            mask: None,
+            positions,
+            start: 0,
+            activations,
+            real,
+            f16,
+            routing: None,
+        }
     }
 
     fn input(b: usize, t: usize, dim: usize, seed: u64, dtype: DType) -> Tensor<3> {
@@ -932,6 +949,83 @@ mod tests {
         }
     }
 
+    /// The "tiny" preset (2 layers, dim 32) with a mixture of experts in layer 0 (4 experts of
+    /// width 24, top-2) and its dense FFN in layer 1, all weights f16 values.
+    fn tiny_moe(routing: Routing) -> HostModel {
+        let mut m = qdrift_load::synthetic_model("tiny", 5).expect("tiny").model;
+        let s = setup(m.arch.dim, 4, 2, 24, routing, false);
+        m.arch.moe = Some(MoeSpec { dense_layers: vec![1], ..s.spec });
+        m.layers[0].ffn = Ffn::Experts(s.experts);
+        m.round_to_f16();
+        m
+    }
+
+    const TOKENS: [i32; 9] = [1, 75, 104, 3, 319, 200, 42, 7, 7];
+
+    /// Logits of every position (the first `split` tokens as one pass, then one per step), with
+    /// the routing record of the passes.
+    fn model_logits(model: &Llama, split: usize, kernel: AttentionKernel) -> (Vec<f32>, RoutingRecord) {
+        let device = model.device();
+        let ids = |t: &[i32]| Tensor::<2, Int>::from_data(TensorData::new(t.to_vec(), [1, t.len()]), &device);
+        let positions = Positions::left_padded(&[TOKENS.len()]);
+        let mut caches = model.new_caches_for(1, TOKENS.len(), kernel);
+        let record = Mutex::new(RoutingRecord::default());
+        let mut out = Vec::new();
+        for chunk in std::iter::once(&TOKENS[..split]).chain(TOKENS[split..].chunks(1)) {
+            let h = model.forward_hidden_recording(ids(chunk), &positions, &mut caches, true, Some(&record));
+            out.extend(host_f32(model.head(h)));
+        }
+        (out, record.into_inner().expect("not poisoned"))
+    }
+
+    /// A model with experts builds from its host model and gives it back; on the CPU backend its
+    /// decoding steps give teacher forcing's logits bit for bit, over host or device caches, and
+    /// Burn's linear layers agree within f32 rounding; the routing record holds layer 0's choices
+    /// of every pass, the same whichever way the columns came.
+    #[test]
+    fn a_model_with_experts_runs_as_one_with_dense_layers() {
+        for routing in ROUTINGS {
+            let host = tiny_moe(routing);
+            let model = Llama::from_host_with(&host, DType::F32, &Device::flex(), LinearKernel::Host).expect("builds");
+            assert!(model.host_weights() == host, "{routing:?} round trip");
+            assert!(model.steps_match_teacher_forcing(), "{routing:?}: the experts run on the host");
+            let (forced, forced_routes) = model_logits(&model, TOKENS.len(), AttentionKernel::Host);
+            let (stepped, stepped_routes) = model_logits(&model, 3, AttentionKernel::Host);
+            assert_eq!(forced_routes.layers.len(), 1);
+            assert_eq!((forced_routes.layers[0].layer, forced_routes.layers[0].shape), (0, [1, TOKENS.len(), 2]));
+            assert_eq!(stepped_routes.layers.len(), 1 + TOKENS.len() - 3);
+            let steps: Vec<u32> = stepped_routes.layers.iter().flat_map(|l| l.experts.clone()).collect();
+            assert_eq!(steps, forced_routes.layers[0].experts, "{routing:?}: the same choices");
+            let same = |a: &[f32], b: &[f32], what: &str| {
+                let diff = a.iter().zip(b).position(|(x, y)| x.to_bits() != y.to_bits());
+                let delta = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+                assert!(diff.is_none(), "{routing:?} {what}: first difference at {diff:?}, max {delta:e}");
+            };
+            same(&stepped, &forced, "steps against teacher forcing");
+            same(&model_logits(&model, 3, AttentionKernel::Composed).0, &forced, "device caches");
+            let burn = Llama::from_host_with(&host, DType::F32, &Device::flex(), LinearKernel::Burn).expect("builds");
+            assert!(burn.host_weights() == host, "{routing:?} round trip (Burn)");
+            let (got, _) = model_logits(&burn, 3, AttentionKernel::Composed);
+            let delta = got.iter().zip(&forced).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            assert!(delta < 1e-4, "{routing:?}: Burn's linear layers {delta:e} from the host's");
+        }
+    }
+
+    #[test]
+    fn experts_the_architecture_and_the_weights_disagree_on_are_refused() {
+        let mut host = tiny_moe(Routing::TopKSoftmax);
+        host.arch.moe.as_mut().expect("moe").dense_layers = vec![];
+        let e = Llama::from_host(&host, DType::F32, &Device::flex()).expect_err("layer 1 is dense");
+        assert!(e.to_string().contains("layer 1 has a dense feed-forward layer"), "{e}");
+        host.arch.moe.as_mut().expect("moe").dense_layers = vec![0, 1];
+        let e = Llama::from_host(&host, DType::F32, &Device::flex()).expect_err("layer 0 has experts");
+        assert!(e.to_string().contains("layer 0 has experts"), "{e}");
+        let mut host = tiny_moe(Routing::TopKSoftmax);
+        host.arch.moe.as_mut().expect("moe").top_k = 5;
+        let e = Llama::from_host(&host, DType::F32, &Device::flex()).expect_err("top-k");
+        assert!(e.to_string().contains("top-k 5"), "{e}");
+    }
+
     /// Milliseconds of the fastest of `runs` calls of `f` (after one warm-up call).
     fn best_ms(runs: usize, f: impl Fn() -> Vec<f32>) -> f64 {
         std::hint::black_box(f());
@@ -962,8 +1056,12 @@ mod tests {
             let p = |out: usize, inp: usize, seed: u64| {
                 Projection::new(&tensor(&[out, inp], seed, 0.3).data, [out, inp], None, store)
             };
-            let dense =
-                FeedForward { gate: p(k * width, dim, 1), up: p(k * width, dim, 2), down: p(dim, k * width, 3) };
+            let dense = FeedForward {
+                gate: p(k * width, dim, 1),
+                up: p(k * width, dim, 2),
+                down: p(dim, k * width, 3),
+                activation: Activation::SwiGlu,
+            };
             let layer = build(&s, DType::F32, kernel);
             let dense_ms = best_ms(5, || host_f32(dense.forward(x.clone(), &ctx)));
             let moe_ms = best_ms(5, || host_f32(layer.forward(x.clone(), &ctx)));
