@@ -979,7 +979,7 @@ mod tests {
     }
 
     /// A model with experts builds from its host model and gives it back; on the CPU backend its
-    /// decoding steps give teacher forcing's logits bit for bit, over host or device caches, and
+    /// decoding steps give teacher forcing's logits bit for bit (host caches), device caches and
     /// Burn's linear layers agree within f32 rounding; the routing record holds layer 0's choices
     /// of every pass, the same whichever way the columns came.
     #[test]
@@ -1002,7 +1002,10 @@ mod tests {
                 assert!(diff.is_none(), "{routing:?} {what}: first difference at {diff:?}, max {delta:e}");
             };
             same(&stepped, &forced, "steps against teacher forcing");
-            same(&model_logits(&model, 3, AttentionKernel::Composed).0, &forced, "device caches");
+            // Burn's composed attention over device caches sums in another order.
+            let (composed, _) = model_logits(&model, 3, AttentionKernel::Composed);
+            let delta = composed.iter().zip(&forced).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            assert!(delta < 1e-5, "{routing:?}: device caches {delta:e} from host caches");
             let burn = Llama::from_host_with(&host, DType::F32, &Device::flex(), LinearKernel::Burn).expect("builds");
             assert!(burn.host_weights() == host, "{routing:?} round trip (Burn)");
             let (got, _) = model_logits(&burn, 3, AttentionKernel::Composed);
