@@ -53,6 +53,9 @@ pub(crate) struct ForwardContext<'a> {
     /// Whether the model computes in f16: a rounded activation (`q × scale`) is then stored as
     /// the f16 value a tensor of the model's dtype holds, on the host as on the device.
     pub f16: bool,
+    /// Where the mixture-of-experts layers append the experts they chose
+    /// ([`crate::MoeLayer::forward_recording`]), when the caller asked for them.
+    pub routing: Option<&'a std::sync::Mutex<crate::RoutingRecord>>,
 }
 
 impl ForwardContext<'_> {

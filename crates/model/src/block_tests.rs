@@ -563,8 +563,10 @@ fn partial_rotary_leaves_the_tail_unchanged() {
     assert_ne!(&y[16 * 2..16 * 2 + 12], &x[16 * 2..16 * 2 + 12], "position 5 rotates");
 }
 
+/// An architecture with experts over dense weights is refused, naming the layer and the
+/// mixture of experts (the experts themselves are `moe.rs`'s tests).
 #[test]
-fn only_the_mixture_of_experts_is_refused_by_name() {
+fn experts_missing_from_the_weights_are_refused_by_name() {
     let mut host = qwen3();
     host.arch.moe = Some(qdrift_weights::MoeSpec {
         n_experts: 2,
@@ -574,5 +576,9 @@ fn only_the_mixture_of_experts_is_refused_by_name() {
         dense_layers: Vec::new(),
     });
     let e = Llama::from_host(&host, DType::F32, &Device::flex()).expect_err("refused");
-    assert!(e.to_string().contains("a mixture of experts"), "{e}");
+    assert!(
+        e.to_string().contains("layer 0 has a dense feed-forward layer")
+            && e.to_string().contains("a mixture of experts"),
+        "{e}"
+    );
 }

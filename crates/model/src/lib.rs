@@ -44,6 +44,7 @@ mod fake_quant;
 mod host;
 mod linear;
 mod llama;
+mod moe;
 mod norm;
 mod positions;
 mod rope;
@@ -55,6 +56,7 @@ pub use host::placement::{AttentionKernel, LinearKernel, RoundingPath};
 pub use host::threads::{in_pool, single_threaded};
 pub use linear::Projection;
 pub use llama::{Llama, ModelError};
+pub use moe::{LayerRoutes, MoeLayer, RoutingRecord};
 pub use positions::Positions;
 pub use rope::Rope;
 

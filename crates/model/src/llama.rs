@@ -23,6 +23,7 @@ use crate::host::isa::{Isa, IsaError};
 use crate::host::placement::{self, AttentionKernel, LinearKernel, RoundingPath};
 use crate::host::swiglu::swiglu;
 use crate::linear::ProjectionStore;
+use crate::moe::{MoeLayer, RoutingRecord};
 use crate::norm::RmsNorm;
 use crate::{KvCache, Positions, Projection, Rope, host_f32, upload, upload_owned};
 
@@ -117,9 +118,6 @@ impl Llama {
         if host.layers.len() != arch.n_layers {
             return Err(ModelError::Arch(format!("{} layers given, {} expected", host.layers.len(), arch.n_layers)));
         }
-        unsupported(host).map_or(Ok(()), |what| {
-            Err(ModelError::Arch(format!("{} is not supported yet: {what}", arch.architecture)))
-        })?;
         let layers = host
             .layers
             .iter()
@@ -250,10 +248,27 @@ impl Uploader<'_> {
         })
     }
 
-    /// Layer `i`'s feed-forward layer.
+    /// Layer `i`'s feed-forward layer: dense, or a mixture of experts ([`MoeLayer`]) where the
+    /// architecture says so ([`ModelArch::has_experts`]) and the weights agree.
     fn ffn(&self, arch: &ModelArch, i: usize, l: &LayerWeights) -> Result<BlockFfn, ModelError> {
-        let Some(mlp) = l.mlp() else {
-            return Err(ModelError::Arch(format!("layer {i}: a mixture of experts is not supported yet")));
+        let spec = arch.moe.as_ref().filter(|_| arch.has_experts(i));
+        let mlp = match (&l.ffn, spec) {
+            (Ffn::Dense(m), None) => m,
+            (Ffn::Experts(e), Some(spec)) => {
+                check(&format!("model.layers.{i}.mlp.gate.weight"), &e.router, &[spec.n_experts, arch.dim])?;
+                let layer = MoeLayer::from_host(i, e, spec, arch.block.activation, self.store)?;
+                return Ok(BlockFfn::Experts(layer));
+            }
+            (Ffn::Experts(_), None) => {
+                return Err(ModelError::Arch(format!(
+                    "layer {i} has experts, but the architecture says its feed-forward layer is dense"
+                )));
+            }
+            (Ffn::Dense(_), Some(_)) => {
+                return Err(ModelError::Arch(format!(
+                    "layer {i} has a dense feed-forward layer, but the architecture says it is a mixture of experts"
+                )));
+            }
         };
         let (d, hid) = (arch.dim, arch.hidden_dim);
         let w = |s: &str| format!("model.layers.{i}.mlp.{s}");
@@ -263,15 +278,6 @@ impl Uploader<'_> {
             down: self.linear(&w("down_proj"), &mlp.down, mlp.down_bias.as_ref(), [d, hid])?,
             activation: arch.block.activation,
         }))
-    }
-}
-
-/// What the model does not compute yet, named, for a host model that needs it.
-fn unsupported(host: &HostModel) -> Option<&'static str> {
-    if host.arch.moe.is_some() || host.layers.iter().any(|l| l.experts().is_some()) {
-        Some("a mixture of experts")
-    } else {
-        None
     }
 }
 
@@ -358,12 +364,13 @@ impl FeedForward {
     }
 }
 
-/// A block's feed-forward layer: dense (a mixture of experts, `crate::moe`, is to join as a
-/// second variant).
+/// A block's feed-forward layer: dense, or a mixture of experts (`moe.rs`).
 #[derive(Module, Debug)]
 pub enum BlockFfn {
     /// One gated feed-forward layer.
     Dense(FeedForward),
+    /// A router and its experts, each run on the rows routed to it.
+    Experts(MoeLayer),
 }
 
 impl BlockFfn {
@@ -372,6 +379,7 @@ impl BlockFfn {
     pub(crate) fn forward(&self, x: Tensor<3>, context: &ForwardContext) -> Tensor<3> {
         match self {
             Self::Dense(f) => f.forward(x, context),
+            Self::Experts(m) => m.forward(x, context),
         }
     }
 
@@ -379,6 +387,7 @@ impl BlockFfn {
     fn runs_on_host(&self, context: &ForwardContext) -> bool {
         match self {
             Self::Dense(f) => f.runs_on_host(context),
+            Self::Experts(m) => m.runs_on_host(context),
         }
     }
 
@@ -386,6 +395,7 @@ impl BlockFfn {
     fn packed_on_host(&self) -> bool {
         match self {
             Self::Dense(f) => f.packed_on_host(),
+            Self::Experts(m) => m.packed_on_host(),
         }
     }
 
@@ -396,6 +406,7 @@ impl BlockFfn {
     fn forward_host(&self, xs: Vec<f32>, shape: [usize; 2], context: &ForwardContext) -> Vec<f32> {
         match self {
             Self::Dense(f) => f.forward_host(xs, shape, context),
+            Self::Experts(m) => m.forward_host(xs, shape, context, context.routing),
         }
     }
 
@@ -403,6 +414,7 @@ impl BlockFfn {
     fn host_weights(&self) -> Ffn {
         match self {
             Self::Dense(f) => Ffn::Dense(f.host_weights()),
+            Self::Experts(m) => Ffn::Experts(m.host_weights()),
         }
     }
 }
@@ -574,14 +586,15 @@ impl Llama {
     /// [`ModelError::Runtime`] when a ggml KV-cache format does not fit the cache rows
     /// (`kv_heads × head_dim` not a multiple of 32), or per-token-group activation scales do not
     /// divide a linear layer's input width (`dim` for q/k/v and gate/up, `heads × head_dim` for o,
-    /// `hidden_dim` for down).
+    /// `hidden_dim` for down, `expert_hidden` for an expert's down).
     pub fn set_runtime_quant(&mut self, runtime: RuntimeQuant) -> Result<(), ModelError> {
         if let Some(kv) = runtime.kv_cache {
             kv.check_row(self.arch.n_kv_heads, self.arch.head_dim())?;
         }
         if let Some(a) = runtime.activations {
             let c = &self.arch;
-            for cols in [c.dim, c.n_heads * c.head_dim(), c.hidden_dim] {
+            let experts = c.moe.as_ref().map(|m| m.expert_hidden);
+            for cols in [c.dim, c.n_heads * c.head_dim(), c.hidden_dim].into_iter().chain(experts) {
                 a.check_width(cols)?;
             }
         }
@@ -673,6 +686,25 @@ impl Llama {
         caches: &mut [KvCache],
         all_positions: bool,
     ) -> Tensor<3> {
+        self.forward_hidden_recording(tokens, positions, caches, all_positions, None)
+    }
+
+    /// [`Llama::forward_hidden`], appending to `routing` (when given) the experts each
+    /// mixture-of-experts layer chose for every new column: one [`crate::LayerRoutes`] per such
+    /// layer, `[batch, new, top_k]` expert ids in order of weight, in the order the layers ran.
+    /// The choices are the same with or without a record.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, new]`
+    /// - returns `[batch, new, dim]` (or `[batch, 1, dim]`), in the compute dtype
+    pub fn forward_hidden_recording(
+        &self,
+        tokens: Tensor<2, Int>,
+        positions: &Positions,
+        caches: &mut [KvCache],
+        all_positions: bool,
+        routing: Option<&std::sync::Mutex<RoutingRecord>>,
+    ) -> Tensor<3> {
         let [b, t] = tokens.dims();
         let start = caches.first().map_or(0, KvCache::len);
         let device = tokens.device();
@@ -695,7 +727,7 @@ impl Llama {
         let host_rope = tables.host_rope.then(|| self.ropes.iter().map(|r| r.host_tables(&rows, f16)).collect());
         let rope =
             tables.device_rope.then(|| self.ropes.iter().map(|r| r.tables(&rows, self.dtype, &device)).collect());
-        let context = ForwardContext { rope, host_rope, mask, positions, start, activations, real, f16 };
+        let context = ForwardContext { rope, host_rope, mask, positions, start, activations, real, f16, routing };
 
         let dim = self.embedding.val().dims()[1];
         let mut x = self.embedding.val().select(0, tokens.reshape([b * t]));
@@ -813,6 +845,7 @@ mod tests {
             if kernel == LinearKernel::Host {
                 let stored = |m: &Llama| match &m.layers[0].ffn {
                     BlockFfn::Dense(f) => format!("{:?}", f.down.packed().expect("host")),
+                    BlockFfn::Experts(_) => panic!("the tiny preset is dense"),
                 };
                 assert!(stored(&compact).contains("f16") && stored(&wide).contains("f32"));
             }
