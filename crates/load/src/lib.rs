@@ -104,6 +104,6 @@ pub use qdrift_weights::{
     Activation, BlockSpec, Experts, Ffn, HostModel, HostTensor, LayerWeights, LinearName, Mlp, ModelArch, MoeSpec,
     NormStyle, RopeScaling, Routing,
 };
-pub use rope_layout::rotate_half_row_order;
+pub use rope_layout::{rotate_half_row_order, rotate_half_row_order_partial};
 pub use synthetic::{SYNTHETIC_PRESETS, SYNTHETIC_STD, byte_tokenizer, synthetic_arch, synthetic_model};
 pub use tokenizer::{Llama2cTokenizer, SpecialIds, Tokenizer};

@@ -15,10 +15,26 @@ use qdrift_weights::HostTensor;
 ///
 /// Rotate-half row `r` of a written matrix is interleaved row `order[r]`; to read a
 /// rotate-half matrix back into the interleaved layout, put its row `r` at row `order[r]`.
-/// `head_dim` must be even (RoPE rotates pairs).
+/// `head_dim` must be even (RoPE rotates pairs). [`rotate_half_row_order_partial`] with
+/// `rotary_dim = head_dim`.
 pub fn rotate_half_row_order(n_heads: usize, head_dim: usize) -> Vec<usize> {
-    let half = head_dim / 2;
-    (0..n_heads).flat_map(|h| (0..2).flat_map(move |a| (0..half).map(move |i| h * head_dim + 2 * i + a))).collect()
+    rotate_half_row_order_partial(n_heads, head_dim, head_dim)
+}
+
+/// [`rotate_half_row_order`] for partial rotary (Phi-3's `partial_rotary_factor`): RoPE rotates
+/// the first `rotary_dim` rows of each head only, so only they are permuted
+/// (`order[h·head_dim + a·rotary_dim/2 + i] = h·head_dim + 2i + a`); rows `rotary_dim..head_dim`
+/// of a head stay where they are in both layouts (`transformers`' `apply_rotary_pos_emb` of
+/// `Phi3Attention` passes `q[..., rotary_dim:]` through). `rotary_dim` must be even and at most
+/// `head_dim`.
+pub fn rotate_half_row_order_partial(n_heads: usize, head_dim: usize, rotary_dim: usize) -> Vec<usize> {
+    let half = rotary_dim / 2;
+    (0..n_heads)
+        .flat_map(|h| {
+            let rotated = (0..2).flat_map(move |a| (0..half).map(move |i| h * head_dim + 2 * i + a));
+            rotated.chain((2 * half..head_dim).map(move |r| h * head_dim + r))
+        })
+        .collect()
 }
 
 /// Which way [`permute_rows`] goes.
@@ -30,16 +46,27 @@ pub(crate) enum RopeLayout {
     ToRotateHalf,
 }
 
-/// Rows of `t` permuted between the two layouts, `n_heads` heads of `rows / n_heads` rows each:
-/// [`RopeLayout::ToInterleaved`] puts rotate-half row `r` at `order[r]`; [`RopeLayout::ToRotateHalf`]
-/// moves interleaved row `order[r]` to row `r` (`order` from [`rotate_half_row_order`]).
+/// Rows of `t` permuted between the two layouts, `n_heads` heads of `rows / n_heads` rows each,
+/// all of them rotated: [`permute_head_rows`] with `rotary_dim` = the head's rows.
 ///
 /// # Shapes
 /// - `t`: `[rows, cols]` (a weight) or `[rows]` (a bias); the result has the same shape.
 pub(crate) fn permute_rows(t: &HostTensor, n_heads: usize, to: RopeLayout) -> HostTensor {
-    let rows = t.shape[0];
+    let head_dim = t.shape.first().copied().unwrap_or(0) / n_heads.max(1);
+    permute_head_rows(t, n_heads, head_dim, to)
+}
+
+/// Rows of `t` permuted between the two layouts, `n_heads` heads of `rows / n_heads` rows each of
+/// which RoPE rotates the first `rotary_dim`: [`RopeLayout::ToInterleaved`] puts rotate-half row
+/// `r` at `order[r]`; [`RopeLayout::ToRotateHalf`] moves interleaved row `order[r]` to row `r`
+/// (`order` from [`rotate_half_row_order_partial`]). A q/k norm weight `[head_dim]` is one head.
+///
+/// # Shapes
+/// - `t`: `[rows, cols]` (a weight) or `[rows]` (a bias, a q/k norm); the result has the same shape.
+pub(crate) fn permute_head_rows(t: &HostTensor, n_heads: usize, rotary_dim: usize, to: RopeLayout) -> HostTensor {
+    let rows = t.shape.first().copied().unwrap_or(0);
     let cols = t.data.len() / rows.max(1);
-    let order = rotate_half_row_order(n_heads, rows / n_heads.max(1));
+    let order = rotate_half_row_order_partial(n_heads, rows / n_heads.max(1), rotary_dim);
     let mut data = vec![0.0; t.data.len()];
     for (r, &o) in order.iter().enumerate() {
         let (dst, src) = match to {
@@ -84,5 +111,33 @@ mod tests {
         let firsts: Vec<f32> = half.data.chunks(3).map(|row| row[0]).collect();
         assert_eq!(firsts, [0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0]);
         assert_eq!(permute_rows(&half, 2, RopeLayout::ToInterleaved), t);
+    }
+
+    #[test]
+    fn partial_rotary_permutes_the_rotated_rows_of_each_head_only() {
+        // Phi-3's tiny shape: head_dim 16, rotary_dim 12: pairs (j, j+6) for j < 6, rows 12..16 stay.
+        let (heads, hd, rot) = (2, 16, 12);
+        let order = rotate_half_row_order_partial(heads, hd, rot);
+        for h in 0..heads {
+            for i in 0..rot / 2 {
+                for a in 0..2 {
+                    assert_eq!(order[h * hd + a * rot / 2 + i], h * hd + 2 * i + a);
+                }
+            }
+            for r in rot..hd {
+                assert_eq!(order[h * hd + r], h * hd + r);
+            }
+        }
+        assert_eq!(rotate_half_row_order_partial(3, 8, 8), rotate_half_row_order(3, 8));
+        // Rotate-half row 1 of head 0 (pair (1, 7)'s first) lands at interleaved row 2; row 13 stays.
+        let t = HostTensor { shape: vec![32], data: (0..32).map(|r| r as f32).collect() };
+        let inter = permute_head_rows(&t, heads, rot, RopeLayout::ToInterleaved);
+        assert_eq!(&inter.data[..16], &[0., 6., 1., 7., 2., 8., 3., 9., 4., 10., 5., 11., 12., 13., 14., 15.]);
+        assert_eq!(inter.data[16], 16.0);
+        assert_eq!(inter.data[17], 22.0);
+        assert_eq!(permute_head_rows(&inter, heads, rot, RopeLayout::ToRotateHalf), t);
+        // A q/k norm weight is one head.
+        let norm = HostTensor { shape: vec![4], data: vec![0., 1., 2., 3.] };
+        assert_eq!(permute_head_rows(&norm, 1, 4, RopeLayout::ToInterleaved).data, [0., 2., 1., 3.]);
     }
 }

@@ -1,19 +1,121 @@
-//! `config.json` → [`ModelArch`]: `transformers`' `LlamaConfig`, `MistralConfig` and
-//! `Qwen2Config` (field names and their defaults: `rms_norm_eps` 1e-6, `rope_theta` 10000,
-//! `max_position_embeddings` 2048, `num_key_value_heads` = `num_attention_heads`,
-//! `tie_word_embeddings` false), Mistral's and Qwen2's sliding window, Llama 3.1+'s `rope_scaling`
-//! and `transformers` ≥ 5's `rope_parameters`, and the options qdrift refuses (see
-//! [`crate::read_hf_folder`]).
+//! `config.json` → [`ModelArch`], read as `transformers` 5.25.0 reads it (its config classes'
+//! field names and defaults, and `modeling_rope_utils.py`'s `RotaryEmbeddingConfigMixin`, which
+//! folds the older top-level `rope_theta`, `rope_scaling` and `partial_rotary_factor` into
+//! `rope_parameters`), and the features qdrift refuses, each by name.
+//!
+//! | class | `transformers` source | what it adds to the Llama block |
+//! |---|---|---|
+//! | `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM` | `LlamaConfig`, `MistralConfig`, `Qwen2Config` | Qwen2's q/k/v biases; Mistral's and Qwen2's sliding window caps `max_seq_len` |
+//! | `Qwen3ForCausalLM` | `Qwen3Config`, `Qwen3Attention` | q/k norms, `head_dim`, `layer_types` |
+//! | `Qwen3MoeForCausalLM` | `Qwen3MoeConfig`, `Qwen3MoeSparseMoeBlock` | experts (`SoftmaxTopK`, `norm_topk_prob`), `mlp_only_layers`, `decoder_sparse_step` |
+//! | `Gemma2ForCausalLM` | `Gemma2Config`, `Gemma2Attention` | `(1+w)` norms, four norms, GELU-tanh, `query_pre_attn_scalar`, both soft caps, √hidden embedding scale |
+//! | `Gemma3ForCausalLM` (`gemma3_text`) | `Gemma3TextConfig`, `Gemma3Attention` | Gemma 2's, minus the attention cap (5.25 ignores `attn_logit_softcapping`), plus q/k norms and a local RoPE θ |
+//! | `Phi3ForCausalLM` | `Phi3Config`, `Phi3Attention` | fused `qkv_proj`/`gate_up_proj`, `partial_rotary_factor` |
+//! | `MixtralForCausalLM` | `MixtralConfig`, `MixtralSparseMoeBlock` | experts (`SoftmaxTopK`, always renormalized) |
+//! | `GptOssForCausalLM` | `GptOssConfig`, `GptOssAttention`, `GptOssExperts` | q/k/v/o biases, sinks, YaRN, experts (`TopKSoftmax`), clamped SwiGLU |
 
 use std::path::Path;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::LoadError;
-use qdrift_weights::{BlockSpec, ModelArch, RopeScaling};
+use qdrift_weights::{Activation, BlockSpec, ModelArch, MoeSpec, NormStyle, RopeScaling, Routing};
 
-/// Architectures [`read_hf_folder`] reads, as `config.json` names them.
-pub const SUPPORTED_ARCHITECTURES: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM";
+/// Architectures [`read_hf_folder`](crate::read_hf_folder) reads, as `config.json` names them.
+pub const SUPPORTED_ARCHITECTURES: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
+     Qwen3ForCausalLM, Qwen3MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, \
+     MixtralForCausalLM, GptOssForCausalLM";
+
+/// A `transformers` model class qdrift reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+    Qwen3Moe,
+    Gemma2,
+    Gemma3,
+    Phi3,
+    Mixtral,
+    GptOss,
+}
+
+/// `(architectures[0], model_type, class)`.
+const CLASSES: [(&str, &str, Class); 10] = [
+    ("LlamaForCausalLM", "llama", Class::Llama),
+    ("MistralForCausalLM", "mistral", Class::Mistral),
+    ("Qwen2ForCausalLM", "qwen2", Class::Qwen2),
+    ("Qwen3ForCausalLM", "qwen3", Class::Qwen3),
+    ("Qwen3MoeForCausalLM", "qwen3_moe", Class::Qwen3Moe),
+    ("Gemma2ForCausalLM", "gemma2", Class::Gemma2),
+    ("Gemma3ForCausalLM", "gemma3_text", Class::Gemma3),
+    ("Phi3ForCausalLM", "phi3", Class::Phi3),
+    ("MixtralForCausalLM", "mixtral", Class::Mixtral),
+    ("GptOssForCausalLM", "gpt_oss", Class::GptOss),
+];
+
+impl Class {
+    /// Gemma 2 or 3: `(1 + w)` norms, four of them per block.
+    pub(crate) fn gemma(self) -> bool {
+        matches!(self, Class::Gemma2 | Class::Gemma3)
+    }
+
+    /// The `rms_norm_eps` of the class's config when `config.json` has none.
+    fn default_eps(self) -> f32 {
+        match self {
+            Class::Phi3 | Class::Mixtral | Class::GptOss => 1e-5,
+            _ => 1e-6,
+        }
+    }
+
+    /// `default_theta` of the class's config (Gemma 3's global one).
+    fn default_theta(self) -> f64 {
+        match self {
+            Class::Mixtral | Class::Gemma3 => 1e6,
+            Class::GptOss => 150000.0,
+            _ => 10000.0,
+        }
+    }
+
+    /// Tensors every layer of the class has at least (a linear counts one tensor, as a quantized
+    /// one has at least one): attention's four (Phi-3: two, fused) and two norms, plus q/k norms,
+    /// Gemma's two more norms, gpt-oss's four biases, sinks, router weight and bias and four
+    /// expert tensors; a mixture of experts at least its router (Qwen3-MoE layers may be dense:
+    /// three).
+    fn min_tensors_per_layer(self) -> usize {
+        match self {
+            Class::Llama | Class::Mistral | Class::Qwen2 => 9,
+            Class::Qwen3 | Class::Qwen3Moe | Class::Gemma2 => 11,
+            Class::Gemma3 => 13,
+            Class::Phi3 => 6,
+            Class::Mixtral => 8,
+            Class::GptOss => 17,
+        }
+    }
+}
+
+/// Which attention biases a layer has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AttnBias {
+    /// None.
+    None,
+    /// `q_proj`, `k_proj`, `v_proj` (Qwen2).
+    Qkv,
+    /// All four (`attention_bias: true`; gpt-oss's default).
+    Qkvo,
+}
+
+/// What `config.json` says: the architecture and how the reader finds its tensors.
+#[derive(Debug, Clone)]
+pub(crate) struct HfArch {
+    /// The architecture.
+    pub(crate) arch: ModelArch,
+    /// The class, which names the tensors.
+    pub(crate) class: Class,
+    /// The attention biases the checkpoint stores.
+    pub(crate) attn_bias: AttnBias,
+}
 
 /// `config.json`'s fields, read with `transformers`' defaults; errors name the file.
 struct Config<'a> {
@@ -29,20 +131,34 @@ impl Config<'_> {
     /// A non-negative integer, else `default` (absent or `null`); missing without a default is an
     /// error.
     fn int(&self, key: &str, default: Option<usize>) -> Result<usize, LoadError> {
+        match self.get(key) {
+            None => default.ok_or_else(|| self.bad(format!("{key} is missing"))),
+            Some(v) => as_int(v).ok_or_else(|| self.bad(format!("{key} is {v}, not a non-negative integer"))),
+        }
+    }
+
+    /// An optional non-negative integer: `default` when absent, `None` when `null`.
+    fn opt_int(&self, key: &str, default: Option<usize>) -> Result<Option<usize>, LoadError> {
         match self.c.get(key) {
-            Some(Value::Null) | None => default.ok_or_else(|| self.bad(format!("{key} is missing"))),
-            Some(v) => v
-                .as_u64()
-                .and_then(|v| usize::try_from(v).ok())
-                .ok_or_else(|| self.bad(format!("{key} is {v}, not a non-negative integer"))),
+            None => Ok(default),
+            Some(Value::Null) => Ok(None),
+            Some(v) => as_int(v).map(Some).ok_or_else(|| self.bad(format!("{key} is {v}, not a non-negative integer"))),
         }
     }
 
     /// A number, else `default` (absent or `null`).
     fn float(&self, key: &str, default: f32) -> Result<f32, LoadError> {
+        Ok(self.opt_float(key, Some(default))?.unwrap_or(default))
+    }
+
+    /// An optional number: `default` when absent, `None` when `null`.
+    fn opt_float(&self, key: &str, default: Option<f32>) -> Result<Option<f32>, LoadError> {
         match self.c.get(key) {
-            Some(Value::Null) | None => Ok(default),
-            Some(v) => v.as_f64().map(|f| f as f32).ok_or_else(|| self.bad(format!("{key} is {v}, not a number"))),
+            None => Ok(default),
+            Some(Value::Null) => Ok(None),
+            Some(v) => {
+                v.as_f64().map(|f| Some(f as f32)).ok_or_else(|| self.bad(format!("{key} is {v}, not a number")))
+            }
         }
     }
 
@@ -51,99 +167,259 @@ impl Config<'_> {
         self.c.get(key).and_then(Value::as_bool) == Some(true)
     }
 
+    /// A boolean, else `default` (absent, `null` or not a boolean).
+    fn bool_or(&self, key: &str, default: bool) -> bool {
+        self.c.get(key).and_then(Value::as_bool).unwrap_or(default)
+    }
+
     /// A present, non-`null` value.
     fn get(&self, key: &str) -> Option<&Value> {
         self.c.get(key).filter(|v| !v.is_null())
     }
+
+    /// A present, non-`null` string.
+    fn str(&self, key: &str) -> Option<&str> {
+        self.get(key).and_then(Value::as_str)
+    }
 }
 
-/// The hyper-parameters of `config.json`: architecture → refused options → context → RoPE →
-/// shapes.
-pub(crate) fn parse_config(path: &Path, c: &Value) -> Result<ModelArch, LoadError> {
+fn as_int(v: &Value) -> Option<usize> {
+    v.as_u64().and_then(|v| usize::try_from(v).ok())
+}
+
+/// The hyper-parameters of `config.json`: refused features → class → shapes (`num_hidden_layers`
+/// checked against the `tensor_count` tensors the safetensors files hold before anything per
+/// layer is allocated) → RoPE → block → windows → experts.
+pub(crate) fn parse_config(path: &Path, c: &Value, tensor_count: usize) -> Result<HfArch, LoadError> {
     let config = Config { path, c };
-    let architecture = config_architecture(&config)?;
+    refuse_features(&config)?;
+    let class = config_class(&config)?;
     let dim = config.int("hidden_size", None)?;
     let n_heads = config.int("num_attention_heads", None)?;
-    check_options(&config, &architecture)?;
-    let max_seq_len = max_seq_len(&config, &architecture)?;
-    let (rope_theta, rope_scaling) = rope(&config)?;
+    // `getattr(config, "head_dim", None) or hidden_size // num_attention_heads`.
+    let head_dim = match config.int("head_dim", Some(0))? {
+        0 => dim.checked_div(n_heads).unwrap_or(0),
+        h => h,
+    };
+    let n_layers = config.int("num_hidden_layers", None)?;
+    check_layer_count(&config, class, n_layers, tensor_count)?;
+    let (activation, attn_bias) = check_options(&config, class)?;
+    let max_seq_len = max_seq_len(&config, class)?;
+    let rope = rope(&config, class, head_dim, max_seq_len)?;
+    let gemma = class.gemma();
+    let block = BlockSpec {
+        norm: if gemma { NormStyle::OnePlusWeight } else { NormStyle::Weight },
+        sandwich_norms: gemma,
+        qk_norm: matches!(class, Class::Qwen3 | Class::Qwen3Moe | Class::Gemma3),
+        rotary_dim: rope.rotary_dim.filter(|&r| r != head_dim),
+        // Gemma2Attention/Gemma3Attention: `scaling = query_pre_attn_scalar ** -0.5`.
+        attn_scale: if gemma {
+            Some(f64::from(config.float("query_pre_attn_scalar", 256.0)?).powf(-0.5) as f32)
+        } else {
+            None
+        },
+        // Gemma 3 stores attn_logit_softcapping but its attention (5.25) never applies it.
+        attn_softcap: if class == Class::Gemma2 {
+            config.opt_float("attn_logit_softcapping", Some(50.0))?
+        } else {
+            None
+        },
+        sinks: class == Class::GptOss,
+        activation,
+    };
+    let final_logit_softcap = match class {
+        Class::Gemma2 => config.opt_float("final_logit_softcapping", Some(30.0))?,
+        Class::Gemma3 => config.opt_float("final_logit_softcapping", None)?,
+        _ => None,
+    };
     let arch = ModelArch {
-        architecture,
+        architecture: CLASSES.iter().find(|(_, _, k)| *k == class).map_or("", |(a, _, _)| a).to_string(),
         dim,
         hidden_dim: config.int("intermediate_size", None)?,
-        n_layers: config.int("num_hidden_layers", None)?,
+        n_layers,
         n_heads,
         n_kv_heads: config.int("num_key_value_heads", Some(n_heads))?,
-        head_dim: dim / n_heads,
+        head_dim,
         vocab_size: config.int("vocab_size", None)?,
         max_seq_len,
-        norm_eps: config.float("rms_norm_eps", 1e-6)?,
-        rope_theta,
-        tied_embeddings: config.flag("tie_word_embeddings"),
-        rope_scaling,
-        block: BlockSpec::default(),
-        windows: Vec::new(),
-        local_rope_theta: None,
-        embedding_scale: None,
-        final_logit_softcap: None,
-        moe: None,
+        norm_eps: config.float("rms_norm_eps", class.default_eps())?,
+        rope_theta: rope.theta,
+        tied_embeddings: config.bool_or("tie_word_embeddings", gemma),
+        rope_scaling: rope.scaling,
+        block,
+        windows: windows(&config, class, n_layers)?,
+        local_rope_theta: rope.local_theta,
+        // Gemma3TextScaledWordEmbedding: `embed_scale = hidden_size ** 0.5`.
+        embedding_scale: gemma.then(|| (dim as f64).sqrt() as f32),
+        final_logit_softcap,
+        moe: moe(&config, class, n_layers)?,
     };
-    check_head_dim(&config, dim, n_heads)?;
     arch.validate().map_err(|e| config.bad(format!("inconsistent hyper-parameters: {e}")))?;
-    Ok(arch)
+    check_sizes(&config, &arch)?;
+    Ok(HfArch { arch, class, attn_bias })
 }
 
-/// `architectures[0]`, else the class `model_type` implies; one of [`SUPPORTED_ARCHITECTURES`].
-fn config_architecture(config: &Config<'_>) -> Result<String, LoadError> {
-    let c = config.c;
-    let architecture = c
-        .get("architectures")
-        .and_then(Value::as_array)
-        .and_then(|a| a.first())
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .or_else(|| {
-            c.get("model_type").and_then(Value::as_str).and_then(|t| match t {
-                "llama" => Some("LlamaForCausalLM".to_string()),
-                "mistral" => Some("MistralForCausalLM".to_string()),
-                "qwen2" => Some("Qwen2ForCausalLM".to_string()),
-                _ => None,
-            })
-        })
-        .ok_or_else(|| {
-            let t = c.get("model_type").and_then(Value::as_str).unwrap_or("(none)");
-            config.bad(format!(
-                "unsupported architecture: no architectures[0] and model_type {t}; supported: {SUPPORTED_ARCHITECTURES}"
-            ))
-        })?;
-    if !matches!(architecture.as_str(), "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM") {
-        return Err(
-            config.bad(format!("unsupported architecture {architecture}; supported: {SUPPORTED_ARCHITECTURES}"))
-        );
-    }
-    Ok(architecture)
-}
-
-/// Refuses an activation other than SiLU and Llama's optional attention/MLP biases.
-fn check_options(config: &Config<'_>, architecture: &str) -> Result<(), LoadError> {
-    if let Some(act) = config.c.get("hidden_act").and_then(Value::as_str)
-        && act != "silu"
-    {
-        return Err(config.bad(format!("hidden_act {act} is not supported; supported: silu (SwiGLU)")));
-    }
-    if architecture == "LlamaForCausalLM" && (config.flag("attention_bias") || config.flag("mlp_bias")) {
-        return Err(config.bad("attention_bias/mlp_bias = true is not supported for LlamaForCausalLM".into()));
+/// Refuses hyper-parameters whose tensor sizes overflow `usize`: the reader computes the shapes
+/// it expects (fused `[q; k; v]` and `[gate; up]` rows, gpt-oss's `[E, dim, 2I]` experts) before
+/// the files confirm them.
+fn check_sizes(config: &Config<'_>, a: &ModelArch) -> Result<(), LoadError> {
+    let m = |x: usize, y: usize| x.checked_mul(y);
+    let q = m(a.n_heads, a.head_dim);
+    let kv = m(a.n_kv_heads, a.head_dim);
+    let sizes = [
+        q.and_then(|q| kv.and_then(|kv| m(2, kv)).and_then(|kv2| q.checked_add(kv2))).and_then(|r| m(r, a.dim)),
+        m(2, a.hidden_dim).and_then(|h| m(h, a.dim)),
+        m(a.vocab_size, a.dim),
+        a.moe
+            .as_ref()
+            .map_or(Some(0), |e| m(2, e.expert_hidden).and_then(|h| m(h, a.dim)).and_then(|h| m(h, e.n_experts))),
+    ];
+    if sizes.iter().any(Option::is_none) {
+        return Err(config.bad(
+            "hyper-parameters overflow: the tensor sizes they imply (heads × head_dim × hidden_size, \
+             intermediate_size × hidden_size, experts) do not fit in memory addresses"
+                .into(),
+        ));
     }
     Ok(())
 }
 
-/// `max_position_embeddings`, capped by a sliding window where one applies.
-fn max_seq_len(config: &Config<'_>, architecture: &str) -> Result<usize, LoadError> {
+/// Refuses a `num_hidden_layers` the safetensors files cannot hold, before anything per layer
+/// is allocated (an absurd count would otherwise abort the process on allocation).
+fn check_layer_count(config: &Config<'_>, class: Class, n_layers: usize, present: usize) -> Result<(), LoadError> {
+    let per_layer = class.min_tensors_per_layer();
+    if n_layers.checked_mul(per_layer).is_none_or(|needed| needed > present) {
+        return Err(config.bad(format!(
+            "num_hidden_layers {n_layers} needs at least {per_layer} tensors per layer but the safetensors files \
+             hold {present} tensors in all"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses, by name, the features of today's checkpoints that qdrift cannot compute, whatever
+/// the class: they are checked before the class so that the message names the feature.
+fn refuse_features(config: &Config<'_>) -> Result<(), LoadError> {
+    let refuse = |feature: &str, field: &str| {
+        Err(config.bad(format!("{feature} ({field}) is not supported; qdrift reads {SUPPORTED_ARCHITECTURES}")))
+    };
+    let arch0 = config.get("architectures").and_then(Value::as_array).and_then(|a| a.first()).and_then(Value::as_str);
+    if config.get("text_config").is_some() || config.get("vision_config").is_some() {
+        let field = if config.get("text_config").is_some() { "text_config" } else { "vision_config" };
+        return refuse("a multimodal model (Gemma 3, Llama 4, ... ForConditionalGeneration)", field);
+    }
+    if let Some(a) = arch0.filter(|a| a.ends_with("ForConditionalGeneration")) {
+        return refuse("a multimodal model", &format!("architectures[0] = {a}"));
+    }
+    for key in ["kv_lora_rank", "q_lora_rank"] {
+        if config.get(key).is_some() {
+            return refuse("DeepSeek's multi-head latent attention (MLA)", key);
+        }
+    }
+    if let Some(types) = config.get("layer_types").and_then(Value::as_array)
+        && let Some((i, t)) =
+            types.iter().enumerate().find(|(_, t)| !matches!(t.as_str(), Some("full_attention" | "sliding_attention")))
+    {
+        let kind = t.as_str().map_or_else(|| t.to_string(), str::to_string);
+        return refuse(
+            &format!("{kind} layers (Qwen3-Next/Qwen3.5 linear attention, ...)"),
+            &format!("layer_types[{i}]"),
+        );
+    }
+    if let Some(map) = config.c.as_object()
+        && let Some(key) = map.keys().find(|k| k.starts_with("linear_") && !map[*k].is_null())
+    {
+        return refuse("linear-attention layers (Qwen3-Next/Qwen3.5 Gated DeltaNet)", key);
+    }
+    if config.get("attention_chunk_size").is_some() {
+        return refuse("Llama 4's chunked attention", "attention_chunk_size");
+    }
+    if config.get("no_rope_layers").is_some() {
+        return refuse("layers without RoPE (NoPE)", "no_rope_layers");
+    }
+    for key in [
+        "shared_expert_intermediate_size",
+        "moe_shared_expert_intermediate_size",
+        "n_shared_experts",
+        "num_shared_experts",
+    ] {
+        if config.get(key).is_some_and(|v| v.as_u64() != Some(0)) {
+            return refuse("shared experts", key);
+        }
+    }
+    if config.flag("use_bidirectional_attention") {
+        return refuse("bidirectional attention", "use_bidirectional_attention");
+    }
+    Ok(())
+}
+
+/// `architectures[0]`, else the class `model_type` implies; one of [`SUPPORTED_ARCHITECTURES`].
+fn config_class(config: &Config<'_>) -> Result<Class, LoadError> {
+    let c = config.c;
+    if let Some(a) = c.get("architectures").and_then(Value::as_array).and_then(|a| a.first()).and_then(Value::as_str) {
+        return CLASSES
+            .iter()
+            .find(|(name, _, _)| *name == a)
+            .map(|(_, _, k)| *k)
+            .ok_or_else(|| config.bad(format!("unsupported architecture {a}; supported: {SUPPORTED_ARCHITECTURES}")));
+    }
+    let t = c.get("model_type").and_then(Value::as_str).unwrap_or("(none)");
+    CLASSES.iter().find(|(_, mt, _)| *mt == t).map(|(_, _, k)| *k).ok_or_else(|| {
+        config.bad(format!(
+            "unsupported architecture: no architectures[0] and model_type {t}; supported: {SUPPORTED_ARCHITECTURES}"
+        ))
+    })
+}
+
+/// The FFN's activation and the attention biases, refusing the options the class cannot have:
+/// `hidden_act` (Gemma: `hidden_activation`) other than `silu` (Gemma also `gelu_pytorch_tanh`;
+/// gpt-oss ignores it: `GptOssExperts` always computes its clamped SwiGLU), Llama's
+/// `attention_bias`/`mlp_bias`.
+fn check_options(config: &Config<'_>, class: Class) -> Result<(Activation, AttnBias), LoadError> {
+    let activation = match class {
+        Class::GptOss => Activation::ClampedSwiGlu {
+            alpha: config.float("swiglu_alpha", 1.702)?,
+            limit: config.float("swiglu_limit", 7.0)?,
+        },
+        Class::Gemma2 | Class::Gemma3 => match config.str("hidden_activation").unwrap_or("gelu_pytorch_tanh") {
+            "gelu_pytorch_tanh" => Activation::GeluTanh,
+            "silu" => Activation::SwiGlu,
+            act => {
+                return Err(config.bad(format!(
+                    "hidden_activation {act} is not supported; supported: gelu_pytorch_tanh (GELU-tanh gated), silu \
+                     (SwiGLU)"
+                )));
+            }
+        },
+        _ => match config.str("hidden_act") {
+            None | Some("silu") => Activation::SwiGlu,
+            Some(act) => {
+                return Err(config.bad(format!("hidden_act {act} is not supported; supported: silu (SwiGLU)")));
+            }
+        },
+    };
+    if class == Class::Llama && (config.flag("attention_bias") || config.flag("mlp_bias")) {
+        return Err(config.bad("attention_bias/mlp_bias = true is not supported for LlamaForCausalLM".into()));
+    }
+    let attn_bias = match class {
+        Class::Qwen2 => AttnBias::Qkv,
+        Class::Qwen3 | Class::Qwen3Moe | Class::Gemma2 | Class::Gemma3 if config.flag("attention_bias") => {
+            AttnBias::Qkvo
+        }
+        Class::GptOss if config.bool_or("attention_bias", true) => AttnBias::Qkvo,
+        _ => AttnBias::None,
+    };
+    Ok((activation, attn_bias))
+}
+
+/// `max_position_embeddings`, capped by Mistral's and Qwen2's sliding window (within the window,
+/// sliding-window attention is full causal attention); the newer classes describe their windows
+/// per layer ([`windows`]).
+fn max_seq_len(config: &Config<'_>, class: Class) -> Result<usize, LoadError> {
     let max_seq_len = config.int("max_position_embeddings", Some(2048))?;
-    // Mistral: full attention equals sliding-window attention for contexts within the window.
-    let sliding = match architecture {
-        "MistralForCausalLM" => true,
-        "Qwen2ForCausalLM" => config.flag("use_sliding_window"),
+    let sliding = match class {
+        Class::Mistral => true,
+        Class::Qwen2 => config.flag("use_sliding_window"),
         _ => false,
     };
     let window = config.c.get("sliding_window").and_then(Value::as_u64).and_then(|w| usize::try_from(w).ok());
@@ -153,65 +429,339 @@ fn max_seq_len(config: &Config<'_>, architecture: &str) -> Result<usize, LoadErr
     })
 }
 
-/// RoPE's theta and scaling. `transformers` ≥ 5 writes `rope_parameters` (`{rope_type,
-/// rope_theta, ...}`) in place of `rope_theta` and `rope_scaling`; earlier versions write those
-/// two, which win when both are present.
-fn rope(config: &Config<'_>) -> Result<(f32, Option<RopeScaling>), LoadError> {
-    let rope_parameters = config.get("rope_parameters");
-    let rope_scaling = match config.get("rope_scaling") {
-        Some(r) => parse_rope_scaling(r).map_err(|m| config.bad(format!("rope_scaling: {m}")))?,
-        None => match rope_parameters {
-            Some(r) => parse_rope_scaling(r).map_err(|m| config.bad(format!("rope_parameters: {m}")))?,
-            None => None,
-        },
+/// Each layer's sliding window (empty when none has one): `layer_types` (`sliding_attention` →
+/// `sliding_window`), else the class's default pattern (`Qwen3Config`: layers from
+/// `max_window_layers`; `Gemma2Config`, `GptOssConfig`: even layers; `Gemma3TextConfig`: all but
+/// every `sliding_window_pattern`-th); Qwen3-MoE, Phi-3 and Mixtral slide in every layer when
+/// `sliding_window` is set. Qwen3's and Qwen3-MoE's `sliding_window` counts only with
+/// `use_sliding_window`.
+fn windows(config: &Config<'_>, class: Class, n_layers: usize) -> Result<Vec<Option<usize>>, LoadError> {
+    let qwen_window = || -> Result<Option<usize>, LoadError> {
+        if config.flag("use_sliding_window") { config.opt_int("sliding_window", Some(4096)) } else { Ok(None) }
     };
-    let theta =
-        config.get("rope_theta").or_else(|| rope_parameters.and_then(|r| r.get("rope_theta"))).filter(|v| !v.is_null());
-    let rope_theta = match theta {
-        Some(v) => {
-            v.as_f64().map(|f| f as f32).ok_or_else(|| config.bad(format!("rope_theta is {v}, not a number")))?
+    let (window, default_sliding): (Option<usize>, Box<dyn Fn(usize) -> bool>) = match class {
+        Class::Llama | Class::Mistral | Class::Qwen2 => return Ok(Vec::new()),
+        Class::Qwen3 => {
+            let w = qwen_window()?;
+            let from = config.int("max_window_layers", Some(28))?;
+            (w, Box::new(move |i| w.is_some() && i >= from))
         }
-        None => 10000.0,
+        Class::Qwen3Moe => {
+            let w = qwen_window()?;
+            (w, Box::new(move |_| w.is_some()))
+        }
+        Class::Phi3 | Class::Mixtral => {
+            let w = config.opt_int("sliding_window", None)?;
+            (w, Box::new(move |_| w.is_some()))
+        }
+        Class::Gemma2 => (config.opt_int("sliding_window", Some(4096))?, Box::new(|i| (i + 1) % 2 != 0)),
+        Class::GptOss => (config.opt_int("sliding_window", Some(128))?, Box::new(|i| (i + 1) % 2 != 0)),
+        Class::Gemma3 => {
+            // `Gemma3TextConfig.__post_init__`: `sliding_window_pattern` (older configs), which
+            // 5.25 saves as `_sliding_window_pattern`; 6 by default.
+            let key = if config.get("sliding_window_pattern").is_some() {
+                "sliding_window_pattern"
+            } else {
+                "_sliding_window_pattern"
+            };
+            let pattern = config.int(key, Some(6))?;
+            if pattern == 0 {
+                return Err(config.bad(format!("{key} is 0; it must be positive")));
+            }
+            (config.opt_int("sliding_window", Some(4096))?, Box::new(move |i| (i + 1) % pattern != 0))
+        }
     };
-    Ok((rope_theta, rope_scaling))
+    let explicit = matches!(class, Class::Qwen3 | Class::Gemma2 | Class::Gemma3 | Class::GptOss);
+    let sliding: Vec<bool> = match config.get("layer_types").and_then(Value::as_array).filter(|_| explicit) {
+        Some(types) => {
+            if types.len() != n_layers {
+                return Err(
+                    config.bad(format!("layer_types has {} entries for num_hidden_layers {n_layers}", types.len()))
+                );
+            }
+            types.iter().map(|t| t.as_str() == Some("sliding_attention")).collect()
+        }
+        None => (0..n_layers).map(default_sliding).collect(),
+    };
+    if !sliding.contains(&true) {
+        return Ok(Vec::new());
+    }
+    let Some(w) = window else {
+        return Err(config.bad(
+            "layer_types has sliding_attention layers but sliding_window is null (or use_sliding_window is false); \
+             transformers cannot build their mask"
+                .into(),
+        ));
+    };
+    Ok(sliding.into_iter().map(|s| s.then_some(w)).collect())
 }
 
-/// Refuses a `head_dim` other than `hidden_size / num_attention_heads`.
-fn check_head_dim(config: &Config<'_>, dim: usize, n_heads: usize) -> Result<(), LoadError> {
-    let Some(default_head_dim) = dim.checked_div(n_heads) else {
-        return Ok(());
+/// The mixture of experts: `num_local_experts` (or `num_experts`, which `attribute_map` aliases),
+/// `num_experts_per_tok`, the expert width and the routing of the class (`Qwen3MoeTopKRouter`:
+/// softmax, top-k, renormalized iff `norm_topk_prob`; `MixtralTopKRouter`: always renormalized;
+/// `GptOssTopKRouter`: top-k, then softmax), and Qwen3-MoE's dense layers
+/// (`Qwen3MoeDecoderLayer`: experts iff `layer_idx not in mlp_only_layers and num_experts > 0 and
+/// (layer_idx + 1) % decoder_sparse_step == 0`).
+fn moe(config: &Config<'_>, class: Class, n_layers: usize) -> Result<Option<MoeSpec>, LoadError> {
+    let (default_experts, default_k, routing, width_key) = match class {
+        Class::Qwen3Moe => {
+            let renormalize = config.flag("norm_topk_prob");
+            (128, 8, Routing::SoftmaxTopK { renormalize }, "moe_intermediate_size")
+        }
+        Class::Mixtral => (8, 2, Routing::SoftmaxTopK { renormalize: true }, "intermediate_size"),
+        Class::GptOss => (128, 4, Routing::TopKSoftmax, "intermediate_size"),
+        _ => return Ok(None),
     };
-    let head_dim = config.int("head_dim", Some(default_head_dim))?;
-    if head_dim.checked_mul(n_heads) != Some(dim) {
+    let experts_key = if config.get("num_local_experts").is_some() { "num_local_experts" } else { "num_experts" };
+    let n_experts = config.int(experts_key, Some(default_experts))?;
+    let top_k = config.int("num_experts_per_tok", Some(default_k))?;
+    let expert_hidden = config.int(width_key, if class == Class::Qwen3Moe { Some(768) } else { None })?;
+    let mut dense_layers = Vec::new();
+    if class == Class::Qwen3Moe {
+        let step = config.int("decoder_sparse_step", Some(1))?;
+        if step == 0 {
+            return Err(config.bad("decoder_sparse_step is 0; it must be positive".into()));
+        }
+        let only: Vec<usize> = match config.get("mlp_only_layers") {
+            None => Vec::new(),
+            Some(v) => v
+                .as_array()
+                .and_then(|a| a.iter().map(as_int).collect::<Option<Vec<_>>>())
+                .ok_or_else(|| config.bad(format!("mlp_only_layers is {v}, not a list of layer indices")))?,
+        };
+        dense_layers = (0..n_layers).filter(|&i| only.contains(&i) || n_experts == 0 || (i + 1) % step != 0).collect();
+        if dense_layers.len() == n_layers {
+            return Ok(None);
+        }
+    }
+    Ok(Some(MoeSpec { n_experts, top_k, expert_hidden, routing, dense_layers }))
+}
+
+/// RoPE as `config.json` gives it: the (global) theta and scaling, the rotated dimensions of a
+/// head, and Gemma 3's local theta.
+struct Rope {
+    theta: f32,
+    scaling: Option<RopeScaling>,
+    rotary_dim: Option<usize>,
+    local_theta: Option<f32>,
+}
+
+/// RoPE, as `RotaryEmbeddingConfigMixin.convert_rope_params_to_dict` and
+/// `standardize_rope_params` settle it: the dict is `rope_scaling` (older configs) or
+/// `rope_parameters` (5.x), its `rope_theta` else the top-level `rope_theta` else the class's
+/// `default_theta`, its `partial_rotary_factor` else the top-level one; Gemma 3 has one dict per
+/// layer type ([`gemma3_rope`]).
+fn rope(config: &Config<'_>, class: Class, head_dim: usize, max_pos: usize) -> Result<Rope, LoadError> {
+    if class == Class::Gemma3 {
+        return gemma3_rope(config, head_dim, max_pos);
+    }
+    let (field, mut dict) = match (config.get("rope_scaling"), config.get("rope_parameters")) {
+        (Some(r), _) => ("rope_scaling", object(config, "rope_scaling", r)?),
+        (None, Some(r)) => ("rope_parameters", object(config, "rope_parameters", r)?),
+        // GptOssConfig.__post_init__'s default.
+        (None, None) if class == Class::GptOss => (
+            "rope_parameters",
+            serde_json::json!({"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": false, "original_max_position_embeddings": 4096})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+        ),
+        (None, None) => ("rope_parameters", Map::new()),
+    };
+    for key in ["rope_theta", "partial_rotary_factor"] {
+        if !dict.get(key).is_some_and(|v| !v.is_null())
+            && let Some(v) = config.get(key)
+        {
+            dict.insert(key.to_string(), v.clone());
+        }
+    }
+    let theta =
+        number(&dict, "rope_theta").map_err(|m| config.bad(format!("{field}: {m}")))?.unwrap_or(class.default_theta());
+    let mut kind = rope_kind(&dict);
+    // Phi3Config.convert_rope_params_to_dict renames the older `su` and `yarn` to `longrope`.
+    if class == Class::Phi3 && matches!(kind, "su" | "yarn") {
+        kind = "longrope";
+    }
+    let rotary_dim = rotary_dim(config, class, field, &dict, kind, head_dim)?;
+    let scaling =
+        parse_rope_scaling(config, &dict, &dict, kind, max_pos).map_err(|m| config.bad(format!("{field}: {m}")))?;
+    Ok(Rope { theta: theta as f32, scaling, rotary_dim, local_theta: None })
+}
+
+/// Gemma 3's RoPE (`Gemma3TextConfig.convert_rope_params_to_dict`): `rope_parameters` nested by
+/// layer type; an older config's `rope_scaling` updates the `full_attention` one, its `rope_theta`
+/// (default 1e6) and `rope_local_base_freq` (default 1e4) are the two thetas. The sliding-window
+/// layers must be unscaled ([`ModelArch::layer_rope`]).
+fn gemma3_rope(config: &Config<'_>, head_dim: usize, max_pos: usize) -> Result<Rope, LoadError> {
+    let outer = match config.get("rope_parameters") {
+        Some(r) => object(config, "rope_parameters", r)?,
+        None => Map::new(),
+    };
+    let nested = |key: &str| -> Result<Map<String, Value>, LoadError> {
+        match outer.get(key).filter(|v| !v.is_null()) {
+            Some(r) => object(config, &format!("rope_parameters.{key}"), r),
+            None => Ok(serde_json::json!({"rope_type": "default"}).as_object().cloned().unwrap_or_default()),
+        }
+    };
+    let mut full = nested("full_attention")?;
+    if let Some(r) = config.get("rope_scaling") {
+        full.extend(object(config, "rope_scaling", r)?);
+    }
+    let mut local = nested("sliding_attention")?;
+    for (dict, key) in [(&mut full, "rope_theta"), (&mut local, "rope_local_base_freq")] {
+        if !dict.get("rope_theta").is_some_and(|v| !v.is_null())
+            && let Some(v) = config.get(key)
+        {
+            dict.insert("rope_theta".to_string(), v.clone());
+        }
+    }
+    let field = "rope_parameters.full_attention";
+    let theta = number(&full, "rope_theta").map_err(|m| config.bad(format!("{field}: {m}")))?.unwrap_or(1e6);
+    let local_theta = number(&local, "rope_theta")
+        .map_err(|m| config.bad(format!("rope_parameters.sliding_attention: {m}")))?
+        .unwrap_or(1e4);
+    let local_kind = rope_kind(&local);
+    if local_kind != "default" {
         return Err(config.bad(format!(
-            "head_dim {head_dim} × num_attention_heads {n_heads} ≠ hidden_size {dim}; \
-             qdrift supports head_dim = hidden_size / num_attention_heads only"
+            "rope_parameters.sliding_attention: RoPE scaling type {local_kind} on the sliding-window layers is not \
+             supported; supported: default"
         )));
     }
-    Ok(())
+    let kind = rope_kind(&full);
+    let rotary_dim = rotary_dim(config, Class::Gemma3, field, &full, kind, head_dim)?;
+    let scaling =
+        parse_rope_scaling(config, &full, &outer, kind, max_pos).map_err(|m| config.bad(format!("{field}: {m}")))?;
+    Ok(Rope { theta: theta as f32, scaling, rotary_dim, local_theta: Some(local_theta as f32) })
 }
 
-/// `rope_scaling` (or `rope_parameters`) of `transformers`' `modeling_rope_utils.py`:
-/// `rope_type = "llama3"`, or `"default"` (plain RoPE, `None`).
-fn parse_rope_scaling(r: &Value) -> Result<Option<RopeScaling>, String> {
-    let kind = r.get("rope_type").or_else(|| r.get("type")).and_then(Value::as_str).unwrap_or("(none)");
-    match kind {
-        "default" => return Ok(None),
-        "llama3" => {}
-        _ => {
-            return Err(format!("type {kind} is not supported; supported: default, llama3"));
+fn object(config: &Config<'_>, field: &str, v: &Value) -> Result<Map<String, Value>, LoadError> {
+    v.as_object().cloned().ok_or_else(|| config.bad(format!("{field} is {v}, not an object")))
+}
+
+/// `rope_type`, else the older `type`, else `default`.
+fn rope_kind(dict: &Map<String, Value>) -> &str {
+    dict.get("rope_type").or_else(|| dict.get("type")).and_then(Value::as_str).unwrap_or("default")
+}
+
+/// A number of a rope dict; `None` when absent or `null`.
+fn number(dict: &Map<String, Value>, key: &str) -> Result<Option<f64>, String> {
+    match dict.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_f64().map(Some).ok_or_else(|| format!("{key} is {v}, not a number")),
+    }
+}
+
+/// The rotated dimensions of a head, `int(head_dim * partial_rotary_factor)`, when
+/// `transformers` rotates a part only: Phi-3 always reads the factor (`Phi3RotaryEmbedding`,
+/// `apply_rotary_pos_emb` rotates `q[..., :rot]`); the other classes' default RoPE ignores it, and
+/// their scaled RoPE would rotate fewer dimensions than their `apply_rotary_pos_emb` multiplies, which
+/// fails in `transformers`, so it is refused.
+fn rotary_dim(
+    config: &Config<'_>,
+    class: Class,
+    field: &str,
+    dict: &Map<String, Value>,
+    kind: &str,
+    head_dim: usize,
+) -> Result<Option<usize>, LoadError> {
+    let factor = number(dict, "partial_rotary_factor").map_err(|m| config.bad(format!("{field}: {m}")))?;
+    let Some(factor) = factor.filter(|&f| f != 1.0) else {
+        return Ok(None);
+    };
+    if class != Class::Phi3 {
+        if kind == "default" {
+            return Ok(None);
+        }
+        return Err(config.bad(format!(
+            "{field}: partial rotary (partial_rotary_factor {factor}) with RoPE scaling type {kind} is not supported \
+             for this class; transformers rotates whole heads there"
+        )));
+    }
+    if !(factor > 0.0 && factor <= 1.0) {
+        return Err(config.bad(format!("{field}: partial_rotary_factor {factor} must be in (0, 1]")));
+    }
+    // Python's `int()` truncates; the product is at most head_dim.
+    Ok(Some((head_dim as f64 * factor) as usize))
+}
+
+/// `original_max_position_embeddings` of a `llama3`/`yarn` dict, as `standardize_rope_params`
+/// settles it: the top-level config field when present (Phi-3 saves it there), else the dict's,
+/// else `max_position_embeddings`.
+fn original_max(config: &Config<'_>, r: &Map<String, Value>, max_pos: usize) -> Result<usize, String> {
+    let v = config
+        .get("original_max_position_embeddings")
+        .or_else(|| r.get("original_max_position_embeddings").filter(|v| !v.is_null()));
+    match v {
+        None => Ok(max_pos),
+        Some(v) => {
+            as_int(v).ok_or_else(|| format!("original_max_position_embeddings is {v}, not a non-negative integer"))
         }
     }
-    let num = |k: &str| r.get(k).and_then(Value::as_f64).ok_or_else(|| format!("{k} is missing or not a number"));
-    let original = r
-        .get("original_max_position_embeddings")
-        .and_then(Value::as_u64)
-        .and_then(|v| usize::try_from(v).ok())
-        .ok_or("original_max_position_embeddings is missing or not a non-negative integer")?;
-    Ok(Some(RopeScaling::Llama3 {
-        factor: num("factor")? as f32,
-        low_freq_factor: num("low_freq_factor")? as f32,
-        high_freq_factor: num("high_freq_factor")? as f32,
+}
+
+/// The scaling of a rope dict of `transformers`' `modeling_rope_utils.py` (`ROPE_INIT_FUNCTIONS`):
+/// `default` (plain RoPE, `None`), `llama3` (`_compute_llama3_parameters`), `linear`
+/// (`_compute_linear_scaling_rope_parameters`), `yarn` (`_compute_yarn_parameters`, whose
+/// `truncate` is read from `outer`, the config's whole `rope_parameters`).
+fn parse_rope_scaling(
+    config: &Config<'_>,
+    r: &Map<String, Value>,
+    outer: &Map<String, Value>,
+    kind: &str,
+    max_pos: usize,
+) -> Result<Option<RopeScaling>, String> {
+    let num = |k: &str| number(r, k)?.ok_or_else(|| format!("{k} is missing or not a number"));
+    match kind {
+        "default" => Ok(None),
+        "llama3" => Ok(Some(RopeScaling::Llama3 {
+            factor: num("factor")? as f32,
+            low_freq_factor: num("low_freq_factor")? as f32,
+            high_freq_factor: num("high_freq_factor")? as f32,
+            original_max_position_embeddings: original_max(config, r, max_pos)?,
+        })),
+        "linear" => Ok(Some(RopeScaling::Linear { factor: num("factor")? as f32 })),
+        "yarn" => yarn(config, r, outer, max_pos).map(Some),
+        _ => {
+            Err(format!("type {kind} is not supported (RoPE scaling {kind}); supported: default, linear, llama3, yarn"))
+        }
+    }
+}
+
+/// YaRN's parameters, with `attention_factor` computed as `_compute_yarn_parameters` does when
+/// the dict has none: `get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)` when both
+/// are set and non-zero, else `get_mscale(factor)`, where `get_mscale(s, m) = 0.1·m·ln(s) + 1`
+/// (1 for `s ≤ 1`). `factor` defaults to `max_position_embeddings /
+/// original_max_position_embeddings`, `beta_fast`/`beta_slow` to 32/1 (also when 0: Python's
+/// `or`), `truncate` to true.
+fn yarn(
+    config: &Config<'_>,
+    r: &Map<String, Value>,
+    outer: &Map<String, Value>,
+    max_pos: usize,
+) -> Result<RopeScaling, String> {
+    let original = original_max(config, r, max_pos)?;
+    if original == 0 {
+        return Err("original_max_position_embeddings is 0; it must be positive".into());
+    }
+    let factor = number(r, "factor")?.unwrap_or(max_pos as f64 / original as f64);
+    let mscale_fn = |s: f64, m: f64| if s <= 1.0 { 1.0 } else { 0.1 * m * s.ln() + 1.0 };
+    let truthy = |k: &str| -> Result<Option<f64>, String> { Ok(number(r, k)?.filter(|&v| v != 0.0)) };
+    let attention_factor = match (number(r, "attention_factor")?, truthy("mscale")?, truthy("mscale_all_dim")?) {
+        (Some(a), _, _) => a,
+        (None, Some(m), Some(m_all)) => mscale_fn(factor, m) / mscale_fn(factor, m_all),
+        _ => mscale_fn(factor, 1.0),
+    };
+    let truncate = match outer.get("truncate") {
+        None | Some(Value::Null) => true,
+        Some(v) => v.as_bool().ok_or_else(|| format!("truncate is {v}, not a boolean"))?,
+    };
+    Ok(RopeScaling::Yarn {
+        factor: factor as f32,
+        beta_fast: truthy("beta_fast")?.unwrap_or(32.0) as f32,
+        beta_slow: truthy("beta_slow")?.unwrap_or(1.0) as f32,
         original_max_position_embeddings: original,
-    }))
+        truncate,
+        attention_factor: attention_factor as f32,
+    })
 }

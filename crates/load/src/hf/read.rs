@@ -8,16 +8,19 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::config::parse_config;
+use std::collections::HashMap;
+
+use super::config::{AttnBias, Class, HfArch, parse_config};
 use super::quant::HfQuant;
 use super::shards::Shards;
 use super::tokenizer::{HfTokenizer, first_encoded_id, read_tokenizer_json};
 use crate::LoadError;
 use crate::loaded::{LoadedModel, ModelFormat, check_vocab};
 use crate::rope_layout::RopeLayout::ToInterleaved;
-use crate::rope_layout::permute_rows;
+use crate::rope_layout::permute_head_rows;
 use crate::storage::{SizeOverflow, SourceStorage, source_storage};
-use qdrift_weights::{Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch};
+use crate::tokenizer::Tokenizer;
+use qdrift_weights::{Experts, Ffn, HostModel, HostTensor, LayerWeights, LinearName, Mlp, ModelArch};
 
 /// Reads a Hugging Face model folder: `config.json`, `model.safetensors` or the shards listed in
 /// `model.safetensors.index.json`, and `tokenizer.json` (or `tokenizer`, if given) with
@@ -47,13 +50,13 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
         ));
     }
     let config = crate::input::read_json(&config_path, crate::input::JSON)?;
-    let arch = parse_config(&config_path, &config)?;
-    let quant = super::quant::read_quant_config(dir, &config_path, &config)?;
     let shards = Shards::open(dir)?;
-    check_layer_count(&config_path, &shards, &arch)?;
-    let model = build_model(&shards, quant.as_ref(), arch)?;
+    let hf = parse_config(&config_path, &config, shards.tensor_count())?;
+    let class = hf.class;
+    let quant = super::quant::read_quant_config(dir, &config_path, &config)?;
+    let model = Reader { shards: &shards, quant: quant.as_ref(), hf: &hf }.model()?;
     let source_storage = match &quant {
-        Some(q) => Some(quantized_storage(&shards, q, &model).map_err(|e| LoadError::Overflow {
+        Some(q) => Some(quantized_storage(&shards, q, class, &model).map_err(|e| LoadError::Overflow {
             path: dir.to_path_buf(),
             quantity: e.quantity.to_string(),
             inputs: format!("{} tensors", shards.tensor_count()),
@@ -79,7 +82,14 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
     let wants_bos = tok_config.as_ref().and_then(|c| c.get("add_bos_token")).and_then(Value::as_bool) == Some(true);
     let pipeline_adds_bos = bos.is_some() && first_encoded_id(&inner, "a") == bos;
     let tok = HfTokenizer::new(&tokenizer_path, inner, bos, eos, wants_bos && !pipeline_adds_bos)?;
-    check_vocab(&tok, &tokenizer_path, &model, dir)?;
+    // The newer classes' checkpoints pad the embedding beyond the tokenizer (Qwen3: 151936 rows
+    // for 151669 tokens; the tiny-arch folders: 512 for 510): ids past the tokenizer are never
+    // encoded. Llama, Mistral and Qwen2 keep the exact check they always had.
+    let padded =
+        !matches!(class, Class::Llama | Class::Mistral | Class::Qwen2) && tok.vocab_size() < model.arch.vocab_size;
+    if !padded {
+        check_vocab(&tok, &tokenizer_path, &model, dir)?;
+    }
     let chat_template = tok_config.as_ref().and_then(|c| c.get("chat_template")).and_then(chat_template);
 
     Ok(LoadedModel {
@@ -123,24 +133,38 @@ fn chat_template(v: &Value) -> Option<String> {
 /// The stored bytes of a quantized folder for `qdrift inspect`: each quantized linear layer
 /// counted once under the folder's format (`gptq 4-bit g128 v1`, ...) with its `out × in`
 /// weights and the bytes of all its stored parts (codes, scales, zero points, `g_idx`, ...);
-/// every other tensor under its dtype.
-fn quantized_storage(shards: &Shards, quant: &HfQuant, model: &HostModel) -> Result<SourceStorage, SizeOverflow> {
+/// every other tensor under its dtype. A fused module (Phi-3's `qkv_proj`, `gate_up_proj`) is
+/// one layer holding the weights of the linears it is split into.
+fn quantized_storage(
+    shards: &Shards,
+    quant: &HfQuant,
+    class: Class,
+    model: &HostModel,
+) -> Result<SourceStorage, SizeOverflow> {
     let mut modules: Vec<(String, u64)> = Vec::new();
     for (i, layer) in model.layers.iter().enumerate() {
         for (name, w) in layer.linears() {
-            modules.push((format!("model.layers.{i}.{name}"), w.data.len() as u64));
+            let Some(m) = hf_module(class, name) else { continue };
+            let module = format!("model.layers.{i}.{m}");
+            let n = w.data.len() as u64;
+            // The linears of one fused module are consecutive.
+            match modules.last_mut() {
+                Some((last, count)) if *last == module => *count += n,
+                _ => modules.push((module, n)),
+            }
         }
     }
     if let Some(o) = &model.output {
         modules.push(("lm_head".to_string(), o.data.len() as u64));
     }
     modules.retain(|(m, _)| quant.stores_quantized(shards, m));
+    let index: HashMap<&str, usize> = modules.iter().enumerate().map(|(k, (m, _))| (m.as_str(), k)).collect();
     let kind = quant.summary.weights.as_str();
     let mut entries: Vec<(String, u64, u64)> = modules.iter().map(|(_, n)| (kind.to_string(), *n, 0)).collect();
     for (name, info) in shards.tensors() {
         let (begin, end) = info.data_offsets;
         let bytes = (end - begin) as u64;
-        let owner = name.rsplit_once('.').and_then(|(m, _)| modules.iter().position(|(x, _)| x == m));
+        let owner = name.rsplit_once('.').and_then(|(m, _)| index.get(m).copied());
         match owner {
             Some(k) => entries[k].2 += bytes,
             None => {
@@ -152,28 +176,34 @@ fn quantized_storage(shards: &Shards, quant: &HfQuant, model: &HostModel) -> Res
     source_storage(entries.iter().map(|(d, n, b)| (d.as_str(), *n, *b)))
 }
 
-/// Tensors every layer has whatever the architecture: seven linears and two norms.
-const TENSORS_PER_LAYER: usize = 9;
-
-/// Refuses a `num_hidden_layers` the safetensors files cannot hold, before the layer list is
-/// allocated (an absurd count would otherwise abort the process on allocation).
-fn check_layer_count(config_path: &Path, shards: &Shards, arch: &ModelArch) -> Result<(), LoadError> {
-    let present = shards.tensor_count();
-    if arch.n_layers.checked_mul(TENSORS_PER_LAYER).is_none_or(|needed| needed > present) {
-        return Err(LoadError::invalid(
-            config_path,
-            format!(
-                "num_hidden_layers {} needs at least {TENSORS_PER_LAYER} tensors per layer but the safetensors files \
-                 hold {present} tensors in all",
-                arch.n_layers
-            ),
-        ));
+/// The checkpoint's module (within a layer) that holds linear `name`: Phi-3's fused
+/// `self_attn.qkv_proj` and `mlp.gate_up_proj`, Mixtral's `block_sparse_moe.experts.{e}.w1`
+/// (gate), `w3` (up), `w2` (down), Qwen3-MoE's `mlp.experts.{e}.{gate,up,down}_proj`; `None` for
+/// gpt-oss's experts, which are 3-D tensors of all experts, not modules.
+fn hf_module(class: Class, name: LinearName) -> Option<String> {
+    match (class, name.expert, name.role) {
+        (Class::Phi3, None, "self_attn.q_proj" | "self_attn.k_proj" | "self_attn.v_proj") => {
+            Some("self_attn.qkv_proj".into())
+        }
+        (Class::Phi3, None, "mlp.gate_proj" | "mlp.up_proj") => Some("mlp.gate_up_proj".into()),
+        (Class::Mixtral, Some(e), role) => {
+            let w = match role {
+                "mlp.gate_proj" => "w1",
+                "mlp.up_proj" => "w3",
+                _ => "w2",
+            };
+            Some(format!("block_sparse_moe.experts.{e}.{w}"))
+        }
+        (Class::GptOss, Some(_), _) => None,
+        _ => Some(name.to_string()),
     }
-    Ok(())
 }
 
 /// The linear layer `module` as f32 `[out, inp]` in the checkpoint's row order: dequantized when
 /// the folder is quantized, else its `.weight`.
+///
+/// # Shapes
+/// - returns `[out, inp]`.
 fn linear(
     shards: &Shards,
     quant: Option<&HfQuant>,
@@ -187,57 +217,222 @@ fn linear(
     }
 }
 
-fn build_model(shards: &Shards, quant: Option<&HfQuant>, mut arch: ModelArch) -> Result<HostModel, LoadError> {
-    let (dim, hidden, vocab) = (arch.dim, arch.hidden_dim, arch.vocab_size);
-    let (q_dim, kv_dim) = (arch.n_heads * arch.head_dim(), arch.kv_dim());
-    let qwen = arch.architecture == "Qwen2ForCausalLM";
-    let token_embedding = shards.require("model.embed_tokens.weight", &[vocab, dim])?;
-    let mut layers = Vec::with_capacity(arch.n_layers);
-    for i in 0..arch.n_layers {
-        let p = format!("model.layers.{i}");
-        let t = |name: &str, shape: &[usize]| shards.require(&format!("{p}.{name}"), shape);
-        // Dequantized first, then (q, k) permuted: the permutation moves real rows.
-        let lin = |name: &str, out: usize, inp: usize| -> Result<HostTensor, LoadError> {
-            let module = format!("{p}.{name}");
-            linear(shards, quant, &module, out, inp)?.ok_or_else(|| {
-                LoadError::invalid(
-                    shards.first_path(),
-                    format!(
-                        "tensor {module}.weight is missing; expected shape [{out}, {inp}] (or its quantized parts)"
-                    ),
-                )
-            })
-        };
-        let bias = |name: &str, n: usize, heads: usize| -> Result<Option<HostTensor>, LoadError> {
-            let b = if qwen { Some(t(name, &[n])?) } else { None };
-            Ok(b.map(|b| if heads > 0 { permute_rows(&b, heads, ToInterleaved) } else { b }))
-        };
-        layers.push(LayerWeights {
-            attn_norm: t("input_layernorm.weight", &[dim])?,
-            wq: permute_rows(&lin("self_attn.q_proj", q_dim, dim)?, arch.n_heads, ToInterleaved),
-            wk: permute_rows(&lin("self_attn.k_proj", kv_dim, dim)?, arch.n_kv_heads, ToInterleaved),
-            wv: lin("self_attn.v_proj", kv_dim, dim)?,
-            wo: lin("self_attn.o_proj", dim, q_dim)?,
-            ffn_norm: t("post_attention_layernorm.weight", &[dim])?,
-            bq: bias("self_attn.q_proj.bias", q_dim, arch.n_heads)?,
-            bk: bias("self_attn.k_proj.bias", kv_dim, arch.n_kv_heads)?,
-            bv: bias("self_attn.v_proj.bias", kv_dim, 0)?,
-            ffn: Ffn::Dense(Mlp::new(
-                lin("mlp.gate_proj", hidden, dim)?,
-                lin("mlp.up_proj", hidden, dim)?,
-                lin("mlp.down_proj", dim, hidden)?,
-            )),
-            bo: None,
-            q_norm: None,
-            k_norm: None,
-            sinks: None,
-            post_attn_norm: None,
-            post_ffn_norm: None,
-        });
+/// Rows `start..start + n` of a `[rows, cols]` tensor (a fused projection's part).
+///
+/// # Shapes
+/// - `t`: `[rows, cols]`; returns `[n, cols]`.
+fn rows(t: &HostTensor, start: usize, n: usize) -> HostTensor {
+    let cols = t.shape.get(1).copied().unwrap_or(1);
+    HostTensor { shape: vec![n, cols], data: t.data[start * cols..(start + n) * cols].to_vec() }
+}
+
+/// Reads a folder's tensors into a [`HostModel`] by the names of its class.
+struct Reader<'a> {
+    shards: &'a Shards,
+    quant: Option<&'a HfQuant>,
+    hf: &'a HfArch,
+}
+
+impl Reader<'_> {
+    fn arch(&self) -> &ModelArch {
+        &self.hf.arch
     }
-    let final_norm = shards.require("model.norm.weight", &[dim])?;
-    let output = if arch.tied_embeddings { None } else { linear(shards, quant, "lm_head", vocab, dim)? };
-    // A checkpoint without lm_head ties it to the embedding whatever config.json says.
-    arch.tied_embeddings = output.is_none();
-    Ok(HostModel { arch, token_embedding, layers, final_norm, output })
+
+    /// A tensor that must be there, F32/F16/BF16.
+    fn tensor(&self, name: &str, shape: &[usize]) -> Result<HostTensor, LoadError> {
+        self.shards.require(name, shape)
+    }
+
+    /// A linear layer that must be there, dequantized when the folder is quantized.
+    ///
+    /// # Shapes
+    /// - returns `[out, inp]`.
+    fn lin(&self, module: &str, out: usize, inp: usize) -> Result<HostTensor, LoadError> {
+        linear(self.shards, self.quant, module, out, inp)?.ok_or_else(|| {
+            LoadError::invalid(
+                self.shards.first_path(),
+                format!("tensor {module}.weight is missing; expected shape [{out}, {inp}] (or its quantized parts)"),
+            )
+        })
+    }
+
+    /// A q or k projection (or bias) of `heads` heads, rotate-half rows to interleaved, the
+    /// first `rotary_dim` rows of each head only.
+    ///
+    /// # Shapes
+    /// - `t`: `[heads * head_dim, cols]` or `[heads * head_dim]`; same shape out.
+    fn interleave(&self, t: &HostTensor, heads: usize) -> HostTensor {
+        permute_head_rows(t, heads, self.arch().rotary_dim(), ToInterleaved)
+    }
+
+    fn model(&self) -> Result<HostModel, LoadError> {
+        let mut arch = self.arch().clone();
+        let (dim, vocab) = (arch.dim, arch.vocab_size);
+        let token_embedding = self.tensor("model.embed_tokens.weight", &[vocab, dim])?;
+        // `check_layer_count` bounded n_layers by the files' tensor count.
+        let mut layers = Vec::with_capacity(arch.n_layers);
+        for i in 0..arch.n_layers {
+            layers.push(self.layer(i)?);
+        }
+        let final_norm = self.tensor("model.norm.weight", &[dim])?;
+        let output = if arch.tied_embeddings { None } else { linear(self.shards, self.quant, "lm_head", vocab, dim)? };
+        // A checkpoint without lm_head ties it to the embedding whatever config.json says.
+        arch.tied_embeddings = output.is_none();
+        Ok(HostModel { arch, token_embedding, layers, final_norm, output })
+    }
+
+    /// Block `i`. Dequantized first, then (q, k) permuted: the permutation moves real rows.
+    fn layer(&self, i: usize) -> Result<LayerWeights, LoadError> {
+        let a = self.arch();
+        let (dim, hd) = (a.dim, a.head_dim);
+        let (q_dim, kv_dim) = (a.q_dim(), a.kv_dim());
+        let p = format!("model.layers.{i}");
+        let (wq, wk, wv) = if self.hf.class == Class::Phi3 {
+            // Phi3Attention: `qkv_proj` rows are [q; k; v].
+            let qkv = self.lin(&format!("{p}.self_attn.qkv_proj"), q_dim + 2 * kv_dim, dim)?;
+            (rows(&qkv, 0, q_dim), rows(&qkv, q_dim, kv_dim), rows(&qkv, q_dim + kv_dim, kv_dim))
+        } else {
+            let proj = |name: &str, out: usize| self.lin(&format!("{p}.self_attn.{name}"), out, dim);
+            (proj("q_proj", q_dim)?, proj("k_proj", kv_dim)?, proj("v_proj", kv_dim)?)
+        };
+        let bias = |name: &str, n: usize| self.tensor(&format!("{p}.self_attn.{name}.bias"), &[n]);
+        let (bq, bk, bv, bo) = match self.hf.attn_bias {
+            AttnBias::None => (None, None, None, None),
+            AttnBias::Qkv | AttnBias::Qkvo => (
+                Some(self.interleave(&bias("q_proj", q_dim)?, a.n_heads)),
+                Some(self.interleave(&bias("k_proj", kv_dim)?, a.n_kv_heads)),
+                Some(bias("v_proj", kv_dim)?),
+                if self.hf.attn_bias == AttnBias::Qkvo { Some(bias("o_proj", dim)?) } else { None },
+            ),
+        };
+        let qk_norm = |name: &str| -> Result<Option<HostTensor>, LoadError> {
+            if !a.block.qk_norm {
+                return Ok(None);
+            }
+            Ok(Some(self.interleave(&self.tensor(&format!("{p}.self_attn.{name}.weight"), &[hd])?, 1)))
+        };
+        let norm = |name: &str| self.tensor(&format!("{p}.{name}.weight"), &[dim]);
+        // The naming trap: Gemma's `post_attention_layernorm` normalizes the attention output;
+        // everyone else's is the pre-FFN norm.
+        let (post_attn_norm, ffn_norm, post_ffn_norm) = if a.block.sandwich_norms {
+            (
+                Some(norm("post_attention_layernorm")?),
+                norm("pre_feedforward_layernorm")?,
+                Some(norm("post_feedforward_layernorm")?),
+            )
+        } else {
+            (None, norm("post_attention_layernorm")?, None)
+        };
+        Ok(LayerWeights {
+            attn_norm: norm("input_layernorm")?,
+            wq: self.interleave(&wq, a.n_heads),
+            wk: self.interleave(&wk, a.n_kv_heads),
+            wv,
+            wo: self.lin(&format!("{p}.self_attn.o_proj"), dim, q_dim)?,
+            bq,
+            bk,
+            bv,
+            bo,
+            q_norm: qk_norm("q_norm")?,
+            k_norm: qk_norm("k_norm")?,
+            sinks: if a.block.sinks { Some(self.tensor(&format!("{p}.self_attn.sinks"), &[a.n_heads])?) } else { None },
+            post_attn_norm,
+            ffn_norm,
+            post_ffn_norm,
+            ffn: if a.has_experts(i) { Ffn::Experts(self.experts(&p)?) } else { Ffn::Dense(self.dense(&p)?) },
+        })
+    }
+
+    /// A dense FFN: `mlp.{gate,up,down}_proj`, Phi-3's `mlp.gate_up_proj` ([gate; up] rows,
+    /// `Phi3MLP`) split.
+    fn dense(&self, p: &str) -> Result<Mlp, LoadError> {
+        let (dim, hidden) = (self.arch().dim, self.arch().hidden_dim);
+        let down = self.lin(&format!("{p}.mlp.down_proj"), dim, hidden)?;
+        if self.hf.class == Class::Phi3 {
+            let gate_up = self.lin(&format!("{p}.mlp.gate_up_proj"), 2 * hidden, dim)?;
+            return Ok(Mlp::new(rows(&gate_up, 0, hidden), rows(&gate_up, hidden, hidden), down));
+        }
+        Ok(Mlp::new(
+            self.lin(&format!("{p}.mlp.gate_proj"), hidden, dim)?,
+            self.lin(&format!("{p}.mlp.up_proj"), hidden, dim)?,
+            down,
+        ))
+    }
+
+    /// A mixture of experts: Qwen3-MoE's `mlp.gate` and `mlp.experts.{e}.{gate,up,down}_proj`,
+    /// Mixtral's `block_sparse_moe.gate` and `block_sparse_moe.experts.{e}.{w1,w3,w2}`, gpt-oss's
+    /// `mlp.router` (with bias) and fused `mlp.experts.*` ([`Reader::gpt_oss_experts`]).
+    fn experts(&self, p: &str) -> Result<Experts, LoadError> {
+        let a = self.arch();
+        let Some(m) = &a.moe else {
+            return Err(LoadError::invalid(self.shards.first_path(), format!("{p}: experts without a MoeSpec")));
+        };
+        let (n, eh, dim) = (m.n_experts, m.expert_hidden, a.dim);
+        let (router, names) = match self.hf.class {
+            Class::Mixtral => ("block_sparse_moe.gate", ["block_sparse_moe.experts", "w1", "w3", "w2"]),
+            Class::GptOss => ("mlp.router", ["", "", "", ""]),
+            _ => ("mlp.gate", ["mlp.experts", "gate_proj", "up_proj", "down_proj"]),
+        };
+        let router_w = self.lin(&format!("{p}.{router}"), n, dim)?;
+        if self.hf.class == Class::GptOss {
+            let router_bias = Some(self.tensor(&format!("{p}.mlp.router.bias"), &[n])?);
+            return Ok(Experts { router: router_w, router_bias, experts: self.gpt_oss_experts(p)? });
+        }
+        let [prefix, gate, up, down] = names;
+        let mut experts = Vec::new();
+        for e in 0..n {
+            let name = |w: &str| format!("{p}.{prefix}.{e}.{w}");
+            experts.push(Mlp::new(
+                self.lin(&name(gate), eh, dim)?,
+                self.lin(&name(up), eh, dim)?,
+                self.lin(&name(down), dim, eh)?,
+            ));
+        }
+        Ok(Experts { router: router_w, router_bias: None, experts })
+    }
+
+    /// gpt-oss's experts (`GptOssExperts`), stored `[E, in, out]` (`x @ W`): `gate_up_proj
+    /// [E, dim, 2I]` whose columns interleave gate (`0::2`) and up (`1::2`), `gate_up_proj_bias
+    /// [E, 2I]` the same way, `down_proj [E, I, dim]`, `down_proj_bias [E, dim]`; each transposed
+    /// to `[out, in]`. MXFP4 checkpoints (`*_blocks`, `*_scales`) are refused by name.
+    ///
+    /// # Shapes
+    /// - returns `n_experts` of: gate, up `[I, dim]`, down `[dim, I]`, biases `[I]`, `[I]`, `[dim]`.
+    fn gpt_oss_experts(&self, p: &str) -> Result<Vec<Mlp>, LoadError> {
+        let a = self.arch();
+        let Some(m) = &a.moe else { return Ok(Vec::new()) };
+        let (n, eh, dim) = (m.n_experts, m.expert_hidden, a.dim);
+        let gu_name = format!("{p}.mlp.experts.gate_up_proj");
+        if !self.shards.has(&gu_name) && self.shards.has(&format!("{gu_name}_blocks")) {
+            return Err(LoadError::invalid(
+                self.shards.path_of(&format!("{gu_name}_blocks")).unwrap_or(self.shards.first_path()),
+                format!("MXFP4 experts ({gu_name}_blocks / _scales) are not supported; dequantize them to BF16 first"),
+            ));
+        }
+        let gate_up = self.tensor(&gu_name, &[n, dim, 2 * eh])?;
+        let gate_up_bias = self.tensor(&format!("{gu_name}_bias"), &[n, 2 * eh])?;
+        let down = self.tensor(&format!("{p}.mlp.experts.down_proj"), &[n, eh, dim])?;
+        let down_bias = self.tensor(&format!("{p}.mlp.experts.down_proj_bias"), &[n, dim])?;
+        let mut experts = Vec::new();
+        for e in 0..n {
+            let gu = &gate_up.data[e * dim * 2 * eh..(e + 1) * dim * 2 * eh];
+            // Column 2j + half of `gu` (row-major [dim, 2I]) is row j of gate (half 0) or up (1).
+            let split = |half: usize| -> Vec<f32> {
+                (0..eh).flat_map(|j| (0..dim).map(move |h| gu[h * 2 * eh + 2 * j + half])).collect()
+            };
+            let gub = &gate_up_bias.data[e * 2 * eh..(e + 1) * 2 * eh];
+            let dn = &down.data[e * eh * dim..(e + 1) * eh * dim];
+            let down_t: Vec<f32> = (0..dim).flat_map(|o| (0..eh).map(move |i| dn[i * dim + o])).collect();
+            let t = |shape: Vec<usize>, data: Vec<f32>| HostTensor { shape, data };
+            experts.push(Mlp {
+                gate: t(vec![eh, dim], split(0)),
+                up: t(vec![eh, dim], split(1)),
+                down: t(vec![dim, eh], down_t),
+                gate_bias: Some(t(vec![eh], gub.iter().step_by(2).copied().collect())),
+                up_bias: Some(t(vec![eh], gub.iter().skip(1).step_by(2).copied().collect())),
+                down_bias: Some(t(vec![dim], down_bias.data[e * dim..(e + 1) * dim].to_vec())),
+            });
+        }
+        Ok(experts)
+    }
 }
