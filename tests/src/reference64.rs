@@ -363,13 +363,17 @@ fn ffn(m: &HostModel, li: usize, l: &LayerWeights, xs: &[Vec<f64>], rounding: &R
     post_norm(out, l.post_ffn_norm.as_ref(), a.block.sandwich_norms, eps, style)
 }
 
+/// `act(gate·x + b_g, up·x + b_u)` of each row of `xs`.
+fn gated_hidden(mlp: &Mlp, act: Activation, xs: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    let g = linear(&mlp.gate, mlp.gate_bias.as_ref(), xs);
+    let u = linear(&mlp.up, mlp.up_bias.as_ref(), xs);
+    g.iter().zip(&u).map(|(g, u)| g.iter().zip(u).map(|(&g, &u)| activate(act, g, u)).collect()).collect()
+}
+
 /// `down(act(gate·x + b_g, up·x + b_u)) + b_d` of rows `xs` (already rounded) at `positions`; the
 /// down projection's input is rounded over these rows.
 fn gated(mlp: &Mlp, act: Activation, xs: &[Vec<f64>], positions: &[usize], rounding: &Rounding) -> Vec<Vec<f64>> {
-    let g = linear(&mlp.gate, mlp.gate_bias.as_ref(), xs);
-    let u = linear(&mlp.up, mlp.up_bias.as_ref(), xs);
-    let mut h: Vec<Vec<f64>> =
-        g.iter().zip(&u).map(|(g, u)| g.iter().zip(u).map(|(&g, &u)| activate(act, g, u)).collect()).collect();
+    let mut h = gated_hidden(mlp, act, xs);
     rounding.inputs_at(&mut h, positions);
     linear(&mlp.down, mlp.down_bias.as_ref(), &h)
 }
@@ -403,9 +407,12 @@ pub fn route(logits: &[f64], routing: Routing, top_k: usize) -> Vec<(usize, f64)
 }
 
 /// A mixture of experts over rows `xn` (normalized, not yet rounded): the router reads them at
-/// full precision; each expert runs on its rows, rounded as any linear input, and its down
-/// projection's input is rounded over its own rows. Outputs are summed in ascending expert order
-/// (`Qwen3MoeExperts`' `index_add_`).
+/// full precision; the experts read them rounded as any linear input. The down projections'
+/// inputs are rounded as `qdrift-model`'s `MoeLayer` lays them out, every position's `top_k`
+/// expert activations side by side ("slots"): a per-tensor scale covers all the slots of the
+/// prompt's positions together, a per-token (or per-token-group) scale one slot, so that a
+/// position's rounding never depends on which other positions an expert was given. The
+/// weighted outputs are summed in ascending expert order (`Qwen3MoeExperts`' `index_add_`).
 fn mixture(
     e: &Experts,
     routing: Routing,
@@ -414,26 +421,26 @@ fn mixture(
     xn: &[Vec<f64>],
     rounding: &Rounding,
 ) -> Vec<Vec<f64>> {
-    let routes: Vec<Vec<(usize, f64)>> =
-        xn.iter().map(|x| route(&matvec(&e.router, e.router_bias.as_ref(), x), routing, top_k)).collect();
     let mut xr = xn.to_vec();
     rounding.inputs(&mut xr);
+    // (position, expert, weight) of every slot, position-major, experts ascending.
+    let mut slots: Vec<(usize, usize, f64)> = Vec::new();
+    for (pos, x) in xn.iter().enumerate() {
+        let mut chosen = route(&matvec(&e.router, e.router_bias.as_ref(), x), routing, top_k);
+        chosen.sort_by_key(|&(ei, _)| ei);
+        slots.extend(chosen.into_iter().map(|(ei, w)| (pos, ei, w)));
+    }
+    let mut hidden: Vec<Vec<f64>> = slots
+        .iter()
+        .map(|&(pos, ei, _)| gated_hidden(&e.experts[ei], act, std::slice::from_ref(&xr[pos])).remove(0))
+        .collect();
+    let positions: Vec<usize> = slots.iter().map(|&(pos, _, _)| pos).collect();
+    rounding.inputs_at(&mut hidden, &positions);
     let mut out = vec![vec![0.0; xn.first().map_or(0, Vec::len)]; xn.len()];
-    for (ei, expert) in e.experts.iter().enumerate() {
-        let mine: Vec<(usize, f64)> = routes
-            .iter()
-            .enumerate()
-            .filter_map(|(pos, r)| r.iter().find(|(i, _)| *i == ei).map(|&(_, w)| (pos, w)))
-            .collect();
-        if mine.is_empty() {
-            continue;
-        }
-        let positions: Vec<usize> = mine.iter().map(|&(p, _)| p).collect();
-        let rows: Vec<Vec<f64>> = positions.iter().map(|&p| xr[p].clone()).collect();
-        let ys = gated(expert, act, &rows, &positions, rounding);
-        for (&(pos, w), y) in mine.iter().zip(&ys) {
-            out[pos].iter_mut().zip(y).for_each(|(o, v)| *o += w * v);
-        }
+    for (&(pos, ei, w), h) in slots.iter().zip(&hidden) {
+        let down = &e.experts[ei];
+        let y = matvec(&down.down, down.down_bias.as_ref(), h);
+        out[pos].iter_mut().zip(y).for_each(|(o, v)| *o += w * v);
     }
     out
 }
