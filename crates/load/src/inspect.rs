@@ -5,10 +5,13 @@
 //! Definitions (`d` = dim, `h` = hidden_dim, `q` = n_heads·head_dim, `kv` = n_kv_heads·head_dim,
 //! `V` = vocab_size, `L` = n_layers):
 //! - **Matrices**: the token embedding `[V, d]`; per layer `wq [q, d]`, `wk [kv, d]`,
-//!   `wv [kv, d]`, `wo [d, q]`, `w_gate [h, d]`, `w_up [h, d]`, `w_down [d, h]`; the output head
-//!   `[V, d]` only when untied (a tied head is the embedding, counted once).
-//! - **Vectors**: two RMSNorm weights `[d]` per layer, the final norm `[d]`, and q/k/v biases
-//!   (`q + 2·kv` per layer) where the model has them.
+//!   `wv [kv, d]`, `wo [d, q]`, and a dense FFN `w_gate [h, d]`, `w_up [h, d]`, `w_down [d, h]`
+//!   or a mixture of experts: the router `[E, d]` and `E` experts' `[e, d]`, `[e, d]`, `[d, e]`
+//!   (`e` = expert width); the output head `[V, d]` only when untied (a tied head is the
+//!   embedding, counted once).
+//! - **Vectors**: two RMSNorm weights `[d]` per layer (four with Gemma's sandwich norms), q/k
+//!   norms `[head_dim]`, sinks `[n_heads]`, the final norm `[d]`, and the biases (q/k/v `q + 2·kv`
+//!   per layer; a loaded model's are counted as it holds them: o, router and expert biases too).
 //! - **Weight bytes** under a [`WeightStorage`] = Σ over the matrices (embedding, layers' linears,
 //!   untied head) of its [`WeightStorage::matrix_bytes`] + the vectors at its
 //!   [`WeightStorage::vector_bytes`] each. The per-matrix bytes are the storage format's own:
@@ -24,7 +27,8 @@
 //!   folder's format (`gptq 4-bit g128 v1`, ...), with its `out × in` weights and the bytes of
 //!   all its stored parts (codes, scales, zero points, `g_idx`); other tensors under their dtype.
 //! - **FLOPs per generated token** ≈ `2 · (matmul parameters)` + `2 · 2 · L · n_heads · head_dim
-//!   · context`, where the matmul parameters are the layers' seven linears plus the head
+//!   · context`, where the matmul parameters are the layers' linears (of a mixture of experts:
+//!   the router and the `top_k` experts a token is routed to) plus the head
 //!   (`V·d`, also when tied: the embedding is then multiplied as the head; the embedding lookup
 //!   itself is free), and the attention term counts `q·kᵀ` and `p·v` over `context` positions.
 //!   Norms, RoPE, softmax and SwiGLU's elementwise work are left out (< 1% at these sizes).
@@ -42,14 +46,15 @@ use crate::loaded::{LoadedModel, ModelFormat};
 use crate::open::open_model;
 use crate::storage::grouped;
 use crate::synthetic;
-use qdrift_weights::ModelArch;
+use qdrift_weights::{Ffn, HostTensor, LayerWeights, Mlp, ModelArch};
 
 /// Parameter counts, a tied embedding counted once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ParamCounts {
     /// Token embedding, `V·d`.
     pub embedding: u64,
-    /// One block: 7 linears, 2 norms, biases if any.
+    /// One block: 7 linears (or the router and the experts), 2 norms, biases if any; the first
+    /// block when they differ (Qwen3-MoE's dense layers).
     pub per_layer: u64,
     /// `L · per_layer`.
     pub layers: u64,
@@ -175,25 +180,98 @@ fn product(quantity: &'static str, factors: &[u64]) -> Result<u64, SizeOverflow>
     factors.iter().try_fold(1u64, |p, &f| p.checked_mul(f)).ok_or(SizeOverflow { quantity })
 }
 
-/// The `[rows, cols]` of every matrix of one layer: `wq`, `wk`, `wv`, `wo`, `w_gate`, `w_up`,
-/// `w_down`.
-fn layer_matrices(a: &ModelArch) -> [(u64, u64); 7] {
+/// The `[rows, cols]` of every matrix of layer `layer`, each with how many there are: `wq`,
+/// `wk`, `wv`, `wo`, then `w_gate`, `w_up`, `w_down`, or the router and the experts' three
+/// (`E` of each; `top_k` when `active`, the ones a token runs).
+fn layer_matrices(a: &ModelArch, layer: usize, active: bool) -> Vec<(u64, u64, u64)> {
     let (d, h) = (a.dim as u64, a.hidden_dim as u64);
     let (q, kv) = ((a.n_heads * a.head_dim()) as u64, a.kv_dim() as u64);
-    [(q, d), (kv, d), (kv, d), (d, q), (h, d), (h, d), (d, h)]
+    let mut m = vec![(q, d, 1), (kv, d, 1), (kv, d, 1), (d, q, 1)];
+    match a.moe.as_ref().filter(|_| a.has_experts(layer)) {
+        Some(moe) => {
+            let (n, e) = ((if active { moe.top_k } else { moe.n_experts }) as u64, moe.expert_hidden as u64);
+            m.extend([(moe.n_experts as u64, d, 1), (e, d, n), (e, d, n), (d, e, n)]);
+        }
+        None => m.extend([(h, d, 1), (h, d, 1), (d, h, 1)]),
+    }
+    m
 }
 
-/// Values of the vectors of one layer: two RMSNorm weights, and q/k/v biases when present.
-fn layer_vector_params(a: &ModelArch, biases: bool) -> Result<u64, SizeOverflow> {
-    let (d, q, kv) = (a.dim as u64, (a.n_heads * a.head_dim()) as u64, a.kv_dim() as u64);
+/// Values of the vectors of a layer as the architecture implies them: its RMSNorm weights
+/// (two, four with sandwich norms), q/k norms, sinks, and q/k/v biases when `biases`.
+fn arch_vector_params(a: &ModelArch, biases: bool) -> Result<u64, SizeOverflow> {
+    let (d, q, kv, hd) = (a.dim as u64, (a.n_heads * a.head_dim()) as u64, a.kv_dim() as u64, a.head_dim() as u64);
     let what = "parameters per layer";
-    if biases { sum(what, &[d, d, q, kv, kv]) } else { sum(what, &[d, d]) }
+    let b = &a.block;
+    let norms = if b.sandwich_norms { 4 } else { 2 };
+    sum(
+        what,
+        &[
+            product(what, &[norms, d])?,
+            if b.qk_norm { product(what, &[2, hd])? } else { 0 },
+            if b.sinks { a.n_heads as u64 } else { 0 },
+            if biases { sum(what, &[q, kv, kv])? } else { 0 },
+        ],
+    )
 }
 
-/// `Σ rows·cols` of one layer's matrices.
-fn layer_matmul_params(a: &ModelArch) -> Result<u64, SizeOverflow> {
-    let sizes = layer_matrices(a).map(|(r, c)| product("parameters per layer", &[r, c]));
-    sum("parameters per layer", &sizes.into_iter().collect::<Result<Vec<_>, _>>()?)
+/// Values of the vectors one layer holds: norms, biases, q/k norms, sinks, the router's and the
+/// experts' biases.
+fn held_vector_params(l: &LayerWeights) -> u64 {
+    let n = |t: &Option<HostTensor>| t.as_ref().map_or(0, |t| t.data.len() as u64);
+    let mlp = |m: &Mlp| n(&m.gate_bias) + n(&m.up_bias) + n(&m.down_bias);
+    let own = [&l.bq, &l.bk, &l.bv, &l.bo, &l.q_norm, &l.k_norm, &l.sinks, &l.post_attn_norm, &l.post_ffn_norm];
+    let ffn = match &l.ffn {
+        Ffn::Dense(m) => mlp(m),
+        Ffn::Experts(e) => n(&e.router_bias) + e.experts.iter().map(mlp).sum::<u64>(),
+    };
+    (l.attn_norm.data.len() + l.ffn_norm.data.len()) as u64 + own.iter().map(|t| n(t)).sum::<u64>() + ffn
+}
+
+/// `Σ count·rows·cols` of layer `layer`'s matrices.
+fn layer_matmul_params(a: &ModelArch, layer: usize, active: bool) -> Result<u64, SizeOverflow> {
+    let what = "parameters per layer";
+    let sizes = layer_matrices(a, layer, active).into_iter().map(|(r, c, n)| product(what, &[r, c, n]));
+    sum(what, &sizes.collect::<Result<Vec<_>, _>>()?)
+}
+
+/// The kinds of layers of an architecture: `(a layer of the kind, how many)`; one kind unless
+/// some layers are dense and others have experts.
+fn layer_kinds(a: &ModelArch) -> Vec<(usize, u64)> {
+    let Some(moe) = &a.moe else { return vec![(0, a.n_layers as u64)] };
+    let mut dense: Vec<usize> = moe.dense_layers.iter().copied().filter(|&l| l < a.n_layers).collect();
+    dense.sort_unstable();
+    dense.dedup();
+    let n_dense = dense.len() as u64;
+    let n_moe = a.n_layers as u64 - n_dense;
+    let first_moe = (0..a.n_layers).find(|l| !dense.contains(l));
+    let mut kinds = Vec::new();
+    if let Some(l) = first_moe {
+        kinds.push((l, n_moe));
+    }
+    if let Some(&l) = dense.first() {
+        kinds.push((l, n_dense));
+    }
+    kinds.sort_unstable();
+    kinds
+}
+
+/// The vectors of a layer of each kind: from the architecture, or from the loaded weights.
+enum Vectors<'a> {
+    Arch { biases: bool },
+    Held(&'a [LayerWeights]),
+}
+
+impl Vectors<'_> {
+    fn of(&self, a: &ModelArch, layer: usize) -> Result<u64, SizeOverflow> {
+        match self {
+            Vectors::Arch { biases } => arch_vector_params(a, *biases),
+            Vectors::Held(layers) => match layers.get(layer) {
+                Some(l) => Ok(held_vector_params(l)),
+                None => arch_vector_params(a, false),
+            },
+        }
+    }
 }
 
 /// Inspects an architecture. `source_dtypes` are `(tensor, dtype)` pairs of the source file
@@ -211,16 +289,28 @@ pub fn inspect(
     batch: usize,
     storages: &[&dyn WeightStorage],
 ) -> Result<Inspection, SizeOverflow> {
+    inspect_with(arch, source_dtypes, biases, &Vectors::Arch { biases }, (seq_len, batch), storages)
+}
+
+/// [`inspect`] with the layers' vectors counted by `vectors`.
+fn inspect_with(
+    arch: &ModelArch,
+    source_dtypes: &[(String, String)],
+    biases: bool,
+    vectors: &Vectors<'_>,
+    (seq_len, batch): (usize, usize),
+    storages: &[&dyn WeightStorage],
+) -> Result<Inspection, SizeOverflow> {
     Ok(Inspection {
         architecture: arch.architecture.clone(),
         format: None,
         synthetic: false,
         arch: arch.clone(),
         biases,
-        params: param_counts(arch, biases)?,
+        params: param_counts(arch, vectors)?,
         source_dtypes: dtype_counts(source_dtypes),
         source_storage: None,
-        weight_bytes: storages.iter().map(|s| weight_bytes(arch, biases, *s)).collect::<Result<_, _>>()?,
+        weight_bytes: storages.iter().map(|s| weight_bytes(arch, vectors, *s)).collect::<Result<_, _>>()?,
         kv_cache: kv_cache_bytes(arch, seq_len, batch)?,
         flops_per_token: flops_per_token(arch, seq_len)?,
     })
@@ -275,7 +365,8 @@ pub fn inspect_loaded(
     storages: &[&dyn WeightStorage],
 ) -> Result<Inspection, SizeOverflow> {
     let biases = m.model.layers.iter().any(|l| l.bq.is_some() || l.bk.is_some() || l.bv.is_some());
-    let inspection = inspect(&m.model.arch, &m.source_dtypes, biases, seq_len, batch, storages)?;
+    let vectors = Vectors::Held(&m.model.layers);
+    let inspection = inspect_with(&m.model.arch, &m.source_dtypes, biases, &vectors, (seq_len, batch), storages)?;
     Ok(Inspection { source_storage: m.source_storage.clone(), ..inspection.with_format(m.format) })
 }
 
@@ -287,34 +378,43 @@ impl Inspection {
 }
 
 /// Parameter counts (see the module docs).
-fn param_counts(arch: &ModelArch, biases: bool) -> Result<ParamCounts, SizeOverflow> {
-    let (d, v, l) = (arch.dim as u64, arch.vocab_size as u64, arch.n_layers as u64);
+fn param_counts(arch: &ModelArch, vectors: &Vectors<'_>) -> Result<ParamCounts, SizeOverflow> {
+    let (d, v) = (arch.dim as u64, arch.vocab_size as u64);
     let what = "parameters";
-    let per_layer = sum(what, &[layer_matmul_params(arch)?, layer_vector_params(arch, biases)?])?;
+    let layer = |l: usize| sum(what, &[layer_matmul_params(arch, l, false)?, vectors.of(arch, l)?]);
+    let per_layer = layer(0)?;
+    let kinds = layer_kinds(arch)
+        .into_iter()
+        .map(|(l, n)| product(what, &[layer(l)?, n]))
+        .collect::<Result<Vec<_>, _>>()?;
+    let layers = sum(what, &kinds)?;
     let embedding = product(what, &[v, d])?;
     let head = if arch.tied_embeddings { 0 } else { embedding };
-    let layers = product(what, &[l, per_layer])?;
-    Ok(ParamCounts {
-        embedding,
-        per_layer,
-        layers,
-        final_norm: d,
-        head,
-        total: sum(what, &[embedding, layers, d, head])?,
-    })
+    Ok(ParamCounts { embedding, per_layer, layers, final_norm: d, head, total: sum(what, &[embedding, layers, d, head])? })
 }
 
 /// Bytes of every weight under `storage`: the embedding, the layers' matrices and vectors, the
 /// final norm and an untied head.
-fn weight_bytes(arch: &ModelArch, biases: bool, storage: &dyn WeightStorage) -> Result<SchemeBytes, SizeOverflow> {
-    let (d, v, l) = (arch.dim as u64, arch.vocab_size as u64, arch.n_layers as u64);
+fn weight_bytes(
+    arch: &ModelArch,
+    vectors: &Vectors<'_>,
+    storage: &dyn WeightStorage,
+) -> Result<SchemeBytes, SizeOverflow> {
+    let (d, v) = (arch.dim as u64, arch.vocab_size as u64);
     let what = "weight bytes";
     let vector = storage.vector_bytes();
-    let matrices = layer_matrices(arch).map(|(r, c)| storage.matrix_bytes(r, c));
-    let layer = sum(what, &[sum(what, &matrices)?, product(what, &[vector, layer_vector_params(arch, biases)?])?])?;
+    let layer = |l: usize| -> Result<u64, SizeOverflow> {
+        let matrices = layer_matrices(arch, l, false)
+            .into_iter()
+            .map(|(r, c, n)| product(what, &[storage.matrix_bytes(r, c), n]))
+            .collect::<Result<Vec<_>, _>>()?;
+        sum(what, &[sum(what, &matrices)?, product(what, &[vector, vectors.of(arch, l)?])?])
+    };
+    let kinds =
+        layer_kinds(arch).into_iter().map(|(l, n)| product(what, &[layer(l)?, n])).collect::<Result<Vec<_>, _>>()?;
     let embedding = storage.matrix_bytes(v, d);
     let head = if arch.tied_embeddings { 0 } else { embedding };
-    let bytes = sum(what, &[embedding, product(what, &[l, layer])?, product(what, &[vector, d])?, head])?;
+    let bytes = sum(what, &[embedding, sum(what, &kinds)?, product(what, &[vector, d])?, head])?;
     // `matrix_bytes` saturates where it would overflow.
     if bytes == u64::MAX {
         return Err(SizeOverflow { quantity: what });
@@ -339,7 +439,11 @@ fn kv_cache_bytes(arch: &ModelArch, seq_len: usize, batch: usize) -> Result<KvCa
 fn flops_per_token(arch: &ModelArch, seq_len: usize) -> Result<FlopsPerToken, SizeOverflow> {
     let (d, v, l) = (arch.dim as u64, arch.vocab_size as u64, arch.n_layers as u64);
     let what = "FLOPs per token";
-    let params = sum(what, &[product(what, &[l, layer_matmul_params(arch)?])?, product(what, &[v, d])?])?;
+    let layers = layer_kinds(arch)
+        .into_iter()
+        .map(|(k, n)| product(what, &[layer_matmul_params(arch, k, true)?, n]))
+        .collect::<Result<Vec<_>, _>>()?;
+    let params = sum(what, &[sum(what, &layers)?, product(what, &[v, d])?])?;
     let matmul = product(what, &[2, params])?;
     let attention = product(what, &[2, 2, l, arch.n_heads as u64, arch.head_dim() as u64, seq_len as u64])?;
     Ok(FlopsPerToken { context: seq_len as u64, matmul, attention, total: sum(what, &[matmul, attention])? })
@@ -408,13 +512,18 @@ impl Inspection {
     /// Parameter counts and the source file's dtypes.
     fn fmt_params(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let p = &self.params;
+        let n = self.arch.n_layers;
+        // Layers differ (Qwen3-MoE's dense ones): their sum, and the first.
+        let layers = if (n as u64).checked_mul(p.per_layer) == Some(p.layers) {
+            format!("{n} × layer {}", grouped(p.per_layer))
+        } else {
+            format!("{n} layers {} (the first {})", grouped(p.layers), grouped(p.per_layer))
+        };
         writeln!(
             f,
-            "parameters {} = embedding {} + {} × layer {} + final norm {} + head {}{}",
+            "parameters {} = embedding {} + {layers} + final norm {} + head {}{}",
             grouped(p.total),
             grouped(p.embedding),
-            self.arch.n_layers,
-            grouped(p.per_layer),
             grouped(p.final_norm),
             grouped(p.head),
             if self.biases { " (layers include q/k/v biases)" } else { "" }

@@ -181,7 +181,8 @@ fn unsupported_architecture() {
     assert!(
         e.ends_with(
             "config.json: unsupported architecture GPT2LMHeadModel; supported: LlamaForCausalLM, MistralForCausalLM, \
-             Qwen2ForCausalLM"
+             Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
+             Phi3ForCausalLM, MixtralForCausalLM, GptOssForCausalLM"
         ),
         "{e}"
     );
@@ -355,9 +356,9 @@ fn llama3_rope_scaling_is_read() {
     // `rope_type: default` is plain RoPE.
     edit_config(dir.path(), |c| c["rope_scaling"] = serde_json::json!({"rope_type": "default"}));
     assert_eq!(open_model(dir.path(), None).expect("opens").model.arch.rope_scaling, None);
-    edit_config(dir.path(), |c| c["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0}));
+    edit_config(dir.path(), |c| c["rope_scaling"] = serde_json::json!({"rope_type": "longrope", "factor": 4.0}));
     let e = err(dir.path());
-    assert!(e.contains("rope_scaling: type yarn is not supported; supported: default, llama3"), "{e}");
+    assert!(e.contains("rope_scaling: type longrope is not supported (RoPE scaling longrope); supported: default, linear, llama3, yarn"), "{e}");
     // high_freq_factor must exceed low_freq_factor (the interpolation divides by their gap).
     edit_config(dir.path(), |c| {
         c["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0,
@@ -389,7 +390,7 @@ fn transformers_5_rope_parameters_are_read() {
     assert_eq!((a.rope_theta, a.rope_scaling), (100000.0, None));
     edit_config(dir.path(), |c| c["rope_parameters"] = serde_json::json!({"rope_type": "dynamic", "rope_theta": 1e4}));
     let e = err(dir.path());
-    assert!(e.contains("rope_parameters: type dynamic is not supported; supported: default, llama3"), "{e}");
+    assert!(e.contains("rope_parameters: type dynamic is not supported (RoPE scaling dynamic); supported: default, linear, llama3, yarn"), "{e}");
 }
 
 #[test]

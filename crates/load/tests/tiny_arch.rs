@@ -539,3 +539,87 @@ fn older_hub_configs_read_as_transformers_folds_them() {
     });
     assert_eq!(a.windows, [Some(32); 4]);
 }
+
+#[test]
+fn inspect_counts_every_held_weight_and_the_active_experts() {
+    use qdrift_load::inspect::{Fp32, inspect_loaded};
+    for arch in ARCHES {
+        let m = open(arch);
+        let i = inspect_loaded(&m, 16, 1, &[&Fp32]).expect("inspects");
+        assert_eq!(i.params.total, m.model.parameter_count() as u64, "{arch}");
+        assert_eq!(i.weight_bytes[0].bytes, 4 * i.params.total, "{arch}");
+    }
+    // Qwen3-MoE: a token runs the router and 2 of the 8 experts (32 wide) per layer.
+    let m = open("qwen3_moe");
+    let i = inspect_loaded(&m, 16, 1, &[&Fp32]).expect("inspects");
+    let attention = 2 * 128 * 64 + 2 * 64 * 64;
+    let active = attention + 8 * 64 + 2 * 3 * 64 * 32;
+    assert_eq!(i.flops_per_token.matmul, 2 * (4 * active + 512 * 64));
+}
+
+/// `transformers`' `FP4_VALUES` (integrations/mxfp4.py).
+const FP4: [f32; 16] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+
+/// Element `(e, r, c)` of an MXFP4 tensor `[E, rows, cols]` as `_convert_moe_packed_tensors`
+/// computes it: code `c % 32` of group `c / 32` (even in the low nibble), times 2^(scale − 127).
+fn mxfp4_value(blocks: &[u8], scales: &[u8], (rows, cols): (usize, usize), (e, r, c): (usize, usize, usize)) -> f32 {
+    let group = (e * rows + r) * (cols / 32) + c / 32;
+    let byte = blocks[group * 16 + (c % 32) / 2];
+    let code = if c % 2 == 0 { byte & 0x0F } else { byte >> 4 };
+    FP4[usize::from(code)] * 2f32.powi(i32::from(scales[group]) - 127)
+}
+
+#[test]
+fn gpt_oss_mxfp4_experts_are_dequantized() {
+    let dir = edited("gpt_oss", |c| {
+        c.insert("quantization_config".into(), serde_json::json!({"quant_method": "mxfp4", "modules_to_not_convert":
+            ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}));
+    });
+    let bytes = std::fs::read(dir.path().join("model.safetensors")).expect("read");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid");
+    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .iter()
+        .filter(|(n, _)| !n.ends_with("experts.gate_up_proj") && !n.ends_with("experts.down_proj"))
+        .map(|(n, v)| (n.to_string(), v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    // gate_up [8, 64 (2I), 64 (dim)] and down [8, 64 (dim), 32 (I)], as [E, out, in].
+    let shapes = [("gate_up_proj", 64usize, 64usize), ("down_proj", 64, 32)];
+    let codes = |seed: usize, n: usize| -> Vec<u8> { (0..n).map(|i| ((i * 37 + seed * 11) % 256) as u8).collect() };
+    let scales = |seed: usize, n: usize| -> Vec<u8> { (0..n).map(|i| (120 + (i + seed) % 12) as u8).collect() };
+    for layer in 0..4 {
+        for (k, (name, rows, cols)) in shapes.iter().enumerate() {
+            let g = cols / 32;
+            let p = format!("model.layers.{layer}.mlp.experts.{name}");
+            let seed = layer * 2 + k;
+            tensors.push((format!("{p}_blocks"), safetensors::Dtype::U8, vec![8, *rows, g, 16], codes(seed, 8 * rows * g * 16)));
+            tensors.push((format!("{p}_scales"), safetensors::Dtype::U8, vec![8, *rows, g], scales(seed, 8 * rows * g)));
+        }
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).expect("view")))
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).expect("write");
+    let m = open_model(dir.path(), None).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(m.quantization.as_ref().map(|q| q.weights.as_str()), Some("mxfp4 (experts)"));
+    for layer in 0..4 {
+        let e = m.model.layers[layer].experts().expect("experts");
+        let (gu_b, gu_s) = (codes(layer * 2, 8 * 64 * 2 * 16), scales(layer * 2, 8 * 64 * 2));
+        let (dn_b, dn_s) = (codes(layer * 2 + 1, 8 * 64 * 16), scales(layer * 2 + 1, 8 * 64));
+        for (k, x) in e.experts.iter().enumerate() {
+            for j in 0..32 {
+                for h in 0..64 {
+                    assert_eq!(x.gate.data[j * 64 + h], mxfp4_value(&gu_b, &gu_s, (64, 64), (k, 2 * j, h)));
+                    assert_eq!(x.up.data[j * 64 + h], mxfp4_value(&gu_b, &gu_s, (64, 64), (k, 2 * j + 1, h)));
+                    assert_eq!(x.down.data[h * 32 + j], mxfp4_value(&dn_b, &dn_s, (64, 32), (k, h, j)));
+                }
+            }
+        }
+    }
+    // MXFP4 elsewhere than gpt-oss's experts is refused by name.
+    refusal(
+        "qwen3",
+        |c| drop(c.insert("quantization_config".into(), serde_json::json!({"quant_method": "mxfp4"}))),
+        &["MXFP4 quantization (quantization_config.quant_method = mxfp4)", "GptOssForCausalLM's experts only"],
+    );
+}

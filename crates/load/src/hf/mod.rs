@@ -7,45 +7,52 @@
 //!   optional `__metadata__`, then the byte buffer; offsets are relative to the buffer), parsed
 //!   with the `safetensors` crate over a memory map.
 //! - sharding: `transformers`' `model.safetensors.index.json` (`weight_map: {tensor: shard file}`).
-//! - `config.json`: `transformers`' `LlamaConfig`, `MistralConfig`, `Qwen2Config` (field names and
-//!   their defaults: `rms_norm_eps` 1e-6, `rope_theta` 10000, `max_position_embeddings` 2048,
-//!   `num_key_value_heads` = `num_attention_heads`, `tie_word_embeddings` false).
-//! - tensor names: `transformers`' `modeling_llama.py` (`LlamaForCausalLM`), shared by Mistral and
-//!   Qwen2:
+//! - `config.json`: as `transformers` 5.25.0's config classes read it (`config.rs` lists the
+//!   classes, keys, defaults and refusals).
+//! - tensor names: `transformers`' `modeling_*.py` of each class:
 //!
 //! | [`HostModel`](crate::HostModel) field | Hugging Face name | shape |
 //! |---|---|---|
 //! | `token_embedding` | `model.embed_tokens.weight` | `[vocab, dim]` |
 //! | `attn_norm` | `model.layers.{i}.input_layernorm.weight` | `[dim]` |
-//! | `wq`, `wk`, `wv`, `wo` | `model.layers.{i}.self_attn.{q,k,v,o}_proj.weight` | `[out, in]` |
-//! | `bq`, `bk`, `bv` (Qwen2) | `model.layers.{i}.self_attn.{q,k,v}_proj.bias` | `[out]` |
-//! | `ffn_norm` | `model.layers.{i}.post_attention_layernorm.weight` | `[dim]` |
-//! | `w_gate`, `w_up`, `w_down` | `model.layers.{i}.mlp.{gate,up,down}_proj.weight` | `[out, in]` |
+//! | `wq`, `wk`, `wv`, `wo` | `model.layers.{i}.self_attn.{q,k,v,o}_proj.weight`; Phi-3: `self_attn.qkv_proj.weight` (`[q; k; v]` rows, split) | `[out, in]` |
+//! | `bq`, `bk`, `bv` (Qwen2; `attention_bias`), `bo` (`attention_bias`; gpt-oss) | `model.layers.{i}.self_attn.{q,k,v,o}_proj.bias` | `[out]` |
+//! | `q_norm`, `k_norm` (Qwen3, Qwen3-MoE, Gemma 3) | `model.layers.{i}.self_attn.{q,k}_norm.weight` | `[head_dim]` |
+//! | `sinks` (gpt-oss) | `model.layers.{i}.self_attn.sinks` | `[n_heads]` |
+//! | `post_attn_norm` (Gemma) | `model.layers.{i}.post_attention_layernorm.weight` | `[dim]` |
+//! | `ffn_norm` | `model.layers.{i}.post_attention_layernorm.weight`; Gemma: `pre_feedforward_layernorm.weight` | `[dim]` |
+//! | `post_ffn_norm` (Gemma) | `model.layers.{i}.post_feedforward_layernorm.weight` | `[dim]` |
+//! | dense `gate`, `up`, `down` | `model.layers.{i}.mlp.{gate,up,down}_proj.weight`; Phi-3: `mlp.gate_up_proj.weight` (`[gate; up]` rows, split) | `[out, in]` |
+//! | experts' `router` | Qwen3-MoE `mlp.gate.weight`, Mixtral `block_sparse_moe.gate.weight`, gpt-oss `mlp.router.weight` (+ `.bias`) | `[n_experts, dim]` |
+//! | expert `e`'s `gate`, `up`, `down` | Qwen3-MoE `mlp.experts.{e}.{gate,up,down}_proj.weight`; Mixtral `block_sparse_moe.experts.{e}.{w1,w3,w2}.weight`; gpt-oss `mlp.experts.gate_up_proj` `[E, dim, 2I]` (columns: gate `0::2`, up `1::2`), `down_proj` `[E, I, dim]`, transposed, with `gate_up_proj_bias`, `down_proj_bias` | `[out, in]` |
 //! | `final_norm` | `model.norm.weight` | `[dim]` |
 //! | `output` | `lm_head.weight` (absent or ignored when tied) | `[vocab, dim]` |
 //!
 //! **RoPE layout.** Hugging Face stores q/k rows in the rotate-half layout (rotation pairs are
-//! rows `i` and `i + head_dim/2` of a head); [`HostModel`](crate::HostModel) uses the interleaved
-//! layout (pairs are rows `2i`, `2i+1`). The reader un-permutes q/k weights and biases
-//! ([`crate::rotate_half_row_order`], llama.cpp `convert_hf_to_gguf.py`'s `LlamaModel.permute`).
+//! rows `i` and `i + rotary_dim/2` of a head); [`HostModel`](crate::HostModel) uses the
+//! interleaved layout (pairs are rows `2i`, `2i+1`). The reader un-permutes q/k weights and
+//! biases and the q/k norm weights, the first `rotary_dim` rows of each head
+//! ([`crate::rotate_half_row_order_partial`], llama.cpp `convert_hf_to_gguf.py`'s
+//! `LlamaModel.permute`).
 //!
-//! **Architectures.** `LlamaForCausalLM` (Llama 2/3, SmolLM, TinyLlama), `MistralForCausalLM`
-//! and `Qwen2ForCausalLM`. Mistral's `sliding_window` (when set and smaller than
-//! `max_position_embeddings`) caps [`crate::ModelArch::max_seq_len`]: within the window,
-//! sliding-window attention is full causal attention, so the model is exact for every length it
-//! accepts. Qwen2's q/k/v biases go to [`crate::LayerWeights::bq`] etc.; Llama 3.1+'s
-//! `rope_scaling` (`rope_type = llama3`) to [`crate::ModelArch::rope_scaling`], as does
-//! `rope_parameters` (the form `transformers` ≥ 5 writes, which also carries `rope_theta`).
-//! `qdrift-model` applies both.
-//! Refused with a message: other architectures, `head_dim` ≠ `hidden_size / num_attention_heads`,
-//! `hidden_act` other than `silu`, `attention_bias`/`mlp_bias` on Llama, `rope_scaling` types
-//! other than `llama3` and `default`, tensor dtypes other than F32/F16/BF16 outside a
-//! quantization config.
+//! **Architectures.** `LlamaForCausalLM` (Llama 2/3, SmolLM, TinyLlama), `MistralForCausalLM`,
+//! `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `Gemma2ForCausalLM`,
+//! `Gemma3ForCausalLM` (`gemma3_text`), `Phi3ForCausalLM`, `MixtralForCausalLM`,
+//! `GptOssForCausalLM`. Mistral's and Qwen2's `sliding_window` (when set and smaller than
+//! `max_position_embeddings`) caps [`crate::ModelArch::max_seq_len`] (within the window,
+//! sliding-window attention is full causal attention); the newer classes' windows are per layer
+//! ([`crate::ModelArch::windows`]). Refused with a one-line message naming the feature and the
+//! `config.json` field: multimodal configs, MLA, linear attention, chunked attention, NoPE
+//! layers, shared experts, bidirectional attention, RoPE types other than `default`, `linear`,
+//! `llama3`, `yarn`, unsupported activations, other architectures; tensor dtypes other than
+//! F32/F16/BF16 outside a quantization config; MXFP4 experts.
 //!
 //! **Quantized folders.** With a `quantization_config` (GPTQ, AWQ, compressed-tensors, FP8) each
 //! linear layer is dequantized by [`quant`] (which documents and cites every layout, one file per
 //! layout with its unpacking and packing side by side) and then, for q/k, permuted: the
-//! permutation moves the real rows.
+//! permutation moves the real rows. Phi-3's fused modules are dequantized whole, then split;
+//! experts stored one module each (Qwen3-MoE, Mixtral) go through the same path; gpt-oss's
+//! fused 3-D experts are read as F32/F16/BF16 only (its MXFP4 checkpoints are refused by name).
 
 //!
 //! | file | contents |

@@ -54,6 +54,12 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
     let hf = parse_config(&config_path, &config, shards.tensor_count())?;
     let class = hf.class;
     let quant = super::quant::read_quant_config(dir, &config_path, &config)?;
+    if quant.as_ref().is_some_and(HfQuant::is_mxfp4) && class != Class::GptOss {
+        return Err(LoadError::invalid(
+            &config_path,
+            "MXFP4 quantization (quantization_config.quant_method = mxfp4) is read for GptOssForCausalLM's experts only",
+        ));
+    }
     let model = Reader { shards: &shards, quant: quant.as_ref(), hf: &hf }.model()?;
     let source_storage = match &quant {
         Some(q) => Some(quantized_storage(&shards, q, class, &model).map_err(|e| LoadError::Overflow {
@@ -394,7 +400,8 @@ impl Reader<'_> {
     /// gpt-oss's experts (`GptOssExperts`), stored `[E, in, out]` (`x @ W`): `gate_up_proj
     /// [E, dim, 2I]` whose columns interleave gate (`0::2`) and up (`1::2`), `gate_up_proj_bias
     /// [E, 2I]` the same way, `down_proj [E, I, dim]`, `down_proj_bias [E, dim]`; each transposed
-    /// to `[out, in]`. MXFP4 checkpoints (`*_blocks`, `*_scales`) are refused by name.
+    /// to `[out, in]`. An MXFP4 checkpoint stores `gate_up_proj_blocks`/`_scales` and
+    /// `down_proj_blocks`/`_scales` instead ([`Reader::mxfp4`]), already `[E, out, in]`.
     ///
     /// # Shapes
     /// - returns `n_experts` of: gate, up `[I, dim]`, down `[dim, I]`, biases `[I]`, `[I]`, `[dim]`.
@@ -403,36 +410,88 @@ impl Reader<'_> {
         let Some(m) = &a.moe else { return Ok(Vec::new()) };
         let (n, eh, dim) = (m.n_experts, m.expert_hidden, a.dim);
         let gu_name = format!("{p}.mlp.experts.gate_up_proj");
-        if !self.shards.has(&gu_name) && self.shards.has(&format!("{gu_name}_blocks")) {
-            return Err(LoadError::invalid(
-                self.shards.path_of(&format!("{gu_name}_blocks")).unwrap_or(self.shards.first_path()),
-                format!("MXFP4 experts ({gu_name}_blocks / _scales) are not supported; dequantize them to BF16 first"),
-            ));
-        }
-        let gate_up = self.tensor(&gu_name, &[n, dim, 2 * eh])?;
+        let down_name = format!("{p}.mlp.experts.down_proj");
+        // Both as [E, out, in]: gate_up [E, 2I, dim] (gate rows 0::2), down [E, dim, I].
+        let (gate_up, down) = if self.shards.has(&format!("{gu_name}_blocks")) {
+            (self.mxfp4(&gu_name, n, 2 * eh, dim)?, self.mxfp4(&down_name, n, dim, eh)?)
+        } else {
+            let transposed = |t: HostTensor, rows: usize, cols: usize| -> Vec<f32> {
+                // [E, cols (in), rows (out)] -> [E, rows, cols]
+                (0..n)
+                    .flat_map(|e| {
+                        let x = &t.data[e * rows * cols..(e + 1) * rows * cols];
+                        (0..rows).flat_map(move |r| (0..cols).map(move |c| x[c * rows + r]))
+                    })
+                    .collect()
+            };
+            (
+                transposed(self.tensor(&gu_name, &[n, dim, 2 * eh])?, 2 * eh, dim),
+                transposed(self.tensor(&down_name, &[n, eh, dim])?, dim, eh),
+            )
+        };
         let gate_up_bias = self.tensor(&format!("{gu_name}_bias"), &[n, 2 * eh])?;
-        let down = self.tensor(&format!("{p}.mlp.experts.down_proj"), &[n, eh, dim])?;
-        let down_bias = self.tensor(&format!("{p}.mlp.experts.down_proj_bias"), &[n, dim])?;
+        let down_bias = self.tensor(&format!("{down_name}_bias"), &[n, dim])?;
         let mut experts = Vec::new();
         for e in 0..n {
-            let gu = &gate_up.data[e * dim * 2 * eh..(e + 1) * dim * 2 * eh];
-            // Column 2j + half of `gu` (row-major [dim, 2I]) is row j of gate (half 0) or up (1).
+            let gu = &gate_up[e * 2 * eh * dim..(e + 1) * 2 * eh * dim];
+            // Row 2j + half of `gu` ([2I, dim]) is row j of gate (half 0) or up (1).
             let split = |half: usize| -> Vec<f32> {
-                (0..eh).flat_map(|j| (0..dim).map(move |h| gu[h * 2 * eh + 2 * j + half])).collect()
+                (0..eh).flat_map(|j| gu[(2 * j + half) * dim..(2 * j + half + 1) * dim].iter().copied()).collect()
             };
             let gub = &gate_up_bias.data[e * 2 * eh..(e + 1) * 2 * eh];
-            let dn = &down.data[e * eh * dim..(e + 1) * eh * dim];
-            let down_t: Vec<f32> = (0..dim).flat_map(|o| (0..eh).map(move |i| dn[i * dim + o])).collect();
             let t = |shape: Vec<usize>, data: Vec<f32>| HostTensor { shape, data };
             experts.push(Mlp {
                 gate: t(vec![eh, dim], split(0)),
                 up: t(vec![eh, dim], split(1)),
-                down: t(vec![dim, eh], down_t),
+                down: t(vec![dim, eh], down[e * dim * eh..(e + 1) * dim * eh].to_vec()),
                 gate_bias: Some(t(vec![eh], gub.iter().step_by(2).copied().collect())),
                 up_bias: Some(t(vec![eh], gub.iter().skip(1).step_by(2).copied().collect())),
                 down_bias: Some(t(vec![dim], down_bias.data[e * dim..(e + 1) * dim].to_vec())),
             });
         }
         Ok(experts)
+    }
+
+    /// gpt-oss's MXFP4 tensor `name` (`transformers`' `integrations/mxfp4.py`,
+    /// `_convert_moe_packed_tensors`): `{name}_blocks [E, rows, cols/32, 16]` U8, two E2M1 codes
+    /// per byte (element `2k` in the low nibble of byte `k`, `2k + 1` in the high one), and
+    /// `{name}_scales [E, rows, cols/32]` U8, E8M0 exponents biased by 127:
+    /// `w = FP4_VALUES[code] · 2^(scale − 127)`. Each 32-element group is repacked into ggml's
+    /// `block_mxfp4` (element `j` low, `j + 16` high) and dequantized by `qdrift-ggml`, whose
+    /// values are the same (`kvalues_mxfp4 · 2^(e − 128)`, the table doubled).
+    ///
+    /// # Shapes
+    /// - returns `[E, rows, cols]` row-major.
+    fn mxfp4(&self, name: &str, e: usize, rows: usize, cols: usize) -> Result<Vec<f32>, LoadError> {
+        let (blocks_name, scales_name) = (format!("{name}_blocks"), format!("{name}_scales"));
+        let path = self.shards.path_of(&blocks_name).unwrap_or(self.shards.first_path()).to_path_buf();
+        if !cols.is_multiple_of(32) {
+            return Err(LoadError::invalid(&path, format!("{blocks_name}: {cols} columns are not whole MXFP4 groups of 32")));
+        }
+        let g = cols / 32;
+        let u8s = |n: &str, shape: &[usize]| -> Result<&[u8], LoadError> {
+            let raw = self.shards.raw(n).ok_or_else(|| {
+                LoadError::invalid(&path, format!("tensor {n} is missing; expected U8 of shape {shape:?}"))
+            })?;
+            if raw.dtype != safetensors::Dtype::U8 || raw.shape != shape {
+                return Err(LoadError::invalid(
+                    raw.path,
+                    format!("tensor {n} is {:?} {:?}; expected U8 {shape:?}", raw.dtype, raw.shape),
+                ));
+            }
+            Ok(raw.bytes)
+        };
+        let blocks = u8s(&blocks_name, &[e, rows, g, 16])?;
+        let scales = u8s(&scales_name, &[e, rows, g])?;
+        let mut ggml = Vec::with_capacity(scales.len() * 17);
+        for (scale, b) in scales.iter().zip(blocks.chunks_exact(16)) {
+            let code = |k: usize| (b[k / 2] >> (4 * (k % 2))) & 0x0F;
+            ggml.push(*scale);
+            ggml.extend((0..16).map(|j| code(j) | (code(j + 16) << 4)));
+        }
+        let data = qdrift_ggml::dequantize_ggml_blocks(qdrift_ggml::GgmlType::Mxfp4, &ggml, scales.len() * 32)
+            .map_err(|err| LoadError::invalid(&path, format!("{blocks_name}: {err}")))?;
+        crate::input::check_finite(&path, &blocks_name, &data)?;
+        Ok(data)
     }
 }

@@ -71,6 +71,10 @@ enum Method {
     Awq(Awq),
     Compressed(ReadCompressed),
     Fp8(Fp8),
+    /// `quant_method: mxfp4` (gpt-oss): only the experts' fused 3-D tensors are MXFP4
+    /// (`*_blocks`, `*_scales`), read by the Hugging Face reader's gpt-oss expert path; every
+    /// linear layer is a plain `.weight`.
+    Mxfp4,
 }
 
 /// The folder's quantization: `config.json`'s `quantization_config`, else `quantize_config.json`
@@ -94,7 +98,7 @@ pub(crate) fn read_quant_config(dir: &Path, config_path: &Path, config: &Value) 
     Ok(None)
 }
 
-const METHODS: &str = "gptq, awq, compressed-tensors, fp8";
+const METHODS: &str = "gptq, awq, compressed-tensors, fp8, mxfp4 (gpt-oss experts)";
 
 fn parse(f: Fields<'_>, default_method: Option<&str>) -> Result<HfQuant, LoadError> {
     let method = f.str("quant_method")?.or(default_method);
@@ -116,6 +120,7 @@ fn parse(f: Fields<'_>, default_method: Option<&str>) -> Result<HfQuant, LoadErr
                 let (c, name, activations) = Fp8::parse(&f)?;
                 (Method::Fp8(c), name, Some(activations))
             }
+            Some("mxfp4") => (Method::Mxfp4, "mxfp4 (experts)".to_string(), None),
             _ => return Err(f.unsupported("quant_method", method.unwrap_or("(missing)"), METHODS)),
         };
     Ok(HfQuant { path: f.path.to_path_buf(), method, summary: CheckpointQuant { weights, activations } })
@@ -145,6 +150,7 @@ impl HfQuant {
                 None => return shards.get(&format!("{module}.weight"), &[out, inp]),
             },
             Method::Fp8(f) => f.unpack(shards, module, out, inp)?,
+            Method::Mxfp4 => return shards.get(&format!("{module}.weight"), &[out, inp]),
         };
         let name = format!("{module}.weight");
         let path = shards.path_of(&name).unwrap_or(&self.path);
@@ -162,7 +168,13 @@ impl HfQuant {
             Method::Gptq(_) | Method::Awq(_) => shards.has(&format!("{module}.qweight")),
             Method::Compressed(c) => c.scheme_of(module).is_some(),
             Method::Fp8(_) => Fp8::stores_quantized(shards, module),
+            Method::Mxfp4 => false,
         }
+    }
+
+    /// Whether this is gpt-oss's MXFP4 (experts only).
+    pub(crate) fn is_mxfp4(&self) -> bool {
+        matches!(self.method, Method::Mxfp4)
     }
 }
 
