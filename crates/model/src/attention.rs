@@ -1,12 +1,19 @@
-//! Grouped-query self-attention: the q/k/v/o projections and RoPE in Burn, then either Burn's
-//! composed attention over a device [`KvCache`] or the fused host kernel
-//! (`host/attention.rs`) over a host cache, as the cache's [`crate::AttentionKernel`] says; on
-//! the CPU backend the whole layer runs on the host where `host::placement` says so.
+//! Grouped-query self-attention: the q/k/v/o projections, optional per-head q/k RMSNorm and RoPE
+//! in Burn, then either Burn's composed attention over a device [`KvCache`] or the fused host
+//! kernel (`host/attention.rs`) over a host cache, as the cache's [`crate::AttentionKernel`] says;
+//! on the CPU backend the whole layer runs on the host where `host::placement` says so.
+//!
+//! Beyond Llama's (`transformers` `eager_attention_forward` of each family): q/k norms before RoPE
+//! (`Qwen3Attention`, `Gemma3Attention`), partial rotary (`Phi3Attention`), a score scale other
+//! than `head_dim^-½` (`query_pre_attn_scalar`), attention-logit soft-capping after the scale and
+//! before the mask (`Gemma2Attention`), a sliding window per layer (`sliding_window_overlay`) and
+//! learned sinks (`GptOssAttention`). The host kernel computes Llama's attention only; a layer with
+//! any of these ([`Attention::host_kernel_covers`]) runs as Burn ops over a device cache.
 //!
 //! **Invariant: a row's output depends only on its own visible keys ([`Positions::visible`]),
 //! never on the other rows of its batch; softmax runs in f32 in every compute dtype.**
 
-use burn::module::Module;
+use burn::module::{Module, Param};
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Tensor};
 use qdrift_codecs::{ActivationQuant, ActivationScale, KvQuant};
@@ -17,20 +24,23 @@ use crate::host::elem::round_f16;
 use crate::host::linear::PackedLinear;
 use crate::host::placement::{self, RoundingPath};
 use crate::host::rope::HostRope;
+use crate::norm::RmsNorm;
 use crate::{KvCache, Positions, Projection, Rope, host_f32, upload, upload_owned};
 
 /// What every layer's attention needs to know about the new columns of a forward pass.
 #[derive(Debug)]
 pub(crate) struct ForwardContext<'a> {
-    /// RoPE tables, `[batch, new, 1, head_dim / 2, 1]` each (from [`Rope::tables`]); built
-    /// unless every layer runs on the host.
-    pub rope: Option<(Tensor<5>, Tensor<5>)>,
+    /// RoPE tables of each of the model's [`Rope`]s (indexed by [`AttentionSpec::rope`]),
+    /// `[batch, new, 1, pairs, 1]` each (from [`Rope::tables`]); built unless every layer runs on
+    /// the host.
+    pub rope: Option<Vec<(Tensor<5>, Tensor<5>)>>,
     /// The same tables on the host (from [`Rope::host_tables`]), for the host path
     /// ([`Attention::forward`] with host linear layers and a host cache).
-    pub host_rope: Option<HostRope>,
+    pub host_rope: Option<Vec<HostRope>>,
+    /// One mask per distinct sliding window of the model (`None`: full causal attention),
     /// `[batch, 1, 1, new, cached + new]`, f32, 0 where a key is visible and −∞ where not; built
     /// only for device caches (the host kernel asks `positions`).
-    pub mask: Option<Tensor<5>>,
+    pub mask: Option<Vec<(Option<usize>, Tensor<5>)>>,
     /// The batch's layout: which keys each query sees.
     pub positions: &'a Positions,
     /// Column of the first new position.
@@ -46,6 +56,24 @@ pub(crate) struct ForwardContext<'a> {
 }
 
 impl ForwardContext<'_> {
+    /// The device RoPE tables of rope `index`.
+    ///
+    /// # Panics
+    /// If the pass did not build them (`placement::pass_tables` builds them for device caches).
+    fn device_tables(&self, index: usize) -> &(Tensor<5>, Tensor<5>) {
+        let tables = self.rope.as_ref().expect("device RoPE tables are built unless every layer is on the host");
+        &tables[index]
+    }
+
+    /// The mask of sliding window `window` (`None`: causal), for a device cache.
+    ///
+    /// # Panics
+    /// If the pass built no mask for it (it builds one per window of the model for device caches).
+    fn window_mask(&self, window: Option<usize>) -> &Tensor<5> {
+        let masks = self.mask.as_ref().expect("a device cache needs the attention mask");
+        &masks.iter().find(|(w, _)| *w == window).expect("a mask for every window of the model").1
+    }
+
     /// A linear layer's input, rounded as the variant's activation quantization says (unchanged
     /// without one).
     ///
@@ -122,6 +150,21 @@ impl ForwardContext<'_> {
     }
 }
 
+/// What a layer's attention computes beyond Llama's, as plain numbers (see [`Attention`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AttentionSpec {
+    /// The factor scores are multiplied by; `None`: divided by `√head_dim` (Llama).
+    pub scale: Option<f32>,
+    /// Attention-logit soft-capping: scaled scores become `cap · tanh(s / cap)` before the mask.
+    pub softcap: Option<f32>,
+    /// Sliding window: a query at position `p` sees the keys at `p − window < k ≤ p`.
+    pub window: Option<usize>,
+    /// Which of the model's [`Rope`]s rotates this layer's queries and keys.
+    pub rope: usize,
+    /// Whether that rope rotates only the first dimensions of each head.
+    pub partial_rotary: bool,
+}
+
 /// Multi-head self-attention with grouped key/value heads (Ainslie et al. 2023, "GQA"): query
 /// head `h` attends with key/value head `h / (heads / kv_heads)`, as in llama2.c.
 #[derive(Module, Debug)]
@@ -134,12 +177,21 @@ pub struct Attention {
     pub wv: Projection,
     /// Output projection, weight `[heads * head_dim, dim]`.
     pub wo: Projection,
+    /// Per-head query RMSNorm, weight `[head_dim]` (Qwen3, Gemma 3), before RoPE.
+    pub q_norm: Option<RmsNorm>,
+    /// Per-head key RMSNorm, weight `[head_dim]`, before RoPE.
+    pub k_norm: Option<RmsNorm>,
+    /// Learned sink logits, `[heads]`, in the compute dtype (gpt-oss).
+    pub sinks: Option<Param<Tensor<1>>>,
     /// Query heads.
     pub heads: usize,
     /// Key/value heads.
     pub kv_heads: usize,
     /// Width of one head.
     pub head_dim: usize,
+    /// Scale, soft cap, window and RoPE of this layer.
+    #[module(skip)]
+    pub spec: AttentionSpec,
 }
 
 impl Attention {
@@ -148,18 +200,75 @@ impl Attention {
         Some([self.wq.packed()?, self.wk.packed()?, self.wv.packed()?, self.wo.packed()?])
     }
 
+    /// Whether the host attention kernel computes this layer: Llama's attention (no q/k norm, no
+    /// sinks, `1/√head_dim` scores, no soft cap, no window, whole heads rotated). Biases are the
+    /// host linear layers'.
+    pub(crate) fn host_kernel_covers(&self) -> bool {
+        let AttentionSpec { scale, softcap, window, rope: _, partial_rotary } = self.spec;
+        self.q_norm.is_none()
+            && self.k_norm.is_none()
+            && self.sinks.is_none()
+            && scale.is_none()
+            && softcap.is_none()
+            && window.is_none()
+            && !partial_rotary
+    }
+
+    /// Per-head RMSNorm of queries or keys (`norm` over each head's `head_dim` values), if any.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, new, heads, head_dim]` → same
+    fn norm_heads(norm: Option<&RmsNorm>, x: Tensor<4>) -> Tensor<4> {
+        let Some(norm) = norm else {
+            return x;
+        };
+        let [b, t, h, hd] = x.dims();
+        norm.forward(x.reshape([b, t * h, hd])).reshape([b, t, h, hd])
+    }
+
+    /// Scaled, soft-capped, masked scores → attention weights in f32, with the sinks' column
+    /// joining the softmax and then dropped (`GptOssAttention`'s `eager_attention_forward`:
+    /// `softmax(cat(s, sink) − max)[..., :-1]`; Burn's softmax subtracts the row maximum, sink
+    /// included).
+    ///
+    /// # Shapes
+    /// - `scores`: `[batch, kv_heads, rep, new, keys]` in the compute dtype, unscaled
+    /// - `mask`: `[batch, 1, 1, new, keys]`, f32
+    /// - returns `[batch, kv_heads, rep, new, keys]`, f32
+    fn weights(&self, scores: Tensor<5>, mask: &Tensor<5>) -> Tensor<5> {
+        let [b, kvh, rep, t, s] = scores.dims();
+        let scores = match self.spec.scale {
+            None => scores.div_scalar((self.head_dim as f64).sqrt()),
+            Some(scale) => scores.mul_scalar(f64::from(scale)),
+        };
+        let mut scores = scores.cast(DType::F32);
+        if let Some(cap) = self.spec.softcap {
+            let cap = f64::from(cap);
+            scores = scores.div_scalar(cap).tanh().mul_scalar(cap);
+        }
+        let scores = scores + mask.clone();
+        let Some(sinks) = &self.sinks else {
+            return softmax(scores, 4);
+        };
+        let sink = sinks.val().cast(DType::F32).reshape([1, kvh, rep, 1, 1]).repeat_dim(0, b).repeat_dim(3, t);
+        softmax(Tensor::cat(vec![scores, sink], 4), 4).slice([0..b, 0..kvh, 0..rep, 0..t, 0..s])
+    }
+
     /// Attends from the new positions `x` to everything in `cache` plus themselves, with Burn's
-    /// composed attention or the host kernel, as the cache says ([`crate::AttentionKernel`]).
+    /// composed attention or the host kernel, as the cache says ([`crate::AttentionKernel`]),
+    /// with the layer's RoPE among `ropes`.
     ///
     /// # Shapes
     /// - `x`: `[batch, new, dim]` → `[batch, new, dim]`
     ///
     /// # Panics
-    /// If `context` has no mask for a device cache.
+    /// If `context` has no mask for a device cache, or if a layer the host kernel does not cover
+    /// ([`Attention::host_kernel_covers`]) is given a host cache (`Llama::new_caches_for` gives
+    /// such layers device caches).
     pub(crate) fn forward(
         &self,
         x: Tensor<3>,
-        rope: &Rope,
+        ropes: &[Rope],
         context: &ForwardContext,
         cache: &mut KvCache,
     ) -> Tensor<3> {
@@ -173,12 +282,17 @@ impl Attention {
             let y = self.forward_host(host_f32(x), [b, t], context, cache);
             return upload_owned(y, [b, t, self.wo.out_features()], dtype, &device);
         }
-        let (cos, sin) = context.rope.as_ref().expect("device RoPE tables are built unless every layer is on the host");
+        let rope = &ropes[self.spec.rope];
+        let (cos, sin) = context.device_tables(self.spec.rope);
         let x = context.round_input(x);
-        let q = rope.apply(self.wq.forward(x.clone()).reshape([b, t, h, hd]), cos, sin);
-        let k = rope.apply(self.wk.forward(x.clone()).reshape([b, t, kvh, hd]), cos, sin);
+        let q = Self::norm_heads(self.q_norm.as_ref(), self.wq.forward(x.clone()).reshape([b, t, h, hd]));
+        let k = Self::norm_heads(self.k_norm.as_ref(), self.wk.forward(x.clone()).reshape([b, t, kvh, hd]));
+        let (q, k) = (rope.apply(q, cos, sin), rope.apply(k, cos, sin));
         let v = self.wv.forward(x).reshape([b, t, kvh, hd]);
 
+        if cache.kernel() == crate::AttentionKernel::Host {
+            assert!(self.host_kernel_covers(), "this attention layer needs a device cache (Llama::new_caches_for)");
+        }
         if let Some((host, start)) = cache.claim_host(t) {
             // The host kernel over q/k/v computed on the device.
             let device = q.device();
@@ -186,7 +300,7 @@ impl Attention {
             let out = self.attend_host(host, start, kv_quant, new, context);
             return self.wo.forward(context.upload_rounded_output(out, [b, t, h * hd], dtype, &device));
         }
-        let mask = context.mask.as_ref().expect("a device cache needs the attention mask");
+        let mask = context.window_mask(self.spec.window);
         let (k, v) = match kv_quant {
             Some(kvq) => (round_kv(k, kvq), round_kv(v, kvq)),
             None => (k, v),
@@ -197,9 +311,8 @@ impl Attention {
         // Group the query heads that share a key/value head so that one batched matmul serves
         // the whole group without materialising repeated keys: [b, kvh, rep * t, hd].
         let q = q.swap_dims(1, 2).reshape([b, kvh, rep * t, hd]);
-        let scores = q.matmul(k.swap_dims(2, 3)).div_scalar((hd as f64).sqrt());
-        let scores = scores.reshape([b, kvh, rep, t, s]).cast(DType::F32) + mask.clone();
-        let weights = softmax(scores, 4).cast(dtype).reshape([b, kvh, rep * t, s]);
+        let scores = q.matmul(k.swap_dims(2, 3)).reshape([b, kvh, rep, t, s]);
+        let weights = self.weights(scores, mask).cast(dtype).reshape([b, kvh, rep * t, s]);
         let out = weights.matmul(v); // [b, kvh, rep * t, hd]
         let out = out.reshape([b, h, t, hd]).swap_dims(1, 2).reshape([b, t, h * hd]);
         self.wo.forward(context.round_input(out))
@@ -208,8 +321,11 @@ impl Attention {
     /// Whether [`Attention::forward_host`] runs this layer over `cache`
     /// ([`placement::attention_on_host`]).
     pub(crate) fn runs_on_host(&self, context: &ForwardContext, cache: &KvCache) -> bool {
-        let packed = self.packed().is_some();
-        placement::attention_on_host(packed, context.host_rope.is_some(), context.rounds_on_host(), cache.kernel())
+        let layer = placement::HostLayer {
+            kernel_covers: self.host_kernel_covers(),
+            projections_packed: self.packed().is_some(),
+        };
+        placement::attention_on_host(layer, context.host_rope.is_some(), context.rounds_on_host(), cache.kernel())
     }
 
     /// [`Attention::forward`] wholly on the host: q/k/v from the packed weights, the host RoPE
@@ -231,7 +347,7 @@ impl Attention {
         let (h, kvh) = (self.heads, self.kv_heads);
         let kv_quant = cache.quant();
         let (Some([wq, wk, wv, wo]), Some(rope), Some((host, start))) =
-            (self.packed(), context.host_rope.as_ref(), cache.claim_host(t))
+            (self.packed(), context.host_rope.as_ref().map(|r| &r[self.spec.rope]), cache.claim_host(t))
         else {
             panic!("Attention::forward_host on a layer that does not run on the host");
         };
@@ -290,4 +406,73 @@ struct NewColumns<'a> {
     v: Vec<f32>,
     /// `[batch, new]`.
     shape: [usize; 2],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::placement::LinearKernel;
+    use crate::linear::ProjectionStore;
+    use burn::tensor::Device;
+
+    /// An attention layer of one key/value head shared by `heads` query heads of width 2, with
+    /// `spec` and `sinks`; only [`Attention::weights`] is used.
+    fn layer(heads: usize, spec: AttentionSpec, sinks: Option<&[f32]>) -> Attention {
+        let device = Device::flex();
+        let store = ProjectionStore { dtype: DType::F32, device: &device, kernel: LinearKernel::Burn, compact: true };
+        let p = |out: usize, inp: usize| Projection::new(&vec![0.0; out * inp], [out, inp], None, store);
+        Attention {
+            wq: p(heads * 2, 4),
+            wk: p(2, 4),
+            wv: p(2, 4),
+            wo: p(4, heads * 2),
+            q_norm: None,
+            k_norm: None,
+            sinks: sinks.map(|s| Param::from_tensor(upload(s, [s.len()], DType::F32, &device))),
+            heads,
+            kv_heads: 1,
+            head_dim: 2,
+            spec,
+        }
+    }
+
+    /// Weights of one query over `scores` (unscaled), no mask.
+    fn weights(a: &Attention, scores: &[f32]) -> Vec<f32> {
+        let device = Device::flex();
+        let (rep, s) = (a.heads, scores.len() / a.heads);
+        let scores = upload(scores, [1, 1, rep, 1, s], DType::F32, &device);
+        let mask = Tensor::zeros([1, 1, 1, 1, s], (&device, DType::F32));
+        host_f32(a.weights(scores, &mask))
+    }
+
+    /// Zero scores over 4 keys and a sink logit ln 4: the sink takes half the mass, each key
+    /// 1/8; a head without mass in its sink (−30) keeps rows summing to 1.
+    #[test]
+    fn sinks_take_their_share_of_the_probability_mass() {
+        let a = layer(2, AttentionSpec::default(), Some(&[4f32.ln(), -30.0]));
+        let w = weights(&a, &[0.0; 8]);
+        for (i, &v) in w[..4].iter().enumerate() {
+            assert!((v - 0.125).abs() < 1e-6, "key {i}: {v}");
+        }
+        let rest: f32 = w[4..].iter().sum();
+        assert!((rest - 1.0).abs() < 1e-6, "{rest}");
+        let plain = weights(&layer(2, AttentionSpec::default(), None), &[0.0; 8]);
+        assert!(plain.iter().all(|&v| (v - 0.25).abs() < 1e-6));
+    }
+
+    /// Scaled scores `[10, 0]` under a cap of 2 become `[2·tanh(5), 0]` before the softmax.
+    #[test]
+    fn soft_capping_bounds_the_scores_before_the_softmax() {
+        let spec = AttentionSpec { scale: Some(1.0), softcap: Some(2.0), ..AttentionSpec::default() };
+        let w = weights(&layer(1, spec, None), &[10.0, 0.0]);
+        let capped = 2.0 * 5f64.tanh();
+        let want = capped.exp() / (capped.exp() + 1.0);
+        assert!((f64::from(w[0]) - want).abs() < 1e-6, "{} vs {want}", w[0]);
+        // Uncapped, the same scores put almost all the mass on the first key.
+        let spec = AttentionSpec { scale: Some(1.0), ..AttentionSpec::default() };
+        assert!(weights(&layer(1, spec, None), &[10.0, 0.0])[0] > 0.9999);
+        // The default scale divides by √head_dim: [√2, 0] → [1, 0].
+        let w = weights(&layer(1, AttentionSpec::default(), None), &[2f32.sqrt(), 0.0]);
+        assert!((f64::from(w[0]) - 1f64.exp() / (1f64.exp() + 1.0)).abs() < 1e-6);
+    }
 }

@@ -12,6 +12,8 @@
 //! host-memory cache ([`AttentionKernel`]; the default on the CPU backend).
 //!
 //! Files:
+//! - `activation.rs`: the gated activations of a feed-forward layer (SwiGLU, GELU-tanh, clamped
+//!   SwiGLU) as Burn ops.
 //! - `llama.rs`: [`Llama`] (built from a `HostModel` and its `ModelArch`) and its blocks (attention + SwiGLU feed-forward).
 //! - `attention.rs`, `linear.rs` ([`Projection`]), `norm.rs`, `rope.rs` ([`Rope`]), `cache.rs`
 //!   ([`KvCache`]): the layers as Burn modules, on any device.
@@ -25,6 +27,7 @@
 //! Imports run downwards: `llama` → the layer modules → `host` (and `positions`); nothing in
 //! `host` imports a layer module.
 
+mod activation;
 mod attention;
 mod cache;
 mod fake_quant;
@@ -135,3 +138,6 @@ pub fn release_free_memory() {
         libc::malloc_trim(0);
     }
 }
+
+#[cfg(test)]
+mod block_tests;

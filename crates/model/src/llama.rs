@@ -4,12 +4,12 @@
 //! left-padded batch.
 
 use burn::module::{Module, Param};
-use burn::tensor::activation::silu;
 use burn::tensor::{DType, Device, Int, Tensor};
 use qdrift_codecs::ActivationScale;
-use qdrift_weights::{Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch};
+use qdrift_weights::{Activation, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, NormStyle};
 
-use crate::attention::{Attention, ForwardContext};
+use crate::activation::gated;
+use crate::attention::{Attention, AttentionSpec, ForwardContext};
 use crate::fake_quant::RuntimeQuant;
 use crate::host::elem::{add_rounded, is_f16_exact};
 use crate::host::isa::{Isa, IsaError};
@@ -89,27 +89,16 @@ impl Llama {
         Isa::from_env()?;
         let arch = &host.arch;
         arch.validate().map_err(ModelError::Arch)?;
-        let (d, hid, hd) = (arch.dim, arch.hidden_dim, arch.head_dim());
-        let rope = Rope::scaled(hd, arch.rope_theta, arch.rope_scaling.as_ref()).map_err(ModelError::Arch)?;
-        let (q_out, kv_out) = (arch.n_heads * hd, arch.n_kv_heads * hd);
-        // RMSNorm's epsilon, exactly the checkpoint's f32 value.
-        let eps = f64::from(arch.norm_eps);
-
-        let vector = |name: String, t: &HostTensor, n: usize| -> Result<Param<Tensor<1>>, ModelError> {
-            check(&name, t, &[n])?;
-            Ok(Param::from_tensor(upload(&t.data, [n], dtype, device)))
+        let d = arch.dim;
+        let (ropes, rope_of_layer) = layer_ropes(arch)?;
+        let up = Uploader {
+            dtype,
+            device,
+            store: ProjectionStore { dtype, device, kernel, compact },
+            // RMSNorm's epsilon, exactly the checkpoint's f32 value.
+            eps: f64::from(arch.norm_eps),
+            style: arch.block.norm,
         };
-        let store = ProjectionStore { dtype, device, kernel, compact };
-        // `name` without its `.weight`: the bias is `{name}.bias`.
-        let biased = |name: &str, t: &HostTensor, b: Option<&HostTensor>, out: usize, inp: usize| {
-            check(&format!("{name}.weight"), t, &[out, inp])?;
-            if let Some(b) = b {
-                check(&format!("{name}.bias"), b, &[out])?;
-            }
-            let bias = b.map(|b| &b.data[..]);
-            Ok::<_, ModelError>(Projection::new(&t.data, [out, inp], bias, store))
-        };
-        let linear = |name: &str, t: &HostTensor, out: usize, inp: usize| biased(name, t, None, out, inp);
 
         check("model.embed_tokens.weight", &host.token_embedding, &[arch.vocab_size, d])?;
         let table = &host.token_embedding.data;
@@ -124,43 +113,22 @@ impl Llama {
         unsupported(host).map_or(Ok(()), |what| {
             Err(ModelError::Arch(format!("{} is not supported yet: {what}", arch.architecture)))
         })?;
-        let mut layers = Vec::with_capacity(arch.n_layers);
-        for (i, l) in host.layers.iter().enumerate() {
-            let Some(mlp) = l.mlp() else {
-                return Err(ModelError::Arch(format!("layer {i}: a mixture of experts is not supported yet")));
-            };
-            let p = |s: &str| format!("model.layers.{i}.{s}.weight");
-            let w = |s: &str| format!("model.layers.{i}.{s}");
-            let attn = |s: &str| format!("model.layers.{i}.self_attn.{s}");
-            layers.push(Block {
-                attn_norm: RmsNorm::new(vector(p("input_layernorm"), &l.attn_norm, d)?, eps),
-                attn: Attention {
-                    wq: biased(&attn("q_proj"), &l.wq, l.bq.as_ref(), q_out, d)?,
-                    wk: biased(&attn("k_proj"), &l.wk, l.bk.as_ref(), kv_out, d)?,
-                    wv: biased(&attn("v_proj"), &l.wv, l.bv.as_ref(), kv_out, d)?,
-                    wo: linear(&attn("o_proj"), &l.wo, d, q_out)?,
-                    heads: arch.n_heads,
-                    kv_heads: arch.n_kv_heads,
-                    head_dim: hd,
-                },
-                ffn_norm: RmsNorm::new(vector(p("post_attention_layernorm"), &l.ffn_norm, d)?, eps),
-                ffn: FeedForward {
-                    gate: linear(&w("mlp.gate_proj"), &mlp.gate, hid, d)?,
-                    up: linear(&w("mlp.up_proj"), &mlp.up, hid, d)?,
-                    down: linear(&w("mlp.down_proj"), &mlp.down, d, hid)?,
-                },
-            });
-        }
-        let norm = RmsNorm::new(vector("model.norm.weight".into(), &host.final_norm, d)?, eps);
+        let layers = host
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| up.block(arch, i, l, rope_of_layer[i]))
+            .collect::<Result<Vec<_>, _>>()?;
+        let norm = up.norm("model.norm.weight".into(), &host.final_norm, d)?;
         // A tied output layer gets its own copy of the embedding: the lookup wants [vocab, dim]
         // rows, the projection its own layout ([dim, vocab] for Burn, panels for the host).
-        let output = linear("lm_head", host.output_weight(), arch.vocab_size, d)?;
+        let output = up.linear("lm_head", host.output_weight(), None, [arch.vocab_size, d])?;
         Ok(Llama {
             embedding,
             layers,
             norm,
             output,
-            rope,
+            ropes,
             dtype,
             runtime: RuntimeQuant::none(),
             arch: arch.clone(),
@@ -169,29 +137,132 @@ impl Llama {
     }
 }
 
+/// One [`Rope`] per distinct `(theta, scaling)` of the layers ([`ModelArch::layer_rope`]: Gemma
+/// 3's local θ for its sliding-window layers), over the rotated width of a head, and each
+/// layer's index into them.
+fn layer_ropes(arch: &ModelArch) -> Result<(Vec<Rope>, Vec<usize>), ModelError> {
+    let mut keys: Vec<(f32, Option<&qdrift_weights::RopeScaling>)> = Vec::new();
+    let mut ropes = Vec::new();
+    let mut of_layer = Vec::with_capacity(arch.n_layers);
+    for layer in 0..arch.n_layers.max(1) {
+        let key = arch.layer_rope(layer);
+        let index = match keys.iter().position(|k| *k == key) {
+            Some(i) => i,
+            None => {
+                ropes.push(Rope::scaled(arch.rotary_dim(), key.0, key.1).map_err(ModelError::Arch)?);
+                keys.push(key);
+                keys.len() - 1
+            }
+        };
+        of_layer.push(index);
+    }
+    Ok((ropes, of_layer))
+}
+
+/// How [`Llama::build`] uploads a host model's tensors: the compute dtype, the device, where
+/// linear layers are stored, and the norms' epsilon and style.
+struct Uploader<'a> {
+    dtype: DType,
+    device: &'a Device,
+    store: ProjectionStore<'a>,
+    eps: f64,
+    style: NormStyle,
+}
+
+impl Uploader<'_> {
+    /// A `[n]` vector in the compute dtype, checked.
+    fn vector(&self, name: &str, t: &HostTensor, n: usize) -> Result<Param<Tensor<1>>, ModelError> {
+        check(name, t, &[n])?;
+        Ok(Param::from_tensor(upload(&t.data, [n], self.dtype, self.device)))
+    }
+
+    /// An RMSNorm of width `n` in the model's style.
+    fn norm(&self, name: String, t: &HostTensor, n: usize) -> Result<RmsNorm, ModelError> {
+        Ok(RmsNorm::styled(self.vector(&name, t, n)?, self.eps, self.style))
+    }
+
+    /// An optional RMSNorm of width `n` in the model's style.
+    fn norm_opt(&self, name: String, t: Option<&HostTensor>, n: usize) -> Result<Option<RmsNorm>, ModelError> {
+        t.map(|t| self.norm(name, t, n)).transpose()
+    }
+
+    /// A linear layer `[out, inp]` with an optional bias; `name` without its `.weight`.
+    fn linear(
+        &self,
+        name: &str,
+        t: &HostTensor,
+        b: Option<&HostTensor>,
+        [out, inp]: [usize; 2],
+    ) -> Result<Projection, ModelError> {
+        check(&format!("{name}.weight"), t, &[out, inp])?;
+        if let Some(b) = b {
+            check(&format!("{name}.bias"), b, &[out])?;
+        }
+        let bias = b.map(|b| &b.data[..]);
+        Ok(Projection::new(&t.data, [out, inp], bias, self.store))
+    }
+
+    /// Block `i` from its host weights, rotated by rope `rope` of the model's.
+    fn block(&self, arch: &ModelArch, i: usize, l: &LayerWeights, rope: usize) -> Result<Block, ModelError> {
+        let (d, hd) = (arch.dim, arch.head_dim());
+        let (q_out, kv_out) = (arch.q_dim(), arch.kv_dim());
+        let p = |s: &str| format!("model.layers.{i}.{s}.weight");
+        let attn = |s: &str| format!("model.layers.{i}.self_attn.{s}");
+        let block = &arch.block;
+        let spec = AttentionSpec {
+            scale: block.attn_scale,
+            softcap: block.attn_softcap,
+            window: arch.window(i),
+            rope,
+            partial_rotary: arch.rotary_dim() < hd,
+        };
+        let sinks = l.sinks.as_ref().map(|s| self.vector(&attn("sinks"), s, arch.n_heads)).transpose()?;
+        Ok(Block {
+            attn_norm: self.norm(p("input_layernorm"), &l.attn_norm, d)?,
+            attn: Attention {
+                wq: self.linear(&attn("q_proj"), &l.wq, l.bq.as_ref(), [q_out, d])?,
+                wk: self.linear(&attn("k_proj"), &l.wk, l.bk.as_ref(), [kv_out, d])?,
+                wv: self.linear(&attn("v_proj"), &l.wv, l.bv.as_ref(), [kv_out, d])?,
+                wo: self.linear(&attn("o_proj"), &l.wo, l.bo.as_ref(), [d, q_out])?,
+                q_norm: self.norm_opt(attn("q_norm.weight"), l.q_norm.as_ref(), hd)?,
+                k_norm: self.norm_opt(attn("k_norm.weight"), l.k_norm.as_ref(), hd)?,
+                sinks,
+                heads: arch.n_heads,
+                kv_heads: arch.n_kv_heads,
+                head_dim: hd,
+                spec,
+            },
+            post_attn_norm: self.norm_opt(p("post_attention_layernorm"), l.post_attn_norm.as_ref(), d)?,
+            ffn_norm: self.norm(
+                p(if block.sandwich_norms { "pre_feedforward_layernorm" } else { "post_attention_layernorm" }),
+                &l.ffn_norm,
+                d,
+            )?,
+            ffn: self.ffn(arch, i, l)?,
+            post_ffn_norm: self.norm_opt(p("post_feedforward_layernorm"), l.post_ffn_norm.as_ref(), d)?,
+        })
+    }
+
+    /// Layer `i`'s feed-forward layer.
+    fn ffn(&self, arch: &ModelArch, i: usize, l: &LayerWeights) -> Result<BlockFfn, ModelError> {
+        let Some(mlp) = l.mlp() else {
+            return Err(ModelError::Arch(format!("layer {i}: a mixture of experts is not supported yet")));
+        };
+        let (d, hid) = (arch.dim, arch.hidden_dim);
+        let w = |s: &str| format!("model.layers.{i}.mlp.{s}");
+        Ok(BlockFfn::Dense(FeedForward {
+            gate: self.linear(&w("gate_proj"), &mlp.gate, mlp.gate_bias.as_ref(), [hid, d])?,
+            up: self.linear(&w("up_proj"), &mlp.up, mlp.up_bias.as_ref(), [hid, d])?,
+            down: self.linear(&w("down_proj"), &mlp.down, mlp.down_bias.as_ref(), [d, hid])?,
+            activation: arch.block.activation,
+        }))
+    }
+}
+
 /// What the model does not compute yet, named, for a host model that needs it.
 fn unsupported(host: &HostModel) -> Option<&'static str> {
-    let a = &host.arch;
-    let layer = |f: fn(&LayerWeights) -> bool| host.layers.iter().any(f);
-    if !a.block.is_llama() {
-        Some(
-            "a block other than Llama's (norms, q/k norms, partial rotary, attention scale or soft cap, sinks, activation)",
-        )
-    } else if a.moe.is_some() {
+    if host.arch.moe.is_some() || host.layers.iter().any(|l| l.experts().is_some()) {
         Some("a mixture of experts")
-    } else if !a.windows.is_empty() {
-        Some("sliding-window layers")
-    } else if a.embedding_scale.is_some() {
-        Some("an embedding scale")
-    } else if a.final_logit_softcap.is_some() {
-        Some("final-logit soft-capping")
-    } else if layer(|l| l.bo.is_some() || l.q_norm.is_some() || l.k_norm.is_some() || l.sinks.is_some()) {
-        Some("an output bias, q/k norms or attention sinks")
-    } else if layer(|l| l.post_attn_norm.is_some() || l.post_ffn_norm.is_some()) {
-        Some("post-attention or post-FFN norms")
-    } else if layer(|l| l.mlp().is_some_and(|m| m.gate_bias.is_some() || m.up_bias.is_some() || m.down_bias.is_some()))
-    {
-        Some("feed-forward biases")
     } else {
         None
     }
@@ -204,7 +275,8 @@ fn check(name: &str, t: &HostTensor, expected: &[usize]) -> Result<(), ModelErro
     Ok(())
 }
 
-/// SwiGLU feed-forward layer (Shazeer 2020): `down(silu(gate(x)) · up(x))`.
+/// A gated feed-forward layer: `down(act(gate(x), up(x)))` with the block's activation
+/// (`activation.rs`: SwiGLU (Shazeer 2020), GELU-tanh or clamped SwiGLU) and optional biases.
 #[derive(Module, Debug)]
 pub struct FeedForward {
     /// Gate projection, weight `[dim, hidden]`.
@@ -213,6 +285,9 @@ pub struct FeedForward {
     pub up: Projection,
     /// Down projection, weight `[hidden, dim]`.
     pub down: Projection,
+    /// The gated activation.
+    #[module(skip)]
+    pub activation: Activation,
 }
 
 impl FeedForward {
@@ -229,7 +304,7 @@ impl FeedForward {
             return upload_owned(y, [b, t, self.down.out_features()], dtype, &device);
         }
         let x = context.round_input(x);
-        let h = silu(self.gate.forward(x.clone())) * self.up.forward(x);
+        let h = gated(self.activation, self.gate.forward(x.clone()), self.up.forward(x));
         self.down.forward(context.round_input(h))
     }
 
@@ -238,9 +313,13 @@ impl FeedForward {
         placement::ffn_on_host(self.packed_on_host(), context.rounds_on_host())
     }
 
-    /// Whether all three projections are packed on the host.
+    /// Whether all three projections are packed on the host and the host kernels cover the
+    /// activation (SwiGLU; the others run as Burn ops).
     fn packed_on_host(&self) -> bool {
-        self.gate.packed().is_some() && self.up.packed().is_some() && self.down.packed().is_some()
+        self.activation == Activation::SwiGlu
+            && self.gate.packed().is_some()
+            && self.up.packed().is_some()
+            && self.down.packed().is_some()
     }
 
     /// [`FeedForward::forward`] on host values, the output rounded to the compute dtype. Only
@@ -263,33 +342,114 @@ impl FeedForward {
         context.round_host_input(&mut h, [b, t, up.out()]);
         down.forward_rounded(&h, b * t, f16)
     }
+
+    /// The three projections' host weights and biases, as [`Mlp`].
+    fn host_weights(&self) -> Mlp {
+        let ((gate, gate_bias), (up, up_bias), (down, down_bias)) =
+            (self.gate.host_weights(), self.up.host_weights(), self.down.host_weights());
+        Mlp { gate, up, down, gate_bias, up_bias, down_bias }
+    }
 }
 
-/// One pre-norm transformer block.
+/// A block's feed-forward layer: dense (a mixture of experts, `crate::moe`, is to join as a
+/// second variant).
+#[derive(Module, Debug)]
+pub enum BlockFfn {
+    /// One gated feed-forward layer.
+    Dense(FeedForward),
+}
+
+impl BlockFfn {
+    /// # Shapes
+    /// - `x`: `[batch, seq, dim]` → `[batch, seq, dim]`
+    pub(crate) fn forward(&self, x: Tensor<3>, context: &ForwardContext) -> Tensor<3> {
+        match self {
+            Self::Dense(f) => f.forward(x, context),
+        }
+    }
+
+    /// Whether [`BlockFfn::forward_host`] runs this layer.
+    fn runs_on_host(&self, context: &ForwardContext) -> bool {
+        match self {
+            Self::Dense(f) => f.runs_on_host(context),
+        }
+    }
+
+    /// Whether the layer is packed on the host and covered by the host kernels.
+    fn packed_on_host(&self) -> bool {
+        match self {
+            Self::Dense(f) => f.packed_on_host(),
+        }
+    }
+
+    /// [`BlockFfn::forward`] on host values; only where [`BlockFfn::runs_on_host`].
+    ///
+    /// # Shapes
+    /// - `xs`: `[batch, seq, dim]`, row-major → `[batch, seq, dim]`
+    fn forward_host(&self, xs: Vec<f32>, shape: [usize; 2], context: &ForwardContext) -> Vec<f32> {
+        match self {
+            Self::Dense(f) => f.forward_host(xs, shape, context),
+        }
+    }
+
+    /// The layer's host weights.
+    fn host_weights(&self) -> Ffn {
+        match self {
+            Self::Dense(f) => Ffn::Dense(f.host_weights()),
+        }
+    }
+}
+
+/// One pre-norm transformer block, with Gemma's sandwich norms when it has them
+/// (`Gemma2DecoderLayer.forward`: the attention and FFN outputs are normalized again before
+/// their residual sums).
 #[derive(Module, Debug)]
 pub struct Block {
     /// Norm before attention.
     pub attn_norm: RmsNorm,
     /// Self-attention.
     pub attn: Attention,
+    /// Norm of the attention output before its residual sum (Gemma's `post_attention_layernorm`).
+    pub post_attn_norm: Option<RmsNorm>,
     /// Norm before the feed-forward layer.
     pub ffn_norm: RmsNorm,
     /// Feed-forward layer.
-    pub ffn: FeedForward,
+    pub ffn: BlockFfn,
+    /// Norm of the FFN output before its residual sum (Gemma's `post_feedforward_layernorm`).
+    pub post_ffn_norm: Option<RmsNorm>,
 }
 
 impl Block {
     /// # Shapes
     /// - `x`: `[batch, new, dim]` → `[batch, new, dim]`
-    fn forward(&self, x: Tensor<3>, rope: &Rope, context: &ForwardContext, cache: &mut KvCache) -> Tensor<3> {
-        let h = x.clone() + self.attn.forward(self.attn_norm.forward(x), rope, context, cache);
-        h.clone() + self.ffn.forward(self.ffn_norm.forward(h), context)
+    fn forward(&self, x: Tensor<3>, ropes: &[Rope], context: &ForwardContext, cache: &mut KvCache) -> Tensor<3> {
+        let mut a = self.attn.forward(self.attn_norm.forward(x.clone()), ropes, context, cache);
+        if let Some(norm) = &self.post_attn_norm {
+            a = norm.forward(a);
+        }
+        let h = x + a;
+        let mut f = self.ffn.forward(self.ffn_norm.forward(h.clone()), context);
+        if let Some(norm) = &self.post_ffn_norm {
+            f = norm.forward(f);
+        }
+        h + f
     }
 
-    /// Whether [`Block::forward_host`] runs this block over `cache`: its attention and its
-    /// feed-forward layer both run on the host.
+    /// Whether the host kernels compute every part of this block: Llama's attention
+    /// ([`Attention::host_kernel_covers`]), `x̂·w` norms and no sandwich norms, a SwiGLU FFN.
+    /// Any other block falls back to Burn's ops (its attention over a device cache).
+    fn host_kernels_cover(&self) -> bool {
+        self.attn.host_kernel_covers()
+            && self.attn_norm.runs_on_host()
+            && self.ffn_norm.runs_on_host()
+            && self.post_attn_norm.is_none()
+            && self.post_ffn_norm.is_none()
+    }
+
+    /// Whether [`Block::forward_host`] runs this block over `cache`: the host kernels cover it
+    /// and its attention and its feed-forward layer both run on the host.
     fn runs_on_host(&self, context: &ForwardContext, cache: &KvCache) -> bool {
-        self.attn.runs_on_host(context, cache) && self.ffn.runs_on_host(context)
+        self.host_kernels_cover() && self.attn.runs_on_host(context, cache) && self.ffn.runs_on_host(context)
     }
 
     /// [`Block::forward`] on host values, in place: the same operations (the norms as
@@ -306,8 +466,37 @@ impl Block {
         let f = self.ffn.forward_host(self.ffn_norm.forward_host(x, f16), [b, t], context);
         add_rounded(x, &f, f16);
     }
-}
 
+    /// The block's host weights.
+    fn host_weights(&self) -> LayerWeights {
+        let vector = |p: &Param<Tensor<1>>| {
+            let data = host_f32(p.val());
+            HostTensor { shape: vec![data.len()], data }
+        };
+        let norm = |n: Option<&RmsNorm>| n.map(|n| vector(&n.weight));
+        let a = &self.attn;
+        let ((wq, bq), (wk, bk), (wv, bv), (wo, bo)) =
+            (a.wq.host_weights(), a.wk.host_weights(), a.wv.host_weights(), a.wo.host_weights());
+        LayerWeights {
+            attn_norm: vector(&self.attn_norm.weight),
+            wq,
+            wk,
+            wv,
+            wo,
+            bq,
+            bk,
+            bv,
+            bo,
+            q_norm: norm(a.q_norm.as_ref()),
+            k_norm: norm(a.k_norm.as_ref()),
+            sinks: a.sinks.as_ref().map(vector),
+            post_attn_norm: norm(self.post_attn_norm.as_ref()),
+            ffn_norm: vector(&self.ffn_norm.weight),
+            post_ffn_norm: norm(self.post_ffn_norm.as_ref()),
+            ffn: self.ffn.host_weights(),
+        }
+    }
+}
 /// A Llama-family decoder on a device.
 #[derive(Module, Debug)]
 pub struct Llama {
@@ -321,9 +510,11 @@ pub struct Llama {
     pub norm: RmsNorm,
     /// Output layer, weight `[dim, vocab]`.
     pub output: Projection,
-    /// Rotary embedding tables.
+    /// The rotary embeddings of the layers, one per distinct `(theta, scaling)`
+    /// ([`ModelArch::layer_rope`]); each layer's attention names its own
+    /// ([`AttentionSpec::rope`]).
     #[module(skip)]
-    pub rope: Rope,
+    pub ropes: Vec<Rope>,
     /// Compute dtype: the dtype the weights were converted to (an f32 model may hold f16-valued
     /// tensors as f16, see [`Llama::from_host_with`]).
     #[module(skip)]
@@ -356,8 +547,12 @@ impl Llama {
     pub fn steps_match_teacher_forcing(&self) -> bool {
         // What `forward_hidden` asks of each layer (`Block::runs_on_host`), for the caches
         // `new_caches` makes on this device.
-        let packed = self.layers.iter().all(|l| l.attn.packed().is_some() && l.ffn.packed_on_host());
-        placement::steps_match_teacher_forcing(self.host_layers(), &self.device(), packed)
+        let on_host = self.norm.runs_on_host()
+            && self
+                .layers
+                .iter()
+                .all(|l| l.host_kernels_cover() && l.attn.packed().is_some() && l.ffn.packed_on_host());
+        placement::steps_match_teacher_forcing(self.host_layers(), &self.device(), on_host)
     }
 
     /// Whether layers may run on the host ([`placement::host_layers`]).
@@ -410,14 +605,31 @@ impl Llama {
         self.new_caches_for(batch, capacity, AttentionKernel::for_device(&self.device()))
     }
 
-    /// [`Llama::new_caches`] for a given attention kernel.
+    /// [`Llama::new_caches`] for a given attention kernel; a layer the host attention kernel
+    /// does not cover (q/k norms, sinks, soft caps, windows, partial rotary, another scale) gets
+    /// a device cache whatever `kernel` says ([`placement::cache_kernel`]).
     pub fn new_caches_for(&self, batch: usize, capacity: usize, kernel: AttentionKernel) -> Vec<KvCache> {
         let device = self.device();
         let (kvh, hd) = (self.arch.n_kv_heads, self.arch.head_dim());
         let quant = self.runtime.kv_cache;
-        (0..self.layers.len())
-            .map(|_| KvCache::new([batch, kvh, capacity, hd], self.dtype, &device, kernel).with_quant(quant))
+        self.layers
+            .iter()
+            .map(|l| {
+                let kernel = placement::cache_kernel(kernel, l.attn.host_kernel_covers());
+                KvCache::new([batch, kvh, capacity, hd], self.dtype, &device, kernel).with_quant(quant)
+            })
             .collect()
+    }
+
+    /// The distinct sliding windows of the layers (`None`: full causal attention), each once.
+    fn windows(&self) -> Vec<Option<usize>> {
+        let mut windows = Vec::new();
+        for l in &self.layers {
+            if !windows.contains(&l.attn.spec.window) {
+                windows.push(l.attn.spec.window);
+            }
+        }
+        windows
     }
 
     /// Runs new token columns through the model, appending them to the caches.
@@ -462,7 +674,9 @@ impl Llama {
         // activations are rounded on the device), with the host RoPE tables; every other layer
         // uses Burn's.
         let tables = placement::pass_tables(self.host_layers(), caches.iter().map(KvCache::kernel));
-        let mask = tables.mask.then(|| positions.mask(start, t, &device));
+        let mask = tables
+            .mask
+            .then(|| self.windows().into_iter().map(|w| (w, positions.window_mask(start, t, w, &device))).collect());
         let activations = self.runtime.activations.map(|q| (q, self.runtime.path));
         let real = match activations {
             Some((q, RoundingPath::Device)) if q.scale == ActivationScale::Tensor && start == 0 => {
@@ -470,15 +684,23 @@ impl Llama {
             }
             _ => None,
         };
-        let host_rope = tables.host_rope.then(|| self.rope.host_tables(&rows, self.dtype == DType::F16));
-        let rope = tables.device_rope.then(|| self.rope.tables(&rows, self.dtype, &device));
         let f16 = self.dtype == DType::F16;
+        let host_rope = tables.host_rope.then(|| self.ropes.iter().map(|r| r.host_tables(&rows, f16)).collect());
+        let rope =
+            tables.device_rope.then(|| self.ropes.iter().map(|r| r.tables(&rows, self.dtype, &device)).collect());
         let context = ForwardContext { rope, host_rope, mask, positions, start, activations, real, f16 };
 
         let dim = self.embedding.val().dims()[1];
         let mut x = self.embedding.val().select(0, tokens.reshape([b * t]));
+        if let Some(scale) = self.arch.embedding_scale {
+            // Gemma's normalizer, a value of the compute dtype (`Gemma3TextScaledWordEmbedding`:
+            // `embed_scale.to(self.weight.dtype)`), multiplied in the compute dtype.
+            let scale = if f16 { half::f16::from_f32(scale).to_f32() } else { scale };
+            x = x.cast(self.dtype).mul_scalar(f64::from(scale));
+        }
         let blocks = self.layers.iter().zip(caches.iter());
-        if placement::residual_on_host(blocks.map(|(layer, cache)| layer.runs_on_host(&context, cache))) {
+        let layers_on_host = blocks.map(|(layer, cache)| layer.runs_on_host(&context, cache));
+        if self.norm.runs_on_host() && placement::residual_on_host(layers_on_host) {
             // The residual stream stays on the host from the embedding to the final norm: no
             // tensor op, read-back or upload between the layers.
             let mut xs = host_f32(x);
@@ -499,7 +721,7 @@ impl Llama {
         }
         let mut x = x.reshape([b, t, dim]);
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            x = layer.forward(x, &self.rope, &context, cache);
+            x = layer.forward(x, &self.ropes, &context, cache);
         }
         if !all_positions {
             x = x.slice([0..b, t - 1..t, 0..dim]);
@@ -507,14 +729,19 @@ impl Llama {
         self.norm.forward(x)
     }
 
-    /// The output layer: logits from [`Llama::forward_hidden`]'s hidden states.
+    /// The output layer: logits from [`Llama::forward_hidden`]'s hidden states, soft-capped
+    /// in f32 when the model caps them (`Gemma2ForCausalLM.forward`: `cap · tanh(logits / cap)`).
     ///
     /// # Shapes
     /// - `hidden`: `[batch, positions, dim]` in the compute dtype
     /// - returns `[batch, positions, vocab]`, f32
     pub fn head(&self, hidden: Tensor<3>) -> Tensor<3> {
         // The logits rounded to the compute dtype, then cast to f32.
-        self.output.forward_to(hidden, DType::F32)
+        let logits = self.output.forward_to(hidden, DType::F32);
+        match self.arch.final_logit_softcap {
+            Some(cap) => logits.div_scalar(f64::from(cap)).tanh().mul_scalar(f64::from(cap)),
+            None => logits,
+        }
     }
 
     /// The model's weights as a host model: the architecture it was built from and every value
@@ -533,36 +760,7 @@ impl Llama {
         };
         let [vocab, dim] = self.embedding.val().dims();
         let token_embedding = HostTensor { shape: vec![vocab, dim], data: host_f32(self.embedding.val()) };
-        let layers = self
-            .layers
-            .iter()
-            .map(|l| {
-                let ((wq, bq), (wk, bk), (wv, bv)) =
-                    (l.attn.wq.host_weights(), l.attn.wk.host_weights(), l.attn.wv.host_weights());
-                LayerWeights {
-                    attn_norm: vector(&l.attn_norm.weight),
-                    wq,
-                    wk,
-                    wv,
-                    wo: l.attn.wo.host_weights().0,
-                    ffn_norm: vector(&l.ffn_norm.weight),
-                    ffn: Ffn::Dense(Mlp::new(
-                        l.ffn.gate.host_weights().0,
-                        l.ffn.up.host_weights().0,
-                        l.ffn.down.host_weights().0,
-                    )),
-                    bq,
-                    bk,
-                    bv,
-                    bo: None,
-                    q_norm: None,
-                    k_norm: None,
-                    sinks: None,
-                    post_attn_norm: None,
-                    post_ffn_norm: None,
-                }
-            })
-            .collect();
+        let layers = self.layers.iter().map(Block::host_weights).collect();
         HostModel {
             arch: self.arch.clone(),
             token_embedding,
@@ -606,7 +804,9 @@ mod tests {
             assert_eq!(compact.embedding.val().dtype(), DType::F16, "{kernel:?}");
             assert_eq!(wide.embedding.val().dtype(), DType::F32, "{kernel:?}");
             if kernel == LinearKernel::Host {
-                let stored = |m: &Llama| format!("{:?}", m.layers[0].ffn.down.packed().expect("host"));
+                let stored = |m: &Llama| match &m.layers[0].ffn {
+                    BlockFfn::Dense(f) => format!("{:?}", f.down.packed().expect("host")),
+                };
                 assert!(stored(&compact).contains("f16") && stored(&wide).contains("f32"));
             }
             for attention in [AttentionKernel::Host, AttentionKernel::Composed] {

@@ -3,12 +3,14 @@
 //!
 //! On the CPU backend it runs on the host ([`RmsNorm::forward_host`]) whichever path calls it, so
 //! that the host residual stream (`Llama::forward_hidden`) and Burn's ops give the same bits; on
-//! other devices it runs as Burn ops.
+//! other devices it runs as Burn ops. Gemma's `x̂·(1 + w)` ([`NormStyle::OnePlusWeight`]) runs as
+//! Burn ops on every device.
 
 use std::sync::Arc;
 
 use burn::module::{Module, Param};
 use burn::tensor::{DType, Tensor};
+use qdrift_weights::NormStyle;
 
 use crate::host::norm::rms_norm;
 use crate::host::placement::norm_on_host;
@@ -29,19 +31,41 @@ pub struct RmsNorm {
     /// `weight`'s values on the host, for [`RmsNorm::forward_host`].
     #[module(skip)]
     host_weight: Arc<Vec<f32>>,
+    /// Gemma's `x̂·(1 + w)` ([`NormStyle::OnePlusWeight`]) instead of `x̂·w`.
+    #[module(skip)]
+    one_plus: bool,
 }
 
 impl RmsNorm {
     /// The norm with learned scale `weight` (`[dim]`, in the compute dtype).
     pub fn new(weight: Param<Tensor<1>>, eps: f64) -> Self {
+        Self::styled(weight, eps, NormStyle::Weight)
+    }
+
+    /// The norm with learned weight `weight` (`[dim]`, in the compute dtype) applied as `style`
+    /// says: `x̂·w` as [`RmsNorm::new`], or Gemma's `x̂·(1 + w)` wholly in f32 and cast to the
+    /// compute dtype at the end (`transformers` `Gemma3RMSNorm.forward`: `output * (1.0 +
+    /// self.weight.float())`, the weight a value of the model's dtype).
+    pub fn styled(weight: Param<Tensor<1>>, eps: f64, style: NormStyle) -> Self {
         let host_weight = Arc::new(host_f32(weight.val()));
-        Self { weight, eps, host_weight }
+        Self { weight, eps, host_weight, one_plus: style == NormStyle::OnePlusWeight }
+    }
+
+    /// Whether [`RmsNorm::forward_host`] computes this norm (`x̂·w`; Gemma's runs as Burn ops).
+    pub(crate) fn runs_on_host(&self) -> bool {
+        !self.one_plus
     }
 
     /// # Shapes
     /// - `x`: `[batch, seq, dim]` → `[batch, seq, dim]`
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let dtype = x.dtype();
+        if self.one_plus {
+            let x32 = x.cast(DType::F32);
+            let inv_rms = x32.clone().square().mean_dim(2).add_scalar(self.eps).sqrt().recip();
+            let w = self.weight.val().cast(DType::F32).add_scalar(1.0).unsqueeze::<3>();
+            return (x32 * inv_rms * w).cast(dtype);
+        }
         if norm_on_host(&x.device(), dtype) {
             let (dims, device) = (x.dims(), x.device());
             let y = self.forward_host(&host_f32(x), dtype == DType::F16);
@@ -57,7 +81,11 @@ impl RmsNorm {
     ///
     /// # Shapes
     /// - `x`: `[rows, dim]`, row-major → `[rows, dim]`
+    ///
+    /// # Panics
+    /// For Gemma's style ([`RmsNorm::runs_on_host`] is false).
     pub(crate) fn forward_host(&self, x: &[f32], f16: bool) -> Vec<f32> {
+        assert!(self.runs_on_host(), "RmsNorm::forward_host on a (1 + w) norm");
         rms_norm(x, &self.host_weight, self.eps, f16)
     }
 }

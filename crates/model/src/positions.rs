@@ -34,6 +34,18 @@ impl Positions {
         if column >= p { p..column + 1 } else { column..column + 1 }
     }
 
+    /// [`Positions::visible`] within a sliding window of `window` positions (`None`: the whole
+    /// causal context): the keys at positions `q − window < k ≤ q` (`transformers`'
+    /// `sliding_window_overlay`; a key exactly `window` behind is not visible). Positions and
+    /// columns differ by the row's padding only, so the window counts columns.
+    pub(crate) fn visible_within(&self, row: usize, column: usize, window: Option<usize>) -> std::ops::Range<usize> {
+        let r = self.visible(row, column);
+        match window {
+            Some(w) => r.start.max((column + 1).saturating_sub(w))..r.end,
+            None => r,
+        }
+    }
+
     /// 1 for the real tokens in columns `start..start + len` and 0 for padding.
     ///
     /// # Shapes
@@ -45,19 +57,38 @@ impl Positions {
     }
 
     /// The additive attention mask for queries in columns `start..start + len` over keys in
-    /// columns `0..start + len`: 0 where [`Positions::visible`], −∞ elsewhere.
+    /// columns `0..start + len`: 0 where [`Positions::visible_within`] the sliding window
+    /// `window` (`None`: causal), −∞ elsewhere.
     ///
     /// # Shapes
     /// - returns `[batch, 1, 1, len, start + len]`, f32
-    pub(crate) fn mask(&self, start: usize, len: usize, device: &Device) -> Tensor<5> {
+    pub(crate) fn window_mask(&self, start: usize, len: usize, window: Option<usize>, device: &Device) -> Tensor<5> {
         let keys = start + len;
         let mut m = Vec::with_capacity(self.pad.len() * len * keys);
         for row in 0..self.pad.len() {
             for q in start..start + len {
-                let visible = self.visible(row, q);
+                let visible = self.visible_within(row, q, window);
                 m.extend((0..keys).map(|k| if visible.contains(&k) { 0.0f32 } else { f32::NEG_INFINITY }));
             }
         }
         Tensor::from_data(TensorData::new(m, [self.pad.len(), 1, 1, len, keys]), (device, DType::F32))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A window of 3 sees the keys at distances 0, 1 and 2 (`q − window < k ≤ q`), never
+    /// padding, and a padding query sees itself.
+    #[test]
+    fn a_window_sees_distances_below_it() {
+        let p = Positions { pad: vec![0, 4] };
+        assert_eq!(p.visible_within(0, 6, Some(3)), 4..7);
+        assert_eq!(p.visible_within(0, 1, Some(3)), 0..2);
+        assert_eq!(p.visible_within(0, 6, None), 0..7);
+        assert_eq!(p.visible_within(1, 5, Some(3)), 4..6, "not the padding before column 4");
+        assert_eq!(p.visible_within(1, 7, Some(3)), 5..8);
+        assert_eq!(p.visible_within(1, 2, Some(3)), 2..3, "a padding query sees itself");
     }
 }

@@ -1,6 +1,7 @@
 //! Rotary position embeddings (Su et al. 2021) in llama2.c's interleaved layout, with Llama 3.1's
-//! frequency scaling and GGUF's per-pair divisors (`rope_freqs.weight`) applied to the inverse
-//! frequencies.
+//! frequency scaling, linear and YaRN scaling, and GGUF's per-pair divisors (`rope_freqs.weight`)
+//! applied to the inverse frequencies; partial rotary (Phi-3) rotates the first dimensions of each
+//! head only.
 
 use burn::tensor::{DType, Device, Tensor};
 
@@ -17,18 +18,24 @@ use qdrift_weights::RopeScaling;
 #[derive(Debug, Clone)]
 pub struct Rope {
     inv_freq: Vec<f32>,
+    /// The factor cos and sin are multiplied by (YaRN's `attention_factor`; 1 otherwise).
+    attention_factor: f32,
 }
 
 impl Rope {
-    /// Plain RoPE: inverse frequencies `1 / theta^(2i / head_dim)` for a head of width `head_dim`.
+    /// Plain RoPE: inverse frequencies `1 / theta^(2i / head_dim)` for a head of width `head_dim`
+    /// (the rotated width, `rotary_dim`, under partial rotary: Phi-3's
+    /// `Phi3RotaryEmbedding.compute_default_rope_parameters` divides by it).
     pub fn new(head_dim: usize, theta: f32) -> Self {
         let inv_freq = (0..head_dim / 2).map(|i| 1.0f32 / theta.powf((2 * i) as f32 / head_dim as f32)).collect();
-        Self { inv_freq }
+        Self { inv_freq, attention_factor: 1.0 }
     }
 
     /// RoPE with the inverse frequencies of [`Rope::new`] rescaled by `scaling`:
     /// `llama3_inv_freq` for Llama 3.1's scaling, `inv_freq[i] / factors[i]` for per-pair
-    /// divisors (llama.cpp's `freq_factors`).
+    /// divisors (llama.cpp's `freq_factors`), `inv_freq[i] / factor` for linear scaling
+    /// (`_compute_linear_scaling_rope_parameters`), [`yarn_inv_freq`] and its attention factor
+    /// for YaRN. `head_dim` is the rotated width of a head.
     ///
     /// # Errors
     /// The reason when the parameters are invalid for `head_dim` ([`RopeScaling::validate`]).
@@ -42,9 +49,19 @@ impl Rope {
             RopeScaling::Llama3 { .. } => llama3_inv_freq(&plain.inv_freq, scaling),
             RopeScaling::FreqFactors { factors } => plain.inv_freq.iter().zip(factors).map(|(f, d)| f / d).collect(),
             RopeScaling::Linear { factor } => plain.inv_freq.iter().map(|f| f / factor).collect(),
-            RopeScaling::Yarn { .. } => return Err("YaRN RoPE scaling is not supported yet".to_string()),
+            RopeScaling::Yarn { attention_factor, .. } => {
+                return Ok(Self {
+                    inv_freq: yarn_inv_freq(head_dim, theta, scaling),
+                    attention_factor: *attention_factor,
+                });
+            }
         };
-        Ok(Self { inv_freq })
+        Ok(Self { inv_freq, attention_factor: 1.0 })
+    }
+
+    /// The factor cos and sin are multiplied by (YaRN's `attention_factor`; 1 otherwise).
+    pub fn attention_factor(&self) -> f32 {
+        self.attention_factor
     }
 
     /// The inverse frequency of each rotation pair, radians per position.
@@ -75,7 +92,9 @@ impl Rope {
         HostRope::new(cos, sin, self.pairs(), f16)
     }
 
-    /// cos and sin of every position × inverse frequency, in f32.
+    /// cos and sin of every position × inverse frequency, in f32, each multiplied by the
+    /// attention factor (in f32, as `transformers`' rotary embeddings multiply `emb.cos()` by
+    /// `attention_scaling`) when it is not 1.
     ///
     /// # Shapes
     /// - returns two `[batch, seq, pairs]` row-major vectors
@@ -91,16 +110,28 @@ impl Rope {
                 }
             }
         }
+        if self.attention_factor != 1.0 {
+            let af = self.attention_factor;
+            cos.iter_mut().chain(sin.iter_mut()).for_each(|v| *v *= af);
+        }
         (cos, sin)
     }
 
-    /// Rotates `x` by the tables from [`Rope::tables`].
+    /// Rotates `x` by the tables from [`Rope::tables`]: the first `2 · pairs` dimensions of each
+    /// head, in interleaved pairs; the rest of the head (partial rotary, Phi-3's
+    /// `apply_rotary_pos_emb` on `q[..., :rotary_dim]`) passes through unchanged.
     ///
     /// # Shapes
     /// - `x`: `[batch, seq, heads, head_dim]` → `[batch, seq, heads, head_dim]`
-    /// - `cos`, `sin`: `[batch, seq, 1, head_dim / 2, 1]`
+    /// - `cos`, `sin`: `[batch, seq, 1, pairs, 1]`
     pub fn apply(&self, x: Tensor<4>, cos: &Tensor<5>, sin: &Tensor<5>) -> Tensor<4> {
         let [b, s, h, d] = x.dims();
+        let rot = 2 * self.pairs();
+        if rot < d {
+            let tail = x.clone().slice([0..b, 0..s, 0..h, rot..d]);
+            let head = self.apply(x.slice([0..b, 0..s, 0..h, 0..rot]), cos, sin);
+            return Tensor::cat(vec![head, tail], 3);
+        }
         let pairs = x.reshape([b, s, h, d / 2, 2]);
         let x0 = pairs.clone().slice([0..b, 0..s, 0..h, 0..d / 2, 0..1]);
         let x1 = pairs.slice([0..b, 0..s, 0..h, 0..d / 2, 1..2]);
@@ -148,6 +179,49 @@ pub fn llama3_inv_freq(inv_freq: &[f32], scaling: &RopeScaling) -> Vec<f32> {
             } else {
                 inv_llama
             }
+        })
+        .collect()
+}
+
+/// YaRN's inverse frequencies ([`RopeScaling::Yarn`]) over `dim` rotated dimensions, as
+/// `transformers` `modeling_rope_utils.py` `_compute_yarn_parameters` computes them: the
+/// correction range in f64 (Python floats), the frequencies and the ramp on f32 tensors, each
+/// Python float cast to f32 where it meets one:
+///
+/// ```text
+/// pos_freq[i] = theta^(2i/dim)                      (f32)
+/// low, high   = find_correction_range(beta_fast, beta_slow, dim, theta, L0, truncate)   (f64)
+/// ramp[i]     = clamp((i − low) / (high − low), 0, 1)    (f32; high += 0.001 when equal)
+/// ef[i]       = 1 − ramp[i]
+/// inv_freq[i] = 1/(factor·pos_freq[i]) · (1 − ef[i]) + 1/pos_freq[i] · ef[i]
+/// ```
+///
+/// Returns the plain frequencies for other scalings.
+pub fn yarn_inv_freq(dim: usize, theta: f32, scaling: &RopeScaling) -> Vec<f32> {
+    let RopeScaling::Yarn { factor, beta_fast, beta_slow, original_max_position_embeddings, truncate, .. } = *scaling
+    else {
+        return Rope::new(dim, theta).inv_freq;
+    };
+    let (d, base, l0) = (dim as f64, f64::from(theta), original_max_position_embeddings as f64);
+    // `find_correction_dim`: d · ln(L0 / (2π·r)) / (2 ln base).
+    let correction = |r: f64| d * (l0 / (r * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln());
+    let (mut low, mut high) = (correction(f64::from(beta_fast)), correction(f64::from(beta_slow)));
+    if truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+    if low == high {
+        high += 0.001;
+    }
+    let (low32, span32) = (low as f32, (high - low) as f32);
+    (0..dim / 2)
+        .map(|i| {
+            let pos_freq = theta.powf((2 * i) as f32 / dim as f32);
+            let extrapolation = 1.0 / pos_freq;
+            let interpolation = 1.0 / (factor * pos_freq);
+            let ramp = ((i as f32 - low32) / span32).clamp(0.0, 1.0);
+            let ef = 1.0 - ramp;
+            interpolation * (1.0 - ef) + extrapolation * ef
         })
         .collect()
 }

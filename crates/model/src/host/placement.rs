@@ -122,18 +122,36 @@ pub(crate) fn pass_tables(host_layers: bool, caches: impl IntoIterator<Item = At
     PassTables { host_rope: host_layers && host, device_rope: composed || !host_layers, mask: composed }
 }
 
-/// Whether a layer's attention runs wholly on the host (`Attention::forward_host`): its four
-/// projections are packed on the host, the pass built host RoPE tables, activations (if
-/// rounded) are rounded on the host, and its cache is a host cache. Otherwise the projections
-/// run as Burn ops, and a host cache is still read by the host kernel (over q, k and v read
-/// back).
+/// Whether a layer's attention runs wholly on the host (`Attention::forward_host`): the host
+/// kernels cover its features (`kernel_covers`: Llama's attention; q/k norms, sinks, soft caps,
+/// windows, partial rotary and other scales do not run there), its four projections are packed on
+/// the host, the pass built host RoPE tables, activations (if rounded) are rounded on the host,
+/// and its cache is a host cache. Otherwise the projections run as Burn ops, and a host cache is
+/// still read by the host kernel (over q, k and v read back) where the kernel covers the layer;
+/// a layer it does not cover gets a device cache ([`cache_kernel`]).
 pub(crate) fn attention_on_host(
-    projections_packed: bool,
+    layer: HostLayer,
     host_rope: bool,
     rounds_on_host: bool,
     cache: AttentionKernel,
 ) -> bool {
-    projections_packed && host_rope && rounds_on_host && cache == AttentionKernel::Host
+    layer.kernel_covers && layer.projections_packed && host_rope && rounds_on_host && cache == AttentionKernel::Host
+}
+
+/// What [`attention_on_host`] asks of a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HostLayer {
+    /// The host kernels compute every feature of the layer.
+    pub kernel_covers: bool,
+    /// Its projections are packed on the host.
+    pub projections_packed: bool,
+}
+
+/// The kernel of a layer's cache when `requested` is asked for: a layer the host attention
+/// kernel does not cover (`kernel_covers` false: it falls back to Burn's composed attention)
+/// gets a device cache whatever was asked.
+pub(crate) fn cache_kernel(requested: AttentionKernel, kernel_covers: bool) -> AttentionKernel {
+    if kernel_covers { requested } else { AttentionKernel::Composed }
 }
 
 /// Whether a feed-forward layer runs wholly on the host (`FeedForward::forward_host`): its three
@@ -152,7 +170,9 @@ pub(crate) fn residual_on_host(blocks_on_host: impl IntoIterator<Item = bool>) -
 /// Whether a decoding step's logits are, bit for bit, what teacher forcing computes for the same
 /// position (`Llama::steps_match_teacher_forcing`): the model's layers run on the host
 /// ([`host_layers`]) over the host caches `device` gets, with every layer's projections packed
-/// there, so that every value depends only on its own row and position.
-pub(crate) fn steps_match_teacher_forcing(host_layers: bool, device: &Device, layers_packed: bool) -> bool {
-    host_layers && AttentionKernel::for_device(device) == AttentionKernel::Host && layers_packed
+/// there and every layer's features covered by the host kernels (`layers_on_host`), so that
+/// every value depends only on its own row and position. A layer that falls back to Burn's ops
+/// (composed attention: its matmuls' blocking depends on the number of columns) makes it false.
+pub(crate) fn steps_match_teacher_forcing(host_layers: bool, device: &Device, layers_on_host: bool) -> bool {
+    host_layers && AttentionKernel::for_device(device) == AttentionKernel::Host && layers_on_host
 }
