@@ -5,6 +5,10 @@
 //! an activation scheme, decoded (three prompts in one left-padded batch) and teacher-forced (two
 //! sequences a batch, seven positions a pass).
 //!
+//! First, without roundings, every kernel combination of the CPU backend (Burn's or the host's
+//! linear layers, composed or host attention; a block the host kernels do not cover falls back to
+//! Burn) on all seven checkpoints agrees with the f64 pass to 1e-5 of the logits' scale.
+//!
 //! Tolerance as `fake_quant.rs`'s stories260K test: a position agrees when all its logits are
 //! within [`AGREE`] of the f64 pass. Where f32 and f64 put a value on opposite sides of a
 //! rounding boundary it moves by a whole step, and the change reaches later positions through
@@ -12,10 +16,10 @@
 //! of the positions agree, and that without the run-time rounding at most 10% would: a rounding
 //! at the wrong place or with the wrong scale leaves almost no position agreeing.
 
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use qdrift_generate::{BackendChoice, Forcing, GenerationConfig, generate, teacher_forced};
 use qdrift_load::{HostModel, open_model};
-use qdrift_model::Llama;
+use qdrift_model::{AttentionKernel, KvCache, LinearKernel, Llama, Positions};
 use qdrift_quantize::{QuantizeOptions, Recipe, quantize_model, round_to_fp16_reference};
 use qdrift_tests::reference64::{Rounding, naive_logits};
 use qdrift_tests::{device, shared_dir};
@@ -63,6 +67,60 @@ fn reference(arch: &str) -> (HostModel, Vec<Vec<u32>>) {
         .map(|p| p.as_array().expect("ids").iter().map(|t| t.as_u64().expect("id") as u32).collect())
         .collect();
     (model, prompts)
+}
+
+/// Logits of every position of `tokens` with the given kernels: `split` tokens in one pass, then
+/// one at a time through the cache.
+fn kernel_logits(model: &Llama, tokens: &[u32], split: usize, kernel: AttentionKernel) -> Vec<Vec<f32>> {
+    let ids = |t: &[u32]| -> Tensor<2, Int> {
+        let data: Vec<i32> = t.iter().map(|&x| x as i32).collect();
+        Tensor::from_data(TensorData::new(data, [1, t.len()]), &Device::flex())
+    };
+    let positions = Positions::left_padded(&[tokens.len()]);
+    let mut caches: Vec<KvCache> = model.new_caches_for(1, tokens.len(), kernel);
+    let mut out = Vec::new();
+    let chunks = std::iter::once(&tokens[..split]).chain(tokens[split..].chunks(1));
+    for chunk in chunks {
+        let logits = model.forward(ids(chunk), &positions, &mut caches, true);
+        let [_, t, v] = logits.dims();
+        let data = logits.into_data().try_into_vec::<f32>().expect("f32 logits");
+        out.extend((0..t).map(|i| data[i * v..(i + 1) * v].to_vec()));
+    }
+    out
+}
+
+/// `archs` on every kernel combination of the CPU backend against the f64 pass.
+fn kernels_match_the_f64_forward_pass(archs: &[&str]) {
+    for &arch in archs {
+        let (weights, prompts) = reference(arch);
+        // Prompt 0 then prompt 2: 49 positions, past the sliding windows of 16.
+        let tokens = [prompts[0].clone(), prompts[2].clone()].concat();
+        let want = naive_logits(&weights, &tokens, &Rounding::default());
+        let scale = want.iter().flatten().fold(0.0f64, |m, v| m.max(v.abs()));
+        for linear in [LinearKernel::Burn, LinearKernel::Host] {
+            let model = Llama::from_host_with(&weights, DType::F32, &Device::flex(), linear).expect("model builds");
+            for kernel in [AttentionKernel::Composed, AttentionKernel::Host] {
+                let got = kernel_logits(&model, &tokens, prompts[0].len(), kernel);
+                let err = got
+                    .iter()
+                    .flatten()
+                    .zip(want.iter().flatten())
+                    .fold(0.0f64, |m, (g, w)| m.max((f64::from(*g) - w).abs()));
+                println!("{arch}, {linear:?} linear, {kernel:?} attention: max |Δlogit| {err:.2e} (scale {scale:.2})");
+                assert!(err <= 1e-5 * scale, "{arch}, {linear:?} linear, {kernel:?} attention: max |Δlogit| {err:.2e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn dense_blocks_match_the_f64_forward_pass_on_every_cpu_kernel() {
+    kernels_match_the_f64_forward_pass(&["qwen3", "gemma2", "gemma3", "phi3"]);
+}
+
+#[test]
+fn experts_match_the_f64_forward_pass_on_every_cpu_kernel() {
+    kernels_match_the_f64_forward_pass(&["qwen3_moe", "mixtral", "gpt_oss"]);
 }
 
 /// Logits of the variant decoding its own continuation, then teacher-forcing it.
