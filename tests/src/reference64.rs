@@ -150,7 +150,12 @@ impl Rope {
             Some(RopeScaling::FreqFactors { factors }) => {
                 (plain.zip(factors).map(|(f, &q)| f / f64::from(q)).collect(), 1.0)
             }
-            Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
+            Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }) => {
                 let (factor, low, high) =
                     (f64::from(*factor), f64::from(*low_freq_factor), f64::from(*high_freq_factor));
                 let old = *original_max_position_embeddings as f64;
@@ -203,8 +208,9 @@ impl Rope {
 /// `find_correction_range`, `linear_ramp_factor`): 0 keeps a frequency, 1 divides it by the
 /// factor.
 fn yarn_ramp(d: usize, theta: f64, original: usize, [beta_fast, beta_slow]: [f32; 2], truncate: bool) -> Vec<f64> {
-    let corr_dim =
-        |beta: f32| d as f64 * (original as f64 / (2.0 * std::f64::consts::PI * f64::from(beta))).ln() / (2.0 * theta.ln());
+    let corr_dim = |beta: f32| {
+        d as f64 * (original as f64 / (2.0 * std::f64::consts::PI * f64::from(beta))).ln() / (2.0 * theta.ln())
+    };
     let (mut low, mut high) = (corr_dim(beta_fast), corr_dim(beta_slow));
     if truncate {
         (low, high) = (low.floor(), high.ceil());

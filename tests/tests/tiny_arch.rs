@@ -75,7 +75,8 @@ fn safetensors(path: &Path) -> Vec<(String, String, Vec<usize>, Vec<u8>)> {
         .filter(|(name, _)| *name != "__metadata__")
         .map(|(name, t)| {
             let dtype = t["dtype"].as_str().expect("dtype").to_string();
-            let shape = t["shape"].as_array().expect("shape").iter().map(|d| d.as_u64().expect("dim") as usize).collect();
+            let shape =
+                t["shape"].as_array().expect("shape").iter().map(|d| d.as_u64().expect("dim") as usize).collect();
             let off = t["data_offsets"].as_array().expect("offsets");
             let (a, b) = (off[0].as_u64().expect("offset") as usize, off[1].as_u64().expect("offset") as usize);
             (name.clone(), dtype, shape, data[a..b].to_vec())
