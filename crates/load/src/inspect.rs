@@ -383,14 +383,19 @@ fn param_counts(arch: &ModelArch, vectors: &Vectors<'_>) -> Result<ParamCounts, 
     let what = "parameters";
     let layer = |l: usize| sum(what, &[layer_matmul_params(arch, l, false)?, vectors.of(arch, l)?]);
     let per_layer = layer(0)?;
-    let kinds = layer_kinds(arch)
-        .into_iter()
-        .map(|(l, n)| product(what, &[layer(l)?, n]))
-        .collect::<Result<Vec<_>, _>>()?;
+    let kinds =
+        layer_kinds(arch).into_iter().map(|(l, n)| product(what, &[layer(l)?, n])).collect::<Result<Vec<_>, _>>()?;
     let layers = sum(what, &kinds)?;
     let embedding = product(what, &[v, d])?;
     let head = if arch.tied_embeddings { 0 } else { embedding };
-    Ok(ParamCounts { embedding, per_layer, layers, final_norm: d, head, total: sum(what, &[embedding, layers, d, head])? })
+    Ok(ParamCounts {
+        embedding,
+        per_layer,
+        layers,
+        final_norm: d,
+        head,
+        total: sum(what, &[embedding, layers, d, head])?,
+    })
 }
 
 /// Bytes of every weight under `storage`: the embedding, the layers' matrices and vectors, the

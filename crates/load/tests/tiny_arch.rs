@@ -115,12 +115,11 @@ fn qwen3_config_and_q_k_norms_permuted_like_the_q_k_rows() {
         assert_permuted(&l.wq, &raw.data(&format!("{p}.q_proj.weight")), &rotate_half_row_order(4, 32), "wq");
         assert_permuted(&l.wk, &raw.data(&format!("{p}.k_proj.weight")), &rotate_half_row_order(2, 32), "wk");
         // The norm weight of a dimension moves with that dimension's q rows, in every head.
+        let (raw_q, raw_q_norm) = (raw.data(&format!("{p}.q_proj.weight")), raw.data(&format!("{p}.q_norm.weight")));
         for h in 0..4 {
-            for d in 0..32 {
-                let raw_q = raw.data(&format!("{p}.q_proj.weight"));
-                let at = one_head[d];
+            for (d, &at) in one_head.iter().enumerate() {
                 assert_eq!(row(&l.wq, h * 32 + at), raw_row(&raw_q, 64, h * 32 + d));
-                assert_eq!(q_norm.data[at], raw.data(&format!("{p}.q_norm.weight"))[d]);
+                assert_eq!(q_norm.data[at], raw_q_norm[d]);
             }
         }
         assert!(l.bq.is_none() && l.bo.is_none() && l.post_attn_norm.is_none() && l.sinks.is_none());
@@ -572,8 +571,11 @@ fn mxfp4_value(blocks: &[u8], scales: &[u8], (rows, cols): (usize, usize), (e, r
 #[test]
 fn gpt_oss_mxfp4_experts_are_dequantized() {
     let dir = edited("gpt_oss", |c| {
-        c.insert("quantization_config".into(), serde_json::json!({"quant_method": "mxfp4", "modules_to_not_convert":
-            ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}));
+        c.insert(
+            "quantization_config".into(),
+            serde_json::json!({"quant_method": "mxfp4", "modules_to_not_convert":
+            ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}),
+        );
     });
     let bytes = std::fs::read(dir.path().join("model.safetensors")).expect("read");
     let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid");
@@ -591,8 +593,18 @@ fn gpt_oss_mxfp4_experts_are_dequantized() {
             let g = cols / 32;
             let p = format!("model.layers.{layer}.mlp.experts.{name}");
             let seed = layer * 2 + k;
-            tensors.push((format!("{p}_blocks"), safetensors::Dtype::U8, vec![8, *rows, g, 16], codes(seed, 8 * rows * g * 16)));
-            tensors.push((format!("{p}_scales"), safetensors::Dtype::U8, vec![8, *rows, g], scales(seed, 8 * rows * g)));
+            tensors.push((
+                format!("{p}_blocks"),
+                safetensors::Dtype::U8,
+                vec![8, *rows, g, 16],
+                codes(seed, 8 * rows * g * 16),
+            ));
+            tensors.push((
+                format!("{p}_scales"),
+                safetensors::Dtype::U8,
+                vec![8, *rows, g],
+                scales(seed, 8 * rows * g),
+            ));
         }
     }
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
@@ -622,4 +634,96 @@ fn gpt_oss_mxfp4_experts_are_dequantized() {
         |c| drop(c.insert("quantization_config".into(), serde_json::json!({"quant_method": "mxfp4"}))),
         &["MXFP4 quantization (quantization_config.quant_method = mxfp4)", "GptOssForCausalLM's experts only"],
     );
+}
+
+/// A copy of tiny-arch folder `arch` with the linear `modules` (names without `.weight`) stored
+/// as FP8 E4M3 codes with a per-tensor `weight_scale_inv` of 0.01 (`quant_method: fp8`); returns
+/// the folder and each module's dequantized values, computed here from the codes.
+fn fp8_folder(arch: &str, modules: &[String]) -> (tempfile::TempDir, Vec<Vec<f32>>) {
+    let dir = edited(arch, |c| {
+        c.insert(
+            "quantization_config".into(),
+            serde_json::json!({"quant_method": "fp8", "fmt": "e4m3",
+            "activation_scheme": "dynamic"}),
+        );
+    });
+    let bytes = std::fs::read(dir.path().join("model.safetensors")).expect("read");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid");
+    let weights: Vec<String> = modules.iter().map(|m| format!("{m}.weight")).collect();
+    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .iter()
+        .filter(|(n, _)| !weights.iter().any(|w| w == n))
+        .map(|(n, v)| (n.to_string(), v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    let scale = 0.01f32;
+    let mut values = Vec::new();
+    for (k, w) in weights.iter().enumerate() {
+        let shape = st.tensor(w).expect("module").shape().to_vec();
+        let n: usize = shape.iter().product();
+        // Finite E4M3 codes of both signs (0x7F and 0xFF are NaN).
+        let codes: Vec<u8> =
+            (0..n).map(|i| ((i * 29 + k * 13) % 0x7F) as u8 | if i % 3 == 0 { 0x80 } else { 0 }).collect();
+        values.push(codes.iter().map(|&c| qdrift_load::ofp8::Ofp8::E4M3.decode(c) * scale).collect());
+        tensors.push((w.clone(), safetensors::Dtype::F8_E4M3, shape, codes));
+        let m = w.trim_end_matches(".weight");
+        tensors.push((format!("{m}.weight_scale_inv"), safetensors::Dtype::F32, vec![1], scale.to_le_bytes().to_vec()));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).expect("view")))
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).expect("write");
+    (dir, values)
+}
+
+#[test]
+fn quantized_fused_and_expert_modules_are_dequantized_by_name() {
+    // Phi-3: the fused modules are dequantized whole, then split (q/k permuted within 12 rows).
+    let modules = ["model.layers.1.self_attn.qkv_proj".to_string(), "model.layers.1.mlp.gate_up_proj".to_string()];
+    let (dir, values) = fp8_folder("phi3", &modules);
+    let m = open_model(dir.path(), None).unwrap_or_else(|e| panic!("{e}"));
+    let l = &m.model.layers[1];
+    let (qkv, gate_up) = (&values[0], &values[1]);
+    assert_permuted(&l.wq, &qkv[..64 * 64], &rotate_half_row_order_partial(4, 16, 12), "wq");
+    assert_permuted(&l.wk, &qkv[64 * 64..96 * 64], &rotate_half_row_order_partial(2, 16, 12), "wk");
+    assert_eq!(l.wv.data, &qkv[96 * 64..]);
+    let mlp = l.mlp().expect("dense");
+    assert_eq!((&mlp.gate.data[..], &mlp.up.data[..]), (&gate_up[..128 * 64], &gate_up[128 * 64..]));
+    // The source storage counts each fused module once, with all its weights.
+    let storage = m.source_storage.as_ref().expect("quantized storage");
+    let fp8 = storage.by_type.iter().find(|t| t.dtype.starts_with("fp8")).expect("fp8 entry");
+    assert_eq!((fp8.tensors, fp8.elements), (2, 128 * 64 + 256 * 64));
+    // Mixtral's and Qwen3-MoE's experts, one module each.
+    let modules: Vec<String> =
+        ["w1", "w3", "w2"].iter().map(|w| format!("model.layers.2.block_sparse_moe.experts.5.{w}")).collect();
+    let (dir, values) = fp8_folder("mixtral", &modules);
+    let m = open_model(dir.path(), None).unwrap_or_else(|e| panic!("{e}"));
+    let x = &m.model.layers[2].experts().expect("experts").experts[5];
+    assert_eq!([&x.gate.data, &x.up.data, &x.down.data], [&values[0], &values[1], &values[2]]);
+    let modules = vec!["model.layers.0.mlp.experts.7.down_proj".to_string()];
+    let (dir, values) = fp8_folder("qwen3_moe", &modules);
+    let m = open_model(dir.path(), None).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(m.model.layers[0].experts().expect("experts").experts[7].down.data, values[0]);
+}
+
+#[test]
+fn layer_counts_and_bias_flags_follow_the_class() {
+    use serde_json::json;
+    // An absurd layer count is refused before anything per layer is allocated, by the class's
+    // minimum of tensors per layer.
+    for (arch, per_layer) in [("qwen3", 11), ("gemma3", 13), ("phi3", 6), ("gpt_oss", 13)] {
+        refusal(
+            arch,
+            |c| drop(c.insert("num_hidden_layers".into(), json!(1u64 << 40))),
+            &[&format!("num_hidden_layers {} needs at least {per_layer} tensors per layer", 1u64 << 40)],
+        );
+    }
+    // gpt-oss without attention_bias reads no attention biases (transformers ignores the stored ones).
+    let dir = edited("gpt_oss", |c| drop(c.insert("attention_bias".into(), json!(false))));
+    let m = open_model(dir.path(), None).unwrap_or_else(|e| panic!("{e}"));
+    assert!(m.model.layers.iter().all(|l| l.bq.is_none() && l.bk.is_none() && l.bv.is_none() && l.bo.is_none()));
+    // Qwen3 with attention_bias needs all four biases.
+    let dir = edited("qwen3", |c| drop(c.insert("attention_bias".into(), json!(true))));
+    let e = open_model(dir.path(), None).err().expect("refused").to_string();
+    assert!(e.contains("tensor model.layers.0.self_attn.q_proj.bias is missing; expected shape [128]"), "{e}");
 }

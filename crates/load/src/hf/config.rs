@@ -69,6 +69,18 @@ impl Class {
         }
     }
 
+    /// The `max_position_embeddings` of the class's config when `config.json` has none (2048 for
+    /// the Llama family, as qdrift always read it).
+    fn default_max_pos(self) -> usize {
+        match self {
+            Class::Llama | Class::Mistral | Class::Qwen2 => 2048,
+            Class::Qwen3 | Class::Qwen3Moe => 32768,
+            Class::Gemma2 => 8192,
+            Class::Phi3 => 4096,
+            Class::Gemma3 | Class::Mixtral | Class::GptOss => 131072,
+        }
+    }
+
     /// `default_theta` of the class's config (Gemma 3's global one).
     fn default_theta(self) -> f64 {
         match self {
@@ -80,9 +92,9 @@ impl Class {
 
     /// Tensors every layer of the class has at least (a linear counts one tensor, as a quantized
     /// one has at least one): attention's four (Phi-3: two, fused) and two norms, plus q/k norms,
-    /// Gemma's two more norms, gpt-oss's four biases, sinks, router weight and bias and four
-    /// expert tensors; a mixture of experts at least its router (Qwen3-MoE layers may be dense:
-    /// three).
+    /// Gemma's two more norms; Mixtral a router and at least one expert tensor; gpt-oss sinks,
+    /// router weight and bias and four expert tensors (its four attention biases go with
+    /// `attention_bias`); Qwen3-MoE layers may be dense (three linears).
     fn min_tensors_per_layer(self) -> usize {
         match self {
             Class::Llama | Class::Mistral | Class::Qwen2 => 9,
@@ -90,7 +102,7 @@ impl Class {
             Class::Gemma3 => 13,
             Class::Phi3 => 6,
             Class::Mixtral => 8,
-            Class::GptOss => 17,
+            Class::GptOss => 13,
         }
     }
 }
@@ -416,7 +428,7 @@ fn check_options(config: &Config<'_>, class: Class) -> Result<(Activation, AttnB
 /// sliding-window attention is full causal attention); the newer classes describe their windows
 /// per layer ([`windows`]).
 fn max_seq_len(config: &Config<'_>, class: Class) -> Result<usize, LoadError> {
-    let max_seq_len = config.int("max_position_embeddings", Some(2048))?;
+    let max_seq_len = config.int("max_position_embeddings", Some(class.default_max_pos()))?;
     let sliding = match class {
         Class::Mistral => true,
         Class::Qwen2 => config.flag("use_sliding_window"),
@@ -570,7 +582,7 @@ fn rope(config: &Config<'_>, class: Class, head_dim: usize, max_pos: usize) -> R
         (None, None) => ("rope_parameters", Map::new()),
     };
     for key in ["rope_theta", "partial_rotary_factor"] {
-        if !dict.get(key).is_some_and(|v| !v.is_null())
+        if dict.get(key).is_none_or(Value::is_null)
             && let Some(v) = config.get(key)
         {
             dict.insert(key.to_string(), v.clone());
@@ -610,7 +622,7 @@ fn gemma3_rope(config: &Config<'_>, head_dim: usize, max_pos: usize) -> Result<R
     }
     let mut local = nested("sliding_attention")?;
     for (dict, key) in [(&mut full, "rope_theta"), (&mut local, "rope_local_base_freq")] {
-        if !dict.get("rope_theta").is_some_and(|v| !v.is_null())
+        if dict.get("rope_theta").is_none_or(Value::is_null)
             && let Some(v) = config.get(key)
         {
             dict.insert("rope_theta".to_string(), v.clone());

@@ -466,7 +466,10 @@ impl Reader<'_> {
         let (blocks_name, scales_name) = (format!("{name}_blocks"), format!("{name}_scales"));
         let path = self.shards.path_of(&blocks_name).unwrap_or(self.shards.first_path()).to_path_buf();
         if !cols.is_multiple_of(32) {
-            return Err(LoadError::invalid(&path, format!("{blocks_name}: {cols} columns are not whole MXFP4 groups of 32")));
+            return Err(LoadError::invalid(
+                &path,
+                format!("{blocks_name}: {cols} columns are not whole MXFP4 groups of 32"),
+            ));
         }
         let g = cols / 32;
         let u8s = |n: &str, shape: &[usize]| -> Result<&[u8], LoadError> {
