@@ -1,15 +1,35 @@
-//! An independent float64 forward pass of the Llama family, written from the definitions:
-//! RMSNorm, q/k/v projections with biases, interleaved RoPE (with Llama 3.1's scaling and with
-//! per-pair divisors), grouped-query causal attention, SwiGLU. It shares no code with
-//! `qdrift-model`; what the model computes in f32 or f16 is checked against it.
+//! An independent float64 forward pass of the decoders `qdrift_load::ModelArch` describes, written
+//! from the definitions (`transformers` 5.25's modeling files, cited per function). It shares no
+//! code with `qdrift-model`; what the model computes in f32 or f16 is checked against it, and it
+//! is checked against `transformers`' own float64 goldens (`tests/tests/tiny_arch.rs`).
+//!
+//! One block, in order (`Qwen3DecoderLayer`, `Gemma3DecoderLayer`, `GptOssDecoderLayer`):
+//! - RMSNorm as `x̂·w` or `x̂·(1+w)` (`Gemma3RMSNorm`);
+//! - q/k/v projections with biases, per-head q/k RMSNorm (`Qwen3Attention`), then RoPE on the
+//!   first `rotary_dim` dimensions of each head, pairs `(2i, 2i+1)` (the interleaved layout of
+//!   `qdrift_weights`): plain, Llama 3.1's bands, per-pair divisors, linear or YaRN, with YaRN's
+//!   `attention_factor` on cos and sin, and each layer's own θ (`ModelArch::layer_rope`);
+//! - grouped-query causal attention, within the layer's sliding window (keys at distance
+//!   `< window`, `sliding_window_overlay`), scores scaled by `attn_scale` or `head_dim^-½`,
+//!   soft-capped (`Gemma2Attention`), with a learned sink logit per head in the softmax's
+//!   denominator (`GptOssAttention`'s `eager_attention_forward`);
+//! - the output projection with its bias, a post-attention norm (Gemma's sandwich norms);
+//! - the FFN: gated SwiGLU, GELU-tanh (`GELUTanh`) or clamped SwiGLU
+//!   (`GptOssExperts._apply_gate`) with biases; or a mixture of experts whose router
+//!   (`Qwen3MoeTopKRouter`, `MixtralTopKRouter`, `GptOssTopKRouter`) picks the `top_k` largest
+//!   logits (ties to the lower expert index) and weighs them by [`qdrift_load::Routing`];
+//!   a post-FFN norm.
+//!
+//! The model scales the embeddings (`Gemma3TextScaledWordEmbedding`) and soft-caps the final
+//! logits (`Gemma2ForCausalLM.forward`).
 //!
 //! [`Rounding`] adds a variant's run-time roundings where `qdrift-model` applies them: the input
-//! of every linear layer (q/k/v, o, gate/up, down; per token, or per tensor over the prompt and
-//! then per token) and every key (after RoPE) and
-//! value as it enters the cache. Each rounding is the host definition (`round_host` of
+//! of every linear layer (q/k/v, o, gate/up, down, and each expert's; not the router's; per token,
+//! or per tensor over the prompt and then per token) and every key (after its q/k norm and RoPE)
+//! and value as it enters the cache. Each rounding is the host definition (`round_host` of
 //! `qdrift_quantize`) applied to the f64 values cast to f32, then cast back.
 
-use qdrift_load::{HostModel, HostTensor, RopeScaling};
+use qdrift_load::{Activation, Experts, HostModel, HostTensor, LayerWeights, Mlp, NormStyle, RopeScaling, Routing};
 use qdrift_quantize::{ActivationQuant, ActivationScale, KvQuant};
 
 /// The run-time roundings of a variant (none by default).
@@ -25,11 +45,22 @@ pub struct Rounding {
 }
 
 impl Rounding {
-    /// A linear layer's inputs, one row per position.
+    /// A linear layer's inputs, one row per position (rows `0, 1, …`).
     fn inputs(&self, rows: &mut [Vec<f64>]) {
+        let positions: Vec<usize> = (0..rows.len()).collect();
+        self.inputs_at(rows, &positions);
+    }
+
+    /// A linear layer's inputs at `positions` (ascending; an expert's tokens): a per-tensor scale
+    /// covers the rows of the prompt together.
+    fn inputs_at(&self, rows: &mut [Vec<f64>], positions: &[usize]) {
         let Some(q) = self.activations else { return };
         let cols = rows.first().map_or(1, Vec::len);
-        let split = if q.scale == ActivationScale::Tensor { self.prompt.min(rows.len()) } else { 0 };
+        let split = if q.scale == ActivationScale::Tensor {
+            positions.iter().take_while(|&&p| p < self.prompt).count()
+        } else {
+            0
+        };
         let (prompt, rest) = rows.split_at_mut(split);
         if !prompt.is_empty() {
             let mut flat: Vec<f64> = prompt.concat();
@@ -63,6 +94,7 @@ fn through_f32(x: &mut [f64], round: impl FnOnce(&mut [f32])) {
 /// `w · x` for a `[out, in]` host weight, plus the bias.
 fn matvec(w: &HostTensor, b: Option<&HostTensor>, x: &[f64]) -> Vec<f64> {
     let (out, inp) = (w.shape[0], w.shape[1]);
+    assert_eq!(x.len(), inp, "input width of a [{out}, {inp}] weight");
     (0..out)
         .map(|r| {
             let dot: f64 = (0..inp).map(|c| f64::from(w.data[r * inp + c]) * x[c]).sum();
@@ -71,38 +103,63 @@ fn matvec(w: &HostTensor, b: Option<&HostTensor>, x: &[f64]) -> Vec<f64> {
         .collect()
 }
 
-fn rms_norm(x: &[f64], w: &HostTensor, eps: f64) -> Vec<f64> {
+/// `w · x + b` for every row.
+fn linear(w: &HostTensor, b: Option<&HostTensor>, xs: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    xs.iter().map(|x| matvec(w, b, x)).collect()
+}
+
+/// RMSNorm over `x` (`Qwen3RMSNorm`; `Gemma3RMSNorm` with [`NormStyle::OnePlusWeight`]).
+fn rms_norm(x: &[f64], w: &HostTensor, eps: f64, style: NormStyle) -> Vec<f64> {
     let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
     let inv = 1.0 / (ms + eps).sqrt();
-    x.iter().zip(&w.data).map(|(v, &g)| v * inv * f64::from(g)).collect()
+    let gain = |g: f32| match style {
+        NormStyle::Weight => f64::from(g),
+        NormStyle::OnePlusWeight => 1.0 + f64::from(g),
+    };
+    x.iter().zip(&w.data).map(|(v, &g)| v * inv * gain(g)).collect()
 }
 
-/// Rotates pairs `(2i, 2i+1)` of every head by `pos · inv_freq[i]`.
-fn rope(x: &mut [f64], head_dim: usize, pos: usize, inv_freq: &[f64]) {
-    for head in x.chunks_mut(head_dim) {
-        for (i, f) in inv_freq.iter().enumerate() {
-            let (s, c) = (pos as f64 * f).sin_cos();
-            let (a, b) = (head[2 * i], head[2 * i + 1]);
-            head[2 * i] = a * c - b * s;
-            head[2 * i + 1] = a * s + b * c;
-        }
-    }
+/// `cap · tanh(x / cap)`.
+fn soft_cap(x: f64, cap: Option<f32>) -> f64 {
+    cap.map_or(x, |c| {
+        let c = f64::from(c);
+        c * (x / c).tanh()
+    })
 }
 
-/// The inverse frequencies from the definitions (f64): `theta^(-2i/d)`, Llama 3.1's bands,
-/// or per-pair divisors.
-fn inv_freq(m: &HostModel) -> Vec<f64> {
-    let (hd, theta) = (m.arch.head_dim(), f64::from(m.arch.rope_theta));
-    let plain = (0..hd / 2).map(|i| theta.powf(-((2 * i) as f64) / hd as f64));
-    match &m.arch.rope_scaling {
-        None => plain.collect(),
-        Some(RopeScaling::Linear { .. } | RopeScaling::Yarn { .. }) => panic!("not in this reference yet"),
-        Some(RopeScaling::FreqFactors { factors }) => plain.zip(factors).map(|(f, &d)| f / f64::from(d)).collect(),
-        Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
-            let (factor, low, high) = (f64::from(*factor), f64::from(*low_freq_factor), f64::from(*high_freq_factor));
-            let old = *original_max_position_embeddings as f64;
-            plain
-                .map(|f| {
+/// One layer's RoPE: the inverse frequency of each rotated pair and the factor cos and sin are
+/// multiplied by.
+struct Rope {
+    inv_freq: Vec<f64>,
+    attention_factor: f64,
+}
+
+impl Rope {
+    /// Layer `layer`'s RoPE over the `rotary_dim` first dimensions of a head
+    /// (`modeling_rope_utils.py`: `compute_default_rope_parameters`,
+    /// `_compute_llama3_parameters`, `_compute_linear_scaling_rope_parameters`,
+    /// `_compute_yarn_parameters`; per-pair divisors are llama.cpp's `freq_factors`).
+    fn for_layer(m: &HostModel, layer: usize) -> Rope {
+        let d = m.arch.rotary_dim();
+        let (theta, scaling) = m.arch.layer_rope(layer);
+        let theta = f64::from(theta);
+        let plain = (0..d / 2).map(|i| theta.powf(-((2 * i) as f64) / d as f64));
+        let (inv_freq, attention_factor) = match scaling {
+            None => (plain.collect(), 1.0),
+            Some(RopeScaling::Linear { factor }) => (plain.map(|f| f / f64::from(*factor)).collect(), 1.0),
+            Some(RopeScaling::FreqFactors { factors }) => {
+                (plain.zip(factors).map(|(f, &q)| f / f64::from(q)).collect(), 1.0)
+            }
+            Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }) => {
+                let (factor, low, high) =
+                    (f64::from(*factor), f64::from(*low_freq_factor), f64::from(*high_freq_factor));
+                let old = *original_max_position_embeddings as f64;
+                let band = |f: f64| {
                     let wavelen = 2.0 * std::f64::consts::PI / f;
                     if wavelen < old / high {
                         f
@@ -112,8 +169,72 @@ fn inv_freq(m: &HostModel) -> Vec<f64> {
                         let smooth = (old / wavelen - low) / (high - low);
                         (1.0 - smooth) * f / factor + smooth * f
                     }
-                })
-                .collect()
+                };
+                (plain.map(band).collect(), 1.0)
+            }
+            Some(RopeScaling::Yarn {
+                factor,
+                beta_fast,
+                beta_slow,
+                original_max_position_embeddings,
+                truncate,
+                attention_factor,
+            }) => {
+                let ramp = yarn_ramp(d, theta, *original_max_position_embeddings, [*beta_fast, *beta_slow], *truncate);
+                let factor = f64::from(*factor);
+                let inv = plain.zip(ramp).map(|(f, r)| f / factor * r + f * (1.0 - r)).collect();
+                (inv, f64::from(*attention_factor))
+            }
+        };
+        Rope { inv_freq, attention_factor }
+    }
+
+    /// Rotates pairs `(2i, 2i+1)` of every `head_dim`-wide head of `x` by `pos · inv_freq[i]`,
+    /// cos and sin scaled by the attention factor; dimensions past the pairs are unchanged.
+    fn apply(&self, x: &mut [f64], head_dim: usize, pos: usize) {
+        for head in x.chunks_mut(head_dim) {
+            for (i, f) in self.inv_freq.iter().enumerate() {
+                let (s, c) = (pos as f64 * f).sin_cos();
+                let (s, c) = (s * self.attention_factor, c * self.attention_factor);
+                let (a, b) = (head[2 * i], head[2 * i + 1]);
+                head[2 * i] = a * c - b * s;
+                head[2 * i + 1] = a * s + b * c;
+            }
+        }
+    }
+}
+
+/// YaRN's ramp over the `d / 2` frequencies of `d` rotated dimensions (`_compute_yarn_parameters`:
+/// `find_correction_range`, `linear_ramp_factor`): 0 keeps a frequency, 1 divides it by the
+/// factor.
+fn yarn_ramp(d: usize, theta: f64, original: usize, [beta_fast, beta_slow]: [f32; 2], truncate: bool) -> Vec<f64> {
+    let corr_dim = |beta: f32| {
+        d as f64 * (original as f64 / (2.0 * std::f64::consts::PI * f64::from(beta))).ln() / (2.0 * theta.ln())
+    };
+    let (mut low, mut high) = (corr_dim(beta_fast), corr_dim(beta_slow));
+    if truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, mut high) = (low.max(0.0), high.min(d as f64 - 1.0));
+    if low == high {
+        high += 0.001;
+    }
+    (0..d / 2).map(|i| ((i as f64 - low) / (high - low)).clamp(0.0, 1.0)).collect()
+}
+
+/// The gated activation `act(g, u)` ([`Activation`]).
+fn activate(activation: Activation, g: f64, u: f64) -> f64 {
+    let sigmoid = |x: f64| 1.0 / (1.0 + (-x).exp());
+    match activation {
+        Activation::SwiGlu => g * sigmoid(g) * u,
+        Activation::GeluTanh => {
+            let inner = (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g);
+            0.5 * g * (1.0 + inner.tanh()) * u
+        }
+        Activation::ClampedSwiGlu { alpha, limit } => {
+            let limit = f64::from(limit);
+            let (g, u) = (g.min(limit), u.clamp(-limit, limit));
+            (u + 1.0) * g * sigmoid(f64::from(alpha) * g)
         }
     }
 }
@@ -121,73 +242,211 @@ fn inv_freq(m: &HostModel) -> Vec<f64> {
 /// Logits `[position][vocab]` of one sequence, every position, with `rounding` applied.
 pub fn naive_logits(m: &HostModel, tokens: &[u32], rounding: &Rounding) -> Vec<Vec<f64>> {
     let a = &m.arch;
-    let (dim, hd, heads, kv_heads) = (a.dim, a.head_dim(), a.n_heads, a.n_kv_heads);
-    let eps = f64::from(a.norm_eps);
-    let freqs = inv_freq(m);
+    a.validate().expect("a valid architecture");
+    let (dim, eps) = (a.dim, f64::from(a.norm_eps));
+    let scale = a.embedding_scale.map_or(1.0, f64::from);
     let emb = &m.token_embedding;
-    let mut xs: Vec<Vec<f64>> =
-        tokens.iter().map(|&t| emb.data[t as usize * dim..][..dim].iter().map(|&v| f64::from(v)).collect()).collect();
-    for l in &m.layers {
-        let mut xn: Vec<Vec<f64>> = xs.iter().map(|x| rms_norm(x, &l.attn_norm, eps)).collect();
-        rounding.inputs(&mut xn);
-        let (mut qs, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
-        for (pos, xn) in xn.iter().enumerate() {
-            let mut q = matvec(&l.wq, l.bq.as_ref(), xn);
-            let mut k = matvec(&l.wk, l.bk.as_ref(), xn);
-            let mut v = matvec(&l.wv, l.bv.as_ref(), xn);
-            rope(&mut q, hd, pos, &freqs);
-            rope(&mut k, hd, pos, &freqs);
-            rounding.cached(&mut k, hd);
-            rounding.cached(&mut v, hd);
-            qs.push(q);
-            ks.push(k);
-            vs.push(v);
+    let mut xs: Vec<Vec<f64>> = tokens
+        .iter()
+        .map(|&t| emb.data[t as usize * dim..][..dim].iter().map(|&v| f64::from(v) * scale).collect())
+        .collect();
+    for (i, l) in m.layers.iter().enumerate() {
+        let attended = attention(m, i, l, &xs, rounding);
+        add(&mut xs, &attended);
+        let ffn_out = ffn(m, i, l, &xs, rounding);
+        add(&mut xs, &ffn_out);
+    }
+    let style = a.block.norm;
+    xs.iter()
+        .map(|x| {
+            let logits = matvec(m.output_weight(), None, &rms_norm(x, &m.final_norm, eps, style));
+            logits.into_iter().map(|v| soft_cap(v, a.final_logit_softcap)).collect()
+        })
+        .collect()
+}
+
+/// `xs += ys`, row by row.
+fn add(xs: &mut [Vec<f64>], ys: &[Vec<f64>]) {
+    for (x, y) in xs.iter_mut().zip(ys) {
+        x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+    }
+}
+
+/// RMS-normalizes every `head_dim`-wide head of `x` with the shared weight `w` (`q_norm`,
+/// `k_norm`).
+fn norm_heads(x: &mut [f64], w: Option<&HostTensor>, eps: f64, style: NormStyle) {
+    let w = w.expect("a q/k norm weight for qk_norm");
+    let hd = w.data.len();
+    for head in x.chunks_mut(hd) {
+        let normed = rms_norm(head, w, eps, style);
+        head.copy_from_slice(&normed);
+    }
+}
+
+/// The attention sub-block of layer `li`: what it adds to the residual stream, one row per
+/// position.
+fn attention(m: &HostModel, li: usize, l: &LayerWeights, xs: &[Vec<f64>], rounding: &Rounding) -> Vec<Vec<f64>> {
+    let a = &m.arch;
+    let (hd, heads, kv_heads) = (a.head_dim(), a.n_heads, a.n_kv_heads);
+    let (eps, style) = (f64::from(a.norm_eps), a.block.norm);
+    let rope = Rope::for_layer(m, li);
+    let mut xn: Vec<Vec<f64>> = xs.iter().map(|x| rms_norm(x, &l.attn_norm, eps, style)).collect();
+    rounding.inputs(&mut xn);
+    let mut qs = linear(&l.wq, l.bq.as_ref(), &xn);
+    let mut ks = linear(&l.wk, l.bk.as_ref(), &xn);
+    let mut vs = linear(&l.wv, l.bv.as_ref(), &xn);
+    for (pos, ((q, k), v)) in qs.iter_mut().zip(&mut ks).zip(&mut vs).enumerate() {
+        if a.block.qk_norm {
+            norm_heads(q, l.q_norm.as_ref(), eps, style);
+            norm_heads(k, l.k_norm.as_ref(), eps, style);
         }
-        let mut attended: Vec<Vec<f64>> = (0..xs.len())
-            .map(|t| {
-                let mut out = vec![0.0; heads * hd];
-                for h in 0..heads {
-                    let kvh = h / (heads / kv_heads);
-                    let q = &qs[t][h * hd..][..hd];
-                    let scores: Vec<f64> = (0..=t)
-                        .map(|s| {
-                            q.iter().zip(&ks[s][kvh * hd..][..hd]).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt()
-                        })
-                        .collect();
-                    let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                    let z: f64 = e.iter().sum();
-                    for (s, w) in e.iter().enumerate() {
-                        for j in 0..hd {
-                            out[h * hd + j] += w / z * vs[s][kvh * hd + j];
-                        }
+        rope.apply(q, hd, pos);
+        rope.apply(k, hd, pos);
+        rounding.cached(k, hd);
+        rounding.cached(v, hd);
+    }
+    let scale = a.block.attn_scale.map_or(1.0 / (hd as f64).sqrt(), f64::from);
+    let window = a.window(li);
+    let mut attended: Vec<Vec<f64>> = (0..xs.len())
+        .map(|t| {
+            let first = window.map_or(0, |w| (t + 1).saturating_sub(w));
+            let mut out = vec![0.0; heads * hd];
+            for h in 0..heads {
+                let kvh = h / (heads / kv_heads);
+                let q = &qs[t][h * hd..][..hd];
+                let scores: Vec<f64> = (first..=t)
+                    .map(|s| {
+                        let dot = q.iter().zip(&ks[s][kvh * hd..][..hd]).map(|(a, b)| a * b).sum::<f64>();
+                        soft_cap(dot * scale, a.block.attn_softcap)
+                    })
+                    .collect();
+                let sink = a.block.sinks.then(|| f64::from(l.sinks.as_ref().expect("sink logits").data[h]));
+                let max = scores.iter().chain(&sink).copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let z: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
+                for (s, w) in (first..=t).zip(&e) {
+                    for j in 0..hd {
+                        out[h * hd + j] += w / z * vs[s][kvh * hd + j];
                     }
                 }
-                out
-            })
-            .collect();
-        rounding.inputs(&mut attended);
-        for (x, a) in xs.iter_mut().zip(&attended) {
-            for (xi, o) in x.iter_mut().zip(matvec(&l.wo, None, a)) {
-                *xi += o;
             }
-        }
-        let mut xn: Vec<Vec<f64>> = xs.iter().map(|x| rms_norm(x, &l.ffn_norm, eps)).collect();
-        rounding.inputs(&mut xn);
-        let mut act: Vec<Vec<f64>> = xn
-            .iter()
-            .map(|xn| {
-                let m = l.mlp().expect("a dense FFN");
-                let (g, u) = (matvec(&m.gate, None, xn), matvec(&m.up, None, xn));
-                g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect()
-            })
-            .collect();
-        rounding.inputs(&mut act);
-        for (x, a) in xs.iter_mut().zip(&act) {
-            for (xi, o) in x.iter_mut().zip(matvec(&l.mlp().expect("a dense FFN").down, None, a)) {
-                *xi += o;
-            }
-        }
+            out
+        })
+        .collect();
+    rounding.inputs(&mut attended);
+    let out = linear(&l.wo, l.bo.as_ref(), &attended);
+    post_norm(out, l.post_attn_norm.as_ref(), a.block.sandwich_norms, eps, style)
+}
+
+/// Gemma's post-attention or post-FFN norm, when the block has sandwich norms.
+fn post_norm(ys: Vec<Vec<f64>>, w: Option<&HostTensor>, sandwich: bool, eps: f64, style: NormStyle) -> Vec<Vec<f64>> {
+    if !sandwich {
+        return ys;
     }
-    xs.iter().map(|x| matvec(m.output_weight(), None, &rms_norm(x, &m.final_norm, eps))).collect()
+    let w = w.expect("a post norm weight for sandwich norms");
+    ys.iter().map(|y| rms_norm(y, w, eps, style)).collect()
+}
+
+/// The FFN sub-block of layer `li`: what it adds to the residual stream, one row per position.
+fn ffn(m: &HostModel, li: usize, l: &LayerWeights, xs: &[Vec<f64>], rounding: &Rounding) -> Vec<Vec<f64>> {
+    let a = &m.arch;
+    let (eps, style) = (f64::from(a.norm_eps), a.block.norm);
+    let xn: Vec<Vec<f64>> = xs.iter().map(|x| rms_norm(x, &l.ffn_norm, eps, style)).collect();
+    let positions: Vec<usize> = (0..xs.len()).collect();
+    assert_eq!(a.has_experts(li), l.experts().is_some(), "layer {li}: experts as the architecture says");
+    let out = match l.mlp() {
+        Some(mlp) => {
+            let mut xr = xn;
+            rounding.inputs(&mut xr);
+            gated(mlp, a.block.activation, &xr, &positions, rounding)
+        }
+        None => {
+            let experts = l.experts().expect("a dense FFN or experts");
+            let routing = a.moe.as_ref().expect("an MoeSpec for a layer with experts");
+            mixture(experts, routing.routing, routing.top_k, a.block.activation, &xn, rounding)
+        }
+    };
+    post_norm(out, l.post_ffn_norm.as_ref(), a.block.sandwich_norms, eps, style)
+}
+
+/// `act(gate·x + b_g, up·x + b_u)` of each row of `xs`.
+fn gated_hidden(mlp: &Mlp, act: Activation, xs: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    let g = linear(&mlp.gate, mlp.gate_bias.as_ref(), xs);
+    let u = linear(&mlp.up, mlp.up_bias.as_ref(), xs);
+    g.iter().zip(&u).map(|(g, u)| g.iter().zip(u).map(|(&g, &u)| activate(act, g, u)).collect()).collect()
+}
+
+/// `down(act(gate·x + b_g, up·x + b_u)) + b_d` of rows `xs` (already rounded) at `positions`; the
+/// down projection's input is rounded over these rows.
+fn gated(mlp: &Mlp, act: Activation, xs: &[Vec<f64>], positions: &[usize], rounding: &Rounding) -> Vec<Vec<f64>> {
+    let mut h = gated_hidden(mlp, act, xs);
+    rounding.inputs_at(&mut h, positions);
+    linear(&mlp.down, mlp.down_bias.as_ref(), &h)
+}
+
+/// The experts each row is routed to and their weights (`Qwen3MoeTopKRouter`,
+/// `MixtralTopKRouter`, `GptOssTopKRouter`): the `top_k` largest router logits, ties to the
+/// lower expert index.
+///
+/// # Shapes
+/// - `logits`: `[n_experts]`; returns `top_k` `(expert, weight)` pairs, largest logit first.
+pub fn route(logits: &[f64], routing: Routing, top_k: usize) -> Vec<(usize, f64)> {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&i, &j| logits[j].total_cmp(&logits[i]).then(i.cmp(&j)));
+    order.truncate(top_k);
+    let softmax_over = |idx: &[usize]| {
+        let max = idx.iter().map(|&i| logits[i]).fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = idx.iter().map(|&i| (logits[i] - max).exp()).sum();
+        idx.iter().map(|&i| (logits[i] - max).exp() / z).collect::<Vec<f64>>()
+    };
+    let weights = match routing {
+        Routing::TopKSoftmax => softmax_over(&order),
+        Routing::SoftmaxTopK { renormalize } => {
+            let all: Vec<usize> = (0..logits.len()).collect();
+            let p = softmax_over(&all);
+            let chosen: Vec<f64> = order.iter().map(|&i| p[i]).collect();
+            let sum: f64 = chosen.iter().sum();
+            chosen.iter().map(|w| if renormalize { w / sum } else { *w }).collect()
+        }
+    };
+    order.into_iter().zip(weights).collect()
+}
+
+/// A mixture of experts over rows `xn` (normalized, not yet rounded): the router reads them at
+/// full precision; the experts read them rounded as any linear input. The down projections'
+/// inputs are rounded as `qdrift-model`'s `MoeLayer` lays them out, every position's `top_k`
+/// expert activations side by side ("slots"): a per-tensor scale covers all the slots of the
+/// prompt's positions together, a per-token (or per-token-group) scale one slot, so that a
+/// position's rounding never depends on which other positions an expert was given. The
+/// weighted outputs are summed in ascending expert order (`Qwen3MoeExperts`' `index_add_`).
+fn mixture(
+    e: &Experts,
+    routing: Routing,
+    top_k: usize,
+    act: Activation,
+    xn: &[Vec<f64>],
+    rounding: &Rounding,
+) -> Vec<Vec<f64>> {
+    let mut xr = xn.to_vec();
+    rounding.inputs(&mut xr);
+    // (position, expert, weight) of every slot, position-major, experts ascending.
+    let mut slots: Vec<(usize, usize, f64)> = Vec::new();
+    for (pos, x) in xn.iter().enumerate() {
+        let mut chosen = route(&matvec(&e.router, e.router_bias.as_ref(), x), routing, top_k);
+        chosen.sort_by_key(|&(ei, _)| ei);
+        slots.extend(chosen.into_iter().map(|(ei, w)| (pos, ei, w)));
+    }
+    let mut hidden: Vec<Vec<f64>> = slots
+        .iter()
+        .map(|&(pos, ei, _)| gated_hidden(&e.experts[ei], act, std::slice::from_ref(&xr[pos])).remove(0))
+        .collect();
+    let positions: Vec<usize> = slots.iter().map(|&(pos, _, _)| pos).collect();
+    rounding.inputs_at(&mut hidden, &positions);
+    let mut out = vec![vec![0.0; xn.first().map_or(0, Vec::len)]; xn.len()];
+    for (&(pos, ei, w), h) in slots.iter().zip(&hidden) {
+        let down = &e.experts[ei];
+        let y = matvec(&down.down, down.down_bias.as_ref(), h);
+        out[pos].iter_mut().zip(y).for_each(|(o, v)| *o += w * v);
+    }
+    out
 }
