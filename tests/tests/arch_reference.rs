@@ -119,7 +119,6 @@ fn dense_blocks_match_the_f64_forward_pass_on_every_cpu_kernel() {
 }
 
 #[test]
-#[ignore = "needs a mixture of experts in qdrift-model (Llama::from_host refuses experts): h30-moe"]
 fn experts_match_the_f64_forward_pass_on_every_cpu_kernel() {
     kernels_match_the_f64_forward_pass(&["qwen3_moe", "mixtral", "gpt_oss"]);
 }
@@ -210,13 +209,11 @@ fn qwen3_variants_match_the_f64_forward_pass() {
 }
 
 #[test]
-#[ignore = "needs a mixture of experts in qdrift-model (Llama::from_host refuses experts): h30-moe"]
 fn qwen3_moe_variants_match_the_f64_forward_pass() {
     variants_match_the_f64_forward_pass("qwen3_moe", &DENSE);
 }
 
 #[test]
-#[ignore = "needs a mixture of experts in qdrift-model (Llama::from_host refuses experts): h30-moe"]
 fn gpt_oss_variants_match_the_f64_forward_pass() {
     variants_match_the_f64_forward_pass("gpt_oss", &DENSE);
 }
