@@ -365,6 +365,9 @@ impl FeedForward {
 }
 
 /// A block's feed-forward layer: dense, or a mixture of experts (`moe.rs`).
+// One per block, built once: the size difference between the variants costs nothing, and Burn's
+// `Module` derive needs the variants unboxed.
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 pub enum BlockFfn {
     /// One gated feed-forward layer.
@@ -531,7 +534,7 @@ pub struct Llama {
     pub output: Projection,
     /// The rotary embeddings of the layers, one per distinct `(theta, scaling)`
     /// ([`ModelArch::layer_rope`]); each layer's attention names its own
-    /// ([`AttentionSpec::rope`]).
+    /// (`AttentionSpec::rope`).
     #[module(skip)]
     pub ropes: Vec<Rope>,
     /// Compute dtype: the dtype the weights were converted to (an f32 model may hold f16-valued
@@ -627,7 +630,7 @@ impl Llama {
 
     /// [`Llama::new_caches`] for a given attention kernel; a layer the host attention kernel
     /// does not cover (q/k norms, sinks, soft caps, windows, partial rotary, another scale) gets
-    /// a device cache whatever `kernel` says ([`placement::cache_kernel`]).
+    /// a device cache whatever `kernel` says (`placement::cache_kernel`).
     pub fn new_caches_for(&self, batch: usize, capacity: usize, kernel: AttentionKernel) -> Vec<KvCache> {
         let device = self.device();
         let (kvh, hd) = (self.arch.n_kv_heads, self.arch.head_dim());

@@ -34,7 +34,7 @@ impl Rope {
     /// RoPE with the inverse frequencies of [`Rope::new`] rescaled by `scaling`:
     /// `llama3_inv_freq` for Llama 3.1's scaling, `inv_freq[i] / factors[i]` for per-pair
     /// divisors (llama.cpp's `freq_factors`), `inv_freq[i] / factor` for linear scaling
-    /// (`_compute_linear_scaling_rope_parameters`), [`yarn_inv_freq`] and its attention factor
+    /// (`_compute_linear_scaling_rope_parameters`), `yarn_inv_freq` and its attention factor
     /// for YaRN. `head_dim` is the rotated width of a head.
     ///
     /// # Errors
