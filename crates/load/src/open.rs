@@ -4,7 +4,8 @@
 use std::path::Path;
 
 use crate::LoadError;
-use crate::gguf::read::{gguf_source_storage, read_gguf};
+use crate::gguf::read::gguf_source_storage;
+use crate::gguf::read_gguf;
 use crate::gguf::tokenizer::gguf_tokenizer;
 use crate::hf::read_hf_folder;
 use crate::llama2c::open_llama2c;

@@ -55,7 +55,7 @@ pub(crate) struct ForwardContext<'a> {
     pub f16: bool,
     /// Where the mixture-of-experts layers append the experts they chose
     /// ([`crate::MoeLayer::forward_recording`]), when the caller asked for them.
-    pub routing: Option<&'a std::sync::Mutex<crate::RoutingRecord>>,
+    pub routing: Option<&'a std::sync::Mutex<crate::routing::RoutingRecord>>,
 }
 
 impl ForwardContext<'_> {

@@ -40,6 +40,7 @@
 mod activation;
 mod attention;
 mod cache;
+mod error;
 mod fake_quant;
 mod host;
 mod linear;
@@ -48,17 +49,20 @@ mod moe;
 mod norm;
 mod positions;
 mod rope;
+mod routing;
 
 pub use cache::KvCache;
+pub use error::ModelError;
 pub use fake_quant::{RuntimeQuant, round_activations, round_kv};
 pub use host::isa::{ISA_VAR, Isa, IsaError};
 pub use host::placement::{AttentionKernel, LinearKernel, RoundingPath};
 pub use host::threads::{in_pool, single_threaded};
 pub use linear::Projection;
-pub use llama::{Llama, ModelError};
-pub use moe::{LayerRoutes, MoeLayer, RoutingRecord};
+pub use llama::Llama;
+pub use moe::MoeLayer;
 pub use positions::Positions;
 pub use rope::Rope;
+pub use routing::{LayerRoutes, RoutingRecord};
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use half::slice::HalfFloatSliceExt;

@@ -17,43 +17,17 @@ use qdrift_weights::{Activation, Ffn, HostModel, HostTensor, LayerWeights, Mlp, 
 
 use crate::activation::gated;
 use crate::attention::{Attention, AttentionSpec, ForwardContext};
+pub use crate::error::ModelError;
 use crate::fake_quant::RuntimeQuant;
 use crate::host::elem::{add_rounded, is_f16_exact};
-use crate::host::isa::{Isa, IsaError};
+use crate::host::isa::Isa;
 use crate::host::placement::{self, AttentionKernel, LinearKernel, RoundingPath};
 use crate::host::swiglu::swiglu;
 use crate::linear::ProjectionStore;
-use crate::moe::{MoeLayer, RoutingRecord};
+use crate::moe::MoeLayer;
 use crate::norm::RmsNorm;
+use crate::routing::RoutingRecord;
 use crate::{KvCache, Positions, Projection, Rope, host_f32, upload, upload_owned};
-
-/// Errors building a model on a device.
-#[derive(Debug, thiserror::Error)]
-pub enum ModelError {
-    /// A host tensor does not have the shape the architecture implies.
-    #[error("tensor {name} has shape {actual:?}, expected {expected:?}")]
-    Shape {
-        /// Tensor name (Hugging Face naming).
-        name: String,
-        /// Its shape.
-        actual: Vec<usize>,
-        /// The shape the architecture implies.
-        expected: Vec<usize>,
-    },
-    /// The architecture is inconsistent.
-    #[error("invalid architecture: {0}")]
-    Arch(String),
-    /// The run-time quantization does not fit the model (a ggml KV format on rows that are not
-    /// whole blocks).
-    #[error("{0}")]
-    Runtime(#[from] qdrift_codecs::QuantizeError),
-    /// The compute dtype is not one the model supports.
-    #[error("unsupported compute dtype {0:?}; use f32 or f16")]
-    DType(DType),
-    /// `QDRIFT_ISA` names an instruction set the CPU kernels lack, or one this CPU cannot run.
-    #[error("{0}")]
-    Isa(#[from] IsaError),
-}
 
 impl Llama {
     /// Builds the model on `device` from host weights, uploading them in `dtype` (f32 or f16),

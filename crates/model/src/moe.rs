@@ -51,12 +51,13 @@ use qdrift_weights::{Activation, Experts, HostTensor, Mlp, MoeSpec, Routing};
 
 use crate::activation::gated;
 use crate::attention::ForwardContext;
+use crate::error::ModelError;
 use crate::host::elem::round_to_f16;
 use crate::host::linear::PackedLinear;
 use crate::host::placement;
 use crate::host::swiglu::swiglu;
 use crate::linear::ProjectionStore;
-use crate::llama::ModelError;
+use crate::routing::{LayerRoutes, RoutingRecord};
 use crate::{Projection, host_f32, upload, upload_owned};
 
 /// One expert: a gated feed-forward layer `down(act(gate·x + b_g, up·x + b_u)) + b_d`.
@@ -411,27 +412,6 @@ fn check(name: &str, t: &HostTensor, expected: &[usize]) -> Result<(), ModelErro
 /// - returns `[indices.len()]`
 fn indices(indices: &[i64], device: &Device) -> Tensor<1, Int> {
     Tensor::from_data(TensorData::new(indices.to_vec(), [indices.len()]), device)
-}
-
-/// The experts chosen in one MoE layer's forward pass.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LayerRoutes {
-    /// The block.
-    pub layer: usize,
-    /// `[batch, seq, top_k]`: the pass's rows and columns, and experts per token.
-    pub shape: [usize; 3],
-    /// Each position's experts in order of weight (the largest first), row-major over `shape`
-    /// (padding columns included).
-    pub experts: Vec<u32>,
-}
-
-/// The experts a forward pass's MoE layers chose: one [`LayerRoutes`] per MoE layer and pass,
-/// appended in the order they ran (a generation's decoding steps append one entry per layer
-/// each; their columns follow the earlier ones').
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RoutingRecord {
-    /// The entries, in the order the layers ran.
-    pub layers: Vec<LayerRoutes>,
 }
 
 /// Each row's chosen experts and their weights.

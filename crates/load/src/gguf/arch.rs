@@ -177,6 +177,19 @@ pub(crate) fn reorder_rows(t: &HostTensor, order: &[usize], to: RopeLayout) -> H
     HostTensor { shape: t.shape.clone(), data }
 }
 
+/// The model, when the file's architecture is one of the [`Family`]s
+/// ([`super::read::FamilyReader`]).
+pub(super) fn read_family_of(
+    table: &TensorTable<'_>,
+    keys: &ArchKeys<'_>,
+    tokenizer: &GgufTokenizerMetadata,
+) -> Result<Option<HostModel>, LoadError> {
+    match Family::of_file(keys)? {
+        Some(family) => read_family(table, keys, tokenizer, family).map(Some),
+        None => Ok(None),
+    }
+}
+
 /// Reads a file of one of the [`Family`] architectures: hyper-parameters, then every block, then
 /// refuses any tensor it did not use.
 pub(super) fn read_family(

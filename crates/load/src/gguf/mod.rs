@@ -67,8 +67,114 @@ mod tests;
 
 pub use hf_vocab::{UNMERGED_SCORE, hf_tokenizer_keys};
 pub use read::{
-    GgufModel, GgufTensorSize, GgufTokenizerMetadata, GgufValue, SUPPORTED_GGUF_ARCHITECTURES, read_gguf,
-    read_gguf_metadata,
+    GgufModel, GgufTensorSize, GgufTokenizerMetadata, GgufValue, SUPPORTED_GGUF_ARCHITECTURES, read_gguf_metadata,
 };
 pub use tokenizer::{gguf_tokenizer, gguf_tokenizer_keys, llama2c_tokenizer_keys};
-pub use write::{GgufMatrix, GgufStored, write_gguf, write_gguf_with};
+pub use write::{GgufMatrix, GgufStored};
+
+use std::path::Path;
+
+use crate::LoadError;
+use crate::hf::write::{WriteDtype, qkv_biases_all_or_none, refuse_non_llama_block};
+use crate::tokenizer::Llama2cTokenizer;
+use qdrift_weights::HostModel;
+use write::{Kv, gguf_arch_metadata, gguf_bytes, gguf_tensors};
+use write_arch::{check_writable, family_metadata, family_tensors, writer_family};
+
+/// Reads a GGUF file of one of [`SUPPORTED_GGUF_ARCHITECTURES`], dequantizing every tensor to f32.
+///
+/// # Errors
+/// [`LoadError`] naming the file and, where it applies, the tensor, its expected dims and what is
+/// wrong: an unreadable or truncated file, a bad magic or version, counts or offsets beyond the
+/// file, an unsupported tensor type or architecture, a missing or misshapen tensor.
+pub fn read_gguf(path: &Path) -> Result<GgufModel, LoadError> {
+    let bytes = crate::input::read_file(path, crate::input::MODEL)?;
+    parse_gguf(path, &bytes)
+}
+
+/// [`read_gguf`] of a file's bytes: the container read by `read.rs`, the blocks of the
+/// architectures of `arch.rs` by their reader (defined here, above both, so that neither module
+/// imports the other's dependants).
+pub(crate) fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
+    read::parse_gguf_with(path, bytes, arch::read_family_of)
+}
+
+/// Writes `model` and `tokenizer` as a GGUF v3 file with the `llama` architecture, or `qwen2`
+/// when the layers have q/k/v biases (all three in every layer).
+///
+/// Spec: ggml `docs/gguf.md` (layout as [`crate::read_gguf`] describes it; alignment 32).
+/// Metadata: `general.architecture` (`ARCH` = `llama` or `qwen2`), `general.alignment`,
+/// `ARCH.context_length`, `ARCH.embedding_length`, `ARCH.block_count`, `ARCH.feed_forward_length`,
+/// `ARCH.attention.head_count`, `ARCH.attention.head_count_kv`,
+/// `ARCH.attention.layer_norm_rms_epsilon`, `ARCH.rope.freq_base`, `ARCH.rope.dimension_count`,
+/// `ARCH.vocab_size`; tokenizer: [`llama2c_tokenizer_keys`].
+/// Tensors use llama.cpp's names (`token_embd`, `blk.N.attn_q`, `blk.N.attn_q.bias`, ...);
+/// matrices are stored in `dtype`, 1-D norms, biases and `rope_freqs.weight` always as F32 (as
+/// llama.cpp's converter does). `llama` q/k stay interleaved (GGUF's layout); `qwen2` q/k weights
+/// and biases are written in Hugging Face's rotate-half layout, as llama.cpp's converter leaves
+/// them. RoPE scaling becomes `rope_freqs.weight`: [`RopeScaling::FreqFactors`] as is,
+/// [`RopeScaling::Llama3`] as llama.cpp's converter computes it. The write is atomic
+/// ([`write_gguf_with`]).
+///
+/// # Errors
+/// [`LoadError::Invalid`] for `dtype = BF16` (not offered here), a piece that is not UTF-8 or
+/// biases in some layers only, and the I/O error otherwise.
+pub fn write_gguf(
+    path: &Path,
+    model: &HostModel,
+    tokenizer: &Llama2cTokenizer,
+    dtype: WriteDtype,
+) -> Result<(), LoadError> {
+    let keys = llama2c_tokenizer_keys(path, tokenizer)?;
+    write_gguf_with(path, model, &keys, dtype, &|_| None)
+}
+
+/// Writes `model` as a GGUF v3 file (as [`write_gguf`] describes it) with the tokenizer metadata
+/// `tokenizer_keys` written as given (every key must start with `tokenizer.`; see
+/// [`super::gguf_tokenizer_keys`]), and each matrix stored as `store` returns it, or in `dtype` (F32 or
+/// F16) where it returns `None`. Stored rows of `qwen2` q/k are permuted to the rotate-half
+/// layout like the values (blocks run along rows, so whole rows move).
+///
+/// The write is atomic ([`qdrift_io::write_atomic`]): the file is written to a uniquely named
+/// temporary file in the same folder and renamed over `path`; on failure the temporary file is
+/// removed and `path` is left as it was.
+///
+/// # Errors
+/// [`LoadError::Invalid`] for `dtype = BF16`, a tokenizer key outside `tokenizer.`, a stored
+/// matrix whose type is not F16 or a readable block type, or whose bytes do not match its shape
+/// (naming the tensor), biases in some layers only; the I/O error otherwise.
+pub fn write_gguf_with(
+    path: &Path,
+    model: &HostModel,
+    tokenizer_keys: &[(String, GgufValue)],
+    dtype: WriteDtype,
+    store: &dyn Fn(GgufMatrix) -> Option<GgufStored>,
+) -> Result<(), LoadError> {
+    if dtype == WriteDtype::BF16 {
+        return Err(LoadError::invalid(path, "write_gguf writes F32 or F16 only"));
+    }
+    let mut kv = Kv::default();
+    let tensors = match writer_family(model) {
+        Some(family) => {
+            check_writable(path, model, family)?;
+            family_metadata(&mut kv, path, model, family)?;
+            family_tensors(path, model, family)?
+        }
+        None => {
+            let writes = "qdrift writes Llama, Mistral and Qwen2 blocks, and as GGUF also qwen3, qwen3moe, gemma2, \
+                          gemma3, phi3, gpt-oss and Mixtral (llama with experts)";
+            refuse_non_llama_block(path, model, false, writes)?;
+            let qwen2 = qkv_biases_all_or_none(path, model)?;
+            gguf_arch_metadata(&mut kv, path, &model.arch, if qwen2 { "qwen2" } else { "llama" })?;
+            gguf_tensors(path, model, qwen2)?
+        }
+    };
+    for (key, value) in tokenizer_keys {
+        if !key.starts_with("tokenizer.") {
+            return Err(LoadError::invalid(path, format!("metadata key {key} is not a tokenizer key")));
+        }
+        kv.value(key, value);
+    }
+    let bytes = gguf_bytes(path, &kv, &tensors, dtype, store)?;
+    Ok(qdrift_io::write_atomic(path, &bytes)?)
+}

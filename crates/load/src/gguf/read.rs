@@ -1,4 +1,4 @@
-//! [`read_gguf`]: a GGUF file's header, metadata and tensor infos, checked, and its tensors
+//! [`read_gguf`](super::read_gguf): a GGUF file's header, metadata and tensor infos, checked, and its tensors
 //! dequantized into a [`HostModel`]; [`read_gguf_metadata`]: the header and metadata only.
 
 use std::collections::{BTreeMap, HashSet};
@@ -6,7 +6,6 @@ use std::path::Path;
 
 use qdrift_ggml::GgmlType;
 
-use super::arch::{Family, read_family};
 use crate::LoadError;
 use crate::floats::{LeFloat, le_floats};
 use crate::rope_layout::{RopeLayout, permute_rows};
@@ -299,23 +298,12 @@ impl TensorInfo {
     }
 }
 
-/// Architectures [`read_gguf`] reads, as `general.architecture` names them.
+/// Architectures [`read_gguf`](super::read_gguf) reads, as `general.architecture` names them.
 pub const SUPPORTED_GGUF_ARCHITECTURES: &str =
     "llama (with or without experts), qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss";
 
-/// Reads a GGUF file with the `llama` or `qwen2` architecture, dequantizing every tensor to f32.
-///
-/// # Errors
-/// [`LoadError`] naming the file and, where it applies, the tensor, its expected dims and what is
-/// wrong: an unreadable or truncated file, a bad magic or version, counts or offsets beyond the
-/// file, an unsupported tensor type or architecture, a missing or misshapen tensor.
-pub fn read_gguf(path: &Path) -> Result<GgufModel, LoadError> {
-    let bytes = crate::input::read_file(path, crate::input::MODEL)?;
-    parse_gguf(path, &bytes)
-}
-
 /// Reads only a GGUF file's header and metadata (every key with its value), with the same checks
-/// as [`read_gguf`]; no tensor is read, so any architecture is accepted.
+/// as [`read_gguf`](super::read_gguf); no tensor is read, so any architecture is accepted.
 ///
 /// # Errors
 /// [`LoadError`] naming the file: unreadable, truncated, a bad magic or version, counts beyond
@@ -469,8 +457,15 @@ fn min_value_size(ty: u32) -> Option<u64> {
     })
 }
 
-/// The file's layout in order: header, metadata, tensor infos, then the model built from them.
-pub(super) fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadError> {
+/// The blocks of a file whose architecture has its own reader (`arch.rs`), `None` for `llama`
+/// and `qwen2`: given to [`parse_gguf_with`] by its caller, so that this module, which the
+/// architectures' readers build on, does not depend on them.
+pub(super) type FamilyReader =
+    fn(&TensorTable<'_>, &ArchKeys<'_>, &GgufTokenizerMetadata) -> Result<Option<HostModel>, LoadError>;
+
+/// The file's layout in order: header, metadata, tensor infos, then the model built from them
+/// (by `family` where it reads the architecture).
+pub(super) fn parse_gguf_with(path: &Path, bytes: &[u8], family: FamilyReader) -> Result<GgufModel, LoadError> {
     let mut r = Reader { path, bytes, pos: 0, values: 0 };
     let Header { version, tensor_count, kv_count } = read_header(&mut r)?;
     let metadata = read_metadata(&mut r, kv_count)?;
@@ -484,7 +479,7 @@ pub(super) fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadErr
     let tensors = infos.iter().map(TensorInfo::size).collect();
     let tokenizer = tokenizer_metadata(&metadata);
     let table = TensorTable { path, bytes, infos: &infos, used: Default::default() };
-    let model = build_llama(&table, &metadata, &tokenizer)?;
+    let model = build_llama(&table, &metadata, &tokenizer, family)?;
     Ok(GgufModel { model, version, metadata, tokenizer, tensor_types, tensors })
 }
 
@@ -869,12 +864,13 @@ fn build_llama(
     table: &TensorTable<'_>,
     meta: &BTreeMap<String, GgufValue>,
     tokenizer: &GgufTokenizerMetadata,
+    family: FamilyReader,
 ) -> Result<HostModel, LoadError> {
     let path = table.path;
     let (arch_name, q_k_layout) = read_architecture(path, meta)?;
     let keys = ArchKeys { path, meta, arch: arch_name };
-    if let Some(family) = Family::of_file(&keys)? {
-        return read_family(table, &keys, tokenizer, family);
+    if let Some(model) = family(table, &keys, tokenizer)? {
+        return Ok(model);
     }
     let mut arch = read_hyper_parameters(&keys, table, tokenizer)?;
     check_refusals(&keys, &arch, table.infos)?;

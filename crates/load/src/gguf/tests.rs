@@ -5,7 +5,8 @@ use std::path::Path;
 
 use qdrift_ggml::{GgmlType, dequantize_ggml_blocks, quantize_ggml_blocks};
 
-use super::read::{GgufModel, GgufValue, parse_gguf, read_gguf};
+use super::read::{GgufModel, GgufValue};
+use super::{parse_gguf, read_gguf};
 use crate::{HostModel, HostTensor, LoadError, RopeScaling};
 
 const F32: u32 = 0;

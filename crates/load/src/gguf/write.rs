@@ -1,6 +1,6 @@
-//! The GGUF writer: [`write_gguf`] (a [`HostModel`] with a SentencePiece-style
+//! The GGUF writer: [`write_gguf`](super::write_gguf) (a [`HostModel`] with a SentencePiece-style
 //! [`Llama2cTokenizer`], readable by [`crate::open_model`] and llama.cpp; fixtures for the
-//! readers' tests) and [`write_gguf_with`], the writer `qdrift quantize --format gguf` uses:
+//! readers' tests) and [`write_gguf_with`](super::write_gguf_with), the writer `qdrift quantize --format gguf` uses:
 //! matrices stored as the caller packed them (ggml blocks), the tokenizer metadata carried over
 //! from the source ([`crate::write::gguf_tokenizer_keys`]).
 
@@ -10,13 +10,10 @@ use std::path::Path;
 use qdrift_ggml::GgmlType;
 
 use super::read::GgufValue;
-use super::tokenizer::llama2c_tokenizer_keys;
-use super::write_arch::{check_writable, family_metadata, family_tensors, writer_family};
 use crate::LoadError;
-use crate::hf::write::{WriteDtype, qkv_biases_all_or_none, refuse_non_llama_block};
+use crate::hf::write::WriteDtype;
 use crate::rope_layout::RopeLayout::ToRotateHalf;
 use crate::rope_layout::{permute_rows, rotate_half_row_order};
-use crate::tokenizer::Llama2cTokenizer;
 use qdrift_weights::{HostModel, HostTensor, LinearName, ModelArch, RopeScaling};
 
 /// GGUF metadata value types (`gguf.md` `gguf_metadata_value_type`).
@@ -114,37 +111,7 @@ fn value_bytes(out: &mut Vec<u8>, v: &GgufValue) {
     }
 }
 
-/// Writes `model` and `tokenizer` as a GGUF v3 file with the `llama` architecture, or `qwen2`
-/// when the layers have q/k/v biases (all three in every layer).
-///
-/// Spec: ggml `docs/gguf.md` (layout as [`crate::read_gguf`] describes it; alignment 32).
-/// Metadata: `general.architecture` (`ARCH` = `llama` or `qwen2`), `general.alignment`,
-/// `ARCH.context_length`, `ARCH.embedding_length`, `ARCH.block_count`, `ARCH.feed_forward_length`,
-/// `ARCH.attention.head_count`, `ARCH.attention.head_count_kv`,
-/// `ARCH.attention.layer_norm_rms_epsilon`, `ARCH.rope.freq_base`, `ARCH.rope.dimension_count`,
-/// `ARCH.vocab_size`; tokenizer: [`llama2c_tokenizer_keys`].
-/// Tensors use llama.cpp's names (`token_embd`, `blk.N.attn_q`, `blk.N.attn_q.bias`, ...);
-/// matrices are stored in `dtype`, 1-D norms, biases and `rope_freqs.weight` always as F32 (as
-/// llama.cpp's converter does). `llama` q/k stay interleaved (GGUF's layout); `qwen2` q/k weights
-/// and biases are written in Hugging Face's rotate-half layout, as llama.cpp's converter leaves
-/// them. RoPE scaling becomes `rope_freqs.weight`: [`RopeScaling::FreqFactors`] as is,
-/// [`RopeScaling::Llama3`] as llama.cpp's converter computes it. The write is atomic
-/// ([`write_gguf_with`]).
-///
-/// # Errors
-/// [`LoadError::Invalid`] for `dtype = BF16` (not offered here), a piece that is not UTF-8 or
-/// biases in some layers only, and the I/O error otherwise.
-pub fn write_gguf(
-    path: &Path,
-    model: &HostModel,
-    tokenizer: &Llama2cTokenizer,
-    dtype: WriteDtype,
-) -> Result<(), LoadError> {
-    let keys = llama2c_tokenizer_keys(path, tokenizer)?;
-    write_gguf_with(path, model, &keys, dtype, &|_| None)
-}
-
-/// Which matrix of a [`HostModel`] a GGUF tensor holds, for [`write_gguf_with`]'s `store`.
+/// Which matrix of a [`HostModel`] a GGUF tensor holds, for [`write_gguf_with`](super::write_gguf_with)'s `store`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GgufMatrix {
     /// `token_embd.weight` ([`HostModel::token_embedding`]).
@@ -161,7 +128,7 @@ pub enum GgufMatrix {
     },
 }
 
-/// A matrix as the caller of [`write_gguf_with`] stores it: a `ggml_type` id (`GGML_TYPE_F16`
+/// A matrix as the caller of [`write_gguf_with`](super::write_gguf_with) stores it: a `ggml_type` id (`GGML_TYPE_F16`
 /// = 1 or a block type of `qdrift-ggml`'s [`qdrift_ggml::GgmlType::READABLE`]) and its bytes.
 ///
 /// # Shapes
@@ -173,56 +140,6 @@ pub struct GgufStored {
     pub ggml_type: u32,
     /// The stored rows.
     pub bytes: Vec<u8>,
-}
-
-/// Writes `model` as a GGUF v3 file (as [`write_gguf`] describes it) with the tokenizer metadata
-/// `tokenizer_keys` written as given (every key must start with `tokenizer.`; see
-/// [`super::gguf_tokenizer_keys`]), and each matrix stored as `store` returns it, or in `dtype` (F32 or
-/// F16) where it returns `None`. Stored rows of `qwen2` q/k are permuted to the rotate-half
-/// layout like the values (blocks run along rows, so whole rows move).
-///
-/// The write is atomic ([`qdrift_io::write_atomic`]): the file is written to a uniquely named
-/// temporary file in the same folder and renamed over `path`; on failure the temporary file is
-/// removed and `path` is left as it was.
-///
-/// # Errors
-/// [`LoadError::Invalid`] for `dtype = BF16`, a tokenizer key outside `tokenizer.`, a stored
-/// matrix whose type is not F16 or a readable block type, or whose bytes do not match its shape
-/// (naming the tensor), biases in some layers only; the I/O error otherwise.
-pub fn write_gguf_with(
-    path: &Path,
-    model: &HostModel,
-    tokenizer_keys: &[(String, GgufValue)],
-    dtype: WriteDtype,
-    store: &dyn Fn(GgufMatrix) -> Option<GgufStored>,
-) -> Result<(), LoadError> {
-    if dtype == WriteDtype::BF16 {
-        return Err(LoadError::invalid(path, "write_gguf writes F32 or F16 only"));
-    }
-    let mut kv = Kv::default();
-    let tensors = match writer_family(model) {
-        Some(family) => {
-            check_writable(path, model, family)?;
-            family_metadata(&mut kv, path, model, family)?;
-            family_tensors(path, model, family)?
-        }
-        None => {
-            let writes = "qdrift writes Llama, Mistral and Qwen2 blocks, and as GGUF also qwen3, qwen3moe, gemma2, \
-                          gemma3, phi3, gpt-oss and Mixtral (llama with experts)";
-            refuse_non_llama_block(path, model, false, writes)?;
-            let qwen2 = qkv_biases_all_or_none(path, model)?;
-            gguf_arch_metadata(&mut kv, path, &model.arch, if qwen2 { "qwen2" } else { "llama" })?;
-            gguf_tensors(path, model, qwen2)?
-        }
-    };
-    for (key, value) in tokenizer_keys {
-        if !key.starts_with("tokenizer.") {
-            return Err(LoadError::invalid(path, format!("metadata key {key} is not a tokenizer key")));
-        }
-        kv.value(key, value);
-    }
-    let bytes = gguf_bytes(path, &kv, &tensors, dtype, store)?;
-    Ok(qdrift_io::write_atomic(path, &bytes)?)
 }
 
 /// `general.*` and the `ARCH.*` hyper-parameters.
@@ -310,7 +227,11 @@ impl Part {
 
 /// Every tensor in file order, under llama.cpp's names; `qwen2` q/k rows in the rotate-half
 /// layout; RoPE scaling as `rope_freqs.weight`.
-fn gguf_tensors<'a>(path: &Path, model: &'a HostModel, qwen2: bool) -> Result<Vec<GgufTensor<'a>>, LoadError> {
+pub(super) fn gguf_tensors<'a>(
+    path: &Path,
+    model: &'a HostModel,
+    qwen2: bool,
+) -> Result<Vec<GgufTensor<'a>>, LoadError> {
     let a = &model.arch;
     let rope_rows = |t: &HostTensor, heads: usize| -> HostTensor {
         if qwen2 { permute_rows(t, heads, ToRotateHalf) } else { t.clone() }
@@ -374,7 +295,7 @@ fn gguf_tensors<'a>(path: &Path, model: &'a HostModel, qwen2: bool) -> Result<Ve
 
 /// The file: header (magic, version 3, counts), metadata, tensor infos, then the data section
 /// (aligned to [`ALIGNMENT`], each tensor at an aligned offset).
-fn gguf_bytes(
+pub(super) fn gguf_bytes(
     path: &Path,
     kv: &Kv,
     tensors: &[GgufTensor<'_>],

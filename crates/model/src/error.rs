@@ -1,0 +1,33 @@
+//! [`ModelError`]: why a model cannot be built or run as asked.
+
+use burn::tensor::DType;
+
+use crate::host::isa::IsaError;
+
+/// Errors building a model on a device.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A host tensor does not have the shape the architecture implies.
+    #[error("tensor {name} has shape {actual:?}, expected {expected:?}")]
+    Shape {
+        /// Tensor name (Hugging Face naming).
+        name: String,
+        /// Its shape.
+        actual: Vec<usize>,
+        /// The shape the architecture implies.
+        expected: Vec<usize>,
+    },
+    /// The architecture is inconsistent.
+    #[error("invalid architecture: {0}")]
+    Arch(String),
+    /// The run-time quantization does not fit the model (a ggml KV format on rows that are not
+    /// whole blocks).
+    #[error("{0}")]
+    Runtime(#[from] qdrift_codecs::QuantizeError),
+    /// The compute dtype is not one the model supports.
+    #[error("unsupported compute dtype {0:?}; use f32 or f16")]
+    DType(DType),
+    /// `QDRIFT_ISA` names an instruction set the CPU kernels lack, or one this CPU cannot run.
+    #[error("{0}")]
+    Isa(#[from] IsaError),
+}
