@@ -218,7 +218,6 @@ fn qwen3() {
 }
 
 #[test]
-#[ignore = "needs a mixture of experts in qdrift-model (Llama::from_host refuses experts): h30-moe"]
 fn qwen3_moe() {
     check("qwen3_moe");
 }
@@ -239,13 +238,11 @@ fn phi3() {
 }
 
 #[test]
-#[ignore = "needs a mixture of experts in qdrift-model (Llama::from_host refuses experts): h30-moe"]
 fn mixtral() {
     check("mixtral");
 }
 
 #[test]
-#[ignore = "needs a mixture of experts in qdrift-model (Llama::from_host refuses experts): h30-moe"]
 fn gpt_oss() {
     check("gpt_oss");
 }
