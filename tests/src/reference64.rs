@@ -27,14 +27,83 @@
 //! of every linear layer (q/k/v, o, gate/up, down, and each expert's; not the router's; per token,
 //! or per tensor over the prompt and then per token) and every key (after its q/k norm and RoPE)
 //! and value as it enters the cache. Each rounding is the host definition (`round_host` of
-//! `qdrift_quantize`) applied to the f64 values cast to f32, then cast back.
+//! `qdrift_quantize`) applied to the f64 values cast to f32, then cast back. With [`Sites`], the
+//! int8 roundings within [`AMBIGUOUS`] of a boundary (where the model's f32 value may land on
+//! either side) are recorded, and chosen ones rounded to the other neighbour.
+
+use std::cell::RefCell;
 
 use qdrift_load::{Activation, Experts, HostModel, HostTensor, LayerWeights, Mlp, NormStyle, RopeScaling, Routing};
-use qdrift_quantize::{ActivationQuant, ActivationScale, KvQuant};
+use qdrift_quantize::{ActivationQuant, ActivationScale, DynamicFormat, KvQuant};
+
+/// Distance from an int8 rounding boundary, `|y − (n + ½)| / max(|y|, 1)` with `y = x/s` on the
+/// integer grid, under which the model's f32 value may round to either neighbour: its `x` and
+/// `s` come out of every earlier layer computed in f32, each a few ulps (1.2e-7 apiece) from
+/// the f64 values, and where f32 sums in another order (a GEMM of 7 rows, not 1) the side can
+/// change too.
+pub const AMBIGUOUS: f64 = 1e-6;
+
+/// An int8-rounded value the f64 pass finds within [`AMBIGUOUS`] of a rounding boundary.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Site {
+    /// Its ordinal among the int8-rounded values of the pass, in the pass's (value-independent)
+    /// order: layers, then keys/values and linear inputs as they are rounded, element by element.
+    pub ordinal: usize,
+    /// The position (token) it belongs to.
+    pub position: usize,
+    /// Its distance from the boundary, as [`AMBIGUOUS`] measures it.
+    pub distance: f64,
+}
+
+/// The int8 rounding sites of one pass: which values to round to the other neighbour (as the
+/// f32 model may have, one step of the scale away), and the ambiguous values met.
+#[derive(Debug, Default)]
+pub struct Sites {
+    next: usize,
+    /// Ordinals of the values rounded to the other neighbour.
+    pub flipped: Vec<usize>,
+    /// The ambiguous values met, in order.
+    pub ambiguous: Vec<Site>,
+}
+
+impl Sites {
+    /// Sites flipping `flipped`.
+    pub fn flipping(flipped: Vec<usize>) -> Sites {
+        Sites { next: 0, flipped, ambiguous: Vec::new() }
+    }
+
+    /// Visits `rounded` (int8-rounded from `orig` with one scale per `group` values; value `i`
+    /// at position `position(i)`): records the ambiguous ones and moves the flipped ones one
+    /// step of their scale to the other side of their f64 value.
+    fn visit(&mut self, orig: &[f64], rounded: &mut [f64], group: usize, position: impl Fn(usize) -> usize) {
+        for (g, (xs, rs)) in orig.chunks(group).zip(rounded.chunks_mut(group)).enumerate() {
+            let amax = xs.iter().fold(0.0f32, |m, &v| m.max((v as f32).abs()));
+            let s = amax / 127.0;
+            for (j, (&x, r)) in xs.iter().zip(rs.iter_mut()).enumerate() {
+                let ordinal = self.next;
+                self.next += 1;
+                if s == 0.0 {
+                    continue;
+                }
+                let y = x / f64::from(s);
+                let distance = (y.abs().fract() - 0.5).abs() / y.abs().max(1.0);
+                if distance < AMBIGUOUS {
+                    self.ambiguous.push(Site { ordinal, position: position(g * group + j), distance });
+                }
+                if self.flipped.contains(&ordinal) {
+                    let q = (*r / f64::from(s)).round();
+                    let step = if y > q { 1.0 } else { -1.0 };
+                    let other = (q + step).clamp(-127.0, 127.0) as f32;
+                    *r = f64::from(other * s);
+                }
+            }
+        }
+    }
+}
 
 /// The run-time roundings of a variant (none by default).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Rounding {
+pub struct Rounding<'a> {
     /// Activation quantization of every linear layer's input.
     pub activations: Option<ActivationQuant>,
     /// Rounding of every cached key and value.
@@ -42,9 +111,11 @@ pub struct Rounding {
     /// Positions that form the prompt: a per-tensor activation scale covers them together (the
     /// prompt pass); every later position is scaled alone.
     pub prompt: usize,
+    /// Where given, the int8 roundings' sites are recorded and flipped there ([`Sites`]).
+    pub sites: Option<&'a RefCell<Sites>>,
 }
 
-impl Rounding {
+impl Rounding<'_> {
     /// A linear layer's inputs, one row per position (rows `0, 1, …`).
     fn inputs(&self, rows: &mut [Vec<f64>]) {
         let positions: Vec<usize> = (0..rows.len()).collect();
@@ -61,10 +132,15 @@ impl Rounding {
         } else {
             0
         };
+        let int8 = q.format == DynamicFormat::Int8;
         let (prompt, rest) = rows.split_at_mut(split);
         if !prompt.is_empty() {
-            let mut flat: Vec<f64> = prompt.concat();
+            let orig: Vec<f64> = prompt.concat();
+            let mut flat = orig.clone();
             through_f32(&mut flat, |v| q.round_host(v, cols));
+            if let (Some(sites), true) = (self.sites, int8) {
+                sites.borrow_mut().visit(&orig, &mut flat, orig.len(), |i| positions[i / cols]);
+            }
             prompt.iter_mut().zip(flat.chunks(cols)).for_each(|(r, f)| r.copy_from_slice(f));
         }
         // After the prompt pass a per-tensor scale covers one token; other scales are per token
@@ -73,13 +149,27 @@ impl Rounding {
             ActivationScale::Tensor => ActivationQuant { scale: ActivationScale::Token, ..q },
             _ => q,
         };
-        rest.iter_mut().for_each(|r| through_f32(r, |v| later.round_host(v, cols)));
+        let group = match later.scale {
+            ActivationScale::TokenGroup(g) => g,
+            _ => cols,
+        };
+        for (r, &pos) in rest.iter_mut().zip(&positions[split..]) {
+            let orig = r.clone();
+            through_f32(r, |v| later.round_host(v, cols));
+            if let (Some(sites), true) = (self.sites, int8) {
+                sites.borrow_mut().visit(&orig, r, group, |_| pos);
+            }
+        }
     }
 
-    /// One position's keys or values, `[kv_heads * head_dim]`.
-    fn cached(&self, x: &mut [f64], head_dim: usize) {
+    /// Position `pos`'s keys or values, `[kv_heads * head_dim]`.
+    fn cached(&self, x: &mut [f64], head_dim: usize, pos: usize) {
         if let Some(q) = self.kv_cache {
+            let orig = x.to_vec();
             through_f32(x, |v| q.round_host(v, head_dim).expect("KV rows of whole blocks"));
+            if let (Some(sites), KvQuant::Int8) = (self.sites, q) {
+                sites.borrow_mut().visit(&orig, x, head_dim, |_| pos);
+            }
         }
     }
 }
@@ -302,8 +392,8 @@ fn attention(m: &HostModel, li: usize, l: &LayerWeights, xs: &[Vec<f64>], roundi
         }
         rope.apply(q, hd, pos);
         rope.apply(k, hd, pos);
-        rounding.cached(k, hd);
-        rounding.cached(v, hd);
+        rounding.cached(k, hd, pos);
+        rounding.cached(v, hd, pos);
     }
     let scale = a.block.attn_scale.map_or(1.0 / (hd as f64).sqrt(), f64::from);
     let window = a.window(li);

@@ -243,7 +243,8 @@ fn variants_match_the_f64_forward_pass(choice: BackendChoice) {
                 })
                 .collect()
         };
-        let want = f64_logits(&Rounding { activations: recipe.activations, kv_cache: recipe.kv_cache, prompt: 0 });
+        let want =
+            f64_logits(&Rounding { activations: recipe.activations, kv_cache: recipe.kv_cache, ..Default::default() });
         let unrounded: Vec<Vec<Vec<f32>>> = f64_logits(&Rounding::default())
             .into_iter()
             .map(|s| s.into_iter().map(|r| r.into_iter().map(|v| v as f32).collect()).collect())
