@@ -21,11 +21,11 @@
 //! (each tensor where the previous one ends, rounded up to the alignment). Decoded values
 //! (dequantized ones included) must be finite.
 //!
-//! Tensors are dequantized to f32 ([`HostModel`](crate::HostModel)'s form): F32, F16, BF16 and every GGML block
+//! Tensors are dequantized to f32 ([`HostModel`]'s form): F32, F16, BF16 and every GGML block
 //! format `qdrift-ggml` dequantizes (`GgmlType::READABLE`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
 //! Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4; block and byte sizes from `GgmlType`). Any other type
 //! (IQ1_S, IQ2_XXS, IQ3_S, TQ1_0, ...) is refused with its ggml name and id. A GGUF matrix with dims
-//! `[ne0 = in, ne1 = out]` is `[out, in]` row-major, which is [`HostModel`](crate::HostModel)'s linear layout as
+//! `[ne0 = in, ne1 = out]` is `[out, in]` row-major, which is [`HostModel`]'s linear layout as
 //! is. For `llama`, q/k are kept as stored: llama.cpp's converter already permutes them into the
 //! interleaved RoPE layout qdrift uses (llama.cpp's `LLAMA_ROPE_TYPE_NORM`). `qwen2` files keep
 //! Hugging Face's rotate-half layout (llama.cpp runs them with `LLAMA_ROPE_TYPE_NEOX`), so their
@@ -39,7 +39,7 @@
 //! `rope_freqs.weight` (`[head_dim / 2]`, Llama 3.1's scaling as llama.cpp's converter writes it)
 //! and the linear factor `{arch}.rope.scaling.factor` (older files: `{arch}.rope.scale_linear`;
 //! applied when `{arch}.rope.scaling.type` is `linear` or absent, ignored for `none`) become
-//! [`RopeScaling::FreqFactors`](crate::RopeScaling::FreqFactors); other scaling types (`yarn`, `longrope`) are refused.
+//! [`RopeScaling::FreqFactors`](qdrift_weights::RopeScaling::FreqFactors)(crate::RopeScaling::FreqFactors); other scaling types (`yarn`, `longrope`) are refused.
 //!
 //! The embedded tokenizer's metadata is kept in [`GgufModel::tokenizer`];
 //! [`gguf_tokenizer`] builds the tokenizer from it. [`GgufModel::metadata`] has every key.
@@ -112,8 +112,8 @@ pub(crate) fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadErr
 /// matrices are stored in `dtype`, 1-D norms, biases and `rope_freqs.weight` always as F32 (as
 /// llama.cpp's converter does). `llama` q/k stay interleaved (GGUF's layout); `qwen2` q/k weights
 /// and biases are written in Hugging Face's rotate-half layout, as llama.cpp's converter leaves
-/// them. RoPE scaling becomes `rope_freqs.weight`: [`RopeScaling::FreqFactors`] as is,
-/// [`RopeScaling::Llama3`] as llama.cpp's converter computes it. The write is atomic
+/// them. RoPE scaling becomes `rope_freqs.weight`: [`RopeScaling::FreqFactors`](qdrift_weights::RopeScaling::FreqFactors) as is,
+/// [`RopeScaling::Llama3`](qdrift_weights::RopeScaling::Llama3) as llama.cpp's converter computes it. The write is atomic
 /// ([`write_gguf_with`]).
 ///
 /// # Errors
@@ -131,7 +131,7 @@ pub fn write_gguf(
 
 /// Writes `model` as a GGUF v3 file (as [`write_gguf`] describes it) with the tokenizer metadata
 /// `tokenizer_keys` written as given (every key must start with `tokenizer.`; see
-/// [`super::gguf_tokenizer_keys`]), and each matrix stored as `store` returns it, or in `dtype` (F32 or
+/// [`gguf_tokenizer_keys`]), and each matrix stored as `store` returns it, or in `dtype` (F32 or
 /// F16) where it returns `None`. Stored rows of `qwen2` q/k are permuted to the rotate-half
 /// layout like the values (blocks run along rows, so whole rows move).
 ///
