@@ -12,10 +12,10 @@
 //! host-memory cache ([`AttentionKernel`]; the default on the CPU backend).
 //!
 //! Beyond Llama's block the model follows what `ModelArch`'s `BlockSpec` and each layer's weights
-//! describe (Qwen3, Gemma 2/3, Phi-3, gpt-oss's dense parts): an explicit head width, per-head q/k
+//! describe (Qwen3, Qwen3-MoE, Gemma 2/3, Phi-3, Mixtral, gpt-oss): an explicit head width, per-head q/k
 //! norms, `x·(1 + w)` and sandwich norms, partial rotary, linear and YaRN RoPE and a RoPE per
 //! layer, attention scale and soft cap, sinks, sliding windows, o and FFN biases, GELU-tanh and
-//! clamped SwiGLU, an embedding scale and a final-logit soft cap. The CPU host kernels compute
+//! clamped SwiGLU, an embedding scale, a final-logit soft cap and mixtures of experts. The CPU host kernels compute
 //! Llama's block only: a layer with any of these features falls back to Burn's ops (on the CPU
 //! backend too) over a device cache, and `Llama::steps_match_teacher_forcing` is then false.
 //!
@@ -27,6 +27,10 @@
 //!   dense feature.
 //! - `attention.rs`, `linear.rs` ([`Projection`]), `norm.rs`, `rope.rs` ([`Rope`]), `cache.rs`
 //!   ([`KvCache`]): the layers as Burn modules, on any device.
+//! - `moe.rs`: `MoeLayer`, a mixture of experts: the router's top-k on the host, each expert run
+//!   once on the rows routed to it (its SwiGLU experts on the host kernels where the dense FFN
+//!   runs there); `routing.rs`: `RoutingRecord`, the experts a pass chose, when a caller asks.
+//! - `error.rs`: `ModelError`.
 //! - `positions.rs`: [`Positions`], the left-padded layout of a batch.
 //! - `fake_quant.rs`: run-time roundings of activations and the KV cache ([`RuntimeQuant`]).
 //! - `host/`: the CPU path, in one place: where each part of a forward pass runs
