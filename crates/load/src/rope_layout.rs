@@ -65,8 +65,17 @@ pub(crate) fn permute_rows(t: &HostTensor, n_heads: usize, to: RopeLayout) -> Ho
 /// - `t`: `[rows, cols]` (a weight) or `[rows]` (a bias, a q/k norm); the result has the same shape.
 pub(crate) fn permute_head_rows(t: &HostTensor, n_heads: usize, rotary_dim: usize, to: RopeLayout) -> HostTensor {
     let rows = t.shape.first().copied().unwrap_or(0);
-    let cols = t.data.len() / rows.max(1);
-    let order = rotate_half_row_order_partial(n_heads, rows / n_heads.max(1), rotary_dim);
+    reorder_rows(t, &rotate_half_row_order_partial(n_heads, rows / n_heads.max(1), rotary_dim), to)
+}
+
+/// `t`'s rows moved between the two layouts by a row order from [`rotate_half_row_order_partial`]:
+/// [`RopeLayout::ToInterleaved`] puts row `r` at `order[r]`; [`RopeLayout::ToRotateHalf`] moves
+/// row `order[r]` to row `r`. For callers that reuse one order (GGUF's stored block rows).
+///
+/// # Shapes
+/// - `t`: `[rows, cols]` or `[rows]`, `rows = order.len()`; the result has `t`'s shape.
+pub(crate) fn reorder_rows(t: &HostTensor, order: &[usize], to: RopeLayout) -> HostTensor {
+    let cols = t.data.len() / order.len().max(1);
     let mut data = vec![0.0; t.data.len()];
     for (r, &o) in order.iter().enumerate() {
         let (dst, src) = match to {

@@ -31,7 +31,7 @@
 
 use super::read::{ArchKeys, GgufTokenizerMetadata, GgufValue, TensorTable, read_hyper_parameters, read_rope_scaling};
 use crate::LoadError;
-use crate::rope_layout::{RopeLayout, rotate_half_row_order_partial};
+use crate::rope_layout::{RopeLayout, permute_head_rows};
 use qdrift_weights::{
     Activation, Experts, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, MoeSpec, NormStyle, RopeScaling,
     Routing,
@@ -147,34 +147,6 @@ impl Family {
 /// layer when `n == 0 || il % n < n - 1`.
 pub(crate) fn swa_by_pattern(n: usize, il: usize) -> bool {
     n == 0 || il % n < n - 1
-}
-
-/// For the q/k rows of `n_heads` heads of `head_dim` rows whose first `rotary` rows are rotated,
-/// the interleaved row each rotate-half row comes from (rows past `rotary` stay in place):
-/// rotate-half row `r` is interleaved row `order[r]`. With `rotary = head_dim` this is
-/// [`crate::rotate_half_row_order`] (`rope_layout`'s [`rotate_half_row_order_partial`]).
-pub(crate) fn rope_row_order(n_heads: usize, head_dim: usize, rotary: usize) -> Vec<usize> {
-    rotate_half_row_order_partial(n_heads, head_dim, rotary)
-}
-
-/// `t`'s rows reordered between the interleaved and rotate-half layouts by `order`
-/// ([`rope_row_order`]): to rotate-half, row `r` is row `order[r]`; to interleaved, row `r` goes
-/// to `order[r]`.
-///
-/// # Shapes
-/// - `t`: `[rows, cols]` or `[rows]`, `rows = order.len()`; the result has `t`'s shape.
-pub(crate) fn reorder_rows(t: &HostTensor, order: &[usize], to: RopeLayout) -> HostTensor {
-    let rows = order.len().max(1);
-    let cols = t.data.len() / rows;
-    let mut data = vec![0.0; t.data.len()];
-    for (r, &o) in order.iter().enumerate() {
-        let (dst, src) = match to {
-            RopeLayout::ToInterleaved => (o, r),
-            RopeLayout::ToRotateHalf => (r, o),
-        };
-        data[dst * cols..(dst + 1) * cols].copy_from_slice(&t.data[src * cols..(src + 1) * cols]);
-    }
-    HostTensor { shape: t.shape.clone(), data }
 }
 
 /// The model, when the file's architecture is one of the [`Family`]s
@@ -503,11 +475,7 @@ fn read_family_layer(
     let (q_dim, kv_dim) = (arch.q_dim(), arch.kv_dim());
     let t = |suffix: &str, shape: &[usize]| table.tensor(&format!("blk.{i}.{suffix}"), shape);
     let rope = |x: HostTensor, heads: usize| {
-        if family.rotate_half() {
-            reorder_rows(&x, &rope_row_order(heads, hd, rot), RopeLayout::ToInterleaved)
-        } else {
-            x
-        }
+        if family.rotate_half() { permute_head_rows(&x, heads, rot, RopeLayout::ToInterleaved) } else { x }
     };
     let ([wq, wk, wv], [bq, bk, bv]) = read_qkv(table, i, dim, [q_dim, kv_dim, kv_dim])?;
     let (wq, wk) = (rope(wq, arch.n_heads), rope(wk, arch.n_kv_heads));

@@ -16,11 +16,12 @@
 use std::borrow::Cow;
 use std::path::Path;
 
-use super::arch::{Family, rope_row_order, swa_by_pattern};
+use super::arch::{Family, swa_by_pattern};
 use super::read::GgufValue;
 use super::write::{GgufMatrix, GgufTensor, Kv, Part, gguf_arch_metadata, llama3_freq_factors};
 use crate::LoadError;
 use crate::rope_layout::RopeLayout::ToRotateHalf;
+use crate::rope_layout::{reorder_rows, rotate_half_row_order_partial};
 use qdrift_weights::{Ffn, HostModel, HostTensor, LayerWeights, LinearName, Mlp, NormStyle, RopeScaling};
 
 /// The [`Family`] a model is written as: by its architecture name (GGUF's or `config.json`'s
@@ -396,10 +397,10 @@ fn layer_tensors<'a>(
     let b = format!("blk.{i}");
     let (hd, rot) = (a.head_dim, a.rotary_dim());
     let lin = |role: &'static str| GgufMatrix::Linear { layer: i, short_name: LinearName::dense(role) };
-    let order = |heads: usize| family.rotate_half().then(|| rope_row_order(heads, hd, rot));
+    let order = |heads: usize| family.rotate_half().then(|| rotate_half_row_order_partial(heads, hd, rot));
     let rope = |t: &HostTensor, heads: usize| -> HostTensor {
         match order(heads) {
-            Some(o) => super::arch::reorder_rows(t, &o, ToRotateHalf),
+            Some(o) => reorder_rows(t, &o, ToRotateHalf),
             None => t.clone(),
         }
     };
