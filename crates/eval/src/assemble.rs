@@ -66,6 +66,7 @@ fn summarize(
         per_position: aggregate::per_position(traces, longest),
         entropy_strata: aggregate::entropy_strata(traces, longest)?,
         per_tensor_error: header.per_tensor_error,
+        routing: None,
     })
 }
 

@@ -248,6 +248,53 @@ pub const METRICS: &[Metric] = &[
         summary: true,
     },
     Metric {
+        name: "expert_overlap",
+        title: "Expert overlap",
+        description: "Models with experts, teacher-forced on the reference's text: |experts_variant ∩ experts_ref| / k \
+                      per position and mixture-of-experts layer, the mean over prompts of each prompt's mean.",
+        range: Range::Unit,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: true,
+    },
+    Metric {
+        name: "routing_flip_rate",
+        title: "Routing flips",
+        description: "Models with experts, teacher-forced on the reference's text: share of (position, \
+                      mixture-of-experts layer) pairs whose top-1 expert differs from the reference's, the mean over \
+                      prompts.",
+        range: Range::Unit,
+        better: Better::Lower,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: true,
+    },
+    Metric {
+        name: "expert_overlap_on_generated_text",
+        title: "Expert overlap (gen. text)",
+        description: "As expert overlap, both models teacher-forced on the variant's own continuation.",
+        range: Range::Unit,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+    },
+    Metric {
+        name: "routing_flip_rate_on_generated_text",
+        title: "Routing flips (gen. text)",
+        description: "As routing flips, both models teacher-forced on the variant's own continuation.",
+        range: Range::Unit,
+        better: Better::Lower,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+    },
+    Metric {
         name: "excess_token_match_rate",
         title: "Excess token match",
         description: "Token match minus the noise floor's, paired by prompt (negative: the variant matches less \

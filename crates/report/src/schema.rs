@@ -12,7 +12,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::read::REPORT_CAP;
-use crate::{HorizonMetrics, ReportError};
+use crate::{Estimate, HorizonMetrics, ReportError};
 use qdrift_io::{read_capped, write_atomic};
 
 /// The schema version this build writes and reads.
@@ -214,6 +214,48 @@ pub struct Variant {
     pub entropy_strata: Vec<EntropyStratum>,
     /// Error of each quantized weight tensor against the reference (empty for the noise floor).
     pub per_tensor_error: Vec<TensorError>,
+    /// *extra*: for a model with experts, where the variant's expert choices differ from the
+    /// reference's (added in schema 1 as an optional field; absent for a dense model and in
+    /// older reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<RoutingDrift>,
+}
+
+/// Where a variant's mixture-of-experts routing differs from the reference's, both models
+/// teacher-forced on the reference's continuation, over the longest horizon. The per-horizon
+/// means (`expert_overlap`, `routing_flip_rate` and their `_on_generated_text` twins) are
+/// registry metrics; this holds what they cannot: the first flip and the split by layer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoutingDrift {
+    /// Experts per mixture-of-experts layer.
+    pub experts: usize,
+    /// Experts each token is routed to (`k`).
+    pub top_k: usize,
+    /// Per prompt, the first position where the top-1 expert of any layer differs from the
+    /// reference's (teacher-forced on the reference's text), with its Kaplan–Meier curve; a
+    /// prompt with no flip within the longest horizon is censored there.
+    pub first_flip: FirstDivergence,
+    /// Per generated position `t` (`max(horizons)` entries), the mean over prompts of the share
+    /// of mixture-of-experts layers whose top-1 expert differs from the reference's.
+    pub flip_by_position: Vec<f64>,
+    /// One entry per mixture-of-experts layer, in block order.
+    pub layers: Vec<LayerRouting>,
+}
+
+/// One mixture-of-experts layer's routing drift over the longest horizon, on the reference's
+/// text.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LayerRouting {
+    /// The block, 0-based.
+    pub layer: usize,
+    /// Share of positions whose top-1 expert differs from the reference's: the mean over prompts
+    /// with its bootstrap interval.
+    pub flip_rate: Estimate,
+    /// `|experts ∩ experts_ref| / k`: the mean over prompts with its bootstrap interval.
+    pub expert_overlap: Estimate,
+    /// The Kaplan–Meier median of the position of this layer's first flip (0-based); `None` when
+    /// more than half the prompts have none within the longest horizon.
+    pub first_flip_median: Option<usize>,
 }
 
 /// First-divergence positions and their Kaplan–Meier survival curve.

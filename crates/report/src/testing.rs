@@ -308,5 +308,6 @@ fn variant(p: &Profile, c: &Curves, floor: &Curves) -> Variant {
         },
         entropy_strata,
         per_tensor_error,
+        routing: None,
     }
 }
