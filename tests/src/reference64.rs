@@ -113,6 +113,9 @@ pub struct Rounding<'a> {
     pub prompt: usize,
     /// Where given, the int8 roundings' sites are recorded and flipped there ([`Sites`]).
     pub sites: Option<&'a RefCell<Sites>>,
+    /// Where given, every mixture-of-experts layer appends the experts it routed each position
+    /// to: one entry per such layer, in block order, `[position][rank]`, the weightiest first.
+    pub routes: Option<&'a RefCell<Vec<Vec<Vec<usize>>>>>,
 }
 
 impl Rounding<'_> {
@@ -521,10 +524,15 @@ fn mixture(
     rounding.inputs(&mut xr);
     // (position, expert, weight) of every slot, position-major, experts ascending.
     let mut slots: Vec<(usize, usize, f64)> = Vec::new();
+    let mut routed = Vec::with_capacity(xn.len());
     for (pos, x) in xn.iter().enumerate() {
         let mut chosen = route(&matvec(&e.router, e.router_bias.as_ref(), x), routing, top_k);
+        routed.push(chosen.iter().map(|&(ei, _)| ei).collect());
         chosen.sort_by_key(|&(ei, _)| ei);
         slots.extend(chosen.into_iter().map(|(ei, w)| (pos, ei, w)));
+    }
+    if let Some(routes) = rounding.routes {
+        routes.borrow_mut().push(routed);
     }
     let mut hidden: Vec<Vec<f64>> = slots
         .iter()

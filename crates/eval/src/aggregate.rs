@@ -5,8 +5,8 @@
 
 use qdrift_report::{Distribution, EntropyStratum, Estimate, FirstDivergence, HorizonMetrics, PerPosition};
 use qdrift_score::{
-    Interval, PositionMetrics, PromptLogProbs, bootstrap_mean_ci, entropy_quartiles, first_divergence, kaplan_meier,
-    median_survival, paired_difference_ci, ppl_ratio_ci, summarize, wilson_interval,
+    Divergence, Interval, PositionMetrics, PromptLogProbs, bootstrap_mean_ci, entropy_quartiles, first_divergence,
+    kaplan_meier, median_survival, paired_difference_ci, ppl_ratio_ci, summarize, wilson_interval,
 };
 
 use crate::error::EvalError;
@@ -36,6 +36,78 @@ pub struct Trace {
     pub ref_entropy: Vec<f32>,
     /// `ln p_ref(var token)` on the variant's continuation, `[H]`.
     pub logp_ref_on_var_text: Vec<f32>,
+    /// For a model with experts, where the two models' routing differs (`None` for a dense
+    /// model).
+    pub routing: Option<RoutingTrace>,
+}
+
+/// Where a variant's expert choices differ from the reference's, for one prompt: per
+/// mixture-of-experts layer and position, both models teacher-forced on the same text (the
+/// reference's continuation, and the variant's own).
+///
+/// # Shapes
+/// `layers: [L]`; every other field `[L, H]`, row-major (layer-major).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoutingTrace {
+    /// Experts per layer.
+    pub experts: u32,
+    /// Experts per token (`k`).
+    pub top_k: u32,
+    /// The mixture-of-experts blocks, ascending.
+    pub layers: Vec<u32>,
+    /// On the reference's text: how many of the `k` experts both models chose.
+    pub shared: Vec<u8>,
+    /// On the reference's text: whether both chose the same top-1 expert.
+    pub top1: Vec<bool>,
+    /// [`RoutingTrace::shared`] on the variant's continuation.
+    pub shared_on_var_text: Vec<u8>,
+    /// [`RoutingTrace::top1`] on the variant's continuation.
+    pub top1_on_var_text: Vec<bool>,
+}
+
+impl RoutingTrace {
+    /// Positions per layer.
+    pub fn positions(&self) -> usize {
+        self.shared.len() / self.layers.len().max(1)
+    }
+
+    /// Mean over layers and the first `h` positions of `shared / k`; `on_reference_text` picks
+    /// the text.
+    pub fn overlap(&self, h: usize, on_reference_text: bool) -> f64 {
+        let shared = if on_reference_text { &self.shared } else { &self.shared_on_var_text };
+        let n = self.positions();
+        let sum: u64 = shared.chunks(n.max(1)).flat_map(|row| &row[..h]).map(|&s| u64::from(s)).sum();
+        sum as f64 / (f64::from(self.top_k) * (self.layers.len() * h) as f64)
+    }
+
+    /// Share of (layer, position < `h`) pairs whose top-1 expert differs.
+    pub fn flip_rate(&self, h: usize, on_reference_text: bool) -> f64 {
+        let top1 = if on_reference_text { &self.top1 } else { &self.top1_on_var_text };
+        let n = self.positions();
+        let flips = top1.chunks(n.max(1)).flat_map(|row| &row[..h]).filter(|&&same| !same).count();
+        flips as f64 / (self.layers.len() * h) as f64
+    }
+
+    /// Layer `l`'s (by index into [`RoutingTrace::layers`]) top-1 agreement on the reference's
+    /// text, `[H]`.
+    pub fn layer_top1(&self, l: usize) -> &[bool] {
+        let n = self.positions();
+        &self.top1[l * n..(l + 1) * n]
+    }
+
+    /// Layer `l`'s overlap and flip rate over the first `h` positions of the reference's text.
+    pub fn layer_rates(&self, l: usize, h: usize) -> (f64, f64) {
+        let n = self.positions();
+        let shared: u64 = self.shared[l * n..l * n + h].iter().map(|&s| u64::from(s)).sum();
+        let flips = self.layer_top1(l)[..h].iter().filter(|&&same| !same).count();
+        (shared as f64 / (f64::from(self.top_k) * h as f64), flips as f64 / h as f64)
+    }
+
+    /// Per position, whether every layer's top-1 expert agrees on the reference's text, `[H]`.
+    pub fn all_layers_agree(&self) -> Vec<bool> {
+        let n = self.positions();
+        (0..n).map(|t| (0..self.layers.len()).all(|l| self.top1[l * n + t])).collect()
+    }
 }
 
 impl Trace {
@@ -51,6 +123,7 @@ impl Trace {
             logp_var: vec![0.0; h],
             ref_entropy: vec![0.0; h],
             logp_ref_on_var_text: vec![0.0; h],
+            routing: None,
         }
     }
 
@@ -125,7 +198,7 @@ pub struct Bootstrap {
 
 impl Bootstrap {
     /// The mean of per-prompt `values` with its percentile interval.
-    fn mean(&self, values: &[f64]) -> Result<Estimate, EvalError> {
+    pub(crate) fn mean(&self, values: &[f64]) -> Result<Estimate, EvalError> {
         Ok(estimate(bootstrap_mean_ci(values, self.resamples, self.seed, LEVEL)?))
     }
 
@@ -206,13 +279,15 @@ fn kld_distribution(traces: &[Trace], h: usize) -> Result<Distribution, EvalErro
 
 /// First-divergence positions over the whole run and their Kaplan–Meier curve.
 pub fn first_divergence_summary(traces: &[Trace], horizon: usize) -> Result<FirstDivergence, EvalError> {
-    let mut observations = Vec::with_capacity(traces.len());
-    let mut positions = Vec::with_capacity(traces.len());
-    for t in traces {
-        let d = first_divergence(&t.ref_tokens, &t.var_tokens, horizon)?;
-        positions.push(d.position);
-        observations.push(d.observation());
-    }
+    let divergences =
+        traces.iter().map(|t| first_divergence(&t.ref_tokens, &t.var_tokens, horizon)).collect::<Result<_, _>>()?;
+    survival_summary(divergences)
+}
+
+/// First-divergence positions, one per prompt, and their Kaplan–Meier curve.
+pub(crate) fn survival_summary(divergences: Vec<Divergence>) -> Result<FirstDivergence, EvalError> {
+    let positions: Vec<usize> = divergences.iter().map(|d| d.position).collect();
+    let observations: Vec<_> = divergences.iter().map(|d| d.observation()).collect();
     // Kaplan–Meier over "tokens still identical": S(t) is the share of prompts whose first t
     // tokens all match (a divergence at 0-based position p is an event at t = p + 1).
     let steps = kaplan_meier(&observations)?;

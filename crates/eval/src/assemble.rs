@@ -9,6 +9,7 @@ use qdrift_report::{KlMethod, Report, SCHEMA_VERSION, Variant};
 
 use crate::aggregate::{self, Bootstrap, Trace};
 use crate::error::EvalError;
+use crate::routing_drift;
 use crate::types::{Measurement, RunContext, TailSums, VariantHeader};
 
 /// The statistics of a measurement, as the report's variants and the reference's
@@ -52,6 +53,8 @@ fn summarize(
     bootstrap: Bootstrap,
     longest: usize,
 ) -> Result<Variant, EvalError> {
+    let mut metrics = aggregate::horizon_metrics(traces, noise_floor, horizons, bootstrap)?;
+    routing_drift::set_horizon_metrics(&mut metrics, traces, bootstrap)?;
     Ok(Variant {
         recipe: header.recipe,
         name: header.name,
@@ -61,12 +64,12 @@ fn summarize(
         compute_dtype: header.compute_dtype,
         bits_per_weight: header.bits_per_weight,
         weight_bytes: header.weight_bytes,
-        horizons: aggregate::horizon_metrics(traces, noise_floor, horizons, bootstrap)?,
+        horizons: metrics,
         first_divergence: aggregate::first_divergence_summary(traces, longest)?,
         per_position: aggregate::per_position(traces, longest),
         entropy_strata: aggregate::entropy_strata(traces, longest)?,
         per_tensor_error: header.per_tensor_error,
-        routing: None,
+        routing: routing_drift::routing_drift(traces, longest, bootstrap)?,
     })
 }
 

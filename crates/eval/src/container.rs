@@ -18,7 +18,7 @@ use qdrift_io::elide;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::aggregate::Trace;
+use crate::aggregate::{RoutingTrace, Trace};
 
 /// Bytes of the digest that ends a data file ([`seal`]).
 pub(crate) const SEAL_BYTES: u64 = 32;
@@ -160,10 +160,79 @@ pub(crate) fn write_traces(w: &mut Writer, prefix: &str, traces: &[Trace], h: us
     }
     let top1: Vec<u8> = traces.iter().flat_map(|t| t.top1.iter().map(|&b| u8::from(b))).collect();
     w.push(format!("{prefix}/top1"), "u8", vec![n, h], &top1);
+    write_routing(w, prefix, traces, h);
 }
 
-/// Reads [`write_traces`]' sections back: `n` traces of `h` positions (`top1` bytes 0 or 1).
-pub(crate) fn read_traces(s: &Sections<'_>, prefix: &str, n: usize, h: usize) -> Result<Vec<Trace>, String> {
+/// The sections [`write_traces`] writes for traces without routing.
+pub(crate) const TRACE_SECTIONS: usize = 8;
+
+/// The routing fields of traces as bytes `[traces, L·h]`, in section order: name and accessor.
+type RoutingBytes = (&'static str, fn(&RoutingTrace) -> Vec<u8>);
+const ROUTING_BYTES: [RoutingBytes; 4] = [
+    ("routing_shared", |r| r.shared.clone()),
+    ("routing_top1", |r| r.top1.iter().map(|&b| u8::from(b)).collect()),
+    ("routing_shared_gen", |r| r.shared_on_var_text.clone()),
+    ("routing_top1_gen", |r| r.top1_on_var_text.iter().map(|&b| u8::from(b)).collect()),
+];
+
+/// Writes the traces' routing, when they have one (every trace of a run with experts does):
+/// `PREFIX/routing` (u32: experts, top-k, then the layers) and the four `[traces, L·h]` byte
+/// arrays of [`ROUTING_BYTES`].
+fn write_routing(w: &mut Writer, prefix: &str, traces: &[Trace], h: usize) {
+    let Some(first) = traces.first().and_then(|t| t.routing.as_ref()) else { return };
+    let meta: Vec<u32> = [first.experts, first.top_k].into_iter().chain(first.layers.iter().copied()).collect();
+    w.u32s(&format!("{prefix}/routing"), vec![meta.len()], meta.into_iter());
+    let width = first.layers.len() * h;
+    for (name, field) in ROUTING_BYTES {
+        let bytes: Vec<u8> = traces.iter().flat_map(|t| t.routing.as_ref().map(field).unwrap_or_default()).collect();
+        w.push(format!("{prefix}/{name}"), "u8", vec![traces.len(), width], &bytes);
+    }
+}
+
+/// Reads [`write_routing`]'s sections back, if there are any: `n` routing traces of `h`
+/// positions per layer, and how many sections that took.
+fn read_routing(
+    s: &Sections<'_>,
+    prefix: &str,
+    n: usize,
+    h: usize,
+) -> Result<(Vec<Option<RoutingTrace>>, usize), String> {
+    let name = format!("{prefix}/routing");
+    let Some(&[len]) = s.shape(&name) else { return Ok((vec![None; n], 0)) };
+    let meta = s.u32s(&name, &[len])?;
+    let [experts, top_k, layers @ ..] = meta.as_slice() else {
+        return Err(format!("section {name} holds {} numbers, not experts, top-k and the layers", meta.len()));
+    };
+    let width = layers.len() * h;
+    let mut fields = Vec::with_capacity(ROUTING_BYTES.len());
+    for (field, _) in ROUTING_BYTES {
+        let bytes = s.get(&format!("{prefix}/{field}"), "u8", &[n, width])?;
+        fields.push(rows(bytes.to_vec(), width).into_iter());
+    }
+    let flags = |v: Vec<u8>| v.into_iter().map(|b| b == 1).collect::<Vec<bool>>();
+    let mut traces = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut next = |i: usize| fields[i].next().unwrap_or_default();
+        let (shared, top1, shared_gen, top1_gen) = (next(0), next(1), next(2), next(3));
+        if let Some(b) = top1.iter().chain(&top1_gen).find(|&&b| b > 1) {
+            return Err(format!("section {prefix}/routing_top1: a byte is {b}, not 0 or 1"));
+        }
+        traces.push(Some(RoutingTrace {
+            experts: *experts,
+            top_k: *top_k,
+            layers: layers.to_vec(),
+            shared,
+            top1: flags(top1),
+            shared_on_var_text: shared_gen,
+            top1_on_var_text: flags(top1_gen),
+        }));
+    }
+    Ok((traces, 1 + ROUTING_BYTES.len()))
+}
+
+/// Reads [`write_traces`]' sections back: `n` traces of `h` positions (`top1` bytes 0 or 1), and
+/// how many sections they took.
+pub(crate) fn read_traces(s: &Sections<'_>, prefix: &str, n: usize, h: usize) -> Result<(Vec<Trace>, usize), String> {
     let [ref_tokens, var_tokens] = TRACE_U32.map(|(name, _)| s.u32s(&format!("{prefix}/{name}"), &[n, h]));
     let (mut ref_tokens, mut var_tokens) = (rows(ref_tokens?, h).into_iter(), rows(var_tokens?, h).into_iter());
     let mut f32s = Vec::with_capacity(TRACE_F32.len());
@@ -176,8 +245,10 @@ pub(crate) fn read_traces(s: &Sections<'_>, prefix: &str, n: usize, h: usize) ->
     }
     let mut top1 = rows(top1.iter().map(|&b| b == 1).collect(), h).into_iter();
     let mut next = |i: usize| f32s[i].next().unwrap_or_default();
-    Ok((0..n)
-        .map(|_| Trace {
+    let (routing, routing_sections) = read_routing(s, prefix, n, h)?;
+    let traces = routing
+        .into_iter()
+        .map(|routing| Trace {
             ref_tokens: ref_tokens.next().unwrap_or_default(),
             var_tokens: var_tokens.next().unwrap_or_default(),
             kld: next(0),
@@ -186,8 +257,10 @@ pub(crate) fn read_traces(s: &Sections<'_>, prefix: &str, n: usize, h: usize) ->
             ref_entropy: next(3),
             logp_ref_on_var_text: next(4),
             top1: top1.next().unwrap_or_default(),
+            routing,
         })
-        .collect())
+        .collect();
+    Ok((traces, TRACE_SECTIONS + routing_sections))
 }
 
 /// How far f32 rounding may take a quantity past its mathematical bound (a KL divergence or an
@@ -275,6 +348,45 @@ pub(crate) fn check_traces(
         for (name, values, bound) in floats {
             check_floats(&format!("{prefix}/{name}"), i + 1, values, bound)?;
         }
+        if t.routing.is_some() != traces[0].routing.is_some() {
+            let has = |r: bool| if r { "has routing" } else { "has none" };
+            let (this, first) = (has(t.routing.is_some()), has(traces[0].routing.is_some()));
+            return Err(format!("{prefix}: prompt {} {this}, prompt 1 {first}", i + 1));
+        }
+        if let Some(r) = &t.routing {
+            check_routing(&format!("{prefix}/routing"), i + 1, r, h)?;
+        }
+    }
+    Ok(())
+}
+
+/// One prompt's routing as a run writes it: `1 ≤ k ≤ experts`, layers ascending, every field
+/// `[L, h]`, at most `k` shared experts, and a shared top-1 expert only where some expert is
+/// shared.
+fn check_routing(name: &str, prompt: usize, r: &RoutingTrace, h: usize) -> Result<(), String> {
+    if r.top_k == 0 || r.top_k > r.experts || r.layers.is_empty() || !r.layers.windows(2).all(|p| p[0] < p[1]) {
+        return Err(format!(
+            "section {name}: {} experts, top-{}, layers {:?} are not a run's (1 ≤ k ≤ experts, layers ascending)",
+            r.experts, r.top_k, r.layers
+        ));
+    }
+    let width = r.layers.len() * h;
+    let lens = [r.shared.len(), r.top1.len(), r.shared_on_var_text.len(), r.top1_on_var_text.len()];
+    if lens.iter().any(|&l| l != width) {
+        return Err(format!("section {name}: prompt {prompt} does not hold {} layers × {h} positions", r.layers.len()));
+    }
+    for (shared, top1) in [(&r.shared, &r.top1), (&r.shared_on_var_text, &r.top1_on_var_text)] {
+        let bad = shared.iter().zip(top1).position(|(&s, &same)| u32::from(s) > r.top_k || (same && s == 0));
+        if let Some(j) = bad {
+            return Err(format!(
+                "section {name}: prompt {prompt} layer {} position {} shares {} of {} experts with top-1 {}",
+                r.layers[j / h.max(1)],
+                j % h.max(1),
+                shared[j],
+                r.top_k,
+                if top1[j] { "equal" } else { "different" }
+            ));
+        }
     }
     Ok(())
 }
@@ -344,6 +456,11 @@ impl<'a> Sections<'a> {
             return Err(format!("holds {} sections, a run writes {expected}", self.count()));
         }
         Ok(())
+    }
+
+    /// The shape of section `name`, if there is one.
+    pub fn shape(&self, name: &str) -> Option<&'a [usize]> {
+        self.by_name.get(name).map(|(s, _)| s.shape.as_slice())
     }
 
     pub fn get(&self, name: &str, dtype: &str, shape: &[usize]) -> Result<&'a [u8], String> {
@@ -483,6 +600,49 @@ mod tests {
         let mut logp = trace(0.0, 2);
         logp.logp_var[0] = 0.5;
         assert!(check_traces("v1", &[logp], 2, 10, &reference).expect_err("logp").contains("logp_var"));
+    }
+
+    /// A trace of 2 positions with the routing of 8 experts, top-2, in blocks 1 and 3.
+    fn routed(kld: f32) -> Trace {
+        let mut t = trace(kld, 2);
+        t.routing = Some(RoutingTrace {
+            experts: 8,
+            top_k: 2,
+            layers: vec![1, 3],
+            shared: vec![2, 1, 0, 2],
+            top1: vec![true, false, false, true],
+            shared_on_var_text: vec![2, 2, 1, 1],
+            top1_on_var_text: vec![true, true, false, true],
+        });
+        t
+    }
+
+    /// Routing travels in five sections beside a trace's eight and comes back equal; traces
+    /// without routing take none; values no run writes are refused naming layer and position.
+    #[test]
+    fn routing_round_trips_and_impossible_routes_are_refused() {
+        for traces in [vec![routed(0.5), routed(0.25)], vec![trace(0.5, 2), trace(0.25, 2)]] {
+            let mut w = Writer::default();
+            write_traces(&mut w, "v0", &traces, 2);
+            let sections = Sections::new(&w.sections, &w.data).expect("sections");
+            let (back, used) = read_traces(&sections, "v0", 2, 2).expect("read back");
+            assert_eq!(back, traces);
+            assert_eq!(used, sections.count());
+            assert_eq!(used, TRACE_SECTIONS + if traces[0].routing.is_some() { 5 } else { 0 });
+        }
+        let reference = [vec![1, 2], vec![1, 2]];
+        assert!(check_traces("v1", &[routed(0.0), routed(0.0)], 2, 10, &reference).is_ok());
+        let mut too_many = routed(0.0);
+        too_many.routing.as_mut().expect("routing").shared[1] = 3;
+        let e = check_traces("v1", &[too_many], 2, 10, &reference).expect_err("3 of 2");
+        assert_eq!(e, "section v1/routing: prompt 1 layer 1 position 1 shares 3 of 2 experts with top-1 different");
+        let mut none_shared = routed(0.0);
+        let r = none_shared.routing.as_mut().expect("routing");
+        (r.shared_on_var_text[2], r.top1_on_var_text[2]) = (0, true);
+        let e = check_traces("v1", &[none_shared], 2, 10, &reference).expect_err("same top-1, nothing shared");
+        assert_eq!(e, "section v1/routing: prompt 1 layer 3 position 0 shares 0 of 2 experts with top-1 equal");
+        let e = check_traces("v1", &[routed(0.0), trace(0.0, 2)], 2, 10, &reference).expect_err("mixed");
+        assert_eq!(e, "v1: prompt 2 has none, prompt 1 has routing");
     }
 
     #[test]

@@ -21,8 +21,8 @@
 //! | encode prompts | `prompts.rs` | the first N prompts of the set, chat-wrapped for chat sets |
 //! | plan | `plan.rs` | batch size, chunk, precisions, KL mode, shard; the request checked against the device |
 //! | run the reference | `reference.rs`, `generation.rs`, `compact.rs` | its generation and its side of the comparison on its own text, kept once for every variant (or read from `store.rs`) |
-//! | run each variant | `variant.rs`, `generation.rs`, `scoring.rs`, `reduce.rs` | [`VariantSpec`] → weights; generation, teacher forcing into [`Trace`]s |
-//! | assemble | `assemble.rs`, [`aggregate`] | traces → statistics → [`qdrift_report::Report`] (or, for one shard, a [`Part`], `shard.rs`) |
+//! | run each variant | `variant.rs`, `generation.rs`, `scoring.rs`, `reduce.rs`, `routing.rs` | [`VariantSpec`] → weights; generation, teacher forcing into [`Trace`]s (with experts: routing passes) |
+//! | assemble | `assemble.rs`, [`aggregate`], `routing_drift.rs` | traces → statistics → [`qdrift_report::Report`] (or, for one shard, a [`Part`], `shard.rs`) |
 //!
 //! `output.rs` ([`OutputDir`]) locks `--out` and stages the reports so that they appear together
 //! or not at all.
@@ -36,12 +36,14 @@
 //! | `run.rs` | [`evaluate_any`], [`evaluate`]: the orchestration, calling each step in turn |
 //! | `scoring.rs` | a variant teacher-forced on the reference's text, and the reference on the variant's, into [`Trace`]s |
 //! | `reference.rs` | the reference's run: its generation and its side of the comparison on its own text |
+//! | `routing.rs` | a model with experts: the experts each model routes every position of a text to, compared per prompt |
 //! | `store.rs` | the saved reference (`--save-reference`, `--reference`): its key, writing and reading it |
 //! | `compact.rs` | the reference's compact top-K statistics per prompt (`--reference-top-k`) |
 //! | `generation.rs` | greedy generation of every prompt, with progress |
 //! | `reduce.rs` | where a chunk's logits are reduced: host or device |
 //! | `shard.rs` | a shard's [`Part`] (`--shard`) and [`merge`] |
 //! | `assemble.rs` | the report from a measurement: statistics per variant, validated |
+//! | `routing_drift.rs` | routing traces → the routing metrics and each variant's routing drift |
 //! | `gate_check.rs` | `--gate` thresholds checked against the run's variants and horizons |
 //! | `plan.rs` | options checked before loading; batch size, chunk, precisions, KL mode, shard; device checks |
 //! | `config.rs` | [`EvalConfig`] and its defaults, [`Shard`], the default eval set |
@@ -80,6 +82,8 @@ mod plan;
 mod prompts;
 mod reduce;
 mod reference;
+mod routing;
+mod routing_drift;
 mod run;
 mod scoring;
 mod shard;

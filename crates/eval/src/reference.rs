@@ -26,6 +26,7 @@ use crate::compact::CompactReference;
 use crate::error::EvalError;
 use crate::generation::{generate_all, generate_all_map};
 use crate::plan::{KlMode, Plan};
+use crate::routing::{Routes, routes_on};
 use crate::store::{StoredReference, StoredSide, hidden_bytes, hidden_tensor};
 use crate::texts::Texts;
 use crate::types::{Progress, ProgressFn, REFERENCE_NAME};
@@ -39,6 +40,8 @@ pub(crate) struct ReferenceRun {
     pub text: Texts,
     /// The reference's teacher-forced side on [`ReferenceRun::text`].
     pub side: ReferenceSide,
+    /// For a model with experts, the experts it routes each position of its own text to.
+    pub routes: Option<Routes>,
 }
 
 /// What is kept of the reference's teacher-forced pass on its own text.
@@ -91,7 +94,8 @@ impl ReferenceRun {
             Some(side) => side,
             None => keep.teacher_forced(&model, plan, &text)?,
         };
-        Ok(ReferenceRun { model, text, side })
+        let routes = routes_on(&model, plan, &text)?;
+        Ok(ReferenceRun { model, text, side, routes })
     }
 
     /// The reference from a store: built from `host` on the device (for its output layer and to
@@ -126,7 +130,8 @@ impl ReferenceRun {
                 ReferenceSide::KeptHidden(KeptLogits(kept))
             }
         };
-        Ok(ReferenceRun { model, text, side })
+        let routes = routes_on(&model, plan, &text)?;
+        Ok(ReferenceRun { model, text, side, routes })
     }
 
     /// What a store keeps of this run, with the noise floor's traces.

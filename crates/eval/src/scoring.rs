@@ -19,6 +19,7 @@ use crate::error::EvalError;
 use crate::plan::Plan;
 use crate::reduce::Reduce;
 use crate::reference::{ReferenceRun, ReferenceSide};
+use crate::routing::{routes_on, routing_trace};
 use crate::texts::{Texts, chunk_tokens};
 
 /// What scoring compares a variant with, and how: the reference run and the plan (device,
@@ -42,7 +43,25 @@ impl ScoringContext<'_> {
         dump: Option<&mut Dump>,
     ) -> Result<(), EvalError> {
         self.score_on_reference_text(variant, name, traces, dump)?;
-        self.score_reference_on_variant_text(traces)
+        self.score_reference_on_variant_text(traces)?;
+        self.score_routing(variant, traces)
+    }
+
+    /// For a model with experts, where the variant's routing differs from the reference's, on
+    /// the reference's text and on the variant's (`routing.rs`: three teacher-forced passes).
+    fn score_routing(&self, variant: &Llama, traces: &mut [Trace]) -> Result<(), EvalError> {
+        let Some(reference) = &self.reference.routes else { return Ok(()) };
+        let on_reference_text = routes_on(variant, self.plan, &self.reference.text)?;
+        let text: Texts = self.plan.prompts.iter().cloned().zip(traces.iter().map(|t| t.var_tokens.clone())).collect();
+        let reference_on_var = routes_on(&self.reference.model, self.plan, &text)?;
+        let variant_on_var = routes_on(variant, self.plan, &text)?;
+        let (Some(v), Some(rv), Some(vv)) = (on_reference_text, reference_on_var, variant_on_var) else {
+            return Err(EvalError::Internal("the variant has no experts where the reference has".into()));
+        };
+        for (i, t) in traces.iter_mut().enumerate() {
+            t.routing = Some(routing_trace(i, reference, &v, &rv, &vv));
+        }
+        Ok(())
     }
 
     /// KL, top-1 agreement, both log p of the reference's token and the reference's entropy, per

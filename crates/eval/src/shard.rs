@@ -281,11 +281,15 @@ impl PartHeader {
         }
         let n = self.prompt_indices.len();
         let h = self.context.workload.horizons.last().copied().unwrap_or(0);
-        let traces = (0..self.variants.len())
-            .map(|v| read_traces(sections, &format!("v{v}"), n, h))
-            .collect::<Result<Vec<_>, _>>()?;
-        // Eight trace sections and the floats per variant, and the tail sums.
-        sections.all_used(self.variants.len() * 9 + usize::from(self.tail.is_some()))?;
+        let mut traces = Vec::with_capacity(self.variants.len());
+        let mut used = usize::from(self.tail.is_some());
+        for v in 0..self.variants.len() {
+            let (t, sections_used) = read_traces(sections, &format!("v{v}"), n, h)?;
+            traces.push(t);
+            // The traces' sections and the floats.
+            used += sections_used + 1;
+        }
+        sections.all_used(used)?;
         Ok(traces)
     }
 }

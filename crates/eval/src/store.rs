@@ -408,9 +408,9 @@ fn decode(s: &Sections<'_>, run: &StoreKey, dim: usize) -> Result<StoredReferenc
             .collect();
         (StoredSide::Compact(CompactReference { k, prompts }), 6)
     };
-    let noise_floor = read_traces(s, "noise_floor", n, h)?;
-    // The tokens, the side's sections and the noise floor's eight.
-    s.all_used(1 + side_sections + 8)?;
+    let (noise_floor, trace_sections) = read_traces(s, "noise_floor", n, h)?;
+    // The tokens, the side's sections and the noise floor's.
+    s.all_used(1 + side_sections + trace_sections)?;
     Ok(StoredReference { continuations, side, noise_floor })
 }
 

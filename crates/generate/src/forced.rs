@@ -7,8 +7,10 @@
 //! chunk's logits do not depend on the chunk length nor on the other rows of the batch; models in
 //! lockstep see identical batches.**
 
+use std::sync::Mutex;
+
 use burn::tensor::{Int, Tensor, TensorData};
-use qdrift_model::{KvCache, Llama, Positions};
+use qdrift_model::{KvCache, LayerRoutes, Llama, Positions, RoutingRecord};
 
 use crate::greedy::{PromptBatch, prompt_batch};
 use crate::parallel::{lock, run_batches};
@@ -55,6 +57,37 @@ pub fn teacher_forced(
     one_model(model, ForcedRequest::new(forcing, Output::Logits), |f| f, |_, _, f| observe(f))
 }
 
+/// The experts a model routes each continuation position to, for one chunk of one batch.
+pub struct ForcedRoutes {
+    /// Index (in the caller's list) of the batch's first sequence.
+    pub first_prompt: usize,
+    /// Index of the first continuation token these routes belong to.
+    pub start: usize,
+    /// One entry per mixture-of-experts layer, in block order, each `[batch, chunk, top_k]`:
+    /// the experts of the column whose output predicts continuation token `start + i` of
+    /// sequence `b` (the prompt's last column for token 0), the weightiest first.
+    pub routes: RoutingRecord,
+}
+
+/// The routing of a model with experts along every `(prompt, continuation)` pair: batched and
+/// chunked as [`teacher_forced`], each chunk's choices to `observe` (a model without experts
+/// hands out empty records). The output layer is not run.
+pub fn teacher_forced_routes(
+    model: &Llama,
+    forcing: Forcing<'_>,
+    mut observe: impl FnMut(ForcedRoutes) + Send,
+) -> Result<(), GenerateError> {
+    teacher_forced_lockstep(
+        &[model],
+        ForcedRequest::new(forcing, Output::Routes),
+        |first_prompt, start, outputs| {
+            let routes = outputs.into_iter().next().map(|c| c.routes).unwrap_or_default();
+            ForcedRoutes { first_prompt, start, routes }
+        },
+        |_, _, r| observe(r),
+    )
+}
+
 /// [`teacher_forced`], handing out the final-norm hidden states instead of the logits:
 /// `observe` gets [`ForcedLogits`] whose `logits` field holds `[batch, chunk, dim]` in the
 /// model's compute dtype, and [`Llama::head`] of them is exactly what [`teacher_forced`] hands
@@ -88,9 +121,9 @@ fn one_model<R>(
     map: impl Fn(ForcedLogits) -> R + Sync,
     observe: impl FnMut(usize, usize, R) + Send,
 ) -> Result<(), GenerateError> {
-    let map = |first_prompt, start, outputs: Vec<Tensor<3>>| {
+    let map = |first_prompt, start, outputs: Vec<Chunk>| {
         // One model, one output per chunk.
-        outputs.into_iter().next().map(|logits| map(ForcedLogits { first_prompt, start, logits }))
+        outputs.into_iter().next().map(|c| map(ForcedLogits { first_prompt, start, logits: c.output }))
     };
     let mut observe = observe;
     teacher_forced_lockstep(&[model], request, map, |p, s, r| {
@@ -124,22 +157,59 @@ enum Output {
     Logits,
     /// Final-norm hidden states, `[batch, chunk, dim]` ([`Llama::forward_hidden`]).
     Hidden,
+    /// The experts each mixture-of-experts layer chose ([`Llama::forward_hidden_recording`]);
+    /// the tensor is the last column's hidden state, unused.
+    Routes,
+}
+
+/// One model's output for one chunk: the tensor [`Output`] asks for, and the routing record
+/// (empty unless [`Output::Routes`]).
+struct Chunk {
+    output: Tensor<3>,
+    routes: RoutingRecord,
 }
 
 impl Output {
+    /// Runs `tokens` (`[batch, new]`) through `model`; `keep`: how many of the new columns the
+    /// chunk's routes keep (the last ones).
     fn forward(
         self,
         model: &Llama,
         tokens: Tensor<2, Int>,
         positions: &Positions,
         caches: &mut [KvCache],
-        all: bool,
-    ) -> Tensor<3> {
-        match self {
+        (all, keep): (bool, usize),
+    ) -> Chunk {
+        let output = match self {
             Output::Logits => model.forward(tokens, positions, caches, all),
             Output::Hidden => model.forward_hidden(tokens, positions, caches, all),
-        }
+            Output::Routes => {
+                let record = Mutex::new(RoutingRecord::default());
+                let output = model.forward_hidden_recording(tokens, positions, caches, false, Some(&record));
+                let routes = record.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+                return Chunk { output, routes: last_columns(routes, keep) };
+            }
+        };
+        Chunk { output, routes: RoutingRecord::default() }
     }
+}
+
+/// Each entry of `record` cut to its last `keep` columns (`[batch, seq, k]` → `[batch, keep, k]`).
+fn last_columns(record: RoutingRecord, keep: usize) -> RoutingRecord {
+    let layers = record
+        .layers
+        .into_iter()
+        .map(|e| {
+            let [b, t, k] = e.shape;
+            if keep >= t {
+                return e;
+            }
+            let experts =
+                e.experts.chunks_exact((t * k).max(1)).flat_map(|row| row[(t - keep) * k..].to_vec()).collect();
+            LayerRoutes { layer: e.layer, shape: [b, keep, k], experts }
+        })
+        .collect();
+    RoutingRecord { layers }
 }
 
 /// The logits several models assign to the same positions, for comparing them there.
@@ -173,7 +243,7 @@ pub fn teacher_forced_pair(
     teacher_forced_lockstep(
         &[reference, variant],
         ForcedRequest::new(forcing, Output::Logits),
-        |_, _, logits| logits,
+        |_, _, chunks| chunks.into_iter().map(|c| c.output).collect::<Vec<_>>(),
         |first_prompt, start, logits| {
             observe(PairedLogits { first_prompt, start, reference: &logits[0], variant: &logits[1] })
         },
@@ -186,7 +256,7 @@ pub fn teacher_forced_pair(
 fn teacher_forced_lockstep<R>(
     models: &[&Llama],
     request: ForcedRequest<'_>,
-    map: impl Fn(usize, usize, Vec<Tensor<3>>) -> R + Sync,
+    map: impl Fn(usize, usize, Vec<Chunk>) -> R + Sync,
     observe: impl FnMut(usize, usize, R) + Send,
 ) -> Result<(), GenerateError> {
     let ForcedRequest { device, sequences, batch_size, chunk, .. } = request;
@@ -232,7 +302,7 @@ fn forced_batch(
     first_prompt: usize,
     n: usize,
     request: &ForcedRequest<'_>,
-    observe: &mut dyn FnMut(usize, usize, Vec<Tensor<3>>),
+    observe: &mut dyn FnMut(usize, usize, Vec<Chunk>),
 ) {
     let (chunk, output) = (request.chunk, request.output);
     if n == 0 {
@@ -242,10 +312,10 @@ fn forced_batch(
     let mut states: Vec<PromptBatch> =
         models.iter().map(|m| prompt_batch(m, batch.iter().map(|(p, _)| p.as_slice()), n)).collect();
     // The last prompt column predicts continuation token 0.
-    let logits: Vec<Tensor<3>> = models
+    let logits: Vec<Chunk> = models
         .iter()
         .zip(&mut states)
-        .map(|(m, s)| output.forward(m, s.tokens.clone(), &s.positions, &mut s.caches, false))
+        .map(|(m, s)| output.forward(m, s.tokens.clone(), &s.positions, &mut s.caches, (false, 1)))
         .collect();
     observe(first_prompt, 0, logits);
     // Continuation tokens 0..n-1 predict tokens 1..n.
@@ -256,12 +326,12 @@ fn forced_batch(
         for (_, c) in batch {
             cols.extend(c[start..start + len].iter().map(|&t| t as i32));
         }
-        let logits: Vec<Tensor<3>> = models
+        let logits: Vec<Chunk> = models
             .iter()
             .zip(&mut states)
             .map(|(m, s)| {
                 let input: Tensor<2, Int> = Tensor::from_data(TensorData::new(cols.clone(), [rows, len]), &m.device());
-                output.forward(m, input, &s.positions, &mut s.caches, true)
+                output.forward(m, input, &s.positions, &mut s.caches, (true, len))
             })
             .collect();
         observe(first_prompt, start + 1, logits);

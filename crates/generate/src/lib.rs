@@ -10,7 +10,7 @@
 //! | `device.rs` | [`select_device`]: wgpu or the CPU backend, and what a report says about it |
 //! | `request.rs` | [`GenerationConfig`], [`check_request`], [`default_batch_size`], [`context_overflow`]: the request and its sizing before allocating |
 //! | `greedy.rs` | [`generate`], [`generate_map`]: batched greedy decoding |
-//! | `forced.rs` | [`teacher_forced`], [`teacher_forced_pair`], [`teacher_forced_hidden`]: logits (or final hidden states) of given continuations |
+//! | `forced.rs` | [`teacher_forced`], [`teacher_forced_pair`], [`teacher_forced_hidden`], [`teacher_forced_routes`]: logits (or final hidden states, or the experts a model routes to) of given continuations |
 //! | `counters.rs` | [`count_launches`], [`read_back_bytes`]: kernel launches and bytes read back, counted |
 //! | `timing.rs` | [`timed_generate`], [`copy_bandwidth`]: honest timings for benchmarks (warm-up, read-back before the timer stops) |
 //! | `parallel.rs` | independent batches side by side on the CPU's cores |
@@ -32,7 +32,8 @@ pub use counters::{Launches, count_launches, read_back_bytes};
 pub use device::{BackendChoice, CACHE_DIR_VAR, ComputeDevice, DeviceError, gpu_cache_dir, select_device};
 pub use error::GenerateError;
 pub use forced::{
-    ForcedLogits, Forcing, PairedLogits, teacher_forced, teacher_forced_hidden, teacher_forced_map, teacher_forced_pair,
+    ForcedLogits, ForcedRoutes, Forcing, PairedLogits, teacher_forced, teacher_forced_hidden, teacher_forced_map,
+    teacher_forced_pair, teacher_forced_routes,
 };
 pub use greedy::{StepLogits, generate, generate_map};
 pub use request::{
