@@ -6,10 +6,11 @@
 //! markup.
 //!
 //! The per-horizon tables and the glossary read their columns from the metric registry
-//! ([`METRICS`]): every metric a report can hold, and so every metric a gate can check, is shown.
+//! ([`METRICS`]): the glossary lists every metric a report can hold, and so every metric a gate
+//! can check; the tables show every metric the report has ([`shown_metrics`]).
 
 use crate::format::{bytes, count, file_name, kld, rate, short_sha256};
-use crate::metrics::METRICS;
+use crate::metrics::{METRICS, Metric, Placement};
 use crate::{HorizonMetrics, Report, Variant, VariantKind};
 
 /// A run of text in a paragraph or a table cell.
@@ -221,33 +222,46 @@ fn variants_section(report: &Report) -> Vec<Block> {
     vec![heading("variants", "Variants"), Block::Table { columns, rows }]
 }
 
-/// Every metric of every variant at horizon `h`, each with its interval.
+/// The metrics of [`METRICS`] the per-horizon tables and the terminal summary show, in table
+/// order: every required metric and excess over the noise floor, and an
+/// [`Placement::Optional`] metric only when some variant has it at some horizon. A metric no
+/// variant has (the routing metrics of a dense model, a metric added after the report was
+/// written) shows no column of `—`; one that some variants have shows `—` for the others.
+pub(crate) fn shown_metrics(report: &Report) -> Vec<&'static Metric> {
+    let present = |m: &Metric| report.variants.iter().any(|v| v.horizons.iter().any(|h| h.get(m).is_some()));
+    METRICS.iter().filter(|m| m.placement != Placement::Optional || present(m)).collect()
+}
+
+/// Every metric the report has ([`shown_metrics`]) of every variant at horizon `h`, each with
+/// its interval.
 fn horizon_section(report: &Report, h: usize) -> Vec<Block> {
     let intro = "Means over prompts with their 95% intervals [lo, hi]; each column is described under \
                  Metrics at the end. Excess = variant − noise floor, paired by prompt; the noise floor has none.";
-    let rows = report.variants_grouped().into_iter().filter_map(|v| v.horizon(h).map(|m| metric_row(v, m))).collect();
+    let shown = shown_metrics(report);
+    let rows =
+        report.variants_grouped().into_iter().filter_map(|v| v.horizon(h).map(|m| metric_row(&shown, v, m))).collect();
     vec![
         heading(&format!("horizon-{h}"), format!("First {h} generated tokens")),
         Block::Paragraph(vec![text(intro)]),
-        Block::Table { columns: metric_columns(), rows },
+        Block::Table { columns: metric_columns(&shown), rows },
     ]
 }
 
-/// `Variant`, `Quantizes`, then per metric of [`METRICS`] its title (and its p99 column, if it
-/// has one).
-fn metric_columns() -> Vec<Column> {
+/// `Variant`, `Quantizes`, then per metric of `shown` its title (and its p99 column, if it has
+/// one).
+fn metric_columns(shown: &[&Metric]) -> Vec<Column> {
     let mut columns = vec![col("Variant", false), col("Quantizes", false)];
-    for m in METRICS {
+    for m in shown {
         columns.push(col(m.title, true));
         columns.extend(m.tail.map(|title| col(title, true)));
     }
     columns
 }
 
-/// A row of [`metric_columns`]: `—` for a metric the variant does not have.
-fn metric_row(v: &Variant, h: &HorizonMetrics) -> Vec<Cell> {
+/// A row of [`metric_columns`] of `shown`: `—` for a metric the variant does not have.
+fn metric_row(shown: &[&Metric], v: &Variant, h: &HorizonMetrics) -> Vec<Cell> {
     let mut row = vec![name_cell(&v.name), cell(v.group())];
-    for m in METRICS {
+    for &m in shown {
         let value = h.get(m);
         row.push(cell(value.map_or_else(|| "—".to_string(), |e| m.with_ci(e))));
         if m.tail.is_some() {

@@ -2,10 +2,17 @@
 
 mod common;
 
-use qdrift_report::testing::sample_report;
+use qdrift_report::metrics::{Metric, Placement};
+use qdrift_report::testing::{sample_moe_report, sample_report};
 use qdrift_report::{
     METRICS, Report, Thresholds, VariantKind, gate, junit_xml, render_html, render_markdown, render_summary,
 };
+
+/// The metrics every report has: all but the optional ones (a dense model has no routing
+/// metrics).
+fn dense_metrics() -> Vec<&'static Metric> {
+    METRICS.iter().filter(|m| m.placement != Placement::Optional).collect()
+}
 
 /// The sample report with a variant whose name needs escaping everywhere.
 fn hostile_report() -> Report {
@@ -77,16 +84,14 @@ fn markdown_has_a_table_per_horizon_with_intervals() {
             let tm = m.metric("token_match_rate").unwrap();
             let tm = format!("{:.4} [{:.4}, {:.4}]", tm.mean, tm.ci95[0], tm.ci95[1]);
             assert!(row.contains(&tm), "{tm} missing from {row}");
-            // The name, what it quantizes, a column per metric and one per p99; an interval for
-            // every metric the variant has (all but the noise floor's excess).
+            // The name, what it quantizes, a column per metric the report has and one per p99;
+            // an interval for every metric the variant has (all but the noise floor's excess).
             assert!(row.starts_with(&format!("| {} | {} |", v.name, v.group())), "{row}");
-            let columns = 2 + METRICS.len() + METRICS.iter().filter(|m| m.tail.is_some()).count();
+            let shown = dense_metrics();
+            let columns = 2 + shown.len() + shown.iter().filter(|m| m.tail.is_some()).count();
             assert_eq!(row.matches(" | ").count(), columns - 1, "{row}");
             assert_eq!(row.matches('[').count(), m.iter().count(), "{row}");
-            assert_eq!(
-                m.iter().count(),
-                if v.kind == VariantKind::NoiseFloor { METRICS.len() - 2 } else { METRICS.len() }
-            );
+            assert_eq!(m.iter().count(), if v.kind == VariantKind::NoiseFloor { shown.len() - 2 } else { shown.len() });
         }
     }
     // Small KLD in scientific notation.
@@ -227,7 +232,8 @@ fn html_escapes_every_string_from_the_report() {
 
 #[test]
 fn every_gateable_metric_appears_in_every_rendering() {
-    let r = sample_report();
+    // A model with experts: its report has every metric, the routing ones included.
+    let r = sample_moe_report();
     let md = render_markdown(&r);
     let html = render_html(&r).unwrap();
     let escaped = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('\'', "&#39;");
@@ -302,4 +308,96 @@ fn an_invalid_report_is_not_rendered_as_html() {
     let mut r = sample_report();
     r.variants[0].per_position.kld[3] = f64::NAN;
     assert!(render_html(&r).is_err());
+}
+
+/// The lines of the Markdown's per-horizon table headers.
+fn horizon_headers(md: &str) -> Vec<&str> {
+    md.lines().filter(|l| l.starts_with("| Variant | Quantizes | Token match")).collect()
+}
+
+#[test]
+fn a_dense_report_shows_no_routing_column_but_documents_every_metric() {
+    let r = sample_report();
+    let md = render_markdown(&r);
+    let summary = render_summary(&r);
+    let html = render_html(&r).unwrap();
+    assert_eq!(horizon_headers(&md).len(), r.workload.horizons.len());
+    for m in METRICS.iter().filter(|m| m.placement == Placement::Optional) {
+        assert!(horizon_headers(&md).iter().all(|l| !l.contains(m.title)), "{}: a column in the Markdown", m.name);
+        assert!(!summary.contains(m.title), "{}: a column in the summary:\n{summary}", m.name);
+        assert!(!html.contains(&format!("<th class=\"num\">{}</th>", m.title)), "{}: a column in the HTML", m.name);
+        // Still in the glossary, so that every gateable name is documented.
+        assert!(md.contains(&format!("| {} | `{}` |", m.title, m.name)), "{}: not in the glossary", m.name);
+        assert!(html.contains(&format!("<code>{}</code>", m.name)), "{}: not in the HTML glossary", m.name);
+    }
+    assert!(horizon_headers(&md).iter().all(|l| !l.contains("| Expert overlap |")));
+    assert!(!summary.contains("Expert overlap"), "{summary}");
+}
+
+#[test]
+fn a_routing_metric_some_variants_lack_shows_a_dash_for_them() {
+    let mut r = sample_moe_report();
+    for h in &mut r.variants[1].horizons {
+        let mut dense = qdrift_report::HorizonMetrics::new(h.tokens);
+        for (m, e) in h.iter().filter(|(m, _)| m.placement != Placement::Optional) {
+            dense.set(m.name, *e).unwrap();
+        }
+        *h = dense;
+    }
+    r.variants[1].routing = None;
+    r.validate().unwrap();
+    let md = render_markdown(&r);
+    let headers = horizon_headers(&md);
+    assert!(headers.iter().all(|l| l.contains("| Expert overlap |") && l.contains("| Routing flips |")));
+    let name = &r.variants[1].name;
+    // The rows of the first horizon's table.
+    let table = &md[md.find("## First 10 generated tokens").unwrap()..];
+    let row = table.lines().find(|l| l.starts_with(&format!("| {name} |"))).unwrap();
+    let routed = table.lines().find(|l| l.starts_with(&format!("| {} |", r.variants[2].name))).unwrap();
+    assert_eq!(row.matches(" | ").count(), routed.matches(" | ").count(), "{row}");
+    assert_eq!(row.split(" | ").filter(|c| *c == "—").count(), 4, "{row}");
+    let summary = render_summary(&r);
+    let line = summary.lines().find(|l| l.starts_with(name.as_str())).unwrap();
+    assert_eq!(line.matches('—').count(), 2, "{line}");
+}
+
+/// Whether two lines are the same but for some digits: serde_json (without `float_roundtrip`)
+/// may read a float one ulp off, which can flip the last printed digit of a value that sat on a
+/// rounding boundary (`0.96875` → `0.9688` or `0.9687`).
+fn same_but_last_digits(a: &str, b: &str) -> bool {
+    a.chars().count() == b.chars().count()
+        && a.chars().zip(b.chars()).all(|(x, y)| x == y || (x.is_ascii_digit() && y.is_ascii_digit()))
+}
+
+/// `rendered`, without the glossary's rows of the optional metrics (those containing
+/// `row(metric)`), is `committed` but for last digits ([`same_but_last_digits`]).
+fn assert_same_but_optional_glossary(what: &str, rendered: &str, committed: &str, row: impl Fn(&Metric) -> String) {
+    let optional: Vec<String> = METRICS.iter().filter(|m| m.placement == Placement::Optional).map(row).collect();
+    let glossary_rows = rendered.lines().filter(|l| optional.iter().any(|o| l.contains(o.as_str()))).count();
+    assert_eq!(glossary_rows, optional.len(), "{what}");
+    let without: Vec<&str> = rendered.lines().filter(|l| !optional.iter().any(|o| l.contains(o.as_str()))).collect();
+    assert_eq!(without.len(), committed.lines().count(), "{what}");
+    for (i, (r, c)) in without.iter().zip(committed.lines()).enumerate() {
+        assert!(same_but_last_digits(r, c), "{what}:{}: rendered {r:?}, committed {c:?}", i + 1);
+    }
+}
+
+/// The committed example reports (dense models) render as their committed Markdown and HTML
+/// (charts included), apart from the glossary's rows of the routing metrics added since (and
+/// last digits, see [`same_but_last_digits`]): no routing column, section or chart.
+#[test]
+fn the_example_reports_render_as_committed() {
+    let reports = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../reports");
+    for name in ["stories260K", "smollm2-135m"] {
+        let dir = reports.join(name);
+        let report = Report::read(&dir.join("report.json")).unwrap();
+        let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+        let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+        assert_same_but_optional_glossary(&format!("{name}/report.md"), &render_markdown(&report), &md, |m| {
+            format!("| {} | `{}` |", m.title, m.name)
+        });
+        assert_same_but_optional_glossary(&format!("{name}/report.html"), &render_html(&report).unwrap(), &html, |m| {
+            format!("<tr><td>{}</td><td><code>{}</code></td>", m.title, m.name)
+        });
+    }
 }
