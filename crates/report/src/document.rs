@@ -10,8 +10,8 @@
 //! can check; the tables show every metric the report has ([`shown_metrics`]).
 
 use crate::format::{bytes, count, file_name, kld, rate, short_sha256};
-use crate::metrics::{METRICS, Metric, Placement};
-use crate::{HorizonMetrics, Report, Variant, VariantKind};
+use crate::metrics::{METRICS, Metric, Placement, metric};
+use crate::{Estimate, FirstDivergence, HorizonMetrics, Report, RoutingDrift, Variant, VariantKind};
 
 /// A run of text in a paragraph or a table cell.
 #[derive(Clone, Debug)]
@@ -146,6 +146,7 @@ pub(crate) fn document(report: &Report) -> Vec<Block> {
         doc.extend(horizon_section(report, h));
     }
     doc.extend(first_divergence_section(report));
+    doc.extend(routing_section(report));
     doc.extend(entropy_strata_section(report));
     doc.extend(per_tensor_section(report));
     doc.extend(metrics_section());
@@ -272,6 +273,18 @@ fn metric_row(shown: &[&Metric], v: &Variant, h: &HorizonMetrics) -> Vec<Cell> {
     row
 }
 
+/// A Kaplan–Meier median position: the position, or `> H (not reached)` when more than half the
+/// prompts have no event within the longest horizon `H`.
+fn median_cell(median: Option<usize>, longest: usize) -> Cell {
+    cell(median.map_or_else(|| format!("> {longest} (not reached)"), |t| t.to_string()))
+}
+
+/// `c of n`: the censored prompts of a first-event curve, of all prompts.
+fn censored_cell(report: &Report, fd: &FirstDivergence) -> Cell {
+    let of = if fd.positions.is_empty() { report.workload.prompts } else { fd.positions.len() };
+    cell(format!("{} of {of}", fd.censored))
+}
+
 /// The Kaplan–Meier median first-divergence position of each variant.
 fn first_divergence_section(report: &Report) -> Vec<Block> {
     let longest = report.workload.horizons.last().copied().unwrap_or(0);
@@ -284,12 +297,7 @@ fn first_divergence_section(report: &Report) -> Vec<Block> {
         .into_iter()
         .map(|v| {
             let fd = &v.first_divergence;
-            let median = match fd.median {
-                Some(t) => t.to_string(),
-                None => format!("> {longest} (not reached)"),
-            };
-            let of = if fd.positions.is_empty() { report.workload.prompts } else { fd.positions.len() };
-            vec![name_cell(&v.name), cell(v.group()), cell(median), cell(format!("{} of {of}", fd.censored))]
+            vec![name_cell(&v.name), cell(v.group()), median_cell(fd.median, longest), censored_cell(report, fd)]
         })
         .collect();
     let columns =
@@ -299,6 +307,85 @@ fn first_divergence_section(report: &Report) -> Vec<Block> {
         Block::Paragraph(vec![text(intro)]),
         Block::Table { columns, rows },
     ]
+}
+
+/// For a model with experts, where each variant routes tokens to other experts than the
+/// reference: a table of the first routing flip per variant (Variant, Quantizes, Experts as
+/// `k of n`, First flip as the Kaplan–Meier median position, Censored as `c of n` prompts) and a
+/// table per (variant, mixture-of-experts layer) (Routing flips and Expert overlap over the
+/// longest horizon with their intervals, First flip as that layer's median position). Nothing
+/// when no variant has routing (a dense model).
+fn routing_section(report: &Report) -> Vec<Block> {
+    let routed: Vec<(&Variant, &RoutingDrift)> =
+        report.variants_grouped().into_iter().filter_map(|v| v.routing.as_ref().map(|r| (v, r))).collect();
+    if routed.is_empty() {
+        return Vec::new();
+    }
+    let longest = report.workload.horizons.last().copied().unwrap_or(0);
+    let intro = format!(
+        "Both models teacher-forced on the reference's continuation, over its first {longest} tokens: per \
+         mixture-of-experts layer, the top-k experts each model routes each position to. A flip is a \
+         different top-1 expert; overlap is |S ∩ S_ref| / k, the share of the reference's k experts the \
+         variant also chose. First flip: the Kaplan–Meier median position of a prompt's first flip, in any \
+         layer (first table) or in that layer (second table); censored prompts had no flip in any layer \
+         within {longest} tokens. Routing flips and expert overlap are means over prompts with their 95% \
+         bootstrap intervals over prompts. The noise floor's rows are what routing differs by without \
+         quantization."
+    );
+    let rows = routed
+        .iter()
+        .map(|&(v, r)| {
+            vec![
+                name_cell(&v.name),
+                cell(v.group()),
+                cell(format!("{} of {}", r.top_k, r.experts)),
+                median_cell(r.first_flip.median, longest),
+                censored_cell(report, &r.first_flip),
+            ]
+        })
+        .collect();
+    let columns = vec![
+        col("Variant", false),
+        col("Quantizes", false),
+        col("Experts", true),
+        col("First flip", true),
+        col("Censored", true),
+    ];
+    vec![
+        heading("expert-routing", "Expert routing"),
+        Block::Paragraph(vec![text(intro)]),
+        Block::Table { columns, rows },
+        routing_layers_table(&routed, longest),
+    ]
+}
+
+/// One row per (variant, mixture-of-experts layer): Variant, Layer (the block, 0-based), Routing
+/// flips and Expert overlap (mean [lo, hi] over the longest horizon), First flip (that layer's
+/// Kaplan–Meier median position).
+fn routing_layers_table(routed: &[(&Variant, &RoutingDrift)], longest: usize) -> Block {
+    let with_ci = |name: &str, e: &Estimate| cell(metric(name).map_or_else(|| "—".to_string(), |m| m.with_ci(e)));
+    let rows = routed
+        .iter()
+        .flat_map(|&(v, r)| {
+            r.layers.iter().map(move |l| {
+                vec![
+                    name_cell(&v.name),
+                    cell(l.layer.to_string()),
+                    with_ci("routing_flip_rate", &l.flip_rate),
+                    with_ci("expert_overlap", &l.expert_overlap),
+                    median_cell(l.first_flip_median, longest),
+                ]
+            })
+        })
+        .collect();
+    let columns = vec![
+        col("Variant", false),
+        col("Layer", true),
+        col("Routing flips", true),
+        col("Expert overlap", true),
+        col("First flip", true),
+    ];
+    Block::Table { columns, rows }
 }
 
 /// KLD and top-1 agreement by quartile of the reference's entropy.

@@ -66,9 +66,9 @@ fn table(out: &mut String, columns: &[Column], rows: &[Vec<Vec<Inline>>]) {
 }
 
 /// The report as Markdown: the workload line, the variants, one table per horizon (every metric
-/// of [`METRICS`](crate::METRICS) the report has, with its 95% interval, and the excess over the noise floor), first divergence,
-/// entropy strata, per-tensor error and a glossary of the metrics. Deterministic: same report →
-/// same bytes.
+/// of [`METRICS`](crate::METRICS) the report has, with its 95% interval, and the excess over the
+/// noise floor), first divergence, expert routing (for a model with experts), entropy strata,
+/// per-tensor error and a glossary of the metrics. Deterministic: same report → same bytes.
 pub fn render_markdown(report: &Report) -> String {
     let mut out = String::new();
     for block in document(report) {

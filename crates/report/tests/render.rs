@@ -401,3 +401,64 @@ fn the_example_reports_render_as_committed() {
         });
     }
 }
+
+/// The lines of the first table after `heading` in `md`.
+fn table_after<'a>(md: &'a str, heading: &str) -> Vec<&'a str> {
+    let at = md.find(heading).unwrap_or_else(|| panic!("no {heading:?}"));
+    md[at..].lines().skip_while(|l| !l.starts_with('|')).take_while(|l| l.starts_with('|')).collect()
+}
+
+#[test]
+fn a_report_with_routing_has_an_expert_routing_section() {
+    let r = sample_moe_report();
+    let md = render_markdown(&r);
+    let at = |s: &str| md.find(s).unwrap_or_else(|| panic!("no {s:?}"));
+    assert!(at("## First divergence") < at("## Expert routing") && at("## Expert routing") < at("## Entropy strata"));
+    let section = &md[at("## Expert routing")..at("## Entropy strata")];
+    for words in ["teacher-forced on the reference's continuation", "top-1 expert", "|S ∩ S_ref| / k", "bootstrap"] {
+        assert!(section.contains(words), "{words:?} missing from the intro:\n{section}");
+    }
+    // Per variant: its experts, the median first flip (or not reached) and the censored prompts.
+    let first = table_after(&md, "## Expert routing");
+    assert_eq!(first[0], "| Variant | Quantizes | Experts | First flip | Censored |");
+    assert_eq!(first.len(), 2 + r.variants.len(), "{first:#?}");
+    for (row, v) in first[2..].iter().zip(r.variants_grouped()) {
+        let routing = v.routing.as_ref().unwrap();
+        let median = routing.first_flip.median.map_or("> 1000 (not reached)".to_string(), |m| m.to_string());
+        let censored = format!("{} of 72", routing.first_flip.censored);
+        assert_eq!(*row, format!("| {} | {} | 2 of 8 | {median} | {censored} |", v.name, v.group()));
+    }
+    assert!(first[2].contains("> 1000 (not reached)"), "the noise floor's routing barely flips: {}", first[2]);
+    // Per (variant, layer): flips and overlap with their intervals, the layer's median first flip.
+    let section_tables: Vec<&str> = section.lines().filter(|l| l.starts_with('|')).collect();
+    let layers = &section_tables[first.len()..];
+    assert_eq!(layers[0], "| Variant | Layer | Routing flips | Expert overlap | First flip |");
+    assert_eq!(layers.len(), 2 + 3 * r.variants.len(), "{layers:#?}");
+    let int4 = r.variant("int4-g128").unwrap().routing.as_ref().unwrap();
+    let l = &int4.layers[2];
+    let ci = |e: &qdrift_report::Estimate| format!("{:.4} [{:.4}, {:.4}]", e.mean, e.ci95[0], e.ci95[1]);
+    let row = format!(
+        "| int4-g128 | 29 | {} | {} | {} |",
+        ci(&l.flip_rate),
+        ci(&l.expert_overlap),
+        l.first_flip_median.unwrap()
+    );
+    assert!(layers.contains(&row.as_str()), "{row} missing from {layers:#?}");
+    // The HTML has the same section.
+    let html = render_html(&r).unwrap();
+    assert!(html.contains("<h2 id=\"expert-routing\">Expert routing</h2>"));
+    assert!(html.contains("<td>int4-g128</td><td class=\"num\">29</td>"));
+}
+
+#[test]
+fn only_variants_with_routing_are_in_the_expert_routing_section() {
+    let mut r = sample_moe_report();
+    r.variants[1].routing = None;
+    let md = render_markdown(&r);
+    let first = table_after(&md, "## Expert routing");
+    assert_eq!(first.len(), 2 + r.variants.len() - 1, "{first:#?}");
+    assert!(first.iter().all(|l| !l.starts_with("| int8 |")), "{first:#?}");
+    let dense = render_markdown(&sample_report());
+    assert!(!dense.contains("Expert routing") && !dense.contains("expert-routing"));
+    assert!(!render_html(&sample_report()).unwrap().contains("expert-routing"));
+}
