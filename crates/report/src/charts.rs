@@ -438,8 +438,8 @@ pub(crate) fn interval_chart(spec: &Spec, series: &[Series<Interval>]) -> Result
 /// the caps of each bar a few pixels wide.
 struct Spread {
     scale: Scale,
-    /// On a linear axis: the smallest distance between two points' `x`.
-    gap: f64,
+    /// On a linear axis: how far apart the first and the last series sit, at most.
+    width: f64,
     /// On a linear axis: half a cap's width.
     cap: f64,
 }
@@ -452,16 +452,18 @@ impl Spread {
         xs.sort_by(f64::total_cmp);
         let gap = xs.windows(2).map(|w| w[1] - w[0]).filter(|&d| d > 0.0).fold(f64::INFINITY, f64::min);
         let span = (hi - lo).abs();
-        Spread { scale: spec.x_scale, gap: if gap.is_finite() { gap } else { span / 10.0 }, cap: span * 0.003 }
+        let width = (0.04 * span).min(if gap.is_finite() { 0.5 * gap } else { f64::INFINITY });
+        Spread { scale: spec.x_scale, width, cap: span * 0.003 }
     }
 
     /// Where series `i` of `n` draws its point at `x`: over ±6% of x on a log axis (a constant
-    /// width), over ±¼ of the smallest gap between points on a linear one.
+    /// width), over ±2% of the axis on a linear one (±¼ of the smallest gap between points at
+    /// most, so series never reach the next point).
     fn shift(&self, x: f64, i: usize, n: f64) -> f64 {
         let u = (i as f64 + 0.5) / n - 0.5;
         match self.scale {
             Scale::Log => x * (1.0 + 0.12 * u),
-            Scale::Linear => x + 0.5 * self.gap * u,
+            Scale::Linear => x + self.width * u,
         }
     }
 

@@ -462,3 +462,67 @@ fn only_variants_with_routing_are_in_the_expert_routing_section() {
     assert!(!dense.contains("Expert routing") && !dense.contains("expert-routing"));
     assert!(!render_html(&sample_report()).unwrap().contains("expert-routing"));
 }
+
+/// The `<svg>` of the chart with `id`, if the page has one.
+fn chart<'a>(html: &'a str, id: &str) -> Option<&'a str> {
+    let start = html.find(&format!("<svg id=\"{id}\""))?;
+    Some(&html[start..start + html[start..].find("</svg>")?])
+}
+
+/// The `cx` of each mean marker (`circle[data-part="mean"]`) of series `name` in `svg`.
+fn mean_markers(svg: &str, name: &str) -> Vec<f64> {
+    let tag = format!("<circle class=\"series\" data-series=\"{name}\" data-part=\"mean\"");
+    svg.lines()
+        .filter(|l| l.starts_with(&tag))
+        .map(|l| l.split("cx=\"").nth(1).unwrap().split('"').next().unwrap().parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_report_with_routing_has_routing_charts_by_layer_and_position() {
+    let r = sample_moe_report();
+    let html = render_html(&r).unwrap();
+    let layers = chart(&html, "chart-routing-layers").expect("a per-layer chart");
+    assert!(layers.contains("Routing flips by layer (95% CI)"));
+    let names: Vec<String> = r.variants.iter().map(|v| v.name.clone()).collect();
+    // One interval series per variant: a line through its means, a marker and a bar with two
+    // caps per layer, a legend entry.
+    let lines = series_points(&html, "chart-routing-layers");
+    assert_eq!(lines.iter().map(|s| s.0.clone()).collect::<Vec<_>>(), names);
+    assert!(lines.iter().all(|s| s.1 == 3), "{lines:?}");
+    for v in &r.variants {
+        let markers = mean_markers(layers, &v.name);
+        assert_eq!(markers.len(), v.routing.as_ref().unwrap().layers.len(), "{}", v.name);
+        let bars = format!("<polyline class=\"series\" data-series=\"{}\" data-part=\"interval\"", v.name);
+        assert_eq!(layers.matches(&bars).count(), 9, "{}: a bar and two caps per layer", v.name);
+        assert!(layers.contains(&format!("\n{}\n</text>", v.name)), "no legend for {}", v.name);
+        // The x axis is linear in the layer index: layer 15 sits 15/29 of the way from 0 to 29.
+        let (x0, x15, x29) = (markers[0], markers[1], markers[2]);
+        assert!(((x15 - x0) - 15.0 / 29.0 * (x29 - x0)).abs() <= 2.0, "{}: {markers:?}", v.name);
+    }
+    // Flips by position: one line per variant, one point per generated position.
+    let position = series_points(&html, "chart-routing-position");
+    assert_eq!(position.iter().map(|s| s.0.clone()).collect::<Vec<_>>(), names);
+    assert!(position.iter().all(|s| s.1 == 1000), "{position:?}");
+    for text in ["Routing flips by position", "share of layers whose top-1 expert flips", "top-1 expert flip rate"] {
+        assert!(html.contains(text), "{text} missing");
+    }
+    assert!(html.contains("Bars are 95% bootstrap intervals over prompts"), "no caption for the per-layer chart");
+}
+
+#[test]
+fn only_variants_with_routing_have_routing_series_and_a_dense_report_has_no_routing_chart() {
+    let mut r = sample_moe_report();
+    r.variants[1].routing = None;
+    let html = render_html(&r).unwrap();
+    let expected = vec![r.variants[0].name.clone(), r.variants[2].name.clone()];
+    for id in ["chart-routing-layers", "chart-routing-position"] {
+        let names: Vec<String> = series_points(&html, id).into_iter().map(|s| s.0).collect();
+        assert_eq!(names, expected, "{id}");
+    }
+    let dense = render_html(&sample_report()).unwrap();
+    assert!(chart(&dense, "chart-routing-layers").is_none() && chart(&dense, "chart-routing-position").is_none());
+    assert!(!dense.contains("Routing flips by"));
+    assert_eq!(dense.matches("<svg").count(), 4);
+    assert_eq!(html.matches("<svg").count(), 6);
+}
