@@ -24,7 +24,8 @@
 //! - `gate`: [`Thresholds`] (TOML) and the check, [`gate`] and [`exit_code`]; `junit`:
 //!   [`junit_xml`] of a check's outcome; `command`: [`run_gate`], the whole `qdrift gate`
 //!   command (read the files, check, write the JUnit) for a thin CLI.
-//! - [`testing::sample_report`]: a realistic report for tests.
+//! - [`testing::sample_report`]: a realistic report for tests; [`testing::sample_moe_report`] the
+//!   same run on a model with experts (with routing drift).
 //!
 //! **Invariants: every number in a report is finite (checked by [`Report::validate`] before
 //! anything is written or drawn); every file is written atomically (`qdrift_io::write_atomic`: a
