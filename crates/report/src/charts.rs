@@ -1,15 +1,15 @@
 //! Inline SVG charts, drawn with plotters' SVG backend: a line chart and an interval chart, each
-//! with a log-scaled x axis and a linear or log-scaled y axis. What a report's charts show is in
-//! `figures`; this module knows nothing of reports.
+//! axis linear or log-scaled ([`Scale`]). What a report's charts show is in `figures`; this
+//! module knows nothing of reports.
 //!
 //! plotters writes one SVG element per drawing call and offers no way to group them, so the
 //! backend is wrapped in [`Tagged`], which notes for every element it forwards which data series
 //! (if any) was being drawn. Afterwards every element of series `NAME` gets
 //! `class="series" data-series="NAME" data-part="PART"`: a test (or a reader's script) finds a
 //! series' line as `polyline[data-series="NAME"][data-part="line"]` and counts its points in the
-//! `points` attribute; the PPL chart adds its markers (`circle[data-part="mean"]`, one per
-//! horizon) and error bars (`polyline[data-part="interval"]`, three per horizon: the bar and
-//! its two caps). The legend's swatches are drawn
+//! `points` attribute; an interval chart adds its markers (`circle[data-part="mean"]`, one per
+//! point) and error bars (`polyline[data-part="interval"]`, three per point: the bar and its two
+//! caps). The legend's swatches are drawn
 //! outside any series and carry no tag.
 //!
 //! No font is loaded: without plotters' `ttf` feature text sizes are estimated and the SVG says
@@ -184,7 +184,7 @@ impl Legend {
     }
 }
 
-/// How the y axis maps values to heights.
+/// How an axis maps values to positions.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Scale {
     Linear,
@@ -192,7 +192,7 @@ pub(crate) enum Scale {
     Log,
 }
 
-/// Axes, labels and title of a chart; every chart has a log-scaled x axis.
+/// Axes, labels and title of a chart.
 pub(crate) struct Spec<'a> {
     /// The chart's `id` in the page.
     pub id: &'a str,
@@ -201,6 +201,7 @@ pub(crate) struct Spec<'a> {
     pub y_label: &'a str,
     pub x_range: (f64, f64),
     pub y_range: (f64, f64),
+    pub x_scale: Scale,
     pub y_scale: Scale,
     pub y_format: fn(f64) -> String,
     pub legend: Legend,
@@ -289,57 +290,78 @@ fn legend_name(name: &str) -> String {
     plain(name)
 }
 
-/// The spec's ranges, made drawable: a log axis needs a positive start, every axis a nonempty
-/// range.
-fn ranges(spec: &Spec) -> (std::ops::Range<f64>, std::ops::Range<f64>) {
-    let (x0, x1) = spec.x_range;
-    let x0 = if x0 > 0.0 { x0 } else { 1.0 };
-    let x1 = if x1 > x0 { x1 } else { x0 * 10.0 };
-    let (y0, y1) = spec.y_range;
-    let (y0, y1) = match spec.y_scale {
-        Scale::Linear => (y0, if y1 > y0 { y1 } else { y0 + 1.0 }),
+/// `(lo, hi)` on an axis of `scale`, made drawable: a log axis needs a positive start (`log_lo`
+/// when it has none), every axis a nonempty range.
+fn drawable((lo, hi): (f64, f64), scale: Scale, log_lo: f64) -> std::ops::Range<f64> {
+    match scale {
+        Scale::Linear => lo..if hi > lo { hi } else { lo + 1.0 },
         Scale::Log => {
-            let y0 = if y0 > 0.0 { y0 } else { 1e-6 };
-            (y0, if y1 > y0 { y1 } else { y0 * 10.0 })
+            let lo = if lo > 0.0 { lo } else { log_lo };
+            lo..if hi > lo { hi } else { lo * 10.0 }
         }
-    };
-    (x0..x1, y0..y1)
-}
-
-/// A chart with a log-scaled x axis and a `Y` axis on `area`.
-type Chart<'a, 'b, Y> = ChartContext<'a, Tagged<'b>, Cartesian2d<LogCoord<f64>, Y>>;
-
-/// What a y axis must be for [`axes`]: linear (`RangedCoordf64`) or log (`LogCoord<f64>`).
-trait YAxis: Ranged<ValueType = f64> + ValueFormatter<f64> {}
-impl<Y: Ranged<ValueType = f64> + ValueFormatter<f64>> YAxis for Y {}
-
-/// Draws on `area` with the y axis the spec's [`Scale`] asks for.
-fn on_y_axis<T>(
-    spec: &Spec,
-    linear: impl FnOnce(RangedCoordf64) -> Result<T, ReportError>,
-    log: impl FnOnce(LogCoord<f64>) -> Result<T, ReportError>,
-) -> Result<T, ReportError> {
-    let (_, yr) = ranges(spec);
-    match spec.y_scale {
-        Scale::Linear => linear(yr.into()),
-        Scale::Log => log(yr.log_scale().into()),
     }
 }
 
-/// The caption, log-x and `y` axes, grid and axis labels every chart shares.
-fn axes<'a, 'b, Y: YAxis>(
+/// The spec's ranges, made drawable ([`drawable`]; a log x axis starts at 1 at the latest, a log
+/// y axis at `1e-6`).
+fn ranges(spec: &Spec) -> (std::ops::Range<f64>, std::ops::Range<f64>) {
+    (drawable(spec.x_range, spec.x_scale, 1.0), drawable(spec.y_range, spec.y_scale, 1e-6))
+}
+
+/// A chart with an `X` and a `Y` axis on `area`.
+type Chart<'a, 'b, X, Y> = ChartContext<'a, Tagged<'b>, Cartesian2d<X, Y>>;
+
+/// What an axis must be for [`axes`]: linear (`RangedCoordf64`) or log (`LogCoord<f64>`).
+trait Axis: Ranged<ValueType = f64> + ValueFormatter<f64> {}
+impl<A: Ranged<ValueType = f64> + ValueFormatter<f64>> Axis for A {}
+
+/// Something drawn on a chart whose axes' types are chosen at run time, from the spec's scales
+/// ([`on_axes`]): the lines of [`line_chart`], the intervals of [`interval_chart`].
+trait Drawing {
+    /// Draws the axes ([`axes`]), the data and the legend on `area`, noting each series' elements
+    /// in `log`.
+    fn draw<X: Axis, Y: Axis>(
+        &self,
+        area: &DrawingArea<Tagged, Shift>,
+        log: &Rc<RefCell<Log>>,
+        spec: &Spec,
+        x: X,
+        y: Y,
+    ) -> Result<(), ReportError>;
+}
+
+/// Draws `drawing` on `area` with the x and y axes the spec's [`Scale`]s ask for.
+fn on_axes(
+    area: &DrawingArea<Tagged, Shift>,
+    log: &Rc<RefCell<Log>>,
+    spec: &Spec,
+    drawing: &impl Drawing,
+) -> Result<(), ReportError> {
+    let (xr, yr) = ranges(spec);
+    let linear = |r: std::ops::Range<f64>| -> RangedCoordf64 { r.into() };
+    let log_scaled = |r: std::ops::Range<f64>| -> LogCoord<f64> { r.log_scale().into() };
+    match (spec.x_scale, spec.y_scale) {
+        (Scale::Linear, Scale::Linear) => drawing.draw(area, log, spec, linear(xr), linear(yr)),
+        (Scale::Linear, Scale::Log) => drawing.draw(area, log, spec, linear(xr), log_scaled(yr)),
+        (Scale::Log, Scale::Linear) => drawing.draw(area, log, spec, log_scaled(xr), linear(yr)),
+        (Scale::Log, Scale::Log) => drawing.draw(area, log, spec, log_scaled(xr), log_scaled(yr)),
+    }
+}
+
+/// The caption, `x` and `y` axes, grid and axis labels every chart shares.
+fn axes<'a, 'b, X: Axis, Y: Axis>(
     area: &'a DrawingArea<Tagged<'b>, Shift>,
     spec: &Spec,
+    x: X,
     y: Y,
-) -> Result<Chart<'a, 'b, Y>, ReportError> {
+) -> Result<Chart<'a, 'b, X, Y>, ReportError> {
     let err = |e| chart_error(spec.title, e);
-    let (xr, _) = ranges(spec);
     let mut chart = ChartBuilder::on(area)
         .caption(spec.title, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(48)
         .y_label_area_size(72)
-        .build_cartesian_2d(xr.log_scale(), y)
+        .build_cartesian_2d(x, y)
         .map_err(err)?;
     let y_format = spec.y_format;
     chart
@@ -357,7 +379,7 @@ fn axes<'a, 'b, Y: YAxis>(
 }
 
 /// The legend box every chart shares.
-fn legend<'a, 'b: 'a, Y: YAxis>(chart: &mut Chart<'a, 'b, Y>, spec: &Spec) -> Result<(), ReportError> {
+fn legend<'a, 'b: 'a, X: Axis, Y: Axis>(chart: &mut Chart<'a, 'b, X, Y>, spec: &Spec) -> Result<(), ReportError> {
     chart
         .configure_series_labels()
         .position(spec.legend.position())
@@ -368,77 +390,133 @@ fn legend<'a, 'b: 'a, Y: YAxis>(chart: &mut Chart<'a, 'b, Y>, spec: &Spec) -> Re
         .map_err(|e| chart_error(spec.title, e))
 }
 
-/// One polyline per series against a log-scaled x axis.
+/// One polyline per series.
 pub(crate) fn line_chart(spec: &Spec, series: &[Series<(f64, f64)>]) -> Result<String, ReportError> {
     let names: Vec<&str> = series.iter().map(|s| s.name).collect();
-    render(spec, &names, |area, log| {
-        on_y_axis(spec, |y| draw_lines(area, log, spec, series, y), |y| draw_lines(area, log, spec, series, y))
-    })
+    render(spec, &names, |area, log| on_axes(area, log, spec, &Lines(series)))
 }
 
-fn draw_lines<Y: YAxis>(
-    area: &DrawingArea<Tagged, Shift>,
-    log: &Rc<RefCell<Log>>,
-    spec: &Spec,
-    series: &[Series<(f64, f64)>],
-    y: Y,
-) -> Result<(), ReportError> {
-    let err = |e| chart_error(spec.title, e);
-    let mut chart = axes(area, spec, y)?;
-    for (i, s) in series.iter().enumerate() {
-        let c = color(i);
-        let points = s.points.clone();
-        in_series(log, i, "line", || {
-            chart.draw_series(LineSeries::new(points, c.stroke_width(2))).map(|a| {
-                a.label(legend_name(s.name))
-                    .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], c.filled()));
+/// The series of a [`line_chart`].
+struct Lines<'s, 'a>(&'s [Series<'a, (f64, f64)>]);
+
+impl Drawing for Lines<'_, '_> {
+    /// A 2-pixel polyline per series, in its colour, with its legend swatch.
+    fn draw<X: Axis, Y: Axis>(
+        &self,
+        area: &DrawingArea<Tagged, Shift>,
+        log: &Rc<RefCell<Log>>,
+        spec: &Spec,
+        x: X,
+        y: Y,
+    ) -> Result<(), ReportError> {
+        let err = |e| chart_error(spec.title, e);
+        let mut chart = axes(area, spec, x, y)?;
+        for (i, s) in self.0.iter().enumerate() {
+            let c = color(i);
+            let points = s.points.clone();
+            in_series(log, i, "line", || {
+                chart.draw_series(LineSeries::new(points, c.stroke_width(2))).map(|a| {
+                    a.label(legend_name(s.name))
+                        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], c.filled()));
+                })
             })
-        })
-        .map_err(err)?;
+            .map_err(err)?;
+        }
+        legend(&mut chart, spec)
     }
-    legend(&mut chart, spec)
 }
 
 /// Per series, a marker at each mean with its interval as an error bar, joined by a thin line;
 /// the series are offset a little along x so their bars do not overlap.
 pub(crate) fn interval_chart(spec: &Spec, series: &[Series<Interval>]) -> Result<String, ReportError> {
     let names: Vec<&str> = series.iter().map(|s| s.name).collect();
-    render(spec, &names, |area, log| {
-        on_y_axis(spec, |y| draw_intervals(area, log, spec, series, y), |y| draw_intervals(area, log, spec, series, y))
-    })
+    let spread = Spread::new(spec, series);
+    render(spec, &names, |area, log| on_axes(area, log, spec, &Intervals { series, spread }))
 }
 
-fn draw_intervals<Y: YAxis>(
-    area: &DrawingArea<Tagged, Shift>,
-    log: &Rc<RefCell<Log>>,
-    spec: &Spec,
-    series: &[Series<Interval>],
-    y: Y,
-) -> Result<(), ReportError> {
-    let err = |e| chart_error(spec.title, e);
-    let mut chart = axes(area, spec, y)?;
-    let n = series.len().max(1) as f64;
-    for (i, s) in series.iter().enumerate() {
-        let c = color(i);
-        // Spread the series over ±6% of x (a constant width on the log axis).
-        let shift = 1.0 + 0.12 * ((i as f64 + 0.5) / n - 0.5);
-        let at: Vec<(f64, &Interval)> = s.points.iter().map(|iv| (iv.x * shift, iv)).collect();
-        let line: Vec<(f64, f64)> = at.iter().map(|(x, iv)| (*x, iv.mean)).collect();
-        in_series(log, i, "line", || {
-            chart.draw_series(LineSeries::new(line, c.mix(0.5).stroke_width(1))).map(|a| {
-                a.label(legend_name(s.name))
-                    .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], c.filled()));
-            })
-        })
-        .map_err(err)?;
-        // A vertical bar from lo to hi with a cap at each end.
-        let bars = at.iter().flat_map(|&(x, iv)| {
-            let cap = |y| PathElement::new(vec![(x / 1.012, y), (x * 1.012, y)], c.stroke_width(2));
-            [PathElement::new(vec![(x, iv.lo), (x, iv.hi)], c.stroke_width(2)), cap(iv.lo), cap(iv.hi)]
-        });
-        in_series(log, i, "interval", || chart.draw_series(bars)).map_err(err)?;
-        let means = at.iter().map(|&(x, iv)| Circle::new((x, iv.mean), 4, c.filled()));
-        in_series(log, i, "mean", || chart.draw_series(means)).map_err(err)?;
+/// Where an interval chart's markers sit along x: the series side by side around each `x`, and
+/// the caps of each bar a few pixels wide.
+struct Spread {
+    scale: Scale,
+    /// On a linear axis: how far apart the first and the last series sit, at most.
+    width: f64,
+    /// On a linear axis: half a cap's width.
+    cap: f64,
+}
+
+impl Spread {
+    /// The spread for `series` on the spec's x axis.
+    fn new(spec: &Spec, series: &[Series<Interval>]) -> Spread {
+        let (lo, hi) = spec.x_range;
+        let mut xs: Vec<f64> = series.iter().flat_map(|s| s.points.iter().map(|iv| iv.x)).collect();
+        xs.sort_by(f64::total_cmp);
+        let gap = xs.windows(2).map(|w| w[1] - w[0]).filter(|&d| d > 0.0).fold(f64::INFINITY, f64::min);
+        let span = (hi - lo).abs();
+        let width = (0.04 * span).min(if gap.is_finite() { 0.5 * gap } else { f64::INFINITY });
+        Spread { scale: spec.x_scale, width, cap: span * 0.003 }
     }
-    legend(&mut chart, spec)
+
+    /// Where series `i` of `n` draws its point at `x`: over ±6% of x on a log axis (a constant
+    /// width), over ±2% of the axis on a linear one (±¼ of the smallest gap between points at
+    /// most, so series never reach the next point).
+    fn shift(&self, x: f64, i: usize, n: f64) -> f64 {
+        let u = (i as f64 + 0.5) / n - 0.5;
+        match self.scale {
+            Scale::Log => x * (1.0 + 0.12 * u),
+            Scale::Linear => x + self.width * u,
+        }
+    }
+
+    /// The two ends of a cap at `x`.
+    fn caps(&self, x: f64) -> (f64, f64) {
+        match self.scale {
+            Scale::Log => (x / 1.012, x * 1.012),
+            Scale::Linear => (x - self.cap, x + self.cap),
+        }
+    }
+}
+
+/// The series of an [`interval_chart`] and where their markers sit.
+struct Intervals<'s, 'a> {
+    series: &'s [Series<'a, Interval>],
+    spread: Spread,
+}
+
+impl Drawing for Intervals<'_, '_> {
+    /// Per series, in its colour: a thin line through the means (with the legend swatch), a bar
+    /// with two caps per interval, a filled circle per mean.
+    fn draw<X: Axis, Y: Axis>(
+        &self,
+        area: &DrawingArea<Tagged, Shift>,
+        log: &Rc<RefCell<Log>>,
+        spec: &Spec,
+        x: X,
+        y: Y,
+    ) -> Result<(), ReportError> {
+        let err = |e| chart_error(spec.title, e);
+        let mut chart = axes(area, spec, x, y)?;
+        let n = self.series.len().max(1) as f64;
+        for (i, s) in self.series.iter().enumerate() {
+            let c = color(i);
+            let at: Vec<(f64, &Interval)> = s.points.iter().map(|iv| (self.spread.shift(iv.x, i, n), iv)).collect();
+            let line: Vec<(f64, f64)> = at.iter().map(|(x, iv)| (*x, iv.mean)).collect();
+            in_series(log, i, "line", || {
+                chart.draw_series(LineSeries::new(line, c.mix(0.5).stroke_width(1))).map(|a| {
+                    a.label(legend_name(s.name))
+                        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], c.filled()));
+                })
+            })
+            .map_err(err)?;
+            // A vertical bar from lo to hi with a cap at each end.
+            let bars = at.iter().flat_map(|&(x, iv)| {
+                let (left, right) = self.spread.caps(x);
+                let cap = |y| PathElement::new(vec![(left, y), (right, y)], c.stroke_width(2));
+                [PathElement::new(vec![(x, iv.lo), (x, iv.hi)], c.stroke_width(2)), cap(iv.lo), cap(iv.hi)]
+            });
+            in_series(log, i, "interval", || chart.draw_series(bars)).map_err(err)?;
+            let means = at.iter().map(|&(x, iv)| Circle::new((x, iv.mean), 4, c.filled()));
+            in_series(log, i, "mean", || chart.draw_series(means)).map_err(err)?;
+        }
+        legend(&mut chart, spec)
+    }
 }

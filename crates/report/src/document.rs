@@ -6,11 +6,12 @@
 //! markup.
 //!
 //! The per-horizon tables and the glossary read their columns from the metric registry
-//! ([`METRICS`]): every metric a report can hold, and so every metric a gate can check, is shown.
+//! ([`METRICS`]): the glossary lists every metric a report can hold, and so every metric a gate
+//! can check; the tables show every metric the report has ([`shown_metrics`]).
 
 use crate::format::{bytes, count, file_name, kld, rate, short_sha256};
-use crate::metrics::METRICS;
-use crate::{HorizonMetrics, Report, Variant, VariantKind};
+use crate::metrics::{METRICS, Metric, Placement, metric};
+use crate::{Estimate, FirstDivergence, HorizonMetrics, Report, RoutingDrift, Variant, VariantKind};
 
 /// A run of text in a paragraph or a table cell.
 #[derive(Clone, Debug)]
@@ -145,6 +146,7 @@ pub(crate) fn document(report: &Report) -> Vec<Block> {
         doc.extend(horizon_section(report, h));
     }
     doc.extend(first_divergence_section(report));
+    doc.extend(routing_section(report));
     doc.extend(entropy_strata_section(report));
     doc.extend(per_tensor_section(report));
     doc.extend(metrics_section());
@@ -221,33 +223,46 @@ fn variants_section(report: &Report) -> Vec<Block> {
     vec![heading("variants", "Variants"), Block::Table { columns, rows }]
 }
 
-/// Every metric of every variant at horizon `h`, each with its interval.
+/// The metrics of [`METRICS`] the per-horizon tables and the terminal summary show, in table
+/// order: every required metric and excess over the noise floor, and an
+/// [`Placement::Optional`] metric only when some variant has it at some horizon. A metric no
+/// variant has (the routing metrics of a dense model, a metric added after the report was
+/// written) shows no column of `—`; one that some variants have shows `—` for the others.
+pub(crate) fn shown_metrics(report: &Report) -> Vec<&'static Metric> {
+    let present = |m: &Metric| report.variants.iter().any(|v| v.horizons.iter().any(|h| h.get(m).is_some()));
+    METRICS.iter().filter(|m| m.placement != Placement::Optional || present(m)).collect()
+}
+
+/// Every metric the report has ([`shown_metrics`]) of every variant at horizon `h`, each with
+/// its interval.
 fn horizon_section(report: &Report, h: usize) -> Vec<Block> {
     let intro = "Means over prompts with their 95% intervals [lo, hi]; each column is described under \
                  Metrics at the end. Excess = variant − noise floor, paired by prompt; the noise floor has none.";
-    let rows = report.variants_grouped().into_iter().filter_map(|v| v.horizon(h).map(|m| metric_row(v, m))).collect();
+    let shown = shown_metrics(report);
+    let rows =
+        report.variants_grouped().into_iter().filter_map(|v| v.horizon(h).map(|m| metric_row(&shown, v, m))).collect();
     vec![
         heading(&format!("horizon-{h}"), format!("First {h} generated tokens")),
         Block::Paragraph(vec![text(intro)]),
-        Block::Table { columns: metric_columns(), rows },
+        Block::Table { columns: metric_columns(&shown), rows },
     ]
 }
 
-/// `Variant`, `Quantizes`, then per metric of [`METRICS`] its title (and its p99 column, if it
-/// has one).
-fn metric_columns() -> Vec<Column> {
+/// `Variant`, `Quantizes`, then per metric of `shown` its title (and its p99 column, if it has
+/// one).
+fn metric_columns(shown: &[&Metric]) -> Vec<Column> {
     let mut columns = vec![col("Variant", false), col("Quantizes", false)];
-    for m in METRICS {
+    for m in shown {
         columns.push(col(m.title, true));
         columns.extend(m.tail.map(|title| col(title, true)));
     }
     columns
 }
 
-/// A row of [`metric_columns`]: `—` for a metric the variant does not have.
-fn metric_row(v: &Variant, h: &HorizonMetrics) -> Vec<Cell> {
+/// A row of [`metric_columns`] of `shown`: `—` for a metric the variant does not have.
+fn metric_row(shown: &[&Metric], v: &Variant, h: &HorizonMetrics) -> Vec<Cell> {
     let mut row = vec![name_cell(&v.name), cell(v.group())];
-    for m in METRICS {
+    for &m in shown {
         let value = h.get(m);
         row.push(cell(value.map_or_else(|| "—".to_string(), |e| m.with_ci(e))));
         if m.tail.is_some() {
@@ -256,6 +271,18 @@ fn metric_row(v: &Variant, h: &HorizonMetrics) -> Vec<Cell> {
         }
     }
     row
+}
+
+/// A Kaplan–Meier median position: the position, or `> H (not reached)` when more than half the
+/// prompts have no event within the longest horizon `H`.
+fn median_cell(median: Option<usize>, longest: usize) -> Cell {
+    cell(median.map_or_else(|| format!("> {longest} (not reached)"), |t| t.to_string()))
+}
+
+/// `c of n`: the censored prompts of a first-event curve, of all prompts.
+fn censored_cell(report: &Report, fd: &FirstDivergence) -> Cell {
+    let of = if fd.positions.is_empty() { report.workload.prompts } else { fd.positions.len() };
+    cell(format!("{} of {of}", fd.censored))
 }
 
 /// The Kaplan–Meier median first-divergence position of each variant.
@@ -270,12 +297,7 @@ fn first_divergence_section(report: &Report) -> Vec<Block> {
         .into_iter()
         .map(|v| {
             let fd = &v.first_divergence;
-            let median = match fd.median {
-                Some(t) => t.to_string(),
-                None => format!("> {longest} (not reached)"),
-            };
-            let of = if fd.positions.is_empty() { report.workload.prompts } else { fd.positions.len() };
-            vec![name_cell(&v.name), cell(v.group()), cell(median), cell(format!("{} of {of}", fd.censored))]
+            vec![name_cell(&v.name), cell(v.group()), median_cell(fd.median, longest), censored_cell(report, fd)]
         })
         .collect();
     let columns =
@@ -285,6 +307,85 @@ fn first_divergence_section(report: &Report) -> Vec<Block> {
         Block::Paragraph(vec![text(intro)]),
         Block::Table { columns, rows },
     ]
+}
+
+/// For a model with experts, where each variant routes tokens to other experts than the
+/// reference: a table of the first routing flip per variant (Variant, Quantizes, Experts as
+/// `k of n`, First flip as the Kaplan–Meier median position, Censored as `c of n` prompts) and a
+/// table per (variant, mixture-of-experts layer) (Routing flips and Expert overlap over the
+/// longest horizon with their intervals, First flip as that layer's median position). Nothing
+/// when no variant has routing (a dense model).
+fn routing_section(report: &Report) -> Vec<Block> {
+    let routed: Vec<(&Variant, &RoutingDrift)> =
+        report.variants_grouped().into_iter().filter_map(|v| v.routing.as_ref().map(|r| (v, r))).collect();
+    if routed.is_empty() {
+        return Vec::new();
+    }
+    let longest = report.workload.horizons.last().copied().unwrap_or(0);
+    let intro = format!(
+        "Both models teacher-forced on the reference's continuation, over its first {longest} tokens: per \
+         mixture-of-experts layer, the top-k experts each model routes each position to. A flip is a \
+         different top-1 expert; overlap is |S ∩ S_ref| / k, the share of the reference's k experts the \
+         variant also chose. First flip: the Kaplan–Meier median position of a prompt's first flip, in any \
+         layer (first table) or in that layer (second table); censored prompts had no flip in any layer \
+         within {longest} tokens. Routing flips and expert overlap are means over prompts with their 95% \
+         bootstrap intervals over prompts. The noise floor's rows are what routing differs by without \
+         quantization."
+    );
+    let rows = routed
+        .iter()
+        .map(|&(v, r)| {
+            vec![
+                name_cell(&v.name),
+                cell(v.group()),
+                cell(format!("{} of {}", r.top_k, r.experts)),
+                median_cell(r.first_flip.median, longest),
+                censored_cell(report, &r.first_flip),
+            ]
+        })
+        .collect();
+    let columns = vec![
+        col("Variant", false),
+        col("Quantizes", false),
+        col("Experts", true),
+        col("First flip", true),
+        col("Censored", true),
+    ];
+    vec![
+        heading("expert-routing", "Expert routing"),
+        Block::Paragraph(vec![text(intro)]),
+        Block::Table { columns, rows },
+        routing_layers_table(&routed, longest),
+    ]
+}
+
+/// One row per (variant, mixture-of-experts layer): Variant, Layer (the block, 0-based), Routing
+/// flips and Expert overlap (mean [lo, hi] over the longest horizon), First flip (that layer's
+/// Kaplan–Meier median position).
+fn routing_layers_table(routed: &[(&Variant, &RoutingDrift)], longest: usize) -> Block {
+    let with_ci = |name: &str, e: &Estimate| cell(metric(name).map_or_else(|| "—".to_string(), |m| m.with_ci(e)));
+    let rows = routed
+        .iter()
+        .flat_map(|&(v, r)| {
+            r.layers.iter().map(move |l| {
+                vec![
+                    name_cell(&v.name),
+                    cell(l.layer.to_string()),
+                    with_ci("routing_flip_rate", &l.flip_rate),
+                    with_ci("expert_overlap", &l.expert_overlap),
+                    median_cell(l.first_flip_median, longest),
+                ]
+            })
+        })
+        .collect();
+    let columns = vec![
+        col("Variant", false),
+        col("Layer", true),
+        col("Routing flips", true),
+        col("Expert overlap", true),
+        col("First flip", true),
+    ];
+    Block::Table { columns, rows }
 }
 
 /// KLD and top-1 agreement by quartile of the reference's entropy.

@@ -1,9 +1,10 @@
-//! The report's four charts: which data each draws, on which axes, and the sentence under it.
-//! Drawing is `charts`' job; every chart has one series per variant, built by [`per_variant`].
+//! The report's charts (four, six for a model with experts): which data each draws, on which
+//! axes, and the sentence under it. Drawing is `charts`' job; every chart has one series per
+//! variant, built by [`per_variant`] (per variant with routing, [`per_routed_variant`]).
 
 use crate::charts::{Interval, Legend, Scale, Series, Spec, interval_chart, line_chart};
 use crate::format::kld;
-use crate::{Report, ReportError, Variant};
+use crate::{Report, ReportError, RoutingDrift, Variant};
 
 /// A chart and its caption.
 pub(crate) struct Figure {
@@ -20,14 +21,29 @@ pub(crate) const KLD_FLOOR: f64 = 1e-6;
 /// The x-axis label of the per-position charts.
 const POSITION: &str = "generated position (log scale)";
 
-/// Token match by position, Kaplan–Meier survival, KLD by position and PPL drift by horizon.
+/// Token match by position, Kaplan–Meier survival, KLD by position and PPL drift by horizon;
+/// when any variant has routing (a model with experts), routing flips by layer and by position.
 pub(crate) fn figures(report: &Report) -> Result<Vec<Figure>, ReportError> {
-    Ok(vec![token_match(report)?, survival(report)?, kld_by_position(report)?, ppl_drift(report)?])
+    let mut figures = vec![token_match(report)?, survival(report)?, kld_by_position(report)?, ppl_drift(report)?];
+    if report.variants.iter().any(|v| v.routing.is_some()) {
+        figures.push(routing_by_layer(report)?);
+        figures.push(routing_by_position(report)?);
+    }
+    Ok(figures)
 }
 
 /// One series per variant, in report order, with the points `points` gives it.
 fn per_variant<'a, P>(report: &'a Report, points: impl Fn(&'a Variant) -> Vec<P>) -> Vec<Series<'a, P>> {
     report.variants.iter().map(|v| Series { name: &v.name, points: points(v) }).collect()
+}
+
+/// One series per variant with routing, in report order, with the points `points` gives it.
+fn per_routed_variant<'a, P>(report: &'a Report, points: impl Fn(&'a RoutingDrift) -> Vec<P>) -> Vec<Series<'a, P>> {
+    report
+        .variants
+        .iter()
+        .filter_map(|v| v.routing.as_ref().map(|r| Series { name: &v.name, points: points(r) }))
+        .collect()
 }
 
 /// `(t + 1, values[t])`: position 1 is the first generated token (the x axis is logarithmic).
@@ -48,6 +64,7 @@ fn token_match(report: &Report) -> Result<Figure, ReportError> {
         x_label: POSITION,
         y_label: "token-match rate",
         x_range: (1.0, x_end(report)),
+        x_scale: Scale::Log,
         y_range: (0.0, 1.02),
         y_scale: Scale::Linear,
         y_format: |y| format!("{y:.1}"),
@@ -89,6 +106,7 @@ fn survival(report: &Report) -> Result<Figure, ReportError> {
         x_label: "tokens generated (log scale)",
         y_label: "share of prompts still identical",
         x_range: (1.0, end),
+        x_scale: Scale::Log,
         y_range: (0.0, 1.02),
         y_scale: Scale::Linear,
         y_format: |y| format!("{y:.1}"),
@@ -138,6 +156,7 @@ fn kld_by_position(report: &Report) -> Result<Figure, ReportError> {
         x_label: POSITION,
         y_label: "mean KLD (nats, log scale)",
         x_range: (1.0, x_end(report)),
+        x_scale: Scale::Log,
         y_range: (decade_below(lo), decade_above(hi)),
         y_scale: Scale::Log,
         y_format: log_tick,
@@ -177,6 +196,7 @@ fn ppl_drift(report: &Report) -> Result<Figure, ReportError> {
         x_label: "horizon, tokens (log scale)",
         y_label: "PPL_ref(variant text) / PPL_ref(ref text)",
         x_range: (h_min / 1.6, x_end(report) * 1.6),
+        x_scale: Scale::Log,
         y_range: (lo - pad, hi + pad),
         y_scale: Scale::Linear,
         y_format: |y| format!("{y:.2}"),
@@ -191,6 +211,83 @@ fn ppl_drift(report: &Report) -> Result<Figure, ReportError> {
     })
 }
 
+/// A tick label of a linear axis: up to four decimals, trailing zeros dropped (`0`, `0.05`,
+/// `0.125`).
+fn short_decimal(y: f64) -> String {
+    let s = format!("{y:.4}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" { "0".to_string() } else { s.to_string() }
+}
+
+/// Each mixture-of-experts layer's flip rate with its interval, at the layer's index.
+fn layer_intervals(r: &RoutingDrift) -> Vec<Interval> {
+    r.layers
+        .iter()
+        .map(|l| Interval {
+            x: l.layer as f64,
+            mean: l.flip_rate.mean,
+            lo: l.flip_rate.ci95[0],
+            hi: l.flip_rate.ci95[1],
+        })
+        .collect()
+}
+
+/// Routing flips per mixture-of-experts layer, on a linear axis of layer indices.
+fn routing_by_layer(report: &Report) -> Result<Figure, ReportError> {
+    let series = per_routed_variant(report, layer_intervals);
+    let all = || series.iter().flat_map(|s| s.points.iter());
+    let first = all().map(|iv| iv.x).fold(f64::INFINITY, f64::min);
+    let last = all().map(|iv| iv.x).fold(f64::NEG_INFINITY, f64::max);
+    let (first, last) = if first.is_finite() { (first, last) } else { (0.0, 0.0) };
+    let hi = all().map(|iv| iv.hi).fold(0.0f64, f64::max);
+    let longest = report.workload.horizons.last().copied().unwrap_or(0);
+    let spec = Spec {
+        id: "chart-routing-layers",
+        title: "Routing flips by layer (95% CI)",
+        x_label: "mixture-of-experts layer (block, 0-based)",
+        y_label: "top-1 expert flip rate",
+        x_range: (first - 1.0, last + 1.0),
+        x_scale: Scale::Linear,
+        y_range: (0.0, (hi * 1.15).clamp(0.01, 1.02)),
+        y_scale: Scale::Linear,
+        y_format: short_decimal,
+        legend: Legend::UpperLeft,
+    };
+    Ok(Figure {
+        svg: interval_chart(&spec, &series)?,
+        caption: format!(
+            "Per mixture-of-experts layer, the share of positions whose top-1 expert differs from the \
+             reference's, both models teacher-forced on the reference's continuation over its first {longest} \
+             tokens: the mean over prompts. Bars are 95% bootstrap intervals over prompts; series are offset a \
+             little along x."
+        ),
+    })
+}
+
+/// The share of mixture-of-experts layers that flip at each generated position.
+fn routing_by_position(report: &Report) -> Result<Figure, ReportError> {
+    let series = per_routed_variant(report, |r| by_position(&r.flip_by_position));
+    let spec = Spec {
+        id: "chart-routing-position",
+        title: "Routing flips by position",
+        x_label: POSITION,
+        y_label: "share of layers whose top-1 expert flips",
+        x_range: (1.0, x_end(report)),
+        x_scale: Scale::Log,
+        y_range: (0.0, 1.02),
+        y_scale: Scale::Linear,
+        y_format: |y| format!("{y:.1}"),
+        legend: Legend::UpperRight,
+    };
+    Ok(Figure {
+        svg: line_chart(&spec, &series)?,
+        caption: "At each position of the reference's continuation (position 1 is the first generated token), \
+                  both models teacher-forced on it: the mean over prompts of the share of mixture-of-experts \
+                  layers whose top-1 expert differs from the reference's."
+            .into(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,6 +298,12 @@ mod tests {
         assert!(close(decade_below(2.13e-6), 1e-6));
         assert!(close(decade_above(0.293), 1.0));
         assert!(decade_below(1e-6) <= 1e-6 && decade_above(1.0) > 1.0);
+    }
+
+    #[test]
+    fn linear_ticks_drop_trailing_zeros() {
+        let ticks: Vec<String> = [0.0, 0.05, 0.125, 1.0, 0.30000000000000004, -0.0].map(short_decimal).into();
+        assert_eq!(ticks, ["0", "0.05", "0.125", "1", "0.3", "0"]);
     }
 
     #[test]

@@ -80,12 +80,13 @@ fn table(columns: &[Column], rows: &[Vec<Vec<Inline>>]) -> String {
 
 /// The report as one self-contained HTML page: the Markdown's content as HTML tables plus four
 /// inline SVG charts (token match by position, Kaplan–Meier survival, KLD by position on a log
-/// scale, PPL drift per horizon with intervals). Validates the report first. Deterministic: same report → same
-/// bytes.
+/// scale, PPL drift per horizon with intervals), and for a model with experts two more (routing
+/// flips per layer with intervals, routing flips by position). Validates the report first.
+/// Deterministic: same report → same bytes.
 ///
 /// Each data series is marked `class="series" data-series="VARIANT"` (a `<polyline>` with one
-/// `x,y` pair per data point in its `points` attribute; the PPL chart also has one `<circle>`
-/// per horizon), so tests can count data points.
+/// `x,y` pair per data point in its `points` attribute; the interval charts, PPL drift and
+/// routing flips per layer, also have one `<circle>` per point), so tests can count data points.
 pub fn render_html(report: &Report) -> Result<String, ReportError> {
     report.validate()?;
     let mut body = String::new();

@@ -19,11 +19,13 @@
 //!   printed by [`render_markdown`] (`markdown`) and [`render_html`] (`html`), so their tables
 //!   cannot drift apart; [`render_summary`] is the terminal's short table.
 //! - `charts`: inline SVG line and interval charts (plotters' SVG backend; series tagged
-//!   `data-series`/`data-part` for tests); `figures`: the report's four charts built with them.
+//!   `data-series`/`data-part` for tests); `figures`: the report's charts built with them (four,
+//!   six for a model with experts).
 //! - `gate`: [`Thresholds`] (TOML) and the check, [`gate`] and [`exit_code`]; `junit`:
 //!   [`junit_xml`] of a check's outcome; `command`: [`run_gate`], the whole `qdrift gate`
 //!   command (read the files, check, write the JUnit) for a thin CLI.
-//! - [`testing::sample_report`]: a realistic report for tests.
+//! - [`testing::sample_report`]: a realistic report for tests; [`testing::sample_moe_report`] the
+//!   same run on a model with experts (with routing drift).
 //!
 //! **Invariants: every number in a report is finite (checked by [`Report::validate`] before
 //! anything is written or drawn); every file is written atomically (`qdrift_io::write_atomic`: a

@@ -1,9 +1,9 @@
 //! The Markdown report and the terminal summary.
 
 use crate::Report;
-use crate::document::{Block, Column, Inline, document};
+use crate::document::{Block, Column, Inline, document, shown_metrics};
 use crate::format::{count, escape_markdown as escape, file_name, plain};
-use crate::metrics::{METRICS, Metric};
+use crate::metrics::Metric;
 
 /// A code span holding `s` verbatim: the fence is one backtick longer than the longest run of
 /// backticks in `s`.
@@ -66,9 +66,9 @@ fn table(out: &mut String, columns: &[Column], rows: &[Vec<Vec<Inline>>]) {
 }
 
 /// The report as Markdown: the workload line, the variants, one table per horizon (every metric
-/// of [`METRICS`] with its 95% interval, and the excess over the noise floor), first divergence,
-/// entropy strata, per-tensor error and a glossary of the metrics. Deterministic: same report →
-/// same bytes.
+/// of [`METRICS`](crate::METRICS) the report has, with its 95% interval, and the excess over the
+/// noise floor), first divergence, expert routing (for a model with experts), entropy strata,
+/// per-tensor error and a glossary of the metrics. Deterministic: same report → same bytes.
 pub fn render_markdown(report: &Report) -> String {
     let mut out = String::new();
     for block in document(report) {
@@ -94,10 +94,11 @@ pub fn render_markdown(report: &Report) -> String {
 }
 
 /// A short plain-text table for the terminal: per horizon, one line per variant with each
-/// metric of [`METRICS`] marked for the summary, as `mean [lo, hi]`. Names are shown with
-/// control characters escaped.
+/// metric of [`METRICS`](crate::METRICS) marked for the summary that the report has (an
+/// optional metric no variant has, like the routing metrics of a dense model, shows no column),
+/// as `mean [lo, hi]`. Names are shown with control characters escaped.
 pub fn render_summary(report: &Report) -> String {
-    let shown: Vec<&Metric> = METRICS.iter().filter(|m| m.summary).collect();
+    let shown: Vec<&Metric> = shown_metrics(report).into_iter().filter(|m| m.summary).collect();
     let mut out = summary_header(report);
     for &h in &report.workload.horizons {
         let mut rows: Vec<Vec<String>> =

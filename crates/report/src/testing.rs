@@ -5,11 +5,16 @@
 //! consistent with each other (horizon means are means of the per-position curves, the survival
 //! curve is the Kaplan–Meier estimate of the listed first-divergence positions, the median is its
 //! median), so renderers and the gate see the shapes real reports have.
+//!
+//! [`sample_moe_report`] is the same run on a model with experts: every variant also has its
+//! routing drift ([`RoutingDrift`]) and the four per-horizon routing metrics, which a dense
+//! model's report (the [`sample_report`]) lacks.
 
 use crate::metrics::{METRICS, Metric, Range};
 use crate::{
-    Distribution, EntropyStratum, Estimate, EvalSetInfo, FirstDivergence, HorizonMetrics, KlMethod, ModelInfo,
-    ModelShape, PerPosition, Reference, Report, SCHEMA_VERSION, TensorError, Variant, VariantKind, Workload,
+    Distribution, EntropyStratum, Estimate, EvalSetInfo, FirstDivergence, HorizonMetrics, KlMethod, LayerRouting,
+    ModelInfo, ModelShape, PerPosition, Reference, Report, RoutingDrift, SCHEMA_VERSION, TensorError, Variant,
+    VariantKind, Workload,
 };
 
 const PROMPTS: usize = 72;
@@ -28,6 +33,11 @@ struct Profile {
     kld: f64,
     /// Typical SQNR of the quantized tensors (`None`: no quantized tensors).
     sqnr_db: Option<f64>,
+    /// For [`sample_moe_report`]: share of (position, mixture-of-experts layer) pairs whose top-1
+    /// expert differs from the reference's.
+    flip_rate: f64,
+    /// For [`sample_moe_report`]: mean position of a prompt's first routing flip in any layer.
+    tau_flip: f64,
 }
 
 const PROFILES: [Profile; 3] = [
@@ -40,6 +50,8 @@ const PROFILES: [Profile; 3] = [
         tau: 2500.0,
         kld: 2.0e-4,
         sqnr_db: None,
+        flip_rate: 0.002,
+        tau_flip: 4000.0,
     },
     Profile {
         name: "int8",
@@ -50,6 +62,8 @@ const PROFILES: [Profile; 3] = [
         tau: 420.0,
         kld: 3.0e-3,
         sqnr_db: Some(41.0),
+        flip_rate: 0.03,
+        tau_flip: 35.0,
     },
     Profile {
         name: "int4-g128",
@@ -60,6 +74,8 @@ const PROFILES: [Profile; 3] = [
         tau: 45.0,
         kld: 4.0e-2,
         sqnr_db: Some(19.5),
+        flip_rate: 0.14,
+        tau_flip: 6.0,
     },
 ];
 
@@ -124,17 +140,22 @@ fn wobble(i: usize, salt: f64) -> f64 {
     2.0 * (x - x.floor()) - 1.0
 }
 
+/// Exponential first-event positions of mean `tau` at evenly spaced quantiles (prompt `i` at the
+/// `(i + 0.5) / n` quantile); `horizon_max` for a prompt whose event comes later (censored).
+fn exponential_positions(tau: f64, horizon_max: usize) -> Vec<usize> {
+    (0..PROMPTS)
+        .map(|i| {
+            let u = (i as f64 + 0.5) / PROMPTS as f64;
+            let t = (-tau * u.ln()).floor();
+            if t >= horizon_max as f64 { horizon_max } else { t as usize }
+        })
+        .collect()
+}
+
 impl Curves {
+    /// The made-up curves of profile `p` over `horizon_max` positions.
     fn new(p: &Profile, horizon_max: usize) -> Curves {
-        // Exponential first-divergence times at evenly spaced quantiles: prompt i diverges at the
-        // (i + 0.5) / n quantile.
-        let first_divergence: Vec<usize> = (0..PROMPTS)
-            .map(|i| {
-                let u = (i as f64 + 0.5) / PROMPTS as f64;
-                let t = (-p.tau * u.ln()).floor();
-                if t >= horizon_max as f64 { horizon_max } else { t as usize }
-            })
-            .collect();
+        let first_divergence = exponential_positions(p.tau, horizon_max);
         let n = PROMPTS as f64;
         let token_match = (0..horizon_max)
             .map(|t| {
@@ -170,6 +191,8 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// The metrics of curves `c` over the first `h` positions (the excess against `floor` unless
+/// the variant is the noise floor).
 fn horizon(h: usize, c: &Curves, floor: &Curves, is_floor: bool) -> HorizonMetrics {
     let n = PROMPTS as f64;
     let tm = mean(&c.token_match[..h]);
@@ -210,13 +233,19 @@ fn horizon(h: usize, c: &Curves, floor: &Curves, is_floor: bool) -> HorizonMetri
     for (name, value) in metrics {
         out.set(name, value).expect("every name is in METRICS");
     }
-    let unmodelled: Vec<&Metric> =
-        METRICS.iter().filter(|m| out.get(m).is_none() && !(is_floor && m.is_excess())).collect();
+    let unmodelled: Vec<&Metric> = METRICS
+        .iter()
+        .filter(|m| out.get(m).is_none() && !(is_floor && m.is_excess()) && !ROUTING_METRICS.contains(&m.name))
+        .collect();
     for m in unmodelled {
         out.set(m.name, placeholder(m)).expect("a name of METRICS");
     }
     out
 }
+
+/// The per-horizon metrics of a model with experts: a dense model's report has none of them.
+const ROUTING_METRICS: [&str; 4] =
+    ["expert_overlap", "routing_flip_rate", "expert_overlap_on_generated_text", "routing_flip_rate_on_generated_text"];
 
 /// A value in the range of a metric the sample does not model (one added to [`METRICS`] after
 /// it was written), so that the renderings and the gate tests still see every metric.
@@ -230,23 +259,24 @@ fn placeholder(m: &Metric) -> Estimate {
     Estimate { mean, distribution, ci95 }
 }
 
-/// The Kaplan–Meier curve of the first-divergence positions, as the evaluation writes it: a
-/// divergence at position `d < horizon_max` is an event at `t = d + 1`, `S(t)` is the share of
-/// prompts whose first `t` tokens match (`d ≥ t`), and the median is `t − 1` for the first `t`
-/// with `S(t) ≤ 0.5`.
-fn first_divergence(c: &Curves, horizon_max: usize) -> FirstDivergence {
-    let n = c.first_divergence.len() as f64;
-    let mut events: Vec<usize> = c.first_divergence.iter().filter(|&&d| d < horizon_max).map(|&d| d + 1).collect();
+/// The Kaplan–Meier curve of first-event positions (first divergences, first routing flips), as
+/// the evaluation writes it: an event at position `d < horizon_max` is an event at `t = d + 1`,
+/// `S(t)` is the share of prompts with no event in their first `t` tokens (`d ≥ t`), and the
+/// median is `t − 1` for the first `t` with `S(t) ≤ 0.5`.
+fn kaplan_meier(positions: &[usize], horizon_max: usize) -> FirstDivergence {
+    let n = positions.len() as f64;
+    let mut events: Vec<usize> = positions.iter().filter(|&&d| d < horizon_max).map(|&d| d + 1).collect();
     events.sort_unstable();
     events.dedup();
-    let still = |t: usize| c.first_divergence.iter().filter(|&&d| d >= t).count() as f64 / n;
+    let still = |t: usize| positions.iter().filter(|&&d| d >= t).count() as f64 / n;
     let mut survival = vec![(0, 1.0)];
     survival.extend(events.iter().map(|&t| (t, still(t))));
     let median = survival.iter().find(|&&(_, s)| s <= 0.5).map(|&(t, _)| t - 1);
-    let censored = c.first_divergence.iter().filter(|&&d| d >= horizon_max).count();
-    FirstDivergence { median, survival, censored, positions: c.first_divergence.clone() }
+    let censored = positions.iter().filter(|&&d| d >= horizon_max).count();
+    FirstDivergence { median, survival, censored, positions: positions.to_vec() }
 }
 
+/// One made-up variant of profile `p` (dense: no routing).
 fn variant(p: &Profile, c: &Curves, floor: &Curves) -> Variant {
     let horizon_max = HORIZONS[HORIZONS.len() - 1];
     let is_floor = p.kind == VariantKind::NoiseFloor;
@@ -300,7 +330,7 @@ fn variant(p: &Profile, c: &Curves, floor: &Curves) -> Variant {
         bits_per_weight: p.bits_per_weight,
         weight_bytes: (134_515_008.0 * p.bits_per_weight / 8.0) as u64,
         horizons: HORIZONS.iter().map(|&h| horizon(h, c, floor, is_floor)).collect(),
-        first_divergence: first_divergence(c, horizon_max),
+        first_divergence: kaplan_meier(&c.first_divergence, horizon_max),
         per_position: PerPosition {
             token_match: c.token_match.clone(),
             kld: c.kld.clone(),
@@ -309,5 +339,80 @@ fn variant(p: &Profile, c: &Curves, floor: &Curves) -> Variant {
         entropy_strata,
         per_tensor_error,
         routing: None,
+    }
+}
+
+/// The mixture-of-experts layers of [`sample_moe_report`] (blocks of the 30) and how much more
+/// often than the mean each flips: the deeper a layer, the more quantization error its router
+/// sees.
+const MOE_LAYERS: [(usize, f64); 3] = [(0, 0.7), (15, 1.0), (29, 1.3)];
+
+/// [`sample_report`] on a model with experts (8 experts per layer, top-2 routing, three
+/// mixture-of-experts layers): every variant also has a [`RoutingDrift`] and the four per-horizon
+/// routing metrics, flips rising with quantization strength and near 0 on the noise floor.
+/// Consistent like the rest: the per-horizon flip rate is the mean of `flip_by_position` over
+/// the horizon, the first flip's curve is the Kaplan–Meier estimate of its positions.
+pub fn sample_moe_report() -> Report {
+    let mut r = sample_report();
+    r.model.architecture = "mixtral".into();
+    let horizon_max = HORIZONS[HORIZONS.len() - 1];
+    for (v, p) in r.variants.iter_mut().zip(&PROFILES) {
+        let routing = routing(p, horizon_max);
+        for h in &mut v.horizons {
+            for (name, value) in routing_metrics(&routing.flip_by_position[..h.tokens]) {
+                h.set(name, value).expect("a name of METRICS");
+            }
+        }
+        v.routing = Some(routing);
+    }
+    r
+}
+
+/// `1 − 0.6 · flips`: the share of the top-2 experts two routers still share when a share
+/// `flips` of their top-1 choices differ (a flipped top-1 often stays in the other's top 2).
+fn overlap_of(flips: f64) -> f64 {
+    1.0 - 0.6 * flips
+}
+
+/// The four per-horizon routing metrics of the per-position flip shares `flips` of a horizon;
+/// on the variant's own text routers disagree a quarter more.
+fn routing_metrics(flips: &[f64]) -> [(&'static str, Estimate); 4] {
+    let f = mean(flips);
+    let g = (1.25 * f).min(1.0);
+    let flip = |f: f64| ci(f, 0.25 * f + 5e-4, 0.0, 1.0);
+    let overlap = |f: f64| ci(overlap_of(f), 0.15 * f + 5e-4, 0.0, 1.0);
+    [
+        ("expert_overlap", overlap(f)),
+        ("routing_flip_rate", flip(f)),
+        ("expert_overlap_on_generated_text", overlap(g)),
+        ("routing_flip_rate_on_generated_text", flip(g)),
+    ]
+}
+
+/// Profile `p`'s routing drift over `horizon_max` positions.
+fn routing(p: &Profile, horizon_max: usize) -> RoutingDrift {
+    let flip_by_position: Vec<f64> =
+        (0..horizon_max).map(|t| (p.flip_rate * (1.0 + 0.3 * wobble(t, p.tau_flip))).clamp(0.0, 1.0)).collect();
+    let f = mean(&flip_by_position);
+    let layers = MOE_LAYERS
+        .iter()
+        .map(|&(layer, factor)| {
+            let flips = (f * factor).min(1.0);
+            // One layer flips less often than any of the three.
+            let first = kaplan_meier(&exponential_positions(p.tau_flip * 3.0 / factor, horizon_max), horizon_max);
+            LayerRouting {
+                layer,
+                flip_rate: ci(flips, 0.3 * flips + 5e-4, 0.0, 1.0),
+                expert_overlap: ci(overlap_of(flips), 0.2 * flips + 5e-4, 0.0, 1.0),
+                first_flip_median: first.median,
+            }
+        })
+        .collect();
+    RoutingDrift {
+        experts: 8,
+        top_k: 2,
+        first_flip: kaplan_meier(&exponential_positions(p.tau_flip, horizon_max), horizon_max),
+        flip_by_position,
+        layers,
     }
 }

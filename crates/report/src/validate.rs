@@ -9,8 +9,11 @@
 
 use std::collections::BTreeSet;
 
-use crate::metrics::Range;
-use crate::{FirstDivergence, PerPosition, Report, ReportError, SCHEMA_VERSION, TensorError, Variant};
+use crate::metrics::{Range, metric};
+use crate::{
+    Estimate, FirstDivergence, LayerRouting, PerPosition, Report, ReportError, RoutingDrift, SCHEMA_VERSION,
+    TensorError, Variant,
+};
 
 impl Report {
     /// Checks that the report is one a run can produce:
@@ -24,6 +27,11 @@ impl Report {
     /// - the survival curve starting at `(0, 1)`, times ascending, values non-increasing in
     ///   `[0, 1]`;
     /// - the per-position curves `max(horizons)` long, shares in `[0, 1]`, KLD `≥ 0`;
+    /// - for a model with experts (`routing`): `1 ≤ top_k ≤ experts`; `first_flip` checked as
+    ///   `first_divergence` is; `flip_by_position` `max(horizons)` long, shares in `[0, 1]`;
+    ///   `layers` non-empty, their indices strictly ascending, each layer's `flip_rate` and
+    ///   `expert_overlap` checked as the metrics `routing_flip_rate` and `expert_overlap` are,
+    ///   its `first_flip_median` within the longest horizon;
     /// - `bits_per_weight` finite and `≥ 0`, every other number finite and in its range.
     ///
     /// The error is [`ReportError::Invalid`] with one line; [`Report::read`] adds the file.
@@ -79,8 +87,9 @@ impl Variant {
             }
         }
         let longest = horizons[horizons.len() - 1];
-        self.first_divergence.check(prompts, longest)?;
+        self.first_divergence.check("first_divergence", prompts, longest)?;
         self.per_position.check(longest)?;
+        self.routing.as_ref().map_or(Ok(()), |r| r.check(prompts, longest))?;
         for s in &self.entropy_strata {
             in_range("entropy_strata entropy_lo", s.entropy_lo, Range::NonNegative)?;
             in_range("entropy_strata entropy_hi", s.entropy_hi, Range::NonNegative)?;
@@ -93,52 +102,105 @@ impl Variant {
 
 impl FirstDivergence {
     /// One position per prompt, each within the longest horizon; a survival curve from `(0, 1)`
-    /// that never rises.
-    fn check(&self, prompts: usize, longest: usize) -> Result<(), String> {
+    /// that never rises. `field` is where the report holds it (`first_divergence`,
+    /// `routing.first_flip`), for the messages.
+    fn check(&self, field: &str, prompts: usize, longest: usize) -> Result<(), String> {
         if self.positions.len() != prompts {
-            return Err(format!(
-                "first_divergence.positions has {} entries for {prompts} prompts",
-                self.positions.len()
-            ));
+            return Err(format!("{field}.positions has {} entries for {prompts} prompts", self.positions.len()));
         }
         if let Some(p) = self.positions.iter().find(|&&p| p > longest) {
-            return Err(format!("first_divergence position {p} is past the longest horizon {longest}"));
+            return Err(format!("{field} position {p} is past the longest horizon {longest}"));
         }
         if self.censored > prompts {
-            return Err(format!("first_divergence.censored = {} > {prompts} prompts", self.censored));
+            return Err(format!("{field}.censored = {} > {prompts} prompts", self.censored));
         }
-        // A prompt that never diverged has the longest horizon as its position.
+        // A prompt without an event has the longest horizon as its position.
         let never = self.positions.iter().filter(|&&p| p == longest).count();
         if self.censored != never {
             return Err(format!(
-                "first_divergence.censored = {}, but {never} positions are the longest horizon {longest}",
+                "{field}.censored = {}, but {never} positions are the longest horizon {longest}",
                 self.censored
             ));
         }
         if let Some(m) = self.median.filter(|&m| m >= longest) {
-            return Err(format!("first_divergence.median = {m} is past the longest horizon {longest}"));
+            return Err(format!("{field}.median = {m} is past the longest horizon {longest}"));
         }
-        check_survival(&self.survival, longest)
+        check_survival(field, &self.survival, longest)
     }
 }
 
-/// A Kaplan–Meier curve: `(0, 1)` first, then times ascending within `longest`, values in
-/// `[0, 1]` never rising.
-fn check_survival(curve: &[(usize, f64)], longest: usize) -> Result<(), String> {
+/// A Kaplan–Meier curve (`FIELD.survival`): `(0, 1)` first, then times ascending within
+/// `longest`, values in `[0, 1]` never rising.
+fn check_survival(field: &str, curve: &[(usize, f64)], longest: usize) -> Result<(), String> {
     if curve.first() != Some(&(0, 1.0)) {
-        return Err(format!("first_divergence.survival starts at {:?}, not at (0, 1)", curve.first()));
+        return Err(format!("{field}.survival starts at {:?}, not at (0, 1)", curve.first()));
     }
     for pair in curve.windows(2) {
         let ((t0, s0), (t1, s1)) = (pair[0], pair[1]);
-        in_range(&format!("first_divergence.survival at t = {t1}"), s1, Range::Unit)?;
+        in_range(&format!("{field}.survival at t = {t1}"), s1, Range::Unit)?;
         if t1 <= t0 || t1 > longest {
-            return Err(format!("first_divergence.survival time {t1} after {t0} (times ascend to at most {longest})"));
+            return Err(format!("{field}.survival time {t1} after {t0} (times ascend to at most {longest})"));
         }
         if s1 > s0 {
-            return Err(format!("first_divergence.survival rises from {s0} at t = {t0} to {s1} at t = {t1}"));
+            return Err(format!("{field}.survival rises from {s0} at t = {t0} to {s1} at t = {t1}"));
         }
     }
     Ok(())
+}
+
+impl RoutingDrift {
+    /// `1 ≤ top_k ≤ experts`, the first flip as a first divergence, one flip share per
+    /// generated position, and one valid entry per mixture-of-experts layer, ascending.
+    fn check(&self, prompts: usize, longest: usize) -> Result<(), String> {
+        if self.top_k == 0 {
+            return Err("routing.top_k = 0: each token is routed to at least one expert".into());
+        }
+        if self.experts < self.top_k {
+            return Err(format!("routing.experts = {} < routing.top_k = {}", self.experts, self.top_k));
+        }
+        self.first_flip.check("routing.first_flip", prompts, longest)?;
+        if self.flip_by_position.len() != longest {
+            return Err(format!(
+                "routing.flip_by_position has {} entries, not max(horizons) = {longest}",
+                self.flip_by_position.len()
+            ));
+        }
+        for (t, &x) in self.flip_by_position.iter().enumerate() {
+            in_range(&format!("routing.flip_by_position at t = {t}"), x, Range::Unit)?;
+        }
+        if self.layers.is_empty() {
+            return Err("routing.layers is empty: a model with experts has a mixture-of-experts layer".into());
+        }
+        for pair in self.layers.windows(2) {
+            if pair[1].layer <= pair[0].layer {
+                return Err(format!(
+                    "routing.layers: layer {} after layer {} (layers ascend, each once)",
+                    pair[1].layer, pair[0].layer
+                ));
+            }
+        }
+        self.layers.iter().try_for_each(|l| l.check(longest).map_err(|why| format!("routing layer {}: {why}", l.layer)))
+    }
+}
+
+impl LayerRouting {
+    /// `flip_rate` and `expert_overlap` as their metrics, the first flip's median within the
+    /// longest horizon. The error names the field, not the layer.
+    fn check(&self, longest: usize) -> Result<(), String> {
+        as_metric("flip_rate", "routing_flip_rate", &self.flip_rate)?;
+        as_metric("expert_overlap", "expert_overlap", &self.expert_overlap)?;
+        match self.first_flip_median {
+            Some(m) if m >= longest => Err(format!("first_flip_median = {m} is past the longest horizon {longest}")),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Checks `e`, held in field `field`, as an estimate of the metric `name` is checked
+/// ([`Metric::check`](crate::Metric::check)).
+fn as_metric(field: &str, name: &str, e: &Estimate) -> Result<(), String> {
+    let m = metric(name).ok_or_else(|| format!("no metric {name} to check {field} against"))?;
+    m.check(e).map_err(|why| format!("{field}: {why}"))
 }
 
 impl PerPosition {

@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use qdrift_report::render_html;
-use qdrift_report::testing::sample_report;
+use qdrift_report::testing::{sample_moe_report, sample_report};
 
 /// The first Chromium binary on `PATH`.
 fn chromium() -> Option<PathBuf> {
@@ -88,15 +88,44 @@ fn page_problems(stderr: &str) -> Vec<&str> {
         .collect()
 }
 
-#[test]
-fn headless_chromium_renders_the_report_without_errors() {
-    let Some(binary) = chromium() else {
+/// The Chromium binary, or `None` after a skip notice (a failure under
+/// `QDRIFT_REQUIRE_CHROMIUM=1`).
+fn chromium_or_skip() -> Option<PathBuf> {
+    let binary = chromium();
+    if binary.is_none() {
         if std::env::var("QDRIFT_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1") {
             panic!("chromium is not on PATH: install chromium: cargo xtask setup");
         }
         eprintln!("skipped: chromium is not on PATH (install chromium: cargo xtask setup)");
-        return;
-    };
+    }
+    binary
+}
+
+#[test]
+fn headless_chromium_renders_the_routing_charts_of_a_model_with_experts() {
+    let Some(binary) = chromium_or_skip() else { return };
+    let dir = common::temp_dir("chromium-moe");
+    let page = dir.join("report.html");
+    let r = sample_moe_report();
+    std::fs::write(&page, render_html(&r).unwrap()).unwrap();
+    let mut dump = browser(&binary, &dir.join("profile-dom"));
+    dump.args(["--dump-dom", &format!("file://{}", page.display())]);
+    let (ok, dom, log) = run_with_timeout(dump, Duration::from_secs(120));
+    assert!(ok, "chromium --dump-dom failed:\n{log}");
+    let problems = page_problems(&log);
+    assert!(problems.is_empty(), "the page logged:\n{}", problems.join("\n"));
+    // Six charts: the four of every report, routing flips by layer and by position.
+    assert_eq!(dom.matches("<svg").count(), 6, "{dom}");
+    assert!(dom.contains("id=\"chart-routing-layers\"") && dom.contains("id=\"chart-routing-position\""));
+    for v in &r.variants {
+        let lines = dom.matches(&format!("data-series=\"{}\" data-part=\"line\"", v.name)).count();
+        assert_eq!(lines, 6, "{}: one line per chart", v.name);
+    }
+}
+
+#[test]
+fn headless_chromium_renders_the_report_without_errors() {
+    let Some(binary) = chromium_or_skip() else { return };
     let dir = common::temp_dir("chromium");
     let page = dir.join("report.html");
     let r = sample_report();

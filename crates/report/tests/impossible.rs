@@ -7,8 +7,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{mean_ci, temp_dir};
-use qdrift_report::testing::sample_report;
-use qdrift_report::{Distribution, Estimate, Report, Variant, run_gate};
+use qdrift_report::testing::{sample_moe_report, sample_report};
+use qdrift_report::{Distribution, Estimate, Report, RoutingDrift, Variant, run_gate};
 
 /// The sample report with `edit` applied to its variant `int8`.
 fn edited(edit: impl FnOnce(&mut Variant)) -> Report {
@@ -153,9 +153,91 @@ fn committed_reports() -> Vec<PathBuf> {
     found
 }
 
+/// The report of a model with experts with `edit` applied to the routing drift of its variant
+/// `int8`.
+fn routed(edit: impl FnOnce(&mut RoutingDrift)) -> Report {
+    let mut r = sample_moe_report();
+    let v = r.variants.iter_mut().find(|v| v.name == "int8").expect("int8");
+    edit(v.routing.as_mut().expect("int8 has routing"));
+    r
+}
+
+#[test]
+fn impossible_expert_counts_are_refused() {
+    let e = refusal("top-k-0", &routed(|r| r.top_k = 0));
+    assert_contains(&e, &["variant int8", "routing.top_k = 0: each token is routed to at least one expert"]);
+    let e = refusal("experts-below-k", &routed(|r| r.experts = 1));
+    assert_contains(&e, &["variant int8", "routing.experts = 1 < routing.top_k = 2"]);
+    // Routing to every expert is a (degenerate) model a run can evaluate.
+    assert!(routed(|r| r.experts = 2).validate().is_ok());
+}
+
+#[test]
+fn a_first_flip_is_checked_as_a_first_divergence_is() {
+    let e = refusal("first-flip-rises", &routed(|r| r.first_flip.survival.push((1000, 1.0))));
+    assert_contains(&e, &["variant int8", "routing.first_flip.survival rises"]);
+    let e = refusal("first-flip-start", &routed(|r| r.first_flip.survival[0] = (1, 1.0)));
+    assert_contains(&e, &["routing.first_flip.survival starts at Some((1, 1.0)), not at (0, 1)"]);
+    let e = refusal(
+        "first-flip-positions",
+        &routed(|r| {
+            r.first_flip.positions.pop();
+        }),
+    );
+    assert_contains(&e, &["variant int8", "routing.first_flip.positions has 71 entries for 72 prompts"]);
+    let e = refusal("first-flip-past", &routed(|r| r.first_flip.positions[0] = 1001));
+    assert_contains(&e, &["routing.first_flip position 1001 is past the longest horizon 1000"]);
+    let e = refusal("first-flip-censored", &routed(|r| r.first_flip.censored += 1));
+    assert_contains(&e, &["routing.first_flip.censored = ", "positions are the longest horizon 1000"]);
+    let e = refusal("first-flip-median", &routed(|r| r.first_flip.median = Some(1000)));
+    assert_contains(&e, &["routing.first_flip.median = 1000 is past the longest horizon 1000"]);
+    // The first divergence's messages still name their own field.
+    let e = refusal("first-divergence-median", &edited(|v| v.first_divergence.median = Some(1000)));
+    assert_contains(&e, &["variant int8: first_divergence.median = 1000 is past the longest horizon 1000"]);
+}
+
+#[test]
+fn flips_by_position_other_than_one_share_per_position_are_refused() {
+    let e = refusal("flip-by-position-length", &routed(|r| r.flip_by_position.push(0.0)));
+    assert_contains(&e, &["variant int8", "routing.flip_by_position has 1001 entries, not max(horizons) = 1000"]);
+    let e = refusal("flip-by-position-range", &routed(|r| r.flip_by_position[7] = 1.5));
+    assert_contains(&e, &["variant int8", "routing.flip_by_position at t = 7 = 1.5, not ∈ [0, 1]"]);
+    let e = routed(|r| r.flip_by_position[7] = f64::NAN).validate().unwrap_err().to_string();
+    assert_contains(&e, &["routing.flip_by_position at t = 7 = NaN"]);
+}
+
+#[test]
+fn routing_layers_missing_or_out_of_order_are_refused() {
+    let e = refusal("layers-empty", &routed(|r| r.layers.clear()));
+    assert_contains(&e, &["variant int8", "routing.layers is empty"]);
+    let e = refusal("layers-twice", &routed(|r| r.layers[1].layer = r.layers[0].layer));
+    assert_contains(&e, &["variant int8", "routing.layers: layer 0 after layer 0 (layers ascend, each once)"]);
+    let e = refusal("layers-descending", &routed(|r| r.layers.reverse()));
+    assert_contains(&e, &["routing.layers: layer 15 after layer 29"]);
+}
+
+#[test]
+fn a_layers_estimates_are_checked_as_their_metrics_are() {
+    let e = refusal("layer-flip-range", &routed(|r| r.layers[1].flip_rate = mean_ci(1.5, 1.4, 1.6)));
+    assert_contains(&e, &["variant int8", "routing layer 15: flip_rate: routing_flip_rate = 1.5, not ∈ [0, 1]"]);
+    let e = refusal("layer-flip-outside", &routed(|r| r.layers[0].flip_rate = mean_ci(0.5, 0.1, 0.2)));
+    assert_contains(&e, &["routing layer 0: flip_rate: routing_flip_rate mean 0.5 is outside its interval"]);
+    let e = refusal("layer-overlap-reversed", &routed(|r| r.layers[2].expert_overlap = mean_ci(0.9, 0.95, 0.85)));
+    assert_contains(&e, &["routing layer 29: expert_overlap: expert_overlap interval [0.95, 0.85] is reversed"]);
+    let d = Distribution { median: 0.9, p90: 0.9, p99: 0.9, max: 0.9 };
+    let e = refusal("layer-overlap-distribution", &routed(|r| r.layers[2].expert_overlap.distribution = Some(d)));
+    assert_contains(&e, &["routing layer 29: expert_overlap: expert_overlap has a distribution it does not define"]);
+    let e = refusal("layer-median", &routed(|r| r.layers[1].first_flip_median = Some(1000)));
+    assert_contains(
+        &e,
+        &["variant int8", "routing layer 15: first_flip_median = 1000 is past the longest horizon 1000"],
+    );
+}
+
 #[test]
 fn every_report_qdrift_wrote_still_reads() {
     sample_report().validate().expect("the sample report validates");
+    sample_moe_report().validate().expect("the sample report of a model with experts validates");
     let reports = committed_reports();
     assert!(!reports.is_empty(), "no committed example report found");
     for path in reports {

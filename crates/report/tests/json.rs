@@ -3,8 +3,9 @@
 mod common;
 
 use common::temp_dir;
-use qdrift_report::testing::sample_report;
-use qdrift_report::{Report, ReportError, SCHEMA_VERSION};
+use qdrift_report::metrics::Placement;
+use qdrift_report::testing::{sample_moe_report, sample_report};
+use qdrift_report::{METRICS, Report, ReportError, SCHEMA_VERSION, render_markdown};
 
 #[test]
 fn a_written_report_reads_back_equal() {
@@ -65,6 +66,64 @@ fn the_sample_report_is_valid_and_consistent() {
         assert!((h100.metric("token_match_rate").unwrap().mean - mean).abs() < 1e-12);
         assert_eq!(v.first_divergence.survival[0].0, 0);
         assert!(v.first_divergence.survival.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 >= w[1].1));
+    }
+}
+
+#[test]
+fn a_report_with_routing_reads_back_equal_and_renders_its_routing() {
+    let dir = temp_dir("round-trip-moe");
+    let path = dir.join("report.json");
+    let r = sample_moe_report();
+    r.write(&path).unwrap();
+    let back = Report::read(&path).unwrap();
+    back.validate().unwrap();
+    let reparsed: Report = serde_json::from_str(&r.to_json().unwrap()).unwrap();
+    assert_eq!(back, reparsed);
+    assert_close(&serde_json::to_value(&back).unwrap(), &serde_json::to_value(&r).unwrap());
+    for v in &back.variants {
+        let routing = v.routing.as_ref().unwrap_or_else(|| panic!("{}: routing lost", v.name));
+        assert_eq!((routing.experts, routing.top_k, routing.layers.len()), (8, 2, 3));
+    }
+    let json = std::fs::read_to_string(&path).unwrap();
+    assert!(json.contains("\"routing\": {") && json.contains("\"routing_flip_rate\": {"));
+    // The Markdown of what was read has the section and a column per routing metric.
+    let md = render_markdown(&back);
+    assert!(md.contains("## Expert routing"));
+    let header = md.lines().find(|l| l.starts_with("| Variant | Quantizes | Token match")).unwrap();
+    for m in METRICS.iter().filter(|m| m.placement == Placement::Optional) {
+        assert!(header.contains(&format!("| {} |", m.title)), "{}: no column in {header}", m.name);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_sample_report_with_routing_is_consistent() {
+    let r = sample_moe_report();
+    let dense = sample_report();
+    let flip = |name: &str| r.variant(name).unwrap().horizon(1000).unwrap().metric("routing_flip_rate").unwrap().mean;
+    // Flips rise with quantization strength, near zero on the noise floor.
+    assert!(
+        flip("noise-floor-f32") < 0.01 && flip("noise-floor-f32") < flip("int8") && flip("int8") < flip("int4-g128")
+    );
+    for (v, d) in r.variants.iter().zip(&dense.variants) {
+        let routing = v.routing.as_ref().unwrap();
+        for h in &v.horizons {
+            // The per-horizon flip rate is the mean of the per-position curve over the horizon.
+            let curve = &routing.flip_by_position[..h.tokens];
+            let mean = curve.iter().sum::<f64>() / curve.len() as f64;
+            assert!((h.metric("routing_flip_rate").unwrap().mean - mean).abs() < 1e-12, "{}@{}", v.name, h.tokens);
+            // On the variant's own text, routers disagree more.
+            let on_text = h.metric("routing_flip_rate_on_generated_text").unwrap().mean;
+            assert!(on_text >= mean, "{}@{}", v.name, h.tokens);
+            assert!(
+                h.metric("expert_overlap").unwrap().mean > h.metric("expert_overlap_on_generated_text").unwrap().mean
+            );
+        }
+        // The first flip in any layer comes no later than the first flip of one layer.
+        let any = routing.first_flip.median.unwrap_or(1000);
+        assert!(routing.layers.iter().all(|l| l.first_flip_median.unwrap_or(1000) >= any), "{}", v.name);
+        // The rest is the dense sample's.
+        assert_eq!((&v.first_divergence, &v.per_position), (&d.first_divergence, &d.per_position));
     }
 }
 

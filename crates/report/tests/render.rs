@@ -2,10 +2,17 @@
 
 mod common;
 
-use qdrift_report::testing::sample_report;
+use qdrift_report::metrics::{Metric, Placement};
+use qdrift_report::testing::{sample_moe_report, sample_report};
 use qdrift_report::{
     METRICS, Report, Thresholds, VariantKind, gate, junit_xml, render_html, render_markdown, render_summary,
 };
+
+/// The metrics every report has: all but the optional ones (a dense model has no routing
+/// metrics).
+fn dense_metrics() -> Vec<&'static Metric> {
+    METRICS.iter().filter(|m| m.placement != Placement::Optional).collect()
+}
 
 /// The sample report with a variant whose name needs escaping everywhere.
 fn hostile_report() -> Report {
@@ -77,16 +84,14 @@ fn markdown_has_a_table_per_horizon_with_intervals() {
             let tm = m.metric("token_match_rate").unwrap();
             let tm = format!("{:.4} [{:.4}, {:.4}]", tm.mean, tm.ci95[0], tm.ci95[1]);
             assert!(row.contains(&tm), "{tm} missing from {row}");
-            // The name, what it quantizes, a column per metric and one per p99; an interval for
-            // every metric the variant has (all but the noise floor's excess).
+            // The name, what it quantizes, a column per metric the report has and one per p99;
+            // an interval for every metric the variant has (all but the noise floor's excess).
             assert!(row.starts_with(&format!("| {} | {} |", v.name, v.group())), "{row}");
-            let columns = 2 + METRICS.len() + METRICS.iter().filter(|m| m.tail.is_some()).count();
+            let shown = dense_metrics();
+            let columns = 2 + shown.len() + shown.iter().filter(|m| m.tail.is_some()).count();
             assert_eq!(row.matches(" | ").count(), columns - 1, "{row}");
             assert_eq!(row.matches('[').count(), m.iter().count(), "{row}");
-            assert_eq!(
-                m.iter().count(),
-                if v.kind == VariantKind::NoiseFloor { METRICS.len() - 2 } else { METRICS.len() }
-            );
+            assert_eq!(m.iter().count(), if v.kind == VariantKind::NoiseFloor { shown.len() - 2 } else { shown.len() });
         }
     }
     // Small KLD in scientific notation.
@@ -227,7 +232,8 @@ fn html_escapes_every_string_from_the_report() {
 
 #[test]
 fn every_gateable_metric_appears_in_every_rendering() {
-    let r = sample_report();
+    // A model with experts: its report has every metric, the routing ones included.
+    let r = sample_moe_report();
     let md = render_markdown(&r);
     let html = render_html(&r).unwrap();
     let escaped = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('\'', "&#39;");
@@ -302,4 +308,221 @@ fn an_invalid_report_is_not_rendered_as_html() {
     let mut r = sample_report();
     r.variants[0].per_position.kld[3] = f64::NAN;
     assert!(render_html(&r).is_err());
+}
+
+/// The lines of the Markdown's per-horizon table headers.
+fn horizon_headers(md: &str) -> Vec<&str> {
+    md.lines().filter(|l| l.starts_with("| Variant | Quantizes | Token match")).collect()
+}
+
+#[test]
+fn a_dense_report_shows_no_routing_column_but_documents_every_metric() {
+    let r = sample_report();
+    let md = render_markdown(&r);
+    let summary = render_summary(&r);
+    let html = render_html(&r).unwrap();
+    assert_eq!(horizon_headers(&md).len(), r.workload.horizons.len());
+    for m in METRICS.iter().filter(|m| m.placement == Placement::Optional) {
+        assert!(horizon_headers(&md).iter().all(|l| !l.contains(m.title)), "{}: a column in the Markdown", m.name);
+        assert!(!summary.contains(m.title), "{}: a column in the summary:\n{summary}", m.name);
+        assert!(!html.contains(&format!("<th class=\"num\">{}</th>", m.title)), "{}: a column in the HTML", m.name);
+        // Still in the glossary, so that every gateable name is documented.
+        assert!(md.contains(&format!("| {} | `{}` |", m.title, m.name)), "{}: not in the glossary", m.name);
+        assert!(html.contains(&format!("<code>{}</code>", m.name)), "{}: not in the HTML glossary", m.name);
+    }
+    assert!(horizon_headers(&md).iter().all(|l| !l.contains("| Expert overlap |")));
+    assert!(!summary.contains("Expert overlap"), "{summary}");
+}
+
+#[test]
+fn a_routing_metric_some_variants_lack_shows_a_dash_for_them() {
+    let mut r = sample_moe_report();
+    for h in &mut r.variants[1].horizons {
+        let mut dense = qdrift_report::HorizonMetrics::new(h.tokens);
+        for (m, e) in h.iter().filter(|(m, _)| m.placement != Placement::Optional) {
+            dense.set(m.name, *e).unwrap();
+        }
+        *h = dense;
+    }
+    r.variants[1].routing = None;
+    r.validate().unwrap();
+    let md = render_markdown(&r);
+    let headers = horizon_headers(&md);
+    assert!(headers.iter().all(|l| l.contains("| Expert overlap |") && l.contains("| Routing flips |")));
+    let name = &r.variants[1].name;
+    // The rows of the first horizon's table.
+    let table = &md[md.find("## First 10 generated tokens").unwrap()..];
+    let row = table.lines().find(|l| l.starts_with(&format!("| {name} |"))).unwrap();
+    let routed = table.lines().find(|l| l.starts_with(&format!("| {} |", r.variants[2].name))).unwrap();
+    assert_eq!(row.matches(" | ").count(), routed.matches(" | ").count(), "{row}");
+    assert_eq!(row.split(" | ").filter(|c| *c == "—").count(), 4, "{row}");
+    let summary = render_summary(&r);
+    let line = summary.lines().find(|l| l.starts_with(name.as_str())).unwrap();
+    assert_eq!(line.matches('—').count(), 2, "{line}");
+}
+
+/// Whether two lines are the same but for some digits: serde_json (without `float_roundtrip`)
+/// may read a float one ulp off, which can flip the last printed digit of a value that sat on a
+/// rounding boundary (`0.96875` → `0.9688` or `0.9687`).
+fn same_but_last_digits(a: &str, b: &str) -> bool {
+    a.chars().count() == b.chars().count()
+        && a.chars().zip(b.chars()).all(|(x, y)| x == y || (x.is_ascii_digit() && y.is_ascii_digit()))
+}
+
+/// `rendered`, without the glossary's rows of the optional metrics (those containing
+/// `row(metric)`), is `committed` but for last digits ([`same_but_last_digits`]).
+fn assert_same_but_optional_glossary(what: &str, rendered: &str, committed: &str, row: impl Fn(&Metric) -> String) {
+    let optional: Vec<String> = METRICS.iter().filter(|m| m.placement == Placement::Optional).map(row).collect();
+    let glossary_rows = rendered.lines().filter(|l| optional.iter().any(|o| l.contains(o.as_str()))).count();
+    assert_eq!(glossary_rows, optional.len(), "{what}");
+    let without: Vec<&str> = rendered.lines().filter(|l| !optional.iter().any(|o| l.contains(o.as_str()))).collect();
+    assert_eq!(without.len(), committed.lines().count(), "{what}");
+    for (i, (r, c)) in without.iter().zip(committed.lines()).enumerate() {
+        assert!(same_but_last_digits(r, c), "{what}:{}: rendered {r:?}, committed {c:?}", i + 1);
+    }
+}
+
+/// The committed example reports (dense models) render as their committed Markdown and HTML
+/// (charts included), apart from the glossary's rows of the routing metrics added since (and
+/// last digits, see [`same_but_last_digits`]): no routing column, section or chart.
+#[test]
+fn the_example_reports_render_as_committed() {
+    let reports = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../reports");
+    for name in ["stories260K", "smollm2-135m"] {
+        let dir = reports.join(name);
+        let report = Report::read(&dir.join("report.json")).unwrap();
+        let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+        let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+        assert_same_but_optional_glossary(&format!("{name}/report.md"), &render_markdown(&report), &md, |m| {
+            format!("| {} | `{}` |", m.title, m.name)
+        });
+        assert_same_but_optional_glossary(&format!("{name}/report.html"), &render_html(&report).unwrap(), &html, |m| {
+            format!("<tr><td>{}</td><td><code>{}</code></td>", m.title, m.name)
+        });
+    }
+}
+
+/// The lines of the first table after `heading` in `md`.
+fn table_after<'a>(md: &'a str, heading: &str) -> Vec<&'a str> {
+    let at = md.find(heading).unwrap_or_else(|| panic!("no {heading:?}"));
+    md[at..].lines().skip_while(|l| !l.starts_with('|')).take_while(|l| l.starts_with('|')).collect()
+}
+
+#[test]
+fn a_report_with_routing_has_an_expert_routing_section() {
+    let r = sample_moe_report();
+    let md = render_markdown(&r);
+    let at = |s: &str| md.find(s).unwrap_or_else(|| panic!("no {s:?}"));
+    assert!(at("## First divergence") < at("## Expert routing") && at("## Expert routing") < at("## Entropy strata"));
+    let section = &md[at("## Expert routing")..at("## Entropy strata")];
+    for words in ["teacher-forced on the reference's continuation", "top-1 expert", "|S ∩ S_ref| / k", "bootstrap"] {
+        assert!(section.contains(words), "{words:?} missing from the intro:\n{section}");
+    }
+    // Per variant: its experts, the median first flip (or not reached) and the censored prompts.
+    let first = table_after(&md, "## Expert routing");
+    assert_eq!(first[0], "| Variant | Quantizes | Experts | First flip | Censored |");
+    assert_eq!(first.len(), 2 + r.variants.len(), "{first:#?}");
+    for (row, v) in first[2..].iter().zip(r.variants_grouped()) {
+        let routing = v.routing.as_ref().unwrap();
+        let median = routing.first_flip.median.map_or("> 1000 (not reached)".to_string(), |m| m.to_string());
+        let censored = format!("{} of 72", routing.first_flip.censored);
+        assert_eq!(*row, format!("| {} | {} | 2 of 8 | {median} | {censored} |", v.name, v.group()));
+    }
+    assert!(first[2].contains("> 1000 (not reached)"), "the noise floor's routing barely flips: {}", first[2]);
+    // Per (variant, layer): flips and overlap with their intervals, the layer's median first flip.
+    let section_tables: Vec<&str> = section.lines().filter(|l| l.starts_with('|')).collect();
+    let layers = &section_tables[first.len()..];
+    assert_eq!(layers[0], "| Variant | Layer | Routing flips | Expert overlap | First flip |");
+    assert_eq!(layers.len(), 2 + 3 * r.variants.len(), "{layers:#?}");
+    let int4 = r.variant("int4-g128").unwrap().routing.as_ref().unwrap();
+    let l = &int4.layers[2];
+    let ci = |e: &qdrift_report::Estimate| format!("{:.4} [{:.4}, {:.4}]", e.mean, e.ci95[0], e.ci95[1]);
+    let row = format!(
+        "| int4-g128 | 29 | {} | {} | {} |",
+        ci(&l.flip_rate),
+        ci(&l.expert_overlap),
+        l.first_flip_median.unwrap()
+    );
+    assert!(layers.contains(&row.as_str()), "{row} missing from {layers:#?}");
+    // The HTML has the same section.
+    let html = render_html(&r).unwrap();
+    assert!(html.contains("<h2 id=\"expert-routing\">Expert routing</h2>"));
+    assert!(html.contains("<td>int4-g128</td><td class=\"num\">29</td>"));
+}
+
+#[test]
+fn only_variants_with_routing_are_in_the_expert_routing_section() {
+    let mut r = sample_moe_report();
+    r.variants[1].routing = None;
+    let md = render_markdown(&r);
+    let first = table_after(&md, "## Expert routing");
+    assert_eq!(first.len(), 2 + r.variants.len() - 1, "{first:#?}");
+    assert!(first.iter().all(|l| !l.starts_with("| int8 |")), "{first:#?}");
+    let dense = render_markdown(&sample_report());
+    assert!(!dense.contains("Expert routing") && !dense.contains("expert-routing"));
+    assert!(!render_html(&sample_report()).unwrap().contains("expert-routing"));
+}
+
+/// The `<svg>` of the chart with `id`, if the page has one.
+fn chart<'a>(html: &'a str, id: &str) -> Option<&'a str> {
+    let start = html.find(&format!("<svg id=\"{id}\""))?;
+    Some(&html[start..start + html[start..].find("</svg>")?])
+}
+
+/// The `cx` of each mean marker (`circle[data-part="mean"]`) of series `name` in `svg`.
+fn mean_markers(svg: &str, name: &str) -> Vec<f64> {
+    let tag = format!("<circle class=\"series\" data-series=\"{name}\" data-part=\"mean\"");
+    svg.lines()
+        .filter(|l| l.starts_with(&tag))
+        .map(|l| l.split("cx=\"").nth(1).unwrap().split('"').next().unwrap().parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_report_with_routing_has_routing_charts_by_layer_and_position() {
+    let r = sample_moe_report();
+    let html = render_html(&r).unwrap();
+    let layers = chart(&html, "chart-routing-layers").expect("a per-layer chart");
+    assert!(layers.contains("Routing flips by layer (95% CI)"));
+    let names: Vec<String> = r.variants.iter().map(|v| v.name.clone()).collect();
+    // One interval series per variant: a line through its means, a marker and a bar with two
+    // caps per layer, a legend entry.
+    let lines = series_points(&html, "chart-routing-layers");
+    assert_eq!(lines.iter().map(|s| s.0.clone()).collect::<Vec<_>>(), names);
+    assert!(lines.iter().all(|s| s.1 == 3), "{lines:?}");
+    for v in &r.variants {
+        let markers = mean_markers(layers, &v.name);
+        assert_eq!(markers.len(), v.routing.as_ref().unwrap().layers.len(), "{}", v.name);
+        let bars = format!("<polyline class=\"series\" data-series=\"{}\" data-part=\"interval\"", v.name);
+        assert_eq!(layers.matches(&bars).count(), 9, "{}: a bar and two caps per layer", v.name);
+        assert!(layers.contains(&format!("\n{}\n</text>", v.name)), "no legend for {}", v.name);
+        // The x axis is linear in the layer index: layer 15 sits 15/29 of the way from 0 to 29.
+        let (x0, x15, x29) = (markers[0], markers[1], markers[2]);
+        assert!(((x15 - x0) - 15.0 / 29.0 * (x29 - x0)).abs() <= 2.0, "{}: {markers:?}", v.name);
+    }
+    // Flips by position: one line per variant, one point per generated position.
+    let position = series_points(&html, "chart-routing-position");
+    assert_eq!(position.iter().map(|s| s.0.clone()).collect::<Vec<_>>(), names);
+    assert!(position.iter().all(|s| s.1 == 1000), "{position:?}");
+    for text in ["Routing flips by position", "share of layers whose top-1 expert flips", "top-1 expert flip rate"] {
+        assert!(html.contains(text), "{text} missing");
+    }
+    assert!(html.contains("Bars are 95% bootstrap intervals over prompts"), "no caption for the per-layer chart");
+}
+
+#[test]
+fn only_variants_with_routing_have_routing_series_and_a_dense_report_has_no_routing_chart() {
+    let mut r = sample_moe_report();
+    r.variants[1].routing = None;
+    let html = render_html(&r).unwrap();
+    let expected = vec![r.variants[0].name.clone(), r.variants[2].name.clone()];
+    for id in ["chart-routing-layers", "chart-routing-position"] {
+        let names: Vec<String> = series_points(&html, id).into_iter().map(|s| s.0).collect();
+        assert_eq!(names, expected, "{id}");
+    }
+    let dense = render_html(&sample_report()).unwrap();
+    assert!(chart(&dense, "chart-routing-layers").is_none() && chart(&dense, "chart-routing-position").is_none());
+    assert!(!dense.contains("Routing flips by"));
+    assert_eq!(dense.matches("<svg").count(), 4);
+    assert_eq!(html.matches("<svg").count(), 6);
 }
