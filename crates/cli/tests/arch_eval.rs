@@ -2,7 +2,9 @@
 //! Gemma 2 and 3, Phi-3, Mixtral, gpt-oss): an int8 weight scheme, W8A8-FP8 and a KV-cache scheme
 //! each evaluate end to end, on the CPU backend, into a report whose numbers are finite and in
 //! range (the report is validated when written), with the experts' routers left at reference
-//! precision.
+//! precision. The reports of the models with experts (Qwen3-MoE, Mixtral, gpt-oss) carry the
+//! routing metrics for every variant, the noise floor included, and `qdrift gate` checks them;
+//! the dense models' reports have none.
 
 use std::path::PathBuf;
 
@@ -13,6 +15,7 @@ use common::{qdrift, stories, variant};
 
 const ARCHS: [&str; 7] = ["qwen3", "qwen3_moe", "gemma2", "gemma3", "phi3", "mixtral", "gpt_oss"];
 const SCHEMES: [&str; 3] = ["int8", "w8a8-fp8", "int8+kv-q8_0"];
+const WITH_EXPERTS: [&str; 3] = ["qwen3_moe", "mixtral", "gpt_oss"];
 
 fn tiny_arch(name: &str) -> PathBuf {
     stories().join("../tiny-arch").join(name)
@@ -52,5 +55,40 @@ fn every_architecture_evaluates_int8_w8a8_fp8_and_a_kv_scheme() {
             assert!((0.0..=1.0).contains(&tm) && kld.is_finite() && kld >= 0.0, "{arch} {scheme}: {tm} {kld}");
             println!("{arch} {scheme}: token match {tm:.3}, KLD {kld:.3e}");
         }
+        check_routing(arch, &report, &out);
+    }
+}
+
+/// A model with experts: every variant has the four routing metrics and its routing drift, and a
+/// gate on routing flips runs (passes with a loose bound, fails with an impossible one); a dense
+/// model has neither.
+fn check_routing(arch: &str, report: &Value, out: &std::path::Path) {
+    let experts = WITH_EXPERTS.contains(&arch);
+    let names = ["expert_overlap", "routing_flip_rate", "expert_overlap_on_generated_text"];
+    for v in report["variants"].as_array().expect("variants") {
+        let h = &v["horizons"][0];
+        for name in names.iter().chain(&["routing_flip_rate_on_generated_text"]) {
+            let mean = h[name]["mean"].as_f64();
+            assert_eq!(mean.is_some(), experts, "{arch} {}: {name}", v["name"]);
+            assert!(mean.is_none_or(|m| (0.0..=1.0).contains(&m)), "{arch} {}: {name} {mean:?}", v["name"]);
+        }
+        let layers = v["routing"]["layers"].as_array().map_or(0, Vec::len);
+        assert_eq!(layers, if experts { 4 } else { 0 }, "{arch} {}: routing layers", v["name"]);
+    }
+    if !experts {
+        return;
+    }
+    let gate = |max: f64| {
+        let thresholds = out.join(format!("thresholds-{max}.toml"));
+        let toml = format!("[defaults]\nbound = \"point\"\n[variant.\"*\"]\n\"routing_flip_rate@10\" = {{ max = {max} }}\n");
+        std::fs::write(&thresholds, toml).expect("thresholds");
+        let report = out.join("report.json");
+        let args = ["gate", "--report", report.to_str().expect("utf-8"), "--thresholds", thresholds.to_str().expect("utf-8")];
+        qdrift(&args).status.code()
+    };
+    assert_eq!(gate(1.0), Some(0), "{arch}: routing flips ≤ 1 passes");
+    let flips = SCHEMES.iter().map(|s| variant(report, s)["horizons"][0]["routing_flip_rate"]["mean"].as_f64());
+    if flips.flatten().any(|f| f > 0.0) {
+        assert_eq!(gate(0.0), Some(1), "{arch}: a variant with flips fails routing flips ≤ 0");
     }
 }

@@ -267,6 +267,8 @@ fn routing_by_layer(report: &Report) -> Result<Figure, ReportError> {
 /// The share of mixture-of-experts layers that flip at each generated position.
 fn routing_by_position(report: &Report) -> Result<Figure, ReportError> {
     let series = per_routed_variant(report, |r| by_position(&r.flip_by_position));
+    // Flip shares are small next to 1: the axis ends a little above the largest.
+    let hi = series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).fold(0.0f64, f64::max);
     let spec = Spec {
         id: "chart-routing-position",
         title: "Routing flips by position",
@@ -274,9 +276,9 @@ fn routing_by_position(report: &Report) -> Result<Figure, ReportError> {
         y_label: "share of layers whose top-1 expert flips",
         x_range: (1.0, x_end(report)),
         x_scale: Scale::Log,
-        y_range: (0.0, 1.02),
+        y_range: (0.0, (hi * 1.15).clamp(0.01, 1.02)),
         y_scale: Scale::Linear,
-        y_format: |y| format!("{y:.1}"),
+        y_format: short_decimal,
         legend: Legend::UpperRight,
     };
     Ok(Figure {
