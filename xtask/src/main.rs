@@ -31,7 +31,7 @@ tasks:
           every test
   demo    qdrift eval on SmolLM2-135M (fetched as by fetch-models), a handful of prompts
   setup   install the system packages only
-  reports regenerate the example reports under reports/ (stories260K and SmolLM2-135M)
+  reports regenerate the example reports under reports/ (stories260K, SmolLM2-135M, tiny Qwen3-MoE)
   bench [stories|smollm2|runtime]  timed evaluations with wall time and peak memory: stories260K
           (32 prompts, 10/100/1000, 3 schemes) and SmolLM2-135M (16 prompts, 10/100/1000,
           3 schemes; tens of minutes on a 2-core CPU, see docs/BENCHMARKS.md); runtime: the cost of
@@ -327,6 +327,9 @@ fn demo() -> Result<(), String> {
     Ok(())
 }
 
+/// The variants of the mixture-of-experts example report.
+const MOE_SCHEMES: &str = "int8,fp8-e4m3,int4-g32,int4-g128,w8a8-int8,fp16+kv-q8_0";
+
 /// The example reports under `reports/`, linked from the README.
 fn reports() -> Result<(), String> {
     let smollm2 = fetch_models()?;
@@ -362,6 +365,22 @@ fn reports() -> Result<(), String> {
         "int8,fp8-e4m3,int4-g128",
         "--out",
         &out.join("smollm2-135m").to_string_lossy(),
+    ])?;
+    let moe = shared().join("models/tiny-arch/qwen3_moe");
+    qdrift(&[
+        "eval",
+        "--model",
+        &moe.to_string_lossy(),
+        "--prompts",
+        "32",
+        "--horizons",
+        "10,100,1000",
+        "--schemes",
+        MOE_SCHEMES,
+        "--backend",
+        "cpu",
+        "--out",
+        &out.join("qwen3-moe-tiny").to_string_lossy(),
     ])?;
     screenshot(&out.join("stories260K/report.html"), &out.join("stories260K/report.png"))
 }
