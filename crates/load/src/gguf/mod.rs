@@ -78,7 +78,7 @@ use crate::LoadError;
 use crate::hf::write::{WriteDtype, qkv_biases_all_or_none, refuse_non_llama_block};
 use crate::tokenizer::Llama2cTokenizer;
 use qdrift_weights::HostModel;
-use write::{Kv, gguf_arch_metadata, gguf_bytes, gguf_tensors};
+use write::{Kv, gguf_arch_metadata, gguf_bytes, gguf_name, gguf_tensors};
 use write_arch::{check_writable, family_metadata, family_tensors, writer_family};
 
 /// Reads a GGUF file of one of [`SUPPORTED_GGUF_ARCHITECTURES`], dequantizing every tensor to f32.
@@ -154,10 +154,11 @@ pub fn write_gguf_with(
         return Err(LoadError::invalid(path, "write_gguf writes F32 or F16 only"));
     }
     let mut kv = Kv::default();
+    let name = gguf_name(&model.arch, tokenizer_keys);
     let tensors = match writer_family(model) {
         Some(family) => {
             check_writable(path, model, family)?;
-            family_metadata(&mut kv, path, model, family)?;
+            family_metadata(&mut kv, path, (model, &name), family)?;
             family_tensors(path, model, family)?
         }
         None => {
@@ -165,7 +166,7 @@ pub fn write_gguf_with(
                           gemma3, phi3, gpt-oss and Mixtral (llama with experts)";
             refuse_non_llama_block(path, model, false, writes)?;
             let qwen2 = qkv_biases_all_or_none(path, model)?;
-            gguf_arch_metadata(&mut kv, path, &model.arch, if qwen2 { "qwen2" } else { "llama" })?;
+            gguf_arch_metadata(&mut kv, path, (&model.arch, &name), if qwen2 { "qwen2" } else { "llama" })?;
             gguf_tensors(path, model, qwen2)?
         }
     };

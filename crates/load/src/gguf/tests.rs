@@ -808,3 +808,21 @@ fn a_metadata_key_written_twice_is_refused() {
     w.kv_raw("llama.context_length", 10, &(1u64 << 62).to_le_bytes());
     assert!(error(&w.build()).ends_with("metadata key llama.context_length appears more than once"));
 }
+
+/// llama.cpp looks up Phi-3's special tokens when `general.name` says phi3 (and aborts when one
+/// is missing): only a vocabulary that has them all is named so.
+#[test]
+fn a_phi3_name_is_written_only_with_phi3s_special_tokens() {
+    let mut arch = crate::synthetic::synthetic_arch("tiny").expect("tiny preset");
+    let keys = |tokens: &[&str]| {
+        let tokens = tokens.iter().map(|t| GgufValue::String((*t).to_string())).collect();
+        vec![("tokenizer.ggml.tokens".to_string(), GgufValue::Array(tokens))]
+    };
+    let phi3_vocab = keys(&["<unk>", "<s>", "</s>", "<|endoftext|>", "a"]);
+    let other_vocab = keys(&["<|endoftext|>", "a"]);
+    assert_eq!(super::write::gguf_name(&arch, &other_vocab), arch.architecture, "a llama keeps its name");
+    arch.architecture = "phi3".into();
+    assert_eq!(super::write::gguf_name(&arch, &phi3_vocab), "phi3");
+    assert_eq!(super::write::gguf_name(&arch, &other_vocab), "phi");
+    assert_eq!(super::write::gguf_name(&arch, &[]), "phi");
+}

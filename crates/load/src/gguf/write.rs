@@ -142,10 +142,15 @@ pub struct GgufStored {
     pub bytes: Vec<u8>,
 }
 
-/// `general.*` and the `ARCH.*` hyper-parameters.
-pub(super) fn gguf_arch_metadata(kv: &mut Kv, path: &Path, a: &ModelArch, arch: &str) -> Result<(), LoadError> {
+/// `general.*` (`general.name`: `name`, see [`gguf_name`]) and the `ARCH.*` hyper-parameters.
+pub(super) fn gguf_arch_metadata(
+    kv: &mut Kv,
+    path: &Path,
+    (a, name): (&ModelArch, &str),
+    arch: &str,
+) -> Result<(), LoadError> {
     kv.string("general.architecture", arch);
-    kv.string("general.name", &a.architecture);
+    kv.string("general.name", name);
     kv.u32("general.alignment", ALIGNMENT as u32);
     let u = |x: usize| u32::try_from(x).map_err(|_| LoadError::invalid(path, format!("{x} does not fit a u32")));
     let k = |key: &str| format!("{arch}.{key}");
@@ -165,6 +170,24 @@ pub(super) fn gguf_arch_metadata(kv: &mut Kv, path: &Path, a: &ModelArch, arch: 
         kv.u32(&k("attention.value_length"), u(a.head_dim)?);
     }
     Ok(())
+}
+
+/// `general.name` of a file of `a` with the vocabulary of `tokenizer_keys`: the architecture's
+/// name, unless llama.cpp would read more into it. llama.cpp sets per-token attributes by model
+/// name (`llama_vocab::impl::load`): a name containing `phi3` or `phi-3` makes it look up Phi-3's
+/// `</s>`, `<unk>`, `<s>` and `<|endoftext|>`, and loading fails (`unordered_map::at`) when one
+/// is missing. Such a vocabulary (Phi-4-mini's has no `</s>`) gets the name `phi` instead.
+pub(super) fn gguf_name(a: &ModelArch, tokenizer_keys: &[(String, GgufValue)]) -> String {
+    let name = a.architecture.to_lowercase();
+    if !(name.contains("phi3") || name.contains("phi-3")) {
+        return a.architecture.clone();
+    }
+    let tokens = tokenizer_keys.iter().find(|(k, _)| k == "tokenizer.ggml.tokens").map(|(_, v)| v);
+    let has = |t: &str| match tokens {
+        Some(GgufValue::Array(tokens)) => tokens.iter().any(|v| matches!(v, GgufValue::String(s) if s == t)),
+        _ => false,
+    };
+    if ["</s>", "<unk>", "<s>", "<|endoftext|>"].into_iter().all(has) { a.architecture.clone() } else { "phi".into() }
 }
 
 /// llama.cpp's converter (`convert_hf_to_gguf.py`, `LlamaModel.generate_extra_tensors`) turns

@@ -248,10 +248,15 @@ fn layer_refusal(model: &HostModel, family: Family) -> Option<String> {
 }
 
 /// `general.*` and the `ARCH.*` keys of `family` (see [`super::arch`]'s table).
-pub(super) fn family_metadata(kv: &mut Kv, path: &Path, model: &HostModel, family: Family) -> Result<(), LoadError> {
+pub(super) fn family_metadata(
+    kv: &mut Kv,
+    path: &Path,
+    (model, name): (&HostModel, &str),
+    family: Family,
+) -> Result<(), LoadError> {
     let a = &model.arch;
     let arch = family.gguf_name();
-    gguf_arch_metadata(kv, path, a, arch)?;
+    gguf_arch_metadata(kv, path, (a, name), arch)?;
     let u = |x: usize| u32::try_from(x).map_err(|_| LoadError::invalid(path, format!("{x} does not fit a u32")));
     let k = |key: &str| format!("{arch}.{key}");
     // `gguf_arch_metadata` wrote them when head_dim is not dim / n_heads; the converters of the
