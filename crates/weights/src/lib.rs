@@ -253,6 +253,7 @@ pub enum RopeScaling {
     /// qdrift runs the **short factors** only, and refuses a request whose prompt plus new tokens
     /// exceed `original_max_position_embeddings` (`qdrift_generate::check_request`): up to there
     /// it computes what `transformers` does; `long_factor` is kept so that writers keep it.
+    #[serde(rename = "longrope")]
     LongRope {
         /// `short_factor`: `d / 2` divisors of the inverse frequencies, used up to
         /// `original_max_position_embeddings` positions.
