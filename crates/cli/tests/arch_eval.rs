@@ -80,12 +80,10 @@ fn check_routing(arch: &str, report: &Value, out: &std::path::Path) {
     }
     let gate = |max: f64| {
         let thresholds = out.join(format!("thresholds-{max}.toml"));
-        let toml =
-            format!("[defaults]\nbound = \"point\"\n[variant.\"*\"]\n\"routing_flip_rate@10\" = {{ max = {max} }}\n");
+        let toml = format!("[defaults]\nbound = \"point\"\n[variant.\"*\"]\n\"routing_flip_rate@10\" = {{ max = {max} }}\n");
         std::fs::write(&thresholds, toml).expect("thresholds");
         let report = out.join("report.json");
-        let args =
-            ["gate", "--report", report.to_str().expect("utf-8"), "--thresholds", thresholds.to_str().expect("utf-8")];
+        let args = ["gate", "--report", report.to_str().expect("utf-8"), "--thresholds", thresholds.to_str().expect("utf-8")];
         qdrift(&args).status.code()
     };
     assert_eq!(gate(1.0), Some(0), "{arch}: routing flips ≤ 1 passes");
