@@ -599,7 +599,7 @@ fn phi3_longrope_round_trips_as_llama_cpp_stores_it() {
     let mut bytes = std::fs::read(&path).expect("read");
     rename(&mut bytes, "rope_factors_long.weight", "rope_factors_lonX.weight");
     std::fs::write(&path, &bytes).expect("write");
-    let e = read_gguf(&path).err().expect("refused").to_string();
+    let e = read_gguf(&path).expect_err("refused").to_string();
     assert!(
         e.ends_with(
             "tensor rope_factors_long.weight is missing: LongRoPE needs both rope_factors_short and rope_factors_long"

@@ -540,7 +540,8 @@ fn phi3_longrope_configs_read_as_transformers_reads_them() {
 #[test]
 fn phi3_longrope_faults_are_refused_naming_the_field() {
     use serde_json::json;
-    let cases: [(&str, Box<dyn FnOnce(&mut serde_json::Map<String, Value>)>); 7] = [
+    type Edit = Box<dyn FnOnce(&mut serde_json::Map<String, Value>)>;
+    let cases: [(&str, Edit); 7] = [
         (
             "rope scaling short_factor has 5 values for 12 rotated dimensions; expected 6",
             Box::new(|c| c["rope_parameters"]["short_factor"] = json!([1.0, 1.0, 1.0, 1.0, 1.0])),
