@@ -27,8 +27,8 @@
 //! | YaRN (gpt-oss) | `rope.scaling.type = yarn`, `rope.scaling.factor`, `rope.scaling.original_context_length`, `rope.scaling.attn_factor`; β 32/1 as llama.cpp (it reads no β keys), correction dims floored/ceiled (`ggml_rope_yarn_corr_dims`) | [`RopeScaling::Yarn`] |
 //!
 //! Anything else a file asks for is refused by name: partial rotary outside phi3, LongRoPE
-//! factors outside phi3, shared experts, different key and value widths, any tensor the architecture's
-//! llama.cpp loader does not use.
+//! factors outside phi3, shared experts, different key and value widths, any tensor the
+//! architecture's llama.cpp loader does not use.
 
 use super::read::{ArchKeys, GgufTokenizerMetadata, GgufValue, TensorTable, read_hyper_parameters, read_rope_scaling};
 use crate::LoadError;
