@@ -78,6 +78,27 @@ fn generate_refuses_a_million_new_tokens_without_allow_long() {
     refused(USER, c, &["--max-new-tokens 1000000", "trained context of 512", "--allow-long"]);
 }
 
+/// A LongRoPE model (the tiny Phi-3 made one, original context 64 of 512) runs requests up to
+/// its original context only: `generate` and `eval` past it are refused in one line naming
+/// LongRoPE and both lengths, also with `--allow-long`, before anything runs.
+#[test]
+fn longrope_requests_past_the_original_context_are_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let model = root.path().join("phi3-longrope");
+    std::fs::create_dir(&model).unwrap();
+    qdrift_tests::longrope_phi3(&model);
+    let mut c = qdrift_command();
+    c.args(["generate", "--model"]).arg(&model);
+    c.args(["--backend", "cpu", "--prompt", "Hello", "--max-new-tokens", "64", "--allow-long"]);
+    refused(USER, c, &["LongRoPE", "exceed the model's original context of 64 positions", "short factors"]);
+    let out = root.path().join("out");
+    let mut c = qdrift_command();
+    c.args(["eval", "--model"]).arg(&model);
+    c.args(["--backend", "cpu", "--schemes", "int8", "--prompts", "2", "--horizons", "5,64", "--out"]).arg(&out);
+    refused(USER, c, &["LongRoPE", "+ 64 new tokens", "original context of 64 positions"]);
+    assert!(!out.exists());
+}
+
 #[test]
 fn absurd_resamples_are_refused_before_loading() {
     let root = tempfile::tempdir().unwrap();

@@ -27,6 +27,40 @@ pub fn load_stories() -> LoadedModel {
         .unwrap_or_else(|e| panic!("stories260K must load from {}: {e}", dir.display()))
 }
 
+/// LongRoPE's short factors of [`longrope_phi3`] (6 pairs of 12 rotated dimensions).
+pub const LONGROPE_SHORT: [f32; 6] = [1.0, 1.5, 2.0, 2.5, 3.0, 3.5];
+
+/// [`longrope_phi3`]'s original context, past which its requests are refused.
+pub const LONGROPE_ORIGINAL: usize = 64;
+
+/// The tiny-arch Phi-3 (`../shared/models/tiny-arch/phi3`, copied into `dir`) made a LongRoPE
+/// checkpoint, as Phi-4-mini's `config.json` has it, since no `transformers`-written one exists:
+/// `rope_scaling = {type: longrope, short_factor: LONGROPE_SHORT, long_factor}`, the top-level
+/// `rope_theta` 1e4 and `partial_rotary_factor` 0.75, `original_max_position_embeddings`
+/// [`LONGROPE_ORIGINAL`] and `max_position_embeddings` 512 (so the default attention factor is
+/// `√(1 + ln 8 / ln 64)` = √1.5, not 1).
+pub fn longrope_phi3(dir: &std::path::Path) {
+    let src = shared_dir().join("models/tiny-arch/phi3");
+    for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap_or_else(|e| panic!("{}: {e}", src.join(f).display()));
+    }
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).expect("config.json reads");
+    let mut c: serde_json::Value = serde_json::from_str(&text).expect("config.json is JSON");
+    let o = c.as_object_mut().expect("config.json is an object");
+    o.remove("rope_parameters");
+    o.insert("rope_theta".into(), 10000.0.into());
+    o.insert("partial_rotary_factor".into(), 0.75.into());
+    o.insert(
+        "rope_scaling".into(),
+        serde_json::json!({"type": "longrope", "short_factor": LONGROPE_SHORT,
+            "long_factor": [2.0, 3.0, 5.0, 8.0, 13.0, 21.0]}),
+    );
+    o.insert("original_max_position_embeddings".into(), LONGROPE_ORIGINAL.into());
+    o.insert("max_position_embeddings".into(), 512.into());
+    std::fs::write(&path, serde_json::to_vec_pretty(&c).expect("JSON")).expect("config.json writes");
+}
+
 /// A small `qdrift eval` of stories260K on the CPU for whole-evaluation identity tests: the first
 /// `prompts` prompts in batches of `batch_size` (a short last batch when they do not divide),
 /// horizons 5 and 30, teacher forcing in chunks of 8, 200 bootstrap resamples, and the schemes

@@ -231,8 +231,12 @@ impl Rope {
     /// Layer `layer`'s RoPE over the `rotary_dim` first dimensions of a head
     /// (`modeling_rope_utils.py`: `compute_default_rope_parameters`,
     /// `_compute_llama3_parameters`, `_compute_linear_scaling_rope_parameters`,
-    /// `_compute_yarn_parameters`; per-pair divisors are llama.cpp's `freq_factors`).
-    fn for_layer(m: &HostModel, layer: usize) -> Rope {
+    /// `_compute_yarn_parameters`, `_compute_longrope_parameters`; per-pair divisors are
+    /// llama.cpp's `freq_factors`) for a sequence of `seq_len` positions: LongRoPE divides by its
+    /// long factors when `seq_len` exceeds `original_max_position_embeddings`
+    /// (`dynamic_rope_update`'s `longrope_frequency_update`: `max(position_ids) + 1`), by its
+    /// short ones otherwise.
+    fn for_layer(m: &HostModel, layer: usize, seq_len: usize) -> Rope {
         let d = m.arch.rotary_dim();
         let (theta, scaling) = m.arch.layer_rope(layer);
         let theta = f64::from(theta);
@@ -277,6 +281,16 @@ impl Rope {
                 let factor = f64::from(*factor);
                 let inv = plain.zip(ramp).map(|(f, r)| f / factor * r + f * (1.0 - r)).collect();
                 (inv, f64::from(*attention_factor))
+            }
+            Some(RopeScaling::LongRope {
+                short_factor,
+                long_factor,
+                original_max_position_embeddings,
+                attention_factor,
+            }) => {
+                let ext = if seq_len > *original_max_position_embeddings { long_factor } else { short_factor };
+                // `1.0 / (ext_factors * base**inv_freq_shape)`.
+                (plain.zip(ext).map(|(f, &e)| f / f64::from(e)).collect(), f64::from(*attention_factor))
             }
         };
         Rope { inv_freq, attention_factor }
@@ -382,7 +396,7 @@ fn attention(m: &HostModel, li: usize, l: &LayerWeights, xs: &[Vec<f64>], roundi
     let a = &m.arch;
     let (hd, heads, kv_heads) = (a.head_dim(), a.n_heads, a.n_kv_heads);
     let (eps, style) = (f64::from(a.norm_eps), a.block.norm);
-    let rope = Rope::for_layer(m, li);
+    let rope = Rope::for_layer(m, li, xs.len());
     let mut xn: Vec<Vec<f64>> = xs.iter().map(|x| rms_norm(x, &l.attn_norm, eps, style)).collect();
     rounding.inputs(&mut xn);
     let mut qs = linear(&l.wq, l.bq.as_ref(), &xn);

@@ -24,6 +24,25 @@ pub enum GenerateError {
     /// The request does not fit the device.
     #[error("{0}")]
     TooLarge(String),
+    /// A request longer than a LongRoPE model's original context
+    /// ([`RopeScaling::LongRope`](qdrift_weights::RopeScaling::LongRope)): past it `transformers`
+    /// switches to the long factors and recomputes the whole sequence, which qdrift does not do.
+    #[error(
+        "LongRoPE: {positions} positions (longest prompt {longest} + {new_tokens} new tokens) exceed the model's \
+         original context of {original} positions (original_max_position_embeddings), past which transformers \
+         switches to the long RoPE factors and recomputes the sequence; qdrift runs the short factors only, so \
+         shorten the prompts or ask for fewer new tokens"
+    )]
+    LongRopeContext {
+        /// The request's positions: longest prompt plus new tokens (saturating).
+        positions: usize,
+        /// The longest prompt, in tokens.
+        longest: usize,
+        /// New tokens asked for.
+        new_tokens: usize,
+        /// The model's `original_max_position_embeddings`.
+        original: usize,
+    },
     /// Teacher forcing got continuations of different lengths.
     #[error("continuation {index} has {len} tokens, the first has {expected}: teacher forcing needs equal lengths")]
     UnequalContinuations {

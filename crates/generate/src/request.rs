@@ -159,8 +159,10 @@ pub fn check_length(
 }
 
 /// Checks a request before anything is allocated: prompts must be non-empty and in the
-/// vocabulary, and each batch's key-value cache, prompt-pass attention scores and logits must fit
-/// the device's largest buffer and, for devices that use host memory, the memory the host has
+/// vocabulary, a LongRoPE model's requests within its original context
+/// ([`ModelArch::short_rope_limit`]: `GenerateError::LongRopeContext`, also under `--allow-long`),
+/// and each batch's key-value cache, prompt-pass attention scores and logits must fit the
+/// device's largest buffer and, for devices that use host memory, the memory the host has
 /// available.
 pub fn check_request(
     model: &ModelArch,
@@ -181,10 +183,26 @@ pub fn check_request(
             return Err(GenerateError::TokenOutOfRange { index, token, vocab });
         }
     }
+    check_short_rope(model, prompts, config.max_new_tokens)?;
     // Batches running side by side hold their caches at once: the largest ones together must fit.
     let concurrent = concurrent_batches(model, dtype, device, prompts, config);
     for batch in prompts.chunks(config.batch_size) {
         check_memory(model, dtype, device, batch, config.max_new_tokens, concurrent)?;
+    }
+    Ok(())
+}
+
+/// Refuses a request past a LongRoPE model's original context ([`ModelArch::short_rope_limit`]):
+/// `transformers` runs its long factors beyond it (and `Phi3ForCausalLM` recomputes the sequence
+/// with them), qdrift only the short ones, so its results there would not be the model's.
+fn check_short_rope(model: &ModelArch, prompts: &[Vec<u32>], new_tokens: usize) -> Result<(), GenerateError> {
+    let Some(original) = model.short_rope_limit() else {
+        return Ok(());
+    };
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let positions = longest.saturating_add(new_tokens);
+    if positions > original {
+        return Err(GenerateError::LongRopeContext { positions, longest, new_tokens, original });
     }
     Ok(())
 }
@@ -389,6 +407,40 @@ mod tests {
         let e = check_prompt_tokens(&[1; 129], 16, false).unwrap_err().to_string();
         assert!(e.starts_with("is 129 tokens, more than 128 (8 × the 16 positions"), "{e}");
         assert!(check_prompt_tokens(&[1; 129], 16, true).is_ok());
+    }
+
+    /// A LongRoPE model runs requests up to its original context, refused past it in one line
+    /// naming LongRoPE and both lengths; other models are not limited by it.
+    #[test]
+    fn longrope_requests_past_the_original_context_are_refused() {
+        let mut arch = smollm2();
+        arch.rope_scaling = Some(qdrift_weights::RopeScaling::LongRope {
+            short_factor: vec![1.0; 32],
+            long_factor: vec![2.0; 32],
+            original_max_position_embeddings: 64,
+            attention_factor: 1.2,
+        });
+        let cpu = device_with(1);
+        let prompts = vec![vec![1u32; 10], vec![1u32; 40]];
+        let config = |n| GenerationConfig { max_new_tokens: n, batch_size: 2, stop_at_eos: None };
+        assert!(check_request(&arch, DType::F32, &cpu, &prompts, &config(24)).is_ok());
+        let e = check_request(&arch, DType::F32, &cpu, &prompts, &config(25)).unwrap_err();
+        assert!(
+            matches!(e, GenerateError::LongRopeContext { positions: 65, longest: 40, new_tokens: 25, original: 64 }),
+            "{e:?}"
+        );
+        let line = e.to_string();
+        assert!(!line.contains('\n'), "{line}");
+        assert!(
+            line.starts_with(
+                "LongRoPE: 65 positions (longest prompt 40 + 25 new tokens) exceed the model's original \
+                 context of 64 positions (original_max_position_embeddings)"
+            ),
+            "{line}"
+        );
+        let e = check_request(&arch, DType::F32, &cpu, &prompts, &config(usize::MAX)).unwrap_err();
+        assert!(matches!(e, GenerateError::LongRopeContext { positions: usize::MAX, .. }), "{e:?}");
+        assert!(check_request(&smollm2(), DType::F32, &cpu, &prompts, &config(25)).is_ok());
     }
 
     #[test]

@@ -358,7 +358,10 @@ fn llama3_rope_scaling_is_read() {
     assert_eq!(open_model(dir.path(), None).expect("opens").model.arch.rope_scaling, None);
     edit_config(dir.path(), |c| c["rope_scaling"] = serde_json::json!({"rope_type": "longrope", "factor": 4.0}));
     let e = err(dir.path());
-    assert!(e.contains("rope_scaling: type longrope is not supported (RoPE scaling longrope); supported: default, linear, llama3, yarn"), "{e}");
+    assert!(e.contains("rope_scaling: short_factor is missing (LongRoPE needs it)"), "{e}");
+    edit_config(dir.path(), |c| c["rope_scaling"] = serde_json::json!({"rope_type": "su_typo", "factor": 4.0}));
+    let e = err(dir.path());
+    assert!(e.contains("rope_scaling: type su_typo is not supported (RoPE scaling su_typo); supported: default, linear, llama3, yarn, longrope"), "{e}");
     // high_freq_factor must exceed low_freq_factor (the interpolation divides by their gap).
     edit_config(dir.path(), |c| {
         c["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0,

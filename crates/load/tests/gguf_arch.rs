@@ -549,6 +549,106 @@ fn reader_refuses_by_feature() {
     assert!(e.contains("inconsistent phi3 hyper-parameters") || e.contains("partial"), "{e}");
 }
 
+/// The test phi3 (6 rotated dims, 3 pairs) with LongRoPE.
+fn phi3_longrope(seed: u64) -> HostModel {
+    let mut a = family_arch("phi3");
+    a.rope_scaling = Some(RopeScaling::LongRope {
+        short_factor: vec![1.0, 1.75, 2.5],
+        long_factor: vec![3.0, 5.0, 8.0],
+        original_max_position_embeddings: 64,
+        attention_factor: 1.190_238_3,
+    });
+    a.validate().expect("valid architecture");
+    model(a, seed)
+}
+
+/// phi3's LongRoPE as llama.cpp's converter writes it (`Phi3MiniModel`): the tensors
+/// `rope_factors_long.weight`/`rope_factors_short.weight` (`[3]` F32), the keys
+/// `phi3.rope.scaling.original_context_length` and `phi3.rope.scaling.attn_factor` and no scaling
+/// type; read back equal, also by gguf-py. Files with one factor tensor, and LongRoPE for another
+/// architecture, are refused by name.
+#[test]
+fn phi3_longrope_round_trips_as_llama_cpp_stores_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = phi3_longrope(5);
+    let path = write(dir.path(), "phi3", &m, &|_| None);
+    let g = read(&path);
+    assert_eq!(g.model, as_read_back(&m, "phi3"));
+    let tensor = |name: &str| g.tensors.iter().find(|t| t.name == name).map(|t| (t.dtype, t.dims.clone()));
+    for name in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+        assert_eq!(tensor(name), Some(("F32", vec![3])), "{name}");
+    }
+    assert_eq!(g.metadata.get("phi3.rope.scaling.original_context_length").and_then(GgufValue::as_u64), Some(64));
+    assert_eq!(g.metadata.get("phi3.rope.scaling.attn_factor"), Some(&GgufValue::F32(1.190_238_3)));
+    assert!(!g.metadata.contains_key("phi3.rope.scaling.type"));
+    if let Some(python) = gguf_py() {
+        let script = dir.path().join("dump.py");
+        std::fs::write(&script, GGUF_PY_DUMP).expect("script");
+        let out = std::process::Command::new(&python).arg(&script).arg(&path).output().expect("python");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let values = |name: &str| -> Vec<f64> {
+            v["tensors"][name]["values"].as_array().expect("values").iter().filter_map(|x| x.as_f64()).collect()
+        };
+        assert_eq!(values("rope_factors_short.weight"), [1.0, 1.75, 2.5]);
+        assert_eq!(values("rope_factors_long.weight"), [3.0, 5.0, 8.0]);
+        assert_eq!(v["keys"]["phi3.rope.scaling.original_context_length"].as_u64(), Some(64));
+        assert_eq!(v["keys"]["phi3.rope.scaling.attn_factor"].as_f64().map(|f| f as f32), Some(1.190_238_3));
+        println!("gguf-py: phi3 LongRoPE factors and keys agree");
+    }
+    let mut bytes = std::fs::read(&path).expect("read");
+    rename(&mut bytes, "rope_factors_long.weight", "rope_factors_lonX.weight");
+    std::fs::write(&path, &bytes).expect("write");
+    let e = read_gguf(&path).expect_err("refused").to_string();
+    assert!(
+        e.ends_with(
+            "tensor rope_factors_long.weight is missing: LongRoPE needs both rope_factors_short and rope_factors_long"
+        ),
+        "{e}"
+    );
+    let mut m = model(family_arch("qwen3"), 1);
+    m.arch.rope_scaling = Some(RopeScaling::LongRope {
+        short_factor: vec![1.0; 8],
+        long_factor: vec![2.0; 8],
+        original_max_position_embeddings: 64,
+        attention_factor: 1.2,
+    });
+    assert!(
+        refusal(&m).contains("LongRoPE scaling for qwen3 (llama.cpp reads its factors for phi3)"),
+        "{}",
+        refusal(&m)
+    );
+}
+
+/// The tiny-arch Phi-3 with LongRoPE in its `config.json` (Phi-4-mini's form) through GGUF: the
+/// same architecture, factors and attention factor read back.
+#[test]
+fn tiny_phi3_longrope_round_trips_through_gguf() {
+    let Some(src) = tiny_arch("phi3") else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hf = dir.path().join("hf");
+    std::fs::create_dir(&hf).expect("dir");
+    for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), hf.join(f)).expect("copy");
+    }
+    let mut c: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(hf.join("config.json")).expect("config")).expect("json");
+    c["rope_parameters"] = serde_json::json!({"rope_type": "longrope", "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.75, "short_factor": [1.0, 1.5, 2.0, 2.5, 3.0, 3.5],
+        "long_factor": [2.0, 3.0, 5.0, 8.0, 13.0, 21.0]});
+    c["original_max_position_embeddings"] = serde_json::json!(64);
+    c["max_position_embeddings"] = serde_json::json!(512);
+    std::fs::write(hf.join("config.json"), serde_json::to_vec(&c).expect("json")).expect("write");
+    let loaded = qdrift_load::open_model(&hf, None).unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(loaded.model.arch.rope_scaling, Some(RopeScaling::LongRope { .. })));
+    let keys = qdrift_load::write::gguf_tokenizer_keys(&loaded).unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.path().join("phi3.gguf");
+    write_gguf_with(&path, &loaded.model, &keys, WriteDtype::F32, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+    let g = read(&path);
+    assert_eq!(g.model.arch, as_read_back(&loaded.model, "phi3").arch);
+    assert!(g.model == as_read_back(&loaded.model, "phi3"), "the weights read back differ");
+}
+
 /// Layers whose windows are not llama.cpp's default pattern are written as the per-layer
 /// `attention.sliding_window_pattern` booleans and read back as they were.
 #[test]

@@ -418,6 +418,8 @@ fn unsupported_features_are_refused_by_name() {
         |c| drop(c.insert("rope_parameters".into(), json!({"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6}))),
         &["rope_parameters", "RoPE scaling dynamic"],
     );
+    // `rope_scaling` replaces the tiny config's `rope_parameters` (Phi3Config.convert_rope_params_to_dict),
+    // with its partial_rotary_factor: the whole head (16 dims, 8 pairs) rotates.
     refusal(
         "phi3",
         |c| {
@@ -426,7 +428,12 @@ fn unsupported_features_are_refused_by_name() {
                 json!({"type": "su", "short_factor": vec![1.0; 6], "long_factor": vec![1.0; 6]}),
             ))
         },
-        &["rope_scaling", "RoPE scaling longrope"],
+        &["rope scaling short_factor has 6 values for 16 rotated dimensions; expected 8"],
+    );
+    refusal(
+        "phi3",
+        |c| drop(c.insert("rope_parameters".into(), json!({"rope_type": "dynamic", "factor": 2.0}))),
+        &["rope_parameters", "RoPE scaling dynamic"],
     );
     refusal(
         "gpt_oss",
@@ -459,6 +466,116 @@ fn unsupported_features_are_refused_by_name() {
         |c| drop(c.insert("architectures".into(), json!(["Qwen3NextForCausalLM"]))),
         &["unsupported architecture Qwen3NextForCausalLM", "GptOssForCausalLM"],
     );
+}
+
+/// The tiny Phi-3 with LongRoPE in `rope_parameters` (5.x form, `partial_rotary_factor` 0.75: 12
+/// rotated dimensions, 6 pairs), `max_position_embeddings` 512 and the top-level
+/// `original_max_position_embeddings` 64, then `edit`ed.
+fn phi3_longrope(edit: impl FnOnce(&mut serde_json::Map<String, Value>)) -> Result<ModelArch, String> {
+    use serde_json::json;
+    let dir = edited("phi3", |c| {
+        c.insert(
+            "rope_parameters".into(),
+            json!({"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                "short_factor": SHORT, "long_factor": LONG}),
+        );
+        c.insert("max_position_embeddings".into(), json!(512));
+        c.insert("original_max_position_embeddings".into(), json!(64));
+        edit(c);
+    });
+    open_model(dir.path(), None).map(|m| m.model.arch).map_err(|e| {
+        let e = e.to_string();
+        assert!(!e.contains('\n') && e.starts_with(&dir.path().join("config.json").display().to_string()), "{e}");
+        e
+    })
+}
+
+const SHORT: [f32; 6] = [1.0, 1.5, 2.0, 2.5, 3.0, 3.5];
+const LONG: [f32; 6] = [2.0, 3.0, 5.0, 8.0, 13.0, 21.0];
+
+fn longrope(original: usize, attention_factor: f64) -> Option<RopeScaling> {
+    Some(RopeScaling::LongRope {
+        short_factor: SHORT.to_vec(),
+        long_factor: LONG.to_vec(),
+        original_max_position_embeddings: original,
+        attention_factor: attention_factor as f32,
+    })
+}
+
+#[test]
+fn phi3_longrope_configs_read_as_transformers_reads_them() {
+    use serde_json::json;
+    // factor = 512 / 64 = 8; attention factor √(1 + ln 8 / ln 64) = √1.5.
+    let default_af = (1.0 + 8f64.ln() / 64f64.ln()).sqrt();
+    let a = phi3_longrope(|_| {}).expect("opens");
+    assert_eq!((a.rope_scaling.clone(), a.max_seq_len, a.rotary_dim()), (longrope(64, default_af), 512, 12));
+    assert_eq!(a.short_rope_limit(), Some(64));
+    // Phi-4-mini's form: `rope_scaling` with the older `type`, top-level theta and partial rotary;
+    // the older names `su` and (Phi3Config's rename) `yarn` are LongRoPE too.
+    for kind in ["longrope", "su", "yarn"] {
+        let a = phi3_longrope(|c| {
+            c.remove("rope_parameters");
+            c.insert("rope_theta".into(), json!(10000.0));
+            c.insert("partial_rotary_factor".into(), json!(0.75));
+            c.insert("rope_scaling".into(), json!({"type": kind, "short_factor": SHORT, "long_factor": LONG}));
+        })
+        .expect("opens");
+        assert_eq!(a.rope_scaling, longrope(64, default_af), "{kind}");
+    }
+    // A given factor sets the default attention factor; a given attention factor is kept.
+    let a = phi3_longrope(|c| c["rope_parameters"]["factor"] = json!(4.0)).expect("opens");
+    assert_eq!(a.rope_scaling, longrope(64, (1.0 + 4f64.ln() / 64f64.ln()).sqrt()));
+    let a = phi3_longrope(|c| c["rope_parameters"]["attention_factor"] = json!(1.75)).expect("opens");
+    assert_eq!(a.rope_scaling, longrope(64, 1.75));
+    // Phi3Config always has `original_max_position_embeddings` (default 4096), which
+    // standardize_rope_params writes over the dict's: 512 / 4096 ≤ 1, attention factor 1.
+    let a = phi3_longrope(|c| {
+        c.remove("original_max_position_embeddings");
+        c["rope_parameters"]["original_max_position_embeddings"] = json!(64);
+    })
+    .expect("opens");
+    assert_eq!(a.rope_scaling, longrope(4096, 1.0));
+}
+
+#[test]
+fn phi3_longrope_faults_are_refused_naming_the_field() {
+    use serde_json::json;
+    type Edit = Box<dyn FnOnce(&mut serde_json::Map<String, Value>)>;
+    let cases: [(&str, Edit); 7] = [
+        (
+            "rope scaling short_factor has 5 values for 12 rotated dimensions; expected 6",
+            Box::new(|c| c["rope_parameters"]["short_factor"] = json!([1.0, 1.0, 1.0, 1.0, 1.0])),
+        ),
+        (
+            "rope scaling long_factor has 8 values for 12 rotated dimensions; expected 6",
+            Box::new(|c| c["rope_parameters"]["long_factor"] = json!(vec![1.0; 8])),
+        ),
+        (
+            "rope_parameters: long_factor is \"x\", not a list of numbers",
+            Box::new(|c| c["rope_parameters"]["long_factor"] = json!("x")),
+        ),
+        (
+            "rope_parameters: short_factor is missing (LongRoPE needs it)",
+            Box::new(|c| drop(c["rope_parameters"].as_object_mut().map(|r| r.remove("short_factor")))),
+        ),
+        (
+            "rope scaling short_factor -1 must be positive",
+            Box::new(|c| c["rope_parameters"]["short_factor"][2] = json!(-1.0)),
+        ),
+        (
+            "rope_parameters: original_max_position_embeddings is 0; it must be positive",
+            Box::new(|c| drop(c.insert("original_max_position_embeddings".into(), json!(0)))),
+        ),
+        (
+            "rope_parameters: attention_factor 0 (LongRoPE, factor 8, original_max_position_embeddings 64) must be \
+             positive and finite",
+            Box::new(|c| c["rope_parameters"]["attention_factor"] = json!(0.0)),
+        ),
+    ];
+    for (needle, edit) in cases {
+        let e = phi3_longrope(edit).expect_err(needle);
+        assert!(e.contains(needle), "{needle:?} not in {e}");
+    }
 }
 
 #[test]

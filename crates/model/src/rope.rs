@@ -1,7 +1,7 @@
 //! Rotary position embeddings (Su et al. 2021) in llama2.c's interleaved layout, with Llama 3.1's
-//! frequency scaling, linear and YaRN scaling, and GGUF's per-pair divisors (`rope_freqs.weight`)
-//! applied to the inverse frequencies; partial rotary (Phi-3) rotates the first dimensions of each
-//! head only.
+//! frequency scaling, linear, YaRN and LongRoPE (short factors) scaling, and GGUF's per-pair
+//! divisors (`rope_freqs.weight`) applied to the inverse frequencies; partial rotary (Phi-3)
+//! rotates the first dimensions of each head only.
 
 use burn::tensor::{DType, Device, Tensor};
 
@@ -35,7 +35,8 @@ impl Rope {
     /// `llama3_inv_freq` for Llama 3.1's scaling, `inv_freq[i] / factors[i]` for per-pair
     /// divisors (llama.cpp's `freq_factors`), `inv_freq[i] / factor` for linear scaling
     /// (`_compute_linear_scaling_rope_parameters`), `yarn_inv_freq` and its attention factor
-    /// for YaRN. `head_dim` is the rotated width of a head.
+    /// for YaRN, `longrope_inv_freq` of the short factors and its attention factor for LongRoPE.
+    /// `head_dim` is the rotated width of a head.
     ///
     /// # Errors
     /// The reason when the parameters are invalid for `head_dim` ([`RopeScaling::validate`]).
@@ -52,6 +53,12 @@ impl Rope {
             RopeScaling::Yarn { attention_factor, .. } => {
                 return Ok(Self {
                     inv_freq: yarn_inv_freq(head_dim, theta, scaling),
+                    attention_factor: *attention_factor,
+                });
+            }
+            RopeScaling::LongRope { short_factor, attention_factor, .. } => {
+                return Ok(Self {
+                    inv_freq: longrope_inv_freq(head_dim, theta, short_factor),
                     attention_factor: *attention_factor,
                 });
             }
@@ -226,6 +233,15 @@ pub fn yarn_inv_freq(dim: usize, theta: f32, scaling: &RopeScaling) -> Vec<f32> 
         .collect()
 }
 
+/// LongRoPE's inverse frequencies ([`RopeScaling::LongRope`]) of the short factors over `dim`
+/// rotated dimensions, as `transformers` `_compute_longrope_parameters` computes them on f32
+/// tensors: `inv_freq[i] = 1 / (ext_factors[i] · θ^(2i/dim))` (`1.0 / (ext_factors *
+/// base**inv_freq_shape)`), with `ext_factors` = `short_factor` (`dim / 2` values, checked by
+/// [`RopeScaling::validate`]).
+pub fn longrope_inv_freq(dim: usize, theta: f32, ext_factors: &[f32]) -> Vec<f32> {
+    ext_factors.iter().enumerate().map(|(i, &f)| 1.0 / (f * theta.powf((2 * i) as f32 / dim as f32))).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,6 +399,37 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// LongRoPE runs its short factors, `1 / (f_i · θ^(2i/d))`, and scales cos and sin by the
+    /// attention factor; a factor list of the wrong length is refused naming it.
+    #[test]
+    fn longrope_uses_the_short_factors_and_the_attention_factor() {
+        let short: Vec<f32> = vec![1.0, 1.5, 2.0, 2.5, 3.0, 3.5];
+        let scaling = RopeScaling::LongRope {
+            short_factor: short.clone(),
+            long_factor: vec![4.0; 6],
+            original_max_position_embeddings: 64,
+            attention_factor: 1.2,
+        };
+        let rope = Rope::scaled(12, 10000.0, Some(&scaling)).expect("valid");
+        assert_eq!(rope.attention_factor(), 1.2);
+        for (i, (&got, f)) in rope.inv_freq().iter().zip(&short).enumerate() {
+            let want = 1.0 / (f64::from(*f) * 10000f64.powf(2.0 * i as f64 / 12.0));
+            assert!((f64::from(got) - want).abs() <= 1e-6 * want, "pair {i}: {got} vs {want}");
+        }
+        let (cos, sin) = rope.angles(&[vec![0, 5]]);
+        assert_eq!(cos[0], 1.2, "cos(0) scaled by the attention factor");
+        let angle = 5.0 * f64::from(rope.inv_freq()[1]);
+        assert!((f64::from(sin[6 + 1]) - 1.2 * angle.sin()).abs() < 1e-6);
+        let mut wrong = scaling.clone();
+        if let RopeScaling::LongRope { long_factor, .. } = &mut wrong {
+            long_factor.pop();
+        }
+        assert_eq!(
+            Rope::scaled(12, 10000.0, Some(&wrong)).unwrap_err(),
+            "rope scaling long_factor has 5 values for 12 rotated dimensions; expected 6"
+        );
     }
 
     #[test]

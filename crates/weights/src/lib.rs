@@ -50,9 +50,9 @@ pub struct ModelArch {
     pub rope_theta: f32,
     /// Whether the output layer shares the token-embedding matrix.
     pub tied_embeddings: bool,
-    /// How RoPE's inverse frequencies depart from `theta^(-2i/rotary_dim)`: Llama 3.1+'s, linear
-    /// or YaRN scaling from a Hugging Face config, or per-pair divisors from a GGUF file; `None`
-    /// for plain RoPE. Applies to the layers that use `rope_theta`.
+    /// How RoPE's inverse frequencies depart from `theta^(-2i/rotary_dim)`: Llama 3.1+'s, linear,
+    /// YaRN or LongRoPE scaling from a Hugging Face config, or per-pair divisors from a GGUF file;
+    /// `None` for plain RoPE. Applies to the layers that use `rope_theta`.
     pub rope_scaling: Option<RopeScaling>,
     /// What every block computes beyond the Llama block.
     #[serde(skip_serializing_if = "BlockSpec::is_llama")]
@@ -239,6 +239,34 @@ pub enum RopeScaling {
         /// The factor cos and sin are scaled by: `attention_factor`, else `0.1 · ln(factor) + 1`.
         attention_factor: f32,
     },
+    /// LongRoPE (Ding et al. 2024; `rope_type = "longrope"`, older `su`, and Phi-3's `yarn`, which
+    /// `Phi3Config.convert_rope_params_to_dict` renames): Phi-3.5 and Phi-4-mini. `transformers`
+    /// `modeling_rope_utils.py` `_compute_longrope_parameters` computes, over the `d` rotated
+    /// dimensions, `inv_freq[i] = 1 / (ext_factors[i] · θ^(2i/d))`, where `ext_factors` is
+    /// `short_factor` while the sequence length (the largest position + 1,
+    /// `dynamic_rope_update`'s `longrope_frequency_update`) is at most
+    /// `original_max_position_embeddings` and `long_factor` beyond it; cos and sin are multiplied
+    /// by `attention_factor`. Once a generation passes the original length, `Phi3ForCausalLM`'s
+    /// `prepare_inputs_for_generation` drops the key-value cache and recomputes the whole
+    /// sequence with the long factors.
+    ///
+    /// qdrift runs the **short factors** only, and refuses a request whose prompt plus new tokens
+    /// exceed `original_max_position_embeddings` (`qdrift_generate::check_request`): up to there
+    /// it computes what `transformers` does; `long_factor` is kept so that writers keep it.
+    #[serde(rename = "longrope")]
+    LongRope {
+        /// `short_factor`: `d / 2` divisors of the inverse frequencies, used up to
+        /// `original_max_position_embeddings` positions.
+        short_factor: Vec<f32>,
+        /// `long_factor`: `d / 2` divisors used beyond them (kept, not run).
+        long_factor: Vec<f32>,
+        /// `original_max_position_embeddings`: the context the short factors serve.
+        original_max_position_embeddings: usize,
+        /// The factor cos and sin are scaled by: `attention_factor`, else
+        /// `√(1 + ln(factor) / ln(original_max_position_embeddings))`, with `factor` the dict's or
+        /// `max_position_embeddings / original_max_position_embeddings` (1 when `factor ≤ 1`).
+        attention_factor: f32,
+    },
 }
 
 impl RopeScaling {
@@ -291,6 +319,23 @@ impl RopeScaling {
                 }
                 Ok(())
             }
+            RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings, attention_factor } => {
+                for (name, factors) in [("short_factor", short_factor), ("long_factor", long_factor)] {
+                    if factors.len() != head_dim / 2 {
+                        return Err(format!(
+                            "rope scaling {name} has {} values for {head_dim} rotated dimensions; expected {}",
+                            factors.len(),
+                            head_dim / 2
+                        ));
+                    }
+                    factors.iter().try_for_each(|&f| positive(name, f))?;
+                }
+                positive("attention_factor", *attention_factor)?;
+                if *original_max_position_embeddings == 0 {
+                    return Err("rope scaling original_max_position_embeddings must be positive".to_string());
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -327,6 +372,18 @@ impl ModelArch {
         match self.local_rope_theta {
             Some(theta) if self.window(layer).is_some() => (theta, None),
             _ => (self.rope_theta, self.rope_scaling.as_ref()),
+        }
+    }
+
+    /// The most positions (prompt + new tokens) a request may span: LongRoPE's
+    /// `original_max_position_embeddings`, past which `transformers` switches to the long factors
+    /// that qdrift does not run ([`RopeScaling::LongRope`]); `None` for every other RoPE.
+    pub fn short_rope_limit(&self) -> Option<usize> {
+        match self.rope_scaling {
+            Some(RopeScaling::LongRope { original_max_position_embeddings, .. }) => {
+                Some(original_max_position_embeddings)
+            }
+            _ => None,
         }
     }
 

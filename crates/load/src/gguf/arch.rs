@@ -23,11 +23,12 @@
 //! | experts | `expert_count`, `expert_used_count`, `expert_feed_forward_length`; `ffn_gate_inp` (+ `.bias`, gpt-oss), `ffn_{gate,up,down}_exps` `[E, rows, cols]` (+ `.bias`, gpt-oss) | [`Experts`] |
 //! | routing | qwen3moe and `llama`: softmax, top-k, renormalised (`build_moe_ffn(.., norm_w = true, SOFTMAX)`); gpt-oss: top-k then softmax (`SOFTMAX_WEIGHT`) | [`Routing`] |
 //! | attention sinks (gpt-oss) | `blk.N.attn_sinks.weight` `[n_head]` | `sinks` |
+//! | LongRoPE (phi3) | `rope_factors_short.weight`, `rope_factors_long.weight` `[rotary_dim/2]`, `rope.scaling.original_context_length`, `rope.scaling.attn_factor` | [`RopeScaling::LongRope`] |
 //! | YaRN (gpt-oss) | `rope.scaling.type = yarn`, `rope.scaling.factor`, `rope.scaling.original_context_length`, `rope.scaling.attn_factor`; β 32/1 as llama.cpp (it reads no β keys), correction dims floored/ceiled (`ggml_rope_yarn_corr_dims`) | [`RopeScaling::Yarn`] |
 //!
 //! Anything else a file asks for is refused by name: partial rotary outside phi3, LongRoPE
-//! factors, shared experts, different key and value widths, any tensor the architecture's
-//! llama.cpp loader does not use.
+//! factors outside phi3, shared experts, different key and value widths, any tensor the
+//! architecture's llama.cpp loader does not use.
 
 use super::read::{ArchKeys, GgufTokenizerMetadata, GgufValue, TensorTable, read_hyper_parameters, read_rope_scaling};
 use crate::LoadError;
@@ -285,9 +286,62 @@ fn read_family_arch(
         let (scaling, local) = read_family_rope(keys, family, &arch)?;
         arch.rope_scaling = scaling;
         arch.local_rope_theta = local;
+        if family == Family::Phi3
+            && let Some(longrope) = read_phi3_longrope(keys, table, &arch)?
+        {
+            arch.rope_scaling = Some(longrope);
+        }
     }
     arch.validate().map_err(|e| refuse(format!("inconsistent {} hyper-parameters: {e}", keys.arch)))?;
     Ok(arch)
+}
+
+/// phi3's LongRoPE as llama.cpp stores it (`conversion/phi.py` `Phi3MiniModel`:
+/// `generate_extra_tensors`, `set_gguf_parameters`; `src/models/phi3.cpp`,
+/// `llama_model::get_rope_factors`): the tensors `rope_factors_short.weight` and
+/// `rope_factors_long.weight` (`[rotary_dim / 2]` f32 divisors each), the original context
+/// `rope.scaling.original_context_length` (default `context_length`) and
+/// `rope.scaling.attn_factor` (default 1), which `llama_context` multiplies cos and sin by.
+/// llama.cpp runs the short factors while its context is at most the original one, as qdrift
+/// does ([`RopeScaling::LongRope`]). `None` without the tensors; one without the other, or with
+/// another RoPE scaling, is refused.
+fn read_phi3_longrope(
+    keys: &ArchKeys<'_>,
+    table: &TensorTable<'_>,
+    arch: &ModelArch,
+) -> Result<Option<RopeScaling>, LoadError> {
+    let pairs = [arch.rotary_dim() / 2];
+    let short = table.optional("rope_factors_short.weight", &pairs)?;
+    let long = table.optional("rope_factors_long.weight", &pairs)?;
+    let (short, long) = match (short, long) {
+        (None, None) => return Ok(None),
+        (Some(s), Some(l)) => (s.data, l.data),
+        (s, _) => {
+            let missing = if s.is_none() { "rope_factors_short.weight" } else { "rope_factors_long.weight" };
+            return Err(LoadError::invalid(
+                keys.path,
+                format!("tensor {missing} is missing: LongRoPE needs both rope_factors_short and rope_factors_long"),
+            ));
+        }
+    };
+    if let Some(other) = &arch.rope_scaling {
+        return Err(LoadError::invalid(
+            keys.path,
+            format!(
+                "LongRoPE factors (rope_factors_short/long) with another RoPE scaling ({other:?}) are not supported"
+            ),
+        ));
+    }
+    let scaling = RopeScaling::LongRope {
+        short_factor: short,
+        long_factor: long,
+        original_max_position_embeddings: keys.int("rope.scaling.original_context_length", Some(arch.max_seq_len))?,
+        attention_factor: keys.float("rope.scaling.attn_factor", Some(1.0))?,
+    };
+    scaling
+        .validate(arch.rotary_dim())
+        .map_err(|e| LoadError::invalid(keys.path, format!("phi3 LongRoPE (rope_factors_short/long): {e}")))?;
+    Ok(Some(scaling))
 }
 
 /// Each layer's sliding window, as `load_arch_hparams` and `load_swa_pattern` set them; empty
@@ -423,6 +477,8 @@ fn read_family_rope(
                 attention_factor: mscale * keys.float("rope.scaling.attn_factor", Some(1.0))?,
             })
         }
+        // phi3's factors are tensors ([`read_phi3_longrope`]); llama.cpp's converter writes no type.
+        "longrope" if family == Family::Phi3 => None,
         "longrope" => {
             return Err(LoadError::invalid(
                 path,

@@ -281,6 +281,9 @@ pub(super) fn gguf_tensors<'a>(
             RopeScaling::Linear { .. } | RopeScaling::Yarn { .. } => {
                 return Err(LoadError::invalid(path, "linear and YaRN RoPE scaling cannot be written to GGUF yet"));
             }
+            RopeScaling::LongRope { .. } => {
+                return Err(LoadError::invalid(path, "LongRoPE scaling is written to GGUF for phi3 only"));
+            }
         };
         let t = HostTensor::new(vec![factors.len()], factors)
             .ok_or_else(|| LoadError::invalid(path, "RoPE frequency factors"))?;

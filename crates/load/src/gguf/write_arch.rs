@@ -189,6 +189,10 @@ fn rope_refusal(model: &HostModel, family: Family) -> Option<String> {
             }
         }
         Some(RopeScaling::FreqFactors { .. } | RopeScaling::Llama3 { .. }) if family == Family::LlamaMoe => None,
+        Some(RopeScaling::LongRope { .. }) if family == Family::Phi3 => None,
+        Some(RopeScaling::LongRope { .. }) => {
+            Some(format!("LongRoPE scaling for {} (llama.cpp reads its factors for phi3)", family.gguf_name()))
+        }
         Some(_) => Some("per-pair RoPE frequency factors (rope_freqs.weight; llama only)".into()),
     }
 }
@@ -300,7 +304,9 @@ pub(super) fn family_metadata(
 }
 
 /// `rope.scaling.*`: linear as type and factor; YaRN as type, factor, original context, β, and
-/// `rope.scaling.attn_factor` when the attention factor is not llama.cpp's `1 + 0.1·ln factor`.
+/// `rope.scaling.attn_factor` when the attention factor is not llama.cpp's `1 + 0.1·ln factor`;
+/// phi3's LongRoPE as original context and attention factor (as `conversion/phi.py` writes it,
+/// without a type; its factors are tensors, [`family_tensors`]).
 fn rope_metadata(kv: &mut Kv, path: &Path, model: &HostModel, family: Family) -> Result<(), LoadError> {
     let k = |key: &str| format!("{}.{key}", family.gguf_name());
     match &model.arch.rope_scaling {
@@ -328,6 +334,12 @@ fn rope_metadata(kv: &mut Kv, path: &Path, model: &HostModel, family: Family) ->
             if (extra - 1.0).abs() > 1e-6 {
                 kv.f32(&k("rope.scaling.attn_factor"), extra);
             }
+        }
+        Some(RopeScaling::LongRope { original_max_position_embeddings, attention_factor, .. }) => {
+            let orig = u32::try_from(*original_max_position_embeddings)
+                .map_err(|_| LoadError::invalid(path, "original_max_position_embeddings does not fit a u32"))?;
+            kv.u32(&k("rope.scaling.original_context_length"), orig);
+            kv.f32(&k("rope.scaling.attn_factor"), *attention_factor);
         }
         _ => {}
     }
@@ -365,6 +377,14 @@ pub(super) fn family_tensors<'a>(
         };
         if let Some(f) = factors {
             tensors.push(vector("rope_freqs.weight".into(), Cow::Owned(HostTensor { shape: vec![f.len()], data: f })));
+        }
+    }
+    if let Some(RopeScaling::LongRope { short_factor, long_factor, .. }) = &a.rope_scaling
+        && family == Family::Phi3
+    {
+        // `Phi3MiniModel.generate_extra_tensors`: `[rotary_dim / 2]` f32, long then short.
+        for (name, f) in [("rope_factors_long.weight", long_factor), ("rope_factors_short.weight", short_factor)] {
+            tensors.push(vector(name.into(), Cow::Owned(HostTensor { shape: vec![f.len()], data: f.clone() })));
         }
     }
     for (i, l) in model.layers.iter().enumerate() {

@@ -596,8 +596,8 @@ fn rope(config: &Config<'_>, class: Class, head_dim: usize, max_pos: usize) -> R
         kind = "longrope";
     }
     let rotary_dim = rotary_dim(config, class, field, &dict, kind, head_dim)?;
-    let scaling =
-        parse_rope_scaling(config, &dict, &dict, kind, max_pos).map_err(|m| config.bad(format!("{field}: {m}")))?;
+    let scaling = parse_rope_scaling(config, class, &dict, &dict, kind, max_pos)
+        .map_err(|m| config.bad(format!("{field}: {m}")))?;
     Ok(Rope { theta: theta as f32, scaling, rotary_dim, local_theta: None })
 }
 
@@ -642,8 +642,8 @@ fn gemma3_rope(config: &Config<'_>, head_dim: usize, max_pos: usize) -> Result<R
     }
     let kind = rope_kind(&full);
     let rotary_dim = rotary_dim(config, Class::Gemma3, field, &full, kind, head_dim)?;
-    let scaling =
-        parse_rope_scaling(config, &full, &outer, kind, max_pos).map_err(|m| config.bad(format!("{field}: {m}")))?;
+    let scaling = parse_rope_scaling(config, Class::Gemma3, &full, &outer, kind, max_pos)
+        .map_err(|m| config.bad(format!("{field}: {m}")))?;
     Ok(Rope { theta: theta as f32, scaling, rotary_dim, local_theta: Some(local_theta as f32) })
 }
 
@@ -715,9 +715,11 @@ fn original_max(config: &Config<'_>, r: &Map<String, Value>, max_pos: usize) -> 
 /// The scaling of a rope dict of `transformers`' `modeling_rope_utils.py` (`ROPE_INIT_FUNCTIONS`):
 /// `default` (plain RoPE, `None`), `llama3` (`_compute_llama3_parameters`), `linear`
 /// (`_compute_linear_scaling_rope_parameters`), `yarn` (`_compute_yarn_parameters`, whose
-/// `truncate` is read from `outer`, the config's whole `rope_parameters`).
+/// `truncate` is read from `outer`, the config's whole `rope_parameters`), `longrope`
+/// (`_compute_longrope_parameters`, [`longrope`]).
 fn parse_rope_scaling(
     config: &Config<'_>,
+    class: Class,
     r: &Map<String, Value>,
     outer: &Map<String, Value>,
     kind: &str,
@@ -734,10 +736,61 @@ fn parse_rope_scaling(
         })),
         "linear" => Ok(Some(RopeScaling::Linear { factor: num("factor")? as f32 })),
         "yarn" => yarn(config, r, outer, max_pos).map(Some),
-        _ => {
-            Err(format!("type {kind} is not supported (RoPE scaling {kind}); supported: default, linear, llama3, yarn"))
-        }
+        "longrope" => longrope(config, class, r, max_pos).map(Some),
+        _ => Err(format!(
+            "type {kind} is not supported (RoPE scaling {kind}); supported: default, linear, llama3, yarn, longrope"
+        )),
     }
+}
+
+/// LongRoPE's parameters (`_compute_longrope_parameters`, `_validate_longrope_rope_parameters`):
+/// `short_factor` and `long_factor` (lists of numbers; their length, `rotary_dim / 2`, is checked
+/// by [`ModelArch::validate`]), `original_max_position_embeddings` and `attention_factor`, else
+/// `√(1 + ln(factor) / ln(original_max_position_embeddings))` (1 when `factor ≤ 1`), where
+/// `factor` is the dict's, else `max_position_embeddings / original_max_position_embeddings`.
+///
+/// `original_max_position_embeddings` is as `standardize_rope_params` settles it: the config's
+/// top-level field when the config has that attribute, which `Phi3Config` always has (default
+/// 4096, and the dict's value is then overwritten); for other classes, the top-level field, else
+/// the dict's, else `max_position_embeddings`.
+fn longrope(config: &Config<'_>, class: Class, r: &Map<String, Value>, max_pos: usize) -> Result<RopeScaling, String> {
+    let original = if class == Class::Phi3 {
+        match config.c.get("original_max_position_embeddings") {
+            None => 4096,
+            Some(v) => as_int(v)
+                .ok_or_else(|| format!("original_max_position_embeddings is {v}, not a non-negative integer"))?,
+        }
+    } else {
+        original_max(config, r, max_pos)?
+    };
+    if original == 0 {
+        return Err("original_max_position_embeddings is 0; it must be positive".into());
+    }
+    let factors = |key: &str| -> Result<Vec<f32>, String> {
+        let v = r.get(key).filter(|v| !v.is_null()).ok_or_else(|| format!("{key} is missing (LongRoPE needs it)"))?;
+        v.as_array()
+            .and_then(|a| a.iter().map(|x| x.as_f64().map(|f| f as f32)).collect::<Option<Vec<f32>>>())
+            .ok_or_else(|| format!("{key} is {v}, not a list of numbers"))
+    };
+    let (short_factor, long_factor) = (factors("short_factor")?, factors("long_factor")?);
+    let factor = number(r, "factor")?.unwrap_or(max_pos as f64 / original as f64);
+    let attention_factor = match number(r, "attention_factor")? {
+        Some(a) => a,
+        None if factor <= 1.0 => 1.0,
+        None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+    };
+    if !(attention_factor > 0.0 && attention_factor.is_finite()) {
+        return Err(format!(
+            "attention_factor {attention_factor} (LongRoPE, factor {factor}, original_max_position_embeddings \
+             {original}) must be positive and finite"
+        ));
+    }
+    Ok(RopeScaling::LongRope {
+        short_factor,
+        long_factor,
+        original_max_position_embeddings: original,
+        attention_factor: attention_factor as f32,
+    })
 }
 
 /// YaRN's parameters, with `attention_factor` computed as `_compute_yarn_parameters` does when

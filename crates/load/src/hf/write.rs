@@ -150,6 +150,9 @@ fn config_json(
         Some(RopeScaling::Yarn { .. }) => {
             return Err(LoadError::invalid(dir, "YaRN RoPE scaling cannot be written to config.json yet"));
         }
+        Some(RopeScaling::LongRope { .. }) => {
+            return Err(LoadError::invalid(dir, "LongRoPE scaling cannot be written to config.json yet"));
+        }
         Some(RopeScaling::FreqFactors { .. }) => {
             return Err(LoadError::invalid(
                 dir,
