@@ -10,6 +10,9 @@
 //!   the quantized file itself llama.cpp also rounds every activation to q8_0 blocks, which
 //!   moves the logits of these tiny random models by up to 15% (printed, not compared).
 //!
+//! The LongRoPE Phi-3 made from the tiny one (`qdrift_tests::longrope_phi3`, original context 512)
+//! runs in a context within its original length, where llama.cpp takes the short factors too.
+//!
 //! Runs only where `QDRIFT_LLAMA_DEBUG` names a `llama-debug` binary (llama.cpp's
 //! `examples/debug`); CI builds no llama.cpp, and the test says it skipped.
 
@@ -35,12 +38,28 @@ const PROMPTS: [&str; 4] = [
     "She opened the door and saw a big red",
 ];
 
+/// llama.cpp's context (a multiple of 256, which llama.cpp rounds a context up to): within the
+/// LongRoPE Phi-3's original context, so that llama.cpp runs its short factors as qdrift does (it
+/// takes the long ones when its context is longer).
+const CONTEXT: &str = "256";
+
+/// The LongRoPE Phi-3 of `qdrift_tests::longrope_phi3` in `dir`, with an original context of 512
+/// (of 4096).
+fn longrope_phi3(dir: &Path) {
+    qdrift_tests::longrope_phi3(dir);
+    let path = dir.join("config.json");
+    let mut c: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).expect("config")).expect("JSON");
+    c["original_max_position_embeddings"] = 512.into();
+    c["max_position_embeddings"] = 4096.into();
+    std::fs::write(&path, serde_json::to_vec(&c).expect("JSON")).expect("config.json writes");
+}
+
 /// llama.cpp's last-position logits for `prompt` and the tokens it fed, for `gguf`.
 fn llama_cpp_logits(binary: &Path, gguf: &Path, prompt: &str, out: &Path) -> (Vec<f32>, Vec<u32>) {
     let o = Command::new(binary)
         .args(["-m", &gguf.to_string_lossy(), "-p", prompt, "--save-logits", "--logits-output-dir"])
         .arg(out)
-        .args(["-c", "256", "-t", "2", "-ngl", "0"])
+        .args(["-c", CONTEXT, "-t", "2", "-ngl", "0"])
         .output()
         .expect("llama-debug runs");
     assert!(o.status.success(), "llama-debug on {}: {}", gguf.display(), String::from_utf8_lossy(&o.stderr));
@@ -89,9 +108,14 @@ fn llama_cpp_runs_the_exported_architectures() {
     };
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path();
+    let longrope = out.join("phi3_longrope");
+    std::fs::create_dir(&longrope).expect("folder");
+    longrope_phi3(&longrope);
     // gemma2's tiny checkpoint has an untied head, which llama.cpp's gemma2 cannot hold (refused).
-    for folder in ["qwen3", "qwen3_moe", "gemma3", "phi3", "gpt_oss", "mixtral"] {
-        let loaded = open_model(&shared_dir().join("models/tiny-arch").join(folder), None).expect("tiny-arch");
+    let tiny = |name: &str| shared_dir().join("models/tiny-arch").join(name);
+    let models = ["qwen3", "qwen3_moe", "gemma3", "phi3", "gpt_oss", "mixtral"].map(|f| (f, tiny(f)));
+    for (folder, source) in models.into_iter().chain([("phi3_longrope", longrope.clone())]) {
+        let loaded = open_model(&source, None).expect("tiny-arch");
         let keys = gguf_tokenizer_keys(&loaded).expect("tokenizer keys");
         let mut reference = loaded.model;
         round_to_fp16_reference(&mut reference);
