@@ -396,6 +396,23 @@ pub(crate) fn line_chart(spec: &Spec, series: &[Series<(f64, f64)>]) -> Result<S
     render(spec, &names, |area, log| on_axes(area, log, spec, &Lines(series)))
 }
 
+/// Series `i`'s line through `points` in `style` (tagged `line`), with its legend entry: `name`
+/// beside a swatch of the series' colour.
+fn series_line<X: Axis, Y: Axis>(
+    chart: &mut Chart<'_, '_, X, Y>,
+    log: &Rc<RefCell<Log>>,
+    (i, name): (usize, &str),
+    points: Vec<(f64, f64)>,
+    style: ShapeStyle,
+) -> Result<(), DrawingAreaErrorKind<std::io::Error>> {
+    let c = color(i);
+    in_series(log, i, "line", || {
+        chart.draw_series(LineSeries::new(points, style)).map(|a| {
+            a.label(legend_name(name)).legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], c.filled()));
+        })
+    })
+}
+
 /// The series of a [`line_chart`].
 struct Lines<'s, 'a>(&'s [Series<'a, (f64, f64)>]);
 
@@ -412,15 +429,8 @@ impl Drawing for Lines<'_, '_> {
         let err = |e| chart_error(spec.title, e);
         let mut chart = axes(area, spec, x, y)?;
         for (i, s) in self.0.iter().enumerate() {
-            let c = color(i);
-            let points = s.points.clone();
-            in_series(log, i, "line", || {
-                chart.draw_series(LineSeries::new(points, c.stroke_width(2))).map(|a| {
-                    a.label(legend_name(s.name))
-                        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], c.filled()));
-                })
-            })
-            .map_err(err)?;
+            let style = color(i).stroke_width(2);
+            series_line(&mut chart, log, (i, s.name), s.points.clone(), style).map_err(err)?;
         }
         legend(&mut chart, spec)
     }
@@ -500,13 +510,7 @@ impl Drawing for Intervals<'_, '_> {
             let c = color(i);
             let at: Vec<(f64, &Interval)> = s.points.iter().map(|iv| (self.spread.shift(iv.x, i, n), iv)).collect();
             let line: Vec<(f64, f64)> = at.iter().map(|(x, iv)| (*x, iv.mean)).collect();
-            in_series(log, i, "line", || {
-                chart.draw_series(LineSeries::new(line, c.mix(0.5).stroke_width(1))).map(|a| {
-                    a.label(legend_name(s.name))
-                        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], c.filled()));
-                })
-            })
-            .map_err(err)?;
+            series_line(&mut chart, log, (i, s.name), line, c.mix(0.5).stroke_width(1)).map_err(err)?;
             // A vertical bar from lo to hi with a cap at each end.
             let bars = at.iter().flat_map(|&(x, iv)| {
                 let (left, right) = self.spread.caps(x);
