@@ -43,18 +43,20 @@ impl ScoringContext<'_> {
         dump: Option<&mut Dump>,
     ) -> Result<(), EvalError> {
         self.score_on_reference_text(variant, name, traces, dump)?;
-        self.score_reference_on_variant_text(traces)?;
-        self.score_routing(variant, traces)
+        // The variant's text: each prompt with the variant's continuation.
+        let variant_text: Texts =
+            self.plan.prompts.iter().cloned().zip(traces.iter().map(|t| t.var_tokens.clone())).collect();
+        self.score_reference_on_variant_text(&variant_text, traces)?;
+        self.score_routing(variant, &variant_text, traces)
     }
 
     /// For a model with experts, where the variant's routing differs from the reference's, on
     /// the reference's text and on the variant's (`routing.rs`: three teacher-forced passes).
-    fn score_routing(&self, variant: &Llama, traces: &mut [Trace]) -> Result<(), EvalError> {
+    fn score_routing(&self, variant: &Llama, variant_text: &Texts, traces: &mut [Trace]) -> Result<(), EvalError> {
         let Some(reference) = &self.reference.routes else { return Ok(()) };
         let on_reference_text = routes_on(variant, self.plan, &self.reference.text)?;
-        let text: Texts = self.plan.prompts.iter().cloned().zip(traces.iter().map(|t| t.var_tokens.clone())).collect();
-        let reference_on_var = routes_on(&self.reference.model, self.plan, &text)?;
-        let variant_on_var = routes_on(variant, self.plan, &text)?;
+        let reference_on_var = routes_on(&self.reference.model, self.plan, variant_text)?;
+        let variant_on_var = routes_on(variant, self.plan, variant_text)?;
         let (Some(v), Some(rv), Some(vv)) = (on_reference_text, reference_on_var, variant_on_var) else {
             return Err(EvalError::Internal("the variant has no experts where the reference has".into()));
         };
@@ -148,17 +150,16 @@ impl ScoringContext<'_> {
         failure.map_or(Ok(()), Err)
     }
 
-    /// The reference's log p of each token the variant generated.
-    fn score_reference_on_variant_text(&self, traces: &mut [Trace]) -> Result<(), EvalError> {
-        let text: Texts = self.plan.prompts.iter().cloned().zip(traces.iter().map(|t| t.var_tokens.clone())).collect();
+    /// The reference's log p of each token the variant generated (`text`: the variant's text).
+    fn score_reference_on_variant_text(&self, text: &Texts, traces: &mut [Trace]) -> Result<(), EvalError> {
         let mut failure: Option<EvalError> = None;
         let reduce = Reduce::for_plan(self.plan);
         let reduced = |f: ForcedLogits| {
             let [rows, positions, _] = f.logits.dims();
-            let tokens = chunk_tokens(&text, f.first_prompt, f.start, rows, positions);
+            let tokens = chunk_tokens(text, f.first_prompt, f.start, rows, positions);
             (rows, positions, reduce.token_logprobs(f.logits, &tokens))
         };
-        teacher_forced_map(&self.reference.model, self.plan.forcing(&text), reduced, |first, start, r| {
+        teacher_forced_map(&self.reference.model, self.plan.forcing(text), reduced, |first, start, r| {
             if failure.is_some() {
                 return;
             }
