@@ -275,6 +275,13 @@ impl RopeScaling {
         let positive = |name: &str, v: f32| {
             if v > 0.0 && v.is_finite() { Ok(()) } else { Err(format!("rope scaling {name} {v} must be positive")) }
         };
+        let original = |n: usize| {
+            if n > 0 {
+                Ok(())
+            } else {
+                Err("rope scaling original_max_position_embeddings must be positive".to_string())
+            }
+        };
         match self {
             RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
                 positive("factor", *factor)?;
@@ -286,10 +293,7 @@ impl RopeScaling {
                          {low_freq_factor}"
                     ));
                 }
-                if *original_max_position_embeddings == 0 {
-                    return Err("rope scaling original_max_position_embeddings must be positive".to_string());
-                }
-                Ok(())
+                original(*original_max_position_embeddings)
             }
             RopeScaling::FreqFactors { factors } => {
                 if factors.len() != head_dim / 2 {
@@ -314,10 +318,7 @@ impl RopeScaling {
                 positive("beta_fast", *beta_fast)?;
                 positive("beta_slow", *beta_slow)?;
                 positive("attention_factor", *attention_factor)?;
-                if *original_max_position_embeddings == 0 {
-                    return Err("rope scaling original_max_position_embeddings must be positive".to_string());
-                }
-                Ok(())
+                original(*original_max_position_embeddings)
             }
             RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings, attention_factor } => {
                 for (name, factors) in [("short_factor", short_factor), ("long_factor", long_factor)] {
@@ -331,10 +332,7 @@ impl RopeScaling {
                     factors.iter().try_for_each(|&f| positive(name, f))?;
                 }
                 positive("attention_factor", *attention_factor)?;
-                if *original_max_position_embeddings == 0 {
-                    return Err("rope scaling original_max_position_embeddings must be positive".to_string());
-                }
-                Ok(())
+                original(*original_max_position_embeddings)
             }
         }
     }
