@@ -61,6 +61,105 @@ pub fn longrope_phi3(dir: &std::path::Path) {
     std::fs::write(&path, serde_json::to_vec_pretty(&c).expect("JSON")).expect("config.json writes");
 }
 
+/// Width of [`qwen2_moe`]'s shared expert (a multiple of 32, so that every GGUF block format
+/// holds its down projection's rows).
+pub const QWEN2_MOE_SHARED: usize = 96;
+
+/// A tiny random `Qwen2MoeForCausalLM` checkpoint written into `dir`, since `../shared/` holds no
+/// `transformers`-written one: `config.json` as `Qwen2MoeConfig` saves it (hidden 64, 4 heads of
+/// 16, 2 KV heads, 3 layers, 8 experts of width 32, top-2 without `norm_topk_prob`, a shared
+/// expert of width [`QWEN2_MOE_SHARED`], q/k/v biases, RoPE θ 1e6, untied head), the layers in
+/// `mlp_only_layers` dense (width 128); `model.safetensors` in bf16 with the names
+/// `Qwen2MoeForCausalLM` loads (`mlp.gate`, `mlp.experts.{e}.{gate,up,down}_proj`,
+/// `mlp.shared_expert.{gate,up,down}_proj`, `mlp.shared_expert_gate`); the tokenizer of the
+/// tiny-arch Qwen3-MoE (same 512-token vocabulary, so its golden prompts' ids). Weights are
+/// seeded [`uniform`] values: ±0.26 (the tiny-arch checkpoints' std 0.15) for matrices and the
+/// embedding, 1 ± 0.1 for norms, ±0.05 for biases; the routers ±0.5, so that routing decides.
+pub fn qwen2_moe(dir: &std::path::Path, mlp_only_layers: &[usize]) {
+    let src = shared_dir().join("models/tiny-arch/qwen3_moe");
+    for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap_or_else(|e| panic!("{}: {e}", src.join(f).display()));
+    }
+    let (dim, heads, kv, hd, layers, vocab, dense, width, experts) = (64, 4, 2, 16, 3, 512, 128, 32, 8);
+    let config = serde_json::json!({
+        "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "dtype": "bfloat16",
+        "hidden_size": dim, "num_attention_heads": heads, "num_key_value_heads": kv,
+        "num_hidden_layers": layers, "vocab_size": vocab, "intermediate_size": dense,
+        "moe_intermediate_size": width, "shared_expert_intermediate_size": QWEN2_MOE_SHARED,
+        "num_experts": experts, "num_experts_per_tok": 2, "norm_topk_prob": false,
+        "decoder_sparse_step": 1, "mlp_only_layers": mlp_only_layers, "qkv_bias": true,
+        "hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 4096,
+        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+        "use_sliding_window": false, "sliding_window": null, "max_window_layers": 28,
+        "layer_types": vec!["full_attention"; layers], "tie_word_embeddings": false,
+        "eos_token_id": 0, "bos_token_id": null, "pad_token_id": null, "transformers_version": "5.25.0"
+    });
+    std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&config).expect("JSON")).expect("writes");
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    let mut seed = 0u64;
+    let mut add = |name: String, shape: &[usize], offset: f32, scale: f32| {
+        seed += 1;
+        let n = shape.iter().product();
+        let data = uniform(0x0051_3E00 + seed, n).into_iter().map(|v| offset + 2.0 * scale * v).collect();
+        tensors.push((name, shape.to_vec(), data));
+    };
+    add("model.embed_tokens.weight".into(), &[vocab, dim], 0.0, 0.26);
+    for i in 0..layers {
+        let p = |s: &str| format!("model.layers.{i}.{s}");
+        add(p("input_layernorm.weight"), &[dim], 1.0, 0.1);
+        add(p("post_attention_layernorm.weight"), &[dim], 1.0, 0.1);
+        for (name, out) in [("q_proj", heads * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)] {
+            add(p(&format!("self_attn.{name}.weight")), &[out, dim], 0.0, 0.26);
+            add(p(&format!("self_attn.{name}.bias")), &[out], 0.0, 0.05);
+        }
+        add(p("self_attn.o_proj.weight"), &[dim, heads * hd], 0.0, 0.26);
+        let mut mlp = |prefix: String, w: usize| {
+            add(format!("{prefix}.gate_proj.weight"), &[w, dim], 0.0, 0.26);
+            add(format!("{prefix}.up_proj.weight"), &[w, dim], 0.0, 0.26);
+            add(format!("{prefix}.down_proj.weight"), &[dim, w], 0.0, 0.26);
+        };
+        if mlp_only_layers.contains(&i) {
+            mlp(p("mlp"), dense);
+            continue;
+        }
+        for e in 0..experts {
+            mlp(p(&format!("mlp.experts.{e}")), width);
+        }
+        mlp(p("mlp.shared_expert"), QWEN2_MOE_SHARED);
+        add(p("mlp.gate.weight"), &[experts, dim], 0.0, 0.5);
+        add(p("mlp.shared_expert_gate.weight"), &[1, dim], 0.0, 0.5);
+    }
+    add("model.norm.weight".into(), &[dim], 1.0, 0.1);
+    add("lm_head.weight".into(), &[vocab, dim], 0.0, 0.26);
+    write_bf16_safetensors(&dir.join("model.safetensors"), &tensors);
+}
+
+/// A safetensors file (8-byte little-endian header length, JSON header, data) of bf16 tensors,
+/// each value rounded to nearest even; names sorted, as `safetensors` writes them.
+fn write_bf16_safetensors(path: &std::path::Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
+    let mut sorted: Vec<&(String, Vec<usize>, Vec<f32>)> = tensors.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
+    let mut data = Vec::new();
+    for (name, shape, values) in sorted {
+        let start = data.len();
+        data.extend(values.iter().flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes()));
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": "BF16", "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    let mut head = serde_json::to_vec(&serde_json::Value::Object(header)).expect("JSON");
+    while !head.len().is_multiple_of(8) {
+        head.push(b' ');
+    }
+    let mut file = (head.len() as u64).to_le_bytes().to_vec();
+    file.extend(head);
+    file.extend(data);
+    std::fs::write(path, file).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
+
 /// A small `qdrift eval` of stories260K on the CPU for whole-evaluation identity tests: the first
 /// `prompts` prompts in batches of `batch_size` (a short last batch when they do not divide),
 /// horizons 5 and 30, teacher forcing in chunks of 8, 200 bootstrap resamples, and the schemes

@@ -17,8 +17,9 @@
 //! - the FFN: gated SwiGLU, GELU-tanh (`GELUTanh`) or clamped SwiGLU
 //!   (`GptOssExperts._apply_gate`) with biases; or a mixture of experts whose router
 //!   (`Qwen3MoeTopKRouter`, `MixtralTopKRouter`, `GptOssTopKRouter`) picks the `top_k` largest
-//!   logits (ties to the lower expert index) and weighs them by [`qdrift_load::Routing`];
-//!   a post-FFN norm.
+//!   logits (ties to the lower expert index) and weighs them by [`qdrift_load::Routing`],
+//!   plus Qwen2-MoE's shared expert scaled by `σ(shared_expert_gate · x)`
+//!   (`Qwen2MoeSparseMoeBlock`); a post-FFN norm.
 //!
 //! The model scales the embeddings (`Gemma3TextScaledWordEmbedding`) and soft-caps the final
 //! logits (`Gemma2ForCausalLM.forward`).
@@ -526,6 +527,9 @@ pub fn route(logits: &[f64], routing: Routing, top_k: usize) -> Vec<(usize, f64)
 /// prompt's positions together, a per-token (or per-token-group) scale one slot, so that a
 /// position's rounding never depends on which other positions an expert was given. The
 /// weighted outputs are summed in ascending expert order (`Qwen3MoeExperts`' `index_add_`).
+/// A shared expert (`Qwen2MoeSparseMoeBlock`) runs on every position's rounded input, its down
+/// input rounded as a dense FFN's, and adds `σ(gate · x) · shared(x)` with the gate reading the
+/// unrounded input, as the router.
 fn mixture(
     e: &Experts,
     routing: Routing,
@@ -559,6 +563,14 @@ fn mixture(
         let down = &e.experts[ei];
         let y = matvec(&down.down, down.down_bias.as_ref(), h);
         out[pos].iter_mut().zip(y).for_each(|(o, v)| *o += w * v);
+    }
+    if let Some(sh) = &e.shared {
+        let positions: Vec<usize> = (0..xn.len()).collect();
+        let ys = gated(&sh.mlp, act, &xr, &positions, rounding);
+        for ((o, y), x) in out.iter_mut().zip(ys).zip(xn) {
+            let g = 1.0 / (1.0 + (-matvec(&sh.gate, None, x)[0]).exp());
+            o.iter_mut().zip(y).for_each(|(o, v)| *o += g * v);
+        }
     }
     out
 }

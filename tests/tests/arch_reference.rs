@@ -1,13 +1,13 @@
 //! The new blocks of issue #30 (tiny-arch checkpoints: Qwen3's q/k norms and explicit head width,
-//! Qwen3-MoE's and gpt-oss's experts, gpt-oss's sinks, biases, YaRN and sliding windows) with a
-//! variant's run-time roundings, against the independent f64 forward pass with the same roundings
+//! Qwen3-MoE's and gpt-oss's experts, Qwen2-MoE's shared expert (`qdrift_tests::qwen2_moe`),
+//! gpt-oss's sinks, biases, YaRN and sliding windows) with a variant's run-time roundings, against the independent f64 forward pass with the same roundings
 //! (`qdrift_tests::reference64`), on the CPU backend: weights in int8 with a KV scheme, and with
 //! an activation scheme, decoded (three prompts in one left-padded batch) and teacher-forced (two
 //! sequences a batch, seven positions a pass).
 //!
 //! First, without roundings, every kernel combination of the CPU backend (Burn's or the host's
 //! linear layers, composed or host attention; a block the host kernels do not cover falls back to
-//! Burn) on all seven checkpoints agrees with the f64 pass to 1e-5 of the logits' scale.
+//! Burn) on all seven checkpoints and the Qwen2-MoE agrees with the f64 pass to 1e-5 of the logits' scale.
 //!
 //! Tolerance as `fake_quant.rs`'s stories260K test: a position agrees when all its logits are
 //! within [`AGREE`] of the f64 pass. Where f32 and f64 put a value on opposite sides of a
@@ -59,13 +59,21 @@ fn agreeing(errors: &[f64]) -> f64 {
     errors.iter().filter(|e| **e <= AGREE).count() as f64 / errors.len() as f64
 }
 
-/// A tiny-arch checkpoint at the FP16 reference's precision, and its golden prompts.
+/// A tiny-arch checkpoint at the FP16 reference's precision, and its golden prompts; `qwen2_moe`
+/// is `qdrift_tests::qwen2_moe`'s checkpoint (layer 1 dense), with the Qwen3-MoE's prompts.
 fn reference(arch: &str) -> (HostModel, Vec<Vec<u32>>) {
-    let dir = shared_dir().join("models/tiny-arch").join(arch);
+    let tiny = |a: &str| shared_dir().join("models/tiny-arch").join(a);
+    let made = tempfile::tempdir().expect("tempdir");
+    let dir = if arch == "qwen2_moe" {
+        qdrift_tests::qwen2_moe(made.path(), &[1]);
+        made.path().to_path_buf()
+    } else {
+        tiny(arch)
+    };
     let loaded = open_model(&dir, None).unwrap_or_else(|e| panic!("{arch} must load from {}: {e}", dir.display()));
     let mut model = loaded.model;
     round_to_fp16_reference(&mut model);
-    let golden = dir.join("golden.json");
+    let golden = tiny(if arch == "qwen2_moe" { "qwen3_moe" } else { arch }).join("golden.json");
     let text = std::fs::read_to_string(&golden).unwrap_or_else(|e| panic!("{}: {e}", golden.display()));
     let json: serde_json::Value = serde_json::from_str(&text).expect("golden.json is JSON");
     let prompts = json["prompts"]
@@ -128,7 +136,7 @@ fn dense_blocks_match_the_f64_forward_pass_on_every_cpu_kernel() {
 
 #[test]
 fn experts_match_the_f64_forward_pass_on_every_cpu_kernel() {
-    kernels_match_the_f64_forward_pass(&["qwen3_moe", "mixtral", "gpt_oss"]);
+    kernels_match_the_f64_forward_pass(&["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss"]);
 }
 
 /// Logits of the variant decoding its own continuation, then teacher-forcing it.
@@ -274,6 +282,11 @@ fn qwen3_variants_match_the_f64_forward_pass() {
 #[test]
 fn qwen3_moe_variants_match_the_f64_forward_pass() {
     variants_match_the_f64_forward_pass("qwen3_moe", &DENSE);
+}
+
+#[test]
+fn qwen2_moe_variants_match_the_f64_forward_pass() {
+    variants_match_the_f64_forward_pass("qwen2_moe", &DENSE);
 }
 
 #[test]

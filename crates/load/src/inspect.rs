@@ -191,6 +191,10 @@ fn layer_matrices(a: &ModelArch, layer: usize, active: bool) -> Vec<(u64, u64, u
         Some(moe) => {
             let (n, e) = ((if active { moe.top_k } else { moe.n_experts }) as u64, moe.expert_hidden as u64);
             m.extend([(moe.n_experts as u64, d, 1), (e, d, n), (e, d, n), (d, e, n)]);
+            // Qwen2-MoE's shared expert runs on every token, with its `[1, dim]` gate.
+            if let Some(w) = moe.shared_expert_hidden.map(|w| w as u64) {
+                m.extend([(w, d, 1), (w, d, 1), (d, w, 1), (1, d, 1)]);
+            }
         }
         None => m.extend([(h, d, 1), (h, d, 1), (d, h, 1)]),
     }

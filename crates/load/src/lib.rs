@@ -102,7 +102,7 @@ pub use loaded::{
 pub use open::open_model;
 pub use qdrift_weights::{
     Activation, BlockSpec, Experts, Ffn, HostModel, HostTensor, LayerWeights, LinearName, Mlp, ModelArch, MoeSpec,
-    NormStyle, RopeScaling, Routing,
+    NormStyle, RopeScaling, Routing, SharedExpert,
 };
 pub use rope_layout::{rotate_half_row_order, rotate_half_row_order_partial};
 pub use synthetic::{SYNTHETIC_PRESETS, SYNTHETIC_STD, byte_tokenizer, synthetic_arch, synthetic_model};

@@ -113,6 +113,7 @@ fn moe_tiny() -> ModelArch {
             expert_hidden: 16,
             routing: Routing::SoftmaxTopK { renormalize: true },
             dense_layers: Vec::new(),
+            shared_expert_hidden: None,
         }),
     }
 }
@@ -273,7 +274,7 @@ fn random_experts(moe: &MoeSpec, d: usize, seed: u64, layer: usize) -> Experts {
     let experts = (0..moe.n_experts as u64)
         .map(|e| Mlp::new(rand(&[w, d], 3 * e + 1), rand(&[w, d], 3 * e + 2), rand(&[d, w], 3 * e + 3)))
         .collect();
-    Experts { router: rand(&[moe.n_experts, d], 0), router_bias: None, experts }
+    Experts { router: rand(&[moe.n_experts, d], 0), router_bias: None, experts, shared: None }
 }
 
 /// N(0, SYNTHETIC_STD²) values of ChaCha8 stream `stream` (see the module docs), generated on all

@@ -60,7 +60,14 @@ fn base_arch(name: &str) -> ModelArch {
 /// The architecture of each family as a Hugging Face reader describes it (Gemma norms raw).
 fn family_arch(family: &str) -> ModelArch {
     let mut a = base_arch(family);
-    let moe = |routing| MoeSpec { n_experts: 4, top_k: 2, expert_hidden: 32, routing, dense_layers: Vec::new() };
+    let moe = |routing| MoeSpec {
+        n_experts: 4,
+        top_k: 2,
+        expert_hidden: 32,
+        routing,
+        dense_layers: Vec::new(),
+        shared_expert_hidden: None,
+    };
     match family {
         "qwen3" => {
             a.architecture = "Qwen3ForCausalLM".into();
@@ -148,6 +155,7 @@ fn model(arch: ModelArch, seed: u64) -> HostModel {
                     router: r.tensor(&[m.n_experts, d]),
                     router_bias: gpt_oss.then(|| r.tensor(&[m.n_experts])),
                     experts: (0..m.n_experts).map(|_| mlp(&mut r, d, m.expert_hidden, gpt_oss)).collect(),
+                    shared: None,
                 }),
                 _ => Ffn::Dense(mlp(&mut r, d, arch.hidden_dim, false)),
             };

@@ -574,6 +574,7 @@ fn experts_missing_from_the_weights_are_refused_by_name() {
         expert_hidden: 8,
         routing: qdrift_weights::Routing::SoftmaxTopK { renormalize: true },
         dense_layers: Vec::new(),
+        shared_expert_hidden: None,
     });
     let e = Llama::from_host(&host, DType::F32, &Device::flex()).expect_err("refused");
     assert!(

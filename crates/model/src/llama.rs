@@ -302,7 +302,7 @@ impl FeedForward {
 
     /// Whether all three projections are packed on the host and the host kernels cover the
     /// activation (SwiGLU; the others run as Burn ops).
-    fn packed_on_host(&self) -> bool {
+    pub(crate) fn packed_on_host(&self) -> bool {
         self.activation == Activation::SwiGlu
             && self.gate.packed().is_some()
             && self.up.packed().is_some()
@@ -317,7 +317,7 @@ impl FeedForward {
     ///
     /// # Panics
     /// Where [`FeedForward::runs_on_host`] does not hold.
-    fn forward_host(&self, mut xs: Vec<f32>, [b, t]: [usize; 2], context: &ForwardContext) -> Vec<f32> {
+    pub(crate) fn forward_host(&self, mut xs: Vec<f32>, [b, t]: [usize; 2], context: &ForwardContext) -> Vec<f32> {
         let (Some(gate), Some(up), Some(down)) = (self.gate.packed(), self.up.packed(), self.down.packed()) else {
             panic!("FeedForward::forward_host on a layer that does not run on the host");
         };
@@ -331,7 +331,7 @@ impl FeedForward {
     }
 
     /// The three projections' host weights and biases, as [`Mlp`].
-    fn host_weights(&self) -> Mlp {
+    pub(crate) fn host_weights(&self) -> Mlp {
         let ((gate, gate_bias), (up, up_bias), (down, down_bias)) =
             (self.gate.host_weights(), self.up.host_weights(), self.down.host_weights());
         Mlp { gate, up, down, gate_bias, up_bias, down_bias }

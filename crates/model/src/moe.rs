@@ -38,6 +38,14 @@
 //!   one expert's activations of one token), as vLLM's per-row scales. Either way a row's
 //!   rounding depends only on its own sequence, never on which rows an expert was given.
 //!
+//! **Shared expert** (Qwen2-MoE, `Qwen2MoeSparseMoeBlock`): a dense gated FFN
+//! ([`FeedForward`]) every row runs, its output scaled by `σ(shared_expert_gate · x)` and added to
+//! the routed experts' sum: `y = Σ_e w_e·expert_e(x) + σ(g·x)·shared(x)`. Its gate reads the
+//! unrounded input at reference precision, as the router does; its logits are read back with the
+//! router's and the sigmoid taken on the host in f32, rounded to the compute dtype (the
+//! reference's model-dtype `F.sigmoid`), so both paths scale by the same values. The shared FFN
+//! rounds its input and its down projection's input as the dense layer does.
+//!
 //! **Routing capture.** [`MoeLayer::forward_recording`] appends each pass's choices to a
 //! [`RoutingRecord`] (layer → `[batch, seq, top_k]` expert ids in order of weight), for the
 //! routing-drift metrics.
@@ -47,7 +55,7 @@ use std::sync::Mutex;
 use burn::module::Module;
 use burn::tensor::{DType, Device, IndexingUpdateOp, Int, Tensor, TensorData};
 use qdrift_codecs::ActivationScale;
-use qdrift_weights::{Activation, Experts, HostTensor, Mlp, MoeSpec, Routing};
+use qdrift_weights::{Activation, Experts, HostTensor, Mlp, MoeSpec, Routing, SharedExpert};
 
 use crate::activation::gated;
 use crate::attention::ForwardContext;
@@ -57,6 +65,7 @@ use crate::host::linear::PackedLinear;
 use crate::host::placement;
 use crate::host::swiglu::swiglu;
 use crate::linear::ProjectionStore;
+use crate::llama::FeedForward;
 use crate::routing::{LayerRoutes, RoutingRecord};
 use crate::{Projection, host_f32, upload, upload_owned};
 
@@ -78,6 +87,10 @@ pub struct MoeLayer {
     pub router: Projection,
     /// The experts, by id.
     pub experts: Vec<Expert>,
+    /// The shared expert every row runs (Qwen2-MoE), `[shared_hidden, dim]` projections.
+    pub shared: Option<FeedForward>,
+    /// The shared expert's sigmoid gate, `[1, dim]`.
+    pub shared_gate: Option<Projection>,
     /// Experts per token.
     #[module(skip)]
     pub top_k: usize,
@@ -97,17 +110,18 @@ impl MoeLayer {
     /// input width (`dim`), stored as `store` says (as the dense layer's projections).
     ///
     /// # Errors
-    /// [`ModelError::Arch`] when `spec` and the weights disagree on the number of experts or
-    /// `top_k` is not from 1 to it; [`ModelError::Shape`] for a tensor of the wrong shape, named
+    /// [`ModelError::Arch`] when `spec` and the weights disagree on the number of experts or on
+    /// a shared expert, or `top_k` is not from 1 to it; [`ModelError::Shape`] for a tensor of the wrong shape, named
     /// as Qwen3-MoE names it (`model.layers.{layer}.mlp.experts.{e}.gate_proj.weight`).
     pub(crate) fn from_host(
         layer: usize,
-        experts: &Experts,
+        experts_in: &Experts,
         spec: &MoeSpec,
         activation: Activation,
         store: ProjectionStore<'_>,
     ) -> Result<MoeLayer, ModelError> {
         let (n, hid) = (spec.n_experts, spec.expert_hidden);
+        let experts = experts_in;
         if experts.experts.len() != n {
             return Err(ModelError::Arch(format!(
                 "layer {layer}: {} experts given, the mixture of experts has {n}",
@@ -137,7 +151,37 @@ impl MoeLayer {
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
-        Ok(MoeLayer { router, experts, top_k: spec.top_k, routing: spec.routing, activation, layer })
+        let (shared, shared_gate) = match (&experts_in.shared, spec.shared_expert_hidden) {
+            (None, None) => (None, None),
+            (Some(sh), Some(w)) => {
+                let p = |s: &str| name(&format!("shared_expert.{s}"));
+                let m = &sh.mlp;
+                let ffn = FeedForward {
+                    gate: projection(&p("gate_proj"), &m.gate, m.gate_bias.as_ref(), [w, dim], store)?,
+                    up: projection(&p("up_proj"), &m.up, m.up_bias.as_ref(), [w, dim], store)?,
+                    down: projection(&p("down_proj"), &m.down, m.down_bias.as_ref(), [dim, w], store)?,
+                    activation,
+                };
+                (Some(ffn), Some(projection(&name("shared_expert_gate"), &sh.gate, None, [1, dim], store)?))
+            }
+            (given, _) => {
+                return Err(ModelError::Arch(format!(
+                    "layer {layer}: the weights {} a shared expert but the mixture of experts {}",
+                    if given.is_some() { "have" } else { "lack" },
+                    if given.is_some() { "has none" } else { "has one" }
+                )));
+            }
+        };
+        Ok(MoeLayer {
+            router,
+            experts,
+            shared,
+            shared_gate,
+            top_k: spec.top_k,
+            routing: spec.routing,
+            activation,
+            layer,
+        })
     }
 
     /// The layer's weights as host values, as [`MoeLayer::from_host`] took them (values of the
@@ -153,7 +197,11 @@ impl MoeLayer {
                 Mlp { gate, up, down, gate_bias, up_bias, down_bias }
             })
             .collect();
-        Experts { router, router_bias, experts }
+        let shared = match (&self.shared, &self.shared_gate) {
+            (Some(f), Some(g)) => Some(SharedExpert { mlp: f.host_weights(), gate: g.host_weights().0 }),
+            _ => None,
+        };
+        Experts { router, router_bias, experts, shared }
     }
 
     /// Number of experts.
@@ -207,10 +255,14 @@ impl MoeLayer {
     ) -> Tensor<3> {
         let ([b, t, dim], dtype, device) = (x.dims(), x.dtype(), x.device());
         let rows = b * t;
-        // The router at reference precision: its input unrounded.
+        // The router (and the shared expert's gate) at reference precision: its input unrounded.
         let logits = host_f32(self.router.forward_to(x.clone(), DType::F32));
         let routes = route(&logits, self.n_experts(), self.top_k, self.routing);
         self.record(record, [b, t], &routes);
+        let shared = self.shared.as_ref().zip(self.shared_gate.as_ref()).map(|(ffn, gate)| {
+            let g = shared_gate_weights(host_f32(gate.forward_to(x.clone(), DType::F32)));
+            (ffn.forward(x.clone(), context).reshape([rows, dim]), upload(&g, [rows, 1], dtype, &device))
+        });
         let groups = routes.by_expert(self.n_experts());
         let xs = context.round_input(x).reshape([rows, dim]);
         let hidden: Vec<Option<Tensor<2>>> = self
@@ -235,6 +287,9 @@ impl MoeLayer {
             let w = upload(&g.weights, [n, 1], dtype, &device);
             out = out.select_assign(0, indices(&g.rows, &device), y * w, IndexingUpdateOp::Add);
         }
+        if let Some((y, g)) = shared {
+            out = out + y * g;
+        }
         out.reshape([b, t, dim])
     }
 
@@ -244,11 +299,13 @@ impl MoeLayer {
         placement::ffn_on_host(self.packed_on_host(), context.rounds_on_host())
     }
 
-    /// Whether the router and every expert are packed on the host and the host kernels cover the
-    /// activation (SwiGLU; the others run as Burn ops).
+    /// Whether the router, every expert and the shared expert with its gate are packed on the
+    /// host and the host kernels cover the activation (SwiGLU; the others run as Burn ops).
     pub(crate) fn packed_on_host(&self) -> bool {
         self.activation == Activation::SwiGlu
             && self.router.packed().is_some()
+            && self.shared.as_ref().is_none_or(FeedForward::packed_on_host)
+            && self.shared_gate.as_ref().is_none_or(|g| g.packed().is_some())
             && self
                 .experts
                 .iter()
@@ -278,6 +335,11 @@ impl MoeLayer {
         let (rows, dim) = (b * t, router.inp());
         let routes = route(&router.forward_rounded(&xs, rows, f16), self.n_experts(), k, self.routing);
         self.record(record, [b, t], &routes);
+        // The shared expert on the unrounded input (it rounds its own), scaled by its gate.
+        let shared = self.shared.as_ref().zip(self.shared_gate.as_ref()).map(|(ffn, gate)| {
+            let g = shared_gate_weights(packed(gate).forward_rounded(&xs, rows, f16));
+            (ffn.forward_host(xs.clone(), [b, t], context), g)
+        });
         let groups = routes.by_expert(self.n_experts());
         context.round_host_input(&mut xs, [b, t, dim]);
         let mut hidden: Vec<Vec<f32>> = self
@@ -320,6 +382,15 @@ impl MoeLayer {
                 let row = &mut out[r as usize * dim..(r as usize + 1) * dim];
                 for (o, &v) in row.iter_mut().zip(yv) {
                     let p = if f16 { round_to_f16(v * wt) } else { v * wt };
+                    *o = if f16 { round_to_f16(*o + p) } else { *o + p };
+                }
+            }
+        }
+        if let Some((y, g)) = shared {
+            for ((row, yv), &g) in out.chunks_exact_mut(dim).zip(y.chunks_exact(dim)).zip(&g) {
+                let g = if f16 { round_to_f16(g) } else { g };
+                for (o, &v) in row.iter_mut().zip(yv) {
+                    let p = if f16 { round_to_f16(v * g) } else { v * g };
                     *o = if f16 { round_to_f16(*o + p) } else { *o + p };
                 }
             }
@@ -381,6 +452,16 @@ impl MoeLayer {
         let slots = context.round_input(slots.reshape(self.slot_view(context, [b, t]))).reshape([b * t * k, w]);
         groups.iter().zip(hidden).map(|(g, h)| h.map(|_| slots.clone().select(0, indices(&g.slots, &device)))).collect()
     }
+}
+
+/// The shared expert's scale of each row, `σ(z)` of its gate's logit in f32 (rounded to the
+/// compute dtype where it is used, as the reference's model-dtype `F.sigmoid`).
+///
+/// # Shapes
+/// - `logits`: `[rows]` (the gate's `[rows, 1]`) → `[rows]`
+fn shared_gate_weights(mut logits: Vec<f32>) -> Vec<f32> {
+    logits.iter_mut().for_each(|z| *z = 1.0 / (1.0 + (-*z).exp()));
+    logits
 }
 
 /// A projection from `[out, in]` host weights and an optional `[out]` bias, checked; `name`
@@ -565,11 +646,30 @@ mod tests {
                     down_bias: bias(dim, 2000 + e),
                 })
                 .collect(),
+            shared: None,
         };
-        let spec = MoeSpec { n_experts: n, top_k: k, expert_hidden: hid, routing, dense_layers: vec![] };
+        let spec = MoeSpec {
+            n_experts: n,
+            top_k: k,
+            expert_hidden: hid,
+            routing,
+            dense_layers: vec![],
+            shared_expert_hidden: None,
+        };
         let activation =
             if biases { Activation::ClampedSwiGlu { alpha: 1.702, limit: 7.0 } } else { Activation::SwiGlu };
         Setup { experts, spec, activation, dim }
+    }
+
+    /// `s` with a Qwen2-MoE shared expert of width 24 and its gate.
+    fn with_shared(mut s: Setup) -> Setup {
+        let (dim, w) = (s.dim, 24);
+        s.experts.shared = Some(SharedExpert {
+            mlp: Mlp::new(tensor(&[w, dim], 7, 0.3), tensor(&[w, dim], 8, 0.3), tensor(&[dim, w], 9, 0.3)),
+            gate: tensor(&[1, dim], 6, 0.5),
+        });
+        s.spec.shared_expert_hidden = Some(w);
+        s
     }
 
     fn build(s: &Setup, dtype: DType, kernel: LinearKernel) -> MoeLayer {
@@ -739,13 +839,20 @@ mod tests {
     /// f16, with and without activation rounding (each scale), padding included.
     #[test]
     fn the_host_path_equals_the_tensor_path() {
-        let s = setup(32, 8, 3, 16, Routing::SoftmaxTopK { renormalize: false }, false);
+        let plain = setup(32, 8, 3, 16, Routing::SoftmaxTopK { renormalize: false }, false);
+        let shared = with_shared(setup(32, 8, 3, 16, Routing::SoftmaxTopK { renormalize: false }, false));
+        for s in [plain, shared] {
+            host_path_equals_tensor_path(&s);
+        }
+    }
+
+    fn host_path_equals_tensor_path(s: &Setup) {
         let (b, t, lengths) = (2, 6, [3usize, 6]);
         let positions = Positions::left_padded(&lengths);
         let quants =
             [None, Some(ActivationScale::Token), Some(ActivationScale::Tensor), Some(ActivationScale::TokenGroup(8))];
         for dtype in [DType::F32, DType::F16] {
-            let layer = build(&s, dtype, LinearKernel::Host);
+            let layer = build(s, dtype, LinearKernel::Host);
             for scale in quants {
                 let q = scale.map(|scale| {
                     (
@@ -759,7 +866,8 @@ mod tests {
                 let host = layer.forward_host(host_f32(x.clone()), [b, t], &ctx, None);
                 let tensors = host_f32(layer.forward_tensors(x, &ctx, None));
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&host), bits(&tensors), "{dtype:?} {scale:?}");
+                let shared = s.experts.shared.is_some();
+                assert_eq!(bits(&host), bits(&tensors), "{dtype:?} {scale:?}, shared expert {shared}");
             }
         }
     }
@@ -802,6 +910,16 @@ mod tests {
                     *yv += w * d;
                 }
             }
+            if let Some(sh) = &s.experts.shared {
+                // `Qwen2MoeSparseMoeBlock`: + σ(gate·x) · shared(x).
+                let m = &sh.mlp;
+                let (g, u) = (lin(&m.gate, None, &row), lin(&m.up, None, &row));
+                let h: Vec<f64> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+                let gate = 1.0 / (1.0 + (-lin(&sh.gate, None, &row)[0]).exp());
+                for (yv, d) in y.iter_mut().zip(lin(&m.down, None, &h)) {
+                    *yv += gate * d;
+                }
+            }
             out.extend(y);
         }
         out
@@ -810,12 +928,14 @@ mod tests {
     #[test]
     fn the_layer_matches_an_f64_forward_pass() {
         let (b, t) = (2, 9);
-        for (routing, biases) in [
-            (Routing::SoftmaxTopK { renormalize: true }, false),
-            (Routing::SoftmaxTopK { renormalize: false }, false),
-            (Routing::TopKSoftmax, true),
+        for (routing, biases, shared) in [
+            (Routing::SoftmaxTopK { renormalize: true }, false, false),
+            (Routing::SoftmaxTopK { renormalize: false }, false, false),
+            (Routing::SoftmaxTopK { renormalize: false }, false, true),
+            (Routing::TopKSoftmax, true, false),
         ] {
             let s = setup(32, 6, 2, 16, routing, biases);
+            let s = if shared { with_shared(s) } else { s };
             let positions = Positions::left_padded(&[t, t]);
             let x = values(b * t * s.dim, 4, 1.0);
             let want = naive_f64(&s, &x);
@@ -891,10 +1011,27 @@ mod tests {
 
     #[test]
     fn host_weights_round_trip() {
-        let s = setup(16, 4, 2, 8, Routing::TopKSoftmax, true);
-        for kernel in [LinearKernel::Host, LinearKernel::Burn] {
-            assert_eq!(build(&s, DType::F32, kernel).host_weights(), s.experts, "{kernel:?}");
+        let with = with_shared(setup(16, 4, 2, 8, Routing::SoftmaxTopK { renormalize: false }, false));
+        for s in [setup(16, 4, 2, 8, Routing::TopKSoftmax, true), with] {
+            for kernel in [LinearKernel::Host, LinearKernel::Burn] {
+                assert_eq!(build(&s, DType::F32, kernel).host_weights(), s.experts, "{kernel:?}");
+            }
         }
+    }
+
+    /// A shared expert the architecture and the weights disagree on is refused, naming the layer.
+    #[test]
+    fn a_shared_expert_the_spec_lacks_is_refused() {
+        let device = Device::flex();
+        let store = ProjectionStore { dtype: DType::F32, device: &device, kernel: LinearKernel::Host, compact: true };
+        let mut s = with_shared(setup(16, 4, 2, 8, Routing::SoftmaxTopK { renormalize: false }, false));
+        s.spec.shared_expert_hidden = None;
+        let e = MoeLayer::from_host(3, &s.experts, &s.spec, s.activation, store).expect_err("refused");
+        assert!(e.to_string().contains("layer 3: the weights have a shared expert"), "{e}");
+        let mut s = setup(16, 4, 2, 8, Routing::SoftmaxTopK { renormalize: false }, false);
+        s.spec.shared_expert_hidden = Some(24);
+        let e = MoeLayer::from_host(3, &s.experts, &s.spec, s.activation, store).expect_err("refused");
+        assert!(e.to_string().contains("layer 3: the weights lack a shared expert"), "{e}");
     }
 
     /// On wgpu (Mesa's lavapipe here, any adapter in CI) the layer gives flex's values within f32
@@ -910,8 +1047,13 @@ mod tests {
         };
         let (b, t) = (2, 5);
         let positions = Positions::left_padded(&[3, 5]);
-        for (routing, biases) in [(Routing::SoftmaxTopK { renormalize: true }, false), (Routing::TopKSoftmax, true)] {
+        for (routing, biases, shared) in [
+            (Routing::SoftmaxTopK { renormalize: true }, false, false),
+            (Routing::TopKSoftmax, true, false),
+            (Routing::SoftmaxTopK { renormalize: false }, false, true),
+        ] {
             let s = setup(32, 8, 2, 16, routing, biases);
+            let s = if shared { with_shared(s) } else { s };
             let x = values(b * t * s.dim, 31, 1.0);
             let flex =
                 host_f32(build(&s, DType::F32, LinearKernel::Burn).forward(

@@ -46,10 +46,13 @@ pub enum WeightSlot {
         /// Hugging Face short name.
         short_name: LinearName,
     },
-    /// The router of block `layer`'s mixture of experts (`mlp.gate`), with `quantize_router`.
+    /// A router of block `layer`'s mixture of experts, with `quantize_router`: `mlp.gate`, or a
+    /// shared expert's `mlp.shared_expert_gate` ([`qdrift_load::LayerWeights::routers_mut`]).
     Router {
         /// Block index.
         layer: usize,
+        /// Its name within the block (`mlp.gate`, `mlp.shared_expert_gate`).
+        name: &'static str,
     },
 }
 
@@ -63,7 +66,7 @@ impl WeightSlot {
             WeightSlot::Linear { layer, short_name } => {
                 format!("model.layers.{layer}.{short_name}.weight")
             }
-            WeightSlot::Router { layer } => format!("model.layers.{layer}.mlp.gate.weight"),
+            WeightSlot::Router { layer, name } => format!("model.layers.{layer}.{name}.weight"),
         }
     }
 }
@@ -250,10 +253,10 @@ pub fn quantize_model_owned(
         for (short_name, weight) in weights.linears_mut() {
             replace(WeightSlot::Linear { layer, short_name }, weight)?;
         }
-        if opts.quantize_router
-            && let Some((_, router)) = weights.router_mut()
-        {
-            replace(WeightSlot::Router { layer }, router)?;
+        if opts.quantize_router {
+            for (name, router) in weights.routers_mut() {
+                replace(WeightSlot::Router { layer, name }, router)?;
+            }
         }
     }
     if opts.quantize_head

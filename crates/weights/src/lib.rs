@@ -160,9 +160,12 @@ pub struct MoeSpec {
     pub expert_hidden: usize,
     /// How the router's logits become the chosen experts' weights.
     pub routing: Routing,
-    /// Layers whose FFN is dense (`hidden_dim` wide) instead (Qwen3-MoE's `mlp_only_layers` and
-    /// `decoder_sparse_step`); empty when every layer has experts.
+    /// Layers whose FFN is dense (`hidden_dim` wide) instead (Qwen3-MoE's and Qwen2-MoE's
+    /// `mlp_only_layers` and `decoder_sparse_step`); empty when every layer has experts.
     pub dense_layers: Vec<usize>,
+    /// Width of the shared expert every token runs besides its routed ones, scaled by a sigmoid
+    /// gate (Qwen2-MoE's `shared_expert_intermediate_size`; [`SharedExpert`]); `None` without one.
+    pub shared_expert_hidden: Option<usize>,
 }
 
 /// How a router turns its logits `r = W·x (+ b)` into the weights of the `top_k` experts it picks
@@ -456,6 +459,9 @@ impl ModelArch {
             if let Some(&l) = m.dense_layers.iter().find(|&&l| l >= self.n_layers) {
                 return Err(format!("dense layer {l} of {} layers", self.n_layers));
             }
+            if m.shared_expert_hidden == Some(0) {
+                return Err("a shared expert needs a positive width".to_string());
+            }
         }
         Ok(())
     }
@@ -471,10 +477,10 @@ impl ModelArch {
         let norms = if self.block.sandwich_norms { 4 * d } else { 2 * d };
         let attention = mul(mul(d, q), 2).saturating_add(mul(mul(2, d), kv));
         let dense = mul(mul(3, d), h);
-        let experts = self
-            .moe
-            .as_ref()
-            .map_or(0, |m| mul(m.n_experts, mul(mul(3, d), m.expert_hidden)).saturating_add(mul(m.n_experts, d)));
+        let experts = self.moe.as_ref().map_or(0, |m| {
+            let shared = m.shared_expert_hidden.map_or(0, |s| mul(mul(3, d), s).saturating_add(d));
+            mul(m.n_experts, mul(mul(3, d), m.expert_hidden)).saturating_add(mul(m.n_experts, d)).saturating_add(shared)
+        });
         let mut dense_layers = self.moe.as_ref().map_or(Vec::new(), |m| m.dense_layers.clone());
         dense_layers.sort_unstable();
         dense_layers.dedup();
@@ -591,6 +597,9 @@ const O: &str = "self_attn.o_proj";
 const GATE: &str = "mlp.gate_proj";
 const UP: &str = "mlp.up_proj";
 const DOWN: &str = "mlp.down_proj";
+const SHARED_GATE: &str = "mlp.shared_expert.gate_proj";
+const SHARED_UP: &str = "mlp.shared_expert.up_proj";
+const SHARED_DOWN: &str = "mlp.shared_expert.down_proj";
 
 /// A linear weight's name within its block: its role, as the Hugging Face Llama short name
 /// (`self_attn.q_proj` ... `mlp.down_proj`), and in a mixture of experts its expert. Displayed
@@ -598,7 +607,8 @@ const DOWN: &str = "mlp.down_proj";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LinearName {
     /// `self_attn.q_proj`, `self_attn.k_proj`, `self_attn.v_proj`, `self_attn.o_proj`,
-    /// `mlp.gate_proj`, `mlp.up_proj` or `mlp.down_proj`.
+    /// `mlp.gate_proj`, `mlp.up_proj` or `mlp.down_proj`; a shared expert's
+    /// `mlp.shared_expert.{gate,up,down}_proj`.
     pub role: &'static str,
     /// The expert, for a weight of a mixture of experts.
     pub expert: Option<usize>,
@@ -630,6 +640,20 @@ pub struct Experts {
     pub router_bias: Option<HostTensor>,
     /// The experts, `n_experts` of them.
     pub experts: Vec<Mlp>,
+    /// The shared expert, when the mixture has one ([`MoeSpec::shared_expert_hidden`]).
+    pub shared: Option<SharedExpert>,
+}
+
+/// Qwen2-MoE's shared expert (`Qwen2MoeSparseMoeBlock`): a gated FFN every token runs, its output
+/// scaled by `σ(gate·x)` and added to the routed experts' weighted sum:
+/// `y = Σ_e w_e·expert_e(x) + σ(gate·x) · shared(x)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedExpert {
+    /// The FFN (`mlp.shared_expert.{gate,up,down}_proj`), `shared_expert_hidden` wide.
+    pub mlp: Mlp,
+    /// The sigmoid gate `mlp.shared_expert_gate`, `[1, dim]`; kept at reference precision with
+    /// the router unless `--quantize-router`.
+    pub gate: HostTensor,
 }
 
 impl LayerWeights {
@@ -659,7 +683,7 @@ impl LayerWeights {
 
     /// The linear weights that weight schemes quantize, by name, in a fixed order: q, k, v, o,
     /// then the dense FFN's gate, up, down or each expert's. A router is not among them
-    /// ([`LayerWeights::router_mut`]).
+    /// ([`LayerWeights::routers_mut`]).
     pub fn linears(&self) -> Vec<(LinearName, &HostTensor)> {
         let attn = [(Q, &self.wq), (K, &self.wk), (V, &self.wv), (O, &self.wo)];
         let mut out: Vec<(LinearName, &HostTensor)> =
@@ -672,6 +696,10 @@ impl LayerWeights {
             Ffn::Experts(e) => {
                 for (i, m) in e.experts.iter().enumerate() {
                     out.extend(mlp(m).map(|(role, t)| (LinearName { role, expert: Some(i) }, t)));
+                }
+                if let Some(sh) = &e.shared {
+                    let named = [(SHARED_GATE, &sh.mlp.gate), (SHARED_UP, &sh.mlp.up), (SHARED_DOWN, &sh.mlp.down)];
+                    out.extend(named.map(|(r, t)| (LinearName::dense(r), t)));
                 }
             }
         }
@@ -694,17 +722,28 @@ impl LayerWeights {
                     let named = [(GATE, &mut m.gate), (UP, &mut m.up), (DOWN, &mut m.down)];
                     out.extend(named.map(|(role, t)| (LinearName { role, expert: Some(i) }, t)));
                 }
+                if let Some(sh) = &mut e.shared {
+                    let m = &mut sh.mlp;
+                    let named = [(SHARED_GATE, &mut m.gate), (SHARED_UP, &mut m.up), (SHARED_DOWN, &mut m.down)];
+                    out.extend(named.map(|(r, t)| (LinearName::dense(r), t)));
+                }
             }
         }
         out
     }
 
-    /// The router's weight `[n_experts, dim]` with its name (`mlp.gate`), for a layer with
-    /// experts; kept at reference precision unless `--quantize-router`.
-    pub fn router_mut(&mut self) -> Option<(&'static str, &mut HostTensor)> {
+    /// The routers' weights with their names, for a layer with experts: `mlp.gate`
+    /// (`[n_experts, dim]`) and a shared expert's sigmoid gate `mlp.shared_expert_gate`
+    /// (`[1, dim]`); kept at reference precision unless `--quantize-router`, as llm-compressor's
+    /// Qwen MoE recipes ignore both.
+    pub fn routers_mut(&mut self) -> Vec<(&'static str, &mut HostTensor)> {
         match &mut self.ffn {
-            Ffn::Dense(_) => None,
-            Ffn::Experts(e) => Some(("mlp.gate", &mut e.router)),
+            Ffn::Dense(_) => Vec::new(),
+            Ffn::Experts(e) => {
+                let mut out = vec![("mlp.gate", &mut e.router)];
+                out.extend(e.shared.as_mut().map(|s| ("mlp.shared_expert_gate", &mut s.gate)));
+                out
+            }
         }
     }
 
@@ -734,6 +773,10 @@ impl LayerWeights {
                 out.extend(e.router_bias.as_mut());
                 for m in &mut e.experts {
                     out.extend(mlp_biases(m));
+                }
+                if let Some(sh) = &mut e.shared {
+                    out.push(&mut sh.gate);
+                    out.extend(mlp_biases(&mut sh.mlp));
                 }
             }
         }
@@ -778,6 +821,7 @@ impl HostModel {
                     count(&e.router)
                         + e.router_bias.as_ref().map_or(0, count)
                         + e.experts.iter().map(mlp_biases).sum::<usize>()
+                        + e.shared.as_ref().map_or(0, |s| count(&s.gate) + mlp_biases(&s.mlp))
                 }
             };
         }

@@ -1,7 +1,7 @@
-//! The llama.cpp architectures beyond `llama` and `qwen2`: `qwen3`, `qwen3moe`, `gemma2`,
-//! `gemma3`, `phi3`, `gpt-oss`, and `llama` with experts (Mixtral), read as llama.cpp's loader
-//! reads them (`src/llama-model.cpp` `llama_model_base::load_hparams`, `create_tensor_qkv`,
-//! `load_swa_pattern`; `src/models/{qwen3,qwen3moe,gemma2,gemma3,phi3,openai-moe,llama}.cpp`
+//! The llama.cpp architectures beyond `llama` and `qwen2`: `qwen3`, `qwen3moe`, `qwen2moe`,
+//! `gemma2`, `gemma3`, `phi3`, `gpt-oss`, and `llama` with experts (Mixtral), read as llama.cpp's
+//! loader reads them (`src/llama-model.cpp` `llama_model_base::load_hparams`, `create_tensor_qkv`,
+//! `load_swa_pattern`; `src/models/{qwen3,qwen3moe,qwen2moe,gemma2,gemma3,phi3,openai-moe,llama}.cpp`
 //! `load_arch_hparams`/`load_arch_tensors`/the graph) and as llama.cpp's
 //! `convert_hf_to_gguf.py` writes them (`conversion/{qwen,gemma,phi,gpt_oss,llama}.py`).
 //!
@@ -21,13 +21,14 @@
 //! | fused q/k/v (phi3) | `blk.N.attn_qkv` (q‖k‖v rows), any architecture | `wq`, `wk`, `wv` |
 //! | fused gate/up (phi3) | `blk.N.ffn_up` `[2·n_ff, n_embd]`, gate rows first (`ggml_swiglu`) | `Mlp::gate`, `Mlp::up` |
 //! | experts | `expert_count`, `expert_used_count`, `expert_feed_forward_length`; `ffn_gate_inp` (+ `.bias`, gpt-oss), `ffn_{gate,up,down}_exps` `[E, rows, cols]` (+ `.bias`, gpt-oss) | [`Experts`] |
-//! | routing | qwen3moe and `llama`: softmax, top-k, renormalised (`build_moe_ffn(.., norm_w = true, SOFTMAX)`); gpt-oss: top-k then softmax (`SOFTMAX_WEIGHT`) | [`Routing`] |
+//! | routing | qwen3moe and `llama`: softmax, top-k, renormalised (`build_moe_ffn(.., norm_w = true, SOFTMAX)`); qwen2moe: not renormalised (`norm_w = false`); gpt-oss: top-k then softmax (`SOFTMAX_WEIGHT`) | [`Routing`] |
+//! | shared expert (qwen2moe) | `expert_shared_feed_forward_length` (default `feed_forward_length`); `ffn_{gate,up,down}_shexp`, the sigmoid gate `ffn_gate_inp_shexp` `[n_embd]` | [`SharedExpert`] |
 //! | attention sinks (gpt-oss) | `blk.N.attn_sinks.weight` `[n_head]` | `sinks` |
 //! | LongRoPE (phi3) | `rope_factors_short.weight`, `rope_factors_long.weight` `[rotary_dim/2]`, `rope.scaling.original_context_length`, `rope.scaling.attn_factor` | [`RopeScaling::LongRope`] |
 //! | YaRN (gpt-oss) | `rope.scaling.type = yarn`, `rope.scaling.factor`, `rope.scaling.original_context_length`, `rope.scaling.attn_factor`; β 32/1 as llama.cpp (it reads no β keys), correction dims floored/ceiled (`ggml_rope_yarn_corr_dims`) | [`RopeScaling::Yarn`] |
 //!
 //! Anything else a file asks for is refused by name: partial rotary outside phi3, LongRoPE
-//! factors outside phi3, shared experts, different key and value widths, any tensor the
+//! factors outside phi3, shared experts outside qwen2moe, different key and value widths, any tensor the
 //! architecture's llama.cpp loader does not use.
 
 use super::read::{ArchKeys, GgufTokenizerMetadata, GgufValue, TensorTable, read_hyper_parameters, read_rope_scaling};
@@ -35,7 +36,7 @@ use crate::LoadError;
 use crate::rope_layout::{RopeLayout, permute_head_rows};
 use qdrift_weights::{
     Activation, Experts, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, MoeSpec, NormStyle, RopeScaling,
-    Routing,
+    Routing, SharedExpert,
 };
 
 /// A llama.cpp architecture that [`read_family`] reads and `write_gguf_with` writes beyond the
@@ -46,6 +47,8 @@ pub(crate) enum Family {
     Qwen3,
     /// `qwen3moe` (`Qwen3MoeForCausalLM`).
     Qwen3Moe,
+    /// `qwen2moe` (`Qwen2MoeForCausalLM`: experts and a sigmoid-gated shared expert).
+    Qwen2Moe,
     /// `gemma2` (`Gemma2ForCausalLM`).
     Gemma2,
     /// `gemma3` (`Gemma3ForCausalLM`, text only).
@@ -68,6 +71,7 @@ impl Family {
         Ok(Some(match keys.arch {
             "qwen3" => Family::Qwen3,
             "qwen3moe" => Family::Qwen3Moe,
+            "qwen2moe" => Family::Qwen2Moe,
             "gemma2" => Family::Gemma2,
             "gemma3" => Family::Gemma3,
             "phi3" => Family::Phi3,
@@ -82,6 +86,7 @@ impl Family {
         match self {
             Family::Qwen3 => "qwen3",
             Family::Qwen3Moe => "qwen3moe",
+            Family::Qwen2Moe => "qwen2moe",
             Family::Gemma2 => "gemma2",
             Family::Gemma3 => "gemma3",
             Family::Phi3 => "phi3",
@@ -104,7 +109,7 @@ impl Family {
     }
 
     pub(crate) fn has_experts(self) -> bool {
-        matches!(self, Family::Qwen3Moe | Family::GptOss | Family::LlamaMoe)
+        matches!(self, Family::Qwen3Moe | Family::Qwen2Moe | Family::GptOss | Family::LlamaMoe)
     }
 
     /// The FFN activation llama.cpp's graph uses.
@@ -120,6 +125,8 @@ impl Family {
     pub(crate) fn routing(self) -> Routing {
         match self {
             Family::GptOss => Routing::TopKSoftmax,
+            // `qwen2moe.cpp`: `build_moe_ffn(.., LLM_FFN_SILU, false, ..)`.
+            Family::Qwen2Moe => Routing::SoftmaxTopK { renormalize: false },
             _ => Routing::SoftmaxTopK { renormalize: true },
         }
     }
@@ -391,12 +398,14 @@ fn read_windows(keys: &ArchKeys<'_>, family: Family, n_layers: usize) -> Result<
     Ok(is_swa.into_iter().map(|s| s.then_some(n_swa)).collect())
 }
 
-/// The mixture of experts of the families that have one (every layer; llama.cpp's qwen3moe
-/// has no dense layers); any other file declaring experts is refused.
+/// The mixture of experts of the families that have one (every layer; llama.cpp's qwen3moe and
+/// qwen2moe have no dense layers), with qwen2moe's shared expert
+/// (`expert_shared_feed_forward_length`, `n_ff` by default as `qwen2moe.cpp`); any other file
+/// declaring experts or shared experts is refused.
 fn read_moe(keys: &ArchKeys<'_>, family: Family, hidden_dim: usize) -> Result<Option<MoeSpec>, LoadError> {
     let n_experts = keys.int("expert_count", Some(0))?;
     let shared = keys.int("expert_shared_count", Some(0))?;
-    if shared > 0 {
+    if shared > 0 && family != Family::Qwen2Moe {
         return Err(LoadError::invalid(
             keys.path,
             format!("{} is {shared}: shared experts are not supported", keys.key("expert_shared_count")),
@@ -420,12 +429,19 @@ fn read_moe(keys: &ArchKeys<'_>, family: Family, hidden_dim: usize) -> Result<Op
     }
     let top_k = keys.int("expert_used_count", None)?;
     let expert_hidden = match family {
-        // `qwen3moe.cpp`: `n_ff_exp ? n_ff_exp : n_ff / n_expert_used`.
-        Family::Qwen3Moe => keys.int("expert_feed_forward_length", Some(hidden_dim / top_k.max(1)))?,
+        // `qwen3moe.cpp`, `qwen2moe.cpp`: `n_ff_exp ? n_ff_exp : n_ff / n_expert_used`.
+        Family::Qwen3Moe | Family::Qwen2Moe => {
+            keys.int("expert_feed_forward_length", Some(hidden_dim / top_k.max(1)))?
+        }
         Family::GptOss => keys.int("expert_feed_forward_length", None)?,
         _ => hidden_dim,
     };
-    Ok(Some(MoeSpec { n_experts, top_k, expert_hidden, routing: family.routing(), dense_layers: Vec::new() }))
+    let shared_expert_hidden = match family {
+        Family::Qwen2Moe => Some(keys.int("expert_shared_feed_forward_length", Some(hidden_dim))?),
+        _ => None,
+    };
+    let routing = family.routing();
+    Ok(Some(MoeSpec { n_experts, top_k, expert_hidden, routing, dense_layers: Vec::new(), shared_expert_hidden }))
 }
 
 /// RoPE scaling and the sliding-window layers' base, as llama.cpp applies them: `none`,
@@ -629,8 +645,10 @@ fn read_qkv(
 
 /// Block `i`'s router and experts: `ffn_gate_inp` `[E, dim]` (+ `.bias` `[E]`, gpt-oss),
 /// `ffn_gate_exps`/`ffn_up_exps` `[E, hidden, dim]`, `ffn_down_exps` `[E, dim, hidden]` (ggml
-/// dims innermost first: `{dim, hidden, E}`), gpt-oss's expert biases `[E, hidden]`/`[E, dim]`;
-/// every ggml type the reader reads, row by row across the experts.
+/// dims innermost first: `{dim, hidden, E}`), gpt-oss's expert biases `[E, hidden]`/`[E, dim]`,
+/// qwen2moe's shared expert `ffn_{gate,up}_shexp` `[w, dim]`, `ffn_down_shexp` `[dim, w]` and its
+/// gate `ffn_gate_inp_shexp` `[dim]` (made `[1, dim]`); every ggml type the reader reads, row by
+/// row across the experts.
 fn read_experts(table: &TensorTable<'_>, arch: &ModelArch, family: Family, i: usize) -> Result<Experts, LoadError> {
     let name = |s: &str| format!("blk.{i}.{s}");
     let Some(moe) = &arch.moe else {
@@ -662,7 +680,18 @@ fn read_experts(table: &TensorTable<'_>, arch: &ModelArch, family: Family, i: us
             down_bias,
         })
         .collect();
-    Ok(Experts { router, router_bias, experts })
+    let shared = match moe.shared_expert_hidden {
+        Some(w) => Some(SharedExpert {
+            mlp: Mlp::new(
+                table.tensor(&name("ffn_gate_shexp.weight"), &[w, d])?,
+                table.tensor(&name("ffn_up_shexp.weight"), &[w, d])?,
+                table.tensor(&name("ffn_down_shexp.weight"), &[d, w])?,
+            ),
+            gate: HostTensor { shape: vec![1, d], data: table.tensor(&name("ffn_gate_inp_shexp.weight"), &[d])?.data },
+        }),
+        None => None,
+    };
+    Ok(Experts { router, router_bias, experts, shared })
 }
 
 /// A tensor split along its outermost dimension.

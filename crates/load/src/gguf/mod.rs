@@ -162,8 +162,8 @@ pub fn write_gguf_with(
             family_tensors(path, model, family)?
         }
         None => {
-            let writes = "qdrift writes Llama, Mistral and Qwen2 blocks, and as GGUF also qwen3, qwen3moe, gemma2, \
-                          gemma3, phi3, gpt-oss and Mixtral (llama with experts)";
+            let writes = "qdrift writes Llama, Mistral and Qwen2 blocks, and as GGUF also qwen3, qwen3moe, qwen2moe, \
+                          gemma2, gemma3, phi3, gpt-oss and Mixtral (llama with experts)";
             refuse_non_llama_block(path, model, false, writes)?;
             let qwen2 = qkv_biases_all_or_none(path, model)?;
             gguf_arch_metadata(&mut kv, path, (&model.arch, &name), if qwen2 { "qwen2" } else { "llama" })?;

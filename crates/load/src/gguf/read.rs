@@ -300,7 +300,7 @@ impl TensorInfo {
 
 /// Architectures [`read_gguf`](super::read_gguf) reads, as `general.architecture` names them.
 pub const SUPPORTED_GGUF_ARCHITECTURES: &str =
-    "llama (with or without experts), qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss";
+    "llama (with or without experts), qwen2, qwen3, qwen3moe, qwen2moe, gemma2, gemma3, phi3, gpt-oss";
 
 /// Reads only a GGUF file's header and metadata (every key with its value), with the same checks
 /// as [`read_gguf`](super::read_gguf); no tensor is read, so any architecture is accepted.
@@ -907,7 +907,7 @@ fn read_architecture<'m>(path: &Path, meta: &'m BTreeMap<String, GgufValue>) -> 
     };
     match arch_name {
         "llama" => Ok((arch_name, QkLayout::Interleaved)),
-        "qwen2" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "phi3" | "gpt-oss" => {
+        "qwen2" | "qwen3" | "qwen3moe" | "qwen2moe" | "gemma2" | "gemma3" | "phi3" | "gpt-oss" => {
             Ok((arch_name, QkLayout::RotateHalf))
         }
         other => Err(LoadError::invalid(

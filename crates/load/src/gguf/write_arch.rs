@@ -31,6 +31,7 @@ pub(super) fn writer_family(model: &HostModel) -> Option<Family> {
     let by_name = match a.architecture.to_ascii_lowercase().as_str() {
         "qwen3" | "qwen3forcausallm" => Some(Family::Qwen3),
         "qwen3moe" | "qwen3moeforcausallm" => Some(Family::Qwen3Moe),
+        "qwen2moe" | "qwen2moeforcausallm" => Some(Family::Qwen2Moe),
         "gemma2" | "gemma2forcausallm" => Some(Family::Gemma2),
         "gemma3" | "gemma3forcausallm" | "gemma3_text" => Some(Family::Gemma3),
         "phi3" | "phi3forcausallm" => Some(Family::Phi3),
@@ -47,6 +48,8 @@ pub(super) fn writer_family(model: &HostModel) -> Option<Family> {
         Some(if a.moe.is_some() { Family::Qwen3Moe } else { Family::Qwen3 })
     } else if b.rotary_dim.is_some_and(|r| r != a.head_dim) {
         Some(Family::Phi3)
+    } else if a.moe.as_ref().is_some_and(|m| m.shared_expert_hidden.is_some()) {
+        Some(Family::Qwen2Moe)
     } else if a.moe.is_some() {
         Some(Family::LlamaMoe)
     } else {
@@ -111,9 +114,9 @@ fn block_refusal(model: &HostModel, family: Family) -> Option<String> {
             a.head_dim
         ));
     }
-    if family == Family::Phi3 && a.head_dim * a.n_heads != a.dim {
+    if matches!(family, Family::Phi3 | Family::Qwen2Moe) && a.head_dim * a.n_heads != a.dim {
         return Some(format!(
-            "head_dim {} · {} heads ≠ dim {} (phi3's q projection is dim wide)",
+            "head_dim {} · {} heads ≠ dim {} ({name}'s q projection is dim wide)",
             a.head_dim, a.n_heads, a.dim
         ));
     }
@@ -207,6 +210,11 @@ fn moe_refusal(model: &HostModel, family: Family) -> Option<String> {
         (Some(m), true) => {
             if !m.dense_layers.is_empty() {
                 Some(format!("dense FFN layers {:?} among the expert layers", m.dense_layers))
+            } else if m.shared_expert_hidden.is_some() != (family == Family::Qwen2Moe) {
+                Some(format!(
+                    "{} (only llama.cpp's qwen2moe has one)",
+                    if m.shared_expert_hidden.is_some() { "a shared expert" } else { "no shared expert" }
+                ))
             } else if m.routing != family.routing() {
                 Some(format!("routing {:?} (llama.cpp's {}: {:?})", m.routing, family.gguf_name(), family.routing()))
             } else {
@@ -245,6 +253,9 @@ fn layer_refusal(model: &HostModel, family: Family) -> Option<String> {
             Ffn::Experts(e) if !gpt_oss && (e.router_bias.is_some() || e.experts.iter().any(mlp_bias)) => {
                 return Some(format!("router or expert biases (layer {i}; only gpt-oss has them)"));
             }
+            Ffn::Experts(e) if e.shared.as_ref().is_some_and(|s| mlp_bias(&s.mlp)) => {
+                return Some(format!("shared-expert biases (layer {i})"));
+            }
             _ => {}
         }
     }
@@ -274,6 +285,9 @@ pub(super) fn family_metadata(
         kv.u32(&k("expert_used_count"), u(m.top_k)?);
         if family != Family::LlamaMoe {
             kv.u32(&k("expert_feed_forward_length"), u(m.expert_hidden)?);
+        }
+        if let Some(w) = m.shared_expert_hidden {
+            kv.u32(&k("expert_shared_feed_forward_length"), u(w)?);
         }
     }
     if family == Family::Gemma2 {
@@ -397,8 +411,8 @@ pub(super) fn family_tensors<'a>(
             tensor: Cow::Borrowed(o),
             parts: vec![Part::of(GgufMatrix::Output, o)],
         }),
-        // llama.cpp's gpt-oss loader requires `output.weight`.
-        (None, Family::GptOss) => tensors.push(GgufTensor {
+        // llama.cpp's gpt-oss and qwen2moe loaders require `output.weight`.
+        (None, Family::GptOss | Family::Qwen2Moe) => tensors.push(GgufTensor {
             name: "output.weight".into(),
             tensor: Cow::Borrowed(&model.token_embedding),
             parts: vec![Part::of(emb, &model.token_embedding)],
@@ -515,7 +529,8 @@ type ExpertMatrix = fn(&Mlp) -> &HostTensor;
 type ExpertBias = fn(&Mlp) -> Option<&HostTensor>;
 
 /// A layer's router and stacked experts (`ffn_gate_inp`, `ffn_{gate,up,down}_exps`, gpt-oss's
-/// biases).
+/// biases, qwen2moe's shared expert `ffn_{gate,up,down}_shexp` and its gate `ffn_gate_inp_shexp`
+/// `[dim]`).
 fn expert_tensors<'a>(
     out: &mut Vec<GgufTensor<'a>>,
     model: &'a HostModel,
@@ -557,6 +572,20 @@ fn expert_tensors<'a>(
         for (name, get, w) in biases {
             let rows: Vec<HostTensor> = e.experts.iter().map(|m| or_zeros(get(m), &[w]).into_owned()).collect();
             out.push(vector(format!("{b}.{name}.bias"), Cow::Owned(stack(&rows.iter().collect::<Vec<_>>()))));
+        }
+    }
+    if let Some(sh) = &e.shared {
+        // `qwen2moe.cpp`: `ffn_gate_inp_shexp` is `{n_embd}`.
+        let gate = HostTensor { shape: vec![a.dim], data: sh.gate.data.clone() };
+        out.push(vector(format!("{b}.ffn_gate_inp_shexp.weight"), Cow::Owned(gate)));
+        let m = &sh.mlp;
+        for (name, role, t) in [
+            ("ffn_gate_shexp", "mlp.shared_expert.gate_proj", &m.gate),
+            ("ffn_up_shexp", "mlp.shared_expert.up_proj", &m.up),
+            ("ffn_down_shexp", "mlp.shared_expert.down_proj", &m.down),
+        ] {
+            let part = Part::of(GgufMatrix::Linear { layer: i, short_name: LinearName::dense(role) }, t);
+            out.push(GgufTensor { name: format!("{b}.{name}.weight"), tensor: Cow::Borrowed(t), parts: vec![part] });
         }
     }
     Ok(())

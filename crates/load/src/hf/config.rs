@@ -8,6 +8,7 @@
 //! | `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM` | `LlamaConfig`, `MistralConfig`, `Qwen2Config` | Qwen2's q/k/v biases; Mistral's and Qwen2's sliding window caps `max_seq_len` |
 //! | `Qwen3ForCausalLM` | `Qwen3Config`, `Qwen3Attention` | q/k norms, `head_dim`, `layer_types` |
 //! | `Qwen3MoeForCausalLM` | `Qwen3MoeConfig`, `Qwen3MoeSparseMoeBlock` | experts (`SoftmaxTopK`, `norm_topk_prob`), `mlp_only_layers`, `decoder_sparse_step` |
+//! | `Qwen2MoeForCausalLM` | `Qwen2MoeConfig`, `Qwen2MoeSparseMoeBlock`, `Qwen2MoeAttention` | Qwen3-MoE's experts (`norm_topk_prob` false by default) plus a sigmoid-gated shared expert (`shared_expert_intermediate_size`), q/k/v biases (`qkv_bias`), `layer_types` |
 //! | `Gemma2ForCausalLM` | `Gemma2Config`, `Gemma2Attention` | `(1+w)` norms, four norms, GELU-tanh, `query_pre_attn_scalar`, both soft caps, √hidden embedding scale |
 //! | `Gemma3ForCausalLM` (`gemma3_text`) | `Gemma3TextConfig`, `Gemma3Attention` | Gemma 2's, minus the attention cap (5.25 ignores `attn_logit_softcapping`), plus q/k norms and a local RoPE θ |
 //! | `Phi3ForCausalLM` | `Phi3Config`, `Phi3Attention` | fused `qkv_proj`/`gate_up_proj`, `partial_rotary_factor` |
@@ -23,7 +24,7 @@ use qdrift_weights::{Activation, BlockSpec, ModelArch, MoeSpec, NormStyle, RopeS
 
 /// Architectures [`read_hf_folder`](crate::read_hf_folder) reads, as `config.json` names them.
 pub const SUPPORTED_ARCHITECTURES: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
-     Qwen3ForCausalLM, Qwen3MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, \
+     Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, \
      MixtralForCausalLM, GptOssForCausalLM";
 
 /// A `transformers` model class qdrift reads.
@@ -34,6 +35,7 @@ pub(crate) enum Class {
     Qwen2,
     Qwen3,
     Qwen3Moe,
+    Qwen2Moe,
     Gemma2,
     Gemma3,
     Phi3,
@@ -42,12 +44,13 @@ pub(crate) enum Class {
 }
 
 /// `(architectures[0], model_type, class)`.
-const CLASSES: [(&str, &str, Class); 10] = [
+const CLASSES: [(&str, &str, Class); 11] = [
     ("LlamaForCausalLM", "llama", Class::Llama),
     ("MistralForCausalLM", "mistral", Class::Mistral),
     ("Qwen2ForCausalLM", "qwen2", Class::Qwen2),
     ("Qwen3ForCausalLM", "qwen3", Class::Qwen3),
     ("Qwen3MoeForCausalLM", "qwen3_moe", Class::Qwen3Moe),
+    ("Qwen2MoeForCausalLM", "qwen2_moe", Class::Qwen2Moe),
     ("Gemma2ForCausalLM", "gemma2", Class::Gemma2),
     ("Gemma3ForCausalLM", "gemma3_text", Class::Gemma3),
     ("Phi3ForCausalLM", "phi3", Class::Phi3),
@@ -74,7 +77,7 @@ impl Class {
     fn default_max_pos(self) -> usize {
         match self {
             Class::Llama | Class::Mistral | Class::Qwen2 => 2048,
-            Class::Qwen3 | Class::Qwen3Moe => 32768,
+            Class::Qwen3 | Class::Qwen3Moe | Class::Qwen2Moe => 32768,
             Class::Gemma2 => 8192,
             Class::Phi3 => 4096,
             Class::Gemma3 | Class::Mixtral | Class::GptOss => 131072,
@@ -94,10 +97,10 @@ impl Class {
     /// one has at least one): attention's four (Phi-3: two, fused) and two norms, plus q/k norms,
     /// Gemma's two more norms; Mixtral a router and at least one expert tensor; gpt-oss sinks,
     /// router weight and bias and four expert tensors (its four attention biases go with
-    /// `attention_bias`); Qwen3-MoE layers may be dense (three linears).
+    /// `attention_bias`); Qwen3-MoE and Qwen2-MoE layers may be dense (three linears).
     fn min_tensors_per_layer(self) -> usize {
         match self {
-            Class::Llama | Class::Mistral | Class::Qwen2 => 9,
+            Class::Llama | Class::Mistral | Class::Qwen2 | Class::Qwen2Moe => 9,
             Class::Qwen3 | Class::Qwen3Moe | Class::Gemma2 => 11,
             Class::Gemma3 => 13,
             Class::Phi3 => 6,
@@ -280,6 +283,7 @@ fn check_sizes(config: &Config<'_>, a: &ModelArch) -> Result<(), LoadError> {
     let kv = m(a.n_kv_heads, a.head_dim);
     let sizes = [
         q.and_then(|q| kv.and_then(|kv| m(2, kv)).and_then(|kv2| q.checked_add(kv2))).and_then(|r| m(r, a.dim)),
+        a.moe.as_ref().and_then(|e| e.shared_expert_hidden).map_or(Some(0), |h| m(3, h).and_then(|h| m(h, a.dim))),
         m(2, a.hidden_dim).and_then(|h| m(h, a.dim)),
         m(a.vocab_size, a.dim),
         a.moe
@@ -349,12 +353,21 @@ fn refuse_features(config: &Config<'_>) -> Result<(), LoadError> {
     if config.get("no_rope_layers").is_some() {
         return refuse("layers without RoPE (NoPE)", "no_rope_layers");
     }
+    // Qwen2-MoE's shared expert is read (`moe`); the others' (DeepSeek's, GLM-4.5's, Llama 4's
+    // ungated ones, Qwen3-Next's) are not.
+    let qwen2_moe = match arch0 {
+        Some(a) => a == "Qwen2MoeForCausalLM",
+        None => config.str("model_type") == Some("qwen2_moe"),
+    };
     for key in [
         "shared_expert_intermediate_size",
         "moe_shared_expert_intermediate_size",
         "n_shared_experts",
         "num_shared_experts",
     ] {
+        if qwen2_moe && key == "shared_expert_intermediate_size" {
+            continue;
+        }
         if config.get(key).is_some_and(|v| v.as_u64() != Some(0)) {
             return refuse("shared experts", key);
         }
@@ -415,6 +428,8 @@ fn check_options(config: &Config<'_>, class: Class) -> Result<(Activation, AttnB
     }
     let attn_bias = match class {
         Class::Qwen2 => AttnBias::Qkv,
+        // `Qwen2MoeAttention`: q/k/v biases iff `qkv_bias` (true by default), never o's.
+        Class::Qwen2Moe if config.bool_or("qkv_bias", true) => AttnBias::Qkv,
         Class::Qwen3 | Class::Qwen3Moe | Class::Gemma2 | Class::Gemma3 if config.flag("attention_bias") => {
             AttnBias::Qkvo
         }
@@ -444,8 +459,9 @@ fn max_seq_len(config: &Config<'_>, class: Class) -> Result<usize, LoadError> {
 /// Each layer's sliding window (empty when none has one): `layer_types` (`sliding_attention` →
 /// `sliding_window`), else the class's default pattern (`Qwen3Config`: layers from
 /// `max_window_layers`; `Gemma2Config`, `GptOssConfig`: even layers; `Gemma3TextConfig`: all but
-/// every `sliding_window_pattern`-th); Qwen3-MoE, Phi-3 and Mixtral slide in every layer when
-/// `sliding_window` is set. Qwen3's and Qwen3-MoE's `sliding_window` counts only with
+/// every `sliding_window_pattern`-th; `Qwen2MoeConfig`: odd-numbered layers (`(i + 1) % 2`) below
+/// `max_window_layers`); Qwen3-MoE, Phi-3 and Mixtral slide in every layer when `sliding_window`
+/// is set. Qwen3's, Qwen3-MoE's and Qwen2-MoE's `sliding_window` counts only with
 /// `use_sliding_window`.
 fn windows(config: &Config<'_>, class: Class, n_layers: usize) -> Result<Vec<Option<usize>>, LoadError> {
     let qwen_window = || -> Result<Option<usize>, LoadError> {
@@ -461,6 +477,11 @@ fn windows(config: &Config<'_>, class: Class, n_layers: usize) -> Result<Vec<Opt
         Class::Qwen3Moe => {
             let w = qwen_window()?;
             (w, Box::new(move |_| w.is_some()))
+        }
+        Class::Qwen2Moe => {
+            let w = qwen_window()?;
+            let below = config.int("max_window_layers", Some(28))?;
+            (w, Box::new(move |i| w.is_some() && (i + 1) % 2 != 0 && i < below))
         }
         Class::Phi3 | Class::Mixtral => {
             let w = config.opt_int("sliding_window", None)?;
@@ -483,7 +504,7 @@ fn windows(config: &Config<'_>, class: Class, n_layers: usize) -> Result<Vec<Opt
             (config.opt_int("sliding_window", Some(4096))?, Box::new(move |i| (i + 1) % pattern != 0))
         }
     };
-    let explicit = matches!(class, Class::Qwen3 | Class::Gemma2 | Class::Gemma3 | Class::GptOss);
+    let explicit = matches!(class, Class::Qwen3 | Class::Qwen2Moe | Class::Gemma2 | Class::Gemma3 | Class::GptOss);
     let sliding: Vec<bool> = match config.get("layer_types").and_then(Value::as_array).filter(|_| explicit) {
         Some(types) => {
             if types.len() != n_layers {
@@ -511,14 +532,20 @@ fn windows(config: &Config<'_>, class: Class, n_layers: usize) -> Result<Vec<Opt
 /// The mixture of experts: `num_local_experts` (or `num_experts`, which `attribute_map` aliases),
 /// `num_experts_per_tok`, the expert width and the routing of the class (`Qwen3MoeTopKRouter`:
 /// softmax, top-k, renormalized iff `norm_topk_prob`; `MixtralTopKRouter`: always renormalized;
-/// `GptOssTopKRouter`: top-k, then softmax), and Qwen3-MoE's dense layers
-/// (`Qwen3MoeDecoderLayer`: experts iff `layer_idx not in mlp_only_layers and num_experts > 0 and
-/// (layer_idx + 1) % decoder_sparse_step == 0`).
+/// `GptOssTopKRouter`: top-k, then softmax), Qwen3-MoE's and Qwen2-MoE's dense layers
+/// (`Qwen3MoeDecoderLayer`, `Qwen2MoeDecoderLayer`: experts iff `layer_idx not in mlp_only_layers
+/// and num_experts > 0 and (layer_idx + 1) % decoder_sparse_step == 0`) and Qwen2-MoE's shared
+/// expert (`shared_expert_intermediate_size`, 5632 by default; `Qwen2MoeSparseMoeBlock` always has
+/// one, with its sigmoid gate).
 fn moe(config: &Config<'_>, class: Class, n_layers: usize) -> Result<Option<MoeSpec>, LoadError> {
     let (default_experts, default_k, routing, width_key) = match class {
         Class::Qwen3Moe => {
             let renormalize = config.flag("norm_topk_prob");
             (128, 8, Routing::SoftmaxTopK { renormalize }, "moe_intermediate_size")
+        }
+        Class::Qwen2Moe => {
+            let renormalize = config.flag("norm_topk_prob");
+            (60, 4, Routing::SoftmaxTopK { renormalize }, "moe_intermediate_size")
         }
         Class::Mixtral => (8, 2, Routing::SoftmaxTopK { renormalize: true }, "intermediate_size"),
         Class::GptOss => (128, 4, Routing::TopKSoftmax, "intermediate_size"),
@@ -527,9 +554,19 @@ fn moe(config: &Config<'_>, class: Class, n_layers: usize) -> Result<Option<MoeS
     let experts_key = if config.get("num_local_experts").is_some() { "num_local_experts" } else { "num_experts" };
     let n_experts = config.int(experts_key, Some(default_experts))?;
     let top_k = config.int("num_experts_per_tok", Some(default_k))?;
-    let expert_hidden = config.int(width_key, if class == Class::Qwen3Moe { Some(768) } else { None })?;
+    let qwen = matches!(class, Class::Qwen3Moe | Class::Qwen2Moe);
+    let default_width = match class {
+        Class::Qwen3Moe => Some(768),
+        Class::Qwen2Moe => Some(1408),
+        _ => None,
+    };
+    let expert_hidden = config.int(width_key, default_width)?;
+    let shared_expert_hidden = match class {
+        Class::Qwen2Moe => Some(config.int("shared_expert_intermediate_size", Some(5632))?),
+        _ => None,
+    };
     let mut dense_layers = Vec::new();
-    if class == Class::Qwen3Moe {
+    if qwen {
         let step = config.int("decoder_sparse_step", Some(1))?;
         if step == 0 {
             return Err(config.bad("decoder_sparse_step is 0; it must be positive".into()));
@@ -546,7 +583,7 @@ fn moe(config: &Config<'_>, class: Class, n_layers: usize) -> Result<Option<MoeS
             return Ok(None);
         }
     }
-    Ok(Some(MoeSpec { n_experts, top_k, expert_hidden, routing, dense_layers }))
+    Ok(Some(MoeSpec { n_experts, top_k, expert_hidden, routing, dense_layers, shared_expert_hidden }))
 }
 
 /// RoPE as `config.json` gives it: the (global) theta and scaling, the rotated dimensions of a

@@ -23,8 +23,9 @@
 //! | `ffn_norm` | `model.layers.{i}.post_attention_layernorm.weight`; Gemma: `pre_feedforward_layernorm.weight` | `[dim]` |
 //! | `post_ffn_norm` (Gemma) | `model.layers.{i}.post_feedforward_layernorm.weight` | `[dim]` |
 //! | dense `gate`, `up`, `down` | `model.layers.{i}.mlp.{gate,up,down}_proj.weight`; Phi-3: `mlp.gate_up_proj.weight` (`[gate; up]` rows, split) | `[out, in]` |
-//! | experts' `router` | Qwen3-MoE `mlp.gate.weight`, Mixtral `block_sparse_moe.gate.weight`, gpt-oss `mlp.router.weight` (+ `.bias`) | `[n_experts, dim]` |
+//! | experts' `router` | Qwen3-MoE and Qwen2-MoE `mlp.gate.weight`, Mixtral `block_sparse_moe.gate.weight`, gpt-oss `mlp.router.weight` (+ `.bias`) | `[n_experts, dim]` |
 //! | expert `e`'s `gate`, `up`, `down` | Qwen3-MoE `mlp.experts.{e}.{gate,up,down}_proj.weight`; Mixtral `block_sparse_moe.experts.{e}.{w1,w3,w2}.weight`; gpt-oss `mlp.experts.gate_up_proj` `[E, dim, 2I]` (columns: gate `0::2`, up `1::2`), `down_proj` `[E, I, dim]`, transposed, with `gate_up_proj_bias`, `down_proj_bias` | `[out, in]` |
+//! | shared expert's `gate`, `up`, `down`, `gate` (Qwen2-MoE) | `mlp.shared_expert.{gate,up,down}_proj.weight`, `mlp.shared_expert_gate.weight` | `[out, in]`, `[1, dim]` |
 //! | `final_norm` | `model.norm.weight` | `[dim]` |
 //! | `output` | `lm_head.weight` (absent or ignored when tied) | `[vocab, dim]` |
 //!
@@ -36,14 +37,14 @@
 //! `LlamaModel.permute`).
 //!
 //! **Architectures.** `LlamaForCausalLM` (Llama 2/3, SmolLM, TinyLlama), `MistralForCausalLM`,
-//! `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `Gemma2ForCausalLM`,
+//! `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `Qwen2MoeForCausalLM`, `Gemma2ForCausalLM`,
 //! `Gemma3ForCausalLM` (`gemma3_text`), `Phi3ForCausalLM`, `MixtralForCausalLM`,
 //! `GptOssForCausalLM`. Mistral's and Qwen2's `sliding_window` (when set and smaller than
 //! `max_position_embeddings`) caps [`crate::ModelArch::max_seq_len`] (within the window,
 //! sliding-window attention is full causal attention); the newer classes' windows are per layer
 //! ([`crate::ModelArch::windows`]). Refused with a one-line message naming the feature and the
 //! `config.json` field: multimodal configs, MLA, linear attention, chunked attention, NoPE
-//! layers, shared experts, bidirectional attention, RoPE types other than `default`, `linear`,
+//! layers, shared experts other than Qwen2-MoE's, bidirectional attention, RoPE types other than `default`, `linear`,
 //! `llama3`, `yarn`, unsupported activations, other architectures; tensor dtypes other than
 //! F32/F16/BF16 outside a quantization config; MXFP4 experts.
 //!

@@ -20,7 +20,7 @@ use crate::rope_layout::RopeLayout::ToInterleaved;
 use crate::rope_layout::permute_head_rows;
 use crate::storage::{SizeOverflow, SourceStorage, source_storage};
 use crate::tokenizer::Tokenizer;
-use qdrift_weights::{Experts, Ffn, HostModel, HostTensor, LayerWeights, LinearName, Mlp, ModelArch};
+use qdrift_weights::{Experts, Ffn, HostModel, HostTensor, LayerWeights, LinearName, Mlp, ModelArch, SharedExpert};
 
 /// Reads a Hugging Face model folder: `config.json`, `model.safetensors` or the shards listed in
 /// `model.safetensors.index.json`, and `tokenizer.json` (or `tokenizer`, if given) with
@@ -365,7 +365,9 @@ impl Reader<'_> {
         ))
     }
 
-    /// A mixture of experts: Qwen3-MoE's `mlp.gate` and `mlp.experts.{e}.{gate,up,down}_proj`,
+    /// A mixture of experts: Qwen3-MoE's and Qwen2-MoE's `mlp.gate` and
+    /// `mlp.experts.{e}.{gate,up,down}_proj` (Qwen2-MoE's shared expert:
+    /// `mlp.shared_expert.{gate,up,down}_proj` and `mlp.shared_expert_gate` `[1, dim]`),
     /// Mixtral's `block_sparse_moe.gate` and `block_sparse_moe.experts.{e}.{w1,w3,w2}`, gpt-oss's
     /// `mlp.router` (with bias) and fused `mlp.experts.*` ([`Reader::gpt_oss_experts`]).
     fn experts(&self, p: &str) -> Result<Experts, LoadError> {
@@ -382,7 +384,7 @@ impl Reader<'_> {
         let router_w = self.lin(&format!("{p}.{router}"), n, dim)?;
         if self.hf.class == Class::GptOss {
             let router_bias = Some(self.tensor(&format!("{p}.mlp.router.bias"), &[n])?);
-            return Ok(Experts { router: router_w, router_bias, experts: self.gpt_oss_experts(p)? });
+            return Ok(Experts { router: router_w, router_bias, experts: self.gpt_oss_experts(p)?, shared: None });
         }
         let [prefix, gate, up, down] = names;
         let mut experts = Vec::new();
@@ -394,7 +396,21 @@ impl Reader<'_> {
                 self.lin(&name(down), dim, eh)?,
             ));
         }
-        Ok(Experts { router: router_w, router_bias: None, experts })
+        let shared = match m.shared_expert_hidden {
+            Some(w) => {
+                let name = |s: &str| format!("{p}.mlp.shared_expert.{s}");
+                Some(SharedExpert {
+                    mlp: Mlp::new(
+                        self.lin(&name("gate_proj"), w, dim)?,
+                        self.lin(&name("up_proj"), w, dim)?,
+                        self.lin(&name("down_proj"), dim, w)?,
+                    ),
+                    gate: self.lin(&format!("{p}.mlp.shared_expert_gate"), 1, dim)?,
+                })
+            }
+            None => None,
+        };
+        Ok(Experts { router: router_w, router_bias: None, experts, shared })
     }
 
     /// gpt-oss's experts (`GptOssExperts`), stored `[E, in, out]` (`x @ W`): `gate_up_proj
