@@ -46,6 +46,7 @@ mod attention;
 mod cache;
 mod error;
 mod fake_quant;
+mod ffn;
 mod host;
 mod linear;
 mod llama;

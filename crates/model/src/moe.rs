@@ -60,12 +60,12 @@ use qdrift_weights::{Activation, Experts, HostTensor, Mlp, MoeSpec, Routing, Sha
 use crate::activation::gated;
 use crate::attention::ForwardContext;
 use crate::error::ModelError;
+use crate::ffn::FeedForward;
 use crate::host::elem::round_to_f16;
 use crate::host::linear::PackedLinear;
 use crate::host::placement;
 use crate::host::swiglu::swiglu;
 use crate::linear::ProjectionStore;
-use crate::llama::FeedForward;
 use crate::routing::{LayerRoutes, RoutingRecord};
 use crate::{Projection, host_f32, upload, upload_owned};
 
@@ -1169,7 +1169,7 @@ mod tests {
     #[test]
     #[ignore = "timing; run with --ignored --nocapture"]
     fn cost_against_a_dense_layer_with_the_same_active_parameters() {
-        use crate::llama::FeedForward;
+        use crate::ffn::FeedForward;
         let (dim, width, n, k, b, t) = (512, 512, 8, 2, 8, 64);
         let s = setup(dim, n, k, width, Routing::SoftmaxTopK { renormalize: true }, false);
         let positions = Positions::left_padded(&vec![t; b]);
