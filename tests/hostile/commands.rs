@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{QUICK, USER, names, qdrift_command, refused, stories};
+use crate::{GATED_EVAL, QUICK, USER, names, qdrift_command, refused, stories};
 
 /// `qdrift eval` on stories260K with small defaults; `extra` adds flags (and replaces the
 /// defaults of `--prompts` and `--horizons`).
@@ -120,12 +120,16 @@ fn gate_thresholds_with_an_unknown_variant_fail_before_generation() {
     let start = Instant::now();
     let mut c = eval(&out, &["--gate"]);
     c.arg(&thresholds);
-    refused(USER, c, &["--gate", "gate.toml", "\"int9\"", "int8"]);
+    refused(GATED_EVAL, c, &["--gate", "gate.toml", "\"int9\"", "int8"]);
     assert!(start.elapsed() < Duration::from_secs(2), "took {:?}", start.elapsed());
     let mut c = eval(&out, &["--gate"]);
     std::fs::write(&thresholds, "[variant.\"int8\"]\n\"kld@50\" = { max = 0.1 }\n").unwrap();
     c.arg(&thresholds);
-    refused(USER, c, &["--gate", "no horizon 50"]);
+    refused(GATED_EVAL, c, &["--gate", "no horizon 50"]);
+    // A missing thresholds file, or a model that does not load: the gate cannot run either.
+    let mut c = eval(&out, &["--gate"]);
+    c.arg(root.path().join("missing.toml"));
+    refused(GATED_EVAL, c, &["missing.toml"]);
     assert_eq!(names(root.path()), vec!["gate.toml"]);
 }
 
@@ -190,7 +194,7 @@ fn a_concurrent_eval_on_the_same_out_is_refused_and_the_first_commits_whole() {
     let done = first.wait_with_output().expect("first eval ends");
     assert!(done.status.success(), "first eval: {}", String::from_utf8_lossy(&done.stderr));
     assert_eq!(names(root.path()), vec!["gate.toml", "out"], "no staging, old folder or lock left");
-    assert_eq!(names(&out), vec!["gate.xml", "report.html", "report.json", "report.md"]);
+    assert_eq!(names(&out), vec![".qdrift-outputs", "gate.xml", "report.html", "report.json", "report.md"]);
     let json = std::fs::read_to_string(out.join("report.json")).unwrap();
     assert!(json.contains("\"schema_version\""), "the new report replaced the old one");
 }

@@ -52,6 +52,10 @@ pub struct Refusal {
 /// `qdrift` commands other than `gate`: exit 1, `qdrift: error: …`.
 pub const USER: Refusal = Refusal { code: 1, prefix: "qdrift: error: " };
 
+/// `qdrift eval --gate` that cannot run its gate (unusable thresholds, any error): exit 2,
+/// `qdrift: error: …`, so that exit 1 always means a failed check.
+pub const GATED_EVAL: Refusal = Refusal { code: 2, prefix: "qdrift: error: " };
+
 /// `qdrift gate` on unusable input: exit 2, `qdrift gate: …`.
 pub const GATE: Refusal = Refusal { code: 2, prefix: "qdrift gate: " };
 

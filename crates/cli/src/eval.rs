@@ -111,7 +111,9 @@ pub struct EvalArgs {
     /// context (such runs take very long).
     #[arg(long)]
     allow_long: bool,
-    /// Run `qdrift gate` with these thresholds on the new report; the exit code is the gate's.
+    /// Run `qdrift gate` with these thresholds on the new report; the exit code is the gate's (0
+    /// every check passes, 1 one fails), and 2 when the run cannot be gated: unusable thresholds
+    /// or any other error, so that a CI job tells a regression from a broken configuration.
     #[arg(long)]
     gate: Option<PathBuf>,
     /// With --gate: also write the checks as JUnit XML.
@@ -130,6 +132,12 @@ fn eval_set_help() -> String {
         "Eval set: a JSONL file of {{\"id\", \"prompt\"}}, or a built-in set ({}). Default: {DEFAULT_EVAL_SET_RULE}",
         built_in_names().join(", ")
     )
+}
+
+/// Whether the run is gated (`--gate`): its errors then exit 2, as `qdrift gate`'s on unusable
+/// input, and 1 is kept for a failed check.
+pub fn gated(args: &EvalArgs) -> bool {
+    args.gate.is_some()
 }
 
 /// Runs `qdrift eval`; with `--gate`, returns the gate's exit code.

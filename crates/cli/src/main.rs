@@ -53,11 +53,19 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Gate(args) => return gate::run(&args),
         Command::Inspect(args) => inspect::run(args),
-        Command::Eval(args) => match eval::run(*args) {
-            Ok(Some(code)) => return code,
-            Ok(None) => Ok(()),
-            Err(e) => Err(e),
-        },
+        Command::Eval(args) => {
+            let gated = eval::gated(&args);
+            match eval::run(*args) {
+                Ok(Some(code)) => return code,
+                Ok(None) => Ok(()),
+                // A gated run that cannot be gated exits 2, as `qdrift gate` on unusable input.
+                Err(e) if gated => {
+                    eprintln!("qdrift: error: {e}");
+                    return ExitCode::from(2);
+                }
+                Err(e) => Err(e),
+            }
+        }
         Command::Merge(args) => eval::run_merge(args),
         Command::Generate(args) => generate::run(args),
         Command::Quantize(args) => quantize::run(args),

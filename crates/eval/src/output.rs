@@ -16,7 +16,13 @@
 //!   (`.NAME.qdrift-old-PID-RANDOM`), the staging folder renamed into its place, and the old one
 //!   removed; a reader sees the old reports or the new ones, never a mix;
 //! - `--out` holding other files (a screenshot, the user's own): those are left alone and the new
-//!   files are renamed in one by one (each atomic), `report.json` last.
+//!   files are renamed in one by one (each atomic), `report.json` last; then the files the
+//!   previous run wrote that this one did not (a JUnit file of a gated run, a dump) are removed.
+//!
+//! Every run lists the files it wrote in `--out/.qdrift-outputs` ([`MANIFEST`]), so that the next
+//! run knows them for its own: an earlier run's output is always replaced or removed, never left
+//! beside a newer report. The list is read as untrusted input: only relative paths below `--out`
+//! (no `..`, no root) count, and only regular files are removed.
 //!
 //! Until the commit, `--out` is untouched: a failed or interrupted run leaves the previous
 //! reports (or no folder) as they were. Dropping an uncommitted [`OutputDir`] removes its staging
@@ -64,6 +70,14 @@ pub fn path_check(cfg: &EvalConfig) -> PathCheck {
     }
     check
 }
+
+/// The list of the files a run wrote into `--out`, one relative path a line (written last but
+/// one, before `report.json`).
+pub const MANIFEST: &str = ".qdrift-outputs";
+
+/// Largest [`MANIFEST`] read back: a list longer than this was not written by qdrift and is
+/// ignored.
+const MANIFEST_CAP: u64 = 1 << 20;
 
 /// The files every report run writes into `--out`.
 const REPORT_FILES: [&str; 3] = ["report.json", "report.md", "report.html"];
@@ -155,13 +169,24 @@ impl OutputDir {
     /// [`EvalError::Output`] when a rename fails; `--out` then holds what it held before.
     pub fn commit(self) -> Result<(), EvalError> {
         let fail = |problem: String| EvalError::Output { path: self.given.clone(), problem };
+        let written = write_manifest(&self.staging).map_err(|e| fail(format!("cannot list the reports: {e}")))?;
         if !self.out.exists() {
             std::fs::rename(&self.staging, &self.out).map_err(|e| fail(format!("cannot move the reports in: {e}")))?;
-        } else if only_report_files(&self.out, &self.staging).map_err(|e| fail(e.to_string()))? {
+            return Ok(());
+        }
+        let previous = read_manifest(&self.out);
+        if only_report_files(&self.out, &self.staging, &previous).map_err(|e| fail(e.to_string()))? {
             self.swap().map_err(|e| fail(format!("cannot replace the previous reports: {e}")))?;
         } else {
             move_files_in(&self.staging, &self.out).map_err(|e| fail(format!("cannot move the reports in: {e}")))?;
             let _ = std::fs::remove_dir_all(&self.staging);
+            for stale in previous.iter().filter(|p| !written.contains(p)) {
+                let path = self.out.join(stale);
+                // Only a regular file the previous run wrote; a failure loses nothing new.
+                if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
         }
         Ok(())
     }
@@ -281,11 +306,17 @@ fn probe_writable(dir: &Path) -> std::io::Result<()> {
     std::fs::remove_file(&probe)
 }
 
-/// Whether every entry of `out` is a report file or an entry the staging folder also has.
-fn only_report_files(out: &Path, staging: &Path) -> std::io::Result<bool> {
+/// Whether every entry of `out` is a report file, an entry the staging folder also has, or a
+/// regular file the previous run wrote (`previous`, from its [`MANIFEST`]; a folder it wrote into
+/// is not taken for its own, so the other branch of [`OutputDir::commit`] removes its files one
+/// by one).
+fn only_report_files(out: &Path, staging: &Path, previous: &[PathBuf]) -> std::io::Result<bool> {
     for entry in std::fs::read_dir(out)? {
         let name = entry?.file_name();
-        let ours = REPORT_FILES.iter().any(|f| name == *f) || staging.join(&name).exists();
+        let ours = REPORT_FILES.iter().any(|f| name == *f)
+            || staging.join(&name).exists()
+            || (previous.iter().any(|p| p.as_os_str() == name)
+                && std::fs::symlink_metadata(out.join(&name)).is_ok_and(|m| m.is_file()));
         if !ours {
             return Ok(false);
         }
@@ -308,6 +339,43 @@ fn move_files_in(staging: &Path, out: &Path) -> std::io::Result<()> {
         std::fs::rename(&f, &to)?;
     }
     Ok(())
+}
+
+/// Writes `staging/MANIFEST`: the relative paths of every file under `staging`, sorted; returns
+/// them.
+fn write_manifest(staging: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    collect_files(staging, &mut files)?;
+    let mut rel: Vec<PathBuf> =
+        files.iter().filter_map(|f| f.strip_prefix(staging).ok()).map(Path::to_path_buf).collect();
+    rel.sort();
+    let mut text = String::new();
+    for p in &rel {
+        // Paths qdrift writes are its own names or ones the user gave as UTF-8 arguments.
+        text.push_str(&p.to_string_lossy());
+        text.push('\n');
+    }
+    std::fs::write(staging.join(MANIFEST), text)?;
+    Ok(rel)
+}
+
+/// The files `out/MANIFEST` lists that are relative paths below `out` (every component a name:
+/// no `..`, no root, no `.`); empty when there is no list, it cannot be read, it is larger than
+/// [`MANIFEST_CAP`] or not UTF-8.
+fn read_manifest(out: &Path) -> Vec<PathBuf> {
+    let Ok(bytes) = qdrift_io::read_capped(&out.join(MANIFEST), MANIFEST_CAP, "the list of a previous run's outputs")
+    else {
+        return Vec::new();
+    };
+    let Ok(text) = String::from_utf8(bytes) else { return Vec::new() };
+    text.lines()
+        .map(PathBuf::from)
+        .filter(|p| {
+            p.components().next().is_some()
+                && p.components().all(|c| matches!(c, std::path::Component::Normal(_)))
+                && p.as_os_str() != MANIFEST
+        })
+        .collect()
 }
 
 fn collect_files(dir: &Path, into: &mut Vec<PathBuf>) -> std::io::Result<()> {
@@ -351,8 +419,9 @@ mod tests {
         std::fs::write(dir.staging().join("report.json"), b"new").unwrap();
         dir.commit().unwrap();
         assert_eq!(names(root.path()), vec!["out"]);
-        assert_eq!(names(&out), vec!["report.json"]);
+        assert_eq!(names(&out), vec![MANIFEST, "report.json"]);
         assert_eq!(std::fs::read(out.join("report.json")).unwrap(), b"new");
+        assert_eq!(std::fs::read_to_string(out.join(MANIFEST)).unwrap(), "report.json\n");
     }
 
     #[test]
@@ -366,8 +435,44 @@ mod tests {
         assert_eq!(dir.staged(&root.path().join("gate.xml")), None);
         std::fs::write(dir.staging().join("report.json"), b"new").unwrap();
         dir.commit().unwrap();
-        assert_eq!(names(&out), vec!["report.json", "report.png"]);
+        assert_eq!(names(&out), vec![MANIFEST, "report.json", "report.png"]);
         assert_eq!(names(root.path()), vec!["out"]);
+    }
+
+    /// A gated run's JUnit file (or any file a run wrote) does not outlive the next run that does
+    /// not write it, whether `--out` holds other files or not; the user's files stay, and a list
+    /// naming paths outside `--out` removes nothing there.
+    #[test]
+    fn an_earlier_runs_outputs_are_replaced_or_removed() {
+        let root = tempfile::tempdir().unwrap();
+        let out = root.path().join("out");
+        let run = |files: &[&str]| {
+            let dir = OutputDir::prepare(&out).unwrap();
+            for f in files {
+                let path = dir.staging().join(f);
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::fs::write(path, b"x").unwrap();
+            }
+            dir.commit().unwrap();
+        };
+        run(&["report.json", "gate.xml"]);
+        run(&["report.json"]);
+        assert_eq!(names(&out), vec![MANIFEST, "report.json"], "the folder was replaced whole");
+        run(&["report.json", "logs/dump.jsonl"]);
+        run(&["report.json"]);
+        assert_eq!(names(&out), vec![MANIFEST, "logs", "report.json"]);
+        assert_eq!(names(&out.join("logs")), Vec::<String>::new(), "the dump removed, its folder left");
+        std::fs::remove_dir(out.join("logs")).unwrap();
+        run(&["report.json", "gate.xml"]);
+        std::fs::write(out.join("report.png"), b"the user's").unwrap();
+        run(&["report.json"]);
+        assert_eq!(names(&out), vec![MANIFEST, "report.json", "report.png"], "gate.xml removed, the PNG kept");
+        // A hostile list: nothing outside --out, nothing that is not a regular file.
+        std::fs::write(root.path().join("outside"), b"keep").unwrap();
+        std::fs::create_dir(out.join("folder")).unwrap();
+        std::fs::write(out.join(MANIFEST), "../outside\n/etc/hostname\nfolder\n./report.png\n").unwrap();
+        run(&["report.json"]);
+        assert!(root.path().join("outside").exists() && out.join("folder").is_dir() && out.join("report.png").exists());
     }
 
     #[test]

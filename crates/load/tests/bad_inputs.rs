@@ -181,8 +181,8 @@ fn unsupported_architecture() {
     assert!(
         e.ends_with(
             "config.json: unsupported architecture GPT2LMHeadModel; supported: LlamaForCausalLM, MistralForCausalLM, \
-             Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
-             Phi3ForCausalLM, MixtralForCausalLM, GptOssForCausalLM"
+             Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, Gemma2ForCausalLM, \
+             Gemma3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, GptOssForCausalLM"
         ),
         "{e}"
     );
