@@ -49,7 +49,7 @@ pub struct EvalArgs {
     /// auto: wgpu on a hardware GPU, else the CPU; wgpu; cpu.
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
-    /// The reference's compute precision; the noise floor runs at the other.
+    /// The reference's compute precision, f16 or f32; the noise floor runs at the other.
     #[arg(long, default_value = "f16", value_parser = crate::args::parse_dtype)]
     dtype: DType,
     /// Use the first N prompts of the eval set (default: all).

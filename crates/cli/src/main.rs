@@ -15,9 +15,48 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// Quantization-divergence evaluation for language models.
+/// Examples of every command, shown under its `--help` (each line that starts with `qdrift` is
+/// parsed by a test, so none goes stale).
+const EXAMPLES: &str = "Examples:
+  qdrift eval --model models/base.gguf --schemes int8,int4-g128 --out drift
+  qdrift gate --report drift/report.json --thresholds thresholds.toml
+  qdrift quantize --model models/base --scheme q4_k --format gguf --out base-q4_k.gguf
+  qdrift inspect --model models/base.gguf
+Every command: qdrift help COMMAND";
+
+const EVAL_EXAMPLES: &str = "Examples:
+  # Variants made from the reference, then a checkpoint you were given, gated in CI:
+  qdrift eval --model models/base --schemes int8,w8a8-fp8,int4-g128 --out drift
+  qdrift eval --model models/base --schemes --variant models/base-awq --out drift --gate thresholds.toml --junit drift/gate.xml
+  # Save the reference once, reuse it for every later artifact:
+  qdrift eval --model models/base.gguf --schemes int8 --save-reference ref --out drift
+  qdrift eval --model models/base.gguf --schemes --variant base-q4_k_m.gguf --reference ref --out drift
+  # Split a long run over machines, then merge the parts:
+  qdrift eval --model models/base.gguf --shard 1/2 --out part1";
+
+const MERGE_EXAMPLES: &str = "Examples:
+  qdrift merge part1 part2 --out drift";
+
+const GATE_EXAMPLES: &str = "Examples:
+  qdrift gate --report drift/report.json --thresholds thresholds.toml --junit gate.xml";
+
+const INSPECT_EXAMPLES: &str = "Examples:
+  qdrift inspect --model models/base.gguf
+  qdrift inspect --model synthetic:llama-8b --seq-len 4096 --batch 8 --json";
+
+const GENERATE_EXAMPLES: &str = "Examples:
+  qdrift generate --model models/base.gguf --prompt \"Once upon a time\" --max-new-tokens 40
+  qdrift generate --model models/base --prompt \"The capital of France is\" --prompt \"2 + 2 =\" --max-new-tokens 8 --dtype f16";
+
+const QUANTIZE_EXAMPLES: &str = "Examples:
+  qdrift quantize --model models/base --scheme int4-g128 --out base-int4.safetensors
+  qdrift quantize --model models/base --scheme q4_k --format gguf --out base-q4_k.gguf";
+
+/// Quantization-divergence evaluation: how far a quantized language model drifts from its
+/// reference over 10, 100 and 1000 generated tokens, with confidence intervals, as JSON, Markdown
+/// and HTML reports and a CI gate.
 #[derive(Parser)]
-#[command(name = "qdrift", version, about, long_about = None)]
+#[command(name = "qdrift", version, about, long_about = None, after_help = EXAMPLES)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -27,21 +66,27 @@ struct Cli {
 enum Command {
     /// Evaluate how far quantized variants drift from the FP16 reference over 10, 100 and 1000
     /// generated tokens; writes OUT/report.json.
+    #[command(after_help = EVAL_EXAMPLES)]
     Eval(Box<eval::EvalArgs>),
     /// Make the report of a sharded evaluation (`qdrift eval --shard I/N`) from all its parts;
     /// byte-identical to the unsharded run's report.
+    #[command(after_help = MERGE_EXAMPLES)]
     Merge(eval::MergeArgs),
     /// Check a report against thresholds: exit 0 if every check passes, 1 if any fails, 2 on
     /// unusable input.
+    #[command(after_help = GATE_EXAMPLES)]
     Gate(gate::GateArgs),
     /// Architecture, parameters, dtypes, and memory and FLOPs accounting of a model.
+    #[command(after_help = INSPECT_EXAMPLES)]
     Inspect(inspect::InspectArgs),
     /// Greedy generation from a model, for one or more prompts (in batches; on the CPU backend,
     /// the batches decode together as one, the layers spread over the cores, unless stopping at
     /// EOS, when they run side by side, one per core).
+    #[command(after_help = GENERATE_EXAMPLES)]
     Generate(generate::GenerateArgs),
     /// Quantize a model's weights (any format generate reads) with one scheme, print per-tensor
     /// error statistics, and write the result as safetensors or as a GGUF file llama.cpp runs.
+    #[command(after_help = QUANTIZE_EXAMPLES)]
     Quantize(quantize::QuantizeArgs),
     /// The device's copy bandwidth as one JSON line (for `cargo xtask bench gpu`).
     #[command(hide = true)]
@@ -77,5 +122,64 @@ fn main() -> ExitCode {
             eprintln!("qdrift: error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// `line` split as a shell would split these examples: on spaces, double quotes grouping.
+    fn words(line: &str) -> Vec<String> {
+        let (mut out, mut word, mut quoted) = (Vec::new(), String::new(), false);
+        for c in line.chars() {
+            match c {
+                '"' => quoted = !quoted,
+                ' ' if !quoted => {
+                    if !word.is_empty() {
+                        out.push(std::mem::take(&mut word));
+                    }
+                }
+                c => word.push(c),
+            }
+        }
+        if !word.is_empty() {
+            out.push(word);
+        }
+        out
+    }
+
+    /// Every command's `--help` has examples, and every example parses as the command it shows.
+    #[test]
+    fn every_command_has_examples_that_parse() {
+        let examples = [
+            ("qdrift", EXAMPLES),
+            ("eval", EVAL_EXAMPLES),
+            ("merge", MERGE_EXAMPLES),
+            ("gate", GATE_EXAMPLES),
+            ("inspect", INSPECT_EXAMPLES),
+            ("generate", GENERATE_EXAMPLES),
+            ("quantize", QUANTIZE_EXAMPLES),
+        ];
+        let mut cli = Cli::command();
+        for (name, text) in examples {
+            let help = if name == "qdrift" {
+                cli.render_long_help().to_string()
+            } else {
+                let sub = cli.find_subcommand_mut(name).unwrap_or_else(|| panic!("{name} is a command"));
+                sub.render_long_help().to_string()
+            };
+            assert!(help.contains(text), "{name} --help shows its examples");
+            let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| l.starts_with("qdrift ")).collect();
+            assert!(!lines.is_empty(), "{name}: at least one example");
+            for line in lines {
+                if let Err(e) = Cli::try_parse_from(words(line)) {
+                    panic!("{name}: {line:?} does not parse: {e}");
+                }
+            }
+        }
+        let public = cli.get_subcommands().filter(|c| !c.is_hide_set() && c.get_name() != "help").count();
+        assert_eq!(public, examples.len() - 1, "every public command has examples");
     }
 }
