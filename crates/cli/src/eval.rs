@@ -1,6 +1,7 @@
 //! `qdrift eval`.
 
 use std::error::Error;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -203,6 +204,49 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     Ok(code)
 }
 
+/// Progress as plain lines for a log: when a model starts generating, at each quarter of its
+/// tokens (with the seconds since it started), when it starts scoring and when it is done;
+/// warnings as they come.
+#[derive(Default)]
+struct PlainProgress {
+    model: String,
+    tokens: u64,
+    done: u64,
+    quarter: u64,
+    start: Option<std::time::Instant>,
+}
+
+impl PlainProgress {
+    /// The line to print for `p`, if any.
+    fn line(&mut self, p: &Progress<'_>) -> Option<String> {
+        match *p {
+            Progress::Generating { model, tokens } => {
+                (self.model, self.tokens, self.done, self.quarter) = (model.to_string(), tokens, 0, 0);
+                self.start = Some(std::time::Instant::now());
+                Some(format!("qdrift: {model}: generating {tokens} tokens"))
+            }
+            Progress::Generated { tokens } => {
+                self.done += tokens;
+                let quarter = (self.done * 4).checked_div(self.tokens).unwrap_or(0).min(4);
+                (quarter > self.quarter).then(|| {
+                    self.quarter = quarter;
+                    let secs = self.start.map_or(0.0, |s| s.elapsed().as_secs_f64());
+                    format!(
+                        "qdrift: {}: {}% ({}/{} tokens, {secs:.0} s)",
+                        self.model,
+                        quarter * 25,
+                        self.done,
+                        self.tokens
+                    )
+                })
+            }
+            Progress::Scoring { model } => Some(format!("qdrift: {model}: scoring")),
+            Progress::Warning { message } => Some(format!("qdrift: warning: {message}")),
+            Progress::Done { model } => Some(format!("qdrift: {model}: done")),
+        }
+    }
+}
+
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -329,11 +373,24 @@ fn config(args: &EvalArgs, gate: Option<(PathBuf, Thresholds)>) -> EvalConfig {
     cfg
 }
 
-/// [`evaluate_any`] with a progress bar on stderr.
+/// [`evaluate_any`] with a progress bar on stderr, or, when stderr is not a terminal (a CI log),
+/// plain lines ([`PlainProgress`]), so that a long run is never silent.
 fn evaluate_with_progress(
     cfg: &EvalConfig,
     clock: &std::sync::Mutex<PhaseClock>,
 ) -> Result<Evaluated, qdrift_eval::EvalError> {
+    if !std::io::stderr().is_terminal() {
+        let mut plain = PlainProgress::default();
+        return evaluate_any(cfg, &mut |p| {
+            lock(clock).observe(&p);
+            if let Some(line) = plain.line(&p) {
+                eprintln!("{line}");
+            }
+            if let Progress::Done { .. } = p {
+                qdrift_model::release_free_memory();
+            }
+        });
+    }
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{prefix:>18} [{bar:30}] {pos}/{len} tokens  {msg} ETA {eta}")

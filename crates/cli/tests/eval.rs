@@ -17,6 +17,9 @@ fn run_eval(out: &Path, extra: &[&str]) -> Value {
     let o = qdrift(&args);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "qdrift eval failed: {stderr}");
+    // stderr is a pipe here, as in a CI log: progress comes as plain lines.
+    assert!(stderr.contains(": generating ") && stderr.contains(": 100% ("), "{stderr}");
+    assert!(stderr.contains(": scoring\n") && stderr.contains(": done\n"), "{stderr}");
     let text = std::fs::read_to_string(out.join("report.json")).expect("report.json written");
     serde_json::from_str(&text).expect("report.json is JSON")
 }
