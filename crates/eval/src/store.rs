@@ -95,8 +95,9 @@ pub struct StoreKey {
 }
 
 impl StoreKey {
-    /// The first field where `self` (the store's) and `run` differ: its name and both values.
-    fn mismatch(&self, run: &StoreKey) -> Option<(&'static str, String, String)> {
+    /// Every field where `self` (the store's) and `run` differ, in key order: its name and both
+    /// values (long ones elided).
+    fn mismatches(&self, run: &StoreKey) -> Vec<(&'static str, String, String)> {
         let (a, b) = (serde_json::to_value(self).unwrap_or_default(), serde_json::to_value(run).unwrap_or_default());
         const FIELDS: [&str; 15] = [
             "model_sha256",
@@ -115,12 +116,27 @@ impl StoreKey {
             "quantize_router",
             "qdrift_version",
         ];
-        FIELDS.iter().find(|f| a.get(**f) != b.get(**f)).map(|f| {
-            let show =
-                |v: &serde_json::Value| v.get(*f).map(|x| elide(&x.to_string()).into_owned()).unwrap_or_default();
-            (*f, show(&a), show(&b))
-        })
+        FIELDS
+            .iter()
+            .filter(|f| a.get(**f) != b.get(**f))
+            .map(|f| {
+                let show =
+                    |v: &serde_json::Value| v.get(*f).map(|x| elide(&x.to_string()).into_owned()).unwrap_or_default();
+                (*f, show(&a), show(&b))
+            })
+            .collect()
     }
+}
+
+/// The refusal of a store whose key differs from the run's: every differing field at once, as
+/// `field stored (this run: now)`.
+fn mismatch_message(mismatches: &[(&str, String, String)]) -> String {
+    let fields: Vec<String> =
+        mismatches.iter().map(|(f, stored, now)| format!("{f} {stored} (this run: {now})")).collect();
+    format!(
+        "was saved with other settings: {}; run with the store's settings or save a new reference",
+        fields.join(", ")
+    )
 }
 
 /// SHA-256 of prompts' token ids, each prompt prefixed by its length (u32 little-endian).
@@ -321,8 +337,9 @@ pub(crate) fn read_store(dir: &Path, run: &StoreKey, model: StoreModel) -> Resul
     check_format(&json, "manifest.json", (STORE_FORMAT, STORE_VERSION), REDO).map_err(&fail)?;
     let manifest: Manifest = serde_json::from_slice(&json)
         .map_err(|e| fail(format!("manifest.json is not a reference store manifest: {e}")))?;
-    if let Some((field, stored, now)) = manifest.key.mismatch(run) {
-        return Err(fail(format!("was saved with {field} = {stored}, this run has {now}; save a new reference")));
+    let mismatches = manifest.key.mismatches(run);
+    if !mismatches.is_empty() {
+        return Err(fail(mismatch_message(&mismatches)));
     }
     let cap = manifest.data_bytes.checked_add(SEAL_BYTES).map_or(DATA_CAP, |b| b.min(DATA_CAP));
     let file = read_file(&dir.join("reference.bin"), cap, "store data").map_err(&fail)?;
@@ -551,12 +568,20 @@ mod tests {
     }
 
     #[test]
-    fn a_store_key_mismatch_names_the_field_and_elides_long_values() {
+    fn a_store_key_mismatch_names_every_field_and_elides_long_values() {
         let mut other = key(2, 8);
         other.prompts = vec!["p".repeat(500)];
-        let (field, _, now) = key(2, 8).mismatch(&other).expect("differs");
-        assert_eq!(field, "prompts");
+        other.horizons = vec![5];
+        other.batch_size += 1;
+        let all = key(2, 8).mismatches(&other);
+        let fields: Vec<&str> = all.iter().map(|(f, _, _)| *f).collect();
+        assert_eq!(fields, ["prompts", "horizons", "batch_size"]);
         // The value is the JSON list `["ppp…"]` (504 bytes), quoted by its ends.
-        assert_eq!(now, format!("[\"{}…(504 bytes)…{}\"]", "p".repeat(38), "p".repeat(38)));
+        assert_eq!(all[0].2, format!("[\"{}…(504 bytes)…{}\"]", "p".repeat(38), "p".repeat(38)));
+        let line = mismatch_message(&all);
+        assert!(line.starts_with("was saved with other settings: prompts "), "{line}");
+        assert!(line.contains(&format!("horizons {} (this run: [5])", all[1].1)), "{line}");
+        assert!(line.ends_with("run with the store's settings or save a new reference"), "{line}");
+        assert!(key(2, 8).mismatches(&key(2, 8)).is_empty());
     }
 }
