@@ -252,6 +252,60 @@ pub fn run_greedy(
     (tokens, first_logits)
 }
 
+/// Logits `[position][vocab]` of every position of `tokens` (one sequence, no padding):
+/// `split` tokens in one pass, then chunks of `step` through the cache, with `kernel`'s caches.
+pub fn cached_logits(
+    model: &Llama,
+    device: &burn::tensor::Device,
+    tokens: &[u32],
+    (split, step): (usize, usize),
+    kernel: qdrift_model::AttentionKernel,
+) -> Vec<Vec<f32>> {
+    let ids = |t: &[u32]| -> burn::tensor::Tensor<2, burn::tensor::Int> {
+        let data: Vec<i32> = t.iter().map(|&x| x as i32).collect();
+        burn::tensor::Tensor::from_data(burn::tensor::TensorData::new(data, [1, t.len()]), device)
+    };
+    let positions = qdrift_model::Positions::left_padded(&[tokens.len()]);
+    let mut caches = model.new_caches_for(1, tokens.len(), kernel);
+    let mut out = Vec::new();
+    for chunk in std::iter::once(&tokens[..split]).chain(tokens[split..].chunks(step)) {
+        let logits = model.forward(ids(chunk), &positions, &mut caches, true);
+        let [_, t, v] = logits.dims();
+        let data = logits.into_data().try_into_vec::<f32>().expect("f32 logits");
+        out.extend((0..t).map(|i| data[i * v..(i + 1) * v].to_vec()));
+    }
+    out
+}
+
+/// Per sequence, per mixture-of-experts layer, per continuation position `< n`: the experts
+/// `model` routes to in the evaluation's routing pass (`teacher_forced_routes`, on the CPU, two
+/// sequences a batch, `chunk` positions a pass).
+pub fn recorded_routes(
+    model: &Llama,
+    sequences: &[(Vec<u32>, Vec<u32>)],
+    n: usize,
+    chunk: usize,
+) -> Vec<Vec<Vec<Vec<u32>>>> {
+    let dev = device(BackendChoice::Cpu);
+    let layers = (0..model.arch.n_layers).filter(|&l| model.arch.has_experts(l)).count();
+    let mut out = vec![vec![vec![Vec::new(); n]; layers]; sequences.len()];
+    let forcing = qdrift_generate::Forcing { device: &dev, sequences, batch_size: 2, chunk };
+    qdrift_generate::teacher_forced_routes(model, forcing, |c| {
+        assert_eq!(c.routes.layers.len(), layers, "one entry per MoE layer");
+        for (l, entry) in c.routes.layers.iter().enumerate() {
+            let [rows, len, k] = entry.shape;
+            for i in 0..rows {
+                for j in 0..len {
+                    let at = (i * len + j) * k;
+                    out[c.first_prompt + i][l][c.start + j] = entry.experts[at..at + k].to_vec();
+                }
+            }
+        }
+    })
+    .expect("routing pass");
+    out
+}
+
 /// Uniform values in `[-0.5, 0.5)` from a 64-bit LCG (Knuth's MMIX constants), top 24 bits:
 /// deterministic weights and activations for tests.
 pub fn uniform(seed: u64, n: usize) -> Vec<f32> {

@@ -12,12 +12,12 @@
 //!   greedy token the f64 pass's best within [`AGREE`]), and one token more is refused before
 //!   anything runs, naming LongRoPE and both lengths.
 
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device};
 use qdrift_generate::{BackendChoice, ComputeDevice, GenerateError, GenerationConfig, generate};
 use qdrift_load::{HostModel, RopeScaling, open_model};
-use qdrift_model::{AttentionKernel, KvCache, LinearKernel, Llama, Positions};
+use qdrift_model::{AttentionKernel, LinearKernel, Llama};
 use qdrift_tests::reference64::{Rounding, naive_logits};
-use qdrift_tests::{LONGROPE_ORIGINAL, LONGROPE_SHORT, device, longrope_phi3, shared_dir};
+use qdrift_tests::{LONGROPE_ORIGINAL, LONGROPE_SHORT, cached_logits, device, longrope_phi3, shared_dir};
 
 /// Largest |Δlogit| allowed against the f64 pass (issue #30's model tolerance).
 const AGREE: f64 = 1e-4;
@@ -50,33 +50,6 @@ fn fixture() -> Fixture {
     Fixture { longrope, plain, prompts, tokens }
 }
 
-fn ids(tokens: &[u32], device: &Device) -> Tensor<2, Int> {
-    let data: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
-    Tensor::from_data(TensorData::new(data, [1, tokens.len()]), device)
-}
-
-/// Logits `[position][vocab]` of every position of `tokens`: `split` tokens in one pass, then
-/// chunks of `step` through the cache.
-fn logits(
-    model: &Llama,
-    device: &Device,
-    tokens: &[u32],
-    split: usize,
-    step: usize,
-    kernel: AttentionKernel,
-) -> Vec<Vec<f32>> {
-    let positions = Positions::left_padded(&[tokens.len()]);
-    let mut caches: Vec<KvCache> = model.new_caches_for(1, tokens.len(), kernel);
-    let mut out = Vec::new();
-    for chunk in std::iter::once(&tokens[..split]).chain(tokens[split..].chunks(step)) {
-        let logits = model.forward(ids(chunk, device), &positions, &mut caches, true);
-        let [_, t, v] = logits.dims();
-        let data = logits.into_data().try_into_vec::<f32>().expect("f32 logits");
-        out.extend((0..t).map(|i| data[i * v..(i + 1) * v].to_vec()));
-    }
-    out
-}
-
 fn max_abs<T: Copy + Into<f64>>(got: &[Vec<f32>], want: &[Vec<T>]) -> f64 {
     assert_eq!(got.len(), want.len(), "positions");
     got.iter().flatten().zip(want.iter().flatten()).fold(0.0, |m, (&g, &w)| m.max((f64::from(g) - w.into()).abs()))
@@ -98,14 +71,14 @@ fn longrope_logits_match_the_f64_pass_on_both_backends() {
     for linear in [LinearKernel::Burn, LinearKernel::Host] {
         let model = Llama::from_host_with(&f.longrope, DType::F32, &Device::flex(), linear).expect("model builds");
         for kernel in [AttentionKernel::Composed, AttentionKernel::Host] {
-            let err = max_abs(&logits(&model, &Device::flex(), &f.tokens, split, 1, kernel), &want);
+            let err = max_abs(&cached_logits(&model, &Device::flex(), &f.tokens, (split, 1), kernel), &want);
             println!("LongRoPE phi3, CPU, {linear:?} linear, {kernel:?} attention: max |Δlogit| {err:.2e}");
             assert!(err <= AGREE, "CPU {linear:?}/{kernel:?}: max |Δlogit| {err:.2e}");
         }
     }
     let gpu = device(BackendChoice::Wgpu);
     let model = Llama::from_host(&f.longrope, DType::F32, &gpu.device).expect("model builds");
-    let err = max_abs(&logits(&model, &gpu.device, &f.tokens, split, 7, AttentionKernel::Composed), &want);
+    let err = max_abs(&cached_logits(&model, &gpu.device, &f.tokens, (split, 7), AttentionKernel::Composed), &want);
     println!("LongRoPE phi3, wgpu ({}): max |Δlogit| {err:.2e}", gpu.adapter);
     assert!(err <= AGREE, "wgpu: max |Δlogit| {err:.2e}");
 }
@@ -115,7 +88,7 @@ fn longrope_changes_the_logits() {
     let f = fixture();
     let cpu = |m: &HostModel| {
         let model = Llama::from_host(m, DType::F32, &Device::flex()).expect("model builds");
-        logits(&model, &Device::flex(), &f.tokens, f.tokens.len(), 1, AttentionKernel::Host)
+        cached_logits(&model, &Device::flex(), &f.tokens, (f.tokens.len(), 1), AttentionKernel::Host)
     };
     let scaled = cpu(&f.longrope);
     let mut unit = f.longrope.clone();

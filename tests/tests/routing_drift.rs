@@ -9,13 +9,13 @@ use std::cell::RefCell;
 
 use burn::tensor::DType;
 use qdrift_eval::{EvalConfig, Evaluated, Part, Shard, VariantSpec, evaluate, evaluate_any, merge};
-use qdrift_generate::{BackendChoice, Forcing, GenerationConfig, generate, teacher_forced_routes};
+use qdrift_generate::{BackendChoice, GenerationConfig, generate};
 use qdrift_load::open_model;
 use qdrift_model::Llama;
 use qdrift_quantize::round_to_fp16_reference;
 use qdrift_report::Report;
 use qdrift_tests::reference64::{Rounding, naive_logits};
-use qdrift_tests::{device, shared_dir, stories_eval};
+use qdrift_tests::{device, recorded_routes, shared_dir, stories_eval};
 
 /// Continuation tokens routed per prompt.
 const N: usize = 12;
@@ -34,28 +34,6 @@ fn prompts(arch: &str) -> Vec<Vec<u32>> {
     json["prompts"].as_array().expect("prompts").iter().map(ids).collect()
 }
 
-/// Per prompt, per MoE layer, per continuation position: the experts `model` routes to, from
-/// the evaluation's routing pass (two sequences a batch, five positions a pass).
-fn recorded_routes(model: &Llama, sequences: &[(Vec<u32>, Vec<u32>)]) -> Vec<Vec<Vec<Vec<u32>>>> {
-    let dev = device(BackendChoice::Cpu);
-    let layers = (0..model.arch.n_layers).filter(|&l| model.arch.has_experts(l)).count();
-    let mut out = vec![vec![vec![Vec::new(); N]; layers]; sequences.len()];
-    teacher_forced_routes(model, Forcing { device: &dev, sequences, batch_size: 2, chunk: 5 }, |c| {
-        assert_eq!(c.routes.layers.len(), layers, "one entry per MoE layer");
-        for (l, entry) in c.routes.layers.iter().enumerate() {
-            let [rows, len, k] = entry.shape;
-            for i in 0..rows {
-                for j in 0..len {
-                    let at = (i * len + j) * k;
-                    out[c.first_prompt + i][l][c.start + j] = entry.experts[at..at + k].to_vec();
-                }
-            }
-        }
-    })
-    .expect("routing pass");
-    out
-}
-
 #[test]
 fn recorded_routes_are_the_f64_routers_choices() {
     for arch in ["qwen3_moe", "mixtral", "gpt_oss"] {
@@ -68,7 +46,7 @@ fn recorded_routes_are_the_f64_routers_choices() {
         let continuations =
             generate(&model, &device(BackendChoice::Cpu), &prompts, &config, |_| {}).expect("generation");
         let sequences: Vec<(Vec<u32>, Vec<u32>)> = prompts.iter().cloned().zip(continuations).collect();
-        let recorded = recorded_routes(&model, &sequences);
+        let recorded = recorded_routes(&model, &sequences, N, 5);
         let mut compared = 0;
         for (i, (p, c)) in sequences.iter().enumerate() {
             let routes = RefCell::new(Vec::new());

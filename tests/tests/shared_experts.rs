@@ -16,15 +16,15 @@
 
 use std::cell::RefCell;
 
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device};
 use qdrift_eval::{EvalConfig, VariantSpec, evaluate};
-use qdrift_generate::{BackendChoice, ComputeDevice, Forcing, GenerationConfig, generate, teacher_forced_routes};
+use qdrift_generate::{BackendChoice, ComputeDevice, GenerationConfig, generate};
 use qdrift_load::write::{WriteDtype, gguf_tokenizer_keys, write_gguf_with};
 use qdrift_load::{HostModel, Routing, open_model};
-use qdrift_model::{AttentionKernel, KvCache, LinearKernel, Llama, Positions};
+use qdrift_model::{AttentionKernel, LinearKernel, Llama};
 use qdrift_quantize::{QuantizeOptions, Scheme, quantize_model};
 use qdrift_tests::reference64::{Rounding, naive_logits};
-use qdrift_tests::{QWEN2_MOE_SHARED, device, qwen2_moe, shared_dir};
+use qdrift_tests::{QWEN2_MOE_SHARED, cached_logits, device, qwen2_moe, recorded_routes, shared_dir};
 
 /// Largest |Δlogit| allowed against the f64 pass (issue #30's model tolerance).
 const AGREE: f64 = 1e-4;
@@ -45,33 +45,6 @@ fn fixture(mlp_only_layers: &[usize]) -> (tempfile::TempDir, HostModel) {
     qwen2_moe(dir.path(), mlp_only_layers);
     let model = open_model(dir.path(), None).unwrap_or_else(|e| panic!("the Qwen2-MoE fixture opens: {e}")).model;
     (dir, model)
-}
-
-fn ids(tokens: &[u32], device: &Device) -> Tensor<2, Int> {
-    let data: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
-    Tensor::from_data(TensorData::new(data, [1, tokens.len()]), device)
-}
-
-/// Logits `[position][vocab]` of every position of `tokens`: `split` tokens in one pass, then
-/// chunks of `step` through the cache.
-fn logits(
-    model: &Llama,
-    device: &Device,
-    tokens: &[u32],
-    split: usize,
-    step: usize,
-    kernel: AttentionKernel,
-) -> Vec<Vec<f32>> {
-    let positions = Positions::left_padded(&[tokens.len()]);
-    let mut caches: Vec<KvCache> = model.new_caches_for(1, tokens.len(), kernel);
-    let mut out = Vec::new();
-    for chunk in std::iter::once(&tokens[..split]).chain(tokens[split..].chunks(step)) {
-        let logits = model.forward(ids(chunk, device), &positions, &mut caches, true);
-        let [_, t, v] = logits.dims();
-        let data = logits.into_data().try_into_vec::<f32>().expect("f32 logits");
-        out.extend((0..t).map(|i| data[i * v..(i + 1) * v].to_vec()));
-    }
-    out
 }
 
 fn max_abs<T: Copy + Into<f64>>(got: &[Vec<f32>], want: &[Vec<T>]) -> f64 {
@@ -132,14 +105,14 @@ fn logits_match_the_f64_pass_on_both_backends_and_the_shared_expert_counts() {
     for linear in [LinearKernel::Burn, LinearKernel::Host] {
         let model = Llama::from_host_with(&m, DType::F32, &Device::flex(), linear).expect("model builds");
         for kernel in [AttentionKernel::Composed, AttentionKernel::Host] {
-            let err = max_abs(&logits(&model, &Device::flex(), &tokens, p[0].len(), 1, kernel), &want);
+            let err = max_abs(&cached_logits(&model, &Device::flex(), &tokens, (p[0].len(), 1), kernel), &want);
             println!("qwen2_moe, CPU, {linear:?} linear, {kernel:?} attention: max |Δlogit| {err:.2e}");
             assert!(err <= AGREE, "CPU {linear:?}/{kernel:?}: max |Δlogit| {err:.2e}");
         }
     }
     let gpu = device(BackendChoice::Wgpu);
     let model = Llama::from_host(&m, DType::F32, &gpu.device).expect("model builds");
-    let err = max_abs(&logits(&model, &gpu.device, &tokens, p[0].len(), 7, AttentionKernel::Composed), &want);
+    let err = max_abs(&cached_logits(&model, &gpu.device, &tokens, (p[0].len(), 7), AttentionKernel::Composed), &want);
     println!("qwen2_moe, wgpu ({}): max |Δlogit| {err:.2e}", gpu.adapter);
     assert!(err <= AGREE, "wgpu: max |Δlogit| {err:.2e}");
 
@@ -196,20 +169,8 @@ fn recorded_routes_are_the_f64_routers_choices() {
     let config = GenerationConfig { max_new_tokens: n, batch_size: 2, stop_at_eos: None };
     let continuations = generate(&model, &dev, &p, &config, |_| {}).expect("generation");
     let sequences: Vec<(Vec<u32>, Vec<u32>)> = p.iter().cloned().zip(continuations).collect();
-    let mut recorded = vec![vec![vec![Vec::new(); n]; 2]; sequences.len()];
-    teacher_forced_routes(&model, Forcing { device: &dev, sequences: &sequences, batch_size: 2, chunk: 4 }, |c| {
-        assert_eq!(c.routes.layers.len(), 2, "layers 0 and 2 have experts");
-        for (l, entry) in c.routes.layers.iter().enumerate() {
-            let [rows, len, k] = entry.shape;
-            for i in 0..rows {
-                for j in 0..len {
-                    let at = (i * len + j) * k;
-                    recorded[c.first_prompt + i][l][c.start + j] = entry.experts[at..at + k].to_vec();
-                }
-            }
-        }
-    })
-    .expect("routing pass");
+    let recorded = recorded_routes(&model, &sequences, n, 4);
+    assert_eq!(recorded[0].len(), 2, "layers 0 and 2 have experts");
     let mut compared = 0;
     for (i, (prompt, c)) in sequences.iter().enumerate() {
         let routes = RefCell::new(Vec::new());

@@ -157,7 +157,8 @@ fn activation_groups_that_do_not_divide_a_layer_are_refused_before_running() {
         ]);
         assert!(!o.status.success());
         let stderr = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        // One error line; progress lines (stderr is a pipe here) may come before it.
+        assert_eq!(stderr.lines().filter(|l| l.starts_with("qdrift: error: ")).count(), 1, "{stderr}");
         for name in names.into_iter().chain(["fp8-g32", "172 inputs"]) {
             assert!(stderr.contains(name), "{name}: {stderr}");
         }
@@ -191,7 +192,8 @@ fn a_quantized_folder_of_another_shape_is_refused_before_running() {
     ]);
     assert!(!o.status.success());
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    // One error line; progress lines (stderr is a pipe here) may come before it.
+    assert_eq!(stderr.lines().filter(|l| l.starts_with("qdrift: error: ")).count(), 1, "{stderr}");
     assert!(stderr.contains("gptq_v2_8bit_asym") && stderr.contains("differ from the reference"), "{stderr}");
     assert!(!out.exists());
 }
