@@ -41,8 +41,8 @@
 //! **Shared expert** (Qwen2-MoE, `Qwen2MoeSparseMoeBlock`): a dense gated FFN
 //! ([`FeedForward`]) every row runs, its output scaled by `σ(shared_expert_gate · x)` and added to
 //! the routed experts' sum: `y = Σ_e w_e·expert_e(x) + σ(g·x)·shared(x)`. Its gate reads the
-//! unrounded input at reference precision, as the router does; its logits are read back with the
-//! router's and the sigmoid taken on the host in f32, rounded to the compute dtype (the
+//! unrounded input at reference precision, as the router does; its logits are read back as the
+//! router's are and the sigmoid taken on the host in f32, rounded to the compute dtype (the
 //! reference's model-dtype `F.sigmoid`), so both paths scale by the same values. The shared FFN
 //! rounds its input and its down projection's input as the dense layer does.
 //!
@@ -80,6 +80,16 @@ pub struct Expert {
     pub down: Projection,
 }
 
+/// Qwen2-MoE's shared expert (see the module documentation): the FFN every row runs and its
+/// sigmoid gate.
+#[derive(Module, Debug)]
+pub struct SharedExpertLayer {
+    /// The FFN, `[shared_hidden, dim]` gate and up projections.
+    pub ffn: FeedForward,
+    /// The gate, `[1, dim]` as host weights.
+    pub gate: Projection,
+}
+
 /// A mixture-of-experts feed-forward layer (see the module documentation).
 #[derive(Module, Debug)]
 pub struct MoeLayer {
@@ -87,10 +97,8 @@ pub struct MoeLayer {
     pub router: Projection,
     /// The experts, by id.
     pub experts: Vec<Expert>,
-    /// The shared expert every row runs (Qwen2-MoE), `[shared_hidden, dim]` projections.
-    pub shared: Option<FeedForward>,
-    /// The shared expert's sigmoid gate, `[1, dim]`.
-    pub shared_gate: Option<Projection>,
+    /// The shared expert every row runs (Qwen2-MoE).
+    pub shared: Option<SharedExpertLayer>,
     /// Experts per token.
     #[module(skip)]
     pub top_k: usize,
@@ -111,21 +119,21 @@ impl MoeLayer {
     ///
     /// # Errors
     /// [`ModelError::Arch`] when `spec` and the weights disagree on the number of experts or on
-    /// a shared expert, or `top_k` is not from 1 to it; [`ModelError::Shape`] for a tensor of the wrong shape, named
-    /// as Qwen3-MoE names it (`model.layers.{layer}.mlp.experts.{e}.gate_proj.weight`).
+    /// a shared expert, or `top_k` is not from 1 to it; [`ModelError::Shape`] for a tensor of the
+    /// wrong shape, named as Qwen3-MoE names it
+    /// (`model.layers.{layer}.mlp.experts.{e}.gate_proj.weight`).
     pub(crate) fn from_host(
         layer: usize,
-        experts_in: &Experts,
+        weights: &Experts,
         spec: &MoeSpec,
         activation: Activation,
         store: ProjectionStore<'_>,
     ) -> Result<MoeLayer, ModelError> {
         let (n, hid) = (spec.n_experts, spec.expert_hidden);
-        let experts = experts_in;
-        if experts.experts.len() != n {
+        if weights.experts.len() != n {
             return Err(ModelError::Arch(format!(
                 "layer {layer}: {} experts given, the mixture of experts has {n}",
-                experts.experts.len()
+                weights.experts.len()
             )));
         }
         if spec.top_k == 0 || spec.top_k > n {
@@ -134,35 +142,26 @@ impl MoeLayer {
                 spec.top_k
             )));
         }
-        let dim = experts.router.shape.get(1).copied().unwrap_or(0);
+        let dim = weights.router.shape.get(1).copied().unwrap_or(0);
         let name = |s: &str| format!("model.layers.{layer}.mlp.{s}");
-        let router = projection(&name("gate"), &experts.router, experts.router_bias.as_ref(), [n, dim], store)?;
-        let experts = experts
+        let router = projection(&name("gate"), &weights.router, weights.router_bias.as_ref(), [n, dim], store)?;
+        let experts = weights
             .experts
             .iter()
             .enumerate()
             .map(|(e, m)| {
-                let p = |s: &str| name(&format!("experts.{e}.{s}"));
-                let Mlp { gate, up, down, gate_bias, up_bias, down_bias } = m;
-                Ok(Expert {
-                    gate: projection(&p("gate_proj"), gate, gate_bias.as_ref(), [hid, dim], store)?,
-                    up: projection(&p("up_proj"), up, up_bias.as_ref(), [hid, dim], store)?,
-                    down: projection(&p("down_proj"), down, down_bias.as_ref(), [dim, hid], store)?,
-                })
+                let [gate, up, down] = gated_projections(&name(&format!("experts.{e}")), m, [hid, dim], store)?;
+                Ok(Expert { gate, up, down })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
-        let (shared, shared_gate) = match (&experts_in.shared, spec.shared_expert_hidden) {
-            (None, None) => (None, None),
+        let shared = match (&weights.shared, spec.shared_expert_hidden) {
+            (None, None) => None,
             (Some(sh), Some(w)) => {
-                let p = |s: &str| name(&format!("shared_expert.{s}"));
-                let m = &sh.mlp;
-                let ffn = FeedForward {
-                    gate: projection(&p("gate_proj"), &m.gate, m.gate_bias.as_ref(), [w, dim], store)?,
-                    up: projection(&p("up_proj"), &m.up, m.up_bias.as_ref(), [w, dim], store)?,
-                    down: projection(&p("down_proj"), &m.down, m.down_bias.as_ref(), [dim, w], store)?,
-                    activation,
-                };
-                (Some(ffn), Some(projection(&name("shared_expert_gate"), &sh.gate, None, [1, dim], store)?))
+                let [gate, up, down] = gated_projections(&name("shared_expert"), &sh.mlp, [w, dim], store)?;
+                Some(SharedExpertLayer {
+                    ffn: FeedForward { gate, up, down, activation },
+                    gate: projection(&name("shared_expert_gate"), &sh.gate, None, [1, dim], store)?,
+                })
             }
             (given, _) => {
                 return Err(ModelError::Arch(format!(
@@ -172,16 +171,7 @@ impl MoeLayer {
                 )));
             }
         };
-        Ok(MoeLayer {
-            router,
-            experts,
-            shared,
-            shared_gate,
-            top_k: spec.top_k,
-            routing: spec.routing,
-            activation,
-            layer,
-        })
+        Ok(MoeLayer { router, experts, shared, top_k: spec.top_k, routing: spec.routing, activation, layer })
     }
 
     /// The layer's weights as host values, as [`MoeLayer::from_host`] took them (values of the
@@ -197,10 +187,8 @@ impl MoeLayer {
                 Mlp { gate, up, down, gate_bias, up_bias, down_bias }
             })
             .collect();
-        let shared = match (&self.shared, &self.shared_gate) {
-            (Some(f), Some(g)) => Some(SharedExpert { mlp: f.host_weights(), gate: g.host_weights().0 }),
-            _ => None,
-        };
+        let shared =
+            self.shared.as_ref().map(|s| SharedExpert { mlp: s.ffn.host_weights(), gate: s.gate.host_weights().0 });
         Experts { router, router_bias, experts, shared }
     }
 
@@ -259,9 +247,9 @@ impl MoeLayer {
         let logits = host_f32(self.router.forward_to(x.clone(), DType::F32));
         let routes = route(&logits, self.n_experts(), self.top_k, self.routing);
         self.record(record, [b, t], &routes);
-        let shared = self.shared.as_ref().zip(self.shared_gate.as_ref()).map(|(ffn, gate)| {
-            let g = shared_gate_weights(host_f32(gate.forward_to(x.clone(), DType::F32)));
-            (ffn.forward(x.clone(), context).reshape([rows, dim]), upload(&g, [rows, 1], dtype, &device))
+        let shared = self.shared.as_ref().map(|s| {
+            let g = shared_gate_weights(host_f32(s.gate.forward_to(x.clone(), DType::F32)));
+            (s.ffn.forward(x.clone(), context).reshape([rows, dim]), upload(&g, [rows, 1], dtype, &device))
         });
         let groups = routes.by_expert(self.n_experts());
         let xs = context.round_input(x).reshape([rows, dim]);
@@ -304,8 +292,7 @@ impl MoeLayer {
     pub(crate) fn packed_on_host(&self) -> bool {
         self.activation == Activation::SwiGlu
             && self.router.packed().is_some()
-            && self.shared.as_ref().is_none_or(FeedForward::packed_on_host)
-            && self.shared_gate.as_ref().is_none_or(|g| g.packed().is_some())
+            && self.shared.as_ref().is_none_or(|s| s.ffn.packed_on_host() && s.gate.packed().is_some())
             && self
                 .experts
                 .iter()
@@ -336,9 +323,9 @@ impl MoeLayer {
         let routes = route(&router.forward_rounded(&xs, rows, f16), self.n_experts(), k, self.routing);
         self.record(record, [b, t], &routes);
         // The shared expert on the unrounded input (it rounds its own), scaled by its gate.
-        let shared = self.shared.as_ref().zip(self.shared_gate.as_ref()).map(|(ffn, gate)| {
-            let g = shared_gate_weights(packed(gate).forward_rounded(&xs, rows, f16));
-            (ffn.forward_host(xs.clone(), [b, t], context), g)
+        let shared = self.shared.as_ref().map(|s| {
+            let g = shared_gate_weights(packed(&s.gate).forward_rounded(&xs, rows, f16));
+            (s.ffn.forward_host(xs.clone(), [b, t], context), g)
         });
         let groups = routes.by_expert(self.n_experts());
         context.round_host_input(&mut xs, [b, t, dim]);
@@ -376,23 +363,12 @@ impl MoeLayer {
         for ((expert, g), h) in self.experts.iter().zip(&groups).zip(&hidden) {
             let y = packed(&expert.down).forward_rounded(h, g.rows.len(), f16);
             for ((&r, &wt), yv) in g.rows.iter().zip(&g.weights).zip(y.chunks_exact(dim)) {
-                // The weight as its tensor of the compute dtype holds it; each product and sum
-                // rounded as one.
-                let wt = if f16 { round_to_f16(wt) } else { wt };
-                let row = &mut out[r as usize * dim..(r as usize + 1) * dim];
-                for (o, &v) in row.iter_mut().zip(yv) {
-                    let p = if f16 { round_to_f16(v * wt) } else { v * wt };
-                    *o = if f16 { round_to_f16(*o + p) } else { *o + p };
-                }
+                add_scaled(&mut out[r as usize * dim..(r as usize + 1) * dim], yv, wt, f16);
             }
         }
         if let Some((y, g)) = shared {
             for ((row, yv), &g) in out.chunks_exact_mut(dim).zip(y.chunks_exact(dim)).zip(&g) {
-                let g = if f16 { round_to_f16(g) } else { g };
-                for (o, &v) in row.iter_mut().zip(yv) {
-                    let p = if f16 { round_to_f16(v * g) } else { v * g };
-                    *o = if f16 { round_to_f16(*o + p) } else { *o + p };
-                }
+                add_scaled(row, yv, g, f16);
             }
         }
         out
@@ -452,6 +428,36 @@ impl MoeLayer {
         let slots = context.round_input(slots.reshape(self.slot_view(context, [b, t]))).reshape([b * t * k, w]);
         groups.iter().zip(hidden).map(|(g, h)| h.map(|_| slots.clone().select(0, indices(&g.slots, &device)))).collect()
     }
+}
+
+/// `row += w · y` as tensors of the compute dtype (f16 when `f16`) compute it: the weight as its
+/// tensor holds it, each product and each sum rounded as one.
+///
+/// # Shapes
+/// - `row`, `y`: `[dim]`
+fn add_scaled(row: &mut [f32], y: &[f32], w: f32, f16: bool) {
+    let r = |v: f32| if f16 { round_to_f16(v) } else { v };
+    let w = r(w);
+    for (o, &v) in row.iter_mut().zip(y) {
+        *o = r(*o + r(v * w));
+    }
+}
+
+/// The gate, up and down projections of a gated FFN `m` (an expert's or the shared expert's) of
+/// width `hidden`, named `{prefix}.{gate,up,down}_proj`, checked.
+fn gated_projections(
+    prefix: &str,
+    m: &Mlp,
+    [hidden, dim]: [usize; 2],
+    store: ProjectionStore<'_>,
+) -> Result<[Projection; 3], ModelError> {
+    let p = |s: &str| format!("{prefix}.{s}");
+    let Mlp { gate, up, down, gate_bias, up_bias, down_bias } = m;
+    Ok([
+        projection(&p("gate_proj"), gate, gate_bias.as_ref(), [hidden, dim], store)?,
+        projection(&p("up_proj"), up, up_bias.as_ref(), [hidden, dim], store)?,
+        projection(&p("down_proj"), down, down_bias.as_ref(), [dim, hidden], store)?,
+    ])
 }
 
 /// The shared expert's scale of each row, `σ(z)` of its gate's logit in f32 (rounded to the
