@@ -207,8 +207,10 @@ fn as_int(v: &Value) -> Option<usize> {
 /// layer is allocated) → RoPE → block → windows → experts.
 pub(crate) fn parse_config(path: &Path, c: &Value, tensor_count: usize) -> Result<HfArch, LoadError> {
     let config = Config { path, c };
-    refuse_features(&config)?;
-    let class = config_class(&config)?;
+    // The features first, so that an unsupported class with one is refused naming the feature.
+    let class = config_class(&config);
+    refuse_features(&config, class.as_ref().ok().copied())?;
+    let class = class?;
     let dim = config.int("hidden_size", None)?;
     let n_heads = config.int("num_attention_heads", None)?;
     // `getattr(config, "head_dim", None) or hidden_size // num_attention_heads`.
@@ -314,8 +316,9 @@ fn check_layer_count(config: &Config<'_>, class: Class, n_layers: usize, present
 }
 
 /// Refuses, by name, the features of today's checkpoints that qdrift cannot compute, whatever
-/// the class: they are checked before the class so that the message names the feature.
-fn refuse_features(config: &Config<'_>) -> Result<(), LoadError> {
+/// the class (`class`, when it is one qdrift reads): they are checked before an unsupported class
+/// is refused, so that the message names the feature.
+fn refuse_features(config: &Config<'_>, class: Option<Class>) -> Result<(), LoadError> {
     let refuse = |feature: &str, field: &str| {
         Err(config.bad(format!("{feature} ({field}) is not supported; qdrift reads {SUPPORTED_ARCHITECTURES}")))
     };
@@ -355,20 +358,14 @@ fn refuse_features(config: &Config<'_>) -> Result<(), LoadError> {
     }
     // Qwen2-MoE's shared expert is read (`moe`); the others' (DeepSeek's, GLM-4.5's, Llama 4's
     // ungated ones, Qwen3-Next's) are not.
-    let qwen2_moe = match arch0 {
-        Some(a) => a == "Qwen2MoeForCausalLM",
-        None => config.str("model_type") == Some("qwen2_moe"),
-    };
     for key in [
         "shared_expert_intermediate_size",
         "moe_shared_expert_intermediate_size",
         "n_shared_experts",
         "num_shared_experts",
     ] {
-        if qwen2_moe && key == "shared_expert_intermediate_size" {
-            continue;
-        }
-        if config.get(key).is_some_and(|v| v.as_u64() != Some(0)) {
+        let read = class == Some(Class::Qwen2Moe) && key == "shared_expert_intermediate_size";
+        if !read && config.get(key).is_some_and(|v| v.as_u64() != Some(0)) {
             return refuse("shared experts", key);
         }
     }
