@@ -379,18 +379,7 @@ fn evaluate_with_progress(
     cfg: &EvalConfig,
     clock: &std::sync::Mutex<PhaseClock>,
 ) -> Result<Evaluated, qdrift_eval::EvalError> {
-    if !std::io::stderr().is_terminal() {
-        let mut plain = PlainProgress::default();
-        return evaluate_any(cfg, &mut |p| {
-            lock(clock).observe(&p);
-            if let Some(line) = plain.line(&p) {
-                eprintln!("{line}");
-            }
-            if let Progress::Done { .. } = p {
-                qdrift_model::release_free_memory();
-            }
-        });
-    }
+    let mut plain = (!std::io::stderr().is_terminal()).then(PlainProgress::default);
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{prefix:>18} [{bar:30}] {pos}/{len} tokens  {msg} ETA {eta}")
@@ -399,20 +388,29 @@ fn evaluate_with_progress(
     );
     let report = evaluate_any(cfg, &mut |p| {
         lock(clock).observe(&p);
-        match p {
-            Progress::Generating { model, tokens } => {
-                bar.reset();
-                bar.set_length(tokens);
-                bar.set_prefix(model.to_string());
-                bar.set_message("generating");
+        if let Some(plain) = &mut plain {
+            if let Some(line) = plain.line(&p) {
+                eprintln!("{line}");
             }
-            Progress::Generated { tokens } => bar.inc(tokens),
-            Progress::Scoring { model } => {
-                bar.set_prefix(model.to_string());
-                bar.set_message("scoring");
+        } else {
+            match p {
+                Progress::Generating { model, tokens } => {
+                    bar.reset();
+                    bar.set_length(tokens);
+                    bar.set_prefix(model.to_string());
+                    bar.set_message("generating");
+                }
+                Progress::Generated { tokens } => bar.inc(tokens),
+                Progress::Scoring { model } => {
+                    bar.set_prefix(model.to_string());
+                    bar.set_message("scoring");
+                }
+                Progress::Warning { message } => bar.suspend(|| eprintln!("qdrift: warning: {message}")),
+                Progress::Done { .. } => {}
             }
-            Progress::Warning { message } => bar.suspend(|| eprintln!("qdrift: warning: {message}")),
-            Progress::Done { .. } => qdrift_model::release_free_memory(),
+        }
+        if let Progress::Done { .. } = p {
+            qdrift_model::release_free_memory();
         }
     });
     bar.finish_and_clear();

@@ -95,19 +95,18 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let mut error_code = ExitCode::FAILURE;
     let result = match cli.command {
         Command::Gate(args) => return gate::run(&args),
         Command::Inspect(args) => inspect::run(args),
         Command::Eval(args) => {
-            let gated = eval::gated(&args);
+            // A gated run that cannot be gated exits 2, as `qdrift gate` on unusable input.
+            if eval::gated(&args) {
+                error_code = ExitCode::from(2);
+            }
             match eval::run(*args) {
                 Ok(Some(code)) => return code,
                 Ok(None) => Ok(()),
-                // A gated run that cannot be gated exits 2, as `qdrift gate` on unusable input.
-                Err(e) if gated => {
-                    eprintln!("qdrift: error: {e}");
-                    return ExitCode::from(2);
-                }
                 Err(e) => Err(e),
             }
         }
@@ -120,7 +119,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("qdrift: error: {e}");
-            ExitCode::FAILURE
+            error_code
         }
     }
 }
