@@ -252,6 +252,17 @@ pub fn run_greedy(
     (tokens, first_logits)
 }
 
+/// The golden prompts (token ids) of a tiny-arch checkpoint (`../shared/models/tiny-arch/ARCH`'s
+/// `golden.json`).
+pub fn tiny_arch_prompts(arch: &str) -> Vec<Vec<u32>> {
+    let path = shared_dir().join("models/tiny-arch").join(arch).join("golden.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let json: serde_json::Value = serde_json::from_str(&text).expect("golden.json is JSON");
+    let ids =
+        |p: &serde_json::Value| p.as_array().expect("ids").iter().map(|t| t.as_u64().expect("id") as u32).collect();
+    json["prompts"].as_array().expect("prompts").iter().map(ids).collect()
+}
+
 /// Logits `[position][vocab]` of every position of `tokens` (one sequence, no padding):
 /// `split` tokens in one pass, then chunks of `step` through the cache, with `kernel`'s caches.
 pub fn cached_logits(

@@ -24,13 +24,13 @@
 
 use std::cell::RefCell;
 
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor};
 use qdrift_generate::{BackendChoice, Forcing, GenerationConfig, generate, teacher_forced};
 use qdrift_load::{HostModel, open_model};
-use qdrift_model::{AttentionKernel, KvCache, LinearKernel, Llama, Positions};
+use qdrift_model::{AttentionKernel, LinearKernel, Llama};
 use qdrift_quantize::{QuantizeOptions, Recipe, quantize_model, round_to_fp16_reference};
 use qdrift_tests::reference64::{Rounding, Site, Sites, naive_logits};
-use qdrift_tests::{device, shared_dir};
+use qdrift_tests::{cached_logits, device, shared_dir, tiny_arch_prompts};
 
 /// Positions whose logits all agree with the f64 pass within this.
 const AGREE: f64 = 1e-4;
@@ -73,36 +73,7 @@ fn reference(arch: &str) -> (HostModel, Vec<Vec<u32>>) {
     let loaded = open_model(&dir, None).unwrap_or_else(|e| panic!("{arch} must load from {}: {e}", dir.display()));
     let mut model = loaded.model;
     round_to_fp16_reference(&mut model);
-    let golden = tiny(if arch == "qwen2_moe" { "qwen3_moe" } else { arch }).join("golden.json");
-    let text = std::fs::read_to_string(&golden).unwrap_or_else(|e| panic!("{}: {e}", golden.display()));
-    let json: serde_json::Value = serde_json::from_str(&text).expect("golden.json is JSON");
-    let prompts = json["prompts"]
-        .as_array()
-        .expect("prompts")
-        .iter()
-        .map(|p| p.as_array().expect("ids").iter().map(|t| t.as_u64().expect("id") as u32).collect())
-        .collect();
-    (model, prompts)
-}
-
-/// Logits of every position of `tokens` with the given kernels: `split` tokens in one pass, then
-/// one at a time through the cache.
-fn kernel_logits(model: &Llama, tokens: &[u32], split: usize, kernel: AttentionKernel) -> Vec<Vec<f32>> {
-    let ids = |t: &[u32]| -> Tensor<2, Int> {
-        let data: Vec<i32> = t.iter().map(|&x| x as i32).collect();
-        Tensor::from_data(TensorData::new(data, [1, t.len()]), &Device::flex())
-    };
-    let positions = Positions::left_padded(&[tokens.len()]);
-    let mut caches: Vec<KvCache> = model.new_caches_for(1, tokens.len(), kernel);
-    let mut out = Vec::new();
-    let chunks = std::iter::once(&tokens[..split]).chain(tokens[split..].chunks(1));
-    for chunk in chunks {
-        let logits = model.forward(ids(chunk), &positions, &mut caches, true);
-        let [_, t, v] = logits.dims();
-        let data = logits.into_data().try_into_vec::<f32>().expect("f32 logits");
-        out.extend((0..t).map(|i| data[i * v..(i + 1) * v].to_vec()));
-    }
-    out
+    (model, tiny_arch_prompts(if arch == "qwen2_moe" { "qwen3_moe" } else { arch }))
 }
 
 /// `archs` on every kernel combination of the CPU backend against the f64 pass.
@@ -116,7 +87,7 @@ fn kernels_match_the_f64_forward_pass(archs: &[&str]) {
         for linear in [LinearKernel::Burn, LinearKernel::Host] {
             let model = Llama::from_host_with(&weights, DType::F32, &Device::flex(), linear).expect("model builds");
             for kernel in [AttentionKernel::Composed, AttentionKernel::Host] {
-                let got = kernel_logits(&model, &tokens, prompts[0].len(), kernel);
+                let got = cached_logits(&model, &Device::flex(), &tokens, (prompts[0].len(), 1), kernel);
                 let err = got
                     .iter()
                     .flatten()

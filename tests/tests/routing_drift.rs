@@ -15,23 +15,13 @@ use qdrift_model::Llama;
 use qdrift_quantize::round_to_fp16_reference;
 use qdrift_report::Report;
 use qdrift_tests::reference64::{Rounding, naive_logits};
-use qdrift_tests::{device, recorded_routes, shared_dir, stories_eval};
+use qdrift_tests::{device, recorded_routes, shared_dir, stories_eval, tiny_arch_prompts};
 
 /// Continuation tokens routed per prompt.
 const N: usize = 12;
 
 fn tiny_arch(arch: &str) -> std::path::PathBuf {
     shared_dir().join("models/tiny-arch").join(arch)
-}
-
-/// The golden prompts of a tiny-arch checkpoint.
-fn prompts(arch: &str) -> Vec<Vec<u32>> {
-    let path = tiny_arch(arch).join("golden.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let json: serde_json::Value = serde_json::from_str(&text).expect("golden.json is JSON");
-    let ids =
-        |p: &serde_json::Value| p.as_array().expect("ids").iter().map(|t| t.as_u64().expect("id") as u32).collect();
-    json["prompts"].as_array().expect("prompts").iter().map(ids).collect()
 }
 
 #[test]
@@ -41,7 +31,7 @@ fn recorded_routes_are_the_f64_routers_choices() {
         let mut host = open_model(&dir, None).unwrap_or_else(|e| panic!("{arch}: {e}")).model;
         round_to_fp16_reference(&mut host);
         let model = Llama::from_host(&host, DType::F32, &device(BackendChoice::Cpu).device).expect("model");
-        let prompts = prompts(arch);
+        let prompts = tiny_arch_prompts(arch);
         let config = GenerationConfig { max_new_tokens: N, batch_size: 2, stop_at_eos: None };
         let continuations =
             generate(&model, &device(BackendChoice::Cpu), &prompts, &config, |_| {}).expect("generation");

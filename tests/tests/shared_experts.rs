@@ -24,19 +24,14 @@ use qdrift_load::{HostModel, Routing, open_model};
 use qdrift_model::{AttentionKernel, LinearKernel, Llama};
 use qdrift_quantize::{QuantizeOptions, Scheme, quantize_model};
 use qdrift_tests::reference64::{Rounding, naive_logits};
-use qdrift_tests::{QWEN2_MOE_SHARED, cached_logits, device, qwen2_moe, recorded_routes, shared_dir};
+use qdrift_tests::{QWEN2_MOE_SHARED, cached_logits, device, qwen2_moe, recorded_routes, tiny_arch_prompts};
 
 /// Largest |Δlogit| allowed against the f64 pass (issue #30's model tolerance).
 const AGREE: f64 = 1e-4;
 
 /// The golden prompts of the tiny-arch Qwen3-MoE, whose tokenizer the fixture shares.
 fn prompts() -> Vec<Vec<u32>> {
-    let path = shared_dir().join("models/tiny-arch/qwen3_moe/golden.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let json: serde_json::Value = serde_json::from_str(&text).expect("golden.json is JSON");
-    let ids =
-        |p: &serde_json::Value| p.as_array().expect("ids").iter().map(|t| t.as_u64().expect("id") as u32).collect();
-    json["prompts"].as_array().expect("prompts").iter().map(ids).collect()
+    tiny_arch_prompts("qwen3_moe")
 }
 
 /// The fixture, written into a fresh directory, and its model.
