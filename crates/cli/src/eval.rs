@@ -113,7 +113,8 @@ pub struct EvalArgs {
     #[arg(long)]
     allow_long: bool,
     /// Run `qdrift gate` with these thresholds on the new report; the exit code is the gate's (0
-    /// every check passes, 1 one fails), and 2 when the run cannot be gated: unusable thresholds
+    /// every check passes, 1 one fails, 3 none fails but one is inconclusive: its 95% interval
+    /// straddles the threshold), and 2 when the run cannot be gated: unusable thresholds
     /// or any other error, so that a CI job tells a regression from a broken configuration.
     #[arg(long)]
     gate: Option<PathBuf>,

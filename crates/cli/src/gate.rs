@@ -21,7 +21,8 @@ pub struct GateArgs {
     junit: Option<PathBuf>,
 }
 
-/// Runs `qdrift gate`: exit 0 when every check passes, 1 when any fails, 2 on unusable input.
+/// Runs `qdrift gate`: exit 0 when every check passes, 1 when any fails, 3 when none fails but
+/// some are inconclusive, 2 on unusable input.
 pub fn run(args: &GateArgs) -> ExitCode {
     run_paths(&args.report, &args.thresholds, args.junit.as_deref())
 }

@@ -72,8 +72,9 @@ enum Command {
     /// byte-identical to the unsharded run's report.
     #[command(after_help = MERGE_EXAMPLES)]
     Merge(eval::MergeArgs),
-    /// Check a report against thresholds: exit 0 if every check passes, 1 if any fails, 2 on
-    /// unusable input.
+    /// Check a report against thresholds: exit 0 if every check passes, 1 if any fails, 3 if none
+    /// fails but some are inconclusive (the 95% interval straddles the threshold: too few
+    /// prompts to tell), 2 on unusable input.
     #[command(after_help = GATE_EXAMPLES)]
     Gate(gate::GateArgs),
     /// Architecture, parameters, dtypes, and memory and FLOPs accounting of a model.

@@ -339,7 +339,8 @@ fn synthetic_runs_are_marked() {
     assert!(std::fs::read_to_string(out.path().join("report.html")).expect("report.html").contains("<svg"));
 }
 
-/// `qdrift eval --gate` and `qdrift gate` exit 0 on pass, 1 on fail, 2 on unusable input.
+/// `qdrift eval --gate` and `qdrift gate` exit 0 on pass, 1 on fail, 2 on unusable input, 3 when
+/// a check is inconclusive.
 #[test]
 fn gate_exit_codes_through_the_binary() {
     let out = tempfile::tempdir().expect("tempdir");
@@ -387,6 +388,22 @@ fn gate_exit_codes_through_the_binary() {
     let o = gate(&dir.join("missing.toml"));
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("missing.toml"));
+    // A threshold inside the noise floor's KLD interval: inconclusive, exit 3, and the line
+    // says how many prompts would tell.
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("JSON");
+    let floor = json["variants"].as_array().expect("variants").iter().find(|v| v["kind"] == "noise_floor");
+    let [lo, hi] =
+        [0, 1].map(|i| floor.expect("a noise floor")["horizons"][0]["kld"]["ci95"][i].as_f64().expect("bound"));
+    assert!(lo < hi, "the noise floor's KLD interval [{lo}, {hi}] has a width");
+    let straddled = dir.join("straddled.toml");
+    std::fs::write(&straddled, format!("[variant.\"noise-floor-f32\"]\n\"kld@5\" = {{ max = {} }}\n", (lo + hi) / 2.0))
+        .expect("write");
+    let o = gate(&straddled);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(3), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.starts_with("INCONCLUSIVE noise-floor-f32 kld@5 bound=ci"), "{stdout}");
+    assert!(stdout.contains(" prompts=3 prompts_needed="), "{stdout}");
+    assert!(stdout.ends_with("1 inconclusive: INCONCLUSIVE\n"), "{stdout}");
 }
 
 /// `qdrift inspect` on a synthetic 8B shape needs no weights (it would need 32 GB) and counts

@@ -24,10 +24,26 @@
 //! `excess_*` metrics; it can still be checked by naming it. A variant named explicitly and
 //! matched by `"*"` gets both sets of checks.
 //!
-//! Exit codes ([`exit_code`]): 0 every check passed, 1 some check failed, 2 the input is unusable
-//! ([`GateError`]: a missing or unreadable file, a TOML error or unknown key, an unknown metric,
-//! horizon or variant, an `excess_*` metric on the noise floor, another schema version, a check
-//! with neither `min` nor `max`, an unknown bound, or a file that checks nothing).
+//! ## Three verdicts
+//!
+//! With `bound = "ci"` a check has three outcomes ([`Verdict`]): **pass** when the whole 95%
+//! interval is on the right side of the threshold, **fail** when the whole interval is on the
+//! wrong side, and **inconclusive** when the interval straddles the threshold: the run had too
+//! few prompts to tell. (A threshold equal to a bound counts as on its side: `lo = min` passes.)
+//! With `bound = "point"` only the mean is compared: pass or fail.
+//!
+//! For every `ci` check the outcome also gives the **minimum detectable effect** ([`CheckResult::mde`]):
+//! the distance between the estimate and a threshold below which this run cannot resolve it,
+//! the interval's half-width on the threshold's side (upper for a threshold above the mean,
+//! lower for one below). An inconclusive check gives the number of prompts that would resolve
+//! it ([`CheckResult::prompts_needed`]), assuming the interval narrows as `1/√prompts` (the
+//! central-limit rate of a mean over prompts; an estimate, since the interval is a bootstrap's).
+//!
+//! Exit codes ([`exit_code`]): 0 every check passed, 1 some check failed, 3 none failed but some
+//! were inconclusive, 2 the input is unusable ([`GateError`]: a missing or unreadable file, a
+//! TOML error or unknown key, an unknown metric, horizon or variant, an `excess_*` metric on the
+//! noise floor, another schema version, a check with neither `min` nor `max`, an unknown bound,
+//! or a file that checks nothing).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -330,6 +346,28 @@ impl Thresholds {
     }
 }
 
+/// The outcome of one check: see the module documentation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The compared value is on the right side of the threshold (equal passes).
+    Pass,
+    /// The compared value is on the wrong side; with `bound = "ci"`, the whole interval is.
+    Fail,
+    /// `bound = "ci"` only: the interval straddles the threshold.
+    Inconclusive,
+}
+
+impl Verdict {
+    /// `PASS`, `FAIL` or `INCONCLUSIVE`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Verdict::Pass => "PASS",
+            Verdict::Fail => "FAIL",
+            Verdict::Inconclusive => "INCONCLUSIVE",
+        }
+    }
+}
+
 /// The outcome of one side of one check on one variant.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CheckResult {
@@ -349,13 +387,24 @@ pub struct CheckResult {
     pub threshold: f64,
     /// The value compared: the lower or upper interval bound, or the mean.
     pub value: f64,
-    /// Whether the value is on the right side of the threshold (equal passes).
-    pub passed: bool,
+    /// The metric's estimate.
+    pub mean: f64,
+    /// The metric's 95% interval.
+    pub ci95: [f64; 2],
+    /// The run's prompt count (`workload.prompts`).
+    pub prompts: usize,
+    /// Pass, fail or inconclusive.
+    pub verdict: Verdict,
     /// Whether the check also has the other side (then the JUnit name says which side).
     pub two_sided: bool,
 }
 
 impl CheckResult {
+    /// Whether the check passed.
+    pub fn passed(&self) -> bool {
+        self.verdict == Verdict::Pass
+    }
+
     /// `lower CI bound`, `upper CI bound` or `mean`.
     pub fn value_kind(&self) -> &'static str {
         match (self.bound, self.side) {
@@ -383,13 +432,44 @@ impl CheckResult {
         format!("{}@{}{side}", self.metric, self.horizon)
     }
 
+    /// The minimum detectable effect of a `ci` check (`None` for `point`): the interval's
+    /// half-width on the threshold's side of the estimate, `hi − mean` for a threshold at or
+    /// above the mean and `mean − lo` below it. A threshold farther than this from the estimate
+    /// is resolved (pass or fail) at this run's prompt count; a nearer one is inconclusive.
+    pub fn mde(&self) -> Option<f64> {
+        match self.bound {
+            Bound::Point => None,
+            Bound::Ci if self.threshold >= self.mean => Some(self.ci95[1] - self.mean),
+            Bound::Ci => Some(self.mean - self.ci95[0]),
+        }
+    }
+
+    /// For an inconclusive check, the prompt count whose interval would resolve it:
+    /// `⌈prompts · (mde / |mean − threshold|)²⌉`, the interval's half-width scaled as
+    /// `1/√prompts`. `None` when the check is resolved, and when the estimate equals the
+    /// threshold (no prompt count resolves it).
+    pub fn prompts_needed(&self) -> Option<u64> {
+        if self.verdict != Verdict::Inconclusive {
+            return None;
+        }
+        let distance = (self.mean - self.threshold).abs();
+        let mde = self.mde()?;
+        // Less a relative 1e-12, so that the rounding of `hi − mean` (0.90 − 0.85 is
+        // 0.05000000000000004) does not ask for one prompt more than the exact ratio does.
+        let needed = (self.prompts as f64 * (mde / distance).powi(2) * (1.0 - 1e-12)).ceil();
+        // Zero distance gives infinity, and an f64 past u64 saturates: both are "no count".
+        (needed.is_finite() && needed < u64::MAX as f64).then_some((needed as u64).max(self.prompts as u64 + 1))
+    }
+
     /// The outcome line:
-    /// `PASS|FAIL VARIANT METRIC@H bound=ci|point value=X (WHICH) threshold=min ≥ T|max ≤ T`.
-    /// Values are printed exactly (shortest round-trip form).
+    /// `PASS|FAIL|INCONCLUSIVE VARIANT METRIC@H bound=ci|point value=X (WHICH) threshold=min ≥ T|max ≤ T`,
+    /// then for a `ci` check ` ci95=[lo, hi] mde=D`, and for an inconclusive one
+    /// ` prompts=N prompts_needed=M` (or `prompts_needed=unbounded`). Values are printed
+    /// exactly (shortest round-trip form).
     pub fn line(&self) -> String {
-        format!(
+        let mut line = format!(
             "{} {} {}@{} bound={} value={} ({}) threshold={}",
-            if self.passed { "PASS" } else { "FAIL" },
+            self.verdict.word(),
             plain(&self.variant),
             self.metric,
             self.horizon,
@@ -397,7 +477,17 @@ impl CheckResult {
             self.value,
             self.value_kind(),
             self.threshold_text()
-        )
+        );
+        if let Some(mde) = self.mde() {
+            line.push_str(&format!(" ci95=[{}, {}] mde={mde}", self.ci95[0], self.ci95[1]));
+        }
+        if self.verdict == Verdict::Inconclusive {
+            match self.prompts_needed() {
+                Some(n) => line.push_str(&format!(" prompts={} prompts_needed={n}", self.prompts)),
+                None => line.push_str(&format!(" prompts={} prompts_needed=unbounded", self.prompts)),
+            }
+        }
+        line
     }
 }
 
@@ -411,12 +501,43 @@ pub struct GateOutcome {
 impl GateOutcome {
     /// Whether every check passed.
     pub fn passed(&self) -> bool {
-        self.results.iter().all(|r| r.passed)
+        self.results.iter().all(|r| r.passed())
     }
 
     /// The checks that failed.
     pub fn failures(&self) -> impl Iterator<Item = &CheckResult> {
-        self.results.iter().filter(|r| !r.passed)
+        self.results.iter().filter(|r| r.verdict == Verdict::Fail)
+    }
+
+    /// The checks that were inconclusive.
+    pub fn inconclusive(&self) -> impl Iterator<Item = &CheckResult> {
+        self.results.iter().filter(|r| r.verdict == Verdict::Inconclusive)
+    }
+
+    /// The whole gate's verdict: fail if any check failed, else inconclusive if any was, else
+    /// pass.
+    pub fn verdict(&self) -> Verdict {
+        if self.failures().next().is_some() {
+            Verdict::Fail
+        } else if self.inconclusive().next().is_some() {
+            Verdict::Inconclusive
+        } else {
+            Verdict::Pass
+        }
+    }
+
+    /// The verdict of the checks on variant `name`, `None` when none applies to it.
+    pub fn variant_verdict(&self, name: &str) -> Option<Verdict> {
+        let mine: Vec<&CheckResult> = self.results.iter().filter(|r| r.variant == name).collect();
+        if mine.is_empty() {
+            None
+        } else if mine.iter().any(|r| r.verdict == Verdict::Fail) {
+            Some(Verdict::Fail)
+        } else if mine.iter().any(|r| r.verdict == Verdict::Inconclusive) {
+            Some(Verdict::Inconclusive)
+        } else {
+            Some(Verdict::Pass)
+        }
     }
 
     /// One outcome line per check, then a total line, each ending in a newline.
@@ -427,11 +548,12 @@ impl GateOutcome {
             out.push('\n');
         }
         let failed = self.failures().count();
+        let inconclusive = self.inconclusive().count();
         out.push_str(&format!(
-            "gate: {} checks, {} passed, {failed} failed: {}\n",
+            "gate: {} checks, {} passed, {failed} failed, {inconclusive} inconclusive: {}\n",
             self.results.len(),
-            self.results.len() - failed,
-            if failed == 0 { "PASS" } else { "FAIL" }
+            self.results.len() - failed - inconclusive,
+            self.verdict().word()
         ));
         out
     }
@@ -492,6 +614,14 @@ pub fn gate(report: &Report, thresholds: &Thresholds) -> Result<GateOutcome, Gat
                     Side::Min => value >= threshold,
                     Side::Max => value <= threshold,
                 };
+                // The interval's other bound on the wrong side too: a fail; else it straddles.
+                let verdict = match (passed, c.bound, side) {
+                    (true, _, _) => Verdict::Pass,
+                    (false, Bound::Point, _) => Verdict::Fail,
+                    (false, Bound::Ci, Side::Min) if m.ci95[1] < threshold => Verdict::Fail,
+                    (false, Bound::Ci, Side::Max) if m.ci95[0] > threshold => Verdict::Fail,
+                    (false, Bound::Ci, _) => Verdict::Inconclusive,
+                };
                 results.push(CheckResult {
                     variant: v.name.clone(),
                     section: c.variant.clone(),
@@ -501,7 +631,10 @@ pub fn gate(report: &Report, thresholds: &Thresholds) -> Result<GateOutcome, Gat
                     side,
                     threshold,
                     value,
-                    passed,
+                    mean: m.mean,
+                    ci95: m.ci95,
+                    prompts: report.workload.prompts,
+                    verdict,
                     two_sided,
                 });
             }
@@ -513,11 +646,18 @@ pub fn gate(report: &Report, thresholds: &Thresholds) -> Result<GateOutcome, Gat
     Ok(GateOutcome { results })
 }
 
-/// The process exit code of a gate: 0 every check passed, 1 a check failed, 2 unusable input.
+/// The process exit code of a gate: 0 every check passed, 1 a check failed, 3 none failed and
+/// some were inconclusive, 2 unusable input.
 pub fn exit_code(outcome: &Result<GateOutcome, GateError>) -> u8 {
     match outcome {
-        Ok(o) if o.passed() => 0,
-        Ok(_) => 1,
+        Ok(o) => match o.verdict() {
+            Verdict::Pass => 0,
+            Verdict::Fail => 1,
+            Verdict::Inconclusive => INCONCLUSIVE_EXIT,
+        },
         Err(_) => 2,
     }
 }
+
+/// The exit code of a gate whose checks did not fail but some were inconclusive.
+pub const INCONCLUSIVE_EXIT: u8 = 3;

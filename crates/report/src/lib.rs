@@ -54,7 +54,10 @@ mod validate;
 
 pub use command::{GateRun, run_gate};
 pub use error::ReportError;
-pub use gate::{Bound, Check, CheckResult, GateError, GateOutcome, Side, Thresholds, WILDCARD, exit_code, gate};
+pub use gate::{
+    Bound, Check, CheckResult, GateError, GateOutcome, INCONCLUSIVE_EXIT, Side, Thresholds, Verdict, WILDCARD,
+    exit_code, gate,
+};
 pub use horizon::HorizonMetrics;
 pub use html::render_html;
 pub use junit::{junit_error_xml, junit_xml};

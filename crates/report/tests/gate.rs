@@ -7,7 +7,7 @@ use std::path::Path;
 use common::{mean_ci, temp_dir};
 use qdrift_report::testing::sample_report;
 use qdrift_report::{
-    Bound, GateError, GateOutcome, Report, Thresholds, exit_code, gate, junit_error_xml, junit_xml, run_gate,
+    Bound, GateError, GateOutcome, Report, Thresholds, Verdict, exit_code, gate, junit_error_xml, junit_xml, run_gate,
 };
 
 fn run(report: &Report, toml: &str) -> Result<GateOutcome, GateError> {
@@ -48,14 +48,20 @@ fn a_report_within_every_threshold_passes_with_exit_code_0() {
     assert!(outcome.passed());
     let l = lines(&outcome);
     assert!(l.iter().all(|l| l.starts_with("PASS ")), "{l:#?}");
-    assert!(outcome.lines().ends_with("gate: 5 checks, 5 passed, 0 failed: PASS\n"), "{}", outcome.lines());
+    assert!(
+        outcome.lines().ends_with("gate: 5 checks, 5 passed, 0 failed, 0 inconclusive: PASS\n"),
+        "{}",
+        outcome.lines()
+    );
 }
 
 #[test]
 fn a_report_outside_a_threshold_fails_with_exit_code_1_and_says_which_value() {
     let r = sample_report();
-    let upper = r.variant("int4-g128").unwrap().horizon(1000).unwrap().metric("kld").unwrap().ci95[1];
-    let lower = r.variant("int4-g128").unwrap().horizon(100).unwrap().metric("token_match_rate").unwrap().ci95[0];
+    let kld = *r.variant("int4-g128").unwrap().horizon(1000).unwrap().metric("kld").unwrap();
+    let tmr = *r.variant("int4-g128").unwrap().horizon(100).unwrap().metric("token_match_rate").unwrap();
+    let [lower, tmr_hi] = tmr.ci95;
+    let [kld_lo, upper] = kld.ci95;
     let toml = r#"
         [variant."int4-g128"]
         "token_match_rate@100" = { min = 0.80 }
@@ -69,8 +75,17 @@ fn a_report_outside_a_threshold_fails_with_exit_code_1_and_says_which_value() {
         lines(&outcome),
         // In METRICS order, not the file's.
         [
-            format!("FAIL int4-g128 token_match_rate@100 bound=ci value={lower} (lower CI bound) threshold=min ≥ 0.8"),
-            format!("PASS int4-g128 kld@1000 bound=ci value={upper} (upper CI bound) threshold=max ≤ 0.05"),
+            // The whole interval below 0.8: a fail, and its MDE is the upper half-width.
+            format!(
+                "FAIL int4-g128 token_match_rate@100 bound=ci value={lower} (lower CI bound) threshold=min ≥ 0.8 \
+                 ci95=[{lower}, {tmr_hi}] mde={}",
+                tmr_hi - tmr.mean
+            ),
+            format!(
+                "PASS int4-g128 kld@1000 bound=ci value={upper} (upper CI bound) threshold=max ≤ 0.05 \
+                 ci95=[{kld_lo}, {upper}] mde={}",
+                upper - kld.mean
+            ),
         ]
     );
 }
@@ -79,13 +94,24 @@ fn a_report_outside_a_threshold_fails_with_exit_code_1_and_says_which_value() {
 fn point_and_ci_semantics_differ_when_the_mean_clears_and_the_bound_does_not() {
     let r = point_passes_ci_fails();
     let ci = run(&r, "[variant.int8]\n\"token_match_rate@100\" = { min = 0.80 }\n").unwrap();
-    assert_eq!(lines(&ci), ["FAIL int8 token_match_rate@100 bound=ci value=0.78 (lower CI bound) threshold=min ≥ 0.8"]);
+    // The interval [0.78, 0.90] straddles 0.80: inconclusive, and 72 · (0.07 / 0.05)² = 141.1
+    // prompts would resolve it.
+    let mde = 0.85 - 0.78;
+    assert_eq!(
+        lines(&ci),
+        [format!(
+            "INCONCLUSIVE int8 token_match_rate@100 bound=ci value=0.78 (lower CI bound) threshold=min ≥ 0.8 \
+             ci95=[0.78, 0.9] mde={mde} prompts=72 prompts_needed=142"
+        )]
+    );
+    assert_eq!(exit_code(&Ok(ci)), 3);
     let point =
         run(&r, "[defaults]\nbound = \"point\"\n[variant.int8]\n\"token_match_rate@100\" = { min = 0.80 }\n").unwrap();
     assert_eq!(lines(&point), ["PASS int8 token_match_rate@100 bound=point value=0.85 (mean) threshold=min ≥ 0.8"]);
     // max: the upper bound 0.90 is above 0.88, the mean 0.85 below.
     let max_ci = run(&r, "[variant.int8]\n\"token_match_rate@100\" = { max = 0.88 }\n").unwrap();
     assert!(!max_ci.passed());
+    assert_eq!(max_ci.results[0].verdict, Verdict::Inconclusive);
     assert_eq!(max_ci.results[0].value, 0.90);
     let max_point = run(&r, "[variant.int8]\n\"token_match_rate@100\" = { max = 0.88, bound = \"point\" }\n").unwrap();
     assert!(max_point.passed());
@@ -111,7 +137,7 @@ fn a_check_can_override_the_default_bound() {
     // And the other way round: a point default, one check on the interval.
     let toml =
         "[defaults]\nbound = \"point\"\n[variant.int8]\n\"token_match_rate@100\" = { min = 0.80, bound = \"ci\" }\n";
-    assert_eq!(exit_code(&run(&r, toml)), 1);
+    assert_eq!(exit_code(&run(&r, toml)), 3);
 }
 
 #[test]
@@ -394,7 +420,7 @@ fn run_gate_writes_junit_atomically_and_prints_the_outcome() {
     let out: Vec<&str> = run.stdout.lines().collect();
     assert_eq!(out.len(), 2, "{}", run.stdout);
     assert!(out[0].starts_with("FAIL int4-g128 token_match_rate@100 bound=ci value="), "{}", out[0]);
-    assert_eq!(out[1], "gate: 1 checks, 0 passed, 1 failed: FAIL");
+    assert_eq!(out[1], "gate: 1 checks, 0 passed, 1 failed, 0 inconclusive: FAIL");
     let xml = std::fs::read_to_string(&junit).unwrap();
     let doc = parse_junit(&xml);
     assert_eq!(doc.descendants().filter(|n| n.has_tag_name("failure")).count(), 1);
@@ -447,4 +473,113 @@ fn thresholds_read_names_the_file_in_toml_errors() {
     let e = Thresholds::read(&path).unwrap_err();
     assert!(e.to_string().starts_with(&format!("{}:1:", path.display())), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---- three verdicts ----
+
+/// int8's token-match rate over 100 tokens set to mean 0.85, interval [0.78, 0.90], checked
+/// with `min = threshold` on the interval.
+fn min_check(threshold: f64) -> qdrift_report::CheckResult {
+    let toml = format!("[variant.int8]\n\"token_match_rate@100\" = {{ min = {threshold} }}\n");
+    run(&point_passes_ci_fails(), &toml).unwrap().results.remove(0)
+}
+
+#[test]
+fn a_ci_check_passes_fails_or_is_inconclusive_by_where_the_interval_lies() {
+    // min: passes from the lower bound down (equal passes), fails above the upper bound.
+    for (threshold, verdict) in [
+        (0.5, Verdict::Pass),
+        (0.78, Verdict::Pass),
+        (0.7800001, Verdict::Inconclusive),
+        (0.85, Verdict::Inconclusive),
+        (0.90, Verdict::Inconclusive),
+        (0.9000001, Verdict::Fail),
+    ] {
+        assert_eq!(min_check(threshold).verdict, verdict, "min = {threshold}");
+    }
+    // max: the mirror image.
+    for (threshold, verdict) in [
+        (0.95, Verdict::Pass),
+        (0.90, Verdict::Pass),
+        (0.8999999, Verdict::Inconclusive),
+        (0.78, Verdict::Inconclusive),
+        (0.7799999, Verdict::Fail),
+    ] {
+        let toml = format!("[variant.int8]\n\"token_match_rate@100\" = {{ max = {threshold} }}\n");
+        let outcome = run(&point_passes_ci_fails(), &toml).unwrap();
+        assert_eq!(outcome.results[0].verdict, verdict, "max = {threshold}");
+    }
+    // A point check is never inconclusive.
+    let toml = "[variant.int8]\n\"token_match_rate@100\" = { min = 0.86, bound = \"point\" }\n";
+    let outcome = run(&point_passes_ci_fails(), toml).unwrap();
+    assert_eq!(outcome.results[0].verdict, Verdict::Fail);
+    assert_eq!((outcome.results[0].mde(), outcome.results[0].prompts_needed()), (None, None));
+}
+
+#[test]
+fn the_mde_is_the_half_width_facing_the_threshold_and_prompts_needed_scales_it_as_one_over_root_n() {
+    // Below the mean the lower half-width (0.07) decides, above it the upper one (0.05).
+    let below = min_check(0.80);
+    assert!((below.mde().unwrap() - 0.07).abs() < 1e-12);
+    assert_eq!(below.prompts_needed(), Some((72.0f64 * (0.07f64 / 0.05).powi(2)).ceil() as u64));
+    let above = min_check(0.88);
+    assert!((above.mde().unwrap() - 0.05).abs() < 1e-12);
+    // 72 · (0.05 / 0.03)² = 200.
+    assert_eq!(above.prompts_needed(), Some(200));
+    // At the estimate no prompt count resolves the check.
+    let at = min_check(0.85);
+    assert_eq!(at.prompts_needed(), None);
+    assert!(at.line().ends_with("prompts=72 prompts_needed=unbounded"), "{}", at.line());
+    // Resolved checks need no more prompts.
+    assert_eq!(min_check(0.5).prompts_needed(), None);
+    assert_eq!(min_check(0.95).prompts_needed(), None);
+    // With the needed count the interval, narrowed by √(72 / n), clears the threshold.
+    let n = below.prompts_needed().unwrap() as f64;
+    assert!(0.85 - 0.07 * (72.0 / n).sqrt() >= 0.80);
+    assert!(0.85 - 0.07 * (72.0 / (n - 1.0)).sqrt() < 0.80);
+}
+
+#[test]
+fn fail_outranks_inconclusive_and_inconclusive_outranks_pass() {
+    let r = point_passes_ci_fails();
+    let inconclusive = run(&r, "[variant.int8]\n\"token_match_rate@100\" = { min = 0.8 }\n\"kld@10\" = { min = 0 }\n");
+    assert_eq!(exit_code(&inconclusive), 3);
+    let inconclusive = inconclusive.unwrap();
+    assert_eq!(inconclusive.verdict(), Verdict::Inconclusive);
+    assert_eq!(inconclusive.variant_verdict("int8"), Some(Verdict::Inconclusive));
+    assert_eq!(inconclusive.variant_verdict("int4-g128"), None);
+    assert!(inconclusive.lines().ends_with("gate: 2 checks, 1 passed, 0 failed, 1 inconclusive: INCONCLUSIVE\n"));
+    let failed = run(&r, "[variant.int8]\n\"token_match_rate@100\" = { min = 0.8 }\n\"kld@10\" = { max = 0 }\n");
+    assert_eq!(exit_code(&failed), 1);
+    assert_eq!(failed.unwrap().verdict(), Verdict::Fail);
+}
+
+#[test]
+fn junit_marks_an_inconclusive_check_skipped() {
+    let r = point_passes_ci_fails();
+    let outcome =
+        run(&r, "[variant.int8]\n\"token_match_rate@100\" = { min = 0.8 }\n\"kld@10\" = { max = 0 }\n").unwrap();
+    let xml = junit_xml(&outcome);
+    let doc = parse_junit(&xml);
+    let suite = doc.root_element().children().find(|n| n.has_tag_name("testsuite")).unwrap();
+    assert_eq!((attr(suite, "tests"), attr(suite, "failures"), attr(suite, "skipped")), ("2", "1", "1"));
+    assert_eq!(attr(doc.root_element(), "skipped"), "1");
+    let case = suite.children().find(|c| c.has_tag_name("testcase") && attr(*c, "name") == "token_match_rate@100");
+    let skipped = case.unwrap().children().find(|n| n.has_tag_name("skipped")).expect("a <skipped>");
+    assert!(attr(skipped, "message").starts_with("INCONCLUSIVE int8 token_match_rate@100"), "{xml}");
+    assert!(attr(skipped, "message").ends_with("prompts_needed=142"), "{xml}");
+}
+
+#[test]
+fn run_gate_exits_3_on_an_inconclusive_check() {
+    let dir = temp_dir("gate-inconclusive");
+    let report = dir.join("report.json");
+    std::fs::write(&report, serde_json::to_string(&point_passes_ci_fails()).unwrap()).unwrap();
+    let thresholds = dir.join("t.toml");
+    std::fs::write(&thresholds, "[variant.int8]\n\"token_match_rate@100\" = { min = 0.8 }\n").unwrap();
+    let run = run_gate(&report, &thresholds, Some(&dir.join("gate.xml")));
+    assert_eq!(run.exit_code, 3, "{run:?}");
+    assert!(run.stderr.is_empty(), "{run:?}");
+    assert!(run.stdout.starts_with("INCONCLUSIVE int8 token_match_rate@100"), "{run:?}");
+    assert!(std::fs::read_to_string(dir.join("gate.xml")).unwrap().contains("<skipped message=\"INCONCLUSIVE"));
 }
