@@ -15,7 +15,7 @@ use qdrift_eval::{
 use qdrift_generate::BackendChoice;
 use qdrift_io::{PathCheck, write_atomic};
 use qdrift_quantize::QuantizeOptions;
-use qdrift_report::{Report, Thresholds, render_html, render_markdown, render_summary};
+use qdrift_report::{GateOutcome, Report, Thresholds, render_html_gated, render_markdown_gated, render_summary};
 
 use crate::args::{SchemeList, SchemeListParser};
 
@@ -189,7 +189,9 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
         }
     };
     lock(&clock).enter("summary and reports");
-    write_reports(&report, &output).map_err(|e| output.user_paths(&e.to_string()))?;
+    // The reports open with the gate's verdict; the gate below prints it and sets the exit code.
+    let outcome = cfg.gate.as_ref().and_then(|(_, t)| qdrift_report::gate(&report, t).ok());
+    write_reports(&report, outcome.as_ref(), &output).map_err(|e| output.user_paths(&e.to_string()))?;
     let path = output.staging().join("report.json");
     print!("{}", render_summary(&report));
     // The gate reads the staged report; a JUnit file inside --out is staged with it.
@@ -310,11 +312,12 @@ impl PhaseClock {
     }
 }
 
-/// Writes report.json, report.md and report.html into `output`'s staging folder.
-fn write_reports(report: &Report, output: &OutputDir) -> Result<(), Box<dyn Error>> {
+/// Writes report.json, report.md and report.html into `output`'s staging folder; the Markdown
+/// and HTML open with `gate`'s verdict when the run was gated.
+fn write_reports(report: &Report, gate: Option<&GateOutcome>, output: &OutputDir) -> Result<(), Box<dyn Error>> {
     report.write(&output.staging().join("report.json"))?;
-    write_atomic(&output.staging().join("report.md"), render_markdown(report).as_bytes())?;
-    write_atomic(&output.staging().join("report.html"), render_html(report)?.as_bytes())?;
+    write_atomic(&output.staging().join("report.md"), render_markdown_gated(report, gate).as_bytes())?;
+    write_atomic(&output.staging().join("report.html"), render_html_gated(report, gate)?.as_bytes())?;
     Ok(())
 }
 
@@ -338,7 +341,7 @@ pub fn run_merge(args: MergeArgs) -> Result<(), Box<dyn Error>> {
     let output = OutputDir::prepare(&args.out)?;
     let parts = args.parts.iter().map(|p| Part::read(p)).collect::<Result<Vec<_>, _>>()?;
     let report = merge(parts)?;
-    write_reports(&report, &output).map_err(|e| output.user_paths(&e.to_string()))?;
+    write_reports(&report, None, &output).map_err(|e| output.user_paths(&e.to_string()))?;
     print!("{}", render_summary(&report));
     output.commit()?;
     println!("reports: {} (.md, .html)", args.out.join("report.json").display());

@@ -16,15 +16,24 @@ pub struct GateArgs {
     /// `"point"` (the mean must).
     #[arg(long)]
     thresholds: PathBuf,
-    /// Also write the checks as JUnit XML (one testcase per check).
+    /// Also write the checks as JUnit XML (one testcase per check; an inconclusive one is
+    /// `<skipped>`).
     #[arg(long)]
     junit: Option<PathBuf>,
+    /// Also write the verdict as Markdown (per variant: its gate verdict, the checks that did not
+    /// pass, and one line of plain words), e.g. `--summary-md "$GITHUB_STEP_SUMMARY"`.
+    #[arg(long)]
+    summary_md: Option<PathBuf>,
 }
 
 /// Runs `qdrift gate`: exit 0 when every check passes, 1 when any fails, 3 when none fails but
 /// some are inconclusive, 2 on unusable input.
 pub fn run(args: &GateArgs) -> ExitCode {
-    run_paths(&args.report, &args.thresholds, args.junit.as_deref())
+    let run =
+        qdrift_report::run_gate_with(&args.report, &args.thresholds, args.junit.as_deref(), args.summary_md.as_deref());
+    print!("{}", run.stdout);
+    eprint!("{}", run.stderr);
+    ExitCode::from(run.exit_code)
 }
 
 /// The gate on files: prints one line per check and returns the gate's exit code.

@@ -38,7 +38,8 @@ const MERGE_EXAMPLES: &str = "Examples:
   qdrift merge part1 part2 --out drift";
 
 const GATE_EXAMPLES: &str = "Examples:
-  qdrift gate --report drift/report.json --thresholds thresholds.toml --junit gate.xml";
+  qdrift gate --report drift/report.json --thresholds thresholds.toml --junit gate.xml
+  qdrift gate --report drift/report.json --thresholds thresholds.toml --summary-md \"$GITHUB_STEP_SUMMARY\"";
 
 const INSPECT_EXAMPLES: &str = "Examples:
   qdrift inspect --model models/base.gguf

@@ -6,7 +6,7 @@
 use qdrift_report::{Distribution, EntropyStratum, Estimate, FirstDivergence, HorizonMetrics, PerPosition};
 use qdrift_score::{
     Divergence, Interval, PositionMetrics, PromptLogProbs, bootstrap_mean_ci, entropy_quartiles, first_divergence,
-    kaplan_meier, median_survival, paired_difference_ci, ppl_ratio_ci, summarize, wilson_interval,
+    kaplan_meier, median_survival, paired_difference_ci, pooled_quantile_ci, ppl_ratio_ci, summarize, wilson_interval,
 };
 
 use crate::error::EvalError;
@@ -202,6 +202,16 @@ impl Bootstrap {
         Ok(estimate(bootstrap_mean_ci(values, self.resamples, self.seed, LEVEL)?))
     }
 
+    /// The type-7 quantile `q` of per-position values pooled over prompts, with its interval
+    /// (prompts resampled, each with all its positions).
+    ///
+    /// # Shapes
+    /// `positions: [prompts][positions]`.
+    fn pooled_quantile(&self, positions: &[Vec<f64>], q: f64) -> Result<Estimate, EvalError> {
+        let slices: Vec<&[f64]> = positions.iter().map(Vec::as_slice).collect();
+        Ok(estimate(pooled_quantile_ci(&slices, q, self.resamples, self.seed, LEVEL)?))
+    }
+
     /// The mean of the paired differences `variant − noise_floor`, per prompt, with its interval.
     fn paired_difference(&self, variant: &[f64], noise_floor: &[f64]) -> Result<Estimate, EvalError> {
         Ok(estimate(paired_difference_ci(variant, noise_floor, self.resamples, self.seed, LEVEL)?))
@@ -249,6 +259,10 @@ fn at_horizon(
     m.set("token_match_rate", bootstrap.mean(&token_match)?)?;
     m.set("exact_match_fraction", exact_match(traces, h)?)?;
     m.set("kld", Estimate { distribution: Some(kld_distribution(traces, h)?), ..bootstrap.mean(&kld)? })?;
+    let positions: Vec<Vec<f64>> = traces.iter().map(|t| (0..h).map(|i| t.kld_at(i)).collect()).collect();
+    for (name, q) in [("kld_median", 0.5), ("kld_p90", 0.9), ("kld_p99", 0.99)] {
+        m.set(name, bootstrap.pooled_quantile(&positions, q)?)?;
+    }
     m.set("top1_agreement", bootstrap.mean(&per_prompt(traces, |t| t.top1_agreement(h)))?)?;
     m.set("rms_delta_p", bootstrap.mean(&per_prompt(traces, |t| t.rms_delta_p(h)))?)?;
     m.set("ppl_ratio_on_reference_text", bootstrap.ppl_ratio(&on_reference_text)?)?;

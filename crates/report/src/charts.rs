@@ -9,8 +9,8 @@
 //! series' line as `polyline[data-series="NAME"][data-part="line"]` and counts its points in the
 //! `points` attribute; an interval chart adds its markers (`circle[data-part="mean"]`, one per
 //! point) and error bars (`polyline[data-part="interval"]`, three per point: the bar and its two
-//! caps). The legend's swatches are drawn
-//! outside any series and carry no tag.
+//! caps). The legend sits in a strip right of the plot, so it never covers data; its swatches
+//! are drawn outside any series and carry no tag.
 //!
 //! No font is loaded: without plotters' `ttf` feature text sizes are estimated and the SVG says
 //! `font-family="sans-serif"`, which the browser lays out. The `xmlns` attribute is dropped (an
@@ -47,8 +47,14 @@ pub(crate) fn color(i: usize) -> RGBColor {
     PALETTE[i % PALETTE.len()]
 }
 
-/// Chart size in pixels.
-const SIZE: (u32, u32) = (900, 420);
+/// Chart size in pixels, the legend's strip on the right included.
+const SIZE: (u32, u32) = (1000, 420);
+
+/// Width of the strip right of the plot that holds the legend: the legend never covers data.
+const LEGEND_WIDTH: u32 = 200;
+
+/// Characters of a variant's name the legend shows (longer names are elided in the middle).
+const LEGEND_CHARS: usize = 24;
 
 /// Which series each emitted element belongs to, in emission order.
 #[derive(Default)]
@@ -166,24 +172,6 @@ pub(crate) struct Interval {
     pub hi: f64,
 }
 
-/// Where the legend goes.
-#[derive(Clone, Copy)]
-pub(crate) enum Legend {
-    UpperLeft,
-    UpperRight,
-    LowerLeft,
-}
-
-impl Legend {
-    fn position(self) -> SeriesLabelPosition {
-        match self {
-            Legend::UpperLeft => SeriesLabelPosition::UpperLeft,
-            Legend::UpperRight => SeriesLabelPosition::UpperRight,
-            Legend::LowerLeft => SeriesLabelPosition::LowerLeft,
-        }
-    }
-}
-
 /// How an axis maps values to positions.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Scale {
@@ -204,7 +192,6 @@ pub(crate) struct Spec<'a> {
     pub x_scale: Scale,
     pub y_scale: Scale,
     pub y_format: fn(f64) -> String,
-    pub legend: Legend,
 }
 
 fn chart_error<E: std::error::Error>(title: &str, e: E) -> ReportError {
@@ -223,7 +210,9 @@ fn render(
         let backend = Tagged { inner: SVGBackend::with_string(&mut svg, SIZE), log: Rc::clone(&log) };
         let area = backend.into_drawing_area();
         area.fill(&WHITE).map_err(|e| chart_error(spec.title, e))?;
-        draw(&area, &log)?;
+        let (plot, side) = area.split_horizontally(SIZE.0 - LEGEND_WIDTH);
+        draw(&plot, &log)?;
+        legend(&side, names).map_err(|e| chart_error(spec.title, e))?;
         area.present().map_err(|e| chart_error(spec.title, e))?;
     }
     let log = log.borrow();
@@ -285,9 +274,30 @@ fn in_series<T>(log: &Rc<RefCell<Log>>, i: usize, part: &'static str, f: impl Fn
     out
 }
 
-/// Keeps the legend's text free of control characters (plotters escapes the rest).
+/// Keeps the legend's text free of control characters (plotters escapes the rest) and at most
+/// [`LEGEND_CHARS`] characters long, eliding the middle of a longer name.
 fn legend_name(name: &str) -> String {
-    plain(name)
+    let name = plain(name);
+    let chars: Vec<char> = name.chars().collect();
+    if chars.len() <= LEGEND_CHARS {
+        return name;
+    }
+    let half = (LEGEND_CHARS - 1) / 2;
+    let head: String = chars[..half].iter().collect();
+    let tail: String = chars[chars.len() - half..].iter().collect();
+    format!("{head}…{tail}")
+}
+
+/// The legend, in the strip `side` right of the plot: per series a swatch of its colour and its
+/// name, top to bottom, outside every series (untagged).
+fn legend(side: &DrawingArea<Tagged, Shift>, names: &[&str]) -> Result<(), DrawingAreaErrorKind<std::io::Error>> {
+    let style = ("sans-serif", 14).into_font().color(&BLACK);
+    for (i, name) in names.iter().enumerate() {
+        let y = 48 + 22 * i as i32;
+        side.draw(&Rectangle::new([(6, y - 5), (22, y + 5)], color(i).filled()))?;
+        side.draw(&Text::new(legend_name(name), (28, y - 8), style.clone()))?;
+    }
+    Ok(())
 }
 
 /// `(lo, hi)` on an axis of `scale`, made drawable: a log axis needs a positive start (`log_lo`
@@ -378,46 +388,29 @@ fn axes<'a, 'b, X: Axis, Y: Axis>(
     Ok(chart)
 }
 
-/// The legend box every chart shares.
-fn legend<'a, 'b: 'a, X: Axis, Y: Axis>(chart: &mut Chart<'a, 'b, X, Y>, spec: &Spec) -> Result<(), ReportError> {
-    chart
-        .configure_series_labels()
-        .position(spec.legend.position())
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.4))
-        .label_font(("sans-serif", 15))
-        .draw()
-        .map_err(|e| chart_error(spec.title, e))
-}
-
 /// One polyline per series.
 pub(crate) fn line_chart(spec: &Spec, series: &[Series<(f64, f64)>]) -> Result<String, ReportError> {
     let names: Vec<&str> = series.iter().map(|s| s.name).collect();
     render(spec, &names, |area, log| on_axes(area, log, spec, &Lines(series)))
 }
 
-/// Series `i`'s line through `points` in `style` (tagged `line`), with its legend entry: `name`
-/// beside a swatch of the series' colour.
+/// Series `i`'s line through `points` in `style` (tagged `line`); its legend entry is drawn
+/// beside the plot ([`legend`]).
 fn series_line<X: Axis, Y: Axis>(
     chart: &mut Chart<'_, '_, X, Y>,
     log: &Rc<RefCell<Log>>,
-    (i, name): (usize, &str),
+    i: usize,
     points: Vec<(f64, f64)>,
     style: ShapeStyle,
 ) -> Result<(), DrawingAreaErrorKind<std::io::Error>> {
-    let c = color(i);
-    in_series(log, i, "line", || {
-        chart.draw_series(LineSeries::new(points, style)).map(|a| {
-            a.label(legend_name(name)).legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], c.filled()));
-        })
-    })
+    in_series(log, i, "line", || chart.draw_series(LineSeries::new(points, style)).map(|_| ()))
 }
 
 /// The series of a [`line_chart`].
 struct Lines<'s, 'a>(&'s [Series<'a, (f64, f64)>]);
 
 impl Drawing for Lines<'_, '_> {
-    /// A 2-pixel polyline per series, in its colour, with its legend swatch.
+    /// A 2-pixel polyline per series, in its colour.
     fn draw<X: Axis, Y: Axis>(
         &self,
         area: &DrawingArea<Tagged, Shift>,
@@ -430,9 +423,9 @@ impl Drawing for Lines<'_, '_> {
         let mut chart = axes(area, spec, x, y)?;
         for (i, s) in self.0.iter().enumerate() {
             let style = color(i).stroke_width(2);
-            series_line(&mut chart, log, (i, s.name), s.points.clone(), style).map_err(err)?;
+            series_line(&mut chart, log, i, s.points.clone(), style).map_err(err)?;
         }
-        legend(&mut chart, spec)
+        Ok(())
     }
 }
 
@@ -493,7 +486,7 @@ struct Intervals<'s, 'a> {
 }
 
 impl Drawing for Intervals<'_, '_> {
-    /// Per series, in its colour: a thin line through the means (with the legend swatch), a bar
+    /// Per series, in its colour: a thin line through the means, a bar
     /// with two caps per interval, a filled circle per mean.
     fn draw<X: Axis, Y: Axis>(
         &self,
@@ -510,7 +503,7 @@ impl Drawing for Intervals<'_, '_> {
             let c = color(i);
             let at: Vec<(f64, &Interval)> = s.points.iter().map(|iv| (self.spread.shift(iv.x, i, n), iv)).collect();
             let line: Vec<(f64, f64)> = at.iter().map(|(x, iv)| (*x, iv.mean)).collect();
-            series_line(&mut chart, log, (i, s.name), line, c.mix(0.5).stroke_width(1)).map_err(err)?;
+            series_line(&mut chart, log, i, line, c.mix(0.5).stroke_width(1)).map_err(err)?;
             // A vertical bar from lo to hi with a cap at each end.
             let bars = at.iter().flat_map(|&(x, iv)| {
                 let (left, right) = self.spread.caps(x);
@@ -521,6 +514,6 @@ impl Drawing for Intervals<'_, '_> {
             let means = at.iter().map(|&(x, iv)| Circle::new((x, iv.mean), 4, c.filled()));
             in_series(log, i, "mean", || chart.draw_series(means)).map_err(err)?;
         }
-        legend(&mut chart, spec)
+        Ok(())
     }
 }

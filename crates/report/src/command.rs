@@ -6,14 +6,16 @@ use std::path::Path;
 
 use crate::Report;
 use crate::format::plain;
-use crate::gate::{GateError, Thresholds, exit_code, gate};
+use crate::gate::{GateError, Thresholds, gate};
 use crate::junit::{junit_error_xml, junit_xml};
+use crate::markdown::render_verdict_markdown;
 use qdrift_io::write_atomic;
 
 /// What `qdrift gate` prints and returns.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GateRun {
-    /// The process exit code ([`exit_code`]; 2 also when the JUnit file cannot be written).
+    /// The process exit code ([`exit_code`](crate::exit_code); 2 also when the JUnit file or the
+    /// summary cannot be written).
     pub exit_code: u8,
     /// For standard output: the outcome lines and the total line.
     pub stdout: String,
@@ -26,11 +28,27 @@ pub struct GateRun {
 /// written atomically, also when the input is unusable (then it holds one error test case), so
 /// a CI job never reads a stale file.
 pub fn run_gate(report_path: &Path, thresholds_path: &Path, junit: Option<&Path>) -> GateRun {
+    run_gate_with(report_path, thresholds_path, junit, None)
+}
+
+/// [`run_gate`], also writing the verdict as Markdown to `summary_md` (for a CI job's summary
+/// page, e.g. `$GITHUB_STEP_SUMMARY`): the report's verdict section with the gate's outcome
+/// ([`render_verdict_markdown`]), or the one-line error when the input is unusable. Written
+/// atomically, like the JUnit file.
+pub fn run_gate_with(
+    report_path: &Path,
+    thresholds_path: &Path,
+    junit: Option<&Path>,
+    summary_md: Option<&Path>,
+) -> GateRun {
     // The output rule first: a JUnit path that is the report, the thresholds or a device is
     // refused before anything is read or written.
     let mut paths = qdrift_io::PathCheck::new().input("--report", report_path).input("--thresholds", thresholds_path);
     if let Some(j) = junit {
         paths = paths.output_file("--junit", j);
+    }
+    if let Some(s) = summary_md {
+        paths = paths.output_file("--summary-md", s);
     }
     if let Err(e) = paths.check() {
         return GateRun {
@@ -39,25 +57,30 @@ pub fn run_gate(report_path: &Path, thresholds_path: &Path, junit: Option<&Path>
             stderr: format!("qdrift gate: {}\n", plain(&e.to_string())),
         };
     }
-    let outcome = Report::read(report_path)
-        .map_err(GateError::from)
-        .and_then(|report| Thresholds::read(thresholds_path).and_then(|t| gate(&report, &t)));
-    let mut run = GateRun { exit_code: exit_code(&outcome), stdout: String::new(), stderr: String::new() };
-    let xml = match &outcome {
-        Ok(o) => {
+    let outcome = Report::read(report_path).map_err(GateError::from).and_then(|report| {
+        let outcome = Thresholds::read(thresholds_path).and_then(|t| gate(&report, &t))?;
+        Ok((report, outcome))
+    });
+    let code = outcome.as_ref().map_or(2, |(_, o)| o.exit_code());
+    let mut run = GateRun { exit_code: code, stdout: String::new(), stderr: String::new() };
+    let (xml, summary) = match &outcome {
+        Ok((report, o)) => {
             run.stdout = o.lines();
-            junit_xml(o)
+            (junit_xml(o), render_verdict_markdown(report, Some(o)) + "\n")
         }
         Err(e) => {
-            run.stderr = format!("qdrift gate: {}\n", plain(&e.to_string()));
-            junit_error_xml(e)
+            let message = plain(&e.to_string());
+            run.stderr = format!("qdrift gate: {message}\n");
+            (junit_error_xml(e), format!("## Verdict\n\n**Gate: ERROR** — the gate could not run: {message}\n"))
         }
     };
-    if let Some(path) = junit
-        && let Err(e) = write_atomic(path, xml.as_bytes())
-    {
-        run.stderr.push_str(&format!("qdrift gate: cannot write the JUnit file: {}\n", plain(&e.to_string())));
-        run.exit_code = 2;
+    for (path, bytes, what) in [(junit, xml, "JUnit file"), (summary_md, summary, "summary")] {
+        if let Some(path) = path
+            && let Err(e) = write_atomic(path, bytes.as_bytes())
+        {
+            run.stderr.push_str(&format!("qdrift gate: cannot write the {what}: {}\n", plain(&e.to_string())));
+            run.exit_code = 2;
+        }
     }
     run
 }

@@ -10,7 +10,8 @@
 //! can check; the tables show every metric the report has ([`shown_metrics`]).
 
 use crate::format::{bytes, count, file_name, kld, rate, short_sha256};
-use crate::metrics::{METRICS, Metric, Placement, metric};
+use crate::gate::{CheckResult, GateOutcome, Verdict};
+use crate::metrics::{Group, METRICS, Metric, Placement, metric};
 use crate::{Estimate, FirstDivergence, HorizonMetrics, Report, RoutingDrift, Variant, VariantKind};
 
 /// A run of text in a paragraph or a table cell.
@@ -24,6 +25,13 @@ pub(crate) enum Inline {
     Name(String),
     /// A string from the report shown as code (a path, an adapter).
     Code(String),
+    /// A link to a heading of the report (`href` is its id, without the `#`).
+    Link {
+        /// The link's text, written by qdrift.
+        text: String,
+        /// The target heading's id.
+        href: &'static str,
+    },
 }
 
 /// One cell: a sequence of runs.
@@ -32,7 +40,7 @@ pub(crate) type Cell = Vec<Inline>;
 /// A table column.
 #[derive(Clone, Debug)]
 pub(crate) struct Column {
-    pub title: &'static str,
+    pub title: String,
     /// Right-aligned (numbers).
     pub numeric: bool,
 }
@@ -53,6 +61,11 @@ pub(crate) enum Block {
     },
     /// Where the HTML puts its charts (the Markdown has none).
     Charts,
+    /// Blocks folded away behind a one-line summary (`<details>` in both printers).
+    Details {
+        summary: String,
+        blocks: Vec<Block>,
+    },
 }
 
 fn text(s: impl Into<String>) -> Inline {
@@ -67,8 +80,8 @@ fn name_cell(s: &str) -> Cell {
     vec![Inline::Name(s.to_string())]
 }
 
-fn col(title: &'static str, numeric: bool) -> Column {
-    Column { title, numeric }
+fn col(title: impl Into<String>, numeric: bool) -> Column {
+    Column { title: title.into(), numeric }
 }
 
 /// The kind as written in `report.json`.
@@ -133,13 +146,13 @@ fn model_description(report: &Report) -> Vec<Inline> {
     runs
 }
 
-/// The whole document, section by section.
-pub(crate) fn document(report: &Report) -> Vec<Block> {
-    let mut doc = vec![
-        Block::Heading { level: 1, id: "qdrift-report".into(), text: "qdrift report".into() },
-        Block::Paragraph(workload_line(report)),
-        Block::Paragraph(reference_line(report)),
-    ];
+/// The whole document, section by section: the verdict first (with the gate's outcome when
+/// the run was gated), then what was run, the numbers, and the glossary.
+pub(crate) fn document(report: &Report, gate: Option<&GateOutcome>) -> Vec<Block> {
+    let mut doc = vec![Block::Heading { level: 1, id: "qdrift-report".into(), text: "qdrift report".into() }];
+    doc.extend(verdict_section(report, gate, true));
+    doc.push(Block::Paragraph(workload_line(report)));
+    doc.push(Block::Paragraph(reference_line(report)));
     doc.extend(variants_section(report));
     doc.push(Block::Charts);
     for &h in &report.workload.horizons {
@@ -234,38 +247,57 @@ pub(crate) fn shown_metrics(report: &Report) -> Vec<&'static Metric> {
 }
 
 /// Every metric the report has ([`shown_metrics`]) of every variant at horizon `h`, each with
-/// its interval.
+/// its interval: one table per [`Group`] that has a shown metric, so that no table is wider than
+/// a page.
 fn horizon_section(report: &Report, h: usize) -> Vec<Block> {
-    let intro = "Means over prompts with their 95% intervals [lo, hi]; each column is described under \
-                 Metrics at the end. Excess = variant − noise floor, paired by prompt; the noise floor has none.";
+    let intro = "Means over prompts with their 95% intervals [lo, hi]; the glossary (Metrics, at the end) defines \
+                 each column. Excess = variant − noise floor, paired by prompt; the noise floor has none.";
     let shown = shown_metrics(report);
-    let rows =
-        report.variants_grouped().into_iter().filter_map(|v| v.horizon(h).map(|m| metric_row(&shown, v, m))).collect();
-    vec![
+    let mut blocks = vec![
         heading(&format!("horizon-{h}"), format!("First {h} generated tokens")),
         Block::Paragraph(vec![text(intro)]),
-        Block::Table { columns: metric_columns(&shown), rows },
-    ]
+    ];
+    for group in Group::ALL {
+        let in_group: Vec<&Metric> = shown.iter().copied().filter(|m| m.group == group).collect();
+        if in_group.is_empty() {
+            continue;
+        }
+        let rows = report
+            .variants_grouped()
+            .into_iter()
+            .filter_map(|v| v.horizon(h).map(|m| metric_row(&in_group, v, m)))
+            .collect();
+        blocks.push(Block::Paragraph(vec![Inline::Strong(group.title().into())]));
+        blocks.push(Block::Table { columns: metric_columns(&in_group), rows });
+    }
+    blocks
 }
 
-/// `Variant`, `Quantizes`, then per metric of `shown` its title (and its p99 column, if it has
-/// one).
+/// The title of `m`'s p99 column: its [`Metric::tail`], unless `shown` has the metric `NAME_p99`,
+/// which gives the same number with its interval (reports written before it have only the tail).
+fn tail_column(shown: &[&Metric], m: &Metric) -> Option<&'static str> {
+    let p99 = format!("{}_p99", m.name);
+    m.tail.filter(|_| !shown.iter().any(|s| s.name == p99))
+}
+
+/// `Variant`, then per metric of `shown` its title (and its p99 column, if it has one:
+/// [`tail_column`]).
 fn metric_columns(shown: &[&Metric]) -> Vec<Column> {
-    let mut columns = vec![col("Variant", false), col("Quantizes", false)];
+    let mut columns = vec![col("Variant", false)];
     for m in shown {
         columns.push(col(m.title, true));
-        columns.extend(m.tail.map(|title| col(title, true)));
+        columns.extend(tail_column(shown, m).map(|title| col(title, true)));
     }
     columns
 }
 
 /// A row of [`metric_columns`] of `shown`: `—` for a metric the variant does not have.
 fn metric_row(shown: &[&Metric], v: &Variant, h: &HorizonMetrics) -> Vec<Cell> {
-    let mut row = vec![name_cell(&v.name), cell(v.group())];
+    let mut row = vec![name_cell(&v.name)];
     for &m in shown {
         let value = h.get(m);
         row.push(cell(value.map_or_else(|| "—".to_string(), |e| m.with_ci(e))));
-        if m.tail.is_some() {
+        if tail_column(shown, m).is_some() {
             let p99 = value.and_then(|e| e.distribution).map(|d| (m.format)(d.p99));
             row.push(cell(p99.unwrap_or_else(|| "—".to_string())));
         }
@@ -448,30 +480,50 @@ fn per_tensor_section(report: &Report) -> Vec<Block> {
         col("Rel. Frobenius", true),
         col("Cosine", true),
     ];
-    vec![
-        heading("per-tensor-error", "Per-tensor error"),
-        Block::Paragraph(per_tensor_note(report)),
-        Block::Table { columns, rows },
-    ]
+    let tensors: usize = report.variants.iter().map(|v| v.per_tensor_error.len()).sum();
+    let mut blocks = vec![heading("per-tensor-error", "Per-tensor error"), Block::Paragraph(per_tensor_note(report))];
+    if tensors > 0 {
+        blocks.push(Block::Details {
+            summary: format!("{tensors} tensors (unfold)"),
+            blocks: vec![Block::Table { columns, rows }],
+        });
+    }
+    blocks
 }
 
+/// What the per-tensor table holds, and why a variant has no rows: the noise floor and a
+/// variant that leaves the weights at FP16 quantize none, and a checkpoint's tensors are read
+/// already quantized, with no FP16 original of its own to measure them against.
 fn per_tensor_note(report: &Report) -> Vec<Inline> {
-    let without: Vec<&str> =
-        report.variants.iter().filter(|v| v.per_tensor_error.is_empty()).map(|v| v.name.as_str()).collect();
     let mut note = vec![text(
         "Signal-to-quantization-noise ratio of each quantized weight tensor (\"exact\": reconstructed \
          exactly), relative Frobenius error and cosine similarity against the reference.",
     )];
-    if !without.is_empty() {
-        note.push(text(" No quantized tensors: "));
-        for (i, n) in without.iter().enumerate() {
-            if i > 0 {
-                note.push(text(", "));
+    let without = |why: &str, pick: &dyn Fn(&Variant) -> bool| {
+        let names: Vec<&str> = report
+            .variants
+            .iter()
+            .filter(|v| v.per_tensor_error.is_empty() && pick(v))
+            .map(|v| v.name.as_str())
+            .collect();
+        let mut runs = Vec::new();
+        if !names.is_empty() {
+            runs.push(text(format!(" {why}: ")));
+            for (i, n) in names.iter().enumerate() {
+                if i > 0 {
+                    runs.push(text(", "));
+                }
+                runs.push(Inline::Name((*n).to_string()));
             }
-            note.push(Inline::Name((*n).to_string()));
+            runs.push(text("."));
         }
-        note.push(text("."));
-    }
+        runs
+    };
+    note.extend(without("Weights not quantized (no rows)", &|v| v.kind != VariantKind::Checkpoint));
+    note.extend(without(
+        "Read already quantized from a checkpoint, so not measured tensor by tensor (its drift is in the tables above)",
+        &|v| v.kind == VariantKind::Checkpoint,
+    ));
     note
 }
 
@@ -492,4 +544,137 @@ fn metrics_section() -> Vec<Block> {
         )]),
         Block::Table { columns, rows },
     ]
+}
+
+/// The verdict, first: per variant (noise floor aside), ranked by excess KLD over the noise
+/// floor over the longest horizon (by KLD mean when the run has no noise floor), its gate verdict
+/// and the checks that did not pass when the run was gated, and one line of plain words
+/// ([`in_words`]). `glossary`: end the introduction with a link to the glossary (the whole
+/// report; a verdict printed alone has none).
+pub(crate) fn verdict_section(report: &Report, gate: Option<&GateOutcome>, glossary: bool) -> Vec<Block> {
+    let longest = report.workload.horizons.last().copied().unwrap_or(0);
+    let floor = report.variants.iter().find(|v| v.kind == VariantKind::NoiseFloor);
+    let key = if floor.is_some() { "excess_kld" } else { "kld" };
+    let at_longest = |v: &Variant, name: &str| v.horizon(longest).and_then(|h| h.metric(name)).copied();
+    let mut ranked: Vec<&Variant> = report.variants.iter().filter(|v| v.kind != VariantKind::NoiseFloor).collect();
+    ranked.sort_by(|a, b| {
+        let x = |v: &Variant| at_longest(v, key).map_or(f64::INFINITY, |e| e.mean);
+        x(a).total_cmp(&x(b))
+    });
+    let mut intro = Vec::new();
+    if let Some(g) = gate {
+        let count = |v: Verdict| g.results.iter().filter(|r| r.verdict == v).count();
+        intro.push(Inline::Strong(format!("Gate: {}", g.verdict().word())));
+        intro.push(text(format!(
+            " — {} checks: {} passed, {} failed, {} inconclusive. ",
+            g.results.len(),
+            count(Verdict::Pass),
+            count(Verdict::Fail),
+            count(Verdict::Inconclusive)
+        )));
+    }
+    let key_title = metric(key).map_or(key, |m| m.title);
+    intro.push(text(match floor {
+        Some(f) => format!(
+            "Variants ranked by {key_title} over the first {longest} tokens (lower is closer to the reference). \
+             A variant's text is \"indistinguishable from the noise floor's\" over a horizon when the 95% \
+             interval of its excess token match over the noise floor ({}) contains 0. ",
+            crate::format::plain(&f.name)
+        ),
+        None => format!(
+            "Variants ranked by {key_title} over the first {longest} tokens (lower is closer to the reference); \
+             this run has no noise floor to compare with. "
+        ),
+    }));
+    if glossary {
+        intro.push(text("Every column is defined in the "));
+        intro.push(Inline::Link { text: "glossary".into(), href: "metrics" });
+        intro.push(text("."));
+    }
+    let mut columns = vec![col("#", true), col("Variant", false)];
+    if gate.is_some() {
+        columns.extend([col("Gate", false), col("Checks not passed", false)]);
+    }
+    columns.extend([
+        col(format!("{key_title} ({longest} tokens)"), true),
+        col(format!("Token match ({longest} tokens)"), true),
+        col("In words", false),
+    ]);
+    let with_ci = |v: &Variant, name: &str| {
+        let e = at_longest(v, name);
+        cell(metric(name).zip(e).map_or_else(|| "—".to_string(), |(m, e)| m.with_ci(&e)))
+    };
+    let rows = ranked
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let mut row = vec![cell((i + 1).to_string()), name_cell(&v.name)];
+            if let Some(g) = gate {
+                row.push(cell(g.variant_verdict(&v.name).map_or("not gated", Verdict::word)));
+                let open: Vec<String> =
+                    g.results.iter().filter(|r| r.variant == v.name && !r.passed()).map(check_words).collect();
+                row.push(cell(if open.is_empty() { "—".to_string() } else { open.join("; ") }));
+            }
+            row.push(with_ci(v, key));
+            row.push(with_ci(v, "token_match_rate"));
+            row.push(cell(in_words(report, v)));
+            row
+        })
+        .collect();
+    vec![heading("verdict", "Verdict"), Block::Paragraph(intro), Block::Table { columns, rows }]
+}
+
+/// A check that did not pass, briefly: `kld@1000: upper CI bound 0.0523 > max 0.05` or
+/// `kld@100: [0.031, 0.062] straddles max 0.05, ~140 prompts would tell`.
+fn check_words(r: &CheckResult) -> String {
+    let fmt = metric(&r.metric).map_or(rate as fn(f64) -> String, |m| m.format);
+    let threshold = match r.side {
+        crate::gate::Side::Min => format!("min {}", fmt(r.threshold)),
+        crate::gate::Side::Max => format!("max {}", fmt(r.threshold)),
+    };
+    match r.verdict {
+        Verdict::Inconclusive => {
+            let more = r.prompts_needed().map_or_else(
+                || "no prompt count would tell (the estimate is on the threshold)".to_string(),
+                |n| format!("~{n} prompts would tell"),
+            );
+            format!("{}: [{}, {}] straddles {threshold}, {more}", r.name(), fmt(r.ci95[0]), fmt(r.ci95[1]))
+        }
+        _ => {
+            let op = if r.side == crate::gate::Side::Min { "<" } else { ">" };
+            format!("{}: {} {} {op} {threshold}", r.name(), r.value_kind(), fmt(r.value))
+        }
+    }
+}
+
+/// One line of plain words on a variant: up to which horizon its free-running text is
+/// indistinguishable from the noise floor's (the excess token match's interval contains 0), by
+/// which it diverges, and its median first divergence: `text indistinguishable from the noise
+/// floor's up to 10 tokens; diverges by 100; half the prompts differ from the reference by
+/// position 37`. (Excess KLD is not used: any change of the weights moves the distributions by
+/// more than the noise floor's rounding, so it would call every variant distinguishable.)
+pub(crate) fn in_words(report: &Report, v: &Variant) -> String {
+    let horizons = &report.workload.horizons;
+    let longest = horizons.last().copied().unwrap_or(0);
+    let indistinguishable = |h: usize| {
+        let tm = v.horizon(h)?.metric("excess_token_match_rate")?;
+        Some(tm.ci95[0] <= 0.0 && tm.ci95[1] >= 0.0)
+    };
+    let mut words = match horizons.iter().map(|&h| indistinguishable(h)).collect::<Option<Vec<bool>>>() {
+        None => String::new(),
+        Some(same) => match same.iter().position(|s| !s) {
+            None => format!("text indistinguishable from the noise floor's up to {longest} tokens; "),
+            Some(0) => format!("text diverges from the noise floor's within {} tokens; ", horizons[0]),
+            Some(i) => format!(
+                "text indistinguishable from the noise floor's up to {} tokens; diverges by {}; ",
+                horizons[i - 1],
+                horizons[i]
+            ),
+        },
+    };
+    words.push_str(&match v.first_divergence.median {
+        Some(t) => format!("half the prompts differ from the reference by position {t}"),
+        None => format!("more than half the prompts match the reference for all {longest} tokens"),
+    });
+    words
 }

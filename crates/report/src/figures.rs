@@ -2,7 +2,7 @@
 //! axes, and the sentence under it. Drawing is `charts`' job; every chart has one series per
 //! variant, built by [`per_variant`] (per variant with routing, [`per_routed_variant`]).
 
-use crate::charts::{Interval, Legend, Scale, Series, Spec, interval_chart, line_chart};
+use crate::charts::{Interval, Scale, Series, Spec, interval_chart, line_chart};
 use crate::format::kld;
 use crate::{Report, ReportError, RoutingDrift, Variant};
 
@@ -68,7 +68,6 @@ fn token_match(report: &Report) -> Result<Figure, ReportError> {
         y_range: (0.0, 1.02),
         y_scale: Scale::Linear,
         y_format: |y| format!("{y:.1}"),
-        legend: Legend::LowerLeft,
     };
     Ok(Figure {
         svg: line_chart(&spec, &series)?,
@@ -110,7 +109,6 @@ fn survival(report: &Report) -> Result<Figure, ReportError> {
         y_range: (0.0, 1.02),
         y_scale: Scale::Linear,
         y_format: |y| format!("{y:.1}"),
-        legend: Legend::LowerLeft,
     };
     Ok(Figure {
         svg: line_chart(&spec, &series)?,
@@ -160,7 +158,6 @@ fn kld_by_position(report: &Report) -> Result<Figure, ReportError> {
         y_range: (decade_below(lo), decade_above(hi)),
         y_scale: Scale::Log,
         y_format: log_tick,
-        legend: Legend::UpperRight,
     };
     Ok(Figure {
         svg: line_chart(&spec, &series)?,
@@ -200,7 +197,6 @@ fn ppl_drift(report: &Report) -> Result<Figure, ReportError> {
         y_range: (lo - pad, hi + pad),
         y_scale: Scale::Linear,
         y_format: |y| format!("{y:.2}"),
-        legend: Legend::UpperLeft,
     };
     Ok(Figure {
         svg: interval_chart(&spec, &series)?,
@@ -251,7 +247,6 @@ fn routing_by_layer(report: &Report) -> Result<Figure, ReportError> {
         y_range: (0.0, (hi * 1.15).clamp(0.01, 1.02)),
         y_scale: Scale::Linear,
         y_format: short_decimal,
-        legend: Legend::UpperLeft,
     };
     Ok(Figure {
         svg: interval_chart(&spec, &series)?,
@@ -279,7 +274,6 @@ fn routing_by_position(report: &Report) -> Result<Figure, ReportError> {
         y_range: (0.0, (hi * 1.15).clamp(0.01, 1.02)),
         y_scale: Scale::Linear,
         y_format: short_decimal,
-        legend: Legend::UpperRight,
     };
     Ok(Figure {
         svg: line_chart(&spec, &series)?,

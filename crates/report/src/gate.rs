@@ -526,6 +526,15 @@ impl GateOutcome {
         }
     }
 
+    /// The process exit code of the outcome: 0 pass, 1 fail, 3 inconclusive ([`exit_code`]).
+    pub fn exit_code(&self) -> u8 {
+        match self.verdict() {
+            Verdict::Pass => 0,
+            Verdict::Fail => 1,
+            Verdict::Inconclusive => INCONCLUSIVE_EXIT,
+        }
+    }
+
     /// The verdict of the checks on variant `name`, `None` when none applies to it.
     pub fn variant_verdict(&self, name: &str) -> Option<Verdict> {
         let mine: Vec<&CheckResult> = self.results.iter().filter(|r| r.variant == name).collect();
@@ -649,14 +658,7 @@ pub fn gate(report: &Report, thresholds: &Thresholds) -> Result<GateOutcome, Gat
 /// The process exit code of a gate: 0 every check passed, 1 a check failed, 3 none failed and
 /// some were inconclusive, 2 unusable input.
 pub fn exit_code(outcome: &Result<GateOutcome, GateError>) -> u8 {
-    match outcome {
-        Ok(o) => match o.verdict() {
-            Verdict::Pass => 0,
-            Verdict::Fail => 1,
-            Verdict::Inconclusive => INCONCLUSIVE_EXIT,
-        },
-        Err(_) => 2,
-    }
+    outcome.as_ref().map_or(2, GateOutcome::exit_code)
 }
 
 /// The exit code of a gate whose checks did not fail but some were inconclusive.

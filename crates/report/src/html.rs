@@ -7,6 +7,7 @@
 use crate::document::{Block, Column, Inline, document};
 use crate::figures::figures;
 use crate::format::{escape_html as escape, file_name};
+use crate::gate::GateOutcome;
 use crate::{Report, ReportError};
 
 const STYLE: &str = "\
@@ -19,7 +20,9 @@ code{font-family:ui-monospace,'DejaVu Sans Mono',monospace;font-size:.92em;backg
 table{border-collapse:collapse;font-size:.88rem;margin:.4rem 0 1rem}
 th,td{border:1px solid #d6d6d6;padding:.28rem .5rem;vertical-align:top}
 th{background:#f5f5f5;text-align:left}
-td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+.nb{white-space:nowrap}
+summary{cursor:pointer;margin:.4rem 0}
 .scroll{overflow-x:auto}
 figure{margin:1rem 0 1.6rem}
 figure svg{max-width:100%;height:auto;border:1px solid #e4e4e4}
@@ -41,6 +44,9 @@ fn inlines(runs: &[Inline]) -> String {
                 out.push_str(&escape(c));
                 out.push_str("</code>");
             }
+            Inline::Link { text, href } => {
+                out.push_str(&format!("<a href=\"#{}\">{}</a>", escape(href), escape(text)));
+            }
         }
     }
     out
@@ -59,18 +65,28 @@ fn charts(report: &Report) -> Result<String, ReportError> {
     Ok(out)
 }
 
-/// A table, numbers right-aligned, in a box that scrolls sideways on a narrow screen.
+/// A table, numbers right-aligned, in a box that scrolls sideways on a screen too narrow for it
+/// (the report's tables fit 1300 px).
 fn table(columns: &[Column], rows: &[Vec<Vec<Inline>>]) -> String {
     let class = |c: &Column| if c.numeric { " class=\"num\"" } else { "" };
     let mut out = String::from("<div class=\"scroll\"><table>\n<thead><tr>");
     for c in columns {
-        out.push_str(&format!("<th{}>{}</th>", class(c), escape(c.title)));
+        out.push_str(&format!("<th{}>{}</th>", class(c), escape(&c.title)));
     }
     out.push_str("</tr></thead>\n<tbody>\n");
     for row in rows {
         out.push_str("<tr>");
         for (cell, c) in row.iter().zip(columns) {
-            out.push_str(&format!("<td{}>{}</td>", class(c), inlines(cell)));
+            let html = inlines(cell);
+            // A number with its interval may break between the two, never inside either, so a
+            // table narrows to the page instead of scrolling sideways.
+            let html = match html.split_once(" [") {
+                Some((mean, interval)) if c.numeric => {
+                    format!("<span class=\"nb\">{mean}</span> <span class=\"nb\">[{interval}</span>")
+                }
+                _ => html,
+            };
+            out.push_str(&format!("<td{}>{html}</td>", class(c)));
         }
         out.push_str("</tr>\n");
     }
@@ -88,22 +104,14 @@ fn table(columns: &[Column], rows: &[Vec<Vec<Inline>>]) -> String {
 /// `x,y` pair per data point in its `points` attribute; the interval charts, PPL drift and
 /// routing flips per layer, also have one `<circle>` per point), so tests can count data points.
 pub fn render_html(report: &Report) -> Result<String, ReportError> {
+    render_html_gated(report, None)
+}
+
+/// [`render_html`], with the gate's outcome in the verdict when the run was gated.
+pub fn render_html_gated(report: &Report, gate: Option<&GateOutcome>) -> Result<String, ReportError> {
     report.validate()?;
     let mut body = String::new();
-    for block in document(report) {
-        match block {
-            Block::Heading { level, id, text } => {
-                body.push_str(&format!("<h{level} id=\"{}\">{}</h{level}>\n", escape(&id), escape(&text)));
-            }
-            Block::Paragraph(runs) => {
-                body.push_str("<p>");
-                body.push_str(&inlines(&runs));
-                body.push_str("</p>\n");
-            }
-            Block::Table { columns, rows } => body.push_str(&table(&columns, &rows)),
-            Block::Charts => body.push_str(&charts(report)?),
-        }
-    }
+    blocks(&mut body, &document(report, gate), report)?;
     let title = format!("qdrift report: {}", file_name(&report.model.path));
     Ok(format!(
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
@@ -111,4 +119,28 @@ pub fn render_html(report: &Report) -> Result<String, ReportError> {
          <title>{}</title>\n<style>\n{STYLE}</style>\n</head>\n<body>\n<main>\n{body}</main>\n</body>\n</html>\n",
         escape(&title)
     ))
+}
+
+/// Prints `doc` as HTML into `body`.
+fn blocks(body: &mut String, doc: &[Block], report: &Report) -> Result<(), ReportError> {
+    for block in doc {
+        match block {
+            Block::Heading { level, id, text } => {
+                body.push_str(&format!("<h{level} id=\"{}\">{}</h{level}>\n", escape(id), escape(text)));
+            }
+            Block::Paragraph(runs) => {
+                body.push_str("<p>");
+                body.push_str(&inlines(runs));
+                body.push_str("</p>\n");
+            }
+            Block::Table { columns, rows } => body.push_str(&table(columns, rows)),
+            Block::Charts => body.push_str(&charts(report)?),
+            Block::Details { summary, blocks: inner } => {
+                body.push_str(&format!("<details><summary>{}</summary>\n", escape(summary)));
+                blocks(body, inner, report)?;
+                body.push_str("</details>\n");
+            }
+        }
+    }
+    Ok(())
 }

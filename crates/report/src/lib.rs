@@ -52,16 +52,16 @@ mod schema;
 pub mod testing;
 mod validate;
 
-pub use command::{GateRun, run_gate};
+pub use command::{GateRun, run_gate, run_gate_with};
 pub use error::ReportError;
 pub use gate::{
     Bound, Check, CheckResult, GateError, GateOutcome, INCONCLUSIVE_EXIT, Side, Thresholds, Verdict, WILDCARD,
     exit_code, gate,
 };
 pub use horizon::HorizonMetrics;
-pub use html::render_html;
+pub use html::{render_html, render_html_gated};
 pub use junit::{junit_error_xml, junit_xml};
-pub use markdown::{render_markdown, render_summary};
-pub use metrics::{Distribution, Estimate, METRICS, Metric};
+pub use markdown::{render_markdown, render_markdown_gated, render_summary, render_verdict_markdown};
+pub use metrics::{Distribution, Estimate, Group, METRICS, Metric};
 pub use read::{EVAL_SET_CAP, REPORT_CAP, THRESHOLDS_CAP};
 pub use schema::*;

@@ -1,8 +1,9 @@
 //! The Markdown report and the terminal summary.
 
 use crate::Report;
-use crate::document::{Block, Column, Inline, document, shown_metrics};
+use crate::document::{Block, Column, Inline, document, shown_metrics, verdict_section};
 use crate::format::{count, escape_markdown as escape, file_name, plain};
+use crate::gate::GateOutcome;
 use crate::metrics::Metric;
 
 /// A code span holding `s` verbatim: the fence is one backtick longer than the longest run of
@@ -35,6 +36,7 @@ fn inlines(runs: &[Inline], in_table: bool) -> String {
             // A pipe in a code span would still end a table cell: such a name is escaped instead.
             Inline::Code(c) if in_table && c.contains(['|', '`']) => out.push_str(&escape(c)),
             Inline::Code(c) => out.push_str(&code_span(c)),
+            Inline::Link { text, href } => out.push_str(&format!("[{text}](#{href})")),
         }
     }
     out
@@ -45,7 +47,7 @@ fn table(out: &mut String, columns: &[Column], rows: &[Vec<Vec<Inline>>]) {
     out.push('|');
     for c in columns {
         out.push(' ');
-        out.push_str(c.title);
+        out.push_str(&c.title);
         out.push_str(" |");
     }
     out.push_str("\n|");
@@ -70,27 +72,54 @@ fn table(out: &mut String, columns: &[Column], rows: &[Vec<Vec<Inline>>]) {
 /// noise floor), first divergence, expert routing (for a model with experts), entropy strata,
 /// per-tensor error and a glossary of the metrics. Deterministic: same report → same bytes.
 pub fn render_markdown(report: &Report) -> String {
+    render_markdown_gated(report, None)
+}
+
+/// [`render_markdown`], with the gate's outcome in the verdict when the run was gated.
+pub fn render_markdown_gated(report: &Report, gate: Option<&GateOutcome>) -> String {
     let mut out = String::new();
-    for block in document(report) {
-        match block {
-            Block::Heading { level, text, .. } => {
-                out.push_str(&"#".repeat(usize::from(level)));
-                out.push(' ');
-                out.push_str(&text);
-                out.push_str("\n\n");
-            }
-            Block::Paragraph(runs) => {
-                out.push_str(&inlines(&runs, false));
-                out.push_str("\n\n");
-            }
-            Block::Table { columns, rows } => table(&mut out, &columns, &rows),
-            Block::Charts => {}
-        }
-    }
+    blocks(&mut out, &document(report, gate));
     while out.ends_with("\n\n") {
         out.pop();
     }
     out
+}
+
+/// The verdict alone (a CI job's summary, `qdrift gate --summary-md`): the verdict section of
+/// [`render_markdown_gated`], without the link to a glossary it does not include.
+pub fn render_verdict_markdown(report: &Report, gate: Option<&GateOutcome>) -> String {
+    let mut out = String::new();
+    blocks(&mut out, &verdict_section(report, gate, false));
+    while out.ends_with("\n\n") {
+        out.pop();
+    }
+    out
+}
+
+/// Prints `doc` as Markdown into `out`.
+fn blocks(out: &mut String, doc: &[Block]) {
+    for block in doc {
+        match block {
+            Block::Heading { level, text, .. } => {
+                out.push_str(&"#".repeat(usize::from(*level)));
+                out.push(' ');
+                out.push_str(text);
+                out.push_str("\n\n");
+            }
+            Block::Paragraph(runs) => {
+                out.push_str(&inlines(runs, false));
+                out.push_str("\n\n");
+            }
+            Block::Table { columns, rows } => table(out, columns, rows),
+            Block::Charts => {}
+            // GitHub renders Markdown inside <details> when blank lines set it apart.
+            Block::Details { summary, blocks: inner } => {
+                out.push_str(&format!("<details><summary>{}</summary>\n\n", escape(summary)));
+                blocks(out, inner);
+                out.push_str("</details>\n\n");
+            }
+        }
+    }
 }
 
 /// A short plain-text table for the terminal: per horizon, one line per variant with each

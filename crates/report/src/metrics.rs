@@ -162,6 +162,38 @@ pub struct Metric {
     pub placement: Placement,
     /// Whether the terminal summary of `qdrift eval` shows it.
     pub summary: bool,
+    /// Which of a horizon's tables shows it.
+    pub group: Group,
+}
+
+/// The tables a horizon's metrics are shown in, each narrow enough for a page: what the
+/// variant writes on its own, how its distributions differ from the reference's, and how its
+/// predictions on the reference's text agree, then routing for a model with experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    /// Free-running generation: the variant's own text against the reference's.
+    FreeRunning,
+    /// Teacher-forced KL divergence and its distribution over positions.
+    Divergence,
+    /// Teacher-forced agreement: top-1, probability of the reference's token, perplexity.
+    Agreement,
+    /// Expert routing (models with experts).
+    Routing,
+}
+
+impl Group {
+    /// Every group, in table order.
+    pub const ALL: [Group; 4] = [Group::FreeRunning, Group::Divergence, Group::Agreement, Group::Routing];
+
+    /// The table's caption.
+    pub fn title(self) -> &'static str {
+        match self {
+            Group::FreeRunning => "Free-running: the variant's own text",
+            Group::Divergence => "Teacher-forced on the reference's text: KL divergence",
+            Group::Agreement => "Teacher-forced on the reference's text: agreement and perplexity",
+            Group::Routing => "Expert routing",
+        }
+    }
 }
 
 /// Every metric, in the order of the JSON keys, the table columns and the gate's checks.
@@ -177,6 +209,7 @@ pub const METRICS: &[Metric] = &[
         tail: None,
         placement: Placement::Required,
         summary: true,
+        group: Group::FreeRunning,
     },
     Metric {
         name: "exact_match_fraction",
@@ -189,6 +222,7 @@ pub const METRICS: &[Metric] = &[
         tail: None,
         placement: Placement::Required,
         summary: true,
+        group: Group::FreeRunning,
     },
     Metric {
         name: "kld",
@@ -201,6 +235,45 @@ pub const METRICS: &[Metric] = &[
         tail: Some("KLD p99"),
         placement: Placement::Required,
         summary: true,
+        group: Group::Divergence,
+    },
+    Metric {
+        name: "kld_median",
+        title: "KLD median",
+        description: "Teacher-forced: the median (Hyndman & Fan type 7) of KL(P_ref ‖ P_variant) over every position < h \
+                      of every prompt, pooled; its interval resamples prompts, each bringing all its positions.",
+        range: Range::NonNegative,
+        better: Better::Lower,
+        format: kld,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::Divergence,
+    },
+    Metric {
+        name: "kld_p90",
+        title: "KLD p90",
+        description: "As KLD median, the 90th percentile.",
+        range: Range::NonNegative,
+        better: Better::Lower,
+        format: kld,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::Divergence,
+    },
+    Metric {
+        name: "kld_p99",
+        title: "KLD p99",
+        description: "As KLD median, the 99th percentile: the tail llama.cpp's KL-divergence statistics report, here \
+                      with an interval over prompts.",
+        range: Range::NonNegative,
+        better: Better::Lower,
+        format: kld,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::Divergence,
     },
     Metric {
         name: "top1_agreement",
@@ -212,6 +285,7 @@ pub const METRICS: &[Metric] = &[
         tail: None,
         placement: Placement::Required,
         summary: true,
+        group: Group::Agreement,
     },
     Metric {
         name: "rms_delta_p",
@@ -223,6 +297,7 @@ pub const METRICS: &[Metric] = &[
         tail: None,
         placement: Placement::Required,
         summary: false,
+        group: Group::Agreement,
     },
     Metric {
         name: "ppl_ratio_on_reference_text",
@@ -234,6 +309,7 @@ pub const METRICS: &[Metric] = &[
         tail: None,
         placement: Placement::Required,
         summary: false,
+        group: Group::Agreement,
     },
     Metric {
         name: "ppl_drift_of_generated_text",
@@ -246,6 +322,7 @@ pub const METRICS: &[Metric] = &[
         tail: None,
         placement: Placement::Required,
         summary: true,
+        group: Group::FreeRunning,
     },
     Metric {
         name: "expert_overlap",
@@ -258,6 +335,7 @@ pub const METRICS: &[Metric] = &[
         tail: None,
         placement: Placement::Optional,
         summary: true,
+        group: Group::Routing,
     },
     Metric {
         name: "routing_flip_rate",
@@ -271,6 +349,7 @@ pub const METRICS: &[Metric] = &[
         tail: None,
         placement: Placement::Optional,
         summary: true,
+        group: Group::Routing,
     },
     Metric {
         name: "expert_overlap_on_generated_text",
@@ -282,6 +361,7 @@ pub const METRICS: &[Metric] = &[
         tail: None,
         placement: Placement::Optional,
         summary: false,
+        group: Group::Routing,
     },
     Metric {
         name: "routing_flip_rate_on_generated_text",
@@ -293,6 +373,7 @@ pub const METRICS: &[Metric] = &[
         tail: None,
         placement: Placement::Optional,
         summary: false,
+        group: Group::Routing,
     },
     Metric {
         name: "excess_token_match_rate",
@@ -305,6 +386,7 @@ pub const METRICS: &[Metric] = &[
         tail: None,
         placement: Placement::Excess { key: "token_match_rate" },
         summary: false,
+        group: Group::FreeRunning,
     },
     Metric {
         name: "excess_kld",
@@ -316,6 +398,7 @@ pub const METRICS: &[Metric] = &[
         tail: None,
         placement: Placement::Excess { key: "kld" },
         summary: false,
+        group: Group::Divergence,
     },
 ];
 

@@ -167,3 +167,49 @@ fn headless_chromium_renders_the_report_without_errors() {
     assert!(png.len() > 50_000, "screenshot of {} bytes looks blank", png.len());
     eprintln!("screenshot: {}", shot.display());
 }
+
+/// The widths the page's script measures at a 1300-pixel window: the document's, the window's,
+/// and every table box that would scroll sideways (its index, scroll width and client width).
+const MEASURE: &str = "<script>\
+    const wide = [...document.querySelectorAll('.scroll')].map((e, i) => [i, e.scrollWidth, e.clientWidth])\
+        .filter(([, s, c]) => s > c);\
+    document.body.setAttribute('data-measured', JSON.stringify({\
+        doc: document.documentElement.scrollWidth, win: window.innerWidth, wide }));\
+    </script>";
+
+#[test]
+fn every_report_fits_1300_pixels_without_sideways_scrolling() {
+    let Some(binary) = chromium_or_skip() else { return };
+    let dir = common::temp_dir("chromium-width");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../reports");
+    let mut pages = vec![
+        ("sample", render_html(&sample_report()).unwrap()),
+        ("sample-moe", render_html(&sample_moe_report()).unwrap()),
+    ];
+    for name in ["stories260K", "smollm2-135m", "qwen3-moe-tiny"] {
+        pages.push((name, std::fs::read_to_string(examples.join(name).join("report.html")).unwrap()));
+    }
+    for (name, html) in pages {
+        // The report has no script of its own; this copy measures itself once laid out.
+        let page = dir.join(format!("{name}.html"));
+        std::fs::write(&page, html.replace("</body>", &format!("{MEASURE}</body>"))).unwrap();
+        let mut dump = browser(&binary, &dir.join(format!("profile-{name}")));
+        dump.args(["--window-size=1300,2000", "--dump-dom", &format!("file://{}", page.display())]);
+        let (ok, dom, log) = run_with_timeout(dump, Duration::from_secs(120));
+        assert!(ok, "{name}: chromium --dump-dom failed:\n{log}");
+        let measured = dom
+            .split("data-measured=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap_or_else(|| panic!("{name}: the page did not measure itself:\n{log}"))
+            .replace("&quot;", "\"");
+        let m: serde_json::Value = serde_json::from_str(&measured).unwrap();
+        assert!(m["win"].as_u64().unwrap() >= 1280, "{name}: window {m}");
+        assert!(m["doc"].as_u64() <= m["win"].as_u64(), "{name}: the page scrolls sideways: {m}");
+        assert_eq!(
+            m["wide"],
+            serde_json::json!([]),
+            "{name}: tables that scroll sideways (index, scroll, client): {m}"
+        );
+    }
+}

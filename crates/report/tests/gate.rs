@@ -583,3 +583,57 @@ fn run_gate_exits_3_on_an_inconclusive_check() {
     assert!(run.stdout.starts_with("INCONCLUSIVE int8 token_match_rate@100"), "{run:?}");
     assert!(std::fs::read_to_string(dir.join("gate.xml")).unwrap().contains("<skipped message=\"INCONCLUSIVE"));
 }
+
+#[test]
+fn the_summary_gives_each_variants_verdict_and_the_checks_it_did_not_pass() {
+    let dir = temp_dir("gate-summary");
+    let report = dir.join("report.json");
+    std::fs::write(&report, serde_json::to_string(&point_passes_ci_fails()).unwrap()).unwrap();
+    let thresholds = dir.join("t.toml");
+    std::fs::write(
+        &thresholds,
+        "[variant.int8]\n\"token_match_rate@100\" = { min = 0.8 }\n[variant.\"int4-g128\"]\n\"kld@10\" = { max = 0 }\n",
+    )
+    .unwrap();
+    let summary = dir.join("summary.md");
+    let run = qdrift_report::run_gate_with(&report, &thresholds, None, Some(&summary));
+    assert_eq!(run.exit_code, 1, "{run:?}");
+    let md = std::fs::read_to_string(&summary).unwrap();
+    assert!(md.starts_with("## Verdict\n\n**Gate: FAIL** — 2 checks: 0 passed, 1 failed, 1 inconclusive."), "{md}");
+    assert!(!md.contains("glossary"), "a link to a glossary the summary lacks: {md}");
+    let row = |name: &str| md.lines().find(|l| l.contains(&format!("| {name} |"))).unwrap_or_else(|| panic!("{md}"));
+    assert!(
+        row("int8").contains(
+            "| INCONCLUSIVE | token_match_rate@100: [0.7800, 0.9000] straddles min 0.8000, ~142 prompts would tell |"
+        ),
+        "{md}"
+    );
+    assert!(row("int4-g128").contains("| FAIL | kld@10: upper CI bound "), "{md}");
+    // The noise floor is the yardstick: not ranked.
+    assert!(!md.contains("| noise-floor-f32 |"), "{md}");
+    // On unusable input the summary says why.
+    let run = qdrift_report::run_gate_with(&report, &dir.join("missing.toml"), None, Some(&summary));
+    assert_eq!(run.exit_code, 2);
+    let md = std::fs::read_to_string(&summary).unwrap();
+    assert!(
+        md.starts_with("## Verdict\n\n**Gate: ERROR** — the gate could not run: ") && md.contains("missing.toml"),
+        "{md}"
+    );
+}
+
+#[test]
+fn a_gated_report_opens_with_the_gates_verdict() {
+    let r = point_passes_ci_fails();
+    let outcome = run(&r, "[variant.int8]\n\"token_match_rate@100\" = { min = 0.8 }\n").unwrap();
+    let md = qdrift_report::render_markdown_gated(&r, Some(&outcome));
+    let verdict = md.find("## Verdict").unwrap();
+    assert!(verdict < md.find("**Workload:**").unwrap(), "the verdict comes first");
+    assert!(md.contains("**Gate: INCONCLUSIVE** — 1 checks: 0 passed, 0 failed, 1 inconclusive."), "{md}");
+    assert!(md.contains("| # | Variant | Gate | Checks not passed |"), "{md}");
+    assert!(md.lines().any(|l| l.contains("| int4-g128 | not gated | — |")), "{md}");
+    let html = qdrift_report::render_html_gated(&r, Some(&outcome)).unwrap();
+    assert!(html.contains("<strong>Gate: INCONCLUSIVE</strong>"), "{html}");
+    // Ungated, the same report has no gate columns.
+    let plain = qdrift_report::render_markdown(&r);
+    assert!(!plain.contains("Gate") && plain.contains("## Verdict"));
+}

@@ -37,7 +37,7 @@ pub mod strata;
 pub mod survival;
 pub mod wilson;
 
-pub use bootstrap::{Interval, bootstrap_ci, bootstrap_mean_ci, paired_difference_ci};
+pub use bootstrap::{Interval, bootstrap_ci, bootstrap_mean_ci, paired_difference_ci, pooled_quantile_ci};
 pub use compact::{CompactPosition, compact_kl, compact_position, variant_on_compact};
 pub use device::{
     CompactChunk, DevicePositionMetrics, compact_reference_on_device, position_metrics_against_compact,
