@@ -10,6 +10,7 @@ mod gate;
 mod generate;
 mod inspect;
 mod quantize;
+mod thresholds;
 
 use std::process::ExitCode;
 
@@ -40,6 +41,10 @@ const MERGE_EXAMPLES: &str = "Examples:
 const GATE_EXAMPLES: &str = "Examples:
   qdrift gate --report drift/report.json --thresholds thresholds.toml --junit gate.xml
   qdrift gate --report drift/report.json --thresholds thresholds.toml --summary-md \"$GITHUB_STEP_SUMMARY\"";
+
+const THRESHOLDS_EXAMPLES: &str = "Examples:
+  qdrift thresholds suggest drift/report.json --margin 0.1 --out thresholds.toml
+  qdrift thresholds suggest drift/report.json --metrics kld,token_match_rate --horizons 100,1000";
 
 const INSPECT_EXAMPLES: &str = "Examples:
   qdrift inspect --model models/base.gguf
@@ -90,6 +95,9 @@ enum Command {
     /// error statistics, and write the result as safetensors or as a GGUF file llama.cpp runs.
     #[command(after_help = QUANTIZE_EXAMPLES)]
     Quantize(quantize::QuantizeArgs),
+    /// Thresholds files for `qdrift gate`: `suggest` writes one from a known-good report.
+    #[command(after_help = THRESHOLDS_EXAMPLES)]
+    Thresholds(thresholds::ThresholdsArgs),
     /// The device's copy bandwidth as one JSON line (for `cargo xtask bench gpu`).
     #[command(hide = true)]
     Bandwidth(bandwidth::BandwidthArgs),
@@ -115,6 +123,7 @@ fn main() -> ExitCode {
         Command::Merge(args) => eval::run_merge(args),
         Command::Generate(args) => generate::run(args),
         Command::Quantize(args) => quantize::run(args),
+        Command::Thresholds(args) => thresholds::run(args),
         Command::Bandwidth(args) => bandwidth::run(&args),
     };
     match result {
@@ -162,6 +171,7 @@ mod tests {
             ("inspect", INSPECT_EXAMPLES),
             ("generate", GENERATE_EXAMPLES),
             ("quantize", QUANTIZE_EXAMPLES),
+            ("thresholds", THRESHOLDS_EXAMPLES),
         ];
         let mut cli = Cli::command();
         for (name, text) in examples {

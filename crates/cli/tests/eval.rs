@@ -406,6 +406,39 @@ fn gate_exit_codes_through_the_binary() {
     assert!(stdout.starts_with("INCONCLUSIVE noise-floor-f32 kld@5 bound=ci"), "{stdout}");
     assert!(stdout.contains(" prompts=3 prompts_needed="), "{stdout}");
     assert!(stdout.ends_with("1 inconclusive: INCONCLUSIVE\n"), "{stdout}");
+    // Thresholds suggested from this report: it passes them, and the gate's summary says so.
+    let suggested = dir.join("suggested.toml");
+    let report_arg = report.to_str().expect("utf-8");
+    let o =
+        qdrift(&["thresholds", "suggest", report_arg, "--margin", "0.1", "--out", suggested.to_str().expect("utf-8")]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&suggested).expect("suggested thresholds");
+    assert!(text.contains("[variant.\"fp16\"]\n\"token_match_rate@5\" = { min = "), "{text}");
+    let summary = dir.join("summary.md");
+    let o = qdrift(&[
+        "gate",
+        "--report",
+        report_arg,
+        "--thresholds",
+        suggested.to_str().expect("utf-8"),
+        "--summary-md",
+        summary.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stdout));
+    let md = std::fs::read_to_string(&summary).expect("summary");
+    assert!(md.contains("**Gate: PASS**") && md.contains("| fp16 | PASS | — |"), "{md}");
+    // A bad margin is one line and exit 1; nothing is written.
+    let o = qdrift(&[
+        "thresholds",
+        "suggest",
+        report_arg,
+        "--margin=-1",
+        "--out",
+        dir.join("bad.toml").to_str().expect("utf-8"),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(String::from_utf8_lossy(&o.stderr).lines().count(), 1, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!dir.join("bad.toml").exists());
 }
 
 /// `qdrift inspect` on a synthetic 8B shape needs no weights (it would need 32 GB) and counts

@@ -48,6 +48,7 @@ mod markdown;
 pub mod metrics;
 mod read;
 mod schema;
+mod suggest;
 #[doc(hidden)]
 pub mod testing;
 mod validate;
@@ -65,3 +66,4 @@ pub use markdown::{render_markdown, render_markdown_gated, render_summary, rende
 pub use metrics::{Distribution, Estimate, Group, METRICS, Metric};
 pub use read::{EVAL_SET_CAP, REPORT_CAP, THRESHOLDS_CAP};
 pub use schema::*;
+pub use suggest::{SuggestError, SuggestOptions, suggest_thresholds};

@@ -1,0 +1,177 @@
+//! `qdrift thresholds suggest`: a thresholds file written from a known-good report, so that a
+//! team records "today's artifact" and gates future ones against it.
+//!
+//! Each suggested check is the report's 95% interval bound on the side a regression moves, widened
+//! by a relative margin `m`:
+//!
+//! - a metric where lower is better (KLD, routing flips): `max = hi + m·|hi|`;
+//! - higher is better (token match, top-1 agreement): `min = lo − m·|lo|`;
+//! - closer to 1 is better (perplexity ratios): both sides, `max = 1 + (hi − 1)·(1 + m)` when
+//!   `hi > 1` (else `max = 1`) and `min = 1 − (1 − lo)·(1 + m)` when `lo < 1` (else `min = 1`);
+//!
+//! each clamped to the metric's range. The file uses `bound = "ci"`, so the report it came from
+//! passes every check (its bound is within its own threshold, margin 0 included), and a later run
+//! passes only where its own interval clears the threshold: a later artifact that is as good
+//! passes, one whose interval reaches past the margin fails or is inconclusive.
+
+use std::fmt::Write as _;
+
+use crate::format::plain;
+use crate::metrics::{Better, Metric, Range, metric};
+use crate::{Report, VariantKind};
+
+/// What to suggest checks for.
+#[derive(Clone, Debug)]
+pub struct SuggestOptions {
+    /// The relative margin `m ≥ 0` (0.1: 10% of the bound, or of its distance from 1).
+    pub margin: f64,
+    /// The metrics to check (registry names); empty: those the terminal summary shows
+    /// ([`Metric::summary`]) that the report has.
+    pub metrics: Vec<String>,
+    /// The horizons to check; empty: every horizon of the report.
+    pub horizons: Vec<usize>,
+}
+
+/// Why no thresholds could be suggested: one line, exit 2.
+#[derive(Debug, thiserror::Error)]
+pub enum SuggestError {
+    /// A margin that is negative, NaN or infinite.
+    #[error("--margin {0}: expected a finite number ≥ 0 (0.1 widens each bound by 10%)")]
+    Margin(f64),
+    /// A metric the registry does not know.
+    #[error("unknown metric \"{0}\"; known metrics: {known}", known = crate::metrics::names())]
+    UnknownMetric(String),
+    /// A horizon the report does not have.
+    #[error("the report has no horizon {horizon}; its horizons: {known:?}")]
+    UnknownHorizon {
+        /// The horizon given.
+        horizon: usize,
+        /// The report's horizons.
+        known: Vec<usize>,
+    },
+    /// A metric no variant of the report has (an optional metric of a newer qdrift, a routing
+    /// metric of a dense model).
+    #[error("no variant of the report has {0}")]
+    Absent(String),
+    /// The report has no variant but the noise floor.
+    #[error("the report has no variant but the noise floor: nothing to gate")]
+    NoVariants,
+}
+
+/// The thresholds of [`SuggestOptions`] for every variant of `report` but the noise floor, as
+/// the text of a thresholds file (TOML), deterministic. `source` names the report in the
+/// header comment.
+pub fn suggest_thresholds(report: &Report, options: &SuggestOptions, source: &str) -> Result<String, SuggestError> {
+    let m = options.margin;
+    if !(m.is_finite() && m >= 0.0) {
+        return Err(SuggestError::Margin(m));
+    }
+    let horizons =
+        if options.horizons.is_empty() { report.workload.horizons.clone() } else { options.horizons.clone() };
+    if let Some(&h) = horizons.iter().find(|h| !report.workload.horizons.contains(h)) {
+        return Err(SuggestError::UnknownHorizon { horizon: h, known: report.workload.horizons.clone() });
+    }
+    let present = |m: &Metric| report.variants.iter().any(|v| v.horizons.iter().any(|h| h.get(m).is_some()));
+    let metrics: Vec<&Metric> = if options.metrics.is_empty() {
+        crate::metrics::METRICS.iter().filter(|x| x.summary && present(x)).collect()
+    } else {
+        let mut chosen = Vec::new();
+        for name in &options.metrics {
+            let x = metric(name).ok_or_else(|| SuggestError::UnknownMetric(plain(name)))?;
+            if !present(x) {
+                return Err(SuggestError::Absent(x.name.to_string()));
+            }
+            chosen.push(x);
+        }
+        chosen
+    };
+    let candidates: Vec<_> = report.variants.iter().filter(|v| v.kind != VariantKind::NoiseFloor).collect();
+    if candidates.is_empty() {
+        return Err(SuggestError::NoVariants);
+    }
+    let w = &report.workload;
+    let mut out = format!(
+        "# Suggested by `qdrift thresholds suggest --margin {m}` from {} ({} prompts, seed {}, horizons {:?}).\n\
+         # Each check is that report's 95% interval bound on the side a regression moves, widened by the\n\
+         # margin: max = hi + {m}·|hi|, min = lo − {m}·|lo| (perplexity ratios: the distance from 1 widened).\n\
+         # A later run with the same eval set, prompt count and seed passes where its own interval clears\n\
+         # the threshold; a straddled threshold is inconclusive (exit 3): see README, Choosing thresholds.\n\
+         [defaults]\nbound = \"ci\"\n",
+        plain(source),
+        w.prompts,
+        w.seed,
+        horizons
+    );
+    for v in candidates {
+        let _ = write!(out, "\n[variant.{}]\n", toml_string(&v.name));
+        for x in &metrics {
+            for &h in &horizons {
+                let Some(e) = v.horizon(h).and_then(|hm| hm.get(x)) else { continue };
+                let [lo, hi] = e.ci95;
+                let (min, max) = match x.better {
+                    Better::Lower => (None, Some(hi + m * hi.abs())),
+                    Better::Higher => (Some(lo - m * lo.abs()), None),
+                    Better::NearOne => (
+                        Some(if lo < 1.0 { 1.0 - (1.0 - lo) * (1.0 + m) } else { 1.0 }),
+                        Some(if hi > 1.0 { 1.0 + (hi - 1.0) * (1.0 + m) } else { 1.0 }),
+                    ),
+                };
+                let clamp = |t: f64| clamp_to(x.range, t);
+                let limits: Vec<String> = [("min", min), ("max", max)]
+                    .into_iter()
+                    .filter_map(|(side, t)| t.map(|t| format!("{side} = {}", toml_float(clamp(t)))))
+                    .collect();
+                let _ = writeln!(out, "\"{}@{h}\" = {{ {} }}", x.name, limits.join(", "));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `t` inside the metric's range: a rate within `[0, 1]`, a divergence or ratio not below 0.
+fn clamp_to(range: Range, t: f64) -> f64 {
+    match range {
+        Range::Unit => t.clamp(0.0, 1.0),
+        Range::NonNegative | Range::Positive => t.max(0.0),
+        Range::Any => t,
+    }
+}
+
+/// A float as TOML writes it: the shortest form that reads back as the same `f64`, with a
+/// decimal point (TOML's `1` is an integer; the gate reads both, this keeps the file uniform).
+fn toml_float(x: f64) -> String {
+    let s = format!("{x:?}");
+    if s.contains(['.', 'e', 'E']) || !x.is_finite() { s } else { format!("{s}.0") }
+}
+
+/// A TOML basic string: quoted, with `"` and `\` and control characters escaped.
+fn toml_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04X}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floats_and_strings_are_toml() {
+        assert_eq!(toml_float(1.0), "1.0");
+        assert_eq!(toml_float(0.05), "0.05");
+        assert_eq!(toml_float(1e-5), "1e-5");
+        assert_eq!(toml_string("a\"b\\c\u{1}"), "\"a\\\"b\\\\c\\u0001\"");
+        let parsed: toml::Table = toml::from_str(&format!("x = {}", toml_string("a\"b\\c\u{1}é"))).unwrap();
+        assert_eq!(parsed["x"].as_str(), Some("a\"b\\c\u{1}é"));
+    }
+}

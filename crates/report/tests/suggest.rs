@@ -1,0 +1,108 @@
+//! `qdrift thresholds suggest`: a thresholds file from a known-good report.
+
+mod common;
+
+use std::path::Path;
+
+use qdrift_report::testing::{sample_moe_report, sample_report};
+use qdrift_report::{Report, SuggestError, SuggestOptions, Thresholds, Verdict, gate, suggest_thresholds};
+
+fn options(margin: f64) -> SuggestOptions {
+    SuggestOptions { margin, metrics: Vec::new(), horizons: Vec::new() }
+}
+
+fn committed(name: &str) -> Report {
+    Report::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../reports").join(name).join("report.json")).unwrap()
+}
+
+#[test]
+fn the_report_a_file_was_suggested_from_passes_it_whatever_the_margin() {
+    let reports = [
+        ("sample", sample_report()),
+        ("sample-moe", sample_moe_report()),
+        ("stories260K", committed("stories260K")),
+        ("smollm2-135m", committed("smollm2-135m")),
+        ("qwen3-moe-tiny", committed("qwen3-moe-tiny")),
+    ];
+    for (name, r) in reports {
+        for margin in [0.0, 0.1, 0.5] {
+            let text = suggest_thresholds(&r, &options(margin), "report.json").unwrap();
+            let thresholds = Thresholds::parse(&text).unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+            let outcome = gate(&r, &thresholds).unwrap();
+            let open: Vec<String> = outcome.results.iter().filter(|c| !c.passed()).map(|c| c.line()).collect();
+            assert!(open.is_empty(), "{name}, margin {margin}:\n{}\n{text}", open.join("\n"));
+            // Every variant but the noise floor, every summary metric, every horizon.
+            let variants = r.variants.iter().filter(|v| v.kind != qdrift_report::VariantKind::NoiseFloor).count();
+            let summary = qdrift_report::METRICS
+                .iter()
+                .filter(|m| m.summary && r.variants.iter().any(|v| v.horizons.iter().any(|h| h.get(m).is_some())))
+                .count();
+            let ppl_sides = 1; // ppl_drift_of_generated_text is checked on both sides.
+            assert_eq!(outcome.results.len(), variants * (summary + ppl_sides) * r.workload.horizons.len(), "{name}");
+        }
+    }
+}
+
+#[test]
+fn each_bound_is_widened_by_the_margin_on_the_side_a_regression_moves() {
+    let r = sample_report();
+    let options = SuggestOptions {
+        margin: 0.1,
+        metrics: vec!["kld".into(), "token_match_rate".into(), "ppl_drift_of_generated_text".into()],
+        horizons: vec![100],
+    };
+    let text = suggest_thresholds(&r, &options, "a/report.json").unwrap();
+    let thresholds = Thresholds::parse(&text).unwrap();
+    let int8 = r.variant("int8").unwrap().horizon(100).unwrap();
+    let check = |metric: &str| thresholds.checks.iter().find(|c| c.variant == "int8" && c.metric == metric).unwrap();
+    let [_, hi] = int8.metric("kld").unwrap().ci95;
+    assert_eq!(check("kld").max, Some(hi + 0.1 * hi));
+    assert_eq!(check("kld").min, None);
+    let [lo, _] = int8.metric("token_match_rate").unwrap().ci95;
+    assert_eq!(check("token_match_rate").min, Some(lo - 0.1 * lo));
+    let [lo, hi] = int8.metric("ppl_drift_of_generated_text").unwrap().ci95;
+    let ppl = check("ppl_drift_of_generated_text");
+    assert_eq!(ppl.max, Some(if hi > 1.0 { 1.0 + (hi - 1.0) * 1.1 } else { 1.0 }));
+    assert_eq!(ppl.min, Some(if lo < 1.0 { 1.0 - (1.0 - lo) * 1.1 } else { 1.0 }));
+    assert!(text.starts_with("# Suggested by `qdrift thresholds suggest --margin 0.1` from a/report.json (72 prompts"));
+    assert!(!text.contains("noise-floor"), "the noise floor is the yardstick, not gated:\n{text}");
+    // A later run whose interval reaches 20% past today's upper bound is not a pass.
+    let mut worse = r.clone();
+    let v = worse.variants.iter_mut().find(|v| v.name == "int8").unwrap();
+    let h = v.horizons.iter_mut().find(|h| h.tokens == 100).unwrap();
+    let mut kld = *h.metric("kld").unwrap();
+    kld.ci95[1] *= 1.2;
+    kld.mean = kld.mean.max(kld.ci95[0]);
+    h.set("kld", kld).unwrap();
+    let outcome = gate(&worse, &thresholds).unwrap();
+    let kld_check = outcome.results.iter().find(|c| c.variant == "int8" && c.metric == "kld").unwrap();
+    assert_ne!(kld_check.verdict, Verdict::Pass, "{}", kld_check.line());
+}
+
+#[test]
+fn a_rate_is_kept_within_its_range() {
+    let text = suggest_thresholds(&sample_report(), &options(5.0), "r").unwrap();
+    for c in Thresholds::parse(&text).unwrap().checks {
+        let m = qdrift_report::metrics::metric(&c.metric).unwrap();
+        for t in [c.min, c.max].into_iter().flatten() {
+            assert!(m.range.contains(t), "{} = {t}", c.metric);
+        }
+    }
+}
+
+#[test]
+fn bad_options_are_refused_in_one_line() {
+    let r = sample_report();
+    let e = |o: SuggestOptions| suggest_thresholds(&r, &o, "r").unwrap_err();
+    assert!(matches!(e(options(-0.1)), SuggestError::Margin(_)));
+    assert!(matches!(e(options(f64::NAN)), SuggestError::Margin(_)));
+    let unknown = e(SuggestOptions { metrics: vec!["kdl".into()], ..options(0.1) });
+    assert!(unknown.to_string().starts_with("unknown metric \"kdl\"; known metrics: token_match_rate"), "{unknown}");
+    let absent = e(SuggestOptions { metrics: vec!["expert_overlap".into()], ..options(0.1) });
+    assert_eq!(absent.to_string(), "no variant of the report has expert_overlap");
+    let horizon = e(SuggestOptions { horizons: vec![50], ..options(0.1) });
+    assert_eq!(horizon.to_string(), "the report has no horizon 50; its horizons: [10, 100, 1000]");
+    let mut floor_only = sample_report();
+    floor_only.variants.retain(|v| v.kind == qdrift_report::VariantKind::NoiseFloor);
+    assert!(matches!(suggest_thresholds(&floor_only, &options(0.1), "r"), Err(SuggestError::NoVariants)));
+}
