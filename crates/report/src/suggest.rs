@@ -6,10 +6,12 @@
 //!
 //! - a metric where lower is better (KLD, routing flips): `max = hi + m·|hi|`;
 //! - higher is better (token match, top-1 agreement): `min = lo − m·|lo|`;
-//! - closer to 1 is better (perplexity ratios): both sides, `max = 1 + (hi − 1)·(1 + m)` when
-//!   `hi > 1` (else `max = 1`) and `min = 1 − (1 − lo)·(1 + m)` when `lo < 1` (else `min = 1`);
+//! - closer to 1 is better (perplexity ratios): a band around 1, `1 ± d·(1 + m)` with `d` the
+//!   interval's largest distance from 1, `max(|lo − 1|, |hi − 1|)` (a later run drifting as far the
+//!   other way passes too);
 //!
-//! each clamped to the metric's range. The file uses `bound = "ci"`, so the report it came from
+//! each rounded outward to three significant digits and clamped to the metric's range (a ratio's
+//! band reaching 0 has no lower side). The file uses `bound = "ci"`, so the report it came from
 //! passes every check (its bound is within its own threshold, margin 0 included), and a later run
 //! passes only where its own interval clears the threshold: a later artifact that is as good
 //! passes, one whose interval reaches past the margin fails or is inconclusive.
@@ -93,7 +95,7 @@ pub fn suggest_thresholds(report: &Report, options: &SuggestOptions, source: &st
     let mut out = format!(
         "# Suggested by `qdrift thresholds suggest --margin {m}` from {} ({} prompts, seed {}, horizons {:?}).\n\
          # Each check is that report's 95% interval bound on the side a regression moves, widened by the\n\
-         # margin: max = hi + {m}·|hi|, min = lo − {m}·|lo| (perplexity ratios: the distance from 1 widened).\n\
+         # margin: max = hi + {m}·|hi|, min = lo − {m}·|lo| (perplexity ratios: 1 ± the farthest bound's distance from 1, widened).\n\
          # A later run with the same eval set, prompt count and seed passes where its own interval clears\n\
          # the threshold; a straddled threshold is inconclusive (exit 3): see README, Choosing thresholds.\n\
          [defaults]\nbound = \"ci\"\n",
@@ -111,21 +113,48 @@ pub fn suggest_thresholds(report: &Report, options: &SuggestOptions, source: &st
                 let (min, max) = match x.better {
                     Better::Lower => (None, Some(hi + m * hi.abs())),
                     Better::Higher => (Some(lo - m * lo.abs()), None),
-                    Better::NearOne => (
-                        Some(if lo < 1.0 { 1.0 - (1.0 - lo) * (1.0 + m) } else { 1.0 }),
-                        Some(if hi > 1.0 { 1.0 + (hi - 1.0) * (1.0 + m) } else { 1.0 }),
-                    ),
+                    Better::NearOne => {
+                        let d = (lo - 1.0).abs().max((hi - 1.0).abs()) * (1.0 + m);
+                        (Some(1.0 - d), Some(1.0 + d))
+                    }
                 };
-                let clamp = |t: f64| clamp_to(x.range, t);
-                let limits: Vec<String> = [("min", min), ("max", max)]
+                let limits: Vec<String> = [("min", min, false), ("max", max, true)]
                     .into_iter()
-                    .filter_map(|(side, t)| t.map(|t| format!("{side} = {}", toml_float(clamp(t)))))
+                    .filter_map(|(side, t, up)| {
+                        let t = clamp_to(x.range, round_outward(t?, up));
+                        // A ratio's band reaching 0 or below has no lower side.
+                        x.range.contains(t).then(|| format!("{side} = {}", toml_float(t)))
+                    })
                     .collect();
                 let _ = writeln!(out, "\"{}@{h}\" = {{ {} }}", x.name, limits.join(", "));
             }
         }
     }
     Ok(out)
+}
+
+/// `x` to three significant digits, rounded up (`up`) or down, never towards the bound it
+/// widens: `0.00049359…` up is `0.000494`. Readable, and the report still passes its own file.
+fn round_outward(x: f64, up: bool) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let exponent = x.abs().log10().floor() as i32 - 2;
+    // Dividing or multiplying an integer by an exact power of ten rounds once, to the nearest
+    // double of the decimal, which then prints as that decimal.
+    let at = |digits: f64| {
+        if exponent < 0 { digits / 10f64.powi(-exponent) } else { digits * 10f64.powi(exponent) }
+    };
+    let scaled = if exponent < 0 { x * 10f64.powi(-exponent) } else { x / 10f64.powi(exponent) };
+    let mut digits = if up { scaled.ceil() } else { scaled.floor() };
+    // The scaling itself rounds: step once more if the result landed on the wrong side.
+    if up && at(digits) < x {
+        digits += 1.0;
+    }
+    if !up && at(digits) > x {
+        digits -= 1.0;
+    }
+    at(digits)
 }
 
 /// `t` inside the metric's range: a rate within `[0, 1]`, a divergence or ratio not below 0.
@@ -164,6 +193,21 @@ fn toml_string(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rounding_is_outward_to_three_digits() {
+        assert_eq!(round_outward(0.0004935992198046226, true), 0.000494);
+        assert_eq!(round_outward(0.36083671875000006, false), 0.36);
+        assert_eq!(round_outward(0.8521874999999999, false), 0.852);
+        assert_eq!(round_outward(1.0375, true), 1.04);
+        assert_eq!(round_outward(123456.0, true), 124000.0);
+        assert_eq!(round_outward(-0.01234, false), -0.0124);
+        assert_eq!(round_outward(0.5, true), 0.5);
+        assert_eq!(round_outward(0.0, true), 0.0);
+        for x in [1e-7, 3.3e-3, 0.123456, 0.9999, 7.77777, 1234.5678] {
+            assert!(round_outward(x, true) >= x && round_outward(x, false) <= x, "{x}");
+        }
+    }
 
     #[test]
     fn floats_and_strings_are_toml() {

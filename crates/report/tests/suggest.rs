@@ -37,8 +37,10 @@ fn the_report_a_file_was_suggested_from_passes_it_whatever_the_margin() {
                 .iter()
                 .filter(|m| m.summary && r.variants.iter().any(|v| v.horizons.iter().any(|h| h.get(m).is_some())))
                 .count();
-            let ppl_sides = 1; // ppl_drift_of_generated_text is checked on both sides.
-            assert_eq!(outcome.results.len(), variants * (summary + ppl_sides) * r.workload.horizons.len(), "{name}");
+            // ppl_drift_of_generated_text is checked on both sides, unless its band reaches 0.
+            let checks = variants * summary * r.workload.horizons.len();
+            let sides = outcome.results.len();
+            assert!(sides >= checks && sides <= checks + variants * r.workload.horizons.len(), "{name}: {sides}");
         }
     }
 }
@@ -55,15 +57,25 @@ fn each_bound_is_widened_by_the_margin_on_the_side_a_regression_moves() {
     let thresholds = Thresholds::parse(&text).unwrap();
     let int8 = r.variant("int8").unwrap().horizon(100).unwrap();
     let check = |metric: &str| thresholds.checks.iter().find(|c| c.variant == "int8" && c.metric == metric).unwrap();
+    // Rounded outward to three significant digits: at most 1% further out, never further in.
+    let up = |got: Option<f64>, want: f64| {
+        let got = got.unwrap();
+        assert!(got >= want && got <= want + 0.01 * want.abs(), "{got} for {want}");
+    };
+    let down = |got: Option<f64>, want: f64| {
+        let got = got.unwrap();
+        assert!(got <= want && got >= want - 0.01 * want.abs(), "{got} for {want}");
+    };
     let [_, hi] = int8.metric("kld").unwrap().ci95;
-    assert_eq!(check("kld").max, Some(hi + 0.1 * hi));
+    up(check("kld").max, hi + 0.1 * hi);
     assert_eq!(check("kld").min, None);
     let [lo, _] = int8.metric("token_match_rate").unwrap().ci95;
-    assert_eq!(check("token_match_rate").min, Some(lo - 0.1 * lo));
+    down(check("token_match_rate").min, lo - 0.1 * lo);
     let [lo, hi] = int8.metric("ppl_drift_of_generated_text").unwrap().ci95;
     let ppl = check("ppl_drift_of_generated_text");
-    assert_eq!(ppl.max, Some(if hi > 1.0 { 1.0 + (hi - 1.0) * 1.1 } else { 1.0 }));
-    assert_eq!(ppl.min, Some(if lo < 1.0 { 1.0 - (1.0 - lo) * 1.1 } else { 1.0 }));
+    let d = (lo - 1.0).abs().max((hi - 1.0).abs()) * 1.1;
+    up(ppl.max, 1.0 + d);
+    down(ppl.min, 1.0 - d);
     assert!(text.starts_with("# Suggested by `qdrift thresholds suggest --margin 0.1` from a/report.json (72 prompts"));
     assert!(!text.contains("noise-floor"), "the noise floor is the yardstick, not gated:\n{text}");
     // A later run whose interval reaches 20% past today's upper bound is not a pass.
