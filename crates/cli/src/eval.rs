@@ -41,9 +41,11 @@ pub struct EvalArgs {
     /// Another checkpoint of the same architecture and tokenizer to compare (repeatable):
     /// llama2.c, GGUF, or a Hugging Face folder, also quantized (GPTQ, AWQ, compressed-tensors,
     /// FP8: dequantized on load; a dynamic activation quantization its config declares is
-    /// applied at run time, block FP8's per token and group of its block width).
-    #[arg(long)]
-    variant: Vec<PathBuf>,
+    /// applied at run time, block FP8's per token and group of its block width). Named in the
+    /// report after its file stem (`a/model-q4_k_m.gguf` is `model-q4_k_m`), or `NAME=PATH` names
+    /// it; the report records its SHA-256 (a folder's: of its file list with each file's hash).
+    #[arg(long, value_name = "[NAME=]PATH", value_parser = parse_variant)]
+    variant: Vec<(Option<String>, PathBuf)>,
     /// Generated-token horizons, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
     horizons: Vec<usize>,
@@ -321,6 +323,24 @@ fn write_reports(report: &Report, gate: Option<&GateOutcome>, output: &OutputDir
     Ok(())
 }
 
+/// `--variant [NAME=]PATH`: a path that exists is a path, whatever it holds; otherwise the text
+/// before the first `=` names the variant when it is a name (not empty, no `/`, no control
+/// characters) and the rest is the path.
+fn parse_variant(s: &str) -> Result<(Option<String>, PathBuf), String> {
+    if std::path::Path::new(s).exists() {
+        return Ok((None, PathBuf::from(s)));
+    }
+    match s.split_once('=') {
+        Some((name, path)) if !name.is_empty() && !name.contains('/') && !name.chars().any(char::is_control) => {
+            if path.is_empty() {
+                return Err(format!("{name}=: no path after the name"));
+            }
+            Ok((Some(name.to_string()), PathBuf::from(path)))
+        }
+        _ => Ok((None, PathBuf::from(s))),
+    }
+}
+
 /// Arguments of `qdrift merge`.
 #[derive(Args)]
 pub struct MergeArgs {
@@ -354,7 +374,7 @@ fn config(args: &EvalArgs, gate: Option<(PathBuf, Thresholds)>) -> EvalConfig {
     cfg.tokenizer = args.tokenizer.clone();
     cfg.eval_set = args.eval_set.clone();
     cfg.variants = args.schemes.iter().flat_map(|list| list.0.iter().cloned()).map(VariantSpec::Scheme).collect();
-    cfg.variants.extend(args.variant.iter().cloned().map(VariantSpec::Checkpoint));
+    cfg.variants.extend(args.variant.iter().cloned().map(|(name, path)| VariantSpec::Checkpoint { path, name }));
     cfg.horizons = args.horizons.clone();
     cfg.backend = args.backend;
     cfg.dtype = args.dtype;

@@ -522,6 +522,18 @@ fn shards_merge_into_the_unsharded_report_and_a_saved_reference_is_reused() {
     let names: Vec<&str> =
         report["variants"].as_array().expect("variants").iter().filter_map(|v| v["name"].as_str()).collect();
     assert_eq!(names.len(), 2, "the noise floor and the checkpoint only: {names:?}");
+    // The checkpoint is identified by its bytes: the SHA-256 sha256sum gives.
+    let sum = std::process::Command::new("sha256sum").arg(&int8).output().expect("sha256sum runs");
+    let sum = String::from_utf8_lossy(&sum.stdout).split_whitespace().next().expect("a hash").to_string();
+    assert_eq!(variant(&report, "q8_0")["sha256"], sum.as_str());
+    // NAME=PATH names it.
+    let named = tmp.path().join("named");
+    let mut variant_named: Vec<&str> = common.iter().copied().filter(|a| *a != "int8").collect();
+    let spec = format!("stories-q8={}", int8.display());
+    variant_named.extend(["--variant", &spec, "--reference", store.to_str().expect("utf-8")]);
+    let report: Value = run_eval(&named, &variant_named);
+    assert_eq!(variant(&report, "stories-q8")["path"], "q8_0.gguf");
+    assert_eq!(variant(&report, "stories-q8")["sha256"], sum.as_str());
 
     let thresholds = tmp.path().join("t.toml");
     std::fs::write(&thresholds, "").expect("writes");

@@ -60,6 +60,8 @@ fn summarize(
         name: header.name,
         scheme: header.scheme,
         path: header.path,
+        sha256: header.sha256,
+        files: header.files,
         kind: header.kind,
         compute_dtype: header.compute_dtype,
         bits_per_weight: header.bits_per_weight,

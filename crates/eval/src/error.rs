@@ -60,7 +60,10 @@ pub enum EvalError {
         problem: String,
     },
     /// Two variants have the same name, so the report could not tell them apart.
-    #[error("two variants are named {0}; give each once")]
+    #[error(
+        "two variants are named {0}; give each once (two checkpoints whose files share a name: name them, \
+         --variant NAME=PATH)"
+    )]
     DuplicateVariant(String),
     /// The device cannot run the reference and the noise floor (one of them computes in f16).
     #[error("{adapter} does not support f16 compute, which the reference or the noise floor needs")]

@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use qdrift_report::FileHash;
+
 use crate::error::EvalError;
 
 /// SHA-256 of `bytes`, lowercase hex.
@@ -33,6 +35,54 @@ fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A checkpoint's identity: for a file its SHA-256 and no list; for a folder every regular file
+/// in it (recursively, by relative `/`-separated name, sorted) with its SHA-256, and the SHA-256 of
+/// that list as `sha256sum` prints it (`HASH  NAME\n` per file), so that `sha256sum` run in the
+/// folder reproduces it. Names starting with `.` are skipped (a download tool's `.cache/`
+/// changes between downloads of the same weights). Symbolic links are followed to regular files;
+/// anything else in the folder (a pipe, a device) is refused rather than hashed, and so is a
+/// folder nested deeper than 16 levels (a link loop).
+pub fn checkpoint_hash(path: &Path) -> Result<(String, Vec<FileHash>), EvalError> {
+    if !path.is_dir() {
+        return Ok((sha256_file(path)?, Vec::new()));
+    }
+    let mut names = Vec::new();
+    collect_files(path, "", 0, &mut names)?;
+    names.sort();
+    let mut files = Vec::with_capacity(names.len());
+    let mut listing = String::new();
+    for name in names {
+        let sha256 = sha256_file(&path.join(&name))?;
+        listing.push_str(&format!("{sha256}  {name}\n"));
+        files.push(FileHash { name, sha256 });
+    }
+    Ok((sha256_hex(listing.as_bytes()), files))
+}
+
+/// The relative names of the files under `dir` (`prefix` is `dir`'s own relative name, `depth`
+/// its nesting), but for those starting with `.`.
+fn collect_files(dir: &Path, prefix: &str, depth: usize, out: &mut Vec<String>) -> Result<(), EvalError> {
+    if depth > 16 {
+        let e = std::io::Error::new(std::io::ErrorKind::InvalidInput, "folders nested deeper than 16 levels");
+        return Err(EvalError::io(dir)(e));
+    }
+    for entry in std::fs::read_dir(dir).map_err(EvalError::io(dir))? {
+        let entry = entry.map_err(EvalError::io(dir))?;
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        if file_name.starts_with('.') {
+            continue;
+        }
+        let name = format!("{prefix}{file_name}");
+        let p = entry.path();
+        if p.is_dir() {
+            collect_files(&p, &format!("{name}/"), depth + 1, out)?;
+        } else {
+            out.push(name);
+        }
+    }
+    Ok(())
+}
+
 /// The file whose hash identifies a model: the file itself, or for a folder its weights.
 pub fn model_identity_file(path: &Path) -> PathBuf {
     if path.is_dir() {
@@ -58,6 +108,27 @@ pub fn report_name(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A folder's hash is its `sha256sum` listing's, as coreutils computes it, dot-files aside.
+    #[test]
+    fn a_folder_hashes_as_sha256sum_of_its_files() {
+        let dir = std::env::temp_dir().join(format!("qdrift-hash-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::create_dir_all(dir.join(".cache")).unwrap();
+        std::fs::write(dir.join("model.safetensors"), b"weights").unwrap();
+        std::fs::write(dir.join("config.json"), b"{}").unwrap();
+        std::fs::write(dir.join("sub/tokenizer.json"), b"tok").unwrap();
+        std::fs::write(dir.join(".cache/download.lock"), b"changes every download").unwrap();
+        let (hash, files) = checkpoint_hash(&dir).unwrap();
+        let names: Vec<&str> = files.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["config.json", "model.safetensors", "sub/tokenizer.json"]);
+        let script = "find . -type f -not -path './.*' | sed 's|^./||' | LC_ALL=C sort | xargs sha256sum | sha256sum";
+        let out = std::process::Command::new("sh").arg("-c").arg(script).current_dir(&dir).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).split_whitespace().next(), Some(hash.as_str()));
+        assert_eq!(checkpoint_hash(&dir.join("config.json")).unwrap(), (sha256_hex(b"{}"), Vec::new()));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn sha256_matches_a_known_vector() {

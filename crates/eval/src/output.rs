@@ -55,7 +55,7 @@ pub fn path_check(cfg: &EvalConfig) -> PathCheck {
         }
     }
     for v in &cfg.variants {
-        if let VariantSpec::Checkpoint(p) = v {
+        if let VariantSpec::Checkpoint { path: p, .. } = v {
             check = check.input("--variant", p);
         }
     }

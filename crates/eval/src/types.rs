@@ -5,7 +5,7 @@
 //! [`TailSums`]) and what the report says besides the variants ([`RunContext`]).
 
 use burn::tensor::DType;
-use qdrift_report::{ModelInfo, RecipeParts, Reference, TensorError, VariantKind, Workload};
+use qdrift_report::{FileHash, ModelInfo, RecipeParts, Reference, TensorError, VariantKind, Workload};
 use serde::{Deserialize, Serialize};
 
 use crate::aggregate::Trace;
@@ -71,6 +71,10 @@ pub struct VariantHeader {
     pub recipe: Option<RecipeParts>,
     /// As [`qdrift_report::Variant::path`].
     pub path: Option<String>,
+    /// As [`qdrift_report::Variant::sha256`].
+    pub sha256: Option<String>,
+    /// As [`qdrift_report::Variant::files`].
+    pub files: Vec<FileHash>,
     /// As [`qdrift_report::Variant::kind`].
     pub kind: VariantKind,
     /// As [`qdrift_report::Variant::compute_dtype`].

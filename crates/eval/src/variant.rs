@@ -16,10 +16,10 @@ use qdrift_model::Llama;
 use qdrift_quantize::{
     ActivationQuant, ActivationScale, DynamicFormat, Fp8Format, QuantizeOptions, Recipe, Scheme, quantize_model_owned,
 };
-use qdrift_report::{RecipeParts, TensorError, VariantKind};
+use qdrift_report::{FileHash, RecipeParts, TensorError, VariantKind};
 
 use crate::error::EvalError;
-use crate::identity::{model_identity_file, report_name};
+use crate::identity::{checkpoint_hash, model_identity_file, report_name};
 use crate::types::{VariantHeader, dtype_name};
 
 /// A variant to compare with the reference.
@@ -36,7 +36,12 @@ pub enum VariantSpec {
     /// runs the dynamic activation quantization its config declares: per token, per tensor, or
     /// per token and group (block FP8, `+a-fp8-gG` with the config's own G), refused before
     /// anything runs when G does not divide a linear layer's input width.
-    Checkpoint(PathBuf),
+    Checkpoint {
+        /// The file or folder.
+        path: PathBuf,
+        /// Its name in the report (`--variant NAME=PATH`); `None`: the file stem.
+        name: Option<String>,
+    },
 }
 
 impl VariantSpec {
@@ -46,7 +51,8 @@ impl VariantSpec {
         match self {
             VariantSpec::NoiseFloor => format!("noise-floor-{}", dtype_name(other_precision(reference_dtype))),
             VariantSpec::Scheme(recipe) => recipe.to_string(),
-            VariantSpec::Checkpoint(path) => {
+            VariantSpec::Checkpoint { name: Some(name), .. } => name.clone(),
+            VariantSpec::Checkpoint { path, name: None } => {
                 path.file_stem().map_or_else(|| report_name(path), |s| s.to_string_lossy().into_owned())
             }
         }
@@ -69,7 +75,7 @@ impl VariantSpec {
     /// Refuses a checkpoint that does not exist, before anything is loaded.
     pub(crate) fn check_exists(&self) -> Result<(), EvalError> {
         match self {
-            VariantSpec::Checkpoint(p) if !p.exists() => {
+            VariantSpec::Checkpoint { path: p, .. } if !p.exists() => {
                 Err(EvalError::Variant { variant: p.display().to_string(), problem: "no such file or folder".into() })
             }
             _ => Ok(()),
@@ -114,6 +120,10 @@ pub(crate) struct BuiltVariant {
     pub checkpoint_quant: Option<(String, Option<ActivationQuant>)>,
     /// The checkpoint's file or folder name, for checkpoint variants.
     pub path: Option<String>,
+    /// The checkpoint's SHA-256 ([`checkpoint_hash`]).
+    pub sha256: Option<String>,
+    /// A checkpoint folder's files and their SHA-256.
+    pub files: Vec<FileHash>,
     /// Noise floor, scheme or checkpoint.
     pub kind: VariantKind,
     /// Its compute precision.
@@ -145,7 +155,7 @@ pub(crate) fn build_variant(
     match spec {
         VariantSpec::NoiseFloor => Ok(noise_floor(name, reference, other_precision(dtype))),
         VariantSpec::Scheme(recipe) => scheme_variant(name, reference, weights(), recipe, dtype, quantize),
-        VariantSpec::Checkpoint(path) => checkpoint_variant(name, reference, path, prompts, dtype),
+        VariantSpec::Checkpoint { path, .. } => checkpoint_variant(name, reference, path, prompts, dtype),
     }
 }
 
@@ -156,6 +166,8 @@ fn noise_floor(name: String, reference: &ReferenceIdentity, dtype: DType) -> Bui
         recipe: None,
         checkpoint_quant: None,
         path: None,
+        sha256: None,
+        files: Vec::new(),
         kind: VariantKind::NoiseFloor,
         dtype,
         host: VariantWeights::Reference,
@@ -188,6 +200,8 @@ fn scheme_variant(
         recipe: Some(*recipe),
         checkpoint_quant: None,
         path: None,
+        sha256: None,
+        files: Vec::new(),
         kind: VariantKind::Scheme,
         dtype,
         host: VariantWeights::Own(Box::new(q.dequantized)),
@@ -218,12 +232,15 @@ fn checkpoint_variant(
     // small overestimate for GGUF).
     let identity = model_identity_file(path);
     let bytes = std::fs::metadata(&identity).map_err(EvalError::io(&identity))?.len();
+    let (sha256, files) = checkpoint_hash(path)?;
     Ok(BuiltVariant {
         name,
         scheme: None,
         recipe: None,
         checkpoint_quant,
         path: Some(report_name(path)),
+        sha256: Some(sha256),
+        files,
         kind: VariantKind::Checkpoint,
         dtype,
         host: VariantWeights::Own(Box::new(other.model)),
@@ -241,6 +258,8 @@ impl BuiltVariant {
             name: self.name.clone(),
             scheme: self.scheme.clone(),
             path: self.path.clone(),
+            sha256: self.sha256.clone(),
+            files: self.files.clone(),
             kind: self.kind,
             compute_dtype: dtype_name(self.dtype).to_string(),
             bits_per_weight: self.bits_per_weight,

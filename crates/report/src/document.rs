@@ -196,6 +196,24 @@ fn reference_line(report: &Report) -> Vec<Inline> {
     line
 }
 
+/// What a variant's weights are: the recipe's or the checkpoint's weight format, else the scheme
+/// or the checkpoint's file name; a checkpoint's file with its short SHA-256.
+fn weights_cell(v: &Variant) -> Cell {
+    let what = v.recipe.as_ref().map(|r| r.weights.as_str()).or(v.scheme.as_deref());
+    let file = v.path.as_deref().map(file_name);
+    let mut runs = vec![Inline::Name(what.or(file).unwrap_or("—").to_string())];
+    if let (Some(_), Some(file)) = (what, file) {
+        runs.push(text(" in "));
+        runs.push(Inline::Code(file.to_string()));
+    }
+    if let Some(h) = &v.sha256 {
+        runs.push(text(" (sha256 "));
+        runs.push(Inline::Name(short_sha256(h)));
+        runs.push(text(")"));
+    }
+    runs
+}
+
 /// One row per variant: what it is and what its weights cost.
 fn variants_section(report: &Report) -> Vec<Block> {
     let part = |p: Option<&String>| p.map_or_else(|| cell("—"), |s| name_cell(s));
@@ -208,12 +226,7 @@ fn variants_section(report: &Report) -> Vec<Block> {
                 name_cell(&v.name),
                 cell(v.group()),
                 cell(kind_name(v.kind)),
-                name_cell(
-                    r.map(|r| r.weights.as_str())
-                        .or(v.scheme.as_deref())
-                        .or(v.path.as_deref().map(file_name))
-                        .unwrap_or("—"),
-                ),
+                weights_cell(v),
                 part(r.and_then(|r| r.activations.as_ref())),
                 part(r.and_then(|r| r.kv_cache.as_ref())),
                 name_cell(&v.compute_dtype),

@@ -178,6 +178,15 @@ pub enum VariantKind {
     NoiseFloor,
 }
 
+/// A file of a checkpoint folder and its SHA-256.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileHash {
+    /// The name relative to the folder, `/`-separated.
+    pub name: String,
+    /// SHA-256 of its bytes, lowercase hex.
+    pub sha256: String,
+}
+
 /// One variant and its divergence from the reference.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Variant {
@@ -195,6 +204,15 @@ pub struct Variant {
     /// `kind = checkpoint`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// *extra*: for `kind = checkpoint`, the SHA-256 (lowercase hex) of the file, or for a folder
+    /// of its [`Variant::files`] list as `sha256sum` prints it (`HASH  NAME\n` per file, by name).
+    /// Added in schema 1 as an optional field; older reports have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// *extra*: for a checkpoint folder, every regular file in it (recursively, by relative
+    /// name, `/`-separated, sorted) with its SHA-256. Empty for a file and in older reports.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<FileHash>,
     /// What the variant is.
     pub kind: VariantKind,
     /// *extra*: the precision the variant computes in.

@@ -325,6 +325,8 @@ fn variant(p: &Profile, c: &Curves, floor: &Curves) -> Variant {
         scheme: p.scheme.map(Into::into),
         recipe: None,
         path: None,
+        sha256: None,
+        files: Vec::new(),
         kind: p.kind,
         compute_dtype: p.compute_dtype.into(),
         bits_per_weight: p.bits_per_weight,

@@ -81,6 +81,19 @@ impl Variant {
             return Err(format!("horizons {hs:?} ≠ workload {horizons:?}"));
         }
         in_range("bits_per_weight", self.bits_per_weight, Range::NonNegative)?;
+        let hex = |s: &str| s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if let Some(h) = self.sha256.as_deref().filter(|h| !hex(h)) {
+            return Err(format!("sha256 {:?} is not 64 lowercase hex digits", crate::format::plain(h)));
+        }
+        if let Some(f) = self.files.iter().find(|f| !hex(&f.sha256)) {
+            return Err(format!(
+                "files: {:?} has a sha256 that is not 64 lowercase hex digits",
+                crate::format::plain(&f.name)
+            ));
+        }
+        if !self.files.is_empty() && self.sha256.is_none() {
+            return Err("files are listed without the folder's sha256".into());
+        }
         for h in &self.horizons {
             for (m, e) in h.iter() {
                 m.check(e).map_err(|why| format!("{why} at horizon {}", h.tokens))?;

@@ -89,9 +89,14 @@ fn a_report_with_routing_reads_back_equal_and_renders_its_routing() {
     // The Markdown of what was read has the section and a column per routing metric.
     let md = render_markdown(&back);
     assert!(md.contains("## Expert routing"));
-    let header = md.lines().find(|l| l.starts_with("| Variant | Quantizes | Token match")).unwrap();
+    let first = &md[md.find("## First 10 generated tokens").unwrap()..];
+    let headers: Vec<&str> = first.lines().filter(|l| l.starts_with("| Variant |")).take(4).collect();
     for m in METRICS.iter().filter(|m| m.placement == Placement::Optional) {
-        assert!(header.contains(&format!("| {} |", m.title)), "{}: no column in {header}", m.name);
+        assert!(
+            headers.iter().any(|h| h.contains(&format!("| {} |", m.title))),
+            "{}: no column in {headers:#?}",
+            m.name
+        );
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
