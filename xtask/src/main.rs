@@ -362,7 +362,7 @@ fn reports() -> Result<(), String> {
         "--horizons",
         "10,100",
         "--schemes",
-        "int8,fp8-e4m3,int4-g128",
+        "int8,fp8-e4m3,w8a8-fp8,int4-g128,int4-g128+kv-q8_0",
         "--out",
         &out.join("smollm2-135m").to_string_lossy(),
     ])?;

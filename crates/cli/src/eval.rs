@@ -46,21 +46,23 @@ pub struct EvalArgs {
     /// it; the report records its SHA-256 (a folder's: of its file list with each file's hash).
     #[arg(long, value_name = "[NAME=]PATH", value_parser = parse_variant)]
     variant: Vec<(Option<String>, PathBuf)>,
-    /// Generated-token horizons, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
-    horizons: Vec<usize>,
+    /// Generated-token horizons, comma-separated [default: 10,100,1000; with --reference, the
+    /// store's].
+    #[arg(long, value_delimiter = ',')]
+    horizons: Option<Vec<usize>>,
     /// auto: wgpu on a hardware GPU, else the CPU; wgpu; cpu.
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
     /// The reference's compute precision, f16 or f32; the noise floor runs at the other.
     #[arg(long, default_value = "f16", value_parser = crate::args::parse_dtype)]
     dtype: DType,
-    /// Use the first N prompts of the eval set (default: all).
+    /// Use the first N prompts of the eval set (default: all; with --reference, the store's).
     #[arg(long)]
     prompts: Option<usize>,
-    /// Seed of the bootstrap resampling.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// Seed of the bootstrap resampling [default: 0; with --reference, the seed of the run that
+    /// saved it].
+    #[arg(long)]
+    seed: Option<u64>,
     #[arg(long, help = crate::args::batch_size_help())]
     batch_size: Option<usize>,
     /// Bootstrap resamples per interval (at most 1000000).
@@ -159,7 +161,7 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     // Refuse unusable thresholds before an evaluation that may take hours.
     let thresholds =
         args.gate.as_ref().map(|t| Ok::<_, Box<dyn Error>>((t.clone(), Thresholds::read(t)?))).transpose()?;
-    let mut cfg = config(&args, thresholds);
+    let mut cfg = config(&args, thresholds)?;
     // The output rule, before the lock is taken and long before any work.
     let mut paths = path_check(&cfg).output_folder("--out", &args.out, false);
     if let Some(j) = &args.junit {
@@ -368,19 +370,27 @@ pub fn run_merge(args: MergeArgs) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-/// The evaluation's configuration from the arguments.
-fn config(args: &EvalArgs, gate: Option<(PathBuf, Thresholds)>) -> EvalConfig {
+/// The evaluation's configuration from the arguments. With `--reference STORE`, the prompt count,
+/// horizons, batch size and seed not given are the store's, so that reusing a store repeats
+/// nothing; a value given that differs from the store's is refused with the store's other
+/// mismatches when the run reads it.
+fn config(args: &EvalArgs, gate: Option<(PathBuf, Thresholds)>) -> Result<EvalConfig, Box<dyn Error>> {
+    let stored = args.reference.as_deref().map(qdrift_eval::store_settings).transpose()?;
     let mut cfg = EvalConfig::new(args.model.clone());
     cfg.tokenizer = args.tokenizer.clone();
     cfg.eval_set = args.eval_set.clone();
     cfg.variants = args.schemes.iter().flat_map(|list| list.0.iter().cloned()).map(VariantSpec::Scheme).collect();
     cfg.variants.extend(args.variant.iter().cloned().map(|(name, path)| VariantSpec::Checkpoint { path, name }));
-    cfg.horizons = args.horizons.clone();
+    cfg.horizons = match (&args.horizons, &stored) {
+        (Some(h), _) => h.clone(),
+        (None, Some(s)) => s.horizons.clone(),
+        (None, None) => vec![10, 100, 1000],
+    };
     cfg.backend = args.backend;
     cfg.dtype = args.dtype;
-    cfg.prompts = args.prompts;
-    cfg.seed = args.seed;
-    cfg.batch_size = args.batch_size;
+    cfg.prompts = args.prompts.or(stored.as_ref().map(|s| s.prompts));
+    cfg.seed = args.seed.or(stored.as_ref().and_then(|s| s.seed)).unwrap_or(0);
+    cfg.batch_size = args.batch_size.or(stored.as_ref().map(|s| s.batch_size));
     cfg.resamples = args.resamples;
     cfg.quantize = QuantizeOptions {
         quantize_embeddings: args.quantize_embeddings,
@@ -394,7 +404,7 @@ fn config(args: &EvalArgs, gate: Option<(PathBuf, Thresholds)>) -> EvalConfig {
     cfg.shard = args.shard;
     cfg.allow_long = args.allow_long;
     cfg.gate = gate;
-    cfg
+    Ok(cfg)
 }
 
 /// [`evaluate_any`] with a progress bar on stderr, or, when stderr is not a terminal (a CI log),

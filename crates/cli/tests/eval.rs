@@ -464,8 +464,20 @@ fn inspect_llama_8b_shape_without_weights() {
 #[test]
 fn shards_merge_into_the_unsharded_report_and_a_saved_reference_is_reused() {
     let tmp = tempfile::tempdir().expect("temp dir");
-    let common =
-        ["--prompts", "5", "--horizons", "5,20", "--batch-size", "2", "--schemes", "int8", "--resamples", "100"];
+    let common = [
+        "--prompts",
+        "5",
+        "--horizons",
+        "5,20",
+        "--batch-size",
+        "2",
+        "--seed",
+        "7",
+        "--schemes",
+        "int8",
+        "--resamples",
+        "100",
+    ];
     let whole = tmp.path().join("whole");
     let store = tmp.path().join("reference");
     let mut save = common.to_vec();
@@ -500,6 +512,34 @@ fn shards_merge_into_the_unsharded_report_and_a_saved_reference_is_reused() {
     again.extend(["--reference", store.to_str().expect("utf-8")]);
     run_eval(&reused, &again);
     assert_eq!(read(&reused), read(&whole), "a saved reference gives the same report");
+    // Prompts, horizons, batch size and seed not given are the store's.
+    let short = tmp.path().join("short");
+    run_eval(&short, &["--schemes", "int8", "--resamples", "100", "--reference", store.to_str().expect("utf-8")]);
+    assert_eq!(read(&short), read(&whole), "the store's settings give the same report");
+    // A setting given that differs is refused with the store's other mismatches.
+    let o = qdrift(&[
+        "eval",
+        "--model",
+        stories().join("stories260K.bin").to_str().expect("utf-8"),
+        "--backend",
+        "cpu",
+        "--horizons",
+        "5,30",
+        "--batch-size",
+        "3",
+        "--schemes",
+        "int8",
+        "--reference",
+        store.to_str().expect("utf-8"),
+        "--out",
+        tmp.path().join("mismatch").to_str().expect("utf-8"),
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && stderr.lines().count() == 1, "{stderr}");
+    assert!(
+        stderr.contains("horizons [5,20] (this run: [5,30])") && stderr.contains("batch_size 2 (this run: 3)"),
+        "{stderr}"
+    );
 
     // Gating only a checkpoint against the store: `--schemes` with no value runs no scheme.
     let int8 = tmp.path().join("q8_0.gguf");

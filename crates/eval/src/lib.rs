@@ -106,5 +106,6 @@ pub use plan::MAX_RESAMPLES;
 pub use run::{Evaluated, evaluate, evaluate_any};
 pub use shard::{PART_FORMAT, Part, merge};
 pub use store::{STORE_FORMAT, StoreKey, StoreModel, verify_store};
+pub use store::{StoreSettings, store_settings};
 pub use types::{Progress, REFERENCE_NAME, RunContext, VariantHeader, dtype_name};
 pub use variant::VariantSpec;

@@ -152,7 +152,7 @@ fn run_variants(
     }
     if let (Some(dir), Some(key), Some((_, noise_floor))) = (&cfg.save_reference, key, variants.first()) {
         let stored = reference_run.to_store(noise_floor.clone())?;
-        write_store(dir, key, &stored)?;
+        write_store(dir, key, cfg.seed, &stored)?;
     }
     let tail = reference_run.compact().map(|c| (c.k, c.tail_sums()));
     Ok(Measurement { variants, tail })

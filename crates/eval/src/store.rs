@@ -220,6 +220,11 @@ struct Manifest {
     format: String,
     version: u32,
     key: StoreKey,
+    /// The bootstrap seed of the run that saved the store: not part of the key (the stored data
+    /// do not depend on it), the seed a later run takes unless it is given one. Absent in stores
+    /// written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    seed: Option<u64>,
     /// Bytes of `reference.bin` before its seal.
     data_bytes: u64,
     sections: Vec<Section>,
@@ -245,7 +250,7 @@ fn store_error<'a>(flag: &'static str, dir: &'a Path) -> impl Fn(String) -> Eval
 /// # Shapes
 /// - `continuations`: `[prompts][H]`; `noise_floor`: one trace per prompt, `H` positions each
 /// - hidden chunks: `[rows, positions, dim]`
-pub(crate) fn write_store(dir: &Path, key: &StoreKey, stored: &StoredReference) -> Result<(), EvalError> {
+pub(crate) fn write_store(dir: &Path, key: &StoreKey, seed: u64, stored: &StoredReference) -> Result<(), EvalError> {
     let fail = store_error("--save-reference", dir);
     check_stored(stored, key, None).map_err(|e| fail(format!("cannot save the reference: {e}")))?;
     let n = stored.continuations.len();
@@ -274,6 +279,7 @@ pub(crate) fn write_store(dir: &Path, key: &StoreKey, stored: &StoredReference) 
         format: STORE_FORMAT.into(),
         version: STORE_VERSION,
         key: key.clone(),
+        seed: Some(seed),
         data_bytes: w.data.len() as u64,
         sections: w.sections,
     };
@@ -327,6 +333,33 @@ fn replace_dir(staging: &Path, dir: &Path) -> Result<(), EvalError> {
         return Ok(());
     }
     std::fs::rename(staging, dir).map_err(|e| fail(format!("cannot move the new store into place: {e}")))
+}
+
+/// The settings a run with `--reference DIR` takes from the store unless it is given them: the
+/// prompt count, horizons and batch size its key was computed under, and the seed of the run
+/// that saved it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreSettings {
+    /// How many prompts (the eval set's first ones).
+    pub prompts: usize,
+    /// Generated-token horizons.
+    pub horizons: Vec<usize>,
+    /// Prompts per batch.
+    pub batch_size: usize,
+    /// Bootstrap seed; `None` for a store written before it was kept.
+    pub seed: Option<u64>,
+}
+
+/// Reads the settings of the store at `dir` from its `manifest.json` (format and version
+/// checked; the data are checked when the run reads the store).
+pub fn store_settings(dir: &Path) -> Result<StoreSettings, EvalError> {
+    let fail = store_error("--reference", dir);
+    let json = read_file(&dir.join("manifest.json"), MANIFEST_CAP, "store manifest").map_err(&fail)?;
+    check_format(&json, "manifest.json", (STORE_FORMAT, STORE_VERSION), REDO).map_err(&fail)?;
+    let manifest: Manifest = serde_json::from_slice(&json)
+        .map_err(|e| fail(format!("manifest.json is not a reference store manifest: {e}")))?;
+    let k = manifest.key;
+    Ok(StoreSettings { prompts: k.prompts.len(), horizons: k.horizons, batch_size: k.batch_size, seed: manifest.seed })
 }
 
 /// Reads the store at `dir` (`--reference`) for a run with key `run` on `model`; refuses any

@@ -637,3 +637,27 @@ fn a_gated_report_opens_with_the_gates_verdict() {
     let plain = qdrift_report::render_markdown(&r);
     assert!(!plain.contains("Gate") && plain.contains("## Verdict"));
 }
+
+/// Every thresholds block of the README (```toml) parses and passes on the stories260K example
+/// report it names.
+#[test]
+fn the_readmes_thresholds_pass_on_the_example_report() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let report = Report::read(&root.join("reports/stories260K/report.json")).unwrap();
+    let blocks: Vec<&str> =
+        readme.split("```toml\n").skip(1).map(|b| b.split("```").next().expect("a closed block")).collect();
+    assert!(!blocks.is_empty(), "the README shows a thresholds file");
+    for block in blocks {
+        let outcome = run(&report, block).unwrap_or_else(|e| panic!("{e}\n{block}"));
+        assert!(outcome.passed(), "{}\n{block}", outcome.lines());
+    }
+    // The README's worked example of an inconclusive check.
+    let straddled = run(&report, "[variant.int8]\n\"kld@100\" = { max = 3.5e-4 }\n").unwrap();
+    assert_eq!(straddled.results[0].verdict, Verdict::Inconclusive);
+    let mde = straddled.results[0].mde().unwrap();
+    assert!((mde - 0.31e-4).abs() < 0.005e-4, "{mde}");
+    let needed = straddled.results[0].prompts_needed().unwrap();
+    assert!((350..=430).contains(&needed), "{needed}");
+    assert_eq!(run(&report, "[variant.int8]\n\"kld@100\" = { max = 4e-4 }\n").unwrap().verdict(), Verdict::Pass);
+}
