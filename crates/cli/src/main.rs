@@ -103,7 +103,23 @@ enum Command {
     Bandwidth(bandwidth::BandwidthArgs),
 }
 
+/// qdrift never shows a window, but looking for a GPU loads the Vulkan and EGL drivers, and
+/// their Wayland code (libwayland's `wl_display_connect`) prints `error: XDG_RUNTIME_DIR is
+/// invalid or not set in the environment.` on a machine without a desktop session (a CI runner,
+/// a container), twice per run. With no Wayland display named, name one by an absolute path that
+/// does not exist: libwayland then fails to connect without printing, and without
+/// `XDG_RUNTIME_DIR` there was no display to connect to anyway.
+fn quiet_display_probe() {
+    let unset = |name: &str| std::env::var_os(name).is_none();
+    if unset("XDG_RUNTIME_DIR") && unset("WAYLAND_DISPLAY") && unset("WAYLAND_SOCKET") {
+        // SAFETY: the first thing main does, before any thread exists, so nothing reads the
+        // environment while it changes.
+        unsafe { std::env::set_var("WAYLAND_DISPLAY", "/nonexistent/qdrift-needs-no-display") }
+    }
+}
+
 fn main() -> ExitCode {
+    quiet_display_probe();
     let cli = Cli::parse();
     let mut error_code = ExitCode::FAILURE;
     let result = match cli.command {

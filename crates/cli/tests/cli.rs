@@ -213,6 +213,25 @@ fn auto_backend_says_what_it_chose_and_why() {
     );
 }
 
+/// Looking for a GPU on a machine without a desktop session prints no `error:` line of the
+/// display server's (libwayland's complaint about `XDG_RUNTIME_DIR`): the one line on stderr is
+/// qdrift's choice of backend.
+#[test]
+fn the_gpu_probe_prints_no_spurious_errors() {
+    let dir = stories();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_qdrift"))
+        .args(["generate", "--model", path(&dir.join("stories260K.bin")), "--prompt", "Hi", "--max-new-tokens", "2"])
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("WAYLAND_DISPLAY")
+        .env_remove("WAYLAND_SOCKET")
+        .output()
+        .expect("qdrift runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("XDG_RUNTIME_DIR") && !stderr.contains("error"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
 /// `generate --scheme` takes the whole variant grammar: the KV-cache part changes what the model
 /// generates though the weights are the same, and the JSON names the variant canonically.
 #[test]
