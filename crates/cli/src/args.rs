@@ -4,7 +4,7 @@
 
 use burn::tensor::DType;
 use clap::builder::{PossibleValue, TypedValueParser};
-use qdrift_generate::MAX_DEFAULT_BATCH_SIZE;
+use qdrift_generate::{BackendChoice, MAX_DEFAULT_BATCH_SIZE};
 use qdrift_load::SYNTHETIC_PRESETS;
 use qdrift_quantize::{Recipe, Scheme};
 
@@ -24,13 +24,27 @@ pub fn batch_size_help() -> String {
     )
 }
 
-/// Parses `--dtype`.
-pub fn parse_dtype(s: &str) -> Result<DType, String> {
-    match s {
-        "f32" => Ok(DType::F32),
-        "f16" => Ok(DType::F16),
-        other => Err(format!("unknown dtype \"{other}\"; known: f32, f16")),
-    }
+/// Parses `--dtype`; `--help` lists its values.
+pub fn dtype_parser() -> impl TypedValueParser<Value = DType> {
+    clap::builder::PossibleValuesParser::new([
+        PossibleValue::new("f16").help("half precision (weights rounded to f16; norms and softmax in f32)"),
+        PossibleValue::new("f32").help("single precision"),
+    ])
+    .map(|s| if s == "f16" { DType::F16 } else { DType::F32 })
+}
+
+/// Parses `--backend`; `--help` lists its values.
+pub fn backend_parser() -> impl TypedValueParser<Value = BackendChoice> {
+    clap::builder::PossibleValuesParser::new([
+        PossibleValue::new("auto").help("wgpu on a hardware GPU adapter if there is one, else the CPU"),
+        PossibleValue::new("wgpu").help("wgpu on the best adapter, even a software one (Mesa's lavapipe)"),
+        PossibleValue::new("cpu").help("Burn's CPU backend"),
+    ])
+    .map(|s| match s.as_str() {
+        "wgpu" => BackendChoice::Wgpu,
+        "cpu" => BackendChoice::Cpu,
+        _ => BackendChoice::Auto,
+    })
 }
 
 /// Every weight scheme of [`Scheme::all`] with its sentence ([`Scheme::describe`]) and the W8A8

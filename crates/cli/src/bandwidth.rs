@@ -10,8 +10,8 @@ use qdrift_generate::{BackendChoice, copy_bandwidth, select_device};
 /// Arguments of `qdrift bandwidth`.
 #[derive(Args)]
 pub struct BandwidthArgs {
-    /// auto, wgpu (even on a software adapter) or cpu.
-    #[arg(long, default_value = "wgpu")]
+    /// Where to measure.
+    #[arg(long, default_value = "wgpu", value_parser = crate::args::backend_parser())]
     backend: BackendChoice,
     /// Size of the copied tensor in MiB (read and written once per copy).
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]

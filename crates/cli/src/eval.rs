@@ -50,11 +50,11 @@ pub struct EvalArgs {
     /// store's].
     #[arg(long, value_delimiter = ',')]
     horizons: Option<Vec<usize>>,
-    /// auto: wgpu on a hardware GPU, else the CPU; wgpu; cpu.
-    #[arg(long, default_value = "auto")]
+    /// Where the models run.
+    #[arg(long, default_value = "auto", value_parser = crate::args::backend_parser())]
     backend: BackendChoice,
-    /// The reference's compute precision, f16 or f32; the noise floor runs at the other.
-    #[arg(long, default_value = "f16", value_parser = crate::args::parse_dtype)]
+    /// The reference's compute precision; the noise floor runs at the other.
+    #[arg(long, default_value = "f16", value_parser = crate::args::dtype_parser())]
     dtype: DType,
     /// Use the first N prompts of the eval set (default: all; with --reference, the store's).
     #[arg(long)]

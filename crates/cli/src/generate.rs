@@ -14,7 +14,7 @@ use qdrift_generate::{
 use qdrift_load::Tokenizer;
 use qdrift_model::Llama;
 
-use crate::args::{batch_size_help, model_help, parse_dtype};
+use crate::args::{backend_parser, batch_size_help, dtype_parser, model_help};
 
 /// Arguments of `qdrift generate`.
 #[derive(Args)]
@@ -32,11 +32,11 @@ pub struct GenerateArgs {
     /// New tokens per prompt (exactly this many unless --stop-at-eos).
     #[arg(long)]
     max_new_tokens: usize,
-    /// Compute precision: f32, or f16 (weights rounded to f16; norms and softmax in f32).
-    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    /// Compute precision.
+    #[arg(long, default_value = "f32", value_parser = dtype_parser())]
     dtype: DType,
-    /// auto: wgpu on a hardware GPU, else the CPU; wgpu: wgpu even on a software adapter; cpu.
-    #[arg(long, default_value = "auto")]
+    /// Where the model runs.
+    #[arg(long, default_value = "auto", value_parser = backend_parser())]
     backend: BackendChoice,
     #[arg(long, help = batch_size_help())]
     batch_size: Option<usize>,

@@ -176,6 +176,36 @@ mod tests {
         out
     }
 
+    /// Every flag that takes one of a fixed set of values lists them in `--help` (clap prints a
+    /// "Possible values" list for each), `--dtype` and `--backend` included.
+    #[test]
+    fn every_enum_flag_lists_its_values() {
+        let mut cli = Cli::command();
+        for name in ["eval", "generate"] {
+            let sub = cli.find_subcommand_mut(name).unwrap_or_else(|| panic!("{name} is a command"));
+            for flag in ["dtype", "backend"] {
+                let arg = sub.get_arguments().find(|a| a.get_id() == flag).unwrap_or_else(|| panic!("{name} --{flag}"));
+                assert!(!arg.get_possible_values().is_empty(), "{name} --{flag} lists no values");
+            }
+        }
+        for sub in cli.get_subcommands_mut() {
+            let name = sub.get_name().to_string();
+            let help = sub.render_long_help().to_string();
+            let listed: Vec<(String, Vec<String>)> = sub
+                .get_arguments()
+                .filter(|a| !a.get_possible_values().is_empty() && !a.is_hide_set())
+                .map(|a| {
+                    (a.get_id().to_string(), a.get_possible_values().iter().map(|v| v.get_name().to_string()).collect())
+                })
+                .collect();
+            for (arg, values) in listed {
+                for v in values {
+                    assert!(help.contains(&format!("- {v}")), "{name} --{arg}: {v} not listed in --help");
+                }
+            }
+        }
+    }
+
     /// Every command's `--help` has examples, and every example parses as the command it shows.
     #[test]
     fn every_command_has_examples_that_parse() {
