@@ -195,7 +195,8 @@ fn missing_model_and_bad_options_are_errors() {
         "f8",
     ]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown dtype \"f8\""));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("invalid value 'f8' for '--dtype <DTYPE>'") && stderr.contains("f16, f32"), "{stderr}");
 }
 
 #[test]
