@@ -512,34 +512,7 @@ fn shards_merge_into_the_unsharded_report_and_a_saved_reference_is_reused() {
     again.extend(["--reference", store.to_str().expect("utf-8")]);
     run_eval(&reused, &again);
     assert_eq!(read(&reused), read(&whole), "a saved reference gives the same report");
-    // Prompts, horizons, batch size and seed not given are the store's.
-    let short = tmp.path().join("short");
-    run_eval(&short, &["--schemes", "int8", "--resamples", "100", "--reference", store.to_str().expect("utf-8")]);
-    assert_eq!(read(&short), read(&whole), "the store's settings give the same report");
-    // A setting given that differs is refused with the store's other mismatches.
-    let o = qdrift(&[
-        "eval",
-        "--model",
-        stories().join("stories260K.bin").to_str().expect("utf-8"),
-        "--backend",
-        "cpu",
-        "--horizons",
-        "5,30",
-        "--batch-size",
-        "3",
-        "--schemes",
-        "int8",
-        "--reference",
-        store.to_str().expect("utf-8"),
-        "--out",
-        tmp.path().join("mismatch").to_str().expect("utf-8"),
-    ]);
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && stderr.lines().count() == 1, "{stderr}");
-    assert!(
-        stderr.contains("horizons [5,20] (this run: [5,30])") && stderr.contains("batch_size 2 (this run: 3)"),
-        "{stderr}"
-    );
+    store_settings_are_taken_unless_given(tmp.path(), &store, &read(&whole));
 
     // Gating only a checkpoint against the store: `--schemes` with no value runs no scheme.
     let int8 = tmp.path().join("q8_0.gguf");
@@ -592,4 +565,39 @@ fn shards_merge_into_the_unsharded_report_and_a_saved_reference_is_reused() {
     ]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && stderr.contains("--shard") && stderr.contains("--gate"), "{stderr}");
+}
+
+/// A run with `--reference STORE` that gives no prompts, horizons, batch size or seed takes the
+/// store's (its report is `whole`, the saving run's); one that gives other values is refused with
+/// every differing field.
+fn store_settings_are_taken_unless_given(tmp: &Path, store: &Path, whole: &[u8]) {
+    let read = |d: &Path| std::fs::read(d.join("report.json")).expect("report.json");
+    // Prompts, horizons, batch size and seed not given are the store's.
+    let short = tmp.join("short");
+    run_eval(&short, &["--schemes", "int8", "--resamples", "100", "--reference", store.to_str().expect("utf-8")]);
+    assert_eq!(read(&short), whole, "the store's settings give the same report");
+    // A setting given that differs is refused with the store's other mismatches.
+    let o = qdrift(&[
+        "eval",
+        "--model",
+        stories().join("stories260K.bin").to_str().expect("utf-8"),
+        "--backend",
+        "cpu",
+        "--horizons",
+        "5,30",
+        "--batch-size",
+        "3",
+        "--schemes",
+        "int8",
+        "--reference",
+        store.to_str().expect("utf-8"),
+        "--out",
+        tmp.join("mismatch").to_str().expect("utf-8"),
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && stderr.lines().count() == 1, "{stderr}");
+    assert!(
+        stderr.contains("horizons [5,20] (this run: [5,30])") && stderr.contains("batch_size 2 (this run: 3)"),
+        "{stderr}"
+    );
 }

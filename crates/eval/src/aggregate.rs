@@ -5,11 +5,20 @@
 
 use qdrift_report::{Distribution, EntropyStratum, Estimate, FirstDivergence, HorizonMetrics, PerPosition};
 use qdrift_score::{
-    Divergence, Interval, PositionMetrics, PromptLogProbs, bootstrap_mean_ci, entropy_quartiles, first_divergence,
-    kaplan_meier, median_survival, paired_difference_ci, pooled_quantile_ci, ppl_ratio_ci, summarize, wilson_interval,
+    Divergence, Interval, PositionMetrics, PromptLogProbs, bootstrap_ci, bootstrap_mean_ci, entropy_quartiles,
+    first_divergence, greedy_speculative_steps, kaplan_meier, median_survival, paired_difference_ci,
+    pooled_quantile_ci, ppl_ratio_ci, summarize, wilson_interval,
 };
 
 use crate::error::EvalError;
+
+/// The greedy speculative-decoding metrics and their draft lengths.
+const SPECULATIVE: [(&str, usize); 4] = [
+    ("spec_tokens_per_step_g1", 1),
+    ("spec_tokens_per_step_g2", 2),
+    ("spec_tokens_per_step_g4", 4),
+    ("spec_tokens_per_step_g8", 8),
+];
 
 /// Confidence level of every interval.
 pub const LEVEL: f64 = 0.95;
@@ -212,6 +221,13 @@ impl Bootstrap {
         Ok(estimate(pooled_quantile_ci(&slices, q, self.resamples, self.seed, LEVEL)?))
     }
 
+    /// Tokens per verification step pooled over prompts, `Σ h / Σ steps`, each prompt `h`
+    /// positions in `steps[p]` steps, with its interval (prompts resampled).
+    fn tokens_per_step(&self, h: usize, steps: &[usize]) -> Result<Estimate, EvalError> {
+        let pooled = |idx: &[usize]| (idx.len() * h) as f64 / idx.iter().map(|&i| steps[i]).sum::<usize>() as f64;
+        Ok(estimate(bootstrap_ci(steps.len(), self.resamples, self.seed, LEVEL, pooled)?))
+    }
+
     /// The mean of the paired differences `variant − noise_floor`, per prompt, with its interval.
     fn paired_difference(&self, variant: &[f64], noise_floor: &[f64]) -> Result<Estimate, EvalError> {
         Ok(estimate(paired_difference_ci(variant, noise_floor, self.resamples, self.seed, LEVEL)?))
@@ -267,6 +283,11 @@ fn at_horizon(
     m.set("rms_delta_p", bootstrap.mean(&per_prompt(traces, |t| t.rms_delta_p(h)))?)?;
     m.set("ppl_ratio_on_reference_text", bootstrap.ppl_ratio(&on_reference_text)?)?;
     m.set("ppl_drift_of_generated_text", bootstrap.ppl_ratio(&generated_text)?)?;
+    for (name, gamma) in SPECULATIVE {
+        let steps =
+            traces.iter().map(|t| greedy_speculative_steps(&t.top1, gamma, h)).collect::<Result<Vec<_>, _>>()?;
+        m.set(name, bootstrap.tokens_per_step(h, &steps)?)?;
+    }
     if let Some(floor) = noise_floor {
         let floor_token_match = per_prompt(floor, |t| t.token_match_rate(h));
         let floor_kld = per_prompt(floor, |t| t.mean_kld(h));
@@ -410,6 +431,16 @@ mod tests {
         let dp = (-1.5f64).exp() - (-1f64).exp();
         assert!((mean(&m[1], "rms_delta_p") - dp.abs()).abs() < 1e-12);
         assert!(m[1].metric("excess_token_match_rate").is_none() && m[1].metric("excess_kld").is_none());
+        // Greedy speculative decoding over top-1 agreement a = y y n y, b = y y y y (h = 4): γ = 1
+        // takes a 3 steps and b 2, γ = 2 both 2, γ = 4 and 8 a 2 and b 1; 8 tokens in all.
+        for (name, want) in [
+            ("spec_tokens_per_step_g1", 8.0 / 5.0),
+            ("spec_tokens_per_step_g2", 2.0),
+            ("spec_tokens_per_step_g4", 8.0 / 3.0),
+            ("spec_tokens_per_step_g8", 8.0 / 3.0),
+        ] {
+            assert!((mean(&m[1], name) - want).abs() < 1e-12, "{name}: {}", mean(&m[1], name));
+        }
         let lo_hi = m[1].metric("token_match_rate").unwrap().ci95;
         assert!(lo_hi[0] >= 0.75 && lo_hi[1] <= 1.0 && lo_hi[0] <= 0.875 && 0.875 <= lo_hi[1], "{lo_hi:?}");
 

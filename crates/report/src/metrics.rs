@@ -177,13 +177,16 @@ pub enum Group {
     Divergence,
     /// Teacher-forced agreement: top-1, probability of the reference's token, perplexity.
     Agreement,
+    /// Greedy speculative decoding, the variant drafting for the reference.
+    Speculative,
     /// Expert routing (models with experts).
     Routing,
 }
 
 impl Group {
     /// Every group, in table order.
-    pub const ALL: [Group; 4] = [Group::FreeRunning, Group::Divergence, Group::Agreement, Group::Routing];
+    pub const ALL: [Group; 5] =
+        [Group::FreeRunning, Group::Divergence, Group::Agreement, Group::Speculative, Group::Routing];
 
     /// The table's caption.
     pub fn title(self) -> &'static str {
@@ -191,6 +194,7 @@ impl Group {
             Group::FreeRunning => "Free-running: the variant's own text",
             Group::Divergence => "Teacher-forced on the reference's text: KL divergence",
             Group::Agreement => "Teacher-forced on the reference's text: agreement and perplexity",
+            Group::Speculative => "Speculative decoding: the variant drafts, the reference verifies (greedy)",
             Group::Routing => "Expert routing",
         }
     }
@@ -323,6 +327,57 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Required,
         summary: true,
         group: Group::FreeRunning,
+    },
+    Metric {
+        name: "spec_tokens_per_step_g1",
+        title: "Tokens/step γ=1",
+        description: "Greedy speculative decoding with the variant drafting 1 token per step and the reference verifying: tokens per \
+                      verification step (accepted drafts plus the reference's own token), pooled over prompts; from the \
+                      teacher-forced top-1 agreement on the reference's text (Leviathan et al. 2023). 1 = no draft \
+                      accepted, 2 = every draft accepted.",
+        range: Range::Positive,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::Speculative,
+    },
+    Metric {
+        name: "spec_tokens_per_step_g2",
+        title: "Tokens/step γ=2",
+        description: "As the γ=1 column, 2 drafts per step (at most 3 tokens per step).",
+        range: Range::Positive,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::Speculative,
+    },
+    Metric {
+        name: "spec_tokens_per_step_g4",
+        title: "Tokens/step γ=4",
+        description: "As the γ=1 column, 4 drafts per step (at most 5 tokens per step).",
+        range: Range::Positive,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::Speculative,
+    },
+    Metric {
+        name: "spec_tokens_per_step_g8",
+        title: "Tokens/step γ=8",
+        description: "As the γ=1 column, 8 drafts per step (at most 9 tokens per step).",
+        range: Range::Positive,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::Speculative,
     },
     Metric {
         name: "expert_overlap",

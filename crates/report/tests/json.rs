@@ -5,7 +5,7 @@ mod common;
 use common::temp_dir;
 use qdrift_report::metrics::Placement;
 use qdrift_report::testing::{sample_moe_report, sample_report};
-use qdrift_report::{METRICS, Report, ReportError, SCHEMA_VERSION, render_markdown};
+use qdrift_report::{Group, METRICS, Report, ReportError, SCHEMA_VERSION, render_markdown};
 
 #[test]
 fn a_written_report_reads_back_equal() {
@@ -90,7 +90,7 @@ fn a_report_with_routing_reads_back_equal_and_renders_its_routing() {
     let md = render_markdown(&back);
     assert!(md.contains("## Expert routing"));
     let first = &md[md.find("## First 10 generated tokens").unwrap()..];
-    let headers: Vec<&str> = first.lines().filter(|l| l.starts_with("| Variant |")).take(4).collect();
+    let headers: Vec<&str> = first.lines().filter(|l| l.starts_with("| Variant |")).take(Group::ALL.len()).collect();
     for m in METRICS.iter().filter(|m| m.placement == Placement::Optional) {
         assert!(
             headers.iter().any(|h| h.contains(&format!("| {} |", m.title))),

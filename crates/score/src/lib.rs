@@ -13,6 +13,8 @@
 //! - [`quantiles`]: type-7 quantiles and the mean/median/p90/p99/max summary.
 //! - [`strata`]: metrics stratified by the reference's entropy quartiles.
 //! - [`ppl`]: perplexity and perplexity ratios.
+//! - [`speculative`]: greedy speculative decoding, the variant drafting for the reference: the
+//!   verification steps a continuation takes, from the top-1 agreement sequence.
 //! - [`compact`]: the compact reference (top-K log-probabilities plus one tail bucket per
 //!   position) and the KL divergence against it, a lower bound of the exact KL.
 //! - [`device`]: the per-position metrics of [`logprob`] computed on the device for whole
@@ -33,6 +35,7 @@ pub mod host;
 pub mod logprob;
 pub mod ppl;
 pub mod quantiles;
+pub mod speculative;
 pub mod strata;
 pub mod survival;
 pub mod wilson;
@@ -52,6 +55,7 @@ pub use host::{
 pub use logprob::{PositionMetrics, entropy, kl_divergence, log_softmax, position_metrics, top1};
 pub use ppl::{PromptLogProbs, perplexity, pooled_ppl_ratio, ppl_ratio, ppl_ratio_ci};
 pub use quantiles::{Summary, quantile, quantile_sorted, summarize};
+pub use speculative::greedy_speculative_steps;
 pub use strata::{Stratum, entropy_quartiles};
 pub use survival::{Observation, SurvivalStep, kaplan_meier, median_survival, survival_at};
 pub use wilson::wilson_interval;
