@@ -15,15 +15,19 @@
 //! - `schema`: the other types of `report.json`, [`Report::read`] / [`Report::write`], and the
 //!   rule for when the schema version changes; `validate`: [`Report::validate`], what makes a
 //!   report one a run can produce.
-//! - `document`: what a rendered report says (headings, paragraphs, tables), built once and
-//!   printed by [`render_markdown`] (`markdown`) and [`render_html`] (`html`), so their tables
-//!   cannot drift apart; [`render_summary`] is the terminal's short table.
+//! - `gate`: [`Thresholds`] (TOML) and the check, [`gate`] and [`exit_code`], with three
+//!   [`Verdict`]s (inconclusive when the interval straddles a threshold).
+//! - `document`: what a rendered report says (the verdict first, then headings, paragraphs,
+//!   tables), built once and printed by [`render_markdown`] (`markdown`) and [`render_html`]
+//!   (`html`), so their tables cannot drift apart (their `_gated` forms put a gate's outcome in
+//!   the verdict); [`render_summary`] is the terminal's short table.
 //! - `charts`: inline SVG line and interval charts (plotters' SVG backend; series tagged
 //!   `data-series`/`data-part` for tests); `figures`: the report's charts built with them (four,
 //!   six for a model with experts).
-//! - `gate`: [`Thresholds`] (TOML) and the check, [`gate`] and [`exit_code`]; `junit`:
-//!   [`junit_xml`] of a check's outcome; `command`: [`run_gate`], the whole `qdrift gate`
-//!   command (read the files, check, write the JUnit) for a thin CLI.
+//! - `junit`: [`junit_xml`] of a check's outcome; `command`: [`run_gate`] and [`run_gate_with`],
+//!   the whole `qdrift gate` command (read the files, check, write the JUnit and the Markdown
+//!   summary) for a thin CLI; `suggest`: [`suggest_thresholds`], a thresholds file from a
+//!   known-good report.
 //! - [`testing::sample_report`]: a realistic report for tests; [`testing::sample_moe_report`] the
 //!   same run on a model with experts (with routing drift).
 //!
