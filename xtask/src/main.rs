@@ -154,6 +154,7 @@ fn ci() -> Result<(), String> {
     // The GGUF tests read the real SmolLM2 file when models/ has it.
     fetch_models()?;
     build()?;
+    install_check()?;
     // CI has Chromium (setup installed it): the HTML test must run, not skip.
     // SAFETY: single-threaded here; the variable is read by the child processes only.
     unsafe { std::env::set_var("QDRIFT_REQUIRE_CHROMIUM", "1") };
@@ -171,6 +172,58 @@ fn ci() -> Result<(), String> {
     let fuzzed = ci_fuzz();
     println!("xtask: ci took {:.1} min", start.elapsed().as_secs_f64() / 60.0);
     tested.and(portable).and(asserted).and(fuzzed)
+}
+
+/// `cargo install --path crates/cli --locked` (the README's install line) works, and the binary it
+/// installs runs on its own: `--version`, and a stories260K evaluation with the built-in eval set,
+/// run from a folder outside the checkout. Installed into the target folder beside the build, whose
+/// artifacts it reuses, so it costs a link (about 40 s on 2 cores).
+fn install_check() -> Result<(), String> {
+    let prefix = target_dir().join("install-check");
+    let _ = std::fs::remove_dir_all(&prefix);
+    let crate_dir = root().join("crates/cli");
+    cargo(&["install", "--path", &crate_dir.to_string_lossy(), "--root", &prefix.to_string_lossy(), "--locked"])?;
+    let bin = prefix.join("bin/qdrift");
+    let work = std::env::temp_dir().join(format!("qdrift-install-check-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    let model = shared().join("models/stories260K/stories260K.bin");
+    let out = work.join("out");
+    let run_in = |args: &[&str]| -> Result<(), String> {
+        let status = std::process::Command::new(&bin)
+            .args(args)
+            .current_dir(&work)
+            .status()
+            .map_err(|e| format!("cannot run the installed {}: {e}", bin.display()))?;
+        if status.success() { Ok(()) } else { Err(format!("installed qdrift {} failed ({status})", args.join(" "))) }
+    };
+    let result = run_in(&["--version"]).and_then(|()| {
+        run_in(&[
+            "eval",
+            "--model",
+            &model.to_string_lossy(),
+            "--prompts",
+            "2",
+            "--horizons",
+            "5",
+            "--schemes",
+            "int8",
+            "--backend",
+            "cpu",
+            "--resamples",
+            "50",
+            "--out",
+            &out.to_string_lossy(),
+        ])
+    });
+    let wrote = out.join("report.json").is_file();
+    let _ = std::fs::remove_dir_all(&work);
+    result?;
+    if !wrote {
+        return Err("the installed qdrift's evaluation wrote no report.json".into());
+    }
+    println!("xtask: cargo install --path crates/cli: the installed qdrift runs");
+    Ok(())
 }
 
 /// qdrift-model builds without debug assertions (Cargo.toml says why: they slow its SIMD kernels
