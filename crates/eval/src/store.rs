@@ -335,6 +335,17 @@ fn replace_dir(staging: &Path, dir: &Path) -> Result<(), EvalError> {
     std::fs::rename(staging, dir).map_err(|e| fail(format!("cannot move the new store into place: {e}")))
 }
 
+/// The store's `manifest.json` (`--reference DIR`): its bytes (the seal covers them) and what
+/// they say, the format and version checked.
+fn read_manifest(dir: &Path) -> Result<(Vec<u8>, Manifest), EvalError> {
+    let fail = store_error("--reference", dir);
+    let json = read_file(&dir.join("manifest.json"), MANIFEST_CAP, "store manifest").map_err(&fail)?;
+    check_format(&json, "manifest.json", (STORE_FORMAT, STORE_VERSION), REDO).map_err(&fail)?;
+    let manifest: Manifest = serde_json::from_slice(&json)
+        .map_err(|e| fail(format!("manifest.json is not a reference store manifest: {e}")))?;
+    Ok((json, manifest))
+}
+
 /// The settings a run with `--reference DIR` takes from the store unless it is given them: the
 /// prompt count, horizons and batch size its key was computed under, and the seed of the run
 /// that saved it.
@@ -353,11 +364,7 @@ pub struct StoreSettings {
 /// Reads the settings of the store at `dir` from its `manifest.json` (format and version
 /// checked; the data are checked when the run reads the store).
 pub fn store_settings(dir: &Path) -> Result<StoreSettings, EvalError> {
-    let fail = store_error("--reference", dir);
-    let json = read_file(&dir.join("manifest.json"), MANIFEST_CAP, "store manifest").map_err(&fail)?;
-    check_format(&json, "manifest.json", (STORE_FORMAT, STORE_VERSION), REDO).map_err(&fail)?;
-    let manifest: Manifest = serde_json::from_slice(&json)
-        .map_err(|e| fail(format!("manifest.json is not a reference store manifest: {e}")))?;
+    let (_, manifest) = read_manifest(dir)?;
     let k = manifest.key;
     Ok(StoreSettings { prompts: k.prompts.len(), horizons: k.horizons, batch_size: k.batch_size, seed: manifest.seed })
 }
@@ -366,10 +373,7 @@ pub fn store_settings(dir: &Path) -> Result<StoreSettings, EvalError> {
 /// mismatch, damage, or value a run with that key could not have written.
 pub(crate) fn read_store(dir: &Path, run: &StoreKey, model: StoreModel) -> Result<StoredReference, EvalError> {
     let fail = store_error("--reference", dir);
-    let json = read_file(&dir.join("manifest.json"), MANIFEST_CAP, "store manifest").map_err(&fail)?;
-    check_format(&json, "manifest.json", (STORE_FORMAT, STORE_VERSION), REDO).map_err(&fail)?;
-    let manifest: Manifest = serde_json::from_slice(&json)
-        .map_err(|e| fail(format!("manifest.json is not a reference store manifest: {e}")))?;
+    let (json, manifest) = read_manifest(dir)?;
     let mismatches = manifest.key.mismatches(run);
     if !mismatches.is_empty() {
         return Err(fail(mismatch_message(&mismatches)));

@@ -576,14 +576,13 @@ pub(crate) fn verdict_section(report: &Report, gate: Option<&GateOutcome>, gloss
     });
     let mut intro = Vec::new();
     if let Some(g) = gate {
-        let count = |v: Verdict| g.results.iter().filter(|r| r.verdict == v).count();
         intro.push(Inline::Strong(format!("Gate: {}", g.verdict().word())));
         intro.push(text(format!(
             " — {} checks: {} passed, {} failed, {} inconclusive. ",
             g.results.len(),
-            count(Verdict::Pass),
-            count(Verdict::Fail),
-            count(Verdict::Inconclusive)
+            g.count(Verdict::Pass),
+            g.count(Verdict::Fail),
+            g.count(Verdict::Inconclusive)
         )));
     }
     let key_title = metric(key).map_or(key, |m| m.title);

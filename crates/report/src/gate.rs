@@ -514,16 +514,15 @@ impl GateOutcome {
         self.results.iter().filter(|r| r.verdict == Verdict::Inconclusive)
     }
 
+    /// How many checks had verdict `v`.
+    pub fn count(&self, v: Verdict) -> usize {
+        self.results.iter().filter(|r| r.verdict == v).count()
+    }
+
     /// The whole gate's verdict: fail if any check failed, else inconclusive if any was, else
     /// pass.
     pub fn verdict(&self) -> Verdict {
-        if self.failures().next().is_some() {
-            Verdict::Fail
-        } else if self.inconclusive().next().is_some() {
-            Verdict::Inconclusive
-        } else {
-            Verdict::Pass
-        }
+        worst(self.results.iter()).unwrap_or(Verdict::Pass)
     }
 
     /// The process exit code of the outcome: 0 pass, 1 fail, 3 inconclusive ([`exit_code`]).
@@ -537,16 +536,7 @@ impl GateOutcome {
 
     /// The verdict of the checks on variant `name`, `None` when none applies to it.
     pub fn variant_verdict(&self, name: &str) -> Option<Verdict> {
-        let mine: Vec<&CheckResult> = self.results.iter().filter(|r| r.variant == name).collect();
-        if mine.is_empty() {
-            None
-        } else if mine.iter().any(|r| r.verdict == Verdict::Fail) {
-            Some(Verdict::Fail)
-        } else if mine.iter().any(|r| r.verdict == Verdict::Inconclusive) {
-            Some(Verdict::Inconclusive)
-        } else {
-            Some(Verdict::Pass)
-        }
+        worst(self.results.iter().filter(|r| r.variant == name))
     }
 
     /// One outcome line per check, then a total line, each ending in a newline.
@@ -556,8 +546,7 @@ impl GateOutcome {
             out.push_str(&r.line());
             out.push('\n');
         }
-        let failed = self.failures().count();
-        let inconclusive = self.inconclusive().count();
+        let (failed, inconclusive) = (self.count(Verdict::Fail), self.count(Verdict::Inconclusive));
         out.push_str(&format!(
             "gate: {} checks, {} passed, {failed} failed, {inconclusive} inconclusive: {}\n",
             self.results.len(),
@@ -566,6 +555,16 @@ impl GateOutcome {
         ));
         out
     }
+}
+
+/// The verdict of `results` together: fail over inconclusive over pass; `None` for no results.
+fn worst<'a>(results: impl Iterator<Item = &'a CheckResult>) -> Option<Verdict> {
+    let rank = |v: Verdict| match v {
+        Verdict::Pass => 0,
+        Verdict::Inconclusive => 1,
+        Verdict::Fail => 2,
+    };
+    results.map(|r| r.verdict).max_by_key(|&v| rank(v))
 }
 
 /// Checks `report` against `thresholds`. Every check is resolved against the report before any

@@ -77,19 +77,19 @@ pub fn render_markdown(report: &Report) -> String {
 
 /// [`render_markdown`], with the gate's outcome in the verdict when the run was gated.
 pub fn render_markdown_gated(report: &Report, gate: Option<&GateOutcome>) -> String {
-    let mut out = String::new();
-    blocks(&mut out, &document(report, gate));
-    while out.ends_with("\n\n") {
-        out.pop();
-    }
-    out
+    print(&document(report, gate))
 }
 
 /// The verdict alone (a CI job's summary, `qdrift gate --summary-md`): the verdict section of
 /// [`render_markdown_gated`], without the link to a glossary it does not include.
 pub fn render_verdict_markdown(report: &Report, gate: Option<&GateOutcome>) -> String {
+    print(&verdict_section(report, gate, false))
+}
+
+/// `doc` as Markdown, ending in one newline.
+fn print(doc: &[Block]) -> String {
     let mut out = String::new();
-    blocks(&mut out, &verdict_section(report, gate, false));
+    blocks(&mut out, doc);
     while out.ends_with("\n\n") {
         out.pop();
     }
