@@ -15,7 +15,9 @@ use qdrift_eval::{
 use qdrift_generate::BackendChoice;
 use qdrift_io::{PathCheck, write_atomic};
 use qdrift_quantize::QuantizeOptions;
-use qdrift_report::{GateOutcome, Report, Thresholds, render_html_gated, render_markdown_gated, render_summary};
+use qdrift_report::{
+    GateError, GateOutcome, Report, Thresholds, finish_gate, render_html_gated, render_markdown_gated, render_summary,
+};
 
 use crate::args::{SchemeList, SchemeListParser};
 
@@ -193,15 +195,26 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
         }
     };
     lock(&clock).enter("summary and reports");
-    // The reports open with the gate's verdict; the gate below prints it and sets the exit code.
-    let outcome = cfg.gate.as_ref().and_then(|(_, t)| qdrift_report::gate(&report, t).ok());
-    write_reports(&report, outcome.as_ref(), &output).map_err(|e| output.user_paths(&e.to_string()))?;
     let path = output.staging().join("report.json");
+    report.write(&path).map_err(|e| output.user_paths(&e.to_string()))?;
+    // Gated, the gate checks the report as written (the numbers `qdrift gate` on it sees), once:
+    // the Markdown and HTML open with its verdict, and it prints its lines and sets the exit code.
+    let gated = cfg.gate.as_ref().map(|(_, thresholds)| {
+        Report::read(&path).map_err(GateError::from).and_then(|written| {
+            let outcome = qdrift_report::gate(&written, thresholds)?;
+            Ok((written, outcome))
+        })
+    });
+    let outcome = gated.as_ref().and_then(|g| g.as_ref().ok()).map(|(_, o)| o);
+    write_renderings(&report, outcome, &output).map_err(|e| output.user_paths(&e.to_string()))?;
     print!("{}", render_summary(&report));
-    // The gate reads the staged report; a JUnit file inside --out is staged with it.
-    let code = args.gate.as_deref().map(|t| {
+    // A JUnit file inside --out is staged with the reports.
+    let code = gated.as_ref().map(|g| {
         let junit = args.junit.as_deref().map(|j| output.staged(j).unwrap_or_else(|| j.to_path_buf()));
-        crate::gate::run_paths(&path, t, junit.as_deref())
+        let run = finish_gate(g.as_ref().map(|(r, o)| (r, o)), junit.as_deref(), None);
+        print!("{}", run.stdout);
+        eprint!("{}", run.stderr);
+        ExitCode::from(run.exit_code)
     });
     output.commit()?;
     println!("reports: {} (.md, .html)", args.out.join("report.json").display());
@@ -316,10 +329,15 @@ impl PhaseClock {
     }
 }
 
-/// Writes report.json, report.md and report.html into `output`'s staging folder; the Markdown
-/// and HTML open with `gate`'s verdict when the run was gated.
-fn write_reports(report: &Report, gate: Option<&GateOutcome>, output: &OutputDir) -> Result<(), Box<dyn Error>> {
+/// Writes report.json, report.md and report.html into `output`'s staging folder.
+fn write_reports(report: &Report, output: &OutputDir) -> Result<(), Box<dyn Error>> {
     report.write(&output.staging().join("report.json"))?;
+    write_renderings(report, None, output)
+}
+
+/// Writes report.md and report.html into `output`'s staging folder, opening with `gate`'s
+/// verdict when the run was gated.
+fn write_renderings(report: &Report, gate: Option<&GateOutcome>, output: &OutputDir) -> Result<(), Box<dyn Error>> {
     write_atomic(&output.staging().join("report.md"), render_markdown_gated(report, gate).as_bytes())?;
     write_atomic(&output.staging().join("report.html"), render_html_gated(report, gate)?.as_bytes())?;
     Ok(())
@@ -363,7 +381,7 @@ pub fn run_merge(args: MergeArgs) -> Result<(), Box<dyn Error>> {
     let output = OutputDir::prepare(&args.out)?;
     let parts = args.parts.iter().map(|p| Part::read(p)).collect::<Result<Vec<_>, _>>()?;
     let report = merge(parts)?;
-    write_reports(&report, None, &output).map_err(|e| output.user_paths(&e.to_string()))?;
+    write_reports(&report, &output).map_err(|e| output.user_paths(&e.to_string()))?;
     print!("{}", render_summary(&report));
     output.commit()?;
     println!("reports: {} (.md, .html)", args.out.join("report.json").display());

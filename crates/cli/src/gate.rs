@@ -35,11 +35,3 @@ pub fn run(args: &GateArgs) -> ExitCode {
     eprint!("{}", run.stderr);
     ExitCode::from(run.exit_code)
 }
-
-/// The gate on files: prints one line per check and returns the gate's exit code.
-pub fn run_paths(report: &std::path::Path, thresholds: &std::path::Path, junit: Option<&std::path::Path>) -> ExitCode {
-    let run = qdrift_report::run_gate(report, thresholds, junit);
-    print!("{}", run.stdout);
-    eprint!("{}", run.stderr);
-    ExitCode::from(run.exit_code)
-}

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::Report;
 use crate::format::plain;
-use crate::gate::{GateError, Thresholds, gate};
+use crate::gate::{GateError, GateOutcome, Thresholds, gate};
 use crate::junit::{junit_error_xml, junit_xml};
 use crate::markdown::render_verdict_markdown;
 use qdrift_io::write_atomic;
@@ -61,9 +61,21 @@ pub fn run_gate_with(
         let outcome = Thresholds::read(thresholds_path).and_then(|t| gate(&report, &t))?;
         Ok((report, outcome))
     });
-    let code = outcome.as_ref().map_or(2, |(_, o)| o.exit_code());
+    finish_gate(outcome.as_ref().map(|(r, o)| (r, o)), junit, summary_md)
+}
+
+/// What a gate's outcome (or why it could not run) becomes: the lines to print, the exit code,
+/// and the JUnit file and Markdown summary written atomically where asked for. For a caller that
+/// has the report and the outcome in memory already (a gated `qdrift eval`) and has applied the
+/// output rule to `junit` and `summary_md` itself.
+pub fn finish_gate(
+    outcome: Result<(&Report, &GateOutcome), &GateError>,
+    junit: Option<&Path>,
+    summary_md: Option<&Path>,
+) -> GateRun {
+    let code = outcome.map_or(2, |(_, o)| o.exit_code());
     let mut run = GateRun { exit_code: code, stdout: String::new(), stderr: String::new() };
-    let (xml, summary) = match &outcome {
+    let (xml, summary) = match outcome {
         Ok((report, o)) => {
             run.stdout = o.lines();
             (junit_xml(o), render_verdict_markdown(report, Some(o)) + "\n")

@@ -57,7 +57,7 @@ mod suggest;
 pub mod testing;
 mod validate;
 
-pub use command::{GateRun, run_gate, run_gate_with};
+pub use command::{GateRun, finish_gate, run_gate, run_gate_with};
 pub use error::ReportError;
 pub use gate::{
     Bound, Check, CheckResult, GateError, GateOutcome, INCONCLUSIVE_EXIT, Side, Thresholds, Verdict, WILDCARD,
