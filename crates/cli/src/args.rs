@@ -40,11 +40,8 @@ pub fn backend_parser() -> impl TypedValueParser<Value = BackendChoice> {
         PossibleValue::new("wgpu").help("wgpu on the best adapter, even a software one (Mesa's lavapipe)"),
         PossibleValue::new("cpu").help("Burn's CPU backend"),
     ])
-    .map(|s| match s.as_str() {
-        "wgpu" => BackendChoice::Wgpu,
-        "cpu" => BackendChoice::Cpu,
-        _ => BackendChoice::Auto,
-    })
+    // The names are BackendChoice's own (its FromStr); the list only adds their help to --help.
+    .try_map(|s| s.parse::<BackendChoice>())
 }
 
 /// Every weight scheme of [`Scheme::all`] with its sentence ([`Scheme::describe`]) and the W8A8

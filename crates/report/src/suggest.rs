@@ -173,7 +173,9 @@ fn toml_float(x: f64) -> String {
     if s.contains(['.', 'e', 'E']) || !x.is_finite() { s } else { format!("{s}.0") }
 }
 
-/// A TOML basic string: quoted, with `"` and `\` and control characters escaped.
+/// A TOML basic string: quoted, with `"` and `\` and control characters escaped. Written here
+/// because the workspace builds `toml` without its writer (`display`) feature, for one string per
+/// section; the tests read it back with the `toml` parser.
 fn toml_string(s: &str) -> String {
     let mut out = String::from("\"");
     for c in s.chars() {
