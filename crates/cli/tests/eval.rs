@@ -271,6 +271,13 @@ fn bad_eval_input_is_one_clear_error() {
         &["--variant", "/nonexistent/model.bin", "--horizons", "5", "--prompts", "2"],
         "/nonexistent/model.bin",
     );
+    // NAME=PATH: a name with no path, and a named checkpoint that is not there.
+    assert_fails(&["--variant", "q8=", "--horizons", "5"], "q8=: no path after the name");
+    assert_fails(&["--variant", "q8=/nonexistent/q8.gguf", "--horizons", "5"], "/nonexistent/q8.gguf");
+    // The same name twice is refused, and the message says how to tell them apart.
+    let model = stories().join("stories260K.bin");
+    let twice = [format!("a={}", model.display()), format!("a={}", model.display())];
+    assert_fails(&["--variant", &twice[0], "--variant", &twice[1], "--horizons", "5"], "--variant NAME=PATH");
 }
 
 /// Reports name the model, a checkpoint variant and an eval set file by their file names, never by

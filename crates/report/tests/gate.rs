@@ -611,6 +611,12 @@ fn the_summary_gives_each_variants_verdict_and_the_checks_it_did_not_pass() {
     assert!(row("int4-g128").contains("| FAIL | kld@10: upper CI bound "), "{md}");
     // The noise floor is the yardstick: not ranked.
     assert!(!md.contains("| noise-floor-f32 |"), "{md}");
+    // A summary path that is the report is refused before anything is written.
+    let before = std::fs::read(&report).unwrap();
+    let run = qdrift_report::run_gate_with(&report, &thresholds, None, Some(&report));
+    assert_eq!(run.exit_code, 2, "{run:?}");
+    assert!(run.stderr.contains("--summary-md"), "{run:?}");
+    assert_eq!(std::fs::read(&report).unwrap(), before, "the report is untouched");
     // On unusable input the summary says why.
     let run = qdrift_report::run_gate_with(&report, &dir.join("missing.toml"), None, Some(&summary));
     assert_eq!(run.exit_code, 2);
