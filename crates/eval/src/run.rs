@@ -253,6 +253,7 @@ fn model_info(cfg: &EvalConfig, loaded: &LoadedModel) -> Result<ModelInfo, EvalE
             kv_heads: arch.n_kv_heads,
             vocab_size: arch.vocab_size,
         },
+        stop_token_id: loaded.tokenizer.stop_id(),
     })
 }
 

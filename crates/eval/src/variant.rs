@@ -154,7 +154,7 @@ pub(crate) fn build_variant(
     let name = spec.name(dtype);
     match spec {
         VariantSpec::NoiseFloor => Ok(noise_floor(name, reference, other_precision(dtype))),
-        VariantSpec::Scheme(recipe) => scheme_variant(name, reference, weights(), recipe, dtype, quantize),
+        VariantSpec::Scheme(recipe) => scheme_variant(name, weights(), recipe, dtype, quantize),
         VariantSpec::Checkpoint { path, .. } => checkpoint_variant(name, reference, path, prompts, dtype),
     }
 }
@@ -179,7 +179,6 @@ fn noise_floor(name: String, reference: &ReferenceIdentity, dtype: DType) -> Bui
 
 fn scheme_variant(
     name: String,
-    reference: &ReferenceIdentity,
     weights: HostModel,
     recipe: &Recipe,
     dtype: DType,
@@ -192,8 +191,6 @@ fn scheme_variant(
         .into_iter()
         .map(|r| TensorError { tensor: r.tensor, sqnr_db: r.sqnr_db, rel_frobenius: r.rel_frobenius, cosine: r.cosine })
         .collect();
-    // Tensors the scheme leaves alone stay FP16.
-    let unquantized_bytes = (reference.parameters as u64).saturating_sub(summary.quantized_weights as u64) * 2;
     Ok(BuiltVariant {
         name,
         scheme: Some(recipe.to_string()),
@@ -205,8 +202,9 @@ fn scheme_variant(
         kind: VariantKind::Scheme,
         dtype,
         host: VariantWeights::Own(Box::new(q.dequantized)),
-        bits_per_weight: summary.bits_per_weight,
-        weight_bytes: summary.storage_bytes as u64 + unquantized_bytes,
+        // Tensors the scheme leaves alone count at FP16 (`QuantSummary::weight_bytes`).
+        bits_per_weight: summary.model_bits_per_weight,
+        weight_bytes: summary.weight_bytes,
         per_tensor_error,
     })
 }
@@ -228,10 +226,18 @@ fn checkpoint_variant(
             problem: format!("its quantization_config declares {declared} dynamic activations: {e}"),
         })?;
     }
-    // The checkpoint's file size stands for its weight bytes (metadata and tokenizer included, a
-    // small overestimate for GGUF).
-    let identity = model_identity_file(path);
-    let bytes = std::fs::metadata(&identity).map_err(EvalError::io(&identity))?.len();
+    // The bytes its tensors take as stored (GGUF, safetensors); a llama2.c file is all weights
+    // but for its 28-byte header, so its size stands for them.
+    // `bits_per_weight` is then over the values the file stores, as `qdrift inspect` and
+    // llama.cpp give a file's.
+    let (bytes, bits_per_weight) = match &other.source_storage {
+        Some(storage) => (storage.bytes, storage.bits_per_weight),
+        None => {
+            let identity = model_identity_file(path);
+            let bytes = std::fs::metadata(&identity).map_err(EvalError::io(&identity))?.len();
+            (bytes, qdrift_quantize::bits_per_weight(bytes, reference.parameters))
+        }
+    };
     let (sha256, files) = checkpoint_hash(path)?;
     Ok(BuiltVariant {
         name,
@@ -244,7 +250,7 @@ fn checkpoint_variant(
         kind: VariantKind::Checkpoint,
         dtype,
         host: VariantWeights::Own(Box::new(other.model)),
-        bits_per_weight: bytes as f64 * 8.0 / (reference.parameters as u64).max(1) as f64,
+        bits_per_weight,
         weight_bytes: bytes,
         per_tensor_error: Vec::new(),
     })
@@ -344,9 +350,22 @@ fn check_same_model(
             "shapes (dim, hidden, layers, heads, kv heads, vocab) {theirs:?} differ from the reference's {ours:?}"
         ));
     }
+    // A checkpoint may pad its tokenizer to the embedding's rows (convert_hf_to_gguf.py writes
+    // `[PADn]` tokens up to `vocab_size` for Qwen3's 151669 tokens in 151936 rows, while the
+    // Hugging Face folder's tokenizer.json stops at 151669): sizes may differ up to the shared
+    // embedding size, provided every token both have decodes the same.
     let (ours, theirs) = (reference.tokenizer.vocab_size(), other.tokenizer.vocab_size());
-    if ours != theirs {
+    let rows = reference.arch.vocab_size;
+    if ours != theirs && (ours.max(theirs) > rows) {
         return refuse(format!("its tokenizer has {theirs} tokens, the reference's {ours}"));
+    }
+    if ours != theirs
+        && let Some(id) =
+            (0..ours.min(theirs) as u32).find(|&id| other.tokenizer.decode(&[id]) != reference.tokenizer.decode(&[id]))
+    {
+        return refuse(format!(
+            "its tokenizer has {theirs} tokens, the reference's {ours}, and token {id} differs between them"
+        ));
     }
     for (i, p) in prompts.iter().enumerate() {
         let text = reference.tokenizer.decode(p);

@@ -20,7 +20,7 @@
 //!   unquantized baseline (4 bytes per value, vectors included). The embedding and an untied head
 //!   are counted in the storage format too: the figure for quantizing every matrix.
 //! - **KV cache** = `2 (K and V) · L · n_kv_heads · head_dim · bytes · seq_len · batch`.
-//! - **Source storage** (GGUF files and quantized Hugging Face folders, [`source_storage`]): per tensor type of the file, the
+//! - **Source storage** (GGUF files and Hugging Face folders, [`source_storage`]): per tensor type of the file, the
 //!   tensors, their values and the bytes their data takes (`elements / block size · type size`),
 //!   and `8 · bytes / values` bits per weight, per type and over the file: a mixed file's real cost.
 //!   For a quantized Hugging Face folder each quantized linear layer counts once, under the

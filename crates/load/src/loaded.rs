@@ -27,7 +27,7 @@ pub struct LoadedModel {
     /// f32 whatever the source dtype.
     pub source_dtypes: Vec<(String, String)>,
     /// The source file's stored bytes per tensor type and bits per weight, for `qdrift inspect`
-    /// (GGUF files; `None` for other formats).
+    /// (GGUF files and Hugging Face folders; `None` for llama2.c and synthetic models).
     pub source_storage: Option<SourceStorage>,
     /// The chat template (Jinja) the checkpoint ships, if any (GGUF `tokenizer.chat_template`,
     /// `tokenizer_config.json` `chat_template`).

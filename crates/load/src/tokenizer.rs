@@ -14,6 +14,11 @@ pub trait Tokenizer: Send + Sync {
     fn bos_id(&self) -> Option<u32>;
     /// End-of-sequence token, if any.
     fn eos_id(&self) -> Option<u32>;
+    /// The token that ends a text this model writes: [`Tokenizer::eos_id`] (for a chat model
+    /// through its template, the end of its turn), unless the format says otherwise (llama2.c).
+    fn stop_id(&self) -> Option<u32> {
+        self.eos_id()
+    }
     /// The tokens a model is fed for `text`, BOS first where the tokenizer adds one.
     fn encode(&self, text: &str) -> Vec<u32>;
     /// The text of `tokens` (prompt and continuation alike), invalid UTF-8 replaced.
@@ -300,6 +305,12 @@ impl Tokenizer for Llama2cTokenizer {
 
     fn eos_id(&self) -> Option<u32> {
         Some(self.eos)
+    }
+
+    /// BOS: llama2.c's models were trained on stories each opened by BOS, which `run.c` stops
+    /// at ("the BOS (=1) token delimits sequences"); they never emit EOS.
+    fn stop_id(&self) -> Option<u32> {
+        Some(self.bos)
     }
 
     fn encode(&self, text: &str) -> Vec<u32> {

@@ -135,6 +135,14 @@ pub struct TensorReport {
     pub fell_back: bool,
 }
 
+/// Bits per weight, one definition wherever qdrift gives a model's (`report.json`, `quantize`,
+/// the reports' glossary): the bits its weight tensors are stored in over its parameter count,
+/// `8 · bytes / parameters`, as llama.cpp's BPW is a file's tensor bytes over its weights (0 for
+/// no parameters).
+pub fn bits_per_weight(bytes: u64, parameters: usize) -> f64 {
+    if parameters == 0 { 0.0 } else { bytes as f64 * 8.0 / parameters as f64 }
+}
+
 /// Totals over the quantized tensors of a model.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct QuantSummary {
@@ -148,6 +156,12 @@ pub struct QuantSummary {
     pub storage_bytes: usize,
     /// `storage_bytes · 8 / quantized_weights`; 0 when nothing was quantized.
     pub bits_per_weight: f64,
+    /// Bytes of the whole model's weights as the variant holds them: the quantized tensors as
+    /// stored and every other weight at FP16, as the reference holds it.
+    pub weight_bytes: u64,
+    /// The model's bits per weight, [`bits_per_weight`]`(weight_bytes, parameters)`: the figure
+    /// `report.json` gives the variant.
+    pub model_bits_per_weight: f64,
     /// Aggregate SQNR over all quantized elements, `10·log10(Σ ref² / Σ err²)` dB; `None` when
     /// every quantized tensor is exact (+∞ dB) or nothing was quantized.
     pub sqnr_db: Option<f64>,
@@ -189,6 +203,8 @@ impl QuantizedModel {
         let storage_bytes: usize = self.tensors.iter().map(|t| t.matrix.storage_bytes()).sum();
         let signal: f64 = self.tensors.iter().map(|t| t.signal_energy).sum();
         let noise: f64 = self.tensors.iter().map(|t| t.noise_energy).sum();
+        let parameters = self.dequantized.parameter_count();
+        let weight_bytes = storage_bytes as u64 + (parameters as u64).saturating_sub(quantized_weights as u64) * 2;
         QuantSummary {
             scheme: self.scheme.to_string(),
             quantized_tensors: self.tensors.len(),
@@ -199,6 +215,8 @@ impl QuantizedModel {
             } else {
                 storage_bytes as f64 * 8.0 / quantized_weights as f64
             },
+            weight_bytes,
+            model_bits_per_weight: bits_per_weight(weight_bytes, parameters),
             sqnr_db: if noise == 0.0 { None } else { Some(10.0 * (signal / noise).log10()) },
             fell_back: self.tensors.iter().filter(|t| t.matrix.fell_back()).map(|t| t.name.clone()).collect(),
         }

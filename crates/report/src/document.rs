@@ -556,6 +556,14 @@ fn metrics_section() -> Vec<Block> {
             "Name: what report.json and a thresholds file of qdrift gate (NAME@h) call the metric.",
         )]),
         Block::Table { columns, rows },
+        Block::Paragraph(vec![text(
+            "Bits/weight (the Variants table): 8 × the bytes the variant's weight tensors are stored in, \
+             over the weights they hold: llama.cpp's bits per weight of a file. A scheme's quantized \
+             tensors count as stored (codes, scales, zero points) and the tensors it leaves alone at \
+             FP16, as the reference holds them (qdrift quantize prints the same figure); a checkpoint's \
+             tensors count as its files store them, metadata and tokenizer excluded (qdrift inspect \
+             prints the same figure).",
+        )]),
     ]
 }
 

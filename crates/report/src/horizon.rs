@@ -2,7 +2,7 @@
 //!
 //! The metrics are not one field each: they are [`Estimate`]s keyed by their name in
 //! [`METRICS`], so a new metric is a new table entry, not a new field here. The JSON layout is
-//! written by hand to stay what schema 1 has always been: `tokens`, then the top-level metrics in
+//! written by hand to stay what it has been since schema 1: `tokens`, then the top-level metrics in
 //! table order, then the differences against the noise floor nested under
 //! `excess_over_noise_floor` (absent when there are none).
 

@@ -1,6 +1,6 @@
 //! The report stage: the `report.json` contract and everything built from it.
 //!
-//! [`Report`] is schema version 1 of `report.json`, the one artifact `qdrift eval` produces and
+//! [`Report`] is schema version 2 of `report.json`, the one artifact `qdrift eval` produces and
 //! every later stage (Markdown, HTML, JUnit, `qdrift gate`) reads. It depends on no tensor
 //! library: a report can be read, rendered and gated on a machine that never ran a model.
 //!
@@ -9,12 +9,13 @@
 //! - [`metrics`]: the metric registry [`METRICS`] (name, title, description, range, direction,
 //!   format, JSON placement) and [`Estimate`], the value of a metric.
 //! - `horizon`: [`HorizonMetrics`], a horizon's metrics held by name, with the hand-written JSON
-//!   layout of schema 1.
+//!   layout it has had since schema 1.
 //! - `read`: the byte cap per kind of file read ([`REPORT_CAP`], [`THRESHOLDS_CAP`],
 //!   [`EVAL_SET_CAP`]); the reading itself is `qdrift_io::read_capped`.
 //! - `schema`: the other types of `report.json`, [`Report::read`] / [`Report::write`], and the
 //!   rule for when the schema version changes; `validate`: [`Report::validate`], what makes a
-//!   report one a run can produce.
+//!   report one a run can produce; `json_schema`: [`report_json_schema`], the same contract as
+//!   a JSON Schema (`schema/report.schema.json`), its metrics from the registry.
 //! - `gate`: [`Thresholds`] (TOML) and the check, [`gate`] and [`exit_code`], with three
 //!   [`Verdict`]s (inconclusive when the interval straddles a threshold).
 //! - `document`: what a rendered report says (the verdict first, then headings, paragraphs,
@@ -47,6 +48,7 @@ mod format;
 mod gate;
 mod horizon;
 mod html;
+mod json_schema;
 mod junit;
 mod markdown;
 pub mod metrics;
@@ -65,6 +67,7 @@ pub use gate::{
 };
 pub use horizon::HorizonMetrics;
 pub use html::{render_html, render_html_gated};
+pub use json_schema::{REPORT_SCHEMA_ID, report_json_schema};
 pub use junit::{junit_error_xml, junit_xml};
 pub use markdown::{render_markdown, render_markdown_gated, render_summary, render_verdict_markdown};
 pub use metrics::{Distribution, Estimate, Group, METRICS, Metric};

@@ -179,14 +179,16 @@ pub enum Group {
     Agreement,
     /// Greedy speculative decoding, the variant drafting for the reference.
     Speculative,
+    /// Where each model first emits its end-of-text token in its own text.
+    Stopping,
     /// Expert routing (models with experts).
     Routing,
 }
 
 impl Group {
     /// Every group, in table order.
-    pub const ALL: [Group; 5] =
-        [Group::FreeRunning, Group::Divergence, Group::Agreement, Group::Speculative, Group::Routing];
+    pub const ALL: [Group; 6] =
+        [Group::FreeRunning, Group::Divergence, Group::Agreement, Group::Speculative, Group::Stopping, Group::Routing];
 
     /// The table's caption.
     pub fn title(self) -> &'static str {
@@ -195,6 +197,7 @@ impl Group {
             Group::Divergence => "Teacher-forced on the reference's text: KL divergence",
             Group::Agreement => "Teacher-forced on the reference's text: agreement and perplexity",
             Group::Speculative => "Speculative decoding: the variant drafts, the reference verifies (greedy)",
+            Group::Stopping => "Stopping: where each model first ends its own text (EOS, or the end of a chat turn)",
             Group::Routing => "Expert routing",
         }
     }
@@ -378,6 +381,50 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Optional,
         summary: false,
         group: Group::Speculative,
+    },
+    Metric {
+        name: "stop_agreement",
+        title: "Stops alike",
+        description: "Free-running, each model on its own text: share of prompts where the variant first emits the \
+                      end-of-text token (model.stop_token_id: EOS, the end of a chat turn, or BOS for llama2.c) at the same position as the reference within the first h \
+                      tokens, or neither emits it (Wilson interval). Generation does not stop there; a quantized chat model \
+                      that ends its turn later or never does fails in production even when its tokens match (llm-compressor \
+                      issue 2680).",
+        range: Range::Unit,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::Stopping,
+    },
+    Metric {
+        name: "stop_missed",
+        title: "Ref. stops, variant not",
+        description: "Free-running: share of prompts where the reference emits the end-of-text token within the first \
+                      h tokens of its text and the variant does not within the first h of its own (Wilson interval).",
+        range: Range::Unit,
+        better: Better::Lower,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::Stopping,
+    },
+    Metric {
+        name: "stop_length_ratio",
+        title: "Stop length ratio",
+        description: "Free-running: median over the prompts where the reference stops within h tokens of (variant's tokens \
+                      up to and including its first end-of-text token) / (the reference's), with a percentile-bootstrap \
+                      interval over those prompts; a variant that does not stop within h counts as h + 1 tokens, a lower \
+                      bound. Absent when the reference never stops within h.",
+        range: Range::Positive,
+        better: Better::NearOne,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::Stopping,
     },
     Metric {
         name: "expert_overlap",

@@ -1,4 +1,4 @@
-//! `report.json`, schema version 1.
+//! `report.json`, schema version 2 ([`SCHEMA_VERSION`]).
 //!
 //! The field names and nesting are the contract in the evaluation issue; fields marked *extra*
 //! are additions the contract welcomes. Every statistic is computed over prompts (prompts are the
@@ -29,7 +29,11 @@ use qdrift_io::{read_capped, write_atomic};
 /// - **Removing or renaming** a field or a metric, **changing its meaning or unit**, or making an
 ///   optional field or metric required **bumps** the version, and [`Report::read`] refuses
 ///   reports of any other version ([`ReportError::SchemaVersion`]).
-pub const SCHEMA_VERSION: u32 = 1;
+///
+/// History: 2 made [`Variant::bits_per_weight`] one figure for every variant, over the whole
+/// model (in 1 a scheme's was over its quantized tensors only and a checkpoint's its file size
+/// over the parameters); nothing else changed.
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// A whole evaluation: the reference, the workload, and one entry per variant.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -68,6 +72,13 @@ pub struct ModelInfo {
     pub format: String,
     /// *extra*: the architecture's shapes.
     pub shape: ModelShape,
+    /// *extra*: the token that ends a text the model writes, whose first position in each model's
+    /// own free-running text the stopping metrics compare: the tokenizer's end-of-sequence token
+    /// (for a chat model, the end of its turn), or for a llama2.c model BOS, which separates its
+    /// training stories (llama2.c's `run.c` stops there). Absent when the tokenizer has none, and in
+    /// older reports (added in schema 2 as an optional field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_token_id: Option<u32>,
 }
 
 /// *extra*: the shapes of a decoder-only transformer.
@@ -217,7 +228,10 @@ pub struct Variant {
     pub kind: VariantKind,
     /// *extra*: the precision the variant computes in.
     pub compute_dtype: String,
-    /// Storage bits per weight over the quantized tensors (scales included).
+    /// Storage bits per weight over the whole model: 8 × the bytes of its weight tensors over the
+    /// weights they hold (a scheme's quantized tensors as stored, scales included, the rest at
+    /// FP16, over `model.parameters`; a checkpoint's tensors as its files store them, over the
+    /// values they hold, as `qdrift inspect` and llama.cpp give a file's; the noise floor 16).
     pub bits_per_weight: f64,
     /// Bytes of all weights as stored by the variant.
     pub weight_bytes: u64,

@@ -95,6 +95,7 @@ pub fn sample_report() -> Report {
             synthetic: false,
             format: "hf-safetensors".into(),
             shape: ModelShape { layers: 30, dim: 576, hidden_dim: 1536, heads: 9, kv_heads: 3, vocab_size: 49152 },
+            stop_token_id: Some(2),
         },
         workload: Workload {
             backend: "wgpu".into(),

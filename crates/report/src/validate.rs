@@ -54,6 +54,11 @@ impl Report {
         if w.eval_set.prompts.len() != w.prompts {
             return Err(format!("eval_set.prompts has {} ids for {} prompts", w.eval_set.prompts.len(), w.prompts));
         }
+        if let Some(eos) = self.model.stop_token_id
+            && eos as usize >= self.model.shape.vocab_size
+        {
+            return Err(format!("model.stop_token_id {eos} is not below vocab_size {}", self.model.shape.vocab_size));
+        }
         for &(h, ppl) in &self.reference.self_perplexity {
             in_range(&format!("reference self_perplexity at horizon {h}"), ppl, Range::Positive)?;
         }
@@ -241,6 +246,9 @@ impl TensorError {
     fn check(&self) -> Result<(), String> {
         in_range(&format!("{} rel_frobenius", self.tensor), self.rel_frobenius, Range::NonNegative)?;
         in_range(&format!("{} cosine", self.tensor), self.cosine, Range::Any)?;
+        if !(-1.0..=1.0).contains(&self.cosine) {
+            return Err(format!("{} cosine = {}, not in [-1, 1]", self.tensor, self.cosine));
+        }
         self.sqnr_db.map_or(Ok(()), |s| in_range(&format!("{} sqnr_db", self.tensor), s, Range::Any))
     }
 }

@@ -297,13 +297,13 @@ fn exit_2_an_excess_metric_on_the_noise_floor() {
 fn exit_2_a_report_of_another_schema_version() {
     let dir = temp_dir("schema-version");
     let report = dir.join("report.json");
-    let json = sample_report().to_json().unwrap().replacen("\"schema_version\": 1", "\"schema_version\": 2", 1);
+    let json = sample_report().to_json().unwrap().replacen("\"schema_version\": 2", "\"schema_version\": 1", 1);
     std::fs::write(&report, json).unwrap();
     let thresholds = dir.join("thresholds.toml");
     std::fs::write(&thresholds, "[variant.int8]\n\"kld@10\" = { max = 1 }\n").unwrap();
     let run = run_gate(&report, &thresholds, None);
     assert_eq!(run.exit_code, 2);
-    assert!(run.stderr.contains("schema_version 2"), "{}", run.stderr);
+    assert!(run.stderr.contains("schema_version 1"), "{}", run.stderr);
 }
 
 #[test]

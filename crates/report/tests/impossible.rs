@@ -125,6 +125,19 @@ fn a_negative_or_infinite_bits_per_weight_is_refused() {
     assert_contains(&e, &["bits_per_weight = inf"]);
 }
 
+/// A cosine similarity above 1 (f64 rounding of two nearly equal tensors, clamped where it is
+/// computed) and a stop token outside the vocabulary are no run's.
+#[test]
+fn a_cosine_above_one_or_a_stop_token_past_the_vocabulary_is_refused() {
+    let mut r = edited(|_| {});
+    let v = r.variants.iter_mut().find(|v| !v.per_tensor_error.is_empty()).expect("a quantized variant");
+    v.per_tensor_error[0].cosine = 1.0000000000000002;
+    assert_contains(&refusal("cosine", &r), &["cosine = 1.0000000000000002, not in [-1, 1]"]);
+    let mut r = edited(|_| {});
+    r.model.stop_token_id = Some(r.model.shape.vocab_size as u32);
+    assert_contains(&refusal("stop-token", &r), &["model.stop_token_id 49152 is not below vocab_size 49152"]);
+}
+
 #[test]
 fn the_gate_exits_2_on_an_impossible_report_naming_it() {
     let dir = temp_dir("gate-impossible");

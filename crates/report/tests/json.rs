@@ -28,16 +28,21 @@ fn a_written_report_reads_back_equal() {
 }
 
 #[test]
-fn a_report_of_schema_version_2_is_a_schema_version_error() {
-    let dir = temp_dir("schema-2");
+fn a_report_of_another_schema_version_is_a_schema_version_error() {
+    let dir = temp_dir("schema-other");
     let path = dir.join("report.json");
     let json = sample_report().to_json().unwrap();
-    let v2 = json.replacen("\"schema_version\": 1,", "\"schema_version\": 2,", 1);
-    assert_ne!(v2, json);
-    std::fs::write(&path, v2).unwrap();
-    match Report::read(&path) {
-        Err(ReportError::SchemaVersion { found: 2, expected, .. }) => assert_eq!(expected, SCHEMA_VERSION),
-        other => panic!("{other:?}"),
+    // Version 1 (bits per weight over the quantized tensors only) and a future version 3.
+    for other in [1, 3] {
+        let changed = json.replacen("\"schema_version\": 2,", &format!("\"schema_version\": {other},"), 1);
+        assert_ne!(changed, json);
+        std::fs::write(&path, changed).unwrap();
+        match Report::read(&path) {
+            Err(ReportError::SchemaVersion { found, expected, .. }) if found == other => {
+                assert_eq!(expected, SCHEMA_VERSION)
+            }
+            other => panic!("{other:?}"),
+        }
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

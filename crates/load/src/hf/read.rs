@@ -61,14 +61,15 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
         ));
     }
     let model = Reader { shards: &shards, quant: quant.as_ref(), hf: &hf }.model()?;
-    let source_storage = match &quant {
-        Some(q) => Some(quantized_storage(&shards, q, class, &model).map_err(|e| LoadError::Overflow {
-            path: dir.to_path_buf(),
-            quantity: e.quantity.to_string(),
-            inputs: format!("{} tensors", shards.tensor_count()),
-        })?),
-        None => None,
+    let storage = match &quant {
+        Some(q) => quantized_storage(&shards, q, class, &model),
+        None => stored_storage(&shards),
     };
+    let source_storage = Some(storage.map_err(|e| LoadError::Overflow {
+        path: dir.to_path_buf(),
+        quantity: e.quantity.to_string(),
+        inputs: format!("{} tensors", shards.tensor_count()),
+    })?);
 
     let tokenizer_path = tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);
     if !tokenizer_path.exists() {
@@ -179,6 +180,18 @@ fn quantized_storage(
             }
         }
     }
+    source_storage(entries.iter().map(|(d, n, b)| (d.as_str(), *n, *b)))
+}
+
+/// The stored size of an unquantized folder's tensors, per safetensors dtype.
+fn stored_storage(shards: &Shards) -> Result<SourceStorage, SizeOverflow> {
+    let entries: Vec<(String, u64, u64)> = shards
+        .tensors()
+        .map(|(_, info)| {
+            let (begin, end) = info.data_offsets;
+            (format!("{:?}", info.dtype), info.shape.iter().map(|&d| d as u64).product(), (end - begin) as u64)
+        })
+        .collect();
     source_storage(entries.iter().map(|(d, n, b)| (d.as_str(), *n, *b)))
 }
 
