@@ -162,9 +162,25 @@ pub fn run(args: QuantizeArgs) -> Result<(), Box<dyn Error>> {
     }
 
     let summary = q.summary();
+    // A GGUF's bits per weight as the file stores its tensors (norms and biases as F32, as
+    // llama.cpp's converter writes them): what `qdrift inspect` and `qdrift eval --variant` give
+    // the file.
+    let file = if gguf {
+        let sizes = qdrift_load::inspect::read_gguf_tensor_sizes(&args.out)?;
+        let storage = qdrift_load::inspect::gguf_source_storage(&sizes).map_err(|e| e.to_string())?;
+        Some(storage)
+    } else {
+        None
+    };
     let mut out = std::io::stdout().lock();
     if args.json {
-        let v = serde_json::json!({ "scheme": scheme.to_string(), "summary": summary, "tensors": q.reports() });
+        let file = file.as_ref().map(|s| serde_json::json!({ "bytes": s.bytes, "bits_per_weight": s.bits_per_weight }));
+        let v = serde_json::json!({
+            "scheme": scheme.to_string(),
+            "summary": summary,
+            "file": file,
+            "tensors": q.reports(),
+        });
         writeln!(out, "{v}")?;
         return Ok(());
     }
@@ -195,9 +211,16 @@ pub fn run(args: QuantizeArgs) -> Result<(), Box<dyn Error>> {
     )?;
     writeln!(
         out,
-        "model: {} bytes of weights, {:.4} bits/weight (the other tensors at FP16; the figure qdrift eval reports)",
+        "model: {} bytes of weights, {:.4} bits/weight (the other tensors at FP16, as `qdrift eval --schemes {scheme}` reports it)",
         summary.weight_bytes, summary.model_bits_per_weight
     )?;
+    if let Some(s) = &file {
+        writeln!(
+            out,
+            "file: {} bytes of tensors, {:.4} bits/weight (as stored: norms and biases F32; as `qdrift inspect` and `qdrift eval --variant` report the file)",
+            s.bytes, s.bits_per_weight
+        )?;
+    }
     let fell_back: Vec<String> =
         q.reports().into_iter().filter(|r| r.fell_back).map(|r| format!("{} ({})", r.tensor, r.stored)).collect();
     if !fell_back.is_empty() {

@@ -77,6 +77,72 @@ fn table_output_names_fallbacks_and_bits() {
     );
 }
 
+/// One bits-per-weight figure: a GGUF that `quantize` writes gets the same figure from `quantize`
+/// (its `file:` line), `inspect` and `eval --variant` (report.json), and `eval --schemes` reports
+/// the `model:` line's for the scheme (the norms at FP16, not F32 as the file stores them).
+#[test]
+fn a_written_gguf_has_one_bits_per_weight_everywhere() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = stories();
+    let (model, tok) = (dir.join("stories260K.bin"), dir.join("tok512.bin"));
+    let gguf = tmp.path().join("stories-q8_0.gguf");
+    let q = qdrift(&[
+        "quantize",
+        "--model",
+        model.to_str().unwrap(),
+        "--tokenizer",
+        tok.to_str().unwrap(),
+        "--scheme",
+        "q8_0",
+        "--format",
+        "gguf",
+        "--out",
+        gguf.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&q.stdout).into_owned();
+    assert!(q.status.success(), "{}", String::from_utf8_lossy(&q.stderr));
+    let figure = |prefix: &str| -> f64 {
+        let line = stdout.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no {prefix}: {stdout}"));
+        let before = line.split(" bits/weight").next().expect("a figure");
+        before.rsplit(' ').next().expect("a number").parse().expect("a number")
+    };
+    let (scheme_bits, file_bits) = (figure("model: "), figure("file: "));
+    // Its 704 norm weights are F32 in the file, FP16 in the scheme's figure.
+    assert!((file_bits - scheme_bits - 704.0 * 16.0 / 260_032.0).abs() < 1e-4, "{scheme_bits} {file_bits}");
+    let inspect = qdrift(&["inspect", "--model", gguf.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&inspect.stdout);
+    assert!(text.contains(&format!("source storage: {file_bits:.2} bits/weight")), "{text}");
+    let out = tmp.path().join("eval");
+    let e = qdrift(&[
+        "eval",
+        "--model",
+        model.to_str().unwrap(),
+        "--variant",
+        gguf.to_str().unwrap(),
+        "--schemes",
+        "q8_0",
+        "--prompts",
+        "2",
+        "--horizons",
+        "4",
+        "--resamples",
+        "50",
+        "--backend",
+        "cpu",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(e.status.success(), "{}", String::from_utf8_lossy(&e.stderr));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).expect("report")).expect("JSON");
+    let bits = |name: &str| -> f64 {
+        let v = report["variants"].as_array().unwrap().iter().find(|v| v["name"] == name).expect("variant");
+        v["bits_per_weight"].as_f64().expect("bits")
+    };
+    assert!((bits("stories-q8_0") - file_bits).abs() < 5e-5, "{} vs {file_bits}", bits("stories-q8_0"));
+    assert!((bits("q8_0") - scheme_bits).abs() < 5e-5, "{} vs {scheme_bits}", bits("q8_0"));
+}
+
 #[test]
 fn unknown_scheme_lists_the_known_ones() {
     let model = stories().join("stories260K.bin");

@@ -38,7 +38,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-pub use crate::gguf::read::gguf_source_storage;
+pub use crate::gguf::read::{gguf_source_storage, read_gguf_tensor_sizes};
 pub use crate::storage::{SizeOverflow, SourceStorage, TypeStorage, source_storage};
 
 use crate::LoadError;

@@ -315,6 +315,24 @@ pub fn read_gguf_metadata(path: &Path) -> Result<BTreeMap<String, GgufValue>, Lo
     read_metadata(&mut r, kv_count)
 }
 
+/// The stored size of every tensor of a GGUF file (as [`gguf_source_storage`] sums them), from its
+/// header, metadata and tensor infos with [`read_gguf`](super::read_gguf)'s checks on their layout;
+/// no tensor is dequantized, so any architecture is accepted.
+///
+/// # Errors
+/// [`LoadError`] naming the file, as [`read_gguf`](super::read_gguf) for the layout.
+pub fn read_gguf_tensor_sizes(path: &Path) -> Result<Vec<GgufTensorSize>, LoadError> {
+    let bytes = crate::input::read_file(path, crate::input::MODEL)?;
+    let mut r = Reader { path, bytes: &bytes, pos: 0, values: 0 };
+    let Header { tensor_count, kv_count, .. } = read_header(&mut r)?;
+    let metadata = read_metadata(&mut r, kv_count)?;
+    let raw_infos = read_tensor_infos(&mut r, tensor_count)?;
+    let data = data_section(path, &metadata, r.pos, bytes.len())?;
+    let infos = locate_tensors(path, raw_infos, data, bytes.len() as u64)?;
+    check_no_overlap(path, &infos, data.start)?;
+    Ok(infos.iter().map(TensorInfo::size).collect())
+}
+
 /// A bounds-checked little-endian cursor.
 struct Reader<'a> {
     path: &'a Path,
