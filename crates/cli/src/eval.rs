@@ -16,7 +16,8 @@ use qdrift_generate::BackendChoice;
 use qdrift_io::{PathCheck, write_atomic};
 use qdrift_quantize::QuantizeOptions;
 use qdrift_report::{
-    GateError, GateOutcome, Report, Thresholds, finish_gate, render_html_gated, render_markdown_gated, render_summary,
+    GateError, GateOutcome, Report, Thresholds, Verdict, finish_gate, render_html_gated, render_markdown_gated,
+    render_summary,
 };
 
 use crate::args::{SchemeList, SchemeListParser};
@@ -59,8 +60,14 @@ pub struct EvalArgs {
     #[arg(long, default_value = "f16", value_parser = crate::args::dtype_parser())]
     dtype: DType,
     /// Use the first N prompts of the eval set (default: all; with --reference, the store's).
-    #[arg(long)]
-    prompts: Option<usize>,
+    /// `auto` (with --gate and --max-prompts): run again with more prompts until no gated check
+    /// is inconclusive or --max-prompts is reached; the report is the last round's, exactly what
+    /// `--prompts P` writes for its P.
+    #[arg(long, value_name = "N|auto", value_parser = parse_prompts)]
+    prompts: Option<Prompts>,
+    /// With `--prompts auto`: the most prompts a round may use.
+    #[arg(long, value_name = "N", requires = "prompts")]
+    max_prompts: Option<usize>,
     /// Seed of the bootstrap resampling [default: 0; with --reference, the seed of the run that
     /// saved it].
     #[arg(long)]
@@ -148,6 +155,103 @@ pub fn gated(args: &EvalArgs) -> bool {
     args.gate.is_some()
 }
 
+/// `--prompts`: a count, or `auto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Prompts {
+    /// The first N prompts of the eval set.
+    Count(usize),
+    /// As many as the gate needs, up to `--max-prompts` ([`auto_rounds`]).
+    Auto,
+}
+
+fn parse_prompts(value: &str) -> Result<Prompts, String> {
+    if value == "auto" {
+        return Ok(Prompts::Auto);
+    }
+    match value.parse::<usize>() {
+        Ok(0) | Err(_) => Err(format!("{value:?} is not a positive prompt count or `auto`")),
+        Ok(n) => Ok(Prompts::Count(n)),
+    }
+}
+
+/// `--prompts auto`'s first round when no `--batch-size` is given: one full default batch.
+const AUTO_FIRST_ROUND: usize = qdrift_generate::MAX_DEFAULT_BATCH_SIZE;
+
+/// `--prompts auto --max-prompts MAX`: evaluates the first P prompts, gates the report in memory
+/// (as it will be written: through its JSON), and stops when no check is inconclusive or P is
+/// `MAX`; else the next round has at least twice the prompts, at least the largest
+/// `prompts_needed` of an inconclusive check (all of MAX when one is unbounded), a whole number of
+/// first rounds, at most MAX. Each round is a whole run (the reference generates again), so its
+/// report is exactly `--prompts P`'s: same bytes whatever the rounds before it. Doubling keeps the
+/// rounds' total below twice the last round's cost, or three times when the last is cut to MAX.
+fn auto_rounds(
+    cfg: &mut EvalConfig,
+    max: usize,
+    clock: &std::sync::Mutex<PhaseClock>,
+) -> Result<Evaluated, Box<dyn Error>> {
+    let thresholds = cfg.gate.as_ref().map(|(_, t)| t.clone()).ok_or("--prompts auto needs --gate")?;
+    let step = cfg.batch_size.unwrap_or(AUTO_FIRST_ROUND).clamp(1, max);
+    let mut prompts = step;
+    loop {
+        cfg.prompts = Some(prompts);
+        eprintln!("qdrift: --prompts auto: a round of {prompts} prompts (at most {max})");
+        let evaluated = evaluate_with_progress(cfg, clock)?;
+        let Evaluated::Report(report) = &evaluated else {
+            return Err("--prompts auto makes a report, not a part".into());
+        };
+        if prompts >= max {
+            return Ok(evaluated);
+        }
+        let written: Report = serde_json::from_str(&report.to_json()?)?;
+        let outcome = qdrift_report::gate(&written, &thresholds)?;
+        let open: Vec<_> = outcome.results.iter().filter(|r| r.verdict == Verdict::Inconclusive).collect();
+        if open.is_empty() {
+            eprintln!("qdrift: --prompts auto: every check resolved at {prompts} prompts");
+            return Ok(evaluated);
+        }
+        let needed = open.iter().map(|r| r.prompts_needed()).try_fold(0u64, |m, n| n.map(|n| m.max(n)));
+        let wanted = needed.map_or(max, |n| usize::try_from(n).unwrap_or(max)).max(2 * prompts);
+        let next = wanted.div_ceil(step).saturating_mul(step).min(max);
+        eprintln!(
+            "qdrift: --prompts auto: {} of {} checks inconclusive at {prompts} prompts; next round {next}",
+            open.len(),
+            outcome.results.len()
+        );
+        prompts = next;
+    }
+}
+
+/// Refuses `--prompts auto` without what it needs or with what it cannot combine with, and
+/// `--max-prompts` without it; returns the cap of an automatic run.
+fn auto_cap(args: &EvalArgs) -> Result<Option<usize>, Box<dyn Error>> {
+    if args.prompts != Some(Prompts::Auto) {
+        if args.max_prompts.is_some() {
+            return Err("--max-prompts is for --prompts auto; give --prompts N for a fixed count".into());
+        }
+        return Ok(None);
+    }
+    let max = args.max_prompts.ok_or("--prompts auto needs --max-prompts N, the most prompts a round may use")?;
+    if max == 0 {
+        return Err("--max-prompts 0: a round needs at least one prompt".into());
+    }
+    if args.gate.is_none() {
+        return Err(
+            "--prompts auto adds prompts until the gate's checks are resolved: give --gate thresholds.toml".into()
+        );
+    }
+    for (given, flag) in [
+        (args.shard.is_some(), "--shard"),
+        (args.reference.is_some(), "--reference"),
+        (args.save_reference.is_some(), "--save-reference"),
+        (args.dump_logprobs.is_some(), "--dump-logprobs"),
+    ] {
+        if given {
+            return Err(format!("--prompts auto runs several rounds and cannot be combined with {flag}").into());
+        }
+    }
+    Ok(Some(max))
+}
+
 /// Runs `qdrift eval`; with `--gate`, returns the gate's exit code.
 ///
 /// Order: the thresholds are read, every input and output path checked (the output rule,
@@ -160,6 +264,7 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
                     (name schemes, --schemes int8, or checkpoints, --variant FILE)"
             .into());
     }
+    let auto = auto_cap(&args)?;
     // Refuse unusable thresholds before an evaluation that may take hours.
     let thresholds =
         args.gate.as_ref().map(|t| Ok::<_, Box<dyn Error>>((t.clone(), Thresholds::read(t)?))).transpose()?;
@@ -180,7 +285,11 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     // A dump inside --out is staged with the reports and moved in with them.
     cfg.dump_logprobs = args.dump_logprobs.as_deref().map(|d| output.staged(d).unwrap_or_else(|| d.to_path_buf()));
     let clock = std::sync::Mutex::new(PhaseClock::new());
-    let evaluated = evaluate_with_progress(&cfg, &clock).map_err(|e| output.user_paths(&e.to_string()))?;
+    let evaluated = match auto {
+        Some(max) => auto_rounds(&mut cfg, max, &clock),
+        None => evaluate_with_progress(&cfg, &clock).map_err(Into::into),
+    }
+    .map_err(|e| output.user_paths(&e.to_string()))?;
     let report = match evaluated {
         Evaluated::Report(report) => report,
         Evaluated::Part(part) => {
@@ -419,7 +528,11 @@ fn config(args: &EvalArgs, gate: Option<(PathBuf, Thresholds)>) -> Result<EvalCo
     };
     cfg.backend = args.backend;
     cfg.dtype = args.dtype;
-    cfg.prompts = args.prompts.or(stored.as_ref().map(|s| s.prompts));
+    let given = match args.prompts {
+        Some(Prompts::Count(n)) => Some(n),
+        Some(Prompts::Auto) | None => None,
+    };
+    cfg.prompts = given.or(stored.as_ref().map(|s| s.prompts));
     cfg.seed = args.seed.or(stored.as_ref().and_then(|s| s.seed)).unwrap_or(0);
     cfg.batch_size = args.batch_size.or(stored.as_ref().map(|s| s.batch_size));
     cfg.resamples = args.resamples;

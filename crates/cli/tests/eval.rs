@@ -688,3 +688,79 @@ fn stopping_metrics_match_the_models_own_generations() {
     }
     assert!(stopped > 0, "some story ends within 200 tokens, or the test checks nothing");
 }
+
+/// `--prompts auto`: a check inconclusive at one batch of prompts gets another round with more,
+/// until it resolves; the report is byte for byte the one `--prompts P` writes for the last
+/// round's P. Without what it needs, or with what it cannot combine with, it is refused in one
+/// line before anything runs.
+#[test]
+fn prompts_auto_adds_rounds_until_the_gate_resolves() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let thresholds = tmp.path().join("thresholds.toml");
+    // int8's KLD over 10 tokens is about 3.8e-4: at 4 prompts its interval reaches past 4.5e-4,
+    // at 8 it does not.
+    std::fs::write(&thresholds, "[variant.int8]\n\"kld@10\" = { max = 4.5e-4 }\n").expect("write");
+    let model = stories().join("stories260K.bin");
+    let common = |out: &Path, prompts: &[&str]| -> std::process::Output {
+        let mut args = vec![
+            "eval",
+            "--model",
+            model.to_str().expect("utf-8"),
+            "--schemes",
+            "int8",
+            "--horizons",
+            "10",
+            "--batch-size",
+            "4",
+            "--resamples",
+            "200",
+            "--backend",
+            "cpu",
+            "--gate",
+            thresholds.to_str().expect("utf-8"),
+            "--out",
+            out.to_str().expect("utf-8"),
+        ];
+        args.extend_from_slice(prompts);
+        qdrift(&args)
+    };
+    let auto = tmp.path().join("auto");
+    let o = common(&auto, &["--prompts", "auto", "--max-prompts", "32"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("--prompts auto: a round of 4 prompts (at most 32)"), "{stderr}");
+    assert!(stderr.contains("1 of 1 checks inconclusive at 4 prompts; next round 8"), "{stderr}");
+    assert!(stderr.contains("every check resolved at 8 prompts"), "{stderr}");
+    let fixed = tmp.path().join("fixed");
+    let o = common(&fixed, &["--prompts", "8"]);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    for file in ["report.json", "report.md", "report.html"] {
+        let (a, b) = (std::fs::read(auto.join(file)).expect("auto"), std::fs::read(fixed.join(file)).expect("fixed"));
+        assert!(a == b, "{file} of --prompts auto differs from --prompts 8's");
+    }
+    // Refused in one line, exit 1, nothing written.
+    let refused = tmp.path().join("refused");
+    for (extra, message) in [
+        (&["--prompts", "auto"][..], "--prompts auto needs --max-prompts N"),
+        (&["--prompts", "8", "--max-prompts", "16"][..], "--max-prompts is for --prompts auto"),
+        (&["--prompts", "auto", "--max-prompts", "16", "--shard", "0/2"][..], "cannot be combined with --shard"),
+        (&["--prompts", "0"][..], "is not a positive prompt count or `auto`"),
+    ] {
+        let o = common(&refused, extra);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && stderr.contains(message), "{extra:?}: {stderr}");
+        assert!(!refused.join("report.json").exists());
+    }
+    let o = qdrift(&[
+        "eval",
+        "--model",
+        model.to_str().expect("utf-8"),
+        "--prompts",
+        "auto",
+        "--max-prompts",
+        "8",
+        "--out",
+        refused.to_str().expect("utf-8"),
+    ]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("give --gate thresholds.toml"), "{o:?}");
+}
