@@ -32,6 +32,29 @@ pub fn run_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(),
     if status.success() { Ok(()) } else { Err(format!("{program} {} failed ({status})", args.join(" "))) }
 }
 
+/// An installed `qdrift` runs on its own, in `work` (a folder outside the checkout):
+/// `--version`, and a stories260K evaluation with the built-in eval set into `work/stories`.
+/// `how` names the installation in messages (`cargo install`, `the wheel`).
+pub fn installed_qdrift_runs(qdrift: &Path, work: &Path, stories: &Path, how: &str) -> Result<(), String> {
+    let run = |args: &[&str]| -> Result<(), String> {
+        let status = Command::new(qdrift)
+            .args(args)
+            .current_dir(work)
+            .status()
+            .map_err(|e| format!("cannot run {how}'s {}: {e}", qdrift.display()))?;
+        if status.success() { Ok(()) } else { Err(format!("{how}'s qdrift {} failed ({status})", args.join(" "))) }
+    };
+    run(&["--version"])?;
+    let model = stories.to_string_lossy();
+    let args = ["--prompts", "2", "--horizons", "5", "--schemes", "int8", "--backend", "cpu", "--resamples", "50"];
+    run(&[&["eval", "--model", &model][..], &args[..], &["--out", "stories"][..]].concat())?;
+    if !work.join("stories/report.json").is_file() {
+        return Err(format!("{how}'s qdrift evaluated stories260K but wrote no report.json"));
+    }
+    println!("xtask: {how}: the installed qdrift runs (--version and a stories260K evaluation)");
+    Ok(())
+}
+
 /// The SHA-256 of the file at `path`, lowercase hex.
 pub(crate) fn sha256(path: &Path) -> Result<String, String> {
     use sha2::{Digest, Sha256};

@@ -198,43 +198,10 @@ fn install_check() -> Result<(), String> {
     let work = std::env::temp_dir().join(format!("qdrift-install-check-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
-    let model = shared().join("models/stories260K/stories260K.bin");
-    let out = work.join("out");
-    let run_in = |args: &[&str]| -> Result<(), String> {
-        let status = std::process::Command::new(&bin)
-            .args(args)
-            .current_dir(&work)
-            .status()
-            .map_err(|e| format!("cannot run the installed {}: {e}", bin.display()))?;
-        if status.success() { Ok(()) } else { Err(format!("installed qdrift {} failed ({status})", args.join(" "))) }
-    };
-    let result = run_in(&["--version"]).and_then(|()| {
-        run_in(&[
-            "eval",
-            "--model",
-            &model.to_string_lossy(),
-            "--prompts",
-            "2",
-            "--horizons",
-            "5",
-            "--schemes",
-            "int8",
-            "--backend",
-            "cpu",
-            "--resamples",
-            "50",
-            "--out",
-            &out.to_string_lossy(),
-        ])
-    });
-    let wrote = out.join("report.json").is_file();
+    let stories = shared().join("models/stories260K/stories260K.bin");
+    let result = common::installed_qdrift_runs(&bin, &work, &stories, "cargo install --path crates/cli");
     let _ = std::fs::remove_dir_all(&work);
-    result?;
-    if !wrote {
-        return Err("the installed qdrift's evaluation wrote no report.json".into());
-    }
-    println!("xtask: cargo install --path crates/cli: the installed qdrift runs");
-    Ok(())
+    result
 }
 
 /// qdrift-model builds without debug assertions (Cargo.toml says why: they slow its SIMD kernels

@@ -214,24 +214,6 @@ fn run_example(file: &Path, tools: &Path, wheels: &Path, work: &Path, shared: &P
     Ok(())
 }
 
-/// The qdrift the wheel installed into `work`'s venv (by the example's `pip install qdrift`)
-/// runs on its own, from a folder outside the checkout: `--version`, and a stories260K
-/// evaluation with the built-in eval set.
-fn installed_runs(work: &Path, shared: &Path) -> Result<(), String> {
-    let qdrift = work.join(".venv/bin/qdrift").to_string_lossy().into_owned();
-    let path = std::env::var("PATH").unwrap_or_default();
-    let none: &[(String, String)] = &[];
-    run_in(work, &path, none, &qdrift, &["--version"])?;
-    let model = shared.join("models/stories260K/stories260K.bin");
-    let args = ["--prompts", "2", "--horizons", "5", "--schemes", "int8", "--backend", "cpu", "--out", "stories"];
-    run_in(work, &path, none, &qdrift, &[&["eval", "--model", &model.to_string_lossy()][..], &args[..]].concat())?;
-    if !work.join("stories/report.json").is_file() {
-        return Err("the wheel's qdrift evaluated stories260K but wrote no report.json".into());
-    }
-    println!("xtask: the wheel's qdrift runs from a fresh venv: --version and a stories260K evaluation");
-    Ok(())
-}
-
 /// The CI examples against their services' schemas, the GitHub workflow through actionlint, and
 /// every shell step of both through shellcheck.
 fn lint_examples(root: &Path, target: &Path, bin: &Path, (github, gitlab): (&Path, &Path)) -> Result<(), String> {
@@ -281,7 +263,12 @@ pub fn wheel_check(root: &Path, target: &Path, shared: &Path) -> Result<(), Stri
     lint_examples(root, target, &bin, (&github, &gitlab))?;
     let work = std::env::temp_dir().join(format!("qdrift-wheel-check-{}", std::process::id()));
     let result = run_example(&github, &bin, wheels, &work.join("github"), shared)
-        .and_then(|()| installed_runs(&work.join("github"), shared))
+        .and_then(|()| {
+            // The qdrift the example's `pip install qdrift` put in its venv, on its own.
+            let github = work.join("github");
+            let stories = shared.join("models/stories260K/stories260K.bin");
+            crate::common::installed_qdrift_runs(&github.join(".venv/bin/qdrift"), &github, &stories, "the wheel")
+        })
         .and_then(|()| run_example(&gitlab, &bin, wheels, &work.join("gitlab"), shared))
         .and_then(|()| {
             let schema = root.join("schema/report.schema.json");

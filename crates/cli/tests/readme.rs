@@ -6,11 +6,11 @@
 //! run; the one exception is `pip install qdrift`, which `cargo xtask ci` runs against the wheel
 //! it built (`xtask::wheel_check`), and which this test skips by name.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 mod common;
-use common::qdrift;
+use common::{qdrift, shared};
 
 /// The lines of every ```` ```sh ```` block, in order, one entry per block.
 fn sh_blocks(readme: &str) -> Vec<String> {
@@ -19,13 +19,6 @@ fn sh_blocks(readme: &str) -> Vec<String> {
         .skip(1)
         .map(|rest| rest.split("\n```").next().expect("a closed block").to_string())
         .collect()
-}
-
-/// The shared checkpoints beside the repository (override with `QDRIFT_SHARED`).
-fn shared() -> PathBuf {
-    std::env::var_os("QDRIFT_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
 }
 
 #[test]

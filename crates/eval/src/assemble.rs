@@ -36,9 +36,9 @@ fn summarize_all(context: &mut RunContext, measurement: Measurement) -> Result<V
         None => KlMethod::Exact,
     });
     let mut variants = Vec::with_capacity(measurement.variants.len());
+    let eos = context.model.stop_token_id;
     for (i, (header, traces)) in measurement.variants.into_iter().enumerate() {
         let floor = if i == 0 { None } else { noise_floor.as_deref() };
-        let eos = context.model.stop_token_id;
         variants.push(summarize(header, &traces, floor, &horizons, (bootstrap, eos), longest)?);
     }
     Ok(variants)

@@ -235,7 +235,7 @@ fn checkpoint_variant(
         None => {
             let identity = model_identity_file(path);
             let bytes = std::fs::metadata(&identity).map_err(EvalError::io(&identity))?.len();
-            (bytes, qdrift_quantize::bits_per_weight(bytes, reference.parameters))
+            (bytes, qdrift_load::inspect::bits_per_weight(bytes, reference.parameters as u64))
         }
     };
     let (sha256, files) = checkpoint_hash(path)?;
@@ -355,17 +355,16 @@ fn check_same_model(
     // Hugging Face folder's tokenizer.json stops at 151669): sizes may differ up to the shared
     // embedding size, provided every token both have decodes the same.
     let (ours, theirs) = (reference.tokenizer.vocab_size(), other.tokenizer.vocab_size());
-    let rows = reference.arch.vocab_size;
-    if ours != theirs && (ours.max(theirs) > rows) {
-        return refuse(format!("its tokenizer has {theirs} tokens, the reference's {ours}"));
-    }
-    if ours != theirs
-        && let Some(id) =
-            (0..ours.min(theirs) as u32).find(|&id| other.tokenizer.decode(&[id]) != reference.tokenizer.decode(&[id]))
-    {
-        return refuse(format!(
-            "its tokenizer has {theirs} tokens, the reference's {ours}, and token {id} differs between them"
-        ));
+    if ours != theirs {
+        if ours.max(theirs) > reference.arch.vocab_size {
+            return refuse(format!("its tokenizer has {theirs} tokens, the reference's {ours}"));
+        }
+        let differs = |&id: &u32| other.tokenizer.decode(&[id]) != reference.tokenizer.decode(&[id]);
+        if let Some(id) = (0..ours.min(theirs) as u32).find(differs) {
+            return refuse(format!(
+                "its tokenizer has {theirs} tokens, the reference's {ours}, and token {id} differs between them"
+            ));
+        }
     }
     for (i, p) in prompts.iter().enumerate() {
         let text = reference.tokenizer.decode(p);

@@ -39,7 +39,7 @@ use std::path::Path;
 use serde::Serialize;
 
 pub use crate::gguf::read::{gguf_source_storage, read_gguf_tensor_sizes};
-pub use crate::storage::{SizeOverflow, SourceStorage, TypeStorage, source_storage};
+pub use crate::storage::{SizeOverflow, SourceStorage, TypeStorage, bits_per_weight, source_storage};
 
 use crate::LoadError;
 use crate::loaded::{LoadedModel, ModelFormat};

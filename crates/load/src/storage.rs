@@ -46,8 +46,10 @@ pub struct SizeOverflow {
     pub quantity: &'static str,
 }
 
-/// `8 · bytes / elements`, 0 for no elements.
-fn bits_per_weight(bytes: u64, elements: u64) -> f64 {
+/// Bits per weight, one definition wherever qdrift gives one (`inspect`, `quantize`,
+/// `report.json`, the reports' glossary): `8 · bytes / elements`, the bits the weight tensors are
+/// stored in over the weights they hold, as llama.cpp gives a file's; 0 for no elements.
+pub fn bits_per_weight(bytes: u64, elements: u64) -> f64 {
     if elements == 0 { 0.0 } else { 8.0 * bytes as f64 / elements as f64 }
 }
 

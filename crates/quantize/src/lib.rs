@@ -31,8 +31,8 @@ pub use footprint::SchemeFootprint;
 pub use gguf_out::{GgufWriteError, check_gguf_scheme, gguf_schemes, write_gguf};
 pub use hf_packed::{HfLayout, HfPacked, HfTensor, pack_hf};
 pub use model::{
-    QuantSummary, QuantizeOptions, QuantizedModel, QuantizedTensor, TensorReport, WeightSlot, bits_per_weight,
-    quantize_model, quantize_model_owned,
+    QuantSummary, QuantizeOptions, QuantizedModel, QuantizedTensor, TensorReport, WeightSlot, quantize_model,
+    quantize_model_owned,
 };
 pub use qdrift_codecs::{
     ActivationQuant, ActivationScale, DynamicFormat, ErrorStats, Fp8Format, GgmlError, GgmlType, KvQuant, NF4_CODE,

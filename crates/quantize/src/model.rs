@@ -135,14 +135,6 @@ pub struct TensorReport {
     pub fell_back: bool,
 }
 
-/// Bits per weight, one definition wherever qdrift gives a model's (`report.json`, `quantize`,
-/// the reports' glossary): the bits its weight tensors are stored in over its parameter count,
-/// `8 · bytes / parameters`, as llama.cpp's BPW is a file's tensor bytes over its weights (0 for
-/// no parameters).
-pub fn bits_per_weight(bytes: u64, parameters: usize) -> f64 {
-    if parameters == 0 { 0.0 } else { bytes as f64 * 8.0 / parameters as f64 }
-}
-
 /// Totals over the quantized tensors of a model.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct QuantSummary {
@@ -159,8 +151,8 @@ pub struct QuantSummary {
     /// Bytes of the whole model's weights as the variant holds them: the quantized tensors as
     /// stored and every other weight at FP16, as the reference holds it.
     pub weight_bytes: u64,
-    /// The model's bits per weight, [`bits_per_weight`]`(weight_bytes, parameters)`: the figure
-    /// `report.json` gives the variant.
+    /// The model's bits per weight, [`qdrift_load::inspect::bits_per_weight`]`(weight_bytes,
+    /// parameters)`: the figure `report.json` gives the variant.
     pub model_bits_per_weight: f64,
     /// Aggregate SQNR over all quantized elements, `10·log10(Σ ref² / Σ err²)` dB; `None` when
     /// every quantized tensor is exact (+∞ dB) or nothing was quantized.
@@ -216,7 +208,7 @@ impl QuantizedModel {
                 storage_bytes as f64 * 8.0 / quantized_weights as f64
             },
             weight_bytes,
-            model_bits_per_weight: bits_per_weight(weight_bytes, parameters),
+            model_bits_per_weight: qdrift_load::inspect::bits_per_weight(weight_bytes, parameters as u64),
             sqnr_db: if noise == 0.0 { None } else { Some(10.0 * (signal / noise).log10()) },
             fell_back: self.tensors.iter().filter(|t| t.matrix.fell_back()).map(|t| t.name.clone()).collect(),
         }

@@ -5,12 +5,16 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The stories260K folder in `../shared` beside the repository (override with `QDRIFT_SHARED`).
-pub fn stories() -> PathBuf {
+/// The shared checkpoints, `../shared` beside the repository (override with `QDRIFT_SHARED`).
+pub fn shared() -> PathBuf {
     std::env::var_os("QDRIFT_SHARED")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-        .join("models/stories260K")
+}
+
+/// The stories260K folder in [`shared`].
+pub fn stories() -> PathBuf {
+    shared().join("models/stories260K")
 }
 
 /// Runs the `qdrift` binary under test.

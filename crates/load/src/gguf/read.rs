@@ -323,14 +323,30 @@ pub fn read_gguf_metadata(path: &Path) -> Result<BTreeMap<String, GgufValue>, Lo
 /// [`LoadError`] naming the file, as [`read_gguf`](super::read_gguf) for the layout.
 pub fn read_gguf_tensor_sizes(path: &Path) -> Result<Vec<GgufTensorSize>, LoadError> {
     let bytes = crate::input::read_file(path, crate::input::MODEL)?;
-    let mut r = Reader { path, bytes: &bytes, pos: 0, values: 0 };
-    let Header { tensor_count, kv_count, .. } = read_header(&mut r)?;
+    let layout = read_layout(path, &bytes)?;
+    Ok(layout.infos.iter().map(TensorInfo::size).collect())
+}
+
+/// What a GGUF file says before its tensors' data: its version, metadata and tensors, each
+/// tensor located in the data section.
+struct Layout {
+    version: u32,
+    metadata: BTreeMap<String, GgufValue>,
+    infos: Vec<TensorInfo>,
+    data: DataSection,
+}
+
+/// The header, metadata and tensor infos of a GGUF file's `bytes`, with every check on where the
+/// tensors lie: inside the data section, none overlapping another.
+fn read_layout(path: &Path, bytes: &[u8]) -> Result<Layout, LoadError> {
+    let mut r = Reader { path, bytes, pos: 0, values: 0 };
+    let Header { version, tensor_count, kv_count } = read_header(&mut r)?;
     let metadata = read_metadata(&mut r, kv_count)?;
     let raw_infos = read_tensor_infos(&mut r, tensor_count)?;
     let data = data_section(path, &metadata, r.pos, bytes.len())?;
     let infos = locate_tensors(path, raw_infos, data, bytes.len() as u64)?;
     check_no_overlap(path, &infos, data.start)?;
-    Ok(infos.iter().map(TensorInfo::size).collect())
+    Ok(Layout { version, metadata, infos, data })
 }
 
 /// A bounds-checked little-endian cursor.
@@ -484,13 +500,7 @@ pub(super) type FamilyReader =
 /// The file's layout in order: header, metadata, tensor infos, then the model built from them
 /// (by `family` where it reads the architecture).
 pub(super) fn parse_gguf_with(path: &Path, bytes: &[u8], family: FamilyReader) -> Result<GgufModel, LoadError> {
-    let mut r = Reader { path, bytes, pos: 0, values: 0 };
-    let Header { version, tensor_count, kv_count } = read_header(&mut r)?;
-    let metadata = read_metadata(&mut r, kv_count)?;
-    let raw_infos = read_tensor_infos(&mut r, tensor_count)?;
-    let data = data_section(path, &metadata, r.pos, bytes.len())?;
-    let infos = locate_tensors(path, raw_infos, data, bytes.len() as u64)?;
-    check_no_overlap(path, &infos, data.start)?;
+    let Layout { version, metadata, infos, data } = read_layout(path, bytes)?;
     check_file_order(path, &infos, data)?;
 
     let tensor_types = infos.iter().map(|t| (t.name.clone(), t.ty.name())).collect();

@@ -169,29 +169,24 @@ fn quantized_storage(
     let kind = quant.summary.weights.as_str();
     let mut entries: Vec<(String, u64, u64)> = modules.iter().map(|(_, n)| (kind.to_string(), *n, 0)).collect();
     for (name, info) in shards.tensors() {
-        let (begin, end) = info.data_offsets;
-        let bytes = (end - begin) as u64;
         let owner = name.rsplit_once('.').and_then(|(m, _)| index.get(m).copied());
         match owner {
-            Some(k) => entries[k].2 += bytes,
-            None => {
-                let n = info.shape.iter().map(|&d| d as u64).product();
-                entries.push((format!("{:?}", info.dtype), n, bytes));
-            }
+            Some(k) => entries[k].2 += stored(info).2,
+            None => entries.push(stored(info)),
         }
     }
     source_storage(entries.iter().map(|(d, n, b)| (d.as_str(), *n, *b)))
 }
 
+/// A stored tensor as `source_storage` counts it: its dtype's name, its values, its bytes.
+fn stored(info: &safetensors::tensor::TensorInfo) -> (String, u64, u64) {
+    let (begin, end) = info.data_offsets;
+    (format!("{:?}", info.dtype), info.shape.iter().map(|&d| d as u64).product(), (end - begin) as u64)
+}
+
 /// The stored size of an unquantized folder's tensors, per safetensors dtype.
 fn stored_storage(shards: &Shards) -> Result<SourceStorage, SizeOverflow> {
-    let entries: Vec<(String, u64, u64)> = shards
-        .tensors()
-        .map(|(_, info)| {
-            let (begin, end) = info.data_offsets;
-            (format!("{:?}", info.dtype), info.shape.iter().map(|&d| d as u64).product(), (end - begin) as u64)
-        })
-        .collect();
+    let entries: Vec<(String, u64, u64)> = shards.tensors().map(|(_, info)| stored(info)).collect();
     source_storage(entries.iter().map(|(d, n, b)| (d.as_str(), *n, *b)))
 }
 
