@@ -15,10 +15,31 @@ use qdrift_generate::BackendChoice;
 use qdrift_report::{KlMethod, Report};
 use qdrift_tests::stories_eval;
 
-/// Metrics computed from the KL divergence; every other metric must not depend on K.
 /// The metrics computed from the per-position KL divergence, a lower bound in top-K mode (the
-/// percentiles too: a quantile of pointwise lower bounds is at most the quantile of the values).
-const KL_METRICS: [&str; 5] = ["kld", "kld_median", "kld_p90", "kld_p99", "excess_kld"];
+/// percentiles too: a quantile of pointwise lower bounds is at most the quantile of the values),
+/// and the reverse KL's.
+const KL_METRICS: [&str; 9] = [
+    "kld",
+    "kld_median",
+    "kld_p90",
+    "kld_p99",
+    "excess_kld",
+    "kld_reverse",
+    "kld_reverse_median",
+    "kld_reverse_p90",
+    "kld_reverse_p99",
+];
+
+/// The metrics computed from the per-position acceptance `Σ min(p, q)`, an upper bound in top-K
+/// mode. Every metric in neither list must not depend on K (the top-K overlaps are exact for
+/// K = 16 ≥ 5).
+const ACCEPTANCE_METRICS: [&str; 5] = [
+    "spec_acceptance",
+    "spec_sampling_tokens_per_step_g1",
+    "spec_sampling_tokens_per_step_g2",
+    "spec_sampling_tokens_per_step_g4",
+    "spec_sampling_tokens_per_step_g8",
+];
 
 fn stories_config() -> EvalConfig {
     stories_eval(6, 4, &["int8", "int4-g32"])
@@ -31,9 +52,17 @@ fn non_kl_metrics(report: &Report) -> Vec<String> {
         .iter()
         .flat_map(|v| {
             v.horizons.iter().flat_map(move |h| {
-                h.iter().filter(|(m, _)| !KL_METRICS.contains(&m.name)).map(move |(m, e)| {
-                    format!("{} @{} {}: {}", v.name, h.tokens, m.name, serde_json::to_string(e).expect("serializes"))
-                })
+                h.iter().filter(|(m, _)| !KL_METRICS.contains(&m.name) && !ACCEPTANCE_METRICS.contains(&m.name)).map(
+                    move |(m, e)| {
+                        format!(
+                            "{} @{} {}: {}",
+                            v.name,
+                            h.tokens,
+                            m.name,
+                            serde_json::to_string(e).expect("serializes")
+                        )
+                    },
+                )
             })
         })
         .collect()
@@ -74,6 +103,15 @@ fn stories_compact_reference_is_a_lower_bound_and_changes_nothing_else() {
             assert!(c <= e * (1.0 + 1e-5) + 1e-9, "the compact KL {c} is a lower bound of {e}");
             if v > 0 {
                 assert!(c > 0.5 * e, "K = 16 of 512 keeps most of the divergence ({c} vs {e})");
+            }
+            let mean = |r: &Report, name: &str| r.variants[v].horizons[h].metric(name).expect("metric").mean;
+            for name in KL_METRICS.iter().filter(|n| n.starts_with("kld_reverse")) {
+                let (c, e) = (mean(&compact, name), mean(&exact, name));
+                assert!(c <= e * (1.0 + 1e-5) + 1e-9, "{name}: the compact {c} is a lower bound of {e}");
+            }
+            for name in ACCEPTANCE_METRICS {
+                let (c, e) = (mean(&compact, name), mean(&exact, name));
+                assert!(c >= e * (1.0 - 1e-6), "{name}: the compact {c} is an upper bound of {e}");
             }
         }
     }

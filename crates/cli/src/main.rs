@@ -5,6 +5,7 @@
 
 mod args;
 mod bandwidth;
+mod compare;
 mod eval;
 mod gate;
 mod generate;
@@ -21,6 +22,7 @@ use clap::{Parser, Subcommand};
 const EXAMPLES: &str = "Examples:
   qdrift eval --model models/base.gguf --schemes int8,int4-g128 --out drift
   qdrift gate --report drift/report.json --thresholds thresholds.toml
+  qdrift compare last-release/report.json drift/report.json --max-worse kld@100=0.002
   qdrift quantize --model models/base --scheme q4_k --format gguf --out base-q4_k.gguf
   qdrift inspect --model models/base.gguf
 Every command: qdrift help COMMAND";
@@ -41,6 +43,10 @@ const MERGE_EXAMPLES: &str = "Examples:
 const GATE_EXAMPLES: &str = "Examples:
   qdrift gate --report drift/report.json --thresholds thresholds.toml --junit gate.xml
   qdrift gate --report drift/report.json --thresholds thresholds.toml --summary-md \"$GITHUB_STEP_SUMMARY\"";
+
+const COMPARE_EXAMPLES: &str = "Examples:
+  qdrift compare release-1/report.json release-2/report.json --max-worse kld@100=0.005 --out compared
+  qdrift compare drift/report.json drift/report.json --variant-a int8 --variant-b int4-g128";
 
 const THRESHOLDS_EXAMPLES: &str = "Examples:
   qdrift thresholds suggest drift/report.json --margin 0.1 --out thresholds.toml
@@ -95,6 +101,11 @@ enum Command {
     /// error statistics, and write the result as safetensors or as a GGUF file llama.cpp runs.
     #[command(after_help = QUANTIZE_EXAMPLES)]
     Quantize(quantize::QuantizeArgs),
+    /// Two variants of the same reference, prompts and seed, head to head: per metric the paired
+    /// difference B − A with its bootstrap interval, the sign test over prompts, and which is
+    /// closer to the reference; exit 0, 1 or 3 on --max-worse checks as `qdrift gate` does.
+    #[command(after_help = COMPARE_EXAMPLES)]
+    Compare(compare::CompareArgs),
     /// Thresholds files for `qdrift gate`: `suggest` writes one from a known-good report.
     #[command(after_help = THRESHOLDS_EXAMPLES)]
     Thresholds(thresholds::ThresholdsArgs),
@@ -124,6 +135,7 @@ fn main() -> ExitCode {
     let mut error_code = ExitCode::FAILURE;
     let result = match cli.command {
         Command::Gate(args) => return gate::run(&args),
+        Command::Compare(args) => return compare::run(&args),
         Command::Inspect(args) => inspect::run(args),
         Command::Eval(args) => {
             // A gated run that cannot be gated exits 2, as `qdrift gate` on unusable input.
@@ -214,6 +226,7 @@ mod tests {
             ("eval", EVAL_EXAMPLES),
             ("merge", MERGE_EXAMPLES),
             ("gate", GATE_EXAMPLES),
+            ("compare", COMPARE_EXAMPLES),
             ("inspect", INSPECT_EXAMPLES),
             ("generate", GENERATE_EXAMPLES),
             ("quantize", QUANTIZE_EXAMPLES),

@@ -177,9 +177,12 @@ fn report_metrics_match_an_independent_recomputation() {
             dump.to_str().expect("utf-8"),
         ],
     );
-    // variant → prompt → position → (kld, top1 agree, ln p_ref(token), ln p_var(token))
+    // variant → prompt → position → (kld, top1 agree, ln p_ref(token), ln p_var(token)), and
+    // (reverse KL, Σ min(p, q), top-K overlaps for K = 1..5, reference's top-1 in variant's top-5)
     type Key = (String, usize, usize);
     let mut rows: std::collections::BTreeMap<Key, (f64, bool, f64, f64)> = Default::default();
+    type More = (f64, f64, [f64; 5], bool);
+    let mut more: std::collections::BTreeMap<Key, More> = Default::default();
     let text = std::fs::read_to_string(&dump).expect("dump written");
     for line in text.lines() {
         let v: Value = serde_json::from_str(line).expect("dump line is JSON");
@@ -193,6 +196,19 @@ fn report_metrics_match_an_independent_recomputation() {
             v["prompt"].as_u64().expect("p") as usize,
             v["position"].as_u64().expect("t") as usize,
         );
+        let reverse: f64 = lq.iter().zip(&lr).map(|(b, a)| b.exp() * (b - a)).sum();
+        let accept: f64 = lr.iter().zip(&lq).map(|(a, b)| a.exp().min(b.exp())).sum();
+        // The five most likely tokens, lower id first on ties (a stable sort).
+        let top5 = |x: &[f64]| {
+            let mut order: Vec<usize> = (0..x.len()).collect();
+            order.sort_by(|&a, &b| x[b].total_cmp(&x[a]));
+            order.truncate(5);
+            order
+        };
+        let (tr, tq) = (top5(&lr), top5(&lq));
+        let overlap =
+            std::array::from_fn(|k| tr[..=k].iter().filter(|i| tq[..=k].contains(i)).count() as f64 / (k + 1) as f64);
+        more.insert(key.clone(), (reverse, accept, overlap, tq.contains(&tr[0])));
         rows.insert(key, (kld, argmax(&lr) == argmax(&lq), lr[token], lq[token]));
     }
     let mut checked = 0;
@@ -223,9 +239,42 @@ fn report_metrics_match_an_independent_recomputation() {
                 assert!((got - want).abs() <= 1e-6, "{name}@{h} {what}: report {got}, recomputed {want}");
                 checked += 1;
             }
+            // Means over all positions (every prompt has h): the mean of prompts' means.
+            let all: Vec<&More> = (0..5)
+                .flat_map(|p| (0..h).map(move |t| (p, t)))
+                .map(|(p, t)| &more[&(name.to_string(), p, t)])
+                .collect();
+            let avg = |g: &dyn Fn(&More) -> f64| all.iter().map(|x| g(x)).sum::<f64>() / all.len() as f64;
+            let alpha = avg(&|x| x.1.min(1.0));
+            let mut checks = vec![
+                ("kld_reverse", avg(&|x| x.0.max(0.0))),
+                ("spec_acceptance", alpha),
+                ("ref_top1_in_var_top_k", avg(&|x| f64::from(u8::from(x.3)))),
+                // Leviathan et al. 2023, eq. 1.
+                ("spec_sampling_tokens_per_step_g4", (1.0 - alpha.powi(5)) / (1.0 - alpha)),
+            ];
+            for k in 2..=5 {
+                let name: &'static str =
+                    ["", "", "top_k_overlap_k2", "top_k_overlap_k3", "top_k_overlap_k4", "top_k_overlap_k5"][k];
+                checks.push((name, avg(&|x| x.2[k - 1])));
+            }
+            assert!((avg(&|x| x.2[0]) - top1).abs() < 1e-12, "K = 1 overlap is the top-1 agreement");
+            for (metric, want) in checks {
+                let got = f(&m[metric]["mean"]);
+                assert!((got - want).abs() <= 1e-6, "{name}@{h} {metric}: report {got}, recomputed {want}");
+                checked += 1;
+            }
+            let p99 = f(&m["kld_reverse"]["p99"]);
+            let mut pooled: Vec<f64> = all.iter().map(|x| x.0.max(0.0)).collect();
+            pooled.sort_by(f64::total_cmp);
+            // Hyndman & Fan type 7.
+            let at = (pooled.len() - 1) as f64 * 0.99;
+            let lo = at.floor() as usize;
+            let want = pooled[lo] + (at - lo as f64) * (pooled[(lo + 1).min(pooled.len() - 1)] - pooled[lo]);
+            assert!((p99 - want).abs() <= 1e-6 * want.max(1e-3), "{name}@{h} reverse KLD p99: {p99} vs {want}");
         }
     }
-    assert_eq!(checked, 18);
+    assert_eq!(checked, 18 + 6 * 8);
 }
 
 /// Same inputs and seed → byte-identical report.

@@ -5,9 +5,9 @@
 
 use qdrift_report::{Distribution, EntropyStratum, Estimate, FirstDivergence, HorizonMetrics, PerPosition};
 use qdrift_score::{
-    Divergence, Interval, PositionMetrics, PromptLogProbs, bootstrap_ci, bootstrap_mean_ci, entropy_quartiles,
-    first_divergence, greedy_speculative_steps, kaplan_meier, median_survival, paired_difference_ci,
-    pooled_quantile_ci, ppl_ratio_ci, quantile, summarize, wilson_interval,
+    Divergence, Interval, PositionMetrics, PromptLogProbs, TOP_K, TopKAgreement, bootstrap_ci, bootstrap_mean_ci,
+    entropy_quartiles, expected_tokens, first_divergence, greedy_speculative_steps, kaplan_meier, median_survival,
+    paired_difference_ci, pooled_quantile_ci, ppl_ratio_ci, quantile, summarize, wilson_interval,
 };
 
 use crate::error::EvalError;
@@ -19,6 +19,18 @@ const SPECULATIVE: [(&str, usize); 4] = [
     ("spec_tokens_per_step_g4", 4),
     ("spec_tokens_per_step_g8", 8),
 ];
+
+/// The speculative-sampling metrics (temperature 1) and their draft lengths.
+const SPECULATIVE_SAMPLING: [(&str, usize); 4] = [
+    ("spec_sampling_tokens_per_step_g1", 1),
+    ("spec_sampling_tokens_per_step_g2", 2),
+    ("spec_sampling_tokens_per_step_g4", 4),
+    ("spec_sampling_tokens_per_step_g8", 8),
+];
+
+/// The top-K overlap metrics and their K (K = 1 is `top1_agreement`).
+const TOP_K_OVERLAP: [(&str, usize); 4] =
+    [("top_k_overlap_k2", 2), ("top_k_overlap_k3", 3), ("top_k_overlap_k4", 4), ("top_k_overlap_k5", 5)];
 
 /// Confidence level of every interval.
 pub const LEVEL: f64 = 0.95;
@@ -35,6 +47,12 @@ pub struct Trace {
     pub var_tokens: Vec<u32>,
     /// KL(P_ref ‖ P_var) per position, nats, `[H]`.
     pub kld: Vec<f32>,
+    /// KL(P_var ‖ P_ref) per position, nats, `[H]`.
+    pub kld_reverse: Vec<f32>,
+    /// Speculative sampling's acceptance `Σ min(p_ref, p_var)` per position, `[H]`.
+    pub accept: Vec<f32>,
+    /// Where the two top-5 lists agree, per position, `[H]`.
+    pub top_k: Vec<TopKAgreement>,
     /// Top-1 agreement per position, `[H]`.
     pub top1: Vec<bool>,
     /// `ln p_ref(ref token)`, `[H]`.
@@ -127,6 +145,9 @@ impl Trace {
             ref_tokens,
             var_tokens,
             kld: vec![0.0; h],
+            kld_reverse: vec![0.0; h],
+            accept: vec![0.0; h],
+            top_k: vec![TopKAgreement { shared: [0; TOP_K], ref_top1_rank: TOP_K as u8 }; h],
             top1: vec![false; h],
             logp_ref: vec![0.0; h],
             logp_var: vec![0.0; h],
@@ -150,6 +171,35 @@ impl Trace {
     /// Mean KL divergence over the first `h` positions.
     pub fn mean_kld(&self, h: usize) -> f64 {
         (0..h).map(|t| self.kld_at(t)).sum::<f64>() / h as f64
+    }
+
+    /// Reverse KL divergence at position `t`, in f64, negative rounding counted as 0 (as
+    /// [`Trace::kld_at`]).
+    pub fn kld_reverse_at(&self, t: usize) -> f64 {
+        f64::from(self.kld_reverse[t]).max(0.0)
+    }
+
+    /// Mean reverse KL divergence over the first `h` positions.
+    pub fn mean_kld_reverse(&self, h: usize) -> f64 {
+        (0..h).map(|t| self.kld_reverse_at(t)).sum::<f64>() / h as f64
+    }
+
+    /// Mean speculative-sampling acceptance over the first `h` positions, each clamped to
+    /// `[0, 1]` (f32 sums can pass 1 by rounding).
+    pub fn mean_acceptance(&self, h: usize) -> f64 {
+        self.accept[..h].iter().map(|&a| f64::from(a).clamp(0.0, 1.0)).sum::<f64>() / h as f64
+    }
+
+    /// Mean top-`k` overlap over the first `h` positions; `None` where a position's is unknown
+    /// (a compact reference that kept fewer than `k` tokens).
+    pub fn top_k_overlap(&self, h: usize, k: usize) -> Option<f64> {
+        let sum = self.top_k[..h].iter().map(|a| a.overlap(k)).sum::<Option<f64>>()?;
+        Some(sum / h as f64)
+    }
+
+    /// Share of the first `h` positions where the reference's top-1 is in the variant's top `k`.
+    pub fn ref_top1_in_top(&self, h: usize, k: usize) -> f64 {
+        self.top_k[..h].iter().filter(|a| a.ref_top1_in_top(k)).count() as f64 / h as f64
     }
 
     /// Share of the first `h` positions whose top-1 agrees.
@@ -209,6 +259,14 @@ impl Bootstrap {
     /// The mean of per-prompt `values` with its percentile interval.
     pub(crate) fn mean(&self, values: &[f64]) -> Result<Estimate, EvalError> {
         Ok(estimate(bootstrap_mean_ci(values, self.resamples, self.seed, LEVEL)?))
+    }
+
+    /// Sets metric `name` of `m` to the mean of per-prompt `values` with its interval, and keeps
+    /// the values (`report.json`'s `per_prompt`).
+    pub(crate) fn set_mean(&self, m: &mut HorizonMetrics, name: &str, values: Vec<f64>) -> Result<(), EvalError> {
+        m.set(name, self.mean(&values)?)?;
+        m.set_per_prompt(name, values)?;
+        Ok(())
     }
 
     /// The type-7 median of per-prompt `values` with its percentile interval (prompts resampled).
@@ -281,21 +339,55 @@ fn at_horizon(
     let on_reference_text: Vec<PromptLogProbs> = traces.iter().map(|t| t.ppl_on_reference_text(h)).collect();
     let generated_text: Vec<PromptLogProbs> = traces.iter().map(|t| t.ppl_of_generated_text(h)).collect();
     let mut m = HorizonMetrics::new(h);
-    m.set("token_match_rate", bootstrap.mean(&token_match)?)?;
+    bootstrap.set_mean(&mut m, "token_match_rate", token_match.clone())?;
     m.set("exact_match_fraction", exact_match(traces, h)?)?;
-    m.set("kld", Estimate { distribution: Some(kld_distribution(traces, h)?), ..bootstrap.mean(&kld)? })?;
+    let exact = per_prompt(traces, |t| f64::from(u8::from(t.ref_tokens[..h] == t.var_tokens[..h])));
+    m.set_per_prompt("exact_match_fraction", exact)?;
+    m.set("kld", Estimate { distribution: Some(distribution(traces, h, Trace::kld_at)?), ..bootstrap.mean(&kld)? })?;
+    m.set_per_prompt("kld", kld.clone())?;
     let positions: Vec<Vec<f64>> = traces.iter().map(|t| (0..h).map(|i| t.kld_at(i)).collect()).collect();
     for (name, q) in [("kld_median", 0.5), ("kld_p90", 0.9), ("kld_p99", 0.99)] {
         m.set(name, bootstrap.pooled_quantile(&positions, q)?)?;
     }
-    m.set("top1_agreement", bootstrap.mean(&per_prompt(traces, |t| t.top1_agreement(h)))?)?;
-    m.set("rms_delta_p", bootstrap.mean(&per_prompt(traces, |t| t.rms_delta_p(h)))?)?;
-    m.set("ppl_ratio_on_reference_text", bootstrap.ppl_ratio(&on_reference_text)?)?;
-    m.set("ppl_drift_of_generated_text", bootstrap.ppl_ratio(&generated_text)?)?;
+    bootstrap.set_mean(&mut m, "top1_agreement", per_prompt(traces, |t| t.top1_agreement(h)))?;
+    bootstrap.set_mean(&mut m, "rms_delta_p", per_prompt(traces, |t| t.rms_delta_p(h)))?;
+    for (name, prompts) in
+        [("ppl_ratio_on_reference_text", &on_reference_text), ("ppl_drift_of_generated_text", &generated_text)]
+    {
+        m.set(name, bootstrap.ppl_ratio(prompts)?)?;
+        // The pooled ratio is exp of the mean over prompts of (Σ ln p_ref − Σ ln p_var) / h.
+        m.set_per_prompt(name, prompts.iter().map(|p| (p.sum_ref - p.sum_var) / h as f64).collect())?;
+    }
     for (name, gamma) in SPECULATIVE {
         let steps =
             traces.iter().map(|t| greedy_speculative_steps(&t.top1, gamma, h)).collect::<Result<Vec<_>, _>>()?;
         m.set(name, bootstrap.tokens_per_step(h, &steps)?)?;
+        m.set_per_prompt(name, steps.iter().map(|&s| s as f64).collect())?;
+    }
+    let kld_reverse = per_prompt(traces, |t| t.mean_kld_reverse(h));
+    let distribution = distribution(traces, h, Trace::kld_reverse_at)?;
+    m.set("kld_reverse", Estimate { distribution: Some(distribution), ..bootstrap.mean(&kld_reverse)? })?;
+    m.set_per_prompt("kld_reverse", kld_reverse)?;
+    let positions: Vec<Vec<f64>> = traces.iter().map(|t| (0..h).map(|i| t.kld_reverse_at(i)).collect()).collect();
+    for (name, q) in [("kld_reverse_median", 0.5), ("kld_reverse_p90", 0.9), ("kld_reverse_p99", 0.99)] {
+        m.set(name, bootstrap.pooled_quantile(&positions, q)?)?;
+    }
+    for (name, k) in TOP_K_OVERLAP {
+        // Absent when the compact reference kept fewer than k tokens.
+        if let Some(overlap) = traces.iter().map(|t| t.top_k_overlap(h, k)).collect::<Option<Vec<f64>>>() {
+            bootstrap.set_mean(&mut m, name, overlap)?;
+        }
+    }
+    bootstrap.set_mean(&mut m, "ref_top1_in_var_top_k", per_prompt(traces, |t| t.ref_top1_in_top(h, TOP_K)))?;
+    let alphas = per_prompt(traces, |t| t.mean_acceptance(h));
+    let acceptance = bootstrap.mean(&alphas)?;
+    m.set("spec_acceptance", acceptance)?;
+    m.set_per_prompt("spec_acceptance", alphas.clone())?;
+    for (name, gamma) in SPECULATIVE_SAMPLING {
+        // (1 − α^(γ+1)) / (1 − α) increases with α: the interval of α maps to its interval.
+        let [lo, hi] = acceptance.ci95.map(|a| expected_tokens(a.clamp(0.0, 1.0), gamma));
+        m.set(name, Estimate::new(expected_tokens(acceptance.mean.clamp(0.0, 1.0), gamma)?, [lo?, hi?]))?;
+        m.set_per_prompt(name, alphas.clone())?;
     }
     if let Some(floor) = noise_floor {
         let floor_token_match = per_prompt(floor, |t| t.token_match_rate(h));
@@ -323,8 +415,12 @@ pub fn set_stopping_metrics(
         let first = |tokens: &[u32]| tokens[..h].iter().position(|&t| t == eos);
         let stops: Vec<(Option<usize>, Option<usize>)> =
             traces.iter().map(|t| (first(&t.ref_tokens), first(&t.var_tokens))).collect();
-        m.set("stop_agreement", share(stops.iter().filter(|(r, v)| r == v).count(), stops.len())?)?;
-        m.set("stop_missed", share(stops.iter().filter(|(r, v)| r.is_some() && v.is_none()).count(), stops.len())?)?;
+        let agree: Vec<f64> = stops.iter().map(|(r, v)| f64::from(u8::from(r == v))).collect();
+        let missed: Vec<f64> = stops.iter().map(|(r, v)| f64::from(u8::from(r.is_some() && v.is_none()))).collect();
+        for (name, values) in [("stop_agreement", agree), ("stop_missed", missed)] {
+            m.set(name, share(values.iter().filter(|&&x| x == 1.0).count(), values.len())?)?;
+            m.set_per_prompt(name, values)?;
+        }
         // Lengths up to and including the first EOS; a variant that does not stop within `h`
         // is at least `h + 1` tokens long.
         let ratios: Vec<f64> =
@@ -349,9 +445,9 @@ fn exact_match(traces: &[Trace], h: usize) -> Result<Estimate, EvalError> {
     share(exact, n)
 }
 
-/// Quantiles of the KL divergence over every position `< h` of every prompt, pooled.
-fn kld_distribution(traces: &[Trace], h: usize) -> Result<Distribution, EvalError> {
-    let pooled: Vec<f64> = traces.iter().flat_map(|t| (0..h).map(|i| t.kld_at(i))).collect();
+/// Quantiles of a per-position value over every position `< h` of every prompt, pooled.
+fn distribution(traces: &[Trace], h: usize, at: fn(&Trace, usize) -> f64) -> Result<Distribution, EvalError> {
+    let pooled: Vec<f64> = traces.iter().flat_map(|t| (0..h).map(move |i| at(t, i))).collect();
     let s = summarize(&pooled)?;
     Ok(Distribution { median: s.median, p90: s.p90, p99: s.p99, max: s.max })
 }
@@ -485,6 +581,44 @@ mod tests {
         set_stopping_metrics(&mut m, &never, 0, BOOTSTRAP).unwrap();
         assert!(m[0].metric("stop_length_ratio").is_none());
         assert_eq!(mean(&m[0], "stop_agreement"), 0.0);
+    }
+
+    /// Reverse KL, acceptance and top-K agreement by hand; the sampling tokens per step from α;
+    /// overlaps absent where a compact reference kept too few tokens; every per-prompt metric's
+    /// values give its estimate.
+    #[test]
+    fn agreement_and_acceptance_by_hand() {
+        let mut a = trace(&[1, 2], &[1, 2], 0.0);
+        let mut b = trace(&[1, 2], &[1, 2], 0.0);
+        (a.kld_reverse, b.kld_reverse) = (vec![0.2, 0.4], vec![0.0, -1e-7]);
+        (a.accept, b.accept) = (vec![0.5, 0.7], vec![1.0000001, 0.9]);
+        let agree = |shared, rank| TopKAgreement { shared, ref_top1_rank: rank };
+        a.top_k = vec![agree([1, 2, 3, 3, 4], 0), agree([0, 1, 2, 3, 4], 1)];
+        b.top_k = vec![agree([1, 2, 3, 4, 5], 0), agree([0, 2, 2, 3, 3], 5)];
+        let m = horizon_metrics(&[a.clone(), b.clone()], None, &[2], BOOTSTRAP).unwrap();
+        // Reverse KL: prompt means 0.3 and 0 (rounding below 0 counts as 0).
+        assert!((mean(&m[0], "kld_reverse") - 0.15).abs() < 1e-7);
+        // α: prompt means 0.6 and 0.95 (each position clamped to [0, 1]).
+        let alpha = (0.6 + 0.95) / 2.0;
+        assert!((mean(&m[0], "spec_acceptance") - alpha).abs() < 1e-7);
+        let tokens = (1.0 - alpha.powi(5)) / (1.0 - alpha);
+        assert!((mean(&m[0], "spec_sampling_tokens_per_step_g4") - tokens).abs() < 1e-6);
+        // Top-3 overlap: a (1 + 2/3) / 2, b (1 + 2/3) / 2.
+        assert!((mean(&m[0], "top_k_overlap_k3") - 5.0 / 6.0).abs() < 1e-12);
+        // Top-5 overlap: a (4/5 + 4/5) / 2, b (1 + 3/5) / 2.
+        assert!((mean(&m[0], "top_k_overlap_k5") - 0.8).abs() < 1e-12);
+        // Reference's top-1 in the variant's top 5: a 2 of 2, b 1 of 2.
+        assert_eq!(mean(&m[0], "ref_top1_in_var_top_k"), 0.75);
+        for (name, values) in m[0].per_prompt_values() {
+            let statistic = qdrift_report::PerPrompt::of(name).unwrap();
+            let of_values = statistic.estimate(values.iter().sum::<f64>() / values.len() as f64, 2);
+            assert!((of_values - mean(&m[0], name)).abs() < 1e-12, "{name}: {of_values} vs {}", mean(&m[0], name));
+        }
+        // A compact reference of 3 tokens: no overlap beyond K = 3.
+        b.top_k[0].shared[3..].fill(qdrift_score::agreement::UNKNOWN);
+        let m = horizon_metrics(&[a, b], None, &[2], BOOTSTRAP).unwrap();
+        assert!(m[0].metric("top_k_overlap_k3").is_some() && m[0].metric("top_k_overlap_k4").is_none());
+        assert!(m[0].per_prompt("top_k_overlap_k5").is_none());
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use qdrift_io::elide;
+use qdrift_score::{TOP_K, TopKAgreement};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -140,8 +141,10 @@ impl Writer {
 type TraceU32 = (&'static str, fn(&Trace) -> &Vec<u32>);
 type TraceF32 = (&'static str, fn(&Trace) -> &Vec<f32>);
 const TRACE_U32: [TraceU32; 2] = [("ref_tokens", |t| &t.ref_tokens), ("var_tokens", |t| &t.var_tokens)];
-const TRACE_F32: [TraceF32; 5] = [
+const TRACE_F32: [TraceF32; 7] = [
     ("kld", |t| &t.kld),
+    ("kld_reverse", |t| &t.kld_reverse),
+    ("accept", |t| &t.accept),
     ("logp_ref", |t| &t.logp_ref),
     ("logp_var", |t| &t.logp_var),
     ("ref_entropy", |t| &t.ref_entropy),
@@ -160,11 +163,19 @@ pub(crate) fn write_traces(w: &mut Writer, prefix: &str, traces: &[Trace], h: us
     }
     let top1: Vec<u8> = traces.iter().flat_map(|t| t.top1.iter().map(|&b| u8::from(b))).collect();
     w.push(format!("{prefix}/top1"), "u8", vec![n, h], &top1);
+    let top_k: Vec<u8> = traces
+        .iter()
+        .flat_map(|t| t.top_k.iter().flat_map(|a| a.shared.into_iter().chain([a.ref_top1_rank])))
+        .collect();
+    w.push(format!("{prefix}/top_k"), "u8", vec![n, h, TOP_K_BYTES], &top_k);
     write_routing(w, prefix, traces, h);
 }
 
 /// The sections [`write_traces`] writes for traces without routing.
-pub(crate) const TRACE_SECTIONS: usize = 8;
+pub(crate) const TRACE_SECTIONS: usize = 11;
+
+/// Bytes per position of the `top_k` section: the [`TOP_K`] overlaps, then the rank.
+const TOP_K_BYTES: usize = TOP_K + 1;
 
 /// The routing fields of traces as bytes `[traces, L·h]`, in section order: name and accessor.
 type RoutingBytes = (&'static str, fn(&RoutingTrace) -> Vec<u8>);
@@ -244,6 +255,16 @@ pub(crate) fn read_traces(s: &Sections<'_>, prefix: &str, n: usize, h: usize) ->
         return Err(format!("section {prefix}/top1: byte {i} is {}, not 0 or 1", top1[i]));
     }
     let mut top1 = rows(top1.iter().map(|&b| b == 1).collect(), h).into_iter();
+    let top_k: Vec<TopKAgreement> = s
+        .get(&format!("{prefix}/top_k"), "u8", &[n, h, TOP_K_BYTES])?
+        .chunks_exact(TOP_K_BYTES)
+        .map(|b| {
+            let mut shared = [0; TOP_K];
+            shared.copy_from_slice(&b[..TOP_K]);
+            TopKAgreement { shared, ref_top1_rank: b[TOP_K] }
+        })
+        .collect();
+    let mut top_k = rows(top_k, h).into_iter();
     let mut next = |i: usize| f32s[i].next().unwrap_or_default();
     let (routing, routing_sections) = read_routing(s, prefix, n, h)?;
     let traces = routing
@@ -252,11 +273,14 @@ pub(crate) fn read_traces(s: &Sections<'_>, prefix: &str, n: usize, h: usize) ->
             ref_tokens: ref_tokens.next().unwrap_or_default(),
             var_tokens: var_tokens.next().unwrap_or_default(),
             kld: next(0),
-            logp_ref: next(1),
-            logp_var: next(2),
-            ref_entropy: next(3),
-            logp_ref_on_var_text: next(4),
+            kld_reverse: next(1),
+            accept: next(2),
+            logp_ref: next(3),
+            logp_var: next(4),
+            ref_entropy: next(5),
+            logp_ref_on_var_text: next(6),
             top1: top1.next().unwrap_or_default(),
+            top_k: top_k.next().unwrap_or_default(),
             routing,
         })
         .collect();
@@ -274,6 +298,8 @@ pub(crate) enum Bound {
     NonNegative,
     /// A log-probability: finite, ≤ 0 (up to [`ROUNDING`]).
     LogProb,
+    /// A probability: finite, in `[0, 1]` (up to [`ROUNDING`]).
+    Probability,
 }
 
 impl Bound {
@@ -282,6 +308,7 @@ impl Bound {
             && match self {
                 Bound::NonNegative => v >= -ROUNDING,
                 Bound::LogProb => v <= ROUNDING,
+                Bound::Probability => (-ROUNDING..=1.0 + ROUNDING).contains(&v),
             }
     }
 
@@ -289,6 +316,7 @@ impl Bound {
         match self {
             Bound::NonNegative => "finite and ≥ 0",
             Bound::LogProb => "a finite log-probability (≤ 0)",
+            Bound::Probability => "a probability in [0, 1]",
         }
     }
 }
@@ -300,6 +328,20 @@ pub(crate) fn check_floats(name: &str, prompt: usize, values: &[f32], bound: Bou
         Some(i) => {
             Err(format!("section {name}: prompt {prompt} position {i} is {}, not {}", values[i], bound.describe()))
         }
+        None => Ok(()),
+    }
+}
+
+/// The first position of one prompt's top-K agreements that no run writes: an overlap above its
+/// K, an unknown overlap below a known one, or a rank above [`TOP_K`] (`prompt`: its number,
+/// from 1). (Not checked against the top-1 agreement: on the device, the top-K follows the
+/// log-probabilities and the top-1 the logits, which may order a near-tie differently.)
+fn check_top_k(name: &str, prompt: usize, top_k: &[TopKAgreement]) -> Result<(), String> {
+    match top_k.iter().position(|a| !a.is_valid()) {
+        Some(i) => Err(format!(
+            "section {name}: prompt {prompt} position {i} is overlaps {:?} and rank {}, which no run writes",
+            top_k[i].shared, top_k[i].ref_top1_rank
+        )),
         None => Ok(()),
     }
 }
@@ -328,8 +370,9 @@ pub(crate) fn check_traces(
 ) -> Result<(), String> {
     for (i, t) in traces.iter().enumerate() {
         let lens = [t.ref_tokens.len(), t.var_tokens.len(), t.kld.len(), t.logp_ref.len(), t.top1.len()];
-        let more = [t.logp_var.len(), t.ref_entropy.len(), t.logp_ref_on_var_text.len()];
-        if lens.iter().chain(&more).any(|&l| l != h) {
+        let more = [t.logp_var.len(), t.ref_entropy.len(), t.logp_ref_on_var_text.len(), t.kld_reverse.len()];
+        let more = more.into_iter().chain([t.accept.len(), t.top_k.len()]);
+        if lens.into_iter().chain(more).any(|l| l != h) {
             return Err(format!("{prefix}: prompt {} does not hold {h} positions", i + 1));
         }
         if reference.get(i) != Some(&t.ref_tokens) {
@@ -340,6 +383,8 @@ pub(crate) fn check_traces(
         }
         let floats = [
             ("kld", &t.kld, Bound::NonNegative),
+            ("kld_reverse", &t.kld_reverse, Bound::NonNegative),
+            ("accept", &t.accept, Bound::Probability),
             ("logp_ref", &t.logp_ref, Bound::LogProb),
             ("logp_var", &t.logp_var, Bound::LogProb),
             ("ref_entropy", &t.ref_entropy, Bound::NonNegative),
@@ -348,6 +393,7 @@ pub(crate) fn check_traces(
         for (name, values, bound) in floats {
             check_floats(&format!("{prefix}/{name}"), i + 1, values, bound)?;
         }
+        check_top_k(&format!("{prefix}/top_k"), i + 1, &t.top_k)?;
         if t.routing.is_some() != traces[0].routing.is_some() {
             let has = |r: bool| if r { "has routing" } else { "has none" };
             let (this, first) = (has(t.routing.is_some()), has(traces[0].routing.is_some()));

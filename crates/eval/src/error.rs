@@ -98,6 +98,9 @@ pub enum EvalError {
     /// Parts cannot be merged into one report.
     #[error("cannot merge: {0}")]
     Merge(String),
+    /// Two reports `qdrift compare` cannot pair, or a variant or check it cannot find.
+    #[error("cannot compare: {0}")]
+    Compare(String),
     /// A saved reference (`--reference`, `--save-reference`) cannot be used or written.
     #[error("{flag} {}: {problem}", .path.display())]
     Store {

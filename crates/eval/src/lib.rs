@@ -53,6 +53,7 @@
 //! | `types.rs` | what the steps hand each other: [`Progress`], the measurement, [`VariantHeader`], [`RunContext`], [`dtype_name`] |
 //! | `container.rs` | the section format of stores and parts: named arrays in one data file, and traces in it |
 //! | `texts.rs` | the text a model is teacher-forced on, and the tokens a chunk scores |
+//! | `compare.rs` | [`compare`]: two variants of paired reports head to head, prompt by prompt (`qdrift compare`) |
 //! | [`aggregate`] | traces → statistics (host, f64, bootstrap over prompts) |
 //! | `identity.rs` | how reports name files: file name and SHA-256 |
 //! | `chat.rs` | chat templates |
@@ -69,6 +70,7 @@ pub mod aggregate;
 mod assemble;
 mod chat;
 mod compact;
+mod compare;
 mod config;
 mod container;
 mod dump;
@@ -94,6 +96,7 @@ mod variant;
 
 pub use aggregate::{Bootstrap, Trace};
 pub use chat::apply_chat_template;
+pub use compare::{CompareInput, compare};
 pub use config::{DEFAULT_EVAL_SET_RULE, EvalConfig, Shard, default_eval_set};
 /// The seal of a store's or part's data file (for the fuzzer, which edits both files).
 #[doc(hidden)]

@@ -32,10 +32,10 @@ pub(crate) fn set_horizon_metrics(
     for m in metrics {
         let h = m.tokens;
         let per_prompt = |f: &dyn Fn(&RoutingTrace) -> f64| routing.iter().map(|r| f(r)).collect::<Vec<f64>>();
-        m.set("expert_overlap", bootstrap.mean(&per_prompt(&|r| r.overlap(h, true)))?)?;
-        m.set("routing_flip_rate", bootstrap.mean(&per_prompt(&|r| r.flip_rate(h, true)))?)?;
-        m.set("expert_overlap_on_generated_text", bootstrap.mean(&per_prompt(&|r| r.overlap(h, false)))?)?;
-        m.set("routing_flip_rate_on_generated_text", bootstrap.mean(&per_prompt(&|r| r.flip_rate(h, false)))?)?;
+        bootstrap.set_mean(m, "expert_overlap", per_prompt(&|r| r.overlap(h, true)))?;
+        bootstrap.set_mean(m, "routing_flip_rate", per_prompt(&|r| r.flip_rate(h, true)))?;
+        bootstrap.set_mean(m, "expert_overlap_on_generated_text", per_prompt(&|r| r.overlap(h, false)))?;
+        bootstrap.set_mean(m, "routing_flip_rate_on_generated_text", per_prompt(&|r| r.flip_rate(h, false)))?;
     }
     Ok(())
 }

@@ -186,6 +186,9 @@ fn fill_position_metrics(traces: &mut [Trace], first_prompt: usize, start: usize
         for j in 0..positions {
             let (k, t) = (i * positions + j, start + j);
             trace.kld[t] = m.kld[k];
+            trace.kld_reverse[t] = m.kld_reverse[k];
+            trace.accept[t] = m.accept[k];
+            trace.top_k[t] = m.top_k[k];
             trace.top1[t] = m.top1_agree[k];
             trace.logp_ref[t] = m.logp_ref_of_token[k];
             trace.logp_var[t] = m.logp_var_of_token[k];

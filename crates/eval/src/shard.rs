@@ -42,8 +42,9 @@ use crate::types::{Measurement, RunContext, TailSums, VariantHeader};
 
 /// The format name in `part.json`.
 pub const PART_FORMAT: &str = "qdrift-part";
-/// The part layout version this build writes and reads (2: `part.json` sealed with the data).
-pub const PART_VERSION: u32 = 2;
+/// The part layout version this build writes and reads (2: `part.json` sealed with the data;
+/// 3: traces with the reverse KL, the acceptance and the top-K agreement).
+pub const PART_VERSION: u32 = 3;
 const PART_JSON_CAP: u64 = 64 << 20;
 const TRACES_CAP: u64 = 16 << 30;
 /// What to do with a part of another version.

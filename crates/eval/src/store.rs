@@ -45,8 +45,9 @@ use crate::identity::sha256_hex;
 
 /// The format name in `manifest.json`.
 pub const STORE_FORMAT: &str = "qdrift-reference";
-/// The store layout version this build writes and reads (2: `manifest.json` sealed with the data).
-pub const STORE_VERSION: u32 = 2;
+/// The store layout version this build writes and reads (2: `manifest.json` sealed with the data;
+/// 3: traces with the reverse KL, the acceptance and the top-K agreement).
+pub const STORE_VERSION: u32 = 3;
 /// What to do with a store of another version.
 const REDO: &str = "save the reference again with this qdrift (`qdrift eval --save-reference`)";
 /// Largest `manifest.json` read.

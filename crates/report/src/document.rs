@@ -187,7 +187,9 @@ fn reference_line(report: &Report) -> Vec<Inline> {
     match &r.kl {
         Some(crate::KlMethod::TopKTail { top_k, tail_mass_max, tail_mass_mean }) => line.push(text(format!(
             ". KL divergence against its top-{top_k} log-probabilities plus one tail bucket per position \
-             (a lower bound of the exact KL; tail mass mean {tail_mass_mean:.2e}, max {tail_mass_max:.2e})"
+             (tail mass mean {tail_mass_mean:.2e}, max {tail_mass_max:.2e}): the KL divergences both ways are lower \
+             bounds of the exact ones and the acceptance α (with the sampling tokens per step) an upper bound; the \
+             top-K overlaps up to K = {top_k} and every other metric are exact"
         ))),
         Some(crate::KlMethod::Exact) => line.push(text(". KL divergence over the full vocabulary")),
         None => {}

@@ -347,7 +347,8 @@ impl Thresholds {
 }
 
 /// The outcome of one check: see the module documentation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// The compared value is on the right side of the threshold (equal passes).
     Pass,

@@ -4,7 +4,9 @@
 //! [`METRICS`], so a new metric is a new table entry, not a new field here. The JSON layout is
 //! written by hand to stay what it has been since schema 1: `tokens`, then the top-level metrics in
 //! table order, then the differences against the noise floor nested under
-//! `excess_over_noise_floor` (absent when there are none).
+//! `excess_over_noise_floor` (absent when there are none), then `per_prompt`: for each metric
+//! whose estimate follows from one value per prompt ([`PerPrompt`]), those values in prompt order
+//! (added in schema 2 as an optional key; what `qdrift compare` pairs prompt by prompt).
 
 use std::fmt;
 
@@ -13,7 +15,7 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::ReportError;
-use crate::metrics::{EXCESS_KEY, Estimate, METRICS, Metric, Placement, metric, rank};
+use crate::metrics::{EXCESS_KEY, Estimate, METRICS, Metric, PER_PROMPT_KEY, PerPrompt, Placement, metric, rank};
 
 /// Metrics over the first `tokens` generated positions: the horizon `h` and one [`Estimate`]
 /// per metric of [`METRICS`] the variant has.
@@ -23,12 +25,15 @@ pub struct HorizonMetrics {
     pub tokens: usize,
     /// `(name, estimate)` in [`METRICS`] order, each name at most once.
     values: Vec<(&'static str, Estimate)>,
+    /// `(name, one value per prompt)` in [`METRICS`] order, for metrics with a [`PerPrompt`]
+    /// statistic.
+    per_prompt: Vec<(&'static str, Vec<f64>)>,
 }
 
 impl HorizonMetrics {
     /// No metrics yet, at horizon `tokens`.
     pub fn new(tokens: usize) -> HorizonMetrics {
-        HorizonMetrics { tokens, values: Vec::new() }
+        HorizonMetrics { tokens, values: Vec::new(), per_prompt: Vec::new() }
     }
 
     /// Sets metric `name` (replacing any value it had). [`ReportError::Invalid`] for a name that
@@ -45,6 +50,31 @@ impl HorizonMetrics {
             Some(slot) if slot.0 == m.name => slot.1 = value,
             _ => self.values.insert(at, (m.name, value)),
         }
+    }
+
+    /// Sets the per-prompt values of metric `name`, whose estimate is its [`PerPrompt`] statistic of
+    /// them. [`ReportError::Invalid`] for a name that is not in [`METRICS`] or has no such
+    /// statistic.
+    pub fn set_per_prompt(&mut self, name: &str, values: Vec<f64>) -> Result<(), ReportError> {
+        let m = metric(name)
+            .filter(|m| PerPrompt::of(m.name).is_some())
+            .ok_or_else(|| ReportError::Invalid(format!("no metric with per-prompt values is named {name}")))?;
+        let at = self.per_prompt.partition_point(|(n, _)| rank(n) < rank(m.name));
+        match self.per_prompt.get_mut(at) {
+            Some(slot) if slot.0 == m.name => slot.1 = values,
+            _ => self.per_prompt.insert(at, (m.name, values)),
+        }
+        Ok(())
+    }
+
+    /// The per-prompt values of metric `name`, if the report has them.
+    pub fn per_prompt(&self, name: &str) -> Option<&[f64]> {
+        self.per_prompt.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_slice())
+    }
+
+    /// Every metric's per-prompt values, in [`METRICS`] order.
+    pub fn per_prompt_values(&self) -> impl Iterator<Item = (&'static str, &[f64])> {
+        self.per_prompt.iter().map(|(n, v)| (*n, v.as_slice()))
     }
 
     /// A metric by name: `None` for an unknown name or a metric the variant does not have (an
@@ -77,6 +107,22 @@ impl Serialize for HorizonMetrics {
         }
         if !excess.is_empty() {
             map.serialize_entry(EXCESS_KEY, &Entries(&excess))?;
+        }
+        if !self.per_prompt.is_empty() {
+            map.serialize_entry(PER_PROMPT_KEY, &PromptValues(&self.per_prompt))?;
+        }
+        map.end()
+    }
+}
+
+/// `(name, values)` pairs serialized as one JSON object, in order.
+struct PromptValues<'a>(&'a [(&'static str, Vec<f64>)]);
+
+impl Serialize for PromptValues<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (key, values) in self.0 {
+            map.serialize_entry(key, values)?;
         }
         map.end()
     }
@@ -118,6 +164,14 @@ impl<'de> Visitor<'de> for HorizonVisitor {
         while let Some(key) = map.next_key::<String>()? {
             if key == "tokens" {
                 tokens = Some(map.next_value()?);
+            } else if key == PER_PROMPT_KEY {
+                let values: std::collections::BTreeMap<String, Vec<f64>> = map.next_value()?;
+                // Names this build does not know, or knows without per-prompt values, are skipped.
+                for (name, v) in values {
+                    if PerPrompt::of(&name).is_some() {
+                        h.set_per_prompt(&name, v).map_err(de::Error::custom)?;
+                    }
+                }
             } else if key == EXCESS_KEY {
                 for (m, e) in map.next_value::<ExcessMetrics>()?.0 {
                     insert_once(&mut h, m, e)?;

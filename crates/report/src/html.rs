@@ -111,18 +111,30 @@ pub fn render_html(report: &Report) -> Result<String, ReportError> {
 pub fn render_html_gated(report: &Report, gate: Option<&GateOutcome>) -> Result<String, ReportError> {
     report.validate()?;
     let mut body = String::new();
-    blocks(&mut body, &document(report, gate), report)?;
-    let title = format!("qdrift report: {}", file_name(&report.model.path));
-    Ok(format!(
+    blocks(&mut body, &document(report, gate), Some(report))?;
+    Ok(wrap(&format!("qdrift report: {}", file_name(&report.model.path)), &body))
+}
+
+/// `doc` (a document without charts) as one self-contained HTML page titled `title`.
+pub(crate) fn page(title: &str, doc: &[Block]) -> String {
+    let mut body = String::new();
+    // No charts block, so nothing to fail.
+    let _ = blocks(&mut body, doc, None);
+    wrap(title, &body)
+}
+
+/// The page around `body`.
+fn wrap(title: &str, body: &str) -> String {
+    format!(
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
          <title>{}</title>\n<style>\n{STYLE}</style>\n</head>\n<body>\n<main>\n{body}</main>\n</body>\n</html>\n",
-        escape(&title)
-    ))
+        escape(title)
+    )
 }
 
-/// Prints `doc` as HTML into `body`.
-fn blocks(body: &mut String, doc: &[Block], report: &Report) -> Result<(), ReportError> {
+/// Prints `doc` as HTML into `body`; its charts are `report`'s (none without one).
+fn blocks(body: &mut String, doc: &[Block], report: Option<&Report>) -> Result<(), ReportError> {
     for block in doc {
         match block {
             Block::Heading { level, id, text } => {
@@ -134,7 +146,11 @@ fn blocks(body: &mut String, doc: &[Block], report: &Report) -> Result<(), Repor
                 body.push_str("</p>\n");
             }
             Block::Table { columns, rows } => body.push_str(&table(columns, rows)),
-            Block::Charts => body.push_str(&charts(report)?),
+            Block::Charts => {
+                if let Some(report) = report {
+                    body.push_str(&charts(report)?);
+                }
+            }
             Block::Details { summary, blocks: inner } => {
                 body.push_str(&format!("<details><summary>{}</summary>\n", escape(summary)));
                 blocks(body, inner, report)?;

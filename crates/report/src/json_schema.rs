@@ -14,7 +14,7 @@
 use serde_json::{Value, json};
 
 use crate::SCHEMA_VERSION;
-use crate::metrics::{EXCESS_KEY, METRICS, Metric, Placement, Range};
+use crate::metrics::{EXCESS_KEY, METRICS, Metric, PER_PROMPT_KEY, Placement, Range};
 
 /// The identifier the schema gives itself (`$id`).
 pub const REPORT_SCHEMA_ID: &str = "https://github.com/qdrift/qdrift/schema/report.schema.json";
@@ -76,7 +76,8 @@ fn estimate(m: &Metric) -> Value {
 }
 
 /// A horizon's metrics, from the registry: `tokens`, every metric by name (the required ones
-/// required), the excess metrics under [`EXCESS_KEY`].
+/// required), the excess metrics under [`EXCESS_KEY`], the per-prompt values under
+/// [`PER_PROMPT_KEY`].
 fn horizon() -> Value {
     let mut properties = json!({ "tokens": { "type": "integer", "minimum": 1 } });
     let mut required = vec!["tokens"];
@@ -92,6 +93,16 @@ fn horizon() -> Value {
         }
     }
     properties[EXCESS_KEY] = object(excess, &[]);
+    let mut per_prompt = json!({});
+    for m in METRICS.iter().filter(|m| m.per_prompt.is_some()) {
+        per_prompt[m.name] = array(number(Range::Any));
+    }
+    let mut per_prompt = object(per_prompt, &[]);
+    per_prompt["description"] = json!(
+        "For each metric whose estimate follows from one value per prompt, those values in prompt order (what \
+         `qdrift compare` pairs)."
+    );
+    properties[PER_PROMPT_KEY] = per_prompt;
     object(properties, &required)
 }
 

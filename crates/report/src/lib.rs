@@ -29,6 +29,9 @@
 //!   the whole `qdrift gate` command (read the files, check, write the JUnit and the Markdown
 //!   summary) for a thin CLI; `suggest`: [`suggest_thresholds`], a thresholds file from a
 //!   known-good report.
+//! - `compare`: [`Comparison`], two variants of paired reports head to head (`qdrift compare`;
+//!   computed by `qdrift_eval::compare`), [`check_paired`], the `--max-worse` checks
+//!   ([`MaxWorse`]), and its Markdown and HTML from one document.
 //! - [`testing::sample_report`]: a realistic report for tests; [`testing::sample_moe_report`] the
 //!   same run on a model with experts (with routing drift).
 //!
@@ -41,6 +44,7 @@
 
 mod charts;
 mod command;
+mod compare;
 mod document;
 mod error;
 mod figures;
@@ -60,6 +64,10 @@ pub mod testing;
 mod validate;
 
 pub use command::{GateRun, finish_gate, run_gate, run_gate_with};
+pub use compare::{
+    COMPARISON_FORMAT, COMPARISON_VERSION, Closer, CompareCheck, ComparedHorizon, ComparedMetric, ComparedSide,
+    Comparison, MaxWorse, SignTestResult, advantage, check_paired, pick_variant,
+};
 pub use error::ReportError;
 pub use gate::{
     Bound, Check, CheckResult, GateError, GateOutcome, INCONCLUSIVE_EXIT, Side, Thresholds, Verdict, WILDCARD,
@@ -70,7 +78,7 @@ pub use html::{render_html, render_html_gated};
 pub use json_schema::{REPORT_SCHEMA_ID, report_json_schema};
 pub use junit::{junit_error_xml, junit_xml};
 pub use markdown::{render_markdown, render_markdown_gated, render_summary, render_verdict_markdown};
-pub use metrics::{Distribution, Estimate, Group, METRICS, Metric};
+pub use metrics::{Distribution, Estimate, Group, METRICS, Metric, PerPrompt};
 pub use read::{EVAL_SET_CAP, REPORT_CAP, THRESHOLDS_CAP};
 pub use schema::*;
 pub use suggest::{SuggestError, SuggestOptions, suggest_thresholds};

@@ -87,7 +87,7 @@ pub fn render_verdict_markdown(report: &Report, gate: Option<&GateOutcome>) -> S
 }
 
 /// `doc` as Markdown, ending in one newline.
-fn print(doc: &[Block]) -> String {
+pub(crate) fn print(doc: &[Block]) -> String {
     let mut out = String::new();
     blocks(&mut out, doc);
     while out.ends_with("\n\n") {

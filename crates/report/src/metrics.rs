@@ -122,6 +122,48 @@ impl Better {
 /// The key of the object that holds the differences against the noise floor in `report.json`.
 pub const EXCESS_KEY: &str = "excess_over_noise_floor";
 
+/// The key of the object that holds a horizon's per-prompt values in `report.json`.
+pub const PER_PROMPT_KEY: &str = "per_prompt";
+
+/// How a metric's point estimate follows from one value per prompt, `v_1 … v_n` (`report.json`'s
+/// `per_prompt`), through the mean `m = Σ v_i / n`: what lets two reports of the same prompts be
+/// compared prompt by prompt (`qdrift compare`). Every prompt has `h` positions at horizon `h`,
+/// so a pooled ratio is a function of a mean too. Metrics without one (pooled percentiles, a
+/// median over a subset of prompts, differences against the noise floor) have none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PerPrompt {
+    /// The estimate is `m` (a mean over prompts; a share of prompts from 0/1 values).
+    Mean,
+    /// The estimate is `exp(m)`: a perplexity ratio, `v_i` the prompt's mean log-probability
+    /// gain `(Σ ln p_ref − Σ ln p_var) / h`.
+    ExpMean,
+    /// The estimate is `h / m`: tokens per verification step, `v_i` the prompt's steps.
+    HorizonOverMean,
+    /// The estimate is `(1 − m^(γ+1)) / (1 − m)`: speculative sampling's tokens per step, `v_i`
+    /// the prompt's mean acceptance.
+    ExpectedTokens {
+        /// Drafts per step.
+        gamma: usize,
+    },
+}
+
+impl PerPrompt {
+    /// The statistic of metric `name`, if it has one ([`Metric::per_prompt`]).
+    pub fn of(name: &str) -> Option<PerPrompt> {
+        metric(name)?.per_prompt
+    }
+
+    /// The estimate from the mean `m` of the per-prompt values, at horizon `h`.
+    pub fn estimate(self, m: f64, h: usize) -> f64 {
+        match self {
+            PerPrompt::Mean => m,
+            PerPrompt::ExpMean => m.exp(),
+            PerPrompt::HorizonOverMean => h as f64 / m,
+            PerPrompt::ExpectedTokens { gamma } => (0..=gamma).map(|j| m.clamp(0.0, 1.0).powi(j as i32)).sum(),
+        }
+    }
+}
+
 /// Where a metric sits in a horizon's JSON object, and whether a report must have it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placement {
@@ -164,6 +206,9 @@ pub struct Metric {
     pub summary: bool,
     /// Which of a horizon's tables shows it.
     pub group: Group,
+    /// How its estimate follows from one value per prompt, when it does (`qdrift compare` pairs
+    /// those values).
+    pub per_prompt: Option<PerPrompt>,
 }
 
 /// The tables a horizon's metrics are shown in, each narrow enough for a page: what the
@@ -177,8 +222,14 @@ pub enum Group {
     Divergence,
     /// Teacher-forced agreement: top-1, probability of the reference's token, perplexity.
     Agreement,
+    /// Teacher-forced reverse KL divergence, KL(variant ‖ reference), and its distribution.
+    ReverseDivergence,
+    /// Teacher-forced top-K agreement of the two distributions.
+    TopK,
     /// Greedy speculative decoding, the variant drafting for the reference.
     Speculative,
+    /// Speculative sampling at temperature 1, the variant drafting for the reference.
+    SpeculativeSampling,
     /// Where each model first emits its end-of-text token in its own text.
     Stopping,
     /// Expert routing (models with experts).
@@ -187,8 +238,17 @@ pub enum Group {
 
 impl Group {
     /// Every group, in table order.
-    pub const ALL: [Group; 6] =
-        [Group::FreeRunning, Group::Divergence, Group::Agreement, Group::Speculative, Group::Stopping, Group::Routing];
+    pub const ALL: [Group; 9] = [
+        Group::FreeRunning,
+        Group::Divergence,
+        Group::ReverseDivergence,
+        Group::Agreement,
+        Group::TopK,
+        Group::Speculative,
+        Group::SpeculativeSampling,
+        Group::Stopping,
+        Group::Routing,
+    ];
 
     /// The table's caption.
     pub fn title(self) -> &'static str {
@@ -196,7 +256,12 @@ impl Group {
             Group::FreeRunning => "Free-running: the variant's own text",
             Group::Divergence => "Teacher-forced on the reference's text: KL divergence",
             Group::Agreement => "Teacher-forced on the reference's text: agreement and perplexity",
+            Group::ReverseDivergence => "Teacher-forced on the reference's text: reverse KL divergence",
+            Group::TopK => "Teacher-forced on the reference's text: top-K agreement",
             Group::Speculative => "Speculative decoding: the variant drafts, the reference verifies (greedy)",
+            Group::SpeculativeSampling => {
+                "Speculative sampling at temperature 1: the variant drafts, the reference verifies"
+            }
             Group::Stopping => "Stopping: where each model first ends its own text (EOS, or the end of a chat turn)",
             Group::Routing => "Expert routing",
         }
@@ -217,6 +282,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Required,
         summary: true,
         group: Group::FreeRunning,
+        per_prompt: Some(PerPrompt::Mean),
     },
     Metric {
         name: "exact_match_fraction",
@@ -230,6 +296,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Required,
         summary: true,
         group: Group::FreeRunning,
+        per_prompt: Some(PerPrompt::Mean),
     },
     Metric {
         name: "kld",
@@ -243,6 +310,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Required,
         summary: true,
         group: Group::Divergence,
+        per_prompt: Some(PerPrompt::Mean),
     },
     Metric {
         name: "kld_median",
@@ -256,6 +324,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Optional,
         summary: false,
         group: Group::Divergence,
+        per_prompt: None,
     },
     Metric {
         name: "kld_p90",
@@ -268,6 +337,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Optional,
         summary: false,
         group: Group::Divergence,
+        per_prompt: None,
     },
     Metric {
         name: "kld_p99",
@@ -281,6 +351,63 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Optional,
         summary: false,
         group: Group::Divergence,
+        per_prompt: None,
+    },
+    Metric {
+        name: "kld_reverse",
+        title: "Reverse KLD mean",
+        description: "Teacher-forced on the reference's continuation: KL(P_variant ‖ P_ref) in nats, the other \
+                      direction (exllamav3's model_diff reports both; llm-compressor issue 2031): it weighs the tokens \
+                      the variant makes likely that the reference does not. The mean over prompts of each prompt's \
+                      mean over positions (p99: over all positions). Against a compact reference (--reference-top-k), \
+                      a lower bound, as the KLD.",
+        range: Range::NonNegative,
+        better: Better::Lower,
+        format: kld,
+        tail: Some("Reverse KLD p99"),
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::ReverseDivergence,
+        per_prompt: Some(PerPrompt::Mean),
+    },
+    Metric {
+        name: "kld_reverse_median",
+        title: "Reverse KLD median",
+        description: "As KLD median, of KL(P_variant ‖ P_ref).",
+        range: Range::NonNegative,
+        better: Better::Lower,
+        format: kld,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::ReverseDivergence,
+        per_prompt: None,
+    },
+    Metric {
+        name: "kld_reverse_p90",
+        title: "Reverse KLD p90",
+        description: "As KLD p90, of KL(P_variant ‖ P_ref).",
+        range: Range::NonNegative,
+        better: Better::Lower,
+        format: kld,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::ReverseDivergence,
+        per_prompt: None,
+    },
+    Metric {
+        name: "kld_reverse_p99",
+        title: "Reverse KLD p99",
+        description: "As KLD p99, of KL(P_variant ‖ P_ref).",
+        range: Range::NonNegative,
+        better: Better::Lower,
+        format: kld,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::ReverseDivergence,
+        per_prompt: None,
     },
     Metric {
         name: "top1_agreement",
@@ -293,6 +420,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Required,
         summary: true,
         group: Group::Agreement,
+        per_prompt: Some(PerPrompt::Mean),
     },
     Metric {
         name: "rms_delta_p",
@@ -305,6 +433,76 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Required,
         summary: false,
         group: Group::Agreement,
+        per_prompt: Some(PerPrompt::Mean),
+    },
+    Metric {
+        name: "top_k_overlap_k2",
+        title: "Top-2 overlap",
+        description: "Teacher-forced: |top-K_variant ∩ top-K_ref| / K with K = 2, the two models' K most likely tokens \
+                      (by logit, lower id first on ties), the mean over prompts of each prompt's mean over positions; K = 1 \
+                      is the top-1 agreement (exllamav3's model_diff reports K = 1..5). Exact against a compact reference \
+                      that kept at least K tokens, absent against one that kept fewer.",
+        range: Range::Unit,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::TopK,
+        per_prompt: Some(PerPrompt::Mean),
+    },
+    Metric {
+        name: "top_k_overlap_k3",
+        title: "Top-3 overlap",
+        description: "As top-2 overlap, K = 3.",
+        range: Range::Unit,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::TopK,
+        per_prompt: Some(PerPrompt::Mean),
+    },
+    Metric {
+        name: "top_k_overlap_k4",
+        title: "Top-4 overlap",
+        description: "As top-2 overlap, K = 4.",
+        range: Range::Unit,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::TopK,
+        per_prompt: Some(PerPrompt::Mean),
+    },
+    Metric {
+        name: "top_k_overlap_k5",
+        title: "Top-5 overlap",
+        description: "As top-2 overlap, K = 5.",
+        range: Range::Unit,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::TopK,
+        per_prompt: Some(PerPrompt::Mean),
+    },
+    Metric {
+        name: "ref_top1_in_var_top_k",
+        title: "Ref. top-1 in var. top-5",
+        description: "Teacher-forced: share of positions where the reference's most likely token is among the \
+                      variant's 5 most likely, the mean over prompts (exact against a compact reference too).",
+        range: Range::Unit,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::TopK,
+        per_prompt: Some(PerPrompt::Mean),
     },
     Metric {
         name: "ppl_ratio_on_reference_text",
@@ -317,6 +515,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Required,
         summary: false,
         group: Group::Agreement,
+        per_prompt: Some(PerPrompt::ExpMean),
     },
     Metric {
         name: "ppl_drift_of_generated_text",
@@ -330,6 +529,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Required,
         summary: true,
         group: Group::FreeRunning,
+        per_prompt: Some(PerPrompt::ExpMean),
     },
     Metric {
         name: "spec_tokens_per_step_g1",
@@ -345,6 +545,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Optional,
         summary: false,
         group: Group::Speculative,
+        per_prompt: Some(PerPrompt::HorizonOverMean),
     },
     Metric {
         name: "spec_tokens_per_step_g2",
@@ -357,6 +558,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Optional,
         summary: false,
         group: Group::Speculative,
+        per_prompt: Some(PerPrompt::HorizonOverMean),
     },
     Metric {
         name: "spec_tokens_per_step_g4",
@@ -369,6 +571,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Optional,
         summary: false,
         group: Group::Speculative,
+        per_prompt: Some(PerPrompt::HorizonOverMean),
     },
     Metric {
         name: "spec_tokens_per_step_g8",
@@ -381,6 +584,79 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Optional,
         summary: false,
         group: Group::Speculative,
+        per_prompt: Some(PerPrompt::HorizonOverMean),
+    },
+    Metric {
+        name: "spec_acceptance",
+        title: "Acceptance α",
+        description: "Speculative sampling at temperature 1 (Leviathan et al. 2023, §3), the variant drafting and the \
+                      reference verifying: a drafted token is kept with probability Σ min(p_ref, p_variant) = 1 − \
+                      TV(p_ref, p_variant) at its position; α is its mean over the positions of the reference's \
+                      continuation (teacher-forced), the mean over prompts. Against a compact reference, an upper bound \
+                      (merging the tail into one outcome can only raise Σ min).",
+        range: Range::Unit,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::SpeculativeSampling,
+        per_prompt: Some(PerPrompt::Mean),
+    },
+    Metric {
+        name: "spec_sampling_tokens_per_step_g1",
+        title: "Tokens/step γ=1 (sampling)",
+        description: "Speculative sampling at temperature 1 with 1 draft per step: the expected tokens per \
+                      verification step (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, eq. 1, which takes drafts to be \
+                      accepted independently with probability α); its interval is α's interval mapped through the \
+                      formula, which increases with α.",
+        range: Range::Positive,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::SpeculativeSampling,
+        per_prompt: Some(PerPrompt::ExpectedTokens { gamma: 1 }),
+    },
+    Metric {
+        name: "spec_sampling_tokens_per_step_g2",
+        title: "Tokens/step γ=2 (sampling)",
+        description: "As the sampling γ=1 column, 2 drafts per step.",
+        range: Range::Positive,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::SpeculativeSampling,
+        per_prompt: Some(PerPrompt::ExpectedTokens { gamma: 2 }),
+    },
+    Metric {
+        name: "spec_sampling_tokens_per_step_g4",
+        title: "Tokens/step γ=4 (sampling)",
+        description: "As the sampling γ=1 column, 4 drafts per step.",
+        range: Range::Positive,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::SpeculativeSampling,
+        per_prompt: Some(PerPrompt::ExpectedTokens { gamma: 4 }),
+    },
+    Metric {
+        name: "spec_sampling_tokens_per_step_g8",
+        title: "Tokens/step γ=8 (sampling)",
+        description: "As the sampling γ=1 column, 8 drafts per step.",
+        range: Range::Positive,
+        better: Better::Higher,
+        format: rate,
+        tail: None,
+        placement: Placement::Optional,
+        summary: false,
+        group: Group::SpeculativeSampling,
+        per_prompt: Some(PerPrompt::ExpectedTokens { gamma: 8 }),
     },
     Metric {
         name: "stop_agreement",
@@ -397,6 +673,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Optional,
         summary: false,
         group: Group::Stopping,
+        per_prompt: Some(PerPrompt::Mean),
     },
     Metric {
         name: "stop_missed",
@@ -410,6 +687,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Optional,
         summary: false,
         group: Group::Stopping,
+        per_prompt: Some(PerPrompt::Mean),
     },
     Metric {
         name: "stop_length_ratio",
@@ -425,6 +703,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Optional,
         summary: false,
         group: Group::Stopping,
+        per_prompt: None,
     },
     Metric {
         name: "expert_overlap",
@@ -438,6 +717,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Optional,
         summary: true,
         group: Group::Routing,
+        per_prompt: Some(PerPrompt::Mean),
     },
     Metric {
         name: "routing_flip_rate",
@@ -452,6 +732,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Optional,
         summary: true,
         group: Group::Routing,
+        per_prompt: Some(PerPrompt::Mean),
     },
     Metric {
         name: "expert_overlap_on_generated_text",
@@ -464,6 +745,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Optional,
         summary: false,
         group: Group::Routing,
+        per_prompt: Some(PerPrompt::Mean),
     },
     Metric {
         name: "routing_flip_rate_on_generated_text",
@@ -476,6 +758,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Optional,
         summary: false,
         group: Group::Routing,
+        per_prompt: Some(PerPrompt::Mean),
     },
     Metric {
         name: "excess_token_match_rate",
@@ -489,6 +772,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Excess { key: "token_match_rate" },
         summary: false,
         group: Group::FreeRunning,
+        per_prompt: None,
     },
     Metric {
         name: "excess_kld",
@@ -501,6 +785,7 @@ pub const METRICS: &[Metric] = &[
         placement: Placement::Excess { key: "kld" },
         summary: false,
         group: Group::Divergence,
+        per_prompt: None,
     },
 ];
 

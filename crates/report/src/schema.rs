@@ -165,7 +165,10 @@ pub enum KlMethod {
     Exact,
     /// Against the reference's top-`top_k` log-probabilities per position plus one tail bucket:
     /// `Σ_top p (ln p − ln q) + p_tail ln(p_tail / q_tail)`, a lower bound of the exact KL (the
-    /// log-sum inequality); the bound loses at most what the tail holds.
+    /// log-sum inequality); the bound loses at most what the tail holds. The same merge makes
+    /// the reverse KL a lower bound and the acceptance `Σ min(p, q)` an upper bound; the top-K
+    /// overlaps up to `top_k`, the reference's top-1 in the variant's top-5, and every metric
+    /// not computed from the distributions are exact.
     TopKTail {
         /// Tokens kept per position.
         top_k: usize,

@@ -32,6 +32,8 @@ impl Report {
     ///   `layers` non-empty, their indices strictly ascending, each layer's `flip_rate` and
     ///   `expert_overlap` checked as the metrics `routing_flip_rate` and `expert_overlap` are,
     ///   its `first_flip_median` within the longest horizon;
+    /// - each horizon's `per_prompt` values one finite value per prompt, of a metric the horizon
+    ///   has, giving its estimate through the metric's [`PerPrompt`](crate::PerPrompt) statistic;
     /// - `bits_per_weight` finite and `≥ 0`, every other number finite and in its range.
     ///
     /// The error is [`ReportError::Invalid`] with one line; [`Report::read`] adds the file.
@@ -103,6 +105,7 @@ impl Variant {
             for (m, e) in h.iter() {
                 m.check(e).map_err(|why| format!("{why} at horizon {}", h.tokens))?;
             }
+            check_per_prompt(h, prompts).map_err(|why| format!("{why} at horizon {}", h.tokens))?;
         }
         let longest = horizons[horizons.len() - 1];
         self.first_divergence.check("first_divergence", prompts, longest)?;
@@ -116,6 +119,28 @@ impl Variant {
         }
         self.per_tensor_error.iter().try_for_each(TensorError::check)
     }
+}
+
+/// A horizon's per-prompt values: one finite value per prompt, for a metric the horizon has, whose
+/// [`PerPrompt`](crate::PerPrompt) statistic is the metric's estimate (to 1e-9 relative: the
+/// sums run in another order, and a float read back may be one ulp off).
+fn check_per_prompt(h: &crate::HorizonMetrics, prompts: usize) -> Result<(), String> {
+    for (name, values) in h.per_prompt_values() {
+        if values.len() != prompts {
+            return Err(format!("per_prompt.{name} has {} values for {prompts} prompts", values.len()));
+        }
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(format!("per_prompt.{name} value {i} is {}, not finite", values[i]));
+        }
+        let (Some(e), Some(statistic)) = (h.metric(name), crate::PerPrompt::of(name)) else {
+            return Err(format!("per_prompt.{name} is given without the metric"));
+        };
+        let of_values = statistic.estimate(values.iter().sum::<f64>() / prompts as f64, h.tokens);
+        if (of_values - e.mean).abs() > 1e-9 * e.mean.abs().max(1.0) {
+            return Err(format!("per_prompt.{name} gives {of_values}, but the metric's mean is {}", e.mean));
+        }
+    }
+    Ok(())
 }
 
 impl FirstDivergence {

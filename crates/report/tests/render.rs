@@ -92,9 +92,9 @@ fn markdown_has_a_table_per_horizon_with_intervals() {
     let md = render_markdown(&r);
     for &h in &r.workload.horizons {
         let tables = horizon_tables(&md, h);
-        // Free-running, KL divergence, agreement, speculative decoding, stopping: no routing table
-        // for a dense model.
-        assert_eq!(tables.len(), 5, "{tables:#?}");
+        // Free-running, KL divergence, reverse KL, agreement, top-K, speculative decoding (greedy
+        // and sampling), stopping: no routing table for a dense model.
+        assert_eq!(tables.len(), 8, "{tables:#?}");
         let headers: Vec<&str> = tables.iter().map(|t| t[0]).collect();
         assert!(headers[0].starts_with("| Variant | Token match |"), "{}", headers[0]);
         assert!(headers[1].starts_with("| Variant | KLD mean |") && headers[1].ends_with("| Excess KLD |"));
@@ -350,7 +350,7 @@ fn a_dense_report_shows_no_routing_column_but_documents_every_metric() {
     let md = render_markdown(&r);
     let summary = render_summary(&r);
     let html = render_html(&r).unwrap();
-    assert_eq!(horizon_headers(&md).len(), 5 * r.workload.horizons.len());
+    assert_eq!(horizon_headers(&md).len(), (Group::ALL.len() - 1) * r.workload.horizons.len());
     for m in METRICS.iter().filter(|m| m.group == Group::Routing) {
         assert!(horizon_headers(&md).iter().all(|l| !l.contains(m.title)), "{}: a column in the Markdown", m.name);
         assert!(!summary.contains(m.title), "{}: a column in the summary:\n{summary}", m.name);

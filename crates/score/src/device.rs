@@ -13,6 +13,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorData};
 
 use crate::ScoreError;
+use crate::agreement::{TOP_K, TopKAgreement, compact_acceptance, top_k_agreement};
 use crate::compact::compact_kl;
 
 /// Metrics of every position of a chunk, row-major `[batch, positions]`.
@@ -24,6 +25,12 @@ pub struct DevicePositionMetrics {
     pub positions: usize,
     /// KL(P_ref ‖ P_var) in nats.
     pub kld: Vec<f32>,
+    /// KL(P_var ‖ P_ref) in nats.
+    pub kld_reverse: Vec<f32>,
+    /// Speculative sampling's acceptance `Σ min(p_ref, p_var)` ([`crate::agreement`]).
+    pub accept: Vec<f32>,
+    /// Where the two models' top-[`TOP_K`] lists agree.
+    pub top_k: Vec<TopKAgreement>,
     /// Whether the two argmaxes agree (first maximum on ties, as llama2.c).
     pub top1_agree: Vec<bool>,
     /// log P_ref(token).
@@ -59,10 +66,15 @@ pub fn position_metrics_on_device(
     let agree = ref_logits.clone().argmax(2).equal(var_logits.clone().argmax(2)).int();
     let lr = log_softmax(ref_logits.cast(DType::F32), 2);
     let lv = log_softmax(var_logits.cast(DType::F32), 2);
-    let pr = lr.clone().exp();
+    let (pr, pv) = (lr.clone().exp(), lv.clone().exp());
     let kld = (pr.clone() * (lr.clone() - lv.clone())).sum_dim(2);
+    let kld_reverse = (pv.clone() * (lv.clone() - lr.clone())).sum_dim(2);
+    let accept = pr.clone().min_pair(pv).sum_dim(2);
     let entropy = (pr * lr.clone()).sum_dim(2).neg();
     let index: Tensor<3, Int> = Tensor::from_data(TensorData::new(token_ids(tokens), [b, t, 1]), &device);
+    let k = TOP_K.min(v);
+    let top_ref = top_ids("reference top-K", lr.clone(), k)?;
+    let top_var = top_ids("variant top-K", lv.clone(), k)?;
     let lpr = lr.gather(2, index.clone());
     let lpv = lv.gather(2, index);
     let agree = agree
@@ -74,6 +86,9 @@ pub fn position_metrics_on_device(
         batch: b,
         positions: t,
         kld: read_f32("KL divergence", kld)?,
+        kld_reverse: read_f32("reverse KL divergence", kld_reverse)?,
+        accept: read_f32("acceptance", accept)?,
+        top_k: top_ref.chunks_exact(k).zip(top_var.chunks_exact(k)).map(|(r, v)| top_k_agreement(r, v)).collect(),
         top1_agree: agree.into_iter().map(|a| a != 0).collect(),
         logp_ref_of_token: read_f32("reference log-probabilities", lpr)?,
         logp_var_of_token: read_f32("variant log-probabilities", lpv)?,
@@ -360,23 +375,45 @@ pub fn position_metrics_against_compact(
     let index: Tensor<3, Int> = Tensor::from_data(TensorData::new(token_ids(tokens), [b, t, 1]), &device);
     let lpv = read_f32("variant log-probabilities", lv.clone().gather(2, index))?;
     let top_q = read_f32("variant top-K log-probabilities", lv.clone().gather(2, ids.clone()))?;
+    let var_k = TOP_K.min(v);
+    let top_var = top_ids("variant top-K", lv.clone(), var_k)?;
     let tail_q = read_f32("variant tail log-mass", tail_log_sum_exp(lv, ids))?;
     let widen = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
-    let mut kld = Vec::with_capacity(n);
+    let (mut kld, mut kld_reverse, mut accept, mut top_k) =
+        (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
     for i in 0..n {
-        let (p, q) = (&reference.top_logp[i * k..(i + 1) * k], &top_q[i * k..(i + 1) * k]);
-        let kl = compact_kl(&widen(p), f64::from(reference.tail_logp[i]), &widen(q), f64::from(tail_q[i]))?;
-        kld.push(kl as f32);
+        let (p, q) = (widen(&reference.top_logp[i * k..(i + 1) * k]), widen(&top_q[i * k..(i + 1) * k]));
+        let (tail_p, tail_q) = (f64::from(reference.tail_logp[i]), f64::from(tail_q[i]));
+        kld.push(compact_kl(&p, tail_p, &q, tail_q)? as f32);
+        kld_reverse.push(compact_kl(&q, tail_q, &p, tail_p)? as f32);
+        accept.push(compact_acceptance(&p, tail_p, &q, tail_q)? as f32);
+        top_k.push(top_k_agreement(&reference.top_ids[i * k..(i + 1) * k], &top_var[i * var_k..(i + 1) * var_k]));
     }
     Ok(DevicePositionMetrics {
         batch: b,
         positions: t,
         kld,
+        kld_reverse,
+        accept,
+        top_k,
         top1_agree: reference.argmax.iter().zip(&argmax).map(|(r, v)| r == v).collect(),
         logp_ref_of_token: reference.logp_of_token.clone(),
         logp_var_of_token: lpv,
         ref_entropy: reference.entropy.clone(),
     })
+}
+
+/// The `k` largest values' ids along the last axis, largest first, lower id first among equal
+/// values (Burn's top-K, its ties put in id order), `[batch · positions · k]` row-major.
+///
+/// # Shapes
+/// - `x`: `[batch, positions, vocab]`, `k ≤ vocab`
+fn top_ids(what: &'static str, x: Tensor<3>, k: usize) -> Result<Vec<u32>, ScoreError> {
+    let (values, ids) = x.topk_with_indices(k, 2);
+    let values = read_f32(what, values)?;
+    let mut ids = read_ids(what, ids)?;
+    order_ties_by_id(&values, &mut ids, k);
+    Ok(ids)
 }
 
 fn token_ids(tokens: &[u32]) -> Vec<i64> {

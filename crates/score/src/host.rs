@@ -21,6 +21,8 @@
 //! ln p_i  = (x_i − max) − ln S
 //! H(P)    = ln S − Σ w_i (x_i − max) / S
 //! KL(P‖Q) = Σ w_i (d_i − e_i) / S_P + ln S_Q − ln S_P      (d_i = x_i − max_P, e_i = y_i − max_Q)
+//! KL(Q‖P) = Σ v_i (e_i − d_i) / S_Q + ln S_P − ln S_Q      (v_i = exp(e_i), S_Q = Σ v_i)
+//! β       = Σ min(w_i / S_P, v_i / S_Q)                    (a second pass over the row's weights)
 //! tail    = ln Σ_{i∉T} w_i − ln S                          (T: the top-K ids)
 //! ```
 //!
@@ -48,6 +50,7 @@
 //! [`ScoreError::LengthMismatch`].
 
 use crate::ScoreError;
+use crate::agreement::{TOP_K, compact_acceptance, top_k_agreement};
 use crate::compact::compact_kl;
 use crate::device::{CompactChunk, DevicePositionMetrics, check_chunk, check_compact, check_tokens};
 
@@ -98,28 +101,42 @@ pub fn position_metrics_on_host(
         batch,
         positions,
         kld: Vec::with_capacity(n),
+        kld_reverse: Vec::with_capacity(n),
+        accept: Vec::with_capacity(n),
+        top_k: Vec::with_capacity(n),
         top1_agree: Vec::with_capacity(n),
         logp_ref_of_token: Vec::with_capacity(n),
         logp_var_of_token: Vec::with_capacity(n),
         ref_entropy: Vec::with_capacity(n),
     };
     let (mut px, mut py) = (Shifted::new(), Shifted::new());
+    // The row's weights, kept for the acceptance's second pass (it needs both sums first).
+    let (mut wx, mut wy) = (vec![0.0f64; v], vec![0.0f64; v]);
+    let (mut top_x, mut top_y) = (Vec::with_capacity(2 * TOP_K), Vec::with_capacity(2 * TOP_K));
     for (i, &token) in tokens.iter().enumerate() {
         let (x, y) = (row(ref_logits, v, i), row(var_logits, v, i));
         let (max_x, max_y) = (row_max(x), row_max(y));
         let (mx, my) = (f64::from(max_x), f64::from(max_y));
-        let (mut sx, mut sy, mut entropy_sum, mut kl_sum) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-        for (xc, yc) in x.chunks(BLOCK).zip(y.chunks(BLOCK)) {
+        let (mut sx, mut sy, mut entropy_sum, mut kl_sum, mut rkl_sum) = (0.0f64, 0.0f64, 0.0f64, 0.0f64, 0.0f64);
+        for (b, (xc, yc)) in x.chunks(BLOCK).zip(y.chunks(BLOCK)).enumerate() {
             let ((d, w), (e, we)) = (px.fill(xc, mx), py.fill(yc, my));
             for j in 0..xc.len() {
                 sx += w[j];
                 sy += we[j];
                 entropy_sum += w[j] * d[j];
                 kl_sum += w[j] * (d[j] - e[j]);
+                rkl_sum += we[j] * (e[j] - d[j]);
             }
+            wx[b * BLOCK..b * BLOCK + xc.len()].copy_from_slice(w);
+            wy[b * BLOCK..b * BLOCK + yc.len()].copy_from_slice(we);
         }
         let (p, q) = (Norm::new(mx, sx), Norm::new(my, sy));
         out.kld.push((kl_sum / sx + (q.ln_sum - p.ln_sum)) as f32);
+        out.kld_reverse.push((rkl_sum / sy + (p.ln_sum - q.ln_sum)) as f32);
+        out.accept.push(min_sum(&wx, 1.0 / sx, &wy, 1.0 / sy) as f32);
+        top_k(x, TOP_K.min(v), &mut top_x);
+        top_k(y, TOP_K.min(v), &mut top_y);
+        out.top_k.push(top_k_agreement(&ids(&top_x), &ids(&top_y)));
         out.top1_agree.push(first_argmax(x, max_x) == first_argmax(y, max_y));
         out.logp_ref_of_token.push(p.logp(x[token as usize]) as f32);
         out.logp_var_of_token.push(q.logp(y[token as usize]) as f32);
@@ -254,6 +271,9 @@ pub fn position_metrics_against_compact_on_host(
         batch,
         positions,
         kld: Vec::with_capacity(n),
+        kld_reverse: Vec::with_capacity(n),
+        accept: Vec::with_capacity(n),
+        top_k: Vec::with_capacity(n),
         top1_agree: Vec::with_capacity(n),
         logp_ref_of_token: reference.logp_of_token.clone(),
         logp_var_of_token: Vec::with_capacity(n),
@@ -261,6 +281,7 @@ pub fn position_metrics_against_compact_on_host(
     };
     let mut in_top = vec![false; v];
     let (mut top_p, mut top_q) = (Vec::with_capacity(k), Vec::with_capacity(k));
+    let mut top_y = Vec::with_capacity(2 * TOP_K);
     let mut py = Shifted::new();
     for (i, &token) in tokens.iter().enumerate() {
         let y = row(var_logits, v, i);
@@ -287,8 +308,12 @@ pub fn position_metrics_against_compact_on_host(
         for &id in ids {
             in_top[id as usize] = false;
         }
-        let kl = compact_kl(&top_p, f64::from(reference.tail_logp[i]), &top_q, tail_q)?;
-        out.kld.push(kl as f32);
+        let tail_p = f64::from(reference.tail_logp[i]);
+        out.kld.push(compact_kl(&top_p, tail_p, &top_q, tail_q)? as f32);
+        out.kld_reverse.push(compact_kl(&top_q, tail_q, &top_p, tail_p)? as f32);
+        out.accept.push(compact_acceptance(&top_p, tail_p, &top_q, tail_q)? as f32);
+        top_k(y, TOP_K.min(v), &mut top_y);
+        out.top_k.push(top_k_agreement(ids, &self::ids(&top_y)));
         out.top1_agree.push(reference.argmax[i] as usize == first_argmax(y, max));
         out.logp_var_of_token.push(q.logp(y[token as usize]) as f32);
     }
@@ -513,6 +538,26 @@ fn first_argmax(x: &[f32], max: f32) -> usize {
     at.unwrap_or(0)
 }
 
+/// The ids of a [`top_k`] list.
+fn ids(top: &[(f32, u32)]) -> Vec<u32> {
+    top.iter().map(|&(_, id)| id).collect()
+}
+
+/// `Σ_i min(a_i · sa, b_i · sb)` in f64, left to right: the acceptance `Σ min(p_i, q_i)` from a
+/// row's weights and the inverses of their sums.
+/// NaN when either row's sum is (a NaN or `+inf` logit), as on the device.
+fn min_sum(a: &[f64], sa: f64, b: &[f64], sb: f64) -> f64 {
+    if sa.is_nan() || sb.is_nan() {
+        return f64::NAN;
+    }
+    let mut sum = 0.0;
+    for (&ai, &bi) in a.iter().zip(b) {
+        let (p, q) = (ai * sa, bi * sb);
+        sum += if p < q { p } else { q };
+    }
+    sum
+}
+
 /// Order of the top-K: larger logit first, lower id first on ties (`+0.0` and `-0.0` are made
 /// equal by the caller; NaNs go to either end, deterministically).
 fn by_rank(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
@@ -551,6 +596,7 @@ mod tests {
     use burn::tensor::{Device, Tensor, TensorData};
 
     use super::*;
+    use crate::agreement::TopKAgreement;
     use crate::device::{
         compact_reference_on_device, position_metrics_against_compact, position_metrics_on_device,
         token_logprobs_on_device,
@@ -705,6 +751,26 @@ mod tests {
         }
     }
 
+    /// The top-K agreements of host and device are the same, except at positions where either
+    /// row has a tie at the [`TOP_K`]-th place (which tied token is kept is the device sort's
+    /// choice).
+    fn assert_top_k(c: &Chunk, v: usize, host: &[TopKAgreement], device: &[TopKAgreement]) {
+        assert_eq!(host.len(), device.len(), "top-K: lengths");
+        let tied = |x: &[f32]| {
+            let mut sorted = x.to_vec();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            sorted.len() > TOP_K && sorted[TOP_K - 1] == sorted[TOP_K]
+        };
+        let mut compared = 0;
+        for i in 0..host.len() {
+            if !tied(&c.x[i * v..(i + 1) * v]) && !tied(&c.y[i * v..(i + 1) * v]) {
+                assert_eq!(host[i], device[i], "position {i}, V = {v}: top-K agreement");
+                compared += 1;
+            }
+        }
+        assert!(compared * 2 >= host.len(), "too few positions without ties: {compared} of {}", host.len());
+    }
+
     /// The host's value is the f64 definition rounded once to f32: within one f32 ulp
     /// (2⁻²³ relative, twice the rounding), plus 1e-12 for the f64 sums' own error near 0.
     fn assert_rounded(what: &str, got: f32, want: f64) {
@@ -736,6 +802,22 @@ mod tests {
         let kl = lp.iter().zip(&lq).map(|(&p, &q)| p.exp() * (p - q)).sum();
         let h = -lp.iter().map(|&p| p.exp() * p).sum::<f64>();
         (kl, h, lp[token], lq[token])
+    }
+
+    /// `(KL(Q ‖ P), Σ min(p, q))`.
+    fn plain_reverse_and_acceptance(x: &[f32], y: &[f32]) -> (f64, f64) {
+        let (lp, lq) = (plain_log_softmax(x), plain_log_softmax(y));
+        let kl = lq.iter().zip(&lp).map(|(&q, &p)| q.exp() * (q - p)).sum();
+        (kl, lp.iter().zip(&lq).map(|(&p, &q)| p.exp().min(q.exp())).sum())
+    }
+
+    /// `Σ e^a (a − b)` over paired log-probabilities, and the bound on how far rounding each
+    /// to f32 can move it: d/da e^a (a − b) = e^a (a − b + 1), d/db = −e^a; each moves by up to
+    /// 2⁻²⁴ of itself.
+    fn kl_and_tolerance(pairs: &[(f64, f64)]) -> (f64, f64) {
+        let kl: f64 = pairs.iter().map(|&(a, b)| a.exp() * (a - b)).sum();
+        let moved: f64 = pairs.iter().map(|&(a, b)| a.exp() * (((a - b).abs() + 1.0) * a.abs() + b.abs())).sum();
+        (kl, 2f64.powi(-23) * (moved + kl.abs()) + 1e-12)
     }
 
     /// The top-K by a stable sort of the log-probabilities (lower id first on ties), their
@@ -772,6 +854,9 @@ mod tests {
             assert_eq!((h.batch, h.positions), (d.batch, d.positions));
             assert_eq!(h.top1_agree, d.top1_agree, "{dims:?}: top-1 agreement");
             assert_device("KL", v, &h.kld, &d.kld);
+            assert_device("reverse KL", v, &h.kld_reverse, &d.kld_reverse);
+            assert_device("acceptance", v, &h.accept, &d.accept);
+            assert_top_k(&c, v, &h.top_k, &d.top_k);
             assert_device("log p_ref(token)", v, &h.logp_ref_of_token, &d.logp_ref_of_token);
             assert_device("log p_var(token)", v, &h.logp_var_of_token, &d.logp_var_of_token);
             assert_device("entropy", v, &h.ref_entropy, &d.ref_entropy);
@@ -808,6 +893,9 @@ mod tests {
                 position_metrics_against_compact_on_host(&cd, &c.y, dims, &c.tokens).expect("host");
             let own = position_metrics_against_compact_on_host(&ch, &c.y, dims, &c.tokens).expect("host");
             assert_device("KL_K", v, &host_on_device_ref.kld, &both.kld);
+            assert_device("reverse KL_K", v, &host_on_device_ref.kld_reverse, &both.kld_reverse);
+            assert_device("acceptance_K", v, &host_on_device_ref.accept, &both.accept);
+            assert_top_k(&c, v, &host_on_device_ref.top_k, &both.top_k);
             assert_eq!(host_on_device_ref.top1_agree, both.top1_agree);
             assert_eq!(own.top1_agree, both.top1_agree);
             assert_device("compact log p_var(token)", v, &own.logp_var_of_token, &both.logp_var_of_token);
@@ -839,6 +927,13 @@ mod tests {
                 assert_rounded("log p_ref(token)", h.logp_ref_of_token[i], lpr);
                 assert_rounded("log p_var(token)", h.logp_var_of_token[i], lpv);
                 assert_eq!(h.top1_agree[i], plain_top1(x) == plain_top1(y));
+                let (reverse, accept) = plain_reverse_and_acceptance(x, y);
+                assert_rounded("reverse KL", h.kld_reverse[i], reverse);
+                assert_rounded("acceptance", h.accept[i], accept);
+                let top = |z: &[f32]| crate::top_k_ids(z, TOP_K).expect("top-K");
+                let want = crate::top_k_agreement(&top(x), &top(y));
+                assert_eq!(h.top_k[i], want, "{dims:?} position {i}: top-K agreement");
+                assert_eq!(h.top_k[i].ref_top1_rank == 0, h.top1_agree[i], "rank 0 is top-1 agreement");
 
                 let (ids, top_p, tail_p) = plain_compact(x, k);
                 assert_eq!(ch.top_ids[i * k..(i + 1) * k], ids[..], "{dims:?} position {i}: top-K ids");
@@ -854,14 +949,26 @@ mod tests {
                 let rest: Vec<f64> = (0..v).filter(|j| !ids.contains(&(*j as u32))).map(|j| lq[j]).collect();
                 let tail_q = plain_lse(&rest);
                 let pairs: Vec<(f64, f64)> = top_p.iter().copied().zip(top_q).chain([(tail_p, tail_q)]).collect();
-                let kl_k: f64 = pairs.iter().map(|&(p, q)| p.exp() * (p - q)).sum();
-                // d/dp e^p (p − q) = e^p (p − q + 1), d/dq = −e^p; each log-probability moves by
-                // up to 2⁻²⁴ of itself.
-                let moved: f64 =
-                    pairs.iter().map(|&(p, q)| p.exp() * (((p - q).abs() + 1.0) * p.abs() + q.abs())).sum();
-                let tol = 2f64.powi(-23) * (moved + kl_k.abs()) + 1e-12;
+                let (kl_k, tol) = kl_and_tolerance(&pairs);
                 let got = f64::from(m.kld[i]);
                 assert!((got - kl_k).abs() <= tol, "{dims:?} position {i}: KL_K {got} vs {kl_k} (tolerance {tol:.1e})");
+                let swapped: Vec<(f64, f64)> = pairs.iter().map(|&(p, q)| (q, p)).collect();
+                let (reverse_k, tol) = kl_and_tolerance(&swapped);
+                let got = f64::from(m.kld_reverse[i]);
+                assert!((got - reverse_k).abs() <= tol, "{dims:?} position {i}: reverse KL_K {got} vs {reverse_k}");
+                assert!(reverse_k <= reverse + 1e-12, "the compact reverse KL is a lower bound");
+                let accept_k: f64 = pairs.iter().map(|&(p, q)| p.exp().min(q.exp())).sum();
+                // Each term moves by up to 2⁻²⁴ of |ln|, relative.
+                let tol =
+                    2f64.powi(-23) * pairs.iter().map(|&(p, q)| p.exp() * p.abs() + q.exp() * q.abs()).sum::<f64>();
+                let got = f64::from(m.accept[i]);
+                assert!(
+                    (got - accept_k).abs() <= tol + 1e-7,
+                    "{dims:?} position {i}: acceptance_K {got} vs {accept_k}"
+                );
+                assert!(accept_k >= accept - 1e-12, "the compact acceptance is an upper bound");
+                let known = crate::top_k_agreement(&ids[..k.min(TOP_K)], &top(y));
+                assert_eq!(m.top_k[i], known, "{dims:?} position {i}: compact top-K agreement");
             }
         }
     }
@@ -879,8 +986,11 @@ mod tests {
         assert_eq!(compact.logp_ref_of_token, exact.logp_ref_of_token);
         assert_eq!(compact.logp_var_of_token, exact.logp_var_of_token);
         assert_eq!(compact.ref_entropy, exact.ref_entropy);
+        assert_eq!(compact.top_k, exact.top_k, "K = 32 ≥ 5: the top-K agreement is exact");
         for i in (4..10).step_by(5) {
             assert_eq!((exact.kld[i], compact.kld[i]), (0.0, 0.0), "row {i}: the variant is the reference");
+            assert_eq!((exact.kld_reverse[i], compact.kld_reverse[i]), (0.0, 0.0));
+            assert!((exact.accept[i] - 1.0).abs() < 1e-6 && (compact.accept[i] - 1.0).abs() < 1e-6);
         }
         let same = position_metrics_against_compact_on_host(&reference, &c.x, dims, &c.tokens).expect("same");
         assert!(same.kld.iter().all(|&kl| kl == 0.0), "{:?}", same.kld);
@@ -907,6 +1017,8 @@ mod tests {
         assert!(h.kld[2].is_nan() && h.logp_ref_of_token[3].is_nan());
         assert_eq!(h.top1_agree, d.top1_agree);
         assert_device("KL", v, &h.kld, &d.kld);
+        assert_device("reverse KL", v, &h.kld_reverse, &d.kld_reverse);
+        assert_device("acceptance", v, &h.accept, &d.accept);
         assert_device("entropy", v, &h.ref_entropy, &d.ref_entropy);
         assert_device("log p_ref(token)", v, &h.logp_ref_of_token, &d.logp_ref_of_token);
         assert_device("log p_var(token)", v, &h.logp_var_of_token, &d.logp_var_of_token);

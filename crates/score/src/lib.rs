@@ -6,10 +6,13 @@
 //!
 //! - [`logprob`]: log-softmax, KL divergence, entropy, top-1 and [`PositionMetrics`] from the
 //!   full-vocabulary logits of one position (the reference the GPU reductions are tested against).
+//! - [`agreement`]: top-K overlap of the two distributions, and speculative sampling's
+//!   acceptance `Σ min(p_ref, p_var)` with the tokens per step it gives.
 //! - [`freerun`]: free-running comparison of two generated token sequences.
 //! - [`survival`]: Kaplan–Meier estimate of the share of prompts still identical after `t` tokens.
 //! - [`bootstrap`]: percentile bootstrap over prompts (means, paired differences, any statistic).
 //! - [`wilson`]: Wilson score interval for a proportion.
+//! - [`signtest`]: the sign test of paired differences (how often B beats A, prompt by prompt).
 //! - [`quantiles`]: type-7 quantiles and the mean/median/p90/p99/max summary.
 //! - [`strata`]: metrics stratified by the reference's entropy quartiles.
 //! - [`ppl`]: perplexity and perplexity ratios.
@@ -26,6 +29,7 @@
 //! **Invariant: prompts are the unit of resampling, never tokens; same seed → identical numbers;
 //! no I/O; every device reduction is tested against its host definition.** Nothing here panics on bad input: every public function returns [`ScoreError`].
 
+pub mod agreement;
 pub mod bootstrap;
 pub mod compact;
 pub mod device;
@@ -35,11 +39,13 @@ pub mod host;
 pub mod logprob;
 pub mod ppl;
 pub mod quantiles;
+pub mod signtest;
 pub mod speculative;
 pub mod strata;
 pub mod survival;
 pub mod wilson;
 
+pub use agreement::{TOP_K, TopKAgreement, acceptance, expected_tokens, top_k_agreement, top_k_ids};
 pub use bootstrap::{Interval, bootstrap_ci, bootstrap_mean_ci, paired_difference_ci, pooled_quantile_ci};
 pub use compact::{CompactPosition, compact_kl, compact_position, variant_on_compact};
 pub use device::{
@@ -55,6 +61,7 @@ pub use host::{
 pub use logprob::{PositionMetrics, entropy, kl_divergence, log_softmax, position_metrics, top1};
 pub use ppl::{PromptLogProbs, perplexity, pooled_ppl_ratio, ppl_ratio, ppl_ratio_ci};
 pub use quantiles::{Summary, quantile, quantile_sorted, summarize};
+pub use signtest::{SignTest, sign_test};
 pub use speculative::greedy_speculative_steps;
 pub use strata::{Stratum, entropy_quartiles};
 pub use survival::{Observation, SurvivalStep, kaplan_meier, median_survival, survival_at};
