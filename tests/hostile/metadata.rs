@@ -277,13 +277,13 @@ fn a_part_or_store_of_the_previous_layout_is_refused_saying_what_to_do() {
     let p = parts(root.path());
     let old = copy(&p[0], &root.path().join("old"));
     let text = std::fs::read_to_string(old.join("part.json")).unwrap();
-    std::fs::write(old.join("part.json"), text.replacen("\"version\": 2", "\"version\": 1", 1)).unwrap();
-    let needles = ["part.json", "qdrift-part version 1", "run its shard again"];
+    std::fs::write(old.join("part.json"), text.replacen("\"version\": 3", "\"version\": 2", 1)).unwrap();
+    let needles = ["part.json", "qdrift-part version 2", "run its shard again"];
     refused(USER, merge(root.path(), &[old, p[1].clone(), p[2].clone()]), &needles);
     let s = store(root.path());
     let text = std::fs::read_to_string(s.join("manifest.json")).unwrap();
-    std::fs::write(s.join("manifest.json"), text.replacen("\"version\": 2", "\"version\": 1", 1)).unwrap();
-    let needles = ["--reference", "manifest.json", "qdrift-reference version 1", "--save-reference"];
+    std::fs::write(s.join("manifest.json"), text.replacen("\"version\": 3", "\"version\": 2", 1)).unwrap();
+    let needles = ["--reference", "manifest.json", "qdrift-reference version 2", "--save-reference"];
     refused(USER, eval(&root.path().join("reused"), &["--reference", s.to_str().unwrap()]), &needles);
 }
 

@@ -21,10 +21,12 @@ fn summarize_all(context: &mut RunContext, measurement: Measurement) -> Result<V
     let w = &context.workload;
     let (horizons, bootstrap) = (w.horizons.clone(), Bootstrap { resamples: w.bootstrap_resamples, seed: w.seed });
     let longest = horizons.last().copied().unwrap_or(0);
-    let noise_floor = measurement.variants.first().map(|(_, t)| t.clone());
-    if let Some(traces) = &noise_floor {
-        // Every variant's traces hold the reference's log p on its own text; the noise floor's,
-        // the first, serve.
+    // A failed variant has no traces: neither the noise floor's excess nor anything else.
+    let ran = |v: &&(VariantHeader, Vec<Trace>)| v.0.failure.is_none();
+    let noise_floor = measurement.variants.first().filter(ran).map(|(_, t)| t.clone());
+    if let Some((_, traces)) = measurement.variants.iter().find(ran) {
+        // Every variant's traces hold the reference's log p on its own text; the first that
+        // ran (the noise floor, unless it failed) serve.
         context.reference.self_perplexity =
             horizons.iter().map(|&h| (h, aggregate::self_perplexity(traces, h))).collect();
     }
@@ -54,12 +56,28 @@ fn summarize(
     (bootstrap, eos): (Bootstrap, Option<u32>),
     longest: usize,
 ) -> Result<Variant, EvalError> {
+    if header.failure.is_some() {
+        return Ok(described(header));
+    }
     let mut metrics = aggregate::horizon_metrics(traces, noise_floor, horizons, bootstrap)?;
     if let Some(eos) = eos {
         aggregate::set_stopping_metrics(&mut metrics, traces, eos, bootstrap)?;
     }
     routing_drift::set_horizon_metrics(&mut metrics, traces, bootstrap)?;
     Ok(Variant {
+        horizons: metrics,
+        first_divergence: aggregate::first_divergence_summary(traces, longest)?,
+        per_position: aggregate::per_position(traces, longest),
+        entropy_strata: aggregate::entropy_strata(traces, longest)?,
+        routing: routing_drift::routing_drift(traces, longest, bootstrap)?,
+        ..described(header)
+    })
+}
+
+/// A variant's entry from its header alone: what it is, its failure if it failed, and empty
+/// statistics.
+fn described(header: VariantHeader) -> Variant {
+    Variant {
         recipe: header.recipe,
         name: header.name,
         scheme: header.scheme,
@@ -70,13 +88,23 @@ fn summarize(
         compute_dtype: header.compute_dtype,
         bits_per_weight: header.bits_per_weight,
         weight_bytes: header.weight_bytes,
-        horizons: metrics,
-        first_divergence: aggregate::first_divergence_summary(traces, longest)?,
-        per_position: aggregate::per_position(traces, longest),
-        entropy_strata: aggregate::entropy_strata(traces, longest)?,
+        horizons: Vec::new(),
+        first_divergence: qdrift_report::FirstDivergence {
+            median: None,
+            survival: Vec::new(),
+            censored: 0,
+            positions: Vec::new(),
+        },
+        per_position: qdrift_report::PerPosition {
+            token_match: Vec::new(),
+            kld: Vec::new(),
+            top1_agreement: Vec::new(),
+        },
+        entropy_strata: Vec::new(),
         per_tensor_error: header.per_tensor_error,
-        routing: routing_drift::routing_drift(traces, longest, bootstrap)?,
-    })
+        routing: None,
+        failure: header.failure,
+    }
 }
 
 /// The report: the model, the workload, the reference and the measured variants' statistics;

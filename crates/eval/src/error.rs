@@ -98,6 +98,14 @@ pub enum EvalError {
     /// Parts cannot be merged into one report.
     #[error("cannot merge: {0}")]
     Merge(String),
+    /// A model's logits went non-finite (an FP16 overflow): which model, where, and what to do.
+    #[error("{model}: {problem}")]
+    Overflow {
+        /// `the reference (fp16)` or `variant NAME`.
+        model: String,
+        /// Where, and what to do ([`qdrift_generate::overflow_message`]).
+        problem: String,
+    },
     /// Two reports `qdrift compare` cannot pair, or a variant or check it cannot find.
     #[error("cannot compare: {0}")]
     Compare(String),

@@ -6,7 +6,7 @@
 //! **Invariant: every prompt gets exactly `plan.longest()` tokens (no stop at EOS), so every
 //! trace has the same positions.**
 
-use qdrift_generate::{StepLogits, generate_map};
+use qdrift_generate::{GenerateError, StepLogits, generate_map};
 use qdrift_model::Llama;
 
 use crate::error::EvalError;
@@ -45,7 +45,11 @@ pub(crate) fn generate_all_map<R>(
             progress(Progress::Generated { tokens: rows as u64 });
             file(first_prompt, step, r);
         },
-    )?;
+    )
+    .map_err(|e| match e {
+        GenerateError::Overflow { .. } => EvalError::Overflow { model: who(name), problem: e.to_string() },
+        e => e.into(),
+    })?;
     // Without a stop at EOS, generation gives every prompt exactly `expected` tokens.
     if let Some(i) = tokens.iter().position(|t| t.len() != expected) {
         let got = tokens[i].len();
@@ -55,4 +59,14 @@ pub(crate) fn generate_all_map<R>(
         )));
     }
     Ok(tokens)
+}
+
+/// How an error names the model `name`: `the reference (fp16)`, or `variant NAME` (one that
+/// overflows where the reference did not: the reference generated first).
+pub(crate) fn who(name: &str) -> String {
+    if name == crate::types::REFERENCE_NAME {
+        format!("the reference ({name})")
+    } else {
+        format!("variant {name} (where the reference does not)")
+    }
 }

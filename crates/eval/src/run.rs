@@ -150,6 +150,15 @@ fn run_variants(
     if let Some(d) = dump {
         d.finish()?;
     }
+    if let (Some(dir), Some((header, _))) = (&cfg.save_reference, variants.first())
+        && let Some(failure) = &header.failure
+    {
+        return Err(EvalError::Store {
+            flag: "--save-reference",
+            path: dir.clone(),
+            problem: format!("the noise floor failed, so there is nothing to save for later runs: {failure}"),
+        });
+    }
     if let (Some(dir), Some(key), Some((_, noise_floor))) = (&cfg.save_reference, key, variants.first()) {
         let stored = reference_run.to_store(noise_floor.clone())?;
         write_store(dir, key, cfg.seed, &stored)?;
@@ -181,7 +190,12 @@ fn run_variant(
     built.apply_runtime(&mut model)?;
     drop(built);
     qdrift_model::release_free_memory();
-    let tokens = generate_all(&model, &header.name, plan, progress)?;
+    let tokens = match generate_all(&model, &header.name, plan, progress) {
+        Err(EvalError::Overflow { model, problem }) if plan.shard.is_none() => {
+            return Ok(failed(header, format!("{model}: {problem}")));
+        }
+        other => other?,
+    };
     progress(Progress::Scoring { model: &header.name });
     let mut traces: Vec<Trace> = tokens
         .into_iter()
@@ -189,7 +203,18 @@ fn run_variant(
         .map(|(i, variant_tokens)| Trace::new(scoring.reference.continuation(i).to_vec(), variant_tokens))
         .collect();
     scoring.score(&model, &header.name, &mut traces, dump)?;
-    Ok((header, traces))
+    match scoring.check_finite(&model, &header.name, &traces)? {
+        Some(problem) if plan.shard.is_none() => Ok(failed(header, problem)),
+        Some(problem) => Err(EvalError::Overflow { model: header.name.clone(), problem }),
+        None => Ok((header, traces)),
+    }
+}
+
+/// A variant that failed where the reference did not: its header with the failure, no traces.
+/// (A shard stops instead: the parts of a sharded run hold every variant's traces.)
+fn failed(mut header: VariantHeader, failure: String) -> (VariantHeader, Vec<Trace>) {
+    header.failure = Some(failure);
+    (header, Vec::new())
 }
 
 /// The reference's entry before its statistics.

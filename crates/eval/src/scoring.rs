@@ -16,11 +16,13 @@ use qdrift_score::DevicePositionMetrics;
 use crate::aggregate::Trace;
 use crate::dump::{Dump, DumpChunk};
 use crate::error::EvalError;
+use crate::generation;
 use crate::plan::Plan;
 use crate::reduce::Reduce;
 use crate::reference::{ReferenceRun, ReferenceSide};
 use crate::routing::{routes_on, routing_trace};
 use crate::texts::{Texts, chunk_tokens};
+use crate::types::REFERENCE_NAME;
 
 /// What scoring compares a variant with, and how: the reference run and the plan (device,
 /// batch size, chunk).
@@ -175,6 +177,57 @@ impl ScoringContext<'_> {
             }
         })?;
         failure.map_or(Ok(()), Err)
+    }
+}
+
+impl ScoringContext<'_> {
+    /// Finds a non-finite value in traces and names the model whose logits went non-finite,
+    /// where its sequence first leaves the range ([`Llama::first_overflow`]) and what to do: the
+    /// reference on its own text (its log-probabilities and entropy) or on the variant's text,
+    /// an error; `model` (the variant `name`) teacher-forced on the reference's text (its KL
+    /// divergences, acceptance and log-probabilities), the variant's failure (`Some`, one line).
+    pub(crate) fn check_finite(
+        &self,
+        model: &Llama,
+        name: &str,
+        traces: &[Trace],
+    ) -> Result<Option<String>, EvalError> {
+        let first = |values: &dyn Fn(&Trace) -> Vec<f32>| {
+            traces.iter().enumerate().find_map(|(i, t)| values(t).iter().position(|v| !v.is_finite()).map(|p| (i, p)))
+        };
+        let reference = first(&|t| [t.logp_ref.clone(), t.ref_entropy.clone()].concat());
+        let variant = first(&|t| [t.kld.clone(), t.kld_reverse.clone(), t.accept.clone(), t.logp_var.clone()].concat());
+        let on_variant_text = first(&|t| t.logp_ref_on_var_text.clone());
+        let h = traces.first().map_or(1, |t| t.kld.len().max(1));
+        let (who, failing, text, at) = match (reference, variant, on_variant_text) {
+            (Some((i, p)), _, _) => {
+                (generation::who(REFERENCE_NAME), &self.reference.model, &traces[i].ref_tokens, (i, p % h))
+            }
+            (None, Some((i, p)), _) => (generation::who(name), model, &traces[i].ref_tokens, (i, p % h)),
+            (None, None, Some((i, p))) => (
+                format!("the reference ({REFERENCE_NAME}) on variant {name}'s text"),
+                &self.reference.model,
+                &traces[i].var_tokens,
+                (i, p),
+            ),
+            (None, None, None) => return Ok(None),
+        };
+        let is_variant = reference.is_none() && variant.is_some();
+        let (i, position) = at;
+        let prompt = &self.plan.prompts[i];
+        let mut sequence = prompt.clone();
+        sequence.extend_from_slice(&text[..position]);
+        let f16 = failing.dtype() == burn::tensor::DType::F16;
+        let limit = if f16 { 65504.0 } else { f32::MAX };
+        let overflow = failing.first_overflow(&sequence, limit);
+        let problem =
+            qdrift_generate::overflow_message(self.plan.prompt_indices[i], prompt.len(), overflow.as_ref(), f16);
+        let problem = format!("{problem} (teacher-forced)");
+        if is_variant {
+            Ok(Some(format!("{who}: {problem}")))
+        } else {
+            Err(EvalError::Overflow { model: who, problem })
+        }
     }
 }
 

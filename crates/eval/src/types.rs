@@ -85,6 +85,10 @@ pub struct VariantHeader {
     pub weight_bytes: u64,
     /// As [`qdrift_report::Variant::per_tensor_error`].
     pub per_tensor_error: Vec<TensorError>,
+    /// As [`qdrift_report::Variant::failure`]: set when the variant failed where the reference
+    /// did not (its traces are then empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
 }
 
 /// What the report says besides the variants: the model, the workload and the reference (its

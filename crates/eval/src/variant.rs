@@ -271,6 +271,7 @@ impl BuiltVariant {
             bits_per_weight: self.bits_per_weight,
             weight_bytes: self.weight_bytes,
             per_tensor_error: self.per_tensor_error.clone(),
+            failure: None,
         }
     }
 

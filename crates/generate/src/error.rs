@@ -5,6 +5,19 @@
 /// Why generation could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum GenerateError {
+    /// A prompt's logits went non-finite: an activation left the range of the compute dtype
+    /// (FP16's ±65504), or the weights hold a NaN.
+    #[error("{}", overflow_message(*.index, *.prompt_len, .at.as_ref(), *.f16))]
+    Overflow {
+        /// The prompt's index (0-based).
+        index: usize,
+        /// Its length in tokens: positions from there on are generated.
+        prompt_len: usize,
+        /// Where the residual stream first leaves the range, when a block's output does.
+        at: Option<qdrift_model::Overflow>,
+        /// Whether the model computes in f16.
+        f16: bool,
+    },
     /// A prompt with no tokens.
     #[error("prompt {index} is empty: give at least one token (one character of text)")]
     EmptyPrompt {
@@ -72,4 +85,33 @@ pub enum GenerateError {
     /// Reading results back from the device failed.
     #[error("reading results from the device failed: {0}")]
     Readback(String),
+}
+
+/// One line: where a prompt's values left the range and what to do.
+pub fn overflow_message(index: usize, prompt_len: usize, at: Option<&qdrift_model::Overflow>, f16: bool) -> String {
+    let place = match at {
+        Some(o) if o.position < prompt_len => {
+            format!(
+                "layer {} at position {} of prompt {} (in the prompt), value {}",
+                o.layer,
+                o.position,
+                index + 1,
+                o.value
+            )
+        }
+        Some(o) => format!(
+            "layer {} at position {} of prompt {} (generated token {}), value {}",
+            o.layer,
+            o.position,
+            index + 1,
+            o.position - prompt_len + 1,
+            o.value
+        ),
+        None => format!("the final norm or output layer, prompt {}", index + 1),
+    };
+    if f16 {
+        format!("non-finite logits: the activations overflow FP16 (beyond ±65504) at {place}; run with --dtype f32")
+    } else {
+        format!("non-finite logits at {place}: the weights or activations hold a NaN or infinity")
+    }
 }

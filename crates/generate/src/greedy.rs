@@ -153,11 +153,19 @@ fn generate_batch(
         prompt_batch(model, prompts.iter().map(Vec::as_slice), n);
     let mut steps: Vec<Tensor<2, Int>> = Vec::with_capacity(n);
     let mut finished = vec![false; batch];
+    // Each row's largest logit, summed over the steps on the device: NaN or infinite once any
+    // step's logits are (an FP16 overflow), read back once with the tokens.
+    let mut peaks: Option<Tensor<2>> = None;
     for step in 0..n {
         // `Llama::forward` is exactly this: the output layer over the final hidden states.
         let hidden = model.forward_hidden(input, &positions, &mut caches, false);
         let logits = model.head(hidden.clone()).reshape([batch, vocab]);
         observe(StepLogits { first_prompt, step, logits: &logits, hidden: &hidden });
+        let peak = logits.clone().max_dim(1); // [batch, 1]
+        peaks = Some(match peaks {
+            Some(sum) => sum + peak,
+            None => peak,
+        });
         let next = logits.argmax(1); // [batch, 1]
         steps.push(next.clone());
         if let Some(eos) = config.stop_at_eos {
@@ -174,6 +182,13 @@ fn generate_batch(
     let all = read_ids(Tensor::cat(steps, 1))?;
     let produced = all.len() / batch;
     let mut rows: Vec<Vec<u32>> = all.chunks(produced).map(<[u32]>::to_vec).collect();
+    if let Some(peaks) = peaks {
+        let peaks = read_back(peaks).convert::<f32>();
+        let peaks = peaks.try_into_vec::<f32>().map_err(|e| GenerateError::Readback(format!("{e:?}")))?;
+        if let Some(r) = peaks.iter().position(|p| !p.is_finite()) {
+            return Err(overflow(model, &prompts[r], &rows[r], first_prompt + r));
+        }
+    }
     if let Some(eos) = config.stop_at_eos {
         for row in &mut rows {
             if let Some(at) = row.iter().position(|&t| t == eos) {
@@ -183,6 +198,24 @@ fn generate_batch(
     }
     Ok(rows)
 }
+
+/// The error of a prompt whose logits went non-finite: where its sequence (the prompt and the
+/// tokens generated from it) first leaves f16's range, found by [`Llama::first_overflow`].
+fn overflow(model: &Llama, prompt: &[u32], generated: &[u32], index: usize) -> GenerateError {
+    let mut sequence = prompt.to_vec();
+    // The last token was generated from the last logits, and never run.
+    sequence.extend_from_slice(&generated[..generated.len().saturating_sub(1)]);
+    let limit = if model.dtype() == burn::tensor::DType::F16 { F16_MAX } else { f32::MAX };
+    GenerateError::Overflow {
+        index,
+        prompt_len: prompt.len(),
+        at: model.first_overflow(&sequence, limit),
+        f16: model.dtype() == burn::tensor::DType::F16,
+    }
+}
+
+/// The largest finite f16.
+const F16_MAX: f32 = 65504.0;
 
 /// A batch of prompts laid out for the model: left-padded token columns, their [`Positions`],
 /// and empty caches with room for the prompts plus `extra` positions.

@@ -30,7 +30,7 @@ mod timing;
 
 pub use counters::{Launches, count_launches, read_back_bytes};
 pub use device::{BackendChoice, CACHE_DIR_VAR, ComputeDevice, DeviceError, gpu_cache_dir, select_device};
-pub use error::GenerateError;
+pub use error::{GenerateError, overflow_message};
 pub use forced::{
     ForcedLogits, ForcedRoutes, Forcing, PairedLogits, teacher_forced, teacher_forced_hidden, teacher_forced_map,
     teacher_forced_pair, teacher_forced_routes,

@@ -28,6 +28,21 @@ use crate::norm::RmsNorm;
 use crate::routing::RoutingRecord;
 use crate::{KvCache, Positions, Projection, Rope, host_f32, upload, upload_owned};
 
+/// What [`Llama::first_overflow`] hands each block's output to: the block's index and the
+/// residual stream after it, `[batch, new, dim]` row-major.
+type BlockProbe<'a> = dyn FnMut(usize, &[f32]) + 'a;
+
+/// Where a sequence first leaves the range of f16 ([`Llama::first_overflow`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Overflow {
+    /// The block (0-based) whose output first holds the value.
+    pub layer: usize,
+    /// The first position (0-based, in the sequence) where it does.
+    pub position: usize,
+    /// The value: infinite, NaN, or beyond the limit.
+    pub value: f32,
+}
+
 impl Llama {
     /// Builds the model on `device` from host weights, uploading them in `dtype` (f32 or f16),
     /// with the linear layers stored as the device runs them best ([`LinearKernel::for_device`]).
@@ -605,6 +620,51 @@ impl Llama {
         all_positions: bool,
         routing: Option<&std::sync::Mutex<RoutingRecord>>,
     ) -> Tensor<3> {
+        self.forward_probed(tokens, positions, caches, (all_positions, routing), None)
+    }
+
+    /// Where one sequence first leaves the range of f16: its tokens run from the start (a fresh
+    /// cache, batch 1) and the residual stream after each block is read back; the first block
+    /// whose output holds a value that is not finite or exceeds `limit` in magnitude (65504, f16's
+    /// largest, for an f16 run), and the first position there. `None` when every block's output
+    /// stays within it (a non-finite logit then comes from the final norm or the output layer).
+    /// A diagnosis after a failure, not a hot path: every block's output crosses to the host.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[n]`, `n ≥ 1`
+    pub fn first_overflow(&self, tokens: &[u32], limit: f32) -> Option<Overflow> {
+        if tokens.is_empty() {
+            return None;
+        }
+        let device = self.device();
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let input = Tensor::<2, Int>::from_data(burn::tensor::TensorData::new(ids, [1, tokens.len()]), &device);
+        let positions = Positions::left_padded(&[tokens.len()]);
+        let mut caches = self.new_caches(1, tokens.len());
+        let dim = self.arch.dim;
+        let mut found = None;
+        let mut probe = |layer: usize, xs: &[f32]| {
+            if found.is_some() {
+                return;
+            }
+            if let Some(i) = xs.iter().position(|x| x.is_nan() || x.abs() > limit) {
+                found = Some(Overflow { layer, position: i / dim, value: xs[i] });
+            }
+        };
+        self.forward_probed(input, &positions, &mut caches, (true, None), Some(&mut probe));
+        found
+    }
+
+    /// [`Llama::forward_hidden_recording`], handing each block's output (the residual stream,
+    /// `[batch, new, dim]` row-major, as f32) to `probe` with the block's index.
+    fn forward_probed(
+        &self,
+        tokens: Tensor<2, Int>,
+        positions: &Positions,
+        caches: &mut [KvCache],
+        (all_positions, routing): (bool, Option<&std::sync::Mutex<RoutingRecord>>),
+        mut probe: Option<&mut BlockProbe<'_>>,
+    ) -> Tensor<3> {
         let [b, t] = tokens.dims();
         let start = caches.first().map_or(0, KvCache::len);
         let device = tokens.device();
@@ -643,8 +703,11 @@ impl Llama {
             // The residual stream stays on the host from the embedding to the final norm: no
             // tensor op, read-back or upload between the layers.
             let mut xs = host_f32(x);
-            for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+            for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
                 layer.forward_host(&mut xs, [b, t], &context, cache);
+                if let Some(p) = probe.as_mut() {
+                    p(i, &xs);
+                }
             }
             let (xs, kept) = if all_positions {
                 (xs, t)
@@ -659,8 +722,11 @@ impl Llama {
             x = x.cast(self.dtype);
         }
         let mut x = x.reshape([b, t, dim]);
-        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+        for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
             x = layer.forward(x, &self.ropes, &context, cache);
+            if let Some(p) = probe.as_mut() {
+                p(i, &host_f32(x.clone()));
+            }
         }
         if !all_positions {
             x = x.slice([0..b, t - 1..t, 0..dim]);

@@ -403,6 +403,19 @@ pub fn check_paired(a: &Report, b: &Report) -> Result<(), String> {
 /// noise floor.
 pub fn pick_variant<'a>(report: &'a Report, name: Option<&str>, which: &str) -> Result<&'a Variant, String> {
     let names = || report.variants.iter().map(|v| v.name.as_str()).collect::<Vec<_>>().join(", ");
+    let picked = pick(report, name, which, names)?;
+    match &picked.failure {
+        Some(f) => Err(format!("{which}: variant {} failed ({f}): it has nothing to compare", picked.name)),
+        None => Ok(picked),
+    }
+}
+
+fn pick<'a>(
+    report: &'a Report,
+    name: Option<&str>,
+    which: &str,
+    names: impl Fn() -> String,
+) -> Result<&'a Variant, String> {
     match name {
         Some(n) => report
             .variants

@@ -608,6 +608,13 @@ pub(crate) fn verdict_section(report: &Report, gate: Option<&GateOutcome>, gloss
              this run has no noise floor to compare with. "
         ),
     }));
+    if let Some(f) = floor.and_then(|f| f.failure.as_ref().map(|why| (f, why))) {
+        intro.push(text(format!(
+            "The noise floor {} failed ({}), so no variant has an excess over it. ",
+            crate::format::plain(&f.0.name),
+            f.1
+        )));
+    }
     if glossary {
         intro.push(text("Every column is defined in the "));
         intro.push(Inline::Link { text: "glossary".into(), href: "metrics" });
@@ -649,6 +656,9 @@ pub(crate) fn verdict_section(report: &Report, gate: Option<&GateOutcome>, gloss
 /// A check that did not pass, briefly: `kld@1000: upper CI bound 0.0523 > max 0.05` or
 /// `kld@100: [0.031, 0.062] straddles max 0.05, ~140 prompts would tell`.
 fn check_words(r: &CheckResult) -> String {
+    if r.failure.is_some() {
+        return format!("{}: the variant failed", r.name());
+    }
     let fmt = metric(&r.metric).map_or(rate as fn(f64) -> String, |m| m.format);
     let threshold = match r.side {
         crate::gate::Side::Min => format!("min {}", fmt(r.threshold)),
@@ -676,6 +686,9 @@ fn check_words(r: &CheckResult) -> String {
 /// position 37`. (Excess KLD is not used: any change of the weights moves the distributions by
 /// more than the noise floor's rounding, so it would call every variant distinguishable.)
 pub(crate) fn in_words(report: &Report, v: &Variant) -> String {
+    if let Some(f) = &v.failure {
+        return format!("failed: {f}");
+    }
     let horizons = &report.workload.horizons;
     let longest = horizons.last().copied().unwrap_or(0);
     let indistinguishable = |h: usize| {

@@ -32,9 +32,15 @@ pub(crate) fn figures(report: &Report) -> Result<Vec<Figure>, ReportError> {
     Ok(figures)
 }
 
-/// One series per variant, in report order, with the points `points` gives it.
+/// One series per variant that ran (a failed one has none), in report order, with the points
+/// `points` gives it.
 fn per_variant<'a, P>(report: &'a Report, points: impl Fn(&'a Variant) -> Vec<P>) -> Vec<Series<'a, P>> {
-    report.variants.iter().map(|v| Series { name: &v.name, points: points(v) }).collect()
+    report
+        .variants
+        .iter()
+        .filter(|v| v.failure.is_none())
+        .map(|v| Series { name: &v.name, points: points(v) })
+        .collect()
 }
 
 /// One series per variant with routing, in report order, with the points `points` gives it.

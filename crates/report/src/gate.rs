@@ -398,6 +398,8 @@ pub struct CheckResult {
     pub verdict: Verdict,
     /// Whether the check also has the other side (then the JUnit name says which side).
     pub two_sided: bool,
+    /// The variant's failure, when it failed (its values are then NaN and the check fails).
+    pub failure: Option<String>,
 }
 
 impl CheckResult {
@@ -438,6 +440,9 @@ impl CheckResult {
     /// above the mean and `mean − lo` below it. A threshold farther than this from the estimate
     /// is resolved (pass or fail) at this run's prompt count; a nearer one is inconclusive.
     pub fn mde(&self) -> Option<f64> {
+        if self.failure.is_some() {
+            return None;
+        }
         match self.bound {
             Bound::Point => None,
             Bound::Ci if self.threshold >= self.mean => Some(self.ci95[1] - self.mean),
@@ -468,6 +473,16 @@ impl CheckResult {
     /// ` prompts=N prompts_needed=M` (or `prompts_needed=unbounded`). Values are printed
     /// exactly (shortest round-trip form).
     pub fn line(&self) -> String {
+        if let Some(failure) = &self.failure {
+            return format!(
+                "{} {} {}@{} the variant failed: {}",
+                self.verdict.word(),
+                plain(&self.variant),
+                self.metric,
+                self.horizon,
+                plain(failure)
+            );
+        }
         let mut line = format!(
             "{} {} {}@{} bound={} value={} ({}) threshold={}",
             self.verdict.word(),
@@ -598,6 +613,30 @@ pub fn gate(report: &Report, thresholds: &Thresholds) -> Result<GateOutcome, Gat
             if is_floor && metric(&c.metric).is_some_and(|m| m.is_excess()) {
                 return Err(GateError::ExcessOnNoiseFloor { at: at(&c.variant, &key), variant: plain(&v.name) });
             }
+            let sides = [(Side::Min, c.min), (Side::Max, c.max)];
+            let sides = sides.into_iter().filter_map(|(s, t)| t.map(|t| (s, t)));
+            // A variant that failed fails every check that applies to it, with NaN values.
+            let nan = f64::NAN;
+            let base = CheckResult {
+                variant: v.name.clone(),
+                section: c.variant.clone(),
+                metric: c.metric.clone(),
+                horizon: c.horizon,
+                bound: c.bound,
+                side: Side::Min,
+                threshold: nan,
+                value: nan,
+                mean: nan,
+                ci95: [nan, nan],
+                prompts: report.workload.prompts,
+                verdict: Verdict::Fail,
+                two_sided: c.min.is_some() && c.max.is_some(),
+                failure: v.failure.clone(),
+            };
+            if v.failure.is_some() {
+                results.extend(sides.map(|(side, threshold)| CheckResult { side, threshold, ..base.clone() }));
+                continue;
+            }
             let horizon = v.horizon(c.horizon).ok_or_else(|| GateError::UnknownHorizon {
                 at: at(&c.variant, &key),
                 horizon: c.horizon,
@@ -611,9 +650,7 @@ pub fn gate(report: &Report, thresholds: &Thresholds) -> Result<GateOutcome, Gat
                     plain(&v.name)
                 ))));
             };
-            let two_sided = c.min.is_some() && c.max.is_some();
-            let sides = [(Side::Min, c.min), (Side::Max, c.max)];
-            for (side, threshold) in sides.into_iter().filter_map(|(s, t)| t.map(|t| (s, t))) {
+            for (side, threshold) in sides {
                 let value = match (c.bound, side) {
                     (Bound::Point, _) => m.mean,
                     (Bound::Ci, Side::Min) => m.ci95[0],
@@ -631,20 +668,15 @@ pub fn gate(report: &Report, thresholds: &Thresholds) -> Result<GateOutcome, Gat
                     (false, Bound::Ci, Side::Max) if m.ci95[0] > threshold => Verdict::Fail,
                     (false, Bound::Ci, _) => Verdict::Inconclusive,
                 };
+                let value = (value, m.mean, m.ci95);
                 results.push(CheckResult {
-                    variant: v.name.clone(),
-                    section: c.variant.clone(),
-                    metric: c.metric.clone(),
-                    horizon: c.horizon,
-                    bound: c.bound,
                     side,
                     threshold,
-                    value,
-                    mean: m.mean,
-                    ci95: m.ci95,
-                    prompts: report.workload.prompts,
+                    value: value.0,
+                    mean: value.1,
+                    ci95: value.2,
                     verdict,
-                    two_sided,
+                    ..base.clone()
                 });
             }
         }

@@ -135,7 +135,8 @@ fn variant() -> Value {
             "compute_dtype": text(),
             "bits_per_weight": number(Range::NonNegative),
             "weight_bytes": count(),
-            "horizons": { "type": "array", "items": { "$ref": "#/$defs/horizon" }, "minItems": 1 },
+            "horizons": { "type": "array", "items": { "$ref": "#/$defs/horizon" } },
+            "failure": text(),
             "first_divergence": { "$ref": "#/$defs/first_divergence" },
             "per_position": object(
                 json!({ "token_match": unit_series, "kld": array(number(Range::NonNegative)), "top1_agreement": unit_series }),

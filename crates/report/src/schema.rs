@@ -254,6 +254,12 @@ pub struct Variant {
     /// older reports).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routing: Option<RoutingDrift>,
+    /// *extra*: why the variant has no metrics, when it failed where the reference did not (its
+    /// logits went non-finite: an FP16 overflow, with the layer, position and prompt), in one
+    /// line; its horizons, curves and strata are then empty. Absent for a variant that ran (and
+    /// in older reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
 }
 
 /// Where a variant's mixture-of-experts routing differs from the reference's, both models

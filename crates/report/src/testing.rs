@@ -322,6 +322,7 @@ fn variant(p: &Profile, c: &Curves, floor: &Curves) -> Variant {
         .collect(),
     };
     Variant {
+        failure: None,
         name: p.name.into(),
         scheme: p.scheme.map(Into::into),
         recipe: None,

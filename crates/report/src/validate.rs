@@ -83,6 +83,18 @@ fn in_range(what: &str, x: f64, range: Range) -> Result<(), String> {
 impl Variant {
     /// [`Report::validate`] for one variant: the error says what is wrong, without the name.
     fn check(&self, horizons: &[usize], prompts: usize) -> Result<(), String> {
+        if let Some(f) = &self.failure {
+            // A failed variant: one line, and no statistics.
+            if f.is_empty() || f.contains('\n') {
+                return Err("failure is not one line".into());
+            }
+            let empty = self.horizons.is_empty()
+                && self.first_divergence.positions.is_empty()
+                && self.per_position.token_match.is_empty()
+                && self.entropy_strata.is_empty()
+                && self.routing.is_none();
+            return if empty { Ok(()) } else { Err("failed, but has statistics".into()) };
+        }
         let hs: Vec<usize> = self.horizons.iter().map(|h| h.tokens).collect();
         if hs != horizons {
             return Err(format!("horizons {hs:?} ≠ workload {horizons:?}"));
