@@ -16,6 +16,7 @@ import json
 import sys
 import time
 
+import llama_cpp
 from llama_cpp import Llama
 
 
@@ -44,6 +45,8 @@ def main():
         logits_all=False,
         verbose=False,
     )
+    # The instruction sets ggml was built with (AMX must read 0: see xtask/src/speed.rs).
+    print("system_info: " + llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip())
     run(llm, args["prompts"][0], 8)
     prompt_tokens = first_s = total_s = decoded = 0
     for p in args["prompts"]:

@@ -41,7 +41,8 @@ tasks:
           activation + KV-cache rounding (weight-only vs W8A8/KV variants, stories260K and
           SmolLM2, CPU); all unless one is named
   bench speed  CPU decoding against llama.cpp in the same run (llama-cpp-python 0.3.36, built
-          into a venv under the target folder on first use): SmolLM2-135M, 16 chat prompts × 128
+          from source into a venv under the target folder on first use, AMX off, the CPU's
+          AVX-512 on; its build options and system info printed): SmolLM2-135M, 16 chat prompts × 128
           tokens greedy; qdrift batched and one stream (f16, f32) as ratios of llama.cpp's
           one-stream tokens/s, against the targets 2.5× and 0.5×
   bench gpu  NVIDIA GPUs only (refused elsewhere): tokens/s of SmolLM2-135M and synthetic:llama-1b

@@ -42,6 +42,9 @@ pub fn bench_speed(qdrift: &Path, model: &Path, target: &Path, chat_set: &str) -
     let peer_line =
         peer.lines().find(|l| l.contains("\"timing\"")).ok_or("the llama.cpp peer printed no timing line")?;
     let peer_tps = number(peer_line, "decode_tokens_per_s")?;
+    if let Some(info) = peer.lines().find(|l| l.starts_with("system_info:")) {
+        println!("bench speed: llama.cpp {info}");
+    }
     println!(
         "bench speed: llama.cpp ({LLAMA_CPP_PYTHON}, Q4_1 weights, Q8_1 activations), one stream: {peer_tps:.1} decode tok/s, {:.1} tok/s with the prompt pass",
         number(peer_line, "tokens_per_s")?
@@ -110,12 +113,54 @@ fn number(line: &str, key: &str) -> Result<f64, String> {
     json_number(line, key).ok_or_else(|| format!("no number {key} in {line}"))
 }
 
-/// The virtualenv's python with llama-cpp-python importable, installing it on first use.
+/// llama.cpp's CMake options for the peer, for this CPU: the x86 extensions it has, never ggml's
+/// AMX backend. On a CPU that advertises AMX, a native build's `ggml_backend_amx_mul_mat`
+/// segfaults on the first multi-token batch (llama-cpp-python 0.3.36 on a 2-core Xeon with
+/// AMX-INT8/BF16), so `GGML_NATIVE` is off (`-march=native` would turn AMX back on) and each
+/// extension is named instead. Printed with the peer's numbers.
+fn peer_cmake_args() -> String {
+    let mut args = vec!["-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"];
+    #[cfg(target_arch = "x86_64")]
+    {
+        let has = |f: &str| match f {
+            "avx" => std::arch::is_x86_feature_detected!("avx"),
+            "avx2" => std::arch::is_x86_feature_detected!("avx2"),
+            "fma" => std::arch::is_x86_feature_detected!("fma"),
+            "f16c" => std::arch::is_x86_feature_detected!("f16c"),
+            "avx512f" => std::arch::is_x86_feature_detected!("avx512f"),
+            "avx512vbmi" => std::arch::is_x86_feature_detected!("avx512vbmi"),
+            "avx512vnni" => std::arch::is_x86_feature_detected!("avx512vnni"),
+            "avx512bf16" => std::arch::is_x86_feature_detected!("avx512bf16"),
+            _ => false,
+        };
+        for (feature, option) in [
+            ("avx", "-DGGML_AVX=ON"),
+            ("avx2", "-DGGML_AVX2=ON"),
+            ("fma", "-DGGML_FMA=ON"),
+            ("f16c", "-DGGML_F16C=ON"),
+            ("avx512f", "-DGGML_AVX512=ON"),
+            ("avx512vbmi", "-DGGML_AVX512_VBMI=ON"),
+            ("avx512vnni", "-DGGML_AVX512_VNNI=ON"),
+            ("avx512bf16", "-DGGML_AVX512_BF16=ON"),
+        ] {
+            if has(feature) {
+                args.push(option);
+            }
+        }
+    }
+    args.join(" ")
+}
+
+/// The virtualenv's python with llama-cpp-python importable, built from source with
+/// [`peer_cmake_args`] on first use (and again when the options change).
 fn peer_python(target: &Path) -> Result<std::path::PathBuf, String> {
     let venv = target.join("llama-cpp-venv");
     let python = venv.join("bin/python");
+    let cmake_args = peer_cmake_args();
     let pinned = venv.join(format!("{LLAMA_CPP_PYTHON}.installed"));
-    if !pinned.is_file() {
+    let built_with = std::fs::read_to_string(&pinned).unwrap_or_default();
+    println!("bench speed: the llama.cpp peer is built with CMAKE_ARGS=\"{cmake_args}\"");
+    if built_with != cmake_args {
         if Command::new("c++").arg("--version").stdout(Stdio::null()).status().is_err() {
             return Err(
                 "bench speed builds llama.cpp from source: install a C++ compiler (apt-get install -y g++)".into()
@@ -124,11 +169,19 @@ fn peer_python(target: &Path) -> Result<std::path::PathBuf, String> {
         println!("xtask: installing {LLAMA_CPP_PYTHON} into {} (builds llama.cpp: minutes)", venv.display());
         crate::common::run("python3", &["-m", "venv", &venv.to_string_lossy()])?;
         let pip = venv.join("bin/pip");
-        crate::common::run(
-            &pip.to_string_lossy(),
-            &["install", "--quiet", "--disable-pip-version-check", LLAMA_CPP_PYTHON],
-        )?;
-        std::fs::write(&pinned, "").map_err(|e| format!("{}: {e}", pinned.display()))?;
+        // From source (no wheel, no cache), so that CMAKE_ARGS is what builds it.
+        let args = [
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--force-reinstall",
+            "--no-cache-dir",
+            "--no-binary",
+            "llama-cpp-python",
+            LLAMA_CPP_PYTHON,
+        ];
+        crate::common::run_env(&pip.to_string_lossy(), &args, &[("CMAKE_ARGS", &cmake_args)])?;
+        std::fs::write(&pinned, &cmake_args).map_err(|e| format!("{}: {e}", pinned.display()))?;
     }
     Ok(python)
 }
