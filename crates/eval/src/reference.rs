@@ -72,8 +72,7 @@ impl ReferenceRun {
         keep_hidden: bool,
         progress: &mut ProgressFn<'_>,
     ) -> Result<ReferenceRun, EvalError> {
-        let model = Llama::from_host(&host, plan.dtype, &plan.device.device)?;
-        drop(host);
+        let model = Llama::from_host_owned(host, plan.dtype, &plan.device.device)?;
         qdrift_model::release_free_memory();
         let keep = match plan.kl {
             KlMode::Compact { k } => Keep::Compact(k),
@@ -106,8 +105,7 @@ impl ReferenceRun {
         continuations: Vec<Vec<u32>>,
         side: StoredSide,
     ) -> Result<ReferenceRun, EvalError> {
-        let model = Llama::from_host(&host, plan.dtype, &plan.device.device)?;
-        drop(host);
+        let model = Llama::from_host_owned(host, plan.dtype, &plan.device.device)?;
         qdrift_model::release_free_memory();
         let text: Texts = plan.prompts.iter().cloned().zip(continuations).collect();
         let side = match side {

@@ -2,8 +2,6 @@
 //! in turn (check the options, encode the prompts, plan, run the reference and each variant,
 //! assemble the report or a shard's part) and that no other module calls.
 
-use std::borrow::Cow;
-
 use qdrift_generate::{check_length, context_overflow};
 use qdrift_load::{HostModel, LoadedModel, open_model};
 use qdrift_model::Llama;
@@ -171,7 +169,7 @@ fn run_variants(
 /// header and one trace per prompt.
 fn run_variant(
     scoring: &ScoringContext<'_>,
-    built: BuiltVariant,
+    mut built: BuiltVariant,
     reference_weights: &dyn Fn() -> HostModel,
     dump: Option<&mut Dump>,
     progress: &mut ProgressFn<'_>,
@@ -180,12 +178,13 @@ fn run_variant(
     let header = built.header();
     let mut model = {
         // The host copy (the reference's weights, or the variant's own) lives only while the
-        // model is built: it is as large as the reference's f32 weights.
-        let host = match &built.host {
-            VariantWeights::Reference => Cow::Owned(reference_weights()),
-            VariantWeights::Own(h) => Cow::Borrowed(&**h),
+        // model is built, each block's tensors freed once the block holds them: it is as large as
+        // the reference's f32 weights.
+        let host = match std::mem::replace(&mut built.host, VariantWeights::Reference) {
+            VariantWeights::Reference => reference_weights(),
+            VariantWeights::Own(h) => *h,
         };
-        Llama::from_host(&host, built.dtype, &plan.device.device)?
+        Llama::from_host_owned(host, built.dtype, &plan.device.device)?
     };
     built.apply_runtime(&mut model)?;
     drop(built);
