@@ -122,31 +122,18 @@ fn peer_cmake_args() -> String {
     let mut args = vec!["-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"];
     #[cfg(target_arch = "x86_64")]
     {
-        let has = |f: &str| match f {
-            "avx" => std::arch::is_x86_feature_detected!("avx"),
-            "avx2" => std::arch::is_x86_feature_detected!("avx2"),
-            "fma" => std::arch::is_x86_feature_detected!("fma"),
-            "f16c" => std::arch::is_x86_feature_detected!("f16c"),
-            "avx512f" => std::arch::is_x86_feature_detected!("avx512f"),
-            "avx512vbmi" => std::arch::is_x86_feature_detected!("avx512vbmi"),
-            "avx512vnni" => std::arch::is_x86_feature_detected!("avx512vnni"),
-            "avx512bf16" => std::arch::is_x86_feature_detected!("avx512bf16"),
-            _ => false,
-        };
-        for (feature, option) in [
-            ("avx", "-DGGML_AVX=ON"),
-            ("avx2", "-DGGML_AVX2=ON"),
-            ("fma", "-DGGML_FMA=ON"),
-            ("f16c", "-DGGML_F16C=ON"),
-            ("avx512f", "-DGGML_AVX512=ON"),
-            ("avx512vbmi", "-DGGML_AVX512_VBMI=ON"),
-            ("avx512vnni", "-DGGML_AVX512_VNNI=ON"),
-            ("avx512bf16", "-DGGML_AVX512_BF16=ON"),
-        ] {
-            if has(feature) {
-                args.push(option);
-            }
-        }
+        use std::arch::is_x86_feature_detected as has;
+        let extensions = [
+            (has!("avx"), "-DGGML_AVX=ON"),
+            (has!("avx2"), "-DGGML_AVX2=ON"),
+            (has!("fma"), "-DGGML_FMA=ON"),
+            (has!("f16c"), "-DGGML_F16C=ON"),
+            (has!("avx512f"), "-DGGML_AVX512=ON"),
+            (has!("avx512vbmi"), "-DGGML_AVX512_VBMI=ON"),
+            (has!("avx512vnni"), "-DGGML_AVX512_VNNI=ON"),
+            (has!("avx512bf16"), "-DGGML_AVX512_BF16=ON"),
+        ];
+        args.extend(extensions.into_iter().filter(|&(on, _)| on).map(|(_, option)| option));
     }
     args.join(" ")
 }

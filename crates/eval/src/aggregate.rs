@@ -340,9 +340,8 @@ fn at_horizon(
     let generated_text: Vec<PromptLogProbs> = traces.iter().map(|t| t.ppl_of_generated_text(h)).collect();
     let mut m = HorizonMetrics::new(h);
     bootstrap.set_mean(&mut m, "token_match_rate", token_match.clone())?;
-    m.set("exact_match_fraction", exact_match(traces, h)?)?;
     let exact = per_prompt(traces, |t| f64::from(u8::from(t.ref_tokens[..h] == t.var_tokens[..h])));
-    m.set_per_prompt("exact_match_fraction", exact)?;
+    set_share(&mut m, "exact_match_fraction", exact)?;
     m.set("kld", Estimate { distribution: Some(distribution(traces, h, Trace::kld_at)?), ..bootstrap.mean(&kld)? })?;
     m.set_per_prompt("kld", kld.clone())?;
     let positions: Vec<Vec<f64>> = traces.iter().map(|t| (0..h).map(|i| t.kld_at(i)).collect()).collect();
@@ -417,10 +416,8 @@ pub fn set_stopping_metrics(
             traces.iter().map(|t| (first(&t.ref_tokens), first(&t.var_tokens))).collect();
         let agree: Vec<f64> = stops.iter().map(|(r, v)| f64::from(u8::from(r == v))).collect();
         let missed: Vec<f64> = stops.iter().map(|(r, v)| f64::from(u8::from(r.is_some() && v.is_none()))).collect();
-        for (name, values) in [("stop_agreement", agree), ("stop_missed", missed)] {
-            m.set(name, share(values.iter().filter(|&&x| x == 1.0).count(), values.len())?)?;
-            m.set_per_prompt(name, values)?;
-        }
+        set_share(m, "stop_agreement", agree)?;
+        set_share(m, "stop_missed", missed)?;
         // Lengths up to and including the first EOS; a variant that does not stop within `h`
         // is at least `h + 1` tokens long.
         let ratios: Vec<f64> =
@@ -438,11 +435,12 @@ fn share(k: usize, n: usize) -> Result<Estimate, EvalError> {
     Ok(Estimate::new(k as f64 / n as f64, [wilson.lo, wilson.hi]))
 }
 
-/// The share of prompts whose first `h` tokens all match, with its Wilson interval.
-fn exact_match(traces: &[Trace], h: usize) -> Result<Estimate, EvalError> {
-    let n = traces.len();
-    let exact = traces.iter().filter(|t| t.ref_tokens[..h] == t.var_tokens[..h]).count();
-    share(exact, n)
+/// Sets metric `name` of `m` to the share of prompts whose value in `values` (0 or 1, one per
+/// prompt) is 1, with its Wilson interval, and keeps the values (`report.json`'s `per_prompt`).
+fn set_share(m: &mut HorizonMetrics, name: &str, values: Vec<f64>) -> Result<(), EvalError> {
+    m.set(name, share(values.iter().filter(|&&x| x == 1.0).count(), values.len())?)?;
+    m.set_per_prompt(name, values)?;
+    Ok(())
 }
 
 /// Quantiles of a per-position value over every position `< h` of every prompt, pooled.

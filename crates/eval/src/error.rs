@@ -103,7 +103,7 @@ pub enum EvalError {
     Overflow {
         /// `the reference (fp16)` or `variant NAME`.
         model: String,
-        /// Where, and what to do ([`qdrift_generate::overflow_message`]).
+        /// Where, and what to do (a [`qdrift_generate::GenerateError::Overflow`]'s message).
         problem: String,
     },
     /// Two reports `qdrift compare` cannot pair, or a variant or check it cannot find.

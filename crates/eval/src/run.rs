@@ -148,16 +148,14 @@ fn run_variants(
     if let Some(d) = dump {
         d.finish()?;
     }
-    if let (Some(dir), Some((header, _))) = (&cfg.save_reference, variants.first())
-        && let Some(failure) = &header.failure
-    {
-        return Err(EvalError::Store {
-            flag: "--save-reference",
-            path: dir.clone(),
-            problem: format!("the noise floor failed, so there is nothing to save for later runs: {failure}"),
-        });
-    }
-    if let (Some(dir), Some(key), Some((_, noise_floor))) = (&cfg.save_reference, key, variants.first()) {
+    if let (Some(dir), Some(key), Some((header, noise_floor))) = (&cfg.save_reference, key, variants.first()) {
+        if let Some(failure) = &header.failure {
+            return Err(EvalError::Store {
+                flag: "--save-reference",
+                path: dir.clone(),
+                problem: format!("the noise floor failed, so there is nothing to save for later runs: {failure}"),
+            });
+        }
         let stored = reference_run.to_store(noise_floor.clone())?;
         write_store(dir, key, cfg.seed, &stored)?;
     }

@@ -192,38 +192,32 @@ impl ScoringContext<'_> {
         name: &str,
         traces: &[Trace],
     ) -> Result<Option<String>, EvalError> {
-        let first = |values: &dyn Fn(&Trace) -> Vec<f32>| {
-            traces.iter().enumerate().find_map(|(i, t)| values(t).iter().position(|v| !v.is_finite()).map(|p| (i, p)))
+        type Field = fn(&Trace) -> &Vec<f32>;
+        // The first prompt with a non-finite value in any of `fields`, and its earliest position.
+        let first = |fields: &[Field]| {
+            traces.iter().enumerate().find_map(|(i, t)| {
+                let bad = |f: &Field| f(t).iter().position(|v| !v.is_finite());
+                fields.iter().filter_map(bad).min().map(|p| (i, p))
+            })
         };
-        let reference = first(&|t| [t.logp_ref.clone(), t.ref_entropy.clone()].concat());
-        let variant = first(&|t| [t.kld.clone(), t.kld_reverse.clone(), t.accept.clone(), t.logp_var.clone()].concat());
-        let on_variant_text = first(&|t| t.logp_ref_on_var_text.clone());
-        let h = traces.first().map_or(1, |t| t.kld.len().max(1));
-        let (who, failing, text, at) = match (reference, variant, on_variant_text) {
-            (Some((i, p)), _, _) => {
-                (generation::who(REFERENCE_NAME), &self.reference.model, &traces[i].ref_tokens, (i, p % h))
-            }
-            (None, Some((i, p)), _) => (generation::who(name), model, &traces[i].ref_tokens, (i, p % h)),
-            (None, None, Some((i, p))) => (
+        let reference = first(&[|t| &t.logp_ref, |t| &t.ref_entropy]);
+        let variant = first(&[|t| &t.kld, |t| &t.kld_reverse, |t| &t.accept, |t| &t.logp_var]);
+        let (who, failing, text, (i, position)) = match (reference, variant, first(&[|t| &t.logp_ref_on_var_text])) {
+            (Some(at), _, _) => (generation::who(REFERENCE_NAME), &self.reference.model, &traces[at.0].ref_tokens, at),
+            (None, Some(at), _) => (generation::who(name), model, &traces[at.0].ref_tokens, at),
+            (None, None, Some(at)) => (
                 format!("the reference ({REFERENCE_NAME}) on variant {name}'s text"),
                 &self.reference.model,
-                &traces[i].var_tokens,
-                (i, p),
+                &traces[at.0].var_tokens,
+                at,
             ),
             (None, None, None) => return Ok(None),
         };
-        let is_variant = reference.is_none() && variant.is_some();
-        let (i, position) = at;
-        let prompt = &self.plan.prompts[i];
-        let mut sequence = prompt.clone();
-        sequence.extend_from_slice(&text[..position]);
-        let f16 = failing.dtype() == burn::tensor::DType::F16;
-        let limit = if f16 { 65504.0 } else { f32::MAX };
-        let overflow = failing.first_overflow(&sequence, limit);
-        let problem =
-            qdrift_generate::overflow_message(self.plan.prompt_indices[i], prompt.len(), overflow.as_ref(), f16);
-        let problem = format!("{problem} (teacher-forced)");
-        if is_variant {
+        // The logits at `position` predict `text[position]` from the prompt and the text before.
+        let e =
+            qdrift_generate::overflow(failing, &self.plan.prompts[i], &text[..=position], self.plan.prompt_indices[i]);
+        let problem = format!("{e} (teacher-forced)");
+        if reference.is_none() && variant.is_some() {
             Ok(Some(format!("{who}: {problem}")))
         } else {
             Err(EvalError::Overflow { model: who, problem })

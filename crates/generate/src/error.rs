@@ -88,7 +88,7 @@ pub enum GenerateError {
 }
 
 /// One line: where a prompt's values left the range and what to do.
-pub fn overflow_message(index: usize, prompt_len: usize, at: Option<&qdrift_model::Overflow>, f16: bool) -> String {
+fn overflow_message(index: usize, prompt_len: usize, at: Option<&qdrift_model::Overflow>, f16: bool) -> String {
     let place = match at {
         Some(o) if o.position < prompt_len => {
             format!(

@@ -199,23 +199,20 @@ fn generate_batch(
     Ok(rows)
 }
 
-/// The error of a prompt whose logits went non-finite: where its sequence (the prompt and the
-/// tokens generated from it) first leaves f16's range, found by [`Llama::first_overflow`].
-fn overflow(model: &Llama, prompt: &[u32], generated: &[u32], index: usize) -> GenerateError {
+/// The error of prompt `index` whose logits went non-finite by the last token of `continuation`:
+/// where its sequence (the prompt and the continuation, whose last token was predicted by those
+/// logits and never run) first leaves the compute dtype's range, found by
+/// [`Llama::first_overflow`]. Generation's check, and teacher forcing's (`qdrift_eval`).
+pub fn overflow(model: &Llama, prompt: &[u32], continuation: &[u32], index: usize) -> GenerateError {
     let mut sequence = prompt.to_vec();
-    // The last token was generated from the last logits, and never run.
-    sequence.extend_from_slice(&generated[..generated.len().saturating_sub(1)]);
-    let limit = if model.dtype() == burn::tensor::DType::F16 { F16_MAX } else { f32::MAX };
+    sequence.extend_from_slice(&continuation[..continuation.len().saturating_sub(1)]);
     GenerateError::Overflow {
         index,
         prompt_len: prompt.len(),
-        at: model.first_overflow(&sequence, limit),
+        at: model.first_overflow(&sequence),
         f16: model.dtype() == burn::tensor::DType::F16,
     }
 }
-
-/// The largest finite f16.
-const F16_MAX: f32 = 65504.0;
 
 /// A batch of prompts laid out for the model: left-padded token columns, their [`Positions`],
 /// and empty caches with room for the prompts plus `extra` positions.

@@ -30,12 +30,12 @@ mod timing;
 
 pub use counters::{Launches, count_launches, read_back_bytes};
 pub use device::{BackendChoice, CACHE_DIR_VAR, ComputeDevice, DeviceError, gpu_cache_dir, select_device};
-pub use error::{GenerateError, overflow_message};
+pub use error::GenerateError;
 pub use forced::{
     ForcedLogits, ForcedRoutes, Forcing, PairedLogits, teacher_forced, teacher_forced_hidden, teacher_forced_map,
     teacher_forced_pair, teacher_forced_routes,
 };
-pub use greedy::{StepLogits, generate, generate_map};
+pub use greedy::{StepLogits, generate, generate_map, overflow};
 pub use request::{
     ContextOverflow, GenerationConfig, LONG_REQUEST_FACTOR, MAX_DEFAULT_BATCH_SIZE, MAX_PROMPT_BYTES_PER_TOKEN,
     PromptTooLong, SIDE_BY_SIDE_CACHE_BYTES, check_length, check_prompt_text, check_prompt_tokens, check_request,

@@ -34,7 +34,10 @@ use crate::{KvCache, Positions, Projection, Rope, host_f32, upload, upload_owned
 /// residual stream after it, `[batch, new, dim]` row-major.
 type BlockProbe<'a> = dyn FnMut(usize, &[f32]) + 'a;
 
-/// Where a sequence first leaves the range of f16 ([`Llama::first_overflow`]).
+/// The largest finite f16.
+const F16_MAX: f32 = 65504.0;
+
+/// Where a sequence first leaves the range of its compute dtype ([`Llama::first_overflow`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Overflow {
     /// The block (0-based) whose output first holds the value.
@@ -638,19 +641,21 @@ impl Llama {
         self.forward_probed(tokens, positions, caches, (all_positions, routing), None)
     }
 
-    /// Where one sequence first leaves the range of f16: its tokens run from the start (a fresh
-    /// cache, batch 1) and the residual stream after each block is read back; the first block
-    /// whose output holds a value that is not finite or exceeds `limit` in magnitude (65504, f16's
-    /// largest, for an f16 run), and the first position there. `None` when every block's output
-    /// stays within it (a non-finite logit then comes from the final norm or the output layer).
-    /// A diagnosis after a failure, not a hot path: every block's output crosses to the host.
+    /// Where one sequence first leaves the range of the compute dtype: its tokens run from the
+    /// start (a fresh cache, batch 1) and the residual stream after each block is read back; the
+    /// first block whose output holds a value that is not finite or, in an f16 model, exceeds
+    /// f16's largest (65504) in magnitude, and the first position there. `None` when every
+    /// block's output stays within it (a non-finite logit then comes from the final norm or the
+    /// output layer). A diagnosis after a failure, not a hot path: every block's output crosses
+    /// to the host.
     ///
     /// # Shapes
     /// - `tokens`: `[n]`, `n ≥ 1`
-    pub fn first_overflow(&self, tokens: &[u32], limit: f32) -> Option<Overflow> {
+    pub fn first_overflow(&self, tokens: &[u32]) -> Option<Overflow> {
         if tokens.is_empty() {
             return None;
         }
+        let limit = if self.dtype == DType::F16 { F16_MAX } else { f32::MAX };
         let device = self.device();
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let input = Tensor::<2, Int>::from_data(burn::tensor::TensorData::new(ids, [1, tokens.len()]), &device);

@@ -5,8 +5,9 @@
 //! written by hand to stay what it has been since schema 1: `tokens`, then the top-level metrics in
 //! table order, then the differences against the noise floor nested under
 //! `excess_over_noise_floor` (absent when there are none), then `per_prompt`: for each metric
-//! whose estimate follows from one value per prompt ([`PerPrompt`]), those values in prompt order
-//! (added in schema 2 as an optional key; what `qdrift compare` pairs prompt by prompt).
+//! whose estimate follows from one value per prompt ([`PerPrompt`](crate::PerPrompt)), those
+//! values in prompt order (added in schema 2 as an optional key; what `qdrift compare` pairs
+//! prompt by prompt).
 
 use std::fmt;
 
@@ -15,7 +16,7 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::ReportError;
-use crate::metrics::{EXCESS_KEY, Estimate, METRICS, Metric, PER_PROMPT_KEY, PerPrompt, Placement, metric, rank};
+use crate::metrics::{EXCESS_KEY, Estimate, METRICS, Metric, PER_PROMPT_KEY, Placement, metric, rank};
 
 /// Metrics over the first `tokens` generated positions: the horizon `h` and one [`Estimate`]
 /// per metric of [`METRICS`] the variant has.
@@ -25,8 +26,8 @@ pub struct HorizonMetrics {
     pub tokens: usize,
     /// `(name, estimate)` in [`METRICS`] order, each name at most once.
     values: Vec<(&'static str, Estimate)>,
-    /// `(name, one value per prompt)` in [`METRICS`] order, for metrics with a [`PerPrompt`]
-    /// statistic.
+    /// `(name, one value per prompt)` in [`METRICS`] order, for metrics with a
+    /// [`PerPrompt`](crate::PerPrompt) statistic.
     per_prompt: Vec<(&'static str, Vec<f64>)>,
 }
 
@@ -45,25 +46,17 @@ impl HorizonMetrics {
     }
 
     fn insert(&mut self, m: &'static Metric, value: Estimate) {
-        let at = self.values.partition_point(|(n, _)| rank(n) < rank(m.name));
-        match self.values.get_mut(at) {
-            Some(slot) if slot.0 == m.name => slot.1 = value,
-            _ => self.values.insert(at, (m.name, value)),
-        }
+        insert_ranked(&mut self.values, m, value);
     }
 
-    /// Sets the per-prompt values of metric `name`, whose estimate is its [`PerPrompt`] statistic of
-    /// them. [`ReportError::Invalid`] for a name that is not in [`METRICS`] or has no such
-    /// statistic.
+    /// Sets the per-prompt values of metric `name`, whose estimate is its
+    /// [`PerPrompt`](crate::PerPrompt) statistic of them. [`ReportError::Invalid`] for a name
+    /// that is not in [`METRICS`] or has no such statistic.
     pub fn set_per_prompt(&mut self, name: &str, values: Vec<f64>) -> Result<(), ReportError> {
         let m = metric(name)
-            .filter(|m| PerPrompt::of(m.name).is_some())
+            .filter(|m| m.per_prompt.is_some())
             .ok_or_else(|| ReportError::Invalid(format!("no metric with per-prompt values is named {name}")))?;
-        let at = self.per_prompt.partition_point(|(n, _)| rank(n) < rank(m.name));
-        match self.per_prompt.get_mut(at) {
-            Some(slot) if slot.0 == m.name => slot.1 = values,
-            _ => self.per_prompt.insert(at, (m.name, values)),
-        }
+        insert_ranked(&mut self.per_prompt, m, values);
         Ok(())
     }
 
@@ -112,6 +105,15 @@ impl Serialize for HorizonMetrics {
             map.serialize_entry(PER_PROMPT_KEY, &PromptValues(&self.per_prompt))?;
         }
         map.end()
+    }
+}
+
+/// Sets `m`'s entry of `entries` (kept in [`METRICS`] order, each name once) to `value`.
+fn insert_ranked<T>(entries: &mut Vec<(&'static str, T)>, m: &'static Metric, value: T) {
+    let at = entries.partition_point(|(n, _)| rank(n) < rank(m.name));
+    match entries.get_mut(at) {
+        Some(slot) if slot.0 == m.name => slot.1 = value,
+        _ => entries.insert(at, (m.name, value)),
     }
 }
 
@@ -168,7 +170,7 @@ impl<'de> Visitor<'de> for HorizonVisitor {
                 let values: std::collections::BTreeMap<String, Vec<f64>> = map.next_value()?;
                 // Names this build does not know, or knows without per-prompt values, are skipped.
                 for (name, v) in values {
-                    if PerPrompt::of(&name).is_some() {
+                    if metric(&name).is_some_and(|m| m.per_prompt.is_some()) {
                         h.set_per_prompt(&name, v).map_err(de::Error::custom)?;
                     }
                 }
