@@ -151,8 +151,9 @@ fn bad_variants_are_refused_with_the_grammar() {
     assert!(!o.status.success() && stderr.contains("--scheme int8"), "{stderr}");
 }
 
-/// KLD, top-1 agreement and the PPL ratio on the reference text, recomputed from the dumped
-/// full-vocabulary log-probabilities by the textbook formulas, agree with the report within 1e-6.
+/// KLD, top-1 agreement and the PPL ratio on the reference text, and the reverse KL, acceptance
+/// and top-K agreement metrics, recomputed from the dumped full-vocabulary log-probabilities by the
+/// textbook formulas, agree with the report within 1e-6.
 #[test]
 fn report_metrics_match_an_independent_recomputation() {
     let out = tempfile::tempdir().expect("tempdir");
@@ -177,27 +178,63 @@ fn report_metrics_match_an_independent_recomputation() {
             dump.to_str().expect("utf-8"),
         ],
     );
-    // variant → prompt → position → (kld, top1 agree, ln p_ref(token), ln p_var(token)), and
-    // (reverse KL, Σ min(p, q), top-K overlaps for K = 1..5, reference's top-1 in variant's top-5)
-    type Key = (String, usize, usize);
-    let mut rows: std::collections::BTreeMap<Key, (f64, bool, f64, f64)> = Default::default();
-    type More = (f64, f64, [f64; 5], bool);
-    let mut more: std::collections::BTreeMap<Key, More> = Default::default();
-    let text = std::fs::read_to_string(&dump).expect("dump written");
+    let rows = textbook(&dump);
+    let mut checked = 0;
+    for name in ["noise-floor-f16", "int4-g32", "fp8-e4m3"] {
+        let v = variant(&report, name);
+        for (hi, &h) in horizons.iter().enumerate() {
+            let m = &v["horizons"][hi];
+            assert_eq!(m["tokens"], h);
+            let all: Vec<&Textbook> = (0..5)
+                .flat_map(|p| (0..h).map(move |t| (p, t)))
+                .map(|(p, t)| &rows[&(name.to_string(), p, t)])
+                .collect();
+            // Means over all positions (every prompt has h): the mean of prompts' means.
+            let avg = |g: &dyn Fn(&Textbook) -> f64| all.iter().map(|x| g(x)).sum::<f64>() / all.len() as f64;
+            let top1 = avg(&|x| f64::from(u8::from(x.top1_agree)));
+            let ppl = (avg(&|x| x.logp_ref - x.logp_var)).exp();
+            for (what, got, want) in [
+                ("kld", f(&m["kld"]["mean"]), avg(&|x| x.kld.max(0.0))),
+                ("top1", f(&m["top1_agreement"]["mean"]), top1),
+                ("ppl", f(&m["ppl_ratio_on_reference_text"]["mean"]), ppl),
+            ] {
+                assert!((got - want).abs() <= 1e-6, "{name}@{h} {what}: report {got}, recomputed {want}");
+                checked += 1;
+            }
+            assert!((avg(&|x| x.overlap[0]) - top1).abs() < 1e-12, "K = 1 overlap is the top-1 agreement");
+            checked += check_agreement_metrics(m, &format!("{name}@{h}"), &all);
+        }
+    }
+    assert_eq!(checked, 18 + 6 * 8);
+}
+
+/// One position of the dump, by the textbook formulas.
+struct Textbook {
+    kld: f64,
+    top1_agree: bool,
+    /// ln p_ref and ln p_var of the reference's token.
+    logp_ref: f64,
+    logp_var: f64,
+    /// KL(P_var ‖ P_ref).
+    reverse: f64,
+    /// Σ min(p_ref, p_var).
+    accept: f64,
+    /// |top-K ∩ top-K| / K for K = 1..5.
+    overlap: [f64; 5],
+    /// The reference's top-1 among the variant's top 5.
+    ref_top1_in_top5: bool,
+}
+
+/// Variant → prompt → position → its [`Textbook`] values, from a `--dump-logprobs` file.
+fn textbook(dump: &Path) -> std::collections::BTreeMap<(String, usize, usize), Textbook> {
+    let mut rows = std::collections::BTreeMap::new();
+    let text = std::fs::read_to_string(dump).expect("dump written");
     for line in text.lines() {
         let v: Value = serde_json::from_str(line).expect("dump line is JSON");
         let lr: Vec<f64> = v["ref_logprobs"].as_array().expect("ref").iter().map(f).collect();
         let lq: Vec<f64> = v["var_logprobs"].as_array().expect("var").iter().map(f).collect();
         let token = v["token"].as_u64().expect("token") as usize;
-        let kld: f64 = lr.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum();
         let argmax = |x: &[f64]| x.iter().enumerate().fold(0, |best, (i, &y)| if y > x[best] { i } else { best });
-        let key = (
-            v["variant"].as_str().expect("variant").to_string(),
-            v["prompt"].as_u64().expect("p") as usize,
-            v["position"].as_u64().expect("t") as usize,
-        );
-        let reverse: f64 = lq.iter().zip(&lr).map(|(b, a)| b.exp() * (b - a)).sum();
-        let accept: f64 = lr.iter().zip(&lq).map(|(a, b)| a.exp().min(b.exp())).sum();
         // The five most likely tokens, lower id first on ties (a stable sort).
         let top5 = |x: &[f64]| {
             let mut order: Vec<usize> = (0..x.len()).collect();
@@ -206,75 +243,59 @@ fn report_metrics_match_an_independent_recomputation() {
             order
         };
         let (tr, tq) = (top5(&lr), top5(&lq));
-        let overlap =
-            std::array::from_fn(|k| tr[..=k].iter().filter(|i| tq[..=k].contains(i)).count() as f64 / (k + 1) as f64);
-        more.insert(key.clone(), (reverse, accept, overlap, tq.contains(&tr[0])));
-        rows.insert(key, (kld, argmax(&lr) == argmax(&lq), lr[token], lq[token]));
+        let key = (
+            v["variant"].as_str().expect("variant").to_string(),
+            v["prompt"].as_u64().expect("p") as usize,
+            v["position"].as_u64().expect("t") as usize,
+        );
+        let position = Textbook {
+            kld: lr.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum(),
+            top1_agree: argmax(&lr) == argmax(&lq),
+            logp_ref: lr[token],
+            logp_var: lq[token],
+            reverse: lq.iter().zip(&lr).map(|(b, a)| b.exp() * (b - a)).sum(),
+            accept: lr.iter().zip(&lq).map(|(a, b)| a.exp().min(b.exp())).sum(),
+            overlap: std::array::from_fn(|k| {
+                tr[..=k].iter().filter(|i| tq[..=k].contains(i)).count() as f64 / (k + 1) as f64
+            }),
+            ref_top1_in_top5: tq.contains(&tr[0]),
+        };
+        rows.insert(key, position);
     }
-    let mut checked = 0;
-    for name in ["noise-floor-f16", "int4-g32", "fp8-e4m3"] {
-        let v = variant(&report, name);
-        for (hi, &h) in horizons.iter().enumerate() {
-            let m = &v["horizons"][hi];
-            assert_eq!(m["tokens"], h);
-            let (mut kld, mut top1, mut sum_r, mut sum_q) = (0.0, 0.0, 0.0, 0.0);
-            for p in 0..5 {
-                let (mut k, mut a) = (0.0, 0.0);
-                for t in 0..h {
-                    let (kl, agree, r, q) = rows[&(name.to_string(), p, t)];
-                    k += kl.max(0.0);
-                    a += f64::from(u8::from(agree));
-                    sum_r += r;
-                    sum_q += q;
-                }
-                kld += k / h as f64 / 5.0;
-                top1 += a / h as f64 / 5.0;
-            }
-            let ppl = ((sum_r - sum_q) / (5 * h) as f64).exp();
-            for (what, got, want) in [
-                ("kld", f(&m["kld"]["mean"]), kld),
-                ("top1", f(&m["top1_agreement"]["mean"]), top1),
-                ("ppl", f(&m["ppl_ratio_on_reference_text"]["mean"]), ppl),
-            ] {
-                assert!((got - want).abs() <= 1e-6, "{name}@{h} {what}: report {got}, recomputed {want}");
-                checked += 1;
-            }
-            // Means over all positions (every prompt has h): the mean of prompts' means.
-            let all: Vec<&More> = (0..5)
-                .flat_map(|p| (0..h).map(move |t| (p, t)))
-                .map(|(p, t)| &more[&(name.to_string(), p, t)])
-                .collect();
-            let avg = |g: &dyn Fn(&More) -> f64| all.iter().map(|x| g(x)).sum::<f64>() / all.len() as f64;
-            let alpha = avg(&|x| x.1.min(1.0));
-            let mut checks = vec![
-                ("kld_reverse", avg(&|x| x.0.max(0.0))),
-                ("spec_acceptance", alpha),
-                ("ref_top1_in_var_top_k", avg(&|x| f64::from(u8::from(x.3)))),
-                // Leviathan et al. 2023, eq. 1.
-                ("spec_sampling_tokens_per_step_g4", (1.0 - alpha.powi(5)) / (1.0 - alpha)),
-            ];
-            for k in 2..=5 {
-                let name: &'static str =
-                    ["", "", "top_k_overlap_k2", "top_k_overlap_k3", "top_k_overlap_k4", "top_k_overlap_k5"][k];
-                checks.push((name, avg(&|x| x.2[k - 1])));
-            }
-            assert!((avg(&|x| x.2[0]) - top1).abs() < 1e-12, "K = 1 overlap is the top-1 agreement");
-            for (metric, want) in checks {
-                let got = f(&m[metric]["mean"]);
-                assert!((got - want).abs() <= 1e-6, "{name}@{h} {metric}: report {got}, recomputed {want}");
-                checked += 1;
-            }
-            let p99 = f(&m["kld_reverse"]["p99"]);
-            let mut pooled: Vec<f64> = all.iter().map(|x| x.0.max(0.0)).collect();
-            pooled.sort_by(f64::total_cmp);
-            // Hyndman & Fan type 7.
-            let at = (pooled.len() - 1) as f64 * 0.99;
-            let lo = at.floor() as usize;
-            let want = pooled[lo] + (at - lo as f64) * (pooled[(lo + 1).min(pooled.len() - 1)] - pooled[lo]);
-            assert!((p99 - want).abs() <= 1e-6 * want.max(1e-3), "{name}@{h} reverse KLD p99: {p99} vs {want}");
-        }
+    rows
+}
+
+/// The reverse KL (mean and p99), acceptance, sampling tokens per step (γ = 4), top-K overlaps and
+/// the reference's top-1 in the variant's top 5 of one horizon `m` against the textbook values of
+/// its positions; the number of means checked.
+fn check_agreement_metrics(m: &Value, at: &str, all: &[&Textbook]) -> usize {
+    let avg = |g: &dyn Fn(&Textbook) -> f64| all.iter().map(|x| g(x)).sum::<f64>() / all.len() as f64;
+    let alpha = avg(&|x| x.accept.min(1.0));
+    let mut checks = vec![
+        ("kld_reverse", avg(&|x| x.reverse.max(0.0))),
+        ("spec_acceptance", alpha),
+        ("ref_top1_in_var_top_k", avg(&|x| f64::from(u8::from(x.ref_top1_in_top5)))),
+        // Leviathan et al. 2023, eq. 1.
+        ("spec_sampling_tokens_per_step_g4", (1.0 - alpha.powi(5)) / (1.0 - alpha)),
+    ];
+    for (k, name) in
+        [(2, "top_k_overlap_k2"), (3, "top_k_overlap_k3"), (4, "top_k_overlap_k4"), (5, "top_k_overlap_k5")]
+    {
+        checks.push((name, avg(&|x| x.overlap[k - 1])));
     }
-    assert_eq!(checked, 18 + 6 * 8);
+    for (metric, want) in &checks {
+        let got = f(&m[metric]["mean"]);
+        assert!((got - want).abs() <= 1e-6, "{at} {metric}: report {got}, recomputed {want}");
+    }
+    let p99 = f(&m["kld_reverse"]["p99"]);
+    let mut pooled: Vec<f64> = all.iter().map(|x| x.reverse.max(0.0)).collect();
+    pooled.sort_by(f64::total_cmp);
+    // Hyndman & Fan type 7.
+    let q = (pooled.len() - 1) as f64 * 0.99;
+    let lo = q.floor() as usize;
+    let want = pooled[lo] + (q - lo as f64) * (pooled[(lo + 1).min(pooled.len() - 1)] - pooled[lo]);
+    assert!((p99 - want).abs() <= 1e-6 * want.max(1e-3), "{at} reverse KLD p99: {p99} vs {want}");
+    checks.len()
 }
 
 /// Same inputs and seed → byte-identical report.
