@@ -63,3 +63,24 @@ pub(crate) fn sha256(path: &Path) -> Result<String, String> {
     std::io::copy(&mut file, &mut hasher).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(format!("{:x}", hasher.finalize()))
 }
+
+/// Samples a process's peak resident set (`VmHWM` in /proc, KiB) until it exits.
+pub fn peak_rss_kib(pid: u32) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut peak = 0;
+        while let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            if let Some(kib) = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            {
+                peak = kib;
+            }
+            if status.contains("State:\tZ") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        peak
+    })
+}

@@ -9,6 +9,7 @@
 //! - `bench`: timed evaluations (the slow measurements that do not belong in tests).
 //! - `fuzz`: the structure-aware fuzzer of the readers (`tests/src/fuzz`), N seconds per target.
 //! - `bench gpu` (`gpu.rs`): decoding throughput on an NVIDIA GPU against the bandwidth bound.
+//! - `bench scale` (`scale.rs`): real sizes on the CPU against the memory invariant.
 //! - `bench speed` (`speed.rs`): CPU decoding tokens/s against llama.cpp in the same run.
 //! - `cycles` (`cycles.rs`): no import cycle between the modules of any crate (part of `lint`).
 //! - `validate-deploy` (`deploy.rs`): every manifest under `deploy/` against Kubernetes' schemas.
@@ -19,13 +20,14 @@ mod common;
 mod cycles;
 mod deploy;
 mod gpu;
+mod scale;
 mod speed;
 mod wheel;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use common::{SMOLLM2_FILE, root, run, run_env, sha256};
+use common::{SMOLLM2_FILE, peak_rss_kib, root, run, run_env, sha256};
 
 const USAGE: &str = "usage: cargo xtask <task>
 
@@ -45,6 +47,10 @@ tasks:
           AVX-512 on; its build options and system info printed): SmolLM2-135M, 16 chat prompts × 128
           tokens greedy; qdrift batched and one stream (f16, f32) as ratios of llama.cpp's
           one-stream tokens/s, against the targets 2.5× and 0.5×
+  bench scale  real sizes on the CPU, peak RSS and wall time against the memory invariant:
+          synthetic:llama-1b (int8, 2 prompts × 10/100 tokens, target ≤ 4 GiB) and
+          synthetic:llama-8b (int8, 2 prompts × 10 tokens, target ≤ 20 GiB), each also against
+          1.25 × its f16 weights + KV + 1 GiB; synthetic:llama-1b generating on wgpu (2 tokens)
   bench gpu  NVIDIA GPUs only (refused elsewhere): tokens/s of SmolLM2-135M and synthetic:llama-1b
           through wgpu, f16, 16 prompts and 1 prompt × 128 tokens, % of the bandwidth bound per
           decode step (bandwidth measured by a copy kernel), peak GPU memory; QDRIFT_BIN=PATH
@@ -454,8 +460,15 @@ fn bench(only: Option<&str>) -> Result<(), String> {
         };
         return gpu::bench_gpu(build, &root().join("models"));
     }
+    if only == Some("scale") {
+        build()?;
+        return scale::bench_scale(
+            &target_dir().join("release/qdrift"),
+            &std::env::temp_dir().join("qdrift-bench-scale"),
+        );
+    }
     if let Some(o) = only.filter(|o| !matches!(*o, "stories" | "smollm2" | "runtime")) {
-        return Err(format!("bench {o}: known cases are stories, smollm2, runtime, speed and gpu"));
+        return Err(format!("bench {o}: known cases are stories, smollm2, runtime, speed, gpu and scale"));
     }
     let smollm2 = fetch_models()?;
     build()?;
@@ -578,27 +591,6 @@ fn timed(args: &[&str]) -> Result<(f64, u64), String> {
         return Err(format!("qdrift {} failed ({status})", args.join(" ")));
     }
     Ok((start.elapsed().as_secs_f64(), peak.join().unwrap_or(0)))
-}
-
-/// Samples a process's peak resident set (`VmHWM` in /proc, KiB) until it exits.
-fn peak_rss_kib(pid: u32) -> std::thread::JoinHandle<u64> {
-    std::thread::spawn(move || {
-        let mut peak = 0;
-        while let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
-            if let Some(kib) = status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            {
-                peak = kib;
-            }
-            if status.contains("State:\tZ") {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        peak
-    })
 }
 
 /// SmolLM2-135M-Instruct as a Q4_1 GGUF, shipped inside a PyPI wheel (the only registry that

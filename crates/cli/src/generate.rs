@@ -11,8 +11,9 @@ use qdrift_generate::{
     BackendChoice, GenerationConfig, PromptTooLong, check_length, check_prompt_text, check_prompt_tokens,
     context_overflow, default_batch_size, generate, select_device, timed_generate,
 };
-use qdrift_load::Tokenizer;
+use qdrift_load::{Tokenizer, WeightSource};
 use qdrift_model::Llama;
+use qdrift_quantize::{Fp16Reference, QuantizedSource};
 
 use crate::args::{backend_parser, batch_size_help, dtype_parser, model_help};
 
@@ -90,8 +91,9 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
             return Err(format!("prompt {} is empty: give at least one character", i + 1).into());
         }
     }
-    let loaded = qdrift_load::open_model(&args.model, args.tokenizer.as_deref())?;
-    let arch = &loaded.model.arch;
+    // The weights are handed out part by part as the model is built: no whole f32 copy.
+    let loaded = qdrift_load::open_source(&args.model, args.tokenizer.as_deref(), &|_| {})?;
+    let arch = loaded.model.arch();
     let prompts = encode_prompts(&args.prompt, &*loaded.tokenizer, arch.max_seq_len, args.allow_long)?;
     check_length(&prompts, args.max_new_tokens, arch.max_seq_len, args.allow_long, "--max-new-tokens")?;
     let device = select_device(args.backend)?;
@@ -112,11 +114,18 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
     if let Some(kv) = args.variant.scheme.and_then(|r| r.kv_cache) {
         kv.check_row(arch.n_kv_heads, arch.head_dim())?;
     }
-    let (weights, _) = args.variant.apply(loaded.model)?;
-    let mut model = Llama::from_host(&weights, args.dtype, &device.device)?;
-    if let Some(recipe) = &args.variant.scheme {
-        model.apply_runtime(recipe)?;
-    }
+    // The checkpoint as it is; with --scheme, the scheme applied to the FP16 reference as
+    // `qdrift eval` builds it, tensor by tensor.
+    let model = match &args.variant.scheme {
+        None => Llama::from_source(&*loaded.model, args.dtype, &device.device)?,
+        Some(recipe) => {
+            let reference = Fp16Reference(&*loaded.model);
+            let quantized = QuantizedSource::new(&reference, recipe.weights, args.variant.options());
+            let mut model = Llama::from_source(&quantized, args.dtype, &device.device)?;
+            model.apply_runtime(recipe)?;
+            model
+        }
+    };
     let generated = if args.timing_json {
         let (generated, timing) = timed_generate(&model, &device, &prompts, &config)?;
         let line = serde_json::json!({

@@ -61,7 +61,7 @@ impl TypedValueParser for RecipeParser {
 }
 
 impl SchemeArgs {
-    fn options(&self) -> QuantizeOptions {
+    pub(crate) fn options(&self) -> QuantizeOptions {
         QuantizeOptions {
             quantize_embeddings: self.quantize_embeddings,
             quantize_head: self.quantize_head,

@@ -38,8 +38,8 @@ pub fn apply_chat_template(template: &str, user: &str, bos: &str, eos: &str) -> 
 
 /// [`apply_chat_template`] for the template of `loaded`: a refusal names the file it came from
 /// ([`template_file`]).
-pub fn render_chat_template(
-    loaded: &LoadedModel,
+pub fn render_chat_template<W>(
+    loaded: &LoadedModel<W>,
     template: &str,
     user: &str,
     bos: &str,
@@ -50,7 +50,7 @@ pub fn render_chat_template(
 
 /// The file a model's chat template comes from: the GGUF file, or a Hugging Face folder's
 /// `tokenizer_config.json`.
-pub fn template_file(loaded: &LoadedModel) -> PathBuf {
+pub fn template_file<W>(loaded: &LoadedModel<W>) -> PathBuf {
     match loaded.format {
         ModelFormat::HfSafetensors => loaded.path.join("tokenizer_config.json"),
         _ => loaded.tokenizer_path.clone(),

@@ -176,7 +176,7 @@ pub const DEFAULT_EVAL_SET_RULE: &str =
 
 /// The eval set used when none is given: `stories` for llama2.c models (TinyStories), `chat`
 /// for models with a chat template, else `english` ([`DEFAULT_EVAL_SET_RULE`]).
-pub fn default_eval_set(loaded: &LoadedModel) -> &'static str {
+pub fn default_eval_set<W>(loaded: &LoadedModel<W>) -> &'static str {
     if loaded.format == qdrift_load::ModelFormat::Llama2c {
         "stories"
     } else if loaded.chat_template.is_some() {

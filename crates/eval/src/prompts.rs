@@ -5,7 +5,7 @@
 //! evaluations of the same set and N run the same prompts.**
 
 use qdrift_generate::{PromptTooLong, check_prompt_text, check_prompt_tokens};
-use qdrift_load::LoadedModel;
+use qdrift_load::{LoadedModel, WeightSource};
 
 use crate::chat::render_chat_template;
 use crate::error::EvalError;
@@ -27,8 +27,8 @@ pub(crate) struct EncodedPrompts<'s> {
 /// `count` of 0 or beyond the set, a chat template that does not render, a prompt that encodes
 /// to no tokens, a prompt too long for the model's trained context (in bytes before encoding, see
 /// [`check_prompt_text`]; in tokens after, unless `allow_long`, see [`check_prompt_tokens`]).
-pub(crate) fn encode_prompts<'s>(
-    loaded: &LoadedModel,
+pub(crate) fn encode_prompts<'s, W: WeightSource>(
+    loaded: &LoadedModel<W>,
     set: &'s EvalSet,
     count: Option<usize>,
     allow_long: bool,
@@ -39,7 +39,7 @@ pub(crate) fn encode_prompts<'s>(
         return Err(EvalError::Option { option: "--prompts", problem });
     }
     let chosen = &set.prompts[..n];
-    let trained = loaded.model.arch.max_seq_len;
+    let trained = loaded.model.arch().max_seq_len;
     let too_long = |p: &EvalPrompt, e: PromptTooLong| EvalError::Prompt {
         id: p.id.clone(),
         problem: format!("(in {}) {e}", set.name),
@@ -77,7 +77,7 @@ fn is_chat_set(set: &EvalSet) -> bool {
 }
 
 /// Each prompt as the user's message of a chat rendered with `template`, then encoded.
-fn encode_chat(loaded: &LoadedModel, template: &str, prompts: &[EvalPrompt]) -> Result<Vec<Vec<u32>>, EvalError> {
+fn encode_chat<W>(loaded: &LoadedModel<W>, template: &str, prompts: &[EvalPrompt]) -> Result<Vec<Vec<u32>>, EvalError> {
     let tokenizer = &loaded.tokenizer;
     let piece = |id: Option<u32>| id.map(|i| tokenizer.decode(&[i])).unwrap_or_default();
     let (bos, eos) = (piece(tokenizer.bos_id()), piece(tokenizer.eos_id()));

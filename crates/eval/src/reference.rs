@@ -17,7 +17,6 @@ use std::collections::HashMap;
 
 use burn::tensor::Tensor;
 use qdrift_generate::{StepLogits, teacher_forced, teacher_forced_hidden};
-use qdrift_load::HostModel;
 use qdrift_model::Llama;
 use qdrift_score::{CompactChunk, compact_reference_on_host, greedy_tokens_on_host};
 
@@ -31,11 +30,10 @@ use crate::store::{StoredReference, StoredSide, hidden_bytes, hidden_tensor};
 use crate::texts::Texts;
 use crate::types::{Progress, ProgressFn, REFERENCE_NAME};
 
-/// The reference on the device, its greedy continuations, and its side of the comparison on
-/// them: what every variant is compared with.
+/// The reference's greedy continuations and its side of the comparison on them: what every
+/// variant is compared with. The model itself is not kept: the run builds it again when it must
+/// score the variants' text (`run.rs`).
 pub(crate) struct ReferenceRun {
-    /// The reference model.
-    pub model: Llama,
     /// Per prompt, the prompt and the reference's continuation of it.
     pub text: Texts,
     /// The reference's teacher-forced side on [`ReferenceRun::text`].
@@ -59,54 +57,50 @@ pub(crate) enum ReferenceSide {
 }
 
 impl ReferenceRun {
-    /// Builds the reference from `host` (FP16 weights; freed once the model holds them) at the
-    /// plan's precision, lets it generate, and scores it on its own text once: compact
-    /// statistics, or for the exact KL its logits when they fit `logits_budget` bytes.
+    /// Lets the reference `model` (FP16 weights at the plan's precision) generate, and scores it
+    /// on its own text once: compact statistics, or for the exact KL its logits when they fit
+    /// `logits_budget` bytes.
     ///
     /// With `keep_hidden` (saving the reference), the exact path keeps the hidden states
     /// whatever the budget: they are what a store holds.
     pub fn start(
-        host: HostModel,
+        model: &Llama,
         plan: &Plan,
         logits_budget: u64,
         keep_hidden: bool,
         progress: &mut ProgressFn<'_>,
     ) -> Result<ReferenceRun, EvalError> {
-        let model = Llama::from_host_owned(host, plan.dtype, &plan.device.device)?;
-        qdrift_model::release_free_memory();
         let keep = match plan.kl {
             KlMode::Compact { k } => Keep::Compact(k),
             KlMode::Exact if keep_hidden => Keep::Hidden,
-            KlMode::Exact => Keep::within(&model, plan, logits_budget),
+            KlMode::Exact => Keep::within(model, plan, logits_budget),
         };
         // Where a decoding step computes what teacher forcing would, the reference's side comes
         // from its decoding steps themselves, and the reference runs once.
         let from_steps = model.steps_match_teacher_forcing() && keep != Keep::Nothing;
         let (tokens, side) = if from_steps {
-            side_from_decoding(&model, plan, keep, progress)?
+            side_from_decoding(model, plan, keep, progress)?
         } else {
-            (generate_all(&model, REFERENCE_NAME, plan, progress)?, None)
+            (generate_all(model, REFERENCE_NAME, plan, progress)?, None)
         };
         progress(Progress::Scoring { model: REFERENCE_NAME });
         let text: Texts = plan.prompts.iter().cloned().zip(tokens).collect();
         let side = match side {
             Some(side) => side,
-            None => keep.teacher_forced(&model, plan, &text)?,
+            None => keep.teacher_forced(model, plan, &text)?,
         };
-        let routes = routes_on(&model, plan, &text)?;
-        Ok(ReferenceRun { model, text, side, routes })
+        let routes = routes_on(model, plan, &text)?;
+        Ok(ReferenceRun { text, side, routes })
     }
 
-    /// The reference from a store: built from `host` on the device (for its output layer and to
-    /// score the variants' text), with its saved continuations and side; nothing is generated.
+    /// The reference from a store: its saved continuations and side (nothing is generated), and
+    /// the routes of `model` (the reference on the device) on its text, for a model with experts.
     pub fn from_store(
-        host: HostModel,
+        model: &Llama,
         plan: &Plan,
         continuations: Vec<Vec<u32>>,
         side: StoredSide,
     ) -> Result<ReferenceRun, EvalError> {
-        let model = Llama::from_host_owned(host, plan.dtype, &plan.device.device)?;
-        qdrift_model::release_free_memory();
         let text: Texts = plan.prompts.iter().cloned().zip(continuations).collect();
         let side = match side {
             StoredSide::Compact(c) => {
@@ -128,18 +122,19 @@ impl ReferenceRun {
                 ReferenceSide::KeptHidden(KeptLogits(kept))
             }
         };
-        let routes = routes_on(&model, plan, &text)?;
-        Ok(ReferenceRun { model, text, side, routes })
+        let routes = routes_on(model, plan, &text)?;
+        Ok(ReferenceRun { text, side, routes })
     }
 
-    /// What a store keeps of this run, with the noise floor's traces.
-    pub fn to_store(&self, noise_floor: Vec<Trace>) -> Result<StoredReference, EvalError> {
+    /// What a store keeps of this run (hidden states in `dtype`, the reference's), with the
+    /// noise floor's traces.
+    pub fn to_store(&self, dtype: burn::tensor::DType, noise_floor: Vec<Trace>) -> Result<StoredReference, EvalError> {
         let side = match &self.side {
             ReferenceSide::Compact(c) => StoredSide::Compact(c.clone()),
             ReferenceSide::KeptHidden(kept) => {
                 let mut chunks = Vec::with_capacity(kept.0.len());
                 for (key, t) in &kept.0 {
-                    let (shape, bytes) = hidden_bytes(t, self.model.dtype())?;
+                    let (shape, bytes) = hidden_bytes(t, dtype)?;
                     chunks.push((*key, shape, bytes));
                 }
                 chunks.sort_by_key(|(k, _, _)| *k);

@@ -3,9 +3,11 @@
 //! assemble the report or a shard's part) and that no other module calls.
 
 use qdrift_generate::{check_length, context_overflow};
-use qdrift_load::{HostModel, LoadedModel, open_model};
+use std::sync::Arc;
+
+use qdrift_load::{LoadedModel, WeightSource, open_source};
 use qdrift_model::Llama;
-use qdrift_quantize::round_to_fp16_reference;
+use qdrift_quantize::{Fp16Reference, QuantizeOptions, round_to_fp16_reference};
 use qdrift_report::{EvalSetInfo, ModelInfo, ModelShape, Reference, Report, Workload};
 
 use crate::aggregate::Trace;
@@ -19,12 +21,15 @@ use crate::generation::generate_all;
 use crate::identity::{model_identity_file, report_name, sha256_file};
 use crate::plan::{KlMode, Plan, check_options, eval_device};
 use crate::prompts::{EncodedPrompts, encode_prompts};
-use crate::reference::ReferenceRun;
-use crate::scoring::ScoringContext;
+use crate::reference::{ReferenceRun, ReferenceSide};
+use crate::scoring::{NonFinite, Resident, ScoringContext, VariantRoutes, diagnose, first_non_finite};
 use crate::shard::Part;
 use crate::store::{StoreKey, StoreModel, prompt_tokens_sha256, read_store, write_store};
 use crate::types::{Measurement, Progress, ProgressFn, REFERENCE_NAME, RunContext, VariantHeader, dtype_name};
-use crate::variant::{BuiltVariant, ReferenceIdentity, VariantSpec, VariantWeights, build_variant};
+use crate::variant::{BuiltVariant, ReferenceIdentity, VariantSpec, build_variant};
+
+/// The reference as [`open_source`] opens it: its weights handed out part by part.
+type Loaded = LoadedModel<Arc<dyn WeightSource>>;
 
 /// Runs the whole evaluation and returns the report (not yet written).
 ///
@@ -41,25 +46,23 @@ pub fn evaluate_any(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + 
         check_thresholds(cfg, &horizons, thresholds)
             .map_err(|source| EvalError::Gate { path: path.clone(), source })?;
     }
-    let mut loaded = open_model(&cfg.model, cfg.tokenizer.as_deref())?;
+    // A checkpoint is held as its FP16 reference (16 bits, exactly): every model the run builds
+    // from it (reference, noise floor, schemes) starts from those values.
+    let loaded = open_source(&cfg.model, cfg.tokenizer.as_deref(), &round_to_fp16_reference)?;
     let set = match &cfg.eval_set {
         Some(p) => EvalSet::read(p)?,
         None => EvalSet::built_in(default_eval_set(&loaded))?,
     };
     let prompts = encode_prompts(&loaded, &set, cfg.prompts, cfg.allow_long)?;
-    let trained = loaded.model.arch.max_seq_len;
+    let trained = loaded.model.arch().max_seq_len;
     let longest = horizons.last().copied().unwrap_or(0);
     check_length(&prompts.tokens, longest, trained, cfg.allow_long, "--horizons")?;
     let device = eval_device(cfg.backend, cfg.dump_logprobs.is_some())?;
-    let plan = Plan::new(cfg, horizons, &loaded.model.arch, prompts.tokens.clone(), device)?;
-    if let Some(overflow) = context_overflow(&plan.prompts, plan.longest(), loaded.model.arch.max_seq_len) {
+    let plan = Plan::new(cfg, horizons, loaded.model.arch(), prompts.tokens.clone(), device)?;
+    if let Some(overflow) = context_overflow(&plan.prompts, plan.longest(), trained) {
         let message = format!("{overflow}, and divergence there reflects that too");
         progress(Progress::Warning { message: &message });
     }
-    // The reference is the checkpoint's weights rounded to FP16, in place: a model's host copy
-    // is its largest allocation, so the evaluation holds as few as it can (this one, plus at
-    // most one variant's).
-    round_to_fp16_reference(&mut loaded.model);
     let key = (cfg.save_reference.is_some() || cfg.reference_store.is_some())
         .then(|| store_key(cfg, &plan, &loaded, &prompts))
         .transpose()?;
@@ -97,56 +100,106 @@ pub fn evaluate(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send
     }
 }
 
-/// Runs the reference (`loaded.model`, FP16 weights), then each variant, the noise floor first,
-/// each scored against the reference.
+/// A variant between its run and the reference's pass over its text.
+struct Pending {
+    header: VariantHeader,
+    traces: Vec<Trace>,
+    routes: Option<VariantRoutes>,
+    /// Measured already (a saved reference's noise floor) or failed: nothing left to score.
+    done: bool,
+}
+
+/// Runs the reference (the checkpoint's weights rounded to FP16), then each variant, the noise
+/// floor first, each scored against the reference.
 ///
-/// The reference's host weights are given up as soon as its model is built: a variant that
-/// starts from them (the noise floor, a scheme) gets them back from that model
-/// ([`Llama::host_weights`], the same values), so that the run holds at most one f32 host copy,
-/// briefly, while a variant is built.
+/// One model is resident at a time (the memory invariant, ARCHITECTURE.md): every model is built
+/// part by part from the weight source (the reference's FP16 parts; a scheme's quantized as they
+/// pass), with no whole host copy. The reference generates and keeps its side, then leaves the
+/// device (but for its output layer when the side is hidden states, or all of it for lockstep
+/// scoring); each variant is built, generates, is scored on the reference's text and leaves;
+/// then the reference is built again and scores every variant's text.
 fn run_variants(
     cfg: &EvalConfig,
     plan: &Plan,
-    loaded: LoadedModel,
+    loaded: Loaded,
     key: Option<&StoreKey>,
     progress: &mut ProgressFn<'_>,
 ) -> Result<Measurement, EvalError> {
     let stored = match (&cfg.reference_store, key) {
         (Some(dir), Some(key)) => {
-            let arch = &loaded.model.arch;
+            let arch = loaded.model.arch();
             Some(read_store(dir, key, StoreModel { vocab: arch.vocab_size, dim: arch.dim })?)
         }
         _ => None,
     };
-    let LoadedModel { model: host, tokenizer, .. } = loaded;
-    let identity = ReferenceIdentity { arch: host.arch.clone(), parameters: host.parameter_count(), tokenizer };
+    let LoadedModel { model: weights, tokenizer, .. } = loaded;
+    let fp16 = Fp16Reference(&*weights);
+    let identity = ReferenceIdentity { arch: weights.arch().clone(), parameters: weights.parameter_count(), tokenizer };
+    let device = &plan.device.device;
+    let build_reference = || -> Result<Llama, EvalError> {
+        let model = Llama::from_source(&fp16, plan.dtype, device)?;
+        qdrift_model::release_free_memory();
+        Ok(model)
+    };
+    let reference = build_reference()?;
     let (reference_run, mut stored_noise_floor) = match stored {
         Some(s) => {
             // A shard uses its own prompts' part of a store saved by an unsharded run.
             let s = s.select(&plan.prompt_indices)?;
-            (ReferenceRun::from_store(host, plan, s.continuations, s.side)?, Some(s.noise_floor))
+            (ReferenceRun::from_store(&reference, plan, s.continuations, s.side)?, Some(s.noise_floor))
         }
         None => {
             let keep_hidden = cfg.save_reference.is_some();
-            (ReferenceRun::start(host, plan, cfg.reference_logits_budget, keep_hidden, progress)?, None)
+            (ReferenceRun::start(&reference, plan, cfg.reference_logits_budget, keep_hidden, progress)?, None)
         }
     };
-    let scoring = ScoringContext { reference: &reference_run, plan };
-    let reference_weights = || reference_run.model.host_weights();
+    let resident = match reference_run.side {
+        ReferenceSide::KeptHidden(_) => Resident::Head(reference.into_head()),
+        ReferenceSide::Lockstep => Resident::Model(Box::new(reference)),
+        ReferenceSide::Kept(_) | ReferenceSide::Compact(_) => {
+            drop(reference);
+            Resident::Nothing
+        }
+    };
+    qdrift_model::release_free_memory();
+    let scoring = ScoringContext { reference: &reference_run, resident: &resident, plan };
     let mut dump = cfg.dump_logprobs.as_deref().map(Dump::create).transpose()?;
-    let mut variants: Vec<(VariantHeader, Vec<Trace>)> = Vec::with_capacity(cfg.variants.len() + 1);
+    let sources = VariantSources { fp16: &fp16, quantize: &cfg.quantize, reference: &build_reference };
+    let mut pending: Vec<Pending> = Vec::with_capacity(cfg.variants.len() + 1);
     for spec in std::iter::once(&VariantSpec::NoiseFloor).chain(&cfg.variants) {
-        let built = build_variant(spec, &identity, &reference_weights, &plan.prompts, cfg.dtype, &cfg.quantize)?;
+        let built = build_variant(spec, &identity, &plan.prompts, cfg.dtype)?;
         let name = built.name.clone();
         let measured = match stored_noise_floor.take() {
-            Some(traces) => (built.header(), traces),
-            None => run_variant(&scoring, built, &reference_weights, dump.as_mut(), progress)?,
+            Some(traces) => Pending { header: built.header(), traces, routes: None, done: true },
+            None => run_variant(&scoring, built, &sources, dump.as_mut(), progress)?,
         };
-        variants.push(measured);
+        pending.push(measured);
         progress(Progress::Done { model: &name });
     }
     if let Some(d) = dump {
         d.finish()?;
+    }
+    // The reference back on the device, for the variants' text.
+    let reference = match resident {
+        Resident::Model(m) => *m,
+        Resident::Head(_) | Resident::Nothing => {
+            drop(resident);
+            qdrift_model::release_free_memory();
+            build_reference()?
+        }
+    };
+    let scoring = ScoringContext { reference: &reference_run, resident: &Resident::Nothing, plan };
+    let mut variants: Vec<(VariantHeader, Vec<Trace>)> = Vec::with_capacity(pending.len());
+    for mut p in pending {
+        if !p.done {
+            progress(Progress::Scoring { model: &p.header.name });
+            scoring.score_reference(&reference, &mut p.traces, p.routes.as_ref())?;
+            if let Some(at) = first_non_finite(&p.traces, true) {
+                let (model, problem) = diagnose(&reference, plan, &p.header.name, &p.traces, at);
+                return Err(EvalError::Overflow { model, problem });
+            }
+        }
+        variants.push((p.header, p.traces));
     }
     if let (Some(dir), Some(key), Some((header, noise_floor))) = (&cfg.save_reference, key, variants.first()) {
         if let Some(failure) = &header.failure {
@@ -156,35 +209,35 @@ fn run_variants(
                 problem: format!("the noise floor failed, so there is nothing to save for later runs: {failure}"),
             });
         }
-        let stored = reference_run.to_store(noise_floor.clone())?;
+        let stored = reference_run.to_store(plan.dtype, noise_floor.clone())?;
         write_store(dir, key, cfg.seed, &stored)?;
     }
     let tail = reference_run.compact().map(|c| (c.k, c.tail_sums()));
     Ok(Measurement { variants, tail })
 }
 
-/// Builds `built` on the device, lets it generate, and scores it against the reference: its
-/// header and one trace per prompt.
+/// Where variants get their weights: the FP16 reference's parts, the quantization options, and
+/// the reference model itself when it must come back.
+struct VariantSources<'a> {
+    fp16: &'a dyn WeightSource,
+    quantize: &'a QuantizeOptions,
+    reference: &'a dyn Fn() -> Result<Llama, EvalError>,
+}
+
+/// Builds `built` on the device from `weights` (the FP16 reference's parts), lets it generate,
+/// and scores it on the reference's text: its header (storage known once built) and one trace
+/// per prompt, still without the reference's pass over its text. The reference comes back
+/// (`weights.reference`) only to name where it overflows.
 fn run_variant(
     scoring: &ScoringContext<'_>,
     mut built: BuiltVariant,
-    reference_weights: &dyn Fn() -> HostModel,
+    weights: &VariantSources<'_>,
     dump: Option<&mut Dump>,
     progress: &mut ProgressFn<'_>,
-) -> Result<(VariantHeader, Vec<Trace>), EvalError> {
+) -> Result<Pending, EvalError> {
     let plan = scoring.plan;
+    let model = built.build_model(weights.fp16, weights.quantize, &plan.device.device)?;
     let header = built.header();
-    let mut model = {
-        // The host copy (the reference's weights, or the variant's own) lives only while the
-        // model is built, each block's tensors freed once the block holds them: it is as large as
-        // the reference's f32 weights.
-        let host = match std::mem::replace(&mut built.host, VariantWeights::Reference) {
-            VariantWeights::Reference => reference_weights(),
-            VariantWeights::Own(h) => *h,
-        };
-        Llama::from_host_owned(host, built.dtype, &plan.device.device)?
-    };
-    built.apply_runtime(&mut model)?;
     drop(built);
     qdrift_model::release_free_memory();
     let tokens = match generate_all(&model, &header.name, plan, progress) {
@@ -199,23 +252,36 @@ fn run_variant(
         .enumerate()
         .map(|(i, variant_tokens)| Trace::new(scoring.reference.continuation(i).to_vec(), variant_tokens))
         .collect();
-    scoring.score(&model, &header.name, &mut traces, dump)?;
-    match scoring.check_finite(&model, &header.name, &traces)? {
-        Some(problem) if plan.shard.is_none() => Ok(failed(header, problem)),
-        Some(problem) => Err(EvalError::Overflow { model: header.name.clone(), problem }),
-        None => Ok((header, traces)),
+    let routes = scoring.score_variant(&model, &header.name, &mut traces, dump)?;
+    match first_non_finite(&traces, false) {
+        None => Ok(Pending { header, traces, routes, done: false }),
+        Some(at @ NonFinite::Variant(..)) => {
+            let (who, problem) = diagnose(&model, plan, &header.name, &traces, at);
+            if plan.shard.is_none() {
+                Ok(failed(header, format!("{who}: {problem}")))
+            } else {
+                Err(EvalError::Overflow { model: header.name.clone(), problem })
+            }
+        }
+        Some(at) => {
+            // The reference's own values: it comes back (alone) to say where.
+            drop(model);
+            let reference = (weights.reference)()?;
+            let (model, problem) = diagnose(&reference, plan, &header.name, &traces, at);
+            Err(EvalError::Overflow { model, problem })
+        }
     }
 }
 
 /// A variant that failed where the reference did not: its header with the failure, no traces.
 /// (A shard stops instead: the parts of a sharded run hold every variant's traces.)
-fn failed(mut header: VariantHeader, failure: String) -> (VariantHeader, Vec<Trace>) {
+fn failed(mut header: VariantHeader, failure: String) -> Pending {
     header.failure = Some(failure);
-    (header, Vec::new())
+    Pending { header, traces: Vec::new(), routes: None, done: true }
 }
 
 /// The reference's entry before its statistics.
-fn reference_info(cfg: &EvalConfig, loaded: &LoadedModel) -> Reference {
+fn reference_info(cfg: &EvalConfig, loaded: &Loaded) -> Reference {
     Reference {
         name: REFERENCE_NAME.to_string(),
         compute_dtype: dtype_name(cfg.dtype).to_string(),
@@ -229,7 +295,7 @@ fn reference_info(cfg: &EvalConfig, loaded: &LoadedModel) -> Reference {
 fn store_key(
     cfg: &EvalConfig,
     plan: &Plan,
-    loaded: &LoadedModel,
+    loaded: &Loaded,
     prompts: &EncodedPrompts<'_>,
 ) -> Result<StoreKey, EvalError> {
     let synthetic = loaded.format.is_synthetic();
@@ -257,8 +323,8 @@ fn store_key(
 }
 
 /// The model as reports name it: file (or folder) name and SHA-256, never a machine path.
-fn model_info(cfg: &EvalConfig, loaded: &LoadedModel) -> Result<ModelInfo, EvalError> {
-    let arch = &loaded.model.arch;
+fn model_info(cfg: &EvalConfig, loaded: &Loaded) -> Result<ModelInfo, EvalError> {
+    let arch = loaded.model.arch();
     let synthetic = loaded.format.is_synthetic();
     Ok(ModelInfo {
         path: report_name(&cfg.model),

@@ -10,7 +10,7 @@
 
 use burn::tensor::Tensor;
 use qdrift_generate::{ForcedLogits, teacher_forced, teacher_forced_map, teacher_forced_pair};
-use qdrift_model::Llama;
+use qdrift_model::{Llama, OutputHead};
 use qdrift_score::DevicePositionMetrics;
 
 use crate::aggregate::Trace;
@@ -20,50 +20,93 @@ use crate::generation;
 use crate::plan::Plan;
 use crate::reduce::Reduce;
 use crate::reference::{ReferenceRun, ReferenceSide};
-use crate::routing::{routes_on, routing_trace};
+use crate::routing::{Routes, routes_on, routing_trace};
 use crate::texts::{Texts, chunk_tokens};
 use crate::types::REFERENCE_NAME;
 
-/// What scoring compares a variant with, and how: the reference run and the plan (device,
-/// batch size, chunk).
+/// What of the reference model stays on the device while a variant runs: as little as its
+/// side needs, so that the variant's model is the only model resident.
+pub(crate) enum Resident {
+    /// Nothing: the side holds its logits or its compact statistics.
+    Nothing,
+    /// Its output layer: the side holds final-norm hidden states.
+    Head(OutputHead),
+    /// The whole model: its side holds nothing (lockstep), so it runs beside each variant.
+    Model(Box<Llama>),
+}
+
+/// A variant's experts on both texts, kept until the reference's routes on the variant's text
+/// are known (`score_reference`).
+pub(crate) struct VariantRoutes {
+    on_reference_text: Routes,
+    on_own_text: Routes,
+}
+
+/// Where a trace first holds a value that is not finite.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum NonFinite {
+    /// The reference on its own text (its log-probabilities, its entropy), at (prompt, position).
+    Reference(usize, usize),
+    /// The variant on the reference's text (its divergences, acceptance, log-probabilities).
+    Variant(usize, usize),
+    /// The reference on the variant's text.
+    ReferenceOnVariantText(usize, usize),
+}
+
+/// What scoring compares a variant with, and how: the reference run, what of the reference
+/// model is resident, and the plan (device, batch size, chunk).
 pub(crate) struct ScoringContext<'a> {
     /// The reference, its text and kept logits.
     pub reference: &'a ReferenceRun,
+    /// What of its model is on the device.
+    pub resident: &'a Resident,
     /// Device and batching.
     pub plan: &'a Plan,
 }
 
 impl ScoringContext<'_> {
-    /// Teacher-forces both models on the reference's text and the reference on the variant's
-    /// (`traces[i].var_tokens`), filling every trace's per-position fields. `name` labels the
-    /// variant's lines in the dump.
-    pub fn score(
+    /// Teacher-forces the variant on the reference's text, filling every trace's per-position
+    /// fields but the reference's log p of the variant's text (`score_reference`, once the
+    /// reference is back on the device); for a model with experts, the variant's routes on both
+    /// texts. `name` labels the variant's lines in the dump.
+    pub fn score_variant(
         &self,
         variant: &Llama,
         name: &str,
         traces: &mut [Trace],
         dump: Option<&mut Dump>,
-    ) -> Result<(), EvalError> {
+    ) -> Result<Option<VariantRoutes>, EvalError> {
         self.score_on_reference_text(variant, name, traces, dump)?;
-        // The variant's text: each prompt with the variant's continuation.
-        let variant_text: Texts =
-            self.plan.prompts.iter().cloned().zip(traces.iter().map(|t| t.var_tokens.clone())).collect();
-        self.score_reference_on_variant_text(&variant_text, traces)?;
-        self.score_routing(variant, &variant_text, traces)
+        if self.reference.routes.is_none() {
+            return Ok(None);
+        }
+        let on_reference_text = routes_on(variant, self.plan, &self.reference.text)?;
+        let on_own_text = routes_on(variant, self.plan, &variant_text(self.plan, traces))?;
+        match (on_reference_text, on_own_text) {
+            (Some(on_reference_text), Some(on_own_text)) => Ok(Some(VariantRoutes { on_reference_text, on_own_text })),
+            _ => Err(EvalError::Internal("the variant has no experts where the reference has".into())),
+        }
     }
 
-    /// For a model with experts, where the variant's routing differs from the reference's, on
-    /// the reference's text and on the variant's (`routing.rs`: three teacher-forced passes).
-    fn score_routing(&self, variant: &Llama, variant_text: &Texts, traces: &mut [Trace]) -> Result<(), EvalError> {
-        let Some(reference) = &self.reference.routes else { return Ok(()) };
-        let on_reference_text = routes_on(variant, self.plan, &self.reference.text)?;
-        let reference_on_var = routes_on(&self.reference.model, self.plan, variant_text)?;
-        let variant_on_var = routes_on(variant, self.plan, variant_text)?;
-        let (Some(v), Some(rv), Some(vv)) = (on_reference_text, reference_on_var, variant_on_var) else {
-            return Err(EvalError::Internal("the variant has no experts where the reference has".into()));
+    /// The reference's log p of each token the variant generated, and for a model with experts
+    /// where the variant's routing differs from the reference's on both texts
+    /// (`routing.rs`: the variant's two passes from [`ScoringContext::score_variant`], the
+    /// reference's here).
+    pub fn score_reference(
+        &self,
+        reference: &Llama,
+        traces: &mut [Trace],
+        routes: Option<&VariantRoutes>,
+    ) -> Result<(), EvalError> {
+        let text = variant_text(self.plan, traces);
+        self.score_reference_on_variant_text(reference, &text, traces)?;
+        let (Some(on_reference_text), Some(v)) = (&self.reference.routes, routes) else { return Ok(()) };
+        let Some(reference_on_var) = routes_on(reference, self.plan, &text)? else {
+            return Err(EvalError::Internal("the reference has no experts on the variant's text".into()));
         };
         for (i, t) in traces.iter_mut().enumerate() {
-            t.routing = Some(routing_trace(i, reference, &v, &rv, &vv));
+            t.routing =
+                Some(routing_trace(i, on_reference_text, &v.on_reference_text, &reference_on_var, &v.on_own_text));
         }
         Ok(())
     }
@@ -123,7 +166,7 @@ impl ScoringContext<'_> {
                 // Kept hidden states become the reference's logits through its output layer.
                 let reference_logits = |f: &ForcedLogits| {
                     kept.get(f.first_prompt, f.start)
-                        .map(|t| if hidden { self.reference.model.head(t.clone()) } else { t.clone() })
+                        .and_then(|t| if hidden { Ok(self.head()?.forward(t.clone())) } else { Ok(t.clone()) })
                 };
                 if dumping {
                     // The dump writes both models' logits in chunk order: under the observer's lock.
@@ -143,7 +186,7 @@ impl ScoringContext<'_> {
                     teacher_forced_map(variant, forcing, reduced, &mut file)?
                 }
             }
-            ReferenceSide::Lockstep => teacher_forced_pair(&self.reference.model, variant, forcing, |p| {
+            ReferenceSide::Lockstep => teacher_forced_pair(self.resident_model()?, variant, forcing, |p| {
                 if failure.is_none() {
                     failure = record(traces, p.first_prompt, p.start, p.reference.clone(), p.variant.clone()).err();
                 }
@@ -152,8 +195,29 @@ impl ScoringContext<'_> {
         failure.map_or(Ok(()), Err)
     }
 
+    /// The resident output layer, for a side of hidden states.
+    fn head(&self) -> Result<&OutputHead, EvalError> {
+        match self.resident {
+            Resident::Head(h) => Ok(h),
+            _ => Err(EvalError::Internal("hidden states kept without the reference's output layer".into())),
+        }
+    }
+
+    /// The resident reference, for lockstep scoring.
+    fn resident_model(&self) -> Result<&Llama, EvalError> {
+        match self.resident {
+            Resident::Model(m) => Ok(m),
+            _ => Err(EvalError::Internal("lockstep scoring without the reference resident".into())),
+        }
+    }
+
     /// The reference's log p of each token the variant generated (`text`: the variant's text).
-    fn score_reference_on_variant_text(&self, text: &Texts, traces: &mut [Trace]) -> Result<(), EvalError> {
+    fn score_reference_on_variant_text(
+        &self,
+        reference: &Llama,
+        text: &Texts,
+        traces: &mut [Trace],
+    ) -> Result<(), EvalError> {
         let mut failure: Option<EvalError> = None;
         let reduce = Reduce::for_plan(self.plan);
         let reduced = |f: ForcedLogits| {
@@ -161,7 +225,7 @@ impl ScoringContext<'_> {
             let tokens = chunk_tokens(text, f.first_prompt, f.start, rows, positions);
             (rows, positions, reduce.token_logprobs(f.logits, &tokens))
         };
-        teacher_forced_map(&self.reference.model, self.plan.forcing(text), reduced, |first, start, r| {
+        teacher_forced_map(reference, self.plan.forcing(text), reduced, |first, start, r| {
             if failure.is_some() {
                 return;
             }
@@ -180,49 +244,46 @@ impl ScoringContext<'_> {
     }
 }
 
-impl ScoringContext<'_> {
-    /// Finds a non-finite value in traces and names the model whose logits went non-finite,
-    /// where its sequence first leaves the range ([`Llama::first_overflow`]) and what to do: the
-    /// reference on its own text (its log-probabilities and entropy) or on the variant's text,
-    /// an error; `model` (the variant `name`) teacher-forced on the reference's text (its KL
-    /// divergences, acceptance and log-probabilities), the variant's failure (`Some`, one line).
-    pub(crate) fn check_finite(
-        &self,
-        model: &Llama,
-        name: &str,
-        traces: &[Trace],
-    ) -> Result<Option<String>, EvalError> {
-        type Field = fn(&Trace) -> &Vec<f32>;
-        // The first prompt with a non-finite value in any of `fields`, and its earliest position.
-        let first = |fields: &[Field]| {
-            traces.iter().enumerate().find_map(|(i, t)| {
-                let bad = |f: &Field| f(t).iter().position(|v| !v.is_finite());
-                fields.iter().filter_map(bad).min().map(|p| (i, p))
-            })
-        };
-        let reference = first(&[|t| &t.logp_ref, |t| &t.ref_entropy]);
-        let variant = first(&[|t| &t.kld, |t| &t.kld_reverse, |t| &t.accept, |t| &t.logp_var]);
-        let (who, failing, text, (i, position)) = match (reference, variant, first(&[|t| &t.logp_ref_on_var_text])) {
-            (Some(at), _, _) => (generation::who(REFERENCE_NAME), &self.reference.model, &traces[at.0].ref_tokens, at),
-            (None, Some(at), _) => (generation::who(name), model, &traces[at.0].ref_tokens, at),
-            (None, None, Some(at)) => (
-                format!("the reference ({REFERENCE_NAME}) on variant {name}'s text"),
-                &self.reference.model,
-                &traces[at.0].var_tokens,
-                at,
-            ),
-            (None, None, None) => return Ok(None),
-        };
-        // The logits at `position` predict `text[position]` from the prompt and the text before.
-        let e =
-            qdrift_generate::overflow(failing, &self.plan.prompts[i], &text[..=position], self.plan.prompt_indices[i]);
-        let problem = format!("{e} (teacher-forced)");
-        if reference.is_none() && variant.is_some() {
-            Ok(Some(format!("{who}: {problem}")))
-        } else {
-            Err(EvalError::Overflow { model: who, problem })
-        }
+/// The first non-finite value of `traces`: the reference's on its own text first, then the
+/// variant's, then (with `reference_on_variant_text`, once scored) the reference's on the
+/// variant's text; each at its prompt's earliest position.
+pub(crate) fn first_non_finite(traces: &[Trace], reference_on_variant_text: bool) -> Option<NonFinite> {
+    type Field = fn(&Trace) -> &Vec<f32>;
+    let first = |fields: &[Field]| {
+        traces.iter().enumerate().find_map(|(i, t)| {
+            let bad = |f: &Field| f(t).iter().position(|v| !v.is_finite());
+            fields.iter().filter_map(bad).min().map(|p| (i, p))
+        })
+    };
+    if let Some((i, p)) = first(&[|t| &t.logp_ref, |t| &t.ref_entropy]) {
+        return Some(NonFinite::Reference(i, p));
     }
+    if let Some((i, p)) = first(&[|t| &t.kld, |t| &t.kld_reverse, |t| &t.accept, |t| &t.logp_var]) {
+        return Some(NonFinite::Variant(i, p));
+    }
+    let on_variant_text = reference_on_variant_text.then(|| first(&[|t| &t.logp_ref_on_var_text])).flatten();
+    on_variant_text.map(|(i, p)| NonFinite::ReferenceOnVariantText(i, p))
+}
+
+/// One line naming where `model` (the reference, or the variant `name`) first leaves its dtype's
+/// range on the sequence behind `at` ([`Llama::first_overflow`], through
+/// [`qdrift_generate::overflow`]) and what to do, with who it is.
+pub(crate) fn diagnose(model: &Llama, plan: &Plan, name: &str, traces: &[Trace], at: NonFinite) -> (String, String) {
+    let (who, text, (i, position)) = match at {
+        NonFinite::Reference(i, p) => (generation::who(REFERENCE_NAME), &traces[i].ref_tokens, (i, p)),
+        NonFinite::Variant(i, p) => (generation::who(name), &traces[i].ref_tokens, (i, p)),
+        NonFinite::ReferenceOnVariantText(i, p) => {
+            (format!("the reference ({REFERENCE_NAME}) on variant {name}'s text"), &traces[i].var_tokens, (i, p))
+        }
+    };
+    // The logits at `position` predict `text[position]` from the prompt and the text before.
+    let e = qdrift_generate::overflow(model, &plan.prompts[i], &text[..=position], plan.prompt_indices[i]);
+    (who, format!("{e} (teacher-forced)"))
+}
+
+/// Each prompt with the variant's continuation (`traces[i].var_tokens`).
+fn variant_text(plan: &Plan, traces: &[Trace]) -> Texts {
+    plan.prompts.iter().cloned().zip(traces.iter().map(|t| t.var_tokens.clone())).collect()
 }
 
 /// Copies a chunk's per-position metrics (`[rows, positions]`, row-major, one row per trace from

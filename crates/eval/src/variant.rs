@@ -1,5 +1,6 @@
 //! The variants compared with the reference: what the user asks for ([`VariantSpec`]) and the
-//! host weights, precision and report description each one runs with ([`BuiltVariant`]).
+//! weights, precision and report description each one runs with ([`BuiltVariant`], whose model
+//! is built part by part from the FP16 reference's weight source).
 //!
 //! **Invariant: every variant starts from the FP16 reference's weights (schemes, noise floor) or
 //! is refused unless it has the reference's shapes and tokenizer (checkpoints), so that its
@@ -10,11 +11,11 @@ use std::path::{Path, PathBuf};
 use burn::tensor::DType;
 use qdrift_load::{
     ActivationFormat, ActivationGranularity, CheckpointActivations, HostModel, LoadedModel, ModelArch, Tokenizer,
-    open_model,
+    WeightSource, open_model,
 };
 use qdrift_model::Llama;
 use qdrift_quantize::{
-    ActivationQuant, ActivationScale, DynamicFormat, Fp8Format, QuantizeOptions, Recipe, Scheme, quantize_model_owned,
+    ActivationQuant, ActivationScale, DynamicFormat, Fp8Format, QuantizeOptions, QuantizedSource, Recipe, Scheme,
 };
 use qdrift_report::{FileHash, RecipeParts, TensorError, VariantKind};
 
@@ -99,11 +100,14 @@ pub(crate) struct ReferenceIdentity {
     pub tokenizer: Box<dyn Tokenizer>,
 }
 
-/// The host weights a variant's model is built from.
+/// The weights a variant's model is built from.
 pub(crate) enum VariantWeights {
-    /// The reference's own FP16 weights, fetched when the model is built (the noise floor).
+    /// The FP16 reference's own (the noise floor).
     Reference,
-    /// Its own (a scheme's dequantized weights, a checkpoint's).
+    /// The FP16 reference's through the recipe's weight scheme, quantized tensor by tensor as
+    /// the model is built ([`QuantizedSource`]).
+    Scheme,
+    /// Its own (a checkpoint's).
     Own(Box<HostModel>),
 }
 
@@ -138,23 +142,21 @@ pub(crate) struct BuiltVariant {
     pub per_tensor_error: Vec<TensorError>,
 }
 
-/// Builds the variant `spec` of the reference: `weights` gives the reference's FP16 host weights
-/// (a fresh copy each call, which a scheme quantizes in place).
+/// Describes the variant `spec` of the reference; its model is built by
+/// [`BuiltVariant::build_model`].
 ///
 /// `prompts` are the evaluation's encoded prompts: a checkpoint's tokenizer must encode them as
 /// the reference's does. `dtype` is the reference's compute precision.
 pub(crate) fn build_variant(
     spec: &VariantSpec,
     reference: &ReferenceIdentity,
-    weights: &dyn Fn() -> HostModel,
     prompts: &[Vec<u32>],
     dtype: DType,
-    quantize: &QuantizeOptions,
 ) -> Result<BuiltVariant, EvalError> {
     let name = spec.name(dtype);
     match spec {
         VariantSpec::NoiseFloor => Ok(noise_floor(name, reference, other_precision(dtype))),
-        VariantSpec::Scheme(recipe) => scheme_variant(name, weights(), recipe, dtype, quantize),
+        VariantSpec::Scheme(recipe) => Ok(scheme_variant(name, recipe, dtype)),
         VariantSpec::Checkpoint { path, .. } => checkpoint_variant(name, reference, path, prompts, dtype),
     }
 }
@@ -177,21 +179,9 @@ fn noise_floor(name: String, reference: &ReferenceIdentity, dtype: DType) -> Bui
     }
 }
 
-fn scheme_variant(
-    name: String,
-    weights: HostModel,
-    recipe: &Recipe,
-    dtype: DType,
-    quantize: &QuantizeOptions,
-) -> Result<BuiltVariant, EvalError> {
-    let q = quantize_model_owned(weights, &recipe.weights, quantize)?;
-    let summary = q.summary();
-    let per_tensor_error = q
-        .reports()
-        .into_iter()
-        .map(|r| TensorError { tensor: r.tensor, sqnr_db: r.sqnr_db, rel_frobenius: r.rel_frobenius, cosine: r.cosine })
-        .collect();
-    Ok(BuiltVariant {
+/// A scheme variant; its storage and per-tensor errors are known once its model is built.
+fn scheme_variant(name: String, recipe: &Recipe, dtype: DType) -> BuiltVariant {
+    BuiltVariant {
         name,
         scheme: Some(recipe.to_string()),
         recipe: Some(*recipe),
@@ -201,12 +191,11 @@ fn scheme_variant(
         files: Vec::new(),
         kind: VariantKind::Scheme,
         dtype,
-        host: VariantWeights::Own(Box::new(q.dequantized)),
-        // Tensors the scheme leaves alone count at FP16 (`QuantSummary::weight_bytes`).
-        bits_per_weight: summary.model_bits_per_weight,
-        weight_bytes: summary.weight_bytes,
-        per_tensor_error,
-    })
+        host: VariantWeights::Scheme,
+        bits_per_weight: 0.0,
+        weight_bytes: 0,
+        per_tensor_error: Vec::new(),
+    }
 }
 
 fn checkpoint_variant(
@@ -257,6 +246,44 @@ fn checkpoint_variant(
 }
 
 impl BuiltVariant {
+    /// Builds its model on `device` from `reference` (the FP16 reference's weights, handed out
+    /// part by part) or from its own weights, with the recipe's run-time roundings; a scheme's
+    /// tensors are quantized as they pass, and its storage and per-tensor errors filled in.
+    pub fn build_model(
+        &mut self,
+        reference: &dyn WeightSource,
+        quantize: &QuantizeOptions,
+        device: &burn::tensor::Device,
+    ) -> Result<Llama, EvalError> {
+        let mut model = match std::mem::replace(&mut self.host, VariantWeights::Reference) {
+            VariantWeights::Reference => Llama::from_source(reference, self.dtype, device)?,
+            VariantWeights::Scheme => {
+                let recipe =
+                    self.recipe.ok_or_else(|| EvalError::Internal("a scheme variant without its recipe".into()))?;
+                let source = QuantizedSource::new(reference, recipe.weights, *quantize);
+                let model = Llama::from_source(&source, self.dtype, device)?;
+                let summary = source.summary();
+                // Tensors the scheme leaves alone count at FP16 (`QuantSummary::weight_bytes`).
+                self.bits_per_weight = summary.model_bits_per_weight;
+                self.weight_bytes = summary.weight_bytes;
+                self.per_tensor_error = source
+                    .reports()
+                    .into_iter()
+                    .map(|r| TensorError {
+                        tensor: r.tensor,
+                        sqnr_db: r.sqnr_db,
+                        rel_frobenius: r.rel_frobenius,
+                        cosine: r.cosine,
+                    })
+                    .collect();
+                model
+            }
+            VariantWeights::Own(host) => Llama::from_source(&*host, self.dtype, device)?,
+        };
+        self.apply_runtime(&mut model)?;
+        Ok(model)
+    }
+
     /// Its entry in the report, without the statistics of its traces.
     pub fn header(&self) -> VariantHeader {
         VariantHeader {

@@ -99,11 +99,14 @@ pub use llama2c::read_llama2c_checkpoint;
 pub use loaded::{
     ActivationFormat, ActivationGranularity, CheckpointActivations, CheckpointQuant, LoadedModel, ModelFormat,
 };
-pub use open::open_model;
+pub use open::{open_model, open_source};
 pub use qdrift_weights::{
-    Activation, BlockSpec, Experts, Ffn, HostModel, HostTensor, LayerWeights, LinearName, Mlp, ModelArch, MoeSpec,
-    NormStyle, RopeScaling, Routing, SharedExpert,
+    Activation, BlockSpec, Experts, Ffn, HeldModel, HostModel, HostTensor, LayerWeights, LinearName, Mlp, ModelArch,
+    MoeSpec, NormStyle, RopeScaling, Routing, SharedExpert, SourceError, WeightSource,
 };
 pub use rope_layout::{rotate_half_row_order, rotate_half_row_order_partial};
-pub use synthetic::{SYNTHETIC_PRESETS, SYNTHETIC_STD, byte_tokenizer, synthetic_arch, synthetic_model};
+pub use synthetic::{
+    SYNTHETIC_PRESETS, SYNTHETIC_STD, SyntheticSource, byte_tokenizer, synthetic_arch, synthetic_model,
+    synthetic_source,
+};
 pub use tokenizer::{Llama2cTokenizer, SpecialIds, Tokenizer};

@@ -10,9 +10,12 @@ use crate::tokenizer::Tokenizer;
 use qdrift_weights::HostModel;
 
 /// A model and its tokenizer, ready for the later stages.
-pub struct LoadedModel {
+///
+/// `W` is how the weights are held: a whole [`HostModel`] ([`crate::open_model`]), or a
+/// [`qdrift_weights::WeightSource`] that hands them out part by part ([`crate::open_source`]).
+pub struct LoadedModel<W = HostModel> {
     /// Weights and architecture.
-    pub model: HostModel,
+    pub model: W,
     /// The tokenizer that goes with it.
     pub tokenizer: Box<dyn Tokenizer>,
     /// The checkpoint file (the folder for a Hugging Face model, `synthetic:NAME` for a
@@ -36,6 +39,37 @@ pub struct LoadedModel {
     /// quantization it declares (`None` for unquantized checkpoints and other formats). The
     /// weights in [`LoadedModel::model`] are already dequantized.
     pub quantization: Option<CheckpointQuant>,
+}
+
+impl<W> LoadedModel<W> {
+    /// The same model with its weights held another way.
+    ///
+    /// # Errors
+    /// `f`'s.
+    pub fn try_map_model<V, E>(self, f: impl FnOnce(W) -> Result<V, E>) -> Result<LoadedModel<V>, E> {
+        let LoadedModel {
+            model,
+            tokenizer,
+            path,
+            tokenizer_path,
+            format,
+            source_dtypes,
+            source_storage,
+            chat_template,
+            quantization,
+        } = self;
+        Ok(LoadedModel {
+            model: f(model)?,
+            tokenizer,
+            path,
+            tokenizer_path,
+            format,
+            source_dtypes,
+            source_storage,
+            chat_template,
+            quantization,
+        })
+    }
 }
 
 /// The format a [`LoadedModel`] was read from.

@@ -2,6 +2,9 @@
 //! the rest.
 
 use std::path::Path;
+use std::sync::Arc;
+
+use qdrift_weights::{HeldModel, HostModel, WeightSource};
 
 use crate::LoadError;
 use crate::gguf::read::gguf_source_storage;
@@ -58,6 +61,32 @@ pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, 
         return open_gguf(path);
     }
     open_llama2c(path, tokenizer)
+}
+
+/// [`open_model`] with the weights held as a [`WeightSource`] that hands them out part by part,
+/// for building a model on a device without a whole f32 host copy: a synthetic model generates
+/// each part when asked; a checkpoint is read whole, given to `prepare` (an evaluation rounds it
+/// to its FP16 reference there, which the parts of a synthetic model get as they are built), and
+/// held as a [`HeldModel`] (each tensor at 16 bits when its values allow, exactly).
+///
+/// # Errors
+/// As [`open_model`].
+pub fn open_source(
+    path: &Path,
+    tokenizer: Option<&Path>,
+    prepare: &dyn Fn(&mut HostModel),
+) -> Result<LoadedModel<Arc<dyn WeightSource>>, LoadError> {
+    let as_source = |s: Arc<dyn WeightSource>| Ok::<_, LoadError>(s);
+    if let Some(spec) = path.to_str().and_then(|p| p.strip_prefix("synthetic:"))
+        && tokenizer.is_none()
+    {
+        let (name, seed) = synthetic::parse_spec(spec)?;
+        return synthetic::synthetic_source(name, seed)?.try_map_model(|s| as_source(Arc::new(s)));
+    }
+    open_model(path, tokenizer)?.try_map_model(|mut m| {
+        prepare(&mut m);
+        as_source(Arc::new(HeldModel::new(m)))
+    })
 }
 
 /// A GGUF file with its embedded tokenizer and stored sizes.

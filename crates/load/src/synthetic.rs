@@ -18,10 +18,13 @@
 //! `3 + b` is byte `b`; the remaining ids up to the vocabulary size are `<extra_N>` pieces that
 //! text never encodes to. It is [`Llama2cTokenizer`] with that vocabulary (no merges).
 //!
-//! Memory: the weights are materialized as f32 (`4 × parameters` bytes; `llama-8b` is 32 GB).
-//! Before allocating, the size is compared with the memory available to this process (Linux:
-//! `MemAvailable` of `/proc/meminfo` and the cgroup v2 `memory.max`); a model that does not fit is
-//! [`LoadError::TooLarge`]. Use [`synthetic_arch`] for shape-only work (`qdrift inspect`).
+//! Memory: [`synthetic_source`] holds no weights: its [`SyntheticSource`] generates a part (the
+//! embedding, one block, the head) when a model is built from it, the same values each time, so
+//! an evaluation of `llama-8b` never holds its 32 GB of f32. [`synthetic_model`] materializes
+//! them all as f32 (`4 × parameters` bytes); before allocating, the size is compared with the
+//! memory available to this process (Linux: `MemAvailable` of `/proc/meminfo` and the cgroup v2
+//! `memory.max`), and a model that does not fit is [`LoadError::TooLarge`]. Use
+//! [`synthetic_arch`] for shape-only work (`qdrift inspect`).
 
 use std::path::{Path, PathBuf};
 
@@ -31,7 +34,10 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use crate::LoadError;
 use crate::loaded::{LoadedModel, ModelFormat};
 use crate::tokenizer::{Llama2cTokenizer, SpecialIds};
-use qdrift_weights::{BlockSpec, Experts, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, MoeSpec, Routing};
+use qdrift_weights::{
+    BlockSpec, Experts, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, MoeSpec, Routing, SourceError,
+    WeightSource,
+};
 
 /// Names accepted by [`synthetic_model`], with what they imitate.
 pub const SYNTHETIC_PRESETS: &[(&str, &str)] = &[
@@ -155,29 +161,40 @@ pub(crate) fn preset_arch(name: &str) -> Result<ModelArch, LoadError> {
     })
 }
 
-/// A synthetic model of preset `name` (see [`SYNTHETIC_PRESETS`]) with weights from `seed`.
+/// A synthetic model of preset `name` (see [`SYNTHETIC_PRESETS`]) with weights from `seed`, every
+/// weight generated ([`synthetic_source`] generates each part when asked).
 ///
 /// # Errors
 /// [`LoadError::Invalid`] for an unknown preset; [`LoadError::TooLarge`] when its f32 weights do
 /// not fit in available memory.
 pub fn synthetic_model(name: &str, seed: u64) -> Result<LoadedModel, LoadError> {
+    let loaded = synthetic_source(name, seed)?;
+    check_fits(&loaded.path, loaded.model.arch.parameter_count() as u64 * 4, available_memory())?;
+    let path = loaded.path.clone();
+    loaded.try_map_model(|source| HostModel::from_source(&source).map_err(|e| LoadError::invalid(&path, e.to_string())))
+}
+
+/// [`synthetic_model`] without its weights: a [`SyntheticSource`] generates each part when a
+/// model is built from it, so that no whole f32 copy is ever held (`llama-8b` is 32 GB of f32).
+///
+/// # Errors
+/// [`LoadError::Invalid`] for an unknown preset.
+pub fn synthetic_source(name: &str, seed: u64) -> Result<LoadedModel<SyntheticSource>, LoadError> {
     let path = PathBuf::from(format!("synthetic:{name}"));
     let arch = preset_arch(name)?;
-    check_fits(&path, arch.parameter_count() as u64 * 4, available_memory())?;
-    let model = random_model(arch, seed);
-    let tokenizer = byte_tokenizer(model.arch.vocab_size).map_err(|e| LoadError::invalid(&path, e))?;
+    let tokenizer = byte_tokenizer(arch.vocab_size).map_err(|e| LoadError::invalid(&path, e))?;
     let mut source_dtypes = vec![("token_embedding".to_string(), "F32".to_string())];
-    for i in 0..model.layers.len() {
+    for i in 0..arch.n_layers {
         for n in ["attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down"] {
             source_dtypes.push((format!("layers.{i}.{n}"), "F32".to_string()));
         }
     }
     source_dtypes.push(("final_norm".to_string(), "F32".to_string()));
-    if model.output.is_some() {
+    if !arch.tied_embeddings {
         source_dtypes.push(("output".to_string(), "F32".to_string()));
     }
     Ok(LoadedModel {
-        model,
+        model: SyntheticSource { arch, seed },
         tokenizer: Box::new(tokenizer),
         path: path.clone(),
         tokenizer_path: path,
@@ -228,41 +245,84 @@ fn available_memory() -> Option<u64> {
     }
 }
 
-fn random_model(arch: ModelArch, seed: u64) -> HostModel {
-    let (d, h, v) = (arch.dim, arch.hidden_dim, arch.vocab_size);
-    let (q, kv) = (arch.n_heads * arch.head_dim(), arch.kv_dim());
-    // Stream k is the k-th tensor in HostModel order (norms included, though they are ones).
-    let rand = |shape: &[usize], k: usize| random_tensor(shape, seed, k as u64);
-    let ones = |n: usize| HostTensor { shape: vec![n], data: vec![1.0; n] };
-    let token_embedding = rand(&[v, d], 0);
-    let layers = (0..arch.n_layers)
-        .map(|i| {
-            let k = 1 + 9 * i;
-            LayerWeights {
-                attn_norm: ones(d),
-                wq: rand(&[q, d], k + 1),
-                wk: rand(&[kv, d], k + 2),
-                wv: rand(&[kv, d], k + 3),
-                wo: rand(&[d, q], k + 4),
-                ffn_norm: ones(d),
-                bq: None,
-                bk: None,
-                bv: None,
-                ffn: match &arch.moe {
-                    Some(moe) if arch.has_experts(i) => Ffn::Experts(random_experts(moe, d, seed, i)),
-                    _ => Ffn::Dense(Mlp::new(rand(&[h, d], k + 6), rand(&[h, d], k + 7), rand(&[d, h], k + 8))),
-                },
-                bo: None,
-                q_norm: arch.block.qk_norm.then(|| ones(arch.head_dim())),
-                k_norm: arch.block.qk_norm.then(|| ones(arch.head_dim())),
-                sinks: None,
-                post_attn_norm: None,
-                post_ffn_norm: None,
-            }
+/// A preset's weights, generated part by part when asked (see the module docs for the values):
+/// the same values whichever part is asked first or how often.
+pub struct SyntheticSource {
+    arch: ModelArch,
+    seed: u64,
+}
+
+impl SyntheticSource {
+    /// N(0, 0.02²) values of `shape` on stream `k` (the `k`-th tensor in [`HostModel`] order).
+    fn rand(&self, shape: &[usize], k: usize) -> HostTensor {
+        random_tensor(shape, self.seed, k as u64)
+    }
+}
+
+fn ones(n: usize) -> HostTensor {
+    HostTensor { shape: vec![n], data: vec![1.0; n] }
+}
+
+impl WeightSource for SyntheticSource {
+    fn arch(&self) -> &ModelArch {
+        &self.arch
+    }
+
+    fn parameter_count(&self) -> usize {
+        // Every tensor the parts hold: the architecture's count plus the q/k norms it leaves to
+        // the weights (a synthetic model has no biases or sinks).
+        let qk_norms = if self.arch.block.qk_norm { 2 * self.arch.head_dim() * self.arch.n_layers } else { 0 };
+        self.arch.parameter_count() + qk_norms
+    }
+
+    fn token_embedding(&self) -> Result<HostTensor, SourceError> {
+        Ok(self.rand(&[self.arch.vocab_size, self.arch.dim], 0))
+    }
+
+    fn layer(&self, i: usize) -> Result<LayerWeights, SourceError> {
+        let arch = &self.arch;
+        if i >= arch.n_layers {
+            return Err(format!("no block {i}: the model has {}", arch.n_layers).into());
+        }
+        let (d, h) = (arch.dim, arch.hidden_dim);
+        let (q, kv) = (arch.n_heads * arch.head_dim(), arch.kv_dim());
+        // Stream k is the k-th tensor in HostModel order (norms included, though they are ones).
+        let k = 1 + 9 * i;
+        Ok(LayerWeights {
+            attn_norm: ones(d),
+            wq: self.rand(&[q, d], k + 1),
+            wk: self.rand(&[kv, d], k + 2),
+            wv: self.rand(&[kv, d], k + 3),
+            wo: self.rand(&[d, q], k + 4),
+            ffn_norm: ones(d),
+            bq: None,
+            bk: None,
+            bv: None,
+            ffn: match &arch.moe {
+                Some(moe) if arch.has_experts(i) => Ffn::Experts(random_experts(moe, d, self.seed, i)),
+                _ => Ffn::Dense(Mlp::new(
+                    self.rand(&[h, d], k + 6),
+                    self.rand(&[h, d], k + 7),
+                    self.rand(&[d, h], k + 8),
+                )),
+            },
+            bo: None,
+            q_norm: arch.block.qk_norm.then(|| ones(arch.head_dim())),
+            k_norm: arch.block.qk_norm.then(|| ones(arch.head_dim())),
+            sinks: None,
+            post_attn_norm: None,
+            post_ffn_norm: None,
         })
-        .collect();
-    let output = (!arch.tied_embeddings).then(|| rand(&[v, d], 2 + 9 * arch.n_layers));
-    HostModel { arch, token_embedding, layers, final_norm: ones(d), output }
+    }
+
+    fn final_norm(&self) -> Result<HostTensor, SourceError> {
+        Ok(ones(self.arch.dim))
+    }
+
+    fn output(&self) -> Result<Option<HostTensor>, SourceError> {
+        let (v, d, n) = (self.arch.vocab_size, self.arch.dim, self.arch.n_layers);
+        Ok((!self.arch.tied_embeddings).then(|| self.rand(&[v, d], 2 + 9 * n)))
+    }
 }
 
 /// Layer `layer`'s router and experts: the router on stream `2³² + 2¹⁶·layer`, expert `e`'s gate,
@@ -314,6 +374,20 @@ fn fill_normal(out: &mut [f32], seed: u64, stream: u64, first_value: u128) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_source_counts_the_parameters_its_parts_hold_in_any_order() {
+        for name in ["tiny", "moe-tiny"] {
+            let source = synthetic_source(name, 5).expect("preset").model;
+            let whole = HostModel::from_source(&source).expect("parts");
+            assert_eq!(source.parameter_count(), whole.parameter_count(), "{name}");
+            // A part asked for again, after others, is the same values.
+            let last = whole.arch.n_layers - 1;
+            assert_eq!(source.layer(last).expect("block"), whole.layers[last]);
+            assert_eq!(source.token_embedding().expect("embedding"), whole.token_embedding);
+            assert!(source.layer(whole.arch.n_layers).is_err());
+        }
+    }
 
     #[test]
     fn values_do_not_depend_on_the_split_over_threads() {

@@ -24,6 +24,9 @@ pub enum ModelError {
     /// whole blocks).
     #[error("{0}")]
     Runtime(#[from] qdrift_codecs::QuantizeError),
+    /// The weight source failed to hand out a part (a checkpoint's reader: the file and tensor).
+    #[error("{0}")]
+    Source(qdrift_weights::SourceError),
     /// The compute dtype is not one the model supports.
     #[error("unsupported compute dtype {0:?}; use f32 or f16")]
     DType(DType),

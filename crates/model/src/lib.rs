@@ -63,7 +63,7 @@ pub use host::isa::{ISA_VAR, Isa, IsaError};
 pub use host::placement::{AttentionKernel, LinearKernel, RoundingPath};
 pub use host::threads::{in_pool, single_threaded};
 pub use linear::Projection;
-pub use llama::{Llama, Overflow};
+pub use llama::{Llama, OutputHead, Overflow};
 pub use moe::MoeLayer;
 pub use positions::Positions;
 pub use rope::Rope;

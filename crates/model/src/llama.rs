@@ -10,12 +10,10 @@
 //! device cache (`Llama::new_caches_for` gives it one), and a model with one is not
 //! `steps_match_teacher_forcing`.
 
-use std::borrow::Cow;
-
 use burn::module::{Module, Param};
 use burn::tensor::{DType, Device, Int, Tensor};
 use qdrift_codecs::ActivationScale;
-use qdrift_weights::{Ffn, HostModel, HostTensor, LayerWeights, ModelArch, NormStyle};
+use qdrift_weights::{Ffn, HostModel, HostTensor, LayerWeights, ModelArch, NormStyle, WeightSource};
 
 use crate::attention::{Attention, AttentionSpec, ForwardContext};
 pub use crate::error::ModelError;
@@ -59,12 +57,16 @@ impl Llama {
         Self::from_host_with(host, dtype, device, LinearKernel::for_device(device))
     }
 
-    /// [`Llama::from_host`] from weights it may free as it goes: each block's host tensors are
-    /// dropped once the block is built, so the peak is the host weights plus one block in
-    /// `dtype`, not the host weights plus the whole model (for Llama-3.2-1B in f16: 4.9 GB + one
-    /// 0.12 GB block instead of 4.9 + 2.5 GB).
-    pub fn from_host_owned(host: HostModel, dtype: DType, device: &Device) -> Result<Llama, ModelError> {
-        Self::build(Cow::Owned(host), dtype, device, LinearKernel::for_device(device), true)
+    /// [`Llama::from_host`] from a [`WeightSource`], one part at a time: each part's host
+    /// tensors are dropped once the model holds them, so the peak is the model in `dtype` plus
+    /// the largest part in f32 (for Llama-3.2-1B in f16: 2.5 GB plus the 1.05 GB embedding),
+    /// never a whole f32 host copy.
+    ///
+    /// # Errors
+    /// As [`Llama::from_host`], and [`ModelError::Source`] when the source fails to hand out a
+    /// part.
+    pub fn from_source(source: &dyn WeightSource, dtype: DType, device: &Device) -> Result<Llama, ModelError> {
+        Self::build(source, dtype, device, LinearKernel::for_device(device), true)
     }
 
     /// [`Llama::from_host`] with the linear layers stored as `kernel` says.
@@ -79,13 +81,13 @@ impl Llama {
         device: &Device,
         kernel: LinearKernel,
     ) -> Result<Llama, ModelError> {
-        Self::build(Cow::Borrowed(host), dtype, device, kernel, true)
+        Self::build(host, dtype, device, kernel, true)
     }
 
     /// [`Llama::from_host_with`], holding f16-valued tensors of an f32 model as f16
     /// only when `compact` (tests compare both).
     fn build(
-        mut host: Cow<'_, HostModel>,
+        source: &dyn WeightSource,
         dtype: DType,
         device: &Device,
         kernel: LinearKernel,
@@ -96,7 +98,7 @@ impl Llama {
         }
         // An invalid `QDRIFT_ISA` is refused here, before any kernel runs.
         Isa::from_env()?;
-        let arch = &host.arch.clone();
+        let arch = &source.arch().clone();
         arch.validate().map_err(ModelError::Arch)?;
         let d = arch.dim;
         let (ropes, rope_of_layer) = layer_ropes(arch)?;
@@ -109,31 +111,35 @@ impl Llama {
             style: arch.block.norm,
         };
 
-        check("model.embed_tokens.weight", &host.token_embedding, &[arch.vocab_size, d])?;
-        let table = &host.token_embedding.data;
+        let token_embedding = part(source.token_embedding())?;
+        check("model.embed_tokens.weight", &token_embedding, &[arch.vocab_size, d])?;
+        let table = &token_embedding.data;
         // An f32 model on the CPU backend keeps an f16-valued table in f16: wgpu adapters without
         // f16 shaders run f32 models, so other devices keep the compute dtype.
         let f16_table = dtype == DType::F32 && compact && placement::f16_table_allowed(device);
         let stored = if f16_table && is_f16_exact(table) { DType::F16 } else { dtype };
         let embedding = Param::from_tensor(upload(table, [arch.vocab_size, d], stored, device));
-        if host.layers.len() != arch.n_layers {
-            return Err(ModelError::Arch(format!("{} layers given, {} expected", host.layers.len(), arch.n_layers)));
-        }
-        let layers = match &mut host {
-            Cow::Borrowed(h) => {
-                h.layers.iter().enumerate().map(|(i, l)| up.block(arch, i, l, rope_of_layer[i])).collect()
-            }
-            // Each block's host tensors are freed as soon as the block holds them.
-            Cow::Owned(h) => std::mem::take(&mut h.layers)
-                .into_iter()
-                .enumerate()
-                .map(|(i, l)| up.block(arch, i, &l, rope_of_layer[i]))
-                .collect::<Result<Vec<_>, _>>(),
-        }?;
-        let norm = up.norm("model.norm.weight".into(), &host.final_norm, d)?;
-        // A tied output layer gets its own copy of the embedding: the lookup wants [vocab, dim]
-        // rows, the projection its own layout ([dim, vocab] for Burn, panels for the host).
-        let output = up.linear("lm_head", host.output_weight(), None, [arch.vocab_size, d])?;
+        // The output layer next, while little else is resident: the two largest host tensors
+        // (the embedding and an untied head, in f32) are never held beside the blocks. A tied
+        // output layer gets its own copy of the embedding: the lookup wants [vocab, dim] rows, the
+        // projection its own layout ([dim, vocab] for Burn, panels for the host).
+        let mut kept = arch.tied_embeddings.then_some(token_embedding);
+        let untied = part(source.output())?;
+        let tied_output = untied.is_none();
+        let head = match (untied, kept.take()) {
+            (Some(head), _) => head,
+            (None, Some(embedding)) => embedding,
+            (None, None) => part(source.token_embedding())?,
+        };
+        let output = up.linear("lm_head", &head, None, [arch.vocab_size, d])?;
+        drop(head);
+        let layers = (0..arch.n_layers)
+            .map(|i| {
+                let l = part(source.layer(i))?;
+                up.block(arch, i, &l, rope_of_layer[i])
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let norm = up.norm("model.norm.weight".into(), &part(source.final_norm())?, d)?;
         Ok(Llama {
             embedding,
             layers,
@@ -143,8 +149,38 @@ impl Llama {
             dtype,
             runtime: RuntimeQuant::none(),
             arch: arch.clone(),
-            tied_output: host.output.is_none(),
+            tied_output,
         })
+    }
+}
+
+/// A model's output layer and its final-logit soft cap, without the rest ([`Llama::into_head`]).
+#[derive(Debug)]
+pub struct OutputHead {
+    output: Projection,
+    softcap: Option<f32>,
+}
+
+impl OutputHead {
+    /// [`Llama::head`] of the model this came from, bit for bit.
+    ///
+    /// # Shapes
+    /// - `hidden`: `[batch, positions, dim]` in the compute dtype
+    /// - returns `[batch, positions, vocab]`, f32
+    pub fn forward(&self, hidden: Tensor<3>) -> Tensor<3> {
+        head(&self.output, self.softcap, hidden)
+    }
+}
+
+/// The output layer's logits in f32 (rounded to the compute dtype first), soft-capped.
+///
+/// # Shapes
+/// - `hidden`: `[batch, positions, dim]` → `[batch, positions, vocab]`
+fn head(output: &Projection, softcap: Option<f32>, hidden: Tensor<3>) -> Tensor<3> {
+    let logits = output.forward_to(hidden, DType::F32);
+    match softcap {
+        Some(cap) => logits.div_scalar(f64::from(cap)).tanh().mul_scalar(f64::from(cap)),
+        None => logits,
     }
 }
 
@@ -285,6 +321,11 @@ impl Uploader<'_> {
             activation: arch.block.activation,
         }))
     }
+}
+
+/// A part from a [`WeightSource`], its failure as [`ModelError::Source`].
+fn part<T>(r: Result<T, qdrift_weights::SourceError>) -> Result<T, ModelError> {
+    r.map_err(ModelError::Source)
 }
 
 fn check(name: &str, t: &HostTensor, expected: &[usize]) -> Result<(), ModelError> {
@@ -761,12 +802,14 @@ impl Llama {
     /// - `hidden`: `[batch, positions, dim]` in the compute dtype
     /// - returns `[batch, positions, vocab]`, f32
     pub fn head(&self, hidden: Tensor<3>) -> Tensor<3> {
-        // The logits rounded to the compute dtype, then cast to f32.
-        let logits = self.output.forward_to(hidden, DType::F32);
-        match self.arch.final_logit_softcap {
-            Some(cap) => logits.div_scalar(f64::from(cap)).tanh().mul_scalar(f64::from(cap)),
-            None => logits,
-        }
+        head(&self.output, self.arch.final_logit_softcap, hidden)
+    }
+
+    /// The output layer alone, the rest of the model dropped: what turns a run's kept
+    /// final-norm hidden states into logits ([`OutputHead::forward`] is [`Llama::head`]) once the
+    /// model itself need not stay resident.
+    pub fn into_head(self) -> OutputHead {
+        OutputHead { output: self.output, softcap: self.arch.final_logit_softcap }
     }
 
     /// The model's weights as a host model: the architecture it was built from and every value
@@ -824,9 +867,8 @@ mod tests {
     fn f16_valued_f32_weights_are_held_as_f16_with_the_same_logits() {
         let host = tiny_f16_values();
         for kernel in [LinearKernel::Host, LinearKernel::Burn] {
-            let compact =
-                Llama::build(Cow::Borrowed(&host), DType::F32, &Device::flex(), kernel, true).expect("builds");
-            let wide = Llama::build(Cow::Borrowed(&host), DType::F32, &Device::flex(), kernel, false).expect("builds");
+            let compact = Llama::build(&host, DType::F32, &Device::flex(), kernel, true).expect("builds");
+            let wide = Llama::build(&host, DType::F32, &Device::flex(), kernel, false).expect("builds");
             assert_eq!(compact.embedding.val().dtype(), DType::F16, "{kernel:?}");
             assert_eq!(wide.embedding.val().dtype(), DType::F32, "{kernel:?}");
             if kernel == LinearKernel::Host {
@@ -842,17 +884,43 @@ mod tests {
         }
     }
 
-    /// A model built from weights it frees as it goes is the model built from borrowed ones.
+    /// A model built part by part from a source (here the weights held at 16 bits) is the model
+    /// built from the whole host model; a part the source cannot hand out is the build's error.
     #[test]
-    fn a_model_from_owned_weights_gives_the_same_logits() {
+    fn a_model_from_a_weight_source_gives_the_same_logits() {
         for dtype in [DType::F32, DType::F16] {
             let host = tiny_f16_values();
-            let borrowed = Llama::from_host(&host, dtype, &Device::flex()).expect("builds");
-            let owned = Llama::from_host_owned(host, dtype, &Device::flex()).expect("builds");
+            let whole = Llama::from_host(&host, dtype, &Device::flex()).expect("builds");
+            let held = qdrift_weights::HeldModel::new(host.clone());
+            assert_eq!(held.bytes(), 2 * host.parameter_count(), "f16 values are held as f16");
+            let parts = Llama::from_source(&held, dtype, &Device::flex()).expect("builds");
             for attention in [AttentionKernel::Host, AttentionKernel::Composed] {
-                assert_eq!(logits(&owned, attention), logits(&borrowed, attention), "{dtype:?} {attention:?}");
+                assert_eq!(logits(&parts, attention), logits(&whole, attention), "{dtype:?} {attention:?}");
             }
         }
+        struct Failing(HostModel);
+        impl WeightSource for Failing {
+            fn arch(&self) -> &ModelArch {
+                &self.0.arch
+            }
+            fn parameter_count(&self) -> usize {
+                self.0.parameter_count()
+            }
+            fn token_embedding(&self) -> Result<HostTensor, qdrift_weights::SourceError> {
+                Ok(self.0.token_embedding.clone())
+            }
+            fn layer(&self, index: usize) -> Result<LayerWeights, qdrift_weights::SourceError> {
+                Err(format!("model.bin: block {index} is truncated").into())
+            }
+            fn final_norm(&self) -> Result<HostTensor, qdrift_weights::SourceError> {
+                Ok(self.0.final_norm.clone())
+            }
+            fn output(&self) -> Result<Option<HostTensor>, qdrift_weights::SourceError> {
+                Ok(self.0.output.clone())
+            }
+        }
+        let e = Llama::from_source(&Failing(tiny_f16_values()), DType::F16, &Device::flex()).expect_err("fails");
+        assert_eq!(e.to_string(), "model.bin: block 0 is truncated");
     }
 
     /// A whole model, prompt then decoding steps, gives the same logits bit for bit at every ISA

@@ -191,27 +191,51 @@ impl QuantizedModel {
 
     /// Totals over the quantized tensors.
     pub fn summary(&self) -> QuantSummary {
-        let quantized_weights: usize = self.tensors.iter().map(|t| t.shape[0] * t.shape[1]).sum();
-        let storage_bytes: usize = self.tensors.iter().map(|t| t.matrix.storage_bytes()).sum();
-        let signal: f64 = self.tensors.iter().map(|t| t.signal_energy).sum();
-        let noise: f64 = self.tensors.iter().map(|t| t.noise_energy).sum();
-        let parameters = self.dequantized.parameter_count();
-        let weight_bytes = storage_bytes as u64 + (parameters as u64).saturating_sub(quantized_weights as u64) * 2;
-        QuantSummary {
-            scheme: self.scheme.to_string(),
-            quantized_tensors: self.tensors.len(),
-            quantized_weights,
-            storage_bytes,
-            bits_per_weight: if quantized_weights == 0 {
-                0.0
-            } else {
-                storage_bytes as f64 * 8.0 / quantized_weights as f64
-            },
-            weight_bytes,
-            model_bits_per_weight: qdrift_load::inspect::bits_per_weight(weight_bytes, parameters as u64),
-            sqnr_db: if noise == 0.0 { None } else { Some(10.0 * (signal / noise).log10()) },
-            fell_back: self.tensors.iter().filter(|t| t.matrix.fell_back()).map(|t| t.name.clone()).collect(),
-        }
+        let tallies: Vec<TensorTally> = self.tensors.iter().map(QuantizedTensor::tally).collect();
+        summarize(&self.scheme, &tallies, self.dequantized.parameter_count())
+    }
+}
+
+/// What a model's totals need of one quantized tensor, without its codes: its report row and
+/// the energies its SQNR aggregates.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TensorTally {
+    /// Its report row (name, shape, stored bytes, fallback).
+    pub report: TensorReport,
+    /// `Σ ref²`.
+    pub signal_energy: f64,
+    /// `Σ (ref − dequantized)²`.
+    pub noise_energy: f64,
+}
+
+impl QuantizedTensor {
+    /// Its [`TensorTally`].
+    pub(crate) fn tally(&self) -> TensorTally {
+        TensorTally { report: self.report(), signal_energy: self.signal_energy, noise_energy: self.noise_energy }
+    }
+}
+
+/// The totals of `tallies`, the quantized tensors of a model of `parameters` weights.
+pub(crate) fn summarize(scheme: &Scheme, tallies: &[TensorTally], parameters: usize) -> QuantSummary {
+    let quantized_weights: usize = tallies.iter().map(|t| t.report.shape.iter().product::<usize>()).sum();
+    let storage_bytes: usize = tallies.iter().map(|t| t.report.storage_bytes).sum();
+    let signal: f64 = tallies.iter().map(|t| t.signal_energy).sum();
+    let noise: f64 = tallies.iter().map(|t| t.noise_energy).sum();
+    let weight_bytes = storage_bytes as u64 + (parameters as u64).saturating_sub(quantized_weights as u64) * 2;
+    QuantSummary {
+        scheme: scheme.to_string(),
+        quantized_tensors: tallies.len(),
+        quantized_weights,
+        storage_bytes,
+        bits_per_weight: if quantized_weights == 0 {
+            0.0
+        } else {
+            storage_bytes as f64 * 8.0 / quantized_weights as f64
+        },
+        weight_bytes,
+        model_bits_per_weight: qdrift_load::inspect::bits_per_weight(weight_bytes, parameters as u64),
+        sqnr_db: if noise == 0.0 { None } else { Some(10.0 * (signal / noise).log10()) },
+        fell_back: tallies.iter().filter(|t| t.report.fell_back).map(|t| t.report.tensor.clone()).collect(),
     }
 }
 
@@ -281,7 +305,7 @@ pub fn quantize_model_owned(
 ///
 /// # Shapes
 /// - `weight`: `[rows, cols]`; returned values: `rows * cols`, row-major.
-fn quantize_tensor(
+pub(crate) fn quantize_tensor(
     scheme: &Scheme,
     slot: WeightSlot,
     weight: &HostTensor,

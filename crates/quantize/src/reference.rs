@@ -9,18 +9,22 @@
 //! nothing and the `fp16` scheme applied to the reference is the reference.**
 
 use half::f16;
-use qdrift_weights::HostModel;
+use qdrift_weights::{HostModel, HostTensor};
 
 /// Rounds every weight of `model` to FP16 in place, making it the reference.
 ///
 /// In place because a model's host copy is its largest allocation: callers hold the checkpoint and
 /// its reference once, not twice.
 pub fn round_to_fp16_reference(model: &mut HostModel) {
-    model.for_each_tensor_mut(|t| {
-        for v in &mut t.data {
-            *v = f16::from_f32(*v).to_f32();
-        }
-    });
+    model.for_each_tensor_mut(round_tensor);
+}
+
+/// Rounds one tensor to FP16 in place: the reference's rounding of each tensor, for
+/// [`crate::Fp16Reference`], which rounds a source's parts as they pass.
+pub(crate) fn round_tensor(t: &mut HostTensor) {
+    for v in &mut t.data {
+        *v = f16::from_f32(*v).to_f32();
+    }
 }
 
 #[cfg(test)]

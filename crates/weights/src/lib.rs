@@ -15,6 +15,10 @@
 
 use serde::{Deserialize, Serialize};
 
+mod source;
+
+pub use source::{HeldModel, SourceError, WeightSource};
+
 /// Hyper-parameters of a decoder-only transformer: the Llama block (RMSNorm, RoPE,
 /// grouped-query attention, SwiGLU) and what today's families change in it, as data ([`BlockSpec`],
 /// [`MoeSpec`], per-layer sliding windows, an embedding scale, a final-logit soft cap) that the
@@ -747,6 +751,48 @@ impl LayerWeights {
         }
     }
 
+    /// Every value of every tensor of the block.
+    pub fn parameter_count(&self) -> usize {
+        let count = |t: &HostTensor| t.data.len();
+        let mut n = self.linears().iter().map(|(_, t)| count(t)).sum::<usize>();
+        n += [&self.attn_norm, &self.ffn_norm].iter().map(|t| count(t)).sum::<usize>();
+        let optional = [
+            &self.bq,
+            &self.bk,
+            &self.bv,
+            &self.bo,
+            &self.q_norm,
+            &self.k_norm,
+            &self.sinks,
+            &self.post_attn_norm,
+            &self.post_ffn_norm,
+        ];
+        n += optional.iter().filter_map(|t| t.as_ref()).map(count).sum::<usize>();
+        let mlp_biases = |m: &Mlp| {
+            [&m.gate_bias, &m.up_bias, &m.down_bias].iter().filter_map(|t| t.as_ref()).map(count).sum::<usize>()
+        };
+        n + match &self.ffn {
+            Ffn::Dense(m) => mlp_biases(m),
+            Ffn::Experts(e) => {
+                count(&e.router)
+                    + e.router_bias.as_ref().map_or(0, count)
+                    + e.experts.iter().map(mlp_biases).sum::<usize>()
+                    + e.shared.as_ref().map_or(0, |s| count(&s.gate) + mlp_biases(&s.mlp))
+            }
+        }
+    }
+
+    /// Applies `f` to every tensor of the block: norms, biases, sinks, routers, then the linear
+    /// weights.
+    pub fn for_each_tensor_mut(&mut self, mut f: impl FnMut(&mut HostTensor)) {
+        for t in self.others_mut() {
+            f(t);
+        }
+        for (_, w) in self.linears_mut() {
+            f(w);
+        }
+    }
+
     /// Every tensor of the block that is not a linear weight of [`LayerWeights::linears`]: norms,
     /// biases, sinks, the router and its bias.
     fn others_mut(&mut self) -> Vec<&mut HostTensor> {
@@ -802,30 +848,11 @@ pub struct HostModel {
 impl HostModel {
     /// Parameters actually held: every value of every tensor, a tied embedding once.
     pub fn parameter_count(&self) -> usize {
-        let mut n = 0usize;
-        // `for_each_tensor_mut` needs `&mut`; counting from a clone would double the memory.
         let count = |t: &HostTensor| t.data.len();
-        n += count(&self.token_embedding) + count(&self.final_norm) + self.output.as_ref().map_or(0, count);
-        for l in &self.layers {
-            n += l.linears().iter().map(|(_, t)| count(t)).sum::<usize>();
-            n += [&l.attn_norm, &l.ffn_norm].iter().map(|t| count(t)).sum::<usize>();
-            let optional =
-                [&l.bq, &l.bk, &l.bv, &l.bo, &l.q_norm, &l.k_norm, &l.sinks, &l.post_attn_norm, &l.post_ffn_norm];
-            n += optional.iter().filter_map(|t| t.as_ref()).map(count).sum::<usize>();
-            let mlp_biases = |m: &Mlp| {
-                [&m.gate_bias, &m.up_bias, &m.down_bias].iter().filter_map(|t| t.as_ref()).map(count).sum::<usize>()
-            };
-            n += match &l.ffn {
-                Ffn::Dense(m) => mlp_biases(m),
-                Ffn::Experts(e) => {
-                    count(&e.router)
-                        + e.router_bias.as_ref().map_or(0, count)
-                        + e.experts.iter().map(mlp_biases).sum::<usize>()
-                        + e.shared.as_ref().map_or(0, |s| count(&s.gate) + mlp_biases(&s.mlp))
-                }
-            };
-        }
-        n
+        count(&self.token_embedding)
+            + count(&self.final_norm)
+            + self.output.as_ref().map_or(0, count)
+            + self.layers.iter().map(LayerWeights::parameter_count).sum::<usize>()
     }
 
     /// The output layer's weight, `[vocab_size, dim]` (the embedding when tied).
@@ -850,12 +877,7 @@ impl HostModel {
     pub fn for_each_tensor_mut(&mut self, mut f: impl FnMut(&mut HostTensor)) {
         f(&mut self.token_embedding);
         for layer in &mut self.layers {
-            for t in layer.others_mut() {
-                f(t);
-            }
-            for (_, w) in layer.linears_mut() {
-                f(w);
-            }
+            layer.for_each_tensor_mut(&mut f);
         }
         f(&mut self.final_norm);
         if let Some(o) = &mut self.output {
