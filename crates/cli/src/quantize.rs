@@ -9,8 +9,8 @@ use clap::{Args, ValueEnum};
 use qdrift_load::HostModel;
 use qdrift_load::write::gguf_tokenizer_keys;
 use qdrift_quantize::{
-    QuantizeOptions, QuantizedModel, Recipe, check_gguf_scheme, quantize_model, round_to_fp16_reference, write_gguf,
-    write_safetensors,
+    QuantizeOptions, QuantizedModel, Recipe, check_gguf_scheme, quantize_model_owned, round_to_fp16_reference,
+    write_gguf, write_safetensors,
 };
 
 /// Which variant of the reference to build.
@@ -69,13 +69,13 @@ impl SchemeArgs {
         }
     }
 
-    /// The model to run: the checkpoint as it is without `--scheme`; with it, the scheme applied
-    /// to the FP16 reference ([`round_to_fp16_reference`], as `qdrift eval` builds it).
-    pub fn apply(&self, mut model: HostModel) -> Result<(HostModel, Option<QuantizedModel>), Box<dyn Error>> {
-        let Some(recipe) = &self.scheme else { return Ok((model, None)) };
+    /// With `--scheme`, the scheme applied to the FP16 reference of `model`
+    /// ([`round_to_fp16_reference`], as `qdrift eval` builds it), quantized in place (one copy of
+    /// the model); `None` without it.
+    pub fn apply(&self, mut model: HostModel) -> Result<Option<QuantizedModel>, Box<dyn Error>> {
+        let Some(recipe) = &self.scheme else { return Ok(None) };
         round_to_fp16_reference(&mut model);
-        let q = quantize_model(&model, &recipe.weights, &self.options())?;
-        Ok((q.dequantized.clone(), Some(q)))
+        Ok(Some(quantize_model_owned(model, &recipe.weights, &self.options())?))
     }
 }
 
@@ -151,8 +151,7 @@ pub fn run(args: QuantizeArgs) -> Result<(), Box<dyn Error>> {
     let loaded = qdrift_load::open_model(&args.model, args.tokenizer.as_deref())?;
     // Before quantizing: a source whose tokenizer cannot be carried over is refused.
     let tokenizer_keys = if gguf { Some(gguf_tokenizer_keys(&loaded)?) } else { None };
-    let (_, q) = args.scheme.apply(loaded.model)?;
-    let q = q.ok_or("no scheme applied")?;
+    let q = args.scheme.apply(loaded.model)?.ok_or("no scheme applied")?;
     match &tokenizer_keys {
         Some(keys) => write_gguf(&args.out, &q, keys)?,
         None => {
