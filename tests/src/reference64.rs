@@ -117,6 +117,51 @@ pub struct Rounding<'a> {
     /// Where given, every mixture-of-experts layer appends the experts it routed each position
     /// to: one entry per such layer, in block order, `[position][rank]`, the weightiest first.
     pub routes: Option<&'a RefCell<Vec<Vec<Vec<usize>>>>>,
+    /// The compute dtype's rounding of every operation's output ([`Compute`]).
+    pub compute: Compute,
+}
+
+/// Where a compute dtype rounds: nowhere (f64 throughout), or where `transformers`' bf16
+/// inference rounds to bf16 (eager attention, PyTorch's CPU ops), each rounding the f64 value
+/// through f32 (what an f32 accumulation rounded once gives):
+/// 1. RMSNorm: `x̂ = x / rms(x)` rounded, then `w · x̂` rounded (`LlamaRMSNorm`:
+///    `self.weight * hidden_states.to(input_dtype)`);
+/// 2. every linear layer's output (`F.linear`: f32 accumulation, one rounding), and its bias sum
+///    rounded again;
+/// 3. RoPE: cos and sin rounded, then `q·cos`, `rotate_half(q)·sin` and their sum, each rounded
+///    (`apply_rotary_pos_emb`);
+/// 4. attention: `q·kᵀ` rounded, times the scale rounded, the softmax computed in f32 and
+///    rounded (`softmax(..., dtype=float32).to(query.dtype)`), `p·v` rounded;
+/// 5. SwiGLU: `silu(g)` rounded (computed in f32), `silu(g)·u` rounded;
+/// 6. every residual sum rounded;
+/// 7. the logits rounded (the output layer is a bf16 `nn.Linear`; they are cast to f32 after).
+///
+/// Only Llama's block (RMSNorm `x̂·w`, optional q/k norms, SwiGLU, no soft caps, sinks, experts,
+/// sandwich norms or embedding scale) is written here with these roundings; [`naive_logits`]
+/// refuses the rest under [`Compute::Bf16`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Compute {
+    /// No rounding: f64 throughout.
+    #[default]
+    F64,
+    /// bf16 at every point listed above (round-to-nearest-even).
+    Bf16,
+}
+
+impl Compute {
+    /// `v` rounded as this compute dtype stores an operation's output.
+    pub fn round(self, v: f64) -> f64 {
+        match self {
+            Compute::F64 => v,
+            Compute::Bf16 => f64::from(half::bf16::from_f32(v as f32).to_f32()),
+        }
+    }
+
+    fn round_all(self, xs: &mut [f64]) {
+        if self != Compute::F64 {
+            xs.iter_mut().for_each(|v| *v = self.round(*v));
+        }
+    }
 }
 
 impl Rounding<'_> {
@@ -197,20 +242,30 @@ fn matvec(w: &HostTensor, b: Option<&HostTensor>, x: &[f64]) -> Vec<f64> {
         .collect()
 }
 
-/// `w · x + b` for every row.
-fn linear(w: &HostTensor, b: Option<&HostTensor>, xs: &[Vec<f64>]) -> Vec<Vec<f64>> {
-    xs.iter().map(|x| matvec(w, b, x)).collect()
+/// `w · x + b` for every row, the product and then the sum with the bias rounded by `c`.
+fn linear(w: &HostTensor, b: Option<&HostTensor>, xs: &[Vec<f64>], c: Compute) -> Vec<Vec<f64>> {
+    xs.iter()
+        .map(|x| {
+            let mut y = matvec(w, None, x);
+            c.round_all(&mut y);
+            if let Some(b) = b {
+                y.iter_mut().zip(&b.data).for_each(|(y, &b)| *y = c.round(*y + f64::from(b)));
+            }
+            y
+        })
+        .collect()
 }
 
-/// RMSNorm over `x` (`Qwen3RMSNorm`; `Gemma3RMSNorm` with [`NormStyle::OnePlusWeight`]).
-fn rms_norm(x: &[f64], w: &HostTensor, eps: f64, style: NormStyle) -> Vec<f64> {
+/// RMSNorm over `x` (`Qwen3RMSNorm`; `Gemma3RMSNorm` with [`NormStyle::OnePlusWeight`]), `x̂`
+/// and `x̂ · w` rounded by `c`.
+fn rms_norm(x: &[f64], w: &HostTensor, eps: f64, style: NormStyle, c: Compute) -> Vec<f64> {
     let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
     let inv = 1.0 / (ms + eps).sqrt();
     let gain = |g: f32| match style {
         NormStyle::Weight => f64::from(g),
         NormStyle::OnePlusWeight => 1.0 + f64::from(g),
     };
-    x.iter().zip(&w.data).map(|(v, &g)| v * inv * gain(g)).collect()
+    x.iter().zip(&w.data).map(|(v, &g)| c.round(c.round(v * inv) * gain(g))).collect()
 }
 
 /// `cap · tanh(x / cap)`.
@@ -299,14 +354,15 @@ impl Rope {
 
     /// Rotates pairs `(2i, 2i+1)` of every `head_dim`-wide head of `x` by `pos · inv_freq[i]`,
     /// cos and sin scaled by the attention factor; dimensions past the pairs are unchanged.
-    fn apply(&self, x: &mut [f64], head_dim: usize, pos: usize) {
+    /// `r` rounds cos, sin, each product and each sum.
+    fn apply(&self, x: &mut [f64], head_dim: usize, pos: usize, r: Compute) {
         for head in x.chunks_mut(head_dim) {
             for (i, f) in self.inv_freq.iter().enumerate() {
                 let (s, c) = (pos as f64 * f).sin_cos();
-                let (s, c) = (s * self.attention_factor, c * self.attention_factor);
+                let (s, c) = (r.round(s * self.attention_factor), r.round(c * self.attention_factor));
                 let (a, b) = (head[2 * i], head[2 * i + 1]);
-                head[2 * i] = a * c - b * s;
-                head[2 * i + 1] = a * s + b * c;
+                head[2 * i] = r.round(r.round(a * c) - r.round(b * s));
+                head[2 * i + 1] = r.round(r.round(a * s) + r.round(b * c));
             }
         }
     }
@@ -330,11 +386,12 @@ fn yarn_ramp(d: usize, theta: f64, original: usize, [beta_fast, beta_slow]: [f32
     (0..d / 2).map(|i| ((i as f64 - low) / (high - low)).clamp(0.0, 1.0)).collect()
 }
 
-/// The gated activation `act(g, u)` ([`Activation`]).
-fn activate(activation: Activation, g: f64, u: f64) -> f64 {
+/// The gated activation `act(g, u)` ([`Activation`]); under `c`, SwiGLU's `silu(g)` and the
+/// product rounded (the other activations are not written with roundings).
+fn activate(activation: Activation, g: f64, u: f64, c: Compute) -> f64 {
     let sigmoid = |x: f64| 1.0 / (1.0 + (-x).exp());
     match activation {
-        Activation::SwiGlu => g * sigmoid(g) * u,
+        Activation::SwiGlu => c.round(c.round(g * sigmoid(g)) * u),
         Activation::GeluTanh => {
             let inner = (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g);
             0.5 * g * (1.0 + inner.tanh()) * u
@@ -351,6 +408,19 @@ fn activate(activation: Activation, g: f64, u: f64) -> f64 {
 pub fn naive_logits(m: &HostModel, tokens: &[u32], rounding: &Rounding) -> Vec<Vec<f64>> {
     let a = &m.arch;
     a.validate().expect("a valid architecture");
+    let c = rounding.compute;
+    if c != Compute::F64 {
+        let b = &a.block;
+        let llama = b.norm == NormStyle::Weight
+            && b.activation == Activation::SwiGlu
+            && !b.sandwich_norms
+            && !b.sinks
+            && b.attn_softcap.is_none()
+            && a.final_logit_softcap.is_none()
+            && a.embedding_scale.is_none()
+            && a.moe.is_none();
+        assert!(llama, "the {c:?} roundings are written for Llama's block only (Compute)");
+    }
     let (dim, eps) = (a.dim, f64::from(a.norm_eps));
     let scale = a.embedding_scale.map_or(1.0, f64::from);
     let emb = &m.token_embedding;
@@ -360,33 +430,33 @@ pub fn naive_logits(m: &HostModel, tokens: &[u32], rounding: &Rounding) -> Vec<V
         .collect();
     for (i, l) in m.layers.iter().enumerate() {
         let attended = attention(m, i, l, &xs, rounding);
-        add(&mut xs, &attended);
+        add(&mut xs, &attended, c);
         let ffn_out = ffn(m, i, l, &xs, rounding);
-        add(&mut xs, &ffn_out);
+        add(&mut xs, &ffn_out, c);
     }
     let style = a.block.norm;
     xs.iter()
         .map(|x| {
-            let logits = matvec(m.output_weight(), None, &rms_norm(x, &m.final_norm, eps, style));
-            logits.into_iter().map(|v| soft_cap(v, a.final_logit_softcap)).collect()
+            let logits = matvec(m.output_weight(), None, &rms_norm(x, &m.final_norm, eps, style, c));
+            logits.into_iter().map(|v| soft_cap(c.round(v), a.final_logit_softcap)).collect()
         })
         .collect()
 }
 
-/// `xs += ys`, row by row.
-fn add(xs: &mut [Vec<f64>], ys: &[Vec<f64>]) {
+/// `xs += ys`, row by row, each sum rounded by `c`.
+fn add(xs: &mut [Vec<f64>], ys: &[Vec<f64>], c: Compute) {
     for (x, y) in xs.iter_mut().zip(ys) {
-        x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+        x.iter_mut().zip(y).for_each(|(a, b)| *a = c.round(*a + b));
     }
 }
 
 /// RMS-normalizes every `head_dim`-wide head of `x` with the shared weight `w` (`q_norm`,
 /// `k_norm`).
-fn norm_heads(x: &mut [f64], w: Option<&HostTensor>, eps: f64, style: NormStyle) {
+fn norm_heads(x: &mut [f64], w: Option<&HostTensor>, eps: f64, style: NormStyle, c: Compute) {
     let w = w.expect("a q/k norm weight for qk_norm");
     let hd = w.data.len();
     for head in x.chunks_mut(hd) {
-        let normed = rms_norm(head, w, eps, style);
+        let normed = rms_norm(head, w, eps, style, c);
         head.copy_from_slice(&normed);
     }
 }
@@ -398,18 +468,19 @@ fn attention(m: &HostModel, li: usize, l: &LayerWeights, xs: &[Vec<f64>], roundi
     let (hd, heads, kv_heads) = (a.head_dim(), a.n_heads, a.n_kv_heads);
     let (eps, style) = (f64::from(a.norm_eps), a.block.norm);
     let rope = Rope::for_layer(m, li, xs.len());
-    let mut xn: Vec<Vec<f64>> = xs.iter().map(|x| rms_norm(x, &l.attn_norm, eps, style)).collect();
+    let c = rounding.compute;
+    let mut xn: Vec<Vec<f64>> = xs.iter().map(|x| rms_norm(x, &l.attn_norm, eps, style, c)).collect();
     rounding.inputs(&mut xn);
-    let mut qs = linear(&l.wq, l.bq.as_ref(), &xn);
-    let mut ks = linear(&l.wk, l.bk.as_ref(), &xn);
-    let mut vs = linear(&l.wv, l.bv.as_ref(), &xn);
+    let mut qs = linear(&l.wq, l.bq.as_ref(), &xn, c);
+    let mut ks = linear(&l.wk, l.bk.as_ref(), &xn, c);
+    let mut vs = linear(&l.wv, l.bv.as_ref(), &xn, c);
     for (pos, ((q, k), v)) in qs.iter_mut().zip(&mut ks).zip(&mut vs).enumerate() {
         if a.block.qk_norm {
-            norm_heads(q, l.q_norm.as_ref(), eps, style);
-            norm_heads(k, l.k_norm.as_ref(), eps, style);
+            norm_heads(q, l.q_norm.as_ref(), eps, style, c);
+            norm_heads(k, l.k_norm.as_ref(), eps, style, c);
         }
-        rope.apply(q, hd, pos);
-        rope.apply(k, hd, pos);
+        rope.apply(q, hd, pos, c);
+        rope.apply(k, hd, pos, c);
         rounding.cached(k, hd, pos);
         rounding.cached(v, hd, pos);
     }
@@ -425,7 +496,7 @@ fn attention(m: &HostModel, li: usize, l: &LayerWeights, xs: &[Vec<f64>], roundi
                 let scores: Vec<f64> = (first..=t)
                     .map(|s| {
                         let dot = q.iter().zip(&ks[s][kvh * hd..][..hd]).map(|(a, b)| a * b).sum::<f64>();
-                        soft_cap(dot * scale, a.block.attn_softcap)
+                        soft_cap(c.round(c.round(dot) * scale), a.block.attn_softcap)
                     })
                     .collect();
                 let sink = a.block.sinks.then(|| f64::from(l.sinks.as_ref().expect("sink logits").data[h]));
@@ -433,16 +504,18 @@ fn attention(m: &HostModel, li: usize, l: &LayerWeights, xs: &[Vec<f64>], roundi
                 let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let z: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
                 for (s, w) in (first..=t).zip(&e) {
+                    let p = c.round(w / z);
                     for j in 0..hd {
-                        out[h * hd + j] += w / z * vs[s][kvh * hd + j];
+                        out[h * hd + j] += p * vs[s][kvh * hd + j];
                     }
                 }
             }
+            c.round_all(&mut out);
             out
         })
         .collect();
     rounding.inputs(&mut attended);
-    let out = linear(&l.wo, l.bo.as_ref(), &attended);
+    let out = linear(&l.wo, l.bo.as_ref(), &attended, c);
     post_norm(out, l.post_attn_norm.as_ref(), a.block.sandwich_norms, eps, style)
 }
 
@@ -452,14 +525,14 @@ fn post_norm(ys: Vec<Vec<f64>>, w: Option<&HostTensor>, sandwich: bool, eps: f64
         return ys;
     }
     let w = w.expect("a post norm weight for sandwich norms");
-    ys.iter().map(|y| rms_norm(y, w, eps, style)).collect()
+    ys.iter().map(|y| rms_norm(y, w, eps, style, Compute::F64)).collect()
 }
 
 /// The FFN sub-block of layer `li`: what it adds to the residual stream, one row per position.
 fn ffn(m: &HostModel, li: usize, l: &LayerWeights, xs: &[Vec<f64>], rounding: &Rounding) -> Vec<Vec<f64>> {
     let a = &m.arch;
     let (eps, style) = (f64::from(a.norm_eps), a.block.norm);
-    let xn: Vec<Vec<f64>> = xs.iter().map(|x| rms_norm(x, &l.ffn_norm, eps, style)).collect();
+    let xn: Vec<Vec<f64>> = xs.iter().map(|x| rms_norm(x, &l.ffn_norm, eps, style, rounding.compute)).collect();
     let positions: Vec<usize> = (0..xs.len()).collect();
     assert_eq!(a.has_experts(li), l.experts().is_some(), "layer {li}: experts as the architecture says");
     let out = match l.mlp() {
@@ -478,18 +551,18 @@ fn ffn(m: &HostModel, li: usize, l: &LayerWeights, xs: &[Vec<f64>], rounding: &R
 }
 
 /// `act(gate·x + b_g, up·x + b_u)` of each row of `xs`.
-fn gated_hidden(mlp: &Mlp, act: Activation, xs: &[Vec<f64>]) -> Vec<Vec<f64>> {
-    let g = linear(&mlp.gate, mlp.gate_bias.as_ref(), xs);
-    let u = linear(&mlp.up, mlp.up_bias.as_ref(), xs);
-    g.iter().zip(&u).map(|(g, u)| g.iter().zip(u).map(|(&g, &u)| activate(act, g, u)).collect()).collect()
+fn gated_hidden(mlp: &Mlp, act: Activation, xs: &[Vec<f64>], c: Compute) -> Vec<Vec<f64>> {
+    let g = linear(&mlp.gate, mlp.gate_bias.as_ref(), xs, c);
+    let u = linear(&mlp.up, mlp.up_bias.as_ref(), xs, c);
+    g.iter().zip(&u).map(|(g, u)| g.iter().zip(u).map(|(&g, &u)| activate(act, g, u, c)).collect()).collect()
 }
 
 /// `down(act(gate·x + b_g, up·x + b_u)) + b_d` of rows `xs` (already rounded) at `positions`; the
 /// down projection's input is rounded over these rows.
 fn gated(mlp: &Mlp, act: Activation, xs: &[Vec<f64>], positions: &[usize], rounding: &Rounding) -> Vec<Vec<f64>> {
-    let mut h = gated_hidden(mlp, act, xs);
+    let mut h = gated_hidden(mlp, act, xs, rounding.compute);
     rounding.inputs_at(&mut h, positions);
-    linear(&mlp.down, mlp.down_bias.as_ref(), &h)
+    linear(&mlp.down, mlp.down_bias.as_ref(), &h, rounding.compute)
 }
 
 /// The experts each row is routed to and their weights (`Qwen3MoeTopKRouter`,
@@ -554,7 +627,7 @@ fn mixture(
     }
     let mut hidden: Vec<Vec<f64>> = slots
         .iter()
-        .map(|&(pos, ei, _)| gated_hidden(&e.experts[ei], act, std::slice::from_ref(&xr[pos])).remove(0))
+        .map(|&(pos, ei, _)| gated_hidden(&e.experts[ei], act, std::slice::from_ref(&xr[pos]), Compute::F64).remove(0))
         .collect();
     let positions: Vec<usize> = slots.iter().map(|&(pos, _, _)| pos).collect();
     rounding.inputs_at(&mut hidden, &positions);

@@ -53,7 +53,7 @@ fn rows(logits: Tensor<3>) -> Vec<Vec<f32>> {
 /// the key-value cache, as generation runs, with the device's default attention kernel (the host
 /// kernel on flex).
 fn burn_logits(model: &Llama, tokens: &[u32], split: usize) -> Vec<Vec<f32>> {
-    burn_logits_with(model, tokens, split, AttentionKernel::for_device(&Device::flex()))
+    burn_logits_with(model, tokens, split, AttentionKernel::for_device(&Device::flex(), DType::F32))
 }
 
 fn burn_logits_with(model: &Llama, tokens: &[u32], split: usize, kernel: AttentionKernel) -> Vec<Vec<f32>> {

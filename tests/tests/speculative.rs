@@ -158,7 +158,7 @@ fn last_logits(model: &Llama, dev: &qdrift_generate::ComputeDevice, tokens: &[u3
         &dev.device,
         tokens,
         (tokens.len(), 1),
-        qdrift_model::AttentionKernel::for_device(&dev.device),
+        qdrift_model::AttentionKernel::for_device(&dev.device, model.dtype()),
     );
     all[all.len() - 1 - n..].to_vec()
 }

@@ -28,9 +28,16 @@ pub fn batch_size_help() -> String {
 pub fn dtype_parser() -> impl TypedValueParser<Value = DType> {
     clap::builder::PossibleValuesParser::new([
         PossibleValue::new("f16").help("half precision (weights rounded to f16; norms and softmax in f32)"),
+        PossibleValue::new("bf16").help(
+            "bfloat16, as checkpoints are published and served (weights rounded to bf16, f32 accumulation, every op's output rounded to bf16 as in PyTorch; CPU backend only)",
+        ),
         PossibleValue::new("f32").help("single precision"),
     ])
-    .map(|s| if s == "f16" { DType::F16 } else { DType::F32 })
+    .map(|s| match s.as_str() {
+        "f16" => DType::F16,
+        "bf16" => DType::BF16,
+        _ => DType::F32,
+    })
 }
 
 /// Parses `--backend`; `--help` lists its values.

@@ -13,7 +13,7 @@ use qdrift_generate::{
 };
 use qdrift_load::{Tokenizer, WeightSource};
 use qdrift_model::Llama;
-use qdrift_quantize::{Fp16Reference, QuantizedSource};
+use qdrift_quantize::{QuantizedSource, Reference};
 
 use crate::args::{backend_parser, batch_size_help, dtype_parser, model_help};
 
@@ -98,9 +98,7 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
     check_length(&prompts, args.max_new_tokens, arch.max_seq_len, args.allow_long, "--max-new-tokens")?;
     let device = select_device(args.backend)?;
     eprintln!("qdrift: backend {} on {} ({})", device.backend, device.adapter, device.reason);
-    if args.dtype == DType::F16 && !device.supports_f16 {
-        return Err(format!("{} does not support f16 compute; use --dtype f32", device.adapter).into());
-    }
+    device.check_dtype(args.dtype)?;
     if let Some(overflow) = context_overflow(&prompts, args.max_new_tokens, arch.max_seq_len) {
         eprintln!("qdrift: warning: {overflow}");
     }
@@ -114,12 +112,12 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
     if let Some(kv) = args.variant.scheme.and_then(|r| r.kv_cache) {
         kv.check_row(arch.n_kv_heads, arch.head_dim())?;
     }
-    // The checkpoint as it is; with --scheme, the scheme applied to the FP16 reference as
-    // `qdrift eval` builds it, tensor by tensor.
+    // The checkpoint as it is; with --scheme, the scheme applied to the reference (FP16, or bf16
+    // under --dtype bf16) as `qdrift eval` builds it, tensor by tensor.
     let model = match &args.variant.scheme {
         None => Llama::from_source(&*loaded.model, args.dtype, &device.device)?,
         Some(recipe) => {
-            let reference = Fp16Reference(&*loaded.model);
+            let reference = Reference { source: &*loaded.model, format: qdrift_eval::reference_format(args.dtype) };
             let quantized = QuantizedSource::new(&reference, recipe.weights, args.variant.options());
             let mut model = Llama::from_source(&quantized, args.dtype, &device.device)?;
             model.apply_runtime(recipe)?;

@@ -275,3 +275,22 @@ fn generate_runs_activation_and_kv_parts() {
     assert_eq!(e5m2[0]["scheme"], "int8+a-fp8-e5m2");
     assert_ne!(tokens(&e5m2), tokens(&run("int8")), "E5M2 activations change the tokens");
 }
+
+#[test]
+fn bf16_on_wgpu_is_refused_naming_the_adapter() {
+    let dir = stories();
+    let model = dir.join("stories260K.bin");
+    let generate = ["generate", "--model", path(&model), "--prompt", "Hi", "--max-new-tokens", "2"];
+    let out = tempfile::tempdir().expect("tempdir");
+    let eval = ["eval", "--model", path(&model), "--schemes", "int8", "--prompts", "2", "--horizons", "2", "--out"];
+    let eval = [&eval[..], &[path(out.path())]].concat();
+    for command in [&generate[..], &eval[..]] {
+        let out = qdrift(&[command, &["--dtype", "bf16", "--backend", "wgpu"]].concat());
+        // The adapter's name is lavapipe's here, a GPU's elsewhere: the line names it either way.
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_one_line_error(&out, "cannot compute in bf16: wgpu's shading language (WGSL) has no bf16 type");
+        let line = stderr.lines().find(|l| l.starts_with("qdrift: error:")).expect("an error line");
+        assert!(!line.starts_with("qdrift: error:  cannot"), "the adapter is named: {line}");
+        assert!(line.contains("--backend cpu"), "{line}");
+    }
+}

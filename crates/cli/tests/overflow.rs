@@ -50,11 +50,13 @@ fn an_fp16_overflow_stops_the_run_naming_the_layer() {
     let (ok, stderr) = generate("f16");
     assert!(!ok, "{stderr}");
     let line = stderr.lines().find(|l| l.starts_with("qdrift: error:")).unwrap_or_else(|| panic!("{stderr}"));
-    for says in ["overflow FP16", "layer 0 at position 0 of prompt 1 (in the prompt)", "--dtype f32"] {
+    for says in ["overflow FP16", "layer 0 at position 0 of prompt 1 (in the prompt)", "--dtype bf16", "--dtype f32"] {
         assert!(line.contains(says), "{line:?} should say {says:?}");
     }
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(generate("f32").0, "finite in f32");
+    // bf16 has f32's exponent range: what the line suggests runs.
+    assert!(generate("bf16").0, "finite in bf16");
 
     let out = dir.path().join("out");
     let eval = |dtype| {
@@ -85,6 +87,20 @@ fn an_fp16_overflow_stops_the_run_naming_the_layer() {
     );
     let md = std::fs::read_to_string(out.join("report.md")).expect("report.md");
     assert!(md.contains("The noise floor noise-floor-f16 failed"), "{md}");
+
+    // In bf16 everything runs: the bf16 reference (its weights rounded to bf16), its noise floor
+    // (those weights in f32) and the variant; the report names the reference's weights, its
+    // compute dtype and the checkpoint's stored dtype.
+    let (ok, stderr) = eval("bf16");
+    assert!(ok, "{stderr}");
+    let bf16 = self::report(&out);
+    assert_eq!(bf16["reference"]["name"], "bf16");
+    assert_eq!(bf16["reference"]["compute_dtype"], "bf16");
+    assert_eq!(bf16["model"]["stored_dtype"], "f32");
+    assert_eq!(bf16["variants"][0]["name"], "noise-floor-f32");
+    assert!(bf16["variants"].as_array().expect("variants").iter().all(|v| v["failure"].is_null()), "{bf16}");
+    let md = std::fs::read_to_string(out.join("report.md")).expect("report.md");
+    assert!(md.contains("Reference: bf16 weights computing in bf16, from a checkpoint stored in f32."), "{md}");
 }
 
 #[test]

@@ -95,7 +95,7 @@ pub(crate) struct Section {
 fn element_bytes(dtype: &str) -> Option<u64> {
     match dtype {
         "u8" => Some(1),
-        "f16" => Some(2),
+        "f16" | "bf16" => Some(2),
         "u32" | "f32" => Some(4),
         "f64" => Some(8),
         _ => None,

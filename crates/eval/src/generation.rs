@@ -47,7 +47,7 @@ pub(crate) fn generate_all_map<R>(
         },
     )
     .map_err(|e| match e {
-        GenerateError::Overflow { .. } => EvalError::Overflow { model: who(name), problem: e.to_string() },
+        GenerateError::Overflow { .. } => EvalError::Overflow { model: who(name, plan), problem: e.to_string() },
         e => e.into(),
     })?;
     // Without a stop at EOS, generation gives every prompt exactly `expected` tokens.
@@ -63,8 +63,8 @@ pub(crate) fn generate_all_map<R>(
 
 /// How an error names the model `name`: `the reference (fp16)`, or `variant NAME` (one that
 /// overflows where the reference did not: the reference generated first).
-pub(crate) fn who(name: &str) -> String {
-    if name == crate::types::REFERENCE_NAME {
+pub(crate) fn who(name: &str, plan: &Plan) -> String {
+    if name == crate::types::reference_name(plan.dtype) {
         format!("the reference ({name})")
     } else {
         format!("variant {name} (where the reference does not)")

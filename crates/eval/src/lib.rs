@@ -110,5 +110,5 @@ pub use run::{Evaluated, evaluate, evaluate_any};
 pub use shard::{PART_FORMAT, Part, merge};
 pub use store::{STORE_FORMAT, StoreKey, StoreModel, verify_store};
 pub use store::{StoreSettings, store_settings};
-pub use types::{Progress, REFERENCE_NAME, RunContext, VariantHeader, dtype_name};
+pub use types::{Progress, RunContext, VariantHeader, dtype_name, reference_format, reference_name};
 pub use variant::VariantSpec;

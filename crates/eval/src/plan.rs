@@ -73,7 +73,8 @@ impl Plan {
     /// The plan for `prompts` of a model of `arch` on `device`.
     ///
     /// # Errors
-    /// A device without f16 compute, a request that does not fit it, or a variant whose
+    /// A device that cannot compute in the reference's or the noise floor's dtype, a request
+    /// that does not fit it, or a variant whose
     /// KV-cache format does not fit the model.
     pub fn new(
         cfg: &EvalConfig,
@@ -86,9 +87,6 @@ impl Plan {
         // derived from it small (results never depend on the batch size).
         let batch_size =
             cfg.batch_size.unwrap_or_else(|| default_batch_size(prompts.len(), &device)).min(prompts.len().max(1));
-        if !device.supports_f16 {
-            return Err(EvalError::NoF16 { adapter: device.adapter.clone() });
-        }
         let (prompts, prompt_indices) = select_shard(cfg.shard, prompts, batch_size)?;
         let longest = horizons.last().copied().unwrap_or(1);
         let generation = GenerationConfig { max_new_tokens: longest, batch_size, stop_at_eos: None };
@@ -96,7 +94,12 @@ impl Plan {
             spec.check_fits(arch)?;
         }
         // The reference and the noise floor run at both precisions between them.
-        for dtype in [DType::F16, DType::F32] {
+        let dtypes = [cfg.dtype, crate::variant::other_precision(cfg.dtype)];
+        if dtypes.contains(&DType::F16) && !device.supports_f16 {
+            return Err(EvalError::NoF16 { adapter: device.adapter.clone() });
+        }
+        for dtype in dtypes {
+            device.check_dtype(dtype)?;
             check_request(arch, dtype, &device, &prompts, &generation)?;
         }
         let row_bytes = batch_size.saturating_mul(arch.vocab_size).saturating_mul(4).max(1);
@@ -180,8 +183,8 @@ pub(crate) fn check_options(cfg: &EvalConfig) -> Result<Vec<usize>, EvalError> {
     if horizons.first().is_none_or(|&h| h == 0) {
         return option("--horizons", "needs at least one horizon, each ≥ 1".into());
     }
-    if !matches!(cfg.dtype, DType::F16 | DType::F32) {
-        return option("--dtype", format!("{:?}: use f16 or f32", cfg.dtype));
+    if !matches!(cfg.dtype, DType::F16 | DType::BF16 | DType::F32) {
+        return option("--dtype", format!("{:?}: use f16, bf16 or f32", cfg.dtype));
     }
     if cfg.resamples == 0 || cfg.resamples > MAX_RESAMPLES {
         return option("--resamples", format!("{}: must be between 1 and {MAX_RESAMPLES}", cfg.resamples));

@@ -28,7 +28,7 @@ use crate::plan::{KlMode, Plan};
 use crate::routing::{Routes, routes_on};
 use crate::store::{StoredReference, StoredSide, hidden_bytes, hidden_tensor};
 use crate::texts::Texts;
-use crate::types::{Progress, ProgressFn, REFERENCE_NAME};
+use crate::types::{Progress, ProgressFn, reference_name};
 
 /// The reference's greedy continuations and its side of the comparison on them: what every
 /// variant is compared with. The model itself is not kept: the run builds it again when it must
@@ -81,9 +81,9 @@ impl ReferenceRun {
         let (tokens, side) = if from_steps {
             side_from_decoding(model, plan, keep, progress)?
         } else {
-            (generate_all(model, REFERENCE_NAME, plan, progress)?, None)
+            (generate_all(model, reference_name(plan.dtype), plan, progress)?, None)
         };
-        progress(Progress::Scoring { model: REFERENCE_NAME });
+        progress(Progress::Scoring { model: reference_name(plan.dtype) });
         let text: Texts = plan.prompts.iter().cloned().zip(tokens).collect();
         let side = match side {
             Some(side) => side,
@@ -190,7 +190,7 @@ impl Keep {
     fn within(reference: &Llama, plan: &Plan, budget: u64) -> Keep {
         let positions = plan.prompts.len() as u128 * plan.longest() as u128;
         let budget = u128::from(budget);
-        let hidden_bytes = if reference.dtype() == burn::tensor::DType::F16 { 2 } else { 4 };
+        let hidden_bytes = if reference.dtype() == burn::tensor::DType::F32 { 4 } else { 2 };
         if positions * reference.arch.vocab_size as u128 * 4 <= budget {
             Keep::Logits
         } else if positions * reference.arch.dim as u128 * hidden_bytes <= budget {
@@ -253,15 +253,19 @@ fn side_from_decoding(
     // Per batch (keyed by its first prompt), its steps' tensors in step order.
     let mut steps: HashMap<usize, Vec<Tensor<3>>> = HashMap::new();
     let mut failure: Option<EvalError> = None;
-    let tokens = generate_all_map(reference, REFERENCE_NAME, plan, progress, step_tensor, |first, step, t| {
-        let batch = steps.entry(first).or_default();
-        // A batch's steps reach here in order.
-        if batch.len() != step && failure.is_none() {
-            failure =
-                Some(EvalError::Internal(format!("batch of prompt {}: step {step} after {}", first + 1, batch.len())));
-        }
-        batch.push(t);
-    })?;
+    let tokens =
+        generate_all_map(reference, reference_name(plan.dtype), plan, progress, step_tensor, |first, step, t| {
+            let batch = steps.entry(first).or_default();
+            // A batch's steps reach here in order.
+            if batch.len() != step && failure.is_none() {
+                failure = Some(EvalError::Internal(format!(
+                    "batch of prompt {}: step {step} after {}",
+                    first + 1,
+                    batch.len()
+                )));
+            }
+            batch.push(t);
+        })?;
     if let Some(e) = failure {
         return Err(e);
     }
@@ -324,7 +328,7 @@ fn compact_from_decoding(
         let tokens = greedy_tokens_on_host(&values, rows, vocab)?;
         Ok(compact_reference_on_host(&values, [rows, 1, vocab], &tokens, k)?)
     };
-    let tokens = generate_all_map(reference, REFERENCE_NAME, plan, progress, reduce, |first, step, c| {
+    let tokens = generate_all_map(reference, reference_name(plan.dtype), plan, progress, reduce, |first, step, c| {
         match c {
             Ok(c) if failure.is_none() => {
                 for row in 0..c.batch {

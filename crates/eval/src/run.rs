@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use qdrift_load::{LoadedModel, WeightSource, open_source};
 use qdrift_model::Llama;
-use qdrift_quantize::{Fp16Reference, QuantizeOptions, round_to_fp16_reference};
+use qdrift_quantize::{QuantizeOptions, Reference as RoundedReference, round_to_reference};
 use qdrift_report::{EvalSetInfo, ModelInfo, ModelShape, Reference, Report, Workload};
 
 use crate::aggregate::Trace;
@@ -25,7 +25,9 @@ use crate::reference::{ReferenceRun, ReferenceSide};
 use crate::scoring::{NonFinite, Resident, ScoringContext, VariantRoutes, diagnose, first_non_finite};
 use crate::shard::Part;
 use crate::store::{StoreKey, StoreModel, prompt_tokens_sha256, read_store, write_store};
-use crate::types::{Measurement, Progress, ProgressFn, REFERENCE_NAME, RunContext, VariantHeader, dtype_name};
+use crate::types::{
+    Measurement, Progress, ProgressFn, RunContext, VariantHeader, dtype_name, reference_format, reference_name,
+};
 use crate::variant::{BuiltVariant, ReferenceIdentity, VariantSpec, build_variant};
 
 /// The reference as [`open_source`] opens it: its weights handed out part by part.
@@ -46,9 +48,11 @@ pub fn evaluate_any(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + 
         check_thresholds(cfg, &horizons, thresholds)
             .map_err(|source| EvalError::Gate { path: path.clone(), source })?;
     }
-    // A checkpoint is held as its FP16 reference (16 bits, exactly): every model the run builds
-    // from it (reference, noise floor, schemes) starts from those values.
-    let loaded = open_source(&cfg.model, cfg.tokenizer.as_deref(), &round_to_fp16_reference)?;
+    // A checkpoint is held as its reference (FP16, or bf16 for a bf16 run: 16 bits, exactly):
+    // every model the run builds from it (reference, noise floor, schemes) starts from those
+    // values.
+    let format = reference_format(cfg.dtype);
+    let loaded = open_source(&cfg.model, cfg.tokenizer.as_deref(), &|m| round_to_reference(m, format))?;
     let set = match &cfg.eval_set {
         Some(p) => EvalSet::read(p)?,
         None => EvalSet::built_in(default_eval_set(&loaded))?,
@@ -133,7 +137,7 @@ fn run_variants(
         _ => None,
     };
     let LoadedModel { model: weights, tokenizer, .. } = loaded;
-    let fp16 = Fp16Reference(&*weights);
+    let fp16 = RoundedReference { source: &*weights, format: reference_format(plan.dtype) };
     let identity = ReferenceIdentity { arch: weights.arch().clone(), parameters: weights.parameter_count(), tokenizer };
     let device = &plan.device.device;
     let build_reference = || -> Result<Llama, EvalError> {
@@ -283,7 +287,7 @@ fn failed(mut header: VariantHeader, failure: String) -> Pending {
 /// The reference's entry before its statistics.
 fn reference_info(cfg: &EvalConfig, loaded: &Loaded) -> Reference {
     Reference {
-        name: REFERENCE_NAME.to_string(),
+        name: reference_name(cfg.dtype).to_string(),
         compute_dtype: dtype_name(cfg.dtype).to_string(),
         weight_bytes: loaded.model.parameter_count() as u64 * 2,
         self_perplexity: Vec::new(),
@@ -342,6 +346,7 @@ fn model_info(cfg: &EvalConfig, loaded: &Loaded) -> Result<ModelInfo, EvalError>
             vocab_size: arch.vocab_size,
         },
         stop_token_id: loaded.tokenizer.stop_id(),
+        stored_dtype: Some(loaded.stored_dtype()).filter(|d| !d.is_empty()),
     })
 }
 

@@ -22,7 +22,7 @@ use crate::reduce::Reduce;
 use crate::reference::{ReferenceRun, ReferenceSide};
 use crate::routing::{Routes, routes_on, routing_trace};
 use crate::texts::{Texts, chunk_tokens};
-use crate::types::REFERENCE_NAME;
+use crate::types::reference_name;
 
 /// What of the reference model stays on the device while a variant runs: as little as its
 /// side needs, so that the variant's model is the only model resident.
@@ -270,10 +270,13 @@ pub(crate) fn first_non_finite(traces: &[Trace], reference_on_variant_text: bool
 /// [`qdrift_generate::overflow`]) and what to do, with who it is.
 pub(crate) fn diagnose(model: &Llama, plan: &Plan, name: &str, traces: &[Trace], at: NonFinite) -> (String, String) {
     let (who, text, (i, position)) = match at {
-        NonFinite::Reference(i, p) => (generation::who(REFERENCE_NAME), &traces[i].ref_tokens, (i, p)),
-        NonFinite::Variant(i, p) => (generation::who(name), &traces[i].ref_tokens, (i, p)),
+        NonFinite::Reference(i, p) => {
+            (generation::who(reference_name(plan.dtype), plan), &traces[i].ref_tokens, (i, p))
+        }
+        NonFinite::Variant(i, p) => (generation::who(name, plan), &traces[i].ref_tokens, (i, p)),
         NonFinite::ReferenceOnVariantText(i, p) => {
-            (format!("the reference ({REFERENCE_NAME}) on variant {name}'s text"), &traces[i].var_tokens, (i, p))
+            let reference = reference_name(plan.dtype);
+            (format!("the reference ({reference}) on variant {name}'s text"), &traces[i].var_tokens, (i, p))
         }
     };
     // The logits at `position` predict `text[position]` from the prompt and the text before.

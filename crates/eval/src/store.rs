@@ -260,7 +260,7 @@ pub(crate) fn write_store(dir: &Path, key: &StoreKey, seed: u64, stored: &Stored
     w.u32s("tokens", vec![n, h], stored.continuations.iter().flatten().copied());
     match &stored.side {
         StoredSide::Hidden(chunks) => {
-            let dtype = if key.dtype == "f16" { "f16" } else { "f32" };
+            let dtype = hidden_section_type(&key.dtype);
             for ((p, s), shape, bytes) in chunks {
                 w.push(format!("hidden/{p}/{s}"), dtype, shape.to_vec(), bytes);
             }
@@ -430,7 +430,7 @@ fn decode(s: &Sections<'_>, run: &StoreKey, dim: usize) -> Result<StoredReferenc
     let h = run.horizons.iter().copied().max().unwrap_or(0);
     let continuations = rows(s.u32s("tokens", &[n, h])?, h);
     let (side, side_sections) = if run.kl == "exact" {
-        let dtype = if run.dtype == "f16" { "f16" } else { "f32" };
+        let dtype = hidden_section_type(&run.dtype);
         let grid = hidden_grid(run, n, h);
         let mut chunks = Vec::with_capacity(grid.len());
         for ((p, start), (rows, len)) in grid {
@@ -499,9 +499,9 @@ fn check_stored(s: &StoredReference, key: &StoreKey, model: Option<StoreModel>) 
             {
                 return Err(format!("the hidden states are {d} wide, the model {}", m.dim));
             }
-            let f16 = key.dtype == "f16";
+            let dtype = hidden_section_type(&key.dtype);
             for ((p, start), _, bytes) in chunks {
-                if !hidden_finite(bytes, f16) {
+                if !hidden_finite(bytes, dtype) {
                     return Err(format!("section hidden/{p}/{start}: a hidden state is not finite"));
                 }
             }
@@ -527,12 +527,24 @@ fn check_stored(s: &StoredReference, key: &StoreKey, model: Option<StoreModel>) 
     Ok(())
 }
 
-/// Whether every f16 (`f16`) or f32 little-endian value of `bytes` is finite.
-fn hidden_finite(bytes: &[u8], f16: bool) -> bool {
-    if f16 {
-        bytes.chunks_exact(2).all(|b| (u16::from_le_bytes([b[0], b[1]]) >> 10) & 0x1f != 0x1f)
-    } else {
-        bytes.chunks_exact(4).all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite())
+/// The section type of the hidden states of a run at compute dtype `dtype` (its name):
+/// `f16`, `bf16` or `f32`, what the reference computes them in.
+fn hidden_section_type(dtype: &str) -> &'static str {
+    match dtype {
+        "f16" => "f16",
+        "bf16" => "bf16",
+        _ => "f32",
+    }
+}
+
+/// Whether every little-endian value of `bytes`, of section type `dtype` (`f16`, `bf16` or
+/// `f32`), is finite: its exponent field is not all ones.
+fn hidden_finite(bytes: &[u8], dtype: &str) -> bool {
+    let half = |exponent: fn(u16) -> bool| bytes.chunks_exact(2).all(|b| exponent(u16::from_le_bytes([b[0], b[1]])));
+    match dtype {
+        "f16" => half(|h| (h >> 10) & 0x1f != 0x1f),
+        "bf16" => half(|h| (h >> 7) & 0xff != 0xff),
+        _ => bytes.chunks_exact(4).all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()),
     }
 }
 
@@ -597,12 +609,16 @@ mod tests {
     }
 
     #[test]
-    fn non_finite_hidden_states_are_found_in_both_dtypes() {
-        let f16 = |bits: u16| bits.to_le_bytes().to_vec();
-        assert!(hidden_finite(&f16(0x3c00), true));
-        assert!(!hidden_finite(&f16(0x7c00), true) && !hidden_finite(&f16(0x7e00), true));
-        assert!(hidden_finite(&1.5f32.to_le_bytes(), false));
-        assert!(!hidden_finite(&f32::NAN.to_le_bytes(), false));
+    fn non_finite_hidden_states_are_found_in_every_dtype() {
+        let half = |bits: u16| bits.to_le_bytes().to_vec();
+        assert!(hidden_finite(&half(0x3c00), "f16"));
+        assert!(!hidden_finite(&half(0x7c00), "f16") && !hidden_finite(&half(0x7e00), "f16"));
+        // bf16: 1.0 is 0x3f80, +inf 0x7f80, a NaN 0x7fc0; 0x7c00 is a finite 2^121.
+        assert!(hidden_finite(&half(0x3f80), "bf16") && hidden_finite(&half(0x7c00), "bf16"));
+        assert!(!hidden_finite(&half(0x7f80), "bf16") && !hidden_finite(&half(0x7fc0), "bf16"));
+        assert!(hidden_finite(&1.5f32.to_le_bytes(), "f32"));
+        assert!(!hidden_finite(&f32::NAN.to_le_bytes(), "f32"));
+        assert_eq!(["f16", "bf16", "f32"].map(hidden_section_type), ["f16", "bf16", "f32"]);
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! The types the evaluation's steps hand each other, kept apart from the steps so that every
 //! step depends on them and none on another step's file: progress reports ([`Progress`]), the
-//! names and precisions reports use ([`REFERENCE_NAME`], [`dtype_name`]), what a run measured
+//! names and precisions reports use ([`reference_name`], [`dtype_name`]), what a run measured
 //! ([`Measurement`]: each variant's [`VariantHeader`] and traces, the reference's tail mass
 //! [`TailSums`]) and what the report says besides the variants ([`RunContext`]).
 
 use burn::tensor::DType;
+use qdrift_quantize::ReferenceFormat;
 use qdrift_report::{FileHash, ModelInfo, RecipeParts, Reference, TensorError, VariantKind, Workload};
 use serde::{Deserialize, Serialize};
 
@@ -45,12 +46,25 @@ pub enum Progress<'a> {
 /// A progress callback, as [`crate::evaluate`] takes it.
 pub(crate) type ProgressFn<'p> = dyn FnMut(Progress<'_>) + Send + 'p;
 
-/// The name of the reference in reports.
-pub const REFERENCE_NAME: &str = "fp16";
+/// The name of the reference in reports for a run at compute dtype `dtype`: `bf16` for a bf16
+/// run (its weights rounded to bf16), else `fp16` (the FP16 reference, computed in f16 or f32).
+pub fn reference_name(dtype: DType) -> &'static str {
+    if dtype == DType::BF16 { "bf16" } else { "fp16" }
+}
 
-/// The name `--dtype` takes and reports use for a compute dtype: `f16`, else `f32`.
+/// The 16-bit format a run at compute dtype `dtype` rounds the reference's weights to: bf16 for a
+/// bf16 run, FP16 otherwise.
+pub fn reference_format(dtype: DType) -> ReferenceFormat {
+    if dtype == DType::BF16 { ReferenceFormat::Bf16 } else { ReferenceFormat::Fp16 }
+}
+
+/// The name `--dtype` takes and reports use for a compute dtype: `f16`, `bf16`, else `f32`.
 pub fn dtype_name(d: DType) -> &'static str {
-    if d == DType::F16 { "f16" } else { "f32" }
+    match d {
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        _ => "f32",
+    }
 }
 
 /// What a run measured, before any statistic: every variant's description and per-prompt

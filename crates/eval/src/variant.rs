@@ -84,9 +84,10 @@ impl VariantSpec {
     }
 }
 
-/// The precision the noise floor runs at: the one the reference does not use.
+/// The precision the noise floor runs at: f16 for an f32 reference, f32 for an f16 or bf16 one
+/// (the reference's own 16-bit weights computed without its activations' roundings).
 pub(crate) fn other_precision(reference: DType) -> DType {
-    if reference == DType::F16 { DType::F32 } else { DType::F16 }
+    if reference == DType::F32 { DType::F16 } else { DType::F32 }
 }
 
 /// What variants need of the reference once its host weights are given up: its shapes, parameter

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
 use burn::tensor::wgpu::{WgpuBackend, wgpu};
-use burn::tensor::{Device, DeviceKind};
+use burn::tensor::{DType, Device, DeviceKind};
 
 /// What the user asked for with `--backend`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +66,16 @@ pub enum DeviceError {
         "no wgpu adapter found on Vulkan, Metal or DX12; on Debian, `apt-get install mesa-vulkan-drivers libvulkan1` provides a software Vulkan driver (lavapipe), or use --backend cpu"
     )]
     NoAdapter,
+    /// The device cannot compute in the requested dtype.
+    #[error("{adapter} cannot compute in {dtype}: {why}")]
+    DType {
+        /// The adapter.
+        adapter: String,
+        /// The dtype, as `--dtype` names it.
+        dtype: &'static str,
+        /// Why, and what would run.
+        why: &'static str,
+    },
     /// wgpu failed to start on the chosen adapter.
     #[error("cannot start wgpu on {adapter}: {message}")]
     Init {
@@ -74,6 +84,27 @@ pub enum DeviceError {
         /// wgpu's or Burn's error.
         message: String,
     },
+}
+
+impl ComputeDevice {
+    /// Refuses a compute dtype the device cannot run: f32 runs everywhere; f16 where the device
+    /// computes in f16 ([`ComputeDevice::supports_f16`]); bf16 on the CPU backend only, since
+    /// WGSL, the shading language Burn's wgpu backend compiles to, has no bf16 type.
+    ///
+    /// # Errors
+    /// [`DeviceError::DType`], naming the adapter.
+    pub fn check_dtype(&self, dtype: DType) -> Result<(), DeviceError> {
+        let refuse = |dtype, why| Err(DeviceError::DType { adapter: self.adapter.clone(), dtype, why });
+        match dtype {
+            DType::F16 if !self.supports_f16 => refuse("f16", "the adapter has no f16 shaders; use --dtype f32"),
+            DType::BF16 if self.backend != "cpu" => refuse(
+                "bf16",
+                "wgpu's shading language (WGSL) has no bf16 type; use --backend cpu for a bf16 reference, or --dtype f16 or f32",
+            ),
+            DType::F16 | DType::BF16 | DType::F32 => Ok(()),
+            _ => refuse("that dtype", "use --dtype f16, bf16 or f32"),
+        }
+    }
 }
 
 /// Picks and starts the device for `choice`.

@@ -110,7 +110,9 @@ fn overflow_message(index: usize, prompt_len: usize, at: Option<&qdrift_model::O
         None => format!("the final norm or output layer, prompt {}", index + 1),
     };
     if f16 {
-        format!("non-finite logits: the activations overflow FP16 (beyond ±65504) at {place}; run with --dtype f32")
+        format!(
+            "non-finite logits: the activations overflow FP16 (beyond ±65504) at {place}; run with --dtype bf16 (CPU backend) or --dtype f32"
+        )
     } else {
         format!("non-finite logits at {place}: the weights or activations hold a NaN or infinity")
     }

@@ -273,7 +273,7 @@ fn check_memory(
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) as u128;
     // Burn's composed attention materialises the prompt's f32 scores; the host kernel holds one
     // query's scores at a time.
-    let scores = match AttentionKernel::for_device(&device.device) {
+    let scores = match AttentionKernel::for_device(&device.device, dtype) {
         AttentionKernel::Composed => batch * model.n_heads as u128 * longest * longest * 4,
         AttentionKernel::Host => 0,
     };

@@ -460,15 +460,10 @@ fn flops_per_token(arch: &ModelArch, seq_len: usize) -> Result<FlopsPerToken, Si
 
 /// Tensors per dtype, most frequent first (ties by name).
 fn dtype_counts(source_dtypes: &[(String, String)]) -> Vec<DtypeCount> {
-    let mut counts: Vec<DtypeCount> = Vec::new();
-    for (_, dtype) in source_dtypes {
-        match counts.iter_mut().find(|c| &c.dtype == dtype) {
-            Some(c) => c.tensors += 1,
-            None => counts.push(DtypeCount { dtype: dtype.clone(), tensors: 1 }),
-        }
-    }
-    counts.sort_by(|a, b| b.tensors.cmp(&a.tensors).then_with(|| a.dtype.cmp(&b.dtype)));
-    counts
+    crate::loaded::dtype_counts(source_dtypes)
+        .into_iter()
+        .map(|(dtype, tensors)| DtypeCount { dtype, tensors })
+        .collect()
 }
 
 /// Bytes as MiB or GiB.

@@ -72,6 +72,31 @@ impl<W> LoadedModel<W> {
     }
 }
 
+impl<W> LoadedModel<W> {
+    /// The dtype the checkpoint stores its tensors in, as a report names it: `bf16`, `f16`,
+    /// `f32`, or for a file that mixes them (GGUF's quantized weights beside f32 norms) each, the
+    /// most frequent first (`q4_1 + f32`). Lowercase, as `--dtype` names dtypes; empty when the
+    /// loader lists no tensors.
+    pub fn stored_dtype(&self) -> String {
+        let counts = dtype_counts(&self.source_dtypes);
+        counts.iter().map(|(dtype, _)| dtype.to_lowercase()).collect::<Vec<_>>().join(" + ")
+    }
+}
+
+/// `(dtype, tensors)` of a [`LoadedModel::source_dtypes`] list, most frequent first (ties by
+/// name).
+pub(crate) fn dtype_counts(source_dtypes: &[(String, String)]) -> Vec<(String, usize)> {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for (_, dtype) in source_dtypes {
+        match counts.iter_mut().find(|(d, _)| d == dtype) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((dtype.clone(), 1)),
+        }
+    }
+    counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    counts
+}
+
 /// The format a [`LoadedModel`] was read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ModelFormat {
@@ -190,4 +215,19 @@ pub(crate) fn check_vocab(
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_stored_dtype_names_each_dtype_most_frequent_first() {
+        let mut m = crate::synthetic_source("tiny", 1).expect("tiny");
+        assert_eq!(m.stored_dtype(), "f32");
+        let names = ["blk.0.attn_q.weight", "blk.0.attn_norm.weight", "token_embd.weight", "blk.0.ffn_up.weight"];
+        let dtypes = ["Q4_1", "F32", "Q4_1", "Q4_1"];
+        m.source_dtypes = names.iter().zip(dtypes).map(|(n, d)| (n.to_string(), d.to_string())).collect();
+        assert_eq!(m.stored_dtype(), "q4_1 + f32");
+        m.source_dtypes.clear();
+        assert_eq!(m.stored_dtype(), "");
+    }
 }

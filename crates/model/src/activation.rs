@@ -9,7 +9,8 @@ use qdrift_weights::Activation;
 
 /// `act(gate, up)`, elementwise, in the inputs' dtype:
 /// - [`Activation::SwiGlu`]: `silu(g) · u` (`transformers` `SiLUActivation`, as Llama's MLP), in
-///   the compute dtype as Burn's `silu` runs it (the same ops the host kernel mirrors);
+///   f32 and f16 as Burn's `silu` runs it (the same ops the host kernel mirrors), in bf16 with
+///   `silu(g)` computed in f32 and rounded once, as PyTorch computes it on bf16 tensors;
 /// - [`Activation::GeluTanh`]: `0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³))) · u` (`transformers`
 ///   `GELUTanh`, `gelu_pytorch_tanh`, Gemma's MLP), the GELU computed in f32 and cast back to the
 ///   compute dtype before the product, as PyTorch's half-precision `gelu` computes in f32;
@@ -20,6 +21,10 @@ use qdrift_weights::Activation;
 /// - `gate`, `up`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
 pub(crate) fn gated(a: Activation, gate: Tensor<3>, up: Tensor<3>) -> Tensor<3> {
     match a {
+        // In bf16 as PyTorch's `silu` on a bf16 tensor: computed in f32, rounded once (Burn's
+        // `silu` is `x·σ(x)`, two bf16 roundings). f16 keeps Burn's ops, which the host kernel
+        // mirrors bit for bit.
+        Activation::SwiGlu if gate.dtype() == DType::BF16 => silu(gate.cast(DType::F32)).cast(DType::BF16) * up,
         Activation::SwiGlu => silu(gate) * up,
         Activation::GeluTanh => {
             let dtype = gate.dtype();
@@ -29,7 +34,12 @@ pub(crate) fn gated(a: Activation, gate: Tensor<3>, up: Tensor<3>) -> Tensor<3> 
             let limit = f64::from(limit);
             let g = gate.clamp_max(limit);
             let u = up.clamp(-limit, limit);
-            let glu = g.clone() * sigmoid(g.mul_scalar(f64::from(alpha)));
+            let scaled = if g.dtype() == DType::BF16 {
+                crate::scale_in_f32(g.clone(), f64::from(alpha))
+            } else {
+                g.clone().mul_scalar(f64::from(alpha))
+            };
+            let glu = g * sigmoid(scaled);
             (u + 1.0) * glu
         }
     }

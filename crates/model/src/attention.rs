@@ -240,9 +240,14 @@ impl Attention {
     /// - returns `[batch, kv_heads, rep, new, keys]`, f32
     fn weights(&self, scores: Tensor<5>, mask: &Tensor<5>) -> Tensor<5> {
         let [b, kvh, rep, t, s] = scores.dims();
-        let scores = match self.spec.scale {
-            None => scores.div_scalar((self.head_dim as f64).sqrt()),
-            Some(scale) => scores.mul_scalar(f64::from(scale)),
+        let scores = match (self.spec.scale, scores.dtype()) {
+            // PyTorch's `scores * self.scaling` on a bf16 tensor: the product of the widened
+            // value and the scale in f32, rounded once (Burn's flex would round the scale to bf16
+            // first).
+            (None, DType::BF16) => crate::scale_in_f32(scores, 1.0 / (self.head_dim as f64).sqrt()),
+            (Some(scale), DType::BF16) => crate::scale_in_f32(scores, f64::from(scale)),
+            (None, _) => scores.div_scalar((self.head_dim as f64).sqrt()),
+            (Some(scale), _) => scores.mul_scalar(f64::from(scale)),
         };
         let mut scores = scores.cast(DType::F32);
         if let Some(cap) = self.spec.softcap {

@@ -32,8 +32,23 @@ use crate::{KvCache, Positions, Projection, Rope, host_f32, upload, upload_owned
 /// residual stream after it, `[batch, new, dim]` row-major.
 type BlockProbe<'a> = dyn FnMut(usize, &[f32]) + 'a;
 
-/// The largest finite f16.
-const F16_MAX: f32 = 65504.0;
+/// The largest finite value of compute dtype `dtype` (f16's 65504, bf16's ≈ 3.39e38, f32's).
+pub(crate) fn dtype_max(dtype: DType) -> f32 {
+    match dtype {
+        DType::F16 => half::f16::MAX.to_f32(),
+        DType::BF16 => half::bf16::MAX.to_f32(),
+        _ => f32::MAX,
+    }
+}
+
+/// `v` rounded to compute dtype `dtype` (nearest even), as f32.
+pub(crate) fn round_to_dtype(v: f32, dtype: DType) -> f32 {
+    match dtype {
+        DType::F16 => half::f16::from_f32(v).to_f32(),
+        DType::BF16 => half::bf16::from_f32(v).to_f32(),
+        _ => v,
+    }
+}
 
 /// Where a sequence first leaves the range of its compute dtype ([`Llama::first_overflow`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -47,14 +62,15 @@ pub struct Overflow {
 }
 
 impl Llama {
-    /// Builds the model on `device` from host weights, uploading them in `dtype` (f32 or f16),
+    /// Builds the model on `device` from host weights, uploading them in `dtype` (f32, f16, or
+    /// bf16: a bf16 model runs as Burn ops on every device, `placement::host_kernels`),
     /// with the linear layers stored as the device runs them best ([`LinearKernel::for_device`]).
     ///
     /// Weights are converted to `dtype` on the host (round-to-nearest-even), so an f16 model on
     /// the device holds exactly the f16 rounding of the host values. The q/k/v projections get
     /// the layer's biases when it has them (Qwen2), in the row order of their weights.
     pub fn from_host(host: &HostModel, dtype: DType, device: &Device) -> Result<Llama, ModelError> {
-        Self::from_host_with(host, dtype, device, LinearKernel::for_device(device))
+        Self::from_host_with(host, dtype, device, LinearKernel::for_device(device, dtype))
     }
 
     /// [`Llama::from_host`] from a [`WeightSource`], one part at a time: each part's host
@@ -66,7 +82,7 @@ impl Llama {
     /// As [`Llama::from_host`], and [`ModelError::Source`] when the source fails to hand out a
     /// part.
     pub fn from_source(source: &dyn WeightSource, dtype: DType, device: &Device) -> Result<Llama, ModelError> {
-        Self::build(source, dtype, device, LinearKernel::for_device(device), true)
+        Self::build(source, dtype, device, LinearKernel::for_device(device, dtype), true)
     }
 
     /// [`Llama::from_host`] with the linear layers stored as `kernel` says.
@@ -93,7 +109,11 @@ impl Llama {
         kernel: LinearKernel,
         compact: bool,
     ) -> Result<Llama, ModelError> {
-        if !matches!(dtype, DType::F32 | DType::F16) {
+        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(ModelError::DType(dtype));
+        }
+        if dtype == DType::BF16 && kernel == LinearKernel::Host {
+            // The host kernels store f32 or f16 and round to f16 (`host/elem.rs`).
             return Err(ModelError::DType(dtype));
         }
         // An invalid `QDRIFT_ISA` is refused here, before any kernel runs.
@@ -545,7 +565,7 @@ impl Llama {
                 .layers
                 .iter()
                 .all(|l| l.host_kernels_cover() && l.attn.packed().is_some() && l.ffn.packed_on_host());
-        placement::steps_match_teacher_forcing(self.host_layers(), &self.device(), on_host)
+        placement::steps_match_teacher_forcing(self.host_layers(), &self.device(), self.dtype, on_host)
     }
 
     /// Whether layers may run on the host ([`placement::host_layers`]).
@@ -584,7 +604,7 @@ impl Llama {
     /// # Errors
     /// As [`Llama::set_runtime_quant`].
     pub fn apply_runtime(&mut self, recipe: &qdrift_codecs::Recipe) -> Result<(), ModelError> {
-        let path = RoundingPath::for_device(&self.device());
+        let path = RoundingPath::for_device(&self.device(), self.dtype);
         self.set_runtime_quant(RuntimeQuant { activations: recipe.activations, kv_cache: recipe.kv_cache, path })
     }
 
@@ -596,12 +616,13 @@ impl Llama {
     /// One empty key-value cache per layer for `batch` rows and `capacity` positions, for the
     /// attention kernel the model's device runs best ([`AttentionKernel::for_device`]).
     pub fn new_caches(&self, batch: usize, capacity: usize) -> Vec<KvCache> {
-        self.new_caches_for(batch, capacity, AttentionKernel::for_device(&self.device()))
+        self.new_caches_for(batch, capacity, AttentionKernel::for_device(&self.device(), self.dtype))
     }
 
     /// [`Llama::new_caches`] for a given attention kernel; a layer the host attention kernel
-    /// does not cover (q/k norms, sinks, soft caps, windows, partial rotary, another scale) gets
-    /// a device cache whatever `kernel` says (`placement::cache_kernel`).
+    /// does not cover (q/k norms, sinks, soft caps, windows, partial rotary, another scale; every
+    /// layer of a bf16 model) gets a device cache whatever `kernel` says
+    /// (`placement::cache_kernel`).
     pub fn new_caches_for(&self, batch: usize, capacity: usize, kernel: AttentionKernel) -> Vec<KvCache> {
         let device = self.device();
         let (kvh, hd) = (self.arch.n_kv_heads, self.arch.head_dim());
@@ -609,7 +630,8 @@ impl Llama {
         self.layers
             .iter()
             .map(|l| {
-                let kernel = placement::cache_kernel(kernel, l.attn.host_kernel_covers());
+                let covers = l.attn.host_kernel_covers() && self.dtype != DType::BF16;
+                let kernel = placement::cache_kernel(kernel, covers);
                 KvCache::new([batch, kvh, capacity, hd], self.dtype, &device, kernel).with_quant(quant)
             })
             .collect()
@@ -684,8 +706,8 @@ impl Llama {
 
     /// Where one sequence first leaves the range of the compute dtype: its tokens run from the
     /// start (a fresh cache, batch 1) and the residual stream after each block is read back; the
-    /// first block whose output holds a value that is not finite or, in an f16 model, exceeds
-    /// f16's largest (65504) in magnitude, and the first position there. `None` when every
+    /// first block whose output holds a value that is not finite or exceeds the compute dtype's
+    /// largest (65504 in an f16 model) in magnitude, and the first position there. `None` when every
     /// block's output stays within it (a non-finite logit then comes from the final norm or the
     /// output layer). A diagnosis after a failure, not a hot path: every block's output crosses
     /// to the host.
@@ -696,7 +718,7 @@ impl Llama {
         if tokens.is_empty() {
             return None;
         }
-        let limit = if self.dtype == DType::F16 { F16_MAX } else { f32::MAX };
+        let limit = dtype_max(self.dtype);
         let device = self.device();
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let input = Tensor::<2, Int>::from_data(burn::tensor::TensorData::new(ids, [1, tokens.len()]), &device);
@@ -755,7 +777,7 @@ impl Llama {
         if let Some(scale) = self.arch.embedding_scale {
             // Gemma's normalizer, a value of the compute dtype (`Gemma3TextScaledWordEmbedding`:
             // `embed_scale.to(self.weight.dtype)`), multiplied in the compute dtype.
-            let scale = if f16 { half::f16::from_f32(scale).to_f32() } else { scale };
+            let scale = round_to_dtype(scale, self.dtype);
             x = x.cast(self.dtype).mul_scalar(f64::from(scale));
         }
         let blocks = self.layers.iter().zip(caches.iter());
@@ -843,6 +865,25 @@ impl Llama {
 mod tests {
     use super::*;
     use burn::tensor::TensorData;
+
+    #[test]
+    fn a_bf16_model_runs_as_burn_ops_and_refuses_the_host_kernels() {
+        let host = tiny_f16_values();
+        let cpu = Device::flex();
+        assert_eq!(LinearKernel::for_device(&cpu, DType::BF16), LinearKernel::Burn);
+        assert_eq!(AttentionKernel::for_device(&cpu, DType::BF16), AttentionKernel::Composed);
+        assert_eq!(RoundingPath::for_device(&cpu, DType::BF16), RoundingPath::Device);
+        let e = Llama::from_host_with(&host, DType::BF16, &cpu, LinearKernel::Host).expect_err("host kernels");
+        assert!(matches!(e, ModelError::DType(DType::BF16)), "{e}");
+        let model = Llama::from_host(&host, DType::BF16, &cpu).expect("bf16");
+        assert_eq!(model.embedding.val().dtype(), DType::BF16);
+        assert!(!model.steps_match_teacher_forcing());
+        // A host cache asked for is a device cache: the host kernel keeps f32 or f16.
+        let caches = model.new_caches_for(1, 4, AttentionKernel::Host);
+        assert!(caches.iter().all(|c| c.kernel() == AttentionKernel::Composed));
+        assert_eq!((dtype_max(DType::BF16), dtype_max(DType::F16)), (half::bf16::MAX.to_f32(), 65504.0));
+        assert_eq!(round_to_dtype(1.0 + 2f32.powi(-9), DType::BF16), 1.0);
+    }
 
     fn tiny_f16_values() -> HostModel {
         let mut m = qdrift_load::synthetic_model("tiny", 5).expect("tiny").model;

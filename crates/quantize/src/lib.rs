@@ -16,7 +16,7 @@
 //! | `footprint.rs` | [`SchemeFootprint`] for `qdrift inspect` |
 //! | `reference.rs` | [`round_to_fp16_reference`]: the FP16 reference every variant is measured against |
 //! | `model.rs` | [`quantize_model`]: a whole model, per-tensor [`TensorReport`]s, [`QuantSummary`] |
-//! | `source.rs` | [`Fp16Reference`], [`QuantizedSource`]: the same, part by part, as a model is built from a weight source |
+//! | `source.rs` | [`Reference`], [`QuantizedSource`]: the same, part by part, as a model is built from a weight source |
 //! | `safetensors_out.rs` | [`write_safetensors`]: HF names, rotate-half q/k, F32 or packed parts; [`write_hf_quantized`] (fixtures) |
 //! | `hf_packed.rs` | [`pack_hf`]: a model's linear layers in a Hugging Face quantized layout ([`HfLayout`]), packed by that layout's code in `qdrift-load` ([`qdrift_load::hf::quant`]) |
 //! | `gguf_out.rs` | [`write_gguf`]: llama.cpp names and q/k layout, the packed ggml blocks as stored |
@@ -42,6 +42,6 @@ pub use qdrift_codecs::{
     dequantize_ggml_blocks, error_stats, fp8_decode, fp8_encode, quantize, try_error_stats,
 };
 pub use qdrift_load::rotate_half_row_order;
-pub use reference::round_to_fp16_reference;
+pub use reference::{ReferenceFormat, round_to_fp16_reference, round_to_reference};
 pub use safetensors_out::{WriteError, write_hf_quantized, write_safetensors};
-pub use source::{Fp16Reference, QuantizedSource};
+pub use source::{QuantizedSource, Reference};

@@ -1,6 +1,6 @@
 //! Weight sources that transform another source's parts as they pass, so that a model is built
-//! tensor by tensor and never held as a whole host copy: [`Fp16Reference`] (the reference:
-//! every tensor rounded to FP16, as [`crate::round_to_fp16_reference`] rounds a whole model) and
+//! tensor by tensor and never held as a whole host copy: [`Reference`] (the reference: every
+//! tensor rounded to FP16 or bf16, as [`crate::round_to_reference`] rounds a whole model) and
 //! [`QuantizedSource`] (a scheme's dequantized weights, as [`crate::quantize_model`] gives them,
 //! with the same per-tensor statistics gathered as the tensors pass).
 //!
@@ -13,45 +13,54 @@ use std::sync::Mutex;
 use qdrift_weights::{HostTensor, LayerWeights, ModelArch, SourceError, WeightSource};
 
 use crate::model::{QuantSummary, QuantizeOptions, TensorReport, TensorTally, WeightSlot, quantize_tensor, summarize};
-use crate::reference::round_tensor;
+use crate::reference::{ReferenceFormat, round_tensor};
 use qdrift_codecs::Scheme;
 
-/// The FP16 reference of a source: every part rounded to FP16 (round-to-nearest-even).
-pub struct Fp16Reference<'a>(pub &'a dyn WeightSource);
+/// The reference of a source: every part rounded to `format` (round-to-nearest-even).
+pub struct Reference<'a> {
+    /// The checkpoint's weights.
+    pub source: &'a dyn WeightSource,
+    /// The 16-bit format they are rounded to.
+    pub format: ReferenceFormat,
+}
 
-impl WeightSource for Fp16Reference<'_> {
+impl<'a> Reference<'a> {
+    /// The FP16 reference of `source`.
+    pub fn fp16(source: &'a dyn WeightSource) -> Self {
+        Self { source, format: ReferenceFormat::Fp16 }
+    }
+
+    fn round(&self, mut t: HostTensor) -> HostTensor {
+        round_tensor(&mut t, self.format);
+        t
+    }
+}
+
+impl WeightSource for Reference<'_> {
     fn arch(&self) -> &ModelArch {
-        self.0.arch()
+        self.source.arch()
     }
 
     fn parameter_count(&self) -> usize {
-        self.0.parameter_count()
+        self.source.parameter_count()
     }
 
     fn token_embedding(&self) -> Result<HostTensor, SourceError> {
-        let mut t = self.0.token_embedding()?;
-        round_tensor(&mut t);
-        Ok(t)
+        Ok(self.round(self.source.token_embedding()?))
     }
 
     fn layer(&self, index: usize) -> Result<LayerWeights, SourceError> {
-        let mut l = self.0.layer(index)?;
-        l.for_each_tensor_mut(round_tensor);
+        let mut l = self.source.layer(index)?;
+        l.for_each_tensor_mut(|t| round_tensor(t, self.format));
         Ok(l)
     }
 
     fn final_norm(&self) -> Result<HostTensor, SourceError> {
-        let mut t = self.0.final_norm()?;
-        round_tensor(&mut t);
-        Ok(t)
+        Ok(self.round(self.source.final_norm()?))
     }
 
     fn output(&self) -> Result<Option<HostTensor>, SourceError> {
-        let mut t = self.0.output()?;
-        if let Some(t) = &mut t {
-            round_tensor(t);
-        }
-        Ok(t)
+        Ok(self.source.output()?.map(|t| self.round(t)))
     }
 }
 
@@ -70,7 +79,7 @@ pub struct QuantizedSource<'a> {
 }
 
 impl<'a> QuantizedSource<'a> {
-    /// `inner`'s weights (normally an [`Fp16Reference`]) through `scheme`.
+    /// `inner`'s weights (normally a [`Reference`]) through `scheme`.
     pub fn new(inner: &'a dyn WeightSource, scheme: Scheme, options: QuantizeOptions) -> Self {
         Self { inner, scheme, options, tallies: Mutex::new(BTreeMap::new()) }
     }
@@ -163,8 +172,12 @@ mod tests {
             let source = synthetic_model(name, 3).expect("preset").model;
             let mut reference = source.clone();
             round_to_fp16_reference(&mut reference);
-            let fp16 = Fp16Reference(&source);
+            let fp16 = Reference::fp16(&source);
             assert_eq!(HostModel::from_source(&fp16).expect("parts"), reference, "{name}: FP16 reference");
+            let mut bf16 = source.clone();
+            crate::round_to_reference(&mut bf16, ReferenceFormat::Bf16);
+            let streamed = Reference { source: &source, format: ReferenceFormat::Bf16 };
+            assert_eq!(HostModel::from_source(&streamed).expect("parts"), bf16, "{name}: bf16 reference");
             let all = QuantizeOptions { quantize_embeddings: true, quantize_head: true, quantize_router: true };
             for (scheme, options) in
                 [(Scheme::Int8, QuantizeOptions::default()), (Scheme::Int4 { group: 16, asym: true }, all)]

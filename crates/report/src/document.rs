@@ -180,6 +180,10 @@ fn reference_line(report: &Report) -> Vec<Inline> {
         text(format!(" weights ({}), computing in ", bytes(r.weight_bytes))),
         Inline::Name(r.compute_dtype.clone()),
     ];
+    if let Some(stored) = &report.model.stored_dtype {
+        line.push(text(", from a checkpoint stored in "));
+        line.push(Inline::Name(stored.clone()));
+    }
     if !r.self_perplexity.is_empty() {
         let ppl: Vec<String> = r.self_perplexity.iter().map(|(h, p)| format!("{} @{h}", rate(*p))).collect();
         line.push(text(format!("; perplexity of its own continuations {}", ppl.join(", "))));
@@ -596,6 +600,16 @@ pub(crate) fn verdict_section(report: &Report, gate: Option<&GateOutcome>, gloss
         )));
     }
     let key_title = metric(key).map_or(key, |m| m.title);
+    if let Some(stored) = &report.model.stored_dtype {
+        // What "the reference" is, first: a bf16 and an FP16 reference of the same checkpoint
+        // are different baselines.
+        let r = &report.reference;
+        intro.push(text(format!(
+            "Reference: {} weights computing in {}, from a checkpoint stored in {stored}. ",
+            crate::format::plain(&r.name),
+            crate::format::plain(&r.compute_dtype)
+        )));
+    }
     intro.push(text(match floor {
         Some(f) => format!(
             "Variants ranked by {key_title} over the first {longest} tokens (lower is closer to the reference). \

@@ -222,6 +222,7 @@ fn model() -> Value {
             "format": text(),
             "shape": object(shape_properties, &shape),
             "stop_token_id": count(),
+            "stored_dtype": text(),
         }),
         &["path", "sha256", "architecture", "parameters", "synthetic", "format", "shape"],
     )

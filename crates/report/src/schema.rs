@@ -79,6 +79,12 @@ pub struct ModelInfo {
     /// older reports (added in schema 2 as an optional field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_token_id: Option<u32>,
+    /// *extra*: the dtype the checkpoint stores its tensors in (`bf16`, `f16`, `f32`; for a file
+    /// that mixes them each, the most frequent first: `q4_1 + f32`), beside the reference's
+    /// compute dtype ([`Reference::compute_dtype`]). Absent in older reports (added in schema 2 as
+    /// an optional field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_dtype: Option<String>,
 }
 
 /// *extra*: the shapes of a decoder-only transformer.
@@ -141,9 +147,9 @@ pub struct EvalSetInfo {
 /// The reference the variants are compared with.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Reference {
-    /// Always `fp16`: the checkpoint's weights rounded to FP16.
+    /// `fp16`: the checkpoint's weights rounded to FP16; `bf16` for a bf16 run: rounded to bf16.
     pub name: String,
-    /// *extra*: the precision it computes in (`f16` or `f32`).
+    /// *extra*: the precision it computes in (`f16`, `bf16` or `f32`).
     pub compute_dtype: String,
     /// *extra*: bytes of its weights as run (FP16).
     pub weight_bytes: u64,

@@ -96,6 +96,7 @@ pub fn sample_report() -> Report {
             format: "hf-safetensors".into(),
             shape: ModelShape { layers: 30, dim: 576, hidden_dim: 1536, heads: 9, kv_heads: 3, vocab_size: 49152 },
             stop_token_id: Some(2),
+            stored_dtype: None,
         },
         workload: Workload {
             backend: "wgpu".into(),

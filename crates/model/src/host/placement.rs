@@ -18,6 +18,14 @@ pub(crate) fn is_cpu(device: &Device) -> bool {
     *device == Device::flex()
 }
 
+/// Whether the host kernels run a model of compute dtype `dtype` on `device`: the CPU backend, in
+/// f32 or f16 (the kernels store f32 or f16 and round to f16). A bf16 model runs as Burn ops on
+/// every device, each op rounding its output to bf16 as PyTorch's bf16 ops do (the list of those
+/// roundings is in ARCHITECTURE.md).
+pub(crate) fn host_kernels(device: &Device, dtype: DType) -> bool {
+    is_cpu(device) && matches!(dtype, DType::F16 | DType::F32)
+}
+
 /// Where a model's linear layers are stored and multiplied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LinearKernel {
@@ -29,10 +37,11 @@ pub enum LinearKernel {
 }
 
 impl LinearKernel {
-    /// The kernel a device runs best: [`LinearKernel::Host`] on the CPU (flex) backend,
+    /// The kernel a model of compute dtype `dtype` runs best on `device`: [`LinearKernel::Host`]
+    /// where the host kernels run it (the CPU backend in f32 or f16),
     /// [`LinearKernel::Burn`] elsewhere.
-    pub fn for_device(device: &Device) -> Self {
-        if is_cpu(device) { Self::Host } else { Self::Burn }
+    pub fn for_device(device: &Device, dtype: DType) -> Self {
+        if host_kernels(device, dtype) { Self::Host } else { Self::Burn }
     }
 }
 
@@ -48,10 +57,11 @@ pub enum AttentionKernel {
 }
 
 impl AttentionKernel {
-    /// The kernel a device runs best: [`AttentionKernel::Host`] on the CPU (flex) backend,
+    /// The kernel a model of compute dtype `dtype` runs best on `device`:
+    /// [`AttentionKernel::Host`] where the host kernels run it (the CPU backend in f32 or f16),
     /// [`AttentionKernel::Composed`] elsewhere.
-    pub fn for_device(device: &Device) -> Self {
-        if is_cpu(device) { Self::Host } else { Self::Composed }
+    pub fn for_device(device: &Device, dtype: DType) -> Self {
+        if host_kernels(device, dtype) { Self::Host } else { Self::Composed }
     }
 }
 
@@ -66,9 +76,10 @@ pub enum RoundingPath {
 }
 
 impl RoundingPath {
-    /// [`RoundingPath::Host`] on the CPU (flex) backend, [`RoundingPath::Device`] elsewhere.
-    pub fn for_device(device: &Device) -> Self {
-        if is_cpu(device) { Self::Host } else { Self::Device }
+    /// [`RoundingPath::Host`] where the host kernels run a model of compute dtype `dtype`
+    /// (the CPU backend in f32 or f16), [`RoundingPath::Device`] elsewhere.
+    pub fn for_device(device: &Device, dtype: DType) -> Self {
+        if host_kernels(device, dtype) { Self::Host } else { Self::Device }
     }
 }
 
@@ -76,7 +87,7 @@ impl RoundingPath {
 /// `dtype`: on the CPU backend in f32 and f16, whichever path calls it, so that the host
 /// residual stream and Burn's ops give the same bits.
 pub(crate) fn norm_on_host(device: &Device, dtype: DType) -> bool {
-    is_cpu(device) && matches!(dtype, DType::F16 | DType::F32)
+    host_kernels(device, dtype)
 }
 
 /// Whether an f32 model may hold an f16-valued token embedding table in f16 (its selected rows
@@ -173,6 +184,11 @@ pub(crate) fn residual_on_host(blocks_on_host: impl IntoIterator<Item = bool>) -
 /// there and every layer's features covered by the host kernels (`layers_on_host`), so that
 /// every value depends only on its own row and position. A layer that falls back to Burn's ops
 /// (composed attention: its matmuls' blocking depends on the number of columns) makes it false.
-pub(crate) fn steps_match_teacher_forcing(host_layers: bool, device: &Device, layers_on_host: bool) -> bool {
-    host_layers && AttentionKernel::for_device(device) == AttentionKernel::Host && layers_on_host
+pub(crate) fn steps_match_teacher_forcing(
+    host_layers: bool,
+    device: &Device,
+    dtype: DType,
+    layers_on_host: bool,
+) -> bool {
+    host_layers && AttentionKernel::for_device(device, dtype) == AttentionKernel::Host && layers_on_host
 }
