@@ -32,11 +32,12 @@ use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 
 use crate::LoadError;
+use crate::hf::config::{AttnBias, Class, HfArch};
 use crate::loaded::{LoadedModel, ModelFormat};
 use crate::tokenizer::{Llama2cTokenizer, SpecialIds};
 use qdrift_weights::{
-    BlockSpec, Experts, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, MoeSpec, Routing, SourceError,
-    WeightSource,
+    BlockSpec, Experts, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, MoeSpec, NormStyle, Routing,
+    SourceError, WeightSource,
 };
 
 /// Names accepted by [`synthetic_model`], with what they imitate.
@@ -49,7 +50,89 @@ pub const SYNTHETIC_PRESETS: &[(&str, &str)] = &[
         "moe-tiny",
         "Qwen3-MoE block: 2 layers, dim 32, 4/2 heads of 16, q/k norms, 8 experts of 16, top-2, vocab 320 (tests)",
     ),
+    ("qwen3-8b", "Qwen3-8B: 36 layers, dim 4096, hidden 12288, 32/8 heads of 128, q/k norms, vocab 151936, untied"),
+    (
+        "qwen3-30b-a3b",
+        "Qwen3-30B-A3B: 48 layers, dim 2048, 32/4 heads of 128, q/k norms, 128 experts of 768, top-8, vocab 151936",
+    ),
+    (
+        "gemma3-12b",
+        "Gemma 3 12B (text): 48 layers, dim 3840, hidden 15360, 16/8 heads of 256, 5 of 6 layers in a 1024-token window, GELU-tanh, vocab 262208, tied",
+    ),
+    (
+        "gpt-oss-20b",
+        "gpt-oss-20b: 24 layers, dim 2880, 64/8 heads of 64, sinks, every other layer in a 128-token window, YaRN, 32 experts of 2880, top-4, vocab 201088",
+    ),
 ];
+
+/// The `config.json` of each preset taken from a Hugging Face architecture (`transformers` 5.25's
+/// field names, the published models' values), read by the Hugging Face reader's own
+/// `parse_config`, so a preset's architecture is what qdrift makes of the real checkpoint.
+/// Gemma 3 12B is published as `Gemma3ForConditionalGeneration`; this is its `text_config` as a
+/// `Gemma3ForCausalLM`.
+fn preset_config(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "qwen3-8b" => {
+            r#"{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": false, "head_dim": 128,
+            "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 12288, "max_position_embeddings": 40960,
+            "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+            "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "sliding_window": null,
+            "use_sliding_window": false, "tie_word_embeddings": false, "vocab_size": 151936}"#
+        }
+        "qwen3-30b-a3b" => {
+            r#"{"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "attention_bias": false,
+            "decoder_sparse_step": 1, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048,
+            "intermediate_size": 6144, "max_position_embeddings": 40960, "mlp_only_layers": [],
+            "moe_intermediate_size": 768, "norm_topk_prob": true, "num_attention_heads": 32,
+            "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4, "num_local_experts": 128,
+            "rms_norm_eps": 1e-06, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+            "sliding_window": null, "use_sliding_window": false, "tie_word_embeddings": false, "vocab_size": 151936}"#
+        }
+        "gemma3-12b" => {
+            r#"{"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "attention_bias": false,
+            "attn_logit_softcapping": null, "final_logit_softcapping": null, "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 3840, "intermediate_size": 15360,
+            "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+            "sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+            "sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+            "sliding_attention", "sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+            "sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention", "full_attention",
+            "sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+            "full_attention", "sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+            "sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+            "sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+            "sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+            "max_position_embeddings": 131072, "num_attention_heads": 16, "num_hidden_layers": 48,
+            "num_key_value_heads": 8, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+            "rope_parameters": {"full_attention": {"rope_theta": 1000000.0, "rope_type": "linear", "factor": 8.0},
+            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}}, "sliding_window": 1024,
+            "tie_word_embeddings": true, "vocab_size": 262208}"#
+        }
+        "gpt-oss-20b" => {
+            r#"{"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": true, "head_dim": 64,
+            "hidden_act": "silu", "hidden_size": 2880, "intermediate_size": 2880,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention",
+            "sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention",
+            "full_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+            "sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention",
+            "full_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            "max_position_embeddings": 131072, "num_attention_heads": 64, "num_experts_per_tok": 4,
+            "num_hidden_layers": 24, "num_key_value_heads": 8, "num_local_experts": 32, "rms_norm_eps": 1e-05,
+            "rope_parameters": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+            "original_max_position_embeddings": 4096, "rope_theta": 150000.0, "rope_type": "yarn", "truncate": false},
+            "sliding_window": 128, "swiglu_alpha": 1.702, "swiglu_limit": 7.0, "tie_word_embeddings": false,
+            "vocab_size": 201088}"#
+        }
+        _ => return None,
+    })
+}
+
+/// A preset of [`preset_config`] through the Hugging Face reader's `parse_config`.
+fn configured_preset(name: &str) -> Option<HfArch> {
+    let config: serde_json::Value = serde_json::from_str(preset_config(name)?).ok()?;
+    // The tensor count bounds the layers a file can hold; a preset holds what its config says.
+    crate::hf::config::parse_config(Path::new(&format!("synthetic:{name}")), &config, usize::MAX).ok()
+}
 
 /// Standard deviation of the random weights.
 pub const SYNTHETIC_STD: f32 = 0.02;
@@ -66,7 +149,7 @@ pub fn synthetic_arch(name: &str) -> Option<ModelArch> {
         "llama-1b" => (2048, 8192, 16, 32, 8, 128256, 131072, 1e-5, 500000.0, true),
         "llama-8b" => (4096, 14336, 32, 32, 8, 128256, 131072, 1e-5, 500000.0, false),
         "moe-tiny" => return Some(moe_tiny()),
-        _ => return None,
+        _ => return configured_preset(name).map(|p| p.arch),
     };
     Some(ModelArch {
         architecture: "llama".to_string(),
@@ -193,8 +276,11 @@ pub fn synthetic_source(name: &str, seed: u64) -> Result<LoadedModel<SyntheticSo
     if !arch.tied_embeddings {
         source_dtypes.push(("output".to_string(), "F32".to_string()));
     }
+    // The tensors a configured preset has beyond a Llama block: its class's biases and sinks.
+    let (attn_bias, expert_bias) =
+        configured_preset(name).map_or((AttnBias::None, false), |p| (p.attn_bias, p.class == Class::GptOss));
     Ok(LoadedModel {
-        model: SyntheticSource { arch, seed },
+        model: SyntheticSource { arch, seed, attn_bias, expert_bias },
         tokenizer: Box::new(tokenizer),
         path: path.clone(),
         tokenizer_path: path,
@@ -250,6 +336,10 @@ fn available_memory() -> Option<u64> {
 pub struct SyntheticSource {
     arch: ModelArch,
     seed: u64,
+    /// The attention biases every block has (gpt-oss: all four).
+    attn_bias: AttnBias,
+    /// Whether the router and the experts have biases (gpt-oss).
+    expert_bias: bool,
 }
 
 impl SyntheticSource {
@@ -263,16 +353,53 @@ fn ones(n: usize) -> HostTensor {
     HostTensor { shape: vec![n], data: vec![1.0; n] }
 }
 
+impl SyntheticSource {
+    /// A norm weight of width `n` that leaves `x̂` unscaled: ones for `x̂·w`, zeros for Gemma's
+    /// `x̂·(1 + w)`.
+    fn unit_norm(&self, n: usize) -> HostTensor {
+        match self.arch.block.norm {
+            NormStyle::Weight => ones(n),
+            NormStyle::OnePlusWeight => HostTensor { shape: vec![n], data: vec![0.0; n] },
+        }
+    }
+
+    /// Block `layer`'s `j`-th tensor beyond a Llama block's (biases, sinks), on stream
+    /// `2³³ + 2¹⁶·layer + j` (apart from the dense tensors' and the experts' streams).
+    fn extra(&self, n: usize, layer: usize, j: u64) -> HostTensor {
+        random_tensor(&[n], self.seed, (2u64 << 32) + ((layer as u64) << 16) + j)
+    }
+
+    /// Parameters a block holds beyond [`ModelArch::parameter_count`]'s: q/k norms, attention
+    /// biases, sinks, and the router's and experts' biases.
+    fn extra_per_layer(&self, layer: usize) -> usize {
+        let arch = &self.arch;
+        let (q, kv) = (arch.n_heads * arch.head_dim(), arch.kv_dim());
+        let qk_norms = if arch.block.qk_norm { 2 * arch.head_dim() } else { 0 };
+        let biases = match self.attn_bias {
+            AttnBias::None => 0,
+            AttnBias::Qkv => q + 2 * kv,
+            AttnBias::Qkvo => q + 2 * kv + arch.dim,
+        };
+        let sinks = if arch.block.sinks { arch.n_heads } else { 0 };
+        let experts = match &arch.moe {
+            Some(m) if self.expert_bias && arch.has_experts(layer) => {
+                m.n_experts * (1 + 2 * m.expert_hidden + arch.dim)
+            }
+            _ => 0,
+        };
+        qk_norms + biases + sinks + experts
+    }
+}
+
 impl WeightSource for SyntheticSource {
     fn arch(&self) -> &ModelArch {
         &self.arch
     }
 
     fn parameter_count(&self) -> usize {
-        // Every tensor the parts hold: the architecture's count plus the q/k norms it leaves to
-        // the weights (a synthetic model has no biases or sinks).
-        let qk_norms = if self.arch.block.qk_norm { 2 * self.arch.head_dim() * self.arch.n_layers } else { 0 };
-        self.arch.parameter_count() + qk_norms
+        // Every tensor the parts hold: the architecture's count plus what it leaves to the
+        // weights (q/k norms, biases, sinks).
+        self.arch.parameter_count() + (0..self.arch.n_layers).map(|i| self.extra_per_layer(i)).sum::<usize>()
     }
 
     fn token_embedding(&self) -> Result<HostTensor, SourceError> {
@@ -288,35 +415,39 @@ impl WeightSource for SyntheticSource {
         let (q, kv) = (arch.n_heads * arch.head_dim(), arch.kv_dim());
         // Stream k is the k-th tensor in HostModel order (norms included, though they are ones).
         let k = 1 + 9 * i;
+        let qkv_bias = self.attn_bias != AttnBias::None;
+        let sandwich = arch.block.sandwich_norms;
         Ok(LayerWeights {
-            attn_norm: ones(d),
+            attn_norm: self.unit_norm(d),
             wq: self.rand(&[q, d], k + 1),
             wk: self.rand(&[kv, d], k + 2),
             wv: self.rand(&[kv, d], k + 3),
             wo: self.rand(&[d, q], k + 4),
-            ffn_norm: ones(d),
-            bq: None,
-            bk: None,
-            bv: None,
+            ffn_norm: self.unit_norm(d),
+            bq: qkv_bias.then(|| self.extra(q, i, 0)),
+            bk: qkv_bias.then(|| self.extra(kv, i, 1)),
+            bv: qkv_bias.then(|| self.extra(kv, i, 2)),
             ffn: match &arch.moe {
-                Some(moe) if arch.has_experts(i) => Ffn::Experts(random_experts(moe, d, self.seed, i)),
+                Some(moe) if arch.has_experts(i) => {
+                    Ffn::Experts(random_experts(moe, d, self.seed, i, self.expert_bias))
+                }
                 _ => Ffn::Dense(Mlp::new(
                     self.rand(&[h, d], k + 6),
                     self.rand(&[h, d], k + 7),
                     self.rand(&[d, h], k + 8),
                 )),
             },
-            bo: None,
-            q_norm: arch.block.qk_norm.then(|| ones(arch.head_dim())),
-            k_norm: arch.block.qk_norm.then(|| ones(arch.head_dim())),
-            sinks: None,
-            post_attn_norm: None,
-            post_ffn_norm: None,
+            bo: (self.attn_bias == AttnBias::Qkvo).then(|| self.extra(d, i, 3)),
+            q_norm: arch.block.qk_norm.then(|| self.unit_norm(arch.head_dim())),
+            k_norm: arch.block.qk_norm.then(|| self.unit_norm(arch.head_dim())),
+            sinks: arch.block.sinks.then(|| self.extra(arch.n_heads, i, 4)),
+            post_attn_norm: sandwich.then(|| self.unit_norm(d)),
+            post_ffn_norm: sandwich.then(|| self.unit_norm(d)),
         })
     }
 
     fn final_norm(&self) -> Result<HostTensor, SourceError> {
-        Ok(ones(self.arch.dim))
+        Ok(self.unit_norm(self.arch.dim))
     }
 
     fn output(&self) -> Result<Option<HostTensor>, SourceError> {
@@ -326,15 +457,23 @@ impl WeightSource for SyntheticSource {
 }
 
 /// Layer `layer`'s router and experts: the router on stream `2³² + 2¹⁶·layer`, expert `e`'s gate,
-/// up and down on the next `3e + 1 … 3e + 3` (streams apart from the dense tensors' `k < 2³²`).
-fn random_experts(moe: &MoeSpec, d: usize, seed: u64, layer: usize) -> Experts {
+/// up and down on the next `3e + 1 … 3e + 3` (streams apart from the dense tensors' `k < 2³²`);
+/// with `biases` (gpt-oss) the router's bias and each expert's three on stream
+/// `2³⁴ + 2¹⁶·layer + 4e + j`.
+fn random_experts(moe: &MoeSpec, d: usize, seed: u64, layer: usize, biases: bool) -> Experts {
     let base = (1u64 << 32) + ((layer as u64) << 16);
     let rand = |shape: &[usize], k: u64| random_tensor(shape, seed, base + k);
+    let bias_base = (4u64 << 32) + ((layer as u64) << 16);
+    let bias = |n: usize, k: u64| biases.then(|| random_tensor(&[n], seed, bias_base + k));
     let w = moe.expert_hidden;
     let experts = (0..moe.n_experts as u64)
-        .map(|e| Mlp::new(rand(&[w, d], 3 * e + 1), rand(&[w, d], 3 * e + 2), rand(&[d, w], 3 * e + 3)))
+        .map(|e| {
+            let mut mlp = Mlp::new(rand(&[w, d], 3 * e + 1), rand(&[w, d], 3 * e + 2), rand(&[d, w], 3 * e + 3));
+            (mlp.gate_bias, mlp.up_bias, mlp.down_bias) = (bias(w, 4 * e + 1), bias(w, 4 * e + 2), bias(d, 4 * e + 3));
+            mlp
+        })
         .collect();
-    Experts { router: rand(&[moe.n_experts, d], 0), router_bias: None, experts, shared: None }
+    Experts { router: rand(&[moe.n_experts, d], 0), router_bias: bias(moe.n_experts, 0), experts, shared: None }
 }
 
 /// N(0, SYNTHETIC_STD²) values of ChaCha8 stream `stream` (see the module docs), generated on all
@@ -386,6 +525,58 @@ mod tests {
             assert_eq!(source.layer(last).expect("block"), whole.layers[last]);
             assert_eq!(source.token_embedding().expect("embedding"), whole.token_embedding);
             assert!(source.layer(whole.arch.n_layers).is_err());
+        }
+    }
+
+    /// The configured presets, with their published parameter counts in billions (Qwen3-8B
+    /// 8.2B, Qwen3-30B-A3B 30.5B, Gemma 3 12B's language model 11.8B, gpt-oss-20b 20.9B).
+    const CONFIGURED: [(&str, f64); 4] =
+        [("qwen3-8b", 8.19), ("qwen3-30b-a3b", 30.5), ("gemma3-12b", 11.77), ("gpt-oss-20b", 20.9)];
+
+    #[test]
+    fn the_configured_presets_have_the_published_parameter_counts() {
+        for (name, billions) in CONFIGURED {
+            let source = synthetic_source(name, 0).expect(name).model;
+            assert_eq!(source.arch().validate(), Ok(()), "{name}");
+            let got = source.parameter_count() as f64 / 1e9;
+            assert!((got - billions).abs() / billions < 0.005, "{name}: {got:.3} B parameters");
+        }
+        let gemma = synthetic_arch("gemma3-12b").expect("gemma");
+        assert_eq!(gemma.windows.iter().filter(|w| w.is_some()).count(), 40, "5 of 6 layers slide");
+        assert_eq!((gemma.local_rope_theta, gemma.embedding_scale.is_some()), (Some(10000.0), true));
+        let oss = synthetic_arch("gpt-oss-20b").expect("gpt-oss");
+        assert!(oss.block.sinks && oss.windows[0] == Some(128) && oss.windows[1].is_none());
+        let moe = synthetic_arch("qwen3-30b-a3b").expect("qwen3 moe").moe.expect("experts");
+        assert_eq!((moe.n_experts, moe.top_k, moe.expert_hidden), (128, 8, 768));
+    }
+
+    /// Each configured preset at test size (its features, small shapes): the parts hold what
+    /// `parameter_count` counts (biases, sinks, sandwich and q/k norms included), and a Gemma
+    /// norm is zeros (`x̂·(1 + 0)`).
+    #[test]
+    fn shrunken_configured_presets_hand_out_the_parts_they_count() {
+        for (name, _) in CONFIGURED {
+            let mut source = synthetic_source(name, 3).expect(name).model;
+            let a = &mut source.arch;
+            (a.n_layers, a.dim, a.hidden_dim, a.n_heads, a.n_kv_heads, a.head_dim, a.vocab_size) =
+                (2, 32, 16, 4, 2, 8, 300);
+            a.windows.truncate(2);
+            if let Some(m) = &mut a.moe {
+                (m.n_experts, m.top_k, m.expert_hidden) = (4, 2, 8);
+            }
+            assert_eq!(a.validate(), Ok(()), "{name}");
+            let whole = HostModel::from_source(&source).expect("parts");
+            assert_eq!(source.parameter_count(), whole.parameter_count(), "{name}");
+            let l = &whole.layers[0];
+            let gemma = name.starts_with("gemma");
+            assert_eq!(l.post_ffn_norm.is_some(), gemma, "{name}");
+            assert_eq!(l.attn_norm.data[0], if gemma { 0.0 } else { 1.0 }, "{name}");
+            let oss = name.starts_with("gpt-oss");
+            assert_eq!((l.bo.is_some(), l.sinks.is_some()), (oss, oss), "{name}");
+            if let Some(e) = l.experts() {
+                assert_eq!(e.router_bias.is_some(), oss, "{name}");
+                assert_eq!(e.experts[1].down_bias.is_some(), oss, "{name}");
+            }
         }
     }
 

@@ -65,7 +65,7 @@
 //! | `tokenizer.rs` | [`HfTokenizer`]: `tokenizer.json` through the `tokenizers` crate (also GGUF's byte-level BPE) |
 //! | `write.rs` | [`write_hf_folder`]: a [`HostModel`](crate::HostModel) as a folder (test fixtures) |
 
-mod config;
+pub(crate) mod config;
 pub mod quant;
 mod read;
 pub(crate) mod shards;
