@@ -150,6 +150,56 @@ struct Model {
     note: &'static str,
 }
 
+/// The real-size synthetic presets and their f16 weights in GB (`qdrift inspect`). For the
+/// mixtures of experts (Qwen3-30B-A3B, gpt-oss-20b) the bandwidth bound counts every expert: a
+/// step reads only the experts its tokens are routed to, so their share of the bound is a floor.
+const REAL_SIZES: [(&str, f64); 4] =
+    [("qwen3-8b", 16.4), ("gemma3-12b", 23.5), ("gpt-oss-20b", 41.8), ("qwen3-30b-a3b", 61.1)];
+
+/// Whether `f16_gb` of weights leave a quarter more and 8 GB of KV caches and workspace free
+/// on a GPU of `gpu_mib`.
+fn fits_with_room(f16_gb: f64, gpu_mib: u64) -> bool {
+    f16_gb * 1.25 + 8.0 <= gpu_mib as f64 * 1.048_576e-3
+}
+
+/// The `memory.total` MiB of one `nvidia-smi` line (`NVIDIA H100 80GB HBM3, 81559`).
+fn gpu_memory_mib(line: &str) -> Option<u64> {
+    line.rsplit(',').next()?.trim().parse().ok()
+}
+
+/// The models `bench gpu` runs: SmolLM2 (`smollm2`, its file or its shape), `synthetic:llama-1b`,
+/// and the real-size presets the first of `gpus` holds with room.
+fn bench_models(gpus: &[String], smollm2: &Path) -> Vec<Model> {
+    let smollm2_is_file = smollm2.is_file();
+    let mut models = vec![
+        Model {
+            name: "SmolLM2-135M",
+            path: smollm2.to_string_lossy().into_owned(),
+            note: if smollm2_is_file {
+                "Q4_1 GGUF held as f16"
+            } else {
+                "synthetic:smollm2-135m, its shape with random weights"
+            },
+        },
+        Model {
+            name: "llama-1b",
+            path: "synthetic:llama-1b".to_string(),
+            note: "synthetic:llama-1b, Llama 3.2 1B's shape with random weights",
+        },
+    ];
+    // The real-size presets of the architectures people quantize now, those whose f16 weights
+    // leave room on the first GPU.
+    let gpu_mib = gpus.first().and_then(|g| gpu_memory_mib(g)).unwrap_or(0);
+    for (name, f16_gb) in REAL_SIZES {
+        if fits_with_room(f16_gb, gpu_mib) {
+            models.push(Model { name, path: format!("synthetic:{name}"), note: "its shape with random weights" });
+        } else {
+            println!("bench gpu: skipping synthetic:{name} ({f16_gb} GB of f16 weights; the GPU has {gpu_mib} MiB)");
+        }
+    }
+    models
+}
+
 /// `cargo xtask bench gpu`. `build` builds qdrift and fetches SmolLM2 (unless `QDRIFT_BIN` is
 /// set); it runs only once an NVIDIA GPU is found.
 pub fn bench_gpu(build: impl FnOnce() -> Result<(PathBuf, PathBuf), String>, models: &Path) -> Result<(), String> {
@@ -167,23 +217,7 @@ pub fn bench_gpu(build: impl FnOnce() -> Result<(PathBuf, PathBuf), String>, mod
         }
         None => build()?,
     };
-    let smollm2_is_file = smollm2.is_file();
-    let models = [
-        Model {
-            name: "SmolLM2-135M",
-            path: smollm2.to_string_lossy().into_owned(),
-            note: if smollm2_is_file {
-                "Q4_1 GGUF held as f16"
-            } else {
-                "synthetic:smollm2-135m, its shape with random weights"
-            },
-        },
-        Model {
-            name: "llama-1b",
-            path: "synthetic:llama-1b".to_string(),
-            note: "synthetic:llama-1b, Llama 3.2 1B's shape with random weights",
-        },
-    ];
+    let models = bench_models(&gpus, &smollm2);
 
     // Bandwidth first: it also proves wgpu runs on the NVIDIA adapter.
     let bandwidth_args = |mib| ["bandwidth", "--backend", "wgpu", "--mib", mib, "--reps", "10"];
@@ -324,6 +358,15 @@ mod tests {
         // `true` exits 0 and prints nothing, as nvidia-smi does with no device visible.
         let e = nvidia_gpus("true").unwrap_err();
         assert!(e.starts_with("no NVIDIA GPU found: true lists no GPU"), "{e}");
+    }
+
+    #[test]
+    fn real_sizes_run_where_the_gpu_holds_them() {
+        assert_eq!(gpu_memory_mib("NVIDIA H100 80GB HBM3, 81559"), Some(81559));
+        assert_eq!(gpu_memory_mib("no number"), None);
+        let h100: Vec<&str> = REAL_SIZES.iter().filter(|(_, gb)| fits_with_room(*gb, 81559)).map(|(n, _)| *n).collect();
+        assert_eq!(h100, ["qwen3-8b", "gemma3-12b", "gpt-oss-20b", "qwen3-30b-a3b"]);
+        assert!(REAL_SIZES.iter().all(|(_, gb)| !fits_with_room(*gb, 16384)), "none on a 16 GB GPU");
     }
 
     #[test]

@@ -294,3 +294,89 @@ fn bf16_on_wgpu_is_refused_naming_the_adapter() {
         assert!(line.contains("--backend cpu"), "{line}");
     }
 }
+
+/// Total memory of this machine, from `/proc/meminfo` (Linux), in GiB.
+fn total_memory_gib() -> Option<f64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: f64 =
+        info.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kb / (1024.0 * 1024.0))
+}
+
+#[test]
+fn an_evaluation_larger_than_memory_is_refused_before_anything_is_built() {
+    // Qwen3-30B-A3B's weights are 57 GiB in f16: past this machine's memory, not a 64 GiB one's.
+    if total_memory_gib().is_none_or(|gib| gib > 56.0) {
+        println!("skipped: this machine may hold synthetic:qwen3-30b-a3b");
+        return;
+    }
+    let out_dir = tempfile::tempdir().expect("tempdir");
+    let out = out_dir.path().join("out");
+    let start = std::time::Instant::now();
+    let run = qdrift(&[
+        "eval",
+        "--model",
+        "synthetic:qwen3-30b-a3b",
+        "--schemes",
+        "int8",
+        "--prompts",
+        "2",
+        "--horizons",
+        "10",
+        "--backend",
+        "cpu",
+        "--out",
+        path(&out),
+    ]);
+    assert_one_line_error(&run, "int8 in f16: weights 56.87 GiB");
+    assert_one_line_error(&run, "its weights alone do not fit, at any batch size");
+    assert!(start.elapsed().as_secs() < 30, "refused in {:?}, after building something", start.elapsed());
+    assert!(!out.join("report.json").exists());
+}
+
+#[test]
+fn inspect_lists_each_planned_models_memory() {
+    let out = qdrift(&["inspect", "--model", "synthetic:llama-1b", "--seq-len", "1200", "--batch", "16", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let plan = json["evaluation_memory"].as_array().expect("evaluation_memory");
+    let names: Vec<&str> = plan.iter().filter_map(|m| m["name"].as_str()).collect();
+    assert_eq!(names, ["fp16", "noise-floor-f32", "int8", "fp8-e4m3", "int4-g128"]);
+    // Weights in f16, the tied table twice; 16 × 1200 positions of f16 keys and values.
+    assert_eq!(plan[0]["weight_bytes"], (1_235_814_400u64 + 262_668_288) * 2);
+    assert_eq!(plan[0]["kv_cache_bytes"], 16u64 * 1200 * 8 * 64 * 2 * 16 * 2);
+    assert_eq!(plan[1]["compute_dtype"], "f32");
+    assert_eq!(plan[1]["kv_cache_bytes"].as_u64(), plan[0]["kv_cache_bytes"].as_u64().map(|b| 2 * b));
+    let text = qdrift(&["inspect", "--model", "synthetic:llama-1b", "--dtype", "bf16", "--schemes", "int8"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("evaluation memory, one model at a time"), "{text}");
+    assert!(text.lines().any(|l| l.trim_start().starts_with("bf16") && l.contains("bf16 weights")), "{text}");
+}
+
+#[test]
+fn a_weight_past_the_adapters_largest_buffer_is_refused_naming_it() {
+    // Llama-3.2-1B's f16 embedding is 525 MB; lavapipe allows 128 MiB in one buffer (a GPU's
+    // adapter allows more: there it runs).
+    let run = qdrift(&[
+        "generate",
+        "--model",
+        "synthetic:llama-1b",
+        "--prompt",
+        "Hi",
+        "--max-new-tokens",
+        "2",
+        "--backend",
+        "wgpu",
+        "--dtype",
+        "f16",
+    ]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    if !stderr.contains("llvmpipe") {
+        println!("skipped: not on lavapipe ({stderr})");
+        return;
+    }
+    assert_one_line_error(
+        &run,
+        "the model's token embedding (262668288 values, 0.49 GiB in F16) is larger than the 0.12 GiB",
+    );
+}

@@ -65,6 +65,9 @@ pub enum EvalError {
          --variant NAME=PATH)"
     )]
     DuplicateVariant(String),
+    /// The plan's largest model would not fit in the memory available ([`crate::memory`]).
+    #[error("{0}")]
+    Memory(String),
     /// The device cannot run the reference and the noise floor (one of them computes in f16).
     #[error("{adapter} does not support f16 compute, which the reference or the noise floor needs")]
     NoF16 {

@@ -46,6 +46,7 @@
 //! | `routing_drift.rs` | routing traces → the routing metrics and each variant's routing drift |
 //! | `gate_check.rs` | `--gate` thresholds checked against the run's variants and horizons |
 //! | `plan.rs` | options checked before loading; batch size, chunk, precisions, KL mode, shard; device checks |
+//! | [`memory`] | each model of the plan sized before it is built, the largest checked against the memory available |
 //! | `config.rs` | [`EvalConfig`] and its defaults, [`Shard`], the default eval set |
 //! | `variant.rs` | [`VariantSpec`] and the variant each builds (weights, precision, report header) |
 //! | `prompts.rs` | the first N prompts of the set, encoded, chat-wrapped for chat sets |
@@ -79,6 +80,7 @@ mod evalset;
 mod gate_check;
 mod generation;
 mod identity;
+pub mod memory;
 mod output;
 mod plan;
 mod prompts;

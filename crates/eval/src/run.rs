@@ -63,6 +63,8 @@ pub fn evaluate_any(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + 
     check_length(&prompts.tokens, longest, trained, cfg.allow_long, "--horizons")?;
     let device = eval_device(cfg.backend, cfg.dump_logprobs.is_some())?;
     let plan = Plan::new(cfg, horizons, loaded.model.arch(), prompts.tokens.clone(), device)?;
+    let (arch, parameters) = (loaded.model.arch(), loaded.model.parameter_count());
+    crate::memory::check_plan_memory(cfg, &plan, arch, parameters, crate::memory::available_for(&plan))?;
     if let Some(overflow) = context_overflow(&plan.prompts, plan.longest(), trained) {
         let message = format!("{overflow}, and divergence there reflects that too");
         progress(Progress::Warning { message: &message });

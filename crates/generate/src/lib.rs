@@ -9,6 +9,7 @@
 //! |---|---|
 //! | `device.rs` | [`select_device`]: wgpu or the CPU backend, and what a report says about it |
 //! | `request.rs` | [`GenerationConfig`], [`check_request`], [`default_batch_size`], [`context_overflow`]: the request and its sizing before allocating |
+//! | `footprint.rs` | [`model_footprint`]: a model's weights, build, key-value caches and workspace before it is built, for `eval`'s plan and `inspect` |
 //! | `greedy.rs` | [`generate`], [`generate_map`]: batched greedy decoding |
 //! | `forced.rs` | [`teacher_forced`], [`teacher_forced_pair`], [`teacher_forced_hidden`], [`teacher_forced_routes`]: logits (or final hidden states, or the experts a model routes to) of given continuations |
 //! | `counters.rs` | [`count_launches`], [`read_back_bytes`]: kernel launches and bytes read back, counted |
@@ -22,6 +23,7 @@
 mod counters;
 mod device;
 mod error;
+mod footprint;
 mod forced;
 mod greedy;
 mod parallel;
@@ -31,6 +33,7 @@ mod timing;
 pub use counters::{Launches, count_launches, read_back_bytes};
 pub use device::{BackendChoice, CACHE_DIR_VAR, ComputeDevice, DeviceError, gpu_cache_dir, select_device};
 pub use error::GenerateError;
+pub use footprint::{ModelFootprint, available_host_memory, bytes_per_weight, format_gib, model_footprint};
 pub use forced::{
     ForcedLogits, ForcedRoutes, Forcing, PairedLogits, teacher_forced, teacher_forced_hidden, teacher_forced_map,
     teacher_forced_pair, teacher_forced_routes,

@@ -184,12 +184,44 @@ pub fn check_request(
         }
     }
     check_short_rope(model, prompts, config.max_new_tokens)?;
+    check_weight_buffers(model, dtype, device)?;
     // Batches running side by side hold their caches at once: the largest ones together must fit.
     let concurrent = concurrent_batches(model, dtype, device, prompts, config);
     for batch in prompts.chunks(config.batch_size) {
         check_memory(model, dtype, device, batch, config.max_new_tokens, concurrent)?;
     }
     Ok(())
+}
+
+/// Refuses a model one of whose weight tensors, in `dtype`, is larger than the device's largest
+/// buffer (Mesa's lavapipe: 128 MiB, less than Llama-3.2-1B's 525 MB f16 embedding), naming the
+/// tensor. The model's tensors are not split over buffers; GPUs allow 2–4 GiB in one.
+fn check_weight_buffers(model: &ModelArch, dtype: DType, device: &ComputeDevice) -> Result<(), GenerateError> {
+    let Some(limit) = device.max_buffer_bytes else {
+        return Ok(());
+    };
+    let d = model.dim as u128;
+    let mut tensors = vec![
+        ("token embedding", model.vocab_size as u128 * d),
+        ("query projection", model.q_dim() as u128 * d),
+        ("feed-forward projection", model.hidden_dim as u128 * d),
+    ];
+    if let Some(moe) = &model.moe {
+        tensors.push(("expert projection", moe.expert_hidden as u128 * d));
+    }
+    let size = dtype.size() as u128;
+    let Some((name, values)) =
+        tensors.into_iter().max_by_key(|(_, n)| *n).filter(|(_, n)| n * size > u128::from(limit))
+    else {
+        return Ok(());
+    };
+    let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
+    Err(GenerateError::TooLarge(format!(
+        "the model's {name} ({values} values, {:.2} GiB in {dtype:?}) is larger than the {:.2} GiB that {} allows in one buffer; qdrift does not split a weight over buffers: use --backend cpu, or a GPU",
+        gib(values * size),
+        gib(u128::from(limit)),
+        device.adapter
+    )))
 }
 
 /// Refuses a request past a LongRoPE model's original context ([`ModelArch::short_rope_limit`]):
@@ -256,7 +288,7 @@ fn cache_bytes_and_tensor(
     (2 * model.n_layers as u128 * cache_tensor, cache_tensor)
 }
 
-fn cache_bytes(model: &ModelArch, dtype: DType, prompts: &[Vec<u32>], max_new_tokens: usize) -> u128 {
+pub(crate) fn cache_bytes(model: &ModelArch, dtype: DType, prompts: &[Vec<u32>], max_new_tokens: usize) -> u128 {
     cache_bytes_and_tensor(model, dtype, prompts, max_new_tokens).0
 }
 
@@ -335,6 +367,31 @@ mod tests {
         assert_eq!(default_batch_size(40, &device_with(1)), MAX_DEFAULT_BATCH_SIZE);
         assert_eq!(default_batch_size(3, &device_with(8)), 1);
         assert_eq!(default_batch_size(0, &device_with(0)), 1);
+    }
+
+    /// A weight larger than the device's largest buffer is refused naming it: Llama-3.2-1B's f16
+    /// embedding (525 MB) on lavapipe (128 MiB); its f32 blocks (67 MB per projection) fit.
+    #[test]
+    fn a_weight_past_the_largest_buffer_is_refused_by_name() {
+        // Llama-3.2-1B's shape on SmolLM2's: 2048 wide, 8192 hidden, 32/8 heads, vocab 128256.
+        let arch = ModelArch {
+            dim: 2048,
+            hidden_dim: 8192,
+            n_layers: 16,
+            n_heads: 32,
+            n_kv_heads: 8,
+            vocab_size: 128_256,
+            ..smollm2()
+        };
+        let mut lavapipe = device_with(1);
+        lavapipe.adapter = "llvmpipe (LLVM 15.0.6, 256 bits)".into();
+        lavapipe.max_buffer_bytes = Some(128 << 20);
+        let e = check_weight_buffers(&arch, DType::F16, &lavapipe).expect_err("too large").to_string();
+        assert!(e.contains("token embedding (262668288 values, 0.49 GiB in F16)"), "{e}");
+        assert!(e.contains("0.12 GiB that llvmpipe (LLVM 15.0.6, 256 bits) allows in one buffer"), "{e}");
+        let small = ModelArch { vocab_size: 16_384, ..arch.clone() };
+        assert!(check_weight_buffers(&small, DType::F32, &lavapipe).is_ok());
+        assert!(check_weight_buffers(&arch, DType::F16, &device_with(1)).is_ok(), "no limit of its own");
     }
 
     /// SmolLM2-135M's shape: 30 layers, 3 key/value heads of 64.
