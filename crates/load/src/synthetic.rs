@@ -343,6 +343,14 @@ pub struct SyntheticSource {
 }
 
 impl SyntheticSource {
+    /// The same preset with its shapes changed by `resize` (its features, biases and sinks kept):
+    /// a real-size preset at test size. The values are drawn as for any preset, from the new
+    /// shapes.
+    pub fn resized(mut self, resize: impl FnOnce(&mut ModelArch)) -> Self {
+        resize(&mut self.arch);
+        self
+    }
+
     /// N(0, 0.02²) values of `shape` on stream `k` (the `k`-th tensor in [`HostModel`] order).
     fn rand(&self, shape: &[usize], k: usize) -> HostTensor {
         random_tensor(shape, self.seed, k as u64)
