@@ -120,23 +120,16 @@ mod tests {
     use super::*;
     use qdrift_generate::{BackendChoice, select_device};
 
-    fn plan(cfg: &EvalConfig, prompts: usize, batch: usize) -> Plan {
-        let mut cfg = cfg.clone();
+    /// An f16 evaluation of `synthetic:llama-1b` with int8, `prompts` prompts of 8 tokens in
+    /// batches of `batch`, 10 new tokens: its config, architecture and plan on the CPU.
+    fn llama_1b(prompts: usize, batch: usize) -> (EvalConfig, ModelArch, Plan) {
+        let mut cfg = EvalConfig::new("synthetic:llama-1b".into());
+        cfg.variants = vec![VariantSpec::Scheme("int8".parse().expect("int8"))];
         cfg.batch_size = Some(batch);
         let device = select_device(BackendChoice::Cpu).expect("cpu");
-        let arch = qdrift_load::synthetic_arch(&model(&cfg)).expect("preset");
-        Plan::new(&cfg, vec![10], &arch, vec![vec![1u32; 8]; prompts], device).expect("plan")
-    }
-
-    fn model(cfg: &EvalConfig) -> String {
-        cfg.model.to_string_lossy().trim_start_matches("synthetic:").to_string()
-    }
-
-    fn config(model: &str, dtype: DType) -> EvalConfig {
-        let mut cfg = EvalConfig::new(format!("synthetic:{model}").into());
-        cfg.dtype = dtype;
-        cfg.variants = vec![VariantSpec::Scheme("int8".parse().expect("int8"))];
-        cfg
+        let arch = qdrift_load::synthetic_arch("llama-1b").expect("preset");
+        let plan = Plan::new(&cfg, vec![10], &arch, vec![vec![1u32; 8]; prompts], device).expect("plan");
+        (cfg, arch, plan)
     }
 
     /// `synthetic:llama-1b` as `bench scale` runs it: f16, 2 prompts of 8 tokens × 10 new, one
@@ -144,9 +137,8 @@ mod tests {
     /// 61M-weight block in f32 while it is built; measured peak RSS 3.19 GiB.
     #[test]
     fn llama_1b_is_its_weights_its_tied_table_and_a_block() {
-        let cfg = config("llama-1b", DType::F16);
-        let arch = qdrift_load::synthetic_arch("llama-1b").expect("preset");
-        let plan = plan(&cfg, 2, 2);
+        let (cfg, arch, plan) = llama_1b(2, 2);
+        assert_eq!(cfg.dtype, DType::F16);
         let models =
             planned_models(&cfg, &plan.device, &plan.prompts, (&arch, arch.parameter_count()), &plan.generation);
         let names: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
@@ -168,11 +160,9 @@ mod tests {
 
     #[test]
     fn a_plan_past_the_memory_is_refused_with_a_batch_size_that_fits() {
-        let cfg = config("llama-1b", DType::F16);
-        let arch = qdrift_load::synthetic_arch("llama-1b").expect("preset");
-        let params = arch.parameter_count();
         // 16 prompts in one batch of 16, 1000 + 8 positions.
-        let mut plan = plan(&cfg, 16, 16);
+        let (cfg, arch, mut plan) = llama_1b(16, 16);
+        let params = arch.parameter_count();
         plan.generation.max_new_tokens = 1000;
         let all = planned_models(&cfg, &plan.device, &plan.prompts, (&arch, params), &plan.generation);
         let need = all.iter().map(|m| m.footprint.peak()).max().expect("models");

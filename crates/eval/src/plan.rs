@@ -95,11 +95,15 @@ impl Plan {
         }
         // The reference and the noise floor run at both precisions between them.
         let dtypes = [cfg.dtype, crate::variant::other_precision(cfg.dtype)];
-        if dtypes.contains(&DType::F16) && !device.supports_f16 {
-            return Err(EvalError::NoF16 { adapter: device.adapter.clone() });
+        for dtype in dtypes {
+            // An f16 refusal says that the reference or the noise floor needs it (with
+            // `--dtype f32` the noise floor still does).
+            device.check_dtype(dtype).map_err(|e| match dtype {
+                DType::F16 => EvalError::NoF16 { adapter: device.adapter.clone() },
+                _ => e.into(),
+            })?;
         }
         for dtype in dtypes {
-            device.check_dtype(dtype)?;
             check_request(arch, dtype, &device, &prompts, &generation)?;
         }
         let row_bytes = batch_size.saturating_mul(arch.vocab_size).saturating_mul(4).max(1);

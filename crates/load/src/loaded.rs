@@ -70,9 +70,7 @@ impl<W> LoadedModel<W> {
             quantization,
         })
     }
-}
 
-impl<W> LoadedModel<W> {
     /// The dtype the checkpoint stores its tensors in, as a report names it: `bf16`, `f16`,
     /// `f32`, or for a file that mixes them (GGUF's quantized weights beside f32 norms) each, the
     /// most frequent first (`q4_1 + f32`). Lowercase, as `--dtype` names dtypes; empty when the

@@ -264,7 +264,12 @@ pub fn synthetic_model(name: &str, seed: u64) -> Result<LoadedModel, LoadError> 
 /// [`LoadError::Invalid`] for an unknown preset.
 pub fn synthetic_source(name: &str, seed: u64) -> Result<LoadedModel<SyntheticSource>, LoadError> {
     let path = PathBuf::from(format!("synthetic:{name}"));
-    let arch = preset_arch(name)?;
+    // A configured preset is parsed once: its architecture, and the tensors it has beyond a
+    // Llama block (its class's biases and sinks).
+    let (arch, attn_bias, expert_bias) = match configured_preset(name) {
+        Some(p) => (p.arch, p.attn_bias, p.class == Class::GptOss),
+        None => (preset_arch(name)?, AttnBias::None, false),
+    };
     let tokenizer = byte_tokenizer(arch.vocab_size).map_err(|e| LoadError::invalid(&path, e))?;
     let mut source_dtypes = vec![("token_embedding".to_string(), "F32".to_string())];
     for i in 0..arch.n_layers {
@@ -276,9 +281,6 @@ pub fn synthetic_source(name: &str, seed: u64) -> Result<LoadedModel<SyntheticSo
     if !arch.tied_embeddings {
         source_dtypes.push(("output".to_string(), "F32".to_string()));
     }
-    // The tensors a configured preset has beyond a Llama block: its class's biases and sinks.
-    let (attn_bias, expert_bias) =
-        configured_preset(name).map_or((AttnBias::None, false), |p| (p.attn_bias, p.class == Class::GptOss));
     Ok(LoadedModel {
         model: SyntheticSource { arch, seed, attn_bias, expert_bias },
         tokenizer: Box::new(tokenizer),

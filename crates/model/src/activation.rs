@@ -34,12 +34,7 @@ pub(crate) fn gated(a: Activation, gate: Tensor<3>, up: Tensor<3>) -> Tensor<3> 
             let limit = f64::from(limit);
             let g = gate.clamp_max(limit);
             let u = up.clamp(-limit, limit);
-            let scaled = if g.dtype() == DType::BF16 {
-                crate::scale_in_f32(g.clone(), f64::from(alpha))
-            } else {
-                g.clone().mul_scalar(f64::from(alpha))
-            };
-            let glu = g * sigmoid(scaled);
+            let glu = g.clone() * sigmoid(crate::mul_scalar_opmath(g, f64::from(alpha)));
             (u + 1.0) * glu
         }
     }

@@ -240,14 +240,12 @@ impl Attention {
     /// - returns `[batch, kv_heads, rep, new, keys]`, f32
     fn weights(&self, scores: Tensor<5>, mask: &Tensor<5>) -> Tensor<5> {
         let [b, kvh, rep, t, s] = scores.dims();
-        let scores = match (self.spec.scale, scores.dtype()) {
-            // PyTorch's `scores * self.scaling` on a bf16 tensor: the product of the widened
-            // value and the scale in f32, rounded once (Burn's flex would round the scale to bf16
-            // first).
-            (None, DType::BF16) => crate::scale_in_f32(scores, 1.0 / (self.head_dim as f64).sqrt()),
-            (Some(scale), DType::BF16) => crate::scale_in_f32(scores, f64::from(scale)),
-            (None, _) => scores.div_scalar((self.head_dim as f64).sqrt()),
-            (Some(scale), _) => scores.mul_scalar(f64::from(scale)),
+        // `scores * self.scaling` (`crate::mul_scalar_opmath`); f32 and f16 divide by √d, as the
+        // host kernel does.
+        let scores = match self.spec.scale {
+            None if scores.dtype() != DType::BF16 => scores.div_scalar((self.head_dim as f64).sqrt()),
+            None => crate::mul_scalar_opmath(scores, 1.0 / (self.head_dim as f64).sqrt()),
+            Some(scale) => crate::mul_scalar_opmath(scores, f64::from(scale)),
         };
         let mut scores = scores.cast(DType::F32);
         if let Some(cap) = self.spec.softcap {

@@ -102,15 +102,15 @@ pub(crate) fn upload_owned<const D: usize>(
     upload(&data, shape, dtype, device)
 }
 
-/// `x · s` as PyTorch multiplies a tensor by a Python float: in f32 (its "opmath" type for half
-/// precision), rounded once to `x`'s dtype. Burn's flex rounds the scalar to a bf16 tensor's
-/// dtype first, which for `1/√d` or gpt-oss's `alpha` = 1.702 is another value.
+/// `x · s`; in bf16 as PyTorch multiplies a tensor by a Python float: in f32 (its "opmath" type
+/// for half precision), rounded once. Burn's flex rounds the scalar to bf16 first, which for
+/// `1/√d` or gpt-oss's `alpha` = 1.702 is another value. f32 and f16 keep Burn's `mul_scalar`,
+/// which the host kernels mirror bit for bit.
 ///
 /// # Shapes
 /// - `x`: any → same
-pub(crate) fn scale_in_f32<const D: usize>(x: Tensor<D>, s: f64) -> Tensor<D> {
-    let dtype = x.dtype();
-    x.cast(DType::F32).mul_scalar(s).cast(dtype)
+pub(crate) fn mul_scalar_opmath<const D: usize>(x: Tensor<D>, s: f64) -> Tensor<D> {
+    if x.dtype() == DType::BF16 { x.cast(DType::F32).mul_scalar(s).cast(DType::BF16) } else { x.mul_scalar(s) }
 }
 
 /// A tensor's values in row-major order as f32 (exact for f16 and f32 tensors).

@@ -24,12 +24,7 @@ pub struct Reference<'a> {
     pub format: ReferenceFormat,
 }
 
-impl<'a> Reference<'a> {
-    /// The FP16 reference of `source`.
-    pub fn fp16(source: &'a dyn WeightSource) -> Self {
-        Self { source, format: ReferenceFormat::Fp16 }
-    }
-
+impl Reference<'_> {
     fn round(&self, mut t: HostTensor) -> HostTensor {
         round_tensor(&mut t, self.format);
         t
@@ -172,7 +167,7 @@ mod tests {
             let source = synthetic_model(name, 3).expect("preset").model;
             let mut reference = source.clone();
             round_to_fp16_reference(&mut reference);
-            let fp16 = Reference::fp16(&source);
+            let fp16 = Reference { source: &source, format: ReferenceFormat::Fp16 };
             assert_eq!(HostModel::from_source(&fp16).expect("parts"), reference, "{name}: FP16 reference");
             let mut bf16 = source.clone();
             crate::round_to_reference(&mut bf16, ReferenceFormat::Bf16);
