@@ -12,7 +12,6 @@ use qdrift_generate::{
     context_overflow, default_batch_size, generate, select_device, timed_generate,
 };
 use qdrift_load::{Tokenizer, WeightSource};
-use qdrift_model::Llama;
 use qdrift_quantize::{QuantizedSource, Reference};
 
 use crate::args::{backend_parser, batch_size_help, dtype_parser, model_help};
@@ -115,11 +114,11 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
     // The checkpoint as it is; with --scheme, the scheme applied to the reference (FP16, or bf16
     // under --dtype bf16) as `qdrift eval` builds it, tensor by tensor.
     let model = match &args.variant.scheme {
-        None => Llama::from_source(&*loaded.model, args.dtype, &device.device)?,
+        None => device.build_model(&*loaded.model, args.dtype)?,
         Some(recipe) => {
             let reference = Reference { source: &*loaded.model, format: qdrift_eval::reference_format(args.dtype) };
             let quantized = QuantizedSource::new(&reference, recipe.weights, args.variant.options());
-            let mut model = Llama::from_source(&quantized, args.dtype, &device.device)?;
+            let mut model = device.build_model(&quantized, args.dtype)?;
             model.apply_runtime(recipe)?;
             model
         }

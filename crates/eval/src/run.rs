@@ -141,9 +141,8 @@ fn run_variants(
     let LoadedModel { model: weights, tokenizer, .. } = loaded;
     let fp16 = RoundedReference { source: &*weights, format: reference_format(plan.dtype) };
     let identity = ReferenceIdentity { arch: weights.arch().clone(), parameters: weights.parameter_count(), tokenizer };
-    let device = &plan.device.device;
     let build_reference = || -> Result<Llama, EvalError> {
-        let model = Llama::from_source(&fp16, plan.dtype, device)?;
+        let model = plan.device.build_model(&fp16, plan.dtype)?;
         qdrift_model::release_free_memory();
         Ok(model)
     };
@@ -242,7 +241,7 @@ fn run_variant(
     progress: &mut ProgressFn<'_>,
 ) -> Result<Pending, EvalError> {
     let plan = scoring.plan;
-    let model = built.build_model(weights.fp16, weights.quantize, &plan.device.device)?;
+    let model = built.build_model(weights.fp16, weights.quantize, &plan.device)?;
     let header = built.header();
     drop(built);
     qdrift_model::release_free_memory();

@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::DType;
+use qdrift_generate::ComputeDevice;
 use qdrift_load::{
     ActivationFormat, ActivationGranularity, CheckpointActivations, HostModel, LoadedModel, ModelArch, Tokenizer,
     WeightSource, open_model,
@@ -254,15 +255,15 @@ impl BuiltVariant {
         &mut self,
         reference: &dyn WeightSource,
         quantize: &QuantizeOptions,
-        device: &burn::tensor::Device,
+        device: &ComputeDevice,
     ) -> Result<Llama, EvalError> {
         let mut model = match std::mem::replace(&mut self.host, VariantWeights::Reference) {
-            VariantWeights::Reference => Llama::from_source(reference, self.dtype, device)?,
+            VariantWeights::Reference => device.build_model(reference, self.dtype)?,
             VariantWeights::Scheme => {
                 let recipe =
                     self.recipe.ok_or_else(|| EvalError::Internal("a scheme variant without its recipe".into()))?;
                 let source = QuantizedSource::new(reference, recipe.weights, *quantize);
-                let model = Llama::from_source(&source, self.dtype, device)?;
+                let model = device.build_model(&source, self.dtype)?;
                 let summary = source.summary();
                 // Tensors the scheme leaves alone count at FP16 (`QuantSummary::weight_bytes`).
                 self.bits_per_weight = summary.model_bits_per_weight;
@@ -279,7 +280,7 @@ impl BuiltVariant {
                     .collect();
                 model
             }
-            VariantWeights::Own(host) => Llama::from_source(&*host, self.dtype, device)?,
+            VariantWeights::Own(host) => device.build_model(&*host, self.dtype)?,
         };
         self.apply_runtime(&mut model)?;
         Ok(model)

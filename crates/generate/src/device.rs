@@ -9,6 +9,8 @@ use std::sync::{Mutex, OnceLock};
 
 use burn::tensor::wgpu::{WgpuBackend, wgpu};
 use burn::tensor::{DType, Device, DeviceKind};
+use qdrift_model::{Llama, ModelError};
+use qdrift_weights::WeightSource;
 
 /// What the user asked for with `--backend`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +106,16 @@ impl ComputeDevice {
             DType::F16 | DType::BF16 | DType::F32 => Ok(()),
             _ => refuse("that dtype", "use --dtype f16, bf16 or f32"),
         }
+    }
+
+    /// Builds a model on this device from `source` in `dtype` (`Llama::from_source_within`):
+    /// a tensor larger than the device's largest buffer ([`ComputeDevice::max_buffer_bytes`]) is
+    /// held in ranges that fit it.
+    ///
+    /// # Errors
+    /// As `Llama::from_source`.
+    pub fn build_model(&self, source: &dyn WeightSource, dtype: DType) -> Result<Llama, ModelError> {
+        Llama::from_source_within(source, dtype, &self.device, self.max_buffer_bytes)
     }
 }
 

@@ -223,7 +223,7 @@ pub(crate) fn open_llama2c(path: &Path, tokenizer: Option<&Path>) -> Result<Load
         None => find_llama2c_tokenizer(path)?,
     };
     let tok = Llama2cTokenizer::read(&tokenizer_path)?;
-    check_vocab(&tok, &tokenizer_path, &model, path)?;
+    check_vocab(&tok, &tokenizer_path, &model.arch, path)?;
     let source_dtypes = llama2c_tensor_names(&model).into_iter().map(|n| (n, "F32".to_string())).collect();
     Ok(LoadedModel {
         model,

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::LoadError;
 use crate::storage::SourceStorage;
 use crate::tokenizer::Tokenizer;
-use qdrift_weights::HostModel;
+use qdrift_weights::{HostModel, ModelArch};
 
 /// A model and its tokenizer, ready for the later stages.
 ///
@@ -201,15 +201,15 @@ impl std::fmt::Display for CheckpointActivations {
 pub(crate) fn check_vocab(
     tok: &dyn Tokenizer,
     tokenizer_path: &Path,
-    model: &HostModel,
+    arch: &ModelArch,
     model_path: &Path,
 ) -> Result<(), LoadError> {
-    if tok.vocab_size() != model.arch.vocab_size {
+    if tok.vocab_size() != arch.vocab_size {
         return Err(LoadError::VocabMismatch {
             tokenizer: tokenizer_path.to_path_buf(),
             tokenizer_vocab: tok.vocab_size(),
             model: model_path.to_path_buf(),
-            model_vocab: model.arch.vocab_size,
+            model_vocab: arch.vocab_size,
         });
     }
     Ok(())

@@ -10,7 +10,7 @@ use crate::LoadError;
 use crate::gguf::read::gguf_source_storage;
 use crate::gguf::read_gguf;
 use crate::gguf::tokenizer::gguf_tokenizer;
-use crate::hf::read_hf_folder;
+use crate::hf::{open_hf_source, read_hf_folder};
 use crate::llama2c::open_llama2c;
 use crate::loaded::{LoadedModel, ModelFormat};
 use crate::synthetic;
@@ -39,16 +39,10 @@ pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, 
         }
         return synthetic::open_synthetic(spec);
     }
+    if let Some(dir) = hf_folder(path)? {
+        return read_hf_folder(dir, tokenizer);
+    }
     let meta = std::fs::metadata(path).map_err(|e| LoadError::io(path, e))?;
-    // A file of a Hugging Face folder stands for the folder.
-    let hf_file = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("safetensors"))
-        || path.file_name().is_some_and(|n| n == "config.json" || n == "model.safetensors.index.json");
-    if hf_file && let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        return open_model(dir, tokenizer);
-    }
-    if meta.is_dir() {
-        return read_hf_folder(path, tokenizer);
-    }
     // Before any reader opens it: a named pipe would block, a device would never end.
     crate::input::check_regular(path, crate::input::MODEL, meta.file_type())?;
     if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
@@ -63,11 +57,27 @@ pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, 
     open_llama2c(path, tokenizer)
 }
 
+/// The Hugging Face folder `path` names: the folder itself, or the folder of its `config.json`,
+/// a `.safetensors` file or the shard index; `None` for anything else.
+fn hf_folder(path: &Path) -> Result<Option<&Path>, LoadError> {
+    let meta = std::fs::metadata(path).map_err(|e| LoadError::io(path, e))?;
+    let hf_file = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("safetensors"))
+        || path.file_name().is_some_and(|n| n == "config.json" || n == "model.safetensors.index.json");
+    if hf_file && let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        return hf_folder(dir);
+    }
+    Ok(meta.is_dir().then_some(path))
+}
+
 /// [`open_model`] with the weights held as a [`WeightSource`] that hands them out part by part,
-/// for building a model on a device without a whole f32 host copy: a synthetic model generates
-/// each part when asked; a checkpoint is read whole, given to `prepare` (an evaluation rounds it
-/// to its FP16 reference there, which the parts of a synthetic model get as they are built), and
-/// held as a [`HeldModel`] (each tensor at 16 bits when its values allow, exactly).
+/// for building a model on a device without a whole f32 host copy:
+/// - a synthetic model generates each part when asked;
+/// - a Hugging Face folder reads each part from its files when asked (`open_hf_source`: read
+///   through once at open for its errors, nothing kept), as stored: `prepare` is not called,
+///   the caller rounds each part as it builds (an evaluation's `Reference` does);
+/// - another checkpoint (GGUF, llama2.c) is read whole, given to `prepare` (an evaluation rounds
+///   it to its FP16 reference there), and held as a [`HeldModel`] (each tensor at 16 bits when
+///   its values allow, exactly).
 ///
 /// # Errors
 /// As [`open_model`].
@@ -82,6 +92,12 @@ pub fn open_source(
     {
         let (name, seed) = synthetic::parse_spec(spec)?;
         return synthetic::synthetic_source(name, seed)?.try_map_model(|s| as_source(Arc::new(s)));
+    }
+    // A synthetic model with a tokenizer goes on to `open_model`, which refuses it.
+    if !path.to_string_lossy().starts_with("synthetic:")
+        && let Some(dir) = hf_folder(path)?
+    {
+        return open_hf_source(dir, tokenizer)?.try_map_model(|s| as_source(Arc::new(s)));
     }
     open_model(path, tokenizer)?.try_map_model(|mut m| {
         prepare(&mut m);

@@ -425,7 +425,7 @@ mod tests {
     /// `spec` and `sinks`; only [`Attention::weights`] is used.
     fn layer(heads: usize, spec: AttentionSpec, sinks: Option<&[f32]>) -> Attention {
         let device = Device::flex();
-        let store = ProjectionStore { dtype: DType::F32, device: &device, kernel: LinearKernel::Burn, compact: true };
+        let store = ProjectionStore::f32_for(&device, LinearKernel::Burn);
         let p = |out: usize, inp: usize| Projection::new(&vec![0.0; out * inp], [out, inp], None, store);
         Attention {
             wq: p(heads * 2, 4),

@@ -44,6 +44,7 @@
 mod activation;
 mod attention;
 mod cache;
+mod embedding;
 mod error;
 mod fake_quant;
 mod ffn;
@@ -57,12 +58,13 @@ mod rope;
 mod routing;
 
 pub use cache::KvCache;
+pub use embedding::TokenEmbedding;
 pub use error::ModelError;
 pub use fake_quant::{RuntimeQuant, round_activations, round_kv};
 pub use host::isa::{ISA_VAR, Isa, IsaError};
 pub use host::placement::{AttentionKernel, LinearKernel, RoundingPath};
 pub use host::threads::{in_pool, single_threaded};
-pub use linear::Projection;
+pub use linear::{Projection, SplitLinear};
 pub use llama::{Llama, OutputHead, Overflow};
 pub use moe::MoeLayer;
 pub use positions::Positions;
@@ -151,6 +153,27 @@ fn transposed<T: Copy>(src: &[T], rows: usize, cols: usize, conv: impl Fn(T) -> 
         }
     }
     out
+}
+
+/// The wgpu device the unit tests share, started once per test process on Vulkan's CPU adapter
+/// (Mesa's lavapipe; CI installs it): CubeCL registers a device's runtime once per process, so a
+/// second `init` of the same device fails.
+#[cfg(test)]
+pub(crate) fn test_wgpu() -> Device {
+    use burn::tensor::DeviceKind;
+    use burn::tensor::wgpu::WgpuBackend;
+    static DEVICE: std::sync::OnceLock<Result<Device, String>> = std::sync::OnceLock::new();
+    let started = DEVICE.get_or_init(|| {
+        Device::wgpu_options()
+            .device_kind(DeviceKind::Cpu)
+            .graphics_api(WgpuBackend::Vulkan)
+            .init()
+            .map_err(|e| e.to_string())
+    });
+    match started {
+        Ok(device) => device.clone(),
+        Err(e) => panic!("this test needs a Vulkan adapter (CI installs Mesa's lavapipe): {e}"),
+    }
 }
 
 /// Hands the pages of freed heap memory back to the system (glibc's `malloc_trim`; nothing

@@ -1,6 +1,8 @@
 //! [`Projection`]: a linear layer `y = x·Wᵀ (+ b)`, stored where its device multiplies best
-//! ([`LinearKernel`]): as Burn's `Linear` (every backend; what wgpu runs), or as weights packed
-//! once on the host for the CPU backend's own kernel (`host/linear.rs`).
+//! ([`LinearKernel`]): as Burn's `Linear` (every backend; what wgpu runs), split by output
+//! columns over several `Linear`s where one weight would pass the device's largest buffer
+//! ([`SplitLinear`]), or as weights packed once on the host for the CPU backend's own kernel
+//! (`host/linear.rs`).
 
 use std::sync::Arc;
 
@@ -20,8 +22,39 @@ use crate::{host_f32, host_f32_transposed, upload, upload_owned};
 pub enum Projection {
     /// Burn's layer, weight `[in, out]`.
     Device(Linear),
+    /// Burn's layers over consecutive ranges of the output columns, for a weight larger than
+    /// the device's largest buffer.
+    Split(SplitLinear),
     /// Packed host weights.
     Host(HostProjection),
+}
+
+/// A linear layer whose `[in, out]` weight is held as several `[in, out_i]` column ranges, in
+/// order, each within the device's largest buffer (Mesa's lavapipe allows 128 MiB in one: less
+/// than Llama-3.2-1B's 525 MB f16 output layer). Each output value is the same dot product as in
+/// one `Linear`; the ranges' outputs are concatenated.
+#[derive(Module, Debug)]
+pub struct SplitLinear {
+    parts: Vec<Linear>,
+}
+
+impl SplitLinear {
+    /// # Shapes
+    /// - `x`: `[batch, seq, in]` → `[batch, seq, out]`
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        Tensor::cat(self.parts.iter().map(|p| p.forward(x.clone())).collect(), 2)
+    }
+}
+
+/// How many of `total` rows of `row_values` values each, in `dtype`, one buffer of at most
+/// `max_bytes` holds (at least one: a single row past the limit is the caller's to refuse), or
+/// all of them without a limit.
+pub(crate) fn rows_per_buffer(total: usize, row_values: usize, dtype: DType, max_bytes: Option<u64>) -> usize {
+    let Some(max) = max_bytes else {
+        return total.max(1);
+    };
+    let row_bytes = (row_values as u64).saturating_mul(dtype.size() as u64).max(1);
+    usize::try_from(max / row_bytes).unwrap_or(usize::MAX).clamp(1, total.max(1))
 }
 
 /// The host storage of a [`Projection`]: no Burn parameters.
@@ -32,13 +65,23 @@ pub struct HostProjection {
 }
 
 /// Where and how [`Projection::new`] stores a layer: the compute dtype, the device, the kernel
-/// that will multiply by it, and whether host panels of an f32 layer may be stored as f16.
+/// that will multiply by it, whether host panels of an f32 layer may be stored as f16, and the
+/// device's largest buffer in bytes (`None`: no limit of its own).
 #[derive(Clone, Copy)]
 pub(crate) struct ProjectionStore<'a> {
     pub dtype: DType,
     pub device: &'a Device,
     pub kernel: LinearKernel,
     pub compact: bool,
+    pub max_buffer_bytes: Option<u64>,
+}
+
+#[cfg(test)]
+impl<'a> ProjectionStore<'a> {
+    /// f32 layers for `kernel` on `device`, compact, without a buffer limit: what the tests build.
+    pub(crate) fn f32_for(device: &'a Device, kernel: LinearKernel) -> Self {
+        ProjectionStore { dtype: DType::F32, device, kernel, compact: true, max_buffer_bytes: None }
+    }
 }
 
 impl Projection {
@@ -52,7 +95,7 @@ impl Projection {
         bias: Option<&[f32]>,
         store: ProjectionStore<'_>,
     ) -> Self {
-        let ProjectionStore { dtype, device, kernel, compact } = store;
+        let ProjectionStore { dtype, device, kernel, compact, max_buffer_bytes } = store;
         match kernel {
             LinearKernel::Host => {
                 let f16 = dtype == DType::F16;
@@ -64,12 +107,21 @@ impl Projection {
                 Self::Host(HostProjection { packed: Arc::new(packed) })
             }
             LinearKernel::Burn => {
-                // Burn's Linear multiplies by a [in, out] weight.
-                let transposed = transpose(weight, out, inp);
-                Self::Device(Linear {
-                    weight: Param::from_tensor(upload(&transposed, [inp, out], dtype, device)),
-                    bias: bias.map(|b| Param::from_tensor(upload(b, [out], dtype, device))),
-                })
+                // Burn's Linear multiplies by a [in, out] weight: each column range of it is
+                // output rows `lo..hi` of the [out, in] weight, transposed.
+                let linear = |lo: usize, hi: usize| {
+                    let transposed = transpose(&weight[lo * inp..hi * inp], hi - lo, inp);
+                    Linear {
+                        weight: Param::from_tensor(upload(&transposed, [inp, hi - lo], dtype, device)),
+                        bias: bias.map(|b| Param::from_tensor(upload(&b[lo..hi], [hi - lo], dtype, device))),
+                    }
+                };
+                let per_part = rows_per_buffer(out, inp, dtype, max_buffer_bytes);
+                if per_part >= out {
+                    return Self::Device(linear(0, out));
+                }
+                let parts = (0..out).step_by(per_part).map(|lo| linear(lo, (lo + per_part).min(out))).collect();
+                Self::Split(SplitLinear { parts })
             }
         }
     }
@@ -77,7 +129,7 @@ impl Projection {
     /// The packed host weights, for a layer stored on the host.
     pub(crate) fn packed(&self) -> Option<&PackedLinear> {
         match self {
-            Self::Device(_) => None,
+            Self::Device(_) | Self::Split(_) => None,
             Self::Host(h) => Some(&h.packed),
         }
     }
@@ -86,6 +138,7 @@ impl Projection {
     pub fn out_features(&self) -> usize {
         match self {
             Self::Device(linear) => linear.weight.dims()[1],
+            Self::Split(s) => s.parts.iter().map(|p| p.weight.dims()[1]).sum(),
             Self::Host(h) => h.packed.out(),
         }
     }
@@ -94,6 +147,7 @@ impl Projection {
     pub fn has_bias(&self) -> bool {
         match self {
             Self::Device(linear) => linear.bias.is_some(),
+            Self::Split(s) => s.parts[0].bias.is_some(),
             Self::Host(h) => h.packed.has_bias(),
         }
     }
@@ -115,10 +169,8 @@ impl Projection {
     /// - `x`: `[batch, seq, in]` → `[batch, seq, out]` in `dtype`
     pub fn forward_to(&self, x: Tensor<3>, dtype: DType) -> Tensor<3> {
         match self {
-            Self::Device(linear) => {
-                let y = linear.forward(x);
-                if y.dtype() == dtype { y } else { y.cast(dtype) }
-            }
+            Self::Device(linear) => cast_to(linear.forward(x), dtype),
+            Self::Split(s) => cast_to(s.forward(x), dtype),
             Self::Host(h) => {
                 let ([b, t, inp], x_dtype, device) = (x.dims(), x.dtype(), x.device());
                 assert_eq!(inp, h.packed.inp(), "input width does not match the layer");
@@ -144,6 +196,18 @@ impl Projection {
                 let bias = linear.bias.as_ref().map(|b| HostTensor { shape: vec![out], data: host_f32(b.val()) });
                 (HostTensor { shape: vec![out, inp], data: weight }, bias)
             }
+            Self::Split(s) => {
+                // Each range's rows of the [out, in] weight, in order.
+                let parts: Vec<_> = s.parts.iter().map(|p| Self::Device(p.clone()).host_weights()).collect();
+                let out = parts.iter().map(|(w, _)| w.shape[0]).sum();
+                let inp = parts[0].0.shape[1];
+                let weight = parts.iter().flat_map(|(w, _)| w.data.iter().copied()).collect();
+                let bias = parts[0].1.is_some().then(|| HostTensor {
+                    shape: vec![out],
+                    data: parts.iter().flat_map(|(_, b)| b.iter().flat_map(|b| b.data.iter().copied())).collect(),
+                });
+                (HostTensor { shape: vec![out, inp], data: weight }, bias)
+            }
             Self::Host(h) => {
                 let (out, inp) = (h.packed.out(), h.packed.inp());
                 let bias = h.packed.bias().map(|b| HostTensor { shape: vec![out], data: b.to_vec() });
@@ -151,6 +215,11 @@ impl Projection {
             }
         }
     }
+}
+
+/// `y` in `dtype`, converted only when it is not.
+fn cast_to(y: Tensor<3>, dtype: DType) -> Tensor<3> {
+    if y.dtype() == dtype { y } else { y.cast(dtype) }
 }
 
 fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {

@@ -26,7 +26,7 @@ use crate::linear::ProjectionStore;
 use crate::moe::MoeLayer;
 use crate::norm::RmsNorm;
 use crate::routing::RoutingRecord;
-use crate::{KvCache, Positions, Projection, Rope, host_f32, upload, upload_owned};
+use crate::{KvCache, Positions, Projection, Rope, TokenEmbedding, host_f32, upload, upload_owned};
 
 /// What [`Llama::first_overflow`] hands each block's output to: the block's index and the
 /// residual stream after it, `[batch, new, dim]` row-major.
@@ -82,7 +82,24 @@ impl Llama {
     /// As [`Llama::from_host`], and [`ModelError::Source`] when the source fails to hand out a
     /// part.
     pub fn from_source(source: &dyn WeightSource, dtype: DType, device: &Device) -> Result<Llama, ModelError> {
-        Self::build(source, dtype, device, LinearKernel::for_device(device, dtype), true)
+        Self::from_source_within(source, dtype, device, None)
+    }
+
+    /// [`Llama::from_source`] on a device whose largest buffer holds `max_buffer_bytes`: the
+    /// token embedding is held as row ranges ([`TokenEmbedding`]) and a Burn linear layer as
+    /// column ranges ([`crate::SplitLinear`]) within it, each value as in one buffer. `None`
+    /// (the CPU backend) keeps every tensor whole.
+    ///
+    /// # Errors
+    /// As [`Llama::from_source`].
+    pub fn from_source_within(
+        source: &dyn WeightSource,
+        dtype: DType,
+        device: &Device,
+        max_buffer_bytes: Option<u64>,
+    ) -> Result<Llama, ModelError> {
+        let kernel = LinearKernel::for_device(device, dtype);
+        Self::build(source, dtype, device, Target { kernel, compact: true, max_buffer_bytes })
     }
 
     /// [`Llama::from_host`] with the linear layers stored as `kernel` says.
@@ -97,18 +114,12 @@ impl Llama {
         device: &Device,
         kernel: LinearKernel,
     ) -> Result<Llama, ModelError> {
-        Self::build(host, dtype, device, kernel, true)
+        Self::build(host, dtype, device, Target { kernel, compact: true, max_buffer_bytes: None })
     }
 
-    /// [`Llama::from_host_with`], holding f16-valued tensors of an f32 model as f16
-    /// only when `compact` (tests compare both).
-    fn build(
-        source: &dyn WeightSource,
-        dtype: DType,
-        device: &Device,
-        kernel: LinearKernel,
-        compact: bool,
-    ) -> Result<Llama, ModelError> {
+    /// [`Llama::from_host_with`] and [`Llama::from_source_within`], as `target` says.
+    fn build(source: &dyn WeightSource, dtype: DType, device: &Device, target: Target) -> Result<Llama, ModelError> {
+        let Target { kernel, compact, max_buffer_bytes } = target;
         if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
             return Err(ModelError::DType(dtype));
         }
@@ -125,7 +136,7 @@ impl Llama {
         let up = Uploader {
             dtype,
             device,
-            store: ProjectionStore { dtype, device, kernel, compact },
+            store: ProjectionStore { dtype, device, kernel, compact, max_buffer_bytes },
             // RMSNorm's epsilon, exactly the checkpoint's f32 value.
             eps: f64::from(arch.norm_eps),
             style: arch.block.norm,
@@ -138,7 +149,7 @@ impl Llama {
         // f16 shaders run f32 models, so other devices keep the compute dtype.
         let f16_table = dtype == DType::F32 && compact && placement::f16_table_allowed(device);
         let stored = if f16_table && is_f16_exact(table) { DType::F16 } else { dtype };
-        let embedding = Param::from_tensor(upload(table, [arch.vocab_size, d], stored, device));
+        let embedding = TokenEmbedding::new(table, [arch.vocab_size, d], stored, device, max_buffer_bytes);
         // The output layer next, while little else is resident: the two largest host tensors
         // (the embedding and an untied head, in f32) are never held beside the blocks. A tied
         // output layer gets its own copy of the embedding: the lookup wants [vocab, dim] rows, the
@@ -172,6 +183,16 @@ impl Llama {
             tied_output,
         })
     }
+}
+
+/// How [`Llama::build`] stores the model: where linear layers are multiplied, whether
+/// f16-valued tensors of an f32 model are held as f16 (tests compare both), and the device's
+/// largest buffer in bytes (`None`: no limit of its own).
+#[derive(Clone, Copy)]
+struct Target {
+    kernel: LinearKernel,
+    compact: bool,
+    max_buffer_bytes: Option<u64>,
 }
 
 /// A model's output layer and its final-logit soft cap, without the rest ([`Llama::into_head`]).
@@ -516,7 +537,7 @@ pub struct Llama {
     /// Token embedding, `[vocab, dim]`, in the compute dtype, or in f16 in an f32 model on the
     /// CPU backend whose embeddings are all f16 values (the rows a forward pass selects are
     /// widened, exactly).
-    pub embedding: Param<Tensor<2>>,
+    pub embedding: TokenEmbedding,
     /// The blocks.
     pub layers: Vec<Block>,
     /// Final norm.
@@ -610,7 +631,7 @@ impl Llama {
 
     /// The device the weights live on.
     pub fn device(&self) -> Device {
-        self.embedding.val().device()
+        self.embedding.device()
     }
 
     /// One empty key-value cache per layer for `batch` rows and `capacity` positions, for the
@@ -772,8 +793,8 @@ impl Llama {
             tables.device_rope.then(|| self.ropes.iter().map(|r| r.tables(&rows, self.dtype, &device)).collect());
         let context = ForwardContext { rope, host_rope, mask, positions, start, activations, real, f16, routing };
 
-        let dim = self.embedding.val().dims()[1];
-        let mut x = self.embedding.val().select(0, tokens.reshape([b * t]));
+        let dim = self.embedding.dims()[1];
+        let mut x = self.embedding.select(tokens.reshape([b * t]));
         if let Some(scale) = self.arch.embedding_scale {
             // Gemma's normalizer, a value of the compute dtype (`Gemma3TextScaledWordEmbedding`:
             // `embed_scale.to(self.weight.dtype)`), multiplied in the compute dtype.
@@ -848,8 +869,8 @@ impl Llama {
             let data = host_f32(p.val());
             HostTensor { shape: vec![data.len()], data }
         };
-        let [vocab, dim] = self.embedding.val().dims();
-        let token_embedding = HostTensor { shape: vec![vocab, dim], data: host_f32(self.embedding.val()) };
+        let [vocab, dim] = self.embedding.dims();
+        let token_embedding = HostTensor { shape: vec![vocab, dim], data: self.embedding.host_values() };
         let layers = self.layers.iter().map(Block::host_weights).collect();
         HostModel {
             arch: self.arch.clone(),
@@ -876,7 +897,7 @@ mod tests {
         let e = Llama::from_host_with(&host, DType::BF16, &cpu, LinearKernel::Host).expect_err("host kernels");
         assert!(matches!(e, ModelError::DType(DType::BF16)), "{e}");
         let model = Llama::from_host(&host, DType::BF16, &cpu).expect("bf16");
-        assert_eq!(model.embedding.val().dtype(), DType::BF16);
+        assert_eq!(model.embedding.dtype(), DType::BF16);
         assert!(!model.steps_match_teacher_forcing());
         // A host cache asked for is a device cache: the host kernel keeps f32 or f16.
         let caches = model.new_caches_for(1, 4, AttentionKernel::Host);
@@ -893,7 +914,7 @@ mod tests {
 
     fn logits(model: &Llama, kernel: AttentionKernel) -> Vec<u32> {
         let tokens = [1i32, 75, 104, 3, 319, 200, 42];
-        let device = Device::flex();
+        let device = model.device();
         let ids = |t: &[i32]| Tensor::<2, Int>::from_data(TensorData::new(t.to_vec(), [1, t.len()]), &device);
         let positions = Positions::left_padded(&[tokens.len()]);
         let mut caches = model.new_caches_for(1, tokens.len(), kernel);
@@ -904,14 +925,59 @@ mod tests {
         out.iter().map(|v| v.to_bits()).collect()
     }
 
+    /// A device whose largest buffer holds 7 rows of the model: the embedding is held in row
+    /// ranges and every linear layer in column ranges, holding the same values, and the logits are
+    /// bit for bit those of the whole tensors on wgpu (Mesa's lavapipe here), within the last bit
+    /// of flex's products on the CPU backend's Burn ops.
+    #[test]
+    fn weights_split_over_small_buffers_give_the_same_logits() {
+        let host = tiny_f16_values();
+        for (device, dtype) in
+            [(Device::flex(), DType::F32), (Device::flex(), DType::F16), (crate::test_wgpu(), DType::F16)]
+        {
+            let dim = host.arch.dim;
+            let limit = (7 * dim * dtype.size()) as u64;
+            let build = |max_buffer_bytes| {
+                let target = Target { kernel: LinearKernel::Burn, compact: true, max_buffer_bytes };
+                Llama::build(&host, dtype, &device, target).expect("builds")
+            };
+            let (whole, split) = (build(None), build(Some(limit)));
+            assert_eq!(whole.embedding.parts(), 1);
+            // An f32 model on the CPU backend holds the f16-valued table in f16: 14 rows a range.
+            let rows = 7 * dtype.size() / split.embedding.dtype().size();
+            assert_eq!(split.embedding.parts(), host.arch.vocab_size.div_ceil(rows), "{dtype:?}");
+            assert!(matches!(split.output, Projection::Split(_)) && matches!(whole.output, Projection::Device(_)));
+            let BlockFfn::Dense(ffn) = &split.layers[0].ffn else { panic!("the tiny preset is dense") };
+            assert!(matches!(ffn.down, Projection::Split(_)), "{dtype:?}");
+            assert_eq!(split.host_weights(), whole.host_weights(), "{dtype:?}: the same values");
+            let kernel = AttentionKernel::Composed;
+            let (a, b) = (logits(&split, kernel), logits(&whole, kernel));
+            let f = |v: &u32| f32::from_bits(*v);
+            let scale = b.iter().map(|v| f(v).abs()).fold(0f32, f32::max);
+            let worst = a.iter().zip(&b).map(|(x, y)| (f(x) - f(y)).abs()).fold(0f32, f32::max);
+            if device == Device::flex() {
+                // flex's matrix product orders its sums by the output width, so a narrower
+                // product may round its last bit differently (measured: 4.5e-8 in f32, one f16
+                // step of 2.4e-4 in f16, of logits up to 0.76). Only wgpu devices split.
+                let tolerance = if dtype == DType::F16 { scale * 2f32.powi(-10) } else { scale * 1e-6 };
+                assert!(worst <= tolerance, "{dtype:?}: max |Δ| {worst:e} of max |logit| {scale}");
+            } else {
+                assert!(a == b, "{dtype:?} on wgpu: max |Δ| {worst:e} of max |logit| {scale}, not bit for bit");
+            }
+        }
+    }
+
     #[test]
     fn f16_valued_f32_weights_are_held_as_f16_with_the_same_logits() {
         let host = tiny_f16_values();
         for kernel in [LinearKernel::Host, LinearKernel::Burn] {
-            let compact = Llama::build(&host, DType::F32, &Device::flex(), kernel, true).expect("builds");
-            let wide = Llama::build(&host, DType::F32, &Device::flex(), kernel, false).expect("builds");
-            assert_eq!(compact.embedding.val().dtype(), DType::F16, "{kernel:?}");
-            assert_eq!(wide.embedding.val().dtype(), DType::F32, "{kernel:?}");
+            let build = |compact| {
+                let target = Target { kernel, compact, max_buffer_bytes: None };
+                Llama::build(&host, DType::F32, &Device::flex(), target).expect("builds")
+            };
+            let (compact, wide) = (build(true), build(false));
+            assert_eq!(compact.embedding.dtype(), DType::F16, "{kernel:?}");
+            assert_eq!(wide.embedding.dtype(), DType::F32, "{kernel:?}");
             if kernel == LinearKernel::Host {
                 let stored = |m: &Llama| match &m.layers[0].ffn {
                     BlockFfn::Dense(f) => format!("{:?}", f.down.packed().expect("host")),
@@ -988,8 +1054,8 @@ mod tests {
         let mut host = tiny_f16_values();
         host.token_embedding.data[3] += 1e-6;
         let f32 = Llama::from_host_with(&host, DType::F32, &Device::flex(), LinearKernel::Host).expect("f32");
-        assert_eq!(f32.embedding.val().dtype(), DType::F32);
+        assert_eq!(f32.embedding.dtype(), DType::F32);
         let f16 = Llama::from_host_with(&host, DType::F16, &Device::flex(), LinearKernel::Host).expect("f16");
-        assert_eq!(f16.embedding.val().dtype(), DType::F16);
+        assert_eq!(f16.embedding.dtype(), DType::F16);
     }
 }

@@ -680,7 +680,7 @@ mod tests {
 
     fn build(s: &Setup, dtype: DType, kernel: LinearKernel) -> MoeLayer {
         let device = Device::flex();
-        let store = ProjectionStore { dtype, device: &device, kernel, compact: true };
+        let store = ProjectionStore { dtype, device: &device, kernel, compact: true, max_buffer_bytes: None };
         MoeLayer::from_host(3, &s.experts, &s.spec, s.activation, store).expect("builds")
     }
 
@@ -781,7 +781,7 @@ mod tests {
         let mut s = setup(16, 4, 2, 8, Routing::TopKSoftmax, true);
         s.experts.experts[2].down_bias = Some(tensor(&[15], 3, 0.1));
         let device = Device::flex();
-        let store = ProjectionStore { dtype: DType::F32, device: &device, kernel: LinearKernel::Host, compact: true };
+        let store = ProjectionStore::f32_for(&device, LinearKernel::Host);
         let err = MoeLayer::from_host(5, &s.experts, &s.spec, s.activation, store).expect_err("bad bias");
         assert!(err.to_string().contains("model.layers.5.mlp.experts.2.down_proj.bias"), "{err}");
         let mut s = setup(16, 4, 2, 8, Routing::TopKSoftmax, true);
@@ -1029,7 +1029,7 @@ mod tests {
     #[test]
     fn a_shared_expert_the_spec_lacks_is_refused() {
         let device = Device::flex();
-        let store = ProjectionStore { dtype: DType::F32, device: &device, kernel: LinearKernel::Host, compact: true };
+        let store = ProjectionStore::f32_for(&device, LinearKernel::Host);
         let mut s = with_shared(setup(16, 4, 2, 8, Routing::SoftmaxTopK { renormalize: false }, false));
         s.spec.shared_expert_hidden = None;
         let e = MoeLayer::from_host(3, &s.experts, &s.spec, s.activation, store).expect_err("refused");
@@ -1045,12 +1045,7 @@ mod tests {
     /// are the same.
     #[test]
     fn wgpu_matches_flex() {
-        use burn::tensor::DeviceKind;
-        use burn::tensor::wgpu::WgpuBackend;
-        let wgpu = match Device::wgpu_options().device_kind(DeviceKind::Cpu).graphics_api(WgpuBackend::Vulkan).init() {
-            Ok(d) => d,
-            Err(e) => panic!("wgpu_matches_flex needs a Vulkan adapter (CI installs Mesa's lavapipe): {e}"),
-        };
+        let wgpu = crate::test_wgpu();
         let (b, t) = (2, 5);
         let positions = Positions::left_padded(&[3, 5]);
         for (routing, biases, shared) in [
@@ -1066,7 +1061,7 @@ mod tests {
                     upload(&x, [b, t, s.dim], DType::F32, &Device::flex()),
                     &context(&positions, None, t, false),
                 ));
-            let store = ProjectionStore { dtype: DType::F32, device: &wgpu, kernel: LinearKernel::Burn, compact: true };
+            let store = ProjectionStore::f32_for(&wgpu, LinearKernel::Burn);
             let layer = MoeLayer::from_host(0, &s.experts, &s.spec, s.activation, store).expect("builds");
             let got = host_f32(
                 layer.forward(upload(&x, [b, t, s.dim], DType::F32, &wgpu), &context(&positions, None, t, false)),
@@ -1183,7 +1178,7 @@ mod tests {
         let device = Device::flex();
         let x = input(b, t, dim, 3, DType::F32);
         for kernel in [LinearKernel::Host, LinearKernel::Burn] {
-            let store = ProjectionStore { dtype: DType::F32, device: &device, kernel, compact: true };
+            let store = ProjectionStore::f32_for(&device, kernel);
             let p = |out: usize, inp: usize, seed: u64| {
                 Projection::new(&tensor(&[out, inp], seed, 0.3).data, [out, inp], None, store)
             };

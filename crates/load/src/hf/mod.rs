@@ -58,7 +58,7 @@
 //!
 //! | file | contents |
 //! |---|---|
-//! | `read.rs` | [`read_hf_folder`]: the folder into a [`crate::LoadedModel`], special tokens, source storage of quantized folders |
+//! | `read.rs` | [`read_hf_folder`]: the folder into a [`crate::LoadedModel`], whole or as a source read part by part (`open_hf_source`), special tokens, source storage of quantized folders |
 //! | `config.rs` | `config.json` → [`ModelArch`](crate::ModelArch), refusals |
 //! | `shards.rs` | the safetensors files, memory-mapped and checked; typed tensor access |
 //! | `quant/` | quantized folders: `quantization_config` and one file per layout (GPTQ, AWQ, compressed-tensors, FP8) |
@@ -72,6 +72,7 @@ pub(crate) mod shards;
 pub(crate) mod tokenizer;
 pub(crate) mod write;
 
+pub(crate) use read::open_hf_source;
 pub use read::read_hf_folder;
 pub use tokenizer::HfTokenizer;
 pub use write::{WriteDtype, write_hf_folder};

@@ -20,7 +20,10 @@ use crate::rope_layout::RopeLayout::ToInterleaved;
 use crate::rope_layout::permute_head_rows;
 use crate::storage::{SizeOverflow, SourceStorage, source_storage};
 use crate::tokenizer::Tokenizer;
-use qdrift_weights::{Experts, Ffn, HostModel, HostTensor, LayerWeights, LinearName, Mlp, ModelArch, SharedExpert};
+use qdrift_weights::{
+    Experts, Ffn, HostModel, HostTensor, LayerWeights, LinearName, Mlp, ModelArch, SharedExpert, SourceError,
+    WeightSource,
+};
 
 /// Reads a Hugging Face model folder: `config.json`, `model.safetensors` or the shards listed in
 /// `model.safetensors.index.json`, and `tokenizer.json` (or `tokenizer`, if given) with
@@ -40,76 +43,221 @@ use qdrift_weights::{Experts, Ffn, HostModel, HostTensor, LayerWeights, LinearNa
 /// safetensors file, a missing or misshapen tensor, an unsupported dtype,
 /// [`LoadError::VocabMismatch`] when the tokenizer's vocabulary differs from the model's.
 pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, LoadError> {
-    let config_path = dir.join("config.json");
-    // `exists`, not `is_file`: a config.json that is a pipe or a device is refused by name below.
-    if !config_path.exists() {
-        return Err(LoadError::invalid(
-            dir,
-            "is a folder without config.json; a Hugging Face model folder needs config.json, \
-             model.safetensors (or its shards) and tokenizer.json",
-        ));
-    }
-    let config = crate::input::read_json(&config_path, crate::input::JSON)?;
-    let shards = Shards::open(dir)?;
-    let hf = parse_config(&config_path, &config, shards.tensor_count())?;
-    let class = hf.class;
-    let quant = super::quant::read_quant_config(dir, &config_path, &config)?;
-    if quant.as_ref().is_some_and(HfQuant::is_mxfp4) && class != Class::GptOss {
-        return Err(LoadError::invalid(
-            &config_path,
-            "MXFP4 quantization (quantization_config.quant_method = mxfp4) is read for GptOssForCausalLM's experts only",
-        ));
-    }
-    let model = Reader { shards: &shards, quant: quant.as_ref(), hf: &hf }.model()?;
-    let storage = match &quant {
-        Some(q) => quantized_storage(&shards, q, class, &model),
-        None => stored_storage(&shards),
+    let folder = Folder::open(dir)?;
+    let mut modules = Modules::default();
+    let empty = || HostTensor { shape: Vec::new(), data: Vec::new() };
+    let mut model = HostModel {
+        arch: folder.hf.arch.clone(),
+        token_embedding: empty(),
+        layers: Vec::with_capacity(folder.hf.arch.n_layers),
+        final_norm: empty(),
+        output: None,
     };
-    let source_storage = Some(storage.map_err(|e| LoadError::Overflow {
-        path: dir.to_path_buf(),
-        quantity: e.quantity.to_string(),
-        inputs: format!("{} tensors", shards.tensor_count()),
-    })?);
+    folder.reader().read_parts(&mut |part| {
+        modules.add(folder.hf.class, &part);
+        match part {
+            Part::Embedding(t) => model.token_embedding = t,
+            Part::Layer(_, l) => model.layers.push(*l),
+            Part::FinalNorm(t) => model.final_norm = t,
+            Part::Output(o) => {
+                // A checkpoint without lm_head ties it to the embedding whatever config.json says.
+                model.arch.tied_embeddings = o.is_none();
+                model.output = o;
+            }
+        }
+    })?;
+    let storage = folder.storage(modules)?;
+    let arch = model.arch.clone();
+    folder.finish(dir, tokenizer, &arch, storage, |_| model)
+}
 
-    let tokenizer_path = tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);
-    if !tokenizer_path.exists() {
-        return Err(LoadError::invalid(&tokenizer_path, "not found; a Hugging Face model folder needs tokenizer.json"));
-    }
-    let inner = read_tokenizer_json(&tokenizer_path)?;
-    let tok_config = crate::input::optional_json(&dir.join("tokenizer_config.json"))?;
-    let gen_config = crate::input::optional_json(&dir.join("generation_config.json"))?;
-    let token_id = |v: Option<&Value>| v.and_then(token_content).and_then(|t| inner.token_to_id(t));
-    let bos =
-        token_id(tok_config.as_ref().and_then(|c| c.get("bos_token"))).or_else(|| first_id(config.get("bos_token_id")));
-    let eos = gen_config
-        .as_ref()
-        .and_then(|g| first_id(g.get("eos_token_id")))
-        .or_else(|| token_id(tok_config.as_ref().and_then(|c| c.get("eos_token"))))
-        .or_else(|| first_id(config.get("eos_token_id")));
-    let wants_bos = tok_config.as_ref().and_then(|c| c.get("add_bos_token")).and_then(Value::as_bool) == Some(true);
-    let pipeline_adds_bos = bos.is_some() && first_encoded_id(&inner, "a") == bos;
-    let tok = HfTokenizer::new(&tokenizer_path, inner, bos, eos, wants_bos && !pipeline_adds_bos)?;
-    // The newer classes' checkpoints pad the embedding beyond the tokenizer (Qwen3: 151936 rows
-    // for 151669 tokens; the tiny-arch folders: 512 for 510): ids past the tokenizer are never
-    // encoded. Llama, Mistral and Qwen2 keep the exact check they always had.
-    let padded =
-        !matches!(class, Class::Llama | Class::Mistral | Class::Qwen2) && tok.vocab_size() < model.arch.vocab_size;
-    if !padded {
-        check_vocab(&tok, &tokenizer_path, &model, dir)?;
-    }
-    let chat_template = tok_config.as_ref().and_then(|c| c.get("chat_template")).and_then(chat_template);
+/// A Hugging Face folder's weights as a [`WeightSource`] that reads each part from the files
+/// when asked ([`crate::open_source`]): no part of the model stays in memory between requests,
+/// and the files' pages are unmapped after each part (`Shards::release_pages`).
+///
+/// The folder is read through once when it is opened, as [`read_hf_folder`] reads it, keeping
+/// nothing: every error [`read_hf_folder`] reports (a missing or misshapen tensor, a value that
+/// is not finite, a corrupt quantized layout) is reported here, at open, and the parameter
+/// count, the stored sizes and whether `lm_head` is there come from that pass.
+///
+/// # Errors
+/// As [`read_hf_folder`].
+pub(crate) fn open_hf_source(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel<HfSource>, LoadError> {
+    let folder = Folder::open(dir)?;
+    let mut modules = Modules::default();
+    let (mut parameters, mut tied) = (0, true);
+    folder.reader().read_parts(&mut |part| {
+        modules.add(folder.hf.class, &part);
+        parameters += part.parameter_count();
+        if let Part::Output(o) = &part {
+            tied = o.is_none();
+        }
+        drop(part);
+        folder.shards.release_pages();
+    })?;
+    let storage = folder.storage(modules)?;
+    let mut hf = folder.hf.clone();
+    hf.arch.tied_embeddings = tied;
+    let arch = hf.arch.clone();
+    folder.finish(dir, tokenizer, &arch, storage, |f| HfSource { shards: f.shards, quant: f.quant, hf, parameters })
+}
 
-    Ok(LoadedModel {
-        model,
-        tokenizer: Box::new(tok),
-        path: dir.to_path_buf(),
-        tokenizer_path,
-        format: ModelFormat::HfSafetensors,
-        source_dtypes: shards.dtypes(),
-        source_storage,
-        chat_template,
-        quantization: quant.map(|q| q.summary),
-    })
+/// A Hugging Face folder opened: its weights files, its architecture and its quantization, the
+/// weights not yet read.
+struct Folder {
+    config_path: std::path::PathBuf,
+    config: Value,
+    shards: Shards,
+    hf: HfArch,
+    quant: Option<HfQuant>,
+}
+
+impl Folder {
+    fn open(dir: &Path) -> Result<Folder, LoadError> {
+        let config_path = dir.join("config.json");
+        // `exists`, not `is_file`: a config.json that is a pipe or a device is refused by name below.
+        if !config_path.exists() {
+            return Err(LoadError::invalid(
+                dir,
+                "is a folder without config.json; a Hugging Face model folder needs config.json, \
+                 model.safetensors (or its shards) and tokenizer.json",
+            ));
+        }
+        let config = crate::input::read_json(&config_path, crate::input::JSON)?;
+        let shards = Shards::open(dir)?;
+        let hf = parse_config(&config_path, &config, shards.tensor_count())?;
+        let quant = super::quant::read_quant_config(dir, &config_path, &config)?;
+        if quant.as_ref().is_some_and(HfQuant::is_mxfp4) && hf.class != Class::GptOss {
+            return Err(LoadError::invalid(
+                &config_path,
+                "MXFP4 quantization (quantization_config.quant_method = mxfp4) is read for GptOssForCausalLM's experts only",
+            ));
+        }
+        Ok(Folder { config_path, config, shards, hf, quant })
+    }
+
+    fn reader(&self) -> Reader<'_> {
+        Reader { shards: &self.shards, quant: self.quant.as_ref(), hf: &self.hf }
+    }
+
+    /// The stored sizes for `qdrift inspect`: per quantized module (`modules`, from a pass over
+    /// the parts) in a quantized folder, else per dtype.
+    fn storage(&self, modules: Modules) -> Result<SourceStorage, LoadError> {
+        let storage = match &self.quant {
+            Some(q) => quantized_storage(&self.shards, q, modules.0),
+            None => stored_storage(&self.shards),
+        };
+        storage.map_err(|e| LoadError::Overflow {
+            path: self.config_path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+            quantity: e.quantity.to_string(),
+            inputs: format!("{} tensors", self.shards.tensor_count()),
+        })
+    }
+
+    /// The tokenizer and its special tokens, checked against `arch`, and the [`LoadedModel`]
+    /// holding `weights(self)`.
+    fn finish<W>(
+        self,
+        dir: &Path,
+        tokenizer: Option<&Path>,
+        arch: &ModelArch,
+        storage: SourceStorage,
+        weights: impl FnOnce(Folder) -> W,
+    ) -> Result<LoadedModel<W>, LoadError> {
+        let config = &self.config;
+        let class = self.hf.class;
+        let tokenizer_path = tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);
+        if !tokenizer_path.exists() {
+            return Err(LoadError::invalid(
+                &tokenizer_path,
+                "not found; a Hugging Face model folder needs tokenizer.json",
+            ));
+        }
+        let inner = read_tokenizer_json(&tokenizer_path)?;
+        let tok_config = crate::input::optional_json(&dir.join("tokenizer_config.json"))?;
+        let gen_config = crate::input::optional_json(&dir.join("generation_config.json"))?;
+        let token_id = |v: Option<&Value>| v.and_then(token_content).and_then(|t| inner.token_to_id(t));
+        let bos = token_id(tok_config.as_ref().and_then(|c| c.get("bos_token")))
+            .or_else(|| first_id(config.get("bos_token_id")));
+        let eos = gen_config
+            .as_ref()
+            .and_then(|g| first_id(g.get("eos_token_id")))
+            .or_else(|| token_id(tok_config.as_ref().and_then(|c| c.get("eos_token"))))
+            .or_else(|| first_id(config.get("eos_token_id")));
+        let wants_bos = tok_config.as_ref().and_then(|c| c.get("add_bos_token")).and_then(Value::as_bool) == Some(true);
+        let pipeline_adds_bos = bos.is_some() && first_encoded_id(&inner, "a") == bos;
+        let tok = HfTokenizer::new(&tokenizer_path, inner, bos, eos, wants_bos && !pipeline_adds_bos)?;
+        // The newer classes' checkpoints pad the embedding beyond the tokenizer (Qwen3: 151936 rows
+        // for 151669 tokens; the tiny-arch folders: 512 for 510): ids past the tokenizer are never
+        // encoded. Llama, Mistral and Qwen2 keep the exact check they always had.
+        let padded =
+            !matches!(class, Class::Llama | Class::Mistral | Class::Qwen2) && tok.vocab_size() < arch.vocab_size;
+        if !padded {
+            check_vocab(&tok, &tokenizer_path, arch, dir)?;
+        }
+        let chat_template = tok_config.as_ref().and_then(|c| c.get("chat_template")).and_then(chat_template);
+        let source_dtypes = self.shards.dtypes();
+        let quantization = self.quant.as_ref().map(|q| q.summary.clone());
+        Ok(LoadedModel {
+            model: weights(self),
+            tokenizer: Box::new(tok),
+            path: dir.to_path_buf(),
+            tokenizer_path,
+            format: ModelFormat::HfSafetensors,
+            source_dtypes,
+            source_storage: Some(storage),
+            chat_template,
+            quantization,
+        })
+    }
+}
+
+/// A Hugging Face folder's weights read part by part from its files ([`open_hf_source`]).
+pub(crate) struct HfSource {
+    shards: Shards,
+    quant: Option<HfQuant>,
+    /// The architecture, `tied_embeddings` as the files have it (no `lm_head`: tied).
+    hf: HfArch,
+    parameters: usize,
+}
+
+impl HfSource {
+    /// `read(reader)`, the files' pages unmapped after it.
+    fn part<T>(&self, read: impl FnOnce(&Reader<'_>) -> Result<T, LoadError>) -> Result<T, SourceError> {
+        let reader = Reader { shards: &self.shards, quant: self.quant.as_ref(), hf: &self.hf };
+        let part = read(&reader);
+        self.shards.release_pages();
+        part.map_err(|e| Box::new(e) as SourceError)
+    }
+}
+
+impl WeightSource for HfSource {
+    fn arch(&self) -> &ModelArch {
+        &self.hf.arch
+    }
+
+    fn parameter_count(&self) -> usize {
+        self.parameters
+    }
+
+    fn token_embedding(&self) -> Result<HostTensor, SourceError> {
+        self.part(|r| r.embedding())
+    }
+
+    fn layer(&self, index: usize) -> Result<LayerWeights, SourceError> {
+        if index >= self.hf.arch.n_layers {
+            return Err(format!("no block {index}: the model has {}", self.hf.arch.n_layers).into());
+        }
+        self.part(|r| r.layer(index))
+    }
+
+    fn final_norm(&self) -> Result<HostTensor, SourceError> {
+        self.part(|r| r.final_norm())
+    }
+
+    fn output(&self) -> Result<Option<HostTensor>, SourceError> {
+        self.part(|r| r.output())
+    }
 }
 
 /// A special token in `tokenizer_config.json`: a string or `{"content": ...}` (`AddedToken`).
@@ -145,25 +293,8 @@ fn chat_template(v: &Value) -> Option<String> {
 fn quantized_storage(
     shards: &Shards,
     quant: &HfQuant,
-    class: Class,
-    model: &HostModel,
+    mut modules: Vec<(String, u64)>,
 ) -> Result<SourceStorage, SizeOverflow> {
-    let mut modules: Vec<(String, u64)> = Vec::new();
-    for (i, layer) in model.layers.iter().enumerate() {
-        for (name, w) in layer.linears() {
-            let Some(m) = hf_module(class, name) else { continue };
-            let module = format!("model.layers.{i}.{m}");
-            let n = w.data.len() as u64;
-            // The linears of one fused module are consecutive.
-            match modules.last_mut() {
-                Some((last, count)) if *last == module => *count += n,
-                _ => modules.push((module, n)),
-            }
-        }
-    }
-    if let Some(o) = &model.output {
-        modules.push(("lm_head".to_string(), o.data.len() as u64));
-    }
     modules.retain(|(m, _)| quant.stores_quantized(shards, m));
     let index: HashMap<&str, usize> = modules.iter().enumerate().map(|(k, (m, _))| (m.as_str(), k)).collect();
     let kind = quant.summary.weights.as_str();
@@ -176,6 +307,32 @@ fn quantized_storage(
         }
     }
     source_storage(entries.iter().map(|(d, n, b)| (d.as_str(), *n, *b)))
+}
+
+/// The checkpoint modules that hold a model's linear layers, in model order, each with the
+/// values of the linears it holds (a fused module's parts summed), gathered part by part.
+#[derive(Default)]
+struct Modules(Vec<(String, u64)>);
+
+impl Modules {
+    fn add(&mut self, class: Class, part: &Part) {
+        match part {
+            Part::Layer(i, layer) => {
+                for (name, w) in layer.linears() {
+                    let Some(m) = hf_module(class, name) else { continue };
+                    let module = format!("model.layers.{i}.{m}");
+                    let n = w.data.len() as u64;
+                    // The linears of one fused module are consecutive.
+                    match self.0.last_mut() {
+                        Some((last, count)) if *last == module => *count += n,
+                        _ => self.0.push((module, n)),
+                    }
+                }
+            }
+            Part::Output(Some(o)) => self.0.push(("lm_head".to_string(), o.data.len() as u64)),
+            _ => {}
+        }
+    }
 }
 
 /// A stored tensor as `source_storage` counts it: its dtype's name, its values, its bytes.
@@ -240,7 +397,26 @@ fn rows(t: &HostTensor, start: usize, n: usize) -> HostTensor {
     HostTensor { shape: vec![n, cols], data: t.data[start * cols..(start + n) * cols].to_vec() }
 }
 
-/// Reads a folder's tensors into a [`HostModel`] by the names of its class.
+/// One part of a model as [`Reader::read_parts`] reads it.
+enum Part {
+    Embedding(HostTensor),
+    Layer(usize, Box<LayerWeights>),
+    FinalNorm(HostTensor),
+    Output(Option<HostTensor>),
+}
+
+impl Part {
+    /// The values it holds.
+    fn parameter_count(&self) -> usize {
+        match self {
+            Self::Embedding(t) | Self::FinalNorm(t) | Self::Output(Some(t)) => t.data.len(),
+            Self::Layer(_, l) => l.parameter_count(),
+            Self::Output(None) => 0,
+        }
+    }
+}
+
+/// Reads a folder's tensors by the names of its class, part by part.
 struct Reader<'a> {
     shards: &'a Shards,
     quant: Option<&'a HfQuant>,
@@ -279,20 +455,36 @@ impl Reader<'_> {
         permute_head_rows(t, heads, self.arch().rotary_dim(), ToInterleaved)
     }
 
-    fn model(&self) -> Result<HostModel, LoadError> {
-        let mut arch = self.arch().clone();
-        let (dim, vocab) = (arch.dim, arch.vocab_size);
-        let token_embedding = self.tensor("model.embed_tokens.weight", &[vocab, dim])?;
+    /// Every part in the order a model is built, each handed to `each` as it is read.
+    fn read_parts(&self, each: &mut dyn FnMut(Part)) -> Result<(), LoadError> {
+        each(Part::Embedding(self.embedding()?));
         // `check_layer_count` bounded n_layers by the files' tensor count.
-        let mut layers = Vec::with_capacity(arch.n_layers);
-        for i in 0..arch.n_layers {
-            layers.push(self.layer(i)?);
+        for i in 0..self.arch().n_layers {
+            each(Part::Layer(i, Box::new(self.layer(i)?)));
         }
-        let final_norm = self.tensor("model.norm.weight", &[dim])?;
-        let output = if arch.tied_embeddings { None } else { linear(self.shards, self.quant, "lm_head", vocab, dim)? };
-        // A checkpoint without lm_head ties it to the embedding whatever config.json says.
-        arch.tied_embeddings = output.is_none();
-        Ok(HostModel { arch, token_embedding, layers, final_norm, output })
+        each(Part::FinalNorm(self.final_norm()?));
+        each(Part::Output(self.output()?));
+        Ok(())
+    }
+
+    /// `model.embed_tokens.weight`, `[vocab, dim]`.
+    fn embedding(&self) -> Result<HostTensor, LoadError> {
+        self.tensor("model.embed_tokens.weight", &[self.arch().vocab_size, self.arch().dim])
+    }
+
+    /// `model.norm.weight`, `[dim]`.
+    fn final_norm(&self) -> Result<HostTensor, LoadError> {
+        self.tensor("model.norm.weight", &[self.arch().dim])
+    }
+
+    /// `lm_head`, `[vocab, dim]`, dequantized when the folder is quantized; `None` when
+    /// `config.json` ties it or the files have none.
+    fn output(&self) -> Result<Option<HostTensor>, LoadError> {
+        let a = self.arch();
+        if a.tied_embeddings {
+            return Ok(None);
+        }
+        linear(self.shards, self.quant, "lm_head", a.vocab_size, a.dim)
     }
 
     /// Block `i`. Dequantized first, then (q, k) permuted: the permutation moves real rows.

@@ -99,6 +99,23 @@ impl Shards {
         Ok(Self { files, index })
     }
 
+    /// Unmaps the pages of the files read so far from this process (`madvise(MADV_DONTNEED)`),
+    /// leaving them in the kernel's page cache: a reader that hands out a model part by part
+    /// then holds no more of the files than the part it is reading, in resident memory as in
+    /// fact. A later read maps the same bytes again from the cache or the file.
+    ///
+    /// Best effort: where the call fails (it never does on Linux for a mapping it made) the
+    /// pages stay mapped and reclaimable, as before it.
+    pub(crate) fn release_pages(&self) {
+        for f in &self.files {
+            // SAFETY: the mapping is read-only and private and never written, so it has no
+            // private copies for MADV_DONTNEED to discard: the next access reads the file's
+            // unchanged bytes again. No slice of it outlives the read that released it (parts
+            // are copied into f32 tensors first).
+            let _ = unsafe { f.map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+        }
+    }
+
     /// How many tensors the files hold in all.
     pub(crate) fn tensor_count(&self) -> usize {
         self.index.len()
