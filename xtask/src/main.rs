@@ -49,7 +49,7 @@ tasks:
           one-stream tokens/s, against the targets 2.5× and 0.5×
   bench scale  real sizes on the CPU, peak RSS and wall time against the memory invariant:
           synthetic:llama-1b (int8, 2 prompts × 10/100 tokens, target ≤ 4 GiB), the same as a bf16
-          Hugging Face folder (written by qdrift-fixture, read part by part) and
+          Hugging Face folder and an f16 GGUF file (written by qdrift-fixture, read part by part),
           synthetic:llama-8b (int8, 2 prompts × 10 tokens, target ≤ 20 GiB), each also against
           1.25 × its f16 weights + KV + 1 GiB; synthetic:llama-1b generating on wgpu (2 tokens)
   bench gpu  NVIDIA GPUs only (refused elsewhere): tokens/s of SmolLM2-135M and synthetic:llama-1b

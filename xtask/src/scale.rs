@@ -3,8 +3,8 @@
 //! large model's generation on wgpu.
 //!
 //! Targets (issue "Real sizes"): `synthetic:llama-1b`, int8, 2 prompts × 10/100 tokens, at most
-//! 4 GiB, and the same model as a bf16 Hugging Face folder (written by `qdrift-fixture`) to the
-//! same target; `synthetic:llama-8b`, int8, 2 prompts × 10 tokens, completes with at most 20 GiB. Each
+//! 4 GiB, and the same model as a bf16 Hugging Face folder and an f16 GGUF file (written by
+//! `qdrift-fixture`) to the same target; `synthetic:llama-8b`, int8, 2 prompts × 10 tokens, completes with at most 20 GiB. Each
 //! is also held to the invariant's bound, 1.25 × the reference's weights in the compute dtype
 //! (f16: 2 bytes per parameter, read from the report) + the KV caches + 1 GiB.
 
@@ -75,21 +75,25 @@ pub fn bench_scale(qdrift: &Path, out: &Path) -> Result<(), String> {
         .unwrap_or_default();
     println!("bench scale: {cores} cores, {cpu}; CPU backend, f16 reference, stories set, default batch");
     let mut missed = Vec::new();
-    // A checkpoint as users have them: synthetic:llama-1b written as a Hugging Face folder in
-    // bf16 (2.5 GB), read part by part from its file.
-    let checkpoint = out.join("llama-1b-hf-bf16");
+    // Checkpoints as users have them: synthetic:llama-1b written as a Hugging Face folder in
+    // bf16 and as a GGUF file in f16 (2.5 GB each), read part by part from the file.
     let fixture = qdrift.with_file_name("qdrift-fixture");
-    let wrote = Command::new(&fixture)
-        .args([std::ffi::OsStr::new("llama-1b"), checkpoint.as_os_str(), std::ffi::OsStr::new("bf16")])
-        .status()
-        .map_err(|e| format!("cannot run {}: {e}", fixture.display()))?;
-    if !wrote.success() {
-        return Err(format!("{} could not write {}", fixture.display(), checkpoint.display()));
-    }
-    let checkpoint_s = checkpoint.to_string_lossy();
-    let cases: [(&str, &str, &str, f64); 3] = [
+    let write = |out: &Path, dtype: &str| -> Result<String, String> {
+        let wrote = Command::new(&fixture)
+            .args([std::ffi::OsStr::new("llama-1b"), out.as_os_str(), std::ffi::OsStr::new(dtype)])
+            .status()
+            .map_err(|e| format!("cannot run {}: {e}", fixture.display()))?;
+        if !wrote.success() {
+            return Err(format!("{} could not write {}", fixture.display(), out.display()));
+        }
+        Ok(out.to_string_lossy().into_owned())
+    };
+    let folder = write(&out.join("llama-1b-hf-bf16"), "bf16")?;
+    let gguf = write(&out.join("llama-1b-f16.gguf"), "f16")?;
+    let cases: [(&str, &str, &str, f64); 4] = [
         ("synthetic:llama-1b", "10,100", "llama-1b", 4.0),
-        (&checkpoint_s, "10,100", "llama-1b-hf", 4.0),
+        (&folder, "10,100", "llama-1b-hf", 4.0),
+        (&gguf, "10,100", "llama-1b-gguf", 4.0),
         ("synthetic:llama-8b", "10", "llama-8b", 20.0),
     ];
     for (model, horizons, name, target_gib) in cases {

@@ -5,9 +5,9 @@
 //! what it holds, and the batch size that would fit. wgpu reports no adapter memory, so a GPU's
 //! plan is checked only buffer by buffer (`check_request`).
 //!
-//! When the plan is checked a Hugging Face folder has been read through once and holds nothing
-//! (`qdrift_load::open_source`); a GGUF or llama2.c checkpoint is read and held at 16 bits, and
-//! the memory available then is what is left beside it.
+//! When the plan is checked a Hugging Face folder or a GGUF file has been read through once and
+//! holds nothing (`qdrift_load::open_source`); a llama2.c checkpoint is read and held at 16 bits,
+//! and the memory available then is what is left beside it.
 
 use burn::tensor::DType;
 use qdrift_generate::{ComputeDevice, GenerationConfig, ModelFootprint, bytes_per_weight, format_gib, model_footprint};

@@ -54,6 +54,35 @@ pub(crate) fn check_regular(path: &Path, kind: FileKind, ft: FileType) -> Result
         .into())
 }
 
+/// The regular file at `path` of `kind`, memory-mapped read-only; anything else (a FIFO, a
+/// device) is refused before it is opened, and the opened file is checked again (it may have
+/// been replaced in between).
+pub(crate) fn map_file(path: &Path, kind: FileKind) -> Result<memmap2::Mmap, LoadError> {
+    regular_file_len(path, kind)?;
+    let file = std::fs::File::open(path).map_err(|e| LoadError::io(path, e))?;
+    let opened = file.metadata().map_err(|e| LoadError::io(path, e))?;
+    check_regular(path, kind, opened.file_type())?;
+    // SAFETY: the map is read-only and private; as for every memory-mapped reader, a file
+    // truncated by another process while mapped may fault. Model files are not rewritten in
+    // place by the tools that produce them (they write and rename).
+    unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LoadError::io(path, e))
+}
+
+/// Unmaps the pages of `map` read so far from this process (`madvise(MADV_DONTNEED)`), leaving
+/// them in the kernel's page cache: a reader that hands out a model part by part then holds no
+/// more of the file than the part it is reading, in resident memory as in fact. A later read
+/// maps the same bytes again from the cache or the file.
+///
+/// Best effort: where the call fails (it does not on Linux for a mapping made by [`map_file`])
+/// the pages stay mapped, and reclaimable, as before it.
+pub(crate) fn release_pages(map: &memmap2::Mmap) {
+    #[cfg(unix)]
+    // SAFETY: the mapping is read-only and private and never written, so it holds no private
+    // copies for MADV_DONTNEED to discard: the next access reads the file's unchanged bytes
+    // again. No slice of it is held across the call (parts are copied into f32 tensors first).
+    let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+}
+
 /// The whole regular file at `path`, refused when it is longer than `kind`'s cap.
 pub(crate) fn read_file(path: &Path, kind: FileKind) -> Result<Vec<u8>, LoadError> {
     Ok(qdrift_io::read_capped(path, kind.cap, kind.what)?)

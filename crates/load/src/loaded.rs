@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::LoadError;
 use crate::storage::SourceStorage;
 use crate::tokenizer::Tokenizer;
-use qdrift_weights::{HostModel, ModelArch};
+use qdrift_weights::{HostModel, HostTensor, LayerWeights, ModelArch, SourceError, WeightSource};
 
 /// A model and its tokenizer, ready for the later stages.
 ///
@@ -79,6 +79,113 @@ impl<W> LoadedModel<W> {
         let counts = dtype_counts(&self.source_dtypes);
         counts.iter().map(|(dtype, _)| dtype.to_lowercase()).collect::<Vec<_>>().join(" + ")
     }
+}
+
+/// One part of a model as a checkpoint reader hands the parts out, in the order a model is
+/// built ([`qdrift_weights::WeightSource`]'s): the embedding, each block, the final norm, the
+/// output layer (`None`: tied).
+pub(crate) enum ModelPart {
+    Embedding(HostTensor),
+    Layer(Box<LayerWeights>),
+    FinalNorm(HostTensor),
+    Output(Option<HostTensor>),
+}
+
+impl ModelPart {
+    /// The values it holds.
+    pub(crate) fn parameter_count(&self) -> usize {
+        match self {
+            Self::Embedding(t) | Self::FinalNorm(t) | Self::Output(Some(t)) => t.data.len(),
+            Self::Layer(l) => l.parameter_count(),
+            Self::Output(None) => 0,
+        }
+    }
+}
+
+/// A checkpoint whose parts are read from its memory-mapped files one at a time
+/// ([`PartSource`]).
+pub(crate) trait PartFile: Send + Sync {
+    /// The architecture the parts follow.
+    fn arch(&self) -> &ModelArch;
+    /// The token embedding, `[vocab, dim]`.
+    fn embedding(&self) -> Result<HostTensor, LoadError>;
+    /// Block `i`, below `arch().n_layers`.
+    fn layer(&self, i: usize) -> Result<LayerWeights, LoadError>;
+    /// The final norm, `[dim]`.
+    fn final_norm(&self) -> Result<HostTensor, LoadError>;
+    /// The output layer, `[vocab, dim]`; `None` when tied.
+    fn output(&self) -> Result<Option<HostTensor>, LoadError>;
+    /// Unmaps the pages of the files read so far ([`crate::input::release_pages`]).
+    fn release_pages(&self);
+}
+
+/// A [`PartFile`] as a [`WeightSource`]: each part read from the files when asked, nothing kept
+/// between requests, and the files' pages unmapped after each part, so that building a model
+/// holds no more of the checkpoint than the part it is reading.
+pub(crate) struct PartSource<F> {
+    pub(crate) file: F,
+    /// [`HostModel::parameter_count`] of the whole model, counted when the file was opened.
+    pub(crate) parameters: usize,
+}
+
+impl<F: PartFile> PartSource<F> {
+    /// `read(file)`, the pages unmapped after it.
+    fn part<T>(&self, read: impl FnOnce(&F) -> Result<T, LoadError>) -> Result<T, SourceError> {
+        let part = read(&self.file);
+        self.file.release_pages();
+        part.map_err(|e| Box::new(e) as SourceError)
+    }
+}
+
+impl<F: PartFile> WeightSource for PartSource<F> {
+    fn arch(&self) -> &ModelArch {
+        self.file.arch()
+    }
+
+    fn parameter_count(&self) -> usize {
+        self.parameters
+    }
+
+    fn token_embedding(&self) -> Result<HostTensor, SourceError> {
+        self.part(F::embedding)
+    }
+
+    fn layer(&self, index: usize) -> Result<LayerWeights, SourceError> {
+        let layers = self.file.arch().n_layers;
+        if index >= layers {
+            return Err(format!("no block {index}: the model has {layers}").into());
+        }
+        self.part(|f| f.layer(index))
+    }
+
+    fn final_norm(&self) -> Result<HostTensor, SourceError> {
+        self.part(F::final_norm)
+    }
+
+    fn output(&self) -> Result<Option<HostTensor>, SourceError> {
+        self.part(F::output)
+    }
+}
+
+/// The whole model of architecture `arch` from the parts `read` hands out in build order; the
+/// model is tied exactly when no output layer came (a Hugging Face folder without `lm_head` is
+/// tied whatever its `config.json` says).
+pub(crate) fn gather_parts(
+    arch: ModelArch,
+    read: impl FnOnce(&mut dyn FnMut(ModelPart)) -> Result<(), LoadError>,
+) -> Result<HostModel, LoadError> {
+    let empty = || HostTensor { shape: Vec::new(), data: Vec::new() };
+    let mut model = HostModel { arch, token_embedding: empty(), layers: Vec::new(), final_norm: empty(), output: None };
+    read(&mut |part| match part {
+        ModelPart::Embedding(t) => model.token_embedding = t,
+        ModelPart::Layer(l) => model.layers.push(*l),
+        ModelPart::FinalNorm(t) => model.final_norm = t,
+        ModelPart::Output(o) => {
+            model.arch.tied_embeddings = o.is_none();
+            model.output = o;
+        }
+    })?;
+    Ok(model)
 }
 
 /// `(dtype, tensors)` of a [`LoadedModel::source_dtypes`] list, most frequent first (ties by

@@ -8,8 +8,8 @@ use qdrift_weights::{HeldModel, HostModel, WeightSource};
 
 use crate::LoadError;
 use crate::gguf::read::gguf_source_storage;
-use crate::gguf::read_gguf;
 use crate::gguf::tokenizer::gguf_tokenizer;
+use crate::gguf::{GgufModel, open_gguf_source, read_gguf};
 use crate::hf::{open_hf_source, read_hf_folder};
 use crate::llama2c::open_llama2c;
 use crate::loaded::{LoadedModel, ModelFormat};
@@ -33,14 +33,42 @@ use crate::synthetic;
 /// # Errors
 /// The reader's [`LoadError`]; [`LoadError::VocabMismatch`] when tokenizer and model disagree.
 pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, LoadError> {
+    match classify(path, tokenizer)? {
+        Checkpoint::Synthetic(spec) => synthetic::open_synthetic(spec),
+        Checkpoint::HfFolder(dir) => read_hf_folder(dir, tokenizer),
+        Checkpoint::Gguf => {
+            let gguf = read_gguf(path)?;
+            let vocab = gguf.model.arch.vocab_size;
+            gguf_loaded(path, gguf, vocab)
+        }
+        Checkpoint::Llama2c => open_llama2c(path, tokenizer),
+    }
+}
+
+/// Which reader a path goes to.
+enum Checkpoint<'a> {
+    /// `synthetic:SPEC`.
+    Synthetic(&'a str),
+    /// A Hugging Face folder (the path or its parent).
+    HfFolder(&'a Path),
+    /// A `.gguf` file.
+    Gguf,
+    /// Anything else: a llama2.c checkpoint.
+    Llama2c,
+}
+
+/// The reader for `path`, after the checks every reader relies on: a synthetic model or a GGUF
+/// file takes no tokenizer; a file must be a regular one (a named pipe would block, a device
+/// would never end).
+fn classify<'a>(path: &'a Path, tokenizer: Option<&Path>) -> Result<Checkpoint<'a>, LoadError> {
     if let Some(spec) = path.to_str().and_then(|p| p.strip_prefix("synthetic:")) {
         if let Some(t) = tokenizer {
             return Err(LoadError::invalid(t, "a synthetic model has its own tokenizer; do not pass --tokenizer"));
         }
-        return synthetic::open_synthetic(spec);
+        return Ok(Checkpoint::Synthetic(spec));
     }
     if let Some(dir) = hf_folder(path)? {
-        return read_hf_folder(dir, tokenizer);
+        return Ok(Checkpoint::HfFolder(dir));
     }
     let meta = std::fs::metadata(path).map_err(|e| LoadError::io(path, e))?;
     // Before any reader opens it: a named pipe would block, a device would never end.
@@ -52,9 +80,9 @@ pub fn open_model(path: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, 
                 format!("{} is GGUF and carries its own tokenizer; do not pass --tokenizer", path.display()),
             ));
         }
-        return open_gguf(path);
+        return Ok(Checkpoint::Gguf);
     }
-    open_llama2c(path, tokenizer)
+    Ok(Checkpoint::Llama2c)
 }
 
 /// The Hugging Face folder `path` names: the folder itself, or the folder of its `config.json`,
@@ -72,12 +100,13 @@ fn hf_folder(path: &Path) -> Result<Option<&Path>, LoadError> {
 /// [`open_model`] with the weights held as a [`WeightSource`] that hands them out part by part,
 /// for building a model on a device without a whole f32 host copy:
 /// - a synthetic model generates each part when asked;
-/// - a Hugging Face folder reads each part from its files when asked (`open_hf_source`: read
-///   through once at open for its errors, nothing kept), as stored: `prepare` is not called,
-///   the caller rounds each part as it builds (an evaluation's `Reference` does);
-/// - another checkpoint (GGUF, llama2.c) is read whole, given to `prepare` (an evaluation rounds
-///   it to its FP16 reference there), and held as a [`HeldModel`] (each tensor at 16 bits when
-///   its values allow, exactly).
+/// - a Hugging Face folder and a GGUF file read each part from the mapped file when asked
+///   (`open_hf_source`, `open_gguf_source`: read through once at open for their errors,
+///   nothing kept), as stored: `prepare` is not called, the caller rounds each part as it builds
+///   (an evaluation's `Reference` does);
+/// - a llama2.c checkpoint is read whole, given to `prepare` (an evaluation rounds it to its
+///   FP16 reference there), and held as a [`HeldModel`] (each tensor at 16 bits when its values
+///   allow, exactly).
 ///
 /// # Errors
 /// As [`open_model`].
@@ -87,28 +116,28 @@ pub fn open_source(
     prepare: &dyn Fn(&mut HostModel),
 ) -> Result<LoadedModel<Arc<dyn WeightSource>>, LoadError> {
     let as_source = |s: Arc<dyn WeightSource>| Ok::<_, LoadError>(s);
-    if let Some(spec) = path.to_str().and_then(|p| p.strip_prefix("synthetic:"))
-        && tokenizer.is_none()
-    {
-        let (name, seed) = synthetic::parse_spec(spec)?;
-        return synthetic::synthetic_source(name, seed)?.try_map_model(|s| as_source(Arc::new(s)));
+    match classify(path, tokenizer)? {
+        Checkpoint::Synthetic(spec) => {
+            let (name, seed) = synthetic::parse_spec(spec)?;
+            synthetic::synthetic_source(name, seed)?.try_map_model(|s| as_source(Arc::new(s)))
+        }
+        Checkpoint::HfFolder(dir) => open_hf_source(dir, tokenizer)?.try_map_model(|s| as_source(Arc::new(s))),
+        Checkpoint::Gguf => {
+            let gguf = open_gguf_source(path)?;
+            let vocab = gguf.model.arch().vocab_size;
+            gguf_loaded(path, gguf, vocab)?.try_map_model(|s| as_source(Arc::new(s)))
+        }
+        Checkpoint::Llama2c => open_llama2c(path, tokenizer)?.try_map_model(|mut m| {
+            prepare(&mut m);
+            as_source(Arc::new(HeldModel::new(m)))
+        }),
     }
-    // A synthetic model with a tokenizer goes on to `open_model`, which refuses it.
-    if !path.to_string_lossy().starts_with("synthetic:")
-        && let Some(dir) = hf_folder(path)?
-    {
-        return open_hf_source(dir, tokenizer)?.try_map_model(|s| as_source(Arc::new(s)));
-    }
-    open_model(path, tokenizer)?.try_map_model(|mut m| {
-        prepare(&mut m);
-        as_source(Arc::new(HeldModel::new(m)))
-    })
 }
 
-/// A GGUF file with its embedded tokenizer and stored sizes.
-fn open_gguf(path: &Path) -> Result<LoadedModel, LoadError> {
-    let gguf = read_gguf(path)?;
-    let tok = gguf_tokenizer(path, &gguf.tokenizer, gguf.model.arch.vocab_size)?;
+/// A GGUF file read (its weights as `W`, of a model with `vocab` rows) with its embedded
+/// tokenizer and stored sizes.
+fn gguf_loaded<W>(path: &Path, gguf: GgufModel<W>, vocab: usize) -> Result<LoadedModel<W>, LoadError> {
+    let tok = gguf_tokenizer(path, &gguf.tokenizer, vocab)?;
     let source_storage = gguf_source_storage(&gguf.tensors).map_err(|e| LoadError::Overflow {
         path: path.to_path_buf(),
         quantity: e.quantity.to_string(),

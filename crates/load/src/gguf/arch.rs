@@ -5,7 +5,7 @@
 //! `load_arch_hparams`/`load_arch_tensors`/the graph) and as llama.cpp's
 //! `convert_hf_to_gguf.py` writes them (`conversion/{qwen,gemma,phi,gpt_oss,llama}.py`).
 //!
-//! | feature | keys and tensors | [`HostModel`] |
+//! | feature | keys and tensors | [`HostModel`](qdrift_weights::HostModel) |
 //! |---|---|---|
 //! | head width | `attention.key_length` = `attention.value_length` (gpt-oss: `rope.dimension_count`) | `head_dim` |
 //! | partial rotary (phi3) | `rope.dimension_count` < head width | `block.rotary_dim` |
@@ -31,15 +31,18 @@
 //! factors outside phi3, shared experts outside qwen2moe, different key and value widths, any tensor the
 //! architecture's llama.cpp loader does not use.
 
-use super::read::{ArchKeys, GgufTokenizerMetadata, GgufValue, TensorTable, read_hyper_parameters, read_rope_scaling};
+use super::read::{
+    ArchKeys, BlockReader, GgufTokenizerMetadata, GgufValue, ModelPlan, TensorTable, read_hyper_parameters,
+    read_rope_scaling,
+};
 use crate::LoadError;
 use crate::rope_layout::{RopeLayout, permute_head_rows};
 use qdrift_weights::{
-    Activation, Experts, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, MoeSpec, NormStyle, RopeScaling,
-    Routing, SharedExpert,
+    Activation, Experts, Ffn, HostTensor, LayerWeights, Mlp, ModelArch, MoeSpec, NormStyle, RopeScaling, Routing,
+    SharedExpert,
 };
 
-/// A llama.cpp architecture that [`read_family`] reads and `write_gguf_with` writes beyond the
+/// A llama.cpp architecture that [`read_family_of`] reads and `write_gguf_with` writes beyond the
 /// dense `llama` and `qwen2` ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Family {
@@ -157,46 +160,36 @@ pub(crate) fn swa_by_pattern(n: usize, il: usize) -> bool {
     n == 0 || il % n < n - 1
 }
 
-/// The model, when the file's architecture is one of the [`Family`]s
+/// The architecture and block reader, when the file's architecture is one of the [`Family`]s
 /// ([`super::read::FamilyReader`]).
 pub(super) fn read_family_of(
     table: &TensorTable<'_>,
     keys: &ArchKeys<'_>,
     tokenizer: &GgufTokenizerMetadata,
-) -> Result<Option<HostModel>, LoadError> {
-    match Family::of_file(keys)? {
-        Some(family) => read_family(table, keys, tokenizer, family).map(Some),
-        None => Ok(None),
-    }
+) -> Result<Option<ModelPlan>, LoadError> {
+    let Some(family) = Family::of_file(keys)? else {
+        return Ok(None);
+    };
+    let arch = read_family_arch(keys, table, tokenizer, family)?;
+    Ok(Some(ModelPlan { arch, blocks: Box::new(FamilyBlocks { family, arch_name: keys.arch.to_string() }) }))
 }
 
-/// Reads a file of one of the [`Family`] architectures: hyper-parameters, then every block, then
-/// refuses any tensor it did not use.
-pub(super) fn read_family(
-    table: &TensorTable<'_>,
-    keys: &ArchKeys<'_>,
-    tokenizer: &GgufTokenizerMetadata,
+/// A [`Family`] file's blocks ([`read_family_layer`]); a tensor no part read is refused, naming
+/// the feature it stands for.
+struct FamilyBlocks {
     family: Family,
-) -> Result<HostModel, LoadError> {
-    let path = keys.path;
-    let arch = read_family_arch(keys, table, tokenizer, family)?;
-    let (vocab_size, dim) = (arch.vocab_size, arch.dim);
-    let token_embedding = table.tensor("token_embd.weight", &[vocab_size, dim])?;
-    let mut layers = Vec::with_capacity(arch.n_layers.min(table.infos.len()));
-    for i in 0..arch.n_layers {
-        layers.push(read_family_layer(table, &arch, family, i)?);
+    /// `general.architecture`, for the refusal.
+    arch_name: String,
+}
+
+impl BlockReader for FamilyBlocks {
+    fn layer(&self, table: &TensorTable<'_>, arch: &ModelArch, i: usize) -> Result<LayerWeights, LoadError> {
+        read_family_layer(table, arch, self.family, i)
     }
-    let final_norm = table.tensor("output_norm.weight", &[dim])?;
-    // gemma2's loader always ties the head (`output` is `token_embd`, TENSOR_DUPLICATED).
-    let output = if arch.tied_embeddings { None } else { Some(table.tensor("output.weight", &[vocab_size, dim])?) };
-    let used = table.used.borrow();
-    if let Some(t) = table.infos.iter().find(|t| !used.contains(&t.name)) {
-        return Err(LoadError::invalid(
-            path,
-            format!("tensor {}: {} is not supported for {}", t.name, unused_feature(&t.name), keys.arch),
-        ));
+
+    fn unused(&self, name: &str) -> Option<String> {
+        Some(format!("tensor {name}: {} is not supported for {}", unused_feature(name), self.arch_name))
     }
-    Ok(HostModel { arch, token_embedding, layers, final_norm, output })
 }
 
 /// The feature a tensor the reader does not use stands for, for the refusal.

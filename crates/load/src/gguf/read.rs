@@ -2,12 +2,13 @@
 //! dequantized into a [`HostModel`]; [`read_gguf_metadata`]: the header and metadata only.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use qdrift_ggml::GgmlType;
 
 use crate::LoadError;
 use crate::floats::{LeFloat, le_floats};
+use crate::loaded::{ModelPart, PartFile, PartSource, gather_parts};
 use crate::rope_layout::{RopeLayout, permute_rows};
 use crate::storage::{SizeOverflow, SourceStorage, source_storage};
 use qdrift_weights::{BlockSpec, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, RopeScaling};
@@ -140,11 +141,12 @@ pub struct GgufTokenizerMetadata {
     pub chat_template: Option<String>,
 }
 
-/// A GGUF file read into host memory.
+/// A GGUF file read into host memory ([`read_gguf`](super::read_gguf)), or opened as a source
+/// whose parts are read from the mapped file when asked (`W` = `PartSource<GgufFile>`).
 #[derive(Debug, Clone)]
-pub struct GgufModel {
+pub struct GgufModel<W = HostModel> {
     /// The weights, dequantized to f32, and the architecture.
-    pub model: HostModel,
+    pub model: W,
     /// GGUF version (2 or 3).
     pub version: u32,
     /// Every metadata key/value pair.
@@ -491,24 +493,196 @@ fn min_value_size(ty: u32) -> Option<u64> {
     })
 }
 
-/// The blocks of a file whose architecture has its own reader (`arch.rs`), `None` for `llama`
-/// and `qwen2`: given to [`parse_gguf_with`] by its caller, so that this module, which the
-/// architectures' readers build on, does not depend on them.
-pub(super) type FamilyReader =
-    fn(&TensorTable<'_>, &ArchKeys<'_>, &GgufTokenizerMetadata) -> Result<Option<HostModel>, LoadError>;
+/// How a file's blocks are read once its architecture is known: llama's reader
+/// ([`read_layer`]) or a family's (`arch.rs`).
+pub(super) trait BlockReader: Send + Sync {
+    /// Block `i` of a model of architecture `arch`.
+    fn layer(&self, table: &TensorTable<'_>, arch: &ModelArch, i: usize) -> Result<LayerWeights, LoadError>;
 
-/// The file's layout in order: header, metadata, tensor infos, then the model built from them
-/// (by `family` where it reads the architecture).
+    /// The refusal of tensor `name`, which no part read; `None` where the architecture lets it be
+    /// (`llama` and `qwen2` refuse unknown tensors by name first, `check_refusals`).
+    fn unused(&self, name: &str) -> Option<String>;
+}
+
+/// `llama`'s and `qwen2`'s blocks, q/k rows stored as the layout says.
+struct LlamaBlocks(QkLayout);
+
+impl BlockReader for LlamaBlocks {
+    fn layer(&self, table: &TensorTable<'_>, arch: &ModelArch, i: usize) -> Result<LayerWeights, LoadError> {
+        read_layer(table, arch, i, self.0)
+    }
+
+    fn unused(&self, _: &str) -> Option<String> {
+        None
+    }
+}
+
+/// The architecture and block reader of a file whose architecture has its own reader
+/// (`arch.rs`), `None` for `llama` and `qwen2`: given to [`parse_gguf_with`] by its caller, so
+/// that this module, which the architectures' readers build on, does not depend on them.
+pub(super) type FamilyReader =
+    fn(&TensorTable<'_>, &ArchKeys<'_>, &GgufTokenizerMetadata) -> Result<Option<ModelPlan>, LoadError>;
+
+/// A file's model before its weights are read: the architecture and how its blocks read.
+pub(crate) struct ModelPlan {
+    pub(super) arch: ModelArch,
+    pub(super) blocks: Box<dyn BlockReader>,
+}
+
+impl ModelPlan {
+    /// Architecture → hyper-parameters → refusals → RoPE scaling, by `family` where it reads the
+    /// architecture.
+    fn new(
+        table: &TensorTable<'_>,
+        meta: &BTreeMap<String, GgufValue>,
+        tokenizer: &GgufTokenizerMetadata,
+        family: FamilyReader,
+    ) -> Result<ModelPlan, LoadError> {
+        let path = table.path;
+        let (arch_name, q_k_layout) = read_architecture(path, meta)?;
+        let keys = ArchKeys { path, meta, arch: arch_name };
+        if let Some(plan) = family(table, &keys, tokenizer)? {
+            return Ok(plan);
+        }
+        let mut arch = read_hyper_parameters(&keys, table, tokenizer)?;
+        check_refusals(&keys, &arch, table.infos)?;
+        arch.rope_scaling = read_rope_scaling(&keys, table, arch.head_dim())?;
+        Ok(ModelPlan { arch, blocks: Box::new(LlamaBlocks(q_k_layout)) })
+    }
+
+    /// `token_embd.weight`, `[vocab, dim]`.
+    fn embedding(&self, table: &TensorTable<'_>) -> Result<HostTensor, LoadError> {
+        table.tensor("token_embd.weight", &[self.arch.vocab_size, self.arch.dim])
+    }
+
+    /// `output_norm.weight`, `[dim]`.
+    fn final_norm(&self, table: &TensorTable<'_>) -> Result<HostTensor, LoadError> {
+        table.tensor("output_norm.weight", &[self.arch.dim])
+    }
+
+    /// `output.weight`, `[vocab, dim]`; `None` when tied (gemma2's loader always ties it:
+    /// `output` is `token_embd`, TENSOR_DUPLICATED).
+    fn output(&self, table: &TensorTable<'_>) -> Result<Option<HostTensor>, LoadError> {
+        if self.arch.tied_embeddings {
+            return Ok(None);
+        }
+        table.tensor("output.weight", &[self.arch.vocab_size, self.arch.dim]).map(Some)
+    }
+
+    /// Every part in build order, each handed to `each` as it is read, then the refusal of any
+    /// tensor no part (nor the plan) read, where the architecture refuses those.
+    fn read_parts(&self, table: &TensorTable<'_>, each: &mut dyn FnMut(ModelPart)) -> Result<(), LoadError> {
+        each(ModelPart::Embedding(self.embedding(table)?));
+        for i in 0..self.arch.n_layers {
+            each(ModelPart::Layer(Box::new(self.blocks.layer(table, &self.arch, i)?)));
+        }
+        each(ModelPart::FinalNorm(self.final_norm(table)?));
+        each(ModelPart::Output(self.output(table)?));
+        let used = table.used.borrow();
+        match table.infos.iter().filter(|t| !used.contains(&t.name)).find_map(|t| self.blocks.unused(&t.name)) {
+            Some(refusal) => Err(LoadError::invalid(table.path, refusal)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The table of a file's located tensors and the model planned from its metadata (by `family`
+/// where it reads the architecture).
+fn plan_file<'a>(
+    path: &'a Path,
+    bytes: &'a [u8],
+    infos: &'a [TensorInfo],
+    metadata: &BTreeMap<String, GgufValue>,
+    tokenizer: &GgufTokenizerMetadata,
+    family: FamilyReader,
+) -> Result<(TensorTable<'a>, ModelPlan), LoadError> {
+    let table = TensorTable { path, bytes, infos, used: Default::default() };
+    let plan = ModelPlan::new(&table, metadata, tokenizer, family)?;
+    Ok((table, plan))
+}
+
+/// The file's layout in order: header, metadata, tensor infos, then the model read whole.
 pub(super) fn parse_gguf_with(path: &Path, bytes: &[u8], family: FamilyReader) -> Result<GgufModel, LoadError> {
     let Layout { version, metadata, infos, data } = read_layout(path, bytes)?;
     check_file_order(path, &infos, data)?;
-
     let tensor_types = infos.iter().map(|t| (t.name.clone(), t.ty.name())).collect();
     let tensors = infos.iter().map(TensorInfo::size).collect();
     let tokenizer = tokenizer_metadata(&metadata);
-    let table = TensorTable { path, bytes, infos: &infos, used: Default::default() };
-    let model = build_llama(&table, &metadata, &tokenizer, family)?;
+    let (table, plan) = plan_file(path, bytes, &infos, &metadata, &tokenizer, family)?;
+    let model = gather_parts(plan.arch.clone(), |sink| plan.read_parts(&table, sink))?;
     Ok(GgufModel { model, version, metadata, tokenizer, tensor_types, tensors })
+}
+
+/// A GGUF file's weights in its memory-mapped bytes, read part by part as planned.
+pub(crate) struct GgufFile {
+    path: PathBuf,
+    map: memmap2::Mmap,
+    infos: Vec<TensorInfo>,
+    plan: ModelPlan,
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GgufFile({}, {} tensors)", self.path.display(), self.infos.len())
+    }
+}
+
+impl GgufFile {
+    /// A table over the file's tensors.
+    fn table(&self) -> TensorTable<'_> {
+        TensorTable { path: &self.path, bytes: &self.map, infos: &self.infos, used: Default::default() }
+    }
+}
+
+impl PartFile for GgufFile {
+    fn arch(&self) -> &ModelArch {
+        &self.plan.arch
+    }
+
+    fn embedding(&self) -> Result<HostTensor, LoadError> {
+        self.plan.embedding(&self.table())
+    }
+
+    fn layer(&self, i: usize) -> Result<LayerWeights, LoadError> {
+        self.plan.blocks.layer(&self.table(), &self.plan.arch, i)
+    }
+
+    fn final_norm(&self) -> Result<HostTensor, LoadError> {
+        self.plan.final_norm(&self.table())
+    }
+
+    fn output(&self) -> Result<Option<HostTensor>, LoadError> {
+        self.plan.output(&self.table())
+    }
+
+    fn release_pages(&self) {
+        crate::input::release_pages(&self.map);
+    }
+}
+
+/// The mapped GGUF file `map` at `path` as a source ([`PartSource`]), read through once as
+/// [`parse_gguf_with`] reads it, keeping nothing: every error [`parse_gguf_with`] reports is
+/// reported here, and the parameter count comes from that pass.
+pub(super) fn gguf_source_with(
+    path: &Path,
+    map: memmap2::Mmap,
+    family: FamilyReader,
+) -> Result<GgufModel<PartSource<GgufFile>>, LoadError> {
+    let Layout { version, metadata, infos, data } = read_layout(path, &map)?;
+    check_file_order(path, &infos, data)?;
+    let tensor_types = infos.iter().map(|t| (t.name.clone(), t.ty.name())).collect();
+    let tensors = infos.iter().map(TensorInfo::size).collect();
+    let tokenizer = tokenizer_metadata(&metadata);
+    let (table, plan) = plan_file(path, &map, &infos, &metadata, &tokenizer, family)?;
+    let mut parameters = 0;
+    plan.read_parts(&table, &mut |part| {
+        parameters += part.parameter_count();
+        drop(part);
+        crate::input::release_pages(&map);
+    })?;
+    drop(table);
+    let file = GgufFile { path: path.to_path_buf(), map, infos, plan };
+    Ok(GgufModel { model: PartSource { file, parameters }, version, metadata, tokenizer, tensor_types, tensors })
 }
 
 /// The fixed-size start of the file.
@@ -885,34 +1059,6 @@ impl ArchKeys<'_> {
             None => default.ok_or_else(|| LoadError::invalid(self.path, format!("{key} is missing"))),
         }
     }
-}
-
-/// The model: architecture → hyper-parameters → refusals → RoPE scaling → weights.
-fn build_llama(
-    table: &TensorTable<'_>,
-    meta: &BTreeMap<String, GgufValue>,
-    tokenizer: &GgufTokenizerMetadata,
-    family: FamilyReader,
-) -> Result<HostModel, LoadError> {
-    let path = table.path;
-    let (arch_name, q_k_layout) = read_architecture(path, meta)?;
-    let keys = ArchKeys { path, meta, arch: arch_name };
-    if let Some(model) = family(table, &keys, tokenizer)? {
-        return Ok(model);
-    }
-    let mut arch = read_hyper_parameters(&keys, table, tokenizer)?;
-    check_refusals(&keys, &arch, table.infos)?;
-    arch.rope_scaling = read_rope_scaling(&keys, table, arch.head_dim())?;
-
-    let (vocab_size, dim) = (arch.vocab_size, arch.dim);
-    let token_embedding = table.tensor("token_embd.weight", &[vocab_size, dim])?;
-    let mut layers = Vec::with_capacity(arch.n_layers.min(table.infos.len()));
-    for i in 0..arch.n_layers {
-        layers.push(read_layer(table, &arch, i, q_k_layout)?);
-    }
-    let final_norm = table.tensor("output_norm.weight", &[dim])?;
-    let output = if arch.tied_embeddings { None } else { Some(table.tensor("output.weight", &[vocab_size, dim])?) };
-    Ok(HostModel { arch, token_embedding, layers, final_norm, output })
 }
 
 /// How a file stores q/k rows.

@@ -15,15 +15,12 @@ use super::quant::HfQuant;
 use super::shards::Shards;
 use super::tokenizer::{HfTokenizer, first_encoded_id, read_tokenizer_json};
 use crate::LoadError;
-use crate::loaded::{LoadedModel, ModelFormat, check_vocab};
+use crate::loaded::{LoadedModel, ModelFormat, ModelPart, PartFile, PartSource, check_vocab, gather_parts};
 use crate::rope_layout::RopeLayout::ToInterleaved;
 use crate::rope_layout::permute_head_rows;
 use crate::storage::{SizeOverflow, SourceStorage, source_storage};
 use crate::tokenizer::Tokenizer;
-use qdrift_weights::{
-    Experts, Ffn, HostModel, HostTensor, LayerWeights, LinearName, Mlp, ModelArch, SharedExpert, SourceError,
-    WeightSource,
-};
+use qdrift_weights::{Experts, Ffn, HostTensor, LayerWeights, LinearName, Mlp, ModelArch, SharedExpert};
 
 /// Reads a Hugging Face model folder: `config.json`, `model.safetensors` or the shards listed in
 /// `model.safetensors.index.json`, and `tokenizer.json` (or `tokenizer`, if given) with
@@ -45,26 +42,11 @@ use qdrift_weights::{
 pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel, LoadError> {
     let folder = Folder::open(dir)?;
     let mut modules = Modules::default();
-    let empty = || HostTensor { shape: Vec::new(), data: Vec::new() };
-    let mut model = HostModel {
-        arch: folder.hf.arch.clone(),
-        token_embedding: empty(),
-        layers: Vec::with_capacity(folder.hf.arch.n_layers),
-        final_norm: empty(),
-        output: None,
-    };
-    folder.reader().read_parts(&mut |part| {
-        modules.add(folder.hf.class, &part);
-        match part {
-            Part::Embedding(t) => model.token_embedding = t,
-            Part::Layer(_, l) => model.layers.push(*l),
-            Part::FinalNorm(t) => model.final_norm = t,
-            Part::Output(o) => {
-                // A checkpoint without lm_head ties it to the embedding whatever config.json says.
-                model.arch.tied_embeddings = o.is_none();
-                model.output = o;
-            }
-        }
+    let model = gather_parts(folder.hf.arch.clone(), |sink| {
+        folder.reader().read_parts(&mut |part| {
+            modules.add(folder.hf.class, &part);
+            sink(part);
+        })
     })?;
     let storage = folder.storage(modules)?;
     let arch = model.arch.clone();
@@ -73,7 +55,7 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
 
 /// A Hugging Face folder's weights as a [`WeightSource`] that reads each part from the files
 /// when asked ([`crate::open_source`]): no part of the model stays in memory between requests,
-/// and the files' pages are unmapped after each part (`Shards::release_pages`).
+/// and the files' pages are unmapped after each part ([`PartSource`]).
 ///
 /// The folder is read through once when it is opened, as [`read_hf_folder`] reads it, keeping
 /// nothing: every error [`read_hf_folder`] reports (a missing or misshapen tensor, a value that
@@ -82,14 +64,17 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
 ///
 /// # Errors
 /// As [`read_hf_folder`].
-pub(crate) fn open_hf_source(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedModel<HfSource>, LoadError> {
+pub(crate) fn open_hf_source(
+    dir: &Path,
+    tokenizer: Option<&Path>,
+) -> Result<LoadedModel<PartSource<HfFile>>, LoadError> {
     let folder = Folder::open(dir)?;
     let mut modules = Modules::default();
     let (mut parameters, mut tied) = (0, true);
     folder.reader().read_parts(&mut |part| {
         modules.add(folder.hf.class, &part);
         parameters += part.parameter_count();
-        if let Part::Output(o) = &part {
+        if let ModelPart::Output(o) = &part {
             tied = o.is_none();
         }
         drop(part);
@@ -99,7 +84,10 @@ pub(crate) fn open_hf_source(dir: &Path, tokenizer: Option<&Path>) -> Result<Loa
     let mut hf = folder.hf.clone();
     hf.arch.tied_embeddings = tied;
     let arch = hf.arch.clone();
-    folder.finish(dir, tokenizer, &arch, storage, |f| HfSource { shards: f.shards, quant: f.quant, hf, parameters })
+    folder.finish(dir, tokenizer, &arch, storage, |f| PartSource {
+        file: HfFile { shards: f.shards, quant: f.quant, hf },
+        parameters,
+    })
 }
 
 /// A Hugging Face folder opened: its weights files, its architecture and its quantization, the
@@ -144,7 +132,7 @@ impl Folder {
     /// the parts) in a quantized folder, else per dtype.
     fn storage(&self, modules: Modules) -> Result<SourceStorage, LoadError> {
         let storage = match &self.quant {
-            Some(q) => quantized_storage(&self.shards, q, modules.0),
+            Some(q) => quantized_storage(&self.shards, q, modules.modules),
             None => stored_storage(&self.shards),
         };
         storage.map_err(|e| LoadError::Overflow {
@@ -212,51 +200,43 @@ impl Folder {
     }
 }
 
-/// A Hugging Face folder's weights read part by part from its files ([`open_hf_source`]).
-pub(crate) struct HfSource {
+/// A Hugging Face folder's files, read part by part ([`open_hf_source`]).
+pub(crate) struct HfFile {
     shards: Shards,
     quant: Option<HfQuant>,
     /// The architecture, `tied_embeddings` as the files have it (no `lm_head`: tied).
     hf: HfArch,
-    parameters: usize,
 }
 
-impl HfSource {
-    /// `read(reader)`, the files' pages unmapped after it.
-    fn part<T>(&self, read: impl FnOnce(&Reader<'_>) -> Result<T, LoadError>) -> Result<T, SourceError> {
-        let reader = Reader { shards: &self.shards, quant: self.quant.as_ref(), hf: &self.hf };
-        let part = read(&reader);
-        self.shards.release_pages();
-        part.map_err(|e| Box::new(e) as SourceError)
+impl HfFile {
+    fn reader(&self) -> Reader<'_> {
+        Reader { shards: &self.shards, quant: self.quant.as_ref(), hf: &self.hf }
     }
 }
 
-impl WeightSource for HfSource {
+impl PartFile for HfFile {
     fn arch(&self) -> &ModelArch {
         &self.hf.arch
     }
 
-    fn parameter_count(&self) -> usize {
-        self.parameters
+    fn embedding(&self) -> Result<HostTensor, LoadError> {
+        self.reader().embedding()
     }
 
-    fn token_embedding(&self) -> Result<HostTensor, SourceError> {
-        self.part(|r| r.embedding())
+    fn layer(&self, i: usize) -> Result<LayerWeights, LoadError> {
+        self.reader().layer(i)
     }
 
-    fn layer(&self, index: usize) -> Result<LayerWeights, SourceError> {
-        if index >= self.hf.arch.n_layers {
-            return Err(format!("no block {index}: the model has {}", self.hf.arch.n_layers).into());
-        }
-        self.part(|r| r.layer(index))
+    fn final_norm(&self) -> Result<HostTensor, LoadError> {
+        self.reader().final_norm()
     }
 
-    fn final_norm(&self) -> Result<HostTensor, SourceError> {
-        self.part(|r| r.final_norm())
+    fn output(&self) -> Result<Option<HostTensor>, LoadError> {
+        self.reader().output()
     }
 
-    fn output(&self) -> Result<Option<HostTensor>, SourceError> {
-        self.part(|r| r.output())
+    fn release_pages(&self) {
+        self.shards.release_pages();
     }
 }
 
@@ -312,24 +292,30 @@ fn quantized_storage(
 /// The checkpoint modules that hold a model's linear layers, in model order, each with the
 /// values of the linears it holds (a fused module's parts summed), gathered part by part.
 #[derive(Default)]
-struct Modules(Vec<(String, u64)>);
+struct Modules {
+    modules: Vec<(String, u64)>,
+    /// Blocks seen so far.
+    layers: usize,
+}
 
 impl Modules {
-    fn add(&mut self, class: Class, part: &Part) {
+    fn add(&mut self, class: Class, part: &ModelPart) {
         match part {
-            Part::Layer(i, layer) => {
+            ModelPart::Layer(layer) => {
+                self.layers += 1;
+                let i = self.layers - 1;
                 for (name, w) in layer.linears() {
                     let Some(m) = hf_module(class, name) else { continue };
                     let module = format!("model.layers.{i}.{m}");
                     let n = w.data.len() as u64;
                     // The linears of one fused module are consecutive.
-                    match self.0.last_mut() {
+                    match self.modules.last_mut() {
                         Some((last, count)) if *last == module => *count += n,
-                        _ => self.0.push((module, n)),
+                        _ => self.modules.push((module, n)),
                     }
                 }
             }
-            Part::Output(Some(o)) => self.0.push(("lm_head".to_string(), o.data.len() as u64)),
+            ModelPart::Output(Some(o)) => self.modules.push(("lm_head".to_string(), o.data.len() as u64)),
             _ => {}
         }
     }
@@ -397,25 +383,6 @@ fn rows(t: &HostTensor, start: usize, n: usize) -> HostTensor {
     HostTensor { shape: vec![n, cols], data: t.data[start * cols..(start + n) * cols].to_vec() }
 }
 
-/// One part of a model as [`Reader::read_parts`] reads it.
-enum Part {
-    Embedding(HostTensor),
-    Layer(usize, Box<LayerWeights>),
-    FinalNorm(HostTensor),
-    Output(Option<HostTensor>),
-}
-
-impl Part {
-    /// The values it holds.
-    fn parameter_count(&self) -> usize {
-        match self {
-            Self::Embedding(t) | Self::FinalNorm(t) | Self::Output(Some(t)) => t.data.len(),
-            Self::Layer(_, l) => l.parameter_count(),
-            Self::Output(None) => 0,
-        }
-    }
-}
-
 /// Reads a folder's tensors by the names of its class, part by part.
 struct Reader<'a> {
     shards: &'a Shards,
@@ -456,14 +423,14 @@ impl Reader<'_> {
     }
 
     /// Every part in the order a model is built, each handed to `each` as it is read.
-    fn read_parts(&self, each: &mut dyn FnMut(Part)) -> Result<(), LoadError> {
-        each(Part::Embedding(self.embedding()?));
+    fn read_parts(&self, each: &mut dyn FnMut(ModelPart)) -> Result<(), LoadError> {
+        each(ModelPart::Embedding(self.embedding()?));
         // `check_layer_count` bounded n_layers by the files' tensor count.
         for i in 0..self.arch().n_layers {
-            each(Part::Layer(i, Box::new(self.layer(i)?)));
+            each(ModelPart::Layer(Box::new(self.layer(i)?)));
         }
-        each(Part::FinalNorm(self.final_norm()?));
-        each(Part::Output(self.output()?));
+        each(ModelPart::FinalNorm(self.final_norm()?));
+        each(ModelPart::Output(self.output()?));
         Ok(())
     }
 

@@ -75,14 +75,7 @@ impl Shards {
         let mut index = HashMap::new();
         for (i, path) in names.into_iter().enumerate() {
             // Checked before opening: opening a named pipe blocks, and a device maps endlessly.
-            crate::input::regular_file_len(&path, crate::input::MODEL)?;
-            let file = std::fs::File::open(&path).map_err(|e| LoadError::io(&path, e))?;
-            let opened = file.metadata().map_err(|e| LoadError::io(&path, e))?;
-            crate::input::check_regular(&path, crate::input::MODEL, opened.file_type())?;
-            // SAFETY: the map is read-only and private; as for every memory-mapped reader, a file
-            // truncated by another process while mapped may fault. Model files are not rewritten
-            // in place by the tools that produce them (they write and rename).
-            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LoadError::io(&path, e))?;
+            let map = crate::input::map_file(&path, crate::input::MODEL)?;
             let (header_len, meta) = parse_safetensors(&path, &map)?;
             let data_start = 8 + header_len;
             let mut tensors: Vec<(String, TensorInfo)> =
@@ -99,20 +92,11 @@ impl Shards {
         Ok(Self { files, index })
     }
 
-    /// Unmaps the pages of the files read so far from this process (`madvise(MADV_DONTNEED)`),
-    /// leaving them in the kernel's page cache: a reader that hands out a model part by part
-    /// then holds no more of the files than the part it is reading, in resident memory as in
-    /// fact. A later read maps the same bytes again from the cache or the file.
-    ///
-    /// Best effort: where the call fails (it never does on Linux for a mapping it made) the
-    /// pages stay mapped and reclaimable, as before it.
+    /// Unmaps the pages of the files read so far from this process, leaving them in the page
+    /// cache ([`crate::input::release_pages`]).
     pub(crate) fn release_pages(&self) {
         for f in &self.files {
-            // SAFETY: the mapping is read-only and private and never written, so it has no
-            // private copies for MADV_DONTNEED to discard: the next access reads the file's
-            // unchanged bytes again. No slice of it outlives the read that released it (parts
-            // are copied into f32 tensors first).
-            let _ = unsafe { f.map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+            crate::input::release_pages(&f.map);
         }
     }
 
