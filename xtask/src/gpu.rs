@@ -150,11 +150,25 @@ struct Model {
     note: &'static str,
 }
 
-/// The real-size synthetic presets and their f16 weights in GB (`qdrift inspect`). For the
-/// mixtures of experts (Qwen3-30B-A3B, gpt-oss-20b) the bandwidth bound counts every expert: a
-/// step reads only the experts its tokens are routed to, so their share of the bound is a floor.
-const REAL_SIZES: [(&str, f64); 4] =
-    [("qwen3-8b", 16.4), ("gemma3-12b", 23.5), ("gpt-oss-20b", 41.8), ("qwen3-30b-a3b", 61.1)];
+/// The real-size synthetic presets. For the mixtures of experts (Qwen3-30B-A3B, gpt-oss-20b) the
+/// bandwidth bound counts every expert: a step reads only the experts its tokens are routed to,
+/// so their share of the bound is a floor.
+const REAL_SIZES: [&str; 4] = ["qwen3-8b", "gemma3-12b", "gpt-oss-20b", "qwen3-30b-a3b"];
+
+/// The f16 weights of `synthetic:NAME` in GB, as `qdrift inspect --json` plans them (the FP16
+/// reference's `weight_bytes`, a tied table counted twice).
+fn f16_weights_gb(qdrift: &Path, name: &str) -> Result<f64, String> {
+    let (stdout, _) = capture(qdrift, &["inspect", "--model", &format!("synthetic:{name}"), "--json"])?;
+    planned_f16_gb(&stdout)
+        .ok_or_else(|| format!("qdrift inspect --json of synthetic:{name} gave no FP16 weight_bytes"))
+}
+
+/// The first planned model's `weight_bytes` (the FP16 reference) in GB, from `qdrift inspect
+/// --json`'s output.
+fn planned_f16_gb(inspect_json: &str) -> Option<f64> {
+    let v: serde_json::Value = serde_json::from_str(inspect_json).ok()?;
+    v.pointer("/evaluation_memory/0/weight_bytes")?.as_f64().map(|b| b / 1e9)
+}
 
 /// Whether `f16_gb` of weights leave a quarter more and 8 GB of KV caches and workspace free
 /// on a GPU of `gpu_mib`.
@@ -169,7 +183,7 @@ fn gpu_memory_mib(line: &str) -> Option<u64> {
 
 /// The models `bench gpu` runs: SmolLM2 (`smollm2`, its file or its shape), `synthetic:llama-1b`,
 /// and the real-size presets the first of `gpus` holds with room.
-fn bench_models(gpus: &[String], smollm2: &Path) -> Vec<Model> {
+fn bench_models(qdrift: &Path, gpus: &[String], smollm2: &Path) -> Result<Vec<Model>, String> {
     let smollm2_is_file = smollm2.is_file();
     let mut models = vec![
         Model {
@@ -190,14 +204,15 @@ fn bench_models(gpus: &[String], smollm2: &Path) -> Vec<Model> {
     // The real-size presets of the architectures people quantize now, those whose f16 weights
     // leave room on the first GPU.
     let gpu_mib = gpus.first().and_then(|g| gpu_memory_mib(g)).unwrap_or(0);
-    for (name, f16_gb) in REAL_SIZES {
+    for name in REAL_SIZES {
+        let f16_gb = f16_weights_gb(qdrift, name)?;
         if fits_with_room(f16_gb, gpu_mib) {
             models.push(Model { name, path: format!("synthetic:{name}"), note: "its shape with random weights" });
         } else {
-            println!("bench gpu: skipping synthetic:{name} ({f16_gb} GB of f16 weights; the GPU has {gpu_mib} MiB)");
+            println!("bench gpu: skipping synthetic:{name} ({f16_gb:.1} GB of f16 weights; the GPU has {gpu_mib} MiB)");
         }
     }
-    models
+    Ok(models)
 }
 
 /// `cargo xtask bench gpu`. `build` builds qdrift and fetches SmolLM2 (unless `QDRIFT_BIN` is
@@ -217,7 +232,7 @@ pub fn bench_gpu(build: impl FnOnce() -> Result<(PathBuf, PathBuf), String>, mod
         }
         None => build()?,
     };
-    let models = bench_models(&gpus, &smollm2);
+    let models = bench_models(&qdrift, &gpus, &smollm2)?;
 
     // Bandwidth first: it also proves wgpu runs on the NVIDIA adapter.
     let bandwidth_args = |mib| ["bandwidth", "--backend", "wgpu", "--mib", mib, "--reps", "10"];
@@ -364,9 +379,12 @@ mod tests {
     fn real_sizes_run_where_the_gpu_holds_them() {
         assert_eq!(gpu_memory_mib("NVIDIA H100 80GB HBM3, 81559"), Some(81559));
         assert_eq!(gpu_memory_mib("no number"), None);
-        let h100: Vec<&str> = REAL_SIZES.iter().filter(|(_, gb)| fits_with_room(*gb, 81559)).map(|(n, _)| *n).collect();
-        assert_eq!(h100, ["qwen3-8b", "gemma3-12b", "gpt-oss-20b", "qwen3-30b-a3b"]);
-        assert!(REAL_SIZES.iter().all(|(_, gb)| !fits_with_room(*gb, 16384)), "none on a 16 GB GPU");
+        // The presets' f16 weights as `qdrift inspect` plans them: 16.4 to 61.1 GB.
+        assert!(fits_with_room(61.1, 81559) && !fits_with_room(61.1, 49152), "qwen3-30b-a3b on 80 GB, not 48");
+        assert!(!fits_with_room(16.4, 16384), "qwen3-8b not on a 16 GB GPU");
+        let inspect = r#"{"evaluation_memory": [{"name": "fp16", "weight_bytes": 61064245248}]}"#;
+        assert_eq!(planned_f16_gb(inspect), Some(61.064245248));
+        assert_eq!(planned_f16_gb("{}"), None);
     }
 
     #[test]

@@ -47,7 +47,7 @@ fn fake_gpu_machine(adapter: &str) -> std::path::PathBuf {
     let qdrift = format!(
         "#!/bin/sh\ncase \"$1\" in\n\
          bandwidth) echo '{{\"adapter\":\"{adapter}\",\"backend\":\"wgpu\",\"bytes\":1073741824,\"bytes_per_s\":4.0e12,\"copies\":8}}';;\n\
-         inspect) echo '{{ \"params\": {{ \"embedding\": 100, \"head\": 0, \"total\": 1000000000 }} }}';;\n\
+         inspect) echo '{{ \"params\": {{ \"embedding\": 100, \"head\": 0, \"total\": 1000000000 }}, \"evaluation_memory\": [{{ \"weight_bytes\": 2000000000 }}] }}';;\n\
          generate) echo 'qdrift: backend wgpu' >&2; echo '{{\"decode_step_s\":0.001,\"decode_tokens_per_s\":16000.0,\"first_token_s\":0.01,\"timing\":\"qdrift generate\",\"tokens_per_s\":12000.0}}' >&2;;\n\
          *) exit 3;;\nesac\n"
     );
