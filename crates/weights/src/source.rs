@@ -14,8 +14,9 @@ pub type SourceError = Box<dyn std::error::Error + Send + Sync>;
 /// A part may be asked for several times (a tied output layer is the embedding; an evaluation
 /// builds the reference more than once) and must then be the same values. Implementations:
 /// [`HostModel`] (clones of its tensors), `qdrift-load`'s readers (a synthetic model generates a
-/// block when asked; a checkpoint holds its reference weights at 16 bits), `qdrift-quantize`'s
-/// wrappers (the FP16 reference, a scheme's dequantized weights, each part as it passes).
+/// block when asked; a Hugging Face folder or a GGUF file reads it from the mapped file; a
+/// llama2.c checkpoint holds its weights at 16 bits), `qdrift-quantize`'s wrappers (the FP16
+/// reference, a scheme's dequantized weights, each part as it passes).
 pub trait WeightSource: Send + Sync {
     /// The architecture the parts follow.
     fn arch(&self) -> &ModelArch;
