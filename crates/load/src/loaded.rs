@@ -82,11 +82,11 @@ impl<W> LoadedModel<W> {
 }
 
 /// One part of a model as a checkpoint reader hands the parts out, in the order a model is
-/// built ([`qdrift_weights::WeightSource`]'s): the embedding, each block, the final norm, the
-/// output layer (`None`: tied).
+/// built ([`qdrift_weights::WeightSource`]'s): the embedding, each block with its index, the
+/// final norm, the output layer (`None`: tied).
 pub(crate) enum ModelPart {
     Embedding(HostTensor),
-    Layer(Box<LayerWeights>),
+    Layer(usize, Box<LayerWeights>),
     FinalNorm(HostTensor),
     Output(Option<HostTensor>),
 }
@@ -96,7 +96,7 @@ impl ModelPart {
     pub(crate) fn parameter_count(&self) -> usize {
         match self {
             Self::Embedding(t) | Self::FinalNorm(t) | Self::Output(Some(t)) => t.data.len(),
-            Self::Layer(l) => l.parameter_count(),
+            Self::Layer(_, l) => l.parameter_count(),
             Self::Output(None) => 0,
         }
     }
@@ -178,7 +178,7 @@ pub(crate) fn gather_parts(
     let mut model = HostModel { arch, token_embedding: empty(), layers: Vec::new(), final_norm: empty(), output: None };
     read(&mut |part| match part {
         ModelPart::Embedding(t) => model.token_embedding = t,
-        ModelPart::Layer(l) => model.layers.push(*l),
+        ModelPart::Layer(_, l) => model.layers.push(*l),
         ModelPart::FinalNorm(t) => model.final_norm = t,
         ModelPart::Output(o) => {
             model.arch.tied_embeddings = o.is_none();

@@ -190,15 +190,10 @@ impl Projection {
     /// dtype).
     pub(crate) fn host_weights(&self) -> (HostTensor, Option<HostTensor>) {
         match self {
-            Self::Device(linear) => {
-                let [inp, out] = linear.weight.val().dims();
-                let weight = host_f32_transposed(linear.weight.val());
-                let bias = linear.bias.as_ref().map(|b| HostTensor { shape: vec![out], data: host_f32(b.val()) });
-                (HostTensor { shape: vec![out, inp], data: weight }, bias)
-            }
+            Self::Device(linear) => burn_linear_weights(linear),
             Self::Split(s) => {
                 // Each range's rows of the [out, in] weight, in order.
-                let parts: Vec<_> = s.parts.iter().map(|p| Self::Device(p.clone()).host_weights()).collect();
+                let parts: Vec<_> = s.parts.iter().map(burn_linear_weights).collect();
                 let out = parts.iter().map(|(w, _)| w.shape[0]).sum();
                 let inp = parts[0].0.shape[1];
                 let weight = parts.iter().flat_map(|(w, _)| w.data.iter().copied()).collect();
@@ -215,6 +210,14 @@ impl Projection {
             }
         }
     }
+}
+
+/// A Burn `Linear`'s weights as host values: `[out, in]` row-major and the `[out]` bias.
+fn burn_linear_weights(linear: &Linear) -> (HostTensor, Option<HostTensor>) {
+    let [inp, out] = linear.weight.val().dims();
+    let weight = host_f32_transposed(linear.weight.val());
+    let bias = linear.bias.as_ref().map(|b| HostTensor { shape: vec![out], data: host_f32(b.val()) });
+    (HostTensor { shape: vec![out, inp], data: weight }, bias)
 }
 
 /// `y` in `dtype`, converted only when it is not.

@@ -574,7 +574,7 @@ impl ModelPlan {
     fn read_parts(&self, table: &TensorTable<'_>, each: &mut dyn FnMut(ModelPart)) -> Result<(), LoadError> {
         each(ModelPart::Embedding(self.embedding(table)?));
         for i in 0..self.arch.n_layers {
-            each(ModelPart::Layer(Box::new(self.blocks.layer(table, &self.arch, i)?)));
+            each(ModelPart::Layer(i, Box::new(self.blocks.layer(table, &self.arch, i)?)));
         }
         each(ModelPart::FinalNorm(self.final_norm(table)?));
         each(ModelPart::Output(self.output(table)?));

@@ -132,7 +132,7 @@ impl Folder {
     /// the parts) in a quantized folder, else per dtype.
     fn storage(&self, modules: Modules) -> Result<SourceStorage, LoadError> {
         let storage = match &self.quant {
-            Some(q) => quantized_storage(&self.shards, q, modules.modules),
+            Some(q) => quantized_storage(&self.shards, q, modules.0),
             None => stored_storage(&self.shards),
         };
         storage.map_err(|e| LoadError::Overflow {
@@ -292,30 +292,24 @@ fn quantized_storage(
 /// The checkpoint modules that hold a model's linear layers, in model order, each with the
 /// values of the linears it holds (a fused module's parts summed), gathered part by part.
 #[derive(Default)]
-struct Modules {
-    modules: Vec<(String, u64)>,
-    /// Blocks seen so far.
-    layers: usize,
-}
+struct Modules(Vec<(String, u64)>);
 
 impl Modules {
     fn add(&mut self, class: Class, part: &ModelPart) {
         match part {
-            ModelPart::Layer(layer) => {
-                self.layers += 1;
-                let i = self.layers - 1;
+            ModelPart::Layer(i, layer) => {
                 for (name, w) in layer.linears() {
                     let Some(m) = hf_module(class, name) else { continue };
                     let module = format!("model.layers.{i}.{m}");
                     let n = w.data.len() as u64;
                     // The linears of one fused module are consecutive.
-                    match self.modules.last_mut() {
+                    match self.0.last_mut() {
                         Some((last, count)) if *last == module => *count += n,
-                        _ => self.modules.push((module, n)),
+                        _ => self.0.push((module, n)),
                     }
                 }
             }
-            ModelPart::Output(Some(o)) => self.modules.push(("lm_head".to_string(), o.data.len() as u64)),
+            ModelPart::Output(Some(o)) => self.0.push(("lm_head".to_string(), o.data.len() as u64)),
             _ => {}
         }
     }
@@ -427,7 +421,7 @@ impl Reader<'_> {
         each(ModelPart::Embedding(self.embedding()?));
         // `check_layer_count` bounded n_layers by the files' tensor count.
         for i in 0..self.arch().n_layers {
-            each(ModelPart::Layer(Box::new(self.layer(i)?)));
+            each(ModelPart::Layer(i, Box::new(self.layer(i)?)));
         }
         each(ModelPart::FinalNorm(self.final_norm()?));
         each(ModelPart::Output(self.output()?));
