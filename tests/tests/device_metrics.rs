@@ -13,6 +13,33 @@ use qdrift_score::{
 };
 use qdrift_tests::{device, golden_cases, load_stories};
 
+/// How far one quantity computed by two device graphs may differ, relative to `max(1, |x|)`: on
+/// wgpu, Burn's fusion compiles each graph's reductions and elementwise chains into its own
+/// kernels, so a sum over the vocabulary may be taken in another order (ARCHITECTURE.md, "Fusion
+/// and autotune on wgpu"). A few f32 roundings; the CPU backend computes both bit for bit alike.
+const SAME_QUANTITY: f64 = 1e-6;
+
+/// The largest relative difference between two vectors of one quantity from two device graphs.
+fn graph_difference(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "lengths");
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (f64::from(x) - f64::from(y)).abs() / f64::from(y).abs().max(1.0))
+        .fold(0.0, f64::max)
+}
+
+/// `a` and `b` hold one quantity from two device graphs: equal on the CPU backend, within
+/// [`SAME_QUANTITY`] on wgpu.
+fn assert_same_quantity(choice: BackendChoice, a: &[f32], b: &[f32], what: &str) {
+    match choice {
+        BackendChoice::Cpu => assert_eq!(a, b, "{what}"),
+        _ => {
+            let d = graph_difference(a, b);
+            assert!(d <= SAME_QUANTITY, "{what}: differ by {d:e}");
+        }
+    }
+}
+
 fn build(choice: BackendChoice, scheme: Option<&str>) -> qdrift_model::Llama {
     let loaded = load_stories();
     let dev = device(choice);
@@ -51,7 +78,12 @@ fn device_matches_host(choice: BackendChoice) {
         let host_q = q.to_data().try_into_vec::<f32>().expect("f32");
         let lp = token_logprobs_on_device(r.clone(), &tokens).expect("device log-probabilities");
         let d = position_metrics_on_device(r, q, &tokens).expect("device metrics");
-        assert_eq!(lp, d.logp_ref_of_token, "token_logprobs_on_device ≠ position_metrics_on_device's");
+        assert_same_quantity(
+            choice,
+            &lp,
+            &d.logp_ref_of_token,
+            "token_logprobs_on_device and position_metrics_on_device's",
+        );
         for k in 0..b * t {
             let h = position_metrics(&host_r[k * v..(k + 1) * v], &host_q[k * v..(k + 1) * v], tokens[k] as usize)
                 .expect("host metrics");
@@ -105,11 +137,12 @@ fn compact_matches_host(choice: BackendChoice) {
         let exact = position_metrics_on_device(r.clone(), q.clone(), &tokens).expect("exact metrics");
         let d = position_metrics_against_compact(&c, q, &tokens).expect("compact metrics");
         let same = position_metrics_against_compact(&c, r, &tokens).expect("compact metrics");
-        assert!(same.kld.iter().all(|&x| x == 0.0), "the reference against its own compact self");
+        let zeros = vec![0.0; same.kld.len()];
+        assert_same_quantity(choice, &same.kld, &zeros, "the reference against its own compact self");
         assert_eq!(d.top1_agree, exact.top1_agree, "top-1 is kept exactly");
-        assert_eq!(d.logp_ref_of_token, exact.logp_ref_of_token);
-        assert_eq!(d.logp_var_of_token, exact.logp_var_of_token);
-        assert_eq!(d.ref_entropy, exact.ref_entropy);
+        assert_same_quantity(choice, &d.logp_ref_of_token, &exact.logp_ref_of_token, "log p of the reference");
+        assert_same_quantity(choice, &d.logp_var_of_token, &exact.logp_var_of_token, "log p of the variant");
+        assert_same_quantity(choice, &d.ref_entropy, &exact.ref_entropy, "reference entropy");
         for i in 0..b * t {
             let (rl, ql) = (&host_r[i * v..(i + 1) * v], &host_q[i * v..(i + 1) * v]);
             let h = compact_position(rl, k).expect("host compact");

@@ -255,9 +255,10 @@ pub fn bench_gpu(build: impl FnOnce() -> Result<(PathBuf, PathBuf), String>, mod
         json_number(&line, "bytes").unwrap_or(0.0) / f64::from(1 << 20),
     );
 
-    // Autotune results persist in qdrift's GPU cache folder: the bench starts from an empty one,
-    // so that its first case pays for tuning once (in its warm-up run) and a rerun of that case at
-    // the end shows what a warm cache saves.
+    // The bench starts from an empty GPU cache folder, and reruns its first case at the end in a
+    // new process: the second warm-up run is what a repeated evaluation pays. qdrift's build leaves
+    // CubeCL's `persistence` feature off (its store, turso, costs a cold build about 20 minutes),
+    // so today nothing persists and the rerun tunes again; a build with it would read the folder.
     let cache = std::env::temp_dir().join("qdrift-bench-gpu-cache");
     let _ = std::fs::remove_dir_all(&cache);
     // SAFETY: single-threaded here; the variable is read by the child processes only.
@@ -330,15 +331,16 @@ pub fn bench_gpu(build: impl FnOnce() -> Result<(PathBuf, PathBuf), String>, mod
     Ok(())
 }
 
-/// Reruns the bench's first case (`args`, whose first run printed `cold`) on the autotune cache
-/// that run left in `cache`, and says what the warm cache saved in the warm-up run.
+/// Reruns the bench's first case (`args`, whose first run printed `cold`) in a new process with
+/// the same GPU cache folder, and prints both warm-up runs: what each process pays for compiling
+/// and autotuning (nothing persists across processes without CubeCL's `persistence`).
 fn rerun_warm(qdrift: &Path, args: &[String], cold: &str, cache: &Path) -> Result<(), String> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let warm = timing_line(qdrift, &args)?;
     println!("bench gpu json: {warm}");
     let warm_up = |line: &str| json_number(line, "warm_up_s").map_or("?".to_string(), |s| format!("{s:.2} s"));
     println!(
-        "bench gpu: the first case's warm-up run (the whole request, shaders and autotuning included) took {} on an empty autotune cache, {} on the cache it left in {}",
+        "bench gpu: the first case's warm-up run (the whole request, shaders and autotuning included) took {} in the first process, {} in a second one with the same cache folder {} (autotune results persist only in a build with CubeCL's persistence, which qdrift's leaves off)",
         warm_up(cold),
         warm_up(&warm),
         cache.display()

@@ -9,7 +9,7 @@ use std::sync::{Mutex, OnceLock};
 
 use burn::tensor::wgpu::{WgpuBackend, wgpu};
 use burn::tensor::{DType, Device, DeviceKind};
-use qdrift_model::{Llama, ModelError};
+use qdrift_model::{AttentionKernel, Llama, ModelError};
 use qdrift_weights::WeightSource;
 
 /// What the user asked for with `--backend`.
@@ -115,9 +115,33 @@ impl ComputeDevice {
     /// # Errors
     /// As `Llama::from_source`.
     pub fn build_model(&self, source: &dyn WeightSource, dtype: DType) -> Result<Llama, ModelError> {
-        Llama::from_source_within(source, dtype, &self.device, self.max_buffer_bytes)
+        let mut model = Llama::from_source_within(source, dtype, &self.device, self.max_buffer_bytes)?;
+        model.set_attention_kernel(self.attention_kernel(dtype));
+        Ok(model)
+    }
+
+    /// The attention kernel models built here use in `dtype`: `$QDRIFT_ATTENTION` (`fused` or
+    /// `composed`) where it names one the device runs, else Burn's fused attention op on a
+    /// hardware GPU in f16 and [`AttentionKernel::for_device`] elsewhere. On lavapipe the op's
+    /// autotune picks Burn's unfused fallback, which launches more kernels than the composed path
+    /// under fusion (measured in docs/BENCHMARKS.md), so the composed path stays its default.
+    pub fn attention_kernel(&self, dtype: DType) -> AttentionKernel {
+        let default = AttentionKernel::for_device(&self.device, dtype);
+        if self.backend != "wgpu" || dtype != DType::F16 {
+            return default;
+        }
+        match std::env::var(ATTENTION_VAR).ok().as_deref() {
+            Some("fused") => AttentionKernel::Fused,
+            Some("composed") => AttentionKernel::Composed,
+            _ if !self.uses_host_memory => AttentionKernel::Fused,
+            _ => default,
+        }
     }
 }
+
+/// The environment variable that picks the attention kernel on wgpu in f16
+/// ([`ComputeDevice::attention_kernel`]): `fused` or `composed`.
+pub const ATTENTION_VAR: &str = "QDRIFT_ATTENTION";
 
 /// Picks and starts the device for `choice`.
 ///
@@ -203,17 +227,17 @@ fn best_adapter(adapters: &[wgpu::AdapterInfo], allow_software: bool) -> Option<
     adapters.iter().filter_map(|a| rank(a.device_type).map(|r| (r, a))).min_by_key(|(r, _)| *r).map(|(_, a)| a)
 }
 
-/// The environment variable that names the folder CubeCL keeps its autotune results and compiled
-/// kernels in for qdrift ([`gpu_cache_dir`]).
+/// The environment variable that names qdrift's GPU cache folder ([`gpu_cache_dir`]).
 pub const CACHE_DIR_VAR: &str = "QDRIFT_CACHE_DIR";
 
-/// The folder CubeCL keeps its autotune results and compiled kernels in (one database file,
-/// `default.db`, inside it), so that a shape is tuned once per machine, not once per run:
-/// `$QDRIFT_CACHE_DIR` if set, else `$XDG_CACHE_HOME/qdrift/cubecl`, else
-/// `$HOME/.cache/qdrift/cubecl`; `None` when none of them is set (CubeCL then keeps its own
-/// default, the `target/environment` folder of the Cargo workspace above the working directory,
-/// or the user cache). A folder that cannot be written costs only the persistence: CubeCL keeps
-/// the results in memory for the run.
+/// The folder qdrift gives CubeCL as its environment root, where CubeCL keeps autotune results
+/// and compiled kernels when built with its `persistence` feature: `$QDRIFT_CACHE_DIR` if set,
+/// else `$XDG_CACHE_HOME/qdrift/cubecl`, else `$HOME/.cache/qdrift/cubecl`; `None` when none of
+/// them is set. **qdrift's build leaves that feature off**: its store (turso) adds about 20
+/// minutes to a cold build on 2 cores, past CI's budget (docs/BENCHMARKS.md). Without it CubeCL
+/// writes nothing there, and every process compiles and autotunes its kernels again (on
+/// lavapipe about 30 s for stories260K, 40 s more for SmolLM2; in-process, each shape is tuned
+/// once).
 pub fn gpu_cache_dir() -> Option<PathBuf> {
     let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
     var(CACHE_DIR_VAR)
@@ -221,9 +245,9 @@ pub fn gpu_cache_dir() -> Option<PathBuf> {
         .or_else(|| var("HOME").map(|d| d.join(".cache/qdrift/cubecl")))
 }
 
-/// Points CubeCL's persistent caches at [`gpu_cache_dir`], once per process, before the first
-/// wgpu device starts. A user's `cubecl.toml` keeps every other setting; its `environment.path`
-/// gives way to qdrift's folder.
+/// Points CubeCL's environment root (its persistent caches, in a build that has them) at
+/// [`gpu_cache_dir`], once per process, before the first wgpu device starts. A user's
+/// `cubecl.toml` keeps every other setting; its `environment.path` gives way to qdrift's folder.
 fn configure_gpu_cache() {
     use burn::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig, cache::CacheConfig};
     static DONE: OnceLock<()> = OnceLock::new();

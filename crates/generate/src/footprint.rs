@@ -64,8 +64,10 @@ pub fn model_footprint(
     let concurrent = concurrent_batches(arch, dtype, device, prompts, config) as u128;
     let largest = |f: &dyn Fn(&[Vec<u32>]) -> u128| prompts.chunks(batch_size).map(f).max().unwrap_or(0);
     let kv = largest(&|b| cache_bytes(arch, dtype, b, config.max_new_tokens)) * concurrent;
-    let scores = |b: &[Vec<u32>]| match AttentionKernel::for_device(&device.device, dtype) {
-        AttentionKernel::Composed => {
+    let scores = |b: &[Vec<u32>]| match device.attention_kernel(dtype) {
+        // The fused op's boolean mask has the scores' shape (and autotune may pick Burn's
+        // composed fallback, which materialises them).
+        AttentionKernel::Composed | AttentionKernel::Fused => {
             let longest = b.iter().map(Vec::len).max().unwrap_or(0) as u128;
             b.len() as u128 * arch.n_heads as u128 * longest * longest * 4
         }

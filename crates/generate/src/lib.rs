@@ -31,7 +31,9 @@ mod request;
 mod timing;
 
 pub use counters::{Launches, count_launches, read_back_bytes};
-pub use device::{BackendChoice, CACHE_DIR_VAR, ComputeDevice, DeviceError, gpu_cache_dir, select_device};
+pub use device::{
+    ATTENTION_VAR, BackendChoice, CACHE_DIR_VAR, ComputeDevice, DeviceError, gpu_cache_dir, select_device,
+};
 pub use error::GenerateError;
 pub use footprint::{ModelFootprint, available_host_memory, bytes_per_weight, format_gib, model_footprint};
 pub use forced::{

@@ -301,10 +301,11 @@ fn check_memory(
     let (cache_total, cache_tensor) = cache_bytes_and_tensor(model, dtype, prompts, max_new_tokens);
     let batch = prompts.len() as u128;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) as u128;
-    // Burn's composed attention materialises the prompt's f32 scores; the host kernel holds one
-    // query's scores at a time.
-    let scores = match AttentionKernel::for_device(&device.device, dtype) {
-        AttentionKernel::Composed => batch * model.n_heads as u128 * longest * longest * 4,
+    // Burn's composed attention materialises the prompt's f32 scores (the fused op a boolean
+    // mask of their shape, and scores where autotune picks its composed fallback); the host
+    // kernel holds one query's scores at a time.
+    let scores = match device.attention_kernel(dtype) {
+        AttentionKernel::Composed | AttentionKernel::Fused => batch * model.n_heads as u128 * longest * longest * 4,
         AttentionKernel::Host => 0,
     };
     let logits = batch * model.vocab_size as u128 * 4;

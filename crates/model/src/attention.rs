@@ -15,7 +15,9 @@
 
 use burn::module::{Module, Param};
 use burn::tensor::activation::softmax;
-use burn::tensor::{DType, Tensor};
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Bool, DType, Tensor};
 use qdrift_codecs::{ActivationQuant, ActivationScale, KvQuant};
 
 use crate::fake_quant::{round_activations, round_kv};
@@ -41,6 +43,10 @@ pub(crate) struct ForwardContext<'a> {
     /// `[batch, 1, 1, new, cached + new]`, f32, 0 where a key is visible and −∞ where not; built
     /// only for device caches (the host kernel asks `positions`).
     pub mask: Option<Vec<(Option<usize>, Tensor<5>)>>,
+    /// One boolean mask per distinct sliding window and head grouping (`[kv_heads, rep]`) of the
+    /// layers with fused caches, `[batch, kv_heads, rep * new, cached + new]`, `true` where a key
+    /// is hidden ([`Positions::grouped_hidden`]); built only for fused caches.
+    pub fused_mask: Option<Vec<GroupedMask>>,
     /// The batch's layout: which keys each query sees.
     pub positions: &'a Positions,
     /// Column of the first new position.
@@ -58,7 +64,21 @@ pub(crate) struct ForwardContext<'a> {
     pub routing: Option<&'a std::sync::Mutex<crate::routing::RoutingRecord>>,
 }
 
+/// A fused-attention mask and what it was built for: the sliding window and `[kv_heads, rep]`.
+pub(crate) type GroupedMask = ((Option<usize>, [usize; 2]), Tensor<4, Bool>);
+
 impl ForwardContext<'_> {
+    /// The boolean mask of sliding window `window` for heads grouped as `[kv_heads, rep]`, for a
+    /// fused cache.
+    ///
+    /// # Panics
+    /// If the pass built none for them (it builds one per window and grouping of the layers with
+    /// fused caches).
+    fn grouped_mask(&self, window: Option<usize>, grouping: [usize; 2]) -> &Tensor<4, Bool> {
+        let masks = self.fused_mask.as_ref().expect("a fused cache needs the boolean attention mask");
+        &masks.iter().find(|(key, _)| *key == (window, grouping)).expect("a mask for every fused layer").1
+    }
+
     /// The device RoPE tables of rope `index`.
     ///
     /// # Panics
@@ -217,6 +237,37 @@ impl Attention {
             && !partial_rotary
     }
 
+    /// Whether Burn's attention op computes this layer ([`crate::AttentionKernel::Fused`]): no
+    /// soft cap and no sinks, which the flash kernels do not take (Burn sends a soft cap to its
+    /// composed fallback). A scale other than `1/√head_dim` is folded into the queries.
+    pub(crate) fn fused_op_covers(&self) -> bool {
+        self.sinks.is_none() && self.spec.softcap.is_none()
+    }
+
+    /// Attention through Burn's attention op, over the grouped layout of the composed path: the
+    /// `rep` query heads sharing a key/value head are one sequence of `rep * new` queries, so
+    /// keys and values are never repeated. The op scales by `1/√head_dim`; another scale is
+    /// multiplied into the queries first (in the compute dtype: one more rounding of q than the
+    /// composed path, which scales the f16 scores).
+    ///
+    /// # Shapes
+    /// - `q`: `[batch, new, heads, head_dim]`
+    /// - `k`, `v`: `[batch, kv_heads, keys, head_dim]`
+    /// - `mask`: `[batch, kv_heads, rep * new, keys]`, `true` where hidden
+    /// - returns `[batch, kv_heads, rep * new, head_dim]`
+    fn attend_fused(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, mask: &Tensor<4, Bool>) -> Tensor<4> {
+        let [b, t, h, hd] = q.dims();
+        let kvh = self.kv_heads;
+        let q = q.swap_dims(1, 2).reshape([b, kvh, (h / kvh) * t, hd]);
+        let default = (hd as f64).sqrt().recip() as f32;
+        let q = match self.spec.scale {
+            Some(scale) if scale != default => q.mul_scalar(f64::from(scale) * (hd as f64).sqrt()),
+            _ => q,
+        };
+        let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: false };
+        attention(q, k, v, Some(mask.clone()), None, options)
+    }
+
     /// Per-head RMSNorm of queries or keys (`norm` over each head's `head_dim` values), if any.
     ///
     /// # Shapes
@@ -306,13 +357,19 @@ impl Attention {
             let out = self.attend_host(host, start, kv_quant, new, context);
             return self.wo.forward(context.upload_rounded_output(out, [b, t, h * hd], dtype, &device));
         }
-        let mask = context.window_mask(self.spec.window);
         let (k, v) = match kv_quant {
             Some(kvq) => (round_kv(k, kvq), round_kv(v, kvq)),
             None => (k, v),
         };
         let (k, v) = cache.forward(k.swap_dims(1, 2), v.swap_dims(1, 2));
         let s = k.dims()[2];
+        if cache.kernel() == crate::AttentionKernel::Fused {
+            assert!(self.fused_op_covers(), "this attention layer needs a composed cache (Llama::new_caches_for)");
+            let out = self.attend_fused(q, k, v, context.grouped_mask(self.spec.window, [kvh, rep]));
+            let out = out.reshape([b, h, t, hd]).swap_dims(1, 2).reshape([b, t, h * hd]);
+            return self.wo.forward(context.round_input(out));
+        }
+        let mask = context.window_mask(self.spec.window);
 
         // Group the query heads that share a key/value head so that one batched matmul serves
         // the whole group without materialising repeated keys: [b, kvh, rep * t, hd].

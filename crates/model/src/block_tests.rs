@@ -407,6 +407,66 @@ fn every_dense_feature_matches_the_f64_reference_in_f32() {
     }
 }
 
+/// Burn's attention op ([`AttentionKernel::Fused`], on wgpu whatever kernel its autotune picks)
+/// against the composed path and the f64 reference, in f16 on wgpu, for every dense feature:
+/// q/k norms, a scale other than `1/√head_dim` (Gemma 3's `query_pre_attn_scalar`, folded into
+/// the queries), sliding windows, partial rotary, and grouped heads (4 query heads over 2 key/
+/// value heads). Gemma 2's soft cap and gpt-oss's sinks are not the op's to compute: those models
+/// get composed caches. The prompt pass and single-token steps both run, and a batch of two
+/// left-padded rows checks the mask: each row's logits equal its own run alone within f16
+/// rounding.
+#[test]
+fn fused_attention_matches_the_composed_path_and_the_f64_reference_on_wgpu() {
+    let device = crate::test_wgpu();
+    for (name, host) in all_models() {
+        let want = reference(&host, &TOKENS);
+        let model = Llama::from_host(&host, DType::F16, &device).expect(name);
+        let covered = model.layers.iter().all(|l| l.attn.fused_op_covers());
+        assert_eq!(covered, !matches!(name, "gemma2" | "gpt-oss"), "{name}: which layers the op covers");
+        let fused_caches = model.new_caches_for(1, 4, AttentionKernel::Fused);
+        assert_eq!(
+            fused_caches.iter().all(|c| c.kernel() == AttentionKernel::Fused),
+            covered,
+            "{name}: covered layers get fused caches, the rest composed ones"
+        );
+        if !covered {
+            // Composed caches, so the composed path: nothing fused to compare (and each kernel
+            // shape costs lavapipe a compilation).
+            continue;
+        }
+        let composed = model_logits(&model, &TOKENS, 4, AttentionKernel::Composed);
+        let fused = model_logits(&model, &TOKENS, 4, AttentionKernel::Fused);
+        let (d_fused, d_composed) = (max_delta(&fused, &want), max_delta(&composed, &want));
+        let between =
+            fused.iter().flatten().zip(composed.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        println!("{name}: fused {d_fused:.2e}, composed {d_composed:.2e} from f64; {between:.2e} apart");
+        assert!(d_fused < 5e-2, "{name} fused: max |Δlogit| {d_fused:e} from f64");
+        assert!(between < 5e-2, "{name}: fused and composed {between:e} apart");
+
+        // Two rows, the shorter left-padded: each row as it computes alone.
+        let (long, short) = (&TOKENS[..7], &TOKENS[2..6]);
+        let positions = Positions::left_padded(&[long.len(), short.len()]);
+        let mut caches = model.new_caches_for(2, 9, AttentionKernel::Fused);
+        let mut padded = vec![0usize; long.len() - short.len()];
+        padded.extend_from_slice(short);
+        let both: Vec<i32> = long.iter().chain(&padded).map(|&t| t as i32).collect();
+        let prompt = Tensor::<2, Int>::from_data(TensorData::new(both, [2, long.len()]), &device);
+        let mut batched = vec![host_f32(model.forward(prompt, &positions, &mut caches, false))];
+        let step = Tensor::<2, Int>::from_data(TensorData::new(vec![5i32, 9], [2, 1]), &device);
+        batched.push(host_f32(model.forward(step, &positions, &mut caches, false)));
+        for (row, tokens) in [(0, long), (1, short)] {
+            let alone =
+                model_logits(&model, &[tokens, &[[5, 9][row]][..]].concat(), tokens.len(), AttentionKernel::Fused);
+            let v = model.arch.vocab_size;
+            for (pass, got) in batched.iter().enumerate() {
+                let alone = &alone[tokens.len() - 1 + pass];
+                let d = got[row * v..(row + 1) * v].iter().zip(alone).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+                assert!(d < 1e-2, "{name}: row {row} pass {pass} differs from the row alone by {d:e}");
+            }
+        }
+    }
+}
+
 #[test]
 fn every_dense_feature_runs_in_f16_near_the_reference() {
     for (name, host) in all_models() {

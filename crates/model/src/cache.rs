@@ -15,10 +15,12 @@ use crate::host::placement::AttentionKernel;
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum CacheStorage {
-    /// `[batch, kv_heads, capacity, head_dim]` each.
+    /// `[batch, kv_heads, capacity, head_dim]` each, read by `kernel` ([`AttentionKernel::Composed`]
+    /// or [`AttentionKernel::Fused`]).
     Device {
         keys: Tensor<4>,
         values: Tensor<4>,
+        kernel: AttentionKernel,
     },
     Host(HostKv),
 }
@@ -43,11 +45,12 @@ impl KvCache {
     pub fn new(shape: [usize; 4], dtype: DType, device: &Device, kernel: AttentionKernel) -> Self {
         let [batch, kv_heads, capacity, head_dim] = shape;
         let storage = match kernel {
-            AttentionKernel::Composed => {
+            AttentionKernel::Composed | AttentionKernel::Fused => {
                 let shape = [batch, kv_heads, capacity, head_dim];
                 CacheStorage::Device {
                     keys: Tensor::zeros(shape, (device, dtype)),
                     values: Tensor::zeros(shape, (device, dtype)),
+                    kernel,
                 }
             }
             AttentionKernel::Host => {
@@ -74,7 +77,7 @@ impl KvCache {
     /// Which attention implementation reads this cache.
     pub fn kernel(&self) -> AttentionKernel {
         match self.storage {
-            CacheStorage::Device { .. } => AttentionKernel::Composed,
+            CacheStorage::Device { kernel, .. } => kernel,
             CacheStorage::Host(_) => AttentionKernel::Host,
         }
     }
@@ -122,7 +125,7 @@ impl KvCache {
     /// host cache.
     pub fn forward(&mut self, k: Tensor<4>, v: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
         let [b, h, new, d] = k.dims();
-        let Self { storage: CacheStorage::Device { keys, values }, len, capacity, .. } = self else {
+        let Self { storage: CacheStorage::Device { keys, values, .. }, len, capacity, .. } = self else {
             panic!("KvCache::forward on a host cache; the host kernel writes it");
         };
         let start = claim(len, *capacity, new);

@@ -700,6 +700,7 @@ mod tests {
             rope: None,
             host_rope: None,
             mask: None,
+            fused_mask: None,
             positions,
             start: 0,
             activations,

@@ -1,7 +1,7 @@
 //! [`Positions`]: how a batch of prompts of different lengths is laid out (left-padded), which
 //! keys each query sees, and the masks and positions that follow from it.
 
-use burn::tensor::{DType, Device, Tensor, TensorData};
+use burn::tensor::{Bool, DType, Device, Tensor, TensorData};
 
 /// Where each row of a batch starts: prompts of different lengths are left-padded so that they
 /// all end in the same column, and every row counts its positions from its own first token.
@@ -72,6 +72,36 @@ impl Positions {
             }
         }
         Tensor::from_data(TensorData::new(m, [self.pad.len(), 1, 1, len, keys]), (device, DType::F32))
+    }
+
+    /// [`Positions::window_mask`] as the boolean mask Burn's attention op takes (`true` where a
+    /// key is hidden), for queries grouped as the fused path lays them out: the `rep` query heads
+    /// sharing each of `kv_heads` key/value heads, each with the `len` new columns. Built whole
+    /// on the host: the op reads a mask of the scores' own shape.
+    ///
+    /// # Shapes
+    /// - returns `[batch, kv_heads, rep * len, start + len]`
+    pub(crate) fn grouped_hidden(
+        &self,
+        (start, len): (usize, usize),
+        window: Option<usize>,
+        [kv_heads, rep]: [usize; 2],
+        device: &Device,
+    ) -> Tensor<4, Bool> {
+        let keys = start + len;
+        let mut m = Vec::with_capacity(self.pad.len() * kv_heads * rep * len * keys);
+        for row in 0..self.pad.len() {
+            let rows: Vec<bool> = (start..start + len)
+                .flat_map(|q| {
+                    let visible = self.visible_within(row, q, window);
+                    (0..keys).map(move |k| !visible.contains(&k))
+                })
+                .collect();
+            for _ in 0..kv_heads * rep {
+                m.extend_from_slice(&rows);
+            }
+        }
+        Tensor::from_data(TensorData::new(m, [self.pad.len(), kv_heads, rep * len, keys]), device)
     }
 }
 

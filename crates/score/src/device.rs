@@ -315,7 +315,10 @@ pub fn compact_reference_on_device(
     let lr = log_softmax(ref_logits.cast(DType::F32), 2);
     let entropy = (lr.clone().exp() * lr.clone()).sum_dim(2).neg();
     let index: Tensor<3, Int> = Tensor::from_data(TensorData::new(token_ids(tokens), [b, t, 1]), &device);
-    let lpr = lr.clone().gather(2, index);
+    // Read before `tail_log_sum_exp` scatters into `lr`: under Burn's fusion on wgpu (0.22.1) a
+    // gather still pending when a scatter consumes its source read other values (measured: log p
+    // of −8.9 for −0.03; ARCHITECTURE.md, "Fusion and autotune on wgpu").
+    let logp_of_token = read_f32("reference log-probabilities", lr.clone().gather(2, index))?;
     let (top_logp, top_ids) = lr.clone().topk_with_indices(k, 2);
     let tail = tail_log_sum_exp(lr, top_ids.clone());
     let top_logp = read_f32("top-K log-probabilities", top_logp)?;
@@ -329,7 +332,7 @@ pub fn compact_reference_on_device(
         top_logp,
         tail_logp: read_f32("tail log-mass", tail)?,
         entropy: read_f32("reference entropy", entropy)?,
-        logp_of_token: read_f32("reference log-probabilities", lpr)?,
+        logp_of_token,
         argmax: read_ids("reference top-1", argmax)?,
     })
 }

@@ -51,6 +51,14 @@ pub enum AttentionKernel {
     /// Tensors on the model's device, read by Burn's composed attention (matmul, mask, softmax,
     /// matmul). Runs on every backend.
     Composed,
+    /// Tensors on the model's device, read by Burn's attention op (`burn::tensor::module::attention`):
+    /// on wgpu, autotune picks among cubek's flash-attention kernels (f32 accumulators and an
+    /// online f32 softmax) and Burn's own composed fallback (f16 softmax, unfused kernels). For
+    /// wgpu in f16, on the layers it covers (no soft cap, no sinks); the rest keep
+    /// [`AttentionKernel::Composed`]. Chosen per device by `qdrift_generate` (a hardware GPU;
+    /// not lavapipe, where autotune picks the fallback and it launches more kernels than the
+    /// fused composed path).
+    Fused,
     /// Host memory, read by qdrift's fused CPU kernel (`host/attention.rs`). The default on the
     /// CPU backend, where it is several times faster.
     Host,
@@ -59,9 +67,15 @@ pub enum AttentionKernel {
 impl AttentionKernel {
     /// The kernel a model of compute dtype `dtype` runs best on `device`:
     /// [`AttentionKernel::Host`] where the host kernels run it (the CPU backend in f32 or f16),
-    /// [`AttentionKernel::Composed`] elsewhere.
+    /// [`AttentionKernel::Composed`] elsewhere. [`AttentionKernel::Fused`] is asked for by name
+    /// ([`crate::Llama::set_attention_kernel`]): whether it pays depends on the adapter.
     pub fn for_device(device: &Device, dtype: DType) -> Self {
         if host_kernels(device, dtype) { Self::Host } else { Self::Composed }
+    }
+
+    /// Whether the cache is a device tensor pair (everything but [`AttentionKernel::Host`]).
+    pub fn on_device(self) -> bool {
+        self != Self::Host
     }
 }
 
@@ -117,20 +131,28 @@ pub(crate) struct PassTables {
     pub host_rope: bool,
     /// RoPE tables on the device, for the layers that do not.
     pub device_rope: bool,
-    /// The attention mask, for the device caches.
+    /// The additive attention mask, for composed caches.
     pub mask: bool,
+    /// The boolean attention mask, for fused caches.
+    pub fused_mask: bool,
 }
 
 /// What a forward pass builds over caches of these kernels, given [`host_layers`]: host RoPE
 /// tables where host layers meet a host cache, device tables where any layer may run on the
 /// device (a composed cache, or layers that cannot run on the host), a mask for composed caches.
 pub(crate) fn pass_tables(host_layers: bool, caches: impl IntoIterator<Item = AttentionKernel>) -> PassTables {
-    let (mut host, mut composed) = (false, false);
+    let (mut host, mut composed, mut fused) = (false, false, false);
     for kernel in caches {
         host |= kernel == AttentionKernel::Host;
         composed |= kernel == AttentionKernel::Composed;
+        fused |= kernel == AttentionKernel::Fused;
     }
-    PassTables { host_rope: host_layers && host, device_rope: composed || !host_layers, mask: composed }
+    PassTables {
+        host_rope: host_layers && host,
+        device_rope: composed || fused || !host_layers,
+        mask: composed,
+        fused_mask: fused,
+    }
 }
 
 /// Whether a layer's attention runs wholly on the host (`Attention::forward_host`): the host
@@ -161,8 +183,13 @@ pub(crate) struct HostLayer {
 /// The kernel of a layer's cache when `requested` is asked for: a layer the host attention
 /// kernel does not cover (`kernel_covers` false: it falls back to Burn's composed attention)
 /// gets a device cache whatever was asked.
-pub(crate) fn cache_kernel(requested: AttentionKernel, kernel_covers: bool) -> AttentionKernel {
-    if kernel_covers { requested } else { AttentionKernel::Composed }
+pub(crate) fn cache_kernel(requested: AttentionKernel, host_covers: bool, fused_covers: bool) -> AttentionKernel {
+    match requested {
+        AttentionKernel::Host if host_covers => requested,
+        AttentionKernel::Fused if fused_covers => requested,
+        AttentionKernel::Composed => requested,
+        _ => AttentionKernel::Composed,
+    }
 }
 
 /// Whether a feed-forward layer runs wholly on the host (`FeedForward::forward_host`): its three
