@@ -4,9 +4,10 @@
 # adapter, and one SmolLM2-shaped evaluation timed on wgpu. Everything it prints goes to
 # $OUT/log.txt too (or ./gpu-check.log without $OUT), and the figures to one JSON file,
 # $OUT/gpu-check.json (or ./gpu-check.json): every `bench gpu` case as qdrift's own timing line
-# (seconds per decode step, first token, warm-up with an empty and with a warm autotune cache,
-# kernel launches per step and per layer, bytes read back per step) and each step's exit status
-# and seconds.
+# (seconds per decode step, first token, the warm-up run of a first and of a second process,
+# kernel launches per step and per layer, bytes read back per step), the same request through the
+# composed attention and through Burn's fused attention op (`QDRIFT_ATTENTION`), and each step's
+# exit status and seconds.
 #
 # Prepare here, from the checkout root (.gl/ and .dev/ are listed in .git/info/exclude):
 #   .gl/   the Vulkan/EGL loader packages (../shared/device/README.md, step 1)
@@ -37,11 +38,23 @@ step() { echo "\"$1\": {\"rc\": $2, \"s\": $(($(now) - $3))}" >> "$steps"; echo 
     echo "cpus $(nproc)"
     echo "== bench gpu =="
     t=$(now)
-    QDRIFT_BIN=.dev/qdrift timeout 330 .dev/xtask bench gpu
+    QDRIFT_BIN=.dev/qdrift timeout 300 .dev/xtask bench gpu
     step bench_gpu $? "$t"
+    # bench gpu ran with the hardware GPU's default, Burn's fused attention op; the same request
+    # through qdrift's composed attention, and again through the op, side by side.
+    prompts=()
+    for i in $(seq 16); do prompts+=(--prompt "Once upon a time, story $i"); done
+    for attention in composed fused; do
+        echo "== attention $attention: synthetic:smollm2-135m, f16, 16 prompts x 32 tokens, batch 16 =="
+        t=$(now)
+        QDRIFT_ATTENTION=$attention timeout 25 .dev/qdrift generate --model synthetic:smollm2-135m \
+            --backend wgpu --dtype f16 --batch-size 16 "${prompts[@]}" --max-new-tokens 32 \
+            --timing-json 2>&1 >/dev/null | sed -n "s/^{/bench gpu json: {\"attention\": \"$attention\", /p"
+        step "attention_$attention" "${PIPESTATUS[0]}" "$t"
+    done
     echo "== golden tests on wgpu (stories260K against llama2.c) =="
     t=$(now)
-    QDRIFT_SHARED=.dev/shared timeout 60 .dev/golden wgpu
+    QDRIFT_SHARED=.dev/shared timeout 45 .dev/golden wgpu
     step golden_wgpu $? "$t"
     echo "== eval synthetic:smollm2-135m, wgpu, f16, 16 prompts x 10/100/1000, 3 schemes =="
     t=$(now)

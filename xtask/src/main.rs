@@ -177,7 +177,7 @@ fn ci() -> Result<(), String> {
     // CI has Chromium (setup installed it): the HTML test must run, not skip.
     // SAFETY: single-threaded here; the variable is read by the child processes only.
     unsafe { std::env::set_var("QDRIFT_REQUIRE_CHROMIUM", "1") };
-    let tested = test_and_count(&["test", "--release", "--workspace", "--no-fail-fast"]);
+    let tested = main_test_pass();
     // The run above tested the CPU kernels at every ISA this machine runs (portable, AVX2,
     // AVX-512), bit for bit against each other, and named on stderr the ISAs it lacks. Here the
     // CPU path's tests (the kernels' and the CPU backend's) run again with every kernel forced to
@@ -295,47 +295,152 @@ fn lint() -> Result<(), String> {
     cargo_env(&["doc", "--release", "--workspace", "--no-deps"], &[("RUSTDOCFLAGS", "-D warnings")])
 }
 
-/// Runs `cargo test`, echoing its output, and ends with one line totalling every test binary's
-/// `test result:` line, so that the last line of CI says how many tests ran.
-fn test_and_count(args: &[&str]) -> Result<(), String> {
+/// Test targets that spend most of their time in lavapipe's compilation and autotuning of Burn's
+/// fused kernels, on one thread (about 30 s to 2 min a process; ARCHITECTURE.md, "Fusion and
+/// autotune on wgpu"): the main test pass runs them beside everything else, so both cores work.
+const WGPU_HEAVY_TESTS: [&str; 4] = ["golden", "tiny_arch", "fake_quant", "device_metrics"];
+
+/// `cargo test --release --workspace --no-fail-fast`, as two `cargo test` runs side by side over
+/// disjoint targets: [`WGPU_HEAVY_TESTS`], and every other target (libraries, binaries, the other
+/// integration tests, from `cargo metadata`); then the doc tests. Each run's output is printed
+/// whole when it ends. Cargo holds its build lock only while it compiles, so the two runs' test
+/// processes overlap (measured: timing and longrope, 67 s one after the other, 48 s side by side).
+fn main_test_pass() -> Result<(), String> {
+    let base = ["test", "--release", "--workspace", "--no-fail-fast"];
+    let tests = workspace_test_targets()?;
+    if let Some(missing) = WGPU_HEAVY_TESTS.iter().find(|t| !tests.iter().any(|n| n == *t)) {
+        return Err(format!("xtask: WGPU_HEAVY_TESTS names {missing}, which is no test target"));
+    }
+    let mut heavy: Vec<&str> = base.to_vec();
+    let mut rest: Vec<&str> = base.to_vec();
+    rest.extend(["--lib", "--bins"]);
+    for name in &tests {
+        let list = if WGPU_HEAVY_TESTS.contains(&name.as_str()) { &mut heavy } else { &mut rest };
+        list.extend(["--test", name.as_str()]);
+    }
+    // Everything compiled first, so that the two runs do not wait on each other's build.
+    let mut build = base.to_vec();
+    build.push("--no-run");
+    test_and_count(&build)?;
+    let (a, b) = std::thread::scope(|scope| {
+        let a = scope.spawn(|| run_tests(&heavy));
+        let b = scope.spawn(|| run_tests(&rest));
+        (a.join(), b.join())
+    });
+    let mut outcome = Ok(());
+    for run in [a, b] {
+        let run = run.map_err(|_| "xtask: a test run's thread panicked".to_string())?;
+        outcome = outcome.and(run.report());
+    }
+    let mut doc = base.to_vec();
+    doc.push("--doc");
+    outcome.and(test_and_count(&doc))
+}
+
+/// The names of the workspace's integration-test targets (`cargo metadata`), sorted.
+fn workspace_test_targets() -> Result<Vec<String>, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let out = Command::new(&cargo)
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .current_dir(root())
+        .output()
+        .map_err(|e| format!("cannot run {cargo} metadata: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("cargo metadata's output: {e}"))?;
+    let mut names: Vec<String> = meta["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .filter(|t| t["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "test")))
+        .filter_map(|t| t["name"].as_str().map(str::to_string))
+        .collect();
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
+/// One `cargo test` run's output and counts, gathered while it runs (see [`run_tests`]).
+struct TestRun {
+    args: String,
+    lines: Vec<String>,
+    counts: [u64; 3],
+    status: Result<std::process::ExitStatus, String>,
+}
+
+impl TestRun {
+    /// Prints the run's output and counts; an error if it failed.
+    fn report(&self) -> Result<(), String> {
+        println!("xtask: cargo {}", self.args);
+        for line in &self.lines {
+            println!("{line}");
+        }
+        let [passed, failed, ignored] = self.counts;
+        println!("tests: {passed} passed, {failed} failed, {ignored} skipped");
+        match &self.status {
+            Ok(status) if status.success() => Ok(()),
+            Ok(status) => Err(format!("cargo {} failed ({status})", self.args)),
+            Err(e) => Err(e.clone()),
+        }
+    }
+}
+
+/// Runs `cargo ARGS`, keeping its standard output and counting the tests it reports.
+fn run_tests(args: &[&str]) -> TestRun {
     use std::io::{BufRead, BufReader};
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    println!("xtask: cargo {}", args.join(" "));
+    let mut run = TestRun { args: args.join(" "), lines: Vec::new(), counts: [0; 3], status: Ok(Default::default()) };
     let mut command = Command::new(&cargo);
-    // wgpu's Vulkan loader complains on every start without a runtime folder (CI has none).
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         let xdg = std::env::temp_dir().join("qdrift-xdg-runtime");
-        std::fs::create_dir_all(&xdg).map_err(|e| format!("{}: {e}", xdg.display()))?;
+        if let Err(e) = std::fs::create_dir_all(&xdg) {
+            run.status = Err(format!("{}: {e}", xdg.display()));
+            return run;
+        }
         command.env("XDG_RUNTIME_DIR", xdg);
     }
-    let mut child = command
+    let child = command
         .args(args)
         .current_dir(root())
         .env("CARGO_TARGET_DIR", target_dir())
         .stdout(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run {cargo}: {e}"))?;
-    let (mut passed, mut failed, mut ignored) = (0u64, 0u64, 0u64);
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) => {
+            run.status = Err(format!("cannot run {cargo}: {e}"));
+            return run;
+        }
+    };
     if let Some(stdout) = child.stdout.take() {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            println!("{line}");
             if let Some(rest) = line.strip_prefix("test result: ") {
-                let count = |word: &str| -> u64 {
-                    rest.split(';')
-                        .find_map(|part| {
-                            part.trim().strip_suffix(word).and_then(|n| n.trim().rsplit(' ').next()?.parse().ok())
-                        })
-                        .unwrap_or(0)
-                };
-                passed += count(" passed");
-                failed += count(" failed");
-                ignored += count(" ignored");
+                for (i, word) in [" passed", " failed", " ignored"].into_iter().enumerate() {
+                    run.counts[i] += count_in(rest, word);
+                }
             }
+            run.lines.push(line);
         }
     }
-    let status = child.wait().map_err(|e| format!("cargo test: {e}"))?;
-    println!("tests: {passed} passed, {failed} failed, {ignored} skipped");
-    if status.success() { Ok(()) } else { Err(format!("cargo {} failed ({status})", args.join(" "))) }
+    run.status = child.wait().map_err(|e| format!("cargo test: {e}"));
+    run
+}
+
+/// The number before `word` in a libtest summary (`3 passed; 0 failed; …`), 0 if absent.
+fn count_in(summary: &str, word: &str) -> u64 {
+    summary
+        .split(';')
+        .find_map(|part| part.trim().strip_suffix(word).and_then(|n| n.trim().rsplit(' ').next()?.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Runs `cargo test` ([`run_tests`]), then prints its output and one line totalling every test
+/// binary's `test result:` line, so that CI's log says how many tests ran.
+fn test_and_count(args: &[&str]) -> Result<(), String> {
+    run_tests(args).report()
 }
 
 fn shared() -> PathBuf {
