@@ -390,43 +390,44 @@ impl TestRun {
 
 /// Runs `cargo ARGS`, keeping its standard output and counting the tests it reports.
 fn run_tests(args: &[&str]) -> TestRun {
+    let joined = args.join(" ");
+    match run_and_collect(args) {
+        Ok((lines, counts, status)) => TestRun { args: joined, lines, counts, status: Ok(status) },
+        Err(e) => TestRun { args: joined, lines: Vec::new(), counts: [0; 3], status: Err(e) },
+    }
+}
+
+/// [`run_tests`]' work: the output lines, the passed/failed/ignored counts and the exit status.
+fn run_and_collect(args: &[&str]) -> Result<(Vec<String>, [u64; 3], std::process::ExitStatus), String> {
     use std::io::{BufRead, BufReader};
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let mut run = TestRun { args: args.join(" "), lines: Vec::new(), counts: [0; 3], status: Ok(Default::default()) };
     let mut command = Command::new(&cargo);
+    // wgpu's Vulkan loader complains on every start without a runtime folder (CI has none).
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         let xdg = std::env::temp_dir().join("qdrift-xdg-runtime");
-        if let Err(e) = std::fs::create_dir_all(&xdg) {
-            run.status = Err(format!("{}: {e}", xdg.display()));
-            return run;
-        }
+        std::fs::create_dir_all(&xdg).map_err(|e| format!("{}: {e}", xdg.display()))?;
         command.env("XDG_RUNTIME_DIR", xdg);
     }
-    let child = command
+    let mut child = command
         .args(args)
         .current_dir(root())
         .env("CARGO_TARGET_DIR", target_dir())
         .stdout(std::process::Stdio::piped())
-        .spawn();
-    let mut child = match child {
-        Ok(child) => child,
-        Err(e) => {
-            run.status = Err(format!("cannot run {cargo}: {e}"));
-            return run;
-        }
-    };
+        .spawn()
+        .map_err(|e| format!("cannot run {cargo}: {e}"))?;
+    let (mut lines, mut counts) = (Vec::new(), [0u64; 3]);
     if let Some(stdout) = child.stdout.take() {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             if let Some(rest) = line.strip_prefix("test result: ") {
-                for (i, word) in [" passed", " failed", " ignored"].into_iter().enumerate() {
-                    run.counts[i] += count_in(rest, word);
+                for (count, word) in counts.iter_mut().zip([" passed", " failed", " ignored"]) {
+                    *count += count_in(rest, word);
                 }
             }
-            run.lines.push(line);
+            lines.push(line);
         }
     }
-    run.status = child.wait().map_err(|e| format!("cargo test: {e}"));
-    run
+    let status = child.wait().map_err(|e| format!("cargo test: {e}"))?;
+    Ok((lines, counts, status))
 }
 
 /// The number before `word` in a libtest summary (`3 passed; 0 failed; …`), 0 if absent.

@@ -233,11 +233,10 @@ pub const CACHE_DIR_VAR: &str = "QDRIFT_CACHE_DIR";
 /// The folder qdrift gives CubeCL as its environment root, where CubeCL keeps autotune results
 /// and compiled kernels when built with its `persistence` feature: `$QDRIFT_CACHE_DIR` if set,
 /// else `$XDG_CACHE_HOME/qdrift/cubecl`, else `$HOME/.cache/qdrift/cubecl`; `None` when none of
-/// them is set. **qdrift's build leaves that feature off**: its store (turso) adds about 20
-/// minutes to a cold build on 2 cores, past CI's budget (docs/BENCHMARKS.md). Without it CubeCL
-/// writes nothing there, and every process compiles and autotunes its kernels again (on
-/// lavapipe about 30 s for stories260K, 40 s more for SmolLM2; in-process, each shape is tuned
-/// once).
+/// them is set. **qdrift's build leaves that feature off**: its store (turso) makes a cold build
+/// longer than CI's budget allows (docs/BENCHMARKS.md). Without it CubeCL writes nothing there,
+/// and every process compiles and autotunes its kernels again (within a process, each shape is
+/// tuned once).
 pub fn gpu_cache_dir() -> Option<PathBuf> {
     let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
     var(CACHE_DIR_VAR)

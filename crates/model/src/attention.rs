@@ -251,14 +251,12 @@ impl Attention {
     /// composed path, which scales the f16 scores).
     ///
     /// # Shapes
-    /// - `q`: `[batch, new, heads, head_dim]`
+    /// - `q`: `[batch, kv_heads, rep * new, head_dim]` (grouped)
     /// - `k`, `v`: `[batch, kv_heads, keys, head_dim]`
     /// - `mask`: `[batch, kv_heads, rep * new, keys]`, `true` where hidden
     /// - returns `[batch, kv_heads, rep * new, head_dim]`
     fn attend_fused(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, mask: &Tensor<4, Bool>) -> Tensor<4> {
-        let [b, t, h, hd] = q.dims();
-        let kvh = self.kv_heads;
-        let q = q.swap_dims(1, 2).reshape([b, kvh, (h / kvh) * t, hd]);
+        let hd = q.dims()[3];
         let default = (hd as f64).sqrt().recip() as f32;
         let q = match self.spec.scale {
             Some(scale) if scale != default => q.mul_scalar(f64::from(scale) * (hd as f64).sqrt()),
@@ -363,20 +361,20 @@ impl Attention {
         };
         let (k, v) = cache.forward(k.swap_dims(1, 2), v.swap_dims(1, 2));
         let s = k.dims()[2];
-        if cache.kernel() == crate::AttentionKernel::Fused {
-            assert!(self.fused_op_covers(), "this attention layer needs a composed cache (Llama::new_caches_for)");
-            let out = self.attend_fused(q, k, v, context.grouped_mask(self.spec.window, [kvh, rep]));
-            let out = out.reshape([b, h, t, hd]).swap_dims(1, 2).reshape([b, t, h * hd]);
-            return self.wo.forward(context.round_input(out));
-        }
-        let mask = context.window_mask(self.spec.window);
 
-        // Group the query heads that share a key/value head so that one batched matmul serves
-        // the whole group without materialising repeated keys: [b, kvh, rep * t, hd].
+        // Group the query heads that share a key/value head so that one batched matmul (or one
+        // attention op) serves the whole group without materialising repeated keys:
+        // [b, kvh, rep * t, hd].
         let q = q.swap_dims(1, 2).reshape([b, kvh, rep * t, hd]);
-        let scores = q.matmul(k.swap_dims(2, 3)).reshape([b, kvh, rep, t, s]);
-        let weights = self.weights(scores, mask).cast(dtype).reshape([b, kvh, rep * t, s]);
-        let out = weights.matmul(v); // [b, kvh, rep * t, hd]
+        let out = if cache.kernel() == crate::AttentionKernel::Fused {
+            assert!(self.fused_op_covers(), "this attention layer needs a composed cache (Llama::new_caches_for)");
+            self.attend_fused(q, k, v, context.grouped_mask(self.spec.window, [kvh, rep]))
+        } else {
+            let mask = context.window_mask(self.spec.window);
+            let scores = q.matmul(k.swap_dims(2, 3)).reshape([b, kvh, rep, t, s]);
+            let weights = self.weights(scores, mask).cast(dtype).reshape([b, kvh, rep * t, s]);
+            weights.matmul(v)
+        }; // [b, kvh, rep * t, hd]
         let out = out.reshape([b, h, t, hd]).swap_dims(1, 2).reshape([b, t, h * hd]);
         self.wo.forward(context.round_input(out))
     }

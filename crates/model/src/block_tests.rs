@@ -390,6 +390,11 @@ fn model_logits(model: &Llama, tokens: &[usize], split: usize, kernel: Attention
     out.chunks(model.arch.vocab_size).map(<[f32]>::to_vec).collect()
 }
 
+/// The largest `|a − b|` over two runs' logits.
+fn max_apart<'a>(a: impl IntoIterator<Item = &'a f32>, b: impl IntoIterator<Item = &'a f32>) -> f32 {
+    a.into_iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
 fn max_delta(got: &[Vec<f32>], want: &[Vec<f64>]) -> f64 {
     got.iter().flatten().zip(want.iter().flatten()).map(|(&g, w)| (f64::from(g) - w).abs()).fold(0.0, f64::max)
 }
@@ -437,8 +442,7 @@ fn fused_attention_matches_the_composed_path_and_the_f64_reference_on_wgpu() {
         let composed = model_logits(&model, &TOKENS, 4, AttentionKernel::Composed);
         let fused = model_logits(&model, &TOKENS, 4, AttentionKernel::Fused);
         let (d_fused, d_composed) = (max_delta(&fused, &want), max_delta(&composed, &want));
-        let between =
-            fused.iter().flatten().zip(composed.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        let between = max_apart(fused.iter().flatten(), composed.iter().flatten());
         println!("{name}: fused {d_fused:.2e}, composed {d_composed:.2e} from f64; {between:.2e} apart");
         assert!(d_fused < 5e-2, "{name} fused: max |Δlogit| {d_fused:e} from f64");
         assert!(between < 5e-2, "{name}: fused and composed {between:e} apart");
@@ -460,7 +464,7 @@ fn fused_attention_matches_the_composed_path_and_the_f64_reference_on_wgpu() {
             let v = model.arch.vocab_size;
             for (pass, got) in batched.iter().enumerate() {
                 let alone = &alone[tokens.len() - 1 + pass];
-                let d = got[row * v..(row + 1) * v].iter().zip(alone).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+                let d = max_apart(&got[row * v..(row + 1) * v], alone);
                 assert!(d < 1e-2, "{name}: row {row} pass {pass} differs from the row alone by {d:e}");
             }
         }
@@ -487,8 +491,7 @@ fn prompt_then_steps_equals_teacher_forcing_for_every_feature() {
         let model = Llama::from_host(&host, DType::F32, &Device::flex()).expect(name);
         let forced = model_logits(&model, &TOKENS, TOKENS.len(), AttentionKernel::Host);
         let stepped = model_logits(&model, &TOKENS, 3, AttentionKernel::Host);
-        let delta =
-            forced.iter().flatten().zip(stepped.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        let delta = max_apart(forced.iter().flatten(), stepped.iter().flatten());
         assert!(delta < 1e-5, "{name}: {delta:e}");
         assert!(!model.steps_match_teacher_forcing(), "{name} falls back to Burn's attention");
     }
@@ -530,7 +533,7 @@ fn a_left_padded_batch_gives_each_row_its_own_logits() {
             let want = model_logits(&model, alone, alone.len(), AttentionKernel::Host);
             let last = want.last().expect("logits");
             let got = &out[row * vocab..(row + 1) * vocab];
-            let delta = got.iter().zip(last).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            let delta = max_apart(got, last);
             assert!(delta < 1e-5, "{name} row {row}: {delta:e}");
         }
     }

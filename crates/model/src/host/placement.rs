@@ -72,11 +72,6 @@ impl AttentionKernel {
     pub fn for_device(device: &Device, dtype: DType) -> Self {
         if host_kernels(device, dtype) { Self::Host } else { Self::Composed }
     }
-
-    /// Whether the cache is a device tensor pair (everything but [`AttentionKernel::Host`]).
-    pub fn on_device(self) -> bool {
-        self != Self::Host
-    }
 }
 
 /// Where activations are rounded.
