@@ -128,33 +128,6 @@ pub(crate) fn host_f32<const D: usize>(x: Tensor<D>) -> Vec<f32> {
     data.convert::<f32>().try_into_vec::<f32>().expect("a float tensor reads back as f32")
 }
 
-/// A `[rows, cols]` tensor's values transposed, `[cols, rows]` row-major as f32 (exact for f16
-/// and f32 tensors), written straight from the read-back data: no second full copy.
-pub(crate) fn host_f32_transposed(x: Tensor<2>) -> Vec<f32> {
-    let [rows, cols] = x.dims();
-    let data: TensorData = x.into_data();
-    if let Ok(h) = data.as_slice::<half::f16>() {
-        return transposed(h, rows, cols, half::f16::to_f32);
-    }
-    if let Ok(f) = data.as_slice::<f32>() {
-        return transposed(f, rows, cols, |v| v);
-    }
-    // Burn's flex backend reads back its own tensors; a failure here is a bug, not bad input.
-    let f = data.convert::<f32>().try_into_vec::<f32>().expect("a float tensor reads back as f32");
-    transposed(&f, rows, cols, |v| v)
-}
-
-/// `[rows, cols]` row-major → `[cols, rows]` row-major, converted by `conv`.
-fn transposed<T: Copy>(src: &[T], rows: usize, cols: usize, conv: impl Fn(T) -> f32) -> Vec<f32> {
-    let mut out = vec![0.0f32; rows * cols];
-    for (r, row) in src.chunks_exact(cols.max(1)).enumerate().take(rows) {
-        for (c, &v) in row.iter().enumerate() {
-            out[c * rows + r] = conv(v);
-        }
-    }
-    out
-}
-
 /// The wgpu device the unit tests share, started once per test process on Vulkan's CPU adapter
 /// (Mesa's lavapipe; CI installs it): CubeCL registers a device's runtime once per process, so a
 /// second `init` of the same device fails.

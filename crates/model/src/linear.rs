@@ -14,8 +14,8 @@ use qdrift_weights::HostTensor;
 
 use crate::host::elem::round_f16;
 use crate::host::linear::PackedLinear;
-use crate::host::placement::LinearKernel;
-use crate::{host_f32, host_f32_transposed, upload, upload_owned};
+use crate::host::placement::{LinearKernel, is_cpu};
+use crate::{host_f32, upload, upload_owned};
 
 /// A linear layer in one of its two storages.
 #[derive(Module, Debug)]
@@ -55,6 +55,28 @@ pub(crate) fn rows_per_buffer(total: usize, row_values: usize, dtype: DType, max
     };
     let row_bytes = (row_values as u64).saturating_mul(dtype.size() as u64).max(1);
     usize::try_from(max / row_bytes).unwrap_or(usize::MAX).clamp(1, total.max(1))
+}
+
+/// How a Burn `Linear`'s `[in, out]` weight lies in memory: the layout each backend's matmul
+/// reads in place. Measured with `count_launches` and `--timing-json` (docs/BENCHMARKS.md,
+/// "Weights read in place").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WeightLayout {
+    /// `[out, in]` row-major (PyTorch's layout: each output's weights contiguous along k), the
+    /// parameter being its transposed view. CubeCL's matmuls (wgpu) read a column-major
+    /// right-hand side as it is, where they copy a row-major one to that layout on every call: a
+    /// `CopyKernelPack` of the whole weight per projection per decode step, which made a SmolLM2
+    /// f16 decode step 1.6 times slower on lavapipe and moves three times a weight's bytes.
+    OutMajor,
+    /// `[in, out]` row-major. The CPU backend (flex) multiplies a bf16 model 2.3 times slower
+    /// from the transposed view.
+    InMajor,
+}
+
+impl WeightLayout {
+    fn for_device(device: &Device) -> Self {
+        if is_cpu(device) { Self::InMajor } else { Self::OutMajor }
+    }
 }
 
 /// The host storage of a [`Projection`]: no Burn parameters.
@@ -108,11 +130,17 @@ impl Projection {
             }
             LinearKernel::Burn => {
                 // Burn's Linear multiplies by a [in, out] weight: each column range of it is
-                // output rows `lo..hi` of the [out, in] weight, transposed.
+                // output rows `lo..hi` of the [out, in] weight, transposed. Its memory layout is
+                // the backend's: see `WeightLayout`.
+                let layout = WeightLayout::for_device(device);
                 let linear = |lo: usize, hi: usize| {
-                    let transposed = transpose(&weight[lo * inp..hi * inp], hi - lo, inp);
+                    let rows = &weight[lo * inp..hi * inp];
+                    let weight = match layout {
+                        WeightLayout::OutMajor => upload(rows, [hi - lo, inp], dtype, device).transpose(),
+                        WeightLayout::InMajor => upload(&transpose(rows, hi - lo, inp), [inp, hi - lo], dtype, device),
+                    };
                     Linear {
-                        weight: Param::from_tensor(upload(&transposed, [inp, hi - lo], dtype, device)),
+                        weight: Param::from_tensor(weight),
                         bias: bias.map(|b| Param::from_tensor(upload(&b[lo..hi], [hi - lo], dtype, device))),
                     }
                 };
@@ -215,7 +243,9 @@ impl Projection {
 /// A Burn `Linear`'s weights as host values: `[out, in]` row-major and the `[out]` bias.
 fn burn_linear_weights(linear: &Linear) -> (HostTensor, Option<HostTensor>) {
     let [inp, out] = linear.weight.val().dims();
-    let weight = host_f32_transposed(linear.weight.val());
+    // Read back as `[out, in]`: a copy on the device for an in-major weight, none for an
+    // out-major one ([`WeightLayout`]).
+    let weight = host_f32(linear.weight.val().transpose());
     let bias = linear.bias.as_ref().map(|b| HostTensor { shape: vec![out], data: host_f32(b.val()) });
     (HostTensor { shape: vec![out, inp], data: weight }, bias)
 }

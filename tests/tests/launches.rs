@@ -1,0 +1,44 @@
+//! What one decode step launches on wgpu (lavapipe here), counted by `timed_generate`: a
+//! regression guard for issue #33's launch budget. Its own test binary, because the launch
+//! counter is process-wide and other tests' kernels would be counted with it.
+//!
+//! SmolLM2-135M's shapes (dim 576, hidden 1536, 9/3 heads of 64, vocab 49152, tied) with two of
+//! its 30 layers and seeded random weights, computed in f16: 2 prompts × 6 new tokens, batch 2.
+
+use burn::tensor::DType;
+use qdrift_generate::{BackendChoice, GenerationConfig, timed_generate};
+use qdrift_load::synthetic_model;
+use qdrift_model::Llama;
+use qdrift_tests::device;
+
+/// One decode step's launches by kernel, and in all, with the first `layers` layers.
+fn decode_step(layers: usize) -> (std::collections::BTreeMap<String, u64>, f64) {
+    let mut host = synthetic_model("smollm2-135m", 7).expect("preset").model;
+    host.layers.truncate(layers);
+    host.arch.n_layers = layers;
+    let device = device(BackendChoice::Wgpu);
+    let model = Llama::from_host(&host, DType::F16, &device.device).expect("model builds");
+    let prompts = vec![vec![5, 17, 301, 9], vec![44, 2, 873]];
+    let config = GenerationConfig { max_new_tokens: 6, batch_size: 2, stop_at_eos: None };
+    let (_, t) = timed_generate(&model, &device, &prompts, &config).expect("times");
+    assert_eq!(t.decode_step_read_back_bytes, Some(8.0), "two token ids per step");
+    (t.decode_step_kernels.by_kernel, t.decode_step_launches.expect("a decode step"))
+}
+
+#[test]
+fn a_decode_step_on_wgpu_copies_no_weight_and_launches_one_matmul_per_product() {
+    let (kernels, total) = decode_step(2);
+    println!("decode step, 2 layers: {total} launches, {kernels:?}");
+    // Each projection reads its stored weight in place: no relayout copy of any operand.
+    let copies: Vec<_> = kernels.keys().filter(|k| k.contains("Copy")).collect();
+    assert!(copies.is_empty(), "a decode step copies operands: {kernels:?}");
+    // q, k, v, o, gate, up, down, scores and weights × values per layer, and the output head.
+    assert_eq!(kernels.get("MatmulEntry"), Some(&19), "{kernels:?}");
+    // One layer's launches: the difference a second layer makes (the same kernels, tuned already).
+    let (_, one) = decode_step(1);
+    let per_layer = total - one;
+    println!("one layer: {per_layer} launches");
+    // 26 measured (docs/BENCHMARKS.md, 2026-12-06); 70 without fusion, 33 while each projection
+    // copied its weight.
+    assert!(per_layer <= 28.0, "{per_layer} launches per layer: {kernels:?}");
+}
