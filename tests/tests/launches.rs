@@ -26,11 +26,12 @@ fn decode_step(layers: usize) -> (std::collections::BTreeMap<String, u64>, f64) 
 }
 
 #[test]
-fn a_decode_step_on_wgpu_copies_no_weight_and_launches_one_matmul_per_product() {
+fn a_decode_step_on_wgpu_copies_nothing_and_launches_one_matmul_per_product() {
     let (kernels, total) = decode_step(2);
     println!("decode step, 2 layers: {total} launches, {kernels:?}");
-    // Each projection reads its stored weight in place: no relayout copy of any operand.
-    let copies: Vec<_> = kernels.keys().filter(|k| k.contains("Copy")).collect();
+    // Each projection reads its stored weight in place (no relayout copy of any operand), and
+    // RoPE takes no strided slice (a copy kernel each).
+    let copies: Vec<_> = kernels.keys().filter(|k| k.contains("Copy") || k.as_str() == "SliceKernel").collect();
     assert!(copies.is_empty(), "a decode step copies operands: {kernels:?}");
     // q, k, v, o, gate, up, down, scores and weights × values per layer, and the output head.
     assert_eq!(kernels.get("MatmulEntry"), Some(&19), "{kernels:?}");
@@ -38,7 +39,7 @@ fn a_decode_step_on_wgpu_copies_no_weight_and_launches_one_matmul_per_product() 
     let (_, one) = decode_step(1);
     let per_layer = total - one;
     println!("one layer: {per_layer} launches");
-    // 26 measured (docs/BENCHMARKS.md, 2026-12-06); 70 without fusion, 33 while each projection
-    // copied its weight.
-    assert!(per_layer <= 28.0, "{per_layer} launches per layer: {kernels:?}");
+    // 22 measured (docs/BENCHMARKS.md, 2026-12-06); 70 without fusion, 34 while each projection
+    // copied its weight, 26 while RoPE took strided slices.
+    assert!(per_layer <= 24.0, "{per_layer} launches per layer: {kernels:?}");
 }

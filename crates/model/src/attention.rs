@@ -33,9 +33,9 @@ use crate::{KvCache, Positions, Projection, Rope, host_f32, upload, upload_owned
 #[derive(Debug)]
 pub(crate) struct ForwardContext<'a> {
     /// RoPE tables of each of the model's [`Rope`]s (indexed by [`AttentionSpec::rope`]),
-    /// `[batch, new, 1, pairs, 1]` each (from [`Rope::tables`]); built unless every layer runs on
+    /// `[batch, new, 1, 2 · pairs]` each (from [`Rope::tables`]); built unless every layer runs on
     /// the host.
-    pub rope: Option<Vec<(Tensor<5>, Tensor<5>)>>,
+    pub rope: Option<Vec<(Tensor<4>, Tensor<4>)>>,
     /// The same tables on the host (from [`Rope::host_tables`]), for the host path
     /// ([`Attention::forward`] with host linear layers and a host cache).
     pub host_rope: Option<Vec<HostRope>>,
@@ -83,7 +83,7 @@ impl ForwardContext<'_> {
     ///
     /// # Panics
     /// If the pass did not build them (`placement::pass_tables` builds them for device caches).
-    fn device_tables(&self, index: usize) -> &(Tensor<5>, Tensor<5>) {
+    fn device_tables(&self, index: usize) -> &(Tensor<4>, Tensor<4>) {
         let tables = self.rope.as_ref().expect("device RoPE tables are built unless every layer is on the host");
         &tables[index]
     }

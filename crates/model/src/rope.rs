@@ -81,14 +81,18 @@ impl Rope {
         self.inv_freq.len()
     }
 
-    /// cos and sin tables for the given positions.
+    /// cos and signed sin tables for the given positions, each value repeated for the two
+    /// elements of its pair: `cos` is `(c₀, c₀, c₁, c₁, …)` and `sin` is `(−s₀, s₀, −s₁, s₁, …)`,
+    /// what [`Rope::apply`] multiplies `x` and its pair-swapped copy by.
     ///
     /// # Shapes
     /// - `positions`: `batch` rows of `seq` positions each
-    /// - returns two tensors `[batch, seq, 1, pairs, 1]`, broadcastable over heads and pair halves
-    pub fn tables(&self, positions: &[Vec<usize>], dtype: DType, device: &Device) -> (Tensor<5>, Tensor<5>) {
+    /// - returns two tensors `[batch, seq, 1, 2 · pairs]`, broadcastable over heads
+    pub fn tables(&self, positions: &[Vec<usize>], dtype: DType, device: &Device) -> (Tensor<4>, Tensor<4>) {
         let (cos, sin) = self.angles(positions);
-        let shape = [positions.len(), positions.first().map_or(0, Vec::len), 1, self.pairs(), 1];
+        let cos: Vec<f32> = cos.iter().flat_map(|&c| [c, c]).collect();
+        let sin: Vec<f32> = sin.iter().flat_map(|&s| [-s, s]).collect();
+        let shape = [positions.len(), positions.first().map_or(0, Vec::len), 1, 2 * self.pairs()];
         (crate::upload(&cos, shape, dtype, device), crate::upload(&sin, shape, dtype, device))
     }
 
@@ -128,10 +132,17 @@ impl Rope {
     /// head, in interleaved pairs; the rest of the head (partial rotary, Phi-3's
     /// `apply_rotary_pos_emb` on `q[..., :rotary_dim]`) passes through unchanged.
     ///
+    /// `x·cos + swap(x)·sin`, `swap` exchanging the two elements of each pair: pair `i` becomes
+    /// `(x₀·cᵢ + x₁·(−sᵢ), x₁·cᵢ + x₀·sᵢ)`, which is `(x₀·cᵢ − x₁·sᵢ, x₀·sᵢ + x₁·cᵢ)` in every
+    /// rounding (negation is exact, addition commutes), as `transformers`' `q·cos +
+    /// rotate_half(q)·sin` computes it. The swap is one flip of a view; taking the even and odd
+    /// elements as two strided slices instead cost two copy kernels per tensor on wgpu
+    /// (docs/BENCHMARKS.md, "Weights read in place").
+    ///
     /// # Shapes
     /// - `x`: `[batch, seq, heads, head_dim]` → `[batch, seq, heads, head_dim]`
-    /// - `cos`, `sin`: `[batch, seq, 1, pairs, 1]`
-    pub fn apply(&self, x: Tensor<4>, cos: &Tensor<5>, sin: &Tensor<5>) -> Tensor<4> {
+    /// - `cos`, `sin`: `[batch, seq, 1, 2 · pairs]`
+    pub fn apply(&self, x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
         let [b, s, h, d] = x.dims();
         let rot = 2 * self.pairs();
         if rot < d {
@@ -139,12 +150,8 @@ impl Rope {
             let head = self.apply(x.slice([0..b, 0..s, 0..h, 0..rot]), cos, sin);
             return Tensor::cat(vec![head, tail], 3);
         }
-        let pairs = x.reshape([b, s, h, d / 2, 2]);
-        let x0 = pairs.clone().slice([0..b, 0..s, 0..h, 0..d / 2, 0..1]);
-        let x1 = pairs.slice([0..b, 0..s, 0..h, 0..d / 2, 1..2]);
-        let r0 = x0.clone() * cos.clone() - x1.clone() * sin.clone();
-        let r1 = x0 * sin.clone() + x1 * cos.clone();
-        Tensor::cat(vec![r0, r1], 4).reshape([b, s, h, d])
+        let swapped = x.clone().reshape([b, s, h, d / 2, 2]).flip([4]).reshape([b, s, h, d]);
+        x * cos.clone() + swapped * sin.clone()
     }
 }
 
