@@ -240,8 +240,9 @@ const MODEL_DEBUG_ASSERTIONS_TEST: [&str; 16] = [
     "wgpu",
 ];
 
-/// Seconds per fuzz target in CI: 13 targets × 6 s (78 s) keeps `.ci/run` under 30 minutes cold with
-/// the wheel check; `cargo xtask fuzz` runs longer budgets.
+/// Seconds per fuzz target in CI: 13 targets × 6 s, one per core at a time (about 40 s on 2 cores;
+/// 79 s one at a time), keeps `.ci/run` under 30 minutes cold with the wheel check; `cargo xtask
+/// fuzz` runs longer budgets.
 const CI_FUZZ_SECONDS: &str = "6";
 
 /// Whether a crash found by CI's fuzz run fails CI: on since the readers' fixes of issue #13

@@ -1,12 +1,13 @@
 //! `qdrift-fuzz`: runs the structure-aware fuzzer of `qdrift_tests::fuzz` (see its docs).
 //!
 //! ```text
-//! qdrift-fuzz [--seconds N] [--target NAME] [--seed S] [--hang-millis MS] [--crashes DIR]
+//! qdrift-fuzz [--seconds N] [--target NAME] [--seed S] [--hang-millis MS] [--crashes DIR] [--jobs J]
 //! qdrift-fuzz list
 //! qdrift-fuzz replay TARGET FILE...
 //! ```
-//! Each target runs N seconds (default 60) in a worker process; a summary line per target gives
-//! executions, executions per second and crashes. The exit status is 1 when anything crashed.
+//! Each target runs N seconds (default 60) in a worker process, J targets at a time (default: one
+//! per core); a summary line per target, in target order once all have run, gives executions,
+//! executions per second and crashes. The exit status is 1 when anything crashed.
 //! `replay` runs saved inputs with the default panic output, to see a crash whole.
 //! `worker ...` is the supervisor's internal mode.
 
@@ -81,6 +82,7 @@ struct Options {
     hang_millis: u64,
     crashes: PathBuf,
     work: Option<PathBuf>,
+    jobs: usize,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -92,6 +94,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         hang_millis: 3000,
         crashes: crashes::default_dir(),
         work: None,
+        jobs: std::thread::available_parallelism().map_or(1, usize::from),
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -105,6 +108,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--target" => o.target = Some(value()?),
             "--crashes" => o.crashes = PathBuf::from(value()?),
             "--work" => o.work = Some(PathBuf::from(value()?)),
+            "--jobs" => o.jobs = usize::try_from(number(value()?)?).map_err(|e| e.to_string())?.max(1),
             other => return Err(format!("unknown option {other}")),
         }
     }
@@ -130,17 +134,37 @@ fn worker(o: &Options) -> Result<bool, String> {
     runner::work(target, &config).map(|_| true)
 }
 
-/// Runs every selected target under a supervisor; true when nothing crashed.
+/// Runs every selected target under a supervisor, `o.jobs` at a time; true when nothing crashed.
 fn supervise(o: &Options) -> Result<bool, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
     let start = Instant::now();
+    let selected: Vec<&'static dyn fuzz::Target> =
+        fuzz::targets().iter().copied().filter(|t| o.target.as_deref().is_none_or(|n| n == t.name())).collect();
+    // Each slot is filled by whichever thread takes its target: its stats and seconds.
+    type Done = Result<(runner::Stats, f64), String>;
+    let done: Vec<std::sync::Mutex<Option<Done>>> = selected.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..o.jobs.min(selected.len()) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&target) = selected.get(i) else { break };
+                    let t0 = Instant::now();
+                    let seed = o.seed ^ crashes::fnv1a(target.name().as_bytes());
+                    let duration = Duration::from_secs(o.seconds);
+                    let hang = Duration::from_millis(o.hang_millis);
+                    let result = runner::supervise(&exe, target, seed, duration, hang, &o.crashes)
+                        .map(|stats| (stats, t0.elapsed().as_secs_f64()));
+                    *done[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(result);
+                }
+            });
+        }
+    });
     let mut clean = true;
-    for target in fuzz::targets().iter().filter(|t| o.target.as_deref().is_none_or(|n| n == t.name())) {
-        let t0 = Instant::now();
-        let seed = o.seed ^ crashes::fnv1a(target.name().as_bytes());
-        let duration = Duration::from_secs(o.seconds);
-        let stats = runner::supervise(&exe, *target, seed, duration, Duration::from_millis(o.hang_millis), &o.crashes)?;
-        let secs = t0.elapsed().as_secs_f64();
+    for (target, slot) in selected.iter().zip(done) {
+        let result = slot.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (stats, secs) = result.unwrap_or_else(|| Err("its supervisor did not finish".to_string()))?;
         println!(
             "fuzz {:<13} {:>9} execs {:>8.0} execs/s {:>6} crashes {:>3} new inputs saved",
             target.name(),
@@ -154,7 +178,12 @@ fn supervise(o: &Options) -> Result<bool, String> {
         }
         clean &= stats.crashes == 0;
     }
-    println!("fuzz: {:.0} s, crashes under {}", start.elapsed().as_secs_f64(), o.crashes.display());
+    println!(
+        "fuzz: {:.0} s ({} at a time), crashes under {}",
+        start.elapsed().as_secs_f64(),
+        o.jobs,
+        o.crashes.display()
+    );
     Ok(clean)
 }
 
