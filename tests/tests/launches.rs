@@ -7,17 +7,20 @@
 
 use burn::tensor::DType;
 use qdrift_generate::{BackendChoice, GenerationConfig, timed_generate};
-use qdrift_load::synthetic_model;
+use qdrift_load::{HostModel, synthetic_model};
 use qdrift_model::Llama;
 use qdrift_tests::device;
 
-/// One decode step's launches by kernel, and in all, with the first `layers` layers.
-fn decode_step(layers: usize) -> (std::collections::BTreeMap<String, u64>, f64) {
-    let mut host = synthetic_model("smollm2-135m", 7).expect("preset").model;
+/// `host` cut to its first `layers` layers.
+fn first_layers(host: &mut HostModel, layers: usize) {
     host.layers.truncate(layers);
     host.arch.n_layers = layers;
+}
+
+/// One decode step's launches by kernel, and in all.
+fn decode_step(host: &HostModel) -> (std::collections::BTreeMap<String, u64>, f64) {
     let device = device(BackendChoice::Wgpu);
-    let model = Llama::from_host(&host, DType::F16, &device.device).expect("model builds");
+    let model = Llama::from_host(host, DType::F16, &device.device).expect("model builds");
     let prompts = vec![vec![5, 17, 301, 9], vec![44, 2, 873]];
     let config = GenerationConfig { max_new_tokens: 6, batch_size: 2, stop_at_eos: None };
     let (_, t) = timed_generate(&model, &device, &prompts, &config).expect("times");
@@ -27,7 +30,10 @@ fn decode_step(layers: usize) -> (std::collections::BTreeMap<String, u64>, f64) 
 
 #[test]
 fn a_decode_step_on_wgpu_copies_nothing_and_launches_one_matmul_per_product() {
-    let (kernels, total) = decode_step(2);
+    // Generated once (all 30 layers), then cut to 2 layers and to 1.
+    let mut host = synthetic_model("smollm2-135m", 7).expect("preset").model;
+    first_layers(&mut host, 2);
+    let (kernels, total) = decode_step(&host);
     println!("decode step, 2 layers: {total} launches, {kernels:?}");
     // Each projection reads its stored weight in place (no relayout copy of any operand), and
     // RoPE takes no strided slice (a copy kernel each).
@@ -36,7 +42,8 @@ fn a_decode_step_on_wgpu_copies_nothing_and_launches_one_matmul_per_product() {
     // q, k, v, o, gate, up, down, scores and weights × values per layer, and the output head.
     assert_eq!(kernels.get("MatmulEntry"), Some(&19), "{kernels:?}");
     // One layer's launches: the difference a second layer makes (the same kernels, tuned already).
-    let (_, one) = decode_step(1);
+    first_layers(&mut host, 1);
+    let (_, one) = decode_step(&host);
     let per_layer = total - one;
     println!("one layer: {per_layer} launches");
     // 22 measured (docs/BENCHMARKS.md, 2026-12-06); 70 without fusion. Which blocks fusion forms,

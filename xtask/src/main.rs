@@ -58,10 +58,10 @@ tasks:
           runs a prebuilt qdrift and builds nothing
   validate-deploy  check every manifest under deploy/ against the Kubernetes OpenAPI schemas
           (kubernetes-validate from PyPI, in a venv under the target folder), offline once installed
-  fuzz [--seconds N] [--target NAME] [--seed S]  fuzz each reader (gguf, safetensors, hf-config,
-          hf-quant, hf-quant-config, hf-tokenizer, llama2c, tokenizer, eval-set, thresholds,
-          report, part, store) for N seconds (default 60); crashing inputs are saved under
-          tests/fuzz/crashes/TARGET/
+  fuzz [--seconds N] [--target NAME] [--seed S] [--jobs J]  fuzz each reader (gguf, safetensors,
+          hf-config, hf-quant, hf-quant-config, hf-tokenizer, llama2c, tokenizer, eval-set,
+          thresholds, report, part, store) for N seconds (default 60), J at a time (default: one
+          per core); crashing inputs are saved under tests/fuzz/crashes/TARGET/
   wheel [--check]  build the pip wheel (maturin, bindings = bin) into the target folder's wheels/;
           --check: also what ci checks of it (a fresh venv, the CI examples linted and run, the
           reports against schema/report.schema.json)
@@ -266,7 +266,7 @@ fn ci_fuzz() -> Result<(), String> {
     }
 }
 
-/// `cargo xtask fuzz [--seconds N] [--target NAME] [--seed S]`: builds, then runs the fuzzer.
+/// `cargo xtask fuzz [--seconds N] [--target NAME] [--seed S] [--jobs J]`: builds, then runs the fuzzer.
 fn fuzz(args: &[String]) -> Result<(), String> {
     build()?;
     let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -58,18 +58,18 @@ pub(crate) fn rows_per_buffer(total: usize, row_values: usize, dtype: DType, max
 }
 
 /// How a Burn `Linear`'s `[in, out]` weight lies in memory: the layout each backend's matmul
-/// reads in place. Measured with `count_launches` and `--timing-json` (docs/BENCHMARKS.md,
-/// "Weights read in place").
+/// reads in place. Measured with `count_launches` and `--timing-json`; the figures are in
+/// docs/BENCHMARKS.md, "Weights read in place".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum WeightLayout {
     /// `[out, in]` row-major (PyTorch's layout: each output's weights contiguous along k), the
     /// parameter being its transposed view. CubeCL's matmuls (wgpu) read a column-major
     /// right-hand side as it is, where they copy a row-major one to that layout on every call: a
-    /// `CopyKernelPack` of the whole weight per projection per decode step, which made a SmolLM2
-    /// f16 decode step 1.6 times slower on lavapipe and moves three times a weight's bytes.
+    /// `CopyKernelPack` of the whole weight per projection per decode step, which reads and
+    /// writes every weight once more than the matmul does.
     OutMajor,
-    /// `[in, out]` row-major. The CPU backend (flex) multiplies a bf16 model 2.3 times slower
-    /// from the transposed view.
+    /// `[in, out]` row-major, for the CPU backend (flex), whose bf16 matmul is slower from the
+    /// transposed view.
     InMajor,
 }
 
