@@ -96,3 +96,17 @@ fn other_values_come_back_as_the_model_holds_them() {
         assert_same(&build(DType::F16).host_weights(), &rounded(h.clone()), &format!("f16, {kernel:?}"));
     }
 }
+
+/// On wgpu q/k/v and gate/up are stacked, q/k/v in key/value head groups (`Projections`): the
+/// layers come back apart, rows, biases and −0.0 as given.
+#[test]
+fn stacked_projections_on_wgpu_round_trip() {
+    let device = qdrift_tests::device(qdrift_generate::BackendChoice::Wgpu).device;
+    for (what, h) in [("tied", rounded(tied())), ("untied with biases", rounded(untied_with_biases()))] {
+        let model = Llama::from_host_with(&h, DType::F16, &device, LinearKernel::Burn).expect("model builds");
+        let attn = &model.layers[0].attn;
+        assert!(matches!(attn.qkv, qdrift_model::Projections::Stacked(_)), "q/k/v stacked on wgpu");
+        assert_eq!(attn.qkv.has_bias(1), h.layers[0].bk.is_some(), "{what}");
+        assert_same(&model.host_weights(), &h, &format!("{what}, wgpu"));
+    }
+}

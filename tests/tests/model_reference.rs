@@ -116,7 +116,7 @@ fn zero_biases_give_the_unbiased_logits_exactly() {
     }
     for linear in [LinearKernel::Burn, LinearKernel::Host] {
         let model = build_with(&zero, DType::F32, linear);
-        assert!(model.layers[0].attn.wq.has_bias(), "the bias is kept");
+        assert!(model.layers[0].attn.qkv.has_bias(0), "the bias is kept");
         let plain = build_with(&plain, DType::F32, linear);
         assert_eq!(burn_logits(&model, &TOKENS, 6), burn_logits(&plain, &TOKENS, 6), "{linear:?}");
     }

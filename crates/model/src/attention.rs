@@ -27,7 +27,7 @@ use crate::host::linear::PackedLinear;
 use crate::host::placement::{self, RoundingPath};
 use crate::host::rope::HostRope;
 use crate::norm::RmsNorm;
-use crate::{KvCache, Positions, Projection, Rope, host_f32, upload, upload_owned};
+use crate::{KvCache, Positions, Projection, Projections, Rope, host_f32, upload, upload_owned};
 
 /// What every layer's attention needs to know about the new columns of a forward pass.
 #[derive(Debug)]
@@ -36,6 +36,10 @@ pub(crate) struct ForwardContext<'a> {
     /// `[batch, new, 1, 2 · pairs]` each (from [`Rope::tables`]); built unless every layer runs on
     /// the host.
     pub rope: Option<Vec<(Tensor<4>, Tensor<4>)>>,
+    /// RoPE tables for layers whose q/k/v projections are stacked by head group, keyed by
+    /// (rope index, query heads per key/value head): `[batch, new, 1, rep + 2, 2 · pairs]` each
+    /// (from [`Rope::grouped_tables`]); built for the keys such layers have.
+    pub grouped_rope: Option<Vec<GroupedTables>>,
     /// The same tables on the host (from [`Rope::host_tables`]), for the host path
     /// ([`Attention::forward`] with host linear layers and a host cache).
     pub host_rope: Option<Vec<HostRope>>,
@@ -64,6 +68,9 @@ pub(crate) struct ForwardContext<'a> {
     pub routing: Option<&'a std::sync::Mutex<crate::routing::RoutingRecord>>,
 }
 
+/// RoPE tables for stacked q/k/v and what they were built for: (rope index, `rep`).
+pub(crate) type GroupedTables = ((usize, usize), (Tensor<5>, Tensor<5>));
+
 /// A fused-attention mask and what it was built for: the sliding window and `[kv_heads, rep]`.
 pub(crate) type GroupedMask = ((Option<usize>, [usize; 2]), Tensor<4, Bool>);
 
@@ -86,6 +93,15 @@ impl ForwardContext<'_> {
     fn device_tables(&self, index: usize) -> &(Tensor<4>, Tensor<4>) {
         let tables = self.rope.as_ref().expect("device RoPE tables are built unless every layer is on the host");
         &tables[index]
+    }
+
+    /// The grouped RoPE tables of rope `index` for `rep` query heads per key/value head.
+    ///
+    /// # Panics
+    /// If the pass did not build them (`Llama` builds them for its stacked layers).
+    fn grouped_tables(&self, index: usize, rep: usize) -> &(Tensor<5>, Tensor<5>) {
+        let tables = self.grouped_rope.as_ref().expect("stacked q/k/v need the grouped RoPE tables");
+        &tables.iter().find(|(key, _)| *key == (index, rep)).expect("grouped tables for every stacked layer").1
     }
 
     /// The mask of sliding window `window` (`None`: causal), for a device cache.
@@ -192,12 +208,9 @@ pub struct AttentionSpec {
 /// head `h` attends with key/value head `h / (heads / kv_heads)`, as in llama2.c.
 #[derive(Module, Debug)]
 pub struct Attention {
-    /// Query projection, weight `[dim, heads * head_dim]`.
-    pub wq: Projection,
-    /// Key projection, weight `[dim, kv_heads * head_dim]`.
-    pub wk: Projection,
-    /// Value projection, weight `[dim, kv_heads * head_dim]`.
-    pub wv: Projection,
+    /// The query, key and value projections, in that order: weights `[dim, heads * head_dim]`,
+    /// `[dim, kv_heads * head_dim]` and `[dim, kv_heads * head_dim]` (one matmul on wgpu).
+    pub qkv: Projections,
     /// Output projection, weight `[heads * head_dim, dim]`.
     pub wo: Projection,
     /// Per-head query RMSNorm, weight `[head_dim]` (Qwen3, Gemma 3), before RoPE.
@@ -220,7 +233,8 @@ pub struct Attention {
 impl Attention {
     /// The four projections' host weights, when all four are stored on the host.
     pub(crate) fn packed(&self) -> Option<[&PackedLinear; 4]> {
-        Some([self.wq.packed()?, self.wk.packed()?, self.wv.packed()?, self.wo.packed()?])
+        let qkv = self.qkv.packed()?;
+        Some([qkv[0], qkv[1], qkv[2], self.wo.packed()?])
     }
 
     /// Whether the host attention kernel computes this layer: Llama's attention (no q/k norm, no
@@ -337,45 +351,67 @@ impl Attention {
             let y = self.forward_host(host_f32(x), [b, t], context, cache);
             return upload_owned(y, [b, t, self.wo.out_features()], dtype, &device);
         }
-        let rope = &ropes[self.spec.rope];
-        let (cos, sin) = context.device_tables(self.spec.rope);
         let x = context.round_input(x);
-        let q = Self::norm_heads(self.q_norm.as_ref(), self.wq.forward(x.clone()).reshape([b, t, h, hd]));
-        let k = Self::norm_heads(self.k_norm.as_ref(), self.wk.forward(x.clone()).reshape([b, t, kvh, hd]));
-        let (q, k) = (rope.apply(q, cos, sin), rope.apply(k, cos, sin));
-        let v = self.wv.forward(x).reshape([b, t, kvh, hd]);
+        // Queries, keys and values as [b, t, kvh, rep, hd] and [b, t, kvh, 1, hd]: the `rep`
+        // query heads that share a key/value head side by side.
+        let (q, k, v) = match self.qkv.forward_stacked(x.clone()) {
+            Some(y) => {
+                // One product for all three, laid out by head group ([`Projections::new`]), rotated
+                // in one pass (value heads pass through): then every split below is a view.
+                let (cos, sin) = context.grouped_tables(self.spec.rope, rep);
+                let y = y.reshape([b, t, kvh, rep + 2, hd]);
+                let swapped =
+                    y.clone().reshape([b, t, kvh, rep + 2, hd / 2, 2]).flip([5]).reshape([b, t, kvh, rep + 2, hd]);
+                let y = y * cos.clone() + swapped * sin.clone();
+                let head = |r: std::ops::Range<usize>| y.clone().slice([0..b, 0..t, 0..kvh, r, 0..hd]);
+                (head(0..rep), head(rep..rep + 1), head(rep + 1..rep + 2))
+            }
+            None => {
+                let rope = &ropes[self.spec.rope];
+                let (cos, sin) = context.device_tables(self.spec.rope);
+                let [q, k, v]: [Tensor<3>; 3] = self.qkv.forward(x).try_into().expect("three projections");
+                let q = Self::norm_heads(self.q_norm.as_ref(), q.reshape([b, t, h, hd]));
+                let k = Self::norm_heads(self.k_norm.as_ref(), k.reshape([b, t, kvh, hd]));
+                let (q, k) = (rope.apply(q, cos, sin), rope.apply(k, cos, sin));
+                (q.reshape([b, t, kvh, rep, hd]), k.reshape([b, t, kvh, 1, hd]), v.reshape([b, t, kvh, 1, hd]))
+            }
+        };
 
         if cache.kernel() == crate::AttentionKernel::Host {
             assert!(self.host_kernel_covers(), "this attention layer needs a device cache (Llama::new_caches_for)");
         }
         if let Some((host, start)) = cache.claim_host(t) {
-            // The host kernel over q/k/v computed on the device.
+            // The host kernel over q/k/v computed on the device ([b, t, heads, hd] row-major).
             let device = q.device();
             let new = NewColumns { q: &host_f32(q), k: host_f32(k), v: host_f32(v), shape: [b, t] };
             let out = self.attend_host(host, start, kv_quant, new, context);
             return self.wo.forward(context.upload_rounded_output(out, [b, t, h * hd], dtype, &device));
         }
         let (k, v) = match kv_quant {
-            Some(kvq) => (round_kv(k, kvq), round_kv(v, kvq)),
+            Some(kvq) => {
+                let round = |x: Tensor<5>| round_kv(x.reshape([b, t, kvh, hd]), kvq).reshape([b, t, kvh, 1, hd]);
+                (round(k), round(v))
+            }
             None => (k, v),
         };
-        let (k, v) = cache.forward(k.swap_dims(1, 2), v.swap_dims(1, 2));
-        let s = k.dims()[2];
+        let (k, v) = cache.forward(k.permute([0, 2, 1, 3, 4]), v.permute([0, 2, 1, 3, 4]));
 
-        // Group the query heads that share a key/value head so that one batched matmul (or one
-        // attention op) serves the whole group without materialising repeated keys:
-        // [b, kvh, rep * t, hd].
-        let q = q.swap_dims(1, 2).reshape([b, kvh, rep * t, hd]);
+        // Each group of query heads attends to its own key/value head without repeating the
+        // keys: q [b, kvh, rep, t, hd] against k [b, kvh, 1, hd, s], broadcast over the group
+        // (one matmul of `rep · t` rows per head when t = 1, as Burn's matmul reinterprets it).
+        let q = q.permute([0, 2, 3, 1, 4]);
         let out = if cache.kernel() == crate::AttentionKernel::Fused {
             assert!(self.fused_op_covers(), "this attention layer needs a composed cache (Llama::new_caches_for)");
-            self.attend_fused(q, k, v, context.grouped_mask(self.spec.window, [kvh, rep]))
+            let q = q.reshape([b, kvh, rep * t, hd]);
+            let out = self.attend_fused(q, k, v, context.grouped_mask(self.spec.window, [kvh, rep]));
+            out.reshape([b, kvh, rep, t, hd])
         } else {
             let mask = context.window_mask(self.spec.window);
-            let scores = q.matmul(k.swap_dims(2, 3)).reshape([b, kvh, rep, t, s]);
-            let weights = self.weights(scores, mask).cast(dtype).reshape([b, kvh, rep * t, s]);
-            weights.matmul(v)
-        }; // [b, kvh, rep * t, hd]
-        let out = out.reshape([b, h, t, hd]).swap_dims(1, 2).reshape([b, t, h * hd]);
+            let scores = q.matmul(k.unsqueeze_dim::<5>(2).swap_dims(3, 4));
+            let weights = self.weights(scores, mask).cast(dtype);
+            weights.matmul(v.unsqueeze_dim::<5>(2))
+        }; // [b, kvh, rep, t, hd]
+        let out = out.permute([0, 3, 1, 2, 4]).reshape([b, t, h * hd]);
         self.wo.forward(context.round_input(out))
     }
 
@@ -483,9 +519,7 @@ mod tests {
         let store = ProjectionStore::f32_for(&device, LinearKernel::Burn);
         let p = |out: usize, inp: usize| Projection::new(&vec![0.0; out * inp], [out, inp], None, store);
         Attention {
-            wq: p(heads * 2, 4),
-            wk: p(2, 4),
-            wv: p(2, 4),
+            qkv: Projections::Each(vec![p(heads * 2, 4), p(2, 4), p(2, 4)]),
             wo: p(4, heads * 2),
             q_norm: None,
             k_norm: None,

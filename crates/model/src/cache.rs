@@ -116,23 +116,32 @@ impl KvCache {
 
     /// Appends `k` and `v` and returns all cached keys and values so far.
     ///
+    /// The new columns come with a unit dimension after them: a key/value head's slice of a
+    /// stacked projection's output (`Attention::forward`) is a strided view of that shape, which
+    /// Burn would copy to drop the unit dimension (its reshape analysis takes no strided input to
+    /// a lower rank), while the cache's own `[…, capacity, 1, head_dim]` view is free.
+    ///
     /// # Shapes
-    /// - `k`, `v`: `[batch, kv_heads, new, head_dim]`
+    /// - `k`, `v`: `[batch, kv_heads, new, 1, head_dim]`
     /// - returns `([batch, kv_heads, len + new, head_dim], same)`
     ///
     /// # Panics
     /// If the cache would overflow its capacity (callers size it from the request), or if it is a
     /// host cache.
-    pub fn forward(&mut self, k: Tensor<4>, v: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
-        let [b, h, new, d] = k.dims();
+    pub fn forward(&mut self, k: Tensor<5>, v: Tensor<5>) -> (Tensor<4>, Tensor<4>) {
+        let [b, h, new, _, d] = k.dims();
         let Self { storage: CacheStorage::Device { keys, values, .. }, len, capacity, .. } = self else {
             panic!("KvCache::forward on a host cache; the host kernel writes it");
         };
         let start = claim(len, *capacity, new);
         let end = start + new;
-        let write = [0..b, 0..h, start..end, 0..d];
-        keys.inplace(|t| t.slice_assign(write.clone(), k));
-        values.inplace(|t| t.slice_assign(write, v));
+        let write = [0..b, 0..h, start..end, 0..1, 0..d];
+        let cap = *capacity;
+        let append = |t: Tensor<4>, x: Tensor<5>| {
+            t.reshape([b, h, cap, 1, d]).slice_assign(write.clone(), x).reshape([b, h, cap, d])
+        };
+        keys.inplace(|t| append(t, k));
+        values.inplace(|t| append(t, v));
         let read = [0..b, 0..h, 0..end, 0..d];
         (keys.clone().slice(read.clone()), values.clone().slice(read))
     }

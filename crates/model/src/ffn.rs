@@ -5,21 +5,20 @@ use burn::module::Module;
 use burn::tensor::Tensor;
 use qdrift_weights::{Activation, Mlp};
 
-use crate::Projection;
 use crate::activation::gated;
 use crate::attention::ForwardContext;
 use crate::host::placement;
 use crate::host::swiglu::swiglu;
+use crate::{Projection, Projections};
 use crate::{host_f32, upload_owned};
 
 /// A gated feed-forward layer: `down(act(gate(x), up(x)))` with the block's activation
 /// (`activation.rs`: SwiGLU (Shazeer 2020), GELU-tanh or clamped SwiGLU) and optional biases.
 #[derive(Module, Debug)]
 pub struct FeedForward {
-    /// Gate projection, weight `[dim, hidden]`.
-    pub gate: Projection,
-    /// Up projection, weight `[dim, hidden]`.
-    pub up: Projection,
+    /// The gate and up projections, in that order, weights `[dim, hidden]` each (one matmul on
+    /// wgpu).
+    pub gate_up: Projections,
     /// Down projection, weight `[hidden, dim]`.
     pub down: Projection,
     /// The gated activation.
@@ -41,7 +40,8 @@ impl FeedForward {
             return upload_owned(y, [b, t, self.down.out_features()], dtype, &device);
         }
         let x = context.round_input(x);
-        let h = gated(self.activation, self.gate.forward(x.clone()), self.up.forward(x));
+        let [g, u]: [Tensor<3>; 2] = self.gate_up.forward(x).try_into().expect("two projections");
+        let h = gated(self.activation, g, u);
         self.down.forward(context.round_input(h))
     }
 
@@ -53,10 +53,7 @@ impl FeedForward {
     /// Whether all three projections are packed on the host and the host kernels cover the
     /// activation (SwiGLU; the others run as Burn ops).
     pub(crate) fn packed_on_host(&self) -> bool {
-        self.activation == Activation::SwiGlu
-            && self.gate.packed().is_some()
-            && self.up.packed().is_some()
-            && self.down.packed().is_some()
+        self.activation == Activation::SwiGlu && self.gate_up.packed().is_some() && self.down.packed().is_some()
     }
 
     /// [`FeedForward::forward`] on host values, the output rounded to the compute dtype. Only
@@ -68,9 +65,10 @@ impl FeedForward {
     /// # Panics
     /// Where [`FeedForward::runs_on_host`] does not hold.
     pub(crate) fn forward_host(&self, mut xs: Vec<f32>, [b, t]: [usize; 2], context: &ForwardContext) -> Vec<f32> {
-        let (Some(gate), Some(up), Some(down)) = (self.gate.packed(), self.up.packed(), self.down.packed()) else {
+        let (Some(gate_up), Some(down)) = (self.gate_up.packed(), self.down.packed()) else {
             panic!("FeedForward::forward_host on a layer that does not run on the host");
         };
+        let (gate, up) = (gate_up[0], gate_up[1]);
         let f16 = context.f16;
         context.round_host_input(&mut xs, [b, t, gate.inp()]);
         let g = gate.forward_rounded(&xs, b * t, f16);
@@ -82,8 +80,11 @@ impl FeedForward {
 
     /// The three projections' host weights and biases, as [`Mlp`].
     pub(crate) fn host_weights(&self) -> Mlp {
-        let ((gate, gate_bias), (up, up_bias), (down, down_bias)) =
-            (self.gate.host_weights(), self.up.host_weights(), self.down.host_weights());
+        let mut gate_up = self.gate_up.host_weights().into_iter();
+        let (Some((gate, gate_bias)), Some((up, up_bias))) = (gate_up.next(), gate_up.next()) else {
+            unreachable!("a feed-forward layer has a gate and an up projection");
+        };
+        let (down, down_bias) = self.down.host_weights();
         Mlp { gate, up, down, gate_bias, up_bias, down_bias }
     }
 }

@@ -64,7 +64,7 @@ pub use fake_quant::{RuntimeQuant, round_activations, round_kv};
 pub use host::isa::{ISA_VAR, Isa, IsaError};
 pub use host::placement::{AttentionKernel, LinearKernel, RoundingPath};
 pub use host::threads::{in_pool, single_threaded};
-pub use linear::{Projection, SplitLinear};
+pub use linear::{Projection, Projections, SplitLinear, StackedLinear};
 pub use llama::{Llama, OutputHead, Overflow};
 pub use moe::MoeLayer;
 pub use positions::Positions;

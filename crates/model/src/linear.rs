@@ -240,6 +240,200 @@ impl Projection {
     }
 }
 
+/// One layer of a [`Projections`] set, as [`Projection::new`] takes it: `[out, in]` row-major
+/// weights, their shape and an optional `[out]` bias.
+pub(crate) type LayerWeights<'a> = (&'a [f32], [usize; 2], Option<&'a [f32]>);
+
+/// Linear layers that read the same input (a layer's q, k and v projections; a gated
+/// feed-forward layer's gate and up projections), multiplied as one matmul where the device
+/// reads its weights in place (wgpu, `WeightLayout::OutMajor`): one launch and one pass over
+/// the input instead of one per layer. Each output value is the same dot product as in its own
+/// layer.
+#[derive(Module, Debug)]
+pub enum Projections {
+    /// Each layer stored on its own ([`Projection`]): the CPU backend, host kernels, a weight
+    /// split over buffers, or layers of which some have a bias and some not.
+    Each(Vec<Projection>),
+    /// The layers stacked as one Burn `Linear`.
+    Stacked(StackedLinear),
+}
+
+/// Linear layers stacked as one Burn `Linear`, held as its transposed view (as
+/// `WeightLayout::OutMajor`). Each layer's `[out_i, in]` rows are cut into `groups` equal
+/// runs, and the stacked `[Σ out_i, in]` weight holds group 0 of every layer in order, then
+/// group 1, …: with one group per key/value head, a layer's q, k and v rows of each head group
+/// lie together, so the output `[…, groups, Σ out_i / groups]` splits into heads by views. The
+/// biases are stacked alike; `widths` are the `out_i`.
+#[derive(Module, Debug)]
+pub struct StackedLinear {
+    linear: Linear,
+    #[module(skip)]
+    widths: Vec<usize>,
+    #[module(skip)]
+    groups: usize,
+}
+
+impl StackedLinear {
+    /// Where layer `i`'s run of group `g` starts in the stacked output, and its width.
+    fn run(&self, i: usize, g: usize) -> (usize, usize) {
+        let total: usize = self.widths.iter().sum();
+        let before: usize = self.widths[..i].iter().sum();
+        (g * total / self.groups + before / self.groups, self.widths[i] / self.groups)
+    }
+}
+
+impl Projections {
+    /// The layers `layers`, all of the same input width, stored as `store` says: stacked in
+    /// `groups` runs ([`StackedLinear`]) where `store` puts Burn layers on a device that reads
+    /// `[out, in]` rows in place, all of them fit one buffer, every layer's rows split into
+    /// `groups` equal runs and either all or none have a bias; each as [`Projection::new`]
+    /// otherwise.
+    pub(crate) fn new(layers: &[LayerWeights<'_>], groups: usize, store: ProjectionStore<'_>) -> Self {
+        let inp = layers.first().map_or(0, |(_, [_, inp], _)| *inp);
+        let total: usize = layers.iter().map(|(_, [out, _], _)| out).sum();
+        let biased = layers.iter().filter(|(_, _, b)| b.is_some()).count();
+        let stack = layers.len() > 1
+            && groups > 0
+            && store.kernel == LinearKernel::Burn
+            && WeightLayout::for_device(store.device) == WeightLayout::OutMajor
+            && layers.iter().all(|(_, [out, i], _)| *i == inp && out.is_multiple_of(groups))
+            && rows_per_buffer(total, inp, store.dtype, store.max_buffer_bytes) >= total
+            && (biased == 0 || biased == layers.len());
+        if !stack {
+            return Self::each(layers, store);
+        }
+        let (dtype, device) = (store.dtype, store.device);
+        let (mut rows, mut bias) = (Vec::with_capacity(total * inp), Vec::with_capacity(total));
+        for g in 0..groups {
+            for &(w, [out, _], b) in layers {
+                let run = g * out / groups..(g + 1) * out / groups;
+                rows.extend_from_slice(&w[run.start * inp..run.end * inp]);
+                bias.extend_from_slice(b.map_or(&[][..], |b| &b[run]));
+            }
+        }
+        let bias = (biased > 0).then(|| Param::from_tensor(upload(&bias, [total], dtype, device)));
+        let weight = Param::from_tensor(upload(&rows, [total, inp], dtype, device).transpose());
+        let widths = layers.iter().map(|(_, [out, _], _)| *out).collect();
+        Self::Stacked(StackedLinear { linear: Linear { weight, bias }, widths, groups })
+    }
+
+    /// The layers `layers`, each stored as [`Projection::new`] stores it.
+    pub(crate) fn each(layers: &[LayerWeights<'_>], store: ProjectionStore<'_>) -> Self {
+        Self::Each(layers.iter().map(|&(w, shape, b)| Projection::new(w, shape, b, store)).collect())
+    }
+
+    /// Each layer's `x·Wᵀ + b`, in `x`'s dtype, in the order the layers were given. Stacked in
+    /// one group, each is a column range of one product: a view where its byte offsets meet the
+    /// device's alignment (`burn-cubecl`'s `slice`), else a copy; in several groups, a copy.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, in]` → one `[batch, seq, out_i]` per layer
+    pub fn forward(&self, x: Tensor<3>) -> Vec<Tensor<3>> {
+        match self {
+            Self::Each(layers) => layers.iter().map(|p| p.forward(x.clone())).collect(),
+            Self::Stacked(s) => {
+                let y = s.linear.forward(x);
+                let [b, t, total] = y.dims();
+                if s.groups == 1 {
+                    return (0..s.widths.len())
+                        .map(|i| {
+                            let (lo, w) = s.run(i, 0);
+                            y.clone().slice([0..b, 0..t, lo..lo + w])
+                        })
+                        .collect();
+                }
+                let y = y.reshape([b, t, s.groups, total / s.groups]);
+                (0..s.widths.len())
+                    .map(|i| {
+                        let (lo, w) = s.run(i, 0);
+                        y.clone().slice([0..b, 0..t, 0..s.groups, lo..lo + w]).reshape([b, t, w * s.groups])
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// The stacked product, for a caller that splits it itself: `None` where the layers are
+    /// stored each on its own.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, in]` → `[batch, seq, Σ out_i]` in [`StackedLinear`]'s order
+    pub fn forward_stacked(&self, x: Tensor<3>) -> Option<Tensor<3>> {
+        match self {
+            Self::Each(_) => None,
+            Self::Stacked(s) => Some(s.linear.forward(x)),
+        }
+    }
+
+    /// How many layers the set holds.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Each(layers) => layers.len(),
+            Self::Stacked(s) => s.widths.len(),
+        }
+    }
+
+    /// Whether the set holds no layer.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Layer `i`'s output width.
+    ///
+    /// # Panics
+    /// If `i` is out of range.
+    pub fn out_features(&self, i: usize) -> usize {
+        match self {
+            Self::Each(layers) => layers[i].out_features(),
+            Self::Stacked(s) => s.widths[i],
+        }
+    }
+
+    /// Whether layer `i` adds a bias.
+    ///
+    /// # Panics
+    /// If `i` is out of range.
+    pub fn has_bias(&self, i: usize) -> bool {
+        match self {
+            Self::Each(layers) => layers[i].has_bias(),
+            Self::Stacked(s) => {
+                assert!(i < s.widths.len(), "layer {i} of {}", s.widths.len());
+                s.linear.bias.is_some()
+            }
+        }
+    }
+
+    /// Every layer's packed host weights, where all are stored on the host.
+    pub(crate) fn packed(&self) -> Option<Vec<&PackedLinear>> {
+        match self {
+            Self::Each(layers) => layers.iter().map(Projection::packed).collect(),
+            Self::Stacked(_) => None,
+        }
+    }
+
+    /// Each layer's weights as host values, as [`Projection::host_weights`] gives them.
+    pub(crate) fn host_weights(&self) -> Vec<(HostTensor, Option<HostTensor>)> {
+        match self {
+            Self::Each(layers) => layers.iter().map(Projection::host_weights).collect(),
+            Self::Stacked(s) => {
+                let (weight, bias) = burn_linear_weights(&s.linear);
+                let inp = weight.shape[1];
+                (0..s.widths.len())
+                    .map(|i| {
+                        let runs = (0..s.groups).map(|g| s.run(i, g));
+                        let rows = runs.clone().flat_map(|(lo, w)| &weight.data[lo * inp..(lo + w) * inp]);
+                        let b = bias.as_ref().map(|b| HostTensor {
+                            shape: vec![s.widths[i]],
+                            data: runs.flat_map(|(lo, w)| &b.data[lo..lo + w]).copied().collect(),
+                        });
+                        (HostTensor { shape: vec![s.widths[i], inp], data: rows.copied().collect() }, b)
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
 /// A Burn `Linear`'s weights as host values: `[out, in]` row-major and the `[out]` bias.
 fn burn_linear_weights(linear: &Linear) -> (HostTensor, Option<HostTensor>) {
     let [inp, out] = linear.weight.val().dims();

@@ -26,7 +26,7 @@ use crate::linear::ProjectionStore;
 use crate::moe::MoeLayer;
 use crate::norm::RmsNorm;
 use crate::routing::RoutingRecord;
-use crate::{KvCache, Positions, Projection, Rope, TokenEmbedding, host_f32, upload, upload_owned};
+use crate::{KvCache, Positions, Projection, Projections, Rope, TokenEmbedding, host_f32, upload, upload_owned};
 
 /// What [`Llama::first_overflow`] hands each block's output to: the block's index and the
 /// residual stream after it, `[batch, new, dim]` row-major.
@@ -291,6 +291,27 @@ impl Uploader<'_> {
         Ok(Projection::new(&t.data, [out, inp], bias, self.store))
     }
 
+    /// Linear layers over one input (`[name, weight, bias, [out, inp]]` each, as
+    /// [`Self::linear`] takes them), checked, stacked in `groups` runs where the device allows
+    /// ([`Projections::new`]), or each on its own for `None`.
+    fn linears<const N: usize>(
+        &self,
+        layers: [(&str, &HostTensor, Option<&HostTensor>, [usize; 2]); N],
+        groups: Option<usize>,
+    ) -> Result<Projections, ModelError> {
+        for (name, t, b, [out, inp]) in layers {
+            check(&format!("{name}.weight"), t, &[out, inp])?;
+            if let Some(b) = b {
+                check(&format!("{name}.bias"), b, &[out])?;
+            }
+        }
+        let parts = layers.map(|(_, t, b, shape)| (&t.data[..], shape, b.map(|b| &b.data[..])));
+        Ok(match groups {
+            Some(groups) => Projections::new(&parts, groups, self.store),
+            None => Projections::each(&parts, self.store),
+        })
+    }
+
     /// Block `i` from its host weights, rotated by rope `rope` of the model's.
     fn block(&self, arch: &ModelArch, i: usize, l: &LayerWeights, rope: usize) -> Result<Block, ModelError> {
         let (d, hd) = (arch.dim, arch.head_dim());
@@ -306,12 +327,20 @@ impl Uploader<'_> {
             partial_rotary: arch.rotary_dim() < hd,
         };
         let sinks = l.sinks.as_ref().map(|s| self.vector(&attn("sinks"), s, arch.n_heads)).transpose()?;
+        // q, k and v stacked by key/value head group, rotated together (`Attention::forward`):
+        // only where no per-head norm or partial rotation treats q and k apart from v.
+        let stack_qkv = l.q_norm.is_none() && l.k_norm.is_none() && !spec.partial_rotary;
         Ok(Block {
             attn_norm: self.norm(p("input_layernorm"), &l.attn_norm, d)?,
             attn: Attention {
-                wq: self.linear(&attn("q_proj"), &l.wq, l.bq.as_ref(), [q_out, d])?,
-                wk: self.linear(&attn("k_proj"), &l.wk, l.bk.as_ref(), [kv_out, d])?,
-                wv: self.linear(&attn("v_proj"), &l.wv, l.bv.as_ref(), [kv_out, d])?,
+                qkv: self.linears(
+                    [
+                        (&attn("q_proj"), &l.wq, l.bq.as_ref(), [q_out, d]),
+                        (&attn("k_proj"), &l.wk, l.bk.as_ref(), [kv_out, d]),
+                        (&attn("v_proj"), &l.wv, l.bv.as_ref(), [kv_out, d]),
+                    ],
+                    stack_qkv.then_some(arch.n_kv_heads),
+                )?,
                 wo: self.linear(&attn("o_proj"), &l.wo, l.bo.as_ref(), [d, q_out])?,
                 q_norm: self.norm_opt(attn("q_norm.weight"), l.q_norm.as_ref(), hd)?,
                 k_norm: self.norm_opt(attn("k_norm.weight"), l.k_norm.as_ref(), hd)?,
@@ -357,8 +386,13 @@ impl Uploader<'_> {
         let (d, hid) = (arch.dim, arch.hidden_dim);
         let w = |s: &str| format!("model.layers.{i}.mlp.{s}");
         Ok(BlockFfn::Dense(FeedForward {
-            gate: self.linear(&w("gate_proj"), &mlp.gate, mlp.gate_bias.as_ref(), [hid, d])?,
-            up: self.linear(&w("up_proj"), &mlp.up, mlp.up_bias.as_ref(), [hid, d])?,
+            gate_up: self.linears(
+                [
+                    (&w("gate_proj"), &mlp.gate, mlp.gate_bias.as_ref(), [hid, d]),
+                    (&w("up_proj"), &mlp.up, mlp.up_bias.as_ref(), [hid, d]),
+                ],
+                Some(1),
+            )?,
             down: self.linear(&w("down_proj"), &mlp.down, mlp.down_bias.as_ref(), [d, hid])?,
             activation: arch.block.activation,
         }))
@@ -510,8 +544,11 @@ impl Block {
         };
         let norm = |n: Option<&RmsNorm>| n.map(|n| vector(&n.weight));
         let a = &self.attn;
-        let ((wq, bq), (wk, bk), (wv, bv), (wo, bo)) =
-            (a.wq.host_weights(), a.wk.host_weights(), a.wv.host_weights(), a.wo.host_weights());
+        let mut qkv = a.qkv.host_weights().into_iter();
+        let (Some((wq, bq)), Some((wk, bk)), Some((wv, bv))) = (qkv.next(), qkv.next(), qkv.next()) else {
+            unreachable!("an attention layer has q, k and v projections");
+        };
+        let (wo, bo) = a.wo.host_weights();
         LayerWeights {
             attn_norm: vector(&self.attn_norm.weight),
             wq,
@@ -823,8 +860,29 @@ impl Llama {
         let host_rope = tables.host_rope.then(|| self.ropes.iter().map(|r| r.host_tables(&rows, f16)).collect());
         let rope =
             tables.device_rope.then(|| self.ropes.iter().map(|r| r.tables(&rows, self.dtype, &device)).collect());
-        let context =
-            ForwardContext { rope, host_rope, mask, fused_mask, positions, start, activations, real, f16, routing };
+        let grouped_rope = tables.device_rope.then(|| {
+            let mut grouped: Vec<crate::attention::GroupedTables> = Vec::new();
+            for a in self.layers.iter().map(|l| &l.attn).filter(|a| matches!(a.qkv, Projections::Stacked(_))) {
+                let key = (a.spec.rope, a.heads / a.kv_heads);
+                if !grouped.iter().any(|(k, _)| *k == key) {
+                    grouped.push((key, self.ropes[key.0].grouped_tables(&rows, key.1, self.dtype, &device)));
+                }
+            }
+            grouped
+        });
+        let context = ForwardContext {
+            rope,
+            grouped_rope,
+            host_rope,
+            mask,
+            fused_mask,
+            positions,
+            start,
+            activations,
+            real,
+            f16,
+            routing,
+        };
 
         let dim = self.embedding.dims()[1];
         let mut x = self.embedding.select(tokens.reshape([b * t]));

@@ -67,7 +67,7 @@ use crate::host::placement;
 use crate::host::swiglu::swiglu;
 use crate::linear::ProjectionStore;
 use crate::routing::{LayerRoutes, RoutingRecord};
-use crate::{Projection, host_f32, upload, upload_owned};
+use crate::{Projection, Projections, host_f32, upload, upload_owned};
 
 /// One expert: a gated feed-forward layer `down(act(gate·x + b_g, up·x + b_u)) + b_d`.
 #[derive(Module, Debug)]
@@ -156,13 +156,10 @@ impl MoeLayer {
             .collect::<Result<Vec<_>, ModelError>>()?;
         let shared = match (&weights.shared, spec.shared_expert_hidden) {
             (None, None) => None,
-            (Some(sh), Some(w)) => {
-                let [gate, up, down] = gated_projections(&name("shared_expert"), &sh.mlp, [w, dim], store)?;
-                Some(SharedExpertLayer {
-                    ffn: FeedForward { gate, up, down, activation },
-                    gate: projection(&name("shared_expert_gate"), &sh.gate, None, [1, dim], store)?,
-                })
-            }
+            (Some(sh), Some(w)) => Some(SharedExpertLayer {
+                ffn: gated_ffn(&name("shared_expert"), &sh.mlp, [w, dim], activation, store)?,
+                gate: projection(&name("shared_expert_gate"), &sh.gate, None, [1, dim], store)?,
+            }),
             (given, _) => {
                 return Err(ModelError::Arch(format!(
                     "layer {layer}: the weights {} a shared expert but the mixture of experts {}",
@@ -460,6 +457,35 @@ fn gated_projections(
     ])
 }
 
+/// The gated FFN `m` (the shared expert's) of width `hidden` as one [`FeedForward`], its gate
+/// and up projections stacked where the device allows ([`Projections::new`]); named and checked
+/// as [`gated_projections`].
+fn gated_ffn(
+    prefix: &str,
+    m: &Mlp,
+    [hidden, dim]: [usize; 2],
+    activation: Activation,
+    store: ProjectionStore<'_>,
+) -> Result<FeedForward, ModelError> {
+    let p = |s: &str| format!("{prefix}.{s}");
+    let Mlp { gate, up, down, gate_bias, up_bias, down_bias } = m;
+    for (name, w, b) in [("gate_proj", gate, gate_bias), ("up_proj", up, up_bias)] {
+        check(&format!("{}.weight", p(name)), w, &[hidden, dim])?;
+        if let Some(b) = b {
+            check(&format!("{}.bias", p(name)), b, &[hidden])?;
+        }
+    }
+    let layers = [
+        (&gate.data[..], [hidden, dim], gate_bias.as_ref().map(|b| &b.data[..])),
+        (&up.data[..], [hidden, dim], up_bias.as_ref().map(|b| &b.data[..])),
+    ];
+    Ok(FeedForward {
+        gate_up: Projections::new(&layers, 1, store),
+        down: projection(&p("down_proj"), down, down_bias.as_ref(), [dim, hidden], store)?,
+        activation,
+    })
+}
+
 /// The shared expert's scale of each row, `σ(z)` of its gate's logit in f32 (rounded to the
 /// compute dtype where it is used, as the reference's model-dtype `F.sigmoid`).
 ///
@@ -698,6 +724,7 @@ mod tests {
         };
         ForwardContext {
             rope: None,
+            grouped_rope: None,
             host_rope: None,
             mask: None,
             fused_mask: None,
@@ -1184,8 +1211,7 @@ mod tests {
                 Projection::new(&tensor(&[out, inp], seed, 0.3).data, [out, inp], None, store)
             };
             let dense = FeedForward {
-                gate: p(k * width, dim, 1),
-                up: p(k * width, dim, 2),
+                gate_up: Projections::Each(vec![p(k * width, dim, 1), p(k * width, dim, 2)]),
                 down: p(dim, k * width, 3),
                 activation: Activation::SwiGlu,
             };

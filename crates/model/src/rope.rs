@@ -96,6 +96,37 @@ impl Rope {
         (crate::upload(&cos, shape, dtype, device), crate::upload(&sin, shape, dtype, device))
     }
 
+    /// [`Rope::tables`] for an attention layer's stacked projections
+    /// ([`crate::Projections::new`] with one group per key/value head): each group's `rep` query
+    /// heads and its key head rotated, its value head passed through (cos 1, sin 0, so `x·1 +
+    /// swap(x)·0` is `x` itself, up to the sign of a zero and a non-finite value's NaN).
+    ///
+    /// # Shapes
+    /// - returns `cos`, `sin`: `[batch, seq, 1, rep + 2, 2 · pairs]`
+    pub(crate) fn grouped_tables(
+        &self,
+        positions: &[Vec<usize>],
+        rep: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> (Tensor<5>, Tensor<5>) {
+        let (cos, sin) = self.angles(positions);
+        let pairs = self.pairs();
+        let rows = cos.len() / pairs.max(1);
+        let width = (rep + 2) * 2 * pairs;
+        let (mut c, mut s) = (Vec::with_capacity(rows * width), Vec::with_capacity(rows * width));
+        for (cos, sin) in cos.chunks(pairs).zip(sin.chunks(pairs)) {
+            for _ in 0..rep + 1 {
+                c.extend(cos.iter().flat_map(|&v| [v, v]));
+                s.extend(sin.iter().flat_map(|&v| [-v, v]));
+            }
+            c.extend(std::iter::repeat_n(1.0, 2 * pairs));
+            s.extend(std::iter::repeat_n(0.0, 2 * pairs));
+        }
+        let shape = [positions.len(), positions.first().map_or(0, Vec::len), 1, rep + 2, 2 * pairs];
+        (crate::upload(&c, shape, dtype, device), crate::upload(&s, shape, dtype, device))
+    }
+
     /// [`Rope::tables`] on the host, for the CPU backend's host kernels: the same values, rounded
     /// to f16 when `f16` as uploading them in f16 rounds them.
     pub(crate) fn host_tables(&self, positions: &[Vec<usize>], f16: bool) -> HostRope {
