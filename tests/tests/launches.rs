@@ -47,9 +47,9 @@ fn a_decode_step_on_wgpu_copies_nothing_and_launches_one_matmul_per_product() {
     let (_, one) = decode_step(&host);
     let per_layer = total - one;
     println!("one layer: {per_layer} launches");
-    // 16 measured (docs/BENCHMARKS.md, 2026-12-06); 70 without fusion. Which blocks fusion forms,
+    // 15 measured (docs/BENCHMARKS.md, 2026-12-06); 70 without fusion. Which blocks fusion forms,
     // and which candidate autotune times fastest (a fused matmul or its fallback, a matmul plus a
     // fused elementwise kernel), can differ with the machine and its load, hence the room; the
     // exact guards are above.
-    assert!(per_layer <= 20.0, "{per_layer} launches per layer: {kernels:?}");
+    assert!(per_layer <= 19.0, "{per_layer} launches per layer: {kernels:?}");
 }

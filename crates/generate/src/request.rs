@@ -270,8 +270,9 @@ pub fn concurrent_batches(
     (SIDE_BY_SIDE_CACHE_BYTES / largest).clamp(1, threads as u128) as usize
 }
 
-/// One batch's key-value cache: `[batch, kv_heads, longest prompt + new tokens, head_dim]` per
-/// key and value per layer, in `dtype`; and one such tensor.
+/// One batch's key-value cache: `[2 · batch, kv_heads, longest prompt + new tokens, head_dim]`
+/// per layer (keys and values in one tensor, `qdrift_model::KvCache`), in `dtype`; and one such
+/// tensor.
 fn cache_bytes_and_tensor(
     model: &ModelArch,
     dtype: DType,
@@ -282,8 +283,9 @@ fn cache_bytes_and_tensor(
     let batch = prompts.len() as u128;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) as u128;
     let capacity = longest + max_new_tokens as u128;
-    let cache_tensor = batch * model.n_kv_heads as u128 * capacity * model.head_dim() as u128 * dtype.size() as u128;
-    (2 * model.n_layers as u128 * cache_tensor, cache_tensor)
+    let cache_tensor =
+        2 * batch * model.n_kv_heads as u128 * capacity * model.head_dim() as u128 * dtype.size() as u128;
+    (model.n_layers as u128 * cache_tensor, cache_tensor)
 }
 
 pub(crate) fn cache_bytes(model: &ModelArch, dtype: DType, prompts: &[Vec<u32>], max_new_tokens: usize) -> u128 {

@@ -352,9 +352,10 @@ impl Attention {
             return upload_owned(y, [b, t, self.wo.out_features()], dtype, &device);
         }
         let x = context.round_input(x);
-        // Queries, keys and values as [b, t, kvh, rep, hd] and [b, t, kvh, 1, hd]: the `rep`
-        // query heads that share a key/value head side by side.
-        let (q, k, v) = match self.qkv.forward_stacked(x.clone()) {
+        // Queries as [b, t, kvh, rep, hd], the `rep` query heads that share a key/value head side
+        // by side, and keys and values as [b, t, kvh, 2, hd], each group's key head then its
+        // value head.
+        let (q, kv) = match self.qkv.forward_stacked(x.clone()) {
             Some(y) => {
                 // One product for all three, laid out by head group ([`Projections::new`]), rotated
                 // in one pass (value heads pass through): then every split below is a view.
@@ -364,7 +365,7 @@ impl Attention {
                     y.clone().reshape([b, t, kvh, rep + 2, hd / 2, 2]).flip([5]).reshape([b, t, kvh, rep + 2, hd]);
                 let y = y * cos.clone() + swapped * sin.clone();
                 let head = |r: std::ops::Range<usize>| y.clone().slice([0..b, 0..t, 0..kvh, r, 0..hd]);
-                (head(0..rep), head(rep..rep + 1), head(rep + 1..rep + 2))
+                (head(0..rep), head(rep..rep + 2))
             }
             None => {
                 let rope = &ropes[self.spec.rope];
@@ -373,9 +374,12 @@ impl Attention {
                 let q = Self::norm_heads(self.q_norm.as_ref(), q.reshape([b, t, h, hd]));
                 let k = Self::norm_heads(self.k_norm.as_ref(), k.reshape([b, t, kvh, hd]));
                 let (q, k) = (rope.apply(q, cos, sin), rope.apply(k, cos, sin));
-                (q.reshape([b, t, kvh, rep, hd]), k.reshape([b, t, kvh, 1, hd]), v.reshape([b, t, kvh, 1, hd]))
+                let kv = Tensor::cat(vec![k.reshape([b, t, kvh, 1, hd]), v.reshape([b, t, kvh, 1, hd])], 3);
+                (q.reshape([b, t, kvh, rep, hd]), kv)
             }
         };
+        // The keys (0) or the values (1) of `kv`: [b, t, kvh, 1, hd].
+        let half = |kv: &Tensor<5>, i: usize| kv.clone().slice([0..b, 0..t, 0..kvh, i..i + 1, 0..hd]);
 
         if cache.kernel() == crate::AttentionKernel::Host {
             assert!(self.host_kernel_covers(), "this attention layer needs a device cache (Llama::new_caches_for)");
@@ -383,18 +387,19 @@ impl Attention {
         if let Some((host, start)) = cache.claim_host(t) {
             // The host kernel over q/k/v computed on the device ([b, t, heads, hd] row-major).
             let device = q.device();
-            let new = NewColumns { q: &host_f32(q), k: host_f32(k), v: host_f32(v), shape: [b, t] };
+            let (k, v) = (host_f32(half(&kv, 0)), host_f32(half(&kv, 1)));
+            let new = NewColumns { q: &host_f32(q), k, v, shape: [b, t] };
             let out = self.attend_host(host, start, kv_quant, new, context);
             return self.wo.forward(context.upload_rounded_output(out, [b, t, h * hd], dtype, &device));
         }
-        let (k, v) = match kv_quant {
+        let kv = match kv_quant {
             Some(kvq) => {
                 let round = |x: Tensor<5>| round_kv(x.reshape([b, t, kvh, hd]), kvq).reshape([b, t, kvh, 1, hd]);
-                (round(k), round(v))
+                Tensor::cat(vec![round(half(&kv, 0)), round(half(&kv, 1))], 3)
             }
-            None => (k, v),
+            None => kv,
         };
-        let (k, v) = cache.forward(k.permute([0, 2, 1, 3, 4]), v.permute([0, 2, 1, 3, 4]));
+        let (k, v) = cache.forward(kv);
 
         // Each group of query heads attends to its own key/value head without repeating the
         // keys: q [b, kvh, rep, t, hd] against k [b, kvh, 1, hd, s], broadcast over the group

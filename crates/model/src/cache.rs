@@ -15,11 +15,12 @@ use crate::host::placement::AttentionKernel;
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum CacheStorage {
-    /// `[batch, kv_heads, capacity, head_dim]` each, read by `kernel` ([`AttentionKernel::Composed`]
-    /// or [`AttentionKernel::Fused`]).
+    /// Keys and values in one tensor, `[2 · batch, kv_heads, capacity, head_dim]`: the keys of
+    /// row `r` at row `r`, its values at row `batch + r`, so that one `slice_assign` writes both
+    /// ([`KvCache::forward`]) and each reads back as a view. Read by `kernel`
+    /// ([`AttentionKernel::Composed`] or [`AttentionKernel::Fused`]).
     Device {
-        keys: Tensor<4>,
-        values: Tensor<4>,
+        kv: Tensor<4>,
         kernel: AttentionKernel,
     },
     Host(HostKv),
@@ -46,12 +47,8 @@ impl KvCache {
         let [batch, kv_heads, capacity, head_dim] = shape;
         let storage = match kernel {
             AttentionKernel::Composed | AttentionKernel::Fused => {
-                let shape = [batch, kv_heads, capacity, head_dim];
-                CacheStorage::Device {
-                    keys: Tensor::zeros(shape, (device, dtype)),
-                    values: Tensor::zeros(shape, (device, dtype)),
-                    kernel,
-                }
+                let shape = [2 * batch, kv_heads, capacity, head_dim];
+                CacheStorage::Device { kv: Tensor::zeros(shape, (device, dtype)), kernel }
             }
             AttentionKernel::Host => {
                 let precision = if dtype == DType::F16 { Precision::F16 } else { Precision::F32 };
@@ -114,36 +111,39 @@ impl KvCache {
         Some((kv, claim(len, *capacity, new)))
     }
 
-    /// Appends `k` and `v` and returns all cached keys and values so far.
+    /// Appends the new keys and values `kv` (keys at index 0 of dimension 3, values at 1) in one
+    /// write and returns all cached keys and values so far.
     ///
-    /// The new columns come with a unit dimension after them: a key/value head's slice of a
-    /// stacked projection's output (`Attention::forward`) is a strided view of that shape, which
-    /// Burn would copy to drop the unit dimension (its reshape analysis takes no strided input to
-    /// a lower rank), while the cache's own `[…, capacity, 1, head_dim]` view is free.
+    /// `kv` is what `Attention::forward` has: a view of a stacked projection's output where the
+    /// key and value head of each group lie side by side. It is written through a
+    /// `[2, batch, kv_heads, capacity, head_dim]` view of the cache, so no reshape of the strided
+    /// view (which Burn would copy) is needed.
     ///
     /// # Shapes
-    /// - `k`, `v`: `[batch, kv_heads, new, 1, head_dim]`
-    /// - returns `([batch, kv_heads, len + new, head_dim], same)`
+    /// - `kv`: `[batch, new, kv_heads, 2, head_dim]`
+    /// - returns `([batch, kv_heads, len + new, head_dim], same)`, views of the cache
     ///
     /// # Panics
     /// If the cache would overflow its capacity (callers size it from the request), or if it is a
     /// host cache.
-    pub fn forward(&mut self, k: Tensor<5>, v: Tensor<5>) -> (Tensor<4>, Tensor<4>) {
-        let [b, h, new, _, d] = k.dims();
-        let Self { storage: CacheStorage::Device { keys, values, .. }, len, capacity, .. } = self else {
+    pub fn forward(&mut self, kv: Tensor<5>) -> (Tensor<4>, Tensor<4>) {
+        let [b, new, h, _, d] = kv.dims();
+        let Self { storage: CacheStorage::Device { kv: cache, .. }, len, capacity, .. } = self else {
             panic!("KvCache::forward on a host cache; the host kernel writes it");
         };
         let start = claim(len, *capacity, new);
         let end = start + new;
-        let write = [0..b, 0..h, start..end, 0..1, 0..d];
-        let cap = *capacity;
-        let append = |t: Tensor<4>, x: Tensor<5>| {
-            t.reshape([b, h, cap, 1, d]).slice_assign(write.clone(), x).reshape([b, h, cap, d])
-        };
-        keys.inplace(|t| append(t, k));
-        values.inplace(|t| append(t, v));
-        let read = [0..b, 0..h, 0..end, 0..d];
-        (keys.clone().slice(read.clone()), values.clone().slice(read))
+        // The cache's own batch (the rows written may be fewer).
+        let [rows, heads, cap, width] = cache.dims();
+        let batch = rows / 2;
+        let write = [0..2, 0..b, 0..h, start..end, 0..d];
+        // [b, new, h, 2, d] → [2, b, h, new, d]: a view, as the cache's 5-D view is.
+        let kv = kv.permute([3, 0, 2, 1, 4]);
+        cache.inplace(|t| {
+            t.reshape([2, batch, heads, cap, width]).slice_assign(write, kv).reshape([rows, heads, cap, width])
+        });
+        let keys = cache.clone().slice([0..b, 0..h, 0..end, 0..d]);
+        (keys, cache.clone().slice([batch..batch + b, 0..h, 0..end, 0..d]))
     }
 }
 

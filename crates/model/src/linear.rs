@@ -458,3 +458,55 @@ fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values in [−1, 1), rounded to f16 (so that f16 storage holds them exactly).
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n as u32)
+            .map(|i| {
+                let h = (i.wrapping_mul(2_654_435_761) ^ seed.wrapping_mul(40_503)).wrapping_mul(2_246_822_519);
+                half::f16::from_f32((h >> 8) as f32 / (1u32 << 23) as f32 - 1.0).to_f32()
+            })
+            .collect()
+    }
+
+    /// On wgpu, q/k/v-like layers stacked in 2 groups and gate/up-like layers in 1: the set's
+    /// outputs are each layer's own product, within f16 rounding of the sums (autotune may pick
+    /// another kernel for the stacked shape), and its host weights are the layers' rows and
+    /// biases as given.
+    #[test]
+    fn stacked_layers_give_each_layers_product_and_weights_on_wgpu() {
+        let device = crate::test_wgpu();
+        let store = ProjectionStore {
+            dtype: DType::F16,
+            device: &device,
+            kernel: LinearKernel::Burn,
+            compact: true,
+            max_buffer_bytes: None,
+        };
+        let inp = 64;
+        let x = upload(&values(3 * 2 * inp, 9), [3, 2, inp], DType::F16, &device);
+        for (outs, groups, biased) in [(vec![128, 64, 64], 2, true), (vec![96, 96], 1, false)] {
+            let weights: Vec<Vec<f32>> = outs.iter().zip(1..).map(|(&o, s)| values(o * inp, s)).collect();
+            let biases: Vec<Vec<f32>> = outs.iter().zip(20..).map(|(&o, s)| values(o, s)).collect();
+            let layers: Vec<LayerWeights<'_>> =
+                (0..outs.len()).map(|i| (&weights[i][..], [outs[i], inp], biased.then_some(&biases[i][..]))).collect();
+            let stacked = Projections::new(&layers, groups, store);
+            assert!(matches!(stacked, Projections::Stacked(_)), "stacked on wgpu");
+            let each = Projections::each(&layers, store);
+            for (i, (got, want)) in stacked.forward(x.clone()).into_iter().zip(each.forward(x.clone())).enumerate() {
+                assert_eq!(got.dims(), [3, 2, outs[i]]);
+                for (g, w) in host_f32(got).iter().zip(host_f32(want)) {
+                    assert!((g - w).abs() <= 2e-3 * w.abs().max(1.0), "layer {i}: {g} vs {w}");
+                }
+            }
+            for (i, (w, b)) in stacked.host_weights().into_iter().enumerate() {
+                assert_eq!((w.shape, w.data), (vec![outs[i], inp], weights[i].clone()), "layer {i}");
+                assert_eq!(b.map(|b| b.data), biased.then(|| biases[i].clone()), "layer {i}");
+            }
+        }
+    }
+}
