@@ -1,6 +1,7 @@
 //! [`ModelError`]: why a model cannot be built or run as asked.
 
 use burn::tensor::DType;
+use qdrift_weights::HostTensor;
 
 use crate::host::isa::IsaError;
 
@@ -33,4 +34,27 @@ pub enum ModelError {
     /// `QDRIFT_ISA` names an instruction set the CPU kernels lack, or one this CPU cannot run.
     #[error("{0}")]
     Isa(#[from] IsaError),
+}
+
+/// `t` has shape `expected` (and as many values), or [`ModelError::Shape`] naming `name`.
+pub(crate) fn check(name: &str, t: &HostTensor, expected: &[usize]) -> Result<(), ModelError> {
+    if t.shape != expected || t.data.len() != expected.iter().product::<usize>() {
+        return Err(ModelError::Shape { name: name.to_string(), actual: t.shape.clone(), expected: expected.to_vec() });
+    }
+    Ok(())
+}
+
+/// A linear layer's `[out, inp]` weight and optional `[out]` bias, checked; `name` without its
+/// `.weight`.
+pub(crate) fn check_linear(
+    name: &str,
+    weight: &HostTensor,
+    bias: Option<&HostTensor>,
+    [out, inp]: [usize; 2],
+) -> Result<(), ModelError> {
+    check(&format!("{name}.weight"), weight, &[out, inp])?;
+    if let Some(b) = bias {
+        check(&format!("{name}.bias"), b, &[out])?;
+    }
+    Ok(())
 }

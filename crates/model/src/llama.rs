@@ -17,6 +17,7 @@ use qdrift_weights::{Ffn, HostModel, HostTensor, LayerWeights, ModelArch, NormSt
 
 use crate::attention::{Attention, AttentionSpec, ForwardContext};
 pub use crate::error::ModelError;
+use crate::error::{check, check_linear};
 use crate::fake_quant::RuntimeQuant;
 use crate::ffn::FeedForward;
 use crate::host::elem::{add_rounded, is_f16_exact};
@@ -283,10 +284,7 @@ impl Uploader<'_> {
         b: Option<&HostTensor>,
         [out, inp]: [usize; 2],
     ) -> Result<Projection, ModelError> {
-        check(&format!("{name}.weight"), t, &[out, inp])?;
-        if let Some(b) = b {
-            check(&format!("{name}.bias"), b, &[out])?;
-        }
+        check_linear(name, t, b, [out, inp])?;
         let bias = b.map(|b| &b.data[..]);
         Ok(Projection::new(&t.data, [out, inp], bias, self.store))
     }
@@ -299,11 +297,8 @@ impl Uploader<'_> {
         layers: [(&str, &HostTensor, Option<&HostTensor>, [usize; 2]); N],
         groups: Option<usize>,
     ) -> Result<Projections, ModelError> {
-        for (name, t, b, [out, inp]) in layers {
-            check(&format!("{name}.weight"), t, &[out, inp])?;
-            if let Some(b) = b {
-                check(&format!("{name}.bias"), b, &[out])?;
-            }
+        for (name, t, b, shape) in layers {
+            check_linear(name, t, b, shape)?;
         }
         let parts = layers.map(|(_, t, b, shape)| (&t.data[..], shape, b.map(|b| &b.data[..])));
         Ok(match groups {
@@ -402,13 +397,6 @@ impl Uploader<'_> {
 /// A part from a [`WeightSource`], its failure as [`ModelError::Source`].
 fn part<T>(r: Result<T, qdrift_weights::SourceError>) -> Result<T, ModelError> {
     r.map_err(ModelError::Source)
-}
-
-fn check(name: &str, t: &HostTensor, expected: &[usize]) -> Result<(), ModelError> {
-    if t.shape != expected || t.data.len() != expected.iter().product::<usize>() {
-        return Err(ModelError::Shape { name: name.to_string(), actual: t.shape.clone(), expected: expected.to_vec() });
-    }
-    Ok(())
 }
 
 /// A block's feed-forward layer: dense, or a mixture of experts (`moe.rs`).
@@ -858,11 +846,14 @@ impl Llama {
         };
         let f16 = self.dtype == DType::F16;
         let host_rope = tables.host_rope.then(|| self.ropes.iter().map(|r| r.host_tables(&rows, f16)).collect());
-        let rope =
-            tables.device_rope.then(|| self.ropes.iter().map(|r| r.tables(&rows, self.dtype, &device)).collect());
+        // Layers with stacked q/k/v rotate with the grouped tables; the plain ones are built only
+        // where some layer is not stacked.
+        let stacked = |a: &Attention| matches!(a.qkv, Projections::Stacked(_));
+        let rope = (tables.device_rope && !self.layers.iter().all(|l| stacked(&l.attn)))
+            .then(|| self.ropes.iter().map(|r| r.tables(&rows, self.dtype, &device)).collect());
         let grouped_rope = tables.device_rope.then(|| {
             let mut grouped: Vec<crate::attention::GroupedTables> = Vec::new();
-            for a in self.layers.iter().map(|l| &l.attn).filter(|a| matches!(a.qkv, Projections::Stacked(_))) {
+            for a in self.layers.iter().map(|l| &l.attn).filter(|a| stacked(a)) {
                 let key = (a.spec.rope, a.heads / a.kv_heads);
                 if !grouped.iter().any(|(k, _)| *k == key) {
                     grouped.push((key, self.ropes[key.0].grouped_tables(&rows, key.1, self.dtype, &device)));

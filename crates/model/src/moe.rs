@@ -59,7 +59,7 @@ use qdrift_weights::{Activation, Experts, HostTensor, Mlp, MoeSpec, Routing, Sha
 
 use crate::activation::gated;
 use crate::attention::ForwardContext;
-use crate::error::ModelError;
+use crate::error::{ModelError, check_linear};
 use crate::ffn::FeedForward;
 use crate::host::elem::round_to_f16;
 use crate::host::linear::PackedLinear;
@@ -470,10 +470,7 @@ fn gated_ffn(
     let p = |s: &str| format!("{prefix}.{s}");
     let Mlp { gate, up, down, gate_bias, up_bias, down_bias } = m;
     for (name, w, b) in [("gate_proj", gate, gate_bias), ("up_proj", up, up_bias)] {
-        check(&format!("{}.weight", p(name)), w, &[hidden, dim])?;
-        if let Some(b) = b {
-            check(&format!("{}.bias", p(name)), b, &[hidden])?;
-        }
+        check_linear(&p(name), w, b.as_ref(), [hidden, dim])?;
     }
     let layers = [
         (&gate.data[..], [hidden, dim], gate_bias.as_ref().map(|b| &b.data[..])),
@@ -505,18 +502,8 @@ fn projection(
     [out, inp]: [usize; 2],
     store: ProjectionStore<'_>,
 ) -> Result<Projection, ModelError> {
-    check(&format!("{name}.weight"), weight, &[out, inp])?;
-    if let Some(b) = bias {
-        check(&format!("{name}.bias"), b, &[out])?;
-    }
+    check_linear(name, weight, bias, [out, inp])?;
     Ok(Projection::new(&weight.data, [out, inp], bias.map(|b| &b.data[..]), store))
-}
-
-fn check(name: &str, t: &HostTensor, expected: &[usize]) -> Result<(), ModelError> {
-    if t.shape != expected || t.data.len() != expected.iter().product::<usize>() {
-        return Err(ModelError::Shape { name: name.to_string(), actual: t.shape.clone(), expected: expected.to_vec() });
-    }
-    Ok(())
 }
 
 /// Row (or slot) indices as an index tensor.
