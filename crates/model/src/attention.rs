@@ -17,7 +17,7 @@ use burn::module::{Module, Param};
 use burn::tensor::activation::softmax;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{Bool, DType, Tensor};
+use burn::tensor::{Bool, DType, Int, Tensor};
 use qdrift_codecs::{ActivationQuant, ActivationScale, KvQuant};
 
 use crate::fake_quant::{round_activations, round_kv};
@@ -40,6 +40,9 @@ pub(crate) struct ForwardContext<'a> {
     /// (rope index, query heads per key/value head): `[batch, new, 1, rep + 2, 2 · pairs]` each
     /// (from [`Rope::grouped_tables`]); built for the keys such layers have.
     pub grouped_rope: Option<Vec<GroupedTables>>,
+    /// The pair-swap index of each of the model's [`Rope`]s, `[2 · pairs]` (from
+    /// [`Rope::swap_index`]); built with the device tables, plain or grouped.
+    pub swaps: Option<Vec<Tensor<1, Int>>>,
     /// The same tables on the host (from [`Rope::host_tables`]), for the host path
     /// ([`Attention::forward`] with host linear layers and a host cache).
     pub host_rope: Option<Vec<HostRope>>,
@@ -93,6 +96,14 @@ impl ForwardContext<'_> {
     fn device_tables(&self, index: usize) -> &(Tensor<4>, Tensor<4>) {
         let tables = self.rope.as_ref().expect("device RoPE tables are built unless every layer is on the host");
         &tables[index]
+    }
+
+    /// The pair-swap index of rope `index` ([`Rope::swap_index`]).
+    ///
+    /// # Panics
+    /// If the pass built no device RoPE tables.
+    fn swap(&self, index: usize) -> &Tensor<1, Int> {
+        &self.swaps.as_ref().expect("the swap index is built with the device RoPE tables")[index]
     }
 
     /// The grouped RoPE tables of rope `index` for `rep` query heads per key/value head.
@@ -360,9 +371,12 @@ impl Attention {
                 // One product for all three, laid out by head group ([`Projections::new`]), rotated
                 // in one pass (value heads pass through): then every split below is a view.
                 let (cos, sin) = context.grouped_tables(self.spec.rope, rep);
-                let y = y.reshape([b, t, kvh, rep + 2, hd]);
-                let swapped =
-                    y.clone().reshape([b, t, kvh, rep + 2, hd / 2, 2]).flip([5]).reshape([b, t, kvh, rep + 2, hd]);
+                // The swap reads its own view of the product: Burn's fusion refuses a tensor read
+                // both by index (`select`) and directly in one kernel, so one shared view would
+                // cost the swap a launch of its own. Both views come first: a view taken between
+                // the products would split their kernel.
+                let (y, alias) = (y.clone().reshape([b, t, kvh, rep + 2, hd]), y.reshape([b, t, kvh, rep + 2, hd]));
+                let swapped = alias.select(4, context.swap(self.spec.rope).clone());
                 let y = y * cos.clone() + swapped * sin.clone();
                 let head = |r: std::ops::Range<usize>| y.clone().slice([0..b, 0..t, 0..kvh, r, 0..hd]);
                 (head(0..rep), head(rep..rep + 2))
@@ -373,7 +387,8 @@ impl Attention {
                 let [q, k, v]: [Tensor<3>; 3] = self.qkv.forward(x).try_into().expect("three projections");
                 let q = Self::norm_heads(self.q_norm.as_ref(), q.reshape([b, t, h, hd]));
                 let k = Self::norm_heads(self.k_norm.as_ref(), k.reshape([b, t, kvh, hd]));
-                let (q, k) = (rope.apply(q, cos, sin), rope.apply(k, cos, sin));
+                let swap = context.swap(self.spec.rope);
+                let (q, k) = (rope.apply(q, cos, sin, swap), rope.apply(k, cos, sin, swap));
                 let kv = Tensor::cat(vec![k.reshape([b, t, kvh, 1, hd]), v.reshape([b, t, kvh, 1, hd])], 3);
                 (q.reshape([b, t, kvh, rep, hd]), kv)
             }

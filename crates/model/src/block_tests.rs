@@ -616,9 +616,10 @@ fn partial_rotary_leaves_the_tail_unchanged() {
     let x: Vec<f32> = (0..b * s * h * hd).map(|_| r.next(1.0)).collect();
     let positions = vec![vec![0, 5, 9]];
     let (cos, sin) = partial.tables(&positions, DType::F32, &device);
-    let y = host_f32(partial.apply(crate::upload(&x, [b, s, h, hd], DType::F32, &device), &cos, &sin));
+    let swap = partial.swap_index(&device);
+    let y = host_f32(partial.apply(crate::upload(&x, [b, s, h, hd], DType::F32, &device), &cos, &sin, &swap));
     let heads: Vec<f32> = x.chunks(hd).flat_map(|c| c[..12].to_vec()).collect();
-    let rotated = host_f32(partial.apply(crate::upload(&heads, [b, s, h, 12], DType::F32, &device), &cos, &sin));
+    let rotated = host_f32(partial.apply(crate::upload(&heads, [b, s, h, 12], DType::F32, &device), &cos, &sin, &swap));
     for (i, (yh, xh)) in y.chunks(hd).zip(x.chunks(hd)).enumerate() {
         assert_eq!(&yh[12..], &xh[12..], "head {i}: the tail passes through");
         assert_eq!(&yh[..12], &rotated[i * 12..(i + 1) * 12], "head {i}: the rotated part");

@@ -861,9 +861,11 @@ impl Llama {
             }
             grouped
         });
+        let swaps = tables.device_rope.then(|| self.ropes.iter().map(|r| r.swap_index(&device)).collect());
         let context = ForwardContext {
             rope,
             grouped_rope,
+            swaps,
             host_rope,
             mask,
             fused_mask,

@@ -712,6 +712,7 @@ mod tests {
         ForwardContext {
             rope: None,
             grouped_rope: None,
+            swaps: None,
             host_rope: None,
             mask: None,
             fused_mask: None,

@@ -34,6 +34,11 @@ pub struct RmsNorm {
     /// Gemma's `x̂·(1 + w)` ([`NormStyle::OnePlusWeight`]) instead of `x̂·w`.
     #[module(skip)]
     one_plus: bool,
+    /// What [`RmsNorm::forward`] multiplies by, `[1, 1, dim]`: `weight` (`x̂·w`), or `1 + w` in
+    /// f32 (Gemma's). Shaped once here because a reshape in every forward pass split Burn's fused
+    /// norm on wgpu in two launches (the reduction and the product; docs/BENCHMARKS.md).
+    #[module(skip)]
+    row: Tensor<3>,
 }
 
 impl RmsNorm {
@@ -48,7 +53,12 @@ impl RmsNorm {
     /// self.weight.float())`, the weight a value of the model's dtype).
     pub fn styled(weight: Param<Tensor<1>>, eps: f64, style: NormStyle) -> Self {
         let host_weight = Arc::new(host_f32(weight.val()));
-        Self { weight, eps, host_weight, one_plus: style == NormStyle::OnePlusWeight }
+        let one_plus = style == NormStyle::OnePlusWeight;
+        let row = match one_plus {
+            true => weight.val().cast(DType::F32).add_scalar(1.0).unsqueeze::<3>(),
+            false => weight.val().unsqueeze::<3>(),
+        };
+        Self { weight, eps, host_weight, one_plus, row }
     }
 
     /// Whether [`RmsNorm::forward_host`] computes this norm (`x̂·w`; Gemma's runs as Burn ops).
@@ -63,8 +73,7 @@ impl RmsNorm {
         if self.one_plus {
             let x32 = x.cast(DType::F32);
             let inv_rms = x32.clone().square().mean_dim(2).add_scalar(self.eps).sqrt().recip();
-            let w = self.weight.val().cast(DType::F32).add_scalar(1.0).unsqueeze::<3>();
-            return (x32 * inv_rms * w).cast(dtype);
+            return (x32 * inv_rms * self.row.clone()).cast(dtype);
         }
         if norm_on_host(&x.device(), dtype) {
             let (dims, device) = (x.dims(), x.device());
@@ -73,7 +82,7 @@ impl RmsNorm {
         }
         let x32 = x.cast(DType::F32);
         let inv_rms = x32.clone().square().mean_dim(2).add_scalar(self.eps).sqrt().recip();
-        (x32 * inv_rms).cast(dtype) * self.weight.val().unsqueeze::<3>()
+        (x32 * inv_rms).cast(dtype) * self.row.clone()
     }
 
     /// [`RmsNorm::forward`] on host values, rows of `dim` values of the compute dtype (f16 values

@@ -3,7 +3,7 @@
 //! divisors (`rope_freqs.weight`) applied to the inverse frequencies; partial rotary (Phi-3)
 //! rotates the first dimensions of each head only.
 
-use burn::tensor::{DType, Device, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
 use crate::host::rope::HostRope;
 use qdrift_weights::RopeScaling;
@@ -127,6 +127,16 @@ impl Rope {
         (crate::upload(&c, shape, dtype, device), crate::upload(&s, shape, dtype, device))
     }
 
+    /// The index [`Rope::apply`] swaps the two elements of each rotation pair with,
+    /// `(1, 0, 3, 2, …)`: `x.select(last, swap)` is `swap(x)`.
+    ///
+    /// # Shapes
+    /// - returns `[2 · pairs]`
+    pub fn swap_index(&self, device: &Device) -> Tensor<1, Int> {
+        let swap: Vec<i32> = (0..2 * self.pairs() as i32).map(|i| i ^ 1).collect();
+        Tensor::from_data(TensorData::new(swap, [2 * self.pairs()]), device)
+    }
+
     /// [`Rope::tables`] on the host, for the CPU backend's host kernels: the same values, rounded
     /// to f16 when `f16` as uploading them in f16 rounds them.
     pub(crate) fn host_tables(&self, positions: &[Vec<usize>], f16: bool) -> HostRope {
@@ -166,23 +176,30 @@ impl Rope {
     /// `x·cos + swap(x)·sin`, `swap` exchanging the two elements of each pair: pair `i` becomes
     /// `(x₀·cᵢ + x₁·(−sᵢ), x₁·cᵢ + x₀·sᵢ)`, which is `(x₀·cᵢ − x₁·sᵢ, x₀·sᵢ + x₁·cᵢ)` in every
     /// rounding (negation is exact, addition commutes), as `transformers`' `q·cos +
-    /// rotate_half(q)·sin` computes it. The swap is one flip of a view; taking the even and odd
-    /// elements as two strided slices instead cost two copy kernels per tensor on wgpu
-    /// (docs/BENCHMARKS.md, "Weights read in place").
+    /// rotate_half(q)·sin` computes it. The swap is a `select` by [`Rope::swap_index`], which
+    /// Burn's fusion reads inside the same kernel as the products on wgpu; a `flip` of a
+    /// `[.., pairs, 2]` view was a kernel of its own, and the even and odd elements as two strided
+    /// slices cost two copy kernels per tensor (docs/BENCHMARKS.md).
     ///
     /// # Shapes
     /// - `x`: `[batch, seq, heads, head_dim]` → `[batch, seq, heads, head_dim]`
     /// - `cos`, `sin`: `[batch, seq, 1, 2 · pairs]`
-    pub fn apply(&self, x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
+    /// - `swap`: `[2 · pairs]`, from [`Rope::swap_index`]
+    pub fn apply(&self, x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>, swap: &Tensor<1, Int>) -> Tensor<4> {
         let [b, s, h, d] = x.dims();
         let rot = 2 * self.pairs();
         if rot < d {
             let tail = x.clone().slice([0..b, 0..s, 0..h, rot..d]);
-            let head = self.apply(x.slice([0..b, 0..s, 0..h, 0..rot]), cos, sin);
+            let head = self.apply(x.slice([0..b, 0..s, 0..h, 0..rot]), cos, sin, swap);
             return Tensor::cat(vec![head, tail], 3);
         }
-        let swapped = x.clone().reshape([b, s, h, d / 2, 2]).flip([4]).reshape([b, s, h, d]);
-        x * cos.clone() + swapped * sin.clone()
+        // The swap reads a view of its own, taken with the others before any arithmetic: Burn's
+        // fusion refuses a tensor read both by index (`select`) and directly in one kernel, and a
+        // view taken between the products splits it (as in `Attention::forward`'s stacked path).
+        let (x5, alias) = (x.clone().unsqueeze::<5>(), x.unsqueeze::<5>());
+        let (cos, sin) = (cos.clone().unsqueeze::<5>(), sin.clone().unsqueeze::<5>());
+        let swapped = alias.select(4, swap.clone());
+        (x5 * cos + swapped * sin).reshape([b, s, h, d])
     }
 }
 
@@ -414,7 +431,8 @@ mod tests {
             for dtype in [DType::F32, DType::F16] {
                 let f16 = dtype == DType::F16;
                 let (cos, sin) = rope.tables(&positions, dtype, &device);
-                let burn = rope.apply(crate::upload(&x, [b, s, heads, hd], dtype, &device), &cos, &sin);
+                let swap = rope.swap_index(&device);
+                let burn = rope.apply(crate::upload(&x, [b, s, heads, hd], dtype, &device), &cos, &sin, &swap);
                 let want = crate::host_f32(burn);
                 let mut got = x.clone();
                 if f16 {
