@@ -11,8 +11,10 @@
 #
 # Prepare here, from the checkout root (.gl/ and .dev/ are listed in .git/info/exclude):
 #   .gl/   the Vulkan/EGL loader packages (../shared/device/README.md, step 1)
-#   .dev/  xtask, qdrift.gz and golden.gz (stripped and gzipped release builds of qdrift and of
-#          the `golden` test binary, target/release/deps/golden-*), and shared/models/stories260K
+#   .dev/  xtask, qdrift.gz and golden.gz (stripped and gzipped release builds of qdrift, with
+#          `--features qdrift-cli/autotune-cache` so that the second process's warm-up shows what
+#          a kept autotune cache saves, and of the `golden` test binary,
+#          target/release/deps/golden-*), and shared/models/stories260K
 #          (a copy of ../shared/models/stories260K, 1 MB)
 # then run `bash deploy/device/gpu-check.sh` there, carrying .gl and .dev (about 32 MB).
 # It needs at most 8 minutes; each step has its own time limit so that a hang costs only that step.

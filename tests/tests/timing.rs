@@ -100,6 +100,9 @@ fn generate_timing_json_is_one_line_on_stderr_and_the_text_is_unchanged() {
         None => assert!(total <= first && v["decode_tokens_per_s"].is_null(), "{line}"),
     }
     assert!(line.contains("\"backend\":\"cpu\""), "{line}");
+    // No GPU cache on the CPU backend, whatever the build.
+    assert_eq!(v["autotune_cache_persists"], serde_json::Value::Bool(false), "{line}");
+    assert!(v["gpu_cache_dir"].is_null(), "{line}");
 }
 
 #[test]

@@ -256,9 +256,9 @@ pub fn bench_gpu(build: impl FnOnce() -> Result<(PathBuf, PathBuf), String>, mod
     );
 
     // The bench starts from an empty GPU cache folder, and reruns its first case at the end in a
-    // new process: the second warm-up run is what a repeated evaluation pays. qdrift's build leaves
-    // CubeCL's `persistence` feature off (its store, turso, costs a cold build about 20 minutes),
-    // so today nothing persists and the rerun tunes again; a build with it would read the folder.
+    // new process: the second warm-up run is what a repeated evaluation pays. `cargo xtask bench
+    // gpu` builds qdrift with the persistent autotune cache (feature `qdrift-cli/autotune-cache`);
+    // a prebuilt `QDRIFT_BIN` without it tunes again in every process (its timing line says which).
     let cache = std::env::temp_dir().join("qdrift-bench-gpu-cache");
     let _ = std::fs::remove_dir_all(&cache);
     // SAFETY: single-threaded here; the variable is read by the child processes only.
@@ -333,18 +333,80 @@ pub fn bench_gpu(build: impl FnOnce() -> Result<(PathBuf, PathBuf), String>, mod
 
 /// Reruns the bench's first case (`args`, whose first run printed `cold`) in a new process with
 /// the same GPU cache folder, and prints both warm-up runs: what each process pays for compiling
-/// and autotuning (nothing persists across processes without CubeCL's `persistence`).
+/// and autotuning.
 fn rerun_warm(qdrift: &Path, args: &[String], cold: &str, cache: &Path) -> Result<(), String> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let warm = timing_line(qdrift, &args)?;
     println!("bench gpu json: {warm}");
     let warm_up = |line: &str| json_number(line, "warm_up_s").map_or("?".to_string(), |s| format!("{s:.2} s"));
     println!(
-        "bench gpu: the first case's warm-up run (the whole request, shaders and autotuning included) took {} in the first process, {} in a second one with the same cache folder {} (autotune results persist only in a build with CubeCL's persistence, which qdrift's leaves off)",
+        "bench gpu: the first case's warm-up run (the whole request, shaders and autotuning included) took {} in the first process, {} in a second one with the same cache folder {} ({})",
         warm_up(cold),
         warm_up(&warm),
+        cache.display(),
+        persistence(&warm)
+    );
+    Ok(())
+}
+
+/// Whether the build behind a `--timing-json` line keeps autotune results, in words.
+fn persistence(line: &str) -> &'static str {
+    match line.contains("\"autotune_cache_persists\":true") {
+        true => "this build keeps autotune results there",
+        false => "this build keeps no autotune results: it was built without the feature qdrift-cli/autotune-cache",
+    }
+}
+
+/// `cargo xtask bench autotune-cache`: `qdrift` (built with the feature `qdrift-cli/autotune-cache`)
+/// generates from SmolLM2 (`smollm2`, f16, 2 prompts × 16 tokens, batch 2) on wgpu, whatever the
+/// adapter (lavapipe without a GPU), in two processes sharing one empty cache folder. Fails unless
+/// the build keeps autotune results, the folder holds CubeCL's database after the first process,
+/// the second process's warm-up run is shorter, and both print the same text.
+pub fn bench_autotune_cache(qdrift: &Path, smollm2: &Path) -> Result<(), String> {
+    let cache = std::env::temp_dir().join("qdrift-bench-autotune-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    // SAFETY: single-threaded here; the variable is read by the child processes only.
+    unsafe { std::env::set_var("QDRIFT_CACHE_DIR", &cache) };
+    let model = smollm2.to_string_lossy();
+    let mut args = vec!["generate", "--model", &model, "--dtype", "f16", "--backend", "wgpu"];
+    args.extend(["--prompt", "Once upon a time", "--prompt", "The capital of France"]);
+    args.extend(["--max-new-tokens", "16", "--timing-json"]);
+    // One process: its text (stdout), its timing line and its warm-up run.
+    let run = |which: &str| -> Result<(String, f64), String> {
+        let (text, stderr) = capture(qdrift, &args)?;
+        let line = stderr.lines().rev().find(|l| l.contains("\"timing\"")).unwrap_or_default();
+        println!("bench autotune-cache json: {line}");
+        if !line.contains("\"autotune_cache_persists\":true") {
+            return Err(format!("bench autotune-cache: {}", persistence(line)));
+        }
+        let warm_up = json_number(line, "warm_up_s").ok_or_else(|| format!("no warm_up_s in {line}"))?;
+        println!(
+            "bench autotune-cache: {which} process on {}: warm-up run {warm_up:.1} s",
+            json_string(line, "adapter").unwrap_or_default()
+        );
+        Ok((text, warm_up))
+    };
+    let (first_text, cold) = run("first")?;
+    let stored = std::fs::read_dir(&cache).map(|d| d.count()).unwrap_or(0);
+    let (second_text, warm) = run("second")?;
+    println!(
+        "bench autotune-cache: SmolLM2-135M f16, 2 prompts × 16 tokens, batch 2: warm-up run {cold:.1} s, then {warm:.1} s in a second process ({:.1}× shorter) with the {stored} files the first left in {}",
+        cold / warm,
         cache.display()
     );
+    if stored == 0 {
+        return Err(format!("bench autotune-cache: the first process stored nothing in {}", cache.display()));
+    }
+    if warm >= cold {
+        return Err(format!(
+            "bench autotune-cache: the second process's warm-up run ({warm:.1} s) is not shorter than the first's ({cold:.1} s)"
+        ));
+    }
+    if first_text != second_text {
+        return Err(format!(
+            "bench autotune-cache: the two processes printed different text:\n{first_text}\n---\n{second_text}"
+        ));
+    }
     Ok(())
 }
 

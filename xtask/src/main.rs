@@ -9,6 +9,7 @@
 //! - `bench`: timed evaluations (the slow measurements that do not belong in tests).
 //! - `fuzz`: the structure-aware fuzzer of the readers (`tests/src/fuzz`), N seconds per target.
 //! - `bench gpu` (`gpu.rs`): decoding throughput on an NVIDIA GPU against the bandwidth bound.
+//! - `bench autotune-cache` (`gpu.rs`): what the persistent autotune cache saves a second process.
 //! - `bench scale` (`scale.rs`): real sizes on the CPU against the memory invariant.
 //! - `bench speed` (`speed.rs`): CPU decoding tokens/s against llama.cpp in the same run.
 //! - `cycles` (`cycles.rs`): no import cycle between the modules of any crate (part of `lint`).
@@ -54,8 +55,12 @@ tasks:
           1.25 × its f16 weights + KV + 1 GiB; synthetic:llama-1b generating on wgpu (2 tokens)
   bench gpu  NVIDIA GPUs only (refused elsewhere): tokens/s of SmolLM2-135M and synthetic:llama-1b
           through wgpu, f16, 16 prompts and 1 prompt × 128 tokens, % of the bandwidth bound per
-          decode step (bandwidth measured by a copy kernel), peak GPU memory; QDRIFT_BIN=PATH
-          runs a prebuilt qdrift and builds nothing
+          decode step (bandwidth measured by a copy kernel), peak GPU memory, the warm-up run of
+          a first and a second process; QDRIFT_BIN=PATH runs a prebuilt qdrift and builds nothing
+  bench autotune-cache  qdrift built with CubeCL's persistent autotune cache (feature
+          qdrift-cli/autotune-cache) on wgpu (lavapipe without a GPU): SmolLM2-135M f16, 2 prompts
+          × 16 tokens, in a first and a second process sharing one empty cache folder; prints both
+          warm-up runs and fails unless the second tunes less and prints the same tokens
   validate-deploy  check every manifest under deploy/ against the Kubernetes OpenAPI schemas
           (kubernetes-validate from PyPI, in a venv under the target folder), offline once installed
   fuzz [--seconds N] [--target NAME] [--seed S] [--jobs J]  fuzz each reader (gguf, safetensors,
@@ -163,6 +168,12 @@ fn setup() -> Result<(), String> {
 /// (a single-package build resolves Burn's dependency features differently and rebuilds it).
 fn build() -> Result<(), String> {
     cargo(&["build", "--release", "--workspace", "--all-targets"])
+}
+
+/// `target/release/qdrift` built with CubeCL's persistent autotune cache (feature
+/// `qdrift-cli/autotune-cache`, off in the workspace build: its store adds turso to the build).
+fn build_with_autotune_cache() -> Result<(), String> {
+    cargo(&["build", "--release", "--bin", "qdrift", "--features", "qdrift-cli/autotune-cache"])
 }
 
 fn ci() -> Result<(), String> {
@@ -569,10 +580,15 @@ fn bench(only: Option<&str>) -> Result<(), String> {
     if only == Some("gpu") {
         let build = || {
             let smollm2 = fetch_models()?;
-            build()?;
+            build_with_autotune_cache()?;
             Ok((target_dir().join("release/qdrift"), smollm2))
         };
         return gpu::bench_gpu(build, &root().join("models"));
+    }
+    if only == Some("autotune-cache") {
+        let smollm2 = fetch_models()?;
+        build_with_autotune_cache()?;
+        return gpu::bench_autotune_cache(&target_dir().join("release/qdrift"), &smollm2);
     }
     if only == Some("scale") {
         build()?;
@@ -582,7 +598,9 @@ fn bench(only: Option<&str>) -> Result<(), String> {
         );
     }
     if let Some(o) = only.filter(|o| !matches!(*o, "stories" | "smollm2" | "runtime")) {
-        return Err(format!("bench {o}: known cases are stories, smollm2, runtime, speed, gpu and scale"));
+        return Err(format!(
+            "bench {o}: known cases are stories, smollm2, runtime, speed, gpu, autotune-cache and scale"
+        ));
     }
     let smollm2 = fetch_models()?;
     build()?;

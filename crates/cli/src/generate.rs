@@ -136,6 +136,8 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
             "new_tokens": timing.new_tokens,
             "warm_up_s": timing.warm_up_s,
             "gpu_cache_dir": qdrift_generate::gpu_cache_dir().filter(|_| device.backend == "wgpu"),
+            // Whether this build keeps autotune results in that folder (feature `autotune-cache`).
+            "autotune_cache_persists": cfg!(feature = "autotune-cache") && device.backend == "wgpu",
             "first_token_s": timing.first_token_s,
             "total_s": timing.total_s,
             "decode_step_s": timing.decode_step_s,

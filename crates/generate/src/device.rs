@@ -231,12 +231,12 @@ fn best_adapter(adapters: &[wgpu::AdapterInfo], allow_software: bool) -> Option<
 pub const CACHE_DIR_VAR: &str = "QDRIFT_CACHE_DIR";
 
 /// The folder qdrift gives CubeCL as its environment root, where CubeCL keeps autotune results
-/// and compiled kernels when built with its `persistence` feature: `$QDRIFT_CACHE_DIR` if set,
-/// else `$XDG_CACHE_HOME/qdrift/cubecl`, else `$HOME/.cache/qdrift/cubecl`; `None` when none of
-/// them is set. **qdrift's build leaves that feature off**: its store (turso) makes a cold build
-/// longer than CI's budget allows (docs/BENCHMARKS.md). Without it CubeCL writes nothing there,
-/// and every process compiles and autotunes its kernels again (within a process, each shape is
-/// tuned once).
+/// when built with its `persistence` feature (qdrift-cli's feature `autotune-cache`):
+/// `$QDRIFT_CACHE_DIR` if set, else `$XDG_CACHE_HOME/qdrift/cubecl`, else
+/// `$HOME/.cache/qdrift/cubecl`; `None` when none of them is set. The workspace build leaves that
+/// feature off (its store, turso, lengthens a cold build, and an empty cache slows the wgpu
+/// tests; docs/BENCHMARKS.md): CubeCL then writes nothing there, and every process compiles and
+/// autotunes its kernels again (within a process, each shape is tuned once).
 pub fn gpu_cache_dir() -> Option<PathBuf> {
     let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
     var(CACHE_DIR_VAR)
