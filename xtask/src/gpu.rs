@@ -1,5 +1,6 @@
 //! `cargo xtask bench gpu`: decoding throughput on an NVIDIA GPU through wgpu (Vulkan), against
-//! the bandwidth bound of a decode step, with peak GPU memory.
+//! the bandwidth bound of a decode step, with peak GPU memory; and `cargo xtask bench
+//! autotune-cache`, what a kept autotune cache saves a second process on any wgpu adapter.
 //!
 //! Order matters: the GPU is looked for first (`nvidia-smi`), so that a machine without one is
 //! refused in a second, before anything is built or fetched; then the wgpu adapter must be the
