@@ -350,9 +350,14 @@ fn rerun_warm(qdrift: &Path, args: &[String], cold: &str, cache: &Path) -> Resul
     Ok(())
 }
 
-/// Whether the build behind a `--timing-json` line keeps autotune results, in words.
+/// Whether the build behind a `--timing-json` line keeps autotune results.
+fn persists(line: &str) -> bool {
+    line.contains("\"autotune_cache_persists\":true")
+}
+
+/// [`persists`], in words.
 fn persistence(line: &str) -> &'static str {
-    match line.contains("\"autotune_cache_persists\":true") {
+    match persists(line) {
         true => "this build keeps autotune results there",
         false => "this build keeps no autotune results: it was built without the feature qdrift-cli/autotune-cache",
     }
@@ -374,16 +379,15 @@ pub fn bench_autotune_cache(qdrift: &Path, smollm2: &Path) -> Result<(), String>
     args.extend(["--max-new-tokens", "16", "--timing-json"]);
     // One process: its text (stdout), its timing line and its warm-up run.
     let run = |which: &str| -> Result<(String, f64), String> {
-        let (text, stderr) = capture(qdrift, &args)?;
-        let line = stderr.lines().rev().find(|l| l.contains("\"timing\"")).unwrap_or_default();
+        let (text, line) = timed_run(qdrift, &args)?;
         println!("bench autotune-cache json: {line}");
-        if !line.contains("\"autotune_cache_persists\":true") {
-            return Err(format!("bench autotune-cache: {}", persistence(line)));
+        if !persists(&line) {
+            return Err(format!("bench autotune-cache: {}", persistence(&line)));
         }
-        let warm_up = json_number(line, "warm_up_s").ok_or_else(|| format!("no warm_up_s in {line}"))?;
+        let warm_up = json_number(&line, "warm_up_s").ok_or_else(|| format!("no warm_up_s in {line}"))?;
         println!(
             "bench autotune-cache: {which} process on {}: warm-up run {warm_up:.1} s",
-            json_string(line, "adapter").unwrap_or_default()
+            json_string(&line, "adapter").unwrap_or_default()
         );
         Ok((text, warm_up))
     };
@@ -413,13 +417,15 @@ pub fn bench_autotune_cache(qdrift: &Path, smollm2: &Path) -> Result<(), String>
 
 /// Runs `qdrift generate … --timing-json` and returns its timing line.
 fn timing_line(qdrift: &Path, args: &[&str]) -> Result<String, String> {
-    let (_, stderr) = capture(qdrift, args)?;
-    stderr
-        .lines()
-        .rev()
-        .find(|l| l.contains("\"timing\""))
-        .map(String::from)
-        .ok_or_else(|| "qdrift generate --timing-json printed no timing line".to_string())
+    timed_run(qdrift, args).map(|(_, line)| line)
+}
+
+/// Runs `qdrift generate … --timing-json` and returns what it printed on stdout (the text) and its
+/// timing line.
+fn timed_run(qdrift: &Path, args: &[&str]) -> Result<(String, String), String> {
+    let (stdout, stderr) = capture(qdrift, args)?;
+    let line = stderr.lines().rev().find(|l| l.contains("\"timing\"")).map(String::from);
+    Ok((stdout, line.ok_or("qdrift generate --timing-json printed no timing line")?))
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ use crate::host::linear::PackedLinear;
 use crate::host::placement::{self, RoundingPath};
 use crate::host::rope::HostRope;
 use crate::norm::RmsNorm;
+use crate::rope::rotate_pairs;
 use crate::{KvCache, Positions, Projection, Projections, Rope, host_f32, upload, upload_owned};
 
 /// What every layer's attention needs to know about the new columns of a forward pass.
@@ -41,8 +42,8 @@ pub(crate) struct ForwardContext<'a> {
     /// (from [`Rope::grouped_tables`]); built for the keys such layers have.
     pub grouped_rope: Option<Vec<GroupedTables>>,
     /// The pair-swap index of each of the model's [`Rope`]s, `[2 · pairs]` (from
-    /// [`Rope::swap_index`]); built with the device tables, plain or grouped.
-    pub swaps: Option<Vec<Tensor<1, Int>>>,
+    /// [`Rope::swap_index`], built with the model).
+    pub swaps: &'a [Tensor<1, Int>],
     /// The same tables on the host (from [`Rope::host_tables`]), for the host path
     /// ([`Attention::forward`] with host linear layers and a host cache).
     pub host_rope: Option<Vec<HostRope>>,
@@ -99,11 +100,8 @@ impl ForwardContext<'_> {
     }
 
     /// The pair-swap index of rope `index` ([`Rope::swap_index`]).
-    ///
-    /// # Panics
-    /// If the pass built no device RoPE tables.
     fn swap(&self, index: usize) -> &Tensor<1, Int> {
-        &self.swaps.as_ref().expect("the swap index is built with the device RoPE tables")[index]
+        &self.swaps[index]
     }
 
     /// The grouped RoPE tables of rope `index` for `rep` query heads per key/value head.
@@ -371,13 +369,9 @@ impl Attention {
                 // One product for all three, laid out by head group ([`Projections::new`]), rotated
                 // in one pass (value heads pass through): then every split below is a view.
                 let (cos, sin) = context.grouped_tables(self.spec.rope, rep);
-                // The swap reads its own view of the product: Burn's fusion refuses a tensor read
-                // both by index (`select`) and directly in one kernel, so one shared view would
-                // cost the swap a launch of its own. Both views come first: a view taken between
-                // the products would split their kernel.
+                // Two views of the product: the swap reads its own (`rotate_pairs`).
                 let (y, alias) = (y.clone().reshape([b, t, kvh, rep + 2, hd]), y.reshape([b, t, kvh, rep + 2, hd]));
-                let swapped = alias.select(4, context.swap(self.spec.rope).clone());
-                let y = y * cos.clone() + swapped * sin.clone();
+                let y = rotate_pairs(y, alias, cos.clone(), sin.clone(), context.swap(self.spec.rope));
                 let head = |r: std::ops::Range<usize>| y.clone().slice([0..b, 0..t, 0..kvh, r, 0..hd]);
                 (head(0..rep), head(rep..rep + 2))
             }

@@ -172,12 +172,14 @@ impl Llama {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let norm = up.norm("model.norm.weight".into(), &part(source.final_norm())?, d)?;
+        let swaps = ropes.iter().map(|r| r.swap_index(device)).collect();
         Ok(Llama {
             embedding,
             layers,
             norm,
             output,
             ropes,
+            swaps,
             dtype,
             runtime: RuntimeQuant::none(),
             arch: arch.clone(),
@@ -575,6 +577,9 @@ pub struct Llama {
     /// (`AttentionSpec::rope`).
     #[module(skip)]
     pub ropes: Vec<Rope>,
+    /// Each rope's pair-swap index on the model's device ([`Rope::swap_index`]), uploaded once.
+    #[module(skip)]
+    swaps: Vec<Tensor<1, Int>>,
     /// Compute dtype: the dtype the weights were converted to (an f32 model may hold f16-valued
     /// tensors as f16, see [`Llama::from_host_with`]).
     #[module(skip)]
@@ -861,11 +866,10 @@ impl Llama {
             }
             grouped
         });
-        let swaps = tables.device_rope.then(|| self.ropes.iter().map(|r| r.swap_index(&device)).collect());
         let context = ForwardContext {
             rope,
             grouped_rope,
-            swaps,
+            swaps: &self.swaps,
             host_rope,
             mask,
             fused_mask,

@@ -712,7 +712,7 @@ mod tests {
         ForwardContext {
             rope: None,
             grouped_rope: None,
-            swaps: None,
+            swaps: &[],
             host_rope: None,
             mask: None,
             fused_mask: None,

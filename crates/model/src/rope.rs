@@ -193,14 +193,29 @@ impl Rope {
             let head = self.apply(x.slice([0..b, 0..s, 0..h, 0..rot]), cos, sin, swap);
             return Tensor::cat(vec![head, tail], 3);
         }
-        // The swap reads a view of its own, taken with the others before any arithmetic: Burn's
-        // fusion refuses a tensor read both by index (`select`) and directly in one kernel, and a
-        // view taken between the products splits it (as in `Attention::forward`'s stacked path).
         let (x5, alias) = (x.clone().unsqueeze::<5>(), x.unsqueeze::<5>());
         let (cos, sin) = (cos.clone().unsqueeze::<5>(), sin.clone().unsqueeze::<5>());
-        let swapped = alias.select(4, swap.clone());
-        (x5 * cos + swapped * sin).reshape([b, s, h, d])
+        rotate_pairs(x5, alias, cos, sin, swap).reshape([b, s, h, d])
     }
+}
+
+/// `x·cos + swap(x)·sin` over the last dimension, the pairs swapped by a `select` by `swap`
+/// ([`Rope::swap_index`]) that reads `alias`, a second view of `x`. Both views (and `cos`, `sin`)
+/// are taken by the caller before this arithmetic, so that Burn's fusion runs the swap and the
+/// products as one kernel on wgpu: it refuses a tensor read both by index and directly in one
+/// kernel, and a view op between the products ends the block.
+///
+/// # Shapes
+/// - `x`, `alias`: `[.., width]`; `cos`, `sin`: broadcastable to them; `swap`: `[width]`
+pub(crate) fn rotate_pairs(
+    x: Tensor<5>,
+    alias: Tensor<5>,
+    cos: Tensor<5>,
+    sin: Tensor<5>,
+    swap: &Tensor<1, Int>,
+) -> Tensor<5> {
+    let swapped = alias.select(4, swap.clone());
+    x * cos + swapped * sin
 }
 
 /// Llama 3.1's rescaled inverse frequencies ([`RopeScaling::Llama3`]), operation for operation as
