@@ -49,15 +49,19 @@ pub struct Refusal {
     prefix: &'static str,
 }
 
-/// `qdrift` commands other than `gate`: exit 1, `qdrift: error: …`.
-pub const USER: Refusal = Refusal { code: 1, prefix: "qdrift: error: " };
+/// Unusable input or usage, for every command: exit 2, `qdrift: error: …` (exit 1 always means a
+/// failed check).
+pub const USER: Refusal = Refusal { code: 2, prefix: "qdrift: error: " };
 
-/// `qdrift eval --gate` that cannot run its gate (unusable thresholds, any error): exit 2,
-/// `qdrift: error: …`, so that exit 1 always means a failed check.
-pub const GATED_EVAL: Refusal = Refusal { code: 2, prefix: "qdrift: error: " };
+/// `qdrift eval --gate` that cannot run its gate (unusable thresholds, unusable input): exit 2,
+/// as any command on unusable input.
+pub const GATED_EVAL: Refusal = USER;
 
-/// `qdrift gate` on unusable input: exit 2, `qdrift gate: …`.
-pub const GATE: Refusal = Refusal { code: 2, prefix: "qdrift gate: " };
+/// `qdrift gate` on unusable input: exit 2, as any command.
+pub const GATE: Refusal = USER;
+
+/// The machine, not the input: no space, an I/O error, not enough memory: exit 4.
+pub const ENVIRONMENT: Refusal = Refusal { code: 4, prefix: "qdrift: error: " };
 
 /// The `qdrift` binary built beside this test (`target/<profile>/qdrift`).
 pub fn qdrift_exe() -> PathBuf {

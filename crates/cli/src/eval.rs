@@ -21,6 +21,8 @@ use qdrift_report::{
 };
 
 use crate::args::{SchemeList, SchemeListParser};
+use crate::exit::Failure;
+use crate::progress::{PhaseClock, PlainProgress, lock};
 
 /// Arguments of `qdrift eval`.
 #[derive(Args)]
@@ -125,15 +127,26 @@ pub struct EvalArgs {
     /// context (such runs take very long).
     #[arg(long)]
     allow_long: bool,
+    /// Compare a --variant checkpoint that is not a quantization of the reference (another
+    /// architecture or block structure, with the same tokenizer). Without it such a variant is
+    /// refused before any work, naming the first difference (exit 2); with it the report names
+    /// the difference at the top, since its numbers measure another model.
+    #[arg(long)]
+    allow_different_model: bool,
     /// Run `qdrift gate` with these thresholds on the new report; the exit code is the gate's (0
     /// every check passes, 1 one fails, 3 none fails but one is inconclusive: its 95% interval
-    /// straddles the threshold), and 2 when the run cannot be gated: unusable thresholds
-    /// or any other error, so that a CI job tells a regression from a broken configuration.
+    /// straddles the threshold); a run that cannot be gated exits 2 (unusable thresholds or
+    /// input) or 4 (the machine: device, memory, disk), so that a CI job tells a regression from
+    /// a broken configuration.
     #[arg(long)]
     gate: Option<PathBuf>,
     /// With --gate: also write the checks as JUnit XML.
     #[arg(long, requires = "gate")]
     junit: Option<PathBuf>,
+    /// With --gate: also write the verdict as Markdown (per variant: its gate verdict, the checks
+    /// that did not pass, and one line of plain words), e.g. `--summary-md "$GITHUB_STEP_SUMMARY"`.
+    #[arg(long, requires = "gate")]
+    summary_md: Option<PathBuf>,
     /// Print on stderr, at the end, the wall time of each phase of the run (load and plan,
     /// prefill, decode, teacher forcing with its reductions, quantizing and building variants,
     /// summary and reports), from the progress events.
@@ -149,10 +162,13 @@ fn eval_set_help() -> String {
     )
 }
 
-/// Whether the run is gated (`--gate`): its errors then exit 2, as `qdrift gate`'s on unusable
-/// input, and 1 is kept for a failed check.
-pub fn gated(args: &EvalArgs) -> bool {
-    args.gate.is_some()
+/// An error's message with the staging folder's paths as the user named them (`--out`), keeping
+/// the error's exit code.
+fn in_user_paths<E: Into<Box<dyn Error>>>(output: &OutputDir) -> impl Fn(E) -> Failure + '_ {
+    move |e| {
+        let e: Box<dyn Error> = e.into();
+        Failure::from_error(&*e, output.user_paths(&e.to_string()))
+    }
 }
 
 /// `--prompts`: a count, or `auto`.
@@ -192,6 +208,7 @@ fn auto_rounds(
     let thresholds = cfg.gate.as_ref().map(|(_, t)| t.clone()).ok_or("--prompts auto needs --gate")?;
     let step = cfg.batch_size.unwrap_or(AUTO_FIRST_ROUND).clamp(1, max);
     let mut prompts = step;
+    cfg.prompts_up_to_set = true;
     loop {
         cfg.prompts = Some(prompts);
         eprintln!("qdrift: --prompts auto: a round of {prompts} prompts (at most {max})");
@@ -200,6 +217,11 @@ fn auto_rounds(
             return Err("--prompts auto makes a report, not a part".into());
         };
         if prompts >= max {
+            return Ok(evaluated);
+        }
+        // The set ran out before the cap: this round used all of it.
+        if report.workload.prompts < prompts {
+            eprintln!("qdrift: --prompts auto: the eval set has {} prompts, all of them used", report.workload.prompts);
             return Ok(evaluated);
         }
         let written: Report = serde_json::from_str(&report.to_json()?)?;
@@ -274,7 +296,16 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     if let Some(j) = &args.junit {
         paths = paths.output_file("--junit", j);
     }
+    if let Some(m) = &args.summary_md {
+        paths = paths.output_file("--summary-md", m);
+    }
     paths.check()?;
+    // What runs, first (the process keeps this device for the run).
+    let device = qdrift_generate::select_device(args.backend)?;
+    eprintln!("qdrift: {}", device.announce());
+    if let Some(warning) = device.software_warning() {
+        eprintln!("qdrift: warning: {warning}");
+    }
     let output = OutputDir::prepare(&args.out)?;
     if let Some(pid) = output.recovered() {
         eprintln!(
@@ -285,16 +316,19 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     // A dump inside --out is staged with the reports and moved in with them.
     cfg.dump_logprobs = args.dump_logprobs.as_deref().map(|d| output.staged(d).unwrap_or_else(|| d.to_path_buf()));
     let clock = std::sync::Mutex::new(PhaseClock::new());
-    let evaluated = match auto {
+    let (evaluated, unsaved) = split_unsaved(match auto {
         Some(max) => auto_rounds(&mut cfg, max, &clock),
         None => evaluate_with_progress(&cfg, &clock).map_err(Into::into),
-    }
-    .map_err(|e| output.user_paths(&e.to_string()))?;
+    });
+    let evaluated = evaluated.map_err(in_user_paths(&output))?;
+    // A store that could not be written costs nothing else: the reports are written, then the
+    // error is.
+    let unsaved = unsaved.map(|e| in_user_paths(&output)(e));
     let report = match evaluated {
         Evaluated::Report(report) => report,
         Evaluated::Part(part) => {
             lock(&clock).enter("write the part");
-            part.write(output.staging()).map_err(|e| output.user_paths(&e.to_string()))?;
+            part.write(output.staging()).map_err(in_user_paths(&output))?;
             output.commit()?;
             println!("part {}: {} (merge all parts with `qdrift merge`)", part.shard(), args.out.display());
             if args.phase_times {
@@ -305,7 +339,7 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     };
     lock(&clock).enter("summary and reports");
     let path = output.staging().join("report.json");
-    report.write(&path).map_err(|e| output.user_paths(&e.to_string()))?;
+    report.write(&path).map_err(in_user_paths(&output))?;
     // Gated, the gate checks the report as written (the numbers `qdrift gate` on it sees), once:
     // the Markdown and HTML open with its verdict, and it prints its lines and sets the exit code.
     let gated = cfg.gate.as_ref().map(|(_, thresholds)| {
@@ -315,12 +349,13 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
         })
     });
     let outcome = gated.as_ref().and_then(|g| g.as_ref().ok()).map(|(_, o)| o);
-    write_renderings(&report, outcome, &output).map_err(|e| output.user_paths(&e.to_string()))?;
+    write_renderings(&report, outcome, &output).map_err(in_user_paths(&output))?;
     print!("{}", render_summary(&report));
     // A JUnit file inside --out is staged with the reports.
     let code = gated.as_ref().map(|g| {
         let junit = args.junit.as_deref().map(|j| output.staged(j).unwrap_or_else(|| j.to_path_buf()));
-        let run = finish_gate(g.as_ref().map(|(r, o)| (r, o)), junit.as_deref(), None);
+        let summary = args.summary_md.as_deref().map(|m| output.staged(m).unwrap_or_else(|| m.to_path_buf()));
+        let run = finish_gate(g.as_ref().map(|(r, o)| (r, o)), junit.as_deref(), summary.as_deref());
         print!("{}", run.stdout);
         eprint!("{}", run.stderr);
         ExitCode::from(run.exit_code)
@@ -330,124 +365,26 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     if args.phase_times {
         eprint!("{}", lock(&clock).finish());
     }
-    Ok(code)
-}
-
-/// Progress as plain lines for a log: when a model starts generating, at each quarter of its
-/// tokens and at least every [`PLAIN_PROGRESS_EVERY`] while it generates (tokens done, the seconds
-/// since it started and the time left at that rate), when it starts scoring and when it is done;
-/// warnings as they come.
-#[derive(Default)]
-struct PlainProgress {
-    model: String,
-    tokens: u64,
-    done: u64,
-    quarter: u64,
-    start: Option<std::time::Instant>,
-    last: Option<std::time::Instant>,
-}
-
-/// The longest a CI log waits for a progress line while a model generates.
-const PLAIN_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
-
-impl PlainProgress {
-    /// The line to print for `p`, if any.
-    fn line(&mut self, p: &Progress<'_>) -> Option<String> {
-        match *p {
-            Progress::Generating { model, tokens } => {
-                (self.model, self.tokens, self.done, self.quarter) = (model.to_string(), tokens, 0, 0);
-                let now = std::time::Instant::now();
-                (self.start, self.last) = (Some(now), Some(now));
-                Some(format!("qdrift: {model}: generating {tokens} tokens"))
-            }
-            Progress::Generated { tokens } => {
-                self.done += tokens;
-                let quarter = (self.done * 4).checked_div(self.tokens).unwrap_or(0).min(4);
-                let now = std::time::Instant::now();
-                let due = self.last.is_none_or(|last| now - last >= PLAIN_PROGRESS_EVERY);
-                (quarter > self.quarter || (due && self.done < self.tokens)).then(|| {
-                    self.quarter = quarter;
-                    self.last = Some(now);
-                    let secs = self.start.map_or(0.0, |s| (now - s).as_secs_f64());
-                    let percent = (self.done * 100).checked_div(self.tokens).unwrap_or(100).min(100);
-                    let left = self.tokens.saturating_sub(self.done);
-                    let eta = if left == 0 || self.done == 0 {
-                        String::new()
-                    } else {
-                        format!(", about {:.0} s left", secs * left as f64 / self.done as f64)
-                    };
-                    format!(
-                        "qdrift: {}: {percent}% ({}/{} tokens, {secs:.0} s{eta})",
-                        self.model, self.done, self.tokens
-                    )
-                })
-            }
-            Progress::Scoring { model } => Some(format!("qdrift: {model}: scoring")),
-            Progress::Warning { message } => Some(format!("qdrift: warning: {message}")),
-            Progress::Done { model } => Some(format!("qdrift: {model}: done")),
-        }
+    match unsaved {
+        Some(e) => Err(e.into()),
+        None => Ok(code),
     }
 }
 
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Wall time per phase of a run (`--phase-times`), from the progress events: a phase lasts until
-/// the next one starts. A model's generation is its prefill until the first step comes back
-/// (with batches side by side, until the first batch's), then decode; scoring (teacher forcing
-/// and the reductions of its logits) lasts until the model is done; what follows until the next
-/// model generates is quantizing and building it.
-struct PhaseClock {
-    start: std::time::Instant,
-    current: (&'static str, std::time::Instant),
-    totals: Vec<(&'static str, f64)>,
-    in_prefill: bool,
-}
-
-impl PhaseClock {
-    fn new() -> Self {
-        let now = std::time::Instant::now();
-        Self { start: now, current: ("load and plan", now), totals: Vec::new(), in_prefill: false }
-    }
-
-    /// Closes the current phase and starts `phase`.
-    fn enter(&mut self, phase: &'static str) {
-        let now = std::time::Instant::now();
-        let (name, since) = std::mem::replace(&mut self.current, (phase, now));
-        let secs = now.duration_since(since).as_secs_f64();
-        match self.totals.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, t)) => *t += secs,
-            None => self.totals.push((name, secs)),
-        }
-    }
-
-    fn observe(&mut self, p: &Progress<'_>) {
-        match p {
-            Progress::Generating { .. } => {
-                self.enter("prefill");
-                self.in_prefill = true;
+/// An evaluation's outcome with a store that could not be written taken apart: the report it
+/// carries, and the store's error.
+fn split_unsaved(
+    result: Result<Evaluated, Box<dyn Error>>,
+) -> (Result<Evaluated, Box<dyn Error>>, Option<qdrift_eval::EvalError>) {
+    match result.map_err(|e| e.downcast::<qdrift_eval::EvalError>()) {
+        Ok(evaluated) => (Ok(evaluated), None),
+        Err(Ok(e)) => match *e {
+            qdrift_eval::EvalError::ReferenceNotSaved { report, source } => {
+                (Ok(Evaluated::Report(report)), Some(*source))
             }
-            Progress::Generated { .. } if self.in_prefill => {
-                self.enter("decode");
-                self.in_prefill = false;
-            }
-            Progress::Scoring { .. } => self.enter("teacher forcing and reductions"),
-            Progress::Done { .. } => self.enter("quantize and build the next variant"),
-            _ => {}
-        }
-    }
-
-    /// The table of phases, in first-seen order, with their share of the whole.
-    fn finish(&mut self) -> String {
-        self.enter("");
-        let total = self.start.elapsed().as_secs_f64();
-        let mut out = String::from("phase times:\n");
-        for (name, secs) in self.totals.iter().filter(|(n, _)| !n.is_empty()) {
-            out.push_str(&format!("  {name:<36} {secs:>8.1} s  {:>5.1}%\n", 100.0 * secs / total.max(1e-9)));
-        }
-        out.push_str(&format!("  {:<36} {total:>8.1} s\n", "total"));
-        out
+            other => (Err(other.into()), None),
+        },
+        Err(Err(other)) => (Err(other), None),
     }
 }
 
@@ -466,14 +403,15 @@ fn write_renderings(report: &Report, gate: Option<&GateOutcome>, output: &Output
 }
 
 /// `--variant [NAME=]PATH`: a path that exists is a path, whatever it holds; otherwise the text
-/// before the first `=` names the variant when it is a name (not empty, no `/`, no control
-/// characters) and the rest is the path.
+/// before the first `=` names the variant when it is a name (not empty, no `/`) and the rest is
+/// the path.
 fn parse_variant(s: &str) -> Result<(Option<String>, PathBuf), String> {
     if std::path::Path::new(s).exists() {
         return Ok((None, PathBuf::from(s)));
     }
     match s.split_once('=') {
-        Some((name, path)) if !name.is_empty() && !name.contains('/') && !name.chars().any(char::is_control) => {
+        // A name the report cannot show (control characters, `..`) is refused by the evaluation's check.
+        Some((name, path)) if !name.is_empty() && !name.contains('/') => {
             if path.is_empty() {
                 return Err(format!("{name}=: no path after the name"));
             }
@@ -503,7 +441,7 @@ pub fn run_merge(args: MergeArgs) -> Result<(), Box<dyn Error>> {
     let output = OutputDir::prepare(&args.out)?;
     let parts = args.parts.iter().map(|p| Part::read(p)).collect::<Result<Vec<_>, _>>()?;
     let report = merge(parts)?;
-    write_reports(&report, &output).map_err(|e| output.user_paths(&e.to_string()))?;
+    write_reports(&report, &output).map_err(in_user_paths(&output))?;
     print!("{}", render_summary(&report));
     output.commit()?;
     println!("reports: {} (.md, .html)", args.out.join("report.json").display());
@@ -547,6 +485,7 @@ fn config(args: &EvalArgs, gate: Option<(PathBuf, Thresholds)>) -> Result<EvalCo
     cfg.reference_store = args.reference.clone();
     cfg.shard = args.shard;
     cfg.allow_long = args.allow_long;
+    cfg.allow_different_model = args.allow_different_model;
     cfg.gate = gate;
     Ok(cfg)
 }
@@ -557,7 +496,8 @@ fn evaluate_with_progress(
     cfg: &EvalConfig,
     clock: &std::sync::Mutex<PhaseClock>,
 ) -> Result<Evaluated, qdrift_eval::EvalError> {
-    let mut plain = (!std::io::stderr().is_terminal()).then(PlainProgress::default);
+    let models = 2 + cfg.variants.len();
+    let mut plain = (!std::io::stderr().is_terminal()).then(|| PlainProgress::new(models));
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{prefix:>18} [{bar:30}] {pos}/{len} tokens  {msg} ETA {eta}")

@@ -90,13 +90,17 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
             return Err(format!("prompt {} is empty: give at least one character", i + 1).into());
         }
     }
+    // What runs, first.
+    let device = select_device(args.backend)?;
+    eprintln!("qdrift: {}", device.announce());
+    if let Some(warning) = device.software_warning() {
+        eprintln!("qdrift: warning: {warning}");
+    }
     // The weights are handed out part by part as the model is built: no whole f32 copy.
     let loaded = qdrift_load::open_source(&args.model, args.tokenizer.as_deref(), &|_| {})?;
     let arch = loaded.model.arch();
     let prompts = encode_prompts(&args.prompt, &*loaded.tokenizer, arch.max_seq_len, args.allow_long)?;
     check_length(&prompts, args.max_new_tokens, arch.max_seq_len, args.allow_long, "--max-new-tokens")?;
-    let device = select_device(args.backend)?;
-    eprintln!("qdrift: backend {} on {} ({})", device.backend, device.adapter, device.reason);
     device.check_dtype(args.dtype)?;
     if let Some(overflow) = context_overflow(&prompts, args.max_new_tokens, arch.max_seq_len) {
         eprintln!("qdrift: warning: {overflow}");

@@ -7,9 +7,11 @@ mod args;
 mod bandwidth;
 mod compare;
 mod eval;
+mod exit;
 mod gate;
 mod generate;
 mod inspect;
+mod progress;
 mod quantize;
 mod thresholds;
 
@@ -68,7 +70,7 @@ const QUANTIZE_EXAMPLES: &str = "Examples:
 /// reference over 10, 100 and 1000 generated tokens, with confidence intervals, as JSON, Markdown
 /// and HTML reports and a CI gate.
 #[derive(Parser)]
-#[command(name = "qdrift", version, about, long_about = None, after_help = EXAMPLES)]
+#[command(name = "qdrift", version, about, long_about = None, after_help = format!("{EXAMPLES}\n\n{}", exit::RULE))]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -112,7 +114,14 @@ enum Command {
     /// The device's copy bandwidth as one JSON line (for `cargo xtask bench gpu`).
     #[command(hide = true)]
     Bandwidth(bandwidth::BandwidthArgs),
+    /// Renders a chat-template request from stdin to stdout: the child process, its memory
+    /// capped, in which `eval` renders a model's chat template (`qdrift_eval::ChatSandbox`).
+    #[command(hide = true, name = RENDER_CHAT_TEMPLATE)]
+    RenderChatTemplate,
 }
+
+/// The hidden subcommand of [`Command::RenderChatTemplate`].
+const RENDER_CHAT_TEMPLATE: &str = "render-chat-template";
 
 /// qdrift never shows a window, but looking for a GPU loads the Vulkan and EGL drivers, and
 /// their Wayland code (libwayland's `wl_display_connect`) prints `error: XDG_RUNTIME_DIR is
@@ -130,35 +139,37 @@ fn quiet_display_probe() {
 }
 
 fn main() -> ExitCode {
+    exit::quiet_sigpipe();
     quiet_display_probe();
     let cli = Cli::parse();
-    let mut error_code = ExitCode::FAILURE;
+    // A model's chat template renders in a child process whose memory is capped.
+    if let Ok(program) = std::env::current_exe() {
+        qdrift_eval::set_chat_sandbox(qdrift_eval::ChatSandbox { program, args: vec![RENDER_CHAT_TEMPLATE.into()] });
+    }
     let result = match cli.command {
         Command::Gate(args) => return gate::run(&args),
         Command::Compare(args) => return compare::run(&args),
         Command::Inspect(args) => inspect::run(args),
-        Command::Eval(args) => {
-            // A gated run that cannot be gated exits 2, as `qdrift gate` on unusable input.
-            if eval::gated(&args) {
-                error_code = ExitCode::from(2);
-            }
-            match eval::run(*args) {
-                Ok(Some(code)) => return code,
-                Ok(None) => Ok(()),
-                Err(e) => Err(e),
-            }
-        }
+        Command::Eval(args) => match eval::run(*args) {
+            Ok(Some(code)) => return code,
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        },
         Command::Merge(args) => eval::run_merge(args),
         Command::Generate(args) => generate::run(args),
         Command::Quantize(args) => quantize::run(args),
         Command::Thresholds(args) => thresholds::run(args),
         Command::Bandwidth(args) => bandwidth::run(&args),
+        Command::RenderChatTemplate => {
+            qdrift_eval::serve_chat_request(std::io::stdin().lock(), std::io::stdout().lock()).map_err(Into::into)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("qdrift: error: {e}");
-            error_code
+            // One bounded line, whatever a hostile input put in the message.
+            eprintln!("qdrift: error: {}", qdrift_io::message_line(&e.to_string()));
+            ExitCode::from(exit::code_of(&*e))
         }
     }
 }

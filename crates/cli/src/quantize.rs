@@ -74,6 +74,9 @@ impl SchemeArgs {
     /// the model); `None` without it.
     pub fn apply(&self, mut model: HostModel) -> Result<Option<QuantizedModel>, Box<dyn Error>> {
         let Some(recipe) = &self.scheme else { return Ok(None) };
+        if self.quantize_router && model.arch.moe.is_none() {
+            return Err("--quantize-router: the model has no experts, so no router to quantize".into());
+        }
         round_to_fp16_reference(&mut model);
         Ok(Some(quantize_model_owned(model, &recipe.weights, &self.options())?))
     }

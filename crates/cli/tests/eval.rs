@@ -136,7 +136,9 @@ fn bad_variants_are_refused_with_the_grammar() {
     ]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
-    assert!(stderr.contains("q8_0") && stderr.contains("16 values") && stderr.lines().count() == 1, "{stderr}");
+    // The line that says what runs, then the one error line.
+    assert!(stderr.contains("q8_0") && stderr.contains("16 values") && stderr.lines().count() == 2, "{stderr}");
+    assert!(stderr.lines().nth(1).is_some_and(|l| l.starts_with("qdrift: error: ")), "{stderr}");
     assert!(!out.path().join("report.json").exists());
     let o = qdrift(&[
         "quantize",
@@ -504,7 +506,7 @@ fn gate_exit_codes_through_the_binary() {
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stdout));
     let md = std::fs::read_to_string(&summary).expect("summary");
     assert!(md.contains("**Gate: PASS**") && md.contains("| fp16 | PASS | — |"), "{md}");
-    // A bad margin is one line and exit 1; nothing is written.
+    // A bad margin is one line and exit 2 (unusable input); nothing is written.
     let o = qdrift(&[
         "thresholds",
         "suggest",
@@ -513,7 +515,7 @@ fn gate_exit_codes_through_the_binary() {
         "--out",
         dir.join("bad.toml").to_str().expect("utf-8"),
     ]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     assert_eq!(String::from_utf8_lossy(&o.stderr).lines().count(), 1, "{}", String::from_utf8_lossy(&o.stderr));
     assert!(!dir.join("bad.toml").exists());
 }
@@ -672,7 +674,8 @@ fn store_settings_are_taken_unless_given(tmp: &Path, store: &Path, whole: &[u8])
         tmp.join("mismatch").to_str().expect("utf-8"),
     ]);
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && stderr.lines().count() == 1, "{stderr}");
+    // The line that says what runs, then the one error line.
+    assert!(!o.status.success() && stderr.lines().count() == 2, "{stderr}");
     assert!(
         stderr.contains("horizons [5,20] (this run: [5,30])") && stderr.contains("batch_size 2 (this run: 3)"),
         "{stderr}"

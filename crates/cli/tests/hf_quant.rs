@@ -194,6 +194,10 @@ fn a_quantized_folder_of_another_shape_is_refused_before_running() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     // One error line; progress lines (stderr is a pipe here) may come before it.
     assert_eq!(stderr.lines().filter(|l| l.starts_with("qdrift: error: ")).count(), 1, "{stderr}");
-    assert!(stderr.contains("gptq_v2_8bit_asym") && stderr.contains("differ from the reference"), "{stderr}");
+    assert!(
+        stderr.contains("gptq_v2_8bit_asym") && stderr.contains("is not a quantization of the reference"),
+        "{stderr}"
+    );
+    assert_eq!(o.status.code(), Some(2), "unusable input: {stderr}");
     assert!(!out.exists());
 }

@@ -310,10 +310,10 @@ fn quantize_reads_every_format_generate_reads() {
     assert_eq!(greedy(&synthetic, &[]), greedy(Path::new("synthetic:tiny"), &["--scheme", "q4_0"]));
 }
 
-/// Exactly one line on stderr, exit code 1, no output file.
+/// Exactly one line on stderr, exit code 2 (unusable input), no output file.
 fn refused(args: &[&str], out: &Path) -> String {
     let run = qdrift(args);
-    assert_eq!(run.status.code(), Some(1), "{args:?}");
+    assert_eq!(run.status.code(), Some(2), "{args:?}");
     let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
     assert!(run.stdout.is_empty());

@@ -26,10 +26,12 @@ pub enum QuantizeError {
     },
 
     /// A scheme name that [`crate::Scheme`]'s [`FromStr`](std::str::FromStr) does not know.
-    #[error("unknown scheme \"{name}\"; known: {known}")]
+    #[error("unknown scheme \"{}\"{hint}; known: {known}", qdrift_io::elide(name))]
     UnknownScheme {
         /// The name as given.
         name: String,
+        /// What was probably meant, after the name (` (did you mean int4-g128?)`), or empty.
+        hint: String,
         /// Comma-separated list of the known names.
         known: String,
     },

@@ -186,9 +186,42 @@ impl FromStr for Scheme {
 
     /// Parses a CLI name (exactly as [`Scheme::all`] prints them).
     fn from_str(name: &str) -> Result<Self, Self::Err> {
-        Scheme::all()
-            .into_iter()
-            .find(|scheme| scheme.to_string() == name)
-            .ok_or_else(|| QuantizeError::UnknownScheme { name: name.to_owned(), known: Scheme::known_names() })
+        Scheme::all().into_iter().find(|scheme| scheme.to_string() == name).ok_or_else(|| {
+            QuantizeError::UnknownScheme {
+                name: name.to_owned(),
+                hint: scheme_hint(name),
+                known: Scheme::known_names(),
+            }
+        })
     }
+}
+
+/// What an unknown scheme name probably meant, after it in the error (` (did you mean
+/// int4-g128?)`), or empty: llama.cpp's file types (`q4_k_m`) are explained, since they are
+/// mixes of block formats and no single scheme; a name that differs from a known one by case,
+/// `_` for `-`, or at most two edits gets that one.
+fn scheme_hint(name: &str) -> String {
+    let lower = name.to_ascii_lowercase();
+    let known: Vec<String> = Scheme::all().iter().map(Scheme::to_string).collect();
+    // llama.cpp's `LLAMA_FTYPE_MOSTLY_Qn_K_{S,M,L}`: a mix that keeps some tensors wider.
+    if let Some(base) = lower.strip_suffix("_s").or(lower.strip_suffix("_m")).or(lower.strip_suffix("_l"))
+        && base.len() == 4
+        && base.starts_with('q')
+        && base.ends_with("_k")
+    {
+        let upper = name.to_ascii_uppercase();
+        let scheme = if known.iter().any(|k| k == base) {
+            format!("the scheme {base} rounds every linear layer with {base}")
+        } else {
+            format!("qdrift has no {base} scheme")
+        };
+        return format!(
+            " (llama.cpp's {upper} is a file type that mixes {base} with wider formats for some tensors, not one \
+             scheme: {scheme}; to evaluate a {upper} file, pass it with --variant FILE)"
+        );
+    }
+    let normalized = lower.replace('_', "-");
+    let closest =
+        known.iter().map(|k| (strsim::levenshtein(&normalized, k), k)).filter(|(d, _)| *d <= 2).min_by_key(|(d, _)| *d);
+    closest.map_or_else(String::new, |(_, k)| format!(" (did you mean {k}?)"))
 }

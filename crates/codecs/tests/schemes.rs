@@ -49,9 +49,27 @@ fn names_round_trip_in_cli_order() {
 #[test]
 fn unknown_name_lists_the_known_ones() {
     let err = "int3".parse::<Scheme>().unwrap_err();
-    assert_eq!(err.to_string(), format!("unknown scheme \"int3\"; known: {}", CLI_NAMES.join(", ")));
+    assert_eq!(
+        err.to_string(),
+        format!("unknown scheme \"int3\" (did you mean int8?); known: {}", CLI_NAMES.join(", "))
+    );
+    let err = "bogus".parse::<Scheme>().unwrap_err();
+    assert_eq!(err.to_string(), format!("unknown scheme \"bogus\"; known: {}", CLI_NAMES.join(", ")));
     assert!("".parse::<Scheme>().is_err());
     assert!("Q4_K".parse::<Scheme>().is_err()); // names are exact
+}
+
+/// A mistyped name gets the one it probably meant; llama.cpp's file types are explained.
+#[test]
+fn unknown_names_get_a_hint() {
+    let hint = |name: &str| name.parse::<Scheme>().unwrap_err().to_string();
+    assert!(hint("int4_g128").contains("(did you mean int4-g128?)"), "{}", hint("int4_g128"));
+    assert!(hint("INT8").contains("(did you mean int8?)"));
+    let q4km = hint("q4_k_m");
+    assert!(q4km.contains("llama.cpp's Q4_K_M is a file type"), "{q4km}");
+    assert!(q4km.contains("the scheme q4_k rounds every linear layer"), "{q4km}");
+    assert!(q4km.contains("--variant"), "{q4km}");
+    assert!(hint("q3_k_s").contains("qdrift has no q3_k scheme"), "{}", hint("q3_k_s"));
 }
 
 #[test]

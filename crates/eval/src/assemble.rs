@@ -104,6 +104,7 @@ fn described(header: VariantHeader) -> Variant {
         per_tensor_error: header.per_tensor_error,
         routing: None,
         failure: header.failure,
+        different_model: header.different_model,
     }
 }
 

@@ -7,10 +7,17 @@
 //! A template comes from a downloaded file, so it is untrusted input: it renders with a budget of
 //! [`CHAT_TEMPLATE_FUEL`] instructions (minijinja's fuel: nested loops cannot run on) and a cap
 //! of [`CHAT_TEMPLATE_MAX_BYTES`] on what it renders; past either it is refused, naming the file
-//! and the limit.
+//! and the limit. Neither bounds the memory a template takes without writing: a string doubled in
+//! a `{% set %}` a dozen times, or `'%3000000000s'|format`, asks for gigabytes in a few
+//! instructions, and an allocation that fails aborts the process. So a program that sets a
+//! [`ChatSandbox`] (the `qdrift` binary does) renders an evaluation's templates in a child
+//! process whose address space is capped ([`CHAT_TEMPLATE_MEMORY`], `RLIMIT_AS`): a template
+//! that needs more is refused in one line and the evaluation ends cleanly. Without one (a library
+//! user), templates render in the calling process.
 
-use std::io;
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use minijinja::{Environment, ErrorKind, context};
 use qdrift_load::{LoadedModel, ModelFormat};
@@ -29,23 +36,135 @@ pub const CHAT_TEMPLATE_FUEL: u64 = 50_000;
 /// its turn headers is a few kilobytes.
 pub const CHAT_TEMPLATE_MAX_BYTES: usize = 1 << 20;
 
-/// Renders one user message followed by the generation prompt (the assistant turn's header);
-/// past a limit (see the module doc) the error names no file (an evaluation renders through
-/// `render_chat_template`, which names it).
-pub fn apply_chat_template(template: &str, user: &str, bos: &str, eos: &str) -> Result<String, EvalError> {
-    render_measured(None, template, user, bos, eos).map(|(text, _)| text)
+/// The address space of the child process a [`ChatSandbox`] renders in: the program's own mapped
+/// code and a few templates' working memory fit many times over (real templates render a prompt
+/// in kilobytes), a memory bomb does not.
+pub const CHAT_TEMPLATE_MEMORY: u64 = 1 << 30;
+
+/// How to start the child process that renders chat templates ([`set_chat_sandbox`]): a program
+/// and arguments that run [`serve_chat_request`] on their standard input and output.
+#[derive(Clone, Debug)]
+pub struct ChatSandbox {
+    /// The program (the `qdrift` binary itself).
+    pub program: PathBuf,
+    /// Its arguments (a hidden subcommand).
+    pub args: Vec<String>,
 }
 
-/// [`apply_chat_template`] for the template of `loaded`: a refusal names the file it came from
-/// ([`template_file`]).
-pub fn render_chat_template<W>(
-    loaded: &LoadedModel<W>,
+static SANDBOX: OnceLock<ChatSandbox> = OnceLock::new();
+
+/// Renders every chat template of this process's evaluations in a child process started as
+/// `sandbox` says, its address space capped at [`CHAT_TEMPLATE_MEMORY`]; the first call wins.
+pub fn set_chat_sandbox(sandbox: ChatSandbox) {
+    let _ = SANDBOX.set(sandbox);
+}
+
+/// What a child renders: one template, each user message alone, with the generation prompt.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct ChatRequest {
+    template: String,
+    users: Vec<String>,
+    bos: String,
+    eos: String,
+}
+
+/// What a child answers: every rendering, or why the first that failed did.
+#[derive(serde::Serialize, serde::Deserialize)]
+enum ChatReply {
+    Rendered(Vec<String>),
+    /// A limit ([`EvalError::ChatTemplateLimit`]'s words).
+    Limit(String),
+    /// Any other error's message.
+    Failed(String),
+}
+
+/// The child's side of a [`ChatSandbox`]: reads a [`ChatRequest`] (JSON) from `input`, renders it
+/// and writes the reply (JSON) to `output`.
+///
+/// # Errors
+/// Reading or writing failed, or the request is not one.
+pub fn serve_chat_request(mut input: impl Read, mut output: impl Write) -> io::Result<()> {
+    let mut bytes = Vec::new();
+    input.read_to_end(&mut bytes)?;
+    let request: ChatRequest = serde_json::from_slice(&bytes).map_err(io::Error::other)?;
+    let rendered: Result<Vec<String>, EvalError> = request
+        .users
+        .iter()
+        .map(|u| render_measured(None, &request.template, u, &request.bos, &request.eos).map(|(t, _)| t))
+        .collect();
+    let reply = match rendered {
+        Ok(texts) => ChatReply::Rendered(texts),
+        Err(EvalError::ChatTemplateLimit { limit, .. }) => ChatReply::Limit(limit),
+        Err(e) => ChatReply::Failed(e.to_string()),
+    };
+    serde_json::to_writer(&mut output, &reply).map_err(io::Error::other)?;
+    output.flush()
+}
+
+/// Each of `users` as the one user message of a chat rendered with `template`, in the
+/// [`ChatSandbox`] when there is one; a refusal names `file`.
+pub(crate) fn render_all(
+    file: Option<&Path>,
     template: &str,
-    user: &str,
-    bos: &str,
-    eos: &str,
-) -> Result<String, EvalError> {
-    render_measured(Some(&template_file(loaded)), template, user, bos, eos).map(|(text, _)| text)
+    users: &[&str],
+    (bos, eos): (&str, &str),
+) -> Result<Vec<String>, EvalError> {
+    let Some(sandbox) = SANDBOX.get() else {
+        return users.iter().map(|u| render_measured(file, template, u, bos, eos).map(|(t, _)| t)).collect();
+    };
+    let request = ChatRequest {
+        template: template.to_string(),
+        users: users.iter().map(|u| (*u).to_string()).collect(),
+        bos: bos.to_string(),
+        eos: eos.to_string(),
+    };
+    let limit = |limit: String| EvalError::ChatTemplateLimit { file: file.map(Path::to_path_buf), limit };
+    let output = run_capped(sandbox, &request)?;
+    match serde_json::from_slice::<ChatReply>(&output.stdout) {
+        Ok(ChatReply::Rendered(texts)) if texts.len() == users.len() => Ok(texts),
+        Ok(ChatReply::Limit(words)) => Err(limit(words)),
+        Ok(ChatReply::Failed(message)) => {
+            Err(EvalError::ChatTemplateFailed { file: file.map(Path::to_path_buf), message })
+        }
+        // No reply: the child ran out of its address space (an allocation that fails aborts).
+        _ => Err(limit(format!(
+            "needs more than {} MiB of memory to render one prompt (the process rendering it ended: {})",
+            CHAT_TEMPLATE_MEMORY >> 20,
+            output.status
+        ))),
+    }
+}
+
+/// Runs the sandbox's program with `request` on its standard input, its address space capped.
+fn run_capped(sandbox: &ChatSandbox, request: &ChatRequest) -> Result<std::process::Output, EvalError> {
+    use std::os::unix::process::CommandExt;
+    let io_error = |source| EvalError::Io { path: sandbox.program.clone(), source };
+    let mut command = std::process::Command::new(&sandbox.program);
+    command.args(&sandbox.args).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+    command.stderr(std::process::Stdio::null());
+    // SAFETY: the closure runs in the child between fork and exec, and calls only setrlimit, which
+    // is async-signal-safe; it allocates nothing and touches no lock.
+    unsafe {
+        command.pre_exec(|| {
+            let cap = libc::rlimit { rlim_cur: CHAT_TEMPLATE_MEMORY, rlim_max: CHAT_TEMPLATE_MEMORY };
+            if libc::setrlimit(libc::RLIMIT_AS, &cap) == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+        });
+    }
+    let mut child = command.spawn().map_err(io_error)?;
+    let bytes = serde_json::to_vec(request).map_err(|e| io_error(io::Error::other(e)))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // The child reads its whole request before it writes: no deadlock. A child that died
+        // early closes the pipe; its status tells why.
+        let _ = stdin.write_all(&bytes);
+    }
+    child.wait_with_output().map_err(io_error)
+}
+
+/// Renders one user message followed by the generation prompt (the assistant turn's header), in
+/// this process; past a limit (see the module doc) the error names no file (an evaluation renders
+/// through `render_all`, which names it).
+pub fn apply_chat_template(template: &str, user: &str, bos: &str, eos: &str) -> Result<String, EvalError> {
+    render_measured(None, template, user, bos, eos).map(|(text, _)| text)
 }
 
 /// The file a model's chat template comes from: the GGUF file, or a Hugging Face folder's

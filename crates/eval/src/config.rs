@@ -72,6 +72,13 @@ pub struct EvalConfig {
     /// Run even when the longest prompt plus the longest horizon exceeds
     /// [`qdrift_generate::LONG_REQUEST_FACTOR`] × the model's trained context (`--allow-long`).
     pub allow_long: bool,
+    /// Compare a checkpoint variant that is not a quantization of the reference (another
+    /// architecture or block structure, the same tokenizer) instead of refusing it before the run
+    /// (`--allow-different-model`); the report names the difference first ([`crate::VariantSpec`]).
+    pub allow_different_model: bool,
+    /// Take [`EvalConfig::prompts`] as a most: a set with fewer prompts runs them all instead of
+    /// being refused (`--prompts auto`'s rounds; the report says how many ran).
+    pub prompts_up_to_set: bool,
     /// The thresholds `--gate` will check the report against, and their file: checked against
     /// the variants and horizons of the run before anything is loaded, so that a thresholds file
     /// that cannot apply fails in a second, not after the evaluation.
@@ -102,6 +109,8 @@ impl EvalConfig {
             shard: None,
             reference_store: None,
             allow_long: false,
+            allow_different_model: false,
+            prompts_up_to_set: false,
             gate: None,
         }
     }

@@ -51,6 +51,14 @@ pub enum EvalError {
         /// The limit it hit, in words.
         limit: String,
     },
+    /// The model's chat template failed where it rendered in a child process ([`crate::ChatSandbox`]).
+    #[error("{}the model's chat template: {message}", .file.as_ref().map(|f| format!("{}: ", f.display())).unwrap_or_default())]
+    ChatTemplateFailed {
+        /// The file the template came from, when known.
+        file: Option<std::path::PathBuf>,
+        /// The error's message.
+        message: String,
+    },
     /// A variant cannot be compared with the reference.
     #[error("variant {variant}: {problem}")]
     Variant {
@@ -121,6 +129,15 @@ pub enum EvalError {
         path: std::path::PathBuf,
         /// What is wrong, naming the field or file.
         problem: String,
+    },
+    /// The run measured every variant and made its report, but `--save-reference` could not be
+    /// written: the report is here, to be written all the same.
+    #[error("{source} (the report was made; only the saved reference is missing)")]
+    ReferenceNotSaved {
+        /// The report.
+        report: Box<qdrift_report::Report>,
+        /// Why the store was not written.
+        source: Box<EvalError>,
     },
     /// Reading or writing a file failed.
     #[error("{}: {source}", .path.display())]

@@ -19,6 +19,7 @@
 //! |---|---|---|
 //! | check | `plan.rs`, `gate_check.rs` | options checked before loading; `--gate` thresholds against the run's variants and horizons |
 //! | encode prompts | `prompts.rs` | the first N prompts of the set, chat-wrapped for chat sets |
+//! | check the checkpoints | `compat.rs` | every checkpoint variant opened and refused unless it is a quantization of the reference |
 //! | plan | `plan.rs` | batch size, chunk, precisions, KL mode, shard; the request checked against the device |
 //! | run the reference | `reference.rs`, `generation.rs`, `compact.rs` | its generation and its side of the comparison on its own text, kept once for every variant (or read from `store.rs`) |
 //! | run each variant | `variant.rs`, `generation.rs`, `scoring.rs`, `reduce.rs`, `routing.rs` | [`VariantSpec`] → weights; generation, teacher forcing into [`Trace`]s (with experts: routing passes) |
@@ -49,6 +50,7 @@
 //! | [`memory`] | each model of the plan sized before it is built, the largest checked against the memory available |
 //! | `config.rs` | [`EvalConfig`] and its defaults, [`Shard`], the default eval set |
 //! | `variant.rs` | [`VariantSpec`] and the variant each builds (weights, precision, report header) |
+//! | `compat.rs` | a checkpoint variant opened and checked against the reference before the run |
 //! | `prompts.rs` | the first N prompts of the set, encoded, chat-wrapped for chat sets |
 //! | `evalset.rs` | JSONL eval sets and the built-in ones |
 //! | `types.rs` | what the steps hand each other: [`Progress`], the measurement, [`VariantHeader`], [`RunContext`], [`dtype_name`] |
@@ -72,6 +74,7 @@ mod assemble;
 mod chat;
 mod compact;
 mod compare;
+mod compat;
 mod config;
 mod container;
 mod dump;
@@ -97,7 +100,7 @@ mod types;
 mod variant;
 
 pub use aggregate::{Bootstrap, Trace};
-pub use chat::apply_chat_template;
+pub use chat::{CHAT_TEMPLATE_MEMORY, ChatSandbox, apply_chat_template, serve_chat_request, set_chat_sandbox};
 pub use compare::{CompareInput, compare};
 pub use config::{DEFAULT_EVAL_SET_RULE, EvalConfig, Shard, default_eval_set};
 /// The seal of a store's or part's data file (for the fuzzer, which edits both files).

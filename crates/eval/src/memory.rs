@@ -94,7 +94,9 @@ pub(crate) fn check_plan_memory(
              smaller model"
                 .to_string()
         }
-        None => "even one prompt at a time does not fit: use shorter --horizons".to_string(),
+        None => "even one prompt at a time does not fit: use shorter prompts or --horizons (the prompt pass's \
+                 attention grows with the square of the prompt's length)"
+            .to_string(),
     };
     Err(EvalError::Memory(format!(
         "this evaluation needs {} at its peak ({} in {}: weights {}, key-value caches {} and workspace {} for {} \

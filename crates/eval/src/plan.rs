@@ -216,6 +216,7 @@ pub(crate) fn check_options(cfg: &EvalConfig) -> Result<Vec<usize>, EvalError> {
     let mut names = std::collections::BTreeSet::new();
     for spec in std::iter::once(&VariantSpec::NoiseFloor).chain(&cfg.variants) {
         spec.check_exists()?;
+        spec.check_given_name()?;
         let name = spec.name(cfg.dtype);
         if !names.insert(name.clone()) {
             return Err(EvalError::DuplicateVariant(name));

@@ -7,7 +7,7 @@
 use qdrift_generate::{PromptTooLong, check_prompt_text, check_prompt_tokens};
 use qdrift_load::{LoadedModel, WeightSource};
 
-use crate::chat::render_chat_template;
+use crate::chat::{render_all, template_file};
 use crate::error::EvalError;
 use crate::evalset::{EvalPrompt, EvalSet};
 
@@ -81,8 +81,8 @@ fn encode_chat<W>(loaded: &LoadedModel<W>, template: &str, prompts: &[EvalPrompt
     let tokenizer = &loaded.tokenizer;
     let piece = |id: Option<u32>| id.map(|i| tokenizer.decode(&[i])).unwrap_or_default();
     let (bos, eos) = (piece(tokenizer.bos_id()), piece(tokenizer.eos_id()));
-    prompts
-        .iter()
-        .map(|p| Ok(tokenizer.encode(&render_chat_template(loaded, template, &p.prompt, &bos, &eos)?)))
-        .collect()
+    let users: Vec<&str> = prompts.iter().map(|p| p.prompt.as_str()).collect();
+    let file = template_file(loaded);
+    let texts = render_all(Some(&file), template, &users, (&bos, &eos))?;
+    Ok(texts.iter().map(|t| tokenizer.encode(t)).collect())
 }

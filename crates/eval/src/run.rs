@@ -12,6 +12,7 @@ use qdrift_report::{EvalSetInfo, ModelInfo, ModelShape, Reference, Report, Workl
 
 use crate::aggregate::Trace;
 use crate::assemble::assemble_report;
+use crate::compat::{CheckedCheckpoint, open_variants};
 use crate::config::{EvalConfig, default_eval_set};
 use crate::dump::Dump;
 use crate::error::EvalError;
@@ -53,11 +54,22 @@ pub fn evaluate_any(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + 
     // values.
     let format = reference_format(cfg.dtype);
     let loaded = open_source(&cfg.model, cfg.tokenizer.as_deref(), &|m| round_to_reference(m, format))?;
+    if cfg.quantize.quantize_router && loaded.model.arch().moe.is_none() {
+        return Err(EvalError::Option {
+            option: "--quantize-router",
+            problem: "the model has no experts, so no router to quantize".into(),
+        });
+    }
     let set = match &cfg.eval_set {
         Some(p) => EvalSet::read(p)?,
         None => EvalSet::built_in(default_eval_set(&loaded))?,
     };
-    let prompts = encode_prompts(&loaded, &set, cfg.prompts, cfg.allow_long)?;
+    // `--prompts auto` asks for rounds of prompts up to the set's size, never past it.
+    let count = cfg.prompts.map(|n| if cfg.prompts_up_to_set { n.min(set.prompts.len()) } else { n });
+    let prompts = encode_prompts(&loaded, &set, count, cfg.allow_long)?;
+    // Every checkpoint variant is a quantization of the reference, checked before any work.
+    let paths = cfg.variants.iter().map(VariantSpec::checkpoint_path);
+    let checkpoints = open_variants(paths, &loaded, &prompts.tokens, cfg.allow_different_model)?;
     let trained = loaded.model.arch().max_seq_len;
     let longest = horizons.last().copied().unwrap_or(0);
     check_length(&prompts.tokens, longest, trained, cfg.allow_long, "--horizons")?;
@@ -77,12 +89,17 @@ pub fn evaluate_any(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + 
         workload: workload(cfg, &plan, &prompts),
         reference: reference_info(cfg, &loaded),
     };
-    let measurement = run_variants(cfg, &plan, loaded, key.as_ref(), progress)?;
-    match &plan.shard {
-        Some(shard) => {
-            Ok(Evaluated::Part(Box::new(Part::new(context, *shard, plan.prompt_indices.clone(), measurement))))
+    let (measurement, unsaved) = run_variants(cfg, &plan, (loaded, checkpoints), key.as_ref(), progress)?;
+    let evaluated = match &plan.shard {
+        Some(shard) => Evaluated::Part(Box::new(Part::new(context, *shard, plan.prompt_indices.clone(), measurement))),
+        None => Evaluated::Report(Box::new(assemble_report(context, measurement)?)),
+    };
+    match (unsaved, evaluated) {
+        (Some(source), Evaluated::Report(report)) => {
+            Err(EvalError::ReferenceNotSaved { report, source: Box::new(source) })
         }
-        None => Ok(Evaluated::Report(Box::new(assemble_report(context, measurement)?))),
+        (Some(source), Evaluated::Part(_)) => Err(source),
+        (None, evaluated) => Ok(evaluated),
     }
 }
 
@@ -127,10 +144,10 @@ struct Pending {
 fn run_variants(
     cfg: &EvalConfig,
     plan: &Plan,
-    loaded: Loaded,
+    (loaded, checkpoints): (Loaded, Vec<Option<CheckedCheckpoint>>),
     key: Option<&StoreKey>,
     progress: &mut ProgressFn<'_>,
-) -> Result<Measurement, EvalError> {
+) -> Result<(Measurement, Option<EvalError>), EvalError> {
     let stored = match (&cfg.reference_store, key) {
         (Some(dir), Some(key)) => {
             let arch = loaded.model.arch();
@@ -138,9 +155,9 @@ fn run_variants(
         }
         _ => None,
     };
-    let LoadedModel { model: weights, tokenizer, .. } = loaded;
+    let LoadedModel { model: weights, .. } = loaded;
     let fp16 = RoundedReference { source: &*weights, format: reference_format(plan.dtype) };
-    let identity = ReferenceIdentity { arch: weights.arch().clone(), parameters: weights.parameter_count(), tokenizer };
+    let identity = ReferenceIdentity { parameters: weights.parameter_count() };
     let build_reference = || -> Result<Llama, EvalError> {
         let model = plan.device.build_model(&fp16, plan.dtype)?;
         qdrift_model::release_free_memory();
@@ -171,8 +188,9 @@ fn run_variants(
     let mut dump = cfg.dump_logprobs.as_deref().map(Dump::create).transpose()?;
     let sources = VariantSources { fp16: &fp16, quantize: &cfg.quantize, reference: &build_reference };
     let mut pending: Vec<Pending> = Vec::with_capacity(cfg.variants.len() + 1);
-    for spec in std::iter::once(&VariantSpec::NoiseFloor).chain(&cfg.variants) {
-        let built = build_variant(spec, &identity, &plan.prompts, cfg.dtype)?;
+    let specs = std::iter::once(&VariantSpec::NoiseFloor).chain(&cfg.variants);
+    for (spec, checkpoint) in specs.zip(std::iter::once(None).chain(checkpoints)) {
+        let built = build_variant(spec, &identity, checkpoint, cfg.dtype)?;
         let name = built.name.clone();
         let measured = match stored_noise_floor.take() {
             Some(traces) => Pending { header: built.header(), traces, routes: None, done: true },
@@ -206,19 +224,32 @@ fn run_variants(
         }
         variants.push((p.header, p.traces));
     }
-    if let (Some(dir), Some(key), Some((header, noise_floor))) = (&cfg.save_reference, key, variants.first()) {
-        if let Some(failure) = &header.failure {
-            return Err(EvalError::Store {
-                flag: "--save-reference",
-                path: dir.clone(),
-                problem: format!("the noise floor failed, so there is nothing to save for later runs: {failure}"),
-            });
-        }
-        let stored = reference_run.to_store(plan.dtype, noise_floor.clone())?;
-        write_store(dir, key, cfg.seed, &stored)?;
-    }
+    // A store that cannot be written does not cost the measurement: the report is still made.
+    let unsaved = match (&cfg.save_reference, key, variants.first()) {
+        (Some(dir), Some(key), Some(floor)) => save_reference(dir, (key, cfg.seed), plan, &reference_run, floor).err(),
+        _ => None,
+    };
     let tail = reference_run.compact().map(|c| (c.k, c.tail_sums()));
-    Ok(Measurement { variants, tail })
+    Ok((Measurement { variants, tail }, unsaved))
+}
+
+/// Writes the reference's store (`--save-reference DIR`) from its run and the noise floor's traces.
+fn save_reference(
+    dir: &std::path::Path,
+    (key, seed): (&StoreKey, u64),
+    plan: &Plan,
+    reference_run: &ReferenceRun,
+    (header, noise_floor): &(VariantHeader, Vec<Trace>),
+) -> Result<(), EvalError> {
+    if let Some(failure) = &header.failure {
+        return Err(EvalError::Store {
+            flag: "--save-reference",
+            path: dir.to_path_buf(),
+            problem: format!("the noise floor failed, so there is nothing to save for later runs: {failure}"),
+        });
+    }
+    let stored = reference_run.to_store(plan.dtype, noise_floor.clone())?;
+    write_store(dir, key, seed, &stored)
 }
 
 /// Where variants get their weights: the FP16 reference's parts, the quantization options, and

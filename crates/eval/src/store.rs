@@ -121,11 +121,30 @@ impl StoreKey {
             .iter()
             .filter(|f| a.get(**f) != b.get(**f))
             .map(|f| {
+                if *f == "prompts" {
+                    let (stored, now) = prompts_in_words(&self.prompts, &run.prompts);
+                    return (*f, stored, now);
+                }
                 let show =
                     |v: &serde_json::Value| v.get(*f).map(|x| elide(&x.to_string()).into_owned()).unwrap_or_default();
                 (*f, show(&a), show(&b))
             })
             .collect()
+    }
+}
+
+/// Two prompt lists that differ, in words: `saved 16` and `asks for 32`, or where equal counts
+/// part (`prompt 3 is "b"` against `"c"`).
+fn prompts_in_words(stored: &[String], now: &[String]) -> (String, String) {
+    if stored.len() != now.len() {
+        return (format!("saved {}", stored.len()), format!("asks for {}", now.len()));
+    }
+    match stored.iter().zip(now).position(|(a, b)| a != b) {
+        Some(i) => (
+            format!("{} saved, prompt {} is \"{}\"", stored.len(), i + 1, elide(&stored[i])),
+            format!("\"{}\"", elide(&now[i])),
+        ),
+        None => (format!("{} saved", stored.len()), format!("{}", now.len())),
     }
 }
 
@@ -630,12 +649,18 @@ mod tests {
         let all = key(2, 8).mismatches(&other);
         let fields: Vec<&str> = all.iter().map(|(f, _, _)| *f).collect();
         assert_eq!(fields, ["prompts", "horizons", "batch_size"]);
-        // The value is the JSON list `["ppp…"]` (504 bytes), quoted by its ends.
-        assert_eq!(all[0].2, format!("[\"{}…(504 bytes)…{}\"]", "p".repeat(38), "p".repeat(38)));
+        // Prompt lists in words: how many were saved and asked for.
+        assert_eq!((all[0].1.as_str(), all[0].2.as_str()), ("saved 5", "asks for 1"));
         let line = mismatch_message(&all);
-        assert!(line.starts_with("was saved with other settings: prompts "), "{line}");
+        assert!(line.starts_with("was saved with other settings: prompts saved 5 (this run: asks for 1)"), "{line}");
         assert!(line.contains(&format!("horizons {} (this run: [5])", all[1].1)), "{line}");
         assert!(line.ends_with("run with the store's settings or save a new reference"), "{line}");
         assert!(key(2, 8).mismatches(&key(2, 8)).is_empty());
+        // The same count, other prompts: the first that differs, its id elided.
+        let mut swapped = key(2, 8);
+        swapped.prompts[2] = "q".repeat(500);
+        let (_, stored, now) = key(2, 8).mismatches(&swapped).remove(0);
+        assert_eq!(stored, "5 saved, prompt 3 is \"a\"");
+        assert!(now.starts_with("\"qqq") && now.contains("(500 bytes)"), "{now}");
     }
 }

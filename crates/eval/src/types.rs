@@ -103,6 +103,9 @@ pub struct VariantHeader {
     /// did not (its traces are then empty).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
+    /// As [`qdrift_report::Variant::different_model`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub different_model: Option<String>,
 }
 
 /// What the report says besides the variants: the model, the workload and the reference (its

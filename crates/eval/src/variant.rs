@@ -3,25 +3,27 @@
 //! is built part by part from the FP16 reference's weight source).
 //!
 //! **Invariant: every variant starts from the FP16 reference's weights (schemes, noise floor) or
-//! is refused unless it has the reference's shapes and tokenizer (checkpoints), so that its
-//! positions can be compared with the reference's one by one.**
+//! is a checkpoint refused before the run unless it is a quantization of the reference
+//! ([`crate::compat`]: same architecture, shapes and tokenizer; another architecture only with
+//! `--allow-different-model`, named in the report), so that its positions can be compared with
+//! the reference's one by one.**
 
 use std::path::{Path, PathBuf};
 
 use burn::tensor::DType;
 use qdrift_generate::ComputeDevice;
-use qdrift_load::{
-    ActivationFormat, ActivationGranularity, CheckpointActivations, HostModel, LoadedModel, ModelArch, Tokenizer,
-    WeightSource, open_model,
-};
+use std::sync::Arc;
+
+use qdrift_load::{ActivationFormat, ActivationGranularity, CheckpointActivations, ModelArch, WeightSource};
 use qdrift_model::Llama;
 use qdrift_quantize::{
     ActivationQuant, ActivationScale, DynamicFormat, Fp8Format, QuantizeOptions, QuantizedSource, Recipe, Scheme,
 };
 use qdrift_report::{FileHash, RecipeParts, TensorError, VariantKind};
 
+use crate::compat::CheckedCheckpoint;
 use crate::error::EvalError;
-use crate::identity::{checkpoint_hash, model_identity_file, report_name};
+use crate::identity::{model_identity_file, report_name};
 use crate::types::{VariantHeader, dtype_name};
 
 /// A variant to compare with the reference.
@@ -74,6 +76,45 @@ impl VariantSpec {
         fits().map_err(|e| EvalError::Variant { variant: self.name(DType::F32), problem: e.to_string() })
     }
 
+    /// The checkpoint's file or folder, for a checkpoint variant.
+    pub(crate) fn checkpoint_path(&self) -> Option<&Path> {
+        match self {
+            VariantSpec::Checkpoint { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+
+    /// Refuses a name given to a checkpoint (`--variant NAME=PATH`) that a report could not show
+    /// as itself or could confuse with another model: empty or blank, `.` or `..`, with a `/`,
+    /// with characters that break or reorder a line (control characters, bidirectional
+    /// overrides, zero-width ones), over 100 characters, or the name of a scheme or recipe, of a
+    /// compute precision or of the noise floor.
+    pub(crate) fn check_given_name(&self) -> Result<(), EvalError> {
+        let VariantSpec::Checkpoint { name: Some(name), .. } = self else { return Ok(()) };
+        let refuse = |why: &str| {
+            Err(EvalError::Option {
+                option: "--variant",
+                problem: format!("NAME=PATH: the name \"{}\" {why}; choose another", qdrift_io::elide(name)),
+            })
+        };
+        if name.trim().is_empty() || name == "." || name == ".." || name.contains('/') {
+            return refuse("is no name a report can show");
+        }
+        if qdrift_io::message_line(name) != name.as_str() {
+            return refuse("holds characters that break or reorder a line on a terminal");
+        }
+        if name.chars().count() > 100 {
+            return refuse("is longer than 100 characters");
+        }
+        if name.parse::<Recipe>().is_ok()
+            || ["fp16", "bf16", "f16", "f32", "fp32"].contains(&name.as_str())
+            || name.starts_with("noise-floor")
+        {
+            return refuse("is what qdrift calls a scheme, a precision or the noise floor");
+        }
+        Ok(())
+    }
+
     /// Refuses a checkpoint that does not exist, before anything is loaded.
     pub(crate) fn check_exists(&self) -> Result<(), EvalError> {
         match self {
@@ -91,15 +132,11 @@ pub(crate) fn other_precision(reference: DType) -> DType {
     if reference == DType::F32 { DType::F16 } else { DType::F32 }
 }
 
-/// What variants need of the reference once its host weights are given up: its shapes, parameter
-/// count and tokenizer.
+/// What variants need of the reference once its host weights are given up: its parameter count
+/// (checkpoints were checked against the rest of it before the run, `crate::compat`).
 pub(crate) struct ReferenceIdentity {
-    /// Its architecture.
-    pub arch: ModelArch,
-    /// [`HostModel::parameter_count`] of its weights.
+    /// [`qdrift_load::HostModel::parameter_count`] of its weights.
     pub parameters: usize,
-    /// Its tokenizer.
-    pub tokenizer: Box<dyn Tokenizer>,
 }
 
 /// The weights a variant's model is built from.
@@ -109,8 +146,8 @@ pub(crate) enum VariantWeights {
     /// The FP16 reference's through the recipe's weight scheme, quantized tensor by tensor as
     /// the model is built ([`QuantizedSource`]).
     Scheme,
-    /// Its own (a checkpoint's).
-    Own(Box<HostModel>),
+    /// Its own (a checkpoint's), read part by part as its model is built.
+    Own(Arc<dyn WeightSource>),
 }
 
 /// A variant ready to run: its weights and precision, and how the report describes it.
@@ -138,6 +175,9 @@ pub(crate) struct BuiltVariant {
     pub host: VariantWeights,
     /// Storage bits per parameter.
     pub bits_per_weight: f64,
+    /// For a checkpoint that is not a quantization of the reference, accepted by
+    /// `--allow-different-model`: the first difference ([`crate::compat`]).
+    pub different_model: Option<String>,
     /// Storage bytes of its weights.
     pub weight_bytes: u64,
     /// Per-tensor quantization error (schemes only).
@@ -147,19 +187,24 @@ pub(crate) struct BuiltVariant {
 /// Describes the variant `spec` of the reference; its model is built by
 /// [`BuiltVariant::build_model`].
 ///
-/// `prompts` are the evaluation's encoded prompts: a checkpoint's tokenizer must encode them as
-/// the reference's does. `dtype` is the reference's compute precision.
+/// `checkpoint` is a checkpoint variant's model, opened and checked against the reference before
+/// the run ([`crate::compat::open_variants`]). `dtype` is the reference's compute precision.
 pub(crate) fn build_variant(
     spec: &VariantSpec,
     reference: &ReferenceIdentity,
-    prompts: &[Vec<u32>],
+    checkpoint: Option<CheckedCheckpoint>,
     dtype: DType,
 ) -> Result<BuiltVariant, EvalError> {
     let name = spec.name(dtype);
-    match spec {
-        VariantSpec::NoiseFloor => Ok(noise_floor(name, reference, other_precision(dtype))),
-        VariantSpec::Scheme(recipe) => Ok(scheme_variant(name, recipe, dtype)),
-        VariantSpec::Checkpoint { path, .. } => checkpoint_variant(name, reference, path, prompts, dtype),
+    match (spec, checkpoint) {
+        (VariantSpec::NoiseFloor, _) => Ok(noise_floor(name, reference, other_precision(dtype))),
+        (VariantSpec::Scheme(recipe), _) => Ok(scheme_variant(name, recipe, dtype)),
+        (VariantSpec::Checkpoint { path, .. }, Some(checked)) => {
+            checkpoint_variant(name, reference, path, checked, dtype)
+        }
+        (VariantSpec::Checkpoint { .. }, None) => {
+            Err(EvalError::Internal(format!("checkpoint variant {name} was not opened before the run")))
+        }
     }
 }
 
@@ -176,6 +221,7 @@ fn noise_floor(name: String, reference: &ReferenceIdentity, dtype: DType) -> Bui
         dtype,
         host: VariantWeights::Reference,
         bits_per_weight: 16.0,
+        different_model: None,
         weight_bytes: reference.parameters as u64 * 2,
         per_tensor_error: Vec::new(),
     }
@@ -195,6 +241,7 @@ fn scheme_variant(name: String, recipe: &Recipe, dtype: DType) -> BuiltVariant {
         dtype,
         host: VariantWeights::Scheme,
         bits_per_weight: 0.0,
+        different_model: None,
         weight_bytes: 0,
         per_tensor_error: Vec::new(),
     }
@@ -204,15 +251,14 @@ fn checkpoint_variant(
     name: String,
     reference: &ReferenceIdentity,
     path: &Path,
-    prompts: &[Vec<u32>],
+    checked: CheckedCheckpoint,
     dtype: DType,
 ) -> Result<BuiltVariant, EvalError> {
-    let other = open_model(path, None)?;
-    check_same_model(reference, &other, prompts, path)?;
+    let CheckedCheckpoint { model: other, different_model, hash: (sha256, files) } = checked;
     let checkpoint_quant =
         other.quantization.as_ref().map(|q| (q.weights.clone(), q.activations.map(activation_quant)));
     if let Some(declared) = other.quantization.as_ref().and_then(|q| q.activations) {
-        check_activation_widths(activation_quant(declared), &other.model.arch).map_err(|e| EvalError::Variant {
+        check_activation_widths(activation_quant(declared), other.model.arch()).map_err(|e| EvalError::Variant {
             variant: path.display().to_string(),
             problem: format!("its quantization_config declares {declared} dynamic activations: {e}"),
         })?;
@@ -229,7 +275,6 @@ fn checkpoint_variant(
             (bytes, qdrift_load::inspect::bits_per_weight(bytes, reference.parameters as u64))
         }
     };
-    let (sha256, files) = checkpoint_hash(path)?;
     Ok(BuiltVariant {
         name,
         scheme: None,
@@ -240,8 +285,9 @@ fn checkpoint_variant(
         files,
         kind: VariantKind::Checkpoint,
         dtype,
-        host: VariantWeights::Own(Box::new(other.model)),
+        host: VariantWeights::Own(other.model),
         bits_per_weight,
+        different_model,
         weight_bytes: bytes,
         per_tensor_error: Vec::new(),
     })
@@ -280,7 +326,7 @@ impl BuiltVariant {
                     .collect();
                 model
             }
-            VariantWeights::Own(host) => device.build_model(&*host, self.dtype)?,
+            VariantWeights::Own(source) => device.build_model(&*source, self.dtype)?,
         };
         self.apply_runtime(&mut model)?;
         Ok(model)
@@ -301,6 +347,7 @@ impl BuiltVariant {
             weight_bytes: self.weight_bytes,
             per_tensor_error: self.per_tensor_error.clone(),
             failure: None,
+            different_model: self.different_model.clone(),
         }
     }
 
@@ -363,44 +410,4 @@ fn activation_quant(a: CheckpointActivations) -> ActivationQuant {
 /// gate/up), `heads × head_dim` (o) and `hidden_dim` (down).
 fn check_activation_widths(a: ActivationQuant, arch: &ModelArch) -> Result<(), qdrift_quantize::QuantizeError> {
     [arch.dim, arch.n_heads * arch.head_dim(), arch.hidden_dim].into_iter().try_for_each(|cols| a.check_width(cols))
-}
-
-/// Refuses a checkpoint variant whose shapes or tokenizer differ from the reference's.
-fn check_same_model(
-    reference: &ReferenceIdentity,
-    other: &LoadedModel,
-    prompts: &[Vec<u32>],
-    path: &Path,
-) -> Result<(), EvalError> {
-    let refuse = |problem: String| Err(EvalError::Variant { variant: path.display().to_string(), problem });
-    let shape = |x: &ModelArch| (x.dim, x.hidden_dim, x.n_layers, x.n_heads, x.n_kv_heads, x.vocab_size);
-    let (ours, theirs) = (shape(&reference.arch), shape(&other.model.arch));
-    if ours != theirs {
-        return refuse(format!(
-            "shapes (dim, hidden, layers, heads, kv heads, vocab) {theirs:?} differ from the reference's {ours:?}"
-        ));
-    }
-    // A checkpoint may pad its tokenizer to the embedding's rows (convert_hf_to_gguf.py writes
-    // `[PADn]` tokens up to `vocab_size` for Qwen3's 151669 tokens in 151936 rows, while the
-    // Hugging Face folder's tokenizer.json stops at 151669): sizes may differ up to the shared
-    // embedding size, provided every token both have decodes the same.
-    let (ours, theirs) = (reference.tokenizer.vocab_size(), other.tokenizer.vocab_size());
-    if ours != theirs {
-        if ours.max(theirs) > reference.arch.vocab_size {
-            return refuse(format!("its tokenizer has {theirs} tokens, the reference's {ours}"));
-        }
-        let differs = |&id: &u32| other.tokenizer.decode(&[id]) != reference.tokenizer.decode(&[id]);
-        if let Some(id) = (0..ours.min(theirs) as u32).find(differs) {
-            return refuse(format!(
-                "its tokenizer has {theirs} tokens, the reference's {ours}, and token {id} differs between them"
-            ));
-        }
-    }
-    for (i, p) in prompts.iter().enumerate() {
-        let text = reference.tokenizer.decode(p);
-        if other.tokenizer.encode(&text) != reference.tokenizer.encode(&text) {
-            return refuse(format!("its tokenizer encodes prompt {} differently from the reference's", i + 1));
-        }
-    }
-    Ok(())
 }

@@ -42,7 +42,8 @@ pub struct ComputeDevice {
     pub device: Device,
     /// `"wgpu"` or `"cpu"`.
     pub backend: &'static str,
-    /// Adapter name (`"llvmpipe (LLVM 15.0.6, 256 bits)"`, `"NVIDIA H200"`, `"flex (CPU)"`).
+    /// Adapter name (`"llvmpipe (LLVM 15.0.6, 256 bits)"`, `"NVIDIA H200"`, `"CPU (2 threads,
+    /// AVX-512)"`: the CPU backend's threads and the instruction set its kernels use).
     pub adapter: String,
     /// Graphics API and adapter type for wgpu (`"Vulkan, Cpu"`), empty for the CPU backend.
     pub adapter_detail: String,
@@ -89,6 +90,31 @@ pub enum DeviceError {
 }
 
 impl ComputeDevice {
+    /// What runs, in one line for the start of a run's stderr: the backend, the adapter and its
+    /// kind (`wgpu: llvmpipe (LLVM 15.0.6, 256 bits) (software rasterizer, CPU)`), and why it was
+    /// chosen.
+    pub fn announce(&self) -> String {
+        let kind = match (self.backend, self.uses_host_memory) {
+            ("cpu", _) => String::new(),
+            (_, true) => " (software rasterizer, CPU)".to_string(),
+            (_, false) => format!(" (GPU: {})", self.adapter_detail),
+        };
+        format!("{}: {}{kind}; {}", self.backend, self.adapter, self.reason)
+    }
+
+    /// A warning for wgpu on a software adapter (Mesa's lavapipe): the GPU path computed on the
+    /// CPU, far slower than the CPU backend; `None` elsewhere.
+    pub fn software_warning(&self) -> Option<String> {
+        (self.backend == "wgpu" && self.uses_host_memory).then(|| {
+            format!(
+                "{} is a software rasterizer: the GPU path runs on the CPU, and compiling its kernels dominates a \
+                 short run (2 prompts × 10 tokens took 6 min 0 s on it, 2 s with --backend cpu; docs/BENCHMARKS.md). \
+                 Use --backend cpu unless you are testing the GPU path",
+                self.adapter
+            )
+        })
+    }
+
     /// Refuses a compute dtype the device cannot run: f32 runs everywhere; f16 where the device
     /// computes in f16 ([`ComputeDevice::supports_f16`]); bf16 on the CPU backend only, since
     /// WGSL, the shading language Burn's wgpu backend compiles to, has no bf16 type.
@@ -185,17 +211,29 @@ pub fn select_device(choice: BackendChoice) -> Result<ComputeDevice, DeviceError
 }
 
 fn cpu(reason: String) -> ComputeDevice {
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     ComputeDevice {
         device: Device::flex(),
         backend: "cpu",
-        adapter: "flex (CPU)".to_string(),
+        adapter: cpu_name(threads),
         adapter_detail: String::new(),
         reason,
         max_buffer_bytes: None,
         supports_f16: true,
         uses_host_memory: true,
-        parallel_batches: std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        parallel_batches: threads,
     }
+}
+
+/// The CPU backend as reports and stderr name it: `CPU (2 threads, AVX-512)`, the threads its
+/// kernels spread over and the instruction set they run with (`QDRIFT_ISA` may narrow it).
+fn cpu_name(threads: usize) -> String {
+    let isa = match qdrift_model::Isa::current() {
+        qdrift_model::Isa::Portable => "portable kernels",
+        qdrift_model::Isa::Avx2 => "AVX2",
+        qdrift_model::Isa::Avx512 => "AVX-512",
+    };
+    format!("CPU ({threads} thread{}, {isa})", if threads == 1 { "" } else { "s" })
 }
 
 fn adapters() -> Vec<wgpu::AdapterInfo> {

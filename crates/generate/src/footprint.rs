@@ -64,18 +64,39 @@ pub fn model_footprint(
     let concurrent = concurrent_batches(arch, dtype, device, prompts, config) as u128;
     let largest = |f: &dyn Fn(&[Vec<u32>]) -> u128| prompts.chunks(batch_size).map(f).max().unwrap_or(0);
     let kv = largest(&|b| cache_bytes(arch, dtype, b, config.max_new_tokens)) * concurrent;
-    let scores = |b: &[Vec<u32>]| match device.attention_kernel(dtype) {
-        // The fused op's boolean mask has the scores' shape (and autotune may pick Burn's
-        // composed fallback, which materialises them).
-        AttentionKernel::Composed | AttentionKernel::Fused => {
-            let longest = b.iter().map(Vec::len).max().unwrap_or(0) as u128;
-            b.len() as u128 * arch.n_heads as u128 * longest * longest * 4
-        }
-        AttentionKernel::Host => 0,
-    };
     let logits = |b: &[Vec<u32>]| b.len() as u128 * arch.vocab_size as u128 * 4;
-    let workspace = largest(&|b| scores(b) + logits(b)) * concurrent;
+    let workspace = largest(&|b| prompt_pass_attention_bytes(arch, dtype, device, b) + logits(b)) * concurrent;
     ModelFootprint { weights, build: block * 4, kv, workspace }
+}
+
+/// The bytes the prompt pass of `batch` holds for attention beyond the caches, whatever the
+/// prompt's length (they grow with its square): with Burn's attention, the f32 scores of every
+/// head (the fused op's boolean mask has their shape, and autotune may pick Burn's composed
+/// fallback, which materialises them) and, for the composed path, the additive mask of each
+/// distinct window (`Positions::window_mask`, built whole on the host). Layers the CPU's host
+/// kernel does not compute (q/k norms, sinks, other scales, soft caps, windows, partial rotary,
+/// bf16: `Attention::host_kernel_covers`) run Burn's composed attention even on the CPU backend.
+pub fn prompt_pass_attention_bytes(arch: &ModelArch, dtype: DType, device: &ComputeDevice, batch: &[Vec<u32>]) -> u128 {
+    let b = &arch.block;
+    let host_covers = dtype != DType::BF16
+        && !b.qk_norm
+        && !b.sinks
+        && b.attn_scale.is_none()
+        && b.attn_softcap.is_none()
+        && b.rotary_dim.is_none()
+        && arch.windows.iter().all(Option::is_none);
+    let longest = batch.iter().map(Vec::len).max().unwrap_or(0) as u128;
+    let square = batch.len() as u128 * longest * longest;
+    let scores = square * arch.n_heads as u128 * 4;
+    let mut windows: Vec<Option<usize>> = arch.windows.clone();
+    windows.sort_unstable();
+    windows.dedup();
+    let masks = square * windows.len().max(1) as u128 * 4;
+    match device.attention_kernel(dtype) {
+        AttentionKernel::Host if host_covers => 0,
+        AttentionKernel::Fused => scores,
+        AttentionKernel::Host | AttentionKernel::Composed => scores + masks,
+    }
 }
 
 /// The host memory this process may still allocate: Linux's `MemAvailable` (free memory plus the

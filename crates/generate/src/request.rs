@@ -7,7 +7,6 @@
 //! prompt-pass attention scores and logits.**
 
 use burn::tensor::DType;
-use qdrift_model::AttentionKernel;
 use qdrift_weights::ModelArch;
 
 use crate::{ComputeDevice, GenerateError};
@@ -303,13 +302,9 @@ fn check_memory(
     let (cache_total, cache_tensor) = cache_bytes_and_tensor(model, dtype, prompts, max_new_tokens);
     let batch = prompts.len() as u128;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) as u128;
-    // Burn's composed attention materialises the prompt's f32 scores (the fused op a boolean
-    // mask of their shape, and scores where autotune picks its composed fallback); the host
-    // kernel holds one query's scores at a time.
-    let scores = match device.attention_kernel(dtype) {
-        AttentionKernel::Composed | AttentionKernel::Fused => batch * model.n_heads as u128 * longest * longest * 4,
-        AttentionKernel::Host => 0,
-    };
+    // Burn's attention materialises the prompt's scores and masks, which grow with its square;
+    // the host kernel holds one query's scores at a time.
+    let scores = crate::footprint::prompt_pass_attention_bytes(model, dtype, device, prompts);
     let logits = batch * model.vocab_size as u128 * 4;
     let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
     let what = format!("{} prompt(s) of up to {longest} tokens + {max_new_tokens} new tokens", prompts.len());
@@ -331,7 +326,7 @@ fn check_memory(
         let needed = (cache_total + scores + logits) * concurrent as u128;
         if needed > available {
             return Err(GenerateError::TooLarge(format!(
-                "{what} need {:.2} GiB of key-value cache and activations, more than the {:.2} GiB of memory available; use fewer new tokens or a smaller --batch-size",
+                "{what} need {:.2} GiB of key-value cache and activations (the prompt pass holds attention scores for every pair of its positions), more than the {:.2} GiB of memory available; use shorter prompts, fewer new tokens or a smaller --batch-size",
                 gib(needed),
                 gib(available)
             )));

@@ -30,7 +30,7 @@ mod paths;
 mod text;
 
 pub use paths::PathCheck;
-pub use text::{ELIDE_KEEP, elide};
+pub use text::{ELIDE_KEEP, MESSAGE_MAX, elide, message_line};
 
 use std::fs::{File, FileType};
 use std::io::{BufWriter, Read, Write};

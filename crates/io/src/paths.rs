@@ -144,8 +144,8 @@ impl PathCheck {
         Ok(())
     }
 
-    /// Refuses an existing target of the wrong type, and a file output whose folder is missing
-    /// and not created by another output.
+    /// Refuses an existing target of the wrong type, a file output whose folder is missing and
+    /// not created by another output, and a folder output under a file.
     fn check_target(&self, out: &Named, kind: Kind) -> Result<(), String> {
         match (std::fs::metadata(&out.path), kind) {
             (Ok(m), Kind::File) if !m.is_file() => {
@@ -155,7 +155,16 @@ impl PathCheck {
                 Err(format!("is {}, not a folder", file_kind(m.file_type())))
             }
             (Ok(_), _) => Ok(()),
-            (Err(_), Kind::Folder { .. }) => Ok(()),
+            // A folder is made with its missing ancestors, unless the nearest existing one is no
+            // folder (`file/store`): refused now, not when the run ends.
+            (Err(_), Kind::Folder { .. }) => {
+                match out.path.ancestors().skip(1).find_map(|a| std::fs::metadata(a).ok().map(|m| (a, m))) {
+                    Some((a, m)) if !m.is_dir() => {
+                        Err(format!("cannot be made: {} is {}", a.display(), file_kind(m.file_type())))
+                    }
+                    _ => Ok(()),
+                }
+            }
             (Err(_), Kind::File) => {
                 let parent = match out.path.parent() {
                     Some(p) if !p.as_os_str().is_empty() => p,

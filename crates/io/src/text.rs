@@ -17,7 +17,7 @@ pub const ELIDE_KEEP: usize = 40;
 /// ```
 pub fn elide(s: &str) -> Cow<'_, str> {
     let n = s.chars().count();
-    let clean = !s.chars().any(char::is_control);
+    let clean = !s.chars().any(hidden);
     if n <= 2 * ELIDE_KEEP + 20 {
         return if clean { Cow::Borrowed(s) } else { Cow::Owned(escape(s.chars())) };
     }
@@ -26,10 +26,43 @@ pub fn elide(s: &str) -> Cow<'_, str> {
     Cow::Owned(format!("{head}…({} bytes)…{tail}", s.len()))
 }
 
-/// The characters with control characters escaped.
+/// The most characters [`message_line`] keeps of a message.
+pub const MESSAGE_MAX: usize = 2000;
+
+/// A whole message as the CLI prints it: one line (control characters escaped, and so are the
+/// invisible characters that reorder or hide text on a terminal: bidirectional overrides such as
+/// U+202E, zero-width ones), at most [`MESSAGE_MAX`] characters (the middle of a longer one
+/// elided), whatever a hostile input put in it.
+///
+/// ```
+/// assert_eq!(qdrift_io::message_line("variant a\u{202e}b: bad"), "variant a\\u{202e}b: bad");
+/// assert!(qdrift_io::message_line(&"x".repeat(100_000)).chars().count() <= qdrift_io::MESSAGE_MAX + 40);
+/// ```
+pub fn message_line(s: &str) -> Cow<'_, str> {
+    let n = s.chars().count();
+    if n <= MESSAGE_MAX && !s.chars().any(hidden) {
+        return Cow::Borrowed(s);
+    }
+    if n <= MESSAGE_MAX {
+        return Cow::Owned(escape(s.chars()));
+    }
+    let keep = MESSAGE_MAX / 2;
+    let head = escape(s.chars().take(keep));
+    let tail = escape(s.chars().skip(n - keep));
+    Cow::Owned(format!("{head}…({} bytes left out)…{tail}", s.len()))
+}
+
+/// Whether `c` would break a one-line message or change how the text around it shows: a control
+/// character, a bidirectional embedding, override or isolate, a zero-width character.
+fn hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+}
+
+/// The characters with [`hidden`] ones escaped.
 fn escape(chars: impl Iterator<Item = char>) -> String {
     chars.fold(String::new(), |mut out, c| {
-        if c.is_control() {
+        if hidden(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);
@@ -51,6 +84,18 @@ mod tests {
         let e = elide(&long);
         assert_eq!(e, format!("{}…({} bytes)…{}", "<".repeat(40), long.len(), ">".repeat(40)));
         assert!(e.len() < 200);
+    }
+
+    #[test]
+    fn messages_stay_one_bounded_line() {
+        assert!(matches!(message_line("plain"), Cow::Borrowed("plain")));
+        assert_eq!(message_line("a\u{1b}[31mred"), "a\\u{1b}[31mred");
+        assert_eq!(message_line("x\u{202e}y"), "x\\u{202e}y");
+        let huge = format!("start{}end\n", "é".repeat(1 << 20));
+        let line = message_line(&huge);
+        assert!(line.starts_with("start") && line.ends_with("end\\n"), "{}", &line[..20]);
+        assert!(line.chars().count() < MESSAGE_MAX + 40);
+        assert!(!line.contains('\n'));
     }
 
     #[test]

@@ -476,6 +476,22 @@ fn human_bytes(b: u64) -> String {
     }
 }
 
+/// A mixture of experts in one line: `experts 8, top-2 (softmax, renormalised), expert FFN 32,
+/// in 4 of 4 layers, shared expert 48`.
+fn experts_line(moe: &qdrift_weights::MoeSpec, layers: usize) -> String {
+    let routing = match moe.routing {
+        qdrift_weights::Routing::SoftmaxTopK { renormalize: true } => "softmax over all, top-k renormalised",
+        qdrift_weights::Routing::SoftmaxTopK { renormalize: false } => "softmax over all",
+        qdrift_weights::Routing::TopKSoftmax => "softmax over the top-k",
+    };
+    let with_experts = layers.saturating_sub(moe.dense_layers.iter().filter(|&&l| l < layers).count());
+    let shared = moe.shared_expert_hidden.map_or_else(String::new, |w| format!(", shared expert {w}"));
+    format!(
+        "experts {}, top-{} ({routing}), expert FFN {}, in {with_experts} of {layers} layers{shared}",
+        moe.n_experts, moe.top_k, moe.expert_hidden
+    )
+}
+
 impl fmt::Display for Inspection {
     /// The model, its parameters, weight memory, KV cache and FLOPs, one section after another.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -510,7 +526,11 @@ impl Inspection {
             a.vocab_size,
             a.max_seq_len,
             if a.tied_embeddings { "tied embedding" } else { "untied head" }
-        )
+        )?;
+        if let Some(moe) = &a.moe {
+            writeln!(f, "  {}", experts_line(moe, a.n_layers))?;
+        }
+        Ok(())
     }
 
     /// Parameter counts and the source file's dtypes.

@@ -67,6 +67,16 @@ fn classify<'a>(path: &'a Path, tokenizer: Option<&Path>) -> Result<Checkpoint<'
         }
         return Ok(Checkpoint::Synthetic(spec));
     }
+    if let Some(id) = hub_id(path) {
+        return Err(LoadError::invalid(
+            path,
+            format!(
+                "not found; {id} looks like a Hugging Face Hub id, and qdrift reads local files only: download it \
+                 first (`hf download {id} --local-dir {name}`) and pass the folder",
+                name = id.rsplit('/').next().unwrap_or(id)
+            ),
+        ));
+    }
     if let Some(dir) = hf_folder(path)? {
         return Ok(Checkpoint::HfFolder(dir));
     }
@@ -83,6 +93,17 @@ fn classify<'a>(path: &'a Path, tokenizer: Option<&Path>) -> Result<Checkpoint<'
         return Ok(Checkpoint::Gguf);
     }
     Ok(Checkpoint::Llama2c)
+}
+
+/// `path` as a Hugging Face Hub id (`Qwen/Qwen3-0.6B`) when nothing is at that path and it has
+/// an id's form: two names of letters, digits, `-`, `_` and `.`, joined by one `/`, the first not
+/// starting with `.`.
+fn hub_id(path: &Path) -> Option<&str> {
+    let s = path.to_str()?;
+    let (owner, name) = s.split_once('/')?;
+    let part = |p: &str| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    let id = part(owner) && part(name) && !owner.starts_with('.') && !name.contains('/');
+    (id && !path.exists()).then_some(s)
 }
 
 /// The Hugging Face folder `path` names: the folder itself, or the folder of its `config.json`,

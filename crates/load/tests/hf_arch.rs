@@ -84,6 +84,21 @@ fn every_tiny_arch_opens_and_encodes_the_golden_prompts() {
     }
 }
 
+/// transformers ≥ 4.43 saves a model's chat template as `chat_template.jinja` beside
+/// `tokenizer_config.json`: the reader takes it when the config has none, as the GGUF export does.
+#[test]
+fn a_chat_template_jinja_file_is_the_models_template() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for entry in std::fs::read_dir(tiny_dir("qwen3")).expect("qwen3") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).expect("copy");
+    }
+    assert_eq!(open_model(dir.path(), None).expect("opens").chat_template, None);
+    let template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}";
+    std::fs::write(dir.path().join("chat_template.jinja"), template).expect("write");
+    assert_eq!(open_model(dir.path(), None).expect("opens").chat_template.as_deref(), Some(template));
+}
+
 /// The shapes all seven share: hidden 64, 4 query heads, 2 key/value heads, vocab 512.
 fn common(a: &ModelArch, head_dim: usize, layers: usize) {
     assert_eq!((a.dim, a.n_heads, a.n_kv_heads, a.vocab_size), (64, 4, 2, 512));

@@ -589,6 +589,15 @@ pub(crate) fn verdict_section(report: &Report, gate: Option<&GateOutcome>, gloss
         x(a).total_cmp(&x(b))
     });
     let mut intro = Vec::new();
+    // A variant of another model first: its numbers measure that model, not a quantization.
+    for v in report.variants.iter().filter(|v| v.different_model.is_some()) {
+        intro.push(Inline::Strong(format!("{} is not a quantization of the reference", crate::format::plain(&v.name))));
+        intro.push(text(format!(
+            " ({}); it was compared at the run's request (--allow-different-model), so its numbers measure \
+             a different model. ",
+            v.different_model.as_deref().unwrap_or_default()
+        )));
+    }
     if let Some(g) = gate {
         intro.push(Inline::Strong(format!("Gate: {}", g.verdict().word())));
         intro.push(text(format!(
@@ -703,6 +712,7 @@ pub(crate) fn in_words(report: &Report, v: &Variant) -> String {
     if let Some(f) = &v.failure {
         return format!("failed: {f}");
     }
+    let other = if v.different_model.is_some() { "a different model, not a quantization: " } else { "" };
     let horizons = &report.workload.horizons;
     let longest = horizons.last().copied().unwrap_or(0);
     let indistinguishable = |h: usize| {
@@ -725,5 +735,5 @@ pub(crate) fn in_words(report: &Report, v: &Variant) -> String {
         Some(t) => format!("half the prompts differ from the reference by position {t}"),
         None => format!("more than half the prompts match the reference for all {longest} tokens"),
     });
-    words
+    format!("{other}{words}")
 }

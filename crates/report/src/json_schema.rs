@@ -137,6 +137,7 @@ fn variant() -> Value {
             "weight_bytes": count(),
             "horizons": { "type": "array", "items": { "$ref": "#/$defs/horizon" } },
             "failure": text(),
+            "different_model": text(),
             "first_divergence": { "$ref": "#/$defs/first_divergence" },
             "per_position": object(
                 json!({ "token_match": unit_series, "kld": array(number(Range::NonNegative)), "top1_agreement": unit_series }),

@@ -266,6 +266,12 @@ pub struct Variant {
     /// in older reports).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
+    /// *extra*: set when the variant is not a quantization of the reference (another architecture
+    /// or block structure, with the same tokenizer) and was compared only because the run asked
+    /// for it (`--allow-different-model`): the first difference, in words. Its numbers measure
+    /// another model, and every rendering says so first. Absent otherwise (and in older reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub different_model: Option<String>,
 }
 
 /// Where a variant's mixture-of-experts routing differs from the reference's, both models

@@ -324,6 +324,7 @@ fn variant(p: &Profile, c: &Curves, floor: &Curves) -> Variant {
     };
     Variant {
         failure: None,
+        different_model: None,
         name: p.name.into(),
         scheme: p.scheme.map(Into::into),
         recipe: None,

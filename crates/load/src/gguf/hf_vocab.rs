@@ -799,7 +799,7 @@ fn set_special(ids: &mut Ordered<u32>, typ: &str, id: u32, n_vocab: Option<usize
 
 /// `chat_template.jinja`, else `chat_template.json`'s `chat_template` (SpecialVocab's fallbacks
 /// when `tokenizer_config.json` has none; the `additional_chat_templates/` folder is not read).
-fn chat_template_file(dir: &Path) -> Result<Option<Value>, LoadError> {
+pub(crate) fn chat_template_file(dir: &Path) -> Result<Option<Value>, LoadError> {
     let jinja = dir.join("chat_template.jinja");
     if jinja.exists() {
         let bytes = crate::input::read_file(&jinja, CHAT_TEMPLATE)?;

@@ -183,7 +183,12 @@ impl Folder {
         if !padded {
             check_vocab(&tok, &tokenizer_path, arch, dir)?;
         }
-        let chat_template = tok_config.as_ref().and_then(|c| c.get("chat_template")).and_then(chat_template);
+        // transformers ≥ 4.43 saves the template beside tokenizer_config.json, as
+        // `chat_template.jinja`: read where the config has none, as `quantize --format gguf` does.
+        let chat_template = match tok_config.as_ref().and_then(|c| c.get("chat_template")) {
+            Some(v) => chat_template(v),
+            None => crate::gguf::hf_vocab::chat_template_file(dir)?.as_ref().and_then(chat_template),
+        };
         let source_dtypes = self.shards.dtypes();
         let quantization = self.quant.as_ref().map(|q| q.summary.clone());
         Ok(LoadedModel {
