@@ -504,7 +504,7 @@ fn gate_exit_codes_through_the_binary() {
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stdout));
     let md = std::fs::read_to_string(&summary).expect("summary");
     assert!(md.contains("**Gate: PASS**") && md.contains("| fp16 | PASS | — |"), "{md}");
-    // A bad margin is one line and exit 1; nothing is written.
+    // A bad margin is one line and exit 2 (unusable input, as for gate); nothing is written.
     let o = qdrift(&[
         "thresholds",
         "suggest",
@@ -513,7 +513,7 @@ fn gate_exit_codes_through_the_binary() {
         "--out",
         dir.join("bad.toml").to_str().expect("utf-8"),
     ]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     assert_eq!(String::from_utf8_lossy(&o.stderr).lines().count(), 1, "{}", String::from_utf8_lossy(&o.stderr));
     assert!(!dir.join("bad.toml").exists());
 }

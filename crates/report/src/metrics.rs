@@ -86,6 +86,17 @@ impl Range {
             }
     }
 
+    /// The smallest and largest values of the range: `(0, 1)` for a rate, `(0, ∞)` for a
+    /// divergence or a ratio (a ratio's open end at 0 included), `(−∞, ∞)` for a difference. A
+    /// `min` at or below the first, or a `max` at or above the second, is passed by every value.
+    pub fn bounds(self) -> (f64, f64) {
+        match self {
+            Range::Unit => (0.0, 1.0),
+            Range::NonNegative | Range::Positive => (0.0, f64::INFINITY),
+            Range::Any => (f64::NEG_INFINITY, f64::INFINITY),
+        }
+    }
+
     /// The range in words, for error messages: `∈ [0, 1]`.
     pub fn describe(self) -> &'static str {
         match self {
