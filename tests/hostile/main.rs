@@ -56,8 +56,8 @@ pub const USER: Refusal = Refusal { code: 1, prefix: "qdrift: error: " };
 /// `qdrift: error: …`, so that exit 1 always means a failed check.
 pub const GATED_EVAL: Refusal = Refusal { code: 2, prefix: "qdrift: error: " };
 
-/// `qdrift gate` on unusable input: exit 2, `qdrift gate: …`.
-pub const GATE: Refusal = Refusal { code: 2, prefix: "qdrift gate: " };
+/// `qdrift gate` on unusable input: exit 2, `qdrift: error: …` (one prefix for every command).
+pub const GATE: Refusal = Refusal { code: 2, prefix: "qdrift: error: " };
 
 /// The `qdrift` binary built beside this test (`target/<profile>/qdrift`).
 pub fn qdrift_exe() -> PathBuf {

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use qdrift_eval::{CompareInput, compare, report_name};
-use qdrift_report::{MaxWorse, Report};
+use qdrift_report::{MaxWorse, Report, error_line};
 
 /// Arguments of `qdrift compare`.
 #[derive(Args)]
@@ -33,12 +33,12 @@ pub struct CompareArgs {
 
 /// Runs `qdrift compare`: prints the comparison (Markdown) and the checks' verdicts; exit 0 when
 /// every check passes (or none is asked for), 1 when one fails, 3 when none fails but some are
-/// inconclusive, 2 on unusable input.
+/// inconclusive, 2 with one `qdrift: error:` line on unusable input.
 pub fn run(args: &CompareArgs) -> ExitCode {
     match comparison(args) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("qdrift: error: {e}");
+            eprint!("{}", error_line(&e));
             ExitCode::from(2)
         }
     }

@@ -58,7 +58,7 @@ struct SuggestArgs {
 pub fn run(args: ThresholdsArgs) -> Result<(), Box<dyn Error>> {
     let ThresholdsCommand::Suggest(args) = args.command;
     if let Err(e) = suggest(&args) {
-        eprintln!("qdrift: error: {e}");
+        eprint!("{}", qdrift_report::error_line(&e.to_string()));
         // main turns an Err into exit 1, which `gate` and `compare` keep for a failed check;
         // unusable input is 2 for every command that reads reports. Nothing is left to drop or
         // flush: nothing was printed to standard output.

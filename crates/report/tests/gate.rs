@@ -482,7 +482,7 @@ fn run_gate_on_unusable_input_writes_a_junit_error() {
     assert_eq!(run.stdout, "");
     assert_eq!(
         run.stderr,
-        "qdrift gate: --junit /nonexistent-qdrift-dir/junit.xml: its folder /nonexistent-qdrift-dir does not exist\n"
+        "qdrift: error: --junit /nonexistent-qdrift-dir/junit.xml: its folder /nonexistent-qdrift-dir does not exist\n"
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
