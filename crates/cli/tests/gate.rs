@@ -48,6 +48,14 @@ fn unusable_thresholds_are_one_qdrift_error_line_and_exit_2() {
 }
 
 #[test]
+fn an_unquoted_key_with_an_at_sign_says_to_quote_it() {
+    let (code, _, stderr, _) = gate("[variant.\"int8\"]\nkld@100 = { max = 0.01 }\n");
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.starts_with("qdrift: error: ") && stderr.contains("t.toml:2:"), "{stderr}");
+    assert!(stderr.ends_with("; keys with @ must be quoted: \"kld@100\" = { max = 0.01 }\n"), "{stderr}");
+}
+
+#[test]
 fn gate_lines_round_to_four_significant_digits() {
     let (code, stdout, stderr, _) = gate("[variant.\"int8\"]\n\"kld@100\" = { max = 0.01 }\n");
     assert_eq!(code, 0, "{stdout}{stderr}");

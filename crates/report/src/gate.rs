@@ -265,12 +265,31 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
+/// The first line of `text` whose key is bare and holds an `@` (`kld@100 = { max = 0.01 }`), as
+/// it must be written: `"kld@100" = { max = 0.01 }` (shortened when long).
+fn quoted_at_key(text: &str) -> Option<String> {
+    text.lines().find_map(|line| {
+        let line = line.trim();
+        if line.starts_with(['#', '[', '"', '\'']) {
+            return None;
+        }
+        let (key, rest) = line.split_once('=')?;
+        let key = key.trim();
+        let bare = !key.contains(['"', '\'']);
+        (bare && key.contains('@')).then(|| qdrift_io::elide(&format!("\"{key}\" = {}", rest.trim())).into_owned())
+    })
+}
+
 impl Thresholds {
     /// Parses a thresholds file's text; `origin` names it in errors.
     pub fn parse_named(text: &str, origin: &str) -> Result<Thresholds, GateError> {
         let file: File = toml::from_str(text).map_err(|e| {
             let (line, column) = e.span().map_or((1, 1), |s| line_column(text, s.start));
-            let message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
+            let mut message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
+            // toml's own message ("invalid unquoted key") does not say that `@` is the cause.
+            if let Some(quoted) = quoted_at_key(text) {
+                message.push_str(&format!("; keys with @ must be quoted: {quoted}"));
+            }
             GateError::Toml { origin: origin.to_string(), line, column, message }
         })?;
         let default_bound = match &file.defaults.bound {

@@ -497,6 +497,17 @@ fn thresholds_read_names_the_file_in_toml_errors() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn an_unquoted_key_with_an_at_sign_gets_a_hint() {
+    let e = Thresholds::parse("[variant.int8]\nkld@100 = { max = 0.01 }\n").unwrap_err().to_string();
+    assert!(e.starts_with("thresholds:2:"), "{e}");
+    assert!(e.ends_with("; keys with @ must be quoted: \"kld@100\" = { max = 0.01 }"), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
+    // Other TOML errors get no hint.
+    let e = Thresholds::parse("[variant.int8\n\"kld@100\" = { max = 0.01 }\n").unwrap_err().to_string();
+    assert!(!e.contains("must be quoted"), "{e}");
+}
+
 // ---- three verdicts ----
 
 /// int8's token-match rate over 100 tokens set to mean 0.85, interval [0.78, 0.90], checked
