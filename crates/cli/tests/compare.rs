@@ -164,3 +164,34 @@ fn reports_that_are_not_paired_are_refused_by_field() {
     assert_eq!(code, 2);
     assert!(stderr.contains("not a metric compare pairs"), "{stderr}");
 }
+
+/// The committed stories260K report (exact KL), read by the tests that need no evaluation.
+fn committed() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../reports/stories260K/report.json")
+}
+
+#[test]
+fn an_exact_report_and_a_top_k_one_are_not_paired() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut report = json(&committed());
+    report["reference"]["kl"] =
+        serde_json::json!({"method": "top_k_tail", "top_k": 64, "tail_mass_max": 0.03, "tail_mass_mean": 0.004});
+    let top_k = dir.path().join("report.json");
+    std::fs::write(&top_k, serde_json::to_string(&report).expect("JSON")).expect("written");
+    let exact = committed();
+    let (code, stdout, stderr) = compare(&[
+        exact.to_str().expect("utf-8"),
+        top_k.to_str().expect("utf-8"),
+        "--variant-a",
+        "int8",
+        "--variant-b",
+        "int4-g128",
+    ]);
+    assert_eq!(code, 2, "{stdout}");
+    assert_eq!(
+        stderr,
+        "qdrift: error: cannot compare: the reports are not paired: their KL divergences are not the same \
+         measurement (reference.kl): A's are exact (over the full vocabulary), B's against the reference's top-64 \
+         log-probabilities plus a tail bucket (--reference-top-k 64): a lower bound\n"
+    );
+}
