@@ -195,3 +195,28 @@ fn an_exact_report_and_a_top_k_one_are_not_paired() {
          log-probabilities plus a tail bucket (--reference-top-k 64): a lower bound\n"
     );
 }
+
+#[test]
+fn an_out_that_is_a_file_is_refused_naming_it_and_what_to_do() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("compared");
+    std::fs::write(&file, "mine").expect("written");
+    let r = committed();
+    let r = r.to_str().expect("utf-8");
+    for out in [file.clone(), file.join("inside")] {
+        let args = [r, r, "--variant-a", "int8", "--variant-b", "int4-g128", "--out", out.to_str().expect("utf-8")];
+        let (code, stdout, stderr) = compare(&args);
+        assert_eq!(code, 2, "{stdout}");
+        assert!(stdout.is_empty(), "nothing is computed: {stdout}");
+        assert_eq!(
+            stderr,
+            format!(
+                "qdrift: error: --out {}: {} exists and is not a folder; compare writes compare.json, compare.md, \
+                 compare.html into a folder: remove it or choose another --out\n",
+                out.display(),
+                file.display()
+            )
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&file).expect("kept"), "mine");
+}
