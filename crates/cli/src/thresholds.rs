@@ -40,22 +40,48 @@ struct SuggestArgs {
     /// Horizons to check, comma-separated (default: every horizon of the report).
     #[arg(long, value_delimiter = ',')]
     horizons: Vec<usize>,
+    /// Suggest checks for this variant only (default: every variant but the noise floor).
+    #[arg(long, value_name = "NAME")]
+    variant: Option<String>,
+    /// Write the checks as `[variant."SECTION"]` instead of under the variant's own name: the name
+    /// the CI run gives its candidate, or `*` for every variant but the noise floor. Needs one
+    /// variant: --variant, or the report's only one.
+    #[arg(long = "as", value_name = "SECTION")]
+    section: Option<String>,
     /// Write the thresholds here (atomically) instead of to standard output.
     #[arg(long)]
     out: Option<PathBuf>,
 }
 
-/// Runs `qdrift thresholds`.
+/// Runs `qdrift thresholds`: exit 0, or 2 with one `qdrift: error:` line on unusable input, as
+/// `qdrift gate` and `qdrift compare` do.
 pub fn run(args: ThresholdsArgs) -> Result<(), Box<dyn Error>> {
     let ThresholdsCommand::Suggest(args) = args.command;
+    if let Err(e) = suggest(&args) {
+        eprint!("{}", qdrift_report::error_line(&e.to_string()));
+        // main turns an Err into exit 1, which `gate` and `compare` keep for a failed check;
+        // unusable input is 2 for every command that reads reports. Nothing is left to drop or
+        // flush: nothing was printed to standard output.
+        std::process::exit(2);
+    }
+    Ok(())
+}
+
+/// `qdrift thresholds suggest`: check the paths, read the report, write the thresholds.
+fn suggest(args: &SuggestArgs) -> Result<(), Box<dyn Error>> {
     let mut paths = PathCheck::new().input("REPORT", &args.report);
     if let Some(out) = &args.out {
         paths = paths.output_file("--out", out);
     }
     paths.check()?;
     let report = Report::read(&args.report)?;
-    let options =
-        SuggestOptions { margin: args.margin, metrics: args.metrics.clone(), horizons: args.horizons.clone() };
+    let options = SuggestOptions {
+        margin: args.margin,
+        metrics: args.metrics.clone(),
+        horizons: args.horizons.clone(),
+        variant: args.variant.clone(),
+        section: args.section.clone(),
+    };
     let source =
         args.report.file_name().map_or_else(|| args.report.display().to_string(), |n| n.to_string_lossy().into_owned());
     let text = suggest_thresholds(&report, &options, &source)?;

@@ -164,3 +164,59 @@ fn reports_that_are_not_paired_are_refused_by_field() {
     assert_eq!(code, 2);
     assert!(stderr.contains("not a metric compare pairs"), "{stderr}");
 }
+
+/// The committed stories260K report (exact KL), read by the tests that need no evaluation.
+fn committed() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../reports/stories260K/report.json")
+}
+
+#[test]
+fn an_exact_report_and_a_top_k_one_are_not_paired() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut report = json(&committed());
+    report["reference"]["kl"] =
+        serde_json::json!({"method": "top_k_tail", "top_k": 64, "tail_mass_max": 0.03, "tail_mass_mean": 0.004});
+    let top_k = dir.path().join("report.json");
+    std::fs::write(&top_k, serde_json::to_string(&report).expect("JSON")).expect("written");
+    let exact = committed();
+    let (code, stdout, stderr) = compare(&[
+        exact.to_str().expect("utf-8"),
+        top_k.to_str().expect("utf-8"),
+        "--variant-a",
+        "int8",
+        "--variant-b",
+        "int4-g128",
+    ]);
+    assert_eq!(code, 2, "{stdout}");
+    assert_eq!(
+        stderr,
+        "qdrift: error: cannot compare: the reports are not paired: their KL divergences are not the same \
+         measurement (reference.kl): A's are exact (over the full vocabulary), B's against the reference's top-64 \
+         log-probabilities plus a tail bucket (--reference-top-k 64): a lower bound\n"
+    );
+}
+
+#[test]
+fn an_out_that_is_a_file_is_refused_naming_it_and_what_to_do() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("compared");
+    std::fs::write(&file, "mine").expect("written");
+    let r = committed();
+    let r = r.to_str().expect("utf-8");
+    for out in [file.clone(), file.join("inside")] {
+        let args = [r, r, "--variant-a", "int8", "--variant-b", "int4-g128", "--out", out.to_str().expect("utf-8")];
+        let (code, stdout, stderr) = compare(&args);
+        assert_eq!(code, 2, "{stdout}");
+        assert!(stdout.is_empty(), "nothing is computed: {stdout}");
+        assert_eq!(
+            stderr,
+            format!(
+                "qdrift: error: --out {}: {} exists and is not a folder; compare writes compare.json, compare.md, \
+                 compare.html into a folder: remove it or choose another --out\n",
+                out.display(),
+                file.display()
+            )
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&file).expect("kept"), "mine");
+}

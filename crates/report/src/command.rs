@@ -11,6 +11,14 @@ use crate::junit::{junit_error_xml, junit_xml};
 use crate::markdown::render_verdict_markdown;
 use qdrift_io::write_atomic;
 
+/// The one line every `qdrift` command prints on standard error when it cannot run:
+/// `qdrift: error: MESSAGE` and a newline, the message made safe for a terminal ([`plain`]: a
+/// name from a report cannot move the cursor or end the line). One form for `gate`, `compare`,
+/// `thresholds` and the rest, so that a CI log is searched for one prefix.
+pub fn error_line(message: &str) -> String {
+    format!("qdrift: error: {}\n", plain(message))
+}
+
 /// What `qdrift gate` prints and returns.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GateRun {
@@ -51,11 +59,7 @@ pub fn run_gate_with(
         paths = paths.output_file("--summary-md", s);
     }
     if let Err(e) = paths.check() {
-        return GateRun {
-            exit_code: 2,
-            stdout: String::new(),
-            stderr: format!("qdrift gate: {}\n", plain(&e.to_string())),
-        };
+        return GateRun { exit_code: 2, stdout: String::new(), stderr: error_line(&e.to_string()) };
     }
     let outcome = Report::read(report_path).map_err(GateError::from).and_then(|report| {
         let outcome = Thresholds::read(thresholds_path).and_then(|t| gate(&report, &t))?;
@@ -82,7 +86,7 @@ pub fn finish_gate(
         }
         Err(e) => {
             let message = plain(&e.to_string());
-            run.stderr = format!("qdrift gate: {message}\n");
+            run.stderr = error_line(&message);
             (junit_error_xml(e), format!("## Verdict\n\n**Gate: ERROR** — the gate could not run: {message}\n"))
         }
     };
@@ -90,7 +94,7 @@ pub fn finish_gate(
         if let Some(path) = path
             && let Err(e) = write_atomic(path, bytes.as_bytes())
         {
-            run.stderr.push_str(&format!("qdrift gate: cannot write the {what}: {}\n", plain(&e.to_string())));
+            run.stderr.push_str(&error_line(&format!("cannot write the {what}: {e}")));
             run.exit_code = 2;
         }
     }

@@ -16,7 +16,7 @@ use crate::document::{Block, Column, Inline};
 use crate::format::rate;
 use crate::gate::Verdict;
 use crate::metrics::{Better, Estimate, METRICS, Metric, metric};
-use crate::{Report, Variant};
+use crate::{KlMethod, Report, Variant};
 
 /// The `format` of `compare.json`.
 pub const COMPARISON_FORMAT: &str = "qdrift-comparison";
@@ -377,7 +377,9 @@ pub fn advantage(better: Better, a: f64, b: f64) -> f64 {
 }
 
 /// Checks that two reports can be compared prompt by prompt: the same reference checkpoint
-/// (SHA-256), reference precision, prompts (the eval set's file and its prompt ids), chat
+/// (SHA-256), reference precision, KL method (exact, or top-K with the same K: a top-K run's
+/// divergences are lower bounds, so against an exact run it would look closer by construction),
+/// prompts (the eval set's file and its prompt ids), chat
 /// template, horizons and seed, and the same reference continuations (its self-perplexity,
 /// equal only when its greedy text is: two runs paired this way share a saved reference or ran
 /// the same code on the same backend). The error names the first field that differs and both
@@ -388,6 +390,15 @@ pub fn check_paired(a: &Report, b: &Report) -> Result<(), String> {
     };
     differ("model.sha256", a.model.sha256.clone(), b.model.sha256.clone())?;
     differ("reference.compute_dtype", a.reference.compute_dtype.clone(), b.reference.compute_dtype.clone())?;
+    let (ka, kb) = (a.reference.kl.as_ref(), b.reference.kl.as_ref());
+    if !KlMethod::same_measurement(ka, kb) {
+        return Err(format!(
+            "the reports are not paired: their KL divergences are not the same measurement (reference.kl): A's are \
+             {}, B's {}",
+            KlMethod::describe(ka),
+            KlMethod::describe(kb)
+        ));
+    }
     differ("workload.prompts", a.workload.prompts.to_string(), b.workload.prompts.to_string())?;
     differ("workload.eval_set.sha256", a.workload.eval_set.sha256.clone(), b.workload.eval_set.sha256.clone())?;
     let ids = |r: &Report| r.workload.eval_set.prompts.join(",");
@@ -483,6 +494,25 @@ mod tests {
         let mut b = a.clone();
         b.reference.self_perplexity[0].1 *= 1.01;
         assert!(check_paired(&a, &b).unwrap_err().contains("the reference's own continuations"));
+        // A top-K run against an exact one: lower bounds against exact values.
+        let mut b = a.clone();
+        b.reference.kl = Some(KlMethod::Exact);
+        assert_eq!(
+            check_paired(&a, &b).unwrap_err(),
+            "the reports are not paired: their KL divergences are not the same measurement (reference.kl): A's \
+             are against the reference's top-64 log-probabilities plus a tail bucket (--reference-top-k 64): a lower \
+             bound, B's exact (over the full vocabulary)"
+        );
+        b.reference.kl = None;
+        assert!(check_paired(&a, &b).unwrap_err().contains("B's exact (over the full vocabulary)"));
+        let mut c = b.clone();
+        c.reference.kl = Some(KlMethod::Exact);
+        assert!(check_paired(&b, &c).is_ok(), "an older report without reference.kl computed it exactly");
+        b.reference.kl = Some(KlMethod::TopKTail { top_k: 32, tail_mass_max: 0.031, tail_mass_mean: 0.004 });
+        assert!(check_paired(&a, &b).unwrap_err().contains("B's against the reference's top-32"));
+        // The same K: the tail masses follow from the reference.
+        b.reference.kl = Some(KlMethod::TopKTail { top_k: 64, tail_mass_max: 0.5, tail_mass_mean: 0.1 });
+        assert!(check_paired(&a, &b).is_ok());
         let mut b = a.clone();
         b.workload.eval_set.prompts.reverse();
         assert!(check_paired(&a, &b).unwrap_err().contains("workload.eval_set.prompts"));

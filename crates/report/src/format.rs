@@ -38,6 +38,33 @@ pub(crate) fn signed_kld(x: f64) -> String {
     if s.starts_with('-') || !x.is_finite() { s } else { format!("+{s}") }
 }
 
+/// `x` to `digits` significant digits (1 to 17), in its shortest form: trailing zeros dropped,
+/// scientific below 0.01 in magnitude as [`kld`] prints KL divergences (`6.252e-5`) and from a
+/// million up. `0.5499999999999999` to 4 digits is `0.55`; 17 digits read back as `x` itself.
+pub(crate) fn significant(x: f64, digits: usize) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return if x == 0.0 { "0".to_string() } else { x.to_string() };
+    }
+    let digits = digits.clamp(1, 17);
+    let a = x.abs();
+    if !(0.01..1e6).contains(&a) {
+        let s = format!("{:.*e}", digits - 1, x);
+        return match s.split_once('e') {
+            Some((mantissa, exponent)) => format!("{}e{exponent}", trim_zeros(mantissa)),
+            None => s,
+        };
+    }
+    let exponent = a.log10().floor() as i32;
+    let decimals = (digits as i32 - 1 - exponent).max(0) as usize;
+    trim_zeros(&format!("{x:.decimals$}"))
+}
+
+/// A decimal without the zeros after its last significant digit (`0.5500` → `0.55`, `2.000` →
+/// `2`); an integer as it is.
+fn trim_zeros(s: &str) -> String {
+    if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_string() } else { s.to_string() }
+}
+
 /// A count with an SI suffix: `134.5M`.
 pub(crate) fn count(n: u64) -> String {
     let x = n as f64;
@@ -139,6 +166,24 @@ mod tests {
         assert_eq!(count(134_515_008), "134.5M");
         assert_eq!(bytes(269_030_016), "256.6 MiB");
         assert_eq!(plain("a\u{1b}[31mb\n"), "a\\u{1b}[31mb\\n");
+    }
+
+    #[test]
+    fn significant_digits_in_the_shortest_form() {
+        assert_eq!(significant(0.5499999999999999, 4), "0.55");
+        assert_eq!(significant(0.00006252050617274569, 4), "6.252e-5");
+        assert_eq!(significant(0.0031, 4), "3.1e-3");
+        assert_eq!(significant(0.0123456, 4), "0.01235");
+        assert_eq!(significant(-1.0375, 4), "-1.038");
+        assert_eq!(significant(2.0, 4), "2");
+        assert_eq!(significant(9.99996, 4), "10");
+        assert_eq!(significant(123456.7, 4), "123457");
+        assert_eq!(significant(1.5e7, 4), "1.5e7");
+        assert_eq!(significant(0.0, 4), "0");
+        assert_eq!(significant(f64::NAN, 4), "NaN");
+        for x in [0.1 + 0.2, 1.0 / 3.0, 6.252050617274569e-5, 0.8521874999999999] {
+            assert_eq!(significant(x, 17).parse::<f64>().unwrap(), x, "{x}");
+        }
     }
 
     #[test]

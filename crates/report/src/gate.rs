@@ -51,7 +51,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::format::plain;
+use crate::format::{plain, significant};
 use crate::metrics::{metric, names, rank};
 use crate::read::THRESHOLDS_CAP;
 use crate::{Report, ReportError, VariantKind};
@@ -265,12 +265,31 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
+/// The first line of `text` whose key is bare and holds an `@` (`kld@100 = { max = 0.01 }`), as
+/// it must be written: `"kld@100" = { max = 0.01 }` (shortened when long).
+fn quoted_at_key(text: &str) -> Option<String> {
+    text.lines().find_map(|line| {
+        let line = line.trim();
+        if line.starts_with(['#', '[', '"', '\'']) {
+            return None;
+        }
+        let (key, rest) = line.split_once('=')?;
+        let key = key.trim();
+        let bare = !key.contains(['"', '\'']);
+        (bare && key.contains('@')).then(|| qdrift_io::elide(&format!("\"{key}\" = {}", rest.trim())).into_owned())
+    })
+}
+
 impl Thresholds {
     /// Parses a thresholds file's text; `origin` names it in errors.
     pub fn parse_named(text: &str, origin: &str) -> Result<Thresholds, GateError> {
         let file: File = toml::from_str(text).map_err(|e| {
             let (line, column) = e.span().map_or((1, 1), |s| line_column(text, s.start));
-            let message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
+            let mut message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
+            // toml's own message ("invalid unquoted key") does not say that `@` is the cause.
+            if let Some(quoted) = quoted_at_key(text) {
+                message.push_str(&format!("; keys with @ must be quoted: {quoted}"));
+            }
             GateError::Toml { origin: origin.to_string(), line, column, message }
         })?;
         let default_bound = match &file.defaults.bound {
@@ -470,8 +489,11 @@ impl CheckResult {
     /// The outcome line:
     /// `PASS|FAIL|INCONCLUSIVE VARIANT METRIC@H bound=ci|point value=X (WHICH) threshold=min ≥ T|max ≤ T`,
     /// then for a `ci` check ` ci95=[lo, hi] mde=D`, and for an inconclusive one
-    /// ` prompts=N prompts_needed=M` (or `prompts_needed=unbounded`). Values are printed
-    /// exactly (shortest round-trip form).
+    /// ` prompts=N prompts_needed=M` (or `prompts_needed=unbounded`). The threshold is printed
+    /// as written; the value, the interval and the MDE to four significant digits
+    /// (`value=0.55`, `mde=6.252e-5`), and the value and interval with as many more as it takes
+    /// to show which side of the threshold they are on (a `0.8000004` failing `max ≤ 0.8` is
+    /// not printed `0.8`).
     pub fn line(&self) -> String {
         if let Some(failure) = &self.failure {
             return format!(
@@ -490,12 +512,13 @@ impl CheckResult {
             self.metric,
             self.horizon,
             self.bound,
-            self.value,
+            beside(self.value, self.threshold),
             self.value_kind(),
             self.threshold_text()
         );
         if let Some(mde) = self.mde() {
-            line.push_str(&format!(" ci95=[{}, {}] mde={mde}", self.ci95[0], self.ci95[1]));
+            let [lo, hi] = self.ci95.map(|x| beside(x, self.threshold));
+            line.push_str(&format!(" ci95=[{lo}, {hi}] mde={}", significant(mde, 4)));
         }
         if self.verdict == Verdict::Inconclusive {
             match self.prompts_needed() {
@@ -505,6 +528,16 @@ impl CheckResult {
         }
         line
     }
+}
+
+/// `x` to four significant digits, or more until the printed number lies on the same side of
+/// `threshold` as `x` (or on it, when `x` is): a gate line never shows a value equal to the
+/// threshold it failed, nor one that reads as passing.
+fn beside(x: f64, threshold: f64) -> String {
+    (4..=17)
+        .map(|digits| significant(x, digits))
+        .find(|s| s.parse::<f64>().is_ok_and(|y| y.partial_cmp(&threshold) == x.partial_cmp(&threshold)))
+        .unwrap_or_else(|| x.to_string())
 }
 
 /// Every check's outcome, in the report's variant order.

@@ -63,7 +63,7 @@ mod suggest;
 pub mod testing;
 mod validate;
 
-pub use command::{GateRun, finish_gate, run_gate, run_gate_with};
+pub use command::{GateRun, error_line, finish_gate, run_gate, run_gate_with};
 pub use compare::{
     COMPARISON_FORMAT, COMPARISON_VERSION, Closer, CompareCheck, ComparedHorizon, ComparedMetric, ComparedSide,
     Comparison, MaxWorse, SignTestResult, advantage, check_paired, pick_variant,

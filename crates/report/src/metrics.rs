@@ -61,6 +61,15 @@ pub struct Distribution {
     pub max: f64,
 }
 
+impl Distribution {
+    /// `(suffix, value)` of the quantiles a metric's pooled-quantile twins hold: the metrics
+    /// `NAME_median`, `NAME_p90` and `NAME_p99` (`kld_p99`) are the same type-7 quantiles of the
+    /// same positions as `NAME`'s distribution, each with an interval of its own.
+    pub fn quantiles(&self) -> [(&'static str, f64); 3] {
+        [("median", self.median), ("p90", self.p90), ("p99", self.p99)]
+    }
+}
+
 /// The values a metric can take: [`Report::validate`](crate::Report::validate) refuses others.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Range {
@@ -84,6 +93,17 @@ impl Range {
                 Range::Positive => x > 0.0,
                 Range::Any => true,
             }
+    }
+
+    /// The smallest and largest values of the range: `(0, 1)` for a rate, `(0, ∞)` for a
+    /// divergence or a ratio (a ratio's open end at 0 included), `(−∞, ∞)` for a difference. A
+    /// `min` at or below the first, or a `max` at or above the second, is passed by every value.
+    pub fn bounds(self) -> (f64, f64) {
+        match self {
+            Range::Unit => (0.0, 1.0),
+            Range::NonNegative | Range::Positive => (0.0, f64::INFINITY),
+            Range::Any => (f64::NEG_INFINITY, f64::INFINITY),
+        }
     }
 
     /// The range in words, for error messages: `∈ [0, 1]`.
@@ -151,6 +171,29 @@ impl PerPrompt {
     /// The statistic of metric `name`, if it has one ([`Metric::per_prompt`]).
     pub fn of(name: &str) -> Option<PerPrompt> {
         metric(name)?.per_prompt
+    }
+
+    /// Whether `v` can be one prompt's value, at horizon `h`, of a metric whose estimates lie in
+    /// `range`: a mean's values lie in the metric's range (a rate in `[0, 1]`, a KL divergence
+    /// `≥ 0`); a log-probability gain is any finite number; a prompt's verification steps are a
+    /// whole number from 1 to `h`; an acceptance is in `[0, 1]`.
+    pub fn admits(self, range: Range, v: f64, h: usize) -> bool {
+        match self {
+            PerPrompt::Mean => range.contains(v),
+            PerPrompt::ExpMean => v.is_finite(),
+            PerPrompt::HorizonOverMean => v.fract() == 0.0 && (1.0..=h as f64).contains(&v),
+            PerPrompt::ExpectedTokens { .. } => Range::Unit.contains(v),
+        }
+    }
+
+    /// What [`PerPrompt::admits`] accepts, in words, for error messages: `≥ 0`.
+    pub fn describe(self, range: Range, h: usize) -> String {
+        match self {
+            PerPrompt::Mean => range.describe().to_string(),
+            PerPrompt::ExpMean => Range::Any.describe().to_string(),
+            PerPrompt::HorizonOverMean => format!("a whole number of steps from 1 to {h}"),
+            PerPrompt::ExpectedTokens { .. } => format!("{} (an acceptance)", Range::Unit.describe()),
+        }
     }
 
     /// The estimate from the mean `m` of the per-prompt values, at horizon `h`.
@@ -851,7 +894,7 @@ impl Metric {
 /// How far a mean may sit outside its interval's bound `x`: the rounding of summing the same
 /// values in another order (the estimate and the resamples add prompts in different orders),
 /// `1e-9 · max(1, |x|)`, far below any difference a report prints.
-fn slack(x: f64) -> f64 {
+pub(crate) fn slack(x: f64) -> f64 {
     1e-9 * x.abs().max(1.0)
 }
 

@@ -185,6 +185,32 @@ pub enum KlMethod {
     },
 }
 
+impl KlMethod {
+    /// How the KL divergences were computed, in words for a message: `exact (over the full
+    /// vocabulary)` or `against the reference's top-64 log-probabilities plus a tail bucket
+    /// (--reference-top-k 64): a lower bound`. `None` is an older report's, which computed them
+    /// exactly.
+    pub fn describe(method: Option<&KlMethod>) -> String {
+        match method {
+            None | Some(KlMethod::Exact) => "exact (over the full vocabulary)".to_string(),
+            Some(KlMethod::TopKTail { top_k, .. }) => format!(
+                "against the reference's top-{top_k} log-probabilities plus a tail bucket (--reference-top-k \
+                 {top_k}): a lower bound"
+            ),
+        }
+    }
+
+    /// Whether two reports' KL divergences are the same measurement: both exact, or both against
+    /// the same number of the reference's top tokens (the tail masses follow from the reference).
+    pub fn same_measurement(a: Option<&KlMethod>, b: Option<&KlMethod>) -> bool {
+        let k = |m: Option<&KlMethod>| match m {
+            None | Some(KlMethod::Exact) => None,
+            Some(KlMethod::TopKTail { top_k, .. }) => Some(*top_k),
+        };
+        k(a) == k(b)
+    }
+}
+
 /// What a variant is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -242,7 +242,22 @@ fn horizon(h: usize, c: &Curves, floor: &Curves, is_floor: bool) -> HorizonMetri
     for m in unmodelled {
         out.set(m.name, placeholder(m)).expect("a name of METRICS");
     }
+    set_pooled_quantiles(&mut out);
     out
+}
+
+/// Each pooled quantile (`kld_p99`, …) set to its metric's distribution's, with an interval
+/// within the largest value, as a run writes it.
+fn set_pooled_quantiles(h: &mut HorizonMetrics) {
+    let tails: Vec<(&str, Distribution)> = h.iter().filter_map(|(m, e)| Some((m.name, e.distribution?))).collect();
+    for (name, d) in tails {
+        for (suffix, q) in d.quantiles() {
+            let key = format!("{name}_{suffix}");
+            if h.metric(&key).is_some() {
+                h.set(&key, Estimate::new(q, [0.9 * q, (1.1 * q).min(d.max)])).expect("a name of METRICS");
+            }
+        }
+    }
 }
 
 /// The per-horizon metrics of a model with experts: a dense model's report has none of them.

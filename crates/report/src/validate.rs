@@ -9,7 +9,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::metrics::{Range, metric};
+use crate::metrics::{Range, metric, slack};
 use crate::{
     Estimate, FirstDivergence, LayerRouting, PerPosition, Report, ReportError, RoutingDrift, SCHEMA_VERSION,
     TensorError, Variant,
@@ -33,7 +33,18 @@ impl Report {
     ///   `expert_overlap` checked as the metrics `routing_flip_rate` and `expert_overlap` are,
     ///   its `first_flip_median` within the longest horizon;
     /// - each horizon's `per_prompt` values one finite value per prompt, of a metric the horizon
-    ///   has, giving its estimate through the metric's [`PerPrompt`](crate::PerPrompt) statistic;
+    ///   has, each a value a prompt can have ([`PerPrompt::admits`](crate::PerPrompt::admits): a
+    ///   rate in `[0, 1]`, a KL divergence `≥ 0`, steps a whole number from 1 to `h`), giving
+    ///   the metric's estimate through its [`PerPrompt`](crate::PerPrompt) statistic, and for a
+    ///   metric with a distribution none above its largest position value (a prompt's mean over
+    ///   its positions cannot exceed them). No KL divergence may be negative, not even by
+    ///   rounding: the evaluation counts a position's negative f32 rounding as 0
+    ///   (`qdrift_eval`'s `Trace::kld_at`), so a run never writes one, and a tolerance would only
+    ///   let an edited report through;
+    /// - a pooled quantile (`kld_median`, `kld_p90`, `kld_p99` and the reverse KLD's) equal, up to
+    ///   rounding, to the same quantile of its metric's distribution (the same type-7 quantile of
+    ///   the same positions: the number the tables show as `KLD p99`), its interval within the
+    ///   largest position value (a resample holds only the run's positions);
     /// - `bits_per_weight` finite and `≥ 0`, every other number finite and in its range.
     ///
     /// The error is [`ReportError::Invalid`] with one line; [`Report::read`] adds the file.
@@ -114,10 +125,12 @@ impl Variant {
             return Err("files are listed without the folder's sha256".into());
         }
         for h in &self.horizons {
+            let at = |why: String| format!("{why} at horizon {}", h.tokens);
             for (m, e) in h.iter() {
-                m.check(e).map_err(|why| format!("{why} at horizon {}", h.tokens))?;
+                m.check(e).map_err(at)?;
             }
-            check_per_prompt(h, prompts).map_err(|why| format!("{why} at horizon {}", h.tokens))?;
+            check_per_prompt(h, prompts).map_err(at)?;
+            check_pooled_quantiles(h).map_err(at)?;
         }
         let longest = horizons[horizons.len() - 1];
         self.first_divergence.check("first_divergence", prompts, longest)?;
@@ -133,9 +146,10 @@ impl Variant {
     }
 }
 
-/// A horizon's per-prompt values: one finite value per prompt, for a metric the horizon has, whose
-/// [`PerPrompt`](crate::PerPrompt) statistic is the metric's estimate (to 1e-9 relative: the
-/// sums run in another order, and a float read back may be one ulp off).
+/// A horizon's per-prompt values: one finite value per prompt, each one a prompt can have, for a
+/// metric the horizon has, whose [`PerPrompt`](crate::PerPrompt) statistic is the metric's
+/// estimate (to 1e-9 relative: the sums run in another order, and a float read back may be one
+/// ulp off), none above the metric's largest position value.
 fn check_per_prompt(h: &crate::HorizonMetrics, prompts: usize) -> Result<(), String> {
     for (name, values) in h.per_prompt_values() {
         if values.len() != prompts {
@@ -144,12 +158,53 @@ fn check_per_prompt(h: &crate::HorizonMetrics, prompts: usize) -> Result<(), Str
         if let Some(i) = values.iter().position(|v| !v.is_finite()) {
             return Err(format!("per_prompt.{name} value {i} is {}, not finite", values[i]));
         }
-        let (Some(e), Some(statistic)) = (h.metric(name), crate::PerPrompt::of(name)) else {
+        let (Some(e), Some(m)) = (h.metric(name), metric(name)) else {
             return Err(format!("per_prompt.{name} is given without the metric"));
         };
+        let Some(statistic) = m.per_prompt else {
+            return Err(format!("per_prompt.{name}: {name} has no per-prompt values"));
+        };
+        if let Some(i) = values.iter().position(|&v| !statistic.admits(m.range, v, h.tokens)) {
+            let range = statistic.describe(m.range, h.tokens);
+            return Err(format!("per_prompt.{name} value {i} = {:?}, not {range}", values[i]));
+        }
         let of_values = statistic.estimate(values.iter().sum::<f64>() / prompts as f64, h.tokens);
         if (of_values - e.mean).abs() > 1e-9 * e.mean.abs().max(1.0) {
             return Err(format!("per_prompt.{name} gives {of_values}, but the metric's mean is {}", e.mean));
+        }
+        if let Some(d) = e.distribution
+            && let Some(i) = values.iter().position(|&v| v > d.max + slack(d.max))
+        {
+            return Err(format!(
+                "per_prompt.{name} value {i} = {:?}, above {name}'s largest value over positions {:?}",
+                values[i], d.max
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Each pooled quantile of a horizon (`NAME_p99` beside `NAME`'s distribution: see
+/// [`Distribution::quantiles`](crate::Distribution::quantiles)) equal to the distribution's, up to
+/// rounding, and its interval no higher than the distribution's largest value.
+fn check_pooled_quantiles(h: &crate::HorizonMetrics) -> Result<(), String> {
+    for (m, e) in h.iter() {
+        let Some(d) = e.distribution else { continue };
+        for (suffix, q) in d.quantiles() {
+            let name = format!("{}_{suffix}", m.name);
+            let Some(pooled) = h.metric(&name) else { continue };
+            if (pooled.mean - q).abs() > slack(q) {
+                return Err(format!(
+                    "{name} = {:?}, but {}'s {suffix} over the same positions is {q:?}",
+                    pooled.mean, m.name
+                ));
+            }
+            if pooled.ci95[1] > d.max + slack(d.max) {
+                return Err(format!(
+                    "{name} interval {:?} reaches above {}'s largest value over positions {:?}",
+                    pooled.ci95, m.name, d.max
+                ));
+            }
         }
     }
     Ok(())

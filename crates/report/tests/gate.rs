@@ -60,8 +60,6 @@ fn a_report_outside_a_threshold_fails_with_exit_code_1_and_says_which_value() {
     let r = sample_report();
     let kld = *r.variant("int4-g128").unwrap().horizon(1000).unwrap().metric("kld").unwrap();
     let tmr = *r.variant("int4-g128").unwrap().horizon(100).unwrap().metric("token_match_rate").unwrap();
-    let [lower, tmr_hi] = tmr.ci95;
-    let [kld_lo, upper] = kld.ci95;
     let toml = r#"
         [variant."int4-g128"]
         "token_match_rate@100" = { min = 0.80 }
@@ -73,21 +71,18 @@ fn a_report_outside_a_threshold_fails_with_exit_code_1_and_says_which_value() {
     assert_eq!(outcome.failures().count(), 1, "{:#?}", lines(&outcome));
     assert_eq!(
         lines(&outcome),
-        // In METRICS order, not the file's.
+        // In METRICS order, not the file's; four significant digits.
         [
             // The whole interval below 0.8: a fail, and its MDE is the upper half-width.
-            format!(
-                "FAIL int4-g128 token_match_rate@100 bound=ci value={lower} (lower CI bound) threshold=min ≥ 0.8 \
-                 ci95=[{lower}, {tmr_hi}] mde={}",
-                tmr_hi - tmr.mean
-            ),
-            format!(
-                "PASS int4-g128 kld@1000 bound=ci value={upper} (upper CI bound) threshold=max ≤ 0.05 \
-                 ci95=[{kld_lo}, {upper}] mde={}",
-                upper - kld.mean
-            ),
+            "FAIL int4-g128 token_match_rate@100 bound=ci value=0.3518 (lower CI bound) threshold=min ≥ 0.8 \
+             ci95=[0.3518, 0.5863] mde=0.1173",
+            "PASS int4-g128 kld@1000 bound=ci value=0.04701 (upper CI bound) threshold=max ≤ 0.05 \
+             ci95=[0.03516, 0.04701] mde=6.132e-3",
         ]
     );
+    let [lower, upper] = [outcome.results[0].value, outcome.results[1].value];
+    assert_eq!((lower, upper), (tmr.ci95[0], kld.ci95[1]), "the values compared are the interval's bounds");
+    assert!((outcome.results[0].mde().unwrap() - (tmr.ci95[1] - tmr.mean)).abs() < 1e-15);
 }
 
 #[test]
@@ -96,13 +91,11 @@ fn point_and_ci_semantics_differ_when_the_mean_clears_and_the_bound_does_not() {
     let ci = run(&r, "[variant.int8]\n\"token_match_rate@100\" = { min = 0.80 }\n").unwrap();
     // The interval [0.78, 0.90] straddles 0.80: inconclusive, and 72 · (0.07 / 0.05)² = 141.1
     // prompts would resolve it.
-    let mde = 0.85 - 0.78;
+    // The MDE 0.85 − 0.78 is 0.07000000000000006 in f64: printed to four significant digits.
     assert_eq!(
         lines(&ci),
-        [format!(
-            "INCONCLUSIVE int8 token_match_rate@100 bound=ci value=0.78 (lower CI bound) threshold=min ≥ 0.8 \
-             ci95=[0.78, 0.9] mde={mde} prompts=72 prompts_needed=142"
-        )]
+        ["INCONCLUSIVE int8 token_match_rate@100 bound=ci value=0.78 (lower CI bound) threshold=min ≥ 0.8 \
+             ci95=[0.78, 0.9] mde=0.07 prompts=72 prompts_needed=142"]
     );
     assert_eq!(exit_code(&Ok(ci)), 3);
     let point =
@@ -115,6 +108,35 @@ fn point_and_ci_semantics_differ_when_the_mean_clears_and_the_bound_does_not() {
     assert_eq!(max_ci.results[0].value, 0.90);
     let max_point = run(&r, "[variant.int8]\n\"token_match_rate@100\" = { max = 0.88, bound = \"point\" }\n").unwrap();
     assert!(max_point.passed());
+}
+
+#[test]
+fn gate_lines_print_four_significant_digits_and_more_only_at_the_threshold() {
+    // The numbers of the issue's log: 0.5499999999999999 and an MDE of 6.252050617274569e-5.
+    let mut r = sample_report();
+    let v = r.variants.iter_mut().find(|v| v.name == "int8").unwrap();
+    let h = v.horizons.iter_mut().find(|h| h.tokens == 100).unwrap();
+    let hi = 0.5499999999999999;
+    let mean = hi - 0.00006252050617274569;
+    h.set("top1_agreement", mean_ci(mean, mean - 0.01, hi)).unwrap();
+    let outcome = run(&r, "[variant.int8]\n\"top1_agreement@100\" = { max = 0.6 }\n").unwrap();
+    assert_eq!(
+        lines(&outcome),
+        ["PASS int8 top1_agreement@100 bound=ci value=0.55 (upper CI bound) threshold=max ≤ 0.6 \
+          ci95=[0.5399, 0.55] mde=6.252e-5"]
+    );
+    // A value a hair above the threshold it fails is not printed as the threshold itself.
+    let outcome = run(&r, "[variant.int8]\n\"top1_agreement@100\" = { max = 0.54999 }\n").unwrap();
+    let line = &lines(&outcome)[0];
+    assert!(line.starts_with("INCONCLUSIVE int8 top1_agreement@100 bound=ci value=0.55 "), "{line}");
+    let outcome = run(&r, "[variant.int8]\n\"top1_agreement@100\" = { max = 0.54999999 }\n").unwrap();
+    let line = &lines(&outcome)[0];
+    assert!(line.contains(" value=0.55 ") && line.contains("threshold=max ≤ 0.54999999"), "{line}");
+    // Just under a threshold it passes: not printed as the threshold either.
+    let outcome = run(&r, "[variant.int8]\n\"top1_agreement@100\" = { max = 0.55 }\n").unwrap();
+    let line = &lines(&outcome)[0];
+    assert!(line.starts_with("PASS int8 top1_agreement@100 bound=ci value=0.5499999999999999 (upper"), "{line}");
+    assert!(line.contains(" ci95=[0.5399, 0.5499999999999999] mde=6.252e-5"), "{line}");
 }
 
 #[test]
@@ -460,7 +482,7 @@ fn run_gate_on_unusable_input_writes_a_junit_error() {
     assert_eq!(run.stdout, "");
     assert_eq!(
         run.stderr,
-        "qdrift gate: --junit /nonexistent-qdrift-dir/junit.xml: its folder /nonexistent-qdrift-dir does not exist\n"
+        "qdrift: error: --junit /nonexistent-qdrift-dir/junit.xml: its folder /nonexistent-qdrift-dir does not exist\n"
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -473,6 +495,17 @@ fn thresholds_read_names_the_file_in_toml_errors() {
     let e = Thresholds::read(&path).unwrap_err();
     assert!(e.to_string().starts_with(&format!("{}:1:", path.display())), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_unquoted_key_with_an_at_sign_gets_a_hint() {
+    let e = Thresholds::parse("[variant.int8]\nkld@100 = { max = 0.01 }\n").unwrap_err().to_string();
+    assert!(e.starts_with("thresholds:2:"), "{e}");
+    assert!(e.ends_with("; keys with @ must be quoted: \"kld@100\" = { max = 0.01 }"), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
+    // Other TOML errors get no hint.
+    let e = Thresholds::parse("[variant.int8\n\"kld@100\" = { max = 0.01 }\n").unwrap_err().to_string();
+    assert!(!e.contains("must be quoted"), "{e}");
 }
 
 // ---- three verdicts ----

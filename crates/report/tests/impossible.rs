@@ -257,3 +257,78 @@ fn every_report_qdrift_wrote_still_reads() {
         Report::read(&path).unwrap_or_else(|e| panic!("{e}"));
     }
 }
+
+/// Sets int8's per-prompt values of `metric` at horizon 100 to `values`, the metric's mean kept
+/// their mean.
+fn per_prompt(v: &mut Variant, metric: &str, values: Vec<f64>) {
+    let h = v.horizons.iter_mut().find(|h| h.tokens == 100).expect("horizon");
+    let mean = values.iter().sum::<f64>() / values.len() as f64;
+    let e = *h.metric(metric).expect("metric");
+    let [lo, hi] = e.ci95;
+    h.set(metric, Estimate { mean, ci95: [lo.min(mean), hi.max(mean)], ..e }).expect("known metric");
+    h.set_per_prompt(metric, values).expect("a metric with per-prompt values");
+}
+
+/// Half the largest KL divergence over int8's positions of horizon 100: a prompt's mean KLD it
+/// could have.
+fn half_max(v: &Variant) -> f64 {
+    0.5 * v.horizon(100).expect("horizon").metric("kld").expect("kld").distribution.expect("distribution").max
+}
+
+/// 72 values alternating `a` and `b`.
+fn alternating(a: f64, b: f64) -> Vec<f64> {
+    (0..72).map(|i| if i % 2 == 0 { a } else { b }).collect()
+}
+
+#[test]
+fn per_prompt_values_outside_the_metrics_range_are_refused_though_their_mean_agrees() {
+    // Rates of 2.0 and -1.2 average 0.4, a rate.
+    let e = refusal("rate-2", &edited(|v| per_prompt(v, "token_match_rate", alternating(2.0, -1.2))));
+    assert_contains(&e, &["variant int8: per_prompt.token_match_rate value 0 = 2.0, not ∈ [0, 1] at horizon 100"]);
+    // A negative KL divergence whose mean is still positive: none, however small.
+    let e = refusal("kld-negative", &edited(|v| per_prompt(v, "kld", alternating(half_max(v), -1e-12))));
+    assert_contains(&e, &["variant int8: per_prompt.kld value 1 = -1e-12, not ≥ 0 at horizon 100"]);
+    // Verification steps are whole and at most one per position.
+    let e = refusal("steps", &edited(|v| per_prompt(v, "spec_tokens_per_step_g1", alternating(150.0, 50.0))));
+    assert_contains(
+        &e,
+        &["per_prompt.spec_tokens_per_step_g1 value 0 = 150.0, not a whole number of steps from 1 to 100"],
+    );
+    // The same values within range read.
+    assert!(edited(|v| per_prompt(v, "token_match_rate", alternating(0.9, 0.7))).validate().is_ok());
+    assert!(edited(|v| per_prompt(v, "kld", alternating(half_max(v), 0.0))).validate().is_ok());
+}
+
+#[test]
+fn a_prompts_kl_above_the_largest_position_value_is_refused() {
+    let mut r = sample_report();
+    let v = r.variants.iter_mut().find(|v| v.name == "int8").unwrap();
+    let max = v.horizon(100).unwrap().metric("kld").unwrap().distribution.unwrap().max;
+    per_prompt(v, "kld", alternating(2.0 * max, 0.0));
+    let e = refusal("kld-above-max", &r);
+    assert_contains(&e, &["variant int8: per_prompt.kld value 0 = ", "above kld's largest value over positions"]);
+}
+
+#[test]
+fn a_pooled_quantile_other_than_the_distributions_is_refused() {
+    // The table shows kld_reverse's p99 from kld_reverse_p99: 1e308 there is no run's.
+    let mut r = sample_report();
+    let v = r.variants.iter_mut().find(|v| v.name == "int8").unwrap();
+    let d = v.horizon(100).unwrap().metric("kld_reverse").unwrap().distribution.unwrap();
+    set(v, 100, "kld_reverse_p99", mean_ci(1e308, 1e308, 1e308));
+    let e = refusal("reverse-p99", &r);
+    assert_contains(
+        &e,
+        &[&format!(
+            "variant int8: kld_reverse_p99 = 1e308, but kld_reverse's p99 over the same positions is {:?}",
+            d.p99
+        )],
+    );
+    // An interval reaching above every position's value.
+    let mut r = sample_report();
+    let v = r.variants.iter_mut().find(|v| v.name == "int8").unwrap();
+    let d = v.horizon(100).unwrap().metric("kld").unwrap().distribution.unwrap();
+    set(v, 100, "kld_p99", mean_ci(d.p99, d.p99, 2.0 * d.max));
+    let e = refusal("p99-interval", &r);
+    assert_contains(&e, &["variant int8: kld_p99 interval", "reaches above kld's largest value over positions"]);
+}
