@@ -52,6 +52,8 @@ const COMPARE_EXAMPLES: &str = "Examples:
 
 const THRESHOLDS_EXAMPLES: &str = "Examples:
   qdrift thresholds suggest drift/report.json --margin 0.1 --out thresholds.toml
+  # One variant of a known-good report, as the candidate a CI run gates:
+  qdrift thresholds suggest drift/report.json --variant int4-g128 --as candidate --out thresholds.toml
   qdrift thresholds suggest drift/report.json --metrics kld,token_match_rate --horizons 100,1000";
 
 const INSPECT_EXAMPLES: &str = "Examples:

@@ -53,18 +53,11 @@ struct SuggestArgs {
     out: Option<PathBuf>,
 }
 
-/// Runs `qdrift thresholds`: exit 0, or 2 with one `qdrift: error:` line on unusable input, as
-/// `qdrift gate` and `qdrift compare` do.
+/// Runs `qdrift thresholds`: exit 0, or one `qdrift: error:` line and the exit code of its kind
+/// (2 on unusable input, as every command; `crate::exit`).
 pub fn run(args: ThresholdsArgs) -> Result<(), Box<dyn Error>> {
     let ThresholdsCommand::Suggest(args) = args.command;
-    if let Err(e) = suggest(&args) {
-        eprint!("{}", qdrift_report::error_line(&e.to_string()));
-        // main turns an Err into exit 1, which `gate` and `compare` keep for a failed check;
-        // unusable input is 2 for every command that reads reports. Nothing is left to drop or
-        // flush: nothing was printed to standard output.
-        std::process::exit(2);
-    }
-    Ok(())
+    suggest(&args)
 }
 
 /// `qdrift thresholds suggest`: check the paths, read the report, write the thresholds.

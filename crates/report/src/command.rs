@@ -12,11 +12,12 @@ use crate::markdown::render_verdict_markdown;
 use qdrift_io::write_atomic;
 
 /// The one line every `qdrift` command prints on standard error when it cannot run:
-/// `qdrift: error: MESSAGE` and a newline, the message made safe for a terminal ([`plain`]: a
-/// name from a report cannot move the cursor or end the line). One form for `gate`, `compare`,
-/// `thresholds` and the rest, so that a CI log is searched for one prefix.
+/// `qdrift: error: MESSAGE` and a newline, the message made safe for a terminal and bounded
+/// ([`qdrift_io::message_line`]: a name from a report cannot move the cursor, reorder the text or
+/// end the line, and a huge one is elided). One form for every command, so that a CI log is
+/// searched for one prefix.
 pub fn error_line(message: &str) -> String {
-    format!("qdrift: error: {}\n", plain(message))
+    format!("qdrift: error: {}\n", qdrift_io::message_line(message))
 }
 
 /// What `qdrift gate` prints and returns.
