@@ -26,16 +26,20 @@
 //!   files and temporary files a run registers are removed when SIGINT, SIGTERM or SIGHUP ends
 //!   it, and the process then ends as the signal would have ended it; an [`AtomicFile`]'s
 //!   temporary file is registered.
+//! - **Free space** ([`free_space`], `space.rs`): what the filesystem an output will be written on
+//!   can still take, and which filesystem that is, for a check before the work.
 //!
 //! **Invariants: no qdrift crate reads a file it is handed or writes a file it makes except
 //! through this crate; this crate depends on no other qdrift crate.**
 
 mod paths;
 mod signals;
+mod space;
 mod text;
 
 pub use paths::PathCheck;
 pub use signals::{RemoveOnSignal, registered, uninterrupted};
+pub use space::{FreeSpace, free_space};
 pub use text::{ELIDE_KEEP, elide};
 
 use std::fs::{File, FileType};
