@@ -315,6 +315,7 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     }
     // A dump inside --out is staged with the reports and moved in with them.
     cfg.dump_logprobs = args.dump_logprobs.as_deref().map(|d| output.staged(d).unwrap_or_else(|| d.to_path_buf()));
+    cfg.reports = Some(output.staging().to_path_buf());
     let clock = std::sync::Mutex::new(PhaseClock::new());
     let (evaluated, unsaved) = split_unsaved(match auto {
         Some(max) => auto_rounds(&mut cfg, max, &clock),

@@ -86,9 +86,11 @@ fn decides(e: &(dyn Error + 'static)) -> Option<u8> {
 
 fn eval_code(e: &EvalError) -> Option<u8> {
     match e {
-        EvalError::Memory(_) | EvalError::NoF16 { .. } | EvalError::Internal(_) | EvalError::Device(_) => {
-            Some(ENVIRONMENT)
-        }
+        EvalError::Memory(_)
+        | EvalError::DiskSpace(_)
+        | EvalError::NoF16 { .. }
+        | EvalError::Internal(_)
+        | EvalError::Device(_) => Some(ENVIRONMENT),
         EvalError::Generate(qdrift_generate::GenerateError::Readback(_)) => Some(ENVIRONMENT),
         EvalError::Io { source, .. } => Some(io_code(source)),
         EvalError::Load(e) => load_code(e),

@@ -47,6 +47,10 @@ pub struct EvalConfig {
     /// reference's text) to this JSONL file, for independent checks. Large: prompts × horizon ×
     /// vocabulary × 2 numbers per variant.
     pub dump_logprobs: Option<PathBuf>,
+    /// Where the reports (or a shard's part) will be written: `--out`, or the staging folder
+    /// beside it that the CLI writes them to. Only for the free-space check before the run, which
+    /// leaves them out when `None`.
+    pub reports: Option<PathBuf>,
     /// Largest size, in bytes, of what is kept of the reference's pass on its own text across
     /// variants for the exact KL: its logits, else its final hidden states (each variant then
     /// costs one pass on that text instead of two); above it the reference runs again in
@@ -103,6 +107,7 @@ impl EvalConfig {
             chunk: 64,
             quantize: QuantizeOptions::default(),
             dump_logprobs: None,
+            reports: None,
             reference_logits_budget: 256 << 20,
             reference_top_k: None,
             save_reference: None,

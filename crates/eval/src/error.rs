@@ -76,6 +76,9 @@ pub enum EvalError {
     /// The plan's largest model would not fit in the memory available ([`crate::memory`]).
     #[error("{0}")]
     Memory(String),
+    /// What the run would write does not fit the free space of its filesystems (`space.rs`).
+    #[error("{0}")]
+    DiskSpace(String),
     /// The device cannot run the reference and the noise floor (one of them computes in f16).
     #[error("{adapter} does not support f16 compute, which the reference or the noise floor needs")]
     NoF16 {

@@ -48,6 +48,7 @@
 //! | `gate_check.rs` | `--gate` thresholds checked against the run's variants and horizons |
 //! | `plan.rs` | options checked before loading; batch size, chunk, precisions, KL mode, shard; device checks |
 //! | [`memory`] | each model of the plan sized before it is built, the largest checked against the memory available |
+//! | `space.rs` | what the run will write (reports, store, dump) sized from the plan and checked against each filesystem's free space |
 //! | `config.rs` | [`EvalConfig`] and its defaults, [`Shard`], the default eval set |
 //! | `variant.rs` | [`VariantSpec`] and the variant each builds (weights, precision, report header) |
 //! | `compat.rs` | a checkpoint variant opened and checked against the reference before the run |
@@ -94,6 +95,7 @@ mod routing_drift;
 mod run;
 mod scoring;
 mod shard;
+mod space;
 mod store;
 mod texts;
 mod types;

@@ -26,7 +26,9 @@
 //!
 //! Until the commit, `--out` is untouched: a failed or interrupted run leaves the previous
 //! reports (or no folder) as they were. Dropping an uncommitted [`OutputDir`] removes its staging
-//! folder; staging folders of crashed runs are removed by the next run that takes the lock.
+//! folder and its lock file; so does a terminating signal (SIGINT, SIGTERM, SIGHUP:
+//! [`qdrift_io::RemoveOnSignal`]), which waits for a commit in progress to end. Staging folders of
+//! crashed runs are removed by the next run that takes the lock.
 //!
 //! **Invariant: `--out` is never created before the run succeeds, and never holds a half-written
 //! file or a mix of two runs' reports (except per file in a folder holding other files).**
@@ -35,7 +37,7 @@ use std::ffi::OsString;
 use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 
-use qdrift_io::{PathCheck, unique_sibling};
+use qdrift_io::{PathCheck, RemoveOnSignal, uninterrupted, unique_sibling};
 
 use crate::config::EvalConfig;
 use crate::error::EvalError;
@@ -95,6 +97,8 @@ pub struct OutputDir {
     lock: Option<(File, PathBuf)>,
     /// The process id a crashed run left in the lock file.
     recovered: Option<u32>,
+    /// The lock file, then the staging folder: removed if a signal ends the process.
+    _on_signal: Vec<RemoveOnSignal>,
 }
 
 impl OutputDir {
@@ -121,16 +125,18 @@ impl OutputDir {
             parent.join(n)
         };
         let (file, lock_path, recovered) = take_lock(&sibling(".qdrift-lock")).map_err(fail)?;
-        let dir = OutputDir {
+        let mut dir = OutputDir {
             given: out.to_path_buf(),
             out: abs.clone(),
             staging: unique_sibling(&abs, "new"),
+            _on_signal: vec![RemoveOnSignal::new(&lock_path)],
             lock: Some((file, lock_path)),
             recovered,
         };
         // We hold the lock: any staging or old folder of this name is a crashed run's.
         remove_stale(parent, name);
         std::fs::create_dir(&dir.staging).map_err(|e| fail(format!("cannot write in {}: {e}", parent.display())))?;
+        dir._on_signal.push(RemoveOnSignal::new(&dir.staging));
         if abs.is_dir() {
             probe_writable(&abs).map_err(|e| fail(format!("cannot write in it: {e}")))?;
         }
@@ -163,11 +169,16 @@ impl OutputDir {
     }
 
     /// Moves the staged files into `--out` (see the module's documentation) and releases the
-    /// lock.
+    /// lock. A terminating signal waits for the commit to end.
     ///
     /// # Errors
     /// [`EvalError::Output`] when a rename fails; `--out` then holds what it held before.
     pub fn commit(self) -> Result<(), EvalError> {
+        uninterrupted(|| self.move_in())
+    }
+
+    /// [`OutputDir::commit`]'s work.
+    fn move_in(&self) -> Result<(), EvalError> {
         let fail = |problem: String| EvalError::Output { path: self.given.clone(), problem };
         let written = write_manifest(&self.staging).map_err(|e| fail(format!("cannot list the reports: {e}")))?;
         if !self.out.exists() {
@@ -208,13 +219,18 @@ impl OutputDir {
 
 impl Drop for OutputDir {
     fn drop(&mut self) {
-        // After a commit the staging folder is gone and this does nothing.
-        let _ = std::fs::remove_dir_all(&self.staging);
-        if let Some((file, path)) = self.lock.take() {
-            // Removed while still held, so no other run can lock the removed file (see take_lock).
-            let _ = std::fs::remove_file(&path);
-            drop(file);
-        }
+        // Uninterrupted: once the lock is released, another run may own the file at its path,
+        // which a signal's cleanup must not remove.
+        uninterrupted(|| {
+            // After a commit the staging folder is gone and this does nothing.
+            let _ = std::fs::remove_dir_all(&self.staging);
+            if let Some((file, path)) = self.lock.take() {
+                // Removed while still held, so no other run can lock the removed file (see take_lock).
+                let _ = std::fs::remove_file(&path);
+                drop(file);
+            }
+            self._on_signal.clear();
+        });
     }
 }
 
@@ -473,6 +489,28 @@ mod tests {
         std::fs::write(out.join(MANIFEST), "../outside\n/etc/hostname\nfolder\n./report.png\n").unwrap();
         run(&["report.json"]);
         assert!(root.path().join("outside").exists() && out.join("folder").is_dir() && out.join("report.png").exists());
+    }
+
+    /// The lock file and the staging folder are removed by a terminating signal until the
+    /// commit, or the drop, removes them itself (the signal itself: crates/cli/tests/signals.rs).
+    #[test]
+    fn the_lock_and_the_staging_folder_are_registered_for_signals_until_committed() {
+        let root = tempfile::tempdir().unwrap();
+        let ours = || {
+            let mut paths: Vec<PathBuf> =
+                qdrift_io::registered().into_iter().filter(|p| p.starts_with(root.path())).collect();
+            paths.sort();
+            paths
+        };
+        let out = root.path().join("out");
+        let dir = OutputDir::prepare(&out).unwrap();
+        let staging = dir.staging().to_path_buf();
+        assert_eq!(ours(), [root.path().join(".out.qdrift-lock"), staging]);
+        std::fs::write(dir.staging().join("report.json"), b"new").unwrap();
+        dir.commit().unwrap();
+        assert!(ours().is_empty());
+        drop(OutputDir::prepare(&out).unwrap());
+        assert!(ours().is_empty());
     }
 
     #[test]

@@ -77,6 +77,7 @@ pub fn evaluate_any(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + 
     let plan = Plan::new(cfg, horizons, loaded.model.arch(), prompts.tokens.clone(), device)?;
     let (arch, parameters) = (loaded.model.arch(), loaded.model.parameter_count());
     crate::memory::check_plan_memory(cfg, &plan, arch, parameters, crate::memory::available_for(&plan))?;
+    crate::space::check_space(cfg, &plan, arch, &prompts)?;
     if let Some(overflow) = context_overflow(&plan.prompts, plan.longest(), trained) {
         let message = format!("{overflow}, and divergence there reflects that too");
         progress(Progress::Warning { message: &message });

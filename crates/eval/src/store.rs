@@ -13,8 +13,8 @@
 //!   (`noise_floor/…`); then the seal (`container::seal`): a SHA-256 over `manifest.json`'s bytes
 //!   and the data, so that neither file can be edited alone.
 //!
-//! It is written into a staging folder beside DIR and renamed into place, so DIR holds a whole
-//! store or none. Reading checks the format and version, then the key field by field (a
+//! It is written into a staging folder beside DIR (removed by a terminating signal too,
+//! [`qdrift_io::RemoveOnSignal`]) and renamed into place, so DIR holds a whole store or none. Reading checks the format and version, then the key field by field (a
 //! mismatch is refused naming the field and both values), then the seal, then every section's
 //! type, shape and range against what a run with that key writes (the hidden-state chunks are
 //! exactly the batches and teacher-forcing chunks of the key's batch size and chunk), then every
@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
-use qdrift_io::{elide, unique_sibling};
+use qdrift_io::{RemoveOnSignal, elide, uninterrupted, unique_sibling};
 use qdrift_score::CompactChunk;
 use serde::{Deserialize, Serialize};
 
@@ -309,10 +309,12 @@ pub(crate) fn write_store(dir: &Path, key: &StoreKey, seed: u64, stored: &Stored
     let staging = staging_dir(dir)?;
     let result = (|| {
         std::fs::create_dir(&staging).map_err(|e| fail(format!("cannot create a folder beside it: {e}")))?;
+        let _on_signal = RemoveOnSignal::new(&staging);
         for (name, bytes) in [("reference.bin", &w.data), ("manifest.json", &json)] {
             std::fs::write(staging.join(name), bytes).map_err(|e| fail(format!("cannot write {name}: {e}")))?;
         }
-        replace_dir(&staging, dir)
+        // A signal waits for the renames: the previous store is never left aside.
+        uninterrupted(|| replace_dir(&staging, dir))
     })();
     if result.is_err() {
         let _ = std::fs::remove_dir_all(&staging);

@@ -22,14 +22,24 @@
 //!   checked against their targets' types, its inputs (device and inode) and each other.
 //! - **User strings in messages** ([`elide`], `text.rs`): a long string from the user or a file
 //!   is quoted by its first and last characters, so an error stays one short line.
+//! - **Signals** ([`RemoveOnSignal`], [`uninterrupted`], `signals.rs`): the staging folders, lock
+//!   files and temporary files a run registers are removed when SIGINT, SIGTERM or SIGHUP ends
+//!   it, and the process then ends as the signal would have ended it; an [`AtomicFile`]'s
+//!   temporary file is registered.
+//! - **Free space** ([`free_space`], `space.rs`): what the filesystem an output will be written on
+//!   can still take, and which filesystem that is, for a check before the work.
 //!
 //! **Invariants: no qdrift crate reads a file it is handed or writes a file it makes except
 //! through this crate; this crate depends on no other qdrift crate.**
 
 mod paths;
+mod signals;
+mod space;
 mod text;
 
 pub use paths::PathCheck;
+pub use signals::{RemoveOnSignal, registered, uninterrupted};
+pub use space::{FreeSpace, free_space};
 pub use text::{ELIDE_KEEP, MESSAGE_MAX, elide, message_line};
 
 use std::fs::{File, FileType};
@@ -234,6 +244,8 @@ pub struct AtomicFile {
     target: PathBuf,
     temp: PathBuf,
     out: Option<BufWriter<File>>,
+    /// The temporary file, removed if a signal ends the process before the commit.
+    _on_signal: Option<RemoveOnSignal>,
 }
 
 impl AtomicFile {
@@ -252,7 +264,9 @@ impl AtomicFile {
             let temp = unique_sibling(&target, "tmp");
             match std::fs::OpenOptions::new().write(true).create_new(true).open(&temp) {
                 Ok(file) => {
-                    return Ok(AtomicFile { path: path.to_path_buf(), target, temp, out: Some(BufWriter::new(file)) });
+                    let on_signal = Some(RemoveOnSignal::new(&temp));
+                    let out = Some(BufWriter::new(file));
+                    return Ok(AtomicFile { path: path.to_path_buf(), target, temp, out, _on_signal: on_signal });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
                 Err(e) => return Err(write(e)),
@@ -283,8 +297,9 @@ impl AtomicFile {
         // The target may have been replaced by something else while the file was written.
         replaceable(&self.target).map_err(write)?;
         std::fs::rename(&self.temp, &self.target).map_err(write)?;
-        // Renamed: nothing left for Drop to remove.
+        // Renamed: nothing left for Drop or a signal to remove.
         self.temp = PathBuf::new();
+        self._on_signal = None;
         Ok(())
     }
 }
@@ -368,6 +383,19 @@ mod tests {
         }
         assert_eq!(std::fs::read(&path).unwrap(), b"old");
         assert_eq!(names(dir.path()), ["model.gguf"]);
+    }
+
+    /// A terminating signal removes a temporary file until its commit (signals.rs).
+    #[test]
+    fn an_atomic_files_temporary_is_registered_until_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = AtomicFile::create(&dir.path().join("out.json")).unwrap();
+        let temp = file.temp_path().to_path_buf();
+        assert!(registered().contains(&temp));
+        file.commit().unwrap();
+        assert!(!registered().contains(&temp));
+        drop(AtomicFile::create(&dir.path().join("dropped.json")).unwrap());
+        assert!(registered().iter().all(|p| !p.starts_with(dir.path())));
     }
 
     #[test]
