@@ -324,7 +324,13 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     let evaluated = evaluated.map_err(in_user_paths(&output))?;
     // A store that could not be written costs nothing else: the reports are written, then the
     // error is.
-    let unsaved = unsaved.map(|e| in_user_paths(&output)(e));
+    let unsaved = unsaved.map(|e| {
+        let message = output.user_paths(&e.to_string());
+        Failure::from_error(
+            &e,
+            format!("{message} (the report was made and written; only the saved reference is missing)"),
+        )
+    });
     let report = match evaluated {
         Evaluated::Report(report) => report,
         Evaluated::Part(part) => {

@@ -153,3 +153,39 @@ fn a_variant_that_overflows_where_the_reference_does_not_is_reported_failed() {
 fn report(out: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).expect("report.json")).expect("JSON")
 }
+
+/// A `--save-reference` that cannot be written at the end of a run (here: the f16 noise floor
+/// overflows, so there is nothing to save) costs nothing else: the reports are written, then the
+/// one error line names the store, and the run exits non-zero.
+#[test]
+fn a_store_that_cannot_be_saved_does_not_cost_the_report() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = scaled_stories(dir.path(), 3000.0);
+    let (out, store) = (dir.path().join("out"), dir.path().join("store"));
+    let o = qdrift(&[
+        "eval",
+        "--model",
+        model.to_str().expect("utf-8"),
+        "--backend",
+        "cpu",
+        "--dtype",
+        "f32",
+        "--schemes",
+        "int8",
+        "--prompts",
+        "2",
+        "--horizons",
+        "4",
+        "--out",
+        out.to_str().expect("utf-8"),
+        "--save-reference",
+        store.to_str().expect("utf-8"),
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("qdrift: error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(errors[0].contains("--save-reference") && errors[0].contains("the report was made"), "{stderr}");
+    assert!(out.join("report.json").is_file() && out.join("report.md").is_file(), "the reports are written");
+    assert!(!store.exists(), "no half store");
+}

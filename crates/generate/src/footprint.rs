@@ -11,11 +11,10 @@
 //! GiB estimated, 3.19 GiB peak RSS (the process itself, its code and allocator, is the rest).
 
 use burn::tensor::DType;
-use qdrift_model::AttentionKernel;
 use qdrift_weights::ModelArch;
 
 use crate::ComputeDevice;
-use crate::request::{GenerationConfig, cache_bytes, concurrent_batches};
+use crate::request::{GenerationConfig, cache_bytes, concurrent_batches, prompt_pass_attention_bytes};
 
 /// One model's memory at its peak, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,36 +66,6 @@ pub fn model_footprint(
     let logits = |b: &[Vec<u32>]| b.len() as u128 * arch.vocab_size as u128 * 4;
     let workspace = largest(&|b| prompt_pass_attention_bytes(arch, dtype, device, b) + logits(b)) * concurrent;
     ModelFootprint { weights, build: block * 4, kv, workspace }
-}
-
-/// The bytes the prompt pass of `batch` holds for attention beyond the caches, whatever the
-/// prompt's length (they grow with its square): with Burn's attention, the f32 scores of every
-/// head (the fused op's boolean mask has their shape, and autotune may pick Burn's composed
-/// fallback, which materialises them) and, for the composed path, the additive mask of each
-/// distinct window (`Positions::window_mask`, built whole on the host). Layers the CPU's host
-/// kernel does not compute (q/k norms, sinks, other scales, soft caps, windows, partial rotary,
-/// bf16: `Attention::host_kernel_covers`) run Burn's composed attention even on the CPU backend.
-pub fn prompt_pass_attention_bytes(arch: &ModelArch, dtype: DType, device: &ComputeDevice, batch: &[Vec<u32>]) -> u128 {
-    let b = &arch.block;
-    let host_covers = dtype != DType::BF16
-        && !b.qk_norm
-        && !b.sinks
-        && b.attn_scale.is_none()
-        && b.attn_softcap.is_none()
-        && b.rotary_dim.is_none()
-        && arch.windows.iter().all(Option::is_none);
-    let longest = batch.iter().map(Vec::len).max().unwrap_or(0) as u128;
-    let square = batch.len() as u128 * longest * longest;
-    let scores = square * arch.n_heads as u128 * 4;
-    let mut windows: Vec<Option<usize>> = arch.windows.clone();
-    windows.sort_unstable();
-    windows.dedup();
-    let masks = square * windows.len().max(1) as u128 * 4;
-    match device.attention_kernel(dtype) {
-        AttentionKernel::Host if host_covers => 0,
-        AttentionKernel::Fused => scores,
-        AttentionKernel::Host | AttentionKernel::Composed => scores + masks,
-    }
 }
 
 /// The host memory this process may still allocate: Linux's `MemAvailable` (free memory plus the

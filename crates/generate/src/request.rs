@@ -7,6 +7,7 @@
 //! prompt-pass attention scores and logits.**
 
 use burn::tensor::DType;
+use qdrift_model::AttentionKernel;
 use qdrift_weights::ModelArch;
 
 use crate::{ComputeDevice, GenerateError};
@@ -304,7 +305,7 @@ fn check_memory(
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) as u128;
     // Burn's attention materialises the prompt's scores and masks, which grow with its square;
     // the host kernel holds one query's scores at a time.
-    let scores = crate::footprint::prompt_pass_attention_bytes(model, dtype, device, prompts);
+    let scores = prompt_pass_attention_bytes(model, dtype, device, prompts);
     let logits = batch * model.vocab_size as u128 * 4;
     let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
     let what = format!("{} prompt(s) of up to {longest} tokens + {max_new_tokens} new tokens", prompts.len());
@@ -333,6 +334,41 @@ fn check_memory(
         }
     }
     Ok(())
+}
+
+/// The bytes the prompt pass of `batch` holds for attention beyond the caches, whatever the
+/// prompt's length (they grow with its square): with Burn's attention, the f32 scores of every
+/// head (the fused op's boolean mask has their shape, and autotune may pick Burn's composed
+/// fallback, which materialises them) and, for the composed path, the additive mask of each
+/// distinct window (`Positions::window_mask`, built whole on the host). Layers the CPU's host
+/// kernel does not compute (q/k norms, sinks, other scales, soft caps, windows, partial rotary,
+/// bf16: `Attention::host_kernel_covers`) run Burn's composed attention even on the CPU backend.
+pub(crate) fn prompt_pass_attention_bytes(
+    arch: &ModelArch,
+    dtype: DType,
+    device: &ComputeDevice,
+    batch: &[Vec<u32>],
+) -> u128 {
+    let b = &arch.block;
+    let host_covers = dtype != DType::BF16
+        && !b.qk_norm
+        && !b.sinks
+        && b.attn_scale.is_none()
+        && b.attn_softcap.is_none()
+        && b.rotary_dim.is_none()
+        && arch.windows.iter().all(Option::is_none);
+    let longest = batch.iter().map(Vec::len).max().unwrap_or(0) as u128;
+    let square = batch.len() as u128 * longest * longest;
+    let scores = square * arch.n_heads as u128 * 4;
+    let mut windows: Vec<Option<usize>> = arch.windows.clone();
+    windows.sort_unstable();
+    windows.dedup();
+    let masks = square * windows.len().max(1) as u128 * 4;
+    match device.attention_kernel(dtype) {
+        AttentionKernel::Host if host_covers => 0,
+        AttentionKernel::Fused => scores,
+        AttentionKernel::Host | AttentionKernel::Composed => scores + masks,
+    }
 }
 
 #[cfg(test)]
