@@ -482,6 +482,14 @@ fn measured_figure(text: &str, before: &str) -> Option<String> {
             fraction |= c[j] == '.';
             j += 1;
         }
+        // An exponent (`1e-3`) is part of the number.
+        let sign = usize::from(matches!(c.get(j + 1), Some('-' | '+')));
+        if matches!(c.get(j), Some('e' | 'E')) && c.get(j + 1 + sign).is_some_and(char::is_ascii_digit) {
+            j += 1 + sign;
+            while c.get(j).is_some_and(char::is_ascii_digit) {
+                j += 1;
+            }
+        }
         let number: String = c[i..j].iter().collect();
         let next = c.get(j).copied();
         let after_ratio = c.get(j + 1).is_none_or(|n| !n.is_alphanumeric());
@@ -711,6 +719,7 @@ mod tests {
         assert_eq!(figure("(about 40 s on 2 cores)").as_deref(), Some("40 s"));
         assert_eq!(figure("took 26.4 s with them").as_deref(), Some("26.4 s"));
         assert_eq!(figure("215 → 261 tokens/s").as_deref(), Some("261 tokens/s"));
+        assert_eq!(figure("a step of 1e-3 seconds").as_deref(), Some("1e-3 seconds"));
         assert_eq!(figure("qdrift batched is 4.27× llama.cpp").as_deref(), Some("4.27×"));
         assert_eq!(figure("measured peak RSS 3.19 GiB").as_deref(), Some("3.19 GiB"));
         assert_eq!(figure("the peak is 2.5 GB plus the embedding"), None, "a size worked out");
@@ -724,7 +733,7 @@ mod tests {
             "batched ≥ 2.5× llama.cpp",
             "blocks in 32s too",
             "16 prompts × 128 tokens",
-            "x86_64 and Q4_1, 1,030 positions",
+            "x86_64 and Q4_1, 1,030 positions, 1e9 parameters",
         ] {
             assert_eq!(figure(not_measured), None, "{not_measured}");
         }
