@@ -93,7 +93,8 @@ fn eval(model: &Path, out: &Path) -> Command {
 fn thirty_stars_in_an_ignore_pattern_match_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let folder = ct_int8_folder(dir.path());
-    // The old backtracking matcher took 3.9 s for 8 `.*` and over 60 s for 10.
+    // The old backtracking matcher's time grew steeply with each `.*` (docs/BENCHMARKS.md,
+    // 'Other costs').
     let pattern = format!("re:{}z$", ".*".repeat(30));
     edit_config(&folder, |q| q["ignore"] = json!(["lm_head", pattern]));
     let start = Instant::now();

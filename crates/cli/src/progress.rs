@@ -103,8 +103,8 @@ fn minutes(secs: f64) -> String {
 mod tests {
     use super::*;
 
-    /// The run's time left counts every model: one of four models half done after 10 s leaves
-    /// about 70 s; no time left is said in a model's first tenth.
+    /// The run's time left counts every model: one of four models half done after a time `t`
+    /// leaves about `7 t`; no time left is said in a model's first tenth.
     #[test]
     fn the_whole_runs_time_left_counts_every_model() {
         let mut p = PlainProgress::new(4);

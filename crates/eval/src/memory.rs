@@ -137,7 +137,8 @@ mod tests {
 
     /// `synthetic:llama-1b` as `bench scale` runs it: f16, 2 prompts of 8 tokens × 10 new, one
     /// batch. Its reference holds 2.47 GB of weights plus the tied table's second copy, one
-    /// 61M-weight block in f32 while it is built; measured peak RSS 3.19 GiB.
+    /// 61M-weight block in f32 while it is built (its measured peak RSS: docs/BENCHMARKS.md,
+    /// '`bench scale`').
     #[test]
     fn llama_1b_is_its_weights_its_tied_table_and_a_block() {
         let (cfg, arch, plan) = llama_1b(2, 2);

@@ -7,8 +7,9 @@
 //! proportional to one model"): the embedding and output layer are converted first, while little
 //! else is resident, so a model's build peak is its stored weights plus one block in f32. A tied
 //! output layer holds its own copy of the table (the lookup wants rows, the projection its own
-//! layout). Measured against them: `synthetic:llama-1b`, f16, 2 prompts × 10 tokens, CPU: 3.02
-//! GiB estimated, 3.19 GiB peak RSS (the process itself, its code and allocator, is the rest).
+//! layout). Measured against them on `synthetic:llama-1b`, f16, 2 prompts × 10 tokens, CPU: the
+//! estimate and the peak RSS in docs/BENCHMARKS.md, '`bench scale`' (the process itself, its code
+//! and allocator, is the difference).
 
 use burn::tensor::DType;
 use qdrift_weights::ModelArch;

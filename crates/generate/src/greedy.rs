@@ -88,7 +88,8 @@ fn generate_batches(
         // On the CPU, the batches that would run side by side decode as one batch of all their
         // rows instead, its linear layers and attention spread over the cores: each step then
         // streams the weights from memory once, not once per batch (SmolLM2 f16, 16 prompts ×
-        // 200 tokens on 2 Zen 2 cores: 215 → 261 tokens/s). Tokens are the same (a row never
+        // 200 tokens on 2 Zen 2 cores: docs/BENCHMARKS.md, 'Steps measured on the way (A/B)',
+        // 6ab9ac4). Tokens are the same (a row never
         // depends on its batch); `observe` still sees each batch of `batch_size` on its own,
         // with the same first prompt and steps, the batches' calls side by side. Not when
         // stopping at EOS: a fused batch would step on after one of its parts had stopped.

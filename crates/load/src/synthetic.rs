@@ -12,7 +12,7 @@
 //! `u1, u2 = (word + 0.5) / 2³²` (rounded to f32) and yields `r·cos(2πu2), r·sin(2πu2)` with
 //! `r = 0.02·√(−2 ln u1)`, in f32 arithmetic. Generation is split over threads by seeking the
 //! stream, so the values depend on the seed only (and the platform's `ln`/`sin_cos`, to the
-//! last bit). Measured on 2 cores: `smollm2-135m` 2.9 s, `llama-1b` 31 s.
+//! last bit). How long it takes: docs/BENCHMARKS.md, 'Other costs'.
 //!
 //! Tokenizer: byte level. Ids 0, 1, 2 are `<unk>`, `<s>` (BOS, prepended), `</s>` (EOS); id
 //! `3 + b` is byte `b`; the remaining ids up to the vocabulary size are `<extra_N>` pieces that

@@ -240,7 +240,7 @@ impl Llama2cTokenizer {
     /// `run.c`'s greedy merges (repeatedly merge the adjacent pair whose concatenation is the
     /// highest-scoring piece, the leftmost on ties) in O(n log n): the symbols form a linked list
     /// and the candidate pairs a priority queue, instead of rescanning the whole sequence after
-    /// every merge (which made a 50 KB prompt take 23 s). A candidate whose symbols changed since
+    /// every merge (quadratic: docs/BENCHMARKS.md, 'Other costs'). A candidate whose symbols changed since
     /// it was queued is skipped when it comes out; the order of the valid ones is `run.c`'s, so
     /// the tokens are identical.
     fn merge(&self, symbols: &[u32]) -> Vec<u32> {

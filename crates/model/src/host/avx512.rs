@@ -184,8 +184,8 @@ pub(super) unsafe fn dots_many<const R: usize, T: Elem>(
 /// Fetches into L1 this row's `16 · K` lanes four passes on (`64 · K` elements further). Keys
 /// are stored transposed, so a pass over them reads a few cache lines from each of `head_dim`
 /// rows `capacity` apart: more streams than the hardware prefetcher follows, and in decoding they
-/// come from memory (measured: 16 prompts × 800 SmolLM2 tokens decoded in 32.6 s instead of
-/// 39.4 s). A prefetch never faults, past the end included.
+/// come from memory (measured on 16 prompts × 800 SmolLM2 tokens: docs/BENCHMARKS.md, 'Steps
+/// measured on the way (A/B)', 0cde4b8). A prefetch never faults, past the end included.
 #[inline(always)]
 fn prefetch_ahead<const K: usize, T: Elem>(row: *const T) {
     let ahead = row.wrapping_add(4 * 16 * K).cast::<i8>();
