@@ -61,7 +61,7 @@ pub fn set_chat_sandbox(sandbox: ChatSandbox) {
 
 /// What a child renders: one template, each user message alone, with the generation prompt.
 #[derive(serde::Serialize, serde::Deserialize)]
-pub struct ChatRequest {
+pub(crate) struct ChatRequest {
     template: String,
     users: Vec<String>,
     bos: String,
@@ -78,8 +78,8 @@ enum ChatReply {
     Failed(String),
 }
 
-/// The child's side of a [`ChatSandbox`]: reads a [`ChatRequest`] (JSON) from `input`, renders it
-/// and writes the reply (JSON) to `output`.
+/// The child's side of a [`ChatSandbox`]: reads a request (JSON: the template, the user messages,
+/// BOS and EOS) from `input`, renders it and writes the reply (JSON) to `output`.
 ///
 /// # Errors
 /// Reading or writing failed, or the request is not one.
