@@ -54,8 +54,9 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
 }
 
 /// A Hugging Face folder's weights as a [`WeightSource`] that reads each part from the files
-/// when asked ([`crate::open_source`]): no part of the model stays in memory between requests,
-/// and the files' pages are unmapped after each part ([`PartSource`]).
+/// when asked ([`crate::open_source`]): no part of the model stays in memory between requests
+/// ([`PartSource`]), and a file changed since this pass read it is refused when a part is read
+/// again ([`qdrift_io::PinnedFile`]).
 ///
 /// The folder is read through once when it is opened, as [`read_hf_folder`] reads it, keeping
 /// nothing: every error [`read_hf_folder`] reports (a missing or misshapen tensor, a value that
@@ -78,7 +79,6 @@ pub(crate) fn open_hf_source(
             tied = o.is_none();
         }
         drop(part);
-        folder.shards.release_pages();
     })?;
     let storage = folder.storage(modules)?;
     let mut hf = folder.hf.clone();
@@ -233,10 +233,6 @@ impl PartFile for HfFile {
 
     fn output(&self) -> Result<Option<HostTensor>, LoadError> {
         self.reader().output()
-    }
-
-    fn release_pages(&self) {
-        self.shards.release_pages();
     }
 }
 
@@ -649,8 +645,8 @@ impl Reader<'_> {
             ));
         }
         let g = cols / 32;
-        let u8s = |n: &str, shape: &[usize]| -> Result<&[u8], LoadError> {
-            let raw = self.shards.raw(n).ok_or_else(|| {
+        let u8s = |n: &str, shape: &[usize]| -> Result<Vec<u8>, LoadError> {
+            let raw = self.shards.raw(n)?.ok_or_else(|| {
                 LoadError::invalid(&path, format!("tensor {n} is missing; expected U8 of shape {shape:?}"))
             })?;
             if raw.dtype != safetensors::Dtype::U8 || raw.shape != shape {
