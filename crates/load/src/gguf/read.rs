@@ -15,6 +15,7 @@ use crate::LoadError;
 use crate::floats::{LeFloat, le_floats};
 use crate::loaded::{ModelPart, PartFile, PartSource, gather_parts};
 use crate::rope_layout::{RopeLayout, permute_rows};
+use crate::rope_values::{RopeParam, check_rope_values};
 use crate::storage::{SizeOverflow, SourceStorage, source_storage};
 use qdrift_weights::{BlockSpec, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, RopeScaling};
 
@@ -601,13 +602,17 @@ impl ModelPlan {
         let path = table.path;
         let (arch_name, q_k_layout) = read_architecture(path, meta)?;
         let keys = ArchKeys { path, meta, arch: arch_name };
-        if let Some(plan) = family(table, &keys, tokenizer)? {
-            return Ok(plan);
-        }
-        let mut arch = read_hyper_parameters(&keys, table, tokenizer)?;
-        check_refusals(&keys, &arch, table.infos)?;
-        arch.rope_scaling = read_rope_scaling(&keys, table, arch.head_dim())?;
-        Ok(ModelPlan { arch, blocks: Box::new(LlamaBlocks(q_k_layout)) })
+        let plan = match family(table, &keys, tokenizer)? {
+            Some(plan) => plan,
+            None => {
+                let mut arch = read_hyper_parameters(&keys, table, tokenizer)?;
+                check_refusals(&keys, &arch, table.infos)?;
+                arch.rope_scaling = read_rope_scaling(&keys, table, arch.head_dim())?;
+                ModelPlan { arch, blocks: Box::new(LlamaBlocks(q_k_layout)) }
+            }
+        };
+        check_rope(&keys, table, &plan.arch)?;
+        Ok(plan)
     }
 
     /// `token_embd.weight`, `[vocab, dim]`.
@@ -1209,6 +1214,29 @@ pub(super) fn read_hyper_parameters(
     arch.validate()
         .map_err(|e| LoadError::invalid(path, format!("inconsistent {} hyper-parameters: {e}", keys.arch)))?;
     Ok(arch)
+}
+
+/// Refuses RoPE parameters whose derived inverse frequencies are not finite and positive
+/// ([`check_rope_values`]), naming the key or tensor they come from.
+fn check_rope(keys: &ArchKeys<'_>, table: &TensorTable<'_>, a: &ModelArch) -> Result<(), LoadError> {
+    let bad = |key: String, describe: String| LoadError::invalid(keys.path, format!("{key} {describe}"));
+    check_rope_values(a.rope_theta, a.rotary_dim(), a.rope_scaling.as_ref()).map_err(|b| {
+        let key = match b.param {
+            RopeParam::Theta => keys.key("rope.freq_base"),
+            RopeParam::FreqFactor(i) if table.find("rope_freqs.weight").is_some() => {
+                format!("tensor rope_freqs.weight[{i}] (with {})", keys.key("rope.scaling.factor"))
+            }
+            RopeParam::Factor | RopeParam::FreqFactor(_) => keys.key("rope.scaling.factor"),
+            RopeParam::ShortFactor(i) => format!("tensor rope_factors_short.weight[{i}]"),
+            RopeParam::LongFactor(i) => format!("tensor rope_factors_long.weight[{i}]"),
+        };
+        bad(key, b.describe())
+    })?;
+    match a.local_rope_theta {
+        Some(theta) => check_rope_values(theta, a.rotary_dim(), None)
+            .map_err(|b| bad(keys.key("rope.freq_base_swa"), b.describe())),
+        None => Ok(()),
+    }
 }
 
 /// Refuses what [`HostModel`] cannot carry: partial rotary embeddings, biases other than q/k/v.
