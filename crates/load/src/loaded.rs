@@ -165,8 +165,9 @@ impl<F: PartFile> WeightSource for PartSource<F> {
 }
 
 /// The whole model of architecture `arch` from the parts `read` hands out in build order; the
-/// model is tied exactly when no output layer came (a Hugging Face folder without `lm_head` is
-/// tied whatever its `config.json` says).
+/// model is tied exactly when no output layer came (a GGUF file without `output.weight`; a
+/// Hugging Face folder's `config.json` says which, and its reader refuses an untied one without
+/// `lm_head`).
 pub(crate) fn gather_parts(
     arch: ModelArch,
     read: impl FnOnce(&mut dyn FnMut(ModelPart)) -> Result<(), LoadError>,

@@ -541,7 +541,7 @@ fn phi3_longrope_configs_read_as_transformers_reads_them() {
 fn phi3_longrope_faults_are_refused_naming_the_field() {
     use serde_json::json;
     type Edit = Box<dyn FnOnce(&mut serde_json::Map<String, Value>)>;
-    let cases: [(&str, Edit); 7] = [
+    let cases: [(&str, Edit); 8] = [
         (
             "rope scaling short_factor has 5 values for 12 rotated dimensions; expected 6",
             Box::new(|c| c["rope_parameters"]["short_factor"] = json!([1.0, 1.0, 1.0, 1.0, 1.0])),
@@ -570,6 +570,11 @@ fn phi3_longrope_faults_are_refused_naming_the_field() {
             "rope_parameters: attention_factor 0 (LongRoPE, factor 8, original_max_position_embeddings 64) must be \
              positive and finite",
             Box::new(|c| c["rope_parameters"]["attention_factor"] = json!(0.0)),
+        ),
+        (
+            // A positive f32, but 1 / (1e-44 · θ^(4/12)) is infinite.
+            "rope_parameters.short_factor[2] 1e-44 makes pair 2's RoPE inverse frequency inf",
+            Box::new(|c| c["rope_parameters"]["short_factor"][2] = json!(1e-44)),
         ),
     ];
     for (needle, edit) in cases {
@@ -843,4 +848,23 @@ fn layer_counts_and_bias_flags_follow_the_class() {
     let dir = edited("qwen3", |c| drop(c.insert("attention_bias".into(), json!(true))));
     let e = open_model(dir.path(), None).err().expect("refused").to_string();
     assert!(e.contains("tensor model.layers.0.self_attn.q_proj.bias is missing; expected shape [128]"), "{e}");
+}
+
+/// The tiny Phi-3 is tied (`tie_word_embeddings: true`, no `lm_head` in its files). Untied, or
+/// with the key absent (Phi3Config's default is false), its missing `lm_head.weight` is refused
+/// naming the tensor and the key, rather than run with the embedding as the output layer.
+#[test]
+fn an_untied_head_without_lm_head_is_refused() {
+    use serde_json::json;
+    let missing = "but the weights files have no lm_head.weight";
+    refusal(
+        "phi3",
+        |c| drop(c.insert("tie_word_embeddings".into(), json!(false))),
+        &["config.json: tie_word_embeddings is false", missing],
+    );
+    refusal(
+        "phi3",
+        |c| drop(c.remove("tie_word_embeddings")),
+        &["tie_word_embeddings is absent, which Phi3ForCausalLM reads as false,", missing],
+    );
 }
