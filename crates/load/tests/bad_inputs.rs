@@ -439,3 +439,25 @@ fn rope_factors_that_overflow_a_frequency_are_refused_by_key() {
     let e = err(dir.path());
     assert!(e.starts_with(&format!("{config}: rope_scaling.short_factor[1] 1e-44 makes pair 1's")), "{e}");
 }
+
+/// Tensors of the decoder beyond what config.json accounts for, which the reader (reading by
+/// the names the configuration implies) silently left out: a layer past `num_hidden_layers`, an
+/// expert in a model without experts. Each is refused naming the first such tensor.
+#[test]
+fn tensors_beyond_the_configs_layers_and_experts_are_refused() {
+    for (extra, want) in [
+        ("model.layers.2.self_attn.q_proj.weight", "is in layer 2, but config.json's num_hidden_layers is 2"),
+        (
+            "model.layers.0.mlp.experts.0.gate_proj.weight",
+            "is an expert of layer 0, which config.json makes dense (no experts)",
+        ),
+    ] {
+        let (dir, _) = folder();
+        let mut all = tensors(dir.path());
+        all.push((extra.into(), Dtype::F32, vec![32, 32], f32_bytes(&[0.5; 32 * 32])));
+        write_tensors(&st_path(dir.path()), &all);
+        let e = err(dir.path());
+        let st = st_path(dir.path()).display().to_string();
+        assert_eq!(e, format!("{st}: tensor {extra} {want}; qdrift would run without it"));
+    }
+}

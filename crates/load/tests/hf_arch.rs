@@ -641,10 +641,12 @@ fn older_hub_configs_read_as_transformers_folds_them() {
             c.insert("mlp_only_layers".into(), json!([0]));
             c.insert("decoder_sparse_step".into(), json!(2));
         });
-        // Layers 0 and 2 are dense now; their tensors are not there, so only the config is checked.
-        open_model(dir.path(), None).err().expect("dense tensors missing").to_string()
+        // Layers 0 and 2 are dense now, but the files hold their experts: refused by the first.
+        open_model(dir.path(), None).err().expect("experts in a dense layer").to_string()
     };
-    assert!(m.contains("tensor model.layers.0.mlp.down_proj.weight is missing; expected shape [64, 128]"), "{m}");
+    let want =
+        "tensor model.layers.0.mlp.experts.0.down_proj.weight is an expert of layer 0, which config.json makes dense";
+    assert!(m.contains(want), "{m}");
     // Qwen3 with use_sliding_window and no layer_types: layers from max_window_layers slide.
     let a = arch_of("qwen3", |c| {
         c.remove("layer_types");
@@ -867,4 +869,24 @@ fn an_untied_head_without_lm_head_is_refused() {
         |c| drop(c.remove("tie_word_embeddings")),
         &["tie_word_embeddings is absent, which Phi3ForCausalLM reads as false,", missing],
     );
+}
+
+/// A ninth expert where config.json says eight: the reader reads experts 0..8 by name and left
+/// the ninth out; it is refused naming the tensor and the key.
+#[test]
+fn an_expert_past_the_configs_count_is_refused() {
+    let dir = edited("qwen3_moe", |_| {});
+    let st = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&st).expect("weights");
+    let file = safetensors::SafeTensors::deserialize(&bytes).expect("valid");
+    let extra = "model.layers.0.mlp.experts.8.gate_proj.weight";
+    let zeros = vec![0u8; 32 * 64 * 2];
+    let mut views: Vec<(String, safetensors::tensor::TensorView<'_>)> =
+        file.iter().map(|(n, v)| (n.to_string(), v)).collect();
+    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![32, 64], &zeros).expect("view");
+    views.push((extra.to_string(), view));
+    safetensors::serialize_to_file(views, None, &st).expect("written");
+    let e = open_model(dir.path(), None).err().expect("refused").to_string();
+    let want = format!("{}: tensor {extra} is expert 8, but config.json's num_local_experts is 8", st.display());
+    assert!(e.starts_with(&want), "{e}");
 }

@@ -336,3 +336,18 @@ fn gguf_rope_frequency_factors_that_overflow_are_refused() {
     let want = "rope_freqs.weight[1] (with llama.rope.scaling.factor) 1e-44 makes pair 1's RoPE inverse frequency inf";
     assert!(e.starts_with(&format!("{}: tensor {want}", path.display())), "{e}");
 }
+
+/// A `llama` file whose `llama.block_count` says 1 while it stores 2 blocks: the dense reader
+/// read block 0 and ignored block 1; the first tensor of block 1 is refused.
+#[test]
+fn gguf_blocks_past_the_block_count_are_refused() {
+    let e = gguf_error(|b| {
+        let at = after_str(b, "llama.block_count") + 4; // past the value type
+        put(b, at, &1u32.to_le_bytes());
+    });
+    assert!(
+        e.contains(": tensor blk.1.")
+            && e.ends_with("is in block 1, but llama.block_count is 1; qdrift would run without it"),
+        "{e}"
+    );
+}

@@ -612,6 +612,7 @@ impl ModelPlan {
             }
         };
         check_rope(&keys, table, &plan.arch)?;
+        check_indices(&keys, table.infos, &plan.arch)?;
         Ok(plan)
     }
 
@@ -1237,6 +1238,33 @@ fn check_rope(keys: &ArchKeys<'_>, table: &TensorTable<'_>, a: &ModelArch) -> Re
             .map_err(|b| bad(keys.key("rope.freq_base_swa"), b.describe())),
         None => Ok(()),
     }
+}
+
+/// Refuses the first tensor (in file order) of a block at or past `{arch}.block_count`, or of
+/// experts where a block has none or past `{arch}.expert_count`: blocks are read by the names
+/// the metadata implies, so `llama` and `qwen2`, which refuse no other unread tensor, would run
+/// without it.
+fn check_indices(keys: &ArchKeys<'_>, infos: &[TensorInfo], a: &ModelArch) -> Result<(), LoadError> {
+    let experts = |layer| a.moe.as_ref().filter(|_| a.has_experts(layer)).map_or(0, |m| m.n_experts);
+    for t in infos {
+        let Some((layer, rest)) = crate::names::indexed(&t.name, "blk.") else { continue };
+        let problem = if layer >= a.n_layers {
+            format!("is in block {layer}, but {} is {}", keys.key("block_count"), a.n_layers)
+        } else if let Some(e) = legacy_expert(rest).filter(|&e| e >= experts(layer)) {
+            format!("is expert {e}, but block {layer} has {} ({})", experts(layer), keys.key("expert_count"))
+        } else if experts(layer) == 0 && ["_exps", "_shexp", "ffn_gate_inp"].iter().any(|p| rest.contains(p)) {
+            format!("holds experts, but block {layer} has none ({})", keys.key("expert_count"))
+        } else {
+            continue;
+        };
+        return Err(LoadError::invalid(keys.path, format!("tensor {} {problem}; qdrift would run without it", t.name)));
+    }
+    Ok(())
+}
+
+/// The expert of an older split-experts tensor, `ffn_{gate,up,down}.{e}.weight`.
+fn legacy_expert(rest: &str) -> Option<usize> {
+    ["ffn_gate.", "ffn_up.", "ffn_down."].iter().find_map(|p| crate::names::indexed(rest, p)).map(|(e, _)| e)
 }
 
 /// Refuses what [`HostModel`] cannot carry: partial rotary embeddings, biases other than q/k/v.

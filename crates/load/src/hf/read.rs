@@ -110,6 +110,7 @@ impl Folder {
         let shards = Shards::open(dir)?;
         let hf = parse_config(&config_path, &config, shards.tensor_count())?;
         check_output_layer(&config_path, &config, &hf, &shards)?;
+        check_unexpected_tensors(&config, &hf.arch, &shards)?;
         let quant = super::quant::read_quant_config(dir, &config_path, &config)?;
         if quant.as_ref().is_some_and(HfQuant::is_mxfp4) && hf.class != Class::GptOss {
             return Err(LoadError::invalid(
@@ -250,6 +251,32 @@ fn check_output_layer(config_path: &Path, config: &Value, hf: &HfArch, shards: &
              tie_word_embeddings to true if the model's output layer is its embedding"
         ),
     ))
+}
+
+/// Refuses the first stored tensor (in file order) that belongs to the decoder but lies beyond
+/// what `config.json` accounts for: a layer at or past `num_hidden_layers`, or an expert at or
+/// past the layer's experts (none in a dense layer). The reader reads tensors by the names the
+/// configuration implies, so it would ignore such a tensor and run another model than the
+/// checkpoint; tensors outside the layers (and inside them, by other names) are left to it.
+fn check_unexpected_tensors(config: &Value, a: &ModelArch, shards: &Shards) -> Result<(), LoadError> {
+    let experts_key = if config.get("num_local_experts").is_some() { "num_local_experts" } else { "num_experts" };
+    for (name, _) in shards.tensors() {
+        let Some((layer, rest)) = crate::names::indexed(name, "model.layers.") else { continue };
+        let problem = if layer >= a.n_layers {
+            format!("is in layer {layer}, but config.json's num_hidden_layers is {}", a.n_layers)
+        } else if let Some(e) = crate::names::expert_index(rest) {
+            match a.moe.as_ref().filter(|_| a.has_experts(layer)) {
+                Some(m) if e < m.n_experts => continue,
+                Some(m) => format!("is expert {e}, but config.json's {experts_key} is {}", m.n_experts),
+                None => format!("is an expert of layer {layer}, which config.json makes dense (no experts)"),
+            }
+        } else {
+            continue;
+        };
+        let path = shards.path_of(name).unwrap_or(shards.first_path());
+        return Err(LoadError::invalid(path, format!("tensor {name} {problem}; qdrift would run without it")));
+    }
+    Ok(())
 }
 
 /// A special token in `tokenizer_config.json`: a string or `{"content": ...}` (`AddedToken`).
