@@ -890,3 +890,24 @@ fn an_expert_past_the_configs_count_is_refused() {
     let want = format!("{}: tensor {extra} is expert 8, but config.json's num_local_experts is 8", st.display());
     assert!(e.starts_with(&want), "{e}");
 }
+
+/// The tiny Qwen3's `tokenizer.json` with its 252 merges listed twice: the `tokenizers` crate
+/// read it (the copy's rank replacing the first's); it is refused naming the first repeat, both where
+/// a folder is opened and where it is converted for a GGUF file.
+#[test]
+fn repeated_merges_are_refused_naming_the_first() {
+    let dir = edited("qwen3", |_| {});
+    let tok = dir.path().join("tokenizer.json");
+    let mut t: Value = serde_json::from_slice(&std::fs::read(&tok).expect("read")).expect("json");
+    let merges = t["model"]["merges"].as_array().expect("merges").clone();
+    assert_eq!(merges.len(), 252);
+    t["model"]["merges"] = Value::Array([merges.clone(), merges].concat());
+    std::fs::write(&tok, serde_json::to_vec(&t).expect("json")).expect("write");
+    let want = format!(
+        "{}: model.merges[252] (Ġ t) repeats model.merges[0]: a BPE tokenizer merges each pair once",
+        tok.display()
+    );
+    assert_eq!(open_model(dir.path(), None).err().expect("refused").to_string(), want);
+    let e = qdrift_load::write::hf_tokenizer_keys(dir.path(), &tok, 512).expect_err("refused").to_string();
+    assert_eq!(e, want);
+}

@@ -64,9 +64,11 @@
 //! | `shards.rs` | the safetensors files, opened and checked, each tensor read when asked; typed tensor access |
 //! | `quant/` | quantized folders: `quantization_config` and one file per layout (GPTQ, AWQ, compressed-tensors, FP8) |
 //! | `tokenizer.rs` | [`HfTokenizer`]: `tokenizer.json` through the `tokenizers` crate (also GGUF's byte-level BPE) |
+//! | `merges.rs` | a `tokenizer.json`'s BPE merges counted against its vocabulary and checked for repeats, before the `tokenizers` crate reads them |
 //! | `write.rs` | [`write_hf_folder`]: a [`HostModel`](crate::HostModel) as a folder (test fixtures) |
 
 pub(crate) mod config;
+pub(crate) mod merges;
 pub mod quant;
 mod read;
 pub(crate) mod shards;
