@@ -5,7 +5,12 @@
 //!   writer comes. So the path's type is checked with `metadata` first, without opening it; the
 //!   open file is checked again (the path may have been replaced in between); memory is reserved
 //!   fallibly; and the read stops one byte past the cap chosen per kind of file, so that a file
-//!   too large is refused with a message instead of exhausting memory.
+//!   too large is refused with a message instead of exhausting memory. The open file's stamp
+//!   (size, times, inode) is compared after the read, so a file rewritten meanwhile is refused.
+//! - **Large files read piece by piece** ([`PinnedFile`], `pinned.rs`): positioned reads into
+//!   buffers of their own (a file cut short is an error, where a memory map would die of
+//!   `SIGBUS`), each followed by a check that the file, open and at its path, is the one opened
+//!   (its stamp, `stamp.rs`: size, times, inode, device).
 //! - **Writes** ([`write_atomic`], [`AtomicFile`]): a file appears whole or not at all. It is
 //!   written into a temporary file beside the target whose name is unique per writer (process id
 //!   plus a random part, created with `O_EXCL`, so that two writers never share one and a file
@@ -33,11 +38,14 @@
 //! through this crate; this crate depends on no other qdrift crate.**
 
 mod paths;
+mod pinned;
 mod signals;
 mod space;
+mod stamp;
 mod text;
 
 pub use paths::PathCheck;
+pub use pinned::PinnedFile;
 pub use signals::{RemoveOnSignal, registered, uninterrupted};
 pub use space::{FreeSpace, free_space};
 pub use text::{ELIDE_KEEP, MESSAGE_MAX, elide, message_line};
@@ -91,6 +99,18 @@ pub enum IoError {
         /// The bytes read.
         read: u64,
     },
+    /// The file changed after it was opened (its size, times, inode or device, through the open
+    /// file or its path, or bytes read twice): a file rewritten in place or cut short while
+    /// qdrift reads it ([`PinnedFile`], [`read_capped`]).
+    #[error("{path}: the {what} changed while qdrift was reading it ({change}); rerun once the file is complete")]
+    Rewritten {
+        /// The file.
+        path: PathBuf,
+        /// The kind of file.
+        what: &'static str,
+        /// What changed, in words (`size 4096 → 100 bytes`).
+        change: String,
+    },
     /// An output path breaks the output rule ([`PathCheck`]): it is a device, a pipe or a
     /// folder where a file is written, it is an input, or another output has it.
     #[error("{flag} {path}: {problem}")]
@@ -120,6 +140,7 @@ impl IoError {
             | IoError::NotAFile { path, .. }
             | IoError::TooLarge { path, .. }
             | IoError::Changed { path, .. }
+            | IoError::Rewritten { path, .. }
             | IoError::Output { path, .. }
             | IoError::Write { path, .. } => path,
         }
@@ -180,7 +201,7 @@ pub fn read_capped(path: &Path, cap: u64, what: &'static str) -> Result<Vec<u8>,
     if len > cap {
         return Err(IoError::TooLarge { path: path.to_path_buf(), what, cap });
     }
-    let file = File::open(path).map_err(read)?;
+    let mut file = File::open(path).map_err(read)?;
     let meta = file.metadata().map_err(read)?;
     check_regular(path, what, meta.file_type())?;
     let len = meta.len();
@@ -192,9 +213,14 @@ pub fn read_capped(path: &Path, cap: u64, what: &'static str) -> Result<Vec<u8>,
     bytes.try_reserve_exact(want).map_err(|_| {
         read(std::io::Error::new(std::io::ErrorKind::OutOfMemory, format!("{len} bytes do not fit in memory")))
     })?;
-    file.take(len.saturating_add(1)).read_to_end(&mut bytes).map_err(read)?;
+    (&mut file).take(len.saturating_add(1)).read_to_end(&mut bytes).map_err(read)?;
     if bytes.len() as u64 != len {
         return Err(IoError::Changed { path: path.to_path_buf(), what, expected: len, read: bytes.len() as u64 });
+    }
+    // Same length, other bytes: rewritten in place while read.
+    let after = file.metadata().map_err(read)?;
+    if let Some(change) = stamp::Stamp::of(&meta).change_to(&stamp::Stamp::of(&after)) {
+        return Err(IoError::Rewritten { path: path.to_path_buf(), what, change });
     }
     Ok(bytes)
 }

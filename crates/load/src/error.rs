@@ -6,7 +6,7 @@ use std::path::PathBuf;
 /// what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    /// The file (or folder) could not be examined, opened, mapped or listed.
+    /// The file (or folder) could not be examined, opened or listed.
     #[error("{path}: cannot read: {source}")]
     Io {
         /// The file.

@@ -4,10 +4,11 @@
 //! [`qdrift_io::read_capped`]: the path must name a regular file (checked with `metadata` before
 //! opening, because opening a named pipe blocks until a writer comes and a device such as
 //! `/dev/zero` never ends), no longer than its [`FileKind`]'s cap, and it is read up to the length
-//! `metadata` reported (plus one byte, to notice a file that grows while it is read). Memory-mapped
-//! weights are checked the same way before they are opened ([`regular_file_len`],
-//! [`check_regular`]). Declared counts inside a file are then checked against that length by each
-//! reader before anything is allocated.
+//! `metadata` reported (plus one byte, to notice a file that grows while it is read). Weights read
+//! part by part are opened as a [`qdrift_io::PinnedFile`] ([`open_pinned`]): checked the same way
+//! before they are opened, then read with positioned reads, each checked against the file as it
+//! was opened. Declared counts inside a file are then checked against that length by each reader
+//! before anything is allocated.
 
 use std::fs::FileType;
 use std::path::Path;
@@ -39,12 +40,6 @@ pub(crate) const TOKENIZER: FileKind = FileKind { what: "tokenizer", cap: 512 <<
 /// is the caller's).
 pub(crate) const MODEL: FileKind = FileKind { what: "model", cap: u64::MAX };
 
-/// The length of the regular file `path` of `kind` (symbolic links followed); anything else (a
-/// FIFO, a device, a socket, a folder) is refused without being opened.
-pub(crate) fn regular_file_len(path: &Path, kind: FileKind) -> Result<u64, LoadError> {
-    Ok(qdrift_io::regular_file_len(path, kind.what)?)
-}
-
 /// Errors unless `ft`, the type of the file at `path` of `kind`, is a regular file's.
 pub(crate) fn check_regular(path: &Path, kind: FileKind, ft: FileType) -> Result<(), LoadError> {
     if ft.is_file() {
@@ -54,33 +49,11 @@ pub(crate) fn check_regular(path: &Path, kind: FileKind, ft: FileType) -> Result
         .into())
 }
 
-/// The regular file at `path` of `kind`, memory-mapped read-only; anything else (a FIFO, a
-/// device) is refused before it is opened, and the opened file is checked again (it may have
-/// been replaced in between).
-pub(crate) fn map_file(path: &Path, kind: FileKind) -> Result<memmap2::Mmap, LoadError> {
-    regular_file_len(path, kind)?;
-    let file = std::fs::File::open(path).map_err(|e| LoadError::io(path, e))?;
-    let opened = file.metadata().map_err(|e| LoadError::io(path, e))?;
-    check_regular(path, kind, opened.file_type())?;
-    // SAFETY: the map is read-only and private; as for every memory-mapped reader, a file
-    // truncated by another process while mapped may fault. Model files are not rewritten in
-    // place by the tools that produce them (they write and rename).
-    unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LoadError::io(path, e))
-}
-
-/// Unmaps the pages of `map` read so far from this process (`madvise(MADV_DONTNEED)`), leaving
-/// them in the kernel's page cache: a reader that hands out a model part by part then holds no
-/// more of the file than the part it is reading, in resident memory as in fact. A later read
-/// maps the same bytes again from the cache or the file.
-///
-/// Best effort: where the call fails (it does not on Linux for a mapping made by [`map_file`])
-/// the pages stay mapped, and reclaimable, as before it.
-pub(crate) fn release_pages(map: &memmap2::Mmap) {
-    #[cfg(unix)]
-    // SAFETY: the mapping is read-only and private and never written, so it holds no private
-    // copies for MADV_DONTNEED to discard: the next access reads the file's unchanged bytes
-    // again. No slice of it is held across the call (parts are copied into f32 tensors first).
-    let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+/// The regular file at `path` of `kind`, open for positioned reads that each check it is still
+/// the file opened; anything else (a FIFO, a device) is refused before it is opened, and the
+/// opened file is checked again (it may have been replaced in between).
+pub(crate) fn open_pinned(path: &Path, kind: FileKind) -> Result<qdrift_io::PinnedFile, LoadError> {
+    Ok(qdrift_io::PinnedFile::open(path, kind.what)?)
 }
 
 /// The whole regular file at `path`, refused when it is longer than `kind`'s cap.

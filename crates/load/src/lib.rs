@@ -52,7 +52,7 @@
 //! | `tokenizer.rs` | the [`Tokenizer`] trait; [`Llama2cTokenizer`] (llama2.c's SentencePiece-style encoder, also GGUF `llama` and synthetic) |
 //! | [`inspect`], `storage.rs` | resource accounting; the stored size per tensor type ([`inspect::SourceStorage`]) |
 //! | [`write`](mod@write) | the writers, gathered: [`hf::write_hf_folder`], [`gguf::write_gguf`], [`gguf::write_gguf_with`] and the GGUF tokenizer metadata |
-//! | `input.rs`, `floats.rs`, `rope_layout.rs`, [`ofp8`], `error.rs` | reading files within a budget and the finiteness check; little-endian floats; the RoPE row orders; OCP FP8 decoding; [`LoadError`] |
+//! | `input.rs`, `floats.rs`, `names.rs`, `rope_layout.rs`, `rope_values.rs`, [`ofp8`], `error.rs` | reading files within a budget and the finiteness check; little-endian floats; layer and expert indices in tensor names; the RoPE row orders; the check that RoPE's derived frequencies are numbers; OCP FP8 decoding; [`LoadError`] |
 //!
 //! Module imports run one way: `open` → the formats → `loaded`, `tokenizer`, `storage` and the
 //! helpers; `gguf` uses `hf` (GGUF's byte-level BPE is built with the `tokenizers` crate, and a
@@ -66,9 +66,11 @@ mod input;
 pub mod inspect;
 mod llama2c;
 mod loaded;
+mod names;
 pub mod ofp8;
 mod open;
 mod rope_layout;
+mod rope_values;
 mod storage;
 mod synthetic;
 mod tokenizer;

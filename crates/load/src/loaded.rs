@@ -102,8 +102,9 @@ impl ModelPart {
     }
 }
 
-/// A checkpoint whose parts are read from its memory-mapped files one at a time
-/// ([`PartSource`]).
+/// A checkpoint whose parts are read from its files one at a time ([`PartSource`]), each part
+/// with positioned reads into buffers of its own ([`qdrift_io::PinnedFile`]): a file changed or
+/// cut short since it was opened is an error naming it.
 pub(crate) trait PartFile: Send + Sync {
     /// The architecture the parts follow.
     fn arch(&self) -> &ModelArch;
@@ -115,13 +116,11 @@ pub(crate) trait PartFile: Send + Sync {
     fn final_norm(&self) -> Result<HostTensor, LoadError>;
     /// The output layer, `[vocab, dim]`; `None` when tied.
     fn output(&self) -> Result<Option<HostTensor>, LoadError>;
-    /// Unmaps the pages of the files read so far ([`crate::input::release_pages`]).
-    fn release_pages(&self);
 }
 
-/// A [`PartFile`] as a [`WeightSource`]: each part read from the files when asked, nothing kept
-/// between requests, and the files' pages unmapped after each part, so that building a model
-/// holds no more of the checkpoint than the part it is reading.
+/// A [`PartFile`] as a [`WeightSource`]: each part read from the files when asked and nothing
+/// kept between requests, so that building a model holds no more of the checkpoint than the
+/// part it is reading (its bytes are read into buffers that live while it is decoded).
 pub(crate) struct PartSource<F> {
     pub(crate) file: F,
     /// [`HostModel::parameter_count`] of the whole model, counted when the file was opened.
@@ -129,11 +128,9 @@ pub(crate) struct PartSource<F> {
 }
 
 impl<F: PartFile> PartSource<F> {
-    /// `read(file)`, the pages unmapped after it.
+    /// `read(file)`, its error boxed.
     fn part<T>(&self, read: impl FnOnce(&F) -> Result<T, LoadError>) -> Result<T, SourceError> {
-        let part = read(&self.file);
-        self.file.release_pages();
-        part.map_err(|e| Box::new(e) as SourceError)
+        read(&self.file).map_err(|e| Box::new(e) as SourceError)
     }
 }
 
@@ -168,8 +165,9 @@ impl<F: PartFile> WeightSource for PartSource<F> {
 }
 
 /// The whole model of architecture `arch` from the parts `read` hands out in build order; the
-/// model is tied exactly when no output layer came (a Hugging Face folder without `lm_head` is
-/// tied whatever its `config.json` says).
+/// model is tied exactly when no output layer came (a GGUF file without `output.weight`; a
+/// Hugging Face folder's `config.json` says which, and its reader refuses an untied one without
+/// `lm_head`).
 pub(crate) fn gather_parts(
     arch: ModelArch,
     read: impl FnOnce(&mut dyn FnMut(ModelPart)) -> Result<(), LoadError>,

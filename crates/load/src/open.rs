@@ -121,9 +121,9 @@ fn hf_folder(path: &Path) -> Result<Option<&Path>, LoadError> {
 /// [`open_model`] with the weights held as a [`WeightSource`] that hands them out part by part,
 /// for building a model on a device without a whole f32 host copy:
 /// - a synthetic model generates each part when asked;
-/// - a Hugging Face folder and a GGUF file read each part from the mapped file when asked
+/// - a Hugging Face folder and a GGUF file read each part from the file when asked
 ///   (`open_hf_source`, `open_gguf_source`: read through once at open for their errors,
-///   nothing kept), as stored: `prepare` is not called, the caller rounds each part as it builds
+///   nothing kept; a file changed or cut short since is refused when a part is read), as stored: `prepare` is not called, the caller rounds each part as it builds
 ///   (an evaluation's `Reference` does);
 /// - a llama2.c checkpoint is read whole, given to `prepare` (an evaluation rounds it to its
 ///   FP16 reference there), and held as a [`HeldModel`] (each tensor at 16 bits when its values

@@ -412,3 +412,52 @@ fn lm_head_is_read_when_untied_and_ignored_when_tied() {
     assert_eq!(untied.model.output.as_ref().expect("head").data, head);
     assert_eq!(untied.model.token_embedding, m.model.token_embedding);
 }
+
+/// RoPE factors that are positive f32 values but make a derived inverse frequency infinite (a
+/// YaRN `factor` of 1e-45, a LongRoPE `short_factor` of 1e-44) are refused naming config.json and
+/// the key, before the model's first layer turns them into non-finite logits blamed on the
+/// weights.
+#[test]
+fn rope_factors_that_overflow_a_frequency_are_refused_by_key() {
+    let (dir, _) = folder();
+    edit_config(dir.path(), |c| {
+        c.insert(
+            "rope_scaling".into(),
+            serde_json::json!({"rope_type": "yarn", "factor": 1e-45, "original_max_position_embeddings": 256}),
+        );
+    });
+    let e = err(dir.path());
+    let config = dir.path().join("config.json").display().to_string();
+    assert!(
+        e.starts_with(&format!("{config}: rope_scaling.factor 1e-45 makes pair 0's RoPE inverse frequency inf")),
+        "{e}"
+    );
+    edit_config(dir.path(), |c| {
+        c["rope_scaling"] = serde_json::json!({"rope_type": "longrope", "short_factor": [1.0, 1e-44, 1.0, 1.0],
+            "long_factor": [1.0, 1.0, 1.0, 1.0], "original_max_position_embeddings": 128});
+    });
+    let e = err(dir.path());
+    assert!(e.starts_with(&format!("{config}: rope_scaling.short_factor[1] 1e-44 makes pair 1's")), "{e}");
+}
+
+/// Tensors of the decoder beyond what config.json accounts for, which the reader (reading by
+/// the names the configuration implies) silently left out: a layer past `num_hidden_layers`, an
+/// expert in a model without experts. Each is refused naming the first such tensor.
+#[test]
+fn tensors_beyond_the_configs_layers_and_experts_are_refused() {
+    for (extra, want) in [
+        ("model.layers.2.self_attn.q_proj.weight", "is in layer 2, but config.json's num_hidden_layers is 2"),
+        (
+            "model.layers.0.mlp.experts.0.gate_proj.weight",
+            "is an expert of layer 0, which config.json makes dense (no experts)",
+        ),
+    ] {
+        let (dir, _) = folder();
+        let mut all = tensors(dir.path());
+        all.push((extra.into(), Dtype::F32, vec![32, 32], f32_bytes(&[0.5; 32 * 32])));
+        write_tensors(&st_path(dir.path()), &all);
+        let e = err(dir.path());
+        let st = st_path(dir.path()).display().to_string();
+        assert_eq!(e, format!("{st}: tensor {extra} {want}; qdrift would run without it"));
+    }
+}

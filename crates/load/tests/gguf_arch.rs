@@ -884,3 +884,15 @@ fn llama_with_an_explicit_head_width_round_trips() {
     assert_eq!(g.metadata.get("llama.attention.key_length").and_then(GgufValue::as_u64), Some(16));
     assert!(!g.metadata.contains_key("llama.expert_count"));
 }
+
+/// A block past `{arch}.block_count` is refused naming its first tensor, before any weight is
+/// read (qwen3's reader refused it only as an unused tensor, after reading every block).
+#[test]
+fn a_block_past_the_block_count_is_refused() {
+    let e = edited("qwen3", |b| patch_u32(b, "qwen3.block_count", 1));
+    assert!(
+        e.contains(": tensor blk.1.")
+            && e.ends_with(" is in block 1, but qwen3.block_count is 1; qdrift would run without it"),
+        "{e}"
+    );
+}

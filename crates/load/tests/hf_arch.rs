@@ -556,7 +556,7 @@ fn phi3_longrope_configs_read_as_transformers_reads_them() {
 fn phi3_longrope_faults_are_refused_naming_the_field() {
     use serde_json::json;
     type Edit = Box<dyn FnOnce(&mut serde_json::Map<String, Value>)>;
-    let cases: [(&str, Edit); 7] = [
+    let cases: [(&str, Edit); 8] = [
         (
             "rope scaling short_factor has 5 values for 12 rotated dimensions; expected 6",
             Box::new(|c| c["rope_parameters"]["short_factor"] = json!([1.0, 1.0, 1.0, 1.0, 1.0])),
@@ -585,6 +585,11 @@ fn phi3_longrope_faults_are_refused_naming_the_field() {
             "rope_parameters: attention_factor 0 (LongRoPE, factor 8, original_max_position_embeddings 64) must be \
              positive and finite",
             Box::new(|c| c["rope_parameters"]["attention_factor"] = json!(0.0)),
+        ),
+        (
+            // A positive f32, but 1 / (1e-44 · θ^(4/12)) is infinite.
+            "rope_parameters.short_factor[2] 1e-44 makes pair 2's RoPE inverse frequency inf",
+            Box::new(|c| c["rope_parameters"]["short_factor"][2] = json!(1e-44)),
         ),
     ];
     for (needle, edit) in cases {
@@ -651,10 +656,12 @@ fn older_hub_configs_read_as_transformers_folds_them() {
             c.insert("mlp_only_layers".into(), json!([0]));
             c.insert("decoder_sparse_step".into(), json!(2));
         });
-        // Layers 0 and 2 are dense now; their tensors are not there, so only the config is checked.
-        open_model(dir.path(), None).err().expect("dense tensors missing").to_string()
+        // Layers 0 and 2 are dense now, but the files hold their experts: refused by the first.
+        open_model(dir.path(), None).err().expect("experts in a dense layer").to_string()
     };
-    assert!(m.contains("tensor model.layers.0.mlp.down_proj.weight is missing; expected shape [64, 128]"), "{m}");
+    let want =
+        "tensor model.layers.0.mlp.experts.0.down_proj.weight is an expert of layer 0, which config.json makes dense";
+    assert!(m.contains(want), "{m}");
     // Qwen3 with use_sliding_window and no layer_types: layers from max_window_layers slide.
     let a = arch_of("qwen3", |c| {
         c.remove("layer_types");
@@ -858,4 +865,64 @@ fn layer_counts_and_bias_flags_follow_the_class() {
     let dir = edited("qwen3", |c| drop(c.insert("attention_bias".into(), json!(true))));
     let e = open_model(dir.path(), None).err().expect("refused").to_string();
     assert!(e.contains("tensor model.layers.0.self_attn.q_proj.bias is missing; expected shape [128]"), "{e}");
+}
+
+/// The tiny Phi-3 is tied (`tie_word_embeddings: true`, no `lm_head` in its files). Untied, or
+/// with the key absent (Phi3Config's default is false), its missing `lm_head.weight` is refused
+/// naming the tensor and the key, rather than run with the embedding as the output layer.
+#[test]
+fn an_untied_head_without_lm_head_is_refused() {
+    use serde_json::json;
+    let missing = "but the weights files have no lm_head.weight";
+    refusal(
+        "phi3",
+        |c| drop(c.insert("tie_word_embeddings".into(), json!(false))),
+        &["config.json: tie_word_embeddings is false", missing],
+    );
+    refusal(
+        "phi3",
+        |c| drop(c.remove("tie_word_embeddings")),
+        &["tie_word_embeddings is absent, which Phi3ForCausalLM reads as false,", missing],
+    );
+}
+
+/// A ninth expert where config.json says eight: the reader reads experts 0..8 by name and left
+/// the ninth out; it is refused naming the tensor and the key.
+#[test]
+fn an_expert_past_the_configs_count_is_refused() {
+    let dir = edited("qwen3_moe", |_| {});
+    let st = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&st).expect("weights");
+    let file = safetensors::SafeTensors::deserialize(&bytes).expect("valid");
+    let extra = "model.layers.0.mlp.experts.8.gate_proj.weight";
+    let zeros = vec![0u8; 32 * 64 * 2];
+    let mut views: Vec<(String, safetensors::tensor::TensorView<'_>)> =
+        file.iter().map(|(n, v)| (n.to_string(), v)).collect();
+    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![32, 64], &zeros).expect("view");
+    views.push((extra.to_string(), view));
+    safetensors::serialize_to_file(views, None, &st).expect("written");
+    let e = open_model(dir.path(), None).err().expect("refused").to_string();
+    let want = format!("{}: tensor {extra} is expert 8, but config.json's num_local_experts is 8", st.display());
+    assert!(e.starts_with(&want), "{e}");
+}
+
+/// The tiny Qwen3's `tokenizer.json` with its 252 merges listed twice: the `tokenizers` crate
+/// read it (the copy's rank replacing the first's); it is refused naming the first repeat, both where
+/// a folder is opened and where it is converted for a GGUF file.
+#[test]
+fn repeated_merges_are_refused_naming_the_first() {
+    let dir = edited("qwen3", |_| {});
+    let tok = dir.path().join("tokenizer.json");
+    let mut t: Value = serde_json::from_slice(&std::fs::read(&tok).expect("read")).expect("json");
+    let merges = t["model"]["merges"].as_array().expect("merges").clone();
+    assert_eq!(merges.len(), 252);
+    t["model"]["merges"] = Value::Array([merges.clone(), merges].concat());
+    std::fs::write(&tok, serde_json::to_vec(&t).expect("json")).expect("write");
+    let want = format!(
+        "{}: model.merges[252] (Ġ t) repeats model.merges[0]: a BPE tokenizer merges each pair once",
+        tok.display()
+    );
+    assert_eq!(open_model(dir.path(), None).err().expect("refused").to_string(), want);
+    let e = qdrift_load::write::hf_tokenizer_keys(dir.path(), &tok, 512).expect_err("refused").to_string();
+    assert_eq!(e, want);
 }

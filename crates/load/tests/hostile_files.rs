@@ -324,3 +324,30 @@ fn metadata_past_2_pow_24_values_is_refused_before_it_is_held() {
     let e = quickly(|| open_model(&path, None).err().expect("refused").to_string());
     assert!(e.contains("big.gguf") && e.contains("16777217 values") && e.contains("past 16777216 values"), "{e}");
 }
+
+/// A per-pair RoPE divisor in `rope_freqs.weight` that is a positive f32 but makes its pair's
+/// inverse frequency infinite is refused naming the tensor and the element.
+#[test]
+fn gguf_rope_frequency_factors_that_overflow_are_refused() {
+    let mut m = tiny();
+    m.arch.rope_scaling = Some(qdrift_load::RopeScaling::FreqFactors { factors: vec![1.0, 1e-44, 1.0, 1.0] });
+    let (_dir, path) = gguf_of(&m);
+    let e = read_gguf(&path).expect_err("refused").to_string();
+    let want = "rope_freqs.weight[1] (with llama.rope.scaling.factor) 1e-44 makes pair 1's RoPE inverse frequency inf";
+    assert!(e.starts_with(&format!("{}: tensor {want}", path.display())), "{e}");
+}
+
+/// A `llama` file whose `llama.block_count` says 1 while it stores 2 blocks: the dense reader
+/// read block 0 and ignored block 1; the first tensor of block 1 is refused.
+#[test]
+fn gguf_blocks_past_the_block_count_are_refused() {
+    let e = gguf_error(|b| {
+        let at = after_str(b, "llama.block_count") + 4; // past the value type
+        put(b, at, &1u32.to_le_bytes());
+    });
+    assert!(
+        e.contains(": tensor blk.1.")
+            && e.ends_with("is in block 1, but llama.block_count is 1; qdrift would run without it"),
+        "{e}"
+    );
+}

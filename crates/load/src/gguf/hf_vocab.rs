@@ -41,7 +41,7 @@ use serde_json::{Map, Value};
 use super::read::GgufValue;
 use crate::LoadError;
 use crate::hf::tokenizer::{LLAMA3_REGEX, QWEN2_REGEX};
-use crate::input::{CHAT_TEMPLATE, TOKENIZER, optional_json, read_json};
+use crate::input::{CHAT_TEMPLATE, TOKENIZER, optional_json, read_file};
 
 /// What [`hf_tokenizer_keys`] converts, for refusals.
 const SUPPORTED_MODELS: &str = "BPE (byte-level as GPT-2, SmolLM2, Llama 3, Qwen2; or SentencePiece-style with \
@@ -88,7 +88,11 @@ pub fn hf_tokenizer_keys(
             "not found; a Hugging Face folder is written as GGUF from its tokenizer.json",
         ));
     }
-    let json = read_json(tokenizer_path, TOKENIZER)?;
+    let bytes = read_file(tokenizer_path, TOKENIZER)?;
+    // Before the whole file becomes a JSON value: a list of repeated merges costs memory without end.
+    crate::hf::merges::check_merges(&bytes).map_err(|m| LoadError::invalid(tokenizer_path, m))?;
+    let json: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| LoadError::invalid(tokenizer_path, format!("not valid JSON: {e}")))?;
     let t = TokenizerJson::parse(tokenizer_path, &json, n_vocab)?;
     let byte_fallback = json["model"].get("byte_fallback").and_then(Value::as_bool).unwrap_or(false);
     if byte_fallback { llama_keys(dir, &t, &json) } else { gpt2_keys(dir, &t, &json) }

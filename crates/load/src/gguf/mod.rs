@@ -47,7 +47,7 @@
 //!
 //! | file | contents |
 //! |---|---|
-//! | `read.rs` | [`read_gguf`], [`read_gguf_metadata`]: the container checked, the model planned (`ModelPlan`: its architecture and block reader) and its tensors dequantized, whole or part by part from the mapped file (`GgufFile`) |
+//! | `read.rs` | [`read_gguf`], [`read_gguf_metadata`]: the container checked, the model planned (`ModelPlan`: its architecture and block reader) and its tensors dequantized, whole or part by part from the open file (`GgufFile`) |
 //! | `arch.rs` | the newer architectures (`Family`): their keys and tensors read as llama.cpp's loader reads them |
 //! | `write_arch.rs` | the writer's side of them: which one a model is, refusals by feature, metadata and tensors as llama.cpp's converter writes them |
 //! | `tokenizer.rs` | the embedded tokenizer: [`gguf_tokenizer`] reads it; [`gguf_tokenizer_keys`] and [`llama2c_tokenizer_keys`] write it |
@@ -99,15 +99,16 @@ pub(crate) fn parse_gguf(path: &Path, bytes: &[u8]) -> Result<GgufModel, LoadErr
     read::parse_gguf_with(path, bytes, arch::read_family_of)
 }
 
-/// [`read_gguf`] with the weights as a source that reads each part from the memory-mapped file
-/// when asked (`GgufFile`): the file is read through once at open, so that every error
-/// [`read_gguf`] reports is reported there, and nothing of it is kept.
+/// [`read_gguf`] with the weights as a source that reads each part from the file when asked
+/// (`GgufFile`): the file is read through once at open, so that every error [`read_gguf`] reports
+/// is reported there, and nothing of it is kept; a file changed or cut short since then is an
+/// error when a part is read again ([`qdrift_io::PinnedFile`]).
 ///
 /// # Errors
 /// As [`read_gguf`].
 pub(crate) fn open_gguf_source(path: &Path) -> Result<GgufModel<crate::loaded::PartSource<read::GgufFile>>, LoadError> {
-    let map = crate::input::map_file(path, crate::input::MODEL)?;
-    read::gguf_source_with(path, map, arch::read_family_of)
+    let file = crate::input::open_pinned(path, crate::input::MODEL)?;
+    read::gguf_source_with(path, file, arch::read_family_of)
 }
 
 /// Writes `model` and `tokenizer` as a GGUF v3 file with the `llama` architecture, or `qwen2`

@@ -1,15 +1,21 @@
 //! [`read_gguf`](super::read_gguf): a GGUF file's header, metadata and tensor infos, checked, and its tensors
-//! dequantized into a [`HostModel`]; [`read_gguf_metadata`]: the header and metadata only.
+//! dequantized into a [`HostModel`]; [`read_gguf_metadata`]: the header and metadata only. A file
+//! opened as a source (`GgufFile`) is read with positioned reads (its header into a buffer that
+//! grows as the parse needs, each tensor into a buffer of its own), never mapped: a file cut
+//! short or rewritten since it was opened is an error naming it.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use qdrift_ggml::GgmlType;
+use qdrift_io::PinnedFile;
 
 use crate::LoadError;
 use crate::floats::{LeFloat, le_floats};
 use crate::loaded::{ModelPart, PartFile, PartSource, gather_parts};
 use crate::rope_layout::{RopeLayout, permute_rows};
+use crate::rope_values::{RopeParam, check_rope_values};
 use crate::storage::{SizeOverflow, SourceStorage, source_storage};
 use qdrift_weights::{BlockSpec, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, RopeScaling};
 
@@ -142,7 +148,7 @@ pub struct GgufTokenizerMetadata {
 }
 
 /// A GGUF file read into host memory ([`read_gguf`](super::read_gguf)), or opened as a source
-/// whose parts are read from the mapped file when asked (`W` = `PartSource<GgufFile>`).
+/// whose parts are read from the file when asked (`W` = `PartSource<GgufFile>`).
 #[derive(Debug, Clone)]
 pub struct GgufModel<W = HostModel> {
     /// The weights, dequantized to f32, and the architecture.
@@ -312,7 +318,7 @@ pub const SUPPORTED_GGUF_ARCHITECTURES: &str =
 /// the file, duplicate keys, malformed values.
 pub fn read_gguf_metadata(path: &Path) -> Result<BTreeMap<String, GgufValue>, LoadError> {
     let bytes = crate::input::read_file(path, crate::input::MODEL)?;
-    let mut r = Reader { path, bytes: &bytes, pos: 0, values: 0 };
+    let mut r = Reader::new(path, Bytes::Whole(&bytes));
     let Header { kv_count, .. } = read_header(&mut r)?;
     read_metadata(&mut r, kv_count)
 }
@@ -325,7 +331,7 @@ pub fn read_gguf_metadata(path: &Path) -> Result<BTreeMap<String, GgufValue>, Lo
 /// [`LoadError`] naming the file, as [`read_gguf`](super::read_gguf) for the layout.
 pub fn read_gguf_tensor_sizes(path: &Path) -> Result<Vec<GgufTensorSize>, LoadError> {
     let bytes = crate::input::read_file(path, crate::input::MODEL)?;
-    let layout = read_layout(path, &bytes)?;
+    let layout = read_layout(path, Bytes::Whole(&bytes))?;
     Ok(layout.infos.iter().map(TensorInfo::size).collect())
 }
 
@@ -340,42 +346,97 @@ struct Layout {
 
 /// The header, metadata and tensor infos of a GGUF file's `bytes`, with every check on where the
 /// tensors lie: inside the data section, none overlapping another.
-fn read_layout(path: &Path, bytes: &[u8]) -> Result<Layout, LoadError> {
-    let mut r = Reader { path, bytes, pos: 0, values: 0 };
+fn read_layout(path: &Path, bytes: Bytes<'_>) -> Result<Layout, LoadError> {
+    let file_len = bytes.len();
+    let mut r = Reader::new(path, bytes);
     let Header { version, tensor_count, kv_count } = read_header(&mut r)?;
     let metadata = read_metadata(&mut r, kv_count)?;
     let raw_infos = read_tensor_infos(&mut r, tensor_count)?;
-    let data = data_section(path, &metadata, r.pos, bytes.len())?;
-    let infos = locate_tensors(path, raw_infos, data, bytes.len() as u64)?;
+    let data = data_section(path, &metadata, r.pos, file_len)?;
+    let infos = locate_tensors(path, raw_infos, data, file_len as u64)?;
     check_no_overlap(path, &infos, data.start)?;
     Ok(Layout { version, metadata, infos, data })
+}
+
+/// A GGUF file's bytes: in memory whole, or open and read as needed.
+pub(super) enum Bytes<'a> {
+    /// The whole file ([`read_gguf`](super::read_gguf), tests).
+    Whole(&'a [u8]),
+    /// The open file and, for the header's parse, its first bytes read so far.
+    File(&'a PinnedFile, Vec<u8>),
+}
+
+/// The least a file's header buffer grows by: one read covers the header of a small file, and a
+/// large header (a 256k-token vocabulary is tens of MB) is read in doublings.
+const HEADER_READ: usize = 1 << 20;
+
+impl Bytes<'_> {
+    /// The file's length.
+    fn len(&self) -> usize {
+        match self {
+            Bytes::Whole(b) => b.len(),
+            // A source is opened only where the file's length fits in memory addresses (a
+            // 64-bit target); `locate_tensors` checks every range against it.
+            Bytes::File(f, _) => usize::try_from(f.len()).unwrap_or(usize::MAX),
+        }
+    }
+
+    /// Bytes `start..end`, which lie within [`Bytes::len`]: for an open file, read into the
+    /// header buffer (which grows to at least twice its length, so a header of `n` bytes takes
+    /// `O(log n)` reads).
+    fn prefix_range(&mut self, start: usize, end: usize) -> Result<&[u8], LoadError> {
+        let len = self.len();
+        match self {
+            Bytes::Whole(b) => Ok(&b[start..end]),
+            Bytes::File(f, read) => {
+                if end > read.len() {
+                    let want = end.max(2 * read.len()).max(HEADER_READ).min(len);
+                    let more = f.read_at(read.len() as u64, want - read.len())?;
+                    read.extend_from_slice(&more);
+                }
+                Ok(&read[start..end])
+            }
+        }
+    }
+
+    /// Bytes `start..end` of a tensor, which lie within [`Bytes::len`]: borrowed when the file is
+    /// in memory, else read from the file into a buffer of their own.
+    fn tensor_range(&self, start: usize, end: usize) -> Result<Cow<'_, [u8]>, LoadError> {
+        match self {
+            Bytes::Whole(b) => Ok(Cow::Borrowed(&b[start..end])),
+            Bytes::File(f, _) => Ok(Cow::Owned(f.read_at(start as u64, end - start)?)),
+        }
+    }
 }
 
 /// A bounds-checked little-endian cursor.
 struct Reader<'a> {
     path: &'a Path,
-    bytes: &'a [u8],
+    bytes: Bytes<'a>,
     pos: usize,
     /// Metadata values read so far (array elements included), against [`MAX_METADATA_VALUES`].
     values: u64,
 }
 
 impl<'a> Reader<'a> {
+    fn new(path: &'a Path, bytes: Bytes<'a>) -> Self {
+        Reader { path, bytes, pos: 0, values: 0 }
+    }
+
     fn remaining(&self) -> usize {
         self.bytes.len() - self.pos
     }
 
-    fn take(&mut self, n: u64, what: &dyn Fn() -> String) -> Result<&'a [u8], LoadError> {
+    fn take(&mut self, n: u64, what: &dyn Fn() -> String) -> Result<&[u8], LoadError> {
         if n > self.remaining() as u64 {
             return Err(LoadError::truncated(
                 self.path,
                 format!("{} needs {n} bytes at offset {}, the file has {} left", what(), self.pos, self.remaining()),
             ));
         }
-        let n = n as usize;
-        let out = &self.bytes[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(out)
+        let (start, end) = (self.pos, self.pos + n as usize);
+        self.pos = end;
+        self.bytes.prefix_range(start, end)
     }
 
     fn array<const N: usize>(&mut self, what: &dyn Fn() -> String) -> Result<[u8; N], LoadError> {
@@ -541,13 +602,18 @@ impl ModelPlan {
         let path = table.path;
         let (arch_name, q_k_layout) = read_architecture(path, meta)?;
         let keys = ArchKeys { path, meta, arch: arch_name };
-        if let Some(plan) = family(table, &keys, tokenizer)? {
-            return Ok(plan);
-        }
-        let mut arch = read_hyper_parameters(&keys, table, tokenizer)?;
-        check_refusals(&keys, &arch, table.infos)?;
-        arch.rope_scaling = read_rope_scaling(&keys, table, arch.head_dim())?;
-        Ok(ModelPlan { arch, blocks: Box::new(LlamaBlocks(q_k_layout)) })
+        let plan = match family(table, &keys, tokenizer)? {
+            Some(plan) => plan,
+            None => {
+                let mut arch = read_hyper_parameters(&keys, table, tokenizer)?;
+                check_refusals(&keys, &arch, table.infos)?;
+                arch.rope_scaling = read_rope_scaling(&keys, table, arch.head_dim())?;
+                ModelPlan { arch, blocks: Box::new(LlamaBlocks(q_k_layout)) }
+            }
+        };
+        check_rope(&keys, table, &plan.arch)?;
+        check_indices(&keys, table.infos, &plan.arch)?;
+        Ok(plan)
     }
 
     /// `token_embd.weight`, `[vocab, dim]`.
@@ -590,7 +656,7 @@ impl ModelPlan {
 /// where it reads the architecture).
 fn plan_file<'a>(
     path: &'a Path,
-    bytes: &'a [u8],
+    bytes: &'a Bytes<'a>,
     infos: &'a [TensorInfo],
     metadata: &BTreeMap<String, GgufValue>,
     tokenizer: &GgufTokenizerMetadata,
@@ -603,20 +669,21 @@ fn plan_file<'a>(
 
 /// The file's layout in order: header, metadata, tensor infos, then the model read whole.
 pub(super) fn parse_gguf_with(path: &Path, bytes: &[u8], family: FamilyReader) -> Result<GgufModel, LoadError> {
-    let Layout { version, metadata, infos, data } = read_layout(path, bytes)?;
+    let Layout { version, metadata, infos, data } = read_layout(path, Bytes::Whole(bytes))?;
     check_file_order(path, &infos, data)?;
     let tensor_types = infos.iter().map(|t| (t.name.clone(), t.ty.name())).collect();
     let tensors = infos.iter().map(TensorInfo::size).collect();
     let tokenizer = tokenizer_metadata(&metadata);
-    let (table, plan) = plan_file(path, bytes, &infos, &metadata, &tokenizer, family)?;
+    let bytes = Bytes::Whole(bytes);
+    let (table, plan) = plan_file(path, &bytes, &infos, &metadata, &tokenizer, family)?;
     let model = gather_parts(plan.arch.clone(), |sink| plan.read_parts(&table, sink))?;
     Ok(GgufModel { model, version, metadata, tokenizer, tensor_types, tensors })
 }
 
-/// A GGUF file's weights in its memory-mapped bytes, read part by part as planned.
+/// A GGUF file's weights, read part by part from the open file as planned.
 pub(crate) struct GgufFile {
     path: PathBuf,
-    map: memmap2::Mmap,
+    file: PinnedFile,
     infos: Vec<TensorInfo>,
     plan: ModelPlan,
 }
@@ -628,9 +695,10 @@ impl std::fmt::Debug for GgufFile {
 }
 
 impl GgufFile {
-    /// A table over the file's tensors.
-    fn table(&self) -> TensorTable<'_> {
-        TensorTable { path: &self.path, bytes: &self.map, infos: &self.infos, used: Default::default() }
+    /// Part `read` of the file, from a table over its tensors.
+    fn read<T>(&self, read: impl FnOnce(&TensorTable<'_>) -> Result<T, LoadError>) -> Result<T, LoadError> {
+        let bytes = Bytes::File(&self.file, Vec::new());
+        read(&TensorTable { path: &self.path, bytes: &bytes, infos: &self.infos, used: Default::default() })
     }
 }
 
@@ -640,48 +708,43 @@ impl PartFile for GgufFile {
     }
 
     fn embedding(&self) -> Result<HostTensor, LoadError> {
-        self.plan.embedding(&self.table())
+        self.read(|t| self.plan.embedding(t))
     }
 
     fn layer(&self, i: usize) -> Result<LayerWeights, LoadError> {
-        self.plan.blocks.layer(&self.table(), &self.plan.arch, i)
+        self.read(|t| self.plan.blocks.layer(t, &self.plan.arch, i))
     }
 
     fn final_norm(&self) -> Result<HostTensor, LoadError> {
-        self.plan.final_norm(&self.table())
+        self.read(|t| self.plan.final_norm(t))
     }
 
     fn output(&self) -> Result<Option<HostTensor>, LoadError> {
-        self.plan.output(&self.table())
-    }
-
-    fn release_pages(&self) {
-        crate::input::release_pages(&self.map);
+        self.read(|t| self.plan.output(t))
     }
 }
 
-/// The mapped GGUF file `map` at `path` as a source ([`PartSource`]), read through once as
+/// The open GGUF file `file` at `path` as a source ([`PartSource`]), read through once as
 /// [`parse_gguf_with`] reads it, keeping nothing: every error [`parse_gguf_with`] reports is
 /// reported here, and the parameter count comes from that pass.
 pub(super) fn gguf_source_with(
     path: &Path,
-    map: memmap2::Mmap,
+    file: PinnedFile,
     family: FamilyReader,
 ) -> Result<GgufModel<PartSource<GgufFile>>, LoadError> {
-    let Layout { version, metadata, infos, data } = read_layout(path, &map)?;
+    let Layout { version, metadata, infos, data } = read_layout(path, Bytes::File(&file, Vec::new()))?;
     check_file_order(path, &infos, data)?;
     let tensor_types = infos.iter().map(|t| (t.name.clone(), t.ty.name())).collect();
     let tensors = infos.iter().map(TensorInfo::size).collect();
     let tokenizer = tokenizer_metadata(&metadata);
-    let (table, plan) = plan_file(path, &map, &infos, &metadata, &tokenizer, family)?;
     let mut parameters = 0;
-    plan.read_parts(&table, &mut |part| {
-        parameters += part.parameter_count();
-        drop(part);
-        crate::input::release_pages(&map);
-    })?;
-    drop(table);
-    let file = GgufFile { path: path.to_path_buf(), map, infos, plan };
+    let plan = {
+        let bytes = Bytes::File(&file, Vec::new());
+        let (table, plan) = plan_file(path, &bytes, &infos, &metadata, &tokenizer, family)?;
+        plan.read_parts(&table, &mut |part| parameters += part.parameter_count())?;
+        plan
+    };
+    let file = GgufFile { path: path.to_path_buf(), file, infos, plan };
     Ok(GgufModel { model: PartSource { file, parameters }, version, metadata, tokenizer, tensor_types, tensors })
 }
 
@@ -981,7 +1044,7 @@ fn tokenizer_metadata(m: &BTreeMap<String, GgufValue>) -> GgufTokenizerMetadata 
 /// (`used`), so that the readers of the newer architectures refuse a tensor they do not use.
 pub(super) struct TensorTable<'a> {
     pub(super) path: &'a Path,
-    bytes: &'a [u8],
+    bytes: &'a Bytes<'a>,
     pub(super) infos: &'a [TensorInfo],
     pub(super) used: std::cell::RefCell<HashSet<String>>,
 }
@@ -1006,8 +1069,10 @@ impl TensorTable<'_> {
                 format!("tensor {name} has dims {:?}; expected {gguf_dims:?} (ne0 first)", info.dims),
             ));
         }
-        let data = decode(info.ty, &self.bytes[info.start..info.end], shape.iter().product())
+        let stored = self.bytes.tensor_range(info.start, info.end)?;
+        let data = decode(info.ty, &stored, shape.iter().product())
             .map_err(|e| LoadError::invalid(path, format!("tensor {name}: {e}")))?;
+        drop(stored);
         // After dequantizing: a NaN block scale makes a whole block NaN.
         crate::input::check_finite(path, name, &data)?;
         HostTensor::new(shape.to_vec(), data)
@@ -1150,6 +1215,56 @@ pub(super) fn read_hyper_parameters(
     arch.validate()
         .map_err(|e| LoadError::invalid(path, format!("inconsistent {} hyper-parameters: {e}", keys.arch)))?;
     Ok(arch)
+}
+
+/// Refuses RoPE parameters whose derived inverse frequencies are not finite and positive
+/// ([`check_rope_values`]), naming the key or tensor they come from.
+fn check_rope(keys: &ArchKeys<'_>, table: &TensorTable<'_>, a: &ModelArch) -> Result<(), LoadError> {
+    let bad = |key: String, describe: String| LoadError::invalid(keys.path, format!("{key} {describe}"));
+    check_rope_values(a.rope_theta, a.rotary_dim(), a.rope_scaling.as_ref()).map_err(|b| {
+        let key = match b.param {
+            RopeParam::Theta => keys.key("rope.freq_base"),
+            RopeParam::FreqFactor(i) if table.find("rope_freqs.weight").is_some() => {
+                format!("tensor rope_freqs.weight[{i}] (with {})", keys.key("rope.scaling.factor"))
+            }
+            RopeParam::Factor | RopeParam::FreqFactor(_) => keys.key("rope.scaling.factor"),
+            RopeParam::ShortFactor(i) => format!("tensor rope_factors_short.weight[{i}]"),
+            RopeParam::LongFactor(i) => format!("tensor rope_factors_long.weight[{i}]"),
+        };
+        bad(key, b.describe())
+    })?;
+    match a.local_rope_theta {
+        Some(theta) => check_rope_values(theta, a.rotary_dim(), None)
+            .map_err(|b| bad(keys.key("rope.freq_base_swa"), b.describe())),
+        None => Ok(()),
+    }
+}
+
+/// Refuses the first tensor (in file order) of a block at or past `{arch}.block_count`, or of
+/// experts where a block has none or past `{arch}.expert_count`: blocks are read by the names
+/// the metadata implies, so `llama` and `qwen2`, which refuse no other unread tensor, would run
+/// without it.
+fn check_indices(keys: &ArchKeys<'_>, infos: &[TensorInfo], a: &ModelArch) -> Result<(), LoadError> {
+    let experts = |layer| a.moe.as_ref().filter(|_| a.has_experts(layer)).map_or(0, |m| m.n_experts);
+    for t in infos {
+        let Some((layer, rest)) = crate::names::indexed(&t.name, "blk.") else { continue };
+        let problem = if layer >= a.n_layers {
+            format!("is in block {layer}, but {} is {}", keys.key("block_count"), a.n_layers)
+        } else if let Some(e) = legacy_expert(rest).filter(|&e| e >= experts(layer)) {
+            format!("is expert {e}, but block {layer} has {} ({})", experts(layer), keys.key("expert_count"))
+        } else if experts(layer) == 0 && ["_exps", "_shexp", "ffn_gate_inp"].iter().any(|p| rest.contains(p)) {
+            format!("holds experts, but block {layer} has none ({})", keys.key("expert_count"))
+        } else {
+            continue;
+        };
+        return Err(LoadError::invalid(keys.path, format!("tensor {} {problem}; qdrift would run without it", t.name)));
+    }
+    Ok(())
+}
+
+/// The expert of an older split-experts tensor, `ffn_{gate,up,down}.{e}.weight`.
+fn legacy_expert(rest: &str) -> Option<usize> {
+    ["ffn_gate.", "ffn_up.", "ffn_down."].iter().find_map(|p| crate::names::indexed(rest, p)).map(|(e, _)| e)
 }
 
 /// Refuses what [`HostModel`] cannot carry: partial rotary embeddings, biases other than q/k/v.

@@ -20,6 +20,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use crate::LoadError;
+use crate::rope_values::{RopeParam, check_rope_values};
 use qdrift_weights::{Activation, BlockSpec, ModelArch, MoeSpec, NormStyle, RopeScaling, Routing};
 
 /// Architectures [`read_hf_folder`](crate::read_hf_folder) reads, as `config.json` names them.
@@ -272,8 +273,32 @@ pub(crate) fn parse_config(path: &Path, c: &Value, tensor_count: usize) -> Resul
         moe: moe(&config, class, n_layers)?,
     };
     arch.validate().map_err(|e| config.bad(format!("inconsistent hyper-parameters: {e}")))?;
+    check_rope(&config, &rope.field, &arch)?;
     check_sizes(&config, &arch)?;
     Ok(HfArch { arch, class, attn_bias })
+}
+
+/// Refuses RoPE parameters whose derived inverse frequencies are not finite and positive
+/// ([`check_rope_values`]), naming the key of `config.json`'s rope dict `field` they come from;
+/// `validate` has checked each parameter alone.
+fn check_rope(config: &Config<'_>, field: &str, a: &ModelArch) -> Result<(), LoadError> {
+    let bad = |key: String, describe: String| config.bad(format!("{key} {describe}"));
+    check_rope_values(a.rope_theta, a.rotary_dim(), a.rope_scaling.as_ref()).map_err(|b| {
+        let key = match b.param {
+            RopeParam::Theta => "rope_theta".to_string(),
+            RopeParam::Factor => format!("{field}.factor"),
+            RopeParam::ShortFactor(i) => format!("{field}.short_factor[{i}]"),
+            RopeParam::LongFactor(i) => format!("{field}.long_factor[{i}]"),
+            // Per-pair divisors come from GGUF files only.
+            RopeParam::FreqFactor(i) => format!("{field} divisor {i}"),
+        };
+        bad(key, b.describe())
+    })?;
+    match a.local_rope_theta {
+        Some(theta) => check_rope_values(theta, a.rotary_dim(), None)
+            .map_err(|b| bad("the sliding-window layers' rope_theta (rope_local_base_freq)".into(), b.describe())),
+        None => Ok(()),
+    }
 }
 
 /// Refuses hyper-parameters whose tensor sizes overflow `usize`: the reader computes the shapes
@@ -584,8 +609,9 @@ fn moe(config: &Config<'_>, class: Class, n_layers: usize) -> Result<Option<MoeS
 }
 
 /// RoPE as `config.json` gives it: the (global) theta and scaling, the rotated dimensions of a
-/// head, and Gemma 3's local theta.
+/// head, and Gemma 3's local theta; `field` names the dict the scaling came from (in messages).
 struct Rope {
+    field: String,
     theta: f32,
     scaling: Option<RopeScaling>,
     rotary_dim: Option<usize>,
@@ -632,7 +658,7 @@ fn rope(config: &Config<'_>, class: Class, head_dim: usize, max_pos: usize) -> R
     let rotary_dim = rotary_dim(config, class, field, &dict, kind, head_dim)?;
     let scaling = parse_rope_scaling(config, class, &dict, &dict, kind, max_pos)
         .map_err(|m| config.bad(format!("{field}: {m}")))?;
-    Ok(Rope { theta: theta as f32, scaling, rotary_dim, local_theta: None })
+    Ok(Rope { field: field.to_string(), theta: theta as f32, scaling, rotary_dim, local_theta: None })
 }
 
 /// Gemma 3's RoPE (`Gemma3TextConfig.convert_rope_params_to_dict`): `rope_parameters` nested by
@@ -678,7 +704,13 @@ fn gemma3_rope(config: &Config<'_>, head_dim: usize, max_pos: usize) -> Result<R
     let rotary_dim = rotary_dim(config, Class::Gemma3, field, &full, kind, head_dim)?;
     let scaling = parse_rope_scaling(config, Class::Gemma3, &full, &outer, kind, max_pos)
         .map_err(|m| config.bad(format!("{field}: {m}")))?;
-    Ok(Rope { theta: theta as f32, scaling, rotary_dim, local_theta: Some(local_theta as f32) })
+    Ok(Rope {
+        field: field.to_string(),
+        theta: theta as f32,
+        scaling,
+        rotary_dim,
+        local_theta: Some(local_theta as f32),
+    })
 }
 
 fn object(config: &Config<'_>, field: &str, v: &Value) -> Result<Map<String, Value>, LoadError> {

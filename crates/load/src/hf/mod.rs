@@ -5,7 +5,8 @@
 //! - safetensors: <https://github.com/huggingface/safetensors> (README "Format": `u64` little-endian
 //!   header length N, N bytes of JSON `{name: {dtype, shape, data_offsets: [begin, end]}}` with an
 //!   optional `__metadata__`, then the byte buffer; offsets are relative to the buffer), parsed
-//!   with the `safetensors` crate over a memory map.
+//!   with the `safetensors` crate's `Metadata`; each tensor read from the file when asked
+//!   ([`qdrift_io::PinnedFile`]).
 //! - sharding: `transformers`' `model.safetensors.index.json` (`weight_map: {tensor: shard file}`).
 //! - `config.json`: as `transformers` 5.25.0's config classes read it (`config.rs` lists the
 //!   classes, keys, defaults and refusals).
@@ -60,12 +61,14 @@
 //! |---|---|
 //! | `read.rs` | [`read_hf_folder`]: the folder into a [`crate::LoadedModel`], whole or as a source read part by part (`open_hf_source`), special tokens, source storage of quantized folders |
 //! | `config.rs` | `config.json` → [`ModelArch`](crate::ModelArch), refusals |
-//! | `shards.rs` | the safetensors files, memory-mapped and checked; typed tensor access |
+//! | `shards.rs` | the safetensors files, opened and checked, each tensor read when asked; typed tensor access |
 //! | `quant/` | quantized folders: `quantization_config` and one file per layout (GPTQ, AWQ, compressed-tensors, FP8) |
 //! | `tokenizer.rs` | [`HfTokenizer`]: `tokenizer.json` through the `tokenizers` crate (also GGUF's byte-level BPE) |
+//! | `merges.rs` | a `tokenizer.json`'s BPE merges counted against its vocabulary and checked for repeats, before the `tokenizers` crate reads them |
 //! | `write.rs` | [`write_hf_folder`]: a [`HostModel`](crate::HostModel) as a folder (test fixtures) |
 
 pub(crate) mod config;
+pub(crate) mod merges;
 pub mod quant;
 mod read;
 pub(crate) mod shards;

@@ -54,13 +54,14 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
 }
 
 /// A Hugging Face folder's weights as a [`WeightSource`] that reads each part from the files
-/// when asked ([`crate::open_source`]): no part of the model stays in memory between requests,
-/// and the files' pages are unmapped after each part ([`PartSource`]).
+/// when asked ([`crate::open_source`]): no part of the model stays in memory between requests
+/// ([`PartSource`]), and a file changed since this pass read it is refused when a part is read
+/// again ([`qdrift_io::PinnedFile`]).
 ///
 /// The folder is read through once when it is opened, as [`read_hf_folder`] reads it, keeping
 /// nothing: every error [`read_hf_folder`] reports (a missing or misshapen tensor, a value that
 /// is not finite, a corrupt quantized layout) is reported here, at open, and the parameter
-/// count, the stored sizes and whether `lm_head` is there come from that pass.
+/// count and the stored sizes come from that pass.
 ///
 /// # Errors
 /// As [`read_hf_folder`].
@@ -70,19 +71,13 @@ pub(crate) fn open_hf_source(
 ) -> Result<LoadedModel<PartSource<HfFile>>, LoadError> {
     let folder = Folder::open(dir)?;
     let mut modules = Modules::default();
-    let (mut parameters, mut tied) = (0, true);
+    let mut parameters = 0;
     folder.reader().read_parts(&mut |part| {
         modules.add(folder.hf.class, &part);
         parameters += part.parameter_count();
-        if let ModelPart::Output(o) = &part {
-            tied = o.is_none();
-        }
-        drop(part);
-        folder.shards.release_pages();
     })?;
     let storage = folder.storage(modules)?;
-    let mut hf = folder.hf.clone();
-    hf.arch.tied_embeddings = tied;
+    let hf = folder.hf.clone();
     let arch = hf.arch.clone();
     folder.finish(dir, tokenizer, &arch, storage, |f| PartSource {
         file: HfFile { shards: f.shards, quant: f.quant, hf },
@@ -114,6 +109,8 @@ impl Folder {
         let config = crate::input::read_json(&config_path, crate::input::JSON)?;
         let shards = Shards::open(dir)?;
         let hf = parse_config(&config_path, &config, shards.tensor_count())?;
+        check_output_layer(&config_path, &config, &hf, &shards)?;
+        check_unexpected_tensors(&config, &hf.arch, &shards)?;
         let quant = super::quant::read_quant_config(dir, &config_path, &config)?;
         if quant.as_ref().is_some_and(HfQuant::is_mxfp4) && hf.class != Class::GptOss {
             return Err(LoadError::invalid(
@@ -209,7 +206,7 @@ impl Folder {
 pub(crate) struct HfFile {
     shards: Shards,
     quant: Option<HfQuant>,
-    /// The architecture, `tied_embeddings` as the files have it (no `lm_head`: tied).
+    /// The architecture.
     hf: HfArch,
 }
 
@@ -239,10 +236,52 @@ impl PartFile for HfFile {
     fn output(&self) -> Result<Option<HostTensor>, LoadError> {
         self.reader().output()
     }
+}
 
-    fn release_pages(&self) {
-        self.shards.release_pages();
+/// Refuses a folder whose `config.json` unties the output layer (`tie_word_embeddings` false, or
+/// absent where the class's default is false) but whose files have no `lm_head`: `transformers`
+/// would run it with the layer at its random initialisation, and qdrift used to tie it silently.
+fn check_output_layer(config_path: &Path, config: &Value, hf: &HfArch, shards: &Shards) -> Result<(), LoadError> {
+    if hf.arch.tied_embeddings || shards.tensors().any(|(name, _)| name.starts_with("lm_head.")) {
+        return Ok(());
     }
+    let said = match config.get("tie_word_embeddings").filter(|v| !v.is_null()) {
+        Some(v) => format!("tie_word_embeddings is {v}"),
+        None => format!("tie_word_embeddings is absent, which {} reads as false,", hf.arch.architecture),
+    };
+    Err(LoadError::invalid(
+        config_path,
+        format!(
+            "{said} but the weights files have no lm_head.weight: the output layer would be untrained; set \
+             tie_word_embeddings to true if the model's output layer is its embedding"
+        ),
+    ))
+}
+
+/// Refuses the first stored tensor (in file order) that belongs to the decoder but lies beyond
+/// what `config.json` accounts for: a layer at or past `num_hidden_layers`, or an expert at or
+/// past the layer's experts (none in a dense layer). The reader reads tensors by the names the
+/// configuration implies, so it would ignore such a tensor and run another model than the
+/// checkpoint; tensors outside the layers (and inside them, by other names) are left to it.
+fn check_unexpected_tensors(config: &Value, a: &ModelArch, shards: &Shards) -> Result<(), LoadError> {
+    let experts_key = if config.get("num_local_experts").is_some() { "num_local_experts" } else { "num_experts" };
+    for (name, _) in shards.tensors() {
+        let Some((layer, rest)) = crate::names::indexed(name, "model.layers.") else { continue };
+        let problem = if layer >= a.n_layers {
+            format!("is in layer {layer}, but config.json's num_hidden_layers is {}", a.n_layers)
+        } else if let Some(e) = crate::names::expert_index(rest) {
+            match a.moe.as_ref().filter(|_| a.has_experts(layer)) {
+                Some(m) if e < m.n_experts => continue,
+                Some(m) => format!("is expert {e}, but config.json's {experts_key} is {}", m.n_experts),
+                None => format!("is an expert of layer {layer}, which config.json makes dense (no experts)"),
+            }
+        } else {
+            continue;
+        };
+        let path = shards.path_of(name).unwrap_or(shards.first_path());
+        return Err(LoadError::invalid(path, format!("tensor {name} {problem}; qdrift would run without it")));
+    }
+    Ok(())
 }
 
 /// A special token in `tokenizer_config.json`: a string or `{"content": ...}` (`AddedToken`).
@@ -444,13 +483,13 @@ impl Reader<'_> {
     }
 
     /// `lm_head`, `[vocab, dim]`, dequantized when the folder is quantized; `None` when
-    /// `config.json` ties it or the files have none.
+    /// `config.json` ties it (`check_output_layer` refused an untied folder without one).
     fn output(&self) -> Result<Option<HostTensor>, LoadError> {
         let a = self.arch();
         if a.tied_embeddings {
             return Ok(None);
         }
-        linear(self.shards, self.quant, "lm_head", a.vocab_size, a.dim)
+        self.lin("lm_head", a.vocab_size, a.dim).map(Some)
     }
 
     /// Block `i`. Dequantized first, then (q, k) permuted: the permutation moves real rows.
@@ -654,8 +693,8 @@ impl Reader<'_> {
             ));
         }
         let g = cols / 32;
-        let u8s = |n: &str, shape: &[usize]| -> Result<&[u8], LoadError> {
-            let raw = self.shards.raw(n).ok_or_else(|| {
+        let u8s = |n: &str, shape: &[usize]| -> Result<Vec<u8>, LoadError> {
+            let raw = self.shards.raw(n)?.ok_or_else(|| {
                 LoadError::invalid(&path, format!("tensor {n} is missing; expected U8 of shape {shape:?}"))
             })?;
             if raw.dtype != safetensors::Dtype::U8 || raw.shape != shape {

@@ -1,19 +1,23 @@
 //! The safetensors files of a Hugging Face folder: `model.safetensors` or the shards
-//! `model.safetensors.index.json` lists, memory-mapped, each header parsed and checked once, and
-//! typed access to the stored tensors (floats as f32, integers, FP8 codes) for the reader and the
-//! quantized layouts.
+//! `model.safetensors.index.json` lists, each opened once ([`qdrift_io::PinnedFile`]) and its
+//! header parsed and checked once, and typed access to the stored tensors (floats as f32,
+//! integers, FP8 codes) for the reader and the quantized layouts. Each tensor's bytes are read
+//! when asked, with a positioned read into a buffer of their own that lives while the tensor is
+//! decoded: a file cut short or rewritten since it was opened is an error naming it, not a
+//! `SIGBUS` or other numbers.
 //!
 //! Spec: <https://github.com/huggingface/safetensors> (README "Format": `u64` little-endian header
 //! length N, N bytes of JSON `{name: {dtype, shape, data_offsets: [begin, end]}}` with an optional
-//! `__metadata__`, then the byte buffer; offsets are relative to the buffer), parsed with the
-//! `safetensors` crate; sharding: `transformers`' `model.safetensors.index.json` (`weight_map:
+//! `__metadata__`, then the byte buffer; offsets are relative to the buffer), checked with the
+//! `safetensors` crate's `Metadata`; sharding: `transformers`' `model.safetensors.index.json` (`weight_map:
 //! {tensor: shard file}`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use qdrift_io::PinnedFile;
 use safetensors::tensor::{Metadata, TensorInfo};
-use safetensors::{Dtype, SafeTensorError, SafeTensors};
+use safetensors::{Dtype, SafeTensorError};
 use serde_json::Value;
 
 use crate::LoadError;
@@ -21,17 +25,17 @@ use crate::floats::{LeFloat, le_floats};
 use crate::ofp8::Ofp8;
 use qdrift_weights::HostTensor;
 
-/// The memory-mapped safetensors files of a folder and which holds each tensor.
+/// The safetensors files of a folder and which holds each tensor.
 pub(crate) struct Shards {
     files: Vec<ShardFile>,
     /// Tensor name → index in `files`.
     index: HashMap<String, usize>,
 }
 
-/// One safetensors file, mapped, with its header parsed once.
+/// One safetensors file, open, with its header parsed once.
 struct ShardFile {
     path: PathBuf,
-    map: memmap2::Mmap,
+    file: PinnedFile,
     /// Where the byte buffer starts (8 + header length).
     data_start: usize,
     /// Tensors in file order.
@@ -39,7 +43,7 @@ struct ShardFile {
 }
 
 impl Shards {
-    /// Maps the weights files of the folder `dir`.
+    /// Opens the weights files of the folder `dir` and reads their headers.
     pub(crate) fn open(dir: &Path) -> Result<Self, LoadError> {
         let single = dir.join("model.safetensors");
         let index_path = dir.join("model.safetensors.index.json");
@@ -74,9 +78,9 @@ impl Shards {
         let mut files = Vec::with_capacity(names.len());
         let mut index = HashMap::new();
         for (i, path) in names.into_iter().enumerate() {
-            // Checked before opening: opening a named pipe blocks, and a device maps endlessly.
-            let map = crate::input::map_file(&path, crate::input::MODEL)?;
-            let (header_len, meta) = parse_safetensors(&path, &map)?;
+            // Checked before opening: opening a named pipe blocks, and a device reads endlessly.
+            let file = crate::input::open_pinned(&path, crate::input::MODEL)?;
+            let (header_len, meta) = read_header(&file)?;
             let data_start = 8 + header_len;
             let mut tensors: Vec<(String, TensorInfo)> =
                 meta.tensors().into_iter().map(|(n, t)| (n, t.clone())).collect();
@@ -87,17 +91,9 @@ impl Shards {
                     return Err(LoadError::invalid(&path, format!("tensor {name} is also in {}", p.path.display())));
                 }
             }
-            files.push(ShardFile { path, map, data_start, tensors });
+            files.push(ShardFile { path, file, data_start, tensors });
         }
         Ok(Self { files, index })
-    }
-
-    /// Unmaps the pages of the files read so far from this process, leaving them in the page
-    /// cache ([`crate::input::release_pages`]).
-    pub(crate) fn release_pages(&self) {
-        for f in &self.files {
-            crate::input::release_pages(&f.map);
-        }
     }
 
     /// How many tensors the files hold in all.
@@ -115,29 +111,36 @@ impl Shards {
         self.index.contains_key(name)
     }
 
-    /// The stored bytes of `name` with its dtype and shape; `None` when no file has it.
-    pub(crate) fn raw(&self, name: &str) -> Option<Raw<'_>> {
+    /// The file holding `name` and its header entry; `None` when no file has it.
+    fn entry(&self, name: &str) -> Option<(&ShardFile, &TensorInfo)> {
         let f = &self.files[*self.index.get(name)?];
         let (_, info) = f.tensors.iter().find(|(n, _)| n == name)?;
-        // `parse_safetensors` validated every range against the file.
-        let (begin, end) = info.data_offsets;
-        let bytes = &f.map[f.data_start + begin..f.data_start + end];
-        Some(Raw { path: &f.path, dtype: info.dtype, shape: &info.shape, bytes })
+        Some((f, info))
+    }
+
+    /// The stored bytes of `name` with its dtype and shape, read from its file; `None` when no
+    /// file has it.
+    pub(crate) fn raw(&self, name: &str) -> Result<Option<Raw<'_>>, LoadError> {
+        let Some((f, info)) = self.entry(name) else {
+            return Ok(None);
+        };
+        let bytes = f.read(info)?;
+        Ok(Some(Raw { path: &f.path, dtype: info.dtype, shape: &info.shape, bytes }))
     }
 
     /// The stored dtype of `name`.
     pub(crate) fn dtype(&self, name: &str) -> Option<Dtype> {
-        self.raw(name).map(|r| r.dtype)
+        self.entry(name).map(|(_, info)| info.dtype)
     }
 
     /// The stored shape of `name`.
     pub(crate) fn shape(&self, name: &str) -> Option<&[usize]> {
-        self.raw(name).map(|r| r.shape)
+        self.entry(name).map(|(_, info)| info.shape.as_slice())
     }
 
     /// The file holding `name`.
     pub(crate) fn path_of(&self, name: &str) -> Option<&Path> {
-        self.raw(name).map(|r| r.path)
+        self.entry(name).map(|(f, _)| f.path.as_path())
     }
 
     /// The first weights file, for errors about a tensor no file has.
@@ -165,10 +168,9 @@ impl Shards {
                 format!("tensor {name} has shape {:?}; expected {shape:?}", info.shape),
             ));
         }
-        // `parse_safetensors` validated every range against the file.
-        let (begin, end) = info.data_offsets;
-        let bytes = &f.map[f.data_start + begin..f.data_start + end];
-        let data = to_f32(info.dtype, bytes).map_err(|m| LoadError::invalid(&f.path, format!("tensor {name}: {m}")))?;
+        let bytes = f.read(info)?;
+        let data =
+            to_f32(info.dtype, &bytes).map_err(|m| LoadError::invalid(&f.path, format!("tensor {name}: {m}")))?;
         crate::input::check_finite(&f.path, name, &data)?;
         HostTensor::new(shape.to_vec(), data).map(Some).ok_or_else(|| {
             LoadError::invalid(&f.path, format!("tensor {name}: byte count does not match shape {shape:?}"))
@@ -187,6 +189,16 @@ impl Shards {
     }
 }
 
+impl ShardFile {
+    /// The stored bytes of the tensor `info` describes, read from the file: `read_header`
+    /// checked its range against the file's length at open, and the read checks that the file is
+    /// still the one opened.
+    fn read(&self, info: &TensorInfo) -> Result<Vec<u8>, LoadError> {
+        let (begin, end) = info.data_offsets;
+        Ok(self.file.read_at((self.data_start + begin) as u64, end - begin)?)
+    }
+}
+
 /// One stored tensor: its file, dtype, shape and bytes (validated against the file).
 pub(crate) struct Raw<'a> {
     /// The file holding it.
@@ -196,22 +208,27 @@ pub(crate) struct Raw<'a> {
     /// The stored shape.
     pub shape: &'a [usize],
     /// Its bytes, `shape.product() × dtype size` of them.
-    pub bytes: &'a [u8],
+    pub bytes: Vec<u8>,
 }
 
-/// Parses a safetensors buffer, turning the library's terse errors into messages for people.
-/// Returns the header length and the parsed header; every tensor's range is validated.
-pub(crate) fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<(usize, Metadata), LoadError> {
-    let Some(len) = bytes.get(..8) else {
+/// `safetensors`' limit on a header (`MAX_HEADER_SIZE`).
+const MAX_HEADER: u64 = 100_000_000;
+
+/// Reads and parses a safetensors file's header, turning the library's terse errors into
+/// messages for people. Returns the header length and the parsed header; every tensor's range is
+/// validated against the file's length.
+fn read_header(file: &PinnedFile) -> Result<(usize, Metadata), LoadError> {
+    let (path, file_len) = (file.path(), file.len());
+    if file_len < 8 {
         return Err(LoadError::truncated(
             path,
-            format!("the 8-byte header length, the file has {} bytes (not a safetensors file?)", bytes.len()),
+            format!("the 8-byte header length, the file has {file_len} bytes (not a safetensors file?)"),
         ));
-    };
+    }
     let mut n = [0u8; 8];
-    n.copy_from_slice(len);
+    n.copy_from_slice(&file.read_at(0, 8)?);
     let n = u64::from_le_bytes(n);
-    let rest = (bytes.len() - 8) as u64;
+    let rest = file_len - 8;
     if n > rest {
         return Err(LoadError::truncated(
             path,
@@ -220,11 +237,43 @@ pub(crate) fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<(usize, Met
             ),
         ));
     }
-    SafeTensors::read_metadata(bytes).map_err(|e| {
-        let header = &bytes[8..8 + n as usize];
-        let detail = diagnose_header(header, rest - n).unwrap_or_else(|| describe(&e, bytes.len()));
-        LoadError::invalid(path, detail)
-    })
+    if n > MAX_HEADER {
+        return Err(LoadError::invalid(path, describe(&SafeTensorError::HeaderTooLarge, file_len)));
+    }
+    // Below MAX_HEADER, so it fits in usize.
+    let header = file.read_at(8, n as usize)?;
+    Ok((n as usize, parse_header(path, &header, rest - n)?))
+}
+
+/// A header's JSON as `safetensors` deserializes it (its `HashMetadata`): `__metadata__`, and
+/// every other key a tensor.
+#[derive(serde::Deserialize)]
+struct HeaderJson {
+    #[serde(rename = "__metadata__")]
+    metadata: Option<HashMap<String, String>>,
+    #[serde(flatten)]
+    tensors: HashMap<String, TensorInfo>,
+}
+
+/// The header `header` of a file whose byte buffer (after the header) has `buffer_len` bytes,
+/// checked as `SafeTensors::read_metadata` checks it: UTF-8 JSON, tensors contiguous in the
+/// buffer in offset order, each range the size of its dtype and shape, the last one ending the
+/// buffer.
+fn parse_header(path: &Path, header: &[u8], buffer_len: u64) -> Result<Metadata, LoadError> {
+    let file_len = buffer_len.saturating_add(8 + header.len() as u64);
+    let fail = |e: SafeTensorError| {
+        LoadError::invalid(path, diagnose_header(header, buffer_len).unwrap_or_else(|| describe(&e, file_len)))
+    };
+    let text = std::str::from_utf8(header).map_err(|e| fail(SafeTensorError::InvalidHeader(e)))?;
+    let json: HeaderJson =
+        serde_json::from_str(text).map_err(|e| fail(SafeTensorError::InvalidHeaderDeserialization(e)))?;
+    let mut tensors: Vec<(String, TensorInfo)> = json.tensors.into_iter().collect();
+    tensors.sort_by_key(|(_, t)| t.data_offsets);
+    let meta = Metadata::new(json.metadata, tensors).map_err(fail)?;
+    if meta.data_len() as u64 != buffer_len {
+        return Err(fail(SafeTensorError::MetadataIncompleteBuffer));
+    }
+    Ok(meta)
 }
 
 /// Names the tensor whose byte range contradicts its dtype and shape, or the byte counts of a
@@ -267,7 +316,7 @@ fn diagnose_header(header: &[u8], buffer_len: u64) -> Option<String> {
     })
 }
 
-fn describe(e: &SafeTensorError, file_len: usize) -> String {
+fn describe(e: &SafeTensorError, file_len: u64) -> String {
     match e {
         SafeTensorError::MetadataIncompleteBuffer => format!(
             "the tensors' data offsets do not end at the end of the file ({file_len} bytes): truncated, or bytes past the last tensor"
@@ -306,7 +355,7 @@ pub(crate) fn to_f32(dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, String> {
 
 impl Shards {
     /// The FP8 format and bytes of `name`, which must have `shape`.
-    pub(crate) fn fp8(&self, name: &str, shape: &[usize]) -> Result<(Ofp8, &[u8]), LoadError> {
+    pub(crate) fn fp8(&self, name: &str, shape: &[usize]) -> Result<(Ofp8, Vec<u8>), LoadError> {
         let raw = self.raw_shaped(name, &[shape.to_vec()])?;
         let format = match raw.dtype {
             Dtype::F8_E4M3 => Ofp8::E4M3,
@@ -340,7 +389,7 @@ impl Shards {
     /// An integer tensor (I8, I16, I32, I64, U8) of exactly `shape`, widened to i64.
     pub(crate) fn ints_any(&self, name: &str, shape: &[usize]) -> Result<Vec<i64>, LoadError> {
         let raw = self.raw_shaped(name, &[shape.to_vec()])?;
-        int_values(raw.dtype, raw.bytes).ok_or_else(|| {
+        int_values(raw.dtype, &raw.bytes).ok_or_else(|| {
             LoadError::unsupported(
                 raw.path,
                 format!("tensor {name} dtype"),
@@ -353,11 +402,11 @@ impl Shards {
     /// Zero points: any integer or float dtype, one of `shapes`.
     pub(crate) fn numbers_any(&self, name: &str, shapes: &[Vec<usize>]) -> Result<Vec<i64>, LoadError> {
         let raw = self.raw_shaped(name, shapes)?;
-        if let Some(v) = int_values(raw.dtype, raw.bytes) {
+        if let Some(v) = int_values(raw.dtype, &raw.bytes) {
             return Ok(v);
         }
         let f =
-            to_f32(raw.dtype, raw.bytes).map_err(|m| LoadError::invalid(raw.path, format!("tensor {name}: {m}")))?;
+            to_f32(raw.dtype, &raw.bytes).map_err(|m| LoadError::invalid(raw.path, format!("tensor {name}: {m}")))?;
         f.iter()
             .map(|&z| {
                 (z.fract() == 0.0 && z.abs() < 1e9).then_some(z as i64).ok_or_else(|| {
@@ -376,26 +425,27 @@ impl Shards {
     pub(crate) fn floats_any(&self, name: &str, shapes: &[Vec<usize>]) -> Result<Vec<f32>, LoadError> {
         let raw = self.raw_shaped(name, shapes)?;
         let v =
-            to_f32(raw.dtype, raw.bytes).map_err(|m| LoadError::invalid(raw.path, format!("tensor {name}: {m}")))?;
+            to_f32(raw.dtype, &raw.bytes).map_err(|m| LoadError::invalid(raw.path, format!("tensor {name}: {m}")))?;
         crate::input::check_finite(raw.path, name, &v)?;
         Ok(v)
     }
 
-    /// `name`, present and with one of `shapes`.
+    /// `name`, present and with one of `shapes` (checked before its bytes are read).
     pub(crate) fn raw_shaped(&self, name: &str, shapes: &[Vec<usize>]) -> Result<Raw<'_>, LoadError> {
-        let raw = self.raw(name).ok_or_else(|| {
+        let (f, info) = self.entry(name).ok_or_else(|| {
             LoadError::invalid(
                 self.first_path(),
                 format!("tensor {name} is missing; the quantization config needs it with shape {}", show(shapes)),
             )
         })?;
-        if !shapes.iter().any(|s| s.as_slice() == raw.shape) {
+        if !shapes.contains(&info.shape) {
             return Err(LoadError::invalid(
-                raw.path,
-                format!("tensor {name} has shape {:?}; expected {}", raw.shape, show(shapes)),
+                &f.path,
+                format!("tensor {name} has shape {:?}; expected {}", info.shape, show(shapes)),
             ));
         }
-        Ok(raw)
+        let bytes = f.read(info)?;
+        Ok(Raw { path: &f.path, dtype: info.dtype, shape: &info.shape, bytes })
     }
 }
 

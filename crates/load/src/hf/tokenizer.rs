@@ -239,9 +239,11 @@ pub(crate) fn gguf_byte_level_bpe(
     HfTokenizer::new(path, inner, bos, eos, add_bos)
 }
 
-/// Reads a Hugging Face `tokenizer.json` (the `tokenizers` serialization).
+/// Reads a Hugging Face `tokenizer.json` (the `tokenizers` serialization), its BPE merges
+/// checked first ([`super::merges::check_merges`]).
 pub(crate) fn read_tokenizer_json(path: &Path) -> Result<tokenizers::Tokenizer, LoadError> {
     let bytes = crate::input::read_file(path, crate::input::TOKENIZER)?;
+    super::merges::check_merges(&bytes).map_err(|m| LoadError::invalid(path, m))?;
     guarded(|| tokenizers::Tokenizer::from_bytes(&bytes))
         .and_then(|r| r.map_err(|e| e.to_string()))
         .map_err(|e| LoadError::invalid(path, format!("not a tokenizers JSON file this version reads: {e}")))
