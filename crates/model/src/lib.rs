@@ -34,9 +34,10 @@
 //! - `positions.rs`: [`Positions`], the left-padded layout of a batch.
 //! - `fake_quant.rs`: run-time roundings of activations and the KV cache ([`RuntimeQuant`]).
 //! - `host/`: the CPU path, in one place: where each part of a forward pass runs
-//!   (`host/placement.rs`), which instruction set the CPU kernels use ([`Isa`], narrowed by the
-//!   `QDRIFT_ISA` environment variable), and the kernels themselves, one file per instruction
-//!   set (`host/portable.rs`, `host/avx2.rs`, `host/avx512.rs`).
+//!   (`host/placement.rs`) and the kernels themselves, one file per instruction set
+//!   (`host/portable.rs`, `host/avx2.rs`, `host/avx512.rs`). Which instruction set they use
+//!   ([`Isa`], narrowed by the `QDRIFT_ISA` environment variable) is chosen by the `qdrift-isa`
+//!   crate, re-exported here.
 //!
 //! Imports run downwards: `llama` → the layer modules → `host` (and `positions`); nothing in
 //! `host` imports a layer module.
@@ -61,13 +62,13 @@ pub use cache::KvCache;
 pub use embedding::TokenEmbedding;
 pub use error::ModelError;
 pub use fake_quant::{RuntimeQuant, round_activations, round_kv};
-pub use host::isa::{ISA_VAR, Isa, IsaError};
 pub use host::placement::{AttentionKernel, LinearKernel, RoundingPath};
 pub use host::threads::{in_pool, single_threaded};
 pub use linear::{Projection, Projections, SplitLinear, StackedLinear};
 pub use llama::{Llama, OutputHead, Overflow};
 pub use moe::MoeLayer;
 pub use positions::Positions;
+pub use qdrift_isa::{ISA_VAR, Isa, IsaError};
 pub use rope::Rope;
 pub use routing::{LayerRoutes, RoutingRecord};
 

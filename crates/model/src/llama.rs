@@ -13,6 +13,7 @@
 use burn::module::{Module, Param};
 use burn::tensor::{DType, Device, Int, Tensor};
 use qdrift_codecs::ActivationScale;
+use qdrift_isa::Isa;
 use qdrift_weights::{Ffn, HostModel, HostTensor, LayerWeights, ModelArch, NormStyle, WeightSource};
 
 use crate::attention::{Attention, AttentionSpec, ForwardContext};
@@ -21,7 +22,6 @@ use crate::error::{check, check_linear};
 use crate::fake_quant::RuntimeQuant;
 use crate::ffn::FeedForward;
 use crate::host::elem::{add_rounded, is_f16_exact};
-use crate::host::isa::Isa;
 use crate::host::placement::{self, AttentionKernel, LinearKernel, RoundingPath};
 use crate::linear::ProjectionStore;
 use crate::moe::MoeLayer;

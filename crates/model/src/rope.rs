@@ -426,7 +426,7 @@ mod tests {
     #[test]
     fn host_rotation_is_burns_to_the_bit() {
         use crate::host::elem::round_f16;
-        use crate::host::isa::Isa;
+        use qdrift_isa::Isa;
         let device = Device::flex();
         let isas = Isa::runnable_reporting_skips("host_rotation_is_burns_to_the_bit");
         for (hd, heads) in [(64, 3), (6, 2)] {

@@ -36,10 +36,10 @@
 //! not change.
 
 use half::f16;
+use qdrift_isa::Isa;
 use rayon::prelude::*;
 
 use super::elem::{Elem, round_to_f16};
-use super::isa::Isa;
 use super::portable;
 use super::threads::spreads;
 #[cfg(target_arch = "x86_64")]

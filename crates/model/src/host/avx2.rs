@@ -1,4 +1,4 @@
-//! The AVX2 kernels (AVX2, FMA and F16C; [`super::isa::Isa::Avx2`]): the linear layer's block
+//! The AVX2 kernels (AVX2, FMA and F16C; [`qdrift_isa::Isa::Avx2`]): the linear layer's block
 //! of rows × one panel, and attention's dot products over `R` vectors at once. Each performs the
 //! operations of its portable definition ([`super::portable`]) in the same order, so gives the
 //! same bits.

@@ -1,4 +1,4 @@
-//! The AVX-512 kernels (AVX-512F, BW and VL; [`super::isa::Isa::Avx512`]): the linear layer's
+//! The AVX-512 kernels (AVX-512F, BW and VL; [`qdrift_isa::Isa::Avx512`]): the linear layer's
 //! block of rows × one panel, and attention's dot products, 16 lanes per vector, the last lanes
 //! in a masked block. Each performs the operations of its portable definition
 //! ([`super::portable`]) in the same order, so gives the same bits.

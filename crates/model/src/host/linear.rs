@@ -25,10 +25,10 @@
 //! a sequence is cut into chunks, or on the thread count.
 
 use half::f16;
+use qdrift_isa::Isa;
 use rayon::prelude::*;
 
 use super::elem::{Elem, is_f16_exact, round_f16};
-use super::isa::Isa;
 use super::panels::{PANEL, PanelRows, pack_panels, unpack_panels};
 use super::portable;
 use super::threads::spreads;
