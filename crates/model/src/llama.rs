@@ -27,7 +27,8 @@ use crate::linear::ProjectionStore;
 use crate::moe::MoeLayer;
 use crate::norm::RmsNorm;
 use crate::routing::RoutingRecord;
-use crate::{KvCache, Positions, Projection, Projections, Rope, TokenEmbedding, host_f32, upload, upload_owned};
+use crate::tensors::{host_f32, upload, upload_owned};
+use crate::{KvCache, Positions, Projection, Projections, Rope, TokenEmbedding};
 
 /// What [`Llama::first_overflow`] hands each block's output to: the block's index and the
 /// residual stream after it, `[batch, new, dim]` row-major.
@@ -1021,7 +1022,7 @@ mod tests {
     fn weights_split_over_small_buffers_give_the_same_logits() {
         let host = tiny_f16_values();
         for (device, dtype) in
-            [(Device::flex(), DType::F32), (Device::flex(), DType::F16), (crate::test_wgpu(), DType::F16)]
+            [(Device::flex(), DType::F32), (Device::flex(), DType::F16), (crate::testing::test_wgpu(), DType::F16)]
         {
             let dim = host.arch.dim;
             let limit = (7 * dim * dtype.size()) as u64;
