@@ -1,5 +1,7 @@
 //! Helpers shared by qdrift's end-to-end tests.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 
 use burn::tensor::DType;

@@ -204,7 +204,8 @@ fn ci() -> Result<(), String> {
     // SAFETY: single-threaded here; the variable is read by the child processes only.
     unsafe { std::env::set_var("QDRIFT_ISA", "portable") };
     let portable = test_and_count(&["test", "--release", "--workspace", "--no-fail-fast", "--", "host::", "_cpu"]);
-    // SAFETY: as above.
+    // SAFETY: single-threaded here (the test run above has ended); the variable is read by the
+    // child processes only.
     unsafe { std::env::remove_var("QDRIFT_ISA") };
     let asserted = test_and_count(&MODEL_DEBUG_ASSERTIONS_TEST);
     let fuzzed = ci_fuzz();

@@ -30,6 +30,8 @@
 //! | `stats.rs` | [`error_stats`] |
 //! | `error.rs` | [`QuantizeError`] |
 
+#![forbid(unsafe_code)]
+
 mod dynamic;
 mod error;
 mod float;

@@ -20,6 +20,8 @@
 //! **Invariant: tokens in, tokens out; results never depend on how prompts are batched nor on how
 //! many batches run at once.**
 
+#![forbid(unsafe_code)]
+
 mod counters;
 mod device;
 mod error;

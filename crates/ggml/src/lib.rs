@@ -45,6 +45,8 @@
 //! `scalar.rs` holds the C scalar helpers the formats share (`nearest_int`, C's float-to-int
 //! conversion, fp16 bytes), so that every format file depends on it and never on the crate root.
 
+#![forbid(unsafe_code)]
+
 mod iq4_nl;
 mod iq4_xs;
 mod mxfp4;

@@ -7,6 +7,8 @@ use burn::tensor::activation::{sigmoid, silu};
 use burn::tensor::{DType, Tensor};
 use qdrift_weights::Activation;
 
+use crate::tensors::mul_scalar_opmath;
+
 /// `act(gate, up)`, elementwise, in the inputs' dtype:
 /// - [`Activation::SwiGlu`]: `silu(g) · u` (`transformers` `SiLUActivation`, as Llama's MLP), in
 ///   f32 and f16 as Burn's `silu` runs it (the same ops the host kernel mirrors), in bf16 with
@@ -34,7 +36,7 @@ pub(crate) fn gated(a: Activation, gate: Tensor<3>, up: Tensor<3>) -> Tensor<3> 
             let limit = f64::from(limit);
             let g = gate.clamp_max(limit);
             let u = up.clamp(-limit, limit);
-            let glu = g.clone() * sigmoid(crate::mul_scalar_opmath(g, f64::from(alpha)));
+            let glu = g.clone() * sigmoid(mul_scalar_opmath(g, f64::from(alpha)));
             (u + 1.0) * glu
         }
     }
@@ -56,7 +58,7 @@ fn gelu_tanh<const D: usize>(x: Tensor<D>) -> Tensor<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{host_f32, upload};
+    use crate::tensors::{host_f32, upload};
     use burn::tensor::Device;
 
     fn run(a: Activation, g: &[f32], u: &[f32]) -> Vec<f32> {

@@ -28,7 +28,8 @@ use crate::host::placement::{self, RoundingPath};
 use crate::host::rope::HostRope;
 use crate::norm::RmsNorm;
 use crate::rope::rotate_pairs;
-use crate::{KvCache, Positions, Projection, Projections, Rope, host_f32, upload, upload_owned};
+use crate::tensors::{host_f32, mul_scalar_opmath, upload, upload_owned};
+use crate::{KvCache, Positions, Projection, Projections, Rope};
 
 /// What every layer's attention needs to know about the new columns of a forward pass.
 #[derive(Debug)]
@@ -312,12 +313,12 @@ impl Attention {
     /// - returns `[batch, kv_heads, rep, new, keys]`, f32
     fn weights(&self, scores: Tensor<5>, mask: &Tensor<5>) -> Tensor<5> {
         let [b, kvh, rep, t, s] = scores.dims();
-        // `scores * self.scaling` (`crate::mul_scalar_opmath`); f32 and f16 divide by √d, as the
+        // `scores * self.scaling` (`mul_scalar_opmath`); f32 and f16 divide by √d, as the
         // host kernel does.
         let scores = match self.spec.scale {
             None if scores.dtype() != DType::BF16 => scores.div_scalar((self.head_dim as f64).sqrt()),
-            None => crate::mul_scalar_opmath(scores, 1.0 / (self.head_dim as f64).sqrt()),
-            Some(scale) => crate::mul_scalar_opmath(scores, f64::from(scale)),
+            None => mul_scalar_opmath(scores, 1.0 / (self.head_dim as f64).sqrt()),
+            Some(scale) => mul_scalar_opmath(scores, f64::from(scale)),
         };
         let mut scores = scores.cast(DType::F32);
         if let Some(cap) = self.spec.softcap {

@@ -8,7 +8,8 @@ use qdrift_weights::{
     Activation, BlockSpec, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, NormStyle, RopeScaling,
 };
 
-use crate::{AttentionKernel, KvCache, Llama, Positions, host_f32};
+use crate::tensors::{host_f32, upload};
+use crate::{AttentionKernel, KvCache, Llama, Positions};
 
 /// Deterministic values in `[-scale, scale)`.
 struct Lcg(u64);
@@ -422,7 +423,7 @@ fn every_dense_feature_matches_the_f64_reference_in_f32() {
 /// rounding.
 #[test]
 fn fused_attention_matches_the_composed_path_and_the_f64_reference_on_wgpu() {
-    let device = crate::test_wgpu();
+    let device = crate::testing::test_wgpu();
     for (name, host) in all_models() {
         let want = reference(&host, &TOKENS);
         let model = Llama::from_host(&host, DType::F16, &device).expect(name);
@@ -617,9 +618,9 @@ fn partial_rotary_leaves_the_tail_unchanged() {
     let positions = vec![vec![0, 5, 9]];
     let (cos, sin) = partial.tables(&positions, DType::F32, &device);
     let swap = partial.swap_index(&device);
-    let y = host_f32(partial.apply(crate::upload(&x, [b, s, h, hd], DType::F32, &device), &cos, &sin, &swap));
+    let y = host_f32(partial.apply(upload(&x, [b, s, h, hd], DType::F32, &device), &cos, &sin, &swap));
     let heads: Vec<f32> = x.chunks(hd).flat_map(|c| c[..12].to_vec()).collect();
-    let rotated = host_f32(partial.apply(crate::upload(&heads, [b, s, h, 12], DType::F32, &device), &cos, &sin, &swap));
+    let rotated = host_f32(partial.apply(upload(&heads, [b, s, h, 12], DType::F32, &device), &cos, &sin, &swap));
     for (i, (yh, xh)) in y.chunks(hd).zip(x.chunks(hd)).enumerate() {
         assert_eq!(&yh[12..], &xh[12..], "head {i}: the tail passes through");
         assert_eq!(&yh[..12], &rotated[i * 12..(i + 1) * 12], "head {i}: the rotated part");

@@ -6,7 +6,7 @@ use burn::module::{Module, Param};
 use burn::tensor::{DType, Device, Int, Tensor};
 
 use crate::linear::rows_per_buffer;
-use crate::{host_f32, upload};
+use crate::tensors::{host_f32, upload};
 
 /// The token embedding table as row ranges `[rows_i, dim]`, in order; one range unless the
 /// device's largest buffer is smaller than the table.

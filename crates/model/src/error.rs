@@ -1,9 +1,8 @@
 //! [`ModelError`]: why a model cannot be built or run as asked.
 
 use burn::tensor::DType;
+use qdrift_isa::IsaError;
 use qdrift_weights::HostTensor;
-
-use crate::host::isa::IsaError;
 
 /// Errors building a model on a device.
 #[derive(Debug, thiserror::Error)]

@@ -9,8 +9,8 @@ use crate::activation::gated;
 use crate::attention::ForwardContext;
 use crate::host::placement;
 use crate::host::swiglu::swiglu;
+use crate::tensors::{host_f32, upload_owned};
 use crate::{Projection, Projections};
-use crate::{host_f32, upload_owned};
 
 /// A gated feed-forward layer: `down(act(gate(x), up(x)))` with the block's activation
 /// (`activation.rs`: SwiGLU (Shazeer 2020), GELU-tanh or clamped SwiGLU) and optional biases.

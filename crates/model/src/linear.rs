@@ -15,7 +15,7 @@ use qdrift_weights::HostTensor;
 use crate::host::elem::round_f16;
 use crate::host::linear::PackedLinear;
 use crate::host::placement::{LinearKernel, is_cpu};
-use crate::{host_f32, upload, upload_owned};
+use crate::tensors::{host_f32, upload, upload_owned};
 
 /// A linear layer in one of its two storages.
 #[derive(Module, Debug)]
@@ -479,7 +479,7 @@ mod tests {
     /// biases as given.
     #[test]
     fn stacked_layers_give_each_layers_product_and_weights_on_wgpu() {
-        let device = crate::test_wgpu();
+        let device = crate::testing::test_wgpu();
         let store = ProjectionStore {
             dtype: DType::F16,
             device: &device,

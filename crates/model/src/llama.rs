@@ -13,6 +13,7 @@
 use burn::module::{Module, Param};
 use burn::tensor::{DType, Device, Int, Tensor};
 use qdrift_codecs::ActivationScale;
+use qdrift_isa::Isa;
 use qdrift_weights::{Ffn, HostModel, HostTensor, LayerWeights, ModelArch, NormStyle, WeightSource};
 
 use crate::attention::{Attention, AttentionSpec, ForwardContext};
@@ -21,13 +22,13 @@ use crate::error::{check, check_linear};
 use crate::fake_quant::RuntimeQuant;
 use crate::ffn::FeedForward;
 use crate::host::elem::{add_rounded, is_f16_exact};
-use crate::host::isa::Isa;
 use crate::host::placement::{self, AttentionKernel, LinearKernel, RoundingPath};
 use crate::linear::ProjectionStore;
 use crate::moe::MoeLayer;
 use crate::norm::RmsNorm;
 use crate::routing::RoutingRecord;
-use crate::{KvCache, Positions, Projection, Projections, Rope, TokenEmbedding, host_f32, upload, upload_owned};
+use crate::tensors::{host_f32, upload, upload_owned};
+use crate::{KvCache, Positions, Projection, Projections, Rope, TokenEmbedding};
 
 /// What [`Llama::first_overflow`] hands each block's output to: the block's index and the
 /// residual stream after it, `[batch, new, dim]` row-major.
@@ -1021,7 +1022,7 @@ mod tests {
     fn weights_split_over_small_buffers_give_the_same_logits() {
         let host = tiny_f16_values();
         for (device, dtype) in
-            [(Device::flex(), DType::F32), (Device::flex(), DType::F16), (crate::test_wgpu(), DType::F16)]
+            [(Device::flex(), DType::F32), (Device::flex(), DType::F16), (crate::testing::test_wgpu(), DType::F16)]
         {
             let dim = host.arch.dim;
             let limit = (7 * dim * dtype.size()) as u64;

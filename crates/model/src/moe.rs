@@ -67,7 +67,8 @@ use crate::host::placement;
 use crate::host::swiglu::swiglu;
 use crate::linear::ProjectionStore;
 use crate::routing::{LayerRoutes, RoutingRecord};
-use crate::{Projection, Projections, host_f32, upload, upload_owned};
+use crate::tensors::{host_f32, upload, upload_owned};
+use crate::{Projection, Projections};
 
 /// One expert: a gated feed-forward layer `down(act(gate·x + b_g, up·x + b_u)) + b_d`.
 #[derive(Module, Debug)]
@@ -1061,7 +1062,7 @@ mod tests {
     /// are the same.
     #[test]
     fn wgpu_matches_flex() {
-        let wgpu = crate::test_wgpu();
+        let wgpu = crate::testing::test_wgpu();
         let (b, t) = (2, 5);
         let positions = Positions::left_padded(&[3, 5]);
         for (routing, biases, shared) in [

@@ -14,7 +14,7 @@ use qdrift_weights::NormStyle;
 
 use crate::host::norm::rms_norm;
 use crate::host::placement::norm_on_host;
-use crate::{host_f32, upload_owned};
+use crate::tensors::{host_f32, upload_owned};
 
 /// Root-mean-square layer normalisation (Zhang & Sennrich 2019), as in Llama:
 /// `y = x / sqrt(mean(x²) + eps) · weight`.
@@ -103,7 +103,7 @@ impl RmsNorm {
 mod tests {
     use super::*;
     use crate::host::elem::round_f16;
-    use crate::upload;
+    use crate::tensors::upload;
     use burn::tensor::Device;
 
     fn norm(weight: &[f32], dtype: DType, device: &Device) -> RmsNorm {

@@ -5,8 +5,10 @@
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
-use crate::host::rope::HostRope;
 use qdrift_weights::RopeScaling;
+
+use crate::host::rope::HostRope;
+use crate::tensors::upload;
 
 /// Rotary position embedding (Su et al. 2021, "RoFormer") in the *interleaved* layout of
 /// llama2.c and GGUF: within a head, elements `(2i, 2i+1)` form one rotation pair with inverse
@@ -93,7 +95,7 @@ impl Rope {
         let cos: Vec<f32> = cos.iter().flat_map(|&c| [c, c]).collect();
         let sin: Vec<f32> = sin.iter().flat_map(|&s| [-s, s]).collect();
         let shape = [positions.len(), positions.first().map_or(0, Vec::len), 1, 2 * self.pairs()];
-        (crate::upload(&cos, shape, dtype, device), crate::upload(&sin, shape, dtype, device))
+        (upload(&cos, shape, dtype, device), upload(&sin, shape, dtype, device))
     }
 
     /// [`Rope::tables`] for an attention layer's stacked projections
@@ -124,7 +126,7 @@ impl Rope {
             s.extend(std::iter::repeat_n(0.0, 2 * pairs));
         }
         let shape = [positions.len(), positions.first().map_or(0, Vec::len), 1, rep + 2, 2 * pairs];
-        (crate::upload(&c, shape, dtype, device), crate::upload(&s, shape, dtype, device))
+        (upload(&c, shape, dtype, device), upload(&s, shape, dtype, device))
     }
 
     /// The index [`Rope::apply`] swaps the two elements of each rotation pair with,
@@ -426,7 +428,7 @@ mod tests {
     #[test]
     fn host_rotation_is_burns_to_the_bit() {
         use crate::host::elem::round_f16;
-        use crate::host::isa::Isa;
+        use qdrift_isa::Isa;
         let device = Device::flex();
         let isas = Isa::runnable_reporting_skips("host_rotation_is_burns_to_the_bit");
         for (hd, heads) in [(64, 3), (6, 2)] {
@@ -447,8 +449,8 @@ mod tests {
                 let f16 = dtype == DType::F16;
                 let (cos, sin) = rope.tables(&positions, dtype, &device);
                 let swap = rope.swap_index(&device);
-                let burn = rope.apply(crate::upload(&x, [b, s, heads, hd], dtype, &device), &cos, &sin, &swap);
-                let want = crate::host_f32(burn);
+                let burn = rope.apply(crate::tensors::upload(&x, [b, s, heads, hd], dtype, &device), &cos, &sin, &swap);
+                let want = crate::tensors::host_f32(burn);
                 let mut got = x.clone();
                 if f16 {
                     round_f16(&mut got);

@@ -21,6 +21,8 @@
 //! | `hf_packed.rs` | [`pack_hf`]: a model's linear layers in a Hugging Face quantized layout ([`HfLayout`]), packed by that layout's code in `qdrift-load` ([`qdrift_load::hf::quant`]) |
 //! | `gguf_out.rs` | [`write_gguf`]: llama.cpp names and q/k layout, the packed ggml blocks as stored |
 
+#![forbid(unsafe_code)]
+
 mod footprint;
 mod gguf_out;
 mod hf_packed;

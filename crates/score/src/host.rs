@@ -54,15 +54,9 @@ use crate::agreement::{TOP_K, compact_acceptance, top_k_agreement};
 use crate::compact::compact_kl;
 use crate::device::{CompactChunk, DevicePositionMetrics, check_chunk, check_compact, check_tokens};
 
-/// The instruction set the vectorised loops are compiled for ([`Shifted::fill`]): qdrift-model's
-/// ISA module, the same file compiled here too, so that both crates choose by the same rules
-/// (the CPU's widest, narrowed by `QDRIFT_ISA`, forced by a test) without a dependency on the
-/// model crate.
-#[path = "../../model/src/host/isa.rs"]
-#[allow(dead_code)] // the test hook and the report of skipped ISAs are used by the tests only
-mod isa;
-
-use isa::Isa;
+// The instruction set the vectorised loops are compiled for ([`Shifted::fill`]), chosen as
+// qdrift-model's kernels choose it (the CPU's widest, narrowed by `QDRIFT_ISA`, forced by a test).
+use qdrift_isa::Isa;
 
 /// The smallest tail sum `Σ_{i∉T} exp(x_i − max)` taken as it is (`1e-250 ≈ e^-575.6`). Above
 /// it, the terms that f64 `exp` rounds to subnormals or to 0 (below `e^-708`) weigh together less

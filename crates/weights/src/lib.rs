@@ -13,6 +13,8 @@
 //! rows `2i`, `2i+1` of a head). A loader that cannot express a checkpoint feature in these types
 //! refuses the checkpoint.
 
+#![forbid(unsafe_code)]
+
 use serde::{Deserialize, Serialize};
 
 mod source;

@@ -10,6 +10,8 @@
 //! takes f32 or f16) with the preset's byte-level tokenizer. The whole model is gathered in f32
 //! first: 4 bytes per parameter of host memory.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

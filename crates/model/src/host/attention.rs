@@ -36,10 +36,10 @@
 //! not change.
 
 use half::f16;
+use qdrift_isa::Isa;
 use rayon::prelude::*;
 
 use super::elem::{Elem, round_to_f16};
-use super::isa::Isa;
 use super::portable;
 use super::threads::spreads;
 #[cfg(target_arch = "x86_64")]
@@ -411,10 +411,13 @@ unsafe fn attend_many_impl<const ISA: u8, const R: usize, T: Elem>(
     for (q, j) in qs.iter_mut().zip(jobs) {
         *q = j.q;
     }
-    // SAFETY (every call): the caller's contract; the operands' sizes are checked inside.
     let keys = &job.keys[job.lo..];
     match ISA {
+        // SAFETY: with `ISA` = AVX512 the caller promises AVX-512F, BW and VL; `dots_many`
+        // asserts that `keys` holds `n` lanes of every query element's row and `scores` `R · n`.
         AVX512 => unsafe { avx512::dots_many::<R, T>(&qs, keys, job.kstride, scores, n) },
+        // SAFETY: the other build is `AVX2` (`attend_many_avx2`, the only other caller), for
+        // which the caller promises AVX2 and F16C; `dots_many` asserts the operands' sizes.
         _ => unsafe { avx2::dots_many::<R, T>(&qs, keys, job.kstride, scores, n) },
     }
     for s in scores.chunks_exact_mut(n) {
@@ -426,7 +429,10 @@ unsafe fn attend_many_impl<const ISA: u8, const R: usize, T: Elem>(
     }
     let values = &job.values[job.lo * hd..job.hi * hd];
     match ISA {
+        // SAFETY: AVX-512F, BW and VL as for the scores above; `dots_many` asserts that `values`
+        // holds `hd` lanes of each of the `n` weights' rows and `out` `R · hd`.
         AVX512 => unsafe { avx512::dots_many::<R, T>(&ws, values, hd, out, hd) },
+        // SAFETY: AVX2 and F16C as for the scores above; `dots_many` asserts the operands' sizes.
         _ => unsafe { avx2::dots_many::<R, T>(&ws, values, hd, out, hd) },
     }
     if T::F16 {

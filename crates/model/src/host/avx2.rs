@@ -1,4 +1,4 @@
-//! The AVX2 kernels (AVX2, FMA and F16C; [`super::isa::Isa::Avx2`]): the linear layer's block
+//! The AVX2 kernels (AVX2, FMA and F16C; [`qdrift_isa::Isa::Avx2`]): the linear layer's block
 //! of rows × one panel, and attention's dot products over `R` vectors at once. Each performs the
 //! operations of its portable definition ([`super::portable`]) in the same order, so gives the
 //! same bits.
@@ -30,8 +30,9 @@ pub(super) unsafe fn panel_rows<T: Elem>(job: PanelRows<'_, T>) {
     for b in 0..blocks {
         let size = rows / blocks + usize::from(b < rows % blocks);
         let (x, out) = (&x[r * k..], out.wrapping_add(r * ld));
-        // SAFETY (every call): rows r..r + size ≤ rows of `out` are writable, as the caller
-        // promised.
+        // SAFETY: `panel_rows`' caller promises AVX2, FMA and F16C, `rows × k` values of `x` and
+        // `cols` writable values at `out + r·ld` for every `r < rows`; this block's rows are
+        // `r..r + size ≤ rows`, and each arm hands the kernel `size` rows (`size ≤ ROWS`).
         unsafe {
             match size {
                 1 => panel_block::<T, 1>(x, k, panel, out, ld, cols),
@@ -166,11 +167,11 @@ pub(super) unsafe fn dots_many<const R: usize, T: Elem>(
     let prefetch = |at: usize| (at * std::mem::size_of::<T>()).is_multiple_of(64);
     let mut at = 0;
     // Lanes `at..at + 8 · K` of every vector, prefetching where the block starts a 64-byte piece.
-    // SAFETY (every block): the caller's contract; rows are read at `i · stride ≤ (len − 1) ·
-    // stride`, lanes `at..at + 8 · K ≤ lanes`, in bounds by `dots_many_operands`; a prefetch
-    // never faults.
     macro_rules! block {
         ($k:literal) => {
+            // SAFETY: the caller promises AVX2 and F16C; every use below has `at + 8 · K ≤
+            // lanes`, and rows are read at `i · stride ≤ (len − 1) · stride`, so in bounds by
+            // `dots_many_operands`' assert; a prefetch never faults.
             unsafe {
                 if prefetch(at) {
                     dot8_rows_many::<R, $k, true, T>(xs, p.wrapping_add(at), stride)

@@ -1,4 +1,4 @@
-//! The AVX-512 kernels (AVX-512F, BW and VL; [`super::isa::Isa::Avx512`]): the linear layer's
+//! The AVX-512 kernels (AVX-512F, BW and VL; [`qdrift_isa::Isa::Avx512`]): the linear layer's
 //! block of rows × one panel, and attention's dot products, 16 lanes per vector, the last lanes
 //! in a masked block. Each performs the operations of its portable definition
 //! ([`super::portable`]) in the same order, so gives the same bits.
@@ -21,11 +21,16 @@ macro_rules! by_blocks {
         let (x, rows, k, panel, out, ld, cols) = ($x, $rows, $k, $panel, $out, $ld, $cols);
         let mut r = 0;
         while r + $max <= rows {
-            // SAFETY (every call): rows r.. of `out` are writable, as the caller promised.
+            // SAFETY: the caller of `panel_rows` promises AVX-512F, `rows × k` values of `x` and
+            // `cols` writable values at `out + r·ld` for every row `r < rows`: here rows
+            // `r..r + $max ≤ rows`, so `out + r·ld` is in that allocation and the kernel's rows are
+            // among those promised (it asserts its reads of `x` and the panel).
             unsafe { $kernel::<T, { $max }>(&x[r * k..], k, panel, out.add(r * ld), ld, cols) };
             r += $max;
         }
         let (x, out) = (&x[r * k..], out.wrapping_add(r * ld));
+        // SAFETY: as in the loop, for the `rows - r < $max ≤ 8` rows left, `r..rows`: each arm
+        // hands the kernel exactly that many rows.
         unsafe {
             match rows - r {
                 0 => {}
@@ -153,9 +158,11 @@ pub(super) unsafe fn dots_many<const R: usize, T: Elem>(
     };
     let full = lanes / 32 * 32;
     let m = m.as_ptr();
-    // SAFETY (every call): the caller's contract; block rows are read at `i · stride ≤ last ·
-    // stride`, within the block's lanes (masked loads touch no others), in bounds by the assert.
+    // Every block below reads rows `i < len` at `i · stride` (`dots_many_operands` asserted
+    // `m.len() ≥ (len − 1) · stride + lanes`), each at the block's lanes only.
     for at in (0..full).step_by(32) {
+        // SAFETY: the caller promises AVX-512F, BW and VL; lanes `at..at + 32 ≤ full ≤ lanes` of
+        // every row are in bounds.
         let sums = unsafe { dot16_rows_many::<R, 2, false, true, T>(xs, m.wrapping_add(at), stride, u16::MAX) };
         write(out, at, &sums, 32);
     }
@@ -165,16 +172,21 @@ pub(super) unsafe fn dots_many<const R: usize, T: Elem>(
     match (rest / 16, rest % 16) {
         (0, 0) => {}
         (0, l) => {
+            // SAFETY: AVX-512F, BW and VL as above; one block masked to its first `l` lanes,
+            // `full..full + l = lanes` (a masked load touches no other lane, nor faults on one).
             let sums = unsafe { dot16_rows_many::<R, 1, true, false, T>(xs, p, stride, mask(l)) };
             let padded: [[[f32; 16]; 2]; R] = std::array::from_fn(|r| [sums[r][0], [0.0; 16]]);
             write(out, at, &padded, l);
         }
         (_, 0) => {
+            // SAFETY: AVX-512F, BW and VL as above; one full block, lanes `full..full + 16 = lanes`.
             let sums = unsafe { dot16_rows_many::<R, 1, false, false, T>(xs, p, stride, u16::MAX) };
             let padded: [[[f32; 16]; 2]; R] = std::array::from_fn(|r| [sums[r][0], [0.0; 16]]);
             write(out, at, &padded, 16);
         }
         (_, l) => {
+            // SAFETY: AVX-512F, BW and VL as above; a full block, lanes `full..full + 16`, and one
+            // masked to its first `l`, `full + 16..full + 16 + l = lanes`.
             let sums = unsafe { dot16_rows_many::<R, 2, true, false, T>(xs, p, stride, mask(l)) };
             write(out, at, &sums, 16 + l);
         }

@@ -25,10 +25,10 @@
 //! a sequence is cut into chunks, or on the thread count.
 
 use half::f16;
+use qdrift_isa::Isa;
 use rayon::prelude::*;
 
 use super::elem::{Elem, is_f16_exact, round_f16};
-use super::isa::Isa;
 use super::panels::{PANEL, PanelRows, pack_panels, unpack_panels};
 use super::portable;
 use super::threads::spreads;
@@ -224,9 +224,11 @@ struct Out {
     ld: usize,
 }
 
-// SAFETY: `Out` is only shared by the tasks of one `forward_with` call, which write disjoint
-// columns of a buffer that outlives them.
+// SAFETY: an `Out` points into the buffer of one `forward_with` call, which outlives every task
+// it is sent to; the pointer owns nothing, so moving it to another thread frees or moves nothing.
 unsafe impl Send for Out {}
+// SAFETY: the tasks sharing an `Out` only write through it, each the columns of its own panels,
+// so no element is written by two threads or read by one while another writes it.
 unsafe impl Sync for Out {}
 
 /// `out[r·ld + c] = Σ_k x[r][k] · panel[k][c]` for `rows` rows and the first `cols ≤ PANEL`

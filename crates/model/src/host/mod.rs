@@ -9,8 +9,9 @@
 //! Choices, each made in one place:
 //! - [`placement`]: where each part of a forward pass runs (host or device), and so which of the
 //!   files below a layer calls.
-//! - [`isa`]: which instruction set the kernels run with (portable, AVX2, AVX-512): the CPU's
-//!   widest, narrowed by `QDRIFT_ISA` or forced by a test.
+//! - [`qdrift_isa`] (its own crate, which qdrift-score's kernels share): which instruction set
+//!   the kernels run with (portable, AVX2, AVX-512): the CPU's widest, narrowed by `QDRIFT_ISA`
+//!   or forced by a test.
 //! - [`threads`]: when a call spreads over rayon's threads.
 //!
 //! The host computations, by layer:
@@ -26,7 +27,7 @@
 //! - [`avx512`]: AVX-512F, BW and VL (x86-64 only).
 //! - [`x86`]: what the AVX2 and AVX-512 kernels share.
 //!
-//! Imports run one way: `placement`, `isa`, `threads` and `elem` import nothing of the crate;
+//! Imports run one way: `placement`, `threads` and `elem` import nothing of the crate;
 //! `panels` imports `elem`; the ISA files import `elem`, `panels` and `x86` (and `avx2` the
 //! portable `dot1`); `linear`, `attention`, `rope`, `norm` and `swiglu` import those (and
 //! `attention` the crate's `Positions`). The model's modules above import from here, never the
@@ -38,7 +39,6 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 pub(crate) mod elem;
-pub mod isa;
 pub(crate) mod linear;
 pub(crate) mod norm;
 mod panels;

@@ -1,8 +1,9 @@
 //! Rotary position embeddings on host values: the tables of [`crate::Rope`] applied in place,
 //! with the operations and roundings of Burn's tensor ops, for the CPU path.
 
+use qdrift_isa::Isa;
+
 use super::elem::{round_f16, round_to_f16};
-use super::isa::Isa;
 
 /// RoPE tables on the host (`Rope::host_tables`): `[batch, seq, pairs]` each.
 #[derive(Debug)]

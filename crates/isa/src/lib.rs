@@ -17,8 +17,13 @@
 //! the results bit for bit; the ISAs the CPU cannot run are named on standard error, never
 //! passed silently.
 //!
-//! This file is also compiled into qdrift-score (a `#[path]` module in its `host.rs`), so that
-//! both crates choose by the same rules; it uses nothing but `std` and `thiserror`.
+//! qdrift-model and qdrift-score both depend on this crate, so that both choose by the same
+//! rules. It uses nothing but `std` and `thiserror`.
+//!
+//! **Architecture invariant:** the choice of ISA is made here and nowhere else, and this crate
+//! depends on no qdrift crate.
+
+#![forbid(unsafe_code)]
 
 use std::cell::Cell;
 use std::sync::OnceLock;
