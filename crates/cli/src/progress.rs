@@ -65,12 +65,15 @@ impl PlainProgress {
                     let secs = self.start.map_or(0.0, |s| (now - s).as_secs_f64());
                     let percent = (self.done * 100).checked_div(self.tokens).unwrap_or(100).min(100);
                     let left = self.tokens.saturating_sub(self.done);
+                    let model_left = secs * left as f64 / self.done.max(1) as f64;
                     let mut eta = if left == 0 || self.done * 10 < self.tokens {
                         String::new()
                     } else {
-                        format!(", about {:.0} s left", secs * left as f64 / self.done as f64)
+                        format!(", about {model_left:.0} s left")
                     };
-                    if let Some(all) = self.run_left(now).filter(|_| self.models > 1) {
+                    // Never less than this model's own time left (a saved reference's models
+                    // take no time, which the run's average does not know).
+                    if let Some(all) = self.run_left(now).filter(|_| self.models > 1).map(|a| a.max(model_left)) {
                         eta.push_str(&format!("; the run: about {} left", minutes(all)));
                     }
                     format!(

@@ -58,6 +58,8 @@
 //! helpers; `gguf` uses `hf` (GGUF's byte-level BPE is built with the `tokenizers` crate, and a
 //! Hugging Face folder is written as GGUF), never the reverse.
 
+#![forbid(unsafe_code)]
+
 mod error;
 mod floats;
 pub mod gguf;

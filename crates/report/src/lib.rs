@@ -42,6 +42,8 @@
 //! in table order, no timestamps, no hash maps); every string from a report is escaped for its
 //! markup; no module cycles.**
 
+#![forbid(unsafe_code)]
+
 mod charts;
 mod command;
 mod compare;
