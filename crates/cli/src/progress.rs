@@ -99,30 +99,6 @@ fn minutes(secs: f64) -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The run's time left counts every model: one of four models half done after 10 s leaves
-    /// about 70 s; no time left is said in a model's first tenth.
-    #[test]
-    fn the_whole_runs_time_left_counts_every_model() {
-        let mut p = PlainProgress::new(4);
-        p.line(&Progress::Generating { model: "fp16", tokens: 100 });
-        let start = p.run_start.expect("started");
-        p.done = 50;
-        let left = p.run_left(start + std::time::Duration::from_secs(10)).expect("an estimate");
-        assert!((left - 70.0).abs() < 1e-6, "{left}");
-        p.done = 5;
-        assert_eq!(p.run_left(start + std::time::Duration::from_secs(10)), None);
-        p.done = 20;
-        let line = p.line(&Progress::Generated { tokens: 5 }).expect("the first quarter's line");
-        assert!(line.contains("s left; the run: about"), "{line}");
-        assert_eq!(minutes(45.0), "45 s");
-        assert_eq!(minutes(720.0), "12 min");
-    }
-}
-
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -182,5 +158,29 @@ impl PhaseClock {
         }
         out.push_str(&format!("  {:<36} {total:>8.1} s\n", "total"));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The run's time left counts every model: one of four models half done after 10 s leaves
+    /// about 70 s; no time left is said in a model's first tenth.
+    #[test]
+    fn the_whole_runs_time_left_counts_every_model() {
+        let mut p = PlainProgress::new(4);
+        p.line(&Progress::Generating { model: "fp16", tokens: 100 });
+        let start = p.run_start.expect("started");
+        p.done = 50;
+        let left = p.run_left(start + std::time::Duration::from_secs(10)).expect("an estimate");
+        assert!((left - 70.0).abs() < 1e-6, "{left}");
+        p.done = 5;
+        assert_eq!(p.run_left(start + std::time::Duration::from_secs(10)), None);
+        p.done = 20;
+        let line = p.line(&Progress::Generated { tokens: 5 }).expect("the first quarter's line");
+        assert!(line.contains("s left; the run: about"), "{line}");
+        assert_eq!(minutes(45.0), "45 s");
+        assert_eq!(minutes(720.0), "12 min");
     }
 }

@@ -480,12 +480,10 @@ fn a_long_prompt_is_planned_with_its_square() {
     let line = serde_json::json!({ "id": "long", "prompt": &text[..480_000] });
     std::fs::write(&set, format!("{line}\n")).expect("write");
     let out = dir.path().join("drift");
-    let command = format!(
-        "ulimit -v 16000000; exec \"$0\" eval --model \"$1\" --eval-set \"$2\" --schemes int8 --prompts 1 --horizons 1 \
-         --backend cpu --out \"$3\""
-    );
+    let command = "ulimit -v 16000000; exec \"$0\" eval --model \"$1\" --eval-set \"$2\" --schemes int8 --prompts 1 \
+                   --horizons 1 --backend cpu --out \"$3\"";
     let run = Command::new("bash")
-        .args(["-c", &command, env!("CARGO_BIN_EXE_qdrift"), path(&model), path(&set), path(&out)])
+        .args(["-c", command, env!("CARGO_BIN_EXE_qdrift"), path(&model), path(&set), path(&out)])
         .output()
         .expect("bash runs");
     let err = stderr(&run);
