@@ -17,7 +17,7 @@ use qdrift_io::{PathCheck, write_atomic};
 use qdrift_quantize::QuantizeOptions;
 use qdrift_report::{
     GateError, GateOutcome, Report, Thresholds, Verdict, finish_gate, render_html_gated, render_markdown_gated,
-    render_summary,
+    render_summary, render_summary_gated,
 };
 
 use crate::args::{SchemeList, SchemeListParser};
@@ -351,7 +351,7 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     });
     let outcome = gated.as_ref().and_then(|g| g.as_ref().ok()).map(|(_, o)| o);
     write_renderings(&report, outcome, &output).map_err(in_user_paths(&output))?;
-    print!("{}", render_summary(&report));
+    print!("{}", render_summary_gated(&report, outcome));
     // A JUnit file inside --out is staged with the reports.
     let code = gated.as_ref().map(|g| {
         let junit = args.junit.as_deref().map(|j| output.staged(j).unwrap_or_else(|| j.to_path_buf()));

@@ -458,6 +458,9 @@ fn gate_exit_codes_through_the_binary() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
     assert!(stdout.contains("PASS fp16 token_match_rate@5"), "{stdout}");
+    // The summary ends with the report's verdict, the gate's word per variant in it.
+    let verdict = stdout.find("\nverdict: ranked by Excess KLD over the first 5 tokens").expect("a verdict");
+    assert!(stdout[verdict..].lines().any(|l| l.starts_with("1. fp16  PASS  ")), "{stdout}");
     assert!(std::fs::read_to_string(&junit).expect("junit").contains("<testsuite"));
     let report = dir.join("report.json");
     let gate = |t: &std::path::Path| {

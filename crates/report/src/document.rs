@@ -573,21 +573,53 @@ fn metrics_section() -> Vec<Block> {
     ]
 }
 
+/// The order the verdict lists the variants in: every variant but the noise floor, by `key` (excess
+/// KLD over the noise floor, or the KLD mean when the run has none) over the longest horizon,
+/// closest first; a variant without the value (one that failed) last.
+pub(crate) struct Ranking<'a> {
+    /// `excess_kld` or `kld`.
+    pub key: &'static str,
+    /// The longest horizon, the one ranked by.
+    pub longest: usize,
+    /// The ranked variants.
+    pub variants: Vec<&'a Variant>,
+}
+
+impl<'a> Ranking<'a> {
+    pub(crate) fn of(report: &'a Report) -> Ranking<'a> {
+        let longest = report.workload.horizons.last().copied().unwrap_or(0);
+        let floor = report.variants.iter().any(|v| v.kind == VariantKind::NoiseFloor);
+        let key = if floor { "excess_kld" } else { "kld" };
+        let mut variants: Vec<&Variant> =
+            report.variants.iter().filter(|v| v.kind != VariantKind::NoiseFloor).collect();
+        variants.sort_by(|a, b| {
+            let x = |v: &Variant| v.horizon(longest).and_then(|h| h.metric(key)).map_or(f64::INFINITY, |e| e.mean);
+            x(a).total_cmp(&x(b))
+        });
+        Ranking { key, longest, variants }
+    }
+
+    /// The title of the ranking metric (`Excess KLD`).
+    pub(crate) fn key_title(&self) -> &'static str {
+        metric(self.key).map_or(self.key, |m| m.title)
+    }
+
+    /// The ranking metric's mean of `v` over the longest horizon, in its format; `—` without one.
+    pub(crate) fn value(&self, v: &Variant) -> String {
+        let e = v.horizon(self.longest).and_then(|h| h.metric(self.key));
+        metric(self.key).zip(e).map_or_else(|| "—".to_string(), |(m, e)| (m.format)(e.mean))
+    }
+}
+
 /// The verdict, first: per variant (noise floor aside), ranked by excess KLD over the noise
 /// floor over the longest horizon (by KLD mean when the run has no noise floor), its gate verdict
 /// and the checks that did not pass when the run was gated, and one line of plain words
 /// ([`in_words`]). `glossary`: end the introduction with a link to the glossary (the whole
 /// report; a verdict printed alone has none).
 pub(crate) fn verdict_section(report: &Report, gate: Option<&GateOutcome>, glossary: bool) -> Vec<Block> {
-    let longest = report.workload.horizons.last().copied().unwrap_or(0);
+    let Ranking { key, longest, variants: ranked } = Ranking::of(report);
     let floor = report.variants.iter().find(|v| v.kind == VariantKind::NoiseFloor);
-    let key = if floor.is_some() { "excess_kld" } else { "kld" };
     let at_longest = |v: &Variant, name: &str| v.horizon(longest).and_then(|h| h.metric(name)).copied();
-    let mut ranked: Vec<&Variant> = report.variants.iter().filter(|v| v.kind != VariantKind::NoiseFloor).collect();
-    ranked.sort_by(|a, b| {
-        let x = |v: &Variant| at_longest(v, key).map_or(f64::INFINITY, |e| e.mean);
-        x(a).total_cmp(&x(b))
-    });
     let mut intro = Vec::new();
     // A variant of another model first: its numbers measure that model, not a quantization.
     for v in report.variants.iter().filter(|v| v.different_model.is_some()) {

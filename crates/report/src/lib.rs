@@ -21,7 +21,8 @@
 //! - `document`: what a rendered report says (the verdict first, then headings, paragraphs,
 //!   tables), built once and printed by [`render_markdown`] (`markdown`) and [`render_html`]
 //!   (`html`), so their tables cannot drift apart (their `_gated` forms put a gate's outcome in
-//!   the verdict); [`render_summary`] is the terminal's short table.
+//!   the verdict); [`render_summary`] is the terminal's short table, ending with the same verdict
+//!   in plain lines ([`render_summary_gated`] with the gate's verdict per variant).
 //! - `charts`: inline SVG line and interval charts (plotters' SVG backend; series tagged
 //!   `data-series`/`data-part` for tests); `figures`: the report's charts built with them (four,
 //!   six for a model with experts).
@@ -77,7 +78,9 @@ pub use horizon::HorizonMetrics;
 pub use html::{render_html, render_html_gated};
 pub use json_schema::{REPORT_SCHEMA_ID, report_json_schema};
 pub use junit::{junit_error_xml, junit_xml};
-pub use markdown::{render_markdown, render_markdown_gated, render_summary, render_verdict_markdown};
+pub use markdown::{
+    render_markdown, render_markdown_gated, render_summary, render_summary_gated, render_verdict_markdown,
+};
 pub use metrics::{Distribution, Estimate, Group, METRICS, Metric, PerPrompt};
 pub use read::{EVAL_SET_CAP, REPORT_CAP, THRESHOLDS_CAP};
 pub use schema::*;

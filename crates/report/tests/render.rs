@@ -7,6 +7,7 @@ use qdrift_report::metrics::{Metric, Placement};
 use qdrift_report::testing::{sample_moe_report, sample_report};
 use qdrift_report::{
     METRICS, Report, Thresholds, VariantKind, gate, junit_xml, render_html, render_markdown, render_summary,
+    render_summary_gated,
 };
 
 /// The metrics the dense sample report has: all but the routing ones.
@@ -152,6 +153,47 @@ fn the_summary_has_a_line_per_variant_and_horizon() {
     let mut evil = sample_report();
     evil.variants[0].name = "a\u{1b}[2Jb".into();
     assert!(!render_summary(&evil).contains('\u{1b}'));
+}
+
+/// The cells of a Markdown table row, trimmed.
+fn cells(row: &str) -> Vec<&str> {
+    row.trim().trim_matches('|').split(" | ").map(str::trim).collect()
+}
+
+#[test]
+fn the_summary_ends_with_the_verdict_the_report_opens_with() {
+    let r = sample_report();
+    let summary = render_summary(&r);
+    let md = render_markdown(&r);
+    let verdict = table_after(&md, "## Verdict");
+    let heading = "\nverdict: ranked by Excess KLD over the first 1000 tokens (lower is closer to the reference)\n";
+    let at = summary.find(heading).unwrap_or_else(|| panic!("no verdict heading in\n{summary}"));
+    let lines: Vec<&str> = summary[at + heading.len()..].lines().collect();
+    // One line per ranked variant (the noise floor is not one), in the report's order, nothing after.
+    assert_eq!(lines.len(), verdict.len() - 2, "{summary}");
+    for (line, row) in lines.iter().zip(&verdict[2..]) {
+        let c = cells(row);
+        let (rank, name, words) = (c[0], c[1], c[c.len() - 1]);
+        let words = words.replace("\\|", "|");
+        assert!(line.starts_with(&format!("{rank}. {name} ")), "{line:?} is not {rank}. {name}");
+        assert!(line.ends_with(&format!("  {words}")), "{line:?} does not end with {words:?}");
+        assert!(line.contains(c[2].split(' ').next().unwrap()), "{line:?} lacks the excess KLD of {row}");
+    }
+    // Gated: each variant's gate verdict, as the report's verdict table has it.
+    let t = Thresholds::parse(
+        "[variant.\"int8\"]\n\"kld@10\" = { max = 1 }\n[variant.\"int4-g128\"]\n\"kld@10\" = { max = 1e-9 }\n",
+    )
+    .unwrap();
+    let outcome = gate(&r, &t).unwrap();
+    let gated = render_summary_gated(&r, Some(&outcome));
+    let md = qdrift_report::render_markdown_gated(&r, Some(&outcome));
+    for row in &table_after(&md, "## Verdict")[2..] {
+        let c = cells(row);
+        let line = gated.lines().find(|l| l.starts_with(&format!("{}. {} ", c[0], c[1]))).unwrap();
+        assert!(line.contains(&format!(" {} ", c[2])), "{line:?} lacks the gate verdict {}", c[2]);
+    }
+    assert!(gated.lines().any(|l| l.starts_with("1. int8 ") && l.contains(" PASS ")), "{gated}");
+    assert!(gated.lines().any(|l| l.starts_with("2. int4-g128 ") && l.contains(" FAIL ")), "{gated}");
 }
 
 #[test]
