@@ -17,7 +17,9 @@
 //!   report one a run can produce; `json_schema`: [`report_json_schema`], the same contract as
 //!   a JSON Schema (`schema/report.schema.json`), its metrics from the registry.
 //! - `gate`: [`Thresholds`] (TOML) and the check, [`gate`] and [`exit_code`], with three
-//!   [`Verdict`]s (inconclusive when the interval straddles a threshold).
+//!   [`Verdict`]s (inconclusive when the interval straddles a threshold); `profile`: the built-in
+//!   thresholds profiles ([`PROFILES`]: `default`), each check with its reason, written as a
+//!   thresholds file at a report's horizons.
 //! - `document`: what a rendered report says (the verdict first, then headings, paragraphs,
 //!   tables), built once and printed by [`render_markdown`] (`markdown`) and [`render_html`]
 //!   (`html`), so their tables cannot drift apart (their `_gated` forms put a gate's outcome in
@@ -57,6 +59,7 @@ mod json_schema;
 mod junit;
 mod markdown;
 pub mod metrics;
+mod profile;
 mod read;
 mod schema;
 mod suggest;
@@ -82,6 +85,7 @@ pub use markdown::{
     render_markdown, render_markdown_gated, render_summary, render_summary_gated, render_verdict_markdown,
 };
 pub use metrics::{Distribution, Estimate, Group, METRICS, Metric, PerPrompt};
+pub use profile::{PROFILES, Profile, ProfileCheck, ProfileError};
 pub use read::{EVAL_SET_CAP, REPORT_CAP, THRESHOLDS_CAP};
 pub use schema::*;
 pub use suggest::{SuggestError, SuggestOptions, suggest_thresholds};
