@@ -324,10 +324,18 @@ fn metric_row(shown: &[&Metric], v: &Variant, h: &HorizonMetrics) -> Vec<Cell> {
     row
 }
 
-/// A Kaplan–Meier median position: the position, or `> H (not reached)` when more than half the
-/// prompts have no event within the longest horizon `H`.
+/// A Kaplan–Meier median position, 1-based as every rendering counts positions ([`position`]),
+/// or `> H (not reached)` when more than half the prompts have no event within the longest
+/// horizon `H`.
 fn median_cell(median: Option<usize>, longest: usize) -> Cell {
-    cell(median.map_or_else(|| format!("> {longest} (not reached)"), |t| t.to_string()))
+    cell(median.map_or_else(|| format!("> {longest} (not reached)"), |t| position(t).to_string()))
+}
+
+/// The position a rendering shows for `report.json`'s 0-based position `t`: `t + 1`, so that
+/// position 1 is the first generated token, as the charts' axes and the horizons count ("the
+/// first 10 tokens" are positions 1 to 10).
+pub(crate) fn position(t: usize) -> usize {
+    t + 1
 }
 
 /// `c of n`: the censored prompts of a first-event curve, of all prompts.
@@ -341,7 +349,9 @@ fn first_divergence_section(report: &Report) -> Vec<Block> {
     let longest = report.workload.horizons.last().copied().unwrap_or(0);
     let intro = format!(
         "The position where a prompt's free-running continuation first differs from the reference's \
-         (Kaplan–Meier median); censored prompts never diverged within {longest} tokens."
+         (Kaplan–Meier median); censored prompts never diverged within {longest} tokens. Positions count from \
+         1 in every table, chart and line of words of this report: position 1 is the first generated token \
+         (report.json counts from 0)."
     );
     let rows = report
         .variants_grouped()
@@ -738,7 +748,7 @@ fn check_words(r: &CheckResult) -> String {
 /// indistinguishable from the noise floor's (the excess token match's interval contains 0), by
 /// which it diverges, and its median first divergence: `text indistinguishable from the noise
 /// floor's up to 10 tokens; diverges by 100; half the prompts differ from the reference by
-/// position 37`. (Excess KLD is not used: any change of the weights moves the distributions by
+/// position 38`, the position 1-based ([`position`]). (Excess KLD is not used: any change of the weights moves the distributions by
 /// more than the noise floor's rounding, so it would call every variant distinguishable.)
 pub(crate) fn in_words(report: &Report, v: &Variant) -> String {
     if let Some(f) = &v.failure {
@@ -764,7 +774,7 @@ pub(crate) fn in_words(report: &Report, v: &Variant) -> String {
         },
     };
     words.push_str(&match v.first_divergence.median {
-        Some(t) => format!("half the prompts differ from the reference by position {t}"),
+        Some(t) => format!("half the prompts differ from the reference by position {}", position(t)),
         None => format!("more than half the prompts match the reference for all {longest} tokens"),
     });
     format!("{other}{words}")

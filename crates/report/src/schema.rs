@@ -337,7 +337,9 @@ pub struct LayerRouting {
     pub first_flip_median: Option<usize>,
 }
 
-/// First-divergence positions and their Kaplan–Meier survival curve.
+/// First-divergence positions and their Kaplan–Meier survival curve. Positions here, as
+/// everywhere in `report.json`, are 0-based (0 is the first generated token); the Markdown, HTML
+/// and terminal renderings show them 1-based, as their charts do.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FirstDivergence {
     /// Median first-divergence position, 0-based (the Kaplan–Meier median: `t − 1` for the

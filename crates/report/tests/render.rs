@@ -196,6 +196,32 @@ fn the_summary_ends_with_the_verdict_the_report_opens_with() {
     assert!(gated.lines().any(|l| l.starts_with("2. int4-g128 ") && l.contains(" FAIL ")), "{gated}");
 }
 
+/// report.json's positions are 0-based; every rendering says them 1-based, as the charts draw
+/// them (position 1 is the first generated token), and the first-divergence intro says so once.
+#[test]
+fn positions_are_one_based_in_every_rendering() {
+    let mut r = sample_moe_report();
+    r.variants[1].first_divergence.median = Some(36);
+    let name = r.variants[1].name.clone();
+    let md = render_markdown(&r);
+    let html = render_html(&r).unwrap();
+    let summary = render_summary(&r);
+    for text in [&md, &html, &summary] {
+        assert!(text.contains("half the prompts differ from the reference by position 37"), "{text}");
+        assert!(!text.contains("by position 36"), "{text}");
+    }
+    let first = table_after(&md, "## First divergence");
+    let row = first.iter().find(|l| l.starts_with(&format!("| {name} |"))).unwrap();
+    assert!(row.contains("| 37 |"), "{row}");
+    assert_eq!(md.matches("position 1 is the first generated token (report.json counts from 0)").count(), 1);
+    // Routing: the first flip of any layer and of each layer, one more than report.json's.
+    let routing = r.variants[1].routing.as_ref().unwrap();
+    let flip = routing.first_flip.median.unwrap();
+    let routed = table_after(&md, "## Expert routing");
+    let row = routed.iter().find(|l| l.starts_with(&format!("| {name} |"))).unwrap();
+    assert!(row.contains(&format!("| {} |", flip + 1)), "{row}");
+}
+
 #[test]
 fn html_is_self_contained() {
     let html = render_html(&sample_report()).unwrap();
@@ -473,6 +499,28 @@ fn the_example_reports_render_as_committed() {
     }
 }
 
+/// The README's first table is copied from the SmolLM2 example report: its first-divergence
+/// column is the report's median position (1-based, as the report shows it), per variant.
+#[test]
+fn the_readmes_first_divergence_column_is_the_example_reports() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let md = std::fs::read_to_string(root.join("reports/smollm2-135m/report.md")).unwrap();
+    let table: Vec<&str> =
+        readme.lines().skip_while(|l| !l.starts_with("| variant |")).take_while(|l| l.starts_with('|')).collect();
+    let column = cells(table[0]).iter().position(|c| *c == "first divergence (median position)").expect("the column");
+    let report: Vec<Vec<&str>> = table_after(&md, "## First divergence")[2..].iter().map(|r| cells(r)).collect();
+    let mut compared = 0;
+    for row in &table[2..] {
+        let c = cells(row);
+        let Some(r) = report.iter().find(|r| r[0] == c[0]) else { continue };
+        let shown = r[2].replace("> ", "beyond ").replace(" (not reached)", "");
+        assert_eq!(c[column], shown, "README's {} against report.md's {}", c[0], r[2]);
+        compared += 1;
+    }
+    assert!(compared >= 3, "{table:#?}");
+}
+
 /// The lines of the first table after `heading` in `md`.
 fn table_after<'a>(md: &'a str, heading: &str) -> Vec<&'a str> {
     let at = md.find(heading).unwrap_or_else(|| panic!("no {heading:?}"));
@@ -495,7 +543,8 @@ fn a_report_with_routing_has_an_expert_routing_section() {
     assert_eq!(first.len(), 2 + r.variants.len(), "{first:#?}");
     for (row, v) in first[2..].iter().zip(r.variants_grouped()) {
         let routing = v.routing.as_ref().unwrap();
-        let median = routing.first_flip.median.map_or("> 1000 (not reached)".to_string(), |m| m.to_string());
+        // 1-based: report.json's 0-based median plus one.
+        let median = routing.first_flip.median.map_or("> 1000 (not reached)".to_string(), |m| (m + 1).to_string());
         let censored = format!("{} of 72", routing.first_flip.censored);
         assert_eq!(*row, format!("| {} | {} | 2 of 8 | {median} | {censored} |", v.name, v.group()));
     }
@@ -512,7 +561,7 @@ fn a_report_with_routing_has_an_expert_routing_section() {
         "| int4-g128 | 29 | {} | {} | {} |",
         ci(&l.flip_rate),
         ci(&l.expert_overlap),
-        l.first_flip_median.unwrap()
+        l.first_flip_median.unwrap() + 1
     );
     assert!(layers.contains(&row.as_str()), "{row} missing from {layers:#?}");
     // The HTML has the same section.
