@@ -120,7 +120,22 @@ pub(crate) fn workload_line(report: &Report) -> Vec<Inline> {
     line.push(Inline::Name(short_sha256(&w.eval_set.sha256)));
     line.push(text(") · qdrift "));
     line.push(Inline::Name(w.qdrift_version.clone()));
+    if let Some(routers) = routers_words(report) {
+        line.push(text(format!(" · {routers}")));
+    }
     line
+}
+
+/// What the workload line says of a mixture of experts' routers: for a report with routing,
+/// whether the scheme variants kept them at the reference's precision; for a run that quantized
+/// them, that it did. `None` for a dense model and for an older report, which does not say.
+fn routers_words(report: &Report) -> Option<&'static str> {
+    let routed = report.variants.iter().any(|v| v.routing.is_some());
+    match report.workload.quantize_router {
+        Some(true) => Some("routers quantized with the weights (--quantize-router)"),
+        Some(false) if routed => Some("routers at reference precision"),
+        _ => None,
+    }
 }
 
 /// `` `stories260K.bin` (llama2.c · llama · 260.0K parameters · sha256 b0a507e7ad0f) ``: the
@@ -391,7 +406,8 @@ fn routing_section(report: &Report) -> Vec<Block> {
          layer (first table) or in that layer (second table); censored prompts had no flip in any layer \
          within {longest} tokens. Routing flips and expert overlap are means over prompts with their 95% \
          bootstrap intervals over prompts. The noise floor's rows are what routing differs by without \
-         quantization."
+         quantization.{}",
+        routers_sentence(report)
     );
     let rows = routed
         .iter()
@@ -418,6 +434,27 @@ fn routing_section(report: &Report) -> Vec<Block> {
         Block::Table { columns, rows },
         routing_layers_table(&routed, longest),
     ]
+}
+
+/// What the routing section says of the routers (`mlp.gate`), after its intro: kept at the
+/// reference's precision, so a flip is the rounded hidden state reaching an unquantized router,
+/// or quantized too (`--quantize-router`); and that a checkpoint's are as its file stores them.
+/// Empty for an older report, which does not say.
+fn routers_sentence(report: &Report) -> String {
+    let mut words = match report.workload.quantize_router {
+        Some(false) => " Every scheme variant kept the routers (mlp.gate) at the reference's precision, as \
+                        llm-compressor and vLLM leave them: its flips come from the rounded hidden states reaching \
+                        an unquantized router."
+            .to_string(),
+        Some(true) => " The scheme variants quantized the routers (mlp.gate) too (--quantize-router): their flips \
+                       include the routers' own rounding."
+            .to_string(),
+        None => return String::new(),
+    };
+    if report.variants.iter().any(|v| v.kind == VariantKind::Checkpoint && v.routing.is_some()) {
+        words.push_str(" A checkpoint variant's routers are as its file stores them.");
+    }
+    words
 }
 
 /// One row per (variant, mixture-of-experts layer): Variant, Layer (the block, 0-based), Routing
@@ -748,7 +785,9 @@ fn check_words(r: &CheckResult) -> String {
 /// indistinguishable from the noise floor's (the excess token match's interval contains 0), by
 /// which it diverges, and its median first divergence: `text indistinguishable from the noise
 /// floor's up to 10 tokens; diverges by 100; half the prompts differ from the reference by
-/// position 38`, the position 1-based ([`position`]). (Excess KLD is not used: any change of the weights moves the distributions by
+/// position 38`, the position 1-based ([`position`]); for a model with experts, when material
+/// ([`MATERIAL_FLIPS`]), how often its top-1 expert flips (`; top-1 expert flips at 21% of routing
+/// decisions`). (Excess KLD is not used: any change of the weights moves the distributions by
 /// more than the noise floor's rounding, so it would call every variant distinguishable.)
 pub(crate) fn in_words(report: &Report, v: &Variant) -> String {
     if let Some(f) = &v.failure {
@@ -777,5 +816,20 @@ pub(crate) fn in_words(report: &Report, v: &Variant) -> String {
         Some(t) => format!("half the prompts differ from the reference by position {}", position(t)),
         None => format!("more than half the prompts match the reference for all {longest} tokens"),
     });
+    let flips = v.horizon(longest).and_then(|h| h.metric("routing_flip_rate")).map(|e| e.mean);
+    if let Some(flips) = flips.filter(|&f| f >= MATERIAL_FLIPS) {
+        words.push_str(&format!("; top-1 expert flips at {} of routing decisions", percent(flips)));
+    }
     format!("{other}{words}")
+}
+
+/// The routing flip rate from which a variant's line of words mentions it: one routing decision
+/// in a hundred. Below it flips are few enough that the text's divergence says more (the example
+/// MoE's noise floor, no quantization at all, flips 0.15%).
+const MATERIAL_FLIPS: f64 = 0.01;
+
+/// A share as a percentage: one decimal below 10% (`1.6%`), none from 10% (`21%`).
+fn percent(x: f64) -> String {
+    let p = 100.0 * x;
+    if p < 10.0 { format!("{p:.1}%") } else { format!("{p:.0}%") }
 }

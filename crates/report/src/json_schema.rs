@@ -250,6 +250,7 @@ fn workload() -> Value {
             "qdrift_version": text(),
             "bootstrap_resamples": { "type": "integer", "minimum": 1 },
             "chat_template": { "type": "boolean" },
+            "quantize_router": { "type": "boolean" },
         }),
         &[
             "backend",

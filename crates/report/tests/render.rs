@@ -570,6 +570,58 @@ fn a_report_with_routing_has_an_expert_routing_section() {
     assert!(html.contains("<td>int4-g128</td><td class=\"num\">29</td>"));
 }
 
+/// A report with routing says whether the routers stayed at the reference's precision (the
+/// workload line and the routing section's intro), or that the run quantized them; a dense
+/// model's and an older report's say nothing of routers.
+#[test]
+fn a_report_with_routing_says_what_precision_its_routers_ran_at() {
+    let kept = "kept the routers (mlp.gate) at the reference's precision";
+    let mut r = sample_moe_report();
+    assert_eq!(r.workload.quantize_router, Some(false));
+    let md = render_markdown(&r);
+    let workload = md.lines().find(|l| l.starts_with("**Workload:**")).unwrap();
+    assert!(workload.ends_with(" · routers at reference precision"), "{workload}");
+    let section = &md[md.find("## Expert routing").unwrap()..md.find("## Entropy strata").unwrap()];
+    assert!(section.contains(kept), "{section}");
+    assert!(render_html(&r).unwrap().contains("kept the routers (mlp.gate) at the reference&#39;s precision"));
+    r.workload.quantize_router = Some(true);
+    let md = render_markdown(&r);
+    assert!(md.contains(" · routers quantized with the weights (--quantize-router)"), "{md}");
+    assert!(md.contains("quantized the routers (mlp.gate) too (--quantize-router)") && !md.contains(kept), "{md}");
+    r.workload.quantize_router = None;
+    let md = render_markdown(&r);
+    assert!(!md.contains("routers at") && !md.contains("(mlp.gate)"), "an older report does not say");
+    let dense = render_markdown(&sample_report());
+    assert!(!dense.contains("routers"), "a dense model has none");
+}
+
+/// For a model with experts, a variant's line of words says how often its top-1 expert flips
+/// when that is at least one routing decision in a hundred; a dense model's lines never do.
+#[test]
+fn in_words_mentions_a_material_routing_flip_rate() {
+    let mut r = sample_moe_report();
+    let flips = |r: &Report, i: usize| r.variants[i].horizon(1000).unwrap().metric("routing_flip_rate").unwrap().mean;
+    let name = r.variants[2].name.clone();
+    assert!(flips(&r, 2) >= 0.01, "{name} flips materially in the sample");
+    let md = render_markdown(&r);
+    let row = |md: &str, name: &str| {
+        let verdict = table_after(md, "## Verdict");
+        verdict.iter().find(|l| cells(l).get(1) == Some(&name)).map(|l| l.to_string()).unwrap()
+    };
+    let words = format!("; top-1 expert flips at {:.1}% of routing decisions |", 100.0 * flips(&r, 2));
+    let p = 100.0 * flips(&r, 2);
+    let words = if p < 10.0 { words } else { format!("; top-1 expert flips at {p:.0}% of routing decisions |") };
+    assert!(row(&md, &name).ends_with(&words), "{} lacks {words:?}", row(&md, &name));
+    assert!(render_summary(&r).contains(words.trim_end_matches(" |")));
+    // Below 1%: not mentioned.
+    let e = qdrift_report::Estimate::new(0.004, [0.002, 0.006]);
+    for h in &mut r.variants[2].horizons {
+        h.set("routing_flip_rate", e).unwrap();
+    }
+    assert!(!row(&render_markdown(&r), &name).contains("top-1 expert"), "{}", row(&render_markdown(&r), &name));
+    assert!(!render_markdown(&sample_report()).contains("top-1 expert flips"));
+}
+
 #[test]
 fn only_variants_with_routing_are_in_the_expert_routing_section() {
     let mut r = sample_moe_report();
