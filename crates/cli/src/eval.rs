@@ -16,8 +16,8 @@ use qdrift_generate::BackendChoice;
 use qdrift_io::{PathCheck, write_atomic};
 use qdrift_quantize::QuantizeOptions;
 use qdrift_report::{
-    GateError, GateOutcome, Report, Thresholds, Verdict, finish_gate, render_html_gated, render_markdown_gated,
-    render_summary,
+    GateError, GateOutcome, Profile, Report, Thresholds, Verdict, finish_gate, render_html_gated,
+    render_markdown_gated, render_summary, render_summary_gated,
 };
 
 use crate::args::{SchemeList, SchemeListParser};
@@ -137,8 +137,10 @@ pub struct EvalArgs {
     /// every check passes, 1 one fails, 3 none fails but one is inconclusive: its 95% interval
     /// straddles the threshold); a run that cannot be gated exits 2 (unusable thresholds or
     /// input) or 4 (the machine: device, memory, disk), so that a CI job tells a regression from
-    /// a broken configuration.
-    #[arg(long)]
+    /// a broken configuration. `default`: the built-in profile at the run's longest horizon
+    /// (`qdrift thresholds show default` prints it with each check's reason; a file named
+    /// default is ./default).
+    #[arg(long, value_name = "FILE|default")]
     gate: Option<PathBuf>,
     /// With --gate: also write the checks as JUnit XML.
     #[arg(long, requires = "gate")]
@@ -287,10 +289,18 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
             .into());
     }
     let auto = auto_cap(&args)?;
+    // `--gate default` names a built-in profile, not a file.
+    let profile = args.gate.as_deref().and_then(Profile::given_as);
     // Refuse unusable thresholds before an evaluation that may take hours.
-    let thresholds =
-        args.gate.as_ref().map(|t| Ok::<_, Box<dyn Error>>((t.clone(), Thresholds::read(t)?))).transpose()?;
+    let thresholds = match (&args.gate, profile) {
+        (Some(t), None) => Some((t.clone(), Thresholds::read(t)?)),
+        _ => None,
+    };
     let mut cfg = config(&args, thresholds)?;
+    // A profile's checks are at the run's horizons, known once the configuration is.
+    if let Some(p) = profile {
+        cfg.gate = Some((PathBuf::from(p.name), p.thresholds(&cfg.horizons)?));
+    }
     // The output rule, before the lock is taken and long before any work.
     let mut paths = path_check(&cfg).output_folder("--out", &args.out, false);
     if let Some(j) = &args.junit {
@@ -357,12 +367,15 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     });
     let outcome = gated.as_ref().and_then(|g| g.as_ref().ok()).map(|(_, o)| o);
     write_renderings(&report, outcome, &output).map_err(in_user_paths(&output))?;
-    print!("{}", render_summary(&report));
+    print!("{}", render_summary_gated(&report, outcome));
     // A JUnit file inside --out is staged with the reports.
     let code = gated.as_ref().map(|g| {
         let junit = args.junit.as_deref().map(|j| output.staged(j).unwrap_or_else(|| j.to_path_buf()));
         let summary = args.summary_md.as_deref().map(|m| output.staged(m).unwrap_or_else(|| m.to_path_buf()));
         let run = finish_gate(g.as_ref().map(|(r, o)| (r, o)), junit.as_deref(), summary.as_deref());
+        if let Some(p) = profile {
+            print!("{}", p.announce(&report.workload.horizons));
+        }
         print!("{}", run.stdout);
         eprint!("{}", run.stderr);
         ExitCode::from(run.exit_code)
@@ -455,6 +468,9 @@ pub fn run_merge(args: MergeArgs) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
+/// The horizons of a run that names none (and has no saved reference to take them from).
+pub(crate) const DEFAULT_HORIZONS: [usize; 3] = [10, 100, 1000];
+
 /// The evaluation's configuration from the arguments. With `--reference STORE`, the prompt count,
 /// horizons, batch size and seed not given are the store's, so that reusing a store repeats
 /// nothing; a value given that differs from the store's is refused with the store's other
@@ -469,7 +485,7 @@ fn config(args: &EvalArgs, gate: Option<(PathBuf, Thresholds)>) -> Result<EvalCo
     cfg.horizons = match (&args.horizons, &stored) {
         (Some(h), _) => h.clone(),
         (None, Some(s)) => s.horizons.clone(),
-        (None, None) => vec![10, 100, 1000],
+        (None, None) => DEFAULT_HORIZONS.to_vec(),
     };
     cfg.backend = args.backend;
     cfg.dtype = args.dtype;

@@ -13,8 +13,11 @@ pub struct GateArgs {
     report: PathBuf,
     /// Thresholds (TOML): `[variant."NAME"]` tables of `"metric@horizon" = { min = x }` or
     /// `{ max = x }`; `[defaults] bound = "ci"` (the 95% CI bound must clear the threshold) or
-    /// `"point"` (the mean must).
-    #[arg(long)]
+    /// `"point"` (the mean must). `default`: the built-in profile, with no file to write: excess
+    /// KLD, missed stops and, for a model with experts, routing flips at the report's longest
+    /// horizon (`qdrift thresholds show default` prints it with each check's reason; a file named
+    /// default is ./default).
+    #[arg(long, value_name = "FILE|default")]
     thresholds: PathBuf,
     /// Also write the checks as JUnit XML (one testcase per check; an inconclusive one is
     /// `<skipped>`).

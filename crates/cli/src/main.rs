@@ -44,6 +44,7 @@ const MERGE_EXAMPLES: &str = "Examples:
 
 const GATE_EXAMPLES: &str = "Examples:
   qdrift gate --report drift/report.json --thresholds thresholds.toml --junit gate.xml
+  qdrift gate --report drift/report.json --thresholds default
   qdrift gate --report drift/report.json --thresholds thresholds.toml --summary-md \"$GITHUB_STEP_SUMMARY\"";
 
 const COMPARE_EXAMPLES: &str = "Examples:
@@ -54,7 +55,9 @@ const THRESHOLDS_EXAMPLES: &str = "Examples:
   qdrift thresholds suggest drift/report.json --margin 0.1 --out thresholds.toml
   # One variant of a known-good report, as the candidate a CI run gates:
   qdrift thresholds suggest drift/report.json --variant int4-g128 --as candidate --out thresholds.toml
-  qdrift thresholds suggest drift/report.json --metrics kld,token_match_rate --horizons 100,1000";
+  qdrift thresholds suggest drift/report.json --metrics kld,token_match_rate --horizons 100,1000
+  # The built-in profile that --thresholds default checks, each check with its reason:
+  qdrift thresholds show default --report drift/report.json";
 
 const INSPECT_EXAMPLES: &str = "Examples:
   qdrift inspect --model models/base.gguf
@@ -110,7 +113,8 @@ enum Command {
     /// closer to the reference; exit 0, 1 or 3 on --max-worse checks as `qdrift gate` does.
     #[command(after_help = COMPARE_EXAMPLES)]
     Compare(compare::CompareArgs),
-    /// Thresholds files for `qdrift gate`: `suggest` writes one from a known-good report.
+    /// Thresholds files for `qdrift gate`: `suggest` writes one from a known-good report, `show`
+    /// prints a built-in profile (`default`) with each check's reason.
     #[command(after_help = THRESHOLDS_EXAMPLES)]
     Thresholds(thresholds::ThresholdsArgs),
     /// The device's copy bandwidth as one JSON line (for `cargo xtask bench gpu`).

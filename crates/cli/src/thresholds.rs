@@ -1,11 +1,13 @@
-//! `qdrift thresholds suggest`.
+//! `qdrift thresholds suggest` and `qdrift thresholds show`.
 
 use std::error::Error;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 use qdrift_io::{PathCheck, write_atomic};
-use qdrift_report::{Report, SuggestOptions, suggest_thresholds};
+use qdrift_report::{Profile, Report, SuggestOptions, suggest_thresholds};
+
+use crate::eval::DEFAULT_HORIZONS;
 
 /// Arguments of `qdrift thresholds`.
 #[derive(Args)]
@@ -20,6 +22,24 @@ enum ThresholdsCommand {
     /// the side a regression moves, widened by --margin, so that report passes and a later run
     /// passes where it is no worse by more than the margin.
     Suggest(SuggestArgs),
+    /// Print a built-in thresholds profile as the thresholds file it is (`default`: what `qdrift
+    /// gate --thresholds default` and `qdrift eval --gate default` check), a comment above each
+    /// check giving its reason: a file to start from.
+    Show(ShowArgs),
+}
+
+/// Arguments of `qdrift thresholds show`.
+#[derive(Args)]
+struct ShowArgs {
+    /// The profile: default.
+    profile: String,
+    /// Write the checks at this report's longest horizon, as a gate of it checks them (default:
+    /// the longest of `qdrift eval`'s default horizons, 1000).
+    #[arg(long, conflicts_with = "horizons")]
+    report: Option<PathBuf>,
+    /// Write the checks at the longest of these horizons, comma-separated (a run's --horizons).
+    #[arg(long, value_delimiter = ',')]
+    horizons: Vec<usize>,
 }
 
 /// Arguments of `qdrift thresholds suggest`.
@@ -56,8 +76,30 @@ struct SuggestArgs {
 /// Runs `qdrift thresholds`: exit 0, or one `qdrift: error:` line and the exit code of its kind
 /// (2 on unusable input, as every command; `crate::exit`).
 pub fn run(args: ThresholdsArgs) -> Result<(), Box<dyn Error>> {
-    let ThresholdsCommand::Suggest(args) = args.command;
-    suggest(&args)
+    match args.command {
+        ThresholdsCommand::Suggest(args) => suggest(&args),
+        ThresholdsCommand::Show(args) => show(&args),
+    }
+}
+
+/// `qdrift thresholds show`: the profile at the horizons asked for, to standard output.
+fn show(args: &ShowArgs) -> Result<(), Box<dyn Error>> {
+    let profile = Profile::named(&args.profile)?;
+    let (horizons, origin) = match (&args.report, args.horizons.is_empty()) {
+        (Some(path), _) => {
+            let report = Report::read(path)?;
+            let list: Vec<String> = report.workload.horizons.iter().map(usize::to_string).collect();
+            (report.workload.horizons, format!("the horizons of that report: {}", list.join(", ")))
+        }
+        (None, false) => (args.horizons.clone(), "the horizons given".to_string()),
+        (None, true) => (
+            DEFAULT_HORIZONS.to_vec(),
+            "qdrift eval's default horizons; --report REPORT writes them at a report's".to_string(),
+        ),
+    };
+    let text = profile.toml(&horizons, &origin).ok_or("--horizons: no horizon given")?;
+    print!("{text}");
+    Ok(())
 }
 
 /// `qdrift thresholds suggest`: check the paths, read the report, write the thresholds.

@@ -75,6 +75,11 @@ fn check_routing(arch: &str, report: &Value, out: &std::path::Path) {
         let layers = v["routing"]["layers"].as_array().map_or(0, Vec::len);
         assert_eq!(layers, if experts { 4 } else { 0 }, "{arch} {}: routing layers", v["name"]);
     }
+    // The run says the routers stayed at reference precision (no --quantize-router), and a
+    // report with routing says so in words.
+    assert_eq!(report["workload"]["quantize_router"], false, "{arch}");
+    let md = std::fs::read_to_string(out.join("report.md")).expect("report.md");
+    assert_eq!(md.contains(" · routers at reference precision"), experts, "{arch}");
     if !experts {
         return;
     }

@@ -422,6 +422,43 @@ fn synthetic_runs_are_marked() {
 
 /// `qdrift eval --gate` and `qdrift gate` exit 0 on pass, 1 on fail, 2 on unusable input, 3 when
 /// a check is inconclusive.
+/// `eval --gate default`: the built-in profile at the run's horizons, named before the check
+/// lines. A scheme that leaves the weights at FP16 is within its excess KLD; 3 prompts cannot
+/// show that it ends its text where the reference does (a Wilson interval of 0 of 3 reaches
+/// 0.56), so the run is inconclusive, exit 3, and says how many prompts would tell.
+#[test]
+fn eval_gates_with_the_default_profile() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let model = stories().join("stories260K.bin");
+    let o = qdrift(&[
+        "eval",
+        "--model",
+        model.to_str().expect("utf-8"),
+        "--backend",
+        "cpu",
+        "--prompts",
+        "3",
+        "--horizons",
+        "2,5",
+        "--schemes",
+        "fp16",
+        "--resamples",
+        "50",
+        "--out",
+        out.path().to_str().expect("utf-8"),
+        "--gate",
+        "default",
+    ]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(3), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
+    let announce = stdout.find("\ngate: thresholds profile \"default\"").expect("the profile is named");
+    let pass = stdout.find("\nPASS fp16 excess_kld@5 bound=ci").expect("excess KLD at the longest horizon");
+    assert!(announce < pass, "{stdout}");
+    assert!(stdout.contains("\nINCONCLUSIVE fp16 stop_missed@5 bound=ci"), "{stdout}");
+    assert!(!stdout.contains("routing_flip_rate@5 bound"), "a dense model has no routing check: {stdout}");
+    assert!(stdout.lines().any(|l| l.starts_with("1. fp16  INCONCLUSIVE  ")), "{stdout}");
+}
+
 #[test]
 fn gate_exit_codes_through_the_binary() {
     let out = tempfile::tempdir().expect("tempdir");
@@ -458,6 +495,9 @@ fn gate_exit_codes_through_the_binary() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
     assert!(stdout.contains("PASS fp16 token_match_rate@5"), "{stdout}");
+    // The summary ends with the report's verdict, the gate's word per variant in it.
+    let verdict = stdout.find("\nverdict: ranked by Excess KLD over the first 5 tokens").expect("a verdict");
+    assert!(stdout[verdict..].lines().any(|l| l.starts_with("1. fp16  PASS  ")), "{stdout}");
     assert!(std::fs::read_to_string(&junit).expect("junit").contains("<testsuite"));
     let report = dir.join("report.json");
     let gate = |t: &std::path::Path| {

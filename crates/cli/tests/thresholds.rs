@@ -82,3 +82,32 @@ fn unusable_input_is_exit_2_and_one_error_line() {
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.starts_with("qdrift: error: ") && stderr.contains("missing.json"), "{stderr}");
 }
+
+/// `qdrift thresholds show default` prints the profile `--thresholds default` checks: a
+/// thresholds file, each check under its reason, at eval's longest default horizon or a
+/// report's; it gates that report exactly as `default` does. An unknown profile is exit 2.
+#[test]
+fn the_default_profile_is_shown_as_a_thresholds_file() {
+    let (code, shown, stderr) = run(&["thresholds", "show", "default"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(shown.contains("\n\"excess_kld@1000\" = { max = 0.05 }\n"), "{shown}");
+    assert!(shown.contains("\n\"routing_flip_rate@1000\" = { max = 0.1, optional = true }\n"), "{shown}");
+    assert!(shown.contains("# KL divergence from the reference beyond the noise floor's"), "{shown}");
+    let smollm2 = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../reports/smollm2-135m/report.json");
+    let (code, at_report, stderr) = run(&["thresholds", "show", "default", "--report", utf8(&smollm2)]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(at_report.contains("\n\"stop_missed@100\" = { max = 0.25, optional = true }\n"), "{at_report}");
+    let (_, at_horizons, _) = run(&["thresholds", "show", "default", "--horizons", "10,100"]);
+    assert_eq!(at_horizons.lines().filter(|l| l.contains("@100\"")).count(), 3, "{at_horizons}");
+    // The shown file gates the report as the profile does, line for line after the first.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("default.toml");
+    std::fs::write(&file, &at_report).expect("written");
+    let (code, from_file, _) = run(&["gate", "--report", utf8(&smollm2), "--thresholds", utf8(&file)]);
+    let (profile_code, from_profile, _) = run(&["gate", "--report", utf8(&smollm2), "--thresholds", "default"]);
+    assert_eq!((code, profile_code), (1, 1), "{from_file}");
+    assert_eq!(from_profile.split_once('\n').expect("lines").1, from_file);
+    let (code, stdout, stderr) = run(&["thresholds", "show", "strict"]);
+    assert_eq!(code, 2, "{stdout}");
+    assert_eq!(stderr, "qdrift: error: unknown thresholds profile \"strict\"; profiles: default\n");
+}

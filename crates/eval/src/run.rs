@@ -401,5 +401,6 @@ fn workload(cfg: &EvalConfig, plan: &Plan, prompts: &EncodedPrompts<'_>) -> Work
         qdrift_version: env!("CARGO_PKG_VERSION").to_string(),
         bootstrap_resamples: cfg.resamples,
         chat_template: prompts.chat_template,
+        quantize_router: Some(cfg.quantize.quantize_router),
     }
 }

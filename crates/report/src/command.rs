@@ -9,6 +9,7 @@ use crate::format::plain;
 use crate::gate::{GateError, GateOutcome, Thresholds, gate};
 use crate::junit::{junit_error_xml, junit_xml};
 use crate::markdown::render_verdict_markdown;
+use crate::profile::Profile;
 use qdrift_io::write_atomic;
 
 /// The one line every `qdrift` command prints on standard error when it cannot run:
@@ -33,7 +34,9 @@ pub struct GateRun {
 }
 
 /// The whole `qdrift gate REPORT THRESHOLDS [--junit FILE]` command, so the CLI is a thin
-/// wrapper: print `stdout` and `stderr`, exit with `exit_code`. With `junit`, the JUnit XML is
+/// wrapper: print `stdout` and `stderr`, exit with `exit_code`. `THRESHOLDS` is a file, or the
+/// name of a built-in profile ([`Profile::given_as`]: `default`), whose checks are then made at
+/// the report's horizons and named in the first line printed ([`Profile::announce`]). With `junit`, the JUnit XML is
 /// written atomically, also when the input is unusable (then it holds one error test case), so
 /// a CI job never reads a stale file.
 pub fn run_gate(report_path: &Path, thresholds_path: &Path, junit: Option<&Path>) -> GateRun {
@@ -50,9 +53,14 @@ pub fn run_gate_with(
     junit: Option<&Path>,
     summary_md: Option<&Path>,
 ) -> GateRun {
+    // `--thresholds default` names a built-in profile, not a file.
+    let profile = Profile::given_as(thresholds_path);
     // The output rule first: a JUnit path that is the report, the thresholds or a device is
     // refused before anything is read or written.
-    let mut paths = qdrift_io::PathCheck::new().input("--report", report_path).input("--thresholds", thresholds_path);
+    let mut paths = qdrift_io::PathCheck::new().input("--report", report_path);
+    if profile.is_none() {
+        paths = paths.input("--thresholds", thresholds_path);
+    }
     if let Some(j) = junit {
         paths = paths.output_file("--junit", j);
     }
@@ -62,11 +70,23 @@ pub fn run_gate_with(
     if let Err(e) = paths.check() {
         return GateRun { exit_code: 2, stdout: String::new(), stderr: error_line(&e.to_string()) };
     }
-    let outcome = Report::read(report_path).map_err(GateError::from).and_then(|report| {
-        let outcome = Thresholds::read(thresholds_path).and_then(|t| gate(&report, &t))?;
+    let report = Report::read(report_path).map_err(GateError::from);
+    // A profile's checks are at the report's horizons: said first, so that every line after
+    // it reads against them.
+    let announce = profile.zip(report.as_ref().ok()).map(|(p, r)| p.announce(&r.workload.horizons));
+    let outcome = report.and_then(|report| {
+        let thresholds = match profile {
+            Some(p) => p.thresholds(&report.workload.horizons)?,
+            None => Thresholds::read(thresholds_path)?,
+        };
+        let outcome = gate(&report, &thresholds)?;
         Ok((report, outcome))
     });
-    finish_gate(outcome.as_ref().map(|(r, o)| (r, o)), junit, summary_md)
+    let mut run = finish_gate(outcome.as_ref().map(|(r, o)| (r, o)), junit, summary_md);
+    if let Some(line) = announce {
+        run.stdout.insert_str(0, &line);
+    }
+    run
 }
 
 /// What a gate's outcome (or why it could not run) becomes: the lines to print, the exit code,

@@ -120,7 +120,22 @@ pub(crate) fn workload_line(report: &Report) -> Vec<Inline> {
     line.push(Inline::Name(short_sha256(&w.eval_set.sha256)));
     line.push(text(") · qdrift "));
     line.push(Inline::Name(w.qdrift_version.clone()));
+    if let Some(routers) = routers_words(report) {
+        line.push(text(format!(" · {routers}")));
+    }
     line
+}
+
+/// What the workload line says of a mixture of experts' routers: for a report with routing,
+/// whether the scheme variants kept them at the reference's precision; for a run that quantized
+/// them, that it did. `None` for a dense model and for an older report, which does not say.
+fn routers_words(report: &Report) -> Option<&'static str> {
+    let routed = report.variants.iter().any(|v| v.routing.is_some());
+    match report.workload.quantize_router {
+        Some(true) => Some("routers quantized with the weights (--quantize-router)"),
+        Some(false) if routed => Some("routers at reference precision"),
+        _ => None,
+    }
 }
 
 /// `` `stories260K.bin` (llama2.c · llama · 260.0K parameters · sha256 b0a507e7ad0f) ``: the
@@ -324,10 +339,18 @@ fn metric_row(shown: &[&Metric], v: &Variant, h: &HorizonMetrics) -> Vec<Cell> {
     row
 }
 
-/// A Kaplan–Meier median position: the position, or `> H (not reached)` when more than half the
-/// prompts have no event within the longest horizon `H`.
+/// A Kaplan–Meier median position, 1-based as every rendering counts positions ([`position`]),
+/// or `> H (not reached)` when more than half the prompts have no event within the longest
+/// horizon `H`.
 fn median_cell(median: Option<usize>, longest: usize) -> Cell {
-    cell(median.map_or_else(|| format!("> {longest} (not reached)"), |t| t.to_string()))
+    cell(median.map_or_else(|| format!("> {longest} (not reached)"), |t| position(t).to_string()))
+}
+
+/// The position a rendering shows for `report.json`'s 0-based position `t`: `t + 1`, so that
+/// position 1 is the first generated token, as the charts' axes and the horizons count ("the
+/// first 10 tokens" are positions 1 to 10).
+pub(crate) fn position(t: usize) -> usize {
+    t + 1
 }
 
 /// `c of n`: the censored prompts of a first-event curve, of all prompts.
@@ -341,7 +364,9 @@ fn first_divergence_section(report: &Report) -> Vec<Block> {
     let longest = report.workload.horizons.last().copied().unwrap_or(0);
     let intro = format!(
         "The position where a prompt's free-running continuation first differs from the reference's \
-         (Kaplan–Meier median); censored prompts never diverged within {longest} tokens."
+         (Kaplan–Meier median); censored prompts never diverged within {longest} tokens. Positions count from \
+         1 in every table, chart and line of words of this report: position 1 is the first generated token \
+         (report.json counts from 0)."
     );
     let rows = report
         .variants_grouped()
@@ -381,7 +406,8 @@ fn routing_section(report: &Report) -> Vec<Block> {
          layer (first table) or in that layer (second table); censored prompts had no flip in any layer \
          within {longest} tokens. Routing flips and expert overlap are means over prompts with their 95% \
          bootstrap intervals over prompts. The noise floor's rows are what routing differs by without \
-         quantization."
+         quantization.{}",
+        routers_sentence(report)
     );
     let rows = routed
         .iter()
@@ -408,6 +434,27 @@ fn routing_section(report: &Report) -> Vec<Block> {
         Block::Table { columns, rows },
         routing_layers_table(&routed, longest),
     ]
+}
+
+/// What the routing section says of the routers (`mlp.gate`), after its intro: kept at the
+/// reference's precision, so a flip is the rounded hidden state reaching an unquantized router,
+/// or quantized too (`--quantize-router`); and that a checkpoint's are as its file stores them.
+/// Empty for an older report, which does not say.
+fn routers_sentence(report: &Report) -> String {
+    let mut words = match report.workload.quantize_router {
+        Some(false) => " Every scheme variant kept the routers (mlp.gate) at the reference's precision, as \
+                        llm-compressor and vLLM leave them: its flips come from the rounded hidden states reaching \
+                        an unquantized router."
+            .to_string(),
+        Some(true) => " The scheme variants quantized the routers (mlp.gate) too (--quantize-router): their flips \
+                       include the routers' own rounding."
+            .to_string(),
+        None => return String::new(),
+    };
+    if report.variants.iter().any(|v| v.kind == VariantKind::Checkpoint && v.routing.is_some()) {
+        words.push_str(" A checkpoint variant's routers are as its file stores them.");
+    }
+    words
 }
 
 /// One row per (variant, mixture-of-experts layer): Variant, Layer (the block, 0-based), Routing
@@ -573,21 +620,53 @@ fn metrics_section() -> Vec<Block> {
     ]
 }
 
+/// The order the verdict lists the variants in: every variant but the noise floor, by `key` (excess
+/// KLD over the noise floor, or the KLD mean when the run has none) over the longest horizon,
+/// closest first; a variant without the value (one that failed) last.
+pub(crate) struct Ranking<'a> {
+    /// `excess_kld` or `kld`.
+    pub key: &'static str,
+    /// The longest horizon, the one ranked by.
+    pub longest: usize,
+    /// The ranked variants.
+    pub variants: Vec<&'a Variant>,
+}
+
+impl<'a> Ranking<'a> {
+    pub(crate) fn of(report: &'a Report) -> Ranking<'a> {
+        let longest = report.workload.horizons.last().copied().unwrap_or(0);
+        let floor = report.variants.iter().any(|v| v.kind == VariantKind::NoiseFloor);
+        let key = if floor { "excess_kld" } else { "kld" };
+        let mut variants: Vec<&Variant> =
+            report.variants.iter().filter(|v| v.kind != VariantKind::NoiseFloor).collect();
+        variants.sort_by(|a, b| {
+            let x = |v: &Variant| v.horizon(longest).and_then(|h| h.metric(key)).map_or(f64::INFINITY, |e| e.mean);
+            x(a).total_cmp(&x(b))
+        });
+        Ranking { key, longest, variants }
+    }
+
+    /// The title of the ranking metric (`Excess KLD`).
+    pub(crate) fn key_title(&self) -> &'static str {
+        metric(self.key).map_or(self.key, |m| m.title)
+    }
+
+    /// The ranking metric's mean of `v` over the longest horizon, in its format; `—` without one.
+    pub(crate) fn value(&self, v: &Variant) -> String {
+        let e = v.horizon(self.longest).and_then(|h| h.metric(self.key));
+        metric(self.key).zip(e).map_or_else(|| "—".to_string(), |(m, e)| (m.format)(e.mean))
+    }
+}
+
 /// The verdict, first: per variant (noise floor aside), ranked by excess KLD over the noise
 /// floor over the longest horizon (by KLD mean when the run has no noise floor), its gate verdict
 /// and the checks that did not pass when the run was gated, and one line of plain words
 /// ([`in_words`]). `glossary`: end the introduction with a link to the glossary (the whole
 /// report; a verdict printed alone has none).
 pub(crate) fn verdict_section(report: &Report, gate: Option<&GateOutcome>, glossary: bool) -> Vec<Block> {
-    let longest = report.workload.horizons.last().copied().unwrap_or(0);
+    let Ranking { key, longest, variants: ranked } = Ranking::of(report);
     let floor = report.variants.iter().find(|v| v.kind == VariantKind::NoiseFloor);
-    let key = if floor.is_some() { "excess_kld" } else { "kld" };
     let at_longest = |v: &Variant, name: &str| v.horizon(longest).and_then(|h| h.metric(name)).copied();
-    let mut ranked: Vec<&Variant> = report.variants.iter().filter(|v| v.kind != VariantKind::NoiseFloor).collect();
-    ranked.sort_by(|a, b| {
-        let x = |v: &Variant| at_longest(v, key).map_or(f64::INFINITY, |e| e.mean);
-        x(a).total_cmp(&x(b))
-    });
     let mut intro = Vec::new();
     // A variant of another model first: its numbers measure that model, not a quantization.
     for v in report.variants.iter().filter(|v| v.different_model.is_some()) {
@@ -706,7 +785,9 @@ fn check_words(r: &CheckResult) -> String {
 /// indistinguishable from the noise floor's (the excess token match's interval contains 0), by
 /// which it diverges, and its median first divergence: `text indistinguishable from the noise
 /// floor's up to 10 tokens; diverges by 100; half the prompts differ from the reference by
-/// position 37`. (Excess KLD is not used: any change of the weights moves the distributions by
+/// position 38`, the position 1-based ([`position`]); for a model with experts, when material
+/// ([`MATERIAL_FLIPS`]), how often its top-1 expert flips (`; top-1 expert flips at 21% of routing
+/// decisions`). (Excess KLD is not used: any change of the weights moves the distributions by
 /// more than the noise floor's rounding, so it would call every variant distinguishable.)
 pub(crate) fn in_words(report: &Report, v: &Variant) -> String {
     if let Some(f) = &v.failure {
@@ -732,8 +813,23 @@ pub(crate) fn in_words(report: &Report, v: &Variant) -> String {
         },
     };
     words.push_str(&match v.first_divergence.median {
-        Some(t) => format!("half the prompts differ from the reference by position {t}"),
+        Some(t) => format!("half the prompts differ from the reference by position {}", position(t)),
         None => format!("more than half the prompts match the reference for all {longest} tokens"),
     });
+    let flips = v.horizon(longest).and_then(|h| h.metric("routing_flip_rate")).map(|e| e.mean);
+    if let Some(flips) = flips.filter(|&f| f >= MATERIAL_FLIPS) {
+        words.push_str(&format!("; top-1 expert flips at {} of routing decisions", percent(flips)));
+    }
     format!("{other}{words}")
+}
+
+/// The routing flip rate from which a variant's line of words mentions it: one routing decision
+/// in a hundred. Below it flips are few enough that the text's divergence says more (the example
+/// MoE's noise floor, no quantization at all, flips 0.15%).
+const MATERIAL_FLIPS: f64 = 0.01;
+
+/// A share as a percentage: one decimal below 10% (`1.6%`), none from 10% (`21%`).
+fn percent(x: f64) -> String {
+    let p = 100.0 * x;
+    if p < 10.0 { format!("{p:.1}%") } else { format!("{p:.0}%") }
 }

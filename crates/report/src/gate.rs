@@ -12,12 +12,19 @@
 //! "ppl_drift_of_generated_text@1000" = { max = 1.10, bound = "point" }   # per-check override
 //! [variant."*"]
 //! "top1_agreement@10" = { min = 0.95 }
+//! "routing_flip_rate@1000" = { max = 0.1, optional = true }   # only where the report has it
 //! ```
 //!
 //! Keys are `METRIC@HORIZON` with a metric of [`METRICS`](crate::metrics::METRICS) and a horizon of the report.
 //! With `bound = "ci"`, `min` is compared with the interval's **lower** bound and `max` with its
 //! **upper** bound (the metric must clear the threshold with 95% confidence); with `"point"` the
 //! mean is compared. A check may have both `min` and `max`: each side is one outcome.
+//!
+//! A check of a metric the variant does not have (an optional metric: the routing metrics of a
+//! dense model, the stopping metrics of a model without a stop token, a metric newer than the
+//! report) refuses the file, exit 2, so that a typo never passes silently; with `optional = true`
+//! the check is skipped for such a variant instead, so one file (the built-in profiles of
+//! `profile`) gates dense models and models with experts alike.
 //!
 //! `variant."*"` applies to every variant of the report **except the noise floor** (kind
 //! `noise_floor`): the noise floor is the yardstick, not a candidate, and has no
@@ -54,7 +61,7 @@ use serde::Deserialize;
 use crate::format::{plain, significant};
 use crate::metrics::{metric, names, rank};
 use crate::read::THRESHOLDS_CAP;
-use crate::{Report, ReportError, VariantKind};
+use crate::{Report, ReportError, Variant, VariantKind};
 use qdrift_io::read_capped;
 
 /// The section that applies to every variant but the noise floor.
@@ -112,6 +119,9 @@ pub struct Check {
     pub max: Option<f64>,
     /// The file's default bound unless the check overrides it.
     pub bound: Bound,
+    /// `optional = true`: skipped for a variant that does not have the metric (a dense model's
+    /// routing metrics), where a check without it refuses the file.
+    pub optional: bool,
 }
 
 /// A parsed thresholds file. Checks are sorted by variant section, then metric in
@@ -255,6 +265,8 @@ struct CheckFile {
     min: Option<f64>,
     max: Option<f64>,
     bound: Option<String>,
+    #[serde(default)]
+    optional: bool,
 }
 
 /// 1-based line and column of byte `offset` in `text`.
@@ -335,6 +347,7 @@ impl Thresholds {
                     min: c.min,
                     max: c.max,
                     bound,
+                    optional: c.optional,
                 });
             }
         }
@@ -642,82 +655,89 @@ pub fn gate(report: &Report, thresholds: &Thresholds) -> Result<GateOutcome, Gat
             .filter(|c| c.variant == v.name)
             .chain(thresholds.checks.iter().filter(|c| c.variant == WILDCARD && !is_floor));
         for c in applies {
-            let key = format!("{}@{}", c.metric, c.horizon);
-            if is_floor && metric(&c.metric).is_some_and(|m| m.is_excess()) {
-                return Err(GateError::ExcessOnNoiseFloor { at: at(&c.variant, &key), variant: plain(&v.name) });
-            }
-            let sides = [(Side::Min, c.min), (Side::Max, c.max)];
-            let sides = sides.into_iter().filter_map(|(s, t)| t.map(|t| (s, t)));
-            // A variant that failed fails every check that applies to it, with NaN values.
-            let nan = f64::NAN;
-            let base = CheckResult {
-                variant: v.name.clone(),
-                section: c.variant.clone(),
-                metric: c.metric.clone(),
-                horizon: c.horizon,
-                bound: c.bound,
-                side: Side::Min,
-                threshold: nan,
-                value: nan,
-                mean: nan,
-                ci95: [nan, nan],
-                prompts: report.workload.prompts,
-                verdict: Verdict::Fail,
-                two_sided: c.min.is_some() && c.max.is_some(),
-                failure: v.failure.clone(),
-            };
-            if v.failure.is_some() {
-                results.extend(sides.map(|(side, threshold)| CheckResult { side, threshold, ..base.clone() }));
-                continue;
-            }
-            let horizon = v.horizon(c.horizon).ok_or_else(|| GateError::UnknownHorizon {
-                at: at(&c.variant, &key),
-                horizon: c.horizon,
-                known: v.horizons.iter().map(|h| h.tokens).collect(),
-            })?;
-            let Some(m) = horizon.metric(&c.metric) else {
-                // A known metric without a value: an excess missing from a variant that is not
-                // the noise floor, or an optional metric the report was written without.
-                return Err(GateError::Report(ReportError::Invalid(format!(
-                    "variant {}: the report has no {key}",
-                    plain(&v.name)
-                ))));
-            };
-            for (side, threshold) in sides {
-                let value = match (c.bound, side) {
-                    (Bound::Point, _) => m.mean,
-                    (Bound::Ci, Side::Min) => m.ci95[0],
-                    (Bound::Ci, Side::Max) => m.ci95[1],
-                };
-                let passed = match side {
-                    Side::Min => value >= threshold,
-                    Side::Max => value <= threshold,
-                };
-                // The interval's other bound on the wrong side too: a fail; else it straddles.
-                let verdict = match (passed, c.bound, side) {
-                    (true, _, _) => Verdict::Pass,
-                    (false, Bound::Point, _) => Verdict::Fail,
-                    (false, Bound::Ci, Side::Min) if m.ci95[1] < threshold => Verdict::Fail,
-                    (false, Bound::Ci, Side::Max) if m.ci95[0] > threshold => Verdict::Fail,
-                    (false, Bound::Ci, _) => Verdict::Inconclusive,
-                };
-                let value = (value, m.mean, m.ci95);
-                results.push(CheckResult {
-                    side,
-                    threshold,
-                    value: value.0,
-                    mean: value.1,
-                    ci95: value.2,
-                    verdict,
-                    ..base.clone()
-                });
-            }
+            results.extend(check_variant(report, v, c)?);
         }
     }
     if results.is_empty() {
         return Err(GateError::NoChecks);
     }
     Ok(GateOutcome { results })
+}
+
+/// The outcomes of check `c` on variant `v` of `report`, one per side; none for an `optional`
+/// check of a metric the variant lacks (for a variant that failed, and so has no metrics: one
+/// no variant of the report has at that horizon).
+fn check_variant(report: &Report, v: &Variant, c: &Check) -> Result<Vec<CheckResult>, GateError> {
+    let key = format!("{}@{}", c.metric, c.horizon);
+    if v.kind == VariantKind::NoiseFloor && metric(&c.metric).is_some_and(|m| m.is_excess()) {
+        return Err(GateError::ExcessOnNoiseFloor { at: at(&c.variant, &key), variant: plain(&v.name) });
+    }
+    let sides = [(Side::Min, c.min), (Side::Max, c.max)];
+    let sides = sides.into_iter().filter_map(|(s, t)| t.map(|t| (s, t)));
+    // A variant that failed fails every check that applies to it, with NaN values.
+    let nan = f64::NAN;
+    let base = CheckResult {
+        variant: v.name.clone(),
+        section: c.variant.clone(),
+        metric: c.metric.clone(),
+        horizon: c.horizon,
+        bound: c.bound,
+        side: Side::Min,
+        threshold: nan,
+        value: nan,
+        mean: nan,
+        ci95: [nan, nan],
+        prompts: report.workload.prompts,
+        verdict: Verdict::Fail,
+        two_sided: c.min.is_some() && c.max.is_some(),
+        failure: v.failure.clone(),
+    };
+    if v.failure.is_some() {
+        let anywhere =
+            report.variants.iter().any(|w| w.horizon(c.horizon).is_some_and(|h| h.metric(&c.metric).is_some()));
+        if c.optional && !anywhere {
+            return Ok(Vec::new());
+        }
+        return Ok(sides.map(|(side, threshold)| CheckResult { side, threshold, ..base.clone() }).collect());
+    }
+    let horizon = v.horizon(c.horizon).ok_or_else(|| GateError::UnknownHorizon {
+        at: at(&c.variant, &key),
+        horizon: c.horizon,
+        known: v.horizons.iter().map(|h| h.tokens).collect(),
+    })?;
+    let Some(m) = horizon.metric(&c.metric) else {
+        if c.optional {
+            return Ok(Vec::new());
+        }
+        // A known metric without a value: an excess missing from a variant that is not the
+        // noise floor, or an optional metric the report was written without.
+        return Err(GateError::Report(ReportError::Invalid(format!(
+            "variant {}: the report has no {key} (a check of a metric some reports lack can say optional = true)",
+            plain(&v.name)
+        ))));
+    };
+    Ok(sides
+        .map(|(side, threshold)| {
+            let value = match (c.bound, side) {
+                (Bound::Point, _) => m.mean,
+                (Bound::Ci, Side::Min) => m.ci95[0],
+                (Bound::Ci, Side::Max) => m.ci95[1],
+            };
+            let passed = match side {
+                Side::Min => value >= threshold,
+                Side::Max => value <= threshold,
+            };
+            // The interval's other bound on the wrong side too: a fail; else it straddles.
+            let verdict = match (passed, c.bound, side) {
+                (true, _, _) => Verdict::Pass,
+                (false, Bound::Point, _) => Verdict::Fail,
+                (false, Bound::Ci, Side::Min) if m.ci95[1] < threshold => Verdict::Fail,
+                (false, Bound::Ci, Side::Max) if m.ci95[0] > threshold => Verdict::Fail,
+                (false, Bound::Ci, _) => Verdict::Inconclusive,
+            };
+            CheckResult { side, threshold, value, mean: m.mean, ci95: m.ci95, verdict, ..base.clone() }
+        })
+        .collect())
 }
 
 /// The process exit code of a gate: 0 every check passed, 1 a check failed, 3 none failed and

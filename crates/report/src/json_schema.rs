@@ -106,13 +106,17 @@ fn horizon() -> Value {
     object(properties, &required)
 }
 
+/// What a position in `report.json` counts from, where it holds one.
+const ZERO_BASED: &str = "Generated-token positions count from 0 here (0 is the first generated token); the \
+                          Markdown, HTML and terminal renderings count them from 1, as their charts do.";
+
 fn first_divergence() -> Value {
     object(
         json!({
-            "median": { "type": ["integer", "null"], "minimum": 0 },
+            "median": { "type": ["integer", "null"], "minimum": 0, "description": ZERO_BASED },
             "survival": array(pair(count(), number(Range::Unit))),
             "censored": count(),
-            "positions": array(count()),
+            "positions": { "type": "array", "items": count(), "description": ZERO_BASED },
         }),
         &["median", "survival", "censored", "positions"],
     )
@@ -198,7 +202,7 @@ fn routing() -> Value {
                     "layer": count(),
                     "flip_rate": estimate(Range::Unit),
                     "expert_overlap": estimate(Range::Unit),
-                    "first_flip_median": { "type": ["integer", "null"], "minimum": 0 },
+                    "first_flip_median": { "type": ["integer", "null"], "minimum": 0, "description": ZERO_BASED },
                 }),
                 &["layer", "flip_rate", "expert_overlap", "first_flip_median"],
             )),
@@ -246,6 +250,7 @@ fn workload() -> Value {
             "qdrift_version": text(),
             "bootstrap_resamples": { "type": "integer", "minimum": 1 },
             "chat_template": { "type": "boolean" },
+            "quantize_router": { "type": "boolean" },
         }),
         &[
             "backend",

@@ -17,11 +17,14 @@
 //!   report one a run can produce; `json_schema`: [`report_json_schema`], the same contract as
 //!   a JSON Schema (`schema/report.schema.json`), its metrics from the registry.
 //! - `gate`: [`Thresholds`] (TOML) and the check, [`gate`] and [`exit_code`], with three
-//!   [`Verdict`]s (inconclusive when the interval straddles a threshold).
+//!   [`Verdict`]s (inconclusive when the interval straddles a threshold); `profile`: the built-in
+//!   thresholds profiles ([`PROFILES`]: `default`), each check with its reason, written as a
+//!   thresholds file at a report's horizons.
 //! - `document`: what a rendered report says (the verdict first, then headings, paragraphs,
 //!   tables), built once and printed by [`render_markdown`] (`markdown`) and [`render_html`]
 //!   (`html`), so their tables cannot drift apart (their `_gated` forms put a gate's outcome in
-//!   the verdict); [`render_summary`] is the terminal's short table.
+//!   the verdict); [`render_summary`] is the terminal's short table, ending with the same verdict
+//!   in plain lines ([`render_summary_gated`] with the gate's verdict per variant).
 //! - `charts`: inline SVG line and interval charts (plotters' SVG backend; series tagged
 //!   `data-series`/`data-part` for tests); `figures`: the report's charts built with them (four,
 //!   six for a model with experts).
@@ -58,6 +61,7 @@ mod json_schema;
 mod junit;
 mod markdown;
 pub mod metrics;
+mod profile;
 mod read;
 mod schema;
 mod suggest;
@@ -79,8 +83,11 @@ pub use horizon::HorizonMetrics;
 pub use html::{render_html, render_html_gated};
 pub use json_schema::{REPORT_SCHEMA_ID, report_json_schema};
 pub use junit::{junit_error_xml, junit_xml};
-pub use markdown::{render_markdown, render_markdown_gated, render_summary, render_verdict_markdown};
+pub use markdown::{
+    render_markdown, render_markdown_gated, render_summary, render_summary_gated, render_verdict_markdown,
+};
 pub use metrics::{Distribution, Estimate, Group, METRICS, Metric, PerPrompt};
+pub use profile::{PROFILES, Profile, ProfileCheck, ProfileError};
 pub use read::{EVAL_SET_CAP, REPORT_CAP, THRESHOLDS_CAP};
 pub use schema::*;
 pub use suggest::{SuggestError, SuggestOptions, suggest_thresholds};

@@ -1,9 +1,9 @@
 //! The Markdown report and the terminal summary.
 
 use crate::Report;
-use crate::document::{Block, Column, Inline, document, shown_metrics, verdict_section};
+use crate::document::{Block, Column, Inline, Ranking, document, in_words, shown_metrics, verdict_section};
 use crate::format::{count, escape_markdown as escape, file_name, plain};
-use crate::gate::GateOutcome;
+use crate::gate::{GateOutcome, Verdict};
 use crate::metrics::Metric;
 
 /// A code span holding `s` verbatim: the fence is one backtick longer than the longest run of
@@ -125,8 +125,22 @@ fn blocks(out: &mut String, doc: &[Block]) {
 /// A short plain-text table for the terminal: per horizon, one line per variant with each
 /// metric of [`METRICS`](crate::METRICS) marked for the summary that the report has (an
 /// optional metric no variant has, like the routing metrics of a dense model, shows no column),
-/// as `mean [lo, hi]`. Names are shown with control characters escaped.
+/// as `mean [lo, hi]`; then the verdict the reports open with, one line per variant
+/// ([`render_summary_gated`] without a gate). Names are shown with control characters escaped.
 pub fn render_summary(report: &Report) -> String {
+    render_summary_gated(report, None)
+}
+
+/// [`render_summary`], its verdict lines with each variant's gate verdict when the run was gated:
+/// the last thing a terminal shows of a run is the same verdict its report opens with.
+pub fn render_summary_gated(report: &Report, gate: Option<&GateOutcome>) -> String {
+    let mut out = summary_tables(report);
+    out.push_str(&summary_verdict(report, gate));
+    out
+}
+
+/// The per-horizon tables of [`render_summary`].
+fn summary_tables(report: &Report) -> String {
     let shown: Vec<&Metric> = shown_metrics(report).into_iter().filter(|m| m.summary).collect();
     let mut out = summary_header(report);
     for &h in &report.workload.horizons {
@@ -139,6 +153,48 @@ pub fn render_summary(report: &Report) -> String {
         }
         out.push_str(&format!("\nfirst {h} tokens\n"));
         out.push_str(&aligned(&rows));
+    }
+    out
+}
+
+/// The verdict as plain lines: a heading saying what ranks the variants, then per variant, closest
+/// first, `RANK. NAME [GATE] VALUE WORDS` ([`Ranking`], [`in_words`]), as the reports' verdict
+/// table has them.
+fn summary_verdict(report: &Report, gate: Option<&GateOutcome>) -> String {
+    let ranking = Ranking::of(report);
+    if ranking.variants.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<[String; 4]> = ranking
+        .variants
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let verdict =
+                gate.map_or(String::new(), |g| g.variant_verdict(&v.name).map_or("not gated", Verdict::word).into());
+            [format!("{}.", i + 1), plain(&v.name), verdict, ranking.value(v)]
+        })
+        .collect();
+    let width = |c: usize| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0);
+    let widths = [width(0), width(1), width(2), width(3)];
+    let mut out = format!(
+        "\nverdict: ranked by {} over the first {} tokens (lower is closer to the reference)\n",
+        ranking.key_title(),
+        ranking.longest
+    );
+    for (row, v) in rows.iter().zip(&ranking.variants) {
+        let pad = |c: usize| " ".repeat(widths[c] - row[c].chars().count());
+        let verdict = if gate.is_some() { format!("  {}{}", row[2], pad(2)) } else { String::new() };
+        out.push_str(&format!(
+            "{}{} {}{}{verdict}  {}{}  {}\n",
+            pad(0),
+            row[0],
+            row[1],
+            pad(1),
+            pad(3),
+            row[3],
+            plain(&in_words(report, v))
+        ));
     }
     out
 }

@@ -130,6 +130,13 @@ pub struct Workload {
     pub bootstrap_resamples: usize,
     /// *extra*: whether the chat template was applied to the prompts.
     pub chat_template: bool,
+    /// *extra*: whether the run quantized the routers of a mixture of experts (`mlp.gate`) with
+    /// each scheme variant's weights (`--quantize-router`); `false`: they stayed at the
+    /// reference's precision, as llm-compressor and vLLM leave them (always, for a dense model,
+    /// which has none). A checkpoint variant's routers are as its file stores them. Absent in
+    /// older reports (added in schema 2 as an optional field), which do not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantize_router: Option<bool>,
 }
 
 /// The eval set the prompts came from.
@@ -337,7 +344,9 @@ pub struct LayerRouting {
     pub first_flip_median: Option<usize>,
 }
 
-/// First-divergence positions and their Kaplan–Meier survival curve.
+/// First-divergence positions and their Kaplan–Meier survival curve. Positions here, as
+/// everywhere in `report.json`, are 0-based (0 is the first generated token); the Markdown, HTML
+/// and terminal renderings show them 1-based, as their charts do.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FirstDivergence {
     /// Median first-divergence position, 0-based (the Kaplan–Meier median: `t − 1` for the

@@ -114,6 +114,7 @@ pub fn sample_report() -> Report {
             qdrift_version: "0.1.0".into(),
             bootstrap_resamples: 1000,
             chat_template: false,
+            quantize_router: Some(false),
         },
         reference: Reference {
             name: "fp16".into(),

@@ -7,6 +7,7 @@ use qdrift_report::metrics::{Metric, Placement};
 use qdrift_report::testing::{sample_moe_report, sample_report};
 use qdrift_report::{
     METRICS, Report, Thresholds, VariantKind, gate, junit_xml, render_html, render_markdown, render_summary,
+    render_summary_gated,
 };
 
 /// The metrics the dense sample report has: all but the routing ones.
@@ -152,6 +153,73 @@ fn the_summary_has_a_line_per_variant_and_horizon() {
     let mut evil = sample_report();
     evil.variants[0].name = "a\u{1b}[2Jb".into();
     assert!(!render_summary(&evil).contains('\u{1b}'));
+}
+
+/// The cells of a Markdown table row, trimmed.
+fn cells(row: &str) -> Vec<&str> {
+    row.trim().trim_matches('|').split(" | ").map(str::trim).collect()
+}
+
+#[test]
+fn the_summary_ends_with_the_verdict_the_report_opens_with() {
+    let r = sample_report();
+    let summary = render_summary(&r);
+    let md = render_markdown(&r);
+    let verdict = table_after(&md, "## Verdict");
+    let heading = "\nverdict: ranked by Excess KLD over the first 1000 tokens (lower is closer to the reference)\n";
+    let at = summary.find(heading).unwrap_or_else(|| panic!("no verdict heading in\n{summary}"));
+    let lines: Vec<&str> = summary[at + heading.len()..].lines().collect();
+    // One line per ranked variant (the noise floor is not one), in the report's order, nothing after.
+    assert_eq!(lines.len(), verdict.len() - 2, "{summary}");
+    for (line, row) in lines.iter().zip(&verdict[2..]) {
+        let c = cells(row);
+        let (rank, name, words) = (c[0], c[1], c[c.len() - 1]);
+        let words = words.replace("\\|", "|");
+        assert!(line.starts_with(&format!("{rank}. {name} ")), "{line:?} is not {rank}. {name}");
+        assert!(line.ends_with(&format!("  {words}")), "{line:?} does not end with {words:?}");
+        assert!(line.contains(c[2].split(' ').next().unwrap()), "{line:?} lacks the excess KLD of {row}");
+    }
+    // Gated: each variant's gate verdict, as the report's verdict table has it.
+    let t = Thresholds::parse(
+        "[variant.\"int8\"]\n\"kld@10\" = { max = 1 }\n[variant.\"int4-g128\"]\n\"kld@10\" = { max = 1e-9 }\n",
+    )
+    .unwrap();
+    let outcome = gate(&r, &t).unwrap();
+    let gated = render_summary_gated(&r, Some(&outcome));
+    let md = qdrift_report::render_markdown_gated(&r, Some(&outcome));
+    for row in &table_after(&md, "## Verdict")[2..] {
+        let c = cells(row);
+        let line = gated.lines().find(|l| l.starts_with(&format!("{}. {} ", c[0], c[1]))).unwrap();
+        assert!(line.contains(&format!(" {} ", c[2])), "{line:?} lacks the gate verdict {}", c[2]);
+    }
+    assert!(gated.lines().any(|l| l.starts_with("1. int8 ") && l.contains(" PASS ")), "{gated}");
+    assert!(gated.lines().any(|l| l.starts_with("2. int4-g128 ") && l.contains(" FAIL ")), "{gated}");
+}
+
+/// report.json's positions are 0-based; every rendering says them 1-based, as the charts draw
+/// them (position 1 is the first generated token), and the first-divergence intro says so once.
+#[test]
+fn positions_are_one_based_in_every_rendering() {
+    let mut r = sample_moe_report();
+    r.variants[1].first_divergence.median = Some(36);
+    let name = r.variants[1].name.clone();
+    let md = render_markdown(&r);
+    let html = render_html(&r).unwrap();
+    let summary = render_summary(&r);
+    for text in [&md, &html, &summary] {
+        assert!(text.contains("half the prompts differ from the reference by position 37"), "{text}");
+        assert!(!text.contains("by position 36"), "{text}");
+    }
+    let first = table_after(&md, "## First divergence");
+    let row = first.iter().find(|l| l.starts_with(&format!("| {name} |"))).unwrap();
+    assert!(row.contains("| 37 |"), "{row}");
+    assert_eq!(md.matches("position 1 is the first generated token (report.json counts from 0)").count(), 1);
+    // Routing: the first flip of any layer and of each layer, one more than report.json's.
+    let routing = r.variants[1].routing.as_ref().unwrap();
+    let flip = routing.first_flip.median.unwrap();
+    let routed = table_after(&md, "## Expert routing");
+    let row = routed.iter().find(|l| l.starts_with(&format!("| {name} |"))).unwrap();
+    assert!(row.contains(&format!("| {} |", flip + 1)), "{row}");
 }
 
 #[test]
@@ -431,6 +499,28 @@ fn the_example_reports_render_as_committed() {
     }
 }
 
+/// The README's first table is copied from the SmolLM2 example report: its first-divergence
+/// column is the report's median position (1-based, as the report shows it), per variant.
+#[test]
+fn the_readmes_first_divergence_column_is_the_example_reports() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let md = std::fs::read_to_string(root.join("reports/smollm2-135m/report.md")).unwrap();
+    let table: Vec<&str> =
+        readme.lines().skip_while(|l| !l.starts_with("| variant |")).take_while(|l| l.starts_with('|')).collect();
+    let column = cells(table[0]).iter().position(|c| *c == "first divergence (median position)").expect("the column");
+    let report: Vec<Vec<&str>> = table_after(&md, "## First divergence")[2..].iter().map(|r| cells(r)).collect();
+    let mut compared = 0;
+    for row in &table[2..] {
+        let c = cells(row);
+        let Some(r) = report.iter().find(|r| r[0] == c[0]) else { continue };
+        let shown = r[2].replace("> ", "beyond ").replace(" (not reached)", "");
+        assert_eq!(c[column], shown, "README's {} against report.md's {}", c[0], r[2]);
+        compared += 1;
+    }
+    assert!(compared >= 3, "{table:#?}");
+}
+
 /// The lines of the first table after `heading` in `md`.
 fn table_after<'a>(md: &'a str, heading: &str) -> Vec<&'a str> {
     let at = md.find(heading).unwrap_or_else(|| panic!("no {heading:?}"));
@@ -453,7 +543,8 @@ fn a_report_with_routing_has_an_expert_routing_section() {
     assert_eq!(first.len(), 2 + r.variants.len(), "{first:#?}");
     for (row, v) in first[2..].iter().zip(r.variants_grouped()) {
         let routing = v.routing.as_ref().unwrap();
-        let median = routing.first_flip.median.map_or("> 1000 (not reached)".to_string(), |m| m.to_string());
+        // 1-based: report.json's 0-based median plus one.
+        let median = routing.first_flip.median.map_or("> 1000 (not reached)".to_string(), |m| (m + 1).to_string());
         let censored = format!("{} of 72", routing.first_flip.censored);
         assert_eq!(*row, format!("| {} | {} | 2 of 8 | {median} | {censored} |", v.name, v.group()));
     }
@@ -470,13 +561,65 @@ fn a_report_with_routing_has_an_expert_routing_section() {
         "| int4-g128 | 29 | {} | {} | {} |",
         ci(&l.flip_rate),
         ci(&l.expert_overlap),
-        l.first_flip_median.unwrap()
+        l.first_flip_median.unwrap() + 1
     );
     assert!(layers.contains(&row.as_str()), "{row} missing from {layers:#?}");
     // The HTML has the same section.
     let html = render_html(&r).unwrap();
     assert!(html.contains("<h2 id=\"expert-routing\">Expert routing</h2>"));
     assert!(html.contains("<td>int4-g128</td><td class=\"num\">29</td>"));
+}
+
+/// A report with routing says whether the routers stayed at the reference's precision (the
+/// workload line and the routing section's intro), or that the run quantized them; a dense
+/// model's and an older report's say nothing of routers.
+#[test]
+fn a_report_with_routing_says_what_precision_its_routers_ran_at() {
+    let kept = "kept the routers (mlp.gate) at the reference's precision";
+    let mut r = sample_moe_report();
+    assert_eq!(r.workload.quantize_router, Some(false));
+    let md = render_markdown(&r);
+    let workload = md.lines().find(|l| l.starts_with("**Workload:**")).unwrap();
+    assert!(workload.ends_with(" · routers at reference precision"), "{workload}");
+    let section = &md[md.find("## Expert routing").unwrap()..md.find("## Entropy strata").unwrap()];
+    assert!(section.contains(kept), "{section}");
+    assert!(render_html(&r).unwrap().contains("kept the routers (mlp.gate) at the reference&#39;s precision"));
+    r.workload.quantize_router = Some(true);
+    let md = render_markdown(&r);
+    assert!(md.contains(" · routers quantized with the weights (--quantize-router)"), "{md}");
+    assert!(md.contains("quantized the routers (mlp.gate) too (--quantize-router)") && !md.contains(kept), "{md}");
+    r.workload.quantize_router = None;
+    let md = render_markdown(&r);
+    assert!(!md.contains("routers at") && !md.contains("(mlp.gate)"), "an older report does not say");
+    let dense = render_markdown(&sample_report());
+    assert!(!dense.contains("routers"), "a dense model has none");
+}
+
+/// For a model with experts, a variant's line of words says how often its top-1 expert flips
+/// when that is at least one routing decision in a hundred; a dense model's lines never do.
+#[test]
+fn in_words_mentions_a_material_routing_flip_rate() {
+    let mut r = sample_moe_report();
+    let flips = |r: &Report, i: usize| r.variants[i].horizon(1000).unwrap().metric("routing_flip_rate").unwrap().mean;
+    let name = r.variants[2].name.clone();
+    assert!(flips(&r, 2) >= 0.01, "{name} flips materially in the sample");
+    let md = render_markdown(&r);
+    let row = |md: &str, name: &str| {
+        let verdict = table_after(md, "## Verdict");
+        verdict.iter().find(|l| cells(l).get(1) == Some(&name)).map(|l| l.to_string()).unwrap()
+    };
+    let words = format!("; top-1 expert flips at {:.1}% of routing decisions |", 100.0 * flips(&r, 2));
+    let p = 100.0 * flips(&r, 2);
+    let words = if p < 10.0 { words } else { format!("; top-1 expert flips at {p:.0}% of routing decisions |") };
+    assert!(row(&md, &name).ends_with(&words), "{} lacks {words:?}", row(&md, &name));
+    assert!(render_summary(&r).contains(words.trim_end_matches(" |")));
+    // Below 1%: not mentioned.
+    let e = qdrift_report::Estimate::new(0.004, [0.002, 0.006]);
+    for h in &mut r.variants[2].horizons {
+        h.set("routing_flip_rate", e).unwrap();
+    }
+    assert!(!row(&render_markdown(&r), &name).contains("top-1 expert"), "{}", row(&render_markdown(&r), &name));
+    assert!(!render_markdown(&sample_report()).contains("top-1 expert flips"));
 }
 
 #[test]
