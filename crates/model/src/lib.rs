@@ -2,7 +2,7 @@
 //! layer) as Burn modules built from a host model and its one description of the architecture
 //! (`qdrift_weights::ModelArch` → [`Llama::from_host`]), and its key-value cache.
 //!
-//! Burn 0.22 carries the backend in the runtime [`Device`], not in a type
+//! Burn 0.22 carries the backend in the runtime [`Device`](burn::tensor::Device), not in a type
 //! parameter: one [`Llama`] runs on wgpu, on the CPU (flex) and in tests, chosen when it is built.
 //! The model computes in the float dtype it was built in, f32 or f16 (an f32 model holds tensors
 //! whose values are all f16 values as f16, which is exact: host-packed linear weights, and the
