@@ -491,3 +491,12 @@ fn a_long_prompt_is_planned_with_its_square() {
     assert!(err.contains("attention scores for every pair of its positions"), "the request check refuses it: {err}");
     assert!(!out.exists());
 }
+
+/// A mistyped flag gets the one it probably meant (clap's suggestion), exit 2.
+#[test]
+fn a_mistyped_flag_gets_a_suggestion() {
+    let run = qdrift(&["eval", "--modle", "x", "--out", "y"]);
+    let err = stderr(&run);
+    assert_eq!(run.status.code(), Some(2), "{err}");
+    assert!(err.contains("similar argument exists: '--model'"), "{err}");
+}

@@ -178,7 +178,7 @@ pub enum GateError {
         at: String,
     },
     /// A metric name `qdrift gate` does not know.
-    #[error("{at}: unknown metric \"{metric}\"; known metrics: {}", names())]
+    #[error("{at}: unknown metric \"{metric}\"{}; known metrics: {}", did_you_mean(metric, crate::metrics::METRICS.iter().map(|m| m.name)), names())]
     UnknownMetric {
         /// `variant."NAME" "KEY"`.
         at: String,
@@ -210,7 +210,7 @@ pub enum GateError {
         known: Vec<usize>,
     },
     /// A variant the report does not have.
-    #[error("variant.\"{name}\": the report has no such variant; its variants: {}", list(known))]
+    #[error("variant.\"{name}\": the report has no such variant{}; its variants: {}", did_you_mean(name, known.iter().map(String::as_str)), list(known))]
     UnknownVariant {
         /// The name given.
         name: String,
@@ -231,6 +231,25 @@ pub enum GateError {
          [variant.\"*\"] checks and no variant but the noise floor)"
     )]
     NoChecks,
+}
+
+/// ` (did you mean X?)` for the one of `known` that `given` probably meant: the shortest that
+/// starts with it (`token_match` → `token_match_rate`), else the closest, case aside, at most two
+/// edits or a third of its length away; else nothing.
+pub(crate) fn did_you_mean<'a>(given: &str, known: impl Iterator<Item = &'a str>) -> String {
+    let lower = given.to_lowercase();
+    let known: Vec<&str> = known.filter(|k| *k != given).collect();
+    let prefixed =
+        known.iter().filter(|k| lower.len() >= 4 && k.to_lowercase().starts_with(&lower)).min_by_key(|k| k.len());
+    let closest = || {
+        known
+            .iter()
+            .map(|k| (strsim::levenshtein(&lower, &k.to_lowercase()), k))
+            .filter(|(d, _)| *d <= 2.max(given.chars().count() / 3))
+            .min_by_key(|(d, _)| *d)
+            .map(|(_, k)| k)
+    };
+    prefixed.or_else(closest).map_or_else(String::new, |k| format!(" (did you mean {}?)", plain(k)))
 }
 
 fn list<T: fmt::Display>(xs: &[T]) -> String {

@@ -280,6 +280,10 @@ fn exit_2_an_unknown_metric_lists_the_known_ones() {
     assert!(matches!(e, GateError::UnknownMetric { .. }), "{e:?}");
     let msg = e.to_string();
     assert!(msg.contains("kl_divergence") && msg.contains("token_match_rate, exact_match_fraction, kld"), "{msg}");
+    // A near miss gets the name it probably meant.
+    let e = unusable(&sample_report(), "[variant.int8]\n\"token_match@10\" = { max = 0.1 }\n");
+    assert!(e.to_string().contains("\"token_match\" (did you mean token_match_rate?)"), "{e}");
+    assert!(!msg.contains("did you mean"), "no guess for a name far from every metric: {msg}");
 }
 
 #[test]
@@ -305,6 +309,9 @@ fn exit_2_an_unknown_variant_lists_the_reports() {
     let e = unusable(&sample_report(), "[variant.int3]\n\"kld@10\" = { max = 0.1 }\n");
     assert!(matches!(e, GateError::UnknownVariant { .. }), "{e:?}");
     assert!(e.to_string().contains("its variants: noise-floor-f32, int8, int4-g128"), "{e}");
+    assert!(e.to_string().contains("no such variant (did you mean int8?)"), "{e}");
+    let e = unusable(&sample_report(), "[variant.INT4-G128]\n\"kld@10\" = { max = 0.1 }\n");
+    assert!(e.to_string().contains("(did you mean int4-g128?)"), "{e}");
 }
 
 #[test]
