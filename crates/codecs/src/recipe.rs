@@ -334,8 +334,9 @@ impl FromStr for Recipe {
         } else if weights.is_empty() {
             return Err(bad("the weight scheme is missing (use fp16 to leave the weights unquantized)".into()));
         } else {
-            let scheme =
-                Scheme::from_str(weights).map_err(|_| bad(format!("unknown weight scheme `{}`", elide(weights))))?;
+            let scheme = Scheme::from_str(weights).map_err(|_| {
+                bad(format!("unknown weight scheme `{}`{}", elide(weights), crate::scheme::scheme_hint(weights)))
+            })?;
             Recipe::weight_only(scheme)
         };
         for part in parts {
@@ -442,6 +443,8 @@ mod tests {
             ("int8+a-int8+a-fp8", "more than one activation part"),
             ("w8a8-int8+a-fp8", "more than one activation part"),
             ("w8a8-int4", "unknown weight scheme `w8a8-int4`"),
+            ("int4_g128", "unknown weight scheme `int4_g128` (did you mean int4-g128?)"),
+            ("q4_k_m+kv-q8_0", "llama.cpp's Q4_K_M is a file type"),
             ("int8+kv-int8+a-int8", "write +a-… before +kv-…"),
             ("int8+kv-int8+kv-q8_0", "more than one KV-cache part"),
             ("int8+q8_0", "neither an activation part"),

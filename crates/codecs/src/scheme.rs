@@ -200,7 +200,7 @@ impl FromStr for Scheme {
 /// int4-g128?)`), or empty: llama.cpp's file types (`q4_k_m`) are explained, since they are
 /// mixes of block formats and no single scheme; a name that differs from a known one by case,
 /// `_` for `-`, or at most two edits gets that one.
-fn scheme_hint(name: &str) -> String {
+pub(crate) fn scheme_hint(name: &str) -> String {
     let lower = name.to_ascii_lowercase();
     let known: Vec<String> = Scheme::all().iter().map(Scheme::to_string).collect();
     // llama.cpp's `LLAMA_FTYPE_MOSTLY_Qn_K_{S,M,L}`: a mix that keeps some tensors wider.
