@@ -159,7 +159,7 @@ fn unknown_scheme_lists_the_known_ones() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr
-            .contains("unknown weight scheme `int3`; a variant is WEIGHTS[+a-ACT][+kv-KV]; WEIGHTS: fp16, bf16, int8"),
+            .contains("unknown weight scheme `int3` (did you mean int8?); a variant is WEIGHTS[+a-ACT][+kv-KV]; WEIGHTS: fp16, bf16, int8"),
         "{stderr}"
     );
     assert!(!Path::new("/tmp/never.safetensors").exists());
