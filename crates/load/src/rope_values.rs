@@ -53,8 +53,20 @@ impl BadRope {
 /// Errors with the first inverse frequency (pair by pair, θ before the scaling) of a head whose
 /// first `rotary_dim` dimensions RoPE rotates that is not finite and positive; the caller has
 /// checked the scaling's own parameters ([`RopeScaling::validate`]).
+///
+/// θ's powers are monotonic in the pair, so a frequency that does not depend on a per-pair list
+/// is finite and positive throughout when it is at the first and the last pair: only those two
+/// and the pairs a list gives are computed (a config's head size is not yet checked here, and a
+/// huge one must not make this loop run for ever).
 pub(crate) fn check_rope_values(theta: f32, rotary_dim: usize, scaling: Option<&RopeScaling>) -> Result<(), BadRope> {
-    for pair in 0..rotary_dim / 2 {
+    let pairs = rotary_dim / 2;
+    let listed = match scaling {
+        Some(RopeScaling::FreqFactors { factors }) => factors.len(),
+        Some(RopeScaling::LongRope { short_factor, long_factor, .. }) => short_factor.len().max(long_factor.len()),
+        _ => 0,
+    };
+    let ends = [0, pairs.saturating_sub(1)].into_iter().filter(|&p| p < pairs);
+    for pair in (0..listed.min(pairs)).chain(ends) {
         // As `Rope::new`, `yarn_inv_freq` and `longrope_inv_freq` compute it.
         let pos_freq = theta.powf((2 * pair) as f32 / rotary_dim as f32);
         let bad = |param, value, derived: f32| {
@@ -96,6 +108,16 @@ mod tests {
             truncate: true,
             attention_factor: 1.0,
         }
+    }
+
+    /// A head size no model has (from a hostile config, before its shapes are checked) is
+    /// checked at once, not pair by pair (the fuzzer's `hidden_size` 2^63 hung here).
+    #[test]
+    fn a_huge_head_is_checked_at_its_ends() {
+        let t = std::time::Instant::now();
+        assert!(check_rope_values(1e4, usize::MAX, None).is_ok());
+        assert!(check_rope_values(1e4, usize::MAX, Some(&yarn(1e-45))).is_err());
+        assert!(t.elapsed().as_secs() < 1, "{:?}", t.elapsed());
     }
 
     #[test]
