@@ -17,6 +17,40 @@ fn tiny_arch(name: &str) -> PathBuf {
     shared().join("models/tiny-arch").join(name)
 }
 
+/// A copy of the tiny-arch folder `name` at `dir` (its files, one level).
+fn copy_of(name: &str, dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).expect("mkdir");
+    for entry in std::fs::read_dir(tiny_arch(name)).expect("a tiny-arch folder") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("copy");
+    }
+    dir.to_path_buf()
+}
+
+/// `qdrift eval` of `model` with int8 over 2 prompts and 4 tokens on the CPU into `out`, and
+/// `extra` arguments.
+fn quick_eval(model: &Path, out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "eval",
+        "--model",
+        path(model),
+        "--schemes",
+        "int8",
+        "--prompts",
+        "2",
+        "--horizons",
+        "4",
+        "--backend",
+        "cpu",
+        "--resamples",
+        "100",
+        "--out",
+        path(out),
+    ];
+    args.extend_from_slice(extra);
+    qdrift(&args)
+}
+
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -183,23 +217,7 @@ fn eval_says_what_runs_first() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("drift");
     let stories_bin = stories().join("stories260K.bin");
-    let run = qdrift(&[
-        "eval",
-        "--model",
-        path(&stories_bin),
-        "--schemes",
-        "int8",
-        "--prompts",
-        "2",
-        "--horizons",
-        "4",
-        "--backend",
-        "cpu",
-        "--resamples",
-        "100",
-        "--out",
-        path(&out),
-    ]);
+    let run = quick_eval(&stories_bin, &out, &[]);
     assert_eq!(code(&run), 0, "{}", stderr(&run));
     let err = stderr(&run);
     let first = err.lines().next().unwrap_or_default();
@@ -292,12 +310,7 @@ fn unusable_variant_names_are_refused() {
 
 /// A copy of the tiny Qwen3 folder whose `tokenizer_config.json` carries `template`.
 fn qwen3_with_template(dir: &Path, template: &str) -> PathBuf {
-    let model = dir.join("qwen3");
-    std::fs::create_dir_all(&model).expect("mkdir");
-    for entry in std::fs::read_dir(tiny_arch("qwen3")).expect("qwen3") {
-        let entry = entry.expect("entry");
-        std::fs::copy(entry.path(), model.join(entry.file_name())).expect("copy");
-    }
+    let model = copy_of("qwen3", &dir.join("qwen3"));
     let config = model.join("tokenizer_config.json");
     let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).expect("read")).expect("JSON");
     json["chat_template"] = serde_json::Value::String(template.to_string());
@@ -340,23 +353,7 @@ fn chat_template_memory_bombs_are_refused() {
                   {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
     let model = qwen3_with_template(&dir.path().join("real"), chatml);
     let out = dir.path().join("real-drift");
-    let run = qdrift(&[
-        "eval",
-        "--model",
-        path(&model),
-        "--schemes",
-        "int8",
-        "--prompts",
-        "2",
-        "--horizons",
-        "4",
-        "--backend",
-        "cpu",
-        "--resamples",
-        "100",
-        "--out",
-        path(&out),
-    ]);
+    let run = quick_eval(&model, &out, &[]);
     assert_eq!(code(&run), 0, "{}", stderr(&run));
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("report.json")).expect("report")).expect("JSON");
@@ -434,12 +431,7 @@ fn a_hostile_variant_folder_is_refused_before_any_work() {
     let dir = tempfile::tempdir().expect("tempdir");
     let qwen3 = tiny_arch("qwen3");
     for (i, plant) in ["fifo", "loop"].iter().enumerate() {
-        let variant = dir.path().join(format!("variant{i}"));
-        std::fs::create_dir_all(&variant).expect("mkdir");
-        for entry in std::fs::read_dir(&qwen3).expect("qwen3") {
-            let entry = entry.expect("entry");
-            std::fs::copy(entry.path(), variant.join(entry.file_name())).expect("copy");
-        }
+        let variant = copy_of("qwen3", &dir.path().join(format!("variant{i}")));
         if *plant == "fifo" {
             let made = Command::new("mkfifo").arg(variant.join("pipe")).status().expect("mkfifo runs");
             assert!(made.success());
@@ -463,12 +455,7 @@ fn a_hostile_variant_folder_is_refused_before_any_work() {
 #[test]
 fn a_long_prompt_is_planned_with_its_square() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let model = dir.path().join("qwen3");
-    std::fs::create_dir_all(&model).expect("mkdir");
-    for entry in std::fs::read_dir(tiny_arch("qwen3")).expect("qwen3") {
-        let entry = entry.expect("entry");
-        std::fs::copy(entry.path(), model.join(entry.file_name())).expect("copy");
-    }
+    let model = copy_of("qwen3", &dir.path().join("qwen3"));
     let config = model.join("config.json");
     let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).expect("read")).expect("JSON");
     json["max_position_embeddings"] = serde_json::json!(1 << 20);
