@@ -75,8 +75,8 @@ fn decides(e: &(dyn Error + 'static)) -> Option<u8> {
     if e.downcast_ref::<qdrift_generate::DeviceError>().is_some() {
         return Some(ENVIRONMENT);
     }
-    if let Some(qdrift_io::IoError::Changed { .. }) = e.downcast_ref::<qdrift_io::IoError>() {
-        return Some(ENVIRONMENT);
+    if let Some(e) = e.downcast_ref::<qdrift_io::IoError>() {
+        return file_code(e);
     }
     if let Some(e) = e.downcast_ref::<qdrift_load::LoadError>() {
         return load_code(e);
@@ -94,7 +94,7 @@ fn eval_code(e: &EvalError) -> Option<u8> {
         EvalError::Generate(qdrift_generate::GenerateError::Readback(_)) => Some(ENVIRONMENT),
         EvalError::Io { source, .. } => Some(io_code(source)),
         EvalError::Load(e) => load_code(e),
-        EvalError::File(qdrift_io::IoError::Changed { .. }) => Some(ENVIRONMENT),
+        EvalError::File(e) => file_code(e),
         _ => None,
     }
 }
@@ -102,7 +102,16 @@ fn eval_code(e: &EvalError) -> Option<u8> {
 fn load_code(e: &qdrift_load::LoadError) -> Option<u8> {
     match e {
         qdrift_load::LoadError::Io { source, .. } => Some(io_code(source)),
-        qdrift_load::LoadError::File(qdrift_io::IoError::Changed { .. }) => Some(ENVIRONMENT),
+        qdrift_load::LoadError::File(e) => file_code(e),
+        _ => None,
+    }
+}
+
+/// A file that changed while qdrift read it (a download still running, a copy over a model in
+/// use) is the machine's state, not the user's input; other file errors decide by their source.
+fn file_code(e: &qdrift_io::IoError) -> Option<u8> {
+    match e {
+        qdrift_io::IoError::Changed { .. } | qdrift_io::IoError::Rewritten { .. } => Some(ENVIRONMENT),
         _ => None,
     }
 }
@@ -154,6 +163,12 @@ mod tests {
         assert_eq!(code_of(&EvalError::Compare("no".into())), UNUSABLE);
         let kept = Failure::from_error(&EvalError::Memory("m".into()), "rewritten".into());
         assert_eq!(code_of(&kept), ENVIRONMENT);
+        // A model rewritten while read, however the error is wrapped, is the environment's.
+        let rewritten =
+            || qdrift_io::IoError::Rewritten { path: "m.gguf".into(), what: "model", change: "size".into() };
+        assert_eq!(code_of(&rewritten()), ENVIRONMENT);
+        assert_eq!(code_of(&qdrift_load::LoadError::File(rewritten())), ENVIRONMENT);
+        assert_eq!(code_of(&EvalError::Load(qdrift_load::LoadError::File(rewritten()))), ENVIRONMENT);
         let boxed: Box<dyn Error> = "a usage error".into();
         assert_eq!(code_of(&*boxed), UNUSABLE);
     }
