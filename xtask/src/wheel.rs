@@ -78,11 +78,14 @@ fn shell_steps(file: &Path, python: &Path) -> Result<ShellSteps, String> {
     Ok((env, commands))
 }
 
-/// The venv that holds [`TOOLS`], installed once per pin set.
+/// The venv that holds [`TOOLS`], installed once per pin set and per folder: the marker holds the
+/// venv's own path, because pip writes that path into every script's `#!` line, so a venv copied
+/// or moved from another target folder has scripts that cannot start (CI failed on one).
 fn tools(target: &Path) -> Result<PathBuf, String> {
     let venv = target.join("tools-venv");
     let pinned = venv.join(format!("{}.installed", TOOLS.join("+")));
-    if !pinned.is_file() {
+    let here = venv.to_string_lossy().into_owned();
+    if std::fs::read_to_string(&pinned).ok().as_deref() != Some(here.as_str()) {
         println!("xtask: installing {} into {}", TOOLS.join(", "), venv.display());
         let _ = std::fs::remove_dir_all(&venv);
         crate::common::run("python3", &["-m", "venv", &venv.to_string_lossy()])?;
@@ -90,7 +93,7 @@ fn tools(target: &Path) -> Result<PathBuf, String> {
         let mut args = vec!["install", "--quiet", "--disable-pip-version-check"];
         args.extend(TOOLS);
         crate::common::run(&pip, &args)?;
-        std::fs::write(&pinned, "").map_err(|e| format!("{}: {e}", pinned.display()))?;
+        std::fs::write(&pinned, &here).map_err(|e| format!("{}: {e}", pinned.display()))?;
     }
     Ok(venv.join("bin"))
 }
