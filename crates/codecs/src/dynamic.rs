@@ -34,7 +34,7 @@
 use qdrift_ggml::{dequantize_ggml_blocks, quantize_ggml_blocks};
 
 use crate::error::QuantizeError;
-use crate::fp8::{fp8_decode, fp8_encode};
+use crate::formats::fp8::{fp8_decode, fp8_encode};
 use crate::recipe::{ActivationQuant, ActivationScale, DynamicFormat, KvQuant};
 
 /// Quantize→dequantize one scale group (`values` share one dynamic scale) in place.

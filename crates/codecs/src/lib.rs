@@ -11,48 +11,70 @@
 //! **Architecture invariant:** this crate knows no tensor library, no model and no file format;
 //! everything here is a pure function of host data. Whole-model quantization and the writers live
 //! one crate up, in `qdrift-quantize`, so that `qdrift-model` can use the codecs without pulling
-//! the loaders (tokenizers, safetensors, memory maps) into its build. Each format family lives in
-//! one file whose module doc cites its spec:
+//! the loaders (tokenizers, safetensors, memory maps) into its build. A format may state plain
+//! facts its writers need (a ggml type, integer codes in affine form), never write a file.
+//!
+//! **A format is one file.** Each weight format implements the `Format` trait (`format.rs`) in
+//! one file of `formats/`, whose module doc cites its spec: its schemes and their CLI names (its
+//! grammar), `describe`, `check_usable`, `storage_bytes`, the quantizer and, through the
+//! packed storage it returns (the `Packed` trait, `packed.rs`), dequantization, stored bytes,
+//! parts and its GGUF form. [`Scheme`] is the value that names a format and its parameters;
+//! every one of its methods, and [`quantize`], asks the format that owns it, found in the
+//! `FORMATS` table of `formats/mod.rs`. Nothing outside `formats/` matches on a scheme's kind.
 //!
 //! | file | contents |
 //! |---|---|
-//! | `matrix.rs` | [`QuantizedMatrix`] and [`quantize`]: dispatch to the format's codec |
-//! | `packed.rs` | what the formats share: [`PackedPart`], [`PackedDtype`], the `Packed` trait |
-//! | `float.rs` | `fp16`, `bf16` |
-//! | `int.rs` | `int8`, `int4-g*`, `int4-g*-asym` |
-//! | `fp8.rs` | `fp8-e4m3`, `fp8-e5m2` (+ `-tensor`), with the OFP8 codec |
-//! | `nf4.rs` | `nf4-g64` |
-//! | `ggml.rs` | `q8_0`, `q4_0`, `q4_1`, `q5_0`, `q4_k`, `q6_k`, `mxfp4` (codecs in `qdrift-ggml`; llama.cpp's fallback for rows that are not whole blocks) |
-//! | `storage.rs` | [`Scheme::storage_bytes`]: bytes per matrix shape, without quantizing |
-//! | `scheme.rs` | [`Scheme`]: the weight formats and their CLI names |
+//! | `scheme.rs` | [`Scheme`] (the formats as values) and [`Fp8Format`] |
+//! | `format.rs` | the `Format` trait: what each format owns, and why a static table of trait objects |
+//! | `formats/mod.rs` | the registry `FORMATS`; [`Scheme`]'s methods, names and [`Scheme::all`] taken from it |
+//! | `formats/float.rs` | `fp16`, `bf16` |
+//! | `formats/int.rs` | `int8`, `int4-g*`, `int4-g*-asym` |
+//! | `formats/fp8.rs` | `fp8-e4m3`, `fp8-e5m2` (+ `-tensor`), with the OFP8 codec |
+//! | `formats/nf4.rs` | `nf4-g64` |
+//! | `formats/ggml.rs` | `q8_0`, `q4_0`, `q4_1`, `q5_0`, `q4_k`, `q6_k`, `mxfp4` (codecs in `qdrift-ggml`; llama.cpp's fallback for rows that are not whole blocks) |
+//! | `packed.rs` | what the formats' storage shares: [`PackedPart`], [`PackedDtype`], [`AffineCodes`], the `Packed` trait |
+//! | `matrix.rs` | [`QuantizedMatrix`] (a format's packed storage) and [`quantize`] |
 //! | `recipe.rs` | [`Recipe`]: the variant grammar `WEIGHTS[+a-ACT][+kv-KV]`, [`ActivationQuant`], [`KvQuant`] |
 //! | `dynamic.rs` | host definitions of activation and KV-cache rounding (`round_host`) |
 //! | `stats.rs` | [`error_stats`] |
 //! | `error.rs` | [`QuantizeError`] |
+//!
+//! # Adding a format
+//!
+//! 1. Write `formats/<name>.rs`: a module doc citing the spec (layouts, rounding, what a zero or
+//!    overflowing scale does), a packed struct implementing `Packed` (dequantize, storage bytes,
+//!    parts; `stored`/`gguf_bytes` if GGUF can hold it), and a unit struct implementing
+//!    `Format`, with unit tests of hand-computed vectors at the end of the file. A scale of its
+//!    own at a second level (NVFP4's E4M3 scale per 16 values under an f32 scale per tensor) is
+//!    one more field and one more part; `formats/fp8.rs`' `fp8_encode` is there to use.
+//! 2. Register it in `formats/mod.rs`: its `mod` line and its entry in `FORMATS` (the position is
+//!    its place in [`Scheme::all`] and `--help`).
+//! 3. Give it its [`Scheme`] variant in `scheme.rs` (the value, with its parameters).
+//! 4. Export any public item of its own (a code table, a codec function) from this file.
+//!
+//! The CLI's `--scheme` list and `--help`, `Scheme`'s name round trip, `storage_bytes`,
+//! `qdrift inspect`'s footprints and `qdrift-quantize`'s GGUF writer then follow from the trait;
+//! `qdrift-quantize`'s `tests/footprint.rs` and this crate's `tests/` check every listed scheme.
 
 #![forbid(unsafe_code)]
 
 mod dynamic;
 mod error;
-mod float;
-mod fp8;
-mod ggml;
-mod int;
+mod format;
+mod formats;
 mod matrix;
-mod nf4;
 mod packed;
 mod recipe;
 mod scheme;
 mod stats;
-mod storage;
 
 pub use dynamic::TOKEN_GROUP_EPS;
 pub use error::QuantizeError;
-pub use fp8::{fp8_decode, fp8_encode};
-pub use ggml::dequantize_ggml_blocks;
+pub use formats::fp8::{fp8_decode, fp8_encode};
+pub use formats::ggml::dequantize_ggml_blocks;
+pub use formats::nf4::NF4_CODE;
 pub use matrix::{QuantizedMatrix, quantize};
-pub use nf4::NF4_CODE;
-pub use packed::{PackedDtype, PackedPart};
+pub use packed::{AffineCodes, PackedDtype, PackedPart};
 pub use qdrift_ggml::{GgmlError, RowStorage};
 pub use recipe::{ActivationQuant, ActivationScale, DynamicFormat, KvQuant, Recipe};
 pub use scheme::{Fp8Format, GgmlType, Scheme};

@@ -1,43 +1,46 @@
 //! [`QuantizedMatrix`]: a weight matrix in the packed storage of its [`Scheme`], and [`quantize`],
-//! which dispatches to the format's codec (`float.rs`, `int.rs`, `fp8.rs`, `nf4.rs`, `ggml.rs`).
+//! which checks the input and hands it to the scheme's format (`formats/`). The matrix holds the
+//! format's packed storage as a [`Packed`] trait object, so every method here is the format's
+//! own; nothing in this file knows a format.
+
+use std::fmt;
 
 use qdrift_ggml::RowStorage;
 
 use crate::error::QuantizeError;
-use crate::packed::{Packed, PackedPart};
+use crate::packed::{AffineCodes, Packed, PackedPart};
 use crate::scheme::Scheme;
-use crate::{float, fp8, ggml, int, nf4};
-
-#[derive(Debug, Clone, PartialEq)]
-enum Storage {
-    Float(float::HalfPacked),
-    Int8(int::Int8Packed),
-    Int4(int::Int4Packed),
-    Fp8(fp8::Fp8Packed),
-    Nf4(nf4::Nf4Packed),
-    Ggml(ggml::GgmlPacked),
-}
-
-impl Storage {
-    fn packed(&self) -> &dyn Packed {
-        match self {
-            Storage::Float(p) => p,
-            Storage::Int8(p) => p,
-            Storage::Int4(p) => p,
-            Storage::Fp8(p) => p,
-            Storage::Nf4(p) => p,
-            Storage::Ggml(p) => p,
-        }
-    }
-}
 
 /// A weight matrix in the packed storage of its [`Scheme`].
-#[derive(Debug, Clone, PartialEq)]
 pub struct QuantizedMatrix {
     scheme: Scheme,
     rows: usize,
     cols: usize,
-    storage: Storage,
+    storage: Box<dyn Packed>,
+}
+
+impl fmt::Debug for QuantizedMatrix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QuantizedMatrix")
+            .field("scheme", &self.scheme)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .field("storage", &self.storage)
+            .finish()
+    }
+}
+
+impl Clone for QuantizedMatrix {
+    fn clone(&self) -> Self {
+        QuantizedMatrix { scheme: self.scheme, rows: self.rows, cols: self.cols, storage: self.storage.clone_box() }
+    }
+}
+
+impl PartialEq for QuantizedMatrix {
+    fn eq(&self, other: &Self) -> bool {
+        (self.scheme, self.rows, self.cols) == (other.scheme, other.rows, other.cols)
+            && self.storage.eq_dyn(other.storage.as_ref())
+    }
 }
 
 impl QuantizedMatrix {
@@ -61,13 +64,13 @@ impl QuantizedMatrix {
     /// # Shapes
     /// - returns: `[rows, cols]`, row-major.
     pub fn dequantize(&self) -> Vec<f32> {
-        self.storage.packed().dequantize(self.rows, self.cols)
+        self.storage.dequantize(self.rows, self.cols)
     }
 
     /// Exact bytes of codes, scales and zero points as stored (no padding beyond what the
     /// layout itself has, such as the unused nibble that ends an odd-length int4 or NF4 row).
     pub fn storage_bytes(&self) -> usize {
-        self.storage.packed().storage_bytes()
+        self.storage.storage_bytes()
     }
 
     /// `storage_bytes * 8 / (rows * cols)`; 0 for an empty matrix.
@@ -79,18 +82,15 @@ impl QuantizedMatrix {
     /// True when a GGML scheme could not store its own type (`cols` not a multiple of its block
     /// size) and stored its llama.cpp fallback type or F16 instead ([`QuantizedMatrix::stored`]).
     pub fn fell_back(&self) -> bool {
-        matches!(&self.storage, Storage::Ggml(p) if p.fell_back())
+        self.storage.fell_back()
     }
 
     /// The GGML storage of a matrix a GGUF file can hold as it is: a GGML scheme's type, its
     /// llama.cpp fallback or F16 ([`RowStorage::for_row`]), and `fp16` as F16. `None` for every
-    /// other scheme (bf16, int8, int4, FP8, NF4), which GGUF has no type for here.
+    /// other scheme (bf16, int8, int4, FP8, NF4), which GGUF has no type for here
+    /// ([`Scheme::gguf_storable`]).
     pub fn stored(&self) -> Option<RowStorage> {
-        match &self.storage {
-            Storage::Ggml(p) => Some(p.stored()),
-            Storage::Float(_) if self.scheme == Scheme::Fp16 => Some(RowStorage::F16),
-            _ => None,
-        }
+        self.storage.stored()
     }
 
     /// The name of what is stored: [`QuantizedMatrix::stored`]'s name where there is one
@@ -105,16 +105,21 @@ impl QuantizedMatrix {
     /// # Shapes
     /// - returns: `rows` equal chunks, one per row, of `stored.bytes_for(1, cols)` bytes.
     pub fn gguf_bytes(&self) -> Option<Vec<u8>> {
-        match &self.storage {
-            Storage::Ggml(p) => Some(p.bytes().to_vec()),
-            Storage::Float(_) if self.scheme == Scheme::Fp16 => self.parts().into_iter().next().map(|part| part.bytes),
-            _ => None,
-        }
+        self.storage.gguf_bytes(self.rows, self.cols)
     }
 
     /// The stored arrays, for writing a packed safetensors file.
     pub fn parts(&self) -> Vec<PackedPart> {
-        self.storage.packed().parts(self.rows, self.cols)
+        self.storage.parts(self.rows, self.cols)
+    }
+
+    /// An integer scheme's (`int8`, `int4-g*`) codes in unsigned affine form, as the integer
+    /// checkpoint layouts store them; `None` for every other scheme.
+    ///
+    /// # Shapes
+    /// - codes `[rows, cols]`; zeros and scales `[rows, groups]`.
+    pub fn affine(&self) -> Option<AffineCodes> {
+        self.storage.affine(self.rows, self.cols)
     }
 }
 
@@ -135,16 +140,6 @@ pub fn quantize(scheme: &Scheme, weights: &[f32], rows: usize, cols: usize) -> R
         return Err(QuantizeError::NonFinite { index, row: index / cols, col: index % cols, value: weights[index] });
     }
     scheme.check_usable()?;
-    let storage = match *scheme {
-        Scheme::Fp16 => Storage::Float(float::HalfPacked::quantize(float::Half::F16, weights)),
-        Scheme::Bf16 => Storage::Float(float::HalfPacked::quantize(float::Half::BF16, weights)),
-        Scheme::Int8 => Storage::Int8(int::Int8Packed::quantize(weights, rows, cols)),
-        Scheme::Int4 { group, asym } => Storage::Int4(int::Int4Packed::quantize(weights, rows, cols, group, asym)?),
-        Scheme::Fp8 { format, per_tensor } => {
-            Storage::Fp8(fp8::Fp8Packed::quantize(weights, rows, cols, format, per_tensor))
-        }
-        Scheme::Nf4 { block } => Storage::Nf4(nf4::Nf4Packed::quantize(weights, rows, cols, block)),
-        Scheme::Ggml(ty) => Storage::Ggml(ggml::GgmlPacked::quantize(ty, weights, rows, cols)?),
-    };
+    let storage = scheme.format().quantize(scheme, weights, rows, cols)?;
     Ok(QuantizedMatrix { scheme: *scheme, rows, cols, storage })
 }

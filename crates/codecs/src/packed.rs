@@ -1,5 +1,11 @@
 //! What every packed format shares: the [`PackedPart`]s a matrix is stored as (with their
-//! [`PackedDtype`]), the [`Packed`] operations each format's storage provides, and two helpers.
+//! [`PackedDtype`]), the [`Packed`] operations each format's storage provides, the integer
+//! formats' [`AffineCodes`], and two helpers.
+
+use std::any::Any;
+use std::fmt;
+
+use qdrift_ggml::RowStorage;
 
 /// Element type of one [`PackedPart`], named as safetensors names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -55,14 +61,73 @@ pub struct PackedPart {
     pub bytes: Vec<u8>,
 }
 
-/// Operations every packed format provides; [`QuantizedMatrix`] dispatches to them.
-pub(crate) trait Packed {
+/// An integer format's codes in the unsigned affine form `w = S · (q − Z)` (Jacob et al. 2018,
+/// eq. 1), with a scale and a zero point per group of a row: what the integer checkpoint layouts
+/// (GPTQ, AWQ, compressed-tensors) store. A symmetric scheme's signed code `q` is
+/// `q + 2^(bits−1)` here and its zero point `2^(bits−1)`; an asymmetric scheme's codes and zero
+/// points are unsigned already. [`crate::QuantizedMatrix::affine`] gives them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AffineCodes {
+    /// `[rows, cols]`, unsigned.
+    pub codes: Vec<i32>,
+    /// `[rows, groups]`.
+    pub zeros: Vec<i32>,
+    /// `[rows, groups]`, as f32 (exactly the scheme's scales).
+    pub scales: Vec<f32>,
+    /// Codes per group along a row (`cols` for one group per row).
+    pub group: usize,
+}
+
+/// Operations every packed format provides; [`crate::QuantizedMatrix`] dispatches to them.
+/// The defaults are "this storage has no such form".
+pub(crate) trait Packed: fmt::Debug + Send + Sync + DynPacked {
     /// `rows * cols` f32 values, row-major.
     fn dequantize(&self, rows: usize, cols: usize) -> Vec<f32>;
     /// Bytes of codes, scales and zero points as stored.
     fn storage_bytes(&self) -> usize;
     /// The stored arrays.
     fn parts(&self, rows: usize, cols: usize) -> Vec<PackedPart>;
+    /// The GGML storage a GGUF file holds this matrix as, if it can.
+    fn stored(&self) -> Option<RowStorage> {
+        None
+    }
+    /// The bytes of a GGUF tensor of type [`Packed::stored`], row by row.
+    fn gguf_bytes(&self, _rows: usize, _cols: usize) -> Option<Vec<u8>> {
+        None
+    }
+    /// True when the storage is not the scheme's own type (llama.cpp's fallback).
+    fn fell_back(&self) -> bool {
+        false
+    }
+    /// The codes in unsigned affine form, for an integer format.
+    fn affine(&self, _rows: usize, _cols: usize) -> Option<AffineCodes> {
+        None
+    }
+}
+
+/// Cloning and comparing a boxed [`Packed`], so that [`crate::QuantizedMatrix`] stays `Clone`
+/// and `PartialEq`; implemented for every `Packed + Clone + PartialEq` type.
+pub(crate) trait DynPacked {
+    /// A boxed copy.
+    fn clone_box(&self) -> Box<dyn Packed>;
+    /// Equal when `other` is the same storage type with equal contents.
+    fn eq_dyn(&self, other: &dyn Packed) -> bool;
+    /// For [`DynPacked::eq_dyn`]'s downcast.
+    fn as_any(&self) -> &dyn Any;
+}
+
+impl<T: Packed + Clone + PartialEq + 'static> DynPacked for T {
+    fn clone_box(&self) -> Box<dyn Packed> {
+        Box::new(self.clone())
+    }
+
+    fn eq_dyn(&self, other: &dyn Packed) -> bool {
+        other.as_any().downcast_ref::<T>() == Some(self)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
 }
 
 /// Little-endian bytes of a slice of f32.

@@ -335,7 +335,7 @@ impl FromStr for Recipe {
             return Err(bad("the weight scheme is missing (use fp16 to leave the weights unquantized)".into()));
         } else {
             let scheme = Scheme::from_str(weights).map_err(|_| {
-                bad(format!("unknown weight scheme `{}`{}", elide(weights), crate::scheme::scheme_hint(weights)))
+                bad(format!("unknown weight scheme `{}`{}", elide(weights), crate::formats::scheme_hint(weights)))
             })?;
             Recipe::weight_only(scheme)
         };

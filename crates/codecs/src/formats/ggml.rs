@@ -1,4 +1,4 @@
-//! The `Scheme::Ggml` variants: GGML block formats on a weight matrix.
+//! The `Scheme::Ggml` variants (the [`Ggml`] format): GGML block formats on a weight matrix.
 //!
 //! The codecs themselves (block layouts, `quantize_row_*_ref` / `dequantize_row_*` ports and
 //! their reference vectors) live in the leaf crate `qdrift-ggml`, which the loader shares for
@@ -16,7 +16,84 @@ use half::f16;
 use qdrift_ggml::{GgmlType, RowStorage, quantize_ggml_blocks};
 
 use crate::error::QuantizeError;
+use crate::format::Format;
 use crate::packed::{Packed, PackedDtype, PackedPart};
+use crate::scheme::Scheme;
+
+/// The format of the `Scheme::Ggml` schemes: one per quantizing [`GgmlType`] (`GgmlType::ALL`).
+pub(crate) struct Ggml;
+
+/// The ggml type of a ggml scheme (the registry only hands this format its own schemes).
+fn ty(scheme: &Scheme) -> GgmlType {
+    match *scheme {
+        Scheme::Ggml(ty) => ty,
+        _ => GgmlType::Q8_0,
+    }
+}
+
+impl Format for Ggml {
+    fn owns(&self, scheme: &Scheme) -> bool {
+        matches!(scheme, Scheme::Ggml(_))
+    }
+
+    fn listed(&self) -> Vec<Scheme> {
+        GgmlType::ALL.map(Scheme::Ggml).to_vec()
+    }
+
+    /// ggml's own name of the type (`q4_k`).
+    fn name(&self, scheme: &Scheme) -> String {
+        ty(scheme).name().to_owned()
+    }
+
+    fn describe(&self, scheme: &Scheme) -> &'static str {
+        match ty(scheme) {
+            GgmlType::Q8_0 => "llama.cpp Q8_0: int8 with an FP16 scale per block of 32 (8.5 bits/weight).",
+            GgmlType::Q4_0 => "llama.cpp Q4_0: 4-bit with an FP16 scale per block of 32 (4.5 bits/weight).",
+            GgmlType::Q4_1 => {
+                "llama.cpp Q4_1: 4-bit with an FP16 scale and FP16 minimum per block of 32 (5 bits/weight)."
+            }
+            GgmlType::Q5_0 => "llama.cpp Q5_0: 5-bit with an FP16 scale per block of 32 (5.5 bits/weight).",
+            GgmlType::Q4K => {
+                "llama.cpp Q4_K: 4-bit super-blocks of 256 with searched 6-bit sub-block scales and mins (4.5 bits/weight); rows that are not whole 256-blocks as Q5_0, as llama.cpp does."
+            }
+            GgmlType::Q6K => {
+                "llama.cpp Q6_K: 6-bit super-blocks of 256 with searched 8-bit sub-block scales (6.5625 bits/weight); rows that are not whole 256-blocks as Q8_0, as llama.cpp does."
+            }
+            GgmlType::Mxfp4 => {
+                "OCP MXFP4 as in llama.cpp: E2M1 values with a power-of-two E8M0 scale per block of 32 (4.25 bits/weight)."
+            }
+            // Not in `GgmlType::ALL`: only a hand-built scheme can name one, and `quantize` refuses it.
+            GgmlType::Q5_1 | GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q5K | GgmlType::Iq4Nl | GgmlType::Iq4Xs => {
+                "A llama.cpp block format qdrift reads from GGUF files but cannot quantize to."
+            }
+        }
+    }
+
+    /// Refuses a read-only type ([`qdrift_ggml::GgmlError::NoQuantizer`]).
+    fn check_usable(&self, scheme: &Scheme) -> Result<(), QuantizeError> {
+        let ty = ty(scheme);
+        if ty.has_quantizer() { Ok(()) } else { Err(qdrift_ggml::GgmlError::NoQuantizer { ty }.into()) }
+    }
+
+    fn storage_bytes(&self, scheme: &Scheme, rows: u64, cols: u64) -> u64 {
+        GgmlPacked::storage_bytes_for(ty(scheme), rows, cols)
+    }
+
+    fn quantize(
+        &self,
+        scheme: &Scheme,
+        weights: &[f32],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Box<dyn Packed>, QuantizeError> {
+        Ok(Box::new(GgmlPacked::quantize(ty(scheme), weights, rows, cols)?))
+    }
+
+    /// Every ggml scheme: GGUF holds its blocks (or llama.cpp's fallback, or F16) as they are.
+    fn gguf_storable(&self, _scheme: &Scheme) -> bool {
+        true
+    }
+}
 
 /// Dequantizes a buffer of GGML blocks exactly as `dequantize_row_*` does (for GGUF loading);
 /// [`qdrift_ggml::dequantize_ggml_blocks`] with this crate's error type.
@@ -50,7 +127,7 @@ impl GgmlPacked {
     ///
     /// # Errors
     /// [`QuantizeError::Ggml`] for a type without a quantizer (callers check
-    /// [`crate::Scheme::check_usable`] first).
+    /// [`Scheme::check_usable`] first).
     pub(crate) fn quantize(ty: GgmlType, weights: &[f32], rows: usize, cols: usize) -> Result<Self, QuantizeError> {
         debug_assert_eq!(weights.len(), rows * cols);
         let stored = RowStorage::for_row(ty, cols);
@@ -61,21 +138,6 @@ impl GgmlPacked {
             RowStorage::F16 => weights.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect(),
         };
         Ok(GgmlPacked { ty, stored, bytes })
-    }
-
-    /// What is stored: the scheme's type, its fallback, or F16.
-    pub(crate) fn stored(&self) -> RowStorage {
-        self.stored
-    }
-
-    /// True when the stored type is not the scheme's.
-    pub(crate) fn fell_back(&self) -> bool {
-        self.stored != RowStorage::Blocks(self.ty)
-    }
-
-    /// The stored bytes: blocks row by row, or binary16 values (see [`GgmlPacked::parts`]).
-    pub(crate) fn bytes(&self) -> &[u8] {
-        &self.bytes
     }
 
     /// Bytes stored for a `[rows, cols]` matrix: [`RowStorage::bytes_for`] of the storage
@@ -97,6 +159,21 @@ impl Packed for GgmlPacked {
 
     fn storage_bytes(&self) -> usize {
         self.bytes.len()
+    }
+
+    /// What is stored: the scheme's type, its fallback, or F16.
+    fn stored(&self) -> Option<RowStorage> {
+        Some(self.stored)
+    }
+
+    /// The stored bytes: blocks row by row, or binary16 values.
+    fn gguf_bytes(&self, _rows: usize, _cols: usize) -> Option<Vec<u8>> {
+        Some(self.bytes.clone())
+    }
+
+    /// True when the stored type is not the scheme's.
+    fn fell_back(&self) -> bool {
+        self.stored != RowStorage::Blocks(self.ty)
     }
 
     fn parts(&self, rows: usize, cols: usize) -> Vec<PackedPart> {

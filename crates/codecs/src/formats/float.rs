@@ -1,4 +1,4 @@
-//! `fp16` and `bf16`: each weight rounded to a 16-bit float.
+//! `fp16` and `bf16`: each weight rounded to a 16-bit float (the [`Float`] format).
 //!
 //! Spec: IEEE 754-2019 binary16 (1 sign, 5 exponent, 10 fraction bits) and bfloat16 (the top
 //! 16 bits of binary32: 1 sign, 8 exponent, 7 fraction bits), both with round-to-nearest,
@@ -8,8 +8,57 @@
 //! codec is idempotent.
 
 use half::{bf16, f16};
+use qdrift_ggml::RowStorage;
 
+use crate::error::QuantizeError;
+use crate::format::Format;
 use crate::packed::{Packed, PackedDtype, PackedPart};
+use crate::scheme::Scheme;
+
+/// The format of `fp16` and `bf16`.
+pub(crate) struct Float;
+
+impl Format for Float {
+    fn owns(&self, scheme: &Scheme) -> bool {
+        matches!(scheme, Scheme::Fp16 | Scheme::Bf16)
+    }
+
+    fn listed(&self) -> Vec<Scheme> {
+        vec![Scheme::Fp16, Scheme::Bf16]
+    }
+
+    fn name(&self, scheme: &Scheme) -> String {
+        (if *scheme == Scheme::Fp16 { "fp16" } else { "bf16" }).to_owned()
+    }
+
+    fn describe(&self, scheme: &Scheme) -> &'static str {
+        if *scheme == Scheme::Fp16 {
+            "IEEE half precision, each weight rounded to nearest even (16 bits/weight)."
+        } else {
+            "bfloat16, each weight rounded to nearest even (16 bits/weight)."
+        }
+    }
+
+    fn storage_bytes(&self, _scheme: &Scheme, rows: u64, cols: u64) -> u64 {
+        HalfPacked::storage_bytes_for(rows, cols)
+    }
+
+    fn quantize(
+        &self,
+        scheme: &Scheme,
+        weights: &[f32],
+        _rows: usize,
+        _cols: usize,
+    ) -> Result<Box<dyn Packed>, QuantizeError> {
+        let half = if *scheme == Scheme::Fp16 { Half::F16 } else { Half::BF16 };
+        Ok(Box::new(HalfPacked::quantize(half, weights)))
+    }
+
+    /// `fp16` is GGUF's F16.
+    fn gguf_storable(&self, scheme: &Scheme) -> bool {
+        *scheme == Scheme::Fp16
+    }
+}
 
 /// Which 16-bit float.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +85,11 @@ impl HalfPacked {
         HalfPacked { format, bits }
     }
 
+    /// The values as little-endian bytes.
+    fn le_bytes(&self) -> Vec<u8> {
+        self.bits.iter().flat_map(|b| b.to_le_bytes()).collect()
+    }
+
     /// Bytes stored for a `[rows, cols]` matrix: two per value.
     pub(crate) fn storage_bytes_for(rows: u64, cols: u64) -> u64 {
         2 * rows * cols
@@ -59,12 +113,16 @@ impl Packed for HalfPacked {
             Half::F16 => PackedDtype::F16,
             Half::BF16 => PackedDtype::BF16,
         };
-        vec![PackedPart {
-            name: "values",
-            dtype,
-            shape: vec![rows, cols],
-            bytes: self.bits.iter().flat_map(|b| b.to_le_bytes()).collect(),
-        }]
+        vec![PackedPart { name: "values", dtype, shape: vec![rows, cols], bytes: self.le_bytes() }]
+    }
+
+    /// binary16 is GGUF's F16 type; bfloat16 is not stored in GGUF here.
+    fn stored(&self) -> Option<RowStorage> {
+        (self.format == Half::F16).then_some(RowStorage::F16)
+    }
+
+    fn gguf_bytes(&self, _rows: usize, _cols: usize) -> Option<Vec<u8>> {
+        (self.format == Half::F16).then(|| self.le_bytes())
     }
 }
 

@@ -1,4 +1,4 @@
-//! `nf4-g64`: QLoRA 4-bit NormalFloat.
+//! `nf4-g64` (the [`Nf4`] format): QLoRA 4-bit NormalFloat.
 //!
 //! Spec: Dettmers et al. 2023, "QLoRA: Efficient Finetuning of Quantized LLMs" (NeurIPS), §3
 //! "4-bit NormalFloat Quantization"; the reference implementation is bitsandbytes
@@ -20,7 +20,57 @@
 //! An all-zero block stores absmax 0 and code 7 (the exact 0.0) and dequantizes to 0 (bitsandbytes
 //! would compute `0 * inf`). Cost: `4 + 32/64 = 4.5` bits per weight.
 
+use crate::error::QuantizeError;
+use crate::format::Format;
 use crate::packed::{Packed, PackedDtype, PackedPart, f32_bytes, groups};
+use crate::scheme::Scheme;
+
+/// The format of `nf4-gB` (listed: `nf4-g64`, QLoRA's block).
+pub(crate) struct Nf4;
+
+/// The block size of an NF4 scheme (the registry only hands this format its own schemes).
+fn block(scheme: &Scheme) -> usize {
+    match *scheme {
+        Scheme::Nf4 { block } => block,
+        _ => 64,
+    }
+}
+
+impl Format for Nf4 {
+    fn owns(&self, scheme: &Scheme) -> bool {
+        matches!(scheme, Scheme::Nf4 { .. })
+    }
+
+    fn listed(&self) -> Vec<Scheme> {
+        vec![Scheme::Nf4 { block: 64 }]
+    }
+
+    fn name(&self, scheme: &Scheme) -> String {
+        format!("nf4-g{}", block(scheme))
+    }
+
+    fn describe(&self, _scheme: &Scheme) -> &'static str {
+        "QLoRA NormalFloat4: 16 normal-quantile levels scaled by an f32 absmax per block of 64 (4.5 bits/weight)."
+    }
+
+    fn check_usable(&self, scheme: &Scheme) -> Result<(), QuantizeError> {
+        if block(scheme) == 0 { Err(QuantizeError::ZeroGroup { scheme: scheme.to_string() }) } else { Ok(()) }
+    }
+
+    fn storage_bytes(&self, scheme: &Scheme, rows: u64, cols: u64) -> u64 {
+        Nf4Packed::storage_bytes_for(rows, cols, block(scheme) as u64)
+    }
+
+    fn quantize(
+        &self,
+        scheme: &Scheme,
+        weights: &[f32],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Box<dyn Packed>, QuantizeError> {
+        Ok(Box::new(Nf4Packed::quantize(weights, rows, cols, block(scheme))))
+    }
+}
 
 /// The 16 NF4 values, exactly as in bitsandbytes (`get_4bit_type("nf4")`, `nf4_data`).
 // The digits are bitsandbytes' verbatim (f64 prints of the f32 values), kept for grep-ability.

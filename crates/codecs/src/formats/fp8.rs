@@ -1,4 +1,5 @@
-//! `fp8-e4m3`, `fp8-e5m2` (and their `-tensor` variants): scaled OCP 8-bit floats.
+//! `fp8-e4m3`, `fp8-e5m2` (and their `-tensor` variants; the [`Fp8`] format): scaled OCP 8-bit
+//! floats.
 //!
 //! Spec: OCP 8-bit Floating Point Specification (OFP8), revision 1.0 (2023), §4 (formats) and
 //! §5 (conversion):
@@ -24,8 +25,70 @@
 //! scale (all-zero row) stores code 0 and dequantizes to 0. Storage: one byte per weight + one
 //! f32 per row (`8 + 32/cols` bits per weight) or per tensor.
 
+use crate::error::QuantizeError;
+use crate::format::Format;
 use crate::packed::{Packed, PackedDtype, PackedPart, f32_bytes};
-use crate::scheme::Fp8Format;
+use crate::scheme::{Fp8Format, Scheme};
+
+/// The format of `fp8-e4m3`, `fp8-e5m2` and their `-tensor` forms.
+pub(crate) struct Fp8;
+
+impl Format for Fp8 {
+    fn owns(&self, scheme: &Scheme) -> bool {
+        matches!(scheme, Scheme::Fp8 { .. })
+    }
+
+    /// Per channel, then per tensor; E4M3 before E5M2.
+    fn listed(&self) -> Vec<Scheme> {
+        [false, true]
+            .into_iter()
+            .flat_map(|per_tensor| {
+                [Fp8Format::E4M3, Fp8Format::E5M2].map(|format| Scheme::Fp8 { format, per_tensor })
+            })
+            .collect()
+    }
+
+    fn name(&self, scheme: &Scheme) -> String {
+        let (format, per_tensor) = params(scheme);
+        let format = match format {
+            Fp8Format::E4M3 => "e4m3",
+            Fp8Format::E5M2 => "e5m2",
+        };
+        format!("fp8-{format}{}", if per_tensor { "-tensor" } else { "" })
+    }
+
+    fn describe(&self, scheme: &Scheme) -> &'static str {
+        match params(scheme) {
+            (Fp8Format::E4M3, false) => "OCP FP8 E4M3 (max 448) with one f32 scale per output channel.",
+            (Fp8Format::E5M2, false) => "OCP FP8 E5M2 (max 57344) with one f32 scale per output channel.",
+            (Fp8Format::E4M3, true) => "OCP FP8 E4M3 (max 448) with a single f32 scale for the whole tensor.",
+            (Fp8Format::E5M2, true) => "OCP FP8 E5M2 (max 57344) with a single f32 scale for the whole tensor.",
+        }
+    }
+
+    fn storage_bytes(&self, scheme: &Scheme, rows: u64, cols: u64) -> u64 {
+        Fp8Packed::storage_bytes_for(rows, cols, params(scheme).1)
+    }
+
+    fn quantize(
+        &self,
+        scheme: &Scheme,
+        weights: &[f32],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Box<dyn Packed>, QuantizeError> {
+        let (format, per_tensor) = params(scheme);
+        Ok(Box::new(Fp8Packed::quantize(weights, rows, cols, format, per_tensor)))
+    }
+}
+
+/// The parameters of an FP8 scheme (the registry only hands this format its own schemes).
+fn params(scheme: &Scheme) -> (Fp8Format, bool) {
+    match *scheme {
+        Scheme::Fp8 { format, per_tensor } => (format, per_tensor),
+        _ => (Fp8Format::E4M3, false),
+    }
+}
 
 /// Bit layout of one OFP8 format.
 struct Layout {

@@ -1,4 +1,5 @@
-//! `int8` and `int4-gG[-asym]`: uniform integer grids with a scale (and zero point).
+//! `int8` and `int4-gG[-asym]` (the [`Int`] format): uniform integer grids with a scale (and
+//! zero point).
 //!
 //! Spec: the affine quantization of Jacob et al. 2018, "Quantization and Training of Neural
 //! Networks for Efficient Integer-Arithmetic-Only Inference" (CVPR), eq. 1: `w ≈ S (q − Z)`;
@@ -32,8 +33,75 @@
 use half::f16;
 
 use crate::error::QuantizeError;
-use crate::packed::{Packed, PackedDtype, PackedPart, f32_bytes, groups};
+use crate::format::Format;
+use crate::packed::{AffineCodes, Packed, PackedDtype, PackedPart, f32_bytes, groups};
 use crate::scheme::Scheme;
+
+/// The format of `int8` and `int4-gG[-asym]`.
+pub(crate) struct Int;
+
+impl Format for Int {
+    fn owns(&self, scheme: &Scheme) -> bool {
+        matches!(scheme, Scheme::Int8 | Scheme::Int4 { .. })
+    }
+
+    /// `int8`, then `int4` symmetric and asymmetric with groups of 32, 64 and 128.
+    fn listed(&self) -> Vec<Scheme> {
+        let mut listed = vec![Scheme::Int8];
+        for asym in [false, true] {
+            for group in [32, 64, 128] {
+                listed.push(Scheme::Int4 { group, asym });
+            }
+        }
+        listed
+    }
+
+    fn name(&self, scheme: &Scheme) -> String {
+        match *scheme {
+            Scheme::Int4 { group, asym } => format!("int4-g{group}{}", if asym { "-asym" } else { "" }),
+            _ => "int8".to_owned(),
+        }
+    }
+
+    fn describe(&self, scheme: &Scheme) -> &'static str {
+        match scheme {
+            Scheme::Int4 { asym: false, .. } => {
+                "Symmetric 4-bit integers in [-8, 7] with one FP16 scale = absmax/7 per group of a row."
+            }
+            Scheme::Int4 { asym: true, .. } => {
+                "Asymmetric 4-bit integers in [0, 15] with an FP16 scale and a 4-bit zero point per group of a row."
+            }
+            _ => "Symmetric int8 per output channel, scale = absmax/127 in f32 (8 + 32/cols bits/weight).",
+        }
+    }
+
+    fn check_usable(&self, scheme: &Scheme) -> Result<(), QuantizeError> {
+        match scheme {
+            Scheme::Int4 { group: 0, .. } => Err(QuantizeError::ZeroGroup { scheme: scheme.to_string() }),
+            _ => Ok(()),
+        }
+    }
+
+    fn storage_bytes(&self, scheme: &Scheme, rows: u64, cols: u64) -> u64 {
+        match *scheme {
+            Scheme::Int4 { group, asym } => Int4Packed::storage_bytes_for(rows, cols, group as u64, asym),
+            _ => Int8Packed::storage_bytes_for(rows, cols),
+        }
+    }
+
+    fn quantize(
+        &self,
+        scheme: &Scheme,
+        weights: &[f32],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Box<dyn Packed>, QuantizeError> {
+        Ok(match *scheme {
+            Scheme::Int4 { group, asym } => Box::new(Int4Packed::quantize(weights, rows, cols, group, asym)?),
+            _ => Box::new(Int8Packed::quantize(weights, rows, cols)),
+        })
+    }
+}
 
 /// Symmetric per-row int8.
 #[derive(Debug, Clone, PartialEq)]
@@ -95,6 +163,16 @@ impl Packed for Int8Packed {
             },
             PackedPart { name: "scales", dtype: PackedDtype::F32, shape: vec![rows], bytes: f32_bytes(&self.scales) },
         ]
+    }
+
+    /// Codes `q + 128`, zero point 128, one group per row.
+    fn affine(&self, rows: usize, cols: usize) -> Option<AffineCodes> {
+        Some(AffineCodes {
+            codes: self.codes.iter().map(|&q| i32::from(q) + 128).collect(),
+            zeros: vec![128; rows],
+            scales: self.scales.clone(),
+            group: cols,
+        })
     }
 }
 
@@ -249,6 +327,23 @@ impl Packed for Int4Packed {
             });
         }
         parts
+    }
+
+    /// Symmetric: codes `q + 8`, zero point 8; asymmetric: the stored nibbles.
+    fn affine(&self, rows: usize, cols: usize) -> Option<AffineCodes> {
+        let n_groups = cols.div_ceil(self.group);
+        let (row_bytes, zero_bytes) = (cols.div_ceil(2), n_groups.div_ceil(2));
+        let codes = (0..rows * cols)
+            .map(|k| {
+                let raw = nibble(&self.codes[(k / cols) * row_bytes..], k % cols);
+                if self.asym { i32::from(raw) } else { i32::from(((raw << 4) as i8) >> 4) + 8 }
+            })
+            .collect();
+        let zeros = (0..rows * n_groups)
+            .map(|k| if self.asym { i32::from(nibble(&self.zeros[(k / n_groups) * zero_bytes..], k % n_groups)) } else { 8 })
+            .collect();
+        let scales = self.scales.iter().map(|s| s.to_f32()).collect();
+        Some(AffineCodes { codes, zeros, scales, group: self.group })
     }
 }
 
