@@ -71,8 +71,13 @@ pub(crate) trait Format: Sync {
     ///
     /// # Errors
     /// The codec's own (a scale that overflows its storage type).
-    fn quantize(&self, scheme: &Scheme, weights: &[f32], rows: usize, cols: usize)
-    -> Result<Box<dyn Packed>, QuantizeError>;
+    fn quantize(
+        &self,
+        scheme: &Scheme,
+        weights: &[f32],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Box<dyn Packed>, QuantizeError>;
 
     /// Whether a GGUF file can hold this scheme's matrices as quantized (its packed storage
     /// then answers [`Packed::stored`] and [`Packed::gguf_bytes`]).

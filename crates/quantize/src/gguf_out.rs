@@ -12,8 +12,9 @@
 //! so F16 storage of the unquantized matrices is exact and reading the file back gives
 //! [`QuantizedModel::dequantized`] bit for bit.
 //!
-//! Schemes GGUF can store: `fp16` and every ggml scheme ([`gguf_schemes`]); the others
-//! (bf16, int8, int4, FP8, NF4) have no ggml type here and are refused.
+//! Schemes GGUF can store: those whose format says so ([`Scheme::gguf_storable`]: `fp16` and every
+//! ggml scheme, [`gguf_schemes`]); the others (bf16, int8, int4, FP8, NF4) have no ggml type here
+//! and are refused. Nothing here names a format.
 
 use std::path::{Path, PathBuf};
 
@@ -48,9 +49,10 @@ pub enum GgufWriteError {
     Load(#[from] LoadError),
 }
 
-/// The schemes a GGUF file can store: `fp16` and the ggml schemes, in [`Scheme::all`] order.
+/// The schemes a GGUF file can store ([`Scheme::gguf_storable`]: `fp16` and the ggml schemes),
+/// in [`Scheme::all`] order.
 pub fn gguf_schemes() -> Vec<Scheme> {
-    Scheme::all().into_iter().filter(|s| matches!(s, Scheme::Fp16 | Scheme::Ggml(_))).collect()
+    Scheme::all().into_iter().filter(Scheme::gguf_storable).collect()
 }
 
 fn gguf_scheme_names() -> String {

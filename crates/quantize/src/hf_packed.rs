@@ -3,8 +3,9 @@
 //! (`qdrift_load::read_hf_folder`) can be tested without a hub; written to a folder by
 //! [`crate::write_hf_quantized`].
 //!
-//! The codes and scales are qdrift's own schemes' (`int.rs`, `fp8.rs`), handed to the packing
-//! code of each layout, which sits beside its unpacking code in `qdrift-load`
+//! The codes and scales are qdrift's own schemes' (`qdrift-codecs`' `formats/int.rs`, whose
+//! [`QuantizedMatrix::affine`] gives the unsigned codes, and `formats/fp8.rs`), handed to the
+//! packing code of each layout, which sits beside its unpacking code in `qdrift-load`
 //! ([`qdrift_load::hf::quant`]: AutoGPTQ / GPTQModel `pack`, AutoAWQ `WQLinear_GEMM.from_linear`,
 //! compressed-tensors `pack_to_int32`, `transformers`' `FP8Linear`), so a folder read back equals
 //! the scheme's dequantized weights bit for bit (see [`HfLayout`] for which scheme each layout
@@ -25,7 +26,7 @@ use qdrift_load::{ActivationGranularity, HostModel, HostTensor, rotate_half_row_
 
 pub use qdrift_load::hf::quant::HfTensor;
 
-use qdrift_codecs::{Fp8Format, QuantizeError, QuantizedMatrix, Scheme, fp8_decode, fp8_encode, quantize};
+use qdrift_codecs::{AffineCodes, Fp8Format, QuantizeError, QuantizedMatrix, Scheme, fp8_decode, fp8_encode, quantize};
 
 /// A checkpoint layout and the qdrift scheme whose codes it stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,69 +192,27 @@ fn rows_from_hf(hf: &[f32], rows: usize, cols: usize, heads: usize) -> Vec<f32> 
     out
 }
 
-/// qdrift's `int8` / `int4-gG[-asym]` parts as the unsigned codes the integer layouts store: a
-/// symmetric scheme's signed code `q` is `q + 2^(bits−1)` and its zero point `2^(bits−1)`; an
-/// asymmetric scheme's codes and zero points are unsigned already.
-struct Affine {
-    /// `[rows, cols]`.
-    codes: Vec<i32>,
-    /// `[rows, groups]`.
-    zeros: Vec<i32>,
-    /// `[rows, groups]`.
-    scales: Vec<f32>,
-    /// Codes per group along a row.
-    group: usize,
+/// An integer scheme's (`int8` / `int4-gG[-asym]`) codes in the unsigned affine form the integer
+/// layouts store ([`QuantizedMatrix::affine`]: a symmetric scheme's signed code `q` is
+/// `q + 2^(bits−1)` and its zero point `2^(bits−1)`).
+///
+/// # Errors
+/// [`QuantizeError::HfLayout`] for a scheme without integer codes (a layout here only quantizes
+/// with an integer scheme).
+fn affine(m: &QuantizedMatrix) -> Result<AffineCodes, QuantizeError> {
+    m.affine().ok_or_else(|| QuantizeError::HfLayout { message: format!("{} has no integer codes", m.scheme()) })
 }
 
-impl Affine {
-    /// Unpacks the parts of `m` (an `int8` or `int4` matrix).
-    ///
-    /// # Shapes
-    /// - `m`: `[rows, cols]`; codes `[rows, cols]`, zeros and scales `[rows, groups]`.
-    fn of(m: &QuantizedMatrix) -> Affine {
-        let (rows, cols) = (m.rows(), m.cols());
-        let parts = m.parts();
-        let find = |n: &str| parts.iter().find(|p| p.name == n).map(|p| p.bytes.as_slice()).unwrap_or(&[]);
-        let nibble = |b: &[u8], k: usize| (b[k / 2] >> (4 * (k % 2))) & 0x0F;
-        match m.scheme() {
-            Scheme::Int8 => Affine {
-                codes: find("codes").iter().map(|&b| i32::from(b as i8) + 128).collect(),
-                zeros: vec![128; rows],
-                scales: find("scales").chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-                group: cols,
-            },
-            Scheme::Int4 { group, asym } => {
-                let groups = cols.div_ceil(group);
-                let (codes, zeros) = (find("codes"), find("zeros"));
-                let (row_bytes, zero_bytes) = (cols.div_ceil(2), groups.div_ceil(2));
-                let codes = (0..rows * cols)
-                    .map(|k| {
-                        let raw = nibble(&codes[(k / cols) * row_bytes..], k % cols);
-                        if asym { i32::from(raw) } else { i32::from(((raw << 4) as i8) >> 4) + 8 }
-                    })
-                    .collect();
-                let zeros = (0..rows * groups)
-                    .map(|k| if asym { i32::from(nibble(&zeros[(k / groups) * zero_bytes..], k % groups)) } else { 8 })
-                    .collect();
-                let scales =
-                    find("scales").chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect();
-                Affine { codes, zeros, scales, group }
-            }
-            _ => Affine { codes: Vec::new(), zeros: Vec::new(), scales: Vec::new(), group: cols },
-        }
-    }
-
-    /// The codes as the layouts take them, the scales stored as `scale_dtype`.
-    fn codes(&self, m: &QuantizedMatrix, scale_dtype: HfDtype) -> IntCodes<'_> {
-        IntCodes {
-            out: m.rows(),
-            inp: m.cols(),
-            group: self.group,
-            codes: &self.codes,
-            zeros: &self.zeros,
-            scales: &self.scales,
-            scale_dtype,
-        }
+/// The codes as the layouts take them, the scales stored as `scale_dtype`.
+fn int_codes<'a>(a: &'a AffineCodes, m: &QuantizedMatrix, scale_dtype: HfDtype) -> IntCodes<'a> {
+    IntCodes {
+        out: m.rows(),
+        inp: m.cols(),
+        group: a.group,
+        codes: &a.codes,
+        zeros: &a.zeros,
+        scales: &a.scales,
+        scale_dtype,
     }
 }
 
@@ -296,20 +255,20 @@ fn pack_matrix(module: &str, w: &[f32], out: usize, inp: usize, layout: HfLayout
         }
         HfLayout::Awq { group } => {
             let m = quantize(&Scheme::Int4 { group, asym: true }, w, out, inp)?;
-            let a = Affine::of(&m);
-            Ok((Awq::pack(module, &a.codes(&m, HfDtype::F16)), m.dequantize()))
+            let a = affine(&m)?;
+            Ok((Awq::pack(module, &int_codes(&a, &m, HfDtype::F16)), m.dequantize()))
         }
         HfLayout::CtPacked { bits, group, asym } => {
             let scheme = if bits == 8 { Scheme::Int8 } else { Scheme::Int4 { group, asym } };
             let m = quantize(&scheme, w, out, inp)?;
-            let a = Affine::of(&m);
-            let parts = ct_scheme(layout).pack_int(module, &a.codes(&m, int_scale_dtype(bits)));
+            let a = affine(&m)?;
+            let parts = ct_scheme(layout).pack_int(module, &int_codes(&a, &m, int_scale_dtype(bits)));
             Ok((parts.unwrap_or_default(), m.dequantize()))
         }
         HfLayout::CtInt8 { .. } => {
             let m = quantize(&Scheme::Int8, w, out, inp)?;
-            let a = Affine::of(&m);
-            let parts = ct_scheme(layout).pack_int(module, &a.codes(&m, HfDtype::F32));
+            let a = affine(&m)?;
+            let parts = ct_scheme(layout).pack_int(module, &int_codes(&a, &m, HfDtype::F32));
             Ok((parts.unwrap_or_default(), m.dequantize()))
         }
         HfLayout::CtFp8 { .. } | HfLayout::CtFp8TokenGroup { .. } | HfLayout::Fp8 { block: None } => {
@@ -340,8 +299,8 @@ fn pack_gptq(module: &str, w: &[f32], [out, inp]: [usize; 2], gptq: Gptq) -> Res
     let perm = if desc_act { act_order_perm(inp) } else { (0..inp).collect() };
     let permuted: Vec<f32> = (0..out * inp).map(|k| w[(k / inp) * inp + perm[k % inp]]).collect();
     let m = quantize(&scheme, &permuted, out, inp)?;
-    let a = Affine::of(&m);
-    let parts = gptq.pack(module, &a.codes(&m, int_scale_dtype(bits)), &perm);
+    let a = affine(&m)?;
+    let parts = gptq.pack(module, &int_codes(&a, &m, int_scale_dtype(bits)), &perm);
     let d = m.dequantize();
     let mut values = vec![0f32; out * inp];
     for (j, &i) in perm.iter().enumerate() {

@@ -42,9 +42,7 @@ impl Format for Fp8 {
     fn listed(&self) -> Vec<Scheme> {
         [false, true]
             .into_iter()
-            .flat_map(|per_tensor| {
-                [Fp8Format::E4M3, Fp8Format::E5M2].map(|format| Scheme::Fp8 { format, per_tensor })
-            })
+            .flat_map(|per_tensor| [Fp8Format::E4M3, Fp8Format::E5M2].map(|format| Scheme::Fp8 { format, per_tensor }))
             .collect()
     }
 

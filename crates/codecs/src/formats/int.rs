@@ -340,7 +340,9 @@ impl Packed for Int4Packed {
             })
             .collect();
         let zeros = (0..rows * n_groups)
-            .map(|k| if self.asym { i32::from(nibble(&self.zeros[(k / n_groups) * zero_bytes..], k % n_groups)) } else { 8 })
+            .map(|k| {
+                if self.asym { i32::from(nibble(&self.zeros[(k / n_groups) * zero_bytes..], k % n_groups)) } else { 8 }
+            })
             .collect();
         let scales = self.scales.iter().map(|s| s.to_f32()).collect();
         Some(AffineCodes { codes, zeros, scales, group: self.group })
