@@ -4,6 +4,7 @@
 
 use std::any::Any;
 use std::fmt;
+use std::panic::{RefUnwindSafe, UnwindSafe};
 
 use qdrift_ggml::RowStorage;
 
@@ -79,8 +80,9 @@ pub struct AffineCodes {
 }
 
 /// Operations every packed format provides; [`crate::QuantizedMatrix`] dispatches to them.
-/// The defaults are "this storage has no such form".
-pub(crate) trait Packed: fmt::Debug + Send + Sync + DynPacked {
+/// The defaults are "this storage has no such form". Storage is plain data, so a matrix stays
+/// `Send`, `Sync` and unwind-safe as it was with one enum of storages.
+pub(crate) trait Packed: fmt::Debug + Send + Sync + UnwindSafe + RefUnwindSafe + DynPacked {
     /// `rows * cols` f32 values, row-major.
     fn dequantize(&self, rows: usize, cols: usize) -> Vec<f32>;
     /// Bytes of codes, scales and zero points as stored.
