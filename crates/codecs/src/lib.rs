@@ -49,7 +49,9 @@
 //!    one more field and one more part; `formats/fp8.rs`' `fp8_encode` is there to use.
 //! 2. Register it in `formats/mod.rs`: its `mod` line and its entry in `FORMATS` (the position is
 //!    its place in [`Scheme::all`] and `--help`).
-//! 3. Give it its [`Scheme`] variant in `scheme.rs` (the value, with its parameters).
+//! 3. Give it its [`Scheme`] variant in `scheme.rs` (the value, with its parameters); the
+//!    registry's test names every variant without a wildcard, so it does not compile until the
+//!    variant is named there too, and then checks that exactly one format owns it.
 //! 4. Export any public item of its own (a code table, a codec function) from this file.
 //!
 //! The CLI's `--scheme` list and `--help`, `Scheme`'s name round trip, `storage_bytes`,

@@ -133,8 +133,22 @@ mod tests {
     use super::FORMATS;
     use crate::{Fp8Format, GgmlType, Scheme};
 
-    /// One scheme of every variant, listed or hand-built (read-only ggml types included).
+    /// One scheme of every variant, listed or hand-built (read-only ggml types included). The
+    /// match below has no wildcard: a new `Scheme` variant does not compile until it is named
+    /// here, with a sample pushed here if `Scheme::all` does not list one, and then
+    /// `every_variant_has_one_format` checks that a registered format owns it.
     fn every_variant() -> Vec<Scheme> {
+        for scheme in Scheme::all() {
+            match scheme {
+                Scheme::Fp16
+                | Scheme::Bf16
+                | Scheme::Int8
+                | Scheme::Int4 { .. }
+                | Scheme::Fp8 { .. }
+                | Scheme::Nf4 { .. }
+                | Scheme::Ggml(_) => {}
+            }
+        }
         let mut all = Scheme::all();
         all.extend([
             Scheme::Int4 { group: 0, asym: true },
