@@ -20,6 +20,9 @@
 //!   verification steps a continuation takes, from the top-1 agreement sequence.
 //! - [`compact`]: the compact reference (top-K log-probabilities plus one tail bucket per
 //!   position) and the KL divergence against it, a lower bound of the exact KL.
+//! - [`topk`]: both KL directions against a variant known only by its top-K log-probabilities
+//!   (an inference server's `logprobs`), as an interval: the merged-tail lower bound, and the
+//!   largest value the listed tokens allow.
 //! - [`device`]: the per-position metrics of [`logprob`] computed on the device for whole
 //!   `[batch, positions, vocab]` chunks of logits, so that only `[batch, positions]` values come
 //!   back to the host (full-vocabulary log-probabilities are never held for a whole run).
@@ -43,6 +46,7 @@ pub mod signtest;
 pub mod speculative;
 pub mod strata;
 pub mod survival;
+pub mod topk;
 pub mod wilson;
 
 pub use agreement::{TOP_K, TopKAgreement, acceptance, expected_tokens, top_k_agreement, top_k_ids};
@@ -65,4 +69,5 @@ pub use signtest::{SignTest, sign_test};
 pub use speculative::greedy_speculative_steps;
 pub use strata::{Stratum, entropy_quartiles};
 pub use survival::{Observation, SurvivalStep, kaplan_meier, median_survival, survival_at};
+pub use topk::{TopKBounds, TopKDivergence, topk_divergence};
 pub use wilson::wilson_interval;
