@@ -33,7 +33,7 @@ pub struct ServerOptions {
 
 impl ServerOptions {
     /// `concurrency` requests at once, a 600 s timeout per request (a 1000-token completion on a
-    /// busy server), 3 retries from 0.5 s, and the token from [`TOKEN_ENV`] when it is set.
+    /// busy server), 3 retries from half a second, and the token from [`TOKEN_ENV`] when it is set.
     pub fn from_env(concurrency: usize) -> ServerOptions {
         ServerOptions {
             concurrency: concurrency.max(1),
