@@ -9,8 +9,11 @@
 //!   first `rotary_dim` dimensions of each head, pairs `(2i, 2i+1)` (the interleaved layout of
 //!   `qdrift_weights`): plain, Llama 3.1's bands, per-pair divisors, linear or YaRN, with YaRN's
 //!   `attention_factor` on cos and sin, and each layer's own θ (`ModelArch::layer_rope`);
-//! - grouped-query causal attention, within the layer's sliding window (keys at distance
-//!   `< window`, `sliding_window_overlay`), scores scaled by `attn_scale` or `head_dim^-½`,
+//! - no RoPE on the NoPE layers (`no_rope_layers`, SmolLM3 and Llama 4); Llama 4's weightless L2
+//!   norm of q and k after RoPE on the other layers (`Llama4TextL2Norm`) and its attention
+//!   temperature on the NoPE layers' queries (`attn_temperature_tuning`);
+//! - grouped-query causal attention, within the layer's chunk (`chunked_overlay`) or sliding
+//!   window (keys at distance `< window`, `sliding_window_overlay`), scores scaled by `attn_scale` or `head_dim^-½`,
 //!   soft-capped (`Gemma2Attention`), with a learned sink logit per head in the softmax's
 //!   denominator (`GptOssAttention`'s `eager_attention_forward`);
 //! - the output projection with its bias, a post-attention norm (Gemma's sandwich norms);
@@ -461,6 +464,16 @@ fn norm_heads(x: &mut [f64], w: Option<&HostTensor>, eps: f64, style: NormStyle,
     }
 }
 
+/// Llama 4's weightless L2 norm of every `head_dim`-wide head of `x` (`Llama4TextL2Norm`:
+/// `x · rsqrt(mean(x²) + eps)`).
+fn l2_norm_heads(x: &mut [f64], head_dim: usize, eps: f64) {
+    for head in x.chunks_mut(head_dim) {
+        let ms = head.iter().map(|v| v * v).sum::<f64>() / head_dim as f64;
+        let r = 1.0 / (ms + eps).sqrt();
+        head.iter_mut().for_each(|v| *v *= r);
+    }
+}
+
 /// The attention sub-block of layer `li`: what it adds to the residual stream, one row per
 /// position.
 fn attention(m: &HostModel, li: usize, l: &LayerWeights, xs: &[Vec<f64>], rounding: &Rounding) -> Vec<Vec<f64>> {
@@ -479,16 +492,34 @@ fn attention(m: &HostModel, li: usize, l: &LayerWeights, xs: &[Vec<f64>], roundi
             norm_heads(q, l.q_norm.as_ref(), eps, style, c);
             norm_heads(k, l.k_norm.as_ref(), eps, style, c);
         }
-        rope.apply(q, hd, pos, c);
-        rope.apply(k, hd, pos, c);
+        // SmolLM3 and Llama 4: `if self.use_rope` (`no_rope_layers[layer_idx]`, 1 = RoPE).
+        if a.uses_rope(li) {
+            rope.apply(q, hd, pos, c);
+            rope.apply(k, hd, pos, c);
+        }
+        // Llama 4: `Llama4TextL2Norm` of q and k after RoPE, on the RoPE layers only.
+        if let Some(eps) = a.layer_attention.qk_l2_norm.filter(|_| a.uses_rope(li)) {
+            l2_norm_heads(q, hd, f64::from(eps));
+            l2_norm_heads(k, hd, f64::from(eps));
+        }
+        // Llama 4's temperature tuning on the NoPE layers, its factor computed in f32 as
+        // `torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0`.
+        if let Some(temp) = a.layer_attention.temperature.filter(|_| !a.uses_rope(li)) {
+            let floored = ((pos as f32 + 1.0) / temp.floor_scale).floor();
+            let factor = f64::from(floored.ln_1p() * temp.attn_scale + 1.0);
+            q.iter_mut().for_each(|v| *v *= factor);
+        }
         rounding.cached(k, hd, pos);
         rounding.cached(v, hd, pos);
     }
     let scale = a.block.attn_scale.map_or(1.0 / (hd as f64).sqrt(), f64::from);
     let window = a.window(li);
+    // Llama 4's `chunked_overlay`: keys in the query's own chunk of positions.
+    let chunk = a.layer_attention.chunks.get(li).copied().flatten();
     let mut attended: Vec<Vec<f64>> = (0..xs.len())
         .map(|t| {
             let first = window.map_or(0, |w| (t + 1).saturating_sub(w));
+            let first = chunk.map_or(first, |ch| first.max(t / ch * ch));
             let mut out = vec![0.0; heads * hd];
             for h in 0..heads {
                 let kvh = h / (heads / kv_heads);
