@@ -22,7 +22,8 @@
 //!   (`Qwen3MoeTopKRouter`, `MixtralTopKRouter`, `GptOssTopKRouter`) picks the `top_k` largest
 //!   logits (ties to the lower expert index) and weighs them by [`qdrift_load::Routing`],
 //!   plus Qwen2-MoE's shared expert scaled by `σ(shared_expert_gate · x)`
-//!   (`Qwen2MoeSparseMoeBlock`); a post-FFN norm.
+//!   (`Qwen2MoeSparseMoeBlock`); Llama 4's router scaling each chosen expert's input by `σ(logit)`
+//!   and its ungated shared expert (`Llama4TextMoe`); a post-FFN norm.
 //!
 //! The model scales the embeddings (`Gemma3TextScaledWordEmbedding`) and soft-caps the final
 //! logits (`Gemma2ForCausalLM.forward`).
@@ -620,6 +621,14 @@ pub fn route(logits: &[f64], routing: Routing, top_k: usize) -> Vec<(usize, f64)
             let sum: f64 = chosen.iter().sum();
             chosen.iter().map(|w| if renormalize { w / sum } else { *w }).collect()
         }
+        // `Llama4Router`: `sigmoid(router_scores.float())`, so σ in f32 of the f32 logit.
+        Routing::SigmoidInput => order
+            .iter()
+            .map(|&i| {
+                let l = logits[i] as f32;
+                f64::from(1.0 / (1.0 + (-l).exp()))
+            })
+            .collect(),
     };
     order.into_iter().zip(weights).collect()
 }
@@ -656,9 +665,15 @@ fn mixture(
     if let Some(routes) = rounding.routes {
         routes.borrow_mut().push(routed);
     }
+    // `Llama4TextMoe`: `routed_in = hidden_states * router_scores`, the expert's input scaled, its
+    // output added as it is.
+    let scales_input = routing == Routing::SigmoidInput;
     let mut hidden: Vec<Vec<f64>> = slots
         .iter()
-        .map(|&(pos, ei, _)| gated_hidden(&e.experts[ei], act, std::slice::from_ref(&xr[pos]), Compute::F64).remove(0))
+        .map(|&(pos, ei, w)| {
+            let x: Vec<f64> = if scales_input { xr[pos].iter().map(|v| v * w).collect() } else { xr[pos].clone() };
+            gated_hidden(&e.experts[ei], act, std::slice::from_ref(&x), Compute::F64).remove(0)
+        })
         .collect();
     let positions: Vec<usize> = slots.iter().map(|&(pos, _, _)| pos).collect();
     rounding.inputs_at(&mut hidden, &positions);
@@ -666,13 +681,15 @@ fn mixture(
     for (&(pos, ei, w), h) in slots.iter().zip(&hidden) {
         let down = &e.experts[ei];
         let y = matvec(&down.down, down.down_bias.as_ref(), h);
+        let w = if scales_input { 1.0 } else { w };
         out[pos].iter_mut().zip(y).for_each(|(o, v)| *o += w * v);
     }
     if let Some(sh) = &e.shared {
         let positions: Vec<usize> = (0..xn.len()).collect();
         let ys = gated(&sh.mlp, act, &xr, &positions, rounding);
         for ((o, y), x) in out.iter_mut().zip(ys).zip(xn) {
-            let g = 1.0 / (1.0 + (-matvec(&sh.gate, None, x)[0]).exp());
+            // Llama 4's shared expert has no gate (`[0, dim]`) and is added as it is.
+            let g = if sh.gate.data.is_empty() { 1.0 } else { 1.0 / (1.0 + (-matvec(&sh.gate, None, x)[0]).exp()) };
             o.iter_mut().zip(y).for_each(|(o, v)| *o += g * v);
         }
     }

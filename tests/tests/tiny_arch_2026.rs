@@ -24,11 +24,14 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use qdrift_generate::{BackendChoice, ComputeDevice};
-use qdrift_load::{BlockSpec, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, rotate_half_row_order};
+use qdrift_load::{
+    BlockSpec, Experts, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, MoeSpec, Routing, SharedExpert,
+    rotate_half_row_order,
+};
 use qdrift_model::{Llama, Positions};
 use qdrift_tests::reference64::{Rounding, naive_logits};
 use qdrift_tests::{device, run_greedy_host, shared_dir};
-use qdrift_weights::LayerAttention;
+use qdrift_weights::{AttnTemperature, LayerAttention};
 use serde_json::Value;
 
 /// The f64 reference against the f64 goldens rounded to f32 (as `tiny_arch.rs`).
@@ -259,6 +262,85 @@ fn smollm3() -> HostModel {
     host_model(&ck, arch, layers)
 }
 
+/// Llama 4's text model (`Llama4ForCausalLM`): chunked attention on the `chunked_attention`
+/// layers, NoPE layers with attention temperature, L2 q/k norm on the RoPE layers, a mixture of
+/// experts on `moe_layers` and a dense FFN (`intermediate_size_mlp`) elsewhere; its q/k rows are
+/// in the interleaved layout already.
+fn llama4() -> HostModel {
+    let dir = arch_dir("llama4");
+    let cfg = read_json(&dir.join("config.json"));
+    let ck = Checkpoint::read(&dir);
+    let mut arch = base_arch(&cfg, int(&cfg, "intermediate_size_mlp"));
+    let chunk = int(&cfg, "attention_chunk_size");
+    let types = cfg["layer_types"].as_array().expect("layer_types");
+    arch.layer_attention.chunks = types.iter().map(|t| (t == "chunked_attention").then_some(chunk)).collect();
+    if cfg["use_qk_norm"] == true {
+        arch.layer_attention.qk_l2_norm = Some(arch.norm_eps);
+    }
+    if cfg["attn_temperature_tuning"] == true {
+        let (floor_scale, attn_scale) = (float(&cfg, "floor_scale"), float(&cfg, "attn_scale"));
+        arch.layer_attention.temperature = Some(AttnTemperature { floor_scale, attn_scale });
+    }
+    let moe_layers: Vec<usize> =
+        cfg["moe_layers"].as_array().expect("moe_layers").iter().map(|l| l.as_u64().expect("layer") as usize).collect();
+    let expert_hidden = int(&cfg, "intermediate_size");
+    arch.moe = Some(MoeSpec {
+        n_experts: int(&cfg, "num_local_experts"),
+        top_k: int(&cfg, "num_experts_per_tok"),
+        expert_hidden,
+        routing: Routing::SigmoidInput,
+        dense_layers: (0..arch.n_layers).filter(|l| !moe_layers.contains(l)).collect(),
+        shared_expert_hidden: Some(expert_hidden),
+    });
+    arch.validate().expect("a valid architecture");
+    let layers = (0..arch.n_layers)
+        .map(|i| {
+            let p = format!("model.layers.{i}.feed_forward");
+            let ffn = if arch.has_experts(i) {
+                Ffn::Experts(llama4_experts(&ck, &p, &arch))
+            } else {
+                Ffn::Dense(ck.mlp(&p, arch.hidden_dim, arch.dim))
+            };
+            ck.layer(&arch, i, ffn, false)
+        })
+        .collect();
+    host_model(&ck, arch, layers)
+}
+
+/// A Llama 4 mixture of experts (`Llama4TextMoe`): the router, the experts stored fused
+/// (`experts.gate_up_proj` `[E, dim, 2I]`, gate columns first, then up; `experts.down_proj`
+/// `[E, I, dim]`; both `[in, out]`, so transposed here) and the ungated shared expert.
+fn llama4_experts(ck: &Checkpoint, p: &str, arch: &ModelArch) -> Experts {
+    let moe = arch.moe.as_ref().expect("a mixture of experts");
+    let (n, h, d) = (moe.n_experts, moe.expert_hidden, arch.dim);
+    let gate_up = ck.get(&format!("{p}.experts.gate_up_proj"), &[n, d, 2 * h]);
+    let down = ck.get(&format!("{p}.experts.down_proj"), &[n, h, d]);
+    // Columns `from..from + rows` of `[in, out]` matrix `e` of `t` as an `[rows, in]` weight.
+    let transposed = |t: &HostTensor, e: usize, [inp, out]: [usize; 2], from: usize, rows: usize| {
+        let m = &t.data[e * inp * out..(e + 1) * inp * out];
+        let data = (0..rows).flat_map(|r| (0..inp).map(move |i| m[i * out + from + r])).collect();
+        HostTensor { shape: vec![rows, inp], data }
+    };
+    let experts = (0..n)
+        .map(|e| {
+            Mlp::new(
+                transposed(&gate_up, e, [d, 2 * h], 0, h),
+                transposed(&gate_up, e, [d, 2 * h], h, h),
+                transposed(&down, e, [h, d], 0, d),
+            )
+        })
+        .collect();
+    Experts {
+        router: ck.get(&format!("{p}.router.weight"), &[n, d]),
+        router_bias: None,
+        experts,
+        shared: Some(SharedExpert {
+            mlp: ck.mlp(&format!("{p}.shared_expert"), h, d),
+            gate: HostTensor { shape: vec![0, d], data: Vec::new() },
+        }),
+    }
+}
+
 fn max_abs<T: Copy + Into<f64>>(got: &[Vec<T>], want: &[Vec<f32>]) -> f64 {
     assert_eq!(got.len(), want.len(), "positions");
     got.iter()
@@ -349,4 +431,33 @@ fn smollm3_matches_its_goldens() {
     let err = max_abs(&naive_logits(&rotated, &g.tokens, &Rounding::default()), &g.logits);
     println!("smollm3 with RoPE on every layer: max |Δlogit| {err:.2e}");
     assert!(err > 1e-2, "{err:.2e}");
+}
+
+/// Chunked attention (chunk 16) on layers 0–2, a global NoPE layer 3 with attention temperature,
+/// L2 q/k norm, experts (4, top-1 sigmoid, shared expert) on layers 1 and 3.
+#[test]
+fn llama4_matches_its_goldens() {
+    let host = llama4();
+    let la = &host.arch.layer_attention;
+    assert_eq!(la.chunks, [Some(16), Some(16), Some(16), None]);
+    assert_eq!((la.qk_l2_norm, la.rope.as_slice()), (Some(1e-6), &[true, true, true, false][..]));
+    assert_eq!(host.arch.moe.as_ref().map(|m| m.dense_layers.clone()), Some(vec![0, 2]));
+    check("llama4", &host);
+    // Every feature matters: without it the f64 reference moves far past the tolerance.
+    let g = golden("llama4");
+    let edits: [(&str, fn(&mut HostModel)); 4] = [
+        ("no chunks", |m| m.arch.layer_attention.chunks.clear()),
+        ("no L2 norm", |m| m.arch.layer_attention.qk_l2_norm = None),
+        ("no temperature", |m| m.arch.layer_attention.temperature = None),
+        ("weights on the outputs", |m| {
+            m.arch.moe.as_mut().expect("experts").routing = Routing::SoftmaxTopK { renormalize: false };
+        }),
+    ];
+    for (what, edit) in edits {
+        let mut changed = host.clone();
+        edit(&mut changed);
+        let err = max_abs(&naive_logits(&changed, &g.tokens, &Rounding::default()), &g.logits);
+        println!("llama4 with {what}: max |Δlogit| {err:.2e}");
+        assert!(err > 1e-3, "{what}: {err:.2e}");
+    }
 }

@@ -246,6 +246,17 @@ pub enum Routing {
     },
     /// Softmax over the chosen logits only (gpt-oss).
     TopKSoftmax,
+    /// Llama 4 (`Llama4Router`, `Llama4TextMoe`): each chosen expert's **input** is multiplied by
+    /// `σ(logit)` (computed in f32) and its output added unweighted:
+    /// `y = Σ_e expert_e(σ(r_e) · x)`.
+    SigmoidInput,
+}
+
+impl Routing {
+    /// Whether the router's weights scale the experts' inputs rather than their outputs.
+    pub fn scales_input(self) -> bool {
+        self == Routing::SigmoidInput
+    }
 }
 
 /// RoPE frequency scaling, applied by `qdrift-model`'s `Rope` to the inverse frequencies
@@ -748,13 +759,14 @@ pub struct Experts {
 
 /// Qwen2-MoE's shared expert (`Qwen2MoeSparseMoeBlock`): a gated FFN every token runs, its output
 /// scaled by `σ(gate·x)` and added to the routed experts' weighted sum:
-/// `y = Σ_e w_e·expert_e(x) + σ(gate·x) · shared(x)`.
+/// `y = Σ_e w_e·expert_e(x) + σ(gate·x) · shared(x)`. Llama 4's (`Llama4TextMoe`) is ungated:
+/// its `gate` is `[0, dim]` (no row), and `y = Σ_e expert_e(…) + shared(x)`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SharedExpert {
     /// The FFN (`mlp.shared_expert.{gate,up,down}_proj`), `shared_expert_hidden` wide.
     pub mlp: Mlp,
-    /// The sigmoid gate `mlp.shared_expert_gate`, `[1, dim]`; kept at reference precision with
-    /// the router unless `--quantize-router`.
+    /// The sigmoid gate `mlp.shared_expert_gate`, `[1, dim]`, or `[0, dim]` for an ungated shared
+    /// expert (Llama 4); kept at reference precision with the router unless `--quantize-router`.
     pub gate: HostTensor,
 }
 
