@@ -433,6 +433,9 @@ fn smollm3_matches_its_goldens() {
     assert!(err > 1e-2, "{err:.2e}");
 }
 
+/// A change to a model's description.
+type Edit = fn(&mut HostModel);
+
 /// Chunked attention (chunk 16) on layers 0–2, a global NoPE layer 3 with attention temperature,
 /// L2 q/k norm, experts (4, top-1 sigmoid, shared expert) on layers 1 and 3.
 #[test]
@@ -445,7 +448,7 @@ fn llama4_matches_its_goldens() {
     check("llama4", &host);
     // Every feature matters: without it the f64 reference moves far past the tolerance.
     let g = golden("llama4");
-    let edits: [(&str, fn(&mut HostModel)); 4] = [
+    let edits: [(&str, Edit); 4] = [
         ("no chunks", |m| m.arch.layer_attention.chunks.clear()),
         ("no L2 norm", |m| m.arch.layer_attention.qk_l2_norm = None),
         ("no temperature", |m| m.arch.layer_attention.temperature = None),

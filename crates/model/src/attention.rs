@@ -7,8 +7,12 @@
 //! (`Qwen3Attention`, `Gemma3Attention`), partial rotary (`Phi3Attention`), a score scale other
 //! than `head_dim^-½` (`query_pre_attn_scalar`), attention-logit soft-capping after the scale and
 //! before the mask (`Gemma2Attention`), a sliding window per layer (`sliding_window_overlay`) and
-//! learned sinks (`GptOssAttention`). The host kernel computes Llama's attention only; a layer with
-//! any of these ([`Attention::host_kernel_covers`]) runs as Burn ops over a device cache.
+//! learned sinks (`GptOssAttention`); no RoPE on NoPE layers (`SmolLM3Attention`,
+//! `Llama4TextAttention`: `use_rope = no_rope_layers[layer_idx]`), Llama 4's chunked attention
+//! (`chunked_overlay`), its weightless L2 norm of q and k after RoPE (`Llama4TextL2Norm`) and its
+//! attention temperature on the NoPE layers' queries (`attn_temperature_tuning`). The host kernel
+//! computes Llama's attention only; a layer with any of these ([`Attention::host_kernel_covers`])
+//! runs as Burn ops over a device cache.
 //!
 //! **Invariant: a row's output depends only on its own visible keys ([`Positions::visible`]),
 //! never on the other rows of its batch; softmax runs in f32 in every compute dtype.**

@@ -1,5 +1,5 @@
 //! The in-memory form of a model: a decoder's description ([`ModelArch`], with its
-//! [`BlockSpec`], [`RopeScaling`] and [`MoeSpec`]) and its f32 weights ([`HostModel`]:
+//! [`BlockSpec`], [`LayerAttention`], [`RopeScaling`] and [`MoeSpec`]) and its f32 weights ([`HostModel`]:
 //! [`HostTensor`]s, one [`LayerWeights`] per block, whose [`Ffn`] is dense or a mixture of
 //! [`Experts`]).
 //!
@@ -993,5 +993,66 @@ impl HostModel {
         if let Some(o) = &mut self.output {
             f(o);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `log1p(floor((p + 1) / 8)) · 0.1 + 1`: 1 below position 7, `ln 2 · 0.1 + 1` from 7 to 14,
+    /// `ln 3 · 0.1 + 1` at 15.
+    #[test]
+    fn the_temperature_grows_with_the_log_of_the_position() {
+        let t = AttnTemperature { floor_scale: 8.0, attn_scale: 0.1 };
+        assert_eq!(t.factor(0), 1.0);
+        assert_eq!(t.factor(6), 1.0);
+        assert!((f64::from(t.factor(7)) - (2f64.ln() * 0.1 + 1.0)).abs() < 1e-7);
+        assert_eq!(t.factor(14), t.factor(7));
+        assert!((f64::from(t.factor(15)) - (3f64.ln() * 0.1 + 1.0)).abs() < 1e-7);
+    }
+
+    /// Per-layer lists have one entry per layer; the L2 norm follows the RoPE layers and the
+    /// temperature the NoPE ones.
+    #[test]
+    fn layer_attention_is_checked_and_split_by_rope() {
+        let mut a = ModelArch {
+            architecture: "llama".into(),
+            dim: 8,
+            hidden_dim: 16,
+            n_layers: 2,
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 4,
+            vocab_size: 10,
+            max_seq_len: 32,
+            norm_eps: 1e-6,
+            rope_theta: 1e4,
+            tied_embeddings: true,
+            rope_scaling: None,
+            block: BlockSpec::default(),
+            windows: Vec::new(),
+            local_rope_theta: None,
+            embedding_scale: None,
+            final_logit_softcap: None,
+            moe: None,
+            layer_attention: LayerAttention {
+                rope: vec![true, false],
+                chunks: vec![Some(4), None],
+                qk_l2_norm: Some(1e-6),
+                temperature: Some(AttnTemperature { floor_scale: 8.0, attn_scale: 0.1 }),
+            },
+        };
+        assert_eq!(a.validate(), Ok(()));
+        assert_eq!((a.uses_rope(0), a.uses_rope(1)), (true, false));
+        assert_eq!((a.chunk(0), a.chunk(1)), (Some(4), None));
+        assert_eq!((a.qk_l2_norm(0), a.qk_l2_norm(1)), (Some(1e-6), None));
+        assert_eq!((a.temperature(0).is_some(), a.temperature(1).is_some()), (false, true));
+        a.layer_attention.chunks = vec![Some(0), None];
+        assert_eq!(a.validate(), Err("an attention chunk must be positive".to_string()));
+        a.layer_attention.chunks = vec![Some(4)];
+        assert_eq!(a.validate(), Err("1 attention chunks for 2 layers".to_string()));
+        a.layer_attention = LayerAttention::default();
+        assert!(a.layer_attention.is_plain() && a.uses_rope(1) && a.chunk(0).is_none());
     }
 }
