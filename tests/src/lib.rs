@@ -238,7 +238,19 @@ pub fn run_greedy(
     max_new_tokens: usize,
     batch_size: usize,
 ) -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
-    let model = Llama::from_host(&loaded.model, dtype, &device.device).expect("model builds");
+    run_greedy_host(&loaded.model, device, dtype, prompts, max_new_tokens, batch_size)
+}
+
+/// [`run_greedy`] of a host model (no tokenizer or file format needed).
+pub fn run_greedy_host(
+    host: &qdrift_load::HostModel,
+    device: &ComputeDevice,
+    dtype: DType,
+    prompts: &[Vec<u32>],
+    max_new_tokens: usize,
+    batch_size: usize,
+) -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
+    let model = Llama::from_host(host, dtype, &device.device).expect("model builds");
     let mut first_logits = vec![Vec::new(); prompts.len()];
     let config = GenerationConfig { max_new_tokens, batch_size, stop_at_eos: None };
     let tokens = generate(&model, device, prompts, &config, |s| {

@@ -9,8 +9,11 @@
 //!   first `rotary_dim` dimensions of each head, pairs `(2i, 2i+1)` (the interleaved layout of
 //!   `qdrift_weights`): plain, Llama 3.1's bands, per-pair divisors, linear or YaRN, with YaRN's
 //!   `attention_factor` on cos and sin, and each layer's own θ (`ModelArch::layer_rope`);
-//! - grouped-query causal attention, within the layer's sliding window (keys at distance
-//!   `< window`, `sliding_window_overlay`), scores scaled by `attn_scale` or `head_dim^-½`,
+//! - no RoPE on the NoPE layers (`no_rope_layers`, SmolLM3 and Llama 4); Llama 4's weightless L2
+//!   norm of q and k after RoPE on the other layers (`Llama4TextL2Norm`) and its attention
+//!   temperature on the NoPE layers' queries (`attn_temperature_tuning`);
+//! - grouped-query causal attention, within the layer's chunk (`chunked_overlay`) or sliding
+//!   window (keys at distance `< window`, `sliding_window_overlay`), scores scaled by `attn_scale` or `head_dim^-½`,
 //!   soft-capped (`Gemma2Attention`), with a learned sink logit per head in the softmax's
 //!   denominator (`GptOssAttention`'s `eager_attention_forward`);
 //! - the output projection with its bias, a post-attention norm (Gemma's sandwich norms);
@@ -19,7 +22,8 @@
 //!   (`Qwen3MoeTopKRouter`, `MixtralTopKRouter`, `GptOssTopKRouter`) picks the `top_k` largest
 //!   logits (ties to the lower expert index) and weighs them by [`qdrift_load::Routing`],
 //!   plus Qwen2-MoE's shared expert scaled by `σ(shared_expert_gate · x)`
-//!   (`Qwen2MoeSparseMoeBlock`); a post-FFN norm.
+//!   (`Qwen2MoeSparseMoeBlock`); Llama 4's router scaling each chosen expert's input by `σ(logit)`
+//!   and its ungated shared expert (`Llama4TextMoe`); a post-FFN norm.
 //!
 //! The model scales the embeddings (`Gemma3TextScaledWordEmbedding`) and soft-caps the final
 //! logits (`Gemma2ForCausalLM.forward`).
@@ -461,6 +465,16 @@ fn norm_heads(x: &mut [f64], w: Option<&HostTensor>, eps: f64, style: NormStyle,
     }
 }
 
+/// Llama 4's weightless L2 norm of every `head_dim`-wide head of `x` (`Llama4TextL2Norm`:
+/// `x · rsqrt(mean(x²) + eps)`).
+fn l2_norm_heads(x: &mut [f64], head_dim: usize, eps: f64) {
+    for head in x.chunks_mut(head_dim) {
+        let ms = head.iter().map(|v| v * v).sum::<f64>() / head_dim as f64;
+        let r = 1.0 / (ms + eps).sqrt();
+        head.iter_mut().for_each(|v| *v *= r);
+    }
+}
+
 /// The attention sub-block of layer `li`: what it adds to the residual stream, one row per
 /// position.
 fn attention(m: &HostModel, li: usize, l: &LayerWeights, xs: &[Vec<f64>], rounding: &Rounding) -> Vec<Vec<f64>> {
@@ -479,16 +493,34 @@ fn attention(m: &HostModel, li: usize, l: &LayerWeights, xs: &[Vec<f64>], roundi
             norm_heads(q, l.q_norm.as_ref(), eps, style, c);
             norm_heads(k, l.k_norm.as_ref(), eps, style, c);
         }
-        rope.apply(q, hd, pos, c);
-        rope.apply(k, hd, pos, c);
+        // SmolLM3 and Llama 4: `if self.use_rope` (`no_rope_layers[layer_idx]`, 1 = RoPE).
+        if a.uses_rope(li) {
+            rope.apply(q, hd, pos, c);
+            rope.apply(k, hd, pos, c);
+        }
+        // Llama 4: `Llama4TextL2Norm` of q and k after RoPE, on the RoPE layers only.
+        if let Some(eps) = a.layer_attention.qk_l2_norm.filter(|_| a.uses_rope(li)) {
+            l2_norm_heads(q, hd, f64::from(eps));
+            l2_norm_heads(k, hd, f64::from(eps));
+        }
+        // Llama 4's temperature tuning on the NoPE layers, its factor computed in f32 as
+        // `torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0`.
+        if let Some(temp) = a.layer_attention.temperature.filter(|_| !a.uses_rope(li)) {
+            let floored = ((pos as f32 + 1.0) / temp.floor_scale).floor();
+            let factor = f64::from(floored.ln_1p() * temp.attn_scale + 1.0);
+            q.iter_mut().for_each(|v| *v *= factor);
+        }
         rounding.cached(k, hd, pos);
         rounding.cached(v, hd, pos);
     }
     let scale = a.block.attn_scale.map_or(1.0 / (hd as f64).sqrt(), f64::from);
     let window = a.window(li);
+    // Llama 4's `chunked_overlay`: keys in the query's own chunk of positions.
+    let chunk = a.layer_attention.chunks.get(li).copied().flatten();
     let mut attended: Vec<Vec<f64>> = (0..xs.len())
         .map(|t| {
             let first = window.map_or(0, |w| (t + 1).saturating_sub(w));
+            let first = chunk.map_or(first, |ch| first.max(t / ch * ch));
             let mut out = vec![0.0; heads * hd];
             for h in 0..heads {
                 let kvh = h / (heads / kv_heads);
@@ -589,6 +621,14 @@ pub fn route(logits: &[f64], routing: Routing, top_k: usize) -> Vec<(usize, f64)
             let sum: f64 = chosen.iter().sum();
             chosen.iter().map(|w| if renormalize { w / sum } else { *w }).collect()
         }
+        // `Llama4Router`: `sigmoid(router_scores.float())`, so σ in f32 of the f32 logit.
+        Routing::SigmoidInput => order
+            .iter()
+            .map(|&i| {
+                let l = logits[i] as f32;
+                f64::from(1.0 / (1.0 + (-l).exp()))
+            })
+            .collect(),
     };
     order.into_iter().zip(weights).collect()
 }
@@ -625,9 +665,15 @@ fn mixture(
     if let Some(routes) = rounding.routes {
         routes.borrow_mut().push(routed);
     }
+    // `Llama4TextMoe`: `routed_in = hidden_states * router_scores`, the expert's input scaled, its
+    // output added as it is.
+    let scales_input = routing == Routing::SigmoidInput;
     let mut hidden: Vec<Vec<f64>> = slots
         .iter()
-        .map(|&(pos, ei, _)| gated_hidden(&e.experts[ei], act, std::slice::from_ref(&xr[pos]), Compute::F64).remove(0))
+        .map(|&(pos, ei, w)| {
+            let x: Vec<f64> = if scales_input { xr[pos].iter().map(|v| v * w).collect() } else { xr[pos].clone() };
+            gated_hidden(&e.experts[ei], act, std::slice::from_ref(&x), Compute::F64).remove(0)
+        })
         .collect();
     let positions: Vec<usize> = slots.iter().map(|&(pos, _, _)| pos).collect();
     rounding.inputs_at(&mut hidden, &positions);
@@ -635,13 +681,15 @@ fn mixture(
     for (&(pos, ei, w), h) in slots.iter().zip(&hidden) {
         let down = &e.experts[ei];
         let y = matvec(&down.down, down.down_bias.as_ref(), h);
+        let w = if scales_input { 1.0 } else { w };
         out[pos].iter_mut().zip(y).for_each(|(o, v)| *o += w * v);
     }
     if let Some(sh) = &e.shared {
         let positions: Vec<usize> = (0..xn.len()).collect();
         let ys = gated(&sh.mlp, act, &xr, &positions, rounding);
         for ((o, y), x) in out.iter_mut().zip(ys).zip(xn) {
-            let g = 1.0 / (1.0 + (-matvec(&sh.gate, None, x)[0]).exp());
+            // Llama 4's shared expert has no gate (`[0, dim]`) and is added as it is.
+            let g = if sh.gate.data.is_empty() { 1.0 } else { 1.0 / (1.0 + (-matvec(&sh.gate, None, x)[0]).exp()) };
             o.iter_mut().zip(y).for_each(|(o, v)| *o += g * v);
         }
     }

@@ -451,6 +451,7 @@ mod tests {
             embedding_scale: None,
             final_logit_softcap: None,
             moe: None,
+            layer_attention: Default::default(),
         }
     }
 

@@ -85,6 +85,7 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<ModelArch, LoadError> {
         embedding_scale: None,
         final_logit_softcap: None,
         moe: None,
+        layer_attention: Default::default(),
     };
     arch.validate().map_err(|m| LoadError::invalid(path, format!("inconsistent header: {m}")))?;
     Ok(arch)

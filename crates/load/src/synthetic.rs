@@ -171,6 +171,7 @@ pub fn synthetic_arch(name: &str) -> Option<ModelArch> {
         embedding_scale: None,
         final_logit_softcap: None,
         moe: None,
+        layer_attention: Default::default(),
     })
 }
 
@@ -204,6 +205,7 @@ fn moe_tiny() -> ModelArch {
             dense_layers: Vec::new(),
             shared_expert_hidden: None,
         }),
+        layer_attention: Default::default(),
     }
 }
 

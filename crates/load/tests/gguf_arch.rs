@@ -54,6 +54,7 @@ fn base_arch(name: &str) -> ModelArch {
         embedding_scale: None,
         final_logit_softcap: None,
         moe: None,
+        layer_attention: Default::default(),
     }
 }
 

@@ -7,8 +7,12 @@
 //! (`Qwen3Attention`, `Gemma3Attention`), partial rotary (`Phi3Attention`), a score scale other
 //! than `head_dim^-½` (`query_pre_attn_scalar`), attention-logit soft-capping after the scale and
 //! before the mask (`Gemma2Attention`), a sliding window per layer (`sliding_window_overlay`) and
-//! learned sinks (`GptOssAttention`). The host kernel computes Llama's attention only; a layer with
-//! any of these ([`Attention::host_kernel_covers`]) runs as Burn ops over a device cache.
+//! learned sinks (`GptOssAttention`); no RoPE on NoPE layers (`SmolLM3Attention`,
+//! `Llama4TextAttention`: `use_rope = no_rope_layers[layer_idx]`), Llama 4's chunked attention
+//! (`chunked_overlay`), its weightless L2 norm of q and k after RoPE (`Llama4TextL2Norm`) and its
+//! attention temperature on the NoPE layers' queries (`attn_temperature_tuning`). The host kernel
+//! computes Llama's attention only; a layer with any of these ([`Attention::host_kernel_covers`])
+//! runs as Burn ops over a device cache.
 //!
 //! **Invariant: a row's output depends only on its own visible keys ([`Positions::visible`]),
 //! never on the other rows of its batch; softmax runs in f32 in every compute dtype.**
@@ -27,6 +31,7 @@ use crate::host::linear::PackedLinear;
 use crate::host::placement::{self, RoundingPath};
 use crate::host::rope::HostRope;
 use crate::norm::RmsNorm;
+use crate::positions::Span;
 use crate::rope::rotate_pairs;
 use crate::tensors::{host_f32, mul_scalar_opmath, upload, upload_owned};
 use crate::{KvCache, Positions, Projection, Projections, Rope};
@@ -48,11 +53,11 @@ pub(crate) struct ForwardContext<'a> {
     /// The same tables on the host (from [`Rope::host_tables`]), for the host path
     /// ([`Attention::forward`] with host linear layers and a host cache).
     pub host_rope: Option<Vec<HostRope>>,
-    /// One mask per distinct sliding window of the model (`None`: full causal attention),
+    /// One mask per distinct [`Span`] of the model's layers (the default: full causal attention),
     /// `[batch, 1, 1, new, cached + new]`, f32, 0 where a key is visible and −∞ where not; built
     /// only for device caches (the host kernel asks `positions`).
-    pub mask: Option<Vec<(Option<usize>, Tensor<5>)>>,
-    /// One boolean mask per distinct sliding window and head grouping (`[kv_heads, rep]`) of the
+    pub mask: Option<Vec<(Span, Tensor<5>)>>,
+    /// One boolean mask per distinct [`Span`] and head grouping (`[kv_heads, rep]`) of the
     /// layers with fused caches, `[batch, kv_heads, rep * new, cached + new]`, `true` where a key
     /// is hidden ([`Positions::grouped_hidden`]); built only for fused caches.
     pub fused_mask: Option<Vec<GroupedMask>>,
@@ -76,19 +81,18 @@ pub(crate) struct ForwardContext<'a> {
 /// RoPE tables for stacked q/k/v and what they were built for: (rope index, `rep`).
 pub(crate) type GroupedTables = ((usize, usize), (Tensor<5>, Tensor<5>));
 
-/// A fused-attention mask and what it was built for: the sliding window and `[kv_heads, rep]`.
-pub(crate) type GroupedMask = ((Option<usize>, [usize; 2]), Tensor<4, Bool>);
+/// A fused-attention mask and what it was built for: the [`Span`] and `[kv_heads, rep]`.
+pub(crate) type GroupedMask = ((Span, [usize; 2]), Tensor<4, Bool>);
 
 impl ForwardContext<'_> {
-    /// The boolean mask of sliding window `window` for heads grouped as `[kv_heads, rep]`, for a
-    /// fused cache.
+    /// The boolean mask of `span` for heads grouped as `[kv_heads, rep]`, for a fused cache.
     ///
     /// # Panics
-    /// If the pass built none for them (it builds one per window and grouping of the layers with
+    /// If the pass built none for them (it builds one per span and grouping of the layers with
     /// fused caches).
-    fn grouped_mask(&self, window: Option<usize>, grouping: [usize; 2]) -> &Tensor<4, Bool> {
+    fn grouped_mask(&self, span: Span, grouping: [usize; 2]) -> &Tensor<4, Bool> {
         let masks = self.fused_mask.as_ref().expect("a fused cache needs the boolean attention mask");
-        &masks.iter().find(|(key, _)| *key == (window, grouping)).expect("a mask for every fused layer").1
+        &masks.iter().find(|(key, _)| *key == (span, grouping)).expect("a mask for every fused layer").1
     }
 
     /// The device RoPE tables of rope `index`.
@@ -114,13 +118,13 @@ impl ForwardContext<'_> {
         &tables.iter().find(|(key, _)| *key == (index, rep)).expect("grouped tables for every stacked layer").1
     }
 
-    /// The mask of sliding window `window` (`None`: causal), for a device cache.
+    /// The mask of `span`, for a device cache.
     ///
     /// # Panics
-    /// If the pass built no mask for it (it builds one per window of the model for device caches).
-    fn window_mask(&self, window: Option<usize>) -> &Tensor<5> {
+    /// If the pass built no mask for it (it builds one per span of the model for device caches).
+    fn window_mask(&self, span: Span) -> &Tensor<5> {
         let masks = self.mask.as_ref().expect("a device cache needs the attention mask");
-        &masks.iter().find(|(w, _)| *w == window).expect("a mask for every window of the model").1
+        &masks.iter().find(|(w, _)| *w == span).expect("a mask for every span of the model").1
     }
 
     /// A linear layer's input, rounded as the variant's activation quantization says (unchanged
@@ -212,6 +216,27 @@ pub struct AttentionSpec {
     pub rope: usize,
     /// Whether that rope rotates only the first dimensions of each head.
     pub partial_rotary: bool,
+    /// A NoPE layer: queries and keys are not rotated (SmolLM3's and Llama 4's `no_rope_layers`).
+    pub nope: bool,
+    /// Chunked attention: a query sees the keys of its own chunk of positions up to itself.
+    pub chunk: Option<usize>,
+    /// Llama 4's weightless L2 norm of each query and key head after RoPE, with this epsilon.
+    pub l2_norm: Option<f32>,
+    /// Llama 4's attention temperature: queries scaled by a factor of their position.
+    pub temperature: Option<qdrift_weights::AttnTemperature>,
+}
+
+impl AttentionSpec {
+    /// The keys this layer's queries see within their causal context.
+    pub(crate) fn span(&self) -> Span {
+        Span { window: self.window, chunk: self.chunk }
+    }
+
+    /// Whether the layer has a feature of SmolLM3 or Llama 4 (NoPE, chunks, L2 norm,
+    /// temperature), which only the unstacked Burn path computes.
+    pub(crate) fn per_layer_features(&self) -> bool {
+        self.nope || self.chunk.is_some() || self.l2_norm.is_some() || self.temperature.is_some()
+    }
 }
 
 /// Multi-head self-attention with grouped key/value heads (Ainslie et al. 2023, "GQA"): query
@@ -251,8 +276,9 @@ impl Attention {
     /// sinks, `1/√head_dim` scores, no soft cap, no window, whole heads rotated). Biases are the
     /// host linear layers'.
     pub(crate) fn host_kernel_covers(&self) -> bool {
-        let AttentionSpec { scale, softcap, window, rope: _, partial_rotary } = self.spec;
-        self.q_norm.is_none()
+        let AttentionSpec { scale, softcap, window, rope: _, partial_rotary, .. } = self.spec;
+        !self.spec.per_layer_features()
+            && self.q_norm.is_none()
             && self.k_norm.is_none()
             && self.sinks.is_none()
             && scale.is_none()
@@ -383,7 +409,19 @@ impl Attention {
                 let q = Self::norm_heads(self.q_norm.as_ref(), q.reshape([b, t, h, hd]));
                 let k = Self::norm_heads(self.k_norm.as_ref(), k.reshape([b, t, kvh, hd]));
                 let swap = context.swap(self.spec.rope);
-                let (q, k) = (rope.apply(q, cos, sin, swap), rope.apply(k, cos, sin, swap));
+                let (q, k) = if self.spec.nope {
+                    (q, k)
+                } else {
+                    (rope.apply(q, cos, sin, swap), rope.apply(k, cos, sin, swap))
+                };
+                let (q, k) = match self.spec.l2_norm {
+                    Some(eps) => (l2_norm_heads(q, eps), l2_norm_heads(k, eps)),
+                    None => (q, k),
+                };
+                let q = match self.spec.temperature {
+                    Some(temperature) => scale_by_temperature(q, temperature, context),
+                    None => q,
+                };
                 let kv = Tensor::cat(vec![k.reshape([b, t, kvh, 1, hd]), v.reshape([b, t, kvh, 1, hd])], 3);
                 (q.reshape([b, t, kvh, rep, hd]), kv)
             }
@@ -418,10 +456,10 @@ impl Attention {
         let out = if cache.kernel() == crate::AttentionKernel::Fused {
             assert!(self.fused_op_covers(), "this attention layer needs a composed cache (Llama::new_caches_for)");
             let q = q.reshape([b, kvh, rep * t, hd]);
-            let out = self.attend_fused(q, k, v, context.grouped_mask(self.spec.window, [kvh, rep]));
+            let out = self.attend_fused(q, k, v, context.grouped_mask(self.spec.span(), [kvh, rep]));
             out.reshape([b, kvh, rep, t, hd])
         } else {
-            let mask = context.window_mask(self.spec.window);
+            let mask = context.window_mask(self.spec.span());
             let scores = q.matmul(k.unsqueeze_dim::<5>(2).swap_dims(3, 4));
             let weights = self.weights(scores, mask).cast(dtype);
             weights.matmul(v.unsqueeze_dim::<5>(2))
@@ -505,6 +543,37 @@ impl Attention {
         context.round_host_input(&mut out, [b, t, h * hd]);
         out
     }
+}
+
+/// Llama 4's weightless L2 norm of every head (`Llama4TextL2Norm`: `x · rsqrt(mean(x²) + eps)`,
+/// computed in f32 and cast back to the compute dtype).
+///
+/// # Shapes
+/// - `x`: `[batch, new, heads, head_dim]` → same
+fn l2_norm_heads(x: Tensor<4>, eps: f32) -> Tensor<4> {
+    let dtype = x.dtype();
+    let x = x.cast(DType::F32);
+    let rms = x.clone().powi_scalar(2).mean_dim(3).add_scalar(f64::from(eps)).sqrt();
+    x.div(rms).cast(dtype)
+}
+
+/// Queries multiplied by Llama 4's attention temperature of their positions (counted from each
+/// row's first real token, `Positions::rows`), in f32 and cast back to the compute dtype
+/// (`(query_states * attn_scales).to(query_states.dtype)`).
+///
+/// # Shapes
+/// - `q`: `[batch, new, heads, head_dim]` → same
+fn scale_by_temperature(
+    q: Tensor<4>,
+    temperature: qdrift_weights::AttnTemperature,
+    context: &ForwardContext,
+) -> Tensor<4> {
+    let [b, t, _, _] = q.dims();
+    let (dtype, device) = (q.dtype(), q.device());
+    let factors: Vec<f32> =
+        context.positions.rows(context.start, t).iter().flatten().map(|&p| temperature.factor(p)).collect();
+    let factors = upload_owned(factors, [b, t, 1, 1], DType::F32, &device);
+    q.cast(DType::F32).mul(factors).cast(dtype)
 }
 
 /// The new columns' queries, keys and values, for the host kernel ([`Attention::attend_host`]):

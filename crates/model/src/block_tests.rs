@@ -58,6 +58,7 @@ fn base_arch(head_dim: usize) -> ModelArch {
         embedding_scale: None,
         final_logit_softcap: None,
         moe: None,
+        layer_attention: Default::default(),
     }
 }
 

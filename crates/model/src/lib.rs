@@ -15,9 +15,13 @@
 //! describe (Qwen3, Qwen3-MoE, Gemma 2/3, Phi-3, Mixtral, gpt-oss): an explicit head width, per-head q/k
 //! norms, `x·(1 + w)` and sandwich norms, partial rotary, linear and YaRN RoPE and a RoPE per
 //! layer, attention scale and soft cap, sinks, sliding windows, o and FFN biases, GELU-tanh and
-//! clamped SwiGLU, an embedding scale, a final-logit soft cap and mixtures of experts. The CPU host kernels compute
-//! Llama's block only: a layer with any of these features falls back to Burn's ops (on the CPU
-//! backend too) over a device cache, and `Llama::steps_match_teacher_forcing` is then false.
+//! clamped SwiGLU, an embedding scale, a final-logit soft cap and mixtures of experts; and what
+//! `ModelArch::layer_attention` describes (SmolLM3, Llama 4): NoPE layers, chunked attention
+//! (`Positions::visible_span`), Llama 4's L2 q/k norm after RoPE and its attention temperature on
+//! the NoPE layers' queries, and Llama 4's experts scaled on their input with an ungated shared
+//! expert. The CPU host kernels compute Llama's block only: a layer with any of these features
+//! falls back to Burn's ops (on the CPU backend too) over a device cache, and
+//! `Llama::steps_match_teacher_forcing` is then false.
 //!
 //! Files:
 //! - `activation.rs`: the gated activations of a feed-forward layer (SwiGLU, GELU-tanh, clamped

@@ -323,11 +323,15 @@ impl Uploader<'_> {
             window: arch.window(i),
             rope,
             partial_rotary: arch.rotary_dim() < hd,
+            nope: !arch.uses_rope(i),
+            chunk: arch.chunk(i),
+            l2_norm: arch.qk_l2_norm(i),
+            temperature: arch.temperature(i),
         };
         let sinks = l.sinks.as_ref().map(|s| self.vector(&attn("sinks"), s, arch.n_heads)).transpose()?;
         // q, k and v stacked by key/value head group, rotated together (`Attention::forward`):
         // only where no per-head norm or partial rotation treats q and k apart from v.
-        let stack_qkv = l.q_norm.is_none() && l.k_norm.is_none() && !spec.partial_rotary;
+        let stack_qkv = l.q_norm.is_none() && l.k_norm.is_none() && !spec.partial_rotary && !spec.per_layer_features();
         Ok(Block {
             attn_norm: self.norm(p("input_layernorm"), &l.attn_norm, d)?,
             attn: Attention {
@@ -710,15 +714,15 @@ impl Llama {
             .collect()
     }
 
-    /// The distinct sliding windows of the layers (`None`: full causal attention), each once.
-    fn windows(&self) -> Vec<Option<usize>> {
-        let mut windows = Vec::new();
+    /// The distinct spans (sliding windows, chunks) of the layers, each once.
+    fn spans(&self) -> Vec<crate::positions::Span> {
+        let mut spans = Vec::new();
         for l in &self.layers {
-            if !windows.contains(&l.attn.spec.window) {
-                windows.push(l.attn.spec.window);
+            if !spans.contains(&l.attn.spec.span()) {
+                spans.push(l.attn.spec.span());
             }
         }
-        windows
+        spans
     }
 
     /// Runs new token columns through the model, appending them to the caches.
@@ -831,12 +835,12 @@ impl Llama {
         let tables = placement::pass_tables(self.host_layers(), caches.iter().map(KvCache::kernel));
         let mask = tables
             .mask
-            .then(|| self.windows().into_iter().map(|w| (w, positions.window_mask(start, t, w, &device))).collect());
+            .then(|| self.spans().into_iter().map(|w| (w, positions.window_mask(start, t, w, &device))).collect());
         let fused_mask = tables.fused_mask.then(|| {
             let mut masks: Vec<crate::attention::GroupedMask> = Vec::new();
             for (layer, cache) in self.layers.iter().zip(caches.iter()) {
                 let a = &layer.attn;
-                let key = (a.spec.window, [a.kv_heads, a.heads / a.kv_heads]);
+                let key = (a.spec.span(), [a.kv_heads, a.heads / a.kv_heads]);
                 if cache.kernel() == AttentionKernel::Fused && !masks.iter().any(|(k, _)| *k == key) {
                     masks.push((key, positions.grouped_hidden((start, t), key.0, key.1, &device)));
                 }

@@ -46,6 +46,12 @@
 //! reference's model-dtype `F.sigmoid`), so both paths scale by the same values. The shared FFN
 //! rounds its input and its down projection's input as the dense layer does.
 //!
+//! **Llama 4** (`Llama4TextMoe`, [`Routing::SigmoidInput`]): the chosen experts' weights
+//! `σ(logit)` (f32, rounded to the compute dtype) multiply each expert's *input* rows (after the
+//! activation rounding) and the outputs are added unweighted; its shared expert is ungated (no
+//! gate row) and added as it is. Such a layer runs as Burn ops on every backend (the host path
+//! scales outputs only).
+//!
 //! **Routing capture.** [`MoeLayer::forward_recording`] appends each pass's choices to a
 //! [`RoutingRecord`] (layer → `[batch, seq, top_k]` expert ids in order of weight), for the
 //! routing-drift metrics.
@@ -82,13 +88,13 @@ pub struct Expert {
 }
 
 /// Qwen2-MoE's shared expert (see the module documentation): the FFN every row runs and its
-/// sigmoid gate.
+/// sigmoid gate (none for Llama 4's).
 #[derive(Module, Debug)]
 pub struct SharedExpertLayer {
     /// The FFN, `[shared_hidden, dim]` gate and up projections.
     pub ffn: FeedForward,
-    /// The gate, `[1, dim]` as host weights.
-    pub gate: Projection,
+    /// The gate, `[1, dim]` as host weights; `None` for an ungated shared expert.
+    pub gate: Option<Projection>,
 }
 
 /// A mixture-of-experts feed-forward layer (see the module documentation).
@@ -159,7 +165,11 @@ impl MoeLayer {
             (None, None) => None,
             (Some(sh), Some(w)) => Some(SharedExpertLayer {
                 ffn: gated_ffn(&name("shared_expert"), &sh.mlp, [w, dim], activation, store)?,
-                gate: projection(&name("shared_expert_gate"), &sh.gate, None, [1, dim], store)?,
+                gate: if sh.gate.shape.first() == Some(&0) {
+                    None
+                } else {
+                    Some(projection(&name("shared_expert_gate"), &sh.gate, None, [1, dim], store)?)
+                },
             }),
             (given, _) => {
                 return Err(ModelError::Arch(format!(
@@ -185,8 +195,14 @@ impl MoeLayer {
                 Mlp { gate, up, down, gate_bias, up_bias, down_bias }
             })
             .collect();
-        let shared =
-            self.shared.as_ref().map(|s| SharedExpert { mlp: s.ffn.host_weights(), gate: s.gate.host_weights().0 });
+        let dim = self.router.host_weights().0.shape.get(1).copied().unwrap_or(0);
+        let shared = self.shared.as_ref().map(|s| SharedExpert {
+            mlp: s.ffn.host_weights(),
+            gate: s
+                .gate
+                .as_ref()
+                .map_or_else(|| HostTensor { shape: vec![0, dim], data: Vec::new() }, |g| g.host_weights().0),
+        });
         Experts { router, router_bias, experts, shared }
     }
 
@@ -246,8 +262,11 @@ impl MoeLayer {
         let routes = route(&logits, self.n_experts(), self.top_k, self.routing);
         self.record(record, [b, t], &routes);
         let shared = self.shared.as_ref().map(|s| {
-            let g = shared_gate_weights(host_f32(s.gate.forward_to(x.clone(), DType::F32)));
-            (s.ffn.forward(x.clone(), context).reshape([rows, dim]), upload(&g, [rows, 1], dtype, &device))
+            let g = s.gate.as_ref().map(|gate| {
+                let g = shared_gate_weights(host_f32(gate.forward_to(x.clone(), DType::F32)));
+                upload(&g, [rows, 1], dtype, &device)
+            });
+            (s.ffn.forward(x.clone(), context).reshape([rows, dim]), g)
         });
         let groups = routes.by_expert(self.n_experts());
         let xs = context.round_input(x).reshape([rows, dim]);
@@ -258,7 +277,11 @@ impl MoeLayer {
             .map(|(expert, g)| {
                 (!g.rows.is_empty()).then(|| {
                     let n = g.rows.len();
-                    let xe = xs.clone().select(0, indices(&g.rows, &device)).reshape([1, n, dim]);
+                    let mut xe = xs.clone().select(0, indices(&g.rows, &device)).reshape([1, n, dim]);
+                    if self.routing.scales_input() {
+                        // `routed_in * router_scores`: the weight scales the expert's input.
+                        xe = xe * upload(&g.weights, [1, n, 1], dtype, &device);
+                    }
                     let h = gated(self.activation, expert.gate.forward(xe.clone()), expert.up.forward(xe));
                     h.reshape([n, self.expert_hidden()])
                 })
@@ -270,11 +293,13 @@ impl MoeLayer {
             let Some(h) = h else { continue };
             let n = g.rows.len();
             let y = expert.down.forward(h.reshape([1, n, self.expert_hidden()])).reshape([n, dim]);
-            let w = upload(&g.weights, [n, 1], dtype, &device);
-            out = out.select_assign(0, indices(&g.rows, &device), y * w, IndexingUpdateOp::Add);
+            let y = if self.routing.scales_input() { y } else { y * upload(&g.weights, [n, 1], dtype, &device) };
+            out = out.select_assign(0, indices(&g.rows, &device), y, IndexingUpdateOp::Add);
         }
-        if let Some((y, g)) = shared {
-            out = out + y * g;
+        match shared {
+            Some((y, Some(g))) => out = out + y * g,
+            Some((y, None)) => out = out + y,
+            None => {}
         }
         out.reshape([b, t, dim])
     }
@@ -286,11 +311,16 @@ impl MoeLayer {
     }
 
     /// Whether the router, every expert and the shared expert with its gate are packed on the
-    /// host and the host kernels cover the activation (SwiGLU; the others run as Burn ops).
+    /// host and the host kernels cover the activation (SwiGLU; the others run as Burn ops) and
+    /// the routing (weights scaling outputs; Llama 4's scale inputs and run as Burn ops).
     pub(crate) fn packed_on_host(&self) -> bool {
         self.activation == Activation::SwiGlu
+            && !self.routing.scales_input()
             && self.router.packed().is_some()
-            && self.shared.as_ref().is_none_or(|s| s.ffn.packed_on_host() && s.gate.packed().is_some())
+            && self
+                .shared
+                .as_ref()
+                .is_none_or(|s| s.ffn.packed_on_host() && s.gate.as_ref().is_none_or(|g| g.packed().is_some()))
             && self
                 .experts
                 .iter()
@@ -322,7 +352,7 @@ impl MoeLayer {
         self.record(record, [b, t], &routes);
         // The shared expert on the unrounded input (it rounds its own), scaled by its gate.
         let shared = self.shared.as_ref().map(|s| {
-            let g = shared_gate_weights(packed(&s.gate).forward_rounded(&xs, rows, f16));
+            let g = s.gate.as_ref().map(|g| shared_gate_weights(packed(g).forward_rounded(&xs, rows, f16)));
             (s.ffn.forward_host(xs.clone(), [b, t], context), g)
         });
         let groups = routes.by_expert(self.n_experts());
@@ -365,6 +395,8 @@ impl MoeLayer {
             }
         }
         if let Some((y, g)) = shared {
+            // An ungated shared expert is scaled by 1 (exact).
+            let g = g.unwrap_or_else(|| vec![1.0; rows]);
             for ((row, yv), &g) in out.chunks_exact_mut(dim).zip(y.chunks_exact(dim)).zip(&g) {
                 add_scaled(row, yv, g, f16);
             }
@@ -552,7 +584,8 @@ impl Routes {
 /// Routes each row of router logits, in f32:
 /// - [`Routing::SoftmaxTopK`]: softmax over all experts, the `top_k` largest probabilities
 ///   (`Qwen3MoeTopKRouter`, `MixtralTopKRouter`), divided by their sum when `renormalize`;
-/// - [`Routing::TopKSoftmax`]: the `top_k` largest logits, softmax over them (`GptOssTopKRouter`).
+/// - [`Routing::TopKSoftmax`]: the `top_k` largest logits, softmax over them (`GptOssTopKRouter`);
+/// - [`Routing::SigmoidInput`]: the `top_k` largest logits, `σ` of each (`Llama4Router`).
 ///
 /// The top-k is `torch.topk`'s: sorted descending, NaN above every number, equal values in
 /// ascending expert id.
@@ -571,7 +604,7 @@ pub(crate) fn route(logits: &[f32], n_experts: usize, top_k: usize, routing: Rou
                 softmax(row, &mut probs);
                 &probs[..]
             }
-            Routing::TopKSoftmax => row,
+            Routing::TopKSoftmax | Routing::SigmoidInput => row,
         };
         order.clear();
         order.extend(0..n_experts);
@@ -588,6 +621,7 @@ pub(crate) fn route(logits: &[f32], n_experts: usize, top_k: usize, routing: Rou
                 let logits = w.clone();
                 softmax(&logits, &mut w);
             }
+            Routing::SigmoidInput => w.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp())),
         }
         experts.extend(chosen.iter().map(|&e| e as u32));
         weights.extend(w);
@@ -740,7 +774,7 @@ mod tests {
         };
         let scores = match routing {
             Routing::SoftmaxTopK { .. } => softmax(row),
-            Routing::TopKSoftmax => row.to_vec(),
+            Routing::TopKSoftmax | Routing::SigmoidInput => row.to_vec(),
         };
         let mut ids: Vec<usize> = (0..row.len()).collect();
         ids.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
@@ -753,6 +787,7 @@ mod tests {
             }
             Routing::SoftmaxTopK { renormalize: false } => chosen,
             Routing::TopKSoftmax => softmax(&chosen),
+            Routing::SigmoidInput => chosen.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
         };
         (ids, w)
     }

@@ -3,6 +3,16 @@
 
 use burn::tensor::{Bool, DType, Device, Tensor, TensorData};
 
+/// Which keys a layer's queries see within their causal context: those of a sliding window, those
+/// of their own chunk (Llama 4's chunked attention), or all (the default).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Span {
+    /// Sliding window: the keys at positions `q − window < k ≤ q`.
+    pub window: Option<usize>,
+    /// Chunk: the keys at positions `k ≤ q` with `⌊k / chunk⌋ = ⌊q / chunk⌋`.
+    pub chunk: Option<usize>,
+}
+
 /// Where each row of a batch starts: prompts of different lengths are left-padded so that they
 /// all end in the same column, and every row counts its positions from its own first token.
 ///
@@ -46,6 +56,18 @@ impl Positions {
         }
     }
 
+    /// [`Positions::visible_within`] `span`'s window, and within the query's own chunk where `span`
+    /// chunks: the keys at positions `k ≤ q` with `⌊k / chunk⌋ = ⌊q / chunk⌋`
+    /// (`transformers`' `chunked_overlay`, which counts positions from the row's left padding).
+    pub(crate) fn visible_span(&self, row: usize, column: usize, span: Span) -> std::ops::Range<usize> {
+        let r = self.visible_within(row, column, span.window);
+        let p = self.pad[row];
+        match span.chunk {
+            Some(c) if column >= p => r.start.max(p + (column - p) / c * c)..r.end,
+            _ => r,
+        }
+    }
+
     /// 1 for the real tokens in columns `start..start + len` and 0 for padding.
     ///
     /// # Shapes
@@ -57,17 +79,17 @@ impl Positions {
     }
 
     /// The additive attention mask for queries in columns `start..start + len` over keys in
-    /// columns `0..start + len`: 0 where [`Positions::visible_within`] the sliding window
-    /// `window` (`None`: causal), −∞ elsewhere.
+    /// columns `0..start + len`: 0 where [`Positions::visible_span`] `span` (the default:
+    /// causal), −∞ elsewhere.
     ///
     /// # Shapes
     /// - returns `[batch, 1, 1, len, start + len]`, f32
-    pub(crate) fn window_mask(&self, start: usize, len: usize, window: Option<usize>, device: &Device) -> Tensor<5> {
+    pub(crate) fn window_mask(&self, start: usize, len: usize, span: Span, device: &Device) -> Tensor<5> {
         let keys = start + len;
         let mut m = Vec::with_capacity(self.pad.len() * len * keys);
         for row in 0..self.pad.len() {
             for q in start..start + len {
-                let visible = self.visible_within(row, q, window);
+                let visible = self.visible_span(row, q, span);
                 m.extend((0..keys).map(|k| if visible.contains(&k) { 0.0f32 } else { f32::NEG_INFINITY }));
             }
         }
@@ -84,7 +106,7 @@ impl Positions {
     pub(crate) fn grouped_hidden(
         &self,
         (start, len): (usize, usize),
-        window: Option<usize>,
+        span: Span,
         [kv_heads, rep]: [usize; 2],
         device: &Device,
     ) -> Tensor<4, Bool> {
@@ -93,7 +115,7 @@ impl Positions {
         for row in 0..self.pad.len() {
             let rows: Vec<bool> = (start..start + len)
                 .flat_map(|q| {
-                    let visible = self.visible_within(row, q, window);
+                    let visible = self.visible_span(row, q, span);
                     (0..keys).map(move |k| !visible.contains(&k))
                 })
                 .collect();
@@ -120,5 +142,19 @@ mod tests {
         assert_eq!(p.visible_within(1, 5, Some(3)), 4..6, "not the padding before column 4");
         assert_eq!(p.visible_within(1, 7, Some(3)), 5..8);
         assert_eq!(p.visible_within(1, 2, Some(3)), 2..3, "a padding query sees itself");
+    }
+
+    /// Chunks of 4 count positions from each row's first real token: position 5 sees positions
+    /// 4 and 5, position 3 sees 0..=3; a padding query sees itself.
+    #[test]
+    fn a_chunk_sees_its_own_chunk_up_to_the_query() {
+        let p = Positions { pad: vec![0, 2] };
+        let chunk = Span { window: None, chunk: Some(4) };
+        assert_eq!(p.visible_span(0, 5, chunk), 4..6);
+        assert_eq!(p.visible_span(0, 3, chunk), 0..4);
+        assert_eq!(p.visible_span(0, 4, chunk), 4..5);
+        assert_eq!(p.visible_span(1, 7, chunk), 6..8, "position 5 of row 1 is column 7");
+        assert_eq!(p.visible_span(1, 5, chunk), 2..6, "position 3 sees from column 2 on");
+        assert_eq!(p.visible_span(1, 1, chunk), 1..2, "a padding query sees itself");
     }
 }

@@ -85,6 +85,7 @@ fn stories_arch() -> ModelArch {
         embedding_scale: None,
         final_logit_softcap: None,
         moe: None,
+        layer_attention: Default::default(),
     }
 }
 

@@ -1,5 +1,5 @@
 //! The in-memory form of a model: a decoder's description ([`ModelArch`], with its
-//! [`BlockSpec`], [`RopeScaling`] and [`MoeSpec`]) and its f32 weights ([`HostModel`]:
+//! [`BlockSpec`], [`LayerAttention`], [`RopeScaling`] and [`MoeSpec`]) and its f32 weights ([`HostModel`]:
 //! [`HostTensor`]s, one [`LayerWeights`] per block, whose [`Ffn`] is dense or a mixture of
 //! [`Experts`]).
 //!
@@ -82,6 +82,65 @@ pub struct ModelArch {
     /// The mixture of experts of the layers whose FFN is one (`None`: every FFN is dense).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeSpec>,
+    /// Which layers rotate with RoPE, and Llama 4's chunked attention, L2 q/k norm and attention
+    /// temperature ([`LayerAttention`]); `LayerAttention::default()` for none of them.
+    #[serde(skip_serializing_if = "LayerAttention::is_plain")]
+    pub layer_attention: LayerAttention,
+}
+
+/// What SmolLM3 and Llama 4 change in attention per layer, as data. The default (every layer
+/// rotates, attends to its whole causal context, no L2 norm, no temperature) changes nothing.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LayerAttention {
+    /// Whether each layer applies RoPE to its queries and keys, `n_layers` entries, or empty when
+    /// every layer does. A layer without RoPE is a NoPE layer: `no_rope_layers[i] == 0` in
+    /// `config.json` (`SmolLM3Attention`, `Llama4TextAttention`: `use_rope =
+    /// config.no_rope_layers[layer_idx]`, so 1 means RoPE).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rope: Vec<bool>,
+    /// Chunked local attention of each layer, `n_layers` entries (`None`: full causal attention),
+    /// or empty when no layer chunks (Llama 4's `attention_chunk_size` on its `chunked_attention`
+    /// layers): a query at position `p` sees the keys at positions `k ≤ p` with
+    /// `⌊k / chunk⌋ = ⌊p / chunk⌋` (`masking_utils.chunked_overlay`, positions counted from the
+    /// row's first real token).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub chunks: Vec<Option<usize>>,
+    /// Llama 4's weightless L2 norm of every query and key head after RoPE, on the layers that
+    /// apply RoPE (`use_qk_norm`, `Llama4TextL2Norm`: `x · rsqrt(mean(x²) + eps)` in f32); the
+    /// value is its `eps` (`rms_norm_eps`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qk_l2_norm: Option<f32>,
+    /// Llama 4's attention temperature tuning on the layers without RoPE
+    /// (`attn_temperature_tuning`, [`AttnTemperature`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<AttnTemperature>,
+}
+
+impl LayerAttention {
+    /// Whether this changes nothing (the default).
+    pub fn is_plain(&self) -> bool {
+        *self == LayerAttention::default()
+    }
+}
+
+/// Llama 4's attention temperature tuning (Nakanishi 2025, arXiv 2501.19399; `Llama4TextAttention`):
+/// the queries of position `p` (counted from the row's first token) are multiplied by
+/// `ln(1 + ⌊(p + 1) / floor_scale⌋) · attn_scale + 1` before the scores.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct AttnTemperature {
+    /// `floor_scale` (8192 in Llama 4 Scout).
+    pub floor_scale: f32,
+    /// `attn_scale` (0.1).
+    pub attn_scale: f32,
+}
+
+impl AttnTemperature {
+    /// The factor the queries of position `pos` are multiplied by, in f32 as `transformers`
+    /// computes it (`torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) *
+    /// attn_scale + 1.0`, all f32 ops).
+    pub fn factor(&self, pos: usize) -> f32 {
+        ((pos as f32 + 1.0) / self.floor_scale).floor().ln_1p() * self.attn_scale + 1.0
+    }
 }
 
 /// How a block normalizes, attends and transforms, beyond the Llama block. The default is Llama's:
@@ -187,6 +246,17 @@ pub enum Routing {
     },
     /// Softmax over the chosen logits only (gpt-oss).
     TopKSoftmax,
+    /// Llama 4 (`Llama4Router`, `Llama4TextMoe`): each chosen expert's **input** is multiplied by
+    /// `σ(logit)` (computed in f32) and its output added unweighted:
+    /// `y = Σ_e expert_e(σ(r_e) · x)`.
+    SigmoidInput,
+}
+
+impl Routing {
+    /// Whether the router's weights scale the experts' inputs rather than their outputs.
+    pub fn scales_input(self) -> bool {
+        self == Routing::SigmoidInput
+    }
 }
 
 /// RoPE frequency scaling, applied by `qdrift-model`'s `Rope` to the inverse frequencies
@@ -394,6 +464,27 @@ impl ModelArch {
         }
     }
 
+    /// Whether layer `layer` rotates its queries and keys with RoPE (false on a NoPE layer,
+    /// [`LayerAttention::rope`]).
+    pub fn uses_rope(&self, layer: usize) -> bool {
+        self.layer_attention.rope.get(layer).copied().unwrap_or(true)
+    }
+
+    /// Layer `layer`'s attention chunk ([`LayerAttention::chunks`]; `None`: not chunked).
+    pub fn chunk(&self, layer: usize) -> Option<usize> {
+        self.layer_attention.chunks.get(layer).copied().flatten()
+    }
+
+    /// Layer `layer`'s L2 q/k norm epsilon: Llama 4's, on the layers that apply RoPE.
+    pub fn qk_l2_norm(&self, layer: usize) -> Option<f32> {
+        self.layer_attention.qk_l2_norm.filter(|_| self.uses_rope(layer))
+    }
+
+    /// Layer `layer`'s attention temperature: Llama 4's, on the layers without RoPE.
+    pub fn temperature(&self, layer: usize) -> Option<AttnTemperature> {
+        self.layer_attention.temperature.filter(|_| !self.uses_rope(layer))
+    }
+
     /// Whether layer `layer`'s FFN is a mixture of experts.
     pub fn has_experts(&self, layer: usize) -> bool {
         self.moe.as_ref().is_some_and(|m| !m.dense_layers.contains(&layer))
@@ -443,6 +534,15 @@ impl ModelArch {
         if self.windows.iter().flatten().any(|&w| w == 0) {
             return Err("a sliding window must be positive".to_string());
         }
+        let la = &self.layer_attention;
+        for (name, len) in [("RoPE flags", la.rope.len()), ("attention chunks", la.chunks.len())] {
+            if len != 0 && len != self.n_layers {
+                return Err(format!("{len} {name} for {} layers", self.n_layers));
+            }
+        }
+        if la.chunks.iter().flatten().any(|&c| c == 0) {
+            return Err("an attention chunk must be positive".to_string());
+        }
         let finite_positive = |name: &str, v: Option<f32>| match v {
             Some(v) if !(v > 0.0 && v.is_finite()) => Err(format!("{name} {v} must be positive")),
             _ => Ok(()),
@@ -451,6 +551,13 @@ impl ModelArch {
         finite_positive("final-logit soft cap", self.final_logit_softcap)?;
         finite_positive("attention scale", self.block.attn_scale)?;
         finite_positive("attention-logit soft cap", self.block.attn_softcap)?;
+        finite_positive("L2 q/k norm epsilon", la.qk_l2_norm)?;
+        if let Some(t) = la.temperature {
+            finite_positive("temperature floor_scale", Some(t.floor_scale))?;
+            if !t.attn_scale.is_finite() {
+                return Err(format!("temperature attn_scale {} must be finite", t.attn_scale));
+            }
+        }
         if let Activation::ClampedSwiGlu { alpha, limit } = self.block.activation {
             finite_positive("swiglu alpha", Some(alpha))?;
             finite_positive("swiglu limit", Some(limit))?;
@@ -652,13 +759,14 @@ pub struct Experts {
 
 /// Qwen2-MoE's shared expert (`Qwen2MoeSparseMoeBlock`): a gated FFN every token runs, its output
 /// scaled by `σ(gate·x)` and added to the routed experts' weighted sum:
-/// `y = Σ_e w_e·expert_e(x) + σ(gate·x) · shared(x)`.
+/// `y = Σ_e w_e·expert_e(x) + σ(gate·x) · shared(x)`. Llama 4's (`Llama4TextMoe`) is ungated:
+/// its `gate` is `[0, dim]` (no row), and `y = Σ_e expert_e(…) + shared(x)`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SharedExpert {
     /// The FFN (`mlp.shared_expert.{gate,up,down}_proj`), `shared_expert_hidden` wide.
     pub mlp: Mlp,
-    /// The sigmoid gate `mlp.shared_expert_gate`, `[1, dim]`; kept at reference precision with
-    /// the router unless `--quantize-router`.
+    /// The sigmoid gate `mlp.shared_expert_gate`, `[1, dim]`, or `[0, dim]` for an ungated shared
+    /// expert (Llama 4); kept at reference precision with the router unless `--quantize-router`.
     pub gate: HostTensor,
 }
 
@@ -885,5 +993,66 @@ impl HostModel {
         if let Some(o) = &mut self.output {
             f(o);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `log1p(floor((p + 1) / 8)) · 0.1 + 1`: 1 below position 7, `ln 2 · 0.1 + 1` from 7 to 14,
+    /// `ln 3 · 0.1 + 1` at 15.
+    #[test]
+    fn the_temperature_grows_with_the_log_of_the_position() {
+        let t = AttnTemperature { floor_scale: 8.0, attn_scale: 0.1 };
+        assert_eq!(t.factor(0), 1.0);
+        assert_eq!(t.factor(6), 1.0);
+        assert!((f64::from(t.factor(7)) - (2f64.ln() * 0.1 + 1.0)).abs() < 1e-7);
+        assert_eq!(t.factor(14), t.factor(7));
+        assert!((f64::from(t.factor(15)) - (3f64.ln() * 0.1 + 1.0)).abs() < 1e-7);
+    }
+
+    /// Per-layer lists have one entry per layer; the L2 norm follows the RoPE layers and the
+    /// temperature the NoPE ones.
+    #[test]
+    fn layer_attention_is_checked_and_split_by_rope() {
+        let mut a = ModelArch {
+            architecture: "llama".into(),
+            dim: 8,
+            hidden_dim: 16,
+            n_layers: 2,
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 4,
+            vocab_size: 10,
+            max_seq_len: 32,
+            norm_eps: 1e-6,
+            rope_theta: 1e4,
+            tied_embeddings: true,
+            rope_scaling: None,
+            block: BlockSpec::default(),
+            windows: Vec::new(),
+            local_rope_theta: None,
+            embedding_scale: None,
+            final_logit_softcap: None,
+            moe: None,
+            layer_attention: LayerAttention {
+                rope: vec![true, false],
+                chunks: vec![Some(4), None],
+                qk_l2_norm: Some(1e-6),
+                temperature: Some(AttnTemperature { floor_scale: 8.0, attn_scale: 0.1 }),
+            },
+        };
+        assert_eq!(a.validate(), Ok(()));
+        assert_eq!((a.uses_rope(0), a.uses_rope(1)), (true, false));
+        assert_eq!((a.chunk(0), a.chunk(1)), (Some(4), None));
+        assert_eq!((a.qk_l2_norm(0), a.qk_l2_norm(1)), (Some(1e-6), None));
+        assert_eq!((a.temperature(0).is_some(), a.temperature(1).is_some()), (false, true));
+        a.layer_attention.chunks = vec![Some(0), None];
+        assert_eq!(a.validate(), Err("an attention chunk must be positive".to_string()));
+        a.layer_attention.chunks = vec![Some(4)];
+        assert_eq!(a.validate(), Err("1 attention chunks for 2 layers".to_string()));
+        a.layer_attention = LayerAttention::default();
+        assert!(a.layer_attention.is_plain() && a.uses_rope(1) && a.chunk(0).is_none());
     }
 }

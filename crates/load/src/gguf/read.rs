@@ -1211,6 +1211,7 @@ pub(super) fn read_hyper_parameters(
         embedding_scale: None,
         final_logit_softcap: None,
         moe: None,
+        layer_attention: Default::default(),
     };
     arch.validate()
         .map_err(|e| LoadError::invalid(path, format!("inconsistent {} hyper-parameters: {e}", keys.arch)))?;

@@ -271,6 +271,7 @@ pub(crate) fn parse_config(path: &Path, c: &Value, tensor_count: usize) -> Resul
         embedding_scale: gemma.then(|| (dim as f64).sqrt() as f32),
         final_logit_softcap,
         moe: moe(&config, class, n_layers)?,
+        layer_attention: Default::default(),
     };
     arch.validate().map_err(|e| config.bad(format!("inconsistent hyper-parameters: {e}")))?;
     check_rope(&config, &rope.field, &arch)?;
