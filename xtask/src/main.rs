@@ -19,6 +19,14 @@
 //! - `validate-deploy` (`deploy.rs`): every manifest under `deploy/` against Kubernetes' schemas.
 //! - `wheel` (`wheel.rs`): the pip wheel; in `ci`, the wheel, the CI examples and the report schema
 //!   checked as a new user meets them.
+//!
+//! The modules import only modules on a floor below their own (`cargo xtask cycles` checks it):
+//!
+//! | floor | contents |
+//! |---|---|
+//! | `speed.rs` | `bench speed` (it reads numbers with `gpu.rs`'s parser) |
+//! | `cycles.rs`, `tidy.rs`, `deploy.rs`, `gpu.rs`, `scale.rs`, `wheel.rs` | one task each |
+//! | `common.rs` | what the tasks share |
 
 mod common;
 mod cycles;
