@@ -4,7 +4,7 @@
 //!
 //! Floors: a module whose `//!` doc has a table whose header's first cell is `floor` declares
 //! the order of its child modules, top floor first; each row's first cell names one floor's
-//! modules in backticks (`run/`, `types.rs`, [`aggregate`]). Every child must be on exactly one
+//! modules in backticks (`run/`, `types.rs`, or a doc link to the module). Every child must be on exactly one
 //! floor, every name must be a child, and a module may import only modules on floors below its
 //! own: an edge between two modules is checked in the table of their closest common ancestor
 //! (`check::memory` → `types` in the root's, `run::scoring` → `run::texts` in `run`'s). An edge

@@ -143,3 +143,53 @@ pub fn evaluate_auto(
         prompts = next;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn gated() -> EvalConfig {
+        let mut cfg = EvalConfig::new(PathBuf::from("model.bin"));
+        let thresholds = qdrift_report::Thresholds::parse("[variant.int8]\n\"kld@10\" = { max = 4.5e-4 }\n");
+        cfg.gate = thresholds.ok().map(|t| (PathBuf::from("thresholds.toml"), t));
+        assert!(cfg.gate.is_some(), "the thresholds parse");
+        cfg
+    }
+
+    #[test]
+    fn what_rounds_cannot_repeat_is_refused_in_the_flags_words() {
+        assert!(check_auto(&gated(), 16).is_ok());
+        let message = |cfg: &EvalConfig, max| check_auto(cfg, max).map_err(|e| e.to_string()).err().unwrap_or_default();
+        assert_eq!(message(&gated(), 0), "--max-prompts 0: a round needs at least one prompt");
+        let ungated = EvalConfig::new(PathBuf::from("model.bin"));
+        assert!(message(&ungated, 8).ends_with("give --gate thresholds.toml"), "{}", message(&ungated, 8));
+        let mut sharded = gated();
+        sharded.shard = "0/2".parse().ok();
+        assert_eq!(message(&sharded, 8), "--prompts auto runs several rounds and cannot be combined with --shard");
+        let mut saving = gated();
+        saving.save_reference = Some(PathBuf::from("ref"));
+        assert!(message(&saving, 8).ends_with("with --save-reference"), "{}", message(&saving, 8));
+    }
+
+    #[test]
+    fn each_decision_is_one_line() {
+        let shown = [
+            AutoRound::Start { prompts: 4, max: 32 },
+            AutoRound::Inconclusive { open: 1, checks: 1, prompts: 4, next: 8 },
+            AutoRound::Resolved { prompts: 8 },
+            AutoRound::SetExhausted { prompts: 5 },
+        ]
+        .map(|r| r.to_string());
+        assert_eq!(
+            shown,
+            [
+                "a round of 4 prompts (at most 32)",
+                "1 of 1 checks inconclusive at 4 prompts; next round 8",
+                "every check resolved at 8 prompts",
+                "the eval set has 5 prompts, all of them used",
+            ]
+        );
+    }
+}
