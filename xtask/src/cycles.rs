@@ -4,12 +4,12 @@
 //!
 //! Floors: a module whose `//!` doc has a table whose header's first cell is `floor` declares
 //! the order of its child modules, top floor first; each row's first cell names one floor's
-//! modules in backticks (`run/`, `types.rs`, or a doc link to the module). Every child must be on exactly one
-//! floor, every name must be a child, and a module may import only modules on floors below its
-//! own: an edge between two modules is checked in the table of their closest common ancestor
-//! (`check::memory` → `types` in the root's, `run::scoring` → `run::texts` in `run`'s). An edge
-//! between a module and its own ancestor is left to the cycle check. A crate declares floors where
-//! its graph has a one-way order; those without a table are checked for cycles only.
+//! modules in backticks (`run/`, `types.rs`, or a doc link to the module). Every child must be on
+//! exactly one floor, every name must be a child, and a module may import only modules on floors
+//! below its own: an edge between two modules is checked in the table of their closest common
+//! ancestor (`check::memory` → `types` in the root's, `run::scoring` → `run::texts` in `run`'s).
+//! An edge between a module and its own ancestor is left to the cycle check. A crate declares
+//! floors where its graph has a one-way order; those without a table are checked for cycles only.
 //!
 //! Written here rather than taken from a crate: `cargo-modules` builds rust-analyzer (tens of
 //! minutes on two cores) and reports items, not the file-level "who imports whom" that a reader
