@@ -1,6 +1,15 @@
-//! `cargo xtask cycles`: the import graph between the modules (files) of each crate, and any
-//! cycle in it. CI runs it with the lints: no crate may have a module cycle (ARCHITECTURE.md's
-//! invariant "data flows one way" holds inside crates too).
+//! `cargo xtask cycles`: the import graph between the modules (files) of each crate, any cycle in
+//! it, and any import up a declared floor. CI runs it with the lints: no crate may have a module
+//! cycle (ARCHITECTURE.md's invariant "data flows one way" holds inside crates too).
+//!
+//! Floors: a module whose `//!` doc has a table whose header's first cell is `floor` declares
+//! the order of its child modules, top floor first; each row's first cell names one floor's
+//! modules in backticks (`run/`, `types.rs`, or a doc link to the module). Every child must be on
+//! exactly one floor, every name must be a child, and a module may import only modules on floors
+//! below its own: an edge between two modules is checked in the table of their closest common
+//! ancestor (`check::memory` → `types` in the root's, `run::scoring` → `run::texts` in `run`'s).
+//! An edge between a module and its own ancestor is left to the cycle check. A crate declares
+//! floors where its graph has a one-way order; those without a table are checked for cycles only.
 //!
 //! Written here rather than taken from a crate: `cargo-modules` builds rust-analyzer (tens of
 //! minutes on two cores) and reports items, not the file-level "who imports whom" that a reader
@@ -24,6 +33,8 @@ struct Module {
     file: PathBuf,
     code: String,
     items: BTreeSet<String>,
+    /// Its child modules' floors, top first, when its doc declares them ([`floor_table`]).
+    floors: Option<Vec<Vec<String>>>,
 }
 
 /// The import graph of one crate.
@@ -52,13 +63,21 @@ pub fn check(root: &Path) -> Result<(), String> {
         };
         let graph = Graph::read(&dir.file_name().unwrap_or_default().to_string_lossy(), &root_file)?;
         let cycles = graph.cycles();
+        let upward = graph.upward();
+        let declared = graph.modules.values().filter(|m| m.floors.is_some()).count();
         println!(
-            "xtask: cycles: {:<10} {:>3} modules, {:>3} edges, {} cycles",
+            "xtask: cycles: {:<10} {:>3} modules, {:>3} edges, {} cycles, {}",
             graph.name,
             graph.modules.len(),
             graph.edges.len(),
-            cycles.len()
+            cycles.len(),
+            if declared == 0 {
+                "no floors declared".to_string()
+            } else {
+                format!("floors in {declared} modules, {} upward imports", upward.len())
+            }
         );
+        failures.extend(upward.into_iter().map(|u| format!("{}: {u}", graph.name)));
         for cycle in cycles {
             let names: Vec<String> = cycle.iter().map(|m| display(m)).collect();
             let mut lines = vec![format!("{}: module cycle {}", graph.name, names.join(" ↔ "))];
@@ -71,10 +90,10 @@ pub fn check(root: &Path) -> Result<(), String> {
         }
     }
     if failures.is_empty() {
-        println!("xtask: cycles: none");
+        println!("xtask: cycles: none, and no upward import");
         Ok(())
     } else {
-        Err(format!("module import cycles:\n{}", failures.join("\n")))
+        Err(format!("module import cycles or upward imports:\n{}", failures.join("\n")))
     }
 }
 
@@ -108,7 +127,8 @@ impl Graph {
                 }
             }
             let items = defined_items(&code);
-            modules.insert(path, Module { file, code, items });
+            let floors = floor_table(&text);
+            modules.insert(path, Module { file, code, items, floors });
         }
         let mut graph = Graph { name: name.to_string(), modules, edges: BTreeMap::new() };
         graph.edges = graph.find_edges();
@@ -224,6 +244,53 @@ impl Graph {
         Some(module.to_vec())
     }
 
+    /// Every breach of a declared floor order: a child on no floor or a name on a floor that is
+    /// no child, and each import of a module on the same or a higher floor, naming the file, the
+    /// line and the path imported.
+    pub fn upward(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (parent, module) in &self.modules {
+            let Some(floors) = &module.floors else { continue };
+            let children: BTreeSet<&String> = self
+                .modules
+                .keys()
+                .filter(|k| k.len() == parent.len() + 1 && k.starts_with(parent))
+                .filter_map(|k| k.last())
+                .collect();
+            let declared: Vec<&String> = floors.iter().flatten().collect();
+            for child in &children {
+                match declared.iter().filter(|d| *d == child).count() {
+                    0 => out.push(format!("{}: module {child} is on no floor of its table", short(&module.file))),
+                    1 => {}
+                    _ => out.push(format!("{}: module {child} is on two floors of its table", short(&module.file))),
+                }
+            }
+            for name in declared.iter().filter(|d| !children.contains(*d)) {
+                out.push(format!("{}: the floor table names {name}, which is no module here", short(&module.file)));
+            }
+        }
+        for ((from, to), evidence) in &self.edges {
+            let common = from.iter().zip(to).take_while(|(a, b)| a == b).count();
+            if common == from.len() || common == to.len() {
+                continue;
+            }
+            let Some(floors) = self.modules.get(&from[..common]).and_then(|m| m.floors.as_ref()) else { continue };
+            let floor = |name: &String| floors.iter().position(|f| f.contains(name));
+            if let (Some(a), Some(b)) = (floor(&from[common]), floor(&to[common]))
+                && a >= b
+            {
+                let table = self.modules.get(&from[..common]).map(|m| short(&m.file)).unwrap_or_default();
+                let which = if a == b { "the same floor" } else { "a higher floor" };
+                out.push(format!(
+                    "{evidence}: {} imports {}, on {which} of {table}'s table",
+                    display(from),
+                    display(to)
+                ));
+            }
+        }
+        out
+    }
+
     /// The strongly connected components of more than one module (Tarjan's algorithm).
     pub fn cycles(&self) -> Vec<Vec<Vec<String>>> {
         let nodes: Vec<&Vec<String>> = self.modules.keys().collect();
@@ -314,6 +381,35 @@ fn short(file: &Path) -> String {
         .iter()
         .find_map(|k| s.find(k).map(|i| s[i..].to_string()))
         .unwrap_or_else(|| s.into_owned())
+}
+
+/// The floors a module's `//!` doc declares for its children, top first: the rows of the first
+/// table whose header's first cell is `floor`, each row's backticked names in its first cell
+/// (`run/`, `types.rs`, `run/mod.rs` and `run` all name the module `run`).
+fn floor_table(text: &str) -> Option<Vec<Vec<String>>> {
+    let doc: Vec<&str> = text
+        .lines()
+        .map_while(|l| {
+            let l = l.trim_start();
+            if l.is_empty() { Some("") } else { l.strip_prefix("//!").map(str::trim) }
+        })
+        .collect();
+    let first_cell = |line: &str| line.strip_prefix('|').map(|r| r.split('|').next().unwrap_or("").trim().to_string());
+    let header = doc.iter().position(|l| first_cell(l).is_some_and(|c| c.eq_ignore_ascii_case("floor")))?;
+    let mut floors = Vec::new();
+    // The header, then its `|---|` row, then one row per floor up to the table's end.
+    for line in doc[header + 1..].iter().skip(1).take_while(|l| l.starts_with('|')) {
+        let cell = first_cell(line).unwrap_or_default();
+        let names: Vec<String> = cell
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(|n| n.trim_end_matches("/mod.rs").trim_end_matches(".rs").trim_end_matches('/').to_string())
+            .filter(|n| is_ident(n))
+            .collect();
+        floors.push(names);
+    }
+    Some(floors)
 }
 
 /// The code with comments removed and string and char literals emptied (kept as `""`), line
@@ -655,7 +751,10 @@ mod tests {
     use super::*;
 
     fn graph(files: &[(&str, &str)]) -> Graph {
-        let dir = std::env::temp_dir().join(format!("qdrift-cycles-{}-{}", std::process::id(), files.len()));
+        // One folder per call: tests run side by side.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("qdrift-cycles-{}-{call}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         for (name, text) in files {
             let path = dir.join(name);
@@ -716,5 +815,47 @@ mod tests {
         ]);
         assert_eq!(edge_list(&g), ["gguf::write -> gguf::read"]);
         assert!(g.cycles().is_empty());
+    }
+
+    #[test]
+    fn an_upward_import_is_reported_with_its_file_and_path() {
+        let lib = "//! | floor | contents |\n//! |---|---|\n//! | `run/` | the top |\n//! | `types.rs` | below |\n\
+                   //! | [`error`] | the bottom |\n\nmod error;\nmod run;\nmod types;\n";
+        let g = graph(&[
+            ("lib.rs", lib),
+            ("run/mod.rs", "//! | floor |\n//! |---|\n//! | `go.rs` |\n//! | `texts.rs` |\nmod go;\nmod texts;\n"),
+            ("run/go.rs", "use super::texts::T;\nuse crate::types::U;\n"),
+            ("run/texts.rs", "pub struct T;\n"),
+            ("types.rs", "pub struct U;\npub fn f() -> crate::error::E { crate::run::texts::T; crate::error::E }\n"),
+            ("error.rs", "pub struct E;\n"),
+        ]);
+        assert!(g.cycles().is_empty());
+        let upward = g.upward();
+        assert_eq!(upward.len(), 1, "{upward:?}");
+        assert!(upward[0].contains("types.rs:2: crate::run::texts::T: types imports run::texts"), "{upward:?}");
+        assert!(upward[0].contains("on a higher floor of") && upward[0].ends_with("lib.rs's table"), "{upward:?}");
+    }
+
+    #[test]
+    fn a_floor_table_must_name_every_child_and_only_children() {
+        let g = graph(&[
+            ("lib.rs", "//! | floor |\n//! |---|\n//! | `a.rs` |\n//! | `gone.rs` |\nmod a;\nmod b;\n"),
+            ("a.rs", "use crate::b::B;\n"),
+            ("b.rs", "pub struct B;\n"),
+        ]);
+        let upward = g.upward();
+        assert_eq!(upward.len(), 2, "{upward:?}");
+        assert!(upward.iter().any(|u| u.contains("module b is on no floor")), "{upward:?}");
+        assert!(upward.iter().any(|u| u.contains("names gone, which is no module")), "{upward:?}");
+    }
+
+    #[test]
+    fn floor_tables_read_folders_files_links_and_shared_floors() {
+        let doc = "//! Intro.\n//!\n//! | file | x |\n//! |---|---|\n//! | `z.rs` | |\n//!\n\
+                   //! | floor | contents |\n//! |---|---|\n//! | `run/` | |\n//! | `a.rs`, [`b`] | |\n//! | `c/mod.rs` | |\n\
+                   //! after\nmod a;\n";
+        let floors = floor_table(doc).expect("a table");
+        assert_eq!(floors, [vec!["run"], vec!["a", "b"], vec!["c"]]);
+        assert!(floor_table("//! | file |\n//! |---|\n//! | `a.rs` |\nmod a;\n").is_none());
     }
 }

@@ -12,12 +12,21 @@
 //! - `bench autotune-cache` (`gpu.rs`): what the persistent autotune cache saves a second process.
 //! - `bench scale` (`scale.rs`): real sizes on the CPU against the memory invariant.
 //! - `bench speed` (`speed.rs`): CPU decoding tokens/s against llama.cpp in the same run.
-//! - `cycles` (`cycles.rs`): no import cycle between the modules of any crate (part of `lint`).
+//! - `cycles` (`cycles.rs`): no import cycle between the modules of any crate, and no import up a
+//!   module's declared floors (part of `lint`).
 //! - `tidy` (`tidy.rs`): the docs' code names and paths exist, measured figures stay in
 //!   docs/BENCHMARKS.md, ARCHITECTURE.md stays short (part of `lint`).
 //! - `validate-deploy` (`deploy.rs`): every manifest under `deploy/` against Kubernetes' schemas.
 //! - `wheel` (`wheel.rs`): the pip wheel; in `ci`, the wheel, the CI examples and the report schema
 //!   checked as a new user meets them.
+//!
+//! The modules import only modules on a floor below their own (`cargo xtask cycles` checks it):
+//!
+//! | floor | contents |
+//! |---|---|
+//! | `speed.rs` | `bench speed` (it reads numbers with `gpu.rs`'s parser) |
+//! | `cycles.rs`, `tidy.rs`, `deploy.rs`, `gpu.rs`, `scale.rs`, `wheel.rs` | one task each |
+//! | `common.rs` | what the tasks share |
 
 mod common;
 mod cycles;
@@ -73,7 +82,8 @@ tasks:
   wheel [--check]  build the pip wheel (maturin, bindings = bin) into the target folder's wheels/;
           --check: also what ci checks of it (a fresh venv, the CI examples linted and run, the
           reports against schema/report.schema.json)
-  cycles  the import graph between each crate's modules (files); fails on any cycle (CI runs it)
+  cycles  the import graph between each crate's modules (files); fails on any cycle, and on any
+          import up the floors a module's doc table declares (CI runs it)
   tidy    the docs against the code (CI runs it): every code name and path that ARCHITECTURE.md,
           README.md and docs/REFERENCE.md name exists, measured figures stay in docs/BENCHMARKS.md,
           ARCHITECTURE.md is at most 4,000 words (150 per crate paragraph, each with its invariant)

@@ -10,14 +10,14 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use qdrift_eval::{
     DEFAULT_EVAL_SET_RULE, EvalConfig, Evaluated, OutputDir, Part, Progress, Shard, VariantSpec, built_in_names,
-    evaluate_any, merge, path_check,
+    check_auto, evaluate_any, evaluate_auto, merge, path_check,
 };
 use qdrift_generate::BackendChoice;
 use qdrift_io::{PathCheck, write_atomic};
 use qdrift_quantize::QuantizeOptions;
 use qdrift_report::{
-    GateError, GateOutcome, Profile, Report, Thresholds, Verdict, finish_gate, render_html_gated,
-    render_markdown_gated, render_summary, render_summary_gated,
+    GateError, GateOutcome, Profile, Report, Thresholds, finish_gate, render_html_gated, render_markdown_gated,
+    render_summary, render_summary_gated,
 };
 
 use crate::args::{SchemeList, SchemeListParser};
@@ -178,7 +178,7 @@ fn in_user_paths<E: Into<Box<dyn Error>>>(output: &OutputDir) -> impl Fn(E) -> F
 enum Prompts {
     /// The first N prompts of the eval set.
     Count(usize),
-    /// As many as the gate needs, up to `--max-prompts` ([`auto_rounds`]).
+    /// As many as the gate needs, up to `--max-prompts` ([`evaluate_auto`]).
     Auto,
 }
 
@@ -192,61 +192,8 @@ fn parse_prompts(value: &str) -> Result<Prompts, String> {
     }
 }
 
-/// `--prompts auto`'s first round when no `--batch-size` is given: one full default batch.
-const AUTO_FIRST_ROUND: usize = qdrift_generate::MAX_DEFAULT_BATCH_SIZE;
-
-/// `--prompts auto --max-prompts MAX`: evaluates the first P prompts, gates the report in memory
-/// (as it will be written: through its JSON), and stops when no check is inconclusive or P is
-/// `MAX`; else the next round has at least twice the prompts, at least the largest
-/// `prompts_needed` of an inconclusive check (all of MAX when one is unbounded), a whole number of
-/// first rounds, at most MAX. Each round is a whole run (the reference generates again), so its
-/// report is exactly `--prompts P`'s: same bytes whatever the rounds before it. Doubling keeps the
-/// rounds' total below twice the last round's cost, or three times when the last is cut to MAX.
-fn auto_rounds(
-    cfg: &mut EvalConfig,
-    max: usize,
-    clock: &std::sync::Mutex<PhaseClock>,
-) -> Result<Evaluated, Box<dyn Error>> {
-    let thresholds = cfg.gate.as_ref().map(|(_, t)| t.clone()).ok_or("--prompts auto needs --gate")?;
-    let step = cfg.batch_size.unwrap_or(AUTO_FIRST_ROUND).clamp(1, max);
-    let mut prompts = step;
-    cfg.prompts_up_to_set = true;
-    loop {
-        cfg.prompts = Some(prompts);
-        eprintln!("qdrift: --prompts auto: a round of {prompts} prompts (at most {max})");
-        let evaluated = evaluate_with_progress(cfg, clock)?;
-        let Evaluated::Report(report) = &evaluated else {
-            return Err("--prompts auto makes a report, not a part".into());
-        };
-        if prompts >= max {
-            return Ok(evaluated);
-        }
-        // The set ran out before the cap: this round used all of it.
-        if report.workload.prompts < prompts {
-            eprintln!("qdrift: --prompts auto: the eval set has {} prompts, all of them used", report.workload.prompts);
-            return Ok(evaluated);
-        }
-        let written: Report = serde_json::from_str(&report.to_json()?)?;
-        let outcome = qdrift_report::gate(&written, &thresholds)?;
-        let open: Vec<_> = outcome.results.iter().filter(|r| r.verdict == Verdict::Inconclusive).collect();
-        if open.is_empty() {
-            eprintln!("qdrift: --prompts auto: every check resolved at {prompts} prompts");
-            return Ok(evaluated);
-        }
-        let needed = open.iter().map(|r| r.prompts_needed()).try_fold(0u64, |m, n| n.map(|n| m.max(n)));
-        let wanted = needed.map_or(max, |n| usize::try_from(n).unwrap_or(max)).max(2 * prompts);
-        let next = wanted.div_ceil(step).saturating_mul(step).min(max);
-        eprintln!(
-            "qdrift: --prompts auto: {} of {} checks inconclusive at {prompts} prompts; next round {next}",
-            open.len(),
-            outcome.results.len()
-        );
-        prompts = next;
-    }
-}
-
-/// Refuses `--prompts auto` without what it needs or with what it cannot combine with, and
-/// `--max-prompts` without it; returns the cap of an automatic run.
+/// Refuses `--max-prompts` without `--prompts auto` and `--prompts auto` without it; returns the
+/// cap of an automatic run (what else it needs, [`check_auto`], is checked on the configuration).
 fn auto_cap(args: &EvalArgs) -> Result<Option<usize>, Box<dyn Error>> {
     if args.prompts != Some(Prompts::Auto) {
         if args.max_prompts.is_some() {
@@ -255,24 +202,6 @@ fn auto_cap(args: &EvalArgs) -> Result<Option<usize>, Box<dyn Error>> {
         return Ok(None);
     }
     let max = args.max_prompts.ok_or("--prompts auto needs --max-prompts N, the most prompts a round may use")?;
-    if max == 0 {
-        return Err("--max-prompts 0: a round needs at least one prompt".into());
-    }
-    if args.gate.is_none() {
-        return Err(
-            "--prompts auto adds prompts until the gate's checks are resolved: give --gate thresholds.toml".into()
-        );
-    }
-    for (given, flag) in [
-        (args.shard.is_some(), "--shard"),
-        (args.reference.is_some(), "--reference"),
-        (args.save_reference.is_some(), "--save-reference"),
-        (args.dump_logprobs.is_some(), "--dump-logprobs"),
-    ] {
-        if given {
-            return Err(format!("--prompts auto runs several rounds and cannot be combined with {flag}").into());
-        }
-    }
     Ok(Some(max))
 }
 
@@ -301,6 +230,9 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     if let Some(p) = profile {
         cfg.gate = Some((PathBuf::from(p.name), p.thresholds(&cfg.horizons)?));
     }
+    if let Some(max) = auto {
+        check_auto(&cfg, max)?;
+    }
     // The output rule, before the lock is taken and long before any work.
     let mut paths = path_check(&cfg).output_folder("--out", &args.out, false);
     if let Some(j) = &args.junit {
@@ -328,7 +260,10 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     cfg.reports = Some(output.staging().to_path_buf());
     let clock = std::sync::Mutex::new(PhaseClock::new());
     let (evaluated, unsaved) = split_unsaved(match auto {
-        Some(max) => auto_rounds(&mut cfg, max, &clock),
+        Some(max) => evaluate_auto(&cfg, max, &mut |round| evaluate_with_progress(round, &clock), &mut |note| {
+            eprintln!("qdrift: --prompts auto: {note}");
+        })
+        .map_err(Into::into),
         None => evaluate_with_progress(&cfg, &clock).map_err(Into::into),
     });
     let evaluated = evaluated.map_err(in_user_paths(&output))?;

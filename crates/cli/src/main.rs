@@ -2,6 +2,15 @@
 //!
 //! The binary is thin: it parses arguments, calls the pipeline crates, and turns their typed
 //! errors into one line on stderr and a non-zero exit code.
+//!
+//! One module per command, on floors: a module imports only modules on a floor below its own
+//! (`cargo xtask cycles` checks it; `main.rs` dispatches to all of them).
+//!
+//! | floor | contents |
+//! |---|---|
+//! | `thresholds.rs`, `generate.rs` | `thresholds` (its horizons are `eval`'s defaults); `generate` (its `--scheme` is `quantize`'s parser) |
+//! | `eval.rs`, `quantize.rs`, `compare.rs`, `gate.rs`, `inspect.rs`, `bandwidth.rs` | `eval` and `merge`; `quantize`; `compare`; `gate`; `inspect`; the hidden `bandwidth` |
+//! | `progress.rs`, `exit.rs`, `args.rs` | what `eval` prints while it runs; the exit-code rule; shared argument parsers |
 
 mod args;
 mod bandwidth;

@@ -73,10 +73,10 @@ pub enum EvalError {
          --variant NAME=PATH)"
     )]
     DuplicateVariant(String),
-    /// The plan's largest model would not fit in the memory available ([`crate::memory`]).
+    /// The plan's largest model would not fit in the memory available ([`crate::check::memory`]).
     #[error("{0}")]
     Memory(String),
-    /// What the run would write does not fit the free space of its filesystems (`space.rs`).
+    /// What the run would write does not fit the free space of its filesystems (`check/space.rs`).
     #[error("{0}")]
     DiskSpace(String),
     /// The device cannot run the reference and the noise floor (one of them computes in f16).

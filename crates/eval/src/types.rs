@@ -9,7 +9,7 @@ use qdrift_quantize::ReferenceFormat;
 use qdrift_report::{FileHash, ModelInfo, RecipeParts, Reference, TensorError, VariantKind, Workload};
 use serde::{Deserialize, Serialize};
 
-use crate::aggregate::Trace;
+use crate::trace::Trace;
 
 /// Progress of a long evaluation, for a progress bar.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,16 +5,18 @@
 //! on a device; output is token ids, plus the logits of every step handed to a caller-supplied
 //! observer so that the scoring stage can reduce them where they are computed.
 //!
-//! | file | contents |
+//! Each file imports only files below it in this table (`cargo xtask cycles` checks it):
+//!
+//! | floor | contents |
 //! |---|---|
-//! | `device.rs` | [`select_device`]: wgpu or the CPU backend, and what a report says about it |
-//! | `request.rs` | [`GenerationConfig`], [`check_request`], [`default_batch_size`], [`context_overflow`]: the request and its sizing before allocating |
+//! | `timing.rs` | [`timed_generate`], [`copy_bandwidth`]: honest timings for benchmarks (warm-up, read-back before the timer stops) |
+//! | `forced.rs` | [`teacher_forced`], [`teacher_forced_pair`], [`teacher_forced_hidden`], [`teacher_forced_routes`]: logits (or final hidden states, or the experts a model routes to) of given continuations |
 //! | `footprint.rs` | [`model_footprint`]: a model's weights, build, key-value caches and workspace before it is built, for `eval`'s plan and `inspect` |
 //! | `greedy.rs` | [`generate`], [`generate_map`]: batched greedy decoding |
-//! | `forced.rs` | [`teacher_forced`], [`teacher_forced_pair`], [`teacher_forced_hidden`], [`teacher_forced_routes`]: logits (or final hidden states, or the experts a model routes to) of given continuations |
-//! | `counters.rs` | [`count_launches`], [`read_back_bytes`]: kernel launches and bytes read back, counted |
-//! | `timing.rs` | [`timed_generate`], [`copy_bandwidth`]: honest timings for benchmarks (warm-up, read-back before the timer stops) |
+//! | `request.rs` | [`GenerationConfig`], [`check_request`], [`default_batch_size`], [`context_overflow`]: the request and its sizing before allocating |
 //! | `parallel.rs` | independent batches side by side on the CPU's cores |
+//! | `counters.rs` | [`count_launches`], [`read_back_bytes`]: kernel launches and bytes read back, counted |
+//! | `device.rs` | [`select_device`]: wgpu or the CPU backend, and what a report says about it |
 //! | `error.rs` | [`GenerateError`] |
 //!
 //! **Invariant: tokens in, tokens out; results never depend on how prompts are batched nor on how

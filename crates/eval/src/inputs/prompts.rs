@@ -7,9 +7,9 @@
 use qdrift_generate::{PromptTooLong, check_prompt_text, check_prompt_tokens};
 use qdrift_load::{LoadedModel, WeightSource};
 
-use crate::chat::{render_all, template_file};
 use crate::error::EvalError;
-use crate::evalset::{EvalPrompt, EvalSet};
+use crate::inputs::chat::{render_all, template_file};
+use crate::inputs::evalset::{EvalPrompt, EvalSet};
 
 /// The prompts of a set that run, and their tokens.
 pub(crate) struct EncodedPrompts<'s> {

@@ -19,7 +19,7 @@ use qdrift_score::{TOP_K, TopKAgreement};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::aggregate::{RoutingTrace, Trace};
+use crate::trace::{RoutingTrace, Trace};
 
 /// Bytes of the digest that ends a data file ([`seal`]).
 pub(crate) const SEAL_BYTES: u64 = 32;

@@ -20,19 +20,19 @@ use qdrift_generate::{StepLogits, teacher_forced, teacher_forced_hidden};
 use qdrift_model::Llama;
 use qdrift_score::{CompactChunk, compact_reference_on_host, greedy_tokens_on_host};
 
-use crate::aggregate::Trace;
-use crate::compact::CompactReference;
+use crate::check::plan::{KlMode, Plan};
 use crate::error::EvalError;
-use crate::generation::{generate_all, generate_all_map};
-use crate::plan::{KlMode, Plan};
-use crate::routing::{Routes, routes_on};
-use crate::store::{StoredReference, StoredSide, hidden_bytes, hidden_tensor};
-use crate::texts::Texts;
+use crate::persist::store::{StoredReference, StoredSide, hidden_bytes, hidden_tensor};
+use crate::run::generation::{generate_all, generate_all_map};
+use crate::run::routing::{Routes, routes_on};
+use crate::run::texts::Texts;
+use crate::trace::CompactReference;
+use crate::trace::Trace;
 use crate::types::{Progress, ProgressFn, reference_name};
 
 /// The reference's greedy continuations and its side of the comparison on them: what every
 /// variant is compared with. The model itself is not kept: the run builds it again when it must
-/// score the variants' text (`run.rs`).
+/// score the variants' text (`evaluate.rs`).
 pub(crate) struct ReferenceRun {
     /// Per prompt, the prompt and the reference's continuation of it.
     pub text: Texts,
@@ -367,7 +367,7 @@ mod tests {
     use qdrift_generate::BackendChoice;
 
     use super::*;
-    use crate::config::EvalConfig;
+    use crate::check::config::EvalConfig;
 
     /// A tensor's dims and its values' f32 bits: what "the same numbers" means here.
     fn bits(t: &Tensor<3>) -> (Vec<usize>, Vec<u32>) {

@@ -10,7 +10,7 @@
 use qdrift_report::{HorizonMetrics, LayerRouting, RoutingDrift};
 use qdrift_score::first_divergence;
 
-use crate::aggregate::{Bootstrap, RoutingTrace, Trace, survival_summary};
+use crate::assemble::aggregate::{Bootstrap, RoutingTrace, Trace, survival_summary};
 use crate::error::EvalError;
 
 /// Every prompt's routing trace, when every prompt has one (a model with experts).

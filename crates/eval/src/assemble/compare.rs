@@ -14,7 +14,7 @@ use qdrift_report::{
 };
 use qdrift_score::{bootstrap_ci, sign_test};
 
-use crate::aggregate::LEVEL;
+use crate::assemble::aggregate::LEVEL;
 use crate::error::EvalError;
 
 /// One side of a comparison: a report, how to name it, and which of its variants (`None`: its
@@ -84,7 +84,7 @@ pub fn compare(a: CompareInput<'_>, b: CompareInput<'_>, checks: &[MaxWorse]) ->
         version: qdrift_report::COMPARISON_VERSION,
         a: side(&a.name, va),
         b: side(&b.name, vb),
-        model: crate::identity::report_name(std::path::Path::new(&a.report.model.path)),
+        model: crate::inputs::identity::report_name(std::path::Path::new(&a.report.model.path)),
         model_sha256: a.report.model.sha256.clone(),
         prompts: w.prompts,
         seed,

@@ -12,18 +12,13 @@ use qdrift_generate::{
 };
 use qdrift_load::ModelArch;
 
-use crate::config::{EvalConfig, MAX_SHARDS, Shard};
+use crate::check::config::{EvalConfig, MAX_RESAMPLES, MAX_SHARDS, Shard, VariantSpec};
 use crate::error::EvalError;
-use crate::variant::VariantSpec;
 
 /// Teacher-forced chunks hold several `[batch, chunk, vocab]` f32 tensors (logits of both models,
 /// their log-softmax, probabilities): one is kept under this many bytes so that large
 /// vocabularies do not multiply the peak memory.
 const CHUNK_BYTES: usize = 64 << 20;
-
-/// The most bootstrap resamples an interval may take: far beyond what any interval needs (2000 is
-/// the default), and small enough that the resampled statistics fit in memory.
-pub const MAX_RESAMPLES: usize = 1_000_000;
 
 /// How a variant's KL divergence is computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,7 +89,7 @@ impl Plan {
             spec.check_fits(arch)?;
         }
         // The reference and the noise floor run at both precisions between them.
-        let dtypes = [cfg.dtype, crate::variant::other_precision(cfg.dtype)];
+        let dtypes = [cfg.dtype, crate::check::config::other_precision(cfg.dtype)];
         for dtype in dtypes {
             // An f16 refusal says that the reference or the noise floor needs it (with
             // `--dtype f32` the noise floor still does).

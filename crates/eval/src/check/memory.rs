@@ -13,11 +13,11 @@ use burn::tensor::DType;
 use qdrift_generate::{ComputeDevice, GenerationConfig, ModelFootprint, bytes_per_weight, format_gib, model_footprint};
 use qdrift_load::ModelArch;
 
-use crate::config::EvalConfig;
+use crate::check::config::EvalConfig;
+use crate::check::config::{VariantSpec, other_precision};
+use crate::check::plan::Plan;
 use crate::error::EvalError;
-use crate::plan::Plan;
 use crate::types::reference_name;
-use crate::variant::{VariantSpec, other_precision};
 
 /// One model of the plan: its name in the report, its compute dtype and its footprint.
 #[derive(Debug, Clone, PartialEq)]

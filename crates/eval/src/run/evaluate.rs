@@ -10,26 +10,27 @@ use qdrift_model::Llama;
 use qdrift_quantize::{QuantizeOptions, Reference as RoundedReference, round_to_reference};
 use qdrift_report::{EvalSetInfo, ModelInfo, ModelShape, Reference, Report, Workload};
 
-use crate::aggregate::Trace;
-use crate::assemble::assemble_report;
-use crate::compat::{CheckedCheckpoint, open_variants};
-use crate::config::{EvalConfig, default_eval_set};
-use crate::dump::Dump;
+use crate::assemble::report::assemble_report;
+use crate::check::compat::{CheckedCheckpoint, open_variants};
+use crate::check::config::VariantSpec;
+use crate::check::config::{EvalConfig, default_eval_set};
+use crate::check::gate_check::check_thresholds;
+use crate::check::plan::{KlMode, Plan, check_options, eval_device};
 use crate::error::EvalError;
-use crate::evalset::EvalSet;
-use crate::gate_check::check_thresholds;
-use crate::generation::generate_all;
-use crate::identity::{model_identity_file, report_name, sha256_file};
-use crate::plan::{KlMode, Plan, check_options, eval_device};
-use crate::prompts::{EncodedPrompts, encode_prompts};
-use crate::reference::{ReferenceRun, ReferenceSide};
-use crate::scoring::{NonFinite, Resident, ScoringContext, VariantRoutes, diagnose, first_non_finite};
-use crate::shard::Part;
-use crate::store::{StoreKey, StoreModel, prompt_tokens_sha256, read_store, write_store};
+use crate::inputs::evalset::EvalSet;
+use crate::inputs::identity::{model_identity_file, report_name, sha256_file};
+use crate::inputs::prompts::{EncodedPrompts, encode_prompts};
+use crate::persist::dump::Dump;
+use crate::persist::shard::Part;
+use crate::persist::store::{StoreKey, StoreModel, prompt_tokens_sha256, read_store, write_store};
+use crate::run::generation::generate_all;
+use crate::run::reference::{ReferenceRun, ReferenceSide};
+use crate::run::scoring::{NonFinite, Resident, ScoringContext, VariantRoutes, diagnose, first_non_finite};
+use crate::run::variant::{BuiltVariant, ReferenceIdentity, build_variant};
+use crate::trace::Trace;
 use crate::types::{
     Measurement, Progress, ProgressFn, RunContext, VariantHeader, dtype_name, reference_format, reference_name,
 };
-use crate::variant::{BuiltVariant, ReferenceIdentity, VariantSpec, build_variant};
 
 /// The reference as [`open_source`] opens it: its weights handed out part by part.
 type Loaded = LoadedModel<Arc<dyn WeightSource>>;
@@ -44,7 +45,7 @@ type Loaded = LoadedModel<Arc<dyn WeightSource>>;
 /// shard, the part [`crate::merge`] assembles it from).
 pub fn evaluate_any(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + Send)) -> Result<Evaluated, EvalError> {
     let horizons = check_options(cfg)?;
-    crate::output::path_check(cfg).check()?;
+    crate::persist::output::path_check(cfg).check()?;
     if let Some((path, thresholds)) = &cfg.gate {
         check_thresholds(cfg, &horizons, thresholds)
             .map_err(|source| EvalError::Gate { path: path.clone(), source })?;
@@ -76,8 +77,8 @@ pub fn evaluate_any(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + 
     let device = eval_device(cfg.backend, cfg.dump_logprobs.is_some())?;
     let plan = Plan::new(cfg, horizons, loaded.model.arch(), prompts.tokens.clone(), device)?;
     let (arch, parameters) = (loaded.model.arch(), loaded.model.parameter_count());
-    crate::memory::check_plan_memory(cfg, &plan, arch, parameters, crate::memory::available_for(&plan))?;
-    crate::space::check_space(cfg, &plan, arch, &prompts)?;
+    crate::check::memory::check_plan_memory(cfg, &plan, arch, parameters, crate::check::memory::available_for(&plan))?;
+    crate::check::space::check_space(cfg, &plan, arch, &prompts)?;
     if let Some(overflow) = context_overflow(&plan.prompts, plan.longest(), trained) {
         let message = format!("{overflow}, and divergence there reflects that too");
         progress(Progress::Warning { message: &message });

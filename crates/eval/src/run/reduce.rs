@@ -13,8 +13,8 @@ use qdrift_score::{
     position_metrics_on_host, token_logprobs_on_device, token_logprobs_on_host,
 };
 
+use crate::check::plan::Plan;
 use crate::error::EvalError;
-use crate::plan::Plan;
 
 /// Where a run reduces its logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -39,9 +39,9 @@ use std::path::{Path, PathBuf};
 
 use qdrift_io::{PathCheck, RemoveOnSignal, uninterrupted, unique_sibling};
 
-use crate::config::EvalConfig;
+use crate::check::config::EvalConfig;
+use crate::check::config::VariantSpec;
 use crate::error::EvalError;
-use crate::variant::VariantSpec;
 
 /// The inputs and outputs of `cfg` for the output rule ([`PathCheck`]): the model, tokenizer,
 /// eval set, checkpoint variants, saved reference and thresholds are inputs; the saved reference

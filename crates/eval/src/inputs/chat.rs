@@ -293,7 +293,7 @@ mod tests {
 
     #[test]
     fn chat_templates_render_the_chat_set_within_a_hundredth_of_the_fuel() {
-        let set = crate::evalset::EvalSet::built_in("chat").expect("built in");
+        let set = crate::inputs::evalset::EvalSet::built_in("chat").expect("built in");
         let mut most = 0;
         for (name, template) in REAL_TEMPLATES.iter().chain([&("smollm2", SMOLLM2)]) {
             for p in &set.prompts {

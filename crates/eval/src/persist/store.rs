@@ -34,14 +34,14 @@ use qdrift_io::{RemoveOnSignal, elide, uninterrupted, unique_sibling};
 use qdrift_score::CompactChunk;
 use serde::{Deserialize, Serialize};
 
-use crate::aggregate::Trace;
-use crate::compact::CompactReference;
-use crate::container::{
+use crate::error::EvalError;
+use crate::inputs::identity::sha256_hex;
+use crate::persist::container::{
     Bound, ROUNDING, SEAL_BYTES, Section, Sections, Writer, check_floats, check_format, check_tokens, check_traces,
     read_file, read_traces, rows, seal, unseal, write_traces,
 };
-use crate::error::EvalError;
-use crate::identity::sha256_hex;
+use crate::trace::CompactReference;
+use crate::trace::Trace;
 
 /// The format name in `manifest.json`.
 pub const STORE_FORMAT: &str = "qdrift-reference";
@@ -197,7 +197,7 @@ impl StoredReference {
     /// The part of the store for the prompts at `indices` of the whole list (a shard's, in
     /// order): their continuations, statistics and noise-floor traces, and the hidden-state
     /// chunks of their batches renumbered from the first selected prompt. `indices` must be
-    /// whole batches of the stored run ([`crate::plan::Shard`] selects such).
+    /// whole batches of the stored run ([`crate::check::plan::Shard`] selects such).
     pub fn select(self, indices: &[usize]) -> Result<StoredReference, EvalError> {
         let n = self.continuations.len();
         if indices.len() == n && indices.iter().enumerate().all(|(i, &j)| i == j) {

@@ -20,21 +20,12 @@ use qdrift_generate::teacher_forced;
 use qdrift_model::Llama;
 use qdrift_score::CompactChunk;
 
+use crate::check::plan::Plan;
 use crate::error::EvalError;
-use crate::plan::Plan;
-use crate::reduce::Reduce;
-use crate::texts::{Texts, chunk_tokens};
+use crate::run::reduce::Reduce;
+use crate::run::texts::{Texts, chunk_tokens};
+use crate::trace::CompactReference;
 use crate::types::TailSums;
-
-/// The reference's compact statistics on its own text, for every prompt.
-#[derive(Clone, Debug, PartialEq)]
-pub struct CompactReference {
-    /// Tokens kept per position.
-    pub k: usize,
-    /// One entry per prompt, in prompt order: a chunk of one row (`batch` 1) holding every
-    /// position of the prompt's continuation.
-    pub prompts: Vec<CompactChunk>,
-}
 
 impl CompactReference {
     /// Teacher-forces `reference` on `text` (batched and chunked as the plan says) and keeps each

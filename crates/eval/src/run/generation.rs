@@ -9,8 +9,8 @@
 use qdrift_generate::{GenerateError, StepLogits, generate_map};
 use qdrift_model::Llama;
 
+use crate::check::plan::Plan;
 use crate::error::EvalError;
-use crate::plan::Plan;
 use crate::types::{Progress, ProgressFn};
 
 /// Greedy generation of `plan.longest()` tokens for every prompt, with progress.

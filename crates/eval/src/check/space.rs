@@ -6,11 +6,11 @@
 //! when it writes them after hours.
 //!
 //! Each size is an upper bound of what its writer writes:
-//! - the dump (`dump.rs`): a JSON line per scored model (the noise floor, unless it comes from a
+//! - the dump (`persist/dump.rs`): a JSON line per scored model (the noise floor, unless it comes from a
 //!   `--reference` store, and each variant), prompt and position of the reference's text, with
 //!   both models' log-probabilities over the vocabulary, each an f64 printed in at most 24
 //!   characters (a typical one takes 18 or 19);
-//! - the store (`store.rs`): the continuations (u32), the hidden states (the compute dtype's bytes
+//! - the store (`persist/store.rs`): the continuations (u32), the hidden states (the compute dtype's bytes
 //!   per element) or the compact top-K statistics, the noise floor's traces, the seal, and a
 //!   manifest bounded per section and per prompt id;
 //! - the reports: a bound per model, per horizon and prompt, per position of the longest horizon
@@ -27,11 +27,11 @@ use burn::tensor::DType;
 use qdrift_io::{FreeSpace, IoError};
 use qdrift_load::ModelArch;
 
-use crate::config::EvalConfig;
+use crate::check::config::EvalConfig;
+use crate::check::config::VariantSpec;
+use crate::check::plan::{KlMode, Plan};
 use crate::error::EvalError;
-use crate::plan::{KlMode, Plan};
-use crate::prompts::EncodedPrompts;
-use crate::variant::VariantSpec;
+use crate::inputs::prompts::EncodedPrompts;
 
 /// Most characters of an f64 as `serde_json` prints it (`-1.2345678901234567e-100`), plus the
 /// comma after it.
@@ -345,8 +345,8 @@ mod tests {
     fn planned(cfg: &EvalConfig) -> Vec<PlannedOutput> {
         let loaded = qdrift_load::open_model(&cfg.model, cfg.tokenizer.as_deref()).expect("stories260K loads");
         let set = crate::EvalSet::built_in("stories").expect("stories set");
-        let prompts = crate::prompts::encode_prompts(&loaded, &set, cfg.prompts, false).expect("prompts");
-        let device = crate::plan::eval_device(cfg.backend, cfg.dump_logprobs.is_some()).expect("cpu");
+        let prompts = crate::inputs::prompts::encode_prompts(&loaded, &set, cfg.prompts, false).expect("prompts");
+        let device = crate::check::plan::eval_device(cfg.backend, cfg.dump_logprobs.is_some()).expect("cpu");
         let arch = qdrift_load::WeightSource::arch(&loaded.model);
         let horizons = cfg.horizons.clone();
         let plan = Plan::new(cfg, horizons, arch, prompts.tokens.clone(), device).expect("plan");

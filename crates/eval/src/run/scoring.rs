@@ -13,15 +13,15 @@ use qdrift_generate::{ForcedLogits, teacher_forced, teacher_forced_map, teacher_
 use qdrift_model::{Llama, OutputHead};
 use qdrift_score::DevicePositionMetrics;
 
-use crate::aggregate::Trace;
-use crate::dump::{Dump, DumpChunk};
+use crate::check::plan::Plan;
 use crate::error::EvalError;
-use crate::generation;
-use crate::plan::Plan;
-use crate::reduce::Reduce;
-use crate::reference::{ReferenceRun, ReferenceSide};
-use crate::routing::{Routes, routes_on, routing_trace};
-use crate::texts::{Texts, chunk_tokens};
+use crate::persist::dump::{Dump, DumpChunk};
+use crate::run::generation;
+use crate::run::reduce::Reduce;
+use crate::run::reference::{ReferenceRun, ReferenceSide};
+use crate::run::routing::{Routes, routes_on, routing_trace};
+use crate::run::texts::{Texts, chunk_tokens};
+use crate::trace::Trace;
 use crate::types::reference_name;
 
 /// What of the reference model stays on the device while a variant runs: as little as its

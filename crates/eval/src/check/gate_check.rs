@@ -5,8 +5,8 @@
 
 use qdrift_report::{GateError, Thresholds, WILDCARD};
 
-use crate::config::EvalConfig;
-use crate::variant::VariantSpec;
+use crate::check::config::EvalConfig;
+use crate::check::config::VariantSpec;
 
 /// Checks `thresholds` against the variants of `cfg` (the noise floor first) and `horizons`.
 pub(crate) fn check_thresholds(cfg: &EvalConfig, horizons: &[usize], thresholds: &Thresholds) -> Result<(), GateError> {

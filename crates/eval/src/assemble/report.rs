@@ -1,15 +1,15 @@
 //! The report from a measurement: every variant's traces reduced to their statistics
-//! ([`crate::aggregate`]), beside the run's context; the one path both an unsharded run
-//! (`run.rs`) and the merge of a sharded run's parts (`shard.rs`) take.
+//! ([`crate::assemble::aggregate`]), beside the run's context; the one path both an unsharded run
+//! (`run/evaluate.rs`) and the merge of a sharded run's parts (`persist/shard.rs`) take.
 //!
 //! **Invariant: the report depends only on the measurement and the context, so a run and the
 //! merge of its shards give the same bytes.**
 
 use qdrift_report::{KlMethod, Report, SCHEMA_VERSION, Variant};
 
-use crate::aggregate::{self, Bootstrap, Trace};
+use crate::assemble::aggregate::{self, Bootstrap, Trace};
+use crate::assemble::routing_drift;
 use crate::error::EvalError;
-use crate::routing_drift;
 use crate::types::{Measurement, RunContext, TailSums, VariantHeader};
 
 /// The statistics of a measurement, as the report's variants and the reference's

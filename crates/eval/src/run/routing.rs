@@ -1,6 +1,6 @@
 //! The routing passes of a model with experts: which experts each model routes every position
 //! of a text to ([`Routes`], from `qdrift_generate::teacher_forced_routes`), and the comparison
-//! of two models' choices at the same positions ([`routing_trace`]) that `routing_drift.rs`
+//! of two models' choices at the same positions ([`routing_trace`]) that `assemble/routing_drift.rs`
 //! reduces to the report's numbers.
 //!
 //! Each pass is a teacher-forced forward pass of its own, batched and chunked as scoring's, with
@@ -11,10 +11,10 @@
 use qdrift_generate::{ForcedRoutes, teacher_forced_routes};
 use qdrift_model::Llama;
 
-use crate::aggregate::RoutingTrace;
+use crate::check::plan::Plan;
 use crate::error::EvalError;
-use crate::plan::Plan;
-use crate::texts::Texts;
+use crate::run::texts::Texts;
+use crate::trace::RoutingTrace;
 
 /// The experts one model routed every continuation position of a text to.
 ///

@@ -1,16 +1,19 @@
 //! What `qdrift eval` configures: [`EvalConfig`] (its options, with the CLI's defaults), the
-//! shard a run may be ([`Shard`]) and the eval set used when none is given
-//! ([`default_eval_set`]).
+//! variants it names ([`VariantSpec`], with the checks each needs before anything loads), the
+//! shard a run may be ([`Shard`]), the limits of `--shard` and `--resamples` and the eval set
+//! used when none is given ([`default_eval_set`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use burn::tensor::DType;
 use qdrift_generate::BackendChoice;
-use qdrift_load::LoadedModel;
-use qdrift_quantize::QuantizeOptions;
+use qdrift_load::{LoadedModel, ModelArch};
+use qdrift_quantize::{ActivationQuant, QuantizeOptions, Recipe};
 use qdrift_report::Thresholds;
 
-use crate::variant::VariantSpec;
+use crate::error::EvalError;
+use crate::inputs::identity::report_name;
+use crate::types::dtype_name;
 
 /// What `qdrift eval` was asked to do.
 #[derive(Clone, Debug)]
@@ -145,6 +148,10 @@ impl std::str::FromStr for Shard {
     }
 }
 
+/// The most bootstrap resamples an interval may take: far beyond what any interval needs (2000 is
+/// the default), and small enough that the resampled statistics fit in memory.
+pub const MAX_RESAMPLES: usize = 1_000_000;
+
 /// Most shards a run can have: every shard needs a batch, every batch a prompt, and an eval set
 /// holds at most one prompt per 16 bytes of its [`qdrift_report::EVAL_SET_CAP`] (a JSONL line
 /// with an `id` and a `prompt` takes more). A larger `--shard` count is refused before anything
@@ -198,6 +205,121 @@ pub fn default_eval_set<W>(loaded: &LoadedModel<W>) -> &'static str {
     } else {
         "english"
     }
+}
+
+/// A variant to compare with the reference.
+#[derive(Clone, Debug, PartialEq)]
+pub enum VariantSpec {
+    /// The noise floor: the reference's own FP16 weights at the other compute precision, the
+    /// divergence that precision alone causes. [`crate::evaluate`] always runs it first; listing
+    /// it in [`crate::EvalConfig::variants`] is refused as a duplicate.
+    NoiseFloor,
+    /// A quantization recipe (`WEIGHTS[+a-ACT][+kv-KV]`): its weight scheme applied to the
+    /// reference's FP16 weights, its activation and KV-cache roundings at run time.
+    Scheme(Recipe),
+    /// Another checkpoint of the same architecture and tokenizer. A quantized Hugging Face folder
+    /// runs the dynamic activation quantization its config declares: per token, per tensor, or
+    /// per token and group (block FP8, `+a-fp8-gG` with the config's own G), refused before
+    /// anything runs when G does not divide a linear layer's input width.
+    Checkpoint {
+        /// The file or folder.
+        path: PathBuf,
+        /// Its name in the report (`--variant NAME=PATH`); `None`: the file stem.
+        name: Option<String>,
+    },
+}
+
+impl VariantSpec {
+    /// Its name in the report, for a reference computing at `reference_dtype`:
+    /// `noise-floor-f32` (or `-f16`), the scheme's name, or the checkpoint's file stem.
+    pub fn name(&self, reference_dtype: DType) -> String {
+        match self {
+            VariantSpec::NoiseFloor => format!("noise-floor-{}", dtype_name(other_precision(reference_dtype))),
+            VariantSpec::Scheme(recipe) => recipe.to_string(),
+            VariantSpec::Checkpoint { name: Some(name), .. } => name.clone(),
+            VariantSpec::Checkpoint { path, name: None } => {
+                path.file_stem().map_or_else(|| report_name(path), |s| s.to_string_lossy().into_owned())
+            }
+        }
+    }
+
+    /// Refuses a recipe whose KV-cache format does not fit the model's cache rows (a ggml block
+    /// format needs `kv_heads × head_dim` to be whole blocks), or whose per-token-group
+    /// activation scales do not divide a linear layer's input width, before anything runs.
+    pub(crate) fn check_fits(&self, arch: &ModelArch) -> Result<(), EvalError> {
+        let VariantSpec::Scheme(recipe) = self else { return Ok(()) };
+        let fits = || {
+            if let Some(kv) = recipe.kv_cache {
+                kv.check_row(arch.n_kv_heads, arch.head_dim())?;
+            }
+            recipe.activations.map_or(Ok(()), |a| check_activation_widths(a, arch))
+        };
+        fits().map_err(|e| EvalError::Variant { variant: self.name(DType::F32), problem: e.to_string() })
+    }
+
+    /// The checkpoint's file or folder, for a checkpoint variant.
+    pub(crate) fn checkpoint_path(&self) -> Option<&Path> {
+        match self {
+            VariantSpec::Checkpoint { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+
+    /// Refuses a name given to a checkpoint (`--variant NAME=PATH`) that a report could not show
+    /// as itself or could confuse with another model: empty or blank, `.` or `..`, with a `/`,
+    /// with characters that break or reorder a line (control characters, bidirectional
+    /// overrides, zero-width ones), over 100 characters, or the name of a scheme or recipe, of a
+    /// compute precision or of the noise floor.
+    pub(crate) fn check_given_name(&self) -> Result<(), EvalError> {
+        let VariantSpec::Checkpoint { name: Some(name), .. } = self else { return Ok(()) };
+        let refuse = |why: &str| {
+            Err(EvalError::Option {
+                option: "--variant",
+                problem: format!("NAME=PATH: the name \"{}\" {why}; choose another", qdrift_io::elide(name)),
+            })
+        };
+        if name.trim().is_empty() || name == "." || name == ".." || name.contains('/') {
+            return refuse("is no name a report can show");
+        }
+        if qdrift_io::message_line(name) != name.as_str() {
+            return refuse("holds characters that break or reorder a line on a terminal");
+        }
+        if name.chars().count() > 100 {
+            return refuse("is longer than 100 characters");
+        }
+        if name.parse::<Recipe>().is_ok()
+            || ["fp16", "bf16", "f16", "f32", "fp32"].contains(&name.as_str())
+            || name.starts_with("noise-floor")
+        {
+            return refuse("is what qdrift calls a scheme, a precision or the noise floor");
+        }
+        Ok(())
+    }
+
+    /// Refuses a checkpoint that does not exist, before anything is loaded.
+    pub(crate) fn check_exists(&self) -> Result<(), EvalError> {
+        match self {
+            VariantSpec::Checkpoint { path: p, .. } if !p.exists() => {
+                Err(EvalError::Variant { variant: p.display().to_string(), problem: "no such file or folder".into() })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The precision the noise floor runs at: f16 for an f32 reference, f32 for an f16 or bf16 one
+/// (the reference's own 16-bit weights computed without its activations' roundings).
+pub(crate) fn other_precision(reference: DType) -> DType {
+    if reference == DType::F32 { DType::F16 } else { DType::F32 }
+}
+
+/// Checks that `a`'s scale groups divide every linear layer's input width: `dim` (q/k/v,
+/// gate/up), `heads × head_dim` (o) and `hidden_dim` (down).
+pub(crate) fn check_activation_widths(
+    a: ActivationQuant,
+    arch: &ModelArch,
+) -> Result<(), qdrift_quantize::QuantizeError> {
+    [arch.dim, arch.n_heads * arch.head_dim(), arch.hidden_dim].into_iter().try_for_each(|cols| a.check_width(cols))
 }
 
 #[cfg(test)]

@@ -1,139 +1,34 @@
-//! The variants compared with the reference: what the user asks for ([`VariantSpec`]) and the
-//! weights, precision and report description each one runs with ([`BuiltVariant`], whose model
-//! is built part by part from the FP16 reference's weight source).
+//! The variants compared with the reference: from what the user asks for ([`VariantSpec`], in
+//! `check/config.rs`) to the weights, precision and report description each one runs with
+//! ([`BuiltVariant`], whose model is built part by part from the FP16 reference's weight source).
 //!
 //! **Invariant: every variant starts from the FP16 reference's weights (schemes, noise floor) or
 //! is a checkpoint refused before the run unless it is a quantization of the reference
-//! ([`crate::compat`]: same architecture, shapes and tokenizer; another architecture only with
+//! ([`crate::check::compat`]: same architecture, shapes and tokenizer; another architecture only with
 //! `--allow-different-model`, named in the report), so that its positions can be compared with
 //! the reference's one by one.**
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::tensor::DType;
 use qdrift_generate::ComputeDevice;
 use std::sync::Arc;
 
-use qdrift_load::{ActivationFormat, ActivationGranularity, CheckpointActivations, ModelArch, WeightSource};
+use qdrift_load::{ActivationFormat, ActivationGranularity, CheckpointActivations, WeightSource};
 use qdrift_model::Llama;
 use qdrift_quantize::{
     ActivationQuant, ActivationScale, DynamicFormat, Fp8Format, QuantizeOptions, QuantizedSource, Recipe, Scheme,
 };
 use qdrift_report::{FileHash, RecipeParts, TensorError, VariantKind};
 
-use crate::compat::CheckedCheckpoint;
+use crate::check::compat::CheckedCheckpoint;
+use crate::check::config::{VariantSpec, check_activation_widths, other_precision};
 use crate::error::EvalError;
-use crate::identity::{model_identity_file, report_name};
+use crate::inputs::identity::{model_identity_file, report_name};
 use crate::types::{VariantHeader, dtype_name};
 
-/// A variant to compare with the reference.
-#[derive(Clone, Debug, PartialEq)]
-pub enum VariantSpec {
-    /// The noise floor: the reference's own FP16 weights at the other compute precision, the
-    /// divergence that precision alone causes. [`crate::evaluate`] always runs it first; listing
-    /// it in [`crate::EvalConfig::variants`] is refused as a duplicate.
-    NoiseFloor,
-    /// A quantization recipe (`WEIGHTS[+a-ACT][+kv-KV]`): its weight scheme applied to the
-    /// reference's FP16 weights, its activation and KV-cache roundings at run time.
-    Scheme(Recipe),
-    /// Another checkpoint of the same architecture and tokenizer. A quantized Hugging Face folder
-    /// runs the dynamic activation quantization its config declares: per token, per tensor, or
-    /// per token and group (block FP8, `+a-fp8-gG` with the config's own G), refused before
-    /// anything runs when G does not divide a linear layer's input width.
-    Checkpoint {
-        /// The file or folder.
-        path: PathBuf,
-        /// Its name in the report (`--variant NAME=PATH`); `None`: the file stem.
-        name: Option<String>,
-    },
-}
-
-impl VariantSpec {
-    /// Its name in the report, for a reference computing at `reference_dtype`:
-    /// `noise-floor-f32` (or `-f16`), the scheme's name, or the checkpoint's file stem.
-    pub fn name(&self, reference_dtype: DType) -> String {
-        match self {
-            VariantSpec::NoiseFloor => format!("noise-floor-{}", dtype_name(other_precision(reference_dtype))),
-            VariantSpec::Scheme(recipe) => recipe.to_string(),
-            VariantSpec::Checkpoint { name: Some(name), .. } => name.clone(),
-            VariantSpec::Checkpoint { path, name: None } => {
-                path.file_stem().map_or_else(|| report_name(path), |s| s.to_string_lossy().into_owned())
-            }
-        }
-    }
-
-    /// Refuses a recipe whose KV-cache format does not fit the model's cache rows (a ggml block
-    /// format needs `kv_heads × head_dim` to be whole blocks), or whose per-token-group
-    /// activation scales do not divide a linear layer's input width, before anything runs.
-    pub(crate) fn check_fits(&self, arch: &ModelArch) -> Result<(), EvalError> {
-        let VariantSpec::Scheme(recipe) = self else { return Ok(()) };
-        let fits = || {
-            if let Some(kv) = recipe.kv_cache {
-                kv.check_row(arch.n_kv_heads, arch.head_dim())?;
-            }
-            recipe.activations.map_or(Ok(()), |a| check_activation_widths(a, arch))
-        };
-        fits().map_err(|e| EvalError::Variant { variant: self.name(DType::F32), problem: e.to_string() })
-    }
-
-    /// The checkpoint's file or folder, for a checkpoint variant.
-    pub(crate) fn checkpoint_path(&self) -> Option<&Path> {
-        match self {
-            VariantSpec::Checkpoint { path, .. } => Some(path),
-            _ => None,
-        }
-    }
-
-    /// Refuses a name given to a checkpoint (`--variant NAME=PATH`) that a report could not show
-    /// as itself or could confuse with another model: empty or blank, `.` or `..`, with a `/`,
-    /// with characters that break or reorder a line (control characters, bidirectional
-    /// overrides, zero-width ones), over 100 characters, or the name of a scheme or recipe, of a
-    /// compute precision or of the noise floor.
-    pub(crate) fn check_given_name(&self) -> Result<(), EvalError> {
-        let VariantSpec::Checkpoint { name: Some(name), .. } = self else { return Ok(()) };
-        let refuse = |why: &str| {
-            Err(EvalError::Option {
-                option: "--variant",
-                problem: format!("NAME=PATH: the name \"{}\" {why}; choose another", qdrift_io::elide(name)),
-            })
-        };
-        if name.trim().is_empty() || name == "." || name == ".." || name.contains('/') {
-            return refuse("is no name a report can show");
-        }
-        if qdrift_io::message_line(name) != name.as_str() {
-            return refuse("holds characters that break or reorder a line on a terminal");
-        }
-        if name.chars().count() > 100 {
-            return refuse("is longer than 100 characters");
-        }
-        if name.parse::<Recipe>().is_ok()
-            || ["fp16", "bf16", "f16", "f32", "fp32"].contains(&name.as_str())
-            || name.starts_with("noise-floor")
-        {
-            return refuse("is what qdrift calls a scheme, a precision or the noise floor");
-        }
-        Ok(())
-    }
-
-    /// Refuses a checkpoint that does not exist, before anything is loaded.
-    pub(crate) fn check_exists(&self) -> Result<(), EvalError> {
-        match self {
-            VariantSpec::Checkpoint { path: p, .. } if !p.exists() => {
-                Err(EvalError::Variant { variant: p.display().to_string(), problem: "no such file or folder".into() })
-            }
-            _ => Ok(()),
-        }
-    }
-}
-
-/// The precision the noise floor runs at: f16 for an f32 reference, f32 for an f16 or bf16 one
-/// (the reference's own 16-bit weights computed without its activations' roundings).
-pub(crate) fn other_precision(reference: DType) -> DType {
-    if reference == DType::F32 { DType::F16 } else { DType::F32 }
-}
-
 /// What variants need of the reference once its host weights are given up: its parameter count
-/// (checkpoints were checked against the rest of it before the run, `crate::compat`).
+/// (checkpoints were checked against the rest of it before the run, `crate::check::compat`).
 pub(crate) struct ReferenceIdentity {
     /// [`qdrift_load::HostModel::parameter_count`] of its weights.
     pub parameters: usize,
@@ -176,7 +71,7 @@ pub(crate) struct BuiltVariant {
     /// Storage bits per parameter.
     pub bits_per_weight: f64,
     /// For a checkpoint that is not a quantization of the reference, accepted by
-    /// `--allow-different-model`: the first difference ([`crate::compat`]).
+    /// `--allow-different-model`: the first difference ([`crate::check::compat`]).
     pub different_model: Option<String>,
     /// Storage bytes of its weights.
     pub weight_bytes: u64,
@@ -188,7 +83,7 @@ pub(crate) struct BuiltVariant {
 /// [`BuiltVariant::build_model`].
 ///
 /// `checkpoint` is a checkpoint variant's model, opened and checked against the reference before
-/// the run ([`crate::compat::open_variants`]). `dtype` is the reference's compute precision.
+/// the run ([`crate::check::compat::open_variants`]). `dtype` is the reference's compute precision.
 pub(crate) fn build_variant(
     spec: &VariantSpec,
     reference: &ReferenceIdentity,
@@ -404,10 +299,4 @@ fn activation_quant(a: CheckpointActivations) -> ActivationQuant {
         ActivationGranularity::TokenGroup(g) => ActivationScale::TokenGroup(g),
     };
     ActivationQuant { format, scale }
-}
-
-/// Checks that `a`'s scale groups divide every linear layer's input width: `dim` (q/k/v,
-/// gate/up), `heads × head_dim` (o) and `hidden_dim` (down).
-fn check_activation_widths(a: ActivationQuant, arch: &ModelArch) -> Result<(), qdrift_quantize::QuantizeError> {
-    [arch.dim, arch.n_heads * arch.head_dim(), arch.hidden_dim].into_iter().try_for_each(|cols| a.check_width(cols))
 }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use qdrift_load::{LayerWeights, LoadedModel, ModelArch, WeightSource, open_source};
 
 use crate::error::EvalError;
-use crate::identity::checkpoint_hash;
+use crate::inputs::identity::checkpoint_hash;
 
 /// A checkpoint variant opened part by part, as the reference is.
 pub(crate) type OpenedCheckpoint = LoadedModel<Arc<dyn WeightSource>>;

@@ -29,15 +29,15 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::aggregate::Trace;
-use crate::assemble::assemble_report;
-use crate::config::Shard;
-use crate::container::{
+use crate::assemble::report::assemble_report;
+use crate::check::config::MAX_RESAMPLES;
+use crate::check::config::Shard;
+use crate::error::EvalError;
+use crate::persist::container::{
     SEAL_BYTES, Section, Sections, Writer, check_format, check_traces, read_file, read_traces, seal, unseal,
     write_traces,
 };
-use crate::error::EvalError;
-use crate::plan::MAX_RESAMPLES;
+use crate::trace::Trace;
 use crate::types::{Measurement, RunContext, TailSums, VariantHeader};
 
 /// The format name in `part.json`.
@@ -185,7 +185,7 @@ impl Part {
         }
         if let Some((_, sums)) = &h.tail {
             // Each position's tail mass is at most 1 (up to rounding of its logarithm).
-            let most = 1.0 + 2.0 * f64::from(crate::container::ROUNDING);
+            let most = 1.0 + 2.0 * f64::from(crate::persist::container::ROUNDING);
             if let Some((i, t)) = sums.iter().enumerate().find(|(_, t)| {
                 t.positions != horizon
                     || !(0.0..=most * horizon as f64).contains(&t.sum)

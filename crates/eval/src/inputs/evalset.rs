@@ -7,7 +7,7 @@ use qdrift_report::EVAL_SET_CAP;
 use serde::Deserialize;
 
 use crate::error::EvalError;
-use crate::identity::{report_name, sha256_hex};
+use crate::inputs::identity::{report_name, sha256_hex};
 
 /// One prompt of an eval set.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -33,9 +33,9 @@ pub struct EvalSet {
 
 /// The sets shipped in `eval-sets/`, compiled in so that an installed binary has them too.
 const BUILT_IN: &[(&str, &str)] = &[
-    ("stories", include_str!("../../../eval-sets/stories.jsonl")),
-    ("english", include_str!("../../../eval-sets/english.jsonl")),
-    ("chat", include_str!("../../../eval-sets/chat.jsonl")),
+    ("stories", include_str!("../../../../eval-sets/stories.jsonl")),
+    ("english", include_str!("../../../../eval-sets/english.jsonl")),
+    ("chat", include_str!("../../../../eval-sets/chat.jsonl")),
 ];
 
 /// The names of the built-in sets.
