@@ -5,12 +5,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::endpoint::Endpoint;
+use crate::endpoint::{Endpoint, TOKEN_ENV};
 use crate::error::ServeError;
-
-/// The environment variable holding the bearer token a server wants (`Authorization: Bearer …`).
-/// Never a flag: a flag's value lands in shell history, process lists and CI logs.
-pub const TOKEN_ENV: &str = "QDRIFT_SERVER_TOKEN";
 
 /// The largest answer read (a 1000-token completion with 20 log-probabilities per token is a few
 /// MiB of JSON); a larger one is refused, not buffered.

@@ -5,6 +5,10 @@ use std::str::FromStr;
 
 use crate::error::ServeError;
 
+/// The environment variable holding the bearer token a server wants (`Authorization: Bearer …`).
+/// Never a flag: a flag's value lands in shell history, process lists and CI logs.
+pub const TOKEN_ENV: &str = "QDRIFT_SERVER_TOKEN";
+
 /// A server's OpenAI-compatible API root and, optionally, the model to ask for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
@@ -37,7 +41,7 @@ impl FromStr for Endpoint {
     type Err = ServeError;
 
     /// Parses `http(s)://HOST[:PORT][/PATH][#MODEL]`. Credentials in the URL are refused: a
-    /// token belongs in [`crate::TOKEN_ENV`], where it stays out of shell history and reports.
+    /// token belongs in [`TOKEN_ENV`], where it stays out of shell history and reports.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let bad = |problem: &str| ServeError::BadUrl { url: text.to_owned(), problem: problem.to_owned() };
         if !Endpoint::is_url(text) {
@@ -59,7 +63,7 @@ impl FromStr for Endpoint {
         if authority.contains('@') {
             return Err(bad(&format!(
                 "credentials in the URL are refused (they would land in reports); put the token in {}",
-                crate::TOKEN_ENV
+                TOKEN_ENV
             )));
         }
         if base.contains(char::is_whitespace) || base.contains('?') {

@@ -10,8 +10,8 @@
 //!
 //! | file | contents |
 //! |---|---|
-//! | `endpoint.rs` | [`Endpoint`]: `http(s)://HOST:PORT/v1[#MODEL]` |
-//! | `client.rs` | [`Server`]: the HTTP client, retries, the bearer token from [`TOKEN_ENV`], model resolution |
+//! | `endpoint.rs` | [`Endpoint`]: `http(s)://HOST:PORT/v1[#MODEL]`; [`TOKEN_ENV`] |
+//! | `client.rs` | [`Server`]: the HTTP client, retries, the bearer token, model resolution |
 //! | `completion.rs` | [`Request`], [`Completion`]: the request body and the answer's dialects (OpenAI's legacy `logprobs`, vLLM's `token_id:N` tokens, `llama-server`'s `content` list) |
 //! | `pool.rs` | [`run_bounded`]: requests in parallel, at most `--concurrency` at once, in order |
 //! | `provenance.rs` | [`ServerInfo`]: what the server says about itself, for the report |
@@ -30,9 +30,9 @@ mod error;
 mod pool;
 mod provenance;
 
-pub use client::{Server, ServerOptions, TOKEN_ENV};
+pub use client::{Server, ServerOptions};
 pub use completion::{Completion, Prompt, Request, Step, Token};
-pub use endpoint::Endpoint;
+pub use endpoint::{Endpoint, TOKEN_ENV};
 pub use error::ServeError;
 pub use pool::run_bounded;
 pub use provenance::ServerInfo;
