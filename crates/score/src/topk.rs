@@ -18,8 +18,9 @@
 //!   rearrangement the mass goes to the least probable tokens under P first.
 //!
 //! When `S` covers the vocabulary both bounds equal the exact divergence. `q_rest` is computed as
-//! `1 − Σ q_i` in `f64` from the server's log-probabilities and clamped at 0: a server's top-K
-//! that sums above 1 by its own rounding has no mass left outside `S`.
+//! `1 − Σ q_i` in `f64` from the server's log-probabilities and clamped at 0 (a server's top-K
+//! that sums above 1 by its own rounding has no mass left outside `S`), and is 0 when `S` is the
+//! whole vocabulary.
 
 use crate::compact::log_sum_exp;
 use crate::error::{Result, ScoreError, check_finite, check_nonempty};
@@ -84,9 +85,10 @@ pub fn topk_divergence(ref_logits: &[f32], var_ids: &[u32], var_logp: &[f64]) ->
     // A log-probability above 0 is a server's rounding of a certain token: cap it at 0.
     let logq: Vec<f64> = var_logp.iter().map(|&l| l.min(0.0)).collect();
     let q_sum: f64 = logq.iter().map(|l| l.exp()).sum();
-    let q_rest = (1.0 - q_sum).max(0.0);
-    let q_min = logq.iter().copied().fold(f64::INFINITY, f64::min).exp();
     let rest_logp: Vec<f64> = (0..vocab).filter(|&i| !listed[i]).map(|i| logp[i]).collect();
+    // A top-K that lists the whole vocabulary leaves nothing outside it, whatever its sum's rounding.
+    let q_rest = if rest_logp.is_empty() { 0.0 } else { (1.0 - q_sum).max(0.0) };
+    let q_min = logq.iter().copied().fold(f64::INFINITY, f64::min).exp();
     let p_rest_ln = log_sum_exp(&rest_logp);
 
     let mut forward = 0.0;
