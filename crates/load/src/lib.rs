@@ -105,8 +105,8 @@ pub use loaded::{
 };
 pub use open::{open_model, open_source};
 pub use qdrift_weights::{
-    Activation, BlockSpec, Experts, Ffn, HeldModel, HostModel, HostTensor, LayerWeights, LinearName, Mlp, ModelArch,
-    MoeSpec, NormStyle, RopeScaling, Routing, SharedExpert, SourceError, WeightSource,
+    Activation, ArchShape, BlockSpec, Experts, Ffn, HeldModel, HostModel, HostTensor, LayerWeights, LinearName, Mlp,
+    ModelArch, MoeSpec, NormStyle, RopeScaling, Routing, SharedExpert, SourceError, WeightSource,
 };
 pub use rope_layout::{rotate_half_row_order, rotate_half_row_order_partial};
 pub use synthetic::{

@@ -21,7 +21,7 @@ use serde_json::{Map, Value};
 
 use crate::LoadError;
 use crate::rope_values::{RopeParam, check_rope_values};
-use qdrift_weights::{Activation, BlockSpec, ModelArch, MoeSpec, NormStyle, RopeScaling, Routing};
+use qdrift_weights::{Activation, ArchShape, BlockSpec, ModelArch, MoeSpec, NormStyle, RopeScaling, Routing};
 
 /// Architectures [`read_hf_folder`](crate::read_hf_folder) reads, as `config.json` names them.
 pub const SUPPORTED_ARCHITECTURES: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
@@ -250,8 +250,7 @@ pub(crate) fn parse_config(path: &Path, c: &Value, tensor_count: usize) -> Resul
         Class::Gemma3 => config.opt_float("final_logit_softcapping", None)?,
         _ => None,
     };
-    let arch = ModelArch {
-        architecture: CLASSES.iter().find(|(_, _, k)| *k == class).map_or("", |(a, _, _)| a).to_string(),
+    let shape = ArchShape {
         dim,
         hidden_dim: config.int("intermediate_size", None)?,
         n_layers,
@@ -260,6 +259,9 @@ pub(crate) fn parse_config(path: &Path, c: &Value, tensor_count: usize) -> Resul
         head_dim,
         vocab_size: config.int("vocab_size", None)?,
         max_seq_len,
+    };
+    let name = CLASSES.iter().find(|(_, _, k)| *k == class).map_or("", |(a, _, _)| a);
+    let arch = ModelArch {
         norm_eps: config.float("rms_norm_eps", class.default_eps())?,
         rope_theta: rope.theta,
         tied_embeddings: config.bool_or("tie_word_embeddings", gemma),
@@ -271,6 +273,7 @@ pub(crate) fn parse_config(path: &Path, c: &Value, tensor_count: usize) -> Resul
         embedding_scale: gemma.then(|| (dim as f64).sqrt() as f32),
         final_logit_softcap,
         moe: moe(&config, class, n_layers)?,
+        ..ModelArch::new(name, shape)
     };
     arch.validate().map_err(|e| config.bad(format!("inconsistent hyper-parameters: {e}")))?;
     check_rope(&config, &rope.field, &arch)?;
