@@ -219,6 +219,7 @@ pub(crate) fn open_llama2c(path: &Path, tokenizer: Option<&Path>) -> Result<Load
         source_storage: None,
         chat_template: None,
         quantization: None,
+        notes: Vec::new(),
     })
 }
 

@@ -277,6 +277,7 @@ pub fn synthetic_source(name: &str, seed: u64) -> Result<LoadedModel<SyntheticSo
         source_storage: None,
         chat_template: None,
         quantization: None,
+        notes: Vec::new(),
     })
 }
 

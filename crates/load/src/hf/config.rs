@@ -59,6 +59,17 @@ const CLASSES: [(&str, &str, Class); 11] = [
     ("GptOssForCausalLM", "gpt_oss", Class::GptOss),
 ];
 
+/// `(architectures[0] of a multimodal wrapper, the class of its language model)`.
+const WRAPPERS: [(&str, &str); 2] = [
+    ("Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"),
+    ("Mistral3ForConditionalGeneration", "MistralForCausalLM"),
+];
+
+/// The wrapper class `a` and the text class it holds, when qdrift reads it.
+fn wrapped_class(a: &str) -> Option<(&'static str, &'static str)> {
+    WRAPPERS.iter().find(|(w, _)| *w == a).copied()
+}
+
 impl Class {
     /// Gemma 2 or 3: `(1 + w)` norms, four of them per block.
     pub(crate) fn gemma(self) -> bool {
@@ -120,6 +131,45 @@ pub(crate) enum AttnBias {
     Qkv,
     /// All four (`attention_bias: true`; gpt-oss's default).
     Qkvo,
+}
+
+/// A multimodal wrapper (`…ForConditionalGeneration`) whose language model qdrift reads.
+#[derive(Debug, Clone)]
+pub(crate) struct Wrapper {
+    /// `architectures[0]`: the wrapper's class.
+    pub(crate) class: String,
+    /// The class of its language model, as `config.json` would name it alone.
+    pub(crate) text_class: &'static str,
+}
+
+/// The language model's configuration of a multimodal wrapper qdrift reads (its
+/// `architectures[0]` maps to a text class in [`CLASSES`]): the `text_config` object, named by
+/// the text class, with the wrapper's `tie_word_embeddings` and special token ids where the
+/// `text_config` has none; `None` for any other `config.json` (a wrapper qdrift does not read is
+/// refused by [`parse_config`]).
+pub(crate) fn language_model_config(path: &Path, c: &Value) -> Result<Option<(Value, Wrapper)>, LoadError> {
+    let arch0 = c.get("architectures").and_then(Value::as_array).and_then(|a| a.first()).and_then(Value::as_str);
+    let Some((class, text_class)) = arch0.and_then(wrapped_class) else {
+        return Ok(None);
+    };
+    let Some(text) = c.get("text_config").and_then(Value::as_object) else {
+        return Err(LoadError::invalid(
+            path,
+            format!(
+                "architectures[0] is {class}, a multimodal wrapper, but its text_config is missing or not an object"
+            ),
+        ));
+    };
+    let mut text = text.clone();
+    for key in ["tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"] {
+        if let Some(v) = c.get(key)
+            && text.get(key).is_none_or(Value::is_null)
+        {
+            text.insert(key.to_string(), v.clone());
+        }
+    }
+    text.insert("architectures".to_string(), Value::from(vec![text_class]));
+    Ok(Some((Value::Object(text), Wrapper { class: class.to_string(), text_class })))
 }
 
 /// What `config.json` says: the architecture and how the reader finds its tensors.

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use std::collections::HashMap;
 
-use super::config::{AttnBias, Class, HfArch, parse_config};
+use super::config::{AttnBias, Class, HfArch, language_model_config, parse_config};
 use super::quant::HfQuant;
 use super::shards::Shards;
 use super::tokenizer::{HfTokenizer, first_encoded_id, read_tokenizer_json};
@@ -93,6 +93,8 @@ struct Folder {
     shards: Shards,
     hf: HfArch,
     quant: Option<HfQuant>,
+    /// What a multimodal wrapper's reading left out, for [`LoadedModel::notes`].
+    note: Option<String>,
 }
 
 impl Folder {
@@ -106,19 +108,32 @@ impl Folder {
                  model.safetensors (or its shards) and tokenizer.json",
             ));
         }
-        let config = crate::input::read_json(&config_path, crate::input::JSON)?;
-        let shards = Shards::open(dir)?;
+        let outer = crate::input::read_json(&config_path, crate::input::JSON)?;
+        let mut shards = Shards::open(dir)?;
+        let (config, note) = match language_model_config(&config_path, &outer)? {
+            Some((text, wrapper)) => {
+                let ignored = shards.keep_language_model()?;
+                let note = format!(
+                    "{} is a multimodal wrapper: reading its language model ({}, text_config) and ignoring its \
+                     {ignored} vision/audio tensors",
+                    wrapper.class, wrapper.text_class
+                );
+                (text, Some(note))
+            }
+            None => (outer.clone(), None),
+        };
         let hf = parse_config(&config_path, &config, shards.tensor_count())?;
         check_output_layer(&config_path, &config, &hf, &shards)?;
         check_unexpected_tensors(&config, &hf.arch, &shards)?;
-        let quant = super::quant::read_quant_config(dir, &config_path, &config)?;
+        // `quantization_config` stays in the wrapper's own config.
+        let quant = super::quant::read_quant_config(dir, &config_path, &outer)?;
         if quant.as_ref().is_some_and(HfQuant::is_mxfp4) && hf.class != Class::GptOss {
             return Err(LoadError::invalid(
                 &config_path,
                 "MXFP4 quantization (quantization_config.quant_method = mxfp4) is read for GptOssForCausalLM's experts only",
             ));
         }
-        Ok(Folder { config_path, config, shards, hf, quant })
+        Ok(Folder { config_path, config, shards, hf, quant, note })
     }
 
     fn reader(&self) -> Reader<'_> {
@@ -188,6 +203,7 @@ impl Folder {
         };
         let source_dtypes = self.shards.dtypes();
         let quantization = self.quant.as_ref().map(|q| q.summary.clone());
+        let notes = self.note.iter().cloned().collect();
         Ok(LoadedModel {
             model: weights(self),
             tokenizer: Box::new(tok),
@@ -198,6 +214,7 @@ impl Folder {
             source_storage: Some(storage),
             chat_template,
             quantization,
+            notes,
         })
     }
 }
