@@ -60,6 +60,7 @@
 
 #![forbid(unsafe_code)]
 
+mod arch;
 mod error;
 mod floats;
 pub mod gguf;

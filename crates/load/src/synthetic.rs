@@ -32,7 +32,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 
 use crate::LoadError;
-use crate::hf::config::{AttnBias, Class, HfArch};
+use crate::hf::config::{AttnBias, HfArch};
 use crate::loaded::{LoadedModel, ModelFormat};
 use crate::tokenizer::{Llama2cTokenizer, SpecialIds};
 use qdrift_weights::{
@@ -253,7 +253,7 @@ pub fn synthetic_source(name: &str, seed: u64) -> Result<LoadedModel<SyntheticSo
     // A configured preset is parsed once: its architecture, and the tensors it has beyond a
     // Llama block (its class's biases and sinks).
     let (arch, attn_bias, expert_bias) = match configured_preset(name) {
-        Some(p) => (p.arch, p.attn_bias, p.class == Class::GptOss),
+        Some(p) => (p.arch, p.attn_bias, p.entry.block.sinks),
         None => (preset_arch(name)?, AttnBias::None, false),
     };
     let tokenizer = byte_tokenizer(arch.vocab_size).map_err(|e| LoadError::invalid(&path, e))?;
