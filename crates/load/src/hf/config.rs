@@ -302,7 +302,7 @@ fn check_layer_count(config: &Config<'_>, entry: Arch, n_layers: usize, present:
 }
 
 /// Refuses, by name, the features of today's checkpoints that qdrift cannot compute, whatever
-/// the class (`class`, when it is one qdrift reads): they are checked before an unsupported class
+/// the class (`entry`, when it is one qdrift reads): they are checked before an unsupported class
 /// is refused, so that the message names the feature.
 fn refuse_features(config: &Config<'_>, entry: Option<Arch>) -> Result<(), LoadError> {
     let refuse = |feature: &str, field: &str| {
@@ -311,7 +311,8 @@ fn refuse_features(config: &Config<'_>, entry: Option<Arch>) -> Result<(), LoadE
     let arch0 = config.get("architectures").and_then(Value::as_array).and_then(|a| a.first()).and_then(Value::as_str);
     if config.get("text_config").is_some() || config.get("vision_config").is_some() {
         let field = if config.get("text_config").is_some() { "text_config" } else { "vision_config" };
-        return refuse("a multimodal model (Gemma 3, Llama 4, ... ForConditionalGeneration)", field);
+        let read: Vec<&str> = arch::ARCHITECTURES.iter().flat_map(|e| e.wrappers.iter().copied()).collect();
+        return refuse(&format!("a multimodal model other than {} (Llama 4, Qwen3.5, ...)", read.join(", ")), field);
     }
     if let Some(a) = arch0.filter(|a| a.ends_with("ForConditionalGeneration")) {
         return refuse("a multimodal model", &format!("architectures[0] = {a}"));

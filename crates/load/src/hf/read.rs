@@ -111,7 +111,7 @@ impl Folder {
         }
         let outer = crate::input::read_json(&config_path, crate::input::JSON)?;
         let mut shards = Shards::open(dir)?;
-        let (config, note) = match language_model_config(&config_path, &outer)? {
+        let (text, note) = match language_model_config(&config_path, &outer)? {
             Some((text, wrapper)) => {
                 let ignored = shards.keep_language_model()?;
                 let note = format!(
@@ -119,13 +119,14 @@ impl Folder {
                      {ignored} vision/audio tensors",
                     wrapper.class, wrapper.text_class
                 );
-                (text, Some(note))
+                (Some(text), Some(note))
             }
-            None => (outer.clone(), None),
+            None => (None, None),
         };
-        let hf = parse_config(&config_path, &config, shards.tensor_count())?;
-        check_output_layer(&config_path, &config, &hf, &shards)?;
-        check_unexpected_tensors(&config, &hf.arch, &shards)?;
+        let config = text.as_ref().unwrap_or(&outer);
+        let hf = parse_config(&config_path, config, shards.tensor_count())?;
+        check_output_layer(&config_path, config, &hf, &shards)?;
+        check_unexpected_tensors(config, &hf.arch, &shards)?;
         // `quantization_config` stays in the wrapper's own config.
         let quant = super::quant::read_quant_config(dir, &config_path, &outer)?;
         let fused_experts = hf.entry.moe.as_ref().is_some_and(|m| m.hf_tensors == ExpertTensors::Fused);
@@ -135,7 +136,7 @@ impl Folder {
                 "MXFP4 quantization (quantization_config.quant_method = mxfp4) is read for GptOssForCausalLM's experts only",
             ));
         }
-        Ok(Folder { config_path, config, shards, hf, quant, note })
+        Ok(Folder { config_path, config: text.unwrap_or(outer), shards, hf, quant, note })
     }
 
     fn reader(&self) -> Reader<'_> {
