@@ -98,6 +98,9 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn Error>> {
     }
     // The weights are handed out part by part as the model is built: no whole f32 copy.
     let loaded = qdrift_load::open_source(&args.model, args.tokenizer.as_deref(), &|_| {})?;
+    for note in &loaded.notes {
+        eprintln!("qdrift: note: {note}");
+    }
     let arch = loaded.model.arch();
     let prompts = encode_prompts(&args.prompt, &*loaded.tokenizer, arch.max_seq_len, args.allow_long)?;
     check_length(&prompts, args.max_new_tokens, arch.max_seq_len, args.allow_long, "--max-new-tokens")?;

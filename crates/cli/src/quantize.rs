@@ -152,6 +152,9 @@ pub fn run(args: QuantizeArgs) -> Result<(), Box<dyn Error>> {
     }
     paths.output_file("--out", &args.out).check()?;
     let loaded = qdrift_load::open_model(&args.model, args.tokenizer.as_deref())?;
+    for note in &loaded.notes {
+        eprintln!("qdrift: note: {note}");
+    }
     // Before quantizing: a source whose tokenizer cannot be carried over is refused.
     let tokenizer_keys = if gguf { Some(gguf_tokenizer_keys(&loaded)?) } else { None };
     let q = args.scheme.apply(loaded.model)?.ok_or("no scheme applied")?;

@@ -374,6 +374,7 @@ pub(crate) fn prompt_pass_attention_bytes(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use qdrift_weights::ArchShape;
 
     fn device_with(parallel_batches: usize) -> ComputeDevice {
         ComputeDevice {
@@ -431,8 +432,7 @@ mod tests {
 
     /// SmolLM2-135M's shape: 30 layers, 3 key/value heads of 64.
     fn smollm2() -> ModelArch {
-        ModelArch {
-            architecture: "LlamaForCausalLM".into(),
+        let shape = ArchShape {
             dim: 576,
             hidden_dim: 1536,
             n_layers: 30,
@@ -441,18 +441,8 @@ mod tests {
             head_dim: 64,
             vocab_size: 49152,
             max_seq_len: 8192,
-            norm_eps: 1e-5,
-            rope_theta: 100_000.0,
-            tied_embeddings: true,
-            rope_scaling: None,
-            block: Default::default(),
-            windows: Vec::new(),
-            local_rope_theta: None,
-            embedding_scale: None,
-            final_logit_softcap: None,
-            moe: None,
-            layer_attention: Default::default(),
-        }
+        };
+        ModelArch { rope_theta: 100_000.0, tied_embeddings: true, ..ModelArch::new("LlamaForCausalLM", shape) }
     }
 
     /// The bench's case: 16 prompts in 2 batches of 8 for 1,000 new tokens run side by side in

@@ -44,6 +44,7 @@
 //! | module | contents |
 //! |---|---|
 //! | [`gguf`] | GGUF: `read`, `tokenizer` (embedded tokenizer, both ways), `hf_vocab` (a `tokenizer.json` as GGUF metadata), `write` |
+//! | `arch/` | one table of the architectures (`table.rs`, one entry per family: names, block features, `config.json` rules, experts, GGUF rules) that the readers and the GGUF writer look up |
 //! | [`hf`] | Hugging Face folders: `read`, `config`, `shards` (safetensors), `quant/` (one file per quantized layout, unpacking and packing side by side), `tokenizer`, `write` |
 //! | `llama2c.rs` | llama2.c checkpoints ([`read_llama2c_checkpoint`]) |
 //! | `synthetic.rs` | seeded random models ([`synthetic_model`]) and the byte-level tokenizer |
@@ -54,12 +55,13 @@
 //! | [`write`](mod@write) | the writers, gathered: [`hf::write_hf_folder`], [`gguf::write_gguf`], [`gguf::write_gguf_with`] and the GGUF tokenizer metadata |
 //! | `input.rs`, `floats.rs`, `names.rs`, `rope_layout.rs`, `rope_values.rs`, [`ofp8`], `error.rs` | reading files within a budget and the finiteness check; little-endian floats; layer and expert indices in tensor names; the RoPE row orders; the check that RoPE's derived frequencies are numbers; OCP FP8 decoding; [`LoadError`] |
 //!
-//! Module imports run one way: `open` → the formats → `loaded`, `tokenizer`, `storage` and the
-//! helpers; `gguf` uses `hf` (GGUF's byte-level BPE is built with the `tokenizers` crate, and a
+//! Module imports run one way: `open` → the formats → `arch`, `loaded`, `tokenizer`, `storage`
+//! and the helpers; `gguf` uses `hf` (GGUF's byte-level BPE is built with the `tokenizers` crate, and a
 //! Hugging Face folder is written as GGUF), never the reverse.
 
 #![forbid(unsafe_code)]
 
+mod arch;
 mod error;
 mod floats;
 pub mod gguf;
@@ -105,8 +107,8 @@ pub use loaded::{
 };
 pub use open::{open_model, open_source};
 pub use qdrift_weights::{
-    Activation, BlockSpec, Experts, Ffn, HeldModel, HostModel, HostTensor, LayerWeights, LinearName, Mlp, ModelArch,
-    MoeSpec, NormStyle, RopeScaling, Routing, SharedExpert, SourceError, WeightSource,
+    Activation, ArchShape, BlockSpec, Experts, Ffn, HeldModel, HostModel, HostTensor, LayerWeights, LinearName, Mlp,
+    ModelArch, MoeSpec, NormStyle, RopeScaling, Routing, SharedExpert, SourceError, WeightSource,
 };
 pub use rope_layout::{rotate_half_row_order, rotate_half_row_order_partial};
 pub use synthetic::{

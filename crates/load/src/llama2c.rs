@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use crate::LoadError;
 use crate::loaded::{LoadedModel, ModelFormat, check_vocab};
 use crate::tokenizer::Llama2cTokenizer;
-use qdrift_weights::{BlockSpec, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch};
+use qdrift_weights::{ArchShape, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch};
 
 const HEADER_BYTES: usize = 7 * 4;
 
@@ -65,28 +65,11 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<ModelArch, LoadError> {
             format!("inconsistent header: dim {dim} is not a multiple of n_heads {n_heads}"),
         ));
     }
-    let arch = ModelArch {
-        architecture: "llama".to_string(),
-        dim,
-        hidden_dim,
-        n_layers,
-        n_heads,
-        n_kv_heads,
-        head_dim: dim.checked_div(n_heads).unwrap_or(0),
-        vocab_size,
-        max_seq_len: seq_len,
-        norm_eps: 1e-5,
-        rope_theta: 10000.0,
-        tied_embeddings: field(5) > 0,
-        rope_scaling: None,
-        block: BlockSpec::default(),
-        windows: Vec::new(),
-        local_rope_theta: None,
-        embedding_scale: None,
-        final_logit_softcap: None,
-        moe: None,
-        layer_attention: Default::default(),
-    };
+    let head_dim = dim.checked_div(n_heads).unwrap_or(0);
+    let shape =
+        ArchShape { dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, vocab_size, max_seq_len: seq_len };
+    // `ModelArch::new`'s epsilon and theta are run.c's.
+    let arch = ModelArch { tied_embeddings: field(5) > 0, ..ModelArch::new("llama", shape) };
     arch.validate().map_err(|m| LoadError::invalid(path, format!("inconsistent header: {m}")))?;
     Ok(arch)
 }
@@ -236,6 +219,7 @@ pub(crate) fn open_llama2c(path: &Path, tokenizer: Option<&Path>) -> Result<Load
         source_storage: None,
         chat_template: None,
         quantization: None,
+        notes: Vec::new(),
     })
 }
 

@@ -39,6 +39,9 @@ pub struct LoadedModel<W = HostModel> {
     /// quantization it declares (`None` for unquantized checkpoints and other formats). The
     /// weights in [`LoadedModel::model`] are already dequantized.
     pub quantization: Option<CheckpointQuant>,
+    /// What the reader read differently from the checkpoint's own description, one line each, for
+    /// the CLI to print (a multimodal wrapper read as its language model).
+    pub notes: Vec<String>,
 }
 
 impl<W> LoadedModel<W> {
@@ -57,6 +60,7 @@ impl<W> LoadedModel<W> {
             source_storage,
             chat_template,
             quantization,
+            notes,
         } = self;
         Ok(LoadedModel {
             model: f(model)?,
@@ -68,6 +72,7 @@ impl<W> LoadedModel<W> {
             source_storage,
             chat_template,
             quantization,
+            notes,
         })
     }
 

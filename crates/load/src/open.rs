@@ -174,5 +174,6 @@ fn gguf_loaded<W>(path: &Path, gguf: GgufModel<W>, vocab: usize) -> Result<Loade
         source_storage: Some(source_storage),
         chat_template: gguf.tokenizer.chat_template,
         quantization: None,
+        notes: Vec::new(),
     })
 }

@@ -32,12 +32,12 @@ use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 
 use crate::LoadError;
-use crate::hf::config::{AttnBias, Class, HfArch};
+use crate::hf::config::{AttnBias, HfArch};
 use crate::loaded::{LoadedModel, ModelFormat};
 use crate::tokenizer::{Llama2cTokenizer, SpecialIds};
 use qdrift_weights::{
-    BlockSpec, Experts, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, MoeSpec, NormStyle, Routing,
-    SourceError, WeightSource,
+    ArchShape, BlockSpec, Experts, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, MoeSpec, NormStyle,
+    Routing, SourceError, WeightSource,
 };
 
 /// Names accepted by [`synthetic_model`], with what they imitate.
@@ -151,8 +151,7 @@ pub fn synthetic_arch(name: &str) -> Option<ModelArch> {
         "moe-tiny" => return Some(moe_tiny()),
         _ => return configured_preset(name).map(|p| p.arch),
     };
-    Some(ModelArch {
-        architecture: "llama".to_string(),
+    let shape = ArchShape {
         dim,
         hidden_dim: hidden,
         n_layers: layers,
@@ -161,25 +160,14 @@ pub fn synthetic_arch(name: &str) -> Option<ModelArch> {
         head_dim: dim.checked_div(heads).unwrap_or(0),
         vocab_size: vocab,
         max_seq_len: ctx,
-        norm_eps: eps,
-        rope_theta: theta,
-        tied_embeddings: tied,
-        rope_scaling: None,
-        block: BlockSpec::default(),
-        windows: Vec::new(),
-        local_rope_theta: None,
-        embedding_scale: None,
-        final_logit_softcap: None,
-        moe: None,
-        layer_attention: Default::default(),
-    })
+    };
+    Some(ModelArch { norm_eps: eps, rope_theta: theta, tied_embeddings: tied, ..ModelArch::new("llama", shape) })
 }
 
 /// `moe-tiny`: a Qwen3-MoE block (`Qwen3MoeForCausalLM`: per-head q/k norms, head_dim 16 ≠
 /// dim / heads 8, a softmax router picking 2 of 8 experts, renormalized) at test size.
 fn moe_tiny() -> ModelArch {
-    ModelArch {
-        architecture: "Qwen3MoeForCausalLM".to_string(),
+    let shape = ArchShape {
         dim: 32,
         hidden_dim: 64,
         n_layers: 2,
@@ -188,15 +176,11 @@ fn moe_tiny() -> ModelArch {
         head_dim: 16,
         vocab_size: 320,
         max_seq_len: 256,
+    };
+    ModelArch {
         norm_eps: 1e-6,
         rope_theta: 1_000_000.0,
-        tied_embeddings: false,
-        rope_scaling: None,
         block: BlockSpec { qk_norm: true, ..BlockSpec::default() },
-        windows: Vec::new(),
-        local_rope_theta: None,
-        embedding_scale: None,
-        final_logit_softcap: None,
         moe: Some(MoeSpec {
             n_experts: 8,
             top_k: 2,
@@ -205,7 +189,7 @@ fn moe_tiny() -> ModelArch {
             dense_layers: Vec::new(),
             shared_expert_hidden: None,
         }),
-        layer_attention: Default::default(),
+        ..ModelArch::new("Qwen3MoeForCausalLM", shape)
     }
 }
 
@@ -269,7 +253,7 @@ pub fn synthetic_source(name: &str, seed: u64) -> Result<LoadedModel<SyntheticSo
     // A configured preset is parsed once: its architecture, and the tensors it has beyond a
     // Llama block (its class's biases and sinks).
     let (arch, attn_bias, expert_bias) = match configured_preset(name) {
-        Some(p) => (p.arch, p.attn_bias, p.class == Class::GptOss),
+        Some(p) => (p.arch, p.attn_bias, p.entry.block.sinks),
         None => (preset_arch(name)?, AttnBias::None, false),
     };
     let tokenizer = byte_tokenizer(arch.vocab_size).map_err(|e| LoadError::invalid(&path, e))?;
@@ -293,6 +277,7 @@ pub fn synthetic_source(name: &str, seed: u64) -> Result<LoadedModel<SyntheticSo
         source_storage: None,
         chat_template: None,
         quantization: None,
+        notes: Vec::new(),
     })
 }
 

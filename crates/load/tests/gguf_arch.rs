@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use qdrift_ggml::{GgmlType, dequantize_ggml_blocks, quantize_ggml_blocks};
 use qdrift_load::write::{GgufMatrix, GgufStored, WriteDtype, write_gguf_with};
 use qdrift_load::{
-    Activation, BlockSpec, Experts, Ffn, GgufModel, GgufValue, HostModel, HostTensor, LayerWeights, Mlp, ModelArch,
+    Activation, ArchShape, Experts, Ffn, GgufModel, GgufValue, HostModel, HostTensor, LayerWeights, Mlp, ModelArch,
     MoeSpec, NormStyle, RopeScaling, Routing, read_gguf,
 };
 
@@ -34,8 +34,7 @@ impl Rng {
 const FAMILIES: [&str; 7] = ["qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "gpt-oss", "mixtral"];
 
 fn base_arch(name: &str) -> ModelArch {
-    ModelArch {
-        architecture: name.to_string(),
+    let shape = ArchShape {
         dim: 32,
         hidden_dim: 64,
         n_layers: 4,
@@ -44,18 +43,8 @@ fn base_arch(name: &str) -> ModelArch {
         head_dim: 16,
         vocab_size: 48,
         max_seq_len: 256,
-        norm_eps: 1e-6,
-        rope_theta: 1e6,
-        tied_embeddings: false,
-        rope_scaling: None,
-        block: BlockSpec::default(),
-        windows: Vec::new(),
-        local_rope_theta: None,
-        embedding_scale: None,
-        final_logit_softcap: None,
-        moe: None,
-        layer_attention: Default::default(),
-    }
+    };
+    ModelArch { norm_eps: 1e-6, rope_theta: 1e6, ..ModelArch::new(name, shape) }
 }
 
 /// The architecture of each family as a Hugging Face reader describes it (Gemma norms raw).

@@ -926,3 +926,57 @@ fn repeated_merges_are_refused_naming_the_first() {
     let e = qdrift_load::write::hf_tokenizer_keys(dir.path(), &tok, 512).expect_err("refused").to_string();
     assert_eq!(e, want);
 }
+
+/// A multimodal wrapper (`Gemma3ForConditionalGeneration`: the text model's config as
+/// `text_config`, its weights under `model.language_model.`, a vision tower and projector beside
+/// them) reads as its language model, with a note saying so; the same weights wrapped the older
+/// way (`language_model.model.`, `language_model.lm_head.`) too.
+#[test]
+fn a_multimodal_wrapper_reads_as_its_language_model() {
+    use serde_json::json;
+    let plain = open("gemma3");
+    assert!(plain.notes.is_empty(), "{:?}", plain.notes);
+    for (prefix, head) in [("model.language_model.", "lm_head."), ("language_model.model.", "language_model.lm_head.")]
+    {
+        let dir = edited("gemma3", |c| {
+            let text = Value::Object(std::mem::take(c));
+            c.insert("architectures".into(), json!(["Gemma3ForConditionalGeneration"]));
+            c.insert("model_type".into(), json!("gemma3"));
+            c.insert("text_config".into(), text);
+            c.insert("vision_config".into(), json!({"model_type": "siglip_vision_model", "hidden_size": 4}));
+        });
+        let bytes = std::fs::read(tiny_dir("gemma3").join("model.safetensors")).expect("model.safetensors");
+        let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid");
+        let mut tensors: Vec<(String, safetensors::tensor::TensorView<'_>)> = st
+            .tensors()
+            .into_iter()
+            .map(|(name, t)| {
+                let renamed = match (name.strip_prefix("model."), name.strip_prefix("lm_head.")) {
+                    (Some(rest), _) => format!("{prefix}{rest}"),
+                    (_, Some(rest)) => format!("{head}{rest}"),
+                    _ => name,
+                };
+                (renamed, t)
+            })
+            .collect();
+        let tower = vec![0u8; 2 * 4 * 4];
+        for name in [
+            "model.vision_tower.vision_model.embeddings.patch_embedding.weight",
+            "model.multi_modal_projector.mm_input_projection_weight",
+        ] {
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![4, 4], &tower).expect("view");
+            tensors.push((name.to_string(), view));
+        }
+        let out = safetensors::serialize(tensors, None).expect("serialize");
+        std::fs::write(dir.path().join("model.safetensors"), out).expect("write");
+        let wrapped = open_model(dir.path(), None).unwrap_or_else(|e| panic!("{prefix}: {e}"));
+        assert_eq!(wrapped.model, plain.model, "{prefix}");
+        assert_eq!(wrapped.notes.len(), 1, "{:?}", wrapped.notes);
+        let note = &wrapped.notes[0];
+        assert!(!note.contains('\n'), "{note}");
+        for needle in ["Gemma3ForConditionalGeneration", "Gemma3ForCausalLM", "2 vision/audio tensors"] {
+            assert!(note.contains(needle), "{needle:?} not in {note}");
+        }
+    }
+}

@@ -5,12 +5,11 @@
 use std::path::{Path, PathBuf};
 
 use qdrift_load::inspect::{Fp32, inspect, inspect_loaded, inspect_path};
-use qdrift_load::{ModelArch, ModelFormat, open_model, synthetic_arch};
+use qdrift_load::{ArchShape, ModelArch, ModelFormat, open_model, synthetic_arch};
 
 /// stories260K (README of shared/models/stories260K).
 fn stories_arch() -> ModelArch {
-    ModelArch {
-        architecture: "llama".into(),
+    let shape = ArchShape {
         dim: 64,
         hidden_dim: 172,
         n_layers: 5,
@@ -19,18 +18,8 @@ fn stories_arch() -> ModelArch {
         head_dim: 8,
         vocab_size: 512,
         max_seq_len: 512,
-        norm_eps: 1e-5,
-        rope_theta: 10000.0,
-        tied_embeddings: true,
-        rope_scaling: None,
-        block: Default::default(),
-        windows: Vec::new(),
-        local_rope_theta: None,
-        embedding_scale: None,
-        final_logit_softcap: None,
-        moe: None,
-        layer_attention: Default::default(),
-    }
+    };
+    ModelArch { tied_embeddings: true, ..ModelArch::new("llama", shape) }
 }
 
 fn bytes_of(i: &qdrift_load::inspect::Inspection, scheme: &str) -> u64 {

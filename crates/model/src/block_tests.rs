@@ -5,7 +5,7 @@
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use qdrift_weights::{
-    Activation, BlockSpec, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, NormStyle, RopeScaling,
+    Activation, ArchShape, BlockSpec, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, NormStyle, RopeScaling,
 };
 
 use crate::tensors::{host_f32, upload};
@@ -38,8 +38,7 @@ struct Extras {
 
 /// The "tiny" preset's shape (2 layers, dim 32, 4/2 heads, vocab 320) with a head of `head_dim`.
 fn base_arch(head_dim: usize) -> ModelArch {
-    ModelArch {
-        architecture: "test".to_string(),
+    let shape = ArchShape {
         dim: 32,
         hidden_dim: 48,
         n_layers: 2,
@@ -48,18 +47,8 @@ fn base_arch(head_dim: usize) -> ModelArch {
         head_dim,
         vocab_size: 64,
         max_seq_len: 64,
-        norm_eps: 1e-6,
-        rope_theta: 10000.0,
-        tied_embeddings: false,
-        rope_scaling: None,
-        block: BlockSpec::default(),
-        windows: Vec::new(),
-        local_rope_theta: None,
-        embedding_scale: None,
-        final_logit_softcap: None,
-        moe: None,
-        layer_attention: Default::default(),
-    }
+    };
+    ModelArch { norm_eps: 1e-6, ..ModelArch::new("test", shape) }
 }
 
 /// Random weights for `arch` with `extras`; norms near 1 (`x̂·w`) or near 0 (`x̂·(1 + w)`).

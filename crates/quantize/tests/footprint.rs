@@ -7,7 +7,7 @@ mod common;
 
 use common::matrix;
 use qdrift_load::inspect::{Fp32, Inspection, WeightStorage, inspect};
-use qdrift_load::{ModelArch, synthetic_arch};
+use qdrift_load::{ArchShape, ModelArch, synthetic_arch};
 use qdrift_quantize::{GgmlError, GgmlType, KvQuant, QuantizeError, Scheme, SchemeFootprint, quantize};
 
 #[test]
@@ -65,8 +65,7 @@ fn every_listed_scheme_has_a_footprint_under_its_cli_name() {
 
 /// stories260K (README of shared/models/stories260K).
 fn stories_arch() -> ModelArch {
-    ModelArch {
-        architecture: "llama".into(),
+    let shape = ArchShape {
         dim: 64,
         hidden_dim: 172,
         n_layers: 5,
@@ -75,18 +74,8 @@ fn stories_arch() -> ModelArch {
         head_dim: 8,
         vocab_size: 512,
         max_seq_len: 512,
-        norm_eps: 1e-5,
-        rope_theta: 10000.0,
-        tied_embeddings: true,
-        rope_scaling: None,
-        block: Default::default(),
-        windows: Vec::new(),
-        local_rope_theta: None,
-        embedding_scale: None,
-        final_logit_softcap: None,
-        moe: None,
-        layer_attention: Default::default(),
-    }
+    };
+    ModelArch { tied_embeddings: true, ..ModelArch::new("llama", shape) }
 }
 
 /// `inspect` of `arch` under fp32 and every scheme.

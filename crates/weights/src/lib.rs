@@ -417,7 +417,58 @@ impl RopeScaling {
     }
 }
 
+/// The sizes every [`ModelArch`] states; [`ModelArch::new`] defaults the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArchShape {
+    /// Model (residual stream) width.
+    pub dim: usize,
+    /// Width of the dense feed-forward layer.
+    pub hidden_dim: usize,
+    /// Number of transformer blocks.
+    pub n_layers: usize,
+    /// Number of query heads.
+    pub n_heads: usize,
+    /// Number of key/value heads.
+    pub n_kv_heads: usize,
+    /// Width of one attention head.
+    pub head_dim: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Context length the model was trained for.
+    pub max_seq_len: usize,
+}
+
 impl ModelArch {
+    /// A Llama block of `shape` named `architecture`: RMSNorm epsilon 1e-5, RoPE theta 10000 and
+    /// unscaled, an output layer of its own, `BlockSpec::default()`, no windows, no embedding
+    /// scale, no soft cap, no experts. Other values are set with struct update syntax
+    /// (`ModelArch { rope_theta: 1e6, ..ModelArch::new(name, shape) }`).
+    pub fn new(architecture: impl Into<String>, shape: ArchShape) -> Self {
+        let ArchShape { dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, vocab_size, max_seq_len } = shape;
+        ModelArch {
+            architecture: architecture.into(),
+            dim,
+            hidden_dim,
+            n_layers,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            vocab_size,
+            max_seq_len,
+            norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            tied_embeddings: false,
+            rope_scaling: None,
+            block: BlockSpec::default(),
+            windows: Vec::new(),
+            local_rope_theta: None,
+            embedding_scale: None,
+            final_logit_softcap: None,
+            moe: None,
+            layer_attention: LayerAttention::default(),
+        }
+    }
+
     /// Width of one attention head.
     pub fn head_dim(&self) -> usize {
         self.head_dim

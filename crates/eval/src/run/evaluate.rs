@@ -55,6 +55,9 @@ pub fn evaluate_any(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + 
     // values.
     let format = reference_format(cfg.dtype);
     let loaded = open_source(&cfg.model, cfg.tokenizer.as_deref(), &|m| round_to_reference(m, format))?;
+    for note in &loaded.notes {
+        progress(Progress::Warning { message: note });
+    }
     if cfg.quantize.quantize_router && loaded.model.arch().moe.is_none() {
         return Err(EvalError::Option {
             option: "--quantize-router",

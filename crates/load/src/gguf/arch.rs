@@ -36,122 +36,19 @@ use super::read::{
     read_rope_scaling,
 };
 use crate::LoadError;
+use crate::arch::{self, Arch, GgufWidth, SoftCaps, Tied};
 use crate::rope_layout::{RopeLayout, permute_head_rows};
 use qdrift_weights::{
-    Activation, Experts, Ffn, HostTensor, LayerWeights, Mlp, ModelArch, MoeSpec, NormStyle, RopeScaling, Routing,
-    SharedExpert,
+    Experts, Ffn, HostTensor, LayerWeights, Mlp, ModelArch, MoeSpec, NormStyle, RopeScaling, SharedExpert,
 };
 
-/// A llama.cpp architecture that [`read_family_of`] reads and `write_gguf_with` writes beyond the
-/// dense `llama` and `qwen2` ones.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Family {
-    /// `qwen3` (`Qwen3ForCausalLM`).
-    Qwen3,
-    /// `qwen3moe` (`Qwen3MoeForCausalLM`).
-    Qwen3Moe,
-    /// `qwen2moe` (`Qwen2MoeForCausalLM`: experts and a sigmoid-gated shared expert).
-    Qwen2Moe,
-    /// `gemma2` (`Gemma2ForCausalLM`).
-    Gemma2,
-    /// `gemma3` (`Gemma3ForCausalLM`, text only).
-    Gemma3,
-    /// `phi3` (`Phi3ForCausalLM`).
-    Phi3,
-    /// `gpt-oss` (`GptOssForCausalLM`; llama.cpp's `LLM_ARCH_OPENAI_MOE`).
-    GptOss,
-    /// `llama` with experts (`MixtralForCausalLM`).
-    LlamaMoe,
-}
-
-/// llama.cpp's gpt-oss constants (`llama-graph.cpp` `LLM_FFN_SWIGLU_OAI_MOE`: alpha 1.702, limit 7).
-pub(crate) const GPT_OSS_ACTIVATION: Activation = Activation::ClampedSwiGlu { alpha: 1.702, limit: 7.0 };
-
-impl Family {
-    /// The family of a file's `general.architecture`, `None` for the dense `llama` and `qwen2`
-    /// (read as before).
-    pub(super) fn of_file(keys: &ArchKeys<'_>) -> Result<Option<Family>, LoadError> {
-        Ok(Some(match keys.arch {
-            "qwen3" => Family::Qwen3,
-            "qwen3moe" => Family::Qwen3Moe,
-            "qwen2moe" => Family::Qwen2Moe,
-            "gemma2" => Family::Gemma2,
-            "gemma3" => Family::Gemma3,
-            "phi3" => Family::Phi3,
-            "gpt-oss" => Family::GptOss,
-            "llama" if keys.int("expert_count", Some(0))? > 0 => Family::LlamaMoe,
-            _ => return Ok(None),
-        }))
-    }
-
-    /// `general.architecture`.
-    pub(crate) fn gguf_name(self) -> &'static str {
-        match self {
-            Family::Qwen3 => "qwen3",
-            Family::Qwen3Moe => "qwen3moe",
-            Family::Qwen2Moe => "qwen2moe",
-            Family::Gemma2 => "gemma2",
-            Family::Gemma3 => "gemma3",
-            Family::Phi3 => "phi3",
-            Family::GptOss => "gpt-oss",
-            Family::LlamaMoe => "llama",
-        }
-    }
-
-    /// Whether q/k rows are stored rotate-half (NEOX); `llama` stores them interleaved.
-    pub(crate) fn rotate_half(self) -> bool {
-        self != Family::LlamaMoe
-    }
-
-    pub(crate) fn is_gemma(self) -> bool {
-        matches!(self, Family::Gemma2 | Family::Gemma3)
-    }
-
-    pub(crate) fn has_qk_norm(self) -> bool {
-        matches!(self, Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3)
-    }
-
-    pub(crate) fn has_experts(self) -> bool {
-        matches!(self, Family::Qwen3Moe | Family::Qwen2Moe | Family::GptOss | Family::LlamaMoe)
-    }
-
-    /// The FFN activation llama.cpp's graph uses.
-    pub(crate) fn activation(self) -> Activation {
-        match self {
-            Family::Gemma2 | Family::Gemma3 => Activation::GeluTanh,
-            Family::GptOss => GPT_OSS_ACTIVATION,
-            _ => Activation::SwiGlu,
-        }
-    }
-
-    /// The routing llama.cpp's `build_moe_ffn` call uses.
-    pub(crate) fn routing(self) -> Routing {
-        match self {
-            Family::GptOss => Routing::TopKSoftmax,
-            // `qwen2moe.cpp`: `build_moe_ffn(.., LLM_FFN_SILU, false, ..)`.
-            Family::Qwen2Moe => Routing::SoftmaxTopK { renormalize: false },
-            _ => Routing::SoftmaxTopK { renormalize: true },
-        }
-    }
-
-    /// The default of `attention.sliding_window_pattern` (`load_swa_pattern(ml, n)`), for the
-    /// families with sliding windows.
-    pub(crate) fn swa_pattern(self) -> Option<usize> {
-        match self {
-            Family::Gemma2 | Family::GptOss => Some(2),
-            Family::Gemma3 => Some(6),
-            _ => None,
-        }
-    }
-
-    /// The attention scale llama.cpp uses (`f_attention_scale` for Gemma, `1/√n_rot` for gpt-oss,
-    /// `1/√head_dim` otherwise); for Gemma's 27B shapes (46 layers for gemma2, 62 for gemma3)
-    /// `1/√(n_embd/n_head)` with integer division, as `gemma2.cpp`/`gemma3.cpp`.
-    pub(crate) fn attn_scale(self, n_layers: usize, dim: usize, n_heads: usize, head_dim: usize) -> f32 {
-        let big = matches!((self, n_layers), (Family::Gemma2, 46) | (Family::Gemma3, 62));
-        let width = if big { dim / n_heads.max(1) } else { head_dim };
-        1.0 / (width as f32).sqrt()
-    }
+/// The attention scale llama.cpp uses (`f_attention_scale` for Gemma, `1/√n_rot` for gpt-oss,
+/// `1/√head_dim` otherwise); for the shapes of [`GgufRules::wide_scale_layers`](crate::arch::GgufRules)
+/// (Gemma's 27B) `1/√(n_embd/n_head)` with integer division, as `gemma2.cpp`/`gemma3.cpp`.
+pub(crate) fn attn_scale(entry: Arch, n_layers: usize, dim: usize, n_heads: usize, head_dim: usize) -> f32 {
+    let wide = entry.gguf.wide_scale_layers == Some(n_layers);
+    let width = if wide { dim / n_heads.max(1) } else { head_dim };
+    1.0 / (width as f32).sqrt()
 }
 
 /// `llama_hparams::set_swa_pattern(n, dense_first = false)`: layer `il` is a sliding-window
@@ -160,24 +57,25 @@ pub(crate) fn swa_by_pattern(n: usize, il: usize) -> bool {
     n == 0 || il % n < n - 1
 }
 
-/// The architecture and block reader, when the file's architecture is one of the [`Family`]s
-/// ([`super::read::FamilyReader`]).
+/// The architecture and block reader, when the file's architecture is a family of
+/// [`arch::ARCHITECTURES`] beyond the dense `llama` and `qwen2` ([`super::read::FamilyReader`]).
 pub(super) fn read_family_of(
     table: &TensorTable<'_>,
     keys: &ArchKeys<'_>,
     tokenizer: &GgufTokenizerMetadata,
 ) -> Result<Option<ModelPlan>, LoadError> {
-    let Some(family) = Family::of_file(keys)? else {
+    let Some(family) = arch::by_gguf_name(keys.arch, || Ok::<_, LoadError>(keys.int("expert_count", Some(0))? > 0))?
+    else {
         return Ok(None);
     };
     let arch = read_family_arch(keys, table, tokenizer, family)?;
     Ok(Some(ModelPlan { arch, blocks: Box::new(FamilyBlocks { family, arch_name: keys.arch.to_string() }) }))
 }
 
-/// A [`Family`] file's blocks ([`read_family_layer`]); a tensor no part read is refused, naming
+/// A family file's blocks ([`read_family_layer`]); a tensor no part read is refused, naming
 /// the feature it stands for.
 struct FamilyBlocks {
-    family: Family,
+    family: Arch,
     /// `general.architecture`, for the refusal.
     arch_name: String,
 }
@@ -209,21 +107,21 @@ fn unused_feature(name: &str) -> &'static str {
     }
 }
 
-/// [`ModelArch`] of a [`Family`] file.
+/// [`ModelArch`] of a family file.
 fn read_family_arch(
     keys: &ArchKeys<'_>,
     table: &TensorTable<'_>,
     tokenizer: &GgufTokenizerMetadata,
-    family: Family,
+    family: Arch,
 ) -> Result<ModelArch, LoadError> {
     let path = keys.path;
     let refuse = |m: String| LoadError::invalid(path, m);
     let mut arch = read_hyper_parameters(keys, table, tokenizer)?;
-    arch.architecture = family.gguf_name().to_string();
+    arch.architecture = family.gguf.name.to_string();
     let key_length = keys.int("attention.key_length", Some(arch.dim / arch.n_heads))?;
     let n_rot = keys.int("rope.dimension_count", Some(key_length))?;
     // gpt-oss's tensors and graph use n_rot as the head width (`openai-moe.cpp`).
-    let head_dim = if family == Family::GptOss { n_rot } else { key_length };
+    let head_dim = if family.block.sinks { n_rot } else { key_length };
     let value_length = keys.int("attention.value_length", Some(head_dim))?;
     if value_length != head_dim || key_length != head_dim {
         return Err(refuse(format!(
@@ -235,7 +133,7 @@ fn read_family_arch(
     }
     arch.head_dim = head_dim;
     if n_rot != head_dim {
-        if family != Family::Phi3 {
+        if !family.block.partial_rotary {
             return Err(refuse(format!(
                 "{} is {n_rot} but the head dimension is {head_dim}: partial rotary embeddings are not \
                  supported for {}",
@@ -245,7 +143,7 @@ fn read_family_arch(
         }
         arch.block.rotary_dim = Some(n_rot);
     }
-    if family == Family::Phi3 && head_dim * arch.n_heads != arch.dim {
+    if family.block.fused && head_dim * arch.n_heads != arch.dim {
         return Err(refuse(format!(
             "{} is {head_dim} but phi3's q projection is embedding_length {} wide: a head width other than \
              embedding_length / head_count is not supported for phi3",
@@ -253,40 +151,44 @@ fn read_family_arch(
             arch.dim
         )));
     }
-    arch.block.qk_norm = family.has_qk_norm();
-    arch.block.activation = family.activation();
-    arch.block.sinks = family == Family::GptOss;
+    let features = &family.block;
+    arch.block.qk_norm = features.qk_norm;
+    arch.block.activation = features.activation.gguf();
+    arch.block.sinks = features.sinks;
     arch.block.norm = NormStyle::Weight;
-    if family.is_gemma() {
+    if features.gemma_norms {
         arch.block.sandwich_norms = true;
         arch.embedding_scale = Some((arch.dim as f32).sqrt());
         // Always stated, as the Hugging Face reader states `query_pre_attn_scalar^-½`.
-        arch.block.attn_scale = Some(family.attn_scale(arch.n_layers, arch.dim, arch.n_heads, head_dim));
+        arch.block.attn_scale = Some(attn_scale(family, arch.n_layers, arch.dim, arch.n_heads, head_dim));
     }
-    match family {
-        Family::Gemma2 => {
+    match features.softcaps {
+        SoftCaps::AttnAndFinal => {
             arch.block.attn_softcap = Some(keys.float("attn_logit_softcapping", Some(50.0))?);
             arch.final_logit_softcap = Some(keys.float("final_logit_softcapping", Some(30.0))?);
         }
-        Family::Gemma3 => {
+        SoftCaps::Final => {
             let cap = keys.float("final_logit_softcapping", Some(0.0))?;
             arch.final_logit_softcap = (cap != 0.0).then_some(cap);
         }
-        _ => {}
+        SoftCaps::None => {}
     }
     // gemma2's output is always the embedding; gpt-oss requires `output.weight`.
-    arch.tied_embeddings =
-        family != Family::GptOss && (family == Family::Gemma2 || table.find("output.weight").is_none());
+    arch.tied_embeddings = match family.gguf.tied {
+        Tied::Always => true,
+        Tied::Never => false,
+        Tied::IfNoOutput => table.find("output.weight").is_none(),
+    };
     arch.windows = read_windows(keys, family, arch.n_layers)?;
     arch.moe = read_moe(keys, family, arch.hidden_dim)?;
-    if family == Family::LlamaMoe {
+    if family.gguf.llama {
         // As the dense `llama` reader: the linear factor and `rope_freqs.weight`.
         arch.rope_scaling = read_rope_scaling(keys, table, arch.head_dim)?;
     } else {
         let (scaling, local) = read_family_rope(keys, family, &arch)?;
         arch.rope_scaling = scaling;
         arch.local_rope_theta = local;
-        if family == Family::Phi3
+        if features.partial_rotary
             && let Some(longrope) = read_phi3_longrope(keys, table, &arch)?
         {
             arch.rope_scaling = Some(longrope);
@@ -347,17 +249,13 @@ fn read_phi3_longrope(
 /// Each layer's sliding window, as `load_arch_hparams` and `load_swa_pattern` set them; empty
 /// when every layer attends fully (and for the families whose llama.cpp graph has no sliding
 /// window: qwen3, qwen3moe, phi3 (`Phi SWA is currently disabled`), `llama`).
-fn read_windows(keys: &ArchKeys<'_>, family: Family, n_layers: usize) -> Result<Vec<Option<usize>>, LoadError> {
-    let Some(default_pattern) = family.swa_pattern() else {
+fn read_windows(keys: &ArchKeys<'_>, family: Arch, n_layers: usize) -> Result<Vec<Option<usize>>, LoadError> {
+    let Some(default_pattern) = family.gguf.swa_pattern else {
         return Ok(Vec::new());
     };
-    let n_swa = match family {
-        Family::Gemma2 => keys.int("attention.sliding_window", Some(4096))?,
-        Family::Gemma3 => keys.int("attention.sliding_window", Some(0))?,
-        _ => keys.int("attention.sliding_window", None)?,
-    };
+    let n_swa = keys.int("attention.sliding_window", family.gguf.sliding_window)?;
     if n_swa == 0 {
-        if family == Family::Gemma3 {
+        if family.gguf.sliding_window == Some(0) {
             return Ok(Vec::new());
         }
         return Err(LoadError::invalid(
@@ -395,16 +293,17 @@ fn read_windows(keys: &ArchKeys<'_>, family: Family, n_layers: usize) -> Result<
 /// qwen2moe have no dense layers), with qwen2moe's shared expert
 /// (`expert_shared_feed_forward_length`, `n_ff` by default as `qwen2moe.cpp`); any other file
 /// declaring experts or shared experts is refused.
-fn read_moe(keys: &ArchKeys<'_>, family: Family, hidden_dim: usize) -> Result<Option<MoeSpec>, LoadError> {
+fn read_moe(keys: &ArchKeys<'_>, family: Arch, hidden_dim: usize) -> Result<Option<MoeSpec>, LoadError> {
     let n_experts = keys.int("expert_count", Some(0))?;
     let shared = keys.int("expert_shared_count", Some(0))?;
-    if shared > 0 && family != Family::Qwen2Moe {
+    let rules = family.moe.as_ref();
+    if shared > 0 && rules.is_none_or(|m| m.shared_expert.is_none()) {
         return Err(LoadError::invalid(
             keys.path,
             format!("{} is {shared}: shared experts are not supported", keys.key("expert_shared_count")),
         ));
     }
-    if !family.has_experts() {
+    let Some(rules) = rules else {
         if n_experts > 0 {
             return Err(LoadError::invalid(
                 keys.path,
@@ -416,24 +315,22 @@ fn read_moe(keys: &ArchKeys<'_>, family: Family, hidden_dim: usize) -> Result<Op
             ));
         }
         return Ok(None);
-    }
+    };
     if n_experts == 0 {
         return Err(LoadError::invalid(keys.path, format!("{} is missing or 0", keys.key("expert_count"))));
     }
     let top_k = keys.int("expert_used_count", None)?;
-    let expert_hidden = match family {
+    let expert_hidden = match rules.gguf_width {
         // `qwen3moe.cpp`, `qwen2moe.cpp`: `n_ff_exp ? n_ff_exp : n_ff / n_expert_used`.
-        Family::Qwen3Moe | Family::Qwen2Moe => {
-            keys.int("expert_feed_forward_length", Some(hidden_dim / top_k.max(1)))?
-        }
-        Family::GptOss => keys.int("expert_feed_forward_length", None)?,
-        _ => hidden_dim,
+        GgufWidth::KeyOrPerExpert => keys.int("expert_feed_forward_length", Some(hidden_dim / top_k.max(1)))?,
+        GgufWidth::Key => keys.int("expert_feed_forward_length", None)?,
+        GgufWidth::FeedForward => hidden_dim,
     };
-    let shared_expert_hidden = match family {
-        Family::Qwen2Moe => Some(keys.int("expert_shared_feed_forward_length", Some(hidden_dim))?),
-        _ => None,
+    let shared_expert_hidden = match rules.shared_expert {
+        Some(_) => Some(keys.int("expert_shared_feed_forward_length", Some(hidden_dim))?),
+        None => None,
     };
-    let routing = family.routing();
+    let routing = rules.gguf_routing;
     Ok(Some(MoeSpec { n_experts, top_k, expert_hidden, routing, dense_layers: Vec::new(), shared_expert_hidden }))
 }
 
@@ -445,7 +342,7 @@ fn read_moe(keys: &ArchKeys<'_>, family: Family, hidden_dim: usize) -> Result<Op
 /// scaled like the others (refused with scaling: [`ModelArch`] leaves those layers unscaled).
 fn read_family_rope(
     keys: &ArchKeys<'_>,
-    family: Family,
+    family: Arch,
     arch: &ModelArch,
 ) -> Result<(Option<RopeScaling>, Option<f32>), LoadError> {
     let path = keys.path;
@@ -487,7 +384,7 @@ fn read_family_rope(
             })
         }
         // phi3's factors are tensors ([`read_phi3_longrope`]); llama.cpp's converter writes no type.
-        "longrope" if family == Family::Phi3 => None,
+        "longrope" if family.block.partial_rotary => None,
         "longrope" => {
             return Err(LoadError::invalid(
                 path,
@@ -504,8 +401,8 @@ fn read_family_rope(
     let swa_base_key = keys.key("rope.freq_base_swa");
     let local = if arch.windows.is_empty() {
         None
-    } else if family == Family::Gemma3 {
-        Some(keys.float("rope.freq_base_swa", Some(10000.0))?)
+    } else if let Some(local) = family.block.local_rope_theta {
+        Some(keys.float("rope.freq_base_swa", Some(local))?)
     } else if keys.meta.contains_key(&swa_base_key) {
         let base = keys.float("rope.freq_base_swa", None)?;
         if base == arch.rope_theta {
@@ -533,30 +430,30 @@ fn read_family_rope(
 fn read_family_layer(
     table: &TensorTable<'_>,
     arch: &ModelArch,
-    family: Family,
+    family: Arch,
     i: usize,
 ) -> Result<LayerWeights, LoadError> {
     let (dim, hd, rot) = (arch.dim, arch.head_dim, arch.rotary_dim());
     let (q_dim, kv_dim) = (arch.q_dim(), arch.kv_dim());
     let t = |suffix: &str, shape: &[usize]| table.tensor(&format!("blk.{i}.{suffix}"), shape);
     let rope = |x: HostTensor, heads: usize| {
-        if family.rotate_half() { permute_head_rows(&x, heads, rot, RopeLayout::ToInterleaved) } else { x }
+        if family.gguf.llama { x } else { permute_head_rows(&x, heads, rot, RopeLayout::ToInterleaved) }
     };
     let ([wq, wk, wv], [bq, bk, bv]) = read_qkv(table, i, dim, [q_dim, kv_dim, kv_dim])?;
     let (wq, wk) = (rope(wq, arch.n_heads), rope(wk, arch.n_kv_heads));
     let (bq, bk) = (bq.map(|b| rope(b, arch.n_heads)), bk.map(|b| rope(b, arch.n_kv_heads)));
     let norm_rows = |x: HostTensor| rope(x, 1);
-    let (q_norm, k_norm) = if family.has_qk_norm() {
+    let (q_norm, k_norm) = if family.block.qk_norm {
         (Some(norm_rows(t("attn_q_norm.weight", &[hd])?)), Some(norm_rows(t("attn_k_norm.weight", &[hd])?)))
     } else {
         (None, None)
     };
-    let gemma = family.is_gemma();
-    let gpt_oss = family == Family::GptOss;
+    let gemma = family.block.gemma_norms;
+    let gpt_oss = family.block.sinks;
     let ffn_norm = if gpt_oss { t("post_attention_norm.weight", &[dim])? } else { t("ffn_norm.weight", &[dim])? };
     let ffn = if arch.has_experts(i) {
         Ffn::Experts(read_experts(table, arch, family, i)?)
-    } else if family == Family::Phi3 {
+    } else if family.block.fused {
         let h = arch.hidden_dim;
         let fused = t("ffn_up.weight", &[2 * h, dim])?;
         let (gate, up) = fused.data.split_at(h * dim);
@@ -642,13 +539,13 @@ fn read_qkv(
 /// qwen2moe's shared expert `ffn_{gate,up}_shexp` `[w, dim]`, `ffn_down_shexp` `[dim, w]` and its
 /// gate `ffn_gate_inp_shexp` `[dim]` (made `[1, dim]`); every ggml type the reader reads, row by
 /// row across the experts.
-fn read_experts(table: &TensorTable<'_>, arch: &ModelArch, family: Family, i: usize) -> Result<Experts, LoadError> {
+fn read_experts(table: &TensorTable<'_>, arch: &ModelArch, family: Arch, i: usize) -> Result<Experts, LoadError> {
     let name = |s: &str| format!("blk.{i}.{s}");
     let Some(moe) = &arch.moe else {
         return Err(LoadError::invalid(table.path, "a layer with experts in a model without experts"));
     };
     let (e, h, d) = (moe.n_experts, moe.expert_hidden, arch.dim);
-    let gpt_oss = family == Family::GptOss;
+    let gpt_oss = family.block.sinks;
     let router = table.tensor(&name("ffn_gate_inp.weight"), &[e, d])?;
     let router_bias = if gpt_oss { Some(table.tensor(&name("ffn_gate_inp.bias"), &[e])?) } else { None };
     let gate = split_outer(table.tensor(&name("ffn_gate_exps.weight"), &[e, h, d])?);

@@ -48,7 +48,7 @@
 //! | file | contents |
 //! |---|---|
 //! | `read.rs` | [`read_gguf`], [`read_gguf_metadata`]: the container checked, the model planned (`ModelPlan`: its architecture and block reader) and its tensors dequantized, whole or part by part from the open file (`GgufFile`) |
-//! | `arch.rs` | the newer architectures (`Family`): their keys and tensors read as llama.cpp's loader reads them |
+//! | `arch.rs` | the newer architectures (the families of `arch/`): their keys and tensors read as llama.cpp's loader reads them |
 //! | `write_arch.rs` | the writer's side of them: which one a model is, refusals by feature, metadata and tensors as llama.cpp's converter writes them |
 //! | `tokenizer.rs` | the embedded tokenizer: [`gguf_tokenizer`] reads it; [`gguf_tokenizer_keys`] and [`llama2c_tokenizer_keys`] write it |
 //! | `hf_vocab.rs` | [`hf_tokenizer_keys`]: a Hugging Face `tokenizer.json` as GGUF tokenizer metadata, as llama.cpp's converter writes it |

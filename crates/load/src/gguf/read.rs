@@ -17,7 +17,7 @@ use crate::loaded::{ModelPart, PartFile, PartSource, gather_parts};
 use crate::rope_layout::{RopeLayout, permute_rows};
 use crate::rope_values::{RopeParam, check_rope_values};
 use crate::storage::{SizeOverflow, SourceStorage, source_storage};
-use qdrift_weights::{BlockSpec, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, RopeScaling};
+use qdrift_weights::{ArchShape, Ffn, HostModel, HostTensor, LayerWeights, Mlp, ModelArch, RopeScaling};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -1190,8 +1190,7 @@ pub(super) fn read_hyper_parameters(
             ),
         ));
     }
-    let arch = ModelArch {
-        architecture: keys.arch.to_string(),
+    let shape = ArchShape {
         dim,
         hidden_dim: keys.int("feed_forward_length", None)?,
         n_layers: keys.int("block_count", None)?,
@@ -1201,17 +1200,12 @@ pub(super) fn read_hyper_parameters(
         head_dim: keys.int("attention.key_length", Some(dim.checked_div(n_heads).unwrap_or(0)))?,
         vocab_size,
         max_seq_len: keys.int("context_length", None)?,
+    };
+    let arch = ModelArch {
         norm_eps: keys.float("attention.layer_norm_rms_epsilon", None)?,
         rope_theta: keys.float("rope.freq_base", Some(10000.0))?,
         tied_embeddings: table.find("output.weight").is_none(),
-        rope_scaling: None,
-        block: BlockSpec::default(),
-        windows: Vec::new(),
-        local_rope_theta: None,
-        embedding_scale: None,
-        final_logit_softcap: None,
-        moe: None,
-        layer_attention: Default::default(),
+        ..ModelArch::new(keys.arch, shape)
     };
     arch.validate()
         .map_err(|e| LoadError::invalid(path, format!("inconsistent {} hyper-parameters: {e}", keys.arch)))?;

@@ -1,4 +1,4 @@
-//! The GGUF writer's side of the [`Family`] architectures (`qwen3`, `qwen3moe`, `gemma2`,
+//! The GGUF writer's side of the family architectures (`qwen3`, `qwen3moe`, `gemma2`,
 //! `gemma3`, `phi3`, `gpt-oss`, `llama` with experts): which one a [`HostModel`] is, whether
 //! llama.cpp computes what the model computes (else a refusal naming the feature), the
 //! metadata and the tensors as `convert_hf_to_gguf.py` writes them (see [`super::arch`]'s table).
@@ -16,45 +16,46 @@
 use std::borrow::Cow;
 use std::path::Path;
 
-use super::arch::{Family, swa_by_pattern};
+use super::arch::{attn_scale, swa_by_pattern};
 use super::read::GgufValue;
 use super::write::{GgufMatrix, GgufTensor, Kv, Part, gguf_arch_metadata, llama3_freq_factors};
 use crate::LoadError;
+use crate::arch::{self, Arch, SoftCaps, Tied};
 use crate::rope_layout::RopeLayout::ToRotateHalf;
 use crate::rope_layout::{reorder_rows, rotate_half_row_order_partial};
 use qdrift_weights::{Ffn, HostModel, HostTensor, LayerWeights, LinearName, Mlp, NormStyle, RopeScaling};
 
-/// The [`Family`] a model is written as: by its architecture name (GGUF's or `config.json`'s
-/// class), else by its features; `None` for a Llama or Qwen2 block (written as `llama`/`qwen2`).
-pub(super) fn writer_family(model: &HostModel) -> Option<Family> {
+/// The family a model is written as: by its architecture name (GGUF's, `config.json`'s class or
+/// a wrapper's, [`arch::by_written_name`]), else the first family of the table whose block is
+/// the model's; `None` for a Llama or Qwen2 block (written as `llama`/`qwen2`).
+pub(super) fn writer_family(model: &HostModel) -> Option<Arch> {
+    arch::by_written_name(&model.arch.architecture).or_else(|| by_features(model))
+}
+
+/// The first family whose features the model's block has, asked in the order the features
+/// distinguish the families: sinks; sandwich norms (with or without q/k norms); q/k norms (with
+/// or without experts); partial rotary; a shared expert; experts.
+fn by_features(model: &HostModel) -> Option<Arch> {
     let a = &model.arch;
-    let by_name = match a.architecture.to_ascii_lowercase().as_str() {
-        "qwen3" | "qwen3forcausallm" => Some(Family::Qwen3),
-        "qwen3moe" | "qwen3moeforcausallm" => Some(Family::Qwen3Moe),
-        "qwen2moe" | "qwen2moeforcausallm" => Some(Family::Qwen2Moe),
-        "gemma2" | "gemma2forcausallm" => Some(Family::Gemma2),
-        "gemma3" | "gemma3forcausallm" | "gemma3_text" => Some(Family::Gemma3),
-        "phi3" | "phi3forcausallm" => Some(Family::Phi3),
-        "gpt-oss" | "gptossforcausallm" => Some(Family::GptOss),
-        "mixtralforcausallm" => Some(Family::LlamaMoe),
-        _ => None,
-    };
     let b = &a.block;
-    by_name.or(if b.sinks {
-        Some(Family::GptOss)
+    let partial = b.rotary_dim.is_some_and(|r| r != a.head_dim);
+    let shared = a.moe.as_ref().is_some_and(|m| m.shared_expert_hidden.is_some());
+    let family = |f: &dyn Fn(Arch) -> bool| arch::ARCHITECTURES.iter().filter(|e| !e.gguf.dense).find(|e| f(e));
+    if b.sinks {
+        family(&|e| e.block.sinks)
     } else if b.sandwich_norms {
-        Some(if b.qk_norm { Family::Gemma3 } else { Family::Gemma2 })
+        family(&|e| e.block.gemma_norms && e.block.qk_norm == b.qk_norm)
     } else if b.qk_norm {
-        Some(if a.moe.is_some() { Family::Qwen3Moe } else { Family::Qwen3 })
-    } else if b.rotary_dim.is_some_and(|r| r != a.head_dim) {
-        Some(Family::Phi3)
-    } else if a.moe.as_ref().is_some_and(|m| m.shared_expert_hidden.is_some()) {
-        Some(Family::Qwen2Moe)
+        family(&|e| e.block.qk_norm && !e.block.gemma_norms && e.moe.is_some() == a.moe.is_some())
+    } else if partial {
+        family(&|e| e.block.partial_rotary)
+    } else if shared {
+        family(&|e| e.moe.as_ref().is_some_and(|m| m.shared_expert.is_some()))
     } else if a.moe.is_some() {
-        Some(Family::LlamaMoe)
+        family(&|e| e.gguf.llama && e.moe.is_some())
     } else {
         None
-    })
+    }
 }
 
 /// Refuses, naming the feature, a model whose computation llama.cpp's graph for `family` would
@@ -62,11 +63,11 @@ pub(super) fn writer_family(model: &HostModel) -> Option<Family> {
 ///
 /// # Errors
 /// [`LoadError::Invalid`]: `"{architecture} cannot be written as GGUF {family}: {feature}"`.
-pub(super) fn check_writable(path: &Path, model: &HostModel, family: Family) -> Result<(), LoadError> {
+pub(super) fn check_writable(path: &Path, model: &HostModel, family: Arch) -> Result<(), LoadError> {
     let refuse = |why: String| {
         LoadError::invalid(
             path,
-            format!("{} cannot be written as GGUF {}: {why}", model.arch.architecture, family.gguf_name()),
+            format!("{} cannot be written as GGUF {}: {why}", model.arch.architecture, family.gguf.name),
         )
     };
     if let Some(why) = block_refusal(model, family) {
@@ -79,42 +80,37 @@ pub(super) fn check_writable(path: &Path, model: &HostModel, family: Family) -> 
 }
 
 /// What of the architecture's description llama.cpp's `family` does not compute.
-fn block_refusal(model: &HostModel, family: Family) -> Option<String> {
+fn block_refusal(model: &HostModel, family: Arch) -> Option<String> {
     let a = &model.arch;
     let b = &a.block;
-    let name = family.gguf_name();
+    let name = family.gguf.name;
+    let features = &family.block;
+    let gemma = features.gemma_norms;
+    let activation = features.activation.gguf();
     let close = |x: f32, y: f32, tol: f32| (x - y).abs() <= tol * y.abs();
-    if b.norm == NormStyle::OnePlusWeight && !family.is_gemma() {
+    if b.norm == NormStyle::OnePlusWeight && !gemma {
         return Some(format!("x·(1+w) RMSNorm (llama.cpp's {name} multiplies by w)"));
     }
-    if b.activation != family.activation() {
-        return Some(format!(
-            "the FFN activation {:?} (llama.cpp's {name} uses {:?})",
-            b.activation,
-            family.activation()
-        ));
+    if b.activation != activation {
+        return Some(format!("the FFN activation {:?} (llama.cpp's {name} uses {activation:?})", b.activation));
     }
-    if b.sandwich_norms != family.is_gemma() {
-        return Some(format!(
-            "post-attention and post-FFN norms: {} (llama.cpp's {name}: {})",
-            b.sandwich_norms,
-            family.is_gemma()
-        ));
+    if b.sandwich_norms != gemma {
+        return Some(format!("post-attention and post-FFN norms: {} (llama.cpp's {name}: {gemma})", b.sandwich_norms));
     }
-    if b.qk_norm != family.has_qk_norm() {
-        return Some(format!("q/k norms: {} (llama.cpp's {name}: {})", b.qk_norm, family.has_qk_norm()));
+    if b.qk_norm != features.qk_norm {
+        return Some(format!("q/k norms: {} (llama.cpp's {name}: {})", b.qk_norm, features.qk_norm));
     }
-    if b.sinks != (family == Family::GptOss) {
+    if b.sinks != features.sinks {
         return Some("attention sinks (only gpt-oss has them)".to_string());
     }
-    if a.rotary_dim() != a.head_dim && family != Family::Phi3 {
+    if a.rotary_dim() != a.head_dim && !features.partial_rotary {
         return Some(format!(
             "partial rotary embeddings ({} of {} dims; only phi3 has them)",
             a.rotary_dim(),
             a.head_dim
         ));
     }
-    if matches!(family, Family::Phi3 | Family::Qwen2Moe) && a.head_dim * a.n_heads != a.dim {
+    if family.gguf.q_is_dim_wide && a.head_dim * a.n_heads != a.dim {
         return Some(format!(
             "head_dim {} · {} heads ≠ dim {} ({name}'s q projection is dim wide)",
             a.head_dim, a.n_heads, a.dim
@@ -122,68 +118,74 @@ fn block_refusal(model: &HostModel, family: Family) -> Option<String> {
     }
     let default_scale = 1.0 / (a.head_dim as f32).sqrt();
     let llama_cpp_scale =
-        if family.is_gemma() { family.attn_scale(a.n_layers, a.dim, a.n_heads, a.head_dim) } else { default_scale };
+        if gemma { attn_scale(family, a.n_layers, a.dim, a.n_heads, a.head_dim) } else { default_scale };
     let scale = b.attn_scale.unwrap_or(default_scale);
     if !close(scale, llama_cpp_scale, 1e-6) {
         return Some(format!(
             "the attention scale {scale} (query_pre_attn_scalar^-½) differs from llama.cpp's {llama_cpp_scale} for {name}"
         ));
     }
-    match (family, b.attn_softcap) {
-        (Family::Gemma2, None) => return Some("no attention-logit soft cap (llama.cpp's gemma2 always caps)".into()),
-        (Family::Gemma2, Some(_)) | (_, None) => {}
+    let caps = features.softcaps;
+    match (caps, b.attn_softcap) {
+        (SoftCaps::AttnAndFinal, None) => {
+            return Some(format!("no attention-logit soft cap (llama.cpp's {name} always caps)"));
+        }
+        (SoftCaps::AttnAndFinal, Some(_)) | (_, None) => {}
         (_, Some(c)) => return Some(format!("attention-logit soft-capping ({c}; only gemma2 has it)")),
     }
-    match (family, a.final_logit_softcap) {
-        (Family::Gemma2, None) => return Some("no final-logit soft cap (llama.cpp's gemma2 always caps)".into()),
-        (Family::Gemma2 | Family::Gemma3, _) | (_, None) => {}
+    match (caps, a.final_logit_softcap) {
+        (SoftCaps::AttnAndFinal, None) => {
+            return Some(format!("no final-logit soft cap (llama.cpp's {name} always caps)"));
+        }
+        (SoftCaps::AttnAndFinal | SoftCaps::Final, _) | (_, None) => {}
         (_, Some(c)) => return Some(format!("final-logit soft-capping ({c}; only gemma2 and gemma3 have it)")),
     }
-    match (family.is_gemma(), a.embedding_scale) {
+    match (gemma, a.embedding_scale) {
         (true, Some(s)) if close(s, (a.dim as f32).sqrt(), 5e-3) => {}
         (false, None) => {}
         (_, s) => {
             return Some(format!("the embedding scale {s:?} (llama.cpp's {name}: √dim for Gemma, none otherwise)"));
         }
     }
-    if family == Family::Gemma2 && model.output.is_some() {
-        return Some("an untied output head (llama.cpp's gemma2 always uses the embedding)".into());
+    if family.gguf.tied == Tied::Always && model.output.is_some() {
+        return Some(format!("an untied output head (llama.cpp's {name} always uses the embedding)"));
     }
     window_refusal(model, family).or_else(|| rope_refusal(model, family)).or_else(|| moe_refusal(model, family))
 }
 
 /// Sliding windows llama.cpp's `family` cannot express.
-fn window_refusal(model: &HostModel, family: Family) -> Option<String> {
+fn window_refusal(model: &HostModel, family: Arch) -> Option<String> {
     let a = &model.arch;
     let sizes: Vec<usize> = a.windows.iter().flatten().copied().collect();
     if sizes.is_empty() {
         return None;
     }
-    if family.swa_pattern().is_none() {
-        return Some(format!("sliding-window layers (llama.cpp's {} attends fully)", family.gguf_name()));
+    if family.gguf.swa_pattern.is_none() {
+        return Some(format!("sliding-window layers (llama.cpp's {} attends fully)", family.gguf.name));
     }
     if sizes.iter().any(|&w| w != sizes[0]) {
         return Some("sliding windows of different sizes".into());
     }
-    if a.local_rope_theta.is_some() && a.rope_scaling.is_some() && family != Family::Gemma3 {
+    let local_unscaled = family.block.local_rope_theta.is_some();
+    if a.local_rope_theta.is_some() && a.rope_scaling.is_some() && !local_unscaled {
         return Some("a sliding-window RoPE base with RoPE scaling (llama.cpp scales those layers too)".into());
     }
-    if a.local_rope_theta.is_none() && a.rope_scaling.is_some() && family == Family::Gemma3 {
+    if a.local_rope_theta.is_none() && a.rope_scaling.is_some() && local_unscaled {
         return Some("scaled RoPE on sliding-window layers (llama.cpp's gemma3 leaves them unscaled)".into());
     }
     None
 }
 
 /// RoPE scaling llama.cpp's `family` cannot express.
-fn rope_refusal(model: &HostModel, family: Family) -> Option<String> {
+fn rope_refusal(model: &HostModel, family: Arch) -> Option<String> {
     let a = &model.arch;
-    if a.local_rope_theta.is_some() && family.swa_pattern().is_none() {
+    if a.local_rope_theta.is_some() && family.gguf.swa_pattern.is_none() {
         return Some("a separate RoPE base for sliding-window layers".into());
     }
     match &a.rope_scaling {
         None | Some(RopeScaling::Linear { .. }) => None,
         Some(RopeScaling::Yarn { beta_fast, beta_slow, .. }) => {
-            if family == Family::LlamaMoe {
+            if family.gguf.llama {
                 Some("YaRN RoPE scaling for llama".into())
             } else if *beta_fast != 32.0 || *beta_slow != 1.0 {
                 Some(format!("YaRN beta_fast {beta_fast} / beta_slow {beta_slow} (llama.cpp uses 32 / 1)"))
@@ -191,32 +193,32 @@ fn rope_refusal(model: &HostModel, family: Family) -> Option<String> {
                 None
             }
         }
-        Some(RopeScaling::FreqFactors { .. } | RopeScaling::Llama3 { .. }) if family == Family::LlamaMoe => None,
-        Some(RopeScaling::LongRope { .. }) if family == Family::Phi3 => None,
+        Some(RopeScaling::FreqFactors { .. } | RopeScaling::Llama3 { .. }) if family.gguf.llama => None,
+        Some(RopeScaling::LongRope { .. }) if family.block.partial_rotary => None,
         Some(RopeScaling::LongRope { .. }) => {
-            Some(format!("LongRoPE scaling for {} (llama.cpp reads its factors for phi3)", family.gguf_name()))
+            Some(format!("LongRoPE scaling for {} (llama.cpp reads its factors for phi3)", family.gguf.name))
         }
         Some(_) => Some("per-pair RoPE frequency factors (rope_freqs.weight; llama only)".into()),
     }
 }
 
 /// A mixture of experts llama.cpp's `family` cannot express.
-fn moe_refusal(model: &HostModel, family: Family) -> Option<String> {
+fn moe_refusal(model: &HostModel, family: Arch) -> Option<String> {
     let a = &model.arch;
-    match (&a.moe, family.has_experts()) {
-        (None, false) => None,
-        (Some(_), false) => Some("a mixture of experts".into()),
-        (None, true) => Some("no mixture of experts".into()),
-        (Some(m), true) => {
+    match (&a.moe, family.moe.as_ref()) {
+        (None, None) => None,
+        (Some(_), None) => Some("a mixture of experts".into()),
+        (None, Some(_)) => Some("no mixture of experts".into()),
+        (Some(m), Some(rules)) => {
             if !m.dense_layers.is_empty() {
                 Some(format!("dense FFN layers {:?} among the expert layers", m.dense_layers))
-            } else if m.shared_expert_hidden.is_some() != (family == Family::Qwen2Moe) {
+            } else if m.shared_expert_hidden.is_some() != rules.shared_expert.is_some() {
                 Some(format!(
                     "{} (only llama.cpp's qwen2moe has one)",
                     if m.shared_expert_hidden.is_some() { "a shared expert" } else { "no shared expert" }
                 ))
-            } else if m.routing != family.routing() {
-                Some(format!("routing {:?} (llama.cpp's {}: {:?})", m.routing, family.gguf_name(), family.routing()))
+            } else if m.routing != rules.gguf_routing {
+                Some(format!("routing {:?} (llama.cpp's {}: {:?})", m.routing, family.gguf.name, rules.gguf_routing))
             } else {
                 None
             }
@@ -225,8 +227,9 @@ fn moe_refusal(model: &HostModel, family: Family) -> Option<String> {
 }
 
 /// What of a layer's weights llama.cpp's `family` does not load.
-fn layer_refusal(model: &HostModel, family: Family) -> Option<String> {
-    let gpt_oss = family == Family::GptOss;
+fn layer_refusal(model: &HostModel, family: Arch) -> Option<String> {
+    let gpt_oss = family.block.sinks;
+    let has_experts = family.moe.is_some();
     let qkv = |l: &LayerWeights| [&l.bq, &l.bk, &l.bv].iter().filter(|b| b.is_some()).count();
     let first = model.layers.first().map_or(0, qkv);
     for (i, l) in model.layers.iter().enumerate() {
@@ -236,20 +239,20 @@ fn layer_refusal(model: &HostModel, family: Family) -> Option<String> {
         if l.bo.is_some() && !gpt_oss {
             return Some(format!("an attention output bias (layer {i}; only gpt-oss has one)"));
         }
-        if (l.q_norm.is_some() && l.k_norm.is_some()) != family.has_qk_norm() {
+        if (l.q_norm.is_some() && l.k_norm.is_some()) != family.block.qk_norm {
             return Some(format!("q/k norm weights in layer {i} do not match the q/k-norm flag"));
         }
         if gpt_oss && l.sinks.is_none() {
             return Some(format!("layer {i} has no attention sinks"));
         }
-        if family.is_gemma() && (l.post_attn_norm.is_none() || l.post_ffn_norm.is_none()) {
+        if family.block.gemma_norms && (l.post_attn_norm.is_none() || l.post_ffn_norm.is_none()) {
             return Some(format!("layer {i} lacks its post-attention or post-FFN norm"));
         }
         let mlp_bias = |m: &Mlp| m.gate_bias.is_some() || m.up_bias.is_some() || m.down_bias.is_some();
         match &l.ffn {
             Ffn::Dense(m) if mlp_bias(m) => return Some(format!("feed-forward biases (layer {i})")),
-            Ffn::Dense(_) if family.has_experts() => return Some(format!("a dense FFN in layer {i}")),
-            Ffn::Experts(_) if !family.has_experts() => return Some(format!("experts in layer {i}")),
+            Ffn::Dense(_) if has_experts => return Some(format!("a dense FFN in layer {i}")),
+            Ffn::Experts(_) if !has_experts => return Some(format!("experts in layer {i}")),
             Ffn::Experts(e) if !gpt_oss && (e.router_bias.is_some() || e.experts.iter().any(mlp_bias)) => {
                 return Some(format!("router or expert biases (layer {i}; only gpt-oss has them)"));
             }
@@ -267,39 +270,40 @@ pub(super) fn family_metadata(
     kv: &mut Kv,
     path: &Path,
     (model, name): (&HostModel, &str),
-    family: Family,
+    family: Arch,
 ) -> Result<(), LoadError> {
     let a = &model.arch;
-    let arch = family.gguf_name();
+    let arch = family.gguf.name;
     gguf_arch_metadata(kv, path, (a, name), arch)?;
     let u = |x: usize| u32::try_from(x).map_err(|_| LoadError::invalid(path, format!("{x} does not fit a u32")));
     let k = |key: &str| format!("{arch}.{key}");
     // `gguf_arch_metadata` wrote them when head_dim is not dim / n_heads; the converters of the
     // newer families always write them (their configs have `head_dim`).
-    if a.head_dim * a.n_heads == a.dim && family != Family::LlamaMoe {
+    if a.head_dim * a.n_heads == a.dim && !family.gguf.llama {
         kv.u32(&k("attention.key_length"), u(a.head_dim)?);
         kv.u32(&k("attention.value_length"), u(a.head_dim)?);
     }
     if let Some(m) = &a.moe {
         kv.u32(&k("expert_count"), u(m.n_experts)?);
         kv.u32(&k("expert_used_count"), u(m.top_k)?);
-        if family != Family::LlamaMoe {
+        if !family.gguf.llama {
             kv.u32(&k("expert_feed_forward_length"), u(m.expert_hidden)?);
         }
         if let Some(w) = m.shared_expert_hidden {
             kv.u32(&k("expert_shared_feed_forward_length"), u(w)?);
         }
     }
-    if family == Family::Gemma2 {
+    if family.block.softcaps == SoftCaps::AttnAndFinal {
         kv.f32(&k("attn_logit_softcapping"), a.block.attn_softcap.unwrap_or(50.0));
     }
     if let Some(c) = a.final_logit_softcap {
         kv.f32(&k("final_logit_softcapping"), c);
     }
-    if let Some(pattern) = family.swa_pattern() {
+    if let Some(pattern) = family.gguf.swa_pattern {
         let window = a.windows.iter().flatten().next().copied();
         let is_swa: Vec<bool> = (0..a.n_layers).map(|i| a.window(i).is_some()).collect();
-        if window.is_some() || family != Family::Gemma3 {
+        // A family whose windows are optional writes none without them.
+        if window.is_some() || family.gguf.sliding_window != Some(0) {
             kv.u32(&k("attention.sliding_window"), u(window.unwrap_or(a.max_seq_len))?);
             if is_swa.iter().enumerate().any(|(il, &s)| s != swa_by_pattern(pattern, il)) {
                 kv.value(
@@ -310,7 +314,9 @@ pub(super) fn family_metadata(
         }
         match (a.local_rope_theta, window) {
             (Some(t), _) => kv.f32(&k("rope.freq_base_swa"), t),
-            (None, Some(_)) if family == Family::Gemma3 => kv.f32(&k("rope.freq_base_swa"), a.rope_theta),
+            (None, Some(_)) if family.block.local_rope_theta.is_some() => {
+                kv.f32(&k("rope.freq_base_swa"), a.rope_theta)
+            }
             _ => {}
         }
     }
@@ -321,8 +327,8 @@ pub(super) fn family_metadata(
 /// `rope.scaling.attn_factor` when the attention factor is not llama.cpp's `1 + 0.1·ln factor`;
 /// phi3's LongRoPE as original context and attention factor (as `conversion/phi.py` writes it,
 /// without a type; its factors are tensors, [`family_tensors`]).
-fn rope_metadata(kv: &mut Kv, path: &Path, model: &HostModel, family: Family) -> Result<(), LoadError> {
-    let k = |key: &str| format!("{}.{key}", family.gguf_name());
+fn rope_metadata(kv: &mut Kv, path: &Path, model: &HostModel, family: Arch) -> Result<(), LoadError> {
+    let k = |key: &str| format!("{}.{key}", family.gguf.name);
     match &model.arch.rope_scaling {
         Some(RopeScaling::Linear { factor }) => {
             kv.string(&k("rope.scaling.type"), "linear");
@@ -364,11 +370,11 @@ fn rope_metadata(kv: &mut Kv, path: &Path, model: &HostModel, family: Family) ->
 pub(super) fn family_tensors<'a>(
     path: &Path,
     model: &'a HostModel,
-    family: Family,
+    family: Arch,
 ) -> Result<Vec<GgufTensor<'a>>, LoadError> {
     let a = &model.arch;
     let norm = |t: &'a HostTensor| -> Cow<'a, HostTensor> {
-        if family.is_gemma() && a.block.norm == NormStyle::OnePlusWeight {
+        if family.block.gemma_norms && a.block.norm == NormStyle::OnePlusWeight {
             Cow::Owned(HostTensor { shape: t.shape.clone(), data: t.data.iter().map(|w| 1.0 + w).collect() })
         } else {
             Cow::Borrowed(t)
@@ -382,7 +388,7 @@ pub(super) fn family_tensors<'a>(
         parts: vec![Part::of(emb, &model.token_embedding)],
     }];
     if let Some(s) = &a.rope_scaling
-        && family == Family::LlamaMoe
+        && family.gguf.llama
     {
         let factors = match s {
             RopeScaling::FreqFactors { factors } => Some(factors.clone()),
@@ -394,7 +400,7 @@ pub(super) fn family_tensors<'a>(
         }
     }
     if let Some(RopeScaling::LongRope { short_factor, long_factor, .. }) = &a.rope_scaling
-        && family == Family::Phi3
+        && family.block.partial_rotary
     {
         // `Phi3MiniModel.generate_extra_tensors`: `[rotary_dim / 2]` f32, long then short.
         for (name, f) in [("rope_factors_long.weight", long_factor), ("rope_factors_short.weight", short_factor)] {
@@ -405,19 +411,19 @@ pub(super) fn family_tensors<'a>(
         layer_tensors(&mut tensors, model, family, i, l, &norm)?;
     }
     tensors.push(vector("output_norm.weight".into(), norm(&model.final_norm)));
-    match (&model.output, family) {
+    match (&model.output, family.gguf.output_required) {
         (Some(o), _) => tensors.push(GgufTensor {
             name: "output.weight".into(),
             tensor: Cow::Borrowed(o),
             parts: vec![Part::of(GgufMatrix::Output, o)],
         }),
         // llama.cpp's gpt-oss and qwen2moe loaders require `output.weight`.
-        (None, Family::GptOss | Family::Qwen2Moe) => tensors.push(GgufTensor {
+        (None, true) => tensors.push(GgufTensor {
             name: "output.weight".into(),
             tensor: Cow::Borrowed(&model.token_embedding),
             parts: vec![Part::of(emb, &model.token_embedding)],
         }),
-        (None, _) => {}
+        (None, false) => {}
     }
     let _ = path;
     Ok(tensors)
@@ -427,7 +433,7 @@ pub(super) fn family_tensors<'a>(
 fn layer_tensors<'a>(
     out: &mut Vec<GgufTensor<'a>>,
     model: &'a HostModel,
-    family: Family,
+    family: Arch,
     i: usize,
     l: &'a LayerWeights,
     norm: &dyn Fn(&'a HostTensor) -> Cow<'a, HostTensor>,
@@ -436,7 +442,7 @@ fn layer_tensors<'a>(
     let b = format!("blk.{i}");
     let (hd, rot) = (a.head_dim, a.rotary_dim());
     let lin = |role: &'static str| GgufMatrix::Linear { layer: i, short_name: LinearName::dense(role) };
-    let order = |heads: usize| family.rotate_half().then(|| rotate_half_row_order_partial(heads, hd, rot));
+    let order = |heads: usize| (!family.gguf.llama).then(|| rotate_half_row_order_partial(heads, hd, rot));
     let rope = |t: &HostTensor, heads: usize| -> HostTensor {
         match order(heads) {
             Some(o) => reorder_rows(t, &o, ToRotateHalf),
@@ -451,7 +457,7 @@ fn layer_tensors<'a>(
     let k = part(lin("self_attn.k_proj"), &l.wk, Some(a.n_kv_heads));
     let v = part(lin("self_attn.v_proj"), &l.wv, None);
     let (wq, wk) = (rope(&l.wq, a.n_heads), rope(&l.wk, a.n_kv_heads));
-    if family == Family::Phi3 {
+    if family.block.fused {
         out.push(GgufTensor {
             name: format!("{b}.attn_qkv.weight"),
             tensor: Cow::Owned(concat_rows(&[&wq, &wk, &l.wv])),
@@ -472,7 +478,7 @@ fn layer_tensors<'a>(
         tensor: Cow::Borrowed(&l.wo),
         parts: vec![Part::of(lin("self_attn.o_proj"), &l.wo)],
     });
-    if family == Family::GptOss {
+    if family.block.sinks {
         out.push(vector(format!("{b}.attn_output.bias"), or_zeros(l.bo.as_ref(), &[a.dim])));
         let sinks = l.sinks.as_ref().map_or_else(|| Cow::Owned(zeros(&[a.n_heads])), Cow::Borrowed);
         out.push(vector(format!("{b}.attn_sinks.weight"), sinks));
@@ -485,10 +491,10 @@ fn layer_tensors<'a>(
         out.push(vector(format!("{b}.post_attention_norm.weight"), norm(n)));
     }
     // gpt-oss's pre-FFN norm is stored as `post_attention_norm` (`conversion/gpt_oss.py`).
-    let ffn_norm_name = if family == Family::GptOss { "post_attention_norm" } else { "ffn_norm" };
+    let ffn_norm_name = if family.block.sinks { "post_attention_norm" } else { "ffn_norm" };
     out.push(vector(format!("{b}.{ffn_norm_name}.weight"), norm(&l.ffn_norm)));
     match &l.ffn {
-        Ffn::Dense(m) if family == Family::Phi3 => {
+        Ffn::Dense(m) if family.block.fused => {
             let (g, u) = (Part::of(lin("mlp.gate_proj"), &m.gate), Part::of(lin("mlp.up_proj"), &m.up));
             out.push(GgufTensor {
                 name: format!("{b}.ffn_up.weight"),
@@ -534,7 +540,7 @@ type ExpertBias = fn(&Mlp) -> Option<&HostTensor>;
 fn expert_tensors<'a>(
     out: &mut Vec<GgufTensor<'a>>,
     model: &'a HostModel,
-    family: Family,
+    family: Arch,
     i: usize,
     e: &'a qdrift_weights::Experts,
 ) -> Result<(), LoadError> {
@@ -544,7 +550,7 @@ fn expert_tensors<'a>(
     let hidden = a.moe.as_ref().map_or(0, |m| m.expert_hidden);
     let vector = |name: String, t: Cow<'a, HostTensor>| GgufTensor { name, tensor: t, parts: Vec::new() };
     out.push(vector(format!("{b}.ffn_gate_inp.weight"), Cow::Borrowed(&e.router)));
-    if family == Family::GptOss {
+    if family.block.sinks {
         out.push(vector(format!("{b}.ffn_gate_inp.bias"), or_zeros(e.router_bias.as_ref(), &[n])));
     }
     let roles: [(&str, &'static str, ExpertMatrix); 3] = [
@@ -563,7 +569,7 @@ fn expert_tensors<'a>(
             .collect();
         out.push(GgufTensor { name: format!("{b}.{name}.weight"), tensor: Cow::Owned(stack(&mats)), parts });
     }
-    if family == Family::GptOss {
+    if family.block.sinks {
         let biases: [(&str, ExpertBias, usize); 3] = [
             ("ffn_gate_exps", |m| m.gate_bias.as_ref(), hidden),
             ("ffn_up_exps", |m| m.up_bias.as_ref(), hidden),

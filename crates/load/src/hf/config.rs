@@ -20,96 +20,14 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use crate::LoadError;
+use crate::arch::{self, ActivationRule, Arch, BiasRule, HfRouting, SeqCap, SoftCaps, WindowRule};
 use crate::rope_values::{RopeParam, check_rope_values};
-use qdrift_weights::{Activation, BlockSpec, ModelArch, MoeSpec, NormStyle, RopeScaling, Routing};
+use qdrift_weights::{Activation, ArchShape, BlockSpec, ModelArch, MoeSpec, NormStyle, RopeScaling, Routing};
 
 /// Architectures [`read_hf_folder`](crate::read_hf_folder) reads, as `config.json` names them.
 pub const SUPPORTED_ARCHITECTURES: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
      Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, \
      MixtralForCausalLM, GptOssForCausalLM";
-
-/// A `transformers` model class qdrift reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Class {
-    Llama,
-    Mistral,
-    Qwen2,
-    Qwen3,
-    Qwen3Moe,
-    Qwen2Moe,
-    Gemma2,
-    Gemma3,
-    Phi3,
-    Mixtral,
-    GptOss,
-}
-
-/// `(architectures[0], model_type, class)`.
-const CLASSES: [(&str, &str, Class); 11] = [
-    ("LlamaForCausalLM", "llama", Class::Llama),
-    ("MistralForCausalLM", "mistral", Class::Mistral),
-    ("Qwen2ForCausalLM", "qwen2", Class::Qwen2),
-    ("Qwen3ForCausalLM", "qwen3", Class::Qwen3),
-    ("Qwen3MoeForCausalLM", "qwen3_moe", Class::Qwen3Moe),
-    ("Qwen2MoeForCausalLM", "qwen2_moe", Class::Qwen2Moe),
-    ("Gemma2ForCausalLM", "gemma2", Class::Gemma2),
-    ("Gemma3ForCausalLM", "gemma3_text", Class::Gemma3),
-    ("Phi3ForCausalLM", "phi3", Class::Phi3),
-    ("MixtralForCausalLM", "mixtral", Class::Mixtral),
-    ("GptOssForCausalLM", "gpt_oss", Class::GptOss),
-];
-
-impl Class {
-    /// Gemma 2 or 3: `(1 + w)` norms, four of them per block.
-    pub(crate) fn gemma(self) -> bool {
-        matches!(self, Class::Gemma2 | Class::Gemma3)
-    }
-
-    /// The `rms_norm_eps` of the class's config when `config.json` has none.
-    fn default_eps(self) -> f32 {
-        match self {
-            Class::Phi3 | Class::Mixtral | Class::GptOss => 1e-5,
-            _ => 1e-6,
-        }
-    }
-
-    /// The `max_position_embeddings` of the class's config when `config.json` has none (2048 for
-    /// the Llama family, as qdrift always read it).
-    fn default_max_pos(self) -> usize {
-        match self {
-            Class::Llama | Class::Mistral | Class::Qwen2 => 2048,
-            Class::Qwen3 | Class::Qwen3Moe | Class::Qwen2Moe => 32768,
-            Class::Gemma2 => 8192,
-            Class::Phi3 => 4096,
-            Class::Gemma3 | Class::Mixtral | Class::GptOss => 131072,
-        }
-    }
-
-    /// `default_theta` of the class's config (Gemma 3's global one).
-    fn default_theta(self) -> f64 {
-        match self {
-            Class::Mixtral | Class::Gemma3 => 1e6,
-            Class::GptOss => 150000.0,
-            _ => 10000.0,
-        }
-    }
-
-    /// Tensors every layer of the class has at least (a linear counts one tensor, as a quantized
-    /// one has at least one): attention's four (Phi-3: two, fused) and two norms, plus q/k norms,
-    /// Gemma's two more norms; Mixtral a router and at least one expert tensor; gpt-oss sinks,
-    /// router weight and bias and four expert tensors (its four attention biases go with
-    /// `attention_bias`); Qwen3-MoE and Qwen2-MoE layers may be dense (three linears).
-    fn min_tensors_per_layer(self) -> usize {
-        match self {
-            Class::Llama | Class::Mistral | Class::Qwen2 | Class::Qwen2Moe => 9,
-            Class::Qwen3 | Class::Qwen3Moe | Class::Gemma2 => 11,
-            Class::Gemma3 => 13,
-            Class::Phi3 => 6,
-            Class::Mixtral => 8,
-            Class::GptOss => 13,
-        }
-    }
-}
 
 /// Which attention biases a layer has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,13 +40,53 @@ pub(crate) enum AttnBias {
     Qkvo,
 }
 
+/// A multimodal wrapper (`…ForConditionalGeneration`) whose language model qdrift reads.
+#[derive(Debug, Clone)]
+pub(crate) struct Wrapper {
+    /// `architectures[0]`: the wrapper's class.
+    pub(crate) class: String,
+    /// The class of its language model, as `config.json` would name it alone.
+    pub(crate) text_class: &'static str,
+}
+
+/// The language model's configuration of a multimodal wrapper qdrift reads (its
+/// `architectures[0]` is a wrapper of an entry of [`arch::ARCHITECTURES`]): the `text_config` object, named by
+/// the text class, with the wrapper's `tie_word_embeddings` and special token ids where the
+/// `text_config` has none; `None` for any other `config.json` (a wrapper qdrift does not read is
+/// refused by [`parse_config`]).
+pub(crate) fn language_model_config(path: &Path, c: &Value) -> Result<Option<(Value, Wrapper)>, LoadError> {
+    let arch0 = c.get("architectures").and_then(Value::as_array).and_then(|a| a.first()).and_then(Value::as_str);
+    let Some((class, entry)) = arch0.and_then(|a| Some((a, arch::by_wrapper(a)?))) else {
+        return Ok(None);
+    };
+    let text_class = entry.hf_class;
+    let Some(text) = c.get("text_config").and_then(Value::as_object) else {
+        return Err(LoadError::invalid(
+            path,
+            format!(
+                "architectures[0] is {class}, a multimodal wrapper, but its text_config is missing or not an object"
+            ),
+        ));
+    };
+    let mut text = text.clone();
+    for key in ["tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"] {
+        if let Some(v) = c.get(key)
+            && text.get(key).is_none_or(Value::is_null)
+        {
+            text.insert(key.to_string(), v.clone());
+        }
+    }
+    text.insert("architectures".to_string(), Value::from(vec![text_class]));
+    Ok(Some((Value::Object(text), Wrapper { class: class.to_string(), text_class })))
+}
+
 /// What `config.json` says: the architecture and how the reader finds its tensors.
 #[derive(Debug, Clone)]
 pub(crate) struct HfArch {
     /// The architecture.
     pub(crate) arch: ModelArch,
-    /// The class, which names the tensors.
-    pub(crate) class: Class,
+    /// The architecture's entry, which names the tensors.
+    pub(crate) entry: Arch,
     /// The attention biases the checkpoint stores.
     pub(crate) attn_bias: AttnBias,
 }
@@ -209,9 +167,9 @@ fn as_int(v: &Value) -> Option<usize> {
 pub(crate) fn parse_config(path: &Path, c: &Value, tensor_count: usize) -> Result<HfArch, LoadError> {
     let config = Config { path, c };
     // The features first, so that an unsupported class with one is refused naming the feature.
-    let class = config_class(&config);
-    refuse_features(&config, class.as_ref().ok().copied())?;
-    let class = class?;
+    let entry = config_class(&config);
+    refuse_features(&config, entry.as_ref().ok().copied())?;
+    let entry = entry?;
     let dim = config.int("hidden_size", None)?;
     let n_heads = config.int("num_attention_heads", None)?;
     // `getattr(config, "head_dim", None) or hidden_size // num_attention_heads`.
@@ -220,15 +178,16 @@ pub(crate) fn parse_config(path: &Path, c: &Value, tensor_count: usize) -> Resul
         h => h,
     };
     let n_layers = config.int("num_hidden_layers", None)?;
-    check_layer_count(&config, class, n_layers, tensor_count)?;
-    let (activation, attn_bias) = check_options(&config, class)?;
-    let max_seq_len = max_seq_len(&config, class)?;
-    let rope = rope(&config, class, head_dim, max_seq_len)?;
-    let gemma = class.gemma();
+    check_layer_count(&config, entry, n_layers, tensor_count)?;
+    let (activation, attn_bias) = check_options(&config, entry)?;
+    let max_seq_len = max_seq_len(&config, entry)?;
+    let rope = rope(&config, entry, head_dim, max_seq_len)?;
+    let features = &entry.block;
+    let gemma = features.gemma_norms;
     let block = BlockSpec {
         norm: if gemma { NormStyle::OnePlusWeight } else { NormStyle::Weight },
         sandwich_norms: gemma,
-        qk_norm: matches!(class, Class::Qwen3 | Class::Qwen3Moe | Class::Gemma3),
+        qk_norm: features.qk_norm,
         rotary_dim: rope.rotary_dim.filter(|&r| r != head_dim),
         // Gemma2Attention/Gemma3Attention: `scaling = query_pre_attn_scalar ** -0.5`.
         attn_scale: if gemma {
@@ -237,21 +196,20 @@ pub(crate) fn parse_config(path: &Path, c: &Value, tensor_count: usize) -> Resul
             None
         },
         // Gemma 3 stores attn_logit_softcapping but its attention (5.25) never applies it.
-        attn_softcap: if class == Class::Gemma2 {
+        attn_softcap: if features.softcaps == SoftCaps::AttnAndFinal {
             config.opt_float("attn_logit_softcapping", Some(50.0))?
         } else {
             None
         },
-        sinks: class == Class::GptOss,
+        sinks: features.sinks,
         activation,
     };
-    let final_logit_softcap = match class {
-        Class::Gemma2 => config.opt_float("final_logit_softcapping", Some(30.0))?,
-        Class::Gemma3 => config.opt_float("final_logit_softcapping", None)?,
-        _ => None,
+    let final_logit_softcap = match features.softcaps {
+        SoftCaps::AttnAndFinal => config.opt_float("final_logit_softcapping", Some(30.0))?,
+        SoftCaps::Final => config.opt_float("final_logit_softcapping", None)?,
+        SoftCaps::None => None,
     };
-    let arch = ModelArch {
-        architecture: CLASSES.iter().find(|(_, _, k)| *k == class).map_or("", |(a, _, _)| a).to_string(),
+    let shape = ArchShape {
         dim,
         hidden_dim: config.int("intermediate_size", None)?,
         n_layers,
@@ -260,23 +218,25 @@ pub(crate) fn parse_config(path: &Path, c: &Value, tensor_count: usize) -> Resul
         head_dim,
         vocab_size: config.int("vocab_size", None)?,
         max_seq_len,
-        norm_eps: config.float("rms_norm_eps", class.default_eps())?,
+    };
+    let arch = ModelArch {
+        norm_eps: config.float("rms_norm_eps", entry.hf.eps)?,
         rope_theta: rope.theta,
         tied_embeddings: config.bool_or("tie_word_embeddings", gemma),
         rope_scaling: rope.scaling,
         block,
-        windows: windows(&config, class, n_layers)?,
+        windows: windows(&config, entry, n_layers)?,
         local_rope_theta: rope.local_theta,
         // Gemma3TextScaledWordEmbedding: `embed_scale = hidden_size ** 0.5`.
         embedding_scale: gemma.then(|| (dim as f64).sqrt() as f32),
         final_logit_softcap,
-        moe: moe(&config, class, n_layers)?,
-        layer_attention: Default::default(),
+        moe: moe(&config, entry, n_layers)?,
+        ..ModelArch::new(entry.hf_class, shape)
     };
     arch.validate().map_err(|e| config.bad(format!("inconsistent hyper-parameters: {e}")))?;
     check_rope(&config, &rope.field, &arch)?;
     check_sizes(&config, &arch)?;
-    Ok(HfArch { arch, class, attn_bias })
+    Ok(HfArch { arch, entry, attn_bias })
 }
 
 /// Refuses RoPE parameters whose derived inverse frequencies are not finite and positive
@@ -330,8 +290,8 @@ fn check_sizes(config: &Config<'_>, a: &ModelArch) -> Result<(), LoadError> {
 
 /// Refuses a `num_hidden_layers` the safetensors files cannot hold, before anything per layer
 /// is allocated (an absurd count would otherwise abort the process on allocation).
-fn check_layer_count(config: &Config<'_>, class: Class, n_layers: usize, present: usize) -> Result<(), LoadError> {
-    let per_layer = class.min_tensors_per_layer();
+fn check_layer_count(config: &Config<'_>, entry: Arch, n_layers: usize, present: usize) -> Result<(), LoadError> {
+    let per_layer = entry.hf.min_tensors_per_layer;
     if n_layers.checked_mul(per_layer).is_none_or(|needed| needed > present) {
         return Err(config.bad(format!(
             "num_hidden_layers {n_layers} needs at least {per_layer} tensors per layer but the safetensors files \
@@ -342,16 +302,17 @@ fn check_layer_count(config: &Config<'_>, class: Class, n_layers: usize, present
 }
 
 /// Refuses, by name, the features of today's checkpoints that qdrift cannot compute, whatever
-/// the class (`class`, when it is one qdrift reads): they are checked before an unsupported class
+/// the class (`entry`, when it is one qdrift reads): they are checked before an unsupported class
 /// is refused, so that the message names the feature.
-fn refuse_features(config: &Config<'_>, class: Option<Class>) -> Result<(), LoadError> {
+fn refuse_features(config: &Config<'_>, entry: Option<Arch>) -> Result<(), LoadError> {
     let refuse = |feature: &str, field: &str| {
         Err(config.bad(format!("{feature} ({field}) is not supported; qdrift reads {SUPPORTED_ARCHITECTURES}")))
     };
     let arch0 = config.get("architectures").and_then(Value::as_array).and_then(|a| a.first()).and_then(Value::as_str);
     if config.get("text_config").is_some() || config.get("vision_config").is_some() {
         let field = if config.get("text_config").is_some() { "text_config" } else { "vision_config" };
-        return refuse("a multimodal model (Gemma 3, Llama 4, ... ForConditionalGeneration)", field);
+        let read: Vec<&str> = arch::ARCHITECTURES.iter().flat_map(|e| e.wrappers.iter().copied()).collect();
+        return refuse(&format!("a multimodal model other than {} (Llama 4, Qwen3.5, ...)", read.join(", ")), field);
     }
     if let Some(a) = arch0.filter(|a| a.ends_with("ForConditionalGeneration")) {
         return refuse("a multimodal model", &format!("architectures[0] = {a}"));
@@ -390,7 +351,8 @@ fn refuse_features(config: &Config<'_>, class: Option<Class>) -> Result<(), Load
         "n_shared_experts",
         "num_shared_experts",
     ] {
-        let read = class == Some(Class::Qwen2Moe) && key == "shared_expert_intermediate_size";
+        let shared = entry.and_then(|e| e.moe.as_ref()).is_some_and(|m| m.shared_expert.is_some());
+        let read = shared && key == "shared_expert_intermediate_size";
         if !read && config.get(key).is_some_and(|v| v.as_u64() != Some(0)) {
             return refuse("shared experts", key);
         }
@@ -402,17 +364,14 @@ fn refuse_features(config: &Config<'_>, class: Option<Class>) -> Result<(), Load
 }
 
 /// `architectures[0]`, else the class `model_type` implies; one of [`SUPPORTED_ARCHITECTURES`].
-fn config_class(config: &Config<'_>) -> Result<Class, LoadError> {
+fn config_class(config: &Config<'_>) -> Result<Arch, LoadError> {
     let c = config.c;
     if let Some(a) = c.get("architectures").and_then(Value::as_array).and_then(|a| a.first()).and_then(Value::as_str) {
-        return CLASSES
-            .iter()
-            .find(|(name, _, _)| *name == a)
-            .map(|(_, _, k)| *k)
+        return arch::by_class(a)
             .ok_or_else(|| config.bad(format!("unsupported architecture {a}; supported: {SUPPORTED_ARCHITECTURES}")));
     }
     let t = c.get("model_type").and_then(Value::as_str).unwrap_or("(none)");
-    CLASSES.iter().find(|(_, mt, _)| *mt == t).map(|(_, _, k)| *k).ok_or_else(|| {
+    arch::by_model_type(t).ok_or_else(|| {
         config.bad(format!(
             "unsupported architecture: no architectures[0] and model_type {t}; supported: {SUPPORTED_ARCHITECTURES}"
         ))
@@ -423,13 +382,13 @@ fn config_class(config: &Config<'_>) -> Result<Class, LoadError> {
 /// `hidden_act` (Gemma: `hidden_activation`) other than `silu` (Gemma also `gelu_pytorch_tanh`;
 /// gpt-oss ignores it: `GptOssExperts` always computes its clamped SwiGLU), Llama's
 /// `attention_bias`/`mlp_bias`.
-fn check_options(config: &Config<'_>, class: Class) -> Result<(Activation, AttnBias), LoadError> {
-    let activation = match class {
-        Class::GptOss => Activation::ClampedSwiGlu {
+fn check_options(config: &Config<'_>, entry: Arch) -> Result<(Activation, AttnBias), LoadError> {
+    let activation = match entry.block.activation {
+        ActivationRule::ClampedSwiGlu => Activation::ClampedSwiGlu {
             alpha: config.float("swiglu_alpha", 1.702)?,
             limit: config.float("swiglu_limit", 7.0)?,
         },
-        Class::Gemma2 | Class::Gemma3 => match config.str("hidden_activation").unwrap_or("gelu_pytorch_tanh") {
+        ActivationRule::GeluTanh => match config.str("hidden_activation").unwrap_or("gelu_pytorch_tanh") {
             "gelu_pytorch_tanh" => Activation::GeluTanh,
             "silu" => Activation::SwiGlu,
             act => {
@@ -439,24 +398,21 @@ fn check_options(config: &Config<'_>, class: Class) -> Result<(Activation, AttnB
                 )));
             }
         },
-        _ => match config.str("hidden_act") {
+        ActivationRule::SwiGlu => match config.str("hidden_act") {
             None | Some("silu") => Activation::SwiGlu,
             Some(act) => {
                 return Err(config.bad(format!("hidden_act {act} is not supported; supported: silu (SwiGLU)")));
             }
         },
     };
-    if class == Class::Llama && (config.flag("attention_bias") || config.flag("mlp_bias")) {
-        return Err(config.bad("attention_bias/mlp_bias = true is not supported for LlamaForCausalLM".into()));
-    }
-    let attn_bias = match class {
-        Class::Qwen2 => AttnBias::Qkv,
-        // `Qwen2MoeAttention`: q/k/v biases iff `qkv_bias` (true by default), never o's.
-        Class::Qwen2Moe if config.bool_or("qkv_bias", true) => AttnBias::Qkv,
-        Class::Qwen3 | Class::Qwen3Moe | Class::Gemma2 | Class::Gemma3 if config.flag("attention_bias") => {
-            AttnBias::Qkvo
+    let attn_bias = match entry.hf.bias {
+        BiasRule::Refused if config.flag("attention_bias") || config.flag("mlp_bias") => {
+            return Err(config.bad(format!("attention_bias/mlp_bias = true is not supported for {}", entry.hf_class)));
         }
-        Class::GptOss if config.bool_or("attention_bias", true) => AttnBias::Qkvo,
+        BiasRule::Qkv => AttnBias::Qkv,
+        // `Qwen2MoeAttention`: q/k/v biases iff `qkv_bias` (true by default), never o's.
+        BiasRule::QkvIf(key, default) if config.bool_or(key, default) => AttnBias::Qkv,
+        BiasRule::QkvoIf(key, default) if config.bool_or(key, default) => AttnBias::Qkvo,
         _ => AttnBias::None,
     };
     Ok((activation, attn_bias))
@@ -465,12 +421,12 @@ fn check_options(config: &Config<'_>, class: Class) -> Result<(Activation, AttnB
 /// `max_position_embeddings`, capped by Mistral's and Qwen2's sliding window (within the window,
 /// sliding-window attention is full causal attention); the newer classes describe their windows
 /// per layer ([`windows`]).
-fn max_seq_len(config: &Config<'_>, class: Class) -> Result<usize, LoadError> {
-    let max_seq_len = config.int("max_position_embeddings", Some(class.default_max_pos()))?;
-    let sliding = match class {
-        Class::Mistral => true,
-        Class::Qwen2 => config.flag("use_sliding_window"),
-        _ => false,
+fn max_seq_len(config: &Config<'_>, entry: Arch) -> Result<usize, LoadError> {
+    let max_seq_len = config.int("max_position_embeddings", Some(entry.hf.max_pos))?;
+    let sliding = match entry.hf.seq_cap {
+        SeqCap::Always => true,
+        SeqCap::IfUseSlidingWindow => config.flag("use_sliding_window"),
+        SeqCap::None => false,
     };
     let window = config.c.get("sliding_window").and_then(Value::as_u64).and_then(|w| usize::try_from(w).ok());
     Ok(match window {
@@ -486,33 +442,33 @@ fn max_seq_len(config: &Config<'_>, class: Class) -> Result<usize, LoadError> {
 /// `max_window_layers`); Qwen3-MoE, Phi-3 and Mixtral slide in every layer when `sliding_window`
 /// is set. Qwen3's, Qwen3-MoE's and Qwen2-MoE's `sliding_window` counts only with
 /// `use_sliding_window`.
-fn windows(config: &Config<'_>, class: Class, n_layers: usize) -> Result<Vec<Option<usize>>, LoadError> {
+fn windows(config: &Config<'_>, entry: Arch, n_layers: usize) -> Result<Vec<Option<usize>>, LoadError> {
     let qwen_window = || -> Result<Option<usize>, LoadError> {
         if config.flag("use_sliding_window") { config.opt_int("sliding_window", Some(4096)) } else { Ok(None) }
     };
-    let (window, default_sliding): (Option<usize>, Box<dyn Fn(usize) -> bool>) = match class {
-        Class::Llama | Class::Mistral | Class::Qwen2 => return Ok(Vec::new()),
-        Class::Qwen3 => {
+    let rule = entry.hf.windows;
+    let (window, default_sliding): (Option<usize>, Box<dyn Fn(usize) -> bool>) = match rule {
+        WindowRule::None => return Ok(Vec::new()),
+        WindowRule::QwenFrom => {
             let w = qwen_window()?;
             let from = config.int("max_window_layers", Some(28))?;
             (w, Box::new(move |i| w.is_some() && i >= from))
         }
-        Class::Qwen3Moe => {
+        WindowRule::QwenAll => {
             let w = qwen_window()?;
             (w, Box::new(move |_| w.is_some()))
         }
-        Class::Qwen2Moe => {
+        WindowRule::QwenEvenBelow => {
             let w = qwen_window()?;
             let below = config.int("max_window_layers", Some(28))?;
             (w, Box::new(move |i| w.is_some() && (i + 1) % 2 != 0 && i < below))
         }
-        Class::Phi3 | Class::Mixtral => {
+        WindowRule::AllIfSet => {
             let w = config.opt_int("sliding_window", None)?;
             (w, Box::new(move |_| w.is_some()))
         }
-        Class::Gemma2 => (config.opt_int("sliding_window", Some(4096))?, Box::new(|i| (i + 1) % 2 != 0)),
-        Class::GptOss => (config.opt_int("sliding_window", Some(128))?, Box::new(|i| (i + 1) % 2 != 0)),
-        Class::Gemma3 => {
+        WindowRule::Alternate(w) => (config.opt_int("sliding_window", Some(w))?, Box::new(|i| (i + 1) % 2 != 0)),
+        WindowRule::Pattern => {
             // `Gemma3TextConfig.__post_init__`: `sliding_window_pattern` (older configs), which
             // 5.25 saves as `_sliding_window_pattern`; 6 by default.
             let key = if config.get("sliding_window_pattern").is_some() {
@@ -527,7 +483,7 @@ fn windows(config: &Config<'_>, class: Class, n_layers: usize) -> Result<Vec<Opt
             (config.opt_int("sliding_window", Some(4096))?, Box::new(move |i| (i + 1) % pattern != 0))
         }
     };
-    let explicit = matches!(class, Class::Qwen3 | Class::Qwen2Moe | Class::Gemma2 | Class::Gemma3 | Class::GptOss);
+    let explicit = rule.reads_layer_types();
     let sliding: Vec<bool> = match config.get("layer_types").and_then(Value::as_array).filter(|_| explicit) {
         Some(types) => {
             if types.len() != n_layers {
@@ -560,36 +516,26 @@ fn windows(config: &Config<'_>, class: Class, n_layers: usize) -> Result<Vec<Opt
 /// and num_experts > 0 and (layer_idx + 1) % decoder_sparse_step == 0`) and Qwen2-MoE's shared
 /// expert (`shared_expert_intermediate_size`, 5632 by default; `Qwen2MoeSparseMoeBlock` always has
 /// one, with its sigmoid gate).
-fn moe(config: &Config<'_>, class: Class, n_layers: usize) -> Result<Option<MoeSpec>, LoadError> {
-    let (default_experts, default_k, routing, width_key) = match class {
-        Class::Qwen3Moe => {
-            let renormalize = config.flag("norm_topk_prob");
-            (128, 8, Routing::SoftmaxTopK { renormalize }, "moe_intermediate_size")
-        }
-        Class::Qwen2Moe => {
-            let renormalize = config.flag("norm_topk_prob");
-            (60, 4, Routing::SoftmaxTopK { renormalize }, "moe_intermediate_size")
-        }
-        Class::Mixtral => (8, 2, Routing::SoftmaxTopK { renormalize: true }, "intermediate_size"),
-        Class::GptOss => (128, 4, Routing::TopKSoftmax, "intermediate_size"),
-        _ => return Ok(None),
+fn moe(config: &Config<'_>, entry: Arch, n_layers: usize) -> Result<Option<MoeSpec>, LoadError> {
+    let Some(rules) = &entry.moe else {
+        return Ok(None);
+    };
+    let routing = match rules.hf_routing {
+        HfRouting::NormTopkProb => Routing::SoftmaxTopK { renormalize: config.flag("norm_topk_prob") },
+        HfRouting::Renormalized => Routing::SoftmaxTopK { renormalize: true },
+        HfRouting::TopKSoftmax => Routing::TopKSoftmax,
     };
     let experts_key = if config.get("num_local_experts").is_some() { "num_local_experts" } else { "num_experts" };
-    let n_experts = config.int(experts_key, Some(default_experts))?;
-    let top_k = config.int("num_experts_per_tok", Some(default_k))?;
-    let qwen = matches!(class, Class::Qwen3Moe | Class::Qwen2Moe);
-    let default_width = match class {
-        Class::Qwen3Moe => Some(768),
-        Class::Qwen2Moe => Some(1408),
-        _ => None,
-    };
+    let n_experts = config.int(experts_key, Some(rules.experts))?;
+    let top_k = config.int("num_experts_per_tok", Some(rules.top_k))?;
+    let (width_key, default_width) = rules.width;
     let expert_hidden = config.int(width_key, default_width)?;
-    let shared_expert_hidden = match class {
-        Class::Qwen2Moe => Some(config.int("shared_expert_intermediate_size", Some(5632))?),
-        _ => None,
+    let shared_expert_hidden = match rules.shared_expert {
+        Some(default) => Some(config.int("shared_expert_intermediate_size", Some(default))?),
+        None => None,
     };
     let mut dense_layers = Vec::new();
-    if qwen {
+    if rules.dense_layers {
         let step = config.int("decoder_sparse_step", Some(1))?;
         if step == 0 {
             return Err(config.bad("decoder_sparse_step is 0; it must be positive".into()));
@@ -624,21 +570,22 @@ struct Rope {
 /// `rope_parameters` (5.x), its `rope_theta` else the top-level `rope_theta` else the class's
 /// `default_theta`, its `partial_rotary_factor` else the top-level one; Gemma 3 has one dict per
 /// layer type ([`gemma3_rope`]).
-fn rope(config: &Config<'_>, class: Class, head_dim: usize, max_pos: usize) -> Result<Rope, LoadError> {
-    if class == Class::Gemma3 {
-        return gemma3_rope(config, head_dim, max_pos);
+fn rope(config: &Config<'_>, entry: Arch, head_dim: usize, max_pos: usize) -> Result<Rope, LoadError> {
+    if let Some(local) = entry.block.local_rope_theta {
+        return gemma3_rope(config, entry, head_dim, max_pos, local);
     }
     let (field, mut dict) = match (config.get("rope_scaling"), config.get("rope_parameters")) {
         (Some(r), _) => ("rope_scaling", object(config, "rope_scaling", r)?),
         (None, Some(r)) => ("rope_parameters", object(config, "rope_parameters", r)?),
-        // GptOssConfig.__post_init__'s default.
-        (None, None) if class == Class::GptOss => (
+        // The config class's default (GptOssConfig.__post_init__'s).
+        (None, None) if entry.hf.default_rope.is_some() => (
             "rope_parameters",
-            serde_json::json!({"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                "truncate": false, "original_max_position_embeddings": 4096})
-            .as_object()
-            .cloned()
-            .unwrap_or_default(),
+            entry
+                .hf
+                .default_rope
+                .and_then(|j| serde_json::from_str::<Value>(j).ok())
+                .and_then(|v| v.as_object().cloned())
+                .unwrap_or_default(),
         ),
         (None, None) => ("rope_parameters", Map::new()),
     };
@@ -649,15 +596,14 @@ fn rope(config: &Config<'_>, class: Class, head_dim: usize, max_pos: usize) -> R
             dict.insert(key.to_string(), v.clone());
         }
     }
-    let theta =
-        number(&dict, "rope_theta").map_err(|m| config.bad(format!("{field}: {m}")))?.unwrap_or(class.default_theta());
+    let theta = number(&dict, "rope_theta").map_err(|m| config.bad(format!("{field}: {m}")))?.unwrap_or(entry.hf.theta);
     let mut kind = rope_kind(&dict);
     // Phi3Config.convert_rope_params_to_dict renames the older `su` and `yarn` to `longrope`.
-    if class == Class::Phi3 && matches!(kind, "su" | "yarn") {
+    if entry.block.partial_rotary && matches!(kind, "su" | "yarn") {
         kind = "longrope";
     }
-    let rotary_dim = rotary_dim(config, class, field, &dict, kind, head_dim)?;
-    let scaling = parse_rope_scaling(config, class, &dict, &dict, kind, max_pos)
+    let rotary_dim = rotary_dim(config, entry, field, &dict, kind, head_dim)?;
+    let scaling = parse_rope_scaling(config, entry, &dict, &dict, kind, max_pos)
         .map_err(|m| config.bad(format!("{field}: {m}")))?;
     Ok(Rope { field: field.to_string(), theta: theta as f32, scaling, rotary_dim, local_theta: None })
 }
@@ -666,7 +612,13 @@ fn rope(config: &Config<'_>, class: Class, head_dim: usize, max_pos: usize) -> R
 /// layer type; an older config's `rope_scaling` updates the `full_attention` one, its `rope_theta`
 /// (default 1e6) and `rope_local_base_freq` (default 1e4) are the two thetas. The sliding-window
 /// layers must be unscaled ([`ModelArch::layer_rope`]).
-fn gemma3_rope(config: &Config<'_>, head_dim: usize, max_pos: usize) -> Result<Rope, LoadError> {
+fn gemma3_rope(
+    config: &Config<'_>,
+    entry: Arch,
+    head_dim: usize,
+    max_pos: usize,
+    local_default: f32,
+) -> Result<Rope, LoadError> {
     let outer = match config.get("rope_parameters") {
         Some(r) => object(config, "rope_parameters", r)?,
         None => Map::new(),
@@ -690,10 +642,10 @@ fn gemma3_rope(config: &Config<'_>, head_dim: usize, max_pos: usize) -> Result<R
         }
     }
     let field = "rope_parameters.full_attention";
-    let theta = number(&full, "rope_theta").map_err(|m| config.bad(format!("{field}: {m}")))?.unwrap_or(1e6);
+    let theta = number(&full, "rope_theta").map_err(|m| config.bad(format!("{field}: {m}")))?.unwrap_or(entry.hf.theta);
     let local_theta = number(&local, "rope_theta")
         .map_err(|m| config.bad(format!("rope_parameters.sliding_attention: {m}")))?
-        .unwrap_or(1e4);
+        .unwrap_or(f64::from(local_default));
     let local_kind = rope_kind(&local);
     if local_kind != "default" {
         return Err(config.bad(format!(
@@ -702,8 +654,8 @@ fn gemma3_rope(config: &Config<'_>, head_dim: usize, max_pos: usize) -> Result<R
         )));
     }
     let kind = rope_kind(&full);
-    let rotary_dim = rotary_dim(config, Class::Gemma3, field, &full, kind, head_dim)?;
-    let scaling = parse_rope_scaling(config, Class::Gemma3, &full, &outer, kind, max_pos)
+    let rotary_dim = rotary_dim(config, entry, field, &full, kind, head_dim)?;
+    let scaling = parse_rope_scaling(config, entry, &full, &outer, kind, max_pos)
         .map_err(|m| config.bad(format!("{field}: {m}")))?;
     Ok(Rope {
         field: field.to_string(),
@@ -738,7 +690,7 @@ fn number(dict: &Map<String, Value>, key: &str) -> Result<Option<f64>, String> {
 /// fails in `transformers`, so it is refused.
 fn rotary_dim(
     config: &Config<'_>,
-    class: Class,
+    entry: Arch,
     field: &str,
     dict: &Map<String, Value>,
     kind: &str,
@@ -748,7 +700,7 @@ fn rotary_dim(
     let Some(factor) = factor.filter(|&f| f != 1.0) else {
         return Ok(None);
     };
-    if class != Class::Phi3 {
+    if !entry.block.partial_rotary {
         if kind == "default" {
             return Ok(None);
         }
@@ -786,7 +738,7 @@ fn original_max(config: &Config<'_>, r: &Map<String, Value>, max_pos: usize) -> 
 /// (`_compute_longrope_parameters`, [`longrope`]).
 fn parse_rope_scaling(
     config: &Config<'_>,
-    class: Class,
+    entry: Arch,
     r: &Map<String, Value>,
     outer: &Map<String, Value>,
     kind: &str,
@@ -803,7 +755,7 @@ fn parse_rope_scaling(
         })),
         "linear" => Ok(Some(RopeScaling::Linear { factor: num("factor")? as f32 })),
         "yarn" => yarn(config, r, outer, max_pos).map(Some),
-        "longrope" => longrope(config, class, r, max_pos).map(Some),
+        "longrope" => longrope(config, entry, r, max_pos).map(Some),
         _ => Err(format!(
             "type {kind} is not supported (RoPE scaling {kind}); supported: default, linear, llama3, yarn, longrope"
         )),
@@ -820,8 +772,8 @@ fn parse_rope_scaling(
 /// top-level field when the config has that attribute, which `Phi3Config` always has (default
 /// 4096, and the dict's value is then overwritten); for other classes, the top-level field, else
 /// the dict's, else `max_position_embeddings`.
-fn longrope(config: &Config<'_>, class: Class, r: &Map<String, Value>, max_pos: usize) -> Result<RopeScaling, String> {
-    let original = if class == Class::Phi3 {
+fn longrope(config: &Config<'_>, entry: Arch, r: &Map<String, Value>, max_pos: usize) -> Result<RopeScaling, String> {
+    let original = if entry.block.partial_rotary {
         match config.c.get("original_max_position_embeddings") {
             None => 4096,
             Some(v) => as_int(v)
@@ -896,4 +848,15 @@ fn yarn(
         truncate,
         attention_factor: attention_factor as f32,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    /// [`super::SUPPORTED_ARCHITECTURES`] lists the table's classes, in its order.
+    #[test]
+    fn supported_architectures_are_the_tables() {
+        let classes: Vec<&str> = crate::arch::ARCHITECTURES.iter().map(|e| e.hf_class).collect();
+        let listed: Vec<&str> = super::SUPPORTED_ARCHITECTURES.split(',').map(str::trim).collect();
+        assert_eq!(listed, classes);
+    }
 }

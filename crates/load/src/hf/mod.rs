@@ -43,8 +43,11 @@
 //! `GptOssForCausalLM`. Mistral's and Qwen2's `sliding_window` (when set and smaller than
 //! `max_position_embeddings`) caps [`crate::ModelArch::max_seq_len`] (within the window,
 //! sliding-window attention is full causal attention); the newer classes' windows are per layer
-//! ([`crate::ModelArch::windows`]). Refused with a one-line message naming the feature and the
-//! `config.json` field: multimodal configs, MLA, linear attention, chunked attention, NoPE
+//! ([`crate::ModelArch::windows`]). Multimodal wrappers whose language model is one of these
+//! (`Gemma3ForConditionalGeneration`, `Mistral3ForConditionalGeneration`) are read as it: its
+//! `text_config`, its weights under `model.language_model.` (or `language_model.model.`), the
+//! vision and audio towers set aside with a note ([`crate::LoadedModel::notes`]). Refused with a
+//! one-line message naming the feature and the `config.json` field: other multimodal configs, MLA, linear attention, chunked attention, NoPE
 //! layers, shared experts other than Qwen2-MoE's, bidirectional attention, RoPE types other than `default`, `linear`,
 //! `llama3`, `yarn`, unsupported activations, other architectures; tensor dtypes other than
 //! F32/F16/BF16 outside a quantization config; MXFP4 experts.

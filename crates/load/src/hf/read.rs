@@ -10,11 +10,12 @@ use serde_json::Value;
 
 use std::collections::HashMap;
 
-use super::config::{AttnBias, Class, HfArch, parse_config};
+use super::config::{AttnBias, HfArch, language_model_config, parse_config};
 use super::quant::HfQuant;
 use super::shards::Shards;
 use super::tokenizer::{HfTokenizer, first_encoded_id, read_tokenizer_json};
 use crate::LoadError;
+use crate::arch::{Arch, ExpertTensors};
 use crate::loaded::{LoadedModel, ModelFormat, ModelPart, PartFile, PartSource, check_vocab, gather_parts};
 use crate::rope_layout::RopeLayout::ToInterleaved;
 use crate::rope_layout::permute_head_rows;
@@ -44,7 +45,7 @@ pub fn read_hf_folder(dir: &Path, tokenizer: Option<&Path>) -> Result<LoadedMode
     let mut modules = Modules::default();
     let model = gather_parts(folder.hf.arch.clone(), |sink| {
         folder.reader().read_parts(&mut |part| {
-            modules.add(folder.hf.class, &part);
+            modules.add(folder.hf.entry, &part);
             sink(part);
         })
     })?;
@@ -73,7 +74,7 @@ pub(crate) fn open_hf_source(
     let mut modules = Modules::default();
     let mut parameters = 0;
     folder.reader().read_parts(&mut |part| {
-        modules.add(folder.hf.class, &part);
+        modules.add(folder.hf.entry, &part);
         parameters += part.parameter_count();
     })?;
     let storage = folder.storage(modules)?;
@@ -93,6 +94,8 @@ struct Folder {
     shards: Shards,
     hf: HfArch,
     quant: Option<HfQuant>,
+    /// What a multimodal wrapper's reading left out, for [`LoadedModel::notes`].
+    note: Option<String>,
 }
 
 impl Folder {
@@ -106,19 +109,34 @@ impl Folder {
                  model.safetensors (or its shards) and tokenizer.json",
             ));
         }
-        let config = crate::input::read_json(&config_path, crate::input::JSON)?;
-        let shards = Shards::open(dir)?;
-        let hf = parse_config(&config_path, &config, shards.tensor_count())?;
-        check_output_layer(&config_path, &config, &hf, &shards)?;
-        check_unexpected_tensors(&config, &hf.arch, &shards)?;
-        let quant = super::quant::read_quant_config(dir, &config_path, &config)?;
-        if quant.as_ref().is_some_and(HfQuant::is_mxfp4) && hf.class != Class::GptOss {
+        let outer = crate::input::read_json(&config_path, crate::input::JSON)?;
+        let mut shards = Shards::open(dir)?;
+        let (text, note) = match language_model_config(&config_path, &outer)? {
+            Some((text, wrapper)) => {
+                let ignored = shards.keep_language_model()?;
+                let note = format!(
+                    "{} is a multimodal wrapper: reading its language model ({}, text_config) and ignoring its \
+                     {ignored} vision/audio tensors",
+                    wrapper.class, wrapper.text_class
+                );
+                (Some(text), Some(note))
+            }
+            None => (None, None),
+        };
+        let config = text.as_ref().unwrap_or(&outer);
+        let hf = parse_config(&config_path, config, shards.tensor_count())?;
+        check_output_layer(&config_path, config, &hf, &shards)?;
+        check_unexpected_tensors(config, &hf.arch, &shards)?;
+        // `quantization_config` stays in the wrapper's own config.
+        let quant = super::quant::read_quant_config(dir, &config_path, &outer)?;
+        let fused_experts = hf.entry.moe.as_ref().is_some_and(|m| m.hf_tensors == ExpertTensors::Fused);
+        if quant.as_ref().is_some_and(HfQuant::is_mxfp4) && !fused_experts {
             return Err(LoadError::invalid(
                 &config_path,
                 "MXFP4 quantization (quantization_config.quant_method = mxfp4) is read for GptOssForCausalLM's experts only",
             ));
         }
-        Ok(Folder { config_path, config, shards, hf, quant })
+        Ok(Folder { config_path, config: text.unwrap_or(outer), shards, hf, quant, note })
     }
 
     fn reader(&self) -> Reader<'_> {
@@ -150,7 +168,7 @@ impl Folder {
         weights: impl FnOnce(Folder) -> W,
     ) -> Result<LoadedModel<W>, LoadError> {
         let config = &self.config;
-        let class = self.hf.class;
+        let entry = self.hf.entry;
         let tokenizer_path = tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);
         if !tokenizer_path.exists() {
             return Err(LoadError::invalid(
@@ -175,8 +193,7 @@ impl Folder {
         // The newer classes' checkpoints pad the embedding beyond the tokenizer (Qwen3: 151936 rows
         // for 151669 tokens; the tiny-arch folders: 512 for 510): ids past the tokenizer are never
         // encoded. Llama, Mistral and Qwen2 keep the exact check they always had.
-        let padded =
-            !matches!(class, Class::Llama | Class::Mistral | Class::Qwen2) && tok.vocab_size() < arch.vocab_size;
+        let padded = entry.hf.padded_vocab && tok.vocab_size() < arch.vocab_size;
         if !padded {
             check_vocab(&tok, &tokenizer_path, arch, dir)?;
         }
@@ -188,6 +205,7 @@ impl Folder {
         };
         let source_dtypes = self.shards.dtypes();
         let quantization = self.quant.as_ref().map(|q| q.summary.clone());
+        let notes = self.note.iter().cloned().collect();
         Ok(LoadedModel {
             model: weights(self),
             tokenizer: Box::new(tok),
@@ -198,6 +216,7 @@ impl Folder {
             source_storage: Some(storage),
             chat_template,
             quantization,
+            notes,
         })
     }
 }
@@ -339,11 +358,11 @@ fn quantized_storage(
 struct Modules(Vec<(String, u64)>);
 
 impl Modules {
-    fn add(&mut self, class: Class, part: &ModelPart) {
+    fn add(&mut self, entry: Arch, part: &ModelPart) {
         match part {
             ModelPart::Layer(i, layer) => {
                 for (name, w) in layer.linears() {
-                    let Some(m) = hf_module(class, name) else { continue };
+                    let Some(m) = hf_module(entry, name) else { continue };
                     let module = format!("model.layers.{i}.{m}");
                     let n = w.data.len() as u64;
                     // The linears of one fused module are consecutive.
@@ -375,21 +394,22 @@ fn stored_storage(shards: &Shards) -> Result<SourceStorage, SizeOverflow> {
 /// `self_attn.qkv_proj` and `mlp.gate_up_proj`, Mixtral's `block_sparse_moe.experts.{e}.w1`
 /// (gate), `w3` (up), `w2` (down), Qwen3-MoE's `mlp.experts.{e}.{gate,up,down}_proj`; `None` for
 /// gpt-oss's experts, which are 3-D tensors of all experts, not modules.
-fn hf_module(class: Class, name: LinearName) -> Option<String> {
-    match (class, name.expert, name.role) {
-        (Class::Phi3, None, "self_attn.q_proj" | "self_attn.k_proj" | "self_attn.v_proj") => {
+fn hf_module(entry: Arch, name: LinearName) -> Option<String> {
+    let fused = entry.block.fused;
+    match (entry.moe.as_ref().map(|m| m.hf_tensors), name.expert, name.role) {
+        (_, None, "self_attn.q_proj" | "self_attn.k_proj" | "self_attn.v_proj") if fused => {
             Some("self_attn.qkv_proj".into())
         }
-        (Class::Phi3, None, "mlp.gate_proj" | "mlp.up_proj") => Some("mlp.gate_up_proj".into()),
-        (Class::Mixtral, Some(e), role) => {
+        (_, None, "mlp.gate_proj" | "mlp.up_proj") if fused => Some("mlp.gate_up_proj".into()),
+        (Some(ExpertTensors::PerExpert { experts, proj: [gate, up, down], .. }), Some(e), role) => {
             let w = match role {
-                "mlp.gate_proj" => "w1",
-                "mlp.up_proj" => "w3",
-                _ => "w2",
+                "mlp.gate_proj" => gate,
+                "mlp.up_proj" => up,
+                _ => down,
             };
-            Some(format!("block_sparse_moe.experts.{e}.{w}"))
+            Some(format!("{experts}.{e}.{w}"))
         }
-        (Class::GptOss, Some(_), _) => None,
+        (Some(ExpertTensors::Fused), Some(_), _) => None,
         _ => Some(name.to_string()),
     }
 }
@@ -498,7 +518,7 @@ impl Reader<'_> {
         let (dim, hd) = (a.dim, a.head_dim);
         let (q_dim, kv_dim) = (a.q_dim(), a.kv_dim());
         let p = format!("model.layers.{i}");
-        let (wq, wk, wv) = if self.hf.class == Class::Phi3 {
+        let (wq, wk, wv) = if self.hf.entry.block.fused {
             // Phi3Attention: `qkv_proj` rows are [q; k; v].
             let qkv = self.lin(&format!("{p}.self_attn.qkv_proj"), q_dim + 2 * kv_dim, dim)?;
             (rows(&qkv, 0, q_dim), rows(&qkv, q_dim, kv_dim), rows(&qkv, q_dim + kv_dim, kv_dim))
@@ -559,7 +579,7 @@ impl Reader<'_> {
     fn dense(&self, p: &str) -> Result<Mlp, LoadError> {
         let (dim, hidden) = (self.arch().dim, self.arch().hidden_dim);
         let down = self.lin(&format!("{p}.mlp.down_proj"), dim, hidden)?;
-        if self.hf.class == Class::Phi3 {
+        if self.hf.entry.block.fused {
             let gate_up = self.lin(&format!("{p}.mlp.gate_up_proj"), 2 * hidden, dim)?;
             return Ok(Mlp::new(rows(&gate_up, 0, hidden), rows(&gate_up, hidden, hidden), down));
         }
@@ -581,17 +601,13 @@ impl Reader<'_> {
             return Err(LoadError::invalid(self.shards.first_path(), format!("{p}: experts without a MoeSpec")));
         };
         let (n, eh, dim) = (m.n_experts, m.expert_hidden, a.dim);
-        let (router, names) = match self.hf.class {
-            Class::Mixtral => ("block_sparse_moe.gate", ["block_sparse_moe.experts", "w1", "w3", "w2"]),
-            Class::GptOss => ("mlp.router", ["", "", "", ""]),
-            _ => ("mlp.gate", ["mlp.experts", "gate_proj", "up_proj", "down_proj"]),
-        };
-        let router_w = self.lin(&format!("{p}.{router}"), n, dim)?;
-        if self.hf.class == Class::GptOss {
+        let tensors = self.hf.entry.moe.as_ref().map_or(ExpertTensors::Fused, |m| m.hf_tensors);
+        let ExpertTensors::PerExpert { router, experts: prefix, proj: [gate, up, down] } = tensors else {
+            let router_w = self.lin(&format!("{p}.mlp.router"), n, dim)?;
             let router_bias = Some(self.tensor(&format!("{p}.mlp.router.bias"), &[n])?);
             return Ok(Experts { router: router_w, router_bias, experts: self.gpt_oss_experts(p)?, shared: None });
-        }
-        let [prefix, gate, up, down] = names;
+        };
+        let router_w = self.lin(&format!("{p}.{router}"), n, dim)?;
         let mut experts = Vec::new();
         for e in 0..n {
             let name = |w: &str| format!("{p}.{prefix}.{e}.{w}");

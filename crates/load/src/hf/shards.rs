@@ -96,6 +96,35 @@ impl Shards {
         Ok(Self { files, index })
     }
 
+    /// A multimodal wrapper's files seen as its language model's: `model.language_model.X`
+    /// (`transformers` ≥ 4.52) and `language_model.model.X` (older) become `model.X`,
+    /// `language_model.lm_head.X` becomes `lm_head.X`, and the towers' and projectors' tensors
+    /// (a name whose first part, after `model.`, holds `vision`, `audio`, `multi_modal` or
+    /// `mm_`) are set aside; every other name is kept, for the reader to read or refuse. Returns
+    /// how many tensors were set aside.
+    pub(crate) fn keep_language_model(&mut self) -> Result<usize, LoadError> {
+        let mut index = HashMap::new();
+        let mut ignored = 0;
+        for (i, f) in self.files.iter_mut().enumerate() {
+            let tensors = std::mem::take(&mut f.tensors);
+            for (name, info) in tensors {
+                let Some(name) = language_model_name(&name) else {
+                    ignored += 1;
+                    continue;
+                };
+                if index.insert(name.clone(), i).is_some() {
+                    return Err(LoadError::invalid(
+                        &f.path,
+                        format!("tensor {name} is stored twice (under two names)"),
+                    ));
+                }
+                f.tensors.push((name, info));
+            }
+        }
+        self.index = index;
+        Ok(ignored)
+    }
+
     /// How many tensors the files hold in all.
     pub(crate) fn tensor_count(&self) -> usize {
         self.index.len()
@@ -187,6 +216,23 @@ impl Shards {
             )
         })
     }
+}
+
+/// A wrapper's tensor name as its language model's ([`Shards::keep_language_model`]); `None` for
+/// a tower's or projector's.
+fn language_model_name(name: &str) -> Option<String> {
+    for (from, to) in [
+        ("model.language_model.", "model."),
+        ("language_model.model.", "model."),
+        ("language_model.lm_head.", "lm_head."),
+    ] {
+        if let Some(rest) = name.strip_prefix(from) {
+            return Some(format!("{to}{rest}"));
+        }
+    }
+    let first = name.strip_prefix("model.").unwrap_or(name).split('.').next().unwrap_or("");
+    let tower = ["vision", "audio", "multi_modal", "mm_"].iter().any(|t| first.contains(t));
+    (!tower).then(|| name.to_string())
 }
 
 impl ShardFile {
