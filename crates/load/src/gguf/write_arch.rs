@@ -70,6 +70,9 @@ pub(super) fn check_writable(path: &Path, model: &HostModel, family: Arch) -> Re
             format!("{} cannot be written as GGUF {}: {why}", model.arch.architecture, family.gguf.name),
         )
     };
+    if !model.arch.layer_attention.is_plain() {
+        return Err(refuse("NoPE, chunked or temperature-tuned attention layers are not written yet".into()));
+    }
     if let Some(why) = block_refusal(model, family) {
         return Err(refuse(why));
     }

@@ -279,6 +279,8 @@ pub(crate) fn refuse_non_llama_block(
         Some("it has a mixture of experts")
     } else if !a.windows.is_empty() {
         Some("it has sliding-window layers")
+    } else if !a.layer_attention.is_plain() {
+        Some("it has NoPE, chunked or temperature-tuned attention layers")
     } else if a.embedding_scale.is_some() || a.final_logit_softcap.is_some() {
         Some("it scales its embeddings or soft-caps its logits")
     } else if head_dim_divides && a.head_dim * a.n_heads != a.dim {
