@@ -137,7 +137,13 @@ impl Scheme {
             }
             // Not in `Scheme::all()`: only a hand-built scheme can name one, and `quantize` refuses it.
             Scheme::Ggml(
-                GgmlType::Q5_1 | GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q5K | GgmlType::Iq4Nl | GgmlType::Iq4Xs,
+                GgmlType::Q5_1
+                | GgmlType::Q2K
+                | GgmlType::Q3K
+                | GgmlType::Q5K
+                | GgmlType::Iq4Nl
+                | GgmlType::Iq4Xs
+                | GgmlType::Nvfp4,
             ) => "A llama.cpp block format qdrift reads from GGUF files but cannot quantize to.",
         }
     }

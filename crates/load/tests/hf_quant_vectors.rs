@@ -1,8 +1,9 @@
 //! Quantized Hugging Face folders packed by an independent implementation (`hf_quant_py/`,
 //! numpy transliterations of AutoGPTQ's, GPTQModel's, AutoAWQ's and compressed-tensors' packing
-//! functions and of the FP8 block layout; see `generate.py`) read by `open_model`: every linear
-//! layer equals the script's dequantization bit for bit, after the reader's q/k permutation to
-//! the interleaved RoPE layout.
+//! functions and of the FP8 block layout; see `generate.py`; and FP4 folders packed by
+//! compressed-tensors 0.20.1 and nvidia-modelopt 0.47.0 themselves, see `generate_fp4.py`) read
+//! by `open_model`: every linear layer equals the script's dequantization bit for bit, after the
+//! reader's q/k permutation to the interleaved RoPE layout.
 
 use std::path::Path;
 
@@ -85,6 +86,16 @@ fn fp8_blocks_with_partial_blocks() {
     let (weights, acts) = check("fp8_block");
     assert_eq!(weights, "fp8 e4m3 block 16x16");
     assert_eq!(acts.map(|a| a.granularity), Some(ActivationGranularity::TokenGroup(16)));
+}
+
+#[test]
+fn compressed_tensors_nvfp4() {
+    assert_eq!(check("ct_nvfp4"), ("compressed-tensors nvfp4-pack-quantized fp4 group 16".to_string(), None));
+}
+
+#[test]
+fn compressed_tensors_mxfp4() {
+    assert_eq!(check("ct_mxfp4"), ("compressed-tensors mxfp4-pack-quantized fp4 group 32".to_string(), None));
 }
 
 #[test]

@@ -20,7 +20,8 @@
 //! |---|---|
 //! | `gptq.rs` | [`Gptq`]: `qweight`/`qzeros`/`scales`/`g_idx` (AutoGPTQ v1, GPTQModel v2) |
 //! | `awq.rs` | [`Awq`]: AutoAWQ GEMM |
-//! | `compressed.rs` | [`Compressed`]: compressed-tensors `pack-quantized`, `int-quantized`, `float-quantized` |
+//! | `compressed.rs` | [`Compressed`]: compressed-tensors `pack-quantized`, `int-quantized`, `float-quantized`, and the FP4 formats of `fp4.rs` |
+//! | `fp4.rs` | compressed-tensors `nvfp4-pack-quantized` and `mxfp4-pack-quantized` ([`Fp4Codes`]); E2M1 nibble packing |
 //! | `fp8.rs` | [`Fp8`]: `quant_method: fp8` (block or per-tensor scales) |
 //! | `packing.rs` | what they share: bit fields, group indices, scale grids ([`Strategy`]); the codes a writer hands over ([`IntCodes`], [`Fp8Codes`]), the tensors it gets back ([`HfTensor`]) |
 //! | `fields.rs` | reading `quantization_config` fields, with errors that name them |
@@ -33,6 +34,7 @@
 mod awq;
 mod compressed;
 mod fields;
+mod fp4;
 mod fp8;
 mod gptq;
 mod packing;
@@ -44,6 +46,7 @@ use serde_json::Value;
 pub use awq::Awq;
 use compressed::ReadCompressed;
 pub use compressed::{Compressed, CtActivations, CtFormat, CtGroup, CtScheme, CtWeights};
+pub use fp4::{Fp4Codes, Fp4Kind};
 pub use fp8::Fp8;
 pub use gptq::Gptq;
 pub use packing::{Fp8Codes, HfDtype, HfTensor, IntCodes, Strategy};
