@@ -99,6 +99,33 @@ fn compressed_tensors_mxfp4() {
 }
 
 #[test]
+fn modelopt_nvfp4_weight_only() {
+    assert_eq!(check("modelopt_nvfp4"), ("modelopt nvfp4 (W4A16) group 16".to_string(), None));
+}
+
+#[test]
+fn modelopt_nvfp4_from_hf_quant_config_alone() {
+    // Older ModelOpt exports have only `hf_quant_config.json`: the same folder without
+    // `quantization_config` in config.json reads the same.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hf_quant_py/modelopt_nvfp4");
+    let dir = tempfile::tempdir().expect("temp dir");
+    for f in ["model.safetensors", "tokenizer.json", "hf_quant_config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).expect("copy");
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(src.join("config.json")).expect("config")).expect("JSON");
+    config.as_object_mut().expect("object").remove("quantization_config");
+    std::fs::write(dir.path().join("config.json"), config.to_string()).expect("write");
+    let a = open_model(dir.path(), None).expect("reads");
+    let b = open_model(&src, None).expect("reads");
+    assert_eq!(a.quantization, b.quantization);
+    assert_eq!(a.model.layers[0].linears().len(), 7);
+    for ((_, x), (_, y)) in a.model.layers[0].linears().into_iter().zip(b.model.layers[0].linears()) {
+        assert_eq!(x.data, y.data);
+    }
+}
+
+#[test]
 fn inspect_reports_the_stored_bytes_per_format() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hf_quant_py/gptq_v1_4bit_desc_act");
     let loaded = open_model(&dir, None).expect("gptq folder");
