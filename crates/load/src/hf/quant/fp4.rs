@@ -123,7 +123,7 @@ pub(crate) fn scale_bytes(shards: &Shards, name: &str, shape: &[usize], dtype: D
             raw.path,
             format!("tensor {name} dtype"),
             format!("{:?}", raw.dtype),
-            &format!("{dtype:?}"),
+            format!("{dtype:?}"),
         ));
     }
     Ok(raw.bytes)
