@@ -41,15 +41,24 @@
 //! | `iq4_nl.rs` | `block_iq4_nl` | read-only |
 //! | `iq4_xs.rs` | `block_iq4_xs` | read-only |
 //! | `mxfp4.rs` | `block_mxfp4` | yes |
+//! | `nvfp4.rs` | `block_nvfp4` | read-only |
+//!
+//! Beside the block formats: `e2m1.rs`, the FP4 E2M1 element of MXFP4 and NVFP4 (OCP MX v1.0:
+//! [`e2m1_decode`], [`e2m1_encode`]), and `nvfp4_tensor.rs`, NVFP4 as checkpoints store it (E4M3
+//! scale per 16 weights and a global scale, compressed-tensors' and ModelOpt's conventions:
+//! [`nvfp4_quantize`], [`nvfp4_dequantize`], [`GlobalScale`]).
 //!
 //! `scalar.rs` holds the C scalar helpers the formats share (`nearest_int`, C's float-to-int
 //! conversion, fp16 bytes), so that every format file depends on it and never on the crate root.
 
 #![forbid(unsafe_code)]
 
+mod e2m1;
 mod iq4_nl;
 mod iq4_xs;
 mod mxfp4;
+mod nvfp4;
+mod nvfp4_tensor;
 mod q2_k;
 mod q3_k;
 mod q4_0;
@@ -63,6 +72,11 @@ mod q8_0;
 mod scalar;
 
 use std::fmt;
+
+pub use e2m1::{E2M1_MAX, E2M1_VALUES, e2m1_decode, e2m1_encode};
+pub use nvfp4_tensor::{
+    GlobalScale, NVFP4_GROUP, Nvfp4Matrix, Nvfp4Tool, e4m3_decode, e4m3_encode, nvfp4_dequantize, nvfp4_quantize,
+};
 
 /// GGML block formats, laid out as in `ggml/src/ggml-common.h`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -95,6 +109,9 @@ pub enum GgmlType {
     /// `block_iq4_xs`: super-block of 256 with 6-bit sub-scales, 4-bit indices into
     /// `kvalues_iq4nl` (136 bytes). Read-only.
     Iq4Xs,
+    /// `block_nvfp4`: four unsigned-E4M3 scales (one per 16) + 64 E2M1 nibbles (36 bytes per 64);
+    /// no global scale. Read-only.
+    Nvfp4,
 }
 
 impl GgmlType {
@@ -105,7 +122,7 @@ impl GgmlType {
 
     /// Every GGML type this crate can dequantize (what the GGUF reader accepts), in `ggml_type`
     /// id order: [`GgmlType::ALL`] and the read-only types.
-    pub const READABLE: [GgmlType; 13] = [
+    pub const READABLE: [GgmlType; 14] = [
         GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q5_0,
@@ -119,6 +136,7 @@ impl GgmlType {
         GgmlType::Iq4Nl,
         GgmlType::Iq4Xs,
         GgmlType::Mxfp4,
+        GgmlType::Nvfp4,
     ];
 
     /// Whether [`quantize_ggml_blocks`] can produce this type (true exactly for
@@ -128,7 +146,7 @@ impl GgmlType {
     }
 
     /// Elements per block (`QK8_0`, `QK4_0`, `QK4_1`, `QK5_0`, `QK5_1`, `QK4_NL`, `QK_MXFP4`,
-    /// `QK_K`).
+    /// `QK_NVFP4`, `QK_K`).
     pub fn block_size(self) -> usize {
         match self {
             GgmlType::Q8_0
@@ -138,6 +156,7 @@ impl GgmlType {
             | GgmlType::Q5_1
             | GgmlType::Iq4Nl
             | GgmlType::Mxfp4 => 32,
+            GgmlType::Nvfp4 => 64,
             GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K | GgmlType::Iq4Xs => 256,
         }
     }
@@ -158,6 +177,7 @@ impl GgmlType {
             GgmlType::Q5K => 176,
             GgmlType::Iq4Nl => 18,
             GgmlType::Iq4Xs => 136,
+            GgmlType::Nvfp4 => 36,
         }
     }
 
@@ -177,6 +197,7 @@ impl GgmlType {
             GgmlType::Q5K => "q5_k",
             GgmlType::Iq4Nl => "iq4_nl",
             GgmlType::Iq4Xs => "iq4_xs",
+            GgmlType::Nvfp4 => "nvfp4",
         }
     }
 
@@ -197,6 +218,7 @@ impl GgmlType {
             GgmlType::Q5K => "Q5_K",
             GgmlType::Iq4Nl => "IQ4_NL",
             GgmlType::Iq4Xs => "IQ4_XS",
+            GgmlType::Nvfp4 => "NVFP4",
         }
     }
 }
@@ -225,6 +247,7 @@ impl GgmlType {
             GgmlType::Q5K => 13,
             GgmlType::Iq4Nl => 20,
             GgmlType::Iq4Xs => 23,
+            GgmlType::Nvfp4 => 40,
         }
     }
 
@@ -239,7 +262,7 @@ impl GgmlType {
     /// The type llama.cpp stores instead when a row is not a whole number of this type's blocks:
     /// `llama_tensor_get_type`'s `convert_incompatible_tensor` (llama.cpp `src/llama-quant.cpp`):
     /// Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, Q2_K / Q3_K / IQ4_XS → IQ4_NL. `None` for the
-    /// 32-element types (llama.cpp has no fallback for them; see [`RowStorage::for_row`]).
+    /// 32-element types and NVFP4 (llama.cpp has no fallback for them; see [`RowStorage::for_row`]).
     pub fn row_fallback(self) -> Option<GgmlType> {
         match self {
             GgmlType::Q4K => Some(GgmlType::Q5_0),
@@ -252,7 +275,8 @@ impl GgmlType {
             | GgmlType::Q5_0
             | GgmlType::Q5_1
             | GgmlType::Iq4Nl
-            | GgmlType::Mxfp4 => None,
+            | GgmlType::Mxfp4
+            | GgmlType::Nvfp4 => None,
         }
     }
 }
@@ -377,7 +401,13 @@ fn quantizer(ty: GgmlType) -> Option<QuantizeBlock> {
         GgmlType::Q6K => Some(q6_k::quantize_block),
         GgmlType::Mxfp4 => Some(mxfp4::quantize_block),
         GgmlType::Q5_0 => Some(q5_0::quantize_block),
-        GgmlType::Q5_1 | GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q5K | GgmlType::Iq4Nl | GgmlType::Iq4Xs => None,
+        GgmlType::Q5_1
+        | GgmlType::Q2K
+        | GgmlType::Q3K
+        | GgmlType::Q5K
+        | GgmlType::Iq4Nl
+        | GgmlType::Iq4Xs
+        | GgmlType::Nvfp4 => None,
     }
 }
 
@@ -397,6 +427,7 @@ fn dequantizer(ty: GgmlType) -> DequantizeBlock {
         GgmlType::Q5K => q5_k::dequantize_block,
         GgmlType::Iq4Nl => iq4_nl::dequantize_block,
         GgmlType::Iq4Xs => iq4_xs::dequantize_block,
+        GgmlType::Nvfp4 => nvfp4::dequantize_block,
     }
 }
 

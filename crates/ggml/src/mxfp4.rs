@@ -16,10 +16,8 @@
 //! `amax < 2^-125` the C cast of a negative float to `uint8_t` is undefined; this port keeps the
 //! low byte of the truncated value, as x86-64 builds of ggml do (see `c_float_to_int`).
 
+use crate::e2m1::KVALUES_MXFP4 as KVALUES;
 use crate::scalar::c_float_to_int;
-
-/// `kvalues_mxfp4`: E2M1 values × 2.
-const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// `ggml_e8m0_to_fp32_half`: 2^(x − 128), with the two subnormal cases spelled out.
 fn e8m0_to_fp32_half(x: u8) -> f32 {

@@ -1,4 +1,4 @@
-//! The read-only GGML types (q5_0, q5_1, q2_K, q3_K, q5_K, iq4_nl, iq4_xs) against vectors from
+//! The read-only GGML types (q5_0, q5_1, q2_K, q3_K, q5_K, iq4_nl, iq4_xs, nvfp4) against vectors from
 //! gguf-py, f32 bit pattern for bit pattern.
 //!
 //! Provenance: `gguf_py/generate.py` (gguf 0.19.0, numpy 2.4.6) wrote `gguf_py/<type>.txt`: seeded
@@ -8,7 +8,9 @@
 //! one `+ m` / `− dmin · m`), so they are bit-exact with the C. That was also checked: the same
 //! blocks through a transcription of `dequantize_row_{q5_0,q5_1,q2_K,q3_K,q5_K,iq4_nl,iq4_xs}`
 //! from llama.cpp `ggml/src/ggml-quants.c`, compiled with `gcc -O2 -std=c11 -ffp-contract=off` on
-//! x86-64, gave the same bits for every value.
+//! x86-64, gave the same bits for every value. (nvfp4, added later, was checked against gguf-py
+//! only: its `NVFP4.dequantize_blocks` is a product of the doubled E2M1 integer and the halved
+//! UE4M3 scale, as `dequantize_row_nvfp4` is, both exact.)
 
 mod common;
 
@@ -16,7 +18,7 @@ use common::hex;
 use qdrift_ggml::{GgmlError, GgmlType, dequantize_ggml_blocks, quantize_ggml_blocks};
 
 /// `(type, file)`: every read-only type and its vectors.
-const VECTORS: [(GgmlType, &str); 7] = [
+const VECTORS: [(GgmlType, &str); 8] = [
     (GgmlType::Q5_0, include_str!("gguf_py/q5_0.txt")),
     (GgmlType::Q5_1, include_str!("gguf_py/q5_1.txt")),
     (GgmlType::Q2K, include_str!("gguf_py/q2_k.txt")),
@@ -24,6 +26,7 @@ const VECTORS: [(GgmlType, &str); 7] = [
     (GgmlType::Q5K, include_str!("gguf_py/q5_k.txt")),
     (GgmlType::Iq4Nl, include_str!("gguf_py/iq4_nl.txt")),
     (GgmlType::Iq4Xs, include_str!("gguf_py/iq4_xs.txt")),
+    (GgmlType::Nvfp4, include_str!("gguf_py/nvfp4.txt")),
 ];
 
 /// The `(block bytes, f32 bit patterns)` records of a vector file.
@@ -126,6 +129,7 @@ fn sizes_and_ids_match_gguf_py() {
         (20, "IQ4_NL", 32, 18),
         (23, "IQ4_XS", 256, 136),
         (39, "MXFP4", 32, 17),
+        (40, "NVFP4", 64, 36),
     ];
     let got: Vec<_> =
         GgmlType::READABLE.iter().map(|t| (t.gguf_id(), t.gguf_name(), t.block_size(), t.type_size())).collect();

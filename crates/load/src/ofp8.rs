@@ -14,7 +14,8 @@
 //! Decoding is exact (every OFP8 value is an f32). `qdrift-quantize`'s `fp8_decode` is the same
 //! definition on the quantizer's side; load cannot depend on quantize, so the quantize crate's
 //! tests check the two agree on all 256 codes of both formats, and this module's tests check
-//! hand-computed codes from the spec's tables.
+//! hand-computed codes from the spec's tables and that `qdrift-ggml`'s `e4m3_decode` (NVFP4's
+//! block scales) agrees on every E4M3 code.
 
 /// One of the two OFP8 formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -80,6 +81,15 @@ mod tests {
         assert_eq!(E5M2.decode(0x3C), 1.0);
         assert_eq!(E5M2.decode(0xFC), f32::NEG_INFINITY);
         assert!(E5M2.decode(0x7D).is_nan() && E5M2.decode(0xFF).is_nan());
+    }
+
+    #[test]
+    fn e4m3_agrees_with_qdrift_ggml_on_every_code() {
+        // `qdrift-ggml`'s NVFP4 scale decoding is the same OFP8 E4M3 (its `nvfp4_tensor.rs`).
+        for c in 0..=255u8 {
+            let (a, b) = (E4M3.decode(c), qdrift_ggml::e4m3_decode(c));
+            assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()), "code {c:#04x}: {a} vs {b}");
+        }
     }
 
     #[test]

@@ -126,3 +126,172 @@ fn legacy_quantize_config_json_is_gptq() {
         other => panic!("not Unsupported: {other}"),
     }
 }
+
+/// A tensor of a safetensors file: dtype, shape, bytes.
+type Stored = (safetensors::Dtype, Vec<usize>, Vec<u8>);
+
+/// A copy of fixture `name` whose `model.safetensors` tensors `edit` changes (and `config.json`
+/// as `config` says).
+fn with_tensors(
+    name: &str,
+    config: impl FnOnce(&mut Value),
+    edit: impl FnOnce(&mut std::collections::BTreeMap<String, Stored>),
+) -> tempfile::TempDir {
+    let dir = edited(name, |_| {});
+    let p = dir.path().join("config.json");
+    let mut c: Value = serde_json::from_slice(&std::fs::read(&p).expect("read")).expect("json");
+    config(&mut c);
+    std::fs::write(&p, serde_json::to_vec(&c).expect("json")).expect("write");
+    let p = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&p).expect("read");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let mut tensors: std::collections::BTreeMap<String, Stored> =
+        st.tensors().into_iter().map(|(n, t)| (n, (t.dtype(), t.shape().to_vec(), t.data().to_vec()))).collect();
+    edit(&mut tensors);
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, (d, s, b))| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).expect("view")))
+        .collect();
+    std::fs::write(&p, safetensors::serialize(views, None).expect("serialize")).expect("write");
+    dir
+}
+
+/// Sets F32 tensor `name` to the scalar `x` (shape kept).
+fn set_f32(tensors: &mut std::collections::BTreeMap<String, Stored>, name: &str, x: f32) {
+    let t = tensors.get_mut(name).expect(name);
+    t.2 = x.to_le_bytes().to_vec();
+}
+
+const Q: &str = "model.layers.0.self_attn.q_proj";
+
+#[test]
+fn fp4_activations_w4a4_are_refused_by_name() {
+    // llm-compressor's NVFP4 preset: FP4 activations per 16, dynamic "local" with a global scale.
+    let d = edited("ct_nvfp4", |q| {
+        q["config_groups"]["group_0"]["input_activations"] = json!({
+            "num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16,
+            "symmetric": true, "dynamic": "local",
+        });
+    });
+    unsupported(&d, "quantization_config.config_groups.group_0.input_activations.num_bits", "round activations to FP4");
+    let (_, m) = refused(&d);
+    assert!(m.contains("weight-only"), "{m}");
+    // ModelOpt's NVFP4 (W4A4): refused by quant_algo, in config.json and in hf_quant_config.json.
+    let d = edited("modelopt_nvfp4", |q| q["quant_algo"] = json!("NVFP4"));
+    unsupported(&d, "quantization_config.quant_algo", "also quantizes activations");
+    let d = edited("modelopt_nvfp4", |q| *q = Value::Null);
+    std::fs::write(d.path().join("hf_quant_config.json"), br#"{"quantization": {"quant_algo": "NVFP4"}}"#)
+        .expect("write");
+    let (e, m) = refused(&d);
+    match e {
+        LoadError::Unsupported { path, field, .. } => {
+            assert!(path.ends_with("hf_quant_config.json") && field == "quantization.quant_algo", "{m}");
+        }
+        other => panic!("not Unsupported: {other}"),
+    }
+    // A weight-only config with a layer that stores an activation scale.
+    let d = with_tensors(
+        "modelopt_nvfp4",
+        |_| {},
+        |t| drop(t.insert(format!("{Q}.input_scale"), (safetensors::Dtype::F32, vec![], 1f32.to_le_bytes().to_vec()))),
+    );
+    let (_, m) = refused(&d);
+    assert!(m.contains(&format!("{Q}.input_scale")) && m.contains("W4A4"), "{m}");
+    let d = edited("modelopt_nvfp4", |q| q["kv_cache_scheme"] = json!({"num_bits": 8, "type": "float"}));
+    unsupported(&d, "quantization_config.kv_cache_scheme", "null");
+}
+
+#[test]
+fn fp4_configs_must_match_their_format() {
+    let w = |q: &mut Value| q["config_groups"]["group_0"]["weights"].clone();
+    let d = edited("ct_nvfp4", |q| {
+        let mut weights = w(q);
+        weights["group_size"] = json!(32);
+        q["config_groups"]["group_0"]["weights"] = weights;
+    });
+    unsupported(&d, "quantization_config.config_groups.group_0.weights.strategy", "tensor_group with group_size 16");
+    let d = edited("ct_mxfp4", |q| q["config_groups"]["group_0"]["weights"]["num_bits"] = json!(8));
+    unsupported(&d, "quantization_config.config_groups.group_0.weights.type/num_bits", "float/4");
+    let d = edited("modelopt_nvfp4", |q| q["config_groups"]["group_0"]["weights"]["group_size"] = json!(32));
+    unsupported(&d, "quantization_config.group_size", "16");
+}
+
+/// The hostile cases of FP4 tensors: each a typed [`LoadError`] naming the tensor, never a panic
+/// or a silently wrong weight.
+#[test]
+fn hostile_fp4_tensors_are_refused_naming_the_tensor() {
+    let error = |name: &str, edit: &dyn Fn(&mut std::collections::BTreeMap<String, Stored>)| {
+        let d = with_tensors(name, |_| {}, edit);
+        refused(&d).1
+    };
+    // Global scales: zero, NaN, infinite, negative (compressed-tensors divides by them).
+    let gs = format!("{Q}.weight_global_scale");
+    for x in [0.0, f32::NAN, f32::INFINITY, -2.0] {
+        let m = error("ct_nvfp4", &|t| set_f32(t, &gs, x));
+        assert!(m.contains(&gs), "{x}: {m}");
+    }
+    // ModelOpt's weight_scale_2 multiplies: zero is an all-zero weight, the others are refused.
+    let s2 = format!("{Q}.weight_scale_2");
+    for x in [f32::NAN, f32::NEG_INFINITY, -1.0] {
+        let m = error("modelopt_nvfp4", &|t| set_f32(t, &s2, x));
+        assert!(m.contains(&s2), "{x}: {m}");
+    }
+    let d = with_tensors("modelopt_nvfp4", |_| {}, |t| set_f32(t, &s2, 0.0));
+    let zero = open_model(d.path(), None).expect("a zero weight_scale_2 is an all-zero weight");
+    assert!(zero.model.layers[0].linears()[0].1.data.iter().all(|&w| w == 0.0));
+    // Scale grids of the wrong shape or dtype.
+    let scale = format!("{Q}.weight_scale");
+    for name in ["ct_nvfp4", "ct_mxfp4", "modelopt_nvfp4"] {
+        let m = error(name, &|t| {
+            let s = t.get_mut(&scale).expect("scale");
+            s.1 = vec![s.1[0] * 2, s.1[1] / 2];
+        });
+        assert!(m.contains(&scale) && m.contains("has shape"), "{name}: {m}");
+        let m = error(name, &|t| {
+            let s = t.get_mut(&scale).expect("scale");
+            s.0 = if s.0 == safetensors::Dtype::U8 { safetensors::Dtype::I8 } else { safetensors::Dtype::U8 };
+        });
+        assert!(m.contains(&scale) && m.contains("dtype"), "{name}: {m}");
+    }
+    // The E8M0 NaN scale, and an E4M3 NaN scale (the weight's values are checked finite).
+    let m = error("ct_mxfp4", &|t| t.get_mut(&scale).expect("scale").2[3] = 255);
+    assert!(m.contains(&format!("{scale}[3] = 255")) && m.contains("NaN"), "{m}");
+    let m = error("ct_nvfp4", &|t| t.get_mut(&scale).expect("scale").2[5] = 0x7F);
+    assert!(m.contains(&format!("{Q}.weight")) && m.contains("NaN"), "{m}");
+    // Packed codes of the wrong dtype.
+    let m =
+        error("ct_nvfp4", &|t| t.get_mut(&format!("{Q}.weight_packed")).expect("packed").0 = safetensors::Dtype::I8);
+    assert!(m.contains("weight_packed") && m.contains("U8"), "{m}");
+}
+
+/// Rows that are not whole FP4 groups (intermediate size 40: `down_proj` has 40 inputs) are
+/// refused before the codes are read.
+#[test]
+fn fp4_rows_must_be_whole_groups() {
+    for (name, packed, group) in
+        [("ct_nvfp4", "weight_packed", 16), ("ct_mxfp4", "weight_packed", 32), ("modelopt_nvfp4", "weight", 16)]
+    {
+        let d = with_tensors(
+            name,
+            |c| c["intermediate_size"] = json!(40),
+            |t| {
+                for (module, out, inp) in [("gate_proj", 40, 64), ("up_proj", 40, 64), ("down_proj", 64, 40)] {
+                    let p = format!("model.layers.0.mlp.{module}");
+                    for (suffix, t) in t.iter_mut().filter(|(n, _)| n.starts_with(&p)) {
+                        let cols = match &suffix[p.len() + 1..] {
+                            "weight_packed" | "weight" => inp / 2,
+                            "weight_scale" => inp / group,
+                            _ => continue,
+                        };
+                        t.1 = vec![out, cols];
+                        t.2 = vec![0x38; out * cols];
+                    }
+                }
+            },
+        );
+        let (_, m) = refused(&d);
+        let want =
+            format!("model.layers.0.mlp.down_proj.{packed}: 40 inputs per row are not whole FP4 groups of {group}");
+        assert!(m.contains(&want), "{name}: {m}");
+    }
+}

@@ -1,8 +1,9 @@
 //! Quantized Hugging Face folders packed by an independent implementation (`hf_quant_py/`,
 //! numpy transliterations of AutoGPTQ's, GPTQModel's, AutoAWQ's and compressed-tensors' packing
-//! functions and of the FP8 block layout; see `generate.py`) read by `open_model`: every linear
-//! layer equals the script's dequantization bit for bit, after the reader's q/k permutation to
-//! the interleaved RoPE layout.
+//! functions and of the FP8 block layout; see `generate.py`; and FP4 folders packed by
+//! compressed-tensors 0.20.1 and nvidia-modelopt 0.47.0 themselves, see `generate_fp4.py`) read
+//! by `open_model`: every linear layer equals the script's dequantization bit for bit, after the
+//! reader's q/k permutation to the interleaved RoPE layout.
 
 use std::path::Path;
 
@@ -88,6 +89,43 @@ fn fp8_blocks_with_partial_blocks() {
 }
 
 #[test]
+fn compressed_tensors_nvfp4() {
+    assert_eq!(check("ct_nvfp4"), ("compressed-tensors nvfp4-pack-quantized fp4 group 16".to_string(), None));
+}
+
+#[test]
+fn compressed_tensors_mxfp4() {
+    assert_eq!(check("ct_mxfp4"), ("compressed-tensors mxfp4-pack-quantized fp4 group 32".to_string(), None));
+}
+
+#[test]
+fn modelopt_nvfp4_weight_only() {
+    assert_eq!(check("modelopt_nvfp4"), ("modelopt nvfp4 (W4A16) group 16".to_string(), None));
+}
+
+#[test]
+fn modelopt_nvfp4_from_hf_quant_config_alone() {
+    // Older ModelOpt exports have only `hf_quant_config.json`: the same folder without
+    // `quantization_config` in config.json reads the same.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hf_quant_py/modelopt_nvfp4");
+    let dir = tempfile::tempdir().expect("temp dir");
+    for f in ["model.safetensors", "tokenizer.json", "hf_quant_config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).expect("copy");
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(src.join("config.json")).expect("config")).expect("JSON");
+    config.as_object_mut().expect("object").remove("quantization_config");
+    std::fs::write(dir.path().join("config.json"), config.to_string()).expect("write");
+    let a = open_model(dir.path(), None).expect("reads");
+    let b = open_model(&src, None).expect("reads");
+    assert_eq!(a.quantization, b.quantization);
+    assert_eq!(a.model.layers[0].linears().len(), 7);
+    for ((_, x), (_, y)) in a.model.layers[0].linears().into_iter().zip(b.model.layers[0].linears()) {
+        assert_eq!(x.data, y.data);
+    }
+}
+
+#[test]
 fn inspect_reports_the_stored_bytes_per_format() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hf_quant_py/gptq_v1_4bit_desc_act");
     let loaded = open_model(&dir, None).expect("gptq folder");
@@ -102,4 +140,55 @@ fn inspect_reports_the_stored_bytes_per_format() {
     assert_eq!(q.bytes, (codes + scales + zeros + g_idx) as u64);
     let f16 = s.by_type.iter().find(|t| t.dtype == "F16").expect("embedding and norms");
     assert_eq!((f16.tensors, f16.elements), (4, 16 * 64 + 3 * 64));
+}
+
+/// The writer's side: re-packing the codes the reference libraries stored gives back their
+/// tensors byte for byte (compressed-tensors' `weight_packed`/`weight_scale`/`weight_global_scale`,
+/// ModelOpt's `weight`/`weight_scale`/`weight_scale_2`).
+#[test]
+fn fp4_packing_reproduces_the_libraries_tensors() {
+    use qdrift_load::hf::quant::{CtFormat, CtScheme, CtWeights, Fp4Codes, HfDtype, ModelOpt, Strategy};
+    let scheme = |format, group| CtScheme {
+        format,
+        weights: CtWeights { bits: 4, float: true, symmetric: true, strategy: Strategy::Group(group) },
+        activations: None,
+    };
+    for (name, packed_name, global_name) in [
+        ("ct_nvfp4", "weight_packed", Some("weight_global_scale")),
+        ("ct_mxfp4", "weight_packed", None),
+        ("modelopt_nvfp4", "weight", Some("weight_scale_2")),
+    ] {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hf_quant_py").join(name);
+        let bytes = std::fs::read(dir.join("model.safetensors")).expect("model.safetensors");
+        let st = SafeTensors::deserialize(&bytes).expect("safetensors");
+        for short in LINEARS {
+            let m = format!("model.layers.0.{short}");
+            let packed = st.tensor(&format!("{m}.{packed_name}")).expect("packed");
+            let scale = st.tensor(&format!("{m}.weight_scale")).expect("scale");
+            let codes: Vec<u8> = packed.data().iter().flat_map(|&b| [b & 0x0F, b >> 4]).collect();
+            let global = global_name.map(|g| {
+                let d = st.tensor(&format!("{m}.{g}")).expect("global").data().to_vec();
+                f32::from_le_bytes([d[0], d[1], d[2], d[3]])
+            });
+            let (out, inp) = (packed.shape()[0], packed.shape()[1] * 2);
+            let c = Fp4Codes { out, inp, codes: &codes, scales: scale.data(), global };
+            let parts = match name {
+                "ct_nvfp4" => scheme(CtFormat::Nvfp4, 16).pack_fp4(&m, &c).expect("FP4"),
+                "ct_mxfp4" => scheme(CtFormat::Mxfp4, 32).pack_fp4(&m, &c).expect("FP4"),
+                _ => ModelOpt { group: 16 }.pack(&m, &c),
+            };
+            assert_eq!(parts.len(), if global.is_some() { 3 } else { 2 });
+            for p in parts {
+                let want = st.tensor(&p.name).unwrap_or_else(|_| panic!("{name}: {}", p.name));
+                assert_eq!(p.shape, want.shape(), "{}", p.name);
+                assert_eq!(p.bytes, want.data(), "{}", p.name);
+                let dtype = match want.dtype() {
+                    safetensors::Dtype::U8 => HfDtype::U8,
+                    safetensors::Dtype::F8_E4M3 => HfDtype::F8E4M3,
+                    _ => HfDtype::F32,
+                };
+                assert_eq!(p.dtype, dtype, "{}", p.name);
+            }
+        }
+    }
 }

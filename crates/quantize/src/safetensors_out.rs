@@ -264,6 +264,7 @@ fn safetensors_dtype(dtype: PackedDtype) -> Dtype {
 fn hf_dtype(dtype: HfDtype) -> Dtype {
     match dtype {
         HfDtype::I8 => Dtype::I8,
+        HfDtype::U8 => Dtype::U8,
         HfDtype::I32 => Dtype::I32,
         HfDtype::I64 => Dtype::I64,
         HfDtype::F16 => Dtype::F16,

@@ -63,9 +63,13 @@ impl Format for Ggml {
                 "OCP MXFP4 as in llama.cpp: E2M1 values with a power-of-two E8M0 scale per block of 32 (4.25 bits/weight)."
             }
             // Not in `GgmlType::ALL`: only a hand-built scheme can name one, and `quantize` refuses it.
-            GgmlType::Q5_1 | GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q5K | GgmlType::Iq4Nl | GgmlType::Iq4Xs => {
-                "A llama.cpp block format qdrift reads from GGUF files but cannot quantize to."
-            }
+            GgmlType::Q5_1
+            | GgmlType::Q2K
+            | GgmlType::Q3K
+            | GgmlType::Q5K
+            | GgmlType::Iq4Nl
+            | GgmlType::Iq4Xs
+            | GgmlType::Nvfp4 => "A llama.cpp block format qdrift reads from GGUF files but cannot quantize to.",
         }
     }
 

@@ -37,6 +37,8 @@ TYPES = [
     ("q5_k", T.Q5_K, [0, 2], 3),
     ("iq4_nl", T.IQ4_NL, [0], 4),
     ("iq4_xs", T.IQ4_XS, [0], 3),
+    # NVFP4's scales are unsigned E4M3 bytes, finite for every byte: left random.
+    ("nvfp4", T.NVFP4, [], 4),
 ]
 
 

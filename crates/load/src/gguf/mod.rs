@@ -23,10 +23,10 @@
 //!
 //! Tensors are dequantized to f32 ([`HostModel`]'s form): F32, F16, BF16 and every GGML block
 //! format `qdrift-ggml` dequantizes (`GgmlType::READABLE`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
-//! Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4; block and byte sizes from `GgmlType`). Any other type
-//! (IQ1_S, IQ2_XXS, IQ3_S, TQ1_0, ...) is refused with its ggml name and id. A GGUF matrix with dims
-//! `[ne0 = in, ne1 = out]` is `[out, in]` row-major, which is [`HostModel`]'s linear layout as
-//! is. For `llama`, q/k are kept as stored: llama.cpp's converter already permutes them into the
+//! Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, NVFP4 (llama.cpp's, without a global scale); block and
+//! byte sizes from `GgmlType`). Any other type (IQ1_S, IQ2_XXS, IQ3_S, TQ1_0, ...) is refused
+//! with its ggml name and id. A GGUF matrix with dims `[ne0 = in, ne1 = out]` is `[out, in]`
+//! row-major, which is [`HostModel`]'s linear layout as is. For `llama`, q/k are kept as stored: llama.cpp's converter already permutes them into the
 //! interleaved RoPE layout qdrift uses (llama.cpp's `LLAMA_ROPE_TYPE_NORM`). `qwen2` files keep
 //! Hugging Face's rotate-half layout (llama.cpp runs them with `LLAMA_ROPE_TYPE_NEOX`), so their
 //! q/k weights and biases are un-permuted as [`crate::read_hf_folder`] does.

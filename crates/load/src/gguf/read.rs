@@ -256,7 +256,6 @@ fn unsupported_type_name(id: u32) -> Option<&'static str> {
         36 => "IQ4_NL_4_4",
         37 => "IQ4_NL_4_8",
         38 => "IQ4_NL_8_8",
-        40 => "NVFP4",
         41 => "Q1_0",
         42 => "Q2_0",
         _ => return None,

@@ -295,7 +295,7 @@ fn unreadable_tensor_types_are_refused_by_their_ggml_name() {
     assert_eq!(
         error(&w.build()),
         "tiny.gguf: tensor blk.0.attn_k.weight has type IQ2_XXS (16), which qdrift cannot read; \
-         it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4"
+         it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, NVFP4"
     );
     for (id, name) in [
         (17, "IQ2_XS"),
@@ -308,7 +308,7 @@ fn unreadable_tensor_types_are_refused_by_their_ggml_name() {
         (35, "TQ2_0"),
         (15, "Q8_K"),
         (28, "F64"),
-        (40, "NVFP4"),
+        (41, "Q1_0"),
     ] {
         w.tensors[3].2 = id;
         let e = error(&w.build());
@@ -340,7 +340,7 @@ fn random_blocks(ty: GgmlType, n_blocks: usize, seed: u32) -> Vec<u8> {
         GgmlType::Q2K => &[80, 82],
         GgmlType::Q3K => &[108],
         GgmlType::Q6K => &[208],
-        GgmlType::Mxfp4 => &[],
+        GgmlType::Mxfp4 | GgmlType::Nvfp4 => &[],
     };
     for (b, block) in bytes.chunks_exact_mut(ty.type_size()).enumerate() {
         for &o in scale_offsets {
@@ -377,7 +377,7 @@ fn mixed_types_llama() -> (Writer, Vec<BlockMatrix>) {
         ("blk.1.attn_v.weight", GgmlType::Q8_0, [KV, D]),
         ("blk.1.attn_output.weight", GgmlType::Q6K, [D, D]),
         ("blk.1.ffn_gate.weight", GgmlType::Mxfp4, [D, D]),
-        ("blk.1.ffn_up.weight", GgmlType::Q2K, [D, D]),
+        ("blk.1.ffn_up.weight", GgmlType::Nvfp4, [D, D]),
         ("blk.1.ffn_down.weight", GgmlType::Q3K, [D, D]),
         ("output.weight", GgmlType::Q5K, [V, D]),
     ];
@@ -491,10 +491,14 @@ fn a_mixed_file_is_inspected_per_type() {
     // 16 matrices + 2·2 layer norms + the final norm.
     assert_eq!(storage.tensors, 16 + 5);
     let of = |dtype: &str| storage.by_type.iter().find(|t| t.dtype == dtype).expect(dtype).clone();
-    // Q2_K: blk.0.attn_q and blk.1.ffn_up, 256·256 each, 84 bytes per 256.
+    // Q2_K: blk.0.attn_q, 256·256, 84 bytes per 256.
     let q2k = of("Q2_K");
-    assert_eq!((q2k.tensors, q2k.elements, q2k.bytes), (2, 2 * 65_536, 2 * 256 * 84));
+    assert_eq!((q2k.tensors, q2k.elements, q2k.bytes), (1, 65_536, 256 * 84));
     assert_eq!(q2k.bits_per_weight, 2.625);
+    // NVFP4: blk.1.ffn_up, 256·256, 36 bytes per 64.
+    let nvfp4 = of("NVFP4");
+    assert_eq!((nvfp4.tensors, nvfp4.elements, nvfp4.bytes), (1, 65_536, 1024 * 36));
+    assert_eq!(nvfp4.bits_per_weight, 4.5);
     // Q5_K: attn_v (128·256) and output (16·256); 176 bytes per 256 = 5.5 bits.
     let q5k = of("Q5_K");
     assert_eq!((q5k.tensors, q5k.elements, q5k.bytes), (2, 144 * 256, 144 * 176));
@@ -515,7 +519,7 @@ fn a_mixed_file_is_inspected_per_type() {
     let text = i.to_string();
     assert!(text.contains("source storage: "), "{text}");
     assert!(
-        text.contains("  Q2_K         2 tensors          131,072 weights           43,008 B    2.62 bits/weight"),
+        text.contains("  NVFP4        1 tensors           65,536 weights           36,864 B    4.50 bits/weight"),
         "{text}"
     );
 }

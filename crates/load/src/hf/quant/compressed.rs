@@ -17,19 +17,24 @@
 //! - `int-quantized` / `naive-quantized`: I8 `weight` `[out, in]` holding `q`, optional
 //!   `weight_zero_point` in the scale's shape.
 //! - `float-quantized`: `weight` F8_E4M3 (or F8_E5M2) `[out, in]`, `w = fp8 · s`.
+//! - `nvfp4-pack-quantized` (FP4 weights, `tensor_group` strategy, groups of 16, a global scale)
+//!   and `mxfp4-pack-quantized` (FP4, E8M0 scales per 32): unpacked in `fp4.rs`.
 //!
 //! `input_activations` with `dynamic: true`, symmetric, int8 or FP8, per `token`, per `tensor`
 //! or per token and `group` (`group_size` G; llm-compressor's `FP8_BLOCK` preset), becomes
 //! [`crate::CheckpointQuant::activations`] (`qdrift eval` rounds a checkpoint variant's linear
 //! inputs with it); static activation scales, asymmetric activations and other strategies are
-//! refused, as are `output_activations`, a `kv_cache_scheme`, sparsity and `tensor_group` (NVFP4)
-//! weights.
+//! refused, as are `output_activations`, a `kv_cache_scheme` and sparsity. FP4 input activations
+//! (`num_bits: 4`, `type: float`: the W4A4 `NVFP4` and `MXFP4` presets) are refused by name:
+//! qdrift does not round activations to FP4, and reading such a folder's weights alone would
+//! evaluate it as weight-only.
 
 use std::path::Path;
 
 use serde_json::{Value, json};
 
 use super::fields::Fields;
+use super::fp4::{self, Fp4Codes, Fp4Kind};
 use super::packing::{Fp8Codes, HfDtype, HfTensor, IntCodes, Strategy, field, group_index, put};
 use crate::LoadError;
 use crate::hf::shards::Shards;
@@ -73,6 +78,21 @@ pub enum CtFormat {
     Int,
     /// `float-quantized`: FP8 codes.
     Float,
+    /// `nvfp4-pack-quantized`: E2M1 codes two per byte, E4M3 scales per 16, a global scale.
+    Nvfp4,
+    /// `mxfp4-pack-quantized`: E2M1 codes two per byte, E8M0 scales per 32.
+    Mxfp4,
+}
+
+impl CtFormat {
+    /// The FP4 layout of an FP4 format.
+    fn fp4(self) -> Option<Fp4Kind> {
+        match self {
+            CtFormat::Nvfp4 => Some(Fp4Kind::Nvfp4),
+            CtFormat::Mxfp4 => Some(Fp4Kind::Mxfp4),
+            CtFormat::Packed | CtFormat::Int | CtFormat::Float => None,
+        }
+    }
 }
 
 /// A group's `weights`.
@@ -105,7 +125,8 @@ impl CtActivations {
     }
 }
 
-const CT_FORMATS: &str = "pack-quantized, int-quantized, naive-quantized, float-quantized";
+const CT_FORMATS: &str =
+    "pack-quantized, int-quantized, naive-quantized, float-quantized, nvfp4-pack-quantized, mxfp4-pack-quantized";
 
 fn ct_format(f: &Fields<'_>, key: &str) -> Result<Option<CtFormat>, LoadError> {
     Ok(match f.str(key)? {
@@ -113,6 +134,8 @@ fn ct_format(f: &Fields<'_>, key: &str) -> Result<Option<CtFormat>, LoadError> {
         Some("pack-quantized") => Some(CtFormat::Packed),
         Some("int-quantized" | "naive-quantized") => Some(CtFormat::Int),
         Some("float-quantized") => Some(CtFormat::Float),
+        Some("nvfp4-pack-quantized") => Some(CtFormat::Nvfp4),
+        Some("mxfp4-pack-quantized") => Some(CtFormat::Mxfp4),
         Some(other) => return Err(f.unsupported(key, other, CT_FORMATS)),
     })
 }
@@ -307,9 +330,12 @@ fn parse_compressed(f: &Fields<'_>) -> Result<(ReadCompressed, String, Option<Ch
     Ok((read, summary, activations.flatten().map(CtActivations::checkpoint)))
 }
 
-fn ct_name(format: CtFormat, w: &CtWeights) -> String {
-    let format = format_name(format);
+fn ct_name(ct_format: CtFormat, w: &CtWeights) -> String {
+    let format = format_name(ct_format);
     let kind = if w.float { format!("fp{}", w.bits) } else { format!("int{}", w.bits) };
+    if let Some(fp4) = ct_format.fp4() {
+        return format!("{format} fp4 group {}", fp4.group());
+    }
     let strategy = match w.strategy {
         Strategy::Tensor => "per tensor".to_string(),
         Strategy::Channel => "per channel".to_string(),
@@ -328,6 +354,11 @@ fn parse_ct_weights(w: &Fields<'_>, format: CtFormat) -> Result<CtWeights, LoadE
     };
     let bits = w.int("num_bits")?.unwrap_or(8);
     let bits = match (float, format, bits) {
+        (true, CtFormat::Nvfp4 | CtFormat::Mxfp4, 4) => 4,
+        (_, CtFormat::Nvfp4 | CtFormat::Mxfp4, _) => {
+            let t = if float { "float" } else { "int" };
+            return Err(w.unsupported("type/num_bits", format!("{t}/{bits}"), "float/4 (FP4 formats)"));
+        }
         (false, CtFormat::Packed, 4 | 8) | (false, CtFormat::Int, 8) | (true, CtFormat::Float, 8) => bits as u32,
         (false, CtFormat::Packed, _) => return Err(w.unsupported("num_bits", bits, "4, 8 (pack-quantized)")),
         (false, CtFormat::Int, _) => return Err(w.unsupported("num_bits", bits, "8 (int-quantized)")),
@@ -348,6 +379,8 @@ fn parse_ct_weights(w: &Fields<'_>, format: CtFormat) -> Result<CtWeights, LoadE
             Some(g) => Strategy::Group(g),
             None => Strategy::Channel,
         },
+        // NVFP4: groups with a per-tensor global scale on top.
+        "tensor_group" if format == CtFormat::Nvfp4 => Strategy::Group(w.group_size("group_size")?.unwrap_or(0)),
         "block" => {
             let dims: Option<Vec<usize>> = w.get("block_structure").and_then(Value::as_array).map(|a| {
                 a.iter().filter_map(Value::as_u64).filter_map(|d| usize::try_from(d).ok()).filter(|&d| d > 0).collect()
@@ -365,6 +398,19 @@ fn parse_ct_weights(w: &Fields<'_>, format: CtFormat) -> Result<CtWeights, LoadE
         }
         other => return Err(w.unsupported("strategy", other, "tensor, channel, group, block")),
     };
+    if let Some(fp4) = format.fp4() {
+        let (strategy_name, group) = match fp4 {
+            Fp4Kind::Nvfp4 => ("tensor_group", 16),
+            Fp4Kind::Mxfp4 => ("group", 32),
+        };
+        if strategy != Strategy::Group(group) || !symmetric {
+            return Err(w.unsupported(
+                "strategy",
+                w.str("strategy")?.unwrap_or("tensor"),
+                &format!("{strategy_name} with group_size {group}, symmetric ({})", format_name(format)),
+            ));
+        }
+    }
     if !symmetric && format == CtFormat::Packed && !matches!(strategy, Strategy::Channel | Strategy::Group(_)) {
         return Err(w.unsupported(
             "strategy",
@@ -376,6 +422,14 @@ fn parse_ct_weights(w: &Fields<'_>, format: CtFormat) -> Result<CtWeights, LoadE
 }
 
 fn parse_ct_activations(a: &Fields<'_>) -> Result<CtActivations, LoadError> {
+    if a.int("num_bits")? == Some(4) && a.str("type")? == Some("float") {
+        return Err(a.unsupported(
+            "num_bits",
+            "4 (FP4 activations, W4A4)",
+            "8: qdrift does not round activations to FP4 yet (NVFP4/MXFP4 W4A4), and would otherwise evaluate \
+             this checkpoint as weight-only",
+        ));
+    }
     let supported = "dynamic: true (qdrift computes activation scales at run time; static scales are not reproduced)";
     match a.get("dynamic") {
         Some(Value::Bool(true)) => {}
@@ -410,6 +464,9 @@ impl CtScheme {
     /// - `weight_packed`: `[out, ⌈inp/pf⌉]` I32 (pack-quantized) or `weight` `[out, inp]` (I8, FP8);
     ///   `weight_scale` and `weight_zero_point` on the strategy's grid; returns `[out, inp]`.
     pub(crate) fn unpack(&self, shards: &Shards, module: &str, out: usize, inp: usize) -> Result<Vec<f32>, LoadError> {
+        if let Some(kind) = self.format.fp4() {
+            return fp4::unpack_ct(kind, shards, module, out, inp);
+        }
         let w = self.weights;
         let (rows, cols) = w.strategy.grid(out, inp);
         let scale_name = format!("{module}.weight_scale");
@@ -489,7 +546,7 @@ impl CtScheme {
         let name = |suffix: &str| format!("{module}.{suffix}");
         let scales = HfTensor::floats(name("weight_scale"), codes.scale_dtype, vec![out, groups], codes.scales);
         match self.format {
-            CtFormat::Float => None,
+            CtFormat::Float | CtFormat::Nvfp4 | CtFormat::Mxfp4 => None,
             CtFormat::Int => {
                 let offset = 1i32 << (bits - 1);
                 let signed = codes.codes.iter().map(|&q| (q - offset) as i8 as u8).collect();
@@ -542,6 +599,18 @@ impl CtScheme {
     }
 }
 
+impl CtScheme {
+    /// Packs the FP4 codes of linear layer `module` in this scheme's FP4 format (`fp4.rs`);
+    /// `None` for the other formats.
+    ///
+    /// # Shapes
+    /// - `codes`: as [`Fp4Codes`] says; returns `weight_packed` `[out, inp/2]`, `weight_scale`
+    ///   `[out, inp/group]` and, for NVFP4, `weight_global_scale` `[1]`.
+    pub fn pack_fp4(&self, module: &str, codes: &Fp4Codes<'_>) -> Option<Vec<HfTensor>> {
+        self.format.fp4().map(|kind| fp4::pack_ct(kind, module, codes))
+    }
+}
+
 /// `values` of tensor `name`, `bits`-bit signed integers (`int-quantized` codes, zero points in
 /// any integer or float dtype): each in `−2^(bits−1) ..= 2^(bits−1) − 1`, else refused naming the
 /// tensor and the flat index, so that no code is truncated and `q − z` cannot overflow.
@@ -580,7 +649,7 @@ impl Compressed {
             .map(|(k, g)| {
                 let mut group = json!({
                     "targets": g.targets,
-                    "weights": weights_json(&g.scheme.weights),
+                    "weights": weights_json(&g.scheme.weights, g.scheme.format),
                     "input_activations": g.scheme.activations.map_or(Value::Null, activations_json),
                     "output_activations": null,
                 });
@@ -609,11 +678,13 @@ fn format_name(format: CtFormat) -> &'static str {
         CtFormat::Packed => "pack-quantized",
         CtFormat::Int => "int-quantized",
         CtFormat::Float => "float-quantized",
+        CtFormat::Nvfp4 => "nvfp4-pack-quantized",
+        CtFormat::Mxfp4 => "mxfp4-pack-quantized",
     }
 }
 
-/// A group's `weights` object.
-fn weights_json(w: &CtWeights) -> Value {
+/// A group's `weights` object (NVFP4's groups are `tensor_group`).
+fn weights_json(w: &CtWeights, format: CtFormat) -> Value {
     let mut v = json!({
         "num_bits": w.bits,
         "type": if w.float { "float" } else { "int" },
@@ -624,7 +695,7 @@ fn weights_json(w: &CtWeights) -> Value {
         Strategy::Tensor => v["strategy"] = json!("tensor"),
         Strategy::Channel => v["strategy"] = json!("channel"),
         Strategy::Group(g) => {
-            v["strategy"] = json!("group");
+            v["strategy"] = json!(if format == CtFormat::Nvfp4 { "tensor_group" } else { "group" });
             v["group_size"] = json!(g);
         }
         Strategy::Block(r, c) => {

@@ -20,7 +20,9 @@
 //! |---|---|
 //! | `gptq.rs` | [`Gptq`]: `qweight`/`qzeros`/`scales`/`g_idx` (AutoGPTQ v1, GPTQModel v2) |
 //! | `awq.rs` | [`Awq`]: AutoAWQ GEMM |
-//! | `compressed.rs` | [`Compressed`]: compressed-tensors `pack-quantized`, `int-quantized`, `float-quantized` |
+//! | `compressed.rs` | [`Compressed`]: compressed-tensors `pack-quantized`, `int-quantized`, `float-quantized`, and the FP4 formats of `fp4.rs` |
+//! | `modelopt.rs` | [`ModelOpt`]: NVIDIA ModelOpt NVFP4 exports (`quant_method: modelopt`, `hf_quant_config.json`) |
+//! | `fp4.rs` | compressed-tensors `nvfp4-pack-quantized` and `mxfp4-pack-quantized` ([`Fp4Codes`]); E2M1 nibble packing |
 //! | `fp8.rs` | [`Fp8`]: `quant_method: fp8` (block or per-tensor scales) |
 //! | `packing.rs` | what they share: bit fields, group indices, scale grids ([`Strategy`]); the codes a writer hands over ([`IntCodes`], [`Fp8Codes`]), the tensors it gets back ([`HfTensor`]) |
 //! | `fields.rs` | reading `quantization_config` fields, with errors that name them |
@@ -33,8 +35,10 @@
 mod awq;
 mod compressed;
 mod fields;
+mod fp4;
 mod fp8;
 mod gptq;
+mod modelopt;
 mod packing;
 
 use std::path::{Path, PathBuf};
@@ -44,8 +48,10 @@ use serde_json::Value;
 pub use awq::Awq;
 use compressed::ReadCompressed;
 pub use compressed::{Compressed, CtActivations, CtFormat, CtGroup, CtScheme, CtWeights};
+pub use fp4::{Fp4Codes, Fp4Kind};
 pub use fp8::Fp8;
 pub use gptq::Gptq;
+pub use modelopt::ModelOpt;
 pub use packing::{Fp8Codes, HfDtype, HfTensor, IntCodes, Strategy};
 
 use crate::LoadError;
@@ -71,6 +77,7 @@ enum Method {
     Awq(Awq),
     Compressed(ReadCompressed),
     Fp8(Fp8),
+    ModelOpt(ModelOpt),
     /// `quant_method: mxfp4` (gpt-oss): only the experts' fused 3-D tensors are MXFP4
     /// (`*_blocks`, `*_scales`), read by the Hugging Face reader's gpt-oss expert path; every
     /// linear layer is a plain `.weight`.
@@ -78,7 +85,7 @@ enum Method {
 }
 
 /// The folder's quantization: `config.json`'s `quantization_config`, else `quantize_config.json`
-/// (AutoGPTQ); `None` for an unquantized folder.
+/// (AutoGPTQ), else `hf_quant_config.json` (ModelOpt); `None` for an unquantized folder.
 pub(crate) fn read_quant_config(dir: &Path, config_path: &Path, config: &Value) -> Result<Option<HfQuant>, LoadError> {
     if let Some(q) = config.get("quantization_config").filter(|v| !v.is_null()) {
         if !q.is_object() {
@@ -95,10 +102,19 @@ pub(crate) fn read_quant_config(dir: &Path, config_path: &Path, config: &Value) 
         // AutoGPTQ's file has no quant_method: it is GPTQ.
         return parse(Fields { path: &legacy, prefix: String::new(), v: &v }, Some("gptq")).map(Some);
     }
+    let modelopt = dir.join("hf_quant_config.json");
+    if modelopt.exists() {
+        let v = crate::input::read_json(&modelopt, crate::input::JSON)?;
+        let Some(q) = v.get("quantization").filter(|q| q.is_object()) else {
+            return Err(LoadError::invalid(&modelopt, "has no quantization object"));
+        };
+        // ModelOpt's file has no quant_method.
+        return parse(Fields { path: &modelopt, prefix: "quantization".into(), v: q }, Some("modelopt")).map(Some);
+    }
     Ok(None)
 }
 
-const METHODS: &str = "gptq, awq, compressed-tensors, fp8, mxfp4 (gpt-oss experts)";
+const METHODS: &str = "gptq, awq, compressed-tensors, fp8, modelopt (NVFP4), mxfp4 (gpt-oss experts)";
 
 fn parse(f: Fields<'_>, default_method: Option<&str>) -> Result<HfQuant, LoadError> {
     let method = f.str("quant_method")?.or(default_method);
@@ -119,6 +135,10 @@ fn parse(f: Fields<'_>, default_method: Option<&str>) -> Result<HfQuant, LoadErr
             Some("fp8") => {
                 let (c, name, activations) = Fp8::parse(&f)?;
                 (Method::Fp8(c), name, Some(activations))
+            }
+            Some("modelopt") => {
+                let (m, name) = ModelOpt::parse(&f)?;
+                (Method::ModelOpt(m), name, None)
             }
             Some("mxfp4") => (Method::Mxfp4, "mxfp4 (experts)".to_string(), None),
             _ => return Err(f.unsupported("quant_method", method.unwrap_or("(missing)"), METHODS)),
@@ -150,6 +170,7 @@ impl HfQuant {
                 None => return shards.get(&format!("{module}.weight"), &[out, inp]),
             },
             Method::Fp8(f) => f.unpack(shards, module, out, inp)?,
+            Method::ModelOpt(m) => m.unpack(shards, module, out, inp)?,
             Method::Mxfp4 => return shards.get(&format!("{module}.weight"), &[out, inp]),
         };
         let name = format!("{module}.weight");
@@ -162,12 +183,14 @@ impl HfQuant {
 
     /// Whether the folder stores linear layer `module` quantized: GPTQ/AWQ when it has a
     /// `qweight`, compressed-tensors when a config group targets it and `ignore` does not, FP8
-    /// when its `weight` is FP8 (quantizers skip some layers: `lm_head`, `modules_to_not_convert`).
+    /// when its `weight` is FP8, ModelOpt when it is U8 (quantizers skip some layers: `lm_head`,
+    /// `modules_to_not_convert`, `exclude_modules`).
     pub(crate) fn stores_quantized(&self, shards: &Shards, module: &str) -> bool {
         match &self.method {
             Method::Gptq(_) | Method::Awq(_) => shards.has(&format!("{module}.qweight")),
             Method::Compressed(c) => c.scheme_of(module).is_some(),
             Method::Fp8(_) => Fp8::stores_quantized(shards, module),
+            Method::ModelOpt(_) => ModelOpt::stores_quantized(shards, module),
             Method::Mxfp4 => false,
         }
     }
@@ -197,6 +220,12 @@ mod tests {
         ] {
             assert!(matches!(reparse(&g.quantization_config()), Method::Gptq(x) if x == g));
         }
+        let m = ModelOpt { group: 16 };
+        assert!(matches!(reparse(&m.quantization_config()), Method::ModelOpt(x) if x == m));
+        let v: Value = serde_json::from_str(&m.hf_quant_config()).expect("JSON");
+        let f =
+            Fields { path: Path::new("hf_quant_config.json"), prefix: "quantization".into(), v: &v["quantization"] };
+        assert!(matches!(parse(f, Some("modelopt")).expect("parses").method, Method::ModelOpt(x) if x == m));
         for a in [Awq { group: Some(32) }, Awq { group: None }] {
             assert!(matches!(reparse(&a.quantization_config()), Method::Awq(x) if x == a));
         }

@@ -125,6 +125,8 @@ impl Strategy {
 pub enum HfDtype {
     /// `I8`.
     I8,
+    /// `U8` (packed FP4 codes, E8M0 scales).
+    U8,
     /// `I32` (packed words, `g_idx`).
     I32,
     /// `I64` (`weight_shape`).
