@@ -217,15 +217,25 @@ mod tests {
     #[cfg(unix)]
     #[test]
     fn a_terminating_signal_removes_the_registered_paths() {
-        use std::os::unix::process::ExitStatusExt;
+        use std::os::unix::process::{CommandExt, ExitStatusExt};
         for signal in [SIGTERM, SIGINT, SIGHUP] {
             let dir = tempfile::tempdir().unwrap();
-            let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+            command
                 .args(["--exact", "signals::tests::signal_child", "--ignored", "--test-threads=1"])
                 .env(CHILD, dir.path())
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .unwrap();
+                .stdout(std::process::Stdio::null());
+            // The child must not inherit an ignored disposition (a test run under `nohup` ignores
+            // SIGHUP, and a guard rightly leaves an inherited "ignore" alone): reset it first.
+            // SAFETY: runs in the forked child before exec; `signal` is async-signal-safe and
+            // touches no memory of the parent.
+            unsafe {
+                command.pre_exec(move || {
+                    libc::signal(signal, libc::SIG_DFL);
+                    Ok(())
+                });
+            }
+            let mut child = command.spawn().unwrap();
             let ready = dir.path().join("ready");
             let start = std::time::Instant::now();
             while !ready.exists() {
