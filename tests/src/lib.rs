@@ -1,4 +1,11 @@
 //! Helpers shared by qdrift's end-to-end tests.
+//!
+//! Module floors, top first: a module imports only modules on floors below its own
+//! (`cargo xtask cycles` checks it).
+//!
+//! | floor |
+//! |---|
+//! | `fuzz/`, `reference64.rs` |
 
 #![forbid(unsafe_code)]
 

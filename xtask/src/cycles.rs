@@ -77,6 +77,9 @@ pub fn check(root: &Path) -> Result<(), String> {
                 format!("floors in {declared} modules, {} upward imports", upward.len())
             }
         );
+        if declared == 0 && cycles.is_empty() && std::env::var_os("QDRIFT_SUGGEST_FLOORS").is_some() {
+            println!("{}", graph.suggest_root_floors().join("\n"));
+        }
         failures.extend(upward.into_iter().map(|u| format!("{}: {u}", graph.name)));
         for cycle in cycles {
             let names: Vec<String> = cycle.iter().map(|m| display(m)).collect();
@@ -289,6 +292,51 @@ impl Graph {
             }
         }
         out
+    }
+
+    /// A floor table for the crate root's children that its imports satisfy (with
+    /// `QDRIFT_SUGGEST_FLOORS` set, for a crate that declares none): each child's floor is the
+    /// longest import chain below it, top floor first.
+    pub fn suggest_root_floors(&self) -> Vec<String> {
+        let children: Vec<&String> = self.modules.keys().filter(|k| k.len() == 1).map(|k| &k[0]).collect();
+        let below: BTreeMap<&String, BTreeSet<&String>> = children
+            .iter()
+            .map(|c| {
+                let to = self.edges.keys().filter(|(f, t)| f.first() == Some(*c) && t.first().is_some_and(|t| t != *c));
+                (*c, to.filter_map(|(_, t)| t.first()).collect())
+            })
+            .collect();
+        let mut level: BTreeMap<&String, usize> = BTreeMap::new();
+        // No cycles here (checked first), so this settles within `children.len()` rounds.
+        for _ in 0..=children.len() {
+            for c in &children {
+                let l = below[c].iter().map(|t| level.get(t).map_or(1, |l| l + 1)).max().unwrap_or(0);
+                level.insert(c, l);
+            }
+        }
+        // Children that import each other through their submodules have no order (load's `hf` and
+        // `gguf`): say so instead of suggesting a table that fails.
+        for c in &children {
+            if let Some(t) = below[c].iter().find(|t| level[*t] >= level[c]) {
+                return vec![format!("{}: no floor table fits: {c} and {t} import each other", self.name)];
+            }
+        }
+        let top = level.values().copied().max().unwrap_or(0);
+        let mut rows = vec![format!("{}: //! | floor |", self.name), "//! |---|".to_string()];
+        for l in (0..=top).rev() {
+            let names: Vec<String> = children
+                .iter()
+                .filter(|c| level[*c] == l)
+                .map(|c| {
+                    let dir = self.modules.keys().any(|k| k.len() == 2 && &k[0] == *c);
+                    if dir { format!("`{c}/`") } else { format!("`{c}.rs`") }
+                })
+                .collect();
+            if !names.is_empty() {
+                rows.push(format!("//! | {} |", names.join(", ")));
+            }
+        }
+        rows
     }
 
     /// The strongly connected components of more than one module (Tarjan's algorithm).
@@ -803,6 +851,22 @@ mod tests {
         ]);
         assert_eq!(edge_list(&g), ["(root) -> a", "a -> (root)", "b -> a"]);
         assert_eq!(g.cycles().len(), 1, "the root using a's helper while a uses the root's Error is a cycle");
+    }
+
+    #[test]
+    fn suggested_floors_put_each_module_above_everything_it_imports() {
+        let g = graph(&[
+            ("lib.rs", "mod a;\nmod b;\nmod c;\nmod d;\n"),
+            ("a.rs", "use crate::b::x;\nuse crate::c::y;\n"),
+            ("b.rs", "use crate::c::y;\npub fn x() {}\n"),
+            ("c.rs", "pub fn y() {}\n"),
+            ("d/mod.rs", "mod e;\n"),
+            ("d/e.rs", "use crate::c::y;\n"),
+        ]);
+        assert_eq!(
+            g.suggest_root_floors(),
+            ["t: //! | floor |", "//! |---|", "//! | `a.rs` |", "//! | `b.rs`, `d/` |", "//! | `c.rs` |"]
+        );
     }
 
     #[test]

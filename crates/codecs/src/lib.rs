@@ -57,6 +57,17 @@
 //! The CLI's `--scheme` list and `--help`, `Scheme`'s name round trip, `storage_bytes`,
 //! `qdrift inspect`'s footprints and `qdrift-quantize`'s GGUF writer then follow from the trait;
 //! `qdrift-quantize`'s `tests/footprint.rs` and this crate's `tests/` check every listed scheme.
+//!
+//! Module floors, top first: a module imports only modules on floors below its own
+//! (`cargo xtask cycles` checks it).
+//!
+//! | floor |
+//! |---|
+//! | `dynamic.rs` |
+//! | `recipe.rs` |
+//! | `formats/` |
+//! | `format.rs`, `matrix.rs`, `stats.rs` |
+//! | `error.rs`, `packed.rs`, `scheme.rs` |
 
 #![forbid(unsafe_code)]
 

@@ -50,6 +50,15 @@
 //!
 //! `scalar.rs` holds the C scalar helpers the formats share (`nearest_int`, C's float-to-int
 //! conversion, fp16 bytes), so that every format file depends on it and never on the crate root.
+//!
+//! Module floors, top first: a module imports only modules on floors below its own
+//! (`cargo xtask cycles` checks it).
+//!
+//! | floor |
+//! |---|
+//! | `iq4_xs.rs`, `q5_k.rs` |
+//! | `iq4_nl.rs`, `mxfp4.rs`, `nvfp4.rs`, `nvfp4_tensor.rs`, `q2_k.rs`, `q3_k.rs`, `q4_0.rs`, `q4_1.rs`, `q4_k.rs`, `q5_0.rs`, `q5_1.rs`, `q6_k.rs`, `q8_0.rs` |
+//! | `e2m1.rs`, `scalar.rs` |
 
 #![forbid(unsafe_code)]
 

@@ -49,6 +49,19 @@
 //! Imports run downwards: `llama` → the layer modules → `host` (and `positions` and `tensors`);
 //! nothing in `host` or `tensors` imports a layer module. `lib.rs` only declares the modules and
 //! re-exports.
+//!
+//! Module floors, top first: a module imports only modules on floors below its own
+//! (`cargo xtask cycles` checks it).
+//!
+//! | floor |
+//! |---|
+//! | `llama.rs` |
+//! | `moe.rs` |
+//! | `ffn.rs` |
+//! | `attention.rs`, `embedding.rs` |
+//! | `cache.rs`, `fake_quant.rs`, `linear.rs`, `norm.rs`, `rope.rs` |
+//! | `activation.rs`, `host/` |
+//! | `error.rs`, `memory.rs`, `positions.rs`, `routing.rs`, `tensors.rs` |
 
 mod activation;
 mod attention;

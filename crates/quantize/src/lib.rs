@@ -20,6 +20,14 @@
 //! | `safetensors_out.rs` | [`write_safetensors`]: HF names, rotate-half q/k, F32 or packed parts; [`write_hf_quantized`] (fixtures) |
 //! | `hf_packed.rs` | [`pack_hf`]: a model's linear layers in a Hugging Face quantized layout ([`HfLayout`]), packed by that layout's code in `qdrift-load` ([`qdrift_load::hf::quant`]) |
 //! | `gguf_out.rs` | [`write_gguf`]: llama.cpp names and q/k layout, the packed ggml blocks as stored |
+//!
+//! Module floors, top first: a module imports only modules on floors below its own
+//! (`cargo xtask cycles` checks it).
+//!
+//! | floor |
+//! |---|
+//! | `gguf_out.rs`, `safetensors_out.rs`, `source.rs` |
+//! | `footprint.rs`, `hf_packed.rs`, `model.rs`, `reference.rs` |
 
 #![forbid(unsafe_code)]
 

@@ -44,6 +44,20 @@
 //! every output is deterministic (same report → same bytes: fields in declaration order, metrics
 //! in table order, no timestamps, no hash maps); every string from a report is escaped for its
 //! markup; no module cycles.**
+//!
+//! Module floors, top first: a module imports only modules on floors below its own
+//! (`cargo xtask cycles` checks it).
+//!
+//! | floor |
+//! |---|
+//! | `command.rs`, `compare.rs` |
+//! | `html.rs`, `markdown.rs` |
+//! | `document.rs`, `junit.rs`, `profile.rs`, `suggest.rs` |
+//! | `figures.rs`, `gate.rs`, `json_schema.rs`, `testing.rs`, `validate.rs` |
+//! | `schema.rs` |
+//! | `horizon.rs` |
+//! | `charts.rs`, `metrics.rs` |
+//! | `error.rs`, `format.rs`, `read.rs` |
 
 #![forbid(unsafe_code)]
 

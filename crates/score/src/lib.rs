@@ -31,6 +31,17 @@
 //!
 //! **Invariant: prompts are the unit of resampling, never tokens; same seed → identical numbers;
 //! no I/O; every device reduction is tested against its host definition.** Nothing here panics on bad input: every public function returns [`ScoreError`].
+//!
+//! Module floors, top first: a module imports only modules on floors below its own
+//! (`cargo xtask cycles` checks it).
+//!
+//! | floor |
+//! |---|
+//! | `host.rs` |
+//! | `device.rs`, `ppl.rs`, `topk.rs`, `wilson.rs` |
+//! | `agreement.rs`, `bootstrap.rs`, `compact.rs`, `freerun.rs`, `strata.rs` |
+//! | `logprob.rs`, `quantiles.rs`, `signtest.rs`, `speculative.rs`, `survival.rs` |
+//! | `error.rs` |
 
 pub mod agreement;
 pub mod bootstrap;

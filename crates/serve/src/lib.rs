@@ -20,6 +20,16 @@
 //! **Architecture invariant:** this crate knows no tokenizer, model or metric. It returns what the
 //! server said, token by token, and refuses an answer it cannot read whole; mapping token text to
 //! ids and scoring belong to the caller (`qdrift-eval`, `qdrift-score`).
+//!
+//! Module floors, top first: a module imports only modules on floors below its own
+//! (`cargo xtask cycles` checks it).
+//!
+//! | floor |
+//! |---|
+//! | `completion.rs`, `provenance.rs` |
+//! | `client.rs` |
+//! | `endpoint.rs` |
+//! | `error.rs`, `pool.rs` |
 
 #![forbid(unsafe_code)]
 

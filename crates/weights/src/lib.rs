@@ -12,6 +12,13 @@
 //! `[out, in]` linears, q/k rows and biases in the interleaved RoPE layout (rotation pairs are
 //! rows `2i`, `2i+1` of a head). A loader that cannot express a checkpoint feature in these types
 //! refuses the checkpoint.
+//!
+//! Module floors, top first: a module imports only modules on floors below its own
+//! (`cargo xtask cycles` checks it).
+//!
+//! | floor |
+//! |---|
+//! | `source.rs` |
 
 #![forbid(unsafe_code)]
 
