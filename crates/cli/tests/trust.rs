@@ -406,7 +406,11 @@ fn quantize_router_needs_experts() {
         path(&dir.path().join("drift")),
     ]);
     assert_eq!(code(&run), 2, "{}", stderr(&run));
-    assert!(stderr(&run).contains("--quantize-router is for a model with experts, and this one has none"), "{}", stderr(&run));
+    assert!(
+        stderr(&run).contains("--quantize-router is for a model with experts, and this one has none"),
+        "{}",
+        stderr(&run)
+    );
 }
 
 /// `eval --gate --summary-md FILE` writes the verdict as `qdrift gate --summary-md` does.
