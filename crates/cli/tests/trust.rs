@@ -630,7 +630,7 @@ fn a_software_adapter_is_named_warned_of_and_never_picked_by_auto() {
     let base = ["generate", "--model", path(&stories_bin), "--prompt", "Tom", "--max-new-tokens", "2"];
     let run = qdrift(&[&base[..], &["--backend", "wgpu", "--dtype", "bf16"]].concat());
     let err = stderr(&run);
-    assert_eq!(code(&run), 4, "a dtype the device cannot run is the device's limit: {err}");
+    assert_eq!(code(&run), 2, "bf16 on wgpu is a request no adapter can meet: {err}");
     assert!(!err.contains("flex"), "{err}");
     let mut lines = err.lines();
     let first = lines.next().unwrap_or_default();
