@@ -213,6 +213,42 @@ fn a_closed_pipe_ends_the_process_quietly() {
     assert!(stderr(&out).is_empty(), "quiet: {}", stderr(&out));
 }
 
+/// `qdrift eval --gate … | head -1` with the reader gone before the summary: the reports, the
+/// JUnit file and the summary are in place before anything is printed, so the SIGPIPE that ends
+/// the process leaves neither the lock nor the staging folder, and loses nothing.
+#[test]
+fn a_closed_pipe_costs_an_eval_nothing() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let thresholds = dir.path().join("thresholds.toml");
+    std::fs::write(&thresholds, "[variant.int8]\n\"kld@4\" = { max = 1.0 }\n").expect("write");
+    let out = dir.path().join("drift");
+    let stories_bin = stories().join("stories260K.bin");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_qdrift"))
+        .args(["eval", "--model", path(&stories_bin), "--schemes", "int8", "--prompts", "2", "--horizons", "4"])
+        .args(["--backend", "cpu", "--resamples", "100", "--gate", path(&thresholds), "--junit", "gate.xml"])
+        .args(["--out", path(&out)])
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("qdrift runs");
+    drop(child.stdout.take());
+    let run = child.wait_with_output().expect("qdrift ends");
+    assert_eq!(run.status.signal(), Some(13), "SIGPIPE ends it: {:?} {}", run.status, stderr(&run));
+    assert!(!stderr(&run).contains("panicked"), "{}", stderr(&run));
+    for file in ["report.json", "report.md", "report.html"] {
+        assert!(out.join(file).is_file(), "{file} written");
+    }
+    assert!(dir.path().join("gate.xml").is_file(), "the JUnit file is written");
+    let mut left: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["drift", "gate.xml", "thresholds.toml"], "no lock or staging folder left");
+}
+
 /// The first stderr line of `eval` names the backend and the adapter.
 #[test]
 fn eval_says_what_runs_first() {
