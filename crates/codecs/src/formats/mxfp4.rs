@@ -77,7 +77,7 @@ impl Format for Mxfp4 {
                 "OCP MXFP4 by the spec's rule: E2M1 values (ties to even) with an E8M0 scale 2^(floor(log2 amax) − 2) per block of 32 (4.25 bits/weight)."
             }
             Mxfp4Rule::CompressedTensors => {
-                "OCP MXFP4 as compressed-tensors writes it for vLLM: the block amax rounded to a power of two from 1.75× up before the E8M0 scale, per block of 32 (4.25 bits/weight)."
+                "OCP MXFP4 as compressed-tensors writes it for vLLM: the block amax rounded up to a power of two from 1.75 times one before the E8M0 scale, per block of 32 (4.25 bits/weight)."
             }
         }
     }
