@@ -4,10 +4,12 @@
 //! Provenance: `fp4_ref/generate.py` wrote `fp4_ref/vectors.txt` with compressed-tensors 0.20.1
 //! (`generate_gparam`, `calculate_qparams`, `fake_quantize`; presets `NVFP4A16` and `MXFP4A16`)
 //! and torchao 0.18.0 (`to_mx` with `ScaleCalculationMode.FLOOR`, the OCP rule, and `to_dtype`)
-//! on torch 2.15.0 (CPU). Four seeded matrices `[rows, 64]`: ordinary weights; rows of very
+//! on torch 2.15.0 (CPU). Eight seeded matrices `[rows, 64]`: ordinary weights; rows of very
 //! different magnitude (E4M3 block scales in the subnormal range); an all-zero block with a −0.0,
 //! a row on every E2M1 tie, blocks of amax 7.5 (OCP saturates, compressed-tensors rounds the
-//! scale up) and amaxes just under and at 1.75 times a power of two; tiny values (E8M0 code 0).
+//! scale up) and amaxes just under and at 1.75 times a power of two; four heavy-tailed ones
+//! (Student t, 3 degrees of freedom) with rows scaled by 2^-12 to 2^5; tiny values (E8M0 code 0,
+//! compared with compressed-tensors only).
 
 use qdrift_codecs::{Mxfp4Rule, Scheme, quantize};
 
@@ -70,5 +72,5 @@ fn fp4_schemes_match_compressed_tensors_and_torchao() {
         matrices += 1;
         values += x.len();
     }
-    assert_eq!((matrices, values), (4, 896));
+    assert_eq!((matrices, values), (8, 1920));
 }

@@ -20,7 +20,8 @@
 //! saturates what lies above 6; compressed-tensors' maps it into `[3.5, 7)`, with less
 //! saturation and a coarser grid for blocks just under a power of two. The ggml rule's ties
 //! (`best_index_mxfp4` takes the first nearest entry of `kvalues_mxfp4`) differ from even
-//! rounding at three of the seven midpoints.
+//! rounding at three of the seven midpoints, and its `floorf(log2f(amax))` rounds up to the next
+//! power of two for an `amax` a few ulps below one (`log2f` of it rounds to the integer).
 //!
 //! The exponent is exact: `floor(log2 a)` is the f32 exponent field of `a` minus 127, so the E8M0
 //! code is that field minus 2, clamped at 0 (2^-127: every block with `amax < 2^-125`, and an
@@ -33,7 +34,7 @@
 //! byte, the even element in the low nibble; an odd row ends in a half-used byte) and
 //! `weight_scale` (U8 E8M0 codes), 4.25 bits per weight.
 
-use qdrift_ggml::{e2m1_decode, e2m1_encode};
+use qdrift_ggml::{e2m1_decode, e2m1_encode, e2m1_pack_rows};
 
 use crate::error::QuantizeError;
 use crate::format::Format;
@@ -172,14 +173,7 @@ impl Packed for Mxfp4Packed {
     }
 
     fn parts(&self, rows: usize, cols: usize) -> Vec<PackedPart> {
-        let packed: Vec<u8> = if cols == 0 {
-            Vec::new()
-        } else {
-            self.codes
-                .chunks_exact(cols)
-                .flat_map(|row| row.chunks(2).map(|p| (p[0] & 0x0F) | (p.get(1).copied().unwrap_or(0) << 4)))
-                .collect()
-        };
+        let packed = e2m1_pack_rows(&self.codes, cols);
         vec![
             PackedPart {
                 name: "weight_packed",
@@ -249,6 +243,12 @@ mod tests {
         let ct = quantize(&Scheme::Mxfp4 { rule: CT }, &w, 1, 32).expect("finite").dequantize();
         assert_eq!(ocp[0], 6.0);
         assert_eq!(&ct[..4], &[8.0, 1.0, 2.0, 4.0]);
+        // An amax just below 8: its f32 log2 rounds to 3, so ggml's `floorf(log2f(amax))` takes
+        // X = 2 where the exact floor gives X = 1 (OCP saturates it to 6).
+        w[0] = 8f32.next_down();
+        let ocp = quantize(&Scheme::Mxfp4 { rule: OCP }, &w, 1, 32).expect("finite").dequantize();
+        let ggml = quantize(&Scheme::Ggml(GgmlType::Mxfp4), &w, 1, 32).expect("finite").dequantize();
+        assert_eq!((ocp[0], ggml[0]), (6.0, 8.0));
     }
 
     #[test]

@@ -28,7 +28,7 @@
 //! the low nibble, `pack_fp4_to_uint8`; an odd row ends in a half-used byte),
 //! `weight_scale` (F8_E4M3) and `weight_global_scale` (F32 `[1]`).
 
-use qdrift_ggml::{GlobalScale, NVFP4_GROUP, Nvfp4Matrix, Nvfp4Tool, nvfp4_dequantize, nvfp4_quantize};
+use qdrift_ggml::{GlobalScale, NVFP4_GROUP, Nvfp4Matrix, Nvfp4Tool, e2m1_pack_rows, nvfp4_dequantize, nvfp4_quantize};
 
 use crate::error::QuantizeError;
 use crate::format::Format;
@@ -120,15 +120,7 @@ impl Packed for Nvfp4Packed {
     }
 
     fn parts(&self, rows: usize, cols: usize) -> Vec<PackedPart> {
-        let packed: Vec<u8> = if cols == 0 {
-            Vec::new()
-        } else {
-            self.m
-                .codes
-                .chunks_exact(cols)
-                .flat_map(|row| row.chunks(2).map(|p| (p[0] & 0x0F) | (p.get(1).copied().unwrap_or(0) << 4)))
-                .collect()
-        };
+        let packed = e2m1_pack_rows(&self.m.codes, cols);
         vec![
             PackedPart {
                 name: "weight_packed",

@@ -6,7 +6,7 @@ made by the reference libraries themselves. Test-only; run by hand, not by the b
         ml_dtypes && /tmp/fp4venv/bin/pip install --no-deps torchao==0.18.0
     /tmp/fp4venv/bin/python crates/codecs/tests/fp4_ref/generate.py
 
-(torch 2.15.0 CPU, compressed-tensors 0.20.1, torchao 0.18.0.) For seeded float32 matrices
+(torch 2.15.0 run on the CPU, compressed-tensors 0.20.1, torchao 0.18.0.) For seeded float32 matrices
 `[rows, 64]` it writes `vectors.txt` beside this script, one record per matrix and scheme:
 
     matrix <rows> <cols> <the f32 values, 8 hex digits of their bits each>
@@ -97,6 +97,10 @@ def main():
     z[3, :32] *= np.float32(1.7 / np.abs(z[3, :32]).max())
     z[3, 32:] *= np.float32(1.75 / np.abs(z[3, 32:]).max())
     mats.append(z)
+    # Heavy-tailed rows over many binades (scales across the E4M3 and E8M0 ranges).
+    for _ in range(4):
+        m = rng.standard_t(3, (4, 64)) * np.exp2(rng.integers(-12, 6, (4, 1)))
+        mats.append(m.astype(np.float32))
     tiny = (rng.standard_normal((2, 64)) * 1e-3).astype(np.float32)
     tiny[0, :32] = (rng.standard_normal(32) * 1e-39).astype(np.float32)  # E8M0 code 0 under ct
     mats.append(tiny)
