@@ -4,14 +4,14 @@
 //! Provenance: `fp4_ref/generate.py` wrote `fp4_ref/vectors.txt` with compressed-tensors 0.20.1
 //! (`generate_gparam`, `calculate_qparams`, `fake_quantize`; presets `NVFP4A16` and `MXFP4A16`)
 //! and torchao 0.18.0 (`to_mx` with `ScaleCalculationMode.FLOOR`, the OCP rule, and `to_dtype`)
-//! on torch 2.15.0 (CPU). Eight seeded matrices `[rows, 64]`: ordinary weights; rows of very
+//! on torch 2.15.0 (CPU). Nine seeded matrices `[rows, 64]`: ordinary weights; rows of very
 //! different magnitude (E4M3 block scales in the subnormal range); an all-zero block with a −0.0,
-//! a row on every E2M1 tie, blocks of amax 7.5 (OCP saturates, compressed-tensors rounds the
+//! a row on every E2M1 tie (again in a matrix of amax 6, where NVFP4's scale is 1), blocks of amax 7.5 (OCP saturates, compressed-tensors rounds the
 //! scale up) and amaxes just under and at 1.75 times a power of two; four heavy-tailed ones
 //! (Student t, 3 degrees of freedom) with rows scaled by 2^-12 to 2^5; tiny values (E8M0 code 0,
 //! compared with compressed-tensors only).
 
-use qdrift_codecs::{Mxfp4Rule, Scheme, quantize};
+use qdrift_codecs::{Fp8Format, Mxfp4Rule, Scheme, fp8_decode, quantize};
 
 /// The f32 values of space-separated hex bit patterns.
 fn floats(s: &str) -> Vec<f32> {
@@ -35,11 +35,34 @@ fn part(q: &qdrift_codecs::QuantizedMatrix, name: &str) -> Vec<u8> {
     q.parts().into_iter().find(|p| p.name == name).map(|p| p.bytes).expect(name)
 }
 
+/// What the vectors exercise, counted: E2M1 saturation (`|w / d| > 6`), exact E2M1 ties, zero
+/// blocks and subnormal block scales.
+#[derive(Debug, Default, PartialEq)]
+struct Cover {
+    saturated: usize,
+    ties: usize,
+    zero_blocks: usize,
+    subnormal_scales: usize,
+}
+
+impl Cover {
+    /// Counts one block of values `x` whose f32 scale is `d`.
+    fn block(&mut self, x: &[f32], d: f32) {
+        for &v in x {
+            let r = (v / d).abs();
+            self.saturated += usize::from(r > 6.0);
+            self.ties += usize::from([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0].contains(&r));
+        }
+        self.zero_blocks += usize::from(x.iter().all(|&v| v == 0.0));
+    }
+}
+
 #[test]
 fn fp4_schemes_match_compressed_tensors_and_torchao() {
     let text = include_str!("fp4_ref/vectors.txt");
     let mut lines = text.lines().filter(|l| !l.starts_with('#'));
     let (mut matrices, mut values) = (0, 0);
+    let (mut nv, mut ct, mut ocp) = (Cover::default(), Cover::default(), Cover::default());
     while let Some(m) = lines.next() {
         let mut f = m.strip_prefix("matrix ").expect("a matrix line").splitn(3, ' ');
         let rows: usize = f.next().and_then(|x| x.parse().ok()).expect("rows");
@@ -57,6 +80,10 @@ fn fp4_schemes_match_compressed_tensors_and_torchao() {
         assert_eq!(part(&q, "weight_global_scale"), global.to_le_bytes(), "{what}: global scale");
         assert_eq!(part(&q, "weight_scale"), scales, "{what}: E4M3 scales");
         assert_bits(&q.dequantize(), &want, &what);
+        for (block, &s) in x.chunks(16).zip(&scales) {
+            nv.block(block, fp8_decode(Fp8Format::E4M3, s) / global);
+            nv.subnormal_scales += usize::from(s & 0x78 == 0 && s & 7 != 0);
+        }
 
         for (prefix, rule) in [("mxfp4-ct ", Mxfp4Rule::CompressedTensors), ("mxfp4-ocp ", Mxfp4Rule::Ocp)] {
             let line = lines.next().and_then(|l| l.strip_prefix(prefix)).expect(prefix);
@@ -68,9 +95,19 @@ fn fp4_schemes_match_compressed_tensors_and_torchao() {
             let what = format!("{prefix}matrix {matrices}");
             assert_eq!(part(&q, "weight_scale"), hex(scales), "{what}: E8M0 scales");
             assert_bits(&q.dequantize(), &floats(want), &what);
+            let cover = if rule == Mxfp4Rule::Ocp { &mut ocp } else { &mut ct };
+            for (block, &e) in x.chunks(32).zip(&hex(scales)) {
+                cover.block(block, 2f32.powi(i32::from(e) - 127));
+            }
         }
         matrices += 1;
         values += x.len();
     }
-    assert_eq!((matrices, values), (8, 1920));
+    assert_eq!((matrices, values), (9, 2048));
+    // Every case the module docs name is met by some vector.
+    for (name, c) in [("nvfp4", &nv), ("mxfp4-ct", &ct), ("mxfp4-ocp", &ocp)] {
+        assert!(c.ties > 0 && c.zero_blocks > 0 && c.saturated > 0, "{name}: {c:?}");
+    }
+    assert!(nv.subnormal_scales > 0, "{nv:?}");
+    eprintln!("coverage: nvfp4 {nv:?}, mxfp4-ct {ct:?}, mxfp4-ocp {ocp:?}");
 }

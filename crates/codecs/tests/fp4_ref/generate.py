@@ -88,7 +88,7 @@ def main():
     z = (rng.standard_normal((4, 64)) * 0.2).astype(np.float32)
     z[0, :32] = 0.0  # an all-zero NVFP4 and MXFP4 block
     z[0, 40] = -0.0
-    # E2M1 ties once scaled (scale 1: tensor and block amax 6), and amaxes just above and below
+    # E2M1 ties once scaled (MXFP4 scale 1: block amax 6), and amaxes just above and below
     # the points where the MXFP4 rules part (1.75 and 1.5 times a power of two).
     z[1, :] = np.tile(np.array([6, 5, 3.5, 2.5, 1.75, 1.25, 0.75, 0.25, -6, -5, -3.5, -2.5, -1.75, -1.25, -0.75,
                                 -0.25], np.float32), 4)
@@ -97,6 +97,11 @@ def main():
     z[3, :32] *= np.float32(1.7 / np.abs(z[3, :32]).max())
     z[3, 32:] *= np.float32(1.75 / np.abs(z[3, 32:]).max())
     mats.append(z)
+    # The same ties in a tensor of amax 6, so that NVFP4's global scale is 448 and the block
+    # scale 1 too.
+    t = (rng.standard_normal((2, 64)) * 0.5).astype(np.float32)
+    t[0, :] = z[1, :]
+    mats.append(t)
     # Heavy-tailed rows over many binades (scales across the E4M3 and E8M0 ranges).
     for _ in range(4):
         m = rng.standard_t(3, (4, 64)) * np.exp2(rng.integers(-12, 6, (4, 1)))
