@@ -518,6 +518,15 @@ pub fn write_compressed_tensors(dir: &Path, model: &QuantizedModel, source: &Pat
             ),
         ));
     };
+    let config_path = source.join("config.json");
+    if !config_path.is_file() {
+        return Err(folder(
+            source,
+            "a compressed-tensors folder is written from a Hugging Face folder (its config.json and tokenizer \
+             files are carried over)"
+                .into(),
+        ));
+    }
     if model.dequantized.arch.moe.is_some() {
         return Err(folder(dir, "a compressed-tensors folder of a mixture of experts is not written yet".into()));
     }
@@ -545,15 +554,6 @@ pub fn write_compressed_tensors(dir: &Path, model: &QuantizedModel, source: &Pat
                  (Llama and Qwen2 layouts only)",
                 model.dequantized.arch.architecture
             ),
-        ));
-    }
-    let config_path = source.join("config.json");
-    if !config_path.is_file() {
-        return Err(folder(
-            source,
-            "a compressed-tensors folder is written from a Hugging Face folder (its config.json and tokenizer \
-             files are carried over)"
-                .into(),
         ));
     }
     let text = qdrift_io::read_capped(&config_path, 64 << 20, "config").map_err(io_error)?;
