@@ -116,6 +116,9 @@ fn read_family_arch(
 ) -> Result<ModelArch, LoadError> {
     let path = keys.path;
     let refuse = |m: String| LoadError::invalid(path, m);
+    if let Some(feature) = family.gguf.not_read {
+        return Err(refuse(format!("GGUF {}: {feature} are not read yet", family.gguf.name)));
+    }
     let mut arch = read_hyper_parameters(keys, table, tokenizer)?;
     arch.architecture = family.gguf.name.to_string();
     let key_length = keys.int("attention.key_length", Some(arch.dim / arch.n_heads))?;

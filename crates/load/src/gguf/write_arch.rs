@@ -73,6 +73,9 @@ pub(super) fn check_writable(path: &Path, model: &HostModel, family: Arch) -> Re
     if !model.arch.layer_attention.is_plain() {
         return Err(refuse("NoPE, chunked or temperature-tuned attention layers are not written yet".into()));
     }
+    if let Some(feature) = family.gguf.not_read {
+        return Err(refuse(format!("{feature} are not written yet")));
+    }
     if let Some(why) = block_refusal(model, family) {
         return Err(refuse(why));
     }
