@@ -320,6 +320,21 @@ pub(crate) struct GgufRules {
     pub(crate) aliases: &'static [&'static str],
     /// The feature that keeps qdrift from reading (and writing) the family's GGUF files yet.
     pub(crate) not_read: Option<&'static str>,
+    /// llama.cpp's fixed NoPE layers (`hparams.n_no_rope_layer_step`, smollm3: 4): layer `il`
+    /// rotates iff `(il + 1) % step != 0`; no key states it.
+    pub(crate) nope_step: Option<usize>,
+}
+
+impl GgufRules {
+    /// The NoPE layers llama.cpp's graph gives `n_layers` layers ([`GgufRules::nope_step`]), as
+    /// [`qdrift_weights::LayerAttention::rope`] holds them (empty when every layer rotates).
+    pub(crate) fn rope_layers(&self, n_layers: usize) -> Vec<bool> {
+        let rope: Vec<bool> = match self.nope_step {
+            Some(step) => (0..n_layers).map(|il| (il + 1) % step != 0).collect(),
+            None => Vec::new(),
+        };
+        if rope.contains(&false) { rope } else { Vec::new() }
+    }
 }
 
 /// Whether GGUF's output layer is the embedding.

@@ -59,6 +59,7 @@ const NEOX_GGUF: GgufRules = GgufRules {
     q_is_dim_wide: false,
     aliases: &[],
     not_read: None,
+    nope_step: None,
 };
 
 /// Qwen's softmax-top-k experts as `mlp.experts.{e}.{gate,up,down}_proj`.
@@ -312,7 +313,9 @@ const SMOLLM3: ArchEntry = ArchEntry {
         ..LLAMA_HF
     },
     moe: None,
-    gguf: GgufRules { name: "smollm3", llama: true, not_read: Some("NoPE layers (no_rope_layers)"), ..NEOX_GGUF },
+    // llama.cpp's `smollm3`: Llama's tensors (`SmolLM3Model(LlamaModel)` permutes q/k) and a NoPE
+    // layer every 4th (`llama_model_smollm3`: `n_no_rope_layer_step = 4`).
+    gguf: GgufRules { name: "smollm3", llama: true, nope_step: Some(4), ..NEOX_GGUF },
 };
 
 const LLAMA4: ArchEntry = ArchEntry {
