@@ -1,7 +1,8 @@
 //! Routing drift (issue #30): the experts a model routes each position to, as the evaluation
 //! records them (`qdrift_generate::teacher_forced_routes`, batched, left-padded and chunked),
 //! are the experts the independent f64 forward pass (`qdrift_tests::reference64`) routes the
-//! same position to, on the three tiny-arch checkpoints with experts; and the report of a model
+//! same position to, on the tiny-arch checkpoints with experts (Llama 4's sigmoid router and
+//! GLM-4.5's grouped one among them); and the report of a model
 //! with experts carries the routing metrics for every variant, consistent with each other, through
 //! shards and a saved reference byte for byte, while a dense model's report has none.
 
@@ -26,7 +27,7 @@ fn tiny_arch(arch: &str) -> std::path::PathBuf {
 
 #[test]
 fn recorded_routes_are_the_f64_routers_choices() {
-    for arch in ["qwen3_moe", "mixtral", "gpt_oss"] {
+    for arch in ["qwen3_moe", "mixtral", "gpt_oss", "llama4", "glm4_moe"] {
         let dir = tiny_arch(arch);
         let mut host = open_model(&dir, None).unwrap_or_else(|e| panic!("{arch}: {e}")).model;
         round_to_fp16_reference(&mut host);
@@ -60,7 +61,12 @@ fn recorded_routes_are_the_f64_routers_choices() {
 /// A tiny Qwen3-MoE evaluation: 5 prompts in batches of 2 (the last one short), horizons 5
 /// and 20.
 fn moe_eval(schemes: &[&str]) -> EvalConfig {
-    let mut cfg = EvalConfig::new(tiny_arch("qwen3_moe"));
+    moe_eval_of("qwen3_moe", schemes)
+}
+
+/// [`moe_eval`] of tiny-arch checkpoint `arch`.
+fn moe_eval_of(arch: &str, schemes: &[&str]) -> EvalConfig {
+    let mut cfg = EvalConfig::new(tiny_arch(arch));
     cfg.prompts = Some(5);
     cfg.horizons = vec![5, 20];
     cfg.batch_size = Some(2);
@@ -143,5 +149,21 @@ fn routing_goes_through_shards_and_a_saved_reference_unchanged() {
         }
         let merged = merge(parts).expect("merge");
         assert_eq!(json(&merged), json(&whole), "shards (from the store: {from_store}) give the same report");
+    }
+}
+
+/// GLM-4.5's group-limited sigmoid router (`Routing::GroupedSigmoid`) gets the routing metrics:
+/// 8 experts, top-2, on its 3 MoE layers (layer 0 is dense), for every variant.
+#[test]
+fn the_grouped_router_reports_routing_metrics() {
+    let report = evaluate(&moe_eval_of("glm4_moe", &["int8", "int4-g32"]), &mut |_| {}).expect("evaluation");
+    for v in &report.variants {
+        let r = v.routing.as_ref().unwrap_or_else(|| panic!("{}: routing", v.name));
+        assert_eq!((r.experts, r.top_k, r.layers.len()), (8, 2, 3), "{}", v.name);
+        let longest = v.horizons.last().expect("horizons");
+        let flips = longest.metric("routing_flip_rate").expect("routing_flip_rate").mean;
+        let overlap = longest.metric("expert_overlap").expect("expert_overlap").mean;
+        assert!((0.0..=1.0).contains(&flips) && (0.0..=1.0).contains(&overlap), "{}: {flips} {overlap}", v.name);
+        println!("glm4_moe {}: flips {flips:.4} overlap {overlap:.4}", v.name);
     }
 }

@@ -52,6 +52,11 @@
 //! gate row) and added as it is. Such a layer runs as Burn ops on every backend (the host path
 //! scales outputs only).
 //!
+//! **GLM-4.5 and DeepSeek-V3** ([`Routing::GroupedSigmoid`]): the router's bias
+//! (`e_score_correction_bias`) is kept out of the logits ([`MoeLayer::selection_bias`]) and added
+//! to their sigmoid for the group-limited choice only ([`route`]); the weights scale the outputs,
+//! so such a layer runs on the host kernels as the softmax routers do.
+//!
 //! **Routing capture.** [`MoeLayer::forward_recording`] appends each pass's choices to a
 //! [`RoutingRecord`] (layer → `[batch, seq, top_k]` expert ids in order of weight), for the
 //! routing-drift metrics.
