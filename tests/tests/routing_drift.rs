@@ -152,18 +152,25 @@ fn routing_goes_through_shards_and_a_saved_reference_unchanged() {
     }
 }
 
-/// GLM-4.5's group-limited sigmoid router (`Routing::GroupedSigmoid`) gets the routing metrics:
-/// 8 experts, top-2, on its 3 MoE layers (layer 0 is dense), for every variant.
+/// SmolLM3, Llama 4 and GLM-4.5 evaluate under int8, w8a8-fp8 and a KV-cache scheme; Llama 4's
+/// sigmoid router (its 2 MoE layers, 4 experts, top-1) and GLM-4.5's group-limited one (its 3 MoE
+/// layers after the dense layer 0, 8 experts, top-2) get the routing metrics for every variant,
+/// SmolLM3 none.
 #[test]
-fn the_grouped_router_reports_routing_metrics() {
-    let report = evaluate(&moe_eval_of("glm4_moe", &["int8", "int4-g32"]), &mut |_| {}).expect("evaluation");
-    for v in &report.variants {
-        let r = v.routing.as_ref().unwrap_or_else(|| panic!("{}: routing", v.name));
-        assert_eq!((r.experts, r.top_k, r.layers.len()), (8, 2, 3), "{}", v.name);
-        let longest = v.horizons.last().expect("horizons");
-        let flips = longest.metric("routing_flip_rate").expect("routing_flip_rate").mean;
-        let overlap = longest.metric("expert_overlap").expect("expert_overlap").mean;
-        assert!((0.0..=1.0).contains(&flips) && (0.0..=1.0).contains(&overlap), "{}: {flips} {overlap}", v.name);
-        println!("glm4_moe {}: flips {flips:.4} overlap {overlap:.4}", v.name);
+fn the_2026_families_evaluate_with_routing_metrics() {
+    let schemes = ["int8", "w8a8-fp8", "int8+kv-q8_0"];
+    for (arch, routing) in [("smollm3", None), ("llama4", Some((4, 1, 2))), ("glm4_moe", Some((8, 2, 3)))] {
+        let report = evaluate(&moe_eval_of(arch, &schemes), &mut |_| {}).expect("evaluation");
+        assert_eq!(report.variants.len(), schemes.len() + 1, "{arch}: the noise floor and three schemes");
+        for v in &report.variants {
+            let longest = v.horizons.last().expect("horizons");
+            let tm = longest.metric("token_match_rate").expect("token_match_rate").mean;
+            let flips = longest.metric("routing_flip_rate").map(|m| m.mean);
+            let shape = v.routing.as_ref().map(|r| (r.experts, r.top_k, r.layers.len()));
+            assert_eq!(shape, routing, "{arch} {}", v.name);
+            assert_eq!(flips.is_some(), routing.is_some(), "{arch} {}", v.name);
+            assert!((0.0..=1.0).contains(&tm) && flips.is_none_or(|f| (0.0..=1.0).contains(&f)), "{arch} {}", v.name);
+            println!("{arch} {}: token match {tm:.3}, routing flips {flips:?}", v.name);
+        }
     }
 }
