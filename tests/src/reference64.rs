@@ -23,7 +23,8 @@
 //!   logits (ties to the lower expert index) and weighs them by [`qdrift_load::Routing`],
 //!   plus Qwen2-MoE's shared expert scaled by `σ(shared_expert_gate · x)`
 //!   (`Qwen2MoeSparseMoeBlock`); Llama 4's router scaling each chosen expert's input by `σ(logit)`
-//!   and its ungated shared expert (`Llama4TextMoe`); a post-FFN norm.
+//!   and its ungated shared expert (`Llama4TextMoe`); GLM-4.5's and DeepSeek-V3's group-limited
+//!   sigmoid routing (`Glm4MoeTopkRouter`, [`Routing::GroupedSigmoid`]); a post-FFN norm.
 //!
 //! The model scales the embeddings (`Gemma3TextScaledWordEmbedding`) and soft-caps the final
 //! logits (`Gemma2ForCausalLM.forward`).
@@ -598,12 +599,17 @@ fn gated(mlp: &Mlp, act: Activation, xs: &[Vec<f64>], positions: &[usize], round
 }
 
 /// The experts each row is routed to and their weights (`Qwen3MoeTopKRouter`,
-/// `MixtralTopKRouter`, `GptOssTopKRouter`): the `top_k` largest router logits, ties to the
-/// lower expert index.
+/// `MixtralTopKRouter`, `GptOssTopKRouter`, `Llama4Router`): the `top_k` largest router logits,
+/// ties to the lower expert index; `Glm4MoeTopkRouter`'s group-limited choice for
+/// [`Routing::GroupedSigmoid`], with `bias` its `e_score_correction_bias` (empty: none).
 ///
 /// # Shapes
-/// - `logits`: `[n_experts]`; returns `top_k` `(expert, weight)` pairs, largest logit first.
-pub fn route(logits: &[f64], routing: Routing, top_k: usize) -> Vec<(usize, f64)> {
+/// - `logits`, `bias`: `[n_experts]`; returns `top_k` `(expert, weight)` pairs, in the order of
+///   choice.
+pub fn route(logits: &[f64], bias: &[f64], routing: Routing, top_k: usize) -> Vec<(usize, f64)> {
+    if let Routing::GroupedSigmoid { n_group, topk_group, renormalize, scale } = routing {
+        return grouped_route(logits, bias, [n_group, topk_group, top_k], renormalize, f64::from(scale));
+    }
     let mut order: Vec<usize> = (0..logits.len()).collect();
     order.sort_by(|&i, &j| logits[j].total_cmp(&logits[i]).then(i.cmp(&j)));
     order.truncate(top_k);
@@ -622,7 +628,7 @@ pub fn route(logits: &[f64], routing: Routing, top_k: usize) -> Vec<(usize, f64)
             chosen.iter().map(|w| if renormalize { w / sum } else { *w }).collect()
         }
         // `Llama4Router`: `sigmoid(router_scores.float())`, so σ in f32 of the f32 logit.
-        Routing::SigmoidInput => order
+        Routing::SigmoidInput | Routing::GroupedSigmoid { .. } => order
             .iter()
             .map(|&i| {
                 let l = logits[i] as f32;
@@ -631,6 +637,50 @@ pub fn route(logits: &[f64], routing: Routing, top_k: usize) -> Vec<(usize, f64)
             .collect(),
     };
     order.into_iter().zip(weights).collect()
+}
+
+/// `Glm4MoeTopkRouter.forward` (and `DeepseekV3TopkRouter`'s): the logits in f32
+/// (`F.linear(hidden.float(), weight.float())`), `s = σ(logits)`, the choice on `c = s + bias`:
+/// `n_group` consecutive groups scored by the sum of their two largest `c`, the `topk_group`
+/// best kept, the `top_k` largest `c` among their experts; weights `s`, over `Σ s + 1e-20` when
+/// `renormalize`, times `scale` (f32 throughout, as `transformers`).
+///
+/// # Shapes
+/// - `logits`, `bias`: `[n_experts]`; returns `top_k` `(expert, weight)` pairs.
+fn grouped_route(
+    logits: &[f64],
+    bias: &[f64],
+    [n_group, topk_group, top_k]: [usize; 3],
+    renormalize: bool,
+    scale: f64,
+) -> Vec<(usize, f64)> {
+    let n = logits.len();
+    let s: Vec<f32> = logits.iter().map(|&l| 1.0 / (1.0 + (-(l as f32)).exp())).collect();
+    let c: Vec<f32> = s.iter().enumerate().map(|(e, &v)| v + bias.get(e).map_or(0.0, |&b| b as f32)).collect();
+    let desc = |v: &[f32]| {
+        let mut idx: Vec<usize> = (0..v.len()).collect();
+        idx.sort_by(|&i, &j| v[j].total_cmp(&v[i]).then(i.cmp(&j)));
+        idx
+    };
+    let size = n / n_group;
+    let group_scores: Vec<f32> = (0..n_group)
+        .map(|g| {
+            let part = &c[g * size..(g + 1) * size];
+            desc(part).iter().take(2).map(|&i| part[i]).sum()
+        })
+        .collect();
+    let kept: Vec<usize> = desc(&group_scores).into_iter().take(topk_group).collect();
+    let masked: Vec<f32> =
+        c.iter().enumerate().map(|(e, &v)| if kept.contains(&(e / size)) { v } else { f32::NEG_INFINITY }).collect();
+    let chosen: Vec<usize> = desc(&masked).into_iter().take(top_k).collect();
+    let sum = chosen.iter().map(|&e| s[e]).sum::<f32>() + 1e-20;
+    chosen
+        .into_iter()
+        .map(|e| {
+            let w = if renormalize { s[e] / sum } else { s[e] };
+            (e, f64::from(w * scale as f32))
+        })
+        .collect()
 }
 
 /// A mixture of experts over rows `xn` (normalized, not yet rounded): the router reads them at
@@ -657,7 +707,13 @@ fn mixture(
     let mut slots: Vec<(usize, usize, f64)> = Vec::new();
     let mut routed = Vec::with_capacity(xn.len());
     for (pos, x) in xn.iter().enumerate() {
-        let mut chosen = route(&matvec(&e.router, e.router_bias.as_ref(), x), routing, top_k);
+        // A grouped router's bias biases the choice only (`e_score_correction_bias`).
+        let (logit_bias, choice_bias) = if routing.biases_choice_only() {
+            (None, e.router_bias.as_ref().map_or_else(Vec::new, |b| b.data.iter().map(|&v| f64::from(v)).collect()))
+        } else {
+            (e.router_bias.as_ref(), Vec::new())
+        };
+        let mut chosen = route(&matvec(&e.router, logit_bias, x), &choice_bias, routing, top_k);
         routed.push(chosen.iter().map(|&(ei, _)| ei).collect());
         chosen.sort_by_key(|&(ei, _)| ei);
         slots.extend(chosen.into_iter().map(|(ei, w)| (pos, ei, w)));

@@ -125,7 +125,7 @@ fn llama_cpp_runs_the_exported_architectures() {
     qdrift_tests::qwen2_moe(&qwen2_moe, &[]);
     // gemma2's tiny checkpoint has an untied head, which llama.cpp's gemma2 cannot hold (refused).
     let tiny = |name: &str| shared_dir().join("models/tiny-arch").join(name);
-    let models = ["qwen3", "qwen3_moe", "gemma3", "phi3", "gpt_oss", "mixtral"].map(|f| (f, tiny(f)));
+    let models = ["qwen3", "qwen3_moe", "gemma3", "phi3", "gpt_oss", "mixtral", "smollm3"].map(|f| (f, tiny(f)));
     let made = [("phi3_longrope", longrope.clone()), ("qwen2_moe", qwen2_moe.clone())];
     for (folder, source) in models.into_iter().chain(made) {
         let loaded = open_model(&source, None).expect("tiny-arch");

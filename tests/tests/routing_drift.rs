@@ -1,7 +1,8 @@
 //! Routing drift (issue #30): the experts a model routes each position to, as the evaluation
 //! records them (`qdrift_generate::teacher_forced_routes`, batched, left-padded and chunked),
 //! are the experts the independent f64 forward pass (`qdrift_tests::reference64`) routes the
-//! same position to, on the three tiny-arch checkpoints with experts; and the report of a model
+//! same position to, on the tiny-arch checkpoints with experts (Llama 4's sigmoid router and
+//! GLM-4.5's grouped one among them); and the report of a model
 //! with experts carries the routing metrics for every variant, consistent with each other, through
 //! shards and a saved reference byte for byte, while a dense model's report has none.
 
@@ -26,7 +27,7 @@ fn tiny_arch(arch: &str) -> std::path::PathBuf {
 
 #[test]
 fn recorded_routes_are_the_f64_routers_choices() {
-    for arch in ["qwen3_moe", "mixtral", "gpt_oss"] {
+    for arch in ["qwen3_moe", "mixtral", "gpt_oss", "llama4", "glm4_moe"] {
         let dir = tiny_arch(arch);
         let mut host = open_model(&dir, None).unwrap_or_else(|e| panic!("{arch}: {e}")).model;
         round_to_fp16_reference(&mut host);
@@ -60,7 +61,12 @@ fn recorded_routes_are_the_f64_routers_choices() {
 /// A tiny Qwen3-MoE evaluation: 5 prompts in batches of 2 (the last one short), horizons 5
 /// and 20.
 fn moe_eval(schemes: &[&str]) -> EvalConfig {
-    let mut cfg = EvalConfig::new(tiny_arch("qwen3_moe"));
+    moe_eval_of("qwen3_moe", schemes)
+}
+
+/// [`moe_eval`] of tiny-arch checkpoint `arch`.
+fn moe_eval_of(arch: &str, schemes: &[&str]) -> EvalConfig {
+    let mut cfg = EvalConfig::new(tiny_arch(arch));
     cfg.prompts = Some(5);
     cfg.horizons = vec![5, 20];
     cfg.batch_size = Some(2);
@@ -143,5 +149,28 @@ fn routing_goes_through_shards_and_a_saved_reference_unchanged() {
         }
         let merged = merge(parts).expect("merge");
         assert_eq!(json(&merged), json(&whole), "shards (from the store: {from_store}) give the same report");
+    }
+}
+
+/// SmolLM3, Llama 4 and GLM-4.5 evaluate under int8, w8a8-fp8 and a KV-cache scheme; Llama 4's
+/// sigmoid router (its 2 MoE layers, 4 experts, top-1) and GLM-4.5's group-limited one (its 3 MoE
+/// layers after the dense layer 0, 8 experts, top-2) get the routing metrics for every variant,
+/// SmolLM3 none.
+#[test]
+fn the_2026_families_evaluate_with_routing_metrics() {
+    let schemes = ["int8", "w8a8-fp8", "int8+kv-q8_0"];
+    for (arch, routing) in [("smollm3", None), ("llama4", Some((4, 1, 2))), ("glm4_moe", Some((8, 2, 3)))] {
+        let report = evaluate(&moe_eval_of(arch, &schemes), &mut |_| {}).expect("evaluation");
+        assert_eq!(report.variants.len(), schemes.len() + 1, "{arch}: the noise floor and three schemes");
+        for v in &report.variants {
+            let longest = v.horizons.last().expect("horizons");
+            let tm = longest.metric("token_match_rate").expect("token_match_rate").mean;
+            let flips = longest.metric("routing_flip_rate").map(|m| m.mean);
+            let shape = v.routing.as_ref().map(|r| (r.experts, r.top_k, r.layers.len()));
+            assert_eq!(shape, routing, "{arch} {}", v.name);
+            assert_eq!(flips.is_some(), routing.is_some(), "{arch} {}", v.name);
+            assert!((0.0..=1.0).contains(&tm) && flips.is_none_or(|f| (0.0..=1.0).contains(&f)), "{arch} {}", v.name);
+            println!("{arch} {}: token match {tm:.3}, routing flips {flips:?}", v.name);
+        }
     }
 }

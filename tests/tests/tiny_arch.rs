@@ -1,6 +1,7 @@
-//! The seven tiny-arch checkpoints (`../shared/models/tiny-arch/<arch>/`, see its README) against
+//! The tiny-arch checkpoints (`../shared/models/tiny-arch/<arch>/`, see its README) against
 //! `transformers`' float64 goldens: one random bf16 checkpoint per architecture beyond Llama
-//! (Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3, Mixtral, gpt-oss), opened with `open_model`.
+//! (Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3, Mixtral, gpt-oss; SmolLM3, Llama 4, GLM-4.5),
+//! opened with `open_model`.
 //!
 //! For each, one test checks that
 //! - the tokenizer encodes `golden.json`'s `texts` to its `prompts`;
@@ -22,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use qdrift_generate::{BackendChoice, ComputeDevice};
+use qdrift_load::{HostModel, Routing};
 use qdrift_load::{LoadedModel, open_model};
 use qdrift_model::{Llama, Positions};
 use qdrift_tests::reference64::{Rounding, naive_logits};
@@ -190,7 +192,7 @@ fn check_model(arch: &str, loaded: &LoadedModel, g: &Golden, choice: BackendChoi
 const BF16_TOLERANCE: f64 = 0.05;
 
 /// Share of a mixture of experts' positions within [`BF16_TOLERANCE`] (measured: 73% for
-/// Mixtral and gpt-oss, 97% for Qwen3-MoE).
+/// Mixtral and gpt-oss, 97% for Qwen3-MoE, 98% for Llama 4, 85% for GLM-4.5).
 const BF16_MOE_WITHIN: f64 = 0.7;
 
 /// The model in bf16 on the CPU: teacher-forced logits against the goldens, per position within
@@ -244,7 +246,8 @@ fn check_bf16(arch: &str, loaded: &LoadedModel, g: &Golden) {
     );
 }
 
-const ARCHS: [&str; 7] = ["qwen3", "qwen3_moe", "gemma2", "gemma3", "phi3", "mixtral", "gpt_oss"];
+const ARCHS: [&str; 10] =
+    ["qwen3", "qwen3_moe", "gemma2", "gemma3", "phi3", "mixtral", "gpt_oss", "smollm3", "llama4", "glm4_moe"];
 
 fn open(arch: &str) -> LoadedModel {
     let dir = arch_dir(arch);
@@ -313,4 +316,80 @@ fn mixtral() {
 #[test]
 fn gpt_oss() {
     check("gpt_oss");
+}
+
+/// A change to a model's description.
+type Edit = fn(&mut HostModel);
+
+/// Each feature matters: the f64 reference without it moves past `at_least` from the goldens.
+fn features_matter(arch: &str, host: &HostModel, edits: &[(&str, Edit)], at_least: f64) {
+    let g = golden(arch);
+    for (what, edit) in edits {
+        let mut changed = host.clone();
+        edit(&mut changed);
+        let err = max_abs(&naive_logits(&changed, &g.tokens, &Rounding::default()), &g.logits);
+        println!("{arch} with {what}: max |Δlogit| {err:.2e}");
+        assert!(err > at_least, "{arch} with {what}: {err:.2e}");
+    }
+}
+
+/// NoPE on every 4th layer (`no_rope_layers` `[1, 1, 1, 0]`), tied embeddings.
+#[test]
+fn smollm3() {
+    let loaded = open("smollm3");
+    let a = &loaded.model.arch;
+    assert_eq!((a.layer_attention.rope.as_slice(), a.tied_embeddings), (&[true, true, true, false][..], true));
+    check("smollm3");
+    features_matter(
+        "smollm3",
+        &loaded.model,
+        &[("RoPE on every layer", |m| m.arch.layer_attention.rope.clear())],
+        1e-2,
+    );
+}
+
+/// Chunked attention (chunk 16) on layers 0–2, a global NoPE layer 3 with attention temperature,
+/// L2 q/k norm, experts (4, top-1 sigmoid scaling inputs, ungated shared expert) on layers 1 and 3.
+#[test]
+fn llama4() {
+    let loaded = open("llama4");
+    let (a, la) = (&loaded.model.arch, &loaded.model.arch.layer_attention);
+    assert_eq!(la.chunks, [Some(16), Some(16), Some(16), None]);
+    assert_eq!((la.qk_l2_norm, la.rope.as_slice()), (Some(1e-6), &[true, true, true, false][..]));
+    assert_eq!(a.moe.as_ref().map(|m| (m.dense_layers.clone(), m.routing)), Some((vec![0, 2], Routing::SigmoidInput)));
+    check("llama4");
+    let edits: [(&str, Edit); 4] = [
+        ("no chunks", |m| m.arch.layer_attention.chunks.clear()),
+        ("no L2 norm", |m| m.arch.layer_attention.qk_l2_norm = None),
+        ("no temperature", |m| m.arch.layer_attention.temperature = None),
+        ("weights on the outputs", |m| {
+            m.arch.moe.as_mut().expect("experts").routing = Routing::SoftmaxTopK { renormalize: false };
+        }),
+    ];
+    features_matter("llama4", &loaded.model, &edits, 1e-3);
+}
+
+/// q/k/v biases, q/k norms, partial rotary 0.5, layer 0 dense, 8 experts (top-2 of sigmoid
+/// scores chosen with `e_score_correction_bias`, renormalized, ×1.5) and an ungated shared expert.
+#[test]
+fn glm4_moe() {
+    let loaded = open("glm4_moe");
+    let a = &loaded.model.arch;
+    assert_eq!((a.block.rotary_dim, a.block.qk_norm), (Some(8), true));
+    let grouped = Routing::GroupedSigmoid { n_group: 1, topk_group: 1, renormalize: true, scale: 1.5 };
+    assert_eq!(
+        a.moe.as_ref().map(|m| (m.dense_layers.clone(), m.routing, m.shared_expert_hidden)),
+        Some((vec![0], grouped, Some(32)))
+    );
+    check("glm4_moe");
+    let edits: [(&str, Edit); 2] = [
+        ("no routed_scaling_factor", |m| {
+            m.arch.moe.as_mut().expect("experts").routing =
+                Routing::GroupedSigmoid { n_group: 1, topk_group: 1, renormalize: true, scale: 1.0 };
+        }),
+        ("softmax routing", |m| {
+            m.arch.moe.as_mut().expect("experts").routing = Routing::SoftmaxTopK { renormalize: true };
+        }),
+    ];
+    features_matter("glm4_moe", &loaded.model, &edits, 1e-3);
 }

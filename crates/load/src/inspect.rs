@@ -484,6 +484,7 @@ fn experts_line(moe: &qdrift_weights::MoeSpec, layers: usize) -> String {
         qdrift_weights::Routing::SoftmaxTopK { renormalize: false } => "softmax over all",
         qdrift_weights::Routing::TopKSoftmax => "softmax over the top-k",
         qdrift_weights::Routing::SigmoidInput => "sigmoid of the top-k, scaling each expert's input",
+        qdrift_weights::Routing::GroupedSigmoid { .. } => "sigmoid, group-limited top-k with a selection bias",
     };
     let with_experts = layers.saturating_sub(moe.dense_layers.iter().filter(|&&l| l < layers).count());
     let shared = moe.shared_expert_hidden.map_or_else(String::new, |w| format!(", shared expert {w}"));

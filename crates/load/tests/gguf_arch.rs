@@ -816,6 +816,7 @@ fn tiny_arch_hf_checkpoints_round_trip_through_gguf() {
         ("phi3", "phi3"),
         ("gpt_oss", "gpt-oss"),
         ("mixtral", "mixtral"),
+        ("smollm3", "smollm3"),
     ] {
         let Some(src) = tiny_arch(folder) else { continue };
         let loaded = qdrift_load::open_model(&src, None).unwrap_or_else(|e| panic!("{folder}: {e}"));
@@ -885,4 +886,25 @@ fn a_block_past_the_block_count_is_refused() {
             && e.ends_with(" is in block 1, but qwen3.block_count is 1; qdrift would run without it"),
         "{e}"
     );
+}
+
+/// llama.cpp's smollm3 fixes its NoPE layers (every 4th); another pattern is refused, and Llama 4's
+/// and GLM-4.5's files are refused by the feature qdrift does not write yet.
+#[test]
+fn nope_patterns_and_unwritten_families_are_refused_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (folder, edit, needle) in [
+        ("smollm3", true, "its NoPE layers are not llama.cpp's (every 4th layer, no other)"),
+        ("llama4", false, "NoPE, chunked or temperature-tuned attention layers are not written yet"),
+        ("glm4_moe", false, "group-limited sigmoid routing are not written yet"),
+    ] {
+        let Some(src) = tiny_arch(folder) else { continue };
+        let mut m = qdrift_load::open_model(&src, None).unwrap_or_else(|e| panic!("{folder}: {e}")).model;
+        if edit {
+            m.arch.layer_attention.rope = vec![true, false, true, true];
+        }
+        let path = dir.path().join(format!("{folder}.gguf"));
+        let e = write_gguf_with(&path, &m, &[], WriteDtype::F32, &|_| None).expect_err("refused").to_string();
+        assert!(e.ends_with(needle), "{folder}: {e}");
+    }
 }

@@ -927,25 +927,32 @@ fn repeated_merges_are_refused_naming_the_first() {
     assert_eq!(e, want);
 }
 
-/// A multimodal wrapper (`Gemma3ForConditionalGeneration`: the text model's config as
+/// A multimodal wrapper (`Gemma3ForConditionalGeneration`, `Llama4ForConditionalGeneration`: the
+/// text model's config as
 /// `text_config`, its weights under `model.language_model.`, a vision tower and projector beside
 /// them) reads as its language model, with a note saying so; the same weights wrapped the older
 /// way (`language_model.model.`, `language_model.lm_head.`) too.
 #[test]
 fn a_multimodal_wrapper_reads_as_its_language_model() {
     use serde_json::json;
-    let plain = open("gemma3");
-    assert!(plain.notes.is_empty(), "{:?}", plain.notes);
-    for (prefix, head) in [("model.language_model.", "lm_head."), ("language_model.model.", "language_model.lm_head.")]
+    let wrappers = [
+        ("gemma3", "Gemma3ForConditionalGeneration", "gemma3", "Gemma3ForCausalLM"),
+        ("llama4", "Llama4ForConditionalGeneration", "llama4", "Llama4ForCausalLM"),
+    ];
+    let prefixes = [("model.language_model.", "lm_head."), ("language_model.model.", "language_model.lm_head.")];
+    for ((folder, wrapper, model_type, class), (prefix, head)) in
+        wrappers.into_iter().flat_map(|w| prefixes.map(|p| (w, p)))
     {
-        let dir = edited("gemma3", |c| {
+        let plain = open(folder);
+        assert!(plain.notes.is_empty(), "{:?}", plain.notes);
+        let dir = edited(folder, |c| {
             let text = Value::Object(std::mem::take(c));
-            c.insert("architectures".into(), json!(["Gemma3ForConditionalGeneration"]));
-            c.insert("model_type".into(), json!("gemma3"));
+            c.insert("architectures".into(), json!([wrapper]));
+            c.insert("model_type".into(), json!(model_type));
             c.insert("text_config".into(), text);
             c.insert("vision_config".into(), json!({"model_type": "siglip_vision_model", "hidden_size": 4}));
         });
-        let bytes = std::fs::read(tiny_dir("gemma3").join("model.safetensors")).expect("model.safetensors");
+        let bytes = std::fs::read(tiny_dir(folder).join("model.safetensors")).expect("model.safetensors");
         let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid");
         let mut tensors: Vec<(String, safetensors::tensor::TensorView<'_>)> = st
             .tensors()
@@ -975,7 +982,7 @@ fn a_multimodal_wrapper_reads_as_its_language_model() {
         assert_eq!(wrapped.notes.len(), 1, "{:?}", wrapped.notes);
         let note = &wrapped.notes[0];
         assert!(!note.contains('\n'), "{note}");
-        for needle in ["Gemma3ForConditionalGeneration", "Gemma3ForCausalLM", "2 vision/audio tensors"] {
+        for needle in [wrapper, class, "2 vision/audio tensors"] {
             assert!(note.contains(needle), "{needle:?} not in {note}");
         }
     }

@@ -52,6 +52,11 @@
 //! gate row) and added as it is. Such a layer runs as Burn ops on every backend (the host path
 //! scales outputs only).
 //!
+//! **GLM-4.5 and DeepSeek-V3** ([`Routing::GroupedSigmoid`]): the router's bias
+//! (`e_score_correction_bias`) is kept out of the logits ([`MoeLayer::selection_bias`]) and added
+//! to their sigmoid for the group-limited choice only ([`route`]); the weights scale the outputs,
+//! so such a layer runs on the host kernels as the softmax routers do.
+//!
 //! **Routing capture.** [`MoeLayer::forward_recording`] appends each pass's choices to a
 //! [`RoutingRecord`] (layer → `[batch, seq, top_k]` expert ids in order of weight), for the
 //! routing-drift metrics.
@@ -112,6 +117,10 @@ pub struct MoeLayer {
     /// How the router's logits become weights.
     #[module(skip)]
     pub routing: Routing,
+    /// [`Routing::GroupedSigmoid`]'s choice bias (`e_score_correction_bias`), `[n_experts]`, kept
+    /// out of the router's logits; empty otherwise.
+    #[module(skip)]
+    pub selection_bias: Vec<f32>,
     /// The experts' gated activation.
     #[module(skip)]
     pub activation: Activation,
@@ -151,7 +160,17 @@ impl MoeLayer {
         }
         let dim = weights.router.shape.get(1).copied().unwrap_or(0);
         let name = |s: &str| format!("model.layers.{layer}.mlp.{s}");
-        let router = projection(&name("gate"), &weights.router, weights.router_bias.as_ref(), [n, dim], store)?;
+        // A grouped router's bias biases the choice only: kept out of the logits.
+        let (logit_bias, selection_bias) = if spec.routing.biases_choice_only() {
+            let bias = weights.router_bias.as_ref();
+            if let Some(b) = bias {
+                check_linear(&name("gate"), &weights.router, Some(b), [n, dim])?;
+            }
+            (None, bias.map_or_else(Vec::new, |b| b.data.clone()))
+        } else {
+            (weights.router_bias.as_ref(), Vec::new())
+        };
+        let router = projection(&name("gate"), &weights.router, logit_bias, [n, dim], store)?;
         let experts = weights
             .experts
             .iter()
@@ -179,13 +198,26 @@ impl MoeLayer {
                 )));
             }
         };
-        Ok(MoeLayer { router, experts, shared, top_k: spec.top_k, routing: spec.routing, activation, layer })
+        Ok(MoeLayer {
+            router,
+            experts,
+            shared,
+            top_k: spec.top_k,
+            routing: spec.routing,
+            selection_bias,
+            activation,
+            layer,
+        })
     }
 
     /// The layer's weights as host values, as [`MoeLayer::from_host`] took them (values of the
     /// compute dtype).
     pub(crate) fn host_weights(&self) -> Experts {
-        let (router, router_bias) = self.router.host_weights();
+        let (router, mut router_bias) = self.router.host_weights();
+        if !self.selection_bias.is_empty() {
+            router_bias =
+                Some(HostTensor { shape: vec![self.selection_bias.len()], data: self.selection_bias.clone() });
+        }
         let experts = self
             .experts
             .iter()
@@ -259,7 +291,7 @@ impl MoeLayer {
         let rows = b * t;
         // The router (and the shared expert's gate) at reference precision: its input unrounded.
         let logits = host_f32(self.router.forward_to(x.clone(), DType::F32));
-        let routes = route(&logits, self.n_experts(), self.top_k, self.routing);
+        let routes = route(&logits, self.n_experts(), self.top_k, self.routing, &self.selection_bias);
         self.record(record, [b, t], &routes);
         let shared = self.shared.as_ref().map(|s| {
             let g = s.gate.as_ref().map(|gate| {
@@ -348,7 +380,8 @@ impl MoeLayer {
         let (f16, k, w) = (context.f16, self.top_k, self.expert_hidden());
         let router = packed(&self.router);
         let (rows, dim) = (b * t, router.inp());
-        let routes = route(&router.forward_rounded(&xs, rows, f16), self.n_experts(), k, self.routing);
+        let logits = router.forward_rounded(&xs, rows, f16);
+        let routes = route(&logits, self.n_experts(), k, self.routing, &self.selection_bias);
         self.record(record, [b, t], &routes);
         // The shared expert on the unrounded input (it rounds its own), scaled by its gate.
         let shared = self.shared.as_ref().map(|s| {
@@ -585,18 +618,29 @@ impl Routes {
 /// - [`Routing::SoftmaxTopK`]: softmax over all experts, the `top_k` largest probabilities
 ///   (`Qwen3MoeTopKRouter`, `MixtralTopKRouter`), divided by their sum when `renormalize`;
 /// - [`Routing::TopKSoftmax`]: the `top_k` largest logits, softmax over them (`GptOssTopKRouter`);
-/// - [`Routing::SigmoidInput`]: the `top_k` largest logits, `σ` of each (`Llama4Router`).
+/// - [`Routing::SigmoidInput`]: the `top_k` largest logits, `σ` of each (`Llama4Router`);
+/// - [`Routing::GroupedSigmoid`]: `σ` of the logits, chosen by `σ + selection_bias` within the
+///   best groups ([`grouped_choice`]; `Glm4MoeTopkRouter`, `DeepseekV3TopkRouter`), weighted by
+///   `σ`, renormalized (`+ 1e-20`) and scaled.
 ///
 /// The top-k is `torch.topk`'s: sorted descending, NaN above every number, equal values in
 /// ascending expert id.
 ///
 /// # Shapes
-/// - `logits`: `[rows, n_experts]` → [`Routes`] of `[rows, top_k]`
-pub(crate) fn route(logits: &[f32], n_experts: usize, top_k: usize, routing: Routing) -> Routes {
+/// - `logits`: `[rows, n_experts]`, `selection_bias`: `[n_experts]` or empty → [`Routes`] of
+///   `[rows, top_k]`
+pub(crate) fn route(
+    logits: &[f32],
+    n_experts: usize,
+    top_k: usize,
+    routing: Routing,
+    selection_bias: &[f32],
+) -> Routes {
     let rows = logits.len() / n_experts.max(1);
     let mut experts = Vec::with_capacity(rows * top_k);
     let mut weights = Vec::with_capacity(rows * top_k);
     let mut probs = vec![0.0f32; n_experts];
+    let mut choice = vec![0.0f32; n_experts];
     let mut order: Vec<usize> = Vec::with_capacity(n_experts);
     for row in logits.chunks_exact(n_experts) {
         let scores = match routing {
@@ -604,11 +648,22 @@ pub(crate) fn route(logits: &[f32], n_experts: usize, top_k: usize, routing: Rou
                 softmax(row, &mut probs);
                 &probs[..]
             }
+            Routing::GroupedSigmoid { .. } => {
+                probs.iter_mut().zip(row).for_each(|(p, &l)| *p = 1.0 / (1.0 + (-l).exp()));
+                &probs[..]
+            }
             Routing::TopKSoftmax | Routing::SigmoidInput => row,
+        };
+        let by: &[f32] = match routing {
+            Routing::GroupedSigmoid { n_group, topk_group, .. } => {
+                grouped_choice(scores, selection_bias, n_group, topk_group, &mut choice);
+                &choice
+            }
+            _ => scores,
         };
         order.clear();
         order.extend(0..n_experts);
-        order.sort_by(|&a, &b| topk_order((a, scores[a]), (b, scores[b])));
+        order.sort_by(|&a, &b| topk_order((a, by[a]), (b, by[b])));
         let chosen = &order[..top_k];
         let mut w: Vec<f32> = chosen.iter().map(|&e| scores[e]).collect();
         match routing {
@@ -622,11 +677,44 @@ pub(crate) fn route(logits: &[f32], n_experts: usize, top_k: usize, routing: Rou
                 softmax(&logits, &mut w);
             }
             Routing::SigmoidInput => w.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp())),
+            Routing::GroupedSigmoid { renormalize, scale, .. } => {
+                if renormalize {
+                    let sum = w.iter().sum::<f32>() + 1e-20;
+                    w.iter_mut().for_each(|v| *v /= sum);
+                }
+                w.iter_mut().for_each(|v| *v *= scale);
+            }
         }
         experts.extend(chosen.iter().map(|&e| e as u32));
         weights.extend(w);
     }
     Routes { top_k, experts, weights }
+}
+
+/// The choice values of [`Routing::GroupedSigmoid`] (`Glm4MoeTopkRouter.forward`): `s + b` for
+/// the experts of the `topk_group` best of `n_group` consecutive groups, a group scored by the
+/// sum of its two largest `s + b`; `-inf` elsewhere (`masked_fill(~score_mask, -inf)`).
+///
+/// # Shapes
+/// - `scores`, `out`: `[n_experts]`; `bias`: `[n_experts]` or empty (none)
+fn grouped_choice(scores: &[f32], bias: &[f32], n_group: usize, topk_group: usize, out: &mut [f32]) {
+    for (e, (o, &s)) in out.iter_mut().zip(scores).enumerate() {
+        *o = s + bias.get(e).copied().unwrap_or(0.0);
+    }
+    let size = out.len() / n_group.max(1);
+    let group_scores: Vec<f32> = out
+        .chunks_exact(size.max(1))
+        .map(|g| {
+            let mut idx: Vec<usize> = (0..g.len()).collect();
+            idx.sort_by(|&a, &b| topk_order((a, g[a]), (b, g[b])));
+            idx.iter().take(2).map(|&i| g[i]).sum()
+        })
+        .collect();
+    let mut groups: Vec<usize> = (0..group_scores.len()).collect();
+    groups.sort_by(|&a, &b| topk_order((a, group_scores[a]), (b, group_scores[b])));
+    for &g in &groups[topk_group.min(groups.len())..] {
+        out[g * size..(g + 1) * size].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+    }
 }
 
 /// `torch.topk`'s order: larger first, NaN above every number, ties by ascending index.
@@ -775,6 +863,8 @@ mod tests {
         let scores = match routing {
             Routing::SoftmaxTopK { .. } => softmax(row),
             Routing::TopKSoftmax | Routing::SigmoidInput => row.to_vec(),
+            // One group, no bias: the choice is the scores'.
+            Routing::GroupedSigmoid { .. } => row.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
         };
         let mut ids: Vec<usize> = (0..row.len()).collect();
         ids.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
@@ -788,6 +878,10 @@ mod tests {
             Routing::SoftmaxTopK { renormalize: false } => chosen,
             Routing::TopKSoftmax => softmax(&chosen),
             Routing::SigmoidInput => chosen.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
+            Routing::GroupedSigmoid { renormalize, scale, .. } => {
+                let s: f64 = if renormalize { chosen.iter().sum::<f64>() + 1e-20 } else { 1.0 };
+                chosen.iter().map(|v| v / s * f64::from(scale)).collect()
+            }
         };
         (ids, w)
     }
@@ -799,8 +893,9 @@ mod tests {
     fn routing_matches_a_naive_f64_computation() {
         let (rows, n, k) = (50, 8, 3);
         let logits = values(rows * n, 7, 4.0);
-        for routing in ROUTINGS {
-            let r = route(&logits, n, k, routing);
+        let grouped = Routing::GroupedSigmoid { n_group: 1, topk_group: 1, renormalize: true, scale: 2.5 };
+        for routing in ROUTINGS.into_iter().chain([grouped]) {
+            let r = route(&logits, n, k, routing, &[]);
             assert_eq!((r.experts.len(), r.weights.len()), (rows * k, rows * k));
             for (i, row) in logits.chunks(n).enumerate() {
                 let (ids, w) = naive_route(&row.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(), k, routing);
@@ -813,18 +908,40 @@ mod tests {
         }
     }
 
+    /// `Glm4MoeTopkRouter` by hand: 4 groups of 2, the best 2 groups kept (by the sum of their two
+    /// `σ + b`), top-2 within them by `σ + b`, weights `σ` renormalized and scaled.
+    #[test]
+    fn grouped_routing_chooses_within_the_best_groups() {
+        let routing = Routing::GroupedSigmoid { n_group: 4, topk_group: 2, renormalize: true, scale: 2.5 };
+        let logits = [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let bias = [0.45, 0.0, 0.4, 0.0, 0.0, 0.0, 0.3, 0.35];
+        // σ + b: [1.181, .5, .9, .5, .5, .5, .8, .85]; groups 1.681, 1.4, 1.0, 1.65: groups 0 and 3
+        // kept, so expert 2 (.9) is out and experts 0 and 7 are chosen.
+        let r = route(&logits, 8, 2, routing, &bias);
+        assert_eq!(r.experts, [0, 7]);
+        let s0 = 1.0 / (1.0 + (-1.0f64).exp());
+        let want = [s0 / (s0 + 0.5) * 2.5, 0.5 / (s0 + 0.5) * 2.5];
+        for (w, want) in r.weights.iter().zip(want) {
+            assert!((f64::from(*w) - want).abs() < 1e-6, "{w} vs {want}");
+        }
+        // Without the groups' limit (one group), expert 2 comes second.
+        let flat = Routing::GroupedSigmoid { n_group: 1, topk_group: 1, renormalize: false, scale: 1.0 };
+        let r = route(&logits, 8, 2, flat, &bias);
+        assert_eq!((r.experts.as_slice(), r.weights[1]), (&[0, 2][..], 0.5));
+    }
+
     #[test]
     fn ties_go_to_the_lower_expert_and_nan_ranks_first() {
         for routing in ROUTINGS {
-            let r = route(&[1.0, 3.0, 3.0, 0.5, 3.0], 5, 2, routing);
+            let r = route(&[1.0, 3.0, 3.0, 0.5, 3.0], 5, 2, routing, &[]);
             assert_eq!(r.experts, [1, 2], "{routing:?}");
             assert_eq!(r.weights[0], r.weights[1], "{routing:?}");
             // −0 and +0 are equal: the lower id first.
-            let r = route(&[-1.0, 0.0, -0.0, -2.0], 4, 2, routing);
+            let r = route(&[-1.0, 0.0, -0.0, -2.0], 4, 2, routing, &[]);
             assert_eq!(r.experts, [1, 2], "{routing:?}");
         }
         // torch.topk ranks NaN above every number.
-        let r = route(&[1.0, f32::NAN, 2.0], 3, 2, Routing::TopKSoftmax);
+        let r = route(&[1.0, f32::NAN, 2.0], 3, 2, Routing::TopKSoftmax, &[]);
         assert_eq!(r.experts, [1, 2]);
     }
 
@@ -847,7 +964,7 @@ mod tests {
     fn every_expert_on_every_row(layer: &MoeLayer, x: Tensor<3>, context: &ForwardContext) -> Tensor<3> {
         let ([b, t, dim], dtype, device) = (x.dims(), x.dtype(), x.device());
         let logits = host_f32(layer.router.forward_to(x.clone(), DType::F32));
-        let routes = route(&logits, layer.n_experts(), layer.top_k, layer.routing);
+        let routes = route(&logits, layer.n_experts(), layer.top_k, layer.routing, &layer.selection_bias);
         let x = context.round_input(x);
         let mut out = Tensor::<3>::zeros([b, t, dim], (&device, dtype));
         for (e, expert) in layer.experts.iter().enumerate() {

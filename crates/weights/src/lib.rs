@@ -242,7 +242,7 @@ pub struct MoeSpec {
 
 /// How a router turns its logits `r = W·x (+ b)` into the weights of the `top_k` experts it picks
 /// (always the `top_k` largest logits; ties go to the lower expert index, as `torch.topk`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum Routing {
     /// Softmax over all experts, then the chosen probabilities, divided by their sum when
@@ -257,12 +257,36 @@ pub enum Routing {
     /// `σ(logit)` (computed in f32) and its output added unweighted:
     /// `y = Σ_e expert_e(σ(r_e) · x)`.
     SigmoidInput,
+    /// DeepSeek-V3's and GLM-4.5's group-limited sigmoid routing (`DeepseekV3TopkRouter`,
+    /// `Glm4MoeTopkRouter`, all in f32): scores `s = σ(r)`; the choice reads `c = s + b`, where `b`
+    /// is the router's bias ([`Experts::router_bias`], their `e_score_correction_bias`), which
+    /// the weights never see. The experts split into `n_group` consecutive groups, each scored by
+    /// the sum of its two largest `c`; the `topk_group` best groups are kept and the `top_k`
+    /// largest `c` among their experts chosen. Their weights are their `s`, divided by
+    /// `Σ s + 1e-20` when `renormalize` (`norm_topk_prob`), times `scale`
+    /// (`routed_scaling_factor`), scaling the outputs. Chosen experts are listed in order of `c`.
+    GroupedSigmoid {
+        /// `n_group`: groups the experts split into (dividing the experts, each group at least 2).
+        n_group: usize,
+        /// `topk_group`: groups kept, from 1 to `n_group`.
+        topk_group: usize,
+        /// Divide the chosen weights by their sum.
+        renormalize: bool,
+        /// `routed_scaling_factor`.
+        scale: f32,
+    },
 }
 
 impl Routing {
     /// Whether the router's weights scale the experts' inputs rather than their outputs.
     pub fn scales_input(self) -> bool {
         self == Routing::SigmoidInput
+    }
+
+    /// Whether the router's bias biases the choice only ([`Routing::GroupedSigmoid`]) rather
+    /// than the logits.
+    pub fn biases_choice_only(self) -> bool {
+        matches!(self, Routing::GroupedSigmoid { .. })
     }
 }
 
@@ -633,6 +657,24 @@ impl ModelArch {
             if m.shared_expert_hidden == Some(0) {
                 return Err("a shared expert needs a positive width".to_string());
             }
+            if let Routing::GroupedSigmoid { n_group, topk_group, scale, .. } = m.routing {
+                let per_group = m.n_experts.checked_div(n_group).unwrap_or(0);
+                if n_group == 0 || !m.n_experts.is_multiple_of(n_group) || per_group < 2 {
+                    return Err(format!(
+                        "n_group {n_group} must divide the {} experts into groups of at least 2",
+                        m.n_experts
+                    ));
+                }
+                if topk_group == 0 || topk_group > n_group || m.top_k > topk_group * per_group {
+                    return Err(format!(
+                        "topk_group {topk_group} must be from 1 to n_group {n_group} and keep the top-k {} experts",
+                        m.top_k
+                    ));
+                }
+                if !scale.is_finite() {
+                    return Err(format!("routed_scaling_factor {scale} must be finite"));
+                }
+            }
         }
         Ok(())
     }
@@ -807,7 +849,9 @@ pub struct Experts {
     /// Router, `[n_experts, dim]` (`mlp.gate`, Mixtral's `block_sparse_moe.gate`, gpt-oss's
     /// `mlp.router`).
     pub router: HostTensor,
-    /// Router bias `[n_experts]` (gpt-oss).
+    /// Router bias `[n_experts]`: gpt-oss's, added to the logits; with
+    /// [`Routing::GroupedSigmoid`], the `e_score_correction_bias` added to the scores for the
+    /// choice only.
     pub router_bias: Option<HostTensor>,
     /// The experts, `n_experts` of them.
     pub experts: Vec<Mlp>,

@@ -56,6 +56,20 @@ pub(crate) struct Block {
     /// Phi-3's RoPE: `partial_rotary_factor` read, LongRoPE (older `su`/`yarn` read as it, GGUF
     /// `rope_factors_{long,short}`).
     pub(crate) partial_rotary: bool,
+    /// GLM-4.5's partial rotary: the default of `partial_rotary_factor` (read from the rope dict
+    /// or the top level) for a family whose default RoPE rotates the first
+    /// `int(head_dim · factor)` dimensions of each head, rotate-half.
+    pub(crate) partial_factor: Option<f64>,
+    /// The `config.json` flag that adds per-head q/k RMSNorms (GLM-4.5's `use_qk_norm`).
+    pub(crate) qk_norm_key: Option<&'static str>,
+    /// SmolLM3's and Llama 4's NoPE layers: `no_rope_layers` (1: RoPE, 0: NoPE), else a NoPE
+    /// layer every `no_rope_layer_interval` (default 4) layers.
+    pub(crate) nope: bool,
+    /// Llama 4's attention: chunked local attention (`attention_chunk_size` on the
+    /// `chunked_attention` layers of `layer_types`), the L2 q/k norm (`use_qk_norm`, default true),
+    /// temperature tuning (`attn_temperature_tuning`, `floor_scale`, `attn_scale`); its q/k rows
+    /// are in the interleaved RoPE layout already (`apply_rotary_emb` rotates adjacent pairs).
+    pub(crate) llama4_attention: bool,
     /// Which logit soft caps the family has.
     pub(crate) softcaps: SoftCaps,
     /// Gemma 3's RoPE per layer type: `Some(default)` of the sliding-window layers' base (its
@@ -125,6 +139,12 @@ pub(crate) struct HfRules {
     /// Whether the embedding may have rows past the tokenizer (never encoded); else the
     /// vocabularies must match.
     pub(crate) padded_vocab: bool,
+    /// `tie_word_embeddings` when absent.
+    pub(crate) tied: bool,
+    /// The module of the feed-forward layer (`mlp`; Llama 4's `feed_forward`).
+    pub(crate) ffn: &'static str,
+    /// The key of the dense FFN's width (`intermediate_size`; Llama 4's `intermediate_size_mlp`).
+    pub(crate) dense_width: &'static str,
 }
 
 /// Which attention biases a layer has.
@@ -170,6 +190,8 @@ pub(crate) enum WindowRule {
     AllIfSet,
     /// Every other layer, the first sliding; `sliding_window` defaults to the value.
     Alternate(usize),
+    /// The `sliding_attention` layers of `layer_types`, none without it (SmolLM3).
+    LayerTypes,
     /// All but every `sliding_window_pattern`-th (default 6); `sliding_window` default 4096.
     Pattern,
 }
@@ -192,16 +214,42 @@ pub(crate) struct MoeRules {
     pub(crate) hf_routing: HfRouting,
     /// The key of the expert width, with its default.
     pub(crate) width: (&'static str, Option<usize>),
-    /// Qwen's dense layers: `decoder_sparse_step`, `mlp_only_layers`.
-    pub(crate) dense_layers: bool,
+    /// Which layers are dense.
+    pub(crate) dense_layers: DenseRule,
     /// A sigmoid-gated shared expert: the default of `shared_expert_intermediate_size`.
     pub(crate) shared_expert: Option<usize>,
+    /// An ungated shared expert (Llama 4's, GLM-4.5's).
+    pub(crate) ungated_shared: Option<UngatedShared>,
     /// The checkpoint's expert tensors.
     pub(crate) hf_tensors: ExpertTensors,
     /// llama.cpp's routing (`build_moe_ffn`).
     pub(crate) gguf_routing: Routing,
     /// GGUF's expert width.
     pub(crate) gguf_width: GgufWidth,
+}
+
+/// Which layers of a mixture of experts are dense.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DenseRule {
+    /// None.
+    None,
+    /// Qwen's `decoder_sparse_step` and `mlp_only_layers`.
+    Qwen,
+    /// Llama 4's: all but `moe_layers`, by default every `interleave_moe_layer_step`-th (default
+    /// 1) from `step - 1`.
+    MoeLayers,
+    /// DeepSeek-V3's and GLM-4.5's first `first_k_dense_replace` (default the value).
+    FirstK(usize),
+}
+
+/// An ungated shared expert, added as it is: `{ffn}.{name}.{gate,up,down}_proj`, as wide as an
+/// expert times the `count` key's value (default 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct UngatedShared {
+    /// The module (`shared_expert`, GLM's `shared_experts`).
+    pub(crate) name: &'static str,
+    /// The key of the shared experts' count (`n_shared_experts`), when there is one.
+    pub(crate) count: Option<&'static str>,
 }
 
 /// `transformers`' routing.
@@ -213,6 +261,12 @@ pub(crate) enum HfRouting {
     Renormalized,
     /// Top-k, then softmax.
     TopKSoftmax,
+    /// Llama 4's `Llama4Router`: σ of the top-k logits, scaling the experts' inputs.
+    SigmoidInput,
+    /// `Glm4MoeTopkRouter`, `DeepseekV3TopkRouter`: group-limited sigmoid routing (`n_group`,
+    /// `topk_group`, `norm_topk_prob`, `routed_scaling_factor`, the router's
+    /// `e_score_correction_bias` for selection only).
+    GroupedSigmoid,
 }
 
 /// How a checkpoint stores the experts.
@@ -222,6 +276,9 @@ pub(crate) enum ExpertTensors {
     PerExpert { router: &'static str, experts: &'static str, proj: [&'static str; 3] },
     /// gpt-oss: `mlp.router` with a bias, 3-D tensors of all experts.
     Fused,
+    /// Llama 4: `feed_forward.router`, `feed_forward.experts.gate_up_proj` `[E, dim, 2I]` (gate
+    /// columns, then up) and `down_proj` `[E, I, dim]`, both `[in, out]`.
+    FusedInOut,
 }
 
 /// GGUF's expert width.
@@ -261,6 +318,23 @@ pub(crate) struct GgufRules {
     pub(crate) q_is_dim_wide: bool,
     /// Other names (lowercase) a model's `architecture` may have to be written as this family.
     pub(crate) aliases: &'static [&'static str],
+    /// The feature that keeps qdrift from reading (and writing) the family's GGUF files yet.
+    pub(crate) not_read: Option<&'static str>,
+    /// llama.cpp's fixed NoPE layers (`hparams.n_no_rope_layer_step`, smollm3: 4): layer `il`
+    /// rotates iff `(il + 1) % step != 0`; no key states it.
+    pub(crate) nope_step: Option<usize>,
+}
+
+impl GgufRules {
+    /// The NoPE layers llama.cpp's graph gives `n_layers` layers ([`GgufRules::nope_step`]), as
+    /// [`qdrift_weights::LayerAttention::rope`] holds them (empty when every layer rotates).
+    pub(crate) fn rope_layers(&self, n_layers: usize) -> Vec<bool> {
+        let rope: Vec<bool> = match self.nope_step {
+            Some(step) => (0..n_layers).map(|il| (il + 1) % step != 0).collect(),
+            None => Vec::new(),
+        };
+        if rope.contains(&false) { rope } else { Vec::new() }
+    }
 }
 
 /// Whether GGUF's output layer is the embedding.

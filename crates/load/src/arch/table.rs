@@ -3,14 +3,16 @@
 //! `src/models/*.cpp` and `conversion/*.py` (see `hf/config.rs` and `gguf/arch.rs`).
 
 use super::{
-    ActivationRule, ArchEntry, BiasRule, Block, ExpertTensors, GgufRules, GgufWidth, HfRouting, HfRules, MoeRules,
-    SeqCap, SoftCaps, Tied, WindowRule,
+    ActivationRule, ArchEntry, BiasRule, Block, DenseRule, ExpertTensors, GgufRules, GgufWidth, HfRouting, HfRules,
+    MoeRules, SeqCap, SoftCaps, Tied, UngatedShared, WindowRule,
 };
 use qdrift_weights::Routing;
 
 /// Every architecture qdrift reads.
-pub(crate) static ARCHITECTURES: [ArchEntry; 11] =
-    [LLAMA, MISTRAL, QWEN2, QWEN3, QWEN3_MOE, QWEN2_MOE, GEMMA2, GEMMA3, PHI3, MIXTRAL, GPT_OSS];
+pub(crate) static ARCHITECTURES: [ArchEntry; 14] = [
+    LLAMA, MISTRAL, QWEN2, QWEN3, QWEN3_MOE, QWEN2_MOE, GEMMA2, GEMMA3, PHI3, MIXTRAL, GPT_OSS, SMOLLM3, LLAMA4,
+    GLM4_MOE,
+];
 
 /// Llama's block, features off.
 const LLAMA_BLOCK: Block = Block {
@@ -19,6 +21,10 @@ const LLAMA_BLOCK: Block = Block {
     sinks: false,
     fused: false,
     partial_rotary: false,
+    partial_factor: None,
+    qk_norm_key: None,
+    nope: false,
+    llama4_attention: false,
     softcaps: SoftCaps::None,
     local_rope_theta: None,
     activation: ActivationRule::SwiGlu,
@@ -35,6 +41,9 @@ const LLAMA_HF: HfRules = HfRules {
     seq_cap: SeqCap::None,
     windows: WindowRule::None,
     padded_vocab: true,
+    tied: false,
+    ffn: "mlp",
+    dense_width: "intermediate_size",
 };
 
 /// A NEOX family of its own GGUF name, without windows.
@@ -49,6 +58,8 @@ const NEOX_GGUF: GgufRules = GgufRules {
     output_required: false,
     q_is_dim_wide: false,
     aliases: &[],
+    not_read: None,
+    nope_step: None,
 };
 
 /// Qwen's softmax-top-k experts as `mlp.experts.{e}.{gate,up,down}_proj`.
@@ -57,8 +68,9 @@ const QWEN_MOE: MoeRules = MoeRules {
     top_k: 8,
     hf_routing: HfRouting::NormTopkProb,
     width: ("moe_intermediate_size", Some(768)),
-    dense_layers: true,
+    dense_layers: DenseRule::Qwen,
     shared_expert: None,
+    ungated_shared: None,
     hf_tensors: ExpertTensors::PerExpert {
         router: "mlp.gate",
         experts: "mlp.experts",
@@ -168,6 +180,7 @@ const GEMMA2: ArchEntry = ArchEntry {
         min_tensors_per_layer: 11,
         bias: BiasRule::QkvoIf("attention_bias", false),
         windows: WindowRule::Alternate(4096),
+        tied: true,
         ..LLAMA_HF
     },
     moe: None,
@@ -199,6 +212,7 @@ const GEMMA3: ArchEntry = ArchEntry {
         min_tensors_per_layer: 13,
         bias: BiasRule::QkvoIf("attention_bias", false),
         windows: WindowRule::Pattern,
+        tied: true,
         ..LLAMA_HF
     },
     moe: None,
@@ -240,7 +254,7 @@ const MIXTRAL: ArchEntry = ArchEntry {
         top_k: 2,
         hf_routing: HfRouting::Renormalized,
         width: ("intermediate_size", None),
-        dense_layers: false,
+        dense_layers: DenseRule::None,
         hf_tensors: ExpertTensors::PerExpert {
             router: "block_sparse_moe.gate",
             experts: "block_sparse_moe.experts",
@@ -276,11 +290,82 @@ const GPT_OSS: ArchEntry = ArchEntry {
         top_k: 4,
         hf_routing: HfRouting::TopKSoftmax,
         width: ("intermediate_size", None),
-        dense_layers: false,
+        dense_layers: DenseRule::None,
         hf_tensors: ExpertTensors::Fused,
         gguf_routing: Routing::TopKSoftmax,
         gguf_width: GgufWidth::Key,
         ..QWEN_MOE
     }),
     gguf: GgufRules { name: "gpt-oss", swa_pattern: Some(2), tied: Tied::Never, output_required: true, ..NEOX_GGUF },
+};
+
+const SMOLLM3: ArchEntry = ArchEntry {
+    hf_class: "SmolLM3ForCausalLM",
+    model_type: "smollm3",
+    wrappers: &[],
+    block: Block { nope: true, ..LLAMA_BLOCK },
+    hf: HfRules {
+        max_pos: 32768,
+        theta: 2_000_000.0,
+        bias: BiasRule::QkvoIf("attention_bias", false),
+        windows: WindowRule::LayerTypes,
+        tied: true,
+        ..LLAMA_HF
+    },
+    moe: None,
+    // llama.cpp's `smollm3`: Llama's tensors (`SmolLM3Model(LlamaModel)` permutes q/k) and a NoPE
+    // layer every 4th (`llama_model_smollm3`: `n_no_rope_layer_step = 4`).
+    gguf: GgufRules { name: "smollm3", llama: true, nope_step: Some(4), ..NEOX_GGUF },
+};
+
+const LLAMA4: ArchEntry = ArchEntry {
+    hf_class: "Llama4ForCausalLM",
+    model_type: "llama4_text",
+    wrappers: &["Llama4ForConditionalGeneration"],
+    block: Block { nope: true, llama4_attention: true, ..LLAMA_BLOCK },
+    hf: HfRules {
+        eps: 1e-5,
+        max_pos: 131072,
+        theta: 500_000.0,
+        bias: BiasRule::QkvoIf("attention_bias", false),
+        ffn: "feed_forward",
+        dense_width: "intermediate_size_mlp",
+        ..LLAMA_HF
+    },
+    moe: Some(MoeRules {
+        experts: 16,
+        top_k: 1,
+        hf_routing: HfRouting::SigmoidInput,
+        width: ("intermediate_size", Some(8192)),
+        dense_layers: DenseRule::MoeLayers,
+        ungated_shared: Some(UngatedShared { name: "shared_expert", count: None }),
+        hf_tensors: ExpertTensors::FusedInOut,
+        gguf_routing: Routing::SigmoidInput,
+        ..QWEN_MOE
+    }),
+    gguf: GgufRules {
+        name: "llama4",
+        llama: true,
+        not_read: Some("chunked attention, NoPE layers and temperature tuning"),
+        ..NEOX_GGUF
+    },
+};
+
+const GLM4_MOE: ArchEntry = ArchEntry {
+    hf_class: "Glm4MoeForCausalLM",
+    model_type: "glm4_moe",
+    wrappers: &[],
+    block: Block { partial_factor: Some(0.5), qk_norm_key: Some("use_qk_norm"), ..LLAMA_BLOCK },
+    hf: HfRules { eps: 1e-5, max_pos: 131072, bias: BiasRule::QkvIf("attention_bias", false), ..LLAMA_HF },
+    moe: Some(MoeRules {
+        experts: 128,
+        top_k: 8,
+        hf_routing: HfRouting::GroupedSigmoid,
+        width: ("moe_intermediate_size", Some(1408)),
+        dense_layers: DenseRule::FirstK(1),
+        ungated_shared: Some(UngatedShared { name: "shared_experts", count: Some("n_shared_experts") }),
+        gguf_routing: Routing::GroupedSigmoid { n_group: 1, topk_group: 1, renormalize: true, scale: 1.0 },
+        ..QWEN_MOE
+    }),
+    gguf: GgufRules { name: "glm4moe", not_read: Some("group-limited sigmoid routing"), ..NEOX_GGUF },
 };

@@ -116,8 +116,12 @@ fn read_family_arch(
 ) -> Result<ModelArch, LoadError> {
     let path = keys.path;
     let refuse = |m: String| LoadError::invalid(path, m);
+    if let Some(feature) = family.gguf.not_read {
+        return Err(refuse(format!("GGUF {}: {feature} are not read yet", family.gguf.name)));
+    }
     let mut arch = read_hyper_parameters(keys, table, tokenizer)?;
     arch.architecture = family.gguf.name.to_string();
+    arch.layer_attention.rope = family.gguf.rope_layers(arch.n_layers);
     let key_length = keys.int("attention.key_length", Some(arch.dim / arch.n_heads))?;
     let n_rot = keys.int("rope.dimension_count", Some(key_length))?;
     // gpt-oss's tensors and graph use n_rot as the head width (`openai-moe.cpp`).

@@ -307,7 +307,7 @@ impl TensorInfo {
 
 /// Architectures [`read_gguf`](super::read_gguf) reads, as `general.architecture` names them.
 pub const SUPPORTED_GGUF_ARCHITECTURES: &str =
-    "llama (with or without experts), qwen2, qwen3, qwen3moe, qwen2moe, gemma2, gemma3, phi3, gpt-oss";
+    "llama (with or without experts), qwen2, qwen3, qwen3moe, qwen2moe, gemma2, gemma3, phi3, gpt-oss, smollm3";
 
 /// Reads only a GGUF file's header and metadata (every key with its value), with the same checks
 /// as [`read_gguf`](super::read_gguf); no tensor is read, so any architecture is accepted.
@@ -1143,14 +1143,13 @@ fn read_architecture<'m>(path: &Path, meta: &'m BTreeMap<String, GgufValue>) -> 
         }
         None => return Err(LoadError::invalid(path, "general.architecture is missing")),
     };
-    match arch_name {
-        "llama" => Ok((arch_name, QkLayout::Interleaved)),
-        "qwen2" | "qwen3" | "qwen3moe" | "qwen2moe" | "gemma2" | "gemma3" | "phi3" | "gpt-oss" => {
-            Ok((arch_name, QkLayout::RotateHalf))
-        }
-        other => Err(LoadError::invalid(
+    // The table's families (its GGUF names; a family not read yet is refused by name there).
+    match crate::arch::ARCHITECTURES.iter().find(|e| e.gguf.name == arch_name) {
+        Some(e) if e.gguf.llama => Ok((arch_name, QkLayout::Interleaved)),
+        Some(_) => Ok((arch_name, QkLayout::RotateHalf)),
+        None => Err(LoadError::invalid(
             path,
-            format!("unsupported architecture {other}; supported: {SUPPORTED_GGUF_ARCHITECTURES}"),
+            format!("unsupported architecture {arch_name}; supported: {SUPPORTED_GGUF_ARCHITECTURES}"),
         )),
     }
 }

@@ -23,7 +23,9 @@ use crate::LoadError;
 use crate::arch::{self, Arch, SoftCaps, Tied};
 use crate::rope_layout::RopeLayout::ToRotateHalf;
 use crate::rope_layout::{reorder_rows, rotate_half_row_order_partial};
-use qdrift_weights::{Ffn, HostModel, HostTensor, LayerWeights, LinearName, Mlp, NormStyle, RopeScaling};
+use qdrift_weights::{
+    Ffn, HostModel, HostTensor, LayerAttention, LayerWeights, LinearName, Mlp, NormStyle, RopeScaling,
+};
 
 /// The family a model is written as: by its architecture name (GGUF's, `config.json`'s class or
 /// a wrapper's, [`arch::by_written_name`]), else the first family of the table whose block is
@@ -70,8 +72,21 @@ pub(super) fn check_writable(path: &Path, model: &HostModel, family: Arch) -> Re
             format!("{} cannot be written as GGUF {}: {why}", model.arch.architecture, family.gguf.name),
         )
     };
-    if !model.arch.layer_attention.is_plain() {
-        return Err(refuse("NoPE, chunked or temperature-tuned attention layers are not written yet".into()));
+    let la = &model.arch.layer_attention;
+    let nope = family.gguf.rope_layers(model.arch.n_layers);
+    if *la != (LayerAttention { rope: nope.clone(), ..LayerAttention::default() }) {
+        let why = if la.rope != nope && la.chunks.is_empty() && la.qk_l2_norm.is_none() && la.temperature.is_none() {
+            match family.gguf.nope_step {
+                Some(step) => format!("its NoPE layers are not llama.cpp's (every {step}th layer, no other)"),
+                None => "NoPE layers are not written yet".into(),
+            }
+        } else {
+            "NoPE, chunked or temperature-tuned attention layers are not written yet".into()
+        };
+        return Err(refuse(why));
+    }
+    if let Some(feature) = family.gguf.not_read {
+        return Err(refuse(format!("{feature} are not written yet")));
     }
     if let Some(why) = block_refusal(model, family) {
         return Err(refuse(why));

@@ -14,20 +14,26 @@
 //! | `Phi3ForCausalLM` | `Phi3Config`, `Phi3Attention` | fused `qkv_proj`/`gate_up_proj`, `partial_rotary_factor` |
 //! | `MixtralForCausalLM` | `MixtralConfig`, `MixtralSparseMoeBlock` | experts (`SoftmaxTopK`, always renormalized) |
 //! | `GptOssForCausalLM` | `GptOssConfig`, `GptOssAttention`, `GptOssExperts` | q/k/v/o biases, sinks, YaRN, experts (`TopKSoftmax`), clamped SwiGLU |
+//! | `SmolLM3ForCausalLM` | `SmolLM3Config`, `SmolLM3Attention` | NoPE layers (`no_rope_layers`), tied by default |
+//! | `Llama4ForCausalLM` (`llama4_text`; wrapper `Llama4ForConditionalGeneration`) | `Llama4TextConfig`, `Llama4TextAttention`, `Llama4TextMoe` | NoPE layers, chunked attention, L2 q/k norm, temperature tuning, experts (`SigmoidInput`, fused `[in, out]`) on `moe_layers` with an ungated shared expert, dense FFN `intermediate_size_mlp` |
+//! | `Glm4MoeForCausalLM` | `Glm4MoeConfig`, `Glm4MoeAttention`, `Glm4MoeTopkRouter` | q/k/v biases, q/k norms (`use_qk_norm`), partial rotary 0.5, experts (`GroupedSigmoid`, `e_score_correction_bias`) after `first_k_dense_replace` dense layers, ungated shared experts |
 
 use std::path::Path;
 
 use serde_json::{Map, Value};
 
 use crate::LoadError;
-use crate::arch::{self, ActivationRule, Arch, BiasRule, HfRouting, SeqCap, SoftCaps, WindowRule};
+use crate::arch::{self, ActivationRule, Arch, BiasRule, DenseRule, HfRouting, SeqCap, SoftCaps, WindowRule};
 use crate::rope_values::{RopeParam, check_rope_values};
-use qdrift_weights::{Activation, ArchShape, BlockSpec, ModelArch, MoeSpec, NormStyle, RopeScaling, Routing};
+use qdrift_weights::{
+    Activation, ArchShape, AttnTemperature, BlockSpec, LayerAttention, ModelArch, MoeSpec, NormStyle, RopeScaling,
+    Routing,
+};
 
 /// Architectures [`read_hf_folder`](crate::read_hf_folder) reads, as `config.json` names them.
 pub const SUPPORTED_ARCHITECTURES: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
      Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, \
-     MixtralForCausalLM, GptOssForCausalLM";
+     MixtralForCausalLM, GptOssForCausalLM, SmolLM3ForCausalLM, Llama4ForCausalLM, Glm4MoeForCausalLM";
 
 /// Which attention biases a layer has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,7 +193,7 @@ pub(crate) fn parse_config(path: &Path, c: &Value, tensor_count: usize) -> Resul
     let block = BlockSpec {
         norm: if gemma { NormStyle::OnePlusWeight } else { NormStyle::Weight },
         sandwich_norms: gemma,
-        qk_norm: features.qk_norm,
+        qk_norm: features.qk_norm || features.qk_norm_key.is_some_and(|k| config.flag(k)),
         rotary_dim: rope.rotary_dim.filter(|&r| r != head_dim),
         // Gemma2Attention/Gemma3Attention: `scaling = query_pre_attn_scalar ** -0.5`.
         attn_scale: if gemma {
@@ -211,7 +217,7 @@ pub(crate) fn parse_config(path: &Path, c: &Value, tensor_count: usize) -> Resul
     };
     let shape = ArchShape {
         dim,
-        hidden_dim: config.int("intermediate_size", None)?,
+        hidden_dim: config.int(entry.hf.dense_width, None)?,
         n_layers,
         n_heads,
         n_kv_heads: config.int("num_key_value_heads", Some(n_heads))?,
@@ -219,10 +225,11 @@ pub(crate) fn parse_config(path: &Path, c: &Value, tensor_count: usize) -> Resul
         vocab_size: config.int("vocab_size", None)?,
         max_seq_len,
     };
+    let norm_eps = config.float("rms_norm_eps", entry.hf.eps)?;
     let arch = ModelArch {
-        norm_eps: config.float("rms_norm_eps", entry.hf.eps)?,
+        norm_eps,
         rope_theta: rope.theta,
-        tied_embeddings: config.bool_or("tie_word_embeddings", gemma),
+        tied_embeddings: config.bool_or("tie_word_embeddings", entry.hf.tied),
         rope_scaling: rope.scaling,
         block,
         windows: windows(&config, entry, n_layers)?,
@@ -231,6 +238,7 @@ pub(crate) fn parse_config(path: &Path, c: &Value, tensor_count: usize) -> Resul
         embedding_scale: gemma.then(|| (dim as f64).sqrt() as f32),
         final_logit_softcap,
         moe: moe(&config, entry, n_layers)?,
+        layer_attention: layer_attention(&config, entry, n_layers, norm_eps)?,
         ..ModelArch::new(entry.hf_class, shape)
     };
     arch.validate().map_err(|e| config.bad(format!("inconsistent hyper-parameters: {e}")))?;
@@ -322,9 +330,12 @@ fn refuse_features(config: &Config<'_>, entry: Option<Arch>) -> Result<(), LoadE
             return refuse("DeepSeek's multi-head latent attention (MLA)", key);
         }
     }
+    let llama4 = entry.is_some_and(|e| e.block.llama4_attention);
+    let known = |t: Option<&str>| {
+        matches!(t, Some("full_attention" | "sliding_attention")) || (llama4 && t == Some("chunked_attention"))
+    };
     if let Some(types) = config.get("layer_types").and_then(Value::as_array)
-        && let Some((i, t)) =
-            types.iter().enumerate().find(|(_, t)| !matches!(t.as_str(), Some("full_attention" | "sliding_attention")))
+        && let Some((i, t)) = types.iter().enumerate().find(|(_, t)| !known(t.as_str()))
     {
         let kind = t.as_str().map_or_else(|| t.to_string(), str::to_string);
         return refuse(
@@ -337,22 +348,24 @@ fn refuse_features(config: &Config<'_>, entry: Option<Arch>) -> Result<(), LoadE
     {
         return refuse("linear-attention layers (Qwen3-Next/Qwen3.5 Gated DeltaNet)", key);
     }
-    if config.get("attention_chunk_size").is_some() {
+    if config.get("attention_chunk_size").is_some() && !llama4 {
         return refuse("Llama 4's chunked attention", "attention_chunk_size");
     }
-    if config.get("no_rope_layers").is_some() {
+    if config.get("no_rope_layers").is_some() && !entry.is_some_and(|e| e.block.nope) {
         return refuse("layers without RoPE (NoPE)", "no_rope_layers");
     }
-    // Qwen2-MoE's shared expert is read (`moe`); the others' (DeepSeek's, GLM-4.5's, Llama 4's
-    // ungated ones, Qwen3-Next's) are not.
+    // Qwen2-MoE's, Llama 4's and GLM-4.5's shared experts are read (`moe`); the others'
+    // (DeepSeek's, Qwen3-Next's) are not.
     for key in [
         "shared_expert_intermediate_size",
         "moe_shared_expert_intermediate_size",
         "n_shared_experts",
         "num_shared_experts",
     ] {
-        let shared = entry.and_then(|e| e.moe.as_ref()).is_some_and(|m| m.shared_expert.is_some());
-        let read = shared && key == "shared_expert_intermediate_size";
+        let rules = entry.and_then(|e| e.moe.as_ref());
+        let shared = rules.is_some_and(|m| m.shared_expert.is_some());
+        let counted = rules.and_then(|m| m.ungated_shared).and_then(|u| u.count) == Some(key);
+        let read = (shared && key == "shared_expert_intermediate_size") || counted;
         if !read && config.get(key).is_some_and(|v| v.as_u64() != Some(0)) {
             return refuse("shared experts", key);
         }
@@ -468,6 +481,7 @@ fn windows(config: &Config<'_>, entry: Arch, n_layers: usize) -> Result<Vec<Opti
             (w, Box::new(move |_| w.is_some()))
         }
         WindowRule::Alternate(w) => (config.opt_int("sliding_window", Some(w))?, Box::new(|i| (i + 1) % 2 != 0)),
+        WindowRule::LayerTypes => (config.opt_int("sliding_window", None)?, Box::new(|_| false)),
         WindowRule::Pattern => {
             // `Gemma3TextConfig.__post_init__`: `sliding_window_pattern` (older configs), which
             // 5.25 saves as `_sliding_window_pattern`; 6 by default.
@@ -508,14 +522,16 @@ fn windows(config: &Config<'_>, entry: Arch, n_layers: usize) -> Result<Vec<Opti
     Ok(sliding.into_iter().map(|s| s.then_some(w)).collect())
 }
 
-/// The mixture of experts: `num_local_experts` (or `num_experts`, which `attribute_map` aliases),
-/// `num_experts_per_tok`, the expert width and the routing of the class (`Qwen3MoeTopKRouter`:
-/// softmax, top-k, renormalized iff `norm_topk_prob`; `MixtralTopKRouter`: always renormalized;
-/// `GptOssTopKRouter`: top-k, then softmax), Qwen3-MoE's and Qwen2-MoE's dense layers
-/// (`Qwen3MoeDecoderLayer`, `Qwen2MoeDecoderLayer`: experts iff `layer_idx not in mlp_only_layers
-/// and num_experts > 0 and (layer_idx + 1) % decoder_sparse_step == 0`) and Qwen2-MoE's shared
-/// expert (`shared_expert_intermediate_size`, 5632 by default; `Qwen2MoeSparseMoeBlock` always has
-/// one, with its sigmoid gate).
+/// The mixture of experts: `num_local_experts` (or `num_experts`, which `attribute_map` aliases;
+/// GLM-4.5's `n_routed_experts`), `num_experts_per_tok`, the expert width and the routing of the
+/// class (`Qwen3MoeTopKRouter`: softmax, top-k, renormalized iff `norm_topk_prob`;
+/// `MixtralTopKRouter`: always renormalized; `GptOssTopKRouter`: top-k, then softmax;
+/// `Llama4Router`: σ of the top-k, scaling inputs; `Glm4MoeTopkRouter`: [`Routing::GroupedSigmoid`]
+/// from `n_group` (default 1), `topk_group` (1), `norm_topk_prob` (true) and
+/// `routed_scaling_factor` (1)), the dense layers ([`dense_layers`]) and the shared expert:
+/// Qwen2-MoE's (`shared_expert_intermediate_size`, 5632 by default; `Qwen2MoeSparseMoeBlock`
+/// always has one, with its sigmoid gate), Llama 4's ungated one as wide as an expert, GLM-4.5's
+/// `n_shared_experts` (default 1) times an expert's width (`Glm4MoeMoE`), none when 0.
 fn moe(config: &Config<'_>, entry: Arch, n_layers: usize) -> Result<Option<MoeSpec>, LoadError> {
     let Some(rules) = &entry.moe else {
         return Ok(None);
@@ -524,35 +540,162 @@ fn moe(config: &Config<'_>, entry: Arch, n_layers: usize) -> Result<Option<MoeSp
         HfRouting::NormTopkProb => Routing::SoftmaxTopK { renormalize: config.flag("norm_topk_prob") },
         HfRouting::Renormalized => Routing::SoftmaxTopK { renormalize: true },
         HfRouting::TopKSoftmax => Routing::TopKSoftmax,
+        HfRouting::SigmoidInput => Routing::SigmoidInput,
+        HfRouting::GroupedSigmoid => Routing::GroupedSigmoid {
+            n_group: config.int("n_group", Some(1))?,
+            topk_group: config.int("topk_group", Some(1))?,
+            renormalize: config.bool_or("norm_topk_prob", true),
+            scale: config.float("routed_scaling_factor", 1.0)?,
+        },
     };
-    let experts_key = if config.get("num_local_experts").is_some() { "num_local_experts" } else { "num_experts" };
+    let experts_key = experts_key(config.c);
     let n_experts = config.int(experts_key, Some(rules.experts))?;
     let top_k = config.int("num_experts_per_tok", Some(rules.top_k))?;
     let (width_key, default_width) = rules.width;
     let expert_hidden = config.int(width_key, default_width)?;
-    let shared_expert_hidden = match rules.shared_expert {
-        Some(default) => Some(config.int("shared_expert_intermediate_size", Some(default))?),
-        None => None,
-    };
-    let mut dense_layers = Vec::new();
-    if rules.dense_layers {
-        let step = config.int("decoder_sparse_step", Some(1))?;
-        if step == 0 {
-            return Err(config.bad("decoder_sparse_step is 0; it must be positive".into()));
+    let shared_expert_hidden = match (rules.shared_expert, rules.ungated_shared) {
+        (Some(default), _) => Some(config.int("shared_expert_intermediate_size", Some(default))?),
+        (None, Some(shared)) => {
+            let count = match shared.count {
+                Some(key) => config.int(key, Some(1))?,
+                None => 1,
+            };
+            match count {
+                0 => None,
+                n => Some(n.checked_mul(expert_hidden).ok_or_else(|| {
+                    config.bad(format!("{width_key} {expert_hidden} × {n} shared experts overflows"))
+                })?),
+            }
         }
-        let only: Vec<usize> = match config.get("mlp_only_layers") {
-            None => Vec::new(),
+        (None, None) => None,
+    };
+    let dense_layers = dense_layers(config, rules.dense_layers, n_experts, n_layers)?;
+    if dense_layers.len() == n_layers {
+        return Ok(None);
+    }
+    Ok(Some(MoeSpec { n_experts, top_k, expert_hidden, routing, dense_layers, shared_expert_hidden }))
+}
+
+/// The key `config.json` gives the number of routed experts under: `num_local_experts`,
+/// `num_experts` or `n_routed_experts`, the first present (`num_experts` when none is).
+pub(crate) fn experts_key(c: &Value) -> &'static str {
+    ["num_local_experts", "num_experts", "n_routed_experts"]
+        .into_iter()
+        .find(|k| c.get(*k).is_some_and(|v| !v.is_null()))
+        .unwrap_or("num_experts")
+}
+
+/// The dense layers of a mixture of experts: Qwen3-MoE's and Qwen2-MoE's (`Qwen3MoeDecoderLayer`,
+/// `Qwen2MoeDecoderLayer`: experts iff `layer_idx not in mlp_only_layers and num_experts > 0 and
+/// (layer_idx + 1) % decoder_sparse_step == 0`), Llama 4's (experts on `moe_layers`, by default
+/// `range(interleave_moe_layer_step - 1, num_hidden_layers, interleave_moe_layer_step)`), GLM-4.5's
+/// (`layer_idx < first_k_dense_replace`).
+fn dense_layers(
+    config: &Config<'_>,
+    rule: DenseRule,
+    n_experts: usize,
+    n_layers: usize,
+) -> Result<Vec<usize>, LoadError> {
+    let list = |key: &str| -> Result<Option<Vec<usize>>, LoadError> {
+        match config.get(key) {
+            None => Ok(None),
             Some(v) => v
                 .as_array()
                 .and_then(|a| a.iter().map(as_int).collect::<Option<Vec<_>>>())
-                .ok_or_else(|| config.bad(format!("mlp_only_layers is {v}, not a list of layer indices")))?,
-        };
-        dense_layers = (0..n_layers).filter(|&i| only.contains(&i) || n_experts == 0 || (i + 1) % step != 0).collect();
-        if dense_layers.len() == n_layers {
-            return Ok(None);
+                .map(Some)
+                .ok_or_else(|| config.bad(format!("{key} is {v}, not a list of layer indices"))),
         }
+    };
+    let positive = |key: &str| -> Result<usize, LoadError> {
+        match config.int(key, Some(1))? {
+            0 => Err(config.bad(format!("{key} is 0; it must be positive"))),
+            n => Ok(n),
+        }
+    };
+    Ok(match rule {
+        DenseRule::None => Vec::new(),
+        DenseRule::Qwen => {
+            let step = positive("decoder_sparse_step")?;
+            let only = list("mlp_only_layers")?.unwrap_or_default();
+            (0..n_layers).filter(|&i| only.contains(&i) || n_experts == 0 || (i + 1) % step != 0).collect()
+        }
+        DenseRule::MoeLayers => {
+            let moe_layers = match list("moe_layers")? {
+                Some(l) => l,
+                None => {
+                    let step = positive("interleave_moe_layer_step")?;
+                    (step - 1..n_layers).step_by(step).collect()
+                }
+            };
+            (0..n_layers).filter(|i| !moe_layers.contains(i)).collect()
+        }
+        DenseRule::FirstK(default) => (0..config.int("first_k_dense_replace", Some(default))?.min(n_layers)).collect(),
+    })
+}
+
+/// SmolLM3's and Llama 4's attention per layer ([`LayerAttention`]): the NoPE layers
+/// (`no_rope_layers`, 1 for RoPE; when absent or empty, `SmolLM3Config`'s and
+/// `Llama4TextConfig`'s default: layer `i` rotates iff `(i + 1) % no_rope_layer_interval != 0`,
+/// interval 4); Llama 4's chunked layers (`layer_types`' `chunked_attention`, by default the RoPE
+/// layers when `attention_chunk_size` (default 8192) is not null), its L2 q/k norm (`use_qk_norm`,
+/// default true, with `rms_norm_eps`) and its temperature tuning (`attn_temperature_tuning`,
+/// default true; `floor_scale` 8192, `attn_scale` 0.1).
+fn layer_attention(config: &Config<'_>, entry: Arch, n_layers: usize, eps: f32) -> Result<LayerAttention, LoadError> {
+    let mut la = LayerAttention::default();
+    if !entry.block.nope {
+        return Ok(la);
     }
-    Ok(Some(MoeSpec { n_experts, top_k, expert_hidden, routing, dense_layers, shared_expert_hidden }))
+    let given = config.get("no_rope_layers").filter(|v| v.as_array().is_none_or(|a| !a.is_empty()));
+    let rope: Vec<bool> = match given {
+        Some(v) => v
+            .as_array()
+            .and_then(|a| a.iter().map(|x| as_int(x).map(|i| i != 0)).collect::<Option<Vec<_>>>())
+            .ok_or_else(|| config.bad(format!("no_rope_layers is {v}, not a list of 0s and 1s")))?,
+        None => {
+            let every = config.int("no_rope_layer_interval", Some(4))?;
+            if every == 0 {
+                return Err(config.bad("no_rope_layer_interval is 0; it must be positive".into()));
+            }
+            (0..n_layers).map(|i| (i + 1) % every != 0).collect()
+        }
+    };
+    if rope.len() != n_layers {
+        return Err(config.bad(format!("no_rope_layers has {} entries for num_hidden_layers {n_layers}", rope.len())));
+    }
+    if !entry.block.llama4_attention {
+        if rope.contains(&false) {
+            la.rope = rope;
+        }
+        return Ok(la);
+    }
+    let chunk = config.opt_int("attention_chunk_size", Some(8192))?;
+    let chunked: Vec<bool> = match config.get("layer_types").and_then(Value::as_array) {
+        Some(types) if types.len() != n_layers => {
+            return Err(config.bad(format!("layer_types has {} entries for num_hidden_layers {n_layers}", types.len())));
+        }
+        Some(types) => types.iter().map(|t| t.as_str() == Some("chunked_attention")).collect(),
+        None => rope.iter().map(|&r| r && chunk.is_some()).collect(),
+    };
+    if chunked.contains(&true) {
+        let Some(chunk) = chunk.filter(|&c| c > 0) else {
+            return Err(
+                config.bad("layer_types has chunked_attention layers but attention_chunk_size is null or 0".into())
+            );
+        };
+        la.chunks = chunked.iter().map(|&c| c.then_some(chunk)).collect();
+    }
+    if rope.contains(&false) {
+        la.rope = rope;
+    }
+    if config.bool_or("use_qk_norm", true) {
+        la.qk_l2_norm = Some(eps);
+    }
+    if config.bool_or("attn_temperature_tuning", true) {
+        // `ModelArch::validate` refuses a floor_scale that is not positive.
+        let floor_scale = config.float("floor_scale", 8192.0)?;
+        la.temperature = Some(AttnTemperature { floor_scale, attn_scale: config.float("attn_scale", 0.1)? });
+    }
+    Ok(la)
 }
 
 /// RoPE as `config.json` gives it: the (global) theta and scaling, the rotated dimensions of a
@@ -684,7 +827,8 @@ fn number(dict: &Map<String, Value>, key: &str) -> Result<Option<f64>, String> {
 }
 
 /// The rotated dimensions of a head, `int(head_dim * partial_rotary_factor)`, when
-/// `transformers` rotates a part only: Phi-3 always reads the factor (`Phi3RotaryEmbedding`,
+/// `transformers` rotates a part only: Phi-3 and GLM-4.5 (whose factor defaults to 0.5,
+/// `Glm4MoeConfig.__post_init__`) always read the factor (`Phi3RotaryEmbedding`,
 /// `apply_rotary_pos_emb` rotates `q[..., :rot]`); the other classes' default RoPE ignores it, and
 /// their scaled RoPE would rotate fewer dimensions than their `apply_rotary_pos_emb` multiplies, which
 /// fails in `transformers`, so it is refused.
@@ -697,10 +841,10 @@ fn rotary_dim(
     head_dim: usize,
 ) -> Result<Option<usize>, LoadError> {
     let factor = number(dict, "partial_rotary_factor").map_err(|m| config.bad(format!("{field}: {m}")))?;
-    let Some(factor) = factor.filter(|&f| f != 1.0) else {
+    let Some(factor) = factor.or(entry.block.partial_factor).filter(|&f| f != 1.0) else {
         return Ok(None);
     };
-    if !entry.block.partial_rotary {
+    if !entry.block.partial_rotary && entry.block.partial_factor.is_none() {
         if kind == "default" {
             return Ok(None);
         }

@@ -283,9 +283,15 @@ fn check_output_layer(config_path: &Path, config: &Value, hf: &HfArch, shards: &
 /// configuration implies, so it would ignore such a tensor and run another model than the
 /// checkpoint; tensors outside the layers (and inside them, by other names) are left to it.
 fn check_unexpected_tensors(config: &Value, a: &ModelArch, shards: &Shards) -> Result<(), LoadError> {
-    let experts_key = if config.get("num_local_experts").is_some() { "num_local_experts" } else { "num_experts" };
+    let experts_key = super::config::experts_key(config);
+    // GLM-4.5's and DeepSeek-V3's multi-token-prediction layers follow the decoder's
+    // (`num_nextn_predict_layers`); `transformers` ignores them too.
+    let nextn = config.get("num_nextn_predict_layers").and_then(Value::as_u64).map_or(0, |n| n as usize);
     for (name, _) in shards.tensors() {
         let Some((layer, rest)) = crate::names::indexed(name, "model.layers.") else { continue };
+        if layer >= a.n_layers && layer - a.n_layers < nextn {
+            continue;
+        }
         let problem = if layer >= a.n_layers {
             format!("is in layer {layer}, but config.json's num_hidden_layers is {}", a.n_layers)
         } else if let Some(e) = crate::names::expert_index(rest) {
@@ -409,8 +415,16 @@ fn hf_module(entry: Arch, name: LinearName) -> Option<String> {
             };
             Some(format!("{experts}.{e}.{w}"))
         }
-        (Some(ExpertTensors::Fused), Some(_), _) => None,
-        _ => Some(name.to_string()),
+        (Some(ExpertTensors::Fused | ExpertTensors::FusedInOut), Some(_), _) => None,
+        _ => {
+            let module = name.to_string();
+            let shared = entry.moe.as_ref().and_then(|m| m.ungated_shared).map_or("shared_expert", |u| u.name);
+            let module = module.replacen("mlp.shared_expert.", &format!("mlp.{shared}."), 1);
+            Some(match module.strip_prefix("mlp.") {
+                Some(rest) if entry.hf.ffn != "mlp" => format!("{}.{rest}", entry.hf.ffn),
+                _ => module,
+            })
+        }
     }
 }
 
@@ -477,6 +491,10 @@ impl Reader<'_> {
     /// # Shapes
     /// - `t`: `[heads * head_dim, cols]` or `[heads * head_dim]`; same shape out.
     fn interleave(&self, t: &HostTensor, heads: usize) -> HostTensor {
+        if self.hf.entry.block.llama4_attention {
+            // Llama 4's `apply_rotary_emb` rotates adjacent pairs: interleaved already.
+            return t.clone();
+        }
         permute_head_rows(t, heads, self.arch().rotary_dim(), ToInterleaved)
     }
 
@@ -574,18 +592,25 @@ impl Reader<'_> {
         })
     }
 
-    /// A dense FFN: `mlp.{gate,up,down}_proj`, Phi-3's `mlp.gate_up_proj` ([gate; up] rows,
-    /// `Phi3MLP`) split.
+    /// A dense FFN: `mlp.{gate,up,down}_proj` (Llama 4's `feed_forward.*`), Phi-3's
+    /// `mlp.gate_up_proj` ([gate; up] rows, `Phi3MLP`) split.
     fn dense(&self, p: &str) -> Result<Mlp, LoadError> {
         let (dim, hidden) = (self.arch().dim, self.arch().hidden_dim);
-        let down = self.lin(&format!("{p}.mlp.down_proj"), dim, hidden)?;
+        let ffn = self.hf.entry.hf.ffn;
+        let down = self.lin(&format!("{p}.{ffn}.down_proj"), dim, hidden)?;
         if self.hf.entry.block.fused {
-            let gate_up = self.lin(&format!("{p}.mlp.gate_up_proj"), 2 * hidden, dim)?;
+            let gate_up = self.lin(&format!("{p}.{ffn}.gate_up_proj"), 2 * hidden, dim)?;
             return Ok(Mlp::new(rows(&gate_up, 0, hidden), rows(&gate_up, hidden, hidden), down));
         }
+        self.mlp(&format!("{p}.{ffn}"), hidden, down)
+    }
+
+    /// A gated FFN `{m}.{gate,up}_proj` of width `hidden` with its `down` projection.
+    fn mlp(&self, m: &str, hidden: usize, down: HostTensor) -> Result<Mlp, LoadError> {
+        let dim = self.arch().dim;
         Ok(Mlp::new(
-            self.lin(&format!("{p}.mlp.gate_proj"), hidden, dim)?,
-            self.lin(&format!("{p}.mlp.up_proj"), hidden, dim)?,
+            self.lin(&format!("{m}.gate_proj"), hidden, dim)?,
+            self.lin(&format!("{m}.up_proj"), hidden, dim)?,
             down,
         ))
     }
@@ -601,13 +626,45 @@ impl Reader<'_> {
             return Err(LoadError::invalid(self.shards.first_path(), format!("{p}: experts without a MoeSpec")));
         };
         let (n, eh, dim) = (m.n_experts, m.expert_hidden, a.dim);
-        let tensors = self.hf.entry.moe.as_ref().map_or(ExpertTensors::Fused, |m| m.hf_tensors);
-        let ExpertTensors::PerExpert { router, experts: prefix, proj: [gate, up, down] } = tensors else {
-            let router_w = self.lin(&format!("{p}.mlp.router"), n, dim)?;
-            let router_bias = Some(self.tensor(&format!("{p}.mlp.router.bias"), &[n])?);
-            return Ok(Experts { router: router_w, router_bias, experts: self.gpt_oss_experts(p)?, shared: None });
+        let rules = self.hf.entry.moe.as_ref();
+        let tensors = rules.map_or(ExpertTensors::Fused, |m| m.hf_tensors);
+        let ffn = self.hf.entry.hf.ffn;
+        // An ungated shared expert (Llama 4's `shared_expert`, GLM-4.5's `shared_experts`).
+        let ungated = |width: usize, name: &str| -> Result<SharedExpert, LoadError> {
+            let s = format!("{p}.{ffn}.{name}");
+            let down = self.lin(&format!("{s}.down_proj"), dim, width)?;
+            Ok(SharedExpert {
+                mlp: self.mlp(&s, width, down)?,
+                gate: HostTensor { shape: vec![0, dim], data: Vec::new() },
+            })
+        };
+        let (router, prefix, [gate, up, down]) = match tensors {
+            ExpertTensors::PerExpert { router, experts, proj } => (router, experts, proj),
+            ExpertTensors::Fused => {
+                let router_w = self.lin(&format!("{p}.mlp.router"), n, dim)?;
+                let router_bias = Some(self.tensor(&format!("{p}.mlp.router.bias"), &[n])?);
+                return Ok(Experts { router: router_w, router_bias, experts: self.gpt_oss_experts(p)?, shared: None });
+            }
+            ExpertTensors::FusedInOut => {
+                let shared = match (m.shared_expert_hidden, rules.and_then(|r| r.ungated_shared)) {
+                    (Some(w), Some(u)) => Some(ungated(w, u.name)?),
+                    _ => None,
+                };
+                return Ok(Experts {
+                    router: self.lin(&format!("{p}.{ffn}.router"), n, dim)?,
+                    router_bias: None,
+                    experts: self.llama4_experts(&format!("{p}.{ffn}.experts"))?,
+                    shared,
+                });
+            }
         };
         let router_w = self.lin(&format!("{p}.{router}"), n, dim)?;
+        // `Glm4MoeTopkRouter.e_score_correction_bias`: the choice's bias (`Routing::GroupedSigmoid`).
+        let router_bias = if m.routing.biases_choice_only() {
+            Some(self.tensor(&format!("{p}.{router}.e_score_correction_bias"), &[n])?)
+        } else {
+            None
+        };
         let mut experts = Vec::new();
         for e in 0..n {
             let name = |w: &str| format!("{p}.{prefix}.{e}.{w}");
@@ -617,8 +674,9 @@ impl Reader<'_> {
                 self.lin(&name(down), dim, eh)?,
             ));
         }
-        let shared = match m.shared_expert_hidden {
-            Some(w) => {
+        let shared = match (m.shared_expert_hidden, rules.and_then(|r| r.ungated_shared)) {
+            (Some(w), Some(u)) => Some(ungated(w, u.name)?),
+            (Some(w), None) => {
                 let name = |s: &str| format!("{p}.mlp.shared_expert.{s}");
                 Some(SharedExpert {
                     mlp: Mlp::new(
@@ -629,9 +687,38 @@ impl Reader<'_> {
                     gate: self.lin(&format!("{p}.mlp.shared_expert_gate"), 1, dim)?,
                 })
             }
-            None => None,
+            (None, _) => None,
         };
-        Ok(Experts { router: router_w, router_bias: None, experts, shared })
+        Ok(Experts { router: router_w, router_bias, experts, shared })
+    }
+
+    /// Llama 4's experts (`Llama4TextExperts`), stored `[E, in, out]` (`x @ W`): `{m}.gate_up_proj`
+    /// `[E, dim, 2I]` (gate columns, then up: `chunk(2, dim=-1)`) and `{m}.down_proj` `[E, I, dim]`;
+    /// each transposed to `[out, in]`.
+    ///
+    /// # Shapes
+    /// - returns `n_experts` of: gate, up `[I, dim]`, down `[dim, I]`.
+    fn llama4_experts(&self, m: &str) -> Result<Vec<Mlp>, LoadError> {
+        let a = self.arch();
+        let Some(spec) = &a.moe else { return Ok(Vec::new()) };
+        let (n, h, d) = (spec.n_experts, spec.expert_hidden, a.dim);
+        let gate_up = self.tensor(&format!("{m}.gate_up_proj"), &[n, d, 2 * h])?;
+        let down = self.tensor(&format!("{m}.down_proj"), &[n, h, d])?;
+        // Columns `from..from + rows` of `[inp, out]` matrix `e` of `t` as an `[rows, inp]` weight.
+        let transposed = |t: &HostTensor, e: usize, [inp, out]: [usize; 2], from: usize, rows: usize| {
+            let x = &t.data[e * inp * out..(e + 1) * inp * out];
+            let data = (0..rows).flat_map(|r| (0..inp).map(move |i| x[i * out + from + r])).collect();
+            HostTensor { shape: vec![rows, inp], data }
+        };
+        Ok((0..n)
+            .map(|e| {
+                Mlp::new(
+                    transposed(&gate_up, e, [d, 2 * h], 0, h),
+                    transposed(&gate_up, e, [d, 2 * h], h, h),
+                    transposed(&down, e, [h, d], 0, d),
+                )
+            })
+            .collect())
     }
 
     /// gpt-oss's experts (`GptOssExperts`), stored `[E, in, out]` (`x @ W`): `gate_up_proj
