@@ -81,7 +81,7 @@ mod recipe;
 mod scheme;
 mod stats;
 
-pub use dynamic::TOKEN_GROUP_EPS;
+pub use dynamic::{NVFP4_ZERO_SCALE, TOKEN_GROUP_EPS, mx_scale, nvfp4_global_scale, nvfp4_scale};
 pub use error::QuantizeError;
 pub use formats::fp8::{fp8_decode, fp8_encode};
 pub use formats::ggml::dequantize_ggml_blocks;
@@ -89,6 +89,6 @@ pub use formats::nf4::NF4_CODE;
 pub use matrix::{QuantizedMatrix, quantize};
 pub use packed::{AffineCodes, PackedDtype, PackedPart};
 pub use qdrift_ggml::{GgmlError, RowStorage};
-pub use recipe::{ActivationQuant, ActivationScale, DynamicFormat, KvQuant, Recipe};
+pub use recipe::{ActivationQuant, ActivationScale, DynamicFormat, KvQuant, MxScaleRule, Recipe};
 pub use scheme::{Fp8Format, GgmlType, Scheme};
 pub use stats::{ErrorStats, error_stats, try_error_stats};
