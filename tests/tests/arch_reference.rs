@@ -27,8 +27,8 @@ use std::cell::RefCell;
 use burn::tensor::{DType, Device, Tensor};
 use qdrift_generate::{BackendChoice, Forcing, GenerationConfig, generate, teacher_forced};
 use qdrift_load::{HostModel, open_model};
-use qdrift_model::{AttentionKernel, LinearKernel, Llama};
-use qdrift_quantize::{QuantizeOptions, Recipe, quantize_model, round_to_fp16_reference};
+use qdrift_model::{AttentionKernel, InputAmax, LinearKernel, Llama};
+use qdrift_quantize::{DynamicFormat, QuantizeOptions, Recipe, quantize_model, round_to_fp16_reference};
 use qdrift_tests::reference64::{Rounding, Site, Sites, naive_logits};
 use qdrift_tests::{cached_logits, device, shared_dir, tiny_arch_prompts};
 
@@ -202,8 +202,26 @@ fn variants_match_on(arch: &str, recipes: &[(&str, f64)], choice: BackendChoice)
         let dev = device(choice);
         let mut model = Llama::from_host(&weights, DType::F32, &dev.device).expect("model builds");
         model.apply_runtime(&recipe).expect("the recipe fits");
+        // NVFP4's static global input scales, calibrated on the reference over the prompts.
+        let calibrated = (recipe.activations.map(|a| a.format) == Some(DynamicFormat::Nvfp4)).then(|| {
+            let unrounded = Llama::from_host(&reference, DType::F32, &dev.device).expect("reference builds");
+            let amax = unrounded.calibrate_inputs(&prompts);
+            assert_eq!(amax, unrounded.calibrate_inputs(&prompts), "calibration is deterministic");
+            assert_eq!(amax.sequences, prompts.len());
+            assert!(amax.layers.iter().flatten().all(|&a| a > 0.0), "every linear input seen: {:?}", amax.layers);
+            amax
+        });
+        if let Some(amax) = &calibrated {
+            model.set_input_scales(amax);
+        }
+        let scales = calibrated.as_ref().map(InputAmax::global_scales);
         let (tokens, decoded, forced) = decode_and_force(&model, &prompts, choice);
-        let rounded = Rounding { activations: recipe.activations, kv_cache: recipe.kv_cache, ..Default::default() };
+        let rounded = Rounding {
+            activations: recipe.activations,
+            kv_cache: recipe.kv_cache,
+            input_scales: scales.as_deref(),
+            ..Default::default()
+        };
         let (mut want_dec, mut want_tf, mut flips) = (Vec::new(), Vec::new(), [0usize; 2]);
         let (mut unrounded, mut want_plain) = (Vec::new(), Vec::new());
         for (i, (p, c)) in prompts.iter().zip(&tokens).enumerate() {
@@ -272,10 +290,12 @@ fn gpt_oss_variants_match_the_f64_forward_pass() {
 }
 
 /// W4A4: MXFP4 weights and activations (blocks of 32 along every linear input: the tiny
-/// checkpoints' widths are multiples of 32), alone and with an FP8 KV cache, on the CPU backend
-/// and wgpu. Measured: every position agrees on the CPU; on lavapipe all but Qwen3's with the FP8
+/// checkpoints' widths are multiples of 32), alone and with an FP8 KV cache, and NVFP4
+/// activations under static global input scales calibrated on the reference over the prompts
+/// (`Llama::calibrate_inputs`), on the CPU backend and wgpu. Measured: every position agrees on the CPU; on lavapipe all but Qwen3's with the FP8
 /// cache (67%: one E4M3 key on the other side of a boundary costs the rest of a sequence).
-const FP4: [(&str, f64); 2] = [("w4a4-mxfp4", 0.6), ("w4a4-mxfp4+kv-fp8-e4m3", 0.6)];
+const FP4: [(&str, f64); 3] =
+    [("w4a4-mxfp4", 0.6), ("w4a4-mxfp4+kv-fp8-e4m3", 0.6), ("mxfp4+a-nvfp4+kv-fp8-e4m3", 0.6)];
 
 #[test]
 fn qwen3_fp4_variants_match_the_f64_forward_pass() {

@@ -296,3 +296,62 @@ fn round_q4_0(x: Tensor<4>) -> Tensor<4> {
     let q = x.mul(id).add_scalar(8.5).floor().clamp_max(15.0);
     q.sub_scalar(8.0).mul(through_f16(d))
 }
+
+/// Which linear layers a rounded input feeds; each has its own static NVFP4 global input scale
+/// per layer, as compressed-tensors' `input_global_scale` is per module. Modules reading the same
+/// input share one (q, k and v; gate and up, of every expert and the shared expert: their
+/// calibrated amaxes are equal, and vLLM fuses them), and a mixture-of-experts layer's down
+/// projections share the largest of theirs (vLLM's fused MoE takes one input scale per layer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputSite {
+    /// The q/k/v projections' input (the normed residual stream).
+    Qkv,
+    /// The output projection's input (the attention's output).
+    O,
+    /// The gate/up projections' input.
+    Up,
+    /// The down projection's input.
+    Down,
+}
+
+impl InputSite {
+    /// Every site, in the order of [`InputAmax::layers`]' entries.
+    pub const ALL: [InputSite; 4] = [InputSite::Qkv, InputSite::O, InputSite::Up, InputSite::Down];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The largest magnitude each linear layer's input reached over a calibration pass
+/// ([`crate::Llama::calibrate_inputs`]), compressed-tensors' `static_minmax` observer for
+/// `input_global_scale`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InputAmax {
+    /// Per layer, per [`InputSite`] (in [`InputSite::ALL`]'s order); 0 where no value was seen.
+    pub layers: Vec<[f32; 4]>,
+    /// How many sequences the pass ran.
+    pub sequences: usize,
+}
+
+impl InputAmax {
+    /// Takes `amax` for `site` of `layer` into the running maximum.
+    pub fn record(&mut self, layer: usize, site: InputSite, amax: f32) {
+        if self.layers.len() <= layer {
+            self.layers.resize(layer + 1, [0.0; 4]);
+        }
+        let slot = &mut self.layers[layer][site.index()];
+        *slot = slot.max(amax);
+    }
+
+    /// Each layer's and site's static global input scale, `448·6/amax` as compressed-tensors'
+    /// `generate_gparam` (1 where nothing was seen).
+    pub fn global_scales(&self) -> Vec<[f32; 4]> {
+        self.layers.iter().map(|l| l.map(qdrift_codecs::nvfp4_global_scale)).collect()
+    }
+}
+
+/// The global input scale of `site` in `layer`, from per-layer scales.
+pub(crate) fn global_scale(scales: Option<&[[f32; 4]]>, layer: usize, site: InputSite) -> Option<f32> {
+    scales.and_then(|s| s.get(layer)).map(|l| l[site.index()])
+}
