@@ -298,6 +298,34 @@ mod tests {
     }
 
     #[test]
+    fn mx_scale_rules_differ_from_a_mantissa_of_1_75_and_nvfp4_scales_follow_compressed_tensors() {
+        // amax 7 = 1.75·4: compressed-tensors rounds it up to 8 (E = 3 − 2, s = 2: 7 → 3.5 → 4
+        // → 8); the OCP rule keeps 4 (E = 0, s = 1: 7 saturates to 6).
+        assert_eq!((mx_scale(MxScaleRule::Even, 7.0), mx_scale(MxScaleRule::Floor, 7.0)), (2.0, 1.0));
+        assert_eq!((mx_scale(MxScaleRule::Even, 6.99), mx_scale(MxScaleRule::Floor, 6.99)), (1.0, 1.0));
+        // Zero blocks: E8M0's least scale, 2^-127 (torchao: 2^-126).
+        assert_eq!(mx_scale(MxScaleRule::Even, 0.0), 2f32.powi(-127));
+        assert_eq!(mx_scale(MxScaleRule::Floor, 0.0), 2f32.powi(-126));
+        let mut x = vec![7.0, 1.0, 0.0, -3.3];
+        x.extend([0.0; 28]);
+        let (mut even, mut floor) = (x.clone(), x.clone());
+        ActivationQuant::fp4(DynamicFormat::Mxfp4(MxScaleRule::Even)).round_host(&mut even, 32);
+        ActivationQuant::fp4(DynamicFormat::Mxfp4(MxScaleRule::Floor)).round_host(&mut floor, 32);
+        assert_eq!((&even[..4], &floor[..4]), (&[8.0, 1.0, 0.0, -3.0][..], &[6.0, 1.0, 0.0, -3.0][..]));
+        // NVFP4 without a global scale: s = e4m3(amax/6); amax 6 → s = 1 and E2M1 ties go even.
+        let nv = ActivationQuant::fp4(DynamicFormat::Nvfp4);
+        let mut x = vec![6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -5.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        nv.round_host(&mut x, 16);
+        assert_eq!(&x[..9], &[6.0, 0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, -6.0]);
+        // A block scale that rounds to zero in E4M3 becomes compressed-tensors' eps 0.125.
+        assert_eq!(nvfp4_scale(1e-6, None), NVFP4_ZERO_SCALE);
+        // With the global scale g: s = e4m3(g·amax/6)/g.
+        assert_eq!(nvfp4_scale(6.0, Some(448.0)), 1.0);
+        assert_eq!(nvfp4_global_scale(2688.0), 1.0);
+        assert_eq!(nvfp4_global_scale(0.0), 1.0, "an uncalibrated layer");
+    }
+
+    #[test]
     fn kv_fp8_scale_one_saturates_and_rounds_in_place() {
         let mut row = vec![1000.0, -0.3, 1.0625, 0.0];
         KvQuant::Fp8(Fp8Format::E4M3).round_host(&mut row, 2).expect("fp8");
