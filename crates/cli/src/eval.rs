@@ -302,12 +302,17 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
     });
     let outcome = gated.as_ref().and_then(|g| g.as_ref().ok()).map(|(_, o)| o);
     write_renderings(&report, outcome, &output).map_err(in_user_paths(&output))?;
-    print!("{}", render_summary_gated(&report, outcome));
     // A JUnit file inside --out is staged with the reports.
-    let code = gated.as_ref().map(|g| {
+    let gate_run = gated.as_ref().map(|g| {
         let junit = args.junit.as_deref().map(|j| output.staged(j).unwrap_or_else(|| j.to_path_buf()));
         let summary = args.summary_md.as_deref().map(|m| output.staged(m).unwrap_or_else(|| m.to_path_buf()));
-        let run = finish_gate(g.as_ref().map(|(r, o)| (r, o)), junit.as_deref(), summary.as_deref());
+        finish_gate(g.as_ref().map(|(r, o)| (r, o)), junit.as_deref(), summary.as_deref())
+    });
+    output.commit()?;
+    // Printed once every file is in place: a reader that closes the pipe early (`| head -1`)
+    // ends the process by SIGPIPE, after which nothing is cleaned up or written.
+    print!("{}", render_summary_gated(&report, outcome));
+    let code = gate_run.map(|run| {
         if let Some(p) = profile {
             print!("{}", p.announce(&report.workload.horizons));
         }
@@ -315,7 +320,6 @@ pub fn run(args: EvalArgs) -> Result<Option<ExitCode>, Box<dyn Error>> {
         eprint!("{}", run.stderr);
         ExitCode::from(run.exit_code)
     });
-    output.commit()?;
     println!("reports: {} (.md, .html)", args.out.join("report.json").display());
     if args.phase_times {
         eprint!("{}", lock(&clock).finish());
@@ -397,8 +401,9 @@ pub fn run_merge(args: MergeArgs) -> Result<(), Box<dyn Error>> {
     let parts = args.parts.iter().map(|p| Part::read(p)).collect::<Result<Vec<_>, _>>()?;
     let report = merge(parts)?;
     write_reports(&report, &output).map_err(in_user_paths(&output))?;
-    print!("{}", render_summary(&report));
+    // Committed before anything is printed, as `qdrift eval` does (a closed pipe ends the process).
     output.commit()?;
+    print!("{}", render_summary(&report));
     println!("reports: {} (.md, .html)", args.out.join("report.json").display());
     Ok(())
 }

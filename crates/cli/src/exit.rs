@@ -72,8 +72,8 @@ fn decides(e: &(dyn Error + 'static)) -> Option<u8> {
     if let Some(e) = e.downcast_ref::<EvalError>() {
         return eval_code(e);
     }
-    if e.downcast_ref::<qdrift_generate::DeviceError>().is_some() {
-        return Some(ENVIRONMENT);
+    if let Some(e) = e.downcast_ref::<qdrift_generate::DeviceError>() {
+        return Some(device_code(e));
     }
     if let Some(e) = e.downcast_ref::<qdrift_io::IoError>() {
         return file_code(e);
@@ -86,16 +86,24 @@ fn decides(e: &(dyn Error + 'static)) -> Option<u8> {
 
 fn eval_code(e: &EvalError) -> Option<u8> {
     match e {
-        EvalError::Memory(_)
-        | EvalError::DiskSpace(_)
-        | EvalError::NoF16 { .. }
-        | EvalError::Internal(_)
-        | EvalError::Device(_) => Some(ENVIRONMENT),
+        EvalError::Memory(_) | EvalError::DiskSpace(_) | EvalError::NoF16 { .. } | EvalError::Internal(_) => {
+            Some(ENVIRONMENT)
+        }
+        EvalError::Device(e) => Some(device_code(e)),
         EvalError::Generate(qdrift_generate::GenerateError::Readback(_)) => Some(ENVIRONMENT),
         EvalError::Io { source, .. } => Some(io_code(source)),
         EvalError::Load(e) => load_code(e),
         EvalError::File(e) => file_code(e),
         _ => None,
+    }
+}
+
+/// A device that is missing, fails to start or lacks f16 is the machine's; bf16 on wgpu is a
+/// request no wgpu adapter can meet (its shading language has no bf16), so it is the usage's.
+fn device_code(e: &qdrift_generate::DeviceError) -> u8 {
+    match e {
+        qdrift_generate::DeviceError::DType { dtype: "bf16", .. } => UNUSABLE,
+        _ => ENVIRONMENT,
     }
 }
 
@@ -169,6 +177,12 @@ mod tests {
         assert_eq!(code_of(&rewritten()), ENVIRONMENT);
         assert_eq!(code_of(&qdrift_load::LoadError::File(rewritten())), ENVIRONMENT);
         assert_eq!(code_of(&EvalError::Load(qdrift_load::LoadError::File(rewritten()))), ENVIRONMENT);
+        // bf16 on wgpu: no adapter can, whatever the machine; f16 on an adapter without it: this one cannot.
+        let dtype = |dtype| qdrift_generate::DeviceError::DType { adapter: "a".into(), dtype, why: "w" };
+        assert_eq!(code_of(&dtype("bf16")), UNUSABLE);
+        assert_eq!(code_of(&EvalError::Device(dtype("bf16"))), UNUSABLE);
+        assert_eq!(code_of(&dtype("f16")), ENVIRONMENT);
+        assert_eq!(code_of(&qdrift_generate::DeviceError::NoAdapter), ENVIRONMENT);
         let boxed: Box<dyn Error> = "a usage error".into();
         assert_eq!(code_of(&*boxed), UNUSABLE);
     }

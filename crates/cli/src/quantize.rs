@@ -10,7 +10,7 @@ use qdrift_load::HostModel;
 use qdrift_load::write::gguf_tokenizer_keys;
 use qdrift_quantize::{
     QuantizeOptions, QuantizedModel, Recipe, check_gguf_scheme, quantize_model_owned, round_to_fp16_reference,
-    write_gguf, write_safetensors,
+    write_compressed_tensors, write_gguf, write_safetensors, writes_compressed_tensors,
 };
 
 /// Which variant of the reference to build.
@@ -116,7 +116,9 @@ pub struct QuantizeArgs {
     #[arg(long, value_enum, default_value = "safetensors")]
     format: OutputFormat,
     /// Safetensors only: write the packed codes and scales instead of dequantized F32 values
-    /// (GGUF always stores the packed blocks).
+    /// (GGUF always stores the packed blocks). With nvfp4, mxfp4-ct or mxfp4-ocp, --out is a
+    /// compressed-tensors folder (nvfp4-/mxfp4-pack-quantized, as vLLM loads it) written from a
+    /// Hugging Face folder --model, whose config.json and tokenizer files it carries over.
     #[arg(long)]
     packed: bool,
     /// Print the statistics as JSON instead of a table.
@@ -150,7 +152,10 @@ pub fn run(args: QuantizeArgs) -> Result<(), Box<dyn Error>> {
     if let Some(t) = &args.tokenizer {
         paths = paths.input("--tokenizer", t);
     }
-    paths.output_file("--out", &args.out).check()?;
+    let ct_folder = !gguf && args.packed && writes_compressed_tensors(&scheme);
+    paths =
+        if ct_folder { paths.output_folder("--out", &args.out, false) } else { paths.output_file("--out", &args.out) };
+    paths.check()?;
     let loaded = qdrift_load::open_model(&args.model, args.tokenizer.as_deref())?;
     for note in &loaded.notes {
         eprintln!("qdrift: note: {note}");
@@ -160,6 +165,7 @@ pub fn run(args: QuantizeArgs) -> Result<(), Box<dyn Error>> {
     let q = args.scheme.apply(loaded.model)?.ok_or("no scheme applied")?;
     match &tokenizer_keys {
         Some(keys) => write_gguf(&args.out, &q, keys)?,
+        None if ct_folder => write_compressed_tensors(&args.out, &q, &args.model)?,
         None => {
             let source = args.model.display().to_string();
             write_safetensors(&args.out, &q, args.packed, &[("qdrift.source".to_string(), source)])?;

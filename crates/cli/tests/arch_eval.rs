@@ -101,14 +101,14 @@ fn check_routing(arch: &str, report: &Value, out: &std::path::Path) {
 }
 
 /// W4A4 on Qwen3-MoE (every linear input a multiple of 32): MXFP4 weights and activations, and
-/// NVFP4 activations whose static global input scales are calibrated on the reference over the
-/// eval set's prompts, a number `report.json` states under the variant's recipe; twice, the same
-/// numbers (the calibration is deterministic).
+/// NVFP4 weights and activations with static global input scales calibrated on the reference over
+/// the eval set's prompts, whose number `report.json` states under the variant's recipe; run
+/// twice, the same numbers (the calibration is deterministic).
 #[test]
 fn w4a4_variants_evaluate_and_state_their_calibration() {
     let root = tempfile::tempdir().expect("tempdir");
     let model = tiny_arch("qwen3_moe");
-    let schemes = ["w4a4-mxfp4", "mxfp4+a-nvfp4+kv-fp8-e4m3"];
+    let schemes = ["w4a4-mxfp4", "w4a4-nvfp4+kv-fp8-e4m3"];
     let run = |out: &std::path::Path| -> Value {
         let args = [
             "eval",
@@ -139,6 +139,6 @@ fn w4a4_variants_evaluate_and_state_their_calibration() {
     }
     assert_eq!(variant(&a, "w4a4-mxfp4")["recipe"]["activations"], "mxfp4");
     assert!(variant(&a, "w4a4-mxfp4")["recipe"].get("calibration_prompts").is_none());
-    let nv = &variant(&a, "mxfp4+a-nvfp4+kv-fp8-e4m3")["recipe"];
+    let nv = &variant(&a, "w4a4-nvfp4+kv-fp8-e4m3")["recipe"];
     assert_eq!((nv["activations"].as_str(), nv["calibration_prompts"].as_u64()), (Some("nvfp4"), Some(3)));
 }

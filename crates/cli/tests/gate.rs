@@ -68,17 +68,20 @@ fn gate_lines_round_to_four_significant_digits() {
 }
 
 /// `--thresholds default` is the built-in profile, with no file: on the committed stories260K
-/// report its 8-bit variants pass and its 4-bit ones fail (exit 1), the first line names the
-/// profile, and a dense model has no routing check.
+/// report its 8-bit variants pass and its 4-bit ones fail (exit 1), the first lines name the
+/// profile and each threshold with its reason, and a dense model has no routing check.
 #[test]
 fn the_default_profile_gates_without_a_file() {
     let o = qdrift(&["gate", "--report", utf8(&committed()), "--thresholds", "default"]);
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(1), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
     assert!(
-        stdout.starts_with("gate: thresholds profile \"default\" on every variant but the noise floor: "),
+        stdout.starts_with("gate: thresholds profile \"default\" on every variant but the noise floor ("),
         "{stdout}"
     );
+    // Every threshold is printed with its reason.
+    assert!(stdout.contains("\ngate:   excess_kld@1000 max 0.05: KL divergence from the reference"), "{stdout}");
+    assert!(stdout.contains("\ngate:   stop_missed@1000 max 0.25 where present: Share of prompts"), "{stdout}");
     for line in
         ["PASS int8 excess_kld@1000 bound=ci", "PASS int8 stop_missed@1000 bound=ci", "FAIL int4-g128 excess_kld@1000"]
     {

@@ -164,6 +164,8 @@ fn every_command_keeps_the_exit_code_rule() {
         vec!["merge", path(&missing), "--out", path(&out)],
         vec!["gate", "--report", path(&report), "--thresholds", path(&missing)],
         vec!["compare", path(&report), path(&report)],
+        vec!["thresholds", "suggest", path(&report), "--out", path(&out)],
+        vec!["thresholds", "show", "no-such-profile"],
         vec!["no-such-command"],
     ];
     for args in &unusable {
@@ -209,6 +211,42 @@ fn a_closed_pipe_ends_the_process_quietly() {
     let out = child.wait_with_output().expect("qdrift ends");
     assert_eq!(out.status.signal(), Some(13), "SIGPIPE ends it: {:?} {}", out.status, stderr(&out));
     assert!(stderr(&out).is_empty(), "quiet: {}", stderr(&out));
+}
+
+/// `qdrift eval --gate … | head -1` with the reader gone before the summary: the reports, the
+/// JUnit file and the summary are in place before anything is printed, so the SIGPIPE that ends
+/// the process leaves neither the lock nor the staging folder, and loses nothing.
+#[test]
+fn a_closed_pipe_costs_an_eval_nothing() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let thresholds = dir.path().join("thresholds.toml");
+    std::fs::write(&thresholds, "[variant.int8]\n\"kld@4\" = { max = 1.0 }\n").expect("write");
+    let out = dir.path().join("drift");
+    let stories_bin = stories().join("stories260K.bin");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_qdrift"))
+        .args(["eval", "--model", path(&stories_bin), "--schemes", "int8", "--prompts", "2", "--horizons", "4"])
+        .args(["--backend", "cpu", "--resamples", "100", "--gate", path(&thresholds), "--junit", "gate.xml"])
+        .args(["--out", path(&out)])
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("qdrift runs");
+    drop(child.stdout.take());
+    let run = child.wait_with_output().expect("qdrift ends");
+    assert_eq!(run.status.signal(), Some(13), "SIGPIPE ends it: {:?} {}", run.status, stderr(&run));
+    assert!(!stderr(&run).contains("panicked"), "{}", stderr(&run));
+    for file in ["report.json", "report.md", "report.html"] {
+        assert!(out.join(file).is_file(), "{file} written");
+    }
+    assert!(dir.path().join("gate.xml").is_file(), "the JUnit file is written");
+    let mut left: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["drift", "gate.xml", "thresholds.toml"], "no lock or staging folder left");
 }
 
 /// The first stderr line of `eval` names the backend and the adapter.
@@ -325,7 +363,11 @@ fn qwen3_with_template(dir: &Path, template: &str) -> PathBuf {
 fn chat_template_memory_bombs_are_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let doubling = format!("{{% set s = 'x' * 1000000 %}}{}{{{{ s|length }}}}", "{% set s = s ~ s %}".repeat(12));
-    let bombs = [doubling.as_str(), "{{ '%3000000000s'|format('x')|length }}"];
+    let replaced =
+        format!("{{% set s = 'x' * 1000000 %}}{}{{{{ s|length }}}}", "{% set s = s|replace('x', 'xx') %}".repeat(12));
+    let namespace = "{% set ns = namespace(s='x' * 1000000) %}{% for i in range(30) %}{% set ns.s = ns.s ~ ns.s %}\
+                     {% endfor %}{{ ns.s|length }}";
+    let bombs = [doubling.as_str(), "{{ '%3000000000s'|format('x')|length }}", replaced.as_str(), namespace];
     for (i, bomb) in bombs.iter().enumerate() {
         let model = qwen3_with_template(&dir.path().join(format!("bomb{i}")), bomb);
         let out = dir.path().join(format!("drift{i}"));
@@ -349,6 +391,19 @@ fn chat_template_memory_bombs_are_refused() {
         assert!(err.contains("MiB of memory to render one prompt"), "{bomb}: {err}");
         assert!(!out.exists(), "nothing written");
     }
+    // The same bomb in a GGUF file (`tokenizer.chat_template`, as `quantize --format gguf` embeds
+    // the folder's template).
+    let gguf = dir.path().join("bomb.gguf");
+    let folder = qwen3_with_template(&dir.path().join("gguf-bomb"), namespace);
+    let made =
+        qdrift(&["quantize", "--model", path(&folder), "--scheme", "q8_0", "--format", "gguf", "--out", path(&gguf)]);
+    assert_eq!(code(&made), 0, "{}", stderr(&made));
+    let out = dir.path().join("drift-gguf");
+    let run = quick_eval(&gguf, &out, &[]);
+    let err = stderr(&run);
+    assert_eq!(code(&run), 2, "{err}");
+    assert!(err.contains("bomb.gguf: the model's chat template needs more than"), "{err}");
+    assert!(!out.exists(), "nothing written");
     let chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
                   {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
     let model = qwen3_with_template(&dir.path().join("real"), chatml);
@@ -387,7 +442,11 @@ fn quantize_router_needs_experts() {
         path(&dir.path().join("drift")),
     ]);
     assert_eq!(code(&run), 2, "{}", stderr(&run));
-    assert!(stderr(&run).contains("--quantize-router the model has no experts"), "{}", stderr(&run));
+    assert!(
+        stderr(&run).contains("--quantize-router is for a model with experts, and this one has none"),
+        "{}",
+        stderr(&run)
+    );
 }
 
 /// `eval --gate --summary-md FILE` writes the verdict as `qdrift gate --summary-md` does.
@@ -486,4 +545,149 @@ fn a_mistyped_flag_gets_a_suggestion() {
     let err = stderr(&run);
     assert_eq!(run.status.code(), Some(2), "{err}");
     assert!(err.contains("similar argument exists: '--model'"), "{err}");
+}
+
+/// `--phase-times` names every phase of a run, not only the total: loading and planning, prefill,
+/// decode, teacher forcing, quantizing the next variant, and the reports.
+#[test]
+fn phase_times_name_every_phase() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stories_bin = stories().join("stories260K.bin");
+    let run = quick_eval(&stories_bin, &dir.path().join("drift"), &["--phase-times"]);
+    let err = stderr(&run);
+    assert_eq!(code(&run), 0, "{err}");
+    let table = &err[err.find("phase times:\n").expect("the table")..];
+    let phases = [
+        "load and plan",
+        "prefill",
+        "decode",
+        "teacher forcing and reductions",
+        "quantize and build the next variant",
+        "summary and reports",
+        "total",
+    ];
+    for phase in phases {
+        let line =
+            table.lines().find(|l| l.trim_start().starts_with(phase)).unwrap_or_else(|| panic!("{phase}: {table}"));
+        assert!(line.contains(" s"), "{line}");
+    }
+    // Each phase's share, all of them together the whole run (to the table's rounding).
+    let shares: f64 = table
+        .lines()
+        .filter_map(|l| l.trim_end().strip_suffix('%'))
+        .map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).expect("a share"))
+        .sum();
+    assert!((shares - 100.0).abs() < 0.5, "{shares}: {table}");
+}
+
+/// The exit-code rule is written once for the user: `qdrift --help` ends with it and README's
+/// paragraph says the same five codes.
+#[test]
+fn the_exit_code_rule_is_in_help_and_the_readme() {
+    let help = qdrift(&["--help"]);
+    assert_eq!(code(&help), 0);
+    let text = String::from_utf8_lossy(&help.stdout);
+    let rule = text.trim_end().rsplit("\n\n").next().expect("a last paragraph");
+    assert!(rule.starts_with("Exit codes, for every command: 0 pass; 1 regression"), "{text}");
+    for said in ["2 unusable input or usage", "3 inconclusive", "4 environment"] {
+        assert!(rule.contains(said), "{said}: {rule}");
+    }
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).expect("README");
+    assert_eq!(readme.matches("**Exit codes**, one rule for every command").count(), 1, "written once");
+    let paragraph = &readme[readme.find("**Exit codes**").expect("the paragraph")..];
+    let paragraph = &paragraph[..paragraph.find("\n\n").expect("its end")];
+    for said in
+        ["0 pass", "1 regression", "2 unusable input or usage", "3 **inconclusive**", "4 environment", "head -1"]
+    {
+        assert!(paragraph.contains(said), "{said}: {paragraph}");
+    }
+}
+
+/// A report whose per-prompt values no run can have (a rate of 2.0 beside a 0.0, so that the
+/// mean agrees), or whose pooled p99 is not its distribution's (1e308 where the table shows the
+/// distribution's), is refused by every command that reads reports: `gate`, `compare` and
+/// `thresholds suggest`, exit 2 in one line naming the value.
+#[test]
+fn an_impossible_report_is_refused_by_every_command_that_reads_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../reports/stories260K/report.json");
+    let edited = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| -> PathBuf {
+        let mut report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&committed).expect("the committed report")).expect("JSON");
+        let variants = report["variants"].as_array_mut().expect("variants");
+        edit(&mut variants.iter_mut().find(|v| v["name"] == "int8").expect("int8")["horizons"]);
+        let file = dir.path().join(name);
+        std::fs::write(&file, serde_json::to_vec(&report).expect("JSON")).expect("write");
+        file
+    };
+    let rate = edited("rate.json", &|h| {
+        let values = &mut h[0]["per_prompt"]["token_match_rate"];
+        assert_eq!((values[0].as_f64(), values[1].as_f64()), (Some(1.0), Some(1.0)), "{values}");
+        values[0] = 2.0.into();
+        values[1] = 0.0.into();
+    });
+    let p99 = edited("p99.json", &|h| {
+        h[1]["kld_reverse_p99"]["mean"] = 1e308.into();
+        h[1]["kld_reverse_p99"]["ci95"] = serde_json::json!([1e308, 1e308]);
+    });
+    let thresholds = dir.path().join("t.toml");
+    std::fs::write(&thresholds, "[variant.int8]\n\"kld@10\" = { max = 1.0 }\n").expect("write");
+    let out = dir.path().join("suggested.toml");
+    let cases = [
+        (&rate, "per_prompt.token_match_rate value 0 = 2.0, not ∈ [0, 1] at horizon 10"),
+        (&p99, "kld_reverse_p99 = 1e308, but kld_reverse's p99 over the same positions is"),
+    ];
+    for (report, says) in cases {
+        let report = path(report);
+        let commands: [Vec<&str>; 3] = [
+            vec!["gate", "--report", report, "--thresholds", path(&thresholds)],
+            vec!["compare", report, report, "--variant-a", "int8", "--variant-b", "int4-g128"],
+            vec!["thresholds", "suggest", report, "--out", path(&out)],
+        ];
+        for args in commands {
+            let run = qdrift(&args);
+            let err = stderr(&run);
+            assert_eq!(code(&run), 2, "{args:?}: {err}");
+            assert!(err.contains(says), "{args:?}: {err}");
+            assert!(run.stdout.is_empty(), "{args:?}: nothing but the error");
+        }
+        assert!(!out.exists(), "nothing suggested");
+    }
+}
+
+/// `--backend wgpu`: the first stderr line names the adapter and its kind, and a software
+/// rasterizer (Mesa's lavapipe on a machine without a GPU) is warned of, with the slowdown
+/// measured against `cpu`, before any work (the bf16 refusal that follows costs nothing);
+/// `--backend auto` never picks a software adapter.
+#[test]
+fn a_software_adapter_is_named_warned_of_and_never_picked_by_auto() {
+    let stories_bin = stories().join("stories260K.bin");
+    let base = ["generate", "--model", path(&stories_bin), "--prompt", "Tom", "--max-new-tokens", "2"];
+    let run = qdrift(&[&base[..], &["--backend", "wgpu", "--dtype", "bf16"]].concat());
+    let err = stderr(&run);
+    assert_eq!(code(&run), 2, "bf16 on wgpu is a request no adapter can meet: {err}");
+    assert!(!err.contains("flex"), "{err}");
+    let mut lines = err.lines();
+    let first = lines.next().unwrap_or_default();
+    assert!(first.starts_with("qdrift: wgpu: "), "{err}");
+    let software = first.contains("(software rasterizer, CPU)");
+    assert!(software || first.contains("(GPU: "), "the adapter's kind: {first}");
+    let second = lines.next().unwrap_or_default();
+    if software {
+        assert!(second.starts_with("qdrift: warning: ") && second.contains("is a software rasterizer"), "{err}");
+        assert!(second.contains("6 min 0 s on it, 2 s with --backend cpu"), "the measured slowdown: {second}");
+    } else {
+        assert!(second.starts_with("qdrift: error:"), "no warning on a GPU: {err}");
+    }
+    let auto = qdrift(&base);
+    let err = stderr(&auto);
+    assert_eq!(code(&auto), 0, "{err}");
+    let first = err.lines().next().unwrap_or_default();
+    assert!(!first.contains("software rasterizer") && !err.contains("qdrift: warning:"), "{err}");
+    // wgpu takes the best adapter there is: a software one means there is no hardware GPU.
+    if software {
+        assert!(first.starts_with("qdrift: cpu: CPU ("), "{err}");
+        assert!(first.contains("no hardware GPU adapter (") && first.contains("Cpu)"), "names what it saw: {first}");
+    }
 }

@@ -65,8 +65,8 @@ use qdrift_ggml::{dequantize_ggml_blocks, e2m1_decode, e2m1_encode, quantize_ggm
 
 use crate::error::QuantizeError;
 use crate::formats::fp8::{fp8_decode, fp8_encode};
-use crate::recipe::{ActivationQuant, ActivationScale, DynamicFormat, KvQuant, MxScaleRule};
-use crate::scheme::Fp8Format;
+use crate::recipe::{ActivationQuant, ActivationScale, DynamicFormat, KvQuant};
+use crate::scheme::{Fp8Format, Mxfp4Rule};
 
 /// Quantize→dequantize one scale group (`values` share one dynamic scale) in place.
 ///
@@ -108,11 +108,11 @@ fn round_e2m1(y: f32) -> f32 {
 pub const NVFP4_ZERO_SCALE: f32 = 0.125;
 
 /// The E8M0 scale `2^E` of an MXFP4 block of largest magnitude `amax` (see the module doc).
-pub fn mx_scale(rule: MxScaleRule, amax: f32) -> f32 {
+pub fn mx_scale(rule: Mxfp4Rule, amax: f32) -> f32 {
     // Sign and exponent bits: a power of two, 0 below the normal range, ∞ past it.
     let p = match rule {
-        MxScaleRule::Even => f32::from_bits(amax.to_bits().wrapping_add(1 << 21) & 0xFF80_0000),
-        MxScaleRule::Floor => f32::from_bits(amax.to_bits() & 0xFF80_0000),
+        Mxfp4Rule::CompressedTensors => f32::from_bits(amax.to_bits().wrapping_add(1 << 21) & 0xFF80_0000),
+        Mxfp4Rule::Ocp => f32::from_bits(amax.to_bits() & 0xFF80_0000),
     };
     let biased = if p == 0.0 {
         0
@@ -122,7 +122,7 @@ pub fn mx_scale(rule: MxScaleRule, amax: f32) -> f32 {
         ((p.to_bits() >> 23) as i32 - 2).clamp(0, 255)
     };
     // torchao keeps its scale at or above f32's least normal, 2^-126 (`to_mx`).
-    let biased = if rule == MxScaleRule::Floor { biased.max(1) } else { biased };
+    let biased = if rule == Mxfp4Rule::Ocp { biased.max(1) } else { biased };
     2f64.powi(biased - 127) as f32
 }
 
@@ -231,7 +231,6 @@ impl KvQuant {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheme::Fp8Format;
     use qdrift_ggml::GgmlType;
 
     #[test]
@@ -301,16 +300,16 @@ mod tests {
     fn mx_scale_rules_differ_from_a_mantissa_of_1_75_and_nvfp4_scales_follow_compressed_tensors() {
         // amax 7 = 1.75·4: compressed-tensors rounds it up to 8 (E = 3 − 2, s = 2: 7 → 3.5 → 4
         // → 8); the OCP rule keeps 4 (E = 0, s = 1: 7 saturates to 6).
-        assert_eq!((mx_scale(MxScaleRule::Even, 7.0), mx_scale(MxScaleRule::Floor, 7.0)), (2.0, 1.0));
-        assert_eq!((mx_scale(MxScaleRule::Even, 6.99), mx_scale(MxScaleRule::Floor, 6.99)), (1.0, 1.0));
+        assert_eq!((mx_scale(Mxfp4Rule::CompressedTensors, 7.0), mx_scale(Mxfp4Rule::Ocp, 7.0)), (2.0, 1.0));
+        assert_eq!((mx_scale(Mxfp4Rule::CompressedTensors, 6.99), mx_scale(Mxfp4Rule::Ocp, 6.99)), (1.0, 1.0));
         // Zero blocks: E8M0's least scale, 2^-127 (torchao: 2^-126).
-        assert_eq!(mx_scale(MxScaleRule::Even, 0.0), 2f32.powi(-127));
-        assert_eq!(mx_scale(MxScaleRule::Floor, 0.0), 2f32.powi(-126));
+        assert_eq!(mx_scale(Mxfp4Rule::CompressedTensors, 0.0), 2f32.powi(-127));
+        assert_eq!(mx_scale(Mxfp4Rule::Ocp, 0.0), 2f32.powi(-126));
         let mut x = vec![7.0, 1.0, 0.0, -3.3];
         x.extend([0.0; 28]);
         let (mut even, mut floor) = (x.clone(), x.clone());
-        ActivationQuant::fp4(DynamicFormat::Mxfp4(MxScaleRule::Even)).round_host(&mut even, 32);
-        ActivationQuant::fp4(DynamicFormat::Mxfp4(MxScaleRule::Floor)).round_host(&mut floor, 32);
+        ActivationQuant::fp4(DynamicFormat::Mxfp4(Mxfp4Rule::CompressedTensors)).round_host(&mut even, 32);
+        ActivationQuant::fp4(DynamicFormat::Mxfp4(Mxfp4Rule::Ocp)).round_host(&mut floor, 32);
         assert_eq!((&even[..4], &floor[..4]), (&[8.0, 1.0, 0.0, -3.0][..], &[6.0, 1.0, 0.0, -3.0][..]));
         // NVFP4 without a global scale: s = e4m3(amax/6); amax 6 → s = 1 and E2M1 ties go even.
         let nv = ActivationQuant::fp4(DynamicFormat::Nvfp4);

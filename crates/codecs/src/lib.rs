@@ -32,6 +32,8 @@
 //! | `formats/fp8.rs` | `fp8-e4m3`, `fp8-e5m2` (+ `-tensor`), with the OFP8 codec |
 //! | `formats/nf4.rs` | `nf4-g64` |
 //! | `formats/ggml.rs` | `q8_0`, `q4_0`, `q4_1`, `q5_0`, `q4_k`, `q6_k`, `mxfp4` (codecs in `qdrift-ggml`; llama.cpp's fallback for rows that are not whole blocks) |
+//! | `formats/mxfp4.rs` | `mxfp4-ocp`, `mxfp4-ct`: OCP MXFP4 by the spec's and compressed-tensors' scale rules |
+//! | `formats/nvfp4.rs` | `nvfp4`: E2M1, E4M3 scale per 16, f32 per tensor, as compressed-tensors quantizes it |
 //! | `packed.rs` | what the formats' storage shares: [`PackedPart`], [`PackedDtype`], [`AffineCodes`], the `Packed` trait |
 //! | `matrix.rs` | [`QuantizedMatrix`] (a format's packed storage) and [`quantize`] |
 //! | `recipe.rs` | [`Recipe`]: the variant grammar `WEIGHTS[+a-ACT][+kv-KV]`, [`ActivationQuant`], [`KvQuant`] |
@@ -89,6 +91,6 @@ pub use formats::nf4::NF4_CODE;
 pub use matrix::{QuantizedMatrix, quantize};
 pub use packed::{AffineCodes, PackedDtype, PackedPart};
 pub use qdrift_ggml::{GgmlError, RowStorage};
-pub use recipe::{ActivationQuant, ActivationScale, DynamicFormat, KvQuant, MxScaleRule, Recipe};
-pub use scheme::{Fp8Format, GgmlType, Scheme};
+pub use recipe::{ActivationQuant, ActivationScale, DynamicFormat, KvQuant, Recipe};
+pub use scheme::{Fp8Format, GgmlType, Mxfp4Rule, Scheme};
 pub use stats::{ErrorStats, error_stats, try_error_stats};

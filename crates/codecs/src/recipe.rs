@@ -6,13 +6,14 @@
 //!   also sets the activation part: `w8a8-int8` = `int8+a-int8` (per-channel int8 weights,
 //!   dynamic per-token int8 activations, as SmoothQuant and vLLM's W8A8-INT8), `w8a8-fp8` =
 //!   `fp8-e4m3+a-fp8` (per-channel E4M3 weights, dynamic per-token E4M3 activations, as vLLM's
-//!   and TensorRT-LLM's FP8) and `w4a4-mxfp4` = `mxfp4+a-mxfp4` (the `mxfp4` weight scheme,
-//!   MXFP4 activations).
+//!   and TensorRT-LLM's FP8), `w4a4-mxfp4` = `mxfp4-ct+a-mxfp4` and `w4a4-nvfp4` =
+//!   `nvfp4+a-nvfp4` (FP4 weights and activations by compressed-tensors' rules, its `MXFP4` and
+//!   `NVFP4` presets, as vLLM serves them).
 //! - `ACT` ([`ActivationQuant`]): `int8`, `fp8-e4m3`, `fp8-e5m2` (`fp8` is `fp8-e4m3`), each
 //!   per token, per tensor with `-tensor`, or per token and group of `G` consecutive inputs with
 //!   `-gG` (`fp8-g128`: the dynamic activations of block-FP8 checkpoints such as DeepSeek-V3 and
 //!   Qwen3-FP8, whose group is their weight block's width). The 4-bit floats carry their block:
-//!   `mxfp4` (E8M0 scale per 32, compressed-tensors' and vLLM's scale rule), `mxfp4-ocp` (the
+//!   `mxfp4` = `mxfp4-ct` (E8M0 scale per 32, compressed-tensors' and vLLM's scale rule), `mxfp4-ocp` (the
 //!   OCP spec's rule) and `nvfp4` (E4M3 scale per 16 under a static global input scale), the
 //!   activations of W4A4 checkpoints.
 //! - `KV` ([`KvQuant`]): `fp8-e4m3`, `fp8-e5m2` (scale 1, vLLM's default), `fp8-e4m3-head`,
@@ -32,19 +33,7 @@ use qdrift_ggml::GgmlType;
 use qdrift_io::elide;
 
 use crate::error::QuantizeError;
-use crate::scheme::{Fp8Format, Scheme};
-
-/// How an MXFP4 block's shared E8M0 scale `2^E` follows from the block's amax (see `dynamic.rs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum MxScaleRule {
-    /// `E = floor(log2(amax rounded to a power of two)) − 2`, where the rounding goes up when the
-    /// amax's mantissa is at least 1.75: compressed-tensors' `generate_mx_scales` and vLLM's
-    /// reference `qdq_mxfp4_torch` / AMD Quark's `scale_calculation_mode="even"` (what vLLM's
-    /// MXFP4 activation emulation runs).
-    Even,
-    /// `E = floor(log2(amax)) − 2`: the OCP MX v1.0 spec's rule (§6.3), torchao's default.
-    Floor,
-}
+use crate::scheme::{Fp8Format, Mxfp4Rule, Scheme};
 
 /// The number format of dynamically quantized values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -53,8 +42,12 @@ pub enum DynamicFormat {
     Int8,
     /// OCP FP8 (the project's saturating round-to-nearest-even codec): `s = amax/max_finite`.
     Fp8(Fp8Format),
-    /// MXFP4 (OCP MX v1.0): E2M1 elements, one E8M0 power-of-two scale per 32 inputs.
-    Mxfp4(MxScaleRule),
+    /// MXFP4 (OCP MX v1.0): E2M1 elements, one E8M0 power-of-two scale per 32 inputs, chosen by
+    /// compressed-tensors' rule (`mxfp4`: the amax rounded up a binade from a mantissa of 1.75,
+    /// as vLLM's reference `qdq_mxfp4_torch` and AMD Quark's `"even"` mode, what vLLM's MXFP4
+    /// activation emulation runs) or the OCP spec's (`mxfp4-ocp`: `floor(log2 amax) − 2`, §6.3,
+    /// torchao's default).
+    Mxfp4(Mxfp4Rule),
     /// NVFP4: E2M1 elements, one E4M3 scale per 16 inputs under a static f32 global input scale.
     Nvfp4,
 }
@@ -85,8 +78,8 @@ impl DynamicFormat {
             DynamicFormat::Int8 => "int8",
             DynamicFormat::Fp8(Fp8Format::E4M3) => "fp8-e4m3",
             DynamicFormat::Fp8(Fp8Format::E5M2) => "fp8-e5m2",
-            DynamicFormat::Mxfp4(MxScaleRule::Even) => "mxfp4",
-            DynamicFormat::Mxfp4(MxScaleRule::Floor) => "mxfp4-ocp",
+            DynamicFormat::Mxfp4(Mxfp4Rule::CompressedTensors) => "mxfp4",
+            DynamicFormat::Mxfp4(Mxfp4Rule::Ocp) => "mxfp4-ocp",
             DynamicFormat::Nvfp4 => "nvfp4",
         }
     }
@@ -133,8 +126,8 @@ impl ActivationQuant {
             .flat_map(|scale| formats.map(|format| ActivationQuant { format, scale }))
             .chain(
                 [
-                    DynamicFormat::Mxfp4(MxScaleRule::Even),
-                    DynamicFormat::Mxfp4(MxScaleRule::Floor),
+                    DynamicFormat::Mxfp4(Mxfp4Rule::CompressedTensors),
+                    DynamicFormat::Mxfp4(Mxfp4Rule::Ocp),
                     DynamicFormat::Nvfp4,
                 ]
                 .map(Self::fp4),
@@ -209,10 +202,16 @@ impl FromStr for ActivationQuant {
 
     fn from_str(s: &str) -> Result<Self, ()> {
         // The 4-bit float formats carry their block: no scale suffix.
-        let fp4 =
-            [DynamicFormat::Mxfp4(MxScaleRule::Even), DynamicFormat::Mxfp4(MxScaleRule::Floor), DynamicFormat::Nvfp4];
+        let fp4 = [
+            DynamicFormat::Mxfp4(Mxfp4Rule::CompressedTensors),
+            DynamicFormat::Mxfp4(Mxfp4Rule::Ocp),
+            DynamicFormat::Nvfp4,
+        ];
         if let Some(format) = fp4.into_iter().find(|f| f.name() == s) {
             return Ok(ActivationQuant::fp4(format));
+        }
+        if s == "mxfp4-ct" {
+            return Ok(ActivationQuant::fp4(DynamicFormat::Mxfp4(Mxfp4Rule::CompressedTensors)));
         }
         let (base, scale) = if let Some(base) = s.strip_suffix("-tensor") {
             (base, ActivationScale::Tensor)
@@ -317,7 +316,7 @@ pub struct Recipe {
 }
 
 /// The W8A8 and W4A4 shorthands: name, weights, activations.
-const SHORTHANDS: [(&str, Scheme, ActivationQuant); 3] = [
+const SHORTHANDS: [(&str, Scheme, ActivationQuant); 4] = [
     ("w8a8-int8", Scheme::Int8, ActivationQuant { format: DynamicFormat::Int8, scale: ActivationScale::Token }),
     (
         "w8a8-fp8",
@@ -326,8 +325,16 @@ const SHORTHANDS: [(&str, Scheme, ActivationQuant); 3] = [
     ),
     (
         "w4a4-mxfp4",
-        Scheme::Ggml(GgmlType::Mxfp4),
-        ActivationQuant { format: DynamicFormat::Mxfp4(MxScaleRule::Even), scale: ActivationScale::TokenGroup(32) },
+        Scheme::Mxfp4 { rule: Mxfp4Rule::CompressedTensors },
+        ActivationQuant {
+            format: DynamicFormat::Mxfp4(Mxfp4Rule::CompressedTensors),
+            scale: ActivationScale::TokenGroup(32),
+        },
+    ),
+    (
+        "w4a4-nvfp4",
+        Scheme::Nvfp4,
+        ActivationQuant { format: DynamicFormat::Nvfp4, scale: ActivationScale::TokenGroup(16) },
     ),
 ];
 
@@ -355,8 +362,8 @@ impl Recipe {
         )
     }
 
-    /// The shorthands (`w8a8-int8`, `w8a8-fp8`, `w4a4-mxfp4`) and the recipes they stand for, for
-    /// help.
+    /// The shorthands (`w8a8-int8`, `w8a8-fp8`, `w4a4-mxfp4`, `w4a4-nvfp4`) and the recipes they
+    /// stand for, for help.
     pub fn shorthands() -> impl Iterator<Item = Recipe> {
         SHORTHANDS.iter().map(|&(_, weights, a)| Recipe { weights, activations: Some(a), kv_cache: None })
     }
@@ -495,7 +502,7 @@ mod tests {
         assert_eq!(parse("w8a8-fp8+kv-q4_0").to_string(), "w8a8-fp8+kv-q4_0");
         assert_eq!(parse("fp8-e4m3+a-fp8-e4m3").to_string(), "w8a8-fp8");
         let names: Vec<String> = Recipe::shorthands().map(|r| r.to_string()).collect();
-        assert_eq!(names, ["w8a8-int8", "w8a8-fp8", "w4a4-mxfp4"]);
+        assert_eq!(names, ["w8a8-int8", "w8a8-fp8", "w4a4-mxfp4", "w4a4-nvfp4"]);
     }
 
     #[test]
@@ -567,11 +574,15 @@ mod tests {
 
     #[test]
     fn fp4_parts_carry_their_block_and_w4a4_mxfp4_is_a_shorthand() {
-        let mx = ActivationQuant::fp4(DynamicFormat::Mxfp4(MxScaleRule::Even));
+        let mx = ActivationQuant::fp4(DynamicFormat::Mxfp4(Mxfp4Rule::CompressedTensors));
         assert_eq!(mx.scale, ActivationScale::TokenGroup(32));
         let r = parse("w4a4-mxfp4");
-        assert_eq!(r, Recipe { weights: Scheme::Ggml(GgmlType::Mxfp4), activations: Some(mx), kv_cache: None });
-        assert_eq!(parse("mxfp4+a-mxfp4"), r);
+        let ct = Scheme::Mxfp4 { rule: Mxfp4Rule::CompressedTensors };
+        assert_eq!(r, Recipe { weights: ct, activations: Some(mx), kv_cache: None });
+        assert_eq!(parse("mxfp4-ct+a-mxfp4"), r);
+        assert_eq!(parse("mxfp4-ct+a-mxfp4-ct"), r, "mxfp4-ct is mxfp4 for activations too");
+        let nv4 = parse("w4a4-nvfp4+kv-fp8-e4m3");
+        assert_eq!((nv4.weights, nv4.to_string().as_str()), (Scheme::Nvfp4, "w4a4-nvfp4+kv-fp8-e4m3"));
         assert_eq!(parse("w4a4-mxfp4+kv-fp8-e4m3").to_string(), "w4a4-mxfp4+kv-fp8-e4m3");
         let nv = parse("fp16+a-nvfp4").activations.expect("nvfp4");
         assert_eq!((nv.format, nv.scale), (DynamicFormat::Nvfp4, ActivationScale::TokenGroup(16)));

@@ -28,6 +28,16 @@ impl Fp8Format {
     }
 }
 
+/// Which rule an OCP MXFP4 scheme chooses its power-of-two block scale by (`formats/mxfp4.rs`;
+/// llama.cpp's own rule is `Scheme::Ggml(GgmlType::Mxfp4)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mxfp4Rule {
+    /// The OCP MX v1.0 §6.3 rule, `2^(floor(log2 amax) − 2)` (`mxfp4-ocp`).
+    Ocp,
+    /// compressed-tensors' rule: the amax rounded to a power of two first (`mxfp4-ct`).
+    CompressedTensors,
+}
+
 /// A weight quantization scheme. See [`Scheme::describe`] for each one in a sentence; each
 /// variant's behaviour is in the file of its format (`formats/`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -61,4 +71,13 @@ pub enum Scheme {
     },
     /// A GGML block format, bit-exact with ggml's reference quantizer (`formats/ggml.rs`).
     Ggml(GgmlType),
+    /// OCP MXFP4 (E2M1, an E8M0 scale per 32 inputs of a row) by a checkpoint tool's scale rule
+    /// (`formats/mxfp4.rs`).
+    Mxfp4 {
+        /// How the block scale is chosen.
+        rule: Mxfp4Rule,
+    },
+    /// NVFP4 (E2M1, an E4M3 scale per 16 inputs of a row, an f32 scale per tensor) as
+    /// compressed-tensors quantizes it (`formats/nvfp4.rs`).
+    Nvfp4,
 }

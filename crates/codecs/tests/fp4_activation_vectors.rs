@@ -7,7 +7,7 @@
 //! its docstring for the functions and the planted cases (E2M1 ties, saturation, all-zero
 //! blocks, subnormal and zero E4M3 block scales, the MX scale rounding's threshold).
 
-use qdrift_codecs::{ActivationQuant, DynamicFormat, MxScaleRule, nvfp4_global_scale};
+use qdrift_codecs::{ActivationQuant, DynamicFormat, Mxfp4Rule, nvfp4_global_scale};
 
 fn bits(words: &[&str]) -> Vec<f32> {
     words.iter().map(|w| f32::from_bits(u32::from_str_radix(w, 16).expect("hex f32 bits"))).collect()
@@ -45,7 +45,7 @@ fn fp4_activations_are_bit_exact_with_compressed_tensors_and_torchao() {
                 assert_eq!(matrix.len(), rest[0].parse::<usize>().expect("tokens") * cols);
             }
             "mxfp4" | "mxfp4-ocp" => {
-                let rule = if *kind == "mxfp4" { MxScaleRule::Even } else { MxScaleRule::Floor };
+                let rule = if *kind == "mxfp4" { Mxfp4Rule::CompressedTensors } else { Mxfp4Rule::Ocp };
                 let got = round(ActivationQuant::fp4(DynamicFormat::Mxfp4(rule)), None);
                 let bad = same(&got, &bits(rest));
                 assert!(
@@ -55,8 +55,8 @@ fn fp4_activations_are_bit_exact_with_compressed_tensors_and_torchao() {
                     got.len(),
                     &bad[..bad.len().min(8)]
                 );
-                checked[usize::from(rule == MxScaleRule::Floor)] += got.len();
-                rules[usize::from(rule == MxScaleRule::Floor)].extend(got);
+                checked[usize::from(rule == Mxfp4Rule::Ocp)] += got.len();
+                rules[usize::from(rule == Mxfp4Rule::Ocp)].extend(got);
             }
             "nvfp4" => {
                 let global = (rest[0] != "none").then(|| bits(&rest[..1])[0]);

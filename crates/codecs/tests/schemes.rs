@@ -8,7 +8,7 @@ mod common;
 use common::matrix;
 use qdrift_codecs::{Fp8Format, GgmlType, PackedDtype, QuantizeError, Scheme, quantize};
 
-const CLI_NAMES: [&str; 21] = [
+const CLI_NAMES: [&str; 24] = [
     "fp16",
     "bf16",
     "int8",
@@ -30,6 +30,9 @@ const CLI_NAMES: [&str; 21] = [
     "q4_k",
     "q6_k",
     "mxfp4",
+    "mxfp4-ocp",
+    "mxfp4-ct",
+    "nvfp4",
 ];
 
 #[test]

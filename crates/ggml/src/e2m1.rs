@@ -68,6 +68,20 @@ pub fn e2m1_encode(x: f32) -> Option<u8> {
     Some(sign | magnitude)
 }
 
+/// Packs E2M1 codes two per byte as compressed-tensors' `pack_fp4_to_uint8` and ModelOpt store
+/// them, row by row: element `2j` of a row in the low nibble, `2j + 1` in the high one; a row of
+/// odd length ends in a byte whose high nibble is 0.
+///
+/// # Shapes
+/// - `codes`: `[rows, cols]` (low 4 bits used); returns `[rows, ceil(cols / 2)]`. Empty when
+///   `cols` is 0.
+pub fn e2m1_pack_rows(codes: &[u8], cols: usize) -> Vec<u8> {
+    if cols == 0 {
+        return Vec::new();
+    }
+    codes.chunks(cols).flat_map(|row| row.chunks(2).map(|p| (p[0] & 0x0F) | (p.get(1).map_or(0, |h| h << 4)))).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,5 +137,12 @@ mod tests {
         assert_eq!(e2m1_encode(f32::MIN_POSITIVE / 4.0), Some(0));
         assert_eq!(e2m1_encode(0.3), Some(0b0001), "rounds to the subnormal 0.5");
         assert_eq!(e2m1_encode(f32::NAN), None);
+    }
+
+    #[test]
+    fn packing_puts_the_even_element_in_the_low_nibble_row_by_row() {
+        assert_eq!(e2m1_pack_rows(&[0x1, 0xF, 0x7, 0x8], 4), [0xF1, 0x87]);
+        assert_eq!(e2m1_pack_rows(&[0x1, 0xF, 0x7, 0x8, 0x2, 0x3], 3), [0xF1, 0x07, 0x28, 0x03]);
+        assert!(e2m1_pack_rows(&[], 0).is_empty());
     }
 }

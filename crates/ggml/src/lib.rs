@@ -82,7 +82,7 @@ mod scalar;
 
 use std::fmt;
 
-pub use e2m1::{E2M1_MAX, E2M1_VALUES, e2m1_decode, e2m1_encode};
+pub use e2m1::{E2M1_MAX, E2M1_VALUES, e2m1_decode, e2m1_encode, e2m1_pack_rows};
 pub use nvfp4_tensor::{
     GlobalScale, NVFP4_GROUP, Nvfp4Matrix, Nvfp4Tool, e4m3_decode, e4m3_encode, nvfp4_dequantize, nvfp4_quantize,
 };

@@ -12,6 +12,11 @@
 //! - each element takes the first index `i` minimizing `|kvalues_mxfp4[i] · d − x|`;
 //! - byte `j` holds element `j` (low nibble) and `j + 16` (high nibble); `y = kvalues[q] · d`.
 //!
+//! This is llama.cpp's rule, which llama.cpp's GGUF files hold. Its scale is the OCP spec's
+//! (§6.3), but `best_index_mxfp4` rounds the ties at 0.75, 1.75 and 3.5 (times the scale) down
+//! where the spec rounds to even; qdrift-codecs' `mxfp4-ocp` and `mxfp4-ct` schemes are the
+//! spec's and compressed-tensors' (vLLM's checkpoints) rules.
+//!
 //! `log2f` is the platform's, as in ggml (Rust's `f32::log2` calls the same libm function). For
 //! `amax < 2^-125` the C cast of a negative float to `uint8_t` is undefined; this port keeps the
 //! low byte of the truncated value, as x86-64 builds of ggml do (see `c_float_to_int`).

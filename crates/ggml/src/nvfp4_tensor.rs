@@ -4,7 +4,7 @@
 //!
 //! Sources (read at compressed-tensors 0.20.1 and nvidia-modelopt 0.47.0):
 //! - compressed-tensors `quantization/utils/helpers.py` (`generate_gparam`: global scale
-//!   `g = 448 · 6 / amax`, NaN/∞ → 1; `calculate_qparams`: block scale `g · (amax_b / 6)`,
+//!   `g = 448 · 6 / amax`, computed as `(1 / amax) · 2688` in f32 as PyTorch does, NaN/∞ → 1; `calculate_qparams`: block scale `g · (amax_b / 6)`,
 //!   rounded to E4M3 (`round_to_quantized_type_dtype`: clamp to ±448, cast), a zero scale
 //!   replaced by 0.125), `quantization/lifecycle/forward_helpers.py` (`_quantize`, `_dequantize`:
 //!   `scale = scale / g`, then `x / scale` clamped to ±6 and rounded, or `q · scale`) and
@@ -119,25 +119,31 @@ fn abs_max(x: &[f32]) -> f32 {
 }
 
 /// Quantizes a row-major `[rows, cols]` matrix `x` (finite values) to NVFP4 as `tool` does; `None`
-/// when `cols` is not a multiple of 16 (both tools refuse it) or `x` is not whole rows.
+/// when `cols` is 0 or `x` is not whole rows.
+///
+/// Both tools refuse rows that are not whole groups of 16; here such a row ends in a shorter
+/// group whose scale is taken from its own values, as for any other group (qdrift's `nvfp4`
+/// scheme quantizes every matrix; its writers refuse what the checkpoint formats cannot hold).
 ///
 /// # Shapes
-/// - `x`: `[rows, cols]`; returns codes `[rows, cols]`, scales `[rows, cols / 16]`.
+/// - `x`: `[rows, cols]`; returns codes `[rows, cols]`, scales `[rows, ceil(cols / 16)]`.
 pub fn nvfp4_quantize(tool: Nvfp4Tool, x: &[f32], cols: usize) -> Option<Nvfp4Matrix> {
-    if cols == 0 || !cols.is_multiple_of(NVFP4_GROUP) || !x.len().is_multiple_of(cols) {
+    if cols == 0 || !x.len().is_multiple_of(cols) {
         return None;
     }
     let amax = abs_max(x);
     let global = match tool {
         Nvfp4Tool::CompressedTensors => {
-            let g = E4M3_MAX * E2M1_MAX / amax.max(f32::MIN_POSITIVE);
+            // `448 · 6 / amax` is a Python float over a tensor, which PyTorch computes as
+            // `amax.reciprocal() * 2688` (`Tensor.__rtruediv__`): two roundings, kept here.
+            let g = (1.0 / amax.max(f32::MIN_POSITIVE)) * (E4M3_MAX * E2M1_MAX);
             GlobalScale::Divide(if g.is_finite() { g } else { 1.0 })
         }
         Nvfp4Tool::ModelOpt => GlobalScale::Multiply(amax / (E2M1_MAX * E4M3_MAX)),
     };
     let mut codes = Vec::with_capacity(x.len());
-    let mut scales = Vec::with_capacity(x.len() / NVFP4_GROUP);
-    for block in x.chunks_exact(NVFP4_GROUP) {
+    let mut scales = Vec::with_capacity(x.len() / cols * cols.div_ceil(NVFP4_GROUP));
+    for block in x.chunks_exact(cols).flat_map(|row| row.chunks(NVFP4_GROUP)) {
         let amax_b = abs_max(block);
         let scale = match global {
             GlobalScale::Divide(g) => {
@@ -154,7 +160,9 @@ pub fn nvfp4_quantize(tool: Nvfp4Tool, x: &[f32], cols: usize) -> Option<Nvfp4Ma
         let d = global.block_scale(e4m3_decode(scale));
         codes.extend(block.iter().map(|&v| {
             let q = match tool {
-                Nvfp4Tool::CompressedTensors => (v / d).clamp(-E2M1_MAX, E2M1_MAX),
+                // `cast_to_fp4` multiplies by `torch.sign(x)`, which is +0 for −0.0: a −0.0
+                // weight gives +0 (`+ 0.0`), a negative one that rounds to zero −0.
+                Nvfp4Tool::CompressedTensors => ((v / d) + 0.0).clamp(-E2M1_MAX, E2M1_MAX),
                 // `_cast_fp4` takes the sign from `x < 0`: −0.0 is +0.
                 Nvfp4Tool::ModelOpt => (v / d) + 0.0,
             };
@@ -167,15 +175,18 @@ pub fn nvfp4_quantize(tool: Nvfp4Tool, x: &[f32], cols: usize) -> Option<Nvfp4Ma
 /// Dequantizes NVFP4: `w = e2m1(code) · block_scale(e4m3(scale))`, in f32.
 ///
 /// # Shapes
-/// - `codes`: `[rows, cols]` E2M1 codes; `scales`: `[rows, cols / 16]` E4M3 codes; returns
-///   `[rows, cols]`. `None` when the lengths disagree or `cols` is not a multiple of 16.
+/// - `codes`: `[rows, cols]` E2M1 codes; `scales`: `[rows, ceil(cols / 16)]` E4M3 codes (a row
+///   that is not whole groups ends in a shorter one, as [`nvfp4_quantize`] makes it); returns
+///   `[rows, cols]`. `None` when the lengths disagree or `cols` is 0.
 pub fn nvfp4_dequantize(codes: &[u8], scales: &[u8], global: GlobalScale, cols: usize) -> Option<Vec<f32>> {
-    if cols == 0 || !cols.is_multiple_of(NVFP4_GROUP) || scales.len() * NVFP4_GROUP != codes.len() {
+    let groups = cols.div_ceil(NVFP4_GROUP);
+    if cols == 0 || !codes.len().is_multiple_of(cols) || scales.len() != codes.len() / cols * groups {
         return None;
     }
     Some(
         codes
-            .chunks_exact(NVFP4_GROUP)
+            .chunks_exact(cols)
+            .flat_map(|row| row.chunks(NVFP4_GROUP))
             .zip(scales)
             .flat_map(|(block, &s)| {
                 let d = global.block_scale(e4m3_decode(s));
@@ -215,7 +226,7 @@ mod tests {
         let ct = nvfp4_quantize(Nvfp4Tool::CompressedTensors, &x, 32).expect("quantizes");
         let mo = nvfp4_quantize(Nvfp4Tool::ModelOpt, &x, 32).expect("quantizes");
         let amax = 31.5 / 8.0;
-        assert_eq!(ct.global, GlobalScale::Divide(2688.0 / amax));
+        assert_eq!(ct.global, GlobalScale::Divide((1.0 / amax) * 2688.0));
         assert_eq!(mo.global, GlobalScale::Multiply(amax / 2688.0));
         for m in [&ct, &mo] {
             let w = nvfp4_dequantize(&m.codes, &m.scales, m.global, 32).expect("dequantizes");
@@ -226,5 +237,21 @@ mod tests {
         }
         assert_eq!(nvfp4_quantize(Nvfp4Tool::ModelOpt, &x, 24), None);
         assert_eq!(nvfp4_dequantize(&ct.codes, &ct.scales[1..], ct.global, 32), None);
+    }
+
+    #[test]
+    fn a_row_that_is_not_whole_groups_ends_in_a_shorter_group_with_its_own_scale() {
+        // Two rows of 20: groups of 16 and 4 per row. Row 0's short group holds 3.0 (the tensor
+        // amax, scale 448 · 3/6 / g = 0.5 exactly), row 1's 0.375 (scale 0.0625 after E4M3).
+        let mut x = vec![0.0f32; 40];
+        x[..16].fill(0.75);
+        x[16] = 3.0;
+        x[20 + 19] = -0.375;
+        let m = nvfp4_quantize(Nvfp4Tool::CompressedTensors, &x, 20).expect("quantizes");
+        assert_eq!(m.scales.len(), 4);
+        assert_eq!(m.global, GlobalScale::Divide(2688.0 / 3.0));
+        let w = nvfp4_dequantize(&m.codes, &m.scales, m.global, 20).expect("dequantizes");
+        assert_eq!(w, x, "every value sits on its group's grid");
+        assert_eq!(nvfp4_dequantize(&m.codes, &m.scales[..3], m.global, 20), None);
     }
 }

@@ -28,7 +28,7 @@
 
 use burn::tensor::{Bool, DType, Int, Tensor};
 use qdrift_codecs::{
-    ActivationQuant, ActivationScale, DynamicFormat, Fp8Format, GgmlType, KvQuant, MxScaleRule, NVFP4_ZERO_SCALE,
+    ActivationQuant, ActivationScale, DynamicFormat, Fp8Format, GgmlType, KvQuant, Mxfp4Rule, NVFP4_ZERO_SCALE,
     TOKEN_GROUP_EPS,
 };
 
@@ -117,7 +117,7 @@ fn round_fp4_blocks(x: Tensor<4>, format: DynamicFormat, global: Option<f32>) ->
     let s = match format {
         DynamicFormat::Mxfp4(rule) => {
             let mut p = pow2_floor(amax.clone());
-            if rule == MxScaleRule::Even {
+            if rule == Mxfp4Rule::CompressedTensors {
                 // compressed-tensors' `round_to_power_2`: up a binade from a mantissa of 1.75.
                 let up = amax.greater_equal(p.clone().mul_scalar(1.75));
                 p = p.clone().mask_where(up, p.mul_scalar(2.0));

@@ -367,6 +367,26 @@ fn ct_scheme(layout: HfLayout) -> CtScheme {
     }
 }
 
+/// The compressed-tensors scheme that stores a qdrift FP4 scheme's parts as they are, and its
+/// group size: `nvfp4` as `nvfp4-pack-quantized` (`tensor_group` of 16), `mxfp4-ct` and
+/// `mxfp4-ocp` as `mxfp4-pack-quantized` (groups of 32; the layout stores any E8M0 codes, so
+/// both scale rules load the same way). `None` for every other scheme.
+pub(crate) fn ct_fp4_scheme(scheme: &Scheme) -> Option<(CtScheme, usize)> {
+    let (format, group) = match scheme {
+        Scheme::Nvfp4 => (CtFormat::Nvfp4, 16),
+        Scheme::Mxfp4 { .. } => (CtFormat::Mxfp4, 32),
+        _ => return None,
+    };
+    let weights = CtWeights { bits: 4, float: true, symmetric: true, strategy: Strategy::Group(group) };
+    Some((CtScheme { format, weights, activations: None }, group))
+}
+
+/// Whether [`crate::write_compressed_tensors`] writes `scheme` (`nvfp4`, `mxfp4-ct`,
+/// `mxfp4-ocp`).
+pub fn writes_compressed_tensors(scheme: &Scheme) -> bool {
+    ct_fp4_scheme(scheme).is_some()
+}
+
 /// `quantization_config` for `layout`, as JSON text (written by the layout's own code in
 /// `qdrift-load`).
 fn quantization_config(layout: HfLayout) -> String {

@@ -17,7 +17,7 @@
 //! | `reference.rs` | [`round_to_fp16_reference`]: the FP16 reference every variant is measured against |
 //! | `model.rs` | [`quantize_model`]: a whole model, per-tensor [`TensorReport`]s, [`QuantSummary`] |
 //! | `source.rs` | [`Reference`], [`QuantizedSource`]: the same, part by part, as a model is built from a weight source |
-//! | `safetensors_out.rs` | [`write_safetensors`]: HF names, rotate-half q/k, F32 or packed parts; [`write_hf_quantized`] (fixtures) |
+//! | `safetensors_out.rs` | [`write_safetensors`]: HF names, rotate-half q/k, F32 or packed parts; [`write_compressed_tensors`] (FP4 folders vLLM loads); [`write_hf_quantized`] (fixtures) |
 //! | `hf_packed.rs` | [`pack_hf`]: a model's linear layers in a Hugging Face quantized layout ([`HfLayout`]), packed by that layout's code in `qdrift-load` ([`qdrift_load::hf::quant`]) |
 //! | `gguf_out.rs` | [`write_gguf`]: llama.cpp names and q/k layout, the packed ggml blocks as stored |
 //!
@@ -41,17 +41,17 @@ mod source;
 
 pub use footprint::SchemeFootprint;
 pub use gguf_out::{GgufWriteError, check_gguf_scheme, gguf_schemes, write_gguf};
-pub use hf_packed::{HfLayout, HfPacked, HfTensor, pack_hf};
+pub use hf_packed::{HfLayout, HfPacked, HfTensor, pack_hf, writes_compressed_tensors};
 pub use model::{
     QuantSummary, QuantizeOptions, QuantizedModel, QuantizedTensor, TensorReport, WeightSlot, quantize_model,
     quantize_model_owned,
 };
 pub use qdrift_codecs::{
-    ActivationQuant, ActivationScale, DynamicFormat, ErrorStats, Fp8Format, GgmlError, GgmlType, KvQuant, NF4_CODE,
-    PackedDtype, PackedPart, QuantizeError, QuantizedMatrix, Recipe, RowStorage, Scheme, TOKEN_GROUP_EPS,
+    ActivationQuant, ActivationScale, DynamicFormat, ErrorStats, Fp8Format, GgmlError, GgmlType, KvQuant, Mxfp4Rule,
+    NF4_CODE, PackedDtype, PackedPart, QuantizeError, QuantizedMatrix, Recipe, RowStorage, Scheme, TOKEN_GROUP_EPS,
     dequantize_ggml_blocks, error_stats, fp8_decode, fp8_encode, quantize, try_error_stats,
 };
 pub use qdrift_load::rotate_half_row_order;
 pub use reference::{ReferenceFormat, round_to_fp16_reference, round_to_reference};
-pub use safetensors_out::{WriteError, write_hf_quantized, write_safetensors};
+pub use safetensors_out::{WriteError, write_compressed_tensors, write_hf_quantized, write_safetensors};
 pub use source::{QuantizedSource, Reference};

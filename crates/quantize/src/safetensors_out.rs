@@ -473,3 +473,111 @@ pub fn write_hf_quantized(
     qdrift_io::write_atomic(&config_path, text.as_bytes()).map_err(io_error)?;
     Ok(packed.dequantized)
 }
+
+/// The files of a Hugging Face folder besides its weights and `config.json` that
+/// [`write_compressed_tensors`] carries over from the source folder when present.
+const CARRIED_FILES: [&str; 7] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+];
+
+/// Writes `model`, quantized with an FP4 scheme, as a compressed-tensors folder `dir` that
+/// compressed-tensors (and so vLLM) loads: `nvfp4` as `nvfp4-pack-quantized`, `mxfp4-ct` and
+/// `mxfp4-ocp` as `mxfp4-pack-quantized` ([`crate::hf_packed::ct_fp4_scheme`]).
+///
+/// - `model.safetensors`: [`write_safetensors`]' packed file, whose FP4 parts are
+///   compressed-tensors' own tensors (`….weight_packed`, `….weight_scale`,
+///   `….weight_global_scale`); the other tensors F32.
+/// - `config.json`: the source folder's, with `quantization_config` (`targets: ["Linear"]`,
+///   `ignore: ["lm_head"]` unless the head was quantized) from `qdrift-load`'s
+///   compressed-tensors code, which also reads the folder back.
+/// - the source's tokenizer and generation files ([`CARRIED_FILES`]), copied.
+///
+/// Every file is written atomically; the folder as a whole is not.
+///
+/// # Errors
+/// [`WriteError::Folder`] when the scheme has no compressed-tensors FP4 layout, the source is not
+/// a Hugging Face folder, the model has experts (their routers are not written yet) or other
+/// tensors beyond the Llama and Qwen2 layouts [`write_safetensors`] writes, or a quantized
+/// embedding (compressed-tensors quantizes `Linear` layers only), or a file cannot be
+/// read or written; [`WriteError::Layout`] for a quantized matrix whose rows are not whole
+/// groups (compressed-tensors refuses them).
+pub fn write_compressed_tensors(dir: &Path, model: &QuantizedModel, source: &Path) -> Result<(), WriteError> {
+    let folder = |path: &Path, message: String| WriteError::Folder { path: path.to_path_buf(), message };
+    let Some((scheme, group)) = crate::hf_packed::ct_fp4_scheme(&model.scheme) else {
+        return Err(folder(
+            dir,
+            format!(
+                "scheme {}: compressed-tensors folders are written for nvfp4, mxfp4-ct and mxfp4-ocp",
+                model.scheme
+            ),
+        ));
+    };
+    let config_path = source.join("config.json");
+    if !config_path.is_file() {
+        return Err(folder(
+            source,
+            "a compressed-tensors folder is written from a Hugging Face folder (its config.json and tokenizer \
+             files are carried over)"
+                .into(),
+        ));
+    }
+    if model.dequantized.arch.moe.is_some() {
+        return Err(folder(dir, "a compressed-tensors folder of a mixture of experts is not written yet".into()));
+    }
+    if model.options.quantize_embeddings {
+        return Err(folder(dir, "compressed-tensors quantizes Linear layers only: drop --quantize-embeddings".into()));
+    }
+    if let Some(t) = model.tensors.iter().find(|t| !t.shape[1].is_multiple_of(group)) {
+        return Err(WriteError::Layout {
+            path: dir.to_path_buf(),
+            tensor: t.name.clone(),
+            message: format!("{} inputs per row are not whole {} groups of {group}", t.shape[1], model.scheme),
+        });
+    }
+    // Every tensor the model holds must be among those the Llama-layout writer writes.
+    let written: usize = Collector { path: dir, model, packed: false, out: Vec::new() }
+        .collect()?
+        .iter()
+        .map(|(_, t)| t.shape().iter().product::<usize>())
+        .sum();
+    if written != model.dequantized.parameter_count() {
+        return Err(folder(
+            dir,
+            format!(
+                "the {} model has tensors (q/k norms, sinks, ...) that the safetensors writer does not write yet \
+                 (Llama and Qwen2 layouts only)",
+                model.dequantized.arch.architecture
+            ),
+        ));
+    }
+    let text = qdrift_io::read_capped(&config_path, 64 << 20, "config").map_err(io_error)?;
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&text).map_err(|e| folder(&config_path, e.to_string()))?;
+    let head_quantized = model.tensor(WeightSlot::OutputHead).is_some();
+    let ignore = if head_quantized { vec![] } else { vec!["lm_head".to_string()] };
+    let groups = vec![qdrift_load::hf::quant::CtGroup { targets: vec!["Linear".to_string()], scheme }];
+    let q = qdrift_load::hf::quant::Compressed { groups, ignore }.quantization_config();
+    let q: serde_json::Value = serde_json::from_str(&q).map_err(|e| folder(dir, e.to_string()))?;
+    let Some(obj) = config.as_object_mut() else {
+        return Err(folder(&config_path, "config.json is not a JSON object".into()));
+    };
+    obj.insert("quantization_config".into(), q);
+    std::fs::create_dir_all(dir).map_err(|e| folder(dir, format!("cannot create the folder: {e}")))?;
+    write_safetensors(&dir.join("model.safetensors"), model, true, &[])?;
+    let text = serde_json::to_string_pretty(&config).map_err(|e| folder(dir, e.to_string()))?;
+    qdrift_io::write_atomic(&dir.join("config.json"), text.as_bytes()).map_err(io_error)?;
+    for name in CARRIED_FILES {
+        let from = source.join(name);
+        if from.is_file() {
+            let bytes = qdrift_io::read_capped(&from, 1 << 30, "tokenizer").map_err(io_error)?;
+            qdrift_io::write_atomic(&dir.join(name), &bytes).map_err(io_error)?;
+        }
+    }
+    Ok(())
+}

@@ -158,27 +158,34 @@ impl Profile {
         Thresholds::parse_named(&text, &format!("thresholds profile {}", self.name))
     }
 
-    /// The line a gate with this profile prints first: the profile, its checks at the longest of
-    /// `horizons`, and where their reasons are.
+    /// What a gate with this profile prints first: the profile and, one line each, its checks at
+    /// the longest of `horizons` with the first sentence of their reasons (the whole reasons are
+    /// in `qdrift thresholds show`).
     pub fn announce(&self, horizons: &[usize]) -> String {
         let longest = horizons.iter().max().copied().unwrap_or(0);
-        let checks: Vec<String> = self
-            .checks
-            .iter()
-            .map(|c| {
-                let side = if c.side == Side::Min { "min" } else { "max" };
-                let present = if c.optional { " where present" } else { "" };
-                format!("{}@{longest} {side} {}{present}", c.metric, c.threshold)
-            })
-            .collect();
-        format!(
-            "gate: thresholds profile \"{}\" on every variant but the noise floor: {} (`qdrift thresholds show {}` \
-             gives each check's reason)\n",
-            self.name,
-            checks.join(", "),
-            self.name
-        )
+        let mut out = format!(
+            "gate: thresholds profile \"{}\" on every variant but the noise floor (`qdrift thresholds show {}` gives \
+             each check's reason in full):\n",
+            self.name, self.name
+        );
+        for c in self.checks {
+            let side = if c.side == Side::Min { "min" } else { "max" };
+            let present = if c.optional { " where present" } else { "" };
+            let _ = writeln!(
+                out,
+                "gate:   {}@{longest} {side} {}{present}: {}",
+                c.metric,
+                c.threshold,
+                first_sentence(c.reason)
+            );
+        }
+        out
     }
+}
+
+/// `text` up to and with its first full stop followed by a space (all of it without one).
+fn first_sentence(text: &str) -> &str {
+    text.find(". ").map_or(text, |end| &text[..=end])
 }
 
 /// `text` in lines of at most `width` characters, broken at spaces (a longer word stays whole).

@@ -117,12 +117,22 @@ fn a_profile_is_the_thresholds_file_it_prints() {
         assert!(matches!(p.thresholds(&[]), Err(GateError::NoChecks)));
     }
     let d = default_profile();
+    let announced = d.announce(&[10, 100, 1000]);
+    let lines: Vec<&str> = announced.lines().collect();
     assert_eq!(
-        d.announce(&[10, 100, 1000]),
-        "gate: thresholds profile \"default\" on every variant but the noise floor: excess_kld@1000 max 0.05, \
-         stop_missed@1000 max 0.25 where present, routing_flip_rate@1000 max 0.1 where present (`qdrift thresholds \
-         show default` gives each check's reason)\n"
+        lines[0],
+        "gate: thresholds profile \"default\" on every variant but the noise floor (`qdrift thresholds show default` \
+         gives each check's reason in full):"
     );
+    assert_eq!(lines.len(), 1 + d.checks.len(), "{announced}");
+    assert_eq!(
+        lines[1],
+        "gate:   excess_kld@1000 max 0.05: KL divergence from the reference beyond the noise floor's, teacher-forced, \
+         mean per token: at most 0.05 nats."
+    );
+    assert!(lines[2].starts_with("gate:   stop_missed@1000 max 0.25 where present: Share of prompts"), "{announced}");
+    assert!(lines[3].starts_with("gate:   routing_flip_rate@1000 max 0.1 where present: Models with experts"));
+    assert!(lines.iter().all(|l| l.ends_with('.') || l.ends_with(':')), "{announced}");
     assert!(Profile::named("strict").unwrap_err().to_string().contains("profiles: default"));
     assert!(Profile::given_as(Path::new("default")).is_some());
     assert!(Profile::given_as(Path::new("./default")).is_none());
@@ -181,7 +191,8 @@ fn run_gate_takes_the_default_profile_by_name() {
     assert_eq!(run.exit_code, 1, "{}{}", run.stdout, run.stderr);
     assert!(run.stderr.is_empty(), "{}", run.stderr);
     let first = run.stdout.lines().next().unwrap();
-    assert!(first.starts_with("gate: thresholds profile \"default\"") && first.contains("excess_kld@100 max 0.05"));
+    assert!(first.starts_with("gate: thresholds profile \"default\""), "{}", run.stdout);
+    assert!(run.stdout.contains("\ngate:   excess_kld@100 max 0.05: KL divergence"), "{}", run.stdout);
     assert!(run.stdout.contains("\nINCONCLUSIVE int8 stop_missed@100 bound=ci"), "{}", run.stdout);
     assert!(run.stdout.contains("\nFAIL int4-g128 excess_kld@100 bound=ci"), "{}", run.stdout);
     // `./default` is a file, and there is none.

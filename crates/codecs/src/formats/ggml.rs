@@ -4,6 +4,11 @@
 //! their reference vectors) live in the leaf crate `qdrift-ggml`, which the loader shares for
 //! GGUF files. This module only stores a matrix's blocks row by row.
 //!
+//! `mxfp4` here is llama.cpp's MXFP4 (what `llama-quantize` writes): the OCP scale rule with
+//! ggml's own rounding of ties. The OCP spec's rule (ties to even) and compressed-tensors' (what
+//! vLLM checkpoints hold) are `mxfp4-ocp` and `mxfp4-ct`, in `formats/mxfp4.rs`, whose table
+//! compares the three.
+//!
 //! **Rows that are not whole blocks.** A scheme stores what llama.cpp's `llama-quantize` would
 //! store for the matrix ([`qdrift_ggml::RowStorage::for_row`], after `llama_tensor_get_type` in
 //! llama.cpp `src/llama-quant.cpp`): the scheme's type when `cols` is a whole number of its
@@ -60,7 +65,7 @@ impl Format for Ggml {
                 "llama.cpp Q6_K: 6-bit super-blocks of 256 with searched 8-bit sub-block scales (6.5625 bits/weight); rows that are not whole 256-blocks as Q8_0, as llama.cpp does."
             }
             GgmlType::Mxfp4 => {
-                "OCP MXFP4 as in llama.cpp: E2M1 values with a power-of-two E8M0 scale per block of 32 (4.25 bits/weight)."
+                "OCP MXFP4 as llama.cpp quantizes it: E2M1 values with an E8M0 scale 2^(floor(log2 amax) − 2) per block of 32, ties to the smaller value (4.25 bits/weight)."
             }
             // Not in `GgmlType::ALL`: only a hand-built scheme can name one, and `quantize` refuses it.
             GgmlType::Q5_1

@@ -9,6 +9,8 @@
 //! | `fp8.rs` | OCP FP8, with the OFP8 codec | `fp8-e4m3`, `fp8-e5m2` (+ `-tensor`) |
 //! | `nf4.rs` | QLoRA NormalFloat4 | `nf4-g64` |
 //! | `ggml.rs` | ggml's block formats (codecs in `qdrift-ggml`) | `q8_0`, `q4_0`, `q4_1`, `q5_0`, `q4_k`, `q6_k`, `mxfp4` |
+//! | `mxfp4.rs` | OCP MXFP4 by the spec's and compressed-tensors' scale rules | `mxfp4-ocp`, `mxfp4-ct` |
+//! | `nvfp4.rs` | NVFP4 as compressed-tensors quantizes it | `nvfp4` |
 //!
 //! Adding a format: see the crate doc (`lib.rs`), "Adding a format".
 
@@ -23,10 +25,13 @@ pub(crate) mod float;
 pub(crate) mod fp8;
 pub(crate) mod ggml;
 pub(crate) mod int;
+pub(crate) mod mxfp4;
 pub(crate) mod nf4;
+pub(crate) mod nvfp4;
 
 /// Every format, in the order `--help` lists their schemes.
-pub(crate) static FORMATS: &[&dyn Format] = &[&float::Float, &int::Int, &fp8::Fp8, &nf4::Nf4, &ggml::Ggml];
+pub(crate) static FORMATS: &[&dyn Format] =
+    &[&float::Float, &int::Int, &fp8::Fp8, &nf4::Nf4, &ggml::Ggml, &mxfp4::Mxfp4, &nvfp4::Nvfp4];
 
 impl Scheme {
     /// The registered format that owns this scheme.
@@ -146,7 +151,9 @@ mod tests {
                 | Scheme::Int4 { .. }
                 | Scheme::Fp8 { .. }
                 | Scheme::Nf4 { .. }
-                | Scheme::Ggml(_) => {}
+                | Scheme::Ggml(_)
+                | Scheme::Mxfp4 { .. }
+                | Scheme::Nvfp4 => {}
             }
         }
         let mut all = Scheme::all();

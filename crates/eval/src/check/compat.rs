@@ -238,4 +238,55 @@ mod tests {
         assert_ne!(family("Qwen3MoeForCausalLM"), family("Qwen3ForCausalLM"));
         assert_eq!(family("SomethingNew"), "somethingnew");
     }
+
+    /// Each part of the block structure the issue lists (layers, heads, head size, experts and
+    /// their top-k, window pattern, vocabulary, block features) is a difference on its own,
+    /// named with both values; the same architecture is none.
+    #[test]
+    fn every_structural_difference_is_named() {
+        use qdrift_load::{MoeSpec, Routing};
+        let ours = qdrift_load::synthetic_arch("llama-1b").expect("preset");
+        assert_eq!(arch_difference(&ours, &ours.clone()), None);
+        let moe = |top_k| MoeSpec {
+            n_experts: 8,
+            top_k,
+            expert_hidden: 64,
+            routing: Routing::SoftmaxTopK { renormalize: true },
+            dense_layers: Vec::new(),
+            shared_expert_hidden: None,
+        };
+        let with_moe = ModelArch { moe: Some(moe(2)), ..ours.clone() };
+        let cases: Vec<(ModelArch, &ModelArch, &str)> = vec![
+            (
+                ModelArch { n_layers: ours.n_layers - 1, ..ours.clone() },
+                &ours,
+                "its layers 15 differs from the reference's 16",
+            ),
+            (ModelArch { n_heads: ours.n_heads * 2, ..ours.clone() }, &ours, "its attention heads 64 differs"),
+            (
+                ModelArch { n_kv_heads: 4, ..ours.clone() },
+                &ours,
+                "its key/value heads 4 differs from the reference's 8",
+            ),
+            (ModelArch { head_dim: 32, ..ours.clone() }, &ours, "its head size 32 differs from the reference's 64"),
+            (ModelArch { vocab_size: 32000, ..ours.clone() }, &ours, "its vocabulary (embedding rows) 32000 differs"),
+            (with_moe.clone(), &ours, "its experts Some(MoeSpec { n_experts: 8, top_k: 2"),
+            (ModelArch { moe: Some(moe(4)), ..ours.clone() }, &with_moe, "top_k: 4"),
+            (ModelArch { windows: vec![Some(4096), None], ..ours.clone() }, &ours, "its sliding-window pattern"),
+            (
+                ModelArch { block: qdrift_load::BlockSpec { qk_norm: true, ..ours.block }, ..ours.clone() },
+                &ours,
+                "its block ",
+            ),
+            (
+                ModelArch { architecture: "Qwen3ForCausalLM".into(), ..ours.clone() },
+                &ours,
+                "its architecture Qwen3ForCausalLM (qwen3)",
+            ),
+        ];
+        for (theirs, reference, says) in &cases {
+            let d = arch_difference(reference, theirs).unwrap_or_else(|| panic!("{says}: no difference found"));
+            assert!(d.contains(says), "{d:?} should say {says:?}");
+        }
+    }
 }

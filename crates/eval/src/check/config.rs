@@ -299,11 +299,29 @@ impl VariantSpec {
     /// Refuses a checkpoint that does not exist, before anything is loaded.
     pub(crate) fn check_exists(&self) -> Result<(), EvalError> {
         match self {
-            VariantSpec::Checkpoint { path: p, .. } if !p.exists() => {
-                Err(EvalError::Variant { variant: p.display().to_string(), problem: "no such file or folder".into() })
-            }
+            VariantSpec::Checkpoint { path: p, .. } if !p.exists() => Err(EvalError::Variant {
+                variant: p.display().to_string(),
+                problem: format!("no such file or folder{}", scheme_hint(p)),
+            }),
             _ => Ok(()),
         }
+    }
+}
+
+/// What a `--variant` that names no file but reads as a scheme meant, after "no such file or
+/// folder": `; int4-g128 is a scheme: evaluate it with --schemes int4-g128`, or the scheme
+/// grammar's hint for a near miss (`int4_g128+kv-q8_0`: did you mean int4-g128?); empty for
+/// anything else (a path with a folder in it is a path).
+fn scheme_hint(path: &Path) -> String {
+    let Some(text) = path.to_str().filter(|t| !t.contains('/')) else { return String::new() };
+    match text.parse::<Recipe>() {
+        Ok(recipe) => format!("; {recipe} is a scheme: evaluate it with --schemes {recipe}"),
+        Err(qdrift_quantize::QuantizeError::BadRecipe { problem, .. })
+            if problem.contains("(did you mean") || problem.contains("llama.cpp") =>
+        {
+            format!("; read as a scheme (for --schemes): {problem}")
+        }
+        Err(_) => String::new(),
     }
 }
 
@@ -327,6 +345,27 @@ mod tests {
     use super::*;
 
     /// A shard takes every COUNT-th batch from its index; every prompt is in exactly one shard.
+    /// A `--variant` that is no file but a scheme, or nearly one, says how to run it; a path
+    /// says only that it is missing.
+    #[test]
+    fn a_missing_variant_that_reads_as_a_scheme_says_so() {
+        let missing = |p: &str| {
+            let spec = VariantSpec::Checkpoint { name: None, path: PathBuf::from(p) };
+            spec.check_exists().expect_err("missing").to_string()
+        };
+        let e = missing("int4-g128+kv-q8_0");
+        assert!(
+            e.ends_with(
+                "no such file or folder; int4-g128+kv-q8_0 is a scheme: evaluate it with --schemes int4-g128+kv-q8_0"
+            ),
+            "{e}"
+        );
+        let e = missing("int4_g128");
+        assert!(e.ends_with("no such file or folder; read as a scheme (for --schemes): unknown weight scheme `int4_g128` (did you mean int4-g128?)"), "{e}");
+        assert!(missing("models/int4-g128").ends_with("no such file or folder"));
+        assert!(missing("model-q4_k_m.gguf").ends_with("no such file or folder"));
+    }
+
     #[test]
     fn a_shards_prompts_are_its_batches() {
         let indices = |index, count| Shard { index, count }.prompt_indices(7, 2).collect::<Vec<_>>();

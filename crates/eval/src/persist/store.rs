@@ -117,9 +117,12 @@ impl StoreKey {
             "quantize_router",
             "qdrift_version",
         ];
+        // Other prompts tokenize to other tokens: their hash would repeat the prompts' difference.
+        let prompts_differ = a.get("prompts") != b.get("prompts");
         FIELDS
             .iter()
             .filter(|f| a.get(**f) != b.get(**f))
+            .filter(|f| !(prompts_differ && **f == "prompt_tokens_sha256"))
             .map(|f| {
                 if *f == "prompts" {
                     let (stored, now) = prompts_in_words(&self.prompts, &run.prompts);
@@ -648,6 +651,7 @@ mod tests {
         other.prompts = vec!["p".repeat(500)];
         other.horizons = vec![5];
         other.batch_size += 1;
+        other.prompt_tokens_sha256 = "f".repeat(64);
         let all = key(2, 8).mismatches(&other);
         let fields: Vec<&str> = all.iter().map(|(f, _, _)| *f).collect();
         assert_eq!(fields, ["prompts", "horizons", "batch_size"]);
@@ -664,5 +668,10 @@ mod tests {
         let (_, stored, now) = key(2, 8).mismatches(&swapped).remove(0);
         assert_eq!(stored, "5 saved, prompt 3 is \"a\"");
         assert!(now.starts_with("\"qqq") && now.contains("(500 bytes)"), "{now}");
+        // The same prompts tokenized otherwise (another tokenizer file): the tokens' hash says so.
+        let mut retokenized = key(2, 8);
+        retokenized.prompt_tokens_sha256 = "f".repeat(64);
+        let fields: Vec<&str> = key(2, 8).mismatches(&retokenized).iter().map(|(f, _, _)| *f).collect();
+        assert_eq!(fields, ["prompt_tokens_sha256"]);
     }
 }

@@ -61,7 +61,7 @@ pub fn evaluate_any(cfg: &EvalConfig, progress: &mut (dyn FnMut(Progress<'_>) + 
     if cfg.quantize.quantize_router && loaded.model.arch().moe.is_none() {
         return Err(EvalError::Option {
             option: "--quantize-router",
-            problem: "the model has no experts, so no router to quantize".into(),
+            problem: "is for a model with experts, and this one has none: it has no router to quantize".into(),
         });
     }
     let set = match &cfg.eval_set {

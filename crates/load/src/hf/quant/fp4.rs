@@ -27,7 +27,7 @@ use safetensors::Dtype;
 use super::packing::{HfDtype, HfTensor};
 use crate::LoadError;
 use crate::hf::shards::Shards;
-use qdrift_ggml::{GlobalScale, e2m1_decode, e4m3_decode};
+use qdrift_ggml::{GlobalScale, e2m1_decode, e2m1_pack_rows, e4m3_decode};
 
 /// Which FP4 layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +71,7 @@ pub struct Fp4Codes<'a> {
 impl Fp4Codes<'_> {
     /// `{module}.{name}`: the codes packed two per byte, the low nibble first.
     pub(crate) fn packed(&self, module: &str, name: &str) -> HfTensor {
-        let bytes = self.codes.chunks_exact(2).map(|p| (p[0] & 0x0F) | (p[1] << 4)).collect();
+        let bytes = e2m1_pack_rows(self.codes, self.inp);
         HfTensor { name: format!("{module}.{name}"), dtype: HfDtype::U8, shape: vec![self.out, self.inp / 2], bytes }
     }
 
