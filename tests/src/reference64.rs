@@ -40,6 +40,7 @@
 use std::cell::RefCell;
 
 use qdrift_load::{Activation, Experts, HostModel, HostTensor, LayerWeights, Mlp, NormStyle, RopeScaling, Routing};
+use qdrift_model::InputSite;
 use qdrift_quantize::{ActivationQuant, ActivationScale, DynamicFormat, KvQuant};
 
 /// Distance from an int8 rounding boundary, `|y − (n + ½)| / max(|y|, 1)` with `y = x/s` on the
@@ -124,6 +125,11 @@ pub struct Rounding<'a> {
     pub routes: Option<&'a RefCell<Vec<Vec<Vec<usize>>>>>,
     /// The compute dtype's rounding of every operation's output ([`Compute`]).
     pub compute: Compute,
+    /// Per layer, per [`InputSite`]: the static global input scales of NVFP4 activations
+    /// (`Llama::calibrate_inputs`' record through `InputAmax::global_scales`); none by default.
+    pub input_scales: Option<&'a [[f32; 4]]>,
+    /// The layer whose inputs are rounded (set by the pass for each block).
+    pub layer: usize,
 }
 
 /// Where a compute dtype rounds: nowhere (f64 throughout), or where `transformers`' bf16
@@ -170,16 +176,17 @@ impl Compute {
 }
 
 impl Rounding<'_> {
-    /// A linear layer's inputs, one row per position (rows `0, 1, …`).
-    fn inputs(&self, rows: &mut [Vec<f64>]) {
+    /// A linear layer's inputs at `site`, one row per position (rows `0, 1, …`).
+    fn inputs(&self, rows: &mut [Vec<f64>], site: InputSite) {
         let positions: Vec<usize> = (0..rows.len()).collect();
-        self.inputs_at(rows, &positions);
+        self.inputs_at(rows, &positions, site);
     }
 
     /// A linear layer's inputs at `positions` (ascending; an expert's tokens): a per-tensor scale
-    /// covers the rows of the prompt together.
-    fn inputs_at(&self, rows: &mut [Vec<f64>], positions: &[usize]) {
+    /// covers the rows of the prompt together; `site` picks the layer's NVFP4 global scale.
+    fn inputs_at(&self, rows: &mut [Vec<f64>], positions: &[usize], site: InputSite) {
         let Some(q) = self.activations else { return };
+        let global = self.input_scales.and_then(|s| s.get(self.layer)).map(|l| l[site as usize]);
         let cols = rows.first().map_or(1, Vec::len);
         let split = if q.scale == ActivationScale::Tensor {
             positions.iter().take_while(|&&p| p < self.prompt).count()
@@ -191,7 +198,7 @@ impl Rounding<'_> {
         if !prompt.is_empty() {
             let orig: Vec<f64> = prompt.concat();
             let mut flat = orig.clone();
-            through_f32(&mut flat, |v| q.round_host(v, cols));
+            through_f32(&mut flat, |v| q.round_host_global(v, cols, global));
             if let (Some(sites), true) = (self.sites, int8) {
                 sites.borrow_mut().visit(&orig, &mut flat, orig.len(), |i| positions[i / cols]);
             }
@@ -209,7 +216,7 @@ impl Rounding<'_> {
         };
         for (r, &pos) in rest.iter_mut().zip(&positions[split..]) {
             let orig = r.clone();
-            through_f32(r, |v| later.round_host(v, cols));
+            through_f32(r, |v| later.round_host_global(v, cols, global));
             if let (Some(sites), true) = (self.sites, int8) {
                 sites.borrow_mut().visit(&orig, r, group, |_| pos);
             }
@@ -483,9 +490,10 @@ fn attention(m: &HostModel, li: usize, l: &LayerWeights, xs: &[Vec<f64>], roundi
     let (hd, heads, kv_heads) = (a.head_dim(), a.n_heads, a.n_kv_heads);
     let (eps, style) = (f64::from(a.norm_eps), a.block.norm);
     let rope = Rope::for_layer(m, li, xs.len());
+    let rounding = &Rounding { layer: li, ..*rounding };
     let c = rounding.compute;
     let mut xn: Vec<Vec<f64>> = xs.iter().map(|x| rms_norm(x, &l.attn_norm, eps, style, c)).collect();
-    rounding.inputs(&mut xn);
+    rounding.inputs(&mut xn, InputSite::Qkv);
     let mut qs = linear(&l.wq, l.bq.as_ref(), &xn, c);
     let mut ks = linear(&l.wk, l.bk.as_ref(), &xn, c);
     let mut vs = linear(&l.wv, l.bv.as_ref(), &xn, c);
@@ -547,7 +555,7 @@ fn attention(m: &HostModel, li: usize, l: &LayerWeights, xs: &[Vec<f64>], roundi
             out
         })
         .collect();
-    rounding.inputs(&mut attended);
+    rounding.inputs(&mut attended, InputSite::O);
     let out = linear(&l.wo, l.bo.as_ref(), &attended, c);
     post_norm(out, l.post_attn_norm.as_ref(), a.block.sandwich_norms, eps, style)
 }
@@ -564,6 +572,7 @@ fn post_norm(ys: Vec<Vec<f64>>, w: Option<&HostTensor>, sandwich: bool, eps: f64
 /// The FFN sub-block of layer `li`: what it adds to the residual stream, one row per position.
 fn ffn(m: &HostModel, li: usize, l: &LayerWeights, xs: &[Vec<f64>], rounding: &Rounding) -> Vec<Vec<f64>> {
     let a = &m.arch;
+    let rounding = &Rounding { layer: li, ..*rounding };
     let (eps, style) = (f64::from(a.norm_eps), a.block.norm);
     let xn: Vec<Vec<f64>> = xs.iter().map(|x| rms_norm(x, &l.ffn_norm, eps, style, rounding.compute)).collect();
     let positions: Vec<usize> = (0..xs.len()).collect();
@@ -571,7 +580,7 @@ fn ffn(m: &HostModel, li: usize, l: &LayerWeights, xs: &[Vec<f64>], rounding: &R
     let out = match l.mlp() {
         Some(mlp) => {
             let mut xr = xn;
-            rounding.inputs(&mut xr);
+            rounding.inputs(&mut xr, InputSite::Up);
             gated(mlp, a.block.activation, &xr, &positions, rounding)
         }
         None => {
@@ -594,7 +603,7 @@ fn gated_hidden(mlp: &Mlp, act: Activation, xs: &[Vec<f64>], c: Compute) -> Vec<
 /// down projection's input is rounded over these rows.
 fn gated(mlp: &Mlp, act: Activation, xs: &[Vec<f64>], positions: &[usize], rounding: &Rounding) -> Vec<Vec<f64>> {
     let mut h = gated_hidden(mlp, act, xs, rounding.compute);
-    rounding.inputs_at(&mut h, positions);
+    rounding.inputs_at(&mut h, positions, InputSite::Down);
     linear(&mlp.down, mlp.down_bias.as_ref(), &h, rounding.compute)
 }
 
@@ -702,7 +711,7 @@ fn mixture(
     rounding: &Rounding,
 ) -> Vec<Vec<f64>> {
     let mut xr = xn.to_vec();
-    rounding.inputs(&mut xr);
+    rounding.inputs(&mut xr, InputSite::Up);
     // (position, expert, weight) of every slot, position-major, experts ascending.
     let mut slots: Vec<(usize, usize, f64)> = Vec::new();
     let mut routed = Vec::with_capacity(xn.len());
@@ -732,7 +741,7 @@ fn mixture(
         })
         .collect();
     let positions: Vec<usize> = slots.iter().map(|&(pos, _, _)| pos).collect();
-    rounding.inputs_at(&mut hidden, &positions);
+    rounding.inputs_at(&mut hidden, &positions, InputSite::Down);
     let mut out = vec![vec![0.0; xn.first().map_or(0, Vec::len)]; xn.len()];
     for (&(pos, ei, w), h) in slots.iter().zip(&hidden) {
         let down = &e.experts[ei];

@@ -4,9 +4,10 @@
 use burn::tensor::{DType, Tensor, TensorData};
 use qdrift_generate::{BackendChoice, ComputeDevice, Forcing, GenerationConfig, generate, teacher_forced};
 use qdrift_load::HostModel;
-use qdrift_model::{Llama, RoundingPath, RuntimeQuant, round_activations, round_kv};
+use qdrift_model::{Llama, RoundingPath, RuntimeQuant, round_activations, round_activations_global, round_kv};
 use qdrift_quantize::{
-    ActivationQuant, ActivationScale, KvQuant, QuantizeOptions, Recipe, quantize_model, round_to_fp16_reference,
+    ActivationQuant, ActivationScale, DynamicFormat, KvQuant, QuantizeOptions, Recipe, quantize_model,
+    round_to_fp16_reference,
 };
 use qdrift_tests::reference64::{Rounding, naive_logits};
 use qdrift_tests::{device, golden_cases, load_stories};
@@ -105,6 +106,27 @@ fn device_roundings_equal_host_definitions(choice: BackendChoice) {
                 &bad[..bad.len().min(4)]
             );
             assert_ne!(want, x, "{q} changes the values");
+            checked += got.len();
+        }
+        // NVFP4 under static global input scales: calibrated on these values (448·6/amax), on
+        // values 100 times smaller (block scales saturate at 448) and 10^4 times larger (block
+        // scales fall into E4M3's subnormals and to zero).
+        let nv = ActivationQuant::fp4(DynamicFormat::Nvfp4);
+        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        for calibrated in [amax, amax / 100.0, amax * 1e4] {
+            let global = Some(2688.0 * (1.0 / calibrated));
+            let got = read(round_activations_global(tensor(x.clone(), [b, t, cols], dtype, &dev), nv, None, global));
+            let mut want = x.clone();
+            nv.round_host_global(&mut want, cols, global);
+            in_dtype(&mut want, dtype);
+            let bad = mismatches(&got, &want, |_| true);
+            assert!(
+                bad.is_empty(),
+                "{} nvfp4 {global:?} {dtype:?}: {} differ, first {:?}",
+                dev.adapter,
+                bad.len(),
+                &bad[..bad.len().min(4)]
+            );
             checked += got.len();
         }
         for (kvh, hd) in [(4, 8), (3, 64)] {

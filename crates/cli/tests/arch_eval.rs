@@ -99,3 +99,46 @@ fn check_routing(arch: &str, report: &Value, out: &std::path::Path) {
         assert_eq!(gate(0.0), Some(1), "{arch}: a variant with flips fails routing flips ≤ 0");
     }
 }
+
+/// W4A4 on Qwen3-MoE (every linear input a multiple of 32): MXFP4 weights and activations, and
+/// NVFP4 weights and activations with static global input scales calibrated on the reference over
+/// the eval set's prompts, whose number `report.json` states under the variant's recipe; run
+/// twice, the same numbers (the calibration is deterministic).
+#[test]
+fn w4a4_variants_evaluate_and_state_their_calibration() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let model = tiny_arch("qwen3_moe");
+    let schemes = ["w4a4-mxfp4", "w4a4-nvfp4+kv-fp8-e4m3"];
+    let run = |out: &std::path::Path| -> Value {
+        let args = [
+            "eval",
+            "--model",
+            model.to_str().expect("utf-8"),
+            "--backend",
+            "cpu",
+            "--out",
+            out.to_str().expect("utf-8"),
+            "--schemes",
+            &schemes.join(","),
+            "--prompts",
+            "3",
+            "--horizons",
+            "10",
+            "--resamples",
+            "100",
+        ];
+        let o = qdrift(&args);
+        assert!(o.status.success(), "qdrift eval failed: {}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).expect("report.json")).expect("json")
+    };
+    let (a, b) = (run(&root.path().join("a")), run(&root.path().join("b")));
+    for scheme in schemes {
+        let h = |r: &Value| variant(r, scheme)["horizons"][0]["kld"]["mean"].as_f64().expect("kld");
+        assert!(h(&a).is_finite() && h(&a) > 0.0, "{scheme}: {}", h(&a));
+        assert_eq!(h(&a), h(&b), "{scheme}: the same numbers twice");
+    }
+    assert_eq!(variant(&a, "w4a4-mxfp4")["recipe"]["activations"], "mxfp4");
+    assert!(variant(&a, "w4a4-mxfp4")["recipe"].get("calibration_prompts").is_none());
+    let nv = &variant(&a, "w4a4-nvfp4+kv-fp8-e4m3")["recipe"];
+    assert_eq!((nv["activations"].as_str(), nv["calibration_prompts"].as_u64()), (Some("nvfp4"), Some(3)));
+}

@@ -28,14 +28,45 @@
 //!   the checkpoint's format: qdrift does not model it. The row must be whole groups (both
 //!   references assert it; [`ActivationQuant::check_width`]). The same with int8 (`int8-gG`)
 //!   is vLLM's `per_token_group_quant_int8` (same `eps`, `max` = 127, round to nearest even).
+//! - **MXFP4** (activations `mxfp4`, `mxfp4-ocp`; OCP MX v1.0): each token's row is cut into
+//!   blocks of 32; a block's scale is `s = 2^E` with `E = floor(log2(p)) − 2` clamped to the
+//!   E8M0 range (`127 + E` in `[0, 255]`), `x' = e2m1(x/s)·s` (E2M1 round to nearest even,
+//!   saturating at ±6: [`qdrift_ggml::e2m1_encode`]). For `mxfp4`, `p` is the amax rounded to a
+//!   power of two by adding `2^21` to its f32 bits and keeping sign and exponent (up when the
+//!   mantissa is at least 1.75), as compressed-tensors 0.20.1 computes dynamic MX scales
+//!   (`quantization/utils/helpers.py` `compute_dynamic_scales_and_zp` → `calculate_qparams` →
+//!   `quantization/utils/mxfp_utils.py` `generate_mx_scales` / `round_to_power_2`, then
+//!   `quantization/lifecycle/forward.py` `fake_quantize` → `forward_helpers.py`
+//!   `_quantize_dequantize`: `x/s`, clamp ±6, `cast_to_fp4`, `·s`); vLLM's reference
+//!   (`tests/quantization/reference_mxfp4.py` `qdq_mxfp4_torch`) and AMD Quark's
+//!   `scale_calculation_mode="even"`, which vLLM's MXFP4 activation emulation calls, round the
+//!   same way. For `mxfp4-ocp`, `p` is the amax itself: the OCP spec's §6.3 rule
+//!   (`floor(log2(amax)) − emax_elem`, `emax_elem = 2`), which lets a block's largest value
+//!   saturate to 6 where compressed-tensors moves to the next scale (amax mantissa ≥ 1.75).
+//!   An all-zero block has `E` = −127 and stays zero. For `mxfp4-ocp` the scale follows torchao
+//!   0.18.0 (`prototype/mx_formats/mx_tensor.py` `to_mx`, `ScaleCalculationMode.FLOOR`), which
+//!   keeps it at or above 2^-126 (f32's least normal).
+//! - **NVFP4** (activations `nvfp4`): blocks of 16; with `g` the layer's static global input
+//!   scale (compressed-tensors' `input_global_scale` = `448·6/amax` over calibration,
+//!   `generate_gparam`), the block scale is `s8 = e4m3(g·(amax/6))` (saturating RNE; 0 becomes
+//!   compressed-tensors' eps 0.125), the effective scale `s = s8/g`, and `x' = e2m1(x/s)·s` —
+//!   compressed-tensors 0.20.1 `calculate_qparams` (`max_val_pos / 6`, `global_scale * scales`,
+//!   `round_to_quantized_type_dtype(…, float8_e4m3fn)`, `_get_dtype_eps`) then
+//!   `_quantize_dequantize` (`scale / global_scale`, `x / scale`, clamp, `cast_to_fp4`, `·
+//!   scale`). Without a global scale (`None`: a layer compressed-tensors left uncalibrated) `g`
+//!   drops out: `s = e4m3(amax/6)`. vLLM's kernel (`scaled_fp4_quant`, and its emulation
+//!   `ref_nvfp4_quant`) multiplies by reciprocals instead of dividing (`x · (1/(s8·(1/g)))`), which
+//!   can differ within an ulp of an E2M1 rounding boundary; qdrift follows compressed-tensors,
+//!   which wrote the checkpoints' scales.
 //! - **q8_0 / q4_0** (KV only): ggml's `quantize_row_q8_0_ref` / `quantize_row_q4_0_ref` then
 //!   `dequantize_row_*` (`ggml-quants.c`), through the project's bit-exact `qdrift-ggml` codecs.
 
-use qdrift_ggml::{dequantize_ggml_blocks, quantize_ggml_blocks};
+use qdrift_ggml::{dequantize_ggml_blocks, e2m1_decode, e2m1_encode, quantize_ggml_blocks};
 
 use crate::error::QuantizeError;
 use crate::formats::fp8::{fp8_decode, fp8_encode};
 use crate::recipe::{ActivationQuant, ActivationScale, DynamicFormat, KvQuant};
+use crate::scheme::{Fp8Format, Mxfp4Rule};
 
 /// Quantize→dequantize one scale group (`values` share one dynamic scale) in place.
 ///
@@ -64,6 +95,63 @@ fn round_scaled(format: DynamicFormat, y: f32) -> f32 {
     match format {
         DynamicFormat::Int8 => y.round_ties_even().clamp(-127.0, 127.0),
         DynamicFormat::Fp8(f) => fp8_decode(f, fp8_encode(f, y)),
+        DynamicFormat::Mxfp4(_) | DynamicFormat::Nvfp4 => round_e2m1(y),
+    }
+}
+
+/// E2M1 round to nearest even, saturating at ±6 (NaN stays NaN).
+fn round_e2m1(y: f32) -> f32 {
+    e2m1_encode(y).map_or(y, e2m1_decode)
+}
+
+/// compressed-tensors' eps for a zero E4M3 block scale (`_get_dtype_eps(float8_e4m3fn)`).
+pub const NVFP4_ZERO_SCALE: f32 = 0.125;
+
+/// The E8M0 scale `2^E` of an MXFP4 block of largest magnitude `amax` (see the module doc).
+pub fn mx_scale(rule: Mxfp4Rule, amax: f32) -> f32 {
+    // Sign and exponent bits: a power of two, 0 below the normal range, ∞ past it.
+    let p = match rule {
+        Mxfp4Rule::CompressedTensors => f32::from_bits(amax.to_bits().wrapping_add(1 << 21) & 0xFF80_0000),
+        Mxfp4Rule::Ocp => f32::from_bits(amax.to_bits() & 0xFF80_0000),
+    };
+    let biased = if p == 0.0 {
+        0
+    } else if p.is_infinite() {
+        255
+    } else {
+        ((p.to_bits() >> 23) as i32 - 2).clamp(0, 255)
+    };
+    // torchao keeps its scale at or above f32's least normal, 2^-126 (`to_mx`).
+    let biased = if rule == Mxfp4Rule::Ocp { biased.max(1) } else { biased };
+    2f64.powi(biased - 127) as f32
+}
+
+/// The static global input scale of an NVFP4 layer whose calibrated input amax is `amax`:
+/// compressed-tensors' `generate_gparam` in f32, `448·6 · (1/max(amax, f32::MIN_POSITIVE))`, 1
+/// where that is not finite (an uncalibrated layer). PyTorch divides a Python number by a tensor
+/// as a reciprocal then a product (`aten::reciprocal`, `mul`), two roundings rather than one.
+pub fn nvfp4_global_scale(amax: f32) -> f32 {
+    let g = (448.0 * qdrift_ggml::E2M1_MAX) * (1.0 / amax.max(f32::MIN_POSITIVE));
+    if g.is_finite() { g } else { 1.0 }
+}
+
+/// The effective scale `e4m3(g·(amax/6))/g` of an NVFP4 block (see the module doc).
+pub fn nvfp4_scale(amax: f32, global: Option<f32>) -> f32 {
+    let local = amax / qdrift_ggml::E2M1_MAX;
+    let s8 = fp8_decode(Fp8Format::E4M3, fp8_encode(Fp8Format::E4M3, global.map_or(local, |g| g * local)));
+    let s8 = if s8 == 0.0 { NVFP4_ZERO_SCALE } else { s8 };
+    global.map_or(s8, |g| s8 / g)
+}
+
+/// Quantize→dequantize one 4-bit float block in place: `x' = e2m1(x/s)·s`.
+fn round_fp4_block(format: DynamicFormat, values: &mut [f32], global: Option<f32>) {
+    let amax = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let s = match format {
+        DynamicFormat::Mxfp4(rule) => mx_scale(rule, amax),
+        _ => nvfp4_scale(amax, global),
+    };
+    for v in values.iter_mut() {
+        *v = round_e2m1(*v / s) * s;
     }
 }
 
@@ -78,7 +166,25 @@ impl ActivationQuant {
     /// If `x.len()` is not a multiple of `cols`, `cols` is 0, or a group does not divide `cols`
     /// (refused earlier by [`ActivationQuant::check_width`]).
     pub fn round_host(&self, x: &mut [f32], cols: usize) {
+        self.round_host_global(x, cols, None);
+    }
+
+    /// [`ActivationQuant::round_host`] with an NVFP4 layer's static global input scale `g`
+    /// (`448·6/amax` of its calibrated input, compressed-tensors' `input_global_scale`); `None`
+    /// and every other format: no global scale.
+    ///
+    /// # Panics
+    /// As [`ActivationQuant::round_host`].
+    pub fn round_host_global(&self, x: &mut [f32], cols: usize, global: Option<f32>) {
         assert!(cols > 0 && x.len().is_multiple_of(cols), "activations of {} values are not rows of {cols}", x.len());
+        if self.format.block().is_some() {
+            let ActivationScale::TokenGroup(g) = self.scale else {
+                panic!("{} activations are scaled per block (refused by check_width)", self);
+            };
+            assert!(g > 0 && cols.is_multiple_of(g), "rows of {cols} activations are not blocks of {g}");
+            x.chunks_mut(g).for_each(|block| round_fp4_block(self.format, block, global));
+            return;
+        }
         match self.scale {
             ActivationScale::Token => x.chunks_mut(cols).for_each(|row| round_dynamic_group(self.format, row)),
             ActivationScale::Tensor => round_dynamic_group(self.format, x),
@@ -125,7 +231,6 @@ impl KvQuant {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheme::Fp8Format;
     use qdrift_ggml::GgmlType;
 
     #[test]
@@ -189,6 +294,34 @@ mod tests {
         let mut x = vec![127.0, 2.5, 254.0, 3.0];
         a.round_host(&mut x, 4);
         assert_eq!(x, [127.0, 2.0, 254.0, 4.0]);
+    }
+
+    #[test]
+    fn mx_scale_rules_differ_from_a_mantissa_of_1_75_and_nvfp4_scales_follow_compressed_tensors() {
+        // amax 7 = 1.75·4: compressed-tensors rounds it up to 8 (E = 3 − 2, s = 2: 7 → 3.5 → 4
+        // → 8); the OCP rule keeps 4 (E = 0, s = 1: 7 saturates to 6).
+        assert_eq!((mx_scale(Mxfp4Rule::CompressedTensors, 7.0), mx_scale(Mxfp4Rule::Ocp, 7.0)), (2.0, 1.0));
+        assert_eq!((mx_scale(Mxfp4Rule::CompressedTensors, 6.99), mx_scale(Mxfp4Rule::Ocp, 6.99)), (1.0, 1.0));
+        // Zero blocks: E8M0's least scale, 2^-127 (torchao: 2^-126).
+        assert_eq!(mx_scale(Mxfp4Rule::CompressedTensors, 0.0), 2f32.powi(-127));
+        assert_eq!(mx_scale(Mxfp4Rule::Ocp, 0.0), 2f32.powi(-126));
+        let mut x = vec![7.0, 1.0, 0.0, -3.3];
+        x.extend([0.0; 28]);
+        let (mut even, mut floor) = (x.clone(), x.clone());
+        ActivationQuant::fp4(DynamicFormat::Mxfp4(Mxfp4Rule::CompressedTensors)).round_host(&mut even, 32);
+        ActivationQuant::fp4(DynamicFormat::Mxfp4(Mxfp4Rule::Ocp)).round_host(&mut floor, 32);
+        assert_eq!((&even[..4], &floor[..4]), (&[8.0, 1.0, 0.0, -3.0][..], &[6.0, 1.0, 0.0, -3.0][..]));
+        // NVFP4 without a global scale: s = e4m3(amax/6); amax 6 → s = 1 and E2M1 ties go even.
+        let nv = ActivationQuant::fp4(DynamicFormat::Nvfp4);
+        let mut x = vec![6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -5.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        nv.round_host(&mut x, 16);
+        assert_eq!(&x[..9], &[6.0, 0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, -6.0]);
+        // A block scale that rounds to zero in E4M3 becomes compressed-tensors' eps 0.125.
+        assert_eq!(nvfp4_scale(1e-6, None), NVFP4_ZERO_SCALE);
+        // With the global scale g: s = e4m3(g·amax/6)/g.
+        assert_eq!(nvfp4_scale(6.0, Some(448.0)), 1.0);
+        assert_eq!(nvfp4_global_scale(2688.0), 1.0);
+        assert_eq!(nvfp4_global_scale(0.0), 1.0, "an uncalibrated layer");
     }
 
     #[test]

@@ -83,7 +83,7 @@ mod recipe;
 mod scheme;
 mod stats;
 
-pub use dynamic::TOKEN_GROUP_EPS;
+pub use dynamic::{NVFP4_ZERO_SCALE, TOKEN_GROUP_EPS, mx_scale, nvfp4_global_scale, nvfp4_scale};
 pub use error::QuantizeError;
 pub use formats::fp8::{fp8_decode, fp8_encode};
 pub use formats::ggml::dequantize_ggml_blocks;

@@ -2,15 +2,20 @@
 //!
 //! The grammar is `WEIGHTS[+a-ACT][+kv-KV]`, the same for `qdrift eval`, `generate` and
 //! `quantize`:
-//! - `WEIGHTS` is a [`Scheme`] name (`int4-g128`, `fp8-e4m3`, `q4_k`, …), or one of the two W8A8
-//!   shorthands, which also set the activation part: `w8a8-int8` = `int8+a-int8` (per-channel
-//!   int8 weights, dynamic per-token int8 activations, as SmoothQuant and vLLM's W8A8-INT8) and
-//!   `w8a8-fp8` = `fp8-e4m3+a-fp8` (per-channel E4M3 weights, dynamic per-token E4M3
-//!   activations, as vLLM's and TensorRT-LLM's FP8).
+//! - `WEIGHTS` is a [`Scheme`] name (`int4-g128`, `fp8-e4m3`, `q4_k`, …), or a shorthand that
+//!   also sets the activation part: `w8a8-int8` = `int8+a-int8` (per-channel int8 weights,
+//!   dynamic per-token int8 activations, as SmoothQuant and vLLM's W8A8-INT8), `w8a8-fp8` =
+//!   `fp8-e4m3+a-fp8` (per-channel E4M3 weights, dynamic per-token E4M3 activations, as vLLM's
+//!   and TensorRT-LLM's FP8), `w4a4-mxfp4` = `mxfp4-ct+a-mxfp4` and `w4a4-nvfp4` =
+//!   `nvfp4+a-nvfp4` (FP4 weights and activations by compressed-tensors' rules, its `MXFP4` and
+//!   `NVFP4` presets, as vLLM serves them).
 //! - `ACT` ([`ActivationQuant`]): `int8`, `fp8-e4m3`, `fp8-e5m2` (`fp8` is `fp8-e4m3`), each
 //!   per token, per tensor with `-tensor`, or per token and group of `G` consecutive inputs with
 //!   `-gG` (`fp8-g128`: the dynamic activations of block-FP8 checkpoints such as DeepSeek-V3 and
-//!   Qwen3-FP8, whose group is their weight block's width).
+//!   Qwen3-FP8, whose group is their weight block's width). The 4-bit floats carry their block:
+//!   `mxfp4` = `mxfp4-ct` (E8M0 scale per 32, compressed-tensors' and vLLM's scale rule), `mxfp4-ocp` (the
+//!   OCP spec's rule) and `nvfp4` (E4M3 scale per 16 under a static global input scale), the
+//!   activations of W4A4 checkpoints.
 //! - `KV` ([`KvQuant`]): `fp8-e4m3`, `fp8-e5m2` (scale 1, vLLM's default), `fp8-e4m3-head`,
 //!   `fp8-e5m2-head` (dynamic scale per token per head), `int8` (per token per head),
 //!   `q8_0`, `q4_0` (ggml blocks of 32 along a token's `kv_heads × head_dim` row, as llama.cpp's
@@ -28,7 +33,7 @@ use qdrift_ggml::GgmlType;
 use qdrift_io::elide;
 
 use crate::error::QuantizeError;
-use crate::scheme::{Fp8Format, Scheme};
+use crate::scheme::{Fp8Format, Mxfp4Rule, Scheme};
 
 /// The number format of dynamically quantized values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -37,14 +42,34 @@ pub enum DynamicFormat {
     Int8,
     /// OCP FP8 (the project's saturating round-to-nearest-even codec): `s = amax/max_finite`.
     Fp8(Fp8Format),
+    /// MXFP4 (OCP MX v1.0): E2M1 elements, one E8M0 power-of-two scale per 32 inputs, chosen by
+    /// compressed-tensors' rule (`mxfp4`: the amax rounded up a binade from a mantissa of 1.75,
+    /// as vLLM's reference `qdq_mxfp4_torch` and AMD Quark's `"even"` mode, what vLLM's MXFP4
+    /// activation emulation runs) or the OCP spec's (`mxfp4-ocp`: `floor(log2 amax) − 2`, §6.3,
+    /// torchao's default).
+    Mxfp4(Mxfp4Rule),
+    /// NVFP4: E2M1 elements, one E4M3 scale per 16 inputs under a static f32 global input scale.
+    Nvfp4,
 }
 
 impl DynamicFormat {
-    /// The largest magnitude a scaled value maps to: 127 or the FP8 format's max normal.
+    /// The largest magnitude a scaled value maps to: 127, the FP8 format's max normal, or 6
+    /// (E2M1).
     pub fn max_value(self) -> f32 {
         match self {
             DynamicFormat::Int8 => 127.0,
             DynamicFormat::Fp8(f) => f.max_finite(),
+            DynamicFormat::Mxfp4(_) | DynamicFormat::Nvfp4 => qdrift_ggml::E2M1_MAX,
+        }
+    }
+
+    /// The block a 4-bit float format's scale covers (32 for MXFP4, 16 for NVFP4); `None` for
+    /// int8 and FP8, whose scale's extent is the [`ActivationScale`]'s.
+    pub fn block(self) -> Option<usize> {
+        match self {
+            DynamicFormat::Mxfp4(_) => Some(32),
+            DynamicFormat::Nvfp4 => Some(16),
+            DynamicFormat::Int8 | DynamicFormat::Fp8(_) => None,
         }
     }
 
@@ -53,6 +78,9 @@ impl DynamicFormat {
             DynamicFormat::Int8 => "int8",
             DynamicFormat::Fp8(Fp8Format::E4M3) => "fp8-e4m3",
             DynamicFormat::Fp8(Fp8Format::E5M2) => "fp8-e5m2",
+            DynamicFormat::Mxfp4(Mxfp4Rule::CompressedTensors) => "mxfp4",
+            DynamicFormat::Mxfp4(Mxfp4Rule::Ocp) => "mxfp4-ocp",
+            DynamicFormat::Nvfp4 => "nvfp4",
         }
     }
 }
@@ -90,21 +118,49 @@ impl ActivationQuant {
     pub const LISTED_GROUP: usize = 128;
 
     /// Every activation part, in the order help lists them (per-token groups with
-    /// [`ActivationQuant::LISTED_GROUP`]).
+    /// [`ActivationQuant::LISTED_GROUP`]), the 4-bit float blocks last.
     pub fn all() -> Vec<ActivationQuant> {
         let formats = [DynamicFormat::Int8, DynamicFormat::Fp8(Fp8Format::E4M3), DynamicFormat::Fp8(Fp8Format::E5M2)];
         [ActivationScale::Token, ActivationScale::Tensor, ActivationScale::TokenGroup(Self::LISTED_GROUP)]
             .into_iter()
             .flat_map(|scale| formats.map(|format| ActivationQuant { format, scale }))
+            .chain(
+                [
+                    DynamicFormat::Mxfp4(Mxfp4Rule::CompressedTensors),
+                    DynamicFormat::Mxfp4(Mxfp4Rule::Ocp),
+                    DynamicFormat::Nvfp4,
+                ]
+                .map(Self::fp4),
+            )
             .collect()
     }
 
+    /// A 4-bit float format's activations: per token and block of its [`DynamicFormat::block`].
+    ///
+    /// # Panics
+    /// If `format` is int8 or FP8 (no block of its own).
+    pub fn fp4(format: DynamicFormat) -> ActivationQuant {
+        let block = format.block().expect("a 4-bit float format");
+        ActivationQuant { format, scale: ActivationScale::TokenGroup(block) }
+    }
+
     /// Checks that a linear layer's input of `cols` values splits into whole groups (always true
-    /// for per-token and per-tensor scales).
+    /// for per-token and per-tensor scales), and that a 4-bit float format is scaled per block of
+    /// its own size (a hand-built part could say otherwise).
     ///
     /// # Errors
-    /// [`QuantizeError::ActivationRow`] naming the part, the width and the group.
+    /// [`QuantizeError::ActivationRow`] naming the part, the width and the group;
+    /// [`QuantizeError::BadRecipe`] for a 4-bit float format with another scale.
     pub fn check_width(&self, cols: usize) -> Result<(), QuantizeError> {
+        if let Some(block) = self.format.block()
+            && self.scale != ActivationScale::TokenGroup(block)
+        {
+            return Err(QuantizeError::BadRecipe {
+                name: format!("{}/{:?}", self.format.name(), self.scale),
+                problem: format!("{} activations are scaled per block of {block}", self.format.name()),
+                grammar: Recipe::grammar(),
+            });
+        }
         match self.scale {
             ActivationScale::TokenGroup(group) if group == 0 || !cols.is_multiple_of(group) => {
                 Err(QuantizeError::ActivationRow { activations: self.to_string(), cols, group })
@@ -120,6 +176,9 @@ impl fmt::Display for ActivationQuant {
             DynamicFormat::Fp8(Fp8Format::E4M3) => "fp8",
             other => other.name(),
         };
+        if self.format.block().is_some_and(|b| self.scale == ActivationScale::TokenGroup(b)) {
+            return f.write_str(name);
+        }
         match self.scale {
             ActivationScale::Token => write!(f, "{name}"),
             ActivationScale::Tensor => write!(f, "{name}-tensor"),
@@ -142,6 +201,18 @@ impl FromStr for ActivationQuant {
     type Err = ();
 
     fn from_str(s: &str) -> Result<Self, ()> {
+        // The 4-bit float formats carry their block: no scale suffix.
+        let fp4 = [
+            DynamicFormat::Mxfp4(Mxfp4Rule::CompressedTensors),
+            DynamicFormat::Mxfp4(Mxfp4Rule::Ocp),
+            DynamicFormat::Nvfp4,
+        ];
+        if let Some(format) = fp4.into_iter().find(|f| f.name() == s) {
+            return Ok(ActivationQuant::fp4(format));
+        }
+        if s == "mxfp4-ct" {
+            return Ok(ActivationQuant::fp4(DynamicFormat::Mxfp4(Mxfp4Rule::CompressedTensors)));
+        }
         let (base, scale) = if let Some(base) = s.strip_suffix("-tensor") {
             (base, ActivationScale::Tensor)
         } else if let Some((base, group)) = group_suffix(s) {
@@ -244,13 +315,26 @@ pub struct Recipe {
     pub kv_cache: Option<KvQuant>,
 }
 
-/// The W8A8 shorthands: name, weights, activations.
-const SHORTHANDS: [(&str, Scheme, ActivationQuant); 2] = [
+/// The W8A8 and W4A4 shorthands: name, weights, activations.
+const SHORTHANDS: [(&str, Scheme, ActivationQuant); 4] = [
     ("w8a8-int8", Scheme::Int8, ActivationQuant { format: DynamicFormat::Int8, scale: ActivationScale::Token }),
     (
         "w8a8-fp8",
         Scheme::Fp8 { format: Fp8Format::E4M3, per_tensor: false },
         ActivationQuant { format: DynamicFormat::Fp8(Fp8Format::E4M3), scale: ActivationScale::Token },
+    ),
+    (
+        "w4a4-mxfp4",
+        Scheme::Mxfp4 { rule: Mxfp4Rule::CompressedTensors },
+        ActivationQuant {
+            format: DynamicFormat::Mxfp4(Mxfp4Rule::CompressedTensors),
+            scale: ActivationScale::TokenGroup(32),
+        },
+    ),
+    (
+        "w4a4-nvfp4",
+        Scheme::Nvfp4,
+        ActivationQuant { format: DynamicFormat::Nvfp4, scale: ActivationScale::TokenGroup(16) },
     ),
 ];
 
@@ -278,7 +362,8 @@ impl Recipe {
         )
     }
 
-    /// The W8A8 shorthands (`w8a8-int8`, `w8a8-fp8`) and the recipes they stand for, for help.
+    /// The shorthands (`w8a8-int8`, `w8a8-fp8`, `w4a4-mxfp4`, `w4a4-nvfp4`) and the recipes they
+    /// stand for, for help.
     pub fn shorthands() -> impl Iterator<Item = Recipe> {
         SHORTHANDS.iter().map(|&(_, weights, a)| Recipe { weights, activations: Some(a), kv_cache: None })
     }
@@ -417,7 +502,7 @@ mod tests {
         assert_eq!(parse("w8a8-fp8+kv-q4_0").to_string(), "w8a8-fp8+kv-q4_0");
         assert_eq!(parse("fp8-e4m3+a-fp8-e4m3").to_string(), "w8a8-fp8");
         let names: Vec<String> = Recipe::shorthands().map(|r| r.to_string()).collect();
-        assert_eq!(names, ["w8a8-int8", "w8a8-fp8"]);
+        assert_eq!(names, ["w8a8-int8", "w8a8-fp8", "w4a4-mxfp4", "w4a4-nvfp4"]);
     }
 
     #[test]
@@ -485,6 +570,30 @@ mod tests {
         assert!(e.contains("fp8-g32") && e.contains("172") && e.contains("32-value groups"), "{e}");
         assert!(fp8_g(0).check_width(64).is_err(), "a hand-built group of 0");
         assert!(ActivationQuant { scale: ActivationScale::Token, ..fp8_g(1) }.check_width(172).is_ok());
+    }
+
+    #[test]
+    fn fp4_parts_carry_their_block_and_w4a4_mxfp4_is_a_shorthand() {
+        let mx = ActivationQuant::fp4(DynamicFormat::Mxfp4(Mxfp4Rule::CompressedTensors));
+        assert_eq!(mx.scale, ActivationScale::TokenGroup(32));
+        let r = parse("w4a4-mxfp4");
+        let ct = Scheme::Mxfp4 { rule: Mxfp4Rule::CompressedTensors };
+        assert_eq!(r, Recipe { weights: ct, activations: Some(mx), kv_cache: None });
+        assert_eq!(parse("mxfp4-ct+a-mxfp4"), r);
+        assert_eq!(parse("mxfp4-ct+a-mxfp4-ct"), r, "mxfp4-ct is mxfp4 for activations too");
+        let nv4 = parse("w4a4-nvfp4+kv-fp8-e4m3");
+        assert_eq!((nv4.weights, nv4.to_string().as_str()), (Scheme::Nvfp4, "w4a4-nvfp4+kv-fp8-e4m3"));
+        assert_eq!(parse("w4a4-mxfp4+kv-fp8-e4m3").to_string(), "w4a4-mxfp4+kv-fp8-e4m3");
+        let nv = parse("fp16+a-nvfp4").activations.expect("nvfp4");
+        assert_eq!((nv.format, nv.scale), (DynamicFormat::Nvfp4, ActivationScale::TokenGroup(16)));
+        assert_eq!(parse("int4-g128+a-mxfp4-ocp").to_string(), "int4-g128+a-mxfp4-ocp");
+        for bad in ["fp16+a-nvfp4-g32", "fp16+a-mxfp4-tensor", "fp16+a-nvfp4-ocp"] {
+            assert!(bad.parse::<Recipe>().is_err(), "{bad}");
+        }
+        assert!(mx.check_width(64).is_ok() && mx.check_width(48).is_err());
+        let hand_built = ActivationQuant { scale: ActivationScale::Token, ..mx };
+        let e = hand_built.check_width(64).expect_err("per token").to_string();
+        assert!(e.contains("per block of 32"), "{e}");
     }
 
     #[test]

@@ -24,7 +24,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Int, Tensor};
 use qdrift_codecs::{ActivationQuant, ActivationScale, KvQuant};
 
-use crate::fake_quant::{round_activations, round_kv};
+use crate::fake_quant::{InputAmax, InputSite, global_scale, round_activations_global, round_kv};
 use crate::host::attention::HostKv;
 use crate::host::elem::round_f16;
 use crate::host::linear::PackedLinear;
@@ -76,6 +76,19 @@ pub(crate) struct ForwardContext<'a> {
     /// Where the mixture-of-experts layers append the experts they chose
     /// ([`crate::MoeLayer::forward_recording`]), when the caller asked for them.
     pub routing: Option<&'a std::sync::Mutex<crate::routing::RoutingRecord>>,
+    /// The layer now running, its static NVFP4 global input scales, and a calibration record.
+    pub inputs: InputContext<'a>,
+}
+
+/// What a linear layer's input rounding needs to know of its layer ([`InputSite`]).
+#[derive(Debug, Default)]
+pub(crate) struct InputContext<'a> {
+    /// The index of the layer now running (set by the model's layer loop).
+    pub layer: std::cell::Cell<usize>,
+    /// Per layer, per [`InputSite`]: the static global input scale of NVFP4 activations.
+    pub scales: Option<&'a [[f32; 4]]>,
+    /// Where a calibration pass takes each input's amax ([`crate::Llama::calibrate_inputs`]).
+    pub record: Option<&'a std::sync::Mutex<InputAmax>>,
 }
 
 /// RoPE tables for stacked q/k/v and what they were built for: (rope index, `rep`).
@@ -128,21 +141,49 @@ impl ForwardContext<'_> {
     }
 
     /// A linear layer's input, rounded as the variant's activation quantization says (unchanged
-    /// without one).
+    /// without one); `site` picks the layer's NVFP4 global input scale. A calibration pass
+    /// records the input's amax over the real tokens instead.
     ///
     /// # Shapes
     /// - `x`: `[batch, new, cols]` → same
-    pub fn round_input(&self, x: Tensor<3>) -> Tensor<3> {
+    pub fn round_input(&self, x: Tensor<3>, site: InputSite) -> Tensor<3> {
+        if self.inputs.record.is_some() {
+            let [b, t, cols] = x.dims();
+            self.record_amax(&host_f32(x.clone()), [b, t, cols], site);
+        }
+        let global = self.global_scale(site);
         match self.activations() {
             None => x,
-            Some((q, RoundingPath::Device)) => round_activations(x, q, self.real.as_ref()),
+            Some((q, RoundingPath::Device)) => round_activations_global(x, q, self.real.as_ref(), global),
             Some((q, RoundingPath::Host)) => {
                 let ([b, t, cols], dtype, device) = (x.dims(), x.dtype(), x.device());
                 let mut data = host_f32(x);
-                self.round_host(&mut data, q, b, t, cols);
+                self.round_host(&mut data, q, [b, t, cols], global);
                 upload(&data, [b, t, cols], dtype, &device)
             }
         }
+    }
+
+    /// Whether linear layers' inputs are rounded or recorded (a calibration pass) in this pass.
+    pub fn sees_inputs(&self) -> bool {
+        self.activations.is_some() || self.inputs.record.is_some()
+    }
+
+    /// The running layer's static global input scale at `site`, if the model has them.
+    fn global_scale(&self, site: InputSite) -> Option<f32> {
+        global_scale(self.inputs.scales, self.inputs.layer.get(), site)
+    }
+
+    /// Takes the amax of a linear layer's input over each row's real tokens into the calibration
+    /// record.
+    fn record_amax(&self, data: &[f32], [b, t, cols]: [usize; 3], site: InputSite) {
+        let Some(record) = self.inputs.record else { return };
+        let mut amax = 0.0f32;
+        for (row, values) in data.chunks(t * cols).take(b).enumerate() {
+            let first_real = self.positions.pad[row].saturating_sub(self.start).min(t);
+            amax = values[first_real * cols..].iter().fold(amax, |m, v| m.max(v.abs()));
+        }
+        record.lock().expect("calibration record").record(self.inputs.layer.get(), site, amax);
     }
 
     /// The host attention kernel's output, already rounded on the host where the activation
@@ -159,7 +200,7 @@ impl ForwardContext<'_> {
         device: &burn::tensor::Device,
     ) -> Tensor<3> {
         let x = upload_owned(data, shape, dtype, device);
-        if self.rounds_on_host() { x } else { self.round_input(x) }
+        if self.rounds_on_host() { x } else { self.round_input(x, InputSite::O) }
     }
 
     /// Whether a linear layer's input can be rounded on the host ([`ForwardContext::round_host_input`]):
@@ -173,9 +214,10 @@ impl ForwardContext<'_> {
     ///
     /// # Shapes
     /// - `data`: `[batch, new, cols]`, row-major, rounded in place
-    pub fn round_host_input(&self, data: &mut [f32], [b, t, cols]: [usize; 3]) {
+    pub fn round_host_input(&self, data: &mut [f32], [b, t, cols]: [usize; 3], site: InputSite) {
+        self.record_amax(data, [b, t, cols], site);
         if let Some((q, RoundingPath::Host)) = self.activations() {
-            self.round_host(data, q, b, t, cols);
+            self.round_host(data, q, [b, t, cols], self.global_scale(site));
             if self.f16 {
                 round_f16(data);
             }
@@ -195,10 +237,10 @@ impl ForwardContext<'_> {
 
     /// The host definition over each row's real tokens (a suffix of its columns: padding is on
     /// the left, and never part of a sequence's scale).
-    fn round_host(&self, data: &mut [f32], q: ActivationQuant, b: usize, t: usize, cols: usize) {
+    fn round_host(&self, data: &mut [f32], q: ActivationQuant, [b, t, cols]: [usize; 3], global: Option<f32>) {
         for (row, values) in data.chunks_mut(t * cols).take(b).enumerate() {
             let first_real = self.positions.pad[row].saturating_sub(self.start).min(t);
-            q.round_host(&mut values[first_real * cols..], cols);
+            q.round_host_global(&mut values[first_real * cols..], cols, global);
         }
     }
 }
@@ -387,7 +429,7 @@ impl Attention {
             let y = self.forward_host(host_f32(x), [b, t], context, cache);
             return upload_owned(y, [b, t, self.wo.out_features()], dtype, &device);
         }
-        let x = context.round_input(x);
+        let x = context.round_input(x, InputSite::Qkv);
         // Queries as [b, t, kvh, rep, hd], the `rep` query heads that share a key/value head side
         // by side, and keys and values as [b, t, kvh, 2, hd], each group's key head then its
         // value head.
@@ -465,7 +507,7 @@ impl Attention {
             weights.matmul(v.unsqueeze_dim::<5>(2))
         }; // [b, kvh, rep, t, hd]
         let out = out.permute([0, 3, 1, 2, 4]).reshape([b, t, h * hd]);
-        self.wo.forward(context.round_input(out))
+        self.wo.forward(context.round_input(out, InputSite::O))
     }
 
     /// Whether [`Attention::forward_host`] runs this layer over `cache`
@@ -502,7 +544,7 @@ impl Attention {
             panic!("Attention::forward_host on a layer that does not run on the host");
         };
         let f16 = context.f16;
-        context.round_host_input(&mut xs, [b, t, wq.inp()]);
+        context.round_host_input(&mut xs, [b, t, wq.inp()], InputSite::Qkv);
         let (mut q, mut k, v) = (
             wq.forward_rounded(&xs, b * t, f16),
             wk.forward_rounded(&xs, b * t, f16),
@@ -540,7 +582,7 @@ impl Attention {
         }
         host.write(&k, &v, start, t);
         let mut out = host.attend(q, h, context.positions, start, t);
-        context.round_host_input(&mut out, [b, t, h * hd]);
+        context.round_host_input(&mut out, [b, t, h * hd], InputSite::O);
         out
     }
 }

@@ -15,10 +15,22 @@
 //!
 //! FP8 rounding without bit casts (Burn has none): a value's spacing on the FP8 grid is found by
 //! comparing its magnitude against every binade boundary `2^k` of the format (exact powers of
-//! two), then `RNE(a/spacing)·spacing` — the project codec's own method (`fp8.rs`).
+//! two), then `RNE(a/spacing)·spacing` — the project codec's own method (`fp8.rs`). E2M1 (the
+//! element of MXFP4 and NVFP4) is the same grid with one mantissa bit and binades 2^0…2^2.
+//!
+//! MXFP4's power-of-two scale, also without bit casts: the largest `2^k ≤ amax` (`k ≥ −126`) by
+//! a binary search over `k` with exact products of powers of two, moved up one binade where the
+//! amax is at least `1.75 · 2^k` for compressed-tensors' rule; the scale is `2^(k−2)`, at least
+//! 2^-126. The host definition's 2^-127 for blocks whose amax is below 2^-123 (compressed-tensors'
+//! clamp of the E8M0 exponent) is a subnormal scale that GPUs may flush, so the device keeps
+//! 2^-126 there; no model activation is that small (an f16 model cannot even hold it), and an
+//! all-zero block stays zero either way.
 
 use burn::tensor::{Bool, DType, Int, Tensor};
-use qdrift_codecs::{ActivationQuant, ActivationScale, DynamicFormat, Fp8Format, GgmlType, KvQuant, TOKEN_GROUP_EPS};
+use qdrift_codecs::{
+    ActivationQuant, ActivationScale, DynamicFormat, Fp8Format, GgmlType, KvQuant, Mxfp4Rule, NVFP4_ZERO_SCALE,
+    TOKEN_GROUP_EPS,
+};
 
 use crate::host::placement::RoundingPath;
 
@@ -52,17 +64,81 @@ fn exp2(k: i32) -> f32 {
 /// # Shapes
 /// - `y`: any, f32 → same
 fn round_fp8_scaled<const D: usize>(y: Tensor<D>, format: Fp8Format) -> Tensor<D> {
-    let (mantissa, min_exp, max_exp) = match format {
-        Fp8Format::E4M3 => (3, -6, 8),
-        Fp8Format::E5M2 => (2, -14, 15),
-    };
+    match format {
+        Fp8Format::E4M3 => round_to_grid(y, 3, -6, 8, format.max_finite()),
+        Fp8Format::E5M2 => round_to_grid(y, 2, -14, 15, format.max_finite()),
+    }
+}
+
+/// Rounds values onto a small float grid of `mantissa` bits whose binades run from `2^min_exp`
+/// (subnormals below) to `2^max_exp`, saturating at `max`, round to nearest even, in f32.
+///
+/// # Shapes
+/// - `y`: any, f32 → same
+fn round_to_grid<const D: usize>(y: Tensor<D>, mantissa: i32, min_exp: i32, max_exp: i32, max: f32) -> Tensor<D> {
     let sign = y.clone().sign();
-    let a = y.abs().clamp_max(format.max_finite());
+    let a = y.abs().clamp_max(max);
     let mut spacing = a.clone().zeros_like().add_scalar(exp2(min_exp - mantissa));
     for k in min_exp + 1..=max_exp {
         spacing = spacing.mask_fill(a.clone().greater_equal_elem(exp2(k)), exp2(k - mantissa));
     }
     a.div(spacing.clone()).round().mul(spacing).mul(sign)
+}
+
+/// E2M1 (OCP MX v1.0 §5.3.3): one mantissa bit, binades 2^0…2^2, ±6, round to nearest even.
+///
+/// # Shapes
+/// - `y`: any, f32 → same
+fn round_e2m1<const D: usize>(y: Tensor<D>) -> Tensor<D> {
+    round_to_grid(y, 1, 0, 2, 6.0)
+}
+
+/// The largest power of two `2^k ≤ amax` with `k ≥ −126` (2^-126 below), exactly.
+///
+/// # Shapes
+/// - `amax`: any, f32, ≥ 0 → same
+fn pow2_floor<const D: usize>(amax: Tensor<D>) -> Tensor<D> {
+    let mut p = amax.zeros_like().add_scalar(exp2(-126));
+    // Steps of 2^7 (two factors of 2^64: 2^128 is not an f32), 2^6, …, 2^0 span k ∈ [−126, 129).
+    let steps: [&[i32]; 8] = [&[64, 64], &[64], &[32], &[16], &[8], &[4], &[2], &[1]];
+    for factors in steps {
+        let candidate = factors.iter().fold(p.clone(), |c, &f| c.mul_scalar(exp2(f)));
+        p = p.mask_where(amax.clone().greater_equal(candidate.clone()), candidate);
+    }
+    p
+}
+
+/// Quantize→dequantize 4-bit float blocks (MXFP4 or NVFP4), as `dynamic.rs` defines them.
+///
+/// # Shapes
+/// - `x`: `[.., blocks, block]`, f32 → same
+fn round_fp4_blocks(x: Tensor<4>, format: DynamicFormat, global: Option<f32>) -> Tensor<4> {
+    let amax = x.clone().abs().max_dim(3);
+    let s = match format {
+        DynamicFormat::Mxfp4(rule) => {
+            let mut p = pow2_floor(amax.clone());
+            if rule == Mxfp4Rule::CompressedTensors {
+                // compressed-tensors' `round_to_power_2`: up a binade from a mantissa of 1.75.
+                let up = amax.greater_equal(p.clone().mul_scalar(1.75));
+                p = p.clone().mask_where(up, p.mul_scalar(2.0));
+            }
+            p.clamp_min(exp2(-124)).mul_scalar(0.25)
+        }
+        _ => {
+            let local = amax.div_scalar(DynamicFormat::Nvfp4.max_value());
+            let local = match global {
+                Some(g) => local.mul_scalar(g),
+                None => local,
+            };
+            let s8 = round_fp8_scaled(local, Fp8Format::E4M3);
+            let s8 = s8.clone().mask_fill(s8.equal_elem(0.0), NVFP4_ZERO_SCALE);
+            match global {
+                Some(g) => s8.div_scalar(g),
+                None => s8,
+            }
+        }
+    };
+    round_e2m1(x.div(s.clone())).mul(s)
 }
 
 /// Quantize→dequantize groups that share one dynamic scale, given each group's `amax`.
@@ -77,6 +153,7 @@ fn round_with_amax<const D: usize>(x: Tensor<D>, amax: Tensor<D>, format: Dynami
     let q = match format {
         DynamicFormat::Int8 => y.round().clamp(-127.0, 127.0),
         DynamicFormat::Fp8(f) => round_fp8_scaled(y, f),
+        DynamicFormat::Mxfp4(_) | DynamicFormat::Nvfp4 => round_e2m1(y),
     };
     q.mul(s)
 }
@@ -95,9 +172,31 @@ fn round_with_amax<const D: usize>(x: Tensor<D>, amax: Tensor<D>, format: Dynami
 /// If the scale is per tensor and `real` is `None`, or a group does not divide `cols` (refused
 /// earlier by `ActivationQuant::check_width` when the model's [`RuntimeQuant`] is set).
 pub fn round_activations(x: Tensor<3>, q: ActivationQuant, real: Option<&Tensor<3>>) -> Tensor<3> {
+    round_activations_global(x, q, real, None)
+}
+
+/// [`round_activations`] with an NVFP4 layer's static global input scale (`ActivationQuant::
+/// round_host_global`'s `global`; ignored by the other formats).
+///
+/// # Shapes
+/// As [`round_activations`].
+///
+/// # Panics
+/// As [`round_activations`].
+pub fn round_activations_global(
+    x: Tensor<3>,
+    q: ActivationQuant,
+    real: Option<&Tensor<3>>,
+    global: Option<f32>,
+) -> Tensor<3> {
     let dtype = x.dtype();
     let x = x.cast(DType::F32);
     let out = match q.scale {
+        ActivationScale::TokenGroup(g) if q.format.block().is_some() => {
+            let [b, t, cols] = x.dims();
+            assert!(g > 0 && cols.is_multiple_of(g), "rows of {cols} activations are not blocks of {g}");
+            round_fp4_blocks(x.reshape([b, t, cols / g, g]), q.format, global).reshape([b, t, cols])
+        }
         ActivationScale::Token => round_with_amax(x.clone(), x.abs().max_dim(2), q.format),
         ActivationScale::Tensor => {
             let real = real.expect("per-tensor activation scales need the padding mask");
@@ -196,4 +295,63 @@ fn round_q4_0(x: Tensor<4>) -> Tensor<4> {
     // x·id + 8.5 lies in [0.5, 16.5], so C's truncation is floor.
     let q = x.mul(id).add_scalar(8.5).floor().clamp_max(15.0);
     q.sub_scalar(8.0).mul(through_f16(d))
+}
+
+/// Which linear layers a rounded input feeds; each has its own static NVFP4 global input scale
+/// per layer, as compressed-tensors' `input_global_scale` is per module. Modules reading the same
+/// input share one (q, k and v; gate and up, of every expert and the shared expert: their
+/// calibrated amaxes are equal, and vLLM fuses them), and a mixture-of-experts layer's down
+/// projections share the largest of theirs (vLLM's fused MoE takes one input scale per layer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputSite {
+    /// The q/k/v projections' input (the normed residual stream).
+    Qkv,
+    /// The output projection's input (the attention's output).
+    O,
+    /// The gate/up projections' input.
+    Up,
+    /// The down projection's input.
+    Down,
+}
+
+impl InputSite {
+    /// Every site, in the order of [`InputAmax::layers`]' entries.
+    pub const ALL: [InputSite; 4] = [InputSite::Qkv, InputSite::O, InputSite::Up, InputSite::Down];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The largest magnitude each linear layer's input reached over a calibration pass
+/// ([`crate::Llama::calibrate_inputs`]), compressed-tensors' `static_minmax` observer for
+/// `input_global_scale`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InputAmax {
+    /// Per layer, per [`InputSite`] (in [`InputSite::ALL`]'s order); 0 where no value was seen.
+    pub layers: Vec<[f32; 4]>,
+    /// How many sequences the pass ran.
+    pub sequences: usize,
+}
+
+impl InputAmax {
+    /// Takes `amax` for `site` of `layer` into the running maximum.
+    pub fn record(&mut self, layer: usize, site: InputSite, amax: f32) {
+        if self.layers.len() <= layer {
+            self.layers.resize(layer + 1, [0.0; 4]);
+        }
+        let slot = &mut self.layers[layer][site.index()];
+        *slot = slot.max(amax);
+    }
+
+    /// Each layer's and site's static global input scale, `448·6/amax` as compressed-tensors'
+    /// `generate_gparam` (1 where nothing was seen).
+    pub fn global_scales(&self) -> Vec<[f32; 4]> {
+        self.layers.iter().map(|l| l.map(qdrift_codecs::nvfp4_global_scale)).collect()
+    }
+}
+
+/// The global input scale of `site` in `layer`, from per-layer scales.
+pub(crate) fn global_scale(scales: Option<&[[f32; 4]]>, layer: usize, site: InputSite) -> Option<f32> {
+    scales.and_then(|s| s.get(layer)).map(|l| l[site.index()])
 }

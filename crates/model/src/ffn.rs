@@ -7,6 +7,7 @@ use qdrift_weights::{Activation, Mlp};
 
 use crate::activation::gated;
 use crate::attention::ForwardContext;
+use crate::fake_quant::InputSite;
 use crate::host::placement;
 use crate::host::swiglu::swiglu;
 use crate::tensors::{host_f32, upload_owned};
@@ -39,10 +40,10 @@ impl FeedForward {
             let y = self.forward_host(host_f32(x), [b, t], context);
             return upload_owned(y, [b, t, self.down.out_features()], dtype, &device);
         }
-        let x = context.round_input(x);
+        let x = context.round_input(x, InputSite::Up);
         let [g, u]: [Tensor<3>; 2] = self.gate_up.forward(x).try_into().expect("two projections");
         let h = gated(self.activation, g, u);
-        self.down.forward(context.round_input(h))
+        self.down.forward(context.round_input(h, InputSite::Down))
     }
 
     /// Whether [`FeedForward::forward_host`] runs this layer ([`placement::ffn_on_host`]).
@@ -70,11 +71,11 @@ impl FeedForward {
         };
         let (gate, up) = (gate_up[0], gate_up[1]);
         let f16 = context.f16;
-        context.round_host_input(&mut xs, [b, t, gate.inp()]);
+        context.round_host_input(&mut xs, [b, t, gate.inp()], InputSite::Up);
         let g = gate.forward_rounded(&xs, b * t, f16);
         let mut h = up.forward_rounded(&xs, b * t, f16);
         swiglu(&g, &mut h, f16);
-        context.round_host_input(&mut h, [b, t, up.out()]);
+        context.round_host_input(&mut h, [b, t, up.out()], InputSite::Down);
         down.forward_rounded(&h, b * t, f16)
     }
 

@@ -86,7 +86,7 @@ mod testing;
 pub use cache::KvCache;
 pub use embedding::TokenEmbedding;
 pub use error::ModelError;
-pub use fake_quant::{RuntimeQuant, round_activations, round_kv};
+pub use fake_quant::{InputAmax, InputSite, RuntimeQuant, round_activations, round_activations_global, round_kv};
 pub use host::placement::{AttentionKernel, LinearKernel, RoundingPath};
 pub use host::threads::{in_pool, single_threaded};
 pub use linear::{Projection, Projections, SplitLinear, StackedLinear};

@@ -19,7 +19,11 @@ use qdrift_weights::{Ffn, HostModel, HostTensor, LayerWeights, ModelArch, NormSt
 use crate::attention::{Attention, AttentionSpec, ForwardContext};
 pub use crate::error::ModelError;
 use crate::error::{check, check_linear};
-use crate::fake_quant::RuntimeQuant;
+use crate::fake_quant::{InputAmax, RuntimeQuant};
+
+/// What a forward pass records besides its output: whether every position's hidden state is
+/// kept, the experts chosen, and linear inputs' amaxes (a calibration pass).
+type Recording<'a> = (bool, Option<&'a std::sync::Mutex<RoutingRecord>>, Option<&'a std::sync::Mutex<InputAmax>>);
 use crate::ffn::FeedForward;
 use crate::host::elem::{add_rounded, is_f16_exact};
 use crate::host::placement::{self, AttentionKernel, LinearKernel, RoundingPath};
@@ -183,6 +187,7 @@ impl Llama {
             swaps,
             dtype,
             runtime: RuntimeQuant::none(),
+            input_scales: None,
             arch: arch.clone(),
             tied_output,
             attention: None,
@@ -593,6 +598,10 @@ pub struct Llama {
     /// [`Llama::set_runtime_quant`], which checks it against the architecture.
     #[module(skip)]
     runtime: RuntimeQuant,
+    /// Per layer, per [`crate::InputSite`]: the static global input scales of NVFP4 activations
+    /// ([`Llama::set_input_scales`]); none by default.
+    #[module(skip)]
+    input_scales: Option<std::sync::Arc<[[f32; 4]]>>,
     /// The architecture the model was built from: its one description of the hyper-parameters
     /// (and of the host model [`Llama::host_weights`] returns).
     #[module(skip)]
@@ -778,7 +787,7 @@ impl Llama {
         all_positions: bool,
         routing: Option<&std::sync::Mutex<RoutingRecord>>,
     ) -> Tensor<3> {
-        self.forward_probed(tokens, positions, caches, (all_positions, routing), None)
+        self.forward_probed(tokens, positions, caches, (all_positions, routing, None), None)
     }
 
     /// Where one sequence first leaves the range of the compute dtype: its tokens run from the
@@ -811,8 +820,41 @@ impl Llama {
                 found = Some(Overflow { layer, position: i / dim, value: xs[i] });
             }
         };
-        self.forward_probed(input, &positions, &mut caches, (true, None), Some(&mut probe));
+        self.forward_probed(input, &positions, &mut caches, (true, None, None), Some(&mut probe));
         found
+    }
+
+    /// The largest magnitude of every linear layer's input ([`crate::InputSite`]) over `prompts`,
+    /// each run alone from a fresh cache as one prompt pass (batch 1: no padding), in order:
+    /// the calibration of NVFP4's static global input scales (compressed-tensors'
+    /// `input_global_scale`, observed by llm-compressor's `static_minmax` over calibration
+    /// samples). Deterministic: the same prompts give the same record. The model's own run-time
+    /// roundings apply, so calibrate a model without them (the reference) to observe its
+    /// unrounded inputs.
+    ///
+    /// # Shapes
+    /// - `prompts`: token ids, each non-empty
+    pub fn calibrate_inputs(&self, prompts: &[Vec<u32>]) -> InputAmax {
+        let record = std::sync::Mutex::new(InputAmax::default());
+        let device = self.device();
+        for prompt in prompts.iter().filter(|p| !p.is_empty()) {
+            let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+            let input = Tensor::<2, Int>::from_data(burn::tensor::TensorData::new(ids, [1, prompt.len()]), &device);
+            let positions = Positions::left_padded(&[prompt.len()]);
+            let mut caches = self.new_caches(1, prompt.len());
+            self.forward_probed(input, &positions, &mut caches, (false, None, Some(&record)), None);
+        }
+        let mut amax = record.into_inner().expect("calibration record");
+        amax.sequences = prompts.iter().filter(|p| !p.is_empty()).count();
+        amax.layers.resize(self.layers.len(), [0.0; 4]);
+        amax
+    }
+
+    /// The static global input scale of every linear layer's NVFP4 activations from now on,
+    /// from a calibration record ([`Llama::calibrate_inputs`]; [`InputAmax::global_scales`]).
+    /// Without one an NVFP4 input has no global scale (compressed-tensors' uncalibrated layer).
+    pub fn set_input_scales(&mut self, amax: &InputAmax) {
+        self.input_scales = Some(std::sync::Arc::from(amax.global_scales()));
     }
 
     /// [`Llama::forward_hidden_recording`], handing each block's output (the residual stream,
@@ -822,7 +864,7 @@ impl Llama {
         tokens: Tensor<2, Int>,
         positions: &Positions,
         caches: &mut [KvCache],
-        (all_positions, routing): (bool, Option<&std::sync::Mutex<RoutingRecord>>),
+        (all_positions, routing, calibration): Recording<'_>,
         mut probe: Option<&mut BlockProbe<'_>>,
     ) -> Tensor<3> {
         let [b, t] = tokens.dims();
@@ -884,6 +926,11 @@ impl Llama {
             real,
             f16,
             routing,
+            inputs: crate::attention::InputContext {
+                layer: std::cell::Cell::new(0),
+                scales: self.input_scales.as_deref(),
+                record: calibration,
+            },
         };
 
         let dim = self.embedding.dims()[1];
@@ -901,6 +948,7 @@ impl Llama {
             // tensor op, read-back or upload between the layers.
             let mut xs = host_f32(x);
             for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
+                context.inputs.layer.set(i);
                 layer.forward_host(&mut xs, [b, t], &context, cache);
                 if let Some(p) = probe.as_mut() {
                     p(i, &xs);
@@ -920,6 +968,7 @@ impl Llama {
         }
         let mut x = x.reshape([b, t, dim]);
         for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
+            context.inputs.layer.set(i);
             x = layer.forward(x, &self.ropes, &context, cache);
             if let Some(p) = probe.as_mut() {
                 p(i, &host_f32(x.clone()));

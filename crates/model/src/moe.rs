@@ -71,6 +71,7 @@ use qdrift_weights::{Activation, Experts, HostTensor, Mlp, MoeSpec, Routing, Sha
 use crate::activation::gated;
 use crate::attention::ForwardContext;
 use crate::error::{ModelError, check_linear};
+use crate::fake_quant::InputSite;
 use crate::ffn::FeedForward;
 use crate::host::elem::round_to_f16;
 use crate::host::linear::PackedLinear;
@@ -301,7 +302,7 @@ impl MoeLayer {
             (s.ffn.forward(x.clone(), context).reshape([rows, dim]), g)
         });
         let groups = routes.by_expert(self.n_experts());
-        let xs = context.round_input(x).reshape([rows, dim]);
+        let xs = context.round_input(x, InputSite::Up).reshape([rows, dim]);
         let hidden: Vec<Option<Tensor<2>>> = self
             .experts
             .iter()
@@ -389,7 +390,7 @@ impl MoeLayer {
             (s.ffn.forward_host(xs.clone(), [b, t], context), g)
         });
         let groups = routes.by_expert(self.n_experts());
-        context.round_host_input(&mut xs, [b, t, dim]);
+        context.round_host_input(&mut xs, [b, t, dim], InputSite::Up);
         let mut hidden: Vec<Vec<f32>> = self
             .experts
             .iter()
@@ -404,7 +405,7 @@ impl MoeLayer {
                 h
             })
             .collect();
-        if context.activations.is_some() {
+        if context.sees_inputs() {
             // The slot layout of `round_down_inputs`, built as its zeros plus each value (so −0
             // becomes +0 there as here).
             let mut slots = vec![0.0f32; rows * k * w];
@@ -413,7 +414,7 @@ impl MoeLayer {
                     slots[s as usize * w..(s as usize + 1) * w].iter_mut().zip(hv).for_each(|(d, &v)| *d = 0.0 + v);
                 }
             }
-            context.round_host_input(&mut slots, self.slot_view(context, [b, t]));
+            context.round_host_input(&mut slots, self.slot_view(context, [b, t]), InputSite::Down);
             for (h, g) in hidden.iter_mut().zip(&groups) {
                 for (&s, hv) in g.slots.iter().zip(h.chunks_exact_mut(w)) {
                     hv.copy_from_slice(&slots[s as usize * w..(s as usize + 1) * w]);
@@ -476,7 +477,7 @@ impl MoeLayer {
         [b, t]: [usize; 2],
         context: &ForwardContext,
     ) -> Vec<Option<Tensor<2>>> {
-        if context.activations.is_none() {
+        if !context.sees_inputs() {
             return hidden;
         }
         let Some(first) = hidden.iter().flatten().next() else { return hidden };
@@ -488,7 +489,9 @@ impl MoeLayer {
                 slots = slots.select_assign(0, indices(&g.slots, &device), h.clone(), IndexingUpdateOp::Add);
             }
         }
-        let slots = context.round_input(slots.reshape(self.slot_view(context, [b, t]))).reshape([b * t * k, w]);
+        let slots = context
+            .round_input(slots.reshape(self.slot_view(context, [b, t])), InputSite::Down)
+            .reshape([b * t * k, w]);
         groups.iter().zip(hidden).map(|(g, h)| h.map(|_| slots.clone().select(0, indices(&g.slots, &device)))).collect()
     }
 }
@@ -845,6 +848,7 @@ mod tests {
             real,
             f16,
             routing: None,
+            inputs: Default::default(),
         }
     }
 
@@ -965,7 +969,7 @@ mod tests {
         let ([b, t, dim], dtype, device) = (x.dims(), x.dtype(), x.device());
         let logits = host_f32(layer.router.forward_to(x.clone(), DType::F32));
         let routes = route(&logits, layer.n_experts(), layer.top_k, layer.routing, &layer.selection_bias);
-        let x = context.round_input(x);
+        let x = context.round_input(x, InputSite::Up);
         let mut out = Tensor::<3>::zeros([b, t, dim], (&device, dtype));
         for (e, expert) in layer.experts.iter().enumerate() {
             let mut mask = vec![0.0f32; b * t];

@@ -129,7 +129,7 @@ fn variant() -> Value {
             "name": text(),
             "scheme": text(),
             "recipe": object(
-                json!({ "weights": text(), "activations": { "type": ["string", "null"] }, "kv_cache": { "type": ["string", "null"] } }),
+                json!({ "weights": text(), "activations": { "type": ["string", "null"] }, "kv_cache": { "type": ["string", "null"] }, "calibration_prompts": { "type": "integer", "minimum": 0 } }),
                 &["weights", "activations", "kv_cache"],
             ),
             "path": text(),

@@ -400,6 +400,10 @@ pub struct RecipeParts {
     pub activations: Option<String>,
     /// KV-cache rounding (`q8_0`, `fp8-e4m3`, `int8`, …).
     pub kv_cache: Option<String>,
+    /// For NVFP4 activations: how many of the eval set's prompts the reference's calibration
+    /// pass ran to set each linear layer's static global input scale.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration_prompts: Option<usize>,
 }
 
 impl RecipeParts {

@@ -277,7 +277,12 @@ fn run_variant(
     progress: &mut ProgressFn<'_>,
 ) -> Result<Pending, EvalError> {
     let plan = scoring.plan;
-    let model = built.build_model(weights.fp16, weights.quantize, &plan.device)?;
+    let calibration = calibrate(&built, plan, weights)?;
+    let mut model = built.build_model(weights.fp16, weights.quantize, &plan.device)?;
+    if let Some(amax) = &calibration {
+        model.set_input_scales(amax);
+        built.calibration_prompts = Some(amax.sequences);
+    }
     let header = built.header();
     drop(built);
     qdrift_model::release_free_memory();
@@ -312,6 +317,34 @@ fn run_variant(
             Err(EvalError::Overflow { model, problem })
         }
     }
+}
+
+/// NVFP4 activations' static global input scales: every linear layer's input amax over the
+/// eval set's prompts, each run alone through the reference (a prefill pass, batch 1:
+/// `Llama::calibrate_inputs`), as llm-compressor calibrates `input_global_scale` on its samples.
+/// Deterministic; `None` for a variant that needs none. The reference comes back for it and is
+/// dropped before the variant is built.
+///
+/// # Errors
+/// [`EvalError::Variant`] for a sharded run (each shard holds only its prompts, and the scales
+/// must not depend on the shard); the reference's building errors.
+fn calibrate(
+    built: &BuiltVariant,
+    plan: &Plan,
+    weights: &VariantSources<'_>,
+) -> Result<Option<qdrift_model::InputAmax>, EvalError> {
+    if !built.needs_calibration() {
+        return Ok(None);
+    }
+    if plan.shard.is_some() {
+        return Err(EvalError::Variant {
+            variant: built.name.clone(),
+            problem: "NVFP4 activations calibrate their global input scales over the whole eval set; run it unsharded"
+                .into(),
+        });
+    }
+    let reference = (weights.reference)()?;
+    Ok(Some(reference.calibrate_inputs(&plan.prompts)))
 }
 
 /// A variant that failed where the reference did not: its header with the failure, no traces.

@@ -77,6 +77,8 @@ pub(crate) struct BuiltVariant {
     pub weight_bytes: u64,
     /// Per-tensor quantization error (schemes only).
     pub per_tensor_error: Vec<TensorError>,
+    /// For NVFP4 activations: the prompts its static global input scales were calibrated on.
+    pub calibration_prompts: Option<usize>,
 }
 
 /// Describes the variant `spec` of the reference; its model is built by
@@ -119,6 +121,7 @@ fn noise_floor(name: String, reference: &ReferenceIdentity, dtype: DType) -> Bui
         different_model: None,
         weight_bytes: reference.parameters as u64 * 2,
         per_tensor_error: Vec::new(),
+        calibration_prompts: None,
     }
 }
 
@@ -139,6 +142,7 @@ fn scheme_variant(name: String, recipe: &Recipe, dtype: DType) -> BuiltVariant {
         different_model: None,
         weight_bytes: 0,
         per_tensor_error: Vec::new(),
+        calibration_prompts: None,
     }
 }
 
@@ -185,6 +189,7 @@ fn checkpoint_variant(
         different_model,
         weight_bytes: bytes,
         per_tensor_error: Vec::new(),
+        calibration_prompts: None,
     })
 }
 
@@ -254,13 +259,21 @@ impl BuiltVariant {
                 weights: weights.clone(),
                 activations: activations.map(|a| a.to_string()),
                 kv_cache: None,
+                calibration_prompts: None,
             });
         }
         self.recipe.map(|r| RecipeParts {
             weights: r.weights.to_string(),
             activations: r.activations.map(|a| a.to_string()),
             kv_cache: r.kv_cache.map(|k| k.to_string()),
+            calibration_prompts: self.calibration_prompts,
         })
+    }
+
+    /// Whether its run-time roundings need static global input scales calibrated on the
+    /// reference (NVFP4 activations: compressed-tensors' `input_global_scale`).
+    pub fn needs_calibration(&self) -> bool {
+        self.recipe.and_then(|r| r.activations).is_some_and(|a| a.format == DynamicFormat::Nvfp4)
     }
 
     /// Gives `model` (built from this variant's weights) the recipe's run-time roundings.
