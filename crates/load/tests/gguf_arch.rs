@@ -1008,3 +1008,31 @@ fn glm4moe_mtp_blocks_are_skipped() {
         "{e}"
     );
 }
+
+/// The tiny GLM-4.5's file holds gguf-py 0.19.0's `MODEL_TENSORS[MODEL_ARCH.GLM4_MOE]` names as
+/// llama.cpp's `glm4moe` loader creates them: a dense leading block, then blocks with the router,
+/// its selection bias `exp_probs_b.bias`, the stacked experts and the ungated shared experts.
+#[test]
+fn glm4moe_tensors_have_llama_cpps_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(path) = tiny_glm4moe(dir.path(), |_| {}) else { return };
+    let g = read(&path);
+    let names: BTreeSet<&str> = g.tensors.iter().map(|t| t.name.as_str()).collect();
+    let attention = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm"]
+        .map(|t| format!("{t}.weight"))
+        .into_iter()
+        .chain(["attn_q.bias", "attn_k.bias", "attn_v.bias", "post_attention_norm.weight"].map(String::from));
+    let dense = ["ffn_gate", "ffn_up", "ffn_down"].map(|t| format!("{t}.weight"));
+    let moe = ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
+        .into_iter()
+        .chain(["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"])
+        .map(|t| format!("{t}.weight"))
+        .chain(["exp_probs_b.bias".to_string()]);
+    let mut want: BTreeSet<String> =
+        ["token_embd.weight", "output_norm.weight", "output.weight"].map(String::from).into_iter().collect();
+    for i in 0..g.model.arch.n_layers {
+        let ffn: Vec<String> = if i == 0 { dense.to_vec() } else { moe.clone().collect() };
+        want.extend(attention.clone().chain(ffn).map(|t| format!("blk.{i}.{t}")));
+    }
+    assert_eq!(names, want.iter().map(String::as_str).collect::<BTreeSet<_>>());
+}
