@@ -12,7 +12,7 @@ use qdrift_ggml::{GgmlType, dequantize_ggml_blocks, quantize_ggml_blocks};
 use qdrift_load::write::{GgufMatrix, GgufStored, WriteDtype, write_gguf_with};
 use qdrift_load::{
     Activation, ArchShape, Experts, Ffn, GgufModel, GgufValue, HostModel, HostTensor, LayerWeights, Mlp, ModelArch,
-    MoeSpec, NormStyle, RopeScaling, Routing, read_gguf,
+    MoeSpec, NormStyle, RopeScaling, Routing, read_gguf, read_gguf_metadata,
 };
 
 /// Deterministic values in [-1, 1).
@@ -495,7 +495,11 @@ fn writer_refuses_what_llama_cpp_does_not_compute_by_feature() {
 
     let mut m = model(family_arch("qwen3"), 1);
     m.arch.block.rotary_dim = Some(8);
-    assert!(refusal(&m).contains("partial rotary embeddings (8 of 16 dims; only phi3 has them)"), "{}", refusal(&m));
+    assert!(
+        refusal(&m).contains("partial rotary embeddings (8 of 16 dims; only phi3 and glm4moe have them)"),
+        "{}",
+        refusal(&m)
+    );
 }
 
 /// `family`'s file with `edit` applied to its bytes, read again: the error.
@@ -817,6 +821,7 @@ fn tiny_arch_hf_checkpoints_round_trip_through_gguf() {
         ("gpt_oss", "gpt-oss"),
         ("mixtral", "mixtral"),
         ("smollm3", "smollm3"),
+        ("glm4_moe", "glm4moe"),
     ] {
         let Some(src) = tiny_arch(folder) else { continue };
         let loaded = qdrift_load::open_model(&src, None).unwrap_or_else(|e| panic!("{folder}: {e}"));
@@ -889,14 +894,13 @@ fn a_block_past_the_block_count_is_refused() {
 }
 
 /// llama.cpp's smollm3 fixes its NoPE layers (every 4th); another pattern is refused, and Llama 4's
-/// and GLM-4.5's files are refused by the feature qdrift does not write yet.
+/// files are refused by the feature qdrift does not write yet.
 #[test]
 fn nope_patterns_and_unwritten_families_are_refused_by_name() {
     let dir = tempfile::tempdir().expect("tempdir");
     for (folder, edit, needle) in [
         ("smollm3", true, "its NoPE layers are not llama.cpp's (every 4th layer, no other)"),
         ("llama4", false, "NoPE, chunked or temperature-tuned attention layers are not written yet"),
-        ("glm4_moe", false, "group-limited sigmoid routing are not written yet"),
     ] {
         let Some(src) = tiny_arch(folder) else { continue };
         let mut m = qdrift_load::open_model(&src, None).unwrap_or_else(|e| panic!("{folder}: {e}")).model;
@@ -907,4 +911,128 @@ fn nope_patterns_and_unwritten_families_are_refused_by_name() {
         let e = write_gguf_with(&path, &m, &[], WriteDtype::F32, &|_| None).expect_err("refused").to_string();
         assert!(e.ends_with(needle), "{folder}: {e}");
     }
+}
+
+/// The tiny GLM-4.5 written as `glm4moe`: its file, for edits.
+fn tiny_glm4moe(dir: &Path, edit: impl FnOnce(&mut HostModel)) -> Option<PathBuf> {
+    let src = tiny_arch("glm4_moe")?;
+    let mut m = qdrift_load::open_model(&src, None).expect("glm4_moe").model;
+    edit(&mut m);
+    let path = dir.join("glm4moe.gguf");
+    write_gguf_with(&path, &m, &[], WriteDtype::F32, &|_| None).expect("written");
+    Some(path)
+}
+
+/// llama.cpp's glm4moe routing keys that qdrift cannot run, or that contradict the experts, are
+/// refused by their names: groups that do not split the 8 experts, kept groups that cannot hold
+/// the top-k, a gating function other than sigmoid; the written file states llama.cpp's keys.
+#[test]
+fn glm4moe_bad_group_keys_are_refused_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(path) = tiny_glm4moe(dir.path(), |_| {}) else { return };
+    let clean = std::fs::read(&path).expect("read");
+    let meta = read_gguf_metadata(&path).expect("metadata");
+    for (key, want) in [
+        ("expert_gating_func", GgufValue::U32(2)),
+        ("expert_group_count", GgufValue::U32(1)),
+        ("expert_group_used_count", GgufValue::U32(1)),
+        ("leading_dense_block_count", GgufValue::U32(1)),
+        ("expert_shared_count", GgufValue::U32(1)),
+        ("expert_feed_forward_length", GgufValue::U32(32)),
+        ("expert_weights_scale", GgufValue::F32(1.5)),
+        ("expert_weights_norm", GgufValue::Bool(true)),
+        ("nextn_predict_layers", GgufValue::U32(0)),
+        ("rope.dimension_count", GgufValue::U32(8)),
+    ] {
+        assert_eq!(meta.get(&format!("glm4moe.{key}")), Some(&want), "{key}");
+    }
+    let cases: [(&[(&str, u32)], &str); 4] = [
+        (
+            &[("expert_group_count", 3)],
+            "glm4moe.expert_group_count is 3: the groups must split the 8 experts evenly, at least 2 to a group",
+        ),
+        (
+            &[("expert_group_count", 8)],
+            "glm4moe.expert_group_count is 8: the groups must split the 8 experts evenly, at least 2 to a group",
+        ),
+        (
+            &[("expert_group_count", 4), ("expert_group_used_count", 0)],
+            "glm4moe.expert_group_used_count is 0: from 1 to the 4 groups, whose experts must hold the 2 chosen \
+             (expert_used_count)",
+        ),
+        (&[("expert_gating_func", 1)], "glm4moe.expert_gating_func is 1: only sigmoid gating (2) is supported"),
+    ];
+    for (patches, want) in cases {
+        let mut bytes = clean.clone();
+        for (key, value) in patches {
+            patch_u32(&mut bytes, &format!("glm4moe.{key}"), *value);
+        }
+        std::fs::write(&path, &bytes).expect("write");
+        let e = read_gguf(&path).map(|_| ()).expect_err("refused").to_string();
+        assert!(e.ends_with(want), "{patches:?}: {e}");
+    }
+    // Groups that do hold the top-k are read as the grouped router.
+    let mut bytes = clean.clone();
+    patch_u32(&mut bytes, "glm4moe.expert_group_count", 4);
+    patch_u32(&mut bytes, "glm4moe.expert_group_used_count", 2);
+    std::fs::write(&path, &bytes).expect("write");
+    let routing = read(&path).model.arch.moe.expect("experts").routing;
+    assert_eq!(routing, Routing::GroupedSigmoid { n_group: 4, topk_group: 2, renormalize: true, scale: 1.5 });
+}
+
+/// A glm4moe file whose last block is an MTP layer (`nextn_predict_layers` 1, as llama.cpp's
+/// converter writes GLM-4.5) is read as the blocks before it: the MTP block's tensors are skipped.
+#[test]
+fn glm4moe_mtp_blocks_are_skipped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(plain) = tiny_glm4moe(dir.path(), |_| {}) else { return };
+    let want = read(&plain).model;
+    let Some(path) = tiny_glm4moe(dir.path(), |m| {
+        let last = m.layers.last().expect("layers").clone();
+        m.layers.push(last);
+        m.arch.n_layers += 1;
+    }) else {
+        return;
+    };
+    let mut bytes = std::fs::read(&path).expect("read");
+    patch_u32(&mut bytes, "glm4moe.nextn_predict_layers", 1);
+    std::fs::write(&path, &bytes).expect("write");
+    let got = read(&path).model;
+    assert_eq!(got.arch, want.arch);
+    assert!(got == want, "the model's blocks read back differ");
+    patch_u32(&mut bytes, "glm4moe.nextn_predict_layers", 5);
+    std::fs::write(&path, &bytes).expect("write");
+    let e = read_gguf(&path).map(|_| ()).expect_err("refused").to_string();
+    assert!(
+        e.ends_with("glm4moe.nextn_predict_layers is 5 but glm4moe.block_count is 5: no block is left to run"),
+        "{e}"
+    );
+}
+
+/// The tiny GLM-4.5's file holds gguf-py 0.19.0's `MODEL_TENSORS[MODEL_ARCH.GLM4_MOE]` names as
+/// llama.cpp's `glm4moe` loader creates them: a dense leading block, then blocks with the router,
+/// its selection bias `exp_probs_b.bias`, the stacked experts and the ungated shared experts.
+#[test]
+fn glm4moe_tensors_have_llama_cpps_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(path) = tiny_glm4moe(dir.path(), |_| {}) else { return };
+    let g = read(&path);
+    let names: BTreeSet<&str> = g.tensors.iter().map(|t| t.name.as_str()).collect();
+    let attention = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm"]
+        .map(|t| format!("{t}.weight"))
+        .into_iter()
+        .chain(["attn_q.bias", "attn_k.bias", "attn_v.bias", "post_attention_norm.weight"].map(String::from));
+    let dense = ["ffn_gate", "ffn_up", "ffn_down"].map(|t| format!("{t}.weight"));
+    let moe = ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
+        .into_iter()
+        .chain(["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"])
+        .map(|t| format!("{t}.weight"))
+        .chain(["exp_probs_b.bias".to_string()]);
+    let mut want: BTreeSet<String> =
+        ["token_embd.weight", "output_norm.weight", "output.weight"].map(String::from).into_iter().collect();
+    for i in 0..g.model.arch.n_layers {
+        let ffn: Vec<String> = if i == 0 { dense.to_vec() } else { moe.clone().collect() };
+        want.extend(attention.clone().chain(ffn).map(|t| format!("blk.{i}.{t}")));
+    }
+    assert_eq!(names, want.iter().map(String::as_str).collect::<BTreeSet<_>>());
 }

@@ -323,6 +323,13 @@ pub(crate) struct GgufRules {
     /// llama.cpp's fixed NoPE layers (`hparams.n_no_rope_layer_step`, smollm3: 4): layer `il`
     /// rotates iff `(il + 1) % step != 0`; no key states it.
     pub(crate) nope_step: Option<usize>,
+    /// The pre-FFN norm's tensor name: `ffn_norm`, or `post_attention_norm` (gpt-oss's and
+    /// glm4moe's converters map `post_attention_layernorm` there).
+    pub(crate) ffn_norm: &'static str,
+    /// llama.cpp's `nextn_predict_layers` (glm4moe): that many blocks past the model's, the
+    /// multi-token-prediction layers, which llama.cpp loads but its graph does not run; qdrift
+    /// reads the model's blocks and skips theirs, and writes none.
+    pub(crate) nextn: bool,
 }
 
 impl GgufRules {

@@ -60,6 +60,8 @@ const NEOX_GGUF: GgufRules = GgufRules {
     aliases: &[],
     not_read: None,
     nope_step: None,
+    ffn_norm: "ffn_norm",
+    nextn: false,
 };
 
 /// Qwen's softmax-top-k experts as `mlp.experts.{e}.{gate,up,down}_proj`.
@@ -296,7 +298,14 @@ const GPT_OSS: ArchEntry = ArchEntry {
         gguf_width: GgufWidth::Key,
         ..QWEN_MOE
     }),
-    gguf: GgufRules { name: "gpt-oss", swa_pattern: Some(2), tied: Tied::Never, output_required: true, ..NEOX_GGUF },
+    gguf: GgufRules {
+        name: "gpt-oss",
+        swa_pattern: Some(2),
+        tied: Tied::Never,
+        output_required: true,
+        ffn_norm: "post_attention_norm",
+        ..NEOX_GGUF
+    },
 };
 
 const SMOLLM3: ArchEntry = ArchEntry {
@@ -364,8 +373,12 @@ const GLM4_MOE: ArchEntry = ArchEntry {
         width: ("moe_intermediate_size", Some(1408)),
         dense_layers: DenseRule::FirstK(1),
         ungated_shared: Some(UngatedShared { name: "shared_experts", count: Some("n_shared_experts") }),
+        // The variant only: `gguf/arch.rs` reads its groups, norm and scale from the keys.
         gguf_routing: Routing::GroupedSigmoid { n_group: 1, topk_group: 1, renormalize: true, scale: 1.0 },
+        gguf_width: GgufWidth::Key,
         ..QWEN_MOE
     }),
-    gguf: GgufRules { name: "glm4moe", not_read: Some("group-limited sigmoid routing"), ..NEOX_GGUF },
+    // llama.cpp's `glm4moe` (`Glm4MoeModel`, `glm4-moe.cpp`): NEOX q/k rows, optional q/k norms,
+    // `post_attention_norm` before the FFN, the correction bias as `exp_probs_b.bias`.
+    gguf: GgufRules { name: "glm4moe", ffn_norm: "post_attention_norm", nextn: true, ..NEOX_GGUF },
 };

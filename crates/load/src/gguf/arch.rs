@@ -1,5 +1,5 @@
 //! The llama.cpp architectures beyond `llama` and `qwen2`: `qwen3`, `qwen3moe`, `qwen2moe`,
-//! `gemma2`, `gemma3`, `phi3`, `gpt-oss`, and `llama` with experts (Mixtral), read as llama.cpp's
+//! `gemma2`, `gemma3`, `phi3`, `gpt-oss`, `smollm3`, `glm4moe`, and `llama` with experts (Mixtral), read as llama.cpp's
 //! loader reads them (`src/llama-model.cpp` `llama_model_base::load_hparams`, `create_tensor_qkv`,
 //! `load_swa_pattern`; `src/models/{qwen3,qwen3moe,qwen2moe,gemma2,gemma3,phi3,openai-moe,llama}.cpp`
 //! `load_arch_hparams`/`load_arch_tensors`/the graph) and as llama.cpp's
@@ -23,12 +23,13 @@
 //! | experts | `expert_count`, `expert_used_count`, `expert_feed_forward_length`; `ffn_gate_inp` (+ `.bias`, gpt-oss), `ffn_{gate,up,down}_exps` `[E, rows, cols]` (+ `.bias`, gpt-oss) | [`Experts`] |
 //! | routing | qwen3moe and `llama`: softmax, top-k, renormalised (`build_moe_ffn(.., norm_w = true, SOFTMAX)`); qwen2moe: not renormalised (`norm_w = false`); gpt-oss: top-k then softmax (`SOFTMAX_WEIGHT`) | [`Routing`] |
 //! | shared expert (qwen2moe) | `expert_shared_feed_forward_length` (default `feed_forward_length`); `ffn_{gate,up,down}_shexp`, the sigmoid gate `ffn_gate_inp_shexp` `[n_embd]` | [`SharedExpert`] |
+//! | glm4moe's router | `expert_gating_func` (2, sigmoid), `expert_group_count`, `expert_group_used_count`, `expert_weights_norm`, `expert_weights_scale`, `leading_dense_block_count`; `blk.N.exp_probs_b.bias` `[E]`; ungated shared experts `ffn_{gate,up,down}_shexp` (`expert_shared_count` experts wide); pre-FFN norm `post_attention_norm`; MTP blocks past `block_count - nextn_predict_layers` skipped | [`Routing::GroupedSigmoid`], `router_bias`, `dense_layers` |
 //! | attention sinks (gpt-oss) | `blk.N.attn_sinks.weight` `[n_head]` | `sinks` |
 //! | LongRoPE (phi3) | `rope_factors_short.weight`, `rope_factors_long.weight` `[rotary_dim/2]`, `rope.scaling.original_context_length`, `rope.scaling.attn_factor` | [`RopeScaling::LongRope`] |
 //! | YaRN (gpt-oss) | `rope.scaling.type = yarn`, `rope.scaling.factor`, `rope.scaling.original_context_length`, `rope.scaling.attn_factor`; β 32/1 as llama.cpp (it reads no β keys), correction dims floored/ceiled (`ggml_rope_yarn_corr_dims`) | [`RopeScaling::Yarn`] |
 //!
-//! Anything else a file asks for is refused by name: partial rotary outside phi3, LongRoPE
-//! factors outside phi3, shared experts outside qwen2moe, different key and value widths, any tensor the
+//! Anything else a file asks for is refused by name: partial rotary outside phi3 and glm4moe, LongRoPE
+//! factors outside phi3, shared experts outside qwen2moe and glm4moe, different key and value widths, any tensor the
 //! architecture's llama.cpp loader does not use.
 
 use super::read::{
@@ -36,10 +37,10 @@ use super::read::{
     read_rope_scaling,
 };
 use crate::LoadError;
-use crate::arch::{self, Arch, GgufWidth, SoftCaps, Tied};
+use crate::arch::{self, Arch, DenseRule, GgufWidth, SoftCaps, Tied};
 use crate::rope_layout::{RopeLayout, permute_head_rows};
 use qdrift_weights::{
-    Experts, Ffn, HostTensor, LayerWeights, Mlp, ModelArch, MoeSpec, NormStyle, RopeScaling, SharedExpert,
+    Experts, Ffn, HostTensor, LayerWeights, Mlp, ModelArch, MoeSpec, NormStyle, RopeScaling, Routing, SharedExpert,
 };
 
 /// The attention scale llama.cpp uses (`f_attention_scale` for Gemma, `1/√n_rot` for gpt-oss,
@@ -69,7 +70,9 @@ pub(super) fn read_family_of(
         return Ok(None);
     };
     let arch = read_family_arch(keys, table, tokenizer, family)?;
-    Ok(Some(ModelPlan { arch, blocks: Box::new(FamilyBlocks { family, arch_name: keys.arch.to_string() }) }))
+    let n_layers = arch.n_layers;
+    let blocks = Box::new(FamilyBlocks { family, arch_name: keys.arch.to_string(), n_layers });
+    Ok(Some(ModelPlan { arch, blocks, skipped_blocks: nextn_layers(keys, family, usize::MAX)? }))
 }
 
 /// A family file's blocks ([`read_family_layer`]); a tensor no part read is refused, naming
@@ -78,6 +81,8 @@ struct FamilyBlocks {
     family: Arch,
     /// `general.architecture`, for the refusal.
     arch_name: String,
+    /// The model's blocks; those past them are glm4moe's MTP layers ([`nextn_layers`]).
+    n_layers: usize,
 }
 
 impl BlockReader for FamilyBlocks {
@@ -86,6 +91,11 @@ impl BlockReader for FamilyBlocks {
     }
 
     fn unused(&self, name: &str) -> Option<String> {
+        // The MTP layers (`nextn_predict_layers`) llama.cpp loads but does not run.
+        let mtp = crate::names::indexed(name, "blk.").is_some_and(|(layer, _)| layer >= self.n_layers);
+        if self.family.gguf.nextn && mtp {
+            return None;
+        }
         Some(format!("tensor {name}: {} is not supported for {}", unused_feature(name), self.arch_name))
     }
 }
@@ -121,6 +131,7 @@ fn read_family_arch(
     }
     let mut arch = read_hyper_parameters(keys, table, tokenizer)?;
     arch.architecture = family.gguf.name.to_string();
+    arch.n_layers -= nextn_layers(keys, family, arch.n_layers)?;
     arch.layer_attention.rope = family.gguf.rope_layers(arch.n_layers);
     let key_length = keys.int("attention.key_length", Some(arch.dim / arch.n_heads))?;
     let n_rot = keys.int("rope.dimension_count", Some(key_length))?;
@@ -137,7 +148,7 @@ fn read_family_arch(
     }
     arch.head_dim = head_dim;
     if n_rot != head_dim {
-        if !family.block.partial_rotary {
+        if !family.block.partial_rotary && family.block.partial_factor.is_none() {
             return Err(refuse(format!(
                 "{} is {n_rot} but the head dimension is {head_dim}: partial rotary embeddings are not \
                  supported for {}",
@@ -156,7 +167,9 @@ fn read_family_arch(
         )));
     }
     let features = &family.block;
-    arch.block.qk_norm = features.qk_norm;
+    // glm4moe's q/k norms are optional (`use_qk_norm`; `glm4-moe.cpp` applies them if loaded).
+    arch.block.qk_norm =
+        features.qk_norm || (features.qk_norm_key.is_some() && table.find("blk.0.attn_q_norm.weight").is_some());
     arch.block.activation = features.activation.gguf();
     arch.block.sinks = features.sinks;
     arch.block.norm = NormStyle::Weight;
@@ -184,7 +197,7 @@ fn read_family_arch(
         Tied::IfNoOutput => table.find("output.weight").is_none(),
     };
     arch.windows = read_windows(keys, family, arch.n_layers)?;
-    arch.moe = read_moe(keys, family, arch.hidden_dim)?;
+    arch.moe = read_moe(keys, family, arch.hidden_dim, arch.n_layers)?;
     if family.gguf.llama {
         // As the dense `llama` reader: the linear factor and `rope_freqs.weight`.
         arch.rope_scaling = read_rope_scaling(keys, table, arch.head_dim)?;
@@ -200,6 +213,28 @@ fn read_family_arch(
     }
     arch.validate().map_err(|e| refuse(format!("inconsistent {} hyper-parameters: {e}", keys.arch)))?;
     Ok(arch)
+}
+
+/// The MTP blocks past the model's: glm4moe's `nextn_predict_layers` (default 0, as
+/// `llama_model_glm4_moe`), which `glm4-moe.cpp` loads but leaves out of its graph
+/// (`n_layer - nextn_predict_layers` blocks run); 0 for the other families. At least one block
+/// must remain.
+fn nextn_layers(keys: &ArchKeys<'_>, family: Arch, block_count: usize) -> Result<usize, LoadError> {
+    if !family.gguf.nextn {
+        return Ok(0);
+    }
+    let n = keys.int("nextn_predict_layers", Some(0))?;
+    if n >= block_count {
+        return Err(LoadError::invalid(
+            keys.path,
+            format!(
+                "{} is {n} but {} is {block_count}: no block is left to run",
+                keys.key("nextn_predict_layers"),
+                keys.key("block_count")
+            ),
+        ));
+    }
+    Ok(n)
 }
 
 /// phi3's LongRoPE as llama.cpp stores it (`conversion/phi.py` `Phi3MiniModel`:
@@ -294,14 +329,20 @@ fn read_windows(keys: &ArchKeys<'_>, family: Arch, n_layers: usize) -> Result<Ve
 }
 
 /// The mixture of experts of the families that have one (every layer; llama.cpp's qwen3moe and
-/// qwen2moe have no dense layers), with qwen2moe's shared expert
-/// (`expert_shared_feed_forward_length`, `n_ff` by default as `qwen2moe.cpp`); any other file
-/// declaring experts or shared experts is refused.
-fn read_moe(keys: &ArchKeys<'_>, family: Arch, hidden_dim: usize) -> Result<Option<MoeSpec>, LoadError> {
+/// qwen2moe have no dense layers; glm4moe's first `leading_dense_block_count`), with qwen2moe's
+/// shared expert (`expert_shared_feed_forward_length`, `n_ff` by default as `qwen2moe.cpp`) or
+/// glm4moe's ungated ones (`expert_shared_count` experts wide); any other file declaring experts
+/// or shared experts is refused.
+fn read_moe(
+    keys: &ArchKeys<'_>,
+    family: Arch,
+    hidden_dim: usize,
+    n_layers: usize,
+) -> Result<Option<MoeSpec>, LoadError> {
     let n_experts = keys.int("expert_count", Some(0))?;
     let shared = keys.int("expert_shared_count", Some(0))?;
     let rules = family.moe.as_ref();
-    if shared > 0 && rules.is_none_or(|m| m.shared_expert.is_none()) {
+    if shared > 0 && rules.is_none_or(|m| m.shared_expert.is_none() && m.ungated_shared.is_none()) {
         return Err(LoadError::invalid(
             keys.path,
             format!("{} is {shared}: shared experts are not supported", keys.key("expert_shared_count")),
@@ -330,12 +371,72 @@ fn read_moe(keys: &ArchKeys<'_>, family: Arch, hidden_dim: usize) -> Result<Opti
         GgufWidth::Key => keys.int("expert_feed_forward_length", None)?,
         GgufWidth::FeedForward => hidden_dim,
     };
-    let shared_expert_hidden = match rules.shared_expert {
-        Some(_) => Some(keys.int("expert_shared_feed_forward_length", Some(hidden_dim))?),
-        None => None,
+    let shared_expert_hidden = match (rules.shared_expert, rules.ungated_shared) {
+        (Some(_), _) => Some(keys.int("expert_shared_feed_forward_length", Some(hidden_dim))?),
+        // `glm4moe`: `n_ff_shexp = n_ff_exp * n_expert_shared`.
+        (None, Some(_)) if shared > 0 => Some(expert_hidden * shared),
+        _ => None,
     };
-    let routing = rules.gguf_routing;
-    Ok(Some(MoeSpec { n_experts, top_k, expert_hidden, routing, dense_layers: Vec::new(), shared_expert_hidden }))
+    let routing = match rules.gguf_routing {
+        Routing::GroupedSigmoid { .. } => read_grouped_routing(keys, n_experts, top_k)?,
+        other => other,
+    };
+    let dense_layers = match rules.dense_layers {
+        DenseRule::FirstK(_) => {
+            let lead = keys.int("leading_dense_block_count", Some(0))?;
+            if lead >= n_layers {
+                return Err(LoadError::invalid(
+                    keys.path,
+                    format!(
+                        "{} is {lead} but the model has {n_layers} blocks: no block has experts",
+                        keys.key("leading_dense_block_count")
+                    ),
+                ));
+            }
+            (0..lead).collect()
+        }
+        _ => Vec::new(),
+    };
+    Ok(Some(MoeSpec { n_experts, top_k, expert_hidden, routing, dense_layers, shared_expert_hidden }))
+}
+
+/// glm4moe's routing, as `llm_graph_context::build_moe_ffn` runs it: `expert_gating_func`
+/// sigmoid (2; absent or 0 is sigmoid, as `llama_model_glm4_moe`), the `exp_probs_b` bias for
+/// the choice only, groups when `expert_group_count` > 1 (the `expert_group_used_count` groups
+/// with the largest sums of their two best biased scores, as `modeling_deepseek.py`), the chosen
+/// weights divided by their sum iff `expert_weights_norm` (default false) and times
+/// `expert_weights_scale` (required): [`Routing::GroupedSigmoid`]. Groups that do not divide the
+/// experts, or that cannot hold the top-k, are refused by their keys.
+fn read_grouped_routing(keys: &ArchKeys<'_>, n_experts: usize, top_k: usize) -> Result<Routing, LoadError> {
+    let bad = |key: &str, m: String| LoadError::invalid(keys.path, format!("{} {m}", keys.key(key)));
+    match keys.int("expert_gating_func", Some(0))? {
+        0 | 2 => {}
+        g => return Err(bad("expert_gating_func", format!("is {g}: only sigmoid gating (2) is supported"))),
+    }
+    let groups = keys.int("expert_group_count", Some(0))?.max(1);
+    let used = if groups > 1 { keys.int("expert_group_used_count", Some(0))? } else { 1 };
+    let per_group = n_experts / groups;
+    if !n_experts.is_multiple_of(groups) || per_group < 2 {
+        return Err(bad(
+            "expert_group_count",
+            format!("is {groups}: the groups must split the {n_experts} experts evenly, at least 2 to a group"),
+        ));
+    }
+    if used == 0 || used > groups || top_k > used * per_group {
+        return Err(bad(
+            "expert_group_used_count",
+            format!(
+                "is {used}: from 1 to the {groups} groups, whose experts must hold the {top_k} chosen \
+                 (expert_used_count)"
+            ),
+        ));
+    }
+    let renormalize = match keys.meta.get(&keys.key("expert_weights_norm")) {
+        None => false,
+        Some(v) => v.as_bool().ok_or_else(|| bad("expert_weights_norm", format!("is {v:?}, not a boolean")))?,
+    };
+    let scale = keys.float("expert_weights_scale", None)?;
+    Ok(Routing::GroupedSigmoid { n_group: groups, topk_group: used, renormalize, scale })
 }
 
 /// RoPE scaling and the sliding-window layers' base, as llama.cpp applies them: `none`,
@@ -447,14 +548,14 @@ fn read_family_layer(
     let (wq, wk) = (rope(wq, arch.n_heads), rope(wk, arch.n_kv_heads));
     let (bq, bk) = (bq.map(|b| rope(b, arch.n_heads)), bk.map(|b| rope(b, arch.n_kv_heads)));
     let norm_rows = |x: HostTensor| rope(x, 1);
-    let (q_norm, k_norm) = if family.block.qk_norm {
+    let (q_norm, k_norm) = if arch.block.qk_norm {
         (Some(norm_rows(t("attn_q_norm.weight", &[hd])?)), Some(norm_rows(t("attn_k_norm.weight", &[hd])?)))
     } else {
         (None, None)
     };
     let gemma = family.block.gemma_norms;
     let gpt_oss = family.block.sinks;
-    let ffn_norm = if gpt_oss { t("post_attention_norm.weight", &[dim])? } else { t("ffn_norm.weight", &[dim])? };
+    let ffn_norm = t(&format!("{}.weight", family.gguf.ffn_norm), &[dim])?;
     let ffn = if arch.has_experts(i) {
         Ffn::Experts(read_experts(table, arch, family, i)?)
     } else if family.block.fused {
@@ -551,7 +652,14 @@ fn read_experts(table: &TensorTable<'_>, arch: &ModelArch, family: Arch, i: usiz
     let (e, h, d) = (moe.n_experts, moe.expert_hidden, arch.dim);
     let gpt_oss = family.block.sinks;
     let router = table.tensor(&name("ffn_gate_inp.weight"), &[e, d])?;
-    let router_bias = if gpt_oss { Some(table.tensor(&name("ffn_gate_inp.bias"), &[e])?) } else { None };
+    let router_bias = if gpt_oss {
+        Some(table.tensor(&name("ffn_gate_inp.bias"), &[e])?)
+    } else if moe.routing.biases_choice_only() {
+        // glm4moe's `e_score_correction_bias` (`ffn_exp_probs_b`).
+        Some(table.tensor(&name("exp_probs_b.bias"), &[e])?)
+    } else {
+        None
+    };
     let gate = split_outer(table.tensor(&name("ffn_gate_exps.weight"), &[e, h, d])?);
     let up = split_outer(table.tensor(&name("ffn_up_exps.weight"), &[e, h, d])?);
     let down = split_outer(table.tensor(&name("ffn_down_exps.weight"), &[e, d, h])?);
@@ -574,7 +682,16 @@ fn read_experts(table: &TensorTable<'_>, arch: &ModelArch, family: Arch, i: usiz
             down_bias,
         })
         .collect();
+    let ungated = family.moe.as_ref().is_some_and(|m| m.ungated_shared.is_some());
     let shared = match moe.shared_expert_hidden {
+        Some(w) if ungated => Some(SharedExpert {
+            mlp: Mlp::new(
+                table.tensor(&name("ffn_gate_shexp.weight"), &[w, d])?,
+                table.tensor(&name("ffn_up_shexp.weight"), &[w, d])?,
+                table.tensor(&name("ffn_down_shexp.weight"), &[d, w])?,
+            ),
+            gate: HostTensor { shape: vec![0, d], data: Vec::new() },
+        }),
         Some(w) => Some(SharedExpert {
             mlp: Mlp::new(
                 table.tensor(&name("ffn_gate_shexp.weight"), &[w, d])?,

@@ -306,8 +306,7 @@ impl TensorInfo {
 }
 
 /// Architectures [`read_gguf`](super::read_gguf) reads, as `general.architecture` names them.
-pub const SUPPORTED_GGUF_ARCHITECTURES: &str =
-    "llama (with or without experts), qwen2, qwen3, qwen3moe, qwen2moe, gemma2, gemma3, phi3, gpt-oss, smollm3";
+pub const SUPPORTED_GGUF_ARCHITECTURES: &str = "llama (with or without experts), qwen2, qwen3, qwen3moe, qwen2moe, gemma2, gemma3, phi3, gpt-oss, smollm3, glm4moe";
 
 /// Reads only a GGUF file's header and metadata (every key with its value), with the same checks
 /// as [`read_gguf`](super::read_gguf); no tensor is read, so any architecture is accepted.
@@ -587,6 +586,8 @@ pub(super) type FamilyReader =
 pub(crate) struct ModelPlan {
     pub(super) arch: ModelArch,
     pub(super) blocks: Box<dyn BlockReader>,
+    /// Blocks past the model's that no part reads (glm4moe's MTP layers, `nextn_predict_layers`).
+    pub(super) skipped_blocks: usize,
 }
 
 impl ModelPlan {
@@ -607,11 +608,11 @@ impl ModelPlan {
                 let mut arch = read_hyper_parameters(&keys, table, tokenizer)?;
                 check_refusals(&keys, &arch, table.infos)?;
                 arch.rope_scaling = read_rope_scaling(&keys, table, arch.head_dim())?;
-                ModelPlan { arch, blocks: Box::new(LlamaBlocks(q_k_layout)) }
+                ModelPlan { arch, blocks: Box::new(LlamaBlocks(q_k_layout)), skipped_blocks: 0 }
             }
         };
         check_rope(&keys, table, &plan.arch)?;
-        check_indices(&keys, table.infos, &plan.arch)?;
+        check_indices(&keys, table.infos, &plan.arch, plan.skipped_blocks)?;
         Ok(plan)
     }
 
@@ -1233,16 +1234,20 @@ fn check_rope(keys: &ArchKeys<'_>, table: &TensorTable<'_>, a: &ModelArch) -> Re
     }
 }
 
-/// Refuses the first tensor (in file order) of a block at or past `{arch}.block_count`, or of
+/// Refuses the first tensor (in file order) of a block at or past `{arch}.block_count` (the
+/// model's blocks and the `mtp` skipped after them), or of
 /// experts where a block has none or past `{arch}.expert_count`: blocks are read by the names
 /// the metadata implies, so `llama` and `qwen2`, which refuse no other unread tensor, would run
 /// without it.
-fn check_indices(keys: &ArchKeys<'_>, infos: &[TensorInfo], a: &ModelArch) -> Result<(), LoadError> {
+fn check_indices(keys: &ArchKeys<'_>, infos: &[TensorInfo], a: &ModelArch, mtp: usize) -> Result<(), LoadError> {
     let experts = |layer| a.moe.as_ref().filter(|_| a.has_experts(layer)).map_or(0, |m| m.n_experts);
+    // `mtp`: glm4moe's MTP blocks follow the model's (`nextn_predict_layers`), read by no one.
     for t in infos {
         let Some((layer, rest)) = crate::names::indexed(&t.name, "blk.") else { continue };
-        let problem = if layer >= a.n_layers {
-            format!("is in block {layer}, but {} is {}", keys.key("block_count"), a.n_layers)
+        let problem = if layer >= a.n_layers + mtp {
+            format!("is in block {layer}, but {} is {}", keys.key("block_count"), a.n_layers + mtp)
+        } else if layer >= a.n_layers {
+            continue;
         } else if let Some(e) = legacy_expert(rest).filter(|&e| e >= experts(layer)) {
             format!("is expert {e}, but block {layer} has {} ({})", experts(layer), keys.key("expert_count"))
         } else if experts(layer) == 0 && ["_exps", "_shexp", "ffn_gate_inp"].iter().any(|p| rest.contains(p)) {

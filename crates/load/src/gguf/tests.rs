@@ -549,7 +549,7 @@ fn unsupported_architecture() {
     assert_eq!(
         error(&w.build()),
         "tiny.gguf: unsupported architecture gpt2; supported: llama (with or without experts), qwen2, qwen3, \
-         qwen3moe, qwen2moe, gemma2, gemma3, phi3, gpt-oss, smollm3"
+         qwen3moe, qwen2moe, gemma2, gemma3, phi3, gpt-oss, smollm3, glm4moe"
     );
 }
 

@@ -20,11 +20,11 @@ use super::arch::{attn_scale, swa_by_pattern};
 use super::read::GgufValue;
 use super::write::{GgufMatrix, GgufTensor, Kv, Part, gguf_arch_metadata, llama3_freq_factors};
 use crate::LoadError;
-use crate::arch::{self, Arch, SoftCaps, Tied};
+use crate::arch::{self, Arch, DenseRule, SoftCaps, Tied};
 use crate::rope_layout::RopeLayout::ToRotateHalf;
 use crate::rope_layout::{reorder_rows, rotate_half_row_order_partial};
 use qdrift_weights::{
-    Ffn, HostModel, HostTensor, LayerAttention, LayerWeights, LinearName, Mlp, NormStyle, RopeScaling,
+    Ffn, HostModel, HostTensor, LayerAttention, LayerWeights, LinearName, Mlp, NormStyle, RopeScaling, Routing,
 };
 
 /// The family a model is written as: by its architecture name (GGUF's, `config.json`'s class or
@@ -115,15 +115,16 @@ fn block_refusal(model: &HostModel, family: Arch) -> Option<String> {
     if b.sandwich_norms != gemma {
         return Some(format!("post-attention and post-FFN norms: {} (llama.cpp's {name}: {gemma})", b.sandwich_norms));
     }
-    if b.qk_norm != features.qk_norm {
+    // glm4moe's q/k norms are optional (`use_qk_norm`).
+    if b.qk_norm != features.qk_norm && features.qk_norm_key.is_none() {
         return Some(format!("q/k norms: {} (llama.cpp's {name}: {})", b.qk_norm, features.qk_norm));
     }
     if b.sinks != features.sinks {
         return Some("attention sinks (only gpt-oss has them)".to_string());
     }
-    if a.rotary_dim() != a.head_dim && !features.partial_rotary {
+    if a.rotary_dim() != a.head_dim && !features.partial_rotary && features.partial_factor.is_none() {
         return Some(format!(
-            "partial rotary embeddings ({} of {} dims; only phi3 has them)",
+            "partial rotary embeddings ({} of {} dims; only phi3 and glm4moe have them)",
             a.rotary_dim(),
             a.head_dim
         ));
@@ -228,14 +229,33 @@ fn moe_refusal(model: &HostModel, family: Arch) -> Option<String> {
         (Some(_), None) => Some("a mixture of experts".into()),
         (None, Some(_)) => Some("no mixture of experts".into()),
         (Some(m), Some(rules)) => {
-            if !m.dense_layers.is_empty() {
+            let leading = (0..m.dense_layers.len()).eq(m.dense_layers.iter().copied());
+            let grouped = matches!(rules.gguf_routing, Routing::GroupedSigmoid { .. });
+            let leading_ok = leading && matches!(rules.dense_layers, DenseRule::FirstK(_));
+            if !(m.dense_layers.is_empty() || leading_ok) {
                 Some(format!("dense FFN layers {:?} among the expert layers", m.dense_layers))
-            } else if m.shared_expert_hidden.is_some() != rules.shared_expert.is_some() {
+            } else if m.shared_expert_hidden.is_some()
+                && rules.shared_expert.is_none()
+                && rules.ungated_shared.is_none()
+                || m.shared_expert_hidden.is_none() && rules.shared_expert.is_some()
+            {
                 Some(format!(
-                    "{} (only llama.cpp's qwen2moe has one)",
-                    if m.shared_expert_hidden.is_some() { "a shared expert" } else { "no shared expert" }
+                    "{} (llama.cpp's {} has {})",
+                    if m.shared_expert_hidden.is_some() { "a shared expert" } else { "no shared expert" },
+                    family.gguf.name,
+                    if rules.shared_expert.is_some() { "one" } else { "none" }
                 ))
-            } else if m.routing != rules.gguf_routing {
+            } else if rules.ungated_shared.is_some()
+                && m.shared_expert_hidden.is_some_and(|w| m.expert_hidden == 0 || w % m.expert_hidden != 0)
+            {
+                Some(format!(
+                    "a shared expert {:?} wide, not a multiple of the expert width {} (llama.cpp's {} counts \
+                     shared experts)",
+                    m.shared_expert_hidden, m.expert_hidden, family.gguf.name
+                ))
+            } else if grouped && !matches!(m.routing, Routing::GroupedSigmoid { .. })
+                || !grouped && m.routing != rules.gguf_routing
+            {
                 Some(format!("routing {:?} (llama.cpp's {}: {:?})", m.routing, family.gguf.name, rules.gguf_routing))
             } else {
                 None
@@ -247,7 +267,9 @@ fn moe_refusal(model: &HostModel, family: Arch) -> Option<String> {
 /// What of a layer's weights llama.cpp's `family` does not load.
 fn layer_refusal(model: &HostModel, family: Arch) -> Option<String> {
     let gpt_oss = family.block.sinks;
-    let has_experts = family.moe.is_some();
+    let a = &model.arch;
+    let choice_bias = a.moe.as_ref().is_some_and(|m| m.routing.biases_choice_only());
+    let ungated = family.moe.as_ref().is_some_and(|m| m.ungated_shared.is_some());
     let qkv = |l: &LayerWeights| [&l.bq, &l.bk, &l.bv].iter().filter(|b| b.is_some()).count();
     let first = model.layers.first().map_or(0, qkv);
     for (i, l) in model.layers.iter().enumerate() {
@@ -257,7 +279,7 @@ fn layer_refusal(model: &HostModel, family: Arch) -> Option<String> {
         if l.bo.is_some() && !gpt_oss {
             return Some(format!("an attention output bias (layer {i}; only gpt-oss has one)"));
         }
-        if (l.q_norm.is_some() && l.k_norm.is_some()) != family.block.qk_norm {
+        if (l.q_norm.is_some() && l.k_norm.is_some()) != a.block.qk_norm {
             return Some(format!("q/k norm weights in layer {i} do not match the q/k-norm flag"));
         }
         if gpt_oss && l.sinks.is_none() {
@@ -269,10 +291,21 @@ fn layer_refusal(model: &HostModel, family: Arch) -> Option<String> {
         let mlp_bias = |m: &Mlp| m.gate_bias.is_some() || m.up_bias.is_some() || m.down_bias.is_some();
         match &l.ffn {
             Ffn::Dense(m) if mlp_bias(m) => return Some(format!("feed-forward biases (layer {i})")),
-            Ffn::Dense(_) if has_experts => return Some(format!("a dense FFN in layer {i}")),
-            Ffn::Experts(_) if !has_experts => return Some(format!("experts in layer {i}")),
-            Ffn::Experts(e) if !gpt_oss && (e.router_bias.is_some() || e.experts.iter().any(mlp_bias)) => {
-                return Some(format!("router or expert biases (layer {i}; only gpt-oss has them)"));
+            Ffn::Dense(_) if a.has_experts(i) => return Some(format!("a dense FFN in layer {i}")),
+            Ffn::Experts(_) if !a.has_experts(i) => return Some(format!("experts in layer {i}")),
+            Ffn::Experts(e) if !gpt_oss && e.experts.iter().any(mlp_bias) => {
+                return Some(format!("expert biases (layer {i}; only gpt-oss has them)"));
+            }
+            Ffn::Experts(e) if !gpt_oss && !choice_bias && e.router_bias.is_some() => {
+                return Some(format!("a router bias (layer {i}; only gpt-oss and glm4moe have one)"));
+            }
+            Ffn::Experts(e) if e.shared.as_ref().is_some_and(|s| (s.gate.shape.first() == Some(&0)) != ungated) => {
+                return Some(format!(
+                    "a shared expert {} (layer {i}; llama.cpp's {}'s is {})",
+                    if ungated { "with a gate" } else { "without a gate" },
+                    family.gguf.name,
+                    if ungated { "ungated" } else { "gated" }
+                ));
             }
             Ffn::Experts(e) if e.shared.as_ref().is_some_and(|s| mlp_bias(&s.mlp)) => {
                 return Some(format!("shared-expert biases (layer {i})"));
@@ -308,8 +341,25 @@ pub(super) fn family_metadata(
             kv.u32(&k("expert_feed_forward_length"), u(m.expert_hidden)?);
         }
         if let Some(w) = m.shared_expert_hidden {
-            kv.u32(&k("expert_shared_feed_forward_length"), u(w)?);
+            match family.moe.as_ref().and_then(|r| r.ungated_shared) {
+                // glm4moe: `n_ff_shexp = n_ff_exp * n_expert_shared` (`moe_refusal` checked the width).
+                Some(_) => kv.u32(&k("expert_shared_count"), u(w / m.expert_hidden.max(1))?),
+                None => kv.u32(&k("expert_shared_feed_forward_length"), u(w)?),
+            }
         }
+        if let Routing::GroupedSigmoid { n_group, topk_group, renormalize, scale } = m.routing {
+            // `Glm4MoeModel.set_gguf_parameters`; llama.cpp reads the groups for every architecture.
+            kv.u32(&k("leading_dense_block_count"), u(m.dense_layers.len())?);
+            kv.u32(&k("expert_gating_func"), 2);
+            kv.f32(&k("expert_weights_scale"), scale);
+            kv.value(&k("expert_weights_norm"), &GgufValue::Bool(renormalize));
+            kv.u32(&k("expert_group_count"), u(n_group)?);
+            kv.u32(&k("expert_group_used_count"), u(topk_group)?);
+        }
+    }
+    if family.gguf.nextn {
+        // qdrift holds no MTP layers (the Hugging Face reader drops them): none follow the blocks.
+        kv.u32(&k("nextn_predict_layers"), 0);
     }
     if family.block.softcaps == SoftCaps::AttnAndFinal {
         kv.f32(&k("attn_logit_softcapping"), a.block.attn_softcap.unwrap_or(50.0));
@@ -508,9 +558,8 @@ fn layer_tensors<'a>(
     if let Some(n) = &l.post_attn_norm {
         out.push(vector(format!("{b}.post_attention_norm.weight"), norm(n)));
     }
-    // gpt-oss's pre-FFN norm is stored as `post_attention_norm` (`conversion/gpt_oss.py`).
-    let ffn_norm_name = if family.block.sinks { "post_attention_norm" } else { "ffn_norm" };
-    out.push(vector(format!("{b}.{ffn_norm_name}.weight"), norm(&l.ffn_norm)));
+    // gpt-oss's and glm4moe's pre-FFN norm is stored as `post_attention_norm`.
+    out.push(vector(format!("{b}.{}.weight", family.gguf.ffn_norm), norm(&l.ffn_norm)));
     match &l.ffn {
         Ffn::Dense(m) if family.block.fused => {
             let (g, u) = (Part::of(lin("mlp.gate_proj"), &m.gate), Part::of(lin("mlp.up_proj"), &m.up));
@@ -571,6 +620,10 @@ fn expert_tensors<'a>(
     if family.block.sinks {
         out.push(vector(format!("{b}.ffn_gate_inp.bias"), or_zeros(e.router_bias.as_ref(), &[n])));
     }
+    if a.moe.as_ref().is_some_and(|m| m.routing.biases_choice_only()) {
+        // glm4moe's `e_score_correction_bias` (`ffn_exp_probs_b`, `{n_expert}`).
+        out.push(vector(format!("{b}.exp_probs_b.bias"), or_zeros(e.router_bias.as_ref(), &[n])));
+    }
     let roles: [(&str, &'static str, ExpertMatrix); 3] = [
         ("ffn_gate_exps", "mlp.gate_proj", |m| &m.gate),
         ("ffn_up_exps", "mlp.up_proj", |m| &m.up),
@@ -599,9 +652,11 @@ fn expert_tensors<'a>(
         }
     }
     if let Some(sh) = &e.shared {
-        // `qwen2moe.cpp`: `ffn_gate_inp_shexp` is `{n_embd}`.
-        let gate = HostTensor { shape: vec![a.dim], data: sh.gate.data.clone() };
-        out.push(vector(format!("{b}.ffn_gate_inp_shexp.weight"), Cow::Owned(gate)));
+        // `qwen2moe.cpp`: `ffn_gate_inp_shexp` is `{n_embd}`; glm4moe's shared experts are ungated.
+        if sh.gate.shape.first() != Some(&0) {
+            let gate = HostTensor { shape: vec![a.dim], data: sh.gate.data.clone() };
+            out.push(vector(format!("{b}.ffn_gate_inp_shexp.weight"), Cow::Owned(gate)));
+        }
         let m = &sh.mlp;
         for (name, role, t) in [
             ("ffn_gate_shexp", "mlp.shared_expert.gate_proj", &m.gate),
