@@ -488,7 +488,7 @@ const CARRIED_FILES: [&str; 7] = [
 
 /// Writes `model`, quantized with an FP4 scheme, as a compressed-tensors folder `dir` that
 /// compressed-tensors (and so vLLM) loads: `nvfp4` as `nvfp4-pack-quantized`, `mxfp4-ct` and
-/// `mxfp4-ocp` as `mxfp4-pack-quantized` ([`crate::hf_packed::ct_fp4_scheme`]).
+/// `mxfp4-ocp` as `mxfp4-pack-quantized` (`hf_packed::ct_fp4_scheme`).
 ///
 /// - `model.safetensors`: [`write_safetensors`]' packed file, whose FP4 parts are
 ///   compressed-tensors' own tensors (`….weight_packed`, `….weight_scale`,
@@ -496,7 +496,7 @@ const CARRIED_FILES: [&str; 7] = [
 /// - `config.json`: the source folder's, with `quantization_config` (`targets: ["Linear"]`,
 ///   `ignore: ["lm_head"]` unless the head was quantized) from `qdrift-load`'s
 ///   compressed-tensors code, which also reads the folder back.
-/// - the source's tokenizer and generation files ([`CARRIED_FILES`]), copied.
+/// - the source's tokenizer and generation files (`CARRIED_FILES`), copied.
 ///
 /// Every file is written atomically; the folder as a whole is not.
 ///
