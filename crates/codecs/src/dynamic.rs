@@ -107,23 +107,13 @@ fn round_e2m1(y: f32) -> f32 {
 /// compressed-tensors' eps for a zero E4M3 block scale (`_get_dtype_eps(float8_e4m3fn)`).
 pub const NVFP4_ZERO_SCALE: f32 = 0.125;
 
-/// The E8M0 scale `2^E` of an MXFP4 block of largest magnitude `amax` (see the module doc).
+/// The E8M0 scale `2^E` of an MXFP4 block of largest magnitude `amax` (see the module doc): the
+/// weight formats' scale code (`formats/mxfp4.rs`, one definition of both rules), with torchao's
+/// floor of 2^-126 under the OCP rule (`to_mx` clamps its f32 scale at the least normal).
 pub fn mx_scale(rule: Mxfp4Rule, amax: f32) -> f32 {
-    // Sign and exponent bits: a power of two, 0 below the normal range, ∞ past it.
-    let p = match rule {
-        Mxfp4Rule::CompressedTensors => f32::from_bits(amax.to_bits().wrapping_add(1 << 21) & 0xFF80_0000),
-        Mxfp4Rule::Ocp => f32::from_bits(amax.to_bits() & 0xFF80_0000),
-    };
-    let biased = if p == 0.0 {
-        0
-    } else if p.is_infinite() {
-        255
-    } else {
-        ((p.to_bits() >> 23) as i32 - 2).clamp(0, 255)
-    };
-    // torchao keeps its scale at or above f32's least normal, 2^-126 (`to_mx`).
-    let biased = if rule == Mxfp4Rule::Ocp { biased.max(1) } else { biased };
-    2f64.powi(biased - 127) as f32
+    let code = crate::formats::mxfp4::scale_code(rule, amax);
+    let code = if rule == Mxfp4Rule::Ocp { code.max(1) } else { code };
+    crate::formats::mxfp4::scale_value(code)
 }
 
 /// The static global input scale of an NVFP4 layer whose calibrated input amax is `amax`:
