@@ -141,4 +141,11 @@ fn w4a4_variants_evaluate_and_state_their_calibration() {
     assert!(variant(&a, "w4a4-mxfp4")["recipe"].get("calibration_prompts").is_none());
     let nv = &variant(&a, "w4a4-nvfp4+kv-fp8-e4m3")["recipe"];
     assert_eq!((nv["activations"].as_str(), nv["calibration_prompts"].as_u64()), (Some("nvfp4"), Some(3)));
+    // The reports say it too, in the Variants table's activation column.
+    let dir = root.path().join("a");
+    for file in ["report.md", "report.html"] {
+        let text = std::fs::read_to_string(dir.join(file)).expect("report");
+        assert!(text.contains("nvfp4 (input scales calibrated on 3 prompts)"), "{file}");
+        assert!(!text.contains("mxfp4 (input scales"), "{file}: dynamic scales are not calibrated");
+    }
 }

@@ -235,6 +235,17 @@ fn weights_cell(v: &Variant) -> Cell {
     runs
 }
 
+/// A recipe's activation rounding, and for static input scales how many prompts calibrated them.
+fn activations_cell(recipe: Option<&crate::schema::RecipeParts>) -> Cell {
+    let Some(activations) = recipe.and_then(|r| r.activations.as_ref()) else { return cell("—") };
+    let mut runs = vec![Inline::Name(activations.clone())];
+    if let Some(n) = recipe.and_then(|r| r.calibration_prompts) {
+        let prompts = if n == 1 { "prompt" } else { "prompts" };
+        runs.push(text(format!(" (input scales calibrated on {n} {prompts})")));
+    }
+    runs
+}
+
 /// One row per variant: what it is and what its weights cost.
 fn variants_section(report: &Report) -> Vec<Block> {
     let part = |p: Option<&String>| p.map_or_else(|| cell("—"), |s| name_cell(s));
@@ -248,7 +259,7 @@ fn variants_section(report: &Report) -> Vec<Block> {
                 cell(v.group()),
                 cell(kind_name(v.kind)),
                 weights_cell(v),
-                part(r.and_then(|r| r.activations.as_ref())),
+                activations_cell(r),
                 part(r.and_then(|r| r.kv_cache.as_ref())),
                 name_cell(&v.compute_dtype),
                 cell(format!("{:.3}", v.bits_per_weight)),
