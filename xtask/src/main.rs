@@ -547,7 +547,7 @@ fn reports() -> Result<(), String> {
         "--horizons",
         "10,100",
         "--schemes",
-        "int8,fp8-e4m3,w8a8-fp8,int4-g128,int4-g128+kv-q8_0",
+        "int8,fp8-e4m3,w8a8-fp8,int4-g128,int4-g128+kv-q8_0,nvfp4,w4a4-nvfp4,mxfp4,mxfp4-ct,w4a4-mxfp4",
         "--out",
         &out.join("smollm2-135m").to_string_lossy(),
     ])?;

@@ -85,7 +85,7 @@ fn unusable_input_is_exit_2_and_one_error_line() {
 
 /// `qdrift thresholds show default` prints the profile `--thresholds default` checks: a
 /// thresholds file, each check under its reason, at eval's longest default horizon or a
-/// report's; it gates that report exactly as `default` does. An unknown profile is exit 2.
+/// report's; it gates that report exactly as `default` does (after the profile's announcement). An unknown profile is exit 2.
 #[test]
 fn the_default_profile_is_shown_as_a_thresholds_file() {
     let (code, shown, stderr) = run(&["thresholds", "show", "default"]);
@@ -106,7 +106,11 @@ fn the_default_profile_is_shown_as_a_thresholds_file() {
     let (code, from_file, _) = run(&["gate", "--report", utf8(&smollm2), "--thresholds", utf8(&file)]);
     let (profile_code, from_profile, _) = run(&["gate", "--report", utf8(&smollm2), "--thresholds", "default"]);
     assert_eq!((code, profile_code), (1, 1), "{from_file}");
-    assert_eq!(from_profile.split_once('\n').expect("lines").1, from_file);
+    // The profile's gate first names the profile and its checks (a line each), then gates alike.
+    let announced = 1 + from_profile.lines().skip(1).take_while(|l| l.starts_with("gate:   ")).count();
+    assert_eq!(announced, 4, "{from_profile}");
+    let gated: String = from_profile.split_inclusive('\n').skip(announced).collect();
+    assert_eq!(gated, from_file);
     let (code, stdout, stderr) = run(&["thresholds", "show", "strict"]);
     assert_eq!(code, 2, "{stdout}");
     assert_eq!(stderr, "qdrift: error: unknown thresholds profile \"strict\"; profiles: default\n");

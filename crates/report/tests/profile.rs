@@ -57,6 +57,11 @@ fn the_default_profile_gives_the_example_reports_a_verdict() {
             ("w8a8-fp8", Inconclusive),
             ("int4-g128", Fail),
             ("int4-g128+kv-q8_0", Fail),
+            ("nvfp4", Fail),
+            ("w4a4-nvfp4", Fail),
+            ("mxfp4", Fail),
+            ("mxfp4-ct", Fail),
+            ("w4a4-mxfp4", Fail),
         ])
     );
     let moe = example("qwen3-moe-tiny");
