@@ -1,8 +1,8 @@
 //! `qdrift quantize --packed` with an FP4 scheme writes a compressed-tensors folder that
 //! `qdrift eval --variant` reads back as the scheme's weights (the library side is tested in
 //! `qdrift-quantize`'s `tests/ct_export.rs`, against compressed-tensors too); made W4A4 (FP4
-//! `input_activations` and stored `input_global_scale`s), `qdrift eval` runs it under its stored
-//! scales.
+//! `input_activations`, and NVFP4's stored `input_global_scale`s), `qdrift eval` rounds its
+//! activations as declared, NVFP4's under the stored scales.
 
 use std::path::Path;
 
@@ -126,14 +126,25 @@ fn w4a4(base: &Path, dir: &Path, scale: impl Fn(usize, &str) -> f32) {
 }
 
 #[test]
-fn w4a4_nvfp4_folders_run_with_their_stored_input_scales() {
+fn w4a4_fp4_folders_run_with_their_declared_activations() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let src = tmp.path().join("source");
     source(&src);
-    let base = tmp.path().join("nvfp4");
-    let args = ["quantize", "--model", src.to_str().unwrap(), "--scheme", "nvfp4", "--packed", "--out"];
-    let run = qdrift(&[&args[..], &[base.to_str().unwrap()]].concat());
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let (base, mx) = (tmp.path().join("nvfp4"), tmp.path().join("w4a4-mx"));
+    for (scheme, out) in [("nvfp4", &base), ("mxfp4-ct", &mx)] {
+        let args = ["quantize", "--model", src.to_str().unwrap(), "--scheme", scheme, "--packed", "--out"];
+        let run = qdrift(&[&args[..], &[out.to_str().unwrap()]].concat());
+        assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    }
+    // The MXFP4 folder made W4A4 with compressed-tensors' `MXFP4` preset's activations (dynamic).
+    let config = mx.join("config.json");
+    let mut c: Value = serde_json::from_slice(&std::fs::read(&config).expect("read")).expect("json");
+    for g in c["quantization_config"]["config_groups"].as_object_mut().expect("groups").values_mut() {
+        g["input_activations"] = json!({
+            "num_bits": 4, "type": "float", "strategy": "group", "group_size": 32, "symmetric": true, "dynamic": true,
+        });
+    }
+    std::fs::write(&config, serde_json::to_vec(&c).expect("json")).expect("write");
     // Global scales 448·6/amax for an amax of 16 + layer; `fused` stores smaller ones on some
     // of the linears sharing an input, which vLLM's fusion (the largest) discards; `coarse`
     // stores each 3 times smaller (a power of two would change nothing: NVFP4's E4M3 block
@@ -148,7 +159,7 @@ fn w4a4_nvfp4_folders_run_with_their_stored_input_scales() {
     w4a4(&base, &tmp.path().join("w4a4-coarse"), |l, _| g(l) / 3.0);
     let out = tmp.path().join("out");
     let path = |name: &str| tmp.path().join(name).to_str().expect("utf-8").to_string();
-    let (ct, fused, coarse) = (path("w4a4-ct"), path("w4a4-fused"), path("w4a4-coarse"));
+    let (ct, fused, coarse, mx) = (path("w4a4-ct"), path("w4a4-fused"), path("w4a4-coarse"), path("w4a4-mx"));
     let args = [
         "eval",
         "--model",
@@ -158,13 +169,15 @@ fn w4a4_nvfp4_folders_run_with_their_stored_input_scales() {
         "--out",
         out.to_str().unwrap(),
         "--schemes",
-        "w4a4-nvfp4",
+        "w4a4-nvfp4,w4a4-mxfp4",
         "--variant",
         &ct,
         "--variant",
         &fused,
         "--variant",
         &coarse,
+        "--variant",
+        &mx,
         "--prompts",
         "3",
         "--horizons",
@@ -177,7 +190,7 @@ fn w4a4_nvfp4_folders_run_with_their_stored_input_scales() {
     let report: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).expect("report.json")).expect("json");
     let kld = |name: &str| variant(&report, name)["horizons"][0]["kld"]["mean"].as_f64().expect("kld");
-    for name in ["w4a4-ct", "w4a4-fused", "w4a4-coarse", "w4a4-nvfp4"] {
+    for name in ["w4a4-ct", "w4a4-fused", "w4a4-coarse", "w4a4-nvfp4", "w4a4-mx", "w4a4-mxfp4"] {
         println!("{name}: KLD {} ({})", kld(name), variant(&report, name)["recipe"]);
         assert!(kld(name).is_finite() && kld(name) > 0.0, "{name}");
     }
@@ -190,4 +203,7 @@ fn w4a4_nvfp4_folders_run_with_their_stored_input_scales() {
     assert_eq!(recipe["activations"], "nvfp4 (checkpoint input scales)");
     assert!(recipe.get("calibration_prompts").is_none(), "{recipe}");
     assert_eq!(variant(&report, "w4a4-nvfp4")["recipe"]["calibration_prompts"], 3);
+    // The MXFP4 W4A4 folder is the `w4a4-mxfp4` scheme's weights and activations: the same run.
+    assert_eq!(variant(&report, "w4a4-mx")["horizons"], variant(&report, "w4a4-mxfp4")["horizons"]);
+    assert_eq!(variant(&report, "w4a4-mx")["recipe"]["activations"], "mxfp4");
 }

@@ -322,5 +322,21 @@ mod tests {
             ignore: vec!["lm_head".into()],
         };
         assert!(matches!(reparse(&c.quantization_config()), Method::Compressed(x) if x.config == c));
+        // W4A4: compressed-tensors' NVFP4 and MXFP4 presets' FP4 activations.
+        for (format, g) in [(CtFormat::Nvfp4, 16), (CtFormat::Mxfp4, 32)] {
+            let acts = CtActivations {
+                bits: 4,
+                float: true,
+                granularity: crate::loaded::ActivationGranularity::TokenGroup(g),
+            };
+            let c = Compressed {
+                groups: vec![CtGroup {
+                    targets: vec!["Linear".into()],
+                    scheme: scheme(format, 4, true, Strategy::Group(g), Some(acts)),
+                }],
+                ignore: vec![],
+            };
+            assert!(matches!(reparse(&c.quantization_config()), Method::Compressed(x) if x.config == c));
+        }
     }
 }
