@@ -221,7 +221,9 @@ impl HfQuant {
     /// process_weights_after_loading`: `input_global_scale.max()` over the fused shards;
     /// `modelopt.py` `ModelOptNvFp4LinearMethod.process_weights_after_loading`:
     /// `input_scale.max()`, i.e. the smallest global scale `1/input_scale`). compressed-tensors
-    /// stores `input_global_scale` = 448·6/amax (the divisor of the input); ModelOpt stores
+    /// stores `input_global_scale` = 448·6/amax (the divisor of the input; an F32 `[1]` that
+    /// 0.20.1's `quantization/lifecycle/initialize.py` registers for `tensor_group` activations,
+    /// `quantization/utils/helpers.py` `generate_gparam` computes); ModelOpt stores
     /// `input_scale` = amax/(6·448), so its global scale is `1/input_scale`. Dense layers only:
     /// a missing tensor (a mixture-of-experts layer, another naming) is refused by name, as is a
     /// zero, negative, infinite or NaN scale.
