@@ -252,13 +252,18 @@ impl serde::Serialize for ModelFormat {
 
 /// How a quantized checkpoint was stored, for reports and for the run-time roundings that come
 /// with it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct CheckpointQuant {
     /// A short description of the weight format: `gptq 4-bit g128 v1`, `awq 4-bit g128`,
     /// `compressed-tensors pack-quantized int4 group 128`, `fp8 e4m3 block 128x128`.
     pub weights: String,
-    /// The checkpoint's dynamic activation quantization, if it declares one.
+    /// The checkpoint's activation quantization, if it declares one.
     pub activations: Option<CheckpointActivations>,
+    /// For NVFP4 activations (W4A4): the stored static global input scales, per layer, per
+    /// input site (q/k/v input, o input, gate/up input, down input: `qdrift_model::InputSite`'s
+    /// order), in compressed-tensors' direction (`x / g` is quantized, `g = 448·6/amax`); linear
+    /// layers sharing an input share the scale as vLLM fuses them (see `hf/quant/mod.rs`).
+    pub input_scales: Option<Vec<[f32; 4]>>,
 }
 
 /// A checkpoint's dynamic quantization of the inputs of its linear layers.
@@ -279,6 +284,11 @@ pub enum ActivationFormat {
     Fp8E4M3,
     /// OCP FP8 E5M2.
     Fp8E5M2,
+    /// NVFP4: E2M1 per block of 16 with E4M3 block scales under a static global input scale
+    /// ([`CheckpointQuant::input_scales`]).
+    Nvfp4,
+    /// MXFP4 (compressed-tensors' rule): E2M1 per block of 32 with E8M0 scales, dynamic.
+    Mxfp4,
 }
 
 /// Which values share one dynamic activation scale.
@@ -298,6 +308,8 @@ impl std::fmt::Display for CheckpointActivations {
             ActivationFormat::Int8 => "int8",
             ActivationFormat::Fp8E4M3 => "fp8-e4m3",
             ActivationFormat::Fp8E5M2 => "fp8-e5m2",
+            ActivationFormat::Nvfp4 => "nvfp4",
+            ActivationFormat::Mxfp4 => "mxfp4",
         };
         match self.granularity {
             ActivationGranularity::Token => write!(f, "{format} per token"),

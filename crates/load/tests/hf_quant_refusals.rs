@@ -1,11 +1,12 @@
 //! Quantized Hugging Face folders that qdrift does not read are refused with one message that
 //! names the file, the field and what is supported ([`LoadError::Unsupported`]), or the tensor
 //! and its expected shape; never a panic. Fixtures: the independent folders of `hf_quant_py/`,
-//! copied and edited.
+//! copied and edited. W4A4 FP4 folders (FP4 `input_activations`, ModelOpt `quant_algo: NVFP4`)
+//! are read with their stored input scales, tested here beside their hostile forms.
 
 use std::path::Path;
 
-use qdrift_load::{LoadError, open_model};
+use qdrift_load::{ActivationFormat, ActivationGranularity, CheckpointActivations, LoadError, open_model};
 use serde_json::{Value, json};
 
 /// A copy of fixture `name` with `edit` applied to `config.json`'s `quantization_config`.
@@ -164,23 +165,123 @@ fn set_f32(tensors: &mut std::collections::BTreeMap<String, Stored>, name: &str,
 
 const Q: &str = "model.layers.0.self_attn.q_proj";
 
+/// compressed-tensors' `NVFP4` preset's `input_activations` (compressed-tensors 0.20.1
+/// `quantization/quant_scheme.py`).
+fn nvfp4_activations() -> Value {
+    json!({
+        "num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16,
+        "symmetric": true, "dynamic": "local", "observer": "static_minmax",
+    })
+}
+
+/// The fixtures' linear layers (one layer), each with the input scale the W4A4 folders store.
+const INPUT_SCALES: [(&str, f32); 7] = [
+    ("self_attn.q_proj", 100.0),
+    ("self_attn.k_proj", 300.0),
+    ("self_attn.v_proj", 200.0),
+    ("self_attn.o_proj", 50.0),
+    ("mlp.gate_proj", 70.0),
+    ("mlp.up_proj", 60.0),
+    ("mlp.down_proj", 40.0),
+];
+
+/// ct_nvfp4 as a W4A4 folder: NVFP4 `input_activations` and an `input_global_scale` `[1]` F32 per
+/// linear layer (`scale` of each of [`INPUT_SCALES`]' values).
+fn ct_w4a4(scale: impl Fn(&str, f32) -> f32) -> tempfile::TempDir {
+    with_tensors(
+        "ct_nvfp4",
+        |c| c["quantization_config"]["config_groups"]["group_0"]["input_activations"] = nvfp4_activations(),
+        |t| {
+            for (m, x) in INPUT_SCALES {
+                let x = scale(m, x);
+                t.insert(format!("model.layers.0.{m}.input_global_scale"), (F32, vec![1], x.to_le_bytes().to_vec()));
+            }
+        },
+    )
+}
+
+const F32: safetensors::Dtype = safetensors::Dtype::F32;
+
+/// The linear layers' weights of a folder.
+fn weights(dir: &Path) -> Vec<Vec<f32>> {
+    let m = open_model(dir, None).expect("read").model;
+    m.layers[0].linears().into_iter().map(|(_, w)| w.data.clone()).collect()
+}
+
 #[test]
-fn fp4_activations_w4a4_are_refused_by_name() {
-    // llm-compressor's NVFP4 preset: FP4 activations per 16, dynamic "local" with a global scale.
-    let d = edited("ct_nvfp4", |q| {
+fn fp4_activations_w4a4_are_read_with_their_stored_input_scales() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hf_quant_py");
+    let nvfp4 =
+        CheckpointActivations { format: ActivationFormat::Nvfp4, granularity: ActivationGranularity::TokenGroup(16) };
+    // compressed-tensors' NVFP4 (W4A4): the weights are ct_nvfp4's; q/k/v and gate/up share an
+    // input, so a layer's scale is the largest stored (vLLM's `input_global_scale.max()`).
+    let d = ct_w4a4(|_, x| x);
+    let q = open_model(d.path(), None).expect("W4A4 read").quantization.expect("quantized");
+    assert_eq!(q.activations, Some(nvfp4));
+    assert_eq!(q.input_scales, Some(vec![[300.0, 50.0, 70.0, 40.0]]));
+    assert_eq!(weights(d.path()), weights(&fixtures.join("ct_nvfp4")));
+    // MXFP4 (W4A4): dynamic E8M0 scales per 32, no stored scale.
+    let d = edited("ct_mxfp4", |q| {
         q["config_groups"]["group_0"]["input_activations"] = json!({
-            "num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16,
-            "symmetric": true, "dynamic": "local",
+            "num_bits": 4, "type": "float", "strategy": "group", "group_size": 32, "symmetric": true, "dynamic": true,
         });
     });
-    unsupported(&d, "quantization_config.config_groups.group_0.input_activations.num_bits", "round activations to FP4");
+    let q = open_model(d.path(), None).expect("MXFP4 W4A4 read").quantization.expect("quantized");
+    let mxfp4 =
+        CheckpointActivations { format: ActivationFormat::Mxfp4, granularity: ActivationGranularity::TokenGroup(32) };
+    assert_eq!((q.activations, q.input_scales), (Some(mxfp4), None));
+    // ModelOpt's NVFP4 (W4A4): `input_scale` = amax/(6·448), the inverse of compressed-tensors'
+    // global scale; vLLM fuses by `input_scale.max()`, the smallest global scale.
+    let d = with_tensors(
+        "modelopt_nvfp4",
+        |c| c["quantization_config"]["quant_algo"] = json!("NVFP4"),
+        |t| {
+            for (m, x) in INPUT_SCALES {
+                t.insert(format!("model.layers.0.{m}.input_scale"), (F32, vec![], (1.0 / x).to_le_bytes().to_vec()));
+            }
+        },
+    );
+    let q = open_model(d.path(), None).expect("ModelOpt W4A4 read").quantization.expect("quantized");
+    assert_eq!(q.activations, Some(nvfp4));
+    assert!(q.weights.contains("W4A4"), "{}", q.weights);
+    let inv = |x: f32| 1.0 / (1.0 / x);
+    assert_eq!(q.input_scales, Some(vec![[inv(100.0), inv(50.0), inv(60.0), inv(40.0)]]));
+    assert_eq!(weights(d.path()), weights(&fixtures.join("modelopt_nvfp4")));
+}
+
+#[test]
+fn fp4_activations_w4a4_hostile_scales_and_forms_are_refused_by_name() {
+    const K: &str = "model.layers.0.self_attn.k_proj.input_global_scale";
+    for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        let d = ct_w4a4(|m, x| if m == "self_attn.k_proj" { bad } else { x });
+        let (_, m) = refused(&d);
+        assert!(m.contains(K), "{bad}: {m}");
+    }
+    let d = with_tensors(
+        "ct_nvfp4",
+        |c| c["quantization_config"]["config_groups"]["group_0"]["input_activations"] = nvfp4_activations(),
+        |_| {},
+    );
     let (_, m) = refused(&d);
-    assert!(m.contains("weight-only"), "{m}");
-    // ModelOpt's NVFP4 (W4A4): refused by quant_algo, in config.json and in hf_quant_config.json.
-    let d = edited("modelopt_nvfp4", |q| q["quant_algo"] = json!("NVFP4"));
+    assert!(m.contains("model.layers.0.self_attn.q_proj.input_global_scale") && m.contains("missing"), "{m}");
+    // Other FP4 activation forms than the two presets.
+    let d = edited("ct_nvfp4", |q| {
+        let mut a = nvfp4_activations();
+        a["group_size"] = json!(32);
+        q["config_groups"]["group_0"]["input_activations"] = a;
+    });
+    unsupported(&d, "quantization_config.config_groups.group_0.input_activations.group_size/dynamic", "NVFP4");
+    let d = edited("ct_nvfp4", |q| {
+        let mut a = nvfp4_activations();
+        a["strategy"] = json!("token");
+        q["config_groups"]["group_0"]["input_activations"] = a;
+    });
+    unsupported(&d, "quantization_config.config_groups.group_0.input_activations.strategy", "MXFP4");
+    // ModelOpt's other activation-quantizing algorithms stay refused by quant_algo.
+    let d = edited("modelopt_nvfp4", |q| q["quant_algo"] = json!("NVFP4_AWQ"));
     unsupported(&d, "quantization_config.quant_algo", "also quantizes activations");
     let d = edited("modelopt_nvfp4", |q| *q = Value::Null);
-    std::fs::write(d.path().join("hf_quant_config.json"), br#"{"quantization": {"quant_algo": "NVFP4"}}"#)
+    std::fs::write(d.path().join("hf_quant_config.json"), br#"{"quantization": {"quant_algo": "W4A8_NVFP4_FP8"}}"#)
         .expect("write");
     let (e, m) = refused(&d);
     match e {
@@ -189,11 +290,26 @@ fn fp4_activations_w4a4_are_refused_by_name() {
         }
         other => panic!("not Unsupported: {other}"),
     }
+    // A ModelOpt W4A4 folder without a layer's input_scale, and a zero one.
+    let d = with_tensors("modelopt_nvfp4", |c| c["quantization_config"]["quant_algo"] = json!("NVFP4"), |_| {});
+    let (_, m) = refused(&d);
+    assert!(m.contains(&format!("{Q}.input_scale")) && m.contains("missing"), "{m}");
+    let d = with_tensors(
+        "modelopt_nvfp4",
+        |c| c["quantization_config"]["quant_algo"] = json!("NVFP4"),
+        |t| {
+            for (m, _) in INPUT_SCALES {
+                t.insert(format!("model.layers.0.{m}.input_scale"), (F32, vec![], 0f32.to_le_bytes().to_vec()));
+            }
+        },
+    );
+    let (_, m) = refused(&d);
+    assert!(m.contains(&format!("{Q}.input_scale")), "{m}");
     // A weight-only config with a layer that stores an activation scale.
     let d = with_tensors(
         "modelopt_nvfp4",
         |_| {},
-        |t| drop(t.insert(format!("{Q}.input_scale"), (safetensors::Dtype::F32, vec![], 1f32.to_le_bytes().to_vec()))),
+        |t| drop(t.insert(format!("{Q}.input_scale"), (F32, vec![], 1f32.to_le_bytes().to_vec()))),
     );
     let (_, m) = refused(&d);
     assert!(m.contains(&format!("{Q}.input_scale")) && m.contains("W4A4"), "{m}");

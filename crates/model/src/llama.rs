@@ -854,7 +854,14 @@ impl Llama {
     /// from a calibration record ([`Llama::calibrate_inputs`]; [`InputAmax::global_scales`]).
     /// Without one an NVFP4 input has no global scale (compressed-tensors' uncalibrated layer).
     pub fn set_input_scales(&mut self, amax: &InputAmax) {
-        self.input_scales = Some(std::sync::Arc::from(amax.global_scales()));
+        self.set_global_input_scales(amax.global_scales());
+    }
+
+    /// The static global input scales themselves (per layer, per [`crate::InputSite`] in
+    /// [`crate::InputSite::ALL`]'s order; compressed-tensors' `input_global_scale`, the divisor of
+    /// the input), as a W4A4 checkpoint stores them.
+    pub fn set_global_input_scales(&mut self, scales: Vec<[f32; 4]>) {
+        self.input_scales = Some(std::sync::Arc::from(scales));
     }
 
     /// [`Llama::forward_hidden_recording`], handing each block's output (the residual stream,

@@ -340,7 +340,8 @@ fn pack_fp8_blocks(module: &str, w: &[f32], [out, inp]: [usize; 2], b: usize) ->
 /// do not use).
 fn ct_scheme(layout: HfLayout) -> CtScheme {
     let channel = |bits, float| CtWeights { bits, float, symmetric: true, strategy: Strategy::Channel };
-    let token = |float, on: bool| on.then_some(CtActivations { float, granularity: ActivationGranularity::Token });
+    let token =
+        |float, on: bool| on.then_some(CtActivations { bits: 8, float, granularity: ActivationGranularity::Token });
     match layout {
         HfLayout::CtPacked { bits: 8, .. } => {
             CtScheme { format: CtFormat::Packed, weights: channel(8, false), activations: None }
@@ -356,7 +357,11 @@ fn ct_scheme(layout: HfLayout) -> CtScheme {
         HfLayout::CtFp8TokenGroup { group } => CtScheme {
             format: CtFormat::Float,
             weights: channel(8, true),
-            activations: Some(CtActivations { float: true, granularity: ActivationGranularity::TokenGroup(group) }),
+            activations: Some(CtActivations {
+                bits: 8,
+                float: true,
+                granularity: ActivationGranularity::TokenGroup(group),
+            }),
         },
         HfLayout::CtFp8 { activations } => {
             CtScheme { format: CtFormat::Float, weights: channel(8, true), activations: token(true, activations) }

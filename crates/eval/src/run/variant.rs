@@ -17,7 +17,8 @@ use std::sync::Arc;
 use qdrift_load::{ActivationFormat, ActivationGranularity, CheckpointActivations, WeightSource};
 use qdrift_model::Llama;
 use qdrift_quantize::{
-    ActivationQuant, ActivationScale, DynamicFormat, Fp8Format, QuantizeOptions, QuantizedSource, Recipe, Scheme,
+    ActivationQuant, ActivationScale, DynamicFormat, Fp8Format, Mxfp4Rule, QuantizeOptions, QuantizedSource, Recipe,
+    Scheme,
 };
 use qdrift_report::{FileHash, RecipeParts, TensorError, VariantKind};
 
@@ -79,6 +80,10 @@ pub(crate) struct BuiltVariant {
     pub per_tensor_error: Vec<TensorError>,
     /// For NVFP4 activations: the prompts its static global input scales were calibrated on.
     pub calibration_prompts: Option<usize>,
+    /// For a W4A4 NVFP4 checkpoint: its stored static global input scales, per layer and
+    /// `qdrift_model::InputSite` ([`qdrift_load::CheckpointQuant::input_scales`]), set on its
+    /// model instead of calibrating.
+    pub stored_input_scales: Option<Vec<[f32; 4]>>,
 }
 
 /// Describes the variant `spec` of the reference; its model is built by
@@ -122,6 +127,7 @@ fn noise_floor(name: String, reference: &ReferenceIdentity, dtype: DType) -> Bui
         weight_bytes: reference.parameters as u64 * 2,
         per_tensor_error: Vec::new(),
         calibration_prompts: None,
+        stored_input_scales: None,
     }
 }
 
@@ -143,6 +149,7 @@ fn scheme_variant(name: String, recipe: &Recipe, dtype: DType) -> BuiltVariant {
         weight_bytes: 0,
         per_tensor_error: Vec::new(),
         calibration_prompts: None,
+        stored_input_scales: None,
     }
 }
 
@@ -156,10 +163,11 @@ fn checkpoint_variant(
     let CheckedCheckpoint { model: other, different_model, hash: (sha256, files) } = checked;
     let checkpoint_quant =
         other.quantization.as_ref().map(|q| (q.weights.clone(), q.activations.map(activation_quant)));
+    let stored_input_scales = other.quantization.as_ref().and_then(|q| q.input_scales.clone());
     if let Some(declared) = other.quantization.as_ref().and_then(|q| q.activations) {
         check_activation_widths(activation_quant(declared), other.model.arch()).map_err(|e| EvalError::Variant {
             variant: path.display().to_string(),
-            problem: format!("its quantization_config declares {declared} dynamic activations: {e}"),
+            problem: format!("its quantization_config declares {declared} activations: {e}"),
         })?;
     }
     // The bytes its tensors take as stored (GGUF, safetensors); a llama2.c file is all weights
@@ -190,6 +198,7 @@ fn checkpoint_variant(
         weight_bytes: bytes,
         per_tensor_error: Vec::new(),
         calibration_prompts: None,
+        stored_input_scales,
     })
 }
 
@@ -255,9 +264,12 @@ impl BuiltVariant {
     /// format and declared activation rounding.
     pub fn recipe_parts(&self) -> Option<RecipeParts> {
         if let Some((weights, activations)) = &self.checkpoint_quant {
+            // NVFP4 activations run with the checkpoint's stored global input scales: said here,
+            // where a recipe's calibrated ones give `calibration_prompts`.
+            let stored = if self.stored_input_scales.is_some() { " (checkpoint input scales)" } else { "" };
             return Some(RecipeParts {
                 weights: weights.clone(),
-                activations: activations.map(|a| a.to_string()),
+                activations: activations.map(|a| format!("{a}{stored}")),
                 kv_cache: None,
                 calibration_prompts: None,
             });
@@ -276,7 +288,8 @@ impl BuiltVariant {
         self.recipe.and_then(|r| r.activations).is_some_and(|a| a.format == DynamicFormat::Nvfp4)
     }
 
-    /// Gives `model` (built from this variant's weights) the recipe's run-time roundings.
+    /// Gives `model` (built from this variant's weights) the recipe's run-time roundings, and a
+    /// W4A4 NVFP4 checkpoint's stored global input scales.
     ///
     /// # Errors
     /// A KV-cache format that does not fit the model (checked earlier by
@@ -290,12 +303,16 @@ impl BuiltVariant {
             let recipe = Recipe { weights: Scheme::Fp16, activations: Some(*activations), kv_cache: None };
             model.apply_runtime(&recipe)?;
         }
+        if let Some(scales) = &self.stored_input_scales {
+            model.set_global_input_scales(scales.clone());
+        }
         Ok(())
     }
 }
 
-/// The run-time rounding of a checkpoint's declared dynamic activation quantization: int8 or
-/// FP8, per token, per tensor (`ActivationScale::Tensor` is vLLM's dynamic per-tensor scale, one
+/// The run-time rounding of a checkpoint's declared activation quantization: NVFP4 per 16
+/// (under the checkpoint's stored global input scales) or MXFP4 per 32 (compressed-tensors'
+/// scale rule, what its `MXFP4` preset and vLLM's emulation run), or int8 or FP8, per token, per tensor (`ActivationScale::Tensor` is vLLM's dynamic per-tensor scale, one
 /// per sequence's prompt pass then one per token), or per token and group of `G` inputs (block
 /// FP8 checkpoints: `G` is the config's own group, `weight_block_size[1]` or compressed-tensors'
 /// `group_size`, read, never assumed 128). A group that does not divide a linear layer's input
@@ -305,6 +322,8 @@ fn activation_quant(a: CheckpointActivations) -> ActivationQuant {
         ActivationFormat::Int8 => DynamicFormat::Int8,
         ActivationFormat::Fp8E4M3 => DynamicFormat::Fp8(Fp8Format::E4M3),
         ActivationFormat::Fp8E5M2 => DynamicFormat::Fp8(Fp8Format::E5M2),
+        ActivationFormat::Nvfp4 => DynamicFormat::Nvfp4,
+        ActivationFormat::Mxfp4 => DynamicFormat::Mxfp4(Mxfp4Rule::CompressedTensors),
     };
     let scale = match a.granularity {
         ActivationGranularity::Token => ActivationScale::Token,

@@ -204,7 +204,8 @@ impl Folder {
             None => crate::gguf::hf_vocab::chat_template_file(dir)?.as_ref().and_then(chat_template),
         };
         let source_dtypes = self.shards.dtypes();
-        let quantization = self.quant.as_ref().map(|q| q.summary.clone());
+        let quantization =
+            self.quant.as_ref().map(|q| q.summary_with_scales(&self.shards, arch.n_layers)).transpose()?;
         let notes = self.note.iter().cloned().collect();
         Ok(LoadedModel {
             model: weights(self),

@@ -25,9 +25,11 @@
 //! [`crate::CheckpointQuant::activations`] (`qdrift eval` rounds a checkpoint variant's linear
 //! inputs with it); static activation scales, asymmetric activations and other strategies are
 //! refused, as are `output_activations`, a `kv_cache_scheme` and sparsity. FP4 input activations
-//! (`num_bits: 4`, `type: float`: the W4A4 `NVFP4` and `MXFP4` presets) are refused by name:
-//! qdrift does not round activations to FP4, and reading such a folder's weights alone would
-//! evaluate it as weight-only.
+//! (`num_bits: 4`, `type: float`, W4A4) are read in the two forms of compressed-tensors 0.20.1's
+//! presets (`quantization/quant_scheme.py`): `NVFP4` (`strategy: tensor_group`, `group_size: 16`,
+//! `dynamic: "local"`: E4M3 block scales computed at run time under a static per-layer
+//! `input_global_scale` F32 tensor, read by `mod.rs`) and `MXFP4` (`strategy: group`,
+//! `group_size: 32`, `dynamic: true`).
 
 use std::path::Path;
 
@@ -65,7 +67,7 @@ pub struct CtScheme {
     pub format: CtFormat,
     /// `weights`.
     pub weights: CtWeights,
-    /// `input_activations` (dynamic, symmetric, 8 bits).
+    /// `input_activations` (symmetric; dynamic 8-bit, or FP4).
     pub activations: Option<CtActivations>,
 }
 
@@ -108,19 +110,27 @@ pub struct CtWeights {
     pub strategy: Strategy,
 }
 
-/// A group's dynamic, symmetric 8-bit `input_activations`.
+/// A group's symmetric `input_activations`: dynamic 8-bit, or FP4 (W4A4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CtActivations {
-    /// `type: float` (FP8 E4M3); else `int` (int8).
+    /// `num_bits`: 8, or 4 (FP4: NVFP4 when `granularity` is per token and group of 16, MXFP4
+    /// when of 32).
+    pub bits: u32,
+    /// `type: float` (FP8 E4M3, or FP4 E2M1); else `int` (int8).
     pub float: bool,
-    /// `strategy`: `token`, `tensor`, or `group` with `group_size`.
+    /// `strategy`: `token`, `tensor`, or `group` with `group_size` (`tensor_group` for NVFP4).
     pub granularity: ActivationGranularity,
 }
 
 impl CtActivations {
     /// What the reports and `qdrift eval` call it.
     pub(crate) fn checkpoint(self) -> CheckpointActivations {
-        let format = if self.float { ActivationFormat::Fp8E4M3 } else { ActivationFormat::Int8 };
+        let format = match (self.bits, self.float, self.granularity) {
+            (4, _, ActivationGranularity::TokenGroup(16)) => ActivationFormat::Nvfp4,
+            (4, ..) => ActivationFormat::Mxfp4,
+            (_, true, _) => ActivationFormat::Fp8E4M3,
+            (_, false, _) => ActivationFormat::Int8,
+        };
         CheckpointActivations { format, granularity: self.granularity }
     }
 }
@@ -423,12 +433,7 @@ fn parse_ct_weights(w: &Fields<'_>, format: CtFormat) -> Result<CtWeights, LoadE
 
 fn parse_ct_activations(a: &Fields<'_>) -> Result<CtActivations, LoadError> {
     if a.int("num_bits")? == Some(4) && a.str("type")? == Some("float") {
-        return Err(a.unsupported(
-            "num_bits",
-            "4 (FP4 activations, W4A4)",
-            "8: qdrift does not round activations to FP4 yet (NVFP4/MXFP4 W4A4), and would otherwise evaluate \
-             this checkpoint as weight-only",
-        ));
+        return parse_fp4_activations(a);
     }
     let supported = "dynamic: true (qdrift computes activation scales at run time; static scales are not reproduced)";
     match a.get("dynamic") {
@@ -454,7 +459,29 @@ fn parse_ct_activations(a: &Fields<'_>) -> Result<CtActivations, LoadError> {
         },
         other => return Err(a.unsupported("strategy", other, "token, tensor, group")),
     };
-    Ok(CtActivations { float, granularity })
+    Ok(CtActivations { bits: 8, float, granularity })
+}
+
+/// FP4 `input_activations`, as compressed-tensors 0.20.1's `NVFP4` and `MXFP4` presets write
+/// them (`quantization/quant_scheme.py`); other FP4 forms are refused.
+fn parse_fp4_activations(a: &Fields<'_>) -> Result<CtActivations, LoadError> {
+    const FORMS: &str = "NVFP4 (strategy tensor_group, group_size 16, dynamic \"local\") or MXFP4 (strategy group, \
+                         group_size 32, dynamic true), symmetric";
+    if !a.flag("symmetric", true)? {
+        return Err(a.unsupported("symmetric", false, FORMS));
+    }
+    let strategy = a.str("strategy")?.unwrap_or("tensor");
+    let group = a.group_size("group_size")?;
+    let dynamic = a.get("dynamic").cloned().unwrap_or(Value::Null);
+    let g = match (strategy, group, &dynamic) {
+        ("tensor_group", Some(16), Value::String(d)) if d == "local" => 16,
+        ("group", Some(32), Value::Bool(true)) => 32,
+        ("tensor_group" | "group", Some(_), _) => {
+            return Err(a.unsupported("group_size/dynamic", format!("{group:?}/{dynamic}"), FORMS));
+        }
+        _ => return Err(a.unsupported("strategy", strategy, FORMS)),
+    };
+    Ok(CtActivations { bits: 4, float: true, granularity: ActivationGranularity::TokenGroup(g) })
 }
 
 impl CtScheme {
@@ -708,6 +735,20 @@ fn weights_json(w: &CtWeights, format: CtFormat) -> Value {
 
 /// A group's `input_activations` object.
 fn activations_json(a: CtActivations) -> Value {
+    if a.bits == 4 {
+        let (strategy, dynamic) = match a.granularity {
+            ActivationGranularity::TokenGroup(16) => ("tensor_group", json!("local")),
+            _ => ("group", json!(true)),
+        };
+        let group = match a.granularity {
+            ActivationGranularity::TokenGroup(g) => g,
+            _ => 32,
+        };
+        return json!({
+            "num_bits": 4, "type": "float", "symmetric": true,
+            "strategy": strategy, "group_size": group, "dynamic": dynamic,
+        });
+    }
     let mut v = json!({
         "num_bits": 8,
         "type": if a.float { "float" } else { "int" },

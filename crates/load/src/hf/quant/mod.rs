@@ -137,13 +137,17 @@ fn parse(f: Fields<'_>, default_method: Option<&str>) -> Result<HfQuant, LoadErr
                 (Method::Fp8(c), name, Some(activations))
             }
             Some("modelopt") => {
-                let (m, name) = ModelOpt::parse(&f)?;
-                (Method::ModelOpt(m), name, None)
+                let (m, name, activations) = ModelOpt::parse(&f)?;
+                (Method::ModelOpt(m), name, activations)
             }
             Some("mxfp4") => (Method::Mxfp4, "mxfp4 (experts)".to_string(), None),
             _ => return Err(f.unsupported("quant_method", method.unwrap_or("(missing)"), METHODS)),
         };
-    Ok(HfQuant { path: f.path.to_path_buf(), method, summary: CheckpointQuant { weights, activations } })
+    Ok(HfQuant {
+        path: f.path.to_path_buf(),
+        method,
+        summary: CheckpointQuant { weights, activations, input_scales: None },
+    })
 }
 
 impl HfQuant {
@@ -170,11 +174,11 @@ impl HfQuant {
                 None => return shards.get(&format!("{module}.weight"), &[out, inp]),
             },
             Method::Fp8(f) => f.unpack(shards, module, out, inp)?,
-            Method::ModelOpt(m) => m.unpack(shards, module, out, inp)?,
+            Method::ModelOpt(m) => m.unpack(shards, module, [out, inp], self.summary.activations.is_some())?,
             Method::Mxfp4 => return shards.get(&format!("{module}.weight"), &[out, inp]),
         };
         let name = format!("{module}.weight");
-        let path = shards.path_of(&name).unwrap_or(&self.path);
+        let path = shards.path_of(&name).unwrap_or(self.path.as_path());
         crate::input::check_finite(path, &name, &data)?;
         HostTensor::new(vec![out, inp], data)
             .map(Some)
@@ -198,6 +202,66 @@ impl HfQuant {
     /// Whether this is gpt-oss's MXFP4 (experts only).
     pub(crate) fn is_mxfp4(&self) -> bool {
         matches!(self.method, Method::Mxfp4)
+    }
+
+    /// The summary with, for NVFP4 activations (W4A4), the stored static global input scales of
+    /// the model's `n_layers` layers ([`CheckpointQuant::input_scales`]).
+    pub(crate) fn summary_with_scales(&self, shards: &Shards, n_layers: usize) -> Result<CheckpointQuant, LoadError> {
+        let mut summary = self.summary.clone();
+        if summary.activations.is_some_and(|a| a.format == crate::loaded::ActivationFormat::Nvfp4) {
+            summary.input_scales =
+                Some((0..n_layers).map(|i| self.layer_input_scales(shards, i)).collect::<Result<_, _>>()?);
+        }
+        Ok(summary)
+    }
+
+    /// Layer `i`'s global input scale per input site (q/k/v, o, gate/up, down), each the
+    /// combination of the stored scales of the linear layers reading that input, as vLLM fuses
+    /// them (v0.11 `compressed_tensors_w4a4_nvfp4.py` `CompressedTensorsW4A4Fp4.
+    /// process_weights_after_loading`: `input_global_scale.max()` over the fused shards;
+    /// `modelopt.py` `ModelOptNvFp4LinearMethod.process_weights_after_loading`:
+    /// `input_scale.max()`, i.e. the smallest global scale `1/input_scale`). compressed-tensors
+    /// stores `input_global_scale` = 448·6/amax (the divisor of the input; an F32 `[1]` that
+    /// 0.20.1's `quantization/lifecycle/initialize.py` registers for `tensor_group` activations,
+    /// `quantization/utils/helpers.py` `generate_gparam` computes); ModelOpt stores
+    /// `input_scale` = amax/(6·448), so its global scale is `1/input_scale`. Dense layers only:
+    /// a missing tensor (a mixture-of-experts layer, another naming) is refused by name, as is a
+    /// zero, negative, infinite or NaN scale.
+    fn layer_input_scales(&self, shards: &Shards, i: usize) -> Result<[f32; 4], LoadError> {
+        const SITES: [&[&str]; 4] = [
+            &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+            &["self_attn.o_proj"],
+            &["mlp.gate_proj", "mlp.up_proj"],
+            &["mlp.down_proj"],
+        ];
+        let (tensor, modelopt) = match &self.method {
+            Method::ModelOpt(_) => ("input_scale", true),
+            _ => ("input_global_scale", false),
+        };
+        let mut out = [0.0f32; 4];
+        for (slot, modules) in out.iter_mut().zip(SITES) {
+            let mut stored = 0.0f32;
+            for m in modules {
+                let name = format!("model.layers.{i}.{m}.{tensor}");
+                if !shards.has(&name) {
+                    return Err(LoadError::invalid(
+                        &self.path,
+                        format!(
+                            "tensor {name} is missing: NVFP4 activations (W4A4) need every linear layer's static \
+                             input scale (qdrift reads them for dense q/k/v/o/gate/up/down layers)"
+                        ),
+                    ));
+                }
+                let x = fp4::positive_scalar(shards, &name, false)?;
+                if !x.is_finite() {
+                    let path = shards.path_of(&name).unwrap_or(self.path.as_path());
+                    return Err(LoadError::invalid(path, format!("tensor {name} = {x}: a scale must be finite")));
+                }
+                stored = stored.max(x);
+            }
+            *slot = if modelopt { 1.0 / stored } else { stored };
+        }
+        Ok(out)
     }
 }
 
@@ -241,8 +305,11 @@ mod tests {
             activations,
         };
         // Every group declares the same activations (the reader refuses mixed ones).
-        let acts =
-            Some(CtActivations { float: true, granularity: crate::loaded::ActivationGranularity::TokenGroup(128) });
+        let acts = Some(CtActivations {
+            bits: 8,
+            float: true,
+            granularity: crate::loaded::ActivationGranularity::TokenGroup(128),
+        });
         let c = Compressed {
             groups: vec![
                 CtGroup {
@@ -257,5 +324,21 @@ mod tests {
             ignore: vec!["lm_head".into()],
         };
         assert!(matches!(reparse(&c.quantization_config()), Method::Compressed(x) if x.config == c));
+        // W4A4: compressed-tensors' NVFP4 and MXFP4 presets' FP4 activations.
+        for (format, g) in [(CtFormat::Nvfp4, 16), (CtFormat::Mxfp4, 32)] {
+            let acts = CtActivations {
+                bits: 4,
+                float: true,
+                granularity: crate::loaded::ActivationGranularity::TokenGroup(g),
+            };
+            let c = Compressed {
+                groups: vec![CtGroup {
+                    targets: vec!["Linear".into()],
+                    scheme: scheme(format, 4, true, Strategy::Group(g), Some(acts)),
+                }],
+                ignore: vec![],
+            };
+            assert!(matches!(reparse(&c.quantization_config()), Method::Compressed(x) if x.config == c));
+        }
     }
 }

@@ -15,11 +15,12 @@
 //! (compressed-tensors gives −0). ModelOpt writes `weight_scale_2 = 0` for an all-zero
 //! weight (its block scales then become 1), so zero is accepted.
 //!
-//! `quant_algo: W4A16_NVFP4` (weight-only) is read. `NVFP4` (and `NVFP4_AWQ`, `NVFP4_SVD`)
-//! quantizes activations to FP4 too (static `input_scale` per layer, W4A4): refused by name,
-//! since qdrift does not round activations to FP4 and would evaluate the folder as weight-only;
-//! so is any layer with an `input_scale`, and a KV-cache scheme. A layer is quantized when its
-//! `weight` is U8.
+//! `quant_algo: W4A16_NVFP4` (weight-only) is read, and `NVFP4` (W4A4): activations rounded to
+//! NVFP4 too, under a static per-layer `input_scale` F32 (0-d) that ModelOpt stores as
+//! amax/(6·448), the *inverse* of compressed-tensors' `input_global_scale` (448·6/amax):
+//! `mod.rs` reads it as the global scale `1/input_scale`. `NVFP4_AWQ` (pre-quant scales),
+//! `NVFP4_SVD` and `W4A8_NVFP4_FP8` are refused by name, as is an `input_scale` in a weight-only
+//! folder and a KV-cache scheme. A layer is quantized when its `weight` is U8.
 
 use safetensors::Dtype;
 use serde_json::{Value, json};
@@ -29,9 +30,11 @@ use super::fp4::{self, Fp4Codes};
 use super::packing::{HfDtype, HfTensor};
 use crate::LoadError;
 use crate::hf::shards::Shards;
+use crate::loaded::{ActivationFormat, ActivationGranularity, CheckpointActivations};
 use qdrift_ggml::GlobalScale;
 
-/// A ModelOpt NVFP4 export's quantization (weight-only).
+/// A ModelOpt NVFP4 export's weight quantization (its activations, for `quant_algo: NVFP4`, are
+/// in [`crate::CheckpointQuant`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModelOpt {
     /// `group_size`: weights per E4M3 scale (16).
@@ -39,27 +42,32 @@ pub struct ModelOpt {
 }
 
 /// The `quant_algo` values qdrift reads.
-const ALGOS: &str = "W4A16_NVFP4 (weight-only NVFP4)";
+const ALGOS: &str = "W4A16_NVFP4 (weight-only NVFP4), NVFP4 (W4A4)";
 
 impl ModelOpt {
     /// Parses `config.json`'s `quantization_config` (`quant_method: modelopt`) or
-    /// `hf_quant_config.json`'s `quantization`; returns it with the format's name in reports.
-    pub(crate) fn parse(f: &Fields<'_>) -> Result<(Self, String), LoadError> {
+    /// `hf_quant_config.json`'s `quantization`; returns it with the format's name in reports and
+    /// its activations (NVFP4 per 16 for `quant_algo: NVFP4`).
+    pub(crate) fn parse(f: &Fields<'_>) -> Result<(Self, String, Option<CheckpointActivations>), LoadError> {
         let algo = f.str("quant_algo")?.unwrap_or("(missing)");
-        match algo {
-            "W4A16_NVFP4" => {}
-            "NVFP4" | "NVFP4_AWQ" | "NVFP4_SVD" | "W4A8_NVFP4_FP8" => {
+        let activations = match algo {
+            "W4A16_NVFP4" => None,
+            "NVFP4" => Some(CheckpointActivations {
+                format: ActivationFormat::Nvfp4,
+                granularity: ActivationGranularity::TokenGroup(16),
+            }),
+            "NVFP4_AWQ" | "NVFP4_SVD" | "W4A8_NVFP4_FP8" => {
                 return Err(f.unsupported(
                     "quant_algo",
                     algo,
                     &format!(
-                        "{ALGOS}; {algo} also quantizes activations (static input_scale, W4A4/W4A8), which qdrift \
-                         does not round yet and would otherwise evaluate as weight-only"
+                        "{ALGOS}; {algo} also quantizes activations (static input_scale, W4A4/W4A8) in a form \
+                         qdrift does not round, and would otherwise evaluate as weight-only"
                     ),
                 ));
             }
             _ => return Err(f.unsupported("quant_algo", algo, ALGOS)),
-        }
+        };
         for key in ["kv_cache_quant_algo", "kv_cache_scheme"] {
             if let Some(v) = f.get(key).filter(|v| !v.is_null()) {
                 return Err(f.unsupported(key, v, "null (stored KV-cache scales are not reproduced)"));
@@ -76,8 +84,9 @@ impl ModelOpt {
                 None => None,
             },
         };
+        let kind = if activations.is_some() { "W4A4" } else { "W4A16" };
         match group.unwrap_or(16) {
-            16 => Ok((ModelOpt { group: 16 }, "modelopt nvfp4 (W4A16) group 16".to_string())),
+            16 => Ok((ModelOpt { group: 16 }, format!("modelopt nvfp4 ({kind}) group 16"), activations)),
             g => Err(f.unsupported("group_size", g, "16 (NVFP4)")),
         }
     }
@@ -88,20 +97,27 @@ impl ModelOpt {
         shards.dtype(&format!("{module}.weight")) == Some(Dtype::U8)
     }
 
-    /// Dequantizes linear layer `module` (see the module doc).
+    /// Dequantizes linear layer `module` (see the module doc); `w4a4`: the config declares
+    /// NVFP4 activations, so the layer's `input_scale` is expected (read by `mod.rs`).
     ///
     /// # Shapes
     /// - `weight`: `[out, inp/2]` U8; `weight_scale`: `[out, inp/16]`; `weight_scale_2`: `[]` or
     ///   `[1]`; returns `[out, inp]`.
-    pub(crate) fn unpack(&self, shards: &Shards, module: &str, out: usize, inp: usize) -> Result<Vec<f32>, LoadError> {
+    pub(crate) fn unpack(
+        &self,
+        shards: &Shards,
+        module: &str,
+        [out, inp]: [usize; 2],
+        w4a4: bool,
+    ) -> Result<Vec<f32>, LoadError> {
         let weight = format!("{module}.weight");
         let input_scale = format!("{module}.input_scale");
-        if shards.has(&input_scale) {
+        if !w4a4 && shards.has(&input_scale) {
             return Err(LoadError::invalid(
                 shards.path_of(&input_scale).unwrap_or(std::path::Path::new(".")),
                 format!(
-                    "tensor {input_scale}: the layer quantizes its activations (W4A4), which qdrift does not round \
-                     yet; it would otherwise be evaluated as weight-only"
+                    "tensor {input_scale}: the layer quantizes its activations (W4A4), but quant_algo \
+                     W4A16_NVFP4 declares weight-only; a W4A4 export declares quant_algo NVFP4"
                 ),
             ));
         }
