@@ -182,7 +182,8 @@ fn unsupported_architecture() {
         e.ends_with(
             "config.json: unsupported architecture GPT2LMHeadModel; supported: LlamaForCausalLM, MistralForCausalLM, \
              Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, Gemma2ForCausalLM, \
-             Gemma3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, GptOssForCausalLM"
+             Gemma3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, GptOssForCausalLM, SmolLM3ForCausalLM, \
+             Llama4ForCausalLM, Glm4MoeForCausalLM"
         ),
         "{e}"
     );
