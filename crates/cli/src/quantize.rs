@@ -163,25 +163,28 @@ pub fn run(args: QuantizeArgs) -> Result<(), Box<dyn Error>> {
     // Before quantizing: a source whose tokenizer cannot be carried over is refused.
     let tokenizer_keys = if gguf { Some(gguf_tokenizer_keys(&loaded)?) } else { None };
     let q = args.scheme.apply(loaded.model)?.ok_or("no scheme applied")?;
-    match &tokenizer_keys {
-        Some(keys) => write_gguf(&args.out, &q, keys)?,
-        None if ct_folder => write_compressed_tensors(&args.out, &q, &args.model)?,
+    // A GGUF's tensor sizes come from the bytes written: the file at --out may already be another
+    // concurrent writer's.
+    let sizes = match &tokenizer_keys {
+        Some(keys) => Some(write_gguf(&args.out, &q, keys)?),
+        None if ct_folder => {
+            write_compressed_tensors(&args.out, &q, &args.model)?;
+            None
+        }
         None => {
             let source = args.model.display().to_string();
             write_safetensors(&args.out, &q, args.packed, &[("qdrift.source".to_string(), source)])?;
+            None
         }
-    }
+    };
 
     let summary = q.summary();
     // A GGUF's bits per weight as the file stores its tensors (norms and biases as F32, as
     // llama.cpp's converter writes them): what `qdrift inspect` and `qdrift eval --variant` give
     // the file.
-    let file = if gguf {
-        let sizes = qdrift_load::inspect::read_gguf_tensor_sizes(&args.out)?;
-        let storage = qdrift_load::inspect::gguf_source_storage(&sizes).map_err(|e| e.to_string())?;
-        Some(storage)
-    } else {
-        None
+    let file = match &sizes {
+        Some(sizes) => Some(qdrift_load::inspect::gguf_source_storage(sizes).map_err(|e| e.to_string())?),
+        None => None,
     };
     let mut out = std::io::stdout().lock();
     if args.json {

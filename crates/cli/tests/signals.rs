@@ -5,7 +5,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,14 +18,25 @@ fn signalled_eval_leaves_nothing(signal: libc::c_int) {
     let parent = tempfile::tempdir().expect("temp dir");
     let out = parent.path().join("out");
     let model = stories().join("stories260K.bin");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_qdrift"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_qdrift"));
+    command
         .args(["eval", "--model", model.to_str().expect("utf-8"), "--backend", "cpu"])
         .args(["--prompts", "32", "--horizons", "1000", "--schemes", "int8"])
         .args(["--out", out.to_str().expect("utf-8")])
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("qdrift runs");
+        .stderr(Stdio::piped());
+    // A test run started in the background by a non-interactive shell (`.ci/run &`) inherits
+    // SIGINT as ignored, and qdrift rightly leaves an ignored signal alone: the child gets the
+    // default disposition, as a foreground run has.
+    // SAFETY: runs in the forked child before exec; `signal` is async-signal-safe and touches no
+    // memory of the parent.
+    unsafe {
+        command.pre_exec(move || {
+            libc::signal(signal, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().expect("qdrift runs");
     // The first progress line comes after --out is locked and staged (and the cleanup
     // registered); the rest of stderr is drained so the child never blocks on it.
     let stderr = child.stderr.take().expect("stderr");

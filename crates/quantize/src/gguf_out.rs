@@ -19,7 +19,7 @@
 use std::path::{Path, PathBuf};
 
 use qdrift_load::write::{GgufMatrix, GgufStored, WriteDtype, write_gguf_with};
-use qdrift_load::{GgufValue, LoadError};
+use qdrift_load::{GgufTensorSize, GgufValue, LoadError};
 
 use crate::model::{QuantizedModel, WeightSlot};
 use qdrift_codecs::Scheme;
@@ -69,7 +69,8 @@ pub fn check_gguf_scheme(scheme: &Scheme) -> Result<(), GgufWriteError> {
 
 /// Writes `model` to `path` as GGUF v3 with `tokenizer_keys` (the source's `tokenizer.*`
 /// metadata, [`qdrift_load::write::gguf_tokenizer_keys`]); atomically (a temporary file beside
-/// `path`, renamed over it).
+/// `path`, renamed over it). Returns the stored size of every tensor in the bytes written
+/// (`qdrift_load::write::write_gguf_with`).
 ///
 /// # Shapes
 /// Every matrix as [`qdrift_load::HostModel`] holds it (`[out, in]`, blocks along rows); GGUF
@@ -82,7 +83,7 @@ pub fn write_gguf(
     path: &Path,
     model: &QuantizedModel,
     tokenizer_keys: &[(String, GgufValue)],
-) -> Result<(), GgufWriteError> {
+) -> Result<Vec<GgufTensorSize>, GgufWriteError> {
     check_gguf_scheme(&model.scheme)?;
     // Every quantized tensor must have a GGUF form before anything is written.
     if let Some(t) = model.tensors.iter().find(|t| t.matrix.stored().is_none()) {
@@ -98,6 +99,5 @@ pub fn write_gguf(
         let (ty, bytes) = t.matrix.stored().zip(t.matrix.gguf_bytes())?;
         Some(GgufStored { ggml_type: ty.gguf_id(), bytes })
     };
-    write_gguf_with(path, &model.dequantized, tokenizer_keys, WriteDtype::F16, &stored)?;
-    Ok(())
+    Ok(write_gguf_with(path, &model.dequantized, tokenizer_keys, WriteDtype::F16, &stored)?)
 }

@@ -138,7 +138,7 @@ pub fn write_gguf(
     dtype: WriteDtype,
 ) -> Result<(), LoadError> {
     let keys = llama2c_tokenizer_keys(path, tokenizer)?;
-    write_gguf_with(path, model, &keys, dtype, &|_| None)
+    write_gguf_with(path, model, &keys, dtype, &|_| None).map(drop)
 }
 
 /// Writes `model` as a GGUF v3 file (as [`write_gguf`] describes it) with the tokenizer metadata
@@ -149,7 +149,9 @@ pub fn write_gguf(
 ///
 /// The write is atomic ([`qdrift_io::write_atomic`]): the file is written to a uniquely named
 /// temporary file in the same folder and renamed over `path`; on failure the temporary file is
-/// removed and `path` is left as it was.
+/// removed and `path` is left as it was. Returns the stored size of every tensor written (as
+/// [`read_gguf_tensor_sizes`](read::read_gguf_tensor_sizes) would read them from the file), taken from the bytes written, not
+/// from `path`, which a concurrent writer of the same output may have replaced since.
 ///
 /// # Errors
 /// [`LoadError::Invalid`] for `dtype = BF16`, a tokenizer key outside `tokenizer.`, a stored
@@ -161,7 +163,7 @@ pub fn write_gguf_with(
     tokenizer_keys: &[(String, GgufValue)],
     dtype: WriteDtype,
     store: &dyn Fn(GgufMatrix) -> Option<GgufStored>,
-) -> Result<(), LoadError> {
+) -> Result<Vec<GgufTensorSize>, LoadError> {
     if dtype == WriteDtype::BF16 {
         return Err(LoadError::invalid(path, "write_gguf writes F32 or F16 only"));
     }
@@ -189,5 +191,7 @@ pub fn write_gguf_with(
         kv.value(key, value);
     }
     let bytes = gguf_bytes(path, &kv, &tensors, dtype, store)?;
-    Ok(qdrift_io::write_atomic(path, &bytes)?)
+    let sizes = read::tensor_sizes_of(path, &bytes)?;
+    qdrift_io::write_atomic(path, &bytes)?;
+    Ok(sizes)
 }

@@ -329,7 +329,12 @@ pub fn read_gguf_metadata(path: &Path) -> Result<BTreeMap<String, GgufValue>, Lo
 /// [`LoadError`] naming the file, as [`read_gguf`](super::read_gguf) for the layout.
 pub fn read_gguf_tensor_sizes(path: &Path) -> Result<Vec<GgufTensorSize>, LoadError> {
     let bytes = crate::input::read_file(path, crate::input::MODEL)?;
-    let layout = read_layout(path, Bytes::Whole(&bytes))?;
+    tensor_sizes_of(path, &bytes)
+}
+
+/// [`read_gguf_tensor_sizes`] of a GGUF file's `bytes` in memory (`path` names them in errors).
+pub(super) fn tensor_sizes_of(path: &Path, bytes: &[u8]) -> Result<Vec<GgufTensorSize>, LoadError> {
+    let layout = read_layout(path, Bytes::Whole(bytes))?;
     Ok(layout.infos.iter().map(TensorInfo::size).collect())
 }
 
