@@ -66,7 +66,7 @@ use qdrift_ggml::{dequantize_ggml_blocks, e2m1_decode, e2m1_encode, quantize_ggm
 use crate::error::QuantizeError;
 use crate::formats::fp8::{fp8_decode, fp8_encode};
 use crate::recipe::{ActivationQuant, ActivationScale, DynamicFormat, KvQuant};
-use crate::scheme::{Fp8Format, Mxfp4Rule};
+use crate::scheme::Mxfp4Rule;
 
 /// Quantize→dequantize one scale group (`values` share one dynamic scale) in place.
 ///
@@ -121,15 +121,13 @@ pub fn mx_scale(rule: Mxfp4Rule, amax: f32) -> f32 {
 /// where that is not finite (an uncalibrated layer). PyTorch divides a Python number by a tensor
 /// as a reciprocal then a product (`aten::reciprocal`, `mul`), two roundings rather than one.
 pub fn nvfp4_global_scale(amax: f32) -> f32 {
-    let g = (448.0 * qdrift_ggml::E2M1_MAX) * (1.0 / amax.max(f32::MIN_POSITIVE));
-    if g.is_finite() { g } else { 1.0 }
+    qdrift_ggml::ct_global_scale(amax)
 }
 
 /// The effective scale `e4m3(g·(amax/6))/g` of an NVFP4 block (see the module doc).
 pub fn nvfp4_scale(amax: f32, global: Option<f32>) -> f32 {
-    let local = amax / qdrift_ggml::E2M1_MAX;
-    let s8 = fp8_decode(Fp8Format::E4M3, fp8_encode(Fp8Format::E4M3, global.map_or(local, |g| g * local)));
-    let s8 = if s8 == 0.0 { NVFP4_ZERO_SCALE } else { s8 };
+    // The weights' block scale (qdrift-ggml's `ct_block_scale`); without a global scale, g = 1.
+    let s8 = qdrift_ggml::e4m3_decode(qdrift_ggml::ct_block_scale(global.unwrap_or(1.0), amax));
     global.map_or(s8, |g| s8 / g)
 }
 
@@ -221,6 +219,7 @@ impl KvQuant {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheme::Fp8Format;
     use qdrift_ggml::GgmlType;
 
     #[test]

@@ -84,7 +84,8 @@ use std::fmt;
 
 pub use e2m1::{E2M1_MAX, E2M1_VALUES, e2m1_decode, e2m1_encode, e2m1_pack_rows};
 pub use nvfp4_tensor::{
-    GlobalScale, NVFP4_GROUP, Nvfp4Matrix, Nvfp4Tool, e4m3_decode, e4m3_encode, nvfp4_dequantize, nvfp4_quantize,
+    GlobalScale, NVFP4_GROUP, Nvfp4Matrix, Nvfp4Tool, ct_block_scale, ct_global_scale, e4m3_decode, e4m3_encode,
+    nvfp4_dequantize, nvfp4_quantize,
 };
 
 /// GGML block formats, laid out as in `ggml/src/ggml-common.h`.

@@ -118,6 +118,23 @@ fn abs_max(x: &[f32]) -> f32 {
     x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
 }
 
+/// compressed-tensors' global scale of a tensor (weights, or a layer's calibrated input) whose
+/// largest magnitude is `amax`: `448 · 6 / amax`, a Python float over a tensor, which PyTorch
+/// computes as `amax.reciprocal() * 2688` (`Tensor.__rtruediv__`): two roundings, kept here;
+/// 1 where that is not finite (`generate_gparam`).
+pub fn ct_global_scale(amax: f32) -> f32 {
+    let g = (1.0 / amax.max(f32::MIN_POSITIVE)) * (E4M3_MAX * E2M1_MAX);
+    if g.is_finite() { g } else { 1.0 }
+}
+
+/// compressed-tensors' E4M3 code of the scale of a block whose largest magnitude is `amax_b`,
+/// under the global scale `g`: `e4m3(g · (amax_b / 6))`, a zero scale replaced by E4M3's eps
+/// 0.125 (code 0x20).
+pub fn ct_block_scale(g: f32, amax_b: f32) -> u8 {
+    let s = e4m3_encode(g * (amax_b / E2M1_MAX));
+    if e4m3_decode(s) == 0.0 { 0x20 } else { s }
+}
+
 /// Quantizes a row-major `[rows, cols]` matrix `x` (finite values) to NVFP4 as `tool` does; `None`
 /// when `cols` is 0 or `x` is not whole rows.
 ///
@@ -133,12 +150,7 @@ pub fn nvfp4_quantize(tool: Nvfp4Tool, x: &[f32], cols: usize) -> Option<Nvfp4Ma
     }
     let amax = abs_max(x);
     let global = match tool {
-        Nvfp4Tool::CompressedTensors => {
-            // `448 · 6 / amax` is a Python float over a tensor, which PyTorch computes as
-            // `amax.reciprocal() * 2688` (`Tensor.__rtruediv__`): two roundings, kept here.
-            let g = (1.0 / amax.max(f32::MIN_POSITIVE)) * (E4M3_MAX * E2M1_MAX);
-            GlobalScale::Divide(if g.is_finite() { g } else { 1.0 })
-        }
+        Nvfp4Tool::CompressedTensors => GlobalScale::Divide(ct_global_scale(amax)),
         Nvfp4Tool::ModelOpt => GlobalScale::Multiply(amax / (E2M1_MAX * E4M3_MAX)),
     };
     let mut codes = Vec::with_capacity(x.len());
@@ -146,10 +158,7 @@ pub fn nvfp4_quantize(tool: Nvfp4Tool, x: &[f32], cols: usize) -> Option<Nvfp4Ma
     for block in x.chunks_exact(cols).flat_map(|row| row.chunks(NVFP4_GROUP)) {
         let amax_b = abs_max(block);
         let scale = match global {
-            GlobalScale::Divide(g) => {
-                let s = e4m3_encode(g * (amax_b / E2M1_MAX));
-                if e4m3_decode(s) == 0.0 { 0x20 } else { s } // 0x20 = 0.125
-            }
+            GlobalScale::Divide(g) => ct_block_scale(g, amax_b),
             GlobalScale::Multiply(s2) => {
                 let s = amax_b / (E2M1_MAX * s2);
                 let s = if s == 0.0 { 1.0 } else { s };
